@@ -1,0 +1,428 @@
+/*
+** checkpoint.c — saving and loading checkpoint directories.
+**
+** Layout (Hugging Face style): config.json, model.safetensors (F32, HF tensor names, a
+** checksum of the data section in the metadata), optionally tokenizer.json, and with an
+** optimizer optimizer.safetensors (m.<name>, v.<name>, step in the metadata) and
+** state.json. A save builds the whole directory under "<dir>.tmp.<pid>", fsyncs every file
+** and the directory, then swaps it into place with one atomic rename (renameat2
+** RENAME_EXCHANGE when <dir> exists), so <dir> always holds one complete checkpoint.
+*/
+#include "engine/ops.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { CHECKPOINT_FORMAT = 1 };
+
+/* out = dir + "/" + file, or an error if it does not fit. */
+static prl_status join_path(char *out, size_t n, const char *dir, const char *file)
+{
+    int k = snprintf(out, n, "%s/%s", dir, file);
+    if (k < 0 || (size_t)k >= n)
+        return prl_error_set(PRL_ERR_ARG, "path too long: %s/%s", dir, file);
+    return PRL_OK;
+}
+
+static prl_status write_file_sync(const char *path, const void *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return prl_error_set(PRL_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    const char *p = data;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int e = errno;
+            close(fd);
+            return prl_error_set(PRL_ERR_IO, "write %s: %s", path, strerror(e));
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0)
+        return prl_error_set(PRL_ERR_IO, "fsync %s: %s", path, strerror(errno));
+    return PRL_OK;
+}
+
+static prl_status fsync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return prl_error_set(PRL_ERR_IO, "open directory %s: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    return rc == 0 ? PRL_OK : prl_error_set(PRL_ERR_IO, "fsync %s: %s", path, strerror(errno));
+}
+
+static void parent_dir(const char *path, char *out, size_t n)
+{
+    snprintf(out, n, "%s", path);
+    char *slash = strrchr(out, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == out) out[1] = 0;
+    else *slash = 0;
+}
+
+/* Remove a flat directory (files only) — the temporary or replaced checkpoint. */
+static void remove_flat_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *e;
+    char buf[4096];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(buf, sizeof buf, "%s/%s", path, e->d_name);
+        unlink(buf);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+static prl_status copy_file(const char *src, const char *dst)
+{
+    FILE *f = fopen(src, "rb");
+    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %s", src, strerror(errno));
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while (buf && (n = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += n;
+        if (len == cap) buf = realloc(buf, cap *= 2);
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!buf) return prl_error_set(PRL_ERR_NOMEM, "copying %s", src);
+    prl_status rc = err ? prl_error_set(PRL_ERR_IO, "read %s failed", src)
+                        : write_file_sync(dst, buf, len);
+    free(buf);
+    return rc;
+}
+
+/* Parameters as float32 (a copy in the double build, the live buffer otherwise). */
+static const float *as_f32(const prl_real *src, size_t n, float **owned)
+{
+#ifdef PRL_REAL_DOUBLE
+    *owned = malloc(n * sizeof(float) + 1);
+    if (!*owned) return NULL;
+    for (size_t i = 0; i < n; i++) (*owned)[i] = (float)src[i];
+    return *owned;
+#else
+    (void)n;
+    *owned = NULL;
+    return src;
+#endif
+}
+
+static void bias_name(char *out, size_t n, const prl_model *m, int moe_idx)
+{
+    snprintf(out, n, "model.layers.%d.mlp.e_score_correction.bias",
+             m->cfg.first_k_dense_replace + moe_idx);
+}
+
+static uint64_t data_checksum(const uint8_t *bytes, size_t size)
+{
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)bytes[i] << (8 * i);
+    return prl_checksum64(bytes + 8 + hlen, size - 8 - hlen, 0);
+}
+
+/* Write tensors (name → data) to path with a checksum of the data section in the metadata. */
+static prl_status save_tensors(prl_safetensors_writer *w, const char *path, const char *step)
+{
+    prl_status rc;
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    /* The checksum covers the data section, which metadata does not change, so compute it
+    ** on a first rendering and then render the final file. */
+    if ((rc = prl_safetensors_writer_set_metadata(w, "format", "pt"))) return rc;
+    if (step && (rc = prl_safetensors_writer_set_metadata(w, "step", step))) return rc;
+    if ((rc = prl_safetensors_writer_to_memory(w, &bytes, &len))) return rc;
+    char sum[32];
+    snprintf(sum, sizeof sum, "%016" PRIx64, data_checksum(bytes, len));
+    free(bytes);
+    if ((rc = prl_safetensors_writer_set_metadata(w, "prl_checksum", sum))) return rc;
+    return prl_safetensors_writer_save(w, path);
+}
+
+static prl_status save_model_file(const prl_model *m, const char *path)
+{
+    prl_safetensors_writer w;
+    prl_safetensors_writer_init(&w);
+    float *owned = NULL, *bias_owned = NULL;
+    const float *data = as_f32(m->params, m->n_params, &owned);
+    size_t nb = (size_t)m->n_moe * m->cfg.n_routed_experts;
+    const float *bias = as_f32(m->router_bias, nb, &bias_owned);
+    prl_status rc = (data && bias) ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "saving %s", path);
+    for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
+        const prl_param_info *p = &m->tensors[i];
+        rc = prl_safetensors_writer_add(&w, p->name, PRL_DTYPE_F32, p->shape, p->ndim,
+                                        data + p->offset);
+    }
+    char name[96];
+    for (int i = 0; rc == PRL_OK && i < m->n_moe; i++) {
+        int64_t shape[1] = {m->cfg.n_routed_experts};
+        bias_name(name, sizeof name, m, i);
+        rc = prl_safetensors_writer_add(&w, name, PRL_DTYPE_F32, shape, 1,
+                                        bias + (size_t)i * m->cfg.n_routed_experts);
+    }
+    if (rc == PRL_OK) rc = save_tensors(&w, path, NULL);
+    prl_safetensors_writer_free(&w);
+    free(owned);
+    free(bias_owned);
+    return rc;
+}
+
+static prl_status save_optim_file(const prl_model *m, const prl_optim *o, const char *path)
+{
+    prl_safetensors_writer w;
+    prl_safetensors_writer_init(&w);
+    float *m_owned = NULL, *v_owned = NULL;
+    const float *mm = as_f32(o->m, o->n_params, &m_owned), *vv = as_f32(o->v, o->n_params, &v_owned);
+    prl_status rc = (mm && vv) ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "saving %s", path);
+    char (*names)[100] = calloc((size_t)m->n_tensors * 2, sizeof *names);
+    if (!names && rc == PRL_OK) rc = prl_error_set(PRL_ERR_NOMEM, "saving %s", path);
+    for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
+        const prl_param_info *p = &m->tensors[i];
+        snprintf(names[2 * i], 100, "m.%s", p->name);
+        snprintf(names[2 * i + 1], 100, "v.%s", p->name);
+        rc = prl_safetensors_writer_add(&w, names[2 * i], PRL_DTYPE_F32, p->shape, p->ndim,
+                                        mm + p->offset);
+        if (rc == PRL_OK)
+            rc = prl_safetensors_writer_add(&w, names[2 * i + 1], PRL_DTYPE_F32, p->shape,
+                                            p->ndim, vv + p->offset);
+    }
+    char step[32];
+    snprintf(step, sizeof step, "%lld", (long long)o->step);
+    if (rc == PRL_OK) rc = save_tensors(&w, path, step);
+    prl_safetensors_writer_free(&w);
+    free(names);
+    free(m_owned);
+    free(v_owned);
+    return rc;
+}
+
+static prl_status save_state(const prl_optim *o, const char *state_json, const char *path)
+{
+    json_t *user = NULL;
+    if (state_json) {
+        json_error_t err;
+        user = json_loads(state_json, 0, &err);
+        if (!user) return prl_error_set(PRL_ERR_ARG, "run state is not valid JSON: %s", err.text);
+    }
+    json_t *root = json_pack("{s:i, s:I, s:o}", "format", CHECKPOINT_FORMAT, "step",
+                             (json_int_t)o->step, "run", user ? user : json_object());
+    char *text = json_dumps(root, JSON_INDENT(2));
+    json_decref(root);
+    prl_status rc = write_file_sync(path, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+static prl_status write_checkpoint_files(const prl_model *m, const prl_optim *o,
+                                         const char *state_json, const char *tokenizer_src,
+                                         const char *tmp)
+{
+    char path[4096];
+    prl_status rc;
+    char *config = prl_config_to_json(&m->cfg);
+    if ((rc = join_path(path, sizeof path, tmp, "config.json"))) return rc;
+    rc = config ? write_file_sync(path, config, strlen(config))
+                : prl_error_set(PRL_ERR_NOMEM, "config.json");
+    free(config);
+    if (rc) return rc;
+    if ((rc = join_path(path, sizeof path, tmp, "model.safetensors"))) return rc;
+    if ((rc = save_model_file(m, path))) return rc;
+    if (tokenizer_src) {
+        if ((rc = join_path(path, sizeof path, tmp, "tokenizer.json"))) return rc;
+        if ((rc = copy_file(tokenizer_src, path))) return rc;
+    }
+    if (o) {
+        if ((rc = join_path(path, sizeof path, tmp, "optimizer.safetensors"))) return rc;
+        if ((rc = save_optim_file(m, o, path))) return rc;
+        if ((rc = join_path(path, sizeof path, tmp, "state.json"))) return rc;
+        if ((rc = save_state(o, state_json, path))) return rc;
+    }
+    return fsync_dir(tmp);
+}
+
+prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const char *state_json,
+                               const char *tokenizer_src, const char *dir)
+{
+    char tmp[4096], parent[4096];
+    if (strlen(dir) > 3000) return prl_error_set(PRL_ERR_ARG, "checkpoint path too long: %s", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", dir, (int)getpid());
+    remove_flat_dir(tmp);
+    if (mkdir(tmp, 0755) != 0)
+        return prl_error_set(PRL_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    prl_status rc = write_checkpoint_files(m, o, state_json, tokenizer_src, tmp);
+    if (rc) {
+        remove_flat_dir(tmp);
+        return prl_error_wrap(rc, "saving checkpoint %s: ", dir);
+    }
+    struct stat sb;
+    int exists = stat(dir, &sb) == 0;
+    if (exists && !S_ISDIR(sb.st_mode)) {
+        remove_flat_dir(tmp);
+        return prl_error_set(PRL_ERR_IO, "%s exists and is not a directory", dir);
+    }
+    int r = exists ? renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE)
+                   : rename(tmp, dir);
+    if (r != 0) {
+        int e = errno;
+        remove_flat_dir(tmp);
+        return prl_error_set(PRL_ERR_IO, "cannot move %s into place: %s", dir, strerror(e));
+    }
+    if (exists) remove_flat_dir(tmp); /* now holds the previous checkpoint */
+    parent_dir(dir, parent, sizeof parent);
+    return fsync_dir(parent);
+}
+
+/* ------------------------------------------------------------------ loading --------- */
+
+static prl_status verify_checksum(const prl_safetensors *st)
+{
+    const char *want = prl_safetensors_metadata(st, "prl_checksum");
+    if (!want) return prl_error_set(PRL_ERR_FORMAT, "%s: no prl_checksum in the metadata", st->label);
+    char got[32];
+    snprintf(got, sizeof got, "%016" PRIx64, data_checksum(st->bytes, st->size));
+    if (strcmp(got, want) != 0)
+        return prl_error_set(PRL_ERR_CHECKSUM, "%s: checksum mismatch (stored %s, computed %s): "
+                             "the file is corrupt or was modified", st->label, want, got);
+    return PRL_OK;
+}
+
+static prl_status read_tensor(const prl_safetensors *st, const char *name, const int64_t *shape,
+                              int ndim, prl_real *out)
+{
+#ifdef PRL_REAL_DOUBLE
+    return prl_safetensors_read_f64(st, name, shape, ndim, out);
+#else
+    return prl_safetensors_read_f32(st, name, shape, ndim, out);
+#endif
+}
+
+/* Every tensor in the file must be one the model expects. */
+static prl_status check_no_extra(const prl_model *m, const prl_safetensors *st)
+{
+    for (size_t i = 0; i < st->n_tensors; i++) {
+        const char *name = st->tensors[i].name;
+        if (prl_model_find(m, name)) continue;
+        if (strstr(name, "e_score_correction")) continue; /* bias and its aliases */
+        return prl_error_set(PRL_ERR_FORMAT, "%s: unexpected tensor '%s' (not in this model's "
+                             "config)", st->label, name);
+    }
+    return PRL_OK;
+}
+
+static prl_status load_bias(prl_model *m, const prl_safetensors *st)
+{
+    int E = m->cfg.n_routed_experts;
+    for (int i = 0; i < m->n_moe; i++) {
+        int l = m->cfg.first_k_dense_replace + i;
+        char names[3][96];
+        bias_name(names[0], sizeof names[0], m, i);
+        snprintf(names[1], sizeof names[1], "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        snprintf(names[2], sizeof names[2], "model.layers.%d.mlp.e_score_correction_bias", l);
+        int64_t shape[1] = {E};
+        for (int k = 0; k < 3; k++)
+            if (prl_safetensors_find(st, names[k])) {
+                prl_status rc = read_tensor(st, names[k], shape, 1, m->router_bias + (size_t)i * E);
+                if (rc) return rc;
+                break;
+            }
+    }
+    return PRL_OK;
+}
+
+prl_status prl_checkpoint_load(prl_model *m, const char *dir)
+{
+    char path[4096], weights[4096];
+    prl_config cfg;
+    prl_status rc;
+    if ((rc = join_path(path, sizeof path, dir, "config.json"))) return rc;
+    if ((rc = join_path(weights, sizeof weights, dir, "model.safetensors"))) return rc;
+    if ((rc = prl_config_load(&cfg, path))) return rc;
+    if ((rc = prl_model_init(m, &cfg))) return rc;
+    snprintf(path, sizeof path, "%s", weights);
+    prl_safetensors st;
+    if ((rc = prl_safetensors_open(&st, path))) {
+        prl_model_free(m);
+        return rc;
+    }
+    rc = verify_checksum(&st);
+    if (rc == PRL_OK) rc = check_no_extra(m, &st);
+    for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
+        const prl_param_info *p = &m->tensors[i];
+        rc = read_tensor(&st, p->name, p->shape, p->ndim, m->params + p->offset);
+    }
+    if (rc == PRL_OK) rc = load_bias(m, &st);
+    prl_safetensors_free(&st);
+    if (rc) prl_model_free(m);
+    return rc;
+}
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, len = 0, n;
+    char *buf = malloc(cap);
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    fclose(f);
+    if (buf) buf[len] = 0;
+    return buf;
+}
+
+prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const char *dir,
+                                     char **state_json)
+{
+    char path[4096], name[100];
+    prl_status rc;
+    if ((rc = join_path(path, sizeof path, dir, "optimizer.safetensors"))) return rc;
+    prl_safetensors st;
+    if ((rc = prl_safetensors_open(&st, path))) return rc;
+    rc = verify_checksum(&st);
+    if (rc == PRL_OK && st.n_tensors != 2 * (size_t)m->n_tensors)
+        rc = prl_error_set(PRL_ERR_FORMAT, "%s: %zu tensors, expected %d", path, st.n_tensors,
+                           2 * m->n_tensors);
+    for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
+        const prl_param_info *p = &m->tensors[i];
+        snprintf(name, sizeof name, "m.%s", p->name);
+        rc = read_tensor(&st, name, p->shape, p->ndim, o->m + p->offset);
+        snprintf(name, sizeof name, "v.%s", p->name);
+        if (rc == PRL_OK) rc = read_tensor(&st, name, p->shape, p->ndim, o->v + p->offset);
+    }
+    const char *step = prl_safetensors_metadata(&st, "step");
+    char *end = NULL;
+    long long s = step ? strtoll(step, &end, 10) : -1;
+    if (rc == PRL_OK && (!step || *end || s < 0))
+        rc = prl_error_set(PRL_ERR_FORMAT, "%s: missing or bad 'step' metadata", path);
+    if (rc == PRL_OK) o->step = s;
+    prl_safetensors_free(&st);
+    if (rc || !state_json) return rc;
+    if ((rc = join_path(path, sizeof path, dir, "state.json"))) return rc;
+    char *text = read_text(path);
+    if (!text) return prl_error_set(PRL_ERR_IO, "cannot read %s", path);
+    json_error_t err;
+    json_t *root = json_loads(text, 0, &err);
+    free(text);
+    json_t *run = root ? json_object_get(root, "run") : NULL;
+    if (!run) {
+        json_decref(root);
+        return prl_error_set(PRL_ERR_FORMAT, "%s: not a prl state file", path);
+    }
+    *state_json = json_dumps(run, JSON_COMPACT);
+    json_decref(root);
+    return PRL_OK;
+}

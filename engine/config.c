@@ -1,0 +1,448 @@
+/*
+** config.c — reading and writing the model's config.json (Hugging Face openpangu_v2 names).
+**
+** Every key of the file must be known: a table below lists each one with its type and
+** where it goes. Unknown keys (typos) are errors that suggest the nearest known key; blocks
+** of the openPangu-2.0 design that this build does not have yet are recognised and refused
+** with a "not yet supported" error, so a config never silently means something else.
+*/
+#include "engine/engine.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { K_INT, K_REAL, K_BOOL, K_STRING, K_ANY, K_INT_LIST } key_type;
+
+/* What a key does when present. */
+typedef enum {
+    USE_FIELD,       /* stored into a prl_config field */
+    USE_IGNORED,     /* Hugging Face bookkeeping with no effect on the maths */
+    USE_UNSUPPORTED  /* a block not built yet: refused unless it is "off" */
+} key_use;
+
+typedef struct key_spec {
+    const char *name;
+    key_type type;
+    key_use use;
+    size_t offset;    /* into prl_config, for USE_FIELD */
+    const char *what; /* for USE_UNSUPPORTED: the block's name */
+} key_spec;
+
+#define F(name, type, field) {name, type, USE_FIELD, offsetof(prl_config, field), NULL}
+#define IGN(name, type) {name, type, USE_IGNORED, 0, NULL}
+#define UNS(name, type, what) {name, type, USE_UNSUPPORTED, 0, what}
+
+static const key_spec keys[] = {
+    F("vocab_size", K_INT, vocab_size),
+    F("hidden_size", K_INT, hidden_size),
+    F("num_hidden_layers", K_INT, num_hidden_layers),
+    F("num_attention_heads", K_INT, num_attention_heads),
+    F("q_lora_rank", K_INT, q_lora_rank),
+    F("kv_lora_rank", K_INT, kv_lora_rank),
+    F("qk_nope_head_dim", K_INT, qk_nope_head_dim),
+    F("qk_rope_head_dim", K_INT, qk_rope_head_dim),
+    F("v_head_dim", K_INT, v_head_dim),
+    F("rope_theta", K_REAL, rope_theta),
+    F("rms_norm_eps", K_REAL, rms_norm_eps),
+    F("initializer_range", K_REAL, initializer_range),
+    F("first_k_dense_replace", K_INT, first_k_dense_replace),
+    F("intermediate_size", K_INT, intermediate_size),
+    F("n_routed_experts", K_INT, n_routed_experts),
+    F("num_experts_per_tok", K_INT, num_experts_per_tok),
+    F("moe_intermediate_size", K_INT, moe_intermediate_size),
+    F("n_shared_experts", K_INT, n_shared_experts),
+    F("norm_topk_prob", K_BOOL, norm_topk_prob),
+    F("routed_scaling_factor", K_REAL, routed_scaling_factor),
+    F("max_position_embeddings", K_INT, max_position_embeddings),
+    F("bos_token_id", K_INT, bos_token_id),
+    F("eos_token_id", K_INT, eos_token_id),
+    F("pad_token_id", K_INT, pad_token_id),
+    F("prl_bias_update_rate", K_REAL, bias_update_rate),
+    F("prl_balance_loss_alpha", K_REAL, balance_loss_alpha),
+    F("prl_router_z_loss_coef", K_REAL, router_z_loss_coef),
+    /* prl_bias_update_rule is a string, handled by name below. */
+    IGN("prl_bias_update_rule", K_STRING),
+    IGN("architectures", K_ANY),
+    IGN("model_type", K_STRING),
+    IGN("torch_dtype", K_STRING),
+    IGN("transformers_version", K_STRING),
+    IGN("use_cache", K_BOOL),
+    IGN("use_mla", K_BOOL),
+    IGN("hidden_act", K_STRING),
+    IGN("attention_bias", K_BOOL),
+    IGN("attention_dropout", K_REAL),
+    IGN("auto_map", K_ANY),
+    IGN("scoring_func", K_STRING),
+    IGN("topk_method", K_STRING),
+    IGN("router_enable_expert_bias", K_BOOL),
+    IGN("rope_interleave", K_BOOL), /* checked below: must be false */
+    IGN("tie_word_embeddings", K_BOOL), /* checked below: must be false */
+    IGN("n_group", K_INT),              /* checked below: must be 1 */
+    IGN("topk_group", K_INT),           /* checked below: must be 1 */
+    IGN("rope_scaling", K_ANY),         /* checked below: must be null */
+    UNS("dsa_layers", K_INT_LIST, "DSA sparse attention"),
+    UNS("index_topk", K_INT, "DSA sparse attention"),
+    UNS("index_n_heads", K_INT, "DSA sparse attention"),
+    UNS("index_head_dim", K_INT, "DSA sparse attention"),
+    UNS("swa_layers", K_INT_LIST, "sliding-window attention"),
+    UNS("sliding_window_list", K_INT_LIST, "sliding-window attention"),
+    UNS("sliding_window", K_INT, "sliding-window attention"),
+    UNS("layer_types", K_ANY, "sliding-window attention"),
+    UNS("param_sink_number", K_INT, "parameter attention sinks"),
+    UNS("param_sink_with_value", K_BOOL, "parameter attention sinks"),
+    UNS("use_mome", K_BOOL, "ModAttn (MoME) convolution"),
+    UNS("router_sliding_window", K_INT, "ModAttn (MoME) convolution"),
+    UNS("use_mhc", K_BOOL, "mHC hyper-connections"),
+    UNS("mhc_num_stream", K_INT, "mHC hyper-connections"),
+    UNS("mhc_recur_norm", K_INT, "mHC hyper-connections"),
+    UNS("mhc_use_gamma", K_BOOL, "mHC hyper-connections"),
+    UNS("sandwich_norm", K_BOOL, "sandwich norms"),
+    UNS("block_post_layernorm_idx", K_INT_LIST, "block post-layernorms"),
+    UNS("num_nextn_predict_layers", K_INT, "multi-token prediction (MTP)"),
+};
+enum { N_KEYS = sizeof keys / sizeof keys[0] };
+
+void prl_config_default(prl_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->vocab_size = 4096;
+    c->hidden_size = 256;
+    c->num_hidden_layers = 6;
+    c->num_attention_heads = 4;
+    c->q_lora_rank = 128;
+    c->kv_lora_rank = 64;
+    c->qk_nope_head_dim = 32;
+    c->qk_rope_head_dim = 16;
+    c->v_head_dim = 32;
+    c->rope_theta = 10000.0;
+    c->rms_norm_eps = 1e-5;
+    c->initializer_range = 0.02;
+    c->first_k_dense_replace = 1;
+    c->intermediate_size = 512;
+    c->n_routed_experts = 8;
+    c->num_experts_per_tok = 2;
+    c->moe_intermediate_size = 128;
+    c->n_shared_experts = 1;
+    c->norm_topk_prob = 1;
+    c->routed_scaling_factor = 1.0;
+    c->max_position_embeddings = 512;
+    c->bos_token_id = 1;
+    c->eos_token_id = 2;
+    c->pad_token_id = 0;
+    c->bias_rule = PRL_BIAS_SIGN;
+    c->bias_update_rate = 0.001;
+}
+
+/* Levenshtein distance, for "did you mean" suggestions. */
+static int edit_distance(const char *a, const char *b)
+{
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[la][lb];
+}
+
+static const key_spec *find_key(const char *name)
+{
+    for (int i = 0; i < N_KEYS; i++)
+        if (!strcmp(keys[i].name, name)) return &keys[i];
+    return NULL;
+}
+
+static const char *nearest_key(const char *name)
+{
+    const char *best = NULL;
+    int best_d = 1 << 30;
+    for (int i = 0; i < N_KEYS; i++) {
+        int d = edit_distance(name, keys[i].name);
+        if (d < best_d) best_d = d, best = keys[i].name;
+    }
+    return best_d <= 4 ? best : NULL;
+}
+
+static const char *type_name(key_type t)
+{
+    switch (t) {
+    case K_INT: return "an integer";
+    case K_REAL: return "a number";
+    case K_BOOL: return "true or false";
+    case K_STRING: return "a string";
+    case K_INT_LIST: return "a list of integers";
+    case K_ANY: return "any value";
+    }
+    return "?";
+}
+
+static int value_has_type(json_t *v, key_type t)
+{
+    switch (t) {
+    case K_INT: return json_is_integer(v);
+    case K_REAL: return json_is_number(v);
+    case K_BOOL: return json_is_boolean(v);
+    case K_STRING: return json_is_string(v);
+    case K_ANY: return 1;
+    case K_INT_LIST: {
+        if (!json_is_array(v)) return 0;
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) if (!json_is_integer(e)) return 0;
+        return 1;
+    }
+    }
+    return 0;
+}
+
+/* An unsupported block is acceptable only when its key says "off". */
+static int block_is_off(json_t *v)
+{
+    if (json_is_null(v)) return 1;
+    if (json_is_false(v)) return 1;
+    if (json_is_integer(v)) return json_integer_value(v) == 0;
+    if (json_is_array(v)) return json_array_size(v) == 0;
+    return 0;
+}
+
+static prl_status store_field(prl_config *c, const key_spec *k, json_t *v)
+{
+    char *base = (char *)c + k->offset;
+    switch (k->type) {
+    case K_INT: {
+        json_int_t x = json_integer_value(v);
+        if (x < -2147483647 || x > 2147483647)
+            return prl_error_set(PRL_ERR_CONFIG, "'%s' = %lld is out of range", k->name,
+                                 (long long)x);
+        *(int *)base = (int)x;
+        return PRL_OK;
+    }
+    case K_REAL: *(double *)base = json_number_value(v); return PRL_OK;
+    case K_BOOL: *(int *)base = json_is_true(v); return PRL_OK;
+    default: return prl_error_set(PRL_ERR_CONFIG, "internal: key '%s' has no field", k->name);
+    }
+}
+
+static prl_status check_positive(const char *src, const char *name, long long v, long long max)
+{
+    if (v <= 0 || v > max)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld must be in [1, %lld]", src, name,
+                             v, max);
+    return PRL_OK;
+}
+
+/* Ranges and cross-key consistency. */
+static prl_status validate(const prl_config *c, const char *src)
+{
+    prl_status rc;
+    struct { const char *name; long long v, max; } pos[] = {
+        {"vocab_size", c->vocab_size, 1 << 24},
+        {"hidden_size", c->hidden_size, 1 << 16},
+        {"num_hidden_layers", c->num_hidden_layers, PRL_MAX_LAYERS},
+        {"num_attention_heads", c->num_attention_heads, 1024},
+        {"q_lora_rank", c->q_lora_rank, 1 << 16},
+        {"kv_lora_rank", c->kv_lora_rank, 1 << 16},
+        {"qk_nope_head_dim", c->qk_nope_head_dim, 4096},
+        {"qk_rope_head_dim", c->qk_rope_head_dim, 4096},
+        {"v_head_dim", c->v_head_dim, 4096},
+        {"max_position_embeddings", c->max_position_embeddings, 1 << 24},
+    };
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if ((rc = check_positive(src, pos[i].name, pos[i].v, pos[i].max))) return rc;
+    if (c->qk_rope_head_dim % 2)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'qk_rope_head_dim' = %d must be even", src,
+                             c->qk_rope_head_dim);
+    if (c->first_k_dense_replace < 0 || c->first_k_dense_replace > c->num_hidden_layers)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'first_k_dense_replace' = %d must be in [0, "
+                             "num_hidden_layers = %d]",
+                             src, c->first_k_dense_replace, c->num_hidden_layers);
+    if (c->first_k_dense_replace > 0 &&
+        (rc = check_positive(src, "intermediate_size", c->intermediate_size, 1 << 20)))
+        return rc;
+    if (c->first_k_dense_replace < c->num_hidden_layers) {
+        if ((rc = check_positive(src, "n_routed_experts", c->n_routed_experts, 4096))) return rc;
+        if ((rc = check_positive(src, "moe_intermediate_size", c->moe_intermediate_size,
+                                 1 << 20)))
+            return rc;
+        if (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->n_routed_experts)
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: 'num_experts_per_tok' = %d must be in [1, "
+                                 "n_routed_experts = %d]",
+                                 src, c->num_experts_per_tok, c->n_routed_experts);
+        if (c->n_shared_experts < 0 || c->n_shared_experts > 64)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'n_shared_experts' = %d must be in "
+                                 "[0, 64]", src, c->n_shared_experts);
+    }
+    struct { const char *name; double v; int allow_zero; } reals[] = {
+        {"rope_theta", c->rope_theta, 0},
+        {"rms_norm_eps", c->rms_norm_eps, 0},
+        {"initializer_range", c->initializer_range, 0},
+        {"routed_scaling_factor", c->routed_scaling_factor, 0},
+        {"prl_bias_update_rate", c->bias_update_rate, 1},
+        {"prl_balance_loss_alpha", c->balance_loss_alpha, 1},
+        {"prl_router_z_loss_coef", c->router_z_loss_coef, 1},
+    };
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        double v = reals[i].v;
+        if (!isfinite(v) || v < 0 || (v == 0 && !reals[i].allow_zero))
+            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %g must be a finite number %s 0",
+                                 src, reals[i].name, v, reals[i].allow_zero ? ">=" : ">");
+    }
+    struct { const char *name; int v; } ids[] = {
+        {"bos_token_id", c->bos_token_id},
+        {"eos_token_id", c->eos_token_id},
+        {"pad_token_id", c->pad_token_id},
+    };
+    for (size_t i = 0; i < 3; i++)
+        if (ids[i].v < 0 || ids[i].v >= c->vocab_size)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %d is not a token id (vocab_size %d)",
+                                 src, ids[i].name, ids[i].v, c->vocab_size);
+    return PRL_OK;
+}
+
+/* Keys whose only accepted value is the one this engine implements. */
+static prl_status check_fixed_values(json_t *root, const char *src)
+{
+    json_t *v;
+    if ((v = json_object_get(root, "rope_interleave")) && json_is_true(v))
+        return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: 'rope_interleave' = true is not "
+                             "supported (prl uses half-split RoPE, as openPangu)", src);
+    if ((v = json_object_get(root, "tie_word_embeddings")) && json_is_true(v))
+        return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: 'tie_word_embeddings' = true is not "
+                             "supported (the LM head is untied)", src);
+    const char *groups[] = {"n_group", "topk_group"};
+    for (int i = 0; i < 2; i++)
+        if ((v = json_object_get(root, groups[i])) && json_integer_value(v) > 1)
+            return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: '%s' = %lld: group-limited "
+                                 "routing is not supported (use 1)", src, groups[i],
+                                 (long long)json_integer_value(v));
+    if ((v = json_object_get(root, "rope_scaling")) && !json_is_null(v))
+        return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: 'rope_scaling' is not supported "
+                             "(use null)", src);
+    if ((v = json_object_get(root, "scoring_func")) &&
+        strcmp(json_string_value(v), "sigmoid") != 0)
+        return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: 'scoring_func' = \"%s\" is not "
+                             "supported (prl routes with a sigmoid gate)", src,
+                             json_string_value(v));
+    return PRL_OK;
+}
+
+static prl_status parse_object(prl_config *c, json_t *root, const char *src)
+{
+    const char *name;
+    json_t *v;
+    json_object_foreach(root, name, v)
+    {
+        const key_spec *k = find_key(name);
+        if (!k) {
+            const char *near = nearest_key(name);
+            if (near)
+                return prl_error_set(PRL_ERR_CONFIG, "%s: unknown config key '%s' (did you "
+                                     "mean '%s'?)", src, name, near);
+            return prl_error_set(PRL_ERR_CONFIG, "%s: unknown config key '%s'", src, name);
+        }
+        if (!value_has_type(v, k->type) && !(k->use == USE_UNSUPPORTED && json_is_null(v)))
+            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' must be %s", src, name,
+                                 type_name(k->type));
+        if (k->use == USE_UNSUPPORTED && !block_is_off(v))
+            return prl_error_set(PRL_ERR_UNSUPPORTED,
+                                 "%s: '%s' turns on %s, which is not yet supported by this "
+                                 "build; remove the key or switch it off (0, false or [])",
+                                 src, name, k->what);
+        if (k->use == USE_FIELD) {
+            prl_status rc = store_field(c, k, v);
+            if (rc) return prl_error_wrap(rc, "%s: ", src);
+        }
+    }
+    if ((v = json_object_get(root, "prl_bias_update_rule"))) {
+        const char *s = json_string_value(v);
+        if (!strcmp(s, "sign")) c->bias_rule = PRL_BIAS_SIGN;
+        else if (!strcmp(s, "rms")) c->bias_rule = PRL_BIAS_RMS;
+        else
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'prl_bias_update_rule' = \"%s\" must be "
+                                 "\"sign\" or \"rms\"", src, s);
+    }
+    return check_fixed_values(root, src);
+}
+
+prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source)
+{
+    prl_config_default(c);
+    json_error_t err;
+    json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &err);
+    if (!root)
+        return prl_error_set(PRL_ERR_CONFIG, "%s:%d:%d: invalid JSON: %s", source, err.line,
+                             err.column, err.text);
+    prl_status rc;
+    if (!json_is_object(root))
+        rc = prl_error_set(PRL_ERR_CONFIG, "%s: a config must be a JSON object", source);
+    else if ((rc = parse_object(c, root, source)) == PRL_OK)
+        rc = validate(c, source);
+    json_decref(root);
+    return rc;
+}
+
+prl_status prl_config_load(prl_config *c, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open config %s: %m", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || n > (1 << 24)) {
+        fclose(f);
+        return prl_error_set(PRL_ERR_CONFIG, "%s: not a config file (size %ld)", path, n);
+    }
+    char *text = malloc((size_t)n + 1);
+    if (!text) {
+        fclose(f);
+        return prl_error_set(PRL_ERR_NOMEM, "reading %s", path);
+    }
+    size_t got = fread(text, 1, (size_t)n, f);
+    fclose(f);
+    text[got] = 0;
+    prl_status rc = prl_config_parse(c, text, path);
+    free(text);
+    return rc;
+}
+
+char *prl_config_to_json(const prl_config *c)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "architectures", json_pack("[s]", "OpenPanguV2ForCausalLM"));
+    json_object_set_new(o, "model_type", json_string("openpangu_v2"));
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_spec *k = &keys[i];
+        if (k->use != USE_FIELD) continue;
+        const char *base = (const char *)c + k->offset;
+        if (k->type == K_INT) json_object_set_new(o, k->name, json_integer(*(const int *)base));
+        if (k->type == K_REAL) json_object_set_new(o, k->name, json_real(*(const double *)base));
+        if (k->type == K_BOOL) json_object_set_new(o, k->name, json_boolean(*(const int *)base));
+    }
+    json_object_set_new(o, "prl_bias_update_rule",
+                        json_string(c->bias_rule == PRL_BIAS_RMS ? "rms" : "sign"));
+    json_object_set_new(o, "rope_interleave", json_false());
+    json_object_set_new(o, "tie_word_embeddings", json_false());
+    json_object_set_new(o, "torch_dtype", json_string("float32"));
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    json_decref(o);
+    return s;
+}
+
+int prl_config_is_moe(const prl_config *c, int layer)
+{
+    return layer >= c->first_k_dense_replace;
+}
+
+int prl_config_moe_layers(const prl_config *c)
+{
+    return c->num_hidden_layers - c->first_k_dense_replace;
+}

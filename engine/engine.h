@@ -1,0 +1,145 @@
+/*
+** engine.h — the one public header of prl's engine.
+**
+** The engine builds an openPangu-2.0-style MoE transformer from a Hugging Face style
+** config.json, trains it (train path: full-sequence forward with saved activations,
+** backward, optimizers), scores tokens, and reads/writes checkpoints and tokenizers.
+** It knows nothing of RL, processes or files other than checkpoints and tokenizers.
+**
+** Error model (library): functions return a prl_status (0 = PRL_OK, negative = error) and
+** leave a human-readable message, naming the offending key/file/value, in a thread-local
+** buffer read with prl_error_message(). Invariants are checked with PRL_ASSERT, which aborts
+** with file:line. Ownership: the caller owns what it allocates; init/free pairs own
+** everything in between and every *_free accepts NULL.
+**
+** Real type: the model code is compiled twice. The normal library uses float; the test-only
+** library prl_model64 is compiled with PRL_REAL_DOUBLE so finite-difference gradient checks
+** run in double with the very same source.
+*/
+#ifndef PRL_ENGINE_H
+#define PRL_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef PRL_REAL_DOUBLE
+typedef double prl_real;
+#else
+typedef float prl_real;
+#endif
+
+/* ---------------------------------------------------------------- errors ---------- */
+
+typedef enum prl_status {
+    PRL_OK = 0,
+    PRL_ERR_NOMEM = -1,       /* allocation failed */
+    PRL_ERR_IO = -2,          /* open/read/write/rename/fsync failed */
+    PRL_ERR_FORMAT = -3,      /* a file or message is malformed (safetensors, JSON, JSONL) */
+    PRL_ERR_CONFIG = -4,      /* unknown key, bad value, inconsistent model config */
+    PRL_ERR_RANGE = -5,       /* a value is out of its allowed range (token id, index) */
+    PRL_ERR_UNSUPPORTED = -6, /* a recognised feature that is not built yet */
+    PRL_ERR_ARG = -7,         /* bad argument to an API call or a CLI flag */
+    PRL_ERR_NUMERIC = -8,     /* NaN/Inf where a finite number is required */
+    PRL_ERR_CHECKSUM = -9     /* stored and computed checksums differ */
+} prl_status;
+
+/* Record an error message (printf-style) and return `code`, so callers can write
+** `return prl_error_set(PRL_ERR_IO, "open %s: %s", path, strerror(errno));`. */
+prl_status prl_error_set(prl_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prepend context to the current message ("loading ckpt/: " + old message). */
+prl_status prl_error_wrap(prl_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The last message set on this thread ("" if none). Valid until the next set. */
+const char *prl_error_message(void);
+/* A short constant name for a status ("PRL_ERR_IO"). */
+const char *prl_status_name(prl_status code);
+
+/* Invariant checks: documentation that runs. Always on (the engine is not hot at -O2 on
+** branch-predictable checks); failure prints file:line and aborts. */
+#define PRL_ASSERT(cond)                                                                  \
+    do {                                                                                  \
+        if (!(cond)) prl_assert_fail(#cond, __FILE__, __LINE__);                          \
+    } while (0)
+void prl_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
+
+/* Checked allocation for tools: on failure prints the size and call site and exits(1).
+** Library code that must report NOMEM instead uses plain malloc and prl_error_set. */
+#define prl_xmalloc(n) prl_xmalloc_at((n), __FILE__, __LINE__)
+#define prl_xcalloc(n, s) prl_xcalloc_at((n), (s), __FILE__, __LINE__)
+void *prl_xmalloc_at(size_t n, const char *file, int line);
+void *prl_xcalloc_at(size_t n, size_t size, const char *file, int line);
+
+/* ---------------------------------------------------------------- BLAS ------------- */
+
+/* Pick the OpenBLAS kernel for this CPU (cpuid: AVX-512 → SkylakeX, AVX2 → Haswell) unless
+** OPENBLAS_CORETYPE is already set (the user's setting wins), then load OpenBLAS and set its
+** thread count (threads <= 0: PRL_THREADS, else OPENBLAS_NUM_THREADS, else the number of
+** online CPUs). Idempotent; later calls only change the thread count. One thread pool:
+** OpenBLAS runs 1 thread per call and prl's pool (below) runs `threads` calls at once. */
+prl_status prl_blas_init(int threads);
+/* Print "blas: <core> threads=<n>" (and where the core came from) to `out`. */
+void prl_blas_print(FILE *out);
+const char *prl_blas_core(void);
+int prl_blas_threads(void);
+void prl_blas_set_threads(int threads);
+
+/* Row-major GEMM on prl_real: C[M,N] = alpha * op(A) * op(B) + beta * C, where op(X) is X or
+** Xᵀ (trans_a/trans_b nonzero) and lda/ldb/ldc are row strides. */
+void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha,
+              const prl_real *A, int lda, const prl_real *B, int ldb, prl_real beta,
+              prl_real *C, int ldc);
+/* The same in explicit precisions (benchmarks, both builds). */
+void prl_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+               int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void prl_dgemm(int trans_a, int trans_b, int M, int N, int K, double alpha, const double *A,
+               int lda, const double *B, int ldb, double beta, double *C, int ldc);
+
+/* ---------------------------------------------------------------- threads ---------- */
+
+/* The one thread pool (parallel.c). prl_blas_init creates it; tasks must not depend on
+** which thread runs them, and the task split must not depend on the thread count. */
+prl_status prl_pool_init(int n_threads);
+void prl_pool_free(void);
+int prl_pool_threads(void);
+/* Index of the calling thread in [0, prl_pool_threads()), for per-thread scratch. */
+int prl_pool_worker(void);
+/* Run fn(ctx, i) for i in [0, n_tasks) on the pool; returns when all are done. Nested
+** calls from inside a task run serially. */
+void prl_parallel_for(int n_tasks, void (*fn)(void *ctx, int task), void *ctx);
+
+/* ---------------------------------------------------------------- RNG -------------- */
+
+/* Counter-based random streams: every draw is a pure function of (seed, a, b, c, purpose)
+** and the draw index, so results never depend on call order elsewhere or thread count.
+** For RL: a = step, b = prompt id, c = sample index. */
+typedef struct prl_rng {
+    uint64_t key;     /* hash of (seed, a, b, c, purpose) */
+    uint64_t counter; /* next draw index */
+} prl_rng;
+
+void prl_rng_init(prl_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c,
+                  uint64_t purpose);
+uint64_t prl_rng_u64(prl_rng *r);
+double prl_rng_uniform(prl_rng *r); /* [0, 1) with 53 random bits */
+double prl_rng_normal(prl_rng *r);  /* N(0, 1), Box–Muller on two uniforms */
+uint64_t prl_hash64(uint64_t x);    /* splitmix64 finaliser */
+
+/* Purposes (never renumber: they are part of every seed). */
+enum {
+    PRL_RNG_INIT = 1,    /* weight initialisation */
+    PRL_RNG_SHUFFLE = 2, /* data order */
+    PRL_RNG_SAMPLE = 3,  /* token sampling */
+    PRL_RNG_TASK = 4,    /* task generation */
+    PRL_RNG_TEST = 5     /* tests */
+};
+
+/* CRC-32C style checksum of a byte range (used in checkpoint metadata). */
+uint64_t prl_checksum64(const void *data, size_t n, uint64_t seed);
+
+#include "engine/model.h"
+#include "engine/safetensors.h"
+#include "engine/tokenizer.h"
+
+#endif /* PRL_ENGINE_H */

@@ -1,0 +1,1005 @@
+/*
+** model.c — the MLA + MoE transformer: parameter layout, initialisation, and the train
+** path (full-sequence forward with saved activations, backward, log-probs, route capture
+** and override, expert-bias balancing).
+**
+** The maths is docs/model.md; this file is its straight-line driver in the style of llm.c's
+** gpt2_forward/gpt2_backward: per layer, compute the named views and call the kernels of
+** ops.c in order; the backward is the mirror list. No graph, no autograd.
+*/
+#include "engine/ops.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Element offsets of one layer's tensors inside params/grads. Routed experts are stored
+** one after another, each as [gate_proj (de×d), up_proj (de×d), down_proj (d×de)]. */
+typedef struct layer_offsets {
+    size_t ln1, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, ln2;
+    size_t w1, w3, w2;       /* dense SwiGLU */
+    size_t router, experts;  /* MoE */
+    size_t sw1, sw3, sw2;    /* shared experts */
+} layer_offsets;
+
+/* Saved activations of one layer (for the current batch shape). */
+typedef struct layer_acts {
+    prl_real *res_attn, *ln_a, *rstd_a;         /* residual in, normed, 1/rms */
+    prl_real *zq, *cq, *rstd_q, *q;             /* query path */
+    prl_real *kva, *ckv, *rstd_kv, *kr, *kv;    /* key/value path */
+    prl_real *att, *o;                          /* probabilities, head outputs */
+    prl_real *res_ffn, *ln_f, *rstd_f;          /* residual after attention, normed */
+    prl_real *a1, *a3, *h;                      /* dense or shared-expert SwiGLU */
+    /* MoE */
+    prl_real *z, *s, *g;                        /* router logits, sigmoid, gates [N,K] */
+    int32_t *sel;                               /* [N,K] */
+    int32_t *offsets;                           /* [E+1] rows per expert in grouped order */
+    int32_t *pos;                               /* [N,K] grouped row of (token, slot) */
+    int32_t *token_of;                          /* [N·K] token of each grouped row */
+    prl_real *xg, *ea1, *ea3, *eh, *yg;         /* grouped expert inputs/activations/outputs */
+} layer_acts;
+
+struct prl_acts {
+    int B, T, N;
+    layer_offsets *lo;      /* per layer, fixed at init */
+    layer_acts *layer;
+    prl_real *res_final, *ln_final, *rstd_final, *logits, *lse;
+    prl_real *tmp;          /* [N,d] a sublayer's output before the residual add */
+    prl_real *rope_cos, *rope_sin;
+    /* backward scratch */
+    prl_real *dres, *dln, *dlogits, *dzq, *dcq, *dq, *dkva, *dckv, *dkv, *dkr, *dattn_scratch;
+    prl_real *do_, *dffn_scratch, *dz, *dg, *dyg, *dxg, *deh;
+    size_t attn_scratch_len;
+    int32_t *routes;        /* [n_moe][N][K] captured routes */
+    int have_forward;       /* a forward with saved activations is current */
+    void *block;            /* the one allocation all of the above point into */
+    size_t block_bytes;
+    size_t offsets_init;    /* lo is allocated separately (it outlives batch shapes) */
+};
+
+/* ------------------------------------------------------------------ dimensions ------ */
+
+typedef struct dims {
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde;
+} dims;
+
+static dims dims_of(const prl_config *c)
+{
+    dims D = {
+        .V = c->vocab_size, .d = c->hidden_size, .L = c->num_hidden_layers,
+        .H = c->num_attention_heads, .rq = c->q_lora_rank, .rkv = c->kv_lora_rank,
+        .dn = c->qk_nope_head_dim, .dr = c->qk_rope_head_dim, .dv = c->v_head_dim,
+        .I = c->intermediate_size, .E = c->n_routed_experts, .K = c->num_experts_per_tok,
+        .de = c->moe_intermediate_size, .sde = c->n_shared_experts * c->moe_intermediate_size,
+    };
+    D.dq = D.dn + D.dr;
+    D.dkv = D.dn + D.dv;
+    return D;
+}
+
+/* ------------------------------------------------------------------ parameter table - */
+
+typedef struct table_builder {
+    prl_param_info *t;
+    int n, cap;
+    size_t total;
+} table_builder;
+
+static size_t add_tensor(table_builder *tb, prl_param_kind kind, int layer, int expert,
+                         int64_t rows, int64_t cols, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+static size_t add_tensor(table_builder *tb, prl_param_kind kind, int layer, int expert,
+                         int64_t rows, int64_t cols, const char *fmt, ...)
+{
+    if (tb->n == tb->cap) {
+        tb->cap = tb->cap ? 2 * tb->cap : 64;
+        tb->t = realloc(tb->t, (size_t)tb->cap * sizeof *tb->t);
+        PRL_ASSERT(tb->t != NULL);
+    }
+    prl_param_info *p = &tb->t[tb->n++];
+    memset(p, 0, sizeof *p);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->name, sizeof p->name, fmt, ap);
+    va_end(ap);
+    p->kind = kind;
+    p->layer = layer;
+    p->expert = expert;
+    p->ndim = cols > 0 ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols > 0 ? cols : 0;
+    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    p->offset = tb->total;
+    tb->total += p->numel;
+    return p->offset;
+}
+
+/* Lay out every tensor in checkpoint order; fill per-layer offsets. */
+static void build_table(table_builder *tb, const prl_config *c, layer_offsets *lo,
+                        size_t *embed, size_t *norm, size_t *head)
+{
+    dims D = dims_of(c);
+    *embed = add_tensor(tb, PRL_PARAM_EMBED, -1, -1, D.V, D.d, "model.embed_tokens.weight");
+    for (int l = 0; l < D.L; l++) {
+        layer_offsets *o = &lo[l];
+        const char *p = "model.layers";
+        o->ln1 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.input_layernorm.weight", p, l);
+        o->wq_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d,
+                             "%s.%d.self_attn.q_a_proj.weight", p, l);
+        o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
+                               "%s.%d.self_attn.q_a_layernorm.weight", p, l);
+        o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.rq,
+                             "%s.%d.self_attn.q_b_proj.weight", p, l);
+        o->wkv_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rkv + D.dr, D.d,
+                              "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l);
+        o->kv_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rkv, 0,
+                                "%s.%d.self_attn.kv_a_layernorm.weight", p, l);
+        o->wkv_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dkv, D.rkv,
+                              "%s.%d.self_attn.kv_b_proj.weight", p, l);
+        o->wo = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, (int64_t)D.H * D.dv,
+                           "%s.%d.self_attn.o_proj.weight", p, l);
+        o->ln2 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
+                            "%s.%d.post_attention_layernorm.weight", p, l);
+        if (!prl_config_is_moe(c, l)) {
+            o->w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.gate_proj.weight", p, l);
+            o->w3 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.up_proj.weight", p, l);
+            o->w2 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.I, "%s.%d.mlp.down_proj.weight", p, l);
+            continue;
+        }
+        o->router = add_tensor(tb, PRL_PARAM_ROUTER, l, -1, D.E, D.d, "%s.%d.mlp.gate.weight", p, l);
+        for (int e = 0; e < D.E; e++) {
+            size_t w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.de, D.d,
+                                   "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
+            add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.de, D.d, "%s.%d.mlp.experts.%d.up_proj.weight",
+                       p, l, e);
+            add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.d, D.de,
+                       "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+            if (e == 0) o->experts = w1;
+        }
+        if (D.sde > 0) {
+            o->sw1 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.sde, D.d,
+                                "%s.%d.mlp.shared_experts.gate_proj.weight", p, l);
+            o->sw3 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.sde, D.d,
+                                "%s.%d.mlp.shared_experts.up_proj.weight", p, l);
+            o->sw2 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.sde,
+                                "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
+        }
+    }
+    *norm = add_tensor(tb, PRL_PARAM_NORM, -1, -1, D.d, 0, "model.norm.weight");
+    *head = add_tensor(tb, PRL_PARAM_HEAD, -1, -1, D.V, D.d, "lm_head.weight");
+}
+
+/* Model-level offsets live beside the layer table (in the acts struct: they never change). */
+typedef struct model_offsets {
+    size_t embed, norm, head;
+} model_offsets;
+
+static model_offsets *model_offs(const prl_model *m)
+{
+    return (model_offsets *)(m->acts->lo + m->cfg.num_hidden_layers);
+}
+
+prl_status prl_model_init(prl_model *m, const prl_config *cfg)
+{
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->acts = calloc(1, sizeof *m->acts);
+    /* layer offsets followed by one model_offsets record */
+    size_t lo_bytes = (size_t)cfg->num_hidden_layers * sizeof(layer_offsets) + sizeof(model_offsets);
+    if (m->acts) m->acts->lo = calloc(1, lo_bytes);
+    if (!m->acts || !m->acts->lo) {
+        prl_model_free(m);
+        return prl_error_set(PRL_ERR_NOMEM, "model tables");
+    }
+    table_builder tb = {0};
+    model_offsets mo;
+    build_table(&tb, cfg, m->acts->lo, &mo.embed, &mo.norm, &mo.head);
+    *model_offs(m) = mo;
+    m->tensors = tb.t;
+    m->n_tensors = tb.n;
+    m->n_params = tb.total;
+    m->n_moe = prl_config_moe_layers(cfg);
+    m->params = calloc(m->n_params, sizeof *m->params);
+    m->grads = calloc(m->n_params, sizeof *m->grads);
+    size_t nb = (size_t)(m->n_moe > 0 ? m->n_moe : 1) * (size_t)(cfg->n_routed_experts > 0 ? cfg->n_routed_experts : 1);
+    m->router_bias = calloc(nb, sizeof *m->router_bias);
+    m->expert_counts = calloc(nb, sizeof *m->expert_counts);
+    if (!m->params || !m->grads || !m->router_bias || !m->expert_counts) {
+        size_t mb = m->n_params * sizeof(prl_real) >> 20;
+        prl_model_free(m);
+        return prl_error_set(PRL_ERR_NOMEM, "model parameters (%zu MiB)", mb);
+    }
+    return PRL_OK;
+}
+
+static void free_acts_block(prl_acts *a)
+{
+    free(a->block);
+    a->block = NULL;
+    a->block_bytes = 0;
+    free(a->layer);
+    a->layer = NULL;
+    a->B = a->T = a->N = 0;
+    a->have_forward = 0;
+}
+
+void prl_model_free(prl_model *m)
+{
+    if (!m) return;
+    if (m->acts) {
+        free_acts_block(m->acts);
+        free(m->acts->lo);
+        free(m->acts);
+    }
+    free(m->tensors);
+    free(m->params);
+    free(m->grads);
+    free(m->router_bias);
+    free(m->expert_counts);
+    memset(m, 0, sizeof *m);
+}
+
+void prl_model_init_weights(prl_model *m, uint64_t seed)
+{
+    for (int i = 0; i < m->n_tensors; i++) {
+        const prl_param_info *p = &m->tensors[i];
+        prl_real *w = m->params + p->offset;
+        if (p->kind == PRL_PARAM_NORM) {
+            for (size_t j = 0; j < p->numel; j++) w[j] = 1;
+            continue;
+        }
+        prl_rng r;
+        prl_rng_init(&r, seed, (uint64_t)i, 0, 0, PRL_RNG_INIT);
+        for (size_t j = 0; j < p->numel; j++)
+            w[j] = (prl_real)(m->cfg.initializer_range * prl_rng_normal(&r));
+    }
+    size_t nb = (size_t)m->n_moe * m->cfg.n_routed_experts;
+    memset(m->router_bias, 0, nb * sizeof *m->router_bias);
+    memset(m->expert_counts, 0, nb * sizeof *m->expert_counts);
+}
+
+void prl_model_zero_grad(prl_model *m) { memset(m->grads, 0, m->n_params * sizeof *m->grads); }
+
+const prl_param_info *prl_model_find(const prl_model *m, const char *name)
+{
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
+    return NULL;
+}
+
+void prl_model_set_hook(prl_model *m, prl_tensor_hook hook, void *user)
+{
+    m->hook = hook;
+    m->hook_user = user;
+}
+
+/* ------------------------------------------------------------------ activations ----- */
+
+/* Carves named buffers out of one allocation: first pass counts, second pass points. */
+typedef struct carver {
+    char *base;
+    size_t used;
+} carver;
+
+static void *carve(carver *c, size_t bytes)
+{
+    size_t at = (c->used + 63) & ~(size_t)63;
+    c->used = at + bytes;
+    return c->base ? c->base + at : NULL;
+}
+#define CARVE_R(c, n) ((prl_real *)carve((c), (size_t)(n) * sizeof(prl_real)))
+#define CARVE_I(c, n) ((int32_t *)carve((c), (size_t)(n) * sizeof(int32_t)))
+
+static void carve_all(prl_model *m, carver *cv)
+{
+    prl_acts *a = m->acts;
+    dims D = dims_of(&m->cfg);
+    size_t N = (size_t)a->N, NK = N * D.K;
+    for (int l = 0; l < D.L; l++) {
+        layer_acts *la = &a->layer[l];
+        la->res_attn = CARVE_R(cv, N * D.d);
+        la->ln_a = CARVE_R(cv, N * D.d);
+        la->rstd_a = CARVE_R(cv, N);
+        la->zq = CARVE_R(cv, N * D.rq);
+        la->cq = CARVE_R(cv, N * D.rq);
+        la->rstd_q = CARVE_R(cv, N);
+        la->q = CARVE_R(cv, N * D.H * D.dq);
+        la->kva = CARVE_R(cv, N * (D.rkv + D.dr));
+        la->ckv = CARVE_R(cv, N * D.rkv);
+        la->rstd_kv = CARVE_R(cv, N);
+        la->kr = CARVE_R(cv, N * D.dr);
+        la->kv = CARVE_R(cv, N * D.H * D.dkv);
+        la->att = CARVE_R(cv, (size_t)a->B * D.H * a->T * a->T);
+        la->o = CARVE_R(cv, N * D.H * D.dv);
+        la->res_ffn = CARVE_R(cv, N * D.d);
+        la->ln_f = CARVE_R(cv, N * D.d);
+        la->rstd_f = CARVE_R(cv, N);
+        if (!prl_config_is_moe(&m->cfg, l)) {
+            la->a1 = CARVE_R(cv, N * D.I);
+            la->a3 = CARVE_R(cv, N * D.I);
+            la->h = CARVE_R(cv, N * D.I);
+            continue;
+        }
+        if (D.sde > 0) {
+            la->a1 = CARVE_R(cv, N * D.sde);
+            la->a3 = CARVE_R(cv, N * D.sde);
+            la->h = CARVE_R(cv, N * D.sde);
+        }
+        la->z = CARVE_R(cv, N * D.E);
+        la->s = CARVE_R(cv, N * D.E);
+        la->g = CARVE_R(cv, NK);
+        la->sel = CARVE_I(cv, NK);
+        la->offsets = CARVE_I(cv, D.E + 1);
+        la->pos = CARVE_I(cv, NK);
+        la->token_of = CARVE_I(cv, NK);
+        la->xg = CARVE_R(cv, NK * D.d);
+        la->ea1 = CARVE_R(cv, NK * D.de);
+        la->ea3 = CARVE_R(cv, NK * D.de);
+        la->eh = CARVE_R(cv, NK * D.de);
+        la->yg = CARVE_R(cv, NK * D.d);
+    }
+    a->res_final = CARVE_R(cv, N * D.d);
+    a->ln_final = CARVE_R(cv, N * D.d);
+    a->rstd_final = CARVE_R(cv, N);
+    a->logits = CARVE_R(cv, N * D.V);
+    a->lse = CARVE_R(cv, N);
+    a->tmp = CARVE_R(cv, N * D.d);
+    a->rope_cos = CARVE_R(cv, (size_t)a->T * D.dr / 2);
+    a->rope_sin = CARVE_R(cv, (size_t)a->T * D.dr / 2);
+    /* backward scratch, sized for the widest use */
+    size_t wide = (size_t)D.I > (size_t)D.sde ? (size_t)D.I : (size_t)D.sde;
+    a->dres = CARVE_R(cv, N * D.d);
+    a->dln = CARVE_R(cv, N * D.d);
+    a->dlogits = CARVE_R(cv, N * D.V);
+    a->dzq = CARVE_R(cv, N * D.rq);
+    a->dcq = CARVE_R(cv, N * D.rq);
+    a->dq = CARVE_R(cv, N * D.H * D.dq);
+    a->dkva = CARVE_R(cv, N * (D.rkv + D.dr));
+    a->dckv = CARVE_R(cv, N * D.rkv);
+    a->dkv = CARVE_R(cv, N * D.H * D.dkv);
+    a->dkr = CARVE_R(cv, N * D.dr);
+    a->attn_scratch_len = prl_attention_scratch(a->B, a->T, D.H, D.dr);
+    a->dattn_scratch = CARVE_R(cv, a->attn_scratch_len);
+    a->do_ = CARVE_R(cv, N * D.H * D.dv);
+    a->dffn_scratch = CARVE_R(cv, 2 * N * (wide > 0 ? wide : 1));
+    a->dz = CARVE_R(cv, N * D.E);
+    a->dg = CARVE_R(cv, NK);
+    a->dyg = CARVE_R(cv, NK * D.d);
+    a->dxg = CARVE_R(cv, NK * D.d);
+    a->deh = CARVE_R(cv, 2 * NK * D.de);
+    a->routes = CARVE_I(cv, (size_t)(m->n_moe > 0 ? m->n_moe : 1) * NK);
+}
+
+static prl_status ensure_acts(prl_model *m, int B, int T)
+{
+    prl_acts *a = m->acts;
+    if (a->B == B && a->T == T && a->block) return PRL_OK;
+    free_acts_block(a);
+    a->layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a->layer);
+    if (!a->layer) return prl_error_set(PRL_ERR_NOMEM, "activations");
+    a->B = B, a->T = T, a->N = B * T;
+    carver cv = {0};
+    carve_all(m, &cv);
+    a->block = calloc(1, cv.used);
+    if (!a->block) {
+        size_t mb = cv.used >> 20;
+        free_acts_block(a);
+        return prl_error_set(PRL_ERR_NOMEM, "activations for batch %d x %d (%zu MiB)", B, T, mb);
+    }
+    a->block_bytes = cv.used;
+    cv = (carver){.base = a->block};
+    carve_all(m, &cv);
+    prl_rope_tables(a->rope_cos, a->rope_sin, T, m->cfg.qk_rope_head_dim, m->cfg.rope_theta);
+    return PRL_OK;
+}
+
+/* ------------------------------------------------------------------ hooks ----------- */
+
+static int emit(const prl_model *m, int layer, const char *what, const prl_real *data,
+                int64_t rows, int64_t cols)
+{
+    if (!m->hook) return 0;
+    char name[64];
+    if (layer >= 0) snprintf(name, sizeof name, "L%d.%s", layer, what);
+    else snprintf(name, sizeof name, "%s", what);
+    int64_t shape[2] = {rows, cols};
+    return m->hook(m->hook_user, name, data, 2, shape);
+}
+
+/* ------------------------------------------------------------------ forward --------- */
+
+#define P(off) (m->params + (off))
+#define G(off) (m->grads + (off))
+
+/* MLA in the naive form: a = ln_a (N,d) → o (N,H·dv), and tmp = o·Woᵀ. */
+static int mla_forward(prl_model *m, int l, const prl_batch *b)
+{
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    dims D = dims_of(&m->cfg);
+    int N = a->N;
+    prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
+    prl_rmsnorm_forward(la->cq, la->rstd_q, la->zq, P(o->q_norm), N, D.rq, D.rq, D.rq, 1e-6);
+    prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
+    prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
+    prl_matmul_forward(la->kva, la->ln_a, P(o->wkv_a), N, D.d, D.rkv + D.dr, 0);
+    prl_rmsnorm_forward(la->ckv, la->rstd_kv, la->kva, P(o->kv_norm), N, D.rkv, D.rkv + D.dr,
+                        D.rkv, 1e-6);
+    for (int n = 0; n < N; n++)
+        memcpy(la->kr + (size_t)n * D.dr, la->kva + (size_t)n * (D.rkv + D.dr) + D.rkv,
+               (size_t)D.dr * sizeof(prl_real));
+    prl_rope_forward(la->kr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
+    prl_matmul_forward(la->kv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv, 0);
+    prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, b->lens, a->B, a->T, D.H, D.dn,
+                          D.dr, D.dv);
+    prl_matmul_forward(a->tmp, la->o, P(o->wo), N, D.H * D.dv, D.d, 0);
+    int stop = emit(m, l, "attn.q", la->q, N, (int64_t)D.H * D.dq);
+    stop = stop || emit(m, l, "attn.kv_latent", la->ckv, N, D.rkv);
+    stop = stop || emit(m, l, "attn.out", a->tmp, N, D.d);
+    return stop;
+}
+
+/* Group (token, slot) pairs by expert with a stable counting sort: rows of one expert are
+** contiguous and in token order, so per-expert GEMMs see a fixed row order. */
+static void group_by_expert(layer_acts *la, int N, int E, int K)
+{
+    int32_t *off = la->offsets;
+    memset(off, 0, (size_t)(E + 1) * sizeof *off);
+    for (int i = 0; i < N * K; i++) off[la->sel[i] + 1]++;
+    for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    int32_t cursor[4096];
+    PRL_ASSERT(E <= 4096);
+    memcpy(cursor, off, (size_t)E * sizeof *cursor);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+            int p = cursor[la->sel[n * K + k]]++;
+            la->pos[n * K + k] = p;
+            la->token_of[p] = n;
+        }
+}
+
+/* Work item of the expert GEMMs: a block of rows of one expert. */
+typedef struct expert_task {
+    int e, r0, rows;
+} expert_task;
+
+typedef struct expert_ctx {
+    prl_model *m;
+    layer_acts *la;
+    const layer_offsets *o;
+    dims D;
+    expert_task *tasks;
+    int n_tasks;
+} expert_ctx;
+
+static int build_expert_tasks(expert_task *t, const int32_t *off, int E)
+{
+    int n = 0;
+    for (int e = 0; e < E; e++)
+        for (int r = off[e]; r < off[e + 1]; r += PRL_ROW_BLOCK) {
+            t[n].e = e;
+            t[n].r0 = r;
+            t[n].rows = off[e + 1] - r < PRL_ROW_BLOCK ? off[e + 1] - r : PRL_ROW_BLOCK;
+            n++;
+        }
+    return n;
+}
+
+static size_t expert_base(const layer_offsets *o, const dims *D, int e)
+{
+    return o->experts + (size_t)e * 3 * D->de * D->d;
+}
+
+static void expert_forward_task(void *p, int i)
+{
+    expert_ctx *c = p;
+    prl_model *m = c->m;
+    layer_acts *la = c->la;
+    const dims *D = &c->D;
+    expert_task t = c->tasks[i];
+    size_t base = expert_base(c->o, D, t.e);
+    const prl_real *w1 = P(base), *w3 = P(base + (size_t)D->de * D->d),
+                   *w2 = P(base + 2 * (size_t)D->de * D->d);
+    size_t xo = (size_t)t.r0 * D->d, ho = (size_t)t.r0 * D->de;
+    prl_gemm(0, 1, t.rows, D->de, D->d, 1, la->xg + xo, D->d, w1, D->d, 0, la->ea1 + ho, D->de);
+    prl_gemm(0, 1, t.rows, D->de, D->d, 1, la->xg + xo, D->d, w3, D->d, 0, la->ea3 + ho, D->de);
+    prl_silu_mul_forward(la->eh + ho, la->ea1 + ho, la->ea3 + ho, (size_t)t.rows * D->de);
+    prl_gemm(0, 1, t.rows, D->d, D->de, 1, la->eh + ho, D->de, w2, D->de, 0, la->yg + xo, D->d);
+}
+
+/* MoE: ln_f (N,d) → tmp (N,d) = shared(ln_f) + Σ_k g_k·expert_k(ln_f). */
+static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, expert_task *tasks)
+{
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    dims D = dims_of(&m->cfg);
+    int N = a->N;
+    prl_matmul_forward(la->z, la->ln_f, P(o->router), N, D.d, D.E, 0);
+    const prl_real *bias = m->router_bias + (size_t)moe_idx * D.E;
+    const int32_t *forced = b->route_override ? b->route_override + (size_t)moe_idx * N * D.K : NULL;
+    for (int n = 0; n < N; n++)
+        prl_moe_gate_forward(la->sel + (size_t)n * D.K, la->g + (size_t)n * D.K,
+                             la->s + (size_t)n * D.E, la->z + (size_t)n * D.E, bias,
+                             forced ? forced + (size_t)n * D.K : NULL, D.E, D.K,
+                             m->cfg.norm_topk_prob, m->cfg.routed_scaling_factor);
+    memcpy(a->routes + (size_t)moe_idx * N * D.K, la->sel, (size_t)N * D.K * sizeof(int32_t));
+    group_by_expert(la, N, D.E, D.K);
+    for (int p = 0; p < N * D.K; p++)
+        memcpy(la->xg + (size_t)p * D.d, la->ln_f + (size_t)la->token_of[p] * D.d,
+               (size_t)D.d * sizeof(prl_real));
+    expert_ctx c = {.m = m, .la = la, .o = o, .D = D, .tasks = tasks};
+    c.n_tasks = build_expert_tasks(tasks, la->offsets, D.E);
+    prl_parallel_for(c.n_tasks, expert_forward_task, &c);
+    if (D.sde > 0)
+        prl_swiglu_forward(a->tmp, la->a1, la->a3, la->h, la->ln_f, P(o->sw1), P(o->sw3),
+                           P(o->sw2), N, D.d, D.sde, 0);
+    else
+        memset(a->tmp, 0, (size_t)N * D.d * sizeof(prl_real));
+    for (int n = 0; n < N; n++) {
+        prl_real *out = a->tmp + (size_t)n * D.d;
+        for (int k = 0; k < D.K; k++) {
+            prl_real g = la->g[n * D.K + k];
+            const prl_real *y = la->yg + (size_t)la->pos[n * D.K + k] * D.d;
+            for (int i = 0; i < D.d; i++) out[i] += g * y[i];
+        }
+    }
+    int stop = emit(m, l, "moe.router_logits", la->z, N, D.E);
+    return stop || emit(m, l, "moe.out", a->tmp, N, D.d);
+}
+
+static int valid_pos(const prl_batch *b, int n)
+{
+    return !b->lens || n % b->T < b->lens[n / b->T];
+}
+
+/* Auxiliary losses of one MoE layer (values only; gradients in the backward). */
+static void aux_losses(const prl_model *m, const layer_acts *la, const prl_batch *b,
+                       double *bal, double *zl)
+{
+    dims D = dims_of(&m->cfg);
+    const prl_config *c = &m->cfg;
+    if (c->balance_loss_alpha > 0) {
+        double *f = calloc((size_t)D.E * 2, sizeof(double)), *P_ = f + D.E;
+        for (int bi = 0; bi < b->B; bi++) {
+            int len = b->lens ? b->lens[bi] : b->T;
+            memset(f, 0, (size_t)D.E * 2 * sizeof(double));
+            for (int t = 0; t < len; t++) {
+                int n = bi * b->T + t;
+                const prl_real *s = la->s + (size_t)n * D.E;
+                double sum = 0;
+                for (int e = 0; e < D.E; e++) sum += s[e];
+                for (int e = 0; e < D.E; e++) P_[e] += s[e] / sum / len;
+                for (int k = 0; k < D.K; k++) f[la->sel[n * D.K + k]] += (double)D.E / (D.K * len);
+            }
+            double term = 0;
+            for (int e = 0; e < D.E; e++) term += f[e] * P_[e];
+            *bal += c->balance_loss_alpha * term / b->B;
+        }
+        free(f);
+    }
+    if (c->router_z_loss_coef > 0) {
+        int n_valid = 0;
+        double acc = 0;
+        for (int n = 0; n < b->B * b->T; n++) {
+            if (!valid_pos(b, n)) continue;
+            const prl_real *z = la->z + (size_t)n * D.E;
+            double mx = z[0], sum = 0;
+            for (int e = 1; e < D.E; e++) mx = z[e] > mx ? z[e] : mx;
+            for (int e = 0; e < D.E; e++) sum += exp(z[e] - mx);
+            double lse = mx + log(sum);
+            acc += lse * lse;
+            n_valid++;
+        }
+        if (n_valid) *zl += c->router_z_loss_coef * acc / n_valid;
+    }
+}
+
+static prl_status validate_batch(const prl_model *m, const prl_batch *b)
+{
+    const prl_config *c = &m->cfg;
+    if (b->B <= 0 || b->T <= 0)
+        return prl_error_set(PRL_ERR_ARG, "batch shape %d x %d must be positive", b->B, b->T);
+    if (b->T > c->max_position_embeddings)
+        return prl_error_set(PRL_ERR_RANGE, "sequence length %d exceeds max_position_embeddings %d",
+                             b->T, c->max_position_embeddings);
+    if (!(b->temperature > 0) || !isfinite(b->temperature))
+        return prl_error_set(PRL_ERR_ARG, "temperature %g must be > 0", b->temperature);
+    for (int i = 0; i < b->B; i++)
+        if (b->lens && (b->lens[i] < 1 || b->lens[i] > b->T))
+            return prl_error_set(PRL_ERR_RANGE, "sequence %d: length %d not in [1, %d]", i,
+                                 b->lens[i], b->T);
+    int N = b->B * b->T;
+    for (int n = 0; n < N; n++) {
+        /* padding positions too: their embeddings are looked up */
+        if (b->tokens[n] < 0 || b->tokens[n] >= c->vocab_size)
+            return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: token id %d out of "
+                                 "range [0, %d)", n / b->T, n % b->T, b->tokens[n], c->vocab_size);
+        if (!valid_pos(b, n)) continue;
+        if (b->targets && (b->targets[n] < -1 || b->targets[n] >= c->vocab_size))
+            return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: target id %d out of "
+                                 "range [-1, %d)", n / b->T, n % b->T, b->targets[n], c->vocab_size);
+    }
+    if (b->route_override) {
+        size_t total = (size_t)m->n_moe * N * c->num_experts_per_tok;
+        for (size_t i = 0; i < total; i++)
+            if (b->route_override[i] < 0 || b->route_override[i] >= c->n_routed_experts)
+                return prl_error_set(PRL_ERR_RANGE, "route override entry %zu: expert %d out of "
+                                     "range [0, %d)", i, b->route_override[i], c->n_routed_experts);
+    }
+    return PRL_OK;
+}
+
+typedef struct logprob_ctx {
+    prl_model *m;
+    const prl_batch *b;
+    float *out;
+} logprob_ctx;
+
+static void logprob_block(void *p, int blk)
+{
+    logprob_ctx *c = p;
+    prl_acts *a = c->m->acts;
+    int V = c->m->cfg.vocab_size, N = a->N;
+    int r0 = blk * PRL_ROW_BLOCK, r1 = r0 + PRL_ROW_BLOCK < N ? r0 + PRL_ROW_BLOCK : N;
+    for (int n = r0; n < r1; n++) {
+        int y = c->b->targets ? c->b->targets[n] : -1;
+        float lp = 0;
+        if (y >= 0 && valid_pos(c->b, n))
+            lp = (float)prl_logprob_forward(&a->lse[n], a->logits + (size_t)n * V, V, y,
+                                            c->b->temperature);
+        if (c->out) c->out[n] = lp;
+    }
+}
+
+/* Forward with saved activations; `train` also counts experts and computes aux losses. */
+static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
+                          prl_forward_stats *st, int train)
+{
+    prl_status rc = validate_batch(m, b);
+    if (rc) return rc;
+    if ((rc = ensure_acts(m, b->B, b->T))) return rc;
+    prl_acts *a = m->acts;
+    dims D = dims_of(&m->cfg);
+    int N = a->N;
+    prl_forward_stats stats = {0};
+    expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
+    if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
+    a->have_forward = 0;
+    const model_offsets *mo = model_offs(m);
+    prl_embedding_forward(a->layer[0].res_attn, P(mo->embed), b->tokens, N, D.d);
+    int stop = 0, moe_idx = 0;
+    for (int l = 0; l < D.L && !stop; l++) {
+        layer_acts *la = &a->layer[l];
+        const layer_offsets *o = &a->lo[l];
+        prl_rmsnorm_forward(la->ln_a, la->rstd_a, la->res_attn, P(o->ln1), N, D.d, D.d, D.d,
+                            m->cfg.rms_norm_eps);
+        stop = mla_forward(m, l, b);
+        for (size_t i = 0; i < (size_t)N * D.d; i++) la->res_ffn[i] = la->res_attn[i] + a->tmp[i];
+        prl_rmsnorm_forward(la->ln_f, la->rstd_f, la->res_ffn, P(o->ln2), N, D.d, D.d, D.d,
+                            m->cfg.rms_norm_eps);
+        if (prl_config_is_moe(&m->cfg, l)) {
+            stop = stop || moe_forward(m, l, moe_idx, b, tasks);
+            if (train) aux_losses(m, la, b, &stats.balance_loss, &stats.z_loss);
+            moe_idx++;
+        } else {
+            prl_swiglu_forward(a->tmp, la->a1, la->a3, la->h, la->ln_f, P(o->w1), P(o->w3),
+                               P(o->w2), N, D.d, D.I, 0);
+            stop = stop || emit(m, l, "mlp.out", a->tmp, N, D.d);
+        }
+        prl_real *next = l + 1 < D.L ? a->layer[l + 1].res_attn : a->res_final;
+        for (size_t i = 0; i < (size_t)N * D.d; i++) next[i] = la->res_ffn[i] + a->tmp[i];
+    }
+    free(tasks);
+    prl_rmsnorm_forward(a->ln_final, a->rstd_final, a->res_final, P(mo->norm), N, D.d, D.d, D.d,
+                        m->cfg.rms_norm_eps);
+    prl_matmul_forward(a->logits, a->ln_final, P(mo->head), N, D.d, D.V, 0);
+    emit(m, -1, "final.logits", a->logits, N, D.V);
+    logprob_ctx lc = {.m = m, .b = b, .out = out_logp};
+    prl_parallel_for((N + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK, logprob_block, &lc);
+    /* Σ w·logp in position order (double) for a thread-independent value. */
+    for (int n = 0; n < N; n++) {
+        int y = b->targets ? b->targets[n] : -1;
+        if (y < 0 || !valid_pos(b, n)) continue;
+        stats.n_targets++;
+        if (b->weights) {
+            prl_real lp = a->logits[(size_t)n * D.V + y] / (prl_real)b->temperature - a->lse[n];
+            stats.lm_loss += (double)b->weights[n] * lp;
+        }
+    }
+    if (train && m->cfg.bias_update_rate > 0) {
+        for (int i = 0; i < m->n_moe; i++)
+            for (int n = 0; n < N; n++)
+                if (valid_pos(b, n))
+                    for (int k = 0; k < D.K; k++)
+                        m->expert_counts[(size_t)i * D.E +
+                                         a->routes[((size_t)i * N + n) * D.K + k]] += 1;
+    }
+    stats.loss = stats.lm_loss + stats.balance_loss + stats.z_loss;
+    if (st) *st = stats;
+    a->have_forward = 1;
+    return PRL_OK;
+}
+
+prl_status prl_model_forward(prl_model *m, const prl_batch *b, float *out_logp,
+                             prl_forward_stats *st)
+{
+    return forward(m, b, out_logp, st, 1);
+}
+
+prl_status prl_model_logprobs(prl_model *m, const prl_batch *b, float *out_logp)
+{
+    prl_status rc = forward(m, b, out_logp, NULL, 0);
+    m->acts->have_forward = 0; /* no aux-loss state: a backward must redo the forward */
+    return rc;
+}
+
+const int32_t *prl_model_routes(const prl_model *m) { return m->acts->routes; }
+const prl_real *prl_model_logits(const prl_model *m) { return m->acts->logits; }
+
+/* ------------------------------------------------------------------ backward -------- */
+
+static void zero(prl_real *p, size_t n) { memset(p, 0, n * sizeof *p); }
+
+/* Attention sublayer: dres holds ∂/∂(res_ffn); adds the path through MLA and ln1. */
+static void mla_backward(prl_model *m, int l, const prl_batch *b)
+{
+    (void)b;
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    dims D = dims_of(&m->cfg);
+    int N = a->N;
+    zero(a->do_, (size_t)N * D.H * D.dv);
+    prl_matmul_backward(a->do_, G(o->wo), a->dres, la->o, P(o->wo), N, D.H * D.dv, D.d);
+    zero(a->dq, (size_t)N * D.H * D.dq);
+    zero(a->dkv, (size_t)N * D.H * D.dkv);
+    zero(a->dkr, (size_t)N * D.dr);
+    prl_attention_backward(a->dq, a->dkv, a->dkr, a->do_, la->att, la->q, la->kv, la->kr,
+                           a->dattn_scratch, a->B, a->T, D.H, D.dn, D.dr, D.dv);
+    zero(a->dckv, (size_t)N * D.rkv);
+    prl_matmul_backward(a->dckv, G(o->wkv_b), a->dkv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv);
+    prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
+    int wa = D.rkv + D.dr;
+    zero(a->dkva, (size_t)N * wa);
+    prl_rmsnorm_backward(a->dkva, G(o->kv_norm), a->dckv, la->kva, P(o->kv_norm), la->rstd_kv, N,
+                         D.rkv, wa, D.rkv);
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < D.dr; i++) a->dkva[(size_t)n * wa + D.rkv + i] += a->dkr[(size_t)n * D.dr + i];
+    zero(a->dln, (size_t)N * D.d);
+    prl_matmul_backward(a->dln, G(o->wkv_a), a->dkva, la->ln_a, P(o->wkv_a), N, D.d, wa);
+    prl_rope_backward(a->dq, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
+    zero(a->dcq, (size_t)N * D.rq);
+    prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
+    zero(a->dzq, (size_t)N * D.rq);
+    prl_rmsnorm_backward(a->dzq, G(o->q_norm), a->dcq, la->zq, P(o->q_norm), la->rstd_q, N, D.rq,
+                         D.rq, D.rq);
+    prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
+    prl_rmsnorm_backward(a->dres, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d,
+                         D.d, D.d);
+}
+
+static void expert_backward_rows_task(void *p, int i)
+{
+    expert_ctx *c = p;
+    prl_model *m = c->m;
+    prl_acts *a = m->acts;
+    layer_acts *la = c->la;
+    const dims *D = &c->D;
+    expert_task t = c->tasks[i];
+    size_t base = expert_base(c->o, D, t.e);
+    const prl_real *w1 = P(base), *w3 = P(base + (size_t)D->de * D->d),
+                   *w2 = P(base + 2 * (size_t)D->de * D->d);
+    size_t xo = (size_t)t.r0 * D->d, ho = (size_t)t.r0 * D->de;
+    size_t NK = (size_t)a->N * D->K;
+    prl_real *da3 = a->deh + ho, *da1 = a->deh + NK * D->de + ho;
+    /* dh = dyg·w2 (rows, de), then da1/da3, then dxg = da1·w1 + da3·w3 */
+    prl_gemm(0, 0, t.rows, D->de, D->d, 1, a->dyg + xo, D->d, w2, D->de, 0, da3, D->de);
+    prl_silu_mul_backward(da1, da3, da3, la->ea1 + ho, la->ea3 + ho, (size_t)t.rows * D->de);
+    prl_gemm(0, 0, t.rows, D->d, D->de, 1, da1, D->de, w1, D->d, 0, a->dxg + xo, D->d);
+    prl_gemm(0, 0, t.rows, D->d, D->de, 1, da3, D->de, w3, D->d, 1, a->dxg + xo, D->d);
+}
+
+/* One task per (expert, matrix): the weight gradient reduces over all of the expert's rows
+** in one GEMM, so no two tasks write the same gradient. */
+static void expert_backward_weights_task(void *p, int i)
+{
+    expert_ctx *c = p;
+    prl_model *m = c->m;
+    prl_acts *a = m->acts;
+    layer_acts *la = c->la;
+    const dims *D = &c->D;
+    int e = i / 3, which = i % 3;
+    int r0 = la->offsets[e], rows = la->offsets[e + 1] - r0;
+    if (rows == 0) return;
+    size_t base = expert_base(c->o, D, e), NK = (size_t)a->N * D->K;
+    size_t xo = (size_t)r0 * D->d, ho = (size_t)r0 * D->de;
+    const prl_real *da3 = a->deh + ho, *da1 = a->deh + NK * D->de + ho;
+    if (which == 0) /* dW1 (de,d) += da1ᵀ·xg */
+        prl_gemm(1, 0, D->de, D->d, rows, 1, da1, D->de, la->xg + xo, D->d, 1, G(base), D->d);
+    else if (which == 1) /* dW3 */
+        prl_gemm(1, 0, D->de, D->d, rows, 1, da3, D->de, la->xg + xo, D->d, 1,
+                 G(base + (size_t)D->de * D->d), D->d);
+    else /* dW2 (d,de) += dygᵀ·eh */
+        prl_gemm(1, 0, D->d, D->de, rows, 1, a->dyg + xo, D->d, la->eh + ho, D->de, 1,
+                 G(base + 2 * (size_t)D->de * D->d), D->de);
+}
+
+/* Gradients of the balance loss and z-loss of one MoE layer into dz. */
+static void aux_backward(const prl_model *m, const layer_acts *la, const prl_batch *b, prl_real *dz)
+{
+    dims D = dims_of(&m->cfg);
+    const prl_config *c = &m->cfg;
+    if (c->balance_loss_alpha > 0) {
+        double *f = calloc((size_t)D.E, sizeof(double));
+        for (int bi = 0; bi < b->B; bi++) {
+            int len = b->lens ? b->lens[bi] : b->T;
+            memset(f, 0, (size_t)D.E * sizeof(double));
+            for (int t = 0; t < len; t++)
+                for (int k = 0; k < D.K; k++)
+                    f[la->sel[(bi * b->T + t) * D.K + k]] += (double)D.E / (D.K * len);
+            for (int t = 0; t < len; t++) {
+                int n = bi * b->T + t;
+                const prl_real *s = la->s + (size_t)n * D.E;
+                double S = 0, dot = 0, k = c->balance_loss_alpha / ((double)b->B * len);
+                for (int e = 0; e < D.E; e++) S += s[e];
+                for (int e = 0; e < D.E; e++) dot += k * f[e] * s[e] / S;
+                for (int e = 0; e < D.E; e++) {
+                    double ds = (k * f[e] - dot) / S;
+                    dz[(size_t)n * D.E + e] += (prl_real)(ds * s[e] * (1 - s[e]));
+                }
+            }
+        }
+        free(f);
+    }
+    if (c->router_z_loss_coef > 0) {
+        int n_valid = 0;
+        for (int n = 0; n < b->B * b->T; n++) n_valid += valid_pos(b, n);
+        for (int n = 0; n < b->B * b->T; n++) {
+            if (!valid_pos(b, n)) continue;
+            const prl_real *z = la->z + (size_t)n * D.E;
+            double mx = z[0], sum = 0;
+            for (int e = 1; e < D.E; e++) mx = z[e] > mx ? z[e] : mx;
+            for (int e = 0; e < D.E; e++) sum += exp(z[e] - mx);
+            double lse = mx + log(sum), k = c->router_z_loss_coef * 2 * lse / n_valid;
+            for (int e = 0; e < D.E; e++)
+                dz[(size_t)n * D.E + e] += (prl_real)(k * exp(z[e] - mx) / sum);
+        }
+    }
+}
+
+/* FFN sublayer (dense or MoE): dres holds ∂/∂(next residual); adds the path through the
+** FFN and ln2, so afterwards dres holds ∂/∂(res_ffn). */
+static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *tasks)
+{
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    dims D = dims_of(&m->cfg);
+    int N = a->N;
+    zero(a->dln, (size_t)N * D.d);
+    if (!prl_config_is_moe(&m->cfg, l)) {
+        prl_swiglu_backward(a->dln, G(o->w1), G(o->w3), G(o->w2), a->dffn_scratch, a->dres,
+                            la->ln_f, la->a1, la->a3, la->h, P(o->w1), P(o->w3), P(o->w2), N,
+                            D.d, D.I);
+    } else {
+        for (int n = 0; n < N; n++) {
+            const prl_real *dy = a->dres + (size_t)n * D.d;
+            for (int k = 0; k < D.K; k++) {
+                int p = la->pos[n * D.K + k];
+                const prl_real *y = la->yg + (size_t)p * D.d;
+                prl_real *dyg = a->dyg + (size_t)p * D.d, g = la->g[n * D.K + k], dot = 0;
+                for (int i = 0; i < D.d; i++) {
+                    dot += dy[i] * y[i];
+                    dyg[i] = g * dy[i];
+                }
+                a->dg[n * D.K + k] = dot;
+            }
+        }
+        expert_ctx c = {.m = m, .la = la, .o = o, .D = D, .tasks = tasks};
+        c.n_tasks = build_expert_tasks(tasks, la->offsets, D.E);
+        prl_parallel_for(c.n_tasks, expert_backward_rows_task, &c);
+        prl_parallel_for(3 * D.E, expert_backward_weights_task, &c);
+        for (int n = 0; n < N; n++) {
+            prl_real *dx = a->dln + (size_t)n * D.d;
+            for (int k = 0; k < D.K; k++) {
+                const prl_real *src = a->dxg + (size_t)la->pos[n * D.K + k] * D.d;
+                for (int i = 0; i < D.d; i++) dx[i] += src[i];
+            }
+        }
+        if (D.sde > 0)
+            prl_swiglu_backward(a->dln, G(o->sw1), G(o->sw3), G(o->sw2), a->dffn_scratch, a->dres,
+                                la->ln_f, la->a1, la->a3, la->h, P(o->sw1), P(o->sw3), P(o->sw2),
+                                N, D.d, D.sde);
+        zero(a->dz, (size_t)N * D.E);
+        for (int n = 0; n < N; n++)
+            prl_moe_gate_backward(a->dz + (size_t)n * D.E, a->dg + (size_t)n * D.K,
+                                  la->sel + (size_t)n * D.K, la->s + (size_t)n * D.E, D.E, D.K,
+                                  m->cfg.norm_topk_prob, m->cfg.routed_scaling_factor);
+        aux_backward(m, la, b, a->dz);
+        prl_matmul_backward(a->dln, G(o->router), a->dz, la->ln_f, P(o->router), N, D.d, D.E);
+    }
+    prl_rmsnorm_backward(a->dres, G(o->ln2), a->dln, la->res_ffn, P(o->ln2), la->rstd_f, N, D.d,
+                         D.d, D.d);
+}
+
+typedef struct dlogits_ctx {
+    prl_model *m;
+    const prl_batch *b;
+} dlogits_ctx;
+
+static void dlogits_block(void *p, int blk)
+{
+    dlogits_ctx *c = p;
+    prl_acts *a = c->m->acts;
+    int V = c->m->cfg.vocab_size, N = a->N;
+    int r0 = blk * PRL_ROW_BLOCK, r1 = r0 + PRL_ROW_BLOCK < N ? r0 + PRL_ROW_BLOCK : N;
+    for (int n = r0; n < r1; n++) {
+        prl_real *dl = a->dlogits + (size_t)n * V;
+        memset(dl, 0, (size_t)V * sizeof *dl);
+        int y = c->b->targets ? c->b->targets[n] : -1;
+        float w = c->b->weights ? c->b->weights[n] : 0;
+        if (y < 0 || w == 0 || !valid_pos(c->b, n)) continue;
+        prl_logprob_backward(dl, a->logits + (size_t)n * V, a->lse[n], V, y, c->b->temperature, w);
+    }
+}
+
+prl_status prl_model_backward(prl_model *m, const prl_batch *b)
+{
+    prl_acts *a = m->acts;
+    if (!a->have_forward || a->B != b->B || a->T != b->T)
+        return prl_error_set(PRL_ERR_ARG, "backward needs a forward of the same batch first");
+    dims D = dims_of(&m->cfg);
+    int N = a->N;
+    const model_offsets *mo = model_offs(m);
+    dlogits_ctx dc = {.m = m, .b = b};
+    prl_parallel_for((N + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK, dlogits_block, &dc);
+    zero(a->dln, (size_t)N * D.d);
+    prl_matmul_backward(a->dln, G(mo->head), a->dlogits, a->ln_final, P(mo->head), N, D.d, D.V);
+    zero(a->dres, (size_t)N * D.d);
+    prl_rmsnorm_backward(a->dres, G(mo->norm), a->dln, a->res_final, P(mo->norm), a->rstd_final,
+                         N, D.d, D.d, D.d);
+    expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
+    if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
+    for (int l = D.L - 1; l >= 0; l--) {
+        ffn_backward(m, l, b, tasks);
+        mla_backward(m, l, b);
+    }
+    free(tasks);
+    prl_embedding_backward(G(mo->embed), a->dres, b->tokens, N, D.d);
+    return PRL_OK;
+}
+
+/* ------------------------------------------------------------------ bias balancing -- */
+
+void prl_model_update_router_bias(prl_model *m)
+{
+    const prl_config *c = &m->cfg;
+    int E = c->n_routed_experts;
+    if (c->bias_update_rate <= 0 || m->n_moe == 0) return;
+    for (int i = 0; i < m->n_moe; i++) {
+        double *cnt = m->expert_counts + (size_t)i * E, total = 0, ms = 0;
+        prl_real *bias = m->router_bias + (size_t)i * E;
+        for (int e = 0; e < E; e++) total += cnt[e];
+        if (total <= 0) continue;
+        if (c->bias_rule == PRL_BIAS_SIGN) {
+            double mean = total / E;
+            for (int e = 0; e < E; e++) {
+                double diff = mean - cnt[e];
+                bias[e] += (prl_real)(c->bias_update_rate * ((diff > 0) - (diff < 0)));
+            }
+        } else {
+            for (int e = 0; e < E; e++) {
+                double d = cnt[e] / total - 1.0 / E;
+                ms += d * d;
+            }
+            double rms = sqrt(ms / E + 1e-12);
+            for (int e = 0; e < E; e++)
+                bias[e] -= (prl_real)(c->bias_update_rate * (cnt[e] / total - 1.0 / E) / rms);
+        }
+        memset(cnt, 0, (size_t)E * sizeof *cnt);
+    }
+}

@@ -1,0 +1,218 @@
+/*
+** model.h — the model, its train path and optimizers (part of engine.h; include that).
+**
+** Memory follows llm.c: every parameter lives in one flat block `params`, gradients in a
+** block of the same layout `grads`, and a table `tensors` names each view (Hugging Face
+** tensor name, shape, offset). Zero-grad is one memset, an optimizer is a loop over the
+** table, a checkpoint is one pass over it. Activations are owned by the model and sized
+** for the largest batch seen.
+*/
+#ifndef PRL_MODEL_H
+#define PRL_MODEL_H
+
+/* ---------------------------------------------------------------- config ----------- */
+
+typedef enum prl_bias_rule {
+    PRL_BIAS_SIGN = 0, /* b_i += γ·sign(c̄ − c_i)   (DeepSeek-V3) */
+    PRL_BIAS_RMS = 1   /* b_i −= γ·(F_i − Q_i)/RMS(F − Q) */
+} prl_bias_rule;
+
+enum { PRL_MAX_LAYERS = 64 };
+
+/* A Hugging Face openpangu_v2 config.json, validated. Field names follow the JSON keys. */
+typedef struct prl_config {
+    int vocab_size, hidden_size, num_hidden_layers, num_attention_heads;
+    int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    double rope_theta, rms_norm_eps, initializer_range;
+    int first_k_dense_replace, intermediate_size;
+    int n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts;
+    int norm_topk_prob;
+    double routed_scaling_factor;
+    int max_position_embeddings;
+    int bos_token_id, eos_token_id, pad_token_id;
+    /* prl's own keys (prefix prl_ in JSON) */
+    prl_bias_rule bias_rule;     /* prl_bias_update_rule: "sign" | "rms" */
+    double bias_update_rate;     /* prl_bias_update_rate γ (0 = off) */
+    double balance_loss_alpha;   /* prl_balance_loss_alpha α (0 = off) */
+    double router_z_loss_coef;   /* prl_router_z_loss_coef β (0 = off) */
+} prl_config;
+
+/* Defaults for every key (a small valid model). */
+void prl_config_default(prl_config *c);
+/* Parse JSON text; `source` names it in messages. Unknown keys, wrong types, out-of-range
+** or inconsistent values are PRL_ERR_CONFIG; blocks of the openPangu design that are not
+** built yet (DSA, SWA, sinks, MoME conv, mHC, sandwich norms, MTP) are
+** PRL_ERR_UNSUPPORTED; both name the key. */
+prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source);
+prl_status prl_config_load(prl_config *c, const char *path);
+/* Serialise as config.json text (malloc'd, caller frees). */
+char *prl_config_to_json(const prl_config *c);
+/* Number of MoE layers and the MoE index of layer l (-1 for a dense layer). */
+int prl_config_moe_layers(const prl_config *c);
+int prl_config_is_moe(const prl_config *c, int layer);
+
+/* ---------------------------------------------------------------- parameters ------- */
+
+typedef enum prl_param_kind {
+    PRL_PARAM_EMBED,  /* token embedding */
+    PRL_PARAM_HEAD,   /* LM head */
+    PRL_PARAM_NORM,   /* RMSNorm gain */
+    PRL_PARAM_MATRIX, /* hidden 2-D matrix (Muon) */
+    PRL_PARAM_ROUTER  /* MoE router weight (AdamW) */
+} prl_param_kind;
+
+typedef struct prl_param_info {
+    char name[96];       /* Hugging Face tensor name */
+    int ndim;            /* 1 or 2 */
+    int64_t shape[2];    /* out × in for matrices */
+    size_t offset;       /* element offset into params/grads */
+    size_t numel;
+    prl_param_kind kind;
+    int layer;           /* -1 for model-level tensors */
+    int expert;          /* routed expert index, -1 otherwise */
+} prl_param_info;
+
+/* ---------------------------------------------------------------- hooks ------------ */
+
+/* Named-tensor callback: `name` like "L3.attn.q", "final.logits"; `data` is a row-major
+** tensor of `ndim` dims `shape`, valid only during the call. Return 0 to continue. Zero cost
+** when unset (a NULL test per site). */
+typedef int (*prl_tensor_hook)(void *user, const char *name, const prl_real *data, int ndim,
+                               const int64_t *shape);
+
+/* ---------------------------------------------------------------- model ------------ */
+
+typedef struct prl_acts prl_acts; /* activations and scratch, private to model.c */
+
+typedef struct prl_model {
+    prl_config cfg;
+    int n_tensors;
+    prl_param_info *tensors; /* owned */
+    size_t n_params;
+    prl_real *params;        /* owned, n_params */
+    prl_real *grads;         /* owned, n_params; backward accumulates (+=) */
+    int n_moe;               /* number of MoE layers */
+    prl_real *router_bias;   /* owned, n_moe × N_r; not a parameter (no gradient) */
+    double *expert_counts;   /* owned, n_moe × N_r tokens routed since the last bias update */
+    prl_acts *acts;          /* owned */
+    prl_tensor_hook hook;
+    void *hook_user;
+} prl_model;
+
+/* A batch of B sequences of T positions. Positions t >= lens[b] are padding: they affect
+** nothing. Pointers are borrowed for the duration of the call. */
+typedef struct prl_batch {
+    int B, T;
+    const int32_t *tokens;         /* [B*T] */
+    const int32_t *lens;           /* [B] valid lengths, NULL = all T */
+    const int32_t *targets;        /* [B*T] target token per position, -1 = none; NULL = none */
+    const float *weights;          /* [B*T] ∂loss/∂logp per position (backward); NULL = 0 */
+    double temperature;            /* log-probs are log_softmax(logits / temperature) */
+    const int32_t *route_override; /* NULL, or [n_moe][B*T][K] expert ids to use */
+} prl_batch;
+
+typedef struct prl_forward_stats {
+    double loss;         /* Σ w·logp + aux losses */
+    double lm_loss;      /* Σ w·logp */
+    double balance_loss; /* sequence-wise balance loss (0 if off) */
+    double z_loss;       /* router z-loss (0 if off) */
+    int n_targets;       /* positions with a target */
+} prl_forward_stats;
+
+/* Allocate a model for `cfg` with all parameters zero (caller then loads or initialises).
+** On failure the model is left freed. */
+prl_status prl_model_init(prl_model *m, const prl_config *cfg);
+void prl_model_free(prl_model *m);
+/* Random initialisation: matrices N(0, initializer_range²) drawn from
+** (seed, tensor index, PRL_RNG_INIT); norm gains 1; router bias 0. */
+void prl_model_init_weights(prl_model *m, uint64_t seed);
+void prl_model_zero_grad(prl_model *m);
+const prl_param_info *prl_model_find(const prl_model *m, const char *name);
+void prl_model_set_hook(prl_model *m, prl_tensor_hook hook, void *user);
+
+/* Train path forward: full sequences, activations saved for backward. Writes per-position
+** log-probs of the targets into out_logp [B*T] (0 where no target) if non-NULL; counts
+** routed tokens for the bias update. Token ids and route ids are validated
+** (PRL_ERR_RANGE naming the position). */
+prl_status prl_model_forward(prl_model *m, const prl_batch *batch, float *out_logp,
+                             prl_forward_stats *stats);
+/* Backward of the last forward (same batch): grads += ∂loss/∂params. */
+prl_status prl_model_backward(prl_model *m, const prl_batch *batch);
+/* Per-position log-probs only (no activations kept for backward; expert counts untouched). */
+prl_status prl_model_logprobs(prl_model *m, const prl_batch *batch, float *out_logp);
+/* Routes chosen by the last forward: [n_moe][B*T][K] expert ids (model-owned, valid until
+** the next forward). */
+const int32_t *prl_model_routes(const prl_model *m);
+/* Logits of the last forward, [B*T][V] (model-owned). */
+const prl_real *prl_model_logits(const prl_model *m);
+/* Apply the selection-bias rule with the counts gathered since the last call, then reset
+** the counts. No-op when prl_bias_update_rate is 0. */
+void prl_model_update_router_bias(prl_model *m);
+
+/* ---------------------------------------------------------------- optimizers ------- */
+
+typedef enum prl_optim_kind { PRL_OPTIM_ADAMW = 0, PRL_OPTIM_MUON = 1 } prl_optim_kind;
+typedef enum prl_lr_schedule {
+    PRL_LR_CONSTANT = 0, /* warm-up, then lr */
+    PRL_LR_COSINE = 1    /* warm-up, then cosine from lr to lr·min_lr_ratio at total_steps */
+} prl_lr_schedule;
+
+typedef struct prl_optim_config {
+    prl_optim_kind kind;       /* MUON: hidden matrices on Muon, the rest on AdamW */
+    double lr;
+    double beta1, beta2, eps;  /* AdamW (0.9, 0.95, 1e-8) */
+    double weight_decay;       /* decoupled; not applied to norms, embeddings or router */
+    double muon_momentum;      /* 0.95, Nesterov */
+    int muon_ns_steps;         /* 5 */
+    double grad_clip;          /* global L2 norm bound, 0 = off */
+    double expert_clip;        /* per routed expert L2 bound, 0 = off */
+    prl_lr_schedule schedule;
+    int warmup_steps, total_steps;
+    double min_lr_ratio;
+} prl_optim_config;
+
+typedef struct prl_optim {
+    prl_optim_config cfg;
+    size_t n_params;
+    prl_real *m, *v; /* owned, same layout as params */
+    int64_t step;    /* completed steps */
+    prl_real *work;  /* NS5 scratch */
+    size_t work_len;
+} prl_optim;
+
+typedef struct prl_optim_stats {
+    double lr;
+    double grad_norm;      /* before clipping */
+    double clip_scale;     /* factor applied by the global clip (1 = none) */
+    int experts_clipped;   /* routed experts whose gradient was clipped */
+} prl_optim_stats;
+
+void prl_optim_config_default(prl_optim_config *c);
+prl_status prl_optim_init(prl_optim *o, const prl_model *m, const prl_optim_config *cfg);
+void prl_optim_free(prl_optim *o);
+/* One update from m->grads (which it may rescale when clipping); does not zero them. */
+prl_status prl_optim_step(prl_optim *o, prl_model *m, prl_optim_stats *stats);
+double prl_optim_lr_at(const prl_optim_config *c, int64_t step);
+/* The Newton–Schulz quintic of Muon on an A×B matrix, in place (exposed for tests). */
+void prl_muon_newton_schulz(prl_real *X, int A, int B, int steps, prl_real *work);
+
+/* ---------------------------------------------------------------- checkpoints ------ */
+
+/* A checkpoint directory: config.json, model.safetensors (HF names, F32, checksum in the
+** metadata), and when an optimizer is given optimizer.safetensors + state.json. The whole
+** directory is written under a temporary name, fsynced and renamed, so `dir` either holds
+** the previous complete checkpoint or the new complete one. `state_json` (a JSON object
+** text, may be NULL) is extra run state stored in state.json; `tokenizer_src` (a path, may
+** be NULL) is copied in as tokenizer.json. */
+prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o,
+                               const char *state_json, const char *tokenizer_src,
+                               const char *dir);
+/* Load config + weights into a new model (m must be zeroed/unused). Every tensor's name,
+** shape and dtype and the checksum are validated; errors name the file and tensor. */
+prl_status prl_checkpoint_load(prl_model *m, const char *dir);
+/* Load optimizer state saved with the same model; `o` must be initialised. state.json
+** text is returned (malloc'd) in *state_json if non-NULL. */
+prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const char *dir,
+                                     char **state_json);
+
+#endif /* PRL_MODEL_H */

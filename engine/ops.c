@@ -1,0 +1,426 @@
+/*
+** ops.c — forward/backward kernels of the train path (see ops.h for the conventions).
+**
+** GEMMs go to OpenBLAS, one call per fixed-size block of rows, blocks spread over prl's
+** pool; everything else is plain C loops in a fixed order. Reductions that matter for
+** bitwise reproducibility (a row's sum, an expert's weight gradient) are always done by one
+** task in index order.
+*/
+#include "engine/ops.h"
+
+#include <math.h>
+#include <string.h>
+
+void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha,
+              const prl_real *A, int lda, const prl_real *B, int ldb, prl_real beta,
+              prl_real *C, int ldc)
+{
+#ifdef PRL_REAL_DOUBLE
+    prl_dgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
+    prl_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+}
+
+static int n_blocks(int rows) { return (rows + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK; }
+
+/* ------------------------------------------------------------------ matmul ---------- */
+
+typedef struct matmul_ctx {
+    prl_real *out, *dinp, *dw;
+    const prl_real *inp, *w, *dout;
+    int N, C, OC;
+    prl_real beta;
+} matmul_ctx;
+
+static void matmul_forward_block(void *p, int blk)
+{
+    matmul_ctx *c = p;
+    int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
+    prl_gemm(0, 1, rows, c->OC, c->C, 1, c->inp + (size_t)r0 * c->C, c->C, c->w, c->C, c->beta,
+             c->out + (size_t)r0 * c->OC, c->OC);
+}
+
+void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, int N, int C,
+                        int OC, prl_real beta)
+{
+    /* inp is (N,C), w is (OC,C), out is (N,OC) */
+    matmul_ctx c = {.out = out, .inp = inp, .w = w, .N = N, .C = C, .OC = OC, .beta = beta};
+    prl_parallel_for(n_blocks(N), matmul_forward_block, &c);
+}
+
+static void matmul_dinp_block(void *p, int blk)
+{
+    matmul_ctx *c = p;
+    int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
+    prl_gemm(0, 0, rows, c->C, c->OC, 1, c->dout + (size_t)r0 * c->OC, c->OC, c->w, c->C, 1,
+             c->dinp + (size_t)r0 * c->C, c->C);
+}
+
+static void matmul_dw_block(void *p, int blk)
+{
+    matmul_ctx *c = p;
+    int r0 = blk * PRL_ROW_BLOCK, rows = c->OC - r0 < PRL_ROW_BLOCK ? c->OC - r0 : PRL_ROW_BLOCK;
+    prl_gemm(1, 0, rows, c->C, c->N, 1, c->dout + r0, c->OC, c->inp, c->C, 1,
+             c->dw + (size_t)r0 * c->C, c->C);
+}
+
+void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout,
+                         const prl_real *inp, const prl_real *w, int N, int C, int OC)
+{
+    /* dout is (N,OC); dinp (N,C) += dout·w; dw (OC,C) += doutᵀ·inp */
+    matmul_ctx c = {.dinp = dinp, .dw = dw, .dout = dout, .inp = inp, .w = w,
+                    .N = N, .C = C, .OC = OC};
+    if (dinp) prl_parallel_for(n_blocks(N), matmul_dinp_block, &c);
+    if (dw) prl_parallel_for(n_blocks(OC), matmul_dw_block, &c);
+}
+
+/* ------------------------------------------------------------------ RMSNorm --------- */
+
+void prl_rmsnorm_forward(prl_real *out, prl_real *rstd, const prl_real *inp, const prl_real *g,
+                         int N, int C, int in_stride, int out_stride, double eps)
+{
+    /* inp rows (N, C) at in_stride; out rows (N, C) at out_stride; rstd (N) */
+    for (int n = 0; n < N; n++) {
+        const prl_real *x = inp + (size_t)n * in_stride;
+        prl_real *y = out + (size_t)n * out_stride;
+        double ss = 0;
+        for (int i = 0; i < C; i++) ss += (double)x[i] * x[i];
+        prl_real r = (prl_real)(1.0 / sqrt(ss / C + eps));
+        for (int i = 0; i < C; i++) y[i] = g[i] * (x[i] * r);
+        rstd[n] = r;
+    }
+}
+
+void prl_rmsnorm_backward(prl_real *dinp, prl_real *dg, const prl_real *dout,
+                          const prl_real *inp, const prl_real *g, const prl_real *rstd, int N,
+                          int C, int in_stride, int dout_stride)
+{
+    /* dx = u·r − x·r³·(Σ u·x)/C with u = g ⊙ dy;  dg += dy ⊙ x·r */
+    for (int n = 0; n < N; n++) {
+        const prl_real *x = inp + (size_t)n * in_stride;
+        const prl_real *dy = dout + (size_t)n * dout_stride;
+        prl_real *dx = dinp + (size_t)n * in_stride;
+        prl_real r = rstd[n];
+        double dot = 0;
+        for (int i = 0; i < C; i++) dot += (double)g[i] * dy[i] * x[i];
+        prl_real k = (prl_real)(dot * r * r * r / C);
+        for (int i = 0; i < C; i++) {
+            dx[i] += g[i] * dy[i] * r - x[i] * k;
+            dg[i] += dy[i] * (x[i] * r);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ RoPE ------------ */
+
+void prl_rope_tables(prl_real *cos_t, prl_real *sin_t, int T, int D, double theta)
+{
+    int half = D / 2;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double angle = t * pow(theta, -2.0 * i / D);
+            cos_t[t * half + i] = (prl_real)cos(angle);
+            sin_t[t * half + i] = (prl_real)sin(angle);
+        }
+}
+
+static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
+                       int heads, int head_stride, int col, int stride, int D, prl_real sign)
+{
+    int half = D / 2;
+    for (int n = 0; n < N; n++) {
+        const prl_real *c = cos_t + (size_t)(n % T) * half, *s = sin_t + (size_t)(n % T) * half;
+        for (int h = 0; h < heads; h++) {
+            prl_real *v = x + (size_t)n * stride + (size_t)h * head_stride + col;
+            for (int i = 0; i < half; i++) {
+                prl_real a = v[i], b = v[i + half], si = sign * s[i];
+                v[i] = a * c[i] - b * si;
+                v[i + half] = b * c[i] + a * si;
+            }
+        }
+    }
+}
+
+void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
+                      int heads, int head_stride, int col, int stride, int D)
+{
+    rope_apply(x, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, 1);
+}
+
+void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
+                       int heads, int head_stride, int col, int stride, int D)
+{
+    /* The rotation is orthogonal: its transpose is the rotation by −angle. */
+    rope_apply(dx, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, -1);
+}
+
+/* ------------------------------------------------------------------ attention ------- */
+
+typedef struct attn_ctx {
+    prl_real *out, *att, *dq, *dkv, *dkr_heads, *scratch;
+    const prl_real *q, *kv, *kr, *dout;
+    const int32_t *lens;
+    int B, T, H, dn, dr, dv;
+} attn_ctx;
+
+/* Softmax of row t over keys s <= min(t, len−1), scaled scores in S. */
+static void causal_softmax_row(prl_real *S, int t, int T, int len)
+{
+    int last = t < len ? t : len - 1;
+    prl_real m = S[0];
+    for (int s = 1; s <= last; s++) m = S[s] > m ? S[s] : m;
+    prl_real sum = 0;
+    for (int s = 0; s <= last; s++) sum += (S[s] = PRL_EXP(S[s] - m));
+    prl_real inv = 1 / sum;
+    for (int s = 0; s <= last; s++) S[s] *= inv;
+    for (int s = last + 1; s < T; s++) S[s] = 0;
+}
+
+static void attention_forward_head(void *p, int task)
+{
+    attn_ctx *c = p;
+    int b = task / c->H, h = task % c->H, T = c->T, H = c->H;
+    int dq = c->dn + c->dr, dkv = c->dn + c->dv;
+    int len = c->lens ? c->lens[b] : T;
+    prl_real scale = (prl_real)(1.0 / sqrt((double)dq));
+    const prl_real *q = c->q + (size_t)b * T * H * dq + (size_t)h * dq;
+    const prl_real *k = c->kv + (size_t)b * T * H * dkv + (size_t)h * dkv;
+    const prl_real *kr = c->kr + (size_t)b * T * c->dr;
+    prl_real *S = c->att + (size_t)task * T * T;
+    /* S = scale·(q_nope·k_nopeᵀ + q_rope·krᵀ) */
+    prl_gemm(0, 1, T, T, c->dn, scale, q, H * dq, k, H * dkv, 0, S, T);
+    prl_gemm(0, 1, T, T, c->dr, scale, q + c->dn, H * dq, kr, c->dr, 1, S, T);
+    for (int t = 0; t < T; t++) causal_softmax_row(S + (size_t)t * T, t, T, len);
+    /* out_h = P · v_h */
+    prl_gemm(0, 0, T, c->dv, T, 1, S, T, k + c->dn, H * dkv, 0,
+             c->out + (size_t)b * T * H * c->dv + (size_t)h * c->dv, H * c->dv);
+}
+
+void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, const prl_real *kv,
+                           const prl_real *kr, const int32_t *lens, int B, int T, int H, int dn,
+                           int dr, int dv)
+{
+    attn_ctx c = {.out = out, .att = att, .q = q, .kv = kv, .kr = kr, .lens = lens,
+                  .B = B, .T = T, .H = H, .dn = dn, .dr = dr, .dv = dv};
+    prl_parallel_for(B * H, attention_forward_head, &c);
+}
+
+size_t prl_attention_scratch(int B, int T, int H, int dr)
+{
+    return (size_t)B * H * T * dr + (size_t)prl_pool_threads() * T * T;
+}
+
+static void attention_backward_head(void *p, int task)
+{
+    attn_ctx *c = p;
+    int b = task / c->H, h = task % c->H, T = c->T, H = c->H;
+    int dq = c->dn + c->dr, dkv = c->dn + c->dv;
+    prl_real scale = (prl_real)(1.0 / sqrt((double)dq));
+    size_t qoff = (size_t)b * T * H * dq + (size_t)h * dq;
+    size_t kvoff = (size_t)b * T * H * dkv + (size_t)h * dkv;
+    const prl_real *P = c->att + (size_t)task * T * T;
+    const prl_real *dO = c->dout + (size_t)b * T * H * c->dv + (size_t)h * c->dv;
+    prl_real *dS = c->scratch + (size_t)prl_pool_worker() * T * T;
+    /* dP = dO · vᵀ;  dv += Pᵀ · dO */
+    prl_gemm(0, 1, T, T, c->dv, 1, dO, H * c->dv, c->kv + kvoff + c->dn, H * dkv, 0, dS, T);
+    prl_gemm(1, 0, T, c->dv, T, 1, P, T, dO, H * c->dv, 1, c->dkv + kvoff + c->dn, H * dkv);
+    /* dS = scale · P ⊙ (dP − Σ_s P·dP) */
+    for (int t = 0; t < T; t++) {
+        const prl_real *pr = P + (size_t)t * T;
+        prl_real *drow = dS + (size_t)t * T;
+        prl_real dot = 0;
+        for (int s = 0; s <= t; s++) dot += pr[s] * drow[s];
+        for (int s = 0; s < T; s++) drow[s] = s <= t ? scale * pr[s] * (drow[s] - dot) : 0;
+    }
+    /* dq_nope += dS·k_nope; dq_rope += dS·kr; dk_nope += dSᵀ·q_nope; dkr_h = dSᵀ·q_rope */
+    const prl_real *kr = c->kr + (size_t)b * T * c->dr;
+    prl_gemm(0, 0, T, c->dn, T, 1, dS, T, c->kv + kvoff, H * dkv, 1, c->dq + qoff, H * dq);
+    prl_gemm(0, 0, T, c->dr, T, 1, dS, T, kr, c->dr, 1, c->dq + qoff + c->dn, H * dq);
+    prl_gemm(1, 0, T, c->dn, T, 1, dS, T, c->q + qoff, H * dq, 1, c->dkv + kvoff, H * dkv);
+    prl_gemm(1, 0, T, c->dr, T, 1, dS, T, c->q + qoff + c->dn, H * dq, 0,
+             c->dkr_heads + (size_t)task * T * c->dr, c->dr);
+}
+
+void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, const prl_real *dout,
+                            const prl_real *att, const prl_real *q, const prl_real *kv,
+                            const prl_real *kr, prl_real *scratch, int B, int T, int H, int dn,
+                            int dr, int dv)
+{
+    attn_ctx c = {.dq = dq, .dkv = dkv, .dkr_heads = scratch,
+                  .scratch = scratch + (size_t)B * H * T * dr, .dout = dout, .att = (prl_real *)att,
+                  .q = q, .kv = kv, .kr = kr, .B = B, .T = T, .H = H, .dn = dn, .dr = dr,
+                  .dv = dv};
+    prl_parallel_for(B * H, attention_backward_head, &c);
+    /* The shared rope key gets the sum over heads, added in head order. */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const prl_real *src = scratch + (size_t)(b * H + h) * T * dr;
+            prl_real *dst = dkr + (size_t)b * T * dr;
+            for (size_t i = 0; i < (size_t)T * dr; i++) dst[i] += src[i];
+        }
+}
+
+/* ------------------------------------------------------------------ SwiGLU ---------- */
+
+void prl_silu_mul_forward(prl_real *h, const prl_real *a1, const prl_real *a3, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        prl_real sg = 1 / (1 + PRL_EXP(-a1[i]));
+        h[i] = a1[i] * sg * a3[i];
+    }
+}
+
+void prl_silu_mul_backward(prl_real *da1, prl_real *da3, const prl_real *dh, const prl_real *a1,
+                           const prl_real *a3, size_t n)
+{
+    /* silu'(x) = σ(x)·(1 + x·(1 − σ(x))) */
+    for (size_t i = 0; i < n; i++) {
+        prl_real sg = 1 / (1 + PRL_EXP(-a1[i]));
+        prl_real silu = a1[i] * sg;
+        da1[i] = dh[i] * a3[i] * sg * (1 + a1[i] * (1 - sg));
+        da3[i] = dh[i] * silu;
+    }
+}
+
+typedef struct swiglu_ctx {
+    prl_real *a1, *a3, *h, *dh;
+    const prl_real *inp;
+    int N, F;
+} swiglu_ctx;
+
+static void silu_mul_block(void *p, int blk)
+{
+    swiglu_ctx *c = p;
+    int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
+    size_t off = (size_t)r0 * c->F, n = (size_t)rows * c->F;
+    prl_silu_mul_forward(c->h + off, c->a1 + off, c->a3 + off, n);
+}
+
+void prl_swiglu_forward(prl_real *out, prl_real *a1, prl_real *a3, prl_real *h,
+                        const prl_real *inp, const prl_real *w1, const prl_real *w3,
+                        const prl_real *w2, int N, int C, int F, prl_real beta)
+{
+    /* inp (N,C); w1,w3 (F,C); w2 (C,F); a1,a3,h (N,F); out (N,C) */
+    prl_matmul_forward(a1, inp, w1, N, C, F, 0);
+    prl_matmul_forward(a3, inp, w3, N, C, F, 0);
+    swiglu_ctx c = {.a1 = a1, .a3 = a3, .h = h, .N = N, .F = F};
+    prl_parallel_for(n_blocks(N), silu_mul_block, &c);
+    prl_matmul_forward(out, h, w2, N, F, C, beta);
+}
+
+static void silu_mul_backward_block(void *p, int blk)
+{
+    swiglu_ctx *c = p;
+    int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
+    size_t off = (size_t)r0 * c->F, n = (size_t)rows * c->F;
+    /* c->dh holds dh on entry and da3 on exit (in place); da1 goes to c->h. */
+    prl_silu_mul_backward(c->h + off, c->dh + off, c->dh + off, c->a1 + off, c->a3 + off, n);
+}
+
+void prl_swiglu_backward(prl_real *dinp, prl_real *dw1, prl_real *dw3, prl_real *dw2,
+                         prl_real *dh, const prl_real *dout, const prl_real *inp,
+                         const prl_real *a1, const prl_real *a3, const prl_real *h,
+                         const prl_real *w1, const prl_real *w3, const prl_real *w2, int N,
+                         int C, int F)
+{
+    /* dh (N,F) = dout·w2;  dw2 (C,F) += doutᵀ·h */
+    memset(dh, 0, (size_t)N * F * sizeof *dh);
+    prl_matmul_backward(dh, dw2, dout, h, w2, N, F, C);
+    /* da3 overwrites dh in place; da1 goes to the second half of the 2·N·F scratch */
+    prl_real *da1 = dh + (size_t)N * F;
+    swiglu_ctx c = {.a1 = (prl_real *)a1, .a3 = (prl_real *)a3, .h = da1, .dh = dh,
+                    .N = N, .F = F};
+    prl_parallel_for(n_blocks(N), silu_mul_backward_block, &c);
+    /* now da1 in dh[N·F..], da3 in dh[0..N·F) */
+    prl_matmul_backward(dinp, dw1, da1, inp, w1, N, C, F);
+    prl_matmul_backward(dinp, dw3, dh, inp, w3, N, C, F);
+}
+
+/* ------------------------------------------------------------------ MoE gate -------- */
+
+void prl_moe_gate_forward(int32_t *sel, prl_real *g, prl_real *s, const prl_real *z,
+                          const prl_real *bias, const int32_t *forced, int E, int K, int renorm,
+                          double scale)
+{
+    for (int e = 0; e < E; e++) s[e] = 1 / (1 + PRL_EXP(-z[e]));
+    if (forced) {
+        for (int k = 0; k < K; k++) sel[k] = forced[k];
+    } else {
+        /* Top-K by s + bias; strict '>' keeps the lower index on ties. */
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            prl_real best_v = 0;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= sel[j] == e;
+                if (taken) continue;
+                prl_real v = s[e] + (bias ? bias[e] : 0);
+                if (best < 0 || v > best_v) best = e, best_v = v;
+            }
+            sel[k] = best;
+        }
+    }
+    prl_real sum = 0;
+    for (int k = 0; k < K; k++) sum += s[sel[k]];
+    prl_real denom = renorm ? sum + (prl_real)1e-20 : 1;
+    for (int k = 0; k < K; k++) g[k] = (prl_real)scale * s[sel[k]] / denom;
+}
+
+void prl_moe_gate_backward(prl_real *dz, const prl_real *dg, const int32_t *sel,
+                           const prl_real *s, int E, int K, int renorm, double scale)
+{
+    (void)E;
+    prl_real sum = 0, dot = 0;
+    for (int k = 0; k < K; k++) sum += s[sel[k]];
+    prl_real denom = renorm ? sum + (prl_real)1e-20 : 1;
+    /* g_k = c·s_k/S:  ∂L/∂s_j = c/S·dg_j − c·Σ_k dg_k s_k / S²  (second term only if renorm) */
+    for (int k = 0; k < K; k++) dot += dg[k] * s[sel[k]];
+    for (int k = 0; k < K; k++) {
+        int e = sel[k];
+        prl_real ds = (prl_real)scale * dg[k] / denom;
+        if (renorm) ds -= (prl_real)scale * dot / (denom * denom);
+        /* duplicates in a forced route add up, as the forward sums them */
+        dz[e] += ds * s[e] * (1 - s[e]);
+    }
+}
+
+/* ------------------------------------------------------------------ log-probs ------- */
+
+prl_real prl_logprob_forward(prl_real *lse, const prl_real *logits, int V, int y, double tau)
+{
+    prl_real inv_tau = (prl_real)(1.0 / tau);
+    prl_real m = logits[0] * inv_tau;
+    for (int v = 1; v < V; v++) m = logits[v] * inv_tau > m ? logits[v] * inv_tau : m;
+    prl_real sum = 0;
+    for (int v = 0; v < V; v++) sum += PRL_EXP(logits[v] * inv_tau - m);
+    *lse = m + PRL_LOG(sum);
+    return logits[y] * inv_tau - *lse;
+}
+
+void prl_logprob_backward(prl_real *dlogits, const prl_real *logits, prl_real lse, int V, int y,
+                          double tau, prl_real w)
+{
+    prl_real inv_tau = (prl_real)(1.0 / tau), k = w * inv_tau;
+    for (int v = 0; v < V; v++) dlogits[v] -= k * PRL_EXP(logits[v] * inv_tau - lse);
+    dlogits[y] += k;
+}
+
+/* ------------------------------------------------------------------ embedding ------- */
+
+void prl_embedding_forward(prl_real *out, const prl_real *table, const int32_t *tokens, int N,
+                           int C)
+{
+    for (int n = 0; n < N; n++)
+        memcpy(out + (size_t)n * C, table + (size_t)tokens[n] * C, (size_t)C * sizeof *out);
+}
+
+void prl_embedding_backward(prl_real *dtable, const prl_real *dout, const int32_t *tokens, int N,
+                            int C)
+{
+    for (int n = 0; n < N; n++) {
+        prl_real *dst = dtable + (size_t)tokens[n] * C;
+        const prl_real *src = dout + (size_t)n * C;
+        for (int i = 0; i < C; i++) dst[i] += src[i];
+    }
+}

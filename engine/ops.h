@@ -1,0 +1,114 @@
+/*
+** ops.h — the engine's operators as forward/backward pairs (private to engine/ and tests).
+**
+** Conventions (llm.c): outputs first, then inputs, then sizes; gradient arguments carry a
+** `d` prefix; every backward ACCUMULATES (+=) into input and parameter gradients, so a
+** residual branch needs no extra add. Each function starts with a shape comment. Linear
+** weights are stored out×in, so a Linear is out = inp · wᵀ.
+**
+** Parallel ops split their work into fixed blocks (PRL_ROW_BLOCK rows) that do not depend
+** on the thread count, so results are bitwise identical for any number of threads.
+*/
+#ifndef PRL_OPS_H
+#define PRL_OPS_H
+
+#include "engine/engine.h"
+
+enum { PRL_ROW_BLOCK = 128 };
+
+#ifdef PRL_REAL_DOUBLE
+#define PRL_EXP exp
+#define PRL_LOG log
+#define PRL_SQRT sqrt
+#else
+#define PRL_EXP expf
+#define PRL_LOG logf
+#define PRL_SQRT sqrtf
+#endif
+
+/* out[N,OC] = inp[N,C] · w[OC,C]ᵀ   (beta = 0: overwrite, 1: accumulate) */
+void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, int N, int C,
+                        int OC, prl_real beta);
+/* dinp[N,C] += dout[N,OC] · w[OC,C];  dw[OC,C] += dout[N,OC]ᵀ · inp[N,C]
+** (either gradient may be NULL to skip it) */
+void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout,
+                         const prl_real *inp, const prl_real *w, int N, int C, int OC);
+
+/* out[N,C] = g ⊙ inp / sqrt(mean(inp²) + eps); rstd[N] saved. inp and out rows have strides
+** in_stride / out_stride (>= C) so a slice of a wider row can be normalised in place. */
+void prl_rmsnorm_forward(prl_real *out, prl_real *rstd, const prl_real *inp, const prl_real *g,
+                         int N, int C, int in_stride, int out_stride, double eps);
+/* dinp += ∂/∂inp, dg += ∂/∂g, given dout (same strides as the forward). */
+void prl_rmsnorm_backward(prl_real *dinp, prl_real *dg, const prl_real *dout,
+                          const prl_real *inp, const prl_real *g, const prl_real *rstd, int N,
+                          int C, int in_stride, int dout_stride);
+
+/* Half-split RoPE tables for positions [0, T): cos/sin [T, D/2], angles in double. */
+void prl_rope_tables(prl_real *cos_t, prl_real *sin_t, int T, int D, double theta);
+/* In place on x[B*T rows][heads][D] at column offset `col` in rows of `stride`: pair
+** (i, i+D/2) rotated by pos·θ^(−2i/D); pos = row index mod T. */
+void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
+                      int heads, int head_stride, int col, int stride, int D);
+/* The inverse rotation applied to a gradient, in place. */
+void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
+                       int heads, int head_stride, int col, int stride, int D);
+
+/* Causal MLA attention, naive form, for B sequences of T tokens and H heads.
+**   q   [B*T, H*(dn+dr)]  per head [nope | rope]        (rope already applied)
+**   kv  [B*T, H*(dn+dv)]  per head [k_nope | v]
+**   kr  [B*T, dr]         shared rope key               (rope already applied)
+**   out [B*T, H*dv];  att [B, H, T, T] softmax probabilities saved for backward.
+** lens[b] (NULL = T): keys s >= lens[b] are never attended (rows t >= lens[b] are computed
+** but meaningless). */
+void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, const prl_real *kv,
+                           const prl_real *kr, const int32_t *lens, int B, int T, int H, int dn,
+                           int dr, int dv);
+/* dq, dkv, dkr accumulate; scratch holds B*H*T*dr + threads*T*T reals (see
+** prl_attention_scratch). */
+void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, const prl_real *dout,
+                            const prl_real *att, const prl_real *q, const prl_real *kv,
+                            const prl_real *kr, prl_real *scratch, int B, int T, int H, int dn,
+                            int dr, int dv);
+size_t prl_attention_scratch(int B, int T, int H, int dr);
+
+/* SwiGLU FFN: out[N,C] = (silu(inp·w1ᵀ) ⊙ (inp·w3ᵀ)) · w2ᵀ with w1,w3 [F,C], w2 [C,F];
+** a1, a3, h [N,F] saved. */
+void prl_swiglu_forward(prl_real *out, prl_real *a1, prl_real *a3, prl_real *h,
+                        const prl_real *inp, const prl_real *w1, const prl_real *w3,
+                        const prl_real *w2, int N, int C, int F, prl_real beta);
+/* dinp, dw1, dw3, dw2 accumulate; dh is scratch of 2·N·F reals. */
+void prl_swiglu_backward(prl_real *dinp, prl_real *dw1, prl_real *dw3, prl_real *dw2,
+                         prl_real *dh, const prl_real *dout, const prl_real *inp,
+                         const prl_real *a1, const prl_real *a3, const prl_real *h,
+                         const prl_real *w1, const prl_real *w3, const prl_real *w2, int N,
+                         int C, int F);
+
+/* Elementwise SwiGLU core: h = silu(a1) ⊙ a3, and its backward (da1, da3 overwritten). */
+void prl_silu_mul_forward(prl_real *h, const prl_real *a1, const prl_real *a3, size_t n);
+void prl_silu_mul_backward(prl_real *da1, prl_real *da3, const prl_real *dh, const prl_real *a1,
+                           const prl_real *a3, size_t n);
+
+/* MoE gate for one token: s = σ(z) [E]; sel = top-K of s + bias (ties: lower index) unless
+** `forced` (K ids) is given; g[k] = scale · s[sel k] / (Σ s[sel] + 1e-20) if renorm, else
+** scale · s[sel k]. */
+void prl_moe_gate_forward(int32_t *sel, prl_real *g, prl_real *s, const prl_real *z,
+                          const prl_real *bias, const int32_t *forced, int E, int K, int renorm,
+                          double scale);
+/* dz[E] += ∂/∂z given dg[K] (through g and the sigmoid; sel is a constant). */
+void prl_moe_gate_backward(prl_real *dz, const prl_real *dg, const int32_t *sel,
+                           const prl_real *s, int E, int K, int renorm, double scale);
+
+/* Log-prob of target y under softmax(logits/τ) for one row of V: returns logp, stores the
+** log-sum-exp of logits/τ in *lse. */
+prl_real prl_logprob_forward(prl_real *lse, const prl_real *logits, int V, int y, double tau);
+/* dlogits[V] += w/τ · (onehot(y) − softmax(logits/τ)). */
+void prl_logprob_backward(prl_real *dlogits, const prl_real *logits, prl_real lse, int V, int y,
+                          double tau, prl_real w);
+
+/* out[N,C] = table[tokens[n]];  dtable[tokens[n]] += dout[n] (serial, in token order). */
+void prl_embedding_forward(prl_real *out, const prl_real *table, const int32_t *tokens, int N,
+                           int C);
+void prl_embedding_backward(prl_real *dtable, const prl_real *dout, const int32_t *tokens, int N,
+                            int C);
+
+#endif /* PRL_OPS_H */

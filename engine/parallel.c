@@ -1,0 +1,147 @@
+/*
+** parallel.c — prl's single thread pool.
+**
+** OpenBLAS is kept single-threaded; parallelism comes from this pool, which runs a fixed set
+** of independent tasks (row blocks of a GEMM, attention heads, experts, token chunks). The
+** decomposition into tasks never depends on the thread count and each task computes the
+** same arithmetic whichever thread runs it, so results are bitwise identical for 1, 2 or N
+** threads. (OpenBLAS's own threading is not: measured, sgemm results differ between 1 and 2
+** OpenBLAS threads on this machine.)
+**
+** Workers spin briefly after a job and then sleep on a condition variable, so an idle pool
+** does not steal the CPU from other processes.
+*/
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+enum { SPIN_ROUNDS = 4000 };
+
+static struct {
+    int n_threads; /* including the caller */
+    pthread_t *workers;
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+    pthread_cond_t done_cond;
+    atomic_uint generation; /* bumped once per job */
+    atomic_int next_task;
+    atomic_int tasks_done;
+    atomic_int sleepers;
+    int n_tasks;
+    void (*fn)(void *, int);
+    void *ctx;
+    int shutting_down;
+} pool;
+
+static _Thread_local int inside_pool_task;
+static _Thread_local int worker_index; /* 0 = the calling thread */
+
+static void run_tasks(void)
+{
+    inside_pool_task = 1;
+    for (;;) {
+        int i = atomic_fetch_add(&pool.next_task, 1);
+        if (i >= pool.n_tasks) break;
+        pool.fn(pool.ctx, i);
+        if (atomic_fetch_add(&pool.tasks_done, 1) + 1 == pool.n_tasks) {
+            pthread_mutex_lock(&pool.mutex);
+            pthread_cond_broadcast(&pool.done_cond);
+            pthread_mutex_unlock(&pool.mutex);
+        }
+    }
+    inside_pool_task = 0;
+}
+
+static void *worker_main(void *arg)
+{
+    worker_index = (int)(intptr_t)arg;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = atomic_load(&pool.generation)) == seen && spins < SPIN_ROUNDS) {
+            spins++;
+            if ((spins & 63) == 0) sched_yield();
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&pool.mutex);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while ((g = atomic_load(&pool.generation)) == seen && !pool.shutting_down)
+                pthread_cond_wait(&pool.wake, &pool.mutex);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.mutex);
+        }
+        if (pool.shutting_down) return NULL;
+        seen = g;
+        run_tasks();
+    }
+}
+
+prl_status prl_pool_init(int n_threads)
+{
+    if (n_threads < 1) n_threads = 1;
+    if (pool.n_threads == n_threads) return PRL_OK;
+    prl_pool_free();
+    pool.n_threads = n_threads;
+    pthread_mutex_init(&pool.mutex, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done_cond, NULL);
+    pool.shutting_down = 0;
+    pool.workers = calloc((size_t)n_threads, sizeof *pool.workers);
+    if (!pool.workers) return prl_error_set(PRL_ERR_NOMEM, "thread pool");
+    for (int i = 1; i < n_threads; i++)
+        if (pthread_create(&pool.workers[i], NULL, worker_main, (void *)(intptr_t)i) != 0) {
+            pool.n_threads = i;
+            return prl_error_set(PRL_ERR_NOMEM, "cannot start thread %d of the pool", i);
+        }
+    return PRL_OK;
+}
+
+void prl_pool_free(void)
+{
+    if (pool.n_threads <= 0) return;
+    pthread_mutex_lock(&pool.mutex);
+    pool.shutting_down = 1;
+    atomic_fetch_add(&pool.generation, 1);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mutex);
+    for (int i = 1; i < pool.n_threads; i++) pthread_join(pool.workers[i], NULL);
+    free(pool.workers);
+    pool.workers = NULL;
+    pool.n_threads = 0;
+}
+
+int prl_pool_threads(void) { return pool.n_threads > 0 ? pool.n_threads : 1; }
+
+int prl_pool_worker(void) { return worker_index; }
+
+void prl_parallel_for(int n_tasks, void (*fn)(void *ctx, int task), void *ctx)
+{
+    if (n_tasks <= 0) return;
+    if (pool.n_threads <= 1 || n_tasks == 1 || inside_pool_task) {
+        for (int i = 0; i < n_tasks; i++) fn(ctx, i);
+        return;
+    }
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n_tasks = n_tasks;
+    atomic_store(&pool.tasks_done, 0);
+    atomic_store(&pool.next_task, 0);
+    pthread_mutex_lock(&pool.mutex);
+    atomic_fetch_add(&pool.generation, 1);
+    if (atomic_load(&pool.sleepers) > 0) pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mutex);
+    run_tasks();
+    int spins = 0;
+    while (atomic_load(&pool.tasks_done) < n_tasks && spins < SPIN_ROUNDS * 4) spins++;
+    if (atomic_load(&pool.tasks_done) < n_tasks) {
+        pthread_mutex_lock(&pool.mutex);
+        while (atomic_load(&pool.tasks_done) < n_tasks)
+            pthread_cond_wait(&pool.done_cond, &pool.mutex);
+        pthread_mutex_unlock(&pool.mutex);
+    }
+}

@@ -1,0 +1,1405 @@
+#!/usr/bin/env python3
+"""Independent PyTorch reference of the model prl trains (the oracle for prl's C engine).
+
+The maths follows ``docs/model.md`` to the letter; that page is the contract.  This file does
+not read or depend on prl's C code.  It holds
+
+* a pure Python + numpy safetensors reader/writer (``read_safetensors``, ``write_safetensors``);
+* ``PanguRef(config)``: an ``nn.Module`` with the checkpoint's tensor names (MLA naive form with
+  half-split RoPE, dense SwiGLU, sigmoid-routed MoE with shared experts), its loss API
+  (``compute_loss``: ``sum w*logp`` plus the balance and router z auxiliary losses) and the
+  selection-bias update rules;
+* a CLI: ``compare``, ``forward``, ``bench`` and the helpers ``init`` and ``make-batch``
+  (see ``reference/README.md``).
+
+Always run it with Debian's Python (``/usr/bin/python3``), which has torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = [
+    "SafetensorsError", "read_safetensors", "write_safetensors", "serialize_safetensors",
+    "deserialize_safetensors", "UnsupportedConfigError", "parse_config", "PanguRef",
+    "rope_cos_sin", "apply_rope", "stable_topk", "load_checkpoint", "save_checkpoint",
+    "load_batch", "run_reference", "compare_outputs",
+]
+
+# =============================================================================================
+# safetensors (pure Python + numpy)
+# =============================================================================================
+
+MAX_HEADER_SIZE = 100_000_000
+
+# Increasing alignment order, as in the reference implementation's Dtype enum; the writer sorts
+# tensors by this order descending, then by name.
+_ST_ORDER = ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32",
+             "U32", "F32", "F64", "I64", "U64"]
+_ST_RANK = {name: i for i, name in enumerate(_ST_ORDER)}
+_ST_SIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+            "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
+# numpy storage dtype of each safetensors dtype (BF16 is stored as raw uint16 bits).
+_ST_NP = {"BOOL": np.dtype(np.bool_), "U8": np.dtype("u1"), "I8": np.dtype("i1"),
+          "I16": np.dtype("<i2"), "U16": np.dtype("<u2"), "F16": np.dtype("<f2"),
+          "BF16": np.dtype("<u2"), "I32": np.dtype("<i4"), "U32": np.dtype("<u4"),
+          "F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "I64": np.dtype("<i8"),
+          "U64": np.dtype("<u8")}
+_NP_ST = {np.dtype(np.bool_): "BOOL", np.dtype(np.uint8): "U8", np.dtype(np.int8): "I8",
+          np.dtype(np.int16): "I16", np.dtype(np.uint16): "U16", np.dtype(np.float16): "F16",
+          np.dtype(np.int32): "I32", np.dtype(np.uint32): "U32", np.dtype(np.float32): "F32",
+          np.dtype(np.float64): "F64", np.dtype(np.int64): "I64", np.dtype(np.uint64): "U64"}
+
+
+class SafetensorsError(ValueError):
+    """A malformed safetensors file or an unwritable tensor."""
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """Raw bfloat16 bits (uint16) -> float32 (exact)."""
+    return (np.asarray(bits, dtype="<u2").astype("<u4") << np.uint32(16)).view("<f4")
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits, round to nearest even; NaN stays a (quiet) NaN."""
+    u = np.ascontiguousarray(np.asarray(x, dtype="<f4")).view("<u4").astype(np.uint64)
+    rounded = ((u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16))
+    out = (rounded & np.uint64(0xFFFF)).astype("<u2")
+    nan = np.isnan(np.asarray(x, dtype="<f4"))
+    if nan.any():
+        out[nan] = ((u[nan] >> np.uint64(16)) | np.uint64(0x0040)).astype("<u2")
+    return out
+
+
+def _reject_duplicates(pairs):
+    obj = {}
+    for k, v in pairs:
+        if k in obj:
+            raise SafetensorsError(f"duplicate key {k!r} in safetensors header")
+        obj[k] = v
+    return obj
+
+
+def deserialize_safetensors(buf, *, raw_bf16: bool = False, with_dtypes: bool = False):
+    """Parse a whole safetensors byte buffer.
+
+    Returns ``(tensors, metadata)`` (or ``(tensors, metadata, dtypes)`` with ``with_dtypes``):
+    tensors is {name: numpy array} (BF16 is widened to float32 unless ``raw_bf16``, in which
+    case the raw uint16 bits are returned), metadata is the ``__metadata__`` dict (or {}).
+    The header is validated like the reference implementation does: the tensors' byte ranges,
+    ordered by offset, must tile the data section exactly (no gap, no overlap, nothing left
+    over), and each range must be exactly prod(shape) * itemsize bytes.
+    """
+    mv = memoryview(buf).cast("B")
+    total = len(mv)
+    if total < 8:
+        raise SafetensorsError(f"file too small ({total} bytes) to hold the 8-byte header length")
+    n = int.from_bytes(bytes(mv[:8]), "little")
+    if n > MAX_HEADER_SIZE:
+        raise SafetensorsError(f"header length {n} exceeds the {MAX_HEADER_SIZE}-byte limit")
+    if 8 + n > total:
+        raise SafetensorsError(f"header length {n} runs past the end of the file ({total} bytes)")
+    try:
+        text = bytes(mv[8:8 + n]).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SafetensorsError(f"header is not valid UTF-8: {e}") from None
+    try:
+        header = json.loads(text, object_pairs_hook=_reject_duplicates)
+    except json.JSONDecodeError as e:
+        raise SafetensorsError(f"header is not valid JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise SafetensorsError("header JSON is not an object")
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise SafetensorsError("__metadata__ must be an object mapping strings to strings")
+    data_len = total - 8 - n
+    entries = []
+    for name, info in header.items():
+        if not isinstance(info, dict):
+            raise SafetensorsError(f"tensor {name!r}: entry is not an object")
+        extra = set(info) - {"dtype", "shape", "data_offsets"}
+        if extra or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise SafetensorsError(f"tensor {name!r}: expected keys dtype, shape, data_offsets; "
+                                   f"got {sorted(info)}")
+        dt, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+        if dt not in _ST_NP:
+            raise SafetensorsError(f"tensor {name!r}: unsupported dtype {dt!r}")
+        if (not isinstance(shape, list) or
+                not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+            raise SafetensorsError(f"tensor {name!r}: bad shape {shape!r}")
+        if (not isinstance(offs, list) or len(offs) != 2 or
+                not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)):
+            raise SafetensorsError(f"tensor {name!r}: bad data_offsets {offs!r}")
+        entries.append((offs[0], offs[1], name, dt, shape))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    pos = 0
+    for begin, end, name, dt, shape in entries:
+        if begin != pos or end < begin:
+            raise SafetensorsError(f"tensor {name!r}: data_offsets [{begin}, {end}] do not start "
+                                   f"where the previous tensor ends ({pos})")
+        nbytes = math.prod(shape) * _ST_SIZE[dt]
+        if end - begin != nbytes:
+            raise SafetensorsError(f"tensor {name!r}: {end - begin} bytes in data_offsets but "
+                                   f"dtype {dt} x shape {shape} needs {nbytes}")
+        if end > data_len:
+            raise SafetensorsError(f"tensor {name!r}: data_offsets end {end} is past the data "
+                                   f"section ({data_len} bytes)")
+        pos = end
+    if pos != data_len:
+        raise SafetensorsError(f"tensors cover {pos} bytes but the data section has {data_len}")
+    base = 8 + n
+    tensors, dtypes = {}, {}
+    for begin, end, name, dt, shape in entries:
+        arr = np.frombuffer(mv[base + begin:base + end], dtype=_ST_NP[dt]).reshape(shape).copy()
+        if dt == "BF16" and not raw_bf16:
+            arr = bf16_bits_to_f32(arr).reshape(shape)
+        tensors[name] = arr
+        dtypes[name] = dt
+    if with_dtypes:
+        return tensors, metadata, dtypes
+    return tensors, metadata
+
+
+def read_safetensors(path: str, *, raw_bf16: bool = False, with_dtypes: bool = False):
+    """Read a safetensors file; see ``deserialize_safetensors`` for the result."""
+    with open(path, "rb") as fh:
+        buf = fh.read()
+    try:
+        return deserialize_safetensors(buf, raw_bf16=raw_bf16, with_dtypes=with_dtypes)
+    except SafetensorsError as e:
+        raise SafetensorsError(f"{path}: {e}") from None
+
+
+def _to_numpy(value) -> Tuple[np.ndarray, Optional[str]]:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        if t.dtype == torch.bfloat16:
+            return t.float().numpy(), "BF16"
+        return t.numpy(), None
+    return np.asarray(value), None
+
+
+def serialize_safetensors(tensors: Mapping[str, object],
+                          metadata: Optional[Mapping[str, str]] = None,
+                          dtypes: Optional[Mapping[str, str]] = None) -> bytes:
+    """Serialize {name: numpy array | torch tensor} to safetensors bytes.
+
+    ``dtypes`` optionally forces the stored dtype of some tensors (e.g. {"w": "BF16"}).
+    Layout as the reference writer: tensors sorted by dtype alignment (largest first), then by
+    name; compact JSON header with ``__metadata__`` first; header padded with spaces to a
+    multiple of 8 bytes.
+    """
+    dtypes = dict(dtypes or {})
+    prepared = []
+    for name, value in tensors.items():
+        if not isinstance(name, str) or name == "__metadata__":
+            raise SafetensorsError(f"bad tensor name {name!r}")
+        arr, dt = _to_numpy(value)
+        want = dtypes.pop(name, None) or dt
+        if want is None:
+            key = np.dtype(arr.dtype.type)          # native byte order
+            if key not in _NP_ST:
+                raise SafetensorsError(f"tensor {name!r}: numpy dtype {arr.dtype} has no "
+                                       "safetensors equivalent")
+            want = _NP_ST[key]
+        if want not in _ST_NP:
+            raise SafetensorsError(f"tensor {name!r}: unsupported dtype {want!r}")
+        if want == "BF16":
+            data = f32_to_bf16_bits(arr.astype(np.float32))
+        else:
+            data = arr.astype(_ST_NP[want], copy=False)
+        data = np.ascontiguousarray(data)
+        prepared.append((name, want, list(arr.shape), data.tobytes()))
+    if dtypes:
+        raise SafetensorsError(f"dtypes given for unknown tensors: {sorted(dtypes)}")
+    prepared.sort(key=lambda p: (-_ST_RANK[p[1]], p[0]))
+    header: Dict[str, object] = {}
+    if metadata:
+        md = {}
+        for k in sorted(metadata):
+            v = metadata[k]
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise SafetensorsError("metadata must map strings to strings")
+            md[k] = v
+        header["__metadata__"] = md
+    offset = 0
+    for name, dt, shape, data in prepared:
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    hbytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    hbytes += b" " * ((8 - len(hbytes) % 8) % 8)
+    return b"".join([len(hbytes).to_bytes(8, "little"), hbytes] + [p[3] for p in prepared])
+
+
+def write_safetensors(path: str, tensors: Mapping[str, object],
+                      metadata: Optional[Mapping[str, str]] = None,
+                      dtypes: Optional[Mapping[str, str]] = None) -> None:
+    """Write a safetensors file (atomically: temp file + rename)."""
+    data = serialize_safetensors(tensors, metadata, dtypes)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+# =============================================================================================
+# Config
+# =============================================================================================
+
+class UnsupportedConfigError(ValueError):
+    """The config asks for something docs/model.md says is not (yet) supported."""
+
+
+# (key, predicate "this value turns the block on", block name)
+_UNSUPPORTED_BLOCKS = [
+    ("dsa_layers", lambda v: bool(v), "DeepSeek sparse attention (DSA)"),
+    ("swa_layers", lambda v: bool(v), "sliding-window attention (SWA)"),
+    ("param_sink_number", lambda v: (v or 0) > 0, "parameter attention sinks"),
+    ("use_mome", lambda v: bool(v), "MoME causal convolutions"),
+    ("router_sliding_window", lambda v: (v or 0) > 0, "MoME causal convolutions"),
+    ("use_mhc", lambda v: bool(v), "mHC hyper-connections"),
+    ("sandwich_norm", lambda v: bool(v), "sandwich norms"),
+    ("num_nextn_predict_layers", lambda v: (v or 0) > 0, "multi-token prediction (MTP)"),
+    ("layer_types", lambda v: any(x != "full_attention" for x in (v or [])),
+     "non-full attention layer types"),
+]
+
+_REQUIRED_INT = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                 "v_head_dim"]
+
+
+@dataclass
+class PanguConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    first_k_dense_replace: int = 0
+    intermediate_size: int = 0
+    n_routed_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    n_shared_experts: int = 0
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    max_position_embeddings: Optional[int] = None
+    initializer_range: float = 0.02
+    balance_loss_alpha: float = 0.0
+    router_z_loss_coef: float = 0.0
+    bias_update_rate: float = 0.0
+    ignored_keys: List[str] = field(default_factory=list)
+
+    @property
+    def n_dense(self) -> int:
+        return min(self.first_k_dense_replace, self.num_hidden_layers)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer >= self.first_k_dense_replace
+
+
+def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
+    """Validate a config.json dict; raise UnsupportedConfigError naming the offending key."""
+    if not isinstance(cfg, Mapping):
+        raise ValueError("config must be a JSON object")
+    for key, on, what in _UNSUPPORTED_BLOCKS:
+        if key in cfg and on(cfg[key]):
+            raise UnsupportedConfigError(
+                f"config key '{key}' = {cfg[key]!r} turns on {what}, which is not supported "
+                "(docs/model.md)")
+    if cfg.get("rope_interleave", False):
+        raise UnsupportedConfigError("config key 'rope_interleave' must be false (only half-split "
+                                     "RoPE is supported)")
+    if cfg.get("tie_word_embeddings", False):
+        raise UnsupportedConfigError("config key 'tie_word_embeddings' must be false")
+
+    def get_int(key, default=None, minimum=0):
+        if key not in cfg or cfg[key] is None:
+            if default is None:
+                raise ValueError(f"config key '{key}' is required")
+            return default
+        v = cfg[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"config key '{key}' = {v!r}: expected an integer >= {minimum}")
+        return v
+
+    def get_float(key, default=None):
+        if key not in cfg or cfg[key] is None:
+            if default is None:
+                raise ValueError(f"config key '{key}' is required")
+            return float(default)
+        v = cfg[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"config key '{key}' = {v!r}: expected a finite number")
+        return float(v)
+
+    ints = {k: get_int(k, minimum=1) for k in _REQUIRED_INT if k != "q_lora_rank"}
+    if not cfg.get("q_lora_rank"):
+        raise UnsupportedConfigError("config key 'q_lora_rank' must be > 0 (the q down-projection "
+                                     "is always present)")
+    ints["q_lora_rank"] = get_int("q_lora_rank", minimum=1)
+    if ints["qk_rope_head_dim"] % 2:
+        raise ValueError("config key 'qk_rope_head_dim' must be even (half-split RoPE)")
+    c = PanguConfig(
+        **ints,
+        rope_theta=get_float("rope_theta"),
+        rms_norm_eps=get_float("rms_norm_eps"),
+        first_k_dense_replace=get_int("first_k_dense_replace", 0),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+        routed_scaling_factor=get_float("routed_scaling_factor", 1.0),
+        max_position_embeddings=(None if cfg.get("max_position_embeddings") is None
+                                 else get_int("max_position_embeddings", minimum=1)),
+        initializer_range=get_float("initializer_range", 0.02),
+        balance_loss_alpha=get_float("prl_balance_loss_alpha", 0.0),
+        router_z_loss_coef=get_float("prl_router_z_loss_coef", 0.0),
+        bias_update_rate=get_float("prl_bias_update_rate", 0.0),
+    )
+    if c.rope_theta <= 0 or c.rms_norm_eps <= 0:
+        raise ValueError("config keys 'rope_theta' and 'rms_norm_eps' must be > 0")
+    if c.first_k_dense_replace > 0:
+        c.intermediate_size = get_int("intermediate_size", minimum=1)
+    if c.first_k_dense_replace < c.num_hidden_layers:
+        c.n_routed_experts = get_int("n_routed_experts", minimum=1)
+        c.num_experts_per_tok = get_int("num_experts_per_tok", minimum=1)
+        c.moe_intermediate_size = get_int("moe_intermediate_size", minimum=1)
+        c.n_shared_experts = get_int("n_shared_experts", 0)
+        if c.num_experts_per_tok > c.n_routed_experts:
+            raise ValueError("config key 'num_experts_per_tok' exceeds 'n_routed_experts'")
+    known = set(_REQUIRED_INT) | {
+        "rope_theta", "rope_interleave", "rms_norm_eps", "first_k_dense_replace",
+        "intermediate_size", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "n_shared_experts", "norm_topk_prob", "routed_scaling_factor", "max_position_embeddings",
+        "tie_word_embeddings", "initializer_range", "prl_balance_loss_alpha",
+        "prl_router_z_loss_coef", "prl_bias_update_rate"}
+    c.ignored_keys = sorted(k for k in cfg if k not in known)
+    return c
+
+
+# =============================================================================================
+# Model
+# =============================================================================================
+
+def rope_cos_sin(positions: int, rope_dim: int, theta: float, dtype: torch.dtype,
+                 device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [positions, rope_dim/2] for half-split RoPE.
+
+    Pair i (x_i, x_{i+d_r/2}) turns by angle pos * theta^(-2i/d_r); the angle, its cosine and
+    sine are computed in float64 and rounded once to ``dtype``.
+    """
+    half = rope_dim // 2
+    inv_freq = torch.tensor([theta ** (-2.0 * i / rope_dim) for i in range(half)],
+                            dtype=torch.float64)
+    pos = torch.arange(positions, dtype=torch.float64)
+    angle = pos[:, None] * inv_freq[None, :]
+    return (torch.cos(angle).to(dtype=dtype, device=device),
+            torch.sin(angle).to(dtype=dtype, device=device))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split RoPE on the last dim of x; cos/sin broadcast against x[..., :d_r/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries along the last dim, ordered by rank; among equal
+    values the lower index wins (a stable sort on -score)."""
+    return torch.sort(-scores, dim=-1, stable=True).indices[..., :k]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class SwiGLU(nn.Module):
+    """(silu(x W_gate^T) * (x W_up^T)) W_down^T."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MLA(nn.Module):
+    """Multi-head latent attention, naive (MHA) form, causal."""
+
+    def __init__(self, c: PanguConfig):
+        super().__init__()
+        self.H, self.dn, self.dr, self.dv = (c.num_attention_heads, c.qk_nope_head_dim,
+                                             c.qk_rope_head_dim, c.v_head_dim)
+        self.rkv = c.kv_lora_rank
+        d = c.hidden_size
+        self.q_a_proj = nn.Linear(d, c.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(c.q_lora_rank, 1e-6)
+        self.q_b_proj = nn.Linear(c.q_lora_rank, self.H * (self.dn + self.dr), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, self.rkv + self.dr, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.rkv, 1e-6)
+        self.kv_b_proj = nn.Linear(self.rkv, self.H * (self.dn + self.dv), bias=False)
+        self.o_proj = nn.Linear(self.H * self.dv, d, bias=False)
+        self.scale = (self.dn + self.dr) ** -0.5
+
+    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = a.shape
+        H, dn, dr, dv = self.H, self.dn, self.dr, self.dv
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(a))).view(B, T, H, dn + dr)
+        q_nope, q_rope = q.split([dn, dr], dim=-1)
+        kva = self.kv_a_proj_with_mqa(a)
+        ckv, k_rope = kva.split([self.rkv, dr], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(ckv)).view(B, T, H, dn + dv)
+        k_nope, v = kv.split([dn, dv], dim=-1)
+        q_rope = apply_rope(q_rope, cos[:, None, :], sin[:, None, :])       # [B,T,H,dr]
+        k_rope = apply_rope(k_rope, cos, sin)                                # [B,T,dr], shared
+        qh = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)             # [B,H,T,dn+dr]
+        kh = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, T, H, dr)], dim=-1)
+        kh = kh.transpose(1, 2)                                              # [B,H,T,dn+dr]
+        scores = torch.matmul(qh, kh.transpose(-1, -2)) * self.scale         # [B,H,T,T]
+        causal = torch.ones(T, T, dtype=torch.bool, device=a.device).triu_(1)
+        probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
+        o = torch.matmul(probs, v.transpose(1, 2))                           # [B,H,T,dv]
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, H * dv))
+
+
+class _BiasBuffer(nn.Module):
+    """Holds the selection bias so that its state_dict name is `e_score_correction.bias`."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.register_buffer("bias", torch.zeros(n))
+
+
+@dataclass
+class MoEOutput:
+    y: torch.Tensor            # [N, d]
+    sel: torch.Tensor          # [N, K] experts used (override or natural)
+    natural: torch.Tensor      # [N, K] top-k on s + b of this forward
+    z: torch.Tensor            # [N, N_r] router logits
+    s: torch.Tensor            # [N, N_r] sigmoid scores
+
+
+class MoE(nn.Module):
+    """Sigmoid-routed top-k MoE with shared experts, token-grouped per-expert matmuls."""
+
+    def __init__(self, c: PanguConfig):
+        super().__init__()
+        d = c.hidden_size
+        self.n_experts, self.k = c.n_routed_experts, c.num_experts_per_tok
+        self.norm_topk_prob, self.scale = c.norm_topk_prob, c.routed_scaling_factor
+        self.gate = nn.Linear(d, self.n_experts, bias=False)
+        self.e_score_correction = _BiasBuffer(self.n_experts)
+        self.experts = nn.ModuleList(SwiGLU(d, c.moe_intermediate_size)
+                                     for _ in range(self.n_experts))
+        self.shared_experts = (SwiGLU(d, c.n_shared_experts * c.moe_intermediate_size)
+                               if c.n_shared_experts > 0 else None)
+
+    def forward(self, x: torch.Tensor, override: Optional[torch.Tensor] = None,
+                token_mask: Optional[torch.Tensor] = None) -> MoEOutput:
+        N = x.shape[0]
+        z = self.gate(x)
+        s = torch.sigmoid(z)
+        with torch.no_grad():
+            natural = stable_topk(s + self.e_score_correction.bias, self.k)
+        sel = natural if override is None else override
+        s_sel = s.gather(1, sel)
+        if self.norm_topk_prob:
+            g = self.scale * s_sel / (s_sel.sum(-1, keepdim=True) + 1e-20)
+        else:
+            g = self.scale * s_sel
+        y = self.shared_experts(x) if self.shared_experts is not None else torch.zeros_like(x)
+
+        # Dispatch: (token, slot) pairs grouped by expert (stable, so token order is kept).
+        flat_e = sel.reshape(-1)
+        flat_t = torch.arange(N, device=x.device).repeat_interleave(self.k)
+        flat_g = g.reshape(-1)
+        if token_mask is not None:
+            keep = token_mask.repeat_interleave(self.k)
+            flat_e, flat_t, flat_g = flat_e[keep], flat_t[keep], flat_g[keep]
+        if flat_e.numel() > 0:
+            order = torch.sort(flat_e, stable=True).indices
+            counts = torch.bincount(flat_e, minlength=self.n_experts).tolist()
+            tok = flat_t[order]
+            xs = x.index_select(0, tok)
+            outs = [self.experts[e](chunk)
+                    for e, chunk in enumerate(xs.split(counts)) if counts[e] > 0]
+            ys = torch.cat(outs, dim=0) * flat_g[order].unsqueeze(-1)
+            y = y.index_add(0, tok, ys)
+        return MoEOutput(y=y, sel=sel, natural=natural, z=z, s=s)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: PanguConfig, layer: int):
+        super().__init__()
+        self.is_moe = c.is_moe_layer(layer)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = MLA(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MoE(c) if self.is_moe else SwiGLU(c.hidden_size, c.intermediate_size)
+
+
+class PanguTrunk(nn.Module):
+    def __init__(self, c: PanguConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c, l) for l in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor                 # [B, T, V]
+    valid: torch.Tensor                  # [B, T] bool, t < len
+    routes: Dict[int, torch.Tensor]      # layer -> [B, T, K] experts used
+    natural_routes: Dict[int, torch.Tensor]  # layer -> [B, T, K] top-k on s + b
+    router_logits: Dict[int, torch.Tensor]   # layer -> [B, T, N_r] (in the graph)
+    router_scores: Dict[int, torch.Tensor]   # layer -> [B, T, N_r] sigmoid (in the graph)
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor                   # scalar: main + balance + z
+    main: torch.Tensor                   # sum w * logp
+    balance: torch.Tensor
+    z: torch.Tensor
+    logp: torch.Tensor                   # [B, T], 0 where no target / padding
+    has_target: torch.Tensor             # [B, T] bool
+    forward: ForwardOutput
+
+
+RouteOverride = Union[None, Sequence[Optional[torch.Tensor]], Mapping[int, Optional[torch.Tensor]]]
+
+
+class PanguRef(nn.Module):
+    """The model of docs/model.md.  ``PanguRef(config_dict)``; parameters are named exactly as
+    the checkpoint tensors (``model.layers.{l}....weight``, ``lm_head.weight``); the selection
+    bias is the buffer ``model.layers.{l}.mlp.e_score_correction.bias``."""
+
+    def __init__(self, config: Mapping[str, object], dtype: Optional[torch.dtype] = None):
+        super().__init__()
+        self.raw_config = dict(config)
+        self.cfg = c = parse_config(config)
+        self.model = PanguTrunk(c)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.moe_layers = [l for l in range(c.num_hidden_layers) if c.is_moe_layer(l)]
+        self._rope_cache: Dict[Tuple[int, torch.dtype, str], Tuple[torch.Tensor, torch.Tensor]] = {}
+        if dtype is not None:
+            self.to(dtype)
+
+    # ---------------------------------------------------------------- initialisation / names
+    @torch.no_grad()
+    def init_weights(self, std: Optional[float] = None,
+                     generator: Optional[torch.Generator] = None) -> None:
+        """N(0, std) for every Linear / embedding weight (std = initializer_range), 1 for norm
+        gains, 0 for the selection biases."""
+        std = self.cfg.initializer_range if std is None else std
+        for mod in self.modules():
+            if isinstance(mod, (nn.Linear, nn.Embedding)):
+                mod.weight.normal_(0.0, std, generator=generator)
+            elif isinstance(mod, RMSNorm):
+                mod.weight.fill_(1.0)
+            elif isinstance(mod, _BiasBuffer):
+                mod.bias.zero_()
+
+    def bias_buffer_names(self) -> List[str]:
+        return [f"model.layers.{l}.mlp.e_score_correction.bias" for l in self.moe_layers]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def _rope(self, T: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+        key = (T, self.dtype, str(device))
+        if key not in self._rope_cache:
+            self._rope_cache[key] = rope_cos_sin(T, self.cfg.qk_rope_head_dim,
+                                                 self.cfg.rope_theta, self.dtype, device)
+        return self._rope_cache[key]
+
+    # ---------------------------------------------------------------- forward
+    def _override_for(self, route_override: RouteOverride, layer: int, idx: int, B: int, T: int,
+                      valid: torch.Tensor) -> Optional[torch.Tensor]:
+        if route_override is None:
+            return None
+        if isinstance(route_override, Mapping):
+            r = route_override.get(layer)
+        else:
+            if len(route_override) != len(self.moe_layers):
+                raise ValueError(f"route_override has {len(route_override)} entries; expected "
+                                 f"one per MoE layer ({len(self.moe_layers)})")
+            r = route_override[idx]
+        if r is None:
+            return None
+        K, E = self.cfg.num_experts_per_tok, self.cfg.n_routed_experts
+        r = torch.as_tensor(r).to(device=valid.device, dtype=torch.long)
+        if r.dim() == 3 and tuple(r.shape) == (B, T, K):
+            r = r.reshape(B * T, K)
+        elif r.dim() == 2 and tuple(r.shape) == (B * T, K):
+            pass
+        elif r.dim() == 2 and r.shape[1] == K and r.shape[0] == int(valid.sum()):
+            full = torch.arange(K, device=r.device).repeat(B * T, 1)
+            full[valid.reshape(-1)] = r
+            r = full
+        else:
+            raise ValueError(f"route_override for layer {layer}: shape {tuple(r.shape)}; expected "
+                             f"[{B},{T},{K}], [{B * T},{K}] or [N_valid,{K}]")
+        if r.numel() and (int(r.min()) < 0 or int(r.max()) >= E):
+            raise ValueError(f"route_override for layer {layer}: expert index out of [0, {E})")
+        return r
+
+    def forward(self, tokens: torch.Tensor, lens: Optional[torch.Tensor] = None,
+                route_override: RouteOverride = None) -> ForwardOutput:
+        """tokens [B, T] int; lens [B] (valid prefix length, None = all valid)."""
+        c = self.cfg
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be [B, T], got {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        device = self.lm_head.weight.device
+        tokens = tokens.to(device=device, dtype=torch.long)
+        if c.max_position_embeddings is not None and T > c.max_position_embeddings:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
+                             f"{c.max_position_embeddings}")
+        if lens is None:
+            valid = torch.ones(B, T, dtype=torch.bool, device=device)
+            token_mask = None
+        else:
+            lens = torch.as_tensor(lens).to(device=device, dtype=torch.long)
+            if tuple(lens.shape) != (B,) or (lens.numel() and (int(lens.min()) < 0 or
+                                                                 int(lens.max()) > T)):
+                raise ValueError(f"lens must be [B] with values in [0, {T}]")
+            valid = torch.arange(T, device=device)[None, :] < lens[:, None]
+            token_mask = None if bool(valid.all()) else valid.reshape(-1)
+        tokens = tokens.masked_fill(~valid, 0)          # padding ids never reach the model
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= c.vocab_size):
+            raise ValueError(f"token id out of [0, {c.vocab_size}) at a valid position")
+
+        cos, sin = self._rope(T, device)
+        h = self.model.embed_tokens(tokens)
+        routes, natural, zs, ss = {}, {}, {}, {}
+        moe_idx = 0
+        for l, layer in enumerate(self.model.layers):
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin)
+            f = layer.post_attention_layernorm(h)
+            if layer.is_moe:
+                ov = self._override_for(route_override, l, moe_idx, B, T, valid)
+                mo = layer.mlp(f.reshape(B * T, -1), ov, token_mask)
+                h = h + mo.y.view(B, T, -1)
+                K, E = c.num_experts_per_tok, c.n_routed_experts
+                routes[l] = mo.sel.view(B, T, K)
+                natural[l] = mo.natural.view(B, T, K)
+                zs[l], ss[l] = mo.z.view(B, T, E), mo.s.view(B, T, E)
+                moe_idx += 1
+            else:
+                h = h + layer.mlp(f)
+        logits = self.lm_head(self.model.norm(h))
+        return ForwardOutput(logits=logits, valid=valid, routes=routes, natural_routes=natural,
+                             router_logits=zs, router_scores=ss)
+
+    # ---------------------------------------------------------------- losses
+    def balance_loss(self, out: ForwardOutput, alpha: Optional[float] = None) -> torch.Tensor:
+        """alpha * sum_layers (1/B) sum_b sum_i f_i P_i over each sequence's valid positions
+        (sequences without valid positions contribute 0; B is the batch size)."""
+        alpha = self.cfg.balance_loss_alpha if alpha is None else alpha
+        total = out.logits.new_zeros(())
+        if alpha == 0.0 or not out.routes:
+            return total
+        valid = out.valid
+        B = valid.shape[0]
+        Tb = valid.sum(1).to(self.dtype)                                    # [B]
+        has = Tb > 0
+        K, E = self.cfg.num_experts_per_tok, self.cfg.n_routed_experts
+        vm = valid.unsqueeze(-1)
+        for l, sel in out.routes.items():
+            s = out.router_scores[l]                                        # [B,T,E]
+            with torch.no_grad():
+                ind = torch.zeros_like(s).scatter_(-1, sel, 1.0)            # 1[i in sel_t]
+                ind = torch.where(vm, ind, torch.zeros_like(ind))
+                f = ind.sum(1) * (E / K) / Tb.clamp(min=1).unsqueeze(-1)    # [B,E], constant
+            sn = s / s.sum(-1, keepdim=True)
+            P = torch.where(vm, sn, torch.zeros_like(sn)).sum(1) / Tb.clamp(min=1).unsqueeze(-1)
+            per_seq = (f * P).sum(-1)
+            total = total + torch.where(has, per_seq, torch.zeros_like(per_seq)).sum() / B
+        return alpha * total
+
+    def router_z_loss(self, out: ForwardOutput, beta: Optional[float] = None) -> torch.Tensor:
+        """beta * sum_layers (1/N_valid) sum_t (logsumexp_i z_{t,i})^2 over valid positions."""
+        beta = self.cfg.router_z_loss_coef if beta is None else beta
+        total = out.logits.new_zeros(())
+        n_valid = int(out.valid.sum())
+        if beta == 0.0 or not out.routes or n_valid == 0:
+            return total
+        for l in out.routes:
+            lse = torch.logsumexp(out.router_logits[l], dim=-1)            # [B,T]
+            total = total + torch.where(out.valid, lse * lse, torch.zeros_like(lse)).sum() / n_valid
+        return beta * total
+
+    def compute_loss(self, tokens: torch.Tensor, lens: Optional[torch.Tensor],
+                     targets: torch.Tensor, weights: torch.Tensor, temperature: float = 1.0,
+                     route_override: RouteOverride = None) -> LossOutput:
+        """loss = sum_t w_t * logp_t + balance + z, logp_t = log_softmax(logits_t / tau)[y_t],
+        over positions t < len with a target (y_t >= 0)."""
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        out = self.forward(tokens, lens, route_override)
+        B, T, V = out.logits.shape
+        device = out.logits.device
+        targets = torch.as_tensor(targets).to(device=device, dtype=torch.long)
+        weights = torch.as_tensor(weights).to(device=device, dtype=self.dtype)
+        if tuple(targets.shape) != (B, T) or tuple(weights.shape) != (B, T):
+            raise ValueError("targets and weights must be [B, T]")
+        has_t = out.valid & (targets >= 0)
+        tgt = torch.where(has_t, targets, torch.zeros_like(targets))
+        if tgt.numel() and int(tgt.max()) >= V:
+            raise ValueError(f"target id out of [0, {V})")
+        logp_all = F.log_softmax(out.logits / temperature, dim=-1)
+        logp = logp_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        zero = torch.zeros_like(logp)
+        logp = torch.where(has_t, logp, zero)
+        w = torch.where(has_t, weights, torch.zeros_like(weights))
+        main = (w * logp).sum()
+        bal = self.balance_loss(out)
+        zl = self.router_z_loss(out)
+        return LossOutput(loss=main + bal + zl, main=main, balance=bal, z=zl, logp=logp,
+                          has_target=has_t, forward=out)
+
+    # ---------------------------------------------------------------- selection-bias update
+    @torch.no_grad()
+    def update_selection_bias(self, routes: Mapping[int, torch.Tensor], valid: torch.Tensor,
+                              rate: Optional[float] = None, rule: str = "sign") -> None:
+        """After an optimizer step: per MoE layer, counts c_i over valid tokens;
+        sign rule b_i += rate*sign(cbar - c_i), cbar = K*N_valid/N_r;
+        rms rule b_i -= rate*(F_i - 1/N_r)/sqrt(mean_j (F_j - 1/N_r)^2 + 1e-12), F = c/sum c."""
+        rate = self.cfg.bias_update_rate if rate is None else rate
+        if rate == 0.0:
+            return
+        E, K = self.cfg.n_routed_experts, self.cfg.num_experts_per_tok
+        n_valid = int(valid.sum())
+        for l, sel in routes.items():
+            b = self.model.layers[l].mlp.e_score_correction.bias
+            cnt = torch.bincount(sel[valid].reshape(-1), minlength=E).to(torch.float64)
+            if rule == "sign":
+                cbar = K * n_valid / E
+                b += (rate * torch.sign(cbar - cnt)).to(b.dtype)
+            elif rule == "rms":
+                if cnt.sum() == 0:
+                    continue
+                dev = cnt / cnt.sum() - 1.0 / E
+                b -= (rate * dev / torch.sqrt((dev * dev).mean() + 1e-12)).to(b.dtype)
+            else:
+                raise ValueError(f"unknown bias update rule {rule!r} (sign | rms)")
+
+
+# =============================================================================================
+# Checkpoints and batches
+# =============================================================================================
+
+_BIAS_ALIASES = ("mlp.e_score_correction.bias", "mlp.gate.e_score_correction_bias",
+                 "mlp.e_score_correction_bias")
+
+
+def _read_weights(ckpt_dir: str) -> Dict[str, np.ndarray]:
+    single = os.path.join(ckpt_dir, "model.safetensors")
+    index = os.path.join(ckpt_dir, "model.safetensors.index.json")
+    if os.path.exists(single):
+        return read_safetensors(single)[0]
+    if os.path.exists(index):
+        with open(index) as fh:
+            wmap = json.load(fh)["weight_map"]
+        out: Dict[str, np.ndarray] = {}
+        for shard in sorted(set(wmap.values())):
+            out.update(read_safetensors(os.path.join(ckpt_dir, shard))[0])
+        return out
+    raise FileNotFoundError(f"{ckpt_dir}: no model.safetensors")
+
+
+def load_checkpoint(ckpt_dir: str, dtype: torch.dtype = torch.float64) -> PanguRef:
+    """config.json + model.safetensors -> PanguRef in ``dtype``.  Every parameter must be
+    present; unknown tensors are errors; a missing selection bias means zero (aliases
+    ``mlp.gate.e_score_correction_bias`` / ``mlp.e_score_correction_bias`` are accepted)."""
+    with open(os.path.join(ckpt_dir, "config.json")) as fh:
+        cfg = json.load(fh)
+    model = PanguRef(cfg, dtype=dtype)
+    weights = _read_weights(ckpt_dir)
+    used = set()
+    params = dict(model.named_parameters())
+    missing = []
+    with torch.no_grad():
+        for name, p in params.items():
+            if name not in weights:
+                missing.append(name)
+                continue
+            arr = weights[name]
+            if tuple(arr.shape) != tuple(p.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(arr.shape)}, model "
+                                 f"{tuple(p.shape)}")
+            p.copy_(torch.from_numpy(np.asarray(arr)).to(dtype))
+            used.add(name)
+        for l in model.moe_layers:
+            buf = model.model.layers[l].mlp.e_score_correction.bias
+            found = [f"model.layers.{l}.{a}" for a in _BIAS_ALIASES
+                     if f"model.layers.{l}.{a}" in weights]
+            if len(found) > 1:
+                raise ValueError(f"layer {l}: selection bias given twice ({found})")
+            if found:
+                arr = weights[found[0]]
+                if tuple(arr.shape) != tuple(buf.shape):
+                    raise ValueError(f"{found[0]}: shape {tuple(arr.shape)}, expected "
+                                     f"{tuple(buf.shape)}")
+                buf.copy_(torch.from_numpy(np.asarray(arr)).to(dtype))
+                used.add(found[0])
+            else:
+                buf.zero_()
+    if missing:
+        raise ValueError(f"{ckpt_dir}: checkpoint lacks {len(missing)} tensors: "
+                         f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    unknown = sorted(set(weights) - used)
+    if unknown:
+        raise ValueError(f"{ckpt_dir}: unknown tensors in checkpoint: {unknown[:8]}"
+                         f"{' ...' if len(unknown) > 8 else ''}")
+    return model
+
+
+def save_checkpoint(model: PanguRef, ckpt_dir: str, dtype: str = "F32") -> None:
+    """Write config.json and model.safetensors (parameters + selection biases)."""
+    os.makedirs(ckpt_dir, exist_ok=True)
+    with open(os.path.join(ckpt_dir, "config.json"), "w") as fh:
+        json.dump(model.raw_config, fh, indent=2)
+        fh.write("\n")
+    tensors = {n: t for n, t in model.state_dict().items()}
+    write_safetensors(os.path.join(ckpt_dir, "model.safetensors"), tensors,
+                      metadata={"format": "pt"}, dtypes={n: dtype for n in tensors})
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor       # [B, T] long
+    lens: torch.Tensor         # [B] long
+    targets: torch.Tensor      # [B, T] long
+    weights: torch.Tensor      # [B, T] float64
+    temperature: float
+    routes: Dict[int, torch.Tensor]   # optional routing replay: layer -> [B, T, K]
+
+
+def load_batch(path: str) -> Batch:
+    t, meta = read_safetensors(path)
+    for key in ("tokens", "lens", "targets", "weights"):
+        if key not in t:
+            raise ValueError(f"{path}: batch lacks tensor '{key}'")
+    tokens, lens, targets, weights = t["tokens"], t["lens"], t["targets"], t["weights"]
+    if tokens.ndim != 2:
+        raise ValueError(f"{path}: tokens must be [B, T]")
+    B, T = tokens.shape
+    if lens.shape != (B,) or targets.shape != (B, T) or weights.shape != (B, T):
+        raise ValueError(f"{path}: expected lens [B], targets and weights [B, T] with B={B}, "
+                         f"T={T}")
+    routes = {}
+    for name, arr in t.items():
+        if name.startswith("routes."):
+            routes[int(name.split(".", 1)[1])] = torch.from_numpy(arr.astype(np.int64))
+    return Batch(tokens=torch.from_numpy(tokens.astype(np.int64)),
+                 lens=torch.from_numpy(lens.astype(np.int64)),
+                 targets=torch.from_numpy(targets.astype(np.int64)),
+                 weights=torch.from_numpy(weights.astype(np.float64)),
+                 temperature=float(meta.get("temperature", "1.0")), routes=routes)
+
+
+def run_reference(model: PanguRef, batch: Batch, route_override: RouteOverride = None) -> dict:
+    """Forward + backward of ``model`` on ``batch``: logits, logp, losses, routes, gradients
+    (a parameter without gradient, e.g. an expert no token reached, gets zeros)."""
+    if route_override is None and batch.routes:
+        route_override = batch.routes
+    model.zero_grad(set_to_none=True)
+    out = model.compute_loss(batch.tokens, batch.lens, batch.targets, batch.weights,
+                             batch.temperature, route_override)
+    out.loss.backward()
+    grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+             for n, p in model.named_parameters()}
+    fo = out.forward
+    return {"logits": fo.logits.detach(), "logp": out.logp.detach(),
+            "loss": out.loss.detach(), "loss_main": out.main.detach(),
+            "loss_balance": out.balance.detach(), "loss_z": out.z.detach(),
+            "valid": fo.valid, "has_target": out.has_target,
+            "routes": {l: r.detach() for l, r in fo.routes.items()},
+            "natural_routes": {l: r.detach() for l, r in fo.natural_routes.items()},
+            "router_keys": {l: (fo.router_scores[l] + model.model.layers[l].mlp.
+                                e_score_correction.bias).detach() for l in fo.routes},
+            "grads": grads}
+
+
+# =============================================================================================
+# Comparison
+# =============================================================================================
+
+def _diff_stats(a: np.ndarray, b: np.ndarray) -> dict:
+    """a = prl, b = reference: max |a-b|, ||a-b|| / ||b||, max |b|."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    if a.size == 0:
+        return {"max_abs_diff": 0.0, "rel_err": 0.0, "max_abs_ref": 0.0}
+    d = a - b
+    nd, nb = float(np.linalg.norm(d)), float(np.linalg.norm(b))
+    if not np.isfinite(nd):
+        rel = float("inf")
+    elif nb == 0.0:
+        rel = 0.0 if nd == 0.0 else float("inf")
+    else:
+        rel = nd / nb
+    mad = float(np.max(np.abs(d))) if np.all(np.isfinite(d)) else float("inf")
+    return {"max_abs_diff": mad, "rel_err": rel, "max_abs_ref": float(np.max(np.abs(b)))}
+
+
+def check_routes(prl: Mapping[str, np.ndarray], ref: dict, tie_tol: float = 1e-6) -> dict:
+    """Compare prl's optional ``routes.{l}`` with the reference's own top-k at valid positions.
+    A differing expert set is a near-tie (tolerated) when, slot by slot in rank order, the
+    reference keys s+b of the two selections agree within tie_tol*max(1,|key|)."""
+    res = {"present": False, "differing_tokens": 0, "near_ties": 0, "order_only": 0,
+           "bad": [], "usable": True}
+    valid = ref["valid"].cpu().numpy()
+    for l, nat in ref["natural_routes"].items():
+        name = f"routes.{l}"
+        if name not in prl:
+            continue
+        res["present"] = True
+        p = np.asarray(prl[name]).astype(np.int64)
+        r = nat.cpu().numpy()
+        if p.shape != r.shape:
+            res["bad"].append(f"{name}: shape {list(p.shape)} vs {list(r.shape)}")
+            res["usable"] = False
+            continue
+        E = ref["router_keys"][l].shape[-1]
+        if ((p < 0) | (p >= E))[valid].any():
+            res["bad"].append(f"{name}: expert index out of range")
+            res["usable"] = False
+            continue
+        keys = ref["router_keys"][l].cpu().numpy()
+        for b, t in zip(*np.nonzero(valid & np.any(p != r, axis=-1))):
+            if sorted(p[b, t]) == sorted(r[b, t]):
+                res["order_only"] += 1
+                continue
+            res["differing_tokens"] += 1
+            kp = np.sort(keys[b, t, p[b, t]])[::-1]
+            kr = keys[b, t, r[b, t]]
+            if np.all(np.abs(kp - kr) <= tie_tol * np.maximum(1.0, np.abs(kr))):
+                res["near_ties"] += 1
+            else:
+                res["bad"].append(f"{name}[{b},{t}]: prl {p[b, t].tolist()} vs reference "
+                                  f"{r[b, t].tolist()}")
+    return res
+
+
+def compare_outputs(ref: dict, prl: Mapping[str, np.ndarray], param_names: Sequence[str],
+                    logits_tol: float = 1e-5, grad_tol: float = 1e-4) -> dict:
+    """prl outputs vs reference outputs; returns a report dict with 'pass'."""
+    failures: List[str] = []
+    report: dict = {"tolerances": {"logits": logits_tol, "grad": grad_tol}}
+    valid = ref["valid"].cpu().numpy()
+    has_t = ref["has_target"].cpu().numpy()
+    rl = ref["logits"].cpu().numpy()
+    if "logits" not in prl:
+        failures.append("logits: missing")
+    elif tuple(prl["logits"].shape) != tuple(rl.shape):
+        failures.append(f"logits: shape {list(prl['logits'].shape)}, expected {list(rl.shape)}")
+    else:
+        st = _diff_stats(prl["logits"][valid], rl[valid])
+        st["ok"] = bool(st["rel_err"] < logits_tol)
+        st["rows_compared"] = int(valid.sum())
+        report["logits"] = st
+        if not st["ok"]:
+            failures.append(f"logits: rel err {st['rel_err']:.3e} >= {logits_tol:g}")
+    # informational
+    if "loss" in prl:
+        pl = np.asarray(prl["loss"], dtype=np.float64).ravel()
+        if pl.size == 1:
+            report["loss"] = dict(_diff_stats(pl, np.array([float(ref["loss"])])),
+                                  prl=float(pl[0]), ref=float(ref["loss"]))
+        else:
+            report["loss"] = {"error": f"shape {list(prl['loss'].shape)}"}
+    if "logp" in prl:
+        if tuple(prl["logp"].shape) == tuple(has_t.shape):
+            report["logp"] = _diff_stats(prl["logp"][has_t], ref["logp"].cpu().numpy()[has_t])
+        else:
+            report["logp"] = {"error": f"shape {list(prl['logp'].shape)}"}
+    grads = {}
+    prl_grads = {k[5:] for k in prl if k.startswith("grad.")}
+    missing = sorted(set(param_names) - prl_grads)
+    extra = sorted(prl_grads - set(param_names))
+    for name in param_names:
+        if name not in prl_grads:
+            continue
+        a, b = prl["grad." + name], ref["grads"][name].cpu().numpy()
+        if tuple(a.shape) != tuple(b.shape):
+            grads[name] = {"ok": False, "error": f"shape {list(a.shape)}, expected {list(b.shape)}"}
+            failures.append(f"grad.{name}: shape {list(a.shape)}, expected {list(b.shape)}")
+            continue
+        st = _diff_stats(a, b)
+        st["ok"] = bool(st["rel_err"] < grad_tol)
+        grads[name] = st
+        if not st["ok"]:
+            failures.append(f"grad.{name}: rel err {st['rel_err']:.3e} >= {grad_tol:g}")
+    failures += [f"grad.{n}: missing" for n in missing]
+    failures += [f"grad.{n}: extra (not a parameter)" for n in extra]
+    report.update(grads=grads, missing_grads=missing, extra_grads=extra, failures=failures,
+                  worst_grad=(max(grads, key=lambda n: grads[n].get("rel_err", float("inf")))
+                              if grads else None))
+    report["pass"] = not failures
+    return report
+
+
+def _print_report(rep: dict, out=sys.stdout) -> None:
+    def line(status, name, st):
+        if "error" in st:
+            print(f"{status:4s} {name:64s} {st['error']}", file=out)
+        else:
+            print(f"{status:4s} {name:64s} max|diff| {st['max_abs_diff']:.3e}  rel "
+                  f"{st['rel_err']:.3e}  max|ref| {st['max_abs_ref']:.3e}", file=out)
+    if "routes" in rep:
+        r = rep["routes"]
+        print(f"routes: {r['differing_tokens']} tokens with a different expert set "
+              f"({r['near_ties']} near-ties), {r['order_only']} slot-order-only differences; "
+              f"using {'prl' if r.get('used_prl') else 'reference'} routes", file=out)
+    if "logits" in rep:
+        line("ok" if rep["logits"]["ok"] else "FAIL", "logits", rep["logits"])
+    for k in ("loss", "logp"):
+        if k in rep:
+            line("info", k, rep[k])
+    for name, st in rep["grads"].items():
+        line("ok" if st["ok"] else "FAIL", "grad." + name, st)
+    if rep["pass"]:
+        worst = rep["worst_grad"]
+        w = f"; worst grad {worst} rel {rep['grads'][worst]['rel_err']:.3e}" if worst else ""
+        print(f"PASS: logits rel {rep['logits']['rel_err']:.3e} < "
+              f"{rep['tolerances']['logits']:g}; {len(rep['grads'])} gradients < "
+              f"{rep['tolerances']['grad']:g}{w}", file=out)
+    else:
+        print(f"FAIL: {len(rep['failures'])} failing tensor(s):", file=out)
+        for f in rep["failures"]:
+            print(f"  {f}", file=out)
+
+
+# =============================================================================================
+# CLI
+# =============================================================================================
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _json_default(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    raise TypeError(type(o))
+
+
+def _finite_json(obj):
+    """JSON has no inf/nan: write them as strings."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite_json(v) for v in obj]
+    return obj
+
+
+def cmd_compare(args) -> int:
+    if args.threads:
+        set_threads(args.threads)
+    dtype = _DTYPES[args.dtype]
+    model = load_checkpoint(args.ckpt, dtype)
+    batch = load_batch(args.batch)
+    prl = read_safetensors(args.prl)[0]
+    ref = run_reference(model, batch)
+    route_info = None
+    if not batch.routes and any(f"routes.{l}" in prl for l in model.moe_layers):
+        route_info = check_routes(prl, ref)
+        route_info["used_prl"] = False
+        if (route_info["usable"] and not route_info["bad"] and route_info["differing_tokens"]
+                and all(f"routes.{l}" in prl for l in model.moe_layers)):
+            # Near-ties only: rerun with prl's routes so both sides use the same experts.
+            ov = {l: torch.from_numpy(np.asarray(prl[f"routes.{l}"]).astype(np.int64))
+                  for l in model.moe_layers}
+            ref = run_reference(model, batch, ov)
+            route_info["used_prl"] = True
+    rep = compare_outputs(ref, prl, [n for n, _ in model.named_parameters()],
+                          args.logits_tol, args.grad_tol)
+    if route_info is not None:
+        rep["routes"] = route_info
+        if route_info["bad"]:
+            rep["failures"] += route_info["bad"]
+            rep["pass"] = False
+    rep["dtype"] = args.dtype
+    if args.json:
+        print(json.dumps(_finite_json(rep), indent=1, default=_json_default))
+    else:
+        _print_report(rep)
+    return 0 if rep["pass"] else 1
+
+
+def cmd_forward(args) -> int:
+    if args.threads:
+        set_threads(args.threads)
+    model = load_checkpoint(args.ckpt, _DTYPES[args.dtype])
+    batch = load_batch(args.batch)
+    ref = run_reference(model, batch)
+    od = "F32" if args.out_dtype == "float32" else "F64"
+    t: Dict[str, object] = {"logits": ref["logits"], "logp": ref["logp"]}
+    dtypes = {"logits": od, "logp": od}
+    for k in ("loss", "loss_main", "loss_balance", "loss_z"):
+        t[k] = ref[k].reshape(1)
+        dtypes[k] = "F64"
+    for l, r in ref["routes"].items():
+        t[f"routes.{l}"] = r
+        dtypes[f"routes.{l}"] = "I32"
+    for n, g in ref["grads"].items():
+        t["grad." + n] = g
+        dtypes["grad." + n] = od
+    write_safetensors(args.out, t, metadata={"producer": "reference/pangu_ref.py",
+                                             "compute_dtype": args.dtype,
+                                             "temperature": repr(batch.temperature)},
+                      dtypes=dtypes)
+    print(f"wrote {args.out}: loss {float(ref['loss']):.17g} (main {float(ref['loss_main']):.6g}, "
+          f"balance {float(ref['loss_balance']):.6g}, z {float(ref['loss_z']):.6g}), "
+          f"{len(ref['grads'])} gradients")
+    return 0
+
+
+def cmd_init(args) -> int:
+    with open(args.config) as fh:
+        cfg = json.load(fh)
+    model = PanguRef(cfg, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(args.seed)
+    model.init_weights(args.std, gen)
+    if args.random_norms:
+        with torch.no_grad():
+            for mod in model.modules():
+                if isinstance(mod, RMSNorm):
+                    mod.weight.uniform_(0.5, 1.5, generator=gen)
+            for l in model.moe_layers:
+                model.model.layers[l].mlp.e_score_correction.bias.normal_(0.0, 0.01, generator=gen)
+    save_checkpoint(model, args.out)
+    print(f"wrote {args.out}/config.json and model.safetensors "
+          f"({sum(p.numel() for p in model.parameters())} parameters)")
+    return 0
+
+
+def make_batch(vocab: int, B: int, T: int, seed: int, pad: bool = True,
+               temperature: float = 1.0) -> Dict[str, np.ndarray]:
+    """Random next-token SFT batch: tokens, lens (in [T/2, T] when pad), targets (next token,
+    -1 at the last valid position and on padding), weights -mask/sum(mask)."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, size=(B, T + 1))
+    lens = rng.integers(max(1, T // 2), T + 1, size=B) if pad else np.full(B, T)
+    pos = np.arange(T)[None, :]
+    targets = np.where(pos < lens[:, None] - 1, tokens[:, 1:], -1)
+    mask = (targets >= 0).astype(np.float64)
+    weights = -mask / max(mask.sum(), 1.0)
+    tok = np.where(pos < lens[:, None], tokens[:, :T], 0)
+    return {"tokens": tok.astype(np.int32), "lens": lens.astype(np.int32),
+            "targets": targets.astype(np.int32), "weights": weights.astype(np.float32)}
+
+
+def cmd_make_batch(args) -> int:
+    with open(args.config) as fh:
+        cfg = parse_config(json.load(fh))
+    t = make_batch(cfg.vocab_size, args.batch, args.seq, args.seed, not args.no_pad)
+    write_safetensors(args.out, t, metadata={"temperature": repr(float(args.temperature))})
+    print(f"wrote {args.out}: B={args.batch} T={args.seq} lens={t['lens'].tolist()}")
+    return 0
+
+
+def _openblas():
+    """The OpenBLAS library torch's BLAS calls land in (if any), via ctypes."""
+    for line in open("/proc/self/maps"):
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if "openblas" in os.path.basename(path) and ".so" in path:
+            try:
+                return path, ctypes.CDLL(path)
+            except OSError:
+                pass
+    return None, None
+
+
+def set_threads(n: int) -> dict:
+    """torch intra-op threads AND OpenBLAS's own pthread pool (torch.set_num_threads does not
+    reach OpenBLAS), so that --threads N really means N cores of work."""
+    torch.set_num_threads(n)
+    a = torch.ones(64, 64)
+    a @ a                                        # make sure the BLAS library is loaded
+    path, lib = _openblas()
+    info = {"torch_build_blas": None, "library": path}
+    for tok in torch.__config__.show().replace(",", " ").split():
+        if tok.startswith("BLAS_INFO="):
+            info["torch_build_blas"] = tok.split("=", 1)[1]
+    if lib is not None:
+        lib.openblas_set_num_threads(ctypes.c_int(n))
+        lib.openblas_get_num_threads.restype = ctypes.c_int
+        lib.openblas_get_config.restype = ctypes.c_char_p
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        info.update(openblas_config=lib.openblas_get_config().decode(),
+                    openblas_corename=lib.openblas_get_corename().decode(),
+                    openblas_threads=lib.openblas_get_num_threads())
+    return info
+
+
+def cmd_bench(args) -> int:
+    blas = set_threads(args.threads)
+    with open(args.config) as fh:
+        cfg = json.load(fh)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    model = PanguRef(cfg, dtype=torch.float32)
+    model.init_weights(None, gen)
+    model.train()
+    V = model.cfg.vocab_size
+    B, T = args.batch, args.seq
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1, foreach=True)
+    # SFT token-mean loss over next-token targets: w_t = -1/N for every target position.
+    targets_mask = torch.ones(B, T, dtype=torch.bool)
+    targets_mask[:, -1] = False
+    weights = torch.where(targets_mask, -1.0 / float(targets_mask.sum()), 0.0)
+
+    def step():
+        toks = torch.randint(0, V, (B, T + 1), generator=gen)
+        targets = torch.where(targets_mask, toks[:, 1:], torch.full_like(toks[:, 1:], -1))
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        out = model.compute_loss(toks[:, :T], None, targets, weights, 1.0)
+        out.loss.backward()
+        opt.step()
+        if model.cfg.bias_update_rate:
+            model.update_selection_bias(out.forward.routes, out.forward.valid)
+        return time.perf_counter() - t0, float(out.loss)
+
+    losses = []
+    for _ in range(args.warmup):
+        losses.append(step()[1])
+    times = []
+    for _ in range(args.steps):
+        dt, loss = step()
+        times.append(dt)
+        losses.append(loss)
+    med = statistics.median(times) if times else float("nan")
+    blas_str = (f"BLAS_INFO={blas['torch_build_blas']}; {blas.get('library')}; "
+                f"{blas.get('openblas_config', '')}; core {blas.get('openblas_corename', '?')}; "
+                f"openblas_threads={blas.get('openblas_threads', '?')}")
+    res = {"tokens_per_s": B * T / med, "step_s_median": med, "step_s_all": times,
+           "threads": args.threads, "torch": torch.__version__, "blas": blas_str,
+           "blas_detail": blas, "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+           "batch": B, "seq": T, "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
+           "parameters": sum(p.numel() for p in model.parameters()),
+           "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+           "optimizer": f"torch.optim.AdamW(lr={args.lr}, betas=(0.9,0.95), wd=0.1, foreach=True)",
+           "parallel_info": torch.__config__.parallel_info()}
+    if args.json:
+        print(json.dumps(_finite_json(res), indent=1))
+    else:
+        print(f"{res['tokens_per_s']:.1f} tokens/s, median step {med:.4f} s over {args.steps} "
+              f"steps, {args.threads} threads ({blas_str})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pangu_ref.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("compare", help="check prl's outputs against the reference")
+    c.add_argument("--ckpt", required=True, help="dir with config.json and model.safetensors")
+    c.add_argument("--batch", required=True, help="batch safetensors file")
+    c.add_argument("--prl", required=True, help="prl's output safetensors file")
+    c.add_argument("--dtype", choices=list(_DTYPES), default="float64")
+    c.add_argument("--logits-tol", type=float, default=1e-5)
+    c.add_argument("--grad-tol", type=float, default=1e-4)
+    c.add_argument("--threads", type=int, default=0)
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.set_defaults(fn=cmd_compare)
+
+    f = sub.add_parser("forward", help="write the reference's logits, logp, loss, gradients")
+    f.add_argument("--ckpt", required=True)
+    f.add_argument("--batch", required=True)
+    f.add_argument("--out", required=True)
+    f.add_argument("--dtype", choices=list(_DTYPES), default="float64",
+                   help="compute dtype (default float64)")
+    f.add_argument("--out-dtype", choices=list(_DTYPES), default="float32",
+                   help="stored dtype of logits/logp/grads (loss is always F64)")
+    f.add_argument("--threads", type=int, default=0)
+    f.set_defaults(fn=cmd_forward)
+
+    b = sub.add_parser("bench", help="time float32 training steps (the benchmark peer)")
+    b.add_argument("--config", required=True)
+    b.add_argument("--batch", type=int, default=8)
+    b.add_argument("--seq", type=int, default=256)
+    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--steps", type=int, default=10)
+    b.add_argument("--warmup", type=int, default=2)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--lr", type=float, default=1e-4)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(fn=cmd_bench)
+
+    i = sub.add_parser("init", help="write a randomly initialised checkpoint (F32)")
+    i.add_argument("--config", required=True)
+    i.add_argument("--out", required=True, help="output directory")
+    i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--std", type=float, default=None, help="default: initializer_range")
+    i.add_argument("--random-norms", action="store_true",
+                   help="norm gains U(0.5,1.5) and selection biases N(0,0.01) instead of 1 and 0")
+    i.set_defaults(fn=cmd_init)
+
+    m = sub.add_parser("make-batch", help="write a random next-token batch file")
+    m.add_argument("--config", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--batch", type=int, default=2)
+    m.add_argument("--seq", type=int, default=16)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--temperature", type=float, default=1.0)
+    m.add_argument("--no-pad", action="store_true", help="all sequences full length")
+    m.set_defaults(fn=cmd_make_batch)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (SafetensorsError, UnsupportedConfigError, ValueError, FileNotFoundError) as e:
+        print(f"pangu_ref.py {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:                      # e.g. piped into `head`
+        sys.stderr.close()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

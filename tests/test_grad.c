@@ -1,0 +1,453 @@
+/*
+** test_grad.c — finite-difference gradient checks in double, for every op and for the
+** whole model on the micro config (MoE selections frozen by route override).
+**
+** Linked against prl_model64 (the engine compiled with prl_real = double). Each op check
+** builds a scalar L = Σ r ⊙ out with a fixed random r, runs the op's backward with dout = r,
+** and compares every input/parameter gradient with the central difference
+** (L(x+ε) − L(x−ε)) / 2ε, ε = 1e-6. The error measure is max |analytic − numeric| divided
+** by max(1, max |numeric|), and must stay below 1e-6 (ops) or 1e-5 (whole model).
+*/
+#include "engine/ops.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef PRL_REAL_DOUBLE
+#error "test_grad must be built against prl_model64 (PRL_REAL_DOUBLE)"
+#endif
+
+static prl_rng rng;
+
+static double *randv(size_t n, double scale)
+{
+    double *v = malloc(n * sizeof *v + 8);
+    for (size_t i = 0; i < n; i++) v[i] = scale * prl_rng_normal(&rng);
+    return v;
+}
+
+static double dot(const double *a, const double *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* The op under test as a closure: fills out[] from the current inputs. */
+typedef void (*forward_fn)(void *ctx, double *out);
+
+/* Compare analytic gradient `grad` of L = r·out w.r.t. x[0..n) with central differences. */
+static double fd_error(forward_fn f, void *ctx, double *x, size_t n, const double *grad,
+                       const double *r, size_t n_out)
+{
+    double *out = malloc(n_out * sizeof *out + 8);
+    double max_err = 0, max_num = 0;
+    const double eps = 1e-6;
+    for (size_t i = 0; i < n; i++) {
+        double keep = x[i];
+        x[i] = keep + eps;
+        f(ctx, out);
+        double lp = dot(r, out, n_out);
+        x[i] = keep - eps;
+        f(ctx, out);
+        double lm = dot(r, out, n_out);
+        x[i] = keep;
+        double num = (lp - lm) / (2 * eps);
+        double err = fabs(num - grad[i]);
+        if (err > max_err) max_err = err;
+        if (fabs(num) > max_num) max_num = fabs(num);
+    }
+    free(out);
+    return max_err / (max_num > 1 ? max_num : 1);
+}
+
+/* ------------------------------------------------------------------ matmul ---------- */
+
+typedef struct { double *inp, *w; int N, C, OC; } mm_ctx;
+static void mm_fwd(void *p, double *out)
+{
+    mm_ctx *c = p;
+    prl_matmul_forward(out, c->inp, c->w, c->N, c->C, c->OC, 0);
+}
+
+START_TEST(test_matmul_grad)
+{
+    mm_ctx c = {.N = 5, .C = 7, .OC = 3};
+    c.inp = randv(35, 1);
+    c.w = randv(21, 1);
+    double *r = randv(15, 1), *dinp = calloc(35, 8), *dw = calloc(21, 8);
+    prl_matmul_backward(dinp, dw, r, c.inp, c.w, c.N, c.C, c.OC);
+    ck_assert_double_lt(fd_error(mm_fwd, &c, c.inp, 35, dinp, r, 15), 1e-6);
+    ck_assert_double_lt(fd_error(mm_fwd, &c, c.w, 21, dw, r, 15), 1e-6);
+    /* large enough to use several row blocks (fixed split) */
+    mm_ctx big = {.N = 300, .C = 4, .OC = 2};
+    big.inp = randv(1200, 1);
+    big.w = randv(8, 1);
+    double *rb = randv(600, 1), *dib = calloc(1200, 8), *dwb = calloc(8, 8);
+    prl_matmul_backward(dib, dwb, rb, big.inp, big.w, big.N, big.C, big.OC);
+    ck_assert_double_lt(fd_error(mm_fwd, &big, big.w, 8, dwb, rb, 600), 1e-6);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ RMSNorm --------- */
+
+typedef struct { double *inp, *g, rstd[8]; int N, C, stride; } rn_ctx;
+static void rn_fwd(void *p, double *out)
+{
+    rn_ctx *c = p;
+    prl_rmsnorm_forward(out, c->rstd, c->inp, c->g, c->N, c->C, c->stride, c->C, 1e-5);
+}
+
+START_TEST(test_rmsnorm_grad)
+{
+    /* normalise the first 5 of 7 columns (a strided slice, as for the kv latent) */
+    rn_ctx c = {.N = 4, .C = 5, .stride = 7};
+    c.inp = randv(28, 1);
+    c.g = randv(5, 1);
+    double *out = malloc(20 * 8), *r = randv(20, 1), *dinp = calloc(28, 8), *dg = calloc(5, 8);
+    rn_fwd(&c, out);
+    prl_rmsnorm_backward(dinp, dg, r, c.inp, c.g, c.rstd, c.N, c.C, c.stride, c.C);
+    ck_assert_double_lt(fd_error(rn_fwd, &c, c.inp, 28, dinp, r, 20), 1e-6);
+    ck_assert_double_lt(fd_error(rn_fwd, &c, c.g, 5, dg, r, 20), 1e-6);
+    for (int n = 0; n < 4; n++) ck_assert_double_eq(dinp[n * 7 + 5], 0); /* untouched */
+}
+END_TEST
+
+/* ------------------------------------------------------------------ RoPE ------------ */
+
+typedef struct { double *x, cos_t[64], sin_t[64]; int N, T; } rope_ctx;
+static void rope_fwd(void *p, double *out)
+{
+    rope_ctx *c = p;
+    memcpy(out, c->x, (size_t)c->N * 2 * 6 * sizeof *out);
+    /* 2 heads of 6 dims, rope on the last 4 of each head */
+    prl_rope_forward(out, c->cos_t, c->sin_t, c->N, c->T, 2, 6, 2, 12, 4);
+}
+
+START_TEST(test_rope_grad)
+{
+    rope_ctx c = {.N = 6, .T = 3};
+    prl_rope_tables(c.cos_t, c.sin_t, 3, 4, 10000.0);
+    c.x = randv(72, 1);
+    double *r = randv(72, 1), *dx = malloc(72 * 8);
+    memcpy(dx, r, 72 * 8);
+    prl_rope_backward(dx, c.cos_t, c.sin_t, c.N, c.T, 2, 6, 2, 12, 4);
+    ck_assert_double_lt(fd_error(rope_fwd, &c, c.x, 72, dx, r, 72), 1e-6);
+    /* position 0 is the identity; the map preserves norms */
+    double out[72];
+    rope_fwd(&c, out);
+    for (int i = 0; i < 12; i++) ck_assert_double_eq(out[i], c.x[i]);
+    ck_assert_double_eq_tol(dot(out, out, 72), dot(c.x, c.x, 72), 1e-9);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ attention ------- */
+
+typedef struct { double *q, *kv, *kr, *att; int32_t lens[2]; int B, T, H, dn, dr, dv; } at_ctx;
+static void at_fwd(void *p, double *out)
+{
+    at_ctx *c = p;
+    prl_attention_forward(out, c->att, c->q, c->kv, c->kr, c->lens, c->B, c->T, c->H, c->dn,
+                          c->dr, c->dv);
+}
+
+START_TEST(test_attention_grad)
+{
+    at_ctx c = {.B = 2, .T = 5, .H = 2, .dn = 3, .dr = 2, .dv = 3, .lens = {5, 3}};
+    int N = c.B * c.T, nq = N * c.H * 5, nkv = N * c.H * 6, nkr = N * 2, no = N * c.H * 3;
+    c.q = randv(nq, 1);
+    c.kv = randv(nkv, 1);
+    c.kr = randv(nkr, 1);
+    c.att = malloc((size_t)c.B * c.H * c.T * c.T * 8);
+    double *out = malloc(no * 8), *r = randv(no, 1);
+    /* rows past a sequence's length are meaningless: give them zero weight */
+    for (int t = 3; t < 5; t++)
+        for (int i = 0; i < c.H * 3; i++) r[(5 + t) * c.H * 3 + i] = 0;
+    at_fwd(&c, out);
+    double *dq = calloc(nq, 8), *dkv = calloc(nkv, 8), *dkr = calloc(nkr, 8);
+    double *scratch = malloc(prl_attention_scratch(c.B, c.T, c.H, c.dr) * 8);
+    prl_attention_backward(dq, dkv, dkr, r, c.att, c.q, c.kv, c.kr, scratch, c.B, c.T, c.H,
+                           c.dn, c.dr, c.dv);
+    ck_assert_double_lt(fd_error(at_fwd, &c, c.q, nq, dq, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(at_fwd, &c, c.kv, nkv, dkv, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(at_fwd, &c, c.kr, nkr, dkr, r, no), 1e-6);
+    /* causality: changing a future key does not change an earlier output */
+    double out2[200];
+    c.kv[(1 * c.H + 0) * 6 + 4] += 1.0; /* token 1's value, head 0 */
+    at_fwd(&c, out2);
+    for (int i = 0; i < c.H * 3; i++) ck_assert_double_eq(out[i], out2[i]); /* token 0 */
+}
+END_TEST
+
+/* ------------------------------------------------------------------ SwiGLU ---------- */
+
+typedef struct { double *inp, *w1, *w3, *w2, *a1, *a3, *h; int N, C, F; } sw_ctx;
+static void sw_fwd(void *p, double *out)
+{
+    sw_ctx *c = p;
+    prl_swiglu_forward(out, c->a1, c->a3, c->h, c->inp, c->w1, c->w3, c->w2, c->N, c->C, c->F, 0);
+}
+
+START_TEST(test_swiglu_grad)
+{
+    sw_ctx c = {.N = 4, .C = 5, .F = 6};
+    c.inp = randv(20, 1);
+    c.w1 = randv(30, 1);
+    c.w3 = randv(30, 1);
+    c.w2 = randv(30, 1);
+    c.a1 = malloc(24 * 8), c.a3 = malloc(24 * 8), c.h = malloc(24 * 8);
+    double *out = malloc(20 * 8), *r = randv(20, 1);
+    sw_fwd(&c, out);
+    double *di = calloc(20, 8), *d1 = calloc(30, 8), *d3 = calloc(30, 8), *d2 = calloc(30, 8);
+    double *scratch = malloc(2 * 24 * 8);
+    prl_swiglu_backward(di, d1, d3, d2, scratch, r, c.inp, c.a1, c.a3, c.h, c.w1, c.w3, c.w2,
+                        c.N, c.C, c.F);
+    ck_assert_double_lt(fd_error(sw_fwd, &c, c.inp, 20, di, r, 20), 1e-6);
+    ck_assert_double_lt(fd_error(sw_fwd, &c, c.w1, 30, d1, r, 20), 1e-6);
+    ck_assert_double_lt(fd_error(sw_fwd, &c, c.w3, 30, d3, r, 20), 1e-6);
+    ck_assert_double_lt(fd_error(sw_fwd, &c, c.w2, 30, d2, r, 20), 1e-6);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ MoE gate -------- */
+
+typedef struct { double *z, s[8]; int32_t sel[3]; const int32_t *forced; int renorm; } gate_ctx;
+static void gate_fwd(void *p, double *out)
+{
+    gate_ctx *c = p;
+    prl_moe_gate_forward(c->sel, out, c->s, c->z, NULL, c->forced, 6, 3, c->renorm, 2.5);
+}
+
+START_TEST(test_moe_gate_grad)
+{
+    for (int renorm = 0; renorm < 2; renorm++) {
+        gate_ctx c = {.renorm = renorm};
+        c.z = randv(6, 1);
+        double g[3], *r = randv(3, 1), dz[6] = {0};
+        gate_fwd(&c, g);
+        int32_t frozen[3];
+        memcpy(frozen, c.sel, sizeof frozen);
+        c.forced = frozen; /* selection is a constant for the derivative */
+        prl_moe_gate_backward(dz, r, c.sel, c.s, 6, 3, renorm, 2.5);
+        ck_assert_double_lt(fd_error(gate_fwd, &c, c.z, 6, dz, r, 3), 1e-6);
+        if (renorm) ck_assert_double_eq_tol(g[0] + g[1] + g[2], 2.5, 1e-12);
+    }
+    /* ties: the lower expert index wins; the bias only selects */
+    double z[4] = {0, 0, 0, 0}, s[4], g[2], bias[4] = {0, 0.5, 0, 0.5};
+    int32_t sel[2];
+    prl_moe_gate_forward(sel, g, s, z, NULL, NULL, 4, 2, 1, 1.0);
+    ck_assert_int_eq(sel[0], 0);
+    ck_assert_int_eq(sel[1], 1);
+    prl_moe_gate_forward(sel, g, s, z, bias, NULL, 4, 2, 1, 1.0);
+    ck_assert_int_eq(sel[0], 1);
+    ck_assert_int_eq(sel[1], 3);
+    ck_assert_double_eq_tol(g[0], 0.5, 1e-15); /* gates from s, not s + bias */
+}
+END_TEST
+
+/* ------------------------------------------------------------------ log-prob -------- */
+
+typedef struct { double *logits; int y; double tau; } lp_ctx;
+static void lp_fwd(void *p, double *out)
+{
+    lp_ctx *c = p;
+    double lse;
+    out[0] = prl_logprob_forward(&lse, c->logits, 9, c->y, c->tau);
+}
+
+START_TEST(test_logprob_grad)
+{
+    double taus[3] = {1.0, 0.7, 1.6};
+    for (int i = 0; i < 3; i++) {
+        lp_ctx c = {.y = 4, .tau = taus[i]};
+        c.logits = randv(9, 2);
+        double lse, r[1] = {-0.8}, dl[9] = {0};
+        double lp = prl_logprob_forward(&lse, c.logits, 9, c.y, c.tau);
+        prl_logprob_backward(dl, c.logits, lse, 9, c.y, c.tau, r[0]);
+        ck_assert_double_lt(fd_error(lp_fwd, &c, c.logits, 9, dl, r, 1), 1e-6);
+        double sum = 0;
+        for (int v = 0; v < 9; v++) sum += exp(c.logits[v] / c.tau - lse);
+        ck_assert_double_eq_tol(sum, 1.0, 1e-12);
+        ck_assert_double_le(lp, 0);
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------------ embedding ------- */
+
+typedef struct { double *table; int32_t tok[5]; } emb_ctx;
+static void emb_fwd(void *p, double *out)
+{
+    emb_ctx *c = p;
+    prl_embedding_forward(out, c->table, c->tok, 5, 3);
+}
+
+START_TEST(test_embedding_grad)
+{
+    emb_ctx c = {.tok = {2, 0, 2, 3, 1}};
+    c.table = randv(12, 1);
+    double *r = randv(15, 1), dt[12] = {0};
+    prl_embedding_backward(dt, r, c.tok, 5, 3);
+    ck_assert_double_lt(fd_error(emb_fwd, &c, c.table, 12, dt, r, 15), 1e-6);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ whole model ----- */
+
+static const char *micro_config =
+    "{\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"
+    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"
+    " \"rope_theta\": 10000.0, \"rope_interleave\": false, \"rms_norm_eps\": 1e-5,"
+    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"
+    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
+    " \"n_shared_experts\": 1, \"norm_topk_prob\": true, \"routed_scaling_factor\": 1.5,"
+    " \"max_position_embeddings\": 12, \"initializer_range\": 0.3,"
+    " \"prl_balance_loss_alpha\": 0.05, \"prl_router_z_loss_coef\": 0.01}";
+
+typedef struct model_ctx {
+    prl_model m;
+    prl_batch b;
+} model_ctx;
+
+static double model_loss(model_ctx *c)
+{
+    prl_forward_stats st;
+    ck_assert_int_eq(prl_model_forward(&c->m, &c->b, NULL, &st), PRL_OK);
+    return st.loss;
+}
+
+START_TEST(test_model_grad)
+{
+    model_ctx c;
+    prl_config cfg;
+    ck_assert_int_eq(prl_config_parse(&cfg, micro_config, "micro"), PRL_OK);
+    ck_assert_int_eq(prl_model_init(&c.m, &cfg), PRL_OK);
+    prl_model_init_weights(&c.m, 7);
+    /* non-trivial norm gains and a selection bias, so every path is exercised */
+    for (int i = 0; i < c.m.n_tensors; i++)
+        if (c.m.tensors[i].kind == PRL_PARAM_NORM)
+            for (size_t j = 0; j < c.m.tensors[i].numel; j++)
+                c.m.params[c.m.tensors[i].offset + j] = 1 + 0.3 * prl_rng_normal(&rng);
+    for (int i = 0; i < c.m.n_moe * 4; i++) c.m.router_bias[i] = 0.1 * prl_rng_normal(&rng);
+    enum { B = 2, T = 12 };
+    int32_t tokens[B * T], targets[B * T], lens[B] = {12, 9};
+    float weights[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tokens[i] = (int32_t)(prl_rng_u64(&rng) % 64);
+        targets[i] = i % 5 == 0 ? -1 : (int32_t)(prl_rng_u64(&rng) % 64);
+        weights[i] = (float)(-0.1 * (1 + prl_rng_uniform(&rng)));
+    }
+    c.b = (prl_batch){.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets,
+                      .weights = weights, .temperature = 0.9};
+    /* freeze routes: capture them, then always force them */
+    model_loss(&c);
+    size_t nr = (size_t)c.m.n_moe * B * T * 2;
+    int32_t *routes = malloc(nr * sizeof *routes);
+    memcpy(routes, prl_model_routes(&c.m), nr * sizeof *routes);
+    c.b.route_override = routes;
+    double base = model_loss(&c);
+    prl_model_zero_grad(&c.m);
+    ck_assert_int_eq(prl_model_backward(&c.m, &c.b), PRL_OK);
+    double worst = 0;
+    int checked = 0;
+    const double eps = 1e-6;
+    for (int i = 0; i < c.m.n_tensors; i++) {
+        const prl_param_info *p = &c.m.tensors[i];
+        /* a few elements per tensor, chosen at random */
+        for (int k = 0; k < 4; k++) {
+            size_t j = p->offset + prl_rng_u64(&rng) % p->numel;
+            double keep = c.m.params[j];
+            c.m.params[j] = keep + eps;
+            double lp = model_loss(&c);
+            c.m.params[j] = keep - eps;
+            double lm = model_loss(&c);
+            c.m.params[j] = keep;
+            double num = (lp - lm) / (2 * eps), ana = c.m.grads[j];
+            double err = fabs(num - ana) / fmax(1e-3, fabs(num) + fabs(ana));
+            if (err > worst) worst = err;
+            if (err > 1e-5)
+                fprintf(stderr, "grad mismatch %s[%zu]: analytic %.10g numeric %.10g\n", p->name,
+                        j - p->offset, ana, num);
+            checked++;
+        }
+    }
+    fprintf(stderr, "model FD: %d elements, worst relative error %.3g (loss %.6f)\n", checked,
+            worst, base);
+    ck_assert_double_lt(worst, 1e-5);
+    /* random direction over all parameters at once */
+    double *dir = randv(c.m.n_params, 1.0), *keep = malloc(c.m.n_params * sizeof *keep);
+    memcpy(keep, c.m.params, c.m.n_params * sizeof *keep);
+    for (size_t j = 0; j < c.m.n_params; j++) c.m.params[j] = keep[j] + eps * dir[j];
+    double lp = model_loss(&c);
+    for (size_t j = 0; j < c.m.n_params; j++) c.m.params[j] = keep[j] - eps * dir[j];
+    double lm = model_loss(&c);
+    double num = (lp - lm) / (2 * eps), ana = dot(c.m.grads, dir, c.m.n_params);
+    ck_assert_double_lt(fabs(num - ana) / fabs(num), 1e-6);
+    /* the router learns through the gates even when routes are forced */
+    const prl_param_info *router = prl_model_find(&c.m, "model.layers.1.mlp.gate.weight");
+    ck_assert_ptr_nonnull(router);
+    double gnorm = 0;
+    for (size_t j = 0; j < router->numel; j++) gnorm += fabs(c.m.grads[router->offset + j]);
+    ck_assert_double_gt(gnorm, 0);
+    free(dir);
+    free(keep);
+    free(routes);
+    prl_model_free(&c.m);
+}
+END_TEST
+
+/* Padding positions must not influence anything at valid positions. */
+START_TEST(test_padding_is_inert)
+{
+    prl_config cfg;
+    prl_model m;
+    ck_assert_int_eq(prl_config_parse(&cfg, micro_config, "micro"), PRL_OK);
+    ck_assert_int_eq(prl_model_init(&m, &cfg), PRL_OK);
+    prl_model_init_weights(&m, 3);
+    int32_t tok[12], tgt[12], len = 7;
+    for (int i = 0; i < 12; i++) tok[i] = (int32_t)(i * 5 % 64), tgt[i] = (i + 1) % 64;
+    float lp1[12], lp2[12];
+    prl_batch b = {.B = 1, .T = 12, .tokens = tok, .lens = &len, .targets = tgt, .temperature = 1};
+    ck_assert_int_eq(prl_model_logprobs(&m, &b, lp1), PRL_OK);
+    for (int i = 7; i < 12; i++) tok[i] = 63 - i;
+    ck_assert_int_eq(prl_model_logprobs(&m, &b, lp2), PRL_OK);
+    for (int i = 0; i < 7; i++) ck_assert_double_eq(lp1[i], lp2[i]);
+    for (int i = 7; i < 12; i++) ck_assert_double_eq(lp2[i], 0);
+    prl_model_free(&m);
+}
+END_TEST
+
+static Suite *grad_suite(void)
+{
+    Suite *s = suite_create("grad");
+    TCase *ops = tcase_create("ops");
+    tcase_add_test(ops, test_matmul_grad);
+    tcase_add_test(ops, test_rmsnorm_grad);
+    tcase_add_test(ops, test_rope_grad);
+    tcase_add_test(ops, test_attention_grad);
+    tcase_add_test(ops, test_swiglu_grad);
+    tcase_add_test(ops, test_moe_gate_grad);
+    tcase_add_test(ops, test_logprob_grad);
+    tcase_add_test(ops, test_embedding_grad);
+    suite_add_tcase(s, ops);
+    TCase *model = tcase_create("model");
+    tcase_set_timeout(model, 300);
+    tcase_add_test(model, test_model_grad);
+    tcase_add_test(model, test_padding_is_inert);
+    suite_add_tcase(s, model);
+    return s;
+}
+
+int main(void)
+{
+    prl_rng_init(&rng, 1234, 0, 0, 0, PRL_RNG_TEST);
+    if (prl_blas_init(0) != PRL_OK) return 1;
+    SRunner *sr = srunner_create(grad_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
