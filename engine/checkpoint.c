@@ -86,26 +86,6 @@ static void remove_flat_dir(const char *path)
     rmdir(path);
 }
 
-static prl_status copy_file(const char *src, const char *dst)
-{
-    FILE *f = fopen(src, "rb");
-    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %s", src, strerror(errno));
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    size_t n;
-    while (buf && (n = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += n;
-        if (len == cap) buf = realloc(buf, cap *= 2);
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!buf) return prl_error_set(PRL_ERR_NOMEM, "copying %s", src);
-    prl_status rc = err ? prl_error_set(PRL_ERR_IO, "read %s failed", src)
-                        : write_file_sync(dst, buf, len);
-    free(buf);
-    return rc;
-}
-
 /* Parameters as float32 (a copy in the double build, the live buffer otherwise). */
 static const float *as_f32(const prl_real *src, size_t n, float **owned)
 {
@@ -227,7 +207,7 @@ static prl_status save_state(const prl_optim *o, const char *state_json, const c
 }
 
 static prl_status write_checkpoint_files(const prl_model *m, const prl_optim *o,
-                                         const char *state_json, const char *tokenizer_src,
+                                         const char *state_json, const prl_tokenizer *tok,
                                          const char *tmp)
 {
     char path[4096];
@@ -240,9 +220,9 @@ static prl_status write_checkpoint_files(const prl_model *m, const prl_optim *o,
     if (rc) return rc;
     if ((rc = join_path(path, sizeof path, tmp, "model.safetensors"))) return rc;
     if ((rc = save_model_file(m, path))) return rc;
-    if (tokenizer_src) {
+    if (tok) {
         if ((rc = join_path(path, sizeof path, tmp, "tokenizer.json"))) return rc;
-        if ((rc = copy_file(tokenizer_src, path))) return rc;
+        if ((rc = prl_tokenizer_save(tok, path))) return rc;
     }
     if (o) {
         if ((rc = join_path(path, sizeof path, tmp, "optimizer.safetensors"))) return rc;
@@ -254,7 +234,7 @@ static prl_status write_checkpoint_files(const prl_model *m, const prl_optim *o,
 }
 
 prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const char *state_json,
-                               const char *tokenizer_src, const char *dir)
+                               const prl_tokenizer *tok, const char *dir)
 {
     char tmp[4096], parent[4096];
     if (strlen(dir) > 3000) return prl_error_set(PRL_ERR_ARG, "checkpoint path too long: %s", dir);
@@ -262,7 +242,7 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const cha
     remove_flat_dir(tmp);
     if (mkdir(tmp, 0755) != 0)
         return prl_error_set(PRL_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
-    prl_status rc = write_checkpoint_files(m, o, state_json, tokenizer_src, tmp);
+    prl_status rc = write_checkpoint_files(m, o, state_json, tok, tmp);
     if (rc) {
         remove_flat_dir(tmp);
         return prl_error_wrap(rc, "saving checkpoint %s: ", dir);

@@ -138,8 +138,8 @@ enum {
 /* CRC-32C style checksum of a byte range (used in checkpoint metadata). */
 uint64_t prl_checksum64(const void *data, size_t n, uint64_t seed);
 
-#include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer.h"
+#include "engine/model.h"
 
 #endif /* PRL_ENGINE_H */

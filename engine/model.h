@@ -202,10 +202,10 @@ void prl_muon_newton_schulz(prl_real *X, int A, int B, int steps, prl_real *work
 ** metadata), and when an optimizer is given optimizer.safetensors + state.json. The whole
 ** directory is written under a temporary name, fsynced and renamed, so `dir` either holds
 ** the previous complete checkpoint or the new complete one. `state_json` (a JSON object
-** text, may be NULL) is extra run state stored in state.json; `tokenizer_src` (a path, may
-** be NULL) is copied in as tokenizer.json. */
+** text, may be NULL) is extra run state stored in state.json; `tok` (may be NULL) is saved
+** as tokenizer.json. */
 prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o,
-                               const char *state_json, const char *tokenizer_src,
+                               const char *state_json, const struct prl_tokenizer *tok,
                                const char *dir);
 /* Load config + weights into a new model (m must be zeroed/unused). Every tensor's name,
 ** shape and dtype and the checksum are validated; errors name the file and tensor. */

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 enum { SPIN_ROUNDS = 4000 };
 
@@ -28,25 +29,30 @@ static struct {
     pthread_cond_t wake;
     pthread_cond_t done_cond;
     atomic_uint generation; /* bumped once per job */
-    atomic_int next_task;
+    atomic_uint_least64_t next_task; /* (job generation << 32) | next task index */
     atomic_int tasks_done;
     atomic_int sleepers;
     int n_tasks;
     void (*fn)(void *, int);
     void *ctx;
     int shutting_down;
+    pid_t owner; /* process that started the workers: a fork()ed child has none of them */
 } pool;
 
 static _Thread_local int inside_pool_task;
 static _Thread_local int worker_index; /* 0 = the calling thread */
 
-static void run_tasks(void)
+/* Claim and run tasks of job `job` until none are left. A claim is a compare-and-swap on
+** (job, index), so a thread still looking at an older job can never take a task of a newer
+** one: every task runs exactly once. */
+static void run_tasks(unsigned job)
 {
     inside_pool_task = 1;
     for (;;) {
-        int i = atomic_fetch_add(&pool.next_task, 1);
-        if (i >= pool.n_tasks) break;
-        pool.fn(pool.ctx, i);
+        uint64_t v = atomic_load(&pool.next_task);
+        if ((unsigned)(v >> 32) != job || (int)(uint32_t)v >= pool.n_tasks) break;
+        if (!atomic_compare_exchange_weak(&pool.next_task, &v, v + 1)) continue;
+        pool.fn(pool.ctx, (int)(uint32_t)v);
         if (atomic_fetch_add(&pool.tasks_done, 1) + 1 == pool.n_tasks) {
             pthread_mutex_lock(&pool.mutex);
             pthread_cond_broadcast(&pool.done_cond);
@@ -77,15 +83,36 @@ static void *worker_main(void *arg)
         }
         if (pool.shutting_down) return NULL;
         seen = g;
-        run_tasks();
+        run_tasks(g);
     }
+}
+
+/* After fork() the child inherits the pool's bookkeeping but not its threads: forget them,
+** never join threads of another process. Returns the count the pool had. */
+static int forget_inherited_workers(void)
+{
+    int n = pool.n_threads;
+    if (n <= 0 || pool.owner == getpid()) return 0;
+    free(pool.workers);
+    pool.workers = NULL;
+    pool.n_threads = 0;
+    return n;
+}
+
+/* A forked child restarts the pool with the parent's thread count on first use. */
+static void adopt_after_fork(void)
+{
+    int n = forget_inherited_workers();
+    if (n > 0) prl_pool_init(n);
 }
 
 prl_status prl_pool_init(int n_threads)
 {
     if (n_threads < 1) n_threads = 1;
+    forget_inherited_workers();
     if (pool.n_threads == n_threads) return PRL_OK;
     prl_pool_free();
+    pool.owner = getpid();
     pool.n_threads = n_threads;
     pthread_mutex_init(&pool.mutex, NULL);
     pthread_cond_init(&pool.wake, NULL);
@@ -103,7 +130,7 @@ prl_status prl_pool_init(int n_threads)
 
 void prl_pool_free(void)
 {
-    if (pool.n_threads <= 0) return;
+    if (forget_inherited_workers() > 0 || pool.n_threads <= 0) return;
     pthread_mutex_lock(&pool.mutex);
     pool.shutting_down = 1;
     atomic_fetch_add(&pool.generation, 1);
@@ -122,20 +149,22 @@ int prl_pool_worker(void) { return worker_index; }
 void prl_parallel_for(int n_tasks, void (*fn)(void *ctx, int task), void *ctx)
 {
     if (n_tasks <= 0) return;
+    adopt_after_fork();
     if (pool.n_threads <= 1 || n_tasks == 1 || inside_pool_task) {
         for (int i = 0; i < n_tasks; i++) fn(ctx, i);
         return;
     }
+    unsigned job = atomic_load(&pool.generation) + 1;
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
     atomic_store(&pool.tasks_done, 0);
-    atomic_store(&pool.next_task, 0);
+    atomic_store(&pool.next_task, (uint64_t)job << 32);
     pthread_mutex_lock(&pool.mutex);
-    atomic_fetch_add(&pool.generation, 1);
+    atomic_store(&pool.generation, job);
     if (atomic_load(&pool.sleepers) > 0) pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.mutex);
-    run_tasks();
+    run_tasks(job);
     int spins = 0;
     while (atomic_load(&pool.tasks_done) < n_tasks && spins < SPIN_ROUNDS * 4) spins++;
     if (atomic_load(&pool.tasks_done) < n_tasks) {

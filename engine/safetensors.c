@@ -37,13 +37,13 @@ static const struct {
     const char *name;
     size_t size;
 } dtype_table[PRL_DTYPE_COUNT] = {
-    [PRL_DTYPE_BOOL] = {"BOOL", 1},   [PRL_DTYPE_U8] = {"U8", 1},
-    [PRL_DTYPE_I8] = {"I8", 1},       [PRL_DTYPE_F8_E5M2] = {"F8_E5M2", 1},
+    [PRL_DTYPE_BOOL] = {"BOOL", 1},       [PRL_DTYPE_U8] = {"U8", 1},
+    [PRL_DTYPE_I8] = {"I8", 1},           [PRL_DTYPE_F8_E5M2] = {"F8_E5M2", 1},
     [PRL_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [PRL_DTYPE_I16] = {"I16", 2},
-    [PRL_DTYPE_U16] = {"U16", 2},     [PRL_DTYPE_F16] = {"F16", 2},
-    [PRL_DTYPE_BF16] = {"BF16", 2},   [PRL_DTYPE_I32] = {"I32", 4},
-    [PRL_DTYPE_U32] = {"U32", 4},     [PRL_DTYPE_F32] = {"F32", 4},
-    [PRL_DTYPE_F64] = {"F64", 8},     [PRL_DTYPE_I64] = {"I64", 8},
+    [PRL_DTYPE_U16] = {"U16", 2},         [PRL_DTYPE_F16] = {"F16", 2},
+    [PRL_DTYPE_BF16] = {"BF16", 2},       [PRL_DTYPE_I32] = {"I32", 4},
+    [PRL_DTYPE_U32] = {"U32", 4},         [PRL_DTYPE_F32] = {"F32", 4},
+    [PRL_DTYPE_F64] = {"F64", 8},         [PRL_DTYPE_I64] = {"I64", 8},
     [PRL_DTYPE_U64] = {"U64", 8},
 };
 
@@ -103,8 +103,9 @@ static size_t utf8_valid_prefix(const uint8_t *s, size_t n)
 }
 
 /* A printable, bounded rendering of a possibly hostile name for error messages: bytes
-** outside printable ASCII become \xHH and long names are cut with "...", so a 100 MB key
-** or a control character cannot garble the message. */
+** outside printable ASCII (and the backslash, to keep escapes unambiguous) become \xHH and
+** long names are cut with "...", so a 100 MB key or a control character cannot garble or
+** crowd out the message. Returns buf. */
 static const char *printable(char *buf, size_t cap, const char *s, size_t n)
 {
     size_t o = 0;
@@ -127,7 +128,8 @@ static const char *printable(char *buf, size_t cap, const char *s, size_t n)
 
 #define NAME_BUF 96 /* room for printable() renderings of names in messages */
 
-/* "[1,2,3]" (or a prefix ending in "...]" if it does not fit). */
+/* "[1,2,3]"; "[...]" if it does not fit (SHAPE_BUF always fits PRL_SAFETENSORS_MAX_DIMS
+** dimensions: 8 x 21 characters + brackets). Returns buf. */
 static const char *format_shape(char *buf, size_t cap, const int64_t *shape, int ndim)
 {
     size_t o = 0;

@@ -179,9 +179,13 @@ prl_status prl_safetensors_writer_to_memory(const prl_safetensors_writer *w, uin
                                             size_t *out_len);
 
 /* Write the file to `path` atomically: write "<path>.tmp.<pid>", fflush, fsync, rename over
-** `path`, fsync the directory. On any failure (PRL_ERR_IO with the path and strerror,
-** PRL_ERR_NOMEM, PRL_ERR_RANGE) the temporary file is removed and `path` is left as it was:
-** the old file if there was one, no file if there was none. */
+** `path`, fsync the directory (a file system that cannot sync directories, EINVAL/ENOTSUP,
+** is not an error). Readers see the old file or the complete new one, never a partial one.
+** On any failure (PRL_ERR_IO naming the file and the strerror, PRL_ERR_NOMEM, PRL_ERR_RANGE)
+** the temporary file is removed and no file is left under `path` that was not there
+** before. Every failure up to the rename leaves an existing `path` untouched; the only
+** later failure, the directory fsync, cannot undo the rename, so a pre-existing `path` then
+** holds the complete new file. */
 prl_status prl_safetensors_writer_save(const prl_safetensors_writer *w, const char *path);
 
 #endif /* PRL_SAFETENSORS_H */

@@ -25,6 +25,16 @@ import os
 import statistics
 import sys
 import time
+
+# Benchmark hygiene for `bench`, which must precede `import torch` (libgomp and OpenBLAS read
+# their environment when loaded): torch's OpenMP pool and OpenBLAS's own pthread pool share the
+# cores, and spin-waiting workers of one pool starve the other (several-fold slowdowns on a
+# 2-core machine).  Passive waiting is the standard setting for that mix; a caller's own
+# setting wins.
+_BENCH_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "bench":
+    for _k, _v in _BENCH_ENV_DEFAULTS.items():
+        os.environ.setdefault(_k, _v)
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -1316,7 +1326,10 @@ def cmd_bench(args) -> int:
                 f"openblas_threads={blas.get('openblas_threads', '?')}")
     res = {"tokens_per_s": B * T / med, "step_s_median": med, "step_s_all": times,
            "threads": args.threads, "torch": torch.__version__, "blas": blas_str,
-           "blas_detail": blas, "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+           "blas_detail": blas,
+           "env": {k: os.environ.get(k) for k in
+                   ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT",
+                    "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
            "batch": B, "seq": T, "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
            "parameters": sum(p.numel() for p in model.parameters()),
            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,

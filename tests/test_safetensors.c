@@ -6,7 +6,8 @@
 ** every reader rejection rule on crafted buffers (status code AND message contents),
 ** truncation at every cut point, a deterministic header fuzz loop with consistency checks,
 ** the float/double conversion helpers, writer argument checks, and the atomic file write
-** (no temp file left, no final file created on failure, old file kept on failure).
+** (no temp file left, no final file created on failure, old file kept on failure; fsync
+** failures are injected through a test-only fsync() that overrides libc's).
 */
 #include "engine/engine.h"
 
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -107,6 +109,7 @@ static void assert_bytes(const uint8_t *got, size_t got_len, const void *want, s
 }
 
 #define S(lit) lit, (sizeof(lit) - 1) /* a string literal and its length (NULs included) */
+#define F32A "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}"
 
 /* ---------------------------------------------------------------- dtypes ----------- */
 
@@ -417,14 +420,15 @@ START_TEST(test_roundtrip_scalar_empty_metadata)
                      PRL_OK);
     /* metadata: keys sorted on output; escapes as serde_json writes them */
     ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "zeta", "old"), PRL_OK);
-    ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "alpha", "a\"b\\c\nd\x01\t\x7f\xc3\xa9/"),
+    ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "alpha",
+                                                         "a\"b\\c\nd\x01\t\x7f\xc3\xa9/\b\f\r\x1f"),
                      PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "zeta", "new"), PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "", "empty key"), PRL_OK);
     size_t len;
     uint8_t *out = write_mem(&w, &len);
     static const char want_json[] =
-        "{\"__metadata__\":{\"\":\"empty key\",\"alpha\":\"a\\\"b\\\\c\\nd\\u0001\\t\x7f\xc3\xa9/\","
+        "{\"__metadata__\":{\"\":\"empty key\",\"alpha\":\"a\\\"b\\\\c\\nd\\u0001\\t\x7f\xc3\xa9/\\b\\f\\r\\u001f\","
         "\"zeta\":\"new\"},"
         "\"pi\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]},"
         "\"none\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},"
@@ -440,7 +444,8 @@ START_TEST(test_roundtrip_scalar_empty_metadata)
     prl_safetensors st = parse_ok(out, len);
     ck_assert_uint_eq(st.n_tensors, 5);
     ck_assert_uint_eq(st.n_metadata, 3);
-    ck_assert_str_eq(prl_safetensors_metadata(&st, "alpha"), "a\"b\\c\nd\x01\t\x7f\xc3\xa9/");
+    ck_assert_str_eq(prl_safetensors_metadata(&st, "alpha"),
+                     "a\"b\\c\nd\x01\t\x7f\xc3\xa9/\b\f\r\x1f");
     ck_assert_str_eq(prl_safetensors_metadata(&st, "zeta"), "new");
     ck_assert_str_eq(prl_safetensors_metadata(&st, ""), "empty key");
     const prl_safetensors_tensor *t = prl_safetensors_find(&st, "pi");
@@ -508,6 +513,21 @@ START_TEST(test_reader_accepts_variants)
         ck_assert_str_eq(st.tensors[0].name, "a");
         ck_assert_str_eq(st.tensors[1].name, "b");
         ck_assert_ptr_eq(st.tensors[1].data, b + len - 4);
+        prl_safetensors_free(&st);
+        free(b);
+    }
+    /* equal begins sort by end (like the reference): the empty tensor listed last in the
+    ** header comes first in the file, else the offsets would not look contiguous */
+    {
+        size_t len;
+        uint8_t *b = make_file(S("{" F32A ",\"b\":{\"dtype\":\"F32\",\"shape\":[1],"
+                                 "\"data_offsets\":[4,8]},\"e\":{\"dtype\":\"F32\","
+                                 "\"shape\":[0],\"data_offsets\":[4,4]}}"),
+                               NULL, 8, &len);
+        prl_safetensors st = parse_ok(b, len);
+        ck_assert_str_eq(st.tensors[0].name, "a");
+        ck_assert_str_eq(st.tensors[1].name, "e");
+        ck_assert_str_eq(st.tensors[2].name, "b");
         prl_safetensors_free(&st);
         free(b);
     }
@@ -579,7 +599,6 @@ typedef struct {
     const char *needle1, *needle2;
 } reject_case;
 
-#define F32A "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}"
 #define ENTRY(name, body) "{\"" name "\":{" body "}}"
 
 /* Every structural rejection: header text, data length, what the message must say. */
@@ -1119,6 +1138,24 @@ END_TEST
 
 /* ---------------------------------------------------------------- files ------------ */
 
+/* Test seam: this definition of fsync() overrides libc's for the whole test program (the
+** executable's symbol wins at link time), so the writer's fsync failure paths, which a
+** real disk almost never takes, run deterministically. 0 = pass through to the kernel. */
+static int fsync_file_errno, fsync_dir_errno;
+
+int fsync(int fd)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) == 0) {
+        int e = S_ISDIR(sb.st_mode) ? fsync_dir_errno : fsync_file_errno;
+        if (e) {
+            errno = e;
+            return -1;
+        }
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
+
 static char tmpdir[64];
 
 static void make_tmpdir(void)
@@ -1383,6 +1420,88 @@ START_TEST(test_save_write_fails_keeps_old)
 }
 END_TEST
 
+static void save_small(const char *path, float value, prl_status want)
+{
+    const float v[1] = {value};
+    const int64_t s[] = {1};
+    prl_safetensors_writer w;
+    prl_safetensors_writer_init(&w);
+    ck_assert_int_eq(prl_safetensors_writer_add(&w, "v", PRL_DTYPE_F32, s, 1, v), PRL_OK);
+    prl_status rc = prl_safetensors_writer_save(&w, path);
+    ck_assert_msg(rc == want, "save: %s (%s)", prl_status_name(rc), prl_error_message());
+    prl_safetensors_writer_free(&w);
+}
+
+static float load_small(const char *path)
+{
+    prl_safetensors st;
+    ck_assert_int_eq(prl_safetensors_open(&st, path), PRL_OK);
+    float v;
+    const int64_t s[] = {1};
+    ck_assert_int_eq(prl_safetensors_read_f32(&st, "v", s, 1, &v), PRL_OK);
+    prl_safetensors_free(&st);
+    return v;
+}
+
+/* fsync of the data fails: temp removed, the old file untouched; with no old file, none. */
+START_TEST(test_save_fsync_file_fails)
+{
+    make_tmpdir();
+    char path[256], listing[1024];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", tmpdir);
+    save_small(path, 1.0f, PRL_OK);
+    fsync_file_errno = EIO;
+    save_small(path, 2.0f, PRL_ERR_IO);
+    assert_msg_has("fsync");
+    assert_msg_has("ckpt.safetensors.tmp.");
+    assert_msg_has("Input/output error");
+    fsync_file_errno = 0;
+    ck_assert_float_eq(load_small(path), 1.0f);
+    list_dir(tmpdir, listing, sizeof listing);
+    ck_assert_str_eq(listing, "ckpt.safetensors");
+
+    snprintf(path, sizeof path, "%s/fresh.safetensors", tmpdir);
+    fsync_file_errno = EIO;
+    save_small(path, 3.0f, PRL_ERR_IO);
+    fsync_file_errno = 0;
+    list_dir(tmpdir, listing, sizeof listing);
+    ck_assert_str_eq(listing, "ckpt.safetensors");
+    remove_tree(tmpdir);
+}
+END_TEST
+
+/* fsync of the directory fails after the rename: error returned; a new name is removed
+** again, an existing one holds the complete new file (the rename cannot be undone); a file
+** system that cannot sync directories (EINVAL) is not an error. */
+START_TEST(test_save_fsync_dir_fails)
+{
+    make_tmpdir();
+    char path[256], listing[1024];
+    snprintf(path, sizeof path, "%s/new.safetensors", tmpdir);
+    fsync_dir_errno = EIO;
+    save_small(path, 1.0f, PRL_ERR_IO);
+    assert_msg_has("fsync directory");
+    assert_msg_has(tmpdir);
+    list_dir(tmpdir, listing, sizeof listing);
+    ck_assert_str_eq(listing, "");
+
+    fsync_dir_errno = 0;
+    save_small(path, 1.0f, PRL_OK);
+    fsync_dir_errno = EIO;
+    save_small(path, 2.0f, PRL_ERR_IO);
+    fsync_dir_errno = 0;
+    ck_assert_float_eq(load_small(path), 2.0f);
+    list_dir(tmpdir, listing, sizeof listing);
+    ck_assert_str_eq(listing, "new.safetensors");
+
+    fsync_dir_errno = EINVAL;
+    save_small(path, 3.0f, PRL_OK);
+    fsync_dir_errno = 0;
+    ck_assert_float_eq(load_small(path), 3.0f);
+    remove_tree(tmpdir);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- suite ------------ */
 
 static Suite *safetensors_suite(void)
@@ -1429,6 +1548,8 @@ static Suite *safetensors_suite(void)
     tcase_add_test(tc, test_save_missing_directory);
     tcase_add_test(tc, test_save_rename_fails);
     tcase_add_test(tc, test_save_write_fails_keeps_old);
+    tcase_add_test(tc, test_save_fsync_file_fails);
+    tcase_add_test(tc, test_save_fsync_dir_fails);
     suite_add_tcase(s, tc);
     return s;
 }

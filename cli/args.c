@@ -1,0 +1,155 @@
+/*
+** args.c — flag parsing, help text and error printing shared by every subcommand.
+**
+** Flags are declared as a table per subcommand, so the parser, the --help text and the
+** "unknown flag" errors come from one place. Numbers are parsed strictly: trailing junk,
+** overflow and empty values are errors that name the flag.
+*/
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void cli_print_help(FILE *out, const char *usage, const char *summary, const cli_opt *opts)
+{
+    fprintf(out, "usage: %s\n\n%s\n", usage, summary);
+    if (opts && opts[0].name) fprintf(out, "\noptions:\n");
+    for (const cli_opt *o = opts; o && o->name; o++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        fprintf(out, "  %-24s %s%s\n", left, o->help, o->required ? " (required)" : "");
+    }
+    fprintf(out, "  %-24s %s\n", "--help", "show this help");
+}
+
+int cli_failf(const char *cmd, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "prl %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return code;
+}
+
+int cli_fail(const char *cmd) { return cli_failf(cmd, 1, "%s", prl_error_message()); }
+
+static int parse_value(cli_opt *o, const char *v)
+{
+    char *end = NULL;
+    errno = 0;
+    switch (o->type) {
+    case OPT_STR: *(const char **)o->ptr = v; return 0;
+    case OPT_INT: {
+        long x = strtol(v, &end, 10);
+        if (!*v || *end || errno || x < -2147483647L || x > 2147483647L) return -1;
+        *(int *)o->ptr = (int)x;
+        return 0;
+    }
+    case OPT_U64: {
+        if (*v == '-') return -1;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (!*v || *end || errno) return -1;
+        *(uint64_t *)o->ptr = x;
+        return 0;
+    }
+    case OPT_DOUBLE: {
+        double x = strtod(v, &end);
+        if (!*v || *end || errno) return -1;
+        *(double *)o->ptr = x;
+        return 0;
+    }
+    case OPT_FLAG: return -1;
+    }
+    return -1;
+}
+
+static const char *type_word(cli_opt_type t)
+{
+    return t == OPT_INT ? "an integer" : t == OPT_U64 ? "a non-negative integer"
+         : t == OPT_DOUBLE ? "a number" : "a value";
+}
+
+int cli_parse(int argc, char **argv, int first, cli_opt *opts, const char *usage,
+              const char *summary, const char **pos, int max_pos, int *n_pos)
+{
+    int np = 0;
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            cli_print_help(stdout, usage, summary, opts);
+            return CLI_HELP;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            if (np >= max_pos) {
+                fprintf(stderr, "prl: unexpected argument '%s'\n\n", a);
+                cli_print_help(stderr, usage, summary, opts);
+                return CLI_USAGE;
+            }
+            pos[np++] = a;
+            continue;
+        }
+        char name[64];
+        const char *eq = strchr(a + 2, '=');
+        size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        snprintf(name, sizeof name, "%.*s", (int)len, a + 2);
+        cli_opt *o = opts;
+        while (o->name && strcmp(o->name, name) != 0) o++;
+        if (!o->name) {
+            fprintf(stderr, "prl: unknown option '--%s' (see --help)\n", name);
+            return CLI_USAGE;
+        }
+        o->seen = 1;
+        if (o->type == OPT_FLAG) {
+            if (eq) {
+                fprintf(stderr, "prl: option '--%s' takes no value\n", name);
+                return CLI_USAGE;
+            }
+            *(int *)o->ptr = 1;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            fprintf(stderr, "prl: option '--%s' needs %s\n", name, o->arg ? o->arg : "a value");
+            return CLI_USAGE;
+        }
+        if (parse_value(o, v) != 0) {
+            fprintf(stderr, "prl: option '--%s' must be %s, got '%s'\n", name, type_word(o->type), v);
+            return CLI_USAGE;
+        }
+    }
+    for (cli_opt *o = opts; o->name; o++)
+        if (o->required && !o->seen) {
+            fprintf(stderr, "prl: missing required option '--%s' (see --help)\n", o->name);
+            return CLI_USAGE;
+        }
+    if (n_pos) *n_pos = np;
+    return CLI_OK;
+}
+
+int cli_setup_blas(const char *cmd, int threads)
+{
+    if (prl_blas_init(threads) != PRL_OK) return cli_fail(cmd);
+    prl_blas_print(stderr);
+    return 0;
+}
+
+double cli_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+void cli_format_duration(char *out, size_t n, double s)
+{
+    if (!(s >= 0)) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t % 3600 / 60);
+    else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(out, n, "%lds", t);
+}

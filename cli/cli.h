@@ -1,0 +1,52 @@
+/*
+** cli.h — the one header of cli/: the prl command's subcommands and their shared helpers.
+**
+** Error model (tools): a subcommand prints "prl <cmd>: <message>" to stderr and returns a
+** non-zero exit code (2 for bad usage, 1 for everything else); nothing is ever left half
+** written under a final name.
+*/
+#ifndef PRL_CLI_H
+#define PRL_CLI_H
+
+#include "engine/engine.h"
+
+typedef enum { OPT_STR, OPT_INT, OPT_DOUBLE, OPT_U64, OPT_FLAG } cli_opt_type;
+
+/* One --flag. `ptr` points at a const char *, int, double, uint64_t or int (flag). */
+typedef struct cli_opt {
+    const char *name;   /* without the leading "--" */
+    cli_opt_type type;
+    void *ptr;
+    const char *arg;    /* placeholder shown in help ("FILE"), NULL for flags */
+    const char *help;
+    int required;
+    int seen;           /* set by the parser */
+} cli_opt;
+
+enum { CLI_OK = 0, CLI_HELP = 1, CLI_USAGE = 2 };
+
+/* Parse argv[first..argc) against opts (terminated by a zeroed entry). Positional arguments
+** are returned in pos (up to max_pos). Prints help for --help/-h (returns CLI_HELP) and a
+** message naming the flag on any error (returns CLI_USAGE). */
+int cli_parse(int argc, char **argv, int first, cli_opt *opts, const char *usage,
+              const char *summary, const char **pos, int max_pos, int *n_pos);
+void cli_print_help(FILE *out, const char *usage, const char *summary, const cli_opt *opts);
+/* Print "prl <cmd>: <prl_error_message()>" and return 1. */
+int cli_fail(const char *cmd);
+/* Print "prl <cmd>: " + formatted message and return `code`. */
+int cli_failf(const char *cmd, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Set up BLAS and the thread pool (threads <= 0: default) and print the blas line to
+** stderr. Returns 0 or prints the error and returns 1. */
+int cli_setup_blas(const char *cmd, int threads);
+double cli_now(void);
+/* "1h02m", "3m10s", "12s" */
+void cli_format_duration(char *out, size_t n, double seconds);
+
+int cmd_init(int argc, char **argv);
+int cmd_sft(int argc, char **argv);
+int cmd_score(int argc, char **argv);
+int cmd_tokenizer(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_tasks(int argc, char **argv);
+
+#endif /* PRL_CLI_H */

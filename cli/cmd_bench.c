@@ -1,0 +1,227 @@
+/*
+** cmd_bench.c — `prl bench train`: prl's training step against the PyTorch reference.
+**
+** One run measures, side by side and with the same config, batch, thread count and BLAS
+** core: (1) the sgemm rate this machine gives prl (a 1024³ GEMM through prl's pool), (2)
+** prl's full training step (zero-grad, forward, backward, AdamW), (3) the reference's
+** training step (reference/pangu_ref.py bench, a child process). It prints medians, tokens/s,
+** the prl/PyTorch ratio and prl's achieved GFLOP/s as a share of the measured sgemm rate.
+*/
+#include "cli/cli.h"
+#include "engine/ops.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef PRL_SOURCE_DIR
+#define PRL_SOURCE_DIR "."
+#endif
+
+typedef struct bench_args {
+    const char *config, *python, *reference;
+    int batch, seq, steps, warmup, threads, json, no_reference;
+    uint64_t seed;
+} bench_args;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* GFLOP/s of C[1024,1024] = A·Bᵀ through prl's pool (the way prl runs its GEMMs). */
+static double sgemm_rate(int reps)
+{
+    enum { S = 1024 };
+    prl_real *A = malloc(sizeof(prl_real) * S * S), *B = malloc(sizeof(prl_real) * S * S),
+             *C = malloc(sizeof(prl_real) * S * S);
+    for (size_t i = 0; i < (size_t)S * S; i++) A[i] = (prl_real)((i % 7) * 0.01), B[i] = (prl_real)((i % 5) * 0.02);
+    double *t = malloc(sizeof(double) * (size_t)reps);
+    prl_matmul_forward(C, A, B, S, S, S, 0); /* warm-up */
+    for (int r = 0; r < reps; r++) {
+        double t0 = cli_now();
+        prl_matmul_forward(C, A, B, S, S, S, 0);
+        t[r] = 2.0 * S * S * S / (cli_now() - t0) / 1e9;
+    }
+    double med = median(t, reps);
+    free(A), free(B), free(C), free(t);
+    return med;
+}
+
+/* Floating-point operations of one training step as prl computes it (GEMMs only). */
+static double step_flops(const prl_config *c, int B, int T)
+{
+    double d = c->hidden_size, H = c->num_attention_heads, dq = c->qk_nope_head_dim + c->qk_rope_head_dim,
+           dv = c->v_head_dim, rq = c->q_lora_rank, rkv = c->kv_lora_rank, dr = c->qk_rope_head_dim,
+           dkv = c->qk_nope_head_dim + c->v_head_dim;
+    double attn = rq * d + H * dq * rq + (rkv + dr) * d + H * dkv * rkv + d * H * dv;
+    double per_token = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        per_token += attn;
+        if (l < c->first_k_dense_replace) per_token += 3 * d * c->intermediate_size;
+        else
+            per_token += c->n_routed_experts * d +
+                         (double)c->num_experts_per_tok * 3 * d * c->moe_intermediate_size +
+                         3 * d * (double)c->n_shared_experts * c->moe_intermediate_size;
+    }
+    per_token += (double)c->vocab_size * d;
+    double tokens = (double)B * T;
+    double attention = 6.0 * T * T * (dq + dv) * B * H * c->num_hidden_layers;
+    return 6 * per_token * tokens + attention;
+}
+
+/* Median seconds per training step of prl (AdamW, as the reference). */
+static prl_status time_prl(const prl_config *cfg, const bench_args *a, double *med)
+{
+    prl_model m;
+    prl_optim o;
+    prl_status rc = prl_model_init(&m, cfg);
+    if (rc) return rc;
+    prl_model_init_weights(&m, a->seed);
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.kind = PRL_OPTIM_ADAMW;
+    oc.schedule = PRL_LR_CONSTANT;
+    oc.warmup_steps = 0;
+    oc.lr = 1e-4;
+    oc.grad_clip = 0;
+    if ((rc = prl_optim_init(&o, &m, &oc))) {
+        prl_model_free(&m);
+        return rc;
+    }
+    int N = a->batch * a->seq;
+    int32_t *tok = malloc((size_t)N * sizeof *tok), *tgt = malloc((size_t)N * sizeof *tgt);
+    float *w = malloc((size_t)N * sizeof *w);
+    prl_rng r;
+    prl_rng_init(&r, a->seed, 0, 0, 0, PRL_RNG_TEST);
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(prl_rng_u64(&r) % (uint64_t)cfg->vocab_size);
+    for (int i = 0; i < N; i++) {
+        tgt[i] = (i + 1) % a->seq ? tok[i + 1] : -1;
+        w[i] = tgt[i] >= 0 ? -1.0f / (float)(N - a->batch) : 0;
+    }
+    prl_batch b = {.B = a->batch, .T = a->seq, .tokens = tok, .targets = tgt, .weights = w, .temperature = 1};
+    double *t = malloc(sizeof(double) * (size_t)a->steps);
+    for (int s = 0; rc == PRL_OK && s < a->warmup + a->steps; s++) {
+        double t0 = cli_now();
+        prl_model_zero_grad(&m);
+        rc = prl_model_forward(&m, &b, NULL, NULL);
+        if (rc == PRL_OK) rc = prl_model_backward(&m, &b);
+        if (rc == PRL_OK) rc = prl_optim_step(&o, &m, NULL);
+        if (s >= a->warmup) t[s - a->warmup] = cli_now() - t0;
+    }
+    if (rc == PRL_OK) *med = median(t, a->steps);
+    free(t), free(tok), free(tgt), free(w);
+    prl_optim_free(&o);
+    prl_model_free(&m);
+    return rc;
+}
+
+/* Run the PyTorch reference's bench as a child process; parse its JSON. */
+static prl_status time_reference(const bench_args *a, double *med, char *info, size_t info_n)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "OPENBLAS_CORETYPE='%s' OMP_NUM_THREADS=%d '%s' '%s' bench --config '%s' --batch %d "
+             "--seq %d --threads %d --steps %d --warmup %d --seed %llu --json",
+             prl_blas_core(), prl_blas_threads(), a->python, a->reference, a->config, a->batch,
+             a->seq, prl_blas_threads(), a->steps, a->warmup, (unsigned long long)a->seed);
+    FILE *p = popen(cmd, "r");
+    if (!p) return prl_error_set(PRL_ERR_IO, "cannot run the reference: %s", cmd);
+    char out[65536];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int status = pclose(p);
+    if (status != 0)
+        return prl_error_set(PRL_ERR_IO, "the PyTorch reference failed (exit %d): %s", status, cmd);
+    const char *brace = strrchr(out, '{');
+    while (brace && brace > out && !(brace[-1] == '\n')) brace = NULL;
+    json_error_t err;
+    json_t *root = json_loads(strchr(out, '{') ? strchr(out, '{') : out, JSON_DISABLE_EOF_CHECK, &err);
+    json_t *v = root ? json_object_get(root, "step_s_median") : NULL;
+    if (!json_is_number(v)) {
+        json_decref(root);
+        return prl_error_set(PRL_ERR_FORMAT, "reference output has no step_s_median: %.200s", out);
+    }
+    *med = json_number_value(v);
+    json_t *ver = json_object_get(root, "torch");
+    snprintf(info, info_n, "torch %s", json_is_string(ver) ? json_string_value(ver) : "?");
+    json_decref(root);
+    return PRL_OK;
+}
+
+static int bench_train(int argc, char **argv)
+{
+    bench_args a = {.config = PRL_SOURCE_DIR "/configs/models/tiny.json", .python = "/usr/bin/python3",
+                    .reference = PRL_SOURCE_DIR "/reference/pangu_ref.py", .batch = 8, .seq = 256,
+                    .steps = 7, .warmup = 2, .seed = 1};
+    cli_opt opts[] = {
+        {"config", OPT_STR, &a.config, "CONFIG", "model config (default configs/models/tiny.json)", 0, 0},
+        {"batch", OPT_INT, &a.batch, "B", "sequences per step (default 8)", 0, 0},
+        {"seq", OPT_INT, &a.seq, "T", "tokens per sequence (default 256)", 0, 0},
+        {"steps", OPT_INT, &a.steps, "N", "timed steps per engine (default 7; medians reported)", 0, 0},
+        {"warmup", OPT_INT, &a.warmup, "N", "untimed warm-up steps (default 2)", 0, 0},
+        {"threads", OPT_INT, &a.threads, "N", "threads for both engines (default: all CPUs)", 0, 0},
+        {"seed", OPT_U64, &a.seed, "S", "seed (default 1)", 0, 0},
+        {"python", OPT_STR, &a.python, "PATH", "python with torch (default /usr/bin/python3)", 0, 0},
+        {"reference", OPT_STR, &a.reference, "FILE", "reference script (default reference/pangu_ref.py)", 0, 0},
+        {"no-reference", OPT_FLAG, &a.no_reference, NULL, "time prl only", 0, 0},
+        {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
+        {0},
+    };
+    int rc = cli_parse(argc, argv, 3, opts, "prl bench train [--config CONFIG] [--batch B --seq T] [--json]",
+                       "Times a full training step (forward, backward, AdamW) of prl and of the "
+                       "PyTorch reference on the same config, batch, threads and BLAS core.",
+                       NULL, 0, NULL);
+    if (rc) return rc == CLI_HELP ? 0 : 2;
+    if (a.batch < 1 || a.seq < 2 || a.steps < 1 || a.warmup < 0)
+        return cli_failf("bench", 2, "--batch, --steps must be >= 1, --seq >= 2, --warmup >= 0");
+    if (cli_setup_blas("bench", a.threads)) return 1;
+    prl_config cfg;
+    if (prl_config_load(&cfg, a.config)) return cli_fail("bench");
+    double peak = sgemm_rate(9);
+    fprintf(stderr, "bench: sgemm 1024^3 through prl's pool: %.1f GFLOP/s (median of 9)\n", peak);
+    double prl_s = 0, ref_s = 0;
+    if (time_prl(&cfg, &a, &prl_s)) return cli_fail("bench");
+    double tokens = (double)a.batch * a.seq, flops = step_flops(&cfg, a.batch, a.seq);
+    double prl_tps = tokens / prl_s, gflops = flops / prl_s / 1e9;
+    fprintf(stderr, "bench: prl step %.3f s (median of %d)\n", prl_s, a.steps);
+    char info[128] = "skipped";
+    if (!a.no_reference) {
+        if (time_reference(&a, &ref_s, info, sizeof info)) return cli_fail("bench");
+        fprintf(stderr, "bench: reference step %.3f s (median of %d, %s)\n", ref_s, a.steps, info);
+    }
+    double ref_tps = ref_s > 0 ? tokens / ref_s : 0;
+    if (a.json) {
+        printf("{\"config\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"blas_core\": \"%s\", "
+               "\"sgemm_gflops\": %.2f, \"step_gflop\": %.3f, \"prl_step_s\": %.5f, \"prl_tokens_per_s\": %.1f, "
+               "\"prl_gflops\": %.2f, \"prl_share_of_sgemm\": %.4f, \"torch_step_s\": %.5f, "
+               "\"torch_tokens_per_s\": %.1f, \"ratio_prl_over_torch\": %.3f, \"reference\": \"%s\"}\n",
+               a.config, a.batch, a.seq, prl_blas_threads(), prl_blas_core(), peak, flops / 1e9, prl_s,
+               prl_tps, gflops, gflops / peak, ref_s, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, info);
+    } else {
+        printf("config %s, batch %d x %d, threads %d, blas %s\n", a.config, a.batch, a.seq,
+               prl_blas_threads(), prl_blas_core());
+        printf("  sgemm (1024^3, prl pool)   %8.1f GFLOP/s\n", peak);
+        printf("  prl      %8.1f tokens/s   %.3f s/step   %.1f GFLOP/s = %.0f%% of sgemm\n", prl_tps,
+               prl_s, gflops, 100 * gflops / peak);
+        if (ref_tps > 0)
+            printf("  pytorch  %8.1f tokens/s   %.3f s/step   (%s)\n  ratio prl/pytorch = %.2fx\n",
+                   ref_tps, ref_s, info, prl_tps / ref_tps);
+    }
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    if (argc >= 3 && !strcmp(argv[2], "train")) return bench_train(argc, argv);
+    FILE *out = argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) ? stdout : stderr;
+    fprintf(out, "usage: prl bench train [options]   (prl bench train --help)\n");
+    return out == stdout ? 0 : 2;
+}

@@ -1,0 +1,181 @@
+/*
+** cmd_score.c — `prl score`: per-token log-probs of given sequences on the train path.
+**
+** Input: JSONL, one sequence per line as {"ids": [...]}, {"text": "..."} or
+** {"messages": [...]} (chat template). Output: for each line, the log-prob of every token
+** given the ones before it (the first token has none).
+*/
+#include "cli/cli.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct score_args {
+    const char *ckpt, *input, *path;
+    double temperature;
+    int json, threads;
+} score_args;
+
+/* Token ids of one input line (malloc'd) or an error naming the line. */
+static prl_status line_ids(json_t *obj, const prl_tokenizer *tok, const score_args *a, int line,
+                           int32_t **ids, size_t *n)
+{
+    json_t *v;
+    *ids = NULL;
+    *n = 0;
+    if (!json_is_object(obj))
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", a->input, line);
+    if ((v = json_object_get(obj, "ids"))) {
+        if (!json_is_array(v) || json_array_size(v) == 0)
+            return prl_error_set(PRL_ERR_FORMAT, "%s:%d: \"ids\" must be a non-empty array", a->input, line);
+        *n = json_array_size(v);
+        *ids = malloc(*n * sizeof **ids);
+        for (size_t i = 0; i < *n; i++) {
+            json_t *e = json_array_get(v, i);
+            if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 0x7fffffff) {
+                free(*ids);
+                *ids = NULL;
+                return prl_error_set(PRL_ERR_FORMAT, "%s:%d: ids[%zu] is not a token id", a->input, line, i);
+            }
+            (*ids)[i] = (int32_t)json_integer_value(e);
+        }
+        return PRL_OK;
+    }
+    if (!tok)
+        return prl_error_set(PRL_ERR_ARG, "%s:%d: text input needs a tokenizer.json in the checkpoint",
+                             a->input, line);
+    prl_status rc;
+    if ((v = json_object_get(obj, "text")) && json_is_string(v)) {
+        rc = prl_tokenizer_encode(tok, json_string_value(v), json_string_length(v), 0, ids, n);
+    } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {
+        size_t nm = json_array_size(v);
+        prl_chat_message *cm = calloc(nm + 1, sizeof *cm);
+        for (size_t i = 0; i < nm; i++) {
+            json_t *msg = json_array_get(v, i);
+            cm[i].role = json_string_value(json_object_get(msg, "role"));
+            cm[i].content = json_string_value(json_object_get(msg, "content"));
+            if (!cm[i].role || !cm[i].content) {
+                free(cm);
+                return prl_error_set(PRL_ERR_FORMAT, "%s:%d: message %zu needs string role and content",
+                                     a->input, line, i);
+            }
+        }
+        uint8_t *mask = NULL;
+        rc = prl_tokenizer_encode_chat(tok, cm, nm, 0, ids, &mask, n);
+        free(mask);
+        free(cm);
+    } else {
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"ids\", \"text\" or \"messages\"",
+                             a->input, line);
+    }
+    if (rc) return prl_error_wrap(rc, "%s:%d: ", a->input, line);
+    if (*n == 0) return prl_error_set(PRL_ERR_FORMAT, "%s:%d: empty sequence", a->input, line);
+    return PRL_OK;
+}
+
+static prl_status score_line(prl_model *m, const int32_t *ids, size_t n, double temperature,
+                             const score_args *a, int line, float *lp)
+{
+    if ((int)n > m->cfg.max_position_embeddings)
+        return prl_error_set(PRL_ERR_RANGE, "%s:%d: %zu tokens exceed max_position_embeddings %d",
+                             a->input, line, n, m->cfg.max_position_embeddings);
+    int32_t *targets = malloc(n * sizeof *targets);
+    for (size_t i = 0; i < n; i++) targets[i] = i + 1 < n ? ids[i + 1] : -1;
+    int32_t len = (int32_t)n;
+    prl_batch b = {.B = 1, .T = (int)n, .tokens = ids, .lens = &len, .targets = targets,
+                   .temperature = temperature};
+    prl_status rc = prl_model_logprobs(m, &b, lp);
+    free(targets);
+    if (rc) return prl_error_wrap(rc, "%s:%d: ", a->input, line);
+    return PRL_OK;
+}
+
+static void print_result(const score_args *a, int line, const int32_t *ids, size_t n, const float *lp)
+{
+    double sum = 0;
+    for (size_t i = 0; i + 1 < n; i++) sum += lp[i];
+    if (!a->json) {
+        printf("line %d: %zu tokens, sum log-prob %.6f, mean %.6f\n", line, n, sum,
+               n > 1 ? sum / (double)(n - 1) : 0.0);
+        return;
+    }
+    json_t *o = json_object(), *jid = json_array(), *jlp = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_array_append_new(jid, json_integer(ids[i]));
+        json_array_append_new(jlp, i == 0 ? json_null() : json_real(lp[i - 1]));
+    }
+    json_object_set_new(o, "line", json_integer(line));
+    json_object_set_new(o, "ids", jid);
+    json_object_set_new(o, "logprobs", jlp);
+    json_object_set_new(o, "sum", json_real(sum));
+    char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    printf("%s\n", s);
+    free(s);
+    json_decref(o);
+}
+
+int cmd_score(int argc, char **argv)
+{
+    score_args a = {.temperature = 1.0, .path = "train"};
+    cli_opt opts[] = {
+        {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory", 1, 0},
+        {"input", OPT_STR, &a.input, "FILE", "JSONL of {\"ids\": [...]}, {\"text\": ...} or {\"messages\": [...]}", 1, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T", "log-probs of softmax(logits / T) (default 1)", 0, 0},
+        {"path", OPT_STR, &a.path, "NAME", "engine path to score with: train (default)", 0, 0},
+        {"json", OPT_FLAG, &a.json, NULL, "one JSON object per line: ids, logprobs (null first), sum", 0, 0},
+        {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
+        {0},
+    };
+    int rc = cli_parse(argc, argv, 2, opts, "prl score --ckpt DIR --input FILE.jsonl [--json]",
+                       "Scores every token of every input sequence with the model's train path.",
+                       NULL, 0, NULL);
+    if (rc) return rc == CLI_HELP ? 0 : 2;
+    if (strcmp(a.path, "train") != 0)
+        return cli_failf("score", 2, "--path %s: only the train path exists in this build", a.path);
+    if (!(a.temperature > 0)) return cli_failf("score", 2, "--temperature must be > 0");
+    if (cli_setup_blas("score", a.threads)) return 1;
+    prl_model m;
+    if (prl_checkpoint_load(&m, a.ckpt)) return cli_fail("score");
+    prl_tokenizer *tok = NULL;
+    char tpath[4096];
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", a.ckpt);
+    FILE *probe = fopen(tpath, "rb");
+    if (probe) {
+        fclose(probe);
+        if (prl_tokenizer_load(tpath, &tok)) {
+            prl_model_free(&m);
+            return cli_fail("score");
+        }
+    }
+    FILE *f = fopen(a.input, "rb");
+    prl_status st = f ? PRL_OK : prl_error_set(PRL_ERR_IO, "cannot open %s: %m", a.input);
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int line = 0;
+    while (st == PRL_OK && (len = getline(&buf, &cap, f)) >= 0) {
+        line++;
+        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
+        json_error_t err;
+        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
+        if (!obj) {
+            st = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", a.input, line, err.text);
+            break;
+        }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        st = line_ids(obj, tok, &a, line, &ids, &n);
+        json_decref(obj);
+        float *lp = st == PRL_OK ? malloc(n * sizeof *lp) : NULL;
+        if (st == PRL_OK) st = score_line(&m, ids, n, a.temperature, &a, line, lp);
+        if (st == PRL_OK) print_result(&a, line, ids, n, lp);
+        free(ids);
+        free(lp);
+    }
+    free(buf);
+    if (f) fclose(f);
+    prl_tokenizer_free(tok);
+    prl_model_free(&m);
+    return st ? cli_fail("score") : 0;
+}

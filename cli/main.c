@@ -1,0 +1,46 @@
+/*
+** main.c — the prl command: dispatches to subcommands.
+*/
+#include "cli/cli.h"
+
+#include <string.h>
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"init", cmd_init, "write a randomly initialised checkpoint from a model config"},
+    {"sft", cmd_sft, "supervised fine-tuning on chat JSONL (loss on assistant tokens)"},
+    {"score", cmd_score, "per-token log-probs of token-id or text sequences"},
+    {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
+    {"tasks", cmd_tasks, "generate task data (the SFT demo set)"},
+    {"bench", cmd_bench, "benchmarks against the PyTorch reference (bench train)"},
+};
+enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: prl <command> [options]   (prl <command> --help for details)\n\n"
+                 "prl is an RL post-training pipeline for mixture-of-experts language models.\n\n"
+                 "commands:\n");
+    for (int i = 0; i < N_COMMANDS; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\nenvironment: PRL_THREADS (threads), OPENBLAS_CORETYPE (BLAS kernel; prl "
+                 "picks one from cpuid when unset)\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc, argv);
+    fprintf(stderr, "prl: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

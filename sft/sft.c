@@ -1,0 +1,310 @@
+/*
+** sft.c — chat JSONL loading, seeded batching and the SFT training loop.
+**
+** Batch layout: B sequences of T positions, right-padded with <|pad|>. Position t of a
+** sequence predicts token t+1, and is trained iff token t+1 has loss mask 1. The weight of
+** each trained position is −1/(trained positions in the whole step), so the step's loss is
+** the token-mean cross-entropy over all micro-batches of the step.
+*/
+#include "sft/sft.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Calls fn(user, line_no, messages array) for every non-blank line. */
+typedef prl_status (*line_fn)(void *user, const char *path, int line_no, json_t *messages);
+
+static prl_status for_each_chat(const char *path, line_fn fn, void *user)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %m", path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int line_no = 0;
+    prl_status rc = PRL_OK;
+    while (rc == PRL_OK && (len = getline(&line, &cap, f)) >= 0) {
+        line_no++;
+        size_t i = 0;
+        while (i < (size_t)len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\n' || line[i] == '\r')) i++;
+        if (i == (size_t)len) continue;
+        json_error_t err;
+        json_t *obj = json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &err);
+        if (!obj) {
+            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s (column %d)", path,
+                               line_no, err.text, err.column);
+            break;
+        }
+        json_t *msgs = json_object_get(obj, "messages");
+        if (!json_is_object(obj) || !json_is_array(msgs) || json_array_size(msgs) == 0) {
+            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be an object with a "
+                               "non-empty \"messages\" array", path, line_no);
+        } else {
+            size_t k;
+            json_t *msg;
+            json_array_foreach(msgs, k, msg) {
+                json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
+                if (!json_is_string(role) || !json_is_string(content)) {
+                    rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: message %zu needs string \"role\" "
+                                       "and \"content\"", path, line_no, k);
+                    break;
+                }
+            }
+            if (rc == PRL_OK) rc = fn(user, path, line_no, msgs);
+        }
+        json_decref(obj);
+    }
+    free(line);
+    if (rc == PRL_OK && ferror(f)) rc = prl_error_set(PRL_ERR_IO, "read error in %s", path);
+    fclose(f);
+    return rc;
+}
+
+typedef struct text_list {
+    char **v;
+    size_t n, cap;
+} text_list;
+
+static prl_status collect_texts(void *user, const char *path, int line_no, json_t *msgs)
+{
+    (void)path, (void)line_no;
+    text_list *t = user;
+    size_t k;
+    json_t *msg;
+    json_array_foreach(msgs, k, msg) {
+        if (t->n == t->cap) {
+            t->cap = t->cap ? 2 * t->cap : 256;
+            char **v = realloc(t->v, t->cap * sizeof *v);
+            if (!v) return prl_error_set(PRL_ERR_NOMEM, "reading texts");
+            t->v = v;
+        }
+        t->v[t->n] = strdup(json_string_value(json_object_get(msg, "content")));
+        if (!t->v[t->n]) return prl_error_set(PRL_ERR_NOMEM, "reading texts");
+        t->n++;
+    }
+    return PRL_OK;
+}
+
+prl_status prl_sft_read_texts(const char *path, char ***texts, size_t *n_texts)
+{
+    text_list t = {0};
+    prl_status rc = for_each_chat(path, collect_texts, &t);
+    if (rc) {
+        for (size_t i = 0; i < t.n; i++) free(t.v[i]);
+        free(t.v);
+        t = (text_list){0};
+    }
+    *texts = t.v;
+    *n_texts = t.n;
+    return rc;
+}
+
+typedef struct load_ctx {
+    prl_sft_data *d;
+    const prl_tokenizer *tok;
+    int max_len, cap;
+} load_ctx;
+
+static prl_status encode_line(void *user, const char *path, int line_no, json_t *msgs)
+{
+    load_ctx *c = user;
+    size_t n_msgs = json_array_size(msgs);
+    prl_chat_message *cm = calloc(n_msgs, sizeof *cm);
+    if (!cm) return prl_error_set(PRL_ERR_NOMEM, "encoding %s", path);
+    for (size_t k = 0; k < n_msgs; k++) {
+        json_t *msg = json_array_get(msgs, k);
+        cm[k].role = json_string_value(json_object_get(msg, "role"));
+        cm[k].content = json_string_value(json_object_get(msg, "content"));
+    }
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    size_t n = 0;
+    prl_status rc = prl_tokenizer_encode_chat(c->tok, cm, n_msgs, 0, &ids, &mask, &n);
+    free(cm);
+    if (rc) return prl_error_wrap(rc, "%s:%d: ", path, line_no);
+    prl_sft_data *d = c->d;
+    if ((int)n > c->max_len) {
+        n = (size_t)c->max_len;
+        d->n_truncated++;
+    }
+    size_t trained = 0;
+    for (size_t i = 1; i < n; i++) trained += mask[i];
+    if (trained == 0) {
+        free(ids);
+        free(mask);
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: no assistant tokens to train on%s", path,
+                             line_no, d->n_truncated ? " (after truncation)" : "");
+    }
+    if (d->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 256;
+        prl_sft_example *ex = realloc(d->ex, (size_t)c->cap * sizeof *ex);
+        if (!ex) {
+            free(ids);
+            free(mask);
+            return prl_error_set(PRL_ERR_NOMEM, "loading %s", path);
+        }
+        d->ex = ex;
+    }
+    d->ex[d->n++] = (prl_sft_example){.ids = ids, .mask = mask, .n = (int)n};
+    d->n_tokens += n;
+    d->n_loss_tokens += trained;
+    return PRL_OK;
+}
+
+prl_status prl_sft_data_load(prl_sft_data *d, const char *path, const prl_tokenizer *tok,
+                             int max_len)
+{
+    memset(d, 0, sizeof *d);
+    if (max_len < 2) return prl_error_set(PRL_ERR_ARG, "sequence length %d must be >= 2", max_len);
+    load_ctx c = {.d = d, .tok = tok, .max_len = max_len};
+    prl_status rc = for_each_chat(path, encode_line, &c);
+    if (rc == PRL_OK && d->n == 0) rc = prl_error_set(PRL_ERR_FORMAT, "%s: no examples", path);
+    if (rc) prl_sft_data_free(d);
+    return rc;
+}
+
+void prl_sft_data_free(prl_sft_data *d)
+{
+    if (!d) return;
+    for (int i = 0; i < d->n; i++) {
+        free(d->ex[i].ids);
+        free(d->ex[i].mask);
+    }
+    free(d->ex);
+    memset(d, 0, sizeof *d);
+}
+
+/* ------------------------------------------------------------------ batching -------- */
+
+/* Example index at global position g: a fresh seeded permutation per epoch. */
+typedef struct order {
+    int *perm;
+    int n;
+    int64_t epoch;
+    uint64_t seed;
+} order;
+
+static int order_at(order *o, int64_t g)
+{
+    int64_t epoch = g / o->n;
+    if (epoch != o->epoch) {
+        prl_rng r;
+        prl_rng_init(&r, o->seed, (uint64_t)epoch, 0, 0, PRL_RNG_SHUFFLE);
+        for (int i = 0; i < o->n; i++) o->perm[i] = i;
+        for (int i = o->n - 1; i > 0; i--) {
+            int j = (int)(prl_rng_u64(&r) % (uint64_t)(i + 1));
+            int t = o->perm[i];
+            o->perm[i] = o->perm[j];
+            o->perm[j] = t;
+        }
+        o->epoch = epoch;
+    }
+    return o->perm[g % o->n];
+}
+
+typedef struct batch_buf {
+    int32_t *tokens, *targets, *lens;
+    float *weights;
+} batch_buf;
+
+/* Fill micro-batch `mb` of step `step`; returns its trained-position count. */
+static int fill_batch(batch_buf *bb, const prl_sft_data *d, const prl_sft_config *c, order *o,
+                      int64_t step, int mb)
+{
+    int B = c->batch, T = c->seq, trained = 0;
+    for (int i = 0; i < B; i++) {
+        int64_t g = (step * c->accum + mb) * (int64_t)B + i;
+        const prl_sft_example *e = &d->ex[order_at(o, g)];
+        int n = e->n < T ? e->n : T;
+        bb->lens[i] = n;
+        for (int t = 0; t < T; t++) {
+            int idx = i * T + t;
+            bb->tokens[idx] = t < n ? e->ids[t] : PRL_TOKEN_PAD;
+            int train = t + 1 < n && e->mask[t + 1];
+            bb->targets[idx] = train ? e->ids[t + 1] : -1;
+            trained += train;
+        }
+    }
+    return trained;
+}
+
+prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
+                         const prl_sft_config *c, prl_sft_progress_fn progress, void *user)
+{
+    if (c->batch < 1 || c->seq < 2 || c->steps < 0 || c->accum < 1 || c->log_every < 1)
+        return prl_error_set(PRL_ERR_ARG, "sft: batch %d, seq %d, steps %d, accum %d, log_every "
+                             "%d must be positive", c->batch, c->seq, c->steps, c->accum,
+                             c->log_every);
+    int B = c->batch, T = c->seq, N = B * T;
+    batch_buf *bb = calloc((size_t)c->accum, sizeof *bb);
+    order ord = {.perm = malloc((size_t)d->n * sizeof(int)), .n = d->n, .epoch = -1, .seed = c->seed};
+    prl_status rc = bb && ord.perm ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "sft batches");
+    for (int a = 0; rc == PRL_OK && a < c->accum; a++) {
+        bb[a].tokens = malloc((size_t)N * sizeof(int32_t));
+        bb[a].targets = malloc((size_t)N * sizeof(int32_t));
+        bb[a].lens = malloc((size_t)B * sizeof(int32_t));
+        bb[a].weights = malloc((size_t)N * sizeof(float));
+        if (!bb[a].tokens || !bb[a].targets || !bb[a].lens || !bb[a].weights)
+            rc = prl_error_set(PRL_ERR_NOMEM, "sft batches");
+    }
+    double t_start = now_s();
+    int64_t first = o->step, last = o->step + c->steps;
+    for (int64_t step = first; rc == PRL_OK && step < last; step++) {
+        double t0 = now_s();
+        int trained = 0, tokens = 0;
+        for (int a = 0; a < c->accum; a++) trained += fill_batch(&bb[a], d, c, &ord, step, a);
+        prl_model_zero_grad(m);
+        prl_forward_stats sum = {0};
+        for (int a = 0; rc == PRL_OK && a < c->accum; a++) {
+            for (int i = 0; i < N; i++)
+                bb[a].weights[i] = bb[a].targets[i] >= 0 ? -1.0f / (float)trained : 0.0f;
+            for (int i = 0; i < B; i++) tokens += bb[a].lens[i];
+            prl_batch b = {.B = B, .T = T, .tokens = bb[a].tokens, .lens = bb[a].lens,
+                           .targets = bb[a].targets, .weights = bb[a].weights, .temperature = 1};
+            prl_forward_stats st;
+            rc = prl_model_forward(m, &b, NULL, &st);
+            if (rc == PRL_OK) rc = prl_model_backward(m, &b);
+            sum.loss += st.loss, sum.lm_loss += st.lm_loss;
+            sum.balance_loss += st.balance_loss, sum.z_loss += st.z_loss;
+        }
+        if (rc) break;
+        if (!isfinite(sum.loss)) {
+            rc = prl_error_set(PRL_ERR_NUMERIC, "sft: loss is %g at step %lld", sum.loss, (long long)step);
+            break;
+        }
+        prl_optim_stats os;
+        if ((rc = prl_optim_step(o, m, &os))) break;
+        prl_model_update_router_bias(m);
+        double t1 = now_s();
+        int done = (int)(step + 1 - first);
+        if (progress && (done % c->log_every == 0 || step + 1 == last)) {
+            prl_sft_progress p = {
+                .step = (int)(step + 1), .steps = (int)last,
+                .loss = -sum.lm_loss, .balance_loss = sum.balance_loss / c->accum,
+                .z_loss = sum.z_loss / c->accum, .lr = os.lr, .grad_norm = os.grad_norm,
+                .tokens_per_s = tokens / (t1 - t0), .elapsed_s = t1 - t_start,
+            };
+            p.eta_s = p.elapsed_s / done * (double)(last - step - 1);
+            progress(user, &p);
+        }
+    }
+    for (int a = 0; bb && a < c->accum; a++) {
+        free(bb[a].tokens);
+        free(bb[a].targets);
+        free(bb[a].lens);
+        free(bb[a].weights);
+    }
+    free(bb);
+    free(ord.perm);
+    return rc;
+}

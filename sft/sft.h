@@ -1,0 +1,64 @@
+/*
+** sft.h — the one public header of sft/: supervised fine-tuning on chat JSONL.
+**
+** A trainer at the level of grpo/ and opd/: it reads chat-format JSONL (one
+** {"messages": [{"role", "content"}, ...]} object per line; other keys are carried
+** metadata and ignored), encodes it with the chat template of the tokenizer (loss on
+** assistant tokens only), batches it in a seeded order and runs the engine's train path.
+** Every draw is seeded from (seed, epoch, purpose), so a run is reproducible bit for bit,
+** whatever the thread count.
+*/
+#ifndef PRL_SFT_H
+#define PRL_SFT_H
+
+#include "engine/engine.h"
+
+typedef struct prl_sft_example {
+    int32_t *ids;   /* owned */
+    uint8_t *mask;  /* owned; 1 where the token is trained on */
+    int n;          /* tokens (after truncation) */
+} prl_sft_example;
+
+typedef struct prl_sft_data {
+    prl_sft_example *ex; /* owned */
+    int n;
+    size_t n_tokens, n_loss_tokens;
+    int n_truncated;     /* examples cut to max_len */
+} prl_sft_data;
+
+/* All message contents of a chat JSONL file, for training a tokenizer (caller frees each
+** string and the array). Errors name the file and line. */
+prl_status prl_sft_read_texts(const char *path, char ***texts, size_t *n_texts);
+/* Load and encode a chat JSONL file. Lines longer than max_len tokens are truncated (and
+** counted); an example without any trained token is an error naming the line. */
+prl_status prl_sft_data_load(prl_sft_data *d, const char *path, const prl_tokenizer *tok,
+                             int max_len);
+void prl_sft_data_free(prl_sft_data *d);
+
+typedef struct prl_sft_config {
+    int batch;       /* sequences per micro-batch */
+    int seq;         /* positions per sequence (longer examples were truncated at load) */
+    int steps;       /* optimizer steps */
+    int accum;       /* micro-batches per step (gradient accumulation) */
+    uint64_t seed;   /* data order */
+    int log_every;   /* progress callback period in steps (>= 1) */
+} prl_sft_config;
+
+typedef struct prl_sft_progress {
+    int step, steps;
+    double loss;           /* token-mean cross-entropy of this step */
+    double balance_loss, z_loss;
+    double lr, grad_norm;
+    double tokens_per_s;   /* trained + context tokens per second, this step */
+    double elapsed_s, eta_s;
+} prl_sft_progress;
+
+typedef void (*prl_sft_progress_fn)(void *user, const prl_sft_progress *p);
+
+/* Train `m` with optimizer `o` on `d` for c->steps steps, starting at step o->step (so a
+** resumed run continues its data order). Calls `progress` every log_every steps and after
+** the last. */
+prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
+                         const prl_sft_config *c, prl_sft_progress_fn progress, void *user);
+
+#endif /* PRL_SFT_H */
