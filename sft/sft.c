@@ -290,7 +290,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
         if (progress && (done % c->log_every == 0 || step + 1 == last)) {
             prl_sft_progress p = {
                 .step = (int)(step + 1), .steps = (int)last,
-                .loss = -sum.lm_loss, .balance_loss = sum.balance_loss / c->accum,
+                .loss = sum.lm_loss, .balance_loss = sum.balance_loss / c->accum,
                 .z_loss = sum.z_loss / c->accum, .lr = os.lr, .grad_norm = os.grad_norm,
                 .tokens_per_s = tokens / (t1 - t0), .elapsed_s = t1 - t_start,
             };

@@ -46,7 +46,7 @@ typedef struct prl_sft_config {
 
 typedef struct prl_sft_progress {
     int step, steps;
-    double loss;           /* token-mean cross-entropy of this step */
+    double loss;           /* token-mean cross-entropy of this step (the LM loss) */
     double balance_loss, z_loss;
     double lr, grad_norm;
     double tokens_per_s;   /* trained + context tokens per second, this step */

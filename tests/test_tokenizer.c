@@ -1055,6 +1055,86 @@ START_TEST(test_parallel_equals_serial)
 }
 END_TEST
 
+/* A tokenizer whose merges read right to left: "a b" -> ab, "a ab" -> aab, ... up to
+** a^k b (and no "a a"), so in a long run a^n b the serial encoding is n - k single a's and
+** one a^k b token. A window that starts inside the last k a's sees a shorter a^j b and single
+** a's before it: it shares token boundaries with its left neighbour at places where the
+** serial encoding has none. Joining at mere token agreements would go wrong here; joining
+** at chunk starts (and growing) must not. */
+static prl_tokenizer *right_to_left_tokenizer(int k)
+{
+    make_tmpdir();
+    prl_tokenizer *base = NULL, *tok = NULL;
+    char path[300];
+    snprintf(path, sizeof path, "%s/rtl.json", tmpdir);
+    assert_ok(prl_tokenizer_init_bytes(&base));
+    assert_ok(prl_tokenizer_save(base, path));
+    prl_tokenizer_free(base);
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    ck_assert_ptr_nonnull(root);
+    json_t *vocab = vocab_of(root), *merges = merges_of(root);
+    char *prev = strdup("b"), *cur = malloc((size_t)k + 2);
+    for (int j = 1; j <= k; j++) {
+        memset(cur, 'a', (size_t)j);
+        cur[j] = 'b', cur[j + 1] = '\0';
+        json_object_set_new(vocab, cur, json_integer(271 + j));
+        char m[2 + 1024 + 2];
+        snprintf(m, sizeof m, "a %s", prev);
+        json_array_append_new(merges, json_string(m));
+        free(prev);
+        prev = strdup(cur);
+    }
+    free(prev);
+    free(cur);
+    json_object_set_new(json_object_get(root, "prl"), "vocab_size", json_integer(272 + k));
+    ck_assert_int_eq(json_dump_file(root, path, 0), 0);
+    json_decref(root);
+    assert_ok(prl_tokenizer_load(path, &tok));
+    remove_tmpdir();
+    return tok;
+}
+
+START_TEST(test_parallel_right_to_left_merges)
+{
+    enum { K = 600 };
+    prl_tokenizer *tok = right_to_left_tokenizer(K);
+    ck_assert_int_eq(prl_tokenizer_vocab_size(tok), 272 + K);
+    prl_rng r;
+    prl_rng_init(&r, 21, 0, 0, 0, PRL_RNG_TEST);
+    char *t = malloc(100000);
+    for (int iter = 0; iter < 30; iter++) {
+        size_t n = 0;
+        while (n < 90000) { /* runs a^m b with m around K, separated by spaces */
+            size_t m = 1 + rnd(&r, 2 * K);
+            memset(t + n, 'a', m);
+            n += m;
+            t[n++] = 'b';
+            t[n++] = ' ';
+        }
+        int32_t *serial, *par;
+        size_t ns, np;
+        encode_ok(tok, t, n, 0, &serial, &ns);
+        prl_tokenizer_parallel_opts o = {1 + iter % 4, 50 + rnd(&r, 300), 8 + rnd(&r, 200)};
+        assert_ok(prl_tokenizer_encode_parallel(tok, t, n, 0, &o, &par, &np, NULL));
+        ck_assert_msg(ids_equal(serial, ns, par, np), "iter %d: parallel != serial", iter);
+        free(serial);
+        free(par);
+    }
+    /* The serial encoding itself: a^700 b is 100 a's then one a^600 b token. */
+    memset(t, 'a', 700);
+    t[700] = 'b';
+    int32_t *ids;
+    size_t n;
+    encode_ok(tok, t, 701, 0, &ids, &n);
+    ck_assert_uint_eq(n, 101);
+    ck_assert_int_eq(ids[100], 271 + K);
+    free(ids);
+    free(t);
+    prl_tokenizer_free(tok);
+}
+END_TEST
+
 START_TEST(test_parallel_defaults_and_errors)
 {
     prl_tokenizer *tok = trained(1024);
@@ -1140,6 +1220,7 @@ static Suite *tokenizer_suite(void)
 
     tc = tcase_create("parallel");
     tcase_add_test(tc, test_parallel_equals_serial);
+    tcase_add_test(tc, test_parallel_right_to_left_merges);
     tcase_add_test(tc, test_parallel_defaults_and_errors);
     tcase_set_timeout(tc, 600);
     suite_add_tcase(s, tc);

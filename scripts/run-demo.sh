@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# run-demo.sh — install dependencies, build, and run the main job on its embedded default:
+# a short SFT run of the tiny MLA+MoE model on generated arithmetic chats, then scoring.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh
+prl=build/cli/prl
+run=runs/demo
+mkdir -p "$run"
+$prl tasks demo --n 200 --seed 1 --out "$run/data.jsonl"
+$prl sft --data "$run/data.jsonl" --model configs/models/tiny.json --out "$run/ckpt" \
+  --steps "${PRL_DEMO_STEPS:-150}" --batch 8 --seq 64 --lr 3e-3 --seed 1 --log-every 10
+head -n 3 "$run/data.jsonl" > "$run/score.jsonl"
+$prl score --ckpt "$run/ckpt" --input "$run/score.jsonl"
+echo "demo: checkpoint in $run/ckpt (config.json, model.safetensors, tokenizer.json, optimizer state)"

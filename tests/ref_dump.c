@@ -1,0 +1,89 @@
+/*
+** ref_dump.c — writes a fixed batch and prl's logits, loss, log-probs and every parameter
+** gradient for it, so the PyTorch reference can check them (tests/test_reference_compare.sh).
+**
+** usage: ref_dump CKPT_DIR BATCH_OUT PRL_OUT   (CKPT_DIR is rewritten with perturbed norm gains
+** and router biases first)
+*/
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { B = 3, T = 24 };
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "ref_dump: %s: %s\n", what, prl_error_message());
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: ref_dump CKPT_DIR BATCH_OUT PRL_OUT\n");
+        return 2;
+    }
+    if (prl_blas_init(0)) return fail("blas");
+    prl_model m;
+    if (prl_checkpoint_load(&m, argv[1])) return fail(argv[1]);
+    int V = m.cfg.vocab_size;
+    /* Non-trivial norm gains and selection bias exercise every path; save them back so the
+    ** reference reads the same weights. */
+    prl_rng pr;
+    prl_rng_init(&pr, 7, 0, 0, 0, PRL_RNG_TEST);
+    for (int i = 0; i < m.n_tensors; i++)
+        if (m.tensors[i].kind == PRL_PARAM_NORM)
+            for (size_t j = 0; j < m.tensors[i].numel; j++)
+                m.params[m.tensors[i].offset + j] = (float)(1 + 0.2 * prl_rng_normal(&pr));
+    for (int i = 0; i < m.n_moe * m.cfg.n_routed_experts; i++)
+        m.router_bias[i] = (float)(0.05 * prl_rng_normal(&pr));
+    if (prl_checkpoint_save(&m, NULL, NULL, NULL, argv[1])) return fail(argv[1]);
+    static int32_t tok[B * T], tgt[B * T], lens[B] = {24, 17, 9};
+    static float w[B * T], logp[B * T];
+    prl_rng r;
+    prl_rng_init(&r, 99, 0, 0, 0, PRL_RNG_TEST);
+    int n = 0;
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)(prl_rng_u64(&r) % (uint64_t)V);
+    for (int i = 0; i < B * T; i++) {
+        int t = i % T, valid = t + 1 < lens[i / T] && t % 7 != 3;
+        tgt[i] = valid ? tok[i + 1] : -1;
+        n += valid;
+    }
+    for (int i = 0; i < B * T; i++) w[i] = tgt[i] >= 0 ? (float)(-(1.0 + 0.5 * (i % 3)) / n) : 0;
+    const double tau = 0.8;
+    prl_batch b = {.B = B, .T = T, .tokens = tok, .lens = lens, .targets = tgt, .weights = w,
+                   .temperature = tau};
+    prl_forward_stats st;
+    prl_model_zero_grad(&m);
+    if (prl_model_forward(&m, &b, logp, &st) || prl_model_backward(&m, &b)) return fail("train path");
+    prl_safetensors_writer bw, pw;
+    prl_safetensors_writer_init(&bw);
+    prl_safetensors_writer_init(&pw);
+    int64_t sh_bt[2] = {B, T}, sh_b[1] = {B}, sh_btv[3] = {B, T, V}, sh_1[1] = {1};
+    double loss = st.loss;
+    prl_status rc = prl_safetensors_writer_add(&bw, "tokens", PRL_DTYPE_I32, sh_bt, 2, tok);
+    if (!rc) rc = prl_safetensors_writer_add(&bw, "lens", PRL_DTYPE_I32, sh_b, 1, lens);
+    if (!rc) rc = prl_safetensors_writer_add(&bw, "targets", PRL_DTYPE_I32, sh_bt, 2, tgt);
+    if (!rc) rc = prl_safetensors_writer_add(&bw, "weights", PRL_DTYPE_F32, sh_bt, 2, w);
+    if (!rc) rc = prl_safetensors_writer_set_metadata(&bw, "temperature", "0.8");
+    if (!rc) rc = prl_safetensors_writer_add(&pw, "logits", PRL_DTYPE_F32, sh_btv, 3, prl_model_logits(&m));
+    if (!rc) rc = prl_safetensors_writer_add(&pw, "loss", PRL_DTYPE_F64, sh_1, 1, &loss);
+    if (!rc) rc = prl_safetensors_writer_add(&pw, "logp", PRL_DTYPE_F32, sh_bt, 2, logp);
+    char (*names)[112] = calloc((size_t)m.n_tensors, sizeof *names);
+    for (int i = 0; !rc && i < m.n_tensors; i++) {
+        const prl_param_info *p = &m.tensors[i];
+        snprintf(names[i], sizeof names[i], "grad.%s", p->name);
+        rc = prl_safetensors_writer_add(&pw, names[i], PRL_DTYPE_F32, p->shape, p->ndim, m.grads + p->offset);
+    }
+    if (!rc) rc = prl_safetensors_writer_save(&bw, argv[2]);
+    if (!rc) rc = prl_safetensors_writer_save(&pw, argv[3]);
+    prl_safetensors_writer_free(&bw);
+    prl_safetensors_writer_free(&pw);
+    free(names);
+    prl_model_free(&m);
+    if (rc) return fail("writing");
+    fprintf(stderr, "ref_dump: loss %.6f (lm %.6f, balance %.3g, z %.3g), %d targets\n", st.loss,
+            st.lm_loss, st.balance_loss, st.z_loss, st.n_targets);
+    return 0;
+}
