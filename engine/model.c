@@ -613,11 +613,11 @@ static prl_status validate_batch(const prl_model *m, const prl_batch *b)
             return prl_error_set(PRL_ERR_RANGE, "sequence %d: length %d not in [1, %d]", i,
                                  b->lens[i], b->T);
     int N = b->B * b->T;
-    for (int n = 0; n < N; n++) {
-        /* padding positions too: their embeddings are looked up */
+    for (int n = 0; n < N; n++) /* padding positions too: their embeddings are looked up */
         if (b->tokens[n] < 0 || b->tokens[n] >= c->vocab_size)
             return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: token id %d out of "
                                  "range [0, %d)", n / b->T, n % b->T, b->tokens[n], c->vocab_size);
+    for (int n = 0; n < N; n++) {
         if (!valid_pos(b, n)) continue;
         if (b->targets && (b->targets[n] < -1 || b->targets[n] >= c->vocab_size))
             return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: target id %d out of "

@@ -15,11 +15,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* ============================================================ specials ================ */
@@ -378,15 +376,19 @@ prl_status prl_tokenizer_token_bytes(const prl_tokenizer *tok, int32_t id,
 
 /* ============================================================ pre-tokenization ======== */
 
-enum { CL_D, CL_L, CL_W, CL_P }; /* byte classes of tokenizer.h */
+enum { CL_D = 'D', CL_L = 'L', CL_W = 'W', CL_P = 'P' }; /* byte classes of tokenizer.h */
+
+/* Classes of the ASCII bytes, 32 per line (0x00.., 0x20.., 0x40.., 0x60..); every byte
+** >= 0x80 is a letter. A table because this runs once or twice per input byte. */
+static const char ascii_class[129] =
+    "PPPPPPPPPWWWWWPPPPPPPPPPPPPPPPPP"
+    "WPPPPPPPPPPPPPPPDDDDDDDDDDPPPPPP"
+    "PLLLLLLLLLLLLLLLLLLLLLLLLLLPPPPP"
+    "PLLLLLLLLLLLLLLLLLLLLLLLLLLPPPPP";
 
 static int byte_class(uint8_t c)
 {
-    if (c >= '0' && c <= '9') return CL_D;
-    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return CL_L;
-    if (c >= 0x80) return CL_L;
-    if (c == ' ' || (c >= '\t' && c <= '\r')) return CL_W;
-    return CL_P;
+    return c >= 0x80 ? CL_L : ascii_class[c];
 }
 
 /* Rule of tokenizer.h: is there a chunk boundary before t[p], 0 < p < n? Reads only
@@ -819,12 +821,15 @@ prl_status prl_tokenizer_decode(const prl_tokenizer *tok, const int32_t *ids, si
 ** `cut` (a true boundary) on. For the next window R it looks, in the overlap, for an offset
 ** p that both windows mark as the start of a chunk and that lies inside both windows' exact
 ** zones; both windows then agree that a token, indeed a chunk, starts at p, cur's tokens
-** [cut, p) and R's tokens from p on are the serial ones, and the join is exact. (Agreeing on
-** a mere token boundary would not be enough: a window that starts inside a word may split
-** it differently and still share one token boundary with the serial encoding.) When the
-** overlap has no such p (a letter, space or punctuation run longer than the overlap), cur is
-** grown: re-encoded from `cut` over a doubled span, which is exact because `cut` is a true
-** boundary, and the search is repeated, skipping windows that cur has swallowed whole.
+** [cut, p) and R's tokens from p on (up to R's own exact edge, where the next join happens)
+** are the serial ones, and the join is exact. Agreeing on a mere token boundary inside a
+** chunk would not be enough: two windows that both see a long chunk cut short by their
+** edges can share token boundaries that the serial encoding of the whole chunk does not
+** have (test_parallel_right_to_left_merges builds such a case). When the overlap has no
+** such p (a letter, space or punctuation run longer than the overlap), cur is grown:
+** re-encoded from `cut` over a doubled span, which is exact because `cut` is a true
+** boundary, and the search is repeated, skipping windows that cur has swallowed whole. The
+** growth doubles, so a text that is one huge chunk costs at most about 2x re-encoding.
 */
 
 enum { PAR_MARGIN = SPECIAL_MAX_LEN + 2 };
@@ -1042,6 +1047,27 @@ static prl_status par_options(const prl_tokenizer_parallel_opts *opts, size_t le
     return PRL_OK;
 }
 
+/* Window k covers its nominal span [k*chunk, (k+1)*chunk) widened by `overlap` both ways. */
+static void par_layout(window *w, size_t nw, size_t len, size_t chunk, size_t overlap)
+{
+    for (size_t k = 0; k < nw; k++) {
+        size_t a = k * chunk, b = len - a > chunk ? a + chunk : len;
+        w[k].begin = a > overlap ? a - overlap : 0;
+        w[k].end = len - b > overlap ? b + overlap : len;
+    }
+}
+
+/* The first window that failed, re-raised on the calling thread (messages are thread-local,
+** so the worker's was copied into the window). */
+static prl_status par_first_error(const window *w, size_t nw)
+{
+    for (size_t k = 0; k < nw; k++)
+        if (w[k].rc)
+            return prl_error_set(w[k].rc, "tokenizer encode_parallel: window %zu [%zu, %zu): "
+                                 "%s", k, w[k].begin, w[k].end, w[k].msg);
+    return PRL_OK;
+}
+
 prl_status prl_tokenizer_encode_parallel(const prl_tokenizer *tok, const void *text,
                                          size_t len, unsigned flags,
                                          const prl_tokenizer_parallel_opts *opts,
@@ -1057,25 +1083,19 @@ prl_status prl_tokenizer_encode_parallel(const prl_tokenizer *tok, const void *t
     if (len == 0) return prl_tokenizer_encode(tok, text, 0, flags, ids, n_ids);
 
     size_t nw = (len - 1) / chunk + 1;
+    if ((size_t)n_threads > nw) n_threads = (int)nw; /* an idle thread would only cost */
     window *w = calloc(nw, sizeof *w);
     par_job *jobs = calloc((size_t)n_threads, sizeof *jobs);
     if (!w || !jobs) {
         free(w), free(jobs);
         return prl_error_set(PRL_ERR_NOMEM, "tokenizer encode_parallel: out of memory");
     }
-    for (size_t k = 0; k < nw; k++) { /* nominal [k*chunk, (k+1)*chunk) plus the overlap */
-        size_t a = k * chunk, b = len - a > chunk ? a + chunk : len;
-        w[k].begin = a > overlap ? a - overlap : 0;
-        w[k].end = len - b > overlap ? b + overlap : len;
-    }
+    par_layout(w, nw, len, chunk, overlap);
     for (int t = 0; t < n_threads; t++)
         jobs[t] = (par_job){tok, text, flags, w, nw, n_threads, t};
     par_run(jobs, n_threads);
 
-    for (size_t k = 0; k < nw && !rc; k++)
-        if (w[k].rc)
-            rc = prl_error_set(w[k].rc, "tokenizer encode_parallel: window %zu [%zu, %zu): %s",
-                               k, w[k].begin, w[k].end, w[k].msg);
+    rc = par_first_error(w, nw);
     joiner J = {tok, text, len, overlap, flags, {nw, 0, 0}};
     id_vec out = {0};
     if (!rc) rc = join_windows(&J, w, nw, &out);
@@ -2036,66 +2056,88 @@ static prl_status load_merge_pair(const json_t *vocab, const json_t *m, size_t i
     return rc;
 }
 
+/* State of the merge checks: merged tokens by bytes, scratch for left + right, next new id. */
+typedef struct merge_loader {
+    prl_tokenizer *tok;
+    bytes_map by_bytes;
+    uint8_t *joined;
+    int32_t next_new;
+} merge_loader;
+
+static prl_status merge_loader_init(merge_loader *L, prl_tokenizer *tok)
+{
+    memset(L, 0, sizeof *L);
+    L->tok = tok;
+    L->next_new = PRL_TOKENIZER_N_BASE;
+    size_t longest = 1;
+    for (int32_t id = 0; id < tok->vocab_size; id++)
+        if (tok_len(tok, id) > longest) longest = tok_len(tok, id);
+    L->joined = malloc(2 * longest);
+    if (!L->joined) return prl_error_set(PRL_ERR_NOMEM, "out of memory");
+    prl_status rc = PRL_OK;
+    for (int32_t id = PRL_TOKENIZER_N_BASE; id < tok->vocab_size && !rc; id++) {
+        bytes_entry *e;
+        int added;
+        rc = bytes_map_upsert(&L->by_bytes, tok_ptr(tok, id), tok_len(tok, id), id, &e, &added);
+    }
+    return rc;
+}
+
+static void merge_loader_free(merge_loader *L)
+{
+    free(L->joined);
+    bytes_map_free(&L->by_bytes);
+}
+
+/* Check and add merges[i] = m. */
+static prl_status load_one_merge(merge_loader *L, const json_t *vocab, const json_t *m, size_t i)
+{
+    prl_tokenizer *tok = L->tok;
+    int32_t l = 0, r = 0;
+    prl_status rc = load_merge_pair(vocab, m, i, &l, &r);
+    if (rc) return rc;
+    if (l >= L->next_new || r >= L->next_new)
+        return prl_error_set(PRL_ERR_FORMAT, "merges[%zu] uses token id %d before the merge "
+                             "that creates it", i, (int)(l >= L->next_new ? l : r));
+    size_t nl = tok_len(tok, l), nr = tok_len(tok, r);
+    memcpy(L->joined, tok_ptr(tok, l), nl);
+    memcpy(L->joined + nl, tok_ptr(tok, r), nr);
+    bytes_entry *e;
+    int added;
+    if ((rc = bytes_map_upsert(&L->by_bytes, L->joined, nl + nr, -1, &e, &added))) return rc;
+    if (added) /* (the map now holds the scratch buffer as a key; it is not used again) */
+        return prl_error_set(PRL_ERR_FORMAT, "merges[%zu] (ids %d + %d): the result is not in "
+                             "model.vocab", i, (int)l, (int)r);
+    int32_t res = (int32_t)e->val;
+    if (res > L->next_new)
+        return prl_error_set(PRL_ERR_FORMAT, "merges[%zu] creates id %d but the next new id is "
+                             "%d (merged ids must follow merge order)", i, (int)res,
+                             (int)L->next_new);
+    if (pair_map_get(&tok->ranks, pair_key(l, r)) >= 0)
+        return prl_error_set(PRL_ERR_FORMAT, "merges[%zu]: duplicate merge of ids %d + %d", i,
+                             (int)l, (int)r);
+    if (res == L->next_new) L->next_new++;
+    return tok_add_merge(tok, l, r, res);
+}
+
 /* model.merges, in rank order. Each merge must join two tokens that exist by then, and its
 ** result (looked up by bytes) must be an earlier token or exactly the next new id, so that
 ** ids 272..V-1 are numbered in the order their merges create them and each is created. */
 static prl_status load_merges(const json_t *model, prl_tokenizer *tok)
 {
-    const json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
+    const json_t *vocab = json_object_get(model, "vocab");
+    const json_t *merges = json_object_get(model, "merges");
     if (!json_is_array(merges))
         return prl_error_set(PRL_ERR_FORMAT, "model.merges is missing or not an array");
-    bytes_map by_bytes = {0};
-    prl_status rc = PRL_OK;
-    for (int32_t id = PRL_TOKENIZER_N_BASE; id < tok->vocab_size && !rc; id++) {
-        bytes_entry *e;
-        int added;
-        rc = bytes_map_upsert(&by_bytes, tok_ptr(tok, id), tok_len(tok, id), id, &e, &added);
-    }
-    int32_t next_new = PRL_TOKENIZER_N_BASE;
-    uint8_t *joined = malloc(tok->bytes_len + 1);
-    if (!rc && !joined) rc = prl_error_set(PRL_ERR_NOMEM, "out of memory");
-    size_t i;
-    const json_t *m;
-    json_array_foreach(merges, i, m) {
-        int32_t l = 0, r = 0;
-        if (rc || (rc = load_merge_pair(vocab, m, i, &l, &r))) break;
-        if (l >= next_new || r >= next_new) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "merges[%zu] uses token id %d before the merge "
-                               "that creates it", i, (int)(l >= next_new ? l : r));
-            break;
-        }
-        size_t nl = tok_len(tok, l), nr = tok_len(tok, r);
-        memcpy(joined, tok_ptr(tok, l), nl);
-        memcpy(joined + nl, tok_ptr(tok, r), nr);
-        bytes_entry *e;
-        int added;
-        if ((rc = bytes_map_upsert(&by_bytes, joined, nl + nr, -1, &e, &added))) break;
-        int32_t res = (int32_t)e->val;
-        if (added) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "merges[%zu] (ids %d + %d): the result is not "
-                               "in model.vocab", i, (int)l, (int)r);
-            break;
-        }
-        if (res > next_new) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "merges[%zu] creates id %d but the next new id "
-                               "is %d (merged ids must follow merge order)", i, (int)res,
-                               (int)next_new);
-            break;
-        }
-        if (pair_map_get(&tok->ranks, pair_key(l, r)) >= 0) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "merges[%zu]: duplicate merge of ids %d + %d", i,
-                               (int)l, (int)r);
-            break;
-        }
-        if (res == next_new) next_new++;
-        rc = tok_add_merge(tok, l, r, res);
-    }
-    if (!rc && next_new != tok->vocab_size)
+    merge_loader L;
+    prl_status rc = merge_loader_init(&L, tok);
+    for (size_t i = 0; i < json_array_size(merges) && !rc; i++)
+        rc = load_one_merge(&L, vocab, json_array_get(merges, i), i);
+    if (!rc && L.next_new != tok->vocab_size)
         rc = prl_error_set(PRL_ERR_FORMAT, "model.vocab id %d is not created by any merge "
-                           "(%zu merges create ids up to %d)", (int)next_new,
-                           json_array_size(merges), (int)next_new - 1);
-    free(joined);
-    bytes_map_free(&by_bytes);
+                           "(%zu merges create ids up to %d)", (int)L.next_new,
+                           json_array_size(merges), (int)L.next_new - 1);
+    merge_loader_free(&L);
     return rc;
 }
 

@@ -114,10 +114,12 @@ prl_status prl_tokenizer_encode(const prl_tokenizer *tok, const void *text, size
                                 unsigned flags, int32_t **ids, size_t *n_ids);
 
 /* Multi-threaded encoding of long texts. The text is cut at nominal offsets k*chunk_bytes;
-** each window extends overlap_bytes into both neighbours and is encoded on its own; the
-** results are joined at byte offsets where both neighbours agree (see tokenizer.c), growing
-** a window and re-encoding it where they do not. The result is identical to
-** prl_tokenizer_encode for every input, thread count and chunk size. */
+** each window extends overlap_bytes into both neighbours and is encoded on its own (windows
+** are dealt to the threads in a fixed order); the results are joined at a byte offset in the
+** overlap where both neighbours start a pre-tokenization chunk, away from the window edges,
+** and where no such offset exists the left window is grown and re-encoded (tokenizer.c
+** explains why this is exact). The result is identical to prl_tokenizer_encode for every
+** input, flag, thread count, chunk size and overlap. */
 typedef struct prl_tokenizer_parallel_opts {
     int n_threads;        /* worker threads (>= 1; 1 still runs the window algorithm) */
     size_t chunk_bytes;   /* nominal window size; 0 = max(64 KiB, len / (4 * n_threads)) */

@@ -482,6 +482,7 @@ class MLA(nn.Module):
         self.kv_b_proj = nn.Linear(self.rkv, self.H * (self.dn + self.dv), bias=False)
         self.o_proj = nn.Linear(self.H * self.dv, d, bias=False)
         self.scale = (self.dn + self.dr) ** -0.5
+        self._masks: Dict[Tuple[int, torch.dtype, str], torch.Tensor] = {}
 
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = a.shape
@@ -497,11 +498,22 @@ class MLA(nn.Module):
         qh = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)             # [B,H,T,dn+dr]
         kh = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, T, H, dr)], dim=-1)
         kh = kh.transpose(1, 2)                                              # [B,H,T,dn+dr]
-        scores = torch.matmul(qh, kh.transpose(-1, -2)) * self.scale         # [B,H,T,T]
-        causal = torch.ones(T, T, dtype=torch.bool, device=a.device).triu_(1)
-        probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
-        o = torch.matmul(probs, v.transpose(1, 2))                           # [B,H,T,dv]
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, H * dv))
+        qh = qh.reshape(B * H, T, dn + dr)
+        kh = kh.reshape(B * H, T, dn + dr)
+        vh = v.transpose(1, 2).reshape(B * H, T, dv)
+        # S = scale * q.k + mask (0 where s <= t, -inf otherwise), fused into one baddbmm
+        scores = torch.baddbmm(self._mask(T, a.dtype, a.device), qh, kh.transpose(1, 2),
+                               beta=1.0, alpha=self.scale)                   # [B*H,T,T]
+        o = torch.bmm(torch.softmax(scores, dim=-1), vh)                     # [B*H,T,dv]
+        return self.o_proj(o.view(B, H, T, dv).transpose(1, 2).reshape(B, T, H * dv))
+
+    def _mask(self, T: int, dtype: torch.dtype, device) -> torch.Tensor:
+        key = (T, dtype, str(device))
+        if key not in self._masks:
+            self._masks.clear()
+            self._masks[key] = torch.full((T, T), float("-inf"), dtype=dtype,
+                                          device=device).triu_(1)
+        return self._masks[key]
 
 
 class _BiasBuffer(nn.Module):
@@ -793,7 +805,8 @@ class PanguRef(nn.Module):
         tgt = torch.where(has_t, targets, torch.zeros_like(targets))
         if tgt.numel() and int(tgt.max()) >= V:
             raise ValueError(f"target id out of [0, {V})")
-        logp_all = F.log_softmax(out.logits / temperature, dim=-1)
+        scaled = out.logits if temperature == 1.0 else out.logits / temperature
+        logp_all = F.log_softmax(scaled, dim=-1)
         logp = logp_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
         zero = torch.zeros_like(logp)
         logp = torch.where(has_t, logp, zero)
@@ -1303,29 +1316,33 @@ def cmd_bench(args) -> int:
     def step():
         toks = torch.randint(0, V, (B, T + 1), generator=gen)
         targets = torch.where(targets_mask, toks[:, 1:], torch.full_like(toks[:, 1:], -1))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         out = model.compute_loss(toks[:, :T], None, targets, weights, 1.0)
         out.loss.backward()
         opt.step()
         if model.cfg.bias_update_rate:
             model.update_selection_bias(out.forward.routes, out.forward.valid)
-        return time.perf_counter() - t0, float(out.loss)
+        return time.perf_counter() - t0, time.process_time() - c0, float(out.loss)
 
+    load_before = os.getloadavg()
     losses = []
     for _ in range(args.warmup):
-        losses.append(step()[1])
-    times = []
+        losses.append(step()[2])
+    times, cpu = [], []
     for _ in range(args.steps):
-        dt, loss = step()
+        dt, dc, loss = step()
         times.append(dt)
+        cpu.append(dc)
         losses.append(loss)
     med = statistics.median(times) if times else float("nan")
     blas_str = (f"BLAS_INFO={blas['torch_build_blas']}; {blas.get('library')}; "
                 f"{blas.get('openblas_config', '')}; core {blas.get('openblas_corename', '?')}; "
                 f"openblas_threads={blas.get('openblas_threads', '?')}")
     res = {"tokens_per_s": B * T / med, "step_s_median": med, "step_s_all": times,
+           "step_cpu_s_median": statistics.median(cpu) if cpu else float("nan"),
            "threads": args.threads, "torch": torch.__version__, "blas": blas_str,
+           "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
            "blas_detail": blas,
            "env": {k: os.environ.get(k) for k in
                    ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT",

@@ -10,7 +10,8 @@ run=runs/demo
 mkdir -p "$run"
 $prl tasks demo --n 200 --seed 1 --out "$run/data.jsonl"
 $prl sft --data "$run/data.jsonl" --model configs/models/tiny.json --out "$run/ckpt" \
-  --steps "${PRL_DEMO_STEPS:-150}" --batch 8 --seq 64 --lr 3e-3 --seed 1 --log-every 10
+  --steps "${PRL_DEMO_STEPS:-500}" --batch 16 --seq 48 --optimizer adamw --lr 3e-3 --warmup 20 \
+  --seed 1 --log-every 25
 head -n 3 "$run/data.jsonl" > "$run/score.jsonl"
 $prl score --ckpt "$run/ckpt" --input "$run/score.jsonl"
 echo "demo: checkpoint in $run/ckpt (config.json, model.safetensors, tokenizer.json, optimizer state)"

@@ -303,6 +303,22 @@ START_TEST(test_fast_matches_naive)
         free(fast);
         free(naive);
     }
+    /* 30000 distinct random words: more chunks than the chunk cache holds (it clears). */
+    prl_rng r;
+    prl_rng_init(&r, 14, 0, 0, 0, PRL_RNG_TEST);
+    char *words = malloc(400000);
+    size_t wl = 0;
+    for (int w = 0; w < 30000; w++) {
+        size_t k = 2 + rnd(&r, 12);
+        words[wl++] = ' ';
+        for (size_t i = 0; i < k; i++) words[wl++] = "etaoinshrdlu"[rnd(&r, 12)];
+    }
+    encode_ok(tok, words, wl, 0, &fast, &nf);
+    encode_ok(tok, words, wl, PRL_TOKENIZER_NAIVE, &naive, &nn);
+    ck_assert(ids_equal(fast, nf, naive, nn));
+    free(fast);
+    free(naive);
+    free(words);
     encode_ok(tok, "the model", 9, 0, &fast, &nf);
     encode_ok(tok, "the model", 9, PRL_TOKENIZER_NAIVE, &naive, &nn);
     ck_assert(ids_equal(fast, nf, naive, nn));
@@ -936,6 +952,27 @@ START_TEST(test_load_rejects_corrupt_files)
     json_array_remove(merges_of(r), 6);
     expect_load_fail(r, "id 278 is not created by any merge", NULL);
 
+    /* A merge whose result already exists reuses that id (as Hugging Face does): "h u" makes
+    ** hu = 279, then "hu g" spells "hug", which is 274. */
+    r = hand_json();
+    json_object_set_new(vocab_of(r), "hu", json_integer(279));
+    json_array_append_new(merges_of(r), json_string("h u"));
+    json_array_append_new(merges_of(r), json_string("hu g"));
+    json_object_set_new(json_object_get(r, "prl"), "vocab_size", json_integer(280));
+    text = json_dumps(r, 0);
+    f = fopen(path, "wb");
+    fputs(text, f);
+    fclose(f);
+    free(text);
+    json_decref(r);
+    assert_ok(prl_tokenizer_load(path, &tok));
+    ck_assert_int_eq(prl_tokenizer_vocab_size(tok), 280);
+    ck_assert_uint_eq(prl_tokenizer_n_merges(tok), 9);
+    int32_t ml, mr, mres;
+    assert_ok(prl_tokenizer_merge(tok, 8, &ml, &mr, &mres));
+    ck_assert(ml == 279 && mr == 16 + 'g' && mres == 274);
+    prl_tokenizer_free(tok);
+
     /* Duplicate keys are caught by the parser. */
     expect_load_fail_text("{\"prl\": {}, \"prl\": {}}", PRL_ERR_FORMAT, "duplicate", NULL);
 
@@ -1095,6 +1132,67 @@ static prl_tokenizer *right_to_left_tokenizer(int k)
     return tok;
 }
 
+/* Doubling merges a+a, aa+aa, ... up to a^1024: tokens much longer than all the base
+** tokens together, merged with themselves (the loader's scratch must fit left + right). */
+START_TEST(test_load_long_self_merges)
+{
+    make_tmpdir();
+    prl_tokenizer *base = NULL, *tok = NULL;
+    char path[300];
+    snprintf(path, sizeof path, "%s/double.json", tmpdir);
+    assert_ok(prl_tokenizer_init_bytes(&base));
+    assert_ok(prl_tokenizer_save(base, path));
+    prl_tokenizer_free(base);
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    ck_assert_ptr_nonnull(root);
+    char half[1025], full[2051];
+    for (int j = 1; j <= 10; j++) {
+        size_t h = (size_t)1 << (j - 1);
+        memset(half, 'a', h);
+        half[h] = '\0';
+        memset(full, 'a', 2 * h);
+        full[2 * h] = '\0';
+        json_object_set_new(vocab_of(root), full, json_integer(271 + j));
+        snprintf(full, sizeof full, "%s %s", half, half);
+        json_array_append_new(merges_of(root), json_string(full));
+    }
+    json_object_set_new(json_object_get(root, "prl"), "vocab_size", json_integer(282));
+    ck_assert_int_eq(json_dump_file(root, path, 0), 0);
+    json_decref(root);
+    assert_ok(prl_tokenizer_load(path, &tok));
+    /* a^1024 + a^1024 is not in the vocab: rejected (and the check must not overrun). */
+    root = json_load_file(path, 0, &err);
+    ck_assert_ptr_nonnull(root);
+    memset(full, 'a', 1024);
+    full[1024] = ' ';
+    memset(full + 1025, 'a', 1024);
+    full[2049] = '\0';
+    json_array_append_new(merges_of(root), json_string(full));
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    expect_load_fail_text(text, PRL_ERR_FORMAT, "merges[10]", "not in model.vocab");
+    free(text);
+    remove_tmpdir();
+    char run[3000];
+    memset(run, 'a', sizeof run);
+    int32_t *ids, *par;
+    size_t n, np;
+    encode_ok(tok, run, 1024, 0, &ids, &n);
+    ck_assert(n == 1 && ids[0] == 281);
+    free(ids);
+    encode_ok(tok, run, sizeof run, 0, &ids, &n); /* 3000 = 2 * 1024 + 512+256+128+32+16+8 */
+    ck_assert_uint_eq(n, 8);
+    ck_assert(ids[0] == 281 && ids[1] == 281 && ids[2] == 280 && ids[7] == 274);
+    prl_tokenizer_parallel_opts o = {2, 100, 20};
+    assert_ok(prl_tokenizer_encode_parallel(tok, run, sizeof run, 0, &o, &par, &np, NULL));
+    ck_assert(ids_equal(ids, n, par, np));
+    free(ids);
+    free(par);
+    prl_tokenizer_free(tok);
+}
+END_TEST
+
 START_TEST(test_parallel_right_to_left_merges)
 {
     enum { K = 600 };
@@ -1215,6 +1313,7 @@ static Suite *tokenizer_suite(void)
     tcase_add_test(tc, test_save_load_round_trip);
     tcase_add_test(tc, test_save_errors);
     tcase_add_test(tc, test_load_rejects_corrupt_files);
+    tcase_add_test(tc, test_load_long_self_merges);
     tcase_set_timeout(tc, 300);
     suite_add_tcase(s, tc);
 
