@@ -70,6 +70,15 @@ int main(int argc, char **argv)
     if (!rc) rc = prl_safetensors_writer_add(&pw, "logits", PRL_DTYPE_F32, sh_btv, 3, prl_model_logits(&m));
     if (!rc) rc = prl_safetensors_writer_add(&pw, "loss", PRL_DTYPE_F64, sh_1, 1, &loss);
     if (!rc) rc = prl_safetensors_writer_add(&pw, "logp", PRL_DTYPE_F32, sh_bt, 2, logp);
+    /* the routes prl chose, so the reference can tell float near-ties from real differences */
+    int K = m.cfg.num_experts_per_tok;
+    int64_t sh_btk[3] = {B, T, K};
+    char (*rnames)[32] = calloc((size_t)m.n_moe + 1, sizeof *rnames);
+    for (int i = 0; !rc && i < m.n_moe; i++) {
+        snprintf(rnames[i], sizeof rnames[i], "routes.%d", m.cfg.first_k_dense_replace + i);
+        rc = prl_safetensors_writer_add(&pw, rnames[i], PRL_DTYPE_I32, sh_btk, 3,
+                                        prl_model_routes(&m) + (size_t)i * B * T * K);
+    }
     char (*names)[112] = calloc((size_t)m.n_tensors, sizeof *names);
     for (int i = 0; !rc && i < m.n_tensors; i++) {
         const prl_param_info *p = &m.tensors[i];
@@ -81,6 +90,7 @@ int main(int argc, char **argv)
     prl_safetensors_writer_free(&bw);
     prl_safetensors_writer_free(&pw);
     free(names);
+    free(rnames);
     prl_model_free(&m);
     if (rc) return fail("writing");
     fprintf(stderr, "ref_dump: loss %.6f (lm %.6f, balance %.3g, z %.3g), %d targets\n", st.loss,
