@@ -55,7 +55,8 @@ static double sgemm_rate(int reps)
     return med;
 }
 
-/* Floating-point operations of one training step as prl computes it (GEMMs only). */
+/* Floating-point operations of one training step as prl computes it (GEMMs only; the MoE
+** counted at K experts per token, attention over the causal blocks it multiplies). */
 static double step_flops(const prl_config *c, int B, int T)
 {
     double d = c->hidden_size, H = c->num_attention_heads, dq = c->qk_nope_head_dim + c->qk_rope_head_dim,
@@ -73,7 +74,13 @@ static double step_flops(const prl_config *c, int B, int T)
     }
     per_token += (double)c->vocab_size * d;
     double tokens = (double)B * T;
-    double attention = 6.0 * T * T * (dq + dv) * B * H * c->num_hidden_layers;
+    /* causal attention in query blocks: block [r0, r1) multiplies against keys [0, r1) */
+    double pairs = 0;
+    for (int r0 = 0; r0 < T; r0 += PRL_ATT_BLOCK) {
+        int r1 = r0 + PRL_ATT_BLOCK < T ? r0 + PRL_ATT_BLOCK : T;
+        pairs += (double)(r1 - r0) * r1;
+    }
+    double attention = 6.0 * pairs * (dq + dv) * B * H * c->num_hidden_layers;
     return 6 * per_token * tokens + attention;
 }
 

@@ -18,9 +18,9 @@
 ** one after another, each as [gate_proj (de×d), up_proj (de×d), down_proj (d×de)]. */
 typedef struct layer_offsets {
     size_t ln1, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, ln2;
-    size_t w1, w3, w2;       /* dense SwiGLU */
+    size_t w1, w3, w2;       /* dense SwiGLU; w3 follows w1, so [w1; w3] is one 2F×d matrix */
     size_t router, experts;  /* MoE */
-    size_t sw1, sw3, sw2;    /* shared experts */
+    size_t sw1, sw3, sw2;    /* shared experts; sw3 follows sw1 likewise */
 } layer_offsets;
 
 /* Saved activations of one layer (for the current batch shape). */
@@ -30,14 +30,14 @@ typedef struct layer_acts {
     prl_real *kva, *ckv, *rstd_kv, *kr, *kv;    /* key/value path */
     prl_real *att, *o;                          /* probabilities, head outputs */
     prl_real *res_ffn, *ln_f, *rstd_f;          /* residual after attention, normed */
-    prl_real *a1, *a3, *h;                      /* dense or shared-expert SwiGLU */
+    prl_real *a13, *h;                          /* dense or shared-expert SwiGLU */
     /* MoE */
     prl_real *z, *s, *g;                        /* router logits, sigmoid, gates [N,K] */
     int32_t *sel;                               /* [N,K] */
     int32_t *offsets;                           /* [E+1] rows per expert in grouped order */
     int32_t *pos;                               /* [N,K] grouped row of (token, slot) */
     int32_t *token_of;                          /* [N·K] token of each grouped row */
-    prl_real *xg, *ea1, *ea3, *eh, *yg;         /* grouped expert inputs/activations/outputs */
+    prl_real *xg, *ea13, *eh, *yg;              /* grouped expert inputs/activations/outputs */
 } layer_acts;
 
 struct prl_acts {
@@ -146,6 +146,7 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
             o->w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.gate_proj.weight", p, l);
             o->w3 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.up_proj.weight", p, l);
             o->w2 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.I, "%s.%d.mlp.down_proj.weight", p, l);
+            PRL_ASSERT(o->w3 == o->w1 + (size_t)D.I * D.d); /* stacked gate/up GEMM */
             continue;
         }
         o->router = add_tensor(tb, PRL_PARAM_ROUTER, l, -1, D.E, D.d, "%s.%d.mlp.gate.weight", p, l);
@@ -165,6 +166,7 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
                                 "%s.%d.mlp.shared_experts.up_proj.weight", p, l);
             o->sw2 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.sde,
                                 "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
+            PRL_ASSERT(o->sw3 == o->sw1 + (size_t)D.sde * D.d);
         }
     }
     *norm = add_tensor(tb, PRL_PARAM_NORM, -1, -1, D.d, 0, "model.norm.weight");
@@ -317,14 +319,12 @@ static void carve_all(prl_model *m, carver *cv)
         la->ln_f = CARVE_R(cv, N * D.d);
         la->rstd_f = CARVE_R(cv, N);
         if (!prl_config_is_moe(&m->cfg, l)) {
-            la->a1 = CARVE_R(cv, N * D.I);
-            la->a3 = CARVE_R(cv, N * D.I);
+            la->a13 = CARVE_R(cv, 2 * N * D.I);
             la->h = CARVE_R(cv, N * D.I);
             continue;
         }
         if (D.sde > 0) {
-            la->a1 = CARVE_R(cv, N * D.sde);
-            la->a3 = CARVE_R(cv, N * D.sde);
+            la->a13 = CARVE_R(cv, 2 * N * D.sde);
             la->h = CARVE_R(cv, N * D.sde);
         }
         la->z = CARVE_R(cv, N * D.E);
@@ -335,8 +335,7 @@ static void carve_all(prl_model *m, carver *cv)
         la->pos = CARVE_I(cv, NK);
         la->token_of = CARVE_I(cv, NK);
         la->xg = CARVE_R(cv, NK * D.d);
-        la->ea1 = CARVE_R(cv, NK * D.de);
-        la->ea3 = CARVE_R(cv, NK * D.de);
+        la->ea13 = CARVE_R(cv, 2 * NK * D.de);
         la->eh = CARVE_R(cv, NK * D.de);
         la->yg = CARVE_R(cv, NK * D.d);
     }
@@ -363,12 +362,12 @@ static void carve_all(prl_model *m, carver *cv)
     a->attn_scratch_len = prl_attention_scratch(a->B, a->T, D.H, D.dr);
     a->dattn_scratch = CARVE_R(cv, a->attn_scratch_len);
     a->do_ = CARVE_R(cv, N * D.H * D.dv);
-    a->dffn_scratch = CARVE_R(cv, 2 * N * (wide > 0 ? wide : 1));
+    a->dffn_scratch = CARVE_R(cv, 3 * N * (wide > 0 ? wide : 1));
     a->dz = CARVE_R(cv, N * D.E);
     a->dg = CARVE_R(cv, NK);
     a->dyg = CARVE_R(cv, NK * D.d);
     a->dxg = CARVE_R(cv, NK * D.d);
-    a->deh = CARVE_R(cv, 2 * NK * D.de);
+    a->deh = CARVE_R(cv, 3 * NK * D.de);
     a->routes = CARVE_I(cv, (size_t)(m->n_moe > 0 ? m->n_moe : 1) * NK);
 }
 
@@ -501,12 +500,11 @@ static void expert_forward_task(void *p, int i)
     const dims *D = &c->D;
     expert_task t = c->tasks[i];
     size_t base = expert_base(c->o, D, t.e);
-    const prl_real *w1 = P(base), *w3 = P(base + (size_t)D->de * D->d),
-                   *w2 = P(base + 2 * (size_t)D->de * D->d);
+    const prl_real *w13 = P(base), *w2 = P(base + 2 * (size_t)D->de * D->d);
     size_t xo = (size_t)t.r0 * D->d, ho = (size_t)t.r0 * D->de;
-    prl_gemm(0, 1, t.rows, D->de, D->d, 1, la->xg + xo, D->d, w1, D->d, 0, la->ea1 + ho, D->de);
-    prl_gemm(0, 1, t.rows, D->de, D->d, 1, la->xg + xo, D->d, w3, D->d, 0, la->ea3 + ho, D->de);
-    prl_silu_mul_forward(la->eh + ho, la->ea1 + ho, la->ea3 + ho, (size_t)t.rows * D->de);
+    prl_gemm(0, 1, t.rows, 2 * D->de, D->d, 1, la->xg + xo, D->d, w13, D->d, 0, la->ea13 + 2 * ho,
+             2 * D->de);
+    prl_silu_mul_forward(la->eh + ho, la->ea13 + 2 * ho, t.rows, D->de);
     prl_gemm(0, 1, t.rows, D->d, D->de, 1, la->eh + ho, D->de, w2, D->de, 0, la->yg + xo, D->d);
 }
 
@@ -535,8 +533,8 @@ static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     c.n_tasks = build_expert_tasks(tasks, la->offsets, D.E);
     prl_parallel_for(c.n_tasks, expert_forward_task, &c);
     if (D.sde > 0)
-        prl_swiglu_forward(a->tmp, la->a1, la->a3, la->h, la->ln_f, P(o->sw1), P(o->sw3),
-                           P(o->sw2), N, D.d, D.sde, 0);
+        prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->sw1), P(o->sw2), N, D.d,
+                           D.sde, 0);
     else
         memset(a->tmp, 0, (size_t)N * D.d * sizeof(prl_real));
     for (int n = 0; n < N; n++) {
@@ -686,8 +684,8 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
             if (train) aux_losses(m, la, b, &stats.balance_loss, &stats.z_loss);
             moe_idx++;
         } else {
-            prl_swiglu_forward(a->tmp, la->a1, la->a3, la->h, la->ln_f, P(o->w1), P(o->w3),
-                               P(o->w2), N, D.d, D.I, 0);
+            prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->w1), P(o->w2), N, D.d,
+                               D.I, 0);
             stop = stop || emit(m, l, "mlp.out", a->tmp, N, D.d);
         }
         prl_real *next = l + 1 < D.L ? a->layer[l + 1].res_attn : a->res_final;
@@ -747,7 +745,6 @@ static void zero(prl_real *p, size_t n) { memset(p, 0, n * sizeof *p); }
 /* Attention sublayer: dres holds ∂/∂(res_ffn); adds the path through MLA and ln1. */
 static void mla_backward(prl_model *m, int l, const prl_batch *b)
 {
-    (void)b;
     prl_acts *a = m->acts;
     layer_acts *la = &a->layer[l];
     const layer_offsets *o = &a->lo[l];
@@ -759,7 +756,7 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
     zero(a->dkv, (size_t)N * D.H * D.dkv);
     zero(a->dkr, (size_t)N * D.dr);
     prl_attention_backward(a->dq, a->dkv, a->dkr, a->do_, la->att, la->q, la->kv, la->kr,
-                           a->dattn_scratch, a->B, a->T, D.H, D.dn, D.dr, D.dv);
+                           a->dattn_scratch, a->B, a->T, D.H, D.dn, D.dr, D.dv, b->lens);
     zero(a->dckv, (size_t)N * D.rkv);
     prl_matmul_backward(a->dckv, G(o->wkv_b), a->dkv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv);
     prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
@@ -791,20 +788,18 @@ static void expert_backward_rows_task(void *p, int i)
     const dims *D = &c->D;
     expert_task t = c->tasks[i];
     size_t base = expert_base(c->o, D, t.e);
-    const prl_real *w1 = P(base), *w3 = P(base + (size_t)D->de * D->d),
-                   *w2 = P(base + 2 * (size_t)D->de * D->d);
+    const prl_real *w13 = P(base), *w2 = P(base + 2 * (size_t)D->de * D->d);
     size_t xo = (size_t)t.r0 * D->d, ho = (size_t)t.r0 * D->de;
     size_t NK = (size_t)a->N * D->K;
-    prl_real *da3 = a->deh + ho, *da1 = a->deh + NK * D->de + ho;
-    /* dh = dyg·w2 (rows, de), then da1/da3, then dxg = da1·w1 + da3·w3 */
-    prl_gemm(0, 0, t.rows, D->de, D->d, 1, a->dyg + xo, D->d, w2, D->de, 0, da3, D->de);
-    prl_silu_mul_backward(da1, da3, da3, la->ea1 + ho, la->ea3 + ho, (size_t)t.rows * D->de);
-    prl_gemm(0, 0, t.rows, D->d, D->de, 1, da1, D->de, w1, D->d, 0, a->dxg + xo, D->d);
-    prl_gemm(0, 0, t.rows, D->d, D->de, 1, da3, D->de, w3, D->d, 1, a->dxg + xo, D->d);
+    prl_real *da13 = a->deh + 2 * ho, *dh = a->deh + 2 * NK * D->de + ho;
+    /* dh = dyg·w2 (rows, de), then da13 (rows, 2de), then dxg = da13·w13 */
+    prl_gemm(0, 0, t.rows, D->de, D->d, 1, a->dyg + xo, D->d, w2, D->de, 0, dh, D->de);
+    prl_silu_mul_backward(da13, dh, la->ea13 + 2 * ho, t.rows, D->de);
+    prl_gemm(0, 0, t.rows, D->d, 2 * D->de, 1, da13, 2 * D->de, w13, D->d, 0, a->dxg + xo, D->d);
 }
 
-/* One task per (expert, matrix): the weight gradient reduces over all of the expert's rows
-** in one GEMM, so no two tasks write the same gradient. */
+/* One task per (expert, matrix pair): the weight gradient reduces over all of the expert's
+** rows in one GEMM, so no two tasks write the same gradient. */
 static void expert_backward_weights_task(void *p, int i)
 {
     expert_ctx *c = p;
@@ -812,17 +807,14 @@ static void expert_backward_weights_task(void *p, int i)
     prl_acts *a = m->acts;
     layer_acts *la = c->la;
     const dims *D = &c->D;
-    int e = i / 3, which = i % 3;
+    int e = i / 2, which = i % 2;
     int r0 = la->offsets[e], rows = la->offsets[e + 1] - r0;
     if (rows == 0) return;
-    size_t base = expert_base(c->o, D, e), NK = (size_t)a->N * D->K;
+    size_t base = expert_base(c->o, D, e);
     size_t xo = (size_t)r0 * D->d, ho = (size_t)r0 * D->de;
-    const prl_real *da3 = a->deh + ho, *da1 = a->deh + NK * D->de + ho;
-    if (which == 0) /* dW1 (de,d) += da1ᵀ·xg */
-        prl_gemm(1, 0, D->de, D->d, rows, 1, da1, D->de, la->xg + xo, D->d, 1, G(base), D->d);
-    else if (which == 1) /* dW3 */
-        prl_gemm(1, 0, D->de, D->d, rows, 1, da3, D->de, la->xg + xo, D->d, 1,
-                 G(base + (size_t)D->de * D->d), D->d);
+    if (which == 0) /* d[W1;W3] (2de,d) += da13ᵀ·xg */
+        prl_gemm(1, 0, 2 * D->de, D->d, rows, 1, a->deh + 2 * ho, 2 * D->de, la->xg + xo, D->d, 1,
+                 G(base), D->d);
     else /* dW2 (d,de) += dygᵀ·eh */
         prl_gemm(1, 0, D->d, D->de, rows, 1, a->dyg + xo, D->d, la->eh + ho, D->de, 1,
                  G(base + 2 * (size_t)D->de * D->d), D->de);
@@ -882,9 +874,8 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
     int N = a->N;
     zero(a->dln, (size_t)N * D.d);
     if (!prl_config_is_moe(&m->cfg, l)) {
-        prl_swiglu_backward(a->dln, G(o->w1), G(o->w3), G(o->w2), a->dffn_scratch, a->dres,
-                            la->ln_f, la->a1, la->a3, la->h, P(o->w1), P(o->w3), P(o->w2), N,
-                            D.d, D.I);
+        prl_swiglu_backward(a->dln, G(o->w1), G(o->w2), a->dffn_scratch, a->dres, la->ln_f,
+                            la->a13, la->h, P(o->w1), P(o->w2), N, D.d, D.I);
     } else {
         for (int n = 0; n < N; n++) {
             const prl_real *dy = a->dres + (size_t)n * D.d;
@@ -902,7 +893,7 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
         expert_ctx c = {.m = m, .la = la, .o = o, .D = D, .tasks = tasks};
         c.n_tasks = build_expert_tasks(tasks, la->offsets, D.E);
         prl_parallel_for(c.n_tasks, expert_backward_rows_task, &c);
-        prl_parallel_for(3 * D.E, expert_backward_weights_task, &c);
+        prl_parallel_for(2 * D.E, expert_backward_weights_task, &c);
         for (int n = 0; n < N; n++) {
             prl_real *dx = a->dln + (size_t)n * D.d;
             for (int k = 0; k < D.K; k++) {
@@ -911,9 +902,8 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
             }
         }
         if (D.sde > 0)
-            prl_swiglu_backward(a->dln, G(o->sw1), G(o->sw3), G(o->sw2), a->dffn_scratch, a->dres,
-                                la->ln_f, la->a1, la->a3, la->h, P(o->sw1), P(o->sw3), P(o->sw2),
-                                N, D.d, D.sde);
+            prl_swiglu_backward(a->dln, G(o->sw1), G(o->sw2), a->dffn_scratch, a->dres,
+                                la->ln_f, la->a13, la->h, P(o->sw1), P(o->sw2), N, D.d, D.sde);
         zero(a->dz, (size_t)N * D.E);
         for (int n = 0; n < N; n++)
             prl_moe_gate_backward(a->dz + (size_t)n * D.E, a->dg + (size_t)n * D.K,

@@ -157,6 +157,11 @@ void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_
 
 /* ------------------------------------------------------------------ attention ------- */
 
+/* Causal attention is computed in blocks of ATT_BLOCK query rows: rows [r0, r1) only need
+** keys [0, r1), so the upper triangle is never multiplied (about half the FLOPs at T = 256).
+** Rows at or past a sequence's length are skipped (their outputs are zero). */
+enum { ATT_BLOCK = PRL_ATT_BLOCK };
+
 typedef struct attn_ctx {
     prl_real *out, *att, *dq, *dkv, *dkr_heads, *scratch;
     const prl_real *q, *kv, *kr, *dout;
@@ -164,37 +169,46 @@ typedef struct attn_ctx {
     int B, T, H, dn, dr, dv;
 } attn_ctx;
 
-/* Softmax of row t over keys s <= min(t, len−1), scaled scores in S. */
-static void causal_softmax_row(prl_real *S, int t, int T, int len)
+/* Softmax of row t over keys s <= t (all < len); entries up to `width` are written. */
+static void causal_softmax_row(prl_real *S, int t, int width)
 {
-    int last = t < len ? t : len - 1;
     prl_real m = S[0];
-    for (int s = 1; s <= last; s++) m = S[s] > m ? S[s] : m;
+    for (int s = 1; s <= t; s++) m = S[s] > m ? S[s] : m;
     prl_real sum = 0;
-    for (int s = 0; s <= last; s++) sum += (S[s] = PRL_EXP(S[s] - m));
+    for (int s = 0; s <= t; s++) sum += (S[s] = PRL_EXP(S[s] - m));
     prl_real inv = 1 / sum;
-    for (int s = 0; s <= last; s++) S[s] *= inv;
-    for (int s = last + 1; s < T; s++) S[s] = 0;
+    for (int s = 0; s <= t; s++) S[s] *= inv;
+    for (int s = t + 1; s < width; s++) S[s] = 0;
 }
+
+/* Valid rows of sequence b: [0, len). */
+static int seq_len(const attn_ctx *c, int b) { return c->lens ? c->lens[b] : c->T; }
 
 static void attention_forward_head(void *p, int task)
 {
     attn_ctx *c = p;
     int b = task / c->H, h = task % c->H, T = c->T, H = c->H;
-    int dq = c->dn + c->dr, dkv = c->dn + c->dv;
-    int len = c->lens ? c->lens[b] : T;
+    int dq = c->dn + c->dr, dkv = c->dn + c->dv, len = seq_len(c, b);
     prl_real scale = (prl_real)(1.0 / sqrt((double)dq));
     const prl_real *q = c->q + (size_t)b * T * H * dq + (size_t)h * dq;
     const prl_real *k = c->kv + (size_t)b * T * H * dkv + (size_t)h * dkv;
     const prl_real *kr = c->kr + (size_t)b * T * c->dr;
-    prl_real *S = c->att + (size_t)task * T * T;
-    /* S = scale·(q_nope·k_nopeᵀ + q_rope·krᵀ) */
-    prl_gemm(0, 1, T, T, c->dn, scale, q, H * dq, k, H * dkv, 0, S, T);
-    prl_gemm(0, 1, T, T, c->dr, scale, q + c->dn, H * dq, kr, c->dr, 1, S, T);
-    for (int t = 0; t < T; t++) causal_softmax_row(S + (size_t)t * T, t, T, len);
-    /* out_h = P · v_h */
-    prl_gemm(0, 0, T, c->dv, T, 1, S, T, k + c->dn, H * dkv, 0,
-             c->out + (size_t)b * T * H * c->dv + (size_t)h * c->dv, H * c->dv);
+    prl_real *P = c->att + (size_t)task * T * T;
+    prl_real *out = c->out + (size_t)b * T * H * c->dv + (size_t)h * c->dv;
+    for (int r0 = 0; r0 < len; r0 += ATT_BLOCK) {
+        int r1 = r0 + ATT_BLOCK < len ? r0 + ATT_BLOCK : len, rows = r1 - r0;
+        prl_real *S = P + (size_t)r0 * T;
+        /* S[rows, r1] = scale·(q_nope·k_nopeᵀ + q_rope·krᵀ) over keys [0, r1) */
+        prl_gemm(0, 1, rows, r1, c->dn, scale, q + (size_t)r0 * H * dq, H * dq, k, H * dkv, 0, S, T);
+        prl_gemm(0, 1, rows, r1, c->dr, scale, q + (size_t)r0 * H * dq + c->dn, H * dq, kr, c->dr, 1,
+                 S, T);
+        for (int t = r0; t < r1; t++) causal_softmax_row(P + (size_t)t * T, t, r1);
+        /* out_h[rows] = P[rows, r1] · v_h[0, r1) */
+        prl_gemm(0, 0, rows, c->dv, r1, 1, S, T, k + c->dn, H * dkv, 0, out + (size_t)r0 * H * c->dv,
+                 H * c->dv);
+    }
+    for (int t = len; t < T; t++)
+        memset(out + (size_t)t * H * c->dv, 0, (size_t)c->dv * sizeof *out);
 }
 
 void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, const prl_real *kv,
@@ -208,49 +222,55 @@ void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, cons
 
 size_t prl_attention_scratch(int B, int T, int H, int dr)
 {
-    return (size_t)B * H * T * dr + (size_t)prl_pool_threads() * T * T;
+    return (size_t)B * H * T * dr + (size_t)prl_pool_threads() * ATT_BLOCK * T;
 }
 
 static void attention_backward_head(void *p, int task)
 {
     attn_ctx *c = p;
     int b = task / c->H, h = task % c->H, T = c->T, H = c->H;
-    int dq = c->dn + c->dr, dkv = c->dn + c->dv;
+    int dq = c->dn + c->dr, dkv = c->dn + c->dv, len = seq_len(c, b);
     prl_real scale = (prl_real)(1.0 / sqrt((double)dq));
     size_t qoff = (size_t)b * T * H * dq + (size_t)h * dq;
     size_t kvoff = (size_t)b * T * H * dkv + (size_t)h * dkv;
     const prl_real *P = c->att + (size_t)task * T * T;
     const prl_real *dO = c->dout + (size_t)b * T * H * c->dv + (size_t)h * c->dv;
-    prl_real *dS = c->scratch + (size_t)prl_pool_worker() * T * T;
-    /* dP = dO · vᵀ;  dv += Pᵀ · dO */
-    prl_gemm(0, 1, T, T, c->dv, 1, dO, H * c->dv, c->kv + kvoff + c->dn, H * dkv, 0, dS, T);
-    prl_gemm(1, 0, T, c->dv, T, 1, P, T, dO, H * c->dv, 1, c->dkv + kvoff + c->dn, H * dkv);
-    /* dS = scale · P ⊙ (dP − Σ_s P·dP) */
-    for (int t = 0; t < T; t++) {
-        const prl_real *pr = P + (size_t)t * T;
-        prl_real *drow = dS + (size_t)t * T;
-        prl_real dot = 0;
-        for (int s = 0; s <= t; s++) dot += pr[s] * drow[s];
-        for (int s = 0; s < T; s++) drow[s] = s <= t ? scale * pr[s] * (drow[s] - dot) : 0;
-    }
-    /* dq_nope += dS·k_nope; dq_rope += dS·kr; dk_nope += dSᵀ·q_nope; dkr_h = dSᵀ·q_rope */
     const prl_real *kr = c->kr + (size_t)b * T * c->dr;
-    prl_gemm(0, 0, T, c->dn, T, 1, dS, T, c->kv + kvoff, H * dkv, 1, c->dq + qoff, H * dq);
-    prl_gemm(0, 0, T, c->dr, T, 1, dS, T, kr, c->dr, 1, c->dq + qoff + c->dn, H * dq);
-    prl_gemm(1, 0, T, c->dn, T, 1, dS, T, c->q + qoff, H * dq, 1, c->dkv + kvoff, H * dkv);
-    prl_gemm(1, 0, T, c->dr, T, 1, dS, T, c->q + qoff + c->dn, H * dq, 0,
-             c->dkr_heads + (size_t)task * T * c->dr, c->dr);
+    prl_real *dS = c->scratch + (size_t)prl_pool_worker() * ATT_BLOCK * T;
+    prl_real *dkr_h = c->dkr_heads + (size_t)task * T * c->dr;
+    memset(dkr_h, 0, (size_t)T * c->dr * sizeof *dkr_h);
+    for (int r0 = 0; r0 < len; r0 += ATT_BLOCK) {
+        int r1 = r0 + ATT_BLOCK < len ? r0 + ATT_BLOCK : len, rows = r1 - r0;
+        const prl_real *Pb = P + (size_t)r0 * T, *dOb = dO + (size_t)r0 * H * c->dv;
+        /* dP = dO·vᵀ;  dv[0, r1) += Pᵀ·dO */
+        prl_gemm(0, 1, rows, r1, c->dv, 1, dOb, H * c->dv, c->kv + kvoff + c->dn, H * dkv, 0, dS, T);
+        prl_gemm(1, 0, r1, c->dv, rows, 1, Pb, T, dOb, H * c->dv, 1, c->dkv + kvoff + c->dn, H * dkv);
+        /* dS = scale · P ⊙ (dP − Σ_s P·dP) */
+        for (int t = r0; t < r1; t++) {
+            const prl_real *pr = P + (size_t)t * T;
+            prl_real *drow = dS + (size_t)(t - r0) * T, dot = 0;
+            for (int s = 0; s <= t; s++) dot += pr[s] * drow[s];
+            for (int s = 0; s < r1; s++) drow[s] = s <= t ? scale * pr[s] * (drow[s] - dot) : 0;
+        }
+        /* dq_nope += dS·k_nope; dq_rope += dS·kr; dk_nope += dSᵀ·q_nope; dkr_h += dSᵀ·q_rope */
+        prl_real *dqb = c->dq + qoff + (size_t)r0 * H * dq;
+        const prl_real *qb = c->q + qoff + (size_t)r0 * H * dq;
+        prl_gemm(0, 0, rows, c->dn, r1, 1, dS, T, c->kv + kvoff, H * dkv, 1, dqb, H * dq);
+        prl_gemm(0, 0, rows, c->dr, r1, 1, dS, T, kr, c->dr, 1, dqb + c->dn, H * dq);
+        prl_gemm(1, 0, r1, c->dn, rows, 1, dS, T, qb, H * dq, 1, c->dkv + kvoff, H * dkv);
+        prl_gemm(1, 0, r1, c->dr, rows, 1, dS, T, qb + c->dn, H * dq, 1, dkr_h, c->dr);
+    }
 }
 
 void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, const prl_real *dout,
                             const prl_real *att, const prl_real *q, const prl_real *kv,
                             const prl_real *kr, prl_real *scratch, int B, int T, int H, int dn,
-                            int dr, int dv)
+                            int dr, int dv, const int32_t *lens)
 {
     attn_ctx c = {.dq = dq, .dkv = dkv, .dkr_heads = scratch,
                   .scratch = scratch + (size_t)B * H * T * dr, .dout = dout, .att = (prl_real *)att,
-                  .q = q, .kv = kv, .kr = kr, .B = B, .T = T, .H = H, .dn = dn, .dr = dr,
-                  .dv = dv};
+                  .q = q, .kv = kv, .kr = kr, .lens = lens, .B = B, .T = T, .H = H, .dn = dn,
+                  .dr = dr, .dv = dv};
     prl_parallel_for(B * H, attention_backward_head, &c);
     /* The shared rope key gets the sum over heads, added in head order. */
     for (int b = 0; b < B; b++)
@@ -263,29 +283,33 @@ void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, const pr
 
 /* ------------------------------------------------------------------ SwiGLU ---------- */
 
-void prl_silu_mul_forward(prl_real *h, const prl_real *a1, const prl_real *a3, size_t n)
+void prl_silu_mul_forward(prl_real *h, const prl_real *a13, int rows, int F)
 {
-    for (size_t i = 0; i < n; i++) {
-        prl_real sg = 1 / (1 + PRL_EXP(-a1[i]));
-        h[i] = a1[i] * sg * a3[i];
+    for (int r = 0; r < rows; r++) {
+        const prl_real *g = a13 + (size_t)r * 2 * F, *u = g + F;
+        prl_real *y = h + (size_t)r * F;
+        for (int f = 0; f < F; f++) y[f] = g[f] / (1 + PRL_EXP(-g[f])) * u[f];
     }
 }
 
-void prl_silu_mul_backward(prl_real *da1, prl_real *da3, const prl_real *dh, const prl_real *a1,
-                           const prl_real *a3, size_t n)
+void prl_silu_mul_backward(prl_real *da13, const prl_real *dh, const prl_real *a13, int rows,
+                           int F)
 {
     /* silu'(x) = σ(x)·(1 + x·(1 − σ(x))) */
-    for (size_t i = 0; i < n; i++) {
-        prl_real sg = 1 / (1 + PRL_EXP(-a1[i]));
-        prl_real silu = a1[i] * sg;
-        da1[i] = dh[i] * a3[i] * sg * (1 + a1[i] * (1 - sg));
-        da3[i] = dh[i] * silu;
+    for (int r = 0; r < rows; r++) {
+        const prl_real *g = a13 + (size_t)r * 2 * F, *u = g + F, *dy = dh + (size_t)r * F;
+        prl_real *dg = da13 + (size_t)r * 2 * F, *du = dg + F;
+        for (int f = 0; f < F; f++) {
+            prl_real sg = 1 / (1 + PRL_EXP(-g[f]));
+            dg[f] = dy[f] * u[f] * sg * (1 + g[f] * (1 - sg));
+            du[f] = dy[f] * g[f] * sg;
+        }
     }
 }
 
 typedef struct swiglu_ctx {
-    prl_real *a1, *a3, *h, *dh;
-    const prl_real *inp;
+    prl_real *a13, *h, *da13;
+    const prl_real *dh;
     int N, F;
 } swiglu_ctx;
 
@@ -293,18 +317,16 @@ static void silu_mul_block(void *p, int blk)
 {
     swiglu_ctx *c = p;
     int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
-    size_t off = (size_t)r0 * c->F, n = (size_t)rows * c->F;
-    prl_silu_mul_forward(c->h + off, c->a1 + off, c->a3 + off, n);
+    prl_silu_mul_forward(c->h + (size_t)r0 * c->F, c->a13 + (size_t)r0 * 2 * c->F, rows, c->F);
 }
 
-void prl_swiglu_forward(prl_real *out, prl_real *a1, prl_real *a3, prl_real *h,
-                        const prl_real *inp, const prl_real *w1, const prl_real *w3,
-                        const prl_real *w2, int N, int C, int F, prl_real beta)
+void prl_swiglu_forward(prl_real *out, prl_real *a13, prl_real *h, const prl_real *inp,
+                        const prl_real *w13, const prl_real *w2, int N, int C, int F,
+                        prl_real beta)
 {
-    /* inp (N,C); w1,w3 (F,C); w2 (C,F); a1,a3,h (N,F); out (N,C) */
-    prl_matmul_forward(a1, inp, w1, N, C, F, 0);
-    prl_matmul_forward(a3, inp, w3, N, C, F, 0);
-    swiglu_ctx c = {.a1 = a1, .a3 = a3, .h = h, .N = N, .F = F};
+    /* inp (N,C); w13 (2F,C); w2 (C,F); a13 (N,2F); h (N,F); out (N,C) */
+    prl_matmul_forward(a13, inp, w13, N, C, 2 * F, 0);
+    swiglu_ctx c = {.a13 = a13, .h = h, .N = N, .F = F};
     prl_parallel_for(n_blocks(N), silu_mul_block, &c);
     prl_matmul_forward(out, h, w2, N, F, C, beta);
 }
@@ -313,28 +335,22 @@ static void silu_mul_backward_block(void *p, int blk)
 {
     swiglu_ctx *c = p;
     int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
-    size_t off = (size_t)r0 * c->F, n = (size_t)rows * c->F;
-    /* c->dh holds dh on entry and da3 on exit (in place); da1 goes to c->h. */
-    prl_silu_mul_backward(c->h + off, c->dh + off, c->dh + off, c->a1 + off, c->a3 + off, n);
+    size_t o1 = (size_t)r0 * c->F, o2 = 2 * o1;
+    prl_silu_mul_backward(c->da13 + o2, c->dh + o1, c->a13 + o2, rows, c->F);
 }
 
-void prl_swiglu_backward(prl_real *dinp, prl_real *dw1, prl_real *dw3, prl_real *dw2,
-                         prl_real *dh, const prl_real *dout, const prl_real *inp,
-                         const prl_real *a1, const prl_real *a3, const prl_real *h,
-                         const prl_real *w1, const prl_real *w3, const prl_real *w2, int N,
+void prl_swiglu_backward(prl_real *dinp, prl_real *dw13, prl_real *dw2, prl_real *scratch,
+                         const prl_real *dout, const prl_real *inp, const prl_real *a13,
+                         const prl_real *h, const prl_real *w13, const prl_real *w2, int N,
                          int C, int F)
 {
-    /* dh (N,F) = dout·w2;  dw2 (C,F) += doutᵀ·h */
+    /* dh (N,F) = dout·w2;  dw2 (C,F) += doutᵀ·h;  then da13 (N,2F), dinp, dw13 */
+    prl_real *dh = scratch, *da13 = scratch + (size_t)N * F;
     memset(dh, 0, (size_t)N * F * sizeof *dh);
     prl_matmul_backward(dh, dw2, dout, h, w2, N, F, C);
-    /* da3 overwrites dh in place; da1 goes to the second half of the 2·N·F scratch */
-    prl_real *da1 = dh + (size_t)N * F;
-    swiglu_ctx c = {.a1 = (prl_real *)a1, .a3 = (prl_real *)a3, .h = da1, .dh = dh,
-                    .N = N, .F = F};
+    swiglu_ctx c = {.a13 = (prl_real *)a13, .da13 = da13, .dh = dh, .N = N, .F = F};
     prl_parallel_for(n_blocks(N), silu_mul_backward_block, &c);
-    /* now da1 in dh[N·F..], da3 in dh[0..N·F) */
-    prl_matmul_backward(dinp, dw1, da1, inp, w1, N, C, F);
-    prl_matmul_backward(dinp, dw3, dh, inp, w3, N, C, F);
+    prl_matmul_backward(dinp, dw13, da13, inp, w13, N, C, 2 * F);
 }
 
 /* ------------------------------------------------------------------ MoE gate -------- */

@@ -14,7 +14,7 @@
 
 #include "engine/engine.h"
 
-enum { PRL_ROW_BLOCK = 128 };
+enum { PRL_ROW_BLOCK = 128, PRL_ATT_BLOCK = 64 /* causal attention query block */ };
 
 #ifdef PRL_REAL_DOUBLE
 #define PRL_EXP exp
@@ -58,35 +58,36 @@ void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_
 **   kv  [B*T, H*(dn+dv)]  per head [k_nope | v]
 **   kr  [B*T, dr]         shared rope key               (rope already applied)
 **   out [B*T, H*dv];  att [B, H, T, T] softmax probabilities saved for backward.
-** lens[b] (NULL = T): keys s >= lens[b] are never attended (rows t >= lens[b] are computed
-** but meaningless). */
+** lens[b] (NULL = T): rows and keys at or past lens[b] are skipped (those output rows are
+** zero). Only the causal lower triangle of att is written. */
 void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, const prl_real *kv,
                            const prl_real *kr, const int32_t *lens, int B, int T, int H, int dn,
                            int dr, int dv);
-/* dq, dkv, dkr accumulate; scratch holds B*H*T*dr + threads*T*T reals (see
-** prl_attention_scratch). */
+/* dq, dkv, dkr accumulate; scratch holds prl_attention_scratch(B, T, H, dr) reals. */
 void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, const prl_real *dout,
                             const prl_real *att, const prl_real *q, const prl_real *kv,
                             const prl_real *kr, prl_real *scratch, int B, int T, int H, int dn,
-                            int dr, int dv);
+                            int dr, int dv, const int32_t *lens);
 size_t prl_attention_scratch(int B, int T, int H, int dr);
 
-/* SwiGLU FFN: out[N,C] = (silu(inp·w1ᵀ) ⊙ (inp·w3ᵀ)) · w2ᵀ with w1,w3 [F,C], w2 [C,F];
-** a1, a3, h [N,F] saved. */
-void prl_swiglu_forward(prl_real *out, prl_real *a1, prl_real *a3, prl_real *h,
-                        const prl_real *inp, const prl_real *w1, const prl_real *w3,
-                        const prl_real *w2, int N, int C, int F, prl_real beta);
-/* dinp, dw1, dw3, dw2 accumulate; dh is scratch of 2·N·F reals. */
-void prl_swiglu_backward(prl_real *dinp, prl_real *dw1, prl_real *dw3, prl_real *dw2,
-                         prl_real *dh, const prl_real *dout, const prl_real *inp,
-                         const prl_real *a1, const prl_real *a3, const prl_real *h,
-                         const prl_real *w1, const prl_real *w3, const prl_real *w2, int N,
+/* SwiGLU FFN with the gate and up projections stacked: w13 [2F,C] = [w1; w3] (gate_proj then
+** up_proj, adjacent in the parameter block), w2 [C,F]:
+**   a13[N,2F] = inp·w13ᵀ;  h[N,F] = silu(a13[:, :F]) ⊙ a13[:, F:];  out[N,C] = h·w2ᵀ (+ beta·out)
+** One GEMM of width 2F instead of two of width F. a13 and h are saved for the backward. */
+void prl_swiglu_forward(prl_real *out, prl_real *a13, prl_real *h, const prl_real *inp,
+                        const prl_real *w13, const prl_real *w2, int N, int C, int F,
+                        prl_real beta);
+/* dinp, dw13, dw2 accumulate; scratch holds 3·N·F reals. */
+void prl_swiglu_backward(prl_real *dinp, prl_real *dw13, prl_real *dw2, prl_real *scratch,
+                         const prl_real *dout, const prl_real *inp, const prl_real *a13,
+                         const prl_real *h, const prl_real *w13, const prl_real *w2, int N,
                          int C, int F);
 
-/* Elementwise SwiGLU core: h = silu(a1) ⊙ a3, and its backward (da1, da3 overwritten). */
-void prl_silu_mul_forward(prl_real *h, const prl_real *a1, const prl_real *a3, size_t n);
-void prl_silu_mul_backward(prl_real *da1, prl_real *da3, const prl_real *dh, const prl_real *a1,
-                           const prl_real *a3, size_t n);
+/* Row-wise SwiGLU core on `rows` rows: h[r,f] = silu(a13[r,f]) · a13[r,F+f], and its backward
+** (da13 [rows,2F] overwritten). */
+void prl_silu_mul_forward(prl_real *h, const prl_real *a13, int rows, int F);
+void prl_silu_mul_backward(prl_real *da13, const prl_real *dh, const prl_real *a13, int rows,
+                           int F);
 
 /* MoE gate for one token: s = σ(z) [E]; sel = top-K of s + bias (ties: lower index) unless
 ** `forced` (K ids) is given; g[k] = scale · s[sel k] / (Σ s[sel] + 1e-20) if renorm, else

@@ -169,7 +169,7 @@ START_TEST(test_attention_grad)
     double *dq = calloc(nq, 8), *dkv = calloc(nkv, 8), *dkr = calloc(nkr, 8);
     double *scratch = malloc(prl_attention_scratch(c.B, c.T, c.H, c.dr) * 8);
     prl_attention_backward(dq, dkv, dkr, r, c.att, c.q, c.kv, c.kr, scratch, c.B, c.T, c.H,
-                           c.dn, c.dr, c.dv);
+                           c.dn, c.dr, c.dv, c.lens);
     ck_assert_double_lt(fd_error(at_fwd, &c, c.q, nq, dq, r, no), 1e-6);
     ck_assert_double_lt(fd_error(at_fwd, &c, c.kv, nkv, dkv, r, no), 1e-6);
     ck_assert_double_lt(fd_error(at_fwd, &c, c.kr, nkr, dkr, r, no), 1e-6);
@@ -181,33 +181,57 @@ START_TEST(test_attention_grad)
 }
 END_TEST
 
+/* Longer sequences: several 64-row query blocks, a length that ends inside a block. */
+START_TEST(test_attention_blocks_grad)
+{
+    at_ctx c = {.B = 2, .T = 150, .H = 1, .dn = 3, .dr = 2, .dv = 2, .lens = {150, 97}};
+    int N = c.B * c.T, nq = N * 5, nkv = N * 5, nkr = N * 2, no = N * 2;
+    c.q = randv(nq, 1);
+    c.kv = randv(nkv, 1);
+    c.kr = randv(nkr, 1);
+    c.att = malloc((size_t)c.B * c.H * c.T * c.T * 8);
+    double *out = malloc(no * 8), *r = randv(no, 1);
+    for (int t = 97; t < 150; t++)
+        for (int i = 0; i < 2; i++) r[(150 + t) * 2 + i] = 0;
+    at_fwd(&c, out);
+    for (int t = 97; t < 150; t++) ck_assert_double_eq(out[(150 + t) * 2], 0); /* padding rows */
+    double *dq = calloc(nq, 8), *dkv = calloc(nkv, 8), *dkr = calloc(nkr, 8);
+    double *scratch = malloc(prl_attention_scratch(c.B, c.T, c.H, c.dr) * 8);
+    prl_attention_backward(dq, dkv, dkr, r, c.att, c.q, c.kv, c.kr, scratch, c.B, c.T, c.H,
+                           c.dn, c.dr, c.dv, c.lens);
+    ck_assert_double_lt(fd_error(at_fwd, &c, c.q, nq, dq, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(at_fwd, &c, c.kv, nkv, dkv, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(at_fwd, &c, c.kr, nkr, dkr, r, no), 1e-6);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ SwiGLU ---------- */
 
-typedef struct { double *inp, *w1, *w3, *w2, *a1, *a3, *h; int N, C, F; } sw_ctx;
+typedef struct { double *inp, *w13, *w2, *a13, *h; int N, C, F; } sw_ctx;
 static void sw_fwd(void *p, double *out)
 {
     sw_ctx *c = p;
-    prl_swiglu_forward(out, c->a1, c->a3, c->h, c->inp, c->w1, c->w3, c->w2, c->N, c->C, c->F, 0);
+    prl_swiglu_forward(out, c->a13, c->h, c->inp, c->w13, c->w2, c->N, c->C, c->F, 0);
 }
 
 START_TEST(test_swiglu_grad)
 {
     sw_ctx c = {.N = 4, .C = 5, .F = 6};
     c.inp = randv(20, 1);
-    c.w1 = randv(30, 1);
-    c.w3 = randv(30, 1);
+    c.w13 = randv(60, 1);
     c.w2 = randv(30, 1);
-    c.a1 = malloc(24 * 8), c.a3 = malloc(24 * 8), c.h = malloc(24 * 8);
+    c.a13 = malloc(48 * 8), c.h = malloc(24 * 8);
     double *out = malloc(20 * 8), *r = randv(20, 1);
     sw_fwd(&c, out);
-    double *di = calloc(20, 8), *d1 = calloc(30, 8), *d3 = calloc(30, 8), *d2 = calloc(30, 8);
-    double *scratch = malloc(2 * 24 * 8);
-    prl_swiglu_backward(di, d1, d3, d2, scratch, r, c.inp, c.a1, c.a3, c.h, c.w1, c.w3, c.w2,
-                        c.N, c.C, c.F);
+    double *di = calloc(20, 8), *d13 = calloc(60, 8), *d2 = calloc(30, 8);
+    double *scratch = malloc(3 * 24 * 8);
+    prl_swiglu_backward(di, d13, d2, scratch, r, c.inp, c.a13, c.h, c.w13, c.w2, c.N, c.C, c.F);
     ck_assert_double_lt(fd_error(sw_fwd, &c, c.inp, 20, di, r, 20), 1e-6);
-    ck_assert_double_lt(fd_error(sw_fwd, &c, c.w1, 30, d1, r, 20), 1e-6);
-    ck_assert_double_lt(fd_error(sw_fwd, &c, c.w3, 30, d3, r, 20), 1e-6);
+    ck_assert_double_lt(fd_error(sw_fwd, &c, c.w13, 60, d13, r, 20), 1e-6);
     ck_assert_double_lt(fd_error(sw_fwd, &c, c.w2, 30, d2, r, 20), 1e-6);
+    /* h = silu(gate) ⊙ up, checked directly */
+    double g = c.a13[0], u = c.a13[6];
+    ck_assert_double_eq_tol(c.h[0], g / (1 + exp(-g)) * u, 1e-15);
 }
 END_TEST
 
@@ -428,6 +452,7 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_rmsnorm_grad);
     tcase_add_test(ops, test_rope_grad);
     tcase_add_test(ops, test_attention_grad);
+    tcase_add_test(ops, test_attention_blocks_grad);
     tcase_add_test(ops, test_swiglu_grad);
     tcase_add_test(ops, test_moe_gate_grad);
     tcase_add_test(ops, test_logprob_grad);
