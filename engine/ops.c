@@ -57,12 +57,17 @@ static void matmul_dinp_block(void *p, int blk)
              c->dinp + (size_t)r0 * c->C, c->C);
 }
 
-static void matmul_dw_block(void *p, int blk)
+/* dw tiles: PRL_ROW_BLOCK rows × PRL_ROW_BLOCK columns of dw, each reducing over all N
+** rows in one GEMM, so small weight matrices still give several tasks. */
+static void matmul_dw_block(void *p, int tile)
 {
     matmul_ctx *c = p;
-    int r0 = blk * PRL_ROW_BLOCK, rows = c->OC - r0 < PRL_ROW_BLOCK ? c->OC - r0 : PRL_ROW_BLOCK;
-    prl_gemm(1, 0, rows, c->C, c->N, 1, c->dout + r0, c->OC, c->inp, c->C, 1,
-             c->dw + (size_t)r0 * c->C, c->C);
+    int col_tiles = n_blocks(c->C);
+    int r0 = tile / col_tiles * PRL_ROW_BLOCK, c0 = tile % col_tiles * PRL_ROW_BLOCK;
+    int rows = c->OC - r0 < PRL_ROW_BLOCK ? c->OC - r0 : PRL_ROW_BLOCK;
+    int cols = c->C - c0 < PRL_ROW_BLOCK ? c->C - c0 : PRL_ROW_BLOCK;
+    prl_gemm(1, 0, rows, cols, c->N, 1, c->dout + r0, c->OC, c->inp + c0, c->C, 1,
+             c->dw + (size_t)r0 * c->C + c0, c->C);
 }
 
 void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout,
@@ -72,7 +77,7 @@ void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout,
     matmul_ctx c = {.dinp = dinp, .dw = dw, .dout = dout, .inp = inp, .w = w,
                     .N = N, .C = C, .OC = OC};
     if (dinp) prl_parallel_for(n_blocks(N), matmul_dinp_block, &c);
-    if (dw) prl_parallel_for(n_blocks(OC), matmul_dw_block, &c);
+    if (dw) prl_parallel_for(n_blocks(OC) * n_blocks(C), matmul_dw_block, &c);
 }
 
 /* ------------------------------------------------------------------ RMSNorm --------- */

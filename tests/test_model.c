@@ -474,6 +474,21 @@ START_TEST(test_routes_override_and_hooks)
 }
 END_TEST
 
+/* The inline exp of the hot loops against libm, over the whole range it is used on. */
+START_TEST(test_fast_exp)
+{
+    double worst = 0;
+    for (float x = -87.0f; x < 88.0f; x += 0.001f + fabsf(x) * 1e-4f) {
+        double e = exp((double)x), r = fabs(prl_expf(x) - e) / e;
+        if (r > worst) worst = r;
+    }
+    ck_assert_double_lt(worst, 2e-7);
+    ck_assert_float_eq(prl_expf(0.0f), 1.0f);
+    ck_assert(prl_expf(-1000.0f) > 0 && prl_expf(-1000.0f) < 1e-37f); /* clamped, finite */
+    ck_assert(isfinite(prl_expf(1000.0f)));
+}
+END_TEST
+
 static Suite *model_suite(void)
 {
     Suite *s = suite_create("model");
@@ -489,6 +504,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_lr_schedule_and_clipping);
     tcase_add_test(tc, test_router_bias_rules);
     tcase_add_test(tc, test_routes_override_and_hooks);
+    tcase_add_test(tc, test_fast_exp);
     suite_add_tcase(s, tc);
     return s;
 }
