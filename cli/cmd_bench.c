@@ -20,7 +20,7 @@
 
 typedef struct bench_args {
     const char *config, *python, *reference;
-    int batch, seq, steps, warmup, threads, json, no_reference;
+    int batch, seq, steps, warmup, rounds, threads, json, no_reference;
     uint64_t seed;
 } bench_args;
 
@@ -84,8 +84,8 @@ static double step_flops(const prl_config *c, int B, int T)
     return 6 * per_token * tokens + attention;
 }
 
-/* Median seconds per training step of prl (AdamW, as the reference). */
-static prl_status time_prl(const prl_config *cfg, const bench_args *a, double *med)
+/* Seconds of each timed training step of prl (AdamW, as the reference) into t[0..steps). */
+static prl_status time_prl(const prl_config *cfg, const bench_args *a, double *t)
 {
     prl_model m;
     prl_optim o;
@@ -114,7 +114,6 @@ static prl_status time_prl(const prl_config *cfg, const bench_args *a, double *m
         w[i] = tgt[i] >= 0 ? -1.0f / (float)(N - a->batch) : 0;
     }
     prl_batch b = {.B = a->batch, .T = a->seq, .tokens = tok, .targets = tgt, .weights = w, .temperature = 1};
-    double *t = malloc(sizeof(double) * (size_t)a->steps);
     for (int s = 0; rc == PRL_OK && s < a->warmup + a->steps; s++) {
         double t0 = cli_now();
         prl_model_zero_grad(&m);
@@ -123,15 +122,15 @@ static prl_status time_prl(const prl_config *cfg, const bench_args *a, double *m
         if (rc == PRL_OK) rc = prl_optim_step(&o, &m, NULL);
         if (s >= a->warmup) t[s - a->warmup] = cli_now() - t0;
     }
-    if (rc == PRL_OK) *med = median(t, a->steps);
-    free(t), free(tok), free(tgt), free(w);
+    free(tok), free(tgt), free(w);
     prl_optim_free(&o);
     prl_model_free(&m);
     return rc;
 }
 
-/* Run the PyTorch reference's bench as a child process; parse its JSON. */
-static prl_status time_reference(const bench_args *a, double *med, char *info, size_t info_n)
+/* Run the PyTorch reference's bench as a child process; its per-step seconds into
+** t[0..steps). */
+static prl_status time_reference(const bench_args *a, double *t, char *info, size_t info_n)
 {
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
@@ -147,16 +146,14 @@ static prl_status time_reference(const bench_args *a, double *med, char *info, s
     int status = pclose(p);
     if (status != 0)
         return prl_error_set(PRL_ERR_IO, "the PyTorch reference failed (exit %d): %s", status, cmd);
-    const char *brace = strrchr(out, '{');
-    while (brace && brace > out && !(brace[-1] == '\n')) brace = NULL;
     json_error_t err;
     json_t *root = json_loads(strchr(out, '{') ? strchr(out, '{') : out, JSON_DISABLE_EOF_CHECK, &err);
-    json_t *v = root ? json_object_get(root, "step_s_median") : NULL;
-    if (!json_is_number(v)) {
+    json_t *v = root ? json_object_get(root, "step_s_all") : NULL;
+    if (!json_is_array(v) || json_array_size(v) != (size_t)a->steps) {
         json_decref(root);
-        return prl_error_set(PRL_ERR_FORMAT, "reference output has no step_s_median: %.200s", out);
+        return prl_error_set(PRL_ERR_FORMAT, "reference output lacks %d step times: %.200s", a->steps, out);
     }
-    *med = json_number_value(v);
+    for (int i = 0; i < a->steps; i++) t[i] = json_number_value(json_array_get(v, (size_t)i));
     json_t *ver = json_object_get(root, "torch");
     snprintf(info, info_n, "torch %s", json_is_string(ver) ? json_string_value(ver) : "?");
     json_decref(root);
@@ -167,12 +164,13 @@ static int bench_train(int argc, char **argv)
 {
     bench_args a = {.config = PRL_SOURCE_DIR "/configs/models/tiny.json", .python = "/usr/bin/python3",
                     .reference = PRL_SOURCE_DIR "/reference/pangu_ref.py", .batch = 8, .seq = 256,
-                    .steps = 7, .warmup = 2, .seed = 1};
+                    .steps = 5, .warmup = 2, .rounds = 3, .seed = 1};
     cli_opt opts[] = {
         {"config", OPT_STR, &a.config, "CONFIG", "model config (default configs/models/tiny.json)", 0, 0},
         {"batch", OPT_INT, &a.batch, "B", "sequences per step (default 8)", 0, 0},
         {"seq", OPT_INT, &a.seq, "T", "tokens per sequence (default 256)", 0, 0},
-        {"steps", OPT_INT, &a.steps, "N", "timed steps per engine (default 7; medians reported)", 0, 0},
+        {"steps", OPT_INT, &a.steps, "N", "timed steps per engine and round (default 5)", 0, 0},
+        {"rounds", OPT_INT, &a.rounds, "R", "alternating prl/reference rounds (default 3)", 0, 0},
         {"warmup", OPT_INT, &a.warmup, "N", "untimed warm-up steps (default 2)", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads for both engines (default: all CPUs)", 0, 0},
         {"seed", OPT_U64, &a.seed, "S", "seed (default 1)", 0, 0},
@@ -187,31 +185,40 @@ static int bench_train(int argc, char **argv)
                        "PyTorch reference on the same config, batch, threads and BLAS core.",
                        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
-    if (a.batch < 1 || a.seq < 2 || a.steps < 1 || a.warmup < 0)
-        return cli_failf("bench", 2, "--batch, --steps must be >= 1, --seq >= 2, --warmup >= 0");
+    if (a.batch < 1 || a.seq < 2 || a.steps < 1 || a.warmup < 0 || a.rounds < 1)
+        return cli_failf("bench", 2, "--batch, --steps, --rounds must be >= 1, --seq >= 2, --warmup >= 0");
     if (cli_setup_blas("bench", a.threads)) return 1;
     prl_config cfg;
     if (prl_config_load(&cfg, a.config)) return cli_fail("bench");
     double peak = sgemm_rate(9);
     fprintf(stderr, "bench: sgemm 1024^3 through prl's pool: %.1f GFLOP/s (median of 9)\n", peak);
-    double prl_s = 0, ref_s = 0;
-    if (time_prl(&cfg, &a, &prl_s)) return cli_fail("bench");
+    /* Rounds alternate the two engines, so drift in the machine's speed (it is shared)
+    ** hits both alike; medians are over all timed steps of all rounds. */
+    int n = a.rounds * a.steps;
+    double *prl_t = calloc((size_t)n, sizeof *prl_t), *ref_t = calloc((size_t)n, sizeof *ref_t);
+    char info[128] = "skipped";
+    for (int r = 0; r < a.rounds; r++) {
+        if (time_prl(&cfg, &a, prl_t + r * a.steps)) return cli_fail("bench");
+        fprintf(stderr, "bench: round %d/%d prl done\n", r + 1, a.rounds);
+        if (a.no_reference) continue;
+        if (time_reference(&a, ref_t + r * a.steps, info, sizeof info)) return cli_fail("bench");
+        fprintf(stderr, "bench: round %d/%d reference done\n", r + 1, a.rounds);
+    }
+    double prl_s = median(prl_t, n), ref_s = a.no_reference ? 0 : median(ref_t, n);
+    free(prl_t), free(ref_t);
     double tokens = (double)a.batch * a.seq, flops = step_flops(&cfg, a.batch, a.seq);
     double prl_tps = tokens / prl_s, gflops = flops / prl_s / 1e9;
-    fprintf(stderr, "bench: prl step %.3f s (median of %d)\n", prl_s, a.steps);
-    char info[128] = "skipped";
-    if (!a.no_reference) {
-        if (time_reference(&a, &ref_s, info, sizeof info)) return cli_fail("bench");
-        fprintf(stderr, "bench: reference step %.3f s (median of %d, %s)\n", ref_s, a.steps, info);
-    }
+    fprintf(stderr, "bench: prl step %.3f s, reference step %.3f s (medians of %d steps)\n", prl_s,
+            ref_s, n);
     double ref_tps = ref_s > 0 ? tokens / ref_s : 0;
     if (a.json) {
         printf("{\"config\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"blas_core\": \"%s\", "
                "\"sgemm_gflops\": %.2f, \"step_gflop\": %.3f, \"prl_step_s\": %.5f, \"prl_tokens_per_s\": %.1f, "
                "\"prl_gflops\": %.2f, \"prl_share_of_sgemm\": %.4f, \"torch_step_s\": %.5f, "
-               "\"torch_tokens_per_s\": %.1f, \"ratio_prl_over_torch\": %.3f, \"reference\": \"%s\"}\n",
+               "\"torch_tokens_per_s\": %.1f, \"ratio_prl_over_torch\": %.3f, \"reference\": \"%s\", "
+               "\"steps_timed\": %d}\n",
                a.config, a.batch, a.seq, prl_blas_threads(), prl_blas_core(), peak, flops / 1e9, prl_s,
-               prl_tps, gflops, gflops / peak, ref_s, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, info);
+               prl_tps, gflops, gflops / peak, ref_s, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, info, n);
     } else {
         printf("config %s, batch %d x %d, threads %d, blas %s\n", a.config, a.batch, a.seq,
                prl_blas_threads(), prl_blas_core());

@@ -508,6 +508,68 @@ static void expert_forward_task(void *p, int i)
     prl_gemm(0, 1, t.rows, D->d, D->de, 1, la->eh + ho, D->de, w2, D->de, 0, la->yg + xo, D->d);
 }
 
+/* Per-token passes of the MoE and the residual stream, run over row blocks on the pool
+** (each row is written by exactly one task). */
+typedef struct token_ctx {
+    prl_model *m;
+    layer_acts *la;
+    dims D;
+    const prl_real *bias;
+    const int32_t *forced;
+    prl_real *out;
+    const prl_real *x, *y;
+} token_ctx;
+
+static void gate_rows(void *p, int r0, int r1)
+{
+    token_ctx *c = p;
+    layer_acts *la = c->la;
+    int E = c->D.E, K = c->D.K;
+    for (int n = r0; n < r1; n++)
+        prl_moe_gate_forward(la->sel + (size_t)n * K, la->g + (size_t)n * K, la->s + (size_t)n * E,
+                             la->z + (size_t)n * E, c->bias, c->forced ? c->forced + (size_t)n * K : NULL,
+                             E, K, c->m->cfg.norm_topk_prob, c->m->cfg.routed_scaling_factor);
+}
+
+static void gather_rows(void *p, int r0, int r1)
+{
+    token_ctx *c = p;
+    int d = c->D.d;
+    for (int q = r0; q < r1; q++)
+        memcpy(c->la->xg + (size_t)q * d, c->la->ln_f + (size_t)c->la->token_of[q] * d,
+               (size_t)d * sizeof(prl_real));
+}
+
+/* out[n] += Σ_k g[n,k]·yg[pos(n,k)], slots in order */
+static void combine_rows(void *p, int r0, int r1)
+{
+    token_ctx *c = p;
+    layer_acts *la = c->la;
+    int d = c->D.d, K = c->D.K;
+    for (int n = r0; n < r1; n++) {
+        prl_real *out = c->out + (size_t)n * d;
+        for (int k = 0; k < K; k++) {
+            prl_real g = la->g[n * K + k];
+            const prl_real *y = la->yg + (size_t)la->pos[n * K + k] * d;
+            for (int i = 0; i < d; i++) out[i] += g * y[i];
+        }
+    }
+}
+
+/* out = x + y over rows of width d */
+static void add_rows(void *p, int r0, int r1)
+{
+    token_ctx *c = p;
+    size_t d = (size_t)c->D.d;
+    for (size_t i = (size_t)r0 * d; i < (size_t)r1 * d; i++) c->out[i] = c->x[i] + c->y[i];
+}
+
+static void residual_add(prl_model *m, prl_real *out, const prl_real *x, const prl_real *y)
+{
+    token_ctx c = {.m = m, .D = dims_of(&m->cfg), .out = out, .x = x, .y = y};
+    prl_parallel_rows(m->acts->N, add_rows, &c);
+}
+
 /* MoE: ln_f (N,d) → tmp (N,d) = shared(ln_f) + Σ_k g_k·expert_k(ln_f). */
 static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, expert_task *tasks)
 {
@@ -519,16 +581,11 @@ static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     prl_matmul_forward(la->z, la->ln_f, P(o->router), N, D.d, D.E, 0);
     const prl_real *bias = m->router_bias + (size_t)moe_idx * D.E;
     const int32_t *forced = b->route_override ? b->route_override + (size_t)moe_idx * N * D.K : NULL;
-    for (int n = 0; n < N; n++)
-        prl_moe_gate_forward(la->sel + (size_t)n * D.K, la->g + (size_t)n * D.K,
-                             la->s + (size_t)n * D.E, la->z + (size_t)n * D.E, bias,
-                             forced ? forced + (size_t)n * D.K : NULL, D.E, D.K,
-                             m->cfg.norm_topk_prob, m->cfg.routed_scaling_factor);
+    token_ctx tc = {.m = m, .la = la, .D = D, .bias = bias, .forced = forced, .out = a->tmp};
+    prl_parallel_rows(N, gate_rows, &tc);
     memcpy(a->routes + (size_t)moe_idx * N * D.K, la->sel, (size_t)N * D.K * sizeof(int32_t));
     group_by_expert(la, N, D.E, D.K);
-    for (int p = 0; p < N * D.K; p++)
-        memcpy(la->xg + (size_t)p * D.d, la->ln_f + (size_t)la->token_of[p] * D.d,
-               (size_t)D.d * sizeof(prl_real));
+    prl_parallel_rows(N * D.K, gather_rows, &tc);
     expert_ctx c = {.m = m, .la = la, .o = o, .D = D, .tasks = tasks};
     c.n_tasks = build_expert_tasks(tasks, la->offsets, D.E);
     prl_parallel_for(c.n_tasks, expert_forward_task, &c);
@@ -537,14 +594,7 @@ static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
                            D.sde, 0);
     else
         memset(a->tmp, 0, (size_t)N * D.d * sizeof(prl_real));
-    for (int n = 0; n < N; n++) {
-        prl_real *out = a->tmp + (size_t)n * D.d;
-        for (int k = 0; k < D.K; k++) {
-            prl_real g = la->g[n * D.K + k];
-            const prl_real *y = la->yg + (size_t)la->pos[n * D.K + k] * D.d;
-            for (int i = 0; i < D.d; i++) out[i] += g * y[i];
-        }
-    }
+    prl_parallel_rows(N, combine_rows, &tc);
     int stop = emit(m, l, "moe.router_logits", la->z, N, D.E);
     return stop || emit(m, l, "moe.out", a->tmp, N, D.d);
 }
@@ -676,7 +726,7 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
         prl_rmsnorm_forward(la->ln_a, la->rstd_a, la->res_attn, P(o->ln1), N, D.d, D.d, D.d,
                             m->cfg.rms_norm_eps);
         stop = mla_forward(m, l, b);
-        for (size_t i = 0; i < (size_t)N * D.d; i++) la->res_ffn[i] = la->res_attn[i] + a->tmp[i];
+        residual_add(m, la->res_ffn, la->res_attn, a->tmp);
         prl_rmsnorm_forward(la->ln_f, la->rstd_f, la->res_ffn, P(o->ln2), N, D.d, D.d, D.d,
                             m->cfg.rms_norm_eps);
         if (prl_config_is_moe(&m->cfg, l)) {
@@ -689,7 +739,7 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
             stop = stop || emit(m, l, "mlp.out", a->tmp, N, D.d);
         }
         prl_real *next = l + 1 < D.L ? a->layer[l + 1].res_attn : a->res_final;
-        for (size_t i = 0; i < (size_t)N * D.d; i++) next[i] = la->res_ffn[i] + a->tmp[i];
+        residual_add(m, next, la->res_ffn, a->tmp);
     }
     free(tasks);
     prl_rmsnorm_forward(a->ln_final, a->rstd_final, a->res_final, P(mo->norm), N, D.d, D.d, D.d,
@@ -863,6 +913,56 @@ static void aux_backward(const prl_model *m, const layer_acts *la, const prl_bat
     }
 }
 
+/* Backward per-token passes of the MoE. */
+static void dyg_rows(void *p, int r0, int r1)
+{
+    token_ctx *c = p;
+    layer_acts *la = c->la;
+    prl_acts *a = c->m->acts;
+    int d = c->D.d, K = c->D.K;
+    for (int n = r0; n < r1; n++) {
+        const prl_real *dy = a->dres + (size_t)n * d;
+        for (int k = 0; k < K; k++) {
+            int q = la->pos[n * K + k];
+            const prl_real *y = la->yg + (size_t)q * d;
+            prl_real *dyg = a->dyg + (size_t)q * d, g = la->g[n * K + k], dot = 0;
+            for (int i = 0; i < d; i++) {
+                dot += dy[i] * y[i];
+                dyg[i] = g * dy[i];
+            }
+            a->dg[n * K + k] = dot;
+        }
+    }
+}
+
+static void scatter_rows(void *p, int r0, int r1)
+{
+    token_ctx *c = p;
+    layer_acts *la = c->la;
+    prl_acts *a = c->m->acts;
+    int d = c->D.d, K = c->D.K;
+    for (int n = r0; n < r1; n++) {
+        prl_real *dx = a->dln + (size_t)n * d;
+        for (int k = 0; k < K; k++) {
+            const prl_real *src = a->dxg + (size_t)la->pos[n * K + k] * d;
+            for (int i = 0; i < d; i++) dx[i] += src[i];
+        }
+    }
+}
+
+static void gate_backward_rows(void *p, int r0, int r1)
+{
+    token_ctx *c = p;
+    layer_acts *la = c->la;
+    prl_acts *a = c->m->acts;
+    int E = c->D.E, K = c->D.K;
+    memset(a->dz + (size_t)r0 * E, 0, (size_t)(r1 - r0) * E * sizeof(prl_real));
+    for (int n = r0; n < r1; n++)
+        prl_moe_gate_backward(a->dz + (size_t)n * E, a->dg + (size_t)n * K, la->sel + (size_t)n * K,
+                              la->s + (size_t)n * E, E, K, c->m->cfg.norm_topk_prob,
+                              c->m->cfg.routed_scaling_factor);
+}
+
 /* FFN sublayer (dense or MoE): dres holds ∂/∂(next residual); adds the path through the
 ** FFN and ln2, so afterwards dres holds ∂/∂(res_ffn). */
 static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *tasks)
@@ -877,38 +977,17 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
         prl_swiglu_backward(a->dln, G(o->w1), G(o->w2), a->dffn_scratch, a->dres, la->ln_f,
                             la->a13, la->h, P(o->w1), P(o->w2), N, D.d, D.I);
     } else {
-        for (int n = 0; n < N; n++) {
-            const prl_real *dy = a->dres + (size_t)n * D.d;
-            for (int k = 0; k < D.K; k++) {
-                int p = la->pos[n * D.K + k];
-                const prl_real *y = la->yg + (size_t)p * D.d;
-                prl_real *dyg = a->dyg + (size_t)p * D.d, g = la->g[n * D.K + k], dot = 0;
-                for (int i = 0; i < D.d; i++) {
-                    dot += dy[i] * y[i];
-                    dyg[i] = g * dy[i];
-                }
-                a->dg[n * D.K + k] = dot;
-            }
-        }
+        token_ctx tc = {.m = m, .la = la, .D = D};
+        prl_parallel_rows(N, dyg_rows, &tc);
         expert_ctx c = {.m = m, .la = la, .o = o, .D = D, .tasks = tasks};
         c.n_tasks = build_expert_tasks(tasks, la->offsets, D.E);
         prl_parallel_for(c.n_tasks, expert_backward_rows_task, &c);
         prl_parallel_for(2 * D.E, expert_backward_weights_task, &c);
-        for (int n = 0; n < N; n++) {
-            prl_real *dx = a->dln + (size_t)n * D.d;
-            for (int k = 0; k < D.K; k++) {
-                const prl_real *src = a->dxg + (size_t)la->pos[n * D.K + k] * D.d;
-                for (int i = 0; i < D.d; i++) dx[i] += src[i];
-            }
-        }
+        prl_parallel_rows(N, scatter_rows, &tc);
         if (D.sde > 0)
             prl_swiglu_backward(a->dln, G(o->sw1), G(o->sw2), a->dffn_scratch, a->dres,
                                 la->ln_f, la->a13, la->h, P(o->sw1), P(o->sw2), N, D.d, D.sde);
-        zero(a->dz, (size_t)N * D.E);
-        for (int n = 0; n < N; n++)
-            prl_moe_gate_backward(a->dz + (size_t)n * D.E, a->dg + (size_t)n * D.K,
-                                  la->sel + (size_t)n * D.K, la->s + (size_t)n * D.E, D.E, D.K,
-                                  m->cfg.norm_topk_prob, m->cfg.routed_scaling_factor);
+        prl_parallel_rows(N, gate_backward_rows, &tc);
         aux_backward(m, la, b, a->dz);
         prl_matmul_backward(a->dln, G(o->router), a->dz, la->ln_f, P(o->router), N, D.d, D.E);
     }

@@ -9,6 +9,7 @@
 #include "engine/ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha,
@@ -23,6 +24,25 @@ void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha,
 }
 
 static int n_blocks(int rows) { return (rows + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK; }
+
+typedef struct rows_ctx {
+    prl_rows_fn fn;
+    void *ctx;
+    int n;
+} rows_ctx;
+
+static void rows_task(void *p, int blk)
+{
+    rows_ctx *c = p;
+    int r0 = blk * PRL_ROW_BLOCK, r1 = r0 + PRL_ROW_BLOCK < c->n ? r0 + PRL_ROW_BLOCK : c->n;
+    c->fn(c->ctx, r0, r1);
+}
+
+void prl_parallel_rows(int n_rows, prl_rows_fn fn, void *ctx)
+{
+    rows_ctx c = {.fn = fn, .ctx = ctx, .n = n_rows};
+    prl_parallel_for(n_blocks(n_rows), rows_task, &c);
+}
 
 /* ------------------------------------------------------------------ matmul ---------- */
 
@@ -82,18 +102,54 @@ void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout,
 
 /* ------------------------------------------------------------------ RMSNorm --------- */
 
+typedef struct rmsnorm_ctx {
+    prl_real *out, *rstd, *dinp, *dg_parts;
+    const prl_real *inp, *g, *dout;
+    int C, in_stride, out_stride;
+    double eps;
+} rmsnorm_ctx;
+
+static void rmsnorm_forward_rows(void *p, int r0, int r1)
+{
+    rmsnorm_ctx *c = p;
+    for (int n = r0; n < r1; n++) {
+        const prl_real *x = c->inp + (size_t)n * c->in_stride;
+        prl_real *y = c->out + (size_t)n * c->out_stride;
+        double ss = 0;
+        for (int i = 0; i < c->C; i++) ss += (double)x[i] * x[i];
+        prl_real r = (prl_real)(1.0 / sqrt(ss / c->C + c->eps));
+        for (int i = 0; i < c->C; i++) y[i] = c->g[i] * (x[i] * r);
+        c->rstd[n] = r;
+    }
+}
+
 void prl_rmsnorm_forward(prl_real *out, prl_real *rstd, const prl_real *inp, const prl_real *g,
                          int N, int C, int in_stride, int out_stride, double eps)
 {
     /* inp rows (N, C) at in_stride; out rows (N, C) at out_stride; rstd (N) */
-    for (int n = 0; n < N; n++) {
-        const prl_real *x = inp + (size_t)n * in_stride;
-        prl_real *y = out + (size_t)n * out_stride;
-        double ss = 0;
-        for (int i = 0; i < C; i++) ss += (double)x[i] * x[i];
-        prl_real r = (prl_real)(1.0 / sqrt(ss / C + eps));
-        for (int i = 0; i < C; i++) y[i] = g[i] * (x[i] * r);
-        rstd[n] = r;
+    rmsnorm_ctx c = {.out = out, .rstd = rstd, .inp = inp, .g = g, .C = C,
+                     .in_stride = in_stride, .out_stride = out_stride, .eps = eps};
+    prl_parallel_rows(N, rmsnorm_forward_rows, &c);
+}
+
+/* dg is a sum over rows: each block of rows writes its own partial, added in block order. */
+static void rmsnorm_backward_rows(void *p, int r0, int r1)
+{
+    rmsnorm_ctx *c = p;
+    prl_real *dg = c->dg_parts + (size_t)(r0 / PRL_ROW_BLOCK) * c->C;
+    memset(dg, 0, (size_t)c->C * sizeof *dg);
+    for (int n = r0; n < r1; n++) {
+        const prl_real *x = c->inp + (size_t)n * c->in_stride;
+        const prl_real *dy = c->dout + (size_t)n * c->out_stride;
+        prl_real *dx = c->dinp + (size_t)n * c->in_stride;
+        prl_real r = c->rstd[n];
+        double dot = 0;
+        for (int i = 0; i < c->C; i++) dot += (double)c->g[i] * dy[i] * x[i];
+        prl_real k = (prl_real)(dot * r * r * r / c->C);
+        for (int i = 0; i < c->C; i++) {
+            dx[i] += c->g[i] * dy[i] * r - x[i] * k;
+            dg[i] += dy[i] * (x[i] * r);
+        }
     }
 }
 
@@ -102,19 +158,16 @@ void prl_rmsnorm_backward(prl_real *dinp, prl_real *dg, const prl_real *dout,
                           int C, int in_stride, int dout_stride)
 {
     /* dx = u·r − x·r³·(Σ u·x)/C with u = g ⊙ dy;  dg += dy ⊙ x·r */
-    for (int n = 0; n < N; n++) {
-        const prl_real *x = inp + (size_t)n * in_stride;
-        const prl_real *dy = dout + (size_t)n * dout_stride;
-        prl_real *dx = dinp + (size_t)n * in_stride;
-        prl_real r = rstd[n];
-        double dot = 0;
-        for (int i = 0; i < C; i++) dot += (double)g[i] * dy[i] * x[i];
-        prl_real k = (prl_real)(dot * r * r * r / C);
-        for (int i = 0; i < C; i++) {
-            dx[i] += g[i] * dy[i] * r - x[i] * k;
-            dg[i] += dy[i] * (x[i] * r);
-        }
-    }
+    int nb = n_blocks(N);
+    prl_real *parts = malloc((size_t)nb * C * sizeof *parts);
+    PRL_ASSERT(parts != NULL);
+    rmsnorm_ctx c = {.dinp = dinp, .dg_parts = parts, .inp = inp, .g = g, .dout = dout,
+                     .rstd = (prl_real *)rstd, .C = C, .in_stride = in_stride,
+                     .out_stride = dout_stride};
+    prl_parallel_rows(N, rmsnorm_backward_rows, &c);
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < C; i++) dg[i] += parts[(size_t)b * C + i];
+    free(parts);
 }
 
 /* ------------------------------------------------------------------ RoPE ------------ */
@@ -130,21 +183,37 @@ void prl_rope_tables(prl_real *cos_t, prl_real *sin_t, int T, int D, double thet
         }
 }
 
-static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
-                       int heads, int head_stride, int col, int stride, int D, prl_real sign)
+typedef struct rope_ctx {
+    prl_real *x;
+    const prl_real *cos_t, *sin_t;
+    int T, heads, head_stride, col, stride, D;
+    prl_real sign;
+} rope_ctx;
+
+static void rope_rows(void *p, int r0, int r1)
 {
-    int half = D / 2;
-    for (int n = 0; n < N; n++) {
-        const prl_real *c = cos_t + (size_t)(n % T) * half, *s = sin_t + (size_t)(n % T) * half;
-        for (int h = 0; h < heads; h++) {
-            prl_real *v = x + (size_t)n * stride + (size_t)h * head_stride + col;
+    rope_ctx *c = p;
+    int half = c->D / 2;
+    for (int n = r0; n < r1; n++) {
+        const prl_real *co = c->cos_t + (size_t)(n % c->T) * half;
+        const prl_real *si = c->sin_t + (size_t)(n % c->T) * half;
+        for (int h = 0; h < c->heads; h++) {
+            prl_real *v = c->x + (size_t)n * c->stride + (size_t)h * c->head_stride + c->col;
             for (int i = 0; i < half; i++) {
-                prl_real a = v[i], b = v[i + half], si = sign * s[i];
-                v[i] = a * c[i] - b * si;
-                v[i + half] = b * c[i] + a * si;
+                prl_real a = v[i], b = v[i + half], s = c->sign * si[i];
+                v[i] = a * co[i] - b * s;
+                v[i + half] = b * co[i] + a * s;
             }
         }
     }
+}
+
+static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
+                       int heads, int head_stride, int col, int stride, int D, prl_real sign)
+{
+    rope_ctx c = {.x = x, .cos_t = cos_t, .sin_t = sin_t, .T = T, .heads = heads,
+                  .head_stride = head_stride, .col = col, .stride = stride, .D = D, .sign = sign};
+    prl_parallel_rows(N, rope_rows, &c);
 }
 
 void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,

@@ -47,6 +47,10 @@ static inline float prl_expf(float x)
     return p * scale.f;
 }
 
+/* Run fn(ctx, r0, r1) over [0, n_rows) in fixed blocks of PRL_ROW_BLOCK rows on the pool. */
+typedef void (*prl_rows_fn)(void *ctx, int r0, int r1);
+void prl_parallel_rows(int n_rows, prl_rows_fn fn, void *ctx);
+
 /* out[N,OC] = inp[N,C] · w[OC,C]ᵀ   (beta = 0: overwrite, 1: accumulate) */
 void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, int N, int C,
                         int OC, prl_real beta);

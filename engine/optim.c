@@ -174,13 +174,38 @@ static int clip_experts(const prl_model *m, double bound)
     return clipped;
 }
 
+/* Work items of an update: a whole Muon matrix, or a chunk of CHUNK elements of an AdamW
+** tensor (so the embedding and LM head do not leave a thread idle). Fixed split. */
+enum { CHUNK = 1 << 16 };
+
+typedef struct update_task {
+    int tensor;
+    size_t begin, end; /* element range within the tensor */
+} update_task;
+
 typedef struct update_ctx {
     prl_optim *o;
     prl_model *m;
     double lr, bc1, bc2;
+    update_task *tasks;
+    double *partial; /* per task sum of squares (norm pass) */
 } update_ctx;
 
-static void adamw_update(update_ctx *c, const prl_param_info *p)
+static int build_tasks(const prl_optim *o, const prl_model *m, update_task *t)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const prl_param_info *p = &m->tensors[i];
+        size_t step = uses_muon(&o->cfg, p) ? p->numel : CHUNK;
+        for (size_t b = 0; b < p->numel; b += step) {
+            if (t) t[n] = (update_task){.tensor = i, .begin = b, .end = b + step < p->numel ? b + step : p->numel};
+            n++;
+        }
+    }
+    return n;
+}
+
+static void adamw_update(update_ctx *c, const prl_param_info *p, size_t begin, size_t end)
 {
     prl_optim *o = c->o;
     const prl_optim_config *k = &o->cfg;
@@ -190,7 +215,7 @@ static void adamw_update(update_ctx *c, const prl_param_info *p)
     prl_real decay = (prl_real)(decays(p) ? 1 - c->lr * k->weight_decay : 1);
     prl_real step = (prl_real)c->lr, eps = (prl_real)k->eps;
     prl_real ibc1 = (prl_real)(1 / c->bc1), ibc2 = (prl_real)(1 / c->bc2);
-    for (size_t i = 0; i < p->numel; i++) {
+    for (size_t i = begin; i < end; i++) {
         mm[i] = b1 * mm[i] + (1 - b1) * g[i];
         vv[i] = b2 * vv[i] + (1 - b2) * g[i] * g[i];
         prl_real mhat = mm[i] * ibc1, vhat = vv[i] * ibc2;
@@ -219,12 +244,30 @@ static void muon_update(update_ctx *c, const prl_param_info *p)
     for (size_t i = 0; i < p->numel; i++) w[i] = w[i] * decay - step * U[i];
 }
 
-static void update_tensor_task(void *p, int i)
+static void update_task_run(void *p, int i)
 {
     update_ctx *c = p;
-    const prl_param_info *t = &c->m->tensors[i];
-    if (uses_muon(&c->o->cfg, t)) muon_update(c, t);
-    else adamw_update(c, t);
+    update_task t = c->tasks[i];
+    const prl_param_info *info = &c->m->tensors[t.tensor];
+    if (uses_muon(&c->o->cfg, info)) muon_update(c, info);
+    else adamw_update(c, info, t.begin, t.end);
+}
+
+static void sum_squares_task(void *p, int i)
+{
+    update_ctx *c = p;
+    update_task t = c->tasks[i];
+    const prl_param_info *info = &c->m->tensors[t.tensor];
+    c->partial[i] = sum_squares(c->m->grads + info->offset + t.begin, t.end - t.begin);
+}
+
+/* Global sum of squares: per-task partials added in task order (thread-count independent). */
+static double grad_sum_squares(update_ctx *c, int n_tasks)
+{
+    prl_parallel_for(n_tasks, sum_squares_task, c);
+    double ss = 0;
+    for (int i = 0; i < n_tasks; i++) ss += c->partial[i];
+    return ss;
 }
 
 prl_status prl_optim_step(prl_optim *o, prl_model *m, prl_optim_stats *stats)
@@ -232,22 +275,27 @@ prl_status prl_optim_step(prl_optim *o, prl_model *m, prl_optim_stats *stats)
     if (o->n_params != m->n_params)
         return prl_error_set(PRL_ERR_ARG, "optimizer was made for %zu parameters, model has %zu",
                              o->n_params, m->n_params);
+    int n_tasks = build_tasks(o, m, NULL);
+    update_ctx c = {.o = o, .m = m, .tasks = malloc((size_t)n_tasks * sizeof(update_task)),
+                    .partial = malloc((size_t)n_tasks * sizeof(double))};
+    if (!c.tasks || !c.partial) {
+        free(c.tasks), free(c.partial);
+        return prl_error_set(PRL_ERR_NOMEM, "optimizer step");
+    }
+    build_tasks(o, m, c.tasks);
     prl_optim_stats st = {.clip_scale = 1};
     st.lr = prl_optim_lr_at(&o->cfg, o->step);
-    double ss = 0;
-    for (int i = 0; i < m->n_tensors; i++)
-        ss += sum_squares(m->grads + m->tensors[i].offset, m->tensors[i].numel);
+    double ss = grad_sum_squares(&c, n_tasks);
     st.grad_norm = sqrt(ss);
-    if (!isfinite(st.grad_norm))
-        return prl_error_set(PRL_ERR_NUMERIC, "gradient norm is %g at step %lld: update skipped",
-                             st.grad_norm, (long long)o->step);
+    prl_status rc = PRL_OK;
+    if (!isfinite(st.grad_norm)) {
+        rc = prl_error_set(PRL_ERR_NUMERIC, "gradient norm is %g at step %lld: update skipped",
+                           st.grad_norm, (long long)o->step);
+        goto done;
+    }
     if (o->cfg.expert_clip > 0) {
         st.experts_clipped = clip_experts(m, o->cfg.expert_clip);
-        if (st.experts_clipped) {
-            ss = 0;
-            for (int i = 0; i < m->n_tensors; i++)
-                ss += sum_squares(m->grads + m->tensors[i].offset, m->tensors[i].numel);
-        }
+        if (st.experts_clipped) ss = grad_sum_squares(&c, n_tasks);
     }
     double norm = sqrt(ss);
     if (o->cfg.grad_clip > 0 && norm > o->cfg.grad_clip) {
@@ -255,10 +303,13 @@ prl_status prl_optim_step(prl_optim *o, prl_model *m, prl_optim_stats *stats)
         scale(m->grads, m->n_params, st.clip_scale);
     }
     o->step++;
-    update_ctx c = {.o = o, .m = m, .lr = st.lr,
-                    .bc1 = 1 - pow(o->cfg.beta1, (double)o->step),
-                    .bc2 = 1 - pow(o->cfg.beta2, (double)o->step)};
-    prl_parallel_for(m->n_tensors, update_tensor_task, &c);
+    c.lr = st.lr;
+    c.bc1 = 1 - pow(o->cfg.beta1, (double)o->step);
+    c.bc2 = 1 - pow(o->cfg.beta2, (double)o->step);
+    prl_parallel_for(n_tasks, update_task_run, &c);
     if (stats) *stats = st;
-    return PRL_OK;
+done:
+    free(c.tasks);
+    free(c.partial);
+    return rc;
 }
