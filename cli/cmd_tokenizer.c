@@ -9,21 +9,8 @@
 
 static char *read_all(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        prl_error_set(PRL_ERR_IO, "cannot open %s: %m", path);
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
-    }
-    fclose(f);
-    if (buf) buf[n] = 0;
-    *len = n;
-    return buf;
+    char *text = NULL;
+    return prl_file_read(path, &text, len) == PRL_OK ? text : NULL;
 }
 
 static int train(int argc, char **argv)

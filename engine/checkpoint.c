@@ -349,21 +349,6 @@ prl_status prl_checkpoint_load(prl_model *m, const char *dir)
     return rc;
 }
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, len = 0, n;
-    char *buf = malloc(cap);
-    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-    }
-    fclose(f);
-    if (buf) buf[len] = 0;
-    return buf;
-}
-
 prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const char *dir,
                                      char **state_json)
 {
@@ -392,8 +377,8 @@ prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const cha
     prl_safetensors_free(&st);
     if (rc || !state_json) return rc;
     if ((rc = join_path(path, sizeof path, dir, "state.json"))) return rc;
-    char *text = read_text(path);
-    if (!text) return prl_error_set(PRL_ERR_IO, "cannot read %s", path);
+    char *text;
+    if ((rc = prl_file_read(path, &text, NULL))) return rc;
     json_error_t err;
     json_t *root = json_loads(text, 0, &err);
     free(text);

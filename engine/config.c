@@ -392,24 +392,10 @@ prl_status prl_config_parse(prl_config *c, const char *json_text, const char *so
 
 prl_status prl_config_load(prl_config *c, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open config %s: %m", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (1 << 24)) {
-        fclose(f);
-        return prl_error_set(PRL_ERR_CONFIG, "%s: not a config file (size %ld)", path, n);
-    }
-    char *text = malloc((size_t)n + 1);
-    if (!text) {
-        fclose(f);
-        return prl_error_set(PRL_ERR_NOMEM, "reading %s", path);
-    }
-    size_t got = fread(text, 1, (size_t)n, f);
-    fclose(f);
-    text[got] = 0;
-    prl_status rc = prl_config_parse(c, text, path);
+    char *text;
+    prl_status rc = prl_file_read(path, &text, NULL);
+    if (rc) return prl_error_wrap(rc, "config: ");
+    rc = prl_config_parse(c, text, path);
     free(text);
     return rc;
 }

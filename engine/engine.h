@@ -71,6 +71,10 @@ void prl_assert_fail(const char *expr, const char *file, int line) __attribute__
 void *prl_xmalloc_at(size_t n, const char *file, int line);
 void *prl_xcalloc_at(size_t n, size_t size, const char *file, int line);
 
+/* Read a whole file into a malloc'd, NUL-terminated buffer (caller frees *text); *len (may
+** be NULL) gets its length. Errors name the file. */
+prl_status prl_file_read(const char *path, char **text, size_t *len);
+
 /* ---------------------------------------------------------------- BLAS ------------- */
 
 /* Pick the OpenBLAS kernel for this CPU (cpuid: AVX-512 → SkylakeX, AVX2 → Haswell) unless

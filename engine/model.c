@@ -681,22 +681,27 @@ static prl_status validate_batch(const prl_model *m, const prl_batch *b)
     return PRL_OK;
 }
 
-typedef struct logprob_ctx {
+/* Rows of the LM head's output: log-probs in the forward, ∂/∂logits in the backward. */
+typedef struct logits_ctx {
     prl_model *m;
     const prl_batch *b;
     float *out;
-} logprob_ctx;
+} logits_ctx;
 
-static void logprob_block(void *p, int blk)
+static int target_of(const prl_batch *b, int n)
 {
-    logprob_ctx *c = p;
+    return b->targets && valid_pos(b, n) ? b->targets[n] : -1;
+}
+
+static void logprob_rows(void *p, int r0, int r1)
+{
+    logits_ctx *c = p;
     prl_acts *a = c->m->acts;
-    int V = c->m->cfg.vocab_size, N = a->N;
-    int r0 = blk * PRL_ROW_BLOCK, r1 = r0 + PRL_ROW_BLOCK < N ? r0 + PRL_ROW_BLOCK : N;
+    int V = c->m->cfg.vocab_size;
     for (int n = r0; n < r1; n++) {
-        int y = c->b->targets ? c->b->targets[n] : -1;
+        int y = target_of(c->b, n);
         float lp = 0;
-        if (y >= 0 && valid_pos(c->b, n))
+        if (y >= 0)
             lp = (float)prl_logprob_forward(&a->lse[n], a->logits + (size_t)n * V, V, y,
                                             c->b->temperature);
         if (c->out) c->out[n] = lp;
@@ -746,8 +751,8 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
                         m->cfg.rms_norm_eps);
     prl_matmul_forward(a->logits, a->ln_final, P(mo->head), N, D.d, D.V, 0);
     emit(m, -1, "final.logits", a->logits, N, D.V);
-    logprob_ctx lc = {.m = m, .b = b, .out = out_logp};
-    prl_parallel_for((N + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK, logprob_block, &lc);
+    logits_ctx lc = {.m = m, .b = b, .out = out_logp};
+    prl_parallel_rows(N, logprob_rows, &lc);
     /* Σ w·logp in position order (double) for a thread-independent value. */
     for (int n = 0; n < N; n++) {
         int y = b->targets ? b->targets[n] : -1;
@@ -995,23 +1000,17 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
                          D.d, D.d);
 }
 
-typedef struct dlogits_ctx {
-    prl_model *m;
-    const prl_batch *b;
-} dlogits_ctx;
-
-static void dlogits_block(void *p, int blk)
+static void dlogits_rows(void *p, int r0, int r1)
 {
-    dlogits_ctx *c = p;
+    logits_ctx *c = p;
     prl_acts *a = c->m->acts;
-    int V = c->m->cfg.vocab_size, N = a->N;
-    int r0 = blk * PRL_ROW_BLOCK, r1 = r0 + PRL_ROW_BLOCK < N ? r0 + PRL_ROW_BLOCK : N;
+    int V = c->m->cfg.vocab_size;
     for (int n = r0; n < r1; n++) {
         prl_real *dl = a->dlogits + (size_t)n * V;
         memset(dl, 0, (size_t)V * sizeof *dl);
-        int y = c->b->targets ? c->b->targets[n] : -1;
+        int y = target_of(c->b, n);
         float w = c->b->weights ? c->b->weights[n] : 0;
-        if (y < 0 || w == 0 || !valid_pos(c->b, n)) continue;
+        if (y < 0 || w == 0) continue;
         prl_logprob_backward(dl, a->logits + (size_t)n * V, a->lse[n], V, y, c->b->temperature, w);
     }
 }
@@ -1024,8 +1023,8 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
     dims D = dims_of(&m->cfg);
     int N = a->N;
     const model_offsets *mo = model_offs(m);
-    dlogits_ctx dc = {.m = m, .b = b};
-    prl_parallel_for((N + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK, dlogits_block, &dc);
+    logits_ctx dc = {.m = m, .b = b};
+    prl_parallel_rows(N, dlogits_rows, &dc);
     zero(a->dln, (size_t)N * D.d);
     prl_matmul_backward(a->dln, G(mo->head), a->dlogits, a->ln_final, P(mo->head), N, D.d, D.V);
     zero(a->dres, (size_t)N * D.d);
