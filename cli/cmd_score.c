@@ -17,12 +17,14 @@ typedef struct score_args {
     int json, threads;
 } score_args;
 
-/* Token ids of one input line (malloc'd) or an error naming the line. */
+/* Token ids of one input line (malloc'd) or an error naming the line; for chat input also
+** the loss mask of the chat encoding (1 on assistant tokens), else *mask stays NULL. */
 static prl_status line_ids(json_t *obj, const prl_tokenizer *tok, const score_args *a, int line,
-                           int32_t **ids, size_t *n)
+                           int32_t **ids, uint8_t **mask, size_t *n)
 {
     json_t *v;
     *ids = NULL;
+    *mask = NULL;
     *n = 0;
     if (!json_is_object(obj))
         return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", a->input, line);
@@ -61,9 +63,7 @@ static prl_status line_ids(json_t *obj, const prl_tokenizer *tok, const score_ar
                                      a->input, line, i);
             }
         }
-        uint8_t *mask = NULL;
-        rc = prl_tokenizer_encode_chat(tok, cm, nm, 0, ids, &mask, n);
-        free(mask);
+        rc = prl_tokenizer_encode_chat(tok, cm, nm, 0, ids, mask, n);
         free(cm);
     } else {
         return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"ids\", \"text\" or \"messages\"",
@@ -91,13 +91,20 @@ static prl_status score_line(prl_model *m, const int32_t *ids, size_t n, double 
     return PRL_OK;
 }
 
-static void print_result(const score_args *a, int line, const int32_t *ids, size_t n, const float *lp)
+static void print_result(const score_args *a, int line, const int32_t *ids, const uint8_t *mask,
+                         size_t n, const float *lp)
 {
-    double sum = 0;
-    for (size_t i = 0; i + 1 < n; i++) sum += lp[i];
+    double sum = 0, asum = 0;
+    int an = 0;
+    for (size_t i = 0; i + 1 < n; i++) {
+        sum += lp[i];
+        if (mask && mask[i + 1]) asum += lp[i], an++;
+    }
     if (!a->json) {
-        printf("line %d: %zu tokens, sum log-prob %.6f, mean %.6f\n", line, n, sum,
+        printf("line %d: %zu tokens, sum log-prob %.6f, mean %.6f", line, n, sum,
                n > 1 ? sum / (double)(n - 1) : 0.0);
+        if (mask) printf("; assistant tokens %d, mean log-prob %.6f", an, an ? asum / an : 0.0);
+        printf("\n");
         return;
     }
     json_t *o = json_object(), *jid = json_array(), *jlp = json_array();
@@ -109,6 +116,11 @@ static void print_result(const score_args *a, int line, const int32_t *ids, size
     json_object_set_new(o, "ids", jid);
     json_object_set_new(o, "logprobs", jlp);
     json_object_set_new(o, "sum", json_real(sum));
+    if (mask) {
+        json_t *jm = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(jm, json_integer(mask[i]));
+        json_object_set_new(o, "assistant_mask", jm);
+    }
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
     printf("%s\n", s);
     free(s);
@@ -164,13 +176,15 @@ int cmd_score(int argc, char **argv)
             break;
         }
         int32_t *ids = NULL;
+        uint8_t *mask = NULL;
         size_t n = 0;
-        st = line_ids(obj, tok, &a, line, &ids, &n);
+        st = line_ids(obj, tok, &a, line, &ids, &mask, &n);
         json_decref(obj);
         float *lp = st == PRL_OK ? malloc(n * sizeof *lp) : NULL;
         if (st == PRL_OK) st = score_line(&m, ids, n, a.temperature, &a, line, lp);
-        if (st == PRL_OK) print_result(&a, line, ids, n, lp);
+        if (st == PRL_OK) print_result(&a, line, ids, mask, n, lp);
         free(ids);
+        free(mask);
         free(lp);
     }
     free(buf);

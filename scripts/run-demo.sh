@@ -14,4 +14,6 @@ $prl sft --data "$run/data.jsonl" --model configs/models/tiny.json --out "$run/c
   --seed 1 --log-every 25
 head -n 3 "$run/data.jsonl" > "$run/score.jsonl"
 $prl score --ckpt "$run/ckpt" --input "$run/score.jsonl"
-echo "demo: checkpoint in $run/ckpt (config.json, model.safetensors, tokenizer.json, optimizer state)"
+echo "demo: assistant tokens (what SFT trains on) should score near 0; prompt tokens are never"
+echo "      trained on, so their log-probs stay low. Checkpoint: $run/ckpt (config.json,"
+echo "      model.safetensors, tokenizer.json, optimizer state)"
