@@ -134,9 +134,9 @@ static prl_status time_reference(const bench_args *a, double *t, char *info, siz
 {
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
-             "OPENBLAS_CORETYPE='%s' OMP_NUM_THREADS=%d '%s' '%s' bench --config '%s' --batch %d "
-             "--seq %d --threads %d --steps %d --warmup %d --seed %llu --json",
-             prl_blas_core(), prl_blas_threads(), a->python, a->reference, a->config, a->batch,
+             "OPENBLAS_CORETYPE='%s' OPENBLAS_NUM_THREADS=%d OMP_NUM_THREADS=%d '%s' '%s' bench "
+             "--config '%s' --batch %d --seq %d --threads %d --steps %d --warmup %d --seed %llu --json",
+             prl_blas_core(), prl_blas_threads(), prl_blas_threads(), a->python, a->reference, a->config, a->batch,
              a->seq, prl_blas_threads(), a->steps, a->warmup, (unsigned long long)a->seed);
     FILE *p = popen(cmd, "r");
     if (!p) return prl_error_set(PRL_ERR_IO, "cannot run the reference: %s", cmd);

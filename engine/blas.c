@@ -71,7 +71,10 @@ static int default_threads(void)
 
 prl_status prl_blas_init(int threads)
 {
+    if (threads <= 0) threads = default_threads();
     if (!blas.lib) {
+        /* OpenBLAS would start its own thread pool at load; prl runs one pool, its own. */
+        if (!getenv("OPENBLAS_NUM_THREADS")) setenv("OPENBLAS_NUM_THREADS", "1", 1);
         const char *user = getenv("OPENBLAS_CORETYPE");
         if (user && *user) {
             snprintf(blas.core_source, sizeof blas.core_source, "user");
@@ -99,7 +102,7 @@ prl_status prl_blas_init(int threads)
             return prl_error_set(PRL_ERR_IO, "OpenBLAS lacks cblas_sgemm/cblas_dgemm/"
                                              "openblas_set_num_threads");
     }
-    prl_blas_set_threads(threads > 0 ? threads : default_threads());
+    prl_blas_set_threads(threads);
     return PRL_OK;
 }
 
