@@ -115,7 +115,10 @@ static int run(const sft_args *a)
                            prl_tokenizer_vocab_size(tok), m.cfg.vocab_size);
     if (st == PRL_OK) st = prl_sft_data_load(&d, a->data, tok, a->seq);
     if (st == PRL_OK) st = prl_optim_init(&o, &m, &oc);
-    if (st == PRL_OK && a->resume) st = prl_checkpoint_load_optim(&o, &m, a->ckpt, NULL);
+    if (st == PRL_OK && a->resume) {
+        st = prl_checkpoint_load_optim(&o, &m, a->ckpt, NULL);
+        o.cfg.total_steps = (int)o.step + a->steps; /* the schedule spans the whole run */
+    }
     if (st == PRL_OK) {
         fprintf(stderr, "sft: %d examples (%zu tokens, %zu trained, %d truncated to %d), model %zu "
                 "parameters, %s, %d steps of %d x %d x %d\n", d.n, d.n_tokens, d.n_loss_tokens,
@@ -153,7 +156,7 @@ int cmd_sft(int argc, char **argv)
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "start from this checkpoint", 0, 0},
         {"out", OPT_STR, &a.out, "DIR", "checkpoint directory to write", 1, 0},
         {"tokenizer", OPT_STR, &a.tokenizer, "FILE", "tokenizer.json (default: the checkpoint's, else trained on the data)", 0, 0},
-        {"steps", OPT_INT, &a.steps, "N", "optimizer steps (default 200)", 0, 0},
+        {"steps", OPT_INT, &a.steps, "N", "optimizer steps to run (with --resume: steps added to the run; default 200)", 0, 0},
         {"batch", OPT_INT, &a.batch, "B", "sequences per micro-batch (default 8)", 0, 0},
         {"seq", OPT_INT, &a.seq, "T", "sequence length; longer examples are truncated (default 128)", 0, 0},
         {"accum", OPT_INT, &a.accum, "K", "micro-batches per step (default 1)", 0, 0},
