@@ -31,36 +31,6 @@ static prl_status join_path(char *out, size_t n, const char *dir, const char *fi
     return PRL_OK;
 }
 
-static prl_status write_file_sync(const char *path, const void *data, size_t len)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return prl_error_set(PRL_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-    const char *p = data;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            int e = errno;
-            close(fd);
-            return prl_error_set(PRL_ERR_IO, "write %s: %s", path, strerror(e));
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0)
-        return prl_error_set(PRL_ERR_IO, "fsync %s: %s", path, strerror(errno));
-    return PRL_OK;
-}
-
-static prl_status fsync_dir(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return prl_error_set(PRL_ERR_IO, "open directory %s: %s", path, strerror(errno));
-    int rc = fsync(fd);
-    close(fd);
-    return rc == 0 ? PRL_OK : prl_error_set(PRL_ERR_IO, "fsync %s: %s", path, strerror(errno));
-}
-
 static void parent_dir(const char *path, char *out, size_t n)
 {
     snprintf(out, n, "%s", path);
@@ -201,7 +171,7 @@ static prl_status save_state(const prl_optim *o, const char *state_json, const c
                              (json_int_t)o->step, "run", user ? user : json_object());
     char *text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
-    prl_status rc = write_file_sync(path, text, strlen(text));
+    prl_status rc = prl_file_write_sync(path, text, strlen(text));
     free(text);
     return rc;
 }
@@ -214,7 +184,7 @@ static prl_status write_checkpoint_files(const prl_model *m, const prl_optim *o,
     prl_status rc;
     char *config = prl_config_to_json(&m->cfg);
     if ((rc = join_path(path, sizeof path, tmp, "config.json"))) return rc;
-    rc = config ? write_file_sync(path, config, strlen(config))
+    rc = config ? prl_file_write_sync(path, config, strlen(config))
                 : prl_error_set(PRL_ERR_NOMEM, "config.json");
     free(config);
     if (rc) return rc;
@@ -230,7 +200,7 @@ static prl_status write_checkpoint_files(const prl_model *m, const prl_optim *o,
         if ((rc = join_path(path, sizeof path, tmp, "state.json"))) return rc;
         if ((rc = save_state(o, state_json, path))) return rc;
     }
-    return fsync_dir(tmp);
+    return prl_file_sync_dir(tmp);
 }
 
 prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const char *state_json,
@@ -262,7 +232,7 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const cha
     }
     if (exists) remove_flat_dir(tmp); /* now holds the previous checkpoint */
     parent_dir(dir, parent, sizeof parent);
-    return fsync_dir(parent);
+    return prl_file_sync_dir(parent);
 }
 
 /* ------------------------------------------------------------------ loading --------- */

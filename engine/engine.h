@@ -74,6 +74,14 @@ void *prl_xcalloc_at(size_t n, size_t size, const char *file, int line);
 /* Read a whole file into a malloc'd, NUL-terminated buffer (caller frees *text); *len (may
 ** be NULL) gets its length. Errors name the file. */
 prl_status prl_file_read(const char *path, char **text, size_t *len);
+/* Write len bytes to path (created or truncated) and fsync them. */
+prl_status prl_file_write_sync(const char *path, const void *data, size_t len);
+/* Replace path atomically: write "<path>.tmp.<pid>", fsync, rename, fsync the directory. On
+** failure the temporary is removed and path is as it was. */
+prl_status prl_file_write_atomic(const char *path, const void *data, size_t len);
+/* fsync a directory / the directory holding path (EINVAL, ENOTSUP: not an error). */
+prl_status prl_file_sync_dir(const char *dir);
+prl_status prl_file_sync_parent(const char *path);
 
 /* ---------------------------------------------------------------- BLAS ------------- */
 

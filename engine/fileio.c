@@ -1,11 +1,17 @@
 /*
-** fileio.c — whole-file reading shared by the config loader, checkpoints and the CLI.
+** fileio.c — whole-file reading and durable writing, shared by configs, checkpoints,
+** safetensors, the tokenizer and the CLI.
+**
+** Durable means: data fsynced before a rename makes it visible, and the directory fsynced
+** after, so a crash leaves the old file or the complete new one, never a torn one.
 */
 #include "engine/engine.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 prl_status prl_file_read(const char *path, char **text, size_t *len)
 {
@@ -34,4 +40,73 @@ prl_status prl_file_read(const char *path, char **text, size_t *len)
     *text = buf;
     if (len) *len = n;
     return PRL_OK;
+}
+
+/* fsync a directory so that renames and creations in it survive a crash. File systems that
+** cannot sync directories (EINVAL, ENOTSUP) give no stronger guarantee to anyone, so that is
+** not an error. */
+prl_status prl_file_sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return prl_error_set(PRL_ERR_IO, "open directory %s: %s", dir, strerror(errno));
+    prl_status rc = PRL_OK;
+    if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP)
+        rc = prl_error_set(PRL_ERR_IO, "fsync directory %s: %s", dir, strerror(errno));
+    close(fd);
+    return rc;
+}
+
+prl_status prl_file_sync_parent(const char *path)
+{
+    size_t n = strlen(path);
+    char *dir = malloc(n + 2);
+    if (!dir) return prl_error_set(PRL_ERR_NOMEM, "syncing the directory of %s", path);
+    memcpy(dir, path, n + 1);
+    char *slash = strrchr(dir, '/');
+    if (!slash) strcpy(dir, ".");
+    else if (slash == dir) dir[1] = '\0'; /* "/name" lives in "/" */
+    else *slash = '\0';
+    prl_status rc = prl_file_sync_dir(dir);
+    free(dir);
+    return rc;
+}
+
+prl_status prl_file_write_sync(const char *path, const void *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return prl_error_set(PRL_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    const char *p = data;
+    while (len > 0) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            return prl_error_set(PRL_ERR_IO, "write %s: %s", path, strerror(e));
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        return prl_error_set(PRL_ERR_IO, "fsync %s: %s", path, strerror(e));
+    }
+    if (close(fd) != 0) return prl_error_set(PRL_ERR_IO, "close %s: %s", path, strerror(errno));
+    return PRL_OK;
+}
+
+prl_status prl_file_write_atomic(const char *path, const void *data, size_t len)
+{
+    size_t tl = strlen(path) + 32;
+    char *tmp = malloc(tl);
+    if (!tmp) return prl_error_set(PRL_ERR_NOMEM, "writing %s", path);
+    snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
+    prl_status rc = prl_file_write_sync(tmp, data, len);
+    if (rc == PRL_OK && rename(tmp, path) != 0)
+        rc = prl_error_set(PRL_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(errno));
+    if (rc) unlink(tmp);
+    else rc = prl_file_sync_parent(path);
+    free(tmp);
+    return rc;
 }

@@ -1158,30 +1158,8 @@ static prl_status write_temp(const char *tmp, const prepared *p, size_t n_tensor
 ** anyone, so that is not an error. */
 static prl_status sync_parent_dir(const char *path)
 {
-    size_t n = strlen(path);
-    char *dir = malloc(n + 2);
-    if (!dir) return prl_error_set(PRL_ERR_NOMEM, "safetensors: out of memory");
-    memcpy(dir, path, n + 1);
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == dir)
-        dir[1] = '\0'; /* "/name" lives in "/" */
-    else
-        *slash = '\0';
-    prl_status rc = PRL_OK;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = prl_error_set(PRL_ERR_IO, "safetensors: open directory %s: %s", dir,
-                           strerror(errno));
-    } else {
-        if (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP)
-            rc = prl_error_set(PRL_ERR_IO, "safetensors: fsync directory %s: %s", dir,
-                               strerror(errno));
-        close(fd);
-    }
-    free(dir);
-    return rc;
+    prl_status rc = prl_file_sync_parent(path);
+    return rc ? prl_error_wrap(rc, "safetensors: ") : rc;
 }
 
 prl_status prl_safetensors_writer_save(const prl_safetensors_writer *w, const char *path)

@@ -1804,63 +1804,6 @@ static json_t *tokenizer_to_json(const prl_tokenizer *tok)
     return root;
 }
 
-static prl_status write_all(int fd, const char *data, size_t len, const char *path)
-{
-    while (len > 0) {
-        ssize_t w = write(fd, data, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return prl_error_set(PRL_ERR_IO, "write %s: %s", path, strerror(errno));
-        data += w;
-        len -= (size_t)w;
-    }
-    return PRL_OK;
-}
-
-/* fsync the directory holding path, so a completed rename survives a crash. */
-static prl_status fsync_parent(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir) return prl_error_set(PRL_ERR_NOMEM, "tokenizer save: out of memory");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    prl_status rc = PRL_OK;
-    if (fd < 0 || fsync(fd) != 0)
-        rc = prl_error_set(PRL_ERR_IO, "fsync directory %s: %s", dir, strerror(errno));
-    if (fd >= 0) close(fd);
-    free(dir);
-    return rc;
-}
-
-/* Write data to path.tmp, fsync it, rename it over path, fsync the directory: readers see
-** the old file or the new one, never a torn one. */
-static prl_status write_file_atomic(const char *path, const char *data, size_t len)
-{
-    size_t pl = strlen(path);
-    char *tmp = malloc(pl + 5);
-    if (!tmp) return prl_error_set(PRL_ERR_NOMEM, "tokenizer save: out of memory");
-    memcpy(tmp, path, pl);
-    memcpy(tmp + pl, ".tmp", 5);
-    prl_status rc = PRL_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = prl_error_set(PRL_ERR_IO, "open %s: %s", tmp, strerror(errno));
-        free(tmp);
-        return rc;
-    }
-    rc = write_all(fd, data, len, tmp);
-    if (!rc && fsync(fd) != 0) rc = prl_error_set(PRL_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && !rc)
-        rc = prl_error_set(PRL_ERR_IO, "close %s: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path) != 0)
-        rc = prl_error_set(PRL_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(errno));
-    if (rc)
-        unlink(tmp);
-    else
-        rc = fsync_parent(path);
-    free(tmp);
-    return rc;
-}
-
 prl_status prl_tokenizer_save(const prl_tokenizer *tok, const char *path)
 {
     if (!tok || !path) return prl_error_set(PRL_ERR_ARG, "prl_tokenizer_save: NULL argument");
@@ -1872,7 +1815,7 @@ prl_status prl_tokenizer_save(const prl_tokenizer *tok, const char *path)
                              path);
     size_t len = strlen(text);
     text[len] = '\n'; /* json_dumps leaves no final newline; overwrite the NUL, keep len+1 */
-    prl_status rc = write_file_atomic(path, text, len + 1);
+    prl_status rc = prl_file_write_atomic(path, text, len + 1);
     free(text);
     return rc;
 }
