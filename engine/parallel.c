@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 enum { SPIN_ROUNDS = 4000 };
+#define CLOSED 0xffffffffu /* task index of a job that takes no more claims */
 
 static struct {
     int n_threads; /* including the caller */
@@ -32,7 +33,7 @@ static struct {
     atomic_uint_least64_t next_task; /* (job generation << 32) | next task index */
     atomic_int tasks_done;
     atomic_int sleepers;
-    int n_tasks;
+    atomic_int n_tasks;
     void (*fn)(void *, int);
     void *ctx;
     int shutting_down;
@@ -44,13 +45,16 @@ static _Thread_local int worker_index; /* 0 = the calling thread */
 
 /* Claim and run tasks of job `job` until none are left. A claim is a compare-and-swap on
 ** (job, index), so a thread still looking at an older job can never take a task of a newer
-** one: every task runs exactly once. */
+** one: every task runs exactly once. (The caller closes the old job before it changes the
+** job's fields — see CLOSED — so a thread that read an old (job, index) and then a new
+** n_tasks still fails its compare-and-swap.) */
 static void run_tasks(unsigned job)
 {
     inside_pool_task = 1;
     for (;;) {
         uint64_t v = atomic_load(&pool.next_task);
-        if ((unsigned)(v >> 32) != job || (int)(uint32_t)v >= pool.n_tasks) break;
+        if ((unsigned)(v >> 32) != job || (uint32_t)v >= (uint32_t)atomic_load(&pool.n_tasks))
+            break;
         if (!atomic_compare_exchange_weak(&pool.next_task, &v, v + 1)) continue;
         pool.fn(pool.ctx, (int)(uint32_t)v);
         if (atomic_fetch_add(&pool.tasks_done, 1) + 1 == pool.n_tasks) {
@@ -155,6 +159,11 @@ void prl_parallel_for(int n_tasks, void (*fn)(void *ctx, int task), void *ctx)
         return;
     }
     unsigned job = atomic_load(&pool.generation) + 1;
+    /* Close the previous job first: any pending claim on it now fails (index CLOSED is past
+    ** every task count), and only then publish the new job's fields. Without this a slow
+    ** worker could pair an old index with the new n_tasks and run a task of the new job
+    ** twice — measured: rare, run-to-run different training results. */
+    atomic_store(&pool.next_task, ((uint64_t)(job - 1) << 32) | CLOSED);
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;

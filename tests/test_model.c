@@ -474,6 +474,36 @@ START_TEST(test_routes_override_and_hooks)
 }
 END_TEST
 
+/* Every task of every job runs exactly once, also when jobs follow each other with no gap
+** and growing task counts (a slow worker must never run a task of the next job). */
+typedef struct count_ctx {
+    int *hits;
+} count_ctx;
+
+static void count_task(void *p, int i)
+{
+    count_ctx *c = p;
+    __atomic_fetch_add(&c->hits[i], 1, __ATOMIC_RELAXED);
+}
+
+START_TEST(test_pool_runs_each_task_once)
+{
+    ck_assert_int_eq(prl_pool_init(3), PRL_OK);
+    enum { MAX = 64 };
+    int hits[MAX];
+    count_ctx c = {.hits = hits};
+    for (int job = 0; job < 200000; job++) {
+        int n = 2 + job % (MAX - 1);
+        memset(hits, 0, sizeof hits);
+        prl_parallel_for(n, count_task, &c);
+        for (int i = 0; i < n; i++)
+            if (__atomic_load_n(&hits[i], __ATOMIC_RELAXED) != 1)
+                ck_abort_msg("job %d: task %d of %d ran %d times", job, i, n, hits[i]);
+    }
+    ck_assert_int_eq(prl_pool_init(prl_blas_threads()), PRL_OK);
+}
+END_TEST
+
 /* The inline exp of the hot loops against libm, over the whole range it is used on. */
 START_TEST(test_fast_exp)
 {
@@ -505,6 +535,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_router_bias_rules);
     tcase_add_test(tc, test_routes_override_and_hooks);
     tcase_add_test(tc, test_fast_exp);
+    tcase_add_test(tc, test_pool_runs_each_task_once);
     suite_add_tcase(s, tc);
     return s;
 }
