@@ -516,6 +516,12 @@ START_TEST(test_fast_exp)
     ck_assert_float_eq(prl_expf(0.0f), 1.0f);
     ck_assert(prl_expf(-1000.0f) > 0 && prl_expf(-1000.0f) < 1e-37f); /* clamped, finite */
     ck_assert(isfinite(prl_expf(1000.0f)));
+    /* the 4-lane version is the same arithmetic, bit for bit */
+    for (float x = -100.0f; x < 100.0f; x += 0.37f) {
+        prl_v4f v = prl_expf4((prl_v4f){x, -x, x * 0.5f, 1000.0f});
+        float want[4] = {prl_expf(x), prl_expf(-x), prl_expf(x * 0.5f), prl_expf(1000.0f)};
+        for (int j = 0; j < 4; j++) ck_assert_mem_eq(&v[j], &want[j], sizeof(float));
+    }
 }
 END_TEST
 
