@@ -4,8 +4,9 @@
 ** Debian's DYNAMIC_ARCH OpenBLAS reads OPENBLAS_CORETYPE once, when the library is loaded,
 ** and on some CPUs falls back to the slow "Prescott" kernels. So prl does not link OpenBLAS
 ** at build time: prl_blas_init() inspects the CPU with cpuid, sets OPENBLAS_CORETYPE when the
-** user has not, and only then dlopen()s the library. Every GEMM goes through prl_sgemm /
-** prl_dgemm here.
+** user has not, and only then dlopen()s the library. OpenBLAS GEMMs go through prl_sgemm /
+** prl_dgemm here: dgemm for the double build (gradient checks), sgemm for benchmarks and as
+** the batch-variant comparison kernel; the float engine itself uses gemm.c.
 **
 ** One thread pool: OpenBLAS is pinned to 1 thread and prl's own pool (parallel.c) splits
 ** work into thread-count-independent tasks, because OpenBLAS's threaded sgemm gives
@@ -127,9 +128,10 @@ int prl_blas_threads(void) { return blas.threads; }
 
 void prl_blas_print(FILE *out)
 {
-    fprintf(out, "blas: %s threads=%d (core from %s; OpenBLAS 1 thread per call, prl pool %d)\n",
+    fprintf(out, "blas: %s threads=%d (core from %s; OpenBLAS 1 thread per call, prl pool %d; "
+                 "float GEMM: prl %s)\n",
             prl_blas_core(), blas.threads, blas.core_source[0] ? blas.core_source : "-",
-            prl_pool_threads());
+            prl_pool_threads(), prl_gemm_kernel_name());
 }
 
 /* Lazily initialise so tests and library users that forget prl_blas_init still get the

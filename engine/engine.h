@@ -102,11 +102,42 @@ void prl_blas_set_threads(int threads);
 void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha,
               const prl_real *A, int lda, const prl_real *B, int ldb, prl_real beta,
               prl_real *C, int ldc);
-/* The same in explicit precisions (benchmarks, both builds). */
+/* The same in explicit precisions through OpenBLAS (benchmarks, both builds). */
 void prl_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                int lda, const float *B, int ldb, float beta, float *C, int ldc);
 void prl_dgemm(int trans_a, int trans_b, int M, int N, int K, double alpha, const double *A,
                int lda, const double *B, int ldb, double beta, double *C, int ldc);
+
+/* ---------------------------------------------------------------- prl's GEMM ------- */
+
+/* prl's own float GEMM (gemm.c), the one the float engine uses: batch-invariant — every
+** element of C is computed by the same operations whatever M, N, its position in C or the
+** thread count (OpenBLAS's sgemm is not: a row's bits depend on its place in the call).
+** Per element and per depth block of PRL_GEMM_KC (boundaries at multiples of PRL_GEMM_KC):
+** acc = Σ_k a·b in k order (fused multiply-add when the CPU has FMA), then
+** c = alpha·acc + beta·c on the first block and c = alpha·acc + c after it; beta = 0 never
+** reads C. Same arguments as prl_gemm. */
+enum { PRL_GEMM_KC = 256 };
+void prl_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                  int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* The naive triple loop with the same arithmetic (the tests require bitwise equality). */
+void prl_gemm_f32_ref(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc);
+/* "avx2-fma 6x16" or "generic 6x16": the micro-kernel this CPU runs. */
+const char *prl_gemm_kernel_name(void);
+
+/* op(B) [K, N] packed once for prl_gemm_f32_packed (a weight used by many GEMMs: the decode
+** engine). Owns `data`; init/free pair. Results equal prl_gemm_f32's bitwise. */
+typedef struct prl_packed_b {
+    int K, N;
+    float *data;
+} prl_packed_b;
+prl_status prl_packed_b_init(prl_packed_b *pb, int trans_b, int K, int N, const float *B, int ldb);
+void prl_packed_b_free(prl_packed_b *pb);
+/* C[M, N] = alpha·op(A)[M, K]·B + beta·C with B pre-packed. */
+void prl_gemm_f32_packed(int trans_a, int M, float alpha, const float *A, int lda,
+                         const prl_packed_b *pb, float beta, float *C, int ldc);
 
 /* ---------------------------------------------------------------- threads ---------- */
 

@@ -1,8 +1,8 @@
 /*
 ** ops.c — forward/backward kernels of the train path (see ops.h for the conventions).
 **
-** GEMMs go to OpenBLAS, one call per fixed-size block of rows, blocks spread over prl's
-** pool; everything else is plain C loops in a fixed order. Reductions that matter for
+** GEMMs go to prl's batch-invariant GEMM (gemm.c; OpenBLAS's dgemm in the double build), one
+** call per fixed-size block of rows, blocks spread over prl's pool; everything else is plain C loops in a fixed order. Reductions that matter for
 ** bitwise reproducibility (a row's sum, an expert's weight gradient) are always done by one
 ** task in index order.
 */
@@ -19,7 +19,7 @@ void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha,
 #ifdef PRL_REAL_DOUBLE
     prl_dgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
-    prl_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    prl_gemm_f32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #endif
 }
 

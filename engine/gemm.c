@@ -1,0 +1,337 @@
+/*
+** gemm.c — prl's own single-precision GEMM: batch-invariant by construction.
+**
+** Why not OpenBLAS for float: measured here, OpenBLAS's sgemm gives a row of C different bits
+** depending on where that row sits in the call and how many rows the call has (the edge and
+** main kernels round differently). A sequence's log-probs would then depend on its batch, and
+** the decode engine (one row per sequence per step) could never reproduce the train path
+** (128-row blocks). This GEMM computes every element of C by the same sequence of operations,
+** whatever M, N, the element's position or the thread count:
+**
+**     for each K block [kb, kb+KC):  acc = 0;  for k in order: acc = fma(a_ik, b_kj, acc)
+**                                    c = alpha·acc + (first block ? beta·c : c)
+**
+** Block boundaries are multiples of PRL_GEMM_KC counted from k = 0, so trailing zero terms
+** in A (a causal softmax row padded to its block) leave the result unchanged. Edge tiles are
+** computed on zero-padded packed panels by the same micro-kernel, so they round like interior
+** tiles. The micro-kernel uses AVX2+FMA when the CPU has them (chosen once at start-up) and a
+** portable multiply-then-add kernel otherwise; prl_gemm_f32_ref is the naive triple loop with
+** the same arithmetic, and the tests require bitwise equality with it.
+**
+** Structure (BLIS): loop over NC column blocks, KC depth blocks (pack B), MC row blocks (pack
+** A), then MR×NR micro-tiles. Packing buffers are per thread and grow as needed.
+*/
+#include "engine/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PRL_GEMM_X86 1
+#endif
+
+enum { MR = 6, NR = 16, KC = PRL_GEMM_KC, MC = 96, NC = 1024 };
+
+/* ------------------------------------------------------------------ packing --------- */
+
+/* Element (i, k) of op(A) and (k, j) of op(B) (the reference loop). */
+static inline float a_at(int ta, const float *A, int lda, int i, int k)
+{
+    return ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+}
+
+static inline float b_at(int tb, const float *B, int ldb, int k, int j)
+{
+    return tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+/* Rows [i0, i0+mc) × depth [k0, k0+kc) of op(A) into MR-row micro-panels, each kc × MR
+** (k-major); rows past M are zero. Each branch reads its source along memory order. */
+static void pack_a(float *dst, int ta, const float *A, int lda, int M, int i0, int mc, int k0,
+                   int kc)
+{
+    for (int ir = 0; ir < mc; ir += MR, dst += (size_t)kc * MR) {
+        int rows = min_int(MR, M - (i0 + ir));
+        if (rows < MR) memset(dst, 0, (size_t)kc * MR * sizeof *dst);
+        if (ta) {
+            for (int k = 0; k < kc; k++) {
+                const float *src = A + (size_t)(k0 + k) * lda + i0 + ir;
+                for (int r = 0; r < rows; r++) dst[k * MR + r] = src[r];
+            }
+        } else {
+            for (int r = 0; r < rows; r++) {
+                const float *src = A + (size_t)(i0 + ir + r) * lda + k0;
+                for (int k = 0; k < kc; k++) dst[k * MR + r] = src[k];
+            }
+        }
+    }
+}
+
+/* Depth [k0, k0+kc) × columns [j0, j0+nc) of op(B) into NR-column micro-panels, each kc × NR
+** (k-major); columns past N are zero. */
+static void pack_b(float *dst, int tb, const float *B, int ldb, int N, int j0, int nc, int k0,
+                   int kc)
+{
+    for (int jr = 0; jr < nc; jr += NR, dst += (size_t)kc * NR) {
+        int cols = min_int(NR, N - (j0 + jr));
+        if (cols < NR) memset(dst, 0, (size_t)kc * NR * sizeof *dst);
+        if (tb) {
+            for (int c = 0; c < cols; c++) {
+                const float *src = B + (size_t)(j0 + jr + c) * ldb + k0;
+                for (int k = 0; k < kc; k++) dst[k * NR + c] = src[k];
+            }
+        } else {
+            for (int k = 0; k < kc; k++)
+                memcpy(dst + k * NR, B + (size_t)(k0 + k) * ldb + j0 + jr, (size_t)cols * sizeof *dst);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ micro-kernels --- */
+
+/* The epilogue both kernels and the reference share: c = alpha·acc + (first ? beta·c : c);
+** beta = 0 never reads c (it may hold garbage). */
+static inline float epilogue(float acc, float alpha, float beta, int first, float c)
+{
+    float t = alpha * acc;
+    if (!first) return t + c;
+    return beta == 0.0f ? t : t + beta * c;
+}
+
+/* acc[MR][NR] = Σ_k ap[k][r]·bp[k][c], then written through the epilogue into the valid
+** mr × nr corner of C. */
+typedef void (*micro_kernel_fn)(int kc, const float *ap, const float *bp, float *C, int ldc,
+                                int mr, int nr, float alpha, float beta, int first);
+
+static void store_tile(const float *acc, float *C, int ldc, int mr, int nr, float alpha,
+                       float beta, int first)
+{
+    for (int r = 0; r < mr; r++)
+        for (int c = 0; c < nr; c++) {
+            float *p = &C[(size_t)r * ldc + c];
+            *p = epilogue(acc[r * NR + c], alpha, beta, first, first && beta == 0.0f ? 0.0f : *p);
+        }
+}
+
+/* Portable kernel: multiply then add (no FMA contraction: C11 mode keeps them separate). */
+static void kernel_generic(int kc, const float *ap, const float *bp, float *C, int ldc, int mr,
+                           int nr, float alpha, float beta, int first)
+{
+    float acc[MR * NR] = {0};
+    for (int k = 0; k < kc; k++)
+        for (int r = 0; r < MR; r++) {
+            float a = ap[k * MR + r];
+            for (int c = 0; c < NR; c++) acc[r * NR + c] = acc[r * NR + c] + a * bp[k * NR + c];
+        }
+    store_tile(acc, C, ldc, mr, nr, alpha, beta, first);
+}
+
+#ifdef PRL_GEMM_X86
+__attribute__((target("avx2,fma"))) static void
+kernel_avx2(int kc, const float *ap, const float *bp, float *C, int ldc, int mr, int nr,
+            float alpha, float beta, int first)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_loadu_ps(bp + k * NR), b1 = _mm256_loadu_ps(bp + k * NR + 8);
+        const float *a = ap + k * MR;
+        __m256 a0 = _mm256_broadcast_ss(a + 0), a1 = _mm256_broadcast_ss(a + 1);
+        c00 = _mm256_fmadd_ps(a0, b0, c00), c01 = _mm256_fmadd_ps(a0, b1, c01);
+        c10 = _mm256_fmadd_ps(a1, b0, c10), c11 = _mm256_fmadd_ps(a1, b1, c11);
+        __m256 a2 = _mm256_broadcast_ss(a + 2), a3 = _mm256_broadcast_ss(a + 3);
+        c20 = _mm256_fmadd_ps(a2, b0, c20), c21 = _mm256_fmadd_ps(a2, b1, c21);
+        c30 = _mm256_fmadd_ps(a3, b0, c30), c31 = _mm256_fmadd_ps(a3, b1, c31);
+        __m256 a4 = _mm256_broadcast_ss(a + 4), a5 = _mm256_broadcast_ss(a + 5);
+        c40 = _mm256_fmadd_ps(a4, b0, c40), c41 = _mm256_fmadd_ps(a4, b1, c41);
+        c50 = _mm256_fmadd_ps(a5, b0, c50), c51 = _mm256_fmadd_ps(a5, b1, c51);
+    }
+    float acc[MR * NR] __attribute__((aligned(32)));
+    _mm256_store_ps(acc + 0, c00), _mm256_store_ps(acc + 8, c01);
+    _mm256_store_ps(acc + 16, c10), _mm256_store_ps(acc + 24, c11);
+    _mm256_store_ps(acc + 32, c20), _mm256_store_ps(acc + 40, c21);
+    _mm256_store_ps(acc + 48, c30), _mm256_store_ps(acc + 56, c31);
+    _mm256_store_ps(acc + 64, c40), _mm256_store_ps(acc + 72, c41);
+    _mm256_store_ps(acc + 80, c50), _mm256_store_ps(acc + 88, c51);
+    if (mr == MR && nr == NR) {
+        /* full tile: the epilogue in vector form (same operations per element) */
+        __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+        for (int r = 0; r < MR; r++)
+            for (int h = 0; h < 2; h++) {
+                float *p = C + (size_t)r * ldc + 8 * h;
+                __m256 t = _mm256_mul_ps(va, _mm256_load_ps(acc + r * NR + 8 * h));
+                if (!first) t = _mm256_add_ps(t, _mm256_loadu_ps(p));
+                else if (beta != 0.0f) t = _mm256_add_ps(t, _mm256_mul_ps(vb, _mm256_loadu_ps(p)));
+                _mm256_storeu_ps(p, t);
+            }
+        return;
+    }
+    store_tile(acc, C, ldc, mr, nr, alpha, beta, first);
+}
+#endif
+
+static micro_kernel_fn kernel;
+static int kernel_has_fma;
+
+static void choose_kernel(void)
+{
+    if (kernel) return;
+#ifdef PRL_GEMM_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        kernel_has_fma = 1;
+        kernel = kernel_avx2;
+        return;
+    }
+#endif
+    kernel = kernel_generic;
+}
+
+const char *prl_gemm_kernel_name(void)
+{
+    choose_kernel();
+    return kernel_has_fma ? "avx2-fma 6x16" : "generic 6x16";
+}
+
+/* ------------------------------------------------------------------ driver ---------- */
+
+/* Per-thread packing buffers (each pool task calls GEMMs on its own thread). */
+static _Thread_local float *tl_a, *tl_b;
+static _Thread_local size_t tl_a_len, tl_b_len;
+
+static float *grow(float **buf, size_t *len, size_t want)
+{
+    if (*len < want) {
+        free(*buf);
+        *buf = aligned_alloc(64, (want * sizeof(float) + 63) & ~(size_t)63);
+        PRL_ASSERT(*buf != NULL);
+        *len = want;
+    }
+    return *buf;
+}
+
+static int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+/* C[i0.., j0..] over one packed B block (kc × nc in NR panels). */
+static void macro_block(int ta, const float *A, int lda, int M, int k0, int kc, const float *bp,
+                        int j0, int nc, int N, float alpha, float beta, int first, float *C,
+                        int ldc)
+{
+    float *ap = grow(&tl_a, &tl_a_len, (size_t)MC * kc);
+    for (int i0 = 0; i0 < M; i0 += MC) {
+        int mc = M - i0 < MC ? M - i0 : MC;
+        pack_a(ap, ta, A, lda, M, i0, round_up(mc, MR), k0, kc);
+        for (int jr = 0; jr < nc; jr += NR) {
+            int nr = N - (j0 + jr) < NR ? N - (j0 + jr) : NR;
+            const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
+            for (int ir = 0; ir < mc; ir += MR) {
+                int mr = mc - ir < MR ? mc - ir : MR;
+                kernel(kc, ap + (size_t)(ir / MR) * kc * MR, bpan,
+                       C + (size_t)(i0 + ir) * ldc + j0 + jr, ldc, mr, nr, alpha, beta, first);
+            }
+        }
+    }
+}
+
+static void scale_c(float *C, int ldc, int M, int N, float beta)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float *p = &C[(size_t)i * ldc + j];
+            *p = beta == 0.0f ? 0.0f : beta * *p;
+        }
+}
+
+void prl_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                  int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    /* op(A) is M×K, op(B) is K×N, C is M×N, all row-major with the given row strides */
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) { /* an empty sum: C = beta·C, as BLAS defines it */
+        scale_c(C, ldc, M, N, beta);
+        return;
+    }
+    choose_kernel();
+    for (int j0 = 0; j0 < N; j0 += NC) {
+        int nc = N - j0 < NC ? N - j0 : NC;
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            int kc = K - k0 < KC ? K - k0 : KC;
+            float *bp = grow(&tl_b, &tl_b_len, (size_t)round_up(nc, NR) * kc);
+            pack_b(bp, trans_b, B, ldb, N, j0, round_up(nc, NR), k0, kc);
+            macro_block(trans_a, A, lda, M, k0, kc, bp, j0, nc, N, alpha, beta, k0 == 0, C, ldc);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ pre-packed B ---- */
+
+/* Layout: for each K block (in order), the NR-column panels of all N columns, kc × NR each.
+** Panel (kb, p) starts at kb·KC·Npad + p·kc·NR where Npad = N rounded up to NR. */
+prl_status prl_packed_b_init(prl_packed_b *pb, int trans_b, int K, int N, const float *B, int ldb)
+{
+    memset(pb, 0, sizeof *pb);
+    if (K <= 0 || N <= 0) return prl_error_set(PRL_ERR_ARG, "packed matrix %d x %d is empty", K, N);
+    int npad = round_up(N, NR);
+    pb->K = K, pb->N = N;
+    pb->data = aligned_alloc(64, ((size_t)K * npad * sizeof(float) + 63) & ~(size_t)63);
+    if (!pb->data) return prl_error_set(PRL_ERR_NOMEM, "packed matrix %d x %d", K, N);
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        int kc = K - k0 < KC ? K - k0 : KC;
+        pack_b(pb->data + (size_t)k0 * npad, trans_b, B, ldb, N, 0, npad, k0, kc);
+    }
+    return PRL_OK;
+}
+
+void prl_packed_b_free(prl_packed_b *pb)
+{
+    free(pb->data);
+    memset(pb, 0, sizeof *pb);
+}
+
+void prl_gemm_f32_packed(int trans_a, int M, float alpha, const float *A, int lda,
+                         const prl_packed_b *pb, float beta, float *C, int ldc)
+{
+    /* C[M, pb->N] = alpha·op(A)[M, pb->K]·B + beta·C, B pre-packed */
+    if (M <= 0) return;
+    choose_kernel();
+    int K = pb->K, N = pb->N, npad = round_up(N, NR);
+    for (int j0 = 0; j0 < N; j0 += NC) {
+        int nc = N - j0 < NC ? N - j0 : NC;
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            int kc = K - k0 < KC ? K - k0 : KC;
+            const float *bp = pb->data + (size_t)k0 * npad + (size_t)j0 * kc;
+            macro_block(trans_a, A, lda, M, k0, kc, bp, j0, nc, N, alpha, beta, k0 == 0, C, ldc);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ reference ------- */
+
+void prl_gemm_f32_ref(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc)
+{
+    choose_kernel();
+    if (K <= 0) {
+        scale_c(C, ldc, M, N, beta);
+        return;
+    }
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float *p = &C[(size_t)i * ldc + j];
+            for (int k0 = 0; k0 < K; k0 += KC) {
+                int k1 = K - k0 < KC ? K : k0 + KC;
+                float acc = 0.0f;
+                for (int k = k0; k < k1; k++) {
+                    float a = a_at(trans_a, A, lda, i, k), b = b_at(trans_b, B, ldb, k, j);
+                    acc = kernel_has_fma ? fmaf(a, b, acc) : acc + a * b;
+                }
+                int first = k0 == 0;
+                *p = epilogue(acc, alpha, beta, first, first && beta == 0.0f ? 0.0f : *p);
+            }
+        }
+}
