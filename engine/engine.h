@@ -135,9 +135,10 @@ typedef struct prl_packed_b {
 } prl_packed_b;
 prl_status prl_packed_b_init(prl_packed_b *pb, int trans_b, int K, int N, const float *B, int ldb);
 void prl_packed_b_free(prl_packed_b *pb);
-/* C[M, N] = alpha·op(A)[M, K]·B + beta·C with B pre-packed. */
-void prl_gemm_f32_packed(int trans_a, int M, float alpha, const float *A, int lda,
-                         const prl_packed_b *pb, float beta, float *C, int ldc);
+/* Columns [col0, col0+ncols) of C[M, N] = alpha·op(A)[M, K]·B + beta·C with B pre-packed;
+** col0 a multiple of 16 (so column blocks can run as separate tasks). C is the whole matrix. */
+void prl_gemm_f32_packed(int trans_a, int M, int col0, int ncols, float alpha, const float *A,
+                         int lda, const prl_packed_b *pb, float beta, float *C, int ldc);
 
 /* ---------------------------------------------------------------- threads ---------- */
 
@@ -184,5 +185,6 @@ uint64_t prl_checksum64(const void *data, size_t n, uint64_t seed);
 #include "engine/safetensors.h"
 #include "engine/tokenizer.h"
 #include "engine/model.h"
+#include "engine/infer.h"
 
 #endif /* PRL_ENGINE_H */

@@ -292,19 +292,20 @@ void prl_packed_b_free(prl_packed_b *pb)
     memset(pb, 0, sizeof *pb);
 }
 
-void prl_gemm_f32_packed(int trans_a, int M, float alpha, const float *A, int lda,
-                         const prl_packed_b *pb, float beta, float *C, int ldc)
+void prl_gemm_f32_packed(int trans_a, int M, int col0, int ncols, float alpha, const float *A,
+                         int lda, const prl_packed_b *pb, float beta, float *C, int ldc)
 {
-    /* C[M, pb->N] = alpha·op(A)[M, pb->K]·B + beta·C, B pre-packed */
-    if (M <= 0) return;
+    /* C[M, col0 : col0+ncols] = alpha·op(A)[M, pb->K]·B[:, cols] + beta·C, B pre-packed */
+    PRL_ASSERT(col0 % NR == 0 && col0 >= 0 && col0 + ncols <= pb->N);
+    if (M <= 0 || ncols <= 0) return;
     choose_kernel();
-    int K = pb->K, N = pb->N, npad = round_up(N, NR);
-    for (int j0 = 0; j0 < N; j0 += NC) {
-        int nc = N - j0 < NC ? N - j0 : NC;
+    int K = pb->K, end = col0 + ncols, npad = round_up(pb->N, NR);
+    for (int j0 = col0; j0 < end; j0 += NC) {
+        int nc = end - j0 < NC ? end - j0 : NC;
         for (int k0 = 0; k0 < K; k0 += KC) {
             int kc = K - k0 < KC ? K - k0 : KC;
             const float *bp = pb->data + (size_t)k0 * npad + (size_t)j0 * kc;
-            macro_block(trans_a, A, lda, M, k0, kc, bp, j0, nc, N, alpha, beta, k0 == 0, C, ldc);
+            macro_block(trans_a, A, lda, M, k0, kc, bp, j0, nc, end, alpha, beta, k0 == 0, C, ldc);
         }
     }
 }

@@ -421,12 +421,12 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     dims D = dims_of(&m->cfg);
     int N = a->N;
     prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
-    prl_rmsnorm_forward(la->cq, la->rstd_q, la->zq, P(o->q_norm), N, D.rq, D.rq, D.rq, 1e-6);
+    prl_rmsnorm_forward(la->cq, la->rstd_q, la->zq, P(o->q_norm), N, D.rq, D.rq, D.rq, PRL_LATENT_NORM_EPS);
     prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
     prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
     prl_matmul_forward(la->kva, la->ln_a, P(o->wkv_a), N, D.d, D.rkv + D.dr, 0);
     prl_rmsnorm_forward(la->ckv, la->rstd_kv, la->kva, P(o->kv_norm), N, D.rkv, D.rkv + D.dr,
-                        D.rkv, 1e-6);
+                        D.rkv, PRL_LATENT_NORM_EPS);
     for (int n = 0; n < N; n++)
         memcpy(la->kr + (size_t)n * D.dr, la->kva + (size_t)n * (D.rkv + D.dr) + D.rkv,
                (size_t)D.dr * sizeof(prl_real));

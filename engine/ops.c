@@ -186,6 +186,7 @@ void prl_rope_tables(prl_real *cos_t, prl_real *sin_t, int T, int D, double thet
 typedef struct rope_ctx {
     prl_real *x;
     const prl_real *cos_t, *sin_t;
+    const int32_t *pos; /* position of each row, or NULL: row n is at n mod T */
     int T, heads, head_stride, col, stride, D;
     prl_real sign;
 } rope_ctx;
@@ -195,8 +196,9 @@ static void rope_rows(void *p, int r0, int r1)
     rope_ctx *c = p;
     int half = c->D / 2;
     for (int n = r0; n < r1; n++) {
-        const prl_real *co = c->cos_t + (size_t)(n % c->T) * half;
-        const prl_real *si = c->sin_t + (size_t)(n % c->T) * half;
+        int at = c->pos ? c->pos[n] : n % c->T;
+        const prl_real *co = c->cos_t + (size_t)at * half;
+        const prl_real *si = c->sin_t + (size_t)at * half;
         for (int h = 0; h < c->heads; h++) {
             prl_real *v = c->x + (size_t)n * c->stride + (size_t)h * c->head_stride + c->col;
             for (int i = 0; i < half; i++) {
@@ -220,6 +222,14 @@ void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t,
                       int heads, int head_stride, int col, int stride, int D)
 {
     rope_apply(x, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, 1);
+}
+
+void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
+                 int N, int heads, int head_stride, int col, int stride, int D)
+{
+    rope_ctx c = {.x = x, .cos_t = cos_t, .sin_t = sin_t, .pos = pos, .T = 1, .heads = heads,
+                  .head_stride = head_stride, .col = col, .stride = stride, .D = D, .sign = 1};
+    prl_parallel_rows(N, rope_rows, &c);
 }
 
 void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
@@ -258,28 +268,37 @@ static void causal_softmax_row(prl_real *S, int t, int width)
 /* Valid rows of sequence b: [0, len). */
 static int seq_len(const attn_ctx *c, int b) { return c->lens ? c->lens[b] : c->T; }
 
+void prl_attention_rows(prl_real *out, int ldo, prl_real *S, int ldS, const prl_real *q, int ldq,
+                        const prl_real *k, int ldk, const prl_real *kr, int ldkr, int p0, int p1,
+                        int dn, int dr, int dv)
+{
+    /* q [p1-p0, dn+dr] at ldq; k [p1, dn | dv] at ldk; kr [p1, dr] at ldkr; S [p1-p0, p1]
+    ** at ldS; out [p1-p0, dv] at ldo */
+    int rows = p1 - p0;
+    prl_real scale = (prl_real)(1.0 / sqrt((double)(dn + dr)));
+    /* S[rows, p1] = scale·(q_nope·k_nopeᵀ + q_rope·krᵀ) over keys [0, p1) */
+    prl_gemm(0, 1, rows, p1, dn, scale, q, ldq, k, ldk, 0, S, ldS);
+    prl_gemm(0, 1, rows, p1, dr, scale, q + dn, ldq, kr, ldkr, 1, S, ldS);
+    for (int t = p0; t < p1; t++) causal_softmax_row(S + (size_t)(t - p0) * ldS, t, p1);
+    /* out[rows] = P[rows, p1] · v[0, p1) */
+    prl_gemm(0, 0, rows, dv, p1, 1, S, ldS, k + dn, ldk, 0, out, ldo);
+}
+
 static void attention_forward_head(void *p, int task)
 {
     attn_ctx *c = p;
     int b = task / c->H, h = task % c->H, T = c->T, H = c->H;
     int dq = c->dn + c->dr, dkv = c->dn + c->dv, len = seq_len(c, b);
-    prl_real scale = (prl_real)(1.0 / sqrt((double)dq));
     const prl_real *q = c->q + (size_t)b * T * H * dq + (size_t)h * dq;
     const prl_real *k = c->kv + (size_t)b * T * H * dkv + (size_t)h * dkv;
     const prl_real *kr = c->kr + (size_t)b * T * c->dr;
     prl_real *P = c->att + (size_t)task * T * T;
     prl_real *out = c->out + (size_t)b * T * H * c->dv + (size_t)h * c->dv;
     for (int r0 = 0; r0 < len; r0 += ATT_BLOCK) {
-        int r1 = r0 + ATT_BLOCK < len ? r0 + ATT_BLOCK : len, rows = r1 - r0;
-        prl_real *S = P + (size_t)r0 * T;
-        /* S[rows, r1] = scale·(q_nope·k_nopeᵀ + q_rope·krᵀ) over keys [0, r1) */
-        prl_gemm(0, 1, rows, r1, c->dn, scale, q + (size_t)r0 * H * dq, H * dq, k, H * dkv, 0, S, T);
-        prl_gemm(0, 1, rows, r1, c->dr, scale, q + (size_t)r0 * H * dq + c->dn, H * dq, kr, c->dr, 1,
-                 S, T);
-        for (int t = r0; t < r1; t++) causal_softmax_row(P + (size_t)t * T, t, r1);
-        /* out_h[rows] = P[rows, r1] · v_h[0, r1) */
-        prl_gemm(0, 0, rows, c->dv, r1, 1, S, T, k + c->dn, H * dkv, 0, out + (size_t)r0 * H * c->dv,
-                 H * c->dv);
+        int r1 = r0 + ATT_BLOCK < len ? r0 + ATT_BLOCK : len;
+        prl_attention_rows(out + (size_t)r0 * H * c->dv, H * c->dv, P + (size_t)r0 * T, T,
+                           q + (size_t)r0 * H * dq, H * dq, k, H * dkv, kr, c->dr, r0, r1, c->dn,
+                           c->dr, c->dv);
     }
     for (int t = len; t < T; t++)
         memset(out + (size_t)t * H * c->dv, 0, (size_t)c->dv * sizeof *out);

@@ -16,6 +16,10 @@
 
 enum { PRL_ROW_BLOCK = 128, PRL_ATT_BLOCK = 64 /* causal attention query block */ };
 
+/* eps of the RMSNorms on the compressed query and key/value latents (q_a_layernorm,
+** kv_a_layernorm), as in DeepSeek-V3's modelling code. */
+#define PRL_LATENT_NORM_EPS 1e-6
+
 /* exp for the hot loops (softmax, log-sum-exp, SiLU). The float build uses prl_expf, an
 ** inline Cephes-style polynomial (max relative error ~2 ulp) that the compiler can keep in
 ** registers and vectorise; it is the same code on every path, so results stay reproducible.
@@ -112,6 +116,9 @@ void prl_rope_tables(prl_real *cos_t, prl_real *sin_t, int T, int D, double thet
 ** (i, i+D/2) rotated by pos·θ^(−2i/D); pos = row index mod T. */
 void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
                       int heads, int head_stride, int col, int stride, int D);
+/* The same rotation with explicit positions: row n is at position pos[n] (< table length). */
+void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
+                 int N, int heads, int head_stride, int col, int stride, int D);
 /* The inverse rotation applied to a gradient, in place. */
 void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
                        int heads, int head_stride, int col, int stride, int D);
@@ -126,6 +133,13 @@ void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_
 void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, const prl_real *kv,
                            const prl_real *kr, const int32_t *lens, int B, int T, int H, int dn,
                            int dr, int dv);
+/* One head of causal naive attention for the query rows at positions [p0, p1) of one
+** sequence, over its keys [0, p1): the single code both paths run (the train path per query
+** block, the decode engine's naive form per step). Row t of S (scratch, row stride ldS >= p1)
+** is left holding the softmax over keys [0, t] and zeros to p1. */
+void prl_attention_rows(prl_real *out, int ldo, prl_real *S, int ldS, const prl_real *q, int ldq,
+                        const prl_real *k, int ldk, const prl_real *kr, int ldkr, int p0, int p1,
+                        int dn, int dr, int dv);
 /* dq, dkv, dkr accumulate; scratch holds prl_attention_scratch(B, T, H, dr) reals. */
 void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, const prl_real *dout,
                             const prl_real *att, const prl_real *q, const prl_real *kv,

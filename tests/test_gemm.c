@@ -112,7 +112,8 @@ START_TEST(test_packed_equals_plain)
             prl_packed_b pb;
             ck_assert_int_eq(prl_packed_b_init(&pb, tb, K, N, B, tb ? K : N), PRL_OK);
             prl_gemm_f32(0, tb, M, N, K, 0.5f, A, K, B, tb ? K : N, 1, C1, N);
-            prl_gemm_f32_packed(0, M, 0.5f, A, K, &pb, 1, C2, N);
+            prl_gemm_f32_packed(0, M, 0, 512, 0.5f, A, K, &pb, 1, C2, N); /* in two column ranges */
+            prl_gemm_f32_packed(0, M, 512, N - 512, 0.5f, A, K, &pb, 1, C2, N);
             ck_assert_msg(!memcmp(C1, C2, (size_t)M * N * sizeof *C1), "K %d tb %d: packed differs", K, tb);
             prl_packed_b_free(&pb);
             free(A), free(B), free(C1), free(C2);

@@ -1,0 +1,1096 @@
+/*
+** infer.c — the infer path: prefill and batched incremental decode over a per-sequence KV
+** cache, continuous batching, sampling, route capture, precision modes, tensor hooks.
+**
+** One driver, forward_rows(), runs any set of rows (tokens at positions of sequences in
+** cache slots) through the model: a prefill is the rows of one prompt, a decode step one row
+** per active sequence. Each op is chosen by the options (infer.h): the matmul kind, the MLA
+** form, the rounding. Every kernel computes a row from that row's inputs alone, in a fixed
+** order, so batch composition and thread count never change a result; with the "aligned"
+** preset each op is the train path's own code (ops.c, gemm.c) and results are bitwise equal.
+** The maths is docs/model.md; the knobs are docs/infer.md.
+*/
+#include "engine/ops.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef PRL_REAL_DOUBLE
+#error "the infer path is float-only (build it in prl_model, not prl_model64)"
+#endif
+
+/* ------------------------------------------------------------------ options --------- */
+
+void prl_infer_options_default(prl_infer_options *o)
+{
+    *o = (prl_infer_options){.precision = PRL_PRECISION_FP32, .mla = PRL_MLA_ABSORBED,
+                             .matmul = PRL_MATMUL_GEMV, .max_batch = 16, .max_len = 0};
+}
+
+static const char *const precision_names[] = {"fp32", "bf16", "fp16"};
+static const char *const mla_names[] = {"absorbed", "naive"};
+static const char *const matmul_names[] = {"gemv", "gemm", "blas"};
+
+static int lookup(const char *const *names, int n, const char *s)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(names[i], s)) return i;
+    return -1;
+}
+
+prl_status prl_infer_options_preset(prl_infer_options *o, const char *name)
+{
+    prl_infer_options_default(o);
+    if (!strcmp(name, "aligned")) {
+        o->mla = PRL_MLA_NAIVE;
+        o->matmul = PRL_MATMUL_GEMM;
+        return PRL_OK;
+    }
+    int p = lookup(precision_names, 3, name);
+    if (p < 0)
+        return prl_error_set(PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16, "
+                             "aligned)", name);
+    o->precision = (prl_precision)p;
+    return PRL_OK;
+}
+
+prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, const char *mla,
+                                 const char *matmul)
+{
+    int v;
+    if (precision) {
+        if ((v = lookup(precision_names, 3, precision)) < 0)
+            return prl_error_set(PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16)",
+                                 precision);
+        o->precision = (prl_precision)v;
+    }
+    if (mla) {
+        if ((v = lookup(mla_names, 2, mla)) < 0)
+            return prl_error_set(PRL_ERR_ARG, "unknown MLA form '%s' (choices: absorbed, naive)", mla);
+        o->mla = (prl_mla_form)v;
+    }
+    if (matmul) {
+        if ((v = lookup(matmul_names, 3, matmul)) < 0)
+            return prl_error_set(PRL_ERR_ARG, "unknown matmul kind '%s' (choices: gemv, gemm, blas)",
+                                 matmul);
+        o->matmul = (prl_matmul_kind)v;
+    }
+    return PRL_OK;
+}
+
+void prl_infer_options_describe(const prl_infer_options *o, char *out, size_t n)
+{
+    snprintf(out, n, "precision=%s mla=%s matmul=%s", precision_names[o->precision],
+             mla_names[o->mla], matmul_names[o->matmul]);
+}
+
+/* ------------------------------------------------------------------ state ----------- */
+
+/* A linear layer out = x·wᵀ, w [out, in] (with a packed copy for the GEMM kind). */
+typedef struct lin {
+    const float *w;
+    int out, in;
+    prl_packed_b pk;
+} lin;
+
+typedef struct layer_w {
+    int moe;                          /* MoE index, -1 for a dense layer */
+    const float *ln1, *q_norm, *kv_norm, *ln2;
+    lin wq_a, wq_b, wkv_a, wkv_b, wo;
+    lin w13, w2;                      /* dense FFN, or the shared experts; gate/up stacked */
+    lin router;
+    lin *e13, *e2;                    /* [E] routed experts, gate/up stacked */
+    float *wuk_t;                     /* absorbed form: [H][rkv][dn] = W_UK_hᵀ per head */
+} layer_w;
+
+/* Buffers of one forward_rows call, sized for `cap` rows. */
+typedef struct rows_buf {
+    int cap;
+    int32_t *tok, *slot, *pos, *req;
+    float *x, *ln, *rstd, *zq, *cq, *q, *kva, *ckv, *kr, *kvx, *o, *tmp, *a13, *h;
+    float *z, *s, *g;
+    int32_t *sel, *offsets, *gpos, *token_of;
+    float *xg, *ea13, *eh, *yg, *logits;
+} rows_buf;
+
+/* A cache slot's generation state. */
+typedef struct slot_state {
+    int req;           /* request index, -1 when free */
+    int len;           /* tokens in the cache */
+    int32_t last;      /* the token to feed next */
+    int32_t *routes;   /* [max_len][n_moe][K] */
+} slot_state;
+
+struct prl_infer {
+    const prl_model *m;
+    prl_infer_options opt;
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, n_moe, lat;
+    float *wcopy;                 /* rounded weights (bf16/fp16), NULL in fp32 */
+    layer_w *lw;
+    const float *embed, *norm;
+    lin head;
+    float *rope_cos, *rope_sin;   /* [max_len][dr/2] */
+    float *cache_lat;             /* [L][max_batch][max_len][rkv+dr]: c_kv then k_r */
+    float *cache_kv;              /* naive: [L][max_batch][max_len][H·dkv] */
+    float *att_scratch;           /* per pool thread */
+    size_t att_scratch_per_thread;
+    int att_threads;
+    rows_buf rb;
+    slot_state *slots;
+    prl_tensor_hook hook;
+    void *hook_user;
+};
+
+static float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x; /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);               /* round to nearest, ties to even */
+    u &= 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static float round_fp16(float x) { return (float)(_Float16)x; }
+
+static void round_vec(prl_precision p, float *x, size_t n)
+{
+    if (p == PRL_PRECISION_BF16)
+        for (size_t i = 0; i < n; i++) x[i] = round_bf16(x[i]);
+    else if (p == PRL_PRECISION_FP16)
+        for (size_t i = 0; i < n; i++) x[i] = round_fp16(x[i]);
+}
+
+/* Activation rounding at an op's output (no-op in fp32). */
+static void act_round(const prl_infer *e, float *x, size_t n) { round_vec(e->opt.precision, x, n); }
+
+/* ------------------------------------------------------------------ matmuls --------- */
+
+/* The GEMV-order dot product: 8 lanes accumulate i ≡ lane (mod 8) in order, lanes are summed
+** pairwise in a fixed tree, the tail is added last. Same operations for every call. */
+typedef float v8f __attribute__((vector_size(32)));
+
+__attribute__((target_clones("avx2", "default"))) static float dot(const float *a,
+                                                                   const float *b, int n)
+{
+    v8f acc = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f x, y;
+        memcpy(&x, a + i, sizeof x);
+        memcpy(&y, b + i, sizeof y);
+        acc = acc + x * y;
+    }
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) s = s + a[i] * b[i];
+    return s;
+}
+
+enum { GEMV_BLOCK = 32, GEMM_COLS = 128, BLAS_ROWS = PRL_ROW_BLOCK };
+
+typedef struct lin_ctx {
+    const prl_infer *e;
+    const lin *L;
+    const float *x;
+    float *y;
+    int R, col_tasks;
+} lin_ctx;
+
+static void gemv_task(void *p, int t)
+{
+    lin_ctx *c = p;
+    int o0 = t * GEMV_BLOCK, o1 = o0 + GEMV_BLOCK < c->L->out ? o0 + GEMV_BLOCK : c->L->out;
+    int in = c->L->in, out = c->L->out;
+    for (int r = 0; r < c->R; r++)
+        for (int o = o0; o < o1; o++)
+            c->y[(size_t)r * out + o] = dot(c->x + (size_t)r * in, c->L->w + (size_t)o * in, in);
+}
+
+static void gemm_task(void *p, int t)
+{
+    lin_ctx *c = p;
+    int rb = t / c->col_tasks, cb = t % c->col_tasks;
+    int r0 = rb * PRL_ROW_BLOCK, rows = c->R - r0 < PRL_ROW_BLOCK ? c->R - r0 : PRL_ROW_BLOCK;
+    int c0 = cb * GEMM_COLS, cols = c->L->out - c0 < GEMM_COLS ? c->L->out - c0 : GEMM_COLS;
+    prl_gemm_f32_packed(0, rows, c0, cols, 1, c->x + (size_t)r0 * c->L->in, c->L->in, &c->L->pk,
+                        0, c->y + (size_t)r0 * c->L->out, c->L->out);
+}
+
+static void blas_task(void *p, int t)
+{
+    lin_ctx *c = p;
+    int r0 = t * BLAS_ROWS, rows = c->R - r0 < BLAS_ROWS ? c->R - r0 : BLAS_ROWS;
+    prl_sgemm(0, 1, rows, c->L->out, c->L->in, 1, c->x + (size_t)r0 * c->L->in, c->L->in,
+              c->L->w, c->L->in, 0, c->y + (size_t)r0 * c->L->out, c->L->out);
+}
+
+/* y[R, out] = x[R, in]·wᵀ, rounded to the precision. */
+static void linear(const prl_infer *e, float *y, const float *x, int R, const lin *L)
+{
+    if (R <= 0) return;
+    lin_ctx c = {.e = e, .L = L, .x = x, .y = y, .R = R};
+    int row_blocks = (R + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK;
+    switch (e->opt.matmul) {
+    case PRL_MATMUL_GEMV:
+        prl_parallel_for((L->out + GEMV_BLOCK - 1) / GEMV_BLOCK, gemv_task, &c);
+        break;
+    case PRL_MATMUL_GEMM:
+        c.col_tasks = (L->out + GEMM_COLS - 1) / GEMM_COLS;
+        prl_parallel_for(row_blocks * c.col_tasks, gemm_task, &c);
+        break;
+    case PRL_MATMUL_BLAS:
+        prl_parallel_for((R + BLAS_ROWS - 1) / BLAS_ROWS, blas_task, &c);
+        break;
+    }
+    act_round(e, y, (size_t)R * L->out);
+}
+
+/* ------------------------------------------------------------------ set-up ---------- */
+
+/* A tensor of the model by name (the layout is model.c's business), in `base`. */
+static const float *tensor(const prl_infer *e, const float *base, int64_t rows, int64_t cols,
+                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static const float *tensor(const prl_infer *e, const float *base, int64_t rows, int64_t cols,
+                           const char *fmt, ...)
+{
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const prl_param_info *p = prl_model_find(e->m, name);
+    PRL_ASSERT(p != NULL && p->shape[0] == rows && (cols == 0 || p->shape[1] == cols));
+    return base + p->offset;
+}
+
+static prl_status lin_init(const prl_infer *e, lin *L, const float *w, int out, int in)
+{
+    prl_packed_b_free(&L->pk);
+    *L = (lin){.w = w, .out = out, .in = in};
+    if (e->opt.matmul == PRL_MATMUL_GEMM) return prl_packed_b_init(&L->pk, 1, in, out, w, in);
+    return PRL_OK;
+}
+
+static void lin_free(lin *L) { prl_packed_b_free(&L->pk); }
+
+/* Point every layer at the weights (rounded copy or the model's), pack them, and build the
+** absorbed query matrices. */
+static prl_status bind_weights(prl_infer *e)
+{
+    const float *base = e->m->params;
+    if (e->opt.precision != PRL_PRECISION_FP32) {
+        memcpy(e->wcopy, e->m->params, e->m->n_params * sizeof(float));
+        round_vec(e->opt.precision, e->wcopy, e->m->n_params);
+        base = e->wcopy;
+    }
+#define T(suffix, rows, cols) tensor(e, base, rows, cols, "model.layers.%d." suffix, l)
+#define X(suffix, rows, cols) tensor(e, base, rows, cols, "model.layers.%d.mlp.experts.%d." suffix, l, x)
+    prl_status rc = PRL_OK;
+    for (int l = 0, moe_idx = 0; l < e->L && !rc; l++) {
+        layer_w *w = &e->lw[l];
+        w->moe = prl_config_is_moe(&e->m->cfg, l) ? moe_idx++ : -1;
+        w->ln1 = T("input_layernorm.weight", e->d, 0);
+        w->q_norm = T("self_attn.q_a_layernorm.weight", e->rq, 0);
+        w->kv_norm = T("self_attn.kv_a_layernorm.weight", e->rkv, 0);
+        w->ln2 = T("post_attention_layernorm.weight", e->d, 0);
+        rc = rc ? rc : lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
+        rc = rc ? rc : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
+                                e->H * e->dq, e->rq);
+        rc = rc ? rc : lin_init(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
+                                e->lat, e->d);
+        rc = rc ? rc : lin_init(e, &w->wkv_b, T("self_attn.kv_b_proj.weight", e->H * e->dkv, e->rkv),
+                                e->H * e->dkv, e->rkv);
+        rc = rc ? rc : lin_init(e, &w->wo, T("self_attn.o_proj.weight", e->d, e->H * e->dv), e->d,
+                                e->H * e->dv);
+        if (w->moe < 0) { /* gate_proj and up_proj are adjacent: one stacked [2I, d] matrix */
+            rc = rc ? rc : lin_init(e, &w->w13, T("mlp.gate_proj.weight", e->I, e->d), 2 * e->I, e->d);
+            rc = rc ? rc : lin_init(e, &w->w2, T("mlp.down_proj.weight", e->d, e->I), e->d, e->I);
+        } else {
+            rc = rc ? rc : lin_init(e, &w->router, T("mlp.gate.weight", e->E, e->d), e->E, e->d);
+            if (e->sde > 0) {
+                rc = rc ? rc : lin_init(e, &w->w13, T("mlp.shared_experts.gate_proj.weight", e->sde, e->d),
+                                        2 * e->sde, e->d);
+                rc = rc ? rc : lin_init(e, &w->w2, T("mlp.shared_experts.down_proj.weight", e->d, e->sde),
+                                        e->d, e->sde);
+            }
+            for (int x = 0; x < e->E && !rc; x++) {
+                rc = lin_init(e, &w->e13[x], X("gate_proj.weight", e->de, e->d), 2 * e->de, e->d);
+                rc = rc ? rc : lin_init(e, &w->e2[x], X("down_proj.weight", e->d, e->de), e->d, e->de);
+            }
+        }
+        /* W_UK_hᵀ: rows [h·dkv, h·dkv + dn) of kv_b_proj are head h's key up-projection */
+        for (int h = 0; h < e->H; h++)
+            for (int c = 0; c < e->rkv; c++)
+                for (int i = 0; i < e->dn; i++)
+                    w->wuk_t[((size_t)h * e->rkv + c) * e->dn + i] =
+                        w->wkv_b.w[((size_t)h * e->dkv + i) * e->rkv + c];
+    }
+#undef T
+#undef X
+    e->embed = tensor(e, base, e->V, e->d, "model.embed_tokens.weight");
+    e->norm = tensor(e, base, e->d, 0, "model.norm.weight");
+    if (!rc) rc = lin_init(e, &e->head, tensor(e, base, e->V, e->d, "lm_head.weight"), e->V, e->d);
+    return rc;
+}
+
+prl_status prl_infer_refresh(prl_infer *e) { return bind_weights(e); }
+
+static void *xcalloc(size_t n, size_t size, int *failed)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p) *failed = 1;
+    return p;
+}
+
+static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
+{
+    rows_buf *b = &e->rb;
+    size_t R = (size_t)cap, RK = R * e->K;
+    int F = e->I > e->sde ? e->I : e->sde;
+    b->cap = cap;
+    b->tok = xcalloc(R, sizeof(int32_t), failed);
+    b->slot = xcalloc(R, sizeof(int32_t), failed);
+    b->pos = xcalloc(R, sizeof(int32_t), failed);
+    b->req = xcalloc(R, sizeof(int32_t), failed);
+    b->x = xcalloc(R * e->d, sizeof(float), failed);
+    b->ln = xcalloc(R * e->d, sizeof(float), failed);
+    b->rstd = xcalloc(R, sizeof(float), failed);
+    b->zq = xcalloc(R * e->rq, sizeof(float), failed);
+    b->cq = xcalloc(R * e->rq, sizeof(float), failed);
+    b->q = xcalloc(R * e->H * e->dq, sizeof(float), failed);
+    b->kva = xcalloc(R * (e->rkv + e->dr), sizeof(float), failed);
+    b->ckv = xcalloc(R * e->rkv, sizeof(float), failed);
+    b->kr = xcalloc(R * e->dr, sizeof(float), failed);
+    b->kvx = xcalloc(R * e->H * e->dkv, sizeof(float), failed);
+    b->o = xcalloc(R * e->H * e->dv, sizeof(float), failed);
+    b->tmp = xcalloc(R * e->d, sizeof(float), failed);
+    b->a13 = xcalloc(R * 2 * (size_t)F, sizeof(float), failed);
+    b->h = xcalloc(R * (size_t)F, sizeof(float), failed);
+    b->z = xcalloc(R * e->E, sizeof(float), failed);
+    b->s = xcalloc(R * e->E, sizeof(float), failed);
+    b->g = xcalloc(RK, sizeof(float), failed);
+    b->sel = xcalloc(RK, sizeof(int32_t), failed);
+    b->offsets = xcalloc((size_t)e->E + 1, sizeof(int32_t), failed);
+    b->gpos = xcalloc(RK, sizeof(int32_t), failed);
+    b->token_of = xcalloc(RK, sizeof(int32_t), failed);
+    b->xg = xcalloc(RK * e->d, sizeof(float), failed);
+    b->ea13 = xcalloc(RK * 2 * e->de, sizeof(float), failed);
+    b->eh = xcalloc(RK * e->de, sizeof(float), failed);
+    b->yg = xcalloc(RK * e->d, sizeof(float), failed);
+    b->logits = xcalloc(R * e->V, sizeof(float), failed);
+}
+
+static void rows_buf_free(rows_buf *b)
+{
+    void *ptrs[] = {b->tok, b->slot, b->pos, b->req, b->x, b->ln, b->rstd, b->zq, b->cq, b->q,
+                    b->kva, b->ckv, b->kr, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
+                    b->sel, b->offsets, b->gpos, b->token_of, b->xg, b->ea13, b->eh, b->yg,
+                    b->logits};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
+    memset(b, 0, sizeof *b);
+}
+
+static prl_status check_options(const prl_model *m, prl_infer_options *o)
+{
+    int maxpos = m->cfg.max_position_embeddings;
+    if (o->max_len == 0) o->max_len = maxpos;
+    if (o->max_len < 2 || o->max_len > maxpos)
+        return prl_error_set(PRL_ERR_ARG, "context %d not in [2, max_position_embeddings = %d]",
+                             o->max_len, maxpos);
+    if (o->max_batch < 1 || o->max_batch > 4096)
+        return prl_error_set(PRL_ERR_ARG, "batch %d not in [1, 4096]", o->max_batch);
+    if ((unsigned)o->precision > PRL_PRECISION_FP16 || (unsigned)o->mla > PRL_MLA_NAIVE ||
+        (unsigned)o->matmul > PRL_MATMUL_BLAS)
+        return prl_error_set(PRL_ERR_ARG, "invalid infer options");
+    return PRL_OK;
+}
+
+prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_options *opt)
+{
+    *out = NULL;
+    prl_infer_options o = *opt;
+    prl_status rc = check_options(m, &o);
+    if (rc) return rc;
+    prl_infer *e = calloc(1, sizeof *e);
+    if (!e) return prl_error_set(PRL_ERR_NOMEM, "infer engine");
+    const prl_config *c = &m->cfg;
+    e->m = m;
+    e->opt = o;
+    e->V = c->vocab_size, e->d = c->hidden_size, e->L = c->num_hidden_layers;
+    e->H = c->num_attention_heads, e->rq = c->q_lora_rank, e->rkv = c->kv_lora_rank;
+    e->dn = c->qk_nope_head_dim, e->dr = c->qk_rope_head_dim, e->dv = c->v_head_dim;
+    e->dq = e->dn + e->dr, e->dkv = e->dn + e->dv, e->I = c->intermediate_size;
+    e->E = c->n_routed_experts, e->K = c->num_experts_per_tok, e->de = c->moe_intermediate_size;
+    e->sde = c->n_shared_experts * c->moe_intermediate_size, e->n_moe = m->n_moe;
+    e->lat = e->rkv + e->dr;
+    int failed = 0;
+    size_t slots = (size_t)o.max_batch * o.max_len;
+    if (o.precision != PRL_PRECISION_FP32) e->wcopy = xcalloc(m->n_params, sizeof(float), &failed);
+    e->lw = xcalloc((size_t)e->L, sizeof *e->lw, &failed);
+    for (int l = 0; l < e->L && e->lw; l++) {
+        e->lw[l].e13 = xcalloc((size_t)e->E, sizeof(lin), &failed);
+        e->lw[l].e2 = xcalloc((size_t)e->E, sizeof(lin), &failed);
+        e->lw[l].wuk_t = xcalloc((size_t)e->H * e->rkv * e->dn, sizeof(float), &failed);
+    }
+    e->rope_cos = xcalloc((size_t)o.max_len * e->dr / 2, sizeof(float), &failed);
+    e->rope_sin = xcalloc((size_t)o.max_len * e->dr / 2, sizeof(float), &failed);
+    e->cache_lat = xcalloc((size_t)e->L * slots * e->lat, sizeof(float), &failed);
+    if (o.mla == PRL_MLA_NAIVE)
+        e->cache_kv = xcalloc((size_t)e->L * slots * e->H * e->dkv, sizeof(float), &failed);
+    e->att_threads = prl_pool_threads() > 0 ? prl_pool_threads() : 1;
+    e->att_scratch_per_thread = (size_t)PRL_ATT_BLOCK * o.max_len + 2 * (size_t)e->lat + o.max_len;
+    e->att_scratch = xcalloc(e->att_scratch_per_thread * e->att_threads, sizeof(float), &failed);
+    rows_buf_alloc(e, o.max_len > o.max_batch ? o.max_len : o.max_batch, &failed);
+    e->slots = xcalloc((size_t)o.max_batch, sizeof *e->slots, &failed);
+    for (int s = 0; s < o.max_batch && e->slots; s++) {
+        e->slots[s].req = -1;
+        e->slots[s].routes = xcalloc((size_t)o.max_len * (e->n_moe ? e->n_moe : 1) * e->K,
+                                     sizeof(int32_t), &failed);
+    }
+    if (failed) {
+        prl_infer_free(e);
+        return prl_error_set(PRL_ERR_NOMEM, "infer engine for batch %d x context %d", o.max_batch,
+                             o.max_len);
+    }
+    prl_rope_tables(e->rope_cos, e->rope_sin, o.max_len, e->dr, c->rope_theta);
+    if ((rc = bind_weights(e))) {
+        prl_infer_free(e);
+        return rc;
+    }
+    *out = e;
+    return PRL_OK;
+}
+
+void prl_infer_free(prl_infer *e)
+{
+    if (!e) return;
+    for (int l = 0; e->lw && l < e->L; l++) {
+        layer_w *w = &e->lw[l];
+        lin_free(&w->wq_a), lin_free(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
+        lin_free(&w->wo), lin_free(&w->w13), lin_free(&w->w2), lin_free(&w->router);
+        for (int x = 0; x < e->E && w->e13; x++) lin_free(&w->e13[x]), lin_free(&w->e2[x]);
+        free(w->e13), free(w->e2), free(w->wuk_t);
+    }
+    lin_free(&e->head);
+    for (int s = 0; e->slots && s < e->opt.max_batch; s++) free(e->slots[s].routes);
+    free(e->slots), free(e->lw), free(e->wcopy), free(e->rope_cos), free(e->rope_sin);
+    free(e->cache_lat), free(e->cache_kv), free(e->att_scratch);
+    rows_buf_free(&e->rb);
+    free(e);
+}
+
+size_t prl_infer_kv_bytes_per_token(const prl_infer *e)
+{
+    size_t per_layer = (size_t)e->lat + (e->opt.mla == PRL_MLA_NAIVE ? (size_t)e->H * e->dkv : 0);
+    return per_layer * e->L * sizeof(float);
+}
+
+const prl_infer_options *prl_infer_get_options(const prl_infer *e) { return &e->opt; }
+
+void prl_infer_set_hook(prl_infer *e, prl_tensor_hook hook, void *user)
+{
+    e->hook = hook;
+    e->hook_user = user;
+}
+
+void prl_infer_hook_rows(const prl_infer *e, const int32_t **request, const int32_t **pos)
+{
+    if (request) *request = e->rb.req;
+    if (pos) *pos = e->rb.pos;
+}
+
+static void emit(const prl_infer *e, int layer, const char *what, const float *data, int rows,
+                 int cols)
+{
+    if (!e->hook) return;
+    char name[64];
+    if (layer >= 0) snprintf(name, sizeof name, "L%d.%s", layer, what);
+    else snprintf(name, sizeof name, "%s", what);
+    int64_t shape[2] = {rows, cols};
+    e->hook(e->hook_user, name, data, 2, shape);
+}
+
+/* ------------------------------------------------------------------ attention ------- */
+
+static float *lat_row(const prl_infer *e, int l, int slot, int pos)
+{
+    return e->cache_lat + (((size_t)l * e->opt.max_batch + slot) * e->opt.max_len + pos) * e->lat;
+}
+
+static float *kv_row(const prl_infer *e, int l, int slot, int pos)
+{
+    return e->cache_kv +
+           (((size_t)l * e->opt.max_batch + slot) * e->opt.max_len + pos) * e->H * e->dkv;
+}
+
+typedef struct att_ctx {
+    prl_infer *e;
+    int l, R;
+    int *run_start, *run_rows; /* naive: row chunks of one sequence at consecutive positions */
+    int n_runs;
+} att_ctx;
+
+/* Naive form: the train path's prl_attention_rows on the cached per-head keys and values. */
+static void naive_task(void *p, int t)
+{
+    att_ctx *c = p;
+    prl_infer *e = c->e;
+    rows_buf *b = &e->rb;
+    int run = t / e->H, h = t % e->H, r0 = c->run_start[run], rows = c->run_rows[run];
+    int slot = b->slot[r0], p0 = b->pos[r0], p1 = p0 + rows;
+    float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
+    prl_attention_rows(b->o + (size_t)r0 * e->H * e->dv + (size_t)h * e->dv, e->H * e->dv, S,
+                       e->opt.max_len, b->q + (size_t)r0 * e->H * e->dq + (size_t)h * e->dq,
+                       e->H * e->dq, kv_row(e, c->l, slot, 0) + (size_t)h * e->dkv, e->H * e->dkv,
+                       lat_row(e, c->l, slot, 0) + e->rkv, e->lat, p0, p1, e->dn, e->dr, e->dv);
+}
+
+/* Absorbed form for one (row, head): the query absorbs W_UK, scores and the weighted sum run
+** on the shared latent rows [c_kv; k_r], and W_UV maps the result back to d_v. */
+static void absorbed_task(void *p, int t)
+{
+    att_ctx *c = p;
+    prl_infer *e = c->e;
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[c->l];
+    int r = t / e->H, h = t % e->H, slot = b->slot[r], pos = b->pos[r];
+    float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
+    float *qa = S + e->opt.max_len, *ov = qa + e->lat;
+    const float *q = b->q + (size_t)r * e->H * e->dq + (size_t)h * e->dq;
+    const float *wuk = w->wuk_t + (size_t)h * e->rkv * e->dn;
+    for (int i = 0; i < e->rkv; i++) qa[i] = dot(wuk + (size_t)i * e->dn, q, e->dn);
+    memcpy(qa + e->rkv, q + e->dn, (size_t)e->dr * sizeof *qa);
+    act_round(e, qa, (size_t)e->lat);
+    float scale = (float)(1.0 / sqrt((double)e->dq));
+    const float *cache = lat_row(e, c->l, slot, 0);
+    for (int s = 0; s <= pos; s++) S[s] = scale * dot(qa, cache + (size_t)s * e->lat, e->lat);
+    float mx = S[0], sum = 0;
+    for (int s = 1; s <= pos; s++) mx = S[s] > mx ? S[s] : mx;
+    for (int s = 0; s <= pos; s++) sum += (S[s] = prl_expf(S[s] - mx));
+    float inv = 1 / sum;
+    memset(ov, 0, (size_t)e->rkv * sizeof *ov);
+    for (int s = 0; s <= pos; s++) {
+        float ps = S[s] * inv;
+        const float *ckv = cache + (size_t)s * e->lat;
+        for (int i = 0; i < e->rkv; i++) ov[i] += ps * ckv[i];
+    }
+    act_round(e, ov, (size_t)e->rkv);
+    float *o = b->o + (size_t)r * e->H * e->dv + (size_t)h * e->dv;
+    for (int j = 0; j < e->dv; j++)
+        o[j] = dot(w->wkv_b.w + ((size_t)h * e->dkv + e->dn + j) * e->rkv, ov, e->rkv);
+}
+
+/* Rows of one sequence at consecutive positions form a run, cut into query blocks. */
+static int build_runs(const rows_buf *b, int R, int *start, int *rows)
+{
+    int n = 0;
+    for (int r = 0; r < R;) {
+        int r1 = r + 1;
+        while (r1 < R && r1 - r < PRL_ATT_BLOCK && b->slot[r1] == b->slot[r] &&
+               b->pos[r1] == b->pos[r1 - 1] + 1)
+            r1++;
+        start[n] = r, rows[n] = r1 - r, n++;
+        r = r1;
+    }
+    return n;
+}
+
+/* ln (R, d) → tmp (R, d): MLA with the cache. New keys go into the cache first, so a prefill
+** row sees the earlier rows of its own call. */
+static void attention(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    int H = e->H;
+    linear(e, b->zq, b->ln, R, &w->wq_a);
+    prl_rmsnorm_forward(b->cq, b->rstd, b->zq, w->q_norm, R, e->rq, e->rq, e->rq, PRL_LATENT_NORM_EPS);
+    act_round(e, b->cq, (size_t)R * e->rq);
+    linear(e, b->q, b->cq, R, &w->wq_b);
+    prl_rope_at(b->q, e->rope_cos, e->rope_sin, b->pos, R, H, e->dq, e->dn, H * e->dq, e->dr);
+    act_round(e, b->q, (size_t)R * H * e->dq);
+    linear(e, b->kva, b->ln, R, &w->wkv_a);
+    prl_rmsnorm_forward(b->ckv, b->rstd, b->kva, w->kv_norm, R, e->rkv, e->lat, e->rkv, PRL_LATENT_NORM_EPS);
+    act_round(e, b->ckv, (size_t)R * e->rkv);
+    for (int r = 0; r < R; r++)
+        memcpy(b->kr + (size_t)r * e->dr, b->kva + (size_t)r * e->lat + e->rkv, (size_t)e->dr * sizeof(float));
+    prl_rope_at(b->kr, e->rope_cos, e->rope_sin, b->pos, R, 1, e->dr, 0, e->dr, e->dr);
+    act_round(e, b->kr, (size_t)R * e->dr);
+    for (int r = 0; r < R; r++) {
+        float *row = lat_row(e, l, b->slot[r], b->pos[r]);
+        memcpy(row, b->ckv + (size_t)r * e->rkv, (size_t)e->rkv * sizeof(float));
+        memcpy(row + e->rkv, b->kr + (size_t)r * e->dr, (size_t)e->dr * sizeof(float));
+    }
+    att_ctx c = {.e = e, .l = l, .R = R};
+    if (e->opt.mla == PRL_MLA_NAIVE) {
+        linear(e, b->kvx, b->ckv, R, &w->wkv_b);
+        for (int r = 0; r < R; r++)
+            memcpy(kv_row(e, l, b->slot[r], b->pos[r]), b->kvx + (size_t)r * H * e->dkv,
+                   (size_t)H * e->dkv * sizeof(float));
+        int *runs = malloc(2 * (size_t)R * sizeof *runs);
+        PRL_ASSERT(runs != NULL);
+        c.run_start = runs, c.run_rows = runs + R;
+        c.n_runs = build_runs(b, R, c.run_start, c.run_rows);
+        prl_parallel_for(c.n_runs * H, naive_task, &c);
+        free(runs);
+    } else {
+        prl_parallel_for(R * H, absorbed_task, &c);
+    }
+    act_round(e, b->o, (size_t)R * H * e->dv);
+    linear(e, b->tmp, b->o, R, &w->wo);
+    emit(e, l, "attn.q", b->q, R, H * e->dq);
+    emit(e, l, "attn.kv_latent", b->ckv, R, e->rkv);
+    emit(e, l, "attn.out", b->tmp, R, e->d);
+}
+
+/* ------------------------------------------------------------------ FFN / MoE ------- */
+
+/* out (R, d) = SwiGLU of in with stacked gate/up `w13` and down `w2`. */
+static void swiglu(prl_infer *e, float *out, const float *in, int R, const lin *w13, const lin *w2)
+{
+    rows_buf *b = &e->rb;
+    int F = w13->out / 2;
+    linear(e, b->a13, in, R, w13);
+    prl_silu_mul_forward(b->h, b->a13, R, F);
+    act_round(e, b->h, (size_t)R * F);
+    linear(e, out, b->h, R, w2);
+}
+
+/* ln (R, d) → tmp (R, d) = shared(ln) + Σ_k g_k·expert_k(ln), routes recorded per row. */
+static void moe(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    int E = e->E, K = e->K, d = e->d;
+    linear(e, b->z, b->ln, R, &w->router);
+    const prl_real *bias = e->m->router_bias + (size_t)w->moe * E;
+    for (int r = 0; r < R; r++) {
+        prl_moe_gate_forward(b->sel + (size_t)r * K, b->g + (size_t)r * K, b->s + (size_t)r * E,
+                             b->z + (size_t)r * E, bias, NULL, E, K, e->m->cfg.norm_topk_prob,
+                             e->m->cfg.routed_scaling_factor);
+        int32_t *dst = e->slots[b->slot[r]].routes + ((size_t)b->pos[r] * e->n_moe + w->moe) * K;
+        memcpy(dst, b->sel + (size_t)r * K, (size_t)K * sizeof *dst);
+    }
+    /* group (row, slot) pairs by expert, rows in order */
+    int32_t *off = b->offsets;
+    memset(off, 0, (size_t)(E + 1) * sizeof *off);
+    for (int i = 0; i < R * K; i++) off[b->sel[i] + 1]++;
+    for (int x = 0; x < E; x++) off[x + 1] += off[x];
+    for (int x = 0, cursor; x < E; x++) {
+        cursor = off[x];
+        for (int i = 0; i < R * K; i++)
+            if (b->sel[i] == x) b->gpos[i] = cursor, b->token_of[cursor++] = i / K;
+    }
+    for (int q = 0; q < R * K; q++)
+        memcpy(b->xg + (size_t)q * d, b->ln + (size_t)b->token_of[q] * d, (size_t)d * sizeof(float));
+    if (e->sde > 0) swiglu(e, b->tmp, b->ln, R, &w->w13, &w->w2);
+    else memset(b->tmp, 0, (size_t)R * d * sizeof(float));
+    for (int x = 0; x < E; x++) {
+        int n = off[x + 1] - off[x];
+        if (!n) continue;
+        float *a13 = b->ea13 + (size_t)off[x] * 2 * e->de, *h = b->eh + (size_t)off[x] * e->de;
+        linear(e, a13, b->xg + (size_t)off[x] * d, n, &w->e13[x]);
+        prl_silu_mul_forward(h, a13, n, e->de);
+        act_round(e, h, (size_t)n * e->de);
+        linear(e, b->yg + (size_t)off[x] * d, h, n, &w->e2[x]);
+    }
+    for (int r = 0; r < R; r++) { /* slots in order, as the train path adds them */
+        float *out = b->tmp + (size_t)r * d;
+        for (int k = 0; k < K; k++) {
+            float g = b->g[r * K + k];
+            const float *y = b->yg + (size_t)b->gpos[r * K + k] * d;
+            for (int i = 0; i < d; i++) out[i] += g * y[i];
+        }
+    }
+    act_round(e, b->tmp, (size_t)R * d);
+    emit(e, l, "moe.router_logits", b->z, R, E);
+    emit(e, l, "moe.out", b->tmp, R, d);
+}
+
+/* ------------------------------------------------------------------ forward --------- */
+
+static void residual_add(const prl_infer *e, float *x, const float *y, int R)
+{
+    size_t n = (size_t)R * e->d;
+    for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+    act_round(e, x, n);
+}
+
+/* Rows rb.tok/slot/pos[0, R) through the model; leaves rb.logits [R, V]. */
+static void forward_rows(prl_infer *e, int R)
+{
+    rows_buf *b = &e->rb;
+    int d = e->d;
+    for (int r = 0; r < R; r++)
+        memcpy(b->x + (size_t)r * d, e->embed + (size_t)b->tok[r] * d, (size_t)d * sizeof(float));
+    for (int l = 0; l < e->L; l++) {
+        const layer_w *w = &e->lw[l];
+        prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln1, R, d, d, d, e->m->cfg.rms_norm_eps);
+        act_round(e, b->ln, (size_t)R * d);
+        attention(e, l, R);
+        residual_add(e, b->x, b->tmp, R);
+        prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln2, R, d, d, d, e->m->cfg.rms_norm_eps);
+        act_round(e, b->ln, (size_t)R * d);
+        if (w->moe >= 0) {
+            moe(e, l, R);
+        } else {
+            swiglu(e, b->tmp, b->ln, R, &w->w13, &w->w2);
+            emit(e, l, "mlp.out", b->tmp, R, d);
+        }
+        residual_add(e, b->x, b->tmp, R);
+    }
+    prl_rmsnorm_forward(b->ln, b->rstd, b->x, e->norm, R, d, d, d, e->m->cfg.rms_norm_eps);
+    act_round(e, b->ln, (size_t)R * d);
+    linear(e, b->logits, b->ln, R, &e->head);
+    emit(e, -1, "final.logits", b->logits, R, e->V);
+}
+
+/* ------------------------------------------------------------------ sampling -------- */
+
+void prl_sample_params_default(prl_sample_params *p)
+{
+    static const int32_t eos[] = {PRL_TOKEN_EOS};
+    *p = (prl_sample_params){.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0,
+                             .max_new_tokens = 256, .stop_ids = eos, .n_stop_ids = 1};
+}
+
+prl_status prl_sample_params_check(const prl_sample_params *p, int vocab_size)
+{
+    if (!(p->temperature >= 0) || !isfinite(p->temperature))
+        return prl_error_set(PRL_ERR_ARG, "temperature %g must be finite and >= 0 (0 = greedy)",
+                             p->temperature);
+    if (p->top_k < 0) return prl_error_set(PRL_ERR_ARG, "top-k %d must be >= 0 (0 = off)", p->top_k);
+    if (!(p->top_p > 0 && p->top_p <= 1))
+        return prl_error_set(PRL_ERR_ARG, "top-p %g must be in (0, 1]", p->top_p);
+    if (p->max_new_tokens < 1)
+        return prl_error_set(PRL_ERR_ARG, "max new tokens %d must be >= 1", p->max_new_tokens);
+    for (int i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] < 0 || p->stop_ids[i] >= vocab_size)
+            return prl_error_set(PRL_ERR_ARG, "stop token id %d out of range [0, %d)",
+                                 p->stop_ids[i], vocab_size);
+    if (p->n_stop_strings > 0 && !p->tok)
+        return prl_error_set(PRL_ERR_ARG, "stop strings need a tokenizer");
+    for (int i = 0; i < p->n_stop_strings; i++)
+        if (!p->stop_strings[i] || !p->stop_strings[i][0])
+            return prl_error_set(PRL_ERR_ARG, "stop string %d is empty", i);
+    return PRL_OK;
+}
+
+typedef struct cand {
+    double w;
+    int id;
+} cand;
+
+static int cand_desc(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->w != y->w) return x->w < y->w ? 1 : -1;
+    return x->id - y->id;
+}
+
+/* Draw a token from softmax(logits/τ) restricted by top-k/top-p; greedy when τ = 0. */
+static int sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
+                      cand *cs)
+{
+    if (sp->temperature == 0) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        double x = logits[i] / sp->temperature;
+        mx = x > mx ? x : mx;
+    }
+    int n = V;
+    for (int i = 0; i < V; i++) cs[i] = (cand){exp(logits[i] / sp->temperature - mx), i};
+    int restrict_ = (sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1;
+    if (restrict_) {
+        qsort(cs, (size_t)V, sizeof *cs, cand_desc);
+        if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
+        if (sp->top_p < 1) {
+            double total = 0, acc = 0;
+            for (int i = 0; i < n; i++) total += cs[i].w;
+            for (int i = 0; i < n; i++) {
+                acc += cs[i].w;
+                if (acc >= sp->top_p * total) {
+                    n = i + 1;
+                    break;
+                }
+            }
+        }
+    }
+    double total = 0;
+    for (int i = 0; i < n; i++) total += cs[i].w;
+    double u = prl_rng_uniform(rng) * total, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += cs[i].w;
+        if (u < acc) return cs[i].id;
+    }
+    return cs[n - 1].id; /* u rounded up to the total */
+}
+
+/* log p(y) under softmax(logits/τ) over the whole vocabulary: the train path's function. */
+static float logprob(const float *logits, int V, int y, double tau)
+{
+    prl_real lse;
+    return (float)prl_logprob_forward(&lse, logits, V, y, tau);
+}
+
+const char *prl_stop_reason_name(prl_stop_reason r)
+{
+    static const char *const names[] = {"stop_token", "length", "stop_string", "context", "forced"};
+    return (unsigned)r < 5 ? names[r] : "?";
+}
+
+void prl_gen_result_free(prl_gen_result *r)
+{
+    if (!r) return;
+    free(r->tokens), free(r->logprobs), free(r->prompt_logprobs), free(r->routes);
+    memset(r, 0, sizeof *r);
+}
+
+/* ------------------------------------------------------------------ routes ---------- */
+
+int prl_routes_width(int n_experts) { return n_experts <= 256 ? 1 : 2; }
+
+size_t prl_routes_pack(uint8_t *out, const int32_t *ids, size_t n_ids, int n_experts)
+{
+    int w = prl_routes_width(n_experts);
+    for (size_t i = 0; i < n_ids; i++) {
+        out[i * w] = (uint8_t)(ids[i] & 0xff);
+        if (w == 2) out[i * w + 1] = (uint8_t)(ids[i] >> 8);
+    }
+    return n_ids * (size_t)w;
+}
+
+prl_status prl_routes_unpack(int32_t *ids, const uint8_t *in, size_t n_ids, int n_experts)
+{
+    int w = prl_routes_width(n_experts);
+    for (size_t i = 0; i < n_ids; i++) {
+        int32_t v = in[i * w] | (w == 2 ? in[i * w + 1] << 8 : 0);
+        if (v >= n_experts)
+            return prl_error_set(PRL_ERR_FORMAT, "route entry %zu: expert %d out of range [0, %d)",
+                                 i, v, n_experts);
+        ids[i] = v;
+    }
+    return PRL_OK;
+}
+
+/* ------------------------------------------------------------------ generation ------ */
+
+typedef struct gen_state {
+    prl_infer *e;
+    const prl_gen_request *reqs;
+    const prl_sample_params *sp;
+    prl_gen_result *res;
+    int cap_new;     /* per-request capacity of tokens/logprobs */
+    cand *cands;
+    int32_t *text_ids;
+} gen_state;
+
+static prl_status check_requests(const prl_infer *e, const prl_gen_request *reqs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const prl_gen_request *q = &reqs[i];
+        if (q->prompt_len < 1 || !q->prompt)
+            return prl_error_set(PRL_ERR_ARG, "request %d: empty prompt", i);
+        if (q->prompt_len >= e->opt.max_len)
+            return prl_error_set(PRL_ERR_RANGE, "request %d: prompt of %d tokens leaves no room in "
+                                 "the context of %d tokens", i, q->prompt_len, e->opt.max_len);
+        if (q->forced && q->prompt_len + q->n_forced > e->opt.max_len)
+            return prl_error_set(PRL_ERR_RANGE, "request %d: prompt %d + %d forced tokens exceed "
+                                 "the context of %d tokens", i, q->prompt_len, q->n_forced,
+                                 e->opt.max_len);
+        for (int t = 0; t < q->prompt_len; t++)
+            if (q->prompt[t] < 0 || q->prompt[t] >= e->V)
+                return prl_error_set(PRL_ERR_RANGE, "request %d position %d: token id %d out of "
+                                     "range [0, %d)", i, t, q->prompt[t], e->V);
+        for (int t = 0; q->forced && t < q->n_forced; t++)
+            if (q->forced[t] < 0 || q->forced[t] >= e->V)
+                return prl_error_set(PRL_ERR_RANGE, "request %d forced token %d: id %d out of "
+                                     "range [0, %d)", i, t, q->forced[t], e->V);
+    }
+    return PRL_OK;
+}
+
+static int has_stop_string(gen_state *g, const prl_gen_result *r)
+{
+    const prl_sample_params *sp = g->sp;
+    if (sp->n_stop_strings == 0) return 0;
+    char *text = NULL;
+    size_t len = 0;
+    if (prl_tokenizer_decode(sp->tok, r->tokens, (size_t)r->n, 0, &text, &len) != PRL_OK) return 0;
+    int hit = 0;
+    for (int i = 0; i < sp->n_stop_strings && !hit; i++)
+        hit = memmem(text, len, sp->stop_strings[i], strlen(sp->stop_strings[i])) != NULL;
+    free(text);
+    return hit;
+}
+
+/* Take the next token of the request in `slot` from logits row `row`: sample (or the forced
+** token), record it with its log-prob, decide whether the sequence stops. Returns 1 if it
+** stopped. */
+static int take_token(gen_state *g, int slot, int row)
+{
+    prl_infer *e = g->e;
+    slot_state *st = &e->slots[slot];
+    const prl_gen_request *q = &g->reqs[st->req];
+    prl_gen_result *r = &g->res[st->req];
+    const prl_sample_params *sp = g->sp;
+    const float *logits = e->rb.logits + (size_t)row * e->V;
+    double tau = sp->temperature > 0 ? sp->temperature : 1.0;
+    int32_t y;
+    if (q->forced) {
+        y = q->forced[r->n];
+    } else {
+        prl_rng rng;
+        prl_rng_init(&rng, sp->seed, q->seq_id, (uint64_t)st->len, 0, PRL_RNG_SAMPLE);
+        y = sample_row(logits, e->V, sp, &rng, g->cands);
+    }
+    r->tokens[r->n] = y;
+    r->logprobs[r->n] = logprob(logits, e->V, y, tau);
+    r->n++;
+    st->last = y;
+    int stop = -1;
+    if (q->forced) {
+        if (r->n == q->n_forced) stop = PRL_STOP_FORCED;
+    } else {
+        for (int i = 0; i < sp->n_stop_ids && stop < 0; i++)
+            if (y == sp->stop_ids[i]) stop = PRL_STOP_TOKEN;
+        if (stop < 0 && has_stop_string(g, r)) stop = PRL_STOP_STRING;
+        if (stop < 0 && r->n >= sp->max_new_tokens) stop = PRL_STOP_LENGTH;
+    }
+    if (stop < 0 && st->len + 1 >= e->opt.max_len) stop = PRL_STOP_CONTEXT; /* no room to feed y */
+    if (stop < 0) return 0;
+    r->stop = (prl_stop_reason)stop;
+    return 1;
+}
+
+static prl_status alloc_result(gen_state *g, int i)
+{
+    const prl_gen_request *q = &g->reqs[i];
+    prl_gen_result *r = &g->res[i];
+    int cap = q->forced ? (q->n_forced > 0 ? q->n_forced : 1) : g->sp->max_new_tokens;
+    r->tokens = malloc((size_t)cap * sizeof *r->tokens);
+    r->logprobs = malloc((size_t)cap * sizeof *r->logprobs);
+    r->prompt_logprobs = calloc((size_t)q->prompt_len, sizeof *r->prompt_logprobs);
+    r->prompt_len = q->prompt_len;
+    if (!r->tokens || !r->logprobs || !r->prompt_logprobs)
+        return prl_error_set(PRL_ERR_NOMEM, "results of request %d", i);
+    return PRL_OK;
+}
+
+/* Pack the slot's routes into the result and free the slot. */
+static prl_status finish(gen_state *g, int slot)
+{
+    prl_infer *e = g->e;
+    slot_state *st = &e->slots[slot];
+    prl_gen_result *r = &g->res[st->req];
+    r->n_route_tokens = st->len;
+    size_t n_ids = (size_t)st->len * e->n_moe * e->K;
+    r->routes_bytes = n_ids * (size_t)prl_routes_width(e->E);
+    r->routes = malloc(r->routes_bytes ? r->routes_bytes : 1);
+    if (!r->routes) return prl_error_set(PRL_ERR_NOMEM, "routes of request %d", st->req);
+    prl_routes_pack(r->routes, st->routes, n_ids, e->E);
+    st->req = -1;
+    return PRL_OK;
+}
+
+/* Prefill request i into a free slot and take its first token. */
+static prl_status admit(gen_state *g, int i, int slot, int *stopped)
+{
+    prl_infer *e = g->e;
+    rows_buf *b = &e->rb;
+    const prl_gen_request *q = &g->reqs[i];
+    prl_status rc = alloc_result(g, i);
+    if (rc) return rc;
+    slot_state *st = &e->slots[slot];
+    st->req = i;
+    int P = q->prompt_len;
+    for (int t = 0; t < P; t++) b->tok[t] = q->prompt[t], b->slot[t] = slot, b->pos[t] = t, b->req[t] = i;
+    forward_rows(e, P);
+    st->len = P;
+    double tau = g->sp->temperature > 0 ? g->sp->temperature : 1.0;
+    prl_gen_result *r = &g->res[i];
+    for (int t = 1; t < P; t++)
+        r->prompt_logprobs[t] = logprob(b->logits + (size_t)(t - 1) * e->V, e->V, q->prompt[t], tau);
+    if (q->forced && q->n_forced == 0) { /* prompt log-probs only */
+        r->stop = PRL_STOP_FORCED;
+        *stopped = 1;
+    } else {
+        *stopped = take_token(g, slot, P - 1);
+    }
+    return *stopped ? finish(g, slot) : PRL_OK;
+}
+
+/* One decode step for every active slot (in slot order). */
+static prl_status decode_step(gen_state *g, int *finished)
+{
+    prl_infer *e = g->e;
+    rows_buf *b = &e->rb;
+    int R = 0;
+    for (int s = 0; s < e->opt.max_batch; s++) {
+        slot_state *st = &e->slots[s];
+        if (st->req < 0) continue;
+        b->tok[R] = st->last, b->slot[R] = s, b->pos[R] = st->len, b->req[R] = st->req;
+        R++;
+    }
+    if (R == 0) return PRL_OK;
+    forward_rows(e, R);
+    for (int r = 0; r < R; r++) {
+        int s = b->slot[r];
+        e->slots[s].len++;
+        if (take_token(g, s, r)) {
+            prl_status rc = finish(g, s);
+            if (rc) return rc;
+            (*finished)++;
+        }
+    }
+    return PRL_OK;
+}
+
+prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
+                              const prl_sample_params *sp, prl_gen_result *results,
+                              prl_gen_progress progress, void *user)
+{
+    memset(results, 0, (size_t)n * sizeof *results);
+    prl_status rc = prl_sample_params_check(sp, e->V);
+    if (!rc) rc = check_requests(e, reqs, n);
+    if (rc) return rc;
+    if (prl_pool_threads() > e->att_threads)
+        return prl_error_set(PRL_ERR_ARG, "the pool grew to %d threads after the infer engine was "
+                             "made for %d", prl_pool_threads(), e->att_threads);
+    gen_state g = {.e = e, .reqs = reqs, .sp = sp, .res = results};
+    g.cands = malloc((size_t)e->V * sizeof *g.cands);
+    if (!g.cands) return prl_error_set(PRL_ERR_NOMEM, "sampling scratch");
+    for (int s = 0; s < e->opt.max_batch; s++) e->slots[s].req = -1;
+    int next = 0, finished = 0, active = 0;
+    long tokens = 0;
+    while (!rc && finished < n) {
+        for (int s = 0; s < e->opt.max_batch && next < n && !rc; s++) {
+            if (e->slots[s].req >= 0) continue;
+            int stopped = 0;
+            rc = admit(&g, next++, s, &stopped);
+            tokens++;
+            if (stopped) finished++, s--; /* the slot is free again */
+        }
+        if (rc) break;
+        active = 0;
+        for (int s = 0; s < e->opt.max_batch; s++) active += e->slots[s].req >= 0;
+        if (active == 0) continue;
+        rc = decode_step(&g, &finished);
+        tokens += active;
+        if (progress) progress(user, finished, n, tokens);
+    }
+    free(g.cands);
+    if (rc) {
+        for (int i = 0; i < n; i++) prl_gen_result_free(&results[i]);
+        for (int s = 0; s < e->opt.max_batch; s++) e->slots[s].req = -1;
+    }
+    return rc;
+}

@@ -1,0 +1,151 @@
+/*
+** infer.h — the infer path: KV-cached, batched decoding with sampling (part of engine.h;
+** include that).
+**
+** The infer path is a second implementation of the model, built the way rollout engines are:
+** prefill plus incremental decode over a per-sequence cache, MLA in the absorbed form (the
+** cache holds only the normalised latent c_kv and the rotated shared key k_r per token and
+** layer), dot-product ("GEMV") matmuls, optional bf16/fp16 rounding. Each way it differs from
+** the train path is a switch (prl_infer_options), so a consistency checker can turn them one
+** at a time; the preset "aligned" turns all of them to the train path's choices and its
+** log-probs then equal the train path's bitwise (docs/infer.md).
+**
+** Every kernel is batch-invariant: a sequence's tokens and log-probs never depend on which
+** other sequences share its batch, its slot, or the thread count. Sampling draws come from
+** (seed, sequence id, position), so a seeded sequence samples the same tokens in any batch.
+**
+** Ownership: a prl_infer borrows the model (which must outlive it and not change while it
+** is used; call prl_infer_refresh after changing the weights). Results are caller-owned
+** (prl_gen_result_free).
+*/
+#ifndef PRL_INFER_H
+#define PRL_INFER_H
+
+typedef enum prl_precision {
+    PRL_PRECISION_FP32 = 0,
+    PRL_PRECISION_BF16 = 1, /* weights held rounded to bf16, activations rounded at op outputs */
+    PRL_PRECISION_FP16 = 2  /* the same with IEEE half (overflow to ±inf) */
+} prl_precision;
+
+typedef enum prl_mla_form {
+    PRL_MLA_ABSORBED = 0, /* W_UK folded into the query, W_UV applied after attention */
+    PRL_MLA_NAIVE = 1     /* per-head keys and values expanded and cached, as in training */
+} prl_mla_form;
+
+typedef enum prl_matmul_kind {
+    PRL_MATMUL_GEMV = 0, /* each output one 8-lane dot product (decode-style order) */
+    PRL_MATMUL_GEMM = 1, /* the train path's GEMM (gemm.c) on pre-packed weights */
+    PRL_MATMUL_BLAS = 2  /* OpenBLAS sgemm: fast but batch-variant (a comparison knob) */
+} prl_matmul_kind;
+
+typedef struct prl_infer_options {
+    prl_precision precision;
+    prl_mla_form mla;
+    prl_matmul_kind matmul;
+    int max_batch; /* sequences decoded together (default 16) */
+    int max_len;   /* context per sequence, prompt + generated (default max_position_embeddings) */
+} prl_infer_options;
+
+/* fp32, absorbed, GEMV, batch 16, full context. */
+void prl_infer_options_default(prl_infer_options *o);
+/* "fp32" | "bf16" | "fp16" (absorbed MLA, GEMV order, that precision) or "aligned" (fp32,
+** naive MLA, the train path's GEMM). Unknown names are PRL_ERR_ARG naming the choices. */
+prl_status prl_infer_options_preset(prl_infer_options *o, const char *name);
+/* Parse the knob values used by the CLI: precision "fp32|bf16|fp16", mla "absorbed|naive",
+** matmul "gemv|gemm|blas". NULL leaves a field unchanged. */
+prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, const char *mla,
+                                 const char *matmul);
+/* "precision=fp32 mla=absorbed matmul=gemv" */
+void prl_infer_options_describe(const prl_infer_options *o, char *out, size_t n);
+
+typedef struct prl_infer prl_infer;
+
+prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_options *o);
+void prl_infer_free(prl_infer *e);
+/* Re-read the model's weights (after an optimizer step or a load). */
+prl_status prl_infer_refresh(prl_infer *e);
+/* Bytes of KV cache per token: (kv_lora_rank + qk_rope_head_dim) × layers × 4 in the
+** absorbed form; the naive form also caches H·(d_nope + d_v) per layer. */
+size_t prl_infer_kv_bytes_per_token(const prl_infer *e);
+const prl_infer_options *prl_infer_get_options(const prl_infer *e);
+
+/* Tensor hooks with the train path's names (L3.attn.q, L3.attn.kv_latent, L3.attn.out,
+** L3.mlp.out, L3.moe.router_logits, L3.moe.out, final.logits). Rows are the tokens of one
+** prefill or decode call; prl_infer_hook_rows gives, during a hook call, each row's request
+** index and position. */
+void prl_infer_set_hook(prl_infer *e, prl_tensor_hook hook, void *user);
+void prl_infer_hook_rows(const prl_infer *e, const int32_t **request, const int32_t **pos);
+
+/* ---------------------------------------------------------------- generation ------- */
+
+typedef struct prl_sample_params {
+    double temperature;     /* 0 = greedy (argmax, ties to the lower id); > 0 samples */
+    int top_k;              /* keep the k most likely tokens (0 = off) */
+    double top_p;           /* keep the smallest set with probability >= top_p (1 = off) */
+    uint64_t seed;          /* draws seeded from (seed, request seq_id, position) */
+    int max_new_tokens;     /* > 0 */
+    const int32_t *stop_ids; /* tokens that end a sequence (kept as its last token) */
+    int n_stop_ids;
+    const char *const *stop_strings; /* texts that end a sequence once decoded output has one */
+    int n_stop_strings;
+    const struct prl_tokenizer *tok; /* needed for stop_strings */
+} prl_sample_params;
+
+/* Greedy, 256 new tokens, stop on <|eos|>. */
+void prl_sample_params_default(prl_sample_params *p);
+/* Errors name the bad value: temperature < 0 or not finite, top_k < 0, top_p not in (0, 1],
+** max_new_tokens < 1, stop strings without a tokenizer. */
+prl_status prl_sample_params_check(const prl_sample_params *p, int vocab_size);
+
+typedef struct prl_gen_request {
+    const int32_t *prompt;  /* >= 1 token, borrowed */
+    int prompt_len;
+    uint64_t seq_id;        /* identifies the sequence for seeding (e.g. prompt·G + sample) */
+    const int32_t *forced;  /* optional: score these tokens instead of sampling (teacher forcing) */
+    int n_forced;
+} prl_gen_request;
+
+typedef enum prl_stop_reason {
+    PRL_STOP_TOKEN = 0,   /* a stop id (EOS) */
+    PRL_STOP_LENGTH = 1,  /* max_new_tokens */
+    PRL_STOP_STRING = 2,  /* a stop string */
+    PRL_STOP_CONTEXT = 3, /* the context (max_len) is full */
+    PRL_STOP_FORCED = 4   /* all forced tokens scored */
+} prl_stop_reason;
+const char *prl_stop_reason_name(prl_stop_reason r);
+
+typedef struct prl_gen_result {
+    int32_t *tokens;        /* [n] generated (or forced) tokens */
+    float *logprobs;        /* [n] log-prob of each under softmax(logits / τ) over the whole
+                            ** vocabulary (τ = temperature, or 1 when greedy) */
+    int n;
+    float *prompt_logprobs; /* [prompt_len]: [0] = 0, [i] = log p(prompt[i] | prompt[<i]) */
+    int prompt_len;
+    uint8_t *routes;        /* compact routes (prl_routes_pack) of every token fed through the
+                            ** model, prompt then generated: [n_route_tokens][n_moe][K] */
+    size_t routes_bytes;
+    int n_route_tokens;     /* prompt_len + n - 1 (the last token is never fed) */
+    prl_stop_reason stop;
+} prl_gen_result;
+void prl_gen_result_free(prl_gen_result *r);
+
+/* Progress: called after each decode step with finished requests and tokens generated so far. */
+typedef void (*prl_gen_progress)(void *user, int finished, int total, long tokens);
+
+/* Run n requests with continuous batching: up to max_batch sequences decode together, a
+** finished one leaves and the next request is prefilled into its slot. results[i] answers
+** reqs[i]. A prompt that does not fit the context is PRL_ERR_RANGE naming the request. */
+prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
+                              const prl_sample_params *sp, prl_gen_result *results,
+                              prl_gen_progress progress, void *user);
+
+/* ---------------------------------------------------------------- routes ----------- */
+
+/* The compact route form: one byte per expert id when n_routed_experts <= 256, else two
+** (little-endian). Returns bytes written (n_ids × width). */
+int prl_routes_width(int n_experts);
+size_t prl_routes_pack(uint8_t *out, const int32_t *ids, size_t n_ids, int n_experts);
+/* Inverse; ids outside [0, n_experts) are PRL_ERR_FORMAT naming the entry. */
+prl_status prl_routes_unpack(int32_t *ids, const uint8_t *in, size_t n_ids, int n_experts);
+
+#endif /* PRL_INFER_H */

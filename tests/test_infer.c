@@ -1,0 +1,439 @@
+/*
+** test_infer.c — the infer path against the train path on the tiny config:
+**   aligned mode equals the train path bitwise (batch 1 and 16, 1 and 2 threads);
+**   fp32 mode within 1e-4 in log-prob; bf16/fp16 mismatch measured and printed;
+**   greedy tokens identical across batch sizes and thread counts; seeded sampling identical
+**   for a sequence whatever its batch; routes, stops, KV-cache size and bad input.
+** The train path is itself batch-invariant (prl's GEMM), so the train-path side scores every
+** sequence in one padded batch.
+*/
+#include "engine/ops.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef PRL_SOURCE_DIR
+#define PRL_SOURCE_DIR "."
+#endif
+
+static prl_model model;
+
+static void load_tiny(void)
+{
+    if (model.params) return;
+    prl_config c;
+    ck_assert_int_eq(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/tiny.json"), PRL_OK);
+    c.max_position_embeddings = 160; /* keeps the test quick */
+    ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
+    prl_model_init_weights(&model, 7);
+    /* sharper distributions than the 0.02 init, so greedy has clear winners and the
+    ** sampled sequences are not uniform noise */
+    const prl_param_info *head = prl_model_find(&model, "lm_head.weight");
+    for (size_t i = 0; i < head->numel; i++) model.params[head->offset + i] *= 40;
+    for (int i = 0; i < model.n_moe * c.n_routed_experts; i++) /* a non-trivial bias */
+        model.router_bias[i] = (float)(0.01 * ((i * 7) % 5 - 2));
+}
+
+enum { NREQ = 16, PLEN_MAX = 24 };
+
+typedef struct reqs {
+    int32_t prompts[NREQ][PLEN_MAX];
+    prl_gen_request r[NREQ];
+} reqs;
+
+static void make_requests(reqs *q, int n, uint64_t seed)
+{
+    for (int i = 0; i < n; i++) {
+        prl_rng rng;
+        prl_rng_init(&rng, seed, (uint64_t)i, 0, 0, PRL_RNG_TEST);
+        int len = 3 + (int)(prl_rng_u64(&rng) % (PLEN_MAX - 3));
+        for (int t = 0; t < len; t++) q->prompts[i][t] = 16 + (int32_t)(prl_rng_u64(&rng) % 4000);
+        q->r[i] = (prl_gen_request){.prompt = q->prompts[i], .prompt_len = len, .seq_id = 100 + i};
+    }
+}
+
+static prl_infer *engine(const char *preset, int max_batch)
+{
+    prl_infer_options o;
+    ck_assert_int_eq(prl_infer_options_preset(&o, preset), PRL_OK);
+    o.max_batch = max_batch;
+    prl_infer *e = NULL;
+    ck_assert_msg(prl_infer_init(&e, &model, &o) == PRL_OK, "%s", prl_error_message());
+    return e;
+}
+
+static void generate(prl_infer *e, reqs *q, int n, const prl_sample_params *sp, prl_gen_result *res)
+{
+    prl_status rc = prl_infer_generate(e, q->r, n, sp, res, NULL, NULL);
+    ck_assert_msg(rc == PRL_OK, "%s", prl_error_message());
+}
+
+/* The train path's log-probs of every prompt and generated token, all sequences in one
+** padded batch; also its routes ([n_moe][B·T][K]) and T. */
+typedef struct train_scores {
+    float *logp;
+    int32_t *routes;
+    int B, T;
+} train_scores;
+
+static void train_score(train_scores *ts, reqs *q, prl_gen_result *res, int n, double tau)
+{
+    int T = 0;
+    for (int i = 0; i < n; i++)
+        if (q->r[i].prompt_len + res[i].n > T) T = q->r[i].prompt_len + res[i].n;
+    int32_t *tok = calloc((size_t)n * T, sizeof *tok), *tgt = malloc((size_t)n * T * sizeof *tgt);
+    int32_t *lens = malloc((size_t)n * sizeof *lens);
+    for (int i = 0; i < n * T; i++) tgt[i] = -1;
+    for (int i = 0; i < n; i++) {
+        int P = q->r[i].prompt_len;
+        lens[i] = P + res[i].n;
+        memcpy(tok + (size_t)i * T, q->r[i].prompt, (size_t)P * sizeof *tok);
+        memcpy(tok + (size_t)i * T + P, res[i].tokens, (size_t)res[i].n * sizeof *tok);
+        for (int t = 0; t + 1 < lens[i]; t++) tgt[(size_t)i * T + t] = tok[(size_t)i * T + t + 1];
+    }
+    prl_batch b = {.B = n, .T = T, .tokens = tok, .lens = lens, .targets = tgt, .temperature = tau};
+    ts->logp = malloc((size_t)n * T * sizeof *ts->logp);
+    ck_assert_int_eq(prl_model_logprobs(&model, &b, ts->logp), PRL_OK);
+    size_t nr = (size_t)model.n_moe * n * T * model.cfg.num_experts_per_tok;
+    ts->routes = malloc(nr * sizeof *ts->routes);
+    memcpy(ts->routes, prl_model_routes(&model), nr * sizeof *ts->routes);
+    ts->B = n, ts->T = T;
+    free(tok), free(tgt), free(lens);
+}
+
+/* Infer log-prob of token t (>= 1) of sequence i: the prompt's or the generated one's. */
+static float infer_logp(const prl_gen_result *r, int t)
+{
+    return t < r->prompt_len ? r->prompt_logprobs[t] : r->logprobs[t - r->prompt_len];
+}
+
+typedef struct mismatch {
+    double mean, max, route_diff_share;
+    long n, bitwise_diff;
+} mismatch;
+
+static mismatch compare(const train_scores *ts, reqs *q, prl_gen_result *res, int n)
+{
+    mismatch mm = {0};
+    int K = model.cfg.num_experts_per_tok, E = model.cfg.n_routed_experts;
+    long route_tokens = 0, route_diff = 0;
+    for (int i = 0; i < n; i++) {
+        int len = q->r[i].prompt_len + res[i].n;
+        for (int t = 1; t < len; t++) {
+            float a = infer_logp(&res[i], t), b = ts->logp[(size_t)i * ts->T + t - 1];
+            double d = fabs((double)a - b);
+            mm.mean += d, mm.n++;
+            mm.max = d > mm.max ? d : mm.max;
+            mm.bitwise_diff += memcmp(&a, &b, sizeof a) != 0;
+        }
+        int32_t *ids = malloc((size_t)res[i].n_route_tokens * model.n_moe * K * sizeof *ids);
+        ck_assert_int_eq(prl_routes_unpack(ids, res[i].routes,
+                                           (size_t)res[i].n_route_tokens * model.n_moe * K, E), PRL_OK);
+        ck_assert_int_eq(res[i].n_route_tokens, len - 1);
+        for (int t = 0; t < res[i].n_route_tokens; t++)
+            for (int l = 0; l < model.n_moe; l++) {
+                const int32_t *a = ids + ((size_t)t * model.n_moe + l) * K;
+                const int32_t *b = ts->routes + (((size_t)l * ts->B + i) * ts->T + t) * K;
+                int same = 1; /* as sets */
+                for (int k = 0; k < K; k++) {
+                    int found = 0;
+                    for (int j = 0; j < K; j++) found |= a[k] == b[j];
+                    same &= found;
+                }
+                route_tokens++, route_diff += !same;
+            }
+        free(ids);
+    }
+    mm.mean /= mm.n ? mm.n : 1;
+    mm.route_diff_share = route_tokens ? (double)route_diff / route_tokens : 0;
+    return mm;
+}
+
+static void free_all(prl_gen_result *res, int n, train_scores *ts)
+{
+    for (int i = 0; i < n; i++) prl_gen_result_free(&res[i]);
+    if (ts) free(ts->logp), free(ts->routes);
+}
+
+static prl_sample_params sampling(double tau, int max_new)
+{
+    prl_sample_params sp;
+    prl_sample_params_default(&sp);
+    sp.temperature = tau, sp.seed = 99, sp.max_new_tokens = max_new, sp.n_stop_ids = 0;
+    return sp;
+}
+
+START_TEST(test_aligned_is_bitwise_equal)
+{
+    load_tiny();
+    int batches[] = {1, 16}, threads[] = {1, 2};
+    for (int bi = 0; bi < 2; bi++)
+        for (int ti = 0; ti < 2; ti++) {
+            prl_blas_set_threads(threads[ti]);
+            reqs q;
+            make_requests(&q, NREQ, 5);
+            prl_infer *e = engine("aligned", batches[bi]);
+            prl_sample_params sp = sampling(1.0, 40);
+            prl_gen_result res[NREQ];
+            generate(e, &q, NREQ, &sp, res);
+            train_scores ts;
+            train_score(&ts, &q, res, NREQ, 1.0);
+            mismatch mm = compare(&ts, &q, res, NREQ);
+            printf("aligned batch %d threads %d: %ld tokens, %ld differ bitwise, max |dlogp| %g, "
+                   "routes differ %.4f\n", batches[bi], threads[ti], mm.n, mm.bitwise_diff, mm.max,
+                   mm.route_diff_share);
+            ck_assert_int_gt(mm.n, NREQ * 40);
+            ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
+                          mm.bitwise_diff, mm.n, mm.max);
+            ck_assert(mm.route_diff_share == 0);
+            free_all(res, NREQ, &ts);
+            prl_infer_free(e);
+        }
+    prl_blas_set_threads(2);
+}
+END_TEST
+
+START_TEST(test_fp32_and_low_precision_mismatch)
+{
+    load_tiny();
+    const char *modes[] = {"fp32", "bf16", "fp16"};
+    for (int mi = 0; mi < 3; mi++) {
+        reqs q;
+        make_requests(&q, NREQ, 6);
+        prl_infer *e = engine(modes[mi], 8);
+        prl_sample_params sp = sampling(1.0, 40);
+        prl_gen_result res[NREQ];
+        generate(e, &q, NREQ, &sp, res);
+        train_scores ts;
+        train_score(&ts, &q, res, NREQ, 1.0);
+        mismatch mm = compare(&ts, &q, res, NREQ);
+        printf("%s vs train path: %ld tokens, mean |dlogp| %.3g, max |dlogp| %.3g, "
+               "MoE top-k differs on %.2f%% of token-layers\n", modes[mi], mm.n, mm.mean, mm.max,
+               100 * mm.route_diff_share);
+        if (mi == 0) ck_assert_msg(mm.max < 1e-4, "fp32 max |dlogp| %g >= 1e-4", mm.max);
+        else ck_assert_msg(mm.max > 1e-4, "%s is suspiciously close (%g): rounding not applied?",
+                           modes[mi], mm.max);
+        free_all(res, NREQ, &ts);
+        prl_infer_free(e);
+    }
+}
+END_TEST
+
+/* The same requests with different batch limits, thread counts and companions. */
+START_TEST(test_batch_and_thread_invariance)
+{
+    load_tiny();
+    const char *modes[] = {"fp32", "aligned", "bf16"};
+    for (int mi = 0; mi < 3; mi++)
+        for (int greedy = 0; greedy < 2; greedy++) {
+            reqs q;
+            make_requests(&q, NREQ, 8);
+            prl_sample_params sp = sampling(greedy ? 0.0 : 0.8, 30);
+            sp.top_k = greedy ? 0 : 50;
+            sp.top_p = greedy ? 1 : 0.9;
+            prl_gen_result ref[NREQ];
+            prl_blas_set_threads(2);
+            prl_infer *e = engine(modes[mi], 16);
+            generate(e, &q, NREQ, &sp, ref);
+            prl_infer_free(e);
+            int batch[] = {1, 3}, threads[] = {1, 2};
+            for (int v = 0; v < 2; v++) {
+                prl_blas_set_threads(threads[v]);
+                prl_infer *e2 = engine(modes[mi], batch[v]);
+                prl_gen_result res[NREQ];
+                /* batch 3 also changes the companions: run the requests in reverse order */
+                reqs q2 = q;
+                if (v == 1)
+                    for (int i = 0; i < NREQ; i++) q2.r[i] = q.r[NREQ - 1 - i];
+                generate(e2, &q2, NREQ, &sp, res);
+                for (int i = 0; i < NREQ; i++) {
+                    const prl_gen_result *a = &ref[v == 1 ? NREQ - 1 - i : i], *b = &res[i];
+                    ck_assert_msg(a->n == b->n && !memcmp(a->tokens, b->tokens, (size_t)a->n * 4) &&
+                                  !memcmp(a->logprobs, b->logprobs, (size_t)a->n * 4),
+                                  "%s %s: request %d differs with batch %d threads %d", modes[mi],
+                                  greedy ? "greedy" : "sampled", i, batch[v], threads[v]);
+                }
+                free_all(res, NREQ, NULL);
+                prl_infer_free(e2);
+            }
+            free_all(ref, NREQ, NULL);
+        }
+    prl_blas_set_threads(2);
+}
+END_TEST
+
+START_TEST(test_stops_forced_and_routes_format)
+{
+    load_tiny();
+    prl_infer *e = engine("fp32", 4);
+    reqs q;
+    make_requests(&q, 4, 9);
+    prl_gen_result res[4];
+    /* greedy first tokens become stop ids: every sequence stops after one token */
+    prl_sample_params sp = sampling(0, 50);
+    generate(e, &q, 4, &sp, res);
+    int32_t stops[4];
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(res[i].stop, PRL_STOP_LENGTH);
+        ck_assert_int_eq(res[i].n, 50);
+        stops[i] = res[i].tokens[0];
+    }
+    free_all(res, 4, NULL);
+    sp.stop_ids = stops, sp.n_stop_ids = 4;
+    generate(e, &q, 4, &sp, res);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(res[i].stop, PRL_STOP_TOKEN);
+        ck_assert_int_eq(res[i].n, 1);
+    }
+    free_all(res, 4, NULL);
+    /* forced tokens: the scores equal a generation's own log-probs */
+    sp = sampling(0.7, 20);
+    generate(e, &q, 4, &sp, res);
+    prl_gen_result forced[4];
+    reqs q2 = q;
+    for (int i = 0; i < 4; i++) q2.r[i].forced = res[i].tokens, q2.r[i].n_forced = res[i].n;
+    generate(e, &q2, 4, &sp, forced);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(forced[i].stop, PRL_STOP_FORCED);
+        ck_assert(!memcmp(forced[i].logprobs, res[i].logprobs, (size_t)res[i].n * 4));
+    }
+    free_all(forced, 4, NULL);
+    free_all(res, 4, NULL);
+    /* context limit: generation stops when prompt + output fill the context */
+    prl_infer_free(e);
+    prl_infer_options o;
+    prl_infer_options_default(&o);
+    o.max_len = 30;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_OK);
+    sp = sampling(0, 100);
+    generate(e, &q, 4, &sp, res);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(res[i].stop, PRL_STOP_CONTEXT);
+        ck_assert_int_eq(res[i].prompt_len + res[i].n, 30);
+    }
+    free_all(res, 4, NULL);
+    prl_infer_free(e);
+    /* compact routes round trip; wide ids take two bytes; bad bytes are rejected */
+    int32_t ids[5] = {0, 7, 3, 255, 1}, back[5];
+    uint8_t buf[10];
+    ck_assert_uint_eq(prl_routes_pack(buf, ids, 5, 256), 5);
+    ck_assert_int_eq(prl_routes_unpack(back, buf, 5, 256), PRL_OK);
+    ck_assert(!memcmp(ids, back, sizeof ids));
+    ids[3] = 300;
+    ck_assert_uint_eq(prl_routes_pack(buf, ids, 5, 512), 10);
+    ck_assert_int_eq(prl_routes_unpack(back, buf, 5, 512), PRL_OK);
+    ck_assert_int_eq(back[3], 300);
+    ids[3] = 255;
+    prl_routes_pack(buf, ids, 5, 256); /* one byte each; 255 is no expert of an 8-expert model */
+    ck_assert_int_eq(prl_routes_unpack(back, buf, 5, 8), PRL_ERR_FORMAT);
+    ck_assert_msg(strstr(prl_error_message(), "route entry 3: expert 255"), "%s", prl_error_message());
+}
+END_TEST
+
+START_TEST(test_kv_bytes_and_bad_input)
+{
+    load_tiny();
+    const prl_config *c = &model.cfg;
+    prl_infer *e = engine("fp32", 2);
+    ck_assert_uint_eq(prl_infer_kv_bytes_per_token(e),
+                      (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * c->num_hidden_layers * 4);
+    reqs q;
+    make_requests(&q, 2, 10);
+    prl_gen_result res[2];
+    prl_sample_params sp = sampling(0, 5);
+    int32_t long_prompt[200] = {0};
+    q.r[1].prompt = long_prompt, q.r[1].prompt_len = 200;
+    ck_assert_int_eq(prl_infer_generate(e, q.r, 2, &sp, res, NULL, NULL), PRL_ERR_RANGE);
+    ck_assert_msg(strstr(prl_error_message(), "request 1: prompt of 200 tokens"), "%s", prl_error_message());
+    make_requests(&q, 2, 10);
+    q.prompts[0][1] = 5000;
+    ck_assert_int_eq(prl_infer_generate(e, q.r, 2, &sp, res, NULL, NULL), PRL_ERR_RANGE);
+    ck_assert(strstr(prl_error_message(), "request 0 position 1: token id 5000"));
+    make_requests(&q, 2, 10);
+    sp.temperature = -1;
+    ck_assert_int_eq(prl_infer_generate(e, q.r, 2, &sp, res, NULL, NULL), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "temperature -1"));
+    sp = sampling(1, 5), sp.top_p = 1.5;
+    ck_assert_int_eq(prl_infer_generate(e, q.r, 2, &sp, res, NULL, NULL), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "top-p 1.5"));
+    sp = sampling(1, 5), sp.top_k = -3;
+    ck_assert_int_eq(prl_infer_generate(e, q.r, 2, &sp, res, NULL, NULL), PRL_ERR_ARG);
+    sp = sampling(1, 0);
+    ck_assert_int_eq(prl_infer_generate(e, q.r, 2, &sp, res, NULL, NULL), PRL_ERR_ARG);
+    prl_infer_free(e);
+    prl_infer_options o;
+    ck_assert_int_eq(prl_infer_options_preset(&o, "fp8"), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "unknown precision 'fp8'"));
+    prl_infer_options_default(&o);
+    o.max_len = 10000;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "context 10000"));
+}
+END_TEST
+
+/* Hooks: the same names on both paths, equal tensors in aligned mode. */
+typedef struct hook_log {
+    char names[64][32];
+    int n;
+} hook_log;
+
+static int log_hook(void *user, const char *name, const prl_real *data, int ndim, const int64_t *shape)
+{
+    (void)data, (void)ndim, (void)shape;
+    hook_log *h = user;
+    for (int i = 0; i < h->n; i++)
+        if (!strcmp(h->names[i], name)) return 0;
+    if (h->n < 64) snprintf(h->names[h->n++], 32, "%s", name);
+    return 0;
+}
+
+START_TEST(test_hook_names_match)
+{
+    load_tiny();
+    hook_log a = {0}, b = {0};
+    prl_infer *e = engine("fp32", 2);
+    prl_infer_set_hook(e, log_hook, &a);
+    reqs q;
+    make_requests(&q, 2, 11);
+    prl_gen_result res[2];
+    prl_sample_params sp = sampling(0, 3);
+    generate(e, &q, 2, &sp, res);
+    prl_model_set_hook(&model, log_hook, &b);
+    train_scores ts;
+    train_score(&ts, &q, res, 2, 1.0);
+    prl_model_set_hook(&model, NULL, NULL);
+    ck_assert_int_eq(a.n, b.n);
+    for (int i = 0; i < a.n; i++) {
+        int found = 0;
+        for (int j = 0; j < b.n; j++) found |= !strcmp(a.names[i], b.names[j]);
+        ck_assert_msg(found, "infer hook %s has no train-path twin", a.names[i]);
+    }
+    ck_assert_int_ge(a.n, 6 * 3 + 1);
+    free_all(res, 2, &ts);
+    prl_infer_free(e);
+}
+END_TEST
+
+int main(void)
+{
+    if (prl_blas_init(2) != PRL_OK) return 1;
+    Suite *s = suite_create("infer");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_aligned_is_bitwise_equal);
+    tcase_add_test(tc, test_fp32_and_low_precision_mismatch);
+    tcase_add_test(tc, test_batch_and_thread_invariance);
+    tcase_add_test(tc, test_stops_forced_and_routes_format);
+    tcase_add_test(tc, test_kv_bytes_and_bad_input);
+    tcase_add_test(tc, test_hook_names_match);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    prl_model_free(&model);
+    return failed ? 1 : 0;
+}
