@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 void cli_print_help(FILE *out, const char *usage, const char *summary, const cli_opt *opts)
@@ -152,4 +153,15 @@ void cli_format_duration(char *out, size_t n, double s)
     if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t % 3600 / 60);
     else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
     else snprintf(out, n, "%lds", t);
+}
+
+prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok)
+{
+    *tok = NULL;
+    prl_status rc = prl_checkpoint_load(m, dir);
+    if (rc) return rc;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (access(path, F_OK) == 0 && (rc = prl_tokenizer_load(path, tok))) prl_model_free(m);
+    return rc;
 }

@@ -38,6 +38,9 @@ int cli_failf(const char *cmd, int code, const char *fmt, ...) __attribute__((fo
 /* Set up BLAS and the thread pool (threads <= 0: default) and print the blas line to
 ** stderr. Returns 0 or prints the error and returns 1. */
 int cli_setup_blas(const char *cmd, int threads);
+/* Load a checkpoint directory and its tokenizer.json when it has one (*tok NULL otherwise).
+** On error nothing is left allocated. */
+prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok);
 double cli_now(void);
 /* "1h02m", "3m10s", "12s" */
 void cli_format_duration(char *out, size_t n, double seconds);
@@ -48,5 +51,6 @@ int cmd_score(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tasks(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 #endif /* PRL_CLI_H */

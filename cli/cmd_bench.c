@@ -1,5 +1,11 @@
 /*
-** cmd_bench.c — `prl bench train`: prl's training step against the PyTorch reference.
+** cmd_bench.c — `prl bench train` and `prl bench decode`: prl against the PyTorch reference.
+**
+** bench decode: greedy KV-cached generation of the same prompts (random token ids from the
+** seed, written to a file both engines read) at each batch size, prl's infer path against
+** reference/pangu_ref.py bench-decode with the same config, weights, threads, BLAS core and
+** MLA form; prefill and decode timed apart (prl's prefill is a run with one new token),
+** medians over rounds, decode tokens/s and their ratio, KV-cache bytes per token.
 **
 ** One run measures, side by side and with the same config, batch, thread count and BLAS
 ** core: (1) the sgemm rate this machine gives prl (a 1024³ GEMM through prl's pool), (2)
@@ -232,10 +238,252 @@ static int bench_train(int argc, char **argv)
     return 0;
 }
 
+/* ------------------------------------------------------------------ bench decode ---- */
+
+typedef struct decode_args {
+    const char *config, *ckpt, *python, *reference, *batches, *precision, *mla, *matmul;
+    int prompt_len, new_tokens, rounds, warmup, threads, json, no_reference;
+    uint64_t seed;
+} decode_args;
+
+typedef struct decode_result {
+    int batch;
+    double prl_prefill, prl_decode, ref_prefill, ref_decode;
+    int greedy_agree; /* leading tokens of sequence 0 equal in both engines */
+    size_t ref_kv_bytes;
+    char ref_info[64];
+} decode_result;
+
+/* Seconds of prl's greedy generation of n_new tokens for every prompt (stops ignored). */
+static prl_status prl_generate_time(prl_infer *e, prl_gen_request *q, int B, int n_new,
+                                    double *seconds, int32_t *first_tokens)
+{
+    prl_sample_params sp;
+    prl_sample_params_default(&sp);
+    sp.max_new_tokens = n_new, sp.n_stop_ids = 0;
+    prl_gen_result *r = calloc((size_t)B, sizeof *r);
+    double t0 = cli_now();
+    prl_status rc = prl_infer_generate(e, q, B, &sp, r, NULL, NULL);
+    *seconds = cli_now() - t0;
+    if (rc == PRL_OK && first_tokens) memcpy(first_tokens, r[0].tokens, (size_t)r[0].n * sizeof *first_tokens);
+    for (int i = 0; i < B; i++) prl_gen_result_free(&r[i]);
+    free(r);
+    return rc;
+}
+
+static prl_status write_prompts(const char *path, int32_t *ids, int B, int P)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return prl_error_set(PRL_ERR_IO, "cannot write %s: %m", path);
+    fputc('[', f);
+    for (int b = 0; b < B; b++) {
+        fputs(b ? ",[" : "[", f);
+        for (int t = 0; t < P; t++) fprintf(f, t ? ",%d" : "%d", ids[b * P + t]);
+        fputc(']', f);
+    }
+    fputs("]\n", f);
+    return fclose(f) ? prl_error_set(PRL_ERR_IO, "cannot write %s: %m", path) : PRL_OK;
+}
+
+/* The reference's bench-decode on the same checkpoint and prompts. */
+static prl_status ref_decode(const decode_args *a, const char *ckpt, const char *prompts,
+                             const char *mla, decode_result *d, const int32_t *prl_tokens)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "OPENBLAS_CORETYPE='%s' OPENBLAS_NUM_THREADS=%d OMP_NUM_THREADS=%d '%s' '%s' bench-decode "
+             "--ckpt '%s' --prompts '%s' --new-tokens %d --threads %d --rounds %d --warmup %d --mla %s --json",
+             prl_blas_core(), prl_blas_threads(), prl_blas_threads(), a->python, a->reference, ckpt,
+             prompts, a->new_tokens, prl_blas_threads(), a->rounds, a->warmup, mla);
+    FILE *p = popen(cmd, "r");
+    if (!p) return prl_error_set(PRL_ERR_IO, "cannot run the reference: %s", cmd);
+    size_t cap = 1 << 20, n = 0, got;
+    char *out = malloc(cap);
+    while ((got = fread(out + n, 1, cap - 1 - n, p)) > 0) n += got;
+    out[n] = 0;
+    int status = pclose(p);
+    if (status != 0) {
+        free(out);
+        return prl_error_set(PRL_ERR_IO, "the PyTorch reference failed (exit %d): %s", status, cmd);
+    }
+    json_error_t err;
+    json_t *root = json_loads(strchr(out, '{') ? strchr(out, '{') : out, JSON_DISABLE_EOF_CHECK, &err);
+    free(out);
+    json_t *pre = json_object_get(root, "prefill_seconds_median"), *dec = json_object_get(root, "decode_seconds_median");
+    if (!json_is_number(pre) || !json_is_number(dec)) {
+        json_decref(root);
+        return prl_error_set(PRL_ERR_FORMAT, "reference output lacks prefill/decode medians");
+    }
+    d->ref_prefill = json_number_value(pre), d->ref_decode = json_number_value(dec);
+    d->ref_kv_bytes = (size_t)json_integer_value(json_object_get(root, "kv_cache_bytes_per_token"));
+    json_t *tok = json_object_get(root, "tokens_first_sequence");
+    d->greedy_agree = 0;
+    for (size_t i = 0; i < json_array_size(tok) && (int)i < a->new_tokens; i++) {
+        if (json_integer_value(json_array_get(tok, i)) != prl_tokens[i]) break;
+        d->greedy_agree++;
+    }
+    json_t *ver = json_object_get(root, "torch_version");
+    snprintf(d->ref_info, sizeof d->ref_info, "torch %s", json_is_string(ver) ? json_string_value(ver) : "?");
+    json_decref(root);
+    return PRL_OK;
+}
+
+static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const char *ckpt,
+                                     const char *dir, prl_infer_options io, int B, decode_result *d)
+{
+    int P = a->prompt_len, N = a->new_tokens;
+    int32_t *ids = malloc((size_t)B * P * sizeof *ids), *tokens = calloc((size_t)N, sizeof *tokens);
+    prl_rng r;
+    prl_rng_init(&r, a->seed, (uint64_t)B, 0, 0, PRL_RNG_TEST);
+    for (int i = 0; i < B * P; i++) ids[i] = 16 + (int32_t)(prl_rng_u64(&r) % (uint64_t)(m->cfg.vocab_size - 16));
+    prl_gen_request *q = calloc((size_t)B, sizeof *q);
+    for (int b = 0; b < B; b++) q[b] = (prl_gen_request){.prompt = ids + (size_t)b * P, .prompt_len = P, .seq_id = (uint64_t)b};
+    char prompts[4200];
+    snprintf(prompts, sizeof prompts, "%s/prompts-%d.json", dir, B);
+    io.max_batch = B, io.max_len = P + N;
+    prl_infer *e = NULL;
+    prl_status rc = write_prompts(prompts, ids, B, P);
+    if (!rc) rc = prl_infer_init(&e, m, &io);
+    double *pre = calloc((size_t)a->rounds, sizeof *pre), *all = calloc((size_t)a->rounds, sizeof *all), t;
+    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, q, B, N, &t, NULL);
+    /* prl's rounds straddle the reference's, so drift of the shared machine hits both */
+    int half = a->rounds / 2;
+    for (int i = 0; !rc && i < half; i++) {
+        rc = prl_generate_time(e, q, B, 1, &pre[i], NULL);
+        if (!rc) rc = prl_generate_time(e, q, B, N, &all[i], tokens);
+    }
+    d->batch = B;
+    if (!rc && !a->no_reference) rc = ref_decode(a, ckpt, prompts, io.mla == PRL_MLA_NAIVE ? "naive" : "absorbed", d, tokens);
+    for (int i = half; !rc && i < a->rounds; i++) {
+        rc = prl_generate_time(e, q, B, 1, &pre[i], NULL);
+        if (!rc) rc = prl_generate_time(e, q, B, N, &all[i], tokens);
+    }
+    if (!rc) {
+        d->prl_prefill = median(pre, a->rounds);
+        for (int i = 0; i < a->rounds; i++) all[i] -= pre[i];
+        d->prl_decode = median(all, a->rounds);
+    }
+    prl_infer_free(e);
+    free(pre), free(all), free(q), free(ids), free(tokens);
+    return rc;
+}
+
+static int bench_decode(int argc, char **argv)
+{
+    decode_args a = {.config = PRL_SOURCE_DIR "/configs/models/tiny.json", .python = "/usr/bin/python3",
+                     .reference = PRL_SOURCE_DIR "/reference/pangu_ref.py", .batches = "1,16",
+                     .prompt_len = 32, .new_tokens = 64, .rounds = 5, .warmup = 1, .seed = 1};
+    cli_opt opts[] = {
+        {"config", OPT_STR, &a.config, "CONFIG", "model config, random weights (default configs/models/tiny.json)", 0, 0},
+        {"ckpt", OPT_STR, &a.ckpt, "DIR", "a checkpoint instead of --config", 0, 0},
+        {"batch", OPT_STR, &a.batches, "LIST", "batch sizes, comma-separated (default 1,16)", 0, 0},
+        {"prompt-len", OPT_INT, &a.prompt_len, "P", "prompt tokens (default 32)", 0, 0},
+        {"new-tokens", OPT_INT, &a.new_tokens, "N", "generated tokens per sequence (default 64)", 0, 0},
+        {"rounds", OPT_INT, &a.rounds, "R", "timed generations per engine (default 5)", 0, 0},
+        {"warmup", OPT_INT, &a.warmup, "N", "untimed generations first (default 1)", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P", "prl's infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
+        {"mla", OPT_STR, &a.mla, "FORM", "absorbed or naive (both engines; default: the preset's)", 0, 0},
+        {"matmul", OPT_STR, &a.matmul, "KIND", "prl's matmul kind: gemv, gemm, blas", 0, 0},
+        {"threads", OPT_INT, &a.threads, "N", "threads for both engines (default: all CPUs)", 0, 0},
+        {"seed", OPT_U64, &a.seed, "S", "seed of the weights and prompts (default 1)", 0, 0},
+        {"python", OPT_STR, &a.python, "PATH", "python with torch (default /usr/bin/python3)", 0, 0},
+        {"reference", OPT_STR, &a.reference, "FILE", "reference script (default reference/pangu_ref.py)", 0, 0},
+        {"no-reference", OPT_FLAG, &a.no_reference, NULL, "time prl only", 0, 0},
+        {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
+        {0},
+    };
+    int rc = cli_parse(argc, argv, 3, opts, "prl bench decode [--config CONFIG|--ckpt DIR] [--batch 1,16] [--json]",
+                       "Times greedy KV-cached decoding of prl's infer path and of the PyTorch "
+                       "reference on the same weights, prompts, threads, BLAS core and MLA form.",
+                       NULL, 0, NULL);
+    if (rc) return rc == CLI_HELP ? 0 : 2;
+    if (a.prompt_len < 1 || a.new_tokens < 2 || a.rounds < 1 || a.warmup < 0)
+        return cli_failf("bench", 2, "--prompt-len >= 1, --new-tokens >= 2, --rounds >= 1, --warmup >= 0");
+    int batches[16], nb = 0;
+    for (const char *p = a.batches; *p && nb < 16;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 256 || (*end && *end != ','))
+            return cli_failf("bench", 2, "--batch '%s': expected comma-separated sizes in [1, 256]", a.batches);
+        batches[nb++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    prl_infer_options io;
+    if (prl_infer_options_preset(&io, a.precision ? a.precision : "fp32") ||
+        prl_infer_options_set(&io, NULL, a.mla, a.matmul))
+        return cli_failf("bench", 2, "%s", prl_error_message());
+    if (cli_setup_blas("bench", a.threads)) return 1;
+    char dir[] = "/tmp/prl-bench-decode-XXXXXX";
+    if (!mkdtemp(dir)) return cli_failf("bench", 1, "cannot make a temporary directory: %m");
+    prl_model m;
+    prl_tokenizer *tok = NULL;
+    const char *ckpt = a.ckpt;
+    char made[sizeof dir + 16];
+    if (a.ckpt) {
+        if (cli_load_checkpoint(a.ckpt, &m, &tok)) return cli_fail("bench");
+    } else { /* random weights, saved so the reference reads the very same ones */
+        prl_config cfg;
+        if (prl_config_load(&cfg, a.config) || prl_model_init(&m, &cfg)) return cli_fail("bench");
+        prl_model_init_weights(&m, a.seed);
+        snprintf(made, sizeof made, "%s/ckpt", dir);
+        if (prl_checkpoint_save(&m, NULL, NULL, NULL, made)) return cli_fail("bench");
+        ckpt = made;
+    }
+    if (a.prompt_len + a.new_tokens > m.cfg.max_position_embeddings)
+        return cli_failf("bench", 2, "--prompt-len + --new-tokens = %d exceeds max_position_embeddings %d",
+                         a.prompt_len + a.new_tokens, m.cfg.max_position_embeddings);
+    decode_result res[16] = {0};
+    for (int i = 0; i < nb; i++) {
+        if (bench_decode_batch(&a, &m, ckpt, dir, io, batches[i], &res[i])) return cli_fail("bench");
+        fprintf(stderr, "bench: batch %d done\n", batches[i]);
+    }
+    char desc[128];
+    prl_infer_options_describe(&io, desc, sizeof desc);
+    io.max_batch = 1, io.max_len = 2;
+    prl_infer *probe = NULL;
+    if (prl_infer_init(&probe, &m, &io)) return cli_fail("bench");
+    size_t kv = prl_infer_kv_bytes_per_token(probe);
+    prl_infer_free(probe);
+    const prl_config *c = &m.cfg;
+    size_t kv_formula = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * c->num_hidden_layers * sizeof(float);
+    if (a.json) printf("{\"model\": \"%s\", \"infer\": \"%s\", \"threads\": %d, \"blas_core\": \"%s\", "
+                       "\"prompt_len\": %d, \"new_tokens\": %d, \"rounds\": %d, \"kv_bytes_per_token\": %zu, "
+                       "\"kv_bytes_formula\": %zu, \"results\": [", a.ckpt ? a.ckpt : a.config, desc,
+                       prl_blas_threads(), prl_blas_core(), a.prompt_len, a.new_tokens, a.rounds, kv, kv_formula);
+    else printf("model %s, %s, threads %d, blas %s, prompt %d + %d new tokens, medians of %d rounds\n"
+                "  KV cache: %zu bytes/token (formula (kv_lora_rank + qk_rope_head_dim) x layers x 4 = %zu)\n",
+                a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
+                a.new_tokens, a.rounds, kv, kv_formula);
+    for (int i = 0; i < nb; i++) {
+        decode_result *d = &res[i];
+        double toks = (double)d->batch * (a.new_tokens - 1); /* the first token comes with the prefill */
+        double prl_tps = toks / d->prl_decode, ref_tps = d->ref_decode > 0 ? (double)d->batch * a.new_tokens / d->ref_decode : 0;
+        if (a.json) {
+            printf("%s{\"batch\": %d, \"prl_prefill_s\": %.5f, \"prl_decode_s\": %.5f, \"prl_decode_tokens_per_s\": %.1f, "
+                   "\"torch_prefill_s\": %.5f, \"torch_decode_s\": %.5f, \"torch_decode_tokens_per_s\": %.1f, "
+                   "\"ratio_prl_over_torch\": %.2f, \"torch_kv_bytes_per_token\": %zu, \"greedy_tokens_agree\": %d, "
+                   "\"reference\": \"%s\"}", i ? ", " : "", d->batch, d->prl_prefill, d->prl_decode, prl_tps,
+                   d->ref_prefill, d->ref_decode, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, d->ref_kv_bytes,
+                   d->greedy_agree, a.no_reference ? "skipped" : d->ref_info);
+            continue;
+        }
+        printf("  batch %3d: prl %8.1f tokens/s (prefill %.4f s)", d->batch, prl_tps, d->prl_prefill);
+        if (ref_tps > 0)
+            printf("   pytorch %8.1f tokens/s (prefill %.4f s)   ratio %.1fx   greedy tokens agree %d/%d",
+                   ref_tps, d->ref_prefill, prl_tps / ref_tps, d->greedy_agree, a.new_tokens);
+        printf("\n");
+    }
+    if (a.json) printf("]}\n");
+    prl_tokenizer_free(tok);
+    prl_model_free(&m);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[2], "train")) return bench_train(argc, argv);
+    if (argc >= 3 && !strcmp(argv[2], "decode")) return bench_decode(argc, argv);
     FILE *out = argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) ? stdout : stderr;
-    fprintf(out, "usage: prl bench train [options]   (prl bench train --help)\n");
+    fprintf(out, "usage: prl bench train|decode [options]   (prl bench train --help)\n");
     return out == stdout ? 0 : 2;
 }

@@ -4,6 +4,11 @@
 ** Input: JSONL, one sequence per line as {"ids": [...]}, {"text": "..."} or
 ** {"messages": [...]} (chat template). Output: for each line, the log-prob of every token
 ** given the ones before it (the first token has none).
+**
+** --path infer scores the same tokens the way a rollout produced them: the prompt is
+** prefilled and every later token fed one decode step at a time (teacher forcing), with the
+** infer path's precision and knobs. The prompt is the text before the first assistant token
+** (chat input), else "prompt_len" of the line, else the first token.
 */
 #include "cli/cli.h"
 
@@ -12,7 +17,7 @@
 #include <string.h>
 
 typedef struct score_args {
-    const char *ckpt, *input, *path;
+    const char *ckpt, *input, *path, *precision, *mla, *matmul;
     double temperature;
     int json, threads;
 } score_args;
@@ -91,6 +96,37 @@ static prl_status score_line(prl_model *m, const int32_t *ids, size_t n, double 
     return PRL_OK;
 }
 
+/* The infer path: prefill ids[0, P), then teacher-force ids[P, n); lp[i-1] scores ids[i]. */
+static prl_status score_line_infer(prl_infer *e, const int32_t *ids, size_t n, int P,
+                                   double temperature, const score_args *a, int line, float *lp)
+{
+    if (P < 1 || (size_t)P > n)
+        return prl_error_set(PRL_ERR_RANGE, "%s:%d: prompt length %d not in [1, %zu]", a->input,
+                             line, P, n);
+    prl_gen_request q = {.prompt = ids, .prompt_len = P, .forced = ids + P, .n_forced = (int)n - P};
+    prl_sample_params sp;
+    prl_sample_params_default(&sp);
+    sp.temperature = temperature;
+    prl_gen_result r;
+    prl_status rc = prl_infer_generate(e, &q, 1, &sp, &r, NULL, NULL);
+    if (rc) return prl_error_wrap(rc, "%s:%d: ", a->input, line);
+    for (size_t i = 1; i < n; i++) lp[i - 1] = (int)i < P ? r.prompt_logprobs[i] : r.logprobs[i - P];
+    prl_gen_result_free(&r);
+    return PRL_OK;
+}
+
+/* Prompt length for the infer path (see the header comment). */
+static int prompt_len_of(json_t *obj, const uint8_t *mask, size_t n)
+{
+    if (mask) {
+        for (size_t i = 0; i < n; i++)
+            if (mask[i]) return (int)i;
+        return (int)n;
+    }
+    json_t *v = json_object_get(obj, "prompt_len");
+    return json_is_integer(v) ? (int)json_integer_value(v) : 1;
+}
+
 static void print_result(const score_args *a, int line, const int32_t *ids, const uint8_t *mask,
                          size_t n, const float *lp)
 {
@@ -134,31 +170,39 @@ int cmd_score(int argc, char **argv)
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory", 1, 0},
         {"input", OPT_STR, &a.input, "FILE", "JSONL of {\"ids\": [...]}, {\"text\": ...} or {\"messages\": [...]}", 1, 0},
         {"temperature", OPT_DOUBLE, &a.temperature, "T", "log-probs of softmax(logits / T) (default 1)", 0, 0},
-        {"path", OPT_STR, &a.path, "NAME", "engine path to score with: train (default)", 0, 0},
+        {"path", OPT_STR, &a.path, "NAME", "engine path to score with: train (default) or infer", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P", "infer path: fp32 (default), bf16, fp16 or aligned", 0, 0},
+        {"mla", OPT_STR, &a.mla, "FORM", "infer path: absorbed or naive (overrides the preset)", 0, 0},
+        {"matmul", OPT_STR, &a.matmul, "KIND", "infer path: gemv, gemm or blas (overrides the preset)", 0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "one JSON object per line: ids, logprobs (null first), sum", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 2, opts, "prl score --ckpt DIR --input FILE.jsonl [--json]",
-                       "Scores every token of every input sequence with the model's train path.",
-                       NULL, 0, NULL);
+    int rc = cli_parse(argc, argv, 2, opts,
+                       "prl score --ckpt DIR --input FILE.jsonl [--path train|infer] [--json]",
+                       "Scores every token of every input sequence with the model's train path or "
+                       "its infer path (prefill + teacher-forced decode).", NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
-    if (strcmp(a.path, "train") != 0)
-        return cli_failf("score", 2, "--path %s: only the train path exists in this build", a.path);
+    int infer = !strcmp(a.path, "infer");
+    if (!infer && strcmp(a.path, "train") != 0)
+        return cli_failf("score", 2, "--path %s: choose train or infer", a.path);
+    if (!infer && (a.precision || a.mla || a.matmul))
+        return cli_failf("score", 2, "--precision, --mla and --matmul apply to --path infer only");
+    prl_infer_options io;
+    if (prl_infer_options_preset(&io, a.precision ? a.precision : "fp32") ||
+        prl_infer_options_set(&io, NULL, a.mla, a.matmul))
+        return cli_failf("score", 2, "%s", prl_error_message());
     if (!(a.temperature > 0)) return cli_failf("score", 2, "--temperature must be > 0");
     if (cli_setup_blas("score", a.threads)) return 1;
     prl_model m;
-    if (prl_checkpoint_load(&m, a.ckpt)) return cli_fail("score");
     prl_tokenizer *tok = NULL;
-    char tpath[4096];
-    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", a.ckpt);
-    FILE *probe = fopen(tpath, "rb");
-    if (probe) {
-        fclose(probe);
-        if (prl_tokenizer_load(tpath, &tok)) {
-            prl_model_free(&m);
-            return cli_fail("score");
-        }
+    if (cli_load_checkpoint(a.ckpt, &m, &tok)) return cli_fail("score");
+    prl_infer *eng = NULL;
+    io.max_batch = 1;
+    if (infer && prl_infer_init(&eng, &m, &io)) {
+        prl_tokenizer_free(tok);
+        prl_model_free(&m);
+        return cli_fail("score");
     }
     FILE *f = fopen(a.input, "rb");
     prl_status st = f ? PRL_OK : prl_error_set(PRL_ERR_IO, "cannot open %s: %m", a.input);
@@ -179,9 +223,11 @@ int cmd_score(int argc, char **argv)
         uint8_t *mask = NULL;
         size_t n = 0;
         st = line_ids(obj, tok, &a, line, &ids, &mask, &n);
+        int P = st == PRL_OK ? prompt_len_of(obj, mask, n) : 0;
         json_decref(obj);
         float *lp = st == PRL_OK ? malloc(n * sizeof *lp) : NULL;
-        if (st == PRL_OK) st = score_line(&m, ids, n, a.temperature, &a, line, lp);
+        if (st == PRL_OK && infer) st = score_line_infer(eng, ids, n, P, a.temperature, &a, line, lp);
+        else if (st == PRL_OK) st = score_line(&m, ids, n, a.temperature, &a, line, lp);
         if (st == PRL_OK) print_result(&a, line, ids, mask, n, lp);
         free(ids);
         free(mask);
@@ -189,6 +235,7 @@ int cmd_score(int argc, char **argv)
     }
     free(buf);
     if (f) fclose(f);
+    prl_infer_free(eng);
     prl_tokenizer_free(tok);
     prl_model_free(&m);
     return st ? cli_fail("score") : 0;

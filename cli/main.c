@@ -14,7 +14,8 @@ typedef struct command {
 static const command commands[] = {
     {"init", cmd_init, "write a randomly initialised checkpoint from a model config"},
     {"sft", cmd_sft, "supervised fine-tuning on chat JSONL (loss on assistant tokens)"},
-    {"score", cmd_score, "per-token log-probs of token-id or text sequences"},
+    {"generate", cmd_generate, "sample completions with the infer path (KV cache, batching)"},
+    {"score", cmd_score, "per-token log-probs of sequences on the train or infer path"},
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
     {"tasks", cmd_tasks, "generate task data (the SFT demo set)"},
     {"bench", cmd_bench, "benchmarks against the PyTorch reference (bench train)"},

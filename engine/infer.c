@@ -169,21 +169,33 @@ static void act_round(const prl_infer *e, float *x, size_t n) { round_vec(e->opt
 
 /* ------------------------------------------------------------------ matmuls --------- */
 
-/* The GEMV-order dot product: 8 lanes accumulate i ≡ lane (mod 8) in order, lanes are summed
-** pairwise in a fixed tree, the tail is added last. Same operations for every call. */
+/* The GEMV-order dot product: four 8-lane accumulators take i ≡ lane (mod 32) in order (four
+** chains hide the add latency), then i ≡ lane (mod 8) for the rest of the 8-blocks; lanes are
+** summed in a fixed tree and the tail added last. Same operations for every call of a length. */
 typedef float v8f __attribute__((vector_size(32)));
+
+/* Accumulate a[i, i+8)·b[i, i+8) into acc (memcpy loads: no alignment assumed). */
+#define MULADD8(acc, a, b, i)                                                                  \
+    do {                                                                                       \
+        v8f x_, y_;                                                                            \
+        memcpy(&x_, (a) + (i), sizeof x_);                                                     \
+        memcpy(&y_, (b) + (i), sizeof y_);                                                     \
+        acc = acc + x_ * y_;                                                                   \
+    } while (0)
 
 __attribute__((target_clones("avx2", "default"))) static float dot(const float *a,
                                                                    const float *b, int n)
 {
-    v8f acc = {0};
+    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        v8f x, y;
-        memcpy(&x, a + i, sizeof x);
-        memcpy(&y, b + i, sizeof y);
-        acc = acc + x * y;
+    for (; i + 32 <= n; i += 32) {
+        MULADD8(a0, a, b, i);
+        MULADD8(a1, a, b, i + 8);
+        MULADD8(a2, a, b, i + 16);
+        MULADD8(a3, a, b, i + 24);
     }
+    for (; i + 8 <= n; i += 8) MULADD8(a0, a, b, i);
+    v8f acc = (a0 + a1) + (a2 + a3);
     float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (; i < n; i++) s = s + a[i] * b[i];
     return s;
@@ -227,22 +239,36 @@ static void blas_task(void *p, int t)
               c->L->w, c->L->in, 0, c->y + (size_t)r0 * c->L->out, c->L->out);
 }
 
+/* Tasks run on the pool, or inline when the work is too small to pay for waking it. Which
+** thread runs a task never changes its result. */
+enum { POOL_MIN_MACS = 1 << 16 };
+
+static void run_tasks(int n, void (*fn)(void *, int), void *ctx, double macs)
+{
+    if (macs < POOL_MIN_MACS || n == 1) {
+        for (int t = 0; t < n; t++) fn(ctx, t);
+        return;
+    }
+    prl_parallel_for(n, fn, ctx);
+}
+
 /* y[R, out] = x[R, in]·wᵀ, rounded to the precision. */
 static void linear(const prl_infer *e, float *y, const float *x, int R, const lin *L)
 {
     if (R <= 0) return;
     lin_ctx c = {.e = e, .L = L, .x = x, .y = y, .R = R};
     int row_blocks = (R + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK;
+    double macs = (double)R * L->in * L->out;
     switch (e->opt.matmul) {
     case PRL_MATMUL_GEMV:
-        prl_parallel_for((L->out + GEMV_BLOCK - 1) / GEMV_BLOCK, gemv_task, &c);
+        run_tasks((L->out + GEMV_BLOCK - 1) / GEMV_BLOCK, gemv_task, &c, macs);
         break;
     case PRL_MATMUL_GEMM:
         c.col_tasks = (L->out + GEMM_COLS - 1) / GEMM_COLS;
-        prl_parallel_for(row_blocks * c.col_tasks, gemm_task, &c);
+        run_tasks(row_blocks * c.col_tasks, gemm_task, &c, macs);
         break;
     case PRL_MATMUL_BLAS:
-        prl_parallel_for((R + BLAS_ROWS - 1) / BLAS_ROWS, blas_task, &c);
+        run_tasks((R + BLAS_ROWS - 1) / BLAS_ROWS, blas_task, &c, macs);
         break;
     }
     act_round(e, y, (size_t)R * L->out);
@@ -634,10 +660,10 @@ static void attention(prl_infer *e, int l, int R)
         PRL_ASSERT(runs != NULL);
         c.run_start = runs, c.run_rows = runs + R;
         c.n_runs = build_runs(b, R, c.run_start, c.run_rows);
-        prl_parallel_for(c.n_runs * H, naive_task, &c);
+        run_tasks(c.n_runs * H, naive_task, &c, (double)R * H * (b->pos[R - 1] + 1) * (e->dq + e->dv));
         free(runs);
     } else {
-        prl_parallel_for(R * H, absorbed_task, &c);
+        run_tasks(R * H, absorbed_task, &c, (double)R * H * (b->pos[R - 1] + 1) * (2 * e->lat));
     }
     act_round(e, b->o, (size_t)R * H * e->dv);
     linear(e, b->tmp, b->o, R, &w->wo);

@@ -1,0 +1,315 @@
+/*
+** cmd_generate.c — `prl generate`: sample completions with the infer path.
+**
+** Prompts come from --prompt TEXT (one user message, or raw text with --raw) or from a JSONL
+** file of {"prompt": "..."}, {"messages": [...]} or {"ids": [...]} lines. Each prompt gets --n
+** samples; sample j of prompt i is sequence i·n + j, whose draws are seeded from (seed,
+** sequence, position), so its tokens do not depend on batch size or thread count. Output:
+** the decoded text per sample, or with --json one object per sample (docs/infer.md).
+*/
+#include "cli/cli.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct gen_args {
+    const char *ckpt, *prompt, *input, *precision, *mla, *matmul, *stop;
+    double temperature, top_p;
+    int n, top_k, max_new, batch, raw, ignore_eos, json, routes, threads, quiet;
+    uint64_t seed;
+} gen_args;
+
+typedef struct prompt_list {
+    int32_t **ids;
+    int *len;
+    int n, cap;
+} prompt_list;
+
+static void prompts_free(prompt_list *p)
+{
+    for (int i = 0; i < p->n; i++) free(p->ids[i]);
+    free(p->ids), free(p->len);
+    memset(p, 0, sizeof *p);
+}
+
+static void prompts_add(prompt_list *p, int32_t *ids, size_t n)
+{
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 16;
+        p->ids = realloc(p->ids, (size_t)p->cap * sizeof *p->ids);
+        p->len = realloc(p->len, (size_t)p->cap * sizeof *p->len);
+        PRL_ASSERT(p->ids && p->len);
+    }
+    p->ids[p->n] = ids, p->len[p->n++] = (int)n;
+}
+
+/* A user message as a chat generation prompt, or raw text after <|bos|>. */
+static prl_status encode_text(const prl_tokenizer *tok, const char *text, int raw, int32_t **ids,
+                              size_t *n)
+{
+    if (!raw) {
+        prl_chat_message msg = {.role = "user", .content = text};
+        return prl_tokenizer_encode_chat_prompt(tok, &msg, 1, 0, ids, n);
+    }
+    int32_t *body;
+    size_t nb;
+    prl_status rc = prl_tokenizer_encode(tok, text, strlen(text), 0, &body, &nb);
+    if (rc) return rc;
+    *ids = malloc((nb + 1) * sizeof **ids);
+    (*ids)[0] = PRL_TOKEN_BOS;
+    memcpy(*ids + 1, body, nb * sizeof *body);
+    *n = nb + 1;
+    free(body);
+    return PRL_OK;
+}
+
+static prl_status line_prompt(json_t *obj, const prl_tokenizer *tok, const gen_args *a, int line,
+                              int32_t **ids, size_t *n)
+{
+    json_t *v;
+    if (!json_is_object(obj))
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", a->input, line);
+    if ((v = json_object_get(obj, "ids"))) {
+        if (!json_is_array(v) || json_array_size(v) == 0)
+            return prl_error_set(PRL_ERR_FORMAT, "%s:%d: \"ids\" must be a non-empty array", a->input, line);
+        *n = json_array_size(v);
+        *ids = malloc(*n * sizeof **ids);
+        for (size_t i = 0; i < *n; i++) {
+            json_t *x = json_array_get(v, i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 0x7fffffff) {
+                free(*ids);
+                return prl_error_set(PRL_ERR_FORMAT, "%s:%d: ids[%zu] is not a token id", a->input, line, i);
+            }
+            (*ids)[i] = (int32_t)json_integer_value(x);
+        }
+        return PRL_OK;
+    }
+    if (!tok)
+        return prl_error_set(PRL_ERR_ARG, "%s:%d: text prompts need a tokenizer.json in the checkpoint",
+                             a->input, line);
+    prl_status rc;
+    if ((v = json_object_get(obj, "prompt")) && json_is_string(v)) {
+        rc = encode_text(tok, json_string_value(v), a->raw, ids, n);
+    } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {
+        size_t nm = json_array_size(v);
+        prl_chat_message *cm = calloc(nm + 1, sizeof *cm);
+        for (size_t i = 0; i < nm; i++) {
+            json_t *msg = json_array_get(v, i);
+            cm[i].role = json_string_value(json_object_get(msg, "role"));
+            cm[i].content = json_string_value(json_object_get(msg, "content"));
+            if (!cm[i].role || !cm[i].content) {
+                free(cm);
+                return prl_error_set(PRL_ERR_FORMAT, "%s:%d: message %zu needs string role and content",
+                                     a->input, line, i);
+            }
+        }
+        rc = prl_tokenizer_encode_chat_prompt(tok, cm, nm, 0, ids, n);
+        free(cm);
+    } else {
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"prompt\", \"messages\" or \"ids\"",
+                             a->input, line);
+    }
+    return rc ? prl_error_wrap(rc, "%s:%d: ", a->input, line) : PRL_OK;
+}
+
+static prl_status read_prompts(const gen_args *a, const prl_tokenizer *tok, prompt_list *out)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (a->prompt) {
+        if (!tok) return prl_error_set(PRL_ERR_ARG, "--prompt needs a tokenizer.json in %s", a->ckpt);
+        prl_status rc = encode_text(tok, a->prompt, a->raw, &ids, &n);
+        if (rc == PRL_OK) prompts_add(out, ids, n);
+        return rc;
+    }
+    FILE *f = fopen(a->input, "rb");
+    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %m", a->input);
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int line = 0;
+    prl_status rc = PRL_OK;
+    while (rc == PRL_OK && (len = getline(&buf, &cap, f)) >= 0) {
+        line++;
+        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
+        json_error_t err;
+        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
+        if (!obj) {
+            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", a->input, line, err.text);
+            break;
+        }
+        rc = line_prompt(obj, tok, a, line, &ids, &n);
+        json_decref(obj);
+        if (rc == PRL_OK) prompts_add(out, ids, n);
+    }
+    free(buf);
+    fclose(f);
+    if (rc == PRL_OK && out->n == 0) rc = prl_error_set(PRL_ERR_FORMAT, "%s: no prompts", a->input);
+    return rc;
+}
+
+typedef struct progress_state {
+    double t0, last;
+    int quiet;
+} progress_state;
+
+static void on_progress(void *user, int finished, int total, long tokens)
+{
+    progress_state *p = user;
+    double now = cli_now();
+    if (p->quiet || (now - p->last < 2.0 && finished < total)) return;
+    p->last = now;
+    fprintf(stderr, "generate: %d/%d sequences done, %ld tokens, %.0f tokens/s\n", finished, total,
+            tokens, tokens / (now - p->t0 + 1e-9));
+}
+
+static char *hex(const uint8_t *b, size_t n)
+{
+    char *s = malloc(2 * n + 1);
+    for (size_t i = 0; i < n; i++) snprintf(s + 2 * i, 3, "%02x", b[i]);
+    s[2 * n] = 0;
+    return s;
+}
+
+static void print_sample(const gen_args *a, const prl_tokenizer *tok, const prl_model *m, int p,
+                         int j, const prl_gen_request *q, const prl_gen_result *r)
+{
+    char *text = NULL;
+    size_t tlen = 0;
+    if (tok) prl_tokenizer_decode(tok, r->tokens, (size_t)r->n, PRL_TOKENIZER_SKIP_SPECIAL, &text, &tlen);
+    double sum = 0;
+    for (int i = 0; i < r->n; i++) sum += r->logprobs[i];
+    if (!a->json) {
+        printf("[prompt %d sample %d] %d tokens, stop %s, sum log-prob %.4f\n%.*s\n", p, j, r->n,
+               prl_stop_reason_name(r->stop), sum, (int)tlen, text ? text : "");
+        free(text);
+        return;
+    }
+    json_t *o = json_object(), *jt = json_array(), *jl = json_array();
+    for (int i = 0; i < r->n; i++) {
+        json_array_append_new(jt, json_integer(r->tokens[i]));
+        json_array_append_new(jl, json_real(r->logprobs[i]));
+    }
+    json_object_set_new(o, "prompt_index", json_integer(p));
+    json_object_set_new(o, "sample", json_integer(j));
+    json_object_set_new(o, "seq_id", json_integer((json_int_t)q->seq_id));
+    json_object_set_new(o, "prompt_len", json_integer(q->prompt_len));
+    json_object_set_new(o, "tokens", jt);
+    json_object_set_new(o, "logprobs", jl);
+    json_object_set_new(o, "stop", json_string(prl_stop_reason_name(r->stop)));
+    if (text) json_object_set_new(o, "text", json_stringn(text, tlen));
+    if (a->routes) {
+        json_t *jr = json_object();
+        char *h = hex(r->routes, r->routes_bytes);
+        json_object_set_new(jr, "n_tokens", json_integer(r->n_route_tokens));
+        json_object_set_new(jr, "n_moe_layers", json_integer(m->n_moe));
+        json_object_set_new(jr, "k", json_integer(m->cfg.num_experts_per_tok));
+        json_object_set_new(jr, "bytes_per_id", json_integer(prl_routes_width(m->cfg.n_routed_experts)));
+        json_object_set_new(jr, "hex", json_string(h));
+        json_object_set_new(o, "routes", jr);
+        free(h);
+    }
+    char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    printf("%s\n", s);
+    free(s);
+    json_decref(o);
+    free(text);
+}
+
+static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_infer_options *io)
+{
+    prompt_list pl = {0};
+    if (read_prompts(a, tok, &pl)) return cli_fail("generate");
+    int total = pl.n * a->n;
+    prl_gen_request *reqs = calloc((size_t)total, sizeof *reqs);
+    prl_gen_result *res = calloc((size_t)total, sizeof *res);
+    for (int p = 0; p < pl.n; p++)
+        for (int j = 0; j < a->n; j++)
+            reqs[p * a->n + j] = (prl_gen_request){.prompt = pl.ids[p], .prompt_len = pl.len[p],
+                                                   .seq_id = (uint64_t)p * a->n + j};
+    prl_sample_params sp;
+    prl_sample_params_default(&sp);
+    int32_t stop_ids[2] = {PRL_TOKEN_EOS, PRL_TOKEN_END};
+    const char *stops[1] = {a->stop};
+    sp.temperature = a->temperature, sp.top_k = a->top_k, sp.top_p = a->top_p, sp.seed = a->seed;
+    sp.max_new_tokens = a->max_new;
+    sp.stop_ids = stop_ids, sp.n_stop_ids = a->ignore_eos ? 0 : a->raw ? 1 : 2;
+    sp.stop_strings = stops, sp.n_stop_strings = a->stop ? 1 : 0, sp.tok = tok;
+    prl_infer *e = NULL;
+    int rc = 0;
+    progress_state ps = {.t0 = cli_now(), .last = cli_now(), .quiet = a->quiet};
+    char desc[128];
+    prl_infer_options_describe(io, desc, sizeof desc);
+    if (prl_infer_init(&e, m, io) || prl_infer_generate(e, reqs, total, &sp, res, on_progress, &ps)) {
+        rc = cli_fail("generate");
+    } else {
+        double dt = cli_now() - ps.t0;
+        long toks = 0;
+        for (int i = 0; i < total; i++) toks += res[i].n;
+        if (!a->quiet)
+            fprintf(stderr, "generate: %d sequences, %ld new tokens in %.2f s (%.0f tokens/s; %s, "
+                    "batch %d)\n", total, toks, dt, toks / (dt + 1e-9), desc, io->max_batch);
+        for (int i = 0; i < total; i++) print_sample(a, tok, m, i / a->n, i % a->n, &reqs[i], &res[i]);
+    }
+    for (int i = 0; i < total; i++) prl_gen_result_free(&res[i]);
+    free(res), free(reqs);
+    prl_infer_free(e);
+    prompts_free(&pl);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    gen_args a = {.n = 1, .temperature = 1.0, .top_p = 1.0, .max_new = 128, .batch = 16};
+    cli_opt opts[] = {
+        {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory", 1, 0},
+        {"prompt", OPT_STR, &a.prompt, "TEXT", "one prompt (a user message; raw text with --raw)", 0, 0},
+        {"input", OPT_STR, &a.input, "FILE", "JSONL of {\"prompt\": ...}, {\"messages\": [...]} or {\"ids\": [...]}", 0, 0},
+        {"n", OPT_INT, &a.n, "N", "samples per prompt (default 1)", 0, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T", "sampling temperature; 0 = greedy (default 1)", 0, 0},
+        {"top-k", OPT_INT, &a.top_k, "K", "sample among the K most likely tokens (default 0 = off)", 0, 0},
+        {"top-p", OPT_DOUBLE, &a.top_p, "P", "nucleus sampling mass in (0, 1] (default 1 = off)", 0, 0},
+        {"seed", OPT_U64, &a.seed, "S", "sampling seed (default 0)", 0, 0},
+        {"max-new-tokens", OPT_INT, &a.max_new, "N", "tokens to generate at most (default 128)", 0, 0},
+        {"stop", OPT_STR, &a.stop, "TEXT", "stop once the output contains TEXT", 0, 0},
+        {"ignore-eos", OPT_FLAG, &a.ignore_eos, NULL, "do not stop at <|eos|> / <|end|>", 0, 0},
+        {"raw", OPT_FLAG, &a.raw, NULL, "prompts are plain text after <|bos|>, not a chat turn", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P", "fp32 (default), bf16, fp16 or aligned (bitwise = train path)", 0, 0},
+        {"mla", OPT_STR, &a.mla, "FORM", "absorbed or naive (overrides the preset)", 0, 0},
+        {"matmul", OPT_STR, &a.matmul, "KIND", "gemv, gemm or blas (overrides the preset)", 0, 0},
+        {"batch", OPT_INT, &a.batch, "B", "sequences decoded together (default 16)", 0, 0},
+        {"routes", OPT_FLAG, &a.routes, NULL, "with --json: add each sample's MoE routes (hex)", 0, 0},
+        {"json", OPT_FLAG, &a.json, NULL, "one JSON object per sample", 0, 0},
+        {"quiet", OPT_FLAG, &a.quiet, NULL, "no progress on stderr", 0, 0},
+        {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
+        {0},
+    };
+    int rc = cli_parse(argc, argv, 2, opts,
+                       "prl generate --ckpt DIR --prompt TEXT|--input FILE.jsonl [--n N --temperature T "
+                       "--top-p P --seed S --precision fp32|bf16|fp16|aligned --json]",
+                       "Samples completions with the infer path (KV cache, continuous batching).",
+                       NULL, 0, NULL);
+    if (rc) return rc == CLI_HELP ? 0 : 2;
+    if (!a.prompt == !a.input) return cli_failf("generate", 2, "give exactly one of --prompt and --input");
+    if (a.n < 1) return cli_failf("generate", 2, "--n %d must be >= 1", a.n);
+    if (a.routes && !a.json) return cli_failf("generate", 2, "--routes needs --json");
+    prl_infer_options io;
+    if (prl_infer_options_preset(&io, a.precision ? a.precision : "fp32") ||
+        prl_infer_options_set(&io, NULL, a.mla, a.matmul))
+        return cli_failf("generate", 2, "%s", prl_error_message());
+    io.max_batch = a.batch;
+    prl_sample_params check;
+    prl_sample_params_default(&check);
+    check.temperature = a.temperature, check.top_k = a.top_k, check.top_p = a.top_p;
+    check.max_new_tokens = a.max_new;
+    if (prl_sample_params_check(&check, 1 << 30)) return cli_failf("generate", 2, "%s", prl_error_message());
+    if (cli_setup_blas("generate", a.threads)) return 1;
+    prl_model m;
+    prl_tokenizer *tok = NULL;
+    if (cli_load_checkpoint(a.ckpt, &m, &tok)) return cli_fail("generate");
+    rc = run(&a, &m, tok, &io);
+    prl_tokenizer_free(tok);
+    prl_model_free(&m);
+    return rc;
+}
