@@ -169,36 +169,96 @@ static void act_round(const prl_infer *e, float *x, size_t n) { round_vec(e->opt
 
 /* ------------------------------------------------------------------ matmuls --------- */
 
-/* The GEMV-order dot product: four 8-lane accumulators take i ≡ lane (mod 32) in order (four
-** chains hide the add latency), then i ≡ lane (mod 8) for the rest of the 8-blocks; lanes are
-** summed in a fixed tree and the tail added last. Same operations for every call of a length. */
+/* The GEMV-order dot product: one 8-lane accumulator takes i ≡ lane (mod 8) in order (a
+** fused multiply-add when the CPU has FMA), the lanes are summed in a fixed tree, the tail is
+** added last. A dot's operations never depend on which tile computes it, so tiles of 2 rows ×
+** 4 outputs (8 independent chains, enough to hide the FMA latency) give the same bits as one
+** dot at a time. gemv_tile computes y[r][o] = x_r·w_o for r < nr (<= 2), o < no (<= 4). */
 typedef float v8f __attribute__((vector_size(32)));
 
-/* Accumulate a[i, i+8)·b[i, i+8) into acc (memcpy loads: no alignment assumed). */
-#define MULADD8(acc, a, b, i)                                                                  \
-    do {                                                                                       \
-        v8f x_, y_;                                                                            \
-        memcpy(&x_, (a) + (i), sizeof x_);                                                     \
-        memcpy(&y_, (b) + (i), sizeof y_);                                                     \
-        acc = acc + x_ * y_;                                                                   \
-    } while (0)
-
-__attribute__((target_clones("avx2", "default"))) static float dot(const float *a,
-                                                                   const float *b, int n)
+static inline float lane_sum(const float *l)
 {
-    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+typedef void (*gemv_tile_fn)(const float *x, int ldx, int nr, const float *w, int ldw, int no,
+                             int n, float *y, int ldy);
+
+static void gemv_tile_generic(const float *x, int ldx, int nr, const float *w, int ldw, int no,
+                              int n, float *y, int ldy)
+{
+    for (int r = 0; r < nr; r++)
+        for (int o = 0; o < no; o++) {
+            const float *a = x + (size_t)r * ldx, *b = w + (size_t)o * ldw;
+            v8f acc = {0};
+            int i = 0;
+            for (; i + 8 <= n; i += 8) {
+                v8f u, v;
+                memcpy(&u, a + i, sizeof u);
+                memcpy(&v, b + i, sizeof v);
+                acc = acc + u * v;
+            }
+            float l[8];
+            memcpy(l, &acc, sizeof l);
+            float s = lane_sum(l);
+            for (; i < n; i++) s = s + a[i] * b[i];
+            y[(size_t)r * ldy + o] = s;
+        }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2,fma"))) static void
+gemv_tile_fma(const float *x, int ldx, int nr, const float *w, int ldw, int no, int n, float *y,
+              int ldy)
+{
+    /* missing rows/outputs repeat the first (computed, never stored) */
+    const float *x0 = x, *x1 = nr > 1 ? x + ldx : x;
+    const float *w0 = w, *w1 = no > 1 ? w + ldw : w, *w2 = no > 2 ? w + 2 * (size_t)ldw : w;
+    const float *w3 = no > 3 ? w + 3 * (size_t)ldw : w;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
+    __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
     int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        MULADD8(a0, a, b, i);
-        MULADD8(a1, a, b, i + 8);
-        MULADD8(a2, a, b, i + 16);
-        MULADD8(a3, a, b, i + 24);
+    for (; i + 8 <= n; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(x0 + i), a1 = _mm256_loadu_ps(x1 + i);
+        __m256 b0 = _mm256_loadu_ps(w0 + i), b1 = _mm256_loadu_ps(w1 + i);
+        __m256 b2 = _mm256_loadu_ps(w2 + i), b3 = _mm256_loadu_ps(w3 + i);
+        c00 = _mm256_fmadd_ps(a0, b0, c00), c01 = _mm256_fmadd_ps(a0, b1, c01);
+        c02 = _mm256_fmadd_ps(a0, b2, c02), c03 = _mm256_fmadd_ps(a0, b3, c03);
+        c10 = _mm256_fmadd_ps(a1, b0, c10), c11 = _mm256_fmadd_ps(a1, b1, c11);
+        c12 = _mm256_fmadd_ps(a1, b2, c12), c13 = _mm256_fmadd_ps(a1, b3, c13);
     }
-    for (; i + 8 <= n; i += 8) MULADD8(a0, a, b, i);
-    v8f acc = (a0 + a1) + (a2 + a3);
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) s = s + a[i] * b[i];
-    return s;
+    __m256 acc[2][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}};
+    const float *xs[2] = {x0, x1}, *ws[4] = {w0, w1, w2, w3};
+    for (int r = 0; r < nr; r++)
+        for (int o = 0; o < no; o++) {
+            float l[8];
+            _mm256_storeu_ps(l, acc[r][o]);
+            float s = lane_sum(l);
+            for (int t = i; t < n; t++) s = fmaf(xs[r][t], ws[o][t], s);
+            y[(size_t)r * ldy + o] = s;
+        }
+}
+#endif
+
+static gemv_tile_fn gemv_tile;
+
+static void choose_gemv(void)
+{
+    if (gemv_tile) return;
+    gemv_tile = gemv_tile_generic;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) gemv_tile = gemv_tile_fma;
+#endif
+}
+
+/* One dot product through the same tile code (the absorbed attention's small products). */
+static float dot(const float *a, const float *b, int n)
+{
+    float y;
+    gemv_tile(a, n, 1, b, n, 1, n, &y, 1);
+    return y;
 }
 
 enum { GEMV_BLOCK = 32, GEMM_COLS = 128, BLAS_ROWS = PRL_ROW_BLOCK };
@@ -216,9 +276,11 @@ static void gemv_task(void *p, int t)
     lin_ctx *c = p;
     int o0 = t * GEMV_BLOCK, o1 = o0 + GEMV_BLOCK < c->L->out ? o0 + GEMV_BLOCK : c->L->out;
     int in = c->L->in, out = c->L->out;
-    for (int r = 0; r < c->R; r++)
-        for (int o = o0; o < o1; o++)
-            c->y[(size_t)r * out + o] = dot(c->x + (size_t)r * in, c->L->w + (size_t)o * in, in);
+    for (int o = o0; o < o1; o += 4)
+        for (int r = 0; r < c->R; r += 2)
+            gemv_tile(c->x + (size_t)r * in, in, c->R - r < 2 ? c->R - r : 2,
+                      c->L->w + (size_t)o * in, in, o1 - o < 4 ? o1 - o : 4, in,
+                      c->y + (size_t)r * out + o, out);
 }
 
 static void gemm_task(void *p, int t)
@@ -443,6 +505,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     if (rc) return rc;
     prl_infer *e = calloc(1, sizeof *e);
     if (!e) return prl_error_set(PRL_ERR_NOMEM, "infer engine");
+    choose_gemv();
     const prl_config *c = &m->cfg;
     e->m = m;
     e->opt = o;
