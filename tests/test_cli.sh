@@ -23,7 +23,8 @@ expect_ok() {
   if "$@" >"$work/last.out" 2>&1; then ok "$name"; else bad "$name: $(tail -3 "$work/last.out")"; fi
 }
 
-for c in init sft score tasks "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train"; do
+for c in init sft score generate tasks "tokenizer train" "tokenizer encode" "tokenizer decode" \
+  "bench train" "bench decode"; do
   expect_ok "--help: $c" $prl $c --help
 done
 expect_fail "unknown command" "unknown command 'frobnicate'" $prl frobnicate
@@ -90,5 +91,41 @@ expect_ok "sft 2 steps" $prl sft --data "$work/data.jsonl" --model "$big" --out 
 expect_ok "sft resume 2 steps" $prl sft --data "$work/data.jsonl" --ckpt "$work/s_r" --resume --out "$work/s_r2" \
   --steps 2 --batch 4 --seq 48 --seed 7 --threads 2
 grep -q '"step": 4' "$work/s_r2/state.json" && ok "resume continues at step 2" || bad "resume: $(cat "$work/s_r2/state.json")"
+# generate (infer path) on the SFT checkpoint, which has a tokenizer
+g=$work/s_a
+expect_ok "generate greedy" $prl generate --ckpt "$g" --prompt "What is 2 + 3?" --temperature 0 \
+  --max-new-tokens 12 --json --quiet
+grep -q '"tokens":\[' "$work/last.out" && ok "generate JSON output" || bad "generate output: $(cat "$work/last.out")"
+printf '{"prompt": "What is 7 + 1?"}\n{"messages": [{"role": "user", "content": "What is 9 - 4?"}]}\n{"ids": [1, 4, 60, 61, 7, 5]}\n' > "$work/prompts.jsonl"
+for b in 1 16; do
+  $prl generate --ckpt "$g" --input "$work/prompts.jsonl" --n 2 --temperature 0.9 --top-p 0.9 --seed 5 \
+    --max-new-tokens 10 --batch $b --json --routes --quiet --threads $((b == 1 ? 1 : 2)) > "$work/gen_$b.jsonl" 2>/dev/null
+done
+[ "$(wc -l < "$work/gen_1.jsonl")" -eq 6 ] && cmp -s "$work/gen_1.jsonl" "$work/gen_16.jsonl" \
+  && ok "seeded samples identical for batch 1 (1 thread) and batch 16 (2 threads)" \
+  || bad "generate differs across batch sizes: $(diff "$work/gen_1.jsonl" "$work/gen_16.jsonl" | head -4)"
+grep -q '"routes":{"n_tokens"' "$work/gen_1.jsonl" && ok "generate --routes" || bad "no routes in output"
+# the aligned infer path scores tokens bitwise like the train path
+head -n 3 "$work/data.jsonl" > "$work/chat3.jsonl"
+$prl score --ckpt "$g" --input "$work/chat3.jsonl" --json > "$work/score_train.jsonl" 2>/dev/null
+$prl score --ckpt "$g" --input "$work/chat3.jsonl" --json --path infer --precision aligned > "$work/score_aligned.jsonl" 2>/dev/null
+$prl score --ckpt "$g" --input "$work/chat3.jsonl" --json --path infer --precision bf16 > "$work/score_bf16.jsonl" 2>/dev/null
+[ -s "$work/score_train.jsonl" ] && cmp -s "$work/score_train.jsonl" "$work/score_aligned.jsonl" \
+  && ok "score: infer path (aligned) == train path, bitwise" || bad "aligned infer scores differ from the train path"
+cmp -s "$work/score_train.jsonl" "$work/score_bf16.jsonl" && bad "bf16 scores identical to fp32 (rounding not applied?)" \
+  || ok "score: bf16 infer path differs from the train path"
+expect_fail "unknown precision" "unknown precision 'fp8'" $prl generate --ckpt "$g" --prompt hi --precision fp8
+expect_fail "bad top-p" "top-p 1.5 must be in (0, 1]" $prl generate --ckpt "$g" --prompt hi --top-p 1.5
+expect_fail "bad temperature" "temperature -1" $prl generate --ckpt "$g" --prompt hi --temperature -1
+expect_fail "prompt and input" "exactly one of --prompt and --input" \
+  $prl generate --ckpt "$g" --prompt hi --input "$work/prompts.jsonl"
+python3 -c 'import json; print(json.dumps({"ids": [1] + [20] * 600}))' > "$work/long.jsonl"
+expect_fail "prompt longer than the context" "prompt of 601 tokens leaves no room in the context of 512" \
+  $prl generate --ckpt "$g" --input "$work/long.jsonl"
+expect_fail "text prompt without tokenizer" "needs a tokenizer.json" $prl generate --ckpt "$work/ck" --prompt hi
+expect_fail "score: knobs need the infer path" "apply to --path infer only" \
+  $prl score --ckpt "$g" --input "$work/chat3.jsonl" --precision bf16
+expect_fail "bench decode: bad batch list" "expected comma-separated sizes" $prl bench decode --batch 1,x
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -238,6 +238,39 @@ START_TEST(test_determinism_across_threads)
 }
 END_TEST
 
+/* A sequence's log-probs and routes do not depend on its batch: scored alone, or at another
+** index of a wider, longer-padded batch, the bits are the same (prl's GEMM is batch-invariant;
+** OpenBLAS's sgemm would break this). */
+START_TEST(test_batch_invariance)
+{
+    prl_model m;
+    build(&m, 12);
+    enum { T1 = 19, B2 = 3, T2 = 40 };
+    int32_t tok1[T1], tgt1[T1], len1 = T1, tok2[B2 * T2], tgt2[B2 * T2], len2[B2] = {33, T1, 40};
+    prl_rng r;
+    prl_rng_init(&r, 4, 0, 0, 0, PRL_RNG_TEST);
+    for (int i = 0; i < B2 * T2; i++) tok2[i] = (int32_t)(prl_rng_u64(&r) % 96), tgt2[i] = -1;
+    for (int t = 0; t < T1; t++) tok1[t] = tok2[T2 + t]; /* the sequence sits at index 1 */
+    for (int b = 0; b < B2; b++)
+        for (int t = 0; t + 1 < len2[b]; t++) tgt2[b * T2 + t] = tok2[b * T2 + t + 1];
+    for (int t = 0; t < T1; t++) tgt1[t] = tgt2[T2 + t];
+    float lp1[T1], lp2[B2 * T2];
+    prl_batch b1 = {.B = 1, .T = T1, .tokens = tok1, .lens = &len1, .targets = tgt1, .temperature = 1};
+    prl_batch b2 = {.B = B2, .T = T2, .tokens = tok2, .lens = len2, .targets = tgt2, .temperature = 1};
+    ck_assert_int_eq(prl_model_forward(&m, &b1, lp1, NULL), PRL_OK);
+    int K = m.cfg.num_experts_per_tok;
+    int32_t *routes1 = malloc((size_t)m.n_moe * T1 * K * sizeof *routes1);
+    memcpy(routes1, prl_model_routes(&m), (size_t)m.n_moe * T1 * K * sizeof *routes1);
+    ck_assert_int_eq(prl_model_forward(&m, &b2, lp2, NULL), PRL_OK);
+    ck_assert_mem_eq(lp1, lp2 + T2, (T1 - 1) * sizeof *lp1);
+    for (int l = 0; l < m.n_moe; l++)
+        ck_assert_mem_eq(routes1 + (size_t)l * T1 * K,
+                         prl_model_routes(&m) + ((size_t)l * B2 * T2 + T2) * K, (size_t)T1 * K * 4);
+    free(routes1);
+    prl_model_free(&m);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ optimizers ------ */
 
 /* One tensor model stand-in: a model with a single 1-D "norm" parameter is enough to drive
@@ -534,6 +567,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_checkpoint_round_trip);
     tcase_add_test(tc, test_checkpoint_tampering);
     tcase_add_test(tc, test_determinism_across_threads);
+    tcase_add_test(tc, test_batch_invariance);
     tcase_add_test(tc, test_adamw_closed_form);
     tcase_add_test(tc, test_muon_newton_schulz);
     tcase_add_test(tc, test_muon_step);
