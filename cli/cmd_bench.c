@@ -8,10 +8,11 @@
 ** medians over rounds, decode tokens/s and their ratio, KV-cache bytes per token.
 **
 ** One run measures, side by side and with the same config, batch, thread count and BLAS
-** core: (1) the sgemm rate this machine gives prl (a 1024³ GEMM through prl's pool), (2)
+** core: (1) the GEMM rate this machine gives prl (a 1024³ GEMM through prl's pool, with
+** prl's GEMM and with OpenBLAS's sgemm), (2)
 ** prl's full training step (zero-grad, forward, backward, AdamW), (3) the reference's
 ** training step (reference/pangu_ref.py bench, a child process). It prints medians, tokens/s,
-** the prl/PyTorch ratio and prl's achieved GFLOP/s as a share of the measured sgemm rate.
+** the prl/PyTorch ratio and prl's achieved GFLOP/s as a share of the measured OpenBLAS rate.
 */
 #include "cli/cli.h"
 #include "engine/ops.h"
@@ -42,19 +43,39 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* GFLOP/s of C[1024,1024] = A·Bᵀ through prl's pool (the way prl runs its GEMMs). */
-static double sgemm_rate(int reps)
+/* C[1024,1024] = A·Bᵀ in row blocks of 128 on prl's pool, through prl's GEMM (what the engine
+** runs) or OpenBLAS's sgemm (the machine's reference rate). */
+typedef struct rate_ctx {
+    const float *A, *B;
+    float *C;
+    int openblas;
+} rate_ctx;
+
+enum { RATE_S = 1024 };
+
+static void rate_task(void *p, int blk)
 {
-    enum { S = 1024 };
-    prl_real *A = malloc(sizeof(prl_real) * S * S), *B = malloc(sizeof(prl_real) * S * S),
-             *C = malloc(sizeof(prl_real) * S * S);
-    for (size_t i = 0; i < (size_t)S * S; i++) A[i] = (prl_real)((i % 7) * 0.01), B[i] = (prl_real)((i % 5) * 0.02);
+    rate_ctx *c = p;
+    size_t off = (size_t)blk * PRL_ROW_BLOCK * RATE_S;
+    if (c->openblas)
+        prl_sgemm(0, 1, PRL_ROW_BLOCK, RATE_S, RATE_S, 1, c->A + off, RATE_S, c->B, RATE_S, 0, c->C + off, RATE_S);
+    else
+        prl_gemm_f32(0, 1, PRL_ROW_BLOCK, RATE_S, RATE_S, 1, c->A + off, RATE_S, c->B, RATE_S, 0, c->C + off, RATE_S);
+}
+
+/* Median GFLOP/s over reps runs. */
+static double gemm_rate(int reps, int openblas)
+{
+    size_t n = (size_t)RATE_S * RATE_S;
+    float *A = malloc(sizeof(float) * n), *B = malloc(sizeof(float) * n), *C = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) A[i] = (float)((i % 7) * 0.01), B[i] = (float)((i % 5) * 0.02);
     double *t = malloc(sizeof(double) * (size_t)reps);
-    prl_matmul_forward(C, A, B, S, S, S, 0); /* warm-up */
+    rate_ctx c = {.A = A, .B = B, .C = C, .openblas = openblas};
+    prl_parallel_for(RATE_S / PRL_ROW_BLOCK, rate_task, &c); /* warm-up */
     for (int r = 0; r < reps; r++) {
         double t0 = cli_now();
-        prl_matmul_forward(C, A, B, S, S, S, 0);
-        t[r] = 2.0 * S * S * S / (cli_now() - t0) / 1e9;
+        prl_parallel_for(RATE_S / PRL_ROW_BLOCK, rate_task, &c);
+        t[r] = 2.0 * RATE_S * RATE_S * RATE_S / (cli_now() - t0) / 1e9;
     }
     double med = median(t, reps);
     free(A), free(B), free(C), free(t);
@@ -196,8 +217,9 @@ static int bench_train(int argc, char **argv)
     if (cli_setup_blas("bench", a.threads)) return 1;
     prl_config cfg;
     if (prl_config_load(&cfg, a.config)) return cli_fail("bench");
-    double peak = sgemm_rate(9);
-    fprintf(stderr, "bench: sgemm 1024^3 through prl's pool: %.1f GFLOP/s (median of 9)\n", peak);
+    double peak = gemm_rate(9, 1), own = gemm_rate(9, 0);
+    fprintf(stderr, "bench: 1024^3 GEMM on prl's pool: OpenBLAS sgemm %.1f GFLOP/s, prl's GEMM "
+            "%.1f GFLOP/s (medians of 9)\n", peak, own);
     /* Rounds alternate the two engines, so drift in the machine's speed (it is shared)
     ** hits both alike; medians are over all timed steps of all rounds. */
     int n = a.rounds * a.steps;
@@ -219,16 +241,16 @@ static int bench_train(int argc, char **argv)
     double ref_tps = ref_s > 0 ? tokens / ref_s : 0;
     if (a.json) {
         printf("{\"config\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"blas_core\": \"%s\", "
-               "\"sgemm_gflops\": %.2f, \"step_gflop\": %.3f, \"prl_step_s\": %.5f, \"prl_tokens_per_s\": %.1f, "
+               "\"sgemm_gflops\": %.2f, \"prl_gemm_gflops\": %.2f, \"step_gflop\": %.3f, \"prl_step_s\": %.5f, \"prl_tokens_per_s\": %.1f, "
                "\"prl_gflops\": %.2f, \"prl_share_of_sgemm\": %.4f, \"torch_step_s\": %.5f, "
                "\"torch_tokens_per_s\": %.1f, \"ratio_prl_over_torch\": %.3f, \"reference\": \"%s\", "
                "\"steps_timed\": %d}\n",
-               a.config, a.batch, a.seq, prl_blas_threads(), prl_blas_core(), peak, flops / 1e9, prl_s,
+               a.config, a.batch, a.seq, prl_blas_threads(), prl_blas_core(), peak, own, flops / 1e9, prl_s,
                prl_tps, gflops, gflops / peak, ref_s, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, info, n);
     } else {
         printf("config %s, batch %d x %d, threads %d, blas %s\n", a.config, a.batch, a.seq,
                prl_blas_threads(), prl_blas_core());
-        printf("  sgemm (1024^3, prl pool)   %8.1f GFLOP/s\n", peak);
+        printf("  GEMM 1024^3 on the pool: OpenBLAS sgemm %.1f GFLOP/s, prl's GEMM %.1f GFLOP/s\n", peak, own);
         printf("  prl      %8.1f tokens/s   %.3f s/step   %.1f GFLOP/s = %.0f%% of sgemm\n", prl_tps,
                prl_s, gflops, 100 * gflops / peak);
         if (ref_tps > 0)
