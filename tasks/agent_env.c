@@ -257,18 +257,21 @@ prl_status prl_agent_env_step(prl_agent_env *env, const char *turn, prl_agent_st
     }
     env->calls++;
     int before = env->malformed;
+    static const struct { const char *name; void (*run)(prl_agent_env *, const prl_tool_call *); } tools[] = {
+        {"list", tool_list}, {"lookup", tool_lookup}, {"update", tool_update}, {"calc", tool_calc}};
+    int t = 0;
+    while (kind == PRL_TOOL_OK && t < 4 && strcmp(call.name, tools[t].name)) t++;
     char why[96];
-    if (kind == PRL_TOOL_MALFORMED) bad_call(env, call.error);
-    else if (call.body) {
-        snprintf(why, sizeof why, "%s takes key=value arguments, not a program", call.name);
-        bad_call(env, why);
-    } else if (!strcmp(call.name, "list")) tool_list(env, &call);
-    else if (!strcmp(call.name, "lookup")) tool_lookup(env, &call);
-    else if (!strcmp(call.name, "update")) tool_update(env, &call);
-    else if (!strcmp(call.name, "calc")) tool_calc(env, &call);
-    else {
+    if (kind == PRL_TOOL_MALFORMED) {
+        bad_call(env, call.error);
+    } else if (t == 4) {
         snprintf(why, sizeof why, "unknown tool '%s' (tools: list, lookup, update, calc)", call.name);
         bad_call(env, why);
+    } else if (call.body) {
+        snprintf(why, sizeof why, "%s takes key=value arguments, not a program", call.name);
+        bad_call(env, why);
+    } else {
+        tools[t].run(env, &call);
     }
     out->malformed = env->malformed > before;
     out->observation = env->obs;
