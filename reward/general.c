@@ -165,6 +165,11 @@ static prl_status check_one(const json_t *c, int i, const text *t, prl_reward_re
         reward__check(out, "order", a >= 0 && b >= 0 && a < b, 1, 0, "'%s' (word %d) before '%s' "
                       "(word %d)", w, a + 1, w2, b + 1);
     } else {
+        static const char *const word_types[] = {"word_repeat", "include", "forbid", "start", "end"};
+        int known = 0;
+        for (int k = 0; k < 5; k++) known |= !strcmp(type, word_types[k]);
+        if (!known)
+            return prl_error_set(PRL_ERR_FORMAT, "general task: constraint %d: unknown type '%s'", i, type);
         if ((rc = field_str(c, "word", i, &w))) return rc;
         got = count_word(t, w);
         if (!strcmp(type, "word_repeat")) {
@@ -174,12 +179,10 @@ static prl_status check_one(const json_t *c, int i, const text *t, prl_reward_re
             reward__check(out, "include", got > 0, 1, 0, "'%s' used %d times", w, got);
         } else if (!strcmp(type, "forbid")) {
             reward__check(out, "forbid", got == 0, 1, 0, "'%s' used %d times", w, got);
-        } else if (!strcmp(type, "start") || !strcmp(type, "end")) {
+        } else { /* start, end */
             const char *x = t->n_words == 0 ? "" : t->words[type[0] == 's' ? 0 : t->n_words - 1];
             reward__check(out, type, !strcasecmp(x, w), 1, 0, "%s word '%s', got '%s'",
                           type[0] == 's' ? "first" : "last", w, x);
-        } else {
-            return prl_error_set(PRL_ERR_FORMAT, "general task: constraint %d: unknown type '%s'", i, type);
         }
     }
     return PRL_OK;
