@@ -21,8 +21,8 @@ static const char *const item_names[N_NAMES] = {"apple", "pear", "plum", "lemon"
 
 const char *prl_agent_system_prompt(void)
 {
-    return "Tools: list; lookup item=NAME; update item=NAME field=stock|price value=N; "
-           "calc expr=EXPR. One tool call per turn. End with Answer: X";
+    return "Tools: list; lookup item=X; update item=X field=stock|price value=N; calc expr=E. "
+           "End with Answer: X";
 }
 
 void prl_agent_world_format(const prl_agent_world *w, char *out, size_t n)
