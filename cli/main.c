@@ -16,7 +16,7 @@ static const command commands[] = {
     {"sft", cmd_sft, "supervised fine-tuning on chat JSONL (loss on assistant tokens)"},
     {"score", cmd_score, "per-token log-probs of token-id or text sequences"},
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
-    {"tasks", cmd_tasks, "generate task data (the SFT demo set)"},
+    {"tasks", cmd_tasks, "RL task data, SFT demonstrations and answer scoring (4 domains)"},
     {"bench", cmd_bench, "benchmarks against the PyTorch reference (bench train)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
