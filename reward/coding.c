@@ -46,7 +46,14 @@ static char *normalise(const char *s)
     return o;
 }
 
-/* Run one test; adds its check. */
+static int find_check(const prl_reward_result *r, const char *name)
+{
+    for (int i = 0; i < r->n_checks; i++)
+        if (!strcmp(r->checks[i].name, name)) return 1;
+    return 0;
+}
+
+/* Run one test; adds its check (and, once, the sandbox's refusal). */
 static prl_status run_test(const prl_reward_exec *exec, const char *code, const json_t *test,
                            int i, prl_reward_result *out)
 {
@@ -70,7 +77,7 @@ static prl_status run_test(const prl_reward_exec *exec, const char *code, const 
         reward__check(out, name, ok, 1, 0, "expected '%.60s'%s%.60s%s", exp, ok ? "" : ", got '",
                       ok ? "" : got, ok ? "" : "'");
     }
-    if (rc == PRL_OK && !strcmp(res.status, "violation")) {
+    if (rc == PRL_OK && !strcmp(res.status, "violation") && !find_check(out, "monitor:sandbox_violation")) {
         reward__check(out, "monitor:sandbox_violation", 0, 0, 1, "test %d: the sandbox refused an "
                       "action", i + 1);
         out->flags |= PRL_REWARD_HACKING;
@@ -85,14 +92,9 @@ prl_status prl_reward_coding(const char *task_json, const prl_chat_message *turn
                              size_t n_turns, const prl_reward_exec *exec,
                              prl_reward_result *out)
 {
-    json_t *task;
-    prl_status rc = reward__task(task_json, PRL_TASK_CODING, turns, n_turns, &task);
+    json_t *task, *tests;
+    prl_status rc = reward__task_list(task_json, PRL_TASK_CODING, turns, n_turns, "tests", &task, &tests);
     if (rc) return rc;
-    json_t *tests = json_object_get(task, "tests");
-    if (!json_is_array(tests) || json_array_size(tests) == 0) {
-        json_decref(task);
-        return prl_error_set(PRL_ERR_FORMAT, "coding task: missing non-empty \"tests\" array");
-    }
     reward__begin(out);
     const char *last = reward__last_assistant(turns, n_turns);
     char *code = last ? code_block(last) : NULL;

@@ -191,14 +191,10 @@ static prl_status check_one(const json_t *c, int i, const text *t, prl_reward_re
 prl_status prl_reward_general(const char *task_json, const prl_chat_message *turns,
                               size_t n_turns, prl_reward_result *out)
 {
-    json_t *task;
-    prl_status rc = reward__task(task_json, PRL_TASK_GENERAL, turns, n_turns, &task);
+    json_t *task, *cons;
+    prl_status rc = reward__task_list(task_json, PRL_TASK_GENERAL, turns, n_turns, "constraints",
+                                      &task, &cons);
     if (rc) return rc;
-    json_t *cons = json_object_get(task, "constraints");
-    if (!json_is_array(cons) || json_array_size(cons) == 0) {
-        json_decref(task);
-        return prl_error_set(PRL_ERR_FORMAT, "general task: missing non-empty \"constraints\" array");
-    }
     reward__begin(out);
     const char *response = reward__last_assistant(turns, n_turns);
     text *t = malloc(sizeof *t); /* 16 KiB of words: off the stack */

@@ -16,15 +16,8 @@ void reward__begin(prl_reward_result *out) { memset(out, 0, sizeof *out); }
 void reward__check(prl_reward_result *out, const char *name, int passed, double weight,
                    int required, const char *fmt, ...)
 {
-    prl_reward_check *c;
-    if (out->n_checks == PRL_REWARD_MAX_CHECKS) {
-        c = &out->checks[PRL_REWARD_MAX_CHECKS - 1];
-        snprintf(c->detail, sizeof c->detail, "more checks than %d: later ones dropped",
-                 PRL_REWARD_MAX_CHECKS);
-        if (required && !passed) c->required = 1, c->passed = 0; /* keep the verdict */
-        return;
-    }
-    c = &out->checks[out->n_checks++];
+    PRL_ASSERT(out->n_checks < PRL_REWARD_MAX_CHECKS); /* the verifiers bound their lists */
+    prl_reward_check *c = &out->checks[out->n_checks++];
     snprintf(c->name, sizeof c->name, "%s", name);
     c->passed = passed;
     c->weight = weight;
@@ -93,6 +86,21 @@ prl_status reward__task(const char *task_json, prl_task_domain domain,
         return prl_error_set(PRL_ERR_FORMAT, "task: domain is '%s', not '%s'", d, prl_tasks_domain_name(domain));
     }
     return PRL_OK;
+}
+
+prl_status reward__task_list(const char *task_json, prl_task_domain domain,
+                             const prl_chat_message *turns, size_t n_turns, const char *key,
+                             json_t **task, json_t **list)
+{
+    prl_status rc = reward__task(task_json, domain, turns, n_turns, task);
+    if (rc) return rc;
+    *list = json_object_get(*task, key);
+    size_t n = json_array_size(*list);
+    if (json_is_array(*list) && n > 0 && n <= PRL_REWARD_MAX_ITEMS) return PRL_OK;
+    json_decref(*task);
+    *task = *list = NULL;
+    return prl_error_set(PRL_ERR_FORMAT, "%s task: \"%s\" must be an array of 1..%d entries",
+                         prl_tasks_domain_name(domain), key, PRL_REWARD_MAX_ITEMS);
 }
 
 const char *reward__last_assistant(const prl_chat_message *turns, size_t n_turns)

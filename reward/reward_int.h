@@ -7,10 +7,13 @@
 
 #include "reward/reward.h"
 
+/* At most this many constraints / tests per task, so every check fits in a result: coding
+** has 1 format + 5 monitor + 40 tests + 1 sandbox check. */
+enum { PRL_REWARD_MAX_ITEMS = 40 };
+
 /* Zero a result. */
 void reward__begin(prl_reward_result *out);
-/* Append a check (the detail is printf-formatted); a full list keeps the last slot for a
-** note that checks were dropped. */
+/* Append a check (the detail is printf-formatted). */
 void reward__check(prl_reward_result *out, const char *name, int passed, double weight,
                    int required, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* Compute out->score from the checks and out->penalty (formula in reward.h). */
@@ -20,6 +23,12 @@ void reward__finish(prl_reward_result *out);
 ** a role ("assistant" or "tool") and a content. *task owned by the caller (json_decref). */
 prl_status reward__task(const char *task_json, prl_task_domain domain,
                         const prl_chat_message *turns, size_t n_turns, json_t **task);
+/* reward__task, then the task's array field `key` (borrowed from *task) into *list;
+** PRL_ERR_FORMAT naming the field unless it has 1..PRL_REWARD_MAX_ITEMS entries (then *task
+** is NULL). */
+prl_status reward__task_list(const char *task_json, prl_task_domain domain,
+                             const prl_chat_message *turns, size_t n_turns, const char *key,
+                             json_t **task, json_t **list);
 /* The content of the last turn with role "assistant", or NULL. */
 const char *reward__last_assistant(const prl_chat_message *turns, size_t n_turns);
 /* The content of the task's last user message, or "". */

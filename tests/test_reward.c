@@ -14,23 +14,11 @@
 */
 #include "cli/cli.h"
 
-#include <check.h>
+#include "tests/check_util.h"
 #include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- helpers ---------- */
-
-#define assert_ok(expr)                                                                   \
-    do {                                                                                  \
-        prl_status rc_ = (expr);                                                          \
-        ck_assert_msg(rc_ == PRL_OK, "%s failed: %s (%s)", #expr, prl_status_name(rc_),   \
-                      prl_error_message());                                               \
-    } while (0)
-
-#define assert_msg_has(needle)                                                            \
-    ck_assert_msg(strstr(prl_error_message(), (needle)) != NULL,                          \
-                  "error message \"%s\" does not mention \"%s\"", prl_error_message(),    \
-                  (needle))
 
 static const prl_reward_exec EXEC = {cli_exec_python, NULL, 5.0};
 
@@ -324,7 +312,7 @@ START_TEST(test_general_bad_tasks)
     prl_chat_message t = {"assistant", "x"};
     prl_reward_result r;
     const char *bad[][2] = {
-        {"{\"constraints\":[]}", "non-empty \"constraints\""},
+        {"{\"constraints\":[]}", "\"constraints\" must be an array"},
         {"{\"constraints\":[{\"type\":\"rhyme\"}]}", "unknown type 'rhyme'"},
         {"{\"constraints\":[{\"type\":\"include\"}]}", "needs a string \"word\""},
         {"{\"constraints\":[{\"type\":\"word_count\",\"relation\":\"about\",\"n\":3}]}", "unknown relation 'about'"},
@@ -334,6 +322,16 @@ START_TEST(test_general_bad_tasks)
         ck_assert_int_eq(prl_reward_general(bad[i][0], &t, 1, &r), PRL_ERR_FORMAT);
         assert_msg_has(bad[i][1]);
     }
+    /* at most 40 constraints, so every check fits in a result */
+    char many[4096] = "{\"constraints\":[";
+    for (int i = 0; i < 41; i++) strcat(many, i ? ",{\"type\":\"quoted\"}" : "{\"type\":\"quoted\"}");
+    strcat(many, "]}");
+    ck_assert_int_eq(prl_reward_general(many, &t, 1, &r), PRL_ERR_FORMAT);
+    assert_msg_has("1..40 entries");
+    many[strlen(many) - 2 - strlen(",{\"type\":\"quoted\"}")] = 0;
+    strcat(many, "]}");
+    assert_ok(prl_reward_general(many, &t, 1, &r));
+    ck_assert_int_eq(r.n_checks, 40);
 }
 END_TEST
 
@@ -499,7 +497,7 @@ START_TEST(test_coding_scores)
     prl_chat_message ok = {"assistant", "```python\nprint(int(input()) + 7)\n```"};
     ck_assert_int_eq(prl_reward_coding(CODING, &ok, 1, NULL, &r), PRL_ERR_ARG);
     ck_assert_int_eq(prl_reward_coding("{\"domain\":\"coding\",\"tests\":[]}", &ok, 1, &EXEC, &r), PRL_ERR_FORMAT);
-    assert_msg_has("\"tests\"");
+    assert_msg_has("\"tests\" must be an array of 1..40");
 }
 END_TEST
 
@@ -584,6 +582,9 @@ START_TEST(test_coding_sandbox_violation)
     assert_ok(prl_reward_coding(CODING, &turn, 1, &sandbox, &r));
     ck_assert_int_eq(f.runs, 4);
     ck_assert(find(&r, "monitor:sandbox_violation") && (r.flags & PRL_REWARD_HACKING));
+    int reported = 0;
+    for (int i = 0; i < r.n_checks; i++) reported += !strcmp(r.checks[i].name, "monitor:sandbox_violation");
+    ck_assert_int_eq(reported, 1);
     assert_score(&r, 0);
     f = (fake){0, "ok"}; /* the fake prints 17: only test 1 passes */
     assert_ok(prl_reward_coding(CODING, &turn, 1, &sandbox, &r));
@@ -712,11 +713,4 @@ static Suite *reward_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(reward_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return check_run(reward_suite()); }

@@ -12,23 +12,11 @@
 */
 #include "tasks/tasks.h"
 
-#include <check.h>
+#include "tests/check_util.h"
 #include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- helpers ---------- */
-
-#define assert_ok(expr)                                                                   \
-    do {                                                                                  \
-        prl_status rc_ = (expr);                                                          \
-        ck_assert_msg(rc_ == PRL_OK, "%s failed: %s (%s)", #expr, prl_status_name(rc_),   \
-                      prl_error_message());                                               \
-    } while (0)
-
-#define assert_msg_has(needle)                                                            \
-    ck_assert_msg(strstr(prl_error_message(), (needle)) != NULL,                          \
-                  "error message \"%s\" does not mention \"%s\"", prl_error_message(),    \
-                  (needle))
 
 /* The JSONL of a config, as a malloc'd string. */
 static char *jsonl(const prl_tasks_config *c)
@@ -560,11 +548,4 @@ static Suite *tasks_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(tasks_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return check_run(tasks_suite()); }
