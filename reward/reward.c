@@ -81,11 +81,11 @@ prl_status reward__task(const char *task_json, prl_task_domain domain,
     }
     const char *d = json_string_value(json_object_get(*task, "domain"));
     if (d && strcmp(d, prl_tasks_domain_name(domain)) != 0) {
-        json_decref(*task);
+        rc = prl_error_set(PRL_ERR_FORMAT, "task: domain is '%s', not '%s'", d, prl_tasks_domain_name(domain));
+        json_decref(*task); /* d points into it */
         *task = NULL;
-        return prl_error_set(PRL_ERR_FORMAT, "task: domain is '%s', not '%s'", d, prl_tasks_domain_name(domain));
     }
-    return PRL_OK;
+    return rc;
 }
 
 prl_status reward__task_list(const char *task_json, prl_task_domain domain,
