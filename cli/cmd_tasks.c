@@ -71,8 +71,7 @@ static int generate(int argc, char **argv, int demos)
         return cli_failf("tasks", 2, "--difficulty must be 0..3, got %d", c.difficulty);
     if (!(c.error_rate >= 0 && c.error_rate <= 1))
         return cli_failf("tasks", 2, "--error-rate must be in [0, 1], got %g", c.error_rate);
-    const cli_opt *tool_rate = &opts[7];
-    if (tool_rate->seen && !(c.tool_rate >= 0 && c.tool_rate <= 1))
+    if (c.tool_rate != -1 && !(c.tool_rate >= 0 && c.tool_rate <= 1)) /* -1: by difficulty */
         return cli_failf("tasks", 2, "--tool-rate must be in [0, 1], got %g", c.tool_rate);
     return write_output(out, &c);
 }
