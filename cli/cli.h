@@ -8,7 +8,7 @@
 #ifndef PRL_CLI_H
 #define PRL_CLI_H
 
-#include "engine/engine.h"
+#include "reward/reward.h"
 
 typedef enum { OPT_STR, OPT_INT, OPT_DOUBLE, OPT_U64, OPT_FLAG } cli_opt_type;
 
@@ -52,5 +52,12 @@ int cmd_tokenizer(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tasks(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+/* `prl tasks check` (cmd_tasks_check.c). */
+int cmd_tasks_check(int argc, char **argv);
+
+/* The CLI's executor for the verifiers (exec_bridge.c): python3 as a plain child process
+** with a wall-time kill — NOT sandboxed; replaced by the sandbox library when it merges.
+** ctx is unused. Ignores SIGPIPE in the calling process. */
+prl_status cli_exec_python(void *ctx, const prl_reward_exec_request *req, prl_reward_exec_result *res);
 
 #endif /* PRL_CLI_H */

@@ -17,7 +17,7 @@ static const command commands[] = {
     {"generate", cmd_generate, "sample completions with the infer path (KV cache, batching)"},
     {"score", cmd_score, "per-token log-probs of sequences on the train or infer path"},
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
-    {"tasks", cmd_tasks, "generate task data (the SFT demo set)"},
+    {"tasks", cmd_tasks, "RL task data, SFT demonstrations and answer scoring (4 domains)"},
     {"bench", cmd_bench, "benchmarks against the PyTorch reference (bench train)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };

@@ -23,8 +23,8 @@ expect_ok() {
   if "$@" >"$work/last.out" 2>&1; then ok "$name"; else bad "$name: $(tail -3 "$work/last.out")"; fi
 }
 
-for c in init sft score generate tasks "tokenizer train" "tokenizer encode" "tokenizer decode" \
-  "bench train" "bench decode"; do
+for c in init sft score generate tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
+  "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode"; do
   expect_ok "--help: $c" $prl $c --help
 done
 expect_fail "unknown command" "unknown command 'frobnicate'" $prl frobnicate
@@ -126,6 +126,55 @@ expect_fail "text prompt without tokenizer" "needs a tokenizer.json" $prl genera
 expect_fail "score: knobs need the infer path" "apply to --path infer only" \
   $prl score --ckpt "$g" --input "$work/chat3.jsonl" --precision bf16
 expect_fail "bench decode: bad batch list" "expected comma-separated sizes" $prl bench decode --batch 1,x
+
+# tasks: generate / demos / check
+for d in reasoning general agent coding; do
+  $prl tasks generate --domain $d --split train --n 30 --seed 4 --difficulty 0 > "$work/g1_$d.jsonl" 2>/dev/null
+  $prl tasks generate --domain $d --split train --n 30 --seed 4 --difficulty 0 --out "$work/g2_$d.jsonl" 2>/dev/null
+  cmp -s "$work/g1_$d.jsonl" "$work/g2_$d.jsonl" && [ "$(wc -l < "$work/g1_$d.jsonl")" -eq 30 ] \
+    && ok "generate $d: same seed, same bytes (stdout and --out)" || bad "generate $d not reproducible"
+  $prl tasks generate --domain $d --split eval --n 10 --seed 4 > "$work/e_$d.jsonl" 2>/dev/null
+  grep -q '"split":"train"' "$work/e_$d.jsonl" && bad "eval split holds train lines" || ok "generate $d --split eval"
+  $prl tasks demos --domain $d --n 12 --seed 4 --difficulty 0 > "$work/demos_$d.jsonl" 2>/dev/null
+  out=$($prl tasks check --domain $d --input "$work/demos_$d.jsonl" 2>&1)
+  grep -q "^summary $d: 12 lines, mean score 1.0000, accuracy 1.0000" <<<"$out" && ok "check $d demos: all 1" \
+    || bad "check $d demos: $(tail -2 <<<"$out")"
+done
+$prl tasks demos --domain general --n 40 --seed 4 --error-rate 0.5 > "$work/err.jsonl" 2>/dev/null
+out=$($prl tasks check --domain general --input "$work/err.jsonl" --json)
+grep -q '"summary":"general","n":40' <<<"$out" && ! grep -q '"accuracy":1.0' <<<"$out" \
+  && ok "check --json: mistakes lower the accuracy" || bad "check --json: $(tail -1 <<<"$out")"
+# a scored response and a flagged one, with the monitor log
+python3 - "$work/g1_coding.jsonl" > "$work/answers.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])][:2]
+lines[0]["response"] = "```python\nprint(open('/etc/passwd').read())\n```"
+lines[1]["response"] = "no code here"
+for l in lines: print(json.dumps(l))
+PY
+out=$($prl tasks check --domain coding --input "$work/answers.jsonl" --monitor-log "$work/monitor.jsonl" 2>&1)
+grep -q "monitor: .*answers.jsonl:1 .* forbidden_file" <<<"$out" && grep -q '"rule":"forbidden_file"' "$work/monitor.jsonl" \
+  && grep -q "flags=format_error" <<<"$out" && ok "check: monitor flag printed and logged" || bad "check monitor: $out"
+# bad input
+expect_fail "tasks: unknown domain" "unknown domain 'math'" $prl tasks generate --domain math --n 3
+expect_fail "tasks: bad split" "unknown split 'test'" $prl tasks generate --domain coding --split test --n 3
+expect_fail "tasks: bad difficulty" "difficulty must be 0..3" $prl tasks demos --domain coding --difficulty 5 --n 3
+expect_fail "tasks: bad error rate" "error-rate must be in" $prl tasks demos --domain coding --error-rate 2 --n 3
+expect_fail "tasks: unknown subcommand" "expected a subcommand" $prl tasks make
+expect_fail "check: missing file" "cannot open $work/nope.jsonl" $prl tasks check --domain agent --input "$work/nope.jsonl"
+{ head -n 2 "$work/demos_agent.jsonl"; echo '{"domain": "agent", "messages": ['; } > "$work/bad.jsonl"
+expect_fail "check: malformed line names its number" "bad.jsonl:3: invalid JSON" \
+  $prl tasks check --domain agent --input "$work/bad.jsonl"
+expect_fail "check: wrong domain names the line" "demos_agent.jsonl:1: domain is 'agent' but --domain is 'coding'" \
+  $prl tasks check --domain coding --input "$work/demos_agent.jsonl"
+head -n 1 "$work/g1_reasoning.jsonl" > "$work/noanswer.jsonl"
+expect_fail "check: a line without an answer" "noanswer.jsonl:1: no answer to score" \
+  $prl tasks check --domain reasoning --input "$work/noanswer.jsonl"
+# demonstrations of every domain load in sft/
+cat "$work"/demos_*.jsonl > "$work/mix.jsonl"
+expect_ok "sft on demos of all four domains" $prl sft --data "$work/mix.jsonl" --model "$big" --out "$work/s_mix" \
+  --steps 2 --batch 4 --seq 256 --seed 1 --threads 2
+grep -q "48 examples" "$work/last.out" && ok "sft loaded every demonstration" || bad "sft load: $(grep examples "$work/last.out")"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
