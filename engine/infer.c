@@ -239,17 +239,54 @@ gemv_tile_fma(const float *x, int ldx, int nr, const float *w, int ldw, int no, 
             y[(size_t)r * ldy + o] = s;
         }
 }
+
+/* One row against up to 8 outputs: the odd row of a tile pass (and all of batch-1 decode). */
+__attribute__((target("avx2,fma"))) static void
+gemv_row8_fma(const float *x, const float *w, int ldw, int no, int n, float *y)
+{
+    const float *ws[8];
+    for (int o = 0; o < 8; o++) ws[o] = w + (size_t)(o < no ? o : 0) * ldw;
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x + i);
+        c0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(ws[0] + i), c0);
+        c1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(ws[1] + i), c1);
+        c2 = _mm256_fmadd_ps(a, _mm256_loadu_ps(ws[2] + i), c2);
+        c3 = _mm256_fmadd_ps(a, _mm256_loadu_ps(ws[3] + i), c3);
+        c4 = _mm256_fmadd_ps(a, _mm256_loadu_ps(ws[4] + i), c4);
+        c5 = _mm256_fmadd_ps(a, _mm256_loadu_ps(ws[5] + i), c5);
+        c6 = _mm256_fmadd_ps(a, _mm256_loadu_ps(ws[6] + i), c6);
+        c7 = _mm256_fmadd_ps(a, _mm256_loadu_ps(ws[7] + i), c7);
+    }
+    __m256 acc[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+    for (int o = 0; o < no; o++) {
+        float l[8];
+        _mm256_storeu_ps(l, acc[o]);
+        float s = lane_sum(l);
+        for (int t = i; t < n; t++) s = fmaf(x[t], ws[o][t], s);
+        y[o] = s;
+    }
+}
 #endif
 
+static void gemv_row8_generic(const float *x, const float *w, int ldw, int no, int n, float *y)
+{
+    gemv_tile_generic(x, n, 1, w, ldw, no, n, y, 1);
+}
+
+typedef void (*gemv_row_fn)(const float *x, const float *w, int ldw, int no, int n, float *y);
 static gemv_tile_fn gemv_tile;
+static gemv_row_fn gemv_row8;
 
 static void choose_gemv(void)
 {
     if (gemv_tile) return;
-    gemv_tile = gemv_tile_generic;
+    gemv_tile = gemv_tile_generic, gemv_row8 = gemv_row8_generic;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) gemv_tile = gemv_tile_fma;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        gemv_tile = gemv_tile_fma, gemv_row8 = gemv_row8_fma;
 #endif
 }
 
@@ -276,11 +313,17 @@ static void gemv_task(void *p, int t)
     lin_ctx *c = p;
     int o0 = t * GEMV_BLOCK, o1 = o0 + GEMV_BLOCK < c->L->out ? o0 + GEMV_BLOCK : c->L->out;
     int in = c->L->in, out = c->L->out;
+    int pairs = c->R & ~1; /* rows in 2×4 tiles; an odd last row in 1×8 tiles */
     for (int o = o0; o < o1; o += 4)
-        for (int r = 0; r < c->R; r += 2)
-            gemv_tile(c->x + (size_t)r * in, in, c->R - r < 2 ? c->R - r : 2,
-                      c->L->w + (size_t)o * in, in, o1 - o < 4 ? o1 - o : 4, in,
-                      c->y + (size_t)r * out + o, out);
+        for (int r = 0; r < pairs; r += 2)
+            gemv_tile(c->x + (size_t)r * in, in, 2, c->L->w + (size_t)o * in, in,
+                      o1 - o < 4 ? o1 - o : 4, in, c->y + (size_t)r * out + o, out);
+    if (pairs == c->R) return;
+    const float *x = c->x + (size_t)pairs * in;
+    for (int o = o0; o < o1; o += 8) {
+        int no = o1 - o < 8 ? o1 - o : 8;
+        gemv_row8(x, c->L->w + (size_t)o * in, in, no, in, c->y + (size_t)pairs * out + o);
+    }
 }
 
 static void gemm_task(void *p, int t)
@@ -303,7 +346,7 @@ static void blas_task(void *p, int t)
 
 /* Tasks run on the pool, or inline when the work is too small to pay for waking it. Which
 ** thread runs a task never changes its result. */
-enum { POOL_MIN_MACS = 1 << 16 };
+enum { POOL_MIN_MACS = 1 << 12 };
 
 static void run_tasks(int n, void (*fn)(void *, int), void *ctx, double macs)
 {
