@@ -9,8 +9,10 @@ not read or depend on prl's C code.  It holds
   half-split RoPE, dense SwiGLU, sigmoid-routed MoE with shared experts), its loss API
   (``compute_loss``: ``sum w*logp`` plus the balance and router z auxiliary losses) and the
   selection-bias update rules;
-* a CLI: ``compare``, ``forward``, ``bench`` and the helpers ``init`` and ``make-batch``
-  (see ``reference/README.md``).
+* KV-cached batched generation (``generate``: left-padded prefill, then one token per step,
+  with the MLA cache in naive or absorbed form);
+* a CLI: ``compare``, ``forward``, ``bench``, ``bench-decode``, ``generate`` and the helpers
+  ``init`` and ``make-batch`` (see ``reference/README.md``).
 
 Always run it with Debian's Python (``/usr/bin/python3``), which has torch.
 """
@@ -32,7 +34,7 @@ import time
 # 2-core machine).  Passive waiting is the standard setting for that mix; a caller's own
 # setting wins.
 _BENCH_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
-if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "bench":
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in ("bench", "bench-decode"):
     for _k, _v in _BENCH_ENV_DEFAULTS.items():
         os.environ.setdefault(_k, _v)
 from dataclasses import dataclass, field
@@ -47,7 +49,8 @@ __all__ = [
     "SafetensorsError", "read_safetensors", "write_safetensors", "serialize_safetensors",
     "deserialize_safetensors", "UnsupportedConfigError", "parse_config", "PanguRef",
     "rope_cos_sin", "apply_rope", "stable_topk", "load_checkpoint", "save_checkpoint",
-    "load_batch", "run_reference", "compare_outputs",
+    "load_batch", "run_reference", "compare_outputs", "KVCache", "MLA_FORMS", "left_pad",
+    "prefill", "choose_tokens", "Generation", "generate",
 ]
 
 # =============================================================================================
@@ -484,17 +487,29 @@ class MLA(nn.Module):
         self.scale = (self.dn + self.dr) ** -0.5
         self._masks: Dict[Tuple[int, torch.dtype, str], torch.Tensor] = {}
 
+    def project(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The per-token projections of a [B, T, d]: q_nope [B,T,H,d_n], q_rope [B,T,H,d_r]
+        (rotated), c_kv [B,T,r_kv] (after kv_a_layernorm) and the shared k_rope [B,T,d_r]
+        (rotated).  cos/sin are [T, d_r/2] (positions 0..T-1) or [B, T, d_r/2]."""
+        B, T, _ = a.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(a))).view(B, T, self.H, -1)
+        q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
+        ckv, k_rope = self.kv_a_proj_with_mqa(a).split([self.rkv, self.dr], dim=-1)
+        q_rope = apply_rope(q_rope, cos.unsqueeze(-2), sin.unsqueeze(-2))   # [B,T,H,dr]
+        k_rope = apply_rope(k_rope, cos, sin)                                # [B,T,dr], shared
+        return q_nope, q_rope, self.kv_a_layernorm(ckv), k_rope
+
+    def up_project(self, ckv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """c_kv [B,T,r_kv] -> per-head k_nope [B,T,H,d_n] and v [B,T,H,d_v] (W_UK, W_UV)."""
+        B, T, _ = ckv.shape
+        return self.kv_b_proj(ckv).view(B, T, self.H, -1).split([self.dn, self.dv], dim=-1)
+
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = a.shape
         H, dn, dr, dv = self.H, self.dn, self.dr, self.dv
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(a))).view(B, T, H, dn + dr)
-        q_nope, q_rope = q.split([dn, dr], dim=-1)
-        kva = self.kv_a_proj_with_mqa(a)
-        ckv, k_rope = kva.split([self.rkv, dr], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(ckv)).view(B, T, H, dn + dv)
-        k_nope, v = kv.split([dn, dv], dim=-1)
-        q_rope = apply_rope(q_rope, cos[:, None, :], sin[:, None, :])       # [B,T,H,dr]
-        k_rope = apply_rope(k_rope, cos, sin)                                # [B,T,dr], shared
+        q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin)
+        k_nope, v = self.up_project(ckv)
         qh = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)             # [B,H,T,dn+dr]
         kh = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, T, H, dr)], dim=-1)
         kh = kh.transpose(1, 2)                                              # [B,H,T,dn+dr]
@@ -506,6 +521,71 @@ class MLA(nn.Module):
                                beta=1.0, alpha=self.scale)                   # [B*H,T,T]
         o = torch.bmm(torch.softmax(scores, dim=-1), vh)                     # [B*H,T,dv]
         return self.o_proj(o.view(B, H, T, dv).transpose(1, 2).reshape(B, T, H * dv))
+
+    # ------------------------------------------------------------ KV-cached decoding
+    def new_cache(self, form: str, B: int, capacity: int, dtype: torch.dtype,
+                  device=None) -> Tuple[torch.Tensor, ...]:
+        """Uninitialised cache buffers of this layer for ``capacity`` slots.
+
+        naive:    (k [B,H,S,d_n+d_r], v [B,H,S,d_v]): the up-projected per-head keys (with the
+                  shared rope key copied into every head) and values, as Hugging Face caches them;
+        absorbed: (latent [B,S,r_kv+d_r],): [c_kv ; k_rope] per slot, one entry shared by all
+                  heads (docs/model.md, absorbed / MQA form)."""
+        opts = {"dtype": dtype, "device": device}
+        if form == "naive":
+            return (torch.empty(B, self.H, capacity, self.dn + self.dr, **opts),
+                    torch.empty(B, self.H, capacity, self.dv, **opts))
+        if form == "absorbed":
+            return (torch.empty(B, capacity, self.rkv + self.dr, **opts),)
+        raise ValueError(f"unknown MLA form {form!r} (naive | absorbed)")
+
+    def forward_cached(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, form: str,
+                       cache: Tuple[torch.Tensor, ...], start: int,
+                       bias: torch.Tensor) -> torch.Tensor:
+        """Attention output [B,T,d] of the T new tokens a [B,T,d], which occupy cache slots
+        start..start+T-1: their keys/values are written there first, then they attend over
+        slots 0..start+T-1.  cos/sin [B,T,d_r/2] at the tokens' positions; bias [B,1,T,start+T]
+        is the additive mask."""
+        q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin)
+        attend = self._attend_naive if form == "naive" else self._attend_absorbed
+        return self.o_proj(attend(q_nope, q_rope, ckv, k_rope, cache, start, bias))
+
+    def _attend_naive(self, q_nope: torch.Tensor, q_rope: torch.Tensor, ckv: torch.Tensor,
+                      k_rope: torch.Tensor, cache: Tuple[torch.Tensor, ...], start: int,
+                      bias: torch.Tensor) -> torch.Tensor:
+        """MHA over the cached per-head k, v; returns o [B,T,H*d_v]."""
+        B, T = ckv.shape[:2]
+        end = start + T
+        k_cache, v_cache = cache
+        k_nope, v = self.up_project(ckv)
+        k_cache[:, :, start:end, :self.dn] = k_nope.transpose(1, 2)
+        k_cache[:, :, start:end, self.dn:] = k_rope[:, None]                # every head
+        v_cache[:, :, start:end] = v.transpose(1, 2)
+        q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)              # [B,H,T,dn+dr]
+        scores = torch.matmul(q, k_cache[:, :, :end].transpose(-1, -2)) * self.scale + bias
+        o = torch.matmul(torch.softmax(scores, dim=-1), v_cache[:, :, :end])  # [B,H,T,dv]
+        return o.transpose(1, 2).reshape(B, T, self.H * self.dv)
+
+    def _attend_absorbed(self, q_nope: torch.Tensor, q_rope: torch.Tensor, ckv: torch.Tensor,
+                         k_rope: torch.Tensor, cache: Tuple[torch.Tensor, ...], start: int,
+                         bias: torch.Tensor) -> torch.Tensor:
+        """MQA over the cached latent [c_kv ; k_rope]: W_UK is absorbed into the query
+        (q~_h = W_UK_h q_nope_h) and W_UV into the output (o_h = W_UV_h^T o~_h); all H*T query
+        rows share one key/value matrix, so each product is a single bmm per sequence."""
+        B, T = ckv.shape[:2]
+        H, end = self.H, start + T
+        (latent,) = cache
+        latent[:, start:end, :self.rkv] = ckv
+        latent[:, start:end, self.rkv:] = k_rope
+        w = self.kv_b_proj.weight.view(H, self.dn + self.dv, self.rkv)      # out x in, per head
+        w_uk, w_uv = w[:, :self.dn], w[:, self.dn:]                 # [H,dn,rkv], [H,dv,rkv]
+        q_lat = torch.einsum("bthn,hnc->bhtc", q_nope, w_uk)                 # [B,H,T,rkv]
+        q = torch.cat([q_lat, q_rope.transpose(1, 2)], dim=-1).reshape(B, H * T, -1)
+        kv = latent[:, :end]                                                 # [B,S,rkv+dr]
+        scores = torch.bmm(q, kv.transpose(1, 2)).view(B, H, T, end) * self.scale + bias
+        p = torch.softmax(scores, dim=-1).view(B, H * T, end)
+        o_lat = torch.bmm(p, kv[:, :, :self.rkv]).view(B, H, T, self.rkv)
+        return torch.einsum("bhtc,hvc->bthv", o_lat, w_uv).reshape(B, T, H * self.dv)
 
     def _mask(self, T: int, dtype: torch.dtype, device) -> torch.Tensor:
         key = (T, dtype, str(device))
@@ -619,6 +699,47 @@ class LossOutput:
     logp: torch.Tensor                   # [B, T], 0 where no target / padding
     has_target: torch.Tensor             # [B, T] bool
     forward: ForwardOutput
+
+
+@dataclass
+class KVCache:
+    """Per-layer KV cache of a left-padded batch of B sequences (built by ``prefill``).
+
+    Slot j of sequence b holds the token at position j - pad[b]; the slots below pad[b] are
+    left padding.  The buffers are allocated once for ``capacity`` slots (like Hugging Face's
+    StaticCache) and written in place; slots 0..length-1 are filled."""
+    form: str                                   # "naive" | "absorbed" (see MLA.new_cache)
+    pad: torch.Tensor                           # [B] long, padding slots of each sequence
+    capacity: int
+    layers: List[Tuple[torch.Tensor, ...]]      # MLA.new_cache of every layer
+    length: int = 0
+
+    def bytes_per_token(self) -> int:
+        """Bytes one token of one sequence occupies in the cache, summed over the layers."""
+        slots = self.pad.shape[0] * self.capacity
+        return sum(t.numel() // slots * t.element_size() for lc in self.layers for t in lc)
+
+    def slots(self, T: int) -> torch.Tensor:
+        """Slot numbers [T] of the next T tokens."""
+        return torch.arange(self.length, self.length + T, device=self.pad.device)
+
+    def real(self, T: int) -> torch.Tensor:
+        """[B, T] bool: which of the next T slots hold a real (not padding) token."""
+        return self.slots(T)[None, :] >= self.pad[:, None]
+
+    def positions(self, T: int) -> torch.Tensor:
+        """RoPE positions [B, T] of the next T tokens (0 at padding slots)."""
+        return (self.slots(T)[None, :] - self.pad[:, None]).clamp(min=0)
+
+    def attention_bias(self, T: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask [B, 1, T, length+T] of the next T tokens: a token sees the real tokens
+        in its own and earlier slots; a padding token sees only itself, so that its row stays
+        finite (no real token reads it)."""
+        q = self.slots(T)[:, None]                                           # [T,1]
+        k = torch.arange(self.length + T, device=self.pad.device)[None, :]   # [1,S]
+        seen = ((k <= q) & (k >= self.pad[:, None, None])) | (k == q)       # [B,T,S]
+        bias = torch.zeros(seen.shape, dtype=dtype, device=self.pad.device)
+        return bias.masked_fill_(~seen, float("-inf"))[:, None]
 
 
 RouteOverride = Union[None, Sequence[Optional[torch.Tensor]], Mapping[int, Optional[torch.Tensor]]]
@@ -842,6 +963,159 @@ class PanguRef(nn.Module):
                 b -= (rate * dev / torch.sqrt((dev * dev).mean() + 1e-12)).to(b.dtype)
             else:
                 raise ValueError(f"unknown bias update rule {rule!r} (sign | rms)")
+
+    # ---------------------------------------------------------------- KV-cached decoding
+    @torch.inference_mode()
+    def new_kv_cache(self, pad: torch.Tensor, capacity: int, form: str = "naive") -> KVCache:
+        """An empty cache of ``capacity`` slots for len(pad) left-padded sequences.  Its
+        buffers are inference tensors: the cached path runs under torch.inference_mode()."""
+        limit = self.cfg.max_position_embeddings
+        if limit is not None and capacity > limit:
+            raise ValueError(f"prompt + new tokens = {capacity} slots exceed "
+                             f"max_position_embeddings {limit}")
+        device = self.lm_head.weight.device
+        layers = [layer.self_attn.new_cache(form, pad.shape[0], capacity, self.dtype, device)
+                  for layer in self.model.layers]
+        return KVCache(form=form, pad=pad.to(device=device, dtype=torch.long),
+                       capacity=capacity, layers=layers)
+
+    @torch.inference_mode()
+    def forward_cached(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run tokens [B, T] (the next T slots of every sequence) through the model, appending
+        their keys/values to ``cache``; return the logits of the last slot [B, V].  Tokens at
+        padding slots only need to be valid ids; they skip the routed experts."""
+        B, T = tokens.shape
+        if cache.length + T > cache.capacity:
+            raise ValueError(f"KV cache full: {cache.length} + {T} > {cache.capacity} slots")
+        cos_table, sin_table = self._rope(cache.capacity, self.lm_head.weight.device)
+        pos = cache.positions(T)
+        cos, sin = cos_table[pos], sin_table[pos]                            # [B,T,dr/2]
+        bias = cache.attention_bias(T, self.dtype)
+        real = cache.real(T).reshape(-1)
+        token_mask = None if bool(real.all()) else real
+        h = self.model.embed_tokens(tokens)
+        for layer, layer_cache in zip(self.model.layers, cache.layers):
+            h = h + layer.self_attn.forward_cached(layer.input_layernorm(h), cos, sin,
+                                                   cache.form, layer_cache, cache.length, bias)
+            f = layer.post_attention_layernorm(h)
+            if layer.is_moe:
+                h = h + layer.mlp(f.reshape(B * T, -1), None, token_mask).y.view(B, T, -1)
+            else:
+                h = h + layer.mlp(f)
+        cache.length += T
+        return self.lm_head(self.model.norm(h[:, -1]))
+
+
+# =============================================================================================
+# KV-cached generation (the decode benchmark peer and the greedy-token oracle)
+# =============================================================================================
+
+MLA_FORMS = ("naive", "absorbed")
+EOS_ID = 2
+
+
+def left_pad(prompts: Sequence[Sequence[int]], vocab_size: int,
+             pad_id: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Prompts (non-empty lists of ids in [0, vocab)) -> tokens [B, P] left-padded with
+    ``pad_id`` to the longest prompt, and pad [B] (the padding slots of each row)."""
+    if not prompts:
+        raise ValueError("no prompts")
+    P = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    for b, prompt in enumerate(prompts):
+        if not prompt or not all(isinstance(t, int) and 0 <= t < vocab_size for t in prompt):
+            raise ValueError(f"prompt {b}: expected a non-empty list of token ids in "
+                             f"[0, {vocab_size})")
+        tokens[b, P - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+    return tokens, torch.tensor([P - len(p) for p in prompts], dtype=torch.long)
+
+
+@torch.inference_mode()
+def prefill(model: PanguRef, prompts: Sequence[Sequence[int]], new_tokens: int,
+            form: str = "naive") -> Tuple[KVCache, torch.Tensor]:
+    """Allocate a cache for the prompts plus ``new_tokens`` and run the left-padded prompts
+    through the model in one forward; returns (cache, logits after each prompt [B, V])."""
+    tokens, pad = left_pad(prompts, model.cfg.vocab_size)
+    cache = model.new_kv_cache(pad, tokens.shape[1] + new_tokens, form)
+    return cache, model.forward_cached(tokens.to(cache.pad.device), cache)
+
+
+def choose_tokens(logits: torch.Tensor, temperature: float = 0.0,
+                  generator: Optional[torch.Generator] = None
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Next token of each row of logits [B, V] and its log-prob.  temperature 0: greedy
+    (argmax; on equal logits the lower id wins), log-prob under log_softmax(logits); else a
+    draw from softmax(logits / temperature) with ``generator``, log-prob under that
+    distribution."""
+    if temperature == 0.0:
+        tok = torch.argmax(logits, dim=-1)
+        logp = F.log_softmax(logits, dim=-1)
+    else:
+        logp = F.log_softmax(logits / temperature, dim=-1)
+        tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+@dataclass
+class Generation:
+    tokens: List[List[int]]        # per sequence: the new tokens (with stop_eos: up to EOS)
+    logprobs: List[List[float]]    # log-prob of each new token (see choose_tokens)
+    stopped: List[bool]            # the sequence ended at EOS (stop_eos only)
+    prefill_seconds: float
+    decode_seconds: float
+    decode_steps: int              # one-token forward steps run (new_tokens unless all stopped)
+    kv_cache_bytes_per_token: int
+    margins: Optional[List[List[float]]] = None   # best minus second-best logit per new token
+
+
+@torch.inference_mode()
+def generate(model: PanguRef, prompts: Sequence[Sequence[int]], new_tokens: int,
+             form: str = "naive", temperature: float = 0.0,
+             generator: Optional[torch.Generator] = None, stop_eos: bool = False,
+             eos_id: int = EOS_ID, margins: bool = False) -> Generation:
+    """Batched KV-cached generation of ``new_tokens`` tokens after each prompt.
+
+    Prefill runs the left-padded prompts in one forward, which fills the cache and gives the
+    logits after each prompt.  Decode then runs ``new_tokens`` steps: step i chooses token i
+    of every sequence from the current logits and runs it through the model (one token per
+    sequence, against the cache), which gives the logits for step i+1.  So decode is exactly
+    B*new_tokens one-token forwards (the last step's logits go unused).  With ``stop_eos`` a
+    sequence ends at its first ``eos_id`` (kept in its output; later steps feed it eos_id) and
+    decoding stops as soon as every sequence has ended.  ``margins`` also records, per new
+    token, the gap between the best and second-best logit (how near a greedy tie it was)."""
+    t0 = time.perf_counter()
+    cache, logits = prefill(model, prompts, new_tokens, form)
+    t1 = time.perf_counter()
+    B = len(prompts)
+    tokens = torch.zeros(B, new_tokens, dtype=torch.long)
+    logprobs = torch.zeros(B, new_tokens, dtype=torch.float64)
+    gaps = torch.zeros(B, new_tokens, dtype=torch.float64)
+    lengths = torch.full((B,), new_tokens, dtype=torch.long)
+    done = torch.zeros(B, dtype=torch.bool)
+    steps = 0
+    for i in range(new_tokens):
+        tok, logp = choose_tokens(logits, temperature, generator)
+        if stop_eos:
+            tok = tok.masked_fill(done, eos_id)
+        tokens[:, i], logprobs[:, i] = tok, logp
+        if margins:
+            top2 = torch.topk(logits, 2, dim=-1).values
+            gaps[:, i] = top2[:, 0] - top2[:, 1]
+        if stop_eos:
+            ended = ~done & (tok == eos_id)
+            lengths[ended] = i + 1
+            done |= ended
+            if bool(done.all()):
+                break
+        logits = model.forward_cached(tok[:, None], cache)
+        steps += 1
+    t2 = time.perf_counter()
+    n = lengths.tolist()
+    return Generation(tokens=[tokens[b, :n[b]].tolist() for b in range(B)],
+                      logprobs=[logprobs[b, :n[b]].tolist() for b in range(B)],
+                      stopped=done.tolist(), prefill_seconds=t1 - t0, decode_seconds=t2 - t1,
+                      decode_steps=steps, kv_cache_bytes_per_token=cache.bytes_per_token(),
+                      margins=[gaps[b, :n[b]].tolist() for b in range(B)] if margins else None)
 
 
 # =============================================================================================
@@ -1295,6 +1569,12 @@ def set_threads(n: int) -> dict:
     return info
 
 
+def _blas_summary(blas: dict) -> str:
+    return (f"BLAS_INFO={blas['torch_build_blas']}; {blas.get('library')}; "
+            f"{blas.get('openblas_config', '')}; core {blas.get('openblas_corename', '?')}; "
+            f"openblas_threads={blas.get('openblas_threads', '?')}")
+
+
 def cmd_bench(args) -> int:
     blas = set_threads(args.threads)
     with open(args.config) as fh:
@@ -1336,9 +1616,7 @@ def cmd_bench(args) -> int:
         cpu.append(dc)
         losses.append(loss)
     med = statistics.median(times) if times else float("nan")
-    blas_str = (f"BLAS_INFO={blas['torch_build_blas']}; {blas.get('library')}; "
-                f"{blas.get('openblas_config', '')}; core {blas.get('openblas_corename', '?')}; "
-                f"openblas_threads={blas.get('openblas_threads', '?')}")
+    blas_str = _blas_summary(blas)
     res = {"tokens_per_s": B * T / med, "step_s_median": med, "step_s_all": times,
            "step_cpu_s_median": statistics.median(cpu) if cpu else float("nan"),
            "threads": args.threads, "torch": torch.__version__, "blas": blas_str,
@@ -1357,6 +1635,132 @@ def cmd_bench(args) -> int:
     else:
         print(f"{res['tokens_per_s']:.1f} tokens/s, median step {med:.4f} s over {args.steps} "
               f"steps, {args.threads} threads ({blas_str})")
+    return 0
+
+
+def _report_threads(prog: str, blas: dict) -> None:
+    """One line on stderr, for the record: torch's thread counts and the BLAS/MKL in use."""
+    print(f"{prog}: torch {torch.__version__}, {torch.get_num_threads()} intra-op / "
+          f"{torch.get_num_interop_threads()} inter-op threads, MKL "
+          f"{'yes' if torch.backends.mkl.is_available() else 'no'}, MKL-DNN "
+          f"{'yes' if torch.backends.mkldnn.is_available() else 'no'}, {_blas_summary(blas)}",
+          file=sys.stderr)
+
+
+def load_prompts(path: str, vocab_size: int) -> List[List[int]]:
+    """A JSON file holding a list of prompts, each a non-empty list of token ids."""
+    with open(path) as fh:
+        prompts = json.load(fh)
+    if not isinstance(prompts, list) or not all(isinstance(p, list) for p in prompts):
+        raise ValueError(f"{path}: expected a JSON list of token-id lists")
+    left_pad(prompts, vocab_size)                    # validates
+    return prompts
+
+
+def random_prompts(batch: int, prompt_len: int, vocab_size: int, seed: int) -> List[List[int]]:
+    """batch prompts of prompt_len ids drawn uniformly from [16, vocab) (ids below 16 are left
+    to special tokens) by a torch.Generator seeded with ``seed``."""
+    if vocab_size <= 16:
+        raise ValueError(f"vocab_size {vocab_size} leaves no ids in [16, vocab)")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(16, vocab_size, (batch, prompt_len), generator=g).tolist()
+
+
+def _decode_model(args) -> PanguRef:
+    """float32 model from --ckpt, or from --config with a seeded random init (as ``bench``)."""
+    if args.ckpt:
+        return load_checkpoint(args.ckpt, torch.float32)
+    with open(args.config) as fh:
+        model = PanguRef(json.load(fh), dtype=torch.float32)
+    model.init_weights(None, torch.Generator().manual_seed(args.seed))
+    return model
+
+
+def _decode_round(g: Generation, batch: int, prompt_tokens: int) -> dict:
+    decode_tokens = batch * g.decode_steps
+    return {"prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,
+            "prefill_tokens_per_s": prompt_tokens / g.prefill_seconds,
+            "decode_tokens_per_s": decode_tokens / g.decode_seconds}
+
+
+def _check_decode_args(args) -> None:
+    if getattr(args, "threads", 0) < 0:
+        raise ValueError("--threads must be >= 0")
+    for name in ("new_tokens", "rounds", "batch", "prompt_len"):
+        v = getattr(args, name, None)
+        if v is not None and v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if getattr(args, "warmup", 0) < 0 or getattr(args, "temperature", 0.0) < 0:
+        raise ValueError("--warmup and --temperature must be >= 0")
+
+
+def cmd_bench_decode(args) -> int:
+    _check_decode_args(args)
+    blas = set_threads(args.threads)
+    _report_threads("bench-decode", blas)
+    model = _decode_model(args).eval()
+    V = model.cfg.vocab_size
+    if args.prompts:
+        prompts = load_prompts(args.prompts, V)
+        if args.batch is not None and args.batch != len(prompts):
+            raise ValueError(f"--batch {args.batch} but {args.prompts} holds {len(prompts)} "
+                             "prompts")
+    else:
+        prompts = random_prompts(args.batch or 1, args.prompt_len, V, args.seed)
+    B, N = len(prompts), args.new_tokens
+    lens = [len(p) for p in prompts]
+    load_before = os.getloadavg()
+    for _ in range(args.warmup):
+        generate(model, prompts, N, args.mla)
+    gens = [generate(model, prompts, N, args.mla) for _ in range(args.rounds)]
+    rounds = [_decode_round(g, B, sum(lens)) for g in gens]
+    prefill_med = statistics.median(r["prefill_seconds"] for r in rounds)
+    decode_med = statistics.median(r["decode_seconds"] for r in rounds)
+    res = {"batch": B, "prompt_len": max(lens), "new_tokens": N, "threads": args.threads,
+           "mla": args.mla, "prefill_seconds_median": prefill_med,
+           "decode_seconds_median": decode_med,
+           "decode_tokens_per_s_median": B * N / decode_med,
+           "prefill_tokens_per_s_median": sum(lens) / prefill_med,
+           "rounds": rounds, "kv_cache_bytes_per_token": gens[0].kv_cache_bytes_per_token,
+           "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+           "dtype": "float32", "prompt_lens": lens, "warmup": args.warmup,
+           "model": args.ckpt or args.config, "seed": args.seed,
+           "prompts": args.prompts or f"random, seed {args.seed}",
+           "tokens_first_sequence": gens[0].tokens[0], "blas": _blas_summary(blas),
+           "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+           "env": {k: os.environ.get(k) for k in
+                   ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY", "OMP_NUM_THREADS",
+                    "OPENBLAS_NUM_THREADS")}}
+    if args.json:
+        print(json.dumps(_finite_json(res), indent=1))
+    else:
+        print(f"{args.mla} MLA, batch {B}, prompt {max(lens)}, {N} new tokens: decode "
+              f"{res['decode_tokens_per_s_median']:.1f} tokens/s ({decode_med:.4f} s), prefill "
+              f"{prefill_med:.4f} s; medians of {args.rounds} rounds, {args.threads} threads")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    _check_decode_args(args)
+    if args.threads:
+        _report_threads("generate", set_threads(args.threads))
+    model = load_checkpoint(args.ckpt, _DTYPES[args.dtype]).eval()
+    prompts = load_prompts(args.prompts, model.cfg.vocab_size)
+    gen = torch.Generator().manual_seed(args.seed)
+    g = generate(model, prompts, args.new_tokens, args.mla, args.temperature, gen,
+                 args.stop_eos, args.eos_id, margins=True)
+    seqs = [{"prompt_len": len(p), "tokens": t, "logprobs": lp, "margins": m,
+             "stopped_at_eos": st}
+            for p, t, lp, m, st in zip(prompts, g.tokens, g.logprobs, g.margins, g.stopped)]
+    if args.json:
+        res = {"mla": args.mla, "dtype": args.dtype, "new_tokens": args.new_tokens,
+               "temperature": args.temperature, "stop_eos": args.stop_eos,
+               "eos_id": args.eos_id, "sequences": seqs}
+        print(json.dumps(_finite_json(res), indent=1))
+    else:
+        for s in seqs:
+            print(" ".join(map(str, s["tokens"])))
+            print(" ".join(f"{x:.9g}" for x in s["logprobs"]))
     return 0
 
 
@@ -1397,6 +1801,39 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--lr", type=float, default=1e-4)
     b.add_argument("--json", action="store_true")
     b.set_defaults(fn=cmd_bench)
+
+    d = sub.add_parser("bench-decode", help="time float32 KV-cached greedy decoding (the "
+                       "decode benchmark peer)")
+    src = d.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ckpt", help="dir with config.json and model.safetensors")
+    src.add_argument("--config", help="model config; random init seeded by --seed")
+    d.add_argument("--batch", type=int, default=None, help="sequences (default 1, or the "
+                   "number of --prompts)")
+    d.add_argument("--prompt-len", type=int, default=32, help="tokens per random prompt")
+    d.add_argument("--prompts", help="JSON list of token-id lists (instead of random prompts)")
+    d.add_argument("--new-tokens", type=int, default=64)
+    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--rounds", type=int, default=5, help="timed generations")
+    d.add_argument("--warmup", type=int, default=1, help="untimed generations first")
+    d.add_argument("--mla", choices=MLA_FORMS, default="naive", help="KV-cache form")
+    d.add_argument("--seed", type=int, default=0, help="seeds the random init and prompts")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=cmd_bench_decode)
+
+    g = sub.add_parser("generate", help="KV-cached generation: new token ids and log-probs "
+                       "per prompt (greedy by default; the oracle of prl's decode)")
+    g.add_argument("--ckpt", required=True)
+    g.add_argument("--prompts", required=True, help="JSON list of token-id lists")
+    g.add_argument("--new-tokens", type=int, required=True)
+    g.add_argument("--mla", choices=MLA_FORMS, default="naive", help="KV-cache form")
+    g.add_argument("--dtype", choices=list(_DTYPES), default="float64")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--seed", type=int, default=0, help="sampling generator seed")
+    g.add_argument("--stop-eos", action="store_true", help="end a sequence at its first EOS")
+    g.add_argument("--eos-id", type=int, default=EOS_ID)
+    g.add_argument("--threads", type=int, default=0)
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(fn=cmd_generate)
 
     i = sub.add_parser("init", help="write a randomly initialised checkpoint (F32)")
     i.add_argument("--config", required=True)

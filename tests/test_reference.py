@@ -14,7 +14,12 @@ What it checks:
 * MoE top-k ties (lower index wins), route_override, selection-bias update rules;
 * padding positions change nothing; unsupported config keys raise naming the key;
 * safetensors round trip, byte-exact layout, and rejection of malformed files;
-* the CLI end to end (init, make-batch, forward, compare pass/fail, bench smoke).
+* KV-cached generation, both MLA cache forms: greedy tokens and log-probs equal those of a
+  loop that recomputes the full forward per step (left-padded batch of different prompt
+  lengths), negative controls (a broken cache is caught), naive vs absorbed logits, EOS stop,
+  seeded sampling;
+* the CLI end to end (init, make-batch, forward, compare pass/fail, bench and bench-decode
+  smoke, generate against the no-cache oracle).
 """
 
 import copy
@@ -25,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 import torch
@@ -480,6 +486,141 @@ class TestMoE(unittest.TestCase):
             model(tokens, lens, [None])                                 # 2 MoE layers
 
 
+def no_cache_generate(model, prompt, n, temperature=0.0, forced=None):
+    """The oracle of cached generation: one sequence, and every step recomputes the full
+    forward of prompt + tokens so far (no cache, no padding).  Greedy, or with ``forced`` the
+    given tokens; returns (tokens, log-probs under log_softmax(logits / tau), tau = 1 when
+    greedy)."""
+    seq, toks, lps = list(prompt), [], []
+    tau = temperature or 1.0
+    with torch.no_grad():
+        for i in range(n):
+            logits = model(torch.tensor([seq])).logits[0, -1]
+            tok = int(torch.argmax(logits)) if forced is None else forced[i]
+            lps.append(float(F.log_softmax(logits / tau, dim=-1)[tok]))
+            toks.append(tok)
+            seq.append(tok)
+    return toks, lps
+
+
+class TestCachedGeneration(unittest.TestCase):
+    """KV-cached generation (left-padded prefill, then one token per step) against a loop that
+    recomputes the full forward per step, for both MLA cache forms (float64)."""
+
+    CFG = dict(MICRO, max_position_embeddings=32)
+    LENS = (5, 2, 7, 1)                  # different prompt lengths in one batch
+    N = 8
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = micro_model(cls.CFG, seed=3)
+        g = torch.Generator().manual_seed(4)
+        cls.prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in cls.LENS]
+        cls.oracle = [no_cache_generate(cls.model, p, cls.N) for p in cls.prompts]
+
+    def mismatches(self, form):
+        """Sequences whose cached greedy tokens differ from the oracle's, and the largest
+        |log-prob difference| over the tokens that agree."""
+        out = pr.generate(self.model, self.prompts, self.N, form)
+        bad = [b for b, (toks, _) in enumerate(self.oracle) if out.tokens[b] != toks]
+        diff = max(abs(a - c) for (_, lps), got in zip(self.oracle, out.logprobs)
+                   for a, c in zip(lps, got))
+        return bad, diff
+
+    def test_greedy_tokens_and_logprobs_match_full_forward(self):
+        distinct = {t for toks, _ in self.oracle for t in toks}
+        self.assertGreater(len(distinct), 8)             # the oracle is not degenerate
+        for form in pr.MLA_FORMS:
+            with self.subTest(form=form):
+                bad, diff = self.mismatches(form)
+                self.assertEqual(bad, [], f"{form}: sequences {bad} differ")
+                self.assertLess(diff, 1e-5, form)
+
+    def test_check_catches_a_broken_cache(self):
+        """Negative controls: an off-by-one RoPE position of the decoded token, and a decoded
+        token that cannot see its own cache slot, must both be caught."""
+        positions, bias = pr.KVCache.positions, pr.KVCache.attention_bias
+
+        def late_position(cache, T):
+            return positions(cache, T) - (1 if T == 1 else 0)
+
+        def hide_own_slot(cache, T, dtype):
+            b = bias(cache, T, dtype)
+            if T == 1:
+                b[..., -1] = float("-inf")
+            return b
+
+        for name, fn, patched in (("positions", late_position, "positions"),
+                                  ("own slot", hide_own_slot, "attention_bias")):
+            for form in pr.MLA_FORMS:
+                with self.subTest(broken=name, form=form), \
+                        mock.patch.object(pr.KVCache, patched, fn):
+                    bad, diff = self.mismatches(form)
+                    self.assertTrue(bad or diff >= 1e-5, (bad, diff))
+
+    def test_naive_and_absorbed_forms_agree(self):
+        for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+            model = micro_model(self.CFG, seed=3, dtype=dtype)
+            caches, logits = {}, {}
+            for form in pr.MLA_FORMS:
+                caches[form], logits[form] = pr.prefill(model, self.prompts, 3, form)
+            steps = [logits]
+            for toks in ([3, 1, 4, 1], [5, 9, 2, 6], [5, 3, 5, 8]):
+                t = torch.tensor(toks)[:, None]
+                steps.append({f: model.forward_cached(t, caches[f]) for f in pr.MLA_FORMS})
+            for i, st in enumerate(steps):
+                a, b = st["naive"], st["absorbed"]
+                self.assertLess(float((a - b).norm() / a.norm()), tol, (dtype, i))
+
+    def test_cache_sizes(self):
+        c = self.CFG
+        H, L = c["num_attention_heads"], c["num_hidden_layers"]
+        want = {"naive": L * H * (c["qk_nope_head_dim"] + c["qk_rope_head_dim"] +
+                                  c["v_head_dim"]) * 8,
+                "absorbed": L * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 8}
+        for form, n in want.items():
+            cache, _ = pr.prefill(self.model, self.prompts, 2, form)
+            self.assertEqual(cache.bytes_per_token(), n, form)
+            self.assertEqual((cache.length, cache.capacity), (7, 9))
+            self.assertEqual(cache.pad.tolist(), [2, 5, 0, 6])
+
+    def test_stop_at_eos(self):
+        full = self.oracle[0][0]
+        eos = full[3]
+        k = full.index(eos)                               # first occurrence in sequence 0
+        out = pr.generate(self.model, self.prompts, self.N, "absorbed", stop_eos=True,
+                          eos_id=eos)
+        self.assertEqual(out.tokens[0], full[:k + 1])
+        self.assertTrue(out.stopped[0])
+        for b, (toks, lps) in enumerate(self.oracle):
+            n = toks.index(eos) + 1 if eos in toks else self.N
+            self.assertEqual(out.tokens[b], toks[:n], b)
+            self.assertEqual(out.stopped[b], eos in toks, b)
+            self.assertEqual(len(out.logprobs[b]), n)
+        self.assertEqual(out.decode_steps,
+                         max(len(t) for t in out.tokens) - (1 if all(out.stopped) else 0))
+
+    def test_seeded_sampling_and_its_logprobs(self):
+        def sample(seed):
+            return pr.generate(self.model, self.prompts, self.N, "naive", temperature=0.8,
+                               generator=torch.Generator().manual_seed(seed))
+        a, b, c = sample(7), sample(7), sample(8)
+        self.assertEqual(a.tokens, b.tokens)
+        self.assertNotEqual(a.tokens, c.tokens)
+        for p, toks, lps in zip(self.prompts, a.tokens, a.logprobs):
+            _, want = no_cache_generate(self.model, p, self.N, 0.8, forced=toks)
+            self.assertLess(max(abs(x - y) for x, y in zip(lps, want)), 1e-10)
+
+    def test_bad_requests_raise(self):
+        with self.assertRaises(ValueError):
+            pr.generate(self.model, self.prompts, 26, "naive")       # 7 + 26 > 32 positions
+        for prompts in ([[1, 2], []], [[1, 64]], [[1, -1]], []):
+            with self.assertRaises(ValueError, msg=str(prompts)):
+                pr.generate(self.model, prompts, 2, "naive")
+        with self.assertRaises(ValueError):
+            pr.generate(self.model, self.prompts, 2, "mqa")
+
+
 class TestConfig(unittest.TestCase):
     UNSUPPORTED = {"dsa_layers": [0], "swa_layers": [1, 2], "param_sink_number": 2,
                    "use_mome": True, "router_sliding_window": 3, "use_mhc": True,
@@ -749,6 +890,66 @@ class TestCLI(unittest.TestCase):
             self.assertIn(k, rep)
         self.assertEqual(len(rep["step_s_all"]), 2)
         self.assertEqual(rep["threads"], 1)
+
+    def write_prompts(self, prompts):
+        path = os.path.join(self.tmp.name, "prompts.json")
+        with open(path, "w") as fh:
+            json.dump(prompts, fh)
+        return path
+
+    def test_generate_matches_no_cache_oracle(self):
+        prompts = [[5, 17, 3], [40], [9, 9, 2, 61, 7]]
+        path = self.write_prompts(prompts)
+        model = pr.load_checkpoint(self.ckpt, torch.float64)
+        want = [no_cache_generate(model, p, 5) for p in prompts]
+        for form in pr.MLA_FORMS:
+            r = run_cli("generate", "--ckpt", self.ckpt, "--prompts", path, "--new-tokens", "5",
+                        "--mla", form, "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            seqs = json.loads(r.stdout)["sequences"]
+            self.assertEqual([s["tokens"] for s in seqs], [w[0] for w in want], form)
+            for s, (_, lps) in zip(seqs, want):
+                self.assertLess(max(abs(a - b) for a, b in zip(s["logprobs"], lps)), 1e-5)
+                self.assertEqual(s["stopped_at_eos"], False)
+                self.assertEqual(len(s["margins"]), 5)
+                self.assertTrue(all(m >= 0 for m in s["margins"]))
+
+    def test_bench_decode_smoke(self):
+        keys = ("batch", "prompt_len", "new_tokens", "threads", "mla", "prefill_seconds_median",
+                "decode_seconds_median", "decode_tokens_per_s_median", "rounds",
+                "kv_cache_bytes_per_token", "torch_version", "torch_threads")
+        for form, bytes_per_token in (("naive", 3 * 2 * 20 * 4), ("absorbed", 3 * 20 * 4)):
+            r = run_cli("bench-decode", "--config", self.cfg, "--batch", "2", "--prompt-len",
+                        "4", "--new-tokens", "3", "--threads", "1", "--rounds", "3", "--warmup",
+                        "1", "--mla", form, "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("threads", r.stderr)           # thread / BLAS record on stderr
+            rep = json.loads(r.stdout)
+            for k in keys:
+                self.assertIn(k, rep)
+            self.assertEqual((rep["batch"], rep["prompt_len"], rep["new_tokens"], rep["mla"],
+                              rep["threads"], rep["torch_threads"]), (2, 4, 3, form, 1, 1))
+            self.assertEqual(len(rep["rounds"]), 3)
+            self.assertEqual(rep["kv_cache_bytes_per_token"], bytes_per_token)
+            self.assertAlmostEqual(rep["decode_tokens_per_s_median"],
+                                   6 / rep["decode_seconds_median"])
+            self.assertEqual(sorted(x["decode_seconds"] for x in rep["rounds"])[1],
+                             rep["decode_seconds_median"])
+
+    def test_bench_decode_with_prompt_file(self):
+        path = self.write_prompts([[20, 21, 22], [30] * 6])
+        r = run_cli("bench-decode", "--ckpt", self.ckpt, "--prompts", path, "--new-tokens", "2",
+                    "--rounds", "1", "--warmup", "0", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rep = json.loads(r.stdout)
+        self.assertEqual((rep["batch"], rep["prompt_len"], rep["prompt_lens"]), (2, 6, [3, 6]))
+        r = run_cli("bench-decode", "--ckpt", self.ckpt, "--prompts", path, "--batch", "3",
+                    "--new-tokens", "2", "--rounds", "1")
+        self.assertEqual(r.returncode, 2)
+        bad = self.write_prompts([[1, 2], [64]])           # id out of the vocab
+        r = run_cli("generate", "--ckpt", self.ckpt, "--prompts", bad, "--new-tokens", "2")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("prompt 1", r.stderr)
 
     def test_unsupported_config_fails_cleanly(self):
         bad = os.path.join(self.tmp.name, "bad.json")
