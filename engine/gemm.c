@@ -174,6 +174,44 @@ kernel_avx2(int kc, const float *ap, const float *bp, float *C, int ldc, int mr,
 }
 #endif
 
+#ifdef PRL_GEMM_X86
+/* A single row of A against up to 4 B panels (64 columns): the decode case (M = 1), where the
+** 6-row kernel would spend 5/6 of its work on padding. Each element is the same FMA chain in k
+** order as in kernel_avx2 and goes through the same epilogue, so the bits are the same; four
+** panels give 8 independent chains to hide the FMA latency. Panels past `np` repeat panel 0
+** (computed, never stored). */
+__attribute__((target("avx2,fma"))) static void
+kernel_row_avx2(int kc, const float *ap, const float *bp, int np, int last_nr, float *C,
+                float alpha, float beta, int first)
+{
+    const float *b[4];
+    for (int p = 0; p < 4; p++) b[p] = bp + (size_t)(p < np ? p : 0) * kc * NR;
+    __m256 c[8];
+    for (int i = 0; i < 8; i++) c[i] = _mm256_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        __m256 a = _mm256_broadcast_ss(ap + k * MR);
+        c[0] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b[0] + k * NR), c[0]);
+        c[1] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b[0] + k * NR + 8), c[1]);
+        c[2] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b[1] + k * NR), c[2]);
+        c[3] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b[1] + k * NR + 8), c[3]);
+        c[4] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b[2] + k * NR), c[4]);
+        c[5] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b[2] + k * NR + 8), c[5]);
+        c[6] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b[3] + k * NR), c[6]);
+        c[7] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b[3] + k * NR + 8), c[7]);
+    }
+    for (int p = 0; p < np; p++) {
+        float acc[NR];
+        _mm256_storeu_ps(acc, c[2 * p]);
+        _mm256_storeu_ps(acc + 8, c[2 * p + 1]);
+        int nr = p == np - 1 ? last_nr : NR;
+        for (int j = 0; j < nr; j++) {
+            float *q = C + p * NR + j;
+            *q = epilogue(acc[j], alpha, beta, first, first && beta == 0.0f ? 0.0f : *q);
+        }
+    }
+}
+#endif
+
 static micro_kernel_fn kernel;
 static int kernel_has_fma;
 
@@ -225,6 +263,17 @@ static void macro_block(int ta, const float *A, int lda, int M, int k0, int kc, 
     for (int i0 = 0; i0 < M; i0 += MC) {
         int mc = M - i0 < MC ? M - i0 : MC;
         pack_a(ap, ta, A, lda, M, i0, round_up(mc, MR), k0, kc);
+#ifdef PRL_GEMM_X86
+        if (mc == 1 && kernel_has_fma) {
+            for (int jr = 0; jr < nc; jr += 4 * NR) {
+                int cols = nc - jr < 4 * NR ? nc - jr : 4 * NR, np = (cols + NR - 1) / NR;
+                int last_nr = N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
+                kernel_row_avx2(kc, ap, bp + (size_t)(jr / NR) * kc * NR, np, last_nr,
+                                C + (size_t)i0 * ldc + j0 + jr, alpha, beta, first);
+            }
+            continue;
+        }
+#endif
         for (int jr = 0; jr < nc; jr += NR) {
             int nr = N - (j0 + jr) < NR ? N - (j0 + jr) : NR;
             const float *bpan = bp + (size_t)(jr / NR) * kc * NR;

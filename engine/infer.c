@@ -26,7 +26,7 @@
 void prl_infer_options_default(prl_infer_options *o)
 {
     *o = (prl_infer_options){.precision = PRL_PRECISION_FP32, .mla = PRL_MLA_ABSORBED,
-                             .matmul = PRL_MATMUL_GEMV, .max_batch = 16, .max_len = 0};
+                             .matmul = PRL_MATMUL_GEMM, .max_batch = 16, .max_len = 0};
 }
 
 static const char *const precision_names[] = {"fp32", "bf16", "fp16"};
@@ -290,22 +290,23 @@ static void choose_gemv(void)
 #endif
 }
 
-/* One dot product through the same tile code (the absorbed attention's small products). */
-static float dot(const float *a, const float *b, int n)
+/* y[o] = x·w_o for o < no, w_o = w + o·ldw: the absorbed attention's products, 8 at a time. */
+static void dots(float *y, const float *x, const float *w, int ldw, int no, int n)
 {
-    float y;
-    gemv_tile(a, n, 1, b, n, 1, n, &y, 1);
-    return y;
+    for (int o = 0; o < no; o += 8)
+        gemv_row8(x, w + (size_t)o * ldw, ldw, no - o < 8 ? no - o : 8, n, y + o);
 }
 
-enum { GEMV_BLOCK = 32, GEMM_COLS = 128, BLAS_ROWS = PRL_ROW_BLOCK };
+/* Column chunks of the GEMM kind: narrow for decode-sized calls (few rows: spread the weight
+** streaming over the threads), wide for prefill. Multiples of 16 (the packed panel width). */
+enum { GEMV_BLOCK = 32, GEMM_COLS_DECODE = 32, GEMM_COLS = 128, BLAS_ROWS = PRL_ROW_BLOCK };
 
 typedef struct lin_ctx {
     const prl_infer *e;
     const lin *L;
     const float *x;
     float *y;
-    int R, col_tasks;
+    int R, cols, col_tasks;
 } lin_ctx;
 
 static void gemv_task(void *p, int t)
@@ -331,7 +332,7 @@ static void gemm_task(void *p, int t)
     lin_ctx *c = p;
     int rb = t / c->col_tasks, cb = t % c->col_tasks;
     int r0 = rb * PRL_ROW_BLOCK, rows = c->R - r0 < PRL_ROW_BLOCK ? c->R - r0 : PRL_ROW_BLOCK;
-    int c0 = cb * GEMM_COLS, cols = c->L->out - c0 < GEMM_COLS ? c->L->out - c0 : GEMM_COLS;
+    int c0 = cb * c->cols, cols = c->L->out - c0 < c->cols ? c->L->out - c0 : c->cols;
     prl_gemm_f32_packed(0, rows, c0, cols, 1, c->x + (size_t)r0 * c->L->in, c->L->in, &c->L->pk,
                         0, c->y + (size_t)r0 * c->L->out, c->L->out);
 }
@@ -369,7 +370,8 @@ static void linear(const prl_infer *e, float *y, const float *x, int R, const li
         run_tasks((L->out + GEMV_BLOCK - 1) / GEMV_BLOCK, gemv_task, &c, macs);
         break;
     case PRL_MATMUL_GEMM:
-        c.col_tasks = (L->out + GEMM_COLS - 1) / GEMM_COLS;
+        c.cols = R <= 32 ? GEMM_COLS_DECODE : GEMM_COLS;
+        c.col_tasks = (L->out + c.cols - 1) / c.cols;
         run_tasks(row_blocks * c.col_tasks, gemm_task, &c, macs);
         break;
     case PRL_MATMUL_BLAS:
@@ -694,12 +696,13 @@ static void absorbed_task(void *p, int t)
     float *qa = S + e->opt.max_len, *ov = qa + e->lat;
     const float *q = b->q + (size_t)r * e->H * e->dq + (size_t)h * e->dq;
     const float *wuk = w->wuk_t + (size_t)h * e->rkv * e->dn;
-    for (int i = 0; i < e->rkv; i++) qa[i] = dot(wuk + (size_t)i * e->dn, q, e->dn);
+    dots(qa, q, wuk, e->dn, e->rkv, e->dn);
     memcpy(qa + e->rkv, q + e->dn, (size_t)e->dr * sizeof *qa);
     act_round(e, qa, (size_t)e->lat);
     float scale = (float)(1.0 / sqrt((double)e->dq));
     const float *cache = lat_row(e, c->l, slot, 0);
-    for (int s = 0; s <= pos; s++) S[s] = scale * dot(qa, cache + (size_t)s * e->lat, e->lat);
+    dots(S, qa, cache, e->lat, pos + 1, e->lat);
+    for (int s = 0; s <= pos; s++) S[s] = scale * S[s];
     float mx = S[0], sum = 0;
     for (int s = 1; s <= pos; s++) mx = S[s] > mx ? S[s] : mx;
     for (int s = 0; s <= pos; s++) sum += (S[s] = prl_expf(S[s] - mx));
@@ -712,8 +715,7 @@ static void absorbed_task(void *p, int t)
     }
     act_round(e, ov, (size_t)e->rkv);
     float *o = b->o + (size_t)r * e->H * e->dv + (size_t)h * e->dv;
-    for (int j = 0; j < e->dv; j++)
-        o[j] = dot(w->wkv_b.w + ((size_t)h * e->dkv + e->dn + j) * e->rkv, ov, e->rkv);
+    dots(o, ov, w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * e->rkv, e->rkv, e->dv, e->rkv);
 }
 
 /* Rows of one sequence at consecutive positions form a run, cut into query blocks. */
