@@ -54,10 +54,17 @@ static void make_requests(reqs *q, int n, uint64_t seed)
     }
 }
 
+/* A preset name, optionally with "+gemv" / "+naive" knob overrides. */
 static prl_infer *engine(const char *preset, int max_batch)
 {
     prl_infer_options o;
-    ck_assert_int_eq(prl_infer_options_preset(&o, preset), PRL_OK);
+    char name[32];
+    snprintf(name, sizeof name, "%s", preset);
+    char *plus = strchr(name, '+');
+    if (plus) *plus = 0;
+    ck_assert_int_eq(prl_infer_options_preset(&o, name), PRL_OK);
+    if (plus && !strcmp(plus + 1, "gemv")) o.matmul = PRL_MATMUL_GEMV;
+    if (plus && !strcmp(plus + 1, "naive")) o.mla = PRL_MLA_NAIVE;
     o.max_batch = max_batch;
     prl_infer *e = NULL;
     ck_assert_msg(prl_infer_init(&e, &model, &o) == PRL_OK, "%s", prl_error_message());
@@ -198,8 +205,8 @@ END_TEST
 START_TEST(test_fp32_and_low_precision_mismatch)
 {
     load_tiny();
-    const char *modes[] = {"fp32", "bf16", "fp16"};
-    for (int mi = 0; mi < 3; mi++) {
+    const char *modes[] = {"fp32", "bf16", "fp16", "fp32+gemv", "fp32+naive"};
+    for (int mi = 0; mi < 5; mi++) {
         reqs q;
         make_requests(&q, NREQ, 6);
         prl_infer *e = engine(modes[mi], 8);
@@ -212,7 +219,7 @@ START_TEST(test_fp32_and_low_precision_mismatch)
         printf("%s vs train path: %ld tokens, mean |dlogp| %.3g, max |dlogp| %.3g, "
                "MoE top-k differs on %.2f%% of token-layers\n", modes[mi], mm.n, mm.mean, mm.max,
                100 * mm.route_diff_share);
-        if (mi == 0) ck_assert_msg(mm.max < 1e-4, "fp32 max |dlogp| %g >= 1e-4", mm.max);
+        if (mi == 0 || mi >= 3) ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
         else ck_assert_msg(mm.max > 1e-4, "%s is suspiciously close (%g): rounding not applied?",
                            modes[mi], mm.max);
         free_all(res, NREQ, &ts);
@@ -225,8 +232,8 @@ END_TEST
 START_TEST(test_batch_and_thread_invariance)
 {
     load_tiny();
-    const char *modes[] = {"fp32", "aligned", "bf16"};
-    for (int mi = 0; mi < 3; mi++)
+    const char *modes[] = {"fp32", "aligned", "bf16", "fp32+gemv"};
+    for (int mi = 0; mi < 4; mi++)
         for (int greedy = 0; greedy < 2; greedy++) {
             reqs q;
             make_requests(&q, NREQ, 8);
