@@ -48,5 +48,6 @@ int cmd_score(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tasks(int argc, char **argv);
+int cmd_sandbox(int argc, char **argv);
 
 #endif /* PRL_CLI_H */

@@ -17,7 +17,8 @@ static const command commands[] = {
     {"score", cmd_score, "per-token log-probs of token-id or text sequences"},
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
     {"tasks", cmd_tasks, "generate task data (the SFT demo set)"},
-    {"bench", cmd_bench, "benchmarks against the PyTorch reference (bench train)"},
+    {"sandbox", cmd_sandbox, "run a program isolated (sandbox exec), show the isolation layers (probe)"},
+    {"bench", cmd_bench, "benchmarks: training step vs PyTorch (bench train), sandbox (bench sandbox)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 
