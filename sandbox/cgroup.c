@@ -462,8 +462,9 @@ int sbx_cgroup_empty(const sbx_cgroup *cg)
     return 1;
 }
 
-/* v1 freezer: freeze (no task can fork or run), SIGKILL every task, thaw so they die. */
-static int freezer_kill(const char *dir)
+/* v1 freezer: freeze (no task can fork or run), SIGKILL every task but `spare`, thaw so
+** they die. */
+static int freezer_kill(const char *dir, pid_t spare)
 {
     int killed = 0;
     write_knob(dir, "freezer.state", "FROZEN");
@@ -479,7 +480,7 @@ static int freezer_kill(const char *dir)
             char *end;
             long pid = strtol(p, &end, 10);
             if (end == p) break;
-            if (pid > 0 && kill((pid_t)pid, SIGKILL) == 0) killed++;
+            if (pid > 0 && pid != (long)spare && kill((pid_t)pid, SIGKILL) == 0) killed++;
             p = end;
         }
         free(procs);
@@ -493,14 +494,20 @@ int sbx_cgroup_kill(const sbx_cgroup *cg)
     int found = !sbx_cgroup_empty(cg);
     if (!found) return 0;
     if (cg->kill_v2 && cg->unified[0]) write_knob(cg->unified, "cgroup.kill", "1");
-    else if (cg->freezer[0]) freezer_kill(cg->freezer);
+    else if (cg->freezer[0]) freezer_kill(cg->freezer, 0);
     else return -1; /* no way to kill by group */
     for (int i = 0; i < 500; i++) { /* dying tasks leave within ms; allow 1 s */
         if (sbx_cgroup_empty(cg)) return found;
-        if (!cg->kill_v2 && cg->freezer[0] && i % 50 == 49) freezer_kill(cg->freezer);
+        if (!cg->kill_v2 && cg->freezer[0] && i % 50 == 49) freezer_kill(cg->freezer, 0);
         sleep_ms(2);
     }
     return -1;
+}
+
+int sbx_cgroup_kill_but(const sbx_cgroup *cg, pid_t spare)
+{
+    if (!cg->freezer[0]) return -1;
+    return freezer_kill(cg->freezer, spare);
 }
 
 void sbx_cgroup_stats(const sbx_cgroup *cg, unsigned layers, sbx_cg_stats *s)

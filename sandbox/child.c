@@ -2,8 +2,9 @@
 ** child.c — the code that runs inside the sandbox: its init (C2) and the program (C3).
 **
 ** Both are forked from a possibly multithreaded supervisor, so only system calls are made
-** here: no malloc, no stdio, no locks; every path and string was prepared by the supervisor
-** in the sbx_spawn struct. Order follows spec/sandbox.md §3.0:
+** here: no malloc, no stdio, no locks, and raw syscall() where a glibc wrapper would act on
+** "all threads" (set*id); every path and string was prepared by the supervisor in the
+** sbx_spawn struct. Order follows spec/sandbox.md §3.0:
 **
 **   C2 (pid 1 of the new pid namespace, or a subreaper without one): die with the
 **      supervisor, close foreign fds (another slot's pipes must not leak here), wait for
@@ -30,7 +31,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/fsuid.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -41,7 +41,6 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <grp.h>
 
 /* Landlock constants newer than Debian 12's headers (Linux 6.1 uapi). */
 #ifndef LANDLOCK_ACCESS_FS_TRUNCATE
@@ -321,9 +320,11 @@ static void switch_ids(const sbx_spawn *sp)
     if (!own_ids) return; /* not root, no user namespace: we run as ourselves */
     /* setgroups is refused in a user namespace whose setgroups file says "deny" (the
     ** unprivileged case); then the supplementary groups are already our own. */
-    if (sp->sb->caps.is_root) CHECK(sp, SBX_STEP_SETID, setgroups(0, NULL));
-    CHECK(sp, SBX_STEP_SETID, setresgid(s->prog_gid, s->prog_gid, s->prog_gid));
-    CHECK(sp, SBX_STEP_SETID, setresuid(s->prog_uid, s->prog_uid, s->prog_uid));
+    /* Raw system calls: glibc's wrappers would try to apply the change to every thread of
+    ** the supervisor, which glibc still believes exist here, and wait for them forever. */
+    if (sp->sb->caps.is_root) CHECK(sp, SBX_STEP_SETID, (int)syscall(SYS_setgroups, 0, NULL));
+    CHECK(sp, SBX_STEP_SETID, (int)syscall(SYS_setresgid, s->prog_gid, s->prog_gid, s->prog_gid));
+    CHECK(sp, SBX_STEP_SETID, (int)syscall(SYS_setresuid, s->prog_uid, s->prog_uid, s->prog_uid));
 }
 
 /* Empty permitted/effective/inheritable sets. Needed in a user namespace, where going from
@@ -461,9 +462,9 @@ void sbx_child_init(const sbx_spawn *sp)
     }
     if (sp->layers & PRL_SANDBOX_USERNS) {
         /* Files we create must belong to a uid mapped in this namespace. */
-        setfsgid(sp->slot->prog_gid);
-        setfsuid(sp->slot->prog_uid);
-        if ((unsigned)setfsuid((uid_t)-1) != sp->slot->prog_uid) fail(sp, SBX_STEP_FSID);
+        syscall(SYS_setfsgid, sp->slot->prog_gid);
+        syscall(SYS_setfsuid, sp->slot->prog_uid);
+        if ((unsigned)syscall(SYS_setfsuid, (uid_t)-1) != sp->slot->prog_uid) fail(sp, SBX_STEP_FSID);
     }
     CHECK(sp, SBX_STEP_SUBREAPER, prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0));
     int procfd = -1;

@@ -62,6 +62,10 @@ prl_status sbx_cgroup_attach(const sbx_cgroup *cg, pid_t pid);
 /* Kill every task in the slot's groups and wait (bounded) until they are empty. Returns the
 ** number of tasks that were found alive, or -1 if the groups could not be emptied. */
 int sbx_cgroup_kill(const sbx_cgroup *cg);
+/* v1 freezer only: kill every task but `spare` (the sandbox init, which without a pid
+** namespace must outlive the others to reap them: their orphans would go to the host's
+** init). -1 when there is no freezer group. */
+int sbx_cgroup_kill_but(const sbx_cgroup *cg, pid_t spare);
 int sbx_cgroup_empty(const sbx_cgroup *cg);
 void sbx_cgroup_stats(const sbx_cgroup *cg, unsigned layers, sbx_cg_stats *end);
 /* End of a run: v2 removes the per-run group. */

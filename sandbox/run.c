@@ -231,10 +231,11 @@ static void kill_tree(run_state *r, int why, const char *stream)
         r->t_kill = now_s();
         if (!r->t_end) r->t_end = r->t_kill;
     }
-    unsigned l = r->sb->layers;
-    if (l & PRL_SANDBOX_PIDNS) kill(r->c2, SIGKILL);
-    else if (l & PRL_SANDBOX_CGROUP_KILL) sbx_cgroup_kill(&r->slot->cg);
-    else kill(r->c2, SIGUSR1); /* the init sweeps its children, then exits */
+    /* Without a pid namespace the init must survive the kill: it reaps the dead (their
+    ** orphans would otherwise become zombies of the host's init). The freezer kills all
+    ** the others at once; else the init sweeps its children itself. */
+    if (r->sb->layers & PRL_SANDBOX_PIDNS) kill(r->c2, SIGKILL);
+    else if (sbx_cgroup_kill_but(&r->slot->cg, r->c2) < 0) kill(r->c2, SIGUSR1);
 }
 
 static int capture_read(capture *c, int *open_flag)

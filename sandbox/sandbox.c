@@ -90,7 +90,6 @@ prl_status prl_sandbox_limits_check(prl_sandbox_limits *l)
     if (l->processes > max_processes) l->processes = max_processes;
     if (l->open_files > max_files) l->open_files = max_files;
     if (l->disk_bytes > max_disk) l->disk_bytes = max_disk;
-    if (l->file_size_bytes > l->disk_bytes) l->file_size_bytes = l->disk_bytes;
     return PRL_OK;
 }
 
