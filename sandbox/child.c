@@ -221,9 +221,8 @@ static void build_dev(const sbx_spawn *sp)
 
 /* The tmpfs root R (host path slot->root, private to this mount namespace): /usr read-only,
 ** bin/lib/lib64/sbin as symlinks (Debian is usr-merged), a tiny /etc, /dev, the work dir
-** /sandbox and /tmp as size-limited tmpfs, a fresh /proc; then pivot_root into it. Returns
-** an O_PATH fd of the host's /proc when C2 needs it later (no pid namespace), else -1. */
-static int build_root(const sbx_spawn *sp)
+** /sandbox and /tmp as size-limited tmpfs, a fresh /proc; then pivot_root into it. */
+static void build_root(const sbx_spawn *sp)
 {
     CHECK(sp, SBX_STEP_PRIVATE, mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL));
     CHECK(sp, SBX_STEP_ROOT_TMPFS, mount("tmpfs", sp->slot->root, "tmpfs", MS_NOSUID | MS_NODEV, sp->tmpfs_opts[0]));
@@ -248,15 +247,11 @@ static int build_root(const sbx_spawn *sp)
     CHECK(sp, SBX_STEP_PROGRAM, chdir(".."));
     if (sp->layers & PRL_SANDBOX_PROC)
         CHECK(sp, SBX_STEP_PROC, mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2"));
-    int host_proc = -1;
-    if (!(sp->layers & PRL_SANDBOX_PIDNS))
-        CHECK(sp, SBX_STEP_PROC, host_proc = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC));
     /* Pivot onto the current directory and detach the old root stacked on top of it. */
     CHECK(sp, SBX_STEP_PIVOT, (int)syscall(SYS_pivot_root, ".", "."));
     CHECK(sp, SBX_STEP_PIVOT, umount2(".", MNT_DETACH));
     CHECK(sp, SBX_STEP_PIVOT, chdir("/"));
     CHECK(sp, SBX_STEP_ROOT_RO, mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL));
-    return host_proc;
 }
 
 int sbx_loopback_up(void)
@@ -423,15 +418,14 @@ static void on_sweep_signal(int sig)
 /* Without a pid namespace: SIGKILL our children until there are none. Orphans of the
 ** program re-parent to us (we are a subreaper), so killing direct children repeatedly
 ** reaches the whole tree; a direct child's pid cannot be reused before we reap it, so no
-** kill ever hits a stranger. */
-static void sweep(int procfd)
+** kill ever hits a stranger. `children` is our /proc/thread-self/children, opened at the
+** start (later the root is gone, and in a user namespace our changed fsuid may not open
+** it); pread at offset 0 makes the kernel list the children afresh. */
+static void sweep(int children)
 {
     for (int round = 0; round < 100000; round++) {
         char buf[4096];
-        int fd = procfd >= 0 ? openat(procfd, "thread-self/children", O_RDONLY | O_CLOEXEC)
-                             : open("/proc/thread-self/children", O_RDONLY | O_CLOEXEC);
-        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
-        if (fd >= 0) close(fd);
+        ssize_t n = children >= 0 ? pread(children, buf, sizeof buf - 1, 0) : -1;
         buf[n > 0 ? n : 0] = 0;
         for (char *p = buf; *p;) {
             long pid = 0;
@@ -455,6 +449,9 @@ void sbx_child_init(const sbx_spawn *sp)
     char go;
     if (read(sp->sync_r, &go, 1) != 1) _exit(1); /* the supervisor gave up on us */
     close(sp->sync_r);
+    int children = -1;
+    if (!(sp->layers & PRL_SANDBOX_PIDNS))
+        CHECK(sp, SBX_STEP_SUBREAPER, children = open("/proc/thread-self/children", O_RDONLY | O_CLOEXEC));
     /* Join the slot's v1 groups before anything else, so all that follows is inside. */
     for (int i = 0; i < sp->n_cg_fds; i++) {
         if (write(sp->cg_fds[i], "0", 1) != 1) fail(sp, SBX_STEP_CGROUP);
@@ -467,8 +464,7 @@ void sbx_child_init(const sbx_spawn *sp)
         if ((unsigned)syscall(SYS_setfsuid, (uid_t)-1) != sp->slot->prog_uid) fail(sp, SBX_STEP_FSID);
     }
     CHECK(sp, SBX_STEP_SUBREAPER, prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0));
-    int procfd = -1;
-    if (sp->layers & PRL_SANDBOX_MNTNS) procfd = build_root(sp);
+    if (sp->layers & PRL_SANDBOX_MNTNS) build_root(sp);
     if (sp->layers & PRL_SANDBOX_NETNS) CHECK(sp, SBX_STEP_LOOPBACK, sbx_loopback_up());
     if (sp->layers & PRL_SANDBOX_UTSNS) CHECK(sp, SBX_STEP_HOSTNAME, sethostname("sandbox", 7));
     struct sigaction sa;
@@ -489,11 +485,11 @@ void sbx_child_init(const sbx_spawn *sp)
             sbx_report r = {.kind = SBX_REPORT_EXITED, .status = st, .maxrss_kb = ru.ru_maxrss};
             report(sp->report_w, &r);
             /* In a pid namespace our exit kills everything left; otherwise we do it. */
-            if (!(sp->layers & PRL_SANDBOX_PIDNS)) sweep(procfd);
+            if (!(sp->layers & PRL_SANDBOX_PIDNS)) sweep(children);
             _exit(0);
         }
         if (p < 0 && errno == EINTR && sweep_requested) {
-            sweep(procfd);
+            sweep(children);
             _exit(0);
         }
         if (p < 0 && errno == ECHILD) _exit(0);

@@ -6,6 +6,9 @@
 ** it walks with openat(O_NOFOLLOW | O_DIRECTORY) from a directory fd, unlinks every entry
 ** with unlinkat on its name, and never builds a path string. It only runs after every
 ** process of the run is dead, so nothing can swap a directory for a link under it (row 19).
+** Belt and braces, because this code runs as root: it enters only directories on the work
+** dir's file system that belong to the slot's uid, so even a bug that followed a link could
+** not reach a host directory.
 ** With a mount namespace none of this is needed: the work dir is a tmpfs that disappears
 ** with the namespace.
 */
@@ -39,9 +42,18 @@ prl_status sbx_mkdirs(const char *path, mode_t mode)
 /* Depth bound: a program can nest directories deeply; each level costs one fd here. */
 enum { MAX_DEPTH = 256 };
 
-static int remove_tree(int dirfd, int depth)
+typedef struct walk_guard {
+    dev_t dev;  /* the work dir's file system */
+    uid_t uid;  /* the slot's uid: owner of every directory the program made */
+} walk_guard;
+
+static int remove_tree(int dirfd, int depth, const walk_guard *g)
 {
     if (depth > MAX_DEPTH) return -ELOOP;
+    struct stat st;
+    if (fstat(dirfd, &st) != 0) return -errno;
+    if (!S_ISDIR(st.st_mode) || st.st_dev != g->dev || (depth > 0 && st.st_uid != g->uid))
+        return -EPERM; /* not a directory of this run: never touch it */
     int fd = dup(dirfd);
     if (fd < 0) return -errno;
     DIR *d = fdopendir(fd);
@@ -71,7 +83,7 @@ static int remove_tree(int dirfd, int depth)
             }
             /* The program may have made the dir unreadable or unwritable for its owner. */
             fchmod(sub, 0700);
-            rc = remove_tree(sub, depth + 1);
+            rc = remove_tree(sub, depth + 1, g);
             close(sub);
             if (rc == 0 && unlinkat(dirfd, e->d_name, AT_REMOVEDIR) != 0) rc = -errno;
             if (rc) break;
@@ -81,4 +93,10 @@ static int remove_tree(int dirfd, int depth)
     return rc;
 }
 
-int sbx_remove_tree_at(int dirfd) { return remove_tree(dirfd, 0); }
+int sbx_remove_tree_at(int dirfd, uid_t owner)
+{
+    struct stat st;
+    if (fstat(dirfd, &st) != 0) return -errno;
+    walk_guard g = {.dev = st.st_dev, .uid = owner};
+    return remove_tree(dirfd, 0, &g);
+}

@@ -85,8 +85,9 @@ prl_status sbx_seccomp_build(int socket_filter, struct sock_filter **prog, size_
 /* ---------------------------------------------------------------- host dirs -------- */
 
 /* Remove everything beneath the directory `dirfd` without following symlinks (the
-** directory itself stays). Returns 0 or -errno of the first failure. */
-int sbx_remove_tree_at(int dirfd);
+** directory itself stays), entering only subdirectories owned by `owner` on the same file
+** system. Returns 0 or -errno of the first failure. */
+int sbx_remove_tree_at(int dirfd, uid_t owner);
 /* mkdir -p with mode for the last component. */
 prl_status sbx_mkdirs(const char *path, mode_t mode);
 

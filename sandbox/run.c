@@ -156,7 +156,7 @@ static prl_status hostdir_prepare(const sbx_slot *s, const prl_sandbox_request *
     for (int i = 0; i < 2; i++) {
         int fd = open(dirs[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd >= 0) { /* leftovers of a crashed run */
-            sbx_remove_tree_at(fd);
+            sbx_remove_tree_at(fd, s->host_uid);
             close(fd);
         } else if (mkdir(dirs[i], 0700) != 0)
             return prl_error_set(PRL_ERR_IO, "sandbox: mkdir %s: %s", dirs[i], strerror(errno));
@@ -185,7 +185,7 @@ static void hostdir_clean(const sbx_slot *s)
         int fd = open(dirs[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0) continue;
         fchmod(fd, 0700); /* the program may have taken its own permissions away */
-        sbx_remove_tree_at(fd);
+        sbx_remove_tree_at(fd, s->host_uid);
         close(fd);
         rmdir(dirs[i]);
     }
