@@ -127,10 +127,14 @@ static int sandbox_probe(int argc, char **argv)
         free(text);
         return 0;
     }
+    printf("layer          state\n");
     for (int i = 0; i < PRL_SANDBOX_N_LAYERS; i++) {
         unsigned l = 1u << i;
-        printf("  %-14s %-4s %s\n", prl_sandbox_layer_name(l), used & l ? "used" : caps.layers & l ? "off" : "no",
-               caps.why[i]);
+        const char *state = used & l ? "used" : caps.layers & l ? "available, not used" : "missing";
+        const char *why = caps.why[i];
+        if (l == PRL_SANDBOX_SOCKET_FILTER && !(used & l) && (used & PRL_SANDBOX_NETNS))
+            why = "(not needed: the net namespace has no route out)";
+        printf("  %-14s %-20s %s\n", prl_sandbox_layer_name(l), state, why);
     }
     printf("root %s, cgroup %s, cgroup kill %s, landlock ABI %d\n", caps.is_root ? "yes" : "no",
            caps.cgroup_version ? (caps.cgroup_version == 1 ? "v1" : "v2") : "none",
