@@ -73,6 +73,7 @@ static const char *const step_names[] = {
     [SBX_STEP_NNP] = "no_new_privs", [SBX_STEP_LANDLOCK] = "Landlock",
     [SBX_STEP_SECCOMP] = "loading seccomp", [SBX_STEP_EXEC] = "execve of the interpreter",
     [SBX_STEP_SUBREAPER] = "becoming a subreaper", [SBX_STEP_CGROUP] = "joining the slot's cgroups",
+    [SBX_STEP_CHILDREN] = "opening /proc/thread-self/children (without a pid namespace the tree is killed through it)",
 };
 
 const char *sbx_step_name(int step)
@@ -451,7 +452,7 @@ void sbx_child_init(const sbx_spawn *sp)
     close(sp->sync_r);
     int children = -1;
     if (!(sp->layers & PRL_SANDBOX_PIDNS))
-        CHECK(sp, SBX_STEP_SUBREAPER, children = open("/proc/thread-self/children", O_RDONLY | O_CLOEXEC));
+        CHECK(sp, SBX_STEP_CHILDREN, children = open("/proc/thread-self/children", O_RDONLY | O_CLOEXEC));
     /* Join the slot's v1 groups before anything else, so all that follows is inside. */
     for (int i = 0; i < sp->n_cg_fds; i++) {
         if (write(sp->cg_fds[i], "0", 1) != 1) fail(sp, SBX_STEP_CGROUP);
