@@ -153,6 +153,30 @@ static void finish(prl_sandbox *sb, prl_sandbox_result *res)
     prl_sandbox_free(sb);
 }
 
+/* Programs used by more than one test. */
+static const char memory_bomb[] = "s = b' ' * 10**10\nprint(len(s))\n";
+static const char setsid_escape[] =
+    "setsid sleep 997 &\n(setsid sh -c 'sleep 998 & sleep 999' &)\nsleep 0.2\necho started\n";
+
+/* Fork sleeping children until fork fails: fewer than lim->processes may succeed. */
+static void check_fork_count(prl_sandbox *sb, const prl_sandbox_limits *lim, prl_sandbox_result *r)
+{
+    const char *prog = "import os, time\n"
+                       "n = 0\n"
+                       "while True:\n"
+                       "    try: pid = os.fork()\n"
+                       "    except BlockingIOError: break\n"
+                       "    if pid == 0:\n        time.sleep(100); os._exit(0)\n"
+                       "    n += 1\n"
+                       "print('forked', n)\n";
+    run_lim(sb, 0, "python3", prog, lim, r);
+    expect_status(r, PRL_SANDBOX_STATUS_OK);
+    int n = -1;
+    ck_assert_msg(sscanf(r->out, "forked %d", &n) == 1, "stdout: %s", r->out);
+    ck_assert_msg(n >= 1 && n < lim->processes, "forked %d children under a limit of %d tasks", n,
+                  lim->processes);
+}
+
 /* ---------------------------------------------------------------- 1-3: CPU --------- */
 
 START_TEST(test_01_cpu_loop_wall_timeout)
@@ -290,20 +314,8 @@ START_TEST(test_04_fork_count_bounded)
     prl_sandbox *sb = make_sb(1, 0);
     prl_sandbox_limits l = limits(10);
     l.processes = 12;
-    const char *prog = "import os, time\n"
-                       "n = 0\n"
-                       "while True:\n"
-                       "    try: pid = os.fork()\n"
-                       "    except BlockingIOError: break\n"
-                       "    if pid == 0:\n        time.sleep(100); os._exit(0)\n"
-                       "    n += 1\n"
-                       "print('forked', n)\n";
     prl_sandbox_result r;
-    run_lim(sb, 0, "python3", prog, &l, &r);
-    expect_status(&r, PRL_SANDBOX_STATUS_OK);
-    int n = -1;
-    ck_assert_msg(sscanf(r.out, "forked %d", &n) == 1, "stdout: %s", r.out);
-    ck_assert_msg(n >= 1 && n < 12, "forked %d children under a limit of 12 tasks", n);
+    check_fork_count(sb, &l, &r);
     finish(sb, &r);
 }
 END_TEST
@@ -332,7 +344,7 @@ START_TEST(test_05_memory_bomb)
     prl_sandbox_limits l = limits(10);
     l.memory_bytes = 128u << 20;
     prl_sandbox_result r;
-    run_lim(sb, 0, "python3", "s = b' ' * 10**10\nprint(len(s))\n", &l, &r);
+    run_lim(sb, 0, "python3", memory_bomb, &l, &r);
     if (layers & PRL_SANDBOX_CGROUP_MEMORY) {
         expect_status(&r, PRL_SANDBOX_STATUS_MEMORY_LIMIT);
         ck_assert_int_eq(r.signal, SIGKILL);
@@ -698,7 +710,7 @@ START_TEST(test_14_setsid_escape)
 {
     prl_sandbox *sb = make_sb(1, 0);
     prl_sandbox_result r;
-    run(sb, "sh", "setsid sleep 997 &\n(setsid sh -c 'sleep 998 & sleep 999' &)\nsleep 0.2\necho started\n", 10, &r);
+    run(sb, "sh", setsid_escape, 10, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
     prl_sandbox_result_free(&r);
     /* A double-forked daemon, and the same at a timeout. */
@@ -1192,7 +1204,7 @@ START_TEST(test_fallback_no_pid_namespace)
         fprintf(stderr, "fallback without a pid namespace, kill by %s\n",
                 layers & PRL_SANDBOX_CGROUP_KILL ? "cgroup" : "the init's sweep");
         prl_sandbox_result r;
-        run(sb, "sh", "setsid sleep 997 &\n(setsid sh -c 'sleep 998 & sleep 999' &)\nsleep 0.2\necho started\n", 10, &r);
+        run(sb, "sh", setsid_escape, 10, &r);
         expect_status(&r, PRL_SANDBOX_STATUS_OK);
         ck_assert_int_eq(host_procs_of_uid(prl_sandbox_slot_uid(sb, 0)), 0);
         prl_sandbox_result_free(&r);
@@ -1261,22 +1273,10 @@ START_TEST(test_fallback_no_cgroups)
     l.processes = 12;
     l.memory_bytes = 256u << 20;
     prl_sandbox_result r;
-    run_lim(sb, 0, "python3",
-            "import os, time\nn = 0\n"
-            "while True:\n"
-            "    try: pid = os.fork()\n"
-            "    except BlockingIOError: break\n"
-            "    if pid == 0: time.sleep(100); os._exit(0)\n"
-            "    n += 1\n"
-            "print('forked', n)\n",
-            &l, &r);
-    expect_status(&r, PRL_SANDBOX_STATUS_OK);
-    int n = -1;
-    sscanf(r.out, "forked %d", &n);
-    ck_assert_msg(n >= 1 && n < 12, "forked %d under RLIMIT_NPROC 12", n);
+    check_fork_count(sb, &l, &r); /* RLIMIT_NPROC with the slot uid */
     ck_assert_int_eq(host_procs_of_uid(prl_sandbox_slot_uid(sb, 0)), 0);
     prl_sandbox_result_free(&r);
-    run_lim(sb, 0, "python3", "s = b' ' * 10**10\n", &l, &r);
+    run_lim(sb, 0, "python3", memory_bomb, &l, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_RUNTIME_ERROR); /* RLIMIT_AS: MemoryError, not an OOM */
     ck_assert_msg(strstr(r.err, "MemoryError") != NULL, "stderr: %s", r.err);
     ck_assert_int_eq(r.peak_memory_from_cgroup, 0);
