@@ -149,7 +149,16 @@ static prl_status make_base_dir(prl_sandbox *sb, const char *base_dir)
         if (strlen(base_dir) + 32 >= sizeof sb->base_dir)
             return prl_error_set(PRL_ERR_ARG, "sandbox: base_dir is too long: %s", base_dir);
         snprintf(sb->base_dir, sizeof sb->base_dir, "%s", base_dir);
-        return sbx_mkdirs(sb->base_dir, 0711);
+        prl_status rc = sbx_mkdirs(sb->base_dir, 0711);
+        struct stat st;
+        if (rc == PRL_OK && stat(sb->base_dir, &st) != 0)
+            rc = prl_error_set(PRL_ERR_IO, "sandbox: stat %s: %s", sb->base_dir, strerror(errno));
+        /* The init of a user namespace (and slot uids) must be able to pass through it. */
+        if (rc == PRL_OK && (st.st_mode & 0001) == 0)
+            rc = prl_error_set(PRL_ERR_ARG, "sandbox: base_dir %s must be searchable by others (e.g. mode 0711): "
+                                            "the sandbox's user namespace and slot uids pass through it",
+                               sb->base_dir);
+        return rc;
     }
     snprintf(sb->base_dir, sizeof sb->base_dir, "/tmp/prl-sandbox.XXXXXX");
     if (!mkdtemp(sb->base_dir))

@@ -26,7 +26,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,11 +42,12 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static prl_sandbox *make_sb(int slots, unsigned disable)
+static prl_sandbox *make_sb_at(int slots, unsigned disable, const char *base_dir)
 {
     prl_sandbox_options o;
     prl_sandbox_options_default(&o);
     o.caps = &caps;
+    o.base_dir = base_dir;
     o.slots = slots;
     o.disable = disable;
     /* Every sandbox of the test process gets its own uid range. */
@@ -58,6 +58,8 @@ static prl_sandbox *make_sb(int slots, unsigned disable)
     ck_assert_msg(rc == PRL_OK, "prl_sandbox_init: %s", prl_error_message());
     return sb;
 }
+
+static prl_sandbox *make_sb(int slots, unsigned disable) { return make_sb_at(slots, disable, NULL); }
 
 static prl_sandbox_limits limits(double wall)
 {
@@ -83,7 +85,7 @@ static void run(prl_sandbox *sb, const char *lang, const char *prog, double wall
     double t0 = now_s();
     run_lim(sb, 0, lang, prog, &l, res);
     double took = now_s() - t0;
-    ck_assert_msg(took < wall + 0.6, "the run took %.3f s under a wall limit of %g s", took, wall);
+    ck_assert_msg(took < wall + 1.5, "the run took %.3f s under a wall limit of %g s", took, wall);
 }
 
 #define expect_status(res, st)                                                            \
@@ -437,17 +439,26 @@ START_TEST(test_06_memory_via_tmpfs_and_shm)
 }
 END_TEST
 
-static unsigned long long host_free_bytes(const char *path)
+/* Bytes in regular files below a host directory (the sandbox's base dir). */
+static long long host_bytes_below(const char *dir)
 {
-    struct statvfs v;
-    ck_assert_int_eq(statvfs(path, &v), 0);
-    return (unsigned long long)v.f_bavail * v.f_frsize;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "find '%s' -type f -printf '%%s\\n'", dir);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    long long total = 0, v;
+    while (fscanf(p, "%lld", &v) == 1) total += v;
+    pclose(p);
+    return total;
 }
 
 START_TEST(test_07_disk_fill_and_huge_files)
 {
-    prl_sandbox *sb = make_sb(1, 0);
-    unsigned long long before = host_free_bytes("/tmp");
+    /* The host side of a run is the sandbox's base dir: it must hold no bytes afterwards. */
+    char base[] = "/tmp/prl-test-base.XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(base));
+    chmod(base, 0711);
+    prl_sandbox *sb = make_sb_at(1, 0, base);
     char prog[2048];
     snprintf(prog, sizeof prog, "DIRS = ['.']\n%s", fill_prog);
     prl_sandbox_limits l = limits(20);
@@ -475,9 +486,9 @@ START_TEST(test_07_disk_fill_and_huge_files)
     run_lim(sb, 0, "sh", "exec head -c 3000000 /dev/zero > big\n", &l, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OUTPUT_LIMIT);
     ck_assert_int_eq(r.signal, SIGXFSZ);
-    unsigned long long after = host_free_bytes("/tmp");
-    ck_assert_msg(after + (8ull << 20) >= before, "host /tmp lost %llu bytes", before - after);
+    ck_assert_msg(host_bytes_below(base) == 0, "the run left %lld bytes on the host", host_bytes_below(base));
     finish(sb, &r);
+    rmdir(base);
 }
 END_TEST
 
@@ -1161,7 +1172,7 @@ START_TEST(test_25_cross_slot_interference)
                  "    if os.path.isdir(d): open(d + '/shared.txt', 'w').write(ME)\n"
                  "try: os.kill(-1, signal.SIGKILL)\n"
                  "except OSError: pass\n"
-                 "time.sleep(0.8)\n"
+                 "time.sleep(2.0)\n"
                  "got = [open(d + '/shared.txt').read() for d in ['.', os.environ['TMPDIR'], '/dev/shm'] if os.path.isdir(d)]\n"
                  "print('slot', ME, 'sees', got, 'uid', os.getuid())\n",
                  i);
@@ -1182,7 +1193,9 @@ START_TEST(test_25_cross_slot_interference)
         assert_clean(sb, i);
     }
     expect_status(&j[N].res, PRL_SANDBOX_STATUS_OK);
-    ck_assert_msg(j[N].res.wall_seconds < 0.6, "a quick run took %.3f s next to others", j[N].res.wall_seconds);
+    /* Held up by a leaked pipe end, it would return only when the others end (~2 s). */
+    ck_assert_msg(j[N].ended - j[N].started < 1.2, "a quick run took %.3f s next to others",
+                  j[N].ended - j[N].started);
     prl_sandbox_result_free(&j[N].res);
     prl_sandbox_free(quick_sb);
     prl_sandbox_free(sb);
