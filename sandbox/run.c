@@ -193,10 +193,12 @@ static void hostdir_clean(const sbx_slot *s)
 
 /* ---------------------------------------------------------------- the run state ---- */
 
+/* One output stream: up to `cap` bytes kept in a buffer that grows as needed (most
+** programs print little; a result should not cost cap bytes each), the rest counted. */
 typedef struct capture {
     int fd;
     char *buf;
-    size_t len, cap;
+    size_t len, alloc, cap;
     uint64_t total;
 } capture;
 
@@ -246,6 +248,13 @@ static int capture_read(capture *c, int *open_flag)
         if (n > 0) {
             size_t keep = c->len < c->cap ? c->cap - c->len : 0;
             if (keep > (size_t)n) keep = (size_t)n;
+            if (c->len + keep + 1 > c->alloc) {
+                size_t want = c->alloc * 2 > c->len + keep + 1 ? c->alloc * 2 : c->len + keep + 1;
+                if (want > c->cap + 1) want = c->cap + 1;
+                char *bigger = realloc(c->buf, want);
+                if (!bigger) keep = c->alloc - 1 - c->len; /* keep what fits; still count */
+                else c->buf = bigger, c->alloc = want;
+            }
             memcpy(c->buf + c->len, chunk, keep);
             c->len += keep;
             c->total += (uint64_t)n;
@@ -468,8 +477,9 @@ static prl_status alloc_capture(capture *c, size_t cap, int fd)
 {
     c->fd = fd;
     c->cap = cap;
-    c->buf = malloc(cap + 1);
-    if (!c->buf) return prl_error_set(PRL_ERR_NOMEM, "sandbox: %zu bytes of output buffer", cap);
+    c->alloc = cap + 1 < 4096 ? cap + 1 : 4096;
+    c->buf = malloc(c->alloc);
+    if (!c->buf) return prl_error_set(PRL_ERR_NOMEM, "sandbox: output buffer");
     return PRL_OK;
 }
 

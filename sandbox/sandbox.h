@@ -111,10 +111,13 @@ prl_status prl_sandbox_limits_check(prl_sandbox_limits *lim);
 
 typedef struct prl_sandbox prl_sandbox; /* opaque handle */
 
+/* Options of prl_sandbox_init; every string and the caps are copied, so they need to live
+** only for the duration of the init call. */
 typedef struct prl_sandbox_options {
     int slots;               /* concurrent slots, 1..256 (default 1) */
-    const char *base_dir;    /* host dir for per-slot mount points and fallback work dirs;
-                                NULL: a fresh mkdtemp dir under /tmp, removed by free */
+    const char *base_dir;    /* host dir for per-slot mount points and fallback work dirs,
+                                searchable by others (0711); NULL: a fresh mkdtemp dir under
+                                /tmp, removed by free */
     const prl_sandbox_caps *caps; /* probed layers (copied); NULL: probe now */
     unsigned disable;        /* layers not to use even when available (tests, debugging) */
     unsigned uid_base;       /* slot s runs as uid/gid uid_base + s (default 10000); distinct
