@@ -55,9 +55,14 @@ int cmd_generate(int argc, char **argv);
 /* `prl tasks check` (cmd_tasks_check.c). */
 int cmd_tasks_check(int argc, char **argv);
 
-/* The CLI's executor for the verifiers (exec_bridge.c): python3 as a plain child process
-** with a wall-time kill — NOT sandboxed; replaced by the sandbox library when it merges.
-** ctx is unused. Ignores SIGPIPE in the calling process. */
-prl_status cli_exec_python(void *ctx, const prl_reward_exec_request *req, prl_reward_exec_result *res);
+/* The CLI's executor for the verifiers (exec_bridge.c): programs run in the sandbox, which
+** starts on the first run (a start-up failure is returned by that run, naming the cause).
+** Pass the cli_exec as the prl_reward_exec ctx. new/free pair; free accepts NULL. */
+typedef struct cli_exec cli_exec;
+cli_exec *cli_exec_new(void);
+void cli_exec_free(cli_exec *x);
+prl_status cli_exec_sandboxed(void *ctx, const prl_reward_exec_request *req,
+                              prl_reward_exec_result *res);
+int cmd_sandbox(int argc, char **argv);
 
 #endif /* PRL_CLI_H */

@@ -3,7 +3,7 @@
 ** SFT demonstrations, scoring of answers with the verifiers of reward/, and the SFT demo set.
 **
 ** Output goes to stdout or, with --out, to a file written atomically. `check` runs programs
-** through cli_exec_python (exec_bridge.c), which is not sandboxed yet.
+** in the sandbox (exec_bridge.c).
 */
 #include "cli/cli.h"
 #include "tasks/tasks.h"

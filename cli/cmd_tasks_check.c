@@ -6,7 +6,7 @@
 ** `prl tasks demos` lines, so demonstrations check as they are). Output: one line per task
 ** (score, flags, checks; details of failed checks) and a summary with the mean score and the
 ** accuracy (share of score 1) per domain; --json writes the same as JSON objects. Programs run
-** through the unsandboxed exec_bridge.c. The reward-hacking monitor's findings are printed to
+** in the sandbox (exec_bridge.c). The reward-hacking monitor's findings are printed to
 ** stderr and, with --monitor-log, appended as JSON records (docs/tasks.md).
 */
 #include "cli/cli.h"
@@ -150,7 +150,13 @@ static int run(const check_args *a)
         fclose(f);
         return cli_failf("tasks", 1, "cannot open %s: %m", a->monitor_log);
     }
-    prl_reward_exec exec = {cli_exec_python, NULL, a->timeout};
+    cli_exec *runner = cli_exec_new();
+    if (!runner) {
+        fclose(f);
+        if (log) fclose(log);
+        return cli_failf("tasks", 1, "out of memory");
+    }
+    prl_reward_exec exec = {cli_exec_sandboxed, runner, a->timeout};
     tally t[PRL_TASK_N_DOMAINS] = {{0}};
     char *line = NULL;
     size_t cap = 0;
@@ -164,6 +170,7 @@ static int run(const check_args *a)
     if (!rc && ferror(f)) rc = cli_failf("tasks", 1, "read error in %s", a->input);
     free(line);
     fclose(f);
+    cli_exec_free(runner);
     if (log && fclose(log) != 0 && !rc) rc = cli_failf("tasks", 1, "writing %s failed", a->monitor_log);
     if (!rc) print_summary(t, a->json);
     return rc;
@@ -181,8 +188,8 @@ int cmd_tasks_check(int argc, char **argv)
         {0},
     };
     int rc = cli_parse(argc, argv, 3, opts, "prl tasks check --domain D --input FILE.jsonl [--json]",
-                       "Scores answers with the domain verifiers (programs run UNSANDBOXED until "
-                       "the sandbox merges).", NULL, 0, NULL);
+                       "Scores answers with the domain verifiers (programs run in the sandbox).",
+                       NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     return run(&a);
 }

@@ -18,7 +18,8 @@ static const command commands[] = {
     {"score", cmd_score, "per-token log-probs of sequences on the train or infer path"},
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
     {"tasks", cmd_tasks, "RL task data, SFT demonstrations and answer scoring (4 domains)"},
-    {"bench", cmd_bench, "benchmarks against the PyTorch reference (bench train)"},
+    {"sandbox", cmd_sandbox, "run a program isolated (sandbox exec), show the isolation layers (probe)"},
+    {"bench", cmd_bench, "benchmarks: training step and decoding vs PyTorch, sandbox (bench train|decode|sandbox)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

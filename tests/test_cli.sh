@@ -24,7 +24,8 @@ expect_ok() {
 }
 
 for c in init sft score generate tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
-  "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode"; do
+  "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode" \
+  "sandbox exec" "sandbox probe" "bench sandbox"; do
   expect_ok "--help: $c" $prl $c --help
 done
 expect_fail "unknown command" "unknown command 'frobnicate'" $prl frobnicate
@@ -175,6 +176,24 @@ cat "$work"/demos_*.jsonl > "$work/mix.jsonl"
 expect_ok "sft on demos of all four domains" $prl sft --data "$work/mix.jsonl" --model "$big" --out "$work/s_mix" \
   --steps 2 --batch 4 --seq 256 --seed 1 --threads 2
 grep -q "48 examples" "$work/last.out" && ok "sft loaded every demonstration" || bad "sft load: $(grep examples "$work/last.out")"
+# sandbox: a run, its statuses and exit codes, bad input naming the problem
+printf 'import sys\nprint(6 * 7, sys.stdin.read().strip())\n' > "$work/ok.py"
+echo "from-stdin" > "$work/in.txt"
+if out=$($prl sandbox exec --lang python3 --file "$work/ok.py" --stdin "$work/in.txt" 2>"$work/sb.err") \
+   && [ "$out" = "42 from-stdin" ] && grep -q "prl sandbox: ok" "$work/sb.err"; then ok "sandbox exec ok"
+else bad "sandbox exec ok: '$out' $(cat "$work/sb.err")"; fi
+$prl sandbox exec --lang python3 --file "$work/ok.py" --json > "$work/sb.json" 2>/dev/null
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["status"]=="ok" and r["stdout"]=="42 \n" and r["isolation"]["pidns"] in (True, False)' "$work/sb.json" \
+  && ok "sandbox exec --json" || bad "sandbox exec --json: $(head -c 400 "$work/sb.json")"
+printf 'while True: pass\n' > "$work/loop.py"
+$prl sandbox exec --lang python3 --file "$work/loop.py" --wall 1 >/dev/null 2>"$work/sb.err"; rc=$?
+[ $rc -eq 1 ] && grep -q "prl sandbox: timeout" "$work/sb.err" && ok "sandbox exec timeout" \
+  || bad "sandbox exec timeout (exit $rc): $(cat "$work/sb.err")"
+expect_fail "sandbox bad --lang" "unknown --lang 'ruby'" $prl sandbox exec --lang ruby --file "$work/ok.py"
+expect_fail "sandbox missing file" "cannot open $work/nope.py" $prl sandbox exec --lang sh --file "$work/nope.py"
+expect_fail "sandbox bad limit" "wall_seconds must be >= 0.001" $prl sandbox exec --lang sh --file "$work/ok.py" --wall 0
+expect_ok "sandbox probe" $prl sandbox probe
+grep -q "pidns" "$work/last.out" && ok "sandbox probe lists layers" || bad "sandbox probe: $(cat "$work/last.out")"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -12,7 +12,7 @@
 ** sandbox violation; demonstrations with error rate 0 score exactly 1 in every domain and
 ** difficulty, with error rate 0.3 clearly less, and every deliberate mistake costs score.
 */
-#include "cli/cli.h"
+#include "tests/plain_exec.h"
 
 #include "tests/check_util.h"
 #include <stdlib.h>
@@ -20,7 +20,7 @@
 
 /* ---------------------------------------------------------------- helpers ---------- */
 
-static const prl_reward_exec EXEC = {cli_exec_python, NULL, 5.0};
+static const prl_reward_exec EXEC = {test_exec_python, NULL, 5.0};
 
 static const prl_reward_check *find(const prl_reward_result *r, const char *name)
 {
@@ -95,7 +95,7 @@ static prl_reward_exec_result run(const char *program, const char *in, double wa
 {
     prl_reward_exec_request req = {"python3", program, in, in ? strlen(in) : 0, wall};
     prl_reward_exec_result res;
-    assert_ok(cli_exec_python(NULL, &req, &res));
+    assert_ok(test_exec_python(NULL, &req, &res));
     return res;
 }
 
@@ -130,7 +130,7 @@ START_TEST(test_exec_bridge)
     prl_reward_exec_result_free(&r);
     free(big);
     prl_reward_exec_request req = {"ruby", "puts 1", NULL, 0, 1};
-    ck_assert_int_eq(cli_exec_python(NULL, &req, &r), PRL_ERR_UNSUPPORTED);
+    ck_assert_int_eq(test_exec_python(NULL, &req, &r), PRL_ERR_UNSUPPORTED);
 }
 END_TEST
 
@@ -240,7 +240,7 @@ START_TEST(test_python_observation)
     assert_ok(prl_reward_python_observation(&EXEC, "print(1", 7, &obs));
     ck_assert_msg(strncmp(obs, "error: SyntaxError", 18) == 0, "%s", obs);
     free(obs);
-    prl_reward_exec quick = {cli_exec_python, NULL, 0.5};
+    prl_reward_exec quick = {test_exec_python, NULL, 0.5};
     assert_ok(prl_reward_python_observation(&quick, "while 1: pass", 13, &obs));
     ck_assert_str_eq(obs, "error: timeout");
     free(obs);
@@ -489,7 +489,7 @@ START_TEST(test_coding_scores)
     r = score1(CODING, "```python\nprint(int(input()) + x)\n```");
     assert_score(&r, 0);
     ck_assert(strstr(find(&r, "test_1")->detail, "runtime_error: NameError") != NULL);
-    prl_reward_exec quick = {cli_exec_python, NULL, 0.5};
+    prl_reward_exec quick = {test_exec_python, NULL, 0.5};
     prl_chat_message loop = {"assistant", "```python\nwhile True:\n    pass\n```"};
     assert_ok(prl_reward_coding(CODING, &loop, 1, &quick, &r));
     assert_score(&r, 0);
