@@ -62,6 +62,10 @@ static void pack_a(float *dst, int ta, const float *A, int lda, int M, int i0, i
                 const float *src = A + (size_t)(k0 + k) * lda + i0 + ir;
                 for (int r = 0; r < rows; r++) dst[k * MR + r] = src[r];
             }
+        } else if (rows == MR) { /* k outer: contiguous writes from six row streams */
+            const float *src = A + (size_t)(i0 + ir) * lda + k0;
+            for (int k = 0; k < kc; k++)
+                for (int r = 0; r < MR; r++) dst[k * MR + r] = src[(size_t)r * lda + k];
         } else {
             for (int r = 0; r < rows; r++) {
                 const float *src = A + (size_t)(i0 + ir + r) * lda + k0;

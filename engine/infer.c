@@ -370,7 +370,12 @@ static void linear(const prl_infer *e, float *y, const float *x, int R, const li
         run_tasks((L->out + GEMV_BLOCK - 1) / GEMV_BLOCK, gemv_task, &c, macs);
         break;
     case PRL_MATMUL_GEMM:
-        c.cols = R <= 32 ? GEMM_COLS_DECODE : GEMM_COLS;
+        /* Column tasks: a single row streams weights only, so it takes many narrow tasks
+        ** (memory bandwidth of both cores); a few rows take about one task per thread, each
+        ** packing the rows of A once; prefill-sized calls take fixed 128-column tasks. */
+        c.cols = R == 1 ? (L->out + 7) / 8 : R <= 32 ? (L->out + 1) / 2 : GEMM_COLS;
+        c.cols = (c.cols + 15) / 16 * 16;
+        c.cols = c.cols < GEMM_COLS_DECODE ? GEMM_COLS_DECODE : c.cols;
         c.col_tasks = (L->out + c.cols - 1) / c.cols;
         run_tasks(row_blocks * c.col_tasks, gemm_task, &c, macs);
         break;
@@ -576,7 +581,9 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     if (o.mla == PRL_MLA_NAIVE)
         e->cache_kv = xcalloc((size_t)e->L * slots * e->H * e->dkv, sizeof(float), &failed);
     e->att_threads = prl_pool_threads() > 0 ? prl_pool_threads() : 1;
-    e->att_scratch_per_thread = (size_t)PRL_ATT_BLOCK * o.max_len + 2 * (size_t)e->lat + o.max_len;
+    size_t naive_scratch = (size_t)PRL_ATT_BLOCK * o.max_len;
+    size_t absorbed_scratch = (size_t)e->H * ((size_t)o.max_len + e->lat + e->rkv);
+    e->att_scratch_per_thread = naive_scratch > absorbed_scratch ? naive_scratch : absorbed_scratch;
     e->att_scratch = xcalloc(e->att_scratch_per_thread * e->att_threads, sizeof(float), &failed);
     rows_buf_alloc(e, o.max_len > o.max_batch ? o.max_len : o.max_batch, &failed);
     e->slots = xcalloc((size_t)o.max_batch, sizeof *e->slots, &failed);
@@ -683,39 +690,62 @@ static void naive_task(void *p, int t)
                        lat_row(e, c->l, slot, 0) + e->rkv, e->lat, p0, p1, e->dn, e->dr, e->dv);
 }
 
-/* Absorbed form for one (row, head): the query absorbs W_UK, scores and the weighted sum run
-** on the shared latent rows [c_kv; k_r], and W_UV maps the result back to d_v. */
-static void absorbed_task(void *p, int t)
+/* y[i] += a·x[i] (8 lanes at a time; each element's operations are the same either way). */
+static void axpy(float *restrict y, float a, const float *restrict x, int n)
+{
+    int i = 0;
+    v8f va = {a, a, a, a, a, a, a, a};
+    for (; i + 8 <= n; i += 8) {
+        v8f u, v;
+        memcpy(&u, x + i, sizeof u);
+        memcpy(&v, y + i, sizeof v);
+        v = v + va * u;
+        memcpy(y + i, &v, sizeof v);
+    }
+    for (; i < n; i++) y[i] = y[i] + a * x[i];
+}
+
+/* Absorbed form for one row, all heads together: each query absorbs W_UK, the scores and the
+** weighted sums run on the shared latent rows [c_kv; k_r] (every cache row is read once for
+** all heads), and W_UV maps each head's result back to d_v. */
+static void absorbed_task(void *p, int r)
 {
     att_ctx *c = p;
     prl_infer *e = c->e;
     rows_buf *b = &e->rb;
     const layer_w *w = &e->lw[c->l];
-    int r = t / e->H, h = t % e->H, slot = b->slot[r], pos = b->pos[r];
+    int H = e->H, L = e->opt.max_len, n = b->pos[r] + 1, lat = e->lat, rkv = e->rkv;
     float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
-    float *qa = S + e->opt.max_len, *ov = qa + e->lat;
-    const float *q = b->q + (size_t)r * e->H * e->dq + (size_t)h * e->dq;
-    const float *wuk = w->wuk_t + (size_t)h * e->rkv * e->dn;
-    dots(qa, q, wuk, e->dn, e->rkv, e->dn);
-    memcpy(qa + e->rkv, q + e->dn, (size_t)e->dr * sizeof *qa);
-    act_round(e, qa, (size_t)e->lat);
-    float scale = (float)(1.0 / sqrt((double)e->dq));
-    const float *cache = lat_row(e, c->l, slot, 0);
-    dots(S, qa, cache, e->lat, pos + 1, e->lat);
-    for (int s = 0; s <= pos; s++) S[s] = scale * S[s];
-    float mx = S[0], sum = 0;
-    for (int s = 1; s <= pos; s++) mx = S[s] > mx ? S[s] : mx;
-    for (int s = 0; s <= pos; s++) sum += (S[s] = prl_expf(S[s] - mx));
-    float inv = 1 / sum;
-    memset(ov, 0, (size_t)e->rkv * sizeof *ov);
-    for (int s = 0; s <= pos; s++) {
-        float ps = S[s] * inv;
-        const float *ckv = cache + (size_t)s * e->lat;
-        for (int i = 0; i < e->rkv; i++) ov[i] += ps * ckv[i];
+    float *qa = S + (size_t)H * L, *ov = qa + (size_t)H * lat;
+    const float *q = b->q + (size_t)r * H * e->dq;
+    for (int h = 0; h < H; h++) {
+        dots(qa + (size_t)h * lat, q + (size_t)h * e->dq, w->wuk_t + (size_t)h * rkv * e->dn, e->dn,
+             rkv, e->dn);
+        memcpy(qa + (size_t)h * lat + rkv, q + (size_t)h * e->dq + e->dn, (size_t)e->dr * sizeof *qa);
     }
-    act_round(e, ov, (size_t)e->rkv);
-    float *o = b->o + (size_t)r * e->H * e->dv + (size_t)h * e->dv;
-    dots(o, ov, w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * e->rkv, e->rkv, e->dv, e->rkv);
+    act_round(e, qa, (size_t)H * lat);
+    const float *cache = lat_row(e, c->l, b->slot[r], 0);
+    /* S[h][s] = qa_h · cache_s in 2-head × 4-key tiles */
+    for (int s0 = 0; s0 < n; s0 += 4)
+        for (int h0 = 0; h0 < H; h0 += 2)
+            gemv_tile(qa + (size_t)h0 * lat, lat, H - h0 < 2 ? H - h0 : 2, cache + (size_t)s0 * lat,
+                      lat, n - s0 < 4 ? n - s0 : 4, lat, S + (size_t)h0 * L + s0, L);
+    float scale = (float)(1.0 / sqrt((double)e->dq));
+    for (int h = 0; h < H; h++) { /* softmax, normalised in place */
+        float *Sh = S + (size_t)h * L, mx = scale * Sh[0], sum = 0;
+        for (int s = 0; s < n; s++) Sh[s] = scale * Sh[s], mx = Sh[s] > mx ? Sh[s] : mx;
+        for (int s = 0; s < n; s++) sum += (Sh[s] = prl_expf(Sh[s] - mx));
+        float inv = 1 / sum;
+        for (int s = 0; s < n; s++) Sh[s] *= inv;
+    }
+    memset(ov, 0, (size_t)H * rkv * sizeof *ov);
+    for (int s = 0; s < n; s++)
+        for (int h = 0; h < H; h++)
+            axpy(ov + (size_t)h * rkv, S[(size_t)h * L + s], cache + (size_t)s * lat, rkv);
+    act_round(e, ov, (size_t)H * rkv);
+    for (int h = 0; h < H; h++)
+        dots(b->o + (size_t)r * H * e->dv + (size_t)h * e->dv, ov + (size_t)h * rkv,
+             w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
 }
 
 /* Rows of one sequence at consecutive positions form a run, cut into query blocks. */
@@ -771,7 +801,7 @@ static void attention(prl_infer *e, int l, int R)
         run_tasks(c.n_runs * H, naive_task, &c, (double)R * H * (b->pos[R - 1] + 1) * (e->dq + e->dv));
         free(runs);
     } else {
-        run_tasks(R * H, absorbed_task, &c, (double)R * H * (b->pos[R - 1] + 1) * (2 * e->lat));
+        run_tasks(R, absorbed_task, &c, (double)R * H * (b->pos[R - 1] + 1) * (2 * e->lat));
     }
     act_round(e, b->o, (size_t)R * H * e->dv);
     linear(e, b->tmp, b->o, R, &w->wo);
