@@ -165,3 +165,44 @@ prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **to
     if (access(path, F_OK) == 0 && (rc = prl_tokenizer_load(path, tok))) prl_model_free(m);
     return rc;
 }
+
+prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, size_t *n)
+{
+    *ids = NULL;
+    *n = 0;
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: \"ids\" must be a non-empty array", file, line);
+    size_t len = json_array_size(v);
+    int32_t *out = malloc(len * sizeof *out);
+    if (!out) return prl_error_set(PRL_ERR_NOMEM, "%s:%d: %zu ids", file, line, len);
+    for (size_t i = 0; i < len; i++) {
+        json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 0x7fffffff) {
+            free(out);
+            return prl_error_set(PRL_ERR_FORMAT, "%s:%d: ids[%zu] is not a token id", file, line, i);
+        }
+        out[i] = (int32_t)json_integer_value(e);
+    }
+    *ids = out, *n = len;
+    return PRL_OK;
+}
+
+prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_message **msgs,
+                             size_t *n)
+{
+    size_t nm = json_array_size(v);
+    prl_chat_message *cm = calloc(nm + 1, sizeof *cm);
+    if (!cm) return prl_error_set(PRL_ERR_NOMEM, "%s:%d: messages", file, line);
+    for (size_t i = 0; i < nm; i++) {
+        json_t *msg = json_array_get(v, i);
+        cm[i].role = json_string_value(json_object_get(msg, "role"));
+        cm[i].content = json_string_value(json_object_get(msg, "content"));
+        if (!cm[i].role || !cm[i].content) {
+            free(cm);
+            return prl_error_set(PRL_ERR_FORMAT, "%s:%d: message %zu needs string role and content",
+                                 file, line, i);
+        }
+    }
+    *msgs = cm, *n = nm;
+    return PRL_OK;
+}

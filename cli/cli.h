@@ -10,6 +10,8 @@
 
 #include "reward/reward.h"
 
+#include <jansson.h>
+
 typedef enum { OPT_STR, OPT_INT, OPT_DOUBLE, OPT_U64, OPT_FLAG } cli_opt_type;
 
 /* One --flag. `ptr` points at a const char *, int, double, uint64_t or int (flag). */
@@ -41,6 +43,12 @@ int cli_setup_blas(const char *cmd, int threads);
 /* Load a checkpoint directory and its tokenizer.json when it has one (*tok NULL otherwise).
 ** On error nothing is left allocated. */
 prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok);
+/* The "ids" value of a JSONL line as token ids (malloc'd, caller frees); errors name
+** FILE:LINE and the bad entry. */
+prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, size_t *n);
+/* A "messages" array as chat turns that borrow the JSON strings (free the array only). */
+prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_message **msgs,
+                             size_t *n);
 double cli_now(void);
 /* "1h02m", "3m10s", "12s" */
 void cli_format_duration(char *out, size_t n, double seconds);

@@ -34,20 +34,7 @@ static prl_status line_ids(json_t *obj, const prl_tokenizer *tok, const score_ar
     if (!json_is_object(obj))
         return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", a->input, line);
     if ((v = json_object_get(obj, "ids"))) {
-        if (!json_is_array(v) || json_array_size(v) == 0)
-            return prl_error_set(PRL_ERR_FORMAT, "%s:%d: \"ids\" must be a non-empty array", a->input, line);
-        *n = json_array_size(v);
-        *ids = malloc(*n * sizeof **ids);
-        for (size_t i = 0; i < *n; i++) {
-            json_t *e = json_array_get(v, i);
-            if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 0x7fffffff) {
-                free(*ids);
-                *ids = NULL;
-                return prl_error_set(PRL_ERR_FORMAT, "%s:%d: ids[%zu] is not a token id", a->input, line, i);
-            }
-            (*ids)[i] = (int32_t)json_integer_value(e);
-        }
-        return PRL_OK;
+        return cli_json_ids(v, a->input, line, ids, n);
     }
     if (!tok)
         return prl_error_set(PRL_ERR_ARG, "%s:%d: text input needs a tokenizer.json in the checkpoint",
@@ -56,18 +43,9 @@ static prl_status line_ids(json_t *obj, const prl_tokenizer *tok, const score_ar
     if ((v = json_object_get(obj, "text")) && json_is_string(v)) {
         rc = prl_tokenizer_encode(tok, json_string_value(v), json_string_length(v), 0, ids, n);
     } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {
-        size_t nm = json_array_size(v);
-        prl_chat_message *cm = calloc(nm + 1, sizeof *cm);
-        for (size_t i = 0; i < nm; i++) {
-            json_t *msg = json_array_get(v, i);
-            cm[i].role = json_string_value(json_object_get(msg, "role"));
-            cm[i].content = json_string_value(json_object_get(msg, "content"));
-            if (!cm[i].role || !cm[i].content) {
-                free(cm);
-                return prl_error_set(PRL_ERR_FORMAT, "%s:%d: message %zu needs string role and content",
-                                     a->input, line, i);
-            }
-        }
+        prl_chat_message *cm;
+        size_t nm;
+        if ((rc = cli_json_messages(v, a->input, line, &cm, &nm))) return rc;
         rc = prl_tokenizer_encode_chat(tok, cm, nm, 0, ids, mask, n);
         free(cm);
     } else {
