@@ -15,6 +15,7 @@ static const command commands[] = {
     {"init", cmd_init, "write a randomly initialised checkpoint from a model config"},
     {"sft", cmd_sft, "supervised fine-tuning on chat JSONL (loss on assistant tokens)"},
     {"generate", cmd_generate, "sample completions with the infer path (KV cache, batching)"},
+    {"eval", cmd_eval, "held-out accuracy per task domain (infer path + verifiers)"},
     {"score", cmd_score, "per-token log-probs of sequences on the train or infer path"},
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
     {"tasks", cmd_tasks, "RL task data, SFT demonstrations and answer scoring (4 domains)"},

@@ -1,0 +1,175 @@
+/*
+** cmd_eval.c — `prl eval`: held-out accuracy of a checkpoint per task domain.
+**
+** For each domain, n problems of the eval split (seeded, so every checkpoint sees the same
+** ones) are played with the infer path (rollout/: greedy by default, multi-turn for Agent and
+** the Reasoning python tool, programs in the sandbox) and scored by the verifiers. Accuracy is
+** the share of episodes with score 1; the mean score counts partial credit.
+*/
+#include "cli/cli.h"
+#include "rollout/rollout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct eval_args {
+    const char *ckpt, *domain, *precision;
+    int n, difficulty, max_new, max_turns, threads, json, batch;
+    double temperature;
+    uint64_t seed;
+} eval_args;
+
+typedef struct task_list {
+    json_t **items;
+    int n, cap;
+} task_list;
+
+static prl_status collect(void *user, json_t *line)
+{
+    task_list *t = user;
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 64;
+        json_t **p = realloc(t->items, (size_t)t->cap * sizeof *p);
+        if (!p) return prl_error_set(PRL_ERR_NOMEM, "task list");
+        t->items = p;
+    }
+    t->items[t->n++] = json_incref(line);
+    return PRL_OK;
+}
+
+typedef struct domain_result {
+    prl_task_domain domain;
+    int n, solved, truncated;
+    double score_sum, turns_sum;
+    double seconds;
+} domain_result;
+
+static prl_status eval_domain(const eval_args *a, prl_infer *e, const prl_tokenizer *tok,
+                              const prl_reward_exec *exec, prl_task_domain d, domain_result *out)
+{
+    prl_tasks_config tc;
+    prl_tasks_config_default(&tc, d);
+    tc.split = PRL_SPLIT_EVAL, tc.n = a->n, tc.seed = a->seed, tc.difficulty = a->difficulty;
+    task_list tl = {0};
+    prl_status rc = prl_tasks_generate(&tc, collect, &tl);
+    prl_rollout_config rcfg;
+    prl_rollout_config_default(&rcfg);
+    rcfg.sampling.temperature = a->temperature, rcfg.sampling.seed = a->seed;
+    rcfg.sampling.max_new_tokens = a->max_new, rcfg.max_turns = a->max_turns;
+    int32_t stops[2] = {PRL_TOKEN_END, PRL_TOKEN_EOS};
+    rcfg.sampling.stop_ids = stops, rcfg.sampling.n_stop_ids = 2;
+    uint64_t *ids = calloc((size_t)(tl.n ? tl.n : 1), sizeof *ids);
+    prl_episode *eps = calloc((size_t)(tl.n ? tl.n : 1), sizeof *eps);
+    *out = (domain_result){.domain = d, .n = tl.n};
+    double t0 = cli_now();
+    if (!rc && (!ids || !eps)) rc = prl_error_set(PRL_ERR_NOMEM, "eval of %d tasks", tl.n);
+    for (int i = 0; i < tl.n; i++) ids[i] = (uint64_t)i;
+    if (!rc) rc = prl_rollout_run(e, tok, tl.items, ids, tl.n, &rcfg, exec, eps);
+    for (int i = 0; !rc && i < tl.n; i++) {
+        out->solved += eps[i].reward >= 1.0;
+        out->score_sum += eps[i].reward;
+        out->turns_sum += eps[i].turns;
+        out->truncated += eps[i].truncated;
+    }
+    out->seconds = cli_now() - t0;
+    for (int i = 0; i < tl.n; i++) {
+        if (!rc) prl_episode_free(&eps[i]);
+        json_decref(tl.items[i]);
+    }
+    free(tl.items), free(ids), free(eps);
+    return rc;
+}
+
+static void print_results(const eval_args *a, const domain_result *r, int n)
+{
+    if (a->json) {
+        printf("{\"ckpt\": \"%s\", \"split\": \"eval\", \"n\": %d, \"seed\": %llu, \"temperature\": %g, "
+               "\"domains\": [", a->ckpt, a->n, (unsigned long long)a->seed, a->temperature);
+        for (int i = 0; i < n; i++)
+            printf("%s{\"domain\": \"%s\", \"n\": %d, \"accuracy\": %.4f, \"mean_score\": %.4f, "
+                   "\"mean_turns\": %.2f, \"truncated\": %d, \"seconds\": %.2f}", i ? ", " : "",
+                   prl_tasks_domain_name(r[i].domain), r[i].n,
+                   r[i].n ? (double)r[i].solved / r[i].n : 0, r[i].n ? r[i].score_sum / r[i].n : 0,
+                   r[i].n ? r[i].turns_sum / r[i].n : 0, r[i].truncated, r[i].seconds);
+        printf("]}\n");
+        return;
+    }
+    printf("%-10s %5s %9s %10s %6s %9s %8s\n", "domain", "n", "accuracy", "mean score", "turns",
+           "truncated", "seconds");
+    for (int i = 0; i < n; i++)
+        printf("%-10s %5d %8.1f%% %10.3f %6.2f %9d %8.1f\n", prl_tasks_domain_name(r[i].domain),
+               r[i].n, r[i].n ? 100.0 * r[i].solved / r[i].n : 0, r[i].n ? r[i].score_sum / r[i].n : 0,
+               r[i].n ? r[i].turns_sum / r[i].n : 0, r[i].truncated, r[i].seconds);
+}
+
+static int run(const eval_args *a, prl_task_domain *domains, int nd)
+{
+    prl_model m;
+    prl_tokenizer *tok = NULL;
+    if (cli_load_checkpoint(a->ckpt, &m, &tok)) return cli_fail("eval");
+    if (!tok) {
+        prl_model_free(&m);
+        return cli_failf("eval", 1, "%s has no tokenizer.json: eval needs the checkpoint's tokenizer", a->ckpt);
+    }
+    prl_infer_options io;
+    int rc = 0;
+    prl_infer *e = NULL;
+    cli_exec *runner = cli_exec_new();
+    if (prl_infer_options_preset(&io, a->precision)) rc = cli_failf("eval", 2, "%s", prl_error_message());
+    io.max_batch = a->batch;
+    if (!rc && prl_infer_init(&e, &m, &io)) rc = cli_fail("eval");
+    prl_reward_exec exec = {cli_exec_sandboxed, runner, 2.0};
+    domain_result res[PRL_TASK_N_DOMAINS];
+    for (int i = 0; !rc && i < nd; i++) {
+        if (eval_domain(a, e, tok, &exec, domains[i], &res[i])) rc = cli_fail("eval");
+        else fprintf(stderr, "eval: %s done (%d problems, %.1f s)\n", prl_tasks_domain_name(domains[i]),
+                     res[i].n, res[i].seconds);
+    }
+    if (!rc) print_results(a, res, nd);
+    cli_exec_free(runner);
+    prl_infer_free(e);
+    prl_tokenizer_free(tok);
+    prl_model_free(&m);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    eval_args a = {.domain = "all", .precision = "fp32", .n = 50, .max_new = 96, .max_turns = 10,
+                   .batch = 16, .seed = 1};
+    cli_opt opts[] = {
+        {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory (with tokenizer.json)", 1, 0},
+        {"domain", OPT_STR, &a.domain, "D", "all (default), reasoning, general, agent or coding", 0, 0},
+        {"n", OPT_INT, &a.n, "N", "eval problems per domain (default 50)", 0, 0},
+        {"difficulty", OPT_INT, &a.difficulty, "D", "1..3, or 0 = mixed (default 0)", 0, 0},
+        {"seed", OPT_U64, &a.seed, "S", "problem and sampling seed (default 1)", 0, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T", "sampling temperature (default 0: greedy)", 0, 0},
+        {"max-new-tokens", OPT_INT, &a.max_new, "N", "tokens per model turn (default 96)", 0, 0},
+        {"max-turns", OPT_INT, &a.max_turns, "N", "model turns per episode (default 10)", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P", "infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
+        {"batch", OPT_INT, &a.batch, "B", "episodes decoded together (default 16)", 0, 0},
+        {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
+        {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
+        {0},
+    };
+    int rc = cli_parse(argc, argv, 2, opts, "prl eval --ckpt DIR [--domain all|D] [--n N] [--json]",
+                       "Held-out accuracy per task domain: eval-split problems played with the "
+                       "infer path and scored by the verifiers.", NULL, 0, NULL);
+    if (rc) return rc == CLI_HELP ? 0 : 2;
+    if (a.n < 1) return cli_failf("eval", 2, "--n %d must be >= 1", a.n);
+    if (a.difficulty < 0 || a.difficulty > 3) return cli_failf("eval", 2, "--difficulty %d not in 0..3", a.difficulty);
+    if (a.max_new < 1 || a.max_turns < 1 || a.batch < 1)
+        return cli_failf("eval", 2, "--max-new-tokens, --max-turns and --batch must be >= 1");
+    if (!(a.temperature >= 0)) return cli_failf("eval", 2, "--temperature %g must be >= 0", a.temperature);
+    prl_task_domain domains[PRL_TASK_N_DOMAINS];
+    int nd = 0;
+    if (!strcmp(a.domain, "all")) {
+        for (int d = 0; d < PRL_TASK_N_DOMAINS; d++) domains[nd++] = (prl_task_domain)d;
+    } else if (prl_tasks_domain_parse(a.domain, &domains[0])) {
+        return cli_failf("eval", 2, "--domain: %s", prl_error_message());
+    } else {
+        nd = 1;
+    }
+    if (cli_setup_blas("eval", a.threads)) return 1;
+    return run(&a, domains, nd);
+}
