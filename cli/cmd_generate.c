@@ -213,6 +213,7 @@ static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_in
     sp.max_new_tokens = a->max_new;
     sp.stop_ids = stop_ids, sp.n_stop_ids = a->ignore_eos ? 0 : a->raw ? 1 : 2;
     sp.stop_strings = stops, sp.n_stop_strings = a->stop ? 1 : 0, sp.tok = tok;
+    sp.vocab_limit = tok ? prl_tokenizer_vocab_size(tok) : 0; /* only ids it can decode */
     prl_infer *e = NULL;
     int rc = 0;
     progress_state ps = {.t0 = cli_now(), .last = cli_now(), .quiet = a->quiet};

@@ -936,6 +936,9 @@ prl_status prl_sample_params_check(const prl_sample_params *p, int vocab_size)
         if (p->stop_ids[i] < 0 || p->stop_ids[i] >= vocab_size)
             return prl_error_set(PRL_ERR_ARG, "stop token id %d out of range [0, %d)",
                                  p->stop_ids[i], vocab_size);
+    if (p->vocab_limit < 0)
+        return prl_error_set(PRL_ERR_ARG, "vocab limit %d must be >= 0 (0 = the whole vocabulary)",
+                             p->vocab_limit);
     if (p->n_stop_strings > 0 && !p->tok)
         return prl_error_set(PRL_ERR_ARG, "stop strings need a tokenizer");
     for (int i = 0; i < p->n_stop_strings; i++)
@@ -960,6 +963,7 @@ static int cand_desc(const void *a, const void *b)
 static int sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
                       cand *cs)
 {
+    if (sp->vocab_limit > 0 && sp->vocab_limit < V) V = sp->vocab_limit; /* never draw past it */
     if (sp->temperature == 0) {
         int best = 0;
         for (int i = 1; i < V; i++)

@@ -89,6 +89,8 @@ typedef struct prl_sample_params {
     const char *const *stop_strings; /* texts that end a sequence once decoded output has one */
     int n_stop_strings;
     const struct prl_tokenizer *tok; /* needed for stop_strings */
+    int vocab_limit;        /* > 0: only ids below it are drawn (a tokenizer smaller than the
+                            ** model's vocabulary); log-probs stay over the whole vocabulary */
 } prl_sample_params;
 
 /* Greedy, 256 new tokens, stop on <|eos|>. */

@@ -209,7 +209,9 @@ static prl_status round_once(prl_infer *e, const prl_tokenizer *tok, play *ps, i
                                  .seq_id = prl_hash64(seq_ids[i] ^ ((uint64_t)p->ep->turns << 48))};
         who[k++] = i;
     }
-    prl_status rc = k ? prl_infer_generate(e, q, k, &c->sampling, res, NULL, NULL) : PRL_OK;
+    prl_sample_params sp = c->sampling; /* draw only ids the tokenizer can decode */
+    sp.vocab_limit = prl_tokenizer_vocab_size(tok);
+    prl_status rc = k ? prl_infer_generate(e, q, k, &sp, res, NULL, NULL) : PRL_OK;
     for (int j = 0; !rc && j < k; j++) rc = take_turn(&ps[who[j]], tok, &res[j], exec);
     for (int j = 0; j < k; j++) prl_gen_result_free(&res[j]);
     *active = 0;

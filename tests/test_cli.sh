@@ -23,7 +23,7 @@ expect_ok() {
   if "$@" >"$work/last.out" 2>&1; then ok "$name"; else bad "$name: $(tail -3 "$work/last.out")"; fi
 }
 
-for c in init sft score generate tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
+for c in init sft score generate eval tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
   "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode" \
   "sandbox exec" "sandbox probe" "bench sandbox"; do
   expect_ok "--help: $c" $prl $c --help
@@ -126,6 +126,13 @@ expect_fail "prompt longer than the context" "prompt of 601 tokens leaves no roo
 expect_fail "text prompt without tokenizer" "needs a tokenizer.json" $prl generate --ckpt "$work/ck" --prompt hi
 expect_fail "score: knobs need the infer path" "apply to --path infer only" \
   $prl score --ckpt "$g" --input "$work/chat3.jsonl" --precision bf16
+expect_ok "eval all domains" $prl eval --ckpt "$g" --n 2 --max-new-tokens 16 --max-turns 2 --json
+for d in reasoning general agent coding; do
+  grep -q "\"domain\": \"$d\", \"n\": 2, \"accuracy\"" "$work/last.out" && ok "eval reports $d" \
+    || bad "eval output lacks $d: $(cat "$work/last.out")"
+done
+expect_fail "eval: unknown domain" "unknown domain 'poetry'" $prl eval --ckpt "$g" --domain poetry
+expect_fail "eval: no tokenizer" "has no tokenizer.json" $prl eval --ckpt "$work/ck"
 expect_fail "bench decode: bad batch list" "expected comma-separated sizes" $prl bench decode --batch 1,x
 
 # tasks: generate / demos / check

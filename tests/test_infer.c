@@ -295,6 +295,17 @@ START_TEST(test_stops_forced_and_routes_format)
         ck_assert_int_eq(res[i].n, 1);
     }
     free_all(res, 4, NULL);
+    /* a vocabulary limit (a tokenizer smaller than the model): no id at or past it is drawn */
+    for (int greedy = 0; greedy < 2; greedy++) {
+        sp = sampling(greedy ? 0 : 1.0, 30);
+        sp.vocab_limit = 300;
+        generate(e, &q, 4, &sp, res);
+        for (int i = 0; i < 4; i++)
+            for (int t = 0; t < res[i].n; t++) ck_assert_int_lt(res[i].tokens[t], 300);
+        free_all(res, 4, NULL);
+    }
+    sp.vocab_limit = -1;
+    ck_assert_int_eq(prl_infer_generate(e, q.r, 4, &sp, res, NULL, NULL), PRL_ERR_ARG);
     /* forced tokens: the scores equal a generation's own log-probs */
     sp = sampling(0.7, 20);
     generate(e, &q, 4, &sp, res);
