@@ -163,6 +163,16 @@ static void result_wire(wcopy *c)
     prl_bus_msg_free(&m);
 }
 
+/* A valid "weights" announcement. */
+static void make_weights(prl_bus_msg *m, const char *run, uint64_t id, uint64_t version,
+                         uint64_t sum, const char *path)
+{
+    ck_assert_int_eq(prl_bus_msg_init(m, "weights", run, id), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_set_uint(m, "version", version), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_set_hex64(m, "ckpt_checksum", sum), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_set_str(m, "path", path), PRL_OK);
+}
+
 /* ---------------------------------------------------------------- round trips ------ */
 
 START_TEST(test_roundtrip_every_type)
@@ -191,10 +201,7 @@ END_TEST
 START_TEST(test_accessors)
 {
     prl_bus_msg m;
-    ck_assert_int_eq(prl_bus_msg_init(&m, "weights", "run-x", 9), PRL_OK);
-    ck_assert_int_eq(prl_bus_msg_set_uint(&m, "version", 3), PRL_OK);
-    ck_assert_int_eq(prl_bus_msg_set_hex64(&m, "ckpt_checksum", 0x0123456789abcdefULL), PRL_OK);
-    ck_assert_int_eq(prl_bus_msg_set_str(&m, "path", "runs/r/ckpt-3"), PRL_OK);
+    make_weights(&m, "run-x", 9, 3, 0x0123456789abcdefULL, "runs/r/ckpt-3");
     wcopy c;
     wc_from_msg(&c, &m);
     prl_bus_msg out;
@@ -419,10 +426,7 @@ END_TEST
 START_TEST(test_hex64_field)
 {
     prl_bus_msg m;
-    ck_assert_int_eq(prl_bus_msg_init(&m, "weights", "r", 1), PRL_OK);
-    ck_assert_int_eq(prl_bus_msg_set_uint(&m, "version", 1), PRL_OK);
-    ck_assert_int_eq(prl_bus_msg_set_hex64(&m, "ckpt_checksum", 0xabcULL), PRL_OK);
-    ck_assert_int_eq(prl_bus_msg_set_str(&m, "path", "p"), PRL_OK);
+    make_weights(&m, "r", 1, 1, 0xabcULL, "p");
     wcopy c;
     wc_from_msg(&c, &m);
     json_t *h = wc_header(&c);
