@@ -86,6 +86,41 @@ prl_status store_tx_end(prl_store *db, prl_status rc)
     return end;
 }
 
+prl_status store_insert_or_compare(prl_store *db, const char *insert_sql, const char *same_sql,
+                                   void (*bind)(sqlite3_stmt *, const void *), const void *arg,
+                                   int *same, const char *what)
+{
+    sqlite3_stmt *st;
+    *same = 1;
+    prl_status rc = store_stmt(db, insert_sql, &st);
+    if (rc != PRL_OK) return rc;
+    bind(st, arg);
+    rc = store_step_done(db, st, what);
+    if (rc != PRL_OK || sqlite3_changes(db->db) == 1) return rc;
+    rc = store_stmt(db, same_sql, &st);
+    if (rc != PRL_OK) return rc;
+    bind(st, arg);
+    int r = sqlite3_step(st);
+    *same = r == SQLITE_ROW && sqlite3_column_int(st, 0) == 1;
+    sqlite3_reset(st);
+    if (r != SQLITE_ROW) return store_sqlite_error(db, what);
+    return PRL_OK;
+}
+
+prl_status store_count(prl_store *db, const char *sql, int64_t run, const char *text,
+                       int64_t *count, const char *what)
+{
+    sqlite3_stmt *st;
+    prl_status rc = store_stmt(db, sql, &st);
+    if (rc != PRL_OK) return rc;
+    sqlite3_bind_int64(st, 1, run);
+    if (text) sqlite3_bind_text(st, 2, text, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) != SQLITE_ROW) rc = store_sqlite_error(db, what);
+    else *count = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    return rc;
+}
+
 prl_status prl_store_begin(prl_store *db) { return store_tx_begin(db); }
 prl_status prl_store_commit(prl_store *db)
 {

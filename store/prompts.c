@@ -17,8 +17,9 @@ static const char SQL_PROMPT_SAME[] =
     "SELECT domain = ?3 AND split = ?4 AND task = ?5 AND difficulty = ?6 FROM prompts "
     "WHERE run = ?1 AND prompt_id = ?2";
 
-static void prompt_bind(sqlite3_stmt *st, const prl_store_prompt *p)
+static void prompt_bind(sqlite3_stmt *st, const void *arg)
 {
+    const prl_store_prompt *p = arg;
     sqlite3_bind_int64(st, 1, p->run);
     sqlite3_bind_text(st, 2, p->prompt_id, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 3, p->domain, -1, SQLITE_STATIC);
@@ -29,23 +30,14 @@ static void prompt_bind(sqlite3_stmt *st, const prl_store_prompt *p)
 
 static prl_status prompt_insert(prl_store *db, const prl_store_prompt *p)
 {
-    sqlite3_stmt *st;
-    prl_status rc = store_stmt(db, SQL_PROMPT_INSERT, &st);
-    if (rc != PRL_OK) return rc;
-    prompt_bind(st, p);
-    rc = store_step_done(db, st, "inserting a prompt");
-    if (rc != PRL_OK || sqlite3_changes(db->db) == 1) return rc;
-    rc = store_stmt(db, SQL_PROMPT_SAME, &st);
-    if (rc != PRL_OK) return rc;
-    prompt_bind(st, p);
-    int r = sqlite3_step(st), same = r == SQLITE_ROW && sqlite3_column_int(st, 0) == 1;
-    sqlite3_reset(st);
-    if (r != SQLITE_ROW) return store_sqlite_error(db, "comparing a prompt");
-    if (!same)
+    int same;
+    prl_status rc = store_insert_or_compare(db, SQL_PROMPT_INSERT, SQL_PROMPT_SAME, prompt_bind,
+                                            p, &same, "inserting a prompt");
+    if (rc == PRL_OK && !same)
         return prl_error_set(PRL_ERR_ARG, "prompt '%s' of run %lld is already stored with a "
                              "different domain, split, task or difficulty",
                              p->prompt_id, (long long)p->run);
-    return PRL_OK;
+    return rc;
 }
 
 prl_status prl_store_prompt_put(prl_store *db, const prl_store_prompt *p)
@@ -184,13 +176,5 @@ static const char SQL_PROMPT_ACTIVE[] =
 prl_status prl_store_prompt_count_active(prl_store *db, int64_t run, const char *split,
                                          int64_t *count)
 {
-    sqlite3_stmt *st;
-    prl_status rc = store_stmt(db, SQL_PROMPT_ACTIVE, &st);
-    if (rc != PRL_OK) return rc;
-    sqlite3_bind_int64(st, 1, run);
-    if (split) sqlite3_bind_text(st, 2, split, -1, SQLITE_STATIC);
-    if (sqlite3_step(st) != SQLITE_ROW) rc = store_sqlite_error(db, "counting prompts");
-    else *count = sqlite3_column_int64(st, 0);
-    sqlite3_reset(st);
-    return rc;
+    return store_count(db, SQL_PROMPT_ACTIVE, run, split, count, "counting prompts");
 }

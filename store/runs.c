@@ -103,37 +103,29 @@ static const char SQL_VERSION_SAME[] =
     "SELECT path = ?3 AND checksum = ?4 AND step = ?5 FROM versions "
     "WHERE run = ?1 AND version = ?2";
 
-/* Bind (run, version, path, checksum, step) as ?1..?5. */
-static void version_bind(sqlite3_stmt *st, const prl_store_version *v)
+/* Bind (run, version, path, checksum, step) as ?1..?5, and the time as ?6 where asked. */
+static void version_bind(sqlite3_stmt *st, const void *arg)
 {
+    const prl_store_version *v = arg;
     sqlite3_bind_int64(st, 1, v->run);
     sqlite3_bind_int64(st, 2, v->version);
     sqlite3_bind_text(st, 3, v->path, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 4, v->checksum, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 5, v->step);
+    if (sqlite3_bind_parameter_count(st) >= 6) sqlite3_bind_double(st, 6, store_now());
 }
 
 static prl_status version_insert(prl_store *db, const prl_store_version *v)
 {
-    sqlite3_stmt *st;
-    prl_status rc = store_stmt(db, SQL_VERSION_INSERT, &st);
-    if (rc != PRL_OK) return rc;
-    version_bind(st, v);
-    sqlite3_bind_double(st, 6, store_now());
-    rc = store_step_done(db, st, "adding a version");
-    if (rc != PRL_OK || sqlite3_changes(db->db) == 1) return rc;
-    rc = store_stmt(db, SQL_VERSION_SAME, &st);
-    if (rc != PRL_OK) return rc;
-    version_bind(st, v);
-    int r = sqlite3_step(st), same = r == SQLITE_ROW && sqlite3_column_int(st, 0) == 1;
-    sqlite3_reset(st);
-    if (r != SQLITE_ROW) return store_sqlite_error(db, "comparing a version");
-    if (!same)
+    int same;
+    prl_status rc = store_insert_or_compare(db, SQL_VERSION_INSERT, SQL_VERSION_SAME,
+                                            version_bind, v, &same, "adding a version");
+    if (rc == PRL_OK && !same)
         return prl_error_set(PRL_ERR_ARG,
                              "version %lld of run %lld is already stored with a different "
                              "path, checksum or step",
                              (long long)v->version, (long long)v->run);
-    return PRL_OK;
+    return rc;
 }
 
 prl_status prl_store_version_add(prl_store *db, const prl_store_version *v)
@@ -264,13 +256,5 @@ static const char SQL_EVENT_COUNT[] =
 
 prl_status prl_store_event_count(prl_store *db, int64_t run, const char *kind, int64_t *count)
 {
-    sqlite3_stmt *st;
-    prl_status rc = store_stmt(db, SQL_EVENT_COUNT, &st);
-    if (rc != PRL_OK) return rc;
-    sqlite3_bind_int64(st, 1, run);
-    if (kind) sqlite3_bind_text(st, 2, kind, -1, SQLITE_STATIC);
-    if (sqlite3_step(st) != SQLITE_ROW) rc = store_sqlite_error(db, "counting events");
-    else *count = sqlite3_column_int64(st, 0);
-    sqlite3_reset(st);
-    return rc;
+    return store_count(db, SQL_EVENT_COUNT, run, kind, count, "counting events");
 }

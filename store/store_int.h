@@ -36,6 +36,15 @@ prl_status store_exec(prl_store *db, const char *sql, const char *what);
 prl_status store_tx_begin(prl_store *db);
 prl_status store_tx_end(prl_store *db, prl_status rc);
 
+/* Idempotent insert: run insert_sql (… ON CONFLICT DO NOTHING) bound by bind(st, arg); when
+** it inserted nothing, run same_sql (same bindings; one row, one boolean column "the stored
+** row equals the new one") into *same. A fresh insert sets *same = 1. */
+prl_status store_insert_or_compare(prl_store *db, const char *insert_sql, const char *same_sql,
+                                   void (*bind)(sqlite3_stmt *, const void *), const void *arg,
+                                   int *same, const char *what);
+/* count(*) of a query bound with ?1 = run and ?2 = text (NULL stays NULL). */
+prl_status store_count(prl_store *db, const char *sql, int64_t run, const char *text,
+                       int64_t *count, const char *what);
 /* A malloc'd copy of a text column (NULL stays NULL); NOMEM is reported. */
 prl_status store_column_text(sqlite3_stmt *st, int col, const char **out);
 /* Unix time in seconds (CLOCK_REALTIME). */
