@@ -1,0 +1,180 @@
+/*
+** prompts.c — a run's prompts and their solved history: the rule "drop prompts solved in
+** every one of the last n epochs" (the Agent domain's "drop always-solved prompts").
+**
+** History: solved_bits is a shift register of the last 64 epochs, bit 0 = last_epoch. A new
+** epoch shifts it left by the epochs elapsed (skipped epochs count as unsolved).
+*/
+#include "store/store_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char SQL_PROMPT_INSERT[] =
+    "INSERT INTO prompts (run, prompt_id, domain, split, task, difficulty) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run, prompt_id) DO NOTHING";
+static const char SQL_PROMPT_SAME[] =
+    "SELECT domain = ?3 AND split = ?4 AND task = ?5 AND difficulty = ?6 FROM prompts "
+    "WHERE run = ?1 AND prompt_id = ?2";
+
+static void prompt_bind(sqlite3_stmt *st, const void *arg)
+{
+    const prl_store_prompt *p = arg;
+    sqlite3_bind_int64(st, 1, p->run);
+    sqlite3_bind_text(st, 2, p->prompt_id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, p->domain, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, p->split, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, p->task, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 6, p->difficulty);
+}
+
+static prl_status prompt_insert(prl_store *db, const prl_store_prompt *p)
+{
+    int same;
+    prl_status rc = store_insert_or_compare(db, SQL_PROMPT_INSERT, SQL_PROMPT_SAME, prompt_bind,
+                                            p, &same, "inserting a prompt");
+    if (rc == PRL_OK && !same)
+        return prl_error_set(PRL_ERR_ARG, "prompt '%s' of run %lld is already stored with a "
+                             "different domain, split, task or difficulty",
+                             p->prompt_id, (long long)p->run);
+    return rc;
+}
+
+prl_status prl_store_prompt_put(prl_store *db, const prl_store_prompt *p)
+{
+    if (!p->prompt_id || !p->domain || !p->split)
+        return prl_error_set(PRL_ERR_ARG, "prompt: prompt_id, domain and split are required");
+    prl_status rc = store_json_check(p->task ? p->task : "", "task");
+    if (rc != PRL_OK) return prl_error_wrap(rc, "prompt '%s': ", p->prompt_id);
+    rc = store_tx_begin(db);
+    if (rc != PRL_OK) return rc;
+    return store_tx_end(db, prompt_insert(db, p));
+}
+
+static const char SQL_PROMPT_GET[] =
+    "SELECT run, prompt_id, domain, split, task, difficulty, solved_bits, last_epoch, retired "
+    "FROM prompts WHERE run = ?1 AND prompt_id = ?2";
+
+static prl_status prompt_from_row(sqlite3_stmt *st, prl_store_prompt *out)
+{
+    out->run = sqlite3_column_int64(st, 0);
+    out->difficulty = sqlite3_column_int(st, 5);
+    out->solved_bits = (uint64_t)sqlite3_column_int64(st, 6);
+    out->last_epoch = sqlite3_column_int64(st, 7);
+    out->retired = sqlite3_column_int(st, 8);
+    prl_status rc = store_column_text(st, 1, &out->prompt_id);
+    if (rc == PRL_OK) rc = store_column_text(st, 2, &out->domain);
+    if (rc == PRL_OK) rc = store_column_text(st, 3, &out->split);
+    if (rc == PRL_OK) rc = store_column_text(st, 4, &out->task);
+    return rc;
+}
+
+prl_status prl_store_prompt_get(prl_store *db, int64_t run, const char *prompt_id,
+                                prl_store_prompt *out)
+{
+    memset(out, 0, sizeof *out);
+    sqlite3_stmt *st;
+    prl_status rc = store_stmt(db, SQL_PROMPT_GET, &st);
+    if (rc != PRL_OK) return rc;
+    sqlite3_bind_int64(st, 1, run);
+    sqlite3_bind_text(st, 2, prompt_id, -1, SQLITE_STATIC);
+    int r = sqlite3_step(st);
+    if (r == SQLITE_ROW) rc = prompt_from_row(st, out);
+    else if (r == SQLITE_DONE)
+        rc = prl_error_set(PRL_ERR_RANGE, "no prompt '%s' in run %lld", prompt_id,
+                           (long long)run);
+    else
+        rc = store_sqlite_error(db, "reading a prompt");
+    sqlite3_reset(st);
+    if (rc != PRL_OK) prl_store_prompt_free(out);
+    return rc;
+}
+
+void prl_store_prompt_free(prl_store_prompt *p)
+{
+    if (!p) return;
+    free((void *)p->prompt_id), free((void *)p->domain), free((void *)p->split);
+    free((void *)p->task);
+    memset(p, 0, sizeof *p);
+}
+
+/* The history after recording `solved` in `epoch`; PRL_ERR_RANGE for an older epoch. */
+static prl_status history_advance(const prl_store_prompt *p, int64_t epoch, int solved,
+                                  uint64_t *bits)
+{
+    uint64_t b = p->solved_bits, s = solved ? 1u : 0u;
+    if (p->last_epoch < 0) b = 0;
+    else if (epoch < p->last_epoch)
+        return prl_error_set(PRL_ERR_RANGE, "prompt '%s': epoch %lld is before the last "
+                             "recorded epoch %lld",
+                             p->prompt_id, (long long)epoch, (long long)p->last_epoch);
+    else if (epoch - p->last_epoch >= 64) b = 0;
+    else b <<= (unsigned)(epoch - p->last_epoch);
+    if (p->last_epoch >= 0 && epoch == p->last_epoch) b &= ~(uint64_t)1;
+    *bits = b | s;
+    return PRL_OK;
+}
+
+static const char SQL_PROMPT_HISTORY[] =
+    "UPDATE prompts SET solved_bits = ?3, last_epoch = ?4 WHERE run = ?1 AND prompt_id = ?2";
+
+static prl_status prompt_record(prl_store *db, int64_t run, const char *prompt_id,
+                                int64_t epoch, int solved)
+{
+    prl_store_prompt p;
+    prl_status rc = prl_store_prompt_get(db, run, prompt_id, &p);
+    if (rc != PRL_OK) return rc;
+    uint64_t bits = 0;
+    rc = history_advance(&p, epoch, solved, &bits);
+    prl_store_prompt_free(&p);
+    sqlite3_stmt *st;
+    if (rc == PRL_OK) rc = store_stmt(db, SQL_PROMPT_HISTORY, &st);
+    if (rc != PRL_OK) return rc;
+    sqlite3_bind_int64(st, 1, run);
+    sqlite3_bind_text(st, 2, prompt_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, (int64_t)bits);
+    sqlite3_bind_int64(st, 4, epoch);
+    return store_step_done(db, st, "recording a prompt's epoch");
+}
+
+prl_status prl_store_prompt_record(prl_store *db, int64_t run, const char *prompt_id,
+                                   int64_t epoch, int solved)
+{
+    if (epoch < 0) return prl_error_set(PRL_ERR_ARG, "prompt '%s': epoch %lld < 0", prompt_id,
+                                        (long long)epoch);
+    prl_status rc = store_tx_begin(db);
+    if (rc != PRL_OK) return rc;
+    return store_tx_end(db, prompt_record(db, run, prompt_id, epoch, solved));
+}
+
+static const char SQL_PROMPT_RETIRE[] =
+    "UPDATE prompts SET retired = 1 WHERE run = ?1 AND retired = 0 AND last_epoch = ?2 "
+    "AND (solved_bits & ?3) = ?3";
+
+prl_status prl_store_prompts_retire_solved(prl_store *db, int64_t run, int64_t epoch, int n,
+                                           int64_t *retired)
+{
+    if (n < 1 || n > 63)
+        return prl_error_set(PRL_ERR_ARG, "retire_solved: n = %d outside [1, 63]", n);
+    sqlite3_stmt *st;
+    prl_status rc = store_tx_begin(db);
+    if (rc != PRL_OK) return rc;
+    rc = store_stmt(db, SQL_PROMPT_RETIRE, &st);
+    if (rc == PRL_OK) {
+        sqlite3_bind_int64(st, 1, run);
+        sqlite3_bind_int64(st, 2, epoch);
+        sqlite3_bind_int64(st, 3, (int64_t)((UINT64_C(1) << n) - 1));
+        rc = store_step_done(db, st, "retiring solved prompts");
+    }
+    if (rc == PRL_OK && retired) *retired = sqlite3_changes(db->db);
+    return store_tx_end(db, rc);
+}
+
+static const char SQL_PROMPT_ACTIVE[] =
+    "SELECT count(*) FROM prompts WHERE run = ?1 AND retired = 0 AND (?2 IS NULL OR split = ?2)";
+
+prl_status prl_store_prompt_count_active(prl_store *db, int64_t run, const char *split,
+                                         int64_t *count)
+{
+    return store_count(db, SQL_PROMPT_ACTIVE, run, split, count, "counting prompts");
+}
