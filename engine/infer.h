@@ -5,9 +5,9 @@
 ** The infer path is a second implementation of the model, built the way rollout engines are:
 ** prefill plus incremental decode over a per-sequence cache, MLA in the absorbed form (the
 ** cache holds only the normalised latent c_kv and the rotated shared key k_r per token and
-** layer), dot-product ("GEMV") matmuls, optional bf16/fp16 rounding. Each way it differs from
-** the train path is a switch (prl_infer_options), so a consistency checker can turn them one
-** at a time; the preset "aligned" turns all of them to the train path's choices and its
+** layer), pre-packed weights (or dot-product "GEMV" order), optional bf16/fp16 rounding.
+** Each way it differs from the train path is a switch (prl_infer_options), so a consistency
+** checker can turn them one at a time; the preset "aligned" turns all of them to the train path's choices and its
 ** log-probs then equal the train path's bitwise (docs/infer.md).
 **
 ** Every kernel is batch-invariant: a sequence's tokens and log-probs never depend on which
@@ -46,16 +46,16 @@ typedef struct prl_infer_options {
     int max_len;   /* context per sequence, prompt + generated (default max_position_embeddings) */
 } prl_infer_options;
 
-/* fp32, absorbed, GEMV, batch 16, full context. */
+/* fp32, absorbed, GEMM (pre-packed), batch 16, full context. */
 void prl_infer_options_default(prl_infer_options *o);
-/* "fp32" | "bf16" | "fp16" (absorbed MLA, GEMV order, that precision) or "aligned" (fp32,
+/* "fp32" | "bf16" | "fp16" (absorbed MLA, the GEMM, that precision) or "aligned" (fp32,
 ** naive MLA, the train path's GEMM). Unknown names are PRL_ERR_ARG naming the choices. */
 prl_status prl_infer_options_preset(prl_infer_options *o, const char *name);
 /* Parse the knob values used by the CLI: precision "fp32|bf16|fp16", mla "absorbed|naive",
 ** matmul "gemv|gemm|blas". NULL leaves a field unchanged. */
 prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, const char *mla,
                                  const char *matmul);
-/* "precision=fp32 mla=absorbed matmul=gemv" */
+/* "precision=fp32 mla=absorbed matmul=gemm" */
 void prl_infer_options_describe(const prl_infer_options *o, char *out, size_t n);
 
 typedef struct prl_infer prl_infer;
