@@ -7,8 +7,8 @@
 ** cache holds only the normalised latent c_kv and the rotated shared key k_r per token and
 ** layer), pre-packed weights (or dot-product "GEMV" order), optional bf16/fp16 rounding.
 ** Each way it differs from the train path is a switch (prl_infer_options), so a consistency
-** checker can turn them one at a time; the preset "aligned" turns all of them to the train path's choices and its
-** log-probs then equal the train path's bitwise (docs/infer.md).
+** checker can turn them one at a time; the preset "aligned" turns all of them to the train
+** path's choices and its log-probs then equal the train path's bitwise (docs/infer.md).
 **
 ** Every kernel is batch-invariant: a sequence's tokens and log-probs never depend on which
 ** other sequences share its batch, its slot, or the thread count. Sampling draws come from
