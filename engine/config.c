@@ -135,23 +135,6 @@ void prl_config_default(prl_config *c)
     c->bias_update_rate = 0.001;
 }
 
-/* Levenshtein distance, for "did you mean" suggestions. */
-static int edit_distance(const char *a, const char *b)
-{
-    int la = (int)strlen(a), lb = (int)strlen(b);
-    if (la > 63 || lb > 63) return 99;
-    int d[64][64];
-    for (int i = 0; i <= la; i++) d[i][0] = i;
-    for (int j = 0; j <= lb; j++) d[0][j] = j;
-    for (int i = 1; i <= la; i++)
-        for (int j = 1; j <= lb; j++) {
-            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
-            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-        }
-    return d[la][lb];
-}
-
 static const key_spec *find_key(const char *name)
 {
     for (int i = 0; i < N_KEYS; i++)
@@ -164,7 +147,7 @@ static const char *nearest_key(const char *name)
     const char *best = NULL;
     int best_d = 1 << 30;
     for (int i = 0; i < N_KEYS; i++) {
-        int d = edit_distance(name, keys[i].name);
+        int d = prl_edit_distance(name, keys[i].name);
         if (d < best_d) best_d = d, best = keys[i].name;
     }
     return best_d <= 4 ? best : NULL;

@@ -53,6 +53,9 @@ prl_status prl_error_wrap(prl_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The last message set on this thread ("" if none). Valid until the next set. */
 const char *prl_error_message(void);
+/* Levenshtein distance of two names (99 when either is longer than 63), for "did you mean"
+** suggestions in errors. */
+int prl_edit_distance(const char *a, const char *b);
 /* A short constant name for a status ("PRL_ERR_IO"). */
 const char *prl_status_name(prl_status code);
 

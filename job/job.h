@@ -1,0 +1,69 @@
+/*
+** job.h — the one public header of job/: a training job's configuration (the JSON files in
+** configs/ that `prl run` will take), with defaults, `--set key=value` overrides and
+** validation that names the key — all before any process starts.
+**
+** Keys are dotted paths into sections: run (name, seed), model (init checkpoint), task
+** (domain, difficulty, problems), rollout, reward, sandbox, grpo, optim, controller,
+** checkpoint. docs/job.md lists every key with its type, default and range. An unknown key
+** (with the nearest known key suggested), a wrong type, an impossible value (B·G = 0, a
+** negative clip) or a bad choice is PRL_ERR_CONFIG naming the key and the source.
+**
+** Ownership: prl_job_config owns its strings (prl_job_config_free).
+*/
+#ifndef PRL_JOB_H
+#define PRL_JOB_H
+
+#include "engine/engine.h"
+
+typedef struct prl_job_config {
+    /* run */
+    char *name;
+    uint64_t seed;
+    /* model */
+    char *init;                  /* checkpoint to start from */
+    /* task */
+    char *domain;                /* reasoning | general | agent | coding */
+    int difficulty;              /* 0 (mixed) .. 3 */
+    int train_problems, eval_problems;
+    /* rollout */
+    int rollout_workers, batch_prompts, group_size, max_new_tokens, max_turns;
+    double temperature, top_p;
+    char *precision;             /* fp32 | bf16 | fp16 | aligned */
+    /* reward, sandbox */
+    int reward_workers, sandbox_slots;
+    double reward_timeout;
+    /* grpo */
+    char *adv_norm;              /* std | none */
+    char *singleton;             /* zero | verl | drop */
+    double adv_eps, clip_low, clip_high, clip_c, loss_scale_factor, kl_coef;
+    char *loss_agg;              /* token-mean | ... */
+    int ppo_epochs, minibatches;
+    /* optim */
+    char *optimizer;             /* adamw | muon */
+    double lr, weight_decay, grad_clip;
+    int warmup;
+    /* controller */
+    char *mode;                  /* sync | async */
+    int max_lag, steps, dynamic_sampling, retire_solved_epochs;
+    double lease_seconds, heartbeat_seconds;
+    /* checkpoint */
+    int checkpoint_every;
+} prl_job_config;
+
+/* Every key at its default (docs/job.md). */
+prl_status prl_job_config_default(prl_job_config *c);
+void prl_job_config_free(prl_job_config *c);
+/* Apply a JSON object text over *c (keys absent from the text keep their values); `source`
+** names the text in errors. Then validate the whole config. */
+prl_status prl_job_config_parse(prl_job_config *c, const char *json_text, const char *source);
+prl_status prl_job_config_load(prl_job_config *c, const char *path);
+/* One `--set key=value` override: the value is JSON (a number, true/false, a quoted string)
+** or, when it does not parse as JSON, a bare string. Validates the whole config after. */
+prl_status prl_job_config_set(prl_job_config *c, const char *assignment);
+/* Check ranges and cross-key rules (B·G > 0, clip values, choices). */
+prl_status prl_job_config_check(const prl_job_config *c, const char *source);
+/* The whole config as a JSON object text (malloc'd): what a run records in run.db. */
+char *prl_job_config_to_json(const prl_job_config *c);
+
+#endif /* PRL_JOB_H */

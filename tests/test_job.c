@@ -1,0 +1,96 @@
+/*
+** test_job.c — the job configuration: defaults validate, JSON and --set overrides apply, and
+** every kind of bad input fails naming the key (unknown key with a suggestion, wrong type,
+** out of range, bad choice, B·G = 0, a negative clip, cross-key rules), before anything runs.
+*/
+#include "job/job.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void expect_error(const char *json, const char *needle)
+{
+    prl_job_config c;
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    ck_assert_int_eq(prl_job_config_parse(&c, json, "job.json"), PRL_ERR_CONFIG);
+    ck_assert_msg(strstr(prl_error_message(), needle), "%s: got '%s', want '%s'", json,
+                  prl_error_message(), needle);
+    prl_job_config_free(&c);
+}
+
+START_TEST(test_defaults_and_overrides)
+{
+    prl_job_config c;
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    ck_assert_int_eq(prl_job_config_check(&c, "defaults"), PRL_OK);
+    ck_assert_str_eq(c.loss_agg, "token-mean");
+    ck_assert(c.clip_high == 0.28 && c.group_size == 8);
+    ck_assert_int_eq(prl_job_config_parse(&c, "{\"rollout\": {\"group_size\": 4, \"temperature\": 0.7},"
+                                              " \"task\": {\"domain\": \"coding\"}}", "job.json"), PRL_OK);
+    ck_assert_int_eq(c.group_size, 4);
+    ck_assert(c.temperature == 0.7);
+    ck_assert_str_eq(c.domain, "coding");
+    ck_assert_int_eq(c.batch_prompts, 8); /* untouched keys keep their values */
+    ck_assert_int_eq(prl_job_config_set(&c, "grpo.clip_high=0.3"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "controller.mode=async"), PRL_OK); /* bare word */
+    ck_assert_int_eq(prl_job_config_set(&c, "controller.dynamic_sampling=true"), PRL_OK);
+    ck_assert(c.clip_high == 0.3 && c.dynamic_sampling == 1);
+    ck_assert_str_eq(c.mode, "async");
+    /* round trip through JSON */
+    char *text = prl_job_config_to_json(&c);
+    prl_job_config d;
+    ck_assert_int_eq(prl_job_config_default(&d), PRL_OK);
+    ck_assert_int_eq(prl_job_config_parse(&d, text, "round trip"), PRL_OK);
+    char *text2 = prl_job_config_to_json(&d);
+    ck_assert_str_eq(text, text2);
+    free(text), free(text2);
+    prl_job_config_free(&d);
+    prl_job_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_errors_name_the_key)
+{
+    expect_error("{\"grpo\": {\"clip_hgih\": 0.3}}", "unknown key 'grpo.clip_hgih' (did you mean 'grpo.clip_high'?)");
+    expect_error("{\"seed\": 3}", "unknown key 'seed'");
+    expect_error("{\"rollout\": {\"group_size\": \"8\"}}", "key 'rollout.group_size' must be an integer");
+    expect_error("{\"rollout\": {\"group_size\": 2.5}}", "key 'rollout.group_size' must be an integer");
+    expect_error("{\"rollout\": {\"group_size\": 0}}", "key 'rollout.group_size' = 0 is out of range");
+    expect_error("{\"rollout\": {\"batch_prompts\": 0}}", "rollout.batch_prompts");
+    expect_error("{\"grpo\": {\"clip_low\": -0.2}}", "key 'grpo.clip_low' = -0.2 is out of range");
+    expect_error("{\"grpo\": {\"clip_c\": 0.5}}", "key 'grpo.clip_c' = 0.5 must be > 1");
+    expect_error("{\"grpo\": {\"loss_agg\": \"token-avg\"}}", "'token-avg' is not one of token-mean|");
+    expect_error("{\"grpo\": {\"loss_agg\": \"seq-mean-token-sum-norm\"}}", "grpo.loss_scale_factor");
+    expect_error("{\"controller\": {\"heartbeat_seconds\": 90}}", "controller.heartbeat_seconds");
+    expect_error("{\"optim\": {\"lr\": \"fast\"}}", "key 'optim.lr' must be a number");
+    expect_error("{\"controller\": {\"dynamic_sampling\": 1}}", "must be true or false");
+    expect_error("{\"rollout\": 3}", "'rollout' must be an object of keys");
+    expect_error("[1, 2]", "must be a JSON object");
+    expect_error("{\"rollout\": {\"group_size\": 4,}}", "job.json:1: invalid JSON");
+    expect_error("{\"rollout\": {\"top_p\": 1, \"top_p\": 0.5}}", "invalid JSON");
+    prl_job_config c;
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "grpo.clip=0.3"), PRL_ERR_CONFIG);
+    ck_assert(strstr(prl_error_message(), "--set: unknown key 'grpo.clip'"));
+    ck_assert_int_eq(prl_job_config_set(&c, "rollout.group_size"), PRL_ERR_CONFIG);
+    ck_assert(strstr(prl_error_message(), "expected key=value"));
+    ck_assert_int_eq(prl_job_config_set(&c, "rollout.group_size=-1"), PRL_ERR_CONFIG);
+    ck_assert_int_eq(prl_job_config_load(&c, "/nonexistent/job.json"), PRL_ERR_IO);
+    prl_job_config_free(&c);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("job");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_defaults_and_overrides);
+    tcase_add_test(tc, test_errors_name_the_key);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
