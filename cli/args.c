@@ -139,13 +139,6 @@ int cli_setup_blas(const char *cmd, int threads)
     return 0;
 }
 
-double cli_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 void cli_format_duration(char *out, size_t n, double s)
 {
     if (!(s >= 0)) s = 0;

@@ -8,7 +8,11 @@
 #ifndef PRL_CLI_H
 #define PRL_CLI_H
 
+#include "bus/bus.h"
+#include "job/job.h"
 #include "reward/reward.h"
+
+#include <pthread.h>
 
 #include <jansson.h>
 
@@ -49,7 +53,6 @@ prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, si
 /* A "messages" array as chat turns that borrow the JSON strings (free the array only). */
 prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_message **msgs,
                              size_t *n);
-double cli_now(void);
 /* "1h02m", "3m10s", "12s" */
 void cli_format_duration(char *out, size_t n, double seconds);
 
@@ -73,5 +76,54 @@ void cli_exec_free(cli_exec *x);
 prl_status cli_exec_sandboxed(void *ctx, const prl_reward_exec_request *req,
                               prl_reward_exec_result *res);
 int cmd_sandbox(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_role(int argc, char **argv);
+int cmd_role_controller(int argc, char **argv);
+int cmd_role_rollout(int argc, char **argv);
+int cmd_role_reward(int argc, char **argv);
+int cmd_role_trainer(int argc, char **argv);
+/* runs/NAME/job.json into out[n]. */
+prl_status cli_run_job_path(const char *run_dir, char *out, size_t n);
+
+/* ---------------------------------------------------------------- roles (role.c) --- */
+
+/* A worker role's link to the run: the DEALER socket to the controller (identity = the
+** worker name), what the welcome said, and the heartbeat thread. join/leave pair. */
+typedef struct cli_role {
+    const char *role;         /* "rollout", "reward", "trainer" */
+    char worker[64];          /* stable name, e.g. "rollout-0" */
+    char endpoint[512];
+    char run[128];            /* from the welcome */
+    char run_dir[1024];
+    uint64_t seed;
+    prl_job_config job;       /* from the welcome */
+    double heartbeat_s;
+    prl_bus_socket *ctl;
+    uint64_t next_id;         /* ids of the messages this worker sends */
+    int stop;                 /* a stop message arrived */
+    volatile int hb_quit;
+    int hb_running;
+    pthread_t hb;
+} cli_role;
+
+/* SIGTERM/SIGINT set the stop flag cli_role_stopping reports; SIGPIPE is ignored. */
+void cli_role_install_signals(void);
+int cli_role_stopping(const cli_role *r);
+/* Connect, hello, wait for the welcome (re-sending hello every second, up to 2 minutes),
+** start the heartbeat. On error nothing is left open. */
+prl_status cli_role_join(cli_role *r, const char *role, const char *worker, const char *endpoint,
+                         int allow_remote);
+void cli_role_leave(cli_role *r);
+prl_status cli_role_send_hello(cli_role *r);
+prl_status cli_role_take_welcome(cli_role *r, const prl_bus_msg *welcome);
+/* The next work message, up to timeout_ms. stop, welcome and error messages are handled
+** here (*got stays 0): stop sets r->stop; a re-welcome updates the run; an error asking to
+** say hello is answered. */
+prl_status cli_role_next(cli_role *r, int timeout_ms, prl_bus_msg *m, int *got);
+/* "[rollout-0] message" on stderr. */
+void cli_role_log(const cli_role *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A bytes frame as a NUL-terminated malloc'd string; NULL (error set) when the frame is
+** missing, not bytes, or holds a NUL. */
+char *cli_frame_text(const prl_bus_msg *m, const char *name);
 
 #endif /* PRL_CLI_H */

@@ -78,9 +78,9 @@ static double gemm_rate(int reps, int openblas)
     rate_ctx c = {.A = A, .B = B, .C = C, .openblas = openblas};
     prl_parallel_for(RATE_S / PRL_ROW_BLOCK, rate_task, &c); /* warm-up */
     for (int r = 0; r < reps; r++) {
-        double t0 = cli_now();
+        double t0 = prl_now();
         prl_parallel_for(RATE_S / PRL_ROW_BLOCK, rate_task, &c);
-        t[r] = 2.0 * RATE_S * RATE_S * RATE_S / (cli_now() - t0) / 1e9;
+        t[r] = 2.0 * RATE_S * RATE_S * RATE_S / (prl_now() - t0) / 1e9;
     }
     double med = median(t, reps);
     free(A), free(B), free(C), free(t);
@@ -147,12 +147,12 @@ static prl_status time_prl(const prl_config *cfg, const bench_args *a, double *t
     }
     prl_batch b = {.B = a->batch, .T = a->seq, .tokens = tok, .targets = tgt, .weights = w, .temperature = 1};
     for (int s = 0; rc == PRL_OK && s < a->warmup + a->steps; s++) {
-        double t0 = cli_now();
+        double t0 = prl_now();
         prl_model_zero_grad(&m);
         rc = prl_model_forward(&m, &b, NULL, NULL);
         if (rc == PRL_OK) rc = prl_model_backward(&m, &b);
         if (rc == PRL_OK) rc = prl_optim_step(&o, &m, NULL);
-        if (s >= a->warmup) t[s - a->warmup] = cli_now() - t0;
+        if (s >= a->warmup) t[s - a->warmup] = prl_now() - t0;
     }
     free(tok), free(tgt), free(w);
     prl_optim_free(&o);
@@ -289,9 +289,9 @@ static prl_status prl_generate_time(prl_infer *e, prl_gen_request *q, int B, int
     prl_sample_params_default(&sp);
     sp.max_new_tokens = n_new, sp.n_stop_ids = 0;
     prl_gen_result *r = calloc((size_t)B, sizeof *r);
-    double t0 = cli_now();
+    double t0 = prl_now();
     prl_status rc = prl_infer_generate(e, q, B, &sp, r, NULL, NULL);
-    *seconds = cli_now() - t0;
+    *seconds = prl_now() - t0;
     if (rc == PRL_OK && first_tokens) memcpy(first_tokens, r[0].tokens, (size_t)r[0].n * sizeof *first_tokens);
     for (int i = 0; i < B; i++) prl_gen_result_free(&r[i]);
     free(r);
@@ -550,12 +550,12 @@ static int isolated_run(prl_sandbox *sb, const prl_sandbox_request *req)
 static double round_rate(prl_sandbox *sb, const prl_sandbox_request *req, const char *python,
                          const char *file, double secs, int *count)
 {
-    double t0 = cli_now(), t;
+    double t0 = prl_now(), t;
     int n = 0;
     do {
         if ((sb ? isolated_run(sb, req) : bare_spawn(python, file)) != 0) return -1;
         n++;
-        t = cli_now();
+        t = prl_now();
     } while (t - t0 < secs);
     *count += n;
     return n / (t - t0);

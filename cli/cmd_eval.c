@@ -61,7 +61,7 @@ static prl_status eval_domain(const eval_args *a, prl_infer *e, const prl_tokeni
     uint64_t *ids = calloc((size_t)(tl.n ? tl.n : 1), sizeof *ids);
     prl_episode *eps = calloc((size_t)(tl.n ? tl.n : 1), sizeof *eps);
     *out = (domain_result){.domain = d, .n = tl.n};
-    double t0 = cli_now();
+    double t0 = prl_now();
     if (!rc && (!ids || !eps)) rc = prl_error_set(PRL_ERR_NOMEM, "eval of %d tasks", tl.n);
     for (int i = 0; i < tl.n; i++) ids[i] = (uint64_t)i;
     if (!rc) rc = prl_rollout_run(e, tok, tl.items, ids, tl.n, &rcfg, exec, eps);
@@ -71,7 +71,7 @@ static prl_status eval_domain(const eval_args *a, prl_infer *e, const prl_tokeni
         out->turns_sum += eps[i].turns;
         out->truncated += eps[i].truncated;
     }
-    out->seconds = cli_now() - t0;
+    out->seconds = prl_now() - t0;
     for (int i = 0; i < tl.n; i++) {
         if (!rc) prl_episode_free(&eps[i]);
         json_decref(tl.items[i]);

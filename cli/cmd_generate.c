@@ -134,7 +134,7 @@ typedef struct progress_state {
 static void on_progress(void *user, int finished, int total, long tokens)
 {
     progress_state *p = user;
-    double now = cli_now();
+    double now = prl_now();
     if (p->quiet || (now - p->last < 2.0 && finished < total)) return;
     p->last = now;
     fprintf(stderr, "generate: %d/%d sequences done, %ld tokens, %.0f tokens/s\n", finished, total,
@@ -216,13 +216,13 @@ static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_in
     sp.vocab_limit = tok ? prl_tokenizer_vocab_size(tok) : 0; /* only ids it can decode */
     prl_infer *e = NULL;
     int rc = 0;
-    progress_state ps = {.t0 = cli_now(), .last = cli_now(), .quiet = a->quiet};
+    progress_state ps = {.t0 = prl_now(), .last = prl_now(), .quiet = a->quiet};
     char desc[128];
     prl_infer_options_describe(io, desc, sizeof desc);
     if (prl_infer_init(&e, m, io) || prl_infer_generate(e, reqs, total, &sp, res, on_progress, &ps)) {
         rc = cli_fail("generate");
     } else {
-        double dt = cli_now() - ps.t0;
+        double dt = prl_now() - ps.t0;
         long toks = 0;
         for (int i = 0; i < total; i++) toks += res[i].n;
         if (!a->quiet)

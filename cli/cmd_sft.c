@@ -50,11 +50,11 @@ static prl_status get_tokenizer(const sft_args *a, int vocab_size, prl_tokenizer
     size_t n = 0;
     prl_status rc = prl_sft_read_texts(a->data, &texts, &n);
     if (rc) return rc;
-    double t0 = cli_now();
+    double t0 = prl_now();
     rc = prl_tokenizer_train((const char *const *)texts, NULL, n, vocab_size, tok);
     if (rc == PRL_OK)
         fprintf(stderr, "tokenizer: trained on %zu texts of %s: %d tokens in %.1fs\n", n,
-                a->data, prl_tokenizer_vocab_size(*tok), cli_now() - t0);
+                a->data, prl_tokenizer_vocab_size(*tok), prl_now() - t0);
     for (size_t i = 0; i < n; i++) free(texts[i]);
     free(texts);
     return rc;

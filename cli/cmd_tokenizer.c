@@ -40,12 +40,12 @@ static int train(int argc, char **argv)
         if (!texts[0]) st = PRL_ERR_IO;
     }
     prl_tokenizer *tok = NULL;
-    double t0 = cli_now();
+    double t0 = prl_now();
     if (st == PRL_OK) st = prl_tokenizer_train((const char *const *)texts, NULL, n, vocab, &tok);
     if (st == PRL_OK) st = prl_tokenizer_save(tok, out);
     if (st == PRL_OK)
         fprintf(stderr, "prl tokenizer: %d tokens from %zu texts in %.1fs -> %s\n",
-                prl_tokenizer_vocab_size(tok), n, cli_now() - t0, out);
+                prl_tokenizer_vocab_size(tok), n, prl_now() - t0, out);
     for (size_t i = 0; i < n; i++) free(texts[i]);
     free(texts);
     prl_tokenizer_free(tok);

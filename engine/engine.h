@@ -182,6 +182,9 @@ enum {
     PRL_RNG_TEST = 5     /* tests */
 };
 
+/* Seconds on the monotonic clock (for durations; never for seeds). */
+double prl_now(void);
+
 /* CRC-32C style checksum of a byte range (used in checkpoint metadata). */
 uint64_t prl_checksum64(const void *data, size_t n, uint64_t seed);
 

@@ -1,5 +1,5 @@
 /*
-** rng.c — counter-based random streams and a 64-bit checksum.
+** rng.c — counter-based random streams, a 64-bit checksum and the monotonic clock.
 **
 ** A stream's key is a hash of (seed, a, b, c, purpose); draw i is hash(key, i). Nothing is
 ** carried between draws except the counter, so a draw depends only on its coordinates:
@@ -7,6 +7,8 @@
 ** batching, ordering or thread count.
 */
 #include "engine/engine.h"
+
+#include <time.h>
 
 #include <math.h>
 
@@ -63,4 +65,11 @@ uint64_t prl_checksum64(const void *data, size_t n, uint64_t seed)
     }
     for (; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
     return prl_hash64(h ^ n);
+}
+
+double prl_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }

@@ -13,13 +13,14 @@ void prl_rollout_config_default(prl_rollout_config *c)
     prl_sample_params_default(&c->sampling);
     c->sampling.max_new_tokens = 96;
     c->max_turns = 10;
+    c->score = 1;
 }
 
 void prl_episode_free(prl_episode *ep)
 {
     if (!ep) return;
     for (int i = 0; i < ep->n_msgs; i++) free((char *)ep->msgs[i].content);
-    free(ep->msgs), free(ep->ids), free(ep->mask), free(ep->logprobs);
+    free(ep->msgs), free(ep->ids), free(ep->mask), free(ep->logprobs), free(ep->routes);
     memset(ep, 0, sizeof *ep);
 }
 
@@ -165,6 +166,10 @@ static prl_status take_turn(play *p, const prl_tokenizer *tok, const prl_gen_res
     prl_status rc = append(ep, r->tokens, r->logprobs, r->n, 1);
     if (rc) return rc;
     ep->turns++;
+    ep->stop = (int)r->stop;
+    free(ep->routes); /* each round re-prefills the whole sequence: keep the newest routes */
+    ep->routes = r->routes, ep->routes_bytes = r->routes_bytes, ep->n_route_tokens = r->n_route_tokens;
+    ((prl_gen_result *)r)->routes = NULL;
     int k = r->n; /* the turn's text without its closing special */
     if (k > 0 && (r->tokens[k - 1] == PRL_TOKEN_END || r->tokens[k - 1] == PRL_TOKEN_EOS)) k--;
     char *text = NULL;
@@ -211,8 +216,13 @@ static prl_status round_once(prl_infer *e, const prl_tokenizer *tok, play *ps, i
     }
     prl_sample_params sp = c->sampling; /* draw only ids the tokenizer can decode */
     sp.vocab_limit = prl_tokenizer_vocab_size(tok);
+    double t0 = prl_now();
     prl_status rc = k ? prl_infer_generate(e, q, k, &sp, res, NULL, NULL) : PRL_OK;
-    for (int j = 0; !rc && j < k; j++) rc = take_turn(&ps[who[j]], tok, &res[j], exec);
+    double dt = prl_now() - t0;
+    for (int j = 0; !rc && j < k; j++) {
+        ps[who[j]].ep->gen_seconds += dt;
+        rc = take_turn(&ps[who[j]], tok, &res[j], exec);
+    }
     for (int j = 0; j < k; j++) prl_gen_result_free(&res[j]);
     *active = 0;
     for (int i = 0; i < n; i++) *active += !ps[i].done;
@@ -238,7 +248,7 @@ prl_status prl_rollout_run(prl_infer *e, const prl_tokenizer *tok, json_t *const
                                "context of %d", i, out[i].n, max_len);
     }
     for (int active = n; !rc && active > 0;) rc = round_once(e, tok, ps, n, seq_ids, c, exec, &active);
-    for (int i = 0; i < n && !rc; i++) {
+    for (int i = 0; i < n && !rc && c->score; i++) {
         char *task_json = json_dumps(tasks[i], JSON_COMPACT);
         rc = task_json ? prl_reward_score(task_json, out[i].msgs, (size_t)out[i].n_msgs, exec,
                                           &out[i].result)

@@ -20,9 +20,11 @@
 typedef struct prl_rollout_config {
     prl_sample_params sampling; /* per turn: temperature, top-k/p, seed, max_new_tokens */
     int max_turns;              /* model turns per episode (default 10) */
+    int score;                  /* 1 (default): score with the verifiers; 0: leave it to a
+                                ** reward worker (result and reward stay zero) */
 } prl_rollout_config;
 
-/* Greedy, 96 new tokens per turn, 10 turns. */
+/* Greedy, 96 new tokens per turn, 10 turns, scored. */
 void prl_rollout_config_default(prl_rollout_config *c);
 
 typedef struct prl_episode {
@@ -33,6 +35,12 @@ typedef struct prl_episode {
     prl_chat_message *msgs;/* the model's turns and the observations, for the verifier */
     int n_msgs, turns;     /* messages; model turns */
     int truncated;         /* ended by a turn without <|end|> or by the context */
+    int stop;              /* prl_stop_reason of the last model turn */
+    uint8_t *routes;       /* compact MoE routes (prl_routes_pack) of the last round's pass
+                           ** over the sequence: [n_route_tokens][n_moe][K] */
+    size_t routes_bytes;
+    int n_route_tokens;    /* n - 1 when the last turn ended the episode */
+    double gen_seconds;    /* wall time of the rounds this episode took part in */
     prl_reward_result result;
     double reward;         /* result.score */
 } prl_episode;

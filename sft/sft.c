@@ -14,13 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Calls fn(user, line_no, messages array) for every non-blank line. */
 typedef prl_status (*line_fn)(void *user, const char *path, int line_no, json_t *messages);
 
@@ -257,10 +250,10 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
         if (!bb[a].tokens || !bb[a].targets || !bb[a].lens || !bb[a].weights)
             rc = prl_error_set(PRL_ERR_NOMEM, "sft batches");
     }
-    double t_start = now_s();
+    double t_start = prl_now();
     int64_t first = o->step, last = o->step + c->steps;
     for (int64_t step = first; rc == PRL_OK && step < last; step++) {
-        double t0 = now_s();
+        double t0 = prl_now();
         int trained = 0, tokens = 0;
         for (int a = 0; a < c->accum; a++) trained += fill_batch(&bb[a], d, c, &ord, step, a);
         prl_model_zero_grad(m);
@@ -285,7 +278,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
         prl_optim_stats os;
         if ((rc = prl_optim_step(o, m, &os))) break;
         prl_model_update_router_bias(m);
-        double t1 = now_s();
+        double t1 = prl_now();
         int done = (int)(step + 1 - first);
         if (progress && (done % c->log_every == 0 || step + 1 == last)) {
             prl_sft_progress p = {

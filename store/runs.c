@@ -222,6 +222,30 @@ prl_status prl_store_step_last(prl_store *db, int64_t run, int64_t *step)
     return rc;
 }
 
+static const char SQL_STEP_METRICS[] = "SELECT metrics FROM steps WHERE run = ?1 AND step = ?2";
+
+prl_status prl_store_step_metrics(prl_store *db, int64_t run, int64_t step, char **metrics)
+{
+    *metrics = NULL;
+    sqlite3_stmt *st;
+    prl_status rc = store_stmt(db, SQL_STEP_METRICS, &st);
+    if (rc != PRL_OK) return rc;
+    sqlite3_bind_int64(st, 1, run);
+    sqlite3_bind_int64(st, 2, step);
+    int r = sqlite3_step(st);
+    if (r == SQLITE_DONE) {
+        rc = prl_error_set(PRL_ERR_RANGE, "run %lld has no step %lld", (long long)run, (long long)step);
+    } else if (r != SQLITE_ROW) {
+        rc = store_sqlite_error(db, "reading a step's metrics");
+    } else {
+        const char *t = (const char *)sqlite3_column_text(st, 0);
+        *metrics = strdup(t ? t : "{}");
+        if (!*metrics) rc = prl_error_set(PRL_ERR_NOMEM, "step %lld metrics", (long long)step);
+    }
+    sqlite3_reset(st);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- events ----------- */
 
 static const char SQL_EVENT_ADD[] =

@@ -196,6 +196,8 @@ typedef struct prl_store_step {
 prl_status prl_store_step_put(prl_store *db, const prl_store_step *st);
 /* The highest recorded step of a run into *step (-1 when none). */
 prl_status prl_store_step_last(prl_store *db, int64_t run, int64_t *step);
+/* A recorded step's metrics JSON text (malloc'd, caller frees); missing: PRL_ERR_RANGE. */
+prl_status prl_store_step_metrics(prl_store *db, int64_t run, int64_t step, char **metrics);
 
 /* Append an event: kind is short free text ("fault", "restart", "stale_drop", ...), detail a
 ** JSON object (NULL: "{}"); the time is now. */

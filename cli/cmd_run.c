@@ -1,0 +1,363 @@
+/*
+** cmd_run.c — `prl run CONFIG`: start a training run as separate processes on this machine
+** and supervise them (docs/pipeline.md).
+**
+** The launcher validates the job config (every error names the key, before any process
+** starts), creates runs/NAME/ (job.json, logs/, ckpt/), then starts the controller, the
+** trainer, the rollout and reward workers as child processes of the same binary
+** (`prl role ...`) over ipc:// sockets in the run directory. A role that dies is started
+** again (the controller hands its work out again); Ctrl-C stops every role and leaves the
+** run resumable with `prl run --resume runs/NAME`.
+*/
+#include "cli/cli.h"
+#include "controller/controller.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { MAX_CHILDREN = 136, MAX_SETS = 64, RESTARTS_PER_MINUTE = 10 };
+
+typedef struct child {
+    char name[64];
+    char *argv[16];
+    int n_args;
+    pid_t pid;
+    double started;
+    int restarts;
+    double window_start;
+} child;
+
+typedef struct launcher {
+    const char *run_dir;
+    child c[MAX_CHILDREN];
+    int n;
+    char control_ep[1100];
+} launcher;
+
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static void add_child(launcher *L, const char *name, const char *const *args)
+{
+    child *c = &L->c[L->n++];
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->argv[c->n_args++] = strdup("prl");
+    for (int i = 0; args[i] && c->n_args < 15; i++) c->argv[c->n_args++] = strdup(args[i]);
+    c->argv[c->n_args] = NULL;
+}
+
+/* fork + exec /proc/self/exe; stdout/stderr to logs/NAME.log (the controller's stdout, its
+** progress lines, stays on the terminal). */
+static int start_child(launcher *L, child *c)
+{
+    char log[1200];
+    snprintf(log, sizeof log, "%s/logs/%s.log", L->run_dir, c->name);
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "prl run: cannot open %s: %s\n", log, strerror(errno));
+        return -1;
+    }
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd);
+        fprintf(stderr, "prl run: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        signal(SIGINT, SIG_IGN); /* the launcher stops its children with SIGTERM */
+        if (strcmp(c->name, "controller")) dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        execv("/proc/self/exe", c->argv);
+        fprintf(stderr, "exec /proc/self/exe: %s\n", strerror(errno));
+        _exit(127);
+    }
+    close(fd);
+    c->pid = pid, c->started = prl_now();
+    return 0;
+}
+
+static child *child_of(launcher *L, pid_t pid)
+{
+    for (int i = 0; i < L->n; i++)
+        if (L->c[i].pid == pid) return &L->c[i];
+    return NULL;
+}
+
+static void describe_exit(int status, char *out, size_t n)
+{
+    if (WIFSIGNALED(status)) snprintf(out, n, "killed by signal %d", WTERMSIG(status));
+    else snprintf(out, n, "exit code %d", WEXITSTATUS(status));
+}
+
+/* SIGTERM every child, wait up to `grace` seconds, then SIGKILL the rest. */
+static void stop_all(launcher *L, double grace)
+{
+    for (int i = 0; i < L->n; i++)
+        if (L->c[i].pid > 0) kill(L->c[i].pid, SIGTERM);
+    double t_end = prl_now() + grace;
+    for (;;) {
+        int alive = 0;
+        for (int i = 0; i < L->n; i++) {
+            if (L->c[i].pid <= 0) continue;
+            int st;
+            pid_t r = waitpid(L->c[i].pid, &st, WNOHANG);
+            if (r == L->c[i].pid || (r < 0 && errno == ECHILD)) L->c[i].pid = 0;
+            else alive++;
+        }
+        if (!alive) return;
+        if (prl_now() > t_end) {
+            for (int i = 0; i < L->n; i++)
+                if (L->c[i].pid > 0) kill(L->c[i].pid, SIGKILL);
+            t_end = prl_now() + 5;
+        }
+        usleep(50000);
+    }
+}
+
+/* The last line of a role's log, to say why it died. */
+static void last_log_line(const launcher *L, const char *name, char *out, size_t n)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/logs/%s.log", L->run_dir, name);
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[1024];
+    while (fgets(line, sizeof line, f))
+        if (line[0] != '\n') snprintf(out, n, "%s", line);
+    fclose(f);
+    size_t k = strlen(out);
+    if (k && out[k - 1] == '\n') out[k - 1] = 0;
+}
+
+/* Supervise until the controller finishes (0), a signal stops the run (130) or a role keeps
+** dying (1). */
+static int supervise(launcher *L)
+{
+    for (;;) {
+        if (interrupted) {
+            fprintf(stderr, "\nprl run: stopping every role (the run can be resumed with "
+                            "`prl run --resume %s`)\n", L->run_dir);
+            stop_all(L, 10);
+            return 130;
+        }
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) {
+            usleep(100000);
+            continue;
+        }
+        child *c = child_of(L, pid);
+        if (!c) continue;
+        c->pid = 0;
+        if (!strcmp(c->name, "controller") && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+            stop_all(L, 10);
+            return 0;
+        }
+        char why[64], last[512];
+        describe_exit(status, why, sizeof why);
+        last_log_line(L, c->name, last, sizeof last);
+        fprintf(stderr, "prl run: %s died (%s)%s%s: starting it again\n", c->name, why,
+                last[0] ? "; its log ends with: " : "", last);
+        double now = prl_now();
+        if (now - c->window_start > 60) c->window_start = now, c->restarts = 0;
+        if (++c->restarts > RESTARTS_PER_MINUTE) {
+            fprintf(stderr, "prl run: %s died %d times within a minute: stopping the run (see "
+                            "%s/logs/%s.log)\n", c->name, c->restarts, L->run_dir, c->name);
+            stop_all(L, 10);
+            return 1;
+        }
+        usleep(200000); /* a moment before the restart: a crash loop must not spin */
+        if (start_child(L, c)) {
+            stop_all(L, 10);
+            return 1;
+        }
+    }
+}
+
+static int mkdir_p(const char *path)
+{
+    char buf[1100];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+/* job.json, written atomically (it is the run's config of record for every restart). */
+static prl_status write_job(const char *run_dir, const prl_job_config *job)
+{
+    char path[1100], tmp[1200];
+    prl_status rc = cli_run_job_path(run_dir, path, sizeof path);
+    if (rc) return rc;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char *text = prl_job_config_to_json(job);
+    if (!text) return prl_error_set(PRL_ERR_NOMEM, "job config");
+    json_error_t je;
+    json_t *o = json_loads(text, 0, &je);
+    free(text);
+    int bad = !o || json_dump_file(o, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) || rename(tmp, path);
+    json_decref(o);
+    return bad ? prl_error_set(PRL_ERR_IO, "cannot write %s: %s", path, strerror(errno)) : PRL_OK;
+}
+
+/* Every check that needs the file system, before any process starts. */
+static prl_status check_inputs(const prl_job_config *job)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/config.json", job->init);
+    struct stat sb;
+    if (stat(p, &sb))
+        return prl_error_set(PRL_ERR_CONFIG, "model.init: %s is not a checkpoint directory (no "
+                             "config.json)%s", job->init,
+                             !strcmp(job->init, "runs/sft-base/ckpt")
+                                 ? "; make the SFT base first (see docs/pipeline.md)" : "");
+    snprintf(p, sizeof p, "%s/tokenizer.json", job->init);
+    if (stat(p, &sb))
+        return prl_error_set(PRL_ERR_CONFIG, "model.init: %s has no tokenizer.json", job->init);
+    return PRL_OK;
+}
+
+static void build_roles(launcher *L, const prl_job_config *job, int threads)
+{
+    char th[16];
+    snprintf(th, sizeof th, "%d", threads);
+    const char *ctl[] = {"role", "controller", "--run", L->run_dir, NULL};
+    add_child(L, "controller", ctl);
+    const char *tr[] = {"role", "trainer", "--connect", L->control_ep, "--name", "trainer-0",
+                        "--threads", th, NULL};
+    add_child(L, "trainer-0", tr);
+    for (int i = 0; i < job->rollout_workers; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "rollout-%d", i);
+        const char *a[] = {"role", "rollout", "--connect", L->control_ep, "--name", name,
+                           "--threads", th, NULL};
+        add_child(L, name, a);
+    }
+    for (int i = 0; i < job->reward_workers; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "reward-%d", i);
+        const char *a[] = {"role", "reward", "--connect", L->control_ep, "--name", name, NULL};
+        add_child(L, name, a);
+    }
+}
+
+/* Pull every `--set key=value` out of argv (they may repeat), leaving the rest. */
+static int take_sets(int *argc, char **argv, const char **sets)
+{
+    int n = 0, k = 2;
+    for (int i = 2; i < *argc; i++) {
+        if (!strcmp(argv[i], "--set") && i + 1 < *argc && n < MAX_SETS) {
+            sets[n++] = argv[++i];
+        } else if (!strncmp(argv[i], "--set=", 6) && n < MAX_SETS) {
+            sets[n++] = argv[i] + 6;
+        } else {
+            argv[k++] = argv[i];
+        }
+    }
+    *argc = k;
+    return n;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    const char *sets[MAX_SETS];
+    int n_sets = take_sets(&argc, argv, sets);
+    const char *resume = NULL, *runs = "runs";
+    int threads = 0, check_only = 0;
+    cli_opt opts[] = {
+        {"resume", OPT_STR, &resume, "DIR", "continue the stopped or crashed run in DIR", 0, 0},
+        {"runs", OPT_STR, &runs, "DIR", "where run directories go (default runs)", 0, 0},
+        {"threads", OPT_INT, &threads, "N", "threads per role (default: PRL_THREADS or all CPUs)", 0, 0},
+        {"check", OPT_FLAG, &check_only, NULL, "validate the config and exit", 0, 0},
+        {"set", OPT_STR, NULL, "KEY=VALUE", "override a config key (repeatable; docs/job.md)", 0, 0},
+        {0}};
+    const char *pos[1];
+    int n_pos = 0;
+    int pr = cli_parse(argc, argv, 2, opts, "prl run CONFIG [--set KEY=VALUE ...] | prl run --resume DIR",
+                       "Train a GRPO expert: the controller, trainer, rollout and reward workers as "
+                       "separate processes over ZeroMQ, every sample in DIR/run.db "
+                       "(docs/pipeline.md, docs/job.md).", pos, 1, &n_pos);
+    if (pr) return pr == CLI_HELP ? 0 : 2;
+    if (!!n_pos == !!resume)
+        return cli_failf("run", 2, "give either a CONFIG file or --resume DIR (see prl run --help)");
+    prl_job_config job;
+    prl_job_config_default(&job);
+    char job_path[1100], run_dir[1100];
+    prl_status rc = PRL_OK;
+    if (resume) {
+        snprintf(run_dir, sizeof run_dir, "%s", resume);
+        size_t k = strlen(run_dir);
+        while (k > 1 && run_dir[k - 1] == '/') run_dir[--k] = 0;
+        rc = cli_run_job_path(run_dir, job_path, sizeof job_path);
+        if (!rc) rc = prl_job_config_load(&job, job_path);
+    } else {
+        rc = prl_job_config_load(&job, pos[0]);
+    }
+    for (int i = 0; i < n_sets && !rc; i++) rc = prl_job_config_set(&job, sets[i]);
+    if (!rc && !resume) {
+        snprintf(run_dir, sizeof run_dir, "%s/%s", runs, job.name);
+        rc = cli_run_job_path(run_dir, job_path, sizeof job_path);
+        struct stat sb;
+        if (!rc && !stat(job_path, &sb))
+            rc = prl_error_set(PRL_ERR_ARG, "%s already exists: continue it with `prl run --resume %s` "
+                               "or choose another run.name", run_dir, run_dir);
+    }
+    if (!rc) rc = check_inputs(&job);
+    launcher L = {.run_dir = run_dir};
+    if (!rc) rc = prl_controller_endpoint(run_dir, "control.sock", L.control_ep, sizeof L.control_ep);
+    if (rc || check_only) {
+        prl_job_config_free(&job);
+        if (rc) return cli_failf("run", 2, "%s", prl_error_message());
+        printf("%s: config ok\n", n_pos ? pos[0] : job_path);
+        return 0;
+    }
+    char sub[1200];
+    int bad = mkdir_p(run_dir);
+    snprintf(sub, sizeof sub, "%s/logs", run_dir), bad |= mkdir_p(sub);
+    snprintf(sub, sizeof sub, "%s/ckpt", run_dir), bad |= mkdir_p(sub);
+    if (bad) rc = prl_error_set(PRL_ERR_IO, "cannot create %s: %s", sub, strerror(errno));
+    if (!rc) rc = write_job(run_dir, &job);
+    if (rc) {
+        prl_job_config_free(&job);
+        return cli_fail("run");
+    }
+    build_roles(&L, &job, threads);
+    fprintf(stderr, "prl run: %s: %s expert, %d steps of %d prompts x %d samples, %s mode; "
+                    "%d rollout + %d reward workers + trainer; logs in %s/logs/\n",
+            run_dir, job.domain, job.steps, job.batch_prompts, job.group_size, job.mode,
+            job.rollout_workers, job.reward_workers, run_dir);
+    prl_job_config_free(&job);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int code = 0;
+    for (int i = 0; i < L.n && !code; i++)
+        if (start_child(&L, &L.c[i])) code = 1;
+    if (code) stop_all(&L, 5);
+    else code = supervise(&L);
+    if (code == 0) printf("run finished: the final policy is %s/final\n", run_dir);
+    for (int i = 0; i < L.n; i++)
+        for (int j = 0; j < L.c[i].n_args; j++) free(L.c[i].argv[j]);
+    return code;
+}

@@ -1,0 +1,161 @@
+/*
+** role_trainer.c — `prl role trainer`: takes a step's samples (`train`), runs the GRPO update
+** (grpo/) on the policy at the message's version, commits version v+1 as a checkpoint with
+** its optimizer state (written under a temporary name, fsynced, renamed: engine/checkpoint.c)
+** and announces it with `trained` (docs/pipeline.md).
+**
+** The trainer keeps no state of its own between steps: every version's checkpoint holds the
+** weights and the optimizer, so a restarted trainer loads the version it is handed and
+** continues bit for bit.
+*/
+#include "cli/cli.h"
+#include "grpo/grpo.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct trainer {
+    cli_role role;
+    prl_model model;
+    prl_optim optim;
+    prl_tokenizer *tok;
+    int have_model, have_optim;
+    int64_t version;        /* version held (-1: none) */
+    char path[1024];
+} trainer;
+
+static void unload(trainer *t)
+{
+    if (t->have_optim) prl_optim_free(&t->optim);
+    if (t->have_model) prl_model_free(&t->model);
+    prl_tokenizer_free(t->tok);
+    t->tok = NULL, t->have_model = t->have_optim = 0, t->version = -1;
+}
+
+/* The policy of version v: weights, tokenizer and, past version 0, the optimizer state. */
+static prl_status load_version(trainer *t, int64_t v, const char *path)
+{
+    if (t->version == v && !strcmp(t->path, path)) return PRL_OK;
+    unload(t);
+    prl_status rc = cli_load_checkpoint(path, &t->model, &t->tok);
+    if (rc) return rc;
+    t->have_model = 1;
+    prl_optim_config oc;
+    if ((rc = prl_grpo_optim_config_from_job(&oc, &t->role.job))) return rc;
+    if ((rc = prl_optim_init(&t->optim, &t->model, &oc))) return rc;
+    t->have_optim = 1;
+    /* version 0 is the init checkpoint: its optimizer (if any) was another job's */
+    if (v > 0 && (rc = prl_checkpoint_load_optim(&t->optim, &t->model, path, NULL))) return rc;
+    t->version = v;
+    snprintf(t->path, sizeof t->path, "%s", path);
+    cli_role_log(&t->role, "holding policy version %lld (%s)", (long long)v, path);
+    return PRL_OK;
+}
+
+static prl_status train(trainer *t, const prl_bus_msg *m)
+{
+    double t0 = prl_now();
+    uint64_t lease = 0, step = 0, ver = 0;
+    const char *path = NULL;
+    prl_status rc = prl_bus_msg_get_uint(m, "lease", &lease);
+    if (!rc) rc = prl_bus_msg_get_uint(m, "step", &step);
+    if (!rc) rc = prl_bus_msg_get_uint(m, "policy_version", &ver);
+    if (!rc) rc = prl_bus_msg_get_str(m, "path", &path);
+    if (!rc && ver > (1u << 30)) rc = prl_error_set(PRL_ERR_ARG, "train: policy_version %llu", (unsigned long long)ver);
+    prl_grpo_batch b;
+    memset(&b, 0, sizeof b);
+    if (!rc) rc = prl_grpo_batch_from_msg(&b, m);
+    if (!rc) rc = load_version(t, (int64_t)ver, path);
+    prl_grpo_train_config tc;
+    if (!rc) rc = prl_grpo_train_config_from_job(&tc, &t->role.job);
+    prl_grpo_step_stats st;
+    memset(&st, 0, sizeof st);
+    if (!rc && b.n > 0) rc = prl_grpo_train_step(&t->model, &t->optim, &b, &tc, &st);
+    prl_grpo_batch_free(&b);
+    char dir[1200], state[256];
+    snprintf(dir, sizeof dir, "%s/ckpt/v%06llu", t->role.run_dir, (unsigned long long)ver + 1);
+    snprintf(state, sizeof state, "{\"run\": \"%s\", \"version\": %llu, \"step\": %llu}", t->role.run,
+             (unsigned long long)ver + 1, (unsigned long long)step);
+    if (!rc) rc = prl_checkpoint_save(&t->model, &t->optim, state, t->tok, dir);
+    if (rc) {
+        unload(t); /* the weights may be half-updated: reload before the next try */
+        return rc;
+    }
+    t->version = (int64_t)ver + 1;
+    snprintf(t->path, sizeof t->path, "%s", dir);
+    uint64_t sum = prl_checksum64(t->model.params, t->model.n_params * sizeof *t->model.params, 0);
+    char *metrics = prl_grpo_step_stats_to_json(&st);
+    prl_bus_msg out;
+    rc = metrics ? prl_bus_msg_init(&out, "trained", t->role.run, ++t->role.next_id)
+                 : prl_error_set(PRL_ERR_NOMEM, "metrics");
+    if (!rc) {
+        rc = prl_bus_msg_set_uint(&out, "lease", lease);
+        if (!rc) rc = prl_bus_msg_set_uint(&out, "step", step);
+        if (!rc) rc = prl_bus_msg_set_uint(&out, "version", ver + 1);
+        if (!rc) rc = prl_bus_msg_set_str(&out, "path", dir);
+        if (!rc) rc = prl_bus_msg_set_hex64(&out, "ckpt_checksum", sum);
+        if (!rc) rc = prl_bus_msg_set_uint(&out, "train_us", (uint64_t)((prl_now() - t0) * 1e6));
+        if (!rc) rc = prl_bus_msg_add_frame(&out, "metrics", PRL_BUS_BYTES, metrics, strlen(metrics));
+        if (!rc) rc = prl_bus_send(t->role.ctl, NULL, &out);
+        prl_bus_msg_free(&out);
+    }
+    free(metrics);
+    if (!rc)
+        cli_role_log(&t->role, "step %llu: version %llu, %d samples, loss %.4f, reward %.3f, %.1f s",
+                     (unsigned long long)step, (unsigned long long)ver + 1, st.samples, st.loss,
+                     st.reward_mean, prl_now() - t0);
+    return rc;
+}
+
+static void refuse(trainer *t, const prl_bus_msg *m, const char *why)
+{
+    uint64_t lease = 0, id = 0;
+    prl_bus_msg_get_uint(m, "lease", &lease);
+    prl_bus_msg_get_uint(m, "id", &id);
+    cli_role_log(&t->role, "cannot train lease %llu: %s", (unsigned long long)lease, why);
+    prl_bus_msg e;
+    if (prl_bus_msg_init(&e, "error", t->role.run, ++t->role.next_id)) return;
+    prl_bus_msg_set_str(&e, "reason", why);
+    prl_bus_msg_set_uint(&e, "ref", id);
+    prl_bus_msg_set_uint(&e, "lease", lease);
+    prl_bus_send(t->role.ctl, NULL, &e);
+    prl_bus_msg_free(&e);
+}
+
+int cmd_role_trainer(int argc, char **argv)
+{
+    const char *connect = NULL, *name = "trainer-0";
+    int threads = 0, remote = 0;
+    cli_opt opts[] = {
+        {"connect", OPT_STR, &connect, "ENDPOINT", "the controller's endpoint", 1, 0},
+        {"name", OPT_STR, &name, "NAME", "worker name, stable across restarts (default trainer-0)", 0, 0},
+        {"threads", OPT_INT, &threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
+        {"allow-remote", OPT_FLAG, &remote, NULL, "allow a non-loopback tcp:// endpoint", 0, 0},
+        {0}};
+    int pr = cli_parse(argc, argv, 3, opts, "prl role trainer --connect ENDPOINT [options]",
+                       "The trainer: GRPO updates of each step's samples; writes and announces "
+                       "policy versions (docs/pipeline.md).", NULL, 0, NULL);
+    if (pr) return pr == CLI_HELP ? 0 : 2;
+    if (cli_setup_blas("role trainer", threads)) return 1;
+    cli_role_install_signals();
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.version = -1;
+    if (cli_role_join(&t.role, "trainer", name, connect, remote)) return cli_fail("role trainer");
+    int code = 0;
+    while (!cli_role_stopping(&t.role)) {
+        prl_bus_msg m;
+        int got = 0;
+        if (cli_role_next(&t.role, 200, &m, &got)) {
+            code = cli_fail("role trainer");
+            break;
+        }
+        if (!got) continue;
+        if (!strcmp(m.type, "train") && train(&t, &m)) refuse(&t, &m, prl_error_message());
+        else if (strcmp(m.type, "train")) cli_role_log(&t.role, "ignored a '%s' message", m.type);
+        prl_bus_msg_free(&m);
+    }
+    unload(&t);
+    cli_role_leave(&t.role);
+    return code;
+}

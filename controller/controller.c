@@ -1,0 +1,1291 @@
+/*
+** controller.c — the run's coordinator (controller.h, docs/pipeline.md).
+**
+** One thread, one ROUTER socket, one event loop: receive a message, update the state, then
+** hand out whatever work can start. State lives in memory for the steps in flight and in
+** run.db for everything finished, so a restarted controller continues from run.db.
+**
+** A step's life: open (its candidate prompts chosen) → every group rolled out (one `work`
+** per group of G samples) → every sample scored (one `score` each) and written to run.db →
+** groups judged (dynamic sampling drops groups of equal rewards and adds a candidate) →
+** `train` to the trainer once the policy is at the step's version → `trained`: the version
+** is recorded, the step's metrics written, the step closed. In sync mode (lag 0) step t+1
+** opens when version t+1 exists; in async mode up to `max_lag` steps roll out ahead.
+*/
+#include "controller/controller.h"
+
+#include "bus/bus.h"
+#include "store/store.h"
+#include "tasks/tasks.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { MAX_WORKERS = 256, MAX_INFLIGHT = 8, CANDIDATE_FACTOR = 4 };
+
+typedef struct worker {
+    char name[64], role[16];
+    prl_bus_peer peer;
+    double seen;          /* last message or heartbeat */
+    uint64_t lease;       /* lease held (0: idle) */
+} worker;
+
+typedef enum lease_kind { LEASE_ROLLOUT = 1, LEASE_SCORE = 2, LEASE_TRAIN = 3 } lease_kind;
+
+typedef struct lease {
+    uint64_t id;
+    lease_kind kind;
+    int64_t step;
+    int group, sample;    /* the group (rollout, score) and sample (score) */
+    int worker;
+    double started;
+} lease;
+
+typedef struct slot {     /* one sample */
+    int state;            /* 0 waiting for rollout, 1 generated, 2 scored */
+    uint64_t score_lease;
+    int32_t *tokens;
+    int n, prompt_len;
+    float *logprobs;      /* [n - prompt_len] */
+    uint8_t *mask;        /* [n - prompt_len] */
+    uint8_t *routes;
+    size_t routes_bytes;
+    int route_shape[4];   /* tokens, moe, k, width */
+    char *turns;          /* JSON array of the model's turns */
+    int64_t version;
+    char worker[64];
+    double gen_s, score_s;
+    int stop;
+    double reward;
+    char *detail;
+    unsigned flags;
+} slot;
+
+typedef struct group {
+    int prompt;           /* index into the train tasks */
+    int64_t epoch;        /* the epoch its solved record counts for */
+    uint64_t lease;       /* rollout lease (0: queued or done) */
+    int generated, scored;
+    int verdict;          /* 0 pending, 1 trained on, -1 dropped (equal rewards) */
+    slot *s;              /* [G] */
+} group;
+
+typedef struct step_run {
+    int64_t step;
+    int active;
+    group *g;             /* candidates, in order */
+    int n, cap;
+    int accepted, dropped;
+    uint64_t train_lease;
+    int trained;
+    double t_open, t_rolled, t_scored, t_train;
+    double gen_tokens, gen_seconds, score_seconds;
+} step_run;
+
+typedef struct ctl {
+    const prl_controller_options *o;
+    const prl_job_config *job;
+    int G, B, lag;
+    prl_store *db;
+    int64_t run;
+    prl_bus_socket *sock;
+    char *config_json;
+    /* train prompts */
+    json_t **task;
+    char **task_text;
+    const char **task_id;
+    uint8_t *retired;
+    int n_tasks;
+    int64_t perm_epoch;   /* epoch of perm[] */
+    int *perm;
+    /* workers and leases */
+    worker w[MAX_WORKERS];
+    int nw;
+    lease *l;
+    int nl, capl;
+    uint64_t next_lease, next_id;
+    /* steps */
+    step_run st[MAX_INFLIGHT];
+    int64_t next_step;    /* next step to open */
+    int64_t cursor;       /* next position of the candidate sequence */
+    int64_t version;      /* newest committed policy version */
+    char version_path[1024];
+    int64_t retired_epoch;/* last epoch the retirement rule ran for */
+    int done;
+    double t_start;
+} ctl;
+
+/* ---------------------------------------------------------------- helpers ---------- */
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("[controller] ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+prl_status prl_controller_endpoint(const char *run_dir, const char *socket_name, char *out,
+                                   size_t n)
+{
+    int k = snprintf(out, n, "ipc://%s/%s", run_dir, socket_name);
+    if (k < 0 || (size_t)k >= n || k - 6 > 107)
+        return prl_error_set(PRL_ERR_ARG, "socket path %s/%s is longer than the 107 bytes of "
+                             "an ipc:// endpoint: use a shorter run directory", run_dir, socket_name);
+    return PRL_OK;
+}
+
+static void event(ctl *c, const char *kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void event(ctl *c, const char *kind, const char *fmt, ...)
+{
+    char detail[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    if (prl_store_event_add(c->db, c->run, kind, detail))
+        logf_("could not record event %s: %s", kind, prl_error_message());
+}
+
+static void slot_free(slot *s)
+{
+    free(s->tokens), free(s->logprobs), free(s->mask), free(s->routes), free(s->turns);
+    free(s->detail);
+    memset(s, 0, sizeof *s);
+}
+
+static void step_free(ctl *c, step_run *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        for (int j = 0; j < c->G; j++) slot_free(&r->g[i].s[j]);
+        free(r->g[i].s);
+    }
+    free(r->g);
+    memset(r, 0, sizeof *r);
+}
+
+static step_run *step_find(ctl *c, int64_t step)
+{
+    for (int i = 0; i < MAX_INFLIGHT; i++)
+        if (c->st[i].active && c->st[i].step == step) return &c->st[i];
+    return NULL;
+}
+
+static worker *worker_by_name(ctl *c, const char *name)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (!strcmp(c->w[i].name, name)) return &c->w[i];
+    return NULL;
+}
+
+static worker *worker_by_peer(ctl *c, const prl_bus_peer *p)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].peer.len == p->len && !memcmp(c->w[i].peer.id, p->id, p->len)) return &c->w[i];
+    return NULL;
+}
+
+static lease *lease_find(ctl *c, uint64_t id)
+{
+    for (int i = 0; i < c->nl; i++)
+        if (c->l[i].id == id) return &c->l[i];
+    return NULL;
+}
+
+static prl_status lease_new(ctl *c, lease_kind kind, int64_t step, int group, int sample,
+                            worker *w, lease **out)
+{
+    if (c->nl == c->capl) {
+        int cap = c->capl ? 2 * c->capl : 64;
+        lease *p = realloc(c->l, (size_t)cap * sizeof *p);
+        if (!p) return prl_error_set(PRL_ERR_NOMEM, "lease table");
+        c->l = p, c->capl = cap;
+    }
+    lease *l = &c->l[c->nl++];
+    *l = (lease){.id = ++c->next_lease, .kind = kind, .step = step, .group = group,
+                 .sample = sample, .worker = (int)(w - c->w), .started = prl_now()};
+    w->lease = l->id;
+    *out = l;
+    return PRL_OK;
+}
+
+/* End a lease: its worker is idle again (if it still holds it). */
+static void lease_end(ctl *c, uint64_t id)
+{
+    for (int i = 0; i < c->nl; i++) {
+        if (c->l[i].id != id) continue;
+        worker *w = &c->w[c->l[i].worker];
+        if (w->lease == id) w->lease = 0;
+        c->l[i] = c->l[--c->nl];
+        return;
+    }
+}
+
+/* Give a lease's work back to the queue (its worker died, restarted or went silent). */
+static void lease_requeue(ctl *c, lease *l, const char *why)
+{
+    step_run *r = step_find(c, l->step);
+    if (r && l->kind == LEASE_ROLLOUT && l->group < r->n && r->g[l->group].lease == l->id)
+        r->g[l->group].lease = 0;
+    if (r && l->kind == LEASE_SCORE && l->group < r->n && r->g[l->group].s[l->sample].score_lease == l->id)
+        r->g[l->group].s[l->sample].score_lease = 0;
+    if (r && l->kind == LEASE_TRAIN && r->train_lease == l->id) r->train_lease = 0;
+    static const char *kinds[] = {"", "rollout", "score", "train"};
+    logf_("lease %llu (%s, step %lld) handed out again: %s", (unsigned long long)l->id,
+          kinds[l->kind], (long long)l->step, why);
+    event(c, "requeue", "{\"lease\": %llu, \"kind\": \"%s\", \"step\": %lld, \"worker\": \"%s\", "
+          "\"why\": \"%s\"}", (unsigned long long)l->id, kinds[l->kind], (long long)l->step,
+          c->w[l->worker].name, why);
+    lease_end(c, l->id);
+}
+
+static void requeue_worker(ctl *c, worker *w, const char *why)
+{
+    for (int i = c->nl - 1; i >= 0; i--)
+        if (&c->w[c->l[i].worker] == w) lease_requeue(c, &c->l[i], why);
+}
+
+/* ---------------------------------------------------------------- sending ---------- */
+
+static prl_status send_msg(ctl *c, worker *w, prl_bus_msg *m)
+{
+    prl_status rc = prl_bus_send(c->sock, &w->peer, m);
+    prl_bus_msg_free(m);
+    if (rc) logf_("send to %s failed: %s", w->name, prl_error_message());
+    return rc;
+}
+
+static void send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fmt, ...)
+{
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    for (char *p = why; *p; p++)
+        if ((unsigned char)*p < 32) *p = ' ';
+    logf_("rejected message %llu: %s", (unsigned long long)ref, why);
+    prl_bus_msg m;
+    if (prl_bus_msg_init(&m, "error", c->job->name, ++c->next_id)) return;
+    prl_bus_msg_set_str(&m, "reason", why);
+    prl_bus_msg_set_uint(&m, "ref", ref);
+    if (prl_bus_send(c->sock, to, &m)) logf_("error reply failed: %s", prl_error_message());
+    prl_bus_msg_free(&m);
+}
+
+static prl_status send_welcome(ctl *c, worker *w)
+{
+    prl_bus_msg m;
+    prl_status rc = prl_bus_msg_init(&m, "welcome", c->job->name, ++c->next_id);
+    if (!rc) rc = prl_bus_msg_set_str(&m, "run_dir", c->o->run_dir);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "seed", c->job->seed);
+    if (!rc) rc = prl_bus_msg_add_frame(&m, "config", PRL_BUS_BYTES, c->config_json, strlen(c->config_json));
+    if (rc) {
+        prl_bus_msg_free(&m);
+        return rc;
+    }
+    return send_msg(c, w, &m);
+}
+
+static void send_stop(ctl *c, worker *w, const char *why)
+{
+    prl_bus_msg m;
+    if (prl_bus_msg_init(&m, "stop", c->job->name, ++c->next_id)) return;
+    prl_bus_msg_set_str(&m, "reason", why);
+    send_msg(c, w, &m);
+}
+
+/* ---------------------------------------------------------------- prompts ---------- */
+
+static prl_status collect_task(void *user, json_t *line)
+{
+    ctl *c = user;
+    int i = c->n_tasks;
+    c->task[i] = json_incref(line);
+    c->task_text[i] = json_dumps(line, JSON_COMPACT | JSON_SORT_KEYS);
+    c->task_id[i] = json_string_value(json_object_get(line, "id"));
+    if (!c->task_text[i]) return prl_error_set(PRL_ERR_NOMEM, "task %d", i);
+    if (!c->task_id[i]) return prl_error_set(PRL_ERR_FORMAT, "task %d has no \"id\"", i);
+    c->n_tasks++;
+    return PRL_OK;
+}
+
+/* The train split of the job's domain, recorded in run.db (idempotent on resume). */
+static prl_status load_tasks(ctl *c)
+{
+    const prl_job_config *j = c->job;
+    prl_tasks_config tc;
+    prl_task_domain d;
+    prl_status rc = prl_tasks_domain_parse(j->domain, &d);
+    if (rc) return rc;
+    prl_tasks_config_default(&tc, d);
+    tc.split = PRL_SPLIT_TRAIN, tc.n = j->train_problems, tc.seed = j->seed;
+    tc.difficulty = j->difficulty;
+    c->task = calloc((size_t)tc.n, sizeof *c->task);
+    c->task_text = calloc((size_t)tc.n, sizeof *c->task_text);
+    c->task_id = calloc((size_t)tc.n, sizeof *c->task_id);
+    c->retired = calloc((size_t)tc.n, 1);
+    c->perm = calloc((size_t)tc.n, sizeof *c->perm);
+    if (!c->task || !c->task_text || !c->task_id || !c->retired || !c->perm)
+        return prl_error_set(PRL_ERR_NOMEM, "%d tasks", tc.n);
+    if ((rc = prl_tasks_generate(&tc, collect_task, c))) return rc;
+    if ((rc = prl_store_begin(c->db))) return rc;
+    for (int i = 0; i < c->n_tasks && !rc; i++) {
+        json_t *dj = json_object_get(c->task[i], "difficulty");
+        prl_store_prompt p = {.run = c->run, .prompt_id = c->task_id[i], .domain = j->domain,
+                              .split = "train", .task = c->task_text[i],
+                              .difficulty = (int)json_integer_value(dj)};
+        rc = prl_store_prompt_put(c->db, &p);
+    }
+    rc = rc ? (prl_store_rollback(c->db), rc) : prl_store_commit(c->db);
+    for (int i = 0; i < c->n_tasks && !rc; i++) {
+        prl_store_prompt p;
+        if ((rc = prl_store_prompt_get(c->db, c->run, c->task_id[i], &p))) break;
+        c->retired[i] = (uint8_t)p.retired;
+        prl_store_prompt_free(&p);
+    }
+    c->perm_epoch = -1;
+    return rc;
+}
+
+/* The prompt at position p of the candidate sequence: epoch e = p / N visits every prompt
+** once in an order shuffled from (seed, e). */
+static int prompt_at(ctl *c, int64_t p, int64_t *epoch)
+{
+    int N = c->n_tasks;
+    int64_t e = p / N;
+    if (e != c->perm_epoch) {
+        prl_rng r;
+        prl_rng_init(&r, c->job->seed, (uint64_t)e, 0, 0, PRL_RNG_SHUFFLE);
+        for (int i = 0; i < N; i++) c->perm[i] = i;
+        for (int i = N - 1; i > 0; i--) {
+            int k = (int)(prl_rng_u64(&r) % (uint64_t)(i + 1));
+            int t = c->perm[i];
+            c->perm[i] = c->perm[k], c->perm[k] = t;
+        }
+        c->perm_epoch = e;
+    }
+    *epoch = e;
+    return c->perm[p % N];
+}
+
+/* Before the first draw of a new epoch: retire the prompts solved in each of the last n
+** epochs (controller.retire_solved_epochs; 0 = off). */
+static prl_status retire_before(ctl *c, int64_t epoch)
+{
+    int n = c->job->retire_solved_epochs;
+    if (n <= 0 || epoch <= c->retired_epoch || epoch < n) return PRL_OK;
+    c->retired_epoch = epoch;
+    int64_t now = 0;
+    prl_status rc = prl_store_prompts_retire_solved(c->db, c->run, epoch - 1, n, &now);
+    for (int i = 0; i < c->n_tasks && !rc && now > 0; i++) {
+        prl_store_prompt p;
+        if ((rc = prl_store_prompt_get(c->db, c->run, c->task_id[i], &p))) break;
+        c->retired[i] = (uint8_t)p.retired;
+        prl_store_prompt_free(&p);
+    }
+    if (!rc && now > 0) {
+        logf_("retired %lld prompts solved in each of the last %d epochs", (long long)now, n);
+        event(c, "retire", "{\"epoch\": %lld, \"retired\": %lld}", (long long)epoch, (long long)now);
+    }
+    return rc;
+}
+
+/* The next active prompt of the candidate sequence (from c->cursor); -1 when all retired. */
+static int next_candidate(ctl *c, int64_t *epoch)
+{
+    for (int tries = 0; tries < 2 * c->n_tasks + 2; tries++) {
+        int64_t e = c->cursor / c->n_tasks;
+        if (retire_before(c, e)) logf_("retirement skipped: %s", prl_error_message());
+        int p = prompt_at(c, c->cursor++, epoch);
+        if (!c->retired[p]) return p;
+    }
+    return -1;
+}
+
+/* ---------------------------------------------------------------- steps ------------ */
+
+static prl_status group_add(ctl *c, step_run *r, int prompt, int64_t epoch)
+{
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : c->B;
+        group *g = realloc(r->g, (size_t)cap * sizeof *g);
+        if (!g) return prl_error_set(PRL_ERR_NOMEM, "step groups");
+        r->g = g, r->cap = cap;
+    }
+    group *g = &r->g[r->n];
+    *g = (group){.prompt = prompt, .epoch = epoch, .s = calloc((size_t)c->G, sizeof(slot))};
+    if (!g->s) return prl_error_set(PRL_ERR_NOMEM, "group of %d samples", c->G);
+    r->n++;
+    return PRL_OK;
+}
+
+/* Fill a slot from a stored sample (resume). */
+static prl_status slot_from_store(ctl *c, slot *s, const prl_store_sample *x)
+{
+    int nr = x->n_tokens - x->prompt_len;
+    s->tokens = malloc((size_t)x->n_tokens * sizeof *s->tokens);
+    s->logprobs = malloc((size_t)(nr ? nr : 1) * sizeof *s->logprobs);
+    s->mask = malloc((size_t)(nr ? nr : 1));
+    s->detail = strdup(x->reward_detail ? x->reward_detail : "{}");
+    if (!s->tokens || !s->logprobs || !s->mask || !s->detail)
+        return prl_error_set(PRL_ERR_NOMEM, "sample");
+    memcpy(s->tokens, x->tokens, (size_t)x->n_tokens * sizeof *s->tokens);
+    memcpy(s->logprobs, x->logprobs, (size_t)nr * sizeof *s->logprobs);
+    for (int i = 0; i < nr; i++) s->mask[i] = x->loss_mask ? x->loss_mask[i] : 1;
+    s->n = x->n_tokens, s->prompt_len = x->prompt_len, s->version = x->version;
+    s->reward = x->reward, s->flags = x->flags, s->stop = x->stop, s->state = 2;
+    s->gen_s = x->gen_seconds, s->score_s = x->reward_seconds;
+    snprintf(s->worker, sizeof s->worker, "%s", x->worker ? x->worker : "");
+    (void)c;
+    return PRL_OK;
+}
+
+static void judge_group(ctl *c, step_run *r, group *g);
+
+/* Open the next step: its B base candidates; samples already in run.db (a resumed run) are
+** taken as they are. */
+static prl_status step_open(ctl *c)
+{
+    step_run *r = NULL;
+    for (int i = 0; i < MAX_INFLIGHT && !r; i++)
+        if (!c->st[i].active) r = &c->st[i];
+    if (!r) return PRL_OK;
+    *r = (step_run){.step = c->next_step, .active = 1, .t_open = prl_now()};
+    prl_status rc = PRL_OK;
+    for (int i = 0; i < c->B && !rc; i++) {
+        int64_t e;
+        int p = next_candidate(c, &e);
+        if (p < 0) return prl_error_set(PRL_ERR_RANGE, "every train prompt is retired");
+        rc = group_add(c, r, p, e);
+    }
+    c->next_step++;
+    prl_store_sample *xs = NULL;
+    size_t nx = 0;
+    if (!rc) rc = prl_store_samples_for_step(c->db, c->run, r->step, -1, &xs, &nx);
+    for (size_t k = 0; k < nx && !rc; k++) {
+        for (int gi = 0; gi < r->n; gi++) {
+            group *g = &r->g[gi];
+            if (strcmp(c->task_id[g->prompt], xs[k].prompt_id) || xs[k].sample_index >= c->G) continue;
+            slot *s = &g->s[xs[k].sample_index];
+            if (s->state) continue;
+            rc = slot_from_store(c, s, &xs[k]);
+            g->generated++, g->scored++;
+        }
+    }
+    prl_store_samples_free(xs, nx);
+    for (int gi = 0; gi < r->n && !rc; gi++)
+        if (r->g[gi].scored == c->G) judge_group(c, r, &r->g[gi]);
+    if (nx) logf_("step %lld: %zu samples taken from run.db", (long long)r->step, nx);
+    return rc;
+}
+
+static int all_equal(const group *g, int G)
+{
+    for (int j = 1; j < G; j++)
+        if (g->s[j].reward != g->s[0].reward) return 0;
+    return 1;
+}
+
+/* Every sample of a group is scored: record whether it was solved, then keep it or (dynamic
+** sampling, equal rewards) drop it and add the next candidate. */
+static void judge_group(ctl *c, step_run *r, group *g)
+{
+    int solved = 1;
+    for (int j = 0; j < c->G; j++) solved &= g->s[j].reward >= 1.0;
+    if (prl_store_prompt_record(c->db, c->run, c->task_id[g->prompt], g->epoch, solved))
+        logf_("solved record of %s: %s", c->task_id[g->prompt], prl_error_message());
+    if (c->job->dynamic_sampling && c->G > 1 && all_equal(g, c->G)) {
+        g->verdict = -1;
+        r->dropped++;
+        for (int j = 0; j < c->G; j++)
+            prl_store_sample_set_status(c->db, c->run, r->step, c->task_id[g->prompt], j,
+                                        PRL_STORE_SAMPLE_DROPPED);
+        if (r->n < CANDIDATE_FACTOR * c->B) {
+            int64_t e;
+            int p = next_candidate(c, &e);
+            if (p >= 0 && group_add(c, r, p, e)) logf_("%s", prl_error_message());
+        }
+        return;
+    }
+    g->verdict = 1;
+    r->accepted++;
+}
+
+static int step_rolled(const ctl *c, const step_run *r)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->g[i].verdict == 0) return 0;
+    (void)c;
+    return 1;
+}
+
+/* ---------------------------------------------------------------- leasing ---------- */
+
+static worker *idle_worker(ctl *c, const char *role)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (!c->w[i].lease && c->w[i].peer.len && !strcmp(c->w[i].role, role)) return &c->w[i];
+    return NULL;
+}
+
+static prl_status lease_rollout(ctl *c, step_run *r, int gi, worker *w)
+{
+    lease *l;
+    prl_status rc = lease_new(c, LEASE_ROLLOUT, r->step, gi, 0, w, &l);
+    if (rc) return rc;
+    group *g = &r->g[gi];
+    g->lease = l->id;
+    prl_bus_msg m;
+    rc = prl_bus_msg_init(&m, "work", c->job->name, ++c->next_id);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "lease", l->id);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "step", (uint64_t)r->step);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "prompt", (uint64_t)g->prompt);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "sample", 0);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "count", (uint64_t)c->G);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "policy_version", (uint64_t)c->version);
+    if (!rc) rc = prl_bus_msg_set_str(&m, "path", c->version_path);
+    const char *t = c->task_text[g->prompt];
+    if (!rc) rc = prl_bus_msg_add_frame(&m, "task", PRL_BUS_BYTES, t, strlen(t));
+    if (rc) {
+        prl_bus_msg_free(&m);
+        return rc;
+    }
+    if (send_msg(c, w, &m)) lease_requeue(c, l, "send failed");
+    return PRL_OK;
+}
+
+static prl_status lease_score(ctl *c, step_run *r, int gi, int j, worker *w)
+{
+    lease *l;
+    prl_status rc = lease_new(c, LEASE_SCORE, r->step, gi, j, w, &l);
+    if (rc) return rc;
+    group *g = &r->g[gi];
+    slot *s = &g->s[j];
+    s->score_lease = l->id;
+    prl_bus_msg m;
+    rc = prl_bus_msg_init(&m, "score", c->job->name, ++c->next_id);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "lease", l->id);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "step", (uint64_t)r->step);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "prompt", (uint64_t)g->prompt);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "sample", (uint64_t)j);
+    const char *t = c->task_text[g->prompt];
+    if (!rc) rc = prl_bus_msg_add_frame(&m, "task", PRL_BUS_BYTES, t, strlen(t));
+    if (!rc) rc = prl_bus_msg_add_frame(&m, "turns", PRL_BUS_BYTES, s->turns, strlen(s->turns));
+    if (rc) {
+        prl_bus_msg_free(&m);
+        return rc;
+    }
+    if (send_msg(c, w, &m)) lease_requeue(c, l, "send failed");
+    return PRL_OK;
+}
+
+/* A sample is trained on when its group is kept and its version is within the lag bound. */
+static int sample_fresh(const ctl *c, const step_run *r, const slot *s)
+{
+    return s->version >= r->step - c->lag;
+}
+
+/* Pack a step's kept, fresh samples into a `train` message (docs/pipeline.md). */
+static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t lease_id, int *count)
+{
+    int cnt = 0;
+    size_t ntok = 0, nresp = 0;
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; r->g[i].verdict == 1 && j < c->G; j++) {
+            const slot *s = &r->g[i].s[j];
+            if (!sample_fresh(c, r, s)) continue;
+            cnt++, ntok += (size_t)s->n, nresp += (size_t)(s->n - s->prompt_len);
+        }
+    int32_t *tokens = malloc((ntok ? ntok : 1) * sizeof *tokens);
+    int32_t *offsets = malloc((size_t)(cnt + 1) * sizeof *offsets);
+    int32_t *plens = malloc((size_t)(cnt ? cnt : 1) * sizeof *plens);
+    int32_t *groups = malloc((size_t)(cnt ? cnt : 1) * sizeof *groups);
+    float *rewards = malloc((size_t)(cnt ? cnt : 1) * sizeof *rewards);
+    float *lps = malloc((nresp ? nresp : 1) * sizeof *lps);
+    uint8_t *mask = malloc(nresp ? nresp : 1);
+    prl_status rc = PRL_OK;
+    if (!tokens || !offsets || !plens || !groups || !rewards || !lps || !mask)
+        rc = prl_error_set(PRL_ERR_NOMEM, "train batch of %d samples", cnt);
+    size_t at = 0, rat = 0;
+    int k = 0;
+    for (int i = 0; i < r->n && !rc; i++)
+        for (int j = 0; r->g[i].verdict == 1 && j < c->G; j++) {
+            const slot *s = &r->g[i].s[j];
+            if (!sample_fresh(c, r, s)) continue;
+            int nr = s->n - s->prompt_len;
+            offsets[k] = (int32_t)at, plens[k] = s->prompt_len, groups[k] = i;
+            rewards[k] = (float)s->reward;
+            memcpy(tokens + at, s->tokens, (size_t)s->n * sizeof *tokens);
+            memcpy(lps + rat, s->logprobs, (size_t)nr * sizeof *lps);
+            memcpy(mask + rat, s->mask, (size_t)nr);
+            at += (size_t)s->n, rat += (size_t)nr, k++;
+        }
+    if (!rc) offsets[cnt] = (int32_t)at;
+    if (!rc) rc = prl_bus_msg_init(m, "train", c->job->name, ++c->next_id);
+    if (!rc) rc = prl_bus_msg_set_uint(m, "lease", lease_id);
+    if (!rc) rc = prl_bus_msg_set_uint(m, "step", (uint64_t)r->step);
+    if (!rc) rc = prl_bus_msg_set_uint(m, "policy_version", (uint64_t)c->version);
+    if (!rc) rc = prl_bus_msg_set_str(m, "path", c->version_path);
+    if (!rc) rc = prl_bus_msg_set_uint(m, "count", (uint64_t)cnt);
+    if (!rc) rc = prl_bus_msg_add_frame(m, "tokens", PRL_BUS_I32, tokens, ntok);
+    if (!rc) rc = prl_bus_msg_add_frame(m, "offsets", PRL_BUS_I32, offsets, (size_t)cnt + 1);
+    if (!rc) rc = prl_bus_msg_add_frame(m, "prompt_lens", PRL_BUS_I32, plens, (size_t)cnt);
+    if (!rc) rc = prl_bus_msg_add_frame(m, "rewards", PRL_BUS_F32, rewards, (size_t)cnt);
+    if (!rc) rc = prl_bus_msg_add_frame(m, "groups", PRL_BUS_I32, groups, (size_t)cnt);
+    if (!rc) rc = prl_bus_msg_add_frame(m, "logprobs", PRL_BUS_F32, lps, nresp);
+    if (!rc) rc = prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, mask, nresp);
+    free(tokens), free(offsets), free(plens), free(groups), free(rewards), free(lps), free(mask);
+    *count = cnt;
+    return rc;
+}
+
+static prl_status lease_train(ctl *c, step_run *r, worker *w)
+{
+    lease *l;
+    prl_status rc = lease_new(c, LEASE_TRAIN, r->step, 0, 0, w, &l);
+    if (rc) return rc;
+    r->train_lease = l->id;
+    if (!r->t_train) r->t_train = prl_now();
+    prl_bus_msg m;
+    int cnt = 0;
+    if ((rc = build_train(c, r, &m, l->id, &cnt))) {
+        prl_bus_msg_free(&m);
+        return rc;
+    }
+    if (send_msg(c, w, &m)) lease_requeue(c, l, "send failed");
+    return PRL_OK;
+}
+
+/* Hand out everything that can start now, oldest step first. */
+static prl_status schedule(ctl *c)
+{
+    prl_status rc = PRL_OK;
+    /* open steps: sync (lag 0) needs version == step; async lets `lag` steps run ahead */
+    while (!rc && c->next_step < c->job->steps && c->next_step <= c->version + c->lag) {
+        int free_slot = 0;
+        for (int i = 0; i < MAX_INFLIGHT; i++) free_slot |= !c->st[i].active;
+        if (!free_slot) break;
+        rc = step_open(c);
+    }
+    for (int64_t t = c->next_step - MAX_INFLIGHT; !rc && t < c->next_step; t++) {
+        step_run *r = step_find(c, t);
+        if (!r) continue;
+        for (int gi = 0; gi < r->n && !rc; gi++) {
+            group *g = &r->g[gi];
+            if (!g->lease && g->generated < c->G) {
+                worker *w = idle_worker(c, "rollout");
+                if (!w) break;
+                rc = lease_rollout(c, r, gi, w);
+            }
+        }
+        for (int gi = 0; gi < r->n && !rc; gi++)
+            for (int j = 0; j < c->G && !rc; j++) {
+                slot *s = &r->g[gi].s[j];
+                if (s->state != 1 || s->score_lease) continue;
+                worker *w = idle_worker(c, "reward");
+                if (!w) break;
+                rc = lease_score(c, r, gi, j, w);
+            }
+        if (!rc && !r->train_lease && !r->trained && r->step == c->version && step_rolled(c, r)) {
+            worker *w = idle_worker(c, "trainer");
+            if (w) rc = lease_train(c, r, w);
+        }
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- receiving -------- */
+
+static uint64_t field_u(const prl_bus_msg *m, const char *k, int *bad)
+{
+    uint64_t v = 0;
+    if (prl_bus_msg_get_uint(m, k, &v)) *bad = 1;
+    return v;
+}
+
+/* The group a result or score answers: step in flight, prompt among its candidates. */
+static group *find_group(ctl *c, uint64_t step, uint64_t prompt, step_run **rr, int *gi)
+{
+    step_run *r = step_find(c, (int64_t)step);
+    if (!r) return NULL;
+    for (int i = 0; i < r->n; i++)
+        if ((uint64_t)r->g[i].prompt == prompt) {
+            *rr = r, *gi = i;
+            return &r->g[i];
+        }
+    return NULL;
+}
+
+static void on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from)
+{
+    const char *role = NULL, *name = NULL;
+    if (prl_bus_msg_get_str(m, "role", &role) || prl_bus_msg_get_str(m, "worker", &name)) {
+        send_error(c, from, 0, "hello needs role and worker");
+        return;
+    }
+    if (strcmp(role, "rollout") && strcmp(role, "reward") && strcmp(role, "trainer")) {
+        send_error(c, from, 0, "unknown role '%s' (rollout, reward or trainer)", role);
+        return;
+    }
+    if (from->len != strlen(name) || memcmp(from->id, name, from->len)) {
+        send_error(c, from, 0, "worker '%s' must connect with its name as the socket identity", name);
+        return;
+    }
+    worker *w = worker_by_name(c, name);
+    if (w) {
+        if (w->lease) requeue_worker(c, w, "the worker said hello again (restarted)");
+        event(c, "rejoin", "{\"worker\": \"%s\", \"role\": \"%s\"}", name, role);
+    } else {
+        if (c->nw == MAX_WORKERS) {
+            send_error(c, from, 0, "too many workers (%d)", MAX_WORKERS);
+            return;
+        }
+        w = &c->w[c->nw++];
+        memset(w, 0, sizeof *w);
+        snprintf(w->name, sizeof w->name, "%s", name);
+        logf_("%s joined (%s)", name, role);
+        event(c, "join", "{\"worker\": \"%s\", \"role\": \"%s\"}", name, role);
+    }
+    snprintf(w->role, sizeof w->role, "%s", role);
+    w->peer = *from;
+    w->seen = prl_now();
+    w->lease = 0;
+    send_welcome(c, w);
+}
+
+static void on_heartbeat(ctl *c, const prl_bus_msg *m)
+{
+    const char *name = NULL;
+    if (prl_bus_msg_get_str(m, "worker", &name)) return;
+    worker *w = worker_by_name(c, name);
+    if (w) w->seen = prl_now();
+}
+
+/* A result frame of the expected dtype and count, or NULL. */
+static const prl_bus_frame *frame_of(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
+                                     size_t count, int exact)
+{
+    const prl_bus_frame *f = prl_bus_msg_frame(m, name);
+    if (!f || f->dtype != dt || (exact && f->count != count)) return NULL;
+    return f;
+}
+
+static char *frame_text(const prl_bus_frame *f)
+{
+    if (!f || memchr(f->data, 0, f->bytes)) return NULL;
+    char *t = malloc(f->bytes + 1);
+    if (!t) return NULL;
+    if (f->bytes) memcpy(t, f->data, f->bytes);
+    t[f->bytes] = 0;
+    return t;
+}
+
+static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
+{
+    int bad = 0;
+    uint64_t lid = field_u(m, "lease", &bad), step = field_u(m, "step", &bad);
+    uint64_t prompt = field_u(m, "prompt", &bad), sample = field_u(m, "sample", &bad);
+    uint64_t ver = field_u(m, "policy_version", &bad), plen = field_u(m, "prompt_len", &bad);
+    uint64_t gen_us = 0, stop = 0;
+    prl_bus_msg_get_uint(m, "gen_us", &gen_us);
+    prl_bus_msg_get_uint(m, "stop", &stop);
+    if (bad) {
+        send_error(c, &w->peer, id, "result needs lease, step, prompt, sample, policy_version and prompt_len");
+        return;
+    }
+    step_run *r;
+    int gi;
+    group *g = find_group(c, step, prompt, &r, &gi);
+    if (!g || sample >= (uint64_t)c->G) {
+        send_error(c, &w->peer, id, "result for step %llu prompt %llu sample %llu: no such work in flight",
+                   (unsigned long long)step, (unsigned long long)prompt, (unsigned long long)sample);
+        return;
+    }
+    const prl_bus_frame *tok = prl_bus_msg_frame(m, "tokens");
+    if (plen < 1 || plen >= tok->count || tok->count > (1u << 20)) {
+        send_error(c, &w->peer, id, "result: prompt_len %llu must be in [1, %zu)", (unsigned long long)plen, tok->count);
+        return;
+    }
+    size_t nr = tok->count - plen;
+    const prl_bus_frame *lp = frame_of(m, "logprobs", PRL_BUS_F32, nr, 1);
+    const prl_bus_frame *mk = frame_of(m, "mask", PRL_BUS_U8, nr, 1);
+    const prl_bus_frame *rt = prl_bus_msg_frame(m, "routes");
+    char *meta = frame_text(prl_bus_msg_frame(m, "meta"));
+    json_error_t je;
+    json_t *mj = meta ? json_loads(meta, 0, &je) : NULL;
+    json_t *turns = json_object_get(mj, "turns");
+    if (!lp || !mk || !json_is_array(turns) || ver > (uint64_t)c->version) {
+        send_error(c, &w->peer, id, "result: %s", !lp ? "frame 'logprobs' must hold one f32 per response token"
+                   : !mk ? "frame 'mask' must hold one u8 per response token"
+                   : !json_is_array(turns) ? "frame 'meta' must be JSON with a \"turns\" array"
+                   : "policy_version is newer than any committed version");
+        free(meta), json_decref(mj);
+        return;
+    }
+    int32_t *ids = tok->data;
+    const float *lv = lp->data;
+    const uint8_t *mv = mk->data;
+    for (size_t i = 0; i < nr; i++) {
+        if (!isfinite(lv[i]) || lv[i] > 0 || mv[i] > 1) {
+            send_error(c, &w->peer, id, "result: response token %zu has log-prob %g and mask %u", i,
+                       (double)lv[i], mv[i]);
+            free(meta), json_decref(mj);
+            return;
+        }
+    }
+    slot *s = &g->s[sample];
+    if (s->state) { /* a repeat (re-leased work): idempotent */
+        if (s->n != (int)tok->count || memcmp(s->tokens, ids, tok->count * sizeof *ids))
+            event(c, "mismatch", "{\"step\": %llu, \"prompt\": \"%s\", \"sample\": %llu, \"why\": "
+                  "\"a repeated result differs from the first; the first is kept\"}",
+                  (unsigned long long)step, c->task_id[g->prompt], (unsigned long long)sample);
+    } else {
+        s->tokens = malloc(tok->bytes), s->logprobs = malloc(nr * sizeof(float) + 1);
+        s->mask = malloc(nr + 1);
+        s->turns = json_dumps(turns, JSON_COMPACT);
+        if (rt && rt->dtype == PRL_BUS_U8 && rt->bytes) {
+            s->routes = malloc(rt->bytes);
+            if (s->routes) memcpy(s->routes, rt->data, rt->bytes), s->routes_bytes = rt->bytes;
+            json_t *shape = json_object_get(mj, "route_shape");
+            for (int k = 0; k < 4; k++) s->route_shape[k] = (int)json_integer_value(json_array_get(shape, (size_t)k));
+        }
+        if (!s->tokens || !s->logprobs || !s->mask || !s->turns) {
+            logf_("out of memory for a result");
+            slot_free(s);
+        } else {
+            memcpy(s->tokens, ids, tok->bytes);
+            memcpy(s->logprobs, lv, nr * sizeof(float));
+            memcpy(s->mask, mv, nr);
+            s->n = (int)tok->count, s->prompt_len = (int)plen, s->version = (int64_t)ver;
+            s->gen_s = 1e-6 * (double)gen_us, s->stop = (int)stop, s->state = 1;
+            snprintf(s->worker, sizeof s->worker, "%s", w->name);
+            g->generated++;
+            r->gen_tokens += (double)nr;
+            if (g->generated == c->G) {
+                r->gen_seconds += s->gen_s;
+                int done = 1;
+                for (int i = 0; i < r->n; i++) done &= r->g[i].generated == c->G;
+                if (done) r->t_rolled = prl_now();
+            }
+        }
+    }
+    free(meta), json_decref(mj);
+    if (g->generated == c->G && g->lease) {
+        lease *l = lease_find(c, g->lease);
+        g->lease = 0;
+        if (l) lease_end(c, l->id);
+    }
+    (void)lid;
+}
+
+/* Write a scored sample to run.db (idempotent by its key). */
+static prl_status store_sample(ctl *c, step_run *r, group *g, int j)
+{
+    slot *s = &g->s[j];
+    int nr = s->n - s->prompt_len;
+    prl_store_sample x = {
+        .run = c->run, .step = r->step, .prompt_id = c->task_id[g->prompt], .sample_index = j,
+        .tokens = s->tokens, .n_tokens = s->n, .prompt_len = s->prompt_len,
+        .logprobs = s->logprobs, .loss_mask = s->mask, .version = s->version,
+        .worker = s->worker, .reward = s->reward, .reward_detail = s->detail, .flags = s->flags,
+        .stop = s->stop, .gen_seconds = s->gen_s, .reward_seconds = s->score_s,
+        .status = sample_fresh(c, r, s) ? PRL_STORE_SAMPLE_OK : PRL_STORE_SAMPLE_STALE};
+    if (s->routes && s->route_shape[0] > 0) {
+        x.routes = s->routes, x.route_tokens = s->route_shape[0], x.route_moe = s->route_shape[1];
+        x.route_k = s->route_shape[2], x.route_width = s->route_shape[3];
+    }
+    (void)nr;
+    int already = 0;
+    prl_status rc = prl_store_sample_put(c->db, &x, &already);
+    if (rc && x.routes) { /* routes of a bad shape must not lose the sample */
+        logf_("sample stored without routes: %s", prl_error_message());
+        x.routes = NULL, x.route_tokens = x.route_moe = x.route_k = x.route_width = 0;
+        rc = prl_store_sample_put(c->db, &x, &already);
+    }
+    return rc;
+}
+
+static void on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
+{
+    int bad = 0;
+    uint64_t step = field_u(m, "step", &bad), prompt = field_u(m, "prompt", &bad);
+    uint64_t sample = field_u(m, "sample", &bad), us = field_u(m, "score_us", &bad);
+    step_run *r;
+    int gi;
+    group *g = bad ? NULL : find_group(c, step, prompt, &r, &gi);
+    if (!g || sample >= (uint64_t)c->G || g->s[sample].state == 0) {
+        send_error(c, &w->peer, id, "scored: step %llu prompt %llu sample %llu is not waiting for a score",
+                   (unsigned long long)step, (unsigned long long)prompt, (unsigned long long)sample);
+        return;
+    }
+    slot *s = &g->s[sample];
+    if (s->score_lease) {
+        lease_end(c, s->score_lease);
+        s->score_lease = 0;
+    }
+    if (s->state == 2) return; /* a repeat */
+    char *detail = frame_text(prl_bus_msg_frame(m, "detail"));
+    json_error_t je;
+    json_t *dj = detail ? json_loads(detail, 0, &je) : NULL;
+    json_t *score = json_object_get(dj, "score");
+    double v = json_number_value(score);
+    if (!json_is_number(score) || !isfinite(v) || v < 0 || v > 1) {
+        send_error(c, &w->peer, id, "scored: frame 'detail' must be JSON with a \"score\" in [0, 1]");
+        free(detail), json_decref(dj);
+        return;
+    }
+    s->reward = v;
+    s->flags = (unsigned)json_integer_value(json_object_get(dj, "flags"));
+    s->detail = detail;
+    s->score_s = 1e-6 * (double)us;
+    s->state = 2;
+    json_decref(dj);
+    r->score_seconds += s->score_s;
+    prl_status rc = store_sample(c, r, g, (int)sample);
+    if (rc) logf_("run.db: %s", prl_error_message());
+    g->scored++;
+    if (g->scored == c->G) judge_group(c, r, g);
+    if (step_rolled(c, r) && !r->t_scored) r->t_scored = prl_now();
+}
+
+/* ---------------------------------------------------------------- trained ---------- */
+
+static void remove_checkpoint(const char *dir)
+{
+    static const char *files[] = {"config.json", "model.safetensors", "optimizer.safetensors",
+                                  "state.json", "tokenizer.json"};
+    char p[1200];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        unlink(p);
+    }
+    if (rmdir(dir) && errno != ENOENT) logf_("could not remove %s: %s", dir, strerror(errno));
+}
+
+/* Keep version 0, the newest lag+2 versions and every checkpoint.every-th one. */
+static void prune_checkpoints(ctl *c)
+{
+    int64_t v = c->version - c->lag - 2;
+    if (v < 1) return;
+    int every = c->job->checkpoint_every;
+    if (every > 0 && v % every == 0) return;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/ckpt/v%06lld", c->o->run_dir, (long long)v);
+    remove_checkpoint(dir);
+}
+
+static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double train_s, char *out,
+                         size_t n, prl_store_step *st)
+{
+    int samples = 0, solved = 0, stale = 0;
+    double rsum = 0, tok = 0, trunc = 0;
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; j < c->G; j++) {
+            const slot *s = &r->g[i].s[j];
+            samples++, rsum += s->reward, solved += s->reward >= 1.0;
+            tok += s->n - s->prompt_len, trunc += s->stop != 0;
+            stale += !sample_fresh(c, r, s);
+        }
+    double now = prl_now();
+    double rollout_s = (r->t_rolled ? r->t_rolled : now) - r->t_open;
+    double score_s = r->t_scored && r->t_rolled ? r->t_scored - r->t_rolled : 0;
+    double step_s = now - r->t_open;
+    *st = (prl_store_step){.run = c->run, .step = r->step,
+                           .reward_mean = samples ? rsum / samples : 0,
+                           .accuracy = samples ? (double)solved / samples : 0,
+                           .tokens_per_s = rollout_s > 0 ? tok / rollout_s : 0,
+                           .step_seconds = step_s};
+    snprintf(out, n,
+             "{\"samples\": %d, \"groups\": %d, \"groups_kept\": %d, \"groups_dropped\": %d, "
+             "\"stale\": %d, \"reward_mean\": %.6f, \"accuracy\": %.6f, \"response_tokens\": %.0f, "
+             "\"truncated_share\": %.4f, \"rollout_s\": %.3f, \"score_tail_s\": %.3f, \"train_s\": %.3f, "
+             "\"step_s\": %.3f, \"tokens_per_s\": %.1f, \"cursor_end\": %lld, \"version\": %lld, "
+             "\"trainer\": %s}",
+             samples, r->n, r->accepted, r->dropped, stale, st->reward_mean, st->accuracy, tok,
+             samples ? trunc / samples : 0, rollout_s, score_s, train_s, step_s, st->tokens_per_s,
+             (long long)c->cursor, (long long)c->version, trainer_metrics);
+}
+
+static void progress_line(ctl *c, const prl_store_step *st, const char *metrics, step_run *r)
+{
+    if (!c->o->progress) return;
+    json_error_t je;
+    json_t *mj = json_loads(metrics, 0, &je);
+    double roll = json_number_value(json_object_get(mj, "rollout_s"));
+    double train = json_number_value(json_object_get(mj, "train_s"));
+    int stale = (int)json_integer_value(json_object_get(mj, "stale"));
+    json_decref(mj);
+    double el = prl_now() - c->t_start;
+    fprintf(c->o->progress,
+            "step %lld/%d  v%lld  reward %.3f  acc %.1f%%  %6.0f tok/s  rollout %.1fs train %.1fs "
+            "step %.1fs  stale %d dropped %d  [%.0fs]\n",
+            (long long)r->step + 1, c->job->steps, (long long)c->version, st->reward_mean,
+            100 * st->accuracy, st->tokens_per_s, roll, train, st->step_seconds, stale, r->dropped, el);
+    fflush(c->o->progress);
+}
+
+static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
+{
+    int bad = 0;
+    uint64_t step = field_u(m, "step", &bad), ver = field_u(m, "version", &bad);
+    uint64_t sum = 0, us = field_u(m, "train_us", &bad);
+    const char *path = NULL;
+    bad |= prl_bus_msg_get_hex64(m, "ckpt_checksum", &sum) != PRL_OK;
+    bad |= prl_bus_msg_get_str(m, "path", &path) != PRL_OK;
+    step_run *r = bad ? NULL : step_find(c, (int64_t)step);
+    if (!r || r->trained || (int64_t)step != c->version || (int64_t)ver != c->version + 1) {
+        send_error(c, &w->peer, id, "trained: step %llu version %llu is not the training in flight "
+                   "(step %lld at version %lld)", (unsigned long long)step, (unsigned long long)ver,
+                   (long long)c->version, (long long)c->version);
+        return;
+    }
+    char *metrics = frame_text(prl_bus_msg_frame(m, "metrics"));
+    json_error_t je;
+    json_t *mj = metrics ? json_loads(metrics, 0, &je) : NULL;
+    struct stat sb;
+    if (!json_is_object(mj) || stat(path, &sb) || !S_ISDIR(sb.st_mode)) {
+        send_error(c, &w->peer, id, "trained: %s", !json_is_object(mj) ? "frame 'metrics' must be a JSON object"
+                   : "path is not a checkpoint directory");
+        free(metrics), json_decref(mj);
+        return;
+    }
+    json_decref(mj);
+    if (r->train_lease) lease_end(c, r->train_lease);
+    r->train_lease = 0;
+    char sumhex[17];
+    snprintf(sumhex, sizeof sumhex, "%016llx", (unsigned long long)sum);
+    prl_store_version v = {.run = c->run, .version = (int64_t)ver, .path = path, .checksum = sumhex,
+                           .step = (int64_t)step, .created = 0};
+    c->version = (int64_t)ver;
+    snprintf(c->version_path, sizeof c->version_path, "%s", path);
+    char *text = malloc(8192 + strlen(metrics));
+    prl_store_step st;
+    prl_status rc = text ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "metrics");
+    if (!rc) step_metrics(c, r, metrics, 1e-6 * (double)us, text, 8192 + strlen(metrics), &st);
+    if (!rc) st.metrics = text;
+    if (!rc) rc = prl_store_begin(c->db);
+    if (!rc) rc = prl_store_version_add(c->db, &v);
+    if (!rc) rc = prl_store_step_put(c->db, &st);
+    if (!rc) rc = prl_store_commit(c->db);
+    else prl_store_rollback(c->db);
+    if (rc) logf_("run.db: recording step %llu: %s", (unsigned long long)step, prl_error_message());
+    else progress_line(c, &st, text, r);
+    free(text), free(metrics);
+    r->trained = 1;
+    step_free(c, r);
+    prune_checkpoints(c);
+    if (c->version >= c->job->steps) c->done = 1;
+}
+
+/* ---------------------------------------------------------------- loop ------------- */
+
+static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
+{
+    uint64_t id = 0;
+    prl_bus_msg_get_uint(m, "id", &id);
+    const char *run = NULL;
+    prl_bus_msg_get_str(m, "run", &run);
+    if (!strcmp(m->type, "hello")) {
+        on_hello(c, m, from);
+        return;
+    }
+    if (!strcmp(m->type, "heartbeat")) {
+        on_heartbeat(c, m);
+        return;
+    }
+    worker *w = worker_by_peer(c, from);
+    if (!w) {
+        send_error(c, from, id, "unknown worker: say hello first");
+        return;
+    }
+    w->seen = prl_now();
+    if (!run || strcmp(run, c->job->name)) {
+        send_error(c, from, id, "message for run '%s', this is run '%s'", run ? run : "?", c->job->name);
+        return;
+    }
+    if (!strcmp(m->type, "result") && !strcmp(w->role, "rollout")) on_result(c, w, m, id);
+    else if (!strcmp(m->type, "scored") && !strcmp(w->role, "reward")) on_scored(c, w, m, id);
+    else if (!strcmp(m->type, "trained") && !strcmp(w->role, "trainer")) on_trained(c, w, m, id);
+    else if (!strcmp(m->type, "error")) {
+        const char *why = NULL;
+        uint64_t lid = 0;
+        prl_bus_msg_get_str(m, "reason", &why);
+        logf_("%s reports: %s", w->name, why ? why : "?");
+        if (!prl_bus_msg_get_uint(m, "lease", &lid) && lease_find(c, lid) &&
+            c->w[lease_find(c, lid)->worker].lease == lid)
+            lease_requeue(c, lease_find(c, lid), "the worker reported an error");
+    } else if (strcmp(m->type, "ack")) {
+        send_error(c, from, id, "a %s does not send '%s' messages", w->role, m->type);
+    }
+}
+
+/* Leases of workers silent for longer than lease_seconds go back to the queue. */
+static void expire(ctl *c)
+{
+    double now = prl_now();
+    for (int i = 0; i < c->nw; i++) {
+        worker *w = &c->w[i];
+        if (!w->peer.len || now - w->seen <= c->job->lease_seconds) continue;
+        if (w->lease) requeue_worker(c, w, "no heartbeat within controller.lease_seconds");
+        logf_("%s is silent: forgotten until it says hello again", w->name);
+        event(c, "lost", "{\"worker\": \"%s\"}", w->name);
+        w->peer.len = 0;
+    }
+}
+
+static prl_status open_run(ctl *c)
+{
+    prl_store_run existing;
+    prl_status rc = prl_store_run_get(c->db, c->job->name, &existing);
+    if (rc == PRL_ERR_RANGE) {
+        if ((rc = prl_store_run_create(c->db, c->job->name, c->config_json, c->job->seed, &c->run)))
+            return rc;
+        prl_store_version v0 = {.run = c->run, .version = 0, .path = c->job->init,
+                                .checksum = "0000000000000000", .step = -1};
+        return prl_store_version_add(c->db, &v0);
+    }
+    if (rc) return rc;
+    c->run = existing.id;
+    /* a resumed run continues the recorded config; only the step count may grow */
+    json_error_t je;
+    json_t *a = json_loads(existing.config, 0, &je), *b = json_loads(c->config_json, 0, &je);
+    json_t *ca = json_object_get(a, "controller"), *cb = json_object_get(b, "controller");
+    if (ca && cb) json_object_del(ca, "steps"), json_object_del(cb, "steps");
+    int same = a && b && json_equal(a, b);
+    json_decref(a), json_decref(b);
+    prl_store_run_free(&existing);
+    if (!same)
+        return prl_error_set(PRL_ERR_CONFIG, "run '%s' in run.db was started with another config "
+                             "(only controller.steps may change on --resume)", c->job->name);
+    prl_store_run_set_status(c->db, c->run, "running");
+    return PRL_OK;
+}
+
+static prl_status restore(ctl *c)
+{
+    prl_store_version v;
+    prl_status rc = prl_store_version_latest(c->db, c->run, &v);
+    if (rc) return rc;
+    c->version = v.version;
+    snprintf(c->version_path, sizeof c->version_path, "%s", v.path);
+    prl_store_version_free(&v);
+    int64_t last = -1;
+    if ((rc = prl_store_step_last(c->db, c->run, &last))) return rc;
+    c->next_step = last + 1;
+    c->retired_epoch = -1;
+    if (last >= 0) {
+        char *mt = NULL;
+        if ((rc = prl_store_step_metrics(c->db, c->run, last, &mt))) return rc;
+        json_error_t je;
+        json_t *mj = json_loads(mt, 0, &je);
+        c->cursor = json_integer_value(json_object_get(mj, "cursor_end"));
+        json_decref(mj);
+        free(mt);
+        logf_("resuming at step %lld, version %lld", (long long)c->next_step, (long long)c->version);
+        event(c, "resume", "{\"step\": %lld, \"version\": %lld}", (long long)c->next_step,
+              (long long)c->version);
+    }
+    if (c->version != c->next_step)
+        return prl_error_set(PRL_ERR_FORMAT, "run.db: version %lld after %lld steps (each step makes one)",
+                             (long long)c->version, (long long)c->next_step);
+    return PRL_OK;
+}
+
+static void finish(ctl *c, const char *why)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (c->w[i].peer.len) send_stop(c, &c->w[i], why);
+}
+
+static void cleanup(ctl *c)
+{
+    for (int i = 0; i < MAX_INFLIGHT; i++)
+        if (c->st[i].active) step_free(c, &c->st[i]);
+    for (int i = 0; i < c->n_tasks; i++) json_decref(c->task[i]), free(c->task_text[i]);
+    free(c->task), free(c->task_text), free(c->task_id), free(c->retired), free(c->perm);
+    free(c->l), free(c->config_json);
+    prl_bus_socket_free(c->sock);
+    prl_store_close(c->db);
+}
+
+/* Write runs/NAME/final -> the newest version's directory, atomically. */
+static void link_final(ctl *c)
+{
+    char tmp[1200], fin[1200];
+    snprintf(tmp, sizeof tmp, "%s/final.tmp", c->o->run_dir);
+    snprintf(fin, sizeof fin, "%s/final", c->o->run_dir);
+    const char *target = c->version_path;
+    size_t rl = strlen(c->o->run_dir);
+    if (!strncmp(target, c->o->run_dir, rl) && target[rl] == '/') target += rl + 1;
+    unlink(tmp);
+    if (symlink(target, tmp) || rename(tmp, fin)) logf_("could not link %s: %s", fin, strerror(errno));
+}
+
+prl_status prl_controller_run(const prl_controller_options *o)
+{
+    ctl c0, *c = &c0;
+    memset(c, 0, sizeof *c);
+    c->o = o, c->job = o->job, c->G = o->job->group_size, c->B = o->job->batch_prompts;
+    c->lag = strcmp(o->job->mode, "async") ? 0 : o->job->max_lag;
+    c->t_start = prl_now();
+    char db_path[1100], ep[1100];
+    snprintf(db_path, sizeof db_path, "%s/run.db", o->run_dir);
+    prl_status rc = PRL_OK;
+    if (o->endpoint) snprintf(ep, sizeof ep, "%s", o->endpoint);
+    else rc = prl_controller_endpoint(o->run_dir, "control.sock", ep, sizeof ep);
+    c->config_json = prl_job_config_to_json(o->job);
+    if (!rc && !c->config_json) rc = prl_error_set(PRL_ERR_NOMEM, "config");
+    if (!rc) rc = prl_store_open(db_path, &c->db);
+    if (!rc) rc = open_run(c);
+    if (!rc) rc = load_tasks(c);
+    if (!rc) rc = restore(c);
+    prl_bus_socket_options so;
+    prl_bus_socket_options_default(&so);
+    so.bind = 1, so.name = "controller", so.send_timeout_ms = 2000;
+    if (!rc) rc = prl_bus_socket_open(&c->sock, PRL_BUS_ROUTER, ep, &so);
+    if (!rc) logf_("run '%s' at %s: %d train prompts, B=%d G=%d, %s mode (lag %d), step %lld of %d",
+                   o->job->name, ep, c->n_tasks, c->B, c->G, o->job->mode, c->lag,
+                   (long long)c->next_step, o->job->steps);
+    c->done = c->version >= o->job->steps;
+    double last_expire = prl_now();
+    while (!rc && !c->done && !(o->stop && *o->stop)) {
+        prl_bus_msg m;
+        prl_bus_peer from;
+        int got = 0;
+        rc = prl_bus_recv(c->sock, 100, &m, &from, &got);
+        if (!rc && got) {
+            dispatch(c, &m, &from);
+            prl_bus_msg_free(&m);
+        }
+        if (!rc && prl_now() - last_expire > 0.5) {
+            expire(c);
+            last_expire = prl_now();
+        }
+        if (!rc) rc = schedule(c);
+    }
+    if (!rc && c->done) {
+        link_final(c);
+        prl_store_run_set_status(c->db, c->run, "done");
+        event(c, "done", "{\"version\": %lld}", (long long)c->version);
+        logf_("run '%s' done: version %lld in %.1f s", o->job->name, (long long)c->version,
+              prl_now() - c->t_start);
+        finish(c, "the run is done");
+    } else if (!rc) {
+        prl_store_run_set_status(c->db, c->run, "stopped");
+        finish(c, "the controller is stopping");
+    }
+    cleanup(c);
+    return rc;
+}
