@@ -138,7 +138,11 @@ static void last_log_line(const launcher *L, const char *name, char *out, size_t
     if (!f) return;
     char line[1024];
     while (fgets(line, sizeof line, f))
-        if (line[0] != '\n') snprintf(out, n, "%s", line);
+        if (line[0] != '\n') {
+            size_t k = strnlen(line, n - 1);
+            memcpy(out, line, k);
+            out[k] = 0;
+        }
     fclose(f);
     size_t k = strlen(out);
     if (k && out[k - 1] == '\n') out[k - 1] = 0;

@@ -21,7 +21,7 @@ typedef struct trainer {
     prl_tokenizer *tok;
     int have_model, have_optim;
     int64_t version;        /* version held (-1: none) */
-    char path[1024];
+    char path[1200];
 } trainer;
 
 static void unload(trainer *t)
@@ -72,7 +72,7 @@ static prl_status train(trainer *t, const prl_bus_msg *m)
     memset(&st, 0, sizeof st);
     if (!rc && b.n > 0) rc = prl_grpo_train_step(&t->model, &t->optim, &b, &tc, &st);
     prl_grpo_batch_free(&b);
-    char dir[1200], state[256];
+    char dir[1200], state[400];
     snprintf(dir, sizeof dir, "%s/ckpt/v%06llu", t->role.run_dir, (unsigned long long)ver + 1);
     snprintf(state, sizeof state, "{\"run\": \"%s\", \"version\": %llu, \"step\": %llu}", t->role.run,
              (unsigned long long)ver + 1, (unsigned long long)step);

@@ -260,7 +260,10 @@ static prl_status send_msg(ctl *c, worker *w, prl_bus_msg *m)
 {
     prl_status rc = prl_bus_send(c->sock, &w->peer, m);
     prl_bus_msg_free(m);
-    if (rc) logf_("send to %s failed: %s", w->name, prl_error_message());
+    if (rc) { /* gone: forgotten until it says hello again */
+        logf_("send to %s failed: %s", w->name, prl_error_message());
+        w->peer.len = 0;
+    }
     return rc;
 }
 

@@ -111,6 +111,26 @@ typedef struct prl_batch {
     const int32_t *route_override; /* NULL, or [n_moe][B*T][K] expert ids to use */
 } prl_batch;
 
+/* Owned buffers behind a prl_batch of up to `rows` sequences × `cols` positions (batch.c;
+** init/free pair). A view of B ≤ rows rows of T ≤ cols positions lays rows out with stride
+** T, so the buffers can back batches of any shape within the capacity. */
+typedef struct prl_batch_buf {
+    int rows, cols;           /* capacity */
+    int32_t *tokens, *targets; /* [rows*cols] */
+    int32_t *lens;            /* [rows] */
+    float *weights;           /* [rows*cols], zeroed by prl_batch_buf_set_row */
+} prl_batch_buf;
+
+prl_status prl_batch_buf_init(prl_batch_buf *bb, int rows, int cols);
+void prl_batch_buf_free(prl_batch_buf *bb);
+/* Row i of a view with T positions: ids[0..n) (n ≤ T) right-padded with <|pad|>; position t
+** targets ids[t+1] when t + 1 < n and train[t+1] != 0 (train NULL: every position); its
+** weight is 0. Returns the number of positions with a target. */
+int prl_batch_buf_set_row(prl_batch_buf *bb, int T, int i, const int32_t *ids, int n,
+                          const uint8_t *train);
+/* The batch of rows [0, B) × T positions over the buffers (temperature 1, no override). */
+prl_batch prl_batch_buf_view(const prl_batch_buf *bb, int B, int T);
+
 typedef struct prl_forward_stats {
     double loss;         /* Σ w·logp + aux losses */
     double lm_loss;      /* Σ w·logp */

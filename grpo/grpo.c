@@ -160,9 +160,8 @@ double prl_grpo_token_loss(double lp_new, double lp_old, double adv,
     return L;
 }
 
-/* ∂loss/∂L_t of every valid token of sequence b (the aggregation's coefficient). */
-static double agg_coefficient(const prl_grpo_loss_config *c, int seq_tokens, int n_tokens,
-                              int n_seqs)
+double prl_grpo_agg_coefficient(const prl_grpo_loss_config *c, int seq_tokens, int n_tokens,
+                                int n_seqs)
 {
     switch (c->agg) {
     case PRL_GRPO_AGG_TOKEN_MEAN: return 1.0 / n_tokens;
@@ -174,27 +173,35 @@ static double agg_coefficient(const prl_grpo_loss_config *c, int seq_tokens, int
     return 0;
 }
 
-prl_status prl_grpo_loss(const prl_grpo_loss_config *c, const float *lp_new, const float *lp_old,
-                         const double *adv, const uint8_t *mask, const float *iw, int B, int T,
-                         float *w, prl_grpo_loss_stats *stats)
+/* Valid tokens of sequence b (mask != 0). */
+static int seq_tokens(const uint8_t *mask, int b, int T)
+{
+    int k = 0;
+    for (int t = 0; t < T; t++) k += mask[(size_t)b * T + t] != 0;
+    return k;
+}
+
+prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_new,
+                                 const float *lp_old, const double *adv, const uint8_t *mask,
+                                 const float *iw, int B, int T, int n_tokens, int n_seqs,
+                                 float *w, prl_grpo_loss_stats *stats)
 {
     prl_status rc = prl_grpo_loss_config_check(c);
     if (rc) return rc;
-    if (B < 0 || T < 0) return prl_error_set(PRL_ERR_ARG, "loss: batch %d x %d", B, T);
-    int n_tokens = 0, n_seqs = 0;
-    for (int b = 0; b < B; b++) {
-        int k = 0;
-        for (int t = 0; t < T; t++) k += mask[(size_t)b * T + t] != 0;
-        n_tokens += k, n_seqs += k > 0;
-    }
-    prl_grpo_loss_stats st = {.tokens = n_tokens, .sequences = n_seqs};
+    if (B < 0 || T < 0 || n_tokens < 0 || n_seqs < 0)
+        return prl_error_set(PRL_ERR_ARG, "loss: batch %d x %d, %d tokens in %d sequences", B, T,
+                             n_tokens, n_seqs);
+    prl_grpo_loss_stats st = {0};
     memset(w, 0, (size_t)B * T * sizeof *w);
     int clipped = 0, dual = 0;
     for (int b = 0; b < B; b++) {
-        int k = 0;
-        for (int t = 0; t < T; t++) k += mask[(size_t)b * T + t] != 0;
+        int k = seq_tokens(mask, b, T);
         if (k == 0) continue;
-        double coef = agg_coefficient(c, k, n_tokens, n_seqs);
+        if (k > n_tokens || n_seqs < 1)
+            return prl_error_set(PRL_ERR_ARG, "loss: sequence %d has %d tokens but the whole "
+                                 "batch counts %d in %d sequences", b, k, n_tokens, n_seqs);
+        st.tokens += k, st.sequences++;
+        double coef = prl_grpo_agg_coefficient(c, k, n_tokens, n_seqs);
         for (int t = 0; t < T; t++) {
             size_t i = (size_t)b * T + t;
             if (!mask[i]) continue;
@@ -218,4 +225,18 @@ prl_status prl_grpo_loss(const prl_grpo_loss_config *c, const float *lp_new, con
     }
     if (stats) *stats = st;
     return PRL_OK;
+}
+
+prl_status prl_grpo_loss(const prl_grpo_loss_config *c, const float *lp_new, const float *lp_old,
+                         const double *adv, const uint8_t *mask, const float *iw, int B, int T,
+                         float *w, prl_grpo_loss_stats *stats)
+{
+    if (B < 0 || T < 0) return prl_error_set(PRL_ERR_ARG, "loss: batch %d x %d", B, T);
+    int n_tokens = 0, n_seqs = 0;
+    for (int b = 0; b < B; b++) {
+        int k = seq_tokens(mask, b, T);
+        n_tokens += k, n_seqs += k > 0;
+    }
+    return prl_grpo_loss_partial(c, lp_new, lp_old, adv, mask, iw, B, T, n_tokens, n_seqs, w,
+                                 stats);
 }

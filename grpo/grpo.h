@@ -72,6 +72,12 @@ prl_status prl_grpo_loss_config_check(const prl_grpo_loss_config *c);
 const char *prl_grpo_agg_name(prl_grpo_agg a);
 prl_status prl_grpo_agg_parse(const char *s, prl_grpo_agg *out);
 
+/* ∂loss/∂L_t of each valid token of a sequence with seq_tokens valid tokens, in a batch of
+** n_tokens valid tokens in n_seqs sequences: the aggregation's coefficient (1/n_tokens for
+** token-mean, ...). */
+double prl_grpo_agg_coefficient(const prl_grpo_loss_config *c, int seq_tokens, int n_tokens,
+                                int n_seqs);
+
 /* One token: the clipped surrogate L and ∂L/∂lp_new (A, lp_old constants). */
 double prl_grpo_token_loss(double lp_new, double lp_old, double adv,
                            const prl_grpo_loss_config *c, double *dloss_dlp);
@@ -91,5 +97,114 @@ typedef struct prl_grpo_loss_stats {
 prl_status prl_grpo_loss(const prl_grpo_loss_config *c, const float *lp_new, const float *lp_old,
                          const double *adv, const uint8_t *mask, const float *iw, int B, int T,
                          float *w, prl_grpo_loss_stats *stats);
+
+/* The same for one part (a micro-batch) of a larger batch: the aggregation's denominators are
+** the whole batch's (n_tokens valid tokens in n_seqs sequences), so the parts' losses, weights,
+** clipfrac, clipfrac_lower and ppo_kl add up to the whole batch's. stats->tokens and
+** stats->sequences count the part. */
+prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_new,
+                                 const float *lp_old, const double *adv, const uint8_t *mask,
+                                 const float *iw, int B, int T, int n_tokens, int n_seqs,
+                                 float *w, prl_grpo_loss_stats *stats);
+
+/* ---------------------------------------------------------------- training step ---- */
+/* trainer.c: one step's samples (the bus `train` message, docs/pipeline.md) and the GRPO
+** update of the trainer role (docs/grpo.md "Training step"). */
+
+struct prl_bus_msg;
+struct prl_job_config;
+
+/* n samples of one step, packed as the `train` message carries them. Sample i's tokens
+** (prompt then response) are tokens[offsets[i] .. offsets[i+1]); its first prompt_lens[i] are
+** the prompt. The response tokens of all samples, concatenated in sample order, have one
+** infer log-prob (logprobs) and one loss-mask byte (mask: 1 trained, 0 observation) each.
+** Ownership: every array is owned (prl_grpo_batch_init / prl_grpo_batch_free). */
+typedef struct prl_grpo_batch {
+    int n;                /* samples */
+    size_t n_tokens;      /* offsets[n] */
+    size_t n_response;    /* Σ (length − prompt_len) */
+    int32_t *tokens;      /* [n_tokens] */
+    int32_t *offsets;     /* [n + 1], offsets[0] = 0 */
+    int32_t *prompt_lens; /* [n], 1 <= prompt_len < length */
+    float *rewards;       /* [n], finite */
+    int32_t *groups;      /* [n], the group (prompt) of each sample */
+    float *logprobs;      /* [n_response] infer log-probs, finite, <= 0 */
+    uint8_t *mask;        /* [n_response] 0 or 1 */
+} prl_grpo_batch;
+
+/* Allocate the arrays (zeroed) for n samples of n_tokens tokens with n_response response
+** tokens; the caller fills them. */
+prl_status prl_grpo_batch_init(prl_grpo_batch *b, int n, size_t n_tokens, size_t n_response);
+void prl_grpo_batch_free(prl_grpo_batch *b);
+/* Check every size and value (see the field comments); errors name the array and sample. */
+prl_status prl_grpo_batch_check(const prl_grpo_batch *b);
+/* The response of sample i: its first token's index into logprobs/mask (*first) and count. */
+void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int *len);
+
+/* Read a decoded `train` message (field count; frames tokens, offsets, prompt_lens, rewards,
+** groups, logprobs, mask) into a new batch `b`. Every frame's presence, dtype and size and
+** every value is checked; an error (PRL_ERR_FORMAT) names the frame (and the sample), and
+** leaves `b` empty. */
+prl_status prl_grpo_batch_from_msg(prl_grpo_batch *b, const struct prl_bus_msg *m);
+/* Add field count and the seven frames to `m`, a `train` message the caller initialised
+** (and gives lease, step, policy_version, path). The batch is checked first. */
+prl_status prl_grpo_batch_to_msg(const prl_grpo_batch *b, struct prl_bus_msg *m);
+
+typedef struct prl_grpo_train_config {
+    prl_grpo_adv_norm adv_norm;  /* grpo.adv_norm */
+    double adv_eps;              /* grpo.adv_eps */
+    prl_grpo_singleton singleton;/* grpo.singleton */
+    prl_grpo_loss_config loss;   /* grpo.clip_low, clip_high, clip_c, loss_agg, loss_scale_factor */
+    int ppo_epochs;              /* grpo.ppo_epochs >= 1 */
+    int minibatches;             /* grpo.minibatches >= 1: optimizer steps per epoch */
+    int micro_rows;              /* sequences per forward/backward (memory bound), default 8 */
+    double grad_clip;            /* optim.grad_clip: global L2 bound of each update (0 = off) */
+    double temperature;          /* rollout.temperature: log-probs of softmax(logits / τ) */
+    double kl_coef;              /* grpo.kl_coef: weight of the k3 KL to `ref` (0 = off) */
+    prl_model *ref;              /* borrowed reference model (needed iff kl_coef > 0) */
+} prl_grpo_train_config;
+
+void prl_grpo_train_config_default(prl_grpo_train_config *c);
+/* From the job's grpo.*, optim.grad_clip and rollout.temperature keys (ref = NULL: the
+** caller loads the reference model when grpo.kl_coef > 0). */
+prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c,
+                                          const struct prl_job_config *j);
+/* The optimizer of the job's optim.* keys (kind, lr, weight_decay, grad_clip, warmup). */
+prl_status prl_grpo_optim_config_from_job(prl_optim_config *oc, const struct prl_job_config *j);
+/* Errors name the key (grpo.ppo_epochs, ...). */
+prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c);
+
+typedef struct prl_grpo_step_stats {
+    int samples, groups, singletons, constant_groups, dropped;
+    int updates;            /* optimizer steps: ppo_epochs × minibatches */
+    long tokens;            /* tokens (prompt + response) of the trained samples */
+    long loss_tokens;       /* response tokens with mask 1 */
+    double reward_mean;     /* over all samples */
+    double accuracy;        /* share of samples with reward == 1 */
+    double adv_mean, adv_std, adv_min, adv_max; /* over the trained samples */
+    double loss;            /* policy loss (+ kl_coef·kl), mean over the updates */
+    double clipfrac, clipfrac_lower, ppo_kl;    /* means over the updates */
+    double kl;              /* k3 KL to the reference, mean over the updates (0 when off) */
+    double grad_norm;       /* mean pre-clip gradient norm over the updates */
+    double grad_norm_max;
+    double lr;              /* learning rate of the last update */
+    double mismatch;        /* mean |train old logp − infer logp| over the loss tokens */
+    double mismatch_max;
+    double seconds;         /* wall time of the step */
+} prl_grpo_step_stats;
+
+/* One GRPO step on batch `b` (docs/grpo.md "Training step"): advantages per group; old
+** log-probs recomputed on the train path with the current weights before any update; then
+** ppo_epochs × minibatches updates over a fixed partition of the samples in their given order,
+** each a forward + backward over micro-batches of at most micro_rows rows (gradients
+** accumulated in order), grad clip and an optimizer step. Deterministic: the same input gives
+** bitwise-identical weights whatever the thread count. A sample longer than the model's
+** context or a token outside its vocabulary is PRL_ERR_RANGE naming the sample. */
+prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch *b,
+                               const prl_grpo_train_config *c, prl_grpo_step_stats *st);
+
+/* The stats as a JSON object text (malloc'd; NULL when out of memory): the `metrics` frame of
+** `trained` and the step's row in run.db. Keys are the field names. */
+char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st);
 
 #endif /* PRL_GRPO_H */

@@ -3,7 +3,7 @@
 # Needs root (or sudo) the first time; safe to run again.
 set -euo pipefail
 packages=(build-essential cmake pkg-config libzmq3-dev libjansson-dev libsqlite3-dev
-          libopenblas-dev check libseccomp-dev python3-torch python3-numpy)
+          libopenblas-dev check libseccomp-dev python3-torch python3-numpy sqlite3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

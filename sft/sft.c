@@ -205,28 +205,15 @@ static int order_at(order *o, int64_t g)
     return o->perm[g % o->n];
 }
 
-typedef struct batch_buf {
-    int32_t *tokens, *targets, *lens;
-    float *weights;
-} batch_buf;
-
 /* Fill micro-batch `mb` of step `step`; returns its trained-position count. */
-static int fill_batch(batch_buf *bb, const prl_sft_data *d, const prl_sft_config *c, order *o,
-                      int64_t step, int mb)
+static int fill_batch(prl_batch_buf *bb, const prl_sft_data *d, const prl_sft_config *c,
+                      order *o, int64_t step, int mb)
 {
     int B = c->batch, T = c->seq, trained = 0;
     for (int i = 0; i < B; i++) {
         int64_t g = (step * c->accum + mb) * (int64_t)B + i;
         const prl_sft_example *e = &d->ex[order_at(o, g)];
-        int n = e->n < T ? e->n : T;
-        bb->lens[i] = n;
-        for (int t = 0; t < T; t++) {
-            int idx = i * T + t;
-            bb->tokens[idx] = t < n ? e->ids[t] : PRL_TOKEN_PAD;
-            int train = t + 1 < n && e->mask[t + 1];
-            bb->targets[idx] = train ? e->ids[t + 1] : -1;
-            trained += train;
-        }
+        trained += prl_batch_buf_set_row(bb, T, i, e->ids, e->n < T ? e->n : T, e->mask);
     }
     return trained;
 }
@@ -239,17 +226,10 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
                              "%d must be positive", c->batch, c->seq, c->steps, c->accum,
                              c->log_every);
     int B = c->batch, T = c->seq, N = B * T;
-    batch_buf *bb = calloc((size_t)c->accum, sizeof *bb);
+    prl_batch_buf *bb = calloc((size_t)c->accum, sizeof *bb);
     order ord = {.perm = malloc((size_t)d->n * sizeof(int)), .n = d->n, .epoch = -1, .seed = c->seed};
     prl_status rc = bb && ord.perm ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "sft batches");
-    for (int a = 0; rc == PRL_OK && a < c->accum; a++) {
-        bb[a].tokens = malloc((size_t)N * sizeof(int32_t));
-        bb[a].targets = malloc((size_t)N * sizeof(int32_t));
-        bb[a].lens = malloc((size_t)B * sizeof(int32_t));
-        bb[a].weights = malloc((size_t)N * sizeof(float));
-        if (!bb[a].tokens || !bb[a].targets || !bb[a].lens || !bb[a].weights)
-            rc = prl_error_set(PRL_ERR_NOMEM, "sft batches");
-    }
+    for (int a = 0; rc == PRL_OK && a < c->accum; a++) rc = prl_batch_buf_init(&bb[a], B, T);
     double t_start = prl_now();
     int64_t first = o->step, last = o->step + c->steps;
     for (int64_t step = first; rc == PRL_OK && step < last; step++) {
@@ -262,8 +242,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
             for (int i = 0; i < N; i++)
                 bb[a].weights[i] = bb[a].targets[i] >= 0 ? -1.0f / (float)trained : 0.0f;
             for (int i = 0; i < B; i++) tokens += bb[a].lens[i];
-            prl_batch b = {.B = B, .T = T, .tokens = bb[a].tokens, .lens = bb[a].lens,
-                           .targets = bb[a].targets, .weights = bb[a].weights, .temperature = 1};
+            prl_batch b = prl_batch_buf_view(&bb[a], B, T);
             prl_forward_stats st;
             rc = prl_model_forward(m, &b, NULL, &st);
             if (rc == PRL_OK) rc = prl_model_backward(m, &b);
@@ -291,12 +270,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
             progress(user, &p);
         }
     }
-    for (int a = 0; bb && a < c->accum; a++) {
-        free(bb[a].tokens);
-        free(bb[a].targets);
-        free(bb[a].lens);
-        free(bb[a].weights);
-    }
+    for (int a = 0; bb && a < c->accum; a++) prl_batch_buf_free(&bb[a]);
     free(bb);
     free(ord.perm);
     return rc;

@@ -1,0 +1,636 @@
+/*
+** trainer.c — the GRPO update of the trainer role (grpo.h, docs/grpo.md "Training step"):
+** one step's samples as a packed batch (to and from the bus `train` message, every size and
+** value validated), the training configuration from the job, and prl_grpo_train_step.
+**
+** Layout of a sample in a micro-batch row: position t holds token t; response token j (token
+** prompt_len + j) is the target of position prompt_len − 1 + j. Only response tokens with mask
+** 1 get a target, so the train path scores exactly the loss tokens. Row arrays are [rows × T]
+** with T the longest sample of the micro-batch (<= the model's context).
+**
+** Determinism: samples are taken in the given order, minibatch k of M holds the kept samples
+** [n·k/M, n·(k+1)/M), micro-batches run in order and every sum is in double in that order; the
+** engine's kernels do not depend on the thread count.
+*/
+#include "grpo/grpo.h"
+
+#include "bus/bus.h"
+#include "job/job.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------ the batch ------- */
+
+static int response_len(const prl_grpo_batch *b, int i)
+{
+    return b->offsets[i + 1] - b->offsets[i] - b->prompt_lens[i];
+}
+
+prl_status prl_grpo_batch_init(prl_grpo_batch *b, int n, size_t n_tokens, size_t n_response)
+{
+    memset(b, 0, sizeof *b);
+    if (n < 1 || n_tokens > INT32_MAX || n_response > n_tokens)
+        return prl_error_set(PRL_ERR_ARG, "grpo batch: %d samples, %zu tokens, %zu response "
+                             "tokens", n, n_tokens, n_response);
+    b->n = n, b->n_tokens = n_tokens, b->n_response = n_response;
+    b->tokens = calloc(n_tokens ? n_tokens : 1, sizeof *b->tokens);
+    b->offsets = calloc((size_t)n + 1, sizeof *b->offsets);
+    b->prompt_lens = calloc((size_t)n, sizeof *b->prompt_lens);
+    b->rewards = calloc((size_t)n, sizeof *b->rewards);
+    b->groups = calloc((size_t)n, sizeof *b->groups);
+    b->logprobs = calloc(n_response ? n_response : 1, sizeof *b->logprobs);
+    b->mask = calloc(n_response ? n_response : 1, sizeof *b->mask);
+    if (!b->tokens || !b->offsets || !b->prompt_lens || !b->rewards || !b->groups ||
+        !b->logprobs || !b->mask) {
+        prl_grpo_batch_free(b);
+        return prl_error_set(PRL_ERR_NOMEM, "grpo batch of %d samples", n);
+    }
+    return PRL_OK;
+}
+
+void prl_grpo_batch_free(prl_grpo_batch *b)
+{
+    if (!b) return;
+    free(b->tokens);
+    free(b->offsets);
+    free(b->prompt_lens);
+    free(b->rewards);
+    free(b->groups);
+    free(b->logprobs);
+    free(b->mask);
+    memset(b, 0, sizeof *b);
+}
+
+/* offsets, prompt_lens and the response count (the layout every other check relies on). */
+static prl_status check_layout(const prl_grpo_batch *b)
+{
+    if (b->n < 1) return prl_error_set(PRL_ERR_FORMAT, "count: %d samples (need >= 1)", b->n);
+    if (b->offsets[0] != 0)
+        return prl_error_set(PRL_ERR_FORMAT, "offsets: sample 0 starts at %d, not 0", b->offsets[0]);
+    size_t response = 0;
+    for (int i = 0; i < b->n; i++) {
+        int64_t len = (int64_t)b->offsets[i + 1] - b->offsets[i];
+        if (len < 2)
+            return prl_error_set(PRL_ERR_FORMAT, "offsets: sample %d spans [%d, %d): offsets must "
+                                 "increase by >= 2 (a prompt and a response)", i, b->offsets[i],
+                                 b->offsets[i + 1]);
+        if (b->prompt_lens[i] < 1 || b->prompt_lens[i] >= len)
+            return prl_error_set(PRL_ERR_FORMAT, "prompt_lens: sample %d has prompt length %d, "
+                                 "not in [1, %lld) (its length)", i, b->prompt_lens[i], (long long)len);
+        response += (size_t)(len - b->prompt_lens[i]);
+    }
+    if ((size_t)b->offsets[b->n] != b->n_tokens)
+        return prl_error_set(PRL_ERR_FORMAT, "offsets: the last offset %d differs from the %zu "
+                             "tokens", b->offsets[b->n], b->n_tokens);
+    if (response != b->n_response)
+        return prl_error_set(PRL_ERR_FORMAT, "logprobs: %zu response log-probs, but the samples "
+                             "have %zu response tokens", b->n_response, response);
+    return PRL_OK;
+}
+
+/* Values: token ids >= 0, finite rewards, finite log-probs <= 0, mask bytes 0 or 1. */
+static prl_status check_values(const prl_grpo_batch *b)
+{
+    size_t first = 0; /* the running index of the response tokens */
+    for (int i = 0; i < b->n; i++) {
+        if (!isfinite(b->rewards[i]))
+            return prl_error_set(PRL_ERR_FORMAT, "rewards: sample %d has reward %g", i, b->rewards[i]);
+        for (int32_t t = b->offsets[i]; t < b->offsets[i + 1]; t++)
+            if (b->tokens[t] < 0)
+                return prl_error_set(PRL_ERR_FORMAT, "tokens: sample %d position %d has id %d", i,
+                                     t - b->offsets[i], b->tokens[t]);
+        int len = b->offsets[i + 1] - b->offsets[i] - b->prompt_lens[i];
+        for (int j = 0; j < len; j++, first++) {
+            float lp = b->logprobs[first];
+            if (!(isfinite(lp) && lp <= 0))
+                return prl_error_set(PRL_ERR_FORMAT, "logprobs: sample %d response token %d has "
+                                     "log-prob %g (must be finite and <= 0)", i, j, lp);
+            if (b->mask[first] > 1)
+                return prl_error_set(PRL_ERR_FORMAT, "mask: sample %d response token %d is %d "
+                                     "(must be 0 or 1)", i, j, b->mask[first]);
+        }
+    }
+    return PRL_OK;
+}
+
+prl_status prl_grpo_batch_check(const prl_grpo_batch *b)
+{
+    prl_status rc = check_layout(b);
+    return rc ? rc : check_values(b);
+}
+
+void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int *len)
+{
+    /* the response tokens before sample i: its offset minus the prompts before it */
+    size_t prompts = 0;
+    for (int k = 0; k < i; k++) prompts += (size_t)b->prompt_lens[k];
+    *first = (size_t)b->offsets[i] - prompts;
+    *len = b->offsets[i + 1] - b->offsets[i] - b->prompt_lens[i];
+}
+
+/* ------------------------------------------------------------------ the message ----- */
+
+/* The frame `name` of dtype `dt` with `count` elements (SIZE_MAX: any). */
+static prl_status train_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
+                              size_t count, const prl_bus_frame **out)
+{
+    const prl_bus_frame *f = prl_bus_msg_frame(m, name);
+    if (!f) return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is missing", name);
+    if (f->dtype != dt)
+        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is %s, expected %s", name,
+                             prl_bus_dtype_name(f->dtype), prl_bus_dtype_name(dt));
+    if (count != SIZE_MAX && f->count != count)
+        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' has %zu elements, expected %zu", name,
+                             f->count, count);
+    *out = f;
+    return PRL_OK;
+}
+
+static void copy_frame(void *dst, const prl_bus_frame *f)
+{
+    if (f->bytes) memcpy(dst, f->data, f->bytes);
+}
+
+static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
+{
+    if (strcmp(m->type, "train") != 0)
+        return prl_error_set(PRL_ERR_FORMAT, "a '%s' message, expected 'train'", m->type);
+    uint64_t count;
+    prl_status rc = prl_bus_msg_get_uint(m, "count", &count);
+    if (rc) return rc;
+    if (count < 1 || count > (uint64_t)(PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t)) - 1)
+        return prl_error_set(PRL_ERR_FORMAT, "field 'count' = %llu samples (need 1 .. %zu)",
+                             (unsigned long long)count, PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t) - 1);
+    size_t n = (size_t)count;
+    const prl_bus_frame *tok, *off, *pl, *rew, *grp, *lp, *mask;
+    if ((rc = train_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
+        (rc = train_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
+        (rc = train_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
+        (rc = train_frame(m, "rewards", PRL_BUS_F32, n, &rew)) ||
+        (rc = train_frame(m, "groups", PRL_BUS_I32, n, &grp)) ||
+        (rc = train_frame(m, "logprobs", PRL_BUS_F32, SIZE_MAX, &lp)) ||
+        (rc = train_frame(m, "mask", PRL_BUS_U8, lp->count, &mask)))
+        return rc;
+    if (lp->count > tok->count)
+        return prl_error_set(PRL_ERR_FORMAT, "frame 'logprobs' has %zu elements, more than the "
+                             "%zu tokens", lp->count, tok->count);
+    if ((rc = prl_grpo_batch_init(b, (int)n, tok->count, lp->count))) return rc;
+    copy_frame(b->tokens, tok);
+    copy_frame(b->offsets, off);
+    copy_frame(b->prompt_lens, pl);
+    copy_frame(b->rewards, rew);
+    copy_frame(b->groups, grp);
+    copy_frame(b->logprobs, lp);
+    copy_frame(b->mask, mask);
+    if ((rc = prl_grpo_batch_check(b))) prl_grpo_batch_free(b);
+    return rc;
+}
+
+prl_status prl_grpo_batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
+{
+    memset(b, 0, sizeof *b);
+    prl_status rc = batch_from_msg(b, m);
+    return rc ? prl_error_wrap(rc, "train message: ") : PRL_OK;
+}
+
+prl_status prl_grpo_batch_to_msg(const prl_grpo_batch *b, prl_bus_msg *m)
+{
+    prl_status rc = prl_grpo_batch_check(b);
+    if (rc) return prl_error_wrap(rc, "train message: ");
+    if ((rc = prl_bus_msg_set_uint(m, "count", (uint64_t)b->n)) ||
+        (rc = prl_bus_msg_add_frame(m, "tokens", PRL_BUS_I32, b->tokens, b->n_tokens)) ||
+        (rc = prl_bus_msg_add_frame(m, "offsets", PRL_BUS_I32, b->offsets, (size_t)b->n + 1)) ||
+        (rc = prl_bus_msg_add_frame(m, "prompt_lens", PRL_BUS_I32, b->prompt_lens, (size_t)b->n)) ||
+        (rc = prl_bus_msg_add_frame(m, "rewards", PRL_BUS_F32, b->rewards, (size_t)b->n)) ||
+        (rc = prl_bus_msg_add_frame(m, "groups", PRL_BUS_I32, b->groups, (size_t)b->n)) ||
+        (rc = prl_bus_msg_add_frame(m, "logprobs", PRL_BUS_F32, b->logprobs, b->n_response)) ||
+        (rc = prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, b->mask, b->n_response)))
+        return rc;
+    return PRL_OK;
+}
+
+/* ------------------------------------------------------------------ configuration --- */
+
+void prl_grpo_train_config_default(prl_grpo_train_config *c)
+{
+    *c = (prl_grpo_train_config){.adv_norm = PRL_GRPO_NORM_STD, .adv_eps = 1e-6,
+                                 .singleton = PRL_GRPO_SINGLETON_ZERO, .ppo_epochs = 1,
+                                 .minibatches = 1, .micro_rows = 8, .grad_clip = 1.0,
+                                 .temperature = 1.0};
+    prl_grpo_loss_config_default(&c->loss);
+}
+
+prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_job_config *j)
+{
+    prl_grpo_train_config_default(c);
+    c->adv_norm = strcmp(j->adv_norm, "none") == 0 ? PRL_GRPO_NORM_NONE : PRL_GRPO_NORM_STD;
+    c->singleton = strcmp(j->singleton, "verl") == 0   ? PRL_GRPO_SINGLETON_VERL
+                   : strcmp(j->singleton, "drop") == 0 ? PRL_GRPO_SINGLETON_DROP
+                                                        : PRL_GRPO_SINGLETON_ZERO;
+    c->adv_eps = j->adv_eps;
+    c->loss.clip_low = j->clip_low;
+    c->loss.clip_high = j->clip_high;
+    c->loss.clip_c = j->clip_c;
+    c->loss.loss_scale_factor = j->loss_scale_factor;
+    prl_status rc = prl_grpo_agg_parse(j->loss_agg, &c->loss.agg);
+    if (rc) return prl_error_wrap(rc, "grpo.loss_agg: ");
+    c->ppo_epochs = j->ppo_epochs;
+    c->minibatches = j->minibatches;
+    c->grad_clip = j->grad_clip;
+    c->temperature = j->temperature > 0 ? j->temperature : 1.0; /* greedy rollouts score at τ = 1 */
+    c->kl_coef = j->kl_coef;
+    return prl_grpo_train_config_check(c);
+}
+
+prl_status prl_grpo_optim_config_from_job(prl_optim_config *oc, const prl_job_config *j)
+{
+    prl_optim_config_default(oc);
+    if (strcmp(j->optimizer, "adamw") && strcmp(j->optimizer, "muon"))
+        return prl_error_set(PRL_ERR_CONFIG, "optim.kind '%s' (choices: adamw, muon)", j->optimizer);
+    oc->kind = strcmp(j->optimizer, "muon") == 0 ? PRL_OPTIM_MUON : PRL_OPTIM_ADAMW;
+    oc->lr = j->lr;
+    oc->weight_decay = j->weight_decay;
+    oc->grad_clip = j->grad_clip;
+    oc->warmup_steps = j->warmup;
+    return PRL_OK;
+}
+
+prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
+{
+    prl_status rc = prl_grpo_loss_config_check(&c->loss);
+    if (rc) return prl_error_wrap(rc, "grpo: ");
+    if (!(c->adv_eps > 0)) return prl_error_set(PRL_ERR_CONFIG, "grpo.adv_eps %g must be > 0", c->adv_eps);
+    if ((unsigned)c->adv_norm > PRL_GRPO_NORM_NONE || (unsigned)c->singleton > PRL_GRPO_SINGLETON_DROP)
+        return prl_error_set(PRL_ERR_CONFIG, "grpo.adv_norm / grpo.singleton out of range");
+    if (c->ppo_epochs < 1) return prl_error_set(PRL_ERR_CONFIG, "grpo.ppo_epochs %d must be >= 1", c->ppo_epochs);
+    if (c->minibatches < 1) return prl_error_set(PRL_ERR_CONFIG, "grpo.minibatches %d must be >= 1", c->minibatches);
+    if (c->micro_rows < 1) return prl_error_set(PRL_ERR_CONFIG, "micro_rows %d must be >= 1", c->micro_rows);
+    if (!(c->grad_clip >= 0)) return prl_error_set(PRL_ERR_CONFIG, "optim.grad_clip %g must be >= 0", c->grad_clip);
+    if (!(c->temperature > 0 && isfinite(c->temperature)))
+        return prl_error_set(PRL_ERR_CONFIG, "rollout.temperature %g must be > 0", c->temperature);
+    if (!(c->kl_coef >= 0 && isfinite(c->kl_coef)))
+        return prl_error_set(PRL_ERR_CONFIG, "grpo.kl_coef %g must be >= 0", c->kl_coef);
+    return PRL_OK;
+}
+
+/* ------------------------------------------------------------------ the step -------- */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Everything one step owns; rows × ctx arrays are sized for one micro-batch. */
+typedef struct step_ctx {
+    prl_model *m;
+    const prl_grpo_batch *b;
+    const prl_grpo_train_config *c;
+    int ctx;              /* the model's context (positions per row at most) */
+    int n_kept, *kept;    /* samples trained, in order */
+    size_t *first;        /* [n] first response token of each sample */
+    double *adv;          /* [n] */
+    float *lp_old;        /* [n_response] train log-probs before any update */
+    float *lp_ref;        /* [n_response] reference log-probs (KL only) */
+    prl_batch_buf bb;     /* micro_rows × ctx */
+    uint8_t *train;       /* [ctx] a row's target mask */
+    float *lp_new, *old_rows, *ref_rows; /* [micro_rows × ctx] */
+    uint8_t *mask_rows;   /* [micro_rows × ctx] */
+    double *adv_rows;     /* [micro_rows] */
+} step_ctx;
+
+static void step_free(step_ctx *s)
+{
+    free(s->kept), free(s->first), free(s->adv), free(s->lp_old), free(s->lp_ref);
+    prl_batch_buf_free(&s->bb);
+    free(s->train), free(s->lp_new), free(s->old_rows), free(s->ref_rows);
+    free(s->mask_rows), free(s->adv_rows);
+}
+
+static prl_status step_alloc(step_ctx *s)
+{
+    const prl_grpo_batch *b = s->b;
+    size_t rows = (size_t)s->c->micro_rows * (size_t)s->ctx, nr = b->n_response ? b->n_response : 1;
+    s->kept = malloc((size_t)b->n * sizeof *s->kept);
+    s->first = malloc((size_t)b->n * sizeof *s->first);
+    s->adv = malloc((size_t)b->n * sizeof *s->adv);
+    s->lp_old = calloc(nr, sizeof *s->lp_old);
+    s->lp_ref = calloc(nr, sizeof *s->lp_ref);
+    s->train = malloc((size_t)s->ctx);
+    s->lp_new = malloc(rows * sizeof *s->lp_new);
+    s->old_rows = malloc(rows * sizeof *s->old_rows);
+    s->ref_rows = malloc(rows * sizeof *s->ref_rows);
+    s->mask_rows = malloc(rows);
+    s->adv_rows = malloc((size_t)s->c->micro_rows * sizeof *s->adv_rows);
+    if (!s->kept || !s->first || !s->adv || !s->lp_old || !s->lp_ref || !s->train ||
+        !s->lp_new || !s->old_rows || !s->ref_rows || !s->mask_rows || !s->adv_rows)
+        return prl_error_set(PRL_ERR_NOMEM, "grpo step of %d samples", b->n);
+    return prl_batch_buf_init(&s->bb, s->c->micro_rows, s->ctx);
+}
+
+/* Every sample fits the model: length <= context, token ids < vocabulary. */
+static prl_status check_fits(const prl_model *m, const prl_grpo_batch *b)
+{
+    for (int i = 0; i < b->n; i++) {
+        int len = b->offsets[i + 1] - b->offsets[i];
+        if (len > m->cfg.max_position_embeddings)
+            return prl_error_set(PRL_ERR_RANGE, "grpo step: sample %d has %d tokens, more than "
+                                 "the model's context of %d", i, len, m->cfg.max_position_embeddings);
+        for (int t = 0; t < len; t++)
+            if (b->tokens[b->offsets[i] + t] >= m->cfg.vocab_size)
+                return prl_error_set(PRL_ERR_RANGE, "grpo step: sample %d position %d has token "
+                                     "%d outside the vocabulary of %d", i, t,
+                                     b->tokens[b->offsets[i] + t], m->cfg.vocab_size);
+    }
+    return PRL_OK;
+}
+
+/* Advantages and the kept samples; reward and advantage stats. */
+static prl_status step_advantages(step_ctx *s, prl_grpo_step_stats *st)
+{
+    const prl_grpo_batch *b = s->b;
+    double *r = malloc((size_t)b->n * sizeof *r);
+    int64_t *g = malloc((size_t)b->n * sizeof *g);
+    int *keep = malloc((size_t)b->n * sizeof *keep);
+    prl_status rc = r && g && keep ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "advantages");
+    for (int i = 0; rc == PRL_OK && i < b->n; i++) {
+        r[i] = b->rewards[i], g[i] = b->groups[i];
+        st->reward_mean += r[i];
+        st->accuracy += r[i] == 1.0;
+    }
+    prl_grpo_adv_stats as;
+    if (rc == PRL_OK)
+        rc = prl_grpo_advantages(s->adv, keep, r, g, b->n, s->c->adv_norm, s->c->adv_eps,
+                                 s->c->singleton, &as);
+    if (rc == PRL_OK) {
+        st->reward_mean /= b->n, st->accuracy /= b->n;
+        st->groups = as.groups, st->singletons = as.singletons;
+        st->constant_groups = as.constant_groups;
+        double sum = 0, sq = 0;
+        st->adv_min = INFINITY, st->adv_max = -INFINITY;
+        size_t first = 0;
+        for (int i = 0; i < b->n; i++) {
+            int len = response_len(b, i);
+            s->first[i] = first;
+            first += (size_t)len;
+            if (!keep[i]) continue;
+            s->kept[s->n_kept++] = i;
+            sum += s->adv[i], sq += s->adv[i] * s->adv[i];
+            st->adv_min = fmin(st->adv_min, s->adv[i]), st->adv_max = fmax(st->adv_max, s->adv[i]);
+            st->tokens += b->offsets[i + 1] - b->offsets[i];
+            for (int j = 0; j < len; j++) st->loss_tokens += b->mask[s->first[i] + j];
+        }
+        st->dropped = b->n - s->n_kept;
+        if (s->n_kept) {
+            st->adv_mean = sum / s->n_kept;
+            st->adv_std = sqrt(fmax(0, sq / s->n_kept - st->adv_mean * st->adv_mean));
+        } else {
+            st->adv_min = st->adv_max = 0;
+        }
+    }
+    free(r), free(g), free(keep);
+    return rc;
+}
+
+/* Pack kept samples [k0, k0 + rows) into the micro-batch rows (T = the longest). */
+static prl_batch pack_rows(step_ctx *s, int k0, int rows)
+{
+    const prl_grpo_batch *b = s->b;
+    int T = 1;
+    for (int r = 0; r < rows; r++) {
+        int i = s->kept[k0 + r], len = b->offsets[i + 1] - b->offsets[i];
+        T = len > T ? len : T;
+    }
+    for (int r = 0; r < rows; r++) {
+        int i = s->kept[k0 + r], len = b->offsets[i + 1] - b->offsets[i], pl = b->prompt_lens[i];
+        for (int t = 0; t < len; t++) s->train[t] = t >= pl && b->mask[s->first[i] + t - pl];
+        prl_batch_buf_set_row(&s->bb, T, r, b->tokens + b->offsets[i], len, s->train);
+        s->adv_rows[r] = s->adv[i];
+    }
+    prl_batch batch = prl_batch_buf_view(&s->bb, rows, T);
+    batch.temperature = s->c->temperature;
+    return batch;
+}
+
+/* Response log-probs of the rows (loss tokens only) ↔ the flat per-response layout. The
+** position of response token j is prompt_len − 1 + j. */
+static void rows_to_flat(const step_ctx *s, int k0, const prl_batch *batch, const float *rows,
+                         float *flat)
+{
+    for (int r = 0; r < batch->B; r++) {
+        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = response_len(s->b, i);
+        for (int j = 0; j < len; j++) flat[s->first[i] + j] = rows[(size_t)r * batch->T + pl - 1 + j];
+    }
+}
+
+static void flat_to_rows(const step_ctx *s, int k0, const prl_batch *batch, const float *flat,
+                         float *rows)
+{
+    memset(rows, 0, (size_t)batch->B * batch->T * sizeof *rows);
+    for (int r = 0; r < batch->B; r++) {
+        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = response_len(s->b, i);
+        for (int j = 0; j < len; j++) rows[(size_t)r * batch->T + pl - 1 + j] = flat[s->first[i] + j];
+    }
+}
+
+/* The rows' loss mask: 1 where a position has a target (a response token with mask 1). */
+static void mask_of_rows(const prl_batch *batch, uint8_t *mask)
+{
+    for (size_t p = 0; p < (size_t)batch->B * batch->T; p++) mask[p] = batch->targets[p] >= 0;
+}
+
+/* Old (and reference) log-probs of every kept sample, before any update; the mismatch stats. */
+static prl_status step_recompute(step_ctx *s, prl_grpo_step_stats *st)
+{
+    prl_status rc = PRL_OK;
+    for (int k0 = 0; rc == PRL_OK && k0 < s->n_kept; k0 += s->c->micro_rows) {
+        int rows = s->n_kept - k0 < s->c->micro_rows ? s->n_kept - k0 : s->c->micro_rows;
+        prl_batch batch = pack_rows(s, k0, rows);
+        rc = prl_model_logprobs(s->m, &batch, s->lp_new);
+        if (rc == PRL_OK) rows_to_flat(s, k0, &batch, s->lp_new, s->lp_old);
+        if (rc == PRL_OK && s->c->kl_coef > 0) {
+            rc = prl_model_logprobs(s->c->ref, &batch, s->lp_new);
+            if (rc == PRL_OK) rows_to_flat(s, k0, &batch, s->lp_new, s->lp_ref);
+        }
+    }
+    if (rc) return prl_error_wrap(rc, "grpo step: old log-probs: ");
+    double sum = 0;
+    long n = 0;
+    for (int k = 0; k < s->n_kept; k++) {
+        int i = s->kept[k];
+        size_t first = s->first[i];
+        for (int j = 0; j < response_len(s->b, i); j++) {
+            if (!s->b->mask[first + j]) continue;
+            double d = fabs((double)s->lp_old[first + j] - s->b->logprobs[first + j]);
+            sum += d, n++;
+            st->mismatch_max = fmax(st->mismatch_max, d);
+        }
+    }
+    st->mismatch = n ? sum / n : 0;
+    return PRL_OK;
+}
+
+/* The k3 KL to the reference (rl.md §1.4) of the rows' loss tokens, added to the token weights
+** with the aggregation's coefficients: returns the part's Σ coef·k3. */
+static double add_kl(step_ctx *s, const prl_batch *batch, int n_tokens, int n_seqs)
+{
+    double kl = 0;
+    for (int r = 0; r < batch->B; r++) {
+        int k = 0;
+        for (int t = 0; t < batch->T; t++) k += s->mask_rows[(size_t)r * batch->T + t];
+        if (!k) continue;
+        double coef = prl_grpo_agg_coefficient(&s->c->loss, k, n_tokens, n_seqs);
+        for (int t = 0; t < batch->T; t++) {
+            size_t p = (size_t)r * batch->T + t;
+            if (!s->mask_rows[p]) continue;
+            double d = (double)s->ref_rows[p] - s->lp_new[p];
+            double kc = d < -20 ? -20 : d > 20 ? 20 : d, e = exp(kc), k3 = e - kc - 1;
+            double g = kc == d && k3 <= 10 ? 1 - e : 0; /* ∂k3/∂lp; a clamp carries none */
+            kl += coef * (k3 > 10 ? 10 : k3);
+            s->bb.weights[p] = (float)(s->bb.weights[p] + s->c->kl_coef * coef * g);
+        }
+    }
+    return kl;
+}
+
+/* Valid tokens and sequences of kept samples [k0, k1). */
+static void count_tokens(const step_ctx *s, int k0, int k1, int *n_tokens, int *n_seqs)
+{
+    *n_tokens = *n_seqs = 0;
+    for (int k = k0; k < k1; k++) {
+        int i = s->kept[k], v = 0;
+        for (int j = 0; j < response_len(s->b, i); j++) v += s->b->mask[s->first[i] + j];
+        *n_tokens += v, *n_seqs += v > 0;
+    }
+}
+
+/* Forward + backward of the micro-batches of kept samples [k0, k1); sums the parts' stats. */
+static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_stats *sum,
+                                  double *kl)
+{
+    int n_tokens, n_seqs;
+    count_tokens(s, k0, k1, &n_tokens, &n_seqs);
+    prl_status rc = PRL_OK;
+    for (int r0 = k0; rc == PRL_OK && r0 < k1; r0 += s->c->micro_rows) {
+        int rows = k1 - r0 < s->c->micro_rows ? k1 - r0 : s->c->micro_rows;
+        prl_batch batch = pack_rows(s, r0, rows);
+        if ((rc = prl_model_forward(s->m, &batch, s->lp_new, NULL))) break;
+        flat_to_rows(s, r0, &batch, s->lp_old, s->old_rows);
+        mask_of_rows(&batch, s->mask_rows);
+        prl_grpo_loss_stats part;
+        rc = prl_grpo_loss_partial(&s->c->loss, s->lp_new, s->old_rows, s->adv_rows, s->mask_rows,
+                                   NULL, rows, batch.T, n_tokens, n_seqs, s->bb.weights, &part);
+        if (rc) break;
+        if (s->c->kl_coef > 0) {
+            flat_to_rows(s, r0, &batch, s->lp_ref, s->ref_rows);
+            *kl += add_kl(s, &batch, n_tokens, n_seqs);
+        }
+        sum->loss += part.loss, sum->clipfrac += part.clipfrac;
+        sum->clipfrac_lower += part.clipfrac_lower, sum->ppo_kl += part.ppo_kl;
+        rc = prl_model_backward(s->m, &batch);
+    }
+    return rc;
+}
+
+/* One update on kept samples [k0, k1): gradients, clip, optimizer step; adds to the stats. */
+static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grpo_step_stats *st)
+{
+    prl_model_zero_grad(s->m);
+    prl_grpo_loss_stats sum = {0};
+    double kl = 0;
+    prl_status rc = minibatch_grads(s, k0, k1, &sum, &kl);
+    if (rc) return rc;
+    double loss = sum.loss + s->c->kl_coef * kl;
+    if (!isfinite(loss))
+        return prl_error_set(PRL_ERR_NUMERIC, "grpo step: loss is %g on samples [%d, %d)", loss,
+                             s->kept[k0], s->kept[k1 - 1] + 1);
+    double clip = o->cfg.grad_clip; /* the step's bound, restored after */
+    o->cfg.grad_clip = s->c->grad_clip;
+    prl_optim_stats os;
+    rc = prl_optim_step(o, s->m, &os);
+    o->cfg.grad_clip = clip;
+    if (rc) return rc;
+    prl_model_update_router_bias(s->m);
+    st->updates++;
+    st->loss += loss, st->clipfrac += sum.clipfrac, st->clipfrac_lower += sum.clipfrac_lower;
+    st->ppo_kl += sum.ppo_kl, st->kl += kl;
+    st->grad_norm += os.grad_norm, st->grad_norm_max = fmax(st->grad_norm_max, os.grad_norm);
+    st->lr = os.lr;
+    return PRL_OK;
+}
+
+static prl_status step_run(step_ctx *s, prl_optim *o, prl_grpo_step_stats *st)
+{
+    prl_status rc = step_advantages(s, st);
+    if (rc == PRL_OK) rc = step_recompute(s, st);
+    int M = s->c->minibatches, n = s->n_kept;
+    for (int e = 0; rc == PRL_OK && e < s->c->ppo_epochs; e++)
+        for (int k = 0; rc == PRL_OK && k < M; k++) {
+            int k0 = (int)((int64_t)n * k / M), k1 = (int)((int64_t)n * (k + 1) / M);
+            if (k1 > k0) rc = step_update(s, o, k0, k1, st);
+        }
+    if (rc == PRL_OK && st->updates) {
+        double u = st->updates;
+        st->loss /= u, st->clipfrac /= u, st->clipfrac_lower /= u, st->ppo_kl /= u;
+        st->kl /= u, st->grad_norm /= u;
+    }
+    return rc;
+}
+
+prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch *b,
+                               const prl_grpo_train_config *c, prl_grpo_step_stats *st_out)
+{
+    double t0 = now_s();
+    prl_status rc = prl_grpo_train_config_check(c);
+    if (rc == PRL_OK && c->kl_coef > 0 && !c->ref)
+        rc = prl_error_set(PRL_ERR_ARG, "grpo.kl_coef = %g needs a reference model "
+                           "(prl_grpo_train_config.ref)", c->kl_coef);
+    if (rc == PRL_OK && c->kl_coef > 0 &&
+        (c->ref->cfg.vocab_size != m->cfg.vocab_size ||
+         c->ref->cfg.max_position_embeddings < m->cfg.max_position_embeddings))
+        rc = prl_error_set(PRL_ERR_ARG, "grpo.kl_coef: the reference model's vocabulary or "
+                           "context differs from the policy's");
+    if (rc == PRL_OK) rc = prl_grpo_batch_check(b);
+    if (rc == PRL_OK) rc = check_fits(m, b);
+    if (rc) return rc;
+    step_ctx s = {.m = m, .b = b, .c = c, .ctx = m->cfg.max_position_embeddings};
+    prl_grpo_step_stats st = {.samples = b->n};
+    rc = step_alloc(&s);
+    if (rc == PRL_OK) rc = step_run(&s, o, &st);
+    step_free(&s);
+    st.seconds = now_s() - t0;
+    if (rc == PRL_OK && st_out) *st_out = st;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ metrics --------- */
+
+char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
+{
+    json_t *o = json_object();
+    if (!o) return NULL;
+    const struct { const char *k; long v; } ints[] = {
+        {"samples", st->samples}, {"groups", st->groups}, {"singletons", st->singletons},
+        {"constant_groups", st->constant_groups}, {"dropped", st->dropped},
+        {"updates", st->updates}, {"tokens", st->tokens}, {"loss_tokens", st->loss_tokens}};
+    const struct { const char *k; double v; } reals[] = {
+        {"reward_mean", st->reward_mean}, {"accuracy", st->accuracy},
+        {"adv_mean", st->adv_mean}, {"adv_std", st->adv_std}, {"adv_min", st->adv_min},
+        {"adv_max", st->adv_max}, {"loss", st->loss}, {"clipfrac", st->clipfrac},
+        {"clipfrac_lower", st->clipfrac_lower}, {"ppo_kl", st->ppo_kl}, {"kl", st->kl},
+        {"grad_norm", st->grad_norm}, {"grad_norm_max", st->grad_norm_max}, {"lr", st->lr},
+        {"mismatch", st->mismatch}, {"mismatch_max", st->mismatch_max},
+        {"seconds", st->seconds}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        json_object_set_new(o, ints[i].k, json_integer(ints[i].v));
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) /* JSON has no NaN: null */
+        json_object_set_new(o, reals[i].k, isfinite(reals[i].v) ? json_real(reals[i].v) : json_null());
+    char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return text;
+}

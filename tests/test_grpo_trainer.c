@@ -1,0 +1,562 @@
+/*
+** test_grpo_trainer.c — the GRPO training step (grpo/trainer.c) on the micro model: the train
+** message round trip and every malformed case named in its error, a fuzz of the unpacking,
+** the first update's ratio of 1 (and a zero train–infer mismatch when the infer log-probs are
+** the train path's), no change when every reward in a group is equal, a toy bandit that must
+** raise the rewarded token's probability (the sign of the update), a k3 KL pull towards a
+** reference model, and bitwise-identical weights for 1 and 2 threads.
+*/
+#include "grpo/grpo.h"
+
+#include "bus/bus.h"
+#include "check_util.h"
+#include "job/job.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef PRL_SOURCE_DIR
+#define PRL_SOURCE_DIR "."
+#endif
+
+/* ------------------------------------------------------------------ fixtures -------- */
+
+/* The micro model; aux losses off when `pure` (so only the policy loss makes gradients). */
+static void micro_model(prl_model *m, uint64_t seed, int pure)
+{
+    prl_config c;
+    assert_ok(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/micro.json"));
+    if (pure) c.balance_loss_alpha = 0, c.router_z_loss_coef = 0;
+    assert_ok(prl_model_init(m, &c));
+    prl_model_init_weights(m, seed);
+}
+
+static void adamw(prl_optim *o, const prl_model *m, double lr, double wd)
+{
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.lr = lr, oc.weight_decay = wd;
+    assert_ok(prl_optim_init(o, m, &oc));
+}
+
+/* n samples in groups of 4: prompt of 3 tokens, response of 1 + i % 5 tokens (<= 8 in all,
+** the micro context is 12); mask 0 on every third response token; rewards 0/1 by sample. */
+static void toy_batch(prl_grpo_batch *b, int n)
+{
+    size_t tokens = 0, response = 0;
+    for (int i = 0; i < n; i++) tokens += 3 + 1 + i % 5, response += 1 + i % 5;
+    assert_ok(prl_grpo_batch_init(b, n, tokens, response));
+    prl_rng r;
+    prl_rng_init(&r, 7, 0, 0, 0, PRL_RNG_TEST);
+    size_t t = 0, k = 0;
+    for (int i = 0; i < n; i++) {
+        int len = 3 + 1 + i % 5;
+        b->offsets[i] = (int32_t)t;
+        b->prompt_lens[i] = 3;
+        b->groups[i] = i / 4;
+        b->rewards[i] = (float)((i * 7) % 3 == 0);
+        for (int j = 0; j < len; j++) b->tokens[t++] = 10 + (int32_t)(prl_rng_u64(&r) % 54);
+        for (int j = 0; j < len - 3; j++, k++) {
+            b->logprobs[k] = -1.0f;
+            b->mask[k] = j % 3 != 2;
+        }
+    }
+    b->offsets[n] = (int32_t)t;
+    assert_ok(prl_grpo_batch_check(b));
+}
+
+/* Set b->logprobs to the train path's log-probs, each sample scored alone. */
+static void train_logprobs(prl_model *m, prl_grpo_batch *b)
+{
+    prl_batch_buf bb;
+    assert_ok(prl_batch_buf_init(&bb, 1, m->cfg.max_position_embeddings));
+    float lp[64];
+    for (int i = 0; i < b->n; i++) {
+        int len = b->offsets[i + 1] - b->offsets[i], pl = b->prompt_lens[i];
+        prl_batch_buf_set_row(&bb, len, 0, b->tokens + b->offsets[i], len, NULL);
+        prl_batch batch = prl_batch_buf_view(&bb, 1, len);
+        assert_ok(prl_model_logprobs(m, &batch, lp));
+        size_t first;
+        int n_resp;
+        prl_grpo_batch_response(b, i, &first, &n_resp);
+        for (int j = 0; j < n_resp; j++) b->logprobs[first + j] = lp[pl - 1 + j];
+    }
+    prl_batch_buf_free(&bb);
+}
+
+static void config_1x1(prl_grpo_train_config *c)
+{
+    prl_grpo_train_config_default(c);
+    c->micro_rows = 3; /* several micro-batches per minibatch */
+}
+
+/* ------------------------------------------------------------------ the message ----- */
+
+/* A train message of `b` built frame by frame: `skip` is left out, `retype` flips i32 ↔ f32. */
+static void make_msg(prl_bus_msg *m, const prl_grpo_batch *b, const char *skip, const char *retype)
+{
+    assert_ok(prl_bus_msg_init(m, "train", "run-test", 1));
+    assert_ok(prl_bus_msg_set_uint(m, "lease", 3));
+    assert_ok(prl_bus_msg_set_uint(m, "step", 4));
+    assert_ok(prl_bus_msg_set_uint(m, "policy_version", 5));
+    assert_ok(prl_bus_msg_set_str(m, "path", "ckpt/v000005"));
+    assert_ok(prl_bus_msg_set_uint(m, "count", (uint64_t)b->n));
+    const struct { const char *name; prl_bus_dtype dt; const void *data; size_t count; } f[] = {
+        {"tokens", PRL_BUS_I32, b->tokens, b->n_tokens},
+        {"offsets", PRL_BUS_I32, b->offsets, (size_t)b->n + 1},
+        {"prompt_lens", PRL_BUS_I32, b->prompt_lens, (size_t)b->n},
+        {"rewards", PRL_BUS_F32, b->rewards, (size_t)b->n},
+        {"groups", PRL_BUS_I32, b->groups, (size_t)b->n},
+        {"logprobs", PRL_BUS_F32, b->logprobs, b->n_response},
+        {"mask", PRL_BUS_U8, b->mask, b->n_response}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (skip && !strcmp(skip, f[i].name)) continue;
+        prl_bus_dtype dt = f[i].dt;
+        if (retype && !strcmp(retype, f[i].name)) dt = dt == PRL_BUS_I32 ? PRL_BUS_F32 : PRL_BUS_I32;
+        assert_ok(prl_bus_msg_add_frame(m, f[i].name, dt, f[i].data, f[i].count));
+    }
+}
+
+static void *frame_data(prl_bus_msg *m, const char *name)
+{
+    const prl_bus_frame *f = prl_bus_msg_frame(m, name);
+    ck_assert_ptr_nonnull(f);
+    return f->data;
+}
+
+START_TEST(test_msg_round_trip)
+{
+    prl_grpo_batch b, back;
+    toy_batch(&b, 9);
+    prl_bus_msg m, manual, decoded;
+    assert_ok(prl_bus_msg_init(&m, "train", "run-test", 1));
+    assert_ok(prl_bus_msg_set_uint(&m, "lease", 3));
+    assert_ok(prl_bus_msg_set_uint(&m, "step", 4));
+    assert_ok(prl_bus_msg_set_uint(&m, "policy_version", 5));
+    assert_ok(prl_bus_msg_set_str(&m, "path", "ckpt/v000005"));
+    assert_ok(prl_grpo_batch_to_msg(&b, &m));
+    make_msg(&manual, &b, NULL, NULL);
+    ck_assert(prl_bus_msg_equal(&m, &manual)); /* the frames docs/pipeline.md names */
+    /* through the wire codec and back */
+    prl_bus_wire w;
+    assert_ok(prl_bus_encode(&m, &w));
+    assert_ok(prl_bus_decode(w.parts, w.n, &decoded, NULL, 0));
+    assert_ok(prl_grpo_batch_from_msg(&back, &decoded));
+    ck_assert_int_eq(back.n, b.n);
+    ck_assert_uint_eq(back.n_tokens, b.n_tokens);
+    ck_assert_uint_eq(back.n_response, b.n_response);
+    ck_assert_mem_eq(back.tokens, b.tokens, b.n_tokens * sizeof *b.tokens);
+    ck_assert_mem_eq(back.offsets, b.offsets, ((size_t)b.n + 1) * sizeof *b.offsets);
+    ck_assert_mem_eq(back.prompt_lens, b.prompt_lens, (size_t)b.n * sizeof *b.prompt_lens);
+    ck_assert_mem_eq(back.rewards, b.rewards, (size_t)b.n * sizeof *b.rewards);
+    ck_assert_mem_eq(back.groups, b.groups, (size_t)b.n * sizeof *b.groups);
+    ck_assert_mem_eq(back.logprobs, b.logprobs, b.n_response * sizeof *b.logprobs);
+    ck_assert_mem_eq(back.mask, b.mask, b.n_response);
+    prl_bus_wire_free(&w);
+    prl_bus_msg_free(&decoded), prl_bus_msg_free(&manual), prl_bus_msg_free(&m);
+    prl_grpo_batch_free(&back), prl_grpo_batch_free(&b);
+}
+END_TEST
+
+/* Each malformed case is an error naming the frame (and the sample); the batch is left empty. */
+static void expect_bad(prl_bus_msg *m, const char *frame, const char *sample)
+{
+    prl_grpo_batch out;
+    prl_status rc = prl_grpo_batch_from_msg(&out, m);
+    ck_assert_msg(rc != PRL_OK, "accepted a message with a bad '%s'", frame);
+    assert_msg_has(frame);
+    if (sample) assert_msg_has(sample);
+    ck_assert_ptr_null(out.tokens);
+    prl_bus_msg_free(m);
+}
+
+START_TEST(test_msg_malformed)
+{
+    prl_grpo_batch b;
+    toy_batch(&b, 9);
+    prl_bus_msg m;
+    make_msg(&m, &b, "groups", NULL);
+    expect_bad(&m, "'groups' is missing", NULL);
+    make_msg(&m, &b, NULL, "rewards");
+    expect_bad(&m, "'rewards' is i32", NULL);
+    make_msg(&m, &b, NULL, NULL);
+    assert_ok(prl_bus_msg_set_uint(&m, "count", 10)); /* count disagrees with the frames */
+    expect_bad(&m, "'offsets' has 10 elements, expected 11", NULL);
+    make_msg(&m, &b, NULL, NULL);
+    assert_ok(prl_bus_msg_set_uint(&m, "count", 0));
+    expect_bad(&m, "count", NULL);
+    make_msg(&m, &b, NULL, NULL);
+    ((int32_t *)frame_data(&m, "offsets"))[2] = b.offsets[1]; /* sample 1 is empty */
+    expect_bad(&m, "offsets", "sample 1");
+    make_msg(&m, &b, NULL, NULL);
+    ((int32_t *)frame_data(&m, "offsets"))[b.n] += 1; /* more tokens than the frame has */
+    expect_bad(&m, "offsets: the last offset", NULL);
+    make_msg(&m, &b, NULL, NULL);
+    ((int32_t *)frame_data(&m, "prompt_lens"))[2] = b.offsets[3] - b.offsets[2]; /* no response */
+    expect_bad(&m, "prompt_lens", "sample 2");
+    make_msg(&m, &b, NULL, NULL);
+    ((int32_t *)frame_data(&m, "prompt_lens"))[4] = 0;
+    expect_bad(&m, "prompt_lens", "sample 4");
+    make_msg(&m, &b, NULL, NULL);
+    ((uint8_t *)frame_data(&m, "mask"))[b.n_response - 1] = 2;
+    expect_bad(&m, "mask", "sample 8");
+    make_msg(&m, &b, NULL, NULL);
+    ((float *)frame_data(&m, "rewards"))[1] = NAN;
+    expect_bad(&m, "rewards", "sample 1");
+    make_msg(&m, &b, NULL, NULL);
+    ((float *)frame_data(&m, "logprobs"))[0] = INFINITY;
+    expect_bad(&m, "logprobs", "sample 0");
+    make_msg(&m, &b, NULL, NULL);
+    ((float *)frame_data(&m, "logprobs"))[3] = 0.5f; /* not a log-probability */
+    expect_bad(&m, "logprobs", "sample 2 response token 0");
+    make_msg(&m, &b, NULL, NULL);
+    ((int32_t *)frame_data(&m, "tokens"))[b.offsets[3] + 1] = -4;
+    expect_bad(&m, "tokens", "sample 3 position 1");
+    /* the response lengths and the log-prob count disagree */
+    prl_grpo_batch short_b = b;
+    short_b.n_response--;
+    make_msg(&m, &short_b, NULL, NULL);
+    expect_bad(&m, "logprobs", NULL);
+    /* a message of another type */
+    assert_ok(prl_bus_msg_init(&m, "stop", "run-test", 1));
+    expect_bad(&m, "'stop' message", NULL);
+    prl_grpo_batch_free(&b);
+}
+END_TEST
+
+/* Random bytes in random frames and random counts: an error or a valid batch, never a crash. */
+START_TEST(test_msg_fuzz)
+{
+    static const char *names[] = {"tokens", "offsets", "prompt_lens", "rewards", "groups",
+                                  "logprobs", "mask"};
+    prl_grpo_batch b;
+    toy_batch(&b, 9);
+    prl_rng r;
+    prl_rng_init(&r, 11, 0, 0, 0, PRL_RNG_TEST);
+    int accepted = 0;
+    for (int it = 0; it < 4000; it++) {
+        prl_bus_msg m;
+        make_msg(&m, &b, NULL, NULL);
+        int edits = 1 + (int)(prl_rng_u64(&r) % 3);
+        for (int e = 0; e < edits; e++) {
+            const prl_bus_frame *f = prl_bus_msg_frame(&m, names[prl_rng_u64(&r) % 7]);
+            ((uint8_t *)f->data)[prl_rng_u64(&r) % f->bytes] = (uint8_t)prl_rng_u64(&r);
+        }
+        if (prl_rng_u64(&r) % 8 == 0) assert_ok(prl_bus_msg_set_uint(&m, "count", prl_rng_u64(&r) % 12));
+        prl_grpo_batch out;
+        if (prl_grpo_batch_from_msg(&out, &m) == PRL_OK) {
+            accepted++;
+            assert_ok(prl_grpo_batch_check(&out));
+            prl_grpo_batch_free(&out);
+        }
+        prl_bus_msg_free(&m);
+    }
+    ck_assert_int_gt(accepted, 0); /* e.g. a changed token id or reward is still valid */
+    prl_grpo_batch_free(&b);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ configuration --- */
+
+START_TEST(test_config_from_job)
+{
+    prl_job_config j;
+    assert_ok(prl_job_config_default(&j));
+    assert_ok(prl_job_config_set(&j, "grpo.ppo_epochs=2"));
+    assert_ok(prl_job_config_set(&j, "grpo.loss_agg=seq-mean-token-mean"));
+    assert_ok(prl_job_config_set(&j, "grpo.singleton=drop"));
+    assert_ok(prl_job_config_set(&j, "optim.grad_clip=0.5"));
+    prl_grpo_train_config c;
+    assert_ok(prl_grpo_train_config_from_job(&c, &j));
+    ck_assert_int_eq(c.ppo_epochs, 2);
+    ck_assert_int_eq(c.loss.agg, PRL_GRPO_AGG_SEQ_MEAN_TOKEN_MEAN);
+    ck_assert_int_eq(c.singleton, PRL_GRPO_SINGLETON_DROP);
+    ck_assert(c.grad_clip == 0.5 && c.loss.clip_high == 0.28 && c.ref == NULL);
+    prl_optim_config oc;
+    assert_ok(prl_grpo_optim_config_from_job(&oc, &j));
+    ck_assert(oc.grad_clip == 0.5 && oc.lr == j.lr && oc.kind == PRL_OPTIM_ADAMW);
+    /* kl_coef > 0 without a reference model: an error naming the key */
+    assert_ok(prl_job_config_set(&j, "grpo.kl_coef=0.01"));
+    assert_ok(prl_grpo_train_config_from_job(&c, &j));
+    prl_model m;
+    micro_model(&m, 1, 0);
+    prl_optim o;
+    adamw(&o, &m, 1e-3, 0);
+    prl_grpo_batch b;
+    toy_batch(&b, 8);
+    ck_assert_int_eq(prl_grpo_train_step(&m, &o, &b, &c, NULL), PRL_ERR_ARG);
+    assert_msg_has("grpo.kl_coef");
+    c.kl_coef = 0, c.ppo_epochs = 0;
+    ck_assert_int_eq(prl_grpo_train_step(&m, &o, &b, &c, NULL), PRL_ERR_CONFIG);
+    assert_msg_has("grpo.ppo_epochs");
+    /* a sample longer than the context */
+    c.ppo_epochs = 1;
+    prl_grpo_batch big;
+    assert_ok(prl_grpo_batch_init(&big, 1, 13, 10));
+    big.offsets[1] = 13, big.prompt_lens[0] = 3;
+    for (int t = 0; t < 13; t++) big.tokens[t] = 11;
+    for (int t = 0; t < 10; t++) big.logprobs[t] = -1, big.mask[t] = 1;
+    ck_assert_int_eq(prl_grpo_train_step(&m, &o, &big, &c, NULL), PRL_ERR_RANGE);
+    assert_msg_has("sample 0 has 13 tokens");
+    prl_grpo_batch_free(&big), prl_grpo_batch_free(&b);
+    prl_optim_free(&o), prl_model_free(&m);
+    prl_job_config_free(&j);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ the step -------- */
+
+START_TEST(test_first_update_ratio_one)
+{
+    prl_model m;
+    micro_model(&m, 3, 0);
+    prl_optim o;
+    adamw(&o, &m, 1e-3, 0);
+    prl_grpo_batch b;
+    toy_batch(&b, 10);
+    train_logprobs(&m, &b); /* infer log-probs = the train path's: no mismatch */
+    prl_real *before = malloc(m.n_params * sizeof *before);
+    memcpy(before, m.params, m.n_params * sizeof *before);
+    prl_grpo_train_config c;
+    config_1x1(&c);
+    prl_grpo_step_stats st;
+    assert_ok(prl_grpo_train_step(&m, &o, &b, &c, &st));
+    ck_assert(st.ppo_kl == 0 && st.clipfrac == 0 && st.clipfrac_lower == 0); /* ratio exactly 1 */
+    ck_assert(st.mismatch == 0 && st.mismatch_max == 0);
+    ck_assert_int_eq(st.updates, 1);
+    ck_assert_int_eq(st.samples, 10);
+    ck_assert_int_eq(st.groups, 3);
+    ck_assert_int_eq(st.singletons, 0);
+    ck_assert_int_eq(st.loss_tokens, 24); /* masks 1,2,2,3,4 twice */
+    ck_assert_int_eq(st.tokens, (long)b.n_tokens);
+    ck_assert_double_eq_tol(st.reward_mean, 0.4, 1e-12);
+    ck_assert_double_eq_tol(st.accuracy, 0.4, 1e-12);
+    ck_assert(st.grad_norm > 0 && isfinite(st.loss));
+    ck_assert(memcmp(before, m.params, m.n_params * sizeof *before) != 0);
+    /* the metrics frame */
+    char *json = prl_grpo_step_stats_to_json(&st);
+    ck_assert_ptr_nonnull(json);
+    ck_assert(strstr(json, "\"ppo_kl\":0.0") && strstr(json, "\"mismatch\":") &&
+              strstr(json, "\"loss_tokens\":24"));
+    free(json);
+    /* a shifted infer log-prob shows in the mismatch; a second epoch moves the ratio */
+    b.logprobs[0] -= 0.25f;
+    c.ppo_epochs = 2;
+    assert_ok(prl_grpo_train_step(&m, &o, &b, &c, &st));
+    ck_assert_int_eq(st.updates, 2);
+    ck_assert(st.mismatch_max >= 0.2 && st.mismatch > 0);
+    ck_assert(st.ppo_kl != 0);
+    free(before);
+    prl_grpo_batch_free(&b);
+    prl_optim_free(&o), prl_model_free(&m);
+}
+END_TEST
+
+/* Equal rewards in every group: advantages 0, so with no aux loss and no weight decay the
+** gradient is exactly zero and the weights do not move (over 2 epochs × 2 minibatches). */
+START_TEST(test_equal_rewards_no_change)
+{
+    prl_model m;
+    micro_model(&m, 5, 1);
+    prl_optim o;
+    adamw(&o, &m, 1e-2, 0);
+    prl_grpo_batch b;
+    toy_batch(&b, 12);
+    for (int i = 0; i < b.n; i++) b.rewards[i] = (float)(b.groups[i] % 2);
+    prl_real *before = malloc(m.n_params * sizeof *before);
+    memcpy(before, m.params, m.n_params * sizeof *before);
+    prl_grpo_train_config c;
+    config_1x1(&c);
+    c.ppo_epochs = 2, c.minibatches = 2;
+    prl_grpo_step_stats st;
+    assert_ok(prl_grpo_train_step(&m, &o, &b, &c, &st));
+    ck_assert_int_eq(st.constant_groups, 3);
+    ck_assert(st.grad_norm == 0 && st.loss == 0);
+    ck_assert_mem_eq(before, m.params, m.n_params * sizeof *before);
+    free(before);
+    prl_grpo_batch_free(&b);
+    prl_optim_free(&o), prl_model_free(&m);
+}
+END_TEST
+
+/* p(token | prompt) on the train path. */
+static double prob_of(prl_model *m, const int32_t *prompt, int pl, int32_t token)
+{
+    int32_t seq[16];
+    memcpy(seq, prompt, (size_t)pl * sizeof *seq);
+    seq[pl] = token;
+    prl_batch_buf bb;
+    assert_ok(prl_batch_buf_init(&bb, 1, pl + 1));
+    prl_batch_buf_set_row(&bb, pl + 1, 0, seq, pl + 1, NULL);
+    prl_batch batch = prl_batch_buf_view(&bb, 1, pl + 1);
+    float lp[16];
+    assert_ok(prl_model_logprobs(m, &batch, lp));
+    prl_batch_buf_free(&bb);
+    return exp(lp[pl - 1]);
+}
+
+enum { BANDIT_PROMPTS = 4, BANDIT_G = 16, BANDIT_PL = 3, BANDIT_RESP = 2, BANDIT_TOKEN = 40 };
+
+/* One step's samples from the infer path: reward 1 when the first response token is
+** BANDIT_TOKEN. */
+static void bandit_batch(prl_infer *e, int step, prl_grpo_batch *b)
+{
+    int n = BANDIT_PROMPTS * BANDIT_G;
+    int32_t prompts[BANDIT_PROMPTS][BANDIT_PL];
+    prl_gen_request req[BANDIT_PROMPTS * BANDIT_G];
+    for (int p = 0; p < BANDIT_PROMPTS; p++) {
+        prompts[p][0] = PRL_TOKEN_BOS, prompts[p][1] = 20 + p, prompts[p][2] = 30 + p;
+        for (int g = 0; g < BANDIT_G; g++)
+            req[p * BANDIT_G + g] = (prl_gen_request){.prompt = prompts[p], .prompt_len = BANDIT_PL,
+                                                      .seq_id = (uint64_t)(p * BANDIT_G + g)};
+    }
+    prl_sample_params sp;
+    prl_sample_params_default(&sp);
+    sp.temperature = 1, sp.max_new_tokens = BANDIT_RESP, sp.n_stop_ids = 0, sp.stop_ids = NULL;
+    sp.seed = 1000 + (uint64_t)step;
+    prl_gen_result res[BANDIT_PROMPTS * BANDIT_G];
+    assert_ok(prl_infer_generate(e, req, n, &sp, res, NULL, NULL));
+    assert_ok(prl_grpo_batch_init(b, n, (size_t)n * (BANDIT_PL + BANDIT_RESP), (size_t)n * BANDIT_RESP));
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(res[i].n, BANDIT_RESP);
+        int32_t *t = b->tokens + (size_t)i * (BANDIT_PL + BANDIT_RESP);
+        memcpy(t, prompts[i / BANDIT_G], BANDIT_PL * sizeof *t);
+        memcpy(t + BANDIT_PL, res[i].tokens, BANDIT_RESP * sizeof *t);
+        memcpy(b->logprobs + (size_t)i * BANDIT_RESP, res[i].logprobs, BANDIT_RESP * sizeof(float));
+        memset(b->mask + (size_t)i * BANDIT_RESP, 1, BANDIT_RESP);
+        b->offsets[i + 1] = (i + 1) * (BANDIT_PL + BANDIT_RESP);
+        b->prompt_lens[i] = BANDIT_PL;
+        b->groups[i] = i / BANDIT_G;
+        b->rewards[i] = res[i].tokens[0] == BANDIT_TOKEN;
+        prl_gen_result_free(&res[i]);
+    }
+}
+
+static double bandit_prob(prl_model *m)
+{
+    double sum = 0;
+    for (int p = 0; p < BANDIT_PROMPTS; p++) {
+        int32_t prompt[BANDIT_PL] = {PRL_TOKEN_BOS, 20 + p, 30 + p};
+        sum += prob_of(m, prompt, BANDIT_PL, BANDIT_TOKEN);
+    }
+    return sum / BANDIT_PROMPTS;
+}
+
+/* The sign of the update: a few steps on samples drawn from the model raise the probability
+** of the rewarded first token (flip the sign of the token weights and this fails). */
+START_TEST(test_bandit_raises_rewarded_token)
+{
+    prl_model m;
+    micro_model(&m, 9, 0);
+    prl_optim o;
+    adamw(&o, &m, 1e-2, 0);
+    prl_infer_options io;
+    prl_infer_options_default(&io);
+    prl_infer *e;
+    assert_ok(prl_infer_init(&e, &m, &io));
+    prl_grpo_train_config c;
+    config_1x1(&c);
+    c.micro_rows = 16;
+    double p0 = bandit_prob(&m), acc0 = 0, acc_last = 0;
+    for (int step = 0; step < 12; step++) {
+        prl_grpo_batch b;
+        bandit_batch(e, step, &b);
+        prl_grpo_step_stats st;
+        assert_ok(prl_grpo_train_step(&m, &o, &b, &c, &st));
+        ck_assert(st.mismatch < 1e-3); /* the infer path agrees with the train path */
+        if (step == 0) acc0 = st.accuracy;
+        acc_last = st.accuracy;
+        assert_ok(prl_infer_refresh(e));
+        prl_grpo_batch_free(&b);
+    }
+    double p1 = bandit_prob(&m);
+    printf("bandit: p(token %d) %.4f -> %.4f, accuracy %.3f -> %.3f\n", BANDIT_TOKEN, p0, p1,
+           acc0, acc_last);
+    ck_assert_msg(p1 > 3 * p0, "p(rewarded token) %.4f -> %.4f did not rise", p0, p1);
+    prl_infer_free(e);
+    prl_optim_free(&o), prl_model_free(&m);
+}
+END_TEST
+
+/* The k3 KL to a reference model: with no policy signal (equal rewards) the steps pull the
+** policy towards the reference, so the KL falls. */
+START_TEST(test_kl_pulls_to_reference)
+{
+    prl_model m, ref;
+    micro_model(&m, 12, 1);
+    micro_model(&ref, 13, 1);
+    prl_optim o;
+    adamw(&o, &m, 1e-2, 0);
+    prl_grpo_batch b;
+    toy_batch(&b, 8);
+    for (int i = 0; i < b.n; i++) b.rewards[i] = 1;
+    prl_grpo_train_config c;
+    config_1x1(&c);
+    c.kl_coef = 1.0, c.ref = &ref;
+    prl_grpo_step_stats st;
+    double first = 0;
+    for (int s = 0; s < 6; s++) {
+        assert_ok(prl_grpo_train_step(&m, &o, &b, &c, &st));
+        if (s == 0) first = st.kl;
+    }
+    printf("kl: %.6f -> %.6f\n", first, st.kl);
+    ck_assert(first > 0 && st.kl < 0.5 * first);
+    prl_grpo_batch_free(&b);
+    prl_optim_free(&o), prl_model_free(&ref), prl_model_free(&m);
+}
+END_TEST
+
+/* Two steps of 2 epochs × 2 minibatches; a malloc'd copy of the parameters. */
+static prl_real *two_steps(int threads)
+{
+    assert_ok(prl_blas_init(threads));
+    prl_model m;
+    micro_model(&m, 21, 0);
+    prl_optim o;
+    adamw(&o, &m, 1e-2, 0.1);
+    prl_grpo_batch b;
+    toy_batch(&b, 10);
+    prl_grpo_train_config c;
+    config_1x1(&c);
+    c.ppo_epochs = 2, c.minibatches = 2;
+    for (int s = 0; s < 2; s++) assert_ok(prl_grpo_train_step(&m, &o, &b, &c, NULL));
+    prl_real *copy = malloc(m.n_params * sizeof *copy);
+    memcpy(copy, m.params, m.n_params * sizeof *copy);
+    prl_grpo_batch_free(&b);
+    prl_optim_free(&o), prl_model_free(&m);
+    return copy;
+}
+
+START_TEST(test_determinism_across_threads)
+{
+    prl_model m;
+    micro_model(&m, 21, 0);
+    size_t n = m.n_params;
+    prl_model_free(&m);
+    prl_real *a = two_steps(1), *b = two_steps(2), *c = two_steps(2);
+    ck_assert_mem_eq(a, b, n * sizeof *a);
+    ck_assert_mem_eq(b, c, n * sizeof *a);
+    free(a), free(b), free(c);
+    assert_ok(prl_blas_init(0));
+}
+END_TEST
+
+int main(void)
+{
+    if (prl_blas_init(0) != PRL_OK) return 1;
+    Suite *s = suite_create("grpo_trainer");
+    TCase *tc = tcase_create("trainer");
+    tcase_add_test(tc, test_msg_round_trip);
+    tcase_add_test(tc, test_msg_malformed);
+    tcase_add_test(tc, test_msg_fuzz);
+    tcase_add_test(tc, test_config_from_job);
+    tcase_add_test(tc, test_first_update_ratio_one);
+    tcase_add_test(tc, test_equal_rewards_no_change);
+    tcase_add_test(tc, test_bandit_raises_rewarded_token);
+    tcase_add_test(tc, test_kl_pulls_to_reference);
+    tcase_add_test(tc, test_determinism_across_threads);
+    suite_add_tcase(s, tc);
+    return check_run(s);
+}

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# test_pipeline.sh — `prl run` end to end: real processes over real ZeroMQ sockets and a real
+# run.db. A small General expert is trained three times with the same seed:
+#   a  undisturbed;
+#   b  with kill -9 of the rollout, reward and trainer processes mid-run (the launcher
+#      restarts them, the controller hands their work out again);
+#   c  with kill -9 of every process of the run mid-run, then `prl run --resume`.
+# All three must end with a bitwise-identical policy, and run.db must hold every sample once,
+# with its version and reward. Also: config errors fail before any process starts.
+set -euo pipefail
+prl=$(realpath "$1") src=$(realpath "$2")
+work=$(mktemp -d /tmp/prl-pipeline-XXXXXX)
+trap 'pkill -9 -f "$work/runs" 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+cd "$work"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+export PRL_THREADS=1
+
+# ---- a small policy with some skill (so rewards differ within groups and updates happen)
+$prl tasks demos --domain general --n 300 --seed 1 --out demos.jsonl 2>/dev/null
+$prl tokenizer train --data demos.jsonl --vocab 512 --out tok.json >/dev/null 2>&1
+python3 - "$src" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1] + '/configs/models/tiny.json'))
+c.update(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, q_lora_rank=32,
+         kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+         intermediate_size=128, n_routed_experts=4, moe_intermediate_size=32,
+         max_position_embeddings=256)
+json.dump(c, open('small.json', 'w'), indent=1)
+EOF
+$prl sft --data demos.jsonl --model small.json --tokenizer tok.json --out base --steps 150 \
+  --batch 8 --seq 128 --optimizer adamw --lr 3e-3 --log-every 1000 >/dev/null 2>&1
+cat > job.json <<'EOF'
+{"run": {"name": "a", "seed": 7},
+ "model": {"init": "base"},
+ "task": {"domain": "general", "train_problems": 64},
+ "rollout": {"batch_prompts": 2, "group_size": 8, "max_new_tokens": 48},
+ "optim": {"lr": 1e-4},
+ "controller": {"steps": 14, "heartbeat_seconds": 0.2, "lease_seconds": 3}}
+EOF
+STEPS=14 N=$((14 * 2 * 8))
+
+# ---- config errors name the key and start nothing
+expect_config_error() { # name, expected text, --set args...
+  local name=$1 want=$2; shift 2
+  if out=$($prl run job.json --runs bad "$@" 2>&1); then fail "$name: accepted"; fi
+  echo "$out" | grep -q -- "$want" || fail "$name: error '$out' lacks '$want'"
+  [ ! -e bad ] || fail "$name: created a run directory"
+  echo "ok: config error: $name"
+}
+expect_config_error "unknown key" "rollout.grup_size" --set rollout.grup_size=4
+expect_config_error "wrong type" "rollout.group_size" --set 'rollout.group_size="eight"'
+expect_config_error "B*G = 0" "rollout.group_size" --set rollout.group_size=0
+expect_config_error "negative clip" "grpo.clip_low" --set grpo.clip_low=-0.1
+expect_config_error "missing init" "model.init" --set model.init=nowhere
+
+steps_done() { sqlite3 "runs/$1/run.db" "SELECT count(*) FROM steps" 2>/dev/null || echo 0; }
+wait_steps() { # run, n: wait until n steps are recorded
+  for _ in $(seq 1 600); do [ "$(steps_done "$1")" -ge "$2" ] && return 0; sleep 0.1; done
+  fail "run $1 did not reach step $2"
+}
+kill_role() { # run, role name
+  local pid
+  pid=$(pgrep -f -- "--connect ipc://runs/$1/control.sock --name $2" | head -n 1)
+  [ -n "$pid" ] || fail "no process for $2 of run $1"
+  kill -9 "$pid"
+  echo "killed $2 of run $1 (pid $pid) after $(steps_done "$1") steps"
+}
+check_db() { # run: every sample once, with version and reward
+  local db=runs/$1/run.db
+  [ "$(sqlite3 $db 'SELECT count(*) FROM samples')" = "$N" ] || fail "run $1: $(sqlite3 $db 'SELECT count(*) FROM samples') samples, want $N"
+  [ "$(sqlite3 $db 'SELECT count(DISTINCT step || prompt_id || sample_index) FROM samples')" = "$N" ] || fail "run $1: duplicate keys"
+  [ "$(sqlite3 $db 'SELECT count(*) FROM samples WHERE version = step AND reward BETWEEN 0 AND 1')" = "$N" ] || fail "run $1: a sample's version or reward is off"
+  [ "$(sqlite3 $db 'SELECT max(version) FROM versions')" = "$STEPS" ] || fail "run $1: versions"
+  [ "$(sqlite3 $db "SELECT status FROM runs")" = "done" ] || fail "run $1: status"
+}
+
+# ---- a: undisturbed
+$prl run job.json > a.out 2> a.err || { cat a.err; fail "run a"; }
+grep -q "step $STEPS/$STEPS" a.out || fail "run a: no progress line for the last step"
+check_db a
+echo "ok: run a: $N samples, $STEPS versions"
+
+# ---- b: kill -9 of rollout, reward and trainer mid-run
+$prl run job.json --set run.name=b > b.out 2> b.err &
+launcher=$!
+wait_steps b 3; kill_role b rollout-0
+wait_steps b 6; kill_role b reward-0
+wait_steps b 9; kill_role b trainer-0
+wait $launcher || { cat b.err; fail "run b"; }
+check_db b
+[ "$(grep -c 'died (killed by signal 9)' b.err)" = 3 ] || { cat b.err; fail "run b: restarts not reported"; }
+echo "ok: run b: three roles killed and restarted, $N samples, no duplicates"
+
+# ---- c: everything killed, then --resume
+$prl run job.json --set run.name=c > c.out 2> c.err &
+launcher=$!
+wait_steps c 5
+pkill -9 -f -- "runs/c" || true
+kill -9 $launcher 2>/dev/null || true
+wait $launcher 2>/dev/null || true
+echo "killed every process of run c after $(steps_done c) steps"
+$prl run --resume runs/c > c2.out 2> c2.err || { cat c2.err; fail "resume c"; }
+check_db c
+echo "ok: run c: resumed to the end"
+
+for r in b c; do
+  cmp runs/a/final/model.safetensors runs/$r/final/model.safetensors ||
+    fail "run $r's final policy differs from the undisturbed run's"
+done
+echo "ok: final policies of a, b and c are bitwise identical ($(sha256sum runs/a/final/model.safetensors | cut -c1-16))"
+
+# ---- a finished run cannot be started again by accident
+if $prl run job.json 2> again.err; then fail "restarted an existing run"; fi
+grep -q -- "--resume runs/a" again.err || fail "existing run: $(cat again.err)"
+echo "ok: an existing run directory needs --resume"
+echo "test_pipeline: all passed"
