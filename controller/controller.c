@@ -15,6 +15,7 @@
 #include "controller/controller.h"
 
 #include "bus/bus.h"
+#include "grpo/grpo.h"
 #include "store/store.h"
 #include "tasks/tasks.h"
 
@@ -83,7 +84,6 @@ typedef struct step_run {
     int n, cap;
     int accepted, dropped;
     uint64_t train_lease;
-    int trained;
     double t_open, t_rolled, t_scored, t_train;
     double gen_tokens, gen_seconds, score_seconds;
 } step_run;
@@ -118,6 +118,7 @@ typedef struct ctl {
     char version_path[1024];
     int64_t retired_epoch;/* last epoch the retirement rule ran for */
     int done;
+    prl_status fatal;     /* a run.db failure: stop, the restart continues from run.db */
     double t_start;
 } ctl;
 
@@ -600,8 +601,19 @@ static int sample_fresh(const ctl *c, const step_run *r, const slot *s)
     return s->version >= r->step - c->lag;
 }
 
+static prl_status step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
+                              const char *trainer_metrics, double train_s);
+
+static int trainable(const ctl *c, const step_run *r)
+{
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; r->g[i].verdict == 1 && j < c->G; j++)
+            if (sample_fresh(c, r, &r->g[i].s[j])) return 1;
+    return 0;
+}
+
 /* Pack a step's kept, fresh samples into a `train` message (docs/pipeline.md). */
-static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t lease_id, int *count)
+static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t lease_id)
 {
     int cnt = 0;
     size_t ntok = 0, nresp = 0;
@@ -611,16 +623,8 @@ static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t leas
             if (!sample_fresh(c, r, s)) continue;
             cnt++, ntok += (size_t)s->n, nresp += (size_t)(s->n - s->prompt_len);
         }
-    int32_t *tokens = malloc((ntok ? ntok : 1) * sizeof *tokens);
-    int32_t *offsets = malloc((size_t)(cnt + 1) * sizeof *offsets);
-    int32_t *plens = malloc((size_t)(cnt ? cnt : 1) * sizeof *plens);
-    int32_t *groups = malloc((size_t)(cnt ? cnt : 1) * sizeof *groups);
-    float *rewards = malloc((size_t)(cnt ? cnt : 1) * sizeof *rewards);
-    float *lps = malloc((nresp ? nresp : 1) * sizeof *lps);
-    uint8_t *mask = malloc(nresp ? nresp : 1);
-    prl_status rc = PRL_OK;
-    if (!tokens || !offsets || !plens || !groups || !rewards || !lps || !mask)
-        rc = prl_error_set(PRL_ERR_NOMEM, "train batch of %d samples", cnt);
+    prl_grpo_batch b;
+    prl_status rc = prl_grpo_batch_init(&b, cnt, ntok, nresp);
     size_t at = 0, rat = 0;
     int k = 0;
     for (int i = 0; i < r->n && !rc; i++)
@@ -628,29 +632,21 @@ static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t leas
             const slot *s = &r->g[i].s[j];
             if (!sample_fresh(c, r, s)) continue;
             int nr = s->n - s->prompt_len;
-            offsets[k] = (int32_t)at, plens[k] = s->prompt_len, groups[k] = i;
-            rewards[k] = (float)s->reward;
-            memcpy(tokens + at, s->tokens, (size_t)s->n * sizeof *tokens);
-            memcpy(lps + rat, s->logprobs, (size_t)nr * sizeof *lps);
-            memcpy(mask + rat, s->mask, (size_t)nr);
+            b.offsets[k] = (int32_t)at, b.prompt_lens[k] = s->prompt_len, b.groups[k] = i;
+            b.rewards[k] = (float)s->reward;
+            memcpy(b.tokens + at, s->tokens, (size_t)s->n * sizeof *b.tokens);
+            memcpy(b.logprobs + rat, s->logprobs, (size_t)nr * sizeof *b.logprobs);
+            memcpy(b.mask + rat, s->mask, (size_t)nr);
             at += (size_t)s->n, rat += (size_t)nr, k++;
         }
-    if (!rc) offsets[cnt] = (int32_t)at;
+    if (!rc) b.offsets[cnt] = (int32_t)at;
     if (!rc) rc = prl_bus_msg_init(m, "train", c->job->name, ++c->next_id);
     if (!rc) rc = prl_bus_msg_set_uint(m, "lease", lease_id);
     if (!rc) rc = prl_bus_msg_set_uint(m, "step", (uint64_t)r->step);
     if (!rc) rc = prl_bus_msg_set_uint(m, "policy_version", (uint64_t)c->version);
     if (!rc) rc = prl_bus_msg_set_str(m, "path", c->version_path);
-    if (!rc) rc = prl_bus_msg_set_uint(m, "count", (uint64_t)cnt);
-    if (!rc) rc = prl_bus_msg_add_frame(m, "tokens", PRL_BUS_I32, tokens, ntok);
-    if (!rc) rc = prl_bus_msg_add_frame(m, "offsets", PRL_BUS_I32, offsets, (size_t)cnt + 1);
-    if (!rc) rc = prl_bus_msg_add_frame(m, "prompt_lens", PRL_BUS_I32, plens, (size_t)cnt);
-    if (!rc) rc = prl_bus_msg_add_frame(m, "rewards", PRL_BUS_F32, rewards, (size_t)cnt);
-    if (!rc) rc = prl_bus_msg_add_frame(m, "groups", PRL_BUS_I32, groups, (size_t)cnt);
-    if (!rc) rc = prl_bus_msg_add_frame(m, "logprobs", PRL_BUS_F32, lps, nresp);
-    if (!rc) rc = prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, mask, nresp);
-    free(tokens), free(offsets), free(plens), free(groups), free(rewards), free(lps), free(mask);
-    *count = cnt;
+    if (!rc) rc = prl_grpo_batch_to_msg(&b, m);
+    prl_grpo_batch_free(&b);
     return rc;
 }
 
@@ -662,8 +658,7 @@ static prl_status lease_train(ctl *c, step_run *r, worker *w)
     r->train_lease = l->id;
     if (!r->t_train) r->t_train = prl_now();
     prl_bus_msg m;
-    int cnt = 0;
-    if ((rc = build_train(c, r, &m, l->id, &cnt))) {
+    if ((rc = build_train(c, r, &m, l->id))) {
         prl_bus_msg_free(&m);
         return rc;
     }
@@ -701,7 +696,15 @@ static prl_status schedule(ctl *c)
                 if (!w) break;
                 rc = lease_score(c, r, gi, j, w);
             }
-        if (!rc && !r->train_lease && !r->trained && r->step == c->version && step_rolled(c, r)) {
+        if (!rc && !r->train_lease && r->step == c->version && step_rolled(c, r)) {
+            if (!trainable(c, r)) { /* every group dropped or stale: the policy stays */
+                logf_("step %lld has no trainable sample: version %lld keeps the weights",
+                      (long long)r->step, (long long)c->version + 1);
+                char vpath[1024];
+                snprintf(vpath, sizeof vpath, "%s", c->version_path);
+                rc = step_commit(c, r, vpath, 0, "{\"skipped\": true}", 0);
+                continue;
+            }
             worker *w = idle_worker(c, "trainer");
             if (w) rc = lease_train(c, r, w);
         }
@@ -956,8 +959,8 @@ static void on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     s->state = 2;
     json_decref(dj);
     r->score_seconds += s->score_s;
-    prl_status rc = store_sample(c, r, g, (int)sample);
-    if (rc) logf_("run.db: %s", prl_error_message());
+    c->fatal = store_sample(c, r, g, (int)sample);
+    if (c->fatal) return;
     g->scored++;
     if (g->scored == c->G) judge_group(c, r, g);
     if (step_rolled(c, r) && !r->t_scored) r->t_scored = prl_now();
@@ -1039,6 +1042,40 @@ static void progress_line(ctl *c, const prl_store_step *st, const char *metrics,
     fflush(c->o->progress);
 }
 
+/* Close step r: version v+1 (at `path`) and the step's metrics go to run.db in one
+** transaction, then the step leaves memory. A run.db failure is fatal: the controller exits
+** and its restart continues from what run.db holds. */
+static prl_status step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
+                              const char *trainer_metrics, double train_s)
+{
+    char sumhex[17], vpath[1024];
+    snprintf(sumhex, sizeof sumhex, "%016llx", (unsigned long long)sum);
+    snprintf(vpath, sizeof vpath, "%s", path);
+    prl_store_version v = {.run = c->run, .version = c->version + 1, .path = vpath,
+                           .checksum = sumhex, .step = r->step};
+    size_t cap = 8192 + strlen(trainer_metrics);
+    char *text = malloc(cap);
+    if (!text) return prl_error_set(PRL_ERR_NOMEM, "step metrics");
+    c->version++;
+    snprintf(c->version_path, sizeof c->version_path, "%s", vpath);
+    prl_store_step st;
+    step_metrics(c, r, trainer_metrics, train_s, text, cap, &st);
+    st.metrics = text;
+    prl_status rc = prl_store_begin(c->db);
+    if (!rc) {
+        rc = prl_store_version_add(c->db, &v);
+        if (!rc) rc = prl_store_step_put(c->db, &st);
+        rc = rc ? (prl_store_rollback(c->db), rc) : prl_store_commit(c->db);
+    }
+    if (rc) rc = prl_error_wrap(rc, "run.db: recording step %lld: ", (long long)r->step);
+    else progress_line(c, &st, text, r);
+    free(text);
+    step_free(c, r);
+    prune_checkpoints(c);
+    if (c->version >= c->job->steps) c->done = 1;
+    return rc;
+}
+
 static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
 {
     int bad = 0;
@@ -1048,7 +1085,7 @@ static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     bad |= prl_bus_msg_get_hex64(m, "ckpt_checksum", &sum) != PRL_OK;
     bad |= prl_bus_msg_get_str(m, "path", &path) != PRL_OK;
     step_run *r = bad ? NULL : step_find(c, (int64_t)step);
-    if (!r || r->trained || (int64_t)step != c->version || (int64_t)ver != c->version + 1) {
+    if (!r || (int64_t)step != c->version || (int64_t)ver != c->version + 1) {
         send_error(c, &w->peer, id, "trained: step %llu version %llu is not the training in flight "
                    "(step %lld at version %lld)", (unsigned long long)step, (unsigned long long)ver,
                    (long long)c->version, (long long)c->version);
@@ -1067,29 +1104,8 @@ static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     json_decref(mj);
     if (r->train_lease) lease_end(c, r->train_lease);
     r->train_lease = 0;
-    char sumhex[17];
-    snprintf(sumhex, sizeof sumhex, "%016llx", (unsigned long long)sum);
-    prl_store_version v = {.run = c->run, .version = (int64_t)ver, .path = path, .checksum = sumhex,
-                           .step = (int64_t)step, .created = 0};
-    c->version = (int64_t)ver;
-    snprintf(c->version_path, sizeof c->version_path, "%s", path);
-    char *text = malloc(8192 + strlen(metrics));
-    prl_store_step st;
-    prl_status rc = text ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "metrics");
-    if (!rc) step_metrics(c, r, metrics, 1e-6 * (double)us, text, 8192 + strlen(metrics), &st);
-    if (!rc) st.metrics = text;
-    if (!rc) rc = prl_store_begin(c->db);
-    if (!rc) rc = prl_store_version_add(c->db, &v);
-    if (!rc) rc = prl_store_step_put(c->db, &st);
-    if (!rc) rc = prl_store_commit(c->db);
-    else prl_store_rollback(c->db);
-    if (rc) logf_("run.db: recording step %llu: %s", (unsigned long long)step, prl_error_message());
-    else progress_line(c, &st, text, r);
-    free(text), free(metrics);
-    r->trained = 1;
-    step_free(c, r);
-    prune_checkpoints(c);
-    if (c->version >= c->job->steps) c->done = 1;
+    c->fatal = step_commit(c, r, path, sum, metrics, 1e-6 * (double)us);
+    free(metrics);
 }
 
 /* ---------------------------------------------------------------- loop ------------- */
@@ -1276,6 +1292,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
             expire(c);
             last_expire = prl_now();
         }
+        if (!rc) rc = c->fatal;
         if (!rc) rc = schedule(c);
     }
     if (!rc && c->done) {
