@@ -72,6 +72,14 @@ cli_exec *cli_exec_new(void);
 void cli_exec_free(cli_exec *x);
 prl_status cli_exec_sandboxed(void *ctx, const prl_reward_exec_request *req,
                               prl_reward_exec_result *res);
+/* The same over the sandbox service: ctx is a prl_sandbox_client (sandbox/sandbox.h), owned
+** by the caller; its retry and deadline apply. A run the service could not start
+** (sandbox_error) or no answer by the deadline is an error return, as for the local one. */
+prl_status cli_exec_service(void *ctx, const prl_reward_exec_request *req,
+                            prl_reward_exec_result *res);
 int cmd_sandbox(int argc, char **argv);
+/* `prl role NAME ...`: the pipeline's processes (cmd_role.c dispatches, role_*.c). */
+int cmd_role(int argc, char **argv);
+int role_sandbox(int argc, char **argv);
 
 #endif /* PRL_CLI_H */

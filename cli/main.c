@@ -20,6 +20,7 @@ static const command commands[] = {
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
     {"tasks", cmd_tasks, "RL task data, SFT demonstrations and answer scoring (4 domains)"},
     {"sandbox", cmd_sandbox, "run a program isolated (sandbox exec), show the isolation layers (probe)"},
+    {"role", cmd_role, "run one process of the pipeline (role sandbox)"},
     {"bench", cmd_bench, "benchmarks: training step and decoding vs PyTorch, sandbox (bench train|decode|sandbox)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };

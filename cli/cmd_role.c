@@ -1,0 +1,48 @@
+/*
+** cmd_role.c — `prl role NAME [options]`: dispatches to one process of the pipeline
+** (docs/pipeline.md). Each role lives in its own cli/role_NAME.c and parses its options from
+** argv[3]; a new role is one row of the table below.
+*/
+#include "cli/cli.h"
+
+#include <string.h>
+
+typedef struct role {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} role;
+
+static const role roles[] = {
+    {"sandbox", role_sandbox, "run programs for rollout and reward workers (--bind ENDPOINT)"},
+};
+enum { N_ROLES = sizeof roles / sizeof roles[0] };
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: prl role NAME [options]   (prl role NAME --help for details)\n\n"
+                 "Runs one process of the pipeline (docs/pipeline.md).\n\nroles:\n");
+    for (int i = 0; i < N_ROLES; i++) fprintf(out, "  %-10s %s\n", roles[i].name, roles[i].summary);
+}
+
+/* "sandbox, ..." for error messages. */
+static void known_roles(char *out, size_t n)
+{
+    size_t k = 0;
+    out[0] = 0;
+    for (int i = 0; i < N_ROLES && k < n; i++)
+        k += (size_t)snprintf(out + k, n - k, "%s%s", i ? ", " : "", roles[i].name);
+}
+
+int cmd_role(int argc, char **argv)
+{
+    if (argc < 3 || !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) {
+        usage(argc < 3 ? stderr : stdout);
+        return argc < 3 ? 2 : 0;
+    }
+    for (int i = 0; i < N_ROLES; i++)
+        if (!strcmp(argv[2], roles[i].name)) return roles[i].run(argc, argv);
+    char known[256];
+    known_roles(known, sizeof known);
+    return cli_failf("role", 2, "unknown role '%s' (known roles: %s)", argv[2], known);
+}
