@@ -7,6 +7,8 @@
 **   - requests the service refuses with an `error` naming the field (lang, wall_ms, program);
 **   - kill -9 of the service while a request is in flight, then a restart: the client's
 **     re-send gets the right answer;
+**   - against a fake ROUTER: a reply with another ref is ignored; with no answer at all the
+**     client re-sends until its deadline and then names the endpoint;
 **   - 10,000 random and 10,000 mutated messages (tests/bus_fuzz.c): the service survives,
 **     answers a valid exec afterwards, logs one drop with a reason per invalid message, and
 **     stops on a `stop` message with the same count in its final line.
@@ -188,6 +190,7 @@ END_TEST
 typedef struct exec_job {
     prl_sandbox_client *c;
     prl_status rc;
+    char msg[512]; /* the error message is per thread: keep it for the test's thread */
     prl_sandbox_result r;
 } exec_job;
 
@@ -196,6 +199,7 @@ static void *exec_thread(void *p)
     exec_job *j = p;
     j->rc = prl_sandbox_client_exec(j->c, "python3", "import time\ntime.sleep(1)\nprint('slept')\n",
                                     NULL, 0, 3, &j->r);
+    snprintf(j->msg, sizeof j->msg, "%s", prl_error_message());
     return NULL;
 }
 
@@ -215,7 +219,7 @@ START_TEST(test_kill9_and_restart)
     ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
     pid = service_start();
     pthread_join(th, NULL);
-    ck_assert_msg(j.rc == PRL_OK, "exec across a kill -9: %s", prl_error_message());
+    ck_assert_msg(j.rc == PRL_OK, "exec across a kill -9: %s", j.msg);
     ck_assert_int_eq(j.r.status, PRL_SANDBOX_STATUS_OK);
     ck_assert_str_eq(j.r.out, "slept\n");
     ck_assert_uint_ge(prl_sandbox_client_resends(c), 1);
@@ -224,6 +228,96 @@ START_TEST(test_kill9_and_restart)
     prl_sandbox_result_free(&j.r);
     prl_sandbox_client_free(c);
     service_stop(pid);
+    env_done();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- fake service ----- */
+
+/* A ROUTER in a thread standing in for the service: answers the first exec with a reply
+** whose ref is wrong (stdout "wrong"), then with the right one (stdout "right"); with
+** `silent` it never answers. */
+typedef struct fake {
+    prl_bus_socket *s;
+    int silent, served;
+} fake;
+
+static void fake_reply(fake *f, const prl_bus_peer *to, uint64_t ref, const char *out)
+{
+    prl_bus_msg m;
+    ck_assert_int_eq(prl_bus_msg_init(&m, "exec_result", "fake", 7), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_set_uint(&m, "ref", ref), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_set_str(&m, "status", "ok"), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_set_uint(&m, "exit_code", 0), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_set_uint(&m, "wall_us", 1), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_add_frame(&m, "stdout", PRL_BUS_BYTES, out, strlen(out)), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_add_frame(&m, "stderr", PRL_BUS_BYTES, NULL, 0), PRL_OK);
+    ck_assert_int_eq(prl_bus_send(f->s, to, &m), PRL_OK);
+    prl_bus_msg_free(&m);
+}
+
+static void *fake_main(void *p)
+{
+    fake *f = p;
+    prl_bus_msg m;
+    prl_bus_peer from;
+    int got = 0;
+    ck_assert_int_eq(prl_bus_recv(f->s, 10000, &m, &from, &got), PRL_OK);
+    if (!got) return NULL;
+    f->served++;
+    uint64_t id = 0;
+    ck_assert_int_eq(prl_bus_msg_get_uint(&m, "id", &id), PRL_OK);
+    prl_bus_msg_free(&m);
+    if (f->silent) return NULL;
+    fake_reply(f, &from, id + 1000, "wrong");
+    fake_reply(f, &from, id, "right");
+    return NULL;
+}
+
+START_TEST(test_client_ignores_other_refs)
+{
+    env_init();
+    fake f = {0};
+    prl_bus_socket_options o;
+    prl_bus_socket_options_default(&o);
+    o.bind = 1;
+    ck_assert_int_eq(prl_bus_socket_open(&f.s, PRL_BUS_ROUTER, endpoint, &o), PRL_OK);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, fake_main, &f), 0);
+    prl_sandbox_client *c = client_open(2);
+    expect_exec(c, "python3", "print(1)", NULL, 0, 1, PRL_SANDBOX_STATUS_OK, 0, "right", 5, "");
+    pthread_join(th, NULL);
+    prl_sandbox_client_free(c);
+    prl_bus_socket_free(f.s);
+    env_done();
+}
+END_TEST
+
+START_TEST(test_client_deadline)
+{
+    env_init();
+    fake f = {.silent = 1};
+    prl_bus_socket_options o;
+    prl_bus_socket_options_default(&o);
+    o.bind = 1;
+    ck_assert_int_eq(prl_bus_socket_open(&f.s, PRL_BUS_ROUTER, endpoint, &o), PRL_OK);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, fake_main, &f), 0);
+    prl_sandbox_client *c = client_open(0.2);
+    prl_sandbox_client_set_timing(c, 0.2, 1.5); /* tries of 0.3 s, 1.5 s in all */
+    prl_sandbox_result r;
+    double t0 = now_s();
+    ck_assert_int_eq(prl_sandbox_client_exec(c, "python3", "print(1)", NULL, 0, 0.1, &r), PRL_ERR_IO);
+    double took = now_s() - t0;
+    ck_assert_msg(strstr(prl_error_message(), endpoint), "error does not name the endpoint: %s",
+                  prl_error_message());
+    ck_assert_double_ge(took, 1.4);
+    ck_assert_double_lt(took, 3.0);
+    ck_assert_uint_ge(prl_sandbox_client_resends(c), 3);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(f.served, 1);
+    prl_sandbox_client_free(c);
+    prl_bus_socket_free(f.s);
     env_done();
 }
 END_TEST
@@ -360,6 +454,8 @@ int main(void)
     tcase_add_test(tc, test_exec_roundtrip);
     tcase_add_test(tc, test_bad_requests);
     tcase_add_test(tc, test_kill9_and_restart);
+    tcase_add_test(tc, test_client_ignores_other_refs);
+    tcase_add_test(tc, test_client_deadline);
     tcase_add_test(tc, test_fuzz_messages);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
