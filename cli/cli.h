@@ -53,6 +53,13 @@ double cli_now(void);
 /* "1h02m", "3m10s", "12s" */
 void cli_format_duration(char *out, size_t n, double seconds);
 
+/* One row of a subcommand table (main.c's commands, cmd_role.c's roles). */
+typedef struct cli_command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} cli_command;
+
 int cmd_init(int argc, char **argv);
 int cmd_sft(int argc, char **argv);
 int cmd_score(int argc, char **argv);

@@ -7,13 +7,7 @@
 
 #include <string.h>
 
-typedef struct role {
-    const char *name;
-    int (*run)(int argc, char **argv);
-    const char *summary;
-} role;
-
-static const role roles[] = {
+static const cli_command roles[] = {
     {"sandbox", role_sandbox, "run programs for rollout and reward workers (--bind ENDPOINT)"},
 };
 enum { N_ROLES = sizeof roles / sizeof roles[0] };

@@ -274,21 +274,33 @@ static void *fake_main(void *p)
     return NULL;
 }
 
+/* Bind the fake's ROUTER at the test endpoint and start its thread. */
+static pthread_t fake_start(fake *f)
+{
+    prl_bus_socket_options o;
+    prl_bus_socket_options_default(&o);
+    o.bind = 1;
+    ck_assert_int_eq(prl_bus_socket_open(&f->s, PRL_BUS_ROUTER, endpoint, &o), PRL_OK);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, fake_main, f), 0);
+    return th;
+}
+
+static void fake_join(fake *f, pthread_t th)
+{
+    pthread_join(th, NULL);
+    prl_bus_socket_free(f->s);
+}
+
 START_TEST(test_client_ignores_other_refs)
 {
     env_init();
     fake f = {0};
-    prl_bus_socket_options o;
-    prl_bus_socket_options_default(&o);
-    o.bind = 1;
-    ck_assert_int_eq(prl_bus_socket_open(&f.s, PRL_BUS_ROUTER, endpoint, &o), PRL_OK);
-    pthread_t th;
-    ck_assert_int_eq(pthread_create(&th, NULL, fake_main, &f), 0);
+    pthread_t th = fake_start(&f);
     prl_sandbox_client *c = client_open(2);
     expect_exec(c, "python3", "print(1)", NULL, 0, 1, PRL_SANDBOX_STATUS_OK, 0, "right", 5, "");
-    pthread_join(th, NULL);
+    fake_join(&f, th);
     prl_sandbox_client_free(c);
-    prl_bus_socket_free(f.s);
     env_done();
 }
 END_TEST
@@ -297,12 +309,7 @@ START_TEST(test_client_deadline)
 {
     env_init();
     fake f = {.silent = 1};
-    prl_bus_socket_options o;
-    prl_bus_socket_options_default(&o);
-    o.bind = 1;
-    ck_assert_int_eq(prl_bus_socket_open(&f.s, PRL_BUS_ROUTER, endpoint, &o), PRL_OK);
-    pthread_t th;
-    ck_assert_int_eq(pthread_create(&th, NULL, fake_main, &f), 0);
+    pthread_t th = fake_start(&f);
     prl_sandbox_client *c = client_open(0.2);
     prl_sandbox_client_set_timing(c, 0.2, 1.5); /* tries of 0.3 s, 1.5 s in all */
     prl_sandbox_result r;
@@ -314,10 +321,9 @@ START_TEST(test_client_deadline)
     ck_assert_double_ge(took, 1.4);
     ck_assert_double_lt(took, 3.0);
     ck_assert_uint_ge(prl_sandbox_client_resends(c), 3);
-    pthread_join(th, NULL);
+    fake_join(&f, th);
     ck_assert_int_eq(f.served, 1);
     prl_sandbox_client_free(c);
-    prl_bus_socket_free(f.s);
     env_done();
 }
 END_TEST
