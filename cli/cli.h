@@ -56,6 +56,13 @@ prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_mes
 /* "1h02m", "3m10s", "12s" */
 void cli_format_duration(char *out, size_t n, double seconds);
 
+/* One row of a subcommand table (main.c's commands, cmd_role.c's roles). */
+typedef struct cli_command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} cli_command;
+
 int cmd_init(int argc, char **argv);
 int cmd_sft(int argc, char **argv);
 int cmd_score(int argc, char **argv);
@@ -75,6 +82,11 @@ cli_exec *cli_exec_new(void);
 void cli_exec_free(cli_exec *x);
 prl_status cli_exec_sandboxed(void *ctx, const prl_reward_exec_request *req,
                               prl_reward_exec_result *res);
+/* The same over the sandbox service: ctx is a prl_sandbox_client (sandbox/sandbox.h), owned
+** by the caller; its retry and deadline apply. A run the service could not start
+** (sandbox_error) or no answer by the deadline is an error return, as for the local one. */
+prl_status cli_exec_service(void *ctx, const prl_reward_exec_request *req,
+                            prl_reward_exec_result *res);
 int cmd_sandbox(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_role(int argc, char **argv);
@@ -82,6 +94,7 @@ int cmd_role_controller(int argc, char **argv);
 int cmd_role_rollout(int argc, char **argv);
 int cmd_role_reward(int argc, char **argv);
 int cmd_role_trainer(int argc, char **argv);
+int cmd_role_sandbox(int argc, char **argv);
 /* runs/NAME/job.json into out[n]. */
 prl_status cli_run_job_path(const char *run_dir, char *out, size_t n);
 
@@ -122,6 +135,17 @@ prl_status cli_role_take_welcome(cli_role *r, const prl_bus_msg *welcome);
 prl_status cli_role_next(cli_role *r, int timeout_ms, prl_bus_msg *m, int *got);
 /* "[rollout-0] message" on stderr. */
 void cli_role_log(const cli_role *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Where a role's programs run (python tool calls, coding tests): the sandbox service at
+** `sandbox` (re-sent after a service restart), or with sandbox NULL a sandbox of this
+** process. open/close pair; x->exec is what the verifiers and rollout take. */
+typedef struct cli_role_exec {
+    cli_exec *local;
+    struct prl_sandbox_client *svc;
+    prl_reward_exec exec;
+} cli_role_exec;
+prl_status cli_role_exec_open(cli_role_exec *x, const char *sandbox, const char *worker,
+                              double wall_s);
+void cli_role_exec_close(cli_role_exec *x);
 /* A bytes frame as a NUL-terminated malloc'd string; NULL (error set) when the frame is
 ** missing, not bytes, or holds a NUL. */
 char *cli_frame_text(const prl_bus_msg *m, const char *name);

@@ -39,6 +39,7 @@ typedef struct launcher {
     child c[MAX_CHILDREN];
     int n;
     char control_ep[1100];
+    char sandbox_ep[1100];
 } launcher;
 
 static volatile sig_atomic_t interrupted;
@@ -246,6 +247,10 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
     snprintf(th, sizeof th, "%d", threads);
     const char *ctl[] = {"role", "controller", "--run", L->run_dir, NULL};
     add_child(L, "controller", ctl);
+    char slots[16];
+    snprintf(slots, sizeof slots, "%d", job->sandbox_slots);
+    const char *sb[] = {"role", "sandbox", "--bind", L->sandbox_ep, "--slots", slots, NULL};
+    add_child(L, "sandbox", sb);
     const char *tr[] = {"role", "trainer", "--connect", L->control_ep, "--name", "trainer-0",
                         "--threads", th, NULL};
     add_child(L, "trainer-0", tr);
@@ -253,13 +258,14 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
         char name[32];
         snprintf(name, sizeof name, "rollout-%d", i);
         const char *a[] = {"role", "rollout", "--connect", L->control_ep, "--name", name,
-                           "--threads", th, NULL};
+                           "--threads", th, "--sandbox", L->sandbox_ep, NULL};
         add_child(L, name, a);
     }
     for (int i = 0; i < job->reward_workers; i++) {
         char name[32];
         snprintf(name, sizeof name, "reward-%d", i);
-        const char *a[] = {"role", "reward", "--connect", L->control_ep, "--name", name, NULL};
+        const char *a[] = {"role", "reward", "--connect", L->control_ep, "--name", name,
+                           "--sandbox", L->sandbox_ep, NULL};
         add_child(L, name, a);
     }
 }
@@ -328,6 +334,7 @@ int cmd_run(int argc, char **argv)
     if (!rc) rc = check_inputs(&job);
     launcher L = {.run_dir = run_dir};
     if (!rc) rc = prl_controller_endpoint(run_dir, "control.sock", L.control_ep, sizeof L.control_ep);
+    if (!rc) rc = prl_controller_endpoint(run_dir, "sandbox.sock", L.sandbox_ep, sizeof L.sandbox_ep);
     if (rc || check_only) {
         prl_job_config_free(&job);
         if (rc) return cli_failf("run", 2, "%s", prl_error_message());
@@ -346,7 +353,7 @@ int cmd_run(int argc, char **argv)
     }
     build_roles(&L, &job, threads);
     fprintf(stderr, "prl run: %s: %s expert, %d steps of %d prompts x %d samples, %s mode; "
-                    "%d rollout + %d reward workers + trainer; logs in %s/logs/\n",
+                    "%d rollout + %d reward workers, trainer, sandbox; logs in %s/logs/\n",
             run_dir, job.domain, job.steps, job.batch_prompts, job.group_size, job.mode,
             job.rollout_workers, job.reward_workers, run_dir);
     prl_job_config_free(&job);

@@ -3,6 +3,10 @@
 ** program runs in the sandbox (sandbox/), in one slot, with the sandbox's default limits and
 ** the verifier's wall time. The sandbox is started on the first run, so commands that never
 ** execute a program (General, Agent) never probe it.
+**
+** cli_exec_service is the same executor over the sandbox service (a prl_sandbox_client as
+** ctx), for the reward and rollout roles; both share the conversion of a sandbox result
+** into the verifiers' result.
 */
 #include "cli/cli.h"
 #include "sandbox/sandbox.h"
@@ -53,6 +57,31 @@ static const char *reward_status(prl_sandbox_status s)
     }
 }
 
+/* Move a finished run into the verifiers' result (the output buffers change owner; r is
+** freed either way). A run that failed to start (rc, or status sandbox_error) is an
+** executor failure, not a program's result. */
+static prl_status reward_result_take(prl_status rc, prl_sandbox_result *r, prl_reward_exec_result *res)
+{
+    if (rc == PRL_OK && r->status == PRL_SANDBOX_STATUS_SANDBOX_ERROR)
+        rc = prl_error_set(PRL_ERR_IO, "%s", r->reason);
+    if (rc) {
+        prl_sandbox_result_free(r);
+        return prl_error_wrap(rc, "sandbox: ");
+    }
+    snprintf(res->status, sizeof res->status, "%s", reward_status(r->status));
+    res->exit_code = r->exit_code;
+    res->wall_s = r->wall_seconds;
+    res->stdout_data = r->out ? r->out : strdup(""), res->stdout_len = r->out_len;
+    res->stderr_data = r->err ? r->err : strdup(""), res->stderr_len = r->err_len;
+    r->out = r->err = NULL; /* now owned by res */
+    prl_sandbox_result_free(r);
+    if (!res->stdout_data || !res->stderr_data) {
+        prl_reward_exec_result_free(res);
+        return prl_error_set(PRL_ERR_NOMEM, "sandbox output");
+    }
+    return PRL_OK;
+}
+
 prl_status cli_exec_sandboxed(void *ctx, const prl_reward_exec_request *req,
                               prl_reward_exec_result *res)
 {
@@ -67,20 +96,15 @@ prl_status cli_exec_sandboxed(void *ctx, const prl_reward_exec_request *req,
     sr.limits.cpu_seconds = req->wall_s + 1;
     prl_sandbox_result r;
     rc = prl_sandbox_run(((cli_exec *)ctx)->sb, 0, &sr, &r);
-    if (rc) {
-        prl_sandbox_result_free(&r);
-        return prl_error_wrap(rc, "sandbox: ");
-    }
-    snprintf(res->status, sizeof res->status, "%s", reward_status(r.status));
-    res->exit_code = r.exit_code;
-    res->wall_s = r.wall_seconds;
-    res->stdout_data = r.out ? r.out : strdup(""), res->stdout_len = r.out_len;
-    res->stderr_data = r.err ? r.err : strdup(""), res->stderr_len = r.err_len;
-    r.out = r.err = NULL; /* now owned by res */
-    prl_sandbox_result_free(&r);
-    if (!res->stdout_data || !res->stderr_data) {
-        prl_reward_exec_result_free(res);
-        return prl_error_set(PRL_ERR_NOMEM, "sandbox output");
-    }
-    return PRL_OK;
+    return reward_result_take(rc, &r, res);
+}
+
+prl_status cli_exec_service(void *ctx, const prl_reward_exec_request *req,
+                            prl_reward_exec_result *res)
+{
+    memset(res, 0, sizeof *res);
+    prl_sandbox_result r;
+    prl_status rc = prl_sandbox_client_exec(ctx, req->lang, req->program, req->stdin_data,
+                                            req->stdin_len, req->wall_s, &r);
+    return reward_result_take(rc, &r, res);
 }

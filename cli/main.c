@@ -5,13 +5,7 @@
 
 #include <string.h>
 
-typedef struct command {
-    const char *name;
-    int (*run)(int argc, char **argv);
-    const char *summary;
-} command;
-
-static const command commands[] = {
+static const cli_command commands[] = {
     {"init", cmd_init, "write a randomly initialised checkpoint from a model config"},
     {"sft", cmd_sft, "supervised fine-tuning on chat JSONL (loss on assistant tokens)"},
     {"generate", cmd_generate, "sample completions with the infer path (KV cache, batching)"},

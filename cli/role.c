@@ -5,6 +5,7 @@
 ** SIGINT or a `stop` message (docs/pipeline.md).
 */
 #include "cli/cli.h"
+#include "sandbox/sandbox.h"
 
 #include <stdarg.h>
 
@@ -213,4 +214,30 @@ char *cli_frame_text(const prl_bus_msg *m, const char *name)
     if (f->bytes) memcpy(t, f->data, f->bytes);
     t[f->bytes] = 0;
     return t;
+}
+
+prl_status cli_role_exec_open(cli_role_exec *x, const char *sandbox, const char *worker,
+                              double wall_s)
+{
+    memset(x, 0, sizeof *x);
+    x->exec.wall_s = wall_s;
+    if (!sandbox) { /* no service: a sandbox of this process's own */
+        x->local = cli_exec_new();
+        if (!x->local) return prl_error_set(PRL_ERR_NOMEM, "executor");
+        x->exec.fn = cli_exec_sandboxed, x->exec.ctx = x->local;
+        return PRL_OK;
+    }
+    char name[96];
+    snprintf(name, sizeof name, "%s.sandbox", worker);
+    prl_status rc = prl_sandbox_client_open(&x->svc, sandbox, name);
+    if (rc) return rc;
+    x->exec.fn = cli_exec_service, x->exec.ctx = x->svc;
+    return PRL_OK;
+}
+
+void cli_role_exec_close(cli_role_exec *x)
+{
+    cli_exec_free(x->local);
+    prl_sandbox_client_free(x->svc);
+    memset(x, 0, sizeof *x);
 }

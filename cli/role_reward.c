@@ -98,8 +98,11 @@ int cmd_role_reward(int argc, char **argv)
     cli_role_install_signals();
     cli_role r;
     if (cli_role_join(&r, "reward", name, connect, remote)) return cli_fail("role reward");
-    cli_exec *x = cli_exec_new();
-    prl_reward_exec exec = {cli_exec_sandboxed, x, r.job.reward_timeout};
+    cli_role_exec x;
+    if (cli_role_exec_open(&x, sandbox, name, r.job.reward_timeout)) {
+        cli_role_leave(&r);
+        return cli_fail("role reward");
+    }
     int code = 0;
     while (!cli_role_stopping(&r)) {
         prl_bus_msg m;
@@ -109,12 +112,11 @@ int cmd_role_reward(int argc, char **argv)
             break;
         }
         if (!got) continue;
-        if (!strcmp(m.type, "score") && score(&r, &exec, &m)) refuse(&r, &m, prl_error_message());
+        if (!strcmp(m.type, "score") && score(&r, &x.exec, &m)) refuse(&r, &m, prl_error_message());
         else if (strcmp(m.type, "score")) cli_role_log(&r, "ignored a '%s' message", m.type);
         prl_bus_msg_free(&m);
     }
-    cli_exec_free(x);
+    cli_role_exec_close(&x);
     cli_role_leave(&r);
-    (void)sandbox;
     return code;
 }

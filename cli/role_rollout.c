@@ -19,8 +19,7 @@ typedef struct rollout_worker {
     prl_infer *engine;
     int64_t version;        /* loaded policy version (-1: none) */
     char path[1024];
-    cli_exec *exec;         /* python tool calls */
-    const char *sandbox;    /* sandbox service endpoint (NULL: local sandbox) */
+    cli_role_exec exec;     /* python tool calls */
 } rollout_worker;
 
 static void unload(rollout_worker *w)
@@ -159,8 +158,7 @@ static prl_status do_work(rollout_worker *w, const prl_bus_msg *m)
     int32_t stops[2] = {PRL_TOKEN_END, PRL_TOKEN_EOS};
     rc_.sampling.stop_ids = stops, rc_.sampling.n_stop_ids = 2;
     rc_.max_turns = j->max_turns, rc_.score = 0;
-    prl_reward_exec exec = {cli_exec_sandboxed, w->exec, j->reward_timeout};
-    if (!rc) rc = prl_rollout_run(w->engine, w->tok, tasks, seq, (int)count, &rc_, &exec, eps);
+    if (!rc) rc = prl_rollout_run(w->engine, w->tok, tasks, seq, (int)count, &rc_, &w->exec.exec, eps);
     for (uint64_t i = 0; !rc && i < count; i++) rc = send_result(w, m, (int)(sample + i), &eps[i]);
     for (uint64_t i = 0; eps && i < count; i++) prl_episode_free(&eps[i]);
     free(tasks), free(seq), free(eps);
@@ -185,9 +183,12 @@ int cmd_role_rollout(int argc, char **argv)
     if (pr) return pr == CLI_HELP ? 0 : 2;
     if (cli_setup_blas("role rollout", threads)) return 1;
     cli_role_install_signals();
-    rollout_worker w = {.version = -1, .sandbox = sandbox};
+    rollout_worker w = {.version = -1};
     if (cli_role_join(&w.role, "rollout", name, connect, remote)) return cli_fail("role rollout");
-    w.exec = cli_exec_new();
+    if (cli_role_exec_open(&w.exec, sandbox, name, w.role.job.reward_timeout)) {
+        cli_role_leave(&w.role);
+        return cli_fail("role rollout");
+    }
     int code = 0;
     while (!cli_role_stopping(&w.role)) {
         prl_bus_msg m;
@@ -202,7 +203,7 @@ int cmd_role_rollout(int argc, char **argv)
         prl_bus_msg_free(&m);
     }
     unload(&w);
-    cli_exec_free(w.exec);
+    cli_role_exec_close(&w.exec);
     cli_role_leave(&w.role);
     return code;
 }

@@ -25,7 +25,7 @@ expect_ok() {
 
 for c in init sft score generate eval tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
   "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode" \
-  "sandbox exec" "sandbox probe" "bench sandbox"; do
+  "sandbox exec" "sandbox probe" "bench sandbox" "role sandbox"; do
   expect_ok "--help: $c" $prl $c --help
 done
 expect_fail "unknown command" "unknown command 'frobnicate'" $prl frobnicate
@@ -199,6 +199,9 @@ $prl sandbox exec --lang python3 --file "$work/loop.py" --wall 1 >/dev/null 2>"$
 expect_fail "sandbox bad --lang" "unknown --lang 'ruby'" $prl sandbox exec --lang ruby --file "$work/ok.py"
 expect_fail "sandbox missing file" "cannot open $work/nope.py" $prl sandbox exec --lang sh --file "$work/nope.py"
 expect_fail "sandbox bad limit" "wall_seconds must be >= 0.001" $prl sandbox exec --lang sh --file "$work/ok.py" --wall 0
+expect_fail "unknown role" "unknown role 'frob' (known roles: sandbox)" $prl role frob
+expect_fail "role sandbox without --bind" "missing required option '--bind'" $prl role sandbox
+expect_fail "role sandbox bad endpoint" "transport must be" $prl role sandbox --bind foo://x
 expect_ok "sandbox probe" $prl sandbox probe
 grep -q "pidns" "$work/last.out" && ok "sandbox probe lists layers" || bad "sandbox probe: $(cat "$work/last.out")"
 

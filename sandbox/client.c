@@ -1,0 +1,206 @@
+/*
+** client.c — the client of the sandbox service (service.c): sends `exec` from a DEALER and
+** waits for the `exec_result` (or `error`) whose ref is the request's id.
+**
+** Retry: the service may be killed and restarted by the launcher at any time, and a request
+** in flight to a dead process is lost with it. So when no answer comes within wall_s + a
+** margin, the client closes its socket (dropping whatever libzmq still queues for the dead
+** peer), opens a fresh one and re-sends with a new id, until a total deadline. Running a
+** program twice is harmless (no effect outside its sandbox), and an answer to an earlier
+** try can only be late, so replies whose ref is not the current id are ignored.
+*/
+#include "bus/bus.h"
+#include "sandbox/sandbox.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct prl_sandbox_client {
+    char endpoint[512];
+    char name[64];
+    prl_bus_socket *sock; /* NULL until the first send and after a failed try */
+    uint64_t next_id;
+    double margin_s, deadline_s;
+    uint64_t resends;
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+prl_status prl_sandbox_client_open(prl_sandbox_client **out, const char *endpoint, const char *name)
+{
+    *out = NULL;
+    prl_status rc = prl_bus_endpoint_check(endpoint, 0);
+    if (rc) return rc;
+    if (!name || !*name) name = "sandbox-client";
+    prl_sandbox_client *c = calloc(1, sizeof *c);
+    if (!c) return prl_error_set(PRL_ERR_NOMEM, "sandbox client");
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->margin_s = 5.0;
+    c->deadline_s = 30.0;
+    *out = c;
+    return PRL_OK;
+}
+
+void prl_sandbox_client_free(prl_sandbox_client *c)
+{
+    if (!c) return;
+    prl_bus_socket_free(c->sock);
+    free(c);
+}
+
+void prl_sandbox_client_set_timing(prl_sandbox_client *c, double margin_s, double deadline_s)
+{
+    if (margin_s >= 0) c->margin_s = margin_s;
+    if (deadline_s > 0) c->deadline_s = deadline_s;
+}
+
+uint64_t prl_sandbox_client_resends(const prl_sandbox_client *c) { return c->resends; }
+
+/* ---------------------------------------------------------------- one try ---------- */
+
+static prl_status build_exec(prl_sandbox_client *c, prl_bus_msg *m, uint64_t id, const char *lang,
+                             const char *program, const char *stdin_data, size_t stdin_len,
+                             uint64_t wall_ms)
+{
+    prl_status rc = prl_bus_msg_init(m, "exec", c->name, id);
+    if (rc == PRL_OK) rc = prl_bus_msg_set_str(m, "lang", lang);
+    if (rc == PRL_OK) rc = prl_bus_msg_set_uint(m, "wall_ms", wall_ms);
+    if (rc == PRL_OK) rc = prl_bus_msg_add_frame(m, "program", PRL_BUS_BYTES, program, strlen(program));
+    if (rc == PRL_OK) rc = prl_bus_msg_add_frame(m, "stdin", PRL_BUS_BYTES, stdin_data, stdin_len);
+    return rc;
+}
+
+static prl_status send_try(prl_sandbox_client *c, const prl_bus_msg *m)
+{
+    if (!c->sock) {
+        prl_bus_socket_options o;
+        prl_bus_socket_options_default(&o);
+        o.name = c->name;
+        prl_status rc = prl_bus_socket_open(&c->sock, PRL_BUS_DEALER, c->endpoint, &o);
+        if (rc) return rc;
+    }
+    return prl_bus_send(c->sock, NULL, m);
+}
+
+/* Copy a bytes frame into a NUL-terminated malloc'd buffer. */
+static char *frame_dup(const prl_bus_frame *f, size_t *len)
+{
+    size_t n = f ? f->bytes : 0;
+    char *p = malloc(n + 1);
+    if (!p) return NULL;
+    if (n) memcpy(p, f->data, n);
+    p[n] = 0;
+    *len = n;
+    return p;
+}
+
+static prl_status parse_status(const char *word, prl_sandbox_status *st)
+{
+    for (int i = PRL_SANDBOX_STATUS_OK; i <= PRL_SANDBOX_STATUS_SANDBOX_ERROR; i++)
+        if (strcmp(word, prl_sandbox_status_name((prl_sandbox_status)i)) == 0) {
+            *st = (prl_sandbox_status)i;
+            return PRL_OK;
+        }
+    return prl_error_set(PRL_ERR_FORMAT, "unknown status '%s'", word);
+}
+
+/* Fill res from an exec_result. */
+static prl_status take_result(prl_sandbox_client *c, const prl_bus_msg *m, prl_sandbox_result *res)
+{
+    const char *status = NULL;
+    uint64_t code = 0, wall_us = 0;
+    prl_status rc = prl_bus_msg_get_str(m, "status", &status);
+    if (rc == PRL_OK) rc = parse_status(status, &res->status);
+    if (rc) return prl_error_wrap(rc, "sandbox service at '%s': ", c->endpoint);
+    prl_bus_msg_get_uint(m, "exit_code", &code);
+    prl_bus_msg_get_uint(m, "wall_us", &wall_us);
+    res->out = frame_dup(prl_bus_msg_frame(m, "stdout"), &res->out_len);
+    res->err = frame_dup(prl_bus_msg_frame(m, "stderr"), &res->err_len);
+    if (!res->out || !res->err) return prl_error_set(PRL_ERR_NOMEM, "sandbox client: output");
+    res->out_total = res->out_len, res->err_total = res->err_len;
+    res->wall_seconds = (double)wall_us / 1e6;
+    res->slot = -1;
+    if (res->status == PRL_SANDBOX_STATUS_SANDBOX_ERROR) { /* the reason travels as stderr */
+        res->exit_code = -1;
+        snprintf(res->reason, sizeof res->reason, "%s", res->err);
+        return PRL_OK;
+    }
+    res->exit_code = code > 255 ? 255 : (int)code;
+    res->signal = res->exit_code > 128 ? res->exit_code - 128 : 0;
+    snprintf(res->reason, sizeof res->reason, "%s (exit code %d), from the sandbox service at %.200s",
+             status, res->exit_code, c->endpoint);
+    return PRL_OK;
+}
+
+/* Wait until `until` for the answer to request `id`. 1: answered (rc says how), 0: none. */
+static int wait_answer(prl_sandbox_client *c, uint64_t id, double until, prl_sandbox_result *res,
+                       prl_status *rc)
+{
+    for (double left = until - now_s(); left > 0; left = until - now_s()) {
+        prl_bus_msg m;
+        int got = 0;
+        if (prl_bus_recv(c->sock, (int)(left * 1000) + 1, &m, NULL, &got) != PRL_OK) return 0;
+        if (!got) continue;
+        uint64_t ref = 0;
+        int mine = prl_bus_msg_get_uint(&m, "ref", &ref) == PRL_OK && ref == id;
+        const char *reason = "?";
+        if (mine && strcmp(m.type, "exec_result") == 0) {
+            *rc = take_result(c, &m, res);
+        } else if (mine && strcmp(m.type, "error") == 0) {
+            prl_bus_msg_get_str(&m, "reason", &reason);
+            *rc = prl_error_set(PRL_ERR_ARG, "sandbox service at '%s' refused the request: %s",
+                                c->endpoint, reason);
+        } else {
+            mine = 0; /* a late answer to an earlier try, or a stray type */
+        }
+        prl_bus_msg_free(&m);
+        if (mine) return 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- exec ------------- */
+
+prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, const char *program,
+                                   const char *stdin_data, size_t stdin_len, double wall_s,
+                                   prl_sandbox_result *res)
+{
+    memset(res, 0, sizeof *res);
+    if (!lang || !program || (stdin_len && !stdin_data) || !(wall_s > 0))
+        return prl_error_set(PRL_ERR_ARG, "sandbox client: lang, program and a wall time > 0 are required");
+    uint64_t wall_ms = (uint64_t)(wall_s * 1000.0 + 0.999);
+    double per_try = wall_s + c->margin_s, start = now_s();
+    double deadline = start + (c->deadline_s > per_try ? c->deadline_s : per_try);
+    int tries = 0;
+    for (;;) {
+        prl_bus_msg m;
+        uint64_t id = ++c->next_id;
+        prl_status rc = build_exec(c, &m, id, lang, program, stdin_data, stdin_len, wall_ms);
+        if (rc == PRL_OK) rc = send_try(c, &m);
+        prl_bus_msg_free(&m);
+        if (rc == PRL_ERR_ARG || rc == PRL_ERR_NOMEM) return rc; /* a retry cannot help */
+        tries++;
+        double until = now_s() + per_try;
+        if (until > deadline) until = deadline;
+        if (rc == PRL_OK && wait_answer(c, id, until, res, &rc)) {
+            if (rc) prl_sandbox_result_free(res);
+            return rc;
+        }
+        /* No answer: the service may have died with the request; start over on a fresh
+        ** socket so nothing queued for the dead peer lingers. */
+        prl_bus_socket_free(c->sock);
+        c->sock = NULL;
+        if (now_s() >= deadline) break;
+        if (rc != PRL_OK) nanosleep(&(struct timespec){0, 100000000}, NULL); /* no hot loop */
+        c->resends++;
+    }
+    return prl_error_set(PRL_ERR_IO, "sandbox service at '%s' did not answer within %.1f s (%d tries)",
+                         c->endpoint, now_s() - start, tries);
+}
