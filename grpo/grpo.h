@@ -138,7 +138,8 @@ prl_status prl_grpo_batch_init(prl_grpo_batch *b, int n, size_t n_tokens, size_t
 void prl_grpo_batch_free(prl_grpo_batch *b);
 /* Check every size and value (see the field comments); errors name the array and sample. */
 prl_status prl_grpo_batch_check(const prl_grpo_batch *b);
-/* The response of sample i: its first token's index into logprobs/mask (*first) and count. */
+/* The response of sample i: its first token's index into logprobs/mask (*first) and count
+** (O(i): sums the prompts before it). */
 void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int *len);
 
 /* Read a decoded `train` message (field count; frames tokens, offsets, prompt_lens, rewards,

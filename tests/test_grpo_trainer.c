@@ -92,16 +92,50 @@ static void config_1x1(prl_grpo_train_config *c)
     c->micro_rows = 3; /* several micro-batches per minibatch */
 }
 
+/* A model, its AdamW, a toy batch of n samples, a 1×1 config and a copy of the weights. */
+typedef struct fixture {
+    prl_model m;
+    prl_optim o;
+    prl_grpo_batch b;
+    prl_grpo_train_config c;
+    prl_real *before;
+} fixture;
+
+static void fixture_init(fixture *f, uint64_t seed, int pure, double lr, double wd, int n)
+{
+    micro_model(&f->m, seed, pure);
+    adamw(&f->o, &f->m, lr, wd);
+    toy_batch(&f->b, n);
+    config_1x1(&f->c);
+    f->before = malloc(f->m.n_params * sizeof *f->before);
+    ck_assert_ptr_nonnull(f->before);
+    memcpy(f->before, f->m.params, f->m.n_params * sizeof *f->before);
+}
+
+static void fixture_free(fixture *f)
+{
+    free(f->before);
+    prl_grpo_batch_free(&f->b);
+    prl_optim_free(&f->o);
+    prl_model_free(&f->m);
+}
+
 /* ------------------------------------------------------------------ the message ----- */
 
-/* A train message of `b` built frame by frame: `skip` is left out, `retype` flips i32 ↔ f32. */
-static void make_msg(prl_bus_msg *m, const prl_grpo_batch *b, const char *skip, const char *retype)
+/* A `train` message with its header fields but no count and no frames. */
+static void train_header(prl_bus_msg *m)
 {
     assert_ok(prl_bus_msg_init(m, "train", "run-test", 1));
     assert_ok(prl_bus_msg_set_uint(m, "lease", 3));
     assert_ok(prl_bus_msg_set_uint(m, "step", 4));
     assert_ok(prl_bus_msg_set_uint(m, "policy_version", 5));
     assert_ok(prl_bus_msg_set_str(m, "path", "ckpt/v000005"));
+}
+
+/* A train message of `b` built frame by frame: `skip` is left out, `retype` flips i32 ↔ f32. */
+static void make_msg(prl_bus_msg *m, const prl_grpo_batch *b, const char *skip, const char *retype)
+{
+    train_header(m);
     assert_ok(prl_bus_msg_set_uint(m, "count", (uint64_t)b->n));
     const struct { const char *name; prl_bus_dtype dt; const void *data; size_t count; } f[] = {
         {"tokens", PRL_BUS_I32, b->tokens, b->n_tokens},
@@ -131,11 +165,7 @@ START_TEST(test_msg_round_trip)
     prl_grpo_batch b, back;
     toy_batch(&b, 9);
     prl_bus_msg m, manual, decoded;
-    assert_ok(prl_bus_msg_init(&m, "train", "run-test", 1));
-    assert_ok(prl_bus_msg_set_uint(&m, "lease", 3));
-    assert_ok(prl_bus_msg_set_uint(&m, "step", 4));
-    assert_ok(prl_bus_msg_set_uint(&m, "policy_version", 5));
-    assert_ok(prl_bus_msg_set_str(&m, "path", "ckpt/v000005"));
+    train_header(&m);
     assert_ok(prl_grpo_batch_to_msg(&b, &m));
     make_msg(&manual, &b, NULL, NULL);
     ck_assert(prl_bus_msg_equal(&m, &manual)); /* the frames docs/pipeline.md names */
@@ -280,16 +310,12 @@ START_TEST(test_config_from_job)
     /* kl_coef > 0 without a reference model: an error naming the key */
     assert_ok(prl_job_config_set(&j, "grpo.kl_coef=0.01"));
     assert_ok(prl_grpo_train_config_from_job(&c, &j));
-    prl_model m;
-    micro_model(&m, 1, 0);
-    prl_optim o;
-    adamw(&o, &m, 1e-3, 0);
-    prl_grpo_batch b;
-    toy_batch(&b, 8);
-    ck_assert_int_eq(prl_grpo_train_step(&m, &o, &b, &c, NULL), PRL_ERR_ARG);
+    fixture f;
+    fixture_init(&f, 1, 0, 1e-3, 0, 8);
+    ck_assert_int_eq(prl_grpo_train_step(&f.m, &f.o, &f.b, &c, NULL), PRL_ERR_ARG);
     assert_msg_has("grpo.kl_coef");
     c.kl_coef = 0, c.ppo_epochs = 0;
-    ck_assert_int_eq(prl_grpo_train_step(&m, &o, &b, &c, NULL), PRL_ERR_CONFIG);
+    ck_assert_int_eq(prl_grpo_train_step(&f.m, &f.o, &f.b, &c, NULL), PRL_ERR_CONFIG);
     assert_msg_has("grpo.ppo_epochs");
     /* a sample longer than the context */
     c.ppo_epochs = 1;
@@ -298,10 +324,10 @@ START_TEST(test_config_from_job)
     big.offsets[1] = 13, big.prompt_lens[0] = 3;
     for (int t = 0; t < 13; t++) big.tokens[t] = 11;
     for (int t = 0; t < 10; t++) big.logprobs[t] = -1, big.mask[t] = 1;
-    ck_assert_int_eq(prl_grpo_train_step(&m, &o, &big, &c, NULL), PRL_ERR_RANGE);
+    ck_assert_int_eq(prl_grpo_train_step(&f.m, &f.o, &big, &c, NULL), PRL_ERR_RANGE);
     assert_msg_has("sample 0 has 13 tokens");
-    prl_grpo_batch_free(&big), prl_grpo_batch_free(&b);
-    prl_optim_free(&o), prl_model_free(&m);
+    prl_grpo_batch_free(&big);
+    fixture_free(&f);
     prl_job_config_free(&j);
 }
 END_TEST
@@ -310,19 +336,11 @@ END_TEST
 
 START_TEST(test_first_update_ratio_one)
 {
-    prl_model m;
-    micro_model(&m, 3, 0);
-    prl_optim o;
-    adamw(&o, &m, 1e-3, 0);
-    prl_grpo_batch b;
-    toy_batch(&b, 10);
-    train_logprobs(&m, &b); /* infer log-probs = the train path's: no mismatch */
-    prl_real *before = malloc(m.n_params * sizeof *before);
-    memcpy(before, m.params, m.n_params * sizeof *before);
-    prl_grpo_train_config c;
-    config_1x1(&c);
+    fixture f;
+    fixture_init(&f, 3, 0, 1e-3, 0, 10);
+    train_logprobs(&f.m, &f.b); /* infer log-probs = the train path's: no mismatch */
     prl_grpo_step_stats st;
-    assert_ok(prl_grpo_train_step(&m, &o, &b, &c, &st));
+    assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, &st));
     ck_assert(st.ppo_kl == 0 && st.clipfrac == 0 && st.clipfrac_lower == 0); /* ratio exactly 1 */
     ck_assert(st.mismatch == 0 && st.mismatch_max == 0);
     ck_assert_int_eq(st.updates, 1);
@@ -330,11 +348,11 @@ START_TEST(test_first_update_ratio_one)
     ck_assert_int_eq(st.groups, 3);
     ck_assert_int_eq(st.singletons, 0);
     ck_assert_int_eq(st.loss_tokens, 24); /* masks 1,2,2,3,4 twice */
-    ck_assert_int_eq(st.tokens, (long)b.n_tokens);
+    ck_assert_int_eq(st.tokens, (long)f.b.n_tokens);
     ck_assert_double_eq_tol(st.reward_mean, 0.4, 1e-12);
     ck_assert_double_eq_tol(st.accuracy, 0.4, 1e-12);
     ck_assert(st.grad_norm > 0 && isfinite(st.loss));
-    ck_assert(memcmp(before, m.params, m.n_params * sizeof *before) != 0);
+    ck_assert(memcmp(f.before, f.m.params, f.m.n_params * sizeof *f.before) != 0);
     /* the metrics frame */
     char *json = prl_grpo_step_stats_to_json(&st);
     ck_assert_ptr_nonnull(json);
@@ -342,15 +360,13 @@ START_TEST(test_first_update_ratio_one)
               strstr(json, "\"loss_tokens\":24"));
     free(json);
     /* a shifted infer log-prob shows in the mismatch; a second epoch moves the ratio */
-    b.logprobs[0] -= 0.25f;
-    c.ppo_epochs = 2;
-    assert_ok(prl_grpo_train_step(&m, &o, &b, &c, &st));
+    f.b.logprobs[0] -= 0.25f;
+    f.c.ppo_epochs = 2;
+    assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, &st));
     ck_assert_int_eq(st.updates, 2);
     ck_assert(st.mismatch_max >= 0.2 && st.mismatch > 0);
     ck_assert(st.ppo_kl != 0);
-    free(before);
-    prl_grpo_batch_free(&b);
-    prl_optim_free(&o), prl_model_free(&m);
+    fixture_free(&f);
 }
 END_TEST
 
@@ -358,26 +374,16 @@ END_TEST
 ** gradient is exactly zero and the weights do not move (over 2 epochs × 2 minibatches). */
 START_TEST(test_equal_rewards_no_change)
 {
-    prl_model m;
-    micro_model(&m, 5, 1);
-    prl_optim o;
-    adamw(&o, &m, 1e-2, 0);
-    prl_grpo_batch b;
-    toy_batch(&b, 12);
-    for (int i = 0; i < b.n; i++) b.rewards[i] = (float)(b.groups[i] % 2);
-    prl_real *before = malloc(m.n_params * sizeof *before);
-    memcpy(before, m.params, m.n_params * sizeof *before);
-    prl_grpo_train_config c;
-    config_1x1(&c);
-    c.ppo_epochs = 2, c.minibatches = 2;
+    fixture f;
+    fixture_init(&f, 5, 1, 1e-2, 0, 12);
+    for (int i = 0; i < f.b.n; i++) f.b.rewards[i] = (float)(f.b.groups[i] % 2);
+    f.c.ppo_epochs = 2, f.c.minibatches = 2;
     prl_grpo_step_stats st;
-    assert_ok(prl_grpo_train_step(&m, &o, &b, &c, &st));
+    assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, &st));
     ck_assert_int_eq(st.constant_groups, 3);
     ck_assert(st.grad_norm == 0 && st.loss == 0);
-    ck_assert_mem_eq(before, m.params, m.n_params * sizeof *before);
-    free(before);
-    prl_grpo_batch_free(&b);
-    prl_optim_free(&o), prl_model_free(&m);
+    ck_assert_mem_eq(f.before, f.m.params, f.m.n_params * sizeof *f.before);
+    fixture_free(&f);
 }
 END_TEST
 
@@ -484,27 +490,22 @@ END_TEST
 ** policy towards the reference, so the KL falls. */
 START_TEST(test_kl_pulls_to_reference)
 {
-    prl_model m, ref;
-    micro_model(&m, 12, 1);
+    fixture f;
+    fixture_init(&f, 12, 1, 1e-2, 0, 8);
+    prl_model ref;
     micro_model(&ref, 13, 1);
-    prl_optim o;
-    adamw(&o, &m, 1e-2, 0);
-    prl_grpo_batch b;
-    toy_batch(&b, 8);
-    for (int i = 0; i < b.n; i++) b.rewards[i] = 1;
-    prl_grpo_train_config c;
-    config_1x1(&c);
-    c.kl_coef = 1.0, c.ref = &ref;
+    for (int i = 0; i < f.b.n; i++) f.b.rewards[i] = 1;
+    f.c.kl_coef = 1.0, f.c.ref = &ref;
     prl_grpo_step_stats st;
     double first = 0;
     for (int s = 0; s < 6; s++) {
-        assert_ok(prl_grpo_train_step(&m, &o, &b, &c, &st));
+        assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, &st));
         if (s == 0) first = st.kl;
     }
     printf("kl: %.6f -> %.6f\n", first, st.kl);
     ck_assert(first > 0 && st.kl < 0.5 * first);
-    prl_grpo_batch_free(&b);
-    prl_optim_free(&o), prl_model_free(&ref), prl_model_free(&m);
+    prl_model_free(&ref);
+    fixture_free(&f);
 }
 END_TEST
 
@@ -512,20 +513,13 @@ END_TEST
 static prl_real *two_steps(int threads)
 {
     assert_ok(prl_blas_init(threads));
-    prl_model m;
-    micro_model(&m, 21, 0);
-    prl_optim o;
-    adamw(&o, &m, 1e-2, 0.1);
-    prl_grpo_batch b;
-    toy_batch(&b, 10);
-    prl_grpo_train_config c;
-    config_1x1(&c);
-    c.ppo_epochs = 2, c.minibatches = 2;
-    for (int s = 0; s < 2; s++) assert_ok(prl_grpo_train_step(&m, &o, &b, &c, NULL));
-    prl_real *copy = malloc(m.n_params * sizeof *copy);
-    memcpy(copy, m.params, m.n_params * sizeof *copy);
-    prl_grpo_batch_free(&b);
-    prl_optim_free(&o), prl_model_free(&m);
+    fixture f;
+    fixture_init(&f, 21, 0, 1e-2, 0.1, 10);
+    f.c.ppo_epochs = 2, f.c.minibatches = 2;
+    for (int s = 0; s < 2; s++) assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, NULL));
+    prl_real *copy = malloc(f.m.n_params * sizeof *copy);
+    memcpy(copy, f.m.params, f.m.n_params * sizeof *copy);
+    fixture_free(&f);
     return copy;
 }
 
