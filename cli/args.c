@@ -139,15 +139,6 @@ int cli_setup_blas(const char *cmd, int threads)
     return 0;
 }
 
-void cli_format_duration(char *out, size_t n, double s)
-{
-    if (!(s >= 0)) s = 0;
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t % 3600 / 60);
-    else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(out, n, "%lds", t);
-}
-
 prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok)
 {
     *tok = NULL;

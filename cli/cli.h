@@ -53,8 +53,6 @@ prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, si
 /* A "messages" array as chat turns that borrow the JSON strings (free the array only). */
 prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_message **msgs,
                              size_t *n);
-/* "1h02m", "3m10s", "12s" */
-void cli_format_duration(char *out, size_t n, double seconds);
 
 /* One row of a subcommand table (main.c's commands, cmd_role.c's roles). */
 typedef struct cli_command {

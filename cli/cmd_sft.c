@@ -25,8 +25,8 @@ static void print_progress(void *user, const prl_sft_progress *p)
 {
     (void)user;
     char eta[32], el[32];
-    cli_format_duration(eta, sizeof eta, p->eta_s);
-    cli_format_duration(el, sizeof el, p->elapsed_s);
+    prl_format_duration(eta, sizeof eta, p->eta_s);
+    prl_format_duration(el, sizeof el, p->elapsed_s);
     fprintf(stderr, "step %d/%d  loss %.4f  lr %.2e  gnorm %.3f  tok/s %.0f  elapsed %s  eta %s\n",
             p->step, p->steps, p->loss, p->lr, p->grad_norm, p->tokens_per_s, el, eta);
 }

@@ -119,7 +119,9 @@ typedef struct ctl {
     int64_t retired_epoch;/* last epoch the retirement rule ran for */
     int done;
     prl_status fatal;     /* a run.db failure: stop, the restart continues from run.db */
-    double t_start;
+    double t_start, t_last_commit;
+    double interval_sum;  /* of the steps committed by this process, for the ETA */
+    int intervals;
 } ctl;
 
 /* ---------------------------------------------------------------- helpers ---------- */
@@ -1008,6 +1010,10 @@ static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, doubl
     double rollout_s = (r->t_rolled ? r->t_rolled : now) - r->t_open;
     double score_s = r->t_scored && r->t_rolled ? r->t_scored - r->t_rolled : 0;
     double step_s = now - r->t_open;
+    /* the pace of the run: time since the previous step was committed (in async mode steps
+    ** overlap, so this is less than step_s) */
+    double interval_s = now - (c->t_last_commit ? c->t_last_commit : c->t_start);
+    c->t_last_commit = now;
     *st = (prl_store_step){.run = c->run, .step = r->step,
                            .reward_mean = samples ? rsum / samples : 0,
                            .accuracy = samples ? (double)solved / samples : 0,
@@ -1017,28 +1023,34 @@ static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, doubl
              "{\"samples\": %d, \"groups\": %d, \"groups_kept\": %d, \"groups_dropped\": %d, "
              "\"stale\": %d, \"reward_mean\": %.6f, \"accuracy\": %.6f, \"response_tokens\": %.0f, "
              "\"truncated_share\": %.4f, \"rollout_s\": %.3f, \"score_tail_s\": %.3f, \"train_s\": %.3f, "
-             "\"step_s\": %.3f, \"tokens_per_s\": %.1f, \"cursor_end\": %lld, \"version\": %lld, "
-             "\"trainer\": %s}",
+             "\"step_s\": %.3f, \"interval_s\": %.3f, \"reward_busy_s\": %.3f, \"tokens_per_s\": %.1f, "
+             "\"cursor_end\": %lld, \"version\": %lld, \"trainer\": %s}",
              samples, r->n, r->accepted, r->dropped, stale, st->reward_mean, st->accuracy, tok,
-             samples ? trunc / samples : 0, rollout_s, score_s, train_s, step_s, st->tokens_per_s,
+             samples ? trunc / samples : 0, rollout_s, score_s, train_s, step_s, interval_s,
+             r->score_seconds, st->tokens_per_s,
              (long long)c->cursor, (long long)c->version, trainer_metrics);
 }
 
 static void progress_line(ctl *c, const prl_store_step *st, const char *metrics, step_run *r)
 {
-    if (!c->o->progress) return;
     json_error_t je;
     json_t *mj = json_loads(metrics, 0, &je);
     double roll = json_number_value(json_object_get(mj, "rollout_s"));
+    double tail = json_number_value(json_object_get(mj, "score_tail_s"));
     double train = json_number_value(json_object_get(mj, "train_s"));
+    double interval = json_number_value(json_object_get(mj, "interval_s"));
     int stale = (int)json_integer_value(json_object_get(mj, "stale"));
     json_decref(mj);
-    double el = prl_now() - c->t_start;
+    c->interval_sum += interval, c->intervals++;
+    if (!c->o->progress) return;
+    char el[32], eta[32];
+    prl_format_duration(el, sizeof el, prl_now() - c->t_start);
+    prl_format_duration(eta, sizeof eta, (c->job->steps - c->version) * c->interval_sum / c->intervals);
     fprintf(c->o->progress,
-            "step %lld/%d  v%lld  reward %.3f  acc %.1f%%  %6.0f tok/s  rollout %.1fs train %.1fs "
-            "step %.1fs  stale %d dropped %d  [%.0fs]\n",
+            "step %lld/%d  v%lld | reward %.3f  acc %5.1f%% | %6.0f tok/s | rollout %.1fs  score %.1fs  "
+            "train %.1fs | step %.1fs | stale %d  dropped %d | %s, eta %s\n",
             (long long)r->step + 1, c->job->steps, (long long)c->version, st->reward_mean,
-            100 * st->accuracy, st->tokens_per_s, roll, train, st->step_seconds, stale, r->dropped, el);
+            100 * st->accuracy, st->tokens_per_s, roll, tail, train, interval, stale, r->dropped, el, eta);
     fflush(c->o->progress);
 }
 

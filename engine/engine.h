@@ -184,6 +184,8 @@ enum {
 
 /* Seconds on the monotonic clock (for durations; never for seeds). */
 double prl_now(void);
+/* A duration for people: "1h02m", "3m10s", "12s". */
+void prl_format_duration(char *out, size_t n, double seconds);
 
 /* CRC-32C style checksum of a byte range (used in checkpoint metadata). */
 uint64_t prl_checksum64(const void *data, size_t n, uint64_t seed);

@@ -1,5 +1,5 @@
 /*
-** rng.c — counter-based random streams, a 64-bit checksum and the monotonic clock.
+** rng.c — counter-based random streams, a 64-bit checksum, the monotonic clock and durations.
 **
 ** A stream's key is a hash of (seed, a, b, c, purpose); draw i is hash(key, i). Nothing is
 ** carried between draws except the counter, so a draw depends only on its coordinates:
@@ -8,6 +8,7 @@
 */
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <time.h>
 
 #include <math.h>
@@ -72,4 +73,13 @@ double prl_now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+void prl_format_duration(char *out, size_t n, double s)
+{
+    if (!(s >= 0)) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t % 3600 / 60);
+    else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(out, n, "%lds", t);
 }
