@@ -13,7 +13,7 @@
 #include <string.h>
 
 typedef struct eval_args {
-    const char *ckpt, *domain, *precision;
+    const char *ckpt, *compare, *domain, *precision;
     int n, difficulty, max_new, max_turns, threads, json, batch;
     double temperature;
     uint64_t seed;
@@ -80,36 +80,62 @@ static prl_status eval_domain(const eval_args *a, prl_infer *e, const prl_tokeni
     return rc;
 }
 
-static void print_results(const eval_args *a, const domain_result *r, int n)
+static double acc_of(const domain_result *r) { return r->n ? (double)r->solved / r->n : 0; }
+
+static void print_json(const eval_args *a, const domain_result *r, const domain_result *c, int n)
+{
+    printf("{\"ckpt\": \"%s\", ", a->ckpt);
+    if (c) printf("\"compare\": \"%s\", ", a->compare);
+    printf("\"split\": \"eval\", \"n\": %d, \"seed\": %llu, \"temperature\": %g, \"domains\": [",
+           a->n, (unsigned long long)a->seed, a->temperature);
+    for (int i = 0; i < n; i++) {
+        printf("%s{\"domain\": \"%s\", \"n\": %d, \"accuracy\": %.4f, \"mean_score\": %.4f, "
+               "\"mean_turns\": %.2f, \"truncated\": %d, \"seconds\": %.2f", i ? ", " : "",
+               prl_tasks_domain_name(r[i].domain), r[i].n, acc_of(&r[i]),
+               r[i].n ? r[i].score_sum / r[i].n : 0, r[i].n ? r[i].turns_sum / r[i].n : 0,
+               r[i].truncated, r[i].seconds);
+        if (c)
+            printf(", \"compare_accuracy\": %.4f, \"compare_mean_score\": %.4f, \"delta\": %.4f",
+                   acc_of(&c[i]), c[i].n ? c[i].score_sum / c[i].n : 0, acc_of(&c[i]) - acc_of(&r[i]));
+        printf("}");
+    }
+    printf("]}\n");
+}
+
+static void print_results(const eval_args *a, const domain_result *r, const domain_result *c, int n)
 {
     if (a->json) {
-        printf("{\"ckpt\": \"%s\", \"split\": \"eval\", \"n\": %d, \"seed\": %llu, \"temperature\": %g, "
-               "\"domains\": [", a->ckpt, a->n, (unsigned long long)a->seed, a->temperature);
+        print_json(a, r, c, n);
+        return;
+    }
+    if (c) { /* before/after: accuracy of both and the change, in points */
+        printf("%-10s %5s %10s %10s %8s %11s %11s\n", "domain", "n", "before", "after", "change",
+               "score bef.", "score aft.");
         for (int i = 0; i < n; i++)
-            printf("%s{\"domain\": \"%s\", \"n\": %d, \"accuracy\": %.4f, \"mean_score\": %.4f, "
-                   "\"mean_turns\": %.2f, \"truncated\": %d, \"seconds\": %.2f}", i ? ", " : "",
-                   prl_tasks_domain_name(r[i].domain), r[i].n,
-                   r[i].n ? (double)r[i].solved / r[i].n : 0, r[i].n ? r[i].score_sum / r[i].n : 0,
-                   r[i].n ? r[i].turns_sum / r[i].n : 0, r[i].truncated, r[i].seconds);
-        printf("]}\n");
+            printf("%-10s %5d %9.1f%% %9.1f%% %+7.1f %11.3f %11.3f\n", prl_tasks_domain_name(r[i].domain),
+                   r[i].n, 100 * acc_of(&r[i]), 100 * acc_of(&c[i]), 100 * (acc_of(&c[i]) - acc_of(&r[i])),
+                   r[i].n ? r[i].score_sum / r[i].n : 0, c[i].n ? c[i].score_sum / c[i].n : 0);
+        printf("(before: %s, after: %s; change in accuracy points)\n", a->ckpt, a->compare);
         return;
     }
     printf("%-10s %5s %9s %10s %6s %9s %8s\n", "domain", "n", "accuracy", "mean score", "turns",
            "truncated", "seconds");
     for (int i = 0; i < n; i++)
         printf("%-10s %5d %8.1f%% %10.3f %6.2f %9d %8.1f\n", prl_tasks_domain_name(r[i].domain),
-               r[i].n, r[i].n ? 100.0 * r[i].solved / r[i].n : 0, r[i].n ? r[i].score_sum / r[i].n : 0,
+               r[i].n, 100 * acc_of(&r[i]), r[i].n ? r[i].score_sum / r[i].n : 0,
                r[i].n ? r[i].turns_sum / r[i].n : 0, r[i].truncated, r[i].seconds);
 }
 
-static int run(const eval_args *a, prl_task_domain *domains, int nd)
+/* Every domain of one checkpoint into res[nd]. */
+static int eval_ckpt(const eval_args *a, const char *ckpt, prl_task_domain *domains, int nd,
+                     domain_result *res)
 {
     prl_model m;
     prl_tokenizer *tok = NULL;
-    if (cli_load_checkpoint(a->ckpt, &m, &tok)) return cli_fail("eval");
+    if (cli_load_checkpoint(ckpt, &m, &tok)) return cli_fail("eval");
     if (!tok) {
         prl_model_free(&m);
-        return cli_failf("eval", 1, "%s has no tokenizer.json: eval needs the checkpoint's tokenizer", a->ckpt);
+        return cli_failf("eval", 1, "%s has no tokenizer.json: eval needs the checkpoint's tokenizer", ckpt);
     }
     prl_infer_options io;
     int rc = 0;
@@ -119,17 +145,24 @@ static int run(const eval_args *a, prl_task_domain *domains, int nd)
     io.max_batch = a->batch;
     if (!rc && prl_infer_init(&e, &m, &io)) rc = cli_fail("eval");
     prl_reward_exec exec = {cli_exec_sandboxed, runner, 2.0};
-    domain_result res[PRL_TASK_N_DOMAINS];
     for (int i = 0; !rc && i < nd; i++) {
         if (eval_domain(a, e, tok, &exec, domains[i], &res[i])) rc = cli_fail("eval");
-        else fprintf(stderr, "eval: %s done (%d problems, %.1f s)\n", prl_tasks_domain_name(domains[i]),
-                     res[i].n, res[i].seconds);
+        else fprintf(stderr, "eval: %s: %s done (%d problems, %.1f s)\n", ckpt,
+                     prl_tasks_domain_name(domains[i]), res[i].n, res[i].seconds);
     }
-    if (!rc) print_results(a, res, nd);
     cli_exec_free(runner);
     prl_infer_free(e);
     prl_tokenizer_free(tok);
     prl_model_free(&m);
+    return rc;
+}
+
+static int run(const eval_args *a, prl_task_domain *domains, int nd)
+{
+    domain_result res[PRL_TASK_N_DOMAINS], cmp[PRL_TASK_N_DOMAINS];
+    int rc = eval_ckpt(a, a->ckpt, domains, nd, res);
+    if (!rc && a->compare) rc = eval_ckpt(a, a->compare, domains, nd, cmp);
+    if (!rc) print_results(a, res, a->compare ? cmp : NULL, nd);
     return rc;
 }
 
@@ -139,6 +172,7 @@ int cmd_eval(int argc, char **argv)
                    .batch = 16, .seed = 1};
     cli_opt opts[] = {
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory (with tokenizer.json)", 1, 0},
+        {"compare", OPT_STR, &a.compare, "DIR", "also evaluate this checkpoint on the same problems: a before/after table", 0, 0},
         {"domain", OPT_STR, &a.domain, "D", "all (default), reasoning, general, agent or coding", 0, 0},
         {"n", OPT_INT, &a.n, "N", "eval problems per domain (default 50)", 0, 0},
         {"difficulty", OPT_INT, &a.difficulty, "D", "1..3, or 0 = mixed (default 0)", 0, 0},
@@ -152,7 +186,7 @@ int cmd_eval(int argc, char **argv)
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 2, opts, "prl eval --ckpt DIR [--domain all|D] [--n N] [--json]",
+    int rc = cli_parse(argc, argv, 2, opts, "prl eval --ckpt DIR [--compare DIR2] [--domain all|D] [--n N] [--json]",
                        "Held-out accuracy per task domain: eval-split problems played with the "
                        "infer path and scored by the verifiers.", NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
