@@ -19,7 +19,8 @@ typedef struct trainer {
     prl_model model;
     prl_optim optim;
     prl_tokenizer *tok;
-    int have_model, have_optim;
+    prl_model ref;          /* the KL reference (grpo.kl_coef > 0): the run's init policy */
+    int have_model, have_optim, have_ref;
     int64_t version;        /* version held (-1: none) */
     char path[1200];
 } trainer;
@@ -68,6 +69,11 @@ static prl_status train(trainer *t, const prl_bus_msg *m)
     if (!rc) rc = load_version(t, (int64_t)ver, path);
     prl_grpo_train_config tc;
     if (!rc) rc = prl_grpo_train_config_from_job(&tc, &t->role.job);
+    if (!rc && tc.kl_coef > 0 && !t->have_ref) {
+        if ((rc = prl_checkpoint_load(&t->ref, t->role.job.init)) == PRL_OK) t->have_ref = 1;
+        else rc = prl_error_wrap(rc, "grpo.kl_coef > 0 needs the reference policy (model.init): ");
+    }
+    if (!rc && tc.kl_coef > 0) tc.ref = &t->ref;
     prl_grpo_step_stats st;
     memset(&st, 0, sizeof st);
     if (!rc && b.n > 0) rc = prl_grpo_train_step(&t->model, &t->optim, &b, &tc, &st);
@@ -156,6 +162,7 @@ int cmd_role_trainer(int argc, char **argv)
         prl_bus_msg_free(&m);
     }
     unload(&t);
+    if (t.have_ref) prl_model_free(&t.ref);
     cli_role_leave(&t.role);
     return code;
 }
