@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -57,7 +58,8 @@ static double now_s(void)
 
 static uint64_t rnd(prl_rng *r, uint64_t n) { return prl_rng_u64(r) % n; }
 
-/* Start `prl ARGV...` with PRL_THREADS=1, stdout and stderr appended to `log`. */
+/* Start `prl ARGV...` with PRL_THREADS=1, stdout and stderr appended to `log`; it is killed
+** when the test's process ends. */
 static pid_t spawn(const char *log, const char *const *argv)
 {
     pid_t pid = fork();
@@ -65,6 +67,7 @@ static pid_t spawn(const char *log, const char *const *argv)
     if (pid == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
         if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test's process takes its role along */
         setenv("PRL_THREADS", "1", 1);
         execv(PRL_BIN, (char *const *)argv);
         _exit(127);
@@ -340,13 +343,20 @@ static void check_answer(const role_case *rc, const prl_bus_msg *w, const prl_bu
     }
 }
 
-/* A message from the role, skipping its hellos and heartbeats; 0 on timeout. */
+static pid_t role_pid; /* the worker under test */
+
+/* A message from the role, skipping its hellos and heartbeats; 0 on timeout. The role must
+** stay alive while we wait. */
 static int role_recv(prl_bus_socket *s, int timeout_ms, prl_bus_msg *m)
 {
     double end = now_s() + timeout_ms / 1000.0;
     for (;;) {
         int left = (int)((end - now_s()) * 1000), got = 0;
-        ck_assert_int_eq(prl_bus_recv(s, left > 0 ? left : 0, m, NULL, &got), PRL_OK);
+        ck_assert_int_eq(prl_bus_recv(s, left > 500 ? 500 : left > 0 ? left : 0, m, NULL, &got), PRL_OK);
+        if (!got && left > 500) {
+            assert_alive(role_pid, "the role");
+            continue;
+        }
         if (!got) return 0;
         if (strcmp(m->type, "heartbeat") && strcmp(m->type, "hello")) return 1;
         prl_bus_msg_free(m);
@@ -393,6 +403,7 @@ static void run_role(const role_case *rc)
     ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_ROUTER, ep, &o), PRL_OK);
     const char *argv[] = {"prl", "role", rc->role, "--connect", ep, "--name", name, NULL};
     pid_t pid = spawn(log, argv);
+    role_pid = pid;
 
     /* hello -> welcome */
     prl_bus_msg m;
