@@ -100,7 +100,9 @@ static prl_status greet(cli_role *r, double timeout_s)
         if (!strcmp(m.type, "welcome")) {
             rc = cli_role_take_welcome(r, &m);
             prl_bus_msg_free(&m);
-            return rc;
+            if (!rc) return rc;
+            cli_role_log(r, "ignored a 'welcome' message: %s", prl_error_message());
+            continue;
         }
         cli_role_log(r, "ignored '%s' before the welcome", m.type);
         prl_bus_msg_free(&m);
@@ -130,11 +132,16 @@ prl_status cli_role_take_welcome(cli_role *r, const prl_bus_msg *m)
     if (rc) return rc;
     char *text = cli_frame_text(m, "config");
     if (!text) return PRL_ERR_FORMAT;
-    prl_job_config_free(&r->job);
-    prl_job_config_default(&r->job);
-    rc = prl_job_config_parse(&r->job, text, "the controller's welcome");
+    prl_job_config job; /* the role's config changes only when the new one is valid */
+    prl_job_config_default(&job);
+    rc = prl_job_config_parse(&job, text, "the controller's welcome");
     free(text);
-    if (rc) return rc;
+    if (rc) {
+        prl_job_config_free(&job);
+        return rc;
+    }
+    prl_job_config_free(&r->job);
+    r->job = job;
     snprintf(r->run, sizeof r->run, "%s", run);
     snprintf(r->run_dir, sizeof r->run_dir, "%s", dir);
     r->seed = seed;
@@ -181,7 +188,8 @@ prl_status cli_role_next(cli_role *r, int timeout_ms, prl_bus_msg *m, int *got)
         prl_bus_msg_free(m);
         *got = 0;
     } else if (!strcmp(m->type, "welcome")) { /* the controller restarted and greeted again */
-        rc = cli_role_take_welcome(r, m);
+        if (cli_role_take_welcome(r, m))
+            cli_role_log(r, "ignored a 'welcome' message: %s", prl_error_message());
         prl_bus_msg_free(m);
         *got = 0;
     } else if (!strcmp(m->type, "error")) {

@@ -736,19 +736,19 @@ static group *find_group(ctl *c, uint64_t step, uint64_t prompt, step_run **rr, 
     return NULL;
 }
 
-static void on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from)
+static void on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from, uint64_t id)
 {
     const char *role = NULL, *name = NULL;
     if (prl_bus_msg_get_str(m, "role", &role) || prl_bus_msg_get_str(m, "worker", &name)) {
-        send_error(c, from, 0, "hello needs role and worker");
+        send_error(c, from, id, "hello needs role and worker");
         return;
     }
     if (strcmp(role, "rollout") && strcmp(role, "reward") && strcmp(role, "trainer")) {
-        send_error(c, from, 0, "unknown role '%s' (rollout, reward or trainer)", role);
+        send_error(c, from, id, "unknown role '%s' (rollout, reward or trainer)", role);
         return;
     }
     if (from->len != strlen(name) || memcmp(from->id, name, from->len)) {
-        send_error(c, from, 0, "worker '%s' must connect with its name as the socket identity", name);
+        send_error(c, from, id, "worker '%s' must connect with its name as the socket identity", name);
         return;
     }
     worker *w = worker_by_name(c, name);
@@ -757,7 +757,7 @@ static void on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from)
         event(c, "rejoin", "{\"worker\": \"%s\", \"role\": \"%s\"}", name, role);
     } else {
         if (c->nw == MAX_WORKERS) {
-            send_error(c, from, 0, "too many workers (%d)", MAX_WORKERS);
+            send_error(c, from, id, "too many workers (%d)", MAX_WORKERS);
             return;
         }
         w = &c->w[c->nw++];
@@ -773,12 +773,16 @@ static void on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from)
     send_welcome(c, w);
 }
 
-static void on_heartbeat(ctl *c, const prl_bus_msg *m)
+/* A heartbeat comes from the worker's heartbeat socket, which reads nothing: an unknown
+** name is only logged. */
+static void on_heartbeat(ctl *c, const prl_bus_msg *m, uint64_t id)
 {
     const char *name = NULL;
-    if (prl_bus_msg_get_str(m, "worker", &name)) return;
-    worker *w = worker_by_name(c, name);
+    prl_bus_msg_get_str(m, "worker", &name);
+    worker *w = name ? worker_by_name(c, name) : NULL;
     if (w) w->seen = prl_now();
+    else logf_("rejected message %llu: heartbeat from unknown worker '%s'", (unsigned long long)id,
+               name ? name : "?");
 }
 
 /* A result frame of the expected dtype and count, or NULL. */
@@ -821,6 +825,12 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
                    (unsigned long long)step, (unsigned long long)prompt, (unsigned long long)sample);
         return;
     }
+    lease *l = lease_find(c, lid);
+    if (!l || l->kind != LEASE_ROLLOUT || l->step != r->step || l->group != gi || &c->w[l->worker] != w) {
+        send_error(c, &w->peer, id, "result: lease %llu is not %s's rollout lease of step %llu prompt %llu",
+                   (unsigned long long)lid, w->name, (unsigned long long)step, (unsigned long long)prompt);
+        return;
+    }
     const prl_bus_frame *tok = prl_bus_msg_frame(m, "tokens");
     if (plen < 1 || plen >= tok->count || tok->count > (1u << 20)) {
         send_error(c, &w->peer, id, "result: prompt_len %llu must be in [1, %zu)", (unsigned long long)plen, tok->count);
@@ -843,6 +853,13 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
         return;
     }
     int32_t *ids = tok->data;
+    for (size_t i = 0; i < tok->count; i++) {
+        if (ids[i] < 0) {
+            send_error(c, &w->peer, id, "result: token %zu has the negative id %d", i, (int)ids[i]);
+            free(meta), json_decref(mj);
+            return;
+        }
+    }
     const float *lv = lp->data;
     const uint8_t *mv = mk->data;
     for (size_t i = 0; i < nr; i++) {
@@ -895,7 +912,6 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
         g->lease = 0;
         if (l) lease_end(c, l->id);
     }
-    (void)lid;
 }
 
 /* Write a scored sample to run.db (idempotent by its key). */
@@ -930,20 +946,25 @@ static void on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     int bad = 0;
     uint64_t step = field_u(m, "step", &bad), prompt = field_u(m, "prompt", &bad);
     uint64_t sample = field_u(m, "sample", &bad), us = field_u(m, "score_us", &bad);
+    uint64_t lid = field_u(m, "lease", &bad);
     step_run *r;
     int gi;
     group *g = bad ? NULL : find_group(c, step, prompt, &r, &gi);
-    if (!g || sample >= (uint64_t)c->G || g->s[sample].state == 0) {
+    if (!g || sample >= (uint64_t)c->G || g->s[sample].state != 1) {
         send_error(c, &w->peer, id, "scored: step %llu prompt %llu sample %llu is not waiting for a score",
                    (unsigned long long)step, (unsigned long long)prompt, (unsigned long long)sample);
         return;
     }
     slot *s = &g->s[sample];
-    if (s->score_lease) {
-        lease_end(c, s->score_lease);
-        s->score_lease = 0;
+    lease *l = lease_find(c, lid);
+    if (!l || s->score_lease != lid || &c->w[l->worker] != w) {
+        send_error(c, &w->peer, id, "scored: lease %llu is not %s's score lease of step %llu prompt %llu "
+                   "sample %llu", (unsigned long long)lid, w->name, (unsigned long long)step,
+                   (unsigned long long)prompt, (unsigned long long)sample);
+        return;
     }
-    if (s->state == 2) return; /* a repeat */
+    lease_end(c, lid); /* answered: a bad detail below is scored again */
+    s->score_lease = 0;
     char *detail = frame_text(prl_bus_msg_frame(m, "detail"));
     json_error_t je;
     json_t *dj = detail ? json_loads(detail, 0, &je) : NULL;
@@ -1092,15 +1113,17 @@ static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
 {
     int bad = 0;
     uint64_t step = field_u(m, "step", &bad), ver = field_u(m, "version", &bad);
-    uint64_t sum = 0, us = field_u(m, "train_us", &bad);
+    uint64_t sum = 0, us = field_u(m, "train_us", &bad), lid = field_u(m, "lease", &bad);
     const char *path = NULL;
     bad |= prl_bus_msg_get_hex64(m, "ckpt_checksum", &sum) != PRL_OK;
     bad |= prl_bus_msg_get_str(m, "path", &path) != PRL_OK;
     step_run *r = bad ? NULL : step_find(c, (int64_t)step);
-    if (!r || (int64_t)step != c->version || (int64_t)ver != c->version + 1) {
-        send_error(c, &w->peer, id, "trained: step %llu version %llu is not the training in flight "
-                   "(step %lld at version %lld)", (unsigned long long)step, (unsigned long long)ver,
-                   (long long)c->version, (long long)c->version);
+    lease *l = r && r->train_lease == lid ? lease_find(c, lid) : NULL;
+    if (!r || (int64_t)step != c->version || (int64_t)ver != c->version + 1 || !l || &c->w[l->worker] != w) {
+        send_error(c, &w->peer, id, "trained: step %llu version %llu lease %llu is not the training in "
+                   "flight (step %lld at version %lld, lease %llu)", (unsigned long long)step,
+                   (unsigned long long)ver, (unsigned long long)lid, (long long)c->version,
+                   (long long)c->version, (unsigned long long)(r ? r->train_lease : 0));
         return;
     }
     char *metrics = frame_text(prl_bus_msg_frame(m, "metrics"));
@@ -1129,11 +1152,11 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
     const char *run = NULL;
     prl_bus_msg_get_str(m, "run", &run);
     if (!strcmp(m->type, "hello")) {
-        on_hello(c, m, from);
+        on_hello(c, m, from, id);
         return;
     }
     if (!strcmp(m->type, "heartbeat")) {
-        on_heartbeat(c, m);
+        on_heartbeat(c, m, id);
         return;
     }
     worker *w = worker_by_peer(c, from);
@@ -1154,9 +1177,9 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
         uint64_t lid = 0;
         prl_bus_msg_get_str(m, "reason", &why);
         logf_("%s reports: %s", w->name, why ? why : "?");
-        if (!prl_bus_msg_get_uint(m, "lease", &lid) && lease_find(c, lid) &&
-            c->w[lease_find(c, lid)->worker].lease == lid)
-            lease_requeue(c, lease_find(c, lid), "the worker reported an error");
+        lease *l = prl_bus_msg_get_uint(m, "lease", &lid) ? NULL : lease_find(c, lid);
+        if (l && &c->w[l->worker] == w && w->lease == lid) /* only the holder gives it back */
+            lease_requeue(c, l, "the worker reported an error");
     } else if (strcmp(m->type, "ack")) {
         send_error(c, from, id, "a %s does not send '%s' messages", w->role, m->type);
     }
