@@ -169,9 +169,18 @@ static int supervise(launcher *L)
         child *c = child_of(L, pid);
         if (!c) continue;
         c->pid = 0;
-        if (!strcmp(c->name, "controller") && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        if (!strcmp(c->name, "controller") && WIFEXITED(status) &&
+            (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == CLI_RUN_FAILED)) {
             stop_all(L, 10);
-            return 0;
+            if (WEXITSTATUS(status) == 0) return 0;
+            char last[512];
+            last_log_line(L, "controller", last, sizeof last);
+            fprintf(stderr, "prl run: the run failed: %s\n", last);
+            return 1;
+        }
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) { /* told to stop: its work is done */
+            fprintf(stderr, "prl run: %s finished\n", c->name);
+            continue;
         }
         char why[64], last[512];
         describe_exit(status, why, sizeof why);

@@ -48,10 +48,14 @@ int cmd_role_controller(int argc, char **argv)
         prl_job_config_free(&job);
         return cli_fail("role controller");
     }
+    int failed = 0;
     prl_controller_options o = {.run_dir = run_dir, .endpoint = bind, .job = &job,
-                                .progress = stdout, .stop = &stop_flag};
+                                .progress = stdout, .stop = &stop_flag, .failed = &failed};
     prl_status rc = prl_controller_run(&o);
     prl_job_config_free(&job);
-    if (rc) return cli_fail("role controller");
+    if (rc) {
+        cli_fail("role controller");
+        return failed ? CLI_RUN_FAILED : 1;
+    }
     return stop_flag ? 3 : 0;
 }

@@ -16,6 +16,7 @@
 
 #include "bus/bus.h"
 #include "grpo/grpo.h"
+#include "reward/reward.h"
 #include "store/store.h"
 #include "tasks/tasks.h"
 
@@ -28,7 +29,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { MAX_WORKERS = 256, MAX_INFLIGHT = 8, CANDIDATE_FACTOR = 4 };
+enum { MAX_WORKERS = 256, MAX_INFLIGHT = 8, CANDIDATE_FACTOR = 4,
+       MAX_ATTEMPTS = 4 /* failed attempts of one work item before it is given up */ };
 
 typedef struct worker {
     char name[64], role[16];
@@ -66,6 +68,7 @@ typedef struct slot {     /* one sample */
     double reward;
     char *detail;
     unsigned flags;
+    int failures;         /* scoring attempts that ended in an error or a rejected answer */
 } slot;
 
 typedef struct group {
@@ -74,6 +77,7 @@ typedef struct group {
     uint64_t lease;       /* rollout lease (0: queued or done) */
     int generated, scored;
     int verdict;          /* 0 pending, 1 trained on, -1 dropped (equal rewards) */
+    int failures;         /* rollout attempts that ended in an error or a rejected result */
     slot *s;              /* [G] */
 } group;
 
@@ -84,6 +88,7 @@ typedef struct step_run {
     int n, cap;
     int accepted, dropped;
     uint64_t train_lease;
+    int train_failures;
     double t_open, t_rolled, t_scored, t_train;
     double gen_tokens, gen_seconds, score_seconds;
 } step_run;
@@ -119,6 +124,7 @@ typedef struct ctl {
     int64_t retired_epoch;/* last epoch the retirement rule ran for */
     int done;
     prl_status fatal;     /* a run.db failure: stop, the restart continues from run.db */
+    int failed;           /* a work item kept failing: the run is failed (not restarted) */
     double t_start, t_last_commit;
     double interval_sum;  /* of the steps committed by this process, for the ETA */
     int intervals;
@@ -255,6 +261,35 @@ static void requeue_worker(ctl *c, worker *w, const char *why)
 {
     for (int i = c->nl - 1; i >= 0; i--)
         if (&c->w[c->l[i].worker] == w) lease_requeue(c, &c->l[i], why);
+}
+
+static prl_status store_failed_score(ctl *c, step_run *r, group *g, int j, const char *why);
+
+/* A work item failed (its worker reported an error, or its result was rejected): hand it out
+** again, up to MAX_ATTEMPTS. Then a score becomes reward 0 with the reason in its detail (a
+** model output that cannot be scored must not stop the run); a rollout or training that keeps
+** failing fails the run, naming the item and the reason. */
+static void lease_failed(ctl *c, lease *l, const char *why)
+{
+    step_run *r = step_find(c, l->step);
+    lease_kind kind = l->kind;
+    int gi = l->group, j = l->sample;
+    lease_requeue(c, l, why);
+    if (!r || gi >= r->n) return;
+    group *g = &r->g[gi];
+    if (kind == LEASE_SCORE && ++g->s[j].failures >= MAX_ATTEMPTS) {
+        event(c, "score_failed", "{\"step\": %lld, \"prompt\": \"%s\", \"sample\": %d}",
+              (long long)r->step, c->task_id[g->prompt], j);
+        c->fatal = store_failed_score(c, r, g, j, why);
+    } else if (kind == LEASE_ROLLOUT && ++g->failures >= MAX_ATTEMPTS) {
+        c->failed = 1;
+        c->fatal = prl_error_set(PRL_ERR_IO, "the rollout of prompt %s (step %lld) failed %d times: %s",
+                                 c->task_id[g->prompt], (long long)r->step, g->failures, why);
+    } else if (kind == LEASE_TRAIN && ++r->train_failures >= MAX_ATTEMPTS) {
+        c->failed = 1;
+        c->fatal = prl_error_set(PRL_ERR_IO, "training step %lld failed %d times: %s",
+                                 (long long)r->step, r->train_failures, why);
+    }
 }
 
 /* ---------------------------------------------------------------- sending ---------- */
@@ -780,9 +815,25 @@ static void on_heartbeat(ctl *c, const prl_bus_msg *m, uint64_t id)
     const char *name = NULL;
     prl_bus_msg_get_str(m, "worker", &name);
     worker *w = name ? worker_by_name(c, name) : NULL;
-    if (w) w->seen = prl_now();
-    else logf_("rejected message %llu: heartbeat from unknown worker '%s'", (unsigned long long)id,
-               name ? name : "?");
+    if (w && w->peer.len) {
+        w->seen = prl_now();
+        return;
+    }
+    logf_("rejected message %llu: heartbeat from unknown worker '%s'", (unsigned long long)id,
+          name ? name : "?");
+    /* A worker this controller does not know (it restarted, or forgot a silent worker) is
+    ** idle and only heart-beating: ask its main socket, whose identity is its name, to say
+    ** hello again. Nobody by that name connected: nothing is sent. */
+    size_t k = name ? strlen(name) : 0;
+    if (k == 0 || k > sizeof ((prl_bus_peer *)0)->id) return;
+    prl_bus_peer to = {.len = k};
+    memcpy(to.id, name, k);
+    prl_bus_msg e;
+    if (prl_bus_msg_init(&e, "error", c->job->name, ++c->next_id)) return;
+    prl_bus_msg_set_str(&e, "reason", "unknown worker: say hello first");
+    prl_bus_msg_set_uint(&e, "ref", id);
+    if (prl_bus_send(c->sock, &to, &e) == PRL_OK) logf_("asked '%s' to say hello again", name);
+    prl_bus_msg_free(&e);
 }
 
 /* A result frame of the expected dtype and count, or NULL. */
@@ -803,6 +854,15 @@ static char *frame_text(const prl_bus_frame *f)
     t[f->bytes] = 0;
     return t;
 }
+
+/* Refuse the content of a result whose lease the sender really holds: the work goes back to
+** the queue (a worker that sent garbage once may do it right, or another worker will),
+** instead of the step waiting forever on a lease nobody will finish. */
+#define REJECT_HELD(c, w, l, id, ...)                                         \
+    do {                                                                     \
+        send_error(c, &(w)->peer, id, __VA_ARGS__);                          \
+        lease_failed(c, l, "its result was rejected");                       \
+    } while (0)
 
 static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
 {
@@ -833,7 +893,7 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     }
     const prl_bus_frame *tok = prl_bus_msg_frame(m, "tokens");
     if (plen < 1 || plen >= tok->count || tok->count > (1u << 20)) {
-        send_error(c, &w->peer, id, "result: prompt_len %llu must be in [1, %zu)", (unsigned long long)plen, tok->count);
+        REJECT_HELD(c, w, l, id, "result: prompt_len %llu must be in [1, %zu)", (unsigned long long)plen, tok->count);
         return;
     }
     size_t nr = tok->count - plen;
@@ -845,7 +905,7 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     json_t *mj = meta ? json_loads(meta, 0, &je) : NULL;
     json_t *turns = json_object_get(mj, "turns");
     if (!lp || !mk || !json_is_array(turns) || ver > (uint64_t)c->version) {
-        send_error(c, &w->peer, id, "result: %s", !lp ? "frame 'logprobs' must hold one f32 per response token"
+        REJECT_HELD(c, w, l, id, "result: %s", !lp ? "frame 'logprobs' must hold one f32 per response token"
                    : !mk ? "frame 'mask' must hold one u8 per response token"
                    : !json_is_array(turns) ? "frame 'meta' must be JSON with a \"turns\" array"
                    : "policy_version is newer than any committed version");
@@ -855,7 +915,7 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     int32_t *ids = tok->data;
     for (size_t i = 0; i < tok->count; i++) {
         if (ids[i] < 0) {
-            send_error(c, &w->peer, id, "result: token %zu has the negative id %d", i, (int)ids[i]);
+            REJECT_HELD(c, w, l, id, "result: token %zu has the negative id %d", i, (int)ids[i]);
             free(meta), json_decref(mj);
             return;
         }
@@ -864,7 +924,7 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     const uint8_t *mv = mk->data;
     for (size_t i = 0; i < nr; i++) {
         if (!isfinite(lv[i]) || lv[i] > 0 || mv[i] > 1) {
-            send_error(c, &w->peer, id, "result: response token %zu has log-prob %g and mask %u", i,
+            REJECT_HELD(c, w, l, id, "result: response token %zu has log-prob %g and mask %u", i,
                        (double)lv[i], mv[i]);
             free(meta), json_decref(mj);
             return;
@@ -939,6 +999,24 @@ static prl_status store_sample(ctl *c, step_run *r, group *g, int j)
         rc = prl_store_sample_put(c->db, &x, &already);
     }
     return rc;
+}
+
+/* A sample that could not be scored: reward 0, the reason in its detail, EXEC_ERROR. */
+static prl_status store_failed_score(ctl *c, step_run *r, group *g, int j, const char *why)
+{
+    slot *s = &g->s[j];
+    json_t *d = json_pack("{s:f,s:f,s:i,s:s,s:[]}", "score", 0.0, "penalty", 0.0, "flags",
+                          (int)PRL_REWARD_EXEC_ERROR, "error", why, "checks");
+    free(s->detail);
+    s->detail = d ? json_dumps(d, JSON_COMPACT) : NULL;
+    json_decref(d);
+    if (!s->detail) return prl_error_set(PRL_ERR_NOMEM, "score detail");
+    s->reward = 0, s->flags = PRL_REWARD_EXEC_ERROR, s->state = 2;
+    prl_status rc = store_sample(c, r, g, j);
+    if (rc) return rc;
+    if (++g->scored == c->G) judge_group(c, r, g);
+    if (step_rolled(c, r) && !r->t_scored) r->t_scored = prl_now();
+    return PRL_OK;
 }
 
 static void on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
@@ -1131,8 +1209,8 @@ static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     json_t *mj = metrics ? json_loads(metrics, 0, &je) : NULL;
     struct stat sb;
     if (!json_is_object(mj) || stat(path, &sb) || !S_ISDIR(sb.st_mode)) {
-        send_error(c, &w->peer, id, "trained: %s", !json_is_object(mj) ? "frame 'metrics' must be a JSON object"
-                   : "path is not a checkpoint directory");
+        REJECT_HELD(c, w, l, id, "trained: %s", !json_is_object(mj) ? "frame 'metrics' must be a JSON object"
+                    : "path is not a checkpoint directory");
         free(metrics), json_decref(mj);
         return;
     }
@@ -1178,8 +1256,11 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
         prl_bus_msg_get_str(m, "reason", &why);
         logf_("%s reports: %s", w->name, why ? why : "?");
         lease *l = prl_bus_msg_get_uint(m, "lease", &lid) ? NULL : lease_find(c, lid);
-        if (l && &c->w[l->worker] == w && w->lease == lid) /* only the holder gives it back */
-            lease_requeue(c, l, "the worker reported an error");
+        if (l && &c->w[l->worker] == w && w->lease == lid) { /* only the holder gives it back */
+            char reason[300];
+            snprintf(reason, sizeof reason, "%s reported: %s", w->name, why ? why : "?");
+            lease_failed(c, l, reason);
+        }
     } else if (strcmp(m->type, "ack")) {
         send_error(c, from, id, "a %s does not send '%s' messages", w->role, m->type);
     }
@@ -1340,6 +1421,17 @@ prl_status prl_controller_run(const prl_controller_options *o)
     } else if (!rc) {
         prl_store_run_set_status(c->db, c->run, "stopped");
         finish(c, "the controller is stopping");
+    } else if (c->failed) { /* a work item kept failing: a restart would fail the same way */
+        char why[600];
+        snprintf(why, sizeof why, "%s", prl_error_message());
+        prl_store_run_set_status(c->db, c->run, "failed");
+        json_t *d = json_pack("{s:s}", "why", why);
+        char *dt = d ? json_dumps(d, JSON_COMPACT) : NULL;
+        if (dt) prl_store_event_add(c->db, c->run, "failed", dt);
+        free(dt), json_decref(d);
+        finish(c, "the run failed");
+        rc = prl_error_set(PRL_ERR_IO, "run '%s' failed: %s", o->job->name, why);
+        if (o->failed) *o->failed = 1;
     }
     cleanup(c);
     return rc;

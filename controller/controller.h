@@ -22,6 +22,9 @@ typedef struct prl_controller_options {
     FILE *progress;              /* one line per step (NULL: none) */
     const volatile int *stop;    /* set (e.g. by a signal handler) to stop after the current
                                  ** message; the run stays resumable */
+    int *failed;                 /* out (may be NULL): set to 1 when a work item failed
+                                 ** MAX_ATTEMPTS times and the run was marked failed (a
+                                 ** restart would fail the same way) */
 } prl_controller_options;
 
 /* Run (or continue: a run.db that already holds the run resumes it) until controller.steps

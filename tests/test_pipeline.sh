@@ -17,6 +17,7 @@ export PRL_THREADS=1
 
 # ---- a small policy with some skill (so rewards differ within groups and updates happen)
 $prl tasks demos --domain general --n 300 --seed 1 --out demos.jsonl 2>/dev/null
+$prl tasks demos --domain coding --n 300 --seed 1 >> demos.jsonl 2>/dev/null
 $prl tokenizer train --data demos.jsonl --vocab 512 --out tok.json >/dev/null 2>&1
 python3 - "$src" <<'EOF'
 import json, sys
@@ -27,8 +28,8 @@ c.update(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_head
          max_position_embeddings=256)
 json.dump(c, open('small.json', 'w'), indent=1)
 EOF
-$prl sft --data demos.jsonl --model small.json --tokenizer tok.json --out base --steps 150 \
-  --batch 8 --seq 128 --optimizer adamw --lr 3e-3 --log-every 1000 >/dev/null 2>&1
+$prl sft --data demos.jsonl --model small.json --tokenizer tok.json --out base --steps 200 \
+  --batch 8 --seq 160 --optimizer adamw --lr 3e-3 --log-every 1000 >/dev/null 2>&1
 cat > job.json <<'EOF'
 {"run": {"name": "a", "seed": 7},
  "model": {"init": "base"},
@@ -86,10 +87,13 @@ launcher=$!
 wait_steps b 3; kill_role b rollout-0
 wait_steps b 6; kill_role b reward-0
 wait_steps b 9; kill_role b trainer-0
+wait_steps b 11
+pid=$(pgrep -f -- "role controller --run runs/b" | head -n 1); kill -9 "$pid"
+echo "killed the controller of run b (pid $pid) after $(steps_done b) steps"
 wait $launcher || { cat b.err; fail "run b"; }
 check_db b
-[ "$(grep -c 'died (killed by signal 9)' b.err)" = 3 ] || { cat b.err; fail "run b: restarts not reported"; }
-echo "ok: run b: three roles killed and restarted, $N samples, no duplicates"
+[ "$(grep -c 'died (killed by signal 9)' b.err)" = 4 ] || { cat b.err; fail "run b: restarts not reported"; }
+echo "ok: run b: rollout, reward, trainer and controller killed and restarted, $N samples, no duplicates"
 
 # ---- c: everything killed, then --resume
 $prl run job.json --set run.name=c > c.out 2> c.err &
@@ -102,6 +106,27 @@ echo "killed every process of run c after $(steps_done c) steps"
 $prl run --resume runs/c > c2.out 2> c2.err || { cat c2.err; fail "resume c"; }
 check_db c
 echo "ok: run c: resumed to the end"
+
+# ---- d: a Coding run (programs go to the sandbox service) with the sandbox killed mid-run
+cat > coding.json <<'EOF'
+{"run": {"name": "d0", "seed": 3},
+ "model": {"init": "base"},
+ "task": {"domain": "coding", "train_problems": 64},
+ "rollout": {"batch_prompts": 2, "group_size": 4, "max_new_tokens": 40},
+ "optim": {"lr": 1e-4},
+ "controller": {"steps": 6, "heartbeat_seconds": 0.2, "lease_seconds": 3}}
+EOF
+$prl run coding.json > d0.out 2> d0.err || { cat d0.err; fail "run d0"; }
+$prl run coding.json --set run.name=d > d.out 2> d.err &
+launcher=$!
+wait_steps d 2
+pid=$(pgrep -f -- "role sandbox --bind ipc://runs/d/sandbox.sock" | head -n 1); kill -9 "$pid"
+echo "killed the sandbox of run d (pid $pid) after $(steps_done d) steps"
+wait $launcher || { cat d.err; fail "run d"; }
+grep -q "sandbox died (killed by signal 9)" d.err || fail "run d: sandbox restart not reported"
+[ "$(sqlite3 runs/d/run.db 'SELECT count(*) FROM samples')" = 48 ] || fail "run d: samples"
+cmp runs/d0/final/model.safetensors runs/d/final/model.safetensors || fail "run d's final policy differs from d0's"
+echo "ok: run d: coding with the sandbox killed mid-run ends bitwise identical to d0"
 
 for r in b c; do
   cmp runs/a/final/model.safetensors runs/$r/final/model.safetensors ||
