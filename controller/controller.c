@@ -1189,17 +1189,23 @@ static prl_status open_run(ctl *c)
     }
     if (rc) return rc;
     c->run = existing.id;
-    /* a resumed run continues the recorded config; only the step count may grow */
+    /* a resumed run continues the recorded config; only the step count may grow, and the
+    ** thread counts may change (results do not depend on them) */
     json_error_t je;
     json_t *a = json_loads(existing.config, 0, &je), *b = json_loads(c->config_json, 0, &je);
-    json_t *ca = json_object_get(a, "controller"), *cb = json_object_get(b, "controller");
-    if (ca && cb) json_object_del(ca, "steps"), json_object_del(cb, "steps");
+    static const char *free_keys[][2] = {{"controller", "steps"}, {"rollout", "threads"}, {"trainer", "threads"}};
+    for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++) {
+        json_t *ca = json_object_get(a, free_keys[i][0]), *cb = json_object_get(b, free_keys[i][0]);
+        json_object_del(ca, free_keys[i][1]), json_object_del(cb, free_keys[i][1]);
+        if (ca && !json_object_size(ca)) json_object_del(a, free_keys[i][0]);
+        if (cb && !json_object_size(cb)) json_object_del(b, free_keys[i][0]);
+    }
     int same = a && b && json_equal(a, b);
     json_decref(a), json_decref(b);
     prl_store_run_free(&existing);
     if (!same)
         return prl_error_set(PRL_ERR_CONFIG, "run '%s' in run.db was started with another config "
-                             "(only controller.steps may change on --resume)", c->job->name);
+                             "(only controller.steps and the thread counts may change on --resume)", c->job->name);
     prl_store_run_set_status(c->db, c->run, "running");
     return PRL_OK;
 }
