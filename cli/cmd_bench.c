@@ -1,6 +1,7 @@
 /*
 ** cmd_bench.c — `prl bench train` and `prl bench decode`: prl against the PyTorch reference;
-** `prl bench sandbox`: sandboxed executions per second against a bare spawn.
+** `prl bench sandbox`: sandboxed executions per second against a bare spawn;
+** `prl bench pipeline`: `prl run` of one job in sync and in async mode, stage times from run.db.
 **
 ** bench decode: greedy KV-cached generation of the same prompts (random token ids from the
 ** seed, written to a file both engines read) at each batch size, prl's infer path against
