@@ -250,10 +250,13 @@ static prl_status check_inputs(const prl_job_config *job)
     return PRL_OK;
 }
 
+/* Threads of the trainer and of each rollout worker: the job's trainer.threads and
+** rollout.threads, else --threads (0: PRL_THREADS or all CPUs, decided by the role). */
 static void build_roles(launcher *L, const prl_job_config *job, int threads)
 {
-    char th[16];
-    snprintf(th, sizeof th, "%d", threads);
+    char th[16], rth[16];
+    snprintf(th, sizeof th, "%d", job->trainer_threads ? job->trainer_threads : threads);
+    snprintf(rth, sizeof rth, "%d", job->rollout_threads ? job->rollout_threads : threads);
     const char *ctl[] = {"role", "controller", "--run", L->run_dir, NULL};
     add_child(L, "controller", ctl);
     char slots[16];
@@ -267,7 +270,7 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
         char name[32];
         snprintf(name, sizeof name, "rollout-%d", i);
         const char *a[] = {"role", "rollout", "--connect", L->control_ep, "--name", name,
-                           "--threads", th, "--sandbox", L->sandbox_ep, NULL};
+                           "--threads", rth, "--sandbox", L->sandbox_ep, NULL};
         add_child(L, name, a);
     }
     for (int i = 0; i < job->reward_workers; i++) {
@@ -305,7 +308,7 @@ int cmd_run(int argc, char **argv)
     cli_opt opts[] = {
         {"resume", OPT_STR, &resume, "DIR", "continue the stopped or crashed run in DIR", 0, 0},
         {"runs", OPT_STR, &runs, "DIR", "where run directories go (default runs)", 0, 0},
-        {"threads", OPT_INT, &threads, "N", "threads per role (default: PRL_THREADS or all CPUs)", 0, 0},
+        {"threads", OPT_INT, &threads, "N", "threads per role unless the job sets trainer.threads or rollout.threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {"check", OPT_FLAG, &check_only, NULL, "validate the config and exit", 0, 0},
         {"set", OPT_STR, NULL, "KEY=VALUE", "override a config key (repeatable; docs/job.md)", 0, 0},
         {0}};

@@ -16,7 +16,7 @@ static const cli_command commands[] = {
     {"sandbox", cmd_sandbox, "run a program isolated (sandbox exec), show the isolation layers (probe)"},
     {"run", cmd_run, "train a GRPO expert: every role as a process over ZeroMQ, samples in run.db"},
     {"role", cmd_role, "run one role of a run (controller, rollout, reward, trainer)"},
-    {"bench", cmd_bench, "benchmarks: training step and decoding vs PyTorch, sandbox (bench train|decode|sandbox)"},
+    {"bench", cmd_bench, "benchmarks: training step and decoding vs PyTorch, sandbox, sync vs async pipeline (bench train|decode|sandbox|pipeline)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

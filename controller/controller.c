@@ -89,7 +89,7 @@ typedef struct step_run {
     int accepted, dropped;
     uint64_t train_lease;
     int train_failures;
-    double t_open, t_rolled, t_scored, t_train;
+    double t_open, t_leased, t_rolled, t_scored, t_train; /* t_leased: first rollout lease */
     double gen_tokens, gen_seconds, score_seconds;
 } step_run;
 
@@ -588,6 +588,7 @@ static prl_status lease_rollout(ctl *c, step_run *r, int gi, worker *w)
     if (rc) return rc;
     group *g = &r->g[gi];
     g->lease = l->id;
+    if (!r->t_leased) r->t_leased = l->started;
     prl_bus_msg m;
     rc = prl_bus_msg_init(&m, "work", c->job->name, ++c->next_id);
     if (!rc) rc = prl_bus_msg_set_uint(&m, "lease", l->id);
@@ -1108,6 +1109,9 @@ static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, doubl
     double now = prl_now();
     double rollout_s = (r->t_rolled ? r->t_rolled : now) - r->t_open;
     double score_s = r->t_scored && r->t_rolled ? r->t_scored - r->t_rolled : 0;
+    /* open → first rollout lease: in async mode the rollout workers may still be busy with
+    ** the previous step; rollout_s − rollout_wait_s is the time the step's rollout took */
+    double wait_s = r->t_leased && r->t_leased < now ? r->t_leased - r->t_open : 0;
     double step_s = now - r->t_open;
     /* the pace of the run: time since the previous step was committed (in async mode steps
     ** overlap, so this is less than step_s) */
@@ -1121,11 +1125,12 @@ static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, doubl
     snprintf(out, n,
              "{\"samples\": %d, \"groups\": %d, \"groups_kept\": %d, \"groups_dropped\": %d, "
              "\"stale\": %d, \"reward_mean\": %.6f, \"accuracy\": %.6f, \"response_tokens\": %.0f, "
-             "\"truncated_share\": %.4f, \"rollout_s\": %.3f, \"score_tail_s\": %.3f, \"train_s\": %.3f, "
+             "\"truncated_share\": %.4f, \"rollout_s\": %.3f, \"rollout_wait_s\": %.3f, "
+             "\"score_tail_s\": %.3f, \"train_s\": %.3f, "
              "\"step_s\": %.3f, \"interval_s\": %.3f, \"reward_busy_s\": %.3f, \"tokens_per_s\": %.1f, "
              "\"cursor_end\": %lld, \"version\": %lld, \"trainer\": %s}",
              samples, r->n, r->accepted, r->dropped, stale, st->reward_mean, st->accuracy, tok,
-             samples ? trunc / samples : 0, rollout_s, score_s, train_s, step_s, interval_s,
+             samples ? trunc / samples : 0, rollout_s, wait_s, score_s, train_s, step_s, interval_s,
              r->score_seconds, st->tokens_per_s,
              (long long)c->cursor, (long long)c->version, trainer_metrics);
 }
@@ -1293,17 +1298,23 @@ static prl_status open_run(ctl *c)
     }
     if (rc) return rc;
     c->run = existing.id;
-    /* a resumed run continues the recorded config; only the step count may grow */
+    /* a resumed run continues the recorded config; only the step count may grow, and the
+    ** thread counts may change (results do not depend on them) */
     json_error_t je;
     json_t *a = json_loads(existing.config, 0, &je), *b = json_loads(c->config_json, 0, &je);
-    json_t *ca = json_object_get(a, "controller"), *cb = json_object_get(b, "controller");
-    if (ca && cb) json_object_del(ca, "steps"), json_object_del(cb, "steps");
+    static const char *free_keys[][2] = {{"controller", "steps"}, {"rollout", "threads"}, {"trainer", "threads"}};
+    for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++) {
+        json_t *ca = json_object_get(a, free_keys[i][0]), *cb = json_object_get(b, free_keys[i][0]);
+        json_object_del(ca, free_keys[i][1]), json_object_del(cb, free_keys[i][1]);
+        if (ca && !json_object_size(ca)) json_object_del(a, free_keys[i][0]);
+        if (cb && !json_object_size(cb)) json_object_del(b, free_keys[i][0]);
+    }
     int same = a && b && json_equal(a, b);
     json_decref(a), json_decref(b);
     prl_store_run_free(&existing);
     if (!same)
         return prl_error_set(PRL_ERR_CONFIG, "run '%s' in run.db was started with another config "
-                             "(only controller.steps may change on --resume)", c->job->name);
+                             "(only controller.steps and the thread counts may change on --resume)", c->job->name);
     prl_store_run_set_status(c->db, c->run, "running");
     return PRL_OK;
 }

@@ -30,6 +30,9 @@ typedef struct prl_job_config {
     int rollout_workers, batch_prompts, group_size, max_new_tokens, max_turns;
     double temperature, top_p;
     char *precision;             /* fp32 | bf16 | fp16 | aligned */
+    int rollout_threads;         /* threads of each rollout worker (0: prl run --threads) */
+    /* trainer */
+    int trainer_threads;         /* threads of the trainer (0: prl run --threads) */
     /* reward, sandbox */
     int reward_workers, sandbox_slots;
     double reward_timeout;

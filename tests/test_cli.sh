@@ -25,7 +25,7 @@ expect_ok() {
 
 for c in init sft score generate eval tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
   "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode" \
-  "sandbox exec" "sandbox probe" "bench sandbox" "role sandbox"; do
+  "sandbox exec" "sandbox probe" "bench sandbox" "bench pipeline" "role sandbox"; do
   expect_ok "--help: $c" $prl $c --help
 done
 expect_fail "unknown command" "unknown command 'frobnicate'" $prl frobnicate
@@ -134,6 +134,13 @@ done
 expect_fail "eval: unknown domain" "unknown domain 'poetry'" $prl eval --ckpt "$g" --domain poetry
 expect_fail "eval: no tokenizer" "has no tokenizer.json" $prl eval --ckpt "$work/ck"
 expect_fail "bench decode: bad batch list" "expected comma-separated sizes" $prl bench decode --batch 1,x
+expect_fail "bench pipeline: no --init" "missing required option '--init'" $prl bench pipeline
+expect_fail "bench pipeline: no tokenizer" "no tokenizer.json" $prl bench pipeline --init "$work/ck"
+# a smoke run: two tiny steps per mode, so the bench and the metrics it reads cannot rot
+expect_ok "bench pipeline smoke" $prl bench pipeline --init "$g" --steps 2 --batch 1 --group 2 \
+  --max-new-tokens 8 --threads 1 --json
+grep -q '"mode": "sync".*"mode": "async".*"goal_met": ' "$work/last.out" && ok "bench pipeline output" \
+  || bad "bench pipeline output: $(tail -3 "$work/last.out")"
 
 # tasks: generate / demos / check
 for d in reasoning general agent coding; do
@@ -199,7 +206,7 @@ $prl sandbox exec --lang python3 --file "$work/loop.py" --wall 1 >/dev/null 2>"$
 expect_fail "sandbox bad --lang" "unknown --lang 'ruby'" $prl sandbox exec --lang ruby --file "$work/ok.py"
 expect_fail "sandbox missing file" "cannot open $work/nope.py" $prl sandbox exec --lang sh --file "$work/nope.py"
 expect_fail "sandbox bad limit" "wall_seconds must be >= 0.001" $prl sandbox exec --lang sh --file "$work/ok.py" --wall 0
-expect_fail "unknown role" "unknown role 'frob' (known roles: sandbox)" $prl role frob
+expect_fail "unknown role" "unknown role 'frob' (known roles: controller, trainer" $prl role frob
 expect_fail "role sandbox without --bind" "missing required option '--bind'" $prl role sandbox
 expect_fail "role sandbox bad endpoint" "transport must be" $prl role sandbox --bind foo://x
 expect_ok "sandbox probe" $prl sandbox probe
