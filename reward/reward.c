@@ -178,6 +178,14 @@ prl_status reward__run(const prl_reward_exec *exec, const char *program, const c
     memset(res, 0, sizeof *res);
     if (!exec || !exec->fn)
         return prl_error_set(PRL_ERR_ARG, "reward: this answer runs a program but no executor was given");
+    if (!*program) { /* what python3 does with an empty file; executors may refuse one (the
+                        sandbox does), and a model's empty code block is a bad answer, not an error */
+        res->stdout_data = strdup(""), res->stderr_data = strdup("");
+        snprintf(res->status, sizeof res->status, "ok");
+        if (res->stdout_data && res->stderr_data) return PRL_OK;
+        prl_reward_exec_result_free(res);
+        return prl_error_set(PRL_ERR_NOMEM, "reward: empty program");
+    }
     prl_reward_exec_request req = {.lang = "python3", .program = program, .stdin_data = stdin_data,
                                    .stdin_len = stdin_len, .wall_s = exec->wall_s > 0 ? exec->wall_s : 2.0};
     prl_status rc = exec->fn(exec->ctx, &req, res);

@@ -519,6 +519,20 @@ static prl_status fake_exec(void *ctx, const prl_reward_exec_request *req, prl_r
     return PRL_OK;
 }
 
+START_TEST(test_coding_empty_program)
+{
+    /* An empty code block is a bad answer, never an error, and reaches no executor (the sandbox
+    ** refuses an empty program): python3 would print nothing, so every test fails. */
+    fake f = {0, "ok"};
+    prl_reward_exec counting = {fake_exec, &f, 1};
+    prl_chat_message turn = {"assistant", "```python\n```"};
+    prl_reward_result r;
+    assert_ok(prl_reward_coding(CODING, &turn, 1, &counting, &r));
+    ck_assert(r.score == 0 && passed(&r, "format") && !passed(&r, "test_1"));
+    ck_assert_int_eq(f.runs, 0);
+}
+END_TEST
+
 START_TEST(test_coding_monitor_flags)
 {
     static const struct { const char *program, *rule; } cases[] = {
@@ -700,6 +714,7 @@ static Suite *reward_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("coding");
     tcase_add_test(tc, test_coding_scores);
+    tcase_add_test(tc, test_coding_empty_program);
     tcase_add_test(tc, test_coding_monitor_flags);
     tcase_add_test(tc, test_coding_monitor_lookalikes);
     tcase_add_test(tc, test_coding_sandbox_violation);
