@@ -58,42 +58,17 @@ static const prl_key_spec keys[] = {
     {"controller.heartbeat_seconds", PRL_KEY_REAL, F(heartbeat_seconds), 0.01, 3600, "2", NULL},
     {"checkpoint.every", PRL_KEY_INT, F(checkpoint_every), 0, 1e9, "10", NULL},
 };
-static const prl_key_table table = {keys, sizeof keys / sizeof keys[0]};
+static prl_status check(const void *c, const char *source) { return prl_job_config_check(c, source); }
+static const prl_key_table table = {keys, sizeof keys / sizeof keys[0], sizeof(prl_job_config), check};
 
-prl_status prl_job_config_default(prl_job_config *c)
-{
-    memset(c, 0, sizeof *c);
-    return prl_keys_default(&table, c);
-}
-
-void prl_job_config_free(prl_job_config *c)
-{
-    prl_keys_free(&table, c);
-    memset(c, 0, sizeof *c);
-}
-
+prl_status prl_job_config_default(prl_job_config *c) { return prl_keys_default(&table, c); }
+void prl_job_config_free(prl_job_config *c) { prl_keys_free(&table, c); }
 prl_status prl_job_config_parse(prl_job_config *c, const char *json_text, const char *source)
 {
-    prl_status rc = prl_keys_parse(&table, c, json_text, source);
-    return rc ? rc : prl_job_config_check(c, source);
+    return prl_keys_parse(&table, c, json_text, source);
 }
-
-prl_status prl_job_config_load(prl_job_config *c, const char *path)
-{
-    char *text = NULL;
-    size_t len = 0;
-    prl_status rc = prl_file_read(path, &text, &len);
-    if (rc) return rc;
-    rc = prl_job_config_parse(c, text, path);
-    free(text);
-    return rc;
-}
-
-prl_status prl_job_config_set(prl_job_config *c, const char *assignment)
-{
-    prl_status rc = prl_keys_set(&table, c, assignment);
-    return rc ? rc : prl_job_config_check(c, "--set");
-}
+prl_status prl_job_config_load(prl_job_config *c, const char *path) { return prl_keys_load(&table, c, path); }
+prl_status prl_job_config_set(prl_job_config *c, const char *assignment) { return prl_keys_set(&table, c, assignment); }
 
 prl_status prl_job_config_check(const prl_job_config *c, const char *source)
 {

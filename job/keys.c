@@ -94,8 +94,7 @@ static prl_status assign(void *cfg, const prl_key_spec *k, json_t *v, const char
 
 prl_status prl_keys_default(const prl_key_table *t, void *cfg)
 {
-    for (int i = 0; i < t->n; i++)
-        if (t->keys[i].type == PRL_KEY_STR) *(char **)((char *)cfg + t->keys[i].offset) = NULL;
+    memset(cfg, 0, t->size);
     for (int i = 0; i < t->n; i++) {
         json_t *v = json_loads(t->keys[i].def, JSON_DECODE_ANY, NULL);
         prl_status rc = v ? assign(cfg, &t->keys[i], v, "defaults") : prl_error_set(PRL_ERR_NOMEM, "defaults");
@@ -116,6 +115,7 @@ void prl_keys_free(const prl_key_table *t, void *cfg)
             free(*s);
             *s = NULL;
         }
+    memset(cfg, 0, t->size);
 }
 
 /* Walk one object whose members continue `prefix` ("" at the top): every member must be a
@@ -150,6 +150,17 @@ prl_status prl_keys_parse(const prl_key_table *t, void *cfg, const char *json_te
     prl_status rc = json_is_object(root) ? apply_object(t, cfg, "", root, source)
                   : prl_error_set(PRL_ERR_CONFIG, "%s: a config must be a JSON object", source);
     json_decref(root);
+    return rc || !t->check ? rc : t->check(cfg, source);
+}
+
+prl_status prl_keys_load(const prl_key_table *t, void *cfg, const char *path)
+{
+    char *text = NULL;
+    size_t len = 0;
+    prl_status rc = prl_file_read(path, &text, &len);
+    if (rc) return rc;
+    rc = prl_keys_parse(t, cfg, text, path);
+    free(text);
     return rc;
 }
 
@@ -169,7 +180,7 @@ prl_status prl_keys_set(const prl_key_table *t, void *cfg, const char *assignmen
     if (!v) v = json_string(eq + 1); /* a bare word is a string */
     prl_status rc = v ? assign(cfg, k, v, "--set") : prl_error_set(PRL_ERR_NOMEM, "--set");
     json_decref(v);
-    return rc;
+    return rc || !t->check ? rc : t->check(cfg, "--set");
 }
 
 char *prl_keys_to_json(const prl_key_table *t, const void *cfg)

@@ -36,19 +36,27 @@ typedef struct prl_key_spec {
     const char *choices;   /* strings: "a|b|c", or NULL for free text */
 } prl_key_spec;
 
+/* The owner's cross-key rules, run after every parse, load and set; may be NULL. */
+typedef prl_status (*prl_keys_check_fn)(const void *cfg, const char *source);
+
 typedef struct prl_key_table {
     const prl_key_spec *keys;
     int n;
+    size_t size;             /* sizeof the config struct */
+    prl_keys_check_fn check;
 } prl_key_table;
 
 /* Every key of the table at its default (cfg is zeroed first). */
 prl_status prl_keys_default(const prl_key_table *t, void *cfg);
 /* Free the string fields and zero cfg. */
 void prl_keys_free(const prl_key_table *t, void *cfg);
-/* Apply a JSON object text over cfg (absent keys keep their values); `source` names it. */
+/* Apply a JSON object text over cfg (absent keys keep their values), then t->check; `source`
+** names the text in errors. */
 prl_status prl_keys_parse(const prl_key_table *t, void *cfg, const char *json_text,
                           const char *source);
-/* One `key=value` override: the value is JSON, or a bare word as a string. */
+/* prl_keys_parse of a file's text (errors name the path). */
+prl_status prl_keys_load(const prl_key_table *t, void *cfg, const char *path);
+/* One `key=value` override: the value is JSON, or a bare word as a string; then t->check. */
 prl_status prl_keys_set(const prl_key_table *t, void *cfg, const char *assignment);
 /* The whole config as nested JSON text (malloc'd, keys in table order), or NULL. */
 char *prl_keys_to_json(const prl_key_table *t, const void *cfg);

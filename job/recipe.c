@@ -40,19 +40,17 @@ static const prl_key_spec keys[] = {
     {"sft.grad_clip", PRL_KEY_REAL, F(grad_clip), 0, 1e9, "1.0", NULL},
     {"sft.expert_clip", PRL_KEY_REAL, F(expert_clip), 0, 1e9, "0", NULL},
 };
-static const prl_key_table table = {keys, sizeof keys / sizeof keys[0]};
+static prl_status check(const void *r, const char *source) { return prl_sft_recipe_check(r, source); }
+static const prl_key_table table = {keys, sizeof keys / sizeof keys[0], sizeof(prl_sft_recipe), check};
 
-prl_status prl_sft_recipe_default(prl_sft_recipe *r)
+prl_status prl_sft_recipe_default(prl_sft_recipe *r) { return prl_keys_default(&table, r); }
+void prl_sft_recipe_free(prl_sft_recipe *r) { prl_keys_free(&table, r); }
+prl_status prl_sft_recipe_parse(prl_sft_recipe *r, const char *json_text, const char *source)
 {
-    memset(r, 0, sizeof *r);
-    return prl_keys_default(&table, r);
+    return prl_keys_parse(&table, r, json_text, source);
 }
-
-void prl_sft_recipe_free(prl_sft_recipe *r)
-{
-    prl_keys_free(&table, r);
-    memset(r, 0, sizeof *r);
-}
+prl_status prl_sft_recipe_load(prl_sft_recipe *r, const char *path) { return prl_keys_load(&table, r, path); }
+char *prl_sft_recipe_to_json(const prl_sft_recipe *r) { return prl_keys_to_json(&table, r); }
 
 prl_status prl_sft_recipe_check(const prl_sft_recipe *r, const char *source)
 {
@@ -69,26 +67,4 @@ prl_status prl_sft_recipe_check(const prl_sft_recipe *r, const char *source)
         return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' must not be empty", source,
                              *r->name ? "run.dir" : "run.name");
     return PRL_OK;
-}
-
-prl_status prl_sft_recipe_parse(prl_sft_recipe *r, const char *json_text, const char *source)
-{
-    prl_status rc = prl_keys_parse(&table, r, json_text, source);
-    return rc ? rc : prl_sft_recipe_check(r, source);
-}
-
-prl_status prl_sft_recipe_load(prl_sft_recipe *r, const char *path)
-{
-    char *text = NULL;
-    size_t len = 0;
-    prl_status rc = prl_file_read(path, &text, &len);
-    if (rc) return rc;
-    rc = prl_sft_recipe_parse(r, text, path);
-    free(text);
-    return rc;
-}
-
-char *prl_sft_recipe_to_json(const prl_sft_recipe *r)
-{
-    return prl_keys_to_json(&table, r);
 }
