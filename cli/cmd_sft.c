@@ -180,14 +180,24 @@ static prl_status write_demos(const prl_sft_recipe *r, const char *path, int *n_
     return st;
 }
 
-/* Hash of the resolved recipe and the model config it names (hex, 16 digits). */
-static prl_status recipe_hash(const char *resolved, const char *model_config, char out[17])
+/* Hash of what makes the checkpoint: the resolved recipe without run.name and run.dir (where
+** it goes is not what it is: a run dir can be moved) and the bytes of the model config it
+** names (hex, 16 digits). */
+static prl_status recipe_hash(prl_sft_recipe *r, char out[17])
 {
-    char *cfg = NULL;
+    char *name = r->name, *dir = r->dir, *cfg = NULL;
+    r->name = r->dir = "";
+    char *resolved = prl_sft_recipe_to_json(r);
+    r->name = name, r->dir = dir;
     size_t len = 0;
-    prl_status st = prl_file_read(model_config, &cfg, &len);
-    if (st) return st;
+    prl_status st = resolved ? prl_file_read(r->model_config, &cfg, &len)
+                             : prl_error_set(PRL_ERR_NOMEM, "recipe");
+    if (st) {
+        free(resolved);
+        return st;
+    }
     uint64_t h = prl_checksum64(resolved, strlen(resolved), 0x726563697065);
+    free(resolved);
     h = prl_checksum64(cfg, len, h);
     free(cfg);
     snprintf(out, 17, "%016" PRIx64, h);
@@ -236,7 +246,7 @@ static int run_recipe(const char *file, int threads, int force)
     }
     char *resolved = prl_sft_recipe_to_json(&r), hash[17] = "", data[4096], out[4096], path[4096];
     if (!resolved) st = prl_error_set(PRL_ERR_NOMEM, "recipe");
-    if (st == PRL_OK) st = recipe_hash(resolved, r.model_config, hash);
+    if (st == PRL_OK) st = recipe_hash(&r, hash);
     if (st == PRL_OK && !force && up_to_date(r.dir, hash)) {
         fprintf(stderr, "sft: %s/ckpt is up to date (recipe %s, hash %s); nothing to do\n", r.dir,
                 file, hash);
