@@ -6,8 +6,12 @@
 ** (loss, tokens/s, ETA) and writes the result as a checkpoint directory.
 */
 #include "cli/cli.h"
+#include "job/recipe.h"
 #include "sft/sft.h"
+#include "tasks/tasks.h"
 
+#include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +20,8 @@
 
 typedef struct sft_args {
     const char *data, *model, *ckpt, *out, *tokenizer, *optimizer, *schedule;
-    int steps, batch, seq, accum, warmup, threads, log_every, save_every, resume;
+    int steps, batch, seq, accum, warmup, threads, log_every, save_every, resume, group, special;
+    int vocab; /* tokenizer trained on the data: vocabulary size (0: the model's) */
     double lr, min_lr_ratio, weight_decay, grad_clip, expert_clip;
     uint64_t seed;
 } sft_args;
@@ -51,7 +56,7 @@ static prl_status get_tokenizer(const sft_args *a, int vocab_size, prl_tokenizer
     prl_status rc = prl_sft_read_texts(a->data, &texts, &n);
     if (rc) return rc;
     double t0 = prl_now();
-    rc = prl_tokenizer_train((const char *const *)texts, NULL, n, vocab_size, tok);
+    rc = prl_tokenizer_train((const char *const *)texts, NULL, n, a->vocab > 0 ? a->vocab : vocab_size, tok);
     if (rc == PRL_OK)
         fprintf(stderr, "tokenizer: trained on %zu texts of %s: %d tokens in %.1fs\n", n,
                 a->data, prl_tokenizer_vocab_size(*tok), prl_now() - t0);
@@ -113,7 +118,7 @@ static int run(const sft_args *a)
     if (st == PRL_OK && prl_tokenizer_vocab_size(tok) > m.cfg.vocab_size)
         st = prl_error_set(PRL_ERR_CONFIG, "tokenizer has %d tokens but the model's vocab_size is %d",
                            prl_tokenizer_vocab_size(tok), m.cfg.vocab_size);
-    if (st == PRL_OK) st = prl_sft_data_load(&d, a->data, tok, a->seq);
+    if (st == PRL_OK) st = prl_sft_data_load(&d, a->data, tok, a->seq, a->special ? PRL_TOKENIZER_SPECIAL : 0);
     if (st == PRL_OK) st = prl_optim_init(&o, &m, &oc);
     if (st == PRL_OK && a->resume) {
         st = prl_checkpoint_load_optim(&o, &m, a->ckpt, NULL);
@@ -124,7 +129,7 @@ static int run(const sft_args *a)
                 "parameters, %s, %d steps of %d x %d x %d\n", d.n, d.n_tokens, d.n_loss_tokens,
                 d.n_truncated, a->seq, m.n_params, a->optimizer, a->steps, a->accum, a->batch, a->seq);
         prl_sft_config sc = {.batch = a->batch, .seq = a->seq, .accum = a->accum,
-                             .seed = a->seed, .log_every = a->log_every};
+                             .seed = a->seed, .log_every = a->log_every, .group = a->group};
         int64_t end = o.step + a->steps;
         while (st == PRL_OK && o.step < end) {
             int64_t chunk = a->save_every > 0 ? a->save_every - o.step % a->save_every : end - o.step;
@@ -145,20 +150,168 @@ static int run(const sft_args *a)
     return st ? cli_fail("sft") : 0;
 }
 
+/* ------------------------------------------------------------------ recipes -------- */
+
+/* The demos of the recipe, every (domain, difficulty) in order, written to `path`. */
+static prl_status write_demos(const prl_sft_recipe *r, const char *path, int *n_lines)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    if (!mem) return prl_error_set(PRL_ERR_NOMEM, "demos");
+    prl_status st = PRL_OK;
+    *n_lines = 0;
+    for (int d = 0; st == PRL_OK && d < PRL_RECIPE_DOMAINS; d++)
+        for (int k = 1; st == PRL_OK && k <= PRL_RECIPE_LEVELS; k++) {
+            prl_tasks_config c;
+            prl_tasks_config_default(&c, (prl_task_domain)d);
+            c.difficulty = k;
+            c.n = r->demos[d][k - 1];
+            c.seed = r->seed;
+            c.demos = 1;
+            c.error_rate = r->error_rate;
+            c.tool_rate = r->tool_rate;
+            if (c.n > 0) st = prl_tasks_write_jsonl(&c, mem);
+            *n_lines += c.n;
+        }
+    if (fclose(mem) != 0 && st == PRL_OK) st = prl_error_set(PRL_ERR_NOMEM, "buffering demos");
+    if (st == PRL_OK) st = prl_file_write_atomic(path, text, len);
+    free(text);
+    return st;
+}
+
+/* Hash of what makes the checkpoint: the resolved recipe without run.name and run.dir (where
+** it goes is not what it is: a run dir can be moved) and the bytes of the model config it
+** names (hex, 16 digits). */
+static prl_status recipe_hash(prl_sft_recipe *r, char out[17])
+{
+    char *name = r->name, *dir = r->dir, *cfg = NULL;
+    r->name = r->dir = "";
+    char *resolved = prl_sft_recipe_to_json(r);
+    r->name = name, r->dir = dir;
+    size_t len = 0;
+    prl_status st = resolved ? prl_file_read(r->model_config, &cfg, &len)
+                             : prl_error_set(PRL_ERR_NOMEM, "recipe");
+    if (st) {
+        free(resolved);
+        return st;
+    }
+    uint64_t h = prl_checksum64(resolved, strlen(resolved), 0x726563697065);
+    free(resolved);
+    h = prl_checksum64(cfg, len, h);
+    free(cfg);
+    snprintf(out, 17, "%016" PRIx64, h);
+    return PRL_OK;
+}
+
+static int up_to_date(const char *dir, const char *hash)
+{
+    char path[4096], *old = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/ckpt/model.safetensors", dir);
+    if (!file_exists(path)) return 0;
+    snprintf(path, sizeof path, "%s/recipe.hash", dir);
+    if (!file_exists(path) || prl_file_read(path, &old, &len)) return 0;
+    int same = len >= 16 && !strncmp(old, hash, 16);
+    free(old);
+    return same;
+}
+
+static prl_status make_dirs(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1;; s++) {
+        int end = *s == 0;
+        if (*s == '/' || end) {
+            *s = 0;
+            if (mkdir(p, 0755) != 0 && errno != EEXIST)
+                return prl_error_set(PRL_ERR_IO, "cannot create %s: %m", p);
+            if (end) return PRL_OK;
+            *s = '/';
+        }
+    }
+}
+
+/* `prl sft --config FILE`: demos -> tokenizer -> SFT into <run.dir>/ckpt (docs/recipes.md). */
+static int run_recipe(const char *file, int threads, int force)
+{
+    prl_sft_recipe r;
+    prl_status st = prl_sft_recipe_default(&r);
+    if (st == PRL_OK) st = prl_sft_recipe_load(&r, file);
+    if (st) {
+        prl_sft_recipe_free(&r);
+        cli_fail("sft");
+        return 2;
+    }
+    char *resolved = prl_sft_recipe_to_json(&r), hash[17] = "", data[4096], out[4096], path[4096];
+    if (!resolved) st = prl_error_set(PRL_ERR_NOMEM, "recipe");
+    if (st == PRL_OK) st = recipe_hash(&r, hash);
+    if (st == PRL_OK && !force && up_to_date(r.dir, hash)) {
+        fprintf(stderr, "sft: %s/ckpt is up to date (recipe %s, hash %s); nothing to do\n", r.dir,
+                file, hash);
+        free(resolved);
+        prl_sft_recipe_free(&r);
+        return 0;
+    }
+    snprintf(data, sizeof data, "%s/demos.jsonl", r.dir);
+    snprintf(out, sizeof out, "%s/ckpt", r.dir);
+    snprintf(path, sizeof path, "%s/recipe.hash", r.dir);
+    if (st == PRL_OK) st = make_dirs(r.dir);
+    if (st == PRL_OK && unlink(path) != 0 && errno != ENOENT) /* stale until the run finishes */
+        st = prl_error_set(PRL_ERR_IO, "cannot remove %s: %m", path);
+    char rpath[4096];
+    snprintf(rpath, sizeof rpath, "%s/recipe.json", r.dir);
+    if (st == PRL_OK) st = prl_file_write_atomic(rpath, resolved, strlen(resolved));
+    int n_demos = 0;
+    double t0 = prl_now();
+    if (st == PRL_OK) st = write_demos(&r, data, &n_demos);
+    if (st) {
+        free(resolved);
+        prl_sft_recipe_free(&r);
+        return cli_fail("sft");
+    }
+    fprintf(stderr, "sft: recipe %s (hash %s): %d demos in %s (%.1fs)\n", file, hash, n_demos, data,
+            prl_now() - t0);
+    sft_args a = {.data = data, .model = r.model_config, .out = out, .optimizer = r.optimizer,
+                  .schedule = r.schedule, .steps = r.steps, .batch = r.batch, .seq = r.seq,
+                  .accum = r.accum, .warmup = r.warmup, .threads = threads,
+                  .log_every = r.steps >= 20 ? r.steps / 20 : 1, .group = r.group,
+                  .special = r.special_tokens, .vocab = r.vocab_size, .lr = r.lr,
+                  .min_lr_ratio = r.min_lr_ratio, .weight_decay = r.weight_decay,
+                  .grad_clip = r.grad_clip, .expert_clip = r.expert_clip, .seed = r.seed};
+    int rc = run(&a);
+    if (rc == 0) {
+        char line[20];
+        snprintf(line, sizeof line, "%s\n", hash);
+        if (prl_file_write_atomic(path, line, strlen(line))) rc = cli_fail("sft");
+        else fprintf(stderr, "sft: recipe done in %.1fs: %s (hash in %s)\n", prl_now() - t0, out, path);
+    }
+    free(resolved);
+    prl_sft_recipe_free(&r);
+    return rc;
+}
+
 int cmd_sft(int argc, char **argv)
 {
+    const char *config = NULL;
+    int force = 0;
     sft_args a = {.optimizer = "muon", .schedule = "cosine", .steps = 200, .batch = 8, .seq = 128,
                   .accum = 1, .warmup = 10, .log_every = 10, .lr = 3e-3, .min_lr_ratio = 0.1,
                   .weight_decay = 0.1, .grad_clip = 1.0, .seed = 1};
     cli_opt opts[] = {
-        {"data", OPT_STR, &a.data, "FILE", "chat JSONL: {\"messages\": [{\"role\", \"content\"}, ...]} per line", 1, 0},
+        {"config", OPT_STR, &config, "FILE", "run an SFT recipe (configs/sft-base.json, docs/recipes.md): demos, tokenizer and SFT into <run.dir>/ckpt; only --threads and --force go with it", 0, 0},
+        {"force", OPT_FLAG, &force, NULL, "with --config: run even if the checkpoint matches the recipe's hash", 0, 0},
+        {"data", OPT_STR, &a.data, "FILE", "chat JSONL: {\"messages\": [{\"role\", \"content\"}, ...]} per line (required without --config)", 0, 0},
         {"model", OPT_STR, &a.model, "CONFIG", "start from a random init of this config", 0, 0},
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "start from this checkpoint", 0, 0},
-        {"out", OPT_STR, &a.out, "DIR", "checkpoint directory to write", 1, 0},
+        {"out", OPT_STR, &a.out, "DIR", "checkpoint directory to write (required without --config)", 0, 0},
         {"tokenizer", OPT_STR, &a.tokenizer, "FILE", "tokenizer.json (default: the checkpoint's, else trained on the data)", 0, 0},
         {"steps", OPT_INT, &a.steps, "N", "optimizer steps to run (with --resume: steps added to the run; default 200)", 0, 0},
         {"batch", OPT_INT, &a.batch, "B", "sequences per micro-batch (default 8)", 0, 0},
         {"seq", OPT_INT, &a.seq, "T", "sequence length; longer examples are truncated (default 128)", 0, 0},
+        {"group", OPT_INT, &a.group, "G", "group by length: windows of G batches sorted by length, each micro-batch only as wide as its longest example (default 0 = off)", 0, 0},
+        {"special-tokens", OPT_FLAG, &a.special, NULL, "trusted data: special-token strings in contents (<|tool_call|> ...) become their ids, as the model emits them", 0, 0},
         {"accum", OPT_INT, &a.accum, "K", "micro-batches per step (default 1)", 0, 0},
         {"optimizer", OPT_STR, &a.optimizer, "NAME", "muon (hidden matrices; AdamW for the rest) or adamw (default muon)", 0, 0},
         {"lr", OPT_DOUBLE, &a.lr, "LR", "peak learning rate (default 3e-3)", 0, 0},
@@ -176,16 +329,25 @@ int cmd_sft(int argc, char **argv)
         {0},
     };
     int rc = cli_parse(argc, argv, 2, opts,
-                       "prl sft --data FILE.jsonl (--model CONFIG | --ckpt DIR) --out DIR [options]",
+                       "prl sft --data FILE.jsonl (--model CONFIG | --ckpt DIR) --out DIR [options]\n"
+                       "       prl sft --config RECIPE.json [--threads N] [--force]",
                        "Supervised fine-tuning with the loss on assistant tokens only. Runs are "
                        "deterministic: the same seed gives a bitwise-identical checkpoint, for any "
                        "thread count.",
                        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
+    if (config) {
+        for (const cli_opt *o = opts; o->name; o++)
+            if (o->seen && strcmp(o->name, "config") && strcmp(o->name, "threads") && strcmp(o->name, "force"))
+                return cli_failf("sft", 2, "--%s cannot be used with --config (the recipe sets it)", o->name);
+        return run_recipe(config, a.threads, force);
+    }
+    if (force) return cli_failf("sft", 2, "--force goes with --config");
+    if (!a.data || !a.out) return cli_failf("sft", 2, "--data and --out are required (or --config)");
     if (!a.model == !a.ckpt) return cli_failf("sft", 2, "give exactly one of --model CONFIG or --ckpt DIR");
     if (a.resume && !a.ckpt) return cli_failf("sft", 2, "--resume needs --ckpt");
-    if (a.steps < 1 || a.batch < 1 || a.seq < 2 || a.accum < 1 || a.log_every < 1 || a.save_every < 0 || a.warmup < 0)
+    if (a.steps < 1 || a.batch < 1 || a.seq < 2 || a.accum < 1 || a.log_every < 1 || a.save_every < 0 || a.warmup < 0 || a.group < 0)
         return cli_failf("sft", 2, "--steps, --batch, --accum, --log-every must be >= 1, --seq >= 2, "
-                         "--save-every and --warmup >= 0");
+                         "--save-every, --warmup and --group >= 0");
     return run(&a);
 }

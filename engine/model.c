@@ -375,11 +375,27 @@ static prl_status ensure_acts(prl_model *m, int B, int T)
 {
     prl_acts *a = m->acts;
     if (a->B == B && a->T == T && a->block) return PRL_OK;
+    carver cv = {0};
+    if (a->block) { /* a block big enough is reused, zeroed as calloc would: shapes that change
+                       from batch to batch (SFT grouped by length) pay no fresh page faults */
+        int oB = a->B, oT = a->T;
+        a->B = B, a->T = T, a->N = B * T;
+        carve_all(m, &cv); /* sizes only: base NULL */
+        if (cv.used <= a->block_bytes) {
+            memset(a->block, 0, cv.used);
+            a->have_forward = 0;
+            cv = (carver){.base = a->block};
+            carve_all(m, &cv);
+            prl_rope_tables(a->rope_cos, a->rope_sin, T, m->cfg.qk_rope_head_dim, m->cfg.rope_theta);
+            return PRL_OK;
+        }
+        a->B = oB, a->T = oT, a->N = oB * oT;
+    }
     free_acts_block(a);
     a->layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a->layer);
     if (!a->layer) return prl_error_set(PRL_ERR_NOMEM, "activations");
     a->B = B, a->T = T, a->N = B * T;
-    carver cv = {0};
+    cv = (carver){0};
     carve_all(m, &cv);
     a->block = calloc(1, cv.used);
     if (!a->block) {

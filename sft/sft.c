@@ -106,6 +106,7 @@ typedef struct load_ctx {
     prl_sft_data *d;
     const prl_tokenizer *tok;
     int max_len, cap;
+    unsigned flags;
 } load_ctx;
 
 static prl_status encode_line(void *user, const char *path, int line_no, json_t *msgs)
@@ -122,7 +123,7 @@ static prl_status encode_line(void *user, const char *path, int line_no, json_t 
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     size_t n = 0;
-    prl_status rc = prl_tokenizer_encode_chat(c->tok, cm, n_msgs, 0, &ids, &mask, &n);
+    prl_status rc = prl_tokenizer_encode_chat(c->tok, cm, n_msgs, c->flags, &ids, &mask, &n);
     free(cm);
     if (rc) return prl_error_wrap(rc, "%s:%d: ", path, line_no);
     prl_sft_data *d = c->d;
@@ -155,11 +156,11 @@ static prl_status encode_line(void *user, const char *path, int line_no, json_t 
 }
 
 prl_status prl_sft_data_load(prl_sft_data *d, const char *path, const prl_tokenizer *tok,
-                             int max_len)
+                             int max_len, unsigned flags)
 {
     memset(d, 0, sizeof *d);
     if (max_len < 2) return prl_error_set(PRL_ERR_ARG, "sequence length %d must be >= 2", max_len);
-    load_ctx c = {.d = d, .tok = tok, .max_len = max_len};
+    load_ctx c = {.d = d, .tok = tok, .max_len = max_len, .flags = flags & PRL_TOKENIZER_SPECIAL};
     prl_status rc = for_each_chat(path, encode_line, &c);
     if (rc == PRL_OK && d->n == 0) rc = prl_error_set(PRL_ERR_FORMAT, "%s: no examples", path);
     if (rc) prl_sft_data_free(d);
@@ -179,13 +180,49 @@ void prl_sft_data_free(prl_sft_data *d)
 
 /* ------------------------------------------------------------------ batching -------- */
 
-/* Example index at global position g: a fresh seeded permutation per epoch. */
+/* Example index at global position g: a fresh seeded permutation per epoch, optionally
+** grouped by length (prl_sft_config.group). */
 typedef struct order {
-    int *perm;
-    int n;
+    int *perm, *tmp;
+    const prl_sft_data *d;
+    int n, batch, group;
     int64_t epoch;
     uint64_t seed;
 } order;
+
+static void shuffle(int *v, int n, prl_rng *r)
+{
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(prl_rng_u64(r) % (uint64_t)(i + 1));
+        int t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+    }
+}
+
+/* Sort v[0..n) by example length, stable (insertion sort: windows are small). */
+static void sort_by_length(int *v, int n, const prl_sft_data *d)
+{
+    for (int i = 1; i < n; i++) {
+        int x = v[i], j = i;
+        for (; j > 0 && d->ex[v[j - 1]].n > d->ex[x].n; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
+}
+
+/* One window of the grouped order: sorted by length, then its batches in a shuffled order. */
+static void group_window(order *o, int w0, int w1, prl_rng *r)
+{
+    int n = w1 - w0, B = o->batch, nb = (n + B - 1) / B;
+    sort_by_length(o->perm + w0, n, o->d);
+    int *bi = o->tmp + n; /* batch order after the copy of the window */
+    for (int k = 0; k < nb; k++) bi[k] = k;
+    shuffle(bi, nb, r);
+    memcpy(o->tmp, o->perm + w0, (size_t)n * sizeof(int));
+    int at = w0;
+    for (int k = 0; k < nb; k++)
+        for (int i = bi[k] * B; i < (bi[k] + 1) * B && i < n; i++) o->perm[at++] = o->tmp[i];
+}
 
 static int order_at(order *o, int64_t g)
 {
@@ -194,25 +231,30 @@ static int order_at(order *o, int64_t g)
         prl_rng r;
         prl_rng_init(&r, o->seed, (uint64_t)epoch, 0, 0, PRL_RNG_SHUFFLE);
         for (int i = 0; i < o->n; i++) o->perm[i] = i;
-        for (int i = o->n - 1; i > 0; i--) {
-            int j = (int)(prl_rng_u64(&r) % (uint64_t)(i + 1));
-            int t = o->perm[i];
-            o->perm[i] = o->perm[j];
-            o->perm[j] = t;
-        }
+        shuffle(o->perm, o->n, &r);
+        int W = o->group * o->batch;
+        for (int w0 = 0; o->group > 0 && w0 < o->n; w0 += W)
+            group_window(o, w0, w0 + W < o->n ? w0 + W : o->n, &r);
         o->epoch = epoch;
     }
     return o->perm[g % o->n];
 }
 
-/* Fill micro-batch `mb` of step `step`; returns its trained-position count. */
-static int fill_batch(prl_batch_buf *bb, const prl_sft_data *d, const prl_sft_config *c,
-                      order *o, int64_t step, int mb)
+/* Fill micro-batch `mb` of step `step` with rows of *T_out positions (c->seq, or with grouping
+** the longest example rounded up to 8); ex[B] gets each row's example. Returns its
+** trained-position count. */
+static int fill_batch(prl_batch_buf *bb, int *ex, const prl_sft_data *d, const prl_sft_config *c,
+                      order *o, int64_t step, int mb, int *T_out)
 {
-    int B = c->batch, T = c->seq, trained = 0;
+    int B = c->batch, T = c->seq, trained = 0, longest = 1;
     for (int i = 0; i < B; i++) {
-        int64_t g = (step * c->accum + mb) * (int64_t)B + i;
-        const prl_sft_example *e = &d->ex[order_at(o, g)];
+        ex[i] = order_at(o, (step * c->accum + mb) * (int64_t)B + i);
+        if (d->ex[ex[i]].n > longest) longest = d->ex[ex[i]].n;
+    }
+    if (c->group > 0 && (longest + 7) / 8 * 8 < T) T = (longest + 7) / 8 * 8;
+    *T_out = T;
+    for (int i = 0; i < B; i++) {
+        const prl_sft_example *e = &d->ex[ex[i]];
         trained += prl_batch_buf_set_row(bb, T, i, e->ids, e->n < T ? e->n : T, e->mask);
     }
     return trained;
@@ -221,28 +263,34 @@ static int fill_batch(prl_batch_buf *bb, const prl_sft_data *d, const prl_sft_co
 prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
                          const prl_sft_config *c, prl_sft_progress_fn progress, void *user)
 {
-    if (c->batch < 1 || c->seq < 2 || c->steps < 0 || c->accum < 1 || c->log_every < 1)
+    if (c->batch < 1 || c->seq < 2 || c->steps < 0 || c->accum < 1 || c->log_every < 1 ||
+        c->group < 0)
         return prl_error_set(PRL_ERR_ARG, "sft: batch %d, seq %d, steps %d, accum %d, log_every "
-                             "%d must be positive", c->batch, c->seq, c->steps, c->accum,
-                             c->log_every);
-    int B = c->batch, T = c->seq, N = B * T;
+                             "%d must be positive, group %d >= 0", c->batch, c->seq, c->steps,
+                             c->accum, c->log_every, c->group);
+    int B = c->batch, T = c->seq;
     prl_batch_buf *bb = calloc((size_t)c->accum, sizeof *bb);
-    order ord = {.perm = malloc((size_t)d->n * sizeof(int)), .n = d->n, .epoch = -1, .seed = c->seed};
-    prl_status rc = bb && ord.perm ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "sft batches");
+    int *Ts = calloc((size_t)c->accum, sizeof *Ts), *ex = malloc((size_t)B * sizeof *ex);
+    order ord = {.perm = malloc((size_t)d->n * sizeof(int)), .d = d, .n = d->n, .batch = B,
+                 .group = c->group, .epoch = -1, .seed = c->seed};
+    if (c->group > 0) /* a window's copy, then its batch order */
+        ord.tmp = malloc(((size_t)c->group * B + (size_t)c->group + 1) * sizeof(int));
+    prl_status rc = bb && Ts && ex && ord.perm && (c->group == 0 || ord.tmp) ? PRL_OK
+                  : prl_error_set(PRL_ERR_NOMEM, "sft batches");
     for (int a = 0; rc == PRL_OK && a < c->accum; a++) rc = prl_batch_buf_init(&bb[a], B, T);
     double t_start = prl_now();
     int64_t first = o->step, last = o->step + c->steps;
     for (int64_t step = first; rc == PRL_OK && step < last; step++) {
         double t0 = prl_now();
         int trained = 0, tokens = 0;
-        for (int a = 0; a < c->accum; a++) trained += fill_batch(&bb[a], d, c, &ord, step, a);
+        for (int a = 0; a < c->accum; a++) trained += fill_batch(&bb[a], ex, d, c, &ord, step, a, &Ts[a]);
         prl_model_zero_grad(m);
         prl_forward_stats sum = {0};
         for (int a = 0; rc == PRL_OK && a < c->accum; a++) {
-            for (int i = 0; i < N; i++)
+            for (int i = 0; i < B * Ts[a]; i++)
                 bb[a].weights[i] = bb[a].targets[i] >= 0 ? -1.0f / (float)trained : 0.0f;
             for (int i = 0; i < B; i++) tokens += bb[a].lens[i];
-            prl_batch b = prl_batch_buf_view(&bb[a], B, T);
+            prl_batch b = prl_batch_buf_view(&bb[a], B, Ts[a]);
             prl_forward_stats st;
             rc = prl_model_forward(m, &b, NULL, &st);
             if (rc == PRL_OK) rc = prl_model_backward(m, &b);
@@ -271,7 +319,8 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
         }
     }
     for (int a = 0; bb && a < c->accum; a++) prl_batch_buf_free(&bb[a]);
-    free(bb);
+    free(bb), free(Ts), free(ex);
     free(ord.perm);
+    free(ord.tmp);
     return rc;
 }

@@ -30,18 +30,24 @@ typedef struct prl_sft_data {
 ** string and the array). Errors name the file and line. */
 prl_status prl_sft_read_texts(const char *path, char ***texts, size_t *n_texts);
 /* Load and encode a chat JSONL file. Lines longer than max_len tokens are truncated (and
-** counted); an example without any trained token is an error naming the line. */
+** counted); an example without any trained token is an error naming the line. flags: 0, or
+** PRL_TOKENIZER_SPECIAL for trusted demonstrations whose special-token strings
+** (<|tool_call|> ...) become their ids, as the model emits them at rollout. */
 prl_status prl_sft_data_load(prl_sft_data *d, const char *path, const prl_tokenizer *tok,
-                             int max_len);
+                             int max_len, unsigned flags);
 void prl_sft_data_free(prl_sft_data *d);
 
 typedef struct prl_sft_config {
     int batch;       /* sequences per micro-batch */
-    int seq;         /* positions per sequence (longer examples were truncated at load) */
+    int seq;         /* positions per sequence at most (longer examples were truncated at load) */
     int steps;       /* optimizer steps */
     int accum;       /* micro-batches per step (gradient accumulation) */
     uint64_t seed;   /* data order */
     int log_every;   /* progress callback period in steps (>= 1) */
+    int group;       /* 0: every micro-batch is seq wide. G >= 1: each epoch's shuffled order
+                     ** is cut into windows of G*batch examples, each window sorted by length
+                     ** and its batches shuffled, and a micro-batch is only as wide as its
+                     ** longest example (rounded up to 8): fewer padding positions computed */
 } prl_sft_config;
 
 typedef struct prl_sft_progress {

@@ -155,7 +155,7 @@ prl_status prl_tasks_canonical_text(const json_t *line, char **text)
     *text = NULL;
     const char *user = last_user(line);
     if (!user) return prl_error_set(PRL_ERR_FORMAT, "task has no user message");
-    prl_task_domain d;
+    prl_task_domain d = PRL_TASK_REASONING; /* set by the parse; initialised for -Wmaybe-uninitialized */
     prl_status rc = prl_tasks_domain_parse(json_string_value(json_object_get(line, "domain")), &d);
     if (rc) return rc;
     tasks__buf b = {0};

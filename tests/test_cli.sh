@@ -190,6 +190,27 @@ cat "$work"/demos_*.jsonl > "$work/mix.jsonl"
 expect_ok "sft on demos of all four domains" $prl sft --data "$work/mix.jsonl" --model "$big" --out "$work/s_mix" \
   --steps 2 --batch 4 --seq 256 --seed 1 --threads 2
 grep -q "48 examples" "$work/last.out" && ok "sft loaded every demonstration" || bad "sft load: $(grep examples "$work/last.out")"
+# SFT recipes (prl sft --config): errors name the key; a run makes demos, tokenizer and
+# checkpoint; the same recipe is skipped; grouped + special-token SFT is reproducible
+printf '{"sft": {"stepz": 3}}' > "$work/r_bad.json"
+expect_fail "recipe: unknown key" "unknown key 'sft.stepz' (did you mean 'sft.steps'?)" $prl sft --config "$work/r_bad.json"
+printf '{"demos": {"agent": {"d1": -2}}}' > "$work/r_bad.json"
+expect_fail "recipe: out of range" "key 'demos.agent.d1' = -2 is out of range" $prl sft --config "$work/r_bad.json"
+expect_fail "recipe: no other flags" "cannot be used with --config" $prl sft --config "$work/r_bad.json" --steps 3
+for run in a b; do
+  printf '{"run": {"dir": "%s"}, "model": {"config": "%s"}, "demos": {"reasoning": {"d1": 6}, "agent": {"d2": 6}, "coding": {"d1": 4}}, "sft": {"steps": 3, "batch": 4, "group": 2, "warmup": 1}}' \
+    "$work/recipe_$run" "$big" > "$work/r_$run.json"
+  expect_ok "recipe run $run" $prl sft --config "$work/r_$run.json" --threads 2
+done
+[ -s "$work/recipe_a/recipe.hash" ] && [ -s "$work/recipe_a/recipe.json" ] && [ -s "$work/recipe_a/ckpt/tokenizer.json" ] \
+  && ok "recipe run dir: hash, resolved recipe, checkpoint" || bad "recipe run dir: $(ls "$work/recipe_a")"
+cmp -s "$work/recipe_a/ckpt/model.safetensors" "$work/recipe_b/ckpt/model.safetensors" \
+  && ok "same recipe, same checkpoint" || bad "same recipe gave different checkpoints"
+expect_ok "recipe rerun" $prl sft --config "$work/r_a.json" --threads 2
+grep -q "is up to date" "$work/last.out" && ok "same recipe is skipped" || bad "recipe rerun: $(tail -2 "$work/last.out")"
+sed -i 's/"steps": 3/"steps": 4/' "$work/r_a.json"
+expect_ok "changed recipe" $prl sft --config "$work/r_a.json" --threads 2
+grep -q "saved step 4" "$work/last.out" && ok "a changed recipe runs again" || bad "changed recipe: $(tail -2 "$work/last.out")"
 # sandbox: a run, its statuses and exit codes, bad input naming the problem
 printf 'import sys\nprint(6 * 7, sys.stdin.read().strip())\n' > "$work/ok.py"
 echo "from-stdin" > "$work/in.txt"

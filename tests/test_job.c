@@ -2,8 +2,10 @@
 ** test_job.c — the job configuration: defaults validate, JSON and --set overrides apply, and
 ** every kind of bad input fails naming the key (unknown key with a suggestion, wrong type,
 ** out of range, bad choice, B·G = 0, a negative clip, cross-key rules), before anything runs.
+** The SFT recipe (job/recipe.h) goes through the same key table: nested sections, errors.
 */
 #include "job/job.h"
+#include "job/recipe.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -81,12 +83,57 @@ START_TEST(test_errors_name_the_key)
 }
 END_TEST
 
+static void expect_recipe_error(const char *json, const char *needle)
+{
+    prl_sft_recipe r;
+    ck_assert_int_eq(prl_sft_recipe_default(&r), PRL_OK);
+    ck_assert_int_eq(prl_sft_recipe_parse(&r, json, "recipe.json"), PRL_ERR_CONFIG);
+    ck_assert_msg(strstr(prl_error_message(), needle), "%s: got '%s', want '%s'", json,
+                  prl_error_message(), needle);
+    prl_sft_recipe_free(&r);
+}
+
+START_TEST(test_sft_recipe)
+{
+    prl_sft_recipe r;
+    ck_assert_int_eq(prl_sft_recipe_default(&r), PRL_OK);
+    ck_assert_int_eq(prl_sft_recipe_parse(&r, "{\"demos\": {\"agent\": {\"d2\": 7}, \"coding\": "
+                                              "{\"d3\": 5}}, \"sft\": {\"steps\": 50}}", "r.json"), PRL_OK);
+    ck_assert_int_eq(r.demos[2][1], 7); /* agent, difficulty 2 */
+    ck_assert_int_eq(r.demos[3][2], 5);
+    ck_assert_int_eq(r.demos[0][0], 0);
+    ck_assert_int_eq(r.steps, 50);
+    ck_assert_str_eq(r.dir, "runs/sft-base");
+    ck_assert(r.special_tokens == 1 && r.vocab_size == 4096);
+    char *text = prl_sft_recipe_to_json(&r);
+    ck_assert(strstr(text, "\"agent\": {\n      \"d1\": 0,\n      \"d2\": 7"));
+    prl_sft_recipe q;
+    ck_assert_int_eq(prl_sft_recipe_default(&q), PRL_OK);
+    ck_assert_int_eq(prl_sft_recipe_parse(&q, text, "round trip"), PRL_OK);
+    char *text2 = prl_sft_recipe_to_json(&q);
+    ck_assert_str_eq(text, text2);
+    free(text), free(text2);
+    prl_sft_recipe_free(&q);
+    prl_sft_recipe_free(&r);
+    expect_recipe_error("{\"demos\": {\"agent\": {\"d4\": 1}}}", "unknown key 'demos.agent.d4' (did you mean");
+    expect_recipe_error("{\"demos\": {\"agent\": 3}}", "'demos.agent' must be an object of keys");
+    expect_recipe_error("{\"demos\": {\"agent\": {\"d1\": -1}}}", "key 'demos.agent.d1' = -1 is out of range");
+    expect_recipe_error("{\"sft\": {\"steps\": 9}}", "no demonstrations");
+    expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"sft\": {\"warmup\": 300}}", "sft.warmup");
+    expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"sft\": {\"optimizer\": \"sgd\"}}",
+                        "key 'sft.optimizer': 'sgd' is not one of adamw|muon");
+    expect_recipe_error("{\"tokenizer\": {\"special_tokens\": 1}}", "key 'tokenizer.special_tokens' must be true or false");
+    expect_recipe_error("{\"steps\": 3}", "unknown key 'steps'");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("job");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_defaults_and_overrides);
     tcase_add_test(tc, test_errors_name_the_key);
+    tcase_add_test(tc, test_sft_recipe);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

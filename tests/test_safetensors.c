@@ -1179,10 +1179,11 @@ static void list_dir(const char *dir, char *out, size_t cap)
     }
     closedir(d);
     qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    size_t len = 0;
     out[0] = '\0';
-    for (int i = 0; i < n; i++) {
-        if (i) strncat(out, " ", cap - strlen(out) - 1);
-        strncat(out, names[i], cap - strlen(out) - 1);
+    for (int i = 0; i < n && len < cap; i++) {
+        int k = snprintf(out + len, cap - len, "%s%s", i ? " " : "", names[i]);
+        len += k > 0 ? (size_t)k : 0;
     }
 }
 
