@@ -243,7 +243,7 @@ static prl_status check_inputs(const prl_job_config *job)
         return prl_error_set(PRL_ERR_CONFIG, "model.init: %s is not a checkpoint directory (no "
                              "config.json)%s", job->init,
                              !strcmp(job->init, "runs/sft-base/ckpt")
-                                 ? "; make the SFT base first (see docs/pipeline.md)" : "");
+                                 ? "; make the SFT base first: prl sft --config configs/sft-base.json" : "");
     snprintf(p, sizeof p, "%s/tokenizer.json", job->init);
     if (stat(p, &sb))
         return prl_error_set(PRL_ERR_CONFIG, "model.init: %s has no tokenizer.json", job->init);

@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# run-demo.sh — install dependencies, build, and run the main job on its embedded default:
-# a short SFT run of the tiny MLA+MoE model on generated arithmetic chats, then scoring.
+# run-demo.sh — the README's first command: install dependencies, build, and run the main job
+# on its embedded default, the quickstart:
+#   1. the SFT base of all four domains (configs/sft-base.json; cached in runs/sft-base/ and
+#      skipped when it is up to date),
+#   2. a short GRPO run of the General expert as separate processes over ZeroMQ
+#      (configs/quickstart.json -> runs/quickstart/, every sample in run.db),
+#   3. a before/after table of held-out accuracy on all four domains.
+# Running it again continues or reuses what is there (nothing is overwritten).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 prl=build/cli/prl
-run=runs/demo
-mkdir -p "$run"
-$prl tasks demo --n 200 --seed 1 --out "$run/data.jsonl"
-$prl sft --data "$run/data.jsonl" --model configs/models/tiny.json --out "$run/ckpt" \
-  --steps "${PRL_DEMO_STEPS:-500}" --batch 16 --seq 48 --optimizer adamw --lr 3e-3 --warmup 20 \
-  --seed 1 --log-every 25
-head -n 3 "$run/data.jsonl" > "$run/score.jsonl"
-$prl score --ckpt "$run/ckpt" --input "$run/score.jsonl"
-echo "demo: assistant tokens (what SFT trains on) should score near 0; prompt tokens are never"
-echo "      trained on, so their log-probs stay low. Checkpoint: $run/ckpt (config.json,"
-echo "      model.safetensors, tokenizer.json, optimizer state)"
+t0=$(date +%s)
+
+echo "== 1/3 SFT base (configs/sft-base.json)"
+$prl sft --config configs/sft-base.json
+
+echo "== 2/3 GRPO: the General expert (configs/quickstart.json)"
+if [ -e runs/quickstart/job.json ]; then
+  $prl run --resume runs/quickstart        # finishes at once when the run is done
+else
+  $prl run configs/quickstart.json
+fi
+
+echo "== 3/3 held-out accuracy, SFT base vs quickstart expert"
+$prl eval --ckpt runs/sft-base/ckpt --compare runs/quickstart/final --domain all --n 100
+
+echo "quickstart: done in $(( $(date +%s) - t0 )) s. The run: runs/quickstart/ (run.db, ckpt/,"
+echo "  logs/); query it with sqlite3 (docs/pipeline.md). Train the four experts with"
+echo "  prl run configs/{general,reasoning,coding}.json, then configs/agent.json."
