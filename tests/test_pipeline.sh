@@ -5,8 +5,11 @@
 #   b  with kill -9 of the rollout, reward and trainer processes mid-run (the launcher
 #      restarts them, the controller hands their work out again);
 #   c  with kill -9 of every process of the run mid-run, then `prl run --resume`.
-# All three must end with a bitwise-identical policy, and run.db must hold every sample once,
-# with its version and reward. Also: config errors fail before any process starts.
+# All three must hold the same samples (tokens, log-probs, versions, rewards) and end with a
+# bitwise-identical policy, and run.db must hold every sample once. A Coding run (programs in
+# the sandbox service) is then repeated with the sandbox killed mid-run (d0 vs d; this small
+# model scores 0 on Coding, so there the samples and rewards are what is compared). Also:
+# config errors fail before any process starts; an existing run is never restarted.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
 work=$(mktemp -d /tmp/prl-pipeline-XXXXXX)
@@ -65,6 +68,11 @@ kill_role() { # run, role name
   [ -n "$pid" ] || fail "no process for $2 of run $1"
   kill -9 "$pid"
   echo "killed $2 of run $1 (pid $pid) after $(steps_done "$1") steps"
+}
+same_samples() { # run x, run y: every sample's tokens, log-probs, version and reward are equal
+  local q="SELECT step, prompt_id, sample_index, hex(tokens), hex(logprobs), version, reward, reward_detail FROM samples ORDER BY 1, 2, 3"
+  [ "$(sqlite3 "runs/$1/run.db" "$q" | sha256sum)" = "$(sqlite3 "runs/$2/run.db" "$q" | sha256sum)" ] ||
+    fail "runs $1 and $2 hold different samples"
 }
 check_db() { # run: every sample once, with version and reward
   local db=runs/$1/run.db
@@ -126,11 +134,13 @@ wait $launcher || { cat d.err; fail "run d"; }
 grep -q "sandbox died (killed by signal 9)" d.err || fail "run d: sandbox restart not reported"
 [ "$(sqlite3 runs/d/run.db 'SELECT count(*) FROM samples')" = 48 ] || fail "run d: samples"
 cmp runs/d0/final/model.safetensors runs/d/final/model.safetensors || fail "run d's final policy differs from d0's"
-echo "ok: run d: coding with the sandbox killed mid-run ends bitwise identical to d0"
+same_samples d0 d
+echo "ok: run d: coding with the sandbox killed mid-run: the same samples, rewards and final policy as d0"
 
 for r in b c; do
   cmp runs/a/final/model.safetensors runs/$r/final/model.safetensors ||
     fail "run $r's final policy differs from the undisturbed run's"
+  same_samples a $r
 done
 echo "ok: final policies of a, b and c are bitwise identical ($(sha256sum runs/a/final/model.safetensors | cut -c1-16))"
 
