@@ -30,7 +30,7 @@ static const prl_bus_type_spec registry[] = {
       U_OPT("gen_us"), U_OPT("stop")},
      {{"tokens", PRL_BUS_I32}, {"logprobs", PRL_BUS_F32}}},
     {"score", "the controller leases the scoring of one sample to a reward worker",
-     {U("lease"), U("step"), U("prompt"), U("sample")},
+     {U("lease"), U("step"), U("prompt"), U("sample"), U_OPT("truncated")},
      {{"task", PRL_BUS_BYTES}, {"turns", PRL_BUS_BYTES}}},
     {"scored", "a reward worker returns a sample's reward and breakdown (JSON)",
      {U("lease"), U("step"), U("prompt"), U("sample"), U("score_us")},

@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -72,6 +73,7 @@ static int start_child(launcher *L, child *c)
         return -1;
     }
     fflush(stdout), fflush(stderr);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         close(fd);
@@ -80,6 +82,10 @@ static int start_child(launcher *L, child *c)
     }
     if (pid == 0) {
         signal(SIGINT, SIG_IGN); /* the launcher stops its children with SIGTERM */
+        /* a launcher that dies (even by SIGKILL) takes its roles with it: they stop as on
+        ** Ctrl-C and the run stays resumable, instead of running on unsupervised */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(1);
         if (strcmp(c->name, "controller")) dup2(fd, STDOUT_FILENO);
         dup2(fd, STDERR_FILENO);
         execv("/proc/self/exe", c->argv);

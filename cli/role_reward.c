@@ -47,6 +47,9 @@ static prl_status score(cli_role *r, const prl_reward_exec *exec, const prl_bus_
     prl_reward_result res;
     memset(&res, 0, sizeof res);
     if (!rc) rc = prl_reward_score(task, msgs, nm, exec, &res);
+    uint64_t truncated = 0;
+    prl_bus_msg_get_uint(m, "truncated", &truncated);
+    if (!rc && truncated) prl_reward_unfinished(&res);
     char *detail = rc ? NULL : result_json(&res);
     if (!rc && !detail) rc = prl_error_set(PRL_ERR_NOMEM, "score detail");
     prl_bus_msg out;

@@ -69,6 +69,7 @@ typedef struct slot {     /* one sample */
     char *detail;
     unsigned flags;
     int failures;         /* scoring attempts that ended in an error or a rejected answer */
+    int truncated;        /* the episode's last turn was cut off (the verifier pays nothing) */
 } slot;
 
 typedef struct group {
@@ -622,6 +623,7 @@ static prl_status lease_score(ctl *c, step_run *r, int gi, int j, worker *w)
     if (!rc) rc = prl_bus_msg_set_uint(&m, "step", (uint64_t)r->step);
     if (!rc) rc = prl_bus_msg_set_uint(&m, "prompt", (uint64_t)g->prompt);
     if (!rc) rc = prl_bus_msg_set_uint(&m, "sample", (uint64_t)j);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "truncated", (uint64_t)s->truncated);
     const char *t = c->task_text[g->prompt];
     if (!rc) rc = prl_bus_msg_add_frame(&m, "task", PRL_BUS_BYTES, t, strlen(t));
     if (!rc) rc = prl_bus_msg_add_frame(&m, "turns", PRL_BUS_BYTES, s->turns, strlen(s->turns));
@@ -956,6 +958,7 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
             memcpy(s->mask, mv, nr);
             s->n = (int)tok->count, s->prompt_len = (int)plen, s->version = (int64_t)ver;
             s->gen_s = 1e-6 * (double)gen_us, s->stop = (int)stop, s->state = 1;
+            s->truncated = json_is_true(json_object_get(mj, "truncated"));
             snprintf(s->worker, sizeof s->worker, "%s", w->name);
             g->generated++;
             r->gen_tokens += (double)nr;

@@ -286,3 +286,15 @@ prl_status prl_reward_score_line(const char *line_json, const prl_reward_exec *e
     json_decref(line);
     return rc;
 }
+
+void prl_reward_unfinished(prl_reward_result *r)
+{
+    if (r->n_checks < PRL_REWARD_MAX_CHECKS) {
+        prl_reward_check *k = &r->checks[r->n_checks++];
+        memset(k, 0, sizeof *k);
+        snprintf(k->name, sizeof k->name, "finished");
+        snprintf(k->detail, sizeof k->detail, "the turn was cut off before <|end|>");
+        k->passed = 0, k->weight = 0, k->required = 1;
+    }
+    r->score = 0;
+}

@@ -94,6 +94,12 @@ typedef struct prl_reward_result {
 #define PRL_REWARD_TOOL_SYNTAX_PENALTY 0.2 /* per malformed tool call */
 #define PRL_REWARD_PARSE_PENALTY 0.25      /* per python tool call that does not parse */
 
+/* An episode cut off mid-turn (by max_new_tokens or the context) has no answer: add the
+** required check "finished" (failed) and set the score to 0, whatever the other checks say.
+** The rollout applies it when it scores, the reward worker when the controller says the
+** sample was cut off: a policy must never be paid for text that does not end. */
+void prl_reward_unfinished(prl_reward_result *r);
+
 /* Names of the bits of `flags`, comma-separated, into out ("" for none). */
 void prl_reward_flags_format(unsigned flags, char *out, size_t n);
 

@@ -253,6 +253,7 @@ prl_status prl_rollout_run(prl_infer *e, const prl_tokenizer *tok, json_t *const
         rc = task_json ? prl_reward_score(task_json, out[i].msgs, (size_t)out[i].n_msgs, exec,
                                           &out[i].result)
                        : prl_error_set(PRL_ERR_NOMEM, "task %d", i);
+        if (!rc && out[i].truncated) prl_reward_unfinished(&out[i].result);
         out[i].reward = out[i].result.score;
         free(task_json);
     }

@@ -291,6 +291,21 @@ START_TEST(test_general_constraints)
 }
 END_TEST
 
+/* A turn cut off before <|end|> is not an answer: score 0, the other checks kept. */
+START_TEST(test_unfinished)
+{
+    const char *task = "{\"domain\":\"general\",\"constraints\":[{\"type\":\"include\",\"word\":\"blue\"}]}";
+    prl_reward_result r = score1(task, "the blue sea");
+    assert_score(&r, 1);
+    int n = r.n_checks;
+    prl_reward_unfinished(&r);
+    assert_score(&r, 0);
+    ck_assert_int_eq(r.n_checks, n + 1);
+    ck_assert(passed(&r, "include") && !passed(&r, "finished"));
+    ck_assert(find(&r, "finished")->required);
+}
+END_TEST
+
 START_TEST(test_general_partial_credit)
 {
     const char *task = "{\"domain\":\"general\",\"constraints\":[{\"type\":\"case\",\"value\":\"lower\"},"
@@ -694,6 +709,7 @@ static Suite *reward_suite(void)
     Suite *s = suite_create("reward");
     TCase *tc = tcase_create("exec");
     tcase_add_test(tc, test_exec_bridge);
+    tcase_add_test(tc, test_unfinished);
     tcase_add_test(tc, test_python_observation);
     suite_add_tcase(s, tc);
     tc = tcase_create("reasoning");
