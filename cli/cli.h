@@ -13,6 +13,7 @@
 #include "reward/reward.h"
 
 #include <pthread.h>
+#include <signal.h>
 
 #include <jansson.h>
 
@@ -133,6 +134,11 @@ prl_status cli_role_take_welcome(cli_role *r, const prl_bus_msg *welcome);
 ** here (*got stays 0): stop sets r->stop; a re-welcome updates the run; an error asking to
 ** say hello is answered. */
 prl_status cli_role_next(cli_role *r, int timeout_ms, prl_bus_msg *m, int *got);
+/* Tell the controller this worker cannot do work item m (an `error` naming the lease, which
+** the controller hands out again, at most a few times) and log it. */
+void cli_role_refuse(cli_role *r, const prl_bus_msg *m, const char *why);
+/* The flag SIGTERM/SIGINT set (cli_role_install_signals), for loops that poll it. */
+const volatile sig_atomic_t *cli_role_stop_flag(void);
 /* "[rollout-0] message" on stderr. */
 void cli_role_log(const cli_role *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Where a role's programs run (python tool calls, coding tests): the sandbox service at

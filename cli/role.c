@@ -249,3 +249,23 @@ void cli_role_exec_close(cli_role_exec *x)
     prl_sandbox_client_free(x->svc);
     memset(x, 0, sizeof *x);
 }
+
+void cli_role_refuse(cli_role *r, const prl_bus_msg *m, const char *why)
+{
+    uint64_t lease = 0, id = 0;
+    prl_bus_msg_get_uint(m, "lease", &lease);
+    prl_bus_msg_get_uint(m, "id", &id);
+    cli_role_log(r, "cannot do lease %llu (%s): %s", (unsigned long long)lease, m->type, why);
+    prl_bus_msg e;
+    if (prl_bus_msg_init(&e, "error", r->run, ++r->next_id)) return;
+    prl_bus_msg_set_str(&e, "reason", why);
+    prl_bus_msg_set_uint(&e, "ref", id);
+    prl_bus_msg_set_uint(&e, "lease", lease);
+    if (prl_bus_send(r->ctl, NULL, &e)) cli_role_log(r, "error report not sent: %s", prl_error_message());
+    prl_bus_msg_free(&e);
+}
+
+const volatile sig_atomic_t *cli_role_stop_flag(void)
+{
+    return &stop_signal;
+}

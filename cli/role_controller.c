@@ -9,14 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static volatile int stop_flag;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_flag = 1;
-}
-
 /* The job config a run directory was started with (runs/NAME/job.json). */
 prl_status cli_run_job_path(const char *run_dir, char *out, size_t n)
 {
@@ -35,12 +27,7 @@ int cmd_role_controller(int argc, char **argv)
                        "The controller: owns DIR/run.db, leases work to the rollout, reward and "
                        "trainer roles and records every sample (docs/pipeline.md).", NULL, 0, NULL);
     if (pr) return pr == CLI_HELP ? 0 : 2;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    cli_role_install_signals();
     char path[1100];
     prl_job_config job;
     prl_job_config_default(&job);
@@ -50,12 +37,12 @@ int cmd_role_controller(int argc, char **argv)
     }
     int failed = 0;
     prl_controller_options o = {.run_dir = run_dir, .endpoint = bind, .job = &job,
-                                .progress = stdout, .stop = &stop_flag, .failed = &failed};
+                                .progress = stdout, .stop = cli_role_stop_flag(), .failed = &failed};
     prl_status rc = prl_controller_run(&o);
     prl_job_config_free(&job);
     if (rc) {
         cli_fail("role controller");
         return failed ? CLI_RUN_FAILED : 1;
     }
-    return stop_flag ? 3 : 0;
+    return *cli_role_stop_flag() ? 3 : 0;
 }

@@ -69,21 +69,6 @@ static prl_status score(cli_role *r, const prl_reward_exec *exec, const prl_bus_
     return rc;
 }
 
-static void refuse(cli_role *r, const prl_bus_msg *m, const char *why)
-{
-    uint64_t lease = 0, id = 0;
-    prl_bus_msg_get_uint(m, "lease", &lease);
-    prl_bus_msg_get_uint(m, "id", &id);
-    cli_role_log(r, "cannot score lease %llu: %s", (unsigned long long)lease, why);
-    prl_bus_msg e;
-    if (prl_bus_msg_init(&e, "error", r->run, ++r->next_id)) return;
-    prl_bus_msg_set_str(&e, "reason", why);
-    prl_bus_msg_set_uint(&e, "ref", id);
-    prl_bus_msg_set_uint(&e, "lease", lease);
-    prl_bus_send(r->ctl, NULL, &e);
-    prl_bus_msg_free(&e);
-}
-
 int cmd_role_reward(int argc, char **argv)
 {
     const char *connect = NULL, *name = "reward-0", *sandbox = NULL;
@@ -115,7 +100,7 @@ int cmd_role_reward(int argc, char **argv)
             break;
         }
         if (!got) continue;
-        if (!strcmp(m.type, "score") && score(&r, &x.exec, &m)) refuse(&r, &m, prl_error_message());
+        if (!strcmp(m.type, "score") && score(&r, &x.exec, &m)) cli_role_refuse(&r, &m, prl_error_message());
         else if (strcmp(m.type, "score")) cli_role_log(&r, "ignored a '%s' message", m.type);
         prl_bus_msg_free(&m);
     }

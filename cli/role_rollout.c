@@ -106,22 +106,6 @@ static prl_status send_result(rollout_worker *w, const prl_bus_msg *work, int sa
     return rc;
 }
 
-/* Report a work item this worker cannot do; the controller hands it out again. */
-static void refuse(rollout_worker *w, const prl_bus_msg *work, const char *why)
-{
-    uint64_t lease = 0, id = 0;
-    prl_bus_msg_get_uint(work, "lease", &lease);
-    prl_bus_msg_get_uint(work, "id", &id);
-    cli_role_log(&w->role, "cannot do lease %llu: %s", (unsigned long long)lease, why);
-    prl_bus_msg m;
-    if (prl_bus_msg_init(&m, "error", w->role.run, ++w->role.next_id)) return;
-    prl_bus_msg_set_str(&m, "reason", why);
-    prl_bus_msg_set_uint(&m, "ref", id);
-    prl_bus_msg_set_uint(&m, "lease", lease);
-    prl_bus_send(w->role.ctl, NULL, &m);
-    prl_bus_msg_free(&m);
-}
-
 static prl_status do_work(rollout_worker *w, const prl_bus_msg *m)
 {
     uint64_t step = 0, prompt = 0, sample = 0, count = 0, ver = 0;
@@ -198,7 +182,7 @@ int cmd_role_rollout(int argc, char **argv)
             break;
         }
         if (!got) continue;
-        if (!strcmp(m.type, "work") && do_work(&w, &m)) refuse(&w, &m, prl_error_message());
+        if (!strcmp(m.type, "work") && do_work(&w, &m)) cli_role_refuse(&w.role, &m, prl_error_message());
         else if (strcmp(m.type, "work")) cli_role_log(&w.role, "ignored a '%s' message", m.type);
         prl_bus_msg_free(&m);
     }

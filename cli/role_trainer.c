@@ -113,21 +113,6 @@ static prl_status train(trainer *t, const prl_bus_msg *m)
     return rc;
 }
 
-static void refuse(trainer *t, const prl_bus_msg *m, const char *why)
-{
-    uint64_t lease = 0, id = 0;
-    prl_bus_msg_get_uint(m, "lease", &lease);
-    prl_bus_msg_get_uint(m, "id", &id);
-    cli_role_log(&t->role, "cannot train lease %llu: %s", (unsigned long long)lease, why);
-    prl_bus_msg e;
-    if (prl_bus_msg_init(&e, "error", t->role.run, ++t->role.next_id)) return;
-    prl_bus_msg_set_str(&e, "reason", why);
-    prl_bus_msg_set_uint(&e, "ref", id);
-    prl_bus_msg_set_uint(&e, "lease", lease);
-    prl_bus_send(t->role.ctl, NULL, &e);
-    prl_bus_msg_free(&e);
-}
-
 int cmd_role_trainer(int argc, char **argv)
 {
     const char *connect = NULL, *name = "trainer-0";
@@ -157,7 +142,7 @@ int cmd_role_trainer(int argc, char **argv)
             break;
         }
         if (!got) continue;
-        if (!strcmp(m.type, "train") && train(&t, &m)) refuse(&t, &m, prl_error_message());
+        if (!strcmp(m.type, "train") && train(&t, &m)) cli_role_refuse(&t.role, &m, prl_error_message());
         else if (strcmp(m.type, "train")) cli_role_log(&t.role, "ignored a '%s' message", m.type);
         prl_bus_msg_free(&m);
     }

@@ -266,8 +266,9 @@ static void requeue_worker(ctl *c, worker *w, const char *why)
 
 static prl_status store_failed_score(ctl *c, step_run *r, group *g, int j, const char *why);
 
-/* A work item failed (its worker reported an error, or its result was rejected): hand it out
-** again, up to MAX_ATTEMPTS. Then a score becomes reward 0 with the reason in its detail (a
+/* A work item failed (its worker reported an error doing it): hand it out again, up to
+** MAX_ATTEMPTS. (A result the controller rejects is handed out again without counting: a
+** worker must not be able to fail the run by sending garbage.) Then a score becomes reward 0 with the reason in its detail (a
 ** model output that cannot be scored must not stop the run); a rollout or training that keeps
 ** failing fails the run, naming the item and the reason. */
 static void lease_failed(ctl *c, lease *l, const char *why)
@@ -864,7 +865,7 @@ static char *frame_text(const prl_bus_frame *f)
 #define REJECT_HELD(c, w, l, id, ...)                                         \
     do {                                                                     \
         send_error(c, &(w)->peer, id, __VA_ARGS__);                          \
-        lease_failed(c, l, "its result was rejected");                       \
+        lease_requeue(c, l, "its result was rejected");                      \
     } while (0)
 
 static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)

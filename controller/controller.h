@@ -13,6 +13,7 @@
 
 #include "job/job.h"
 
+#include <signal.h>
 #include <stdio.h>
 
 typedef struct prl_controller_options {
@@ -20,7 +21,7 @@ typedef struct prl_controller_options {
     const char *endpoint;        /* ROUTER bind endpoint (NULL: ipc://RUN_DIR/control.sock) */
     const prl_job_config *job;
     FILE *progress;              /* one line per step (NULL: none) */
-    const volatile int *stop;    /* set (e.g. by a signal handler) to stop after the current
+    const volatile sig_atomic_t *stop; /* set (e.g. by a signal handler) to stop after the current
                                  ** message; the run stays resumable */
     int *failed;                 /* out (may be NULL): set to 1 when a work item failed
                                  ** MAX_ATTEMPTS times and the run was marked failed (a
