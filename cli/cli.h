@@ -143,11 +143,21 @@ const volatile sig_atomic_t *cli_role_stop_flag(void);
 void cli_role_log(const cli_role *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Where a role's programs run (python tool calls, coding tests): the sandbox service at
 ** `sandbox` (re-sent after a service restart), or with sandbox NULL a sandbox of this
-** process. open/close pair; x->exec is what the verifiers and rollout take. */
+** process; repeats of a finished run are answered from a cache (role.c). open/close pair;
+** x->exec is what the verifiers and rollout take. */
+enum { CLI_EXEC_CACHE = 4096 };
+typedef struct cli_exec_cache_entry {
+    uint64_t key;
+    int used;
+    prl_reward_exec_result result;
+} cli_exec_cache_entry;
 typedef struct cli_role_exec {
     cli_exec *local;
     struct prl_sandbox_client *svc;
-    prl_reward_exec exec;
+    prl_reward_exec inner;        /* the executor behind the cache */
+    prl_reward_exec exec;         /* the cached one: give this to the verifiers */
+    cli_exec_cache_entry *cache;  /* [CLI_EXEC_CACHE] */
+    uint64_t hits;
 } cli_role_exec;
 prl_status cli_role_exec_open(cli_role_exec *x, const char *sandbox, const char *worker,
                               double wall_s);

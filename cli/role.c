@@ -224,27 +224,78 @@ char *cli_frame_text(const prl_bus_msg *m, const char *name)
     return t;
 }
 
+/* The cache key of a run: everything the result depends on. */
+static uint64_t exec_key(const prl_reward_exec_request *q)
+{
+    uint64_t k = prl_checksum64(q->lang, strlen(q->lang), 0x5eed);
+    k = prl_checksum64(q->program, strlen(q->program), k);
+    k = prl_checksum64(q->stdin_data ? q->stdin_data : "", q->stdin_len, k);
+    return prl_hash64(k ^ (uint64_t)(q->wall_s * 1e6));
+}
+
+static prl_status copy_result(prl_reward_exec_result *to, const prl_reward_exec_result *from)
+{
+    *to = *from;
+    to->stdout_data = malloc(from->stdout_len + 1);
+    to->stderr_data = malloc(from->stderr_len + 1);
+    if (!to->stdout_data || !to->stderr_data) {
+        prl_reward_exec_result_free(to);
+        return prl_error_set(PRL_ERR_NOMEM, "cached exec result");
+    }
+    memcpy(to->stdout_data, from->stdout_data ? from->stdout_data : "", from->stdout_len);
+    memcpy(to->stderr_data, from->stderr_data ? from->stderr_data : "", from->stderr_len);
+    to->stdout_data[from->stdout_len] = 0, to->stderr_data[from->stderr_len] = 0;
+    return PRL_OK;
+}
+
+/* Samples of one group often hold the same program, run on the same test inputs: answer a
+** repeat from memory. Only outcomes that do not depend on the machine's load are kept ("ok"
+** and "runtime_error": a program that finished), so a cached answer is the answer a new run
+** would give. Slot i of a direct-mapped table holds the newest run with key % size == i. */
+static prl_status exec_cached(void *ctx, const prl_reward_exec_request *q, prl_reward_exec_result *res)
+{
+    cli_role_exec *x = ctx;
+    uint64_t k = exec_key(q);
+    cli_exec_cache_entry *e = &x->cache[k % CLI_EXEC_CACHE];
+    if (e->used && e->key == k) {
+        x->hits++;
+        return copy_result(res, &e->result);
+    }
+    prl_status rc = x->inner.fn(x->inner.ctx, q, res);
+    if (rc || (strcmp(res->status, "ok") && strcmp(res->status, "runtime_error"))) return rc;
+    if (e->used) prl_reward_exec_result_free(&e->result);
+    e->used = 0;
+    if (copy_result(&e->result, res) == PRL_OK) e->used = 1, e->key = k;
+    return PRL_OK;
+}
+
 prl_status cli_role_exec_open(cli_role_exec *x, const char *sandbox, const char *worker,
                               double wall_s)
 {
     memset(x, 0, sizeof *x);
-    x->exec.wall_s = wall_s;
+    x->cache = calloc(CLI_EXEC_CACHE, sizeof *x->cache);
+    if (!x->cache) return prl_error_set(PRL_ERR_NOMEM, "exec cache");
+    x->exec = (prl_reward_exec){.fn = exec_cached, .ctx = x, .wall_s = wall_s};
+    x->inner.wall_s = wall_s;
     if (!sandbox) { /* no service: a sandbox of this process's own */
         x->local = cli_exec_new();
         if (!x->local) return prl_error_set(PRL_ERR_NOMEM, "executor");
-        x->exec.fn = cli_exec_sandboxed, x->exec.ctx = x->local;
+        x->inner.fn = cli_exec_sandboxed, x->inner.ctx = x->local;
         return PRL_OK;
     }
     char name[96];
     snprintf(name, sizeof name, "%s.sandbox", worker);
     prl_status rc = prl_sandbox_client_open(&x->svc, sandbox, name);
     if (rc) return rc;
-    x->exec.fn = cli_exec_service, x->exec.ctx = x->svc;
+    x->inner.fn = cli_exec_service, x->inner.ctx = x->svc;
     return PRL_OK;
 }
 
 void cli_role_exec_close(cli_role_exec *x)
 {
+    for (int i = 0; x->cache && i < CLI_EXEC_CACHE; i++)
+        if (x->cache[i].used) prl_reward_exec_result_free(&x->cache[i].result);
+    free(x->cache);
     cli_exec_free(x->local);
     prl_sandbox_client_free(x->svc);
     memset(x, 0, sizeof *x);

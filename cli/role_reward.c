@@ -104,6 +104,7 @@ int cmd_role_reward(int argc, char **argv)
         else if (strcmp(m.type, "score")) cli_role_log(&r, "ignored a '%s' message", m.type);
         prl_bus_msg_free(&m);
     }
+    cli_role_log(&r, "programs answered from the exec cache: %llu", (unsigned long long)x.hits);
     cli_role_exec_close(&x);
     cli_role_leave(&r);
     return code;

@@ -187,6 +187,7 @@ int cmd_role_rollout(int argc, char **argv)
         prl_bus_msg_free(&m);
     }
     unload(&w);
+    cli_role_log(&w.role, "programs answered from the exec cache: %llu", (unsigned long long)w.exec.hits);
     cli_role_exec_close(&w.exec);
     cli_role_leave(&w.role);
     return code;
