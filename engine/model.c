@@ -18,6 +18,7 @@
 ** one after another, each as [gate_proj (de×d), up_proj (de×d), down_proj (d×de)]. */
 typedef struct layer_offsets {
     size_t ln1, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, ln2;
+    size_t sink_ckv, sink_kpe; /* parameter sinks (sink_ckv only with param_sink_with_value) */
     size_t w1, w3, w2;       /* dense SwiGLU; w3 follows w1, so [w1; w3] is one 2F×d matrix */
     size_t router, experts;  /* MoE */
     size_t sw1, sw3, sw2;    /* shared experts; sw3 follows sw1 likewise */
@@ -29,6 +30,7 @@ typedef struct layer_acts {
     prl_real *zq, *cq, *rstd_q, *q;             /* query path */
     prl_real *kva, *ckv, *rstd_kv, *kr, *kv;    /* key/value path */
     prl_real *att, *o;                          /* probabilities, head outputs */
+    prl_real *sink_ckv, *sink_rstd, *sink_kv;   /* sinks: normed latent, 1/rms, [k_nope | v] */
     prl_real *res_ffn, *ln_f, *rstd_f;          /* residual after attention, normed */
     prl_real *a13, *h;                          /* dense or shared-expert SwiGLU */
     /* MoE */
@@ -49,6 +51,7 @@ struct prl_acts {
     prl_real *rope_cos, *rope_sin;
     /* backward scratch */
     prl_real *dres, *dln, *dlogits, *dzq, *dcq, *dq, *dkva, *dckv, *dkv, *dkr, *dattn_scratch;
+    prl_real *dsink_kv, *dsink_ckv;
     prl_real *do_, *dffn_scratch, *dz, *dg, *dyg, *dxg, *deh;
     size_t attn_scratch_len;
     int32_t *routes;        /* [n_moe][N][K] captured routes */
@@ -61,7 +64,7 @@ struct prl_acts {
 /* ------------------------------------------------------------------ dimensions ------ */
 
 typedef struct dims {
-    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde;
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, ns;
 } dims;
 
 static dims dims_of(const prl_config *c)
@@ -72,10 +75,19 @@ static dims dims_of(const prl_config *c)
         .dn = c->qk_nope_head_dim, .dr = c->qk_rope_head_dim, .dv = c->v_head_dim,
         .I = c->intermediate_size, .E = c->n_routed_experts, .K = c->num_experts_per_tok,
         .de = c->moe_intermediate_size, .sde = c->n_shared_experts * c->moe_intermediate_size,
+        .ns = c->param_sink_number,
     };
     D.dq = D.dn + D.dr;
     D.dkv = D.dn + D.dv;
     return D;
+}
+
+/* The attention call of layer l for the current batch shape (window and sinks). */
+static prl_attn_shape attn_shape(const prl_model *m, int l)
+{
+    dims D = dims_of(&m->cfg);
+    return (prl_attn_shape){.B = m->acts->B, .T = m->acts->T, .H = D.H, .dn = D.dn, .dr = D.dr,
+                            .dv = D.dv, .window = prl_config_window(&m->cfg, l), .ns = D.ns};
 }
 
 /* ------------------------------------------------------------------ parameter table - */
@@ -140,6 +152,12 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
                               "%s.%d.self_attn.kv_b_proj.weight", p, l);
         o->wo = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, (int64_t)D.H * D.dv,
                            "%s.%d.self_attn.o_proj.weight", p, l);
+        if (c->param_sink_number > 0 && c->param_sink_with_value)
+            o->sink_ckv = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.rkv,
+                                     "%s.%d.self_attn.param_sink_compressed_kv", p, l);
+        if (c->param_sink_number > 0)
+            o->sink_kpe = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.dr,
+                                     "%s.%d.self_attn.param_sink_k_pe", p, l);
         o->ln2 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
                             "%s.%d.post_attention_layernorm.weight", p, l);
         if (!prl_config_is_moe(c, l)) {
@@ -313,7 +331,10 @@ static void carve_all(prl_model *m, carver *cv)
         la->rstd_kv = CARVE_R(cv, N);
         la->kr = CARVE_R(cv, N * D.dr);
         la->kv = CARVE_R(cv, N * D.H * D.dkv);
-        la->att = CARVE_R(cv, (size_t)a->B * D.H * a->T * a->T);
+        la->att = CARVE_R(cv, (size_t)a->B * D.H * a->T * (a->T + D.ns));
+        la->sink_ckv = CARVE_R(cv, (size_t)D.ns * D.rkv);
+        la->sink_rstd = CARVE_R(cv, D.ns);
+        la->sink_kv = CARVE_R(cv, (size_t)D.ns * D.H * D.dkv);
         la->o = CARVE_R(cv, N * D.H * D.dv);
         la->res_ffn = CARVE_R(cv, N * D.d);
         la->ln_f = CARVE_R(cv, N * D.d);
@@ -359,9 +380,11 @@ static void carve_all(prl_model *m, carver *cv)
     a->dckv = CARVE_R(cv, N * D.rkv);
     a->dkv = CARVE_R(cv, N * D.H * D.dkv);
     a->dkr = CARVE_R(cv, N * D.dr);
-    a->attn_scratch_len = prl_attention_scratch(a->B, a->T, D.H, D.dr);
+    a->attn_scratch_len = prl_attention_scratch(attn_shape(m, 0));
     a->dattn_scratch = CARVE_R(cv, a->attn_scratch_len);
     a->do_ = CARVE_R(cv, N * D.H * D.dv);
+    a->dsink_kv = CARVE_R(cv, (size_t)D.ns * D.H * D.dkv);
+    a->dsink_ckv = CARVE_R(cv, (size_t)D.ns * D.rkv);
     a->dffn_scratch = CARVE_R(cv, 3 * N * (wide > 0 ? wide : 1));
     a->dz = CARVE_R(cv, N * D.E);
     a->dg = CARVE_R(cv, NK);
@@ -428,6 +451,22 @@ static int emit(const prl_model *m, int layer, const char *what, const prl_real 
 #define P(off) (m->params + (off))
 #define G(off) (m->grads + (off))
 
+/* Parameter sinks of layer l: ĉ = RMSNorm(param_sink_compressed_kv; kv_a_layernorm), then
+** [k_nope | v] = ĉ·kv_b_projᵀ per head, like a token's; zero without param_sink_with_value. */
+static void sinks_forward(prl_model *m, int l)
+{
+    layer_acts *la = &m->acts->layer[l];
+    const layer_offsets *o = &m->acts->lo[l];
+    dims D = dims_of(&m->cfg);
+    if (!m->cfg.param_sink_with_value) {
+        memset(la->sink_kv, 0, (size_t)D.ns * D.H * D.dkv * sizeof(prl_real));
+        return;
+    }
+    prl_rmsnorm_forward(la->sink_ckv, la->sink_rstd, P(o->sink_ckv), P(o->kv_norm), D.ns, D.rkv,
+                        D.rkv, D.rkv, PRL_LATENT_NORM_EPS);
+    prl_matmul_forward(la->sink_kv, la->sink_ckv, P(o->wkv_b), D.ns, D.rkv, D.H * D.dkv, 0);
+}
+
 /* MLA in the naive form: a = ln_a (N,d) → o (N,H·dv), and tmp = o·Woᵀ. */
 static int mla_forward(prl_model *m, int l, const prl_batch *b)
 {
@@ -448,8 +487,9 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
                (size_t)D.dr * sizeof(prl_real));
     prl_rope_forward(la->kr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
     prl_matmul_forward(la->kv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv, 0);
-    prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, b->lens, a->B, a->T, D.H, D.dn,
-                          D.dr, D.dv);
+    if (D.ns > 0) sinks_forward(m, l);
+    prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
+                          D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, attn_shape(m, l));
     prl_matmul_forward(a->tmp, la->o, P(o->wo), N, D.H * D.dv, D.d, 0);
     int stop = emit(m, l, "attn.q", la->q, N, (int64_t)D.H * D.dq);
     stop = stop || emit(m, l, "attn.kv_latent", la->ckv, N, D.rkv);
@@ -826,8 +866,18 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
     zero(a->dq, (size_t)N * D.H * D.dq);
     zero(a->dkv, (size_t)N * D.H * D.dkv);
     zero(a->dkr, (size_t)N * D.dr);
-    prl_attention_backward(a->dq, a->dkv, a->dkr, a->do_, la->att, la->q, la->kv, la->kr,
-                           a->dattn_scratch, a->B, a->T, D.H, D.dn, D.dr, D.dv, b->lens);
+    zero(a->dsink_kv, (size_t)D.ns * D.H * D.dkv);
+    prl_attention_backward(a->dq, a->dkv, a->dkr, a->dsink_kv, D.ns > 0 ? G(o->sink_kpe) : NULL,
+                           a->do_, la->att, la->q, la->kv, la->kr, la->sink_kv,
+                           D.ns > 0 ? P(o->sink_kpe) : NULL, a->dattn_scratch, b->lens,
+                           attn_shape(m, l));
+    if (D.ns > 0 && m->cfg.param_sink_with_value) { /* sinks: through kv_b_proj and the norm */
+        zero(a->dsink_ckv, (size_t)D.ns * D.rkv);
+        prl_matmul_backward(a->dsink_ckv, G(o->wkv_b), a->dsink_kv, la->sink_ckv, P(o->wkv_b),
+                            D.ns, D.rkv, D.H * D.dkv);
+        prl_rmsnorm_backward(G(o->sink_ckv), G(o->kv_norm), a->dsink_ckv, P(o->sink_ckv),
+                             P(o->kv_norm), la->sink_rstd, D.ns, D.rkv, D.rkv, D.rkv);
+    }
     zero(a->dckv, (size_t)N * D.rkv);
     prl_matmul_backward(a->dckv, G(o->wkv_b), a->dkv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv);
     prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);

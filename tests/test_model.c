@@ -87,9 +87,26 @@ START_TEST(test_config_errors)
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "DSA"));
     ck_assert_int_eq(parse("{\"use_mhc\": true}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 1}", &c), PRL_ERR_UNSUPPORTED);
-    ck_assert_int_eq(parse("{\"param_sink_number\": 16}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"router_sliding_window\": 3}", &c), PRL_ERR_UNSUPPORTED);
-    ck_assert_int_eq(parse("{\"swa_layers\": [1]}", &c), PRL_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse("{\"layer_types\": [\"sliding_attention\"]}", &c), PRL_ERR_UNSUPPORTED);
+    /* sliding windows and parameter sinks */
+    ck_assert_int_eq(parse("{\"swa_layers\": [1, 4], \"sliding_window_list\": [8, 16], "
+                           "\"param_sink_number\": 16}", &c), PRL_OK);
+    ck_assert_int_eq(prl_config_window(&c, 0), 0);
+    ck_assert_int_eq(prl_config_window(&c, 4), 16);
+    ck_assert_int_eq(c.param_sink_number, 16);
+    ck_assert_int_eq(c.param_sink_with_value, 1); /* default */
+    ck_assert_int_eq(parse("{\"swa_layers\": [2], \"sliding_window\": 5}", &c), PRL_OK);
+    ck_assert_int_eq(prl_config_window(&c, 2), 5);
+    ck_assert_int_eq(parse("{\"swa_layers\": [1]}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "window is 0"));
+    ck_assert_int_eq(parse("{\"swa_layers\": [6], \"sliding_window\": 4}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "not a layer"));
+    ck_assert_int_eq(parse("{\"swa_layers\": [1, 1], \"sliding_window\": 4}", &c), PRL_ERR_CONFIG);
+    ck_assert_int_eq(parse("{\"swa_layers\": [1, 2], \"sliding_window_list\": [4]}", &c),
+                     PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "sliding_window_list"));
+    ck_assert_int_eq(parse("{\"param_sink_number\": -1}", &c), PRL_ERR_CONFIG);
     ck_assert_int_eq(parse("{\"sandwich_norm\": true}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"rope_interleave\": true}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"dsa_layers\": [], \"use_mhc\": false, \"num_nextn_predict_layers\": 0}", &c), PRL_OK);
@@ -100,6 +117,13 @@ START_TEST(test_config_errors)
     ck_assert_int_eq(parse(small_config, &c), PRL_OK);
     char *text = prl_config_to_json(&c);
     prl_config c2;
+    ck_assert_int_eq(prl_config_parse(&c2, text, "round trip"), PRL_OK);
+    ck_assert_mem_eq(&c, &c2, sizeof c);
+    free(text);
+    ck_assert_int_eq(parse("{\"swa_layers\": [1, 3], \"sliding_window_list\": [8, 6], "
+                           "\"sliding_window\": 7, \"param_sink_number\": 4, "
+                           "\"param_sink_with_value\": false}", &c), PRL_OK);
+    text = prl_config_to_json(&c);
     ck_assert_int_eq(prl_config_parse(&c2, text, "round trip"), PRL_OK);
     ck_assert_mem_eq(&c, &c2, sizeof c);
     free(text);
