@@ -56,6 +56,12 @@ MICRO = {
 }
 
 
+# The micro config's attention blocks (spec §12.2): layers 1 and 2 slide with W = 4 (the
+# batches have 8 positions), two parameter sinks per layer.
+BLOCKS = dict(MICRO, swa_layers=[1, 2], sliding_window_list=[4, 4], sliding_window=4,
+              param_sink_number=2, param_sink_with_value=True)
+
+
 def micro_model(cfg=None, seed=0, std=0.3, dtype=torch.float64):
     """A float64 model with non-trivial weights: N(0, std) linears, random norm gains and
     selection biases (so every gradient path is exercised)."""
@@ -116,6 +122,27 @@ def naive_loss(sd, cfg, tokens, lens, targets, weights, tau, routes=None):
         up = sd[pre + "up_proj.weight"] @ x
         return sd[pre + "down_proj.weight"] @ (gt * torch.sigmoid(gt) * up)
 
+    # sliding windows (0 = causal) and parameter sinks, straight from the config keys
+    windows = [0] * cfg["num_hidden_layers"]
+    for i, l in enumerate(cfg.get("swa_layers") or []):
+        windows[l] = (cfg.get("sliding_window_list") or [cfg.get("sliding_window")] * (i + 1))[i]
+    ns = cfg.get("param_sink_number", 0)
+
+    def sinks(p):
+        """Per sink i and head: key [k_nope ; k_pe] and value, built like a token's."""
+        out = []
+        for i in range(ns):
+            if cfg.get("param_sink_with_value", True):
+                c = rms(sd[p + "self_attn.param_sink_compressed_kv"][i],
+                        sd[p + "self_attn.kv_a_layernorm.weight"], 1e-6)
+            else:
+                c = torch.zeros(rkv, dtype=torch.float64)
+            kv = (sd[p + "self_attn.kv_b_proj.weight"] @ c).view(H, dn + dv)
+            kpe = sd[p + "self_attn.param_sink_k_pe"][i]
+            out.append(([torch.cat([kv[hh, :dn], kpe]) for hh in range(H)],
+                        [kv[hh, dn:] for hh in range(H)]))
+        return out
+
     B = tokens.shape[0]
     loss = torch.zeros((), dtype=torch.float64)
     logits_out, routes_out = {}, {}
@@ -141,13 +168,16 @@ def naive_loss(sd, cfg, tokens, lens, targets, weights, tau, routes=None):
                 ks.append([torch.cat([kv[hh, :dn], kr]) for hh in range(H)])
                 vs.append([kv[hh, dn:] for hh in range(H)])
             new_h = []
+            sk = sinks(p)
             for t in range(Tb):
                 o = []
+                seen = [s for s in range(t + 1) if windows[l] == 0 or t - s < windows[l]]
                 for hh in range(H):
-                    sc = torch.stack([(qs[t][hh] @ ks[s][hh]) / math.sqrt(dn + dr)
-                                      for s in range(t + 1)])
+                    keys = [k[hh] for k, _ in sk] + [ks[s][hh] for s in seen]
+                    vals = [v[hh] for _, v in sk] + [vs[s][hh] for s in seen]
+                    sc = torch.stack([(qs[t][hh] @ k) / math.sqrt(dn + dr) for k in keys])
                     pw = torch.softmax(sc, 0)
-                    o.append(sum(pw[s] * vs[s][hh] for s in range(t + 1)))
+                    o.append(sum(pw[j] * vals[j] for j in range(len(keys))))
                 new_h.append(h[t] + sd[p + "self_attn.o_proj.weight"] @ torch.cat(o))
             h = new_h
             f = [rms(x, sd[p + "post_attention_layernorm.weight"], eps) for x in h]
@@ -251,6 +281,22 @@ class TestNaiveAgreement(unittest.TestCase):
         cfg = dict(MICRO, prl_balance_loss_alpha=0.05, prl_router_z_loss_coef=0.02)
         self.check(cfg, lens=(8, 0, 3))
 
+    def test_sliding_windows_and_sinks(self):
+        self.check(BLOCKS)
+        self.check(dict(BLOCKS, swa_layers=[0, 2], sliding_window_list=[2, 3],
+                        param_sink_number=3, param_sink_with_value=False), lens=(8, 2, 6))
+
+    def test_window_and_sinks_change_the_model(self):
+        """Negative controls: the blocks are really on (the loss moves when either is off)."""
+        tokens, lens, targets, weights = micro_batch()
+        loss = {}
+        for name, cfg in (("both", BLOCKS), ("no window", dict(BLOCKS, swa_layers=[], sliding_window_list=[])),
+                          ("no sinks", dict(BLOCKS, param_sink_number=0))):
+            m = micro_model(cfg, seed=3)
+            loss[name] = float(m.compute_loss(tokens, lens, targets, weights, 0.7).loss)
+        self.assertGreater(abs(loss["both"] - loss["no window"]), 1e-6)
+        self.assertGreater(abs(loss["both"] - loss["no sinks"]), 1e-6)
+
 
 class TestGradients(unittest.TestCase):
     """autograd vs central finite differences of the loss, float64, routes frozen."""
@@ -325,6 +371,12 @@ class TestGradients(unittest.TestCase):
         self.assertIn("model.layers.1.self_attn.q_b_proj.weight", names)
         self.assertIn("model.layers.2.mlp.gate.weight", names)
 
+    def test_sink_parameters_get_gradient(self):
+        grads = self.autograd()
+        for n, gr in grads.items():
+            if "param_sink" in n:
+                self.assertGreater(float(gr.abs().max()), 0.0, n)
+
     def test_route_override_equal_to_natural_changes_nothing(self):
         tokens, lens, targets, weights = self.batch
         a = self.model.compute_loss(tokens, lens, targets, weights, 0.7, None)
@@ -335,6 +387,14 @@ class TestGradients(unittest.TestCase):
         d = self.model.compute_loss(tokens, lens, targets, weights, 0.7, flat)
         for o in (b, c, d):
             self.assertEqual(float(a.loss), float(o.loss))
+
+
+class TestGradientsBlocks(TestGradients):
+    """The same checks with sliding windows and parameter sinks on."""
+
+    CFG = dict(BLOCKS, prl_balance_loss_alpha=0.05, prl_router_z_loss_coef=0.02)
+    test_finite_difference_check_catches_a_wrong_gradient = None
+    test_route_override_equal_to_natural_changes_nothing = None
 
 
 class TestPadding(unittest.TestCase):
@@ -621,9 +681,19 @@ class TestCachedGeneration(unittest.TestCase):
             pr.generate(self.model, self.prompts, 2, "mqa")
 
 
+class TestCachedGenerationBlocks(TestCachedGeneration):
+    """Cached generation with sliding windows (W = 3 < the sequences) and parameter sinks,
+    both cache forms, against the full forward per step."""
+
+    CFG = dict(BLOCKS, max_position_embeddings=32, swa_layers=[0, 2], sliding_window_list=[3, 5])
+    test_cache_sizes = None
+    test_stop_at_eos = None
+    test_seeded_sampling_and_its_logprobs = None
+    test_bad_requests_raise = None
+
+
 class TestConfig(unittest.TestCase):
-    UNSUPPORTED = {"dsa_layers": [0], "swa_layers": [1, 2], "param_sink_number": 2,
-                   "use_mome": True, "router_sliding_window": 3, "use_mhc": True,
+    UNSUPPORTED = {"dsa_layers": [0], "use_mome": True, "router_sliding_window": 3, "use_mhc": True,
                    "sandwich_norm": True, "num_nextn_predict_layers": 1,
                    "rope_interleave": True, "tie_word_embeddings": True}
 
