@@ -95,8 +95,8 @@ static const key_spec keys[] = {
     IGN("param_sink_number", K_INT),
     IGN("param_sink_with_value", K_BOOL),
     UNS("layer_types", K_ANY, "per-layer attention types (use swa_layers)"),
-    UNS("use_mome", K_BOOL, "ModAttn (MoME) convolution"),
-    UNS("router_sliding_window", K_INT, "ModAttn (MoME) convolution"),
+    IGN("use_mome", K_BOOL),            /* ModAttn: parse_attention */
+    IGN("router_sliding_window", K_INT),
     UNS("use_mhc", K_BOOL, "mHC hyper-connections"),
     UNS("mhc_num_stream", K_INT, "mHC hyper-connections"),
     UNS("mhc_recur_norm", K_INT, "mHC hyper-connections"),
@@ -343,7 +343,7 @@ static prl_status read_int_list(json_t *v, const char *key, int *out, int *n, in
     return PRL_OK;
 }
 
-/* SWA and parameter-sink keys (docs/model.md). */
+/* SWA, parameter-sink and ModAttn keys (docs/model.md). */
 static prl_status parse_attention(prl_config *c, json_t *root, const char *src)
 {
     json_t *v;
@@ -369,6 +369,19 @@ static prl_status parse_attention(prl_config *c, json_t *root, const char *src)
         }
     if ((v = json_object_get(root, "param_sink_with_value")))
         c->param_sink_with_value = json_is_true(v);
+    if ((v = json_object_get(root, "router_sliding_window"))) {
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || x > 16)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'router_sliding_window' = %lld must be in "
+                                 "[0, 16]", src, (long long)x);
+        c->router_sliding_window = (int)x;
+    }
+    /* spec §11.1: use_mome defaults to router_sliding_window > 0 */
+    c->use_mome = c->router_sliding_window > 0;
+    if ((v = json_object_get(root, "use_mome"))) c->use_mome = json_is_true(v);
+    if (c->use_mome && c->router_sliding_window < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'use_mome' is true but 'router_sliding_window' "
+                             "(the conv kernel size) is %d", src, c->router_sliding_window);
     return PRL_OK;
 }
 
@@ -488,6 +501,10 @@ char *prl_config_to_json(const prl_config *c)
         else json_decref(windows);
         json_object_set_new(o, "sliding_window", json_integer(c->sliding_window));
     }
+    if (c->router_sliding_window > 0) {
+        json_object_set_new(o, "use_mome", json_boolean(c->use_mome));
+        json_object_set_new(o, "router_sliding_window", json_integer(c->router_sliding_window));
+    }
     if (c->param_sink_number > 0) {
         json_object_set_new(o, "param_sink_number", json_integer(c->param_sink_number));
         json_object_set_new(o, "param_sink_with_value", json_boolean(c->param_sink_with_value));
@@ -506,6 +523,11 @@ int prl_config_window(const prl_config *c, int layer)
         if (c->swa_layers[i] == layer)
             return i < c->n_sliding_window_list ? c->sliding_window_list[i] : c->sliding_window;
     return 0;
+}
+
+int prl_config_conv_kernel(const prl_config *c)
+{
+    return c->use_mome ? c->router_sliding_window : 0;
 }
 
 int prl_config_is_moe(const prl_config *c, int layer)

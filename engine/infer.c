@@ -108,7 +108,11 @@ typedef struct layer_w {
     size_t lat_off, kv_off;           /* the layer's part of cache_lat / cache_kv */
     float *sink_lat;                  /* [ns][rkv + dr]: normed sink latent, then k_pe */
     float *sink_kv;                   /* [ns][H·dkv]: per-head sink [k_nope | v] (naive) */
+    const float *conv_w[3];           /* ModAttn kernels [C, k]: query, latent, heads */
+    float *conv_state[3];             /* per slot the k−1 latest inputs of each conv [k−1][C] */
 } layer_w;
+
+enum { CONV_Q, CONV_KV, CONV_O };
 
 /* Buffers of one forward_rows call, sized for `cap` rows. */
 typedef struct rows_buf {
@@ -116,6 +120,7 @@ typedef struct rows_buf {
     int32_t *tok, *slot, *pos, *req;
     float *x, *ln, *rstd, *zq, *cq, *q, *kva, *ckv, *kr, *lat, *kvx, *o, *tmp, *a13, *h;
     int32_t *first_row, *first_pos; /* [max_batch]: a slot's first row in the call, its position */
+    float *zqc, *kvc, *oc, *conv_tmp; /* ModAttn outputs; a conv state being rebuilt */
     float *z, *s, *g;
     int32_t *sel, *offsets, *gpos, *token_of;
     float *xg, *ea13, *eh, *yg, *logits;
@@ -132,7 +137,7 @@ typedef struct slot_state {
 struct prl_infer {
     const prl_model *m;
     prl_infer_options opt;
-    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, n_moe, lat, ns;
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, n_moe, lat, ns, ck;
     float *wcopy;                 /* rounded weights (bf16/fp16), NULL in fp32 */
     layer_w *lw;
     const float *embed, *norm;
@@ -500,6 +505,13 @@ static prl_status bind_weights(prl_infer *e)
                     w->wuk_t[((size_t)h * e->rkv + c) * e->dn + i] =
                         w->wkv_b.w[((size_t)h * e->dkv + i) * e->rkv + c];
         if (e->ns > 0 && !rc) bind_sinks(e, l, base);
+        if (e->ck) {
+            w->conv_w[CONV_Q] = tensor(e, base, e->rq, 1, "model.layers.%d.self_attn.qa_conv.weight", l);
+            w->conv_w[CONV_KV] =
+                tensor(e, base, e->rkv, 1, "model.layers.%d.self_attn.compresskv_conv.weight", l);
+            w->conv_w[CONV_O] =
+                tensor(e, base, e->H * e->dv, 1, "model.layers.%d.self_attn.o_conv.weight", l);
+        }
     }
 #undef T
 #undef X
@@ -516,6 +528,12 @@ static void *xcalloc(size_t n, size_t size, int *failed)
     void *p = calloc(n ? n : 1, size);
     if (!p) *failed = 1;
     return p;
+}
+
+/* Channels of the three ModAttn convs: the query latent, the KV latent, the heads' output. */
+static int conv_channels(const prl_infer *e, int which)
+{
+    return which == CONV_Q ? e->rq : which == CONV_KV ? e->rkv : e->H * e->dv;
 }
 
 static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
@@ -540,6 +558,15 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
     b->lat = xcalloc(R * e->lat, sizeof(float), failed);
     b->first_row = xcalloc((size_t)e->opt.max_batch, sizeof(int32_t), failed);
     b->first_pos = xcalloc((size_t)e->opt.max_batch, sizeof(int32_t), failed);
+    if (e->ck) {
+        b->zqc = xcalloc(R * e->rq, sizeof(float), failed);
+        b->kvc = xcalloc(R * e->rkv, sizeof(float), failed);
+        b->oc = xcalloc(R * e->H * e->dv, sizeof(float), failed);
+        size_t widest = 0;
+        for (int i = 0; i < 3; i++)
+            widest = (size_t)conv_channels(e, i) > widest ? (size_t)conv_channels(e, i) : widest;
+        b->conv_tmp = xcalloc((size_t)e->ck * widest, sizeof(float), failed);
+    }
     b->kvx = xcalloc(R * e->H * e->dkv, sizeof(float), failed);
     b->o = xcalloc(R * e->H * e->dv, sizeof(float), failed);
     b->tmp = xcalloc(R * e->d, sizeof(float), failed);
@@ -562,7 +589,7 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
 static void rows_buf_free(rows_buf *b)
 {
     void *ptrs[] = {b->tok, b->slot, b->pos, b->req, b->x, b->ln, b->rstd, b->zq, b->cq, b->q,
-                    b->kva, b->ckv, b->kr, b->lat, b->first_row, b->first_pos, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
+                    b->kva, b->ckv, b->kr, b->lat, b->first_row, b->first_pos, b->zqc, b->kvc, b->oc, b->conv_tmp, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
                     b->sel, b->offsets, b->gpos, b->token_of, b->xg, b->ea13, b->eh, b->yg,
                     b->logits};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
@@ -602,7 +629,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->dq = e->dn + e->dr, e->dkv = e->dn + e->dv, e->I = c->intermediate_size;
     e->E = c->n_routed_experts, e->K = c->num_experts_per_tok, e->de = c->moe_intermediate_size;
     e->sde = c->n_shared_experts * c->moe_intermediate_size, e->n_moe = m->n_moe;
-    e->lat = e->rkv + e->dr, e->ns = c->param_sink_number;
+    e->lat = e->rkv + e->dr, e->ns = c->param_sink_number, e->ck = prl_config_conv_kernel(c);
     int failed = 0;
     if (o.precision != PRL_PRECISION_FP32) e->wcopy = xcalloc(m->n_params, sizeof(float), &failed);
     e->lw = xcalloc((size_t)e->L, sizeof *e->lw, &failed);
@@ -612,6 +639,9 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
         e->lw[l].wuk_t = xcalloc((size_t)e->H * e->rkv * e->dn, sizeof(float), &failed);
         e->lw[l].sink_lat = xcalloc((size_t)e->ns * e->lat, sizeof(float), &failed);
         e->lw[l].sink_kv = xcalloc((size_t)e->ns * e->H * e->dkv, sizeof(float), &failed);
+        for (int i = 0; i < 3 && e->ck; i++)
+            e->lw[l].conv_state[i] = xcalloc((size_t)o.max_batch * (e->ck - 1) * conv_channels(e, i) + 1,
+                                             sizeof(float), &failed);
     }
     /* cache rows per slot: the whole context, or a ring of W rows for a sliding-window layer */
     size_t lat_total = 0, kv_total = 0;
@@ -667,6 +697,7 @@ void prl_infer_free(prl_infer *e)
         lin_free(&w->wo), lin_free(&w->w13), lin_free(&w->w2), lin_free(&w->router);
         for (int x = 0; x < e->E && w->e13; x++) lin_free(&w->e13[x]), lin_free(&w->e2[x]);
         free(w->e13), free(w->e2), free(w->wuk_t), free(w->sink_lat), free(w->sink_kv);
+        for (int i = 0; i < 3; i++) free(w->conv_state[i]);
     }
     lin_free(&e->head);
     for (int s = 0; e->slots && s < e->opt.max_batch; s++) free(e->slots[s].routes);
@@ -912,6 +943,42 @@ static int build_runs(const rows_buf *b, int R, int *start, int *rows)
     return n;
 }
 
+/* ModAttn conv `which` of layer l over this call's R rows: y = z + conv(z) (input row r at
+** z + r·ldz), by the train path's prl_conv_row. Inputs before a slot's first row in the call
+** come from its state (the k−1 inputs before it), none before position 0; afterwards the
+** state holds the k−1 latest inputs of every slot in the call (docs/infer.md). */
+static void conv_rows(prl_infer *e, int l, int which, float *y, const float *z, int ldz, int R)
+{
+    rows_buf *b = &e->rb;
+    int k = e->ck, C = conv_channels(e, which);
+    float *state = e->lw[l].conv_state[which];
+    const float *x[16];
+    /* the input at position q of the slot's sequence, NULL before position 0 */
+#define CONV_IN(s, q)                                                                         \
+    ((q) < 0 ? NULL                                                                           \
+     : (q) >= b->first_pos[s]                                                                 \
+         ? z + (size_t)(b->first_row[s] + (q) - b->first_pos[s]) * ldz                         \
+         : state + ((size_t)(s) * (k - 1) + (q) - b->first_pos[s] + (k - 1)) * C)
+    for (int r = 0; r < R; r++) {
+        int s = b->slot[r];
+        for (int j = 0; j < k; j++) x[j] = CONV_IN(s, b->pos[r] - (k - 1) + j);
+        prl_conv_row(y + (size_t)r * C, x, e->lw[l].conv_w[which], C, k);
+    }
+    act_round(e, y, (size_t)R * C);
+    for (int r = 0; r < R; r++) { /* the last row of each slot rebuilds its state */
+        int s = b->slot[r];
+        if (r + 1 < R && b->slot[r + 1] == s) continue;
+        for (int i = 0; i < k - 1; i++) {
+            const float *src = CONV_IN(s, b->pos[r] + 1 - (k - 1) + i);
+            float *dst = b->conv_tmp + (size_t)i * C;
+            if (src) memcpy(dst, src, (size_t)C * sizeof *dst);
+            else memset(dst, 0, (size_t)C * sizeof *dst);
+        }
+        memcpy(state + (size_t)s * (k - 1) * C, b->conv_tmp, (size_t)(k - 1) * C * sizeof(float));
+    }
+#undef CONV_IN
+}
+
 /* This call's keys of layer l into the cache (a ring keeps the last W positions). */
 static void write_cache(prl_infer *e, int l, int R)
 {
@@ -934,13 +1001,24 @@ static void attention(prl_infer *e, int l, int R)
     const layer_w *w = &e->lw[l];
     int H = e->H;
     linear(e, b->zq, b->ln, R, &w->wq_a);
-    prl_rmsnorm_forward(b->cq, b->rstd, b->zq, w->q_norm, R, e->rq, e->rq, e->rq, PRL_LATENT_NORM_EPS);
+    const float *zq = b->zq, *ckv_in = b->kva, *o_out = b->o;
+    int ckv_stride = e->lat;
+    if (e->ck) { /* ModAttn: before the query and latent norms, after the heads */
+        conv_rows(e, l, CONV_Q, b->zqc, b->zq, e->rq, R);
+        zq = b->zqc;
+    }
+    prl_rmsnorm_forward(b->cq, b->rstd, zq, w->q_norm, R, e->rq, e->rq, e->rq, PRL_LATENT_NORM_EPS);
     act_round(e, b->cq, (size_t)R * e->rq);
     linear(e, b->q, b->cq, R, &w->wq_b);
     prl_rope_at(b->q, e->rope_cos, e->rope_sin, b->pos, R, H, e->dq, e->dn, H * e->dq, e->dr);
     act_round(e, b->q, (size_t)R * H * e->dq);
     linear(e, b->kva, b->ln, R, &w->wkv_a);
-    prl_rmsnorm_forward(b->ckv, b->rstd, b->kva, w->kv_norm, R, e->rkv, e->lat, e->rkv, PRL_LATENT_NORM_EPS);
+    if (e->ck) {
+        conv_rows(e, l, CONV_KV, b->kvc, b->kva, e->lat, R);
+        ckv_in = b->kvc, ckv_stride = e->rkv;
+    }
+    prl_rmsnorm_forward(b->ckv, b->rstd, ckv_in, w->kv_norm, R, e->rkv, ckv_stride, e->rkv,
+                        PRL_LATENT_NORM_EPS);
     act_round(e, b->ckv, (size_t)R * e->rkv);
     for (int r = 0; r < R; r++)
         memcpy(b->kr + (size_t)r * e->dr, b->kva + (size_t)r * e->lat + e->rkv, (size_t)e->dr * sizeof(float));
@@ -968,7 +1046,11 @@ static void attention(prl_infer *e, int l, int R)
     }
     if (ring) write_cache(e, l, R);
     act_round(e, b->o, (size_t)R * H * e->dv);
-    linear(e, b->tmp, b->o, R, &w->wo);
+    if (e->ck) {
+        conv_rows(e, l, CONV_O, b->oc, b->o, H * e->dv, R);
+        o_out = b->oc;
+    }
+    linear(e, b->tmp, o_out, R, &w->wo);
     emit(e, l, "attn.q", b->q, R, H * e->dq);
     emit(e, l, "attn.kv_latent", b->ckv, R, e->rkv);
     emit(e, l, "attn.out", b->tmp, R, e->d);

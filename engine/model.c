@@ -19,6 +19,7 @@
 typedef struct layer_offsets {
     size_t ln1, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, ln2;
     size_t sink_ckv, sink_kpe; /* parameter sinks (sink_ckv only with param_sink_with_value) */
+    size_t qa_conv, kv_conv, o_conv; /* ModAttn kernels [C, k] */
     size_t w1, w3, w2;       /* dense SwiGLU; w3 follows w1, so [w1; w3] is one 2F×d matrix */
     size_t router, experts;  /* MoE */
     size_t sw1, sw3, sw2;    /* shared experts; sw3 follows sw1 likewise */
@@ -31,6 +32,7 @@ typedef struct layer_acts {
     prl_real *kva, *ckv, *rstd_kv, *kr, *kv;    /* key/value path */
     prl_real *att, *o;                          /* probabilities, head outputs */
     prl_real *sink_ckv, *sink_rstd, *sink_kv;   /* sinks: normed latent, 1/rms, [k_nope | v] */
+    prl_real *zqc, *kvc, *oc;                   /* ModAttn outputs (query, latent, heads) */
     prl_real *res_ffn, *ln_f, *rstd_f;          /* residual after attention, normed */
     prl_real *a13, *h;                          /* dense or shared-expert SwiGLU */
     /* MoE */
@@ -51,7 +53,7 @@ struct prl_acts {
     prl_real *rope_cos, *rope_sin;
     /* backward scratch */
     prl_real *dres, *dln, *dlogits, *dzq, *dcq, *dq, *dkva, *dckv, *dkv, *dkr, *dattn_scratch;
-    prl_real *dsink_kv, *dsink_ckv;
+    prl_real *dsink_kv, *dsink_ckv, *dconv;
     prl_real *do_, *dffn_scratch, *dz, *dg, *dyg, *dxg, *deh;
     size_t attn_scratch_len;
     int32_t *routes;        /* [n_moe][N][K] captured routes */
@@ -64,7 +66,7 @@ struct prl_acts {
 /* ------------------------------------------------------------------ dimensions ------ */
 
 typedef struct dims {
-    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, ns;
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, ns, ck;
 } dims;
 
 static dims dims_of(const prl_config *c)
@@ -75,7 +77,7 @@ static dims dims_of(const prl_config *c)
         .dn = c->qk_nope_head_dim, .dr = c->qk_rope_head_dim, .dv = c->v_head_dim,
         .I = c->intermediate_size, .E = c->n_routed_experts, .K = c->num_experts_per_tok,
         .de = c->moe_intermediate_size, .sde = c->n_shared_experts * c->moe_intermediate_size,
-        .ns = c->param_sink_number,
+        .ns = c->param_sink_number, .ck = prl_config_conv_kernel(c),
     };
     D.dq = D.dn + D.dr;
     D.dkv = D.dn + D.dv;
@@ -128,6 +130,18 @@ static size_t add_tensor(table_builder *tb, prl_param_kind kind, int layer, int 
     return p->offset;
 }
 
+/* A conv kernel, stored [C, 1, k] as Hugging Face's Conv1d (used as [C, k]). */
+static size_t add_conv(table_builder *tb, int layer, int C, int k, const char *fmt, int l)
+    __attribute__((format(printf, 5, 0)));
+
+static size_t add_conv(table_builder *tb, int layer, int C, int k, const char *fmt, int l)
+{
+    size_t off = add_tensor(tb, PRL_PARAM_CONV, layer, -1, C, k, fmt, "model.layers", l);
+    prl_param_info *p = &tb->t[tb->n - 1];
+    p->ndim = 3, p->shape[1] = 1, p->shape[2] = k;
+    return off;
+}
+
 /* Lay out every tensor in checkpoint order; fill per-layer offsets. */
 static void build_table(table_builder *tb, const prl_config *c, layer_offsets *lo,
                         size_t *embed, size_t *norm, size_t *head)
@@ -140,16 +154,20 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
         o->ln1 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.input_layernorm.weight", p, l);
         o->wq_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d,
                              "%s.%d.self_attn.q_a_proj.weight", p, l);
+        if (D.ck) o->qa_conv = add_conv(tb, l, D.rq, D.ck, "%s.%d.self_attn.qa_conv.weight", l);
         o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
                                "%s.%d.self_attn.q_a_layernorm.weight", p, l);
         o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.rq,
                              "%s.%d.self_attn.q_b_proj.weight", p, l);
         o->wkv_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rkv + D.dr, D.d,
                               "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l);
+        if (D.ck)
+            o->kv_conv = add_conv(tb, l, D.rkv, D.ck, "%s.%d.self_attn.compresskv_conv.weight", l);
         o->kv_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rkv, 0,
                                 "%s.%d.self_attn.kv_a_layernorm.weight", p, l);
         o->wkv_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dkv, D.rkv,
                               "%s.%d.self_attn.kv_b_proj.weight", p, l);
+        if (D.ck) o->o_conv = add_conv(tb, l, D.H * D.dv, D.ck, "%s.%d.self_attn.o_conv.weight", l);
         o->wo = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, (int64_t)D.H * D.dv,
                            "%s.%d.self_attn.o_proj.weight", p, l);
         if (c->param_sink_number > 0 && c->param_sink_with_value)
@@ -266,8 +284,9 @@ void prl_model_init_weights(prl_model *m, uint64_t seed)
     for (int i = 0; i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
         prl_real *w = m->params + p->offset;
-        if (p->kind == PRL_PARAM_NORM) {
-            for (size_t j = 0; j < p->numel; j++) w[j] = 1;
+        if (p->kind == PRL_PARAM_NORM || p->kind == PRL_PARAM_CONV) { /* gains 1; convs 0:
+                                                                          the identity */
+            for (size_t j = 0; j < p->numel; j++) w[j] = p->kind == PRL_PARAM_NORM;
             continue;
         }
         prl_rng r;
@@ -335,6 +354,11 @@ static void carve_all(prl_model *m, carver *cv)
         la->sink_ckv = CARVE_R(cv, (size_t)D.ns * D.rkv);
         la->sink_rstd = CARVE_R(cv, D.ns);
         la->sink_kv = CARVE_R(cv, (size_t)D.ns * D.H * D.dkv);
+        if (D.ck) {
+            la->zqc = CARVE_R(cv, N * D.rq);
+            la->kvc = CARVE_R(cv, N * D.rkv);
+            la->oc = CARVE_R(cv, N * D.H * D.dv);
+        }
         la->o = CARVE_R(cv, N * D.H * D.dv);
         la->res_ffn = CARVE_R(cv, N * D.d);
         la->ln_f = CARVE_R(cv, N * D.d);
@@ -385,6 +409,8 @@ static void carve_all(prl_model *m, carver *cv)
     a->do_ = CARVE_R(cv, N * D.H * D.dv);
     a->dsink_kv = CARVE_R(cv, (size_t)D.ns * D.H * D.dkv);
     a->dsink_ckv = CARVE_R(cv, (size_t)D.ns * D.rkv);
+    if (D.ck) a->dconv = CARVE_R(cv, N * (size_t)(D.H * D.dv > D.rq ? (D.H * D.dv > D.rkv ? D.H * D.dv : D.rkv)
+                                                          : (D.rq > D.rkv ? D.rq : D.rkv)));
     a->dffn_scratch = CARVE_R(cv, 3 * N * (wide > 0 ? wide : 1));
     a->dz = CARVE_R(cv, N * D.E);
     a->dg = CARVE_R(cv, NK);
@@ -476,12 +502,22 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     dims D = dims_of(&m->cfg);
     int N = a->N;
     prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
-    prl_rmsnorm_forward(la->cq, la->rstd_q, la->zq, P(o->q_norm), N, D.rq, D.rq, D.rq, PRL_LATENT_NORM_EPS);
+    const prl_real *zq = la->zq, *ckv_in = la->kva, *o_out = la->o;
+    int ckv_stride = D.rkv + D.dr;
+    if (D.ck) { /* ModAttn: z + conv(z) on the query latent, before its norm */
+        prl_conv_forward(la->zqc, la->zq, D.rq, P(o->qa_conv), a->B, a->T, D.rq, D.ck);
+        zq = la->zqc;
+    }
+    prl_rmsnorm_forward(la->cq, la->rstd_q, zq, P(o->q_norm), N, D.rq, D.rq, D.rq, PRL_LATENT_NORM_EPS);
     prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
     prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
     prl_matmul_forward(la->kva, la->ln_a, P(o->wkv_a), N, D.d, D.rkv + D.dr, 0);
-    prl_rmsnorm_forward(la->ckv, la->rstd_kv, la->kva, P(o->kv_norm), N, D.rkv, D.rkv + D.dr,
-                        D.rkv, PRL_LATENT_NORM_EPS);
+    if (D.ck) { /* and on the compressed KV (not its rope part), before its norm */
+        prl_conv_forward(la->kvc, la->kva, D.rkv + D.dr, P(o->kv_conv), a->B, a->T, D.rkv, D.ck);
+        ckv_in = la->kvc, ckv_stride = D.rkv;
+    }
+    prl_rmsnorm_forward(la->ckv, la->rstd_kv, ckv_in, P(o->kv_norm), N, D.rkv, ckv_stride, D.rkv,
+                        PRL_LATENT_NORM_EPS);
     for (int n = 0; n < N; n++)
         memcpy(la->kr + (size_t)n * D.dr, la->kva + (size_t)n * (D.rkv + D.dr) + D.rkv,
                (size_t)D.dr * sizeof(prl_real));
@@ -490,7 +526,11 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     if (D.ns > 0) sinks_forward(m, l);
     prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
                           D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, attn_shape(m, l));
-    prl_matmul_forward(a->tmp, la->o, P(o->wo), N, D.H * D.dv, D.d, 0);
+    if (D.ck) { /* and on the heads' output, before o_proj */
+        prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck);
+        o_out = la->oc;
+    }
+    prl_matmul_forward(a->tmp, o_out, P(o->wo), N, D.H * D.dv, D.d, 0);
     int stop = emit(m, l, "attn.q", la->q, N, (int64_t)D.H * D.dq);
     stop = stop || emit(m, l, "attn.kv_latent", la->ckv, N, D.rkv);
     stop = stop || emit(m, l, "attn.out", a->tmp, N, D.d);
@@ -861,14 +901,23 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
     const layer_offsets *o = &a->lo[l];
     dims D = dims_of(&m->cfg);
     int N = a->N;
-    zero(a->do_, (size_t)N * D.H * D.dv);
-    prl_matmul_backward(a->do_, G(o->wo), a->dres, la->o, P(o->wo), N, D.H * D.dv, D.d);
+    int HV = D.H * D.dv;
+    prl_real *do_att = a->do_; /* ∂/∂(attention output) */
+    zero(a->do_, (size_t)N * HV);
+    if (D.ck) { /* through o_conv: a->do_ is ∂/∂oc first */
+        prl_matmul_backward(a->do_, G(o->wo), a->dres, la->oc, P(o->wo), N, HV, D.d);
+        zero(a->dconv, (size_t)N * HV);
+        prl_conv_backward(a->dconv, HV, G(o->o_conv), a->do_, la->o, P(o->o_conv), a->B, a->T, HV, D.ck);
+        do_att = a->dconv;
+    } else {
+        prl_matmul_backward(a->do_, G(o->wo), a->dres, la->o, P(o->wo), N, HV, D.d);
+    }
     zero(a->dq, (size_t)N * D.H * D.dq);
     zero(a->dkv, (size_t)N * D.H * D.dkv);
     zero(a->dkr, (size_t)N * D.dr);
     zero(a->dsink_kv, (size_t)D.ns * D.H * D.dkv);
     prl_attention_backward(a->dq, a->dkv, a->dkr, a->dsink_kv, D.ns > 0 ? G(o->sink_kpe) : NULL,
-                           a->do_, la->att, la->q, la->kv, la->kr, la->sink_kv,
+                           do_att, la->att, la->q, la->kv, la->kr, la->sink_kv,
                            D.ns > 0 ? P(o->sink_kpe) : NULL, a->dattn_scratch, b->lens,
                            attn_shape(m, l));
     if (D.ns > 0 && m->cfg.param_sink_with_value) { /* sinks: through kv_b_proj and the norm */
@@ -883,8 +932,16 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
     prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
     int wa = D.rkv + D.dr;
     zero(a->dkva, (size_t)N * wa);
-    prl_rmsnorm_backward(a->dkva, G(o->kv_norm), a->dckv, la->kva, P(o->kv_norm), la->rstd_kv, N,
-                         D.rkv, wa, D.rkv);
+    if (D.ck) { /* the norm's input is kvc = conv(kva[:, :rkv]) + residual */
+        zero(a->dconv, (size_t)N * D.rkv);
+        prl_rmsnorm_backward(a->dconv, G(o->kv_norm), a->dckv, la->kvc, P(o->kv_norm), la->rstd_kv,
+                             N, D.rkv, D.rkv, D.rkv);
+        prl_conv_backward(a->dkva, wa, G(o->kv_conv), a->dconv, la->kva, P(o->kv_conv), a->B, a->T,
+                          D.rkv, D.ck);
+    } else {
+        prl_rmsnorm_backward(a->dkva, G(o->kv_norm), a->dckv, la->kva, P(o->kv_norm), la->rstd_kv,
+                             N, D.rkv, wa, D.rkv);
+    }
     for (int n = 0; n < N; n++)
         for (int i = 0; i < D.dr; i++) a->dkva[(size_t)n * wa + D.rkv + i] += a->dkr[(size_t)n * D.dr + i];
     zero(a->dln, (size_t)N * D.d);
@@ -893,8 +950,16 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
     zero(a->dcq, (size_t)N * D.rq);
     prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
     zero(a->dzq, (size_t)N * D.rq);
-    prl_rmsnorm_backward(a->dzq, G(o->q_norm), a->dcq, la->zq, P(o->q_norm), la->rstd_q, N, D.rq,
-                         D.rq, D.rq);
+    if (D.ck) { /* the norm's input is zqc = conv(zq) + residual */
+        zero(a->dconv, (size_t)N * D.rq);
+        prl_rmsnorm_backward(a->dconv, G(o->q_norm), a->dcq, la->zqc, P(o->q_norm), la->rstd_q, N,
+                             D.rq, D.rq, D.rq);
+        prl_conv_backward(a->dzq, D.rq, G(o->qa_conv), a->dconv, la->zq, P(o->qa_conv), a->B, a->T,
+                          D.rq, D.ck);
+    } else {
+        prl_rmsnorm_backward(a->dzq, G(o->q_norm), a->dcq, la->zq, P(o->q_norm), la->rstd_q, N,
+                             D.rq, D.rq, D.rq);
+    }
     prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
     prl_rmsnorm_backward(a->dres, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d,
                          D.d, D.d);

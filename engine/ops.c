@@ -470,6 +470,86 @@ void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, prl_real
     reduce_heads(dkr, dsink_kv, dsink_kr, scratch, c.dsink_heads, sh);
 }
 
+/* ------------------------------------------------------------------ ModAttn conv ---- */
+
+enum { CONV_MAX_K = 16 };
+
+void prl_conv_row(prl_real *out, const prl_real *const *x, const prl_real *w, int C, int k)
+{
+    for (int c = 0; c < C; c++) {
+        prl_real acc = 0;
+        for (int j = 0; j < k; j++)
+            if (x[j]) acc += w[(size_t)c * k + j] * x[j][c];
+        out[c] = x[k - 1][c] + acc;
+    }
+}
+
+typedef struct conv_ctx {
+    prl_real *out, *dinp;
+    const prl_real *inp, *w, *dout;
+    int in_stride, T, C, k;
+} conv_ctx;
+
+static void conv_forward_rows(void *p, int r0, int r1)
+{
+    conv_ctx *c = p;
+    const prl_real *x[CONV_MAX_K];
+    for (int n = r0; n < r1; n++) {
+        int t = n % c->T;
+        for (int j = 0; j < c->k; j++) {
+            int back = c->k - 1 - j;
+            x[j] = t >= back ? c->inp + (size_t)(n - back) * c->in_stride : NULL;
+        }
+        prl_conv_row(c->out + (size_t)n * c->C, x, c->w, c->C, c->k);
+    }
+}
+
+void prl_conv_forward(prl_real *out, const prl_real *inp, int in_stride, const prl_real *w, int B,
+                      int T, int C, int k)
+{
+    PRL_ASSERT(k >= 1 && k <= CONV_MAX_K);
+    conv_ctx c = {.out = out, .inp = inp, .w = w, .in_stride = in_stride, .T = T, .C = C, .k = k};
+    prl_parallel_rows(B * T, conv_forward_rows, &c);
+}
+
+/* dinp[t] += dout[t] + Σ_j w[c, j]·dout[t + (k−1) − j] (rows of the same sequence) */
+static void conv_backward_rows(void *p, int r0, int r1)
+{
+    conv_ctx *c = p;
+    for (int n = r0; n < r1; n++) {
+        int t = n % c->T;
+        prl_real *dx = c->dinp + (size_t)n * c->in_stride;
+        const prl_real *dy = c->dout + (size_t)n * c->C;
+        for (int ch = 0; ch < c->C; ch++) {
+            prl_real acc = dy[ch];
+            for (int j = 0; j < c->k; j++) {
+                int fwd = c->k - 1 - j;
+                if (t + fwd < c->T) acc += c->w[(size_t)ch * c->k + j] * dy[(size_t)fwd * c->C + ch];
+            }
+            dx[ch] += acc;
+        }
+    }
+}
+
+void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_real *dout,
+                       const prl_real *inp, const prl_real *w, int B, int T, int C, int k)
+{
+    conv_ctx c = {.dinp = dinp, .inp = inp, .w = w, .dout = dout, .in_stride = in_stride, .T = T,
+                  .C = C, .k = k};
+    prl_parallel_rows(B * T, conv_backward_rows, &c);
+    /* dw[c, j] = Σ_n dout[n, c]·inp[n − (k−1) + j, c], in row order (one thread) */
+    for (int n = 0; n < B * T; n++) {
+        int t = n % T;
+        const prl_real *dy = dout + (size_t)n * C;
+        for (int j = 0; j < k; j++) {
+            int back = k - 1 - j;
+            if (t < back) continue;
+            const prl_real *x = inp + (size_t)(n - back) * in_stride;
+            for (int ch = 0; ch < C; ch++) dw[(size_t)ch * k + j] += dy[ch] * x[ch];
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ SwiGLU ---------- */
 
 /* One row of silu(g)·u and its backward. The float build runs 4 lanes at a time with the

@@ -180,6 +180,19 @@ void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, prl_real
                             const int32_t *lens, prl_attn_shape sh);
 size_t prl_attention_scratch(prl_attn_shape sh);
 
+/* ModAttn causal depthwise convolution with residual, over B sequences of T rows:
+**   out[n, c] = inp[n, c] + Σ_{j<k} w[c, j] · inp[n − (k−1) + j, c]
+** rows before a sequence's first are zero (no term); inp rows at in_stride, out [B*T, C],
+** w [C, k] (the checkpoint's [C, 1, k]). */
+void prl_conv_forward(prl_real *out, const prl_real *inp, int in_stride, const prl_real *w, int B,
+                      int T, int C, int k);
+/* dinp (rows at in_stride) += ∂/∂inp, dw += ∂/∂w, given dout [B*T, C]. */
+void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_real *dout,
+                       const prl_real *inp, const prl_real *w, int B, int T, int C, int k);
+/* One output row, the code both paths run: out[c] = x[k−1][c] + Σ_j w[c, j]·x[j][c] over the
+** taps j in order whose input row x[j] (the row k−1−j positions back) is not NULL. */
+void prl_conv_row(prl_real *out, const prl_real *const *x, const prl_real *w, int C, int k);
+
 /* SwiGLU FFN with the gate and up projections stacked: w13 [2F,C] = [w1; w3] (gate_proj then
 ** up_proj, adjacent in the parameter block), w2 [C,F]:
 **   a13[N,2F] = inp·w13ᵀ;  h[N,F] = silu(a13[:, :F]) ⊙ a13[:, F:];  out[N,C] = h·w2ᵀ (+ beta·out)

@@ -244,6 +244,35 @@ START_TEST(test_attention_window_blocks_grad)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ ModAttn conv ---- */
+
+typedef struct { double *inp, *w; int B, T, C, k, stride; } conv_ctx;
+static void conv_fwd(void *p, double *out)
+{
+    conv_ctx *c = p;
+    prl_conv_forward(out, c->inp, c->stride, c->w, c->B, c->T, c->C, c->k);
+}
+
+START_TEST(test_conv_grad)
+{
+    /* 2 sequences of 6 rows, the first 4 of 7 columns (a strided slice, as for the latent) */
+    conv_ctx c = {.B = 2, .T = 6, .C = 4, .k = 3, .stride = 7};
+    int n_in = 12 * 7, n_out = 12 * 4;
+    c.inp = randv(n_in, 1), c.w = randv(12, 1);
+    double *out = malloc(n_out * 8), *r = randv(n_out, 1), *dinp = calloc(n_in, 8), *dw = calloc(12, 8);
+    conv_fwd(&c, out);
+    prl_conv_backward(dinp, c.stride, dw, r, c.inp, c.w, c.B, c.T, c.C, c.k);
+    ck_assert_double_lt(fd_error(conv_fwd, &c, c.inp, n_in, dinp, r, n_out), 1e-6);
+    ck_assert_double_lt(fd_error(conv_fwd, &c, c.w, 12, dw, r, n_out), 1e-6);
+    /* causal, zero padding at each sequence start, residual: row 6 (sequence 1, t = 0) is its
+    ** input plus w[c, k-1]·input */
+    for (int ch = 0; ch < 4; ch++)
+        ck_assert_double_eq_tol(out[6 * 4 + ch], c.inp[6 * 7 + ch] * (1 + c.w[ch * 3 + 2]), 1e-15);
+    ck_assert_double_eq(dinp[4], 0); /* untouched columns */
+    free(out), free(r), free(dinp), free(dw);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ SwiGLU ---------- */
 
 typedef struct { double *inp, *w13, *w2, *a13, *h; int N, C, F; } sw_ctx;
@@ -372,10 +401,11 @@ END_TEST
 
 static const char *micro_config = "{" MICRO_KEYS "}";
 /* The micro config's attention blocks (spec §12.2): layers 1 and 2 slide with W = 4, two
-** parameter sinks per layer, with and without values. */
+** parameter sinks per layer, ModAttn convs with k = 3; and sinks without values, no convs. */
 static const char *micro_swa_sinks_config =
     "{" MICRO_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [4, 4],"
-    " \"sliding_window\": 4, \"param_sink_number\": 2, \"param_sink_with_value\": true}";
+    " \"sliding_window\": 4, \"param_sink_number\": 2, \"param_sink_with_value\": true,"
+    " \"use_mome\": true, \"router_sliding_window\": 3}";
 static const char *micro_sinks_no_value_config =
     "{" MICRO_KEYS ", \"swa_layers\": [2], \"sliding_window\": 3, \"param_sink_number\": 3,"
     " \"param_sink_with_value\": false}";
@@ -406,6 +436,9 @@ static void check_model_grad(const char *config)
         if (c.m.tensors[i].kind == PRL_PARAM_NORM)
             for (size_t j = 0; j < c.m.tensors[i].numel; j++)
                 c.m.params[c.m.tensors[i].offset + j] = 1 + 0.3 * prl_rng_normal(&rng);
+        else if (c.m.tensors[i].kind == PRL_PARAM_CONV) /* init 0 is the identity: perturb */
+            for (size_t j = 0; j < c.m.tensors[i].numel; j++)
+                c.m.params[c.m.tensors[i].offset + j] = 0.3 * prl_rng_normal(&rng);
     for (int i = 0; i < c.m.n_moe * 4; i++) c.m.router_bias[i] = 0.1 * prl_rng_normal(&rng);
     enum { B = 2, T = 12 };
     int32_t tokens[B * T], targets[B * T], lens[B] = {12, 9};
@@ -519,6 +552,7 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_attention_blocks_grad);
     tcase_add_test(ops, test_attention_window_sinks_grad);
     tcase_add_test(ops, test_swiglu_grad);
+    tcase_add_test(ops, test_conv_grad);
     tcase_add_test(ops, test_moe_gate_grad);
     tcase_add_test(ops, test_logprob_grad);
     tcase_add_test(ops, test_embedding_grad);

@@ -21,8 +21,8 @@
 static prl_model model;
 
 /* The tiny model; with blocks != 0 it also has sliding-window layers 1, 2, 4, 5 (W = 16, so
-** the rings wrap in every generation) and 4 parameter sinks per layer, with values when
-** blocks == 1 and without when blocks == 2. */
+** the rings wrap in every generation) and 4 parameter sinks per layer; blocks == 1: sinks
+** with values and ModAttn convs (k = 3, random kernels); blocks == 2: value-less sinks. */
 static int model_blocks;
 
 static void load_model(int blocks)
@@ -38,6 +38,7 @@ static void load_model(int blocks)
         c.n_swa_layers = 4, c.sliding_window = 16;
         memcpy(c.swa_layers, layers, sizeof layers);
         c.param_sink_number = 4, c.param_sink_with_value = blocks == 1;
+        c.use_mome = blocks == 1, c.router_sliding_window = blocks == 1 ? 3 : 0;
     }
     ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
     prl_model_init_weights(&model, 7);
@@ -47,10 +48,15 @@ static void load_model(int blocks)
     for (size_t i = 0; i < head->numel; i++) model.params[head->offset + i] *= 40;
     for (int i = 0; i < model.n_moe * c.n_routed_experts; i++) /* a non-trivial bias */
         model.router_bias[i] = (float)(0.01 * ((i * 7) % 5 - 2));
-    for (int i = 0; i < model.n_tensors; i++) /* sinks that take a real share of attention */
-        if (model.tensors[i].kind == PRL_PARAM_SINK)
-            for (size_t j = 0; j < model.tensors[i].numel; j++)
-                model.params[model.tensors[i].offset + j] *= 50;
+    prl_rng rng;
+    prl_rng_init(&rng, 3, 0, 0, 0, PRL_RNG_TEST);
+    for (int i = 0; i < model.n_tensors; i++) {
+        const prl_param_info *p = &model.tensors[i];
+        for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_SINK; j++)
+            model.params[p->offset + j] *= 50; /* sinks that take a real share of attention */
+        for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_CONV; j++)
+            model.params[p->offset + j] = (float)(0.3 * prl_rng_normal(&rng)); /* not the identity */
+    }
 }
 
 static void load_tiny(void) { load_model(0); }
@@ -410,8 +416,9 @@ START_TEST(test_kv_bytes_and_bad_input)
 }
 END_TEST
 
-/* Sliding windows (ring caches) and parameter sinks on both paths: aligned bitwise equal at
-** batch 1 and 16, fp32 (absorbed, sinks merged by the two-part softmax) and gemv close. */
+/* Sliding windows (ring caches), parameter sinks and ModAttn convs (per-sequence state) on
+** both paths: aligned bitwise equal at batch 1 and 16, fp32 (absorbed, sinks merged by the
+** two-part softmax) and gemv close. */
 START_TEST(test_swa_sinks_match_train_path)
 {
     for (int blocks = 1; blocks <= 2; blocks++) {
@@ -429,7 +436,8 @@ START_TEST(test_swa_sinks_match_train_path)
             train_score(&ts, &q, res, NREQ, 1.0);
             mismatch mm = compare(&ts, &q, res, NREQ);
             printf("SWA W=16 + 4 sinks (%s) %s batch %d: %ld tokens, %ld differ bitwise, max "
-                   "|dlogp| %.3g, routes differ %.4f\n", blocks == 1 ? "with values" : "no values",
+                   "|dlogp| %.3g, routes differ %.4f\n",
+                   blocks == 1 ? "with values, ModAttn k=3" : "no values",
                    modes[mi], batch[mi], mm.n, mm.bitwise_diff, mm.max, mm.route_diff_share);
             if (mi < 2) {
                 ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",

@@ -87,7 +87,14 @@ START_TEST(test_config_errors)
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "DSA"));
     ck_assert_int_eq(parse("{\"use_mhc\": true}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 1}", &c), PRL_ERR_UNSUPPORTED);
-    ck_assert_int_eq(parse("{\"router_sliding_window\": 3}", &c), PRL_ERR_UNSUPPORTED);
+    /* ModAttn convs: on by router_sliding_window (use_mome defaults to it) */
+    ck_assert_int_eq(parse("{\"router_sliding_window\": 3}", &c), PRL_OK);
+    ck_assert_int_eq(prl_config_conv_kernel(&c), 3);
+    ck_assert_int_eq(parse("{\"router_sliding_window\": 3, \"use_mome\": false}", &c), PRL_OK);
+    ck_assert_int_eq(prl_config_conv_kernel(&c), 0);
+    ck_assert_int_eq(parse("{\"use_mome\": true}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "router_sliding_window"));
+    ck_assert_int_eq(parse("{\"router_sliding_window\": 17}", &c), PRL_ERR_CONFIG);
     ck_assert_int_eq(parse("{\"layer_types\": [\"sliding_attention\"]}", &c), PRL_ERR_UNSUPPORTED);
     /* sliding windows and parameter sinks */
     ck_assert_int_eq(parse("{\"swa_layers\": [1, 4], \"sliding_window_list\": [8, 16], "
@@ -122,7 +129,8 @@ START_TEST(test_config_errors)
     free(text);
     ck_assert_int_eq(parse("{\"swa_layers\": [1, 3], \"sliding_window_list\": [8, 6], "
                            "\"sliding_window\": 7, \"param_sink_number\": 4, "
-                           "\"param_sink_with_value\": false}", &c), PRL_OK);
+                           "\"param_sink_with_value\": false, \"router_sliding_window\": 2}", &c),
+                     PRL_OK);
     text = prl_config_to_json(&c);
     ck_assert_int_eq(prl_config_parse(&c2, text, "round trip"), PRL_OK);
     ck_assert_mem_eq(&c, &c2, sizeof c);
