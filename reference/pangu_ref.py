@@ -283,8 +283,6 @@ class UnsupportedConfigError(ValueError):
 # (key, predicate "this value turns the block on", block name)
 _UNSUPPORTED_BLOCKS = [
     ("dsa_layers", lambda v: bool(v), "DeepSeek sparse attention (DSA)"),
-    ("use_mome", lambda v: bool(v), "MoME causal convolutions"),
-    ("router_sliding_window", lambda v: (v or 0) > 0, "MoME causal convolutions"),
     ("use_mhc", lambda v: bool(v), "mHC hyper-connections"),
     ("sandwich_norm", lambda v: bool(v), "sandwich norms"),
     ("num_nextn_predict_layers", lambda v: (v or 0) > 0, "multi-token prediction (MTP)"),
@@ -326,6 +324,7 @@ class PanguConfig:
     windows: List[int] = field(default_factory=list)    # per layer: 0 = causal, W = SWA
     param_sink_number: int = 0
     param_sink_with_value: bool = True
+    conv_kernel: int = 0                                # ModAttn conv kernel k (0 = off)
     ignored_keys: List[str] = field(default_factory=list)
 
     @property
@@ -413,6 +412,11 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
     c.windows = _parse_windows(cfg, c.num_hidden_layers)
     c.param_sink_number = get_int("param_sink_number", 0)
     c.param_sink_with_value = bool(cfg.get("param_sink_with_value", True))
+    k = get_int("router_sliding_window", 0)
+    if cfg.get("use_mome", k > 0):        # use_mome defaults to router_sliding_window > 0
+        if k < 1:
+            raise ValueError("config key 'use_mome' is true but 'router_sliding_window' is 0")
+        c.conv_kernel = k
     if c.rope_theta <= 0 or c.rms_norm_eps <= 0:
         raise ValueError("config keys 'rope_theta' and 'rms_norm_eps' must be > 0")
     if c.first_k_dense_replace > 0:
@@ -430,7 +434,8 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         "n_shared_experts", "norm_topk_prob", "routed_scaling_factor", "max_position_embeddings",
         "tie_word_embeddings", "initializer_range", "prl_balance_loss_alpha",
         "prl_router_z_loss_coef", "prl_bias_update_rate", "swa_layers", "sliding_window_list",
-        "sliding_window", "param_sink_number", "param_sink_with_value"}
+        "sliding_window", "param_sink_number", "param_sink_with_value", "use_mome",
+        "router_sliding_window"}
     c.ignored_keys = sorted(k for k in cfg if k not in known)
     return c
 
@@ -507,6 +512,12 @@ class MLA(nn.Module):
             self.param_sink_compressed_kv = None
         if self.ns > 0:
             self.param_sink_k_pe = nn.Parameter(torch.zeros(self.ns, c.qk_rope_head_dim))
+        self.k = c.conv_kernel
+        if self.k > 0:      # ModAttn: depthwise causal convs, weight [C, 1, k]
+            C = {"qa_conv": c.q_lora_rank, "compresskv_conv": c.kv_lora_rank,
+                 "o_conv": c.num_attention_heads * c.v_head_dim}
+            for name, ch in C.items():
+                setattr(self, name, nn.Conv1d(ch, ch, self.k, groups=ch, bias=False))
         self.H, self.dn, self.dr, self.dv = (c.num_attention_heads, c.qk_nope_head_dim,
                                              c.qk_rope_head_dim, c.v_head_dim)
         self.rkv = c.kv_lora_rank
@@ -521,15 +532,36 @@ class MLA(nn.Module):
         self.scale = (self.dn + self.dr) ** -0.5
         self._masks: Dict[Tuple[int, torch.dtype, str], torch.Tensor] = {}
 
-    def project(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def conv(self, x: torch.Tensor, name: str, state=None) -> torch.Tensor:
+        """x + causal depthwise conv(x) for x [B,T,C] (ModAttn): out[t] = x[t] +
+        sum_j w[c,0,j] x[t-(k-1)+j], zero before the first position.  state = (buffers, start,
+        real) on the cached path: buffers[name] [B, capacity, C] keeps the inputs of earlier
+        slots (padding slots, real == False, count as zero)."""
+        if self.k == 0:
+            return x
+        w = getattr(self, name).weight                                       # [C,1,k]
+        if state is None:
+            hist = F.pad(x, (0, 0, self.k - 1, 0))
+        else:
+            bufs, start, real = state
+            buf, T = bufs[name], x.shape[1]
+            buf[:, start:start + T] = x * real[..., None].to(x.dtype)
+            lo = start - (self.k - 1)
+            hist = F.pad(buf[:, max(lo, 0):start + T], (0, 0, max(-lo, 0), 0))
+        return x + F.conv1d(hist.transpose(1, 2), w, groups=x.shape[-1]).transpose(1, 2)
+
+    def project(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, conv_state=None
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The per-token projections of a [B, T, d]: q_nope [B,T,H,d_n], q_rope [B,T,H,d_r]
-        (rotated), c_kv [B,T,r_kv] (after kv_a_layernorm) and the shared k_rope [B,T,d_r]
-        (rotated).  cos/sin are [T, d_r/2] (positions 0..T-1) or [B, T, d_r/2]."""
+        (rotated), c_kv [B,T,r_kv] (after the ModAttn conv and kv_a_layernorm) and the shared
+        k_rope [B,T,d_r] (rotated).  cos/sin are [T, d_r/2] (positions 0..T-1) or
+        [B, T, d_r/2]."""
         B, T, _ = a.shape
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(a))).view(B, T, self.H, -1)
+        zq = self.conv(self.q_a_proj(a), "qa_conv", conv_state)
+        q = self.q_b_proj(self.q_a_layernorm(zq)).view(B, T, self.H, -1)
         q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
         ckv, k_rope = self.kv_a_proj_with_mqa(a).split([self.rkv, self.dr], dim=-1)
+        ckv = self.conv(ckv, "compresskv_conv", conv_state)
         q_rope = apply_rope(q_rope, cos.unsqueeze(-2), sin.unsqueeze(-2))   # [B,T,H,dr]
         k_rope = apply_rope(k_rope, cos, sin)                                # [B,T,dr], shared
         return q_nope, q_rope, self.kv_a_layernorm(ckv), k_rope
@@ -579,7 +611,7 @@ class MLA(nn.Module):
         vh = v.transpose(1, 2)                                               # [B,H,T,dv]
         # mask: 0 where the key is visible (s <= t, and t - s < W in a window), -inf otherwise
         o = self.attend(qh, kh, vh, self._mask(T, a.dtype, a.device))      # [B,H,T,dv]
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, H * dv))
+        return self.o_proj(self.conv(o.transpose(1, 2).reshape(B, T, H * dv), "o_conv"))
 
     # ------------------------------------------------------------ KV-cached decoding
     def new_cache(self, form: str, B: int, capacity: int, dtype: torch.dtype,
@@ -598,17 +630,27 @@ class MLA(nn.Module):
             return (torch.empty(B, capacity, self.rkv + self.dr, **opts),)
         raise ValueError(f"unknown MLA form {form!r} (naive | absorbed)")
 
+    def new_conv_state(self, B: int, capacity: int, dtype: torch.dtype, device=None) -> dict:
+        """ModAttn inputs of every slot, per conv [B, capacity, C] (empty without convs)."""
+        if self.k == 0:
+            return {}
+        return {n: torch.zeros(B, capacity, getattr(self, n).weight.shape[0], dtype=dtype,
+                               device=device) for n in ("qa_conv", "compresskv_conv", "o_conv")}
+
     def forward_cached(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, form: str,
                        cache: Tuple[torch.Tensor, ...], start: int,
-                       bias: torch.Tensor) -> torch.Tensor:
+                       bias: torch.Tensor, conv: Optional[dict] = None,
+                       real: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attention output [B,T,d] of the T new tokens a [B,T,d], which occupy cache slots
         start..start+T-1: their keys/values are written there first, then they attend over
         slots 0..start+T-1.  cos/sin [B,T,d_r/2] at the tokens' positions; bias [B,1,T,start+T]
-        is the additive mask."""
-        q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin)
+        is the additive mask; conv/real the ModAttn inputs of earlier slots and which of the
+        new slots are real tokens."""
+        state = (conv, start, real) if self.k else None
+        q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin, state)
         attend = self._attend_naive if form == "naive" else self._attend_absorbed
-        return self.o_proj(attend(q_nope, q_rope, ckv, k_rope, cache, start,
-                                  self.window_bias(bias)))
+        o = attend(q_nope, q_rope, ckv, k_rope, cache, start, self.window_bias(bias))
+        return self.o_proj(self.conv(o, "o_conv", state))
 
     def _attend_naive(self, q_nope: torch.Tensor, q_rope: torch.Tensor, ckv: torch.Tensor,
                       k_rope: torch.Tensor, cache: Tuple[torch.Tensor, ...], start: int,
@@ -789,6 +831,7 @@ class KVCache:
     pad: torch.Tensor                           # [B] long, padding slots of each sequence
     capacity: int
     layers: List[Tuple[torch.Tensor, ...]]      # MLA.new_cache of every layer
+    conv: List[dict] = field(default_factory=list)  # MLA.new_conv_state of every layer
     length: int = 0
 
     def bytes_per_token(self) -> int:
@@ -852,6 +895,8 @@ class PanguRef(nn.Module):
                 mod.weight.fill_(1.0)
             elif isinstance(mod, _BiasBuffer):
                 mod.bias.zero_()
+            elif isinstance(mod, nn.Conv1d):     # ModAttn kernels start as the identity
+                mod.weight.zero_()
             elif isinstance(mod, MLA) and mod.ns > 0:
                 mod.param_sink_k_pe.normal_(0.0, std, generator=generator)
                 if mod.param_sink_compressed_kv is not None:
@@ -1057,8 +1102,10 @@ class PanguRef(nn.Module):
         device = self.lm_head.weight.device
         layers = [layer.self_attn.new_cache(form, pad.shape[0], capacity, self.dtype, device)
                   for layer in self.model.layers]
+        conv = [layer.self_attn.new_conv_state(pad.shape[0], capacity, self.dtype, device)
+                for layer in self.model.layers]
         return KVCache(form=form, pad=pad.to(device=device, dtype=torch.long),
-                       capacity=capacity, layers=layers)
+                       capacity=capacity, layers=layers, conv=conv)
 
     @torch.inference_mode()
     def forward_cached(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -1072,12 +1119,14 @@ class PanguRef(nn.Module):
         pos = cache.positions(T)
         cos, sin = cos_table[pos], sin_table[pos]                            # [B,T,dr/2]
         bias = cache.attention_bias(T, self.dtype)
-        real = cache.real(T).reshape(-1)
+        real_bt = cache.real(T)
+        real = real_bt.reshape(-1)
         token_mask = None if bool(real.all()) else real
         h = self.model.embed_tokens(tokens)
-        for layer, layer_cache in zip(self.model.layers, cache.layers):
+        for layer, layer_cache, conv in zip(self.model.layers, cache.layers, cache.conv):
             h = h + layer.self_attn.forward_cached(layer.input_layernorm(h), cos, sin,
-                                                   cache.form, layer_cache, cache.length, bias)
+                                                   cache.form, layer_cache, cache.length, bias,
+                                                   conv, real_bt)
             f = layer.post_attention_layernorm(h)
             if layer.is_moe:
                 h = h + layer.mlp(f.reshape(B * T, -1), None, token_mask).y.view(B, T, -1)
