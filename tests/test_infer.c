@@ -197,6 +197,24 @@ static prl_sample_params sampling(double tau, int max_new)
     return sp;
 }
 
+/* Sample 16 requests (temperature 1, 40 new tokens) in `mode` at batch `batch`, then score
+** them with the train path and compare. */
+static mismatch run_vs_train(const char *mode, int batch, uint64_t seed)
+{
+    reqs q;
+    make_requests(&q, NREQ, seed);
+    prl_infer *e = engine(mode, batch);
+    prl_sample_params sp = sampling(1.0, 40);
+    prl_gen_result res[NREQ];
+    generate(e, &q, NREQ, &sp, res);
+    train_scores ts;
+    train_score(&ts, &q, res, NREQ, 1.0);
+    mismatch mm = compare(&ts, &q, res, NREQ);
+    free_all(res, NREQ, &ts);
+    prl_infer_free(e);
+    return mm;
+}
+
 START_TEST(test_aligned_is_bitwise_equal)
 {
     load_tiny();
@@ -204,15 +222,7 @@ START_TEST(test_aligned_is_bitwise_equal)
     for (int bi = 0; bi < 2; bi++)
         for (int ti = 0; ti < 2; ti++) {
             prl_blas_set_threads(threads[ti]);
-            reqs q;
-            make_requests(&q, NREQ, 5);
-            prl_infer *e = engine("aligned", batches[bi]);
-            prl_sample_params sp = sampling(1.0, 40);
-            prl_gen_result res[NREQ];
-            generate(e, &q, NREQ, &sp, res);
-            train_scores ts;
-            train_score(&ts, &q, res, NREQ, 1.0);
-            mismatch mm = compare(&ts, &q, res, NREQ);
+            mismatch mm = run_vs_train("aligned", batches[bi], 5);
             printf("aligned batch %d threads %d: %ld tokens, %ld differ bitwise, max |dlogp| %g, "
                    "routes differ %.4f\n", batches[bi], threads[ti], mm.n, mm.bitwise_diff, mm.max,
                    mm.route_diff_share);
@@ -220,8 +230,6 @@ START_TEST(test_aligned_is_bitwise_equal)
             ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
                           mm.bitwise_diff, mm.n, mm.max);
             ck_assert(mm.route_diff_share == 0);
-            free_all(res, NREQ, &ts);
-            prl_infer_free(e);
         }
     prl_blas_set_threads(2);
 }
@@ -232,23 +240,13 @@ START_TEST(test_fp32_and_low_precision_mismatch)
     load_tiny();
     const char *modes[] = {"fp32", "bf16", "fp16", "fp32+gemv", "fp32+naive"};
     for (int mi = 0; mi < 5; mi++) {
-        reqs q;
-        make_requests(&q, NREQ, 6);
-        prl_infer *e = engine(modes[mi], 8);
-        prl_sample_params sp = sampling(1.0, 40);
-        prl_gen_result res[NREQ];
-        generate(e, &q, NREQ, &sp, res);
-        train_scores ts;
-        train_score(&ts, &q, res, NREQ, 1.0);
-        mismatch mm = compare(&ts, &q, res, NREQ);
+        mismatch mm = run_vs_train(modes[mi], 8, 6);
         printf("%s vs train path: %ld tokens, mean |dlogp| %.3g, max |dlogp| %.3g, "
                "MoE top-k differs on %.2f%% of token-layers\n", modes[mi], mm.n, mm.mean, mm.max,
                100 * mm.route_diff_share);
         if (mi == 0 || mi >= 3) ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
         else ck_assert_msg(mm.max > 1e-4, "%s is suspiciously close (%g): rounding not applied?",
                            modes[mi], mm.max);
-        free_all(res, NREQ, &ts);
-        prl_infer_free(e);
     }
 }
 END_TEST
@@ -426,15 +424,7 @@ START_TEST(test_swa_sinks_match_train_path)
         const char *modes[] = {"aligned", "aligned", "fp32", "fp32+gemv"};
         int batch[] = {16, 1, 8, 8};
         for (int mi = 0; mi < 4; mi++) {
-            reqs q;
-            make_requests(&q, NREQ, 12);
-            prl_infer *e = engine(modes[mi], batch[mi]);
-            prl_sample_params sp = sampling(1.0, 40);
-            prl_gen_result res[NREQ];
-            generate(e, &q, NREQ, &sp, res);
-            train_scores ts;
-            train_score(&ts, &q, res, NREQ, 1.0);
-            mismatch mm = compare(&ts, &q, res, NREQ);
+            mismatch mm = run_vs_train(modes[mi], batch[mi], 12);
             printf("SWA W=16 + 4 sinks (%s) %s batch %d: %ld tokens, %ld differ bitwise, max "
                    "|dlogp| %.3g, routes differ %.4f\n",
                    blocks == 1 ? "with values, ModAttn k=3" : "no values",
@@ -446,8 +436,6 @@ START_TEST(test_swa_sinks_match_train_path)
             } else {
                 ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
             }
-            free_all(res, NREQ, &ts);
-            prl_infer_free(e);
         }
     }
     /* KV memory: the whole-context layers grow with the context, the rings stop at W */
