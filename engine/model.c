@@ -409,8 +409,12 @@ static void carve_all(prl_model *m, carver *cv)
     a->do_ = CARVE_R(cv, N * D.H * D.dv);
     a->dsink_kv = CARVE_R(cv, (size_t)D.ns * D.H * D.dkv);
     a->dsink_ckv = CARVE_R(cv, (size_t)D.ns * D.rkv);
-    if (D.ck) a->dconv = CARVE_R(cv, N * (size_t)(D.H * D.dv > D.rq ? (D.H * D.dv > D.rkv ? D.H * D.dv : D.rkv)
-                                                          : (D.rq > D.rkv ? D.rq : D.rkv)));
+    if (D.ck) { /* the widest of the three conv inputs: heads' output, query and KV latents */
+        size_t widest = (size_t)D.H * D.dv;
+        widest = (size_t)D.rq > widest ? (size_t)D.rq : widest;
+        widest = (size_t)D.rkv > widest ? (size_t)D.rkv : widest;
+        a->dconv = CARVE_R(cv, N * widest);
+    }
     a->dffn_scratch = CARVE_R(cv, 3 * N * (wide > 0 ? wide : 1));
     a->dz = CARVE_R(cv, N * D.E);
     a->dg = CARVE_R(cv, NK);
@@ -493,6 +497,20 @@ static void sinks_forward(prl_model *m, int l)
     prl_matmul_forward(la->sink_kv, la->sink_ckv, P(o->wkv_b), D.ns, D.rkv, D.H * D.dkv, 0);
 }
 
+/* A latent of C channels (rows of z at z_stride) through ModAttn and its norm:
+** y = RMSNorm(zc; g) with zc = z + conv(z) when the convs are on (saved), else z. */
+static void latent_forward(prl_model *m, prl_real *y, prl_real *rstd, const prl_real *z,
+                           int z_stride, prl_real *zc, size_t g, size_t conv, int C)
+{
+    prl_acts *a = m->acts;
+    int ck = prl_config_conv_kernel(&m->cfg);
+    if (ck) {
+        prl_conv_forward(zc, z, z_stride, P(conv), a->B, a->T, C, ck);
+        z = zc, z_stride = C;
+    }
+    prl_rmsnorm_forward(y, rstd, z, P(g), a->N, C, z_stride, C, PRL_LATENT_NORM_EPS);
+}
+
 /* MLA in the naive form: a = ln_a (N,d) → o (N,H·dv), and tmp = o·Woᵀ. */
 static int mla_forward(prl_model *m, int l, const prl_batch *b)
 {
@@ -502,22 +520,12 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     dims D = dims_of(&m->cfg);
     int N = a->N;
     prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
-    const prl_real *zq = la->zq, *ckv_in = la->kva, *o_out = la->o;
-    int ckv_stride = D.rkv + D.dr;
-    if (D.ck) { /* ModAttn: z + conv(z) on the query latent, before its norm */
-        prl_conv_forward(la->zqc, la->zq, D.rq, P(o->qa_conv), a->B, a->T, D.rq, D.ck);
-        zq = la->zqc;
-    }
-    prl_rmsnorm_forward(la->cq, la->rstd_q, zq, P(o->q_norm), N, D.rq, D.rq, D.rq, PRL_LATENT_NORM_EPS);
+    latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq);
     prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
     prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
     prl_matmul_forward(la->kva, la->ln_a, P(o->wkv_a), N, D.d, D.rkv + D.dr, 0);
-    if (D.ck) { /* and on the compressed KV (not its rope part), before its norm */
-        prl_conv_forward(la->kvc, la->kva, D.rkv + D.dr, P(o->kv_conv), a->B, a->T, D.rkv, D.ck);
-        ckv_in = la->kvc, ckv_stride = D.rkv;
-    }
-    prl_rmsnorm_forward(la->ckv, la->rstd_kv, ckv_in, P(o->kv_norm), N, D.rkv, ckv_stride, D.rkv,
-                        PRL_LATENT_NORM_EPS);
+    latent_forward(m, la->ckv, la->rstd_kv, la->kva, D.rkv + D.dr, la->kvc, o->kv_norm, o->kv_conv,
+                   D.rkv); /* the compressed KV only: its rope part is untouched */
     for (int n = 0; n < N; n++)
         memcpy(la->kr + (size_t)n * D.dr, la->kva + (size_t)n * (D.rkv + D.dr) + D.rkv,
                (size_t)D.dr * sizeof(prl_real));
@@ -526,7 +534,8 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     if (D.ns > 0) sinks_forward(m, l);
     prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
                           D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, attn_shape(m, l));
-    if (D.ck) { /* and on the heads' output, before o_proj */
+    const prl_real *o_out = la->o;
+    if (D.ck) { /* ModAttn on the heads' output, before o_proj */
         prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck);
         o_out = la->oc;
     }
@@ -893,6 +902,38 @@ const prl_real *prl_model_logits(const prl_model *m) { return m->acts->logits; }
 
 static void zero(prl_real *p, size_t n) { memset(p, 0, n * sizeof *p); }
 
+/* Backward of latent_forward: dz (rows at z_stride) += ∂/∂z given dy = ∂/∂y; the gain and
+** kernel gradients accumulate. */
+static void latent_backward(prl_model *m, prl_real *dz, const prl_real *dy, const prl_real *z,
+                            int z_stride, const prl_real *zc, const prl_real *rstd, size_t g,
+                            size_t conv, int C)
+{
+    prl_acts *a = m->acts;
+    int ck = prl_config_conv_kernel(&m->cfg), N = a->N;
+    if (!ck) {
+        prl_rmsnorm_backward(dz, G(g), dy, z, P(g), rstd, N, C, z_stride, C);
+        return;
+    }
+    zero(a->dconv, (size_t)N * C);
+    prl_rmsnorm_backward(a->dconv, G(g), dy, zc, P(g), rstd, N, C, C, C);
+    prl_conv_backward(dz, z_stride, G(conv), a->dconv, z, P(conv), a->B, a->T, C, ck);
+}
+
+/* The sinks' latent: dsink_kv (∂/∂ their [k_nope | v]) through kv_b_proj and the norm. */
+static void sinks_backward(prl_model *m, int l)
+{
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    dims D = dims_of(&m->cfg);
+    if (D.ns == 0 || !m->cfg.param_sink_with_value) return;
+    zero(a->dsink_ckv, (size_t)D.ns * D.rkv);
+    prl_matmul_backward(a->dsink_ckv, G(o->wkv_b), a->dsink_kv, la->sink_ckv, P(o->wkv_b), D.ns,
+                        D.rkv, D.H * D.dkv);
+    prl_rmsnorm_backward(G(o->sink_ckv), G(o->kv_norm), a->dsink_ckv, P(o->sink_ckv),
+                         P(o->kv_norm), la->sink_rstd, D.ns, D.rkv, D.rkv, D.rkv);
+}
+
 /* Attention sublayer: dres holds ∂/∂(res_ffn); adds the path through MLA and ln1. */
 static void mla_backward(prl_model *m, int l, const prl_batch *b)
 {
@@ -920,28 +961,14 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
                            do_att, la->att, la->q, la->kv, la->kr, la->sink_kv,
                            D.ns > 0 ? P(o->sink_kpe) : NULL, a->dattn_scratch, b->lens,
                            attn_shape(m, l));
-    if (D.ns > 0 && m->cfg.param_sink_with_value) { /* sinks: through kv_b_proj and the norm */
-        zero(a->dsink_ckv, (size_t)D.ns * D.rkv);
-        prl_matmul_backward(a->dsink_ckv, G(o->wkv_b), a->dsink_kv, la->sink_ckv, P(o->wkv_b),
-                            D.ns, D.rkv, D.H * D.dkv);
-        prl_rmsnorm_backward(G(o->sink_ckv), G(o->kv_norm), a->dsink_ckv, P(o->sink_ckv),
-                             P(o->kv_norm), la->sink_rstd, D.ns, D.rkv, D.rkv, D.rkv);
-    }
+    sinks_backward(m, l);
     zero(a->dckv, (size_t)N * D.rkv);
     prl_matmul_backward(a->dckv, G(o->wkv_b), a->dkv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv);
     prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
     int wa = D.rkv + D.dr;
     zero(a->dkva, (size_t)N * wa);
-    if (D.ck) { /* the norm's input is kvc = conv(kva[:, :rkv]) + residual */
-        zero(a->dconv, (size_t)N * D.rkv);
-        prl_rmsnorm_backward(a->dconv, G(o->kv_norm), a->dckv, la->kvc, P(o->kv_norm), la->rstd_kv,
-                             N, D.rkv, D.rkv, D.rkv);
-        prl_conv_backward(a->dkva, wa, G(o->kv_conv), a->dconv, la->kva, P(o->kv_conv), a->B, a->T,
-                          D.rkv, D.ck);
-    } else {
-        prl_rmsnorm_backward(a->dkva, G(o->kv_norm), a->dckv, la->kva, P(o->kv_norm), la->rstd_kv,
-                             N, D.rkv, wa, D.rkv);
-    }
+    latent_backward(m, a->dkva, a->dckv, la->kva, wa, la->kvc, la->rstd_kv, o->kv_norm, o->kv_conv,
+                    D.rkv);
     for (int n = 0; n < N; n++)
         for (int i = 0; i < D.dr; i++) a->dkva[(size_t)n * wa + D.rkv + i] += a->dkr[(size_t)n * D.dr + i];
     zero(a->dln, (size_t)N * D.d);
@@ -950,16 +977,8 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
     zero(a->dcq, (size_t)N * D.rq);
     prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
     zero(a->dzq, (size_t)N * D.rq);
-    if (D.ck) { /* the norm's input is zqc = conv(zq) + residual */
-        zero(a->dconv, (size_t)N * D.rq);
-        prl_rmsnorm_backward(a->dconv, G(o->q_norm), a->dcq, la->zqc, P(o->q_norm), la->rstd_q, N,
-                             D.rq, D.rq, D.rq);
-        prl_conv_backward(a->dzq, D.rq, G(o->qa_conv), a->dconv, la->zq, P(o->qa_conv), a->B, a->T,
-                          D.rq, D.ck);
-    } else {
-        prl_rmsnorm_backward(a->dzq, G(o->q_norm), a->dcq, la->zq, P(o->q_norm), la->rstd_q, N,
-                             D.rq, D.rq, D.rq);
-    }
+    latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
+                    D.rq);
     prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
     prl_rmsnorm_backward(a->dres, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d,
                          D.d, D.d);
