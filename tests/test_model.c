@@ -12,25 +12,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define SMALL_KEYS                                                                               \
+    "\"vocab_size\": 96, \"hidden_size\": 32, \"num_hidden_layers\": 3,"                         \
+    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"                     \
+    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"                      \
+    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"                                \
+    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"       \
+    " \"n_shared_experts\": 1, \"max_position_embeddings\": 64, \"initializer_range\": 0.1"
+
 static const char *small_config =
-    "{\"vocab_size\": 96, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
-    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"
-    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"
-    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"
-    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
-    " \"n_shared_experts\": 1, \"max_position_embeddings\": 64, \"initializer_range\": 0.1,"
-    " \"prl_balance_loss_alpha\": 0.001, \"prl_bias_update_rate\": 0.01}";
+    "{" SMALL_KEYS ", \"prl_balance_loss_alpha\": 0.001, \"prl_bias_update_rate\": 0.01}";
 
 /* small_config with sliding windows (layers 1, 2), 3 sinks and ModAttn convs (k = 3). */
 static const char *blocks_config =
-    "{\"vocab_size\": 96, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
-    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"
-    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"
-    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"
-    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
-    " \"n_shared_experts\": 1, \"max_position_embeddings\": 64, \"initializer_range\": 0.1,"
-    " \"swa_layers\": [1, 2], \"sliding_window_list\": [5, 9], \"param_sink_number\": 3,"
-    " \"router_sliding_window\": 3}";
+    "{" SMALL_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [5, 9],"
+    " \"param_sink_number\": 3, \"router_sliding_window\": 3}";
 
 static char tmpdir[256];
 
