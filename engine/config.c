@@ -5,6 +5,8 @@
 ** where it goes. Unknown keys (typos) are errors that suggest the nearest known key; blocks
 ** of the openPangu-2.0 design that this build does not have yet are recognised and refused
 ** with a "not yet supported" error, so a config never silently means something else.
+** Sliding-window layers and parameter sinks are read by name (parse_attention): their keys
+** are lists or are written to config.json only when the block is on.
 */
 #include "engine/engine.h"
 
@@ -86,14 +88,15 @@ static const key_spec keys[] = {
     UNS("index_topk", K_INT, "DSA sparse attention"),
     UNS("index_n_heads", K_INT, "DSA sparse attention"),
     UNS("index_head_dim", K_INT, "DSA sparse attention"),
-    UNS("swa_layers", K_INT_LIST, "sliding-window attention"),
-    UNS("sliding_window_list", K_INT_LIST, "sliding-window attention"),
-    UNS("sliding_window", K_INT, "sliding-window attention"),
-    UNS("layer_types", K_ANY, "sliding-window attention"),
-    UNS("param_sink_number", K_INT, "parameter attention sinks"),
-    UNS("param_sink_with_value", K_BOOL, "parameter attention sinks"),
-    UNS("use_mome", K_BOOL, "ModAttn (MoME) convolution"),
-    UNS("router_sliding_window", K_INT, "ModAttn (MoME) convolution"),
+    /* SWA and sinks: read by name in parse_attention (lists, and written only when on) */
+    IGN("swa_layers", K_INT_LIST),
+    IGN("sliding_window_list", K_INT_LIST),
+    IGN("sliding_window", K_INT),
+    IGN("param_sink_number", K_INT),
+    IGN("param_sink_with_value", K_BOOL),
+    UNS("layer_types", K_ANY, "per-layer attention types (use swa_layers)"),
+    IGN("use_mome", K_BOOL),            /* ModAttn: parse_attention */
+    IGN("router_sliding_window", K_INT),
     UNS("use_mhc", K_BOOL, "mHC hyper-connections"),
     UNS("mhc_num_stream", K_INT, "mHC hyper-connections"),
     UNS("mhc_recur_norm", K_INT, "mHC hyper-connections"),
@@ -133,6 +136,7 @@ void prl_config_default(prl_config *c)
     c->pad_token_id = 0;
     c->bias_rule = PRL_BIAS_SIGN;
     c->bias_update_rate = 0.001;
+    c->param_sink_with_value = 1;
 }
 
 static const key_spec *find_key(const char *name)
@@ -318,6 +322,92 @@ static prl_status check_fixed_values(json_t *root, const char *src)
     return PRL_OK;
 }
 
+/* A list of integers into out[max]; *n its length. */
+static prl_status read_int_list(json_t *v, const char *key, int *out, int *n, int max,
+                                const char *src)
+{
+    if (json_array_size(v) > (size_t)max)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' has %zu entries (at most %d)", src, key,
+                             json_array_size(v), max);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        json_int_t x = json_integer_value(e);
+        if (x < 0 || x > (1 << 24))
+            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s'[%zu] = %lld is out of range", src, key,
+                                 i, (long long)x);
+        out[i] = (int)x;
+    }
+    *n = (int)json_array_size(v);
+    return PRL_OK;
+}
+
+/* SWA, parameter-sink and ModAttn keys (docs/model.md). */
+static prl_status parse_attention(prl_config *c, json_t *root, const char *src)
+{
+    json_t *v;
+    prl_status rc;
+    if ((v = json_object_get(root, "swa_layers")) &&
+        (rc = read_int_list(v, "swa_layers", c->swa_layers, &c->n_swa_layers, PRL_MAX_LAYERS, src)))
+        return rc;
+    if ((v = json_object_get(root, "sliding_window_list")) &&
+        (rc = read_int_list(v, "sliding_window_list", c->sliding_window_list,
+                            &c->n_sliding_window_list, PRL_MAX_LAYERS, src)))
+        return rc;
+    struct { const char *key; int *field; } ints[] = {
+        {"sliding_window", &c->sliding_window},
+        {"param_sink_number", &c->param_sink_number},
+    };
+    for (int i = 0; i < 2; i++)
+        if ((v = json_object_get(root, ints[i].key))) {
+            json_int_t x = json_integer_value(v);
+            if (x < 0 || x > (1 << 24))
+                return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld is out of range", src,
+                                     ints[i].key, (long long)x);
+            *ints[i].field = (int)x;
+        }
+    if ((v = json_object_get(root, "param_sink_with_value")))
+        c->param_sink_with_value = json_is_true(v);
+    if ((v = json_object_get(root, "router_sliding_window"))) {
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || x > 16)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'router_sliding_window' = %lld must be in "
+                                 "[0, 16]", src, (long long)x);
+        c->router_sliding_window = (int)x;
+    }
+    /* spec §11.1: use_mome defaults to router_sliding_window > 0 */
+    c->use_mome = c->router_sliding_window > 0;
+    if ((v = json_object_get(root, "use_mome"))) c->use_mome = json_is_true(v);
+    if (c->use_mome && c->router_sliding_window < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'use_mome' is true but 'router_sliding_window' "
+                             "(the conv kernel size) is %d", src, c->router_sliding_window);
+    return PRL_OK;
+}
+
+static prl_status validate_attention(const prl_config *c, const char *src)
+{
+    int seen[PRL_MAX_LAYERS] = {0};
+    if (c->n_sliding_window_list > 0 && c->n_sliding_window_list != c->n_swa_layers)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'sliding_window_list' has %d entries but "
+                             "'swa_layers' has %d", src, c->n_sliding_window_list, c->n_swa_layers);
+    for (int i = 0; i < c->n_swa_layers; i++) {
+        int l = c->swa_layers[i];
+        if (l >= c->num_hidden_layers)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'swa_layers'[%d] = %d is not a layer "
+                                 "(num_hidden_layers %d)", src, i, l, c->num_hidden_layers);
+        if (seen[l]++)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'swa_layers' lists layer %d twice", src, l);
+        if (prl_config_window(c, l) < 1)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: layer %d is in 'swa_layers' but its window "
+                                 "is 0 (set 'sliding_window' or 'sliding_window_list')", src, l);
+    }
+    if (c->param_sink_number > 4096)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'param_sink_number' = %d must be in [0, 4096]",
+                             src, c->param_sink_number);
+    return PRL_OK;
+}
+
 static prl_status parse_object(prl_config *c, json_t *root, const char *src)
 {
     const char *name;
@@ -353,7 +443,8 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
             return prl_error_set(PRL_ERR_CONFIG, "%s: 'prl_bias_update_rule' = \"%s\" must be "
                                  "\"sign\" or \"rms\"", src, s);
     }
-    return check_fixed_values(root, src);
+    prl_status rc = parse_attention(c, root, src);
+    return rc ? rc : check_fixed_values(root, src);
 }
 
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source)
@@ -367,8 +458,9 @@ prl_status prl_config_parse(prl_config *c, const char *json_text, const char *so
     prl_status rc;
     if (!json_is_object(root))
         rc = prl_error_set(PRL_ERR_CONFIG, "%s: a config must be a JSON object", source);
-    else if ((rc = parse_object(c, root, source)) == PRL_OK)
-        rc = validate(c, source);
+    else if ((rc = parse_object(c, root, source)) == PRL_OK &&
+             (rc = validate(c, source)) == PRL_OK)
+        rc = validate_attention(c, source);
     json_decref(root);
     return rc;
 }
@@ -398,12 +490,44 @@ char *prl_config_to_json(const prl_config *c)
     }
     json_object_set_new(o, "prl_bias_update_rule",
                         json_string(c->bias_rule == PRL_BIAS_RMS ? "rms" : "sign"));
+    if (c->n_swa_layers > 0) {
+        json_t *layers = json_array(), *windows = json_array();
+        for (int i = 0; i < c->n_swa_layers; i++)
+            json_array_append_new(layers, json_integer(c->swa_layers[i]));
+        for (int i = 0; i < c->n_sliding_window_list; i++)
+            json_array_append_new(windows, json_integer(c->sliding_window_list[i]));
+        json_object_set_new(o, "swa_layers", layers);
+        if (c->n_sliding_window_list > 0) json_object_set_new(o, "sliding_window_list", windows);
+        else json_decref(windows);
+        json_object_set_new(o, "sliding_window", json_integer(c->sliding_window));
+    }
+    if (c->router_sliding_window > 0) {
+        json_object_set_new(o, "use_mome", json_boolean(c->use_mome));
+        json_object_set_new(o, "router_sliding_window", json_integer(c->router_sliding_window));
+    }
+    if (c->param_sink_number > 0) {
+        json_object_set_new(o, "param_sink_number", json_integer(c->param_sink_number));
+        json_object_set_new(o, "param_sink_with_value", json_boolean(c->param_sink_with_value));
+    }
     json_object_set_new(o, "rope_interleave", json_false());
     json_object_set_new(o, "tie_word_embeddings", json_false());
     json_object_set_new(o, "torch_dtype", json_string("float32"));
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(o);
     return s;
+}
+
+int prl_config_window(const prl_config *c, int layer)
+{
+    for (int i = 0; i < c->n_swa_layers; i++)
+        if (c->swa_layers[i] == layer)
+            return i < c->n_sliding_window_list ? c->sliding_window_list[i] : c->sliding_window;
+    return 0;
+}
+
+int prl_config_conv_kernel(const prl_config *c)
+{
+    return c->use_mome ? c->router_sliding_window : 0;
 }
 
 int prl_config_is_moe(const prl_config *c, int layer)

@@ -103,13 +103,24 @@ typedef struct layer_w {
     lin router;
     lin *e13, *e2;                    /* [E] routed experts, gate/up stacked */
     float *wuk_t;                     /* absorbed form: [H][rkv][dn] = W_UK_hᵀ per head */
+    int window;                       /* 0 = causal, W = sliding window (docs/model.md) */
+    int cap;                          /* cache rows per slot: max_len, or W for a ring */
+    size_t lat_off, kv_off;           /* the layer's part of cache_lat / cache_kv */
+    float *sink_lat;                  /* [ns][rkv + dr]: normed sink latent, then k_pe */
+    float *sink_kv;                   /* [ns][H·dkv]: per-head sink [k_nope | v] (naive) */
+    const float *conv_w[3];           /* ModAttn kernels [C, k]: query, latent, heads */
+    float *conv_state[3];             /* per slot the k−1 latest inputs of each conv [k−1][C] */
 } layer_w;
+
+enum { CONV_Q, CONV_KV, CONV_O };
 
 /* Buffers of one forward_rows call, sized for `cap` rows. */
 typedef struct rows_buf {
     int cap;
     int32_t *tok, *slot, *pos, *req;
-    float *x, *ln, *rstd, *zq, *cq, *q, *kva, *ckv, *kr, *kvx, *o, *tmp, *a13, *h;
+    float *x, *ln, *rstd, *zq, *cq, *q, *kva, *ckv, *kr, *lat, *kvx, *o, *tmp, *a13, *h;
+    int32_t *first_row, *first_pos; /* [max_batch]: a slot's first row in the call, its position */
+    float *zqc, *kvc, *oc, *conv_tmp; /* ModAttn outputs; a conv state being rebuilt */
     float *z, *s, *g;
     int32_t *sel, *offsets, *gpos, *token_of;
     float *xg, *ea13, *eh, *yg, *logits;
@@ -126,14 +137,14 @@ typedef struct slot_state {
 struct prl_infer {
     const prl_model *m;
     prl_infer_options opt;
-    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, n_moe, lat;
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, n_moe, lat, ns, ck;
     float *wcopy;                 /* rounded weights (bf16/fp16), NULL in fp32 */
     layer_w *lw;
     const float *embed, *norm;
     lin head;
     float *rope_cos, *rope_sin;   /* [max_len][dr/2] */
-    float *cache_lat;             /* [L][max_batch][max_len][rkv+dr]: c_kv then k_r */
-    float *cache_kv;              /* naive: [L][max_batch][max_len][H·dkv] */
+    float *cache_lat;             /* per layer [max_batch][cap][rkv+dr]: c_kv then k_r */
+    float *cache_kv;              /* naive: per layer [max_batch][cap][H·dkv] */
     float *att_scratch;           /* per pool thread */
     size_t att_scratch_per_thread;
     int att_threads;
@@ -416,8 +427,34 @@ static prl_status lin_init(const prl_infer *e, lin *L, const float *w, int out, 
 
 static void lin_free(lin *L) { prl_packed_b_free(&L->pk); }
 
+/* Sink rows of layer l from the (rounded) weights `base`, by the train path's own ops: the
+** latent rows [RMSNorm(param_sink_compressed_kv; kv_a_layernorm) | param_sink_k_pe] (zero
+** latent without param_sink_with_value) and, for the naive form, the per-head [k_nope | v]. */
+static void bind_sinks(prl_infer *e, int l, const float *base)
+{
+    layer_w *w = &e->lw[l];
+    int ns = e->ns, rkv = e->rkv;
+    float *ckv = calloc((size_t)ns * rkv, sizeof *ckv), *rstd = malloc((size_t)ns * sizeof *rstd);
+    PRL_ASSERT(ckv != NULL && rstd != NULL);
+    if (e->m->cfg.param_sink_with_value) {
+        const float *raw = tensor(e, base, ns, rkv, "model.layers.%d.self_attn.param_sink_compressed_kv", l);
+        prl_rmsnorm_forward(ckv, rstd, raw, w->kv_norm, ns, rkv, rkv, rkv, PRL_LATENT_NORM_EPS);
+        act_round(e, ckv, (size_t)ns * rkv);
+    }
+    const float *kpe = tensor(e, base, ns, e->dr, "model.layers.%d.self_attn.param_sink_k_pe", l);
+    for (int i = 0; i < ns; i++) {
+        memcpy(w->sink_lat + (size_t)i * e->lat, ckv + (size_t)i * rkv, (size_t)rkv * sizeof *ckv);
+        memcpy(w->sink_lat + (size_t)i * e->lat + rkv, kpe + (size_t)i * e->dr, (size_t)e->dr * sizeof *kpe);
+    }
+    if (e->opt.mla == PRL_MLA_NAIVE) {
+        prl_matmul_forward(w->sink_kv, ckv, w->wkv_b.w, ns, rkv, e->H * e->dkv, 0);
+        act_round(e, w->sink_kv, (size_t)ns * e->H * e->dkv);
+    }
+    free(ckv), free(rstd);
+}
+
 /* Point every layer at the weights (rounded copy or the model's), pack them, and build the
-** absorbed query matrices. */
+** absorbed query matrices and the sink rows. */
 static prl_status bind_weights(prl_infer *e)
 {
     const float *base = e->m->params;
@@ -467,6 +504,14 @@ static prl_status bind_weights(prl_infer *e)
                 for (int i = 0; i < e->dn; i++)
                     w->wuk_t[((size_t)h * e->rkv + c) * e->dn + i] =
                         w->wkv_b.w[((size_t)h * e->dkv + i) * e->rkv + c];
+        if (e->ns > 0 && !rc) bind_sinks(e, l, base);
+        if (e->ck) {
+            w->conv_w[CONV_Q] = tensor(e, base, e->rq, 1, "model.layers.%d.self_attn.qa_conv.weight", l);
+            w->conv_w[CONV_KV] =
+                tensor(e, base, e->rkv, 1, "model.layers.%d.self_attn.compresskv_conv.weight", l);
+            w->conv_w[CONV_O] =
+                tensor(e, base, e->H * e->dv, 1, "model.layers.%d.self_attn.o_conv.weight", l);
+        }
     }
 #undef T
 #undef X
@@ -483,6 +528,12 @@ static void *xcalloc(size_t n, size_t size, int *failed)
     void *p = calloc(n ? n : 1, size);
     if (!p) *failed = 1;
     return p;
+}
+
+/* Channels of the three ModAttn convs: the query latent, the KV latent, the heads' output. */
+static int conv_channels(const prl_infer *e, int which)
+{
+    return which == CONV_Q ? e->rq : which == CONV_KV ? e->rkv : e->H * e->dv;
 }
 
 static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
@@ -504,6 +555,18 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
     b->kva = xcalloc(R * (e->rkv + e->dr), sizeof(float), failed);
     b->ckv = xcalloc(R * e->rkv, sizeof(float), failed);
     b->kr = xcalloc(R * e->dr, sizeof(float), failed);
+    b->lat = xcalloc(R * e->lat, sizeof(float), failed);
+    b->first_row = xcalloc((size_t)e->opt.max_batch, sizeof(int32_t), failed);
+    b->first_pos = xcalloc((size_t)e->opt.max_batch, sizeof(int32_t), failed);
+    if (e->ck) {
+        b->zqc = xcalloc(R * e->rq, sizeof(float), failed);
+        b->kvc = xcalloc(R * e->rkv, sizeof(float), failed);
+        b->oc = xcalloc(R * e->H * e->dv, sizeof(float), failed);
+        size_t widest = 0;
+        for (int i = 0; i < 3; i++)
+            widest = (size_t)conv_channels(e, i) > widest ? (size_t)conv_channels(e, i) : widest;
+        b->conv_tmp = xcalloc((size_t)e->ck * widest, sizeof(float), failed);
+    }
     b->kvx = xcalloc(R * e->H * e->dkv, sizeof(float), failed);
     b->o = xcalloc(R * e->H * e->dv, sizeof(float), failed);
     b->tmp = xcalloc(R * e->d, sizeof(float), failed);
@@ -526,7 +589,7 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
 static void rows_buf_free(rows_buf *b)
 {
     void *ptrs[] = {b->tok, b->slot, b->pos, b->req, b->x, b->ln, b->rstd, b->zq, b->cq, b->q,
-                    b->kva, b->ckv, b->kr, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
+                    b->kva, b->ckv, b->kr, b->lat, b->first_row, b->first_pos, b->zqc, b->kvc, b->oc, b->conv_tmp, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
                     b->sel, b->offsets, b->gpos, b->token_of, b->xg, b->ea13, b->eh, b->yg,
                     b->logits};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
@@ -566,24 +629,42 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->dq = e->dn + e->dr, e->dkv = e->dn + e->dv, e->I = c->intermediate_size;
     e->E = c->n_routed_experts, e->K = c->num_experts_per_tok, e->de = c->moe_intermediate_size;
     e->sde = c->n_shared_experts * c->moe_intermediate_size, e->n_moe = m->n_moe;
-    e->lat = e->rkv + e->dr;
+    e->lat = e->rkv + e->dr, e->ns = c->param_sink_number, e->ck = prl_config_conv_kernel(c);
     int failed = 0;
-    size_t slots = (size_t)o.max_batch * o.max_len;
     if (o.precision != PRL_PRECISION_FP32) e->wcopy = xcalloc(m->n_params, sizeof(float), &failed);
     e->lw = xcalloc((size_t)e->L, sizeof *e->lw, &failed);
     for (int l = 0; l < e->L && e->lw; l++) {
         e->lw[l].e13 = xcalloc((size_t)e->E, sizeof(lin), &failed);
         e->lw[l].e2 = xcalloc((size_t)e->E, sizeof(lin), &failed);
         e->lw[l].wuk_t = xcalloc((size_t)e->H * e->rkv * e->dn, sizeof(float), &failed);
+        e->lw[l].sink_lat = xcalloc((size_t)e->ns * e->lat, sizeof(float), &failed);
+        e->lw[l].sink_kv = xcalloc((size_t)e->ns * e->H * e->dkv, sizeof(float), &failed);
+        for (int i = 0; i < 3 && e->ck; i++)
+            e->lw[l].conv_state[i] = xcalloc((size_t)o.max_batch * (e->ck - 1) * conv_channels(e, i) + 1,
+                                             sizeof(float), &failed);
+    }
+    /* cache rows per slot: the whole context, or a ring of W rows for a sliding-window layer */
+    size_t lat_total = 0, kv_total = 0;
+    for (int l = 0; l < e->L && e->lw; l++) {
+        layer_w *w = &e->lw[l];
+        w->window = prl_config_window(c, l);
+        w->cap = w->window > 0 && w->window < o.max_len ? w->window : o.max_len;
+        w->lat_off = lat_total, w->kv_off = kv_total;
+        lat_total += (size_t)o.max_batch * w->cap * e->lat;
+        kv_total += (size_t)o.max_batch * w->cap * e->H * e->dkv;
     }
     e->rope_cos = xcalloc((size_t)o.max_len * e->dr / 2, sizeof(float), &failed);
     e->rope_sin = xcalloc((size_t)o.max_len * e->dr / 2, sizeof(float), &failed);
-    e->cache_lat = xcalloc((size_t)e->L * slots * e->lat, sizeof(float), &failed);
-    if (o.mla == PRL_MLA_NAIVE)
-        e->cache_kv = xcalloc((size_t)e->L * slots * e->H * e->dkv, sizeof(float), &failed);
+    e->cache_lat = xcalloc(lat_total, sizeof(float), &failed);
+    if (o.mla == PRL_MLA_NAIVE) e->cache_kv = xcalloc(kv_total, sizeof(float), &failed);
     e->att_threads = prl_pool_threads() > 0 ? prl_pool_threads() : 1;
-    size_t naive_scratch = (size_t)PRL_ATT_BLOCK * o.max_len;
-    size_t absorbed_scratch = (size_t)e->H * ((size_t)o.max_len + e->lat + e->rkv);
+    /* naive: scores of a query block, then the gathered keys of a ring layer; absorbed:
+    ** scores, absorbed queries, latent outputs, sink scores and outputs, the softmax
+    ** statistics of the two parts, then the gathered latent rows of a ring layer */
+    size_t naive_scratch = (size_t)PRL_ATT_BLOCK * (e->ns + o.max_len) +
+                           (size_t)o.max_len * (e->dkv + e->dr);
+    size_t absorbed_scratch = (size_t)e->H * ((size_t)o.max_len + e->lat + 2 * e->rkv + e->ns + 2) +
+                              (size_t)o.max_len * e->lat;
     e->att_scratch_per_thread = naive_scratch > absorbed_scratch ? naive_scratch : absorbed_scratch;
     e->att_scratch = xcalloc(e->att_scratch_per_thread * e->att_threads, sizeof(float), &failed);
     rows_buf_alloc(e, o.max_len > o.max_batch ? o.max_len : o.max_batch, &failed);
@@ -615,7 +696,8 @@ void prl_infer_free(prl_infer *e)
         lin_free(&w->wq_a), lin_free(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
         lin_free(&w->wo), lin_free(&w->w13), lin_free(&w->w2), lin_free(&w->router);
         for (int x = 0; x < e->E && w->e13; x++) lin_free(&w->e13[x]), lin_free(&w->e2[x]);
-        free(w->e13), free(w->e2), free(w->wuk_t);
+        free(w->e13), free(w->e2), free(w->wuk_t), free(w->sink_lat), free(w->sink_kv);
+        for (int i = 0; i < 3; i++) free(w->conv_state[i]);
     }
     lin_free(&e->head);
     for (int s = 0; e->slots && s < e->opt.max_batch; s++) free(e->slots[s].routes);
@@ -625,10 +707,26 @@ void prl_infer_free(prl_infer *e)
     free(e);
 }
 
+static size_t kv_bytes_per_layer_token(const prl_infer *e)
+{
+    return ((size_t)e->lat + (e->opt.mla == PRL_MLA_NAIVE ? (size_t)e->H * e->dkv : 0)) * sizeof(float);
+}
+
 size_t prl_infer_kv_bytes_per_token(const prl_infer *e)
 {
-    size_t per_layer = (size_t)e->lat + (e->opt.mla == PRL_MLA_NAIVE ? (size_t)e->H * e->dkv : 0);
-    return per_layer * e->L * sizeof(float);
+    int full = 0;
+    for (int l = 0; l < e->L; l++) full += e->lw[l].window == 0;
+    return kv_bytes_per_layer_token(e) * (size_t)full;
+}
+
+size_t prl_infer_kv_bytes(const prl_infer *e, int n_tokens)
+{
+    size_t rows = 0;
+    for (int l = 0; l < e->L; l++) {
+        int W = e->lw[l].window;
+        rows += (size_t)(W > 0 && W < n_tokens ? W : n_tokens);
+    }
+    return rows * kv_bytes_per_layer_token(e);
 }
 
 const prl_infer_options *prl_infer_get_options(const prl_infer *e) { return &e->opt; }
@@ -658,15 +756,36 @@ static void emit(const prl_infer *e, int layer, const char *what, const float *d
 
 /* ------------------------------------------------------------------ attention ------- */
 
+/* Cache rows of position `pos` of the sequence in `slot`: row pos of the whole-context
+** cache, or row pos mod W of a sliding-window layer's ring. */
 static float *lat_row(const prl_infer *e, int l, int slot, int pos)
 {
-    return e->cache_lat + (((size_t)l * e->opt.max_batch + slot) * e->opt.max_len + pos) * e->lat;
+    const layer_w *w = &e->lw[l];
+    return e->cache_lat + w->lat_off + ((size_t)slot * w->cap + pos % w->cap) * e->lat;
 }
 
 static float *kv_row(const prl_infer *e, int l, int slot, int pos)
 {
-    return e->cache_kv +
-           (((size_t)l * e->opt.max_batch + slot) * e->opt.max_len + pos) * e->H * e->dkv;
+    const layer_w *w = &e->lw[l];
+    return e->cache_kv + w->kv_off + ((size_t)slot * w->cap + pos % w->cap) * e->H * e->dkv;
+}
+
+/* A ring layer keeps only W cache rows, so during a call its keys come from two places: the
+** rows of this call (rows_buf, written to the ring only after every row has attended) and
+** the ring (older positions). NULL: a position the ring no longer holds; no row of the call
+** can see it. */
+static int is_ring(const prl_infer *e, int l) { return e->lw[l].cap < e->opt.max_len; }
+
+static const float *key_row(const prl_infer *e, int l, int slot, int q, int naive)
+{
+    const rows_buf *b = &e->rb;
+    int f = b->first_pos[slot];
+    if (q >= f) {
+        size_t r = (size_t)(b->first_row[slot] + q - f);
+        return naive ? b->kvx + r * e->H * e->dkv : b->lat + r * e->lat;
+    }
+    if (q < f - e->lw[l].cap) return NULL;
+    return naive ? kv_row(e, l, slot, q) : lat_row(e, l, slot, q);
 }
 
 typedef struct att_ctx {
@@ -676,19 +795,44 @@ typedef struct att_ctx {
     int n_runs;
 } att_ctx;
 
-/* Naive form: the train path's prl_attention_rows on the cached per-head keys and values. */
+/* Naive form: the train path's prl_attention_rows on the cached per-head keys and values
+** (gathered in position order for a ring layer) and the layer's sinks. */
 static void naive_task(void *p, int t)
 {
     att_ctx *c = p;
     prl_infer *e = c->e;
     rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[c->l];
     int run = t / e->H, h = t % e->H, r0 = c->run_start[run], rows = c->run_rows[run];
-    int slot = b->slot[r0], p0 = b->pos[r0], p1 = p0 + rows;
+    int slot = b->slot[r0], p0 = b->pos[r0], p1 = p0 + rows, ldS = e->ns + e->opt.max_len;
     float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
+    prl_attn_keys kk = {.window = w->window, .ns = e->ns};
+    if (e->ns > 0) {
+        kk.sk = w->sink_kv + (size_t)h * e->dkv, kk.ldsk = e->H * e->dkv;
+        kk.skr = w->sink_lat + e->rkv, kk.ldskr = e->lat;
+    }
+    if (!is_ring(e, c->l)) {
+        kk.k = kv_row(e, c->l, slot, 0) + (size_t)h * e->dkv, kk.ldk = e->H * e->dkv;
+        kk.kr = lat_row(e, c->l, slot, 0) + e->rkv, kk.ldkr = e->lat;
+    } else { /* keys [k0, p1) in position order: [k_nope | v | k_r] per row */
+        int wk = e->dkv + e->dr;
+        float *g = S + (size_t)PRL_ATT_BLOCK * ldS;
+        kk.k0 = prl_attention_key_start(p0, w->window);
+        for (int q = kk.k0; q < p1; q++) {
+            const float *kv = key_row(e, c->l, slot, q, 1), *lat = key_row(e, c->l, slot, q, 0);
+            float *dst = g + (size_t)(q - kk.k0) * wk;
+            if (!kv) {
+                memset(dst, 0, (size_t)wk * sizeof *dst);
+                continue;
+            }
+            memcpy(dst, kv + (size_t)h * e->dkv, (size_t)e->dkv * sizeof *dst);
+            memcpy(dst + e->dkv, lat + e->rkv, (size_t)e->dr * sizeof *dst);
+        }
+        kk.k = g, kk.ldk = wk, kk.kr = g + e->dkv, kk.ldkr = wk;
+    }
     prl_attention_rows(b->o + (size_t)r0 * e->H * e->dv + (size_t)h * e->dv, e->H * e->dv, S,
-                       e->opt.max_len, b->q + (size_t)r0 * e->H * e->dq + (size_t)h * e->dq,
-                       e->H * e->dq, kv_row(e, c->l, slot, 0) + (size_t)h * e->dkv, e->H * e->dkv,
-                       lat_row(e, c->l, slot, 0) + e->rkv, e->lat, p0, p1, e->dn, e->dr, e->dv);
+                       S + e->ns, ldS, b->q + (size_t)r0 * e->H * e->dq + (size_t)h * e->dq,
+                       e->H * e->dq, &kk, p0, p1, e->dn, e->dr, e->dv);
 }
 
 /* y[i] += a·x[i] (8 lanes at a time; each element's operations are the same either way). */
@@ -706,18 +850,46 @@ static void axpy(float *restrict y, float a, const float *restrict x, int n)
     for (; i < n; i++) y[i] = y[i] + a * x[i];
 }
 
+/* The sinks' part of an absorbed row, merged exactly into the tokens' part (docs/model.md,
+** "two-part softmax"): per head, the sink scores' max m_A, sum l_A and normalised latent
+** output o_A, then o = (l_A e^{m_A−m} o_A + l_B e^{m_B−m} o_B) / (l_A e^{m_A−m} + l_B e^{m_B−m})
+** with m = max(m_A, m_B), where the tokens' part (m_B, l_B, o_B) is already in `ov`. */
+static void merge_sinks(const prl_infer *e, const layer_w *w, const float *qa, float *ov,
+                        const float *mB, const float *lB, float *Ss, float *oA, float scale)
+{
+    int H = e->H, ns = e->ns, lat = e->lat, rkv = e->rkv;
+    for (int h = 0; h < H; h++) {
+        float *S = Ss + (size_t)h * ns, *o = oA + (size_t)h * rkv, mA, lA = 0;
+        dots(S, qa + (size_t)h * lat, w->sink_lat, lat, ns, lat);
+        mA = scale * S[0];
+        for (int i = 0; i < ns; i++) S[i] = scale * S[i], mA = S[i] > mA ? S[i] : mA;
+        memset(o, 0, (size_t)rkv * sizeof *o);
+        for (int i = 0; i < ns; i++) {
+            lA += (S[i] = prl_expf(S[i] - mA));
+            axpy(o, S[i], w->sink_lat + (size_t)i * lat, rkv);
+        }
+        float m = mA > mB[h] ? mA : mB[h];
+        float a = lA * prl_expf(mA - m), bb = lB[h] * prl_expf(mB[h] - m), inv = 1 / (a + bb);
+        float *out = ov + (size_t)h * rkv;
+        for (int i = 0; i < rkv; i++) out[i] = (a * (o[i] / lA) + bb * out[i]) * inv;
+    }
+}
+
 /* Absorbed form for one row, all heads together: each query absorbs W_UK, the scores and the
 ** weighted sums run on the shared latent rows [c_kv; k_r] (every cache row is read once for
-** all heads), and W_UV maps each head's result back to d_v. */
+** all heads; a ring layer's window is first gathered in position order), the sinks are
+** merged in, and W_UV maps each head's result back to d_v. */
 static void absorbed_task(void *p, int r)
 {
     att_ctx *c = p;
     prl_infer *e = c->e;
     rows_buf *b = &e->rb;
     const layer_w *w = &e->lw[c->l];
-    int H = e->H, L = e->opt.max_len, n = b->pos[r] + 1, lat = e->lat, rkv = e->rkv;
+    int H = e->H, L = e->opt.max_len, lat = e->lat, rkv = e->rkv, pos = b->pos[r];
+    int lo = w->window > 0 && pos - w->window + 1 > 0 ? pos - w->window + 1 : 0, n = pos + 1 - lo;
     float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
-    float *qa = S + (size_t)H * L, *ov = qa + (size_t)H * lat;
+    float *qa = S + (size_t)H * L, *ov = qa + (size_t)H * lat, *Ss = ov + (size_t)H * rkv;
+    float *oA = Ss + (size_t)H * e->ns, *mB = oA + (size_t)H * rkv, *lB = mB + H, *g = lB + H;
     const float *q = b->q + (size_t)r * H * e->dq;
     for (int h = 0; h < H; h++) {
         dots(qa + (size_t)h * lat, q + (size_t)h * e->dq, w->wuk_t + (size_t)h * rkv * e->dn, e->dn,
@@ -725,7 +897,12 @@ static void absorbed_task(void *p, int r)
         memcpy(qa + (size_t)h * lat + rkv, q + (size_t)h * e->dq + e->dn, (size_t)e->dr * sizeof *qa);
     }
     act_round(e, qa, (size_t)H * lat);
-    const float *cache = lat_row(e, c->l, b->slot[r], 0);
+    const float *cache = lat_row(e, c->l, b->slot[r], lo);
+    if (is_ring(e, c->l)) {
+        for (int s = 0; s < n; s++)
+            memcpy(g + (size_t)s * lat, key_row(e, c->l, b->slot[r], lo + s, 0), (size_t)lat * sizeof *g);
+        cache = g;
+    }
     /* S[h][s] = qa_h · cache_s in 2-head × 4-key tiles */
     for (int s0 = 0; s0 < n; s0 += 4)
         for (int h0 = 0; h0 < H; h0 += 2)
@@ -738,11 +915,13 @@ static void absorbed_task(void *p, int r)
         for (int s = 0; s < n; s++) sum += (Sh[s] = prl_expf(Sh[s] - mx));
         float inv = 1 / sum;
         for (int s = 0; s < n; s++) Sh[s] *= inv;
+        mB[h] = mx, lB[h] = sum;
     }
     memset(ov, 0, (size_t)H * rkv * sizeof *ov);
     for (int s = 0; s < n; s++)
         for (int h = 0; h < H; h++)
             axpy(ov + (size_t)h * rkv, S[(size_t)h * L + s], cache + (size_t)s * lat, rkv);
+    if (e->ns > 0) merge_sinks(e, w, qa, ov, mB, lB, Ss, oA, scale);
     act_round(e, ov, (size_t)H * rkv);
     for (int h = 0; h < H; h++)
         dots(b->o + (size_t)r * H * e->dv + (size_t)h * e->dv, ov + (size_t)h * rkv,
@@ -764,48 +943,114 @@ static int build_runs(const rows_buf *b, int R, int *start, int *rows)
     return n;
 }
 
-/* ln (R, d) → tmp (R, d): MLA with the cache. New keys go into the cache first, so a prefill
-** row sees the earlier rows of its own call. */
+/* ModAttn conv `which` of layer l over this call's R rows: y = z + conv(z) (input row r at
+** z + r·ldz), by the train path's prl_conv_row. Inputs before a slot's first row in the call
+** come from its state (the k−1 inputs before it), none before position 0; afterwards the
+** state holds the k−1 latest inputs of every slot in the call (docs/infer.md). */
+static void conv_rows(prl_infer *e, int l, int which, float *y, const float *z, int ldz, int R)
+{
+    rows_buf *b = &e->rb;
+    int k = e->ck, C = conv_channels(e, which);
+    float *state = e->lw[l].conv_state[which];
+    const float *x[16];
+    /* the input at position q of the slot's sequence, NULL before position 0 */
+#define CONV_IN(s, q)                                                                         \
+    ((q) < 0 ? NULL                                                                           \
+     : (q) >= b->first_pos[s]                                                                 \
+         ? z + (size_t)(b->first_row[s] + (q) - b->first_pos[s]) * ldz                         \
+         : state + ((size_t)(s) * (k - 1) + (q) - b->first_pos[s] + (k - 1)) * C)
+    for (int r = 0; r < R; r++) {
+        int s = b->slot[r];
+        for (int j = 0; j < k; j++) x[j] = CONV_IN(s, b->pos[r] - (k - 1) + j);
+        prl_conv_row(y + (size_t)r * C, x, e->lw[l].conv_w[which], C, k);
+    }
+    act_round(e, y, (size_t)R * C);
+    for (int r = 0; r < R; r++) { /* the last row of each slot rebuilds its state */
+        int s = b->slot[r];
+        if (r + 1 < R && b->slot[r + 1] == s) continue;
+        for (int i = 0; i < k - 1; i++) {
+            const float *src = CONV_IN(s, b->pos[r] + 1 - (k - 1) + i);
+            float *dst = b->conv_tmp + (size_t)i * C;
+            if (src) memcpy(dst, src, (size_t)C * sizeof *dst);
+            else memset(dst, 0, (size_t)C * sizeof *dst);
+        }
+        memcpy(state + (size_t)s * (k - 1) * C, b->conv_tmp, (size_t)(k - 1) * C * sizeof(float));
+    }
+#undef CONV_IN
+}
+
+/* This call's keys of layer l into the cache (a ring keeps the last W positions). */
+static void write_cache(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    for (int r = 0; r < R; r++) {
+        memcpy(lat_row(e, l, b->slot[r], b->pos[r]), b->lat + (size_t)r * e->lat,
+               (size_t)e->lat * sizeof(float));
+        if (e->opt.mla == PRL_MLA_NAIVE)
+            memcpy(kv_row(e, l, b->slot[r], b->pos[r]), b->kvx + (size_t)r * e->H * e->dkv,
+                   (size_t)e->H * e->dkv * sizeof(float));
+    }
+}
+
+/* ln (R, d) → tmp (R, d): MLA with the cache. A whole-context layer writes the new keys into
+** the cache first, so a prefill row sees the earlier rows of its own call there; a ring layer
+** reads them from the call's rows and writes them after attending. */
 static void attention(prl_infer *e, int l, int R)
 {
     rows_buf *b = &e->rb;
     const layer_w *w = &e->lw[l];
     int H = e->H;
     linear(e, b->zq, b->ln, R, &w->wq_a);
-    prl_rmsnorm_forward(b->cq, b->rstd, b->zq, w->q_norm, R, e->rq, e->rq, e->rq, PRL_LATENT_NORM_EPS);
+    const float *zq = b->zq, *ckv_in = b->kva, *o_out = b->o;
+    int ckv_stride = e->lat;
+    if (e->ck) { /* ModAttn: before the query and latent norms, after the heads */
+        conv_rows(e, l, CONV_Q, b->zqc, b->zq, e->rq, R);
+        zq = b->zqc;
+    }
+    prl_rmsnorm_forward(b->cq, b->rstd, zq, w->q_norm, R, e->rq, e->rq, e->rq, PRL_LATENT_NORM_EPS);
     act_round(e, b->cq, (size_t)R * e->rq);
     linear(e, b->q, b->cq, R, &w->wq_b);
     prl_rope_at(b->q, e->rope_cos, e->rope_sin, b->pos, R, H, e->dq, e->dn, H * e->dq, e->dr);
     act_round(e, b->q, (size_t)R * H * e->dq);
     linear(e, b->kva, b->ln, R, &w->wkv_a);
-    prl_rmsnorm_forward(b->ckv, b->rstd, b->kva, w->kv_norm, R, e->rkv, e->lat, e->rkv, PRL_LATENT_NORM_EPS);
+    if (e->ck) {
+        conv_rows(e, l, CONV_KV, b->kvc, b->kva, e->lat, R);
+        ckv_in = b->kvc, ckv_stride = e->rkv;
+    }
+    prl_rmsnorm_forward(b->ckv, b->rstd, ckv_in, w->kv_norm, R, e->rkv, ckv_stride, e->rkv,
+                        PRL_LATENT_NORM_EPS);
     act_round(e, b->ckv, (size_t)R * e->rkv);
     for (int r = 0; r < R; r++)
         memcpy(b->kr + (size_t)r * e->dr, b->kva + (size_t)r * e->lat + e->rkv, (size_t)e->dr * sizeof(float));
     prl_rope_at(b->kr, e->rope_cos, e->rope_sin, b->pos, R, 1, e->dr, 0, e->dr, e->dr);
     act_round(e, b->kr, (size_t)R * e->dr);
     for (int r = 0; r < R; r++) {
-        float *row = lat_row(e, l, b->slot[r], b->pos[r]);
+        float *row = b->lat + (size_t)r * e->lat;
         memcpy(row, b->ckv + (size_t)r * e->rkv, (size_t)e->rkv * sizeof(float));
         memcpy(row + e->rkv, b->kr + (size_t)r * e->dr, (size_t)e->dr * sizeof(float));
     }
+    if (e->opt.mla == PRL_MLA_NAIVE) linear(e, b->kvx, b->ckv, R, &w->wkv_b);
+    int ring = is_ring(e, l);
+    if (!ring) write_cache(e, l, R);
     att_ctx c = {.e = e, .l = l, .R = R};
+    int keys = w->window > 0 && w->window < b->pos[R - 1] + 1 ? w->window : b->pos[R - 1] + 1;
     if (e->opt.mla == PRL_MLA_NAIVE) {
-        linear(e, b->kvx, b->ckv, R, &w->wkv_b);
-        for (int r = 0; r < R; r++)
-            memcpy(kv_row(e, l, b->slot[r], b->pos[r]), b->kvx + (size_t)r * H * e->dkv,
-                   (size_t)H * e->dkv * sizeof(float));
         int *runs = malloc(2 * (size_t)R * sizeof *runs);
         PRL_ASSERT(runs != NULL);
         c.run_start = runs, c.run_rows = runs + R;
         c.n_runs = build_runs(b, R, c.run_start, c.run_rows);
-        run_tasks(c.n_runs * H, naive_task, &c, (double)R * H * (b->pos[R - 1] + 1) * (e->dq + e->dv));
+        run_tasks(c.n_runs * H, naive_task, &c, (double)R * H * (keys + e->ns) * (e->dq + e->dv));
         free(runs);
     } else {
-        run_tasks(R, absorbed_task, &c, (double)R * H * (b->pos[R - 1] + 1) * (2 * e->lat));
+        run_tasks(R, absorbed_task, &c, (double)R * H * (keys + e->ns) * (2 * e->lat));
     }
+    if (ring) write_cache(e, l, R);
     act_round(e, b->o, (size_t)R * H * e->dv);
-    linear(e, b->tmp, b->o, R, &w->wo);
+    if (e->ck) {
+        conv_rows(e, l, CONV_O, b->oc, b->o, H * e->dv, R);
+        o_out = b->oc;
+    }
+    linear(e, b->tmp, o_out, R, &w->wo);
     emit(e, l, "attn.q", b->q, R, H * e->dq);
     emit(e, l, "attn.kv_latent", b->ckv, R, e->rkv);
     emit(e, l, "attn.out", b->tmp, R, e->d);
@@ -889,6 +1134,8 @@ static void forward_rows(prl_infer *e, int R)
 {
     rows_buf *b = &e->rb;
     int d = e->d;
+    for (int r = R - 1; r >= 0; r--) /* each slot's first row (its rows are consecutive) */
+        b->first_row[b->slot[r]] = r, b->first_pos[b->slot[r]] = b->pos[r];
     for (int r = 0; r < R; r++)
         memcpy(b->x + (size_t)r * d, e->embed + (size_t)b->tok[r] * d, (size_t)d * sizeof(float));
     for (int l = 0; l < e->L; l++) {

@@ -64,9 +64,13 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
 void prl_infer_free(prl_infer *e);
 /* Re-read the model's weights (after an optimizer step or a load). */
 prl_status prl_infer_refresh(prl_infer *e);
-/* Bytes of KV cache per token: (kv_lora_rank + qk_rope_head_dim) × layers × 4 in the
-** absorbed form; the naive form also caches H·(d_nope + d_v) per layer. */
+/* Bytes of KV cache per token of context in the whole-context (not sliding-window) layers:
+** (kv_lora_rank + qk_rope_head_dim) × those layers × 4 in the absorbed form; the naive form
+** also caches H·(d_nope + d_v) per layer. A sliding-window layer keeps a ring of W rows per
+** sequence, so its share stops growing at W tokens. */
 size_t prl_infer_kv_bytes_per_token(const prl_infer *e);
+/* Bytes of KV cache one sequence holds at a context of n_tokens (every layer, rings included). */
+size_t prl_infer_kv_bytes(const prl_infer *e, int n_tokens);
 const prl_infer_options *prl_infer_get_options(const prl_infer *e);
 
 /* Tensor hooks with the train path's names (L3.attn.q, L3.attn.kv_latent, L3.attn.out,

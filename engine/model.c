@@ -18,6 +18,8 @@
 ** one after another, each as [gate_proj (de×d), up_proj (de×d), down_proj (d×de)]. */
 typedef struct layer_offsets {
     size_t ln1, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, ln2;
+    size_t sink_ckv, sink_kpe; /* parameter sinks (sink_ckv only with param_sink_with_value) */
+    size_t qa_conv, kv_conv, o_conv; /* ModAttn kernels [C, k] */
     size_t w1, w3, w2;       /* dense SwiGLU; w3 follows w1, so [w1; w3] is one 2F×d matrix */
     size_t router, experts;  /* MoE */
     size_t sw1, sw3, sw2;    /* shared experts; sw3 follows sw1 likewise */
@@ -29,6 +31,8 @@ typedef struct layer_acts {
     prl_real *zq, *cq, *rstd_q, *q;             /* query path */
     prl_real *kva, *ckv, *rstd_kv, *kr, *kv;    /* key/value path */
     prl_real *att, *o;                          /* probabilities, head outputs */
+    prl_real *sink_ckv, *sink_rstd, *sink_kv;   /* sinks: normed latent, 1/rms, [k_nope | v] */
+    prl_real *zqc, *kvc, *oc;                   /* ModAttn outputs (query, latent, heads) */
     prl_real *res_ffn, *ln_f, *rstd_f;          /* residual after attention, normed */
     prl_real *a13, *h;                          /* dense or shared-expert SwiGLU */
     /* MoE */
@@ -49,6 +53,7 @@ struct prl_acts {
     prl_real *rope_cos, *rope_sin;
     /* backward scratch */
     prl_real *dres, *dln, *dlogits, *dzq, *dcq, *dq, *dkva, *dckv, *dkv, *dkr, *dattn_scratch;
+    prl_real *dsink_kv, *dsink_ckv, *dconv;
     prl_real *do_, *dffn_scratch, *dz, *dg, *dyg, *dxg, *deh;
     size_t attn_scratch_len;
     int32_t *routes;        /* [n_moe][N][K] captured routes */
@@ -61,7 +66,7 @@ struct prl_acts {
 /* ------------------------------------------------------------------ dimensions ------ */
 
 typedef struct dims {
-    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde;
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, ns, ck;
 } dims;
 
 static dims dims_of(const prl_config *c)
@@ -72,10 +77,19 @@ static dims dims_of(const prl_config *c)
         .dn = c->qk_nope_head_dim, .dr = c->qk_rope_head_dim, .dv = c->v_head_dim,
         .I = c->intermediate_size, .E = c->n_routed_experts, .K = c->num_experts_per_tok,
         .de = c->moe_intermediate_size, .sde = c->n_shared_experts * c->moe_intermediate_size,
+        .ns = c->param_sink_number, .ck = prl_config_conv_kernel(c),
     };
     D.dq = D.dn + D.dr;
     D.dkv = D.dn + D.dv;
     return D;
+}
+
+/* The attention call of layer l for the current batch shape (window and sinks). */
+static prl_attn_shape attn_shape(const prl_model *m, int l)
+{
+    dims D = dims_of(&m->cfg);
+    return (prl_attn_shape){.B = m->acts->B, .T = m->acts->T, .H = D.H, .dn = D.dn, .dr = D.dr,
+                            .dv = D.dv, .window = prl_config_window(&m->cfg, l), .ns = D.ns};
 }
 
 /* ------------------------------------------------------------------ parameter table - */
@@ -116,6 +130,18 @@ static size_t add_tensor(table_builder *tb, prl_param_kind kind, int layer, int 
     return p->offset;
 }
 
+/* A conv kernel, stored [C, 1, k] as Hugging Face's Conv1d (used as [C, k]). */
+static size_t add_conv(table_builder *tb, int layer, int C, int k, const char *fmt, int l)
+    __attribute__((format(printf, 5, 0)));
+
+static size_t add_conv(table_builder *tb, int layer, int C, int k, const char *fmt, int l)
+{
+    size_t off = add_tensor(tb, PRL_PARAM_CONV, layer, -1, C, k, fmt, "model.layers", l);
+    prl_param_info *p = &tb->t[tb->n - 1];
+    p->ndim = 3, p->shape[1] = 1, p->shape[2] = k;
+    return off;
+}
+
 /* Lay out every tensor in checkpoint order; fill per-layer offsets. */
 static void build_table(table_builder *tb, const prl_config *c, layer_offsets *lo,
                         size_t *embed, size_t *norm, size_t *head)
@@ -128,18 +154,28 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
         o->ln1 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.input_layernorm.weight", p, l);
         o->wq_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d,
                              "%s.%d.self_attn.q_a_proj.weight", p, l);
+        if (D.ck) o->qa_conv = add_conv(tb, l, D.rq, D.ck, "%s.%d.self_attn.qa_conv.weight", l);
         o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
                                "%s.%d.self_attn.q_a_layernorm.weight", p, l);
         o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.rq,
                              "%s.%d.self_attn.q_b_proj.weight", p, l);
         o->wkv_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rkv + D.dr, D.d,
                               "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l);
+        if (D.ck)
+            o->kv_conv = add_conv(tb, l, D.rkv, D.ck, "%s.%d.self_attn.compresskv_conv.weight", l);
         o->kv_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rkv, 0,
                                 "%s.%d.self_attn.kv_a_layernorm.weight", p, l);
         o->wkv_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dkv, D.rkv,
                               "%s.%d.self_attn.kv_b_proj.weight", p, l);
+        if (D.ck) o->o_conv = add_conv(tb, l, D.H * D.dv, D.ck, "%s.%d.self_attn.o_conv.weight", l);
         o->wo = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, (int64_t)D.H * D.dv,
                            "%s.%d.self_attn.o_proj.weight", p, l);
+        if (c->param_sink_number > 0 && c->param_sink_with_value)
+            o->sink_ckv = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.rkv,
+                                     "%s.%d.self_attn.param_sink_compressed_kv", p, l);
+        if (c->param_sink_number > 0)
+            o->sink_kpe = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.dr,
+                                     "%s.%d.self_attn.param_sink_k_pe", p, l);
         o->ln2 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
                             "%s.%d.post_attention_layernorm.weight", p, l);
         if (!prl_config_is_moe(c, l)) {
@@ -248,8 +284,9 @@ void prl_model_init_weights(prl_model *m, uint64_t seed)
     for (int i = 0; i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
         prl_real *w = m->params + p->offset;
-        if (p->kind == PRL_PARAM_NORM) {
-            for (size_t j = 0; j < p->numel; j++) w[j] = 1;
+        if (p->kind == PRL_PARAM_NORM || p->kind == PRL_PARAM_CONV) { /* gains 1; convs 0:
+                                                                          the identity */
+            for (size_t j = 0; j < p->numel; j++) w[j] = p->kind == PRL_PARAM_NORM;
             continue;
         }
         prl_rng r;
@@ -313,7 +350,15 @@ static void carve_all(prl_model *m, carver *cv)
         la->rstd_kv = CARVE_R(cv, N);
         la->kr = CARVE_R(cv, N * D.dr);
         la->kv = CARVE_R(cv, N * D.H * D.dkv);
-        la->att = CARVE_R(cv, (size_t)a->B * D.H * a->T * a->T);
+        la->att = CARVE_R(cv, (size_t)a->B * D.H * a->T * (a->T + D.ns));
+        la->sink_ckv = CARVE_R(cv, (size_t)D.ns * D.rkv);
+        la->sink_rstd = CARVE_R(cv, D.ns);
+        la->sink_kv = CARVE_R(cv, (size_t)D.ns * D.H * D.dkv);
+        if (D.ck) {
+            la->zqc = CARVE_R(cv, N * D.rq);
+            la->kvc = CARVE_R(cv, N * D.rkv);
+            la->oc = CARVE_R(cv, N * D.H * D.dv);
+        }
         la->o = CARVE_R(cv, N * D.H * D.dv);
         la->res_ffn = CARVE_R(cv, N * D.d);
         la->ln_f = CARVE_R(cv, N * D.d);
@@ -359,9 +404,17 @@ static void carve_all(prl_model *m, carver *cv)
     a->dckv = CARVE_R(cv, N * D.rkv);
     a->dkv = CARVE_R(cv, N * D.H * D.dkv);
     a->dkr = CARVE_R(cv, N * D.dr);
-    a->attn_scratch_len = prl_attention_scratch(a->B, a->T, D.H, D.dr);
+    a->attn_scratch_len = prl_attention_scratch(attn_shape(m, 0));
     a->dattn_scratch = CARVE_R(cv, a->attn_scratch_len);
     a->do_ = CARVE_R(cv, N * D.H * D.dv);
+    a->dsink_kv = CARVE_R(cv, (size_t)D.ns * D.H * D.dkv);
+    a->dsink_ckv = CARVE_R(cv, (size_t)D.ns * D.rkv);
+    if (D.ck) { /* the widest of the three conv inputs: heads' output, query and KV latents */
+        size_t widest = (size_t)D.H * D.dv;
+        widest = (size_t)D.rq > widest ? (size_t)D.rq : widest;
+        widest = (size_t)D.rkv > widest ? (size_t)D.rkv : widest;
+        a->dconv = CARVE_R(cv, N * widest);
+    }
     a->dffn_scratch = CARVE_R(cv, 3 * N * (wide > 0 ? wide : 1));
     a->dz = CARVE_R(cv, N * D.E);
     a->dg = CARVE_R(cv, NK);
@@ -428,6 +481,36 @@ static int emit(const prl_model *m, int layer, const char *what, const prl_real 
 #define P(off) (m->params + (off))
 #define G(off) (m->grads + (off))
 
+/* Parameter sinks of layer l: ĉ = RMSNorm(param_sink_compressed_kv; kv_a_layernorm), then
+** [k_nope | v] = ĉ·kv_b_projᵀ per head, like a token's; zero without param_sink_with_value. */
+static void sinks_forward(prl_model *m, int l)
+{
+    layer_acts *la = &m->acts->layer[l];
+    const layer_offsets *o = &m->acts->lo[l];
+    dims D = dims_of(&m->cfg);
+    if (!m->cfg.param_sink_with_value) {
+        memset(la->sink_kv, 0, (size_t)D.ns * D.H * D.dkv * sizeof(prl_real));
+        return;
+    }
+    prl_rmsnorm_forward(la->sink_ckv, la->sink_rstd, P(o->sink_ckv), P(o->kv_norm), D.ns, D.rkv,
+                        D.rkv, D.rkv, PRL_LATENT_NORM_EPS);
+    prl_matmul_forward(la->sink_kv, la->sink_ckv, P(o->wkv_b), D.ns, D.rkv, D.H * D.dkv, 0);
+}
+
+/* A latent of C channels (rows of z at z_stride) through ModAttn and its norm:
+** y = RMSNorm(zc; g) with zc = z + conv(z) when the convs are on (saved), else z. */
+static void latent_forward(prl_model *m, prl_real *y, prl_real *rstd, const prl_real *z,
+                           int z_stride, prl_real *zc, size_t g, size_t conv, int C)
+{
+    prl_acts *a = m->acts;
+    int ck = prl_config_conv_kernel(&m->cfg);
+    if (ck) {
+        prl_conv_forward(zc, z, z_stride, P(conv), a->B, a->T, C, ck);
+        z = zc, z_stride = C;
+    }
+    prl_rmsnorm_forward(y, rstd, z, P(g), a->N, C, z_stride, C, PRL_LATENT_NORM_EPS);
+}
+
 /* MLA in the naive form: a = ln_a (N,d) → o (N,H·dv), and tmp = o·Woᵀ. */
 static int mla_forward(prl_model *m, int l, const prl_batch *b)
 {
@@ -437,20 +520,26 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     dims D = dims_of(&m->cfg);
     int N = a->N;
     prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
-    prl_rmsnorm_forward(la->cq, la->rstd_q, la->zq, P(o->q_norm), N, D.rq, D.rq, D.rq, PRL_LATENT_NORM_EPS);
+    latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq);
     prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
     prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
     prl_matmul_forward(la->kva, la->ln_a, P(o->wkv_a), N, D.d, D.rkv + D.dr, 0);
-    prl_rmsnorm_forward(la->ckv, la->rstd_kv, la->kva, P(o->kv_norm), N, D.rkv, D.rkv + D.dr,
-                        D.rkv, PRL_LATENT_NORM_EPS);
+    latent_forward(m, la->ckv, la->rstd_kv, la->kva, D.rkv + D.dr, la->kvc, o->kv_norm, o->kv_conv,
+                   D.rkv); /* the compressed KV only: its rope part is untouched */
     for (int n = 0; n < N; n++)
         memcpy(la->kr + (size_t)n * D.dr, la->kva + (size_t)n * (D.rkv + D.dr) + D.rkv,
                (size_t)D.dr * sizeof(prl_real));
     prl_rope_forward(la->kr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
     prl_matmul_forward(la->kv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv, 0);
-    prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, b->lens, a->B, a->T, D.H, D.dn,
-                          D.dr, D.dv);
-    prl_matmul_forward(a->tmp, la->o, P(o->wo), N, D.H * D.dv, D.d, 0);
+    if (D.ns > 0) sinks_forward(m, l);
+    prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
+                          D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, attn_shape(m, l));
+    const prl_real *o_out = la->o;
+    if (D.ck) { /* ModAttn on the heads' output, before o_proj */
+        prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck);
+        o_out = la->oc;
+    }
+    prl_matmul_forward(a->tmp, o_out, P(o->wo), N, D.H * D.dv, D.d, 0);
     int stop = emit(m, l, "attn.q", la->q, N, (int64_t)D.H * D.dq);
     stop = stop || emit(m, l, "attn.kv_latent", la->ckv, N, D.rkv);
     stop = stop || emit(m, l, "attn.out", a->tmp, N, D.d);
@@ -813,6 +902,38 @@ const prl_real *prl_model_logits(const prl_model *m) { return m->acts->logits; }
 
 static void zero(prl_real *p, size_t n) { memset(p, 0, n * sizeof *p); }
 
+/* Backward of latent_forward: dz (rows at z_stride) += ∂/∂z given dy = ∂/∂y; the gain and
+** kernel gradients accumulate. */
+static void latent_backward(prl_model *m, prl_real *dz, const prl_real *dy, const prl_real *z,
+                            int z_stride, const prl_real *zc, const prl_real *rstd, size_t g,
+                            size_t conv, int C)
+{
+    prl_acts *a = m->acts;
+    int ck = prl_config_conv_kernel(&m->cfg), N = a->N;
+    if (!ck) {
+        prl_rmsnorm_backward(dz, G(g), dy, z, P(g), rstd, N, C, z_stride, C);
+        return;
+    }
+    zero(a->dconv, (size_t)N * C);
+    prl_rmsnorm_backward(a->dconv, G(g), dy, zc, P(g), rstd, N, C, C, C);
+    prl_conv_backward(dz, z_stride, G(conv), a->dconv, z, P(conv), a->B, a->T, C, ck);
+}
+
+/* The sinks' latent: dsink_kv (∂/∂ their [k_nope | v]) through kv_b_proj and the norm. */
+static void sinks_backward(prl_model *m, int l)
+{
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    dims D = dims_of(&m->cfg);
+    if (D.ns == 0 || !m->cfg.param_sink_with_value) return;
+    zero(a->dsink_ckv, (size_t)D.ns * D.rkv);
+    prl_matmul_backward(a->dsink_ckv, G(o->wkv_b), a->dsink_kv, la->sink_ckv, P(o->wkv_b), D.ns,
+                        D.rkv, D.H * D.dkv);
+    prl_rmsnorm_backward(G(o->sink_ckv), G(o->kv_norm), a->dsink_ckv, P(o->sink_ckv),
+                         P(o->kv_norm), la->sink_rstd, D.ns, D.rkv, D.rkv, D.rkv);
+}
+
 /* Attention sublayer: dres holds ∂/∂(res_ffn); adds the path through MLA and ln1. */
 static void mla_backward(prl_model *m, int l, const prl_batch *b)
 {
@@ -821,20 +942,33 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
     const layer_offsets *o = &a->lo[l];
     dims D = dims_of(&m->cfg);
     int N = a->N;
-    zero(a->do_, (size_t)N * D.H * D.dv);
-    prl_matmul_backward(a->do_, G(o->wo), a->dres, la->o, P(o->wo), N, D.H * D.dv, D.d);
+    int HV = D.H * D.dv;
+    prl_real *do_att = a->do_; /* ∂/∂(attention output) */
+    zero(a->do_, (size_t)N * HV);
+    if (D.ck) { /* through o_conv: a->do_ is ∂/∂oc first */
+        prl_matmul_backward(a->do_, G(o->wo), a->dres, la->oc, P(o->wo), N, HV, D.d);
+        zero(a->dconv, (size_t)N * HV);
+        prl_conv_backward(a->dconv, HV, G(o->o_conv), a->do_, la->o, P(o->o_conv), a->B, a->T, HV, D.ck);
+        do_att = a->dconv;
+    } else {
+        prl_matmul_backward(a->do_, G(o->wo), a->dres, la->o, P(o->wo), N, HV, D.d);
+    }
     zero(a->dq, (size_t)N * D.H * D.dq);
     zero(a->dkv, (size_t)N * D.H * D.dkv);
     zero(a->dkr, (size_t)N * D.dr);
-    prl_attention_backward(a->dq, a->dkv, a->dkr, a->do_, la->att, la->q, la->kv, la->kr,
-                           a->dattn_scratch, a->B, a->T, D.H, D.dn, D.dr, D.dv, b->lens);
+    zero(a->dsink_kv, (size_t)D.ns * D.H * D.dkv);
+    prl_attention_backward(a->dq, a->dkv, a->dkr, a->dsink_kv, D.ns > 0 ? G(o->sink_kpe) : NULL,
+                           do_att, la->att, la->q, la->kv, la->kr, la->sink_kv,
+                           D.ns > 0 ? P(o->sink_kpe) : NULL, a->dattn_scratch, b->lens,
+                           attn_shape(m, l));
+    sinks_backward(m, l);
     zero(a->dckv, (size_t)N * D.rkv);
     prl_matmul_backward(a->dckv, G(o->wkv_b), a->dkv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv);
     prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
     int wa = D.rkv + D.dr;
     zero(a->dkva, (size_t)N * wa);
-    prl_rmsnorm_backward(a->dkva, G(o->kv_norm), a->dckv, la->kva, P(o->kv_norm), la->rstd_kv, N,
-                         D.rkv, wa, D.rkv);
+    latent_backward(m, a->dkva, a->dckv, la->kva, wa, la->kvc, la->rstd_kv, o->kv_norm, o->kv_conv,
+                    D.rkv);
     for (int n = 0; n < N; n++)
         for (int i = 0; i < D.dr; i++) a->dkva[(size_t)n * wa + D.rkv + i] += a->dkr[(size_t)n * D.dr + i];
     zero(a->dln, (size_t)N * D.d);
@@ -843,8 +977,8 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
     zero(a->dcq, (size_t)N * D.rq);
     prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
     zero(a->dzq, (size_t)N * D.rq);
-    prl_rmsnorm_backward(a->dzq, G(o->q_norm), a->dcq, la->zq, P(o->q_norm), la->rstd_q, N, D.rq,
-                         D.rq, D.rq);
+    latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
+                    D.rq);
     prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
     prl_rmsnorm_backward(a->dres, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d,
                          D.d, D.d);

@@ -35,18 +35,34 @@ typedef struct prl_config {
     double bias_update_rate;     /* prl_bias_update_rate γ (0 = off) */
     double balance_loss_alpha;   /* prl_balance_loss_alpha α (0 = off) */
     double router_z_loss_coef;   /* prl_router_z_loss_coef β (0 = off) */
+    /* attention blocks (docs/model.md) */
+    int n_swa_layers;                          /* swa_layers: sliding-window layers */
+    int swa_layers[PRL_MAX_LAYERS];
+    int n_sliding_window_list;                 /* sliding_window_list (0 = absent) */
+    int sliding_window_list[PRL_MAX_LAYERS];   /* window of swa_layers[i] */
+    int sliding_window;                        /* window of swa layers without a list entry */
+    int param_sink_number;                     /* N_s parameter sinks per layer (0 = off) */
+    int param_sink_with_value;                 /* sinks have a latent (k_nope and v), else
+                                               ** only a position-free rope key */
+    int use_mome;                              /* ModAttn (MoME) convolutions on */
+    int router_sliding_window;                 /* their kernel size k */
 } prl_config;
 
 /* Defaults for every key (a small valid model). */
 void prl_config_default(prl_config *c);
 /* Parse JSON text; `source` names it in messages. Unknown keys, wrong types, out-of-range
 ** or inconsistent values are PRL_ERR_CONFIG; blocks of the openPangu design that are not
-** built yet (DSA, SWA, sinks, MoME conv, mHC, sandwich norms, MTP) are
+** built yet (DSA, mHC, sandwich norms, MTP) are
 ** PRL_ERR_UNSUPPORTED; both name the key. */
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source);
 prl_status prl_config_load(prl_config *c, const char *path);
 /* Serialise as config.json text (malloc'd, caller frees). */
 char *prl_config_to_json(const prl_config *c);
+/* Attention window of layer l: W for a sliding-window layer (row t sees keys t−W < s ≤ t),
+** 0 for a fully causal one. */
+int prl_config_window(const prl_config *c, int layer);
+/* Kernel size of the ModAttn causal convolutions (0 = off). */
+int prl_config_conv_kernel(const prl_config *c);
 /* Number of MoE layers and the MoE index of layer l (-1 for a dense layer). */
 int prl_config_moe_layers(const prl_config *c);
 int prl_config_is_moe(const prl_config *c, int layer);
@@ -58,13 +74,15 @@ typedef enum prl_param_kind {
     PRL_PARAM_HEAD,   /* LM head */
     PRL_PARAM_NORM,   /* RMSNorm gain */
     PRL_PARAM_MATRIX, /* hidden 2-D matrix (Muon) */
-    PRL_PARAM_ROUTER  /* MoE router weight (AdamW) */
+    PRL_PARAM_ROUTER, /* MoE router weight (AdamW) */
+    PRL_PARAM_SINK,   /* parameter attention sink latents / rope keys (AdamW, no decay) */
+    PRL_PARAM_CONV    /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
 } prl_param_kind;
 
 typedef struct prl_param_info {
     char name[96];       /* Hugging Face tensor name */
-    int ndim;            /* 1 or 2 */
-    int64_t shape[2];    /* out × in for matrices */
+    int ndim;            /* 1, 2, or 3 (conv kernels [C, 1, k]) */
+    int64_t shape[3];    /* out × in for matrices */
     size_t offset;       /* element offset into params/grads */
     size_t numel;
     prl_param_kind kind;

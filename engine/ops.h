@@ -123,29 +123,75 @@ void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, cons
 void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
                        int heads, int head_stride, int col, int stride, int D);
 
+/* The key set of a causal MLA attention call (naive form):
+**   tokens: key rows of positions [k0, p1) — k [.., dn | dv] per row at stride ldk (k_nope
+**     then v), kr [.., dr] the shared rope key at stride ldkr; row j is position k0 + j;
+**   window: 0 = causal (row t sees every token s <= t); W > 0 = sliding window, row t sees
+**     t − W < s <= t (docs/model.md, SWA);
+**   sinks: ns parameter sinks visible to every row, rows sk [ns, dn | dv] at ldsk and
+**     position-free rope keys skr [ns, dr] at ldskr (docs/model.md, parameter sinks). */
+typedef struct prl_attn_keys {
+    const prl_real *k, *kr;
+    int ldk, ldkr, k0, window;
+    const prl_real *sk, *skr;
+    int ldsk, ldskr, ns;
+} prl_attn_keys;
+
+/* Shape of a whole-batch attention call: B sequences of T tokens, H heads, window W (0 =
+** causal) and ns sinks. */
+typedef struct prl_attn_shape {
+    int B, T, H, dn, dr, dv, window, ns;
+} prl_attn_shape;
+
+/* First key position a query block starting at p0 reads: 0 for causal attention; for a
+** window W the multiple of PRL_GEMM_KC at or below max(0, p0 − W + 1), so that the GEMM
+** depth blocks of P·V sit at the same absolute positions in every caller (the train path's
+** query blocks and the decode engine's single rows give the same bits). */
+int prl_attention_key_start(int p0, int window);
+
 /* Causal MLA attention, naive form, for B sequences of T tokens and H heads.
 **   q   [B*T, H*(dn+dr)]  per head [nope | rope]        (rope already applied)
 **   kv  [B*T, H*(dn+dv)]  per head [k_nope | v]
 **   kr  [B*T, dr]         shared rope key               (rope already applied)
-**   out [B*T, H*dv];  att [B, H, T, T] softmax probabilities saved for backward.
+**   sink_kv [ns, H*(dn+dv)], sink_kr [ns, dr]          (NULL when ns = 0)
+**   out [B*T, H*dv];  att [B, H, T, ns+T] softmax probabilities saved for backward: sink i
+**   at column i, token s at column ns + s.
 ** lens[b] (NULL = T): rows and keys at or past lens[b] are skipped (those output rows are
-** zero). Only the causal lower triangle of att is written. */
+** zero). Only the allowed entries of att (and those between them in a query block) are
+** written. */
 void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, const prl_real *kv,
-                           const prl_real *kr, const int32_t *lens, int B, int T, int H, int dn,
-                           int dr, int dv);
-/* One head of causal naive attention for the query rows at positions [p0, p1) of one
-** sequence, over its keys [0, p1): the single code both paths run (the train path per query
-** block, the decode engine's naive form per step). Row t of S (scratch, row stride ldS >= p1)
-** is left holding the softmax over keys [0, t] and zeros to p1. */
-void prl_attention_rows(prl_real *out, int ldo, prl_real *S, int ldS, const prl_real *q, int ldq,
-                        const prl_real *k, int ldk, const prl_real *kr, int ldkr, int p0, int p1,
+                           const prl_real *kr, const prl_real *sink_kv, const prl_real *sink_kr,
+                           const int32_t *lens, prl_attn_shape sh);
+/* One head of naive attention for the query rows at positions [p0, p1) of one sequence over
+** the key set `keys` (keys->k0 = prl_attention_key_start(p0, window) or lower): the single
+** code both paths run (the train path per query block, the decode engine's naive form per
+** step). Row t of the scores goes to Ss (ns sink columns) and S (token columns, column j =
+** position k0 + j), both at row stride ldS; they are left holding the softmax over the sinks
+** and the allowed tokens, with zeros at the other token columns up to p1. */
+void prl_attention_rows(prl_real *out, int ldo, prl_real *Ss, prl_real *S, int ldS,
+                        const prl_real *q, int ldq, const prl_attn_keys *keys, int p0, int p1,
                         int dn, int dr, int dv);
-/* dq, dkv, dkr accumulate; scratch holds prl_attention_scratch(B, T, H, dr) reals. */
-void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, const prl_real *dout,
-                            const prl_real *att, const prl_real *q, const prl_real *kv,
-                            const prl_real *kr, prl_real *scratch, int B, int T, int H, int dn,
-                            int dr, int dv, const int32_t *lens);
-size_t prl_attention_scratch(int B, int T, int H, int dr);
+/* dq, dkv, dkr, dsink_kv, dsink_kr accumulate (the sink gradients are summed over every
+** query of the batch); scratch holds prl_attention_scratch(sh) reals. */
+void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, prl_real *dsink_kv,
+                            prl_real *dsink_kr, const prl_real *dout, const prl_real *att,
+                            const prl_real *q, const prl_real *kv, const prl_real *kr,
+                            const prl_real *sink_kv, const prl_real *sink_kr, prl_real *scratch,
+                            const int32_t *lens, prl_attn_shape sh);
+size_t prl_attention_scratch(prl_attn_shape sh);
+
+/* ModAttn causal depthwise convolution with residual, over B sequences of T rows:
+**   out[n, c] = inp[n, c] + Σ_{j<k} w[c, j] · inp[n − (k−1) + j, c]
+** rows before a sequence's first are zero (no term); inp rows at in_stride, out [B*T, C],
+** w [C, k] (the checkpoint's [C, 1, k]). */
+void prl_conv_forward(prl_real *out, const prl_real *inp, int in_stride, const prl_real *w, int B,
+                      int T, int C, int k);
+/* dinp (rows at in_stride) += ∂/∂inp, dw += ∂/∂w, given dout [B*T, C]. */
+void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_real *dout,
+                       const prl_real *inp, const prl_real *w, int B, int T, int C, int k);
+/* One output row, the code both paths run: out[c] = x[k−1][c] + Σ_j w[c, j]·x[j][c] over the
+** taps j in order whose input row x[j] (the row k−1−j positions back) is not NULL. */
+void prl_conv_row(prl_real *out, const prl_real *const *x, const prl_real *w, int C, int k);
 
 /* SwiGLU FFN with the gate and up projections stacked: w13 [2F,C] = [w1; w3] (gate_proj then
 ** up_proj, adjacent in the parameter block), w2 [C,F]:

@@ -283,10 +283,6 @@ class UnsupportedConfigError(ValueError):
 # (key, predicate "this value turns the block on", block name)
 _UNSUPPORTED_BLOCKS = [
     ("dsa_layers", lambda v: bool(v), "DeepSeek sparse attention (DSA)"),
-    ("swa_layers", lambda v: bool(v), "sliding-window attention (SWA)"),
-    ("param_sink_number", lambda v: (v or 0) > 0, "parameter attention sinks"),
-    ("use_mome", lambda v: bool(v), "MoME causal convolutions"),
-    ("router_sliding_window", lambda v: (v or 0) > 0, "MoME causal convolutions"),
     ("use_mhc", lambda v: bool(v), "mHC hyper-connections"),
     ("sandwich_norm", lambda v: bool(v), "sandwich norms"),
     ("num_nextn_predict_layers", lambda v: (v or 0) > 0, "multi-token prediction (MTP)"),
@@ -325,6 +321,10 @@ class PanguConfig:
     balance_loss_alpha: float = 0.0
     router_z_loss_coef: float = 0.0
     bias_update_rate: float = 0.0
+    windows: List[int] = field(default_factory=list)    # per layer: 0 = causal, W = SWA
+    param_sink_number: int = 0
+    param_sink_with_value: bool = True
+    conv_kernel: int = 0                                # ModAttn conv kernel k (0 = off)
     ignored_keys: List[str] = field(default_factory=list)
 
     @property
@@ -333,6 +333,24 @@ class PanguConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer >= self.first_k_dense_replace
+
+
+def _parse_windows(cfg: Mapping[str, object], n_layers: int) -> List[int]:
+    """Per-layer attention window: layer swa_layers[i] slides with sliding_window_list[i] if
+    the list is given, else sliding_window; every other layer is fully causal."""
+    layers = cfg.get("swa_layers") or []
+    wins = cfg.get("sliding_window_list") or []
+    if wins and len(wins) != len(layers):
+        raise ValueError("config key 'sliding_window_list' must have one entry per 'swa_layers'")
+    windows = [0] * n_layers
+    for i, l in enumerate(layers):
+        if not isinstance(l, int) or not 0 <= l < n_layers or windows[l]:
+            raise ValueError(f"config key 'swa_layers': bad or repeated layer {l!r}")
+        w = wins[i] if wins else cfg.get("sliding_window") or 0
+        if not isinstance(w, int) or w < 1:
+            raise ValueError(f"config key 'swa_layers': layer {l} has window {w!r} (needs >= 1)")
+        windows[l] = w
+    return windows
 
 
 def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
@@ -391,6 +409,14 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         router_z_loss_coef=get_float("prl_router_z_loss_coef", 0.0),
         bias_update_rate=get_float("prl_bias_update_rate", 0.0),
     )
+    c.windows = _parse_windows(cfg, c.num_hidden_layers)
+    c.param_sink_number = get_int("param_sink_number", 0)
+    c.param_sink_with_value = bool(cfg.get("param_sink_with_value", True))
+    k = get_int("router_sliding_window", 0)
+    if cfg.get("use_mome", k > 0):        # use_mome defaults to router_sliding_window > 0
+        if k < 1:
+            raise ValueError("config key 'use_mome' is true but 'router_sliding_window' is 0")
+        c.conv_kernel = k
     if c.rope_theta <= 0 or c.rms_norm_eps <= 0:
         raise ValueError("config keys 'rope_theta' and 'rms_norm_eps' must be > 0")
     if c.first_k_dense_replace > 0:
@@ -407,7 +433,9 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         "intermediate_size", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
         "n_shared_experts", "norm_topk_prob", "routed_scaling_factor", "max_position_embeddings",
         "tie_word_embeddings", "initializer_range", "prl_balance_loss_alpha",
-        "prl_router_z_loss_coef", "prl_bias_update_rate"}
+        "prl_router_z_loss_coef", "prl_bias_update_rate", "swa_layers", "sliding_window_list",
+        "sliding_window", "param_sink_number", "param_sink_with_value", "use_mome",
+        "router_sliding_window"}
     c.ignored_keys = sorted(k for k in cfg if k not in known)
     return c
 
@@ -469,10 +497,27 @@ class SwiGLU(nn.Module):
 
 
 class MLA(nn.Module):
-    """Multi-head latent attention, naive (MHA) form, causal."""
+    """Multi-head latent attention, naive (MHA) form, causal, with an optional sliding window
+    (row t sees keys t-W < s <= t) and parameter sinks (param_sink_number latent entries that
+    every query sees: their keys and values come through kv_a_layernorm and kv_b_proj like a
+    token's, their rope keys are not rotated)."""
 
-    def __init__(self, c: PanguConfig):
+    def __init__(self, c: PanguConfig, layer: int = 0):
         super().__init__()
+        self.window = c.windows[layer] if c.windows else 0
+        self.ns = c.param_sink_number
+        if self.ns > 0 and c.param_sink_with_value:
+            self.param_sink_compressed_kv = nn.Parameter(torch.zeros(self.ns, c.kv_lora_rank))
+        else:
+            self.param_sink_compressed_kv = None
+        if self.ns > 0:
+            self.param_sink_k_pe = nn.Parameter(torch.zeros(self.ns, c.qk_rope_head_dim))
+        self.k = c.conv_kernel
+        if self.k > 0:      # ModAttn: depthwise causal convs, weight [C, 1, k]
+            C = {"qa_conv": c.q_lora_rank, "compresskv_conv": c.kv_lora_rank,
+                 "o_conv": c.num_attention_heads * c.v_head_dim}
+            for name, ch in C.items():
+                setattr(self, name, nn.Conv1d(ch, ch, self.k, groups=ch, bias=False))
         self.H, self.dn, self.dr, self.dv = (c.num_attention_heads, c.qk_nope_head_dim,
                                              c.qk_rope_head_dim, c.v_head_dim)
         self.rkv = c.kv_lora_rank
@@ -487,18 +532,68 @@ class MLA(nn.Module):
         self.scale = (self.dn + self.dr) ** -0.5
         self._masks: Dict[Tuple[int, torch.dtype, str], torch.Tensor] = {}
 
-    def project(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def conv(self, x: torch.Tensor, name: str, state=None) -> torch.Tensor:
+        """x + causal depthwise conv(x) for x [B,T,C] (ModAttn): out[t] = x[t] +
+        sum_j w[c,0,j] x[t-(k-1)+j], zero before the first position.  state = (buffers, start,
+        real) on the cached path: buffers[name] [B, capacity, C] keeps the inputs of earlier
+        slots (padding slots, real == False, count as zero)."""
+        if self.k == 0:
+            return x
+        w = getattr(self, name).weight                                       # [C,1,k]
+        if state is None:
+            hist = F.pad(x, (0, 0, self.k - 1, 0))
+        else:
+            bufs, start, real = state
+            buf, T = bufs[name], x.shape[1]
+            buf[:, start:start + T] = x * real[..., None].to(x.dtype)
+            lo = start - (self.k - 1)
+            hist = F.pad(buf[:, max(lo, 0):start + T], (0, 0, max(-lo, 0), 0))
+        return x + F.conv1d(hist.transpose(1, 2), w, groups=x.shape[-1]).transpose(1, 2)
+
+    def project(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, conv_state=None
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The per-token projections of a [B, T, d]: q_nope [B,T,H,d_n], q_rope [B,T,H,d_r]
-        (rotated), c_kv [B,T,r_kv] (after kv_a_layernorm) and the shared k_rope [B,T,d_r]
-        (rotated).  cos/sin are [T, d_r/2] (positions 0..T-1) or [B, T, d_r/2]."""
+        (rotated), c_kv [B,T,r_kv] (after the ModAttn conv and kv_a_layernorm) and the shared
+        k_rope [B,T,d_r] (rotated).  cos/sin are [T, d_r/2] (positions 0..T-1) or
+        [B, T, d_r/2]."""
         B, T, _ = a.shape
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(a))).view(B, T, self.H, -1)
+        zq = self.conv(self.q_a_proj(a), "qa_conv", conv_state)
+        q = self.q_b_proj(self.q_a_layernorm(zq)).view(B, T, self.H, -1)
         q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
         ckv, k_rope = self.kv_a_proj_with_mqa(a).split([self.rkv, self.dr], dim=-1)
+        ckv = self.conv(ckv, "compresskv_conv", conv_state)
         q_rope = apply_rope(q_rope, cos.unsqueeze(-2), sin.unsqueeze(-2))   # [B,T,H,dr]
         k_rope = apply_rope(k_rope, cos, sin)                                # [B,T,dr], shared
         return q_nope, q_rope, self.kv_a_layernorm(ckv), k_rope
+
+    def sink_latent(self) -> torch.Tensor:
+        """[ns, r_kv + d_r]: kv_a_layernorm(param_sink_compressed_kv) (zeros without values),
+        then the position-free rope key."""
+        w = self.param_sink_k_pe
+        if self.param_sink_compressed_kv is None:
+            ckv = w.new_zeros(self.ns, self.rkv)
+        else:
+            ckv = self.kv_a_layernorm(self.param_sink_compressed_kv)
+        return torch.cat([ckv, w], dim=-1)
+
+    def sink_keys(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per-head sink keys [H, ns, d_n+d_r] and values [H, ns, d_v]."""
+        lat = self.sink_latent()
+        k_nope, v = self.up_project(lat[None, :, :self.rkv])           # [1,ns,H,dn], [1,ns,H,dv]
+        kr = lat[None, :, None, self.rkv:].expand(1, self.ns, self.H, self.dr)
+        return torch.cat([k_nope, kr], dim=-1)[0].transpose(0, 1), v[0].transpose(0, 1)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               bias: torch.Tensor) -> torch.Tensor:
+        """softmax(scale q k^T + bias) v over the keys, with the sinks' columns in front of the
+        tokens' (one softmax over both).  q [B,H,T,dq], k [B,H,S,dq], v [B,H,S,dv]."""
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale + bias
+        if self.ns == 0:
+            return torch.matmul(torch.softmax(scores, dim=-1), v)
+        sk, sv = self.sink_keys()                                           # [H,ns,*]
+        s_scores = torch.matmul(q, sk.transpose(-1, -2)) * self.scale      # [B,H,T,ns]
+        p = torch.softmax(torch.cat([s_scores, scores], dim=-1), dim=-1)
+        return torch.matmul(p[..., :self.ns], sv) + torch.matmul(p[..., self.ns:], v)
 
     def up_project(self, ckv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """c_kv [B,T,r_kv] -> per-head k_nope [B,T,H,d_n] and v [B,T,H,d_v] (W_UK, W_UV)."""
@@ -513,14 +608,10 @@ class MLA(nn.Module):
         qh = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)             # [B,H,T,dn+dr]
         kh = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, T, H, dr)], dim=-1)
         kh = kh.transpose(1, 2)                                              # [B,H,T,dn+dr]
-        qh = qh.reshape(B * H, T, dn + dr)
-        kh = kh.reshape(B * H, T, dn + dr)
-        vh = v.transpose(1, 2).reshape(B * H, T, dv)
-        # S = scale * q.k + mask (0 where s <= t, -inf otherwise), fused into one baddbmm
-        scores = torch.baddbmm(self._mask(T, a.dtype, a.device), qh, kh.transpose(1, 2),
-                               beta=1.0, alpha=self.scale)                   # [B*H,T,T]
-        o = torch.bmm(torch.softmax(scores, dim=-1), vh)                     # [B*H,T,dv]
-        return self.o_proj(o.view(B, H, T, dv).transpose(1, 2).reshape(B, T, H * dv))
+        vh = v.transpose(1, 2)                                               # [B,H,T,dv]
+        # mask: 0 where the key is visible (s <= t, and t - s < W in a window), -inf otherwise
+        o = self.attend(qh, kh, vh, self._mask(T, a.dtype, a.device))      # [B,H,T,dv]
+        return self.o_proj(self.conv(o.transpose(1, 2).reshape(B, T, H * dv), "o_conv"))
 
     # ------------------------------------------------------------ KV-cached decoding
     def new_cache(self, form: str, B: int, capacity: int, dtype: torch.dtype,
@@ -539,16 +630,27 @@ class MLA(nn.Module):
             return (torch.empty(B, capacity, self.rkv + self.dr, **opts),)
         raise ValueError(f"unknown MLA form {form!r} (naive | absorbed)")
 
+    def new_conv_state(self, B: int, capacity: int, dtype: torch.dtype, device=None) -> dict:
+        """ModAttn inputs of every slot, per conv [B, capacity, C] (empty without convs)."""
+        if self.k == 0:
+            return {}
+        return {n: torch.zeros(B, capacity, getattr(self, n).weight.shape[0], dtype=dtype,
+                               device=device) for n in ("qa_conv", "compresskv_conv", "o_conv")}
+
     def forward_cached(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, form: str,
                        cache: Tuple[torch.Tensor, ...], start: int,
-                       bias: torch.Tensor) -> torch.Tensor:
+                       bias: torch.Tensor, conv: Optional[dict] = None,
+                       real: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attention output [B,T,d] of the T new tokens a [B,T,d], which occupy cache slots
         start..start+T-1: their keys/values are written there first, then they attend over
         slots 0..start+T-1.  cos/sin [B,T,d_r/2] at the tokens' positions; bias [B,1,T,start+T]
-        is the additive mask."""
-        q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin)
+        is the additive mask; conv/real the ModAttn inputs of earlier slots and which of the
+        new slots are real tokens."""
+        state = (conv, start, real) if self.k else None
+        q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin, state)
         attend = self._attend_naive if form == "naive" else self._attend_absorbed
-        return self.o_proj(attend(q_nope, q_rope, ckv, k_rope, cache, start, bias))
+        o = attend(q_nope, q_rope, ckv, k_rope, cache, start, self.window_bias(bias))
+        return self.o_proj(self.conv(o, "o_conv", state))
 
     def _attend_naive(self, q_nope: torch.Tensor, q_rope: torch.Tensor, ckv: torch.Tensor,
                       k_rope: torch.Tensor, cache: Tuple[torch.Tensor, ...], start: int,
@@ -562,8 +664,7 @@ class MLA(nn.Module):
         k_cache[:, :, start:end, self.dn:] = k_rope[:, None]                # every head
         v_cache[:, :, start:end] = v.transpose(1, 2)
         q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)              # [B,H,T,dn+dr]
-        scores = torch.matmul(q, k_cache[:, :, :end].transpose(-1, -2)) * self.scale + bias
-        o = torch.matmul(torch.softmax(scores, dim=-1), v_cache[:, :, :end])  # [B,H,T,dv]
+        o = self.attend(q, k_cache[:, :, :end], v_cache[:, :, :end], bias)   # [B,H,T,dv]
         return o.transpose(1, 2).reshape(B, T, self.H * self.dv)
 
     def _attend_absorbed(self, q_nope: torch.Tensor, q_rope: torch.Tensor, ckv: torch.Tensor,
@@ -582,8 +683,12 @@ class MLA(nn.Module):
         q_lat = torch.einsum("bthn,hnc->bhtc", q_nope, w_uk)                 # [B,H,T,rkv]
         q = torch.cat([q_lat, q_rope.transpose(1, 2)], dim=-1).reshape(B, H * T, -1)
         kv = latent[:, :end]                                                 # [B,S,rkv+dr]
-        scores = torch.bmm(q, kv.transpose(1, 2)).view(B, H, T, end) * self.scale + bias
-        p = torch.softmax(scores, dim=-1).view(B, H * T, end)
+        if self.ns > 0:     # the sinks' latent rows in front of the tokens', always visible
+            kv = torch.cat([self.sink_latent()[None].expand(B, -1, -1), kv], dim=1)
+            bias = F.pad(bias, (self.ns, 0))
+        S = kv.shape[1]
+        scores = torch.bmm(q, kv.transpose(1, 2)).view(B, H, T, S) * self.scale + bias
+        p = torch.softmax(scores, dim=-1).view(B, H * T, S)
         o_lat = torch.bmm(p, kv[:, :, :self.rkv]).view(B, H, T, self.rkv)
         return torch.einsum("bhtc,hvc->bthv", o_lat, w_uv).reshape(B, T, H * self.dv)
 
@@ -591,9 +696,23 @@ class MLA(nn.Module):
         key = (T, dtype, str(device))
         if key not in self._masks:
             self._masks.clear()
-            self._masks[key] = torch.full((T, T), float("-inf"), dtype=dtype,
-                                          device=device).triu_(1)
+            m = torch.full((T, T), float("-inf"), dtype=dtype, device=device).triu_(1)
+            if self.window > 0:     # and -inf where t - s >= W
+                m = m + torch.full((T, T), float("-inf"), dtype=dtype,
+                                   device=device).tril_(-self.window)
+            self._masks[key] = m
         return self._masks[key]
+
+    def window_bias(self, bias: torch.Tensor) -> torch.Tensor:
+        """The cached path's additive mask [B,1,T,S] (slots) restricted to the window: slot
+        distance = position distance, so key slot k is hidden from query slot q when
+        q - k >= W."""
+        if self.window <= 0:
+            return bias
+        T, S = bias.shape[-2:]
+        q = torch.arange(S - T, S, device=bias.device)[:, None]
+        k = torch.arange(S, device=bias.device)[None, :]
+        return bias.masked_fill(q - k >= self.window, float("-inf"))
 
 
 class _BiasBuffer(nn.Module):
@@ -667,7 +786,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.is_moe = c.is_moe_layer(layer)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = MLA(c)
+        self.self_attn = MLA(c, layer)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MoE(c) if self.is_moe else SwiGLU(c.hidden_size, c.intermediate_size)
 
@@ -712,6 +831,7 @@ class KVCache:
     pad: torch.Tensor                           # [B] long, padding slots of each sequence
     capacity: int
     layers: List[Tuple[torch.Tensor, ...]]      # MLA.new_cache of every layer
+    conv: List[dict] = field(default_factory=list)  # MLA.new_conv_state of every layer
     length: int = 0
 
     def bytes_per_token(self) -> int:
@@ -775,6 +895,12 @@ class PanguRef(nn.Module):
                 mod.weight.fill_(1.0)
             elif isinstance(mod, _BiasBuffer):
                 mod.bias.zero_()
+            elif isinstance(mod, nn.Conv1d):     # ModAttn kernels start as the identity
+                mod.weight.zero_()
+            elif isinstance(mod, MLA) and mod.ns > 0:
+                mod.param_sink_k_pe.normal_(0.0, std, generator=generator)
+                if mod.param_sink_compressed_kv is not None:
+                    mod.param_sink_compressed_kv.normal_(0.0, std, generator=generator)
 
     def bias_buffer_names(self) -> List[str]:
         return [f"model.layers.{l}.mlp.e_score_correction.bias" for l in self.moe_layers]
@@ -976,8 +1102,10 @@ class PanguRef(nn.Module):
         device = self.lm_head.weight.device
         layers = [layer.self_attn.new_cache(form, pad.shape[0], capacity, self.dtype, device)
                   for layer in self.model.layers]
+        conv = [layer.self_attn.new_conv_state(pad.shape[0], capacity, self.dtype, device)
+                for layer in self.model.layers]
         return KVCache(form=form, pad=pad.to(device=device, dtype=torch.long),
-                       capacity=capacity, layers=layers)
+                       capacity=capacity, layers=layers, conv=conv)
 
     @torch.inference_mode()
     def forward_cached(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -991,12 +1119,14 @@ class PanguRef(nn.Module):
         pos = cache.positions(T)
         cos, sin = cos_table[pos], sin_table[pos]                            # [B,T,dr/2]
         bias = cache.attention_bias(T, self.dtype)
-        real = cache.real(T).reshape(-1)
+        real_bt = cache.real(T)
+        real = real_bt.reshape(-1)
         token_mask = None if bool(real.all()) else real
         h = self.model.embed_tokens(tokens)
-        for layer, layer_cache in zip(self.model.layers, cache.layers):
+        for layer, layer_cache, conv in zip(self.model.layers, cache.layers, cache.conv):
             h = h + layer.self_attn.forward_cached(layer.input_layernorm(h), cos, sin,
-                                                   cache.form, layer_cache, cache.length, bias)
+                                                   cache.form, layer_cache, cache.length, bias,
+                                                   conv, real_bt)
             f = layer.post_attention_layernorm(h)
             if layer.is_moe:
                 h = h + layer.mlp(f.reshape(B * T, -1), None, token_mask).y.view(B, T, -1)

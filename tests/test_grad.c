@@ -145,63 +145,131 @@ END_TEST
 
 /* ------------------------------------------------------------------ attention ------- */
 
-typedef struct { double *q, *kv, *kr, *att; int32_t lens[2]; int B, T, H, dn, dr, dv; } at_ctx;
+typedef struct {
+    double *q, *kv, *kr, *skv, *skr, *att;
+    int32_t lens[2];
+    prl_attn_shape sh;
+} at_ctx;
 static void at_fwd(void *p, double *out)
 {
     at_ctx *c = p;
-    prl_attention_forward(out, c->att, c->q, c->kv, c->kr, c->lens, c->B, c->T, c->H, c->dn,
-                          c->dr, c->dv);
+    prl_attention_forward(out, c->att, c->q, c->kv, c->kr, c->skv, c->skr, c->lens, c->sh);
+}
+
+/* FD check of every attention input (and the sinks when sh.ns > 0) for a batch of two
+** sequences of lengths lens; returns the output of the unperturbed forward (caller frees). */
+static double *check_attention(at_ctx *c)
+{
+    prl_attn_shape sh = c->sh;
+    int N = sh.B * sh.T, dq = sh.dn + sh.dr, dkv = sh.dn + sh.dv;
+    int nq = N * sh.H * dq, nkv = N * sh.H * dkv, nkr = N * sh.dr, no = N * sh.H * sh.dv;
+    int nskv = sh.ns * sh.H * dkv, nskr = sh.ns * sh.dr;
+    c->q = randv(nq, 1), c->kv = randv(nkv, 1), c->kr = randv(nkr, 1);
+    c->skv = randv(nskv, 1), c->skr = randv(nskr, 1);
+    c->att = malloc((size_t)sh.B * sh.H * sh.T * (sh.ns + sh.T) * 8);
+    double *out = malloc(no * 8), *r = randv(no, 1);
+    /* rows past a sequence's length are meaningless: give them zero weight */
+    for (int b = 0; b < sh.B; b++)
+        for (int t = c->lens[b]; t < sh.T; t++)
+            for (int i = 0; i < sh.H * sh.dv; i++) r[(b * sh.T + t) * sh.H * sh.dv + i] = 0;
+    at_fwd(c, out);
+    for (int b = 0; b < sh.B; b++)
+        for (int t = c->lens[b]; t < sh.T; t++) ck_assert_double_eq(out[(b * sh.T + t) * sh.H * sh.dv], 0);
+    double *dq_ = calloc(nq, 8), *dkv_ = calloc(nkv, 8), *dkr = calloc(nkr, 8);
+    double *dskv = calloc(nskv + 1, 8), *dskr = calloc(nskr + 1, 8);
+    double *scratch = malloc(prl_attention_scratch(sh) * 8);
+    prl_attention_backward(dq_, dkv_, dkr, dskv, dskr, r, c->att, c->q, c->kv, c->kr, c->skv,
+                           c->skr, scratch, c->lens, sh);
+    ck_assert_double_lt(fd_error(at_fwd, c, c->q, nq, dq_, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(at_fwd, c, c->kv, nkv, dkv_, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(at_fwd, c, c->kr, nkr, dkr, r, no), 1e-6);
+    if (sh.ns > 0) {
+        ck_assert_double_lt(fd_error(at_fwd, c, c->skv, nskv, dskv, r, no), 1e-6);
+        ck_assert_double_lt(fd_error(at_fwd, c, c->skr, nskr, dskr, r, no), 1e-6);
+    }
+    free(r), free(dq_), free(dkv_), free(dkr), free(dskv), free(dskr), free(scratch);
+    return out;
 }
 
 START_TEST(test_attention_grad)
 {
-    at_ctx c = {.B = 2, .T = 5, .H = 2, .dn = 3, .dr = 2, .dv = 3, .lens = {5, 3}};
-    int N = c.B * c.T, nq = N * c.H * 5, nkv = N * c.H * 6, nkr = N * 2, no = N * c.H * 3;
-    c.q = randv(nq, 1);
-    c.kv = randv(nkv, 1);
-    c.kr = randv(nkr, 1);
-    c.att = malloc((size_t)c.B * c.H * c.T * c.T * 8);
-    double *out = malloc(no * 8), *r = randv(no, 1);
-    /* rows past a sequence's length are meaningless: give them zero weight */
-    for (int t = 3; t < 5; t++)
-        for (int i = 0; i < c.H * 3; i++) r[(5 + t) * c.H * 3 + i] = 0;
-    at_fwd(&c, out);
-    double *dq = calloc(nq, 8), *dkv = calloc(nkv, 8), *dkr = calloc(nkr, 8);
-    double *scratch = malloc(prl_attention_scratch(c.B, c.T, c.H, c.dr) * 8);
-    prl_attention_backward(dq, dkv, dkr, r, c.att, c.q, c.kv, c.kr, scratch, c.B, c.T, c.H,
-                           c.dn, c.dr, c.dv, c.lens);
-    ck_assert_double_lt(fd_error(at_fwd, &c, c.q, nq, dq, r, no), 1e-6);
-    ck_assert_double_lt(fd_error(at_fwd, &c, c.kv, nkv, dkv, r, no), 1e-6);
-    ck_assert_double_lt(fd_error(at_fwd, &c, c.kr, nkr, dkr, r, no), 1e-6);
+    at_ctx c = {.sh = {.B = 2, .T = 5, .H = 2, .dn = 3, .dr = 2, .dv = 3}, .lens = {5, 3}};
+    double *out = check_attention(&c);
     /* causality: changing a future key does not change an earlier output */
     double out2[200];
-    c.kv[(1 * c.H + 0) * 6 + 4] += 1.0; /* token 1's value, head 0 */
+    c.kv[(1 * c.sh.H + 0) * 6 + 4] += 1.0; /* token 1's value, head 0 */
     at_fwd(&c, out2);
-    for (int i = 0; i < c.H * 3; i++) ck_assert_double_eq(out[i], out2[i]); /* token 0 */
+    for (int i = 0; i < c.sh.H * 3; i++) ck_assert_double_eq(out[i], out2[i]); /* token 0 */
+    free(out);
 }
 END_TEST
 
 /* Longer sequences: several 64-row query blocks, a length that ends inside a block. */
 START_TEST(test_attention_blocks_grad)
 {
-    at_ctx c = {.B = 2, .T = 150, .H = 1, .dn = 3, .dr = 2, .dv = 2, .lens = {150, 97}};
-    int N = c.B * c.T, nq = N * 5, nkv = N * 5, nkr = N * 2, no = N * 2;
-    c.q = randv(nq, 1);
-    c.kv = randv(nkv, 1);
-    c.kr = randv(nkr, 1);
-    c.att = malloc((size_t)c.B * c.H * c.T * c.T * 8);
-    double *out = malloc(no * 8), *r = randv(no, 1);
-    for (int t = 97; t < 150; t++)
-        for (int i = 0; i < 2; i++) r[(150 + t) * 2 + i] = 0;
-    at_fwd(&c, out);
-    for (int t = 97; t < 150; t++) ck_assert_double_eq(out[(150 + t) * 2], 0); /* padding rows */
-    double *dq = calloc(nq, 8), *dkv = calloc(nkv, 8), *dkr = calloc(nkr, 8);
-    double *scratch = malloc(prl_attention_scratch(c.B, c.T, c.H, c.dr) * 8);
-    prl_attention_backward(dq, dkv, dkr, r, c.att, c.q, c.kv, c.kr, scratch, c.B, c.T, c.H,
-                           c.dn, c.dr, c.dv, c.lens);
-    ck_assert_double_lt(fd_error(at_fwd, &c, c.q, nq, dq, r, no), 1e-6);
-    ck_assert_double_lt(fd_error(at_fwd, &c, c.kv, nkv, dkv, r, no), 1e-6);
-    ck_assert_double_lt(fd_error(at_fwd, &c, c.kr, nkr, dkr, r, no), 1e-6);
+    at_ctx c = {.sh = {.B = 2, .T = 150, .H = 1, .dn = 3, .dr = 2, .dv = 2}, .lens = {150, 97}};
+    free(check_attention(&c));
+}
+END_TEST
+
+/* Sliding window W = 3 with two parameter sinks: row t sees the sinks and tokens t-2..t. */
+START_TEST(test_attention_window_sinks_grad)
+{
+    at_ctx c = {.sh = {.B = 2, .T = 7, .H = 2, .dn = 3, .dr = 2, .dv = 3, .window = 3, .ns = 2},
+                .lens = {7, 5}};
+    double *out = check_attention(&c);
+    /* token 1's value is outside the window of row 4 but inside that of row 3 */
+    double out2[200];
+    c.kv[(1 * c.sh.H + 0) * 6 + 4] += 1.0;
+    at_fwd(&c, out2);
+    for (int i = 0; i < 3; i++) ck_assert_double_eq(out[4 * c.sh.H * 3 + i], out2[4 * c.sh.H * 3 + i]);
+    ck_assert_double_ne(out[3 * c.sh.H * 3 + 1], out2[3 * c.sh.H * 3 + 1]); /* v element 1 */
+    /* the probabilities of a row (sinks + window) sum to 1 */
+    const double *P = c.att + 4 * (2 + 7);
+    double sum = 0;
+    for (int j = 0; j < 2 + 7; j++) sum += j < 2 || (j - 2 >= 2 && j - 2 <= 4) ? P[j] : 0;
+    ck_assert_double_eq_tol(sum, 1.0, 1e-12);
+    free(out);
+}
+END_TEST
+
+/* Windows across several query blocks; from position 256 + W on, a block's keys start inside
+** the sequence (at a multiple of PRL_GEMM_KC). */
+START_TEST(test_attention_window_blocks_grad)
+{
+    at_ctx d = {.sh = {.B = 2, .T = 322, .H = 1, .dn = 2, .dr = 2, .dv = 1, .window = 30, .ns = 3},
+                .lens = {322, 3}};
+    ck_assert_int_eq(prl_attention_key_start(320, 30), 256);
+    free(check_attention(&d));
+}
+END_TEST
+
+/* ------------------------------------------------------------------ ModAttn conv ---- */
+
+typedef struct { double *inp, *w; int B, T, C, k, stride; } conv_ctx;
+static void conv_fwd(void *p, double *out)
+{
+    conv_ctx *c = p;
+    prl_conv_forward(out, c->inp, c->stride, c->w, c->B, c->T, c->C, c->k);
+}
+
+START_TEST(test_conv_grad)
+{
+    /* 2 sequences of 6 rows, the first 4 of 7 columns (a strided slice, as for the latent) */
+    conv_ctx c = {.B = 2, .T = 6, .C = 4, .k = 3, .stride = 7};
+    int n_in = 12 * 7, n_out = 12 * 4;
+    c.inp = randv(n_in, 1), c.w = randv(12, 1);
+    double *out = malloc(n_out * 8), *r = randv(n_out, 1), *dinp = calloc(n_in, 8), *dw = calloc(12, 8);
+    conv_fwd(&c, out);
+    prl_conv_backward(dinp, c.stride, dw, r, c.inp, c.w, c.B, c.T, c.C, c.k);
+    ck_assert_double_lt(fd_error(conv_fwd, &c, c.inp, n_in, dinp, r, n_out), 1e-6);
+    ck_assert_double_lt(fd_error(conv_fwd, &c, c.w, 12, dw, r, n_out), 1e-6);
+    /* causal, zero padding at each sequence start, residual: row 6 (sequence 1, t = 0) is its
+    ** input plus w[c, k-1]·input */
+    for (int ch = 0; ch < 4; ch++)
+        ck_assert_double_eq_tol(out[6 * 4 + ch], c.inp[6 * 7 + ch] * (1 + c.w[ch * 3 + 2]), 1e-15);
+    ck_assert_double_eq(dinp[4], 0); /* untouched columns */
+    free(out), free(r), free(dinp), free(dw);
 }
 END_TEST
 
@@ -320,16 +388,27 @@ END_TEST
 
 /* ------------------------------------------------------------------ whole model ----- */
 
-static const char *micro_config =
-    "{\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
-    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"
-    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"
-    " \"rope_theta\": 10000.0, \"rope_interleave\": false, \"rms_norm_eps\": 1e-5,"
-    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"
-    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
-    " \"n_shared_experts\": 1, \"norm_topk_prob\": true, \"routed_scaling_factor\": 1.5,"
-    " \"max_position_embeddings\": 12, \"initializer_range\": 0.3,"
-    " \"prl_balance_loss_alpha\": 0.05, \"prl_router_z_loss_coef\": 0.01}";
+#define MICRO_KEYS                                                                               \
+    "\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 3,"                         \
+    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"                     \
+    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"                      \
+    " \"rope_theta\": 10000.0, \"rope_interleave\": false, \"rms_norm_eps\": 1e-5,"               \
+    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"                                \
+    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"       \
+    " \"n_shared_experts\": 1, \"norm_topk_prob\": true, \"routed_scaling_factor\": 1.5,"       \
+    " \"max_position_embeddings\": 12, \"initializer_range\": 0.3,"                            \
+    " \"prl_balance_loss_alpha\": 0.05, \"prl_router_z_loss_coef\": 0.01"
+
+static const char *micro_config = "{" MICRO_KEYS "}";
+/* The micro config's attention blocks (spec §12.2): layers 1 and 2 slide with W = 4, two
+** parameter sinks per layer, ModAttn convs with k = 3; and sinks without values, no convs. */
+static const char *micro_swa_sinks_config =
+    "{" MICRO_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [4, 4],"
+    " \"sliding_window\": 4, \"param_sink_number\": 2, \"param_sink_with_value\": true,"
+    " \"use_mome\": true, \"router_sliding_window\": 3}";
+static const char *micro_sinks_no_value_config =
+    "{" MICRO_KEYS ", \"swa_layers\": [2], \"sliding_window\": 3, \"param_sink_number\": 3,"
+    " \"param_sink_with_value\": false}";
 
 typedef struct model_ctx {
     prl_model m;
@@ -343,11 +422,13 @@ static double model_loss(model_ctx *c)
     return st.loss;
 }
 
-START_TEST(test_model_grad)
+/* FD check of the whole model on a micro config: a few random elements of every tensor and
+** one random direction over all parameters, MoE routes frozen. */
+static void check_model_grad(const char *config)
 {
     model_ctx c;
     prl_config cfg;
-    ck_assert_int_eq(prl_config_parse(&cfg, micro_config, "micro"), PRL_OK);
+    ck_assert_msg(prl_config_parse(&cfg, config, "micro") == PRL_OK, "%s", prl_error_message());
     ck_assert_int_eq(prl_model_init(&c.m, &cfg), PRL_OK);
     prl_model_init_weights(&c.m, 7);
     /* non-trivial norm gains and a selection bias, so every path is exercised */
@@ -355,6 +436,9 @@ START_TEST(test_model_grad)
         if (c.m.tensors[i].kind == PRL_PARAM_NORM)
             for (size_t j = 0; j < c.m.tensors[i].numel; j++)
                 c.m.params[c.m.tensors[i].offset + j] = 1 + 0.3 * prl_rng_normal(&rng);
+        else if (c.m.tensors[i].kind == PRL_PARAM_CONV) /* init 0 is the identity: perturb */
+            for (size_t j = 0; j < c.m.tensors[i].numel; j++)
+                c.m.params[c.m.tensors[i].offset + j] = 0.3 * prl_rng_normal(&rng);
     for (int i = 0; i < c.m.n_moe * 4; i++) c.m.router_bias[i] = 0.1 * prl_rng_normal(&rng);
     enum { B = 2, T = 12 };
     int32_t tokens[B * T], targets[B * T], lens[B] = {12, 9};
@@ -421,26 +505,39 @@ START_TEST(test_model_grad)
     free(routes);
     prl_model_free(&c.m);
 }
+
+START_TEST(test_model_grad) { check_model_grad(micro_config); }
+END_TEST
+
+START_TEST(test_model_grad_swa_sinks)
+{
+    check_model_grad(micro_swa_sinks_config);
+    check_model_grad(micro_sinks_no_value_config);
+}
 END_TEST
 
 /* Padding positions must not influence anything at valid positions. */
 START_TEST(test_padding_is_inert)
 {
-    prl_config cfg;
-    prl_model m;
-    ck_assert_int_eq(prl_config_parse(&cfg, micro_config, "micro"), PRL_OK);
-    ck_assert_int_eq(prl_model_init(&m, &cfg), PRL_OK);
-    prl_model_init_weights(&m, 3);
-    int32_t tok[12], tgt[12], len = 7;
-    for (int i = 0; i < 12; i++) tok[i] = (int32_t)(i * 5 % 64), tgt[i] = (i + 1) % 64;
-    float lp1[12], lp2[12];
-    prl_batch b = {.B = 1, .T = 12, .tokens = tok, .lens = &len, .targets = tgt, .temperature = 1};
-    ck_assert_int_eq(prl_model_logprobs(&m, &b, lp1), PRL_OK);
-    for (int i = 7; i < 12; i++) tok[i] = 63 - i;
-    ck_assert_int_eq(prl_model_logprobs(&m, &b, lp2), PRL_OK);
-    for (int i = 0; i < 7; i++) ck_assert_double_eq(lp1[i], lp2[i]);
-    for (int i = 7; i < 12; i++) ck_assert_double_eq(lp2[i], 0);
-    prl_model_free(&m);
+    const char *configs[] = {micro_config, micro_swa_sinks_config};
+    for (int k = 0; k < 2; k++) {
+        prl_config cfg;
+        prl_model m;
+        ck_assert_int_eq(prl_config_parse(&cfg, configs[k], "micro"), PRL_OK);
+        ck_assert_int_eq(prl_model_init(&m, &cfg), PRL_OK);
+        prl_model_init_weights(&m, 3);
+        int32_t tok[12], tgt[12], len = 7;
+        for (int i = 0; i < 12; i++) tok[i] = (int32_t)(i * 5 % 64), tgt[i] = (i + 1) % 64;
+        float lp1[12], lp2[12];
+        prl_batch b = {.B = 1, .T = 12, .tokens = tok, .lens = &len, .targets = tgt,
+                       .temperature = 1};
+        ck_assert_int_eq(prl_model_logprobs(&m, &b, lp1), PRL_OK);
+        for (int i = 7; i < 12; i++) tok[i] = 63 - i;
+        ck_assert_int_eq(prl_model_logprobs(&m, &b, lp2), PRL_OK);
+        for (int i = 0; i < 7; i++) ck_assert_double_eq(lp1[i], lp2[i]);
+        for (int i = 7; i < 12; i++) ck_assert_double_eq(lp2[i], 0);
+        prl_model_free(&m);
+    }
 }
 END_TEST
 
@@ -453,14 +550,21 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_rope_grad);
     tcase_add_test(ops, test_attention_grad);
     tcase_add_test(ops, test_attention_blocks_grad);
+    tcase_add_test(ops, test_attention_window_sinks_grad);
     tcase_add_test(ops, test_swiglu_grad);
+    tcase_add_test(ops, test_conv_grad);
     tcase_add_test(ops, test_moe_gate_grad);
     tcase_add_test(ops, test_logprob_grad);
     tcase_add_test(ops, test_embedding_grad);
     suite_add_tcase(s, ops);
+    TCase *slow = tcase_create("ops_long");
+    tcase_set_timeout(slow, 120);
+    tcase_add_test(slow, test_attention_window_blocks_grad);
+    suite_add_tcase(s, slow);
     TCase *model = tcase_create("model");
     tcase_set_timeout(model, 300);
     tcase_add_test(model, test_model_grad);
+    tcase_add_test(model, test_model_grad_swa_sinks);
     tcase_add_test(model, test_padding_is_inert);
     suite_add_tcase(s, model);
     return s;

@@ -20,12 +20,26 @@
 
 static prl_model model;
 
-static void load_tiny(void)
+/* The tiny model; with blocks != 0 it also has sliding-window layers 1, 2, 4, 5 (W = 16, so
+** the rings wrap in every generation) and 4 parameter sinks per layer; blocks == 1: sinks
+** with values and ModAttn convs (k = 3, random kernels); blocks == 2: value-less sinks. */
+static int model_blocks;
+
+static void load_model(int blocks)
 {
-    if (model.params) return;
+    if (model.params && model_blocks == blocks) return;
+    prl_model_free(&model);
+    model_blocks = blocks;
     prl_config c;
     ck_assert_int_eq(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/tiny.json"), PRL_OK);
     c.max_position_embeddings = 160; /* keeps the test quick */
+    if (blocks) {
+        int layers[] = {1, 2, 4, 5};
+        c.n_swa_layers = 4, c.sliding_window = 16;
+        memcpy(c.swa_layers, layers, sizeof layers);
+        c.param_sink_number = 4, c.param_sink_with_value = blocks == 1;
+        c.use_mome = blocks == 1, c.router_sliding_window = blocks == 1 ? 3 : 0;
+    }
     ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
     prl_model_init_weights(&model, 7);
     /* sharper distributions than the 0.02 init, so greedy has clear winners and the
@@ -34,7 +48,18 @@ static void load_tiny(void)
     for (size_t i = 0; i < head->numel; i++) model.params[head->offset + i] *= 40;
     for (int i = 0; i < model.n_moe * c.n_routed_experts; i++) /* a non-trivial bias */
         model.router_bias[i] = (float)(0.01 * ((i * 7) % 5 - 2));
+    prl_rng rng;
+    prl_rng_init(&rng, 3, 0, 0, 0, PRL_RNG_TEST);
+    for (int i = 0; i < model.n_tensors; i++) {
+        const prl_param_info *p = &model.tensors[i];
+        for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_SINK; j++)
+            model.params[p->offset + j] *= 50; /* sinks that take a real share of attention */
+        for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_CONV; j++)
+            model.params[p->offset + j] = (float)(0.3 * prl_rng_normal(&rng)); /* not the identity */
+    }
 }
+
+static void load_tiny(void) { load_model(0); }
 
 enum { NREQ = 16, PLEN_MAX = 24 };
 
@@ -172,6 +197,24 @@ static prl_sample_params sampling(double tau, int max_new)
     return sp;
 }
 
+/* Sample 16 requests (temperature 1, 40 new tokens) in `mode` at batch `batch`, then score
+** them with the train path and compare. */
+static mismatch run_vs_train(const char *mode, int batch, uint64_t seed)
+{
+    reqs q;
+    make_requests(&q, NREQ, seed);
+    prl_infer *e = engine(mode, batch);
+    prl_sample_params sp = sampling(1.0, 40);
+    prl_gen_result res[NREQ];
+    generate(e, &q, NREQ, &sp, res);
+    train_scores ts;
+    train_score(&ts, &q, res, NREQ, 1.0);
+    mismatch mm = compare(&ts, &q, res, NREQ);
+    free_all(res, NREQ, &ts);
+    prl_infer_free(e);
+    return mm;
+}
+
 START_TEST(test_aligned_is_bitwise_equal)
 {
     load_tiny();
@@ -179,15 +222,7 @@ START_TEST(test_aligned_is_bitwise_equal)
     for (int bi = 0; bi < 2; bi++)
         for (int ti = 0; ti < 2; ti++) {
             prl_blas_set_threads(threads[ti]);
-            reqs q;
-            make_requests(&q, NREQ, 5);
-            prl_infer *e = engine("aligned", batches[bi]);
-            prl_sample_params sp = sampling(1.0, 40);
-            prl_gen_result res[NREQ];
-            generate(e, &q, NREQ, &sp, res);
-            train_scores ts;
-            train_score(&ts, &q, res, NREQ, 1.0);
-            mismatch mm = compare(&ts, &q, res, NREQ);
+            mismatch mm = run_vs_train("aligned", batches[bi], 5);
             printf("aligned batch %d threads %d: %ld tokens, %ld differ bitwise, max |dlogp| %g, "
                    "routes differ %.4f\n", batches[bi], threads[ti], mm.n, mm.bitwise_diff, mm.max,
                    mm.route_diff_share);
@@ -195,8 +230,6 @@ START_TEST(test_aligned_is_bitwise_equal)
             ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
                           mm.bitwise_diff, mm.n, mm.max);
             ck_assert(mm.route_diff_share == 0);
-            free_all(res, NREQ, &ts);
-            prl_infer_free(e);
         }
     prl_blas_set_threads(2);
 }
@@ -207,23 +240,13 @@ START_TEST(test_fp32_and_low_precision_mismatch)
     load_tiny();
     const char *modes[] = {"fp32", "bf16", "fp16", "fp32+gemv", "fp32+naive"};
     for (int mi = 0; mi < 5; mi++) {
-        reqs q;
-        make_requests(&q, NREQ, 6);
-        prl_infer *e = engine(modes[mi], 8);
-        prl_sample_params sp = sampling(1.0, 40);
-        prl_gen_result res[NREQ];
-        generate(e, &q, NREQ, &sp, res);
-        train_scores ts;
-        train_score(&ts, &q, res, NREQ, 1.0);
-        mismatch mm = compare(&ts, &q, res, NREQ);
+        mismatch mm = run_vs_train(modes[mi], 8, 6);
         printf("%s vs train path: %ld tokens, mean |dlogp| %.3g, max |dlogp| %.3g, "
                "MoE top-k differs on %.2f%% of token-layers\n", modes[mi], mm.n, mm.mean, mm.max,
                100 * mm.route_diff_share);
         if (mi == 0 || mi >= 3) ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
         else ck_assert_msg(mm.max > 1e-4, "%s is suspiciously close (%g): rounding not applied?",
                            modes[mi], mm.max);
-        free_all(res, NREQ, &ts);
-        prl_infer_free(e);
     }
 }
 END_TEST
@@ -391,6 +414,42 @@ START_TEST(test_kv_bytes_and_bad_input)
 }
 END_TEST
 
+/* Sliding windows (ring caches), parameter sinks and ModAttn convs (per-sequence state) on
+** both paths: aligned bitwise equal at batch 1 and 16, fp32 (absorbed, sinks merged by the
+** two-part softmax) and gemv close. */
+START_TEST(test_swa_sinks_match_train_path)
+{
+    for (int blocks = 1; blocks <= 2; blocks++) {
+        load_model(blocks);
+        const char *modes[] = {"aligned", "aligned", "fp32", "fp32+gemv"};
+        int batch[] = {16, 1, 8, 8};
+        for (int mi = 0; mi < 4; mi++) {
+            mismatch mm = run_vs_train(modes[mi], batch[mi], 12);
+            printf("SWA W=16 + 4 sinks (%s) %s batch %d: %ld tokens, %ld differ bitwise, max "
+                   "|dlogp| %.3g, routes differ %.4f\n",
+                   blocks == 1 ? "with values, ModAttn k=3" : "no values",
+                   modes[mi], batch[mi], mm.n, mm.bitwise_diff, mm.max, mm.route_diff_share);
+            if (mi < 2) {
+                ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
+                              mm.bitwise_diff, mm.n, mm.max);
+                ck_assert(mm.route_diff_share == 0);
+            } else {
+                ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
+            }
+        }
+    }
+    /* KV memory: the whole-context layers grow with the context, the rings stop at W */
+    prl_infer *e = engine("fp32", 2);
+    const prl_config *c = &model.cfg;
+    size_t row = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * 4;
+    ck_assert_uint_eq(prl_infer_kv_bytes_per_token(e), 2 * row);
+    ck_assert_uint_eq(prl_infer_kv_bytes(e, 10), 6 * 10 * row);
+    ck_assert_uint_eq(prl_infer_kv_bytes(e, 150), (2 * 150 + 4 * 16) * row);
+    prl_infer_free(e);
+    load_model(0);
+}
+END_TEST
+
 /* Hooks: the same names on both paths, equal tensors in aligned mode. */
 typedef struct hook_log {
     char names[64][32];
@@ -446,6 +505,7 @@ int main(void)
     tcase_add_test(tc, test_stops_forced_and_routes_format);
     tcase_add_test(tc, test_kv_bytes_and_bad_input);
     tcase_add_test(tc, test_hook_names_match);
+    tcase_add_test(tc, test_swa_sinks_match_train_path);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);

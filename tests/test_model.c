@@ -12,14 +12,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define SMALL_KEYS                                                                               \
+    "\"vocab_size\": 96, \"hidden_size\": 32, \"num_hidden_layers\": 3,"                         \
+    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"                     \
+    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"                      \
+    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"                                \
+    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"       \
+    " \"n_shared_experts\": 1, \"max_position_embeddings\": 64, \"initializer_range\": 0.1"
+
 static const char *small_config =
-    "{\"vocab_size\": 96, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
-    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"
-    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"
-    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"
-    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
-    " \"n_shared_experts\": 1, \"max_position_embeddings\": 64, \"initializer_range\": 0.1,"
-    " \"prl_balance_loss_alpha\": 0.001, \"prl_bias_update_rate\": 0.01}";
+    "{" SMALL_KEYS ", \"prl_balance_loss_alpha\": 0.001, \"prl_bias_update_rate\": 0.01}";
+
+/* small_config with sliding windows (layers 1, 2), 3 sinks and ModAttn convs (k = 3). */
+static const char *blocks_config =
+    "{" SMALL_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [5, 9],"
+    " \"param_sink_number\": 3, \"router_sliding_window\": 3}";
 
 static char tmpdir[256];
 
@@ -29,13 +36,15 @@ static void make_tmpdir(void)
     ck_assert_ptr_nonnull(mkdtemp(tmpdir));
 }
 
-static void build(prl_model *m, uint64_t seed)
+static void build_from(prl_model *m, const char *config, uint64_t seed)
 {
     prl_config c;
-    ck_assert_int_eq(prl_config_parse(&c, small_config, "small"), PRL_OK);
+    ck_assert_int_eq(prl_config_parse(&c, config, "small"), PRL_OK);
     ck_assert_int_eq(prl_model_init(m, &c), PRL_OK);
     prl_model_init_weights(m, seed);
 }
+
+static void build(prl_model *m, uint64_t seed) { build_from(m, small_config, seed); }
 
 /* A deterministic toy batch: B sequences of T tokens, every position trained. */
 typedef struct toy_batch {
@@ -87,9 +96,33 @@ START_TEST(test_config_errors)
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "DSA"));
     ck_assert_int_eq(parse("{\"use_mhc\": true}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 1}", &c), PRL_ERR_UNSUPPORTED);
-    ck_assert_int_eq(parse("{\"param_sink_number\": 16}", &c), PRL_ERR_UNSUPPORTED);
-    ck_assert_int_eq(parse("{\"router_sliding_window\": 3}", &c), PRL_ERR_UNSUPPORTED);
-    ck_assert_int_eq(parse("{\"swa_layers\": [1]}", &c), PRL_ERR_UNSUPPORTED);
+    /* ModAttn convs: on by router_sliding_window (use_mome defaults to it) */
+    ck_assert_int_eq(parse("{\"router_sliding_window\": 3}", &c), PRL_OK);
+    ck_assert_int_eq(prl_config_conv_kernel(&c), 3);
+    ck_assert_int_eq(parse("{\"router_sliding_window\": 3, \"use_mome\": false}", &c), PRL_OK);
+    ck_assert_int_eq(prl_config_conv_kernel(&c), 0);
+    ck_assert_int_eq(parse("{\"use_mome\": true}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "router_sliding_window"));
+    ck_assert_int_eq(parse("{\"router_sliding_window\": 17}", &c), PRL_ERR_CONFIG);
+    ck_assert_int_eq(parse("{\"layer_types\": [\"sliding_attention\"]}", &c), PRL_ERR_UNSUPPORTED);
+    /* sliding windows and parameter sinks */
+    ck_assert_int_eq(parse("{\"swa_layers\": [1, 4], \"sliding_window_list\": [8, 16], "
+                           "\"param_sink_number\": 16}", &c), PRL_OK);
+    ck_assert_int_eq(prl_config_window(&c, 0), 0);
+    ck_assert_int_eq(prl_config_window(&c, 4), 16);
+    ck_assert_int_eq(c.param_sink_number, 16);
+    ck_assert_int_eq(c.param_sink_with_value, 1); /* default */
+    ck_assert_int_eq(parse("{\"swa_layers\": [2], \"sliding_window\": 5}", &c), PRL_OK);
+    ck_assert_int_eq(prl_config_window(&c, 2), 5);
+    ck_assert_int_eq(parse("{\"swa_layers\": [1]}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "window is 0"));
+    ck_assert_int_eq(parse("{\"swa_layers\": [6], \"sliding_window\": 4}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "not a layer"));
+    ck_assert_int_eq(parse("{\"swa_layers\": [1, 1], \"sliding_window\": 4}", &c), PRL_ERR_CONFIG);
+    ck_assert_int_eq(parse("{\"swa_layers\": [1, 2], \"sliding_window_list\": [4]}", &c),
+                     PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "sliding_window_list"));
+    ck_assert_int_eq(parse("{\"param_sink_number\": -1}", &c), PRL_ERR_CONFIG);
     ck_assert_int_eq(parse("{\"sandwich_norm\": true}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"rope_interleave\": true}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"dsa_layers\": [], \"use_mhc\": false, \"num_nextn_predict_layers\": 0}", &c), PRL_OK);
@@ -100,6 +133,14 @@ START_TEST(test_config_errors)
     ck_assert_int_eq(parse(small_config, &c), PRL_OK);
     char *text = prl_config_to_json(&c);
     prl_config c2;
+    ck_assert_int_eq(prl_config_parse(&c2, text, "round trip"), PRL_OK);
+    ck_assert_mem_eq(&c, &c2, sizeof c);
+    free(text);
+    ck_assert_int_eq(parse("{\"swa_layers\": [1, 3], \"sliding_window_list\": [8, 6], "
+                           "\"sliding_window\": 7, \"param_sink_number\": 4, "
+                           "\"param_sink_with_value\": false, \"router_sliding_window\": 2}", &c),
+                     PRL_OK);
+    text = prl_config_to_json(&c);
     ck_assert_int_eq(prl_config_parse(&c2, text, "round trip"), PRL_OK);
     ck_assert_mem_eq(&c, &c2, sizeof c);
     free(text);
@@ -197,11 +238,11 @@ END_TEST
 /* ------------------------------------------------------------------ determinism ----- */
 
 /* Three optimizer steps on a fixed batch; returns a malloc'd copy of the parameters. */
-static float *train_three_steps(int threads)
+static float *train_three_steps(int threads, const char *config)
 {
     ck_assert_int_eq(prl_blas_init(threads), PRL_OK);
     prl_model m;
-    build(&m, 11);
+    build_from(&m, config, 11);
     prl_optim o;
     prl_optim_config oc;
     prl_optim_config_default(&oc);
@@ -228,12 +269,53 @@ START_TEST(test_determinism_across_threads)
     build(&m, 11);
     size_t n = m.n_params;
     prl_model_free(&m);
-    float *a = train_three_steps(1), *b = train_three_steps(2), *c = train_three_steps(2),
-          *d = train_three_steps(3);
+    float *a = train_three_steps(1, small_config), *b = train_three_steps(2, small_config),
+          *c = train_three_steps(2, small_config), *d = train_three_steps(3, small_config);
     ck_assert_mem_eq(a, b, n * sizeof *a);
     ck_assert_mem_eq(b, c, n * sizeof *a);
     ck_assert_mem_eq(a, d, n * sizeof *a);
     free(a), free(b), free(c), free(d);
+    ck_assert_int_eq(prl_blas_init(0), PRL_OK);
+}
+END_TEST
+
+/* SWA, sinks and ModAttn: Hugging Face names and shapes, a checkpoint round trip (3-D conv
+** tensors), trained sinks and kernels, and bitwise training for 1, 2 and 3 threads. */
+START_TEST(test_blocks_checkpoint_and_threads)
+{
+    prl_model m, m2;
+    build_from(&m, blocks_config, 11);
+    const prl_param_info *p = prl_model_find(&m, "model.layers.1.self_attn.o_conv.weight");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(p->ndim, 3);
+    ck_assert(p->shape[0] == 16 && p->shape[1] == 1 && p->shape[2] == 3);
+    p = prl_model_find(&m, "model.layers.0.self_attn.param_sink_compressed_kv");
+    ck_assert(p && p->shape[0] == 3 && p->shape[1] == 16 && p->kind == PRL_PARAM_SINK);
+    ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.2.self_attn.param_sink_k_pe"));
+    ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.2.self_attn.qa_conv.weight"));
+    ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.2.self_attn.compresskv_conv.weight"));
+    size_t n = m.n_params;
+    make_tmpdir();
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ckpt", tmpdir);
+    ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK);
+    ck_assert_int_eq(prl_checkpoint_load(&m2, dir), PRL_OK);
+    ck_assert_int_eq(prl_config_window(&m2.cfg, 2), 9);
+    ck_assert_int_eq(m2.n_params, n);
+    ck_assert_mem_eq(m.params, m2.params, n * sizeof(float));
+    prl_model_free(&m2);
+    float *a = train_three_steps(1, blocks_config), *b = train_three_steps(2, blocks_config),
+          *c = train_three_steps(3, blocks_config);
+    ck_assert_mem_eq(a, b, n * sizeof *a);
+    ck_assert_mem_eq(a, c, n * sizeof *a);
+    const char *trained[] = {"model.layers.1.self_attn.o_conv.weight",
+                             "model.layers.1.self_attn.param_sink_k_pe"};
+    for (int i = 0; i < 2; i++) { /* the blocks learn (conv kernels move off the identity) */
+        p = prl_model_find(&m, trained[i]);
+        ck_assert_int_ne(memcmp(a + p->offset, m.params + p->offset, p->numel * sizeof *a), 0);
+    }
+    free(a), free(b), free(c);
+    prl_model_free(&m);
     ck_assert_int_eq(prl_blas_init(0), PRL_OK);
 }
 END_TEST
@@ -567,6 +649,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_checkpoint_round_trip);
     tcase_add_test(tc, test_checkpoint_tampering);
     tcase_add_test(tc, test_determinism_across_threads);
+    tcase_add_test(tc, test_blocks_checkpoint_and_threads);
     tcase_add_test(tc, test_batch_invariance);
     tcase_add_test(tc, test_adamw_closed_form);
     tcase_add_test(tc, test_muon_newton_schulz);

@@ -56,6 +56,13 @@ MICRO = {
 }
 
 
+# The micro config's attention blocks (spec §12.2): layers 1 and 2 slide with W = 4 (the
+# batches have 8 positions), two parameter sinks per layer, ModAttn convs with k = 3.
+BLOCKS = dict(MICRO, swa_layers=[1, 2], sliding_window_list=[4, 4], sliding_window=4,
+              param_sink_number=2, param_sink_with_value=True, use_mome=True,
+              router_sliding_window=3)
+
+
 def micro_model(cfg=None, seed=0, std=0.3, dtype=torch.float64):
     """A float64 model with non-trivial weights: N(0, std) linears, random norm gains and
     selection biases (so every gradient path is exercised)."""
@@ -66,6 +73,8 @@ def micro_model(cfg=None, seed=0, std=0.3, dtype=torch.float64):
         for m in model.modules():
             if isinstance(m, pr.RMSNorm):
                 m.weight.uniform_(0.5, 1.5, generator=g)
+            elif isinstance(m, torch.nn.Conv1d):     # init 0 is the identity: perturb
+                m.weight.normal_(0.0, 0.3, generator=g)
         for l in model.moe_layers:
             model.model.layers[l].mlp.e_score_correction.bias.normal_(0.0, 0.05, generator=g)
     return model
@@ -116,6 +125,37 @@ def naive_loss(sd, cfg, tokens, lens, targets, weights, tau, routes=None):
         up = sd[pre + "up_proj.weight"] @ x
         return sd[pre + "down_proj.weight"] @ (gt * torch.sigmoid(gt) * up)
 
+    # sliding windows (0 = causal) and parameter sinks, straight from the config keys
+    windows = [0] * cfg["num_hidden_layers"]
+    for i, l in enumerate(cfg.get("swa_layers") or []):
+        windows[l] = (cfg.get("sliding_window_list") or [cfg.get("sliding_window")] * (i + 1))[i]
+    ns = cfg.get("param_sink_number", 0)
+    k_conv = cfg.get("router_sliding_window", 0) if cfg.get(
+        "use_mome", cfg.get("router_sliding_window", 0) > 0) else 0
+
+    def conv(xs, name):
+        """ModAttn: x_t + sum_j w[c,0,j] x_{t-(k-1)+j}, nothing before the first token."""
+        if k_conv == 0:
+            return xs
+        w = sd[name][:, 0, :]
+        return [xs[t] + sum(w[:, j] * xs[t - (k_conv - 1) + j] for j in range(k_conv)
+                            if t - (k_conv - 1) + j >= 0) for t in range(len(xs))]
+
+    def sinks(p):
+        """Per sink i and head: key [k_nope ; k_pe] and value, built like a token's."""
+        out = []
+        for i in range(ns):
+            if cfg.get("param_sink_with_value", True):
+                c = rms(sd[p + "self_attn.param_sink_compressed_kv"][i],
+                        sd[p + "self_attn.kv_a_layernorm.weight"], 1e-6)
+            else:
+                c = torch.zeros(rkv, dtype=torch.float64)
+            kv = (sd[p + "self_attn.kv_b_proj.weight"] @ c).view(H, dn + dv)
+            kpe = sd[p + "self_attn.param_sink_k_pe"][i]
+            out.append(([torch.cat([kv[hh, :dn], kpe]) for hh in range(H)],
+                        [kv[hh, dn:] for hh in range(H)]))
+        return out
+
     B = tokens.shape[0]
     loss = torch.zeros((), dtype=torch.float64)
     logits_out, routes_out = {}, {}
@@ -129,26 +169,34 @@ def naive_loss(sd, cfg, tokens, lens, targets, weights, tau, routes=None):
             p = f"model.layers.{l}."
             a = [rms(x, sd[p + "input_layernorm.weight"], eps) for x in h]
             qs, ks, vs = [], [], []
+            zq = [sd[p + "self_attn.q_a_proj.weight"] @ a[t] for t in range(Tb)]
+            kvas = [sd[p + "self_attn.kv_a_proj_with_mqa.weight"] @ a[t] for t in range(Tb)]
+            zq = conv(zq, p + "self_attn.qa_conv.weight")
+            ckvs = conv([x[:rkv] for x in kvas], p + "self_attn.compresskv_conv.weight")
             for t in range(Tb):
-                cq = rms(sd[p + "self_attn.q_a_proj.weight"] @ a[t],
-                         sd[p + "self_attn.q_a_layernorm.weight"], 1e-6)
+                cq = rms(zq[t], sd[p + "self_attn.q_a_layernorm.weight"], 1e-6)
                 q = (sd[p + "self_attn.q_b_proj.weight"] @ cq).view(H, dn + dr)
-                kva = sd[p + "self_attn.kv_a_proj_with_mqa.weight"] @ a[t]
-                ckv = rms(kva[:rkv], sd[p + "self_attn.kv_a_layernorm.weight"], 1e-6)
+                kva = kvas[t]
+                ckv = rms(ckvs[t], sd[p + "self_attn.kv_a_layernorm.weight"], 1e-6)
                 kr = rope(kva[rkv:], t)
                 kv = (sd[p + "self_attn.kv_b_proj.weight"] @ ckv).view(H, dn + dv)
                 qs.append([torch.cat([q[hh, :dn], rope(q[hh, dn:], t)]) for hh in range(H)])
                 ks.append([torch.cat([kv[hh, :dn], kr]) for hh in range(H)])
                 vs.append([kv[hh, dn:] for hh in range(H)])
-            new_h = []
+            new_h, os_ = [], []
+            sk = sinks(p)
             for t in range(Tb):
                 o = []
+                seen = [s for s in range(t + 1) if windows[l] == 0 or t - s < windows[l]]
                 for hh in range(H):
-                    sc = torch.stack([(qs[t][hh] @ ks[s][hh]) / math.sqrt(dn + dr)
-                                      for s in range(t + 1)])
+                    keys = [k[hh] for k, _ in sk] + [ks[s][hh] for s in seen]
+                    vals = [v[hh] for _, v in sk] + [vs[s][hh] for s in seen]
+                    sc = torch.stack([(qs[t][hh] @ k) / math.sqrt(dn + dr) for k in keys])
                     pw = torch.softmax(sc, 0)
-                    o.append(sum(pw[s] * vs[s][hh] for s in range(t + 1)))
-                new_h.append(h[t] + sd[p + "self_attn.o_proj.weight"] @ torch.cat(o))
+                    o.append(sum(pw[j] * vals[j] for j in range(len(keys))))
+                os_.append(torch.cat(o))
+            os_ = conv(os_, p + "self_attn.o_conv.weight")
+            new_h = [h[t] + sd[p + "self_attn.o_proj.weight"] @ os_[t] for t in range(Tb)]
             h = new_h
             f = [rms(x, sd[p + "post_attention_layernorm.weight"], eps) for x in h]
             if l < cfg.get("first_k_dense_replace", 0):
@@ -251,6 +299,25 @@ class TestNaiveAgreement(unittest.TestCase):
         cfg = dict(MICRO, prl_balance_loss_alpha=0.05, prl_router_z_loss_coef=0.02)
         self.check(cfg, lens=(8, 0, 3))
 
+    def test_sliding_windows_and_sinks(self):
+        self.check(BLOCKS)
+        self.check(dict(BLOCKS, swa_layers=[0, 2], sliding_window_list=[2, 3],
+                        param_sink_number=3, param_sink_with_value=False,
+                        router_sliding_window=2), lens=(8, 2, 6))
+
+    def test_window_and_sinks_change_the_model(self):
+        """Negative controls: the blocks are really on (the loss moves when either is off)."""
+        tokens, lens, targets, weights = micro_batch()
+        loss = {}
+        for name, cfg in (("both", BLOCKS), ("no window", dict(BLOCKS, swa_layers=[], sliding_window_list=[])),
+                          ("no sinks", dict(BLOCKS, param_sink_number=0)),
+                          ("no conv", dict(BLOCKS, use_mome=False))):
+            m = micro_model(cfg, seed=3)
+            loss[name] = float(m.compute_loss(tokens, lens, targets, weights, 0.7).loss)
+        self.assertGreater(abs(loss["both"] - loss["no window"]), 1e-6)
+        self.assertGreater(abs(loss["both"] - loss["no sinks"]), 1e-6)
+        self.assertGreater(abs(loss["both"] - loss["no conv"]), 1e-6)
+
 
 class TestGradients(unittest.TestCase):
     """autograd vs central finite differences of the loss, float64, routes frozen."""
@@ -325,6 +392,12 @@ class TestGradients(unittest.TestCase):
         self.assertIn("model.layers.1.self_attn.q_b_proj.weight", names)
         self.assertIn("model.layers.2.mlp.gate.weight", names)
 
+    def test_sink_parameters_get_gradient(self):
+        grads = self.autograd()
+        for n, gr in grads.items():
+            if "param_sink" in n:
+                self.assertGreater(float(gr.abs().max()), 0.0, n)
+
     def test_route_override_equal_to_natural_changes_nothing(self):
         tokens, lens, targets, weights = self.batch
         a = self.model.compute_loss(tokens, lens, targets, weights, 0.7, None)
@@ -335,6 +408,14 @@ class TestGradients(unittest.TestCase):
         d = self.model.compute_loss(tokens, lens, targets, weights, 0.7, flat)
         for o in (b, c, d):
             self.assertEqual(float(a.loss), float(o.loss))
+
+
+class TestGradientsBlocks(TestGradients):
+    """The same checks with sliding windows and parameter sinks on."""
+
+    CFG = dict(BLOCKS, prl_balance_loss_alpha=0.05, prl_router_z_loss_coef=0.02)
+    test_finite_difference_check_catches_a_wrong_gradient = None
+    test_route_override_equal_to_natural_changes_nothing = None
 
 
 class TestPadding(unittest.TestCase):
@@ -621,9 +702,19 @@ class TestCachedGeneration(unittest.TestCase):
             pr.generate(self.model, self.prompts, 2, "mqa")
 
 
+class TestCachedGenerationBlocks(TestCachedGeneration):
+    """Cached generation with sliding windows (W = 3 < the sequences) and parameter sinks,
+    both cache forms, against the full forward per step."""
+
+    CFG = dict(BLOCKS, max_position_embeddings=32, swa_layers=[0, 2], sliding_window_list=[3, 5])
+    test_cache_sizes = None
+    test_stop_at_eos = None
+    test_seeded_sampling_and_its_logprobs = None
+    test_bad_requests_raise = None
+
+
 class TestConfig(unittest.TestCase):
-    UNSUPPORTED = {"dsa_layers": [0], "swa_layers": [1, 2], "param_sink_number": 2,
-                   "use_mome": True, "router_sliding_window": 3, "use_mhc": True,
+    UNSUPPORTED = {"dsa_layers": [0], "use_mhc": True,
                    "sandwich_norm": True, "num_nextn_predict_layers": 1,
                    "rope_interleave": True, "tie_word_embeddings": True}
 
