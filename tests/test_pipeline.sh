@@ -13,7 +13,14 @@
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
 work=$(mktemp -d /tmp/prl-pipeline-XXXXXX)
-trap 'pkill -9 -f "$work/runs" 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+# Processes are found only among the children of this test's own launchers (pgrep -P), never
+# by a pattern that could match somebody else's run.
+launchers=""
+cleanup() {
+  for l in $launchers; do pkill -9 -P "$l" 2>/dev/null || true; kill -9 "$l" 2>/dev/null || true; done
+  [ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
 cd "$work"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 export PRL_THREADS=1
@@ -62,9 +69,12 @@ wait_steps() { # run, n: wait until n steps are recorded
   for _ in $(seq 1 600); do [ "$(steps_done "$1")" -ge "$2" ] && return 0; sleep 0.1; done
   fail "run $1 did not reach step $2"
 }
-kill_role() { # run, role name
+role_pid() { # launcher pid, pattern: the launcher's child whose command line has the pattern
+  pgrep -P "$1" -f -- "$2" | head -n 1
+}
+kill_role() { # run, role name (the run's launcher is $launcher)
   local pid
-  pid=$(pgrep -f -- "--connect ipc://runs/$1/control.sock --name $2" | head -n 1)
+  pid=$(role_pid "$launcher" "--name $2")
   [ -n "$pid" ] || fail "no process for $2 of run $1"
   kill -9 "$pid"
   echo "killed $2 of run $1 (pid $pid) after $(steps_done "$1") steps"
@@ -92,11 +102,12 @@ echo "ok: run a: $N samples, $STEPS versions"
 # ---- b: kill -9 of rollout, reward and trainer mid-run
 $prl run job.json --set run.name=b > b.out 2> b.err &
 launcher=$!
+launchers="$launchers $launcher"
 wait_steps b 3; kill_role b rollout-0
 wait_steps b 6; kill_role b reward-0
 wait_steps b 9; kill_role b trainer-0
 wait_steps b 11
-pid=$(pgrep -f -- "role controller --run runs/b" | head -n 1); kill -9 "$pid"
+pid=$(role_pid "$launcher" "role controller --run runs/b"); kill -9 "$pid"
 echo "killed the controller of run b (pid $pid) after $(steps_done b) steps"
 wait $launcher || { cat b.err; fail "run b"; }
 check_db b
@@ -106,8 +117,9 @@ echo "ok: run b: rollout, reward, trainer and controller killed and restarted, $
 # ---- c: everything killed, then --resume
 $prl run job.json --set run.name=c > c.out 2> c.err &
 launcher=$!
+launchers="$launchers $launcher"
 wait_steps c 5
-pkill -9 -f -- "runs/c" || true
+pkill -9 -P "$launcher" || true
 kill -9 $launcher 2>/dev/null || true
 wait $launcher 2>/dev/null || true
 echo "killed every process of run c after $(steps_done c) steps"
@@ -127,8 +139,9 @@ EOF
 $prl run coding.json > d0.out 2> d0.err || { cat d0.err; fail "run d0"; }
 $prl run coding.json --set run.name=d > d.out 2> d.err &
 launcher=$!
+launchers="$launchers $launcher"
 wait_steps d 2
-pid=$(pgrep -f -- "role sandbox --bind ipc://runs/d/sandbox.sock" | head -n 1); kill -9 "$pid"
+pid=$(role_pid "$launcher" "role sandbox --bind ipc://runs/d/sandbox.sock"); kill -9 "$pid"
 echo "killed the sandbox of run d (pid $pid) after $(steps_done d) steps"
 wait $launcher || { cat d.err; fail "run d"; }
 grep -q "sandbox died (killed by signal 9)" d.err || fail "run d: sandbox restart not reported"
