@@ -445,14 +445,23 @@ static prl_status retire_before(ctl *c, int64_t epoch)
     return rc;
 }
 
-/* The next active prompt of the candidate sequence (from c->cursor); -1 when all retired. */
-static int next_candidate(ctl *c, int64_t *epoch)
+static int step_has_prompt(const step_run *r, int p)
+{
+    for (int i = 0; r && i < r->n; i++)
+        if (r->g[i].prompt == p) return 1;
+    return 0;
+}
+
+/* The next active prompt of the candidate sequence (from c->cursor) that step r does not
+** already hold (an epoch boundary could repeat one: results are keyed by prompt); -1 when
+** none is left. */
+static int next_candidate(ctl *c, const step_run *r, int64_t *epoch)
 {
     for (int tries = 0; tries < 2 * c->n_tasks + 2; tries++) {
         int64_t e = c->cursor / c->n_tasks;
         if (retire_before(c, e)) logf_("retirement skipped: %s", prl_error_message());
         int p = prompt_at(c, c->cursor++, epoch);
-        if (!c->retired[p]) return p;
+        if (!c->retired[p] && !step_has_prompt(r, p)) return p;
     }
     return -1;
 }
@@ -509,7 +518,7 @@ static prl_status step_open(ctl *c)
     prl_status rc = PRL_OK;
     for (int i = 0; i < c->B && !rc; i++) {
         int64_t e;
-        int p = next_candidate(c, &e);
+        int p = next_candidate(c, r, &e);
         if (p < 0) return prl_error_set(PRL_ERR_RANGE, "every train prompt is retired");
         rc = group_add(c, r, p, e);
     }
@@ -517,19 +526,25 @@ static prl_status step_open(ctl *c)
     prl_store_sample *xs = NULL;
     size_t nx = 0;
     if (!rc) rc = prl_store_samples_for_step(c->db, c->run, r->step, -1, &xs, &nx);
-    for (size_t k = 0; k < nx && !rc; k++) {
-        for (int gi = 0; gi < r->n; gi++) {
-            group *g = &r->g[gi];
-            if (strcmp(c->task_id[g->prompt], xs[k].prompt_id) || xs[k].sample_index >= c->G) continue;
-            slot *s = &g->s[xs[k].sample_index];
-            if (s->state) continue;
-            rc = slot_from_store(c, s, &xs[k]);
-            g->generated++, g->scored++;
+    /* Groups judged here may add candidates (dynamic sampling) whose samples are stored too:
+    ** take stored samples group by group until no new group appears. */
+    for (int from = 0; !rc && from < r->n;) {
+        int upto = r->n;
+        for (size_t k = 0; k < nx && !rc; k++) {
+            for (int gi = from; gi < upto; gi++) {
+                group *g = &r->g[gi];
+                if (strcmp(c->task_id[g->prompt], xs[k].prompt_id) || xs[k].sample_index >= c->G) continue;
+                slot *s = &g->s[xs[k].sample_index];
+                if (s->state) continue;
+                rc = slot_from_store(c, s, &xs[k]);
+                g->generated++, g->scored++;
+            }
         }
+        for (int gi = from; gi < upto && !rc; gi++)
+            if (r->g[gi].scored == c->G) judge_group(c, r, &r->g[gi]);
+        from = upto;
     }
     prl_store_samples_free(xs, nx);
-    for (int gi = 0; gi < r->n && !rc; gi++)
-        if (r->g[gi].scored == c->G) judge_group(c, r, &r->g[gi]);
     if (nx) logf_("step %lld: %zu samples taken from run.db", (long long)r->step, nx);
     return rc;
 }
@@ -557,7 +572,7 @@ static void judge_group(ctl *c, step_run *r, group *g)
                                         PRL_STORE_SAMPLE_DROPPED);
         if (r->n < CANDIDATE_FACTOR * c->B) {
             int64_t e;
-            int p = next_candidate(c, &e);
+            int p = next_candidate(c, r, &e);
             if (p >= 0 && group_add(c, r, p, e)) logf_("%s", prl_error_message());
         }
         return;
