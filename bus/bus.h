@@ -104,6 +104,9 @@ prl_status prl_bus_msg_add_frame(prl_bus_msg *m, const char *name, prl_bus_dtype
                                  const void *data, size_t count);
 /* The frame called `name`, or NULL. */
 const prl_bus_frame *prl_bus_msg_frame(const prl_bus_msg *m, const char *name);
+/* The bytes frame `name` as a NUL-terminated string (malloc'd, caller frees); NULL with the
+** error set when the frame is missing, not of dtype bytes, or holds a NUL byte. */
+char *prl_bus_msg_text(const prl_bus_msg *m, const char *name);
 /* 1 if type, header fields and frames (names, dtypes, bytes) are equal, else 0. */
 int prl_bus_msg_equal(const prl_bus_msg *a, const prl_bus_msg *b);
 

@@ -189,3 +189,24 @@ int prl_bus_msg_equal(const prl_bus_msg *a, const prl_bus_msg *b)
     }
     return 1;
 }
+
+char *prl_bus_msg_text(const prl_bus_msg *m, const char *name)
+{
+    const prl_bus_frame *f = prl_bus_msg_frame(m, name);
+    if (!f || f->dtype != PRL_BUS_BYTES) {
+        prl_error_set(PRL_ERR_FORMAT, "'%s' message has no bytes frame '%s'", m->type, name);
+        return NULL;
+    }
+    if (memchr(f->data, 0, f->bytes)) {
+        prl_error_set(PRL_ERR_FORMAT, "'%s' frame '%s' holds a NUL byte", m->type, name);
+        return NULL;
+    }
+    char *t = malloc(f->bytes + 1);
+    if (!t) {
+        prl_error_set(PRL_ERR_NOMEM, "frame '%s' of %zu bytes", name, f->bytes);
+        return NULL;
+    }
+    if (f->bytes) memcpy(t, f->data, f->bytes);
+    t[f->bytes] = 0;
+    return t;
+}

@@ -162,8 +162,5 @@ typedef struct cli_role_exec {
 prl_status cli_role_exec_open(cli_role_exec *x, const char *sandbox, const char *worker,
                               double wall_s);
 void cli_role_exec_close(cli_role_exec *x);
-/* A bytes frame as a NUL-terminated malloc'd string; NULL (error set) when the frame is
-** missing, not bytes, or holds a NUL. */
-char *cli_frame_text(const prl_bus_msg *m, const char *name);
 
 #endif /* PRL_CLI_H */

@@ -130,7 +130,7 @@ prl_status cli_role_take_welcome(cli_role *r, const prl_bus_msg *m)
     if (!rc) rc = prl_bus_msg_get_str(m, "run_dir", &dir);
     if (!rc) rc = prl_bus_msg_get_uint(m, "seed", &seed);
     if (rc) return rc;
-    char *text = cli_frame_text(m, "config");
+    char *text = prl_bus_msg_text(m, "config");
     if (!text) return PRL_ERR_FORMAT;
     prl_job_config job; /* the role's config changes only when the new one is valid */
     prl_job_config_default(&job);
@@ -201,27 +201,6 @@ prl_status cli_role_next(cli_role *r, int timeout_ms, prl_bus_msg *m, int *got)
         *got = 0;
     }
     return rc;
-}
-
-char *cli_frame_text(const prl_bus_msg *m, const char *name)
-{
-    const prl_bus_frame *f = prl_bus_msg_frame(m, name);
-    if (!f || f->dtype != PRL_BUS_BYTES) {
-        prl_error_set(PRL_ERR_FORMAT, "'%s' message has no bytes frame '%s'", m->type, name);
-        return NULL;
-    }
-    if (memchr(f->data, 0, f->bytes)) {
-        prl_error_set(PRL_ERR_FORMAT, "'%s' frame '%s' holds a NUL byte", m->type, name);
-        return NULL;
-    }
-    char *t = malloc(f->bytes + 1);
-    if (!t) {
-        prl_error_set(PRL_ERR_NOMEM, "frame '%s' of %zu bytes", name, f->bytes);
-        return NULL;
-    }
-    if (f->bytes) memcpy(t, f->data, f->bytes);
-    t[f->bytes] = 0;
-    return t;
 }
 
 /* The cache key of a run: everything the result depends on. */

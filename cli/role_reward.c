@@ -34,8 +34,8 @@ static prl_status score(cli_role *r, const prl_reward_exec *exec, const prl_bus_
     if (!rc) rc = prl_bus_msg_get_uint(m, "step", &step);
     if (!rc) rc = prl_bus_msg_get_uint(m, "prompt", &prompt);
     if (!rc) rc = prl_bus_msg_get_uint(m, "sample", &sample);
-    char *task = rc ? NULL : cli_frame_text(m, "task");
-    char *turns_text = task ? cli_frame_text(m, "turns") : NULL;
+    char *task = rc ? NULL : prl_bus_msg_text(m, "task");
+    char *turns_text = task ? prl_bus_msg_text(m, "turns") : NULL;
     if (!rc && (!task || !turns_text)) rc = PRL_ERR_FORMAT;
     json_error_t je;
     json_t *turns = turns_text ? json_loads(turns_text, 0, &je) : NULL;

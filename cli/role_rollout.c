@@ -119,7 +119,7 @@ static prl_status do_work(rollout_worker *w, const prl_bus_msg *m)
     if (!rc && (count < 1 || count > 1024 || sample > 1u << 20))
         rc = prl_error_set(PRL_ERR_ARG, "work: count %llu must be in 1..1024 and sample %llu at most 2^20",
                            (unsigned long long)count, (unsigned long long)sample);
-    char *task_text = rc ? NULL : cli_frame_text(m, "task");
+    char *task_text = rc ? NULL : prl_bus_msg_text(m, "task");
     json_error_t je;
     json_t *task = task_text ? json_loads(task_text, 0, &je) : NULL;
     free(task_text);

@@ -864,16 +864,6 @@ static const prl_bus_frame *frame_of(const prl_bus_msg *m, const char *name, prl
     return f;
 }
 
-static char *frame_text(const prl_bus_frame *f)
-{
-    if (!f || memchr(f->data, 0, f->bytes)) return NULL;
-    char *t = malloc(f->bytes + 1);
-    if (!t) return NULL;
-    if (f->bytes) memcpy(t, f->data, f->bytes);
-    t[f->bytes] = 0;
-    return t;
-}
-
 /* Refuse the content of a result whose lease the sender really holds: the work goes back to
 ** the queue (a worker that sent garbage once may do it right, or another worker will),
 ** instead of the step waiting forever on a lease nobody will finish. */
@@ -919,7 +909,7 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     const prl_bus_frame *lp = frame_of(m, "logprobs", PRL_BUS_F32, nr, 1);
     const prl_bus_frame *mk = frame_of(m, "mask", PRL_BUS_U8, nr, 1);
     const prl_bus_frame *rt = prl_bus_msg_frame(m, "routes");
-    char *meta = frame_text(prl_bus_msg_frame(m, "meta"));
+    char *meta = prl_bus_msg_text(m, "meta");
     json_error_t je;
     json_t *mj = meta ? json_loads(meta, 0, &je) : NULL;
     json_t *turns = json_object_get(mj, "turns");
@@ -1063,7 +1053,7 @@ static void on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     }
     lease_end(c, lid); /* answered: a bad detail below is scored again */
     s->score_lease = 0;
-    char *detail = frame_text(prl_bus_msg_frame(m, "detail"));
+    char *detail = prl_bus_msg_text(m, "detail");
     json_error_t je;
     json_t *dj = detail ? json_loads(detail, 0, &je) : NULL;
     json_t *score = json_object_get(dj, "score");
@@ -1228,7 +1218,7 @@ static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
                    (long long)c->version, (unsigned long long)(r ? r->train_lease : 0));
         return;
     }
-    char *metrics = frame_text(prl_bus_msg_frame(m, "metrics"));
+    char *metrics = prl_bus_msg_text(m, "metrics");
     json_error_t je;
     json_t *mj = metrics ? json_loads(metrics, 0, &je) : NULL;
     struct stat sb;
