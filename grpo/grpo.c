@@ -83,7 +83,8 @@ prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards,
 
 void prl_grpo_loss_config_default(prl_grpo_loss_config *c)
 {
-    *c = (prl_grpo_loss_config){.clip_low = 0.2, .clip_high = 0.28, .clip_c = 3.0,
+    *c = (prl_grpo_loss_config){.kind = PRL_GRPO_LOSS_PPO_CLIP, .clip_low = 0.2,
+                                .clip_high = 0.28, .clip_c = 3.0,
                                 .agg = PRL_GRPO_AGG_TOKEN_MEAN, .loss_scale_factor = 0};
 }
 
@@ -109,6 +110,8 @@ prl_status prl_grpo_agg_parse(const char *s, prl_grpo_agg *out)
 
 prl_status prl_grpo_loss_config_check(const prl_grpo_loss_config *c)
 {
+    if ((unsigned)c->kind > PRL_GRPO_LOSS_REINFORCE)
+        return prl_error_set(PRL_ERR_ARG, "unknown loss kind %d", (int)c->kind);
     if (!(c->clip_low >= 0 && c->clip_low < 1))
         return prl_error_set(PRL_ERR_ARG, "clip_low %g must be in [0, 1)", c->clip_low);
     if (!(c->clip_high >= 0))
@@ -131,6 +134,11 @@ enum { CLIPPED = 1, DUAL = 2 };
 static double token_loss(double lp_new, double lp_old, double A, const prl_grpo_loss_config *c,
                          double *dlp, int *branch)
 {
+    if (c->kind == PRL_GRPO_LOSS_REINFORCE) { /* plain policy gradient: no ratio to clip */
+        *branch = 0;
+        *dlp = -A;
+        return -A * lp_new;
+    }
     double nkl = lp_new - lp_old, clamped = nkl < -20 ? -20 : nkl > 20 ? 20 : nkl;
     double r = exp(clamped);
     double L1 = -A * r;

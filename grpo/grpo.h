@@ -20,6 +20,8 @@
 
 #include "engine/engine.h"
 
+struct prl_job_config;
+
 /* ---------------------------------------------------------------- advantages ------- */
 
 typedef enum prl_grpo_adv_norm {
@@ -55,7 +57,14 @@ typedef enum prl_grpo_agg {
     PRL_GRPO_AGG_SEQ_MEAN_TOKEN_SUM_NORM = 4 /* needs loss_scale_factor H > 0 */
 } prl_grpo_agg;
 
+typedef enum prl_grpo_loss_kind {
+    PRL_GRPO_LOSS_PPO_CLIP = 0, /* the clipped surrogate above (default) */
+    PRL_GRPO_LOSS_REINFORCE = 1 /* L = −A·lp_new, no ratio, no clip: bypass mode's
+                                ** `reinforce` loss (rl.md §2.1), weighted by detached IS weights */
+} prl_grpo_loss_kind;
+
 typedef struct prl_grpo_loss_config {
+    prl_grpo_loss_kind kind;   /* default PPO_CLIP */
     double clip_low;           /* ε_low, default 0.2 */
     double clip_high;          /* ε_high, default 0.28 (DAPO clip-higher) */
     double clip_c;             /* dual-clip c > 1, default 3; 0 disables the dual clip */
@@ -78,7 +87,8 @@ prl_status prl_grpo_agg_parse(const char *s, prl_grpo_agg *out);
 double prl_grpo_agg_coefficient(const prl_grpo_loss_config *c, int seq_tokens, int n_tokens,
                                 int n_seqs);
 
-/* One token: the clipped surrogate L and ∂L/∂lp_new (A, lp_old constants). */
+/* One token: the clipped surrogate L and ∂L/∂lp_new (A, lp_old constants); with kind
+** REINFORCE, L = −A·lp_new and ∂L/∂lp_new = −A (lp_old unused). */
 double prl_grpo_token_loss(double lp_new, double lp_old, double adv,
                            const prl_grpo_loss_config *c, double *dloss_dlp);
 
@@ -106,6 +116,123 @@ prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_
                                  const float *lp_old, const double *adv, const uint8_t *mask,
                                  const float *iw, int B, int T, int n_tokens, int n_seqs,
                                  float *w, prl_grpo_loss_stats *stats);
+
+/* ---------------------------------------------------------------- mismatch correction */
+/* mismatch.c: the train–infer mismatch corrections of rl.md §2 as per-token weights and keep
+** masks, the PCC-driven choice of a strict or loose threshold setting, and the per-step
+** mismatch metrics of rl.md §6 (docs/grpo.md "Mismatch corrections" has the exact formulas).
+** Inputs are per-token log-probs of the sampled token: `lp` of the training engine (lp_old in
+** decoupled mode; lp_new, detached, in bypass mode) and `lp_mu` of the rollout engine.
+** Token i of sequence s is i ∈ [seq_start[s], seq_start[s+1]); only tokens with mask[i] = 1
+** count. Everything in double, in index order. */
+
+typedef enum prl_grpo_corr {
+    PRL_GRPO_CORR_NONE = 0,  /* w = 1 (default: the update is the uncorrected one) */
+    PRL_GRPO_CORR_TIS = 1,   /* w = min(ρ, C) */
+    PRL_GRPO_CORR_MIS = 2,   /* w = ρ·1[ρ ≤ C] */
+    PRL_GRPO_CORR_ICEPOP = 3,/* w = ρ·1[α ≤ ρ ≤ β] (token level) */
+    PRL_GRPO_CORR_KPOP = 4   /* w = ρ·1[max(D_B(p‖q), D_B(q‖p)) ≤ φ] (token level) */
+} prl_grpo_corr;
+
+typedef enum prl_grpo_corr_level {
+    PRL_GRPO_LEVEL_TOKEN = 0,   /* ρ = exp(lp − lp_mu) per token */
+    PRL_GRPO_LEVEL_SEQUENCE = 1 /* ρ = exp(Σ_t (lp − lp_mu)) over the sequence's valid tokens,
+                                ** broadcast (TIS and MIS only) */
+} prl_grpo_corr_level;
+
+typedef enum prl_grpo_corr_mode {
+    PRL_GRPO_MODE_DECOUPLED = 0, /* PPO ratio lp_new − lp_old; w from lp_old vs lp_mu, once */
+    PRL_GRPO_MODE_BYPASS = 1     /* lp_old := lp_mu; w (reinforce only) from lp_new vs lp_mu */
+} prl_grpo_corr_mode;
+
+typedef enum prl_grpo_denominator {
+    PRL_GRPO_DENOM_ORIGINAL = 0, /* the aggregation counts the loss tokens before masking */
+    PRL_GRPO_DENOM_KEPT = 1      /* it counts only the tokens the correction keeps (verl RS) */
+} prl_grpo_denominator;
+
+/* One threshold setting (the loose or the strict one of the PCC rule). */
+typedef struct prl_grpo_corr_bounds {
+    double tis_cap;                 /* C of TIS, > 0 (default 2) */
+    double mis_cap;                 /* C of MIS, > 0 (default 2) */
+    double icepop_low, icepop_high; /* [α, β], 0 < α <= β (default [0.5, 5]) */
+    double kpop_phi;                /* φ > 0 (default 0.75) */
+} prl_grpo_corr_bounds;
+
+typedef struct prl_grpo_corr_config {
+    prl_grpo_corr kind;               /* grpo.correction.kind */
+    prl_grpo_corr_level level;        /* grpo.correction.level */
+    prl_grpo_corr_mode mode;          /* grpo.correction.mode */
+    prl_grpo_loss_kind bypass_loss;   /* grpo.correction.bypass_loss (bypass mode only) */
+    prl_grpo_denominator denominator; /* grpo.correction.denominator */
+    prl_grpo_corr_bounds loose;       /* grpo.correction.{tis_cap, ...}: the default setting */
+    prl_grpo_corr_bounds strict;      /* grpo.correction.strict.*: used when the PCC rule fires */
+    int pcc_rule;                     /* grpo.correction.pcc_rule: 1 = pick by the batch PCC */
+    double pcc_threshold;             /* grpo.correction.pcc_threshold: PCC below it → strict */
+    double extreme_ratio;             /* grpo.correction.extreme_ratio τ > 1 of the metric F(τ) */
+} prl_grpo_corr_config;
+
+void prl_grpo_corr_config_default(prl_grpo_corr_config *c);
+/* Ranges and the cross rules (errors name the key grpo.correction.*): KPop, IcePop need token
+** level and KPop decoupled mode; bypass with ppo_clip takes no correction (the PPO ratio
+** already is π_θ/π_infer: a weight would count the mismatch twice); bypass with `kept` is
+** refused (its weights change with every forward); the strict setting must be at least as
+** strict as the loose one (caps and φ not larger, [α, β] inside). */
+prl_status prl_grpo_corr_config_check(const prl_grpo_corr_config *c);
+/* From the job's grpo.correction.* keys (choices already validated by the key table). */
+prl_status prl_grpo_corr_config_from_job(prl_grpo_corr_config *c, const struct prl_job_config *j);
+const char *prl_grpo_corr_name(prl_grpo_corr k);            /* "none", "tis", ... */
+const char *prl_grpo_denominator_name(prl_grpo_denominator d); /* "original", "kept" */
+
+/* The PCC rule: *out = the strict setting when c->pcc_rule is on and pcc < pcc_threshold or
+** pcc is NaN (undefined: fewer than 2 tokens or a constant vector — no evidence of agreement,
+** so the safe side), else the loose setting. Returns 1 when strict was chosen. */
+int prl_grpo_corr_select(const prl_grpo_corr_config *c, double pcc, prl_grpo_corr_bounds *out);
+
+/* KPop's metric of one token: max(D_B(p‖q), D_B(q‖p)) with p = clamp(e^lp, 1e-8, 1 − 1e-8),
+** q likewise from lp_mu, D_B the Bernoulli KL (rl.md §2.6). NaN in → NaN out. */
+double prl_grpo_kpop_metric(double lp, double lp_mu);
+
+typedef struct prl_grpo_corr_stats {
+    long tokens;     /* valid tokens (mask 1) */
+    long masked;     /* valid tokens with keep 0 */
+    long truncated;  /* valid tokens whose weight TIS capped (ρ > C) */
+    double w_mean, w_min, w_max; /* of the weights over the valid tokens (0 when none) */
+    double ess;      /* (Σw)² / (N·Σw²), in (0, 1]; NaN when every weight is 0 */
+} prl_grpo_corr_stats;
+
+/* Weights w[i] (detached) and keep[i] of n_seq sequences with bounds `bd` and c->kind /
+** c->level (mode and PCC rule are the caller's). Off the mask w = 0, keep = 0. keep = 0 marks
+** a token the correction masks (MIS, IcePop, KPop, or any token whose ratio is NaN: it cannot
+** be judged); TIS never masks. Log-ratios are clamped to ±20 before exp (verl). KPop follows
+** rl.md §2.6 exactly (a NaN metric masks; a non-finite log-ratio of a kept token gives w = 1).
+** keep and st may be NULL. */
+prl_status prl_grpo_corr_weights(const prl_grpo_corr_config *c, const prl_grpo_corr_bounds *bd,
+                                 const float *lp, const float *lp_mu, const uint8_t *mask,
+                                 const int32_t *seq_start, int n_seq, float *w, uint8_t *keep,
+                                 prl_grpo_corr_stats *st);
+
+/* The per-step mismatch metrics (rl.md §6) of train log-probs vs rollout log-probs over the
+** valid tokens; d = lp_train − lp_infer, r = exp(clamp(d, ±20)), p = e^lp. NaN (JSON null)
+** where undefined (no tokens; PCC of < 2 tokens or a constant vector). */
+typedef struct prl_grpo_mismatch_stats {
+    long tokens;                       /* valid tokens */
+    double logprob_diff_mean, logprob_diff_max; /* |d| */
+    double prob_diff_mean, prob_diff_max, prob_diff_std; /* |p_tr − p_inf|, std unbiased */
+    double pcc, pcc_logprob;           /* Pearson of probabilities, of log-probabilities */
+    double k1, k2, k3;                 /* mean −d, mean d²/2, mean (r − log r − 1) */
+    double chi2_token, chi2_seq;       /* mean r² − 1; mean over sequences of R² − 1 */
+    double ess;                        /* ESS of the raw ratios r */
+    double extreme_frac;               /* share with r > τ or r < 1/τ */
+    int strict;                        /* 1: the PCC rule picked the strict setting */
+    /* what each correction would do at the chosen setting (masks over valid tokens) */
+    double tis_clipfrac, mis_masked_frac, icepop_masked_frac, kpop_masked_frac;
+} prl_grpo_mismatch_stats;
+
+/* Fills *st (and *bd, the setting chosen by the PCC rule, when not NULL). */
+prl_status prl_grpo_mismatch_metrics(const prl_grpo_corr_config *c, const float *lp_train,
+                                     const float *lp_infer, const uint8_t *mask,
+                                     const int32_t *seq_start, int n_seq,
+                                     prl_grpo_mismatch_stats *st, prl_grpo_corr_bounds *bd);
 
 /* ---------------------------------------------------------------- training step ---- */
 /* trainer.c: one step's samples (the bus `train` message, docs/pipeline.md) and the GRPO

@@ -46,6 +46,26 @@ static const prl_key_spec keys[] = {
     {"grpo.kl_coef", PRL_KEY_REAL, F(kl_coef), 0, 1e3, "0", NULL},
     {"grpo.ppo_epochs", PRL_KEY_INT, F(ppo_epochs), 1, 100, "1", NULL},
     {"grpo.minibatches", PRL_KEY_INT, F(minibatches), 1, 4096, "1", NULL},
+    {"grpo.correction.kind", PRL_KEY_STR, F(corr_kind), 0, 0, "\"none\"", "none|tis|mis|icepop|kpop"},
+    {"grpo.correction.level", PRL_KEY_STR, F(corr_level), 0, 0, "\"token\"", "token|sequence"},
+    {"grpo.correction.mode", PRL_KEY_STR, F(corr_mode), 0, 0, "\"decoupled\"", "decoupled|bypass"},
+    {"grpo.correction.bypass_loss", PRL_KEY_STR, F(corr_bypass_loss), 0, 0, "\"ppo_clip\"",
+     "ppo_clip|reinforce"},
+    {"grpo.correction.denominator", PRL_KEY_STR, F(corr_denominator), 0, 0, "\"original\"",
+     "original|kept"},
+    {"grpo.correction.tis_cap", PRL_KEY_REAL, F(tis_cap), 1e-6, 1e6, "2.0", NULL},
+    {"grpo.correction.mis_cap", PRL_KEY_REAL, F(mis_cap), 1e-6, 1e6, "2.0", NULL},
+    {"grpo.correction.icepop_low", PRL_KEY_REAL, F(icepop_low), 1e-6, 1e6, "0.5", NULL},
+    {"grpo.correction.icepop_high", PRL_KEY_REAL, F(icepop_high), 1e-6, 1e6, "5.0", NULL},
+    {"grpo.correction.kpop_phi", PRL_KEY_REAL, F(kpop_phi), 1e-9, 1e3, "0.75", NULL},
+    {"grpo.correction.strict.tis_cap", PRL_KEY_REAL, F(strict_tis_cap), 1e-6, 1e6, "1.5", NULL},
+    {"grpo.correction.strict.mis_cap", PRL_KEY_REAL, F(strict_mis_cap), 1e-6, 1e6, "1.5", NULL},
+    {"grpo.correction.strict.icepop_low", PRL_KEY_REAL, F(strict_icepop_low), 1e-6, 1e6, "0.8", NULL},
+    {"grpo.correction.strict.icepop_high", PRL_KEY_REAL, F(strict_icepop_high), 1e-6, 1e6, "1.25", NULL},
+    {"grpo.correction.strict.kpop_phi", PRL_KEY_REAL, F(strict_kpop_phi), 1e-9, 1e3, "0.1", NULL},
+    {"grpo.correction.pcc_rule", PRL_KEY_BOOL, F(pcc_rule), 0, 1, "false", NULL},
+    {"grpo.correction.pcc_threshold", PRL_KEY_REAL, F(pcc_threshold), -1, 1, "0.99", NULL},
+    {"grpo.correction.extreme_ratio", PRL_KEY_REAL, F(extreme_ratio), 1.000001, 1e6, "2.0", NULL},
     {"optim.kind", PRL_KEY_STR, F(optimizer), 0, 0, "\"adamw\"", "adamw|muon"},
     {"optim.lr", PRL_KEY_REAL, F(lr), 1e-12, 10, "1e-5", NULL},
     {"optim.weight_decay", PRL_KEY_REAL, F(weight_decay), 0, 10, "0", NULL},
@@ -72,8 +92,45 @@ prl_status prl_job_config_parse(prl_job_config *c, const char *json_text, const 
 prl_status prl_job_config_load(prl_job_config *c, const char *path) { return prl_keys_load(&table, c, path); }
 prl_status prl_job_config_set(prl_job_config *c, const char *assignment) { return prl_keys_set(&table, c, assignment); }
 
+/* grpo.correction's cross-key rules, on the strings, so that `prl run` refuses a bad job
+** before any process starts (the trainer's prl_grpo_corr_config_check applies the same rules
+** to the parsed struct, for callers that build it by hand). */
+static prl_status check_correction(const prl_job_config *c, const char *source)
+{
+    int bypass = !strcmp(c->corr_mode, "bypass"), token_only = !strcmp(c->corr_kind, "icepop") ||
+                                                               !strcmp(c->corr_kind, "kpop");
+    if (token_only && !strcmp(c->corr_level, "sequence"))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.level' = sequence: only "
+                             "tis and mis have a sequence level, not %s", source, c->corr_kind);
+    if (!bypass && strcmp(c->corr_bypass_loss, "ppo_clip"))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.bypass_loss' = %s needs "
+                             "grpo.correction.mode = bypass", source, c->corr_bypass_loss);
+    if (bypass && !strcmp(c->corr_kind, "kpop"))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.kind' = kpop needs "
+                             "grpo.correction.mode = decoupled", source);
+    if (bypass && !strcmp(c->corr_bypass_loss, "ppo_clip") && strcmp(c->corr_kind, "none"))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.kind' = %s with mode = "
+                             "bypass needs grpo.correction.bypass_loss = reinforce (the PPO ratio "
+                             "already corrects the mismatch)", source, c->corr_kind);
+    if (bypass && !strcmp(c->corr_denominator, "kept"))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.denominator' = kept needs "
+                             "grpo.correction.mode = decoupled", source);
+    if (c->icepop_low > c->icepop_high || c->strict_icepop_low > c->strict_icepop_high)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.icepop_low' must be <= "
+                             "icepop_high (also under strict.)", source);
+    if (c->strict_tis_cap > c->tis_cap || c->strict_mis_cap > c->mis_cap ||
+        c->strict_kpop_phi > c->kpop_phi || c->strict_icepop_low < c->icepop_low ||
+        c->strict_icepop_high > c->icepop_high)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.strict.*': the strict "
+                             "setting must be at least as strict as the loose one (caps and "
+                             "kpop_phi not larger, [icepop_low, icepop_high] inside)", source);
+    return PRL_OK;
+}
+
 prl_status prl_job_config_check(const prl_job_config *c, const char *source)
 {
+    prl_status rc = check_correction(c, source);
+    if (rc) return rc;
     if ((long)c->batch_prompts * c->group_size <= 0)
         return prl_error_set(PRL_ERR_CONFIG, "%s: rollout.batch_prompts x rollout.group_size = %d x %d "
                              "must be > 0", source, c->batch_prompts, c->group_size);

@@ -42,6 +42,17 @@ typedef struct prl_job_config {
     double adv_eps, clip_low, clip_high, clip_c, loss_scale_factor, kl_coef;
     char *loss_agg;              /* token-mean | ... */
     int ppo_epochs, minibatches;
+    /* grpo.correction: train–infer mismatch correction (docs/grpo.md "Mismatch corrections") */
+    char *corr_kind;             /* none | tis | mis | icepop | kpop */
+    char *corr_level;            /* token | sequence */
+    char *corr_mode;             /* decoupled | bypass */
+    char *corr_bypass_loss;      /* ppo_clip | reinforce */
+    char *corr_denominator;      /* original | kept */
+    double tis_cap, mis_cap, icepop_low, icepop_high, kpop_phi;          /* the loose setting */
+    double strict_tis_cap, strict_mis_cap, strict_icepop_low, strict_icepop_high,
+        strict_kpop_phi;                                                 /* the strict setting */
+    int pcc_rule;                /* pick the setting by the batch's train–rollout PCC */
+    double pcc_threshold, extreme_ratio;
     /* optim */
     char *optimizer;             /* adamw | muon */
     double lr, weight_decay, grad_clip;
