@@ -196,6 +196,7 @@ typedef struct prl_grpo_corr_stats {
     long tokens;     /* valid tokens (mask 1) */
     long masked;     /* valid tokens with keep 0 */
     long truncated;  /* valid tokens whose weight TIS capped (ρ > C) */
+    double w_sum, w_sq;          /* Σ w, Σ w² over the valid tokens */
     double w_mean, w_min, w_max; /* of the weights over the valid tokens (0 when none) */
     double ess;      /* (Σw)² / (N·Σw²), in (0, 1]; NaN when every weight is 0 */
 } prl_grpo_corr_stats;
@@ -290,6 +291,7 @@ typedef struct prl_grpo_train_config {
     double temperature;          /* rollout.temperature: log-probs of softmax(logits / τ) */
     double kl_coef;              /* grpo.kl_coef: weight of the k3 KL to `ref` (0 = off) */
     prl_model *ref;              /* borrowed reference model (needed iff kl_coef > 0) */
+    prl_grpo_corr_config corr;   /* grpo.correction.*: default none (the plain update) */
 } prl_grpo_train_config;
 
 void prl_grpo_train_config_default(prl_grpo_train_config *c);
@@ -318,6 +320,12 @@ typedef struct prl_grpo_step_stats {
     double lr;              /* learning rate of the last update */
     double mismatch;        /* mean |train old logp − infer logp| over the loss tokens */
     double mismatch_max;
+    prl_grpo_mismatch_stats mm; /* rl.md §6 metrics of the old vs the infer log-probs */
+    prl_grpo_corr_config corr;  /* the correction applied (logged with every step) */
+    /* the applied correction over the loss tokens it scored (decoupled: once; bypass: every
+    ** forward of every update, pooled) */
+    double corr_masked_frac;    /* share masked */
+    double is_weight_mean, is_weight_min, is_weight_max, is_weight_ess;
     double seconds;         /* wall time of the step */
 } prl_grpo_step_stats;
 

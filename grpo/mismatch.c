@@ -285,6 +285,7 @@ prl_status prl_grpo_corr_weights(const prl_grpo_corr_config *c, const prl_grpo_c
             stats_add(&st, &sum, &sq, wi, kept, capped);
         }
     }
+    st.w_sum = sum, st.w_sq = sq;
     if (st.tokens) {
         st.w_mean = sum / st.tokens;
         st.ess = sq > 0 ? sum * sum / ((double)st.tokens * sq) : NAN;

@@ -222,6 +222,7 @@ void prl_grpo_train_config_default(prl_grpo_train_config *c)
                                  .minibatches = 1, .micro_rows = 8, .grad_clip = 1.0,
                                  .temperature = 1.0};
     prl_grpo_loss_config_default(&c->loss);
+    prl_grpo_corr_config_default(&c->corr);
 }
 
 prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_job_config *j)
@@ -243,6 +244,8 @@ prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_jo
     c->grad_clip = j->grad_clip;
     c->temperature = j->temperature > 0 ? j->temperature : 1.0; /* greedy rollouts score at τ = 1 */
     c->kl_coef = j->kl_coef;
+    rc = prl_grpo_corr_config_from_job(&c->corr, j);
+    if (rc) return rc;
     return prl_grpo_train_config_check(c);
 }
 
@@ -274,7 +277,10 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
         return prl_error_set(PRL_ERR_CONFIG, "rollout.temperature %g must be > 0", c->temperature);
     if (!(c->kl_coef >= 0 && isfinite(c->kl_coef)))
         return prl_error_set(PRL_ERR_CONFIG, "grpo.kl_coef %g must be >= 0", c->kl_coef);
-    return PRL_OK;
+    if (c->loss.kind != PRL_GRPO_LOSS_PPO_CLIP) /* reinforce comes with bypass mode only */
+        return prl_error_set(PRL_ERR_CONFIG, "grpo: the loss kind is set by "
+                             "grpo.correction.bypass_loss, not in the loss config");
+    return prl_grpo_corr_config_check(&c->corr);
 }
 
 /* ------------------------------------------------------------------ the step -------- */
@@ -285,6 +291,22 @@ static double now_s(void)
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
+
+/* The mismatch correction of a step (rl.md §2): flat [n_response] arrays in the batch's
+** response layout, [micro_rows × ctx] row arrays, and the applied weights' running sums. */
+typedef struct step_corr {
+    int active;           /* a correction multiplies the token losses (kind != none) */
+    int bypass;           /* lp_old := lp_mu */
+    prl_grpo_corr_bounds bd; /* the setting the PCC rule picked */
+    int32_t *seq_start;   /* [n + 1] response offsets of the samples */
+    uint8_t *mask;        /* [n_response] loss tokens of the kept samples */
+    float *iw;            /* [n_response] decoupled weights */
+    uint8_t *keep;        /* [n_response] decoupled keep mask */
+    float *iw_rows;       /* [micro_rows × ctx] */
+    int32_t *row_start;   /* [micro_rows + 1] */
+    long n, masked;       /* applied: tokens scored, tokens masked */
+    double sum, sq, min, max;
+} step_corr;
 
 /* Everything one step owns; rows × ctx arrays are sized for one micro-batch. */
 typedef struct step_ctx {
@@ -302,6 +324,7 @@ typedef struct step_ctx {
     float *lp_new, *old_rows, *ref_rows; /* [micro_rows × ctx] */
     uint8_t *mask_rows;   /* [micro_rows × ctx] */
     double *adv_rows;     /* [micro_rows] */
+    step_corr corr;       /* the mismatch correction's state */
 } step_ctx;
 
 static void step_free(step_ctx *s)
@@ -310,6 +333,8 @@ static void step_free(step_ctx *s)
     prl_batch_buf_free(&s->bb);
     free(s->train), free(s->lp_new), free(s->old_rows), free(s->ref_rows);
     free(s->mask_rows), free(s->adv_rows);
+    free(s->corr.seq_start), free(s->corr.mask), free(s->corr.iw), free(s->corr.keep);
+    free(s->corr.iw_rows), free(s->corr.row_start);
 }
 
 static prl_status step_alloc(step_ctx *s)
@@ -327,8 +352,16 @@ static prl_status step_alloc(step_ctx *s)
     s->ref_rows = malloc(rows * sizeof *s->ref_rows);
     s->mask_rows = malloc(rows);
     s->adv_rows = malloc((size_t)s->c->micro_rows * sizeof *s->adv_rows);
+    s->corr.seq_start = malloc(((size_t)b->n + 1) * sizeof *s->corr.seq_start);
+    s->corr.mask = calloc(nr, 1);
+    s->corr.iw = calloc(nr, sizeof *s->corr.iw);
+    s->corr.keep = calloc(nr, 1);
+    s->corr.iw_rows = malloc(rows * sizeof *s->corr.iw_rows);
+    s->corr.row_start = malloc(((size_t)s->c->micro_rows + 1) * sizeof *s->corr.row_start);
     if (!s->kept || !s->first || !s->adv || !s->lp_old || !s->lp_ref || !s->train ||
-        !s->lp_new || !s->old_rows || !s->ref_rows || !s->mask_rows || !s->adv_rows)
+        !s->lp_new || !s->old_rows || !s->ref_rows || !s->mask_rows || !s->adv_rows ||
+        !s->corr.seq_start || !s->corr.mask || !s->corr.iw || !s->corr.keep ||
+        !s->corr.iw_rows || !s->corr.row_start)
         return prl_error_set(PRL_ERR_NOMEM, "grpo step of %d samples", b->n);
     return prl_batch_buf_init(&s->bb, s->c->micro_rows, s->ctx);
 }
@@ -444,7 +477,10 @@ static void mask_of_rows(const prl_batch *batch, uint8_t *mask)
     for (size_t p = 0; p < (size_t)batch->B * batch->T; p++) mask[p] = batch->targets[p] >= 0;
 }
 
-/* Old (and reference) log-probs of every kept sample, before any update; the mismatch stats. */
+static prl_status step_corr_prepare(step_ctx *s, prl_grpo_step_stats *st);
+
+/* Old (and reference) log-probs of every kept sample, before any update; the mismatch stats
+** and the decoupled correction weights. */
 static prl_status step_recompute(step_ctx *s, prl_grpo_step_stats *st)
 {
     prl_status rc = PRL_OK;
@@ -459,20 +495,7 @@ static prl_status step_recompute(step_ctx *s, prl_grpo_step_stats *st)
         }
     }
     if (rc) return prl_error_wrap(rc, "grpo step: old log-probs: ");
-    double sum = 0;
-    long n = 0;
-    for (int k = 0; k < s->n_kept; k++) {
-        int i = s->kept[k];
-        size_t first = s->first[i];
-        for (int j = 0; j < response_len(s->b, i); j++) {
-            if (!s->b->mask[first + j]) continue;
-            double d = fabs((double)s->lp_old[first + j] - s->b->logprobs[first + j]);
-            sum += d, n++;
-            st->mismatch_max = fmax(st->mismatch_max, d);
-        }
-    }
-    st->mismatch = n ? sum / n : 0;
-    return PRL_OK;
+    return step_corr_prepare(s, st);
 }
 
 /* The k3 KL to the reference (rl.md §1.4) of the rows' loss tokens, added to the token weights
@@ -498,33 +521,45 @@ static double add_kl(step_ctx *s, const prl_batch *batch, int n_tokens, int n_se
     return kl;
 }
 
-/* Valid tokens and sequences of kept samples [k0, k1). */
-static void count_tokens(const step_ctx *s, int k0, int k1, int *n_tokens, int *n_seqs)
+/* Valid tokens and sequences of kept samples [k0, k1); with `keep`, only the tokens the
+** correction keeps (denominator `kept`, rl.md §2.8). */
+static void count_tokens(const step_ctx *s, int k0, int k1, const uint8_t *keep, int *n_tokens,
+                         int *n_seqs)
 {
     *n_tokens = *n_seqs = 0;
     for (int k = k0; k < k1; k++) {
         int i = s->kept[k], v = 0;
-        for (int j = 0; j < response_len(s->b, i); j++) v += s->b->mask[s->first[i] + j];
+        for (int j = 0; j < response_len(s->b, i); j++) {
+            size_t f = s->first[i] + j;
+            v += s->b->mask[f] && (!keep || keep[f]);
+        }
         *n_tokens += v, *n_seqs += v > 0;
     }
 }
+
+static const uint8_t *step_corr_count_keep(const step_ctx *s);
+static prl_grpo_loss_config step_corr_loss(const step_ctx *s);
+static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, const float **iw);
 
 /* Forward + backward of the micro-batches of kept samples [k0, k1); sums the parts' stats. */
 static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_stats *sum,
                                   double *kl)
 {
     int n_tokens, n_seqs;
-    count_tokens(s, k0, k1, &n_tokens, &n_seqs);
+    count_tokens(s, k0, k1, step_corr_count_keep(s), &n_tokens, &n_seqs);
+    prl_grpo_loss_config loss = step_corr_loss(s);
     prl_status rc = PRL_OK;
     for (int r0 = k0; rc == PRL_OK && r0 < k1; r0 += s->c->micro_rows) {
         int rows = k1 - r0 < s->c->micro_rows ? k1 - r0 : s->c->micro_rows;
         prl_batch batch = pack_rows(s, r0, rows);
         if ((rc = prl_model_forward(s->m, &batch, s->lp_new, NULL))) break;
-        flat_to_rows(s, r0, &batch, s->lp_old, s->old_rows);
+        flat_to_rows(s, r0, &batch, s->corr.bypass ? s->b->logprobs : s->lp_old, s->old_rows);
         mask_of_rows(&batch, s->mask_rows);
+        const float *iw = NULL;
+        if ((rc = step_corr_rows(s, r0, &batch, &iw))) break;
         prl_grpo_loss_stats part;
-        rc = prl_grpo_loss_partial(&s->c->loss, s->lp_new, s->old_rows, s->adv_rows, s->mask_rows,
-                                   NULL, rows, batch.T, n_tokens, n_seqs, s->bb.weights, &part);
+        rc = prl_grpo_loss_partial(&loss, s->lp_new, s->old_rows, s->adv_rows, s->mask_rows,
+                                   iw, rows, batch.T, n_tokens, n_seqs, s->bb.weights, &part);
         if (rc) break;
         if (s->c->kl_coef > 0) {
             flat_to_rows(s, r0, &batch, s->lp_ref, s->ref_rows);
@@ -564,6 +599,8 @@ static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grp
     return PRL_OK;
 }
 
+static void step_corr_stats(const step_ctx *s, prl_grpo_step_stats *st);
+
 static prl_status step_run(step_ctx *s, prl_optim *o, prl_grpo_step_stats *st)
 {
     prl_status rc = step_advantages(s, st);
@@ -579,6 +616,7 @@ static prl_status step_run(step_ctx *s, prl_optim *o, prl_grpo_step_stats *st)
         st->loss /= u, st->clipfrac /= u, st->clipfrac_lower /= u, st->ppo_kl /= u;
         st->kl /= u, st->grad_norm /= u;
     }
+    if (rc == PRL_OK) step_corr_stats(s, st);
     return rc;
 }
 
@@ -608,7 +646,136 @@ prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch 
     return rc;
 }
 
+/* ------------------------------------------------------------------ mismatch correction */
+/* rl.md §2 in the step (docs/grpo.md "Mismatch corrections"): the metrics and the PCC rule
+** once per step from the old log-probs, the weights once (decoupled) or per forward (bypass),
+** the denominator's token count. Kept apart from the forward/backward code above. */
+
+/* Pool one weight computation into the step's applied-correction sums. */
+static void corr_add(step_corr *k, const prl_grpo_corr_stats *cs)
+{
+    if (!cs->tokens) return;
+    k->min = k->n ? fmin(k->min, cs->w_min) : cs->w_min;
+    k->max = k->n ? fmax(k->max, cs->w_max) : cs->w_max;
+    k->n += cs->tokens, k->masked += cs->masked;
+    k->sum += cs->w_sum, k->sq += cs->w_sq;
+}
+
+/* After the old log-probs: the metrics over the kept samples' loss tokens, the setting the
+** PCC rule picks and, in decoupled mode, the weights and keep mask of every token. */
+static prl_status step_corr_prepare(step_ctx *s, prl_grpo_step_stats *st)
+{
+    const prl_grpo_batch *b = s->b;
+    const prl_grpo_corr_config *c = &s->c->corr;
+    step_corr *k = &s->corr;
+    k->active = c->kind != PRL_GRPO_CORR_NONE;
+    k->bypass = c->mode == PRL_GRPO_MODE_BYPASS;
+    for (int i = 0; i < b->n; i++) k->seq_start[i] = (int32_t)s->first[i];
+    k->seq_start[b->n] = (int32_t)b->n_response;
+    memset(k->mask, 0, b->n_response); /* dropped samples are not measured */
+    for (int j = 0; j < s->n_kept; j++) {
+        int i = s->kept[j];
+        memcpy(k->mask + s->first[i], b->mask + s->first[i], (size_t)response_len(b, i));
+    }
+    prl_status rc = prl_grpo_mismatch_metrics(c, s->lp_old, b->logprobs, k->mask, k->seq_start,
+                                              b->n, &st->mm, &k->bd);
+    if (rc) return prl_error_wrap(rc, "grpo step: ");
+    st->mismatch = st->mm.tokens ? st->mm.logprob_diff_mean : 0;
+    st->mismatch_max = st->mm.tokens ? st->mm.logprob_diff_max : 0;
+    if (k->bypass) return PRL_OK; /* bypass weights come with every forward (step_corr_rows) */
+    prl_grpo_corr_stats cs;
+    rc = prl_grpo_corr_weights(c, &k->bd, s->lp_old, b->logprobs, k->mask, k->seq_start, b->n,
+                               k->iw, k->keep, &cs);
+    if (rc) return prl_error_wrap(rc, "grpo step: ");
+    corr_add(k, &cs);
+    return PRL_OK;
+}
+
+/* The keep mask the token count uses: only with denominator `kept` and a correction on. */
+static const uint8_t *step_corr_count_keep(const step_ctx *s)
+{
+    return s->corr.active && s->c->corr.denominator == PRL_GRPO_DENOM_KEPT ? s->corr.keep : NULL;
+}
+
+/* The token loss: bypass mode's `reinforce`, else the configured clipped surrogate. */
+static prl_grpo_loss_config step_corr_loss(const step_ctx *s)
+{
+    prl_grpo_loss_config l = s->c->loss;
+    if (s->c->corr.mode == PRL_GRPO_MODE_BYPASS) l.kind = s->c->corr.bypass_loss;
+    return l;
+}
+
+/* The micro-batch's token weights (*iw, NULL when no correction): decoupled — the step's
+** weights moved to the rows, and with denominator `kept` the masked tokens leave the rows'
+** loss mask; bypass — computed from this forward's lp_new (detached) against the rollout's
+** log-probs, which old_rows holds in bypass mode. */
+static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, const float **iw)
+{
+    step_corr *k = &s->corr;
+    *iw = NULL;
+    if (!k->active) return PRL_OK;
+    if (!k->bypass) {
+        flat_to_rows(s, k0, batch, k->iw, k->iw_rows);
+        if (step_corr_count_keep(s))
+            for (int r = 0; r < batch->B; r++) {
+                int i = s->kept[k0 + r], pl = s->b->prompt_lens[i];
+                for (int j = 0; j < response_len(s->b, i); j++)
+                    s->mask_rows[(size_t)r * batch->T + pl - 1 + j] &= k->keep[s->first[i] + j];
+            }
+        *iw = k->iw_rows;
+        return PRL_OK;
+    }
+    for (int r = 0; r <= batch->B; r++) k->row_start[r] = r * batch->T;
+    prl_grpo_corr_stats cs;
+    prl_status rc = prl_grpo_corr_weights(&s->c->corr, &k->bd, s->lp_new, s->old_rows,
+                                          s->mask_rows, k->row_start, batch->B, k->iw_rows, NULL,
+                                          &cs);
+    if (rc) return rc;
+    corr_add(k, &cs);
+    *iw = k->iw_rows;
+    return PRL_OK;
+}
+
+/* The applied correction's stats (all 1, nothing masked, when there is none). */
+static void step_corr_stats(const step_ctx *s, prl_grpo_step_stats *st)
+{
+    const step_corr *k = &s->corr;
+    st->corr = s->c->corr;
+    if (!k->active) {
+        st->is_weight_mean = st->is_weight_min = st->is_weight_max = st->is_weight_ess = 1;
+        return;
+    }
+    st->corr_masked_frac = k->n ? (double)k->masked / k->n : NAN;
+    st->is_weight_mean = k->n ? k->sum / k->n : NAN;
+    st->is_weight_min = k->n ? k->min : NAN;
+    st->is_weight_max = k->n ? k->max : NAN;
+    st->is_weight_ess = k->sq > 0 ? k->sum * k->sum / ((double)k->n * k->sq) : NAN;
+}
+
 /* ------------------------------------------------------------------ metrics --------- */
+
+/* The mismatch metrics and the applied correction (rl.md §6), flat beside the step's stats. */
+static void mismatch_to_json(json_t *o, const prl_grpo_step_stats *st)
+{
+    const prl_grpo_mismatch_stats *m = &st->mm;
+    json_object_set_new(o, "correction", json_string(prl_grpo_corr_name(st->corr.kind)));
+    json_object_set_new(o, "correction_mode", json_string(st->corr.mode == PRL_GRPO_MODE_BYPASS
+                                                              ? "bypass" : "decoupled"));
+    json_object_set_new(o, "denominator", json_string(prl_grpo_denominator_name(st->corr.denominator)));
+    json_object_set_new(o, "pcc_strict", json_integer(m->strict));
+    const struct { const char *k; double v; } reals[] = {
+        {"prob_diff_mean", m->prob_diff_mean}, {"prob_diff_max", m->prob_diff_max},
+        {"prob_diff_std", m->prob_diff_std}, {"pcc", m->pcc}, {"pcc_logprob", m->pcc_logprob},
+        {"k1", m->k1}, {"k2", m->k2}, {"k3", m->k3}, {"chi2_token", m->chi2_token},
+        {"chi2_seq", m->chi2_seq}, {"ess", m->ess}, {"extreme_frac", m->extreme_frac},
+        {"tis_clipfrac", m->tis_clipfrac}, {"mis_masked_frac", m->mis_masked_frac},
+        {"icepop_masked_frac", m->icepop_masked_frac}, {"kpop_masked_frac", m->kpop_masked_frac},
+        {"corr_masked_frac", st->corr_masked_frac}, {"is_weight_mean", st->is_weight_mean},
+        {"is_weight_min", st->is_weight_min}, {"is_weight_max", st->is_weight_max},
+        {"is_weight_ess", st->is_weight_ess}};
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) /* JSON has no NaN: null */
+        json_object_set_new(o, reals[i].k, isfinite(reals[i].v) ? json_real(reals[i].v) : json_null());
+}
 
 char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
 {
@@ -630,6 +797,7 @@ char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
         json_object_set_new(o, ints[i].k, json_integer(ints[i].v));
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) /* JSON has no NaN: null */
         json_object_set_new(o, reals[i].k, isfinite(reals[i].v) ? json_real(reals[i].v) : json_null());
+    mismatch_to_json(o, st);
     char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     return text;
