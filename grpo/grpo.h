@@ -175,8 +175,8 @@ void prl_grpo_corr_config_default(prl_grpo_corr_config *c);
 /* Ranges and the cross rules (errors name the key grpo.correction.*): KPop, IcePop need token
 ** level and KPop decoupled mode; bypass with ppo_clip takes no correction (the PPO ratio
 ** already is π_θ/π_infer: a weight would count the mismatch twice); bypass with `kept` is
-** refused (its weights change with every forward); the strict setting must be at least as
-** strict as the loose one (caps and φ not larger, [α, β] inside). */
+** refused (its weights change with every forward); with the PCC rule on, the strict setting
+** must be at least as strict as the loose one (caps and φ not larger, [α, β] inside). */
 prl_status prl_grpo_corr_config_check(const prl_grpo_corr_config *c);
 /* From the job's grpo.correction.* keys (choices already validated by the key table). */
 prl_status prl_grpo_corr_config_from_job(prl_grpo_corr_config *c, const struct prl_job_config *j);

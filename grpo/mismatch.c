@@ -121,7 +121,7 @@ prl_status prl_grpo_corr_config_check(const prl_grpo_corr_config *c)
                              "denominator out of range");
     prl_status rc = check_bounds(&c->loose, "");
     if (rc == PRL_OK) rc = check_bounds(&c->strict, "strict.");
-    if (rc == PRL_OK) rc = check_stricter(&c->strict, &c->loose);
+    if (rc == PRL_OK && c->pcc_rule) rc = check_stricter(&c->strict, &c->loose);
     if (rc) return rc;
     if (!(c->pcc_threshold >= -1 && c->pcc_threshold <= 1))
         return prl_error_set(PRL_ERR_CONFIG, "grpo.correction.pcc_threshold %g must be in [-1, 1]",

@@ -118,11 +118,11 @@ static prl_status check_correction(const prl_job_config *c, const char *source)
     if (c->icepop_low > c->icepop_high || c->strict_icepop_low > c->strict_icepop_high)
         return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.icepop_low' must be <= "
                              "icepop_high (also under strict.)", source);
-    if (c->strict_tis_cap > c->tis_cap || c->strict_mis_cap > c->mis_cap ||
+    if (c->pcc_rule && (c->strict_tis_cap > c->tis_cap || c->strict_mis_cap > c->mis_cap ||
         c->strict_kpop_phi > c->kpop_phi || c->strict_icepop_low < c->icepop_low ||
-        c->strict_icepop_high > c->icepop_high)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.strict.*': the strict "
-                             "setting must be at least as strict as the loose one (caps and "
+        c->strict_icepop_high > c->icepop_high))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.strict.*': with "
+                             "grpo.correction.pcc_rule the strict setting must be at least as strict as the loose one (caps and "
                              "kpop_phi not larger, [icepop_low, icepop_high] inside)", source);
     return PRL_OK;
 }

@@ -390,7 +390,9 @@ START_TEST(test_config_rules)
     c.loose.icepop_low = 6;
     expect_config_error(&c, "grpo.correction.icepop_low 6");
     prl_grpo_corr_config_default(&c);
-    c.strict.kpop_phi = 1.0; /* looser than the loose 0.75 */
+    c.strict.kpop_phi = 1.0; /* looser than the loose 0.75: unused while the rule is off */
+    ck_assert_int_eq(prl_grpo_corr_config_check(&c), PRL_OK);
+    c.pcc_rule = 1;
     expect_config_error(&c, "grpo.correction.strict");
     prl_grpo_corr_config_default(&c);
     c.strict.tis_cap = 0;

@@ -4,7 +4,9 @@
 ** the first update's ratio of 1 (and a zero train–infer mismatch when the infer log-probs are
 ** the train path's), no change when every reward in a group is equal, a toy bandit that must
 ** raise the rewarded token's probability (the sign of the update), a k3 KL pull towards a
-** reference model, and bitwise-identical weights for 1 and 2 threads.
+** reference model, the mismatch corrections in the step (off: bitwise the plain update; on:
+** a different update; masks that take every token: no change; the denominator; bypass mode),
+** and bitwise-identical weights for 1 and 2 threads.
 */
 #include "grpo/grpo.h"
 
@@ -509,6 +511,205 @@ START_TEST(test_kl_pulls_to_reference)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ mismatch correction */
+
+/* How a correction test sets the infer log-probs, from the train path's own. */
+enum infer_edit {
+    INFER_EXACT,   /* equal: no mismatch */
+    INFER_SHIFT,   /* −0.9 (ratio e^0.9 = 2.46), every third token +0.4 (ratio e^−0.4 = 0.67;
+                   ** not every other one: the toy batch's advantages cancel on those) */
+    INFER_FAR,     /* q = e^−0.001 ≈ 1 for every token: p/q ≈ p ≪ 0.5, binary KL ≫ 0.75 */
+    INFER_ONE_OFF, /* sample 3's tokens +3 (ratio e^−3 = 0.05), the others exact */
+    INFER_ONE_UNMASKED /* exact, and sample 3's loss mask all 0 */
+};
+
+static void edit_infer(prl_grpo_batch *b, enum infer_edit e)
+{
+    size_t first;
+    int len;
+    prl_grpo_batch_response(b, 3, &first, &len);
+    for (size_t k = 0; k < b->n_response; k++) {
+        float lp = b->logprobs[k];
+        int in3 = k >= first && k < first + (size_t)len;
+        if (e == INFER_SHIFT) b->logprobs[k] = k % 3 ? lp - 0.9f : fminf(lp + 0.4f, 0);
+        if (e == INFER_FAR) b->logprobs[k] = -0.001f;
+        if (e == INFER_ONE_OFF && in3) b->logprobs[k] = fminf(lp + 3, 0);
+        if (e == INFER_ONE_UNMASKED && in3) b->mask[k] = 0;
+    }
+}
+
+/* One step (1 epoch × 1 minibatch, no aux loss, no weight decay) of a fresh micro model with
+** correction `cc` on the toy batch of 8 with infer log-probs `e`; the weights after it
+** (malloc'd), and whether they moved. */
+static prl_real *corr_step(const prl_grpo_corr_config *cc, enum infer_edit e,
+                           prl_grpo_step_stats *st, int *moved)
+{
+    fixture f;
+    fixture_init(&f, 9, 1, 1e-2, 0, 8);
+    train_logprobs(&f.m, &f.b);
+    edit_infer(&f.b, e);
+    f.c.corr = *cc;
+    assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, st));
+    prl_real *copy = malloc(f.m.n_params * sizeof *copy);
+    ck_assert_ptr_nonnull(copy);
+    memcpy(copy, f.m.params, f.m.n_params * sizeof *copy);
+    *moved = memcmp(f.before, f.m.params, f.m.n_params * sizeof *copy) != 0;
+    fixture_free(&f);
+    return copy;
+}
+
+static size_t n_params(void)
+{
+    prl_model m;
+    micro_model(&m, 9, 1);
+    size_t n = m.n_params;
+    prl_model_free(&m);
+    return n;
+}
+
+static prl_grpo_corr_config corr_of(prl_grpo_corr kind)
+{
+    prl_grpo_corr_config c;
+    prl_grpo_corr_config_default(&c);
+    c.kind = kind;
+    return c;
+}
+
+/* Correction `none` is the plain update whatever the other correction keys say, and TIS on
+** a batch without mismatch (every weight exactly e^0 = 1) is bitwise the plain update too. */
+START_TEST(test_correction_off_unchanged)
+{
+    size_t bytes = n_params() * sizeof(prl_real);
+    prl_grpo_step_stats st;
+    int moved;
+    prl_grpo_corr_config none = corr_of(PRL_GRPO_CORR_NONE), other = none;
+    other.pcc_rule = 1, other.pcc_threshold = 1, other.denominator = PRL_GRPO_DENOM_KEPT;
+    other.extreme_ratio = 3, other.strict.kpop_phi = 0.01;
+    prl_real *a = corr_step(&none, INFER_SHIFT, &st, &moved);
+    ck_assert(moved && st.corr.kind == PRL_GRPO_CORR_NONE && st.corr_masked_frac == 0);
+    ck_assert(st.is_weight_mean == 1 && st.is_weight_ess == 1);
+    prl_real *b = corr_step(&other, INFER_SHIFT, &st, &moved);
+    ck_assert_mem_eq(a, b, bytes);
+    ck_assert_int_eq(st.mm.strict, 1); /* the rule fired but no correction applies it */
+    prl_grpo_corr_config tis = corr_of(PRL_GRPO_CORR_TIS);
+    tis.loose.tis_cap = 1.0;
+    free(a), free(b);
+    a = corr_step(&none, INFER_EXACT, &st, &moved);
+    b = corr_step(&tis, INFER_EXACT, &st, &moved);
+    ck_assert_mem_eq(a, b, bytes);
+    ck_assert(st.mm.tis_clipfrac == 0 && st.is_weight_max == 1);
+    free(a), free(b);
+}
+END_TEST
+
+/* With a mismatch, TIS (cap 1: every ratio e^0.9 becomes 1, every e^−0.4 stays) changes the
+** update; the applied weights are within the cap and TIS masks nothing. */
+START_TEST(test_correction_changes_update)
+{
+    size_t bytes = n_params() * sizeof(prl_real);
+    prl_grpo_step_stats st;
+    int moved;
+    prl_grpo_corr_config none = corr_of(PRL_GRPO_CORR_NONE), tis = corr_of(PRL_GRPO_CORR_TIS);
+    tis.loose.tis_cap = 1.0;
+    prl_real *a = corr_step(&none, INFER_SHIFT, &st, &moved);
+    double plain_loss = st.loss;
+    prl_real *b = corr_step(&tis, INFER_SHIFT, &st, &moved);
+    ck_assert(moved && memcmp(a, b, bytes) != 0);
+    ck_assert(st.corr_masked_frac == 0 && st.is_weight_max <= 1.0 && st.is_weight_min < 0.7);
+    ck_assert_msg(st.loss != plain_loss, "loss %.9g plain %.9g", st.loss, plain_loss);
+    ck_assert(st.mm.tis_clipfrac > 0.5 && st.mm.tis_clipfrac < 0.8); /* about 2 in 3 tokens */
+    char *json = prl_grpo_step_stats_to_json(&st);
+    ck_assert_ptr_nonnull(json);
+    ck_assert(strstr(json, "\"correction\":\"tis\"") && strstr(json, "\"denominator\":\"original\"") &&
+              strstr(json, "\"pcc\":") && strstr(json, "\"kpop_masked_frac\":") &&
+              strstr(json, "\"chi2_seq\":") && strstr(json, "\"is_weight_ess\":"));
+    free(json);
+    free(a), free(b);
+}
+END_TEST
+
+/* Masks that take every token: no gradient, so (no aux loss, no decay) the weights stay
+** bitwise where they were. IcePop: p/q ≈ p < 0.5; KPop: q ≈ 1 against p ≈ 1/64. */
+START_TEST(test_correction_masks_all)
+{
+    prl_grpo_step_stats st;
+    int moved;
+    const prl_grpo_corr kinds[2] = {PRL_GRPO_CORR_ICEPOP, PRL_GRPO_CORR_KPOP};
+    for (int k = 0; k < 2; k++) {
+        prl_grpo_corr_config c = corr_of(kinds[k]);
+        free(corr_step(&c, INFER_FAR, &st, &moved));
+        ck_assert_msg(!moved, "%s moved the weights", prl_grpo_corr_name(kinds[k]));
+        ck_assert(st.corr_masked_frac == 1 && st.loss == 0 && st.grad_norm == 0);
+        ck_assert(isnan(st.is_weight_ess));
+        ck_assert(st.mm.kpop_masked_frac == 1 && st.mm.icepop_masked_frac == 1);
+    }
+    /* and without the mask the same batch moves them */
+    prl_grpo_corr_config none = corr_of(PRL_GRPO_CORR_NONE);
+    free(corr_step(&none, INFER_FAR, &st, &moved));
+    ck_assert(moved);
+}
+END_TEST
+
+/* rl.md §2.8 with IcePop masking sample 3's 3 loss tokens (ratio e^−3), the other tokens at
+** ratio 1 (weight 1). On the first update the ratio is 1, so the token-mean loss is
+** Σ_kept L / N: `original` divides by all N loss tokens, `kept` by N − 3, hence
+** loss_kept · (N − 3) = loss_original · N. `kept` equals training without sample 3's tokens
+** (its loss mask 0) bitwise. */
+START_TEST(test_correction_denominator)
+{
+    size_t bytes = n_params() * sizeof(prl_real);
+    prl_grpo_step_stats st;
+    int moved;
+    prl_grpo_corr_config ice = corr_of(PRL_GRPO_CORR_ICEPOP);
+    prl_real *orig = corr_step(&ice, INFER_ONE_OFF, &st, &moved);
+    double N = (double)st.loss_tokens, loss_orig = st.loss;
+    ck_assert_double_eq_tol(st.corr_masked_frac * N, 3, 1e-9);
+    ck_assert_int_eq(st.corr.denominator, PRL_GRPO_DENOM_ORIGINAL);
+    ice.denominator = PRL_GRPO_DENOM_KEPT;
+    prl_real *kept = corr_step(&ice, INFER_ONE_OFF, &st, &moved);
+    ck_assert(loss_orig != 0 && memcmp(orig, kept, bytes) != 0);
+    ck_assert_msg(fabs(st.loss * (N - 3) - loss_orig * N) < 1e-6 * fabs(loss_orig * N),
+                  "kept %.9g x %g vs original %.9g x %g", st.loss, N - 3, loss_orig, N);
+    prl_grpo_corr_config none = corr_of(PRL_GRPO_CORR_NONE);
+    prl_real *without = corr_step(&none, INFER_ONE_UNMASKED, &st, &moved);
+    ck_assert_mem_eq(kept, without, bytes);
+    free(orig), free(kept), free(without);
+}
+END_TEST
+
+/* Bypass (rl.md §2.1): the PPO anchor is the rollout's log-probs. Without mismatch it is the
+** decoupled update bitwise; with one, the first update's ppo_kl = mean(lp_mu − lp_new) is
+** the k1 metric (lp_new = lp_old there). `reinforce` with TIS differs from plain reinforce
+** and keeps its weights under the cap. */
+START_TEST(test_correction_bypass)
+{
+    size_t bytes = n_params() * sizeof(prl_real);
+    prl_grpo_step_stats st;
+    int moved;
+    prl_grpo_corr_config dec = corr_of(PRL_GRPO_CORR_NONE), byp = dec;
+    byp.mode = PRL_GRPO_MODE_BYPASS;
+    prl_real *a = corr_step(&dec, INFER_EXACT, &st, &moved);
+    prl_real *b = corr_step(&byp, INFER_EXACT, &st, &moved);
+    ck_assert_mem_eq(a, b, bytes);
+    free(a), free(b);
+    a = corr_step(&dec, INFER_SHIFT, &st, &moved);
+    ck_assert(st.ppo_kl == 0);
+    b = corr_step(&byp, INFER_SHIFT, &st, &moved);
+    ck_assert(memcmp(a, b, bytes) != 0);
+    ck_assert_msg(fabs(st.ppo_kl - st.mm.k1) < 1e-6, "ppo_kl %g k1 %g", st.ppo_kl, st.mm.k1);
+    free(a), free(b);
+    prl_grpo_corr_config rf = byp, rf_tis = byp;
+    rf.bypass_loss = rf_tis.bypass_loss = PRL_GRPO_LOSS_REINFORCE;
+    rf_tis.kind = PRL_GRPO_CORR_TIS, rf_tis.loose.tis_cap = 1.0;
+    a = corr_step(&rf, INFER_SHIFT, &st, &moved);
+    ck_assert(moved && st.clipfrac == 0);
+    b = corr_step(&rf_tis, INFER_SHIFT, &st, &moved);
+    ck_assert(moved && memcmp(a, b, bytes) != 0);
+    ck_assert(st.is_weight_max <= 1.0 && st.is_weight_min < 0.7 && st.corr_masked_frac == 0);
+    free(a), free(b);
+}
+END_TEST
+
 /* Two steps of 2 epochs × 2 minibatches; a malloc'd copy of the parameters. */
 static prl_real *two_steps(int threads)
 {
@@ -550,6 +751,11 @@ int main(void)
     tcase_add_test(tc, test_equal_rewards_no_change);
     tcase_add_test(tc, test_bandit_raises_rewarded_token);
     tcase_add_test(tc, test_kl_pulls_to_reference);
+    tcase_add_test(tc, test_correction_off_unchanged);
+    tcase_add_test(tc, test_correction_changes_update);
+    tcase_add_test(tc, test_correction_masks_all);
+    tcase_add_test(tc, test_correction_denominator);
+    tcase_add_test(tc, test_correction_bypass);
     tcase_add_test(tc, test_determinism_across_threads);
     suite_add_tcase(s, tc);
     return check_run(s);
