@@ -520,7 +520,9 @@ enum infer_edit {
                    ** not every other one: the toy batch's advantages cancel on those) */
     INFER_FAR,     /* q = e^−0.001 ≈ 1 for every token: p/q ≈ p ≪ 0.5, binary KL ≫ 0.75 */
     INFER_ONE_OFF, /* sample 3's tokens +3 (ratio e^−3 = 0.05), the others exact */
-    INFER_ONE_UNMASKED /* exact, and sample 3's loss mask all 0 */
+    INFER_ONE_UNMASKED, /* exact, and sample 3's loss mask all 0 */
+    INFER_TOKEN_OFF,    /* sample 3's first response token +3, the others exact */
+    INFER_TOKEN_UNMASKED /* exact, and the loss mask of sample 3's first response token 0 */
 };
 
 static void edit_infer(prl_grpo_batch *b, enum infer_edit e)
@@ -535,20 +537,23 @@ static void edit_infer(prl_grpo_batch *b, enum infer_edit e)
         if (e == INFER_FAR) b->logprobs[k] = -0.001f;
         if (e == INFER_ONE_OFF && in3) b->logprobs[k] = fminf(lp + 3, 0);
         if (e == INFER_ONE_UNMASKED && in3) b->mask[k] = 0;
+        if (e == INFER_TOKEN_OFF && k == first) b->logprobs[k] = fminf(lp + 3, 0);
+        if (e == INFER_TOKEN_UNMASKED && k == first) b->mask[k] = 0;
     }
 }
 
 /* One step (1 epoch × 1 minibatch, no aux loss, no weight decay) of a fresh micro model with
 ** correction `cc` on the toy batch of 8 with infer log-probs `e`; the weights after it
 ** (malloc'd), and whether they moved. */
-static prl_real *corr_step(const prl_grpo_corr_config *cc, enum infer_edit e,
-                           prl_grpo_step_stats *st, int *moved)
+static prl_real *corr_step_agg(const prl_grpo_corr_config *cc, prl_grpo_agg agg,
+                               enum infer_edit e, prl_grpo_step_stats *st, int *moved)
 {
     fixture f;
     fixture_init(&f, 9, 1, 1e-2, 0, 8);
     train_logprobs(&f.m, &f.b);
     edit_infer(&f.b, e);
     f.c.corr = *cc;
+    f.c.loss.agg = agg;
     assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, st));
     prl_real *copy = malloc(f.m.n_params * sizeof *copy);
     ck_assert_ptr_nonnull(copy);
@@ -556,6 +561,12 @@ static prl_real *corr_step(const prl_grpo_corr_config *cc, enum infer_edit e,
     *moved = memcmp(f.before, f.m.params, f.m.n_params * sizeof *copy) != 0;
     fixture_free(&f);
     return copy;
+}
+
+static prl_real *corr_step(const prl_grpo_corr_config *cc, enum infer_edit e,
+                           prl_grpo_step_stats *st, int *moved)
+{
+    return corr_step_agg(cc, PRL_GRPO_AGG_TOKEN_MEAN, e, st, moved);
 }
 
 static size_t n_params(void)
@@ -654,7 +665,9 @@ END_TEST
 ** ratio 1 (weight 1). On the first update the ratio is 1, so the token-mean loss is
 ** Σ_kept L / N: `original` divides by all N loss tokens, `kept` by N − 3, hence
 ** loss_kept · (N − 3) = loss_original · N. `kept` equals training without sample 3's tokens
-** (its loss mask 0) bitwise. */
+** (its loss mask 0) bitwise. With one of sample 3's tokens masked and seq-mean-token-mean,
+** `kept` also takes the token out of that sequence's |o_i|: bitwise the run without the
+** token's loss mask. */
 START_TEST(test_correction_denominator)
 {
     size_t bytes = n_params() * sizeof(prl_real);
@@ -673,6 +686,15 @@ START_TEST(test_correction_denominator)
     prl_grpo_corr_config none = corr_of(PRL_GRPO_CORR_NONE);
     prl_real *without = corr_step(&none, INFER_ONE_UNMASKED, &st, &moved);
     ck_assert_mem_eq(kept, without, bytes);
+    free(orig), free(kept), free(without);
+    const prl_grpo_agg seq_mean = PRL_GRPO_AGG_SEQ_MEAN_TOKEN_MEAN;
+    kept = corr_step_agg(&ice, seq_mean, INFER_TOKEN_OFF, &st, &moved);
+    ck_assert_double_eq_tol(st.corr_masked_frac * N, 1, 1e-9);
+    without = corr_step_agg(&none, seq_mean, INFER_TOKEN_UNMASKED, &st, &moved);
+    ck_assert_mem_eq(kept, without, bytes);
+    ice.denominator = PRL_GRPO_DENOM_ORIGINAL;
+    orig = corr_step_agg(&ice, seq_mean, INFER_TOKEN_OFF, &st, &moved);
+    ck_assert(memcmp(orig, without, bytes) != 0);
     free(orig), free(kept), free(without);
 }
 END_TEST
