@@ -309,6 +309,28 @@ START_TEST(test_config_from_job)
     prl_optim_config oc;
     assert_ok(prl_grpo_optim_config_from_job(&oc, &j));
     ck_assert(oc.grad_clip == 0.5 && oc.lr == j.lr && oc.kind == PRL_OPTIM_ADAMW);
+    ck_assert(c.corr.kind == PRL_GRPO_CORR_NONE && c.corr.mode == PRL_GRPO_MODE_DECOUPLED);
+    /* the correction keys */
+    assert_ok(prl_job_config_set(&j, "grpo.correction.kind=mis"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.level=sequence"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.denominator=kept"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.mis_cap=3"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.strict.icepop_low=0.9"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.pcc_rule=true"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.pcc_threshold=0.95"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.extreme_ratio=4"));
+    assert_ok(prl_grpo_train_config_from_job(&c, &j));
+    ck_assert(c.corr.kind == PRL_GRPO_CORR_MIS && c.corr.level == PRL_GRPO_LEVEL_SEQUENCE);
+    ck_assert(c.corr.denominator == PRL_GRPO_DENOM_KEPT && c.corr.loose.mis_cap == 3);
+    ck_assert(c.corr.strict.icepop_low == 0.9 && c.corr.strict.mis_cap == 1.5);
+    ck_assert(c.corr.pcc_rule == 1 && c.corr.pcc_threshold == 0.95 && c.corr.extreme_ratio == 4);
+    assert_ok(prl_job_config_set(&j, "grpo.correction.kind=none"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.denominator=original"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.mode=bypass"));
+    assert_ok(prl_job_config_set(&j, "grpo.correction.bypass_loss=reinforce"));
+    assert_ok(prl_grpo_train_config_from_job(&c, &j));
+    ck_assert(c.corr.mode == PRL_GRPO_MODE_BYPASS && c.corr.bypass_loss == PRL_GRPO_LOSS_REINFORCE);
+    ck_assert(c.loss.kind == PRL_GRPO_LOSS_PPO_CLIP); /* the step picks reinforce itself */
     /* kl_coef > 0 without a reference model: an error naming the key */
     assert_ok(prl_job_config_set(&j, "grpo.kl_coef=0.01"));
     assert_ok(prl_grpo_train_config_from_job(&c, &j));

@@ -83,6 +83,53 @@ START_TEST(test_errors_name_the_key)
 }
 END_TEST
 
+/* grpo.correction.*: nested keys and defaults, and every cross-key rule named in its error. */
+START_TEST(test_correction_keys)
+{
+    prl_job_config c;
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    ck_assert_str_eq(c.corr_kind, "none");
+    ck_assert_str_eq(c.corr_denominator, "original");
+    ck_assert(c.kpop_phi == 0.75 && c.icepop_low == 0.5 && c.icepop_high == 5 && c.tis_cap == 2);
+    ck_assert(c.strict_kpop_phi == 0.1 && c.pcc_rule == 0 && c.pcc_threshold == 0.99);
+    ck_assert_int_eq(prl_job_config_parse(&c, "{\"grpo\": {\"correction\": {\"kind\": \"kpop\", "
+                                              "\"kpop_phi\": 2.0, \"pcc_rule\": true, \"strict\": "
+                                              "{\"kpop_phi\": 0.5}}}}", "job.json"), PRL_OK);
+    ck_assert_str_eq(c.corr_kind, "kpop");
+    ck_assert(c.kpop_phi == 2.0 && c.strict_kpop_phi == 0.5 && c.pcc_rule == 1);
+    /* bypass + reinforce + TIS, set one key at a time in a valid order */
+    ck_assert_int_eq(prl_job_config_set(&c, "grpo.correction.kind=none"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "grpo.correction.mode=bypass"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "grpo.correction.bypass_loss=reinforce"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "grpo.correction.kind=tis"), PRL_OK);
+    prl_job_config_free(&c);
+    expect_error("{\"grpo\": {\"correction\": {\"kind\": \"tis2\"}}}",
+                 "key 'grpo.correction.kind': 'tis2' is not one of none|tis|mis|icepop|kpop");
+    expect_error("{\"grpo\": {\"correction\": {\"kpop_pih\": 1}}}",
+                 "did you mean 'grpo.correction.kpop_phi'?");
+    expect_error("{\"grpo\": {\"correction\": {\"kpop_phi\": 0}}}",
+                 "key 'grpo.correction.kpop_phi' = 0 is out of range");
+    expect_error("{\"grpo\": {\"correction\": {\"pcc_threshold\": 1.5}}}",
+                 "key 'grpo.correction.pcc_threshold' = 1.5 is out of range");
+    expect_error("{\"grpo\": {\"correction\": {\"extreme_ratio\": 1}}}",
+                 "key 'grpo.correction.extreme_ratio' = 1 is out of range");
+    expect_error("{\"grpo\": {\"correction\": {\"kind\": \"kpop\", \"level\": \"sequence\"}}}",
+                 "key 'grpo.correction.level' = sequence");
+    expect_error("{\"grpo\": {\"correction\": {\"bypass_loss\": \"reinforce\"}}}",
+                 "key 'grpo.correction.bypass_loss' = reinforce needs grpo.correction.mode = bypass");
+    expect_error("{\"grpo\": {\"correction\": {\"kind\": \"kpop\", \"mode\": \"bypass\", "
+                 "\"bypass_loss\": \"reinforce\"}}}", "key 'grpo.correction.kind' = kpop needs");
+    expect_error("{\"grpo\": {\"correction\": {\"kind\": \"icepop\", \"mode\": \"bypass\"}}}",
+                 "key 'grpo.correction.kind' = icepop with mode = bypass");
+    expect_error("{\"grpo\": {\"correction\": {\"mode\": \"bypass\", \"denominator\": \"kept\"}}}",
+                 "key 'grpo.correction.denominator' = kept needs");
+    expect_error("{\"grpo\": {\"correction\": {\"icepop_low\": 6}}}",
+                 "key 'grpo.correction.icepop_low' must be <=");
+    expect_error("{\"grpo\": {\"correction\": {\"pcc_rule\": true, \"strict\": {\"tis_cap\": 3}}}}",
+                 "key 'grpo.correction.strict.*'");
+}
+END_TEST
+
 static void expect_recipe_error(const char *json, const char *needle)
 {
     prl_sft_recipe r;
@@ -133,6 +180,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_defaults_and_overrides);
     tcase_add_test(tc, test_errors_name_the_key);
+    tcase_add_test(tc, test_correction_keys);
     tcase_add_test(tc, test_sft_recipe);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
