@@ -754,6 +754,12 @@ static void step_corr_stats(const step_ctx *s, prl_grpo_step_stats *st)
 
 /* ------------------------------------------------------------------ metrics --------- */
 
+/* A number, or null for NaN and ±inf (JSON has neither): "undefined" in the metrics. */
+static void set_real(json_t *o, const char *key, double v)
+{
+    json_object_set_new(o, key, isfinite(v) ? json_real(v) : json_null());
+}
+
 /* The mismatch metrics and the applied correction (rl.md §6), flat beside the step's stats. */
 static void mismatch_to_json(json_t *o, const prl_grpo_step_stats *st)
 {
@@ -773,8 +779,7 @@ static void mismatch_to_json(json_t *o, const prl_grpo_step_stats *st)
         {"corr_masked_frac", st->corr_masked_frac}, {"is_weight_mean", st->is_weight_mean},
         {"is_weight_min", st->is_weight_min}, {"is_weight_max", st->is_weight_max},
         {"is_weight_ess", st->is_weight_ess}};
-    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) /* JSON has no NaN: null */
-        json_object_set_new(o, reals[i].k, isfinite(reals[i].v) ? json_real(reals[i].v) : json_null());
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) set_real(o, reals[i].k, reals[i].v);
 }
 
 char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
@@ -795,8 +800,7 @@ char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
         {"seconds", st->seconds}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         json_object_set_new(o, ints[i].k, json_integer(ints[i].v));
-    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) /* JSON has no NaN: null */
-        json_object_set_new(o, reals[i].k, isfinite(reals[i].v) ? json_real(reals[i].v) : json_null());
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) set_real(o, reals[i].k, reals[i].v);
     mismatch_to_json(o, st);
     char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);

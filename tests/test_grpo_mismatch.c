@@ -13,6 +13,8 @@
 */
 #include "grpo/grpo.h"
 
+#include "check_util.h"
+
 #include <check.h>
 #include <math.h>
 #include <string.h>
@@ -472,9 +474,5 @@ int main(void)
     tcase_add_test(tc, test_config_rules);
     tcase_add_test(tc, test_reinforce_finite_difference);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

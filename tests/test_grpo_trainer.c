@@ -675,6 +675,10 @@ START_TEST(test_correction_masks_all)
         ck_assert(st.corr_masked_frac == 1 && st.loss == 0 && st.grad_norm == 0);
         ck_assert(isnan(st.is_weight_ess));
         ck_assert(st.mm.kpop_masked_frac == 1 && st.mm.icepop_masked_frac == 1);
+        char *json = prl_grpo_step_stats_to_json(&st); /* undefined is null in run.db */
+        ck_assert_ptr_nonnull(json);
+        ck_assert(strstr(json, "\"is_weight_ess\":null") && strstr(json, "\"corr_masked_frac\":1.0"));
+        free(json);
     }
     /* and without the mask the same batch moves them */
     prl_grpo_corr_config none = corr_of(PRL_GRPO_CORR_NONE);
