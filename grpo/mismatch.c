@@ -115,7 +115,8 @@ static prl_status check_combination(const prl_grpo_corr_config *c)
 prl_status prl_grpo_corr_config_check(const prl_grpo_corr_config *c)
 {
     if ((unsigned)c->kind > PRL_GRPO_CORR_KPOP || (unsigned)c->level > PRL_GRPO_LEVEL_SEQUENCE ||
-        (unsigned)c->mode > PRL_GRPO_MODE_BYPASS || (unsigned)c->bypass_loss > PRL_GRPO_LOSS_REINFORCE ||
+        (unsigned)c->mode > PRL_GRPO_MODE_BYPASS ||
+        (unsigned)c->bypass_loss > PRL_GRPO_LOSS_REINFORCE ||
         (unsigned)c->denominator > PRL_GRPO_DENOM_KEPT)
         return prl_error_set(PRL_ERR_CONFIG, "grpo.correction: kind, level, mode, bypass_loss or "
                              "denominator out of range");

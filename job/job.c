@@ -46,7 +46,8 @@ static const prl_key_spec keys[] = {
     {"grpo.kl_coef", PRL_KEY_REAL, F(kl_coef), 0, 1e3, "0", NULL},
     {"grpo.ppo_epochs", PRL_KEY_INT, F(ppo_epochs), 1, 100, "1", NULL},
     {"grpo.minibatches", PRL_KEY_INT, F(minibatches), 1, 4096, "1", NULL},
-    {"grpo.correction.kind", PRL_KEY_STR, F(corr_kind), 0, 0, "\"none\"", "none|tis|mis|icepop|kpop"},
+    {"grpo.correction.kind", PRL_KEY_STR, F(corr_kind), 0, 0, "\"none\"",
+     "none|tis|mis|icepop|kpop"},
     {"grpo.correction.level", PRL_KEY_STR, F(corr_level), 0, 0, "\"token\"", "token|sequence"},
     {"grpo.correction.mode", PRL_KEY_STR, F(corr_mode), 0, 0, "\"decoupled\"", "decoupled|bypass"},
     {"grpo.correction.bypass_loss", PRL_KEY_STR, F(corr_bypass_loss), 0, 0, "\"ppo_clip\"",
@@ -60,8 +61,10 @@ static const prl_key_spec keys[] = {
     {"grpo.correction.kpop_phi", PRL_KEY_REAL, F(kpop_phi), 1e-9, 1e3, "0.75", NULL},
     {"grpo.correction.strict.tis_cap", PRL_KEY_REAL, F(strict_tis_cap), 1e-6, 1e6, "1.5", NULL},
     {"grpo.correction.strict.mis_cap", PRL_KEY_REAL, F(strict_mis_cap), 1e-6, 1e6, "1.5", NULL},
-    {"grpo.correction.strict.icepop_low", PRL_KEY_REAL, F(strict_icepop_low), 1e-6, 1e6, "0.8", NULL},
-    {"grpo.correction.strict.icepop_high", PRL_KEY_REAL, F(strict_icepop_high), 1e-6, 1e6, "1.25", NULL},
+    {"grpo.correction.strict.icepop_low", PRL_KEY_REAL, F(strict_icepop_low), 1e-6, 1e6, "0.8",
+     NULL},
+    {"grpo.correction.strict.icepop_high", PRL_KEY_REAL, F(strict_icepop_high), 1e-6, 1e6, "1.25",
+     NULL},
     {"grpo.correction.strict.kpop_phi", PRL_KEY_REAL, F(strict_kpop_phi), 1e-9, 1e3, "0.1", NULL},
     {"grpo.correction.pcc_rule", PRL_KEY_BOOL, F(pcc_rule), 0, 1, "false", NULL},
     {"grpo.correction.pcc_threshold", PRL_KEY_REAL, F(pcc_threshold), -1, 1, "0.99", NULL},
@@ -122,8 +125,9 @@ static prl_status check_correction(const prl_job_config *c, const char *source)
         c->strict_kpop_phi > c->kpop_phi || c->strict_icepop_low < c->icepop_low ||
         c->strict_icepop_high > c->icepop_high))
         return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.strict.*': with "
-                             "grpo.correction.pcc_rule the strict setting must be at least as strict as the loose one (caps and "
-                             "kpop_phi not larger, [icepop_low, icepop_high] inside)", source);
+                             "grpo.correction.pcc_rule the strict setting must be at least as "
+                             "strict as the loose one (caps and kpop_phi not larger, "
+                             "[icepop_low, icepop_high] inside)", source);
     return PRL_OK;
 }
 
