@@ -182,6 +182,7 @@ prl_status prl_grpo_corr_config_check(const prl_grpo_corr_config *c);
 prl_status prl_grpo_corr_config_from_job(prl_grpo_corr_config *c, const struct prl_job_config *j);
 const char *prl_grpo_corr_name(prl_grpo_corr k);            /* "none", "tis", ... */
 const char *prl_grpo_denominator_name(prl_grpo_denominator d); /* "original", "kept" */
+const char *prl_grpo_corr_mode_name(prl_grpo_corr_mode m);      /* "decoupled", "bypass" */
 
 /* The PCC rule: *out = the strict setting when c->pcc_rule is on and pcc < pcc_threshold or
 ** pcc is NaN (undefined: fewer than 2 tokens or a constant vector — no evidence of agreement,

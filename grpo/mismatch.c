@@ -34,6 +34,11 @@ const char *prl_grpo_corr_name(prl_grpo_corr k)
     return (unsigned)k <= PRL_GRPO_CORR_KPOP ? corr_names[k] : "?";
 }
 
+const char *prl_grpo_corr_mode_name(prl_grpo_corr_mode m)
+{
+    return (unsigned)m <= PRL_GRPO_MODE_BYPASS ? mode_names[m] : "?";
+}
+
 const char *prl_grpo_denominator_name(prl_grpo_denominator d)
 {
     return (unsigned)d <= PRL_GRPO_DENOM_KEPT ? denom_names[d] : "?";
@@ -300,10 +305,15 @@ prl_status prl_grpo_corr_weights(const prl_grpo_corr_config *c, const prl_grpo_c
 /* ------------------------------------------------------------------ metrics --------- */
 
 /* Pearson correlation of a, b over the valid tokens (means first, then the centred sums, in
-** index order); NaN for fewer than 2 tokens or a constant vector. */
+** index order); NaN for fewer than 2 tokens or a constant vector. Constancy is tested on the
+** values, not on the centred sum of squares: the rounded mean of n equal values can differ
+** from them, which would leave a tiny non-zero variance and a meaningless PCC. */
 static double pearson(const double *a, const double *b, long n)
 {
     if (n < 2) return NAN;
+    int varies_a = 0, varies_b = 0;
+    for (long i = 1; i < n; i++) varies_a |= a[i] != a[0], varies_b |= b[i] != b[0];
+    if (!varies_a || !varies_b) return NAN;
     double ma = 0, mb = 0;
     for (long i = 0; i < n; i++) ma += a[i], mb += b[i];
     ma /= n, mb /= n;

@@ -765,8 +765,7 @@ static void mismatch_to_json(json_t *o, const prl_grpo_step_stats *st)
 {
     const prl_grpo_mismatch_stats *m = &st->mm;
     json_object_set_new(o, "correction", json_string(prl_grpo_corr_name(st->corr.kind)));
-    const char *mode = st->corr.mode == PRL_GRPO_MODE_BYPASS ? "bypass" : "decoupled";
-    json_object_set_new(o, "correction_mode", json_string(mode));
+    json_object_set_new(o, "correction_mode", json_string(prl_grpo_corr_mode_name(st->corr.mode)));
     json_object_set_new(o, "denominator",
                         json_string(prl_grpo_denominator_name(st->corr.denominator)));
     json_object_set_new(o, "pcc_strict", json_integer(m->strict));

@@ -320,6 +320,13 @@ START_TEST(test_metrics_empty)
     ck_assert(isnan(m.chi2_seq) && isnan(m.ess) && isnan(m.kpop_masked_frac));
     ck_assert_int_eq(prl_grpo_mismatch_metrics(&c, lp, mu, mask, seq, 0, &m, NULL), PRL_OK);
     ck_assert(m.tokens == 0);
+    /* a constant vector: PCC undefined, though the mean of 3 × e^logf(0.2f) in double is
+    ** 2.8e-17 off the value (so the centred sum of squares is not exactly 0) */
+    float mu3[3] = {logf(0.2f), logf(0.2f), logf(0.2f)};
+    uint8_t mask3[3] = {1, 1, 1};
+    int32_t seq3[2] = {0, 3};
+    ck_assert_int_eq(prl_grpo_mismatch_metrics(&c, lp, mu3, mask3, seq3, 1, &m, NULL), PRL_OK);
+    ck_assert(m.tokens == 3 && isnan(m.pcc) && isnan(m.pcc_logprob));
     /* one token: the PCC and the std are undefined, the means are not */
     mask[1] = 1;
     ck_assert_int_eq(prl_grpo_mismatch_metrics(&c, lp, mu, mask, seq, 1, &m, NULL), PRL_OK);

@@ -541,6 +541,8 @@ enum infer_edit {
     INFER_SHIFT,   /* −0.9 (ratio e^0.9 = 2.46), every third token +0.4 (ratio e^−0.4 = 0.67;
                    ** not every other one: the toy batch's advantages cancel on those) */
     INFER_FAR,     /* q = e^−0.001 ≈ 1 for every token: p/q ≈ p ≪ 0.5, binary KL ≫ 0.75 */
+    INFER_FIFTH,   /* q = 0.2 for every token: against p ≈ 1/64 the binary KL is about
+                   ** 0.2 ln(0.2·64) + 0.8 ln(0.8/(63/64)) = 0.34, between φ 0.1 and 0.75 */
     INFER_ONE_OFF, /* sample 3's tokens +3 (ratio e^−3 = 0.05), the others exact */
     INFER_ONE_UNMASKED, /* exact, and sample 3's loss mask all 0 */
     INFER_TOKEN_OFF,    /* sample 3's first response token +3, the others exact */
@@ -557,6 +559,7 @@ static void edit_infer(prl_grpo_batch *b, enum infer_edit e)
         int in3 = k >= first && k < first + (size_t)len;
         if (e == INFER_SHIFT) b->logprobs[k] = k % 3 ? lp - 0.9f : fminf(lp + 0.4f, 0);
         if (e == INFER_FAR) b->logprobs[k] = -0.001f;
+        if (e == INFER_FIFTH) b->logprobs[k] = logf(0.2f);
         if (e == INFER_ONE_OFF && in3) b->logprobs[k] = fminf(lp + 3, 0);
         if (e == INFER_ONE_UNMASKED && in3) b->mask[k] = 0;
         if (e == INFER_TOKEN_OFF && k == first) b->logprobs[k] = fminf(lp + 3, 0);
@@ -758,6 +761,38 @@ START_TEST(test_correction_bypass)
 }
 END_TEST
 
+/* The PCC rule in the step: KPop with q = 0.2 masks more with the strict φ = 0.1 (chosen
+** when the batch PCC < 1: always here, PCC is NaN for a constant q) than with the loose
+** 0.75; with the rule off the setting is the loose one. */
+START_TEST(test_correction_pcc_rule)
+{
+    size_t bytes = n_params() * sizeof(prl_real);
+    prl_grpo_step_stats st;
+    int moved;
+    prl_grpo_corr_config kp = corr_of(PRL_GRPO_CORR_KPOP);
+    prl_real *off = corr_step(&kp, INFER_FIFTH, &st, &moved);
+    double loose = st.corr_masked_frac;
+    ck_assert_msg(st.mm.strict == 0 && isnan(st.mm.pcc), "strict %d pcc %g", st.mm.strict, st.mm.pcc);
+    kp.pcc_rule = 1;
+    prl_real *strict = corr_step(&kp, INFER_FIFTH, &st, &moved);
+    ck_assert_msg(st.mm.strict == 1, "strict %d pcc %.9g loose masked %g now %g", st.mm.strict, st.mm.pcc, loose, st.corr_masked_frac);
+    ck_assert(memcmp(off, strict, bytes) != 0);
+    ck_assert_msg(st.corr_masked_frac > loose, "strict %g vs loose %g", st.corr_masked_frac, loose);
+    ck_assert(st.corr_masked_frac == st.mm.kpop_masked_frac); /* the metric uses the same setting */
+    free(off), free(strict);
+    /* a threshold of −1 that the shifted batch's PCC (defined there) meets: loose, bitwise the
+    ** rule-off step */
+    kp.pcc_rule = 0;
+    off = corr_step(&kp, INFER_SHIFT, &st, &moved);
+    ck_assert(st.mm.pcc > -1 && st.mm.pcc < 1);
+    kp.pcc_rule = 1, kp.pcc_threshold = -1;
+    prl_real *never = corr_step(&kp, INFER_SHIFT, &st, &moved);
+    ck_assert(st.mm.strict == 0);
+    ck_assert_mem_eq(off, never, bytes);
+    free(off), free(never);
+}
+END_TEST
+
 /* Two steps of 2 epochs × 2 minibatches; a malloc'd copy of the parameters. */
 static prl_real *two_steps(int threads)
 {
@@ -804,6 +839,7 @@ int main(void)
     tcase_add_test(tc, test_correction_masks_all);
     tcase_add_test(tc, test_correction_denominator);
     tcase_add_test(tc, test_correction_bypass);
+    tcase_add_test(tc, test_correction_pcc_rule);
     tcase_add_test(tc, test_determinism_across_threads);
     suite_add_tcase(s, tc);
     return check_run(s);
