@@ -7,6 +7,9 @@
 **   - the per-token PPO clipped surrogate with clip-higher (ε_low, ε_high) and dual clip (c);
 **   - the loss aggregation modes (token-mean default, token-sum, seq-mean-token-mean,
 **     seq-mean-token-sum, seq-mean-token-sum-norm with a fixed H);
+**   - the train–infer mismatch corrections of rl.md §2 (TIS, MIS, IcePop, KPop, decoupled or
+**     bypass, the denominator after masking, the PCC-driven strict/loose setting) and the
+**     per-step mismatch metrics of rl.md §6 (mismatch.c);
 **   - for the hand-written backward, the weight of every token: w_t = ∂loss/∂log π_new(t). The
 **     engine's train path takes exactly these as prl_batch.weights (its loss is Σ w·logp), so
 **     one forward + backward gives ∂loss/∂θ.
