@@ -42,6 +42,11 @@ typedef struct prl_job_config {
     double adv_eps, clip_low, clip_high, clip_c, loss_scale_factor, kl_coef;
     char *loss_agg;              /* token-mean | ... */
     int ppo_epochs, minibatches;
+    /* replay (docs/replay.md) */
+    char *replay_mode;           /* none | r2 | r3 | masked_r3 */
+    double replay_tau;           /* Masked R3 threshold on |I_train ∩ I_infer| / K */
+    double replay_entropy_alarm; /* alarm below this fraction of ln N_experts (0 = off) */
+    int replay_cached;           /* rollout: Cached R3 (first-seen routes across turns) */
     /* optim */
     char *optimizer;             /* adamw | muon */
     double lr, weight_decay, grad_clip;
