@@ -213,7 +213,10 @@ typedef struct prl_grpo_step_stats {
     ** a next token) of the trained samples, from the native old-policy pass */
     int replay_mode;        /* the step's prl_replay_mode */
     int n_moe;
-    double route_overlap[PRL_MAX_LAYERS];  /* mean |I_train ∩ I_infer| / K (NaN: no record) */
+    double route_overlap[PRL_MAX_LAYERS];  /* mean |I_train ∩ I_infer| / K, I_train the native
+                                           ** selection (NaN: no record) */
+    double route_overlap_used[PRL_MAX_LAYERS]; /* the same with the routes lp_old used (after
+                                           ** replay): 1 under R3 */
     double route_replayed[PRL_MAX_LAYERS]; /* share of the positions replayed */
     double route_entropy[PRL_MAX_LAYERS];  /* H_l of the layer's expert load (nats) */
     int route_entropy_alarm;/* some layer had H_l < entropy_alarm · ln N_experts */

@@ -95,6 +95,26 @@ void prl_grpo_replay_free(prl_grpo_replay *r)
     memset(r, 0, sizeof *r);
 }
 
+/* Rows of sample i's record in layer l (a prefix of its route positions). */
+static int record_rows(const prl_grpo_replay *r, int l, int i)
+{
+    const int32_t *rec = r->rec + r->at[i] + (size_t)l * r->rows[i] * r->K;
+    int nr = 0;
+    while (nr < r->rows[i] && rec[(size_t)nr * r->K] != PRL_ROUTE_NATIVE) nr++;
+    return nr;
+}
+
+/* used_overlap[l] += overlaps of `routes` (the pass's rows of sample i) with its record. */
+static void add_used(prl_grpo_replay *r, const int32_t *routes, int l, int i)
+{
+    const int32_t *rec = r->rec + r->at[i] + (size_t)l * r->rows[i] * r->K;
+    int nr = record_rows(r, l, i);
+    for (int p = 0; p < nr; p++)
+        r->used_overlap[l] += (double)prl_replay_overlap(routes + (size_t)p * r->K,
+                                                         rec + (size_t)p * r->K, r->K) / r->K;
+    r->used_compared[l] += nr;
+}
+
 /* One sample, one layer: native rows from the pass, choice against the record. */
 static void observe_layer(prl_grpo_replay *r, const int32_t *routes, int l, int i, size_t row0)
 {
@@ -105,8 +125,8 @@ static void observe_layer(prl_grpo_replay *r, const int32_t *routes, int l, int 
     int32_t *out = r->chosen + blk;
     const int32_t *rec = r->rec + blk;
     /* positions past a record (rows of PRL_ROUTE_NATIVE) are compared with nothing */
-    int nr = 0;
-    while (nr < n && rec[(size_t)nr * K] != PRL_ROUTE_NATIVE) nr++;
+    int nr = record_rows(r, l, i);
+    if (!prl_grpo_replay_relog(r)) add_used(r, r->native, l, i); /* lp_old used these */
     prl_replay_choose(out, r->native, rec, nr, K, r->mode, r->tau, &r->layer[l]);
     prl_replay_choose(out + (size_t)nr * K, r->native + (size_t)nr * K, NULL, n - nr, K, r->mode,
                       r->tau, &r->layer[l]);
@@ -121,6 +141,16 @@ void prl_grpo_replay_observe(prl_grpo_replay *r, const prl_model *m, const prl_b
     for (int l = 0; l < r->n_moe; l++)
         for (int j = 0; j < batch->B; j++)
             observe_layer(r, routes + (size_t)l * N * r->K, l, samples[j], (size_t)j * batch->T);
+}
+
+void prl_grpo_replay_observe_used(prl_grpo_replay *r, const prl_model *m, const prl_batch *batch,
+                                  const int *samples)
+{
+    const int32_t *routes = prl_model_routes(m);
+    size_t N = (size_t)batch->B * batch->T;
+    for (int l = 0; l < r->n_moe; l++)
+        for (int j = 0; j < batch->B; j++)
+            add_used(r, routes + ((size_t)l * N + (size_t)j * batch->T) * r->K, l, samples[j]);
 }
 
 int prl_grpo_replay_relog(const prl_grpo_replay *r)
@@ -152,6 +182,7 @@ void prl_grpo_replay_stats(const prl_grpo_replay *r, prl_grpo_step_stats *st)
         const prl_replay_layer_stats *ls = &r->layer[l];
         const double *counts = r->counts + (size_t)l * r->E;
         st->route_overlap[l] = ls->compared ? ls->overlap / ls->compared : NAN;
+        st->route_overlap_used[l] = r->used_compared[l] ? r->used_overlap[l] / r->used_compared[l] : NAN;
         st->route_replayed[l] = ls->rows ? (double)ls->replayed / ls->rows : 0;
         st->route_entropy[l] = prl_replay_entropy(counts, r->E);
         st->route_entropy_alarm |= r->alarm > 0 && prl_replay_entropy_alarm(counts, r->E, r->alarm);

@@ -29,6 +29,8 @@ typedef struct prl_grpo_replay {
     int32_t *ov;       /* [n_moe][micro_rows × ctx][K] one micro-batch's override */
     int32_t *native;   /* [rows_i × K] scratch: one layer's native rows of one sample */
     prl_replay_layer_stats layer[PRL_MAX_LAYERS];
+    double used_overlap[PRL_MAX_LAYERS]; /* Σ overlap of the routes lp_old used vs the record */
+    long used_compared[PRL_MAX_LAYERS];
     double *counts;    /* [n_moe × E] native expert load */
     int records, rejected;
 } prl_grpo_replay;
@@ -43,6 +45,10 @@ void prl_grpo_replay_free(prl_grpo_replay *r);
 ** compare with the records and choose each position's override row. */
 void prl_grpo_replay_observe(prl_grpo_replay *r, const prl_model *m, const prl_batch *batch,
                              const int *samples);
+/* After the replaying lp_old pass over `batch`: compare the routes it used with the records
+** (the overlap R3 must bring to 1 on replayed positions). */
+void prl_grpo_replay_observe_used(prl_grpo_replay *r, const prl_model *m, const prl_batch *batch,
+                                  const int *samples);
 /* 1 when lp_old must be recomputed with the override (R3, Masked R3). */
 int prl_grpo_replay_relog(const prl_grpo_replay *r);
 /* The override for `batch` (rows samples[j]) from the chosen rows: positions without a route

@@ -565,6 +565,7 @@ static prl_status old_logprobs(step_ctx *s, int k0, prl_batch *batch)
     if (!prl_grpo_replay_relog(&s->rp)) return PRL_OK;
     batch->route_override = prl_grpo_replay_override(&s->rp, batch, s->kept + k0);
     rc = prl_model_logprobs(s->m, batch, s->lp_new);
+    if (rc == PRL_OK) prl_grpo_replay_observe_used(&s->rp, s->m, batch, s->kept + k0);
     batch->route_override = NULL; /* the reference model routes by itself */
     return rc;
 }
@@ -750,6 +751,7 @@ static void routing_to_json(json_t *o, const prl_grpo_step_stats *st)
     if (st->n_moe < 1) return;
     json_object_set_new(o, "replay_mode", json_string(prl_replay_mode_name(st->replay_mode)));
     json_object_set_new(o, "route_overlap", layer_array(st->route_overlap, st->n_moe));
+    json_object_set_new(o, "route_overlap_used", layer_array(st->route_overlap_used, st->n_moe));
     json_object_set_new(o, "route_replayed", layer_array(st->route_replayed, st->n_moe));
     json_object_set_new(o, "route_entropy", layer_array(st->route_entropy, st->n_moe));
     json_object_set_new(o, "route_entropy_alarm", json_integer(st->route_entropy_alarm));

@@ -3,9 +3,14 @@
 ** spec's gate and overlap vector, the record unpacking and its rejections, the replay choice
 ** of every mode (Masked R3's replayed share at several τ), the routing entropy and its alarm,
 ** and the Cached R3 route cache (first-seen rows kept, never overwritten, cut at a changed
-** token).
+** token). Then the trainer (grpo/): the routes frames of `train` and their rejections, R3
+** bringing the trainer's routes to the rollout's (overlap 1), Masked R3's replayed share at τ
+** on a hand-built record, and mode none staying bitwise identical with routes present.
 */
 #include "replay/replay.h"
+
+#include "bus/bus.h"
+#include "grpo/grpo.h"
 
 #include "check_util.h"
 #include "engine/ops.h"
@@ -204,6 +209,329 @@ START_TEST(test_cache_first_seen)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ the trainer ----- */
+
+#ifndef PRL_SOURCE_DIR
+#define PRL_SOURCE_DIR "."
+#endif
+
+enum { NS = 4, LEN = 8, PL = 3, ROWS = LEN - 1 }; /* 4 samples of 8 tokens, prompt 3 */
+
+static void micro_model(prl_model *m, uint64_t seed)
+{
+    prl_config c;
+    assert_ok(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/micro.json"));
+    assert_ok(prl_model_init(m, &c));
+    prl_model_init_weights(m, seed);
+    for (size_t i = 0; i < m->n_params; i++) m->params[i] *= 20; /* routers far from uniform */
+}
+
+/* One group of NS samples of LEN tokens, rewards 0/1, infer log-probs -1, every response
+** token trained. */
+static void equal_batch(prl_grpo_batch *b)
+{
+    assert_ok(prl_grpo_batch_init(b, NS, NS * LEN, NS * (LEN - PL)));
+    for (int i = 0; i < NS; i++) {
+        b->offsets[i] = i * LEN, b->prompt_lens[i] = PL, b->groups[i] = 0;
+        b->rewards[i] = (float)(i % 2);
+        for (int t = 0; t < LEN; t++) b->tokens[i * LEN + t] = (int32_t)(5 + (i * 13 + t * 7) % 50);
+    }
+    b->offsets[NS] = NS * LEN;
+    for (size_t k = 0; k < b->n_response; k++) b->logprobs[k] = -1.0f, b->mask[k] = 1;
+    assert_ok(prl_grpo_batch_check(b));
+}
+
+/* The native routes of the batch's samples as the trainer's old-policy pass sees them (one
+** micro-batch of NS rows × LEN): [n_moe][NS × LEN][K]. */
+static int32_t *native_routes(prl_model *m, const prl_grpo_batch *b)
+{
+    prl_batch batch = {.B = NS, .T = LEN, .tokens = b->tokens, .temperature = 1};
+    float lp[NS * LEN];
+    assert_ok(prl_model_logprobs(m, &batch, lp));
+    size_t n = (size_t)m->n_moe * NS * LEN * m->cfg.num_experts_per_tok;
+    int32_t *r = malloc(n * sizeof *r);
+    memcpy(r, prl_model_routes(m), n * sizeof *r);
+    return r;
+}
+
+/* How a record row is made from the native row (K = 2 of E = 4) at position p. */
+typedef void (*record_fn)(int32_t *rec, const int32_t *nat, int p);
+
+static void shifted(int32_t *rec, const int32_t *nat, int p)
+{
+    (void)p;
+    rec[0] = (nat[0] + 1) % 4, rec[1] = (nat[1] + 1) % 4;
+    if (rec[0] == rec[1]) rec[1] = (rec[1] + 1) % 4;
+}
+
+/* overlap 1 at p ≡ 0, 0.5 at p ≡ 1, 0 at p ≡ 2 (mod 3) */
+static void by_position(int32_t *rec, const int32_t *nat, int p)
+{
+    int32_t others[2], k = 0;
+    for (int e = 0; e < 4; e++)
+        if (e != nat[0] && e != nat[1]) others[k++] = e;
+    if (p % 3 == 0) rec[0] = nat[1], rec[1] = nat[0]; /* same set, other slot order */
+    else if (p % 3 == 1) rec[0] = nat[0], rec[1] = others[0];
+    else rec[0] = others[1], rec[1] = others[0];
+}
+
+/* Attach records made by `fn` from the native routes (compact, token-major, width 1). */
+static void attach_routes(prl_grpo_batch *b, const prl_model *m, const int32_t *native,
+                          record_fn fn)
+{
+    int M = m->n_moe, K = 2;
+    assert_ok(prl_grpo_batch_routes_init(b, M, K, 1, (size_t)NS * ROWS));
+    for (int i = 0; i < NS; i++) {
+        b->route_rows[i] = ROWS;
+        for (int p = 0; p < ROWS; p++)
+            for (int l = 0; l < M; l++) {
+                int32_t rec[2];
+                fn(rec, native + ((size_t)l * NS * LEN + (size_t)i * LEN + p) * K, p);
+                uint8_t *dst = b->routes + (((size_t)i * ROWS + p) * M + l) * K;
+                dst[0] = (uint8_t)rec[0], dst[1] = (uint8_t)rec[1];
+            }
+    }
+    assert_ok(prl_grpo_batch_check(b));
+}
+
+/* One step of `mode` on a fresh micro model; returns the stats, the weights in *w (malloc'd). */
+static prl_grpo_step_stats run_step(const prl_grpo_batch *b, prl_replay_mode mode, double tau,
+                                    prl_real **w)
+{
+    prl_model m;
+    micro_model(&m, 11);
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.lr = 1e-3;
+    assert_ok(prl_optim_init(&o, &m, &oc));
+    prl_grpo_train_config c;
+    prl_grpo_train_config_default(&c);
+    c.replay_mode = (int)mode, c.replay_tau = tau, c.entropy_alarm = 0.5;
+    prl_grpo_step_stats st;
+    assert_ok(prl_grpo_train_step(&m, &o, b, &c, &st));
+    if (w) {
+        *w = malloc(m.n_params * sizeof **w);
+        memcpy(*w, m.params, m.n_params * sizeof **w);
+    }
+    prl_optim_free(&o);
+    prl_model_free(&m);
+    return st;
+}
+
+/* Mean overlap over all positions and layer 0 of the records `fn` makes from `native`. */
+static double hand_overlap(const int32_t *native, int l, record_fn fn)
+{
+    double sum = 0;
+    for (int i = 0; i < NS; i++)
+        for (int p = 0; p < ROWS; p++) {
+            const int32_t *nat = native + ((size_t)l * NS * LEN + (size_t)i * LEN + p) * 2;
+            int32_t rec[2];
+            fn(rec, nat, p);
+            sum += ((rec[0] == nat[0] || rec[0] == nat[1]) + (rec[1] == nat[0] || rec[1] == nat[1])) / 2.0;
+        }
+    return sum / (NS * ROWS);
+}
+
+/* R3: the routes the trainer's lp_old used equal the rollout's at every position of every
+** layer (overlap 1), although the native router disagrees; without replay they do not. */
+START_TEST(test_trainer_r3_overlap_one)
+{
+    prl_model m;
+    micro_model(&m, 11);
+    prl_grpo_batch b;
+    equal_batch(&b);
+    int32_t *native = native_routes(&m, &b);
+    attach_routes(&b, &m, native, shifted);
+    prl_grpo_step_stats r3 = run_step(&b, PRL_REPLAY_R3, 0.5, NULL);
+    prl_grpo_step_stats none = run_step(&b, PRL_REPLAY_NONE, 0.5, NULL);
+    ck_assert_int_eq(r3.n_moe, m.n_moe);
+    ck_assert_int_eq(r3.route_records, NS);
+    for (int l = 0; l < m.n_moe; l++) {
+        ck_assert_double_eq(r3.route_overlap_used[l], 1.0);
+        ck_assert_double_eq(r3.route_replayed[l], 1.0);
+        ck_assert_double_eq_tol(r3.route_overlap[l], hand_overlap(native, l, shifted), 1e-12);
+        ck_assert_double_eq_tol(none.route_overlap_used[l], none.route_overlap[l], 1e-12);
+        ck_assert_double_lt(none.route_overlap_used[l], 0.9);
+        ck_assert_double_eq(none.route_replayed[l], 0.0);
+        ck_assert(r3.route_entropy[l] > 0 && r3.route_entropy[l] <= log(4.0) + 1e-12);
+    }
+    char *json = prl_grpo_step_stats_to_json(&r3);
+    ck_assert(strstr(json, "\"replay_mode\":\"r3\"") && strstr(json, "\"route_overlap_used\":[1.0,1.0]"));
+    free(json);
+    free(native);
+    prl_grpo_batch_free(&b);
+    prl_model_free(&m);
+}
+END_TEST
+
+/* Masked R3: per layer, the replayed share is the share of positions with overlap >= τ — by
+** hand 5 of the 7 positions per sample at τ = 0.5 (p ≢ 2 mod 3), 3 of 7 at τ = 1, all at 0;
+** the overlap is 4/7. Positions replayed use the record, so layer 0 (whose input no replay
+** changes) has a used overlap of (5·1 + 2·0) / 7 at τ = 0.5. */
+START_TEST(test_trainer_masked_share)
+{
+    prl_model m;
+    micro_model(&m, 11);
+    prl_grpo_batch b;
+    equal_batch(&b);
+    int32_t *native = native_routes(&m, &b);
+    attach_routes(&b, &m, native, by_position);
+    const double taus[3] = {0.5, 1.0, 0.0}, share[3] = {5.0 / 7, 3.0 / 7, 1.0};
+    for (int t = 0; t < 3; t++) {
+        prl_grpo_step_stats st = run_step(&b, PRL_REPLAY_MASKED_R3, taus[t], NULL);
+        for (int l = 0; l < m.n_moe; l++) {
+            ck_assert_double_eq_tol(st.route_replayed[l], share[t], 1e-12);
+            ck_assert_double_eq_tol(st.route_overlap[l], 4.0 / 7, 1e-12);
+        }
+        if (t == 0) ck_assert_double_eq_tol(st.route_overlap_used[0], 5.0 / 7, 1e-12);
+        if (t == 2) ck_assert_double_eq(st.route_overlap_used[1], 1.0);
+    }
+    free(native);
+    prl_grpo_batch_free(&b);
+    prl_model_free(&m);
+}
+END_TEST
+
+/* Mode none ignores the routes: bitwise the same weights as a batch without them; R3 differs. */
+START_TEST(test_trainer_none_is_unchanged)
+{
+    prl_model m;
+    micro_model(&m, 11);
+    prl_grpo_batch b, plain;
+    equal_batch(&b);
+    equal_batch(&plain);
+    int32_t *native = native_routes(&m, &b);
+    attach_routes(&b, &m, native, shifted);
+    prl_real *w0, *w1, *w2;
+    run_step(&plain, PRL_REPLAY_NONE, 0.5, &w0);
+    prl_grpo_step_stats st = run_step(&b, PRL_REPLAY_NONE, 0.5, &w1);
+    run_step(&b, PRL_REPLAY_R3, 0.5, &w2);
+    ck_assert_mem_eq(w0, w1, m.n_params * sizeof *w0);
+    ck_assert(memcmp(w0, w2, m.n_params * sizeof *w0) != 0);
+    ck_assert_int_eq(st.route_records, NS);
+    free(w0), free(w1), free(w2), free(native);
+    prl_grpo_batch_free(&b), prl_grpo_batch_free(&plain);
+    prl_model_free(&m);
+}
+END_TEST
+
+/* A `train` message header (the fields the codec requires), without count and frames. */
+static void train_header(prl_bus_msg *m, uint64_t id)
+{
+    assert_ok(prl_bus_msg_init(m, "train", "run-test", id));
+    assert_ok(prl_bus_msg_set_uint(m, "lease", 3));
+    assert_ok(prl_bus_msg_set_uint(m, "step", 4));
+    assert_ok(prl_bus_msg_set_uint(m, "policy_version", 5));
+    assert_ok(prl_bus_msg_set_str(m, "path", "ckpt/v000005"));
+}
+
+/* The routes frames through the codec, and every bad routes frame rejected by name. */
+START_TEST(test_routes_frame)
+{
+    prl_model m;
+    micro_model(&m, 11);
+    prl_grpo_batch b, back;
+    equal_batch(&b);
+    int32_t *native = native_routes(&m, &b);
+    attach_routes(&b, &m, native, shifted);
+    size_t rb = (size_t)m.n_moe * 2; /* bytes per route row */
+    b.route_rows[2] = 4; /* a prefix record is allowed: sample 3's rows move up */
+    memmove(b.routes + (2 * ROWS + 4) * rb, b.routes + 3 * ROWS * rb, ROWS * rb);
+    b.routes_bytes -= (ROWS - 4) * rb;
+    assert_ok(prl_grpo_batch_check(&b));
+    prl_bus_msg msg, dec;
+    train_header(&msg, 1);
+    assert_ok(prl_grpo_batch_to_msg(&b, &msg));
+    prl_bus_wire w;
+    assert_ok(prl_bus_encode(&msg, &w));
+    assert_ok(prl_bus_decode(w.parts, w.n, &dec, NULL, 0));
+    assert_ok(prl_grpo_batch_from_msg(&back, &dec));
+    ck_assert_int_eq(back.route_moe, m.n_moe);
+    ck_assert_int_eq(back.route_k, 2);
+    ck_assert_int_eq(back.route_width, 1);
+    ck_assert_mem_eq(back.route_rows, b.route_rows, NS * sizeof *b.route_rows);
+    ck_assert_uint_eq(back.routes_bytes, b.routes_bytes);
+    ck_assert_mem_eq(back.routes, b.routes, b.routes_bytes);
+    prl_grpo_batch_free(&back);
+    /* a sample with more route rows than length − 1 */
+    int32_t *rows = (int32_t *)prl_bus_msg_frame(&dec, "route_rows")->data;
+    rows[1] = LEN;
+    ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &dec), PRL_ERR_FORMAT);
+    assert_msg_has("route_rows: sample 1");
+    ck_assert_ptr_null(back.routes);
+    rows[1] = ROWS - 1; /* now the bytes do not add up */
+    ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &dec), PRL_ERR_FORMAT);
+    assert_msg_has("routes:");
+    rows[1] = ROWS;
+    assert_ok(prl_grpo_batch_from_msg(&back, &dec));
+    prl_grpo_batch_free(&back);
+    /* one frame without the other; a missing shape field; a bad width */
+    prl_bus_msg part;
+    train_header(&part, 2);
+    prl_grpo_batch plain;
+    equal_batch(&plain);
+    assert_ok(prl_grpo_batch_to_msg(&plain, &part));
+    assert_ok(prl_bus_msg_add_frame(&part, "routes", PRL_BUS_U8, b.routes, b.routes_bytes));
+    ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &part), PRL_ERR_FORMAT);
+    assert_msg_has("route_rows");
+    assert_ok(prl_bus_msg_add_frame(&part, "route_rows", PRL_BUS_I32, b.route_rows, NS));
+    ck_assert_int_ne(prl_grpo_batch_from_msg(&back, &part), PRL_OK);
+    assert_msg_has("route_moe");
+    assert_ok(prl_bus_msg_set_uint(&part, "route_moe", (uint64_t)m.n_moe));
+    assert_ok(prl_bus_msg_set_uint(&part, "route_k", 2));
+    assert_ok(prl_bus_msg_set_uint(&part, "route_width", 3));
+    ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &part), PRL_ERR_FORMAT);
+    assert_msg_has("route_width 3");
+    prl_bus_msg_free(&part), prl_grpo_batch_free(&plain);
+    prl_bus_wire_free(&w);
+    prl_bus_msg_free(&dec), prl_bus_msg_free(&msg);
+    free(native);
+    prl_grpo_batch_free(&b);
+    prl_model_free(&m);
+}
+END_TEST
+
+/* A record with a repeated id is rejected for its sample (counted; the sample routes natively),
+** and a record of another shape than the model's is an error under R3. */
+START_TEST(test_trainer_rejects_records)
+{
+    prl_model m;
+    micro_model(&m, 11);
+    prl_grpo_batch b;
+    equal_batch(&b);
+    int32_t *native = native_routes(&m, &b);
+    attach_routes(&b, &m, native, shifted);
+    b.routes[(size_t)ROWS * m.n_moe * 2 + 1] = b.routes[(size_t)ROWS * m.n_moe * 2]; /* sample 1 */
+    prl_grpo_step_stats st = run_step(&b, PRL_REPLAY_R3, 0.5, NULL);
+    ck_assert_int_eq(st.route_rejected, 1);
+    ck_assert_int_eq(st.route_records, NS - 1);
+    ck_assert_double_eq_tol(st.route_replayed[0], (NS - 1.0) / NS, 1e-12);
+    b.route_k = 1; /* shape [n_moe][1]: bytes still add up with 2 × rows */
+    for (int i = 0; i < NS; i++) b.route_rows[i] = ROWS; /* unchanged */
+    b.routes_bytes = (size_t)NS * ROWS * m.n_moe * 1;
+    prl_model m2;
+    micro_model(&m2, 11);
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    assert_ok(prl_optim_init(&o, &m2, &oc));
+    prl_grpo_train_config c;
+    prl_grpo_train_config_default(&c);
+    c.replay_mode = PRL_REPLAY_R3;
+    ck_assert_int_eq(prl_grpo_train_step(&m2, &o, &b, &c, &st), PRL_ERR_RANGE);
+    assert_msg_has("replay.mode r3");
+    c.replay_mode = PRL_REPLAY_NONE; /* mode none ignores them */
+    assert_ok(prl_grpo_train_step(&m2, &o, &b, &c, &st));
+    ck_assert_int_eq(st.route_records, 0);
+    prl_optim_free(&o);
+    prl_model_free(&m2);
+    free(native);
+    prl_grpo_batch_free(&b);
+    prl_model_free(&m);
+}
+END_TEST
+
 static Suite *replay_suite(void)
 {
     Suite *s = suite_create("replay");
@@ -217,6 +545,14 @@ static Suite *replay_suite(void)
     tcase_add_test(tc, test_entropy);
     tcase_add_test(tc, test_cache_first_seen);
     suite_add_tcase(s, tc);
+    TCase *tr = tcase_create("trainer");
+    tcase_set_timeout(tr, 120);
+    tcase_add_test(tr, test_routes_frame);
+    tcase_add_test(tr, test_trainer_r3_overlap_one);
+    tcase_add_test(tr, test_trainer_masked_share);
+    tcase_add_test(tr, test_trainer_none_is_unchanged);
+    tcase_add_test(tr, test_trainer_rejects_records);
+    suite_add_tcase(s, tr);
     return s;
 }
 
