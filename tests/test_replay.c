@@ -11,6 +11,7 @@
 
 #include "bus/bus.h"
 #include "grpo/grpo.h"
+#include "job/job.h"
 
 #include "check_util.h"
 #include "engine/ops.h"
@@ -532,6 +533,35 @@ START_TEST(test_trainer_rejects_records)
 }
 END_TEST
 
+/* The job keys: defaults, the trainer's config from them, errors naming the key. */
+START_TEST(test_job_keys)
+{
+    prl_job_config j;
+    assert_ok(prl_job_config_default(&j));
+    ck_assert_str_eq(j.replay_mode, "none");
+    ck_assert_int_eq(j.replay_cached, 0);
+    assert_ok(prl_job_config_set(&j, "replay.mode=masked_r3"));
+    assert_ok(prl_job_config_set(&j, "replay.tau=1.0"));
+    assert_ok(prl_job_config_set(&j, "replay.cached=true"));
+    prl_grpo_train_config c;
+    assert_ok(prl_grpo_train_config_from_job(&c, &j));
+    ck_assert_int_eq(c.replay_mode, PRL_REPLAY_MASKED_R3);
+    ck_assert_double_eq(c.replay_tau, 1.0);
+    ck_assert_double_eq(c.entropy_alarm, 0.5);
+    ck_assert_int_eq(j.replay_cached, 1);
+    ck_assert_int_eq(prl_job_config_set(&j, "replay.mode=r4"), PRL_ERR_CONFIG);
+    assert_msg_has("replay.mode");
+    ck_assert_int_eq(prl_job_config_set(&j, "replay.tau=3"), PRL_ERR_CONFIG);
+    assert_msg_has("replay.tau");
+    ck_assert_int_eq(prl_job_config_set(&j, "replay.entropy_alarm=-0.1"), PRL_ERR_CONFIG);
+    assert_msg_has("replay.entropy_alarm");
+    c.replay_tau = -1;
+    ck_assert_int_eq(prl_grpo_train_config_check(&c), PRL_ERR_CONFIG);
+    assert_msg_has("replay.tau");
+    prl_job_config_free(&j);
+}
+END_TEST
+
 static Suite *replay_suite(void)
 {
     Suite *s = suite_create("replay");
@@ -544,6 +574,7 @@ static Suite *replay_suite(void)
     tcase_add_test(tc, test_masked_share);
     tcase_add_test(tc, test_entropy);
     tcase_add_test(tc, test_cache_first_seen);
+    tcase_add_test(tc, test_job_keys);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("trainer");
     tcase_set_timeout(tr, 120);
