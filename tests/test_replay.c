@@ -320,6 +320,28 @@ static prl_grpo_step_stats run_step(const prl_grpo_batch *b, prl_replay_mode mod
     return st;
 }
 
+/* The micro model, the batch, its native routes and records made from them by `fn`. */
+typedef struct fixture {
+    prl_model m;
+    prl_grpo_batch b;
+    int32_t *native;
+} fixture;
+
+static void fixture_init(fixture *f, record_fn fn)
+{
+    micro_model(&f->m, 11);
+    equal_batch(&f->b);
+    f->native = native_routes(&f->m, &f->b);
+    attach_routes(&f->b, &f->m, f->native, fn);
+}
+
+static void fixture_free(fixture *f)
+{
+    free(f->native);
+    prl_grpo_batch_free(&f->b);
+    prl_model_free(&f->m);
+}
+
 /* Mean overlap over all positions and layer 0 of the records `fn` makes from `native`. */
 static double hand_overlap(const int32_t *native, int l, record_fn fn)
 {
@@ -338,20 +360,16 @@ static double hand_overlap(const int32_t *native, int l, record_fn fn)
 ** layer (overlap 1), although the native router disagrees; without replay they do not. */
 START_TEST(test_trainer_r3_overlap_one)
 {
-    prl_model m;
-    micro_model(&m, 11);
-    prl_grpo_batch b;
-    equal_batch(&b);
-    int32_t *native = native_routes(&m, &b);
-    attach_routes(&b, &m, native, shifted);
-    prl_grpo_step_stats r3 = run_step(&b, PRL_REPLAY_R3, 0.5, NULL);
-    prl_grpo_step_stats none = run_step(&b, PRL_REPLAY_NONE, 0.5, NULL);
-    ck_assert_int_eq(r3.n_moe, m.n_moe);
+    fixture f;
+    fixture_init(&f, shifted);
+    prl_grpo_step_stats r3 = run_step(&f.b, PRL_REPLAY_R3, 0.5, NULL);
+    prl_grpo_step_stats none = run_step(&f.b, PRL_REPLAY_NONE, 0.5, NULL);
+    ck_assert_int_eq(r3.n_moe, f.m.n_moe);
     ck_assert_int_eq(r3.route_records, NS);
-    for (int l = 0; l < m.n_moe; l++) {
+    for (int l = 0; l < f.m.n_moe; l++) {
         ck_assert_double_eq(r3.route_overlap_used[l], 1.0);
         ck_assert_double_eq(r3.route_replayed[l], 1.0);
-        ck_assert_double_eq_tol(r3.route_overlap[l], hand_overlap(native, l, shifted), 1e-12);
+        ck_assert_double_eq_tol(r3.route_overlap[l], hand_overlap(f.native, l, shifted), 1e-12);
         ck_assert_double_eq_tol(none.route_overlap_used[l], none.route_overlap[l], 1e-12);
         ck_assert_double_lt(none.route_overlap_used[l], 0.9);
         ck_assert_double_eq(none.route_replayed[l], 0.0);
@@ -360,9 +378,7 @@ START_TEST(test_trainer_r3_overlap_one)
     char *json = prl_grpo_step_stats_to_json(&r3);
     ck_assert(strstr(json, "\"replay_mode\":\"r3\"") && strstr(json, "\"route_overlap_used\":[1.0,1.0]"));
     free(json);
-    free(native);
-    prl_grpo_batch_free(&b);
-    prl_model_free(&m);
+    fixture_free(&f);
 }
 END_TEST
 
@@ -372,25 +388,19 @@ END_TEST
 ** changes) has a used overlap of (5·1 + 2·0) / 7 at τ = 0.5. */
 START_TEST(test_trainer_masked_share)
 {
-    prl_model m;
-    micro_model(&m, 11);
-    prl_grpo_batch b;
-    equal_batch(&b);
-    int32_t *native = native_routes(&m, &b);
-    attach_routes(&b, &m, native, by_position);
+    fixture f;
+    fixture_init(&f, by_position);
     const double taus[3] = {0.5, 1.0, 0.0}, share[3] = {5.0 / 7, 3.0 / 7, 1.0};
     for (int t = 0; t < 3; t++) {
-        prl_grpo_step_stats st = run_step(&b, PRL_REPLAY_MASKED_R3, taus[t], NULL);
-        for (int l = 0; l < m.n_moe; l++) {
+        prl_grpo_step_stats st = run_step(&f.b, PRL_REPLAY_MASKED_R3, taus[t], NULL);
+        for (int l = 0; l < f.m.n_moe; l++) {
             ck_assert_double_eq_tol(st.route_replayed[l], share[t], 1e-12);
             ck_assert_double_eq_tol(st.route_overlap[l], 4.0 / 7, 1e-12);
         }
         if (t == 0) ck_assert_double_eq_tol(st.route_overlap_used[0], 5.0 / 7, 1e-12);
         if (t == 2) ck_assert_double_eq(st.route_overlap_used[1], 1.0);
     }
-    free(native);
-    prl_grpo_batch_free(&b);
-    prl_model_free(&m);
+    fixture_free(&f);
 }
 END_TEST
 
@@ -430,30 +440,27 @@ static void train_header(prl_bus_msg *m, uint64_t id)
 /* The routes frames through the codec, and every bad routes frame rejected by name. */
 START_TEST(test_routes_frame)
 {
-    prl_model m;
-    micro_model(&m, 11);
-    prl_grpo_batch b, back;
-    equal_batch(&b);
-    int32_t *native = native_routes(&m, &b);
-    attach_routes(&b, &m, native, shifted);
-    size_t rb = (size_t)m.n_moe * 2; /* bytes per route row */
-    b.route_rows[2] = 4; /* a prefix record is allowed: sample 3's rows move up */
-    memmove(b.routes + (2 * ROWS + 4) * rb, b.routes + 3 * ROWS * rb, ROWS * rb);
-    b.routes_bytes -= (ROWS - 4) * rb;
-    assert_ok(prl_grpo_batch_check(&b));
+    fixture f;
+    fixture_init(&f, shifted);
+    prl_grpo_batch back;
+    size_t rb = (size_t)f.m.n_moe * 2; /* bytes per route row */
+    f.b.route_rows[2] = 4; /* a prefix record is allowed: sample 3's rows move up */
+    memmove(f.b.routes + (2 * ROWS + 4) * rb, f.b.routes + 3 * ROWS * rb, ROWS * rb);
+    f.b.routes_bytes -= (ROWS - 4) * rb;
+    assert_ok(prl_grpo_batch_check(&f.b));
     prl_bus_msg msg, dec;
     train_header(&msg, 1);
-    assert_ok(prl_grpo_batch_to_msg(&b, &msg));
+    assert_ok(prl_grpo_batch_to_msg(&f.b, &msg));
     prl_bus_wire w;
     assert_ok(prl_bus_encode(&msg, &w));
     assert_ok(prl_bus_decode(w.parts, w.n, &dec, NULL, 0));
     assert_ok(prl_grpo_batch_from_msg(&back, &dec));
-    ck_assert_int_eq(back.route_moe, m.n_moe);
+    ck_assert_int_eq(back.route_moe, f.m.n_moe);
     ck_assert_int_eq(back.route_k, 2);
     ck_assert_int_eq(back.route_width, 1);
-    ck_assert_mem_eq(back.route_rows, b.route_rows, NS * sizeof *b.route_rows);
-    ck_assert_uint_eq(back.routes_bytes, b.routes_bytes);
-    ck_assert_mem_eq(back.routes, b.routes, b.routes_bytes);
+    ck_assert_mem_eq(back.route_rows, f.b.route_rows, NS * sizeof *f.b.route_rows);
+    ck_assert_uint_eq(back.routes_bytes, f.b.routes_bytes);
+    ck_assert_mem_eq(back.routes, f.b.routes, f.b.routes_bytes);
     prl_grpo_batch_free(&back);
     /* a sample with more route rows than length − 1 */
     int32_t *rows = (int32_t *)prl_bus_msg_frame(&dec, "route_rows")->data;
@@ -473,13 +480,13 @@ START_TEST(test_routes_frame)
     prl_grpo_batch plain;
     equal_batch(&plain);
     assert_ok(prl_grpo_batch_to_msg(&plain, &part));
-    assert_ok(prl_bus_msg_add_frame(&part, "routes", PRL_BUS_U8, b.routes, b.routes_bytes));
+    assert_ok(prl_bus_msg_add_frame(&part, "routes", PRL_BUS_U8, f.b.routes, f.b.routes_bytes));
     ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &part), PRL_ERR_FORMAT);
     assert_msg_has("route_rows");
-    assert_ok(prl_bus_msg_add_frame(&part, "route_rows", PRL_BUS_I32, b.route_rows, NS));
+    assert_ok(prl_bus_msg_add_frame(&part, "route_rows", PRL_BUS_I32, f.b.route_rows, NS));
     ck_assert_int_ne(prl_grpo_batch_from_msg(&back, &part), PRL_OK);
     assert_msg_has("route_moe");
-    assert_ok(prl_bus_msg_set_uint(&part, "route_moe", (uint64_t)m.n_moe));
+    assert_ok(prl_bus_msg_set_uint(&part, "route_moe", (uint64_t)f.m.n_moe));
     assert_ok(prl_bus_msg_set_uint(&part, "route_k", 2));
     assert_ok(prl_bus_msg_set_uint(&part, "route_width", 3));
     ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &part), PRL_ERR_FORMAT);
@@ -487,9 +494,7 @@ START_TEST(test_routes_frame)
     prl_bus_msg_free(&part), prl_grpo_batch_free(&plain);
     prl_bus_wire_free(&w);
     prl_bus_msg_free(&dec), prl_bus_msg_free(&msg);
-    free(native);
-    prl_grpo_batch_free(&b);
-    prl_model_free(&m);
+    fixture_free(&f);
 }
 END_TEST
 
@@ -497,20 +502,16 @@ END_TEST
 ** and a record of another shape than the model's is an error under R3. */
 START_TEST(test_trainer_rejects_records)
 {
-    prl_model m;
-    micro_model(&m, 11);
-    prl_grpo_batch b;
-    equal_batch(&b);
-    int32_t *native = native_routes(&m, &b);
-    attach_routes(&b, &m, native, shifted);
-    b.routes[(size_t)ROWS * m.n_moe * 2 + 1] = b.routes[(size_t)ROWS * m.n_moe * 2]; /* sample 1 */
-    prl_grpo_step_stats st = run_step(&b, PRL_REPLAY_R3, 0.5, NULL);
+    fixture f;
+    fixture_init(&f, shifted);
+    f.b.routes[(size_t)ROWS * f.m.n_moe * 2 + 1] = f.b.routes[(size_t)ROWS * f.m.n_moe * 2]; /* sample 1 */
+    prl_grpo_step_stats st = run_step(&f.b, PRL_REPLAY_R3, 0.5, NULL);
     ck_assert_int_eq(st.route_rejected, 1);
     ck_assert_int_eq(st.route_records, NS - 1);
     ck_assert_double_eq_tol(st.route_replayed[0], (NS - 1.0) / NS, 1e-12);
-    b.route_k = 1; /* shape [n_moe][1]: bytes still add up with 2 × rows */
-    for (int i = 0; i < NS; i++) b.route_rows[i] = ROWS; /* unchanged */
-    b.routes_bytes = (size_t)NS * ROWS * m.n_moe * 1;
+    f.b.route_k = 1; /* shape [n_moe][1]: bytes still add up with 2 × rows */
+    for (int i = 0; i < NS; i++) f.b.route_rows[i] = ROWS; /* unchanged */
+    f.b.routes_bytes = (size_t)NS * ROWS * f.m.n_moe * 1;
     prl_model m2;
     micro_model(&m2, 11);
     prl_optim o;
@@ -520,16 +521,14 @@ START_TEST(test_trainer_rejects_records)
     prl_grpo_train_config c;
     prl_grpo_train_config_default(&c);
     c.replay_mode = PRL_REPLAY_R3;
-    ck_assert_int_eq(prl_grpo_train_step(&m2, &o, &b, &c, &st), PRL_ERR_RANGE);
+    ck_assert_int_eq(prl_grpo_train_step(&m2, &o, &f.b, &c, &st), PRL_ERR_RANGE);
     assert_msg_has("replay.mode r3");
     c.replay_mode = PRL_REPLAY_NONE; /* mode none ignores them */
-    assert_ok(prl_grpo_train_step(&m2, &o, &b, &c, &st));
+    assert_ok(prl_grpo_train_step(&m2, &o, &f.b, &c, &st));
     ck_assert_int_eq(st.route_records, 0);
     prl_optim_free(&o);
     prl_model_free(&m2);
-    free(native);
-    prl_grpo_batch_free(&b);
-    prl_model_free(&m);
+    fixture_free(&f);
 }
 END_TEST
 
