@@ -427,6 +427,56 @@ START_TEST(test_trainer_none_is_unchanged)
 }
 END_TEST
 
+/* Positions p < ROWS of every sample and layer where `routes` ([n_moe][NS·LEN][K]) differ
+** from the fixture's native routes at θ_old. */
+static int routes_changed(const fixture *f, const int32_t *routes)
+{
+    int changed = 0;
+    for (int l = 0; l < f->m.n_moe; l++)
+        for (int i = 0; i < NS; i++)
+            for (int p = 0; p < ROWS; p++) {
+                size_t at = ((size_t)l * NS * LEN + (size_t)i * LEN + p) * 2;
+                changed += routes[at] != f->native[at] || routes[at + 1] != f->native[at + 1];
+            }
+    return changed;
+}
+
+/* R2: every update forward replays the old-policy pass's routes. Two epochs at a large
+** learning rate move the router, so the second update's forward routes differently without
+** replay; with R2 its routes are θ_old's at every position (the model's last forward is that
+** update's, one micro-batch of the NS samples). */
+START_TEST(test_trainer_r2_keeps_old_routes)
+{
+    fixture f;
+    fixture_init(&f, shifted);
+    int changed[2];
+    for (int k = 0; k < 2; k++) {
+        prl_model m;
+        micro_model(&m, 11);
+        prl_optim o;
+        prl_optim_config oc;
+        prl_optim_config_default(&oc);
+        oc.lr = 0.05;
+        assert_ok(prl_optim_init(&o, &m, &oc));
+        prl_grpo_train_config c;
+        prl_grpo_train_config_default(&c);
+        c.replay_mode = k ? PRL_REPLAY_R2 : PRL_REPLAY_NONE, c.ppo_epochs = 2, c.grad_clip = 0;
+        prl_grpo_step_stats st;
+        assert_ok(prl_grpo_train_step(&m, &o, &f.b, &c, &st));
+        changed[k] = routes_changed(&f, prl_model_routes(&m));
+        for (int l = 0; k && l < m.n_moe; l++) {
+            ck_assert_double_eq(st.route_replayed[l], 1.0);
+            ck_assert_double_eq_tol(st.route_overlap_used[l], st.route_overlap[l], 1e-12);
+        }
+        prl_optim_free(&o);
+        prl_model_free(&m);
+    }
+    ck_assert_int_gt(changed[0], 0);
+    ck_assert_int_eq(changed[1], 0);
+    fixture_free(&f);
+}
+END_TEST
+
 /* A `train` message header (the fields the codec requires), without count and frames. */
 static void train_header(prl_bus_msg *m, uint64_t id)
 {
@@ -580,6 +630,7 @@ static Suite *replay_suite(void)
     tcase_add_test(tr, test_routes_frame);
     tcase_add_test(tr, test_trainer_r3_overlap_one);
     tcase_add_test(tr, test_trainer_masked_share);
+    tcase_add_test(tr, test_trainer_r2_keeps_old_routes);
     tcase_add_test(tr, test_trainer_none_is_unchanged);
     tcase_add_test(tr, test_trainer_rejects_records);
     suite_add_tcase(s, tr);
