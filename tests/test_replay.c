@@ -5,7 +5,8 @@
 ** and the Cached R3 route cache (first-seen rows kept, never overwritten, cut at a changed
 ** token). Then the trainer (grpo/): the routes frames of `train` and their rejections, R3
 ** bringing the trainer's routes to the rollout's (overlap 1), Masked R3's replayed share at τ
-** on a hand-built record, and mode none staying bitwise identical with routes present.
+** on a hand-built record, R2 keeping θ_old's routes across updates, mode none staying bitwise
+** identical with routes present, rejected records, and the replay.* job keys.
 */
 #include "replay/replay.h"
 
