@@ -677,13 +677,22 @@ static int trainable(const ctl *c, const step_run *r)
     return 0;
 }
 
+/* A route record of shape [tokens][moe][k] x width holds `bytes` bytes and at most one row
+** per fed token of a sequence of n tokens. */
+static int routes_shape_ok(const int *sh, size_t bytes, size_t n)
+{
+    if (sh[0] < 1 || (size_t)sh[0] > n - 1 || sh[1] < 1 || sh[1] > PRL_MAX_LAYERS || sh[2] < 1 ||
+        sh[2] > 256 || (sh[3] != 1 && sh[3] != 2))
+        return 0;
+    return bytes == (size_t)sh[0] * sh[1] * sh[2] * sh[3];
+}
+
 /* A slot's route record fits the reference shape `ref` (tokens ignored) and its tokens. */
 static int slot_routes_fit(const slot *s, const int *ref)
 {
     const int *sh = s->route_shape;
-    size_t row = (size_t)sh[1] * sh[2] * sh[3];
-    return s->routes && sh[0] > 0 && sh[0] <= s->n - 1 && sh[1] == ref[1] && sh[2] == ref[2] &&
-           sh[3] == ref[3] && row > 0 && s->routes_bytes == (size_t)sh[0] * row;
+    return s->routes && routes_shape_ok(sh, s->routes_bytes, (size_t)s->n) && sh[1] == ref[1] &&
+           sh[2] == ref[2] && sh[3] == ref[3];
 }
 
 /* The routes frames of `train` (docs/replay.md): every kept sample's route record, in the
@@ -1006,6 +1015,14 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
             if (s->routes) memcpy(s->routes, rt->data, rt->bytes), s->routes_bytes = rt->bytes;
             json_t *shape = json_object_get(mj, "route_shape");
             for (int k = 0; k < 4; k++) s->route_shape[k] = (int)json_integer_value(json_array_get(shape, (size_t)k));
+            if (!routes_shape_ok(s->route_shape, s->routes_bytes, tok->count)) {
+                /* stored and trained alike: without routes (the trainer routes natively) */
+                logf_("result: routes of shape [%d][%d][%d] x %d do not match their %zu bytes "
+                      "and %zu tokens: dropped", s->route_shape[0], s->route_shape[1],
+                      s->route_shape[2], s->route_shape[3], s->routes_bytes, tok->count);
+                free(s->routes), s->routes = NULL, s->routes_bytes = 0;
+                memset(s->route_shape, 0, sizeof s->route_shape);
+            }
         }
         if (!s->tokens || !s->logprobs || !s->mask || !s->turns) {
             logf_("out of memory for a result");
