@@ -5,6 +5,9 @@
 */
 #include "grpo/replay_step.h"
 
+#include "job/job.h"
+
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,4 +190,48 @@ void prl_grpo_replay_stats(const prl_grpo_replay *r, prl_grpo_step_stats *st)
         st->route_entropy[l] = prl_replay_entropy(counts, r->E);
         st->route_entropy_alarm |= r->alarm > 0 && prl_replay_entropy_alarm(counts, r->E, r->alarm);
     }
+}
+
+/* ------------------------------------------------------------------ config, JSON ---- */
+
+prl_status prl_grpo_replay_config_from_job(prl_grpo_train_config *c, const prl_job_config *j)
+{
+    prl_replay_mode mode;
+    prl_status rc = prl_replay_mode_parse(j->replay_mode, &mode);
+    if (rc) return prl_error_wrap(rc, "replay.mode: ");
+    c->replay_mode = (int)mode, c->replay_tau = j->replay_tau;
+    c->entropy_alarm = j->replay_entropy_alarm;
+    return PRL_OK;
+}
+
+prl_status prl_grpo_replay_config_check(const prl_grpo_train_config *c)
+{
+    if ((unsigned)c->replay_mode > PRL_REPLAY_MASKED_R3)
+        return prl_error_set(PRL_ERR_CONFIG, "replay.mode %d out of range", c->replay_mode);
+    if (!(c->replay_tau >= 0 && c->replay_tau <= 2))
+        return prl_error_set(PRL_ERR_CONFIG, "replay.tau %g must be in [0, 2]", c->replay_tau);
+    if (!(c->entropy_alarm >= 0 && c->entropy_alarm <= 1))
+        return prl_error_set(PRL_ERR_CONFIG, "replay.entropy_alarm %g must be in [0, 1]",
+                             c->entropy_alarm);
+    return PRL_OK;
+}
+
+static json_t *layer_array(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int l = 0; l < n; l++) json_array_append_new(a, isfinite(v[l]) ? json_real(v[l]) : json_null());
+    return a;
+}
+
+void prl_grpo_replay_stats_json(json_t *o, const prl_grpo_step_stats *st)
+{
+    if (st->n_moe < 1) return;
+    json_object_set_new(o, "replay_mode", json_string(prl_replay_mode_name(st->replay_mode)));
+    json_object_set_new(o, "route_overlap", layer_array(st->route_overlap, st->n_moe));
+    json_object_set_new(o, "route_overlap_used", layer_array(st->route_overlap_used, st->n_moe));
+    json_object_set_new(o, "route_replayed", layer_array(st->route_replayed, st->n_moe));
+    json_object_set_new(o, "route_entropy", layer_array(st->route_entropy, st->n_moe));
+    json_object_set_new(o, "route_entropy_alarm", json_integer(st->route_entropy_alarm));
+    json_object_set_new(o, "route_records", json_integer(st->route_records));
+    json_object_set_new(o, "route_rejected", json_integer(st->route_rejected));
 }

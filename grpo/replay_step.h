@@ -16,6 +16,8 @@
 #include "grpo/grpo.h"
 #include "replay/replay.h"
 
+#include <jansson.h>
+
 typedef struct prl_grpo_replay {
     prl_replay_mode mode;
     double tau, alarm;
@@ -57,5 +59,15 @@ const int32_t *prl_grpo_replay_override(prl_grpo_replay *r, const prl_batch *bat
                                         const int *samples);
 /* Fill the step's routing stats. */
 void prl_grpo_replay_stats(const prl_grpo_replay *r, prl_grpo_step_stats *st);
+
+/* replay.mode, replay.tau, replay.entropy_alarm of the job into c (errors name the key), and
+** their range check. */
+prl_status prl_grpo_replay_config_from_job(prl_grpo_train_config *c,
+                                           const struct prl_job_config *j);
+prl_status prl_grpo_replay_config_check(const prl_grpo_train_config *c);
+/* Add the routing stats to a step's JSON object (nothing for a model without MoE layers):
+** replay_mode, route_overlap, route_overlap_used, route_replayed, route_entropy (arrays over
+** the MoE layers, null for NaN), route_entropy_alarm, route_records, route_rejected. */
+void prl_grpo_replay_stats_json(json_t *o, const prl_grpo_step_stats *st);
 
 #endif /* PRL_GRPO_REPLAY_STEP_H */

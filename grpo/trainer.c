@@ -313,17 +313,6 @@ void prl_grpo_train_config_default(prl_grpo_train_config *c)
     prl_grpo_loss_config_default(&c->loss);
 }
 
-/* replay.mode, replay.tau, replay.entropy_alarm (docs/replay.md). */
-static prl_status replay_config_from_job(prl_grpo_train_config *c, const prl_job_config *j)
-{
-    prl_replay_mode mode;
-    prl_status rc = prl_replay_mode_parse(j->replay_mode, &mode);
-    if (rc) return prl_error_wrap(rc, "replay.mode: ");
-    c->replay_mode = (int)mode, c->replay_tau = j->replay_tau;
-    c->entropy_alarm = j->replay_entropy_alarm;
-    return PRL_OK;
-}
-
 prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_job_config *j)
 {
     prl_grpo_train_config_default(c);
@@ -343,7 +332,7 @@ prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_jo
     c->grad_clip = j->grad_clip;
     c->temperature = j->temperature > 0 ? j->temperature : 1.0; /* greedy rollouts score at τ = 1 */
     c->kl_coef = j->kl_coef;
-    prl_status rr = replay_config_from_job(c, j);
+    prl_status rr = prl_grpo_replay_config_from_job(c, j);
     return rr ? rr : prl_grpo_train_config_check(c);
 }
 
@@ -375,14 +364,7 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
         return prl_error_set(PRL_ERR_CONFIG, "rollout.temperature %g must be > 0", c->temperature);
     if (!(c->kl_coef >= 0 && isfinite(c->kl_coef)))
         return prl_error_set(PRL_ERR_CONFIG, "grpo.kl_coef %g must be >= 0", c->kl_coef);
-    if ((unsigned)c->replay_mode > PRL_REPLAY_MASKED_R3)
-        return prl_error_set(PRL_ERR_CONFIG, "replay.mode %d out of range", c->replay_mode);
-    if (!(c->replay_tau >= 0 && c->replay_tau <= 2))
-        return prl_error_set(PRL_ERR_CONFIG, "replay.tau %g must be in [0, 2]", c->replay_tau);
-    if (!(c->entropy_alarm >= 0 && c->entropy_alarm <= 1))
-        return prl_error_set(PRL_ERR_CONFIG, "replay.entropy_alarm %g must be in [0, 1]",
-                             c->entropy_alarm);
-    return PRL_OK;
+    return prl_grpo_replay_config_check(c);
 }
 
 /* ------------------------------------------------------------------ the step -------- */
@@ -738,27 +720,6 @@ prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch 
 
 /* ------------------------------------------------------------------ metrics --------- */
 
-static json_t *layer_array(const double *v, int n)
-{
-    json_t *a = json_array();
-    for (int l = 0; l < n; l++) json_array_append_new(a, isfinite(v[l]) ? json_real(v[l]) : json_null());
-    return a;
-}
-
-/* The routing metrics (docs/replay.md): arrays over the MoE layers; none for a dense model. */
-static void routing_to_json(json_t *o, const prl_grpo_step_stats *st)
-{
-    if (st->n_moe < 1) return;
-    json_object_set_new(o, "replay_mode", json_string(prl_replay_mode_name(st->replay_mode)));
-    json_object_set_new(o, "route_overlap", layer_array(st->route_overlap, st->n_moe));
-    json_object_set_new(o, "route_overlap_used", layer_array(st->route_overlap_used, st->n_moe));
-    json_object_set_new(o, "route_replayed", layer_array(st->route_replayed, st->n_moe));
-    json_object_set_new(o, "route_entropy", layer_array(st->route_entropy, st->n_moe));
-    json_object_set_new(o, "route_entropy_alarm", json_integer(st->route_entropy_alarm));
-    json_object_set_new(o, "route_records", json_integer(st->route_records));
-    json_object_set_new(o, "route_rejected", json_integer(st->route_rejected));
-}
-
 char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
 {
     json_t *o = json_object();
@@ -779,7 +740,7 @@ char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
         json_object_set_new(o, ints[i].k, json_integer(ints[i].v));
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) /* JSON has no NaN: null */
         json_object_set_new(o, reals[i].k, isfinite(reals[i].v) ? json_real(reals[i].v) : json_null());
-    routing_to_json(o, st);
+    prl_grpo_replay_stats_json(o, st);
     char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     return text;
