@@ -129,7 +129,7 @@ typedef struct prl_bus_frame_spec { /* a frame every message of the type must ca
     prl_bus_dtype dtype;
 } prl_bus_frame_spec;
 
-enum { PRL_BUS_SPEC_FIELDS = 8, PRL_BUS_SPEC_FRAMES = 4 };
+enum { PRL_BUS_SPEC_FIELDS = 10, PRL_BUS_SPEC_FRAMES = 4 };
 typedef struct prl_bus_type_spec {
     const char *type;
     const char *doc;

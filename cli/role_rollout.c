@@ -142,6 +142,7 @@ static prl_status do_work(rollout_worker *w, const prl_bus_msg *m)
     int32_t stops[2] = {PRL_TOKEN_END, PRL_TOKEN_EOS};
     rc_.sampling.stop_ids = stops, rc_.sampling.n_stop_ids = 2;
     rc_.max_turns = j->max_turns, rc_.score = 0;
+    rc_.cached_routes = j->replay_cached; /* Cached R3 (docs/replay.md) */
     if (!rc) rc = prl_rollout_run(w->engine, w->tok, tasks, seq, (int)count, &rc_, &w->exec.exec, eps);
     for (uint64_t i = 0; !rc && i < count; i++) rc = send_result(w, m, (int)(sample + i), &eps[i]);
     for (uint64_t i = 0; eps && i < count; i++) prl_episode_free(&eps[i]);

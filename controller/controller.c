@@ -498,6 +498,15 @@ static prl_status slot_from_store(ctl *c, slot *s, const prl_store_sample *x)
     for (int i = 0; i < nr; i++) s->mask[i] = x->loss_mask ? x->loss_mask[i] : 1;
     s->n = x->n_tokens, s->prompt_len = x->prompt_len, s->version = x->version;
     s->reward = x->reward, s->flags = x->flags, s->stop = x->stop, s->state = 2;
+    if (x->routes && x->route_tokens > 0) { /* the record the trainer replays (docs/replay.md) */
+        size_t bytes = (size_t)x->route_tokens * x->route_moe * x->route_k * x->route_width;
+        s->routes = malloc(bytes);
+        if (!s->routes) return prl_error_set(PRL_ERR_NOMEM, "sample routes");
+        memcpy(s->routes, x->routes, bytes);
+        s->routes_bytes = bytes;
+        s->route_shape[0] = x->route_tokens, s->route_shape[1] = x->route_moe;
+        s->route_shape[2] = x->route_k, s->route_shape[3] = x->route_width;
+    }
     s->gen_s = x->gen_seconds, s->score_s = x->reward_seconds;
     snprintf(s->worker, sizeof s->worker, "%s", x->worker ? x->worker : "");
     (void)c;
@@ -668,6 +677,57 @@ static int trainable(const ctl *c, const step_run *r)
     return 0;
 }
 
+/* A route record of shape [tokens][moe][k] x width holds `bytes` bytes and at most one row
+** per fed token of a sequence of n tokens. */
+static int routes_shape_ok(const int *sh, size_t bytes, size_t n)
+{
+    if (sh[0] < 1 || (size_t)sh[0] > n - 1 || sh[1] < 1 || sh[1] > PRL_MAX_LAYERS || sh[2] < 1 ||
+        sh[2] > 256 || (sh[3] != 1 && sh[3] != 2))
+        return 0;
+    return bytes == (size_t)sh[0] * sh[1] * sh[2] * sh[3];
+}
+
+/* A slot's route record fits the reference shape `ref` (tokens ignored) and its tokens. */
+static int slot_routes_fit(const slot *s, const int *ref)
+{
+    const int *sh = s->route_shape;
+    return s->routes && routes_shape_ok(sh, s->routes_bytes, (size_t)s->n) && sh[1] == ref[1] &&
+           sh[2] == ref[2] && sh[3] == ref[3];
+}
+
+/* The routes frames of `train` (docs/replay.md): every kept sample's route record, in the
+** shape of the first record; a sample without one (or of another shape) gets 0 rows and
+** routes natively in the trainer. No frames when no sample has a record. */
+static prl_status train_routes(ctl *c, step_run *r, prl_grpo_batch *b)
+{
+    const int *ref = NULL;
+    size_t rows = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int k = 0;
+        size_t at = 0;
+        for (int i = 0; i < r->n; i++)
+            for (int j = 0; r->g[i].verdict == 1 && j < c->G; j++) {
+                const slot *s = &r->g[i].s[j];
+                if (!sample_fresh(c, r, s)) continue;
+                if (!ref && s->routes && s->route_shape[0] > 0) ref = s->route_shape;
+                int fit = ref && slot_routes_fit(s, ref);
+                if (pass == 0 && fit) rows += (size_t)s->route_shape[0];
+                if (pass == 1 && fit) {
+                    b->route_rows[k] = s->route_shape[0];
+                    memcpy(b->routes + at, s->routes, s->routes_bytes);
+                    at += s->routes_bytes;
+                }
+                k++;
+            }
+        if (pass == 0 && !rows) return PRL_OK;
+        if (pass == 0) {
+            prl_status rc = prl_grpo_batch_routes_init(b, ref[1], ref[2], ref[3], rows);
+            if (rc) return rc;
+        }
+    }
+    return PRL_OK;
+}
+
 /* Pack a step's kept, fresh samples into a `train` message (docs/pipeline.md). */
 static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t lease_id)
 {
@@ -696,6 +756,7 @@ static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t leas
             at += (size_t)s->n, rat += (size_t)nr, k++;
         }
     if (!rc) b.offsets[cnt] = (int32_t)at;
+    if (!rc) rc = train_routes(c, r, &b);
     if (!rc) rc = prl_bus_msg_init(m, "train", c->job->name, ++c->next_id);
     if (!rc) rc = prl_bus_msg_set_uint(m, "lease", lease_id);
     if (!rc) rc = prl_bus_msg_set_uint(m, "step", (uint64_t)r->step);
@@ -954,6 +1015,14 @@ static void on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
             if (s->routes) memcpy(s->routes, rt->data, rt->bytes), s->routes_bytes = rt->bytes;
             json_t *shape = json_object_get(mj, "route_shape");
             for (int k = 0; k < 4; k++) s->route_shape[k] = (int)json_integer_value(json_array_get(shape, (size_t)k));
+            if (!routes_shape_ok(s->route_shape, s->routes_bytes, tok->count)) {
+                /* stored and trained alike: without routes (the trainer routes natively) */
+                logf_("result: routes of shape [%d][%d][%d] x %d do not match their %zu bytes "
+                      "and %zu tokens: dropped", s->route_shape[0], s->route_shape[1],
+                      s->route_shape[2], s->route_shape[3], s->routes_bytes, tok->count);
+                free(s->routes), s->routes = NULL, s->routes_bytes = 0;
+                memset(s->route_shape, 0, sizeof s->route_shape);
+            }
         }
         if (!s->tokens || !s->logprobs || !s->mask || !s->turns) {
             logf_("out of memory for a result");
@@ -1201,6 +1270,17 @@ static prl_status step_commit(ctl *c, step_run *r, const char *path, uint64_t su
     return rc;
 }
 
+/* The trainer flagged a collapsed router (route_entropy_alarm, docs/replay.md): an event in
+** run.db with the per-layer routing entropies. */
+static void routing_alarm(ctl *c, int64_t step, json_t *metrics)
+{
+    if (json_integer_value(json_object_get(metrics, "route_entropy_alarm")) != 1) return;
+    char *h = json_dumps(json_object_get(metrics, "route_entropy"), JSON_COMPACT);
+    event(c, "routing_collapse", "{\"step\": %lld, \"route_entropy\": %s, \"alarm_fraction\": %g}",
+          (long long)step, h ? h : "null", c->job->replay_entropy_alarm);
+    free(h);
+}
+
 static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
 {
     int bad = 0;
@@ -1228,6 +1308,7 @@ static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
         free(metrics), json_decref(mj);
         return;
     }
+    routing_alarm(c, (int64_t)step, mj);
     json_decref(mj);
     if (r->train_lease) lease_end(c, r->train_lease);
     r->train_lease = 0;

@@ -630,10 +630,14 @@ static void gate_rows(void *p, int r0, int r1)
     token_ctx *c = p;
     layer_acts *la = c->la;
     int E = c->D.E, K = c->D.K;
-    for (int n = r0; n < r1; n++)
+    for (int n = r0; n < r1; n++) {
+        /* a PRL_ROUTE_NATIVE row (validated whole) routes natively: no forced ids */
+        const int32_t *f = c->forced ? c->forced + (size_t)n * K : NULL;
+        if (f && f[0] == PRL_ROUTE_NATIVE) f = NULL;
         prl_moe_gate_forward(la->sel + (size_t)n * K, la->g + (size_t)n * K, la->s + (size_t)n * E,
-                             la->z + (size_t)n * E, c->bias, c->forced ? c->forced + (size_t)n * K : NULL,
-                             E, K, c->m->cfg.norm_topk_prob, c->m->cfg.routed_scaling_factor);
+                             la->z + (size_t)n * E, c->bias, f, E, K, c->m->cfg.norm_topk_prob,
+                             c->m->cfg.routed_scaling_factor);
+    }
 }
 
 static void gather_rows(void *p, int r0, int r1)
@@ -751,6 +755,26 @@ static void aux_losses(const prl_model *m, const layer_acts *la, const prl_batch
     }
 }
 
+/* Each override row: K expert ids in range, or K × PRL_ROUTE_NATIVE (route natively). */
+static prl_status validate_override(const prl_model *m, const int32_t *ov, int N)
+{
+    int K = m->cfg.num_experts_per_tok, E = m->cfg.n_routed_experts;
+    size_t rows = (size_t)m->n_moe * N;
+    for (size_t r = 0; r < rows; r++) {
+        const int32_t *row = ov + r * K;
+        int native = row[0] == PRL_ROUTE_NATIVE;
+        for (int k = 0; k < K; k++) {
+            if (native && row[k] == PRL_ROUTE_NATIVE) continue;
+            if (native || row[k] < 0 || row[k] >= E)
+                return prl_error_set(PRL_ERR_RANGE, "route override entry %zu: expert %d out of "
+                                     "range [0, %d)%s", r * K + k, row[k], E,
+                                     native || row[k] == PRL_ROUTE_NATIVE
+                                         ? " (a native row must be all PRL_ROUTE_NATIVE)" : "");
+        }
+    }
+    return PRL_OK;
+}
+
 static prl_status validate_batch(const prl_model *m, const prl_batch *b)
 {
     const prl_config *c = &m->cfg;
@@ -776,14 +800,7 @@ static prl_status validate_batch(const prl_model *m, const prl_batch *b)
             return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: target id %d out of "
                                  "range [-1, %d)", n / b->T, n % b->T, b->targets[n], c->vocab_size);
     }
-    if (b->route_override) {
-        size_t total = (size_t)m->n_moe * N * c->num_experts_per_tok;
-        for (size_t i = 0; i < total; i++)
-            if (b->route_override[i] < 0 || b->route_override[i] >= c->n_routed_experts)
-                return prl_error_set(PRL_ERR_RANGE, "route override entry %zu: expert %d out of "
-                                     "range [0, %d)", i, b->route_override[i], c->n_routed_experts);
-    }
-    return PRL_OK;
+    return b->route_override ? validate_override(m, b->route_override, N) : PRL_OK;
 }
 
 /* Rows of the LM head's output: log-probs in the forward, ∂/∂logits in the backward. */

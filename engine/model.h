@@ -126,8 +126,14 @@ typedef struct prl_batch {
     const int32_t *targets;        /* [B*T] target token per position, -1 = none; NULL = none */
     const float *weights;          /* [B*T] ∂loss/∂logp per position (backward); NULL = 0 */
     double temperature;            /* log-probs are log_softmax(logits / temperature) */
-    const int32_t *route_override; /* NULL, or [n_moe][B*T][K] expert ids to use */
+    const int32_t *route_override; /* NULL, or [n_moe][B*T][K] expert ids to use; a row of K
+                                   ** PRL_ROUTE_NATIVE routes that (layer, position) natively */
 } prl_batch;
+
+/* A route_override row of K of these means "route natively here" (top-K of s + bias), so a
+** replay can be partial per (MoE layer, position) — Masked R3 (docs/replay.md). A row is
+** either all PRL_ROUTE_NATIVE or all expert ids. */
+enum { PRL_ROUTE_NATIVE = -1 };
 
 /* Owned buffers behind a prl_batch of up to `rows` sequences × `cols` positions (batch.c;
 ** init/free pair). A view of B ≤ rows rows of T ≤ cols positions lays rows out with stride

@@ -262,12 +262,24 @@ typedef struct prl_grpo_batch {
     int32_t *groups;      /* [n], the group (prompt) of each sample */
     float *logprobs;      /* [n_response] infer log-probs, finite, <= 0 */
     uint8_t *mask;        /* [n_response] 0 or 1 */
+    /* MoE routes recorded by the rollout engine (optional: all 0/NULL without them;
+    ** docs/replay.md). Sample i has route_rows[i] rows (0 = no record, at most length − 1:
+    ** row p is the route of token p), each route_moe × route_k ids of route_width bytes
+    ** (prl_routes_pack, token-major); `routes` holds them sample after sample. */
+    int route_moe, route_k, route_width;
+    int32_t *route_rows;  /* [n] or NULL */
+    uint8_t *routes;      /* [routes_bytes] or NULL */
+    size_t routes_bytes;
 } prl_grpo_batch;
 
 /* Allocate the arrays (zeroed) for n samples of n_tokens tokens with n_response response
 ** tokens; the caller fills them. */
 prl_status prl_grpo_batch_init(prl_grpo_batch *b, int n, size_t n_tokens, size_t n_response);
 void prl_grpo_batch_free(prl_grpo_batch *b);
+/* Allocate the route arrays (zeroed; owned by the batch) for `rows` route rows in all of
+** route_moe × route_k ids of `width` bytes; the caller fills route_rows and routes. */
+prl_status prl_grpo_batch_routes_init(prl_grpo_batch *b, int route_moe, int route_k, int width,
+                                      size_t rows);
 /* Check every size and value (see the field comments); errors name the array and sample. */
 prl_status prl_grpo_batch_check(const prl_grpo_batch *b);
 /* The response of sample i: its first token's index into logprobs/mask (*first) and count
@@ -275,11 +287,12 @@ prl_status prl_grpo_batch_check(const prl_grpo_batch *b);
 void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int *len);
 
 /* Read a decoded `train` message (field count; frames tokens, offsets, prompt_lens, rewards,
-** groups, logprobs, mask) into a new batch `b`. Every frame's presence, dtype and size and
+** groups, logprobs, mask; optionally frames route_rows and routes with fields route_moe,
+** route_k, route_width) into a new batch `b`. Every frame's presence, dtype and size and
 ** every value is checked; an error (PRL_ERR_FORMAT) names the frame (and the sample), and
 ** leaves `b` empty. */
 prl_status prl_grpo_batch_from_msg(prl_grpo_batch *b, const struct prl_bus_msg *m);
-/* Add field count and the seven frames to `m`, a `train` message the caller initialised
+/* Add field count and the seven frames (nine with routes) to `m`, a `train` message the caller initialised
 ** (and gives lease, step, policy_version, path). The batch is checked first. */
 prl_status prl_grpo_batch_to_msg(const prl_grpo_batch *b, struct prl_bus_msg *m);
 
@@ -296,6 +309,10 @@ typedef struct prl_grpo_train_config {
     double kl_coef;              /* grpo.kl_coef: weight of the k3 KL to `ref` (0 = off) */
     prl_model *ref;              /* borrowed reference model (needed iff kl_coef > 0) */
     prl_grpo_corr_config corr;   /* grpo.correction.*: default none (the plain update) */
+    int replay_mode;             /* replay.mode: a prl_replay_mode (replay/replay.h), 0 = none */
+    double replay_tau;           /* replay.tau: Masked R3 threshold on |I_train ∩ I_infer|/K */
+    double entropy_alarm;        /* replay.entropy_alarm: alarm when a layer's routing entropy
+                                 ** < entropy_alarm · ln N_experts (0 = never) */
 } prl_grpo_train_config;
 
 void prl_grpo_train_config_default(prl_grpo_train_config *c);
@@ -331,6 +348,19 @@ typedef struct prl_grpo_step_stats {
     double corr_masked_frac;    /* share masked */
     double is_weight_mean, is_weight_min, is_weight_max, is_weight_ess;
     double seconds;         /* wall time of the step */
+    /* routing (docs/replay.md), per MoE layer l < n_moe, over the route positions (tokens with
+    ** a next token) of the trained samples, from the native old-policy pass */
+    int replay_mode;        /* the step's prl_replay_mode */
+    int n_moe;
+    double route_overlap[PRL_MAX_LAYERS];  /* mean |I_train ∩ I_infer| / K, I_train the native
+                                           ** selection (NaN: no record) */
+    double route_overlap_used[PRL_MAX_LAYERS]; /* the same with the routes lp_old used (after
+                                           ** replay): 1 under R3 */
+    double route_replayed[PRL_MAX_LAYERS]; /* share of the positions replayed */
+    double route_entropy[PRL_MAX_LAYERS];  /* H_l of the layer's expert load (nats) */
+    int route_entropy_alarm;/* some layer had H_l < entropy_alarm · ln N_experts */
+    int route_records;      /* trained samples with a usable route record */
+    int route_rejected;     /* samples whose record was rejected (bad or repeated id) */
 } prl_grpo_step_stats;
 
 /* One GRPO step on batch `b` (docs/grpo.md "Training step"): advantages per group; old

@@ -13,6 +13,7 @@
 ** engine's kernels do not depend on the thread count.
 */
 #include "grpo/grpo.h"
+#include "grpo/replay_step.h"
 
 #include "bus/bus.h"
 #include "job/job.h"
@@ -62,7 +63,26 @@ void prl_grpo_batch_free(prl_grpo_batch *b)
     free(b->groups);
     free(b->logprobs);
     free(b->mask);
+    free(b->route_rows);
+    free(b->routes);
     memset(b, 0, sizeof *b);
+}
+
+prl_status prl_grpo_batch_routes_init(prl_grpo_batch *b, int route_moe, int route_k, int width,
+                                      size_t rows)
+{
+    free(b->route_rows), free(b->routes);
+    b->route_moe = route_moe, b->route_k = route_k, b->route_width = width;
+    b->routes_bytes = rows * (size_t)(route_moe > 0 ? route_moe : 0) *
+                      (size_t)(route_k > 0 ? route_k : 0) * (size_t)(width > 0 ? width : 0);
+    b->route_rows = calloc((size_t)b->n, sizeof *b->route_rows);
+    b->routes = calloc(b->routes_bytes ? b->routes_bytes : 1, 1);
+    if (!b->route_rows || !b->routes) {
+        free(b->route_rows), free(b->routes);
+        b->route_rows = NULL, b->routes = NULL, b->routes_bytes = 0;
+        return prl_error_set(PRL_ERR_NOMEM, "routes of %zu rows", rows);
+    }
+    return PRL_OK;
 }
 
 /* offsets, prompt_lens and the response count (the layout every other check relies on). */
@@ -117,10 +137,38 @@ static prl_status check_values(const prl_grpo_batch *b)
     return PRL_OK;
 }
 
+/* Routes, when present: a shape, at most length − 1 rows per sample, bytes that add up. */
+static prl_status check_routes(const prl_grpo_batch *b)
+{
+    if (!b->route_rows && !b->routes) return PRL_OK;
+    if (!b->route_rows || !b->routes)
+        return prl_error_set(PRL_ERR_FORMAT, "routes: frames 'route_rows' and 'routes' go together");
+    if (b->route_moe < 1 || b->route_moe > PRL_MAX_LAYERS || b->route_k < 1 ||
+        b->route_k > 256 || (b->route_width != 1 && b->route_width != 2))
+        return prl_error_set(PRL_ERR_FORMAT, "routes: shape route_moe %d, route_k %d, route_width "
+                             "%d (need 1..%d, 1..256, 1 or 2)", b->route_moe, b->route_k,
+                             b->route_width, PRL_MAX_LAYERS);
+    size_t rows = 0;
+    for (int i = 0; i < b->n; i++) {
+        int len = b->offsets[i + 1] - b->offsets[i];
+        if (b->route_rows[i] < 0 || b->route_rows[i] > len - 1)
+            return prl_error_set(PRL_ERR_FORMAT, "route_rows: sample %d has %d route rows, not in "
+                                 "[0, %d] (its length - 1)", i, b->route_rows[i], len - 1);
+        rows += (size_t)b->route_rows[i];
+    }
+    size_t want = rows * (size_t)b->route_moe * (size_t)b->route_k * (size_t)b->route_width;
+    if (want != b->routes_bytes)
+        return prl_error_set(PRL_ERR_FORMAT, "routes: %zu bytes, but %zu rows of %d x %d ids of "
+                             "%d bytes need %zu", b->routes_bytes, rows, b->route_moe, b->route_k,
+                             b->route_width, want);
+    return PRL_OK;
+}
+
 prl_status prl_grpo_batch_check(const prl_grpo_batch *b)
 {
     prl_status rc = check_layout(b);
-    return rc ? rc : check_values(b);
+    if (!rc) rc = check_values(b);
+    return rc ? rc : check_routes(b);
 }
 
 void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int *len)
@@ -155,6 +203,37 @@ static void copy_frame(void *dst, const prl_bus_frame *f)
     if (f->bytes) memcpy(dst, f->data, f->bytes);
 }
 
+/* The optional frames route_rows + routes and fields route_moe, route_k, route_width. */
+static prl_status routes_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
+{
+    const prl_bus_frame *rr = prl_bus_msg_frame(m, "route_rows"), *rt = prl_bus_msg_frame(m, "routes");
+    if (!rr && !rt) return PRL_OK;
+    if (!rr || !rt)
+        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is missing (routes need both "
+                             "'route_rows' and 'routes')", rr ? "routes" : "route_rows");
+    uint64_t shape[3];
+    const char *names[3] = {"route_moe", "route_k", "route_width"};
+    for (int k = 0; k < 3; k++) {
+        prl_status rc = prl_bus_msg_get_uint(m, names[k], &shape[k]);
+        if (rc) return rc;
+        if (shape[k] > 256)
+            return prl_error_set(PRL_ERR_FORMAT, "field '%s' = %llu is out of range", names[k],
+                                 (unsigned long long)shape[k]);
+    }
+    const prl_bus_frame *f;
+    prl_status rc = train_frame(m, "route_rows", PRL_BUS_I32, (size_t)b->n, &f);
+    if (!rc) rc = train_frame(m, "routes", PRL_BUS_U8, SIZE_MAX, &f);
+    if (rc) return rc;
+    b->route_moe = (int)shape[0], b->route_k = (int)shape[1], b->route_width = (int)shape[2];
+    b->route_rows = malloc((size_t)b->n * sizeof *b->route_rows);
+    b->routes = malloc(rt->bytes ? rt->bytes : 1);
+    if (!b->route_rows || !b->routes) return prl_error_set(PRL_ERR_NOMEM, "routes");
+    copy_frame(b->route_rows, rr);
+    copy_frame(b->routes, rt);
+    b->routes_bytes = rt->bytes;
+    return PRL_OK;
+}
+
 static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
 {
     if (strcmp(m->type, "train") != 0)
@@ -166,7 +245,8 @@ static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
         return prl_error_set(PRL_ERR_FORMAT, "field 'count' = %llu samples (need 1 .. %zu)",
                              (unsigned long long)count, PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t) - 1);
     size_t n = (size_t)count;
-    const prl_bus_frame *tok, *off, *pl, *rew, *grp, *lp, *mask;
+    const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *rew = NULL, *grp = NULL, *lp = NULL,
+                        *mask = NULL;
     if ((rc = train_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
         (rc = train_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
         (rc = train_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
@@ -186,7 +266,9 @@ static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
     copy_frame(b->groups, grp);
     copy_frame(b->logprobs, lp);
     copy_frame(b->mask, mask);
-    if ((rc = prl_grpo_batch_check(b))) prl_grpo_batch_free(b);
+    rc = routes_from_msg(b, m);
+    if (!rc) rc = prl_grpo_batch_check(b);
+    if (rc) prl_grpo_batch_free(b);
     return rc;
 }
 
@@ -210,6 +292,13 @@ prl_status prl_grpo_batch_to_msg(const prl_grpo_batch *b, prl_bus_msg *m)
         (rc = prl_bus_msg_add_frame(m, "logprobs", PRL_BUS_F32, b->logprobs, b->n_response)) ||
         (rc = prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, b->mask, b->n_response)))
         return rc;
+    if (!b->route_rows) return PRL_OK;
+    if ((rc = prl_bus_msg_set_uint(m, "route_moe", (uint64_t)b->route_moe)) ||
+        (rc = prl_bus_msg_set_uint(m, "route_k", (uint64_t)b->route_k)) ||
+        (rc = prl_bus_msg_set_uint(m, "route_width", (uint64_t)b->route_width)) ||
+        (rc = prl_bus_msg_add_frame(m, "route_rows", PRL_BUS_I32, b->route_rows, (size_t)b->n)) ||
+        (rc = prl_bus_msg_add_frame(m, "routes", PRL_BUS_U8, b->routes, b->routes_bytes)))
+        return rc;
     return PRL_OK;
 }
 
@@ -220,7 +309,7 @@ void prl_grpo_train_config_default(prl_grpo_train_config *c)
     *c = (prl_grpo_train_config){.adv_norm = PRL_GRPO_NORM_STD, .adv_eps = 1e-6,
                                  .singleton = PRL_GRPO_SINGLETON_ZERO, .ppo_epochs = 1,
                                  .minibatches = 1, .micro_rows = 8, .grad_clip = 1.0,
-                                 .temperature = 1.0};
+                                 .temperature = 1.0, .replay_tau = 0.5};
     prl_grpo_loss_config_default(&c->loss);
     prl_grpo_corr_config_default(&c->corr);
 }
@@ -246,7 +335,8 @@ prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_jo
     c->kl_coef = j->kl_coef;
     rc = prl_grpo_corr_config_from_job(&c->corr, j);
     if (rc) return rc;
-    return prl_grpo_train_config_check(c);
+    rc = prl_grpo_replay_config_from_job(c, j);
+    return rc ? rc : prl_grpo_train_config_check(c);
 }
 
 prl_status prl_grpo_optim_config_from_job(prl_optim_config *oc, const prl_job_config *j)
@@ -280,7 +370,8 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
     if (c->loss.kind != PRL_GRPO_LOSS_PPO_CLIP) /* reinforce comes with bypass mode only */
         return prl_error_set(PRL_ERR_CONFIG, "grpo: the loss kind is set by "
                              "grpo.correction.bypass_loss, not in the loss config");
-    return prl_grpo_corr_config_check(&c->corr);
+    rc = prl_grpo_corr_config_check(&c->corr);
+    return rc ? rc : prl_grpo_replay_config_check(c);
 }
 
 /* ------------------------------------------------------------------ the step -------- */
@@ -325,6 +416,7 @@ typedef struct step_ctx {
     uint8_t *mask_rows;   /* [micro_rows × ctx] */
     double *adv_rows;     /* [micro_rows] */
     step_corr corr;       /* the mismatch correction's state */
+    prl_grpo_replay rp;   /* routing replay and metrics (replay_step.h) */
 } step_ctx;
 
 static void step_free(step_ctx *s)
@@ -335,6 +427,7 @@ static void step_free(step_ctx *s)
     free(s->mask_rows), free(s->adv_rows);
     free(s->corr.seq_start), free(s->corr.mask), free(s->corr.iw), free(s->corr.keep);
     free(s->corr.iw_rows), free(s->corr.row_start);
+    prl_grpo_replay_free(&s->rp);
 }
 
 static prl_status step_alloc(step_ctx *s)
@@ -363,7 +456,8 @@ static prl_status step_alloc(step_ctx *s)
         !s->corr.seq_start || !s->corr.mask || !s->corr.iw || !s->corr.keep ||
         !s->corr.iw_rows || !s->corr.row_start)
         return prl_error_set(PRL_ERR_NOMEM, "grpo step of %d samples", b->n);
-    return prl_batch_buf_init(&s->bb, s->c->micro_rows, s->ctx);
+    prl_status rc = prl_batch_buf_init(&s->bb, s->c->micro_rows, s->ctx);
+    return rc ? rc : prl_grpo_replay_init(&s->rp, s->m, b, s->c, s->c->micro_rows, s->ctx);
 }
 
 /* Every sample fits the model: length <= context, token ids < vocabulary. */
@@ -479,6 +573,21 @@ static void mask_of_rows(const prl_batch *batch, uint8_t *mask)
 
 static prl_status step_corr_prepare(step_ctx *s, prl_grpo_step_stats *st);
 
+/* lp_old of the rows into lp_new: the native pass (routing metrics and the replay choice at
+** θ_old), then, when the mode replays records, the pass with the chosen routes (docs/replay.md). */
+static prl_status old_logprobs(step_ctx *s, int k0, prl_batch *batch)
+{
+    prl_status rc = prl_model_logprobs(s->m, batch, s->lp_new);
+    if (rc) return rc;
+    prl_grpo_replay_observe(&s->rp, s->m, batch, s->kept + k0);
+    if (!prl_grpo_replay_relog(&s->rp)) return PRL_OK;
+    batch->route_override = prl_grpo_replay_override(&s->rp, batch, s->kept + k0);
+    rc = prl_model_logprobs(s->m, batch, s->lp_new);
+    if (rc == PRL_OK) prl_grpo_replay_observe_used(&s->rp, s->m, batch, s->kept + k0);
+    batch->route_override = NULL; /* the reference model routes by itself */
+    return rc;
+}
+
 /* Old (and reference) log-probs of every kept sample, before any update; the mismatch stats
 ** and the decoupled correction weights. */
 static prl_status step_recompute(step_ctx *s, prl_grpo_step_stats *st)
@@ -487,7 +596,7 @@ static prl_status step_recompute(step_ctx *s, prl_grpo_step_stats *st)
     for (int k0 = 0; rc == PRL_OK && k0 < s->n_kept; k0 += s->c->micro_rows) {
         int rows = s->n_kept - k0 < s->c->micro_rows ? s->n_kept - k0 : s->c->micro_rows;
         prl_batch batch = pack_rows(s, k0, rows);
-        rc = prl_model_logprobs(s->m, &batch, s->lp_new);
+        rc = old_logprobs(s, k0, &batch);
         if (rc == PRL_OK) rows_to_flat(s, k0, &batch, s->lp_new, s->lp_old);
         if (rc == PRL_OK && s->c->kl_coef > 0) {
             rc = prl_model_logprobs(s->c->ref, &batch, s->lp_new);
@@ -552,6 +661,7 @@ static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_sta
     for (int r0 = k0; rc == PRL_OK && r0 < k1; r0 += s->c->micro_rows) {
         int rows = k1 - r0 < s->c->micro_rows ? k1 - r0 : s->c->micro_rows;
         prl_batch batch = pack_rows(s, r0, rows);
+        batch.route_override = prl_grpo_replay_override(&s->rp, &batch, s->kept + r0);
         if ((rc = prl_model_forward(s->m, &batch, s->lp_new, NULL))) break;
         flat_to_rows(s, r0, &batch, s->corr.bypass ? s->b->logprobs : s->lp_old, s->old_rows);
         mask_of_rows(&batch, s->mask_rows);
@@ -617,6 +727,7 @@ static prl_status step_run(step_ctx *s, prl_optim *o, prl_grpo_step_stats *st)
         st->kl /= u, st->grad_norm /= u;
     }
     if (rc == PRL_OK) step_corr_stats(s, st);
+    if (rc == PRL_OK) prl_grpo_replay_stats(&s->rp, st);
     return rc;
 }
 
@@ -802,6 +913,7 @@ char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
         json_object_set_new(o, ints[i].k, json_integer(ints[i].v));
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) set_real(o, reals[i].k, reals[i].v);
     mismatch_to_json(o, st);
+    prl_grpo_replay_stats_json(o, st);
     char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     return text;

@@ -53,6 +53,11 @@ typedef struct prl_job_config {
         strict_kpop_phi;                                                 /* the strict setting */
     int pcc_rule;                /* pick the setting by the batch's train–rollout PCC */
     double pcc_threshold, extreme_ratio;
+    /* replay (docs/replay.md) */
+    char *replay_mode;           /* none | r2 | r3 | masked_r3 */
+    double replay_tau;           /* Masked R3 threshold on |I_train ∩ I_infer| / K */
+    double replay_entropy_alarm; /* alarm below this fraction of ln N_experts (0 = off) */
+    int replay_cached;           /* rollout: Cached R3 (first-seen routes across turns) */
     /* optim */
     char *optimizer;             /* adamw | muon */
     double lr, weight_decay, grad_clip;

@@ -4,6 +4,8 @@
 */
 #include "rollout/rollout.h"
 
+#include "replay/replay.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +34,7 @@ typedef struct play {
     prl_task_domain domain;
     prl_agent_env *env; /* Agent only */
     int done;
+    prl_route_cache cache; /* Cached R3: first-seen routes (cached_routes only) */
 } play;
 
 static prl_status append(prl_episode *ep, const int32_t *ids, const float *lp, int k, int sampled)
@@ -158,18 +161,41 @@ static prl_status react(play *p, const prl_tokenizer *tok, const char *turn,
     return rc;
 }
 
+/* Cached R3 (rl.md §3.5): merge this round's pass into the episode's first-seen routes and
+** make them the episode's record. */
+static prl_status cache_routes(play *p, const prl_gen_result *r)
+{
+    prl_episode *ep = p->ep;
+    if (!r->routes || r->n_route_tokens < 1) return PRL_OK;
+    size_t row = r->routes_bytes / (size_t)r->n_route_tokens;
+    prl_status rc = prl_route_cache_merge(&p->cache, ep->ids, ep->n, r->routes, r->n_route_tokens,
+                                          row, NULL);
+    if (rc) return rc;
+    size_t bytes = (size_t)p->cache.n * row;
+    uint8_t *copy = malloc(bytes ? bytes : 1);
+    if (!copy) return prl_error_set(PRL_ERR_NOMEM, "episode routes of %zu bytes", bytes);
+    memcpy(copy, p->cache.rows, bytes);
+    free(ep->routes);
+    ep->routes = copy, ep->routes_bytes = bytes, ep->n_route_tokens = p->cache.n;
+    return PRL_OK;
+}
+
 /* Take one generated turn into the episode and decide what happens next. */
 static prl_status take_turn(play *p, const prl_tokenizer *tok, const prl_gen_result *r,
-                            const prl_reward_exec *exec)
+                            const prl_reward_exec *exec, int cached)
 {
     prl_episode *ep = p->ep;
     prl_status rc = append(ep, r->tokens, r->logprobs, r->n, 1);
     if (rc) return rc;
     ep->turns++;
     ep->stop = (int)r->stop;
-    free(ep->routes); /* each round re-prefills the whole sequence: keep the newest routes */
-    ep->routes = r->routes, ep->routes_bytes = r->routes_bytes, ep->n_route_tokens = r->n_route_tokens;
-    ((prl_gen_result *)r)->routes = NULL;
+    if (cached) {
+        if ((rc = cache_routes(p, r))) return rc;
+    } else { /* each round re-prefills the whole sequence: keep the newest routes */
+        free(ep->routes);
+        ep->routes = r->routes, ep->routes_bytes = r->routes_bytes, ep->n_route_tokens = r->n_route_tokens;
+        ((prl_gen_result *)r)->routes = NULL;
+    }
     int k = r->n; /* the turn's text without its closing special */
     if (k > 0 && (r->tokens[k - 1] == PRL_TOKEN_END || r->tokens[k - 1] == PRL_TOKEN_EOS)) k--;
     char *text = NULL;
@@ -221,7 +247,7 @@ static prl_status round_once(prl_infer *e, const prl_tokenizer *tok, play *ps, i
     double dt = prl_now() - t0;
     for (int j = 0; !rc && j < k; j++) {
         ps[who[j]].ep->gen_seconds += dt;
-        rc = take_turn(&ps[who[j]], tok, &res[j], exec);
+        rc = take_turn(&ps[who[j]], tok, &res[j], exec, c->cached_routes);
     }
     for (int j = 0; j < k; j++) prl_gen_result_free(&res[j]);
     *active = 0;
@@ -257,7 +283,7 @@ prl_status prl_rollout_run(prl_infer *e, const prl_tokenizer *tok, json_t *const
         out[i].reward = out[i].result.score;
         free(task_json);
     }
-    for (int i = 0; i < n; i++) prl_agent_env_free(ps[i].env);
+    for (int i = 0; i < n; i++) prl_agent_env_free(ps[i].env), prl_route_cache_free(&ps[i].cache);
     free(ps);
     if (rc)
         for (int i = 0; i < n; i++) prl_episode_free(&out[i]);

@@ -7,7 +7,8 @@
 ** the Reasoning python tool — an observation turn `<|tool|> text <|end|> <|assistant|>` (mask 0:
 ** never trained on). Episodes run in rounds: every active episode generates its next turn in
 ** one continuous-batched call, so single-turn domains finish in one round. Each round re-prefills
-** the episode's whole sequence. The episode is then scored with reward/ (programs through the
+** the episode's whole sequence (with cached_routes, the routes of positions already fed are
+** kept from the first pass: Cached R3). The episode is then scored with reward/ (programs through the
 ** caller's executor, e.g. the sandbox).
 **
 ** Ownership: tasks are borrowed; an episode owns its arrays and texts (prl_episode_free).
@@ -22,6 +23,9 @@ typedef struct prl_rollout_config {
     int max_turns;              /* model turns per episode (default 10) */
     int score;                  /* 1 (default): score with the verifiers; 0: leave it to a
                                 ** reward worker (result and reward stay zero) */
+    int cached_routes;          /* Cached R3 (replay.cached, docs/replay.md): an episode keeps
+                                ** the routes of each position from the first pass that fed it;
+                                ** 0 (default): the last round's re-prefill routes */
 } prl_rollout_config;
 
 /* Greedy, 96 new tokens per turn, 10 turns, scored. */
@@ -36,8 +40,9 @@ typedef struct prl_episode {
     int n_msgs, turns;     /* messages; model turns */
     int truncated;         /* ended by a turn without <|end|> or by the context */
     int stop;              /* prl_stop_reason of the last model turn */
-    uint8_t *routes;       /* compact MoE routes (prl_routes_pack) of the last round's pass
-                           ** over the sequence: [n_route_tokens][n_moe][K] */
+    uint8_t *routes;       /* compact MoE routes (prl_routes_pack): [n_route_tokens][n_moe][K]
+                           ** of the last round's pass over the sequence, or with
+                           ** cached_routes the first-seen routes of every position */
     size_t routes_bytes;
     int n_route_tokens;    /* n - 1 when the last turn ended the episode */
     double gen_seconds;    /* wall time of the rounds this episode took part in */

@@ -422,9 +422,25 @@ static double model_loss(model_ctx *c)
     return st.loss;
 }
 
+/* A route override from the captured routes: `partial` = 0 forces every row as captured
+** (routes frozen); 1 forces every row to other experts (each id + 1 mod E, as a replay of a
+** disagreeing rollout would) except rows n ≡ 1 (mod 3), which are PRL_ROUTE_NATIVE. */
+static void make_override(int32_t *ov, const int32_t *captured, int n_moe, int N, int K, int E,
+                          int partial)
+{
+    for (int i = 0; i < n_moe; i++)
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++) {
+                size_t at = ((size_t)i * N + n) * K + k;
+                ov[at] = !partial ? captured[at]
+                         : n % 3 == 1 ? PRL_ROUTE_NATIVE : (captured[at] + 1) % E;
+            }
+}
+
 /* FD check of the whole model on a micro config: a few random elements of every tensor and
-** one random direction over all parameters, MoE routes frozen. */
-static void check_model_grad(const char *config)
+** one random direction over all parameters, MoE routes frozen (partial = 0) or partly forced
+** to other experts and partly native (partial = 1, see make_override). */
+static void check_model_grad_mode(const char *config, int partial)
 {
     model_ctx c;
     prl_config cfg;
@@ -450,13 +466,19 @@ static void check_model_grad(const char *config)
     }
     c.b = (prl_batch){.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets,
                       .weights = weights, .temperature = 0.9};
-    /* freeze routes: capture them, then always force them */
+    /* freeze routes: capture them, then always force them (or the partial override) */
     model_loss(&c);
     size_t nr = (size_t)c.m.n_moe * B * T * 2;
     int32_t *routes = malloc(nr * sizeof *routes);
-    memcpy(routes, prl_model_routes(&c.m), nr * sizeof *routes);
+    make_override(routes, prl_model_routes(&c.m), c.m.n_moe, B * T, 2, 4, partial);
     c.b.route_override = routes;
     double base = model_loss(&c);
+    if (partial) { /* forced rows took the override; native rows are a top-2 of 4 */
+        const int32_t *got = prl_model_routes(&c.m);
+        for (size_t i = 0; i < nr; i++)
+            if (routes[i] != PRL_ROUTE_NATIVE) ck_assert_int_eq(got[i], routes[i]);
+            else ck_assert(got[i] >= 0 && got[i] < 4);
+    }
     prl_model_zero_grad(&c.m);
     ck_assert_int_eq(prl_model_backward(&c.m, &c.b), PRL_OK);
     double worst = 0;
@@ -506,7 +528,39 @@ static void check_model_grad(const char *config)
     prl_model_free(&c.m);
 }
 
+static void check_model_grad(const char *config) { check_model_grad_mode(config, 0); }
+
 START_TEST(test_model_grad) { check_model_grad(micro_config); }
+END_TEST
+
+/* Routing replay: forced rows that disagree with the router, native rows between them. */
+START_TEST(test_model_grad_partial_override) { check_model_grad_mode(micro_config, 1); }
+END_TEST
+
+/* A native row must be whole; an id out of range is rejected. */
+START_TEST(test_override_rows_validated)
+{
+    prl_config cfg;
+    prl_model m;
+    ck_assert_int_eq(prl_config_parse(&cfg, micro_config, "micro"), PRL_OK);
+    ck_assert_int_eq(prl_model_init(&m, &cfg), PRL_OK);
+    prl_model_init_weights(&m, 5);
+    int32_t tok[4] = {1, 2, 3, 4}, ov[2 * 4 * 2];
+    for (int i = 0; i < 2 * 4 * 2; i++) ov[i] = PRL_ROUTE_NATIVE;
+    ck_assert_int_eq(m.n_moe, 2);
+    prl_batch b = {.B = 1, .T = 4, .tokens = tok, .temperature = 1, .route_override = ov};
+    float lp[4];
+    ck_assert_int_eq(prl_model_logprobs(&m, &b, lp), PRL_OK); /* all native */
+    ov[5] = 2; /* row 2: {-1, 2} is neither native nor forced */
+    ck_assert_int_eq(prl_model_logprobs(&m, &b, lp), PRL_ERR_RANGE);
+    ov[4] = 1, ov[5] = 4; /* expert 4 of 4 */
+    ck_assert_int_eq(prl_model_logprobs(&m, &b, lp), PRL_ERR_RANGE);
+    ov[5] = 3;
+    ck_assert_int_eq(prl_model_logprobs(&m, &b, lp), PRL_OK);
+    ck_assert_int_eq(prl_model_routes(&m)[4], 1);
+    ck_assert_int_eq(prl_model_routes(&m)[5], 3);
+    prl_model_free(&m);
+}
 END_TEST
 
 START_TEST(test_model_grad_swa_sinks)
@@ -564,6 +618,8 @@ static Suite *grad_suite(void)
     TCase *model = tcase_create("model");
     tcase_set_timeout(model, 300);
     tcase_add_test(model, test_model_grad);
+    tcase_add_test(model, test_model_grad_partial_override);
+    tcase_add_test(model, test_override_rows_validated);
     tcase_add_test(model, test_model_grad_swa_sinks);
     tcase_add_test(model, test_padding_is_inert);
     suite_add_tcase(s, model);

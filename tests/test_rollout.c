@@ -152,6 +152,111 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* A re-prefill that routes differently from the first pass (as another prefill kernel
+** would; this engine's prefill and decode route alike): from the first pass that feeds a
+** request from position 0 again — the second round — the router bias pulls every MoE layer
+** to expert 0. The infer path reads the bias live. */
+typedef struct drift_ctx {
+    prl_infer *e;
+    prl_model *m;
+    int max_pos[64]; /* per request index of a round */
+    int drifted;
+} drift_ctx;
+
+static int drift_hook(void *user, const char *name, const prl_real *data, int ndim,
+                      const int64_t *shape)
+{
+    (void)data, (void)ndim;
+    drift_ctx *c = user;
+    if (c->drifted || strcmp(name, "L0.attn.q") != 0) return 0; /* before any MoE layer */
+    const int32_t *req, *pos;
+    prl_infer_hook_rows(c->e, &req, &pos);
+    for (int64_t r = 0; r < shape[0]; r++) {
+        if (pos[r] == 0 && c->max_pos[req[r]] > 0) c->drifted = 1;
+        if (pos[r] > c->max_pos[req[r]]) c->max_pos[req[r]] = pos[r];
+    }
+    int E = c->m->cfg.n_routed_experts;
+    for (int i = 0; c->drifted && i < c->m->n_moe; i++) c->m->router_bias[(size_t)i * E] = 10;
+    return 0;
+}
+
+/* Play the tasks on `tm` with the drift hook armed afresh (bias 0). */
+static void play_drifting(prl_model *tm, prl_infer *e, const uint64_t *ids,
+                          const prl_rollout_config *c, prl_episode *out)
+{
+    static drift_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.e = e, ctx.m = tm;
+    memset(tm->router_bias, 0, (size_t)tm->n_moe * tm->cfg.n_routed_experts * sizeof *tm->router_bias);
+    prl_infer_set_hook(e, drift_hook, &ctx);
+    ck_assert_int_eq(prl_rollout_run(e, tok, tasks, ids, N, c, NULL, out), PRL_OK);
+}
+
+/* Cached R3 (rl.md §3.5): multi-turn agent episodes (every token a stop id, so each turn is
+** one token, and the environment answers each) whose later rounds re-prefill with other routes
+** (drift_hook). With cached_routes the record of a 3-turn episode starts with the record of its
+** first turn alone, byte for byte (first-seen, never overwritten); without, those rows are the
+** last re-prefill's and differ. Both cover every fed position; caching changes no token. */
+START_TEST(test_cached_routes)
+{
+    setup();
+    make_tasks(PRL_TASK_AGENT);
+    /* a model that opens a tool call at once: every embedding carries a large component 0
+    ** and only <|tool_call|>'s head row reads it; the turn "<|tool_call|>" is a malformed
+    ** call, so the environment answers and the episode goes on */
+    prl_model tm;
+    ck_assert_int_eq(prl_model_init(&tm, &model.cfg), PRL_OK);
+    memcpy(tm.params, model.params, model.n_params * sizeof *tm.params);
+    const prl_param_info *emb = prl_model_find(&tm, "model.embed_tokens.weight");
+    const prl_param_info *head = prl_model_find(&tm, "lm_head.weight");
+    ck_assert(emb && head);
+    int d = tm.cfg.hidden_size;
+    for (int v = 0; v < tm.cfg.vocab_size; v++) {
+        tm.params[emb->offset + (size_t)v * d] = 4.0f;
+        tm.params[head->offset + (size_t)v * d] = v == PRL_TOKEN_TOOL_CALL ? 1.0f : 0.0f;
+    }
+    uint64_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = 200 + (uint64_t)i;
+    static int32_t stops[PRL_TOKENIZER_N_BASE];
+    for (int t = 0; t < PRL_TOKENIZER_N_BASE; t++) stops[t] = t;
+    prl_rollout_config c = config();
+    c.sampling.stop_ids = stops, c.sampling.n_stop_ids = PRL_TOKENIZER_N_BASE;
+    prl_episode one[N], cached[N], plain[N];
+    const char *presets[2] = {"bf16", "fp32"};
+    for (int k = 0; k < 2; k++) {
+        prl_infer_options o;
+        ck_assert_int_eq(prl_infer_options_preset(&o, presets[k]), PRL_OK);
+        o.max_batch = 4;
+        prl_infer *e;
+        ck_assert_int_eq(prl_infer_init(&e, &tm, &o), PRL_OK);
+        c.max_turns = 1, c.cached_routes = 1;
+        play_drifting(&tm, e, ids, &c, one);
+        c.max_turns = 3;
+        play_drifting(&tm, e, ids, &c, cached);
+        c.cached_routes = 0;
+        play_drifting(&tm, e, ids, &c, plain);
+        int multi = 0, drift = 0;
+        for (int i = 0; i < N; i++) {
+            ck_assert_int_eq(cached[i].n, plain[i].n);
+            ck_assert(!memcmp(cached[i].ids, plain[i].ids, (size_t)plain[i].n * sizeof(int32_t)));
+            ck_assert_int_eq(cached[i].n_route_tokens, plain[i].n_route_tokens);
+            ck_assert_uint_eq(cached[i].routes_bytes, plain[i].routes_bytes);
+            ck_assert_int_le(cached[i].n_route_tokens, cached[i].n - 1);
+            ck_assert_int_ge(cached[i].n_route_tokens, one[i].n_route_tokens);
+            ck_assert(!memcmp(cached[i].routes, one[i].routes, one[i].routes_bytes));
+            multi += cached[i].turns >= 2;
+            drift += memcmp(plain[i].routes, one[i].routes, one[i].routes_bytes) != 0;
+            prl_episode_free(&one[i]), prl_episode_free(&cached[i]), prl_episode_free(&plain[i]);
+        }
+        ck_assert_int_eq(multi, N);
+        ck_assert_int_eq(drift, N); /* the re-prefill moved every first turn's routes */
+        prl_infer_free(e);
+    }
+    prl_model_free(&tm);
+    drop_tasks();
+}
+END_TEST
+
 int main(void)
 {
     if (prl_blas_init(2) != PRL_OK) return 1;
@@ -160,6 +265,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_layout_and_token_in_token_out);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_cached_routes);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
