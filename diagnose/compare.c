@@ -432,6 +432,10 @@ static prl_status ext_read_i32(const ext_ctx *x, const char *name, size_t numel,
 /* The dump's tokens must be the sequence's. */
 static prl_status ext_check_tokens(const ext_ctx *x, const prl_diag_seq *s, int32_t *scratch)
 {
+    const prl_safetensors_tensor *t = prl_safetensors_find(&x->st, "tokens");
+    if (t && t->numel != (size_t)s->n)
+        return prl_error_set(PRL_ERR_FORMAT, "%s: %zu tokens, but %s has %d: the dump is of other "
+                             "tokens", x->path, t->numel, s->label, s->n);
     int present;
     prl_status rc = ext_read_i32(x, "tokens", (size_t)s->n, scratch, &present);
     if (rc) return rc;
