@@ -85,22 +85,6 @@ static prl_status load_jsonl(const char *path, const prl_tokenizer *tok, int max
     return st;
 }
 
-/* The latest step of the run that has samples (-1 when none). */
-static prl_status latest_sample_step(prl_store *db, int64_t run, int64_t *step)
-{
-    int64_t last = -1, count = 0;
-    prl_status rc = prl_store_step_last(db, run, &last);
-    *step = -1;
-    for (int64_t s = last + 1; !rc && s >= 0; s--) { /* a step in progress has samples too */
-        if ((rc = prl_store_sample_count(db, run, s, -1, &count))) break;
-        if (count > 0) {
-            *step = s;
-            break;
-        }
-    }
-    return rc;
-}
-
 /* Up to max_n samples of one step of runs/NAME/run.db (the run's name is the directory's). */
 static prl_status load_run(const char *dir, int step_arg, int step_seen, int max_n, seq_list *out)
 {
@@ -122,7 +106,7 @@ static prl_status load_run(const char *dir, int step_arg, int step_seen, int max
     prl_status rc = prl_store_open(path, &db);
     if (!rc) rc = prl_store_run_get(db, name, &run);
     if (!rc && !step_seen) {
-        rc = latest_sample_step(db, run.id, &step);
+        rc = prl_store_sample_last_step(db, run.id, &step);
         if (!rc && step < 0) rc = prl_error_set(PRL_ERR_RANGE, "%s: run %s has no samples", path, name);
     }
     if (!rc) rc = prl_store_samples_for_step(db, run.id, step, -1, &smp, &ns);

@@ -9,15 +9,18 @@
 **   the sweep's attribution (precision and MLA form add mismatch, batch and threads none);
 **   external dumps (written here from the train path's own hooks): zero divergence, a
 **   perturbed tensor named first, wrong tokens and missing files named;
-**   bad sequences named; the JSON and HTML outputs.
+**   bad sequences named; the JSON and HTML outputs;
+**   `prl diagnose --run` on a run.db written here with the store API (latest step, --step, --n).
 */
 #include "diagnose/diagnose.h"
+#include "store/store.h"
 #include "tests/check_util.h"
 
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef PRL_SOURCE_DIR
@@ -396,6 +399,97 @@ START_TEST(test_external_dump)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ --run ----------- */
+
+#ifdef PRL_BIN
+/* `prl diagnose ARGS --json` (stderr dropped) parsed; NULL when it failed. */
+static json_t *run_prl(const char *args, const char *env)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s PRL_THREADS=1 %s diagnose %s --json 2>/dev/null", env ? env : "",
+             PRL_BIN, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    json_error_t err;
+    json_t *j = json_loadf(p, 0, &err);
+    int st = pclose(p);
+    if (st != 0) json_decref(j), j = NULL;
+    if (!j) fprintf(stderr, "%s: exit %d\n", cmd, st);
+    return j;
+}
+
+/* runs/demo/run.db: step 1 holds sequence 2, step 2 holds sequences 0 and 1. */
+static void write_run(const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/runs", dir);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/runs/demo", dir);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/runs/demo/run.db", dir);
+    prl_store *db;
+    int64_t run;
+    assert_ok(prl_store_open(path, &db));
+    assert_ok(prl_store_run_create(db, "demo", "{}", 1, &run));
+    static const char *ids[NSEQ] = {"p0", "p1", "p2"};
+    static const int steps[NSEQ] = {2, 2, 1};
+    float lp[SEQ_MAX] = {0};
+    for (int i = 0; i < NSEQ; i++) {
+        prl_store_prompt p = {.run = run, .prompt_id = ids[i], .domain = "reasoning",
+                              .split = "train", .task = "{}", .difficulty = 1};
+        assert_ok(prl_store_prompt_put(db, &p));
+        prl_store_sample s = {.run = run, .step = steps[i], .prompt_id = ids[i], .sample_index = 0,
+                              .tokens = seqs[i].tokens, .n_tokens = seqs[i].n,
+                              .prompt_len = seqs[i].prompt_len, .logprobs = lp, .worker = "rollout-0"};
+        assert_ok(prl_store_sample_put(db, &s, NULL));
+    }
+    prl_store_close(db);
+}
+
+START_TEST(test_cli_run_samples)
+{
+    char dir[] = "/tmp/prl-diag-run-XXXXXX", ck[600], args[2048];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    assert_ok(prl_checkpoint_save(&model, NULL, NULL, NULL, ck));
+    write_run(dir);
+    snprintf(args, sizeof args, "--ckpt %s --run %s/runs/demo --precision aligned --threshold 0", ck, dir);
+    json_t *j = run_prl(args, NULL);
+    ck_assert_msg(j != NULL, "prl diagnose %s failed", args);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "sequences")), 2); /* the latest step: 2 */
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "tokens")), seqs[0].n + seqs[1].n);
+    ck_assert(json_is_null(json_object_get(j, "first_divergent")));
+    json_t *lp = json_object_get(j, "logprob");
+    ck_assert_int_eq(json_integer_value(json_object_get(lp, "tokens")),
+                     seqs[0].n - seqs[0].prompt_len + seqs[1].n - seqs[1].prompt_len);
+    ck_assert_double_eq(json_real_value(json_object_get(lp, "max_abs")), 0);
+    json_decref(j);
+
+    j = run_prl(args, "PRL_INFER_FAULT=L1.attn.q:0.001");
+    ck_assert_ptr_nonnull(j);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "first_divergent"), "name")),
+                     "L1.attn.q");
+    json_decref(j);
+
+    snprintf(args, sizeof args, "--ckpt %s --run %s/runs/demo --step 1", ck, dir);
+    j = run_prl(args, NULL);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "tokens")), seqs[2].n);
+    json_decref(j);
+    snprintf(args, sizeof args, "--ckpt %s --run %s/runs/demo --n 1", ck, dir);
+    j = run_prl(args, NULL);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "tokens")), seqs[0].n); /* p0 first */
+    json_decref(j);
+    snprintf(args, sizeof args, "--ckpt %s --run %s/runs/demo --step 7", ck, dir);
+    ck_assert_ptr_null(run_prl(args, NULL)); /* no samples at step 7: an error */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+#endif
+
 /* ------------------------------------------------------------------ output ---------- */
 
 START_TEST(test_json_and_html)
@@ -456,6 +550,9 @@ int main(void)
     tcase_add_test(t, test_bad_sequences_named);
     tcase_add_test(t, test_external_dump);
     tcase_add_test(t, test_json_and_html);
+#ifdef PRL_BIN
+    tcase_add_test(t, test_cli_run_samples);
+#endif
     suite_add_tcase(s, t);
     int rc = check_run(s);
     prl_model_free(&model);
