@@ -232,3 +232,29 @@ int cli_jsonl_prompt_len(json_t *obj, const uint8_t *mask, size_t n)
     json_t *v = json_object_get(obj, "prompt_len");
     return json_is_integer(v) ? (int)json_integer_value(v) : 1;
 }
+
+prl_status cli_jsonl_for_each(const char *path, cli_jsonl_fn fn, void *user)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %m", path);
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int line = 0, go = 1;
+    prl_status st = PRL_OK;
+    while (st == PRL_OK && go && (len = getline(&buf, &cap, f)) >= 0) {
+        line++;
+        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
+        json_error_t err;
+        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
+        if (!obj) {
+            st = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", path, line, err.text);
+            break;
+        }
+        st = fn(user, obj, line, &go);
+        json_decref(obj);
+    }
+    free(buf);
+    fclose(f);
+    return st;
+}

@@ -64,6 +64,12 @@ prl_status cli_jsonl_sequence(json_t *obj, const prl_tokenizer *tok, const char 
 ** else its "prompt_len", else 1. */
 int cli_jsonl_prompt_len(json_t *obj, const uint8_t *mask, size_t n);
 
+/* Call fn for every non-blank line of a JSONL file, in order, with the parsed object (owned by
+** the caller of fn) and its 1-based line number; fn stops the loop by returning an error or by
+** clearing *go. Unreadable files and invalid JSON are errors naming FILE:LINE. */
+typedef prl_status (*cli_jsonl_fn)(void *user, json_t *obj, int line, int *go);
+prl_status cli_jsonl_for_each(const char *path, cli_jsonl_fn fn, void *user);
+
 /* One row of a subcommand table (main.c's commands, cmd_role.c's roles). */
 typedef struct cli_command {
     const char *name;

@@ -49,38 +49,34 @@ static prl_status seq_list_add(seq_list *l, int32_t *ids, int n, int prompt_len,
     return PRL_OK;
 }
 
+typedef struct jsonl_ctx {
+    const char *path;
+    const prl_tokenizer *tok;
+    int max_n;
+    seq_list *out;
+} jsonl_ctx;
+
+static prl_status jsonl_one(void *user, json_t *obj, int line, int *go)
+{
+    jsonl_ctx *c = user;
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    size_t n = 0;
+    prl_status st = cli_jsonl_sequence(obj, c->tok, c->path, line, &ids, &mask, &n);
+    int P = st == PRL_OK ? cli_jsonl_prompt_len(obj, mask, n) : 0;
+    free(mask);
+    char label[512];
+    snprintf(label, sizeof label, "%s:%d", c->path, line);
+    if (st == PRL_OK) st = seq_list_add(c->out, ids, (int)n, P, label);
+    *go = c->out->n < c->max_n;
+    return st;
+}
+
 /* Up to max_n lines of a JSONL file. */
 static prl_status load_jsonl(const char *path, const prl_tokenizer *tok, int max_n, seq_list *out)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %m", path);
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int line = 0;
-    prl_status st = PRL_OK;
-    while (st == PRL_OK && out->n < max_n && (len = getline(&buf, &cap, f)) >= 0) {
-        line++;
-        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
-        json_error_t err;
-        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
-        if (!obj) {
-            st = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", path, line, err.text);
-            break;
-        }
-        int32_t *ids = NULL;
-        uint8_t *mask = NULL;
-        size_t n = 0;
-        st = cli_jsonl_sequence(obj, tok, path, line, &ids, &mask, &n);
-        int P = st == PRL_OK ? cli_jsonl_prompt_len(obj, mask, n) : 0;
-        json_decref(obj);
-        free(mask);
-        char label[512];
-        snprintf(label, sizeof label, "%s:%d", path, line);
-        if (st == PRL_OK) st = seq_list_add(out, ids, (int)n, P, label);
-    }
-    free(buf);
-    fclose(f);
+    jsonl_ctx c = {.path = path, .tok = tok, .max_n = max_n, .out = out};
+    prl_status st = cli_jsonl_for_each(path, jsonl_one, &c);
     if (st == PRL_OK && out->n == 0) st = prl_error_set(PRL_ERR_FORMAT, "%s: no sequences", path);
     return st;
 }

@@ -94,6 +94,36 @@ static void print_result(const score_args *a, int line, const int32_t *ids, cons
     json_decref(o);
 }
 
+typedef struct score_ctx {
+    const score_args *a;
+    prl_model *m;
+    prl_infer *eng;
+    const prl_tokenizer *tok;
+    int infer;
+} score_ctx;
+
+/* One input line: score it on the chosen path and print the result. */
+static prl_status score_one(void *user, json_t *obj, int line, int *go)
+{
+    score_ctx *c = user;
+    const score_args *a = c->a;
+    (void)go;
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    size_t n = 0;
+    prl_status st = cli_jsonl_sequence(obj, c->tok, a->input, line, &ids, &mask, &n);
+    int P = st == PRL_OK ? cli_jsonl_prompt_len(obj, mask, n) : 0;
+    float *lp = st == PRL_OK ? malloc(n * sizeof *lp) : NULL;
+    if (st == PRL_OK && !lp) st = prl_error_set(PRL_ERR_NOMEM, "%s:%d: log-probs", a->input, line);
+    if (st == PRL_OK && c->infer) st = score_line_infer(c->eng, ids, n, P, a->temperature, a, line, lp);
+    else if (st == PRL_OK) st = score_line(c->m, ids, n, a->temperature, a, line, lp);
+    if (st == PRL_OK) print_result(a, line, ids, mask, n, lp);
+    free(ids);
+    free(mask);
+    free(lp);
+    return st;
+}
+
 int cmd_score(int argc, char **argv)
 {
     score_args a = {.temperature = 1.0, .path = "train"};
@@ -135,37 +165,8 @@ int cmd_score(int argc, char **argv)
         prl_model_free(&m);
         return cli_fail("score");
     }
-    FILE *f = fopen(a.input, "rb");
-    prl_status st = f ? PRL_OK : prl_error_set(PRL_ERR_IO, "cannot open %s: %m", a.input);
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int line = 0;
-    while (st == PRL_OK && (len = getline(&buf, &cap, f)) >= 0) {
-        line++;
-        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
-        json_error_t err;
-        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
-        if (!obj) {
-            st = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", a.input, line, err.text);
-            break;
-        }
-        int32_t *ids = NULL;
-        uint8_t *mask = NULL;
-        size_t n = 0;
-        st = cli_jsonl_sequence(obj, tok, a.input, line, &ids, &mask, &n);
-        int P = st == PRL_OK ? cli_jsonl_prompt_len(obj, mask, n) : 0;
-        json_decref(obj);
-        float *lp = st == PRL_OK ? malloc(n * sizeof *lp) : NULL;
-        if (st == PRL_OK && infer) st = score_line_infer(eng, ids, n, P, a.temperature, &a, line, lp);
-        else if (st == PRL_OK) st = score_line(&m, ids, n, a.temperature, &a, line, lp);
-        if (st == PRL_OK) print_result(&a, line, ids, mask, n, lp);
-        free(ids);
-        free(mask);
-        free(lp);
-    }
-    free(buf);
-    if (f) fclose(f);
+    score_ctx sc = {.a = &a, .m = &m, .eng = eng, .tok = tok, .infer = infer};
+    prl_status st = cli_jsonl_for_each(a.input, score_one, &sc);
     prl_infer_free(eng);
     prl_tokenizer_free(tok);
     prl_model_free(&m);
