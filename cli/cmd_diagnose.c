@@ -136,9 +136,9 @@ static int check_args(const diag_args *a)
     if (a->threads < 0) return cli_failf("diagnose", 2, "--threads %d must be >= 0", a->threads);
     if (!(a->threshold >= 0)) return cli_failf("diagnose", 2, "--threshold must be >= 0");
     if (!(a->temperature > 0)) return cli_failf("diagnose", 2, "--temperature must be > 0");
-    if (a->external && (a->precision || a->mla || a->matmul))
+    if (a->external && !a->sweep && (a->precision || a->mla || a->matmul))
         return cli_failf("diagnose", 2, "--precision, --mla and --matmul set the infer path, which "
-                         "--external replaces (use them with --sweep only)");
+                         "--external replaces (with --sweep they set the sweep's baseline)");
     return 0;
 }
 
