@@ -190,3 +190,71 @@ prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_mes
     *msgs = cm, *n = nm;
     return PRL_OK;
 }
+
+prl_status cli_jsonl_sequence(json_t *obj, const prl_tokenizer *tok, const char *file, int line,
+                              int32_t **ids, uint8_t **mask, size_t *n)
+{
+    json_t *v;
+    *ids = NULL;
+    *mask = NULL;
+    *n = 0;
+    if (!json_is_object(obj))
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", file, line);
+    if ((v = json_object_get(obj, "ids"))) return cli_json_ids(v, file, line, ids, n);
+    if (!tok)
+        return prl_error_set(PRL_ERR_ARG, "%s:%d: text input needs a tokenizer.json in the checkpoint",
+                             file, line);
+    prl_status rc;
+    if ((v = json_object_get(obj, "text")) && json_is_string(v)) {
+        rc = prl_tokenizer_encode(tok, json_string_value(v), json_string_length(v), 0, ids, n);
+    } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {
+        prl_chat_message *cm;
+        size_t nm;
+        if ((rc = cli_json_messages(v, file, line, &cm, &nm))) return rc;
+        rc = prl_tokenizer_encode_chat(tok, cm, nm, 0, ids, mask, n);
+        free(cm);
+    } else {
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"ids\", \"text\" or \"messages\"",
+                             file, line);
+    }
+    if (rc) return prl_error_wrap(rc, "%s:%d: ", file, line);
+    if (*n == 0) return prl_error_set(PRL_ERR_FORMAT, "%s:%d: empty sequence", file, line);
+    return PRL_OK;
+}
+
+int cli_jsonl_prompt_len(json_t *obj, const uint8_t *mask, size_t n)
+{
+    if (mask) {
+        for (size_t i = 0; i < n; i++)
+            if (mask[i]) return (int)i;
+        return (int)n;
+    }
+    json_t *v = json_object_get(obj, "prompt_len");
+    return json_is_integer(v) ? (int)json_integer_value(v) : 1;
+}
+
+prl_status cli_jsonl_for_each(const char *path, cli_jsonl_fn fn, void *user)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %m", path);
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int line = 0, go = 1;
+    prl_status st = PRL_OK;
+    while (st == PRL_OK && go && (len = getline(&buf, &cap, f)) >= 0) {
+        line++;
+        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
+        json_error_t err;
+        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
+        if (!obj) {
+            st = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", path, line, err.text);
+            break;
+        }
+        st = fn(user, obj, line, &go);
+        json_decref(obj);
+    }
+    free(buf);
+    fclose(f);
+    return st;
+}

@@ -55,6 +55,21 @@ prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, si
 prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_message **msgs,
                              size_t *n);
 
+/* One JSONL input line as token ids (malloc'd): {"ids": [...]}, {"text": "..."} or
+** {"messages": [...]} (chat template; *mask gets its loss mask, 1 on assistant tokens, else
+** stays NULL). Text needs `tok`. Errors name FILE:LINE. */
+prl_status cli_jsonl_sequence(json_t *obj, const prl_tokenizer *tok, const char *file, int line,
+                              int32_t **ids, uint8_t **mask, size_t *n);
+/* The prompt length of such a line: the tokens before the first assistant token (chat input),
+** else its "prompt_len", else 1. */
+int cli_jsonl_prompt_len(json_t *obj, const uint8_t *mask, size_t n);
+
+/* Call fn for every non-blank line of a JSONL file, in order, with the parsed object (owned by
+** the caller of fn) and its 1-based line number; fn stops the loop by returning an error or by
+** clearing *go. Unreadable files and invalid JSON are errors naming FILE:LINE. */
+typedef prl_status (*cli_jsonl_fn)(void *user, json_t *obj, int line, int *go);
+prl_status cli_jsonl_for_each(const char *path, cli_jsonl_fn fn, void *user);
+
 /* One row of a subcommand table (main.c's commands, cmd_role.c's roles). */
 typedef struct cli_command {
     const char *name;
@@ -70,6 +85,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_tasks(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_diagnose(int argc, char **argv);
 /* `prl tasks check` (cmd_tasks_check.c). */
 int cmd_tasks_check(int argc, char **argv);
 

@@ -22,41 +22,6 @@ typedef struct score_args {
     int json, threads;
 } score_args;
 
-/* Token ids of one input line (malloc'd) or an error naming the line; for chat input also
-** the loss mask of the chat encoding (1 on assistant tokens), else *mask stays NULL. */
-static prl_status line_ids(json_t *obj, const prl_tokenizer *tok, const score_args *a, int line,
-                           int32_t **ids, uint8_t **mask, size_t *n)
-{
-    json_t *v;
-    *ids = NULL;
-    *mask = NULL;
-    *n = 0;
-    if (!json_is_object(obj))
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", a->input, line);
-    if ((v = json_object_get(obj, "ids"))) {
-        return cli_json_ids(v, a->input, line, ids, n);
-    }
-    if (!tok)
-        return prl_error_set(PRL_ERR_ARG, "%s:%d: text input needs a tokenizer.json in the checkpoint",
-                             a->input, line);
-    prl_status rc;
-    if ((v = json_object_get(obj, "text")) && json_is_string(v)) {
-        rc = prl_tokenizer_encode(tok, json_string_value(v), json_string_length(v), 0, ids, n);
-    } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {
-        prl_chat_message *cm;
-        size_t nm;
-        if ((rc = cli_json_messages(v, a->input, line, &cm, &nm))) return rc;
-        rc = prl_tokenizer_encode_chat(tok, cm, nm, 0, ids, mask, n);
-        free(cm);
-    } else {
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"ids\", \"text\" or \"messages\"",
-                             a->input, line);
-    }
-    if (rc) return prl_error_wrap(rc, "%s:%d: ", a->input, line);
-    if (*n == 0) return prl_error_set(PRL_ERR_FORMAT, "%s:%d: empty sequence", a->input, line);
-    return PRL_OK;
-}
-
 static prl_status score_line(prl_model *m, const int32_t *ids, size_t n, double temperature,
                              const score_args *a, int line, float *lp)
 {
@@ -93,18 +58,6 @@ static prl_status score_line_infer(prl_infer *e, const int32_t *ids, size_t n, i
     return PRL_OK;
 }
 
-/* Prompt length for the infer path (see the header comment). */
-static int prompt_len_of(json_t *obj, const uint8_t *mask, size_t n)
-{
-    if (mask) {
-        for (size_t i = 0; i < n; i++)
-            if (mask[i]) return (int)i;
-        return (int)n;
-    }
-    json_t *v = json_object_get(obj, "prompt_len");
-    return json_is_integer(v) ? (int)json_integer_value(v) : 1;
-}
-
 static void print_result(const score_args *a, int line, const int32_t *ids, const uint8_t *mask,
                          size_t n, const float *lp)
 {
@@ -139,6 +92,36 @@ static void print_result(const score_args *a, int line, const int32_t *ids, cons
     printf("%s\n", s);
     free(s);
     json_decref(o);
+}
+
+typedef struct score_ctx {
+    const score_args *a;
+    prl_model *m;
+    prl_infer *eng;
+    const prl_tokenizer *tok;
+    int infer;
+} score_ctx;
+
+/* One input line: score it on the chosen path and print the result. */
+static prl_status score_one(void *user, json_t *obj, int line, int *go)
+{
+    score_ctx *c = user;
+    const score_args *a = c->a;
+    (void)go;
+    int32_t *ids = NULL;
+    uint8_t *mask = NULL;
+    size_t n = 0;
+    prl_status st = cli_jsonl_sequence(obj, c->tok, a->input, line, &ids, &mask, &n);
+    int P = st == PRL_OK ? cli_jsonl_prompt_len(obj, mask, n) : 0;
+    float *lp = st == PRL_OK ? malloc(n * sizeof *lp) : NULL;
+    if (st == PRL_OK && !lp) st = prl_error_set(PRL_ERR_NOMEM, "%s:%d: log-probs", a->input, line);
+    if (st == PRL_OK && c->infer) st = score_line_infer(c->eng, ids, n, P, a->temperature, a, line, lp);
+    else if (st == PRL_OK) st = score_line(c->m, ids, n, a->temperature, a, line, lp);
+    if (st == PRL_OK) print_result(a, line, ids, mask, n, lp);
+    free(ids);
+    free(mask);
+    free(lp);
+    return st;
 }
 
 int cmd_score(int argc, char **argv)
@@ -182,37 +165,8 @@ int cmd_score(int argc, char **argv)
         prl_model_free(&m);
         return cli_fail("score");
     }
-    FILE *f = fopen(a.input, "rb");
-    prl_status st = f ? PRL_OK : prl_error_set(PRL_ERR_IO, "cannot open %s: %m", a.input);
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int line = 0;
-    while (st == PRL_OK && (len = getline(&buf, &cap, f)) >= 0) {
-        line++;
-        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
-        json_error_t err;
-        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
-        if (!obj) {
-            st = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", a.input, line, err.text);
-            break;
-        }
-        int32_t *ids = NULL;
-        uint8_t *mask = NULL;
-        size_t n = 0;
-        st = line_ids(obj, tok, &a, line, &ids, &mask, &n);
-        int P = st == PRL_OK ? prompt_len_of(obj, mask, n) : 0;
-        json_decref(obj);
-        float *lp = st == PRL_OK ? malloc(n * sizeof *lp) : NULL;
-        if (st == PRL_OK && infer) st = score_line_infer(eng, ids, n, P, a.temperature, &a, line, lp);
-        else if (st == PRL_OK) st = score_line(&m, ids, n, a.temperature, &a, line, lp);
-        if (st == PRL_OK) print_result(&a, line, ids, mask, n, lp);
-        free(ids);
-        free(mask);
-        free(lp);
-    }
-    free(buf);
-    if (f) fclose(f);
+    score_ctx sc = {.a = &a, .m = &m, .eng = eng, .tok = tok, .infer = infer};
+    prl_status st = cli_jsonl_for_each(a.input, score_one, &sc);
     prl_infer_free(eng);
     prl_tokenizer_free(tok);
     prl_model_free(&m);

@@ -11,6 +11,7 @@ static const cli_command commands[] = {
     {"generate", cmd_generate, "sample completions with the infer path (KV cache, batching)"},
     {"eval", cmd_eval, "held-out accuracy per task domain (infer path + verifiers)"},
     {"score", cmd_score, "per-token log-probs of sequences on the train or infer path"},
+    {"diagnose", cmd_diagnose, "where the train and infer paths disagree: per-op diffs, routes, log-probs, knob sweep"},
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
     {"tasks", cmd_tasks, "RL task data, SFT demonstrations and answer scoring (4 domains)"},
     {"sandbox", cmd_sandbox, "run a program isolated (sandbox exec), show the isolation layers (probe)"},

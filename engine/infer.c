@@ -152,6 +152,8 @@ struct prl_infer {
     slot_state *slots;
     prl_tensor_hook hook;
     void *hook_user;
+    char fault_name[64];          /* test-only fault (prl_infer_set_fault): "" = none */
+    double fault_rel;
 };
 
 static float round_bf16(float x)
@@ -611,6 +613,8 @@ static prl_status check_options(const prl_model *m, prl_infer_options *o)
     return PRL_OK;
 }
 
+static prl_status fault_from_env(prl_infer *e);
+
 prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_options *opt)
 {
     *out = NULL;
@@ -680,7 +684,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
                              o.max_len);
     }
     prl_rope_tables(e->rope_cos, e->rope_sin, o.max_len, e->dr, c->rope_theta);
-    if ((rc = bind_weights(e))) {
+    if ((rc = bind_weights(e)) || (rc = fault_from_env(e))) {
         prl_infer_free(e);
         return rc;
     }
@@ -743,6 +747,46 @@ void prl_infer_hook_rows(const prl_infer *e, const int32_t **request, const int3
     if (pos) *pos = e->rb.pos;
 }
 
+prl_status prl_infer_set_fault(prl_infer *e, const char *name, double rel)
+{
+    e->fault_name[0] = 0;
+    if (!name) return PRL_OK;
+    static const char *const ops[] = {"attn.q", "attn.kv_latent", "attn.out", "mlp.out",
+                                      "moe.router_logits", "moe.out"};
+    int layer = -1, at = 0, ok = !strcmp(name, "final.logits");
+    if (!ok && sscanf(name, "L%d.%n", &layer, &at) == 1 && at > 0 && layer >= 0 && layer < e->L)
+        for (int i = 0; i < 6 && !ok; i++)
+            ok = !strcmp(name + at, ops[i]) &&
+                 (i < 3 || (i == 3) == (e->lw[layer].moe < 0)); /* mlp.out: dense layers only */
+    if (!ok || strlen(name) >= sizeof e->fault_name)
+        return prl_error_set(PRL_ERR_ARG, "fault op '%s' is not an op of this model (L<layer>."
+                             "attn.q|attn.kv_latent|attn.out|mlp.out|moe.router_logits|moe.out "
+                             "with layer < %d, or final.logits)", name, e->L);
+    if (!isfinite(rel) || rel == 0)
+        return prl_error_set(PRL_ERR_ARG, "fault size %g must be finite and non-zero", rel);
+    snprintf(e->fault_name, sizeof e->fault_name, "%s", name);
+    e->fault_rel = rel;
+    return PRL_OK;
+}
+
+const char *prl_infer_fault(const prl_infer *e) { return e->fault_name[0] ? e->fault_name : NULL; }
+
+/* PRL_INFER_FAULT="NAME:REL" (test-only; see infer.h). */
+static prl_status fault_from_env(prl_infer *e)
+{
+    const char *v = getenv("PRL_INFER_FAULT");
+    if (!v || !*v) return PRL_OK;
+    const char *colon = strrchr(v, ':');
+    char name[64], *end = NULL;
+    double rel = colon ? strtod(colon + 1, &end) : 0;
+    if (!colon || colon == v || (size_t)(colon - v) >= sizeof name || !end || end == colon + 1 || *end)
+        return prl_error_set(PRL_ERR_ARG, "PRL_INFER_FAULT='%s': expected NAME:REL, e.g. "
+                             "L2.attn.out:0.01", v);
+    snprintf(name, sizeof name, "%.*s", (int)(colon - v), v);
+    prl_status rc = prl_infer_set_fault(e, name, rel);
+    return rc ? prl_error_wrap(rc, "PRL_INFER_FAULT: ") : PRL_OK;
+}
+
 static void emit(const prl_infer *e, int layer, const char *what, const float *data, int rows,
                  int cols)
 {
@@ -752,6 +796,19 @@ static void emit(const prl_infer *e, int layer, const char *what, const float *d
     else snprintf(name, sizeof name, "%s", what);
     int64_t shape[2] = {rows, cols};
     e->hook(e->hook_user, name, data, 2, shape);
+}
+
+/* The test-only fault: where op `what` of `layer` is produced, scale it by (1 + rel) before
+** anything reads it, so the error flows downstream as a real kernel bug would. */
+static void fault(const prl_infer *e, int layer, const char *what, float *x, size_t n)
+{
+    if (!e->fault_name[0]) return;
+    char name[64];
+    if (layer >= 0) snprintf(name, sizeof name, "L%d.%s", layer, what);
+    else snprintf(name, sizeof name, "%s", what);
+    if (strcmp(name, e->fault_name) != 0) return;
+    float s = (float)(1.0 + e->fault_rel);
+    for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
 /* ------------------------------------------------------------------ attention ------- */
@@ -1012,6 +1069,7 @@ static void attention(prl_infer *e, int l, int R)
     linear(e, b->q, b->cq, R, &w->wq_b);
     prl_rope_at(b->q, e->rope_cos, e->rope_sin, b->pos, R, H, e->dq, e->dn, H * e->dq, e->dr);
     act_round(e, b->q, (size_t)R * H * e->dq);
+    fault(e, l, "attn.q", b->q, (size_t)R * H * e->dq);
     linear(e, b->kva, b->ln, R, &w->wkv_a);
     if (e->ck) {
         conv_rows(e, l, CONV_KV, b->kvc, b->kva, e->lat, R);
@@ -1020,6 +1078,7 @@ static void attention(prl_infer *e, int l, int R)
     prl_rmsnorm_forward(b->ckv, b->rstd, ckv_in, w->kv_norm, R, e->rkv, ckv_stride, e->rkv,
                         PRL_LATENT_NORM_EPS);
     act_round(e, b->ckv, (size_t)R * e->rkv);
+    fault(e, l, "attn.kv_latent", b->ckv, (size_t)R * e->rkv);
     for (int r = 0; r < R; r++)
         memcpy(b->kr + (size_t)r * e->dr, b->kva + (size_t)r * e->lat + e->rkv, (size_t)e->dr * sizeof(float));
     prl_rope_at(b->kr, e->rope_cos, e->rope_sin, b->pos, R, 1, e->dr, 0, e->dr, e->dr);
@@ -1051,6 +1110,7 @@ static void attention(prl_infer *e, int l, int R)
         o_out = b->oc;
     }
     linear(e, b->tmp, o_out, R, &w->wo);
+    fault(e, l, "attn.out", b->tmp, (size_t)R * e->d);
     emit(e, l, "attn.q", b->q, R, H * e->dq);
     emit(e, l, "attn.kv_latent", b->ckv, R, e->rkv);
     emit(e, l, "attn.out", b->tmp, R, e->d);
@@ -1076,6 +1136,7 @@ static void moe(prl_infer *e, int l, int R)
     const layer_w *w = &e->lw[l];
     int E = e->E, K = e->K, d = e->d;
     linear(e, b->z, b->ln, R, &w->router);
+    fault(e, l, "moe.router_logits", b->z, (size_t)R * E);
     const prl_real *bias = e->m->router_bias + (size_t)w->moe * E;
     for (int r = 0; r < R; r++) {
         prl_moe_gate_forward(b->sel + (size_t)r * K, b->g + (size_t)r * K, b->s + (size_t)r * E,
@@ -1116,6 +1177,7 @@ static void moe(prl_infer *e, int l, int R)
         }
     }
     act_round(e, b->tmp, (size_t)R * d);
+    fault(e, l, "moe.out", b->tmp, (size_t)R * d);
     emit(e, l, "moe.router_logits", b->z, R, E);
     emit(e, l, "moe.out", b->tmp, R, d);
 }
@@ -1150,6 +1212,7 @@ static void forward_rows(prl_infer *e, int R)
             moe(e, l, R);
         } else {
             swiglu(e, b->tmp, b->ln, R, &w->w13, &w->w2);
+            fault(e, l, "mlp.out", b->tmp, (size_t)R * d);
             emit(e, l, "mlp.out", b->tmp, R, d);
         }
         residual_add(e, b->x, b->tmp, R);
@@ -1157,6 +1220,7 @@ static void forward_rows(prl_infer *e, int R)
     prl_rmsnorm_forward(b->ln, b->rstd, b->x, e->norm, R, d, d, d, e->m->cfg.rms_norm_eps);
     act_round(e, b->ln, (size_t)R * d);
     linear(e, b->logits, b->ln, R, &e->head);
+    fault(e, -1, "final.logits", b->logits, (size_t)R * e->V);
     emit(e, -1, "final.logits", b->logits, R, e->V);
 }
 

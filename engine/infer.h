@@ -80,6 +80,16 @@ const prl_infer_options *prl_infer_get_options(const prl_infer *e);
 void prl_infer_set_hook(prl_infer *e, prl_tensor_hook hook, void *user);
 void prl_infer_hook_rows(const prl_infer *e, const int32_t **request, const int32_t **pos);
 
+/* Test-only fault injection, for checking a consistency checker (prl diagnose): the output of
+** op `name` (a hook name: "L3.attn.out", "L1.moe.router_logits", "final.logits", ...) is
+** scaled by (1 + rel) where it is produced, before any later op reads it, so the error
+** propagates as a real kernel bug's would. NULL clears it. An unknown op or rel 0 is
+** PRL_ERR_ARG. prl_infer_init also takes one from the environment, PRL_INFER_FAULT=NAME:REL
+** (a bad value fails the init, naming the variable). Never set it in a real run. */
+prl_status prl_infer_set_fault(prl_infer *e, const char *name, double rel);
+/* The active fault's op name, or NULL. */
+const char *prl_infer_fault(const prl_infer *e);
+
 /* ---------------------------------------------------------------- generation ------- */
 
 typedef struct prl_sample_params {

@@ -500,3 +500,18 @@ prl_status prl_store_sample_count(prl_store *db, int64_t run, int64_t step, int 
     sqlite3_reset(st);
     return rc;
 }
+
+static const char SQL_SAMPLE_LAST_STEP[] = "SELECT max(step) FROM samples WHERE run = ?1";
+
+prl_status prl_store_sample_last_step(prl_store *db, int64_t run, int64_t *step)
+{
+    sqlite3_stmt *st;
+    prl_status rc = store_stmt(db, SQL_SAMPLE_LAST_STEP, &st);
+    if (rc != PRL_OK) return rc;
+    sqlite3_bind_int64(st, 1, run);
+    if (sqlite3_step(st) != SQLITE_ROW) rc = store_sqlite_error(db, "reading the last sample step");
+    else if (sqlite3_column_type(st, 0) == SQLITE_NULL) *step = -1;
+    else *step = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    return rc;
+}

@@ -179,6 +179,8 @@ prl_status prl_store_samples_for_step(prl_store *db, int64_t run, int64_t step, 
                                       prl_store_sample **out, size_t *n);
 void prl_store_sample_free(prl_store_sample *s);
 void prl_store_samples_free(prl_store_sample *a, size_t n);
+/* The highest step of a run that has samples into *step (-1 when none). */
+prl_status prl_store_sample_last_step(prl_store *db, int64_t run, int64_t *step);
 /* Number of samples of a run in `step` (-1: every step) with `status` (-1: any). */
 prl_status prl_store_sample_count(prl_store *db, int64_t run, int64_t step, int status,
                                   int64_t *count);

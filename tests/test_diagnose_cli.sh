@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# test_diagnose_cli.sh — `prl diagnose` end to end on a tiny checkpoint made with `prl init`:
+# --help; bad input named (missing checkpoint, bad JSONL line, token out of the vocabulary,
+# sequence longer than the context, unknown precision, conflicting sources); aligned mode
+# reports zero divergence everywhere; a fault injected with PRL_INFER_FAULT is named first;
+# --sweep, --json and --html; and --external against the PyTorch reference's hook dump
+# (reference/dump_hooks.py), clean and with a fault injected into the reference.
+# Usage: test_diagnose_cli.sh PRL SRC_DIR [external]
+# With "external" only the --external part runs; it exits 77 (CTest: skipped) with a message
+# saying why when /usr/bin/python3 has no torch, so a missing torch is never a silent pass.
+set -uo pipefail
+prl=$1 src=$2 part=${3:-main}
+py=${PRL_TORCH_PYTHON:-/usr/bin/python3}   # the Python with torch (Debian's)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+pass=0 fail=0
+ok()  { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+export PRL_THREADS=1
+unset PRL_INFER_FAULT
+
+expect_fail() {
+  local name=$1 pattern=$2; shift 2
+  local out rc
+  out=$("$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -ne 0 ] && grep -q -- "$pattern" <<<"$out"; then ok "$name"
+  else bad "$name (exit $rc, stderr: $out)"; fi
+}
+# check NAME PYTHON-EXPR: evaluate EXPR with d = the JSON in $work/out.json.
+check() {
+  local name=$1 expr=$2
+  if python3 -c "import json,sys; d=json.load(open('$work/out.json')); sys.exit(0 if ($expr) else 1)"
+  then ok "$name"; else bad "$name: $expr"; fi
+}
+
+if $prl diagnose --help | grep -q -- "--external DIR"; then ok "--help"; else bad "--help"; fi
+
+ck=$work/ck
+$prl init --model "$src/configs/models/tiny.json" --out "$ck" --seed 5 >/dev/null 2>&1 || { bad "prl init"; exit 1; }
+python3 - "$work/seqs.jsonl" <<'EOF'
+import json, random, sys
+random.seed(3)
+with open(sys.argv[1], "w") as f:
+    for n, p in ((30, 10), (45, 1), (24, 20)):
+        f.write(json.dumps({"ids": [random.randrange(16, 4096) for _ in range(n)], "prompt_len": p}) + "\n")
+EOF
+seqs=$work/seqs.jsonl
+
+if [ "$part" = main ]; then
+# ---------------------------------------------------------------- bad input
+expect_fail "missing checkpoint" "$work/nope" $prl diagnose --ckpt "$work/nope" --jsonl "$seqs"
+printf '{"ids": [1, 2, 3]}\n{"ids": [1, 2,\n' >"$work/broken.jsonl"
+expect_fail "bad JSONL line" "broken.jsonl:2: invalid JSON" $prl diagnose --ckpt "$ck" --jsonl "$work/broken.jsonl"
+printf '{"ids": [5, 6, 7]}\n{"ids": [1, 9999, 3]}\n' >"$work/oov.jsonl"
+expect_fail "token out of vocabulary" "oov.jsonl:2: token id 9999 at position 1 out of the vocabulary" \
+  $prl diagnose --ckpt "$ck" --jsonl "$work/oov.jsonl"
+python3 -c "import json; print(json.dumps({'ids': [7] * 600}))" >"$work/long.jsonl"
+expect_fail "sequence longer than the context" "long.jsonl:1: 600 tokens exceed the context" \
+  $prl diagnose --ckpt "$ck" --jsonl "$work/long.jsonl"
+printf '{"ids": [5, 6, 7], "prompt_len": 3}\n' >"$work/noresp.jsonl"
+expect_fail "no response token" "prompt length 3 not in" $prl diagnose --ckpt "$ck" --jsonl "$work/noresp.jsonl"
+expect_fail "unknown precision" "unknown precision 'fp8'" $prl diagnose --ckpt "$ck" --jsonl "$seqs" --precision fp8
+expect_fail "two sources" "exactly one of --run and --jsonl" $prl diagnose --ckpt "$ck" --jsonl "$seqs" --run "$work"
+expect_fail "missing run.db" "run.db" $prl diagnose --ckpt "$ck" --run "$work/runs/none"
+expect_fail "bad fault" "PRL_INFER_FAULT" env PRL_INFER_FAULT=L1.mlp.out:0.1 $prl diagnose --ckpt "$ck" --jsonl "$seqs"
+expect_fail "missing dump" "seq-0.safetensors" $prl diagnose --ckpt "$ck" --jsonl "$seqs" --external "$work/nodump"
+
+# ---------------------------------------------------------------- aligned: zero everywhere
+if $prl diagnose --ckpt "$ck" --jsonl "$seqs" --precision aligned --threshold 0 --json >"$work/out.json" 2>"$work/err"; then
+  check "aligned: no op diverges" "d['first_divergent'] is None and len(d['ops']) == 30"
+  check "aligned: every op equal" "all(o['max_abs'] == 0 and o['elements'] > 0 for o in d['ops'])"
+  check "aligned: log-probs equal" "d['logprob']['max_abs'] == 0 and d['logprob']['tokens'] == 20 + 44 + 4"
+  check "aligned: routes equal" "all(r['overlap'] == 1 and r['disagree'] == 0 for r in d['routing'])"
+else bad "aligned run: $(cat "$work/err")"; fi
+
+# ---------------------------------------------------------------- an injected fault is named first
+for op in L0.attn.kv_latent L2.moe.out L4.moe.router_logits final.logits; do
+  if PRL_INFER_FAULT=$op:0.001 $prl diagnose --ckpt "$ck" --jsonl "$seqs" --precision aligned --threshold 0 \
+       --json >"$work/out.json" 2>"$work/err"; then
+    check "fault $op named first (aligned)" "d['fault'] == '$op' and d['first_divergent']['name'] == '$op'"
+  else bad "fault $op: $(cat "$work/err")"; fi
+done
+if PRL_INFER_FAULT=L3.attn.out:0.01 $prl diagnose --ckpt "$ck" --jsonl "$seqs" --threshold 1e-3 >"$work/out.txt" 2>&1 &&
+   grep -q "first divergent op (rel L2 > 0.001): L3.attn.out (layer 3, op attn.out)" "$work/out.txt" &&
+   grep -q "TEST-ONLY FAULT" "$work/out.txt"; then ok "fault named first (fp32, text)"
+else bad "fault named first (fp32, text): $(tail -5 "$work/out.txt")"; fi
+
+# ---------------------------------------------------------------- sweep, JSON, HTML
+if $prl diagnose --ckpt "$ck" --jsonl "$seqs" --precision aligned --sweep --json --html "$work/r.html" \
+     >"$work/out.json" 2>"$work/err"; then
+  check "sweep: the knobs" "[r['knob'] for r in d['sweep']['rows']] == ['baseline', 'precision', 'precision', 'mla', 'matmul', 'matmul', 'batch', 'threads']"
+  check "sweep: aligned baseline is the control" "d['sweep']['rows'][0]['mean_abs'] == 0"
+  check "sweep: bf16 costs more than fp32's MLA form" "[r for r in d['sweep']['rows'] if r['value'] == 'bf16'][0]['mean_abs'] > [r for r in d['sweep']['rows'] if r['knob'] == 'mla'][0]['mean_abs'] > 0"
+  check "sweep: batch and threads change nothing" "all(r['mean_abs'] == 0 for r in d['sweep']['rows'] if r['knob'] in ('batch', 'threads'))"
+  if grep -q "<svg" "$work/r.html" && grep -q "Sweep" "$work/r.html" && ! grep -q "<script" "$work/r.html"; then ok "HTML report"
+  else bad "HTML report"; fi
+else bad "sweep: $(cat "$work/err")"; fi
+
+fi
+
+# ---------------------------------------------------------------- external: the PyTorch reference
+if [ "$part" = external ] && ! "$py" -c "import torch" 2>/dev/null; then
+  echo "SKIP external: $py has no torch, so reference/dump_hooks.py cannot run"
+  exit 77
+fi
+if [ "$part" = external ]; then
+  if "$py" "$src/reference/dump_hooks.py" --ckpt "$ck" --jsonl "$seqs" --out "$work/dump" 2>"$work/err" &&
+     $prl diagnose --ckpt "$ck" --jsonl "$seqs" --external "$work/dump" --json >"$work/out.json" 2>>"$work/err"; then
+    check "external: reference agrees (rel L2 < 1e-5 everywhere)" "d['first_divergent'] is None and all(o['rel_l2'] < 1e-5 for o in d['ops'])"
+    check "external: routes and log-probs" "len(d['routing']) == 5 and d['logprob']['tokens'] == 68 and d['logprob']['max_abs'] < 1e-4"
+  else bad "external dump: $(cat "$work/err")"; fi
+  if "$py" "$src/reference/dump_hooks.py" --ckpt "$ck" --jsonl "$seqs" --out "$work/dumpf" \
+       --fault L2.attn.q:0.01 2>"$work/err" &&
+     $prl diagnose --ckpt "$ck" --jsonl "$seqs" --external "$work/dumpf" --json >"$work/out.json" 2>>"$work/err"; then
+    check "external: a fault in the reference named first" "d['first_divergent']['name'] == 'L2.attn.q'"
+  else bad "external fault: $(cat "$work/err")"; fi
+  printf '{"ids": [5, 6, 7, 8]}\n' >"$work/other.jsonl"
+  expect_fail "external: other tokens" "dump is of other tokens" \
+    $prl diagnose --ckpt "$ck" --jsonl "$work/other.jsonl" --external "$work/dump"
+fi
+
+echo "test_diagnose_cli ($part): $pass passed, $fail failed"
+[ $fail -eq 0 ]
