@@ -13,7 +13,8 @@
 #include <string.h>
 
 typedef struct eval_args {
-    const char *ckpt, *compare, *domain, *precision;
+    const char *ckpt, *compare, *domain, *precision, *dump;
+    FILE *dump_fp;           /* --dump: one JSON line per episode (NULL: off) */
     int n, difficulty, max_new, max_turns, threads, json, batch;
     double temperature;
     uint64_t seed;
@@ -44,7 +45,29 @@ typedef struct domain_result {
     double seconds;
 } domain_result;
 
-static prl_status eval_domain(const eval_args *a, prl_infer *e, const prl_tokenizer *tok,
+/* One `--dump` line: the episode's task, its whole conversation (prompt, model turns and
+** observations, as the verifier saw them) and the verifier's result (docs/recipes.md). */
+static prl_status dump_episode(const eval_args *a, const char *ckpt, json_t *task,
+                               const prl_episode *ep)
+{
+    json_t *msgs = json_deep_copy(json_object_get(task, "messages"));
+    for (int i = 0; msgs && i < ep->n_msgs; i++)
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", ep->msgs[i].role, "content",
+                                              ep->msgs[i].content));
+    json_t *o = json_pack("{s:s, s:O, s:O, s:O, s:f, s:i, s:b, s:o*, s:o*}", "ckpt", ckpt, "domain",
+                          json_object_get(task, "domain"), "id", json_object_get(task, "id"),
+                          "difficulty", json_object_get(task, "difficulty"), "score", ep->reward,
+                          "turns", ep->turns, "truncated", ep->truncated, "messages", msgs,
+                          "reward", prl_reward_result_json(&ep->result));
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    int ok = text && fprintf(a->dump_fp, "%s\n", text) > 0;
+    free(text);
+    if (!ok) return prl_error_set(PRL_ERR_IO, "--dump %s: cannot write an episode", a->dump);
+    return PRL_OK;
+}
+
+static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e, const prl_tokenizer *tok,
                               const prl_reward_exec *exec, prl_task_domain d, domain_result *out)
 {
     prl_tasks_config tc;
@@ -70,6 +93,7 @@ static prl_status eval_domain(const eval_args *a, prl_infer *e, const prl_tokeni
         out->score_sum += eps[i].reward;
         out->turns_sum += eps[i].turns;
         out->truncated += eps[i].truncated;
+        if (a->dump_fp) rc = dump_episode(a, ckpt, tl.items[i], &eps[i]);
     }
     out->seconds = prl_now() - t0;
     for (int i = 0; i < tl.n; i++) {
@@ -146,7 +170,7 @@ static int eval_ckpt(const eval_args *a, const char *ckpt, prl_task_domain *doma
     if (!rc && prl_infer_init(&e, &m, &io)) rc = cli_fail("eval");
     prl_reward_exec exec = {cli_exec_sandboxed, runner, 2.0};
     for (int i = 0; !rc && i < nd; i++) {
-        if (eval_domain(a, e, tok, &exec, domains[i], &res[i])) rc = cli_fail("eval");
+        if (eval_domain(a, ckpt, e, tok, &exec, domains[i], &res[i])) rc = cli_fail("eval");
         else fprintf(stderr, "eval: %s: %s done (%d problems, %.1f s)\n", ckpt,
                      prl_tasks_domain_name(domains[i]), res[i].n, res[i].seconds);
     }
@@ -183,6 +207,7 @@ int cmd_eval(int argc, char **argv)
         {"precision", OPT_STR, &a.precision, "P", "infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
         {"batch", OPT_INT, &a.batch, "B", "episodes decoded together (default 16)", 0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
+        {"dump", OPT_STR, &a.dump, "FILE", "write every episode (conversation, score, verifier checks) as a JSON line", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {0},
     };
@@ -204,6 +229,11 @@ int cmd_eval(int argc, char **argv)
     } else {
         nd = 1;
     }
-    if (cli_setup_blas("eval", a.threads)) return 1;
-    return run(&a, domains, nd);
+    if (a.dump && !(a.dump_fp = fopen(a.dump, "w")))
+        return cli_failf("eval", 1, "--dump %s: cannot open for writing", a.dump);
+    if (cli_setup_blas("eval", a.threads)) rc = 1;
+    if (!rc) rc = run(&a, domains, nd);
+    if (a.dump_fp && fclose(a.dump_fp) != 0 && !rc)
+        rc = cli_failf("eval", 1, "--dump %s: write failed", a.dump);
+    return rc;
 }

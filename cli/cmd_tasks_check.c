@@ -40,19 +40,20 @@ static void print_text(int line_no, const char *id, const prl_reward_result *r)
     printf("\n");
 }
 
+/* `--json` record of one task (docs/tasks.md): where it came from, then the verifier's
+** result with `flags` as the names. */
 static json_t *result_json(int line_no, const char *id, const char *domain, const prl_reward_result *r)
 {
-    char flags[128];
-    prl_reward_flags_format(r->flags, flags, sizeof flags);
-    json_t *checks = json_array();
-    for (int i = 0; checks && i < r->n_checks; i++) {
-        const prl_reward_check *c = &r->checks[i];
-        json_array_append_new(checks, json_pack("{s:s, s:b, s:f, s:b, s:s}", "name", c->name,
-                                                "passed", c->passed, "weight", c->weight,
-                                                "required", c->required, "detail", c->detail));
+    json_t *res = prl_reward_result_json(r);
+    json_t *o = res ? json_pack("{s:i, s:s, s:s}", "line", line_no, "id", id, "domain", domain) : NULL;
+    if (o) {
+        json_object_set_new(o, "score", json_incref(json_object_get(res, "score")));
+        json_object_set_new(o, "penalty", json_incref(json_object_get(res, "penalty")));
+        json_object_set_new(o, "flags", json_incref(json_object_get(res, "flag_names")));
+        json_object_set_new(o, "checks", json_incref(json_object_get(res, "checks")));
     }
-    return json_pack("{s:i, s:s, s:s, s:f, s:f, s:s, s:o*}", "line", line_no, "id", id, "domain",
-                     domain, "score", r->score, "penalty", r->penalty, "flags", flags, "checks", checks);
+    json_decref(res);
+    return o;
 }
 
 /* Print the monitor's findings; append them to the log (with the answer) if asked. */

@@ -8,20 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The verifier's result as the `detail` JSON: score, penalty, flags, checks. */
+/* The verifier's result as the `detail` JSON text (malloc'd; NULL when out of memory). */
 static char *result_json(const prl_reward_result *res)
 {
-    json_t *checks = json_array();
-    for (int i = 0; i < res->n_checks; i++) {
-        const prl_reward_check *k = &res->checks[i];
-        json_array_append_new(checks, json_pack("{s:s,s:b,s:f,s:b,s:s}", "name", k->name, "passed",
-                                                k->passed, "weight", k->weight, "required",
-                                                k->required, "detail", k->detail));
-    }
-    char flags[128];
-    prl_reward_flags_format(res->flags, flags, sizeof flags);
-    json_t *o = json_pack("{s:f,s:f,s:i,s:s,s:o}", "score", res->score, "penalty", res->penalty,
-                          "flags", (int)res->flags, "flag_names", flags, "checks", checks);
+    json_t *o = prl_reward_result_json(res);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return text;

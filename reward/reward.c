@@ -52,6 +52,21 @@ void prl_reward_flags_format(unsigned flags, char *out, size_t n)
         if (flags & (1u << i)) at += (size_t)snprintf(out + at, n - at, "%s%s", at ? "," : "", names[i]);
 }
 
+json_t *prl_reward_result_json(const prl_reward_result *r)
+{
+    char flags[128];
+    prl_reward_flags_format(r->flags, flags, sizeof flags);
+    json_t *checks = json_array();
+    for (int i = 0; checks && i < r->n_checks; i++) {
+        const prl_reward_check *c = &r->checks[i];
+        json_array_append_new(checks, json_pack("{s:s, s:b, s:f, s:b, s:s}", "name", c->name,
+                                                "passed", c->passed, "weight", c->weight,
+                                                "required", c->required, "detail", c->detail));
+    }
+    return json_pack("{s:f, s:f, s:i, s:s, s:o*}", "score", r->score, "penalty", r->penalty,
+                     "flags", (int)r->flags, "flag_names", flags, "checks", checks);
+}
+
 /* ---------------------------------------------------------------- parsing ---------- */
 
 static prl_status check_turns(const prl_chat_message *turns, size_t n_turns)

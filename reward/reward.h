@@ -103,6 +103,11 @@ void prl_reward_unfinished(prl_reward_result *r);
 /* Names of the bits of `flags`, comma-separated, into out ("" for none). */
 void prl_reward_flags_format(unsigned flags, char *out, size_t n);
 
+/* The result as a JSON object {score, penalty, flags (bits), flag_names, checks: [{name,
+** passed, weight, required, detail}]}: the `detail` of `scored` (the samples' reward_detail in
+** run.db) and the records of `prl eval --dump`. A new reference; NULL when out of memory. */
+json_t *prl_reward_result_json(const prl_reward_result *r);
+
 /* ---------------------------------------------------------------- verifiers -------- */
 
 /* One entry per domain. task_json: the task object; turns[0..n_turns): the model's messages

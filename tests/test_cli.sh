@@ -126,13 +126,30 @@ expect_fail "prompt longer than the context" "prompt of 601 tokens leaves no roo
 expect_fail "text prompt without tokenizer" "needs a tokenizer.json" $prl generate --ckpt "$work/ck" --prompt hi
 expect_fail "score: knobs need the infer path" "apply to --path infer only" \
   $prl score --ckpt "$g" --input "$work/chat3.jsonl" --precision bf16
-expect_ok "eval all domains" $prl eval --ckpt "$g" --n 2 --max-new-tokens 16 --max-turns 2 --json
+expect_ok "eval all domains" $prl eval --ckpt "$g" --n 2 --max-new-tokens 16 --max-turns 2 --json \
+  --dump "$work/eval_dump.jsonl"
+# --dump: one line per episode (2 per domain), each with its conversation and the verifier's
+# checks, and a score that agrees with the summary's mean score
+python3 - "$work/eval_dump.jsonl" "$work/last.out" <<'PY' && ok "eval --dump: 8 episodes with checks" || bad "eval --dump"
+import json, sys
+eps = [json.loads(l) for l in open(sys.argv[1])]
+summary = json.loads(open(sys.argv[2]).read())
+assert len(eps) == 8, len(eps)
+for e in eps:
+    assert e["messages"][0]["role"] == "user" and len(e["messages"]) >= 2, e
+    assert e["reward"]["checks"] and e["score"] == e["reward"]["score"], e
+for d in summary["domains"]:
+    mine = [e["score"] for e in eps if e["domain"] == d["domain"]]
+    assert abs(sum(mine) / len(mine) - d["mean_score"]) < 1e-4, (d, mine)
+PY
 for d in reasoning general agent coding; do
   grep -q "\"domain\": \"$d\", \"n\": 2, \"accuracy\"" "$work/last.out" && ok "eval reports $d" \
     || bad "eval output lacks $d: $(cat "$work/last.out")"
 done
 expect_fail "eval: unknown domain" "unknown domain 'poetry'" $prl eval --ckpt "$g" --domain poetry
 expect_fail "eval: no tokenizer" "has no tokenizer.json" $prl eval --ckpt "$work/ck"
+expect_fail "eval: dump not writable" "--dump $work/no/such/dir.jsonl: cannot open" \
+  $prl eval --ckpt "$g" --n 1 --dump "$work/no/such/dir.jsonl"
 expect_fail "bench decode: bad batch list" "expected comma-separated sizes" $prl bench decode --batch 1,x
 expect_fail "bench pipeline: no --init" "missing required option '--init'" $prl bench pipeline
 expect_fail "bench pipeline: no tokenizer" "no tokenizer.json" $prl bench pipeline --init "$work/ck"
