@@ -1375,6 +1375,34 @@ static void expire(ctl *c)
     }
 }
 
+/* Keys a newer prl added since the run was recorded are absent from its config; at their
+** defaults they do what the older prl did (every new key's default keeps the old behaviour),
+** so they are dropped from `now` before the two configs are compared. A new key set to
+** anything else still makes the configs differ. */
+static void drop_added_defaults_in(json_t *then, json_t *now, json_t *def)
+{
+    const char *k;
+    json_t *v;
+    void *tmp;
+    json_object_foreach_safe(now, tmp, k, v) {
+        json_t *t = json_object_get(then, k), *d = json_object_get(def, k);
+        if (!t && d && json_equal(v, d)) json_object_del(now, k);
+        else if (json_is_object(t) && json_is_object(v) && json_is_object(d))
+            drop_added_defaults_in(t, v, d);
+    }
+}
+
+static void drop_added_defaults(json_t *then, json_t *now)
+{
+    prl_job_config d;
+    char *text = prl_job_config_default(&d) ? NULL : prl_job_config_to_json(&d);
+    json_error_t je;
+    json_t *def = text ? json_loads(text, 0, &je) : NULL;
+    if (def) drop_added_defaults_in(then, now, def);
+    json_decref(def), free(text);
+    prl_job_config_free(&d);
+}
+
 static prl_status open_run(ctl *c)
 {
     prl_store_run existing;
@@ -1399,6 +1427,7 @@ static prl_status open_run(ctl *c)
         if (ca && !json_object_size(ca)) json_object_del(a, free_keys[i][0]);
         if (cb && !json_object_size(cb)) json_object_del(b, free_keys[i][0]);
     }
+    if (a && b) drop_added_defaults(a, b);
     int same = a && b && json_equal(a, b);
     json_decref(a), json_decref(b);
     prl_store_run_free(&existing);
@@ -1485,6 +1514,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
     if (!rc && !c->config_json) rc = prl_error_set(PRL_ERR_NOMEM, "config");
     if (!rc) rc = prl_store_open(db_path, &c->db);
     if (!rc) rc = open_run(c);
+    if (rc == PRL_ERR_CONFIG && o->failed) *o->failed = 1; /* a restart cannot fix the config */
     if (!rc) rc = load_tasks(c);
     if (!rc) rc = restore(c);
     prl_bus_socket_options so;

@@ -23,9 +23,10 @@ typedef struct prl_controller_options {
     FILE *progress;              /* one line per step (NULL: none) */
     const volatile sig_atomic_t *stop; /* set (e.g. by a signal handler) to stop after the current
                                  ** message; the run stays resumable */
-    int *failed;                 /* out (may be NULL): set to 1 when a work item failed
-                                 ** MAX_ATTEMPTS times and the run was marked failed (a
-                                 ** restart would fail the same way) */
+    int *failed;                 /* out (may be NULL): set to 1 when a restart would fail the
+                                 ** same way: a work item failed MAX_ATTEMPTS times (the run
+                                 ** is marked failed), or the config differs from the one
+                                 ** recorded in run.db (the run is left as it was) */
 } prl_controller_options;
 
 /* Run (or continue: a run.db that already holds the run resumes it) until controller.steps

@@ -161,4 +161,16 @@ echo "ok: final policies of a, b and c are bitwise identical ($(sha256sum runs/a
 if $prl run job.json 2> again.err; then fail "restarted an existing run"; fi
 grep -q -- "--resume runs/a" again.err || fail "existing run: $(cat again.err)"
 echo "ok: an existing run directory needs --resume"
+
+# ---- --resume after an upgrade: keys added since the run was recorded, at their defaults,
+# do not block it; the same key set to something else does, at once (no restarts)
+cp -r runs/a runs/old && sqlite3 runs/old/run.db \
+  "UPDATE runs SET config = json_remove(config, '$.replay', '$.grpo.correction')"
+$prl run --resume runs/old > old.out 2> old.err || { cat old.err; fail "resume of a run recorded without the new keys"; }
+grep -q "run finished" old.err || fail "resume after upgrade: $(cat old.err)"
+python3 -c 'import json; j = json.load(open("runs/old/job.json")); j.setdefault("replay", {})["mode"] = "r3"; json.dump(j, open("runs/old/job.json", "w"))'
+if $prl run --resume runs/old 2> old2.err; then fail "resumed with a changed config"; fi
+grep -q "started with another config" old2.err || fail "changed config: $(cat old2.err)"
+grep -q "starting it again" old2.err && fail "changed config: the controller was restarted"
+echo "ok: --resume accepts keys added at their defaults, refuses a changed one without restarts"
 echo "test_pipeline: all passed"
