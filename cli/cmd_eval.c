@@ -15,7 +15,7 @@
 typedef struct eval_args {
     const char *ckpt, *compare, *domain, *precision, *dump;
     FILE *dump_fp;           /* --dump: one JSON line per episode (NULL: off) */
-    int n, difficulty, max_new, max_turns, threads, json, batch;
+    int n, samples, difficulty, max_new, max_turns, threads, json, batch;
     double temperature;
     uint64_t seed;
 } eval_args;
@@ -40,25 +40,38 @@ static prl_status collect(void *user, json_t *line)
 
 typedef struct domain_result {
     prl_task_domain domain;
-    int n, solved, truncated;
+    int n, episodes;         /* problems; episodes = n × --samples (the means are over these) */
+    int solved, truncated;
     double score_sum, turns_sum;
     double seconds;
 } domain_result;
 
 /* One `--dump` line: the episode's task, its whole conversation (prompt, model turns and
 ** observations, as the verifier saw them) and the verifier's result (docs/recipes.md). */
-static prl_status dump_episode(const eval_args *a, const char *ckpt, json_t *task,
-                               const prl_episode *ep)
+static prl_status dump_episode(const eval_args *a, const char *ckpt, const prl_tokenizer *tok,
+                               json_t *task, int sample, const prl_episode *ep)
 {
+    /* `text`: the whole sequence as sampled (its UTF-8 view), special tokens included */
+    char *text_all = NULL;
+    size_t len = 0;
+    prl_status rc = prl_tokenizer_decode(tok, ep->ids, (size_t)ep->n, 0, &text_all, &len);
+    if (rc) return rc;
+    char *view = NULL;
+    long bad = prl_utf8_view(text_all, len, &view, &len);
+    free(text_all);
+    text_all = view;
+    if (bad < 0) return prl_error_set(PRL_ERR_NOMEM, "--dump: episode text");
     json_t *msgs = json_deep_copy(json_object_get(task, "messages"));
     for (int i = 0; msgs && i < ep->n_msgs; i++)
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", ep->msgs[i].role, "content",
                                               ep->msgs[i].content));
-    json_t *o = json_pack("{s:s, s:O, s:O, s:O, s:f, s:i, s:b, s:o*, s:o*}", "ckpt", ckpt, "domain",
-                          json_object_get(task, "domain"), "id", json_object_get(task, "id"),
-                          "difficulty", json_object_get(task, "difficulty"), "score", ep->reward,
-                          "turns", ep->turns, "truncated", ep->truncated, "messages", msgs,
+    json_t *o = json_pack("{s:s, s:O, s:O, s:O, s:i, s:f, s:i, s:b, s:o*, s:s%, s:o*}", "ckpt", ckpt,
+                          "domain", json_object_get(task, "domain"), "id", json_object_get(task, "id"),
+                          "difficulty", json_object_get(task, "difficulty"), "sample", sample,
+                          "score", ep->reward, "turns", ep->turns, "truncated", ep->truncated,
+                          "messages", msgs, "text", text_all, len,
                           "reward", prl_reward_result_json(&ep->result));
+    free(text_all);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     int ok = text && fprintf(a->dump_fp, "%s\n", text) > 0;
@@ -81,46 +94,50 @@ static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e
     rcfg.sampling.max_new_tokens = a->max_new, rcfg.max_turns = a->max_turns;
     int32_t stops[2] = {PRL_TOKEN_END, PRL_TOKEN_EOS};
     rcfg.sampling.stop_ids = stops, rcfg.sampling.n_stop_ids = 2;
-    uint64_t *ids = calloc((size_t)(tl.n ? tl.n : 1), sizeof *ids);
-    prl_episode *eps = calloc((size_t)(tl.n ? tl.n : 1), sizeof *eps);
-    *out = (domain_result){.domain = d, .n = tl.n};
+    /* episode j plays problem j / K as its sample j % K, sampled with sequence id j (so K = 1
+    ** plays every problem once with the ids it always had) */
+    int K = a->samples, ne = tl.n * K;
+    uint64_t *ids = calloc((size_t)(ne ? ne : 1), sizeof *ids);
+    prl_episode *eps = calloc((size_t)(ne ? ne : 1), sizeof *eps);
+    json_t **items = calloc((size_t)(ne ? ne : 1), sizeof *items);
+    *out = (domain_result){.domain = d, .n = tl.n, .episodes = ne};
     double t0 = prl_now();
-    if (!rc && (!ids || !eps)) rc = prl_error_set(PRL_ERR_NOMEM, "eval of %d tasks", tl.n);
-    for (int i = 0; i < tl.n; i++) ids[i] = (uint64_t)i;
-    if (!rc) rc = prl_rollout_run(e, tok, tl.items, ids, tl.n, &rcfg, exec, eps);
-    for (int i = 0; !rc && i < tl.n; i++) {
+    if (!rc && (!ids || !eps || !items)) rc = prl_error_set(PRL_ERR_NOMEM, "eval of %d episodes", ne);
+    for (int j = 0; !rc && j < ne; j++) ids[j] = (uint64_t)j, items[j] = tl.items[j / K];
+    if (!rc) rc = prl_rollout_run(e, tok, items, ids, ne, &rcfg, exec, eps);
+    for (int i = 0; !rc && i < ne; i++) {
         out->solved += eps[i].reward >= 1.0;
         out->score_sum += eps[i].reward;
         out->turns_sum += eps[i].turns;
         out->truncated += eps[i].truncated;
-        if (a->dump_fp) rc = dump_episode(a, ckpt, tl.items[i], &eps[i]);
+        if (a->dump_fp) rc = dump_episode(a, ckpt, tok, items[i], i % K, &eps[i]);
     }
     out->seconds = prl_now() - t0;
-    for (int i = 0; i < tl.n; i++) {
-        if (!rc) prl_episode_free(&eps[i]);
-        json_decref(tl.items[i]);
-    }
-    free(tl.items), free(ids), free(eps);
+    for (int i = 0; !rc && i < ne; i++) prl_episode_free(&eps[i]);
+    for (int i = 0; i < tl.n; i++) json_decref(tl.items[i]);
+    free(tl.items), free(items), free(ids), free(eps);
     return rc;
 }
 
-static double acc_of(const domain_result *r) { return r->n ? (double)r->solved / r->n : 0; }
+/* Means over the episodes (every sample of every problem). */
+static double mean_of(const domain_result *r, double sum) { return r->episodes ? sum / r->episodes : 0; }
+static double acc_of(const domain_result *r) { return mean_of(r, r->solved); }
 
 static void print_json(const eval_args *a, const domain_result *r, const domain_result *c, int n)
 {
     printf("{\"ckpt\": \"%s\", ", a->ckpt);
     if (c) printf("\"compare\": \"%s\", ", a->compare);
-    printf("\"split\": \"eval\", \"n\": %d, \"seed\": %llu, \"temperature\": %g, \"domains\": [",
-           a->n, (unsigned long long)a->seed, a->temperature);
+    printf("\"split\": \"eval\", \"n\": %d, \"samples\": %d, \"seed\": %llu, \"temperature\": %g, "
+           "\"domains\": [", a->n, a->samples, (unsigned long long)a->seed, a->temperature);
     for (int i = 0; i < n; i++) {
         printf("%s{\"domain\": \"%s\", \"n\": %d, \"accuracy\": %.4f, \"mean_score\": %.4f, "
                "\"mean_turns\": %.2f, \"truncated\": %d, \"seconds\": %.2f", i ? ", " : "",
                prl_tasks_domain_name(r[i].domain), r[i].n, acc_of(&r[i]),
-               r[i].n ? r[i].score_sum / r[i].n : 0, r[i].n ? r[i].turns_sum / r[i].n : 0,
-               r[i].truncated, r[i].seconds);
+               mean_of(&r[i], r[i].score_sum), mean_of(&r[i], r[i].turns_sum), r[i].truncated,
+               r[i].seconds);
         if (c)
             printf(", \"compare_accuracy\": %.4f, \"compare_mean_score\": %.4f, \"delta\": %.4f",
-                   acc_of(&c[i]), c[i].n ? c[i].score_sum / c[i].n : 0, acc_of(&c[i]) - acc_of(&r[i]));
+                   acc_of(&c[i]), mean_of(&c[i], c[i].score_sum), acc_of(&c[i]) - acc_of(&r[i]));
         printf("}");
     }
     printf("]}\n");
@@ -138,7 +155,7 @@ static void print_results(const eval_args *a, const domain_result *r, const doma
         for (int i = 0; i < n; i++)
             printf("%-10s %5d %9.1f%% %9.1f%% %+7.1f %11.3f %11.3f\n", prl_tasks_domain_name(r[i].domain),
                    r[i].n, 100 * acc_of(&r[i]), 100 * acc_of(&c[i]), 100 * (acc_of(&c[i]) - acc_of(&r[i])),
-                   r[i].n ? r[i].score_sum / r[i].n : 0, c[i].n ? c[i].score_sum / c[i].n : 0);
+                   mean_of(&r[i], r[i].score_sum), mean_of(&c[i], c[i].score_sum));
         printf("(before: %s, after: %s; change in accuracy points)\n", a->ckpt, a->compare);
         return;
     }
@@ -146,8 +163,8 @@ static void print_results(const eval_args *a, const domain_result *r, const doma
            "truncated", "seconds");
     for (int i = 0; i < n; i++)
         printf("%-10s %5d %8.1f%% %10.3f %6.2f %9d %8.1f\n", prl_tasks_domain_name(r[i].domain),
-               r[i].n, 100 * acc_of(&r[i]), r[i].n ? r[i].score_sum / r[i].n : 0,
-               r[i].n ? r[i].turns_sum / r[i].n : 0, r[i].truncated, r[i].seconds);
+               r[i].n, 100 * acc_of(&r[i]), mean_of(&r[i], r[i].score_sum),
+               mean_of(&r[i], r[i].turns_sum), r[i].truncated, r[i].seconds);
 }
 
 /* Every domain of one checkpoint into res[nd]. */
@@ -192,13 +209,14 @@ static int run(const eval_args *a, prl_task_domain *domains, int nd)
 
 int cmd_eval(int argc, char **argv)
 {
-    eval_args a = {.domain = "all", .precision = "fp32", .n = 50, .max_new = 96, .max_turns = 10,
+    eval_args a = {.domain = "all", .precision = "fp32", .n = 50, .samples = 1, .max_new = 96, .max_turns = 10,
                    .batch = 16, .seed = 1};
     cli_opt opts[] = {
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory (with tokenizer.json)", 1, 0},
         {"compare", OPT_STR, &a.compare, "DIR", "also evaluate this checkpoint on the same problems: a before/after table", 0, 0},
         {"domain", OPT_STR, &a.domain, "D", "all (default), reasoning, general, agent or coding", 0, 0},
         {"n", OPT_INT, &a.n, "N", "eval problems per domain (default 50)", 0, 0},
+        {"samples", OPT_INT, &a.samples, "K", "episodes per problem, each sampled with its own seed; accuracy and scores are means over all (default 1; with --temperature > 0: avg@K)", 0, 0},
         {"difficulty", OPT_INT, &a.difficulty, "D", "1..3, or 0 = mixed (default 0)", 0, 0},
         {"seed", OPT_U64, &a.seed, "S", "problem and sampling seed (default 1)", 0, 0},
         {"temperature", OPT_DOUBLE, &a.temperature, "T", "sampling temperature (default 0: greedy)", 0, 0},
@@ -216,6 +234,7 @@ int cmd_eval(int argc, char **argv)
                        "infer path and scored by the verifiers.", NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (a.n < 1) return cli_failf("eval", 2, "--n %d must be >= 1", a.n);
+    if (a.samples < 1 || a.samples > 1000) return cli_failf("eval", 2, "--samples %d not in 1..1000", a.samples);
     if (a.difficulty < 0 || a.difficulty > 3) return cli_failf("eval", 2, "--difficulty %d not in 0..3", a.difficulty);
     if (a.max_new < 1 || a.max_turns < 1 || a.batch < 1)
         return cli_failf("eval", 2, "--max-new-tokens, --max-turns and --batch must be >= 1");

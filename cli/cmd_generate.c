@@ -175,7 +175,10 @@ static void print_sample(const gen_args *a, const prl_tokenizer *tok, const prl_
     json_object_set_new(o, "tokens", jt);
     json_object_set_new(o, "logprobs", jl);
     json_object_set_new(o, "stop", json_string(prl_stop_reason_name(r->stop)));
-    if (text) json_object_set_new(o, "text", json_stringn(text, tlen));
+    char *view = NULL; /* JSON strings are UTF-8: the text's UTF-8 view (tokens are exact) */
+    if (text && prl_utf8_view(text, tlen, &view, &tlen) >= 0)
+        json_object_set_new(o, "text", json_stringn(view, tlen));
+    free(view);
     if (a->routes) {
         json_t *jr = json_object();
         char *h = hex(r->routes, r->routes_bytes);

@@ -772,6 +772,47 @@ prl_status prl_tokenizer_encode(const prl_tokenizer *tok, const void *text, size
 
 /* ============================================================ decode ================== */
 
+/* Length of the valid UTF-8 sequence at p (n bytes left), 0 if invalid. */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    if (c < 0x80) return 1;
+    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!len || len > n) return 0;
+    unsigned lo = 0x80, hi = 0xBF; /* the second byte's range excludes overlongs and surrogates */
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++)
+        if ((p[i] & 0xC0) != 0x80) return 0;
+    return len;
+}
+
+long prl_utf8_view(const char *s, size_t n, char **out, size_t *out_len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    char *buf = malloc(n * 3 + 1);
+    *out = buf;
+    if (!buf) return -1;
+    size_t o = 0;
+    long replaced = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(p + i, n - i);
+        if (k) {
+            memcpy(buf + o, p + i, k);
+            o += k, i += k;
+        } else {
+            memcpy(buf + o, "\xEF\xBF\xBD", 3); /* U+FFFD */
+            o += 3, i += 1, replaced++;
+        }
+    }
+    buf[o] = 0;
+    if (out_len) *out_len = o;
+    return replaced;
+}
+
 prl_status prl_tokenizer_decode(const prl_tokenizer *tok, const int32_t *ids, size_t n,
                                 unsigned flags, char **text, size_t *len)
 {

@@ -145,6 +145,14 @@ prl_status prl_tokenizer_encode_parallel(const prl_tokenizer *tok, const void *t
 prl_status prl_tokenizer_decode(const prl_tokenizer *tok, const int32_t *ids, size_t n,
                                 unsigned flags, char **text, size_t *len);
 
+/* The UTF-8 view of bytes s[0..n): every byte that does not start a valid UTF-8 sequence
+** (stray continuation bytes, overlongs, surrogates, truncated sequences) becomes U+FFFD.
+** Decoded model text can be any bytes; verifiers and JSON messages see this view of it, so
+** both see the same string (the exact ids are what training keeps). *out is caller-owned and
+** NUL-terminated, *out_len its length. Returns the number of replacements, or -1 (out of
+** memory: *out NULL). */
+long prl_utf8_view(const char *s, size_t n, char **out, size_t *out_len);
+
 /* ---- chat encoding (SFT) --------------------------------------------------------------- */
 
 /* One turn. role: "system", "user", "assistant" or "tool"; content: NUL-terminated text.

@@ -201,7 +201,11 @@ static prl_status take_turn(play *p, const prl_tokenizer *tok, const prl_gen_res
     char *text = NULL;
     size_t len = 0;
     if ((rc = prl_tokenizer_decode(tok, r->tokens, (size_t)k, 0, &text, &len))) return rc;
-    rc = add_msg(ep, "assistant", text, len);
+    char *view = NULL; /* the verifier and the bus see the UTF-8 view of the turn's bytes */
+    if (prl_utf8_view(text, len, &view, &len) < 0) rc = prl_error_set(PRL_ERR_NOMEM, "turn text");
+    free(text);
+    text = view;
+    if (!rc) rc = add_msg(ep, "assistant", text, len);
     if (!rc && r->stop != PRL_STOP_TOKEN) { /* cut off mid-turn: the episode ends here */
         ep->truncated = 1;
         p->done = 1;

@@ -8,50 +8,22 @@
 */
 #include "sandbox/internal.h"
 
+#include "engine/tokenizer.h"
+
 #include <jansson.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Length of the valid UTF-8 sequence at p (n bytes left), 0 if invalid. */
-static size_t utf8_seq(const unsigned char *p, size_t n)
-{
-    unsigned c = p[0];
-    if (c < 0x80) return 1;
-    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (!len || len > n) return 0;
-    unsigned lo = 0x80, hi = 0xBF; /* the second byte's range excludes overlongs and surrogates */
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-    if (p[1] < lo || p[1] > hi) return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((p[i] & 0xC0) != 0x80) return 0;
-    return len;
-}
-
 /* A JSON string of the bytes with invalid UTF-8 replaced; *valid says whether any was. */
 static json_t *utf8_string(const char *s, size_t n, int *valid)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    *valid = 1;
-    char *buf = malloc(n * 3 + 1);
-    if (!buf) return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(p + i, n - i);
-        if (k) {
-            memcpy(buf + o, p + i, k);
-            o += k, i += k;
-        } else {
-            memcpy(buf + o, "\xEF\xBF\xBD", 3); /* U+FFFD */
-            o += 3, i += 1;
-            *valid = 0;
-        }
-    }
-    json_t *j = json_stringn(buf, o);
-    free(buf);
+    char *view = NULL;
+    size_t len = 0;
+    long replaced = prl_utf8_view(s, n, &view, &len);
+    *valid = replaced == 0;
+    json_t *j = view ? json_stringn(view, len) : NULL;
+    free(view);
     return j;
 }
 

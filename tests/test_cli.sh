@@ -133,10 +133,12 @@ expect_ok "eval all domains" $prl eval --ckpt "$g" --n 2 --max-new-tokens 16 --m
 python3 - "$work/eval_dump.jsonl" "$work/last.out" <<'PY' && ok "eval --dump: 8 episodes with checks" || bad "eval --dump"
 import json, sys
 eps = [json.loads(l) for l in open(sys.argv[1])]
-summary = json.loads(open(sys.argv[2]).read())
+summary = json.loads([l for l in open(sys.argv[2]) if l.startswith("{")][-1])  # stderr is in the file too
 assert len(eps) == 8, len(eps)
 for e in eps:
-    assert e["messages"][0]["role"] == "user" and len(e["messages"]) >= 2, e
+    # the prompt's messages, then the turns the verifier got (none when the first was cut off)
+    assert e["messages"][-1]["role"] != "user" or e["truncated"], e
+    assert e["text"].startswith("<|bos|>") and len(e["text"]) > len(e["messages"][-1]["content"]), e
     assert e["reward"]["checks"] and e["score"] == e["reward"]["score"], e
 for d in summary["domains"]:
     mine = [e["score"] for e in eps if e["domain"] == d["domain"]]
@@ -146,6 +148,18 @@ for d in reasoning general agent coding; do
   grep -q "\"domain\": \"$d\", \"n\": 2, \"accuracy\"" "$work/last.out" && ok "eval reports $d" \
     || bad "eval output lacks $d: $(cat "$work/last.out")"
 done
+expect_ok "eval --samples" $prl eval --ckpt "$g" --domain general --n 2 --samples 3 --temperature 1 \
+  --max-new-tokens 16 --json --dump "$work/eval_k.jsonl"
+python3 - "$work/eval_k.jsonl" "$work/last.out" <<'PY' && ok "eval --samples 3: 3 episodes a problem, means over all" || bad "eval --samples"
+import json, sys
+eps = [json.loads(l) for l in open(sys.argv[1])]
+out = json.loads([l for l in open(sys.argv[2]) if l.startswith("{")][-1])
+assert out["samples"] == 3 and out["domains"][0]["n"] == 2, out
+ids = {e["id"] for e in eps}
+assert len(ids) == 2 and sorted((e["id"], e["sample"]) for e in eps) == sorted((i, k) for i in ids for k in range(3)), eps
+assert abs(sum(e["score"] for e in eps) / 6 - out["domains"][0]["mean_score"]) < 1e-4, out
+PY
+expect_fail "eval: bad --samples" "--samples 0 not in 1..1000" $prl eval --ckpt "$g" --samples 0
 expect_fail "eval: unknown domain" "unknown domain 'poetry'" $prl eval --ckpt "$g" --domain poetry
 expect_fail "eval: no tokenizer" "has no tokenizer.json" $prl eval --ckpt "$work/ck"
 expect_fail "eval: dump not writable" "--dump $work/no/such/dir.jsonl: cannot open" \

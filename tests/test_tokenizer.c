@@ -1282,6 +1282,32 @@ END_TEST
 
 /* ---------------------------------------------------------------- suite ------------ */
 
+/* prl_utf8_view: valid text unchanged; each byte that does not start a valid sequence (a
+** stray continuation, an overlong C0 80, a surrogate ED A0 80, a sequence cut short at the end)
+** becomes U+FFFD, and the count says how many. */
+START_TEST(test_utf8_view)
+{
+    static const struct { const char *in; size_t n; const char *out; long replaced; } cases[] = {
+        {"plain ascii", 11, "plain ascii", 0},
+        {"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80", 14, "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80", 0},
+        {"a\x80" "b", 3, "a\xEF\xBF\xBD" "b", 1},
+        {"\xC0\x80", 2, "\xEF\xBF\xBD\xEF\xBF\xBD", 2},
+        {"\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 3},
+        {"ok\xE2\x82", 4, "ok\xEF\xBF\xBD\xEF\xBF\xBD", 2},
+        {"", 0, "", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        size_t len = 99;
+        long r = prl_utf8_view(cases[i].in, cases[i].n, &out, &len);
+        ck_assert_msg(r == cases[i].replaced, "case %zu: %ld replacements", i, r);
+        ck_assert_uint_eq(len, strlen(cases[i].out));
+        ck_assert_str_eq(out, cases[i].out);
+        free(out);
+    }
+}
+END_TEST
+
 static Suite *tokenizer_suite(void)
 {
     Suite *s = suite_create("tokenizer");
@@ -1321,6 +1347,7 @@ static Suite *tokenizer_suite(void)
     tcase_add_test(tc, test_parallel_equals_serial);
     tcase_add_test(tc, test_parallel_right_to_left_merges);
     tcase_add_test(tc, test_parallel_defaults_and_errors);
+    tcase_add_test(tc, test_utf8_view);
     tcase_set_timeout(tc, 600);
     suite_add_tcase(s, tc);
     return s;
