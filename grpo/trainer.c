@@ -349,6 +349,11 @@ prl_status prl_grpo_optim_config_from_job(prl_optim_config *oc, const prl_job_co
     oc->weight_decay = j->weight_decay;
     oc->grad_clip = j->grad_clip;
     oc->warmup_steps = j->warmup;
+    /* counted in optimizer steps (ppo_epochs × minibatches a training step), not in
+    ** controller.steps: a longer run is the same run continued */
+    oc->schedule = strcmp(j->lr_schedule, "constant") == 0 ? PRL_LR_CONSTANT : PRL_LR_COSINE;
+    oc->total_steps = j->decay_steps;
+    oc->min_lr_ratio = j->min_lr_ratio;
     return PRL_OK;
 }
 

@@ -78,6 +78,9 @@ static const prl_key_spec keys[] = {
     {"optim.weight_decay", PRL_KEY_REAL, F(weight_decay), 0, 10, "0", NULL},
     {"optim.grad_clip", PRL_KEY_REAL, F(grad_clip), 0, 1e9, "1.0", NULL},
     {"optim.warmup", PRL_KEY_INT, F(warmup), 0, 1e9, "0", NULL},
+    {"optim.schedule", PRL_KEY_STR, F(lr_schedule), 0, 0, "\"cosine\"", "cosine|constant"},
+    {"optim.decay_steps", PRL_KEY_INT, F(decay_steps), 1, 1e9, "1000", NULL},
+    {"optim.min_lr_ratio", PRL_KEY_REAL, F(min_lr_ratio), 0, 1, "0.1", NULL},
     {"controller.mode", PRL_KEY_STR, F(mode), 0, 0, "\"sync\"", "sync|async"},
     {"controller.max_lag", PRL_KEY_INT, F(max_lag), 0, 1000, "1", NULL},
     {"controller.steps", PRL_KEY_INT, F(steps), 1, 1e9, "50", NULL},
@@ -151,6 +154,10 @@ prl_status prl_job_config_check(const prl_job_config *c, const char *source)
     if (c->minibatches > c->batch_prompts * c->group_size)
         return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.minibatches' = %d exceeds the %d "
                              "samples of a step", source, c->minibatches, c->batch_prompts * c->group_size);
+    if (!strcmp(c->lr_schedule, "cosine") && c->decay_steps <= c->warmup)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'optim.decay_steps' = %d must exceed "
+                             "optim.warmup = %d with the cosine schedule", source, c->decay_steps,
+                             c->warmup);
     if (c->heartbeat_seconds >= c->lease_seconds)
         return prl_error_set(PRL_ERR_CONFIG, "%s: key 'controller.heartbeat_seconds' = %g must be "
                              "below controller.lease_seconds = %g", source, c->heartbeat_seconds,

@@ -62,6 +62,9 @@ typedef struct prl_job_config {
     char *optimizer;             /* adamw | muon */
     double lr, weight_decay, grad_clip;
     int warmup;
+    char *lr_schedule;           /* cosine | constant */
+    int decay_steps;             /* cosine: optimizer steps from peak to lr · min_lr_ratio */
+    double min_lr_ratio;
     /* controller */
     char *mode;                  /* sync | async */
     int max_lag, steps, dynamic_sampling, retire_solved_epochs;

@@ -66,6 +66,9 @@ START_TEST(test_errors_name_the_key)
     expect_error("{\"grpo\": {\"loss_agg\": \"seq-mean-token-sum-norm\"}}", "grpo.loss_scale_factor");
     expect_error("{\"controller\": {\"heartbeat_seconds\": 90}}", "controller.heartbeat_seconds");
     expect_error("{\"optim\": {\"lr\": \"fast\"}}", "key 'optim.lr' must be a number");
+    expect_error("{\"optim\": {\"schedule\": \"linear\"}}", "'linear' is not one of cosine|constant");
+    expect_error("{\"optim\": {\"warmup\": 50, \"decay_steps\": 50}}", "key 'optim.decay_steps' = 50 must exceed");
+    expect_error("{\"optim\": {\"min_lr_ratio\": 2}}", "key 'optim.min_lr_ratio' = 2 is out of range");
     expect_error("{\"controller\": {\"dynamic_sampling\": 1}}", "must be true or false");
     expect_error("{\"rollout\": 3}", "'rollout' must be an object of keys");
     expect_error("[1, 2]", "must be a JSON object");
