@@ -160,6 +160,11 @@ assert len(ids) == 2 and sorted((e["id"], e["sample"]) for e in eps) == sorted((
 assert abs(sum(e["score"] for e in eps) / 6 - out["domains"][0]["mean_score"]) < 1e-4, out
 PY
 expect_fail "eval: bad --samples" "--samples 0 not in 1..1000" $prl eval --ckpt "$g" --samples 0
+# the shipped GRPO recipes load and validate (model.init pointed at this test's checkpoint)
+for r in general reasoning coding agent quickstart; do
+  expect_ok "recipe configs/$r.json passes prl run --check" \
+    $prl run "$src/configs/$r.json" --check --runs "$work/recipe_runs" --set model.init="$g"
+done
 expect_fail "eval: unknown domain" "unknown domain 'poetry'" $prl eval --ckpt "$g" --domain poetry
 expect_fail "eval: no tokenizer" "has no tokenizer.json" $prl eval --ckpt "$work/ck"
 expect_fail "eval: dump not writable" "--dump $work/no/such/dir.jsonl: cannot open" \
