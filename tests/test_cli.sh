@@ -7,21 +7,7 @@ prl=$1 src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 pass=0 fail=0
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
-
-# expect_fail NAME PATTERN CMD...: CMD exits non-zero and its stderr matches PATTERN.
-expect_fail() {
-  local name=$1 pattern=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1 >/dev/null); rc=$?
-  if [ $rc -ne 0 ] && grep -q -- "$pattern" <<<"$out"; then ok "$name"
-  else bad "$name (exit $rc, stderr: $out)"; fi
-}
-expect_ok() {
-  local name=$1; shift
-  if "$@" >"$work/last.out" 2>&1; then ok "$name"; else bad "$name: $(tail -3 "$work/last.out")"; fi
-}
+. "$src/tests/lib.sh"   # ok, bad, expect_fail, expect_ok
 
 for c in init sft score generate eval tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
   "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode" \

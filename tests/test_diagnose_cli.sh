@@ -14,18 +14,8 @@ py=${PRL_TORCH_PYTHON:-/usr/bin/python3}   # the Python with torch (Debian's)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 pass=0 fail=0
-ok()  { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+. "$src/tests/lib.sh"   # ok, bad, expect_fail, expect_ok
 export PRL_THREADS=1
-unset PRL_INFER_FAULT
-
-expect_fail() {
-  local name=$1 pattern=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1 >/dev/null); rc=$?
-  if [ $rc -ne 0 ] && grep -q -- "$pattern" <<<"$out"; then ok "$name"
-  else bad "$name (exit $rc, stderr: $out)"; fi
-}
 # check NAME PYTHON-EXPR: evaluate EXPR with d = the JSON in $work/out.json.
 check() {
   local name=$1 expr=$2

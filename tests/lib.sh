@@ -1,0 +1,20 @@
+# lib.sh — helpers of the shell tests (sourced): counted checks and expected outcomes of a
+# command. The sourcing script sets `work` (a scratch directory) and `pass=0 fail=0`, and ends
+# with `[ $fail -eq 0 ]`.
+ok()  { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+
+# expect_fail NAME PATTERN CMD...: CMD exits non-zero and its stderr matches PATTERN.
+expect_fail() {
+  local name=$1 pattern=$2; shift 2
+  local out rc
+  out=$("$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -ne 0 ] && grep -q -- "$pattern" <<<"$out"; then ok "$name"
+  else bad "$name (exit $rc, stderr: $out)"; fi
+}
+
+# expect_ok NAME CMD...: CMD exits 0; its stdout and stderr are left in $work/last.out.
+expect_ok() {
+  local name=$1; shift
+  if "$@" >"$work/last.out" 2>&1; then ok "$name"; else bad "$name: $(tail -3 "$work/last.out")"; fi
+}
