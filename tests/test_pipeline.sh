@@ -167,7 +167,7 @@ echo "ok: an existing run directory needs --resume"
 cp -r runs/a runs/old && sqlite3 runs/old/run.db \
   "UPDATE runs SET config = json_remove(config, '$.replay', '$.grpo.correction')"
 $prl run --resume runs/old > old.out 2> old.err || { cat old.err; fail "resume of a run recorded without the new keys"; }
-grep -q "run finished" old.err || fail "resume after upgrade: $(cat old.err)"
+grep -q "run finished" old.out || fail "resume after upgrade: $(cat old.out old.err)"
 python3 -c 'import json; j = json.load(open("runs/old/job.json")); j.setdefault("replay", {})["mode"] = "r3"; json.dump(j, open("runs/old/job.json", "w"))'
 if $prl run --resume runs/old 2> old2.err; then fail "resumed with a changed config"; fi
 grep -q "started with another config" old2.err || fail "changed config: $(cat old2.err)"
