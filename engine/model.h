@@ -240,6 +240,46 @@ double prl_optim_lr_at(const prl_optim_config *c, int64_t step);
 /* The Newton–Schulz quintic of Muon on an A×B matrix, in place (exposed for tests). */
 void prl_muon_newton_schulz(prl_real *X, int A, int B, int steps, prl_real *work);
 
+/* Dynamic loss scaling for FP16 training (shared/spec/rl.md §4.3). The caller scales the loss
+** by `scale`, unscales the gradients (prl_grads_unscale), checks them (prl_grads_finite), clips
+** the unscaled gradients, then steps the optimizer only when prl_loss_scaler_update says so.
+** TORCH: an overflow halves the scale and skips the step; growth_interval clean steps in a row
+** double it (a grown scale that is not finite is not taken). MEGATRON: an overflow skips the
+** step and spends one unit of hysteresis; only when none is left does the scale back off (not
+** below min_scale); a growth refills the hysteresis. */
+typedef enum prl_scaler_kind { PRL_SCALER_TORCH = 0, PRL_SCALER_MEGATRON = 1 } prl_scaler_kind;
+
+typedef struct prl_loss_scaler_config {
+    prl_scaler_kind kind;
+    double init_scale;      /* torch 2^16, megatron 2^32 */
+    double growth_factor;   /* 2 */
+    double backoff_factor;  /* 0.5 */
+    int growth_interval;    /* clean steps before a growth: torch 2000, megatron 1000 */
+    int hysteresis;         /* megatron: overflows tolerated before a back-off, 2 */
+    double min_scale;       /* megatron: floor of the scale, 1 */
+} prl_loss_scaler_config;
+
+typedef struct prl_loss_scaler {
+    prl_loss_scaler_config cfg;
+    double scale;
+    int growth_tracker;     /* clean steps since the last growth or overflow */
+    int hysteresis_tracker; /* megatron */
+    long steps, skipped;    /* updates seen, of which skipped for an overflow */
+} prl_loss_scaler;
+
+/* The defaults of a rule (the project's: torch), or of a preset by name: "torch",
+** "megatron", "verl_fsdp" (torch with growth_interval 400) or "verl_megatron" (megatron from
+** 32768). PRL_ERR_CONFIG names an unknown preset. */
+prl_status prl_loss_scaler_config_preset(prl_loss_scaler_config *c, const char *name);
+/* PRL_ERR_CONFIG naming the field when a constant is out of range. */
+prl_status prl_loss_scaler_init(prl_loss_scaler *s, const prl_loss_scaler_config *c);
+/* Record one step's outcome; returns 1 when the optimizer step must be skipped (found_inf). */
+int prl_loss_scaler_update(prl_loss_scaler *s, int found_inf);
+/* grads[0..n) /= scale, in the gradients' precision (fp32 or fp64). */
+void prl_grads_unscale(prl_real *grads, size_t n, double scale);
+/* 1 when every gradient is finite (no inf, no NaN). */
+int prl_grads_finite(const prl_real *grads, size_t n);
+
 /* ---------------------------------------------------------------- checkpoints ------ */
 
 /* A checkpoint directory: config.json, model.safetensors (HF names, F32, checksum in the

@@ -1,5 +1,5 @@
 /*
-** optim.c — AdamW, Muon, gradient clipping and learning-rate schedules.
+** optim.c — AdamW, Muon, gradient clipping, learning-rate schedules and dynamic loss scaling.
 **
 ** Parameter split (shared/spec/model.md §10): with PRL_OPTIM_MUON every hidden 2-D matrix
 ** (attention projections, dense FFN, each routed expert's matrices, shared experts) is
@@ -312,4 +312,95 @@ done:
     free(c.tasks);
     free(c.partial);
     return rc;
+}
+
+/* ------------------------------------------------------------------ loss scaling --- */
+
+prl_status prl_loss_scaler_config_preset(prl_loss_scaler_config *c, const char *name)
+{
+    *c = (prl_loss_scaler_config){.kind = PRL_SCALER_TORCH, .init_scale = 65536.0,
+                                  .growth_factor = 2.0, .backoff_factor = 0.5,
+                                  .growth_interval = 2000, .hysteresis = 2, .min_scale = 1.0};
+    if (!strcmp(name, "torch")) return PRL_OK;
+    if (!strcmp(name, "verl_fsdp")) {
+        c->growth_interval = 400;
+        return PRL_OK;
+    }
+    c->kind = PRL_SCALER_MEGATRON, c->growth_interval = 1000;
+    if (!strcmp(name, "megatron")) {
+        c->init_scale = 4294967296.0; /* 2^32 */
+        return PRL_OK;
+    }
+    if (!strcmp(name, "verl_megatron")) {
+        c->init_scale = 32768.0;
+        return PRL_OK;
+    }
+    return prl_error_set(PRL_ERR_CONFIG, "loss scaler '%s' (choices: torch, megatron, verl_fsdp, "
+                         "verl_megatron)", name);
+}
+
+prl_status prl_loss_scaler_init(prl_loss_scaler *s, const prl_loss_scaler_config *c)
+{
+    memset(s, 0, sizeof *s);
+    if ((unsigned)c->kind > PRL_SCALER_MEGATRON)
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: kind %d", (int)c->kind);
+    if (!(c->init_scale > 0 && isfinite(c->init_scale)))
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: init_scale %g must be finite and > 0", c->init_scale);
+    if (!(c->growth_factor >= 1 && isfinite(c->growth_factor)))
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: growth_factor %g must be >= 1", c->growth_factor);
+    if (!(c->backoff_factor > 0 && c->backoff_factor < 1))
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: backoff_factor %g must be in (0, 1)", c->backoff_factor);
+    if (c->growth_interval < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: growth_interval %d must be >= 1", c->growth_interval);
+    if (c->kind == PRL_SCALER_MEGATRON && c->hysteresis < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: hysteresis %d must be >= 1", c->hysteresis);
+    if (c->kind == PRL_SCALER_MEGATRON && !(c->min_scale > 0 && c->min_scale <= c->init_scale))
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: min_scale %g must be in (0, init_scale]", c->min_scale);
+    s->cfg = *c;
+    s->scale = c->init_scale;
+    s->hysteresis_tracker = c->hysteresis;
+    return PRL_OK;
+}
+
+/* A growth that overflows the double keeps the old scale (rl.md §4.3 guard). */
+static void scaler_grow(prl_loss_scaler *s)
+{
+    double grown = s->scale * s->cfg.growth_factor;
+    if (isfinite(grown)) s->scale = grown;
+}
+
+int prl_loss_scaler_update(prl_loss_scaler *s, int found_inf)
+{
+    const prl_loss_scaler_config *c = &s->cfg;
+    s->steps++;
+    if (found_inf) {
+        s->skipped++;
+        s->growth_tracker = 0;
+        if (c->kind == PRL_SCALER_TORCH) {
+            s->scale *= c->backoff_factor;
+        } else if (--s->hysteresis_tracker <= 0) {
+            double b = s->scale * c->backoff_factor;
+            s->scale = b > c->min_scale ? b : c->min_scale;
+        }
+        return 1;
+    }
+    if (++s->growth_tracker == c->growth_interval) {
+        s->growth_tracker = 0;
+        if (c->kind == PRL_SCALER_MEGATRON) s->hysteresis_tracker = c->hysteresis;
+        scaler_grow(s);
+    }
+    return 0;
+}
+
+void prl_grads_unscale(prl_real *grads, size_t n, double scale)
+{
+    prl_real d = (prl_real)scale; /* a division, as the spec says: exact for any scale */
+    for (size_t i = 0; i < n; i++) grads[i] /= d;
+}
+
+int prl_grads_finite(const prl_real *grads, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(grads[i])) return 0;
+    return 1;
 }

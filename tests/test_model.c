@@ -460,6 +460,69 @@ START_TEST(test_muon_step)
 }
 END_TEST
 
+/* Loss scaling: the trace of rl.md §4.3, overflow events [0,0,0,1,0,0,0,0,1,1], for both
+** rules (by hand: torch with growth_interval 3 grows after every third clean step in a row and
+** halves on an overflow; megatron with window 3 and hysteresis 2 backs off only on the second
+** overflow after a growth). */
+START_TEST(test_loss_scaler_traces)
+{
+    static const int inf[10] = {0, 0, 0, 1, 0, 0, 0, 0, 1, 1};
+    static const double torch_scale[10] = {65536, 65536, 131072, 65536, 65536, 65536, 131072,
+                                           131072, 65536, 32768};
+    const double p32 = 4294967296.0;
+    const double mega_scale[10] = {p32, p32, 2 * p32, 2 * p32, 2 * p32, 2 * p32, 4 * p32,
+                                   4 * p32, 4 * p32, 2 * p32};
+    prl_loss_scaler_config c;
+    prl_loss_scaler s;
+    ck_assert_int_eq(prl_loss_scaler_config_preset(&c, "torch"), PRL_OK);
+    c.growth_interval = 3;
+    ck_assert_int_eq(prl_loss_scaler_init(&s, &c), PRL_OK);
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_eq(prl_loss_scaler_update(&s, inf[i]), inf[i]);
+        ck_assert_msg(s.scale == torch_scale[i], "torch step %d: scale %g", i, s.scale);
+    }
+    ck_assert_int_eq(s.skipped, 3);
+    ck_assert_int_eq(prl_loss_scaler_config_preset(&c, "megatron"), PRL_OK);
+    c.growth_interval = 3;
+    ck_assert_int_eq(prl_loss_scaler_init(&s, &c), PRL_OK);
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_eq(prl_loss_scaler_update(&s, inf[i]), inf[i]);
+        ck_assert_msg(s.scale == mega_scale[i], "megatron step %d: scale %g", i, s.scale);
+    }
+    /* megatron's floor: repeated overflows stop at min_scale */
+    c.init_scale = 4, c.min_scale = 1, c.hysteresis = 1;
+    ck_assert_int_eq(prl_loss_scaler_init(&s, &c), PRL_OK);
+    for (int i = 0; i < 5; i++) prl_loss_scaler_update(&s, 1);
+    ck_assert(s.scale == 1.0);
+    /* a growth past the double range keeps the old scale */
+    ck_assert_int_eq(prl_loss_scaler_config_preset(&c, "torch"), PRL_OK);
+    c.init_scale = 1e308, c.growth_interval = 1;
+    ck_assert_int_eq(prl_loss_scaler_init(&s, &c), PRL_OK);
+    ck_assert_int_eq(prl_loss_scaler_update(&s, 0), 0);
+    ck_assert(s.scale == 1e308);
+    /* presets and the checks name what is wrong */
+    ck_assert_int_eq(prl_loss_scaler_config_preset(&c, "verl_fsdp"), PRL_OK);
+    ck_assert(c.kind == PRL_SCALER_TORCH && c.growth_interval == 400 && c.init_scale == 65536);
+    ck_assert_int_eq(prl_loss_scaler_config_preset(&c, "verl_megatron"), PRL_OK);
+    ck_assert(c.kind == PRL_SCALER_MEGATRON && c.init_scale == 32768 && c.min_scale == 1);
+    ck_assert_int_eq(prl_loss_scaler_config_preset(&c, "apex"), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "'apex'"));
+    ck_assert_int_eq(prl_loss_scaler_config_preset(&c, "torch"), PRL_OK);
+    c.backoff_factor = 1;
+    ck_assert_int_eq(prl_loss_scaler_init(&s, &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "backoff_factor"));
+    /* unscale divides; the finiteness check sees inf and NaN */
+    prl_real g[4] = {3, -6, 0.75, 0};
+    prl_grads_unscale(g, 4, 3.0);
+    ck_assert(g[0] == 1 && g[1] == -2 && g[2] == (prl_real)0.25 && g[3] == 0);
+    ck_assert(prl_grads_finite(g, 4));
+    g[2] = (prl_real)INFINITY;
+    ck_assert(!prl_grads_finite(g, 4));
+    g[2] = (prl_real)NAN;
+    ck_assert(!prl_grads_finite(g, 4));
+}
+END_TEST
+
 START_TEST(test_lr_schedule_and_clipping)
 {
     prl_optim_config c;
@@ -655,6 +718,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_muon_newton_schulz);
     tcase_add_test(tc, test_muon_step);
     tcase_add_test(tc, test_lr_schedule_and_clipping);
+    tcase_add_test(tc, test_loss_scaler_traces);
     tcase_add_test(tc, test_router_bias_rules);
     tcase_add_test(tc, test_routes_override_and_hooks);
     tcase_add_test(tc, test_fast_exp);
