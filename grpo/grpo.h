@@ -120,6 +120,14 @@ prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_
                                  const float *iw, int B, int T, int n_tokens, int n_seqs,
                                  float *w, prl_grpo_loss_stats *stats);
 
+/* The same with a per-token advantage added: token i's advantage is adv[b] + adv_tok[i]
+** (adv_tok [B·T], NULL = none). On-policy distillation's per-token advantages (opd/) come in
+** here; the token loss, weights and stats are otherwise those of prl_grpo_loss_partial. */
+prl_status prl_grpo_loss_partial_tok(const prl_grpo_loss_config *c, const float *lp_new,
+                                     const float *lp_old, const double *adv, const float *adv_tok,
+                                     const uint8_t *mask, const float *iw, int B, int T,
+                                     int n_tokens, int n_seqs, float *w, prl_grpo_loss_stats *stats);
+
 /* ---------------------------------------------------------------- mismatch correction */
 /* mismatch.c: the train–infer mismatch corrections of rl.md §2 as per-token weights and keep
 ** masks, the PCC-driven choice of a strict or loose threshold setting, and the per-step
@@ -313,6 +321,10 @@ typedef struct prl_grpo_train_config {
     double replay_tau;           /* replay.tau: Masked R3 threshold on |I_train ∩ I_infer|/K */
     double entropy_alarm;        /* replay.entropy_alarm: alarm when a layer's routing entropy
                                  ** < entropy_alarm · ln N_experts (0 = never) */
+    const float *token_adv;      /* borrowed, [n_response] in the batch's response layout, or
+                                 ** NULL: a per-token advantage added to each loss token's
+                                 ** (on-policy distillation, opd/) */
+    double seq_adv_weight;       /* weight of the group (reward) advantage, default 1 */
 } prl_grpo_train_config;
 
 void prl_grpo_train_config_default(prl_grpo_train_config *c);
