@@ -11,6 +11,7 @@
 #include "cli/cli.h"
 #include "opd/opd.h"
 
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,6 +109,9 @@ int cmd_role_teacher(int argc, char **argv)
                        "time (docs/opd.md).", NULL, 0, NULL);
     if (pr) return pr == CLI_HELP ? 0 : 2;
     if (cli_setup_blas("role teacher", threads)) return 1;
+    /* a fixed mmap threshold: an unloaded expert's blocks go back to the system at once
+    ** (glibc's adaptive threshold would keep them in the heap), so VmHWM shows one expert */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     cli_role_install_signals();
     teacher t;
     memset(&t, 0, sizeof t);
