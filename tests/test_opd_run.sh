@@ -8,6 +8,8 @@
 # run finishes its steps with prompts of all four domains; every step's metrics hold the
 # reverse KL, the masked share, per-teacher counts, load times and each teacher process's
 # peak RSS; the progress line shows the KL; the teachers' logs show one expert at a time.
+# The same run with both teacher processes killed (kill -9) mid-run is restarted by the
+# launcher, their items are handed out again, and it ends with a bitwise-identical policy.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
 work=$(mktemp -d /tmp/prl-opd-XXXXXX)
@@ -58,7 +60,7 @@ cat > job.json <<'EOF'
  "teacher": {"workers": 2},
  "grpo": {"correction": {"kind": "tis"}},
  "optim": {"lr": 1e-3},
- "controller": {"steps": 3, "heartbeat_seconds": 0.2, "lease_seconds": 5}}
+ "controller": {"steps": 8, "heartbeat_seconds": 0.2, "lease_seconds": 5}}
 EOF
 
 # ---- bad teachers: refused before any process starts, naming the file
@@ -80,25 +82,28 @@ $prl run job.json --check >/dev/null || fail "the good job fails --check"
 echo "ok: the good job passes --check"
 
 # ---- the run
-$prl run job.json > run.out 2> run.err &
+finish() { # name: wait for the launcher, at most 60 s
+  for _ in $(seq 1 600); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $launcher 2>/dev/null; then cat "$1.err"; fail "OPD run $1 did not finish in 60 s"; fi
+  wait $launcher || { cat "$1.err"; tail -n 5 "runs/$1/logs/"*.log; fail "OPD run $1 failed"; }
+  launcher=""
+}
+$prl run job.json > opd.out 2> opd.err &
 launcher=$!
-for _ in $(seq 1 1200); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
-if kill -0 $launcher 2>/dev/null; then cat run.err; fail "the OPD run did not finish in 120 s"; fi
-wait $launcher || { cat run.err; tail -n 5 runs/opd/logs/*.log; fail "the OPD run failed"; }
-launcher=""
+finish opd
 db=runs/opd/run.db
-grep -q "step 3/3" run.out || fail "no progress line for the last step"
-grep -q "| KL " run.out || fail "the progress line shows no KL"
-[ "$(sqlite3 $db 'SELECT count(*) FROM steps')" = 3 ] || fail "steps recorded"
+grep -q "step 8/8" opd.out || fail "no progress line for the last step"
+grep -q "| KL " opd.out || fail "the progress line shows no KL"
+[ "$(sqlite3 $db 'SELECT count(*) FROM steps')" = 8 ] || fail "steps recorded"
 [ "$(sqlite3 $db 'SELECT count(DISTINCT domain) FROM prompts')" = 4 ] || fail "prompts of four domains"
 for k in opd_teacher_kl opd_masked_frac opd_clipped_frac; do
   n=$(sqlite3 $db "SELECT count(*) FROM steps WHERE json_type(metrics, '\$.trainer.$k') = 'real'")
-  [ "$n" = 3 ] || fail "metric trainer.$k in $n of 3 steps"
+  [ "$n" = 8 ] || fail "metric trainer.$k in $n of 8 steps"
 done
 n=$(sqlite3 $db "SELECT count(*) FROM steps WHERE json_extract(metrics, '\$.teachers.peak_rss_kb') > 0")
-[ "$n" = 3 ] || fail "teacher peak RSS in $n of 3 steps"
+[ "$n" = 8 ] || fail "teacher peak RSS in $n of 8 steps"
 counts=$(sqlite3 $db "SELECT sum(value) FROM steps, json_each(json_extract(metrics, '\$.trainer.opd_teacher_samples'))")
-[ "$counts" = 24 ] || fail "per-teacher sample counts add up to $counts, not 3 x 4 x 2"
+[ "$counts" = 64 ] || fail "per-teacher sample counts add up to $counts, not 8 x 4 x 2"
 sqlite3 $db "SELECT step, round(json_extract(metrics, '\$.trainer.opd_teacher_kl'), 4),
   json_extract(metrics, '\$.teachers') FROM steps ORDER BY step"
 # one expert at a time: a teacher process never holds two (it frees one before the next)
@@ -106,4 +111,25 @@ for l in runs/opd/logs/teacher-*.log; do
   grep -q "holding expert" "$l" || fail "$l: no expert loaded"
 done
 [ "$(grep -h 'scored' runs/opd/logs/teacher-*.log | wc -l)" -ge 4 ] || fail "fewer than 4 teach items"
-echo "ok: OPD run of 3 steps, 4 domains, 2 teacher processes"
+echo "ok: OPD run of 8 steps, 4 domains, 2 teacher processes"
+
+# ---- the same run with the teacher processes killed mid-run
+$prl run job.json --set run.name=k > k.out 2> k.err &
+launcher=$!
+for _ in $(seq 1 600); do
+  [ "$(sqlite3 runs/k/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 2 ] && break
+  sleep 0.05
+done
+for t in teacher-0 teacher-1; do
+  pid=$(pgrep -P "$launcher" -f -- "--name $t" | head -n 1)
+  [ -n "$pid" ] || fail "no process for $t"
+  kill -9 "$pid"
+done
+echo "killed both teachers after $(sqlite3 runs/k/run.db 'SELECT count(*) FROM steps') steps"
+finish k
+grep -q "teacher-0 died" k.err || fail "the launcher did not restart teacher-0"
+[ "$(sqlite3 runs/k/run.db "SELECT count(*) FROM events WHERE kind = 'rejoin' AND detail LIKE '%teacher%'")" -ge 1 ] ||
+  fail "no teacher rejoined"
+[ "$(sha256sum < runs/opd/final/model.safetensors)" = "$(sha256sum < runs/k/final/model.safetensors)" ] ||
+  fail "the run with killed teachers ends with another policy"
+echo "ok: teachers killed mid-run: restarted, same final policy bitwise"
