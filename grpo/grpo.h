@@ -21,6 +21,7 @@
 #ifndef PRL_GRPO_H
 #define PRL_GRPO_H
 
+#include "bus/bus.h"
 #include "engine/engine.h"
 
 struct prl_job_config;
@@ -293,6 +294,14 @@ prl_status prl_grpo_batch_check(const prl_grpo_batch *b);
 /* The response of sample i: its first token's index into logprobs/mask (*first) and count
 ** (O(i): sums the prompts before it). */
 void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int *len);
+
+/* Every sample fits model m: length <= its context, token ids < its vocabulary; else
+** PRL_ERR_RANGE naming the sample (and position). */
+prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b);
+/* The frame `name` of a decoded message with dtype `dt` and `count` elements (SIZE_MAX: any);
+** else PRL_ERR_FORMAT naming the frame (missing, another dtype, another size). */
+prl_status prl_grpo_msg_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
+                              size_t count, const prl_bus_frame **out);
 
 /* Read a decoded `train` message (field count; frames tokens, offsets, prompt_lens, rewards,
 ** groups, logprobs, mask; optionally frames route_rows and routes with fields route_moe,

@@ -182,8 +182,7 @@ void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int 
 
 /* ------------------------------------------------------------------ the message ----- */
 
-/* The frame `name` of dtype `dt` with `count` elements (SIZE_MAX: any). */
-static prl_status train_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
+prl_status prl_grpo_msg_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
                               size_t count, const prl_bus_frame **out)
 {
     const prl_bus_frame *f = prl_bus_msg_frame(m, name);
@@ -221,8 +220,8 @@ static prl_status routes_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
                                  (unsigned long long)shape[k]);
     }
     const prl_bus_frame *f;
-    prl_status rc = train_frame(m, "route_rows", PRL_BUS_I32, (size_t)b->n, &f);
-    if (!rc) rc = train_frame(m, "routes", PRL_BUS_U8, SIZE_MAX, &f);
+    prl_status rc = prl_grpo_msg_frame(m, "route_rows", PRL_BUS_I32, (size_t)b->n, &f);
+    if (!rc) rc = prl_grpo_msg_frame(m, "routes", PRL_BUS_U8, SIZE_MAX, &f);
     if (rc) return rc;
     b->route_moe = (int)shape[0], b->route_k = (int)shape[1], b->route_width = (int)shape[2];
     b->route_rows = malloc((size_t)b->n * sizeof *b->route_rows);
@@ -247,13 +246,13 @@ static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
     size_t n = (size_t)count;
     const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *rew = NULL, *grp = NULL, *lp = NULL,
                         *mask = NULL;
-    if ((rc = train_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
-        (rc = train_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
-        (rc = train_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
-        (rc = train_frame(m, "rewards", PRL_BUS_F32, n, &rew)) ||
-        (rc = train_frame(m, "groups", PRL_BUS_I32, n, &grp)) ||
-        (rc = train_frame(m, "logprobs", PRL_BUS_F32, SIZE_MAX, &lp)) ||
-        (rc = train_frame(m, "mask", PRL_BUS_U8, lp->count, &mask)))
+    if ((rc = prl_grpo_msg_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
+        (rc = prl_grpo_msg_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
+        (rc = prl_grpo_msg_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
+        (rc = prl_grpo_msg_frame(m, "rewards", PRL_BUS_F32, n, &rew)) ||
+        (rc = prl_grpo_msg_frame(m, "groups", PRL_BUS_I32, n, &grp)) ||
+        (rc = prl_grpo_msg_frame(m, "logprobs", PRL_BUS_F32, SIZE_MAX, &lp)) ||
+        (rc = prl_grpo_msg_frame(m, "mask", PRL_BUS_U8, lp->count, &mask)))
         return rc;
     if (lp->count > tok->count)
         return prl_error_set(PRL_ERR_FORMAT, "frame 'logprobs' has %zu elements, more than the "
@@ -470,18 +469,17 @@ static prl_status step_alloc(step_ctx *s)
     return rc ? rc : prl_grpo_replay_init(&s->rp, s->m, b, s->c, s->c->micro_rows, s->ctx);
 }
 
-/* Every sample fits the model: length <= context, token ids < vocabulary. */
-static prl_status check_fits(const prl_model *m, const prl_grpo_batch *b)
+prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b)
 {
     for (int i = 0; i < b->n; i++) {
         int len = b->offsets[i + 1] - b->offsets[i];
         if (len > m->cfg.max_position_embeddings)
-            return prl_error_set(PRL_ERR_RANGE, "grpo step: sample %d has %d tokens, more than "
-                                 "the model's context of %d", i, len, m->cfg.max_position_embeddings);
+            return prl_error_set(PRL_ERR_RANGE, "sample %d has %d tokens, more than the model's "
+                                 "context of %d", i, len, m->cfg.max_position_embeddings);
         for (int t = 0; t < len; t++)
             if (b->tokens[b->offsets[i] + t] >= m->cfg.vocab_size)
-                return prl_error_set(PRL_ERR_RANGE, "grpo step: sample %d position %d has token "
-                                     "%d outside the vocabulary of %d", i, t,
+                return prl_error_set(PRL_ERR_RANGE, "sample %d position %d has token %d "
+                                     "outside the vocabulary of %d", i, t,
                                      b->tokens[b->offsets[i] + t], m->cfg.vocab_size);
     }
     return PRL_OK;
@@ -757,7 +755,7 @@ prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch 
         rc = prl_error_set(PRL_ERR_ARG, "grpo.kl_coef: the reference model's vocabulary or "
                            "context differs from the policy's");
     if (rc == PRL_OK) rc = prl_grpo_batch_check(b);
-    if (rc == PRL_OK) rc = check_fits(m, b);
+    if (rc == PRL_OK && (rc = prl_grpo_batch_fits(m, b))) rc = prl_error_wrap(rc, "grpo step: ");
     if (rc) return rc;
     step_ctx s = {.m = m, .b = b, .c = c, .ctx = m->cfg.max_position_embeddings};
     prl_grpo_step_stats st = {.samples = b->n};

@@ -33,22 +33,6 @@ void prl_opd_batch_free(prl_opd_batch *ob)
     memset(ob, 0, sizeof *ob);
 }
 
-/* The frame `name` of dtype `dt` with exactly `count` elements. */
-static prl_status frame_of(const prl_bus_msg *m, const char *name, prl_bus_dtype dt, size_t count,
-                           const prl_bus_frame **out)
-{
-    const prl_bus_frame *f = prl_bus_msg_frame(m, name);
-    if (!f) return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is missing", name);
-    if (f->dtype != dt)
-        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is %s, expected %s", name,
-                             prl_bus_dtype_name(f->dtype), prl_bus_dtype_name(dt));
-    if (count != SIZE_MAX && f->count != count)
-        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' has %zu elements, expected %zu", name,
-                             f->count, count);
-    *out = f;
-    return PRL_OK;
-}
-
 /* Teacher indices in range; teacher log-probs of the loss tokens finite and <= 0. */
 static prl_status check_values(const prl_opd_batch *ob, const prl_grpo_batch *b)
 {
@@ -73,8 +57,8 @@ prl_status prl_opd_batch_from_msg(prl_opd_batch *ob, const prl_grpo_batch *b, co
 {
     memset(ob, 0, sizeof *ob);
     const prl_bus_frame *lp = NULL, *tk = NULL;
-    prl_status rc = frame_of(m, "teacher_logprobs", PRL_BUS_F32, b->n_response, &lp);
-    if (!rc) rc = frame_of(m, "teachers", PRL_BUS_I32, (size_t)b->n, &tk);
+    prl_status rc = prl_grpo_msg_frame(m, "teacher_logprobs", PRL_BUS_F32, b->n_response, &lp);
+    if (!rc) rc = prl_grpo_msg_frame(m, "teachers", PRL_BUS_I32, (size_t)b->n, &tk);
     if (!rc) rc = prl_opd_batch_init(ob, b->n, b->n_response);
     if (rc) return prl_error_wrap(rc, "train message: ");
     if (lp->bytes) memcpy(ob->teacher_lp, lp->data, lp->bytes);
@@ -119,10 +103,10 @@ static prl_status teach_from_msg(prl_grpo_batch *t, const prl_bus_msg *m)
                              (unsigned long long)count, PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t) - 1);
     size_t n = (size_t)count;
     const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *mask = NULL;
-    if ((rc = frame_of(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
-        (rc = frame_of(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
-        (rc = frame_of(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
-        (rc = frame_of(m, "mask", PRL_BUS_U8, SIZE_MAX, &mask)))
+    if ((rc = prl_grpo_msg_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
+        (rc = prl_grpo_msg_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
+        (rc = prl_grpo_msg_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
+        (rc = prl_grpo_msg_frame(m, "mask", PRL_BUS_U8, SIZE_MAX, &mask)))
         return rc;
     if (mask->count > tok->count)
         return prl_error_set(PRL_ERR_FORMAT, "frame 'mask' has %zu elements, more than the %zu "

@@ -33,27 +33,11 @@ static prl_batch pack(prl_batch_buf *bb, const prl_grpo_batch *t, int i0, int ro
     return prl_batch_buf_view(bb, rows, T); /* temperature 1: the teacher's own distribution */
 }
 
-static prl_status check_fits(const prl_model *m, const prl_grpo_batch *t)
-{
-    for (int i = 0; i < t->n; i++) {
-        int len = t->offsets[i + 1] - t->offsets[i];
-        if (len > m->cfg.max_position_embeddings)
-            return prl_error_set(PRL_ERR_RANGE, "teacher: sample %d has %d tokens, more than the "
-                                 "model's context of %d", i, len, m->cfg.max_position_embeddings);
-        for (int p = 0; p < len; p++)
-            if (t->tokens[t->offsets[i] + p] >= m->cfg.vocab_size)
-                return prl_error_set(PRL_ERR_RANGE, "teacher: sample %d position %d has token %d "
-                                     "outside the vocabulary of %d", i, p,
-                                     t->tokens[t->offsets[i] + p], m->cfg.vocab_size);
-    }
-    return PRL_OK;
-}
-
 prl_status prl_opd_teacher_logprobs(prl_model *m, const prl_grpo_batch *t, int micro_rows,
                                     float *out)
 {
     prl_status rc = prl_grpo_batch_check(t);
-    if (!rc) rc = check_fits(m, t);
+    if (!rc && (rc = prl_grpo_batch_fits(m, t))) rc = prl_error_wrap(rc, "teacher: ");
     if (rc) return rc;
     if (micro_rows < 1) return prl_error_set(PRL_ERR_ARG, "teacher: micro_rows %d", micro_rows);
     int ctx = m->cfg.max_position_embeddings;

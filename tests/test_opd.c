@@ -320,6 +320,17 @@ static void teach_msg(prl_bus_msg *m)
     prl_bus_msg_set_str(m, "teacher", "coding"), prl_bus_msg_set_str(m, "path", "x");
 }
 
+/* A teach message with b's frames as they are (prl_opd_teach_to_msg would refuse them). */
+static void teach_raw(prl_bus_msg *m, const prl_grpo_batch *b)
+{
+    teach_msg(m);
+    prl_bus_msg_set_uint(m, "count", (uint64_t)b->n);
+    prl_bus_msg_add_frame(m, "tokens", PRL_BUS_I32, b->tokens, b->n_tokens);
+    prl_bus_msg_add_frame(m, "offsets", PRL_BUS_I32, b->offsets, (size_t)b->n + 1);
+    prl_bus_msg_add_frame(m, "prompt_lens", PRL_BUS_I32, b->prompt_lens, (size_t)b->n);
+    prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, b->mask, b->n_response);
+}
+
 START_TEST(test_teach_frames)
 {
     prl_grpo_batch b, t;
@@ -336,23 +347,13 @@ START_TEST(test_teach_frames)
     prl_bus_msg_free(&d), prl_bus_msg_free(&m);
     /* a prompt length as long as the sample, a mask byte of 2: named */
     b.prompt_lens[1] = 3;
-    teach_msg(&m);
-    prl_bus_msg_set_uint(&m, "count", 2);
-    prl_bus_msg_add_frame(&m, "tokens", PRL_BUS_I32, b.tokens, 8);
-    prl_bus_msg_add_frame(&m, "offsets", PRL_BUS_I32, b.offsets, 3);
-    prl_bus_msg_add_frame(&m, "prompt_lens", PRL_BUS_I32, b.prompt_lens, 2);
-    prl_bus_msg_add_frame(&m, "mask", PRL_BUS_U8, b.mask, 5);
+    teach_raw(&m, &b);
     wire(&m, &d);
     ck_assert_int_eq(prl_opd_teach_from_msg(&t, &d), PRL_ERR_FORMAT);
     assert_msg_has("prompt_lens: sample 1 has prompt length 3");
     prl_bus_msg_free(&d), prl_bus_msg_free(&m);
     b.prompt_lens[1] = 1, b.mask[2] = 2;
-    teach_msg(&m);
-    prl_bus_msg_set_uint(&m, "count", 2);
-    prl_bus_msg_add_frame(&m, "tokens", PRL_BUS_I32, b.tokens, 8);
-    prl_bus_msg_add_frame(&m, "offsets", PRL_BUS_I32, b.offsets, 3);
-    prl_bus_msg_add_frame(&m, "prompt_lens", PRL_BUS_I32, b.prompt_lens, 2);
-    prl_bus_msg_add_frame(&m, "mask", PRL_BUS_U8, b.mask, 5);
+    teach_raw(&m, &b);
     wire(&m, &d);
     ck_assert_int_eq(prl_opd_teach_from_msg(&t, &d), PRL_ERR_FORMAT);
     assert_msg_has("mask: sample 0 response token 2 is 2");
