@@ -827,6 +827,7 @@ static prl_status lease_teach(ctl *c, step_run *r, int k, worker *w)
     r->teach_lease[k] = l->id;
     w->holds = k + 1;
     prl_bus_msg m;
+    memset(&m, 0, sizeof m); /* freed on error even if build_teach failed before its init */
     if ((rc = build_teach(c, r, k, &m, l->id))) {
         prl_bus_msg_free(&m);
         return rc;
