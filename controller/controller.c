@@ -103,6 +103,7 @@ typedef struct step_run {
     int teach_loads[PRL_OPD_TEACHERS];             /* experts loaded for the step's items */
     double teach_load_s[PRL_OPD_TEACHERS], teach_s[PRL_OPD_TEACHERS];
     uint64_t teach_rss_kb[PRL_OPD_TEACHERS];       /* VmHWM of the process that taught it */
+    uint64_t proc_rss_kb[MAX_WORKERS];             /* per worker: VmHWM of its last answer */
     double t_taught;
 } step_run;
 
@@ -892,8 +893,9 @@ static prl_status train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, p
 }
 
 /* The step's teacher metrics (JSON object text into out[n]): per teacher its samples' load
-** and scoring time, loads and the peak RSS of the process that taught it. */
-static void teach_metrics(const step_run *r, char *out, size_t n)
+** and scoring time, loads and the peak RSS of the process that taught it; per teacher
+** process that answered, its peak RSS. */
+static void teach_metrics(const ctl *c, const step_run *r, char *out, size_t n)
 {
     size_t k = (size_t)snprintf(out, n, "{");
     uint64_t peak = 0;
@@ -905,8 +907,14 @@ static void teach_metrics(const step_run *r, char *out, size_t n)
                               prl_opd_teacher_key(t), r->teach_load_s[t], r->teach_s[t],
                               r->teach_loads[t], (unsigned long long)r->teach_rss_kb[t]);
     }
-    if (k < n) snprintf(out + k, n - k, "%s\"peak_rss_kb\": %llu}", k > 1 ? ", " : "",
-                        (unsigned long long)peak);
+    if (k < n) k += (size_t)snprintf(out + k, n - k, "%s\"processes\": {", k > 1 ? ", " : "");
+    for (int i = 0, first = 1; i < c->nw && k < n; i++) {
+        if (!r->proc_rss_kb[i]) continue;
+        k += (size_t)snprintf(out + k, n - k, "%s\"%s\": %llu", first ? "" : ", ", c->w[i].name,
+                              (unsigned long long)r->proc_rss_kb[i]);
+        first = 0;
+    }
+    if (k < n) snprintf(out + k, n - k, "}, \"peak_rss_kb\": %llu}", (unsigned long long)peak);
 }
 
 /* Pack a step's kept, fresh samples into a `train` message (docs/pipeline.md). */
@@ -1379,9 +1387,9 @@ static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, doubl
     ** overlap, so this is less than step_s) */
     double interval_s = now - (c->t_last_commit ? c->t_last_commit : c->t_start);
     c->t_last_commit = now;
-    char teachers[1200] = "", tm[1024];
+    char teachers[2400] = "", tm[2048];
     if (c->job->opd_enabled) { /* OPD: the teacher stage (last score → last teacher answer) */
-        teach_metrics(r, tm, sizeof tm);
+        teach_metrics(c, r, tm, sizeof tm);
         snprintf(teachers, sizeof teachers, "\"teach_s\": %.3f, \"teachers\": %s, ",
                  r->t_taught && r->t_scored ? r->t_taught - r->t_scored : 0, tm);
     }
@@ -1547,6 +1555,7 @@ static void on_taught(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     r->teach_loads[k] += (int)(loaded != 0);
     r->teach_load_s[k] += 1e-6 * (double)load_us, r->teach_s[k] += 1e-6 * (double)teach_us;
     r->teach_rss_kb[k] = rss;
+    r->proc_rss_kb[w - c->w] = rss;
     lease_end(c, lid);
     r->teach_lease[k] = 0;
 }

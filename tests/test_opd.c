@@ -233,6 +233,44 @@ START_TEST(test_token_advantage_weights)
 }
 END_TEST
 
+/* The OPD token weight with truncated IS against the rollout (decoupled TIS, cap 2), by hand.
+** Three loss tokens of one sequence, lp_new = lp_old = −1 (ratio 1, first update):
+**   lp_S (rollout) = [−1.5, −2, −1],  lp_T = [−1, −3, −1]
+**   A   = lp_T − lp_S           = [0.5, −1, 0]
+**   ρ   = exp(lp_old − lp_S)    = [e^0.5, e^1, 1] = [1.648721, 2.718282, 1]
+**   w   = min(ρ, 2)             = [1.648721, 2, 1]
+**   ∂L/∂lp_new = −A·w·r / N (token-mean, N = 3) = [−0.274787, 0.666667, 0]
+** and the IcePop band [0.5, 1.8] masks the second token instead: weight 0. */
+START_TEST(test_is_correction)
+{
+    float lp_s[3] = {-1.5f, -2, -1}, lp_t[3] = {-1, -3, -1}, lp_old[3] = {-1, -1, -1};
+    float adv[3], iw[3], w[3];
+    uint8_t mask[3] = {1, 1, 1};
+    int32_t start[2] = {0, 3};
+    double zero[1] = {0};
+    prl_opd_config oc;
+    prl_opd_config_default(&oc);
+    assert_ok(prl_opd_advantages(&oc, lp_s, lp_t, mask, start, 1, NULL, adv, NULL));
+    prl_grpo_corr_config cc;
+    prl_grpo_corr_config_default(&cc);
+    cc.kind = PRL_GRPO_CORR_TIS;
+    assert_ok(prl_grpo_corr_weights(&cc, &cc.loose, lp_old, lp_s, mask, start, 1, iw, NULL, NULL));
+    ck_assert_double_eq_tol(iw[0], 1.648721, 1e-6);
+    ck_assert_double_eq_tol(iw[1], 2.0, 1e-6);
+    prl_grpo_loss_config lc;
+    prl_grpo_loss_config_default(&lc);
+    assert_ok(prl_grpo_loss_partial_tok(&lc, lp_old, lp_old, zero, adv, mask, iw, 1, 3, 3, 1, w, NULL));
+    ck_assert_double_eq_tol(w[0], -0.274787, 1e-6);
+    ck_assert_double_eq_tol(w[1], 0.666667, 1e-6);
+    ck_assert(w[2] == 0);
+    cc.kind = PRL_GRPO_CORR_ICEPOP, cc.loose.icepop_high = 1.8;
+    assert_ok(prl_grpo_corr_weights(&cc, &cc.loose, lp_old, lp_s, mask, start, 1, iw, NULL, NULL));
+    assert_ok(prl_grpo_loss_partial_tok(&lc, lp_old, lp_old, zero, adv, mask, iw, 1, 3, 3, 1, w, NULL));
+    ck_assert_double_eq_tol(w[0], -0.274787, 1e-6);
+    ck_assert(w[1] == 0);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ frames ---------- */
 
 /* Two samples: prompt 2 + response 3, prompt 1 + response 2; sample 1's first response token
@@ -550,6 +588,7 @@ int main(void)
     tcase_add_test(tc, test_observation_tokens_and_teachers);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_token_advantage_weights);
+    tcase_add_test(tc, test_is_correction);
     tcase_add_test(tc, test_train_frames);
     tcase_add_test(tc, test_teach_frames);
     tcase_add_test(tc, test_teacher_logprobs);
