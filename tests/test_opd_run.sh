@@ -9,7 +9,8 @@
 # reverse KL, the masked share, per-teacher counts, load times and each teacher process's
 # peak RSS; the progress line shows the KL; the teachers' logs show one expert at a time.
 # The same run with both teacher processes killed (kill -9) mid-run is restarted by the
-# launcher, their items are handed out again, and it ends with a bitwise-identical policy.
+# launcher, their items are handed out again, and it ends with a bitwise-identical policy;
+# so does the run killed whole (every process, kill -9) and continued with --resume.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
 work=$(mktemp -d /tmp/prl-opd-XXXXXX)
@@ -133,3 +134,21 @@ grep -q "teacher-0 died" k.err || fail "the launcher did not restart teacher-0"
 [ "$(sha256sum < runs/opd/final/model.safetensors)" = "$(sha256sum < runs/k/final/model.safetensors)" ] ||
   fail "the run with killed teachers ends with another policy"
 echo "ok: teachers killed mid-run: restarted, same final policy bitwise"
+
+# ---- the whole run killed mid-run and resumed
+$prl run job.json --set run.name=rs > rs.out 2> rs.err &
+launcher=$!
+for _ in $(seq 1 600); do
+  [ "$(sqlite3 runs/rs/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 3 ] && break
+  sleep 0.02
+done
+pkill -9 -P "$launcher" || true
+kill -9 "$launcher"
+wait "$launcher" 2>/dev/null || true
+echo "killed run rs after $(sqlite3 runs/rs/run.db 'SELECT count(*) FROM steps') steps"
+$prl run --resume runs/rs > rs.out 2> rs.err &
+launcher=$!
+finish rs
+[ "$(sha256sum < runs/opd/final/model.safetensors)" = "$(sha256sum < runs/rs/final/model.safetensors)" ] ||
+  fail "the resumed run ends with another policy"
+echo "ok: killed whole and resumed: same final policy bitwise"
