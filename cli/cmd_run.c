@@ -331,7 +331,8 @@ int cmd_run(int argc, char **argv)
     const char *pos[1];
     int n_pos = 0;
     int pr = cli_parse(argc, argv, 2, opts, "prl run CONFIG [--set KEY=VALUE ...] | prl run --resume DIR",
-                       "Train a GRPO expert: the controller, trainer, rollout and reward workers as "
+                       "Train a GRPO expert (or distil the experts into one policy with opd.enabled, "
+                       "docs/opd.md): the controller, trainer, rollout, reward (and teacher) workers as "
                        "separate processes over ZeroMQ, every sample in DIR/run.db "
                        "(docs/pipeline.md, docs/job.md).", pos, 1, &n_pos);
     if (pr) return pr == CLI_HELP ? 0 : 2;
