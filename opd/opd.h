@@ -7,16 +7,17 @@
 ** corrections and routing replay — nothing of the trainer is forked here).
 **
 ** What is here:
-**   - the teacher keys: the four domains, in lexicographic order (agent, coding, general,
-**     reasoning), the order the controller loads them in (rl.md §5.3);
-**   - the per-token advantage maths (advantage.c): A = coef·(lp_T − lp_S) on the loss tokens
-**     (observation tokens stay 0), optional discount, optional clip, the near-zero mask, and
-**     the metrics (reverse KL student→teacher, masked and clipped shares, per teacher);
-**   - the teacher frames of the `train` message (`teacher_logprobs`, `teachers`) and the
-**     `teach` / `taught` items (batch.c), every size and value validated;
-**   - the teacher's scoring pass and its memory report (teacher.c);
-**   - the job's opd.* keys as a config, the teacher-checkpoint check that `prl run` (and
-**     `--check`) runs before any process starts, and the OPD training step (step.c).
+**   - advantage.c: the teacher keys — the four domains in lexicographic order (agent, coding,
+**     general, reasoning), the order the controller hands them out in (rl.md §5.3) —, the
+**     job's opd.* keys as a config, and the per-token advantage: A = coef·(lp_T − lp_S) on
+**     the loss tokens (observation tokens stay 0), optional discount, optional clip, the
+**     near-zero mask, with the metrics (reverse KL student→teacher, masked and clipped
+**     shares, per teacher);
+**   - batch.c: the teacher frames of the `train` message (`teacher_logprobs`, `teachers`) and
+**     the `teach` item, every size and value validated;
+**   - teacher.c: the teacher's scoring pass, its peak memory, and the teacher-checkpoint check
+**     that `prl run` (and `--check`) runs before any process starts;
+**   - step.c: the OPD training step over grpo's.
 **
 ** Everything is in double, in index order (deterministic, thread-free). Ownership: every array
 ** is the caller's unless a struct says it owns it.
