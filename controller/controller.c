@@ -1700,7 +1700,8 @@ static prl_status open_run(ctl *c)
     ** thread counts may change (results do not depend on them) */
     json_error_t je;
     json_t *a = json_loads(existing.config, 0, &je), *b = json_loads(c->config_json, 0, &je);
-    static const char *free_keys[][2] = {{"controller", "steps"}, {"rollout", "threads"}, {"trainer", "threads"}};
+    static const char *free_keys[][2] = {{"controller", "steps"}, {"rollout", "threads"},
+                                         {"trainer", "threads"}, {"teacher", "threads"}};
     for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++) {
         json_t *ca = json_object_get(a, free_keys[i][0]), *cb = json_object_get(b, free_keys[i][0]);
         json_object_del(ca, free_keys[i][1]), json_object_del(cb, free_keys[i][1]);

@@ -146,7 +146,7 @@ pkill -9 -P "$launcher" || true
 kill -9 "$launcher"
 wait "$launcher" 2>/dev/null || true
 echo "killed run rs after $(sqlite3 runs/rs/run.db 'SELECT count(*) FROM steps') steps"
-$prl run --resume runs/rs > rs.out 2> rs.err &
+$prl run --resume runs/rs --set teacher.threads=1 > rs.out 2> rs.err & # thread counts may change
 launcher=$!
 finish rs
 [ "$(sha256sum < runs/opd/final/model.safetensors)" = "$(sha256sum < runs/rs/final/model.safetensors)" ] ||
