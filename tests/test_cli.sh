@@ -151,6 +151,15 @@ for r in general reasoning coding agent quickstart; do
   expect_ok "recipe configs/$r.json passes prl run --check" \
     $prl run "$src/configs/$r.json" --check --runs "$work/recipe_runs" --set model.init="$g"
 done
+# the OPD recipe, its teachers pointed at the same checkpoint; a teacher without a tokenizer
+# (this test's plain init checkpoint) is refused naming the file (docs/opd.md)
+opd_sets=(--set model.init="$g")
+for d in agent coding general reasoning; do opd_sets+=(--set opd.teachers.$d="$g"); done
+expect_ok "recipe configs/opd.json passes prl run --check" \
+  $prl run "$src/configs/opd.json" --check --runs "$work/recipe_runs" "${opd_sets[@]}"
+expect_fail "opd: a teacher without tokenizer.json" "$work/ck/tokenizer.json is missing" \
+  $prl run "$src/configs/opd.json" --check --runs "$work/recipe_runs" "${opd_sets[@]}" \
+  --set opd.teachers.agent="$work/ck"
 expect_fail "eval: unknown domain" "unknown domain 'poetry'" $prl eval --ckpt "$g" --domain poetry
 expect_fail "eval: no tokenizer" "has no tokenizer.json" $prl eval --ckpt "$work/ck"
 expect_fail "eval: dump not writable" "--dump $work/no/such/dir.jsonl: cannot open" \
