@@ -22,7 +22,10 @@ static prl_model model;
 
 /* The tiny model; with blocks != 0 it also has sliding-window layers 1, 2, 4, 5 (W = 16, so
 ** the rings wrap in every generation) and 4 parameter sinks per layer; blocks == 1: sinks
-** with values and ModAttn convs (k = 3, random kernels); blocks == 2: value-less sinks. */
+** with values and ModAttn convs (k = 3, random kernels); blocks == 2: value-less sinks;
+** blocks == 3: blocks 1 plus mHC (4 streams, 20 Sinkhorn iterations, γ; random α and β so
+** the stream mixing is far from the identity), sandwich norms and block post-norms after
+** layers 0 and 3. */
 static int model_blocks;
 
 static void load_model(int blocks)
@@ -38,7 +41,13 @@ static void load_model(int blocks)
         c.n_swa_layers = 4, c.sliding_window = 16;
         memcpy(c.swa_layers, layers, sizeof layers);
         c.param_sink_number = 4, c.param_sink_with_value = blocks == 1;
-        c.use_mome = blocks == 1, c.router_sliding_window = blocks == 1 ? 3 : 0;
+        c.use_mome = blocks != 2, c.router_sliding_window = blocks != 2 ? 3 : 0;
+    }
+    if (blocks == 3) {
+        c.use_mhc = 1, c.mhc_num_stream = 4, c.mhc_recur_norm = 20, c.mhc_use_gamma = 1;
+        c.sandwich_norm = 1;
+        c.n_block_post_layernorm_idx = 2, c.block_post_layernorm_idx[0] = 0;
+        c.block_post_layernorm_idx[1] = 3;
     }
     ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
     prl_model_init_weights(&model, 7);
@@ -56,6 +65,8 @@ static void load_model(int blocks)
             model.params[p->offset + j] *= 50; /* sinks that take a real share of attention */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_CONV; j++)
             model.params[p->offset + j] = (float)(0.3 * prl_rng_normal(&rng)); /* not the identity */
+        for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_MHC && p->ndim == 1; j++)
+            model.params[p->offset + j] += (float)(0.5 * prl_rng_normal(&rng)); /* α, β */
     }
 }
 
@@ -450,6 +461,30 @@ START_TEST(test_swa_sinks_match_train_path)
 }
 END_TEST
 
+/* mHC streams, sandwich norms and block post-norms on top of SWA, sinks and ModAttn: aligned
+** bitwise equal at batch 16 and 1; fp32 (absorbed) and gemv close. */
+START_TEST(test_mhc_sandwich_match_train_path)
+{
+    load_model(3);
+    const char *modes[] = {"aligned", "aligned", "fp32", "fp32+gemv"};
+    int batch[] = {16, 1, 8, 8};
+    for (int mi = 0; mi < 4; mi++) {
+        mismatch mm = run_vs_train(modes[mi], batch[mi], 12);
+        printf("mHC n=4 it=20 + sandwich + block post [0, 3] %s batch %d: %ld tokens, %ld differ "
+               "bitwise, max |dlogp| %.3g, routes differ %.4f\n",
+               modes[mi], batch[mi], mm.n, mm.bitwise_diff, mm.max, mm.route_diff_share);
+        if (mi < 2) {
+            ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
+                          mm.bitwise_diff, mm.n, mm.max);
+            ck_assert(mm.route_diff_share == 0);
+        } else {
+            ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
+        }
+    }
+    load_model(0);
+}
+END_TEST
+
 /* Hooks: the same names on both paths, equal tensors in aligned mode. */
 typedef struct hook_log {
     char names[64][32];
@@ -507,6 +542,10 @@ int main(void)
     tcase_add_test(tc, test_hook_names_match);
     tcase_add_test(tc, test_swa_sinks_match_train_path);
     suite_add_tcase(s, tc);
+    TCase *residual = tcase_create("residual"); /* CK_RUN_CASE=residual runs it alone */
+    tcase_set_timeout(residual, 600);
+    tcase_add_test(residual, test_mhc_sandwich_match_train_path);
+    suite_add_tcase(s, residual);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);
