@@ -67,6 +67,9 @@ static void load_model(int blocks)
             model.params[p->offset + j] = (float)(0.3 * prl_rng_normal(&rng)); /* not the identity */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_MHC && p->ndim == 1; j++)
             model.params[p->offset + j] += (float)(0.5 * prl_rng_normal(&rng)); /* α, β */
+        for (size_t j = 0; j < p->numel && blocks == 3 && p->kind == PRL_PARAM_NORM; j++)
+            model.params[p->offset + j] = (float)(1 + 0.2 * prl_rng_normal(&rng)); /* each norm
+                                                                   ** its own gains */
     }
 }
 
@@ -477,8 +480,9 @@ START_TEST(test_mhc_sandwich_match_train_path)
             ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
                           mm.bitwise_diff, mm.n, mm.max);
             ck_assert(mm.route_diff_share == 0);
-        } else {
-            ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
+        } else { /* random gains on 26 norms amplify the absorbed form's rounding: measured
+                 ** 1.0e-4 (fp32) and 7.6e-5 (gemv), vs 1e-4 without them */
+            ck_assert_msg(mm.max < 3e-4, "%s max |dlogp| %g >= 3e-4", modes[mi], mm.max);
         }
     }
     load_model(0);
