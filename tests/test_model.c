@@ -305,11 +305,42 @@ START_TEST(test_determinism_across_threads)
 }
 END_TEST
 
+/* m (built from `config`, freed here) saved and loaded back bit for bit; then trained three
+** steps with 1, 2 and 3 threads to the same bits, and every tensor of trained[] moved.
+** *loaded receives the loaded model's config. */
+static void check_checkpoint_and_threads(prl_model *m, const char *config,
+                                         const char *const *trained, int n_trained,
+                                         prl_config *loaded)
+{
+    prl_model m2;
+    size_t n = m->n_params;
+    make_tmpdir();
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ckpt", tmpdir);
+    ck_assert_int_eq(prl_checkpoint_save(m, NULL, NULL, NULL, dir), PRL_OK);
+    ck_assert_int_eq(prl_checkpoint_load(&m2, dir), PRL_OK);
+    ck_assert_int_eq(m2.n_params, n);
+    ck_assert_mem_eq(m->params, m2.params, n * sizeof(float));
+    *loaded = m2.cfg;
+    prl_model_free(&m2);
+    float *a = train_three_steps(1, config), *b = train_three_steps(2, config),
+          *c = train_three_steps(3, config);
+    ck_assert_mem_eq(a, b, n * sizeof *a);
+    ck_assert_mem_eq(a, c, n * sizeof *a);
+    for (int i = 0; i < n_trained; i++) {
+        const prl_param_info *p = prl_model_find(m, trained[i]);
+        ck_assert_int_ne(memcmp(a + p->offset, m->params + p->offset, p->numel * sizeof *a), 0);
+    }
+    free(a), free(b), free(c);
+    prl_model_free(m);
+    ck_assert_int_eq(prl_blas_init(0), PRL_OK);
+}
+
 /* SWA, sinks and ModAttn: Hugging Face names and shapes, a checkpoint round trip (3-D conv
 ** tensors), trained sinks and kernels, and bitwise training for 1, 2 and 3 threads. */
 START_TEST(test_blocks_checkpoint_and_threads)
 {
-    prl_model m, m2;
+    prl_model m;
     build_from(&m, blocks_config, 11);
     const prl_param_info *p = prl_model_find(&m, "model.layers.1.self_attn.o_conv.weight");
     ck_assert_ptr_nonnull(p);
@@ -320,29 +351,11 @@ START_TEST(test_blocks_checkpoint_and_threads)
     ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.2.self_attn.param_sink_k_pe"));
     ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.2.self_attn.qa_conv.weight"));
     ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.2.self_attn.compresskv_conv.weight"));
-    size_t n = m.n_params;
-    make_tmpdir();
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/ckpt", tmpdir);
-    ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK);
-    ck_assert_int_eq(prl_checkpoint_load(&m2, dir), PRL_OK);
-    ck_assert_int_eq(prl_config_window(&m2.cfg, 2), 9);
-    ck_assert_int_eq(m2.n_params, n);
-    ck_assert_mem_eq(m.params, m2.params, n * sizeof(float));
-    prl_model_free(&m2);
-    float *a = train_three_steps(1, blocks_config), *b = train_three_steps(2, blocks_config),
-          *c = train_three_steps(3, blocks_config);
-    ck_assert_mem_eq(a, b, n * sizeof *a);
-    ck_assert_mem_eq(a, c, n * sizeof *a);
     const char *trained[] = {"model.layers.1.self_attn.o_conv.weight",
                              "model.layers.1.self_attn.param_sink_k_pe"};
-    for (int i = 0; i < 2; i++) { /* the blocks learn (conv kernels move off the identity) */
-        p = prl_model_find(&m, trained[i]);
-        ck_assert_int_ne(memcmp(a + p->offset, m.params + p->offset, p->numel * sizeof *a), 0);
-    }
-    free(a), free(b), free(c);
-    prl_model_free(&m);
-    ck_assert_int_eq(prl_blas_init(0), PRL_OK);
+    prl_config loaded; /* the blocks learn (conv kernels move off the identity) */
+    check_checkpoint_and_threads(&m, blocks_config, trained, 2, &loaded);
+    ck_assert_int_eq(prl_config_window(&loaded, 2), 9);
 }
 END_TEST
 
@@ -351,7 +364,7 @@ END_TEST
 ** mHC parameters learn. */
 START_TEST(test_residual_blocks_checkpoint_and_threads)
 {
-    prl_model m, m2;
+    prl_model m;
     build_from(&m, residual_config, 11);
     struct { const char *name; int64_t rows, cols; prl_param_kind kind; } want[] = {
         {"model.layers.0.attn_mhc_module.phi.weight", 24, 128, PRL_PARAM_MHC},
@@ -383,31 +396,13 @@ START_TEST(test_residual_blocks_checkpoint_and_threads)
     ck_assert_float_eq(m.params[b->offset + 4], 0);
     ck_assert_float_eq(m.params[b->offset + 8 + 5], 0);  /* res[1][1] */
     ck_assert_float_eq(m.params[b->offset + 8 + 6], -8); /* res[1][2] */
-    size_t n = m.n_params;
-    make_tmpdir();
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/ckpt", tmpdir);
-    ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK);
-    ck_assert_int_eq(prl_checkpoint_load(&m2, dir), PRL_OK);
-    ck_assert_int_eq(m2.n_params, n);
-    ck_assert_int_eq(prl_config_streams(&m2.cfg), 4);
-    ck_assert_mem_eq(m.params, m2.params, n * sizeof(float));
-    prl_model_free(&m2);
-    float *x = train_three_steps(1, residual_config), *y = train_three_steps(2, residual_config),
-          *z = train_three_steps(3, residual_config);
-    ck_assert_mem_eq(x, y, n * sizeof *x);
-    ck_assert_mem_eq(x, z, n * sizeof *x);
     const char *trained[] = {"model.layers.0.attn_mhc_module.phi.weight",
                              "model.layers.0.attn_mhc_module.branch_beta",
                              "model.merge_mhc_module.branch_alpha_pre",
                              "model.layers.1.block_post_layernorm.weight"};
-    for (int i = 0; i < 4; i++) {
-        const prl_param_info *p = prl_model_find(&m, trained[i]);
-        ck_assert_int_ne(memcmp(x + p->offset, m.params + p->offset, p->numel * sizeof *x), 0);
-    }
-    free(x), free(y), free(z);
-    prl_model_free(&m);
-    ck_assert_int_eq(prl_blas_init(0), PRL_OK);
+    prl_config loaded;
+    check_checkpoint_and_threads(&m, residual_config, trained, 4, &loaded);
+    ck_assert_int_eq(prl_config_streams(&loaded), 4);
 }
 END_TEST
 
