@@ -467,9 +467,11 @@ class TestMHC(unittest.TestCase):
         m = pr.PanguRef(MHC, dtype=torch.float64)
         m.init_weights(0.02, torch.Generator().manual_seed(2))
         mod = m.model.layers[0].attn_mhc_module
-        x = torch.randn(3, 1, 32, dtype=torch.float64).expand(3, 4, 32)
+        x = torch.randn(3, 1, 32, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(3)).expand(3, 4, 32)
         pre, post, H = mod.coefficients(x)
-        self.assertTrue(torch.allclose(pre, torch.full_like(pre, 0.25), atol=1e-3))
+        # alpha·m = 0.01·(phi·x̂) with phi ~ N(0, 0.02²) over 128 inputs: |alpha·m| ≲ 0.01
+        self.assertTrue(torch.allclose(pre, torch.full_like(pre, 0.25), atol=3e-3))
         self.assertTrue(torch.allclose(post, torch.ones_like(post), atol=1e-2))
         self.assertTrue(torch.allclose(H, torch.eye(4, dtype=torch.float64).expand(3, 4, 4),
                                        atol=2e-3))
