@@ -191,6 +191,19 @@ void prl_mhc_coef_backward(prl_real *dm, prl_real *dalpha, prl_real *dbeta, prl_
 
 /* ------------------------------------------------------------------ stream mixing --- */
 
+/* Σ_k a[k]·b[k] in double over four fixed lanes (k mod 4), combined in lane order: the lanes
+** are independent chains, so the loop is not bound by one chain's add latency, and the
+** order never changes. */
+static double dot4(const prl_real *a, const prl_real *b, int n)
+{
+    double l[4] = {0, 0, 0, 0};
+    int k = 0;
+    for (; k + 4 <= n; k += 4)
+        for (int j = 0; j < 4; j++) l[j] += (double)a[k + j] * b[k + j];
+    for (; k < n; k++) l[k % 4] += (double)a[k] * b[k];
+    return (l[0] + l[1]) + (l[2] + l[3]);
+}
+
 typedef struct mix_ctx {
     prl_real *out, *dX, *dpre, *dF, *dpost, *dH;
     const prl_real *X, *F, *coef, *post, *H, *dout;
@@ -227,12 +240,8 @@ static void pre_backward_rows(void *p, int r0, int r1)
         prl_real *dX = c->dX + (size_t)t * n * d;
         for (int i = 0; i < n; i++) {
             prl_real w = c->coef[(size_t)t * n + i];
-            double dot = 0;
-            for (int k = 0; k < d; k++) {
-                dot += (double)dy[k] * X[(size_t)i * d + k];
-                dX[(size_t)i * d + k] += w * dy[k];
-            }
-            c->dpre[(size_t)t * n + i] += (prl_real)dot;
+            for (int k = 0; k < d; k++) dX[(size_t)i * d + k] += w * dy[k];
+            c->dpre[(size_t)t * n + i] += (prl_real)dot4(dy, X + (size_t)i * d, d);
         }
     }
 }
@@ -280,12 +289,8 @@ static void post_backward_rows(void *p, int r0, int r1)
         prl_real *dF = c->dF + (size_t)t * d, *dX = c->dX + (size_t)t * n * d;
         for (int j = 0; j < n; j++) {
             const prl_real *dy = dY + (size_t)j * d;
-            double dot = 0;
-            for (int k = 0; k < d; k++) {
-                dot += (double)dy[k] * F[k];
-                dF[k] += post[j] * dy[k];
-            }
-            c->dpost[(size_t)t * n + j] += (prl_real)dot;
+            for (int k = 0; k < d; k++) dF[k] += post[j] * dy[k];
+            c->dpost[(size_t)t * n + j] += (prl_real)dot4(dy, F, d);
         }
         for (int i = 0; i < n; i++) {
             prl_real *dx = dX + (size_t)i * d;
@@ -293,12 +298,8 @@ static void post_backward_rows(void *p, int r0, int r1)
             for (int j = 0; j < n; j++) {
                 const prl_real *dy = dY + (size_t)j * d;
                 prl_real h = H[i * n + j];
-                double dot = 0;
-                for (int k = 0; k < d; k++) {
-                    dot += (double)dy[k] * x[k];
-                    dx[k] += h * dy[k];
-                }
-                c->dH[(size_t)t * n * n + i * n + j] += (prl_real)dot;
+                for (int k = 0; k < d; k++) dx[k] += h * dy[k];
+                c->dH[(size_t)t * n * n + i * n + j] += (prl_real)dot4(dy, x, d);
             }
         }
     }
