@@ -25,8 +25,8 @@ sed 's/"hidden_size"/"hiden_size"/' "$cfg" > "$work/typo.json"
 expect_fail "mistyped config key" "unknown config key 'hiden_size' (did you mean 'hidden_size'?)" \
   $prl init --model "$work/typo.json" --out "$work/c1"
 [ ! -e "$work/c1" ] && ok "no checkpoint after a config error" || bad "checkpoint left after a config error"
-sed 's/"use_mhc": false/"use_mhc": true/' "$cfg" > "$work/mhc.json"
-expect_fail "unsupported block" "not yet supported" $prl init --model "$work/mhc.json" --out "$work/c2"
+sed 's/"use_mhc": false/"layer_types": ["full_attention"], "use_mhc": false/' "$cfg" > "$work/types.json"
+expect_fail "unsupported block" "not yet supported" $prl init --model "$work/types.json" --out "$work/c2"
 
 # checkpoints
 expect_ok "init" $prl init --model "$cfg" --seed 3 --out "$work/ck"
