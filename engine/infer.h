@@ -21,12 +21,6 @@
 #ifndef PRL_INFER_H
 #define PRL_INFER_H
 
-typedef enum prl_precision {
-    PRL_PRECISION_FP32 = 0,
-    PRL_PRECISION_BF16 = 1, /* weights held rounded to bf16, activations rounded at op outputs */
-    PRL_PRECISION_FP16 = 2  /* the same with IEEE half (overflow to ±inf) */
-} prl_precision;
-
 typedef enum prl_mla_form {
     PRL_MLA_ABSORBED = 0, /* W_UK folded into the query, W_UV applied after attention */
     PRL_MLA_NAIVE = 1     /* per-head keys and values expanded and cached, as in training */

@@ -115,6 +115,9 @@ typedef struct prl_model {
     prl_acts *acts;          /* owned */
     prl_tensor_hook hook;
     void *hook_user;
+    prl_precision precision; /* train path arithmetic (prl_model_set_precision) */
+    prl_real *wround;        /* owned, n_params: the weights rounded to `precision` that a
+                             ** forward and its backward read (NULL in fp32) */
 } prl_model;
 
 /* A batch of B sequences of T positions. Positions t >= lens[b] are padding: they affect
@@ -174,6 +177,13 @@ void prl_model_zero_grad(prl_model *m);
 const prl_param_info *prl_model_find(const prl_model *m, const char *name);
 void prl_model_set_hook(prl_model *m, prl_tensor_hook hook, void *user);
 
+/* Train path precision (docs/model.md "Precision"; default fp32). In bf16/fp16 each forward
+** reads the master weights rounded to the precision (a copy refreshed at every forward, so
+** an optimizer step between forwards is seen), rounds every op output at the infer path's
+** points, and accumulates in fp32; the backward rounds the gradient of every rounded
+** activation likewise, so an fp16 overflow shows as ±inf or NaN in m->grads. Master weights,
+** gradients and optimizer state stay fp32. PRL_ERR_ARG for an invalid value. */
+prl_status prl_model_set_precision(prl_model *m, prl_precision p);
 /* Train path forward: full sequences, activations saved for backward. Writes per-position
 ** log-probs of the targets into out_logp [B*T] (0 where no target) if non-NULL; counts
 ** routed tokens for the bias update. Token ids and route ids are validated
