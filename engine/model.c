@@ -491,6 +491,7 @@ prl_status prl_model_set_precision(prl_model *m, prl_precision p)
 {
     if ((unsigned)p > PRL_PRECISION_FP16)
         return prl_error_set(PRL_ERR_ARG, "train precision %d is not fp32, bf16 or fp16", (int)p);
+    if (p == m->precision && (p == PRL_PRECISION_FP32 || m->wround)) return PRL_OK;
     free(m->wround);
     m->wround = NULL;
     m->precision = p;
@@ -1115,11 +1116,15 @@ static void expert_backward_weights_task(void *p, int i)
                  G(base + 2 * (size_t)D->de * D->d), D->de);
 }
 
-/* Gradients of the balance loss and z-loss of one MoE layer into dz. */
+/* The backward's loss multiplier (prl_batch.loss_scale; 0 means 1). */
+static double loss_scale(const prl_batch *b) { return b->loss_scale > 0 ? b->loss_scale : 1; }
+
+/* Gradients of the balance loss and z-loss of one MoE layer into dz, times the loss scale. */
 static void aux_backward(const prl_model *m, const layer_acts *la, const prl_batch *b, prl_real *dz)
 {
     dims D = dims_of(&m->cfg);
     const prl_config *c = &m->cfg;
+    double ls = loss_scale(b);
     if (c->balance_loss_alpha > 0) {
         double *f = calloc((size_t)D.E, sizeof(double));
         for (int bi = 0; bi < b->B; bi++) {
@@ -1131,7 +1136,7 @@ static void aux_backward(const prl_model *m, const layer_acts *la, const prl_bat
             for (int t = 0; t < len; t++) {
                 int n = bi * b->T + t;
                 const prl_real *s = la->s + (size_t)n * D.E;
-                double S = 0, dot = 0, k = c->balance_loss_alpha / ((double)b->B * len);
+                double S = 0, dot = 0, k = ls * c->balance_loss_alpha / ((double)b->B * len);
                 for (int e = 0; e < D.E; e++) S += s[e];
                 for (int e = 0; e < D.E; e++) dot += k * f[e] * s[e] / S;
                 for (int e = 0; e < D.E; e++) {
@@ -1151,7 +1156,7 @@ static void aux_backward(const prl_model *m, const layer_acts *la, const prl_bat
             double mx = z[0], sum = 0;
             for (int e = 1; e < D.E; e++) mx = z[e] > mx ? z[e] : mx;
             for (int e = 0; e < D.E; e++) sum += exp(z[e] - mx);
-            double lse = mx + log(sum), k = c->router_z_loss_coef * 2 * lse / n_valid;
+            double lse = mx + log(sum), k = ls * c->router_z_loss_coef * 2 * lse / n_valid;
             for (int e = 0; e < D.E; e++)
                 dz[(size_t)n * D.E + e] += (prl_real)(k * exp(z[e] - mx) / sum);
         }
@@ -1254,7 +1259,7 @@ static void dlogits_rows(void *p, int r0, int r1)
         prl_real *dl = a->dlogits + (size_t)n * V;
         memset(dl, 0, (size_t)V * sizeof *dl);
         int y = target_of(c->b, n);
-        float w = c->b->weights ? c->b->weights[n] : 0;
+        float w = c->b->weights ? (float)(c->b->weights[n] * loss_scale(c->b)) : 0;
         if (y < 0 || w == 0) continue;
         prl_logprob_backward(dl, a->logits + (size_t)n * V, a->lse[n], V, y, c->b->temperature, w);
     }

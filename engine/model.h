@@ -131,6 +131,8 @@ typedef struct prl_batch {
     double temperature;            /* log-probs are log_softmax(logits / temperature) */
     const int32_t *route_override; /* NULL, or [n_moe][B*T][K] expert ids to use; a row of K
                                    ** PRL_ROUTE_NATIVE routes that (layer, position) natively */
+    double loss_scale;             /* backward: gradients of loss_scale × the whole loss (aux
+                                   ** losses included), for dynamic loss scaling; 0 means 1 */
 } prl_batch;
 
 /* A route_override row of K of these means "route natively here" (top-K of s + bias), so a

@@ -34,6 +34,16 @@ static const prl_key_spec keys[] = {
     {"reward.timeout", PRL_KEY_REAL, F(reward_timeout), 0.01, 3600, "2.0", NULL},
     {"sandbox.slots", PRL_KEY_INT, F(sandbox_slots), 1, 256, "2", NULL},
     {"trainer.threads", PRL_KEY_INT, F(trainer_threads), 0, 256, "0", NULL},
+    {"trainer.precision", PRL_KEY_STR, F(trainer_precision), 0, 0, "\"fp32\"", "fp32|bf16|fp16"},
+    {"trainer.loss_scale.enabled", PRL_KEY_STR, F(ls_enabled), 0, 0, "\"auto\"", "auto|on|off"},
+    {"trainer.loss_scale.preset", PRL_KEY_STR, F(ls_preset), 0, 0, "\"torch\"",
+     "torch|megatron|verl_fsdp|verl_megatron"},
+    {"trainer.loss_scale.init", PRL_KEY_REAL, F(ls_init), 0, 1e38, "0", NULL},
+    {"trainer.loss_scale.growth_factor", PRL_KEY_REAL, F(ls_growth_factor), 0, 1e6, "0", NULL},
+    {"trainer.loss_scale.backoff_factor", PRL_KEY_REAL, F(ls_backoff_factor), 0, 0.999999, "0", NULL},
+    {"trainer.loss_scale.growth_interval", PRL_KEY_INT, F(ls_growth_interval), 0, 1e9, "0", NULL},
+    {"trainer.loss_scale.hysteresis", PRL_KEY_INT, F(ls_hysteresis), 0, 1e6, "0", NULL},
+    {"trainer.loss_scale.min_scale", PRL_KEY_REAL, F(ls_min_scale), 0, 1e38, "0", NULL},
     {"grpo.adv_norm", PRL_KEY_STR, F(adv_norm), 0, 0, "\"std\"", "std|none"},
     {"grpo.adv_eps", PRL_KEY_REAL, F(adv_eps), 1e-12, 1, "1e-6", NULL},
     {"grpo.singleton", PRL_KEY_STR, F(singleton), 0, 0, "\"zero\"", "zero|verl|drop"},
@@ -138,9 +148,21 @@ static prl_status check_correction(const prl_job_config *c, const char *source)
     return PRL_OK;
 }
 
+/* trainer.loss_scale: a set constant must be one the scaler accepts (0 = the preset's); the
+** rules that need the preset's values (min_scale <= the initial scale) are the scaler's own
+** (prl_grpo_precision_from_job, which `prl run` calls before starting any process). */
+static prl_status check_loss_scale(const prl_job_config *c, const char *source)
+{
+    if (c->ls_growth_factor != 0 && c->ls_growth_factor < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'trainer.loss_scale.growth_factor' = %g "
+                             "must be >= 1 (or 0: the preset's)", source, c->ls_growth_factor);
+    return PRL_OK;
+}
+
 prl_status prl_job_config_check(const prl_job_config *c, const char *source)
 {
     prl_status rc = check_correction(c, source);
+    if (!rc) rc = check_loss_scale(c, source);
     if (rc) return rc;
     if ((long)c->batch_prompts * c->group_size <= 0)
         return prl_error_set(PRL_ERR_CONFIG, "%s: rollout.batch_prompts x rollout.group_size = %d x %d "
