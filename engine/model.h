@@ -287,6 +287,13 @@ prl_status prl_loss_scaler_config_preset(prl_loss_scaler_config *c, const char *
 prl_status prl_loss_scaler_init(prl_loss_scaler *s, const prl_loss_scaler_config *c);
 /* Record one step's outcome; returns 1 when the optimizer step must be skipped (found_inf). */
 int prl_loss_scaler_update(prl_loss_scaler *s, int found_inf);
+/* One update under dynamic loss scaling, after a backward of scale × the loss
+** (prl_batch.loss_scale = s->scale): unscale the gradients, check them for inf/NaN, then
+** prl_optim_step — which clips the now unscaled gradients — or skip it (weights and the
+** optimizer's step count untouched; stats->grad_norm NaN), and update the scale (rl.md §4.3
+** order). *skipped = 1 on a skip. s NULL: a plain prl_optim_step. */
+prl_status prl_optim_step_scaled(prl_optim *o, prl_model *m, prl_loss_scaler *s,
+                                 prl_optim_stats *stats, int *skipped);
 /* grads[0..n) /= scale, in the gradients' precision (fp32 or fp64). */
 void prl_grads_unscale(prl_real *grads, size_t n, double scale);
 /* 1 when every gradient is finite (no inf, no NaN). */

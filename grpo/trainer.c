@@ -688,15 +688,6 @@ static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_sta
     return rc;
 }
 
-/* rl.md §4.3 after the scaled backward: unscale, then the inf/NaN check. Returns 1 when the
-** update must be skipped. Without a scaler nothing happens (0). */
-static int unscale_found_inf(step_ctx *s)
-{
-    if (!s->c->scaler) return 0;
-    prl_grads_unscale(s->m->grads, s->m->n_params, s->c->scaler->scale);
-    return !prl_grads_finite(s->m->grads, s->m->n_params);
-}
-
 /* One update on kept samples [k0, k1): gradients, clip, optimizer step (or, with a loss
 ** scaler, a skip on an overflow); adds to the stats. */
 static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grpo_step_stats *st)
@@ -712,24 +703,21 @@ static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grp
                              s->kept[k0], s->kept[k1 - 1] + 1);
     st->loss += loss, st->clipfrac += sum.clipfrac, st->clipfrac_lower += sum.clipfrac_lower;
     st->ppo_kl += sum.ppo_kl, st->kl += kl;
-    int skip = unscale_found_inf(s);
-    if (s->c->scaler) {
-        /* the scale of the next update; a skip leaves the weights, the router bias (its
-        ** expert counts carry over) and the optimizer's step count as they were */
-        prl_loss_scaler_update(s->c->scaler, skip);
-        st->scaler_on = 1, st->loss_scale = s->c->scaler->scale;
-        st->skipped_total = s->c->scaler->skipped;
-    }
-    if (skip) {
-        st->skipped++;
-        return PRL_OK;
-    }
     double clip = o->cfg.grad_clip; /* the step's bound, restored after */
     o->cfg.grad_clip = s->c->grad_clip;
     prl_optim_stats os;
-    rc = prl_optim_step(o, s->m, &os); /* clips the unscaled gradients */
+    int skip;
+    rc = prl_optim_step_scaled(o, s->m, s->c->scaler, &os, &skip);
     o->cfg.grad_clip = clip;
     if (rc) return rc;
+    if (s->c->scaler) {
+        st->scaler_on = 1, st->loss_scale = s->c->scaler->scale;
+        st->skipped_total = s->c->scaler->skipped;
+    }
+    if (skip) { /* weights, router bias (its expert counts carry over) and step count kept */
+        st->skipped++;
+        return PRL_OK;
+    }
     prl_model_update_router_bias(s->m);
     st->updates++;
     st->grad_norm += os.grad_norm, st->grad_norm_max = fmax(st->grad_norm_max, os.grad_norm);

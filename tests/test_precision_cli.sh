@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# test_run_precision.sh — `prl run --check` with the precision keys: every train precision
-# (trainer.precision) with every rollout precision (rollout.precision) is accepted, and bad
-# precision or loss-scale values are refused naming the key. Only validation runs (no
-# process starts), against a stand-in init directory. Usage: test_run_precision.sh PRL SRC_DIR
+# test_precision_cli.sh — the precision settings at the command line: `prl run --check`
+# accepts every train precision (trainer.precision) with every rollout precision
+# (rollout.precision) and refuses bad precision or loss-scale values naming the key (only
+# validation runs, against a stand-in init directory); `prl sft --precision fp16` trains with
+# a loss scaler shown in its progress line, and bad flags are named.
+# Usage: test_precision_cli.sh PRL SRC_DIR
 set -uo pipefail
 prl=$1 src=$2
 work=$(mktemp -d)
@@ -27,6 +29,18 @@ expect_fail "bad scaler preset" "trainer.loss_scale.preset" run_check --set trai
 expect_fail "bad backoff" "trainer.loss_scale.backoff_factor" run_check --set trainer.loss_scale.backoff_factor=2
 expect_fail "min_scale above the initial scale" "min_scale" run_check \
   --set trainer.loss_scale.preset=megatron --set trainer.loss_scale.init=1024 --set trainer.loss_scale.min_scale=4096
+
+# SFT on the tiny model: two short fp16 steps with the default torch scaler
+$prl tasks demos --domain reasoning --n 8 --seed 1 > "$work/demos.jsonl" 2>/dev/null
+sft() { $prl sft --data "$work/demos.jsonl" --model "$src/configs/models/tiny.json" \
+  --seq 64 --batch 2 --steps 2 --log-every 1 --threads 1 --out "$work/sft" "$@"; }
+expect_ok "sft --precision fp16" sft --precision fp16
+grep -q "step 2/2 .* scale 65536  skipped 0" "$work/last.out" && ok "sft fp16 progress shows the scale" \
+  || bad "sft fp16 progress: $(tail -2 "$work/last.out")"
+expect_ok "sft --precision bf16 (no scaler)" sft --precision bf16
+grep -q "scale" "$work/last.out" && bad "bf16 sft ran a scaler" || ok "bf16 sft: no scaler by default"
+expect_fail "sft: unknown precision" "--precision: unknown precision 'fp8'" sft --precision fp8
+expect_fail "sft: unknown scaler" "--loss-scale" sft --precision fp16 --loss-scale apex
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
