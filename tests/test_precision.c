@@ -10,6 +10,8 @@
 */
 #include "engine/ops.h"
 
+#include "check_util.h"
+
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -300,7 +302,7 @@ END_TEST
 
 int main(void)
 {
-    prl_blas_init(2);
+    if (prl_blas_init(2) != PRL_OK) return 1;
     Suite *su = suite_create("precision");
     TCase *tc = tcase_create("precision");
     tcase_set_timeout(tc, 600);
@@ -309,11 +311,5 @@ int main(void)
     tcase_add_test(tc, test_fp16_error_is_unit_roundoff);
     tcase_add_test(tc, test_fp16_backward_and_overflow);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    prl_model_free(&model);
-    return failed ? 1 : 0;
+    return check_run(su); /* each test in its own process: the model is loaded per test */
 }
