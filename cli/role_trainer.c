@@ -91,9 +91,9 @@ static prl_status train(trainer *t, const prl_bus_msg *m)
     memset(&st, 0, sizeof st);
     if (!rc && b.n > 0) rc = prl_grpo_train_step(&t->model, &t->optim, &b, &tc, &st);
     prl_grpo_batch_free(&b);
-    char dir[1200], state[600], scaler[200] = "null";
+    char dir[1200], state[600], scaler[200];
     snprintf(dir, sizeof dir, "%s/ckpt/v%06llu", t->role.run_dir, (unsigned long long)ver + 1);
-    if (t->prec.scaler_on) prl_grpo_scaler_state_format(&t->scaler, scaler, sizeof scaler);
+    prl_grpo_scaler_state_format(t->prec.scaler_on ? &t->scaler : NULL, scaler, sizeof scaler);
     snprintf(state, sizeof state, "{\"run\": \"%s\", \"version\": %llu, \"step\": %llu, "
              "\"loss_scaler\": %s}", t->role.run, (unsigned long long)ver + 1,
              (unsigned long long)step, scaler);

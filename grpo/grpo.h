@@ -382,7 +382,8 @@ typedef struct prl_grpo_precision {
 /* From the job; the scaler's range rules run here, so errors name the keys. */
 prl_status prl_grpo_precision_from_job(prl_grpo_precision *p, const struct prl_job_config *j);
 /* The scaler's state as a JSON object text {"scale": …, "growth_tracker": …,
-** "hysteresis_tracker": …, "steps": …, "skipped": …} into out (snprintf's return value). */
+** "hysteresis_tracker": …, "steps": …, "skipped": …} into out (snprintf's return value);
+** "null" for s NULL (no scaler). */
 int prl_grpo_scaler_state_format(const prl_loss_scaler *s, char *out, size_t n);
 /* Restore the state from a state.json text's "loss_scaler" object (absent, null or NULL
 ** text: unchanged). A malformed object is PRL_ERR_FORMAT naming it. */

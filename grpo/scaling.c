@@ -38,6 +38,7 @@ prl_status prl_grpo_precision_from_job(prl_grpo_precision *p, const prl_job_conf
 
 int prl_grpo_scaler_state_format(const prl_loss_scaler *s, char *out, size_t n)
 {
+    if (!s) return snprintf(out, n, "null");
     return snprintf(out, n, "{\"scale\": %.17g, \"growth_tracker\": %d, \"hysteresis_tracker\": "
                     "%d, \"steps\": %ld, \"skipped\": %ld}", s->scale, s->growth_tracker,
                     s->hysteresis_tracker, s->steps, s->skipped);

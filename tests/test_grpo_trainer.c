@@ -927,6 +927,25 @@ START_TEST(test_precision_from_job)
     assert_ok(prl_grpo_scaler_state_parse(&s2, text));
     ck_assert(s2.scale == s1.scale && s2.growth_tracker == 1 && s2.hysteresis_tracker == 2 &&
               s2.steps == 2 && s2.skipped == 1);
+    /* ... through a checkpoint, as the trainer role writes and reads it */
+    fixture f;
+    fixture_init(&f, 2, 0, 1e-3, 0, 4);
+    char dir[] = "/tmp/prl_scaler_ckpt_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char ck[64], *back = NULL;
+    snprintf(ck, sizeof ck, "%s/v1", dir);
+    assert_ok(prl_checkpoint_save(&f.m, &f.o, text, NULL, ck));
+    assert_ok(prl_loss_scaler_init(&s2, &p.scaler));
+    assert_ok(prl_checkpoint_load_optim(&f.o, &f.m, ck, &back));
+    assert_ok(prl_grpo_scaler_state_parse(&s2, back));
+    ck_assert(s2.scale == s1.scale && s2.steps == 2 && s2.skipped == 1);
+    free(back);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    fixture_free(&f);
+    prl_grpo_scaler_state_format(NULL, st, sizeof st);
+    ck_assert_str_eq(st, "null");
     assert_ok(prl_grpo_scaler_state_parse(&s2, "{\"loss_scaler\": null}"));
     ck_assert_int_eq(prl_grpo_scaler_state_parse(&s2, "{\"loss_scaler\": {\"scale\": -1}}"),
                      PRL_ERR_FORMAT);
