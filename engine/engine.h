@@ -133,6 +133,9 @@ float prl_round_fp16(float x);
 /* x[0..n) rounded in place to precision p (no-op for fp32). The double version rounds each
 ** value's nearest float (the double build is for gradient checks). */
 void prl_round_floats(prl_precision p, float *x, size_t n);
+/* The portable fp16 loop prl_round_floats uses when the CPU has no F16C (exposed for the
+** test that both give the same bits). */
+void prl_round_fp16_scalar(float *x, size_t n);
 void prl_round_doubles(prl_precision p, double *x, size_t n);
 
 /* ---------------------------------------------------------------- prl's GEMM ------- */

@@ -43,15 +43,50 @@ float prl_round_bf16(float x)
     return x;
 }
 
-/* The compiler's IEEE binary16 conversion: round to nearest even, subnormals, ±inf. */
+/* The compiler's IEEE binary16 conversion: round to nearest even, subnormals, ±inf. Without
+** F16C it is a library call (~35 ns a value measured), hence the vector path below. */
 float prl_round_fp16(float x) { return (float)(_Float16)x; }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* The same conversion with the F16C instructions, 8 values at a time: vcvtps2ph with
+** round-to-nearest-even is IEEE binary16 rounding (subnormals kept, overflow to ±inf), so it
+** gives the scalar's bits for every non-NaN value (tested over 2^24 patterns and the edges). */
+__attribute__((target("f16c,avx"))) static void round_fp16_f16c(float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < n; i++) x[i] = prl_round_fp16(x[i]);
+}
+
+static int have_f16c(void)
+{
+    static int cached = -1; /* a benign race: every thread computes the same value */
+    if (cached < 0) cached = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    return cached;
+}
+#else
+static int have_f16c(void) { return 0; }
+static void round_fp16_f16c(float *x, size_t n) { (void)x, (void)n; }
+#endif
+
+void prl_round_fp16_scalar(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = prl_round_fp16(x[i]);
+}
 
 void prl_round_floats(prl_precision p, float *x, size_t n)
 {
     if (p == PRL_PRECISION_BF16)
         for (size_t i = 0; i < n; i++) x[i] = prl_round_bf16(x[i]);
+    else if (p == PRL_PRECISION_FP16 && have_f16c())
+        round_fp16_f16c(x, n);
     else if (p == PRL_PRECISION_FP16)
-        for (size_t i = 0; i < n; i++) x[i] = prl_round_fp16(x[i]);
+        prl_round_fp16_scalar(x, n);
 }
 
 /* The double build (gradient checks) rounds through the float nearest to each value, as the

@@ -1,6 +1,7 @@
 /*
 ** test_precision.c — reduced precision in the train path (docs/model.md "Precision"):
-**   the one rounding implementation against the rl.md §4.1 vectors;
+**   the one rounding implementation against the rl.md §4.1 vectors, its vector fp16 path
+**   against the scalar one;
 **   train path in bf16/fp16 = infer path "aligned" at the same precision, bitwise, on the
 **   tiny model plain and with every attention block (SWA rings, sinks, ModAttn convs);
 **   fp16 and bf16 log-prob differences to fp32 of the size of the unit roundoff (bf16's
@@ -67,6 +68,32 @@ START_TEST(test_round_vectors)
     ck_assert_str_eq(prl_precision_name(PRL_PRECISION_FP16), "fp16");
     ck_assert_int_eq(prl_precision_parse(&p, "fp8"), PRL_ERR_ARG);
     ck_assert_msg(strstr(prl_error_message(), "fp8") != NULL, "%s", prl_error_message());
+}
+END_TEST
+
+/* The vector fp16 path (F16C when the CPU has it) gives the scalar conversion's bits for 2^24
+** bit patterns spread over every exponent, and the edges; NaN stays NaN. */
+START_TEST(test_round_fp16_paths_agree)
+{
+    enum { N = 1 << 24 };
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    ck_assert(a && b);
+    for (uint32_t i = 0; i < N; i++) {
+        uint32_t u = i << 8 | (i * 2654435761u) >> 24; /* every top-24-bit prefix */
+        memcpy(&a[i], &u, sizeof u);
+    }
+    const float edge[] = {65504.0f, 65519.99f, 65520.0f, -65520.0f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f,
+                          0x1p-14f, 1.0f + 0x1p-11f, -0.0f, INFINITY, -INFINITY};
+    memcpy(a, edge, sizeof edge);
+    memcpy(b, a, N * sizeof *a);
+    prl_round_floats(PRL_PRECISION_FP16, a, N);
+    prl_round_fp16_scalar(b, N);
+    long differ = 0;
+    for (uint32_t i = 0; i < N; i++)
+        differ += isnan(a[i]) ? !isnan(b[i]) : memcmp(&a[i], &b[i], sizeof a[i]) != 0;
+    ck_assert_msg(differ == 0, "%ld of %d fp16 roundings differ between the paths", differ, N);
+    ck_assert(isinf(a[2]) && a[4] == 0x1p-24f && a[5] == 0 && a[6] == 0x1p-24f);
+    free(a), free(b);
 }
 END_TEST
 
@@ -307,6 +334,7 @@ int main(void)
     TCase *tc = tcase_create("precision");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_round_vectors);
+    tcase_add_test(tc, test_round_fp16_paths_agree);
     tcase_add_test(tc, test_train_equals_aligned_infer);
     tcase_add_test(tc, test_fp16_error_is_unit_roundoff);
     tcase_add_test(tc, test_fp16_backward_and_overflow);
