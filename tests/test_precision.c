@@ -7,7 +7,8 @@
 **   fp16 and bf16 log-prob differences to fp32 of the size of the unit roundoff (bf16's
 **   larger, as its roundoff is 8x fp16's);
 **   the fp16 backward: gradients near fp32's, and an overflow shows as non-finite gradients
-**   (the loss scaler's signal) while fp32 stays finite; master weights untouched by rounding.
+**   (the loss scaler's signal) while fp32 stays finite; master weights untouched by rounding;
+**   prl_batch.loss_scale (aux losses included) and prl_optim_step_scaled.
 */
 #include "engine/ops.h"
 
@@ -327,6 +328,79 @@ START_TEST(test_fp16_backward_and_overflow)
 }
 END_TEST
 
+/* prl_batch.loss_scale scales the whole loss's gradient, the MoE aux losses included: in fp32
+** a power-of-two scale gives exactly scale × the plain gradient. Then prl_optim_step_scaled:
+** an fp16 overflow skips (weights, step count kept; torch back-off), a finite one applies. */
+START_TEST(test_loss_scale_engine)
+{
+    load_model(0);
+    model.cfg.balance_loss_alpha = 0.01, model.cfg.router_z_loss_coef = 0.001;
+    seqs s;
+    make_seqs(&s);
+    size_t n = model.n_params;
+    prl_real *g1 = malloc(n * sizeof *g1), *g2 = malloc(n * sizeof *g2);
+    prl_batch b = batch_of(&s);
+    prl_model_zero_grad(&model);
+    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
+    assert_ok(prl_model_backward(&model, &b));
+    memcpy(g1, model.grads, n * sizeof *g1);
+    b.loss_scale = 1024;
+    prl_model_zero_grad(&model);
+    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
+    assert_ok(prl_model_backward(&model, &b));
+    long differ = 0;
+    for (size_t i = 0; i < n; i++) differ += model.grads[i] != 1024 * g1[i];
+    ck_assert_msg(differ == 0, "%ld of %zu gradients are not 1024x the unscaled ones", differ, n);
+    /* the aux losses alone: no targets, so only they make gradients */
+    seqs t = s;
+    for (int i = 0; i < NSEQ * TLEN; i++) t.w[i] = 0;
+    b = batch_of(&t);
+    prl_model_zero_grad(&model);
+    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
+    assert_ok(prl_model_backward(&model, &b));
+    memcpy(g2, model.grads, n * sizeof *g2);
+    b.loss_scale = 4;
+    prl_model_zero_grad(&model);
+    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
+    assert_ok(prl_model_backward(&model, &b));
+    double norm = 0;
+    differ = 0;
+    for (size_t i = 0; i < n; i++) differ += model.grads[i] != 4 * g2[i], norm += g2[i] * g2[i];
+    ck_assert(differ == 0 && norm > 0);
+    /* one scaled update */
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    assert_ok(prl_optim_init(&o, &model, &oc));
+    prl_loss_scaler_config sc;
+    assert_ok(prl_loss_scaler_config_preset(&sc, "torch"));
+    sc.init_scale = 1e12;
+    prl_loss_scaler ls;
+    assert_ok(prl_loss_scaler_init(&ls, &sc));
+    assert_ok(prl_model_set_precision(&model, PRL_PRECISION_FP16));
+    b = batch_of(&s);
+    b.loss_scale = ls.scale;
+    prl_model_zero_grad(&model);
+    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
+    assert_ok(prl_model_backward(&model, &b));
+    memcpy(g1, model.params, n * sizeof *g1);
+    prl_optim_stats os;
+    int skipped;
+    assert_ok(prl_optim_step_scaled(&o, &model, &ls, &os, &skipped));
+    ck_assert(skipped && isnan(os.grad_norm) && o.step == 0 && ls.scale == 5e11 && ls.skipped == 1);
+    ck_assert(memcmp(g1, model.params, n * sizeof *g1) == 0);
+    ls.scale = 256, b.loss_scale = ls.scale;
+    prl_model_zero_grad(&model);
+    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
+    assert_ok(prl_model_backward(&model, &b));
+    assert_ok(prl_optim_step_scaled(&o, &model, &ls, &os, &skipped));
+    ck_assert(!skipped && isfinite(os.grad_norm) && o.step == 1 && ls.scale == 256);
+    ck_assert(memcmp(g1, model.params, n * sizeof *g1) != 0);
+    prl_optim_free(&o);
+    free(g1), free(g2);
+}
+END_TEST
+
 int main(void)
 {
     if (prl_blas_init(2) != PRL_OK) return 1;
@@ -338,6 +412,7 @@ int main(void)
     tcase_add_test(tc, test_train_equals_aligned_infer);
     tcase_add_test(tc, test_fp16_error_is_unit_roundoff);
     tcase_add_test(tc, test_fp16_backward_and_overflow);
+    tcase_add_test(tc, test_loss_scale_engine);
     suite_add_tcase(su, tc);
     return check_run(su); /* each test in its own process: the model is loaded per test */
 }
