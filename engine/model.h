@@ -17,7 +17,7 @@ typedef enum prl_bias_rule {
     PRL_BIAS_RMS = 1   /* b_i −= γ·(F_i − Q_i)/RMS(F − Q) */
 } prl_bias_rule;
 
-enum { PRL_MAX_LAYERS = 64 };
+enum { PRL_MAX_LAYERS = 64, PRL_MHC_MAX_STREAMS = 16 };
 
 /* A Hugging Face openpangu_v2 config.json, validated. Field names follow the JSON keys. */
 typedef struct prl_config {
@@ -46,13 +46,21 @@ typedef struct prl_config {
                                                ** only a position-free rope key */
     int use_mome;                              /* ModAttn (MoME) convolutions on */
     int router_sliding_window;                 /* their kernel size k */
+    /* residual blocks (docs/model.md, mHC and sandwich norms) */
+    int use_mhc;                               /* mHC hyper-connections on */
+    int mhc_num_stream;                        /* n residual streams (default 4) */
+    int mhc_recur_norm;                        /* Sinkhorn iterations (default 20) */
+    int mhc_use_gamma;                         /* norm_gamma gains on the flattened streams */
+    int sandwich_norm;                         /* post-attention and post-MLP norms too */
+    int n_block_post_layernorm_idx;            /* layers followed by block_post_layernorm */
+    int block_post_layernorm_idx[PRL_MAX_LAYERS];
 } prl_config;
 
 /* Defaults for every key (a small valid model). */
 void prl_config_default(prl_config *c);
 /* Parse JSON text; `source` names it in messages. Unknown keys, wrong types, out-of-range
 ** or inconsistent values are PRL_ERR_CONFIG; blocks of the openPangu design that are not
-** built yet (DSA, mHC, sandwich norms, MTP) are
+** built yet (DSA, MTP) are
 ** PRL_ERR_UNSUPPORTED; both name the key. */
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source);
 prl_status prl_config_load(prl_config *c, const char *path);
@@ -61,6 +69,10 @@ char *prl_config_to_json(const prl_config *c);
 /* Attention window of layer l: W for a sliding-window layer (row t sees keys t−W < s ≤ t),
 ** 0 for a fully causal one. */
 int prl_config_window(const prl_config *c, int layer);
+/* Residual streams: mhc_num_stream with mHC on, else 1 (the plain residual). */
+int prl_config_streams(const prl_config *c);
+/* 1 when layer l is followed by the block post-norm (RMSNorm over all its streams). */
+int prl_config_block_post_norm(const prl_config *c, int layer);
 /* Kernel size of the ModAttn causal convolutions (0 = off). */
 int prl_config_conv_kernel(const prl_config *c);
 /* Number of MoE layers and the MoE index of layer l (-1 for a dense layer). */
@@ -76,7 +88,8 @@ typedef enum prl_param_kind {
     PRL_PARAM_MATRIX, /* hidden 2-D matrix (Muon) */
     PRL_PARAM_ROUTER, /* MoE router weight (AdamW) */
     PRL_PARAM_SINK,   /* parameter attention sink latents / rope keys (AdamW, no decay) */
-    PRL_PARAM_CONV    /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
+    PRL_PARAM_CONV,   /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
+    PRL_PARAM_MHC     /* mHC phi, branch_alpha, branch_beta (AdamW, no decay; engine/mhc.h) */
 } prl_param_kind;
 
 typedef struct prl_param_info {

@@ -324,6 +324,15 @@ START_TEST(test_fp16_backward_and_overflow)
     ck_assert(memcmp(master, model.params, n * sizeof *master) == 0);
     ck_assert_int_eq(prl_model_set_precision(&model, (prl_precision)7), PRL_ERR_ARG);
     ck_assert_int_eq(model.precision, PRL_PRECISION_FP32);
+    /* the residual glue (mHC, sandwich and block post-norms) has no rounding points yet */
+    prl_model glue;
+    prl_config c = model.cfg;
+    c.sandwich_norm = 1;
+    assert_ok(prl_model_init(&glue, &c));
+    ck_assert_int_eq(prl_model_set_precision(&glue, PRL_PRECISION_BF16), PRL_ERR_UNSUPPORTED);
+    assert_msg_has("sandwich_norm");
+    assert_ok(prl_model_set_precision(&glue, PRL_PRECISION_FP32));
+    prl_model_free(&glue);
     free(g32), free(g16), free(master);
 }
 END_TEST
