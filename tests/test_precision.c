@@ -163,6 +163,14 @@ static prl_batch batch_of(const seqs *s)
                        .weights = s->w, .temperature = 1.0};
 }
 
+/* Gradients of batch b into model.grads (zeroed first). */
+static void forward_backward(const prl_batch *b)
+{
+    prl_model_zero_grad(&model);
+    assert_ok(prl_model_forward(&model, b, NULL, NULL));
+    assert_ok(prl_model_backward(&model, b));
+}
+
 /* Train path log-probs [NSEQ·TLEN] at precision p. */
 static void train_logp(prl_precision p, const seqs *s, float *out)
 {
@@ -286,9 +294,7 @@ static void grads_at(prl_precision p, const seqs *s0, float scale, prl_real *out
     for (int i = 0; i < NSEQ * TLEN; i++) s.w[i] *= scale;
     prl_batch b = batch_of(&s);
     ck_assert_int_eq(prl_model_set_precision(&model, p), PRL_OK);
-    prl_model_zero_grad(&model);
-    ck_assert_int_eq(prl_model_forward(&model, &b, NULL, NULL), PRL_OK);
-    ck_assert_int_eq(prl_model_backward(&model, &b), PRL_OK);
+    forward_backward(&b);
     memcpy(out, model.grads, model.n_params * sizeof *out);
     ck_assert_int_eq(prl_model_set_precision(&model, PRL_PRECISION_FP32), PRL_OK);
 }
@@ -349,14 +355,10 @@ START_TEST(test_loss_scale_engine)
     size_t n = model.n_params;
     prl_real *g1 = malloc(n * sizeof *g1), *g2 = malloc(n * sizeof *g2);
     prl_batch b = batch_of(&s);
-    prl_model_zero_grad(&model);
-    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
-    assert_ok(prl_model_backward(&model, &b));
+    forward_backward(&b);
     memcpy(g1, model.grads, n * sizeof *g1);
     b.loss_scale = 1024;
-    prl_model_zero_grad(&model);
-    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
-    assert_ok(prl_model_backward(&model, &b));
+    forward_backward(&b);
     long differ = 0;
     for (size_t i = 0; i < n; i++) differ += model.grads[i] != 1024 * g1[i];
     ck_assert_msg(differ == 0, "%ld of %zu gradients are not 1024x the unscaled ones", differ, n);
@@ -364,14 +366,10 @@ START_TEST(test_loss_scale_engine)
     seqs t = s;
     for (int i = 0; i < NSEQ * TLEN; i++) t.w[i] = 0;
     b = batch_of(&t);
-    prl_model_zero_grad(&model);
-    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
-    assert_ok(prl_model_backward(&model, &b));
+    forward_backward(&b);
     memcpy(g2, model.grads, n * sizeof *g2);
     b.loss_scale = 4;
-    prl_model_zero_grad(&model);
-    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
-    assert_ok(prl_model_backward(&model, &b));
+    forward_backward(&b);
     double norm = 0;
     differ = 0;
     for (size_t i = 0; i < n; i++) differ += model.grads[i] != 4 * g2[i], norm += g2[i] * g2[i];
@@ -389,9 +387,7 @@ START_TEST(test_loss_scale_engine)
     assert_ok(prl_model_set_precision(&model, PRL_PRECISION_FP16));
     b = batch_of(&s);
     b.loss_scale = ls.scale;
-    prl_model_zero_grad(&model);
-    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
-    assert_ok(prl_model_backward(&model, &b));
+    forward_backward(&b);
     memcpy(g1, model.params, n * sizeof *g1);
     prl_optim_stats os;
     int skipped;
@@ -399,9 +395,7 @@ START_TEST(test_loss_scale_engine)
     ck_assert(skipped && isnan(os.grad_norm) && o.step == 0 && ls.scale == 5e11 && ls.skipped == 1);
     ck_assert(memcmp(g1, model.params, n * sizeof *g1) == 0);
     ls.scale = 256, b.loss_scale = ls.scale;
-    prl_model_zero_grad(&model);
-    assert_ok(prl_model_forward(&model, &b, NULL, NULL));
-    assert_ok(prl_model_backward(&model, &b));
+    forward_backward(&b);
     assert_ok(prl_optim_step_scaled(&o, &model, &ls, &os, &skipped));
     ck_assert(!skipped && isfinite(os.grad_norm) && o.step == 1 && ls.scale == 256);
     ck_assert(memcmp(g1, model.params, n * sizeof *g1) != 0);
