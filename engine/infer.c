@@ -43,15 +43,17 @@ static int lookup(const char *const *names, int n, const char *s)
 prl_status prl_infer_options_preset(prl_infer_options *o, const char *name)
 {
     prl_infer_options_default(o);
-    if (!strcmp(name, "aligned")) {
+    int p = -1;
+    if (!strncmp(name, "aligned", 7)) { /* "aligned" is fp32; "aligned-fp16" the train path's fp16 */
+        p = !name[7] ? PRL_PRECISION_FP32 : name[7] == '-' ? lookup(precision_names, 3, name + 8) : -1;
         o->mla = PRL_MLA_NAIVE;
         o->matmul = PRL_MATMUL_GEMM;
-        return PRL_OK;
+    } else {
+        p = lookup(precision_names, 3, name);
     }
-    int p = lookup(precision_names, 3, name);
     if (p < 0)
         return prl_error_set(PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16, "
-                             "aligned)", name);
+                             "aligned, aligned-bf16, aligned-fp16)", name);
     o->precision = (prl_precision)p;
     return PRL_OK;
 }

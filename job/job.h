@@ -29,7 +29,7 @@ typedef struct prl_job_config {
     /* rollout */
     int rollout_workers, batch_prompts, group_size, max_new_tokens, max_turns;
     double temperature, top_p;
-    char *precision;             /* fp32 | bf16 | fp16 | aligned */
+    char *precision;             /* fp32 | bf16 | fp16 | aligned | aligned-bf16 | aligned-fp16 */
     int rollout_threads;         /* threads of each rollout worker (0: prl run --threads) */
     /* trainer */
     int trainer_threads;         /* threads of the trainer (0: prl run --threads) */

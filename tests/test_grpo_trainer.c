@@ -891,9 +891,10 @@ START_TEST(test_precision_from_job)
               p.scaler.growth_interval == 2000 && p.scaler.backoff_factor == 0.5 &&
               p.scaler.growth_factor == 2);
     static const char *const tp[] = {"fp32", "bf16", "fp16"};
-    static const char *const rp[] = {"fp32", "bf16", "fp16", "aligned"};
+    static const char *const rp[] = {"fp32", "bf16", "fp16", "aligned", "aligned-bf16",
+                                     "aligned-fp16"};
     for (int a = 0; a < 3; a++) /* every train precision with every rollout precision */
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < 6; r++) {
             char s1[64], s2[64];
             snprintf(s1, sizeof s1, "trainer.precision=%s", tp[a]);
             snprintf(s2, sizeof s2, "rollout.precision=%s", rp[r]);

@@ -68,7 +68,11 @@ START_TEST(test_round_vectors)
     ck_assert_int_eq(p, PRL_PRECISION_BF16);
     ck_assert_str_eq(prl_precision_name(PRL_PRECISION_FP16), "fp16");
     ck_assert_int_eq(prl_precision_parse(&p, "fp8"), PRL_ERR_ARG);
-    ck_assert_msg(strstr(prl_error_message(), "fp8") != NULL, "%s", prl_error_message());
+    assert_msg_has("fp8");
+    prl_infer_options io;
+    ck_assert_int_eq(prl_infer_options_preset(&io, "aligned-fp8"), PRL_ERR_ARG);
+    assert_msg_has("aligned-fp16");
+    ck_assert_int_eq(prl_infer_options_preset(&io, "alignedfp16"), PRL_ERR_ARG);
 }
 END_TEST
 
@@ -180,13 +184,17 @@ static void train_logp(prl_precision p, const seqs *s, float *out)
     ck_assert_int_eq(prl_model_set_precision(&model, PRL_PRECISION_FP32), PRL_OK);
 }
 
-/* Infer path ("aligned" at precision p) log-probs of the same tokens by teacher forcing: the
+/* Infer path (preset "aligned-<p>", "aligned" for fp32) log-probs of the same tokens by teacher forcing: the
 ** first token is the prompt, the rest forced; out[i·TLEN + t] = log p(tok[t+1] | tok[≤t]). */
 static void infer_logp(prl_precision p, const seqs *s, float *out)
 {
     prl_infer_options o;
-    ck_assert_int_eq(prl_infer_options_preset(&o, "aligned"), PRL_OK);
-    o.precision = p, o.max_batch = NSEQ;
+    char preset[32];
+    snprintf(preset, sizeof preset, p == PRL_PRECISION_FP32 ? "aligned" : "aligned-%s",
+             prl_precision_name(p));
+    assert_ok(prl_infer_options_preset(&o, preset));
+    ck_assert(o.precision == p && o.mla == PRL_MLA_NAIVE && o.matmul == PRL_MATMUL_GEMM);
+    o.max_batch = NSEQ;
     prl_infer *e = NULL;
     ck_assert_msg(prl_infer_init(&e, &model, &o) == PRL_OK, "%s", prl_error_message());
     prl_gen_request r[NSEQ];

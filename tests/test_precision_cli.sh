@@ -16,7 +16,7 @@ pass=0 fail=0
 mkdir -p "$work/init" && echo '{}' > "$work/init/config.json" && echo '{}' > "$work/init/tokenizer.json"
 run_check() { $prl run "$src/configs/quickstart.json" --check --runs "$work/runs" --set model.init="$work/init" "$@"; }
 for t in fp32 bf16 fp16; do
-  for r in fp32 bf16 fp16 aligned; do
+  for r in fp32 bf16 fp16 aligned aligned-bf16 aligned-fp16; do
     expect_ok "train $t with rollout $r passes --check" \
       run_check --set trainer.precision=$t --set rollout.precision=$r
   done
