@@ -20,6 +20,7 @@
 
 typedef struct sft_args {
     const char *data, *model, *ckpt, *out, *tokenizer, *optimizer, *schedule;
+    const char *precision, *loss_scale; /* train precision; scaler preset, "off" or NULL (auto) */
     int steps, batch, seq, accum, warmup, threads, log_every, save_every, resume, group, special;
     int vocab; /* tokenizer trained on the data: vocabulary size (0: the model's) */
     double lr, min_lr_ratio, weight_decay, grad_clip, expert_clip;
@@ -32,8 +33,11 @@ static void print_progress(void *user, const prl_sft_progress *p)
     char eta[32], el[32];
     prl_format_duration(eta, sizeof eta, p->eta_s);
     prl_format_duration(el, sizeof el, p->elapsed_s);
-    fprintf(stderr, "step %d/%d  loss %.4f  lr %.2e  gnorm %.3f  tok/s %.0f  elapsed %s  eta %s\n",
-            p->step, p->steps, p->loss, p->lr, p->grad_norm, p->tokens_per_s, el, eta);
+    char scale[64] = "";
+    if (p->loss_scale > 0)
+        snprintf(scale, sizeof scale, "  scale %g  skipped %ld", p->loss_scale, p->skipped);
+    fprintf(stderr, "step %d/%d  loss %.4f  lr %.2e  gnorm %.3f%s  tok/s %.0f  elapsed %s  eta %s\n",
+            p->step, p->steps, p->loss, p->lr, p->grad_norm, scale, p->tokens_per_s, el, eta);
 }
 
 static int file_exists(const char *path)
@@ -84,6 +88,23 @@ static prl_status build_optim(const sft_args *a, prl_optim_config *oc)
     return PRL_OK;
 }
 
+/* --precision and --loss-scale: the model's precision and, for fp16 by default or with a
+** preset named, a dynamic loss scaler (*on = 1). Errors name the flag. */
+static prl_status set_precision(const sft_args *a, prl_model *m, prl_loss_scaler *s, int *on)
+{
+    prl_precision p;
+    prl_status rc = prl_precision_parse(&p, a->precision ? a->precision : "fp32");
+    if (rc) return prl_error_wrap(rc, "--precision: ");
+    if ((rc = prl_model_set_precision(m, p))) return rc;
+    const char *preset = a->loss_scale ? a->loss_scale : "torch";
+    *on = a->loss_scale ? strcmp(a->loss_scale, "off") != 0 : p == PRL_PRECISION_FP16;
+    if (!*on) return PRL_OK;
+    prl_loss_scaler_config sc;
+    rc = prl_loss_scaler_config_preset(&sc, preset);
+    if (!rc) rc = prl_loss_scaler_init(s, &sc);
+    return rc ? prl_error_wrap(rc, "--loss-scale (or off): ") : PRL_OK;
+}
+
 static char *state_json(const sft_args *a, const prl_sft_data *d)
 {
     json_t *o = json_pack("{s:s, s:s, s:I, s:i, s:i, s:i, s:I, s:I}", "job", "sft", "data", a->data,
@@ -120,6 +141,9 @@ static int run(const sft_args *a)
                            prl_tokenizer_vocab_size(tok), m.cfg.vocab_size);
     if (st == PRL_OK) st = prl_sft_data_load(&d, a->data, tok, a->seq, a->special ? PRL_TOKENIZER_SPECIAL : 0);
     if (st == PRL_OK) st = prl_optim_init(&o, &m, &oc);
+    prl_loss_scaler scaler;
+    int scaler_on = 0;
+    if (st == PRL_OK) st = set_precision(a, &m, &scaler, &scaler_on);
     if (st == PRL_OK && a->resume) {
         st = prl_checkpoint_load_optim(&o, &m, a->ckpt, NULL);
         o.cfg.total_steps = (int)o.step + a->steps; /* the schedule spans the whole run */
@@ -129,7 +153,8 @@ static int run(const sft_args *a)
                 "parameters, %s, %d steps of %d x %d x %d\n", d.n, d.n_tokens, d.n_loss_tokens,
                 d.n_truncated, a->seq, m.n_params, a->optimizer, a->steps, a->accum, a->batch, a->seq);
         prl_sft_config sc = {.batch = a->batch, .seq = a->seq, .accum = a->accum,
-                             .seed = a->seed, .log_every = a->log_every, .group = a->group};
+                             .seed = a->seed, .log_every = a->log_every, .group = a->group,
+                             .scaler = scaler_on ? &scaler : NULL};
         int64_t end = o.step + a->steps;
         while (st == PRL_OK && o.step < end) {
             int64_t chunk = a->save_every > 0 ? a->save_every - o.step % a->save_every : end - o.step;
@@ -296,7 +321,7 @@ int cmd_sft(int argc, char **argv)
 {
     const char *config = NULL;
     int force = 0;
-    sft_args a = {.optimizer = "muon", .schedule = "cosine", .steps = 200, .batch = 8, .seq = 128,
+    sft_args a = {.optimizer = "muon", .schedule = "cosine", .precision = "fp32", .steps = 200, .batch = 8, .seq = 128,
                   .accum = 1, .warmup = 10, .log_every = 10, .lr = 3e-3, .min_lr_ratio = 0.1,
                   .weight_decay = 0.1, .grad_clip = 1.0, .seed = 1};
     cli_opt opts[] = {
@@ -322,6 +347,8 @@ int cmd_sft(int argc, char **argv)
         {"grad-clip", OPT_DOUBLE, &a.grad_clip, "C", "global gradient-norm bound, 0 = off (default 1)", 0, 0},
         {"expert-clip", OPT_DOUBLE, &a.expert_clip, "C", "per routed expert gradient-norm bound, 0 = off", 0, 0},
         {"seed", OPT_U64, &a.seed, "S", "seed of the init and the data order (default 1)", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P", "train path arithmetic: fp32 (default), bf16 or fp16 (docs/model.md)", 0, 0},
+        {"loss-scale", OPT_STR, &a.loss_scale, "NAME", "dynamic loss scaler: torch, megatron, verl_fsdp, verl_megatron or off (default: torch with fp16, off otherwise)", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {"log-every", OPT_INT, &a.log_every, "N", "progress line every N steps (default 10)", 0, 0},
         {"save-every", OPT_INT, &a.save_every, "N", "also save every N steps (default: at the end)", 0, 0},

@@ -43,15 +43,17 @@ static int lookup(const char *const *names, int n, const char *s)
 prl_status prl_infer_options_preset(prl_infer_options *o, const char *name)
 {
     prl_infer_options_default(o);
-    if (!strcmp(name, "aligned")) {
+    int p = -1;
+    if (!strncmp(name, "aligned", 7)) { /* "aligned" is fp32; "aligned-fp16" the train path's fp16 */
+        p = !name[7] ? PRL_PRECISION_FP32 : name[7] == '-' ? lookup(precision_names, 3, name + 8) : -1;
         o->mla = PRL_MLA_NAIVE;
         o->matmul = PRL_MATMUL_GEMM;
-        return PRL_OK;
+    } else {
+        p = lookup(precision_names, 3, name);
     }
-    int p = lookup(precision_names, 3, name);
     if (p < 0)
         return prl_error_set(PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16, "
-                             "aligned)", name);
+                             "aligned, aligned-bf16, aligned-fp16)", name);
     o->precision = (prl_precision)p;
     return PRL_OK;
 }
@@ -165,29 +167,8 @@ struct prl_infer {
     double fault_rel;
 };
 
-static float round_bf16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return x; /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);               /* round to nearest, ties to even */
-    u &= 0xffff0000u;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-static float round_fp16(float x) { return (float)(_Float16)x; }
-
-static void round_vec(prl_precision p, float *x, size_t n)
-{
-    if (p == PRL_PRECISION_BF16)
-        for (size_t i = 0; i < n; i++) x[i] = round_bf16(x[i]);
-    else if (p == PRL_PRECISION_FP16)
-        for (size_t i = 0; i < n; i++) x[i] = round_fp16(x[i]);
-}
-
 /* Activation rounding at an op's output (no-op in fp32). */
-static void act_round(const prl_infer *e, float *x, size_t n) { round_vec(e->opt.precision, x, n); }
+static void act_round(const prl_infer *e, float *x, size_t n) { prl_round_floats(e->opt.precision, x, n); }
 
 /* ------------------------------------------------------------------ matmuls --------- */
 
@@ -505,7 +486,7 @@ static prl_status bind_weights(prl_infer *e)
     const float *base = e->m->params;
     if (e->opt.precision != PRL_PRECISION_FP32) {
         memcpy(e->wcopy, e->m->params, e->m->n_params * sizeof(float));
-        round_vec(e->opt.precision, e->wcopy, e->m->n_params);
+        prl_round_floats(e->opt.precision, e->wcopy, e->m->n_params);
         base = e->wcopy;
     }
 #define T(suffix, rows, cols, ...) tensor(e, base, rows, cols, "model.layers.%d." suffix, l, ##__VA_ARGS__)

@@ -329,6 +329,7 @@ void prl_model_free(prl_model *m)
     free(m->grads);
     free(m->router_bias);
     free(m->expert_counts);
+    free(m->wround);
     memset(m, 0, sizeof *m);
 }
 
@@ -609,8 +610,43 @@ static int emit(const prl_model *m, int layer, const char *what, const prl_real 
 
 /* ------------------------------------------------------------------ forward --------- */
 
-#define P(off) (m->params + (off))
+/* Weights as the path reads them: the rounded copy in a reduced precision, else the master. */
+#define P(off) ((m->wround ? m->wround : m->params) + (off))
 #define G(off) (m->grads + (off))
+
+/* An op output (forward) or the gradient of one (backward) rounded to the train precision
+** at the points the infer path rounds (docs/model.md "Precision"); a no-op in fp32. */
+static void rnd(const prl_model *m, prl_real *x, size_t n) { prl_round_reals(m->precision, x, n); }
+
+prl_status prl_model_set_precision(prl_model *m, prl_precision p)
+{
+    if ((unsigned)p > PRL_PRECISION_FP16)
+        return prl_error_set(PRL_ERR_ARG, "train precision %d is not fp32, bf16 or fp16", (int)p);
+    if (p != PRL_PRECISION_FP32 && residual_glue(&m->cfg)) /* rounding points not placed yet */
+        return prl_error_set(PRL_ERR_UNSUPPORTED, "train precision %s with use_mhc, sandwich_norm "
+                             "or block_post_layernorm_idx is not yet supported (fp32 only)",
+                             prl_precision_name(p));
+    if (p == m->precision && (p == PRL_PRECISION_FP32 || m->wround)) return PRL_OK;
+    free(m->wround);
+    m->wround = NULL;
+    m->precision = p;
+    if (p == PRL_PRECISION_FP32) return PRL_OK;
+    m->wround = malloc(m->n_params * sizeof *m->wround);
+    if (!m->wround) {
+        m->precision = PRL_PRECISION_FP32;
+        return prl_error_set(PRL_ERR_NOMEM, "rounded weights (%zu parameters)", m->n_params);
+    }
+    return PRL_OK;
+}
+
+/* The master weights rounded into wround, so this forward and its backward see the weights
+** of the latest optimizer step. */
+static void refresh_rounded_weights(prl_model *m)
+{
+    if (!m->wround) return;
+    memcpy(m->wround, m->params, m->n_params * sizeof *m->wround);
+    rnd(m, m->wround, m->n_params);
+}
 
 /* Parameter sinks of layer l: ĉ = RMSNorm(param_sink_compressed_kv; kv_a_layernorm), then
 ** [k_nope | v] = ĉ·kv_b_projᵀ per head, like a token's; zero without param_sink_with_value. */
@@ -625,7 +661,9 @@ static void sinks_forward(prl_model *m, int l)
     }
     prl_rmsnorm_forward(la->sink_ckv, la->sink_rstd, P(o->sink_ckv), P(o->kv_norm), D.ns, D.rkv,
                         D.rkv, D.rkv, PRL_LATENT_NORM_EPS);
+    rnd(m, la->sink_ckv, (size_t)D.ns * D.rkv);
     prl_matmul_forward(la->sink_kv, la->sink_ckv, P(o->wkv_b), D.ns, D.rkv, D.H * D.dkv, 0);
+    rnd(m, la->sink_kv, (size_t)D.ns * D.H * D.dkv);
 }
 
 /* A latent of C channels (rows of z at z_stride) through ModAttn and its norm:
@@ -637,9 +675,11 @@ static void latent_forward(prl_model *m, prl_real *y, prl_real *rstd, const prl_
     int ck = prl_config_conv_kernel(&m->cfg);
     if (ck) {
         prl_conv_forward(zc, z, z_stride, P(conv), a->B, a->T, C, ck);
+        rnd(m, zc, (size_t)a->N * C);
         z = zc, z_stride = C;
     }
     prl_rmsnorm_forward(y, rstd, z, P(g), a->N, C, z_stride, C, PRL_LATENT_NORM_EPS);
+    rnd(m, y, (size_t)a->N * C);
 }
 
 /* MLA in the naive form: a = ln_a (N,d) → o (N,H·dv), and tmp = o·Woᵀ. */
@@ -650,27 +690,37 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     const layer_offsets *o = &a->lo[l];
     dims D = dims_of(&m->cfg);
     int N = a->N;
+    size_t nq = (size_t)N * D.H * D.dq;
     prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
+    rnd(m, la->zq, (size_t)N * D.rq);
     latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq);
     prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
+    rnd(m, la->q, nq);
     prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
+    rnd(m, la->q, nq);
     prl_matmul_forward(la->kva, la->ln_a, P(o->wkv_a), N, D.d, D.rkv + D.dr, 0);
+    rnd(m, la->kva, (size_t)N * (D.rkv + D.dr));
     latent_forward(m, la->ckv, la->rstd_kv, la->kva, D.rkv + D.dr, la->kvc, o->kv_norm, o->kv_conv,
                    D.rkv); /* the compressed KV only: its rope part is untouched */
     for (int n = 0; n < N; n++)
         memcpy(la->kr + (size_t)n * D.dr, la->kva + (size_t)n * (D.rkv + D.dr) + D.rkv,
                (size_t)D.dr * sizeof(prl_real));
     prl_rope_forward(la->kr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
+    rnd(m, la->kr, (size_t)N * D.dr);
     prl_matmul_forward(la->kv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv, 0);
+    rnd(m, la->kv, (size_t)N * D.H * D.dkv);
     if (D.ns > 0) sinks_forward(m, l);
     prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
                           D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, attn_shape(m, l));
+    rnd(m, la->o, (size_t)N * D.H * D.dv);
     const prl_real *o_out = la->o;
     if (D.ck) { /* ModAttn on the heads' output, before o_proj */
         prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck);
+        rnd(m, la->oc, (size_t)N * D.H * D.dv);
         o_out = la->oc;
     }
     prl_matmul_forward(a->tmp, o_out, P(o->wo), N, D.H * D.dv, D.d, 0);
+    rnd(m, a->tmp, (size_t)N * D.d);
     int stop = emit(m, l, "attn.q", la->q, N, (int64_t)D.H * D.dq);
     stop = stop || emit(m, l, "attn.kv_latent", la->ckv, N, D.rkv);
     stop = stop || emit(m, l, "attn.out", a->tmp, N, D.d);
@@ -740,8 +790,11 @@ static void expert_forward_task(void *p, int i)
     size_t xo = (size_t)t.r0 * D->d, ho = (size_t)t.r0 * D->de;
     prl_gemm(0, 1, t.rows, 2 * D->de, D->d, 1, la->xg + xo, D->d, w13, D->d, 0, la->ea13 + 2 * ho,
              2 * D->de);
+    rnd(m, la->ea13 + 2 * ho, (size_t)t.rows * 2 * D->de);
     prl_silu_mul_forward(la->eh + ho, la->ea13 + 2 * ho, t.rows, D->de);
+    rnd(m, la->eh + ho, (size_t)t.rows * D->de);
     prl_gemm(0, 1, t.rows, D->d, D->de, 1, la->eh + ho, D->de, w2, D->de, 0, la->yg + xo, D->d);
+    rnd(m, la->yg + xo, (size_t)t.rows * D->d);
 }
 
 /* Per-token passes of the MoE and the residual stream, run over row blocks on the pool
@@ -794,6 +847,7 @@ static void combine_rows(void *p, int r0, int r1)
             for (int i = 0; i < d; i++) out[i] += g * y[i];
         }
     }
+    rnd(c->m, c->out + (size_t)r0 * d, (size_t)(r1 - r0) * d);
 }
 
 /* out = x + y over rows of width d */
@@ -802,6 +856,7 @@ static void add_rows(void *p, int r0, int r1)
     token_ctx *c = p;
     size_t d = (size_t)c->D.d;
     for (size_t i = (size_t)r0 * d; i < (size_t)r1 * d; i++) c->out[i] = c->x[i] + c->y[i];
+    rnd(c->m, c->out + (size_t)r0 * d, (size_t)(r1 - r0) * d);
 }
 
 static void residual_add(prl_model *m, prl_real *out, const prl_real *x, const prl_real *y)
@@ -819,6 +874,7 @@ static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     dims D = dims_of(&m->cfg);
     int N = a->N;
     prl_matmul_forward(la->z, la->ln_f, P(o->router), N, D.d, D.E, 0);
+    rnd(m, la->z, (size_t)N * D.E);
     const prl_real *bias = m->router_bias + (size_t)moe_idx * D.E;
     const int32_t *forced = b->route_override ? b->route_override + (size_t)moe_idx * N * D.K : NULL;
     token_ctx tc = {.m = m, .la = la, .D = D, .bias = bias, .forced = forced, .out = a->tmp};
@@ -831,7 +887,7 @@ static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     prl_parallel_for(c.n_tasks, expert_forward_task, &c);
     if (D.sde > 0)
         prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->sw1), P(o->sw2), N, D.d,
-                           D.sde, 0);
+                           D.sde, 0, m->precision);
     else
         memset(a->tmp, 0, (size_t)N * D.d * sizeof(prl_real));
     prl_parallel_rows(N, combine_rows, &tc);
@@ -1073,6 +1129,7 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
     if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
     a->have_forward = 0;
+    refresh_rounded_weights(m);
     const model_offsets *mo = model_offs(m);
     prl_embedding_forward(a->layer[0].res_attn, P(mo->embed), b->tokens, N, D.d);
     streams_begin(m);
@@ -1083,18 +1140,20 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
         site_enter(m, l, 0);
         prl_rmsnorm_forward(la->ln_a, la->rstd_a, la->res_attn, P(o->ln1), N, D.d, D.d, D.d,
                             m->cfg.rms_norm_eps);
+        rnd(m, la->ln_a, (size_t)N * D.d);
         stop = mla_forward(m, l, b);
         site_leave(m, l, 0, site_stream(m, l, 1));
         site_enter(m, l, 1);
         prl_rmsnorm_forward(la->ln_f, la->rstd_f, la->res_ffn, P(o->ln2), N, D.d, D.d, D.d,
                             m->cfg.rms_norm_eps);
+        rnd(m, la->ln_f, (size_t)N * D.d);
         if (prl_config_is_moe(&m->cfg, l)) {
             stop = stop || moe_forward(m, l, moe_idx, b, tasks);
             if (train) aux_losses(m, la, b, &stats.balance_loss, &stats.z_loss);
             moe_idx++;
         } else {
             prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->w1), P(o->w2), N, D.d,
-                               D.I, 0);
+                               D.I, 0, m->precision);
             stop = stop || emit(m, l, "mlp.out", a->tmp, N, D.d);
         }
         site_leave(m, l, 1, layer_out_stream(m, l));
@@ -1103,7 +1162,9 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     if (!stop) streams_end(m);
     prl_rmsnorm_forward(a->ln_final, a->rstd_final, a->res_final, P(mo->norm), N, D.d, D.d, D.d,
                         m->cfg.rms_norm_eps);
+    rnd(m, a->ln_final, (size_t)N * D.d);
     prl_matmul_forward(a->logits, a->ln_final, P(mo->head), N, D.d, D.V, 0);
+    rnd(m, a->logits, (size_t)N * D.V);
     emit(m, -1, "final.logits", a->logits, N, D.V);
     logits_ctx lc = {.m = m, .b = b, .out = out_logp};
     prl_parallel_rows(N, logprob_rows, &lc);
@@ -1165,6 +1226,7 @@ static void latent_backward(prl_model *m, prl_real *dz, const prl_real *dy, cons
     }
     zero(a->dconv, (size_t)N * C);
     prl_rmsnorm_backward(a->dconv, G(g), dy, zc, P(g), rstd, N, C, C, C);
+    rnd(m, a->dconv, (size_t)N * C);
     prl_conv_backward(dz, z_stride, G(conv), a->dconv, z, P(conv), a->B, a->T, C, ck);
 }
 
@@ -1179,6 +1241,7 @@ static void sinks_backward(prl_model *m, int l)
     zero(a->dsink_ckv, (size_t)D.ns * D.rkv);
     prl_matmul_backward(a->dsink_ckv, G(o->wkv_b), a->dsink_kv, la->sink_ckv, P(o->wkv_b), D.ns,
                         D.rkv, D.H * D.dkv);
+    rnd(m, a->dsink_ckv, (size_t)D.ns * D.rkv);
     prl_rmsnorm_backward(G(o->sink_ckv), G(o->kv_norm), a->dsink_ckv, P(o->sink_ckv),
                          P(o->kv_norm), la->sink_rstd, D.ns, D.rkv, D.rkv, D.rkv);
 }
@@ -1197,12 +1260,14 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     zero(a->do_, (size_t)N * HV);
     if (D.ck) { /* through o_conv: a->do_ is ∂/∂oc first */
         prl_matmul_backward(a->do_, G(o->wo), a->dres, la->oc, P(o->wo), N, HV, D.d);
+        rnd(m, a->do_, (size_t)N * HV);
         zero(a->dconv, (size_t)N * HV);
         prl_conv_backward(a->dconv, HV, G(o->o_conv), a->do_, la->o, P(o->o_conv), a->B, a->T, HV, D.ck);
         do_att = a->dconv;
     } else {
         prl_matmul_backward(a->do_, G(o->wo), a->dres, la->o, P(o->wo), N, HV, D.d);
     }
+    rnd(m, do_att, (size_t)N * HV);
     zero(a->dq, (size_t)N * D.H * D.dq);
     zero(a->dkv, (size_t)N * D.H * D.dkv);
     zero(a->dkr, (size_t)N * D.dr);
@@ -1211,9 +1276,14 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
                            do_att, la->att, la->q, la->kv, la->kr, la->sink_kv,
                            D.ns > 0 ? P(o->sink_kpe) : NULL, a->dattn_scratch, b->lens,
                            attn_shape(m, l));
+    rnd(m, a->dq, (size_t)N * D.H * D.dq);
+    rnd(m, a->dkv, (size_t)N * D.H * D.dkv);
+    rnd(m, a->dkr, (size_t)N * D.dr);
+    rnd(m, a->dsink_kv, (size_t)D.ns * D.H * D.dkv);
     sinks_backward(m, l);
     zero(a->dckv, (size_t)N * D.rkv);
     prl_matmul_backward(a->dckv, G(o->wkv_b), a->dkv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv);
+    rnd(m, a->dckv, (size_t)N * D.rkv);
     prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
     int wa = D.rkv + D.dr;
     zero(a->dkva, (size_t)N * wa);
@@ -1221,17 +1291,23 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
                     D.rkv);
     for (int n = 0; n < N; n++)
         for (int i = 0; i < D.dr; i++) a->dkva[(size_t)n * wa + D.rkv + i] += a->dkr[(size_t)n * D.dr + i];
+    rnd(m, a->dkva, (size_t)N * wa);
     zero(a->dln, (size_t)N * D.d);
     prl_matmul_backward(a->dln, G(o->wkv_a), a->dkva, la->ln_a, P(o->wkv_a), N, D.d, wa);
     prl_rope_backward(a->dq, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
+    rnd(m, a->dq, (size_t)N * D.H * D.dq);
     zero(a->dcq, (size_t)N * D.rq);
     prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
+    rnd(m, a->dcq, (size_t)N * D.rq);
     zero(a->dzq, (size_t)N * D.rq);
     latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
                     D.rq);
+    rnd(m, a->dzq, (size_t)N * D.rq);
     prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
+    rnd(m, a->dln, (size_t)N * D.d);
     prl_rmsnorm_backward(dx, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d,
                          D.d, D.d);
+    rnd(m, dx, (size_t)N * D.d);
 }
 
 static void expert_backward_rows_task(void *p, int i)
@@ -1249,7 +1325,9 @@ static void expert_backward_rows_task(void *p, int i)
     prl_real *da13 = a->deh + 2 * ho, *dh = a->deh + 2 * NK * D->de + ho;
     /* dh = dyg·w2 (rows, de), then da13 (rows, 2de), then dxg = da13·w13 */
     prl_gemm(0, 0, t.rows, D->de, D->d, 1, a->dyg + xo, D->d, w2, D->de, 0, dh, D->de);
+    rnd(m, dh, (size_t)t.rows * D->de);
     prl_silu_mul_backward(da13, dh, la->ea13 + 2 * ho, t.rows, D->de);
+    rnd(m, da13, (size_t)t.rows * 2 * D->de);
     prl_gemm(0, 0, t.rows, D->d, 2 * D->de, 1, da13, 2 * D->de, w13, D->d, 0, a->dxg + xo, D->d);
 }
 
@@ -1275,11 +1353,15 @@ static void expert_backward_weights_task(void *p, int i)
                  G(base + 2 * (size_t)D->de * D->d), D->de);
 }
 
-/* Gradients of the balance loss and z-loss of one MoE layer into dz. */
+/* The backward's loss multiplier (prl_batch.loss_scale; 0 means 1). */
+static double loss_scale(const prl_batch *b) { return b->loss_scale > 0 ? b->loss_scale : 1; }
+
+/* Gradients of the balance loss and z-loss of one MoE layer into dz, times the loss scale. */
 static void aux_backward(const prl_model *m, const layer_acts *la, const prl_batch *b, prl_real *dz)
 {
     dims D = dims_of(&m->cfg);
     const prl_config *c = &m->cfg;
+    double ls = loss_scale(b);
     if (c->balance_loss_alpha > 0) {
         double *f = calloc((size_t)D.E, sizeof(double));
         for (int bi = 0; bi < b->B; bi++) {
@@ -1291,7 +1373,7 @@ static void aux_backward(const prl_model *m, const layer_acts *la, const prl_bat
             for (int t = 0; t < len; t++) {
                 int n = bi * b->T + t;
                 const prl_real *s = la->s + (size_t)n * D.E;
-                double S = 0, dot = 0, k = c->balance_loss_alpha / ((double)b->B * len);
+                double S = 0, dot = 0, k = ls * c->balance_loss_alpha / ((double)b->B * len);
                 for (int e = 0; e < D.E; e++) S += s[e];
                 for (int e = 0; e < D.E; e++) dot += k * f[e] * s[e] / S;
                 for (int e = 0; e < D.E; e++) {
@@ -1311,7 +1393,7 @@ static void aux_backward(const prl_model *m, const layer_acts *la, const prl_bat
             double mx = z[0], sum = 0;
             for (int e = 1; e < D.E; e++) mx = z[e] > mx ? z[e] : mx;
             for (int e = 0; e < D.E; e++) sum += exp(z[e] - mx);
-            double lse = mx + log(sum), k = c->router_z_loss_coef * 2 * lse / n_valid;
+            double lse = mx + log(sum), k = ls * c->router_z_loss_coef * 2 * lse / n_valid;
             for (int e = 0; e < D.E; e++)
                 dz[(size_t)n * D.E + e] += (prl_real)(k * exp(z[e] - mx) / sum);
         }
@@ -1335,6 +1417,7 @@ static void dyg_rows(void *p, int r0, int r1)
                 dot += dy[i] * y[i];
                 dyg[i] = g * dy[i];
             }
+            rnd(c->m, dyg, (size_t)d);
             a->dg[n * K + k] = dot;
         }
     }
@@ -1381,7 +1464,7 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
     zero(a->dln, (size_t)N * D.d);
     if (!prl_config_is_moe(&m->cfg, l)) {
         prl_swiglu_backward(a->dln, G(o->w1), G(o->w2), a->dffn_scratch, a->dres, la->ln_f,
-                            la->a13, la->h, P(o->w1), P(o->w2), N, D.d, D.I);
+                            la->a13, la->h, P(o->w1), P(o->w2), N, D.d, D.I, m->precision);
     } else {
         token_ctx tc = {.m = m, .la = la, .D = D};
         prl_parallel_rows(N, dyg_rows, &tc);
@@ -1392,13 +1475,17 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
         prl_parallel_rows(N, scatter_rows, &tc);
         if (D.sde > 0)
             prl_swiglu_backward(a->dln, G(o->sw1), G(o->sw2), a->dffn_scratch, a->dres,
-                                la->ln_f, la->a13, la->h, P(o->sw1), P(o->sw2), N, D.d, D.sde);
+                                la->ln_f, la->a13, la->h, P(o->sw1), P(o->sw2), N, D.d, D.sde,
+                                m->precision);
         prl_parallel_rows(N, gate_backward_rows, &tc);
         aux_backward(m, la, b, a->dz);
+        rnd(m, a->dz, (size_t)N * D.E);
         prl_matmul_backward(a->dln, G(o->router), a->dz, la->ln_f, P(o->router), N, D.d, D.E);
     }
+    rnd(m, a->dln, (size_t)N * D.d);
     prl_rmsnorm_backward(dx, G(o->ln2), a->dln, la->res_ffn, P(o->ln2), la->rstd_f, N, D.d,
                          D.d, D.d);
+    rnd(m, dx, (size_t)N * D.d);
 }
 
 static void swap_dxs(prl_acts *a)
@@ -1499,7 +1586,7 @@ static void dlogits_rows(void *p, int r0, int r1)
         prl_real *dl = a->dlogits + (size_t)n * V;
         memset(dl, 0, (size_t)V * sizeof *dl);
         int y = target_of(c->b, n);
-        float w = c->b->weights ? c->b->weights[n] : 0;
+        float w = c->b->weights ? (float)(c->b->weights[n] * loss_scale(c->b)) : 0;
         if (y < 0 || w == 0) continue;
         prl_logprob_backward(dl, a->logits + (size_t)n * V, a->lse[n], V, y, c->b->temperature, w);
     }
@@ -1515,11 +1602,14 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
     const model_offsets *mo = model_offs(m);
     logits_ctx dc = {.m = m, .b = b};
     prl_parallel_rows(N, dlogits_rows, &dc);
+    rnd(m, a->dlogits, (size_t)N * D.V);
     zero(a->dln, (size_t)N * D.d);
     prl_matmul_backward(a->dln, G(mo->head), a->dlogits, a->ln_final, P(mo->head), N, D.d, D.V);
+    rnd(m, a->dln, (size_t)N * D.d);
     zero(a->dres, (size_t)N * D.d);
     prl_rmsnorm_backward(a->dres, G(mo->norm), a->dln, a->res_final, P(mo->norm), a->rstd_final,
                          N, D.d, D.d, D.d);
+    rnd(m, a->dres, (size_t)N * D.d);
     expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
     if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
     if (residual_glue(&m->cfg)) {

@@ -128,6 +128,9 @@ typedef struct prl_model {
     prl_acts *acts;          /* owned */
     prl_tensor_hook hook;
     void *hook_user;
+    prl_precision precision; /* train path arithmetic (prl_model_set_precision) */
+    prl_real *wround;        /* owned, n_params: the weights rounded to `precision` that a
+                             ** forward and its backward read (NULL in fp32) */
 } prl_model;
 
 /* A batch of B sequences of T positions. Positions t >= lens[b] are padding: they affect
@@ -141,6 +144,8 @@ typedef struct prl_batch {
     double temperature;            /* log-probs are log_softmax(logits / temperature) */
     const int32_t *route_override; /* NULL, or [n_moe][B*T][K] expert ids to use; a row of K
                                    ** PRL_ROUTE_NATIVE routes that (layer, position) natively */
+    double loss_scale;             /* backward: gradients of loss_scale × the whole loss (aux
+                                   ** losses included), for dynamic loss scaling; 0 means 1 */
 } prl_batch;
 
 /* A route_override row of K of these means "route natively here" (top-K of s + bias), so a
@@ -187,6 +192,13 @@ void prl_model_zero_grad(prl_model *m);
 const prl_param_info *prl_model_find(const prl_model *m, const char *name);
 void prl_model_set_hook(prl_model *m, prl_tensor_hook hook, void *user);
 
+/* Train path precision (docs/model.md "Precision"; default fp32). In bf16/fp16 each forward
+** reads the master weights rounded to the precision (a copy refreshed at every forward, so
+** an optimizer step between forwards is seen), rounds every op output at the infer path's
+** points, and accumulates in fp32; the backward rounds the gradient of every rounded
+** activation likewise, so an fp16 overflow shows as ±inf or NaN in m->grads. Master weights,
+** gradients and optimizer state stay fp32. PRL_ERR_ARG for an invalid value. */
+prl_status prl_model_set_precision(prl_model *m, prl_precision p);
 /* Train path forward: full sequences, activations saved for backward. Writes per-position
 ** log-probs of the targets into out_logp [B*T] (0 where no target) if non-NULL; counts
 ** routed tokens for the bias update. Token ids and route ids are validated
@@ -288,6 +300,13 @@ prl_status prl_loss_scaler_config_preset(prl_loss_scaler_config *c, const char *
 prl_status prl_loss_scaler_init(prl_loss_scaler *s, const prl_loss_scaler_config *c);
 /* Record one step's outcome; returns 1 when the optimizer step must be skipped (found_inf). */
 int prl_loss_scaler_update(prl_loss_scaler *s, int found_inf);
+/* One update under dynamic loss scaling, after a backward of scale × the loss
+** (prl_batch.loss_scale = s->scale): unscale the gradients, check them for inf/NaN, then
+** prl_optim_step — which clips the now unscaled gradients — or skip it (weights and the
+** optimizer's step count untouched; stats->grad_norm NaN), and update the scale (rl.md §4.3
+** order). *skipped = 1 on a skip. s NULL: a plain prl_optim_step. */
+prl_status prl_optim_step_scaled(prl_optim *o, prl_model *m, prl_loss_scaler *s,
+                                 prl_optim_stats *stats, int *skipped);
 /* grads[0..n) /= scale, in the gradients' precision (fp32 or fp64). */
 void prl_grads_unscale(prl_real *grads, size_t n, double scale);
 /* 1 when every gradient is finite (no inf, no NaN). */

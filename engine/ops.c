@@ -619,13 +619,17 @@ static void silu_mul_block(void *p, int blk)
 
 void prl_swiglu_forward(prl_real *out, prl_real *a13, prl_real *h, const prl_real *inp,
                         const prl_real *w13, const prl_real *w2, int N, int C, int F,
-                        prl_real beta)
+                        prl_real beta, prl_precision p)
 {
     /* inp (N,C); w13 (2F,C); w2 (C,F); a13 (N,2F); h (N,F); out (N,C) */
+    PRL_ASSERT(p == PRL_PRECISION_FP32 || beta == 0);
     prl_matmul_forward(a13, inp, w13, N, C, 2 * F, 0);
+    prl_round_reals(p, a13, (size_t)N * 2 * F);
     swiglu_ctx c = {.a13 = a13, .h = h, .N = N, .F = F};
     prl_parallel_for(n_blocks(N), silu_mul_block, &c);
+    prl_round_reals(p, h, (size_t)N * F);
     prl_matmul_forward(out, h, w2, N, F, C, beta);
+    prl_round_reals(p, out, (size_t)N * C);
 }
 
 static void silu_mul_backward_block(void *p, int blk)
@@ -639,14 +643,16 @@ static void silu_mul_backward_block(void *p, int blk)
 void prl_swiglu_backward(prl_real *dinp, prl_real *dw13, prl_real *dw2, prl_real *scratch,
                          const prl_real *dout, const prl_real *inp, const prl_real *a13,
                          const prl_real *h, const prl_real *w13, const prl_real *w2, int N,
-                         int C, int F)
+                         int C, int F, prl_precision p)
 {
     /* dh (N,F) = dout·w2;  dw2 (C,F) += doutᵀ·h;  then da13 (N,2F), dinp, dw13 */
     prl_real *dh = scratch, *da13 = scratch + (size_t)N * F;
     memset(dh, 0, (size_t)N * F * sizeof *dh);
     prl_matmul_backward(dh, dw2, dout, h, w2, N, F, C);
+    prl_round_reals(p, dh, (size_t)N * F);
     swiglu_ctx c = {.a13 = (prl_real *)a13, .da13 = da13, .dh = dh, .N = N, .F = F};
     prl_parallel_for(n_blocks(N), silu_mul_backward_block, &c);
+    prl_round_reals(p, da13, (size_t)N * 2 * F);
     prl_matmul_backward(dinp, dw13, da13, inp, w13, N, C, 2 * F);
 }
 

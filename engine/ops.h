@@ -89,6 +89,17 @@ static inline prl_v4f prl_v4_load(const float *p)
 
 static inline void prl_v4_store(float *p, prl_v4f v) { __builtin_memcpy(p, &v, sizeof v); }
 
+/* x[0..n) rounded in place to precision p (precision.c; a no-op in fp32): the rounding of an
+** op output in a reduced-precision path, in either build. */
+static inline void prl_round_reals(prl_precision p, prl_real *x, size_t n)
+{
+    if (p == PRL_PRECISION_FP32) return;
+#ifdef PRL_REAL_DOUBLE
+    prl_round_doubles(p, x, n);
+#else
+    prl_round_floats(p, x, n);
+#endif
+}
 /* Run fn(ctx, r0, r1) over [0, n_rows) in fixed blocks of PRL_ROW_BLOCK rows on the pool. */
 typedef void (*prl_rows_fn)(void *ctx, int r0, int r1);
 void prl_parallel_rows(int n_rows, prl_rows_fn fn, void *ctx);
@@ -196,15 +207,17 @@ void prl_conv_row(prl_real *out, const prl_real *const *x, const prl_real *w, in
 /* SwiGLU FFN with the gate and up projections stacked: w13 [2F,C] = [w1; w3] (gate_proj then
 ** up_proj, adjacent in the parameter block), w2 [C,F]:
 **   a13[N,2F] = inp·w13ᵀ;  h[N,F] = silu(a13[:, :F]) ⊙ a13[:, F:];  out[N,C] = h·w2ᵀ (+ beta·out)
-** One GEMM of width 2F instead of two of width F. a13 and h are saved for the backward. */
+** One GEMM of width 2F instead of two of width F. a13 and h are saved for the backward.
+** Precision p rounds a13, h and out (beta must then be 0), as the infer path does. */
 void prl_swiglu_forward(prl_real *out, prl_real *a13, prl_real *h, const prl_real *inp,
                         const prl_real *w13, const prl_real *w2, int N, int C, int F,
-                        prl_real beta);
-/* dinp, dw13, dw2 accumulate; scratch holds 3·N·F reals. */
+                        prl_real beta, prl_precision p);
+/* dinp, dw13, dw2 accumulate; scratch holds 3·N·F reals. Precision p rounds the gradients of
+** h and a13 (dinp is the caller's to round once complete). */
 void prl_swiglu_backward(prl_real *dinp, prl_real *dw13, prl_real *dw2, prl_real *scratch,
                          const prl_real *dout, const prl_real *inp, const prl_real *a13,
                          const prl_real *h, const prl_real *w13, const prl_real *w2, int N,
-                         int C, int F);
+                         int C, int F, prl_precision p);
 
 /* Row-wise SwiGLU core on `rows` rows: h[r,f] = silu(a13[r,f]) · a13[r,F+f], and its backward
 ** (da13 [rows,2F] overwritten). */

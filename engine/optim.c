@@ -404,3 +404,24 @@ int prl_grads_finite(const prl_real *grads, size_t n)
         if (!isfinite(grads[i])) return 0;
     return 1;
 }
+
+prl_status prl_optim_step_scaled(prl_optim *o, prl_model *m, prl_loss_scaler *s,
+                                 prl_optim_stats *stats, int *skipped)
+{
+    *skipped = 0;
+    if (!s) return prl_optim_step(o, m, stats);
+    /* rl.md §4.3: unscale (in the gradients' precision) → inf/NaN check → clip the unscaled
+    ** gradients and step, or skip → update the scale */
+    prl_grads_unscale(m->grads, m->n_params, s->scale);
+    int found_inf = !prl_grads_finite(m->grads, m->n_params);
+    prl_status rc = PRL_OK;
+    if (found_inf) {
+        if (stats)
+            *stats = (prl_optim_stats){.lr = prl_optim_lr_at(&o->cfg, o->step), .grad_norm = NAN,
+                                       .clip_scale = 1};
+    } else {
+        rc = prl_optim_step(o, m, stats);
+    }
+    if (rc == PRL_OK) *skipped = prl_loss_scaler_update(s, found_inf);
+    return rc;
+}

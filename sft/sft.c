@@ -280,7 +280,9 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
     for (int a = 0; rc == PRL_OK && a < c->accum; a++) rc = prl_batch_buf_init(&bb[a], B, T);
     double t_start = prl_now();
     int64_t first = o->step, last = o->step + c->steps;
-    for (int64_t step = first; rc == PRL_OK && step < last; step++) {
+    int skips_in_a_row = 0;
+    while (rc == PRL_OK && o->step < last) {
+        int64_t step = o->step; /* the data of a step skipped by the loss scaler is redrawn */
         double t0 = prl_now();
         int trained = 0, tokens = 0;
         for (int a = 0; a < c->accum; a++) trained += fill_batch(&bb[a], ex, d, c, &ord, step, a, &Ts[a]);
@@ -291,6 +293,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
                 bb[a].weights[i] = bb[a].targets[i] >= 0 ? -1.0f / (float)trained : 0.0f;
             for (int i = 0; i < B; i++) tokens += bb[a].lens[i];
             prl_batch b = prl_batch_buf_view(&bb[a], B, Ts[a]);
+            b.loss_scale = c->scaler ? c->scaler->scale : 0;
             prl_forward_stats st;
             rc = prl_model_forward(m, &b, NULL, &st);
             if (rc == PRL_OK) rc = prl_model_backward(m, &b);
@@ -303,7 +306,16 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
             break;
         }
         prl_optim_stats os;
-        if ((rc = prl_optim_step(o, m, &os))) break;
+        int skipped;
+        if ((rc = prl_optim_step_scaled(o, m, c->scaler, &os, &skipped))) break;
+        if (skipped) { /* 64 back-offs in a row: no fp16 overflow any more, but NaN or inf */
+            if (++skips_in_a_row == 64)
+                rc = prl_error_set(PRL_ERR_NUMERIC, "sft: 64 loss-scale overflows in a row at step "
+                                   "%lld (scale %g): the gradients are not finite at any scale",
+                                   (long long)step, c->scaler->scale);
+            continue;
+        }
+        skips_in_a_row = 0;
         prl_model_update_router_bias(m);
         double t1 = prl_now();
         int done = (int)(step + 1 - first);
@@ -313,6 +325,8 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
                 .loss = sum.lm_loss, .balance_loss = sum.balance_loss / c->accum,
                 .z_loss = sum.z_loss / c->accum, .lr = os.lr, .grad_norm = os.grad_norm,
                 .tokens_per_s = tokens / (t1 - t0), .elapsed_s = t1 - t_start,
+                .loss_scale = c->scaler ? c->scaler->scale : 0,
+                .skipped = c->scaler ? c->scaler->skipped : 0,
             };
             p.eta_s = p.elapsed_s / done * (double)(last - step - 1);
             progress(user, &p);

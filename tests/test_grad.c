@@ -417,7 +417,8 @@ typedef struct { double *inp, *w13, *w2, *a13, *h; int N, C, F; } sw_ctx;
 static void sw_fwd(void *p, double *out)
 {
     sw_ctx *c = p;
-    prl_swiglu_forward(out, c->a13, c->h, c->inp, c->w13, c->w2, c->N, c->C, c->F, 0);
+    prl_swiglu_forward(out, c->a13, c->h, c->inp, c->w13, c->w2, c->N, c->C, c->F, 0,
+                       PRL_PRECISION_FP32);
 }
 
 START_TEST(test_swiglu_grad)
@@ -431,7 +432,8 @@ START_TEST(test_swiglu_grad)
     sw_fwd(&c, out);
     double *di = calloc(20, 8), *d13 = calloc(60, 8), *d2 = calloc(30, 8);
     double *scratch = malloc(3 * 24 * 8);
-    prl_swiglu_backward(di, d13, d2, scratch, r, c.inp, c.a13, c.h, c.w13, c.w2, c.N, c.C, c.F);
+    prl_swiglu_backward(di, d13, d2, scratch, r, c.inp, c.a13, c.h, c.w13, c.w2, c.N, c.C, c.F,
+                        PRL_PRECISION_FP32);
     ck_assert_double_lt(fd_error(sw_fwd, &c, c.inp, 20, di, r, 20), 1e-6);
     ck_assert_double_lt(fd_error(sw_fwd, &c, c.w13, 60, d13, r, 20), 1e-6);
     ck_assert_double_lt(fd_error(sw_fwd, &c, c.w2, 30, d2, r, 20), 1e-6);
