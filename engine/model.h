@@ -19,6 +19,11 @@ typedef enum prl_bias_rule {
 
 enum { PRL_MAX_LAYERS = 64 };
 
+/* Training stage of the DSA indexer (docs/model.md, DSA): SPARSE — the main attention sees
+** the top-k selected tokens and the indexer learns KL(p ‖ softmax I) on that set; DENSE —
+** the warm-up: the main attention stays dense and the indexer learns the dense distribution. */
+typedef enum prl_dsa_stage { PRL_DSA_SPARSE = 0, PRL_DSA_DENSE = 1 } prl_dsa_stage;
+
 /* A Hugging Face openpangu_v2 config.json, validated. Field names follow the JSON keys. */
 typedef struct prl_config {
     int vocab_size, hidden_size, num_hidden_layers, num_attention_heads;
@@ -46,13 +51,20 @@ typedef struct prl_config {
                                                ** only a position-free rope key */
     int use_mome;                              /* ModAttn (MoME) convolutions on */
     int router_sliding_window;                 /* their kernel size k */
+    /* DeepSeek sparse attention (docs/model.md, DSA) */
+    int n_dsa_layers;                          /* dsa_layers: layers with a lightning indexer */
+    int dsa_layers[PRL_MAX_LAYERS];
+    int index_topk;                            /* k tokens each query attends to */
+    int index_n_heads, index_head_dim;         /* H_I, d_I (the first qk_rope_head_dim rotate) */
+    prl_dsa_stage dsa_stage;                   /* prl_dsa_stage: "sparse" | "dense" (warm-up) */
+    int dsa_freeze_main;                       /* prl_dsa_freeze_main: only the indexer learns */
 } prl_config;
 
 /* Defaults for every key (a small valid model). */
 void prl_config_default(prl_config *c);
 /* Parse JSON text; `source` names it in messages. Unknown keys, wrong types, out-of-range
 ** or inconsistent values are PRL_ERR_CONFIG; blocks of the openPangu design that are not
-** built yet (DSA, mHC, sandwich norms, MTP) are
+** built yet (mHC, sandwich norms, MTP) are
 ** PRL_ERR_UNSUPPORTED; both name the key. */
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source);
 prl_status prl_config_load(prl_config *c, const char *path);
@@ -61,6 +73,8 @@ char *prl_config_to_json(const prl_config *c);
 /* Attention window of layer l: W for a sliding-window layer (row t sees keys t−W < s ≤ t),
 ** 0 for a fully causal one. */
 int prl_config_window(const prl_config *c, int layer);
+/* 1 when layer l has a DSA lightning indexer (it is in dsa_layers). */
+int prl_config_is_dsa(const prl_config *c, int layer);
 /* Kernel size of the ModAttn causal convolutions (0 = off). */
 int prl_config_conv_kernel(const prl_config *c);
 /* Number of MoE layers and the MoE index of layer l (-1 for a dense layer). */
@@ -76,7 +90,9 @@ typedef enum prl_param_kind {
     PRL_PARAM_MATRIX, /* hidden 2-D matrix (Muon) */
     PRL_PARAM_ROUTER, /* MoE router weight (AdamW) */
     PRL_PARAM_SINK,   /* parameter attention sink latents / rope keys (AdamW, no decay) */
-    PRL_PARAM_CONV    /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
+    PRL_PARAM_CONV,   /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
+    PRL_PARAM_INDEXER /* DSA lightning indexer (AdamW, no decay; k_norm gain init 1); learns
+                      ** only from the indexer loss */
 } prl_param_kind;
 
 typedef struct prl_param_info {
@@ -115,6 +131,8 @@ typedef struct prl_model {
     prl_acts *acts;          /* owned */
     prl_tensor_hook hook;
     void *hook_user;
+    int dsa_keep_selection;  /* tests: the forward reuses the last DSA top-k selection instead
+                             ** of selecting again (gradient checks with selections frozen) */
 } prl_model;
 
 /* A batch of B sequences of T positions. Positions t >= lens[b] are padding: they affect
@@ -160,6 +178,8 @@ typedef struct prl_forward_stats {
     double lm_loss;      /* Σ w·logp */
     double balance_loss; /* sequence-wise balance loss (0 if off) */
     double z_loss;       /* router z-loss (0 if off) */
+    double index_loss;   /* DSA indexer KL, mean over query rows, summed over DSA layers (its
+                         ** gradient reaches only the indexer; not part of `loss`) */
     int n_targets;       /* positions with a target */
 } prl_forward_stats;
 

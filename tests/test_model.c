@@ -91,10 +91,27 @@ START_TEST(test_config_errors)
     ck_assert_int_eq(parse("{\"vocab_size\": 64, \"vocab_size\": 65}", &c), PRL_ERR_CONFIG);
     ck_assert_int_eq(parse("[1, 2]", &c), PRL_ERR_CONFIG);
     /* later blocks: recognised, refused unless off */
-    ck_assert_int_eq(parse("{\"dsa_layers\": [0, 3]}", &c), PRL_ERR_UNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(prl_error_message(), "not yet supported"));
-    ck_assert_ptr_nonnull(strstr(prl_error_message(), "DSA"));
     ck_assert_int_eq(parse("{\"use_mhc\": true}", &c), PRL_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "not yet supported"));
+    /* DSA: layers, indexer shape, stage; bad values name the key */
+    ck_assert_int_eq(parse("{\"dsa_layers\": [0, 3], \"index_topk\": 8, \"index_n_heads\": 2, "
+                           "\"index_head_dim\": 16, \"prl_dsa_stage\": \"dense\"}", &c), PRL_OK);
+    ck_assert(prl_config_is_dsa(&c, 3) && !prl_config_is_dsa(&c, 1));
+    ck_assert_int_eq(c.dsa_stage, PRL_DSA_DENSE);
+    ck_assert_int_eq(parse("{\"dsa_layers\": [0]}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "index_topk"));
+    ck_assert_int_eq(parse("{\"dsa_layers\": [0], \"index_topk\": 8, \"index_n_heads\": 2, "
+                           "\"index_head_dim\": 8}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "index_head_dim"));
+    ck_assert_int_eq(parse("{\"dsa_layers\": [1], \"index_topk\": 8, \"index_n_heads\": 2, "
+                           "\"index_head_dim\": 16, \"swa_layers\": [1], \"sliding_window\": 4}", &c),
+                     PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "both"));
+    ck_assert_int_eq(parse("{\"dsa_layers\": [6], \"index_topk\": 8, \"index_n_heads\": 2, "
+                           "\"index_head_dim\": 16}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "not a layer"));
+    ck_assert_int_eq(parse("{\"prl_dsa_stage\": \"warm\"}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "prl_dsa_stage"));
     ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 1}", &c), PRL_ERR_UNSUPPORTED);
     /* ModAttn convs: on by router_sliding_window (use_mome defaults to it) */
     ck_assert_int_eq(parse("{\"router_sliding_window\": 3}", &c), PRL_OK);
