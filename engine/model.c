@@ -989,6 +989,13 @@ prl_status prl_model_logprobs(prl_model *m, const prl_batch *b, float *out_logp)
 const int32_t *prl_model_routes(const prl_model *m) { return m->acts->routes; }
 const prl_real *prl_model_logits(const prl_model *m) { return m->acts->logits; }
 
+const uint8_t *prl_model_dsa_selection(const prl_model *m, int layer)
+{
+    if (layer < 0 || layer >= m->cfg.num_hidden_layers || !dsa_sparse(m, layer) || !m->acts->layer)
+        return NULL;
+    return m->acts->layer[layer].dsa.sel;
+}
+
 /* ------------------------------------------------------------------ backward -------- */
 
 static void zero(prl_real *p, size_t n) { memset(p, 0, n * sizeof *p); }

@@ -207,6 +207,10 @@ prl_status prl_model_logprobs(prl_model *m, const prl_batch *batch, float *out_l
 /* Routes chosen by the last forward: [n_moe][B*T][K] expert ids (model-owned, valid until
 ** the next forward). */
 const int32_t *prl_model_routes(const prl_model *m);
+/* DSA selection of layer l in the last forward, [B*T][T] bytes (1 = key s visible to the
+** query row b*T+t; model-owned, valid until the next forward); NULL for a layer without an
+** indexer or in the dense stage. */
+const uint8_t *prl_model_dsa_selection(const prl_model *m, int layer);
 /* Logits of the last forward, [B*T][V] (model-owned). */
 const prl_real *prl_model_logits(const prl_model *m);
 /* Apply the selection-bias rule with the counts gathered since the last call, then reset
