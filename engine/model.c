@@ -1312,6 +1312,10 @@ void prl_model_update_router_bias(prl_model *m)
     const prl_config *c = &m->cfg;
     int E = c->n_routed_experts;
     if (c->bias_update_rate <= 0 || m->n_moe == 0) return;
+    if (c->dsa_freeze_main) { /* the DSA warm-up leaves the main model, biases included, as is */
+        memset(m->expert_counts, 0, (size_t)m->n_moe * E * sizeof *m->expert_counts);
+        return;
+    }
     for (int i = 0; i < m->n_moe; i++) {
         double *cnt = m->expert_counts + (size_t)i * E, total = 0, ms = 0;
         prl_real *bias = m->router_bias + (size_t)i * E;

@@ -318,6 +318,12 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o,
 /* Load config + weights into a new model (m must be zeroed/unused). Every tensor's name,
 ** shape and dtype and the checksum are validated; errors name the file and tensor. */
 prl_status prl_checkpoint_load(prl_model *m, const char *dir);
+/* Load the weights of checkpoint `dir` into an initialised model `m` whose config may add DSA
+** layers to the checkpoint's (post-hoc sparsification, docs/recipes.md): every tensor of `m`
+** must be in the file with its shape, except DSA indexer tensors, which keep their values
+** (*n_new counts them; may be NULL); a tensor of the file that `m` lacks is an error. The
+** config.json of `dir` is not read. */
+prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new);
 /* Load optimizer state saved with the same model; `o` must be initialised. state.json
 ** text is returned (malloc'd) in *state_json if non-NULL. */
 prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const char *dir,
