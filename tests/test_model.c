@@ -28,6 +28,13 @@ static const char *blocks_config =
     "{" SMALL_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [5, 9],"
     " \"param_sink_number\": 3, \"router_sliding_window\": 3}";
 
+/* blocks_config with DSA on layer 0 (2 index heads × 8, top-4): the post-hoc sparsified
+** version of a blocks_config model. */
+static const char *dsa_config =
+    "{" SMALL_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [5, 9],"
+    " \"param_sink_number\": 3, \"router_sliding_window\": 3, \"dsa_layers\": [0],"
+    " \"index_topk\": 4, \"index_n_heads\": 2, \"index_head_dim\": 8}";
+
 static char tmpdir[256];
 
 static void make_tmpdir(void)
@@ -165,6 +172,44 @@ START_TEST(test_config_errors)
 END_TEST
 
 /* ------------------------------------------------------------------ checkpoints ----- */
+
+/* Post-hoc sparsification: a full-attention checkpoint's weights go into the same model with
+** a DSA layer added; only the indexer is new. The other way round is an error naming the
+** tensor. The DSA config round-trips through config.json. */
+START_TEST(test_checkpoint_load_weights_into_dsa)
+{
+    make_tmpdir();
+    char dir[512], dir2[512];
+    snprintf(dir, sizeof dir, "%s/full", tmpdir);
+    snprintf(dir2, sizeof dir2, "%s/dsa", tmpdir);
+    prl_model full, sparse, back;
+    build_from(&full, blocks_config, 3);
+    for (int i = 0; i < full.n_moe * 4; i++) full.router_bias[i] = 0.02f * (float)i;
+    ck_assert_int_eq(prl_checkpoint_save(&full, NULL, NULL, NULL, dir), PRL_OK);
+    build_from(&sparse, dsa_config, 4);
+    const prl_param_info *ix = prl_model_find(&sparse, "model.layers.0.self_attn.indexer.wk.weight");
+    ck_assert_ptr_nonnull(ix);
+    float keep = sparse.params[ix->offset];
+    int fresh = -1;
+    ck_assert_int_eq(prl_checkpoint_load_weights(&sparse, dir, &fresh), PRL_OK);
+    ck_assert_int_eq(fresh, 4);
+    ck_assert_float_eq(sparse.params[ix->offset], keep);
+    for (int i = 0; i < full.n_tensors; i++) {
+        const prl_param_info *p = &full.tensors[i], *q = prl_model_find(&sparse, p->name);
+        ck_assert_ptr_nonnull(q);
+        ck_assert_mem_eq(full.params + p->offset, sparse.params + q->offset, p->numel * sizeof(float));
+    }
+    ck_assert_mem_eq(full.router_bias, sparse.router_bias, (size_t)full.n_moe * 4 * sizeof(float));
+    /* a sparse checkpoint does not fit the full model: its indexer is an unexpected tensor */
+    ck_assert_int_eq(prl_checkpoint_save(&sparse, NULL, NULL, NULL, dir2), PRL_OK);
+    ck_assert_int_eq(prl_checkpoint_load_weights(&full, dir2, NULL), PRL_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "indexer"));
+    ck_assert_int_eq(prl_checkpoint_load(&back, dir2), PRL_OK);
+    ck_assert_mem_eq(&back.cfg, &sparse.cfg, sizeof back.cfg);
+    ck_assert_mem_eq(back.params, sparse.params, sparse.n_params * sizeof(float));
+    prl_model_free(&back), prl_model_free(&sparse), prl_model_free(&full);
+}
+END_TEST
 
 START_TEST(test_checkpoint_round_trip)
 {
@@ -737,6 +782,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_lr_schedule_and_clipping);
     tcase_add_test(tc, test_loss_scaler_traces);
     tcase_add_test(tc, test_router_bias_rules);
+    tcase_add_test(tc, test_checkpoint_load_weights_into_dsa);
     tcase_add_test(tc, test_routes_override_and_hooks);
     tcase_add_test(tc, test_fast_exp);
     tcase_add_test(tc, test_pool_runs_each_task_once);
