@@ -346,6 +346,26 @@ static prl_status read_int_list(json_t *v, const char *key, int *out, int *n, in
     return PRL_OK;
 }
 
+/* Integer keys read by name: each present one must be in [0, 2^24]. */
+typedef struct int_key {
+    const char *key;
+    int *field;
+} int_key;
+
+static prl_status read_ints(json_t *root, const int_key *ks, int n, const char *src)
+{
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_object_get(root, ks[i].key);
+        if (!v) continue;
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || x > (1 << 24))
+            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld is out of range", src,
+                                 ks[i].key, (long long)x);
+        *ks[i].field = (int)x;
+    }
+    return PRL_OK;
+}
+
 /* SWA, parameter-sink and ModAttn keys (docs/model.md). */
 static prl_status parse_attention(prl_config *c, json_t *root, const char *src)
 {
@@ -358,18 +378,11 @@ static prl_status parse_attention(prl_config *c, json_t *root, const char *src)
         (rc = read_int_list(v, "sliding_window_list", c->sliding_window_list,
                             &c->n_sliding_window_list, PRL_MAX_LAYERS, src)))
         return rc;
-    struct { const char *key; int *field; } ints[] = {
+    int_key ints[] = {
         {"sliding_window", &c->sliding_window},
         {"param_sink_number", &c->param_sink_number},
     };
-    for (int i = 0; i < 2; i++)
-        if ((v = json_object_get(root, ints[i].key))) {
-            json_int_t x = json_integer_value(v);
-            if (x < 0 || x > (1 << 24))
-                return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld is out of range", src,
-                                     ints[i].key, (long long)x);
-            *ints[i].field = (int)x;
-        }
+    if ((rc = read_ints(root, ints, 2, src))) return rc;
     if ((v = json_object_get(root, "param_sink_with_value")))
         c->param_sink_with_value = json_is_true(v);
     if ((v = json_object_get(root, "router_sliding_window"))) {
@@ -419,19 +432,12 @@ static prl_status parse_dsa(prl_config *c, json_t *root, const char *src)
     if ((v = json_object_get(root, "dsa_layers")) &&
         (rc = read_int_list(v, "dsa_layers", c->dsa_layers, &c->n_dsa_layers, PRL_MAX_LAYERS, src)))
         return rc;
-    struct { const char *key; int *field; } ints[] = {
+    int_key ints[] = {
         {"index_topk", &c->index_topk},
         {"index_n_heads", &c->index_n_heads},
         {"index_head_dim", &c->index_head_dim},
     };
-    for (int i = 0; i < 3; i++)
-        if ((v = json_object_get(root, ints[i].key))) {
-            json_int_t x = json_integer_value(v);
-            if (x < 0 || x > (1 << 20))
-                return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld is out of range", src,
-                                     ints[i].key, (long long)x);
-            *ints[i].field = (int)x;
-        }
+    if ((rc = read_ints(root, ints, 3, src))) return rc;
     if ((v = json_object_get(root, "prl_dsa_stage"))) {
         const char *s = json_string_value(v);
         if (!strcmp(s, "sparse")) c->dsa_stage = PRL_DSA_SPARSE;
