@@ -132,7 +132,8 @@ typedef struct prl_model {
     prl_tensor_hook hook;
     void *hook_user;
     int dsa_keep_selection;  /* tests: the forward reuses the last DSA top-k selection instead
-                             ** of selecting again (gradient checks with selections frozen) */
+                             ** of selecting again (gradient checks with selections frozen);
+                             ** only after a forward of the same batch shape */
 } prl_model;
 
 /* A batch of B sequences of T positions. Positions t >= lens[b] are padding: they affect
