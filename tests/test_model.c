@@ -211,6 +211,44 @@ START_TEST(test_checkpoint_load_weights_into_dsa)
 }
 END_TEST
 
+/* The DSA warm-up with the main model frozen: an optimizer step (weight decay on, router
+** bias rate on) moves only the indexer tensors; everything else keeps its bits. */
+START_TEST(test_dsa_freeze_main_step)
+{
+    prl_model m;
+    build_from(&m, dsa_config, 6);
+    m.cfg.dsa_stage = PRL_DSA_DENSE, m.cfg.dsa_freeze_main = 1, m.cfg.bias_update_rate = 0.1;
+    float *before = malloc(m.n_params * sizeof *before);
+    memcpy(before, m.params, m.n_params * sizeof *before);
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.weight_decay = 0.1, oc.warmup_steps = 0, oc.lr = 1e-2;
+    ck_assert_int_eq(prl_optim_init(&o, &m, &oc), PRL_OK);
+    toy_batch t;
+    toy(&t, 2, 16, 3);
+    prl_forward_stats st;
+    ck_assert_int_eq(prl_model_forward(&m, &t.b, NULL, &st), PRL_OK);
+    ck_assert_double_gt(st.index_loss, 0);
+    prl_model_zero_grad(&m);
+    ck_assert_int_eq(prl_model_backward(&m, &t.b), PRL_OK);
+    ck_assert_int_eq(prl_optim_step(&o, &m, NULL), PRL_OK);
+    prl_model_update_router_bias(&m);
+    int moved = 0;
+    for (int i = 0; i < m.n_tensors; i++) {
+        const prl_param_info *p = &m.tensors[i];
+        int same = !memcmp(before + p->offset, m.params + p->offset, p->numel * sizeof(float));
+        if (p->kind == PRL_PARAM_INDEXER) moved += !same;
+        else ck_assert_msg(same, "%s moved while frozen", p->name);
+    }
+    ck_assert_int_eq(moved, 4);
+    for (int i = 0; i < m.n_moe * 4; i++) ck_assert_float_eq(m.router_bias[i], 0);
+    prl_optim_free(&o);
+    free(before);
+    prl_model_free(&m);
+}
+END_TEST
+
 START_TEST(test_checkpoint_round_trip)
 {
     make_tmpdir();
@@ -783,6 +821,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_loss_scaler_traces);
     tcase_add_test(tc, test_router_bias_rules);
     tcase_add_test(tc, test_checkpoint_load_weights_into_dsa);
+    tcase_add_test(tc, test_dsa_freeze_main_step);
     tcase_add_test(tc, test_routes_override_and_hooks);
     tcase_add_test(tc, test_fast_exp);
     tcase_add_test(tc, test_pool_runs_each_task_once);
