@@ -110,6 +110,7 @@ int cmd_role_rollout(int argc, char **argv);
 int cmd_role_reward(int argc, char **argv);
 int cmd_role_trainer(int argc, char **argv);
 int cmd_role_sandbox(int argc, char **argv);
+int cmd_role_teacher(int argc, char **argv);
 /* The controller's exit code when the run failed for good (the launcher does not restart it). */
 enum { CLI_RUN_FAILED = 4 };
 /* runs/NAME/job.json into out[n]. */

@@ -12,6 +12,7 @@ static const cli_command roles[] = {
     {"trainer", cmd_role_trainer, "GRPO updates; writes and announces policy versions"},
     {"rollout", cmd_role_rollout, "generates samples with the infer path"},
     {"reward", cmd_role_reward, "scores samples with the domain verifiers"},
+    {"teacher", cmd_role_teacher, "OPD: scores student samples with one domain expert at a time"},
     {"sandbox", cmd_role_sandbox, "runs programs for rollout and reward workers (--bind ENDPOINT)"},
 };
 enum { N_ROLES = sizeof roles / sizeof roles[0] };

@@ -11,6 +11,7 @@
 */
 #include "cli/cli.h"
 #include "controller/controller.h"
+#include "opd/opd.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -23,7 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { MAX_CHILDREN = 136, MAX_SETS = 64, RESTARTS_PER_MINUTE = 10 };
+enum { MAX_CHILDREN = 152, MAX_SETS = 64, RESTARTS_PER_MINUTE = 10 };
 
 typedef struct child {
     char name[64];
@@ -253,7 +254,7 @@ static prl_status check_inputs(const prl_job_config *job)
     snprintf(p, sizeof p, "%s/tokenizer.json", job->init);
     if (stat(p, &sb))
         return prl_error_set(PRL_ERR_CONFIG, "model.init: %s has no tokenizer.json", job->init);
-    return PRL_OK;
+    return prl_opd_check_teachers(job); /* OPD: every teacher exists and fits the student */
 }
 
 /* Threads of the trainer and of each rollout worker: the job's trainer.threads and
@@ -277,6 +278,15 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
         snprintf(name, sizeof name, "rollout-%d", i);
         const char *a[] = {"role", "rollout", "--connect", L->control_ep, "--name", name,
                            "--threads", rth, "--sandbox", L->sandbox_ep, NULL};
+        add_child(L, name, a);
+    }
+    char tth[16]; /* OPD: the teacher pool (docs/opd.md) */
+    snprintf(tth, sizeof tth, "%d", job->teacher_threads ? job->teacher_threads : threads);
+    for (int i = 0; job->opd_enabled && i < job->teacher_workers; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "teacher-%d", i);
+        const char *a[] = {"role", "teacher", "--connect", L->control_ep, "--name", name,
+                           "--threads", tth, NULL};
         add_child(L, name, a);
     }
     for (int i = 0; i < job->reward_workers; i++) {
@@ -321,7 +331,8 @@ int cmd_run(int argc, char **argv)
     const char *pos[1];
     int n_pos = 0;
     int pr = cli_parse(argc, argv, 2, opts, "prl run CONFIG [--set KEY=VALUE ...] | prl run --resume DIR",
-                       "Train a GRPO expert: the controller, trainer, rollout and reward workers as "
+                       "Train a GRPO expert (or distil the experts into one policy with opd.enabled, "
+                       "docs/opd.md): the controller, trainer, rollout, reward (and teacher) workers as "
                        "separate processes over ZeroMQ, every sample in DIR/run.db "
                        "(docs/pipeline.md, docs/job.md).", pos, 1, &n_pos);
     if (pr) return pr == CLI_HELP ? 0 : 2;
@@ -370,10 +381,17 @@ int cmd_run(int argc, char **argv)
         return cli_fail("run");
     }
     build_roles(&L, &job, threads);
-    fprintf(stderr, "prl run: %s: %s expert, %d steps of %d prompts x %d samples, %s mode; "
-                    "%d rollout + %d reward workers, trainer, sandbox; logs in %s/logs/\n",
-            run_dir, job.domain, job.steps, job.batch_prompts, job.group_size, job.mode,
-            job.rollout_workers, job.reward_workers, run_dir);
+    if (job.opd_enabled)
+        fprintf(stderr, "prl run: %s: on-policy distillation (%s prompts), %d steps of %d prompts "
+                        "x %d samples, %s mode; %d rollout + %d reward + %d teacher workers, "
+                        "trainer, sandbox; logs in %s/logs/\n", run_dir, job.domain, job.steps,
+                job.batch_prompts, job.group_size, job.mode, job.rollout_workers,
+                job.reward_workers, job.teacher_workers, run_dir);
+    else
+        fprintf(stderr, "prl run: %s: %s expert, %d steps of %d prompts x %d samples, %s mode; "
+                        "%d rollout + %d reward workers, trainer, sandbox; logs in %s/logs/\n",
+                run_dir, job.domain, job.steps, job.batch_prompts, job.group_size, job.mode,
+                job.rollout_workers, job.reward_workers, run_dir);
     prl_job_config_free(&job);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

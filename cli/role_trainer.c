@@ -10,6 +10,7 @@
 */
 #include "cli/cli.h"
 #include "grpo/grpo.h"
+#include "opd/opd.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,37 @@ static prl_status load_version(trainer *t, int64_t v, const char *path)
     return PRL_OK;
 }
 
+/* The step's metrics JSON (malloc'd): grpo's, plus the OPD keys with opd.enabled. */
+static char *step_metrics(const prl_grpo_step_stats *st, const prl_opd_stats *ost, int opd)
+{
+    char *text = prl_grpo_step_stats_to_json(st);
+    if (!text || !opd) return text;
+    json_error_t je;
+    json_t *o = json_loads(text, 0, &je);
+    free(text);
+    if (!o) return NULL;
+    prl_opd_stats_json(o, ost);
+    text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return text;
+}
+
+/* One step: GRPO, or with opd.enabled the OPD step on the teacher frames of `m`. */
+static prl_status run_step(trainer *t, const prl_bus_msg *m, const prl_grpo_batch *b,
+                           const prl_grpo_train_config *tc, prl_grpo_step_stats *st,
+                           prl_opd_stats *ost)
+{
+    if (!t->role.job.opd_enabled) return prl_grpo_train_step(&t->model, &t->optim, b, tc, st);
+    prl_opd_config oc;
+    prl_opd_batch ob;
+    prl_status rc = prl_opd_config_from_job(&oc, &t->role.job);
+    if (!rc) rc = prl_opd_batch_from_msg(&ob, b, m);
+    if (rc) return rc;
+    rc = prl_opd_train_step(&t->model, &t->optim, b, &ob, &oc, tc, st, ost);
+    prl_opd_batch_free(&ob);
+    return rc;
+}
+
 static prl_status train(trainer *t, const prl_bus_msg *m)
 {
     double t0 = prl_now();
@@ -75,8 +107,9 @@ static prl_status train(trainer *t, const prl_bus_msg *m)
     }
     if (!rc && tc.kl_coef > 0) tc.ref = &t->ref;
     prl_grpo_step_stats st;
-    memset(&st, 0, sizeof st);
-    if (!rc && b.n > 0) rc = prl_grpo_train_step(&t->model, &t->optim, &b, &tc, &st);
+    prl_opd_stats ost;
+    memset(&st, 0, sizeof st), memset(&ost, 0, sizeof ost);
+    if (!rc && b.n > 0) rc = run_step(t, m, &b, &tc, &st, &ost);
     prl_grpo_batch_free(&b);
     char dir[1200], state[400];
     snprintf(dir, sizeof dir, "%s/ckpt/v%06llu", t->role.run_dir, (unsigned long long)ver + 1);
@@ -90,7 +123,7 @@ static prl_status train(trainer *t, const prl_bus_msg *m)
     t->version = (int64_t)ver + 1;
     snprintf(t->path, sizeof t->path, "%s", dir);
     uint64_t sum = prl_checksum64(t->model.params, t->model.n_params * sizeof *t->model.params, 0);
-    char *metrics = prl_grpo_step_stats_to_json(&st);
+    char *metrics = step_metrics(&st, &ost, t->role.job.opd_enabled);
     prl_bus_msg out;
     rc = metrics ? prl_bus_msg_init(&out, "trained", t->role.run, ++t->role.next_id)
                  : prl_error_set(PRL_ERR_NOMEM, "metrics");
@@ -124,7 +157,7 @@ int cmd_role_trainer(int argc, char **argv)
         {"allow-remote", OPT_FLAG, &remote, NULL, "allow a non-loopback tcp:// endpoint", 0, 0},
         {0}};
     int pr = cli_parse(argc, argv, 3, opts, "prl role trainer --connect ENDPOINT [options]",
-                       "The trainer: GRPO updates of each step's samples; writes and announces "
+                       "The trainer: GRPO (or OPD) updates of each step's samples; writes and announces "
                        "policy versions (docs/pipeline.md).", NULL, 0, NULL);
     if (pr) return pr == CLI_HELP ? 0 : 2;
     if (cli_setup_blas("role trainer", threads)) return 1;

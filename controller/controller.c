@@ -16,6 +16,7 @@
 
 #include "bus/bus.h"
 #include "grpo/grpo.h"
+#include "opd/opd.h"
 #include "reward/reward.h"
 #include "store/store.h"
 #include "tasks/tasks.h"
@@ -37,9 +38,11 @@ typedef struct worker {
     prl_bus_peer peer;
     double seen;          /* last message or heartbeat */
     uint64_t lease;       /* lease held (0: idle) */
+    int holds;            /* teacher: 1 + the teacher index last leased to it (0: none) */
 } worker;
 
-typedef enum lease_kind { LEASE_ROLLOUT = 1, LEASE_SCORE = 2, LEASE_TRAIN = 3 } lease_kind;
+typedef enum lease_kind { LEASE_ROLLOUT = 1, LEASE_SCORE = 2, LEASE_TRAIN = 3,
+                          LEASE_TEACH = 4 /* group = the teacher index */ } lease_kind;
 
 typedef struct lease {
     uint64_t id;
@@ -70,6 +73,7 @@ typedef struct slot {     /* one sample */
     unsigned flags;
     int failures;         /* scoring attempts that ended in an error or a rejected answer */
     int truncated;        /* the episode's last turn was cut off (the verifier pays nothing) */
+    float *teacher_lp;    /* OPD: [n - prompt_len] the teacher's log-probs (NULL: not taught) */
 } slot;
 
 typedef struct group {
@@ -79,6 +83,7 @@ typedef struct group {
     int generated, scored;
     int verdict;          /* 0 pending, 1 trained on, -1 dropped (equal rewards) */
     int failures;         /* rollout attempts that ended in an error or a rejected result */
+    int teacher;          /* OPD: the teacher index of the prompt's domain (-1: none) */
     slot *s;              /* [G] */
 } group;
 
@@ -92,6 +97,14 @@ typedef struct step_run {
     int train_failures;
     double t_open, t_leased, t_rolled, t_scored, t_train; /* t_leased: first rollout lease */
     double gen_tokens, gen_seconds, score_seconds;
+    /* OPD (docs/opd.md): one teach lease per teacher with samples, in key order */
+    uint64_t teach_lease[PRL_OPD_TEACHERS];
+    int taught[PRL_OPD_TEACHERS], teach_failures[PRL_OPD_TEACHERS];
+    int teach_loads[PRL_OPD_TEACHERS];             /* experts loaded for the step's items */
+    double teach_load_s[PRL_OPD_TEACHERS], teach_s[PRL_OPD_TEACHERS];
+    uint64_t teach_rss_kb[PRL_OPD_TEACHERS];       /* VmHWM of the process that taught it */
+    uint64_t proc_rss_kb[MAX_WORKERS];             /* per worker: VmHWM of its last answer */
+    double t_taught;
 } step_run;
 
 typedef struct ctl {
@@ -169,7 +182,7 @@ static void event(ctl *c, const char *kind, const char *fmt, ...)
 static void slot_free(slot *s)
 {
     free(s->tokens), free(s->logprobs), free(s->mask), free(s->routes), free(s->turns);
-    free(s->detail);
+    free(s->detail), free(s->teacher_lp);
     memset(s, 0, sizeof *s);
 }
 
@@ -249,7 +262,8 @@ static void lease_requeue(ctl *c, lease *l, const char *why)
     if (r && l->kind == LEASE_SCORE && l->group < r->n && r->g[l->group].s[l->sample].score_lease == l->id)
         r->g[l->group].s[l->sample].score_lease = 0;
     if (r && l->kind == LEASE_TRAIN && r->train_lease == l->id) r->train_lease = 0;
-    static const char *kinds[] = {"", "rollout", "score", "train"};
+    if (r && l->kind == LEASE_TEACH && r->teach_lease[l->group] == l->id) r->teach_lease[l->group] = 0;
+    static const char *kinds[] = {"", "rollout", "score", "train", "teach"};
     logf_("lease %llu (%s, step %lld) handed out again: %s", (unsigned long long)l->id,
           kinds[l->kind], (long long)l->step, why);
     event(c, "requeue", "{\"lease\": %llu, \"kind\": \"%s\", \"step\": %lld, \"worker\": \"%s\", "
@@ -277,8 +291,8 @@ static void lease_failed(ctl *c, lease *l, const char *why)
     lease_kind kind = l->kind;
     int gi = l->group, j = l->sample;
     lease_requeue(c, l, why);
-    if (!r || gi >= r->n) return;
-    group *g = &r->g[gi];
+    if (!r || (kind != LEASE_TEACH && gi >= r->n)) return;
+    group *g = kind == LEASE_TEACH ? NULL : &r->g[gi];
     if (kind == LEASE_SCORE && ++g->s[j].failures >= MAX_ATTEMPTS) {
         event(c, "score_failed", "{\"step\": %lld, \"prompt\": \"%s\", \"sample\": %d}",
               (long long)r->step, c->task_id[g->prompt], j);
@@ -287,6 +301,11 @@ static void lease_failed(ctl *c, lease *l, const char *why)
         c->failed = 1;
         c->fatal = prl_error_set(PRL_ERR_IO, "the rollout of prompt %s (step %lld) failed %d times: %s",
                                  c->task_id[g->prompt], (long long)r->step, g->failures, why);
+    } else if (kind == LEASE_TEACH && ++r->teach_failures[gi] >= MAX_ATTEMPTS) {
+        c->failed = 1;
+        c->fatal = prl_error_set(PRL_ERR_IO, "teacher %s of step %lld failed %d times: %s",
+                                 prl_opd_teacher_key(gi), (long long)r->step,
+                                 r->teach_failures[gi], why);
     } else if (kind == LEASE_TRAIN && ++r->train_failures >= MAX_ATTEMPTS) {
         c->failed = 1;
         c->fatal = prl_error_set(PRL_ERR_IO, "training step %lld failed %d times: %s",
@@ -364,29 +383,36 @@ static prl_status collect_task(void *user, json_t *line)
     return PRL_OK;
 }
 
-/* The train split of the job's domain, recorded in run.db (idempotent on resume). */
+/* The train split of the job's domain — of each of the four with task.domain = mixed
+** (train_problems each, in prl_task_domain order) — recorded in run.db (idempotent on resume). */
 static prl_status load_tasks(ctl *c)
 {
     const prl_job_config *j = c->job;
-    prl_tasks_config tc;
-    prl_task_domain d;
-    prl_status rc = prl_tasks_domain_parse(j->domain, &d);
+    int mixed = !strcmp(j->domain, "mixed"), nd = mixed ? PRL_TASK_N_DOMAINS : 1;
+    prl_task_domain d = PRL_TASK_REASONING;
+    prl_status rc = mixed ? PRL_OK : prl_tasks_domain_parse(j->domain, &d);
     if (rc) return rc;
-    prl_tasks_config_default(&tc, d);
-    tc.split = PRL_SPLIT_TRAIN, tc.n = j->train_problems, tc.seed = j->seed;
-    tc.difficulty = j->difficulty;
-    c->task = calloc((size_t)tc.n, sizeof *c->task);
-    c->task_text = calloc((size_t)tc.n, sizeof *c->task_text);
-    c->task_id = calloc((size_t)tc.n, sizeof *c->task_id);
-    c->retired = calloc((size_t)tc.n, 1);
-    c->perm = calloc((size_t)tc.n, sizeof *c->perm);
+    size_t n = (size_t)j->train_problems * (size_t)nd;
+    c->task = calloc(n, sizeof *c->task);
+    c->task_text = calloc(n, sizeof *c->task_text);
+    c->task_id = calloc(n, sizeof *c->task_id);
+    c->retired = calloc(n, 1);
+    c->perm = calloc(n, sizeof *c->perm);
     if (!c->task || !c->task_text || !c->task_id || !c->retired || !c->perm)
-        return prl_error_set(PRL_ERR_NOMEM, "%d tasks", tc.n);
-    if ((rc = prl_tasks_generate(&tc, collect_task, c))) return rc;
+        return prl_error_set(PRL_ERR_NOMEM, "%zu tasks", n);
+    for (int k = 0; k < nd && !rc; k++) {
+        prl_tasks_config tc;
+        prl_tasks_config_default(&tc, mixed ? (prl_task_domain)k : d);
+        tc.split = PRL_SPLIT_TRAIN, tc.n = j->train_problems, tc.seed = j->seed;
+        tc.difficulty = j->difficulty;
+        rc = prl_tasks_generate(&tc, collect_task, c);
+    }
+    if (rc) return rc;
     if ((rc = prl_store_begin(c->db))) return rc;
     for (int i = 0; i < c->n_tasks && !rc; i++) {
         json_t *dj = json_object_get(c->task[i], "difficulty");
-        prl_store_prompt p = {.run = c->run, .prompt_id = c->task_id[i], .domain = j->domain,
+        const char *dom = json_string_value(json_object_get(c->task[i], "domain"));
+        prl_store_prompt p = {.run = c->run, .prompt_id = c->task_id[i], .domain = dom ? dom : j->domain,
                               .split = "train", .task = c->task_text[i],
                               .difficulty = (int)json_integer_value(dj)};
         rc = prl_store_prompt_put(c->db, &p);
@@ -477,7 +503,10 @@ static prl_status group_add(ctl *c, step_run *r, int prompt, int64_t epoch)
         r->g = g, r->cap = cap;
     }
     group *g = &r->g[r->n];
-    *g = (group){.prompt = prompt, .epoch = epoch, .s = calloc((size_t)c->G, sizeof(slot))};
+    *g = (group){.prompt = prompt, .epoch = epoch, .s = calloc((size_t)c->G, sizeof(slot)),
+                 .teacher = -1};
+    if (c->job->opd_enabled) /* the teacher of the prompt's domain (every one is configured) */
+        g->teacher = prl_opd_teacher_index(json_string_value(json_object_get(c->task[prompt], "domain")));
     if (!g->s) return prl_error_set(PRL_ERR_NOMEM, "group of %d samples", c->G);
     r->n++;
     return PRL_OK;
@@ -728,6 +757,166 @@ static prl_status train_routes(ctl *c, step_run *r, prl_grpo_batch *b)
     return PRL_OK;
 }
 
+/* ---------------------------------------------------------------- OPD teachers ----- */
+/* docs/opd.md: once a step is rolled out, each teacher's trained samples go to the teacher
+** pool as one `teach` item per teacher, handed out in key order (rl.md §5.3); a teacher
+** process holding that expert is preferred, so experts are loaded as rarely as possible and
+** never two in one process. The step trains when every teacher has answered. */
+
+/* The samples of teacher k that the step trains on, in the order of build_train; calls
+** fn for each. Returns their count. */
+static int teacher_samples(const ctl *c, const step_run *r, int k,
+                           void (*fn)(void *u, slot *s), void *u)
+{
+    int n = 0;
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; r->g[i].verdict == 1 && r->g[i].teacher == k && j < c->G; j++) {
+            slot *s = &r->g[i].s[j];
+            if (!sample_fresh(c, r, s)) continue;
+            n++;
+            if (fn) fn(u, s);
+        }
+    return n;
+}
+
+typedef struct teach_pack {
+    prl_grpo_batch *b;
+    int k;
+    size_t at, rat;
+} teach_pack;
+
+static void pack_one(void *u, slot *s)
+{
+    teach_pack *p = u;
+    int nr = s->n - s->prompt_len;
+    p->b->offsets[p->k] = (int32_t)p->at, p->b->prompt_lens[p->k] = s->prompt_len;
+    memcpy(p->b->tokens + p->at, s->tokens, (size_t)s->n * sizeof *s->tokens);
+    memcpy(p->b->mask + p->rat, s->mask, (size_t)nr);
+    p->at += (size_t)s->n, p->rat += (size_t)nr, p->k++;
+}
+
+static void count_one(void *u, slot *s)
+{
+    size_t *n = u;
+    n[0] += (size_t)s->n, n[1] += (size_t)(s->n - s->prompt_len);
+}
+
+static prl_status build_teach(ctl *c, step_run *r, int k, prl_bus_msg *m, uint64_t lease_id)
+{
+    size_t n[2] = {0, 0};
+    int cnt = teacher_samples(c, r, k, count_one, n);
+    prl_grpo_batch b;
+    prl_status rc = prl_grpo_batch_init(&b, cnt, n[0], n[1]);
+    teach_pack p = {.b = &b};
+    if (!rc) teacher_samples(c, r, k, pack_one, &p);
+    if (!rc) b.offsets[cnt] = (int32_t)p.at;
+    if (!rc) rc = prl_bus_msg_init(m, "teach", c->job->name, ++c->next_id);
+    if (!rc) rc = prl_bus_msg_set_uint(m, "lease", lease_id);
+    if (!rc) rc = prl_bus_msg_set_uint(m, "step", (uint64_t)r->step);
+    if (!rc) rc = prl_bus_msg_set_str(m, "teacher", prl_opd_teacher_key(k));
+    if (!rc) rc = prl_bus_msg_set_str(m, "path", c->job->opd_teachers[k]);
+    if (!rc) rc = prl_opd_teach_to_msg(&b, m);
+    prl_grpo_batch_free(&b);
+    return rc;
+}
+
+static prl_status lease_teach(ctl *c, step_run *r, int k, worker *w)
+{
+    lease *l = NULL;
+    prl_status rc = lease_new(c, LEASE_TEACH, r->step, k, 0, w, &l);
+    if (rc) return rc;
+    r->teach_lease[k] = l->id;
+    w->holds = k + 1;
+    prl_bus_msg m;
+    memset(&m, 0, sizeof m); /* freed on error even if build_teach failed before its init */
+    if ((rc = build_teach(c, r, k, &m, l->id))) {
+        prl_bus_msg_free(&m);
+        return rc;
+    }
+    if (send_msg(c, w, &m)) lease_requeue(c, l, "send failed");
+    return PRL_OK;
+}
+
+/* An idle teacher process, preferring one that holds teacher k. */
+static worker *idle_teacher(ctl *c, int k)
+{
+    for (int i = 0; i < c->nw; i++)
+        if (!c->w[i].lease && c->w[i].peer.len && !strcmp(c->w[i].role, "teacher") &&
+            c->w[i].holds == k + 1)
+            return &c->w[i];
+    return idle_worker(c, "teacher");
+}
+
+/* Hand out the teach items of a rolled-out step, in key order; 1 when every teacher has
+** answered (or the job has no teachers). */
+static int step_taught(ctl *c, step_run *r, prl_status *rc)
+{
+    if (!c->job->opd_enabled) return 1;
+    int done = 1;
+    for (int k = 0; k < PRL_OPD_TEACHERS && !*rc; k++) {
+        if (r->taught[k]) continue;
+        if (!teacher_samples(c, r, k, NULL, NULL)) {
+            r->taught[k] = 1;
+            continue;
+        }
+        done = 0;
+        if (r->teach_lease[k]) continue;
+        worker *w = idle_teacher(c, k);
+        if (w) *rc = lease_teach(c, r, k, w);
+    }
+    if (done && !r->t_taught) r->t_taught = prl_now();
+    return done;
+}
+
+/* The teacher frames of `train`: each sample's teacher log-probs and teacher index. */
+static prl_status train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, prl_bus_msg *m)
+{
+    prl_opd_batch ob;
+    prl_status rc = prl_opd_batch_init(&ob, b->n, b->n_response);
+    size_t at = 0;
+    int k = 0;
+    for (int i = 0; i < r->n && !rc; i++)
+        for (int j = 0; r->g[i].verdict == 1 && j < c->G && !rc; j++) {
+            const slot *s = &r->g[i].s[j];
+            if (!sample_fresh(c, r, s)) continue;
+            int nr = s->n - s->prompt_len;
+            if (!s->teacher_lp)
+                rc = prl_error_set(PRL_ERR_ARG, "step %lld: sample %d has no teacher log-probs",
+                                   (long long)r->step, k);
+            else memcpy(ob.teacher_lp + at, s->teacher_lp, (size_t)nr * sizeof *ob.teacher_lp);
+            ob.teacher[k++] = r->g[i].teacher;
+            at += (size_t)nr;
+        }
+    if (!rc) rc = prl_opd_batch_to_msg(&ob, m);
+    prl_opd_batch_free(&ob);
+    return rc;
+}
+
+/* The step's teacher metrics (JSON object text into out[n]): per teacher its samples' load
+** and scoring time, loads and the peak RSS of the process that taught it; per teacher
+** process that answered, its peak RSS. */
+static void teach_metrics(const ctl *c, const step_run *r, char *out, size_t n)
+{
+    size_t k = (size_t)snprintf(out, n, "{");
+    uint64_t peak = 0;
+    for (int t = 0; t < PRL_OPD_TEACHERS && k < n; t++) {
+        if (!r->teach_rss_kb[t]) continue;
+        peak = r->teach_rss_kb[t] > peak ? r->teach_rss_kb[t] : peak;
+        k += (size_t)snprintf(out + k, n - k, "%s\"%s\": {\"load_s\": %.3f, \"teach_s\": %.3f, "
+                              "\"loads\": %d, \"peak_rss_kb\": %llu}", k > 1 ? ", " : "",
+                              prl_opd_teacher_key(t), r->teach_load_s[t], r->teach_s[t],
+                              r->teach_loads[t], (unsigned long long)r->teach_rss_kb[t]);
+    }
+    if (k < n) k += (size_t)snprintf(out + k, n - k, "%s\"processes\": {", k > 1 ? ", " : "");
+    for (int i = 0, first = 1; i < c->nw && k < n; i++) {
+        if (!r->proc_rss_kb[i]) continue;
+        k += (size_t)snprintf(out + k, n - k, "%s\"%s\": %llu", first ? "" : ", ", c->w[i].name,
+                              (unsigned long long)r->proc_rss_kb[i]);
+        first = 0;
+    }
+    if (k < n) snprintf(out + k, n - k, "}, \"peak_rss_kb\": %llu}", (unsigned long long)peak);
+}
+
 /* Pack a step's kept, fresh samples into a `train` message (docs/pipeline.md). */
 static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t lease_id)
 {
@@ -763,6 +952,7 @@ static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t leas
     if (!rc) rc = prl_bus_msg_set_uint(m, "policy_version", (uint64_t)c->version);
     if (!rc) rc = prl_bus_msg_set_str(m, "path", c->version_path);
     if (!rc) rc = prl_grpo_batch_to_msg(&b, m);
+    if (!rc && c->job->opd_enabled) rc = train_teachers(c, r, &b, m);
     prl_grpo_batch_free(&b);
     return rc;
 }
@@ -813,6 +1003,7 @@ static prl_status schedule(ctl *c)
                 if (!w) break;
                 rc = lease_score(c, r, gi, j, w);
             }
+        if (!rc && !r->train_lease && step_rolled(c, r) && !step_taught(c, r, &rc)) continue;
         if (!rc && !r->train_lease && r->step == c->version && step_rolled(c, r)) {
             if (!trainable(c, r)) { /* every group dropped or stale: the policy stays */
                 logf_("step %lld has no trainable sample: version %lld keeps the weights",
@@ -858,8 +1049,9 @@ static void on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from, uin
         send_error(c, from, id, "hello needs role and worker");
         return;
     }
-    if (strcmp(role, "rollout") && strcmp(role, "reward") && strcmp(role, "trainer")) {
-        send_error(c, from, id, "unknown role '%s' (rollout, reward or trainer)", role);
+    if (strcmp(role, "rollout") && strcmp(role, "reward") && strcmp(role, "trainer") &&
+        strcmp(role, "teacher")) {
+        send_error(c, from, id, "unknown role '%s' (rollout, reward, trainer or teacher)", role);
         return;
     }
     if (from->len != strlen(name) || memcmp(from->id, name, from->len)) {
@@ -884,7 +1076,7 @@ static void on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from, uin
     snprintf(w->role, sizeof w->role, "%s", role);
     w->peer = *from;
     w->seen = prl_now();
-    w->lease = 0;
+    w->lease = 0, w->holds = 0;
     send_welcome(c, w);
 }
 
@@ -1195,6 +1387,12 @@ static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, doubl
     ** overlap, so this is less than step_s) */
     double interval_s = now - (c->t_last_commit ? c->t_last_commit : c->t_start);
     c->t_last_commit = now;
+    char teachers[2400] = "", tm[2048];
+    if (c->job->opd_enabled) { /* OPD: the teacher stage (last score → last teacher answer) */
+        teach_metrics(c, r, tm, sizeof tm);
+        snprintf(teachers, sizeof teachers, "\"teach_s\": %.3f, \"teachers\": %s, ",
+                 r->t_taught && r->t_scored ? r->t_taught - r->t_scored : 0, tm);
+    }
     *st = (prl_store_step){.run = c->run, .step = r->step,
                            .reward_mean = samples ? rsum / samples : 0,
                            .accuracy = samples ? (double)solved / samples : 0,
@@ -1206,11 +1404,11 @@ static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, doubl
              "\"truncated_share\": %.4f, \"rollout_s\": %.3f, \"rollout_wait_s\": %.3f, "
              "\"score_tail_s\": %.3f, \"train_s\": %.3f, "
              "\"step_s\": %.3f, \"interval_s\": %.3f, \"reward_busy_s\": %.3f, \"tokens_per_s\": %.1f, "
-             "\"cursor_end\": %lld, \"version\": %lld, \"trainer\": %s}",
+             "\"cursor_end\": %lld, \"version\": %lld, %s\"trainer\": %s}",
              samples, r->n, r->accepted, r->dropped, stale, st->reward_mean, st->accuracy, tok,
              samples ? trunc / samples : 0, rollout_s, wait_s, score_s, train_s, step_s, interval_s,
              r->score_seconds, st->tokens_per_s,
-             (long long)c->cursor, (long long)c->version, trainer_metrics);
+             (long long)c->cursor, (long long)c->version, teachers, trainer_metrics);
 }
 
 static void progress_line(ctl *c, const prl_store_step *st, const char *metrics, step_run *r)
@@ -1222,6 +1420,9 @@ static void progress_line(ctl *c, const prl_store_step *st, const char *metrics,
     double train = json_number_value(json_object_get(mj, "train_s"));
     double interval = json_number_value(json_object_get(mj, "interval_s"));
     int stale = (int)json_integer_value(json_object_get(mj, "stale"));
+    json_t *kl = json_object_get(json_object_get(mj, "trainer"), "opd_teacher_kl");
+    char opd[48] = ""; /* OPD: the reverse KL student→teacher of the step's tokens */
+    if (json_is_number(kl)) snprintf(opd, sizeof opd, " | KL %.4f", json_number_value(kl));
     json_decref(mj);
     c->interval_sum += interval, c->intervals++;
     if (!c->o->progress) return;
@@ -1230,9 +1431,10 @@ static void progress_line(ctl *c, const prl_store_step *st, const char *metrics,
     prl_format_duration(eta, sizeof eta, (c->job->steps - c->version) * c->interval_sum / c->intervals);
     fprintf(c->o->progress,
             "step %lld/%d  v%lld | reward %.3f  acc %5.1f%% | %6.0f tok/s | rollout %.1fs  score %.1fs  "
-            "train %.1fs | step %.1fs | stale %d  dropped %d | %s, eta %s\n",
+            "train %.1fs | step %.1fs | stale %d  dropped %d%s | %s, eta %s\n",
             (long long)r->step + 1, c->job->steps, (long long)c->version, st->reward_mean,
-            100 * st->accuracy, st->tokens_per_s, roll, tail, train, interval, stale, r->dropped, el, eta);
+            100 * st->accuracy, st->tokens_per_s, roll, tail, train, interval, stale, r->dropped,
+            opd, el, eta);
     fflush(c->o->progress);
 }
 
@@ -1279,6 +1481,83 @@ static void routing_alarm(ctl *c, int64_t step, json_t *metrics)
     event(c, "routing_collapse", "{\"step\": %lld, \"route_entropy\": %s, \"alarm_fraction\": %g}",
           (long long)step, h ? h : "null", c->job->replay_entropy_alarm);
     free(h);
+}
+
+/* A teacher answered its `teach` item (docs/opd.md): the log-probs go to the samples. */
+typedef struct teach_take {
+    const float *lp;
+    size_t at;
+    int bad;
+} teach_take;
+
+static void take_one(void *u, slot *s)
+{
+    teach_take *t = u;
+    int nr = s->n - s->prompt_len;
+    free(s->teacher_lp);
+    s->teacher_lp = malloc((size_t)(nr ? nr : 1) * sizeof *s->teacher_lp);
+    if (!s->teacher_lp) {
+        t->bad = 1;
+        return;
+    }
+    memcpy(s->teacher_lp, t->lp + t->at, (size_t)nr * sizeof *s->teacher_lp);
+    t->at += (size_t)nr;
+}
+
+/* The teacher log-probs of the loss tokens: finite and <= 0; -1 when all are. */
+static long first_bad_teacher_lp(const ctl *c, const step_run *r, int k, const float *lp)
+{
+    size_t at = 0;
+    for (int i = 0; i < r->n; i++)
+        for (int j = 0; r->g[i].verdict == 1 && r->g[i].teacher == k && j < c->G; j++) {
+            const slot *s = &r->g[i].s[j];
+            if (!sample_fresh(c, r, s)) continue;
+            for (int t = 0; t < s->n - s->prompt_len; t++, at++)
+                if (s->mask[t] && !(isfinite(lp[at]) && lp[at] <= 0)) return (long)at;
+        }
+    return -1;
+}
+
+static void on_taught(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
+{
+    int bad = 0;
+    uint64_t lid = field_u(m, "lease", &bad), step = field_u(m, "step", &bad);
+    uint64_t load_us = field_u(m, "load_us", &bad), teach_us = field_u(m, "teach_us", &bad);
+    uint64_t rss = field_u(m, "peak_rss_kb", &bad), loaded = field_u(m, "loaded", &bad);
+    const char *key = NULL;
+    bad |= prl_bus_msg_get_str(m, "teacher", &key) != PRL_OK;
+    int k = bad ? -1 : prl_opd_teacher_index(key);
+    step_run *r = k < 0 ? NULL : step_find(c, (int64_t)step);
+    lease *l = r && r->teach_lease[k] == lid ? lease_find(c, lid) : NULL;
+    if (!l || l->kind != LEASE_TEACH || &c->w[l->worker] != w) {
+        send_error(c, &w->peer, id, "taught: lease %llu (step %llu, teacher %s) is not %s's teach "
+                   "lease in flight", (unsigned long long)lid, (unsigned long long)step,
+                   key ? key : "?", w->name);
+        return;
+    }
+    size_t n[2] = {0, 0};
+    teacher_samples(c, r, k, count_one, n);
+    const prl_bus_frame *lp = frame_of(m, "logprobs", PRL_BUS_F32, n[1], 1);
+    long badi = lp ? first_bad_teacher_lp(c, r, k, lp->data) : -1;
+    if (!lp || badi >= 0) {
+        REJECT_HELD(c, w, l, id, "taught: %s", !lp ? "frame 'logprobs' must hold one f32 per "
+                    "response token of the item" : "a loss token's log-prob is not finite and <= 0");
+        return;
+    }
+    teach_take t = {.lp = lp->data};
+    teacher_samples(c, r, k, take_one, &t);
+    if (t.bad) {
+        logf_("out of memory for teacher log-probs");
+        lease_requeue(c, l, "out of memory");
+        return;
+    }
+    r->taught[k] = 1;
+    r->teach_loads[k] += (int)(loaded != 0);
+    r->teach_load_s[k] += 1e-6 * (double)load_us, r->teach_s[k] += 1e-6 * (double)teach_us;
+    r->teach_rss_kb[k] = rss;
+    r->proc_rss_kb[w - c->w] = rss;
+    lease_end(c, lid);
+    r->teach_lease[k] = 0;
 }
 
 static void on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
@@ -1345,6 +1624,7 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
     if (!strcmp(m->type, "result") && !strcmp(w->role, "rollout")) on_result(c, w, m, id);
     else if (!strcmp(m->type, "scored") && !strcmp(w->role, "reward")) on_scored(c, w, m, id);
     else if (!strcmp(m->type, "trained") && !strcmp(w->role, "trainer")) on_trained(c, w, m, id);
+    else if (!strcmp(m->type, "taught") && !strcmp(w->role, "teacher")) on_taught(c, w, m, id);
     else if (!strcmp(m->type, "error")) {
         const char *why = NULL;
         uint64_t lid = 0;
@@ -1420,7 +1700,8 @@ static prl_status open_run(ctl *c)
     ** thread counts may change (results do not depend on them) */
     json_error_t je;
     json_t *a = json_loads(existing.config, 0, &je), *b = json_loads(c->config_json, 0, &je);
-    static const char *free_keys[][2] = {{"controller", "steps"}, {"rollout", "threads"}, {"trainer", "threads"}};
+    static const char *free_keys[][2] = {{"controller", "steps"}, {"rollout", "threads"},
+                                         {"trainer", "threads"}, {"teacher", "threads"}};
     for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++) {
         json_t *ca = json_object_get(a, free_keys[i][0]), *cb = json_object_get(b, free_keys[i][0]);
         json_object_del(ca, free_keys[i][1]), json_object_del(cb, free_keys[i][1]);

@@ -6,7 +6,8 @@
 ** of the openPangu-2.0 design that this build does not have yet are recognised and refused
 ** with a "not yet supported" error, so a config never silently means something else.
 ** Sliding-window layers, parameter sinks and DSA are read by name (parse_attention,
-** parse_dsa): their keys are lists or are written to config.json only when the block is on.
+** parse_dsa): their keys are lists or are written to config.json only when the block is on;
+** so is the list block_post_layernorm_idx.
 */
 #include "engine/engine.h"
 
@@ -100,12 +101,13 @@ static const key_spec keys[] = {
     UNS("layer_types", K_ANY, "per-layer attention types (use swa_layers)"),
     IGN("use_mome", K_BOOL),            /* ModAttn: parse_attention */
     IGN("router_sliding_window", K_INT),
-    UNS("use_mhc", K_BOOL, "mHC hyper-connections"),
-    UNS("mhc_num_stream", K_INT, "mHC hyper-connections"),
-    UNS("mhc_recur_norm", K_INT, "mHC hyper-connections"),
-    UNS("mhc_use_gamma", K_BOOL, "mHC hyper-connections"),
-    UNS("sandwich_norm", K_BOOL, "sandwich norms"),
-    UNS("block_post_layernorm_idx", K_INT_LIST, "block post-layernorms"),
+    F("use_mhc", K_BOOL, use_mhc),
+    F("mhc_num_stream", K_INT, mhc_num_stream),
+    F("mhc_recur_norm", K_INT, mhc_recur_norm),
+    F("mhc_use_gamma", K_BOOL, mhc_use_gamma),
+    F("sandwich_norm", K_BOOL, sandwich_norm),
+    /* block_post_layernorm_idx is a list: read by name in parse_residual */
+    IGN("block_post_layernorm_idx", K_INT_LIST),
     UNS("num_nextn_predict_layers", K_INT, "multi-token prediction (MTP)"),
 };
 enum { N_KEYS = sizeof keys / sizeof keys[0] };
@@ -140,6 +142,8 @@ void prl_config_default(prl_config *c)
     c->bias_rule = PRL_BIAS_SIGN;
     c->bias_update_rate = 0.001;
     c->param_sink_with_value = 1;
+    c->mhc_num_stream = 4;
+    c->mhc_recur_norm = 20; /* spec §11.1 defaults; mhc_use_gamma false */
 }
 
 static const key_spec *find_key(const char *name)
@@ -401,8 +405,31 @@ static prl_status parse_attention(prl_config *c, json_t *root, const char *src)
     return PRL_OK;
 }
 
+/* mHC streams and the block post-norm list (docs/config.md). */
+static prl_status validate_residual(const prl_config *c, const char *src)
+{
+    if (c->use_mhc && (c->mhc_num_stream < 1 || c->mhc_num_stream > PRL_MHC_MAX_STREAMS))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'mhc_num_stream' = %d must be in [1, %d]", src,
+                             c->mhc_num_stream, PRL_MHC_MAX_STREAMS);
+    if (c->use_mhc && (c->mhc_recur_norm < 1 || c->mhc_recur_norm > 1000))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'mhc_recur_norm' = %d (Sinkhorn iterations) "
+                             "must be in [1, 1000]", src, c->mhc_recur_norm);
+    int seen[PRL_MAX_LAYERS] = {0};
+    for (int i = 0; i < c->n_block_post_layernorm_idx; i++) {
+        int l = c->block_post_layernorm_idx[i];
+        if (l >= c->num_hidden_layers)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'block_post_layernorm_idx'[%d] = %d is not "
+                                 "a layer (num_hidden_layers %d)", src, i, l, c->num_hidden_layers);
+        if (seen[l]++)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'block_post_layernorm_idx' lists layer %d "
+                                 "twice", src, l);
+    }
+    return PRL_OK;
+}
+
 static prl_status validate_attention(const prl_config *c, const char *src)
 {
+    prl_status rc;
     int seen[PRL_MAX_LAYERS] = {0};
     if (c->n_sliding_window_list > 0 && c->n_sliding_window_list != c->n_swa_layers)
         return prl_error_set(PRL_ERR_CONFIG, "%s: 'sliding_window_list' has %d entries but "
@@ -418,6 +445,7 @@ static prl_status validate_attention(const prl_config *c, const char *src)
             return prl_error_set(PRL_ERR_CONFIG, "%s: layer %d is in 'swa_layers' but its window "
                                  "is 0 (set 'sliding_window' or 'sliding_window_list')", src, l);
     }
+    if ((rc = validate_residual(c, src))) return rc;
     if (c->param_sink_number > 4096)
         return prl_error_set(PRL_ERR_CONFIG, "%s: 'param_sink_number' = %d must be in [0, 4096]",
                              src, c->param_sink_number);
@@ -512,6 +540,9 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
                                  "\"sign\" or \"rms\"", src, s);
     }
     prl_status rc = parse_attention(c, root, src);
+    if (!rc && (v = json_object_get(root, "block_post_layernorm_idx")))
+        rc = read_int_list(v, "block_post_layernorm_idx", c->block_post_layernorm_idx,
+                           &c->n_block_post_layernorm_idx, PRL_MAX_LAYERS, src);
     if (!rc) rc = parse_dsa(c, root, src);
     return rc ? rc : check_fixed_values(root, src);
 }
@@ -579,6 +610,12 @@ char *prl_config_to_json(const prl_config *c)
         json_object_set_new(o, "param_sink_number", json_integer(c->param_sink_number));
         json_object_set_new(o, "param_sink_with_value", json_boolean(c->param_sink_with_value));
     }
+    if (c->n_block_post_layernorm_idx > 0) {
+        json_t *idx = json_array();
+        for (int i = 0; i < c->n_block_post_layernorm_idx; i++)
+            json_array_append_new(idx, json_integer(c->block_post_layernorm_idx[i]));
+        json_object_set_new(o, "block_post_layernorm_idx", idx);
+    }
     if (c->n_dsa_layers > 0) {
         json_t *layers = json_array();
         for (int i = 0; i < c->n_dsa_layers; i++)
@@ -604,6 +641,15 @@ int prl_config_window(const prl_config *c, int layer)
     for (int i = 0; i < c->n_swa_layers; i++)
         if (c->swa_layers[i] == layer)
             return i < c->n_sliding_window_list ? c->sliding_window_list[i] : c->sliding_window;
+    return 0;
+}
+
+int prl_config_streams(const prl_config *c) { return c->use_mhc ? c->mhc_num_stream : 1; }
+
+int prl_config_block_post_norm(const prl_config *c, int layer)
+{
+    for (int i = 0; i < c->n_block_post_layernorm_idx; i++)
+        if (c->block_post_layernorm_idx[i] == layer) return 1;
     return 0;
 }
 

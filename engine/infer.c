@@ -11,6 +11,7 @@
 ** The maths is docs/model.md; the knobs are docs/infer.md.
 */
 #include "engine/dsa.h"
+#include "engine/mhc.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -115,6 +116,9 @@ typedef struct layer_w {
     const float *ix_k_norm;
     size_t idx_off;                   /* the layer's part of cache_idx */
     float *conv_state[3];             /* per slot the k−1 latest inputs of each conv [k−1][C] */
+    const float *ln_pa, *ln_pm, *ln_bp; /* sandwich post-norms, block post-norm (or NULL) */
+    lin hc_phi[2];                    /* mHC sites attention, FFN: phi, and below γ, α, β */
+    const float *hc_gamma[2], *hc_alpha[2], *hc_beta[2];
 } layer_w;
 
 enum { CONV_Q, CONV_KV, CONV_O };
@@ -131,6 +135,8 @@ typedef struct rows_buf {
     float *xg, *ea13, *eh, *yg, *logits;
     float *iq, *ikz, *ik, *iw, *iscore; /* DSA indexer: qI, x·wkᵀ, kI, head weights; scores */
     uint8_t *dsel;                     /* [cap][max_len] each row's DSA selection */
+    float *xs, *xs2, *hn, *hrstd, *hm, *pre, *post, *hS; /* mHC streams [cap, n·d], a site's
+                                                            coefficients (engine/mhc.h) */
 } rows_buf;
 
 /* A cache slot's generation state. */
@@ -160,6 +166,10 @@ struct prl_infer {
     slot_state *slots;
     prl_tensor_hook hook;
     void *hook_user;
+    int n_streams;                /* mHC streams (1 = the plain residual) */
+    lin merge_phi;                /* mHC merge head */
+    const float *merge_gamma, *merge_alpha, *merge_beta, *ones;
+    float *ones_buf;              /* γ = 1 without mhc_use_gamma */
     char fault_name[64];          /* test-only fault (prl_infer_set_fault): "" = none */
     double fault_rel;
 };
@@ -463,6 +473,40 @@ static void bind_sinks(prl_infer *e, int l, const float *base)
     free(ckv), free(rstd);
 }
 
+/* One mHC module `prefix` (model.c's names): phi packed as a linear, γ (ones without
+** mhc_use_gamma), α, β. */
+static prl_status bind_mhc(prl_infer *e, lin *phi, const float **gamma, const float **alpha,
+                           const float **beta, const float *base, const char *prefix, int full)
+{
+    int n = e->n_streams, nd = n * e->d, M = full ? n * n + 2 * n : n;
+    const char *sfx = full ? "" : "_pre";
+    *gamma = e->m->cfg.mhc_use_gamma ? tensor(e, base, nd, 0, "%s.norm_gamma", prefix) : e->ones;
+    *alpha = tensor(e, base, full ? 3 : 1, 0, "%s.branch_alpha%s", prefix, sfx);
+    *beta = tensor(e, base, M, 0, "%s.branch_beta%s", prefix, sfx);
+    return lin_init(e, phi, tensor(e, base, M, nd, "%s.phi.weight", prefix), M, nd);
+}
+
+/* Sandwich norms, the block post-norm and the two mHC sites of layer l. */
+static prl_status bind_residual(prl_infer *e, int l, const float *base)
+{
+    layer_w *w = &e->lw[l];
+    const prl_config *c = &e->m->cfg;
+    const char *p = "model.layers";
+    w->ln_pa = c->sandwich_norm ? tensor(e, base, e->d, 0, "%s.%d.post_attention_layernorm.weight", p, l) : NULL;
+    w->ln_pm = c->sandwich_norm ? tensor(e, base, e->d, 0, "%s.%d.post_mlp_layernorm.weight", p, l) : NULL;
+    w->ln_bp = prl_config_block_post_norm(c, l)
+                   ? tensor(e, base, (int64_t)e->n_streams * e->d, 0, "%s.%d.block_post_layernorm.weight", p, l)
+                   : NULL;
+    prl_status rc = PRL_OK;
+    for (int site = 0; site < 2 && c->use_mhc && !rc; site++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "%s.%d.%s_mhc_module", p, l, site ? "mlp" : "attn");
+        rc = bind_mhc(e, &w->hc_phi[site], &w->hc_gamma[site], &w->hc_alpha[site], &w->hc_beta[site],
+                      base, prefix, 1);
+    }
+    return rc;
+}
+
 /* Point every layer at the weights (rounded copy or the model's), pack them, and build the
 ** absorbed query matrices and the sink rows. */
 static prl_status bind_weights(prl_infer *e)
@@ -473,7 +517,7 @@ static prl_status bind_weights(prl_infer *e)
         round_vec(e->opt.precision, e->wcopy, e->m->n_params);
         base = e->wcopy;
     }
-#define T(suffix, rows, cols) tensor(e, base, rows, cols, "model.layers.%d." suffix, l)
+#define T(suffix, rows, cols, ...) tensor(e, base, rows, cols, "model.layers.%d." suffix, l, ##__VA_ARGS__)
 #define X(suffix, rows, cols) tensor(e, base, rows, cols, "model.layers.%d.mlp.experts.%d." suffix, l, x)
     prl_status rc = PRL_OK;
     for (int l = 0, moe_idx = 0; l < e->L && !rc; l++) {
@@ -482,7 +526,9 @@ static prl_status bind_weights(prl_infer *e)
         w->ln1 = T("input_layernorm.weight", e->d, 0);
         w->q_norm = T("self_attn.q_a_layernorm.weight", e->rq, 0);
         w->kv_norm = T("self_attn.kv_a_layernorm.weight", e->rkv, 0);
-        w->ln2 = T("post_attention_layernorm.weight", e->d, 0);
+        w->ln2 = T("%s.weight", e->d, 0,
+                   e->m->cfg.sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
+        if (!rc) rc = bind_residual(e, l, base);
         rc = rc ? rc : lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
         rc = rc ? rc : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
                                 e->H * e->dq, e->rq);
@@ -536,6 +582,9 @@ static prl_status bind_weights(prl_infer *e)
     e->embed = tensor(e, base, e->V, e->d, "model.embed_tokens.weight");
     e->norm = tensor(e, base, e->d, 0, "model.norm.weight");
     if (!rc) rc = lin_init(e, &e->head, tensor(e, base, e->V, e->d, "lm_head.weight"), e->V, e->d);
+    if (!rc && e->m->cfg.use_mhc)
+        rc = bind_mhc(e, &e->merge_phi, &e->merge_gamma, &e->merge_alpha, &e->merge_beta, base,
+                      "model.merge_mhc_module", 0);
     return rc;
 }
 
@@ -610,6 +659,19 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
         b->iscore = xcalloc((size_t)e->opt.max_len, sizeof(float), failed);
         b->dsel = xcalloc(R * e->opt.max_len, 1, failed);
     }
+    if (e->m->cfg.use_mhc) {
+        prl_mhc_shape sh = {.N = cap, .n = e->n_streams, .d = e->d, .it = e->m->cfg.mhc_recur_norm,
+                            .full = 1};
+        size_t nd = (size_t)e->n_streams * e->d, n = (size_t)e->n_streams;
+        b->xs = xcalloc(R * nd, sizeof(float), failed);
+        b->xs2 = xcalloc(R * nd, sizeof(float), failed);
+        b->hn = xcalloc(R * nd, sizeof(float), failed);
+        b->hrstd = xcalloc(R, sizeof(float), failed);
+        b->hm = xcalloc(R * prl_mhc_width(sh), sizeof(float), failed);
+        b->pre = xcalloc(R * n, sizeof(float), failed);
+        b->post = xcalloc(R * n, sizeof(float), failed);
+        b->hS = xcalloc(R * prl_mhc_states(sh) * n * n, sizeof(float), failed);
+    }
 }
 
 static void rows_buf_free(rows_buf *b)
@@ -617,7 +679,8 @@ static void rows_buf_free(rows_buf *b)
     void *ptrs[] = {b->tok, b->slot, b->pos, b->req, b->x, b->ln, b->rstd, b->zq, b->cq, b->q,
                     b->kva, b->ckv, b->kr, b->lat, b->first_row, b->first_pos, b->zqc, b->kvc, b->oc, b->conv_tmp, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
                     b->sel, b->offsets, b->gpos, b->token_of, b->xg, b->ea13, b->eh, b->yg,
-                    b->logits, b->iq, b->ikz, b->ik, b->iw, b->iscore, b->dsel};
+                    b->logits, b->iq, b->ikz, b->ik, b->iw, b->iscore, b->dsel, b->xs, b->xs2,
+                    b->hn, b->hrstd, b->hm, b->pre, b->post, b->hS};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     memset(b, 0, sizeof *b);
 }
@@ -659,7 +722,13 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->sde = c->n_shared_experts * c->moe_intermediate_size, e->n_moe = m->n_moe;
     e->lat = e->rkv + e->dr, e->ns = c->param_sink_number, e->ck = prl_config_conv_kernel(c);
     e->HI = c->index_n_heads, e->dI = c->index_head_dim;
+    e->n_streams = prl_config_streams(c);
     int failed = 0;
+    if (c->use_mhc) {
+        e->ones_buf = xcalloc((size_t)e->n_streams * e->d, sizeof(float), &failed);
+        for (int i = 0; e->ones_buf && i < e->n_streams * e->d; i++) e->ones_buf[i] = 1;
+        e->ones = e->ones_buf;
+    }
     if (o.precision != PRL_PRECISION_FP32) e->wcopy = xcalloc(m->n_params, sizeof(float), &failed);
     e->lw = xcalloc((size_t)e->L, sizeof *e->lw, &failed);
     for (int l = 0; l < e->L && e->lw; l++) {
@@ -733,8 +802,10 @@ void prl_infer_free(prl_infer *e)
         for (int x = 0; x < e->E && w->e13; x++) lin_free(&w->e13[x]), lin_free(&w->e2[x]);
         free(w->e13), free(w->e2), free(w->wuk_t), free(w->sink_lat), free(w->sink_kv);
         for (int i = 0; i < 3; i++) free(w->conv_state[i]);
+        lin_free(&w->hc_phi[0]), lin_free(&w->hc_phi[1]);
     }
-    lin_free(&e->head);
+    lin_free(&e->head), lin_free(&e->merge_phi);
+    free(e->ones_buf);
     for (int s = 0; e->slots && s < e->opt.max_batch; s++) free(e->slots[s].routes);
     free(e->slots), free(e->lw), free(e->wcopy), free(e->rope_cos), free(e->rope_sin);
     free(e->cache_lat), free(e->cache_kv), free(e->cache_idx), free(e->att_scratch);
@@ -1267,6 +1338,71 @@ static void residual_add(const prl_infer *e, float *x, const float *y, int R)
     act_round(e, x, n);
 }
 
+/* ------------------------------------------------------------------ residual glue --- */
+
+/* The train path's residual glue (model.c site_enter / site_leave) on R rows, with the same
+** ops: mHC sites on the streams rb.xs, sandwich norms, block post-norms; rb.x is the sublayer
+** input (with mHC) or the plain residual. */
+
+static prl_mhc_shape rows_shape(const prl_infer *e, int R, int full)
+{
+    return (prl_mhc_shape){.N = R, .n = e->n_streams, .d = e->d, .it = e->m->cfg.mhc_recur_norm,
+                           .full = full};
+}
+
+/* A site's coefficients from the streams (φ through the infer path's linear). */
+static void hc_coefficients(prl_infer *e, int R, const lin *phi, const float *gamma,
+                            const float *alpha, const float *beta, int full)
+{
+    rows_buf *b = &e->rb;
+    prl_mhc_shape sh = rows_shape(e, R, full);
+    int nd = e->n_streams * e->d;
+    prl_rmsnorm_forward(b->hn, b->hrstd, b->xs, gamma, R, nd, nd, nd, e->m->cfg.rms_norm_eps);
+    act_round(e, b->hn, (size_t)R * nd);
+    linear(e, b->hm, b->hn, R, phi);
+    prl_mhc_coef_forward(b->pre, b->post, b->hS, b->hm, alpha, beta, sh);
+    prl_mhc_pre_forward(b->x, b->xs, b->pre, sh);
+    act_round(e, b->x, (size_t)R * e->d);
+}
+
+static void hc_enter(prl_infer *e, int l, int site, int R)
+{
+    const layer_w *w = &e->lw[l];
+    if (e->m->cfg.use_mhc)
+        hc_coefficients(e, R, &w->hc_phi[site], w->hc_gamma[site], w->hc_alpha[site],
+                        w->hc_beta[site], 1);
+}
+
+/* tmp (the sublayer's output) back into the residual. */
+static void hc_leave(prl_infer *e, int l, int site, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    const prl_config *c = &e->m->cfg;
+    int d = e->d, S = e->n_streams * d;
+    if (c->sandwich_norm) { /* in place: each row's sum is taken before it is overwritten */
+        prl_rmsnorm_forward(b->tmp, b->rstd, b->tmp, site ? w->ln_pm : w->ln_pa, R, d, d, d,
+                            c->rms_norm_eps);
+        act_round(e, b->tmp, (size_t)R * d);
+    }
+    float *stream = c->use_mhc ? b->xs : b->x;
+    if (c->use_mhc) {
+        prl_mhc_shape sh = rows_shape(e, R, 1);
+        int ns = prl_mhc_states(sh), n2 = sh.n * sh.n;
+        prl_mhc_post_forward(b->xs2, b->tmp, b->xs, b->post, b->hS + (size_t)(ns - 1) * n2, ns * n2, sh);
+        float *t = b->xs;
+        b->xs = b->xs2, b->xs2 = t;
+        stream = b->xs;
+        act_round(e, stream, (size_t)R * S);
+    } else {
+        residual_add(e, b->x, b->tmp, R);
+    }
+    if (site == 1 && w->ln_bp) {
+        prl_rmsnorm_forward(stream, b->rstd, stream, w->ln_bp, R, S, S, S, c->rms_norm_eps);
+        act_round(e, stream, (size_t)R * S);
+    }
+}
+
 /* Rows rb.tok/slot/pos[0, R) through the model; leaves rb.logits [R, V]. */
 static void forward_rows(prl_infer *e, int R)
 {
@@ -1276,12 +1412,18 @@ static void forward_rows(prl_infer *e, int R)
         b->first_row[b->slot[r]] = r, b->first_pos[b->slot[r]] = b->pos[r];
     for (int r = 0; r < R; r++)
         memcpy(b->x + (size_t)r * d, e->embed + (size_t)b->tok[r] * d, (size_t)d * sizeof(float));
+    for (int r = 0; r < R && e->m->cfg.use_mhc; r++) /* every stream starts as the embedding */
+        for (int i = 0; i < e->n_streams; i++)
+            memcpy(b->xs + ((size_t)r * e->n_streams + i) * d, b->x + (size_t)r * d,
+                   (size_t)d * sizeof(float));
     for (int l = 0; l < e->L; l++) {
         const layer_w *w = &e->lw[l];
+        hc_enter(e, l, 0, R);
         prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln1, R, d, d, d, e->m->cfg.rms_norm_eps);
         act_round(e, b->ln, (size_t)R * d);
         attention(e, l, R);
-        residual_add(e, b->x, b->tmp, R);
+        hc_leave(e, l, 0, R);
+        hc_enter(e, l, 1, R);
         prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln2, R, d, d, d, e->m->cfg.rms_norm_eps);
         act_round(e, b->ln, (size_t)R * d);
         if (w->moe >= 0) {
@@ -1291,8 +1433,10 @@ static void forward_rows(prl_infer *e, int R)
             fault(e, l, "mlp.out", b->tmp, (size_t)R * d);
             emit(e, l, "mlp.out", b->tmp, R, d);
         }
-        residual_add(e, b->x, b->tmp, R);
+        hc_leave(e, l, 1, R);
     }
+    if (e->m->cfg.use_mhc) /* the merge head */
+        hc_coefficients(e, R, &e->merge_phi, e->merge_gamma, e->merge_alpha, e->merge_beta, 0);
     prl_rmsnorm_forward(b->ln, b->rstd, b->x, e->norm, R, d, d, d, e->m->cfg.rms_norm_eps);
     act_round(e, b->ln, (size_t)R * d);
     linear(e, b->logits, b->ln, R, &e->head);

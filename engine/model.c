@@ -8,6 +8,7 @@
 ** ops.c in order; the backward is the mirror list. No graph, no autograd.
 */
 #include "engine/dsa.h"
+#include "engine/mhc.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -24,6 +25,9 @@ typedef struct layer_offsets {
     size_t w1, w3, w2;       /* dense SwiGLU; w3 follows w1, so [w1; w3] is one 2F×d matrix */
     size_t router, experts;  /* MoE */
     size_t sw1, sw3, sw2;    /* shared experts; sw3 follows sw1 likewise */
+    size_t ln_pa, ln_pm;     /* sandwich: post_attention_layernorm, post_mlp_layernorm */
+    size_t ln_bp;            /* block_post_layernorm (over all streams) */
+    size_t hc[2][4];         /* mHC sites attn, mlp: phi, norm_gamma, branch_alpha, branch_beta */
 } layer_offsets;
 
 /* Saved activations of one layer (for the current batch shape). */
@@ -44,6 +48,12 @@ typedef struct layer_acts {
     int32_t *pos;                               /* [N,K] grouped row of (token, slot) */
     int32_t *token_of;                          /* [N·K] token of each grouped row */
     prl_real *xg, *ea13, *eh, *yg;              /* grouped expert inputs/activations/outputs */
+    /* residual glue (mHC, sandwich norms, block post-norm); site 0 attention, 1 FFN */
+    prl_real *xs[2];                            /* mHC: streams into each site [N, n·d] */
+    prl_mhc_saved hc[2];                        /* mHC: each site's coefficients */
+    prl_real *sub[2], *rstd_sub[2];             /* sandwich: sublayer output before its norm */
+    prl_real *F[2];                             /* what goes back into the residual [N, d] */
+    prl_real *bp_in, *rstd_bp;                  /* block post-norm input [N, S], 1/rms */
 } layer_acts;
 
 struct prl_acts {
@@ -61,6 +71,11 @@ struct prl_acts {
     prl_dsa_scratch dsa_scratch; /* DSA indexer backward */
     double index_loss;      /* the last forward's DSA indexer loss */
     int32_t *routes;        /* [n_moe][N][K] captured routes */
+    /* residual glue: the streams after the last layer and the merge head (mHC) */
+    prl_real *xs_final;
+    prl_mhc_saved hc_merge;
+    prl_real *ones, *dgamma_sink;   /* γ = 1 when mhc_use_gamma is off, and its discarded grad */
+    prl_real *dxs, *dxs2, *dxin, *dpre, *dpost, *dH, *hc_scratch;
     int have_forward;       /* a forward with saved activations is current */
     void *block;            /* the one allocation all of the above point into */
     size_t block_bytes;
@@ -164,15 +179,39 @@ static size_t add_conv(table_builder *tb, int layer, int C, int k, const char *f
     return off;
 }
 
-/* Lay out every tensor in checkpoint order; fill per-layer offsets. */
+/* One mHC module `prefix` (spec §11 names): phi.weight [M, n·d], norm_gamma [n·d] (with
+** mhc_use_gamma), branch_alpha [3], branch_beta [M]; the merge head's alpha and beta carry
+** the suffix _pre. off[0..3] = phi, gamma (0 when absent), alpha, beta. */
+static void add_mhc_module(table_builder *tb, const prl_config *c, int layer, int full,
+                           size_t off[4], const char *prefix)
+{
+    int n = c->mhc_num_stream, nd = n * c->hidden_size, M = full ? n * n + 2 * n : n;
+    const char *suffix = full ? "" : "_pre";
+    off[0] = add_tensor(tb, PRL_PARAM_MHC, layer, -1, M, nd, "%s.phi.weight", prefix);
+    off[1] = c->mhc_use_gamma ? add_tensor(tb, PRL_PARAM_NORM, layer, -1, nd, 0, "%s.norm_gamma",
+                                           prefix)
+                              : 0;
+    off[2] = add_tensor(tb, PRL_PARAM_MHC, layer, -1, full ? 3 : 1, 0, "%s.branch_alpha%s", prefix,
+                        suffix);
+    off[3] = add_tensor(tb, PRL_PARAM_MHC, layer, -1, M, 0, "%s.branch_beta%s", prefix, suffix);
+}
+
+/* Lay out every tensor in checkpoint order; fill per-layer offsets. `merge` receives the
+** merge head's module (mHC only). */
 static void build_table(table_builder *tb, const prl_config *c, layer_offsets *lo,
-                        size_t *embed, size_t *norm, size_t *head)
+                        size_t *embed, size_t *norm, size_t *head, size_t merge[4])
 {
     dims D = dims_of(c);
+    int S = prl_config_streams(c) * D.d;
+    char name[96];
     *embed = add_tensor(tb, PRL_PARAM_EMBED, -1, -1, D.V, D.d, "model.embed_tokens.weight");
     for (int l = 0; l < D.L; l++) {
         layer_offsets *o = &lo[l];
         const char *p = "model.layers";
+        if (c->use_mhc) {
+            snprintf(name, sizeof name, "%s.%d.attn_mhc_module", p, l);
+            add_mhc_module(tb, c, l, 1, o->hc[0], name);
+        }
         o->ln1 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.input_layernorm.weight", p, l);
         o->wq_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d,
                              "%s.%d.self_attn.q_a_proj.weight", p, l);
@@ -208,8 +247,21 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
             o->ix_wproj = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.HI, D.d,
                                      "%s.%d.self_attn.indexer.weights_proj.weight", p, l);
         }
-        o->ln2 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
-                            "%s.%d.post_attention_layernorm.weight", p, l);
+        if (c->sandwich_norm) /* post_attention_layernorm is then the post-attention norm */
+            o->ln_pa = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
+                                  "%s.%d.post_attention_layernorm.weight", p, l);
+        if (c->use_mhc) {
+            snprintf(name, sizeof name, "%s.%d.mlp_mhc_module", p, l);
+            add_mhc_module(tb, c, l, 1, o->hc[1], name);
+        }
+        o->ln2 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.%s.weight", p, l,
+                            c->sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
+        if (c->sandwich_norm)
+            o->ln_pm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
+                                  "%s.%d.post_mlp_layernorm.weight", p, l);
+        if (prl_config_block_post_norm(c, l))
+            o->ln_bp = add_tensor(tb, PRL_PARAM_NORM, l, -1, S, 0,
+                                  "%s.%d.block_post_layernorm.weight", p, l);
         if (!prl_config_is_moe(c, l)) {
             o->w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.gate_proj.weight", p, l);
             o->w3 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.up_proj.weight", p, l);
@@ -237,6 +289,7 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
             PRL_ASSERT(o->sw3 == o->sw1 + (size_t)D.sde * D.d);
         }
     }
+    if (c->use_mhc) add_mhc_module(tb, c, -1, 0, merge, "model.merge_mhc_module");
     *norm = add_tensor(tb, PRL_PARAM_NORM, -1, -1, D.d, 0, "model.norm.weight");
     *head = add_tensor(tb, PRL_PARAM_HEAD, -1, -1, D.V, D.d, "lm_head.weight");
 }
@@ -244,6 +297,7 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
 /* Model-level offsets live beside the layer table (in the acts struct: they never change). */
 typedef struct model_offsets {
     size_t embed, norm, head;
+    size_t merge[4]; /* mHC merge head: phi, norm_gamma, branch_alpha_pre, branch_beta_pre */
 } model_offsets;
 
 static model_offsets *model_offs(const prl_model *m)
@@ -264,8 +318,8 @@ prl_status prl_model_init(prl_model *m, const prl_config *cfg)
         return prl_error_set(PRL_ERR_NOMEM, "model tables");
     }
     table_builder tb = {0};
-    model_offsets mo;
-    build_table(&tb, cfg, m->acts->lo, &mo.embed, &mo.norm, &mo.head);
+    model_offsets mo = {0};
+    build_table(&tb, cfg, m->acts->lo, &mo.embed, &mo.norm, &mo.head, mo.merge);
     *model_offs(m) = mo;
     m->tensors = tb.t;
     m->n_tensors = tb.n;
@@ -316,6 +370,9 @@ void prl_model_init_weights(prl_model *m, uint64_t seed)
     for (int i = 0; i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
         prl_real *w = m->params + p->offset;
+        if (p->kind == PRL_PARAM_MHC &&
+            prl_mhc_init_tensor(p->name, w, p->numel, m->cfg.mhc_num_stream))
+            continue; /* α and β (spec §7.4); φ is drawn like any matrix */
         int gain = p->kind == PRL_PARAM_NORM || (p->kind == PRL_PARAM_INDEXER && p->ndim == 1);
         if (gain || p->kind == PRL_PARAM_CONV) { /* gains 1 (the indexer's k_norm too); convs 0:
                                                     the identity */
@@ -377,6 +434,79 @@ static void carve_dsa(carver *cv, prl_dsa_acts *x, size_t N, size_t T, const dim
     x->sel = carve(cv, N * T);
 }
 
+/* ------------------------------------------------------------------ residual glue --- */
+
+/* The residual beyond a plain pre-norm sum: mHC streams, sandwich norms or block post-norms
+** (docs/model.md "Residual streams"). Off, the model runs exactly the plain path. */
+static int residual_glue(const prl_config *c)
+{
+    return c->use_mhc || c->sandwich_norm || c->n_block_post_layernorm_idx > 0;
+}
+
+static prl_mhc_shape site_shape(const prl_model *m, int full)
+{
+    return (prl_mhc_shape){.N = m->acts->N, .n = m->cfg.mhc_num_stream, .d = m->cfg.hidden_size,
+                           .it = m->cfg.mhc_recur_norm, .full = full};
+}
+
+static void carve_mhc_saved(carver *cv, prl_mhc_saved *sv, prl_mhc_shape s)
+{
+    size_t N = (size_t)s.N, n = (size_t)s.n;
+    sv->h = CARVE_R(cv, N * n * s.d);
+    sv->rstd = CARVE_R(cv, N);
+    sv->m = CARVE_R(cv, N * prl_mhc_width(s));
+    sv->pre = CARVE_R(cv, N * n);
+    if (s.full) {
+        sv->post = CARVE_R(cv, N * n);
+        sv->S = CARVE_R(cv, N * prl_mhc_states(s) * n * n);
+    }
+}
+
+static void carve_residual_layer(prl_model *m, carver *cv, int l)
+{
+    const prl_config *c = &m->cfg;
+    layer_acts *la = &m->acts->layer[l];
+    size_t N = (size_t)m->acts->N, d = (size_t)c->hidden_size, S = prl_config_streams(c) * d;
+    if (!residual_glue(c)) return;
+    for (int site = 0; site < 2; site++) {
+        if (c->use_mhc) {
+            la->xs[site] = CARVE_R(cv, N * S);
+            carve_mhc_saved(cv, &la->hc[site], site_shape(m, 1));
+        }
+        if (c->sandwich_norm) {
+            la->sub[site] = CARVE_R(cv, N * d);
+            la->rstd_sub[site] = CARVE_R(cv, N);
+        }
+        la->F[site] = CARVE_R(cv, N * d);
+    }
+    if (prl_config_block_post_norm(c, l)) {
+        la->bp_in = CARVE_R(cv, N * S);
+        la->rstd_bp = CARVE_R(cv, N);
+    }
+}
+
+static void carve_residual_model(prl_model *m, carver *cv)
+{
+    const prl_config *c = &m->cfg;
+    prl_acts *a = m->acts;
+    size_t N = (size_t)a->N, n = (size_t)c->mhc_num_stream, S = prl_config_streams(c) * (size_t)c->hidden_size;
+    if (!residual_glue(c)) return;
+    a->dxs = CARVE_R(cv, N * S);
+    a->dxs2 = CARVE_R(cv, N * S);
+    a->dxin = CARVE_R(cv, N * c->hidden_size);
+    if (!c->use_mhc) return;
+    a->xs_final = CARVE_R(cv, N * S);
+    carve_mhc_saved(cv, &a->hc_merge, site_shape(m, 0));
+    a->ones = CARVE_R(cv, S);
+    a->dgamma_sink = CARVE_R(cv, S);
+    a->dpre = CARVE_R(cv, N * n);
+    a->dpost = CARVE_R(cv, N * n);
+    a->dH = CARVE_R(cv, N * n * n);
+    a->hc_scratch = CARVE_R(cv, prl_mhc_site_scratch(site_shape(m, 1)));
+    if (a->ones)
+        for (size_t i = 0; i < S; i++) a->ones[i] = 1;
+}
+
 static void carve_all(prl_model *m, carver *cv)
 {
     prl_acts *a = m->acts;
@@ -410,6 +540,7 @@ static void carve_all(prl_model *m, carver *cv)
         la->res_ffn = CARVE_R(cv, N * D.d);
         la->ln_f = CARVE_R(cv, N * D.d);
         la->rstd_f = CARVE_R(cv, N);
+        carve_residual_layer(m, cv, l);
         if (!prl_config_is_moe(&m->cfg, l)) {
             la->a13 = CARVE_R(cv, 2 * N * D.I);
             la->h = CARVE_R(cv, N * D.I);
@@ -469,6 +600,7 @@ static void carve_all(prl_model *m, carver *cv)
     a->dxg = CARVE_R(cv, NK * D.d);
     a->deh = CARVE_R(cv, 3 * NK * D.de);
     a->routes = CARVE_I(cv, (size_t)(m->n_moe > 0 ? m->n_moe : 1) * NK);
+    carve_residual_model(m, cv);
     if (m->cfg.n_dsa_layers > 0) {
         prl_dsa_scratch *x = &a->dsa_scratch;
         x->dscore = CARVE_R(cv, N * a->T);
@@ -902,6 +1034,104 @@ static void logprob_rows(void *p, int r0, int r1)
     }
 }
 
+/* The parameters of an mHC module at offsets off[4] (γ = 1 without mhc_use_gamma). */
+static prl_mhc_params mhc_params(const prl_model *m, const size_t off[4])
+{
+    return (prl_mhc_params){.phi = P(off[0]), .gamma = m->cfg.mhc_use_gamma ? P(off[1]) : m->acts->ones,
+                            .alpha = P(off[2]), .beta = P(off[3])};
+}
+
+static prl_mhc_grads mhc_grads(const prl_model *m, const size_t off[4])
+{
+    return (prl_mhc_grads){.dphi = G(off[0]),
+                           .dgamma = m->cfg.mhc_use_gamma ? G(off[1]) : m->acts->dgamma_sink,
+                           .dalpha = G(off[2]), .dbeta = G(off[3])};
+}
+
+/* The residual stream(s) entering site `site` (0 attention, 1 FFN) of layer l: the mHC
+** streams [N, n·d], else the plain residual, which is itself the sublayer's input. */
+static prl_real *site_stream(const prl_model *m, int l, int site)
+{
+    layer_acts *la = &m->acts->layer[l];
+    if (m->cfg.use_mhc) return la->xs[site];
+    return site ? la->res_ffn : la->res_attn;
+}
+
+/* Where the stream after layer l goes: the next layer's attention site, or the final one. */
+static prl_real *layer_out_stream(const prl_model *m, int l)
+{
+    if (l + 1 < m->cfg.num_hidden_layers) return site_stream(m, l + 1, 0);
+    return m->cfg.use_mhc ? m->acts->xs_final : m->acts->res_final;
+}
+
+/* hc_pre of a site: its coefficients and the sublayer input res_attn / res_ffn. */
+static void site_enter(prl_model *m, int l, int site)
+{
+    if (!m->cfg.use_mhc) return;
+    layer_acts *la = &m->acts->layer[l];
+    prl_mhc_shape sh = site_shape(m, 1);
+    prl_mhc_params p = mhc_params(m, m->acts->lo[l].hc[site]);
+    prl_mhc_site_forward(&la->hc[site], la->xs[site], &p, m->cfg.rms_norm_eps, sh);
+    prl_mhc_pre_forward(site ? la->res_ffn : la->res_attn, la->xs[site], la->hc[site].pre, sh);
+}
+
+/* The sublayer's output (tmp) back into the residual, as `next`: sandwich post-norm, then
+** hc_post (mHC) or the plain sum; then the block post-norm after a listed layer's FFN. */
+static void site_leave(prl_model *m, int l, int site, prl_real *next)
+{
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    const prl_config *c = &m->cfg;
+    int N = a->N, d = c->hidden_size, S = prl_config_streams(c) * d;
+    int block_post = site == 1 && prl_config_block_post_norm(c, l);
+    prl_real *out = block_post ? la->bp_in : next;
+    const prl_real *F = a->tmp;
+    if (residual_glue(c)) {
+        if (c->sandwich_norm) {
+            memcpy(la->sub[site], a->tmp, (size_t)N * d * sizeof(prl_real));
+            prl_rmsnorm_forward(la->F[site], la->rstd_sub[site], la->sub[site],
+                                P(site ? o->ln_pm : o->ln_pa), N, d, d, d, c->rms_norm_eps);
+        } else {
+            memcpy(la->F[site], a->tmp, (size_t)N * d * sizeof(prl_real));
+        }
+        F = la->F[site];
+    }
+    if (c->use_mhc) {
+        prl_mhc_shape sh = site_shape(m, 1);
+        int ns = prl_mhc_states(sh), n2 = sh.n * sh.n;
+        prl_mhc_post_forward(out, F, la->xs[site], la->hc[site].post,
+                             la->hc[site].S + (size_t)(ns - 1) * n2, ns * n2, sh);
+    } else {
+        residual_add(m, out, site_stream(m, l, site), F);
+    }
+    if (block_post)
+        prl_rmsnorm_forward(next, la->rstd_bp, la->bp_in, P(o->ln_bp), N, S, S, S, c->rms_norm_eps);
+}
+
+/* Model start and end of the streams: the embedding copied into every stream, and the
+** merge head (hc_pre only) into res_final before the final norm. */
+static void streams_begin(prl_model *m)
+{
+    if (!m->cfg.use_mhc) return;
+    prl_acts *a = m->acts;
+    int n = m->cfg.mhc_num_stream, d = m->cfg.hidden_size;
+    for (int t = 0; t < a->N; t++)
+        for (int i = 0; i < n; i++)
+            memcpy(a->layer[0].xs[0] + ((size_t)t * n + i) * d, a->layer[0].res_attn + (size_t)t * d,
+                   (size_t)d * sizeof(prl_real));
+}
+
+static void streams_end(prl_model *m)
+{
+    if (!m->cfg.use_mhc) return;
+    prl_acts *a = m->acts;
+    prl_mhc_shape sh = site_shape(m, 0);
+    prl_mhc_params p = mhc_params(m, model_offs(m)->merge);
+    prl_mhc_site_forward(&a->hc_merge, a->xs_final, &p, m->cfg.rms_norm_eps, sh);
+    prl_mhc_pre_forward(a->res_final, a->xs_final, a->hc_merge.pre, sh);
+}
+
 /* Forward with saved activations; `train` also counts experts and computes aux losses. */
 static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
                           prl_forward_stats *st, int train)
@@ -919,14 +1149,17 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     a->index_loss = 0;
     const model_offsets *mo = model_offs(m);
     prl_embedding_forward(a->layer[0].res_attn, P(mo->embed), b->tokens, N, D.d);
+    streams_begin(m);
     int stop = 0, moe_idx = 0;
     for (int l = 0; l < D.L && !stop; l++) {
         layer_acts *la = &a->layer[l];
         const layer_offsets *o = &a->lo[l];
+        site_enter(m, l, 0);
         prl_rmsnorm_forward(la->ln_a, la->rstd_a, la->res_attn, P(o->ln1), N, D.d, D.d, D.d,
                             m->cfg.rms_norm_eps);
         stop = mla_forward(m, l, b);
-        residual_add(m, la->res_ffn, la->res_attn, a->tmp);
+        site_leave(m, l, 0, site_stream(m, l, 1));
+        site_enter(m, l, 1);
         prl_rmsnorm_forward(la->ln_f, la->rstd_f, la->res_ffn, P(o->ln2), N, D.d, D.d, D.d,
                             m->cfg.rms_norm_eps);
         if (prl_config_is_moe(&m->cfg, l)) {
@@ -938,10 +1171,10 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
                                D.I, 0);
             stop = stop || emit(m, l, "mlp.out", a->tmp, N, D.d);
         }
-        prl_real *next = l + 1 < D.L ? a->layer[l + 1].res_attn : a->res_final;
-        residual_add(m, next, la->res_ffn, a->tmp);
+        site_leave(m, l, 1, layer_out_stream(m, l));
     }
     free(tasks);
+    if (!stop) streams_end(m);
     prl_rmsnorm_forward(a->ln_final, a->rstd_final, a->res_final, P(mo->norm), N, D.d, D.d, D.d,
                         m->cfg.rms_norm_eps);
     prl_matmul_forward(a->logits, a->ln_final, P(mo->head), N, D.d, D.V, 0);
@@ -1032,8 +1265,9 @@ static void sinks_backward(prl_model *m, int l)
                          P(o->kv_norm), la->sink_rstd, D.ns, D.rkv, D.rkv, D.rkv);
 }
 
-/* Attention sublayer: dres holds ∂/∂(res_ffn); adds the path through MLA and ln1. */
-static void mla_backward(prl_model *m, int l, const prl_batch *b)
+/* Attention sublayer: dres holds ∂/∂(its output); adds the path through MLA and ln1 into dx
+** (∂/∂res_attn; the plain residual passes dres itself). */
+static void mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
 {
     prl_acts *a = m->acts;
     layer_acts *la = &a->layer[l];
@@ -1078,7 +1312,7 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b)
     latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
                     D.rq);
     prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
-    prl_rmsnorm_backward(a->dres, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d,
+    prl_rmsnorm_backward(dx, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d,
                          D.d, D.d);
 }
 
@@ -1216,9 +1450,10 @@ static void gate_backward_rows(void *p, int r0, int r1)
                               c->m->cfg.routed_scaling_factor);
 }
 
-/* FFN sublayer (dense or MoE): dres holds ∂/∂(next residual); adds the path through the
-** FFN and ln2, so afterwards dres holds ∂/∂(res_ffn). */
-static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *tasks)
+/* FFN sublayer (dense or MoE): dres holds ∂/∂(its output); adds the path through the FFN
+** and ln2 into dx (∂/∂res_ffn; the plain residual passes dres itself). */
+static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *tasks,
+                         prl_real *dx)
 {
     prl_acts *a = m->acts;
     layer_acts *la = &a->layer[l];
@@ -1244,8 +1479,97 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
         aux_backward(m, la, b, a->dz);
         prl_matmul_backward(a->dln, G(o->router), a->dz, la->ln_f, P(o->router), N, D.d, D.E);
     }
-    prl_rmsnorm_backward(a->dres, G(o->ln2), a->dln, la->res_ffn, P(o->ln2), la->rstd_f, N, D.d,
+    prl_rmsnorm_backward(dx, G(o->ln2), a->dln, la->res_ffn, P(o->ln2), la->rstd_f, N, D.d,
                          D.d, D.d);
+}
+
+static void swap_dxs(prl_acts *a)
+{
+    prl_real *t = a->dxs;
+    a->dxs = a->dxs2;
+    a->dxs2 = t;
+}
+
+/* Backward of site_leave and the sublayer and site_enter: a->dxs holds ∂/∂(the stream after
+** the site) and afterwards ∂/∂(the stream before it). */
+static void site_backward(prl_model *m, int l, int site, const prl_batch *b, expert_task *tasks)
+{
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    const prl_config *c = &m->cfg;
+    int N = a->N, d = c->hidden_size, S = prl_config_streams(c) * d;
+    size_t Nd = (size_t)N * d;
+    prl_mhc_shape sh = site_shape(m, 1);
+    int ns = prl_mhc_states(sh), n2 = sh.n * sh.n;
+    const prl_real *dF = a->dxs; /* ∂/∂F: the plain residual passes the stream's gradient */
+    if (c->use_mhc) {
+        zero(a->dxs2, (size_t)N * S), zero(a->dxin, Nd);
+        zero(a->dpost, (size_t)N * sh.n), zero(a->dH, (size_t)N * n2);
+        prl_mhc_post_backward(a->dxin, a->dxs2, a->dpost, a->dH, a->dxs, la->F[site], la->xs[site],
+                              la->hc[site].post, la->hc[site].S + (size_t)(ns - 1) * n2, ns * n2, sh);
+        dF = a->dxin;
+    } else {
+        memcpy(a->dxs2, a->dxs, (size_t)N * S * sizeof(prl_real));
+    }
+    zero(a->dres, Nd); /* ∂/∂(sublayer output) */
+    if (c->sandwich_norm) {
+        size_t g = site ? o->ln_pm : o->ln_pa;
+        prl_rmsnorm_backward(a->dres, G(g), dF, la->sub[site], P(g), la->rstd_sub[site], N, d, d, d);
+    } else {
+        memcpy(a->dres, dF, Nd * sizeof(prl_real));
+    }
+    zero(a->dxin, Nd); /* ∂/∂(sublayer input) */
+    if (site) ffn_backward(m, l, b, tasks, a->dxin);
+    else mla_backward(m, l, b, a->dxin);
+    if (c->use_mhc) {
+        zero(a->dpre, (size_t)N * sh.n);
+        prl_mhc_pre_backward(a->dxs2, a->dpre, a->dxin, la->xs[site], la->hc[site].pre, sh);
+        prl_mhc_params p = mhc_params(m, o->hc[site]);
+        prl_mhc_grads g = mhc_grads(m, o->hc[site]);
+        prl_mhc_site_backward(a->dxs2, &g, a->hc_scratch, a->dpre, a->dpost, a->dH, &la->hc[site],
+                              la->xs[site], &p, sh);
+    } else {
+        for (size_t i = 0; i < Nd; i++) a->dxs2[i] += a->dxin[i];
+    }
+    swap_dxs(a);
+}
+
+/* Backward of the layers with the residual glue on: a->dres holds ∂/∂res_final; afterwards
+** ∂/∂(the embedding rows), summed over the streams in order. */
+static void residual_backward(prl_model *m, const prl_batch *b, expert_task *tasks)
+{
+    prl_acts *a = m->acts;
+    const prl_config *c = &m->cfg;
+    int N = a->N, d = c->hidden_size, n = prl_config_streams(c), S = n * d;
+    if (c->use_mhc) { /* the merge head */
+        prl_mhc_shape sh = site_shape(m, 0);
+        prl_mhc_params p = mhc_params(m, model_offs(m)->merge);
+        prl_mhc_grads g = mhc_grads(m, model_offs(m)->merge);
+        zero(a->dxs, (size_t)N * S), zero(a->dpre, (size_t)N * n);
+        prl_mhc_pre_backward(a->dxs, a->dpre, a->dres, a->xs_final, a->hc_merge.pre, sh);
+        prl_mhc_site_backward(a->dxs, &g, a->hc_scratch, a->dpre, NULL, NULL, &a->hc_merge,
+                              a->xs_final, &p, sh);
+    } else {
+        memcpy(a->dxs, a->dres, (size_t)N * d * sizeof(prl_real));
+    }
+    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
+        layer_acts *la = &a->layer[l];
+        if (prl_config_block_post_norm(c, l)) {
+            size_t g = a->lo[l].ln_bp;
+            zero(a->dxs2, (size_t)N * S);
+            prl_rmsnorm_backward(a->dxs2, G(g), a->dxs, la->bp_in, P(g), la->rstd_bp, N, S, S, S);
+            swap_dxs(a);
+        }
+        site_backward(m, l, 1, b, tasks);
+        site_backward(m, l, 0, b, tasks);
+    }
+    for (int t = 0; t < N; t++) /* every stream started as the embedding */
+        for (int k = 0; k < d; k++) {
+            prl_real s = a->dxs[(size_t)t * S + k];
+            for (int i = 1; i < n; i++) s += a->dxs[(size_t)t * S + (size_t)i * d + k];
+            a->dres[(size_t)t * d + k] = s;
+        }
 }
 
 static void dlogits_rows(void *p, int r0, int r1)
@@ -1296,9 +1620,13 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
                          N, D.d, D.d, D.d);
     expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
     if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
-    for (int l = D.L - 1; l >= 0; l--) {
-        ffn_backward(m, l, b, tasks);
-        mla_backward(m, l, b);
+    if (residual_glue(&m->cfg)) {
+        residual_backward(m, b, tasks);
+    } else {
+        for (int l = D.L - 1; l >= 0; l--) {
+            ffn_backward(m, l, b, tasks, a->dres);
+            mla_backward(m, l, b, a->dres);
+        }
     }
     free(tasks);
     prl_embedding_backward(G(mo->embed), a->dres, b->tokens, N, D.d);

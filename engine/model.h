@@ -17,7 +17,7 @@ typedef enum prl_bias_rule {
     PRL_BIAS_RMS = 1   /* b_i −= γ·(F_i − Q_i)/RMS(F − Q) */
 } prl_bias_rule;
 
-enum { PRL_MAX_LAYERS = 64 };
+enum { PRL_MAX_LAYERS = 64, PRL_MHC_MAX_STREAMS = 16 };
 
 /* Training stage of the DSA indexer (docs/model.md, DSA): SPARSE — the main attention sees
 ** the top-k selected tokens and the indexer learns KL(p ‖ softmax I) on that set; DENSE —
@@ -51,6 +51,14 @@ typedef struct prl_config {
                                                ** only a position-free rope key */
     int use_mome;                              /* ModAttn (MoME) convolutions on */
     int router_sliding_window;                 /* their kernel size k */
+    /* residual blocks (docs/model.md, mHC and sandwich norms) */
+    int use_mhc;                               /* mHC hyper-connections on */
+    int mhc_num_stream;                        /* n residual streams (default 4) */
+    int mhc_recur_norm;                        /* Sinkhorn iterations (default 20) */
+    int mhc_use_gamma;                         /* norm_gamma gains on the flattened streams */
+    int sandwich_norm;                         /* post-attention and post-MLP norms too */
+    int n_block_post_layernorm_idx;            /* layers followed by block_post_layernorm */
+    int block_post_layernorm_idx[PRL_MAX_LAYERS];
     /* DeepSeek sparse attention (docs/model.md, DSA) */
     int n_dsa_layers;                          /* dsa_layers: layers with a lightning indexer */
     int dsa_layers[PRL_MAX_LAYERS];
@@ -64,7 +72,7 @@ typedef struct prl_config {
 void prl_config_default(prl_config *c);
 /* Parse JSON text; `source` names it in messages. Unknown keys, wrong types, out-of-range
 ** or inconsistent values are PRL_ERR_CONFIG; blocks of the openPangu design that are not
-** built yet (mHC, sandwich norms, MTP) are
+** built yet (MTP) are
 ** PRL_ERR_UNSUPPORTED; both name the key. */
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source);
 prl_status prl_config_load(prl_config *c, const char *path);
@@ -75,6 +83,10 @@ char *prl_config_to_json(const prl_config *c);
 int prl_config_window(const prl_config *c, int layer);
 /* 1 when layer l has a DSA lightning indexer (it is in dsa_layers). */
 int prl_config_is_dsa(const prl_config *c, int layer);
+/* Residual streams: mhc_num_stream with mHC on, else 1 (the plain residual). */
+int prl_config_streams(const prl_config *c);
+/* 1 when layer l is followed by the block post-norm (RMSNorm over all its streams). */
+int prl_config_block_post_norm(const prl_config *c, int layer);
 /* Kernel size of the ModAttn causal convolutions (0 = off). */
 int prl_config_conv_kernel(const prl_config *c);
 /* Number of MoE layers and the MoE index of layer l (-1 for a dense layer). */
@@ -91,6 +103,7 @@ typedef enum prl_param_kind {
     PRL_PARAM_ROUTER, /* MoE router weight (AdamW) */
     PRL_PARAM_SINK,   /* parameter attention sink latents / rope keys (AdamW, no decay) */
     PRL_PARAM_CONV,   /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
+    PRL_PARAM_MHC,    /* mHC phi, branch_alpha, branch_beta (AdamW, no decay; engine/mhc.h) */
     PRL_PARAM_INDEXER /* DSA lightning indexer (AdamW, no decay; k_norm gain init 1); learns
                       ** only from the indexer loss */
 } prl_param_kind;

@@ -194,6 +194,15 @@ prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_
                                  const float *iw, int B, int T, int n_tokens, int n_seqs,
                                  float *w, prl_grpo_loss_stats *stats)
 {
+    return prl_grpo_loss_partial_tok(c, lp_new, lp_old, adv, NULL, mask, iw, B, T, n_tokens,
+                                     n_seqs, w, stats);
+}
+
+prl_status prl_grpo_loss_partial_tok(const prl_grpo_loss_config *c, const float *lp_new,
+                                     const float *lp_old, const double *adv, const float *adv_tok,
+                                     const uint8_t *mask, const float *iw, int B, int T,
+                                     int n_tokens, int n_seqs, float *w, prl_grpo_loss_stats *stats)
+{
     prl_status rc = prl_grpo_loss_config_check(c);
     if (rc) return rc;
     if (B < 0 || T < 0 || n_tokens < 0 || n_seqs < 0)
@@ -217,7 +226,8 @@ prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_
                 return prl_error_set(PRL_ERR_ARG, "loss: sequence %d position %d: log-prob %g / %g",
                                      b, t, lp_new[i], lp_old[i]);
             int branch;
-            double g, L = token_loss(lp_new[i], lp_old[i], adv[b], c, &g, &branch);
+            double A = adv[b] + (adv_tok ? (double)adv_tok[i] : 0.0);
+            double g, L = token_loss(lp_new[i], lp_old[i], A, c, &g, &branch);
             double wt = iw ? iw[i] : 1.0;
             st.loss += coef * wt * L;
             w[i] = (float)(coef * wt * g);

@@ -21,6 +21,7 @@
 #ifndef PRL_GRPO_H
 #define PRL_GRPO_H
 
+#include "bus/bus.h"
 #include "engine/engine.h"
 
 struct prl_job_config;
@@ -119,6 +120,14 @@ prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_
                                  const float *lp_old, const double *adv, const uint8_t *mask,
                                  const float *iw, int B, int T, int n_tokens, int n_seqs,
                                  float *w, prl_grpo_loss_stats *stats);
+
+/* The same with a per-token advantage added: token i's advantage is adv[b] + adv_tok[i]
+** (adv_tok [B·T], NULL = none). On-policy distillation's per-token advantages (opd/) come in
+** here; the token loss, weights and stats are otherwise those of prl_grpo_loss_partial. */
+prl_status prl_grpo_loss_partial_tok(const prl_grpo_loss_config *c, const float *lp_new,
+                                     const float *lp_old, const double *adv, const float *adv_tok,
+                                     const uint8_t *mask, const float *iw, int B, int T,
+                                     int n_tokens, int n_seqs, float *w, prl_grpo_loss_stats *stats);
 
 /* ---------------------------------------------------------------- mismatch correction */
 /* mismatch.c: the train–infer mismatch corrections of rl.md §2 as per-token weights and keep
@@ -286,6 +295,14 @@ prl_status prl_grpo_batch_check(const prl_grpo_batch *b);
 ** (O(i): sums the prompts before it). */
 void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int *len);
 
+/* Every sample fits model m: length <= its context, token ids < its vocabulary; else
+** PRL_ERR_RANGE naming the sample (and position). */
+prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b);
+/* The frame `name` of a decoded message with dtype `dt` and `count` elements (SIZE_MAX: any);
+** else PRL_ERR_FORMAT naming the frame (missing, another dtype, another size). */
+prl_status prl_grpo_msg_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
+                              size_t count, const prl_bus_frame **out);
+
 /* Read a decoded `train` message (field count; frames tokens, offsets, prompt_lens, rewards,
 ** groups, logprobs, mask; optionally frames route_rows and routes with fields route_moe,
 ** route_k, route_width) into a new batch `b`. Every frame's presence, dtype and size and
@@ -313,6 +330,10 @@ typedef struct prl_grpo_train_config {
     double replay_tau;           /* replay.tau: Masked R3 threshold on |I_train ∩ I_infer|/K */
     double entropy_alarm;        /* replay.entropy_alarm: alarm when a layer's routing entropy
                                  ** < entropy_alarm · ln N_experts (0 = never) */
+    const float *token_adv;      /* borrowed, [n_response] in the batch's response layout, or
+                                 ** NULL: a per-token advantage added to each loss token's
+                                 ** (on-policy distillation, opd/) */
+    double seq_adv_weight;       /* weight of the group (reward) advantage, default 1 */
 } prl_grpo_train_config;
 
 void prl_grpo_train_config_default(prl_grpo_train_config *c);

@@ -182,8 +182,7 @@ void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int 
 
 /* ------------------------------------------------------------------ the message ----- */
 
-/* The frame `name` of dtype `dt` with `count` elements (SIZE_MAX: any). */
-static prl_status train_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
+prl_status prl_grpo_msg_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
                               size_t count, const prl_bus_frame **out)
 {
     const prl_bus_frame *f = prl_bus_msg_frame(m, name);
@@ -221,8 +220,8 @@ static prl_status routes_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
                                  (unsigned long long)shape[k]);
     }
     const prl_bus_frame *f;
-    prl_status rc = train_frame(m, "route_rows", PRL_BUS_I32, (size_t)b->n, &f);
-    if (!rc) rc = train_frame(m, "routes", PRL_BUS_U8, SIZE_MAX, &f);
+    prl_status rc = prl_grpo_msg_frame(m, "route_rows", PRL_BUS_I32, (size_t)b->n, &f);
+    if (!rc) rc = prl_grpo_msg_frame(m, "routes", PRL_BUS_U8, SIZE_MAX, &f);
     if (rc) return rc;
     b->route_moe = (int)shape[0], b->route_k = (int)shape[1], b->route_width = (int)shape[2];
     b->route_rows = malloc((size_t)b->n * sizeof *b->route_rows);
@@ -247,13 +246,13 @@ static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
     size_t n = (size_t)count;
     const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *rew = NULL, *grp = NULL, *lp = NULL,
                         *mask = NULL;
-    if ((rc = train_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
-        (rc = train_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
-        (rc = train_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
-        (rc = train_frame(m, "rewards", PRL_BUS_F32, n, &rew)) ||
-        (rc = train_frame(m, "groups", PRL_BUS_I32, n, &grp)) ||
-        (rc = train_frame(m, "logprobs", PRL_BUS_F32, SIZE_MAX, &lp)) ||
-        (rc = train_frame(m, "mask", PRL_BUS_U8, lp->count, &mask)))
+    if ((rc = prl_grpo_msg_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
+        (rc = prl_grpo_msg_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
+        (rc = prl_grpo_msg_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
+        (rc = prl_grpo_msg_frame(m, "rewards", PRL_BUS_F32, n, &rew)) ||
+        (rc = prl_grpo_msg_frame(m, "groups", PRL_BUS_I32, n, &grp)) ||
+        (rc = prl_grpo_msg_frame(m, "logprobs", PRL_BUS_F32, SIZE_MAX, &lp)) ||
+        (rc = prl_grpo_msg_frame(m, "mask", PRL_BUS_U8, lp->count, &mask)))
         return rc;
     if (lp->count > tok->count)
         return prl_error_set(PRL_ERR_FORMAT, "frame 'logprobs' has %zu elements, more than the "
@@ -309,7 +308,7 @@ void prl_grpo_train_config_default(prl_grpo_train_config *c)
     *c = (prl_grpo_train_config){.adv_norm = PRL_GRPO_NORM_STD, .adv_eps = 1e-6,
                                  .singleton = PRL_GRPO_SINGLETON_ZERO, .ppo_epochs = 1,
                                  .minibatches = 1, .micro_rows = 8, .grad_clip = 1.0,
-                                 .temperature = 1.0, .replay_tau = 0.5};
+                                 .temperature = 1.0, .replay_tau = 0.5, .seq_adv_weight = 1.0};
     prl_grpo_loss_config_default(&c->loss);
     prl_grpo_corr_config_default(&c->corr);
 }
@@ -370,6 +369,8 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
     if (!(c->grad_clip >= 0)) return prl_error_set(PRL_ERR_CONFIG, "optim.grad_clip %g must be >= 0", c->grad_clip);
     if (!(c->temperature > 0 && isfinite(c->temperature)))
         return prl_error_set(PRL_ERR_CONFIG, "rollout.temperature %g must be > 0", c->temperature);
+    if (!isfinite(c->seq_adv_weight))
+        return prl_error_set(PRL_ERR_CONFIG, "seq_adv_weight %g must be finite", c->seq_adv_weight);
     if (!(c->kl_coef >= 0 && isfinite(c->kl_coef)))
         return prl_error_set(PRL_ERR_CONFIG, "grpo.kl_coef %g must be >= 0", c->kl_coef);
     if (c->loss.kind != PRL_GRPO_LOSS_PPO_CLIP) /* reinforce comes with bypass mode only */
@@ -418,6 +419,7 @@ typedef struct step_ctx {
     prl_batch_buf bb;     /* micro_rows × ctx */
     uint8_t *train;       /* [ctx] a row's target mask */
     float *lp_new, *old_rows, *ref_rows; /* [micro_rows × ctx] */
+    float *adv_tok_rows;  /* [micro_rows × ctx] c->token_adv in rows (NULL without) */
     uint8_t *mask_rows;   /* [micro_rows × ctx] */
     double *adv_rows;     /* [micro_rows] */
     step_corr corr;       /* the mismatch correction's state */
@@ -429,7 +431,7 @@ static void step_free(step_ctx *s)
     free(s->kept), free(s->first), free(s->adv), free(s->lp_old), free(s->lp_ref);
     prl_batch_buf_free(&s->bb);
     free(s->train), free(s->lp_new), free(s->old_rows), free(s->ref_rows);
-    free(s->mask_rows), free(s->adv_rows);
+    free(s->mask_rows), free(s->adv_rows), free(s->adv_tok_rows);
     free(s->corr.seq_start), free(s->corr.mask), free(s->corr.iw), free(s->corr.keep);
     free(s->corr.iw_rows), free(s->corr.row_start);
     prl_grpo_replay_free(&s->rp);
@@ -450,6 +452,8 @@ static prl_status step_alloc(step_ctx *s)
     s->ref_rows = malloc(rows * sizeof *s->ref_rows);
     s->mask_rows = malloc(rows);
     s->adv_rows = malloc((size_t)s->c->micro_rows * sizeof *s->adv_rows);
+    if (s->c->token_adv && !(s->adv_tok_rows = malloc(rows * sizeof *s->adv_tok_rows)))
+        return prl_error_set(PRL_ERR_NOMEM, "grpo step token advantages");
     s->corr.seq_start = malloc(((size_t)b->n + 1) * sizeof *s->corr.seq_start);
     s->corr.mask = calloc(nr, 1);
     s->corr.iw = calloc(nr, sizeof *s->corr.iw);
@@ -465,18 +469,17 @@ static prl_status step_alloc(step_ctx *s)
     return rc ? rc : prl_grpo_replay_init(&s->rp, s->m, b, s->c, s->c->micro_rows, s->ctx);
 }
 
-/* Every sample fits the model: length <= context, token ids < vocabulary. */
-static prl_status check_fits(const prl_model *m, const prl_grpo_batch *b)
+prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b)
 {
     for (int i = 0; i < b->n; i++) {
         int len = b->offsets[i + 1] - b->offsets[i];
         if (len > m->cfg.max_position_embeddings)
-            return prl_error_set(PRL_ERR_RANGE, "grpo step: sample %d has %d tokens, more than "
-                                 "the model's context of %d", i, len, m->cfg.max_position_embeddings);
+            return prl_error_set(PRL_ERR_RANGE, "sample %d has %d tokens, more than the model's "
+                                 "context of %d", i, len, m->cfg.max_position_embeddings);
         for (int t = 0; t < len; t++)
             if (b->tokens[b->offsets[i] + t] >= m->cfg.vocab_size)
-                return prl_error_set(PRL_ERR_RANGE, "grpo step: sample %d position %d has token "
-                                     "%d outside the vocabulary of %d", i, t,
+                return prl_error_set(PRL_ERR_RANGE, "sample %d position %d has token %d "
+                                     "outside the vocabulary of %d", i, t,
                                      b->tokens[b->offsets[i] + t], m->cfg.vocab_size);
     }
     return PRL_OK;
@@ -542,7 +545,7 @@ static prl_batch pack_rows(step_ctx *s, int k0, int rows)
         int i = s->kept[k0 + r], len = b->offsets[i + 1] - b->offsets[i], pl = b->prompt_lens[i];
         for (int t = 0; t < len; t++) s->train[t] = t >= pl && b->mask[s->first[i] + t - pl];
         prl_batch_buf_set_row(&s->bb, T, r, b->tokens + b->offsets[i], len, s->train);
-        s->adv_rows[r] = s->adv[i];
+        s->adv_rows[r] = s->c->seq_adv_weight * s->adv[i];
     }
     prl_batch batch = prl_batch_buf_view(&s->bb, rows, T);
     batch.temperature = s->c->temperature;
@@ -672,9 +675,11 @@ static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_sta
         mask_of_rows(&batch, s->mask_rows);
         const float *iw = NULL;
         if ((rc = step_corr_rows(s, r0, &batch, &iw))) break;
+        if (s->adv_tok_rows) flat_to_rows(s, r0, &batch, s->c->token_adv, s->adv_tok_rows);
         prl_grpo_loss_stats part;
-        rc = prl_grpo_loss_partial(&loss, s->lp_new, s->old_rows, s->adv_rows, s->mask_rows,
-                                   iw, rows, batch.T, n_tokens, n_seqs, s->bb.weights, &part);
+        rc = prl_grpo_loss_partial_tok(&loss, s->lp_new, s->old_rows, s->adv_rows,
+                                       s->adv_tok_rows, s->mask_rows, iw, rows, batch.T,
+                                       n_tokens, n_seqs, s->bb.weights, &part);
         if (rc) break;
         if (s->c->kl_coef > 0) {
             flat_to_rows(s, r0, &batch, s->lp_ref, s->ref_rows);
@@ -750,7 +755,7 @@ prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch 
         rc = prl_error_set(PRL_ERR_ARG, "grpo.kl_coef: the reference model's vocabulary or "
                            "context differs from the policy's");
     if (rc == PRL_OK) rc = prl_grpo_batch_check(b);
-    if (rc == PRL_OK) rc = check_fits(m, b);
+    if (rc == PRL_OK && (rc = prl_grpo_batch_fits(m, b))) rc = prl_error_wrap(rc, "grpo step: ");
     if (rc) return rc;
     step_ctx s = {.m = m, .b = b, .c = c, .ctx = m->cfg.max_position_embeddings};
     prl_grpo_step_stats st = {.samples = b->n};

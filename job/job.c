@@ -17,7 +17,7 @@ static const prl_key_spec keys[] = {
     {"run.name", PRL_KEY_STR, F(name), 0, 0, "\"job\"", NULL},
     {"run.seed", PRL_KEY_U64, F(seed), 0, BIG, "1", NULL},
     {"model.init", PRL_KEY_STR, F(init), 0, 0, "\"runs/sft-base/ckpt\"", NULL},
-    {"task.domain", PRL_KEY_STR, F(domain), 0, 0, "\"reasoning\"", "reasoning|general|agent|coding"},
+    {"task.domain", PRL_KEY_STR, F(domain), 0, 0, "\"reasoning\"", "reasoning|general|agent|coding|mixed"},
     {"task.difficulty", PRL_KEY_INT, F(difficulty), 0, 3, "0", NULL},
     {"task.train_problems", PRL_KEY_INT, F(train_problems), 1, 1e7, "2000", NULL},
     {"task.eval_problems", PRL_KEY_INT, F(eval_problems), 1, 1e6, "100", NULL},
@@ -89,6 +89,20 @@ static const prl_key_spec keys[] = {
     {"controller.lease_seconds", PRL_KEY_REAL, F(lease_seconds), 0.1, 86400, "60", NULL},
     {"controller.heartbeat_seconds", PRL_KEY_REAL, F(heartbeat_seconds), 0.01, 3600, "2", NULL},
     {"checkpoint.every", PRL_KEY_INT, F(checkpoint_every), 0, 1e9, "10", NULL},
+    {"opd.enabled", PRL_KEY_BOOL, F(opd_enabled), 0, 1, "false", NULL},
+    {"opd.teachers.agent", PRL_KEY_STR, F(opd_teachers[0]), 0, 0, "\"\"", NULL},
+    {"opd.teachers.coding", PRL_KEY_STR, F(opd_teachers[1]), 0, 0, "\"\"", NULL},
+    {"opd.teachers.general", PRL_KEY_STR, F(opd_teachers[2]), 0, 0, "\"\"", NULL},
+    {"opd.teachers.reasoning", PRL_KEY_STR, F(opd_teachers[3]), 0, 0, "\"\"", NULL},
+    {"opd.coef", PRL_KEY_REAL, F(opd_coef), 0, 1e3, "1.0", NULL},
+    {"opd.discount", PRL_KEY_REAL, F(opd_discount), 0, 0.999999, "0", NULL},
+    {"opd.adv_clip", PRL_KEY_BOOL, F(opd_adv_clip), 0, 1, "false", NULL},
+    {"opd.adv_clip_low", PRL_KEY_REAL, F(opd_adv_clip_low), -1e6, 0, "-5.0", NULL},
+    {"opd.adv_clip_high", PRL_KEY_REAL, F(opd_adv_clip_high), 0, 1e6, "5.0", NULL},
+    {"opd.adv_mask_eps", PRL_KEY_REAL, F(opd_adv_mask_eps), 0, 1e6, "0", NULL},
+    {"opd.task_weight", PRL_KEY_REAL, F(opd_task_weight), 0, 1e3, "0", NULL},
+    {"teacher.workers", PRL_KEY_INT, F(teacher_workers), 1, 16, "1", NULL},
+    {"teacher.threads", PRL_KEY_INT, F(teacher_threads), 0, 256, "0", NULL},
 };
 static prl_status check(const void *c, const char *source) { return prl_job_config_check(c, source); }
 static const prl_key_table table = {keys, sizeof keys / sizeof keys[0], sizeof(prl_job_config), check};
@@ -138,9 +152,24 @@ static prl_status check_correction(const prl_job_config *c, const char *source)
     return PRL_OK;
 }
 
+/* opd.enabled: every domain the prompts cover has its teacher (the files are checked by
+** prl_opd_check_teachers before any process starts). */
+static prl_status check_opd(const prl_job_config *c, const char *source)
+{
+    static const char *const domains[4] = {"agent", "coding", "general", "reasoning"};
+    if (!c->opd_enabled) return PRL_OK;
+    for (int i = 0; i < 4; i++)
+        if ((!strcmp(c->domain, "mixed") || !strcmp(c->domain, domains[i])) && !*c->opd_teachers[i])
+            return prl_error_set(PRL_ERR_CONFIG, "%s: key 'opd.teachers.%s' is empty: opd.enabled "
+                                 "needs a teacher checkpoint for every domain of task.domain = %s",
+                                 source, domains[i], c->domain);
+    return PRL_OK;
+}
+
 prl_status prl_job_config_check(const prl_job_config *c, const char *source)
 {
     prl_status rc = check_correction(c, source);
+    if (!rc) rc = check_opd(c, source);
     if (rc) return rc;
     if ((long)c->batch_prompts * c->group_size <= 0)
         return prl_error_set(PRL_ERR_CONFIG, "%s: rollout.batch_prompts x rollout.group_size = %d x %d "

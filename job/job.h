@@ -5,7 +5,7 @@
 **
 ** Keys are dotted paths into sections: run (name, seed), model (init checkpoint), task
 ** (domain, difficulty, problems), rollout, reward, sandbox, grpo, optim, controller,
-** checkpoint. docs/job.md lists every key with its type, default and range. An unknown key
+** checkpoint, opd and teacher (on-policy distillation, docs/opd.md). docs/job.md lists every key with its type, default and range. An unknown key
 ** (with the nearest known key suggested), a wrong type, an impossible value (B·G = 0, a
 ** negative clip) or a bad choice is PRL_ERR_CONFIG naming the key and the source.
 **
@@ -23,7 +23,7 @@ typedef struct prl_job_config {
     /* model */
     char *init;                  /* checkpoint to start from */
     /* task */
-    char *domain;                /* reasoning | general | agent | coding */
+    char *domain;                /* reasoning | general | agent | coding | mixed (all four) */
     int difficulty;              /* 0 (mixed) .. 3 */
     int train_problems, eval_problems;
     /* rollout */
@@ -71,6 +71,14 @@ typedef struct prl_job_config {
     double lease_seconds, heartbeat_seconds;
     /* checkpoint */
     int checkpoint_every;
+    /* opd: multi-teacher on-policy distillation (docs/opd.md) */
+    int opd_enabled;
+    char *opd_teachers[4];       /* opd.teachers.{agent,coding,general,reasoning}: checkpoint
+                                 ** dirs ("" = none); the order of opd.h's teacher keys */
+    double opd_coef, opd_discount, opd_adv_clip_low, opd_adv_clip_high, opd_adv_mask_eps,
+        opd_task_weight;
+    int opd_adv_clip;
+    int teacher_workers, teacher_threads; /* the pool of teacher processes */
 } prl_job_config;
 
 /* Every key at its default (docs/job.md). */

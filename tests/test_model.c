@@ -34,6 +34,11 @@ static const char *dsa_config =
     "{" SMALL_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [5, 9],"
     " \"param_sink_number\": 3, \"router_sliding_window\": 3, \"dsa_layers\": [0],"
     " \"index_topk\": 4, \"index_n_heads\": 2, \"index_head_dim\": 8}";
+/* small_config with mHC (4 streams, 20 Sinkhorn iterations, γ), sandwich norms and a block
+** post-norm after layer 1. */
+static const char *residual_config =
+    "{" SMALL_KEYS ", \"use_mhc\": true, \"mhc_num_stream\": 4, \"mhc_recur_norm\": 20,"
+    " \"mhc_use_gamma\": true, \"sandwich_norm\": true, \"block_post_layernorm_idx\": [1]}";
 
 static char tmpdir[256];
 
@@ -98,7 +103,7 @@ START_TEST(test_config_errors)
     ck_assert_int_eq(parse("{\"vocab_size\": 64, \"vocab_size\": 65}", &c), PRL_ERR_CONFIG);
     ck_assert_int_eq(parse("[1, 2]", &c), PRL_ERR_CONFIG);
     /* later blocks: recognised, refused unless off */
-    ck_assert_int_eq(parse("{\"use_mhc\": true}", &c), PRL_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 1}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "not yet supported"));
     /* DSA: layers, indexer shape, stage; bad values name the key */
     ck_assert_int_eq(parse("{\"dsa_layers\": [0, 3], \"index_topk\": 8, \"index_n_heads\": 2, "
@@ -119,6 +124,23 @@ START_TEST(test_config_errors)
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "not a layer"));
     ck_assert_int_eq(parse("{\"prl_dsa_stage\": \"warm\"}", &c), PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "prl_dsa_stage"));
+    /* mHC, sandwich norms, block post-norms (docs/config.md) */
+    ck_assert_int_eq(parse("{\"use_mhc\": true, \"mhc_use_gamma\": true, "
+                           "\"sandwich_norm\": true, \"block_post_layernorm_idx\": [0, 4]}", &c),
+                     PRL_OK);
+    ck_assert_int_eq(prl_config_streams(&c), 4);
+    ck_assert_int_eq(c.mhc_recur_norm, 20); /* default, spec §11.1 */
+    ck_assert_int_eq(prl_config_block_post_norm(&c, 4), 1);
+    ck_assert_int_eq(prl_config_block_post_norm(&c, 1), 0);
+    ck_assert_int_eq(parse("{\"use_mhc\": true, \"mhc_num_stream\": 0}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "mhc_num_stream"));
+    ck_assert_int_eq(parse("{\"use_mhc\": true, \"mhc_recur_norm\": 0}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "Sinkhorn"));
+    ck_assert_int_eq(parse("{\"block_post_layernorm_idx\": [6]}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "not a layer"));
+    ck_assert_int_eq(parse("{\"block_post_layernorm_idx\": [2, 2]}", &c), PRL_ERR_CONFIG);
+    ck_assert_int_eq(parse("{\"use_mhc\": false}", &c), PRL_OK);
+    ck_assert_int_eq(prl_config_streams(&c), 1);
     ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 1}", &c), PRL_ERR_UNSUPPORTED);
     /* ModAttn convs: on by router_sliding_window (use_mome defaults to it) */
     ck_assert_int_eq(parse("{\"router_sliding_window\": 3}", &c), PRL_OK);
@@ -147,7 +169,6 @@ START_TEST(test_config_errors)
                      PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "sliding_window_list"));
     ck_assert_int_eq(parse("{\"param_sink_number\": -1}", &c), PRL_ERR_CONFIG);
-    ck_assert_int_eq(parse("{\"sandwich_norm\": true}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"rope_interleave\": true}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_int_eq(parse("{\"dsa_layers\": [], \"use_mhc\": false, \"num_nextn_predict_layers\": 0}", &c), PRL_OK);
     ck_assert_int_eq(parse("{\"prl_bias_update_rule\": \"rms\"}", &c), PRL_OK);
@@ -157,6 +178,11 @@ START_TEST(test_config_errors)
     ck_assert_int_eq(parse(small_config, &c), PRL_OK);
     char *text = prl_config_to_json(&c);
     prl_config c2;
+    ck_assert_int_eq(prl_config_parse(&c2, text, "round trip"), PRL_OK);
+    ck_assert_mem_eq(&c, &c2, sizeof c);
+    free(text);
+    ck_assert_int_eq(parse(residual_config, &c), PRL_OK);
+    text = prl_config_to_json(&c);
     ck_assert_int_eq(prl_config_parse(&c2, text, "round trip"), PRL_OK);
     ck_assert_mem_eq(&c, &c2, sizeof c);
     free(text);
@@ -379,11 +405,42 @@ START_TEST(test_determinism_across_threads)
 }
 END_TEST
 
+/* m (built from `config`, freed here) saved and loaded back bit for bit; then trained three
+** steps with 1, 2 and 3 threads to the same bits, and every tensor of trained[] moved.
+** *loaded receives the loaded model's config. */
+static void check_checkpoint_and_threads(prl_model *m, const char *config,
+                                         const char *const *trained, int n_trained,
+                                         prl_config *loaded)
+{
+    prl_model m2;
+    size_t n = m->n_params;
+    make_tmpdir();
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ckpt", tmpdir);
+    ck_assert_int_eq(prl_checkpoint_save(m, NULL, NULL, NULL, dir), PRL_OK);
+    ck_assert_int_eq(prl_checkpoint_load(&m2, dir), PRL_OK);
+    ck_assert_int_eq(m2.n_params, n);
+    ck_assert_mem_eq(m->params, m2.params, n * sizeof(float));
+    *loaded = m2.cfg;
+    prl_model_free(&m2);
+    float *a = train_three_steps(1, config), *b = train_three_steps(2, config),
+          *c = train_three_steps(3, config);
+    ck_assert_mem_eq(a, b, n * sizeof *a);
+    ck_assert_mem_eq(a, c, n * sizeof *a);
+    for (int i = 0; i < n_trained; i++) {
+        const prl_param_info *p = prl_model_find(m, trained[i]);
+        ck_assert_int_ne(memcmp(a + p->offset, m->params + p->offset, p->numel * sizeof *a), 0);
+    }
+    free(a), free(b), free(c);
+    prl_model_free(m);
+    ck_assert_int_eq(prl_blas_init(0), PRL_OK);
+}
+
 /* SWA, sinks and ModAttn: Hugging Face names and shapes, a checkpoint round trip (3-D conv
 ** tensors), trained sinks and kernels, and bitwise training for 1, 2 and 3 threads. */
 START_TEST(test_blocks_checkpoint_and_threads)
 {
-    prl_model m, m2;
+    prl_model m;
     build_from(&m, blocks_config, 11);
     const prl_param_info *p = prl_model_find(&m, "model.layers.1.self_attn.o_conv.weight");
     ck_assert_ptr_nonnull(p);
@@ -394,29 +451,58 @@ START_TEST(test_blocks_checkpoint_and_threads)
     ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.2.self_attn.param_sink_k_pe"));
     ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.2.self_attn.qa_conv.weight"));
     ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.2.self_attn.compresskv_conv.weight"));
-    size_t n = m.n_params;
-    make_tmpdir();
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/ckpt", tmpdir);
-    ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK);
-    ck_assert_int_eq(prl_checkpoint_load(&m2, dir), PRL_OK);
-    ck_assert_int_eq(prl_config_window(&m2.cfg, 2), 9);
-    ck_assert_int_eq(m2.n_params, n);
-    ck_assert_mem_eq(m.params, m2.params, n * sizeof(float));
-    prl_model_free(&m2);
-    float *a = train_three_steps(1, blocks_config), *b = train_three_steps(2, blocks_config),
-          *c = train_three_steps(3, blocks_config);
-    ck_assert_mem_eq(a, b, n * sizeof *a);
-    ck_assert_mem_eq(a, c, n * sizeof *a);
     const char *trained[] = {"model.layers.1.self_attn.o_conv.weight",
                              "model.layers.1.self_attn.param_sink_k_pe"};
-    for (int i = 0; i < 2; i++) { /* the blocks learn (conv kernels move off the identity) */
-        p = prl_model_find(&m, trained[i]);
-        ck_assert_int_ne(memcmp(a + p->offset, m.params + p->offset, p->numel * sizeof *a), 0);
+    prl_config loaded; /* the blocks learn (conv kernels move off the identity) */
+    check_checkpoint_and_threads(&m, blocks_config, trained, 2, &loaded);
+    ck_assert_int_eq(prl_config_window(&loaded, 2), 9);
+}
+END_TEST
+
+/* mHC, sandwich and block post-norms: Hugging Face names, shapes, kinds and the spec's
+** initialisation; a checkpoint round trip; bitwise training for 1, 2 and 3 threads; the
+** mHC parameters learn. */
+START_TEST(test_residual_blocks_checkpoint_and_threads)
+{
+    prl_model m;
+    build_from(&m, residual_config, 11);
+    struct { const char *name; int64_t rows, cols; prl_param_kind kind; } want[] = {
+        {"model.layers.0.attn_mhc_module.phi.weight", 24, 128, PRL_PARAM_MHC},
+        {"model.layers.0.attn_mhc_module.norm_gamma", 128, 0, PRL_PARAM_NORM},
+        {"model.layers.0.attn_mhc_module.branch_alpha", 3, 0, PRL_PARAM_MHC},
+        {"model.layers.2.mlp_mhc_module.branch_beta", 24, 0, PRL_PARAM_MHC},
+        {"model.layers.2.post_attention_layernorm.weight", 32, 0, PRL_PARAM_NORM},
+        {"model.layers.2.pre_mlp_layernorm.weight", 32, 0, PRL_PARAM_NORM},
+        {"model.layers.2.post_mlp_layernorm.weight", 32, 0, PRL_PARAM_NORM},
+        {"model.layers.1.block_post_layernorm.weight", 128, 0, PRL_PARAM_NORM},
+        {"model.merge_mhc_module.phi.weight", 4, 128, PRL_PARAM_MHC},
+        {"model.merge_mhc_module.norm_gamma", 128, 0, PRL_PARAM_NORM},
+        {"model.merge_mhc_module.branch_alpha_pre", 1, 0, PRL_PARAM_MHC},
+        {"model.merge_mhc_module.branch_beta_pre", 4, 0, PRL_PARAM_MHC},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const prl_param_info *p = prl_model_find(&m, want[i].name);
+        ck_assert_msg(p != NULL, "no tensor %s", want[i].name);
+        ck_assert_int_eq(p->shape[0], want[i].rows);
+        ck_assert_int_eq(p->shape[1], want[i].cols);
+        ck_assert_int_eq(p->kind, want[i].kind);
     }
-    free(a), free(b), free(c);
-    prl_model_free(&m);
-    ck_assert_int_eq(prl_blas_init(0), PRL_OK);
+    ck_assert_ptr_null(prl_model_find(&m, "model.layers.0.block_post_layernorm.weight"));
+    /* spec §7.4: α = 0.01, b_pre = logit(1/4), b_post = 0, b_res = 0 / −8 off the diagonal */
+    const prl_param_info *a = prl_model_find(&m, "model.layers.1.mlp_mhc_module.branch_alpha");
+    const prl_param_info *b = prl_model_find(&m, "model.layers.1.mlp_mhc_module.branch_beta");
+    ck_assert_float_eq(m.params[a->offset + 2], 0.01f);
+    ck_assert_float_eq_tol(m.params[b->offset + 0], (float)-log(3.0), 1e-6);
+    ck_assert_float_eq(m.params[b->offset + 4], 0);
+    ck_assert_float_eq(m.params[b->offset + 8 + 5], 0);  /* res[1][1] */
+    ck_assert_float_eq(m.params[b->offset + 8 + 6], -8); /* res[1][2] */
+    const char *trained[] = {"model.layers.0.attn_mhc_module.phi.weight",
+                             "model.layers.0.attn_mhc_module.branch_beta",
+                             "model.merge_mhc_module.branch_alpha_pre",
+                             "model.layers.1.block_post_layernorm.weight"};
+    prl_config loaded;
+    check_checkpoint_and_threads(&m, residual_config, trained, 4, &loaded);
+    ck_assert_int_eq(prl_config_streams(&loaded), 4);
 }
 END_TEST
 
@@ -813,6 +899,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_checkpoint_tampering);
     tcase_add_test(tc, test_determinism_across_threads);
     tcase_add_test(tc, test_blocks_checkpoint_and_threads);
+    tcase_add_test(tc, test_residual_blocks_checkpoint_and_threads);
     tcase_add_test(tc, test_batch_invariance);
     tcase_add_test(tc, test_adamw_closed_form);
     tcase_add_test(tc, test_muon_newton_schulz);

@@ -62,6 +62,11 @@ BLOCKS = dict(MICRO, swa_layers=[1, 2], sliding_window_list=[4, 4], sliding_wind
               param_sink_number=2, param_sink_with_value=True, use_mome=True,
               router_sliding_window=3)
 
+# BLOCKS plus mHC (4 streams, 3 Sinkhorn iterations, gamma), sandwich norms and a block
+# post-norm after layer 0 (spec §12.2 without DSA and MTP).
+MHC = dict(BLOCKS, use_mhc=True, mhc_num_stream=4, mhc_recur_norm=3, mhc_use_gamma=True,
+           sandwich_norm=True, block_post_layernorm_idx=[0])
+
 
 def micro_model(cfg=None, seed=0, std=0.3, dtype=torch.float64):
     """A float64 model with non-trivial weights: N(0, std) linears, random norm gains and
@@ -75,6 +80,10 @@ def micro_model(cfg=None, seed=0, std=0.3, dtype=torch.float64):
                 m.weight.uniform_(0.5, 1.5, generator=g)
             elif isinstance(m, torch.nn.Conv1d):     # init 0 is the identity: perturb
                 m.weight.normal_(0.0, 0.3, generator=g)
+            elif isinstance(m, pr.MHCModule):        # alpha 0.01, b_res -8: nearly flat
+                for name, p in m.named_parameters():
+                    if "branch_" in name:
+                        p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
         for l in model.moe_layers:
             model.model.layers[l].mlp.e_score_correction.bias.normal_(0.0, 0.05, generator=g)
     return model
@@ -418,6 +427,66 @@ class TestGradientsBlocks(TestGradients):
     test_route_override_equal_to_natural_changes_nothing = None
 
 
+class TestGradientsMHC(TestGradients):
+    """The same checks with mHC, sandwich norms and a block post-norm on top of BLOCKS."""
+
+    CFG = dict(MHC, prl_balance_loss_alpha=0.05, prl_router_z_loss_coef=0.02)
+    test_finite_difference_check_catches_a_wrong_gradient = None
+    test_route_override_equal_to_natural_changes_nothing = None
+
+
+class TestMHC(unittest.TestCase):
+    """Sinkhorn and the mHC site against the spec's equations written out per element."""
+
+    def test_sinkhorn_order_and_doubly_stochastic(self):
+        g = torch.Generator().manual_seed(1)
+        R = torch.randn(4, 4, generator=g, dtype=torch.float64) * 2
+        eps = 1e-6
+        M = [[0.0] * 4 for _ in range(4)]
+        for i in range(4):
+            e = [math.exp(float(R[i, j])) for j in range(4)]
+            for j in range(4):
+                M[i][j] = e[j] / sum(e) + eps
+        steps = [1] + [0, 1] * 2                      # it = 3: columns, then (rows, columns) x 2
+        for cols in steps:
+            if cols:
+                s = [sum(M[i][j] for i in range(4)) + eps for j in range(4)]
+                M = [[M[i][j] / s[j] for j in range(4)] for i in range(4)]
+            else:
+                s = [sum(M[i]) + eps for i in range(4)]
+                M = [[M[i][j] / s[i] for j in range(4)] for i in range(4)]
+        H = pr.sinkhorn(R, 3)
+        self.assertTrue(torch.allclose(H, torch.tensor(M, dtype=torch.float64), atol=1e-15))
+        H20 = pr.sinkhorn(R, 20)
+        self.assertTrue(torch.allclose(H20.sum(0), torch.ones(4, dtype=torch.float64), atol=1e-5))
+        self.assertTrue(torch.allclose(H20.sum(1), torch.ones(4, dtype=torch.float64), atol=1e-3))
+
+    def test_site_at_init_is_a_plain_residual(self):
+        """Spec §7.4: at init pre = 1/n (+1e-6), post = 1, H ~ I, so the equal streams read
+        out the embedding and each stream gets X_i + F."""
+        m = pr.PanguRef(MHC, dtype=torch.float64)
+        m.init_weights(0.02, torch.Generator().manual_seed(2))
+        mod = m.model.layers[0].attn_mhc_module
+        x = torch.randn(3, 1, 32, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(3)).expand(3, 4, 32)
+        pre, post, H = mod.coefficients(x)
+        # alpha·m = 0.01·(phi·x̂) with phi ~ N(0, 0.02²) over 128 inputs: |alpha·m| ≲ 0.01
+        self.assertTrue(torch.allclose(pre, torch.full_like(pre, 0.25), atol=3e-3))
+        self.assertTrue(torch.allclose(post, torch.ones_like(post), atol=1e-2))
+        self.assertTrue(torch.allclose(H, torch.eye(4, dtype=torch.float64).expand(3, 4, 4),
+                                       atol=2e-3))
+        self.assertTrue(torch.allclose(mod.hc_pre(x, pre), x[:, 0], atol=1e-2))
+
+    def test_parameter_names(self):
+        shapes = {n: tuple(p.shape) for n, p in pr.PanguRef(MHC).named_parameters()}
+        self.assertEqual(shapes["model.layers.1.attn_mhc_module.phi.weight"], (24, 128))
+        self.assertEqual(shapes["model.layers.1.mlp_mhc_module.branch_beta"], (24,))
+        self.assertEqual(shapes["model.layers.0.block_post_layernorm.weight"], (128,))
+        self.assertEqual(shapes["model.layers.2.pre_mlp_layernorm.weight"], (32,))
+        self.assertEqual(shapes["model.merge_mhc_module.branch_alpha_pre"], (1,))
+        self.assertNotIn("model.layers.1.block_post_layernorm.weight", shapes)
+
+
 class TestPadding(unittest.TestCase):
     CFG = dict(MICRO, prl_balance_loss_alpha=0.05, prl_router_z_loss_coef=0.02)
 
@@ -713,6 +782,16 @@ class TestCachedGenerationBlocks(TestCachedGeneration):
     test_bad_requests_raise = None
 
 
+class TestCachedGenerationMHC(TestCachedGeneration):
+    """Cached generation with mHC streams, sandwich and block post-norms on top of BLOCKS."""
+
+    CFG = dict(MHC, max_position_embeddings=32, swa_layers=[0, 2], sliding_window_list=[3, 5])
+    test_cache_sizes = None
+    test_stop_at_eos = None
+    test_seeded_sampling_and_its_logprobs = None
+    test_bad_requests_raise = None
+
+
 DSA = dict(MICRO, dsa_layers=[0], index_topk=3, index_n_heads=2, index_head_dim=8)
 
 
@@ -767,8 +846,7 @@ class TestDSA(unittest.TestCase):
 
 
 class TestConfig(unittest.TestCase):
-    UNSUPPORTED = {"use_mhc": True,
-                   "sandwich_norm": True, "num_nextn_predict_layers": 1,
+    UNSUPPORTED = {"num_nextn_predict_layers": 1,
                    "rope_interleave": True, "tie_word_embeddings": True}
 
     def test_unsupported_blocks_raise_naming_the_key(self):
@@ -1098,10 +1176,10 @@ class TestCLI(unittest.TestCase):
     def test_unsupported_config_fails_cleanly(self):
         bad = os.path.join(self.tmp.name, "bad.json")
         with open(bad, "w") as fh:
-            json.dump(dict(MICRO, use_mhc=True), fh)
+            json.dump(dict(MICRO, layer_types=["sliding_attention"]), fh)
         r = run_cli("init", "--config", bad, "--out", os.path.join(self.tmp.name, "x"))
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("use_mhc", r.stderr)
+        self.assertIn("layer_types", r.stderr)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@
 **     "rejected message" log line; every undecodable one a "dropped message" line with a
 **     reason. Then: still alive, a new worker's hello gets a welcome, valid results of the
 **     leased work are taken (a `score` goes to the reward worker) and a valid `scored` too.
-**   - rollout, reward, trainer: the test is the controller (a ROUTER), welcomes the role,
+**   - rollout, reward, trainer, teacher: the test is the controller (a ROUTER), welcomes the role,
 **     then sends it random parts, mutations of valid messages of every type and of its work
-**     type (`work`, `score`, `train`), and work items with one thing wrong. Each decodable
+**     type (`work`, `score`, `train`, `teach`), and work items with one thing wrong. Each decodable
 **     work item gets an `error` (the role's refuse) or its answer; each other message is
 **     logged as ignored; each undecodable one as dropped. Then one valid item must get the
 **     right answer and `stop` must end the role with status 0.
@@ -311,6 +311,38 @@ typedef struct role_case {
 } role_case;
 
 /* Check an answer to item `w`: the same lease, and its content. */
+/* A `teach` item (OPD, docs/opd.md): two samples of 6 tokens; k > 0 puts one thing wrong. */
+static void teach_item(prl_rng *r, prl_bus_msg *m, int k)
+{
+    ck_assert_int_eq(prl_bus_msg_init(m, "teach", RUN, rnd(r, 100000)), PRL_OK);
+    char nowhere[160];
+    snprintf(nowhere, sizeof nowhere, "%s/nowhere", dir);
+    set_u(m, "lease", 1 + rnd(r, 1000));
+    set_u(m, "step", rnd(r, 50));
+    set_s(m, "teacher", k == 7 ? "chess" : "coding");
+    set_s(m, "path", k == 8 ? nowhere : base_ckpt);
+    set_u(m, "count", k == 1 ? 0 : k == 2 ? (uint64_t)1 << 40 : 2);
+    int32_t tok[12], off[3] = {0, 6, 12}, plen[2] = {3, 3};
+    uint8_t mask[6];
+    for (int i = 0; i < 12; i++) tok[i] = 5 + (int32_t)rnd(r, 200);
+    for (int i = 0; i < 6; i++) mask[i] = i != 4;
+    if (k == 3) off[1] = 13;
+    if (k == 4) tok[4] = 100000;
+    if (k == 5) tok[2] = -3;
+    if (k == 6) plen[1] = 9;
+    if (k == 9) mask[2] = 2;
+    add_f(m, "tokens", PRL_BUS_I32, tok, 12);
+    add_f(m, "offsets", PRL_BUS_I32, off, 3);
+    add_f(m, "prompt_lens", PRL_BUS_I32, plen, 2);
+    add_f(m, "mask", PRL_BUS_U8, mask, k == 10 ? 5 : 6);
+}
+
+static void teach_seed(void *ctx, prl_rng *r, prl_bus_msg *m)
+{
+    (void)ctx;
+    teach_item(r, m, defect(r, 10));
+}
+
 static void check_answer(const role_case *rc, const prl_bus_msg *w, const prl_bus_msg *a)
 {
     ck_assert_str_eq(a->type, rc->answer);
@@ -322,6 +354,12 @@ static void check_answer(const role_case *rc, const prl_bus_msg *w, const prl_bu
         ck_assert_uint_gt(tok->count, plen);
         ck_assert_uint_eq(lp->count, tok->count - plen);
         ck_assert_ptr_nonnull(prl_bus_msg_frame(a, "meta"));
+    } else if (!strcmp(rc->role, "teacher")) { /* one log-prob per response token, 0 off the mask */
+        const prl_bus_frame *lp = prl_bus_msg_frame(a, "logprobs");
+        ck_assert_uint_eq(lp->count, 6);
+        const float *v = lp->data;
+        for (int i = 0; i < 6; i++) ck_assert(i == 4 ? v[i] == 0 : (isfinite(v[i]) && v[i] <= 0));
+        ck_assert_uint_gt(get_u(a, "peak_rss_kb"), 0);
     } else if (!strcmp(rc->role, "reward")) {
         const prl_bus_frame *d = prl_bus_msg_frame(a, "detail");
         json_t *j = json_loadb(d->data, d->bytes, 0, NULL);
@@ -484,6 +522,13 @@ END_TEST
 START_TEST(test_reward_fuzz)
 {
     role_case rc = {"reward", "score", "scored", score_seed, score_item};
+    run_role(&rc);
+}
+END_TEST
+
+START_TEST(test_teacher_fuzz)
+{
+    role_case rc = {"teacher", "teach", "taught", teach_seed, teach_item};
     run_role(&rc);
 }
 END_TEST
@@ -881,9 +926,10 @@ int main(void)
         return 1;
     }
     Suite *s = suite_create("roles_fuzz");
-    static const char *const names[] = {"controller", "rollout", "reward", "trainer"};
-    const TTest *tests[] = {test_controller_fuzz, test_rollout_fuzz, test_reward_fuzz, test_trainer_fuzz};
-    for (int i = 0; i < 4; i++) {
+    static const char *const names[] = {"controller", "rollout", "reward", "trainer", "teacher"};
+    const TTest *tests[] = {test_controller_fuzz, test_rollout_fuzz, test_reward_fuzz,
+                            test_trainer_fuzz, test_teacher_fuzz};
+    for (int i = 0; i < 5; i++) {
         TCase *tc = tcase_create(names[i]);
         tcase_set_timeout(tc, 300);
         tcase_add_test(tc, tests[i]);

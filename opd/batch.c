@@ -1,0 +1,133 @@
+/*
+** batch.c — the OPD frames on the bus (opd.h, docs/protocol.md): the teacher side of `train`
+** (teacher_logprobs, teachers) and the `teach` item (a grpo batch's tokens, offsets,
+** prompt_lens and loss mask). Every size and value is checked on the way in; errors name the
+** frame and the sample. The layout checks are grpo's (prl_grpo_batch_check): one set of rules.
+*/
+#include "opd/opd.h"
+
+#include "bus/bus.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+prl_status prl_opd_batch_init(prl_opd_batch *ob, int n, size_t n_response)
+{
+    memset(ob, 0, sizeof *ob);
+    if (n < 1) return prl_error_set(PRL_ERR_ARG, "opd batch: %d samples", n);
+    ob->n = n, ob->n_response = n_response;
+    ob->teacher_lp = calloc(n_response ? n_response : 1, sizeof *ob->teacher_lp);
+    ob->teacher = calloc((size_t)n, sizeof *ob->teacher);
+    if (!ob->teacher_lp || !ob->teacher) {
+        prl_opd_batch_free(ob);
+        return prl_error_set(PRL_ERR_NOMEM, "opd batch of %d samples", n);
+    }
+    return PRL_OK;
+}
+
+void prl_opd_batch_free(prl_opd_batch *ob)
+{
+    if (!ob) return;
+    free(ob->teacher_lp), free(ob->teacher);
+    memset(ob, 0, sizeof *ob);
+}
+
+/* Teacher indices in range; teacher log-probs of the loss tokens finite and <= 0. */
+static prl_status check_values(const prl_opd_batch *ob, const prl_grpo_batch *b)
+{
+    for (int i = 0; i < b->n; i++) {
+        if (ob->teacher[i] < 0 || ob->teacher[i] >= PRL_OPD_TEACHERS)
+            return prl_error_set(PRL_ERR_FORMAT, "frame 'teachers': sample %d has teacher %d "
+                                 "(need 0..%d)", i, ob->teacher[i], PRL_OPD_TEACHERS - 1);
+        size_t first;
+        int len;
+        prl_grpo_batch_response(b, i, &first, &len);
+        for (int j = 0; j < len; j++) {
+            float lp = ob->teacher_lp[first + j];
+            if (b->mask[first + j] && !(isfinite(lp) && lp <= 0))
+                return prl_error_set(PRL_ERR_FORMAT, "frame 'teacher_logprobs': sample %d response "
+                                     "token %d has log-prob %g (must be finite and <= 0)", i, j, lp);
+        }
+    }
+    return PRL_OK;
+}
+
+prl_status prl_opd_batch_from_msg(prl_opd_batch *ob, const prl_grpo_batch *b, const prl_bus_msg *m)
+{
+    memset(ob, 0, sizeof *ob);
+    const prl_bus_frame *lp = NULL, *tk = NULL;
+    prl_status rc = prl_grpo_msg_frame(m, "teacher_logprobs", PRL_BUS_F32, b->n_response, &lp);
+    if (!rc) rc = prl_grpo_msg_frame(m, "teachers", PRL_BUS_I32, (size_t)b->n, &tk);
+    if (!rc) rc = prl_opd_batch_init(ob, b->n, b->n_response);
+    if (rc) return prl_error_wrap(rc, "train message: ");
+    if (lp->bytes) memcpy(ob->teacher_lp, lp->data, lp->bytes);
+    memcpy(ob->teacher, tk->data, tk->bytes);
+    rc = check_values(ob, b);
+    if (rc) {
+        prl_opd_batch_free(ob);
+        return prl_error_wrap(rc, "train message: ");
+    }
+    return PRL_OK;
+}
+
+prl_status prl_opd_batch_to_msg(const prl_opd_batch *ob, prl_bus_msg *m)
+{
+    prl_status rc = prl_bus_msg_add_frame(m, "teacher_logprobs", PRL_BUS_F32, ob->teacher_lp,
+                                          ob->n_response);
+    return rc ? rc : prl_bus_msg_add_frame(m, "teachers", PRL_BUS_I32, ob->teacher, (size_t)ob->n);
+}
+
+/* ---------------------------------------------------------------- teach ------------ */
+
+prl_status prl_opd_teach_to_msg(const prl_grpo_batch *t, prl_bus_msg *m)
+{
+    prl_status rc = prl_grpo_batch_check(t);
+    if (rc) return prl_error_wrap(rc, "teach message: ");
+    if ((rc = prl_bus_msg_set_uint(m, "count", (uint64_t)t->n)) ||
+        (rc = prl_bus_msg_add_frame(m, "tokens", PRL_BUS_I32, t->tokens, t->n_tokens)) ||
+        (rc = prl_bus_msg_add_frame(m, "offsets", PRL_BUS_I32, t->offsets, (size_t)t->n + 1)) ||
+        (rc = prl_bus_msg_add_frame(m, "prompt_lens", PRL_BUS_I32, t->prompt_lens, (size_t)t->n)) ||
+        (rc = prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, t->mask, t->n_response)))
+        return rc;
+    return PRL_OK;
+}
+
+static prl_status teach_from_msg(prl_grpo_batch *t, const prl_bus_msg *m)
+{
+    uint64_t count;
+    prl_status rc = prl_bus_msg_get_uint(m, "count", &count);
+    if (rc) return rc;
+    if (count < 1 || count > (uint64_t)(PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t)) - 1)
+        return prl_error_set(PRL_ERR_FORMAT, "field 'count' = %llu samples (need 1 .. %zu)",
+                             (unsigned long long)count, PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t) - 1);
+    size_t n = (size_t)count;
+    const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *mask = NULL;
+    if ((rc = prl_grpo_msg_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
+        (rc = prl_grpo_msg_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
+        (rc = prl_grpo_msg_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
+        (rc = prl_grpo_msg_frame(m, "mask", PRL_BUS_U8, SIZE_MAX, &mask)))
+        return rc;
+    if (mask->count > tok->count)
+        return prl_error_set(PRL_ERR_FORMAT, "frame 'mask' has %zu elements, more than the %zu "
+                             "tokens", mask->count, tok->count);
+    if ((rc = prl_grpo_batch_init(t, (int)n, tok->count, mask->count))) return rc;
+    if (tok->bytes) memcpy(t->tokens, tok->data, tok->bytes);
+    memcpy(t->offsets, off->data, off->bytes);
+    memcpy(t->prompt_lens, pl->data, pl->bytes);
+    if (mask->bytes) memcpy(t->mask, mask->data, mask->bytes);
+    return prl_grpo_batch_check(t); /* log-probs are 0: valid; the layout and mask are checked */
+}
+
+prl_status prl_opd_teach_from_msg(prl_grpo_batch *t, const prl_bus_msg *m)
+{
+    memset(t, 0, sizeof *t);
+    if (strcmp(m->type, "teach"))
+        return prl_error_set(PRL_ERR_FORMAT, "teach message: a '%s' message, expected 'teach'", m->type);
+    prl_status rc = teach_from_msg(t, m);
+    if (rc) {
+        prl_grpo_batch_free(t);
+        return prl_error_wrap(rc, "teach message: ");
+    }
+    return PRL_OK;
+}

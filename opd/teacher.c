@@ -1,0 +1,155 @@
+/*
+** teacher.c — the teacher side of OPD (opd.h, docs/opd.md): the scoring pass of a `teach`
+** item on the expert's train path, the process's peak memory, and the check of the job's
+** teacher checkpoints that runs before any process starts (missing files, another model
+** config or vocabulary, another tokenizer: each named with its file).
+*/
+#include "opd/opd.h"
+
+#include "job/job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---------------------------------------------------------------- scoring ---------- */
+
+/* Samples [i0, i0 + rows) of t into the rows of bb (T = the longest); only the response
+** tokens with mask 1 get a target. */
+static prl_batch pack(prl_batch_buf *bb, const prl_grpo_batch *t, int i0, int rows,
+                      const size_t *first, uint8_t *train)
+{
+    int T = 1;
+    for (int r = 0; r < rows; r++) {
+        int len = t->offsets[i0 + r + 1] - t->offsets[i0 + r];
+        T = len > T ? len : T;
+    }
+    for (int r = 0; r < rows; r++) {
+        int i = i0 + r, len = t->offsets[i + 1] - t->offsets[i], pl = t->prompt_lens[i];
+        for (int p = 0; p < len; p++) train[p] = p >= pl && t->mask[first[i] + p - pl];
+        prl_batch_buf_set_row(bb, T, r, t->tokens + t->offsets[i], len, train);
+    }
+    return prl_batch_buf_view(bb, rows, T); /* temperature 1: the teacher's own distribution */
+}
+
+prl_status prl_opd_teacher_logprobs(prl_model *m, const prl_grpo_batch *t, int micro_rows,
+                                    float *out)
+{
+    prl_status rc = prl_grpo_batch_check(t);
+    if (!rc && (rc = prl_grpo_batch_fits(m, t))) rc = prl_error_wrap(rc, "teacher: ");
+    if (rc) return rc;
+    if (micro_rows < 1) return prl_error_set(PRL_ERR_ARG, "teacher: micro_rows %d", micro_rows);
+    int ctx = m->cfg.max_position_embeddings;
+    size_t *first = malloc((size_t)t->n * sizeof *first);
+    uint8_t *train = malloc((size_t)ctx);
+    float *lp = malloc((size_t)micro_rows * ctx * sizeof *lp);
+    prl_batch_buf bb;
+    memset(&bb, 0, sizeof bb);
+    rc = first && train && lp ? prl_batch_buf_init(&bb, micro_rows, ctx)
+                              : prl_error_set(PRL_ERR_NOMEM, "teacher of %d samples", t->n);
+    for (int i = 0, len; !rc && i < t->n; i++) prl_grpo_batch_response(t, i, &first[i], &len);
+    memset(out, 0, t->n_response * sizeof *out);
+    for (int i0 = 0; !rc && i0 < t->n; i0 += micro_rows) {
+        int rows = t->n - i0 < micro_rows ? t->n - i0 : micro_rows;
+        prl_batch batch = pack(&bb, t, i0, rows, first, train);
+        if ((rc = prl_model_logprobs(m, &batch, lp))) break;
+        for (int r = 0; r < rows; r++) { /* response token j is the target of pl − 1 + j */
+            int i = i0 + r, pl = t->prompt_lens[i], len = t->offsets[i + 1] - t->offsets[i] - pl;
+            for (int j = 0; j < len; j++)
+                if (t->mask[first[i] + j]) out[first[i] + j] = lp[(size_t)r * batch.T + pl - 1 + j];
+        }
+    }
+    prl_batch_buf_free(&bb);
+    free(first), free(train), free(lp);
+    return rc;
+}
+
+uint64_t prl_opd_peak_rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return kb;
+}
+
+/* ---------------------------------------------------------------- the job's teachers */
+
+void prl_opd_teachers_needed(const prl_job_config *j, int need[PRL_OPD_TEACHERS])
+{
+    for (int i = 0; i < PRL_OPD_TEACHERS; i++)
+        need[i] = j->opd_enabled &&
+                  (!strcmp(j->domain, "mixed") || !strcmp(j->domain, prl_opd_teacher_key(i)));
+}
+
+/* dir/name exists: else an error naming the key and the file. */
+static prl_status need_file(const char *key, const char *dir, const char *name, char *path, size_t n)
+{
+    struct stat sb;
+    snprintf(path, n, "%s/%s", dir, name);
+    if (stat(path, &sb))
+        return prl_error_set(PRL_ERR_CONFIG, "key '%s': teacher checkpoint %s is missing (not a "
+                             "checkpoint directory)", key, path);
+    return PRL_OK;
+}
+
+/* The teacher's model config equals the student's: the canonical config.json texts agree. */
+static prl_status same_config(const char *key, const char *tpath, const char *spath)
+{
+    prl_config tc, sc;
+    prl_status rc = prl_config_load(&tc, tpath);
+    if (rc) return prl_error_wrap(rc, "key '%s': teacher %s: ", key, tpath);
+    if ((rc = prl_config_load(&sc, spath))) return prl_error_wrap(rc, "model.init: %s: ", spath);
+    if (tc.vocab_size != sc.vocab_size)
+        return prl_error_set(PRL_ERR_CONFIG, "key '%s': teacher %s has vocab_size %d, the student "
+                             "(model.init %s) %d: teacher and student must share the vocabulary",
+                             key, tpath, tc.vocab_size, spath, sc.vocab_size);
+    char *a = prl_config_to_json(&tc), *b = prl_config_to_json(&sc);
+    int same = a && b && !strcmp(a, b);
+    free(a), free(b);
+    if (!same)
+        return prl_error_set(PRL_ERR_CONFIG, "key '%s': teacher %s is another model config than the "
+                             "student's (model.init %s)", key, tpath, spath);
+    return PRL_OK;
+}
+
+/* The teacher's tokenizer.json is byte-identical to the student's. */
+static prl_status same_tokenizer(const char *key, const char *tpath, const char *spath)
+{
+    char *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    prl_status rc = prl_file_read(tpath, &a, &na);
+    if (!rc) rc = prl_file_read(spath, &b, &nb);
+    if (!rc && (na != nb || memcmp(a, b, na)))
+        rc = prl_error_set(PRL_ERR_CONFIG, "key '%s': teacher %s differs from the student's "
+                           "tokenizer (model.init %s): teacher and student must share the "
+                           "tokenizer", key, tpath, spath);
+    free(a), free(b);
+    return rc;
+}
+
+prl_status prl_opd_check_teachers(const prl_job_config *j)
+{
+    int need[PRL_OPD_TEACHERS];
+    prl_opd_teachers_needed(j, need);
+    for (int i = 0; i < PRL_OPD_TEACHERS; i++) {
+        if (!need[i]) continue;
+        char key[64], tcfg[1200], ttok[1200], tw[1200], scfg[1200], stok[1200];
+        const char *dir = j->opd_teachers[i];
+        snprintf(key, sizeof key, "opd.teachers.%s", prl_opd_teacher_key(i));
+        if (!*dir) return prl_error_set(PRL_ERR_CONFIG, "key '%s' is empty", key);
+        prl_status rc = need_file(key, dir, "config.json", tcfg, sizeof tcfg);
+        if (!rc) rc = need_file(key, dir, "model.safetensors", tw, sizeof tw);
+        if (!rc) rc = need_file(key, dir, "tokenizer.json", ttok, sizeof ttok);
+        if (!rc) rc = need_file("model.init", j->init, "config.json", scfg, sizeof scfg);
+        if (!rc) rc = need_file("model.init", j->init, "tokenizer.json", stok, sizeof stok);
+        if (!rc) rc = same_config(key, tcfg, scfg);
+        if (!rc) rc = same_tokenizer(key, ttok, stok);
+        if (rc) return rc;
+    }
+    return PRL_OK;
+}

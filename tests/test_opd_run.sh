@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# test_opd_run.sh — `prl run` of a short multi-teacher OPD job on a tiny model (docs/opd.md):
+# real processes (controller, trainer, rollout, reward, sandbox and a pool of two teacher
+# processes) over real ZeroMQ and a real run.db. The student is a random tiny model; the four
+# teachers are other draws of the same config with the same tokenizer. Checked: bad teachers
+# (a missing checkpoint, another vocabulary, another model config, another tokenizer) are
+# refused by `prl run --check` and `prl run` before any process starts, naming the file; the
+# run finishes its steps with prompts of all four domains; every step's metrics hold the
+# reverse KL, the masked share, per-teacher counts, load times and each teacher process's
+# peak RSS; the progress line shows the KL; the teachers' logs show one expert at a time.
+# The same run with both teacher processes killed (kill -9) mid-run is restarted by the
+# launcher, their items are handed out again, and it ends with a bitwise-identical policy;
+# so does the run killed whole (every process, kill -9) and continued with --resume.
+set -euo pipefail
+prl=$(realpath "$1") src=$(realpath "$2")
+work=$(mktemp -d /tmp/prl-opd-XXXXXX)
+launcher=""
+cleanup() {
+  if [ -n "$launcher" ]; then pkill -9 -P "$launcher" 2>/dev/null || true; kill -9 "$launcher" 2>/dev/null || true; fi
+  [ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$work"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+export PRL_THREADS=1
+
+# ---- a tiny student and four teachers (same config and tokenizer, other seeds)
+for d in reasoning general agent coding; do
+  $prl tasks demos --domain $d --n 40 --seed 1 >> demos.jsonl 2>/dev/null
+done
+$prl tokenizer train --data demos.jsonl --vocab 400 --out tok.json >/dev/null 2>&1
+$prl tokenizer train --data demos.jsonl --vocab 380 --out tok2.json >/dev/null 2>&1
+python3 - "$src" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1] + '/configs/models/tiny.json'))
+c.update(vocab_size=400, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, q_lora_rank=16,
+         kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+         intermediate_size=64, n_routed_experts=4, moe_intermediate_size=16,
+         max_position_embeddings=256)
+json.dump(c, open('small.json', 'w'), indent=1)
+c2 = dict(c, vocab_size=512); json.dump(c2, open('vocab512.json', 'w'), indent=1)
+c3 = dict(c, hidden_size=48); json.dump(c3, open('wide.json', 'w'), indent=1)
+EOF
+$prl init --model small.json --seed 1 --tokenizer tok.json --out student >/dev/null
+seed=2
+for d in reasoning general agent coding; do
+  $prl init --model small.json --seed $seed --tokenizer tok.json --out "t_$d" >/dev/null
+  seed=$((seed + 1))
+done
+$prl init --model vocab512.json --seed 9 --tokenizer tok.json --out t_vocab >/dev/null
+$prl init --model wide.json --seed 9 --tokenizer tok.json --out t_wide >/dev/null
+$prl init --model small.json --seed 9 --tokenizer tok2.json --out t_tok >/dev/null
+cat > job.json <<'EOF'
+{"run": {"name": "opd", "seed": 3},
+ "model": {"init": "student"},
+ "task": {"domain": "mixed", "train_problems": 16},
+ "rollout": {"batch_prompts": 4, "group_size": 2, "max_new_tokens": 16, "max_turns": 2},
+ "opd": {"enabled": true, "adv_clip": true, "adv_mask_eps": 0.01,
+         "teachers": {"reasoning": "t_reasoning", "general": "t_general", "agent": "t_agent",
+                      "coding": "t_coding"}},
+ "teacher": {"workers": 2},
+ "grpo": {"correction": {"kind": "tis"}},
+ "optim": {"lr": 1e-3},
+ "controller": {"steps": 8, "heartbeat_seconds": 0.2, "lease_seconds": 5}}
+EOF
+
+# ---- bad teachers: refused before any process starts, naming the file
+expect_refused() { # name, expected text, --set args...
+  local name=$1 want=$2; shift 2
+  for mode in --check ""; do
+    if out=$($prl run job.json --runs bad $mode "$@" 2>&1); then fail "$name ($mode): accepted"; fi
+    echo "$out" | grep -q -- "$want" || fail "$name ($mode): error '$out' lacks '$want'"
+    [ ! -e bad ] || fail "$name: created a run directory"
+  done
+  echo "ok: refused: $name"
+}
+expect_refused "missing teacher" "t_nowhere/config.json" --set opd.teachers.coding=t_nowhere
+expect_refused "other vocabulary" "t_vocab/config.json has vocab_size 512" --set opd.teachers.agent=t_vocab
+expect_refused "other model config" "t_wide/config.json is another model config" --set opd.teachers.general=t_wide
+expect_refused "other tokenizer" "t_tok/tokenizer.json differs" --set opd.teachers.reasoning=t_tok
+expect_refused "no teacher for a domain" "opd.teachers.coding" --set opd.teachers.coding='""'
+$prl run job.json --check >/dev/null || fail "the good job fails --check"
+echo "ok: the good job passes --check"
+
+# ---- the run
+finish() { # name: wait for the launcher, at most 60 s
+  for _ in $(seq 1 600); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $launcher 2>/dev/null; then cat "$1.err"; fail "OPD run $1 did not finish in 60 s"; fi
+  wait $launcher || { cat "$1.err"; tail -n 5 "runs/$1/logs/"*.log; fail "OPD run $1 failed"; }
+  launcher=""
+}
+$prl run job.json > opd.out 2> opd.err &
+launcher=$!
+finish opd
+db=runs/opd/run.db
+grep -q "step 8/8" opd.out || fail "no progress line for the last step"
+grep -q "| KL " opd.out || fail "the progress line shows no KL"
+[ "$(sqlite3 $db 'SELECT count(*) FROM steps')" = 8 ] || fail "steps recorded"
+[ "$(sqlite3 $db 'SELECT count(DISTINCT domain) FROM prompts')" = 4 ] || fail "prompts of four domains"
+for k in opd_teacher_kl opd_masked_frac opd_clipped_frac; do
+  n=$(sqlite3 $db "SELECT count(*) FROM steps WHERE json_type(metrics, '\$.trainer.$k') = 'real'")
+  [ "$n" = 8 ] || fail "metric trainer.$k in $n of 8 steps"
+done
+n=$(sqlite3 $db "SELECT count(*) FROM steps WHERE json_extract(metrics, '\$.teachers.peak_rss_kb') > 0")
+[ "$n" = 8 ] || fail "teacher peak RSS in $n of 8 steps"
+counts=$(sqlite3 $db "SELECT sum(value) FROM steps, json_each(json_extract(metrics, '\$.trainer.opd_teacher_samples'))")
+[ "$counts" = 64 ] || fail "per-teacher sample counts add up to $counts, not 8 x 4 x 2"
+sqlite3 $db "SELECT step, round(json_extract(metrics, '\$.trainer.opd_teacher_kl'), 4),
+  json_extract(metrics, '\$.teachers') FROM steps ORDER BY step"
+# one expert at a time: a teacher process never holds two (it frees one before the next)
+for l in runs/opd/logs/teacher-*.log; do
+  grep -q "holding expert" "$l" || fail "$l: no expert loaded"
+done
+[ "$(grep -h 'scored' runs/opd/logs/teacher-*.log | wc -l)" -ge 4 ] || fail "fewer than 4 teach items"
+echo "ok: OPD run of 8 steps, 4 domains, 2 teacher processes"
+
+# ---- the same run with the teacher processes killed mid-run
+$prl run job.json --set run.name=k > k.out 2> k.err &
+launcher=$!
+for _ in $(seq 1 600); do
+  [ "$(sqlite3 runs/k/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 2 ] && break
+  sleep 0.05
+done
+for t in teacher-0 teacher-1; do
+  pid=$(pgrep -P "$launcher" -f -- "--name $t" | head -n 1)
+  [ -n "$pid" ] || fail "no process for $t"
+  kill -9 "$pid"
+done
+echo "killed both teachers after $(sqlite3 runs/k/run.db 'SELECT count(*) FROM steps') steps"
+finish k
+grep -q "teacher-0 died" k.err || fail "the launcher did not restart teacher-0"
+[ "$(sqlite3 runs/k/run.db "SELECT count(*) FROM events WHERE kind = 'rejoin' AND detail LIKE '%teacher%'")" -ge 1 ] ||
+  fail "no teacher rejoined"
+[ "$(sha256sum < runs/opd/final/model.safetensors)" = "$(sha256sum < runs/k/final/model.safetensors)" ] ||
+  fail "the run with killed teachers ends with another policy"
+echo "ok: teachers killed mid-run: restarted, same final policy bitwise"
+
+# ---- the whole run killed mid-run and resumed
+$prl run job.json --set run.name=rs > rs.out 2> rs.err &
+launcher=$!
+for _ in $(seq 1 600); do
+  [ "$(sqlite3 runs/rs/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 3 ] && break
+  sleep 0.02
+done
+pkill -9 -P "$launcher" || true
+kill -9 "$launcher"
+wait "$launcher" 2>/dev/null || true
+echo "killed run rs after $(sqlite3 runs/rs/run.db 'SELECT count(*) FROM steps') steps"
+$prl run --resume runs/rs --set teacher.threads=1 > rs.out 2> rs.err & # thread counts may change
+launcher=$!
+finish rs
+[ "$(sha256sum < runs/opd/final/model.safetensors)" = "$(sha256sum < runs/rs/final/model.safetensors)" ] ||
+  fail "the resumed run ends with another policy"
+echo "ok: killed whole and resumed: same final policy bitwise"
