@@ -7,6 +7,7 @@
 ** gpt2_forward/gpt2_backward: per layer, compute the named views and call the kernels of
 ** ops.c in order; the backward is the mirror list. No graph, no autograd.
 */
+#include "engine/dsa.h"
 #include "engine/mhc.h"
 
 #include <math.h>
@@ -20,6 +21,7 @@ typedef struct layer_offsets {
     size_t ln1, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, ln2;
     size_t sink_ckv, sink_kpe; /* parameter sinks (sink_ckv only with param_sink_with_value) */
     size_t qa_conv, kv_conv, o_conv; /* ModAttn kernels [C, k] */
+    size_t ix_wq_b, ix_wk, ix_k_norm, ix_wproj; /* DSA lightning indexer */
     size_t w1, w3, w2;       /* dense SwiGLU; w3 follows w1, so [w1; w3] is one 2F×d matrix */
     size_t router, experts;  /* MoE */
     size_t sw1, sw3, sw2;    /* shared experts; sw3 follows sw1 likewise */
@@ -36,6 +38,7 @@ typedef struct layer_acts {
     prl_real *att, *o;                          /* probabilities, head outputs */
     prl_real *sink_ckv, *sink_rstd, *sink_kv;   /* sinks: normed latent, 1/rms, [k_nope | v] */
     prl_real *zqc, *kvc, *oc;                   /* ModAttn outputs (query, latent, heads) */
+    prl_dsa_acts dsa;                           /* DSA indexer (dsa.h), DSA layers only */
     prl_real *res_ffn, *ln_f, *rstd_f;          /* residual after attention, normed */
     prl_real *a13, *h;                          /* dense or shared-expert SwiGLU */
     /* MoE */
@@ -65,6 +68,8 @@ struct prl_acts {
     prl_real *dsink_kv, *dsink_ckv, *dconv;
     prl_real *do_, *dffn_scratch, *dz, *dg, *dyg, *dxg, *deh;
     size_t attn_scratch_len;
+    prl_dsa_scratch dsa_scratch; /* DSA indexer backward */
+    double index_loss;      /* the last forward's DSA indexer loss */
     int32_t *routes;        /* [n_moe][N][K] captured routes */
     /* residual glue: the streams after the last layer and the merge head (mHC) */
     prl_real *xs_final;
@@ -80,7 +85,7 @@ struct prl_acts {
 /* ------------------------------------------------------------------ dimensions ------ */
 
 typedef struct dims {
-    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, ns, ck;
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, ns, ck, HI, dI;
 } dims;
 
 static dims dims_of(const prl_config *c)
@@ -92,18 +97,36 @@ static dims dims_of(const prl_config *c)
         .I = c->intermediate_size, .E = c->n_routed_experts, .K = c->num_experts_per_tok,
         .de = c->moe_intermediate_size, .sde = c->n_shared_experts * c->moe_intermediate_size,
         .ns = c->param_sink_number, .ck = prl_config_conv_kernel(c),
+        .HI = c->index_n_heads, .dI = c->index_head_dim,
     };
     D.dq = D.dn + D.dr;
     D.dkv = D.dn + D.dv;
     return D;
 }
 
-/* The attention call of layer l for the current batch shape (window and sinks). */
+/* 1 when layer l's main attention runs over its DSA selection (a DSA layer, sparse stage). */
+static int dsa_sparse(const prl_model *m, int l)
+{
+    return prl_config_is_dsa(&m->cfg, l) && m->cfg.dsa_stage == PRL_DSA_SPARSE;
+}
+
+/* The attention call of layer l for the current batch shape (window, sinks, selection). */
 static prl_attn_shape attn_shape(const prl_model *m, int l)
 {
     dims D = dims_of(&m->cfg);
+    const uint8_t *sel = dsa_sparse(m, l) && m->acts->layer ? m->acts->layer[l].dsa.sel : NULL;
     return (prl_attn_shape){.B = m->acts->B, .T = m->acts->T, .H = D.H, .dn = D.dn, .dr = D.dr,
-                            .dv = D.dv, .window = prl_config_window(&m->cfg, l), .ns = D.ns};
+                            .dv = D.dv, .window = prl_config_window(&m->cfg, l), .ns = D.ns,
+                            .sel = sel};
+}
+
+/* The indexer geometry of the current batch shape. */
+static prl_dsa_dims dsa_dims(const prl_model *m)
+{
+    const prl_config *c = &m->cfg;
+    return (prl_dsa_dims){.B = m->acts->B, .T = m->acts->T, .d = c->hidden_size,
+                          .rq = c->q_lora_rank, .HI = c->index_n_heads, .dI = c->index_head_dim,
+                          .dr = c->qk_rope_head_dim, .topk = c->index_topk};
 }
 
 /* ------------------------------------------------------------------ parameter table - */
@@ -214,6 +237,16 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
         if (c->param_sink_number > 0)
             o->sink_kpe = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.dr,
                                      "%s.%d.self_attn.param_sink_k_pe", p, l);
+        if (prl_config_is_dsa(c, l)) {
+            o->ix_wq_b = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, (int64_t)D.HI * D.dI, D.rq,
+                                    "%s.%d.self_attn.indexer.wq_b.weight", p, l);
+            o->ix_wk = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.dI, D.d,
+                                  "%s.%d.self_attn.indexer.wk.weight", p, l);
+            o->ix_k_norm = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.dI, 0,
+                                      "%s.%d.self_attn.indexer.k_norm.weight", p, l);
+            o->ix_wproj = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.HI, D.d,
+                                     "%s.%d.self_attn.indexer.weights_proj.weight", p, l);
+        }
         if (c->sandwich_norm) /* post_attention_layernorm is then the post-attention norm */
             o->ln_pa = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
                                   "%s.%d.post_attention_layernorm.weight", p, l);
@@ -341,9 +374,10 @@ void prl_model_init_weights(prl_model *m, uint64_t seed)
         if (p->kind == PRL_PARAM_MHC &&
             prl_mhc_init_tensor(p->name, w, p->numel, m->cfg.mhc_num_stream))
             continue; /* α and β (spec §7.4); φ is drawn like any matrix */
-        if (p->kind == PRL_PARAM_NORM || p->kind == PRL_PARAM_CONV) { /* gains 1; convs 0:
-                                                                          the identity */
-            for (size_t j = 0; j < p->numel; j++) w[j] = p->kind == PRL_PARAM_NORM;
+        int gain = p->kind == PRL_PARAM_NORM || (p->kind == PRL_PARAM_INDEXER && p->ndim == 1);
+        if (gain || p->kind == PRL_PARAM_CONV) { /* gains 1 (the indexer's k_norm too); convs 0:
+                                                    the identity */
+            for (size_t j = 0; j < p->numel; j++) w[j] = (prl_real)gain;
             continue;
         }
         prl_rng r;
@@ -387,6 +421,19 @@ static void *carve(carver *c, size_t bytes)
 }
 #define CARVE_R(c, n) ((prl_real *)carve((c), (size_t)(n) * sizeof(prl_real)))
 #define CARVE_I(c, n) ((int32_t *)carve((c), (size_t)(n) * sizeof(int32_t)))
+
+/* The saved activations of a DSA layer's indexer (dsa.h). */
+static void carve_dsa(carver *cv, prl_dsa_acts *x, size_t N, size_t T, const dims *D)
+{
+    x->qI = CARVE_R(cv, N * D->HI * D->dI);
+    x->kz = CARVE_R(cv, N * D->dI);
+    x->kI = CARVE_R(cv, N * D->dI);
+    x->krstd = CARVE_R(cv, N);
+    x->w = CARVE_R(cv, N * D->HI);
+    x->score = CARVE_R(cv, N * T);
+    x->target = CARVE_R(cv, N * T);
+    x->sel = carve(cv, N * T);
+}
 
 /* ------------------------------------------------------------------ residual glue --- */
 
@@ -490,6 +537,7 @@ static void carve_all(prl_model *m, carver *cv)
             la->oc = CARVE_R(cv, N * D.H * D.dv);
         }
         la->o = CARVE_R(cv, N * D.H * D.dv);
+        if (prl_config_is_dsa(&m->cfg, l)) carve_dsa(cv, &la->dsa, N, (size_t)a->T, &D);
         la->res_ffn = CARVE_R(cv, N * D.d);
         la->ln_f = CARVE_R(cv, N * D.d);
         la->rstd_f = CARVE_R(cv, N);
@@ -554,6 +602,14 @@ static void carve_all(prl_model *m, carver *cv)
     a->deh = CARVE_R(cv, 3 * NK * D.de);
     a->routes = CARVE_I(cv, (size_t)(m->n_moe > 0 ? m->n_moe : 1) * NK);
     carve_residual_model(m, cv);
+    if (m->cfg.n_dsa_layers > 0) {
+        prl_dsa_scratch *x = &a->dsa_scratch;
+        x->dscore = CARVE_R(cv, N * a->T);
+        x->dqI = CARVE_R(cv, N * D.HI * D.dI);
+        x->dkI = CARVE_R(cv, N * D.dI);
+        x->dkz = CARVE_R(cv, N * D.dI);
+        x->dw = CARVE_R(cv, N * D.HI);
+    }
 }
 
 static prl_status ensure_acts(prl_model *m, int B, int T)
@@ -622,10 +678,12 @@ prl_status prl_model_set_precision(prl_model *m, prl_precision p)
 {
     if ((unsigned)p > PRL_PRECISION_FP16)
         return prl_error_set(PRL_ERR_ARG, "train precision %d is not fp32, bf16 or fp16", (int)p);
-    if (p != PRL_PRECISION_FP32 && residual_glue(&m->cfg)) /* rounding points not placed yet */
-        return prl_error_set(PRL_ERR_UNSUPPORTED, "train precision %s with use_mhc, sandwich_norm "
-                             "or block_post_layernorm_idx is not yet supported (fp32 only)",
-                             prl_precision_name(p));
+    /* rounding points not placed yet in these blocks: a rounded run would silently disagree
+    ** with the infer path at the same precision */
+    if (p != PRL_PRECISION_FP32 && (residual_glue(&m->cfg) || m->cfg.n_dsa_layers > 0))
+        return prl_error_set(PRL_ERR_UNSUPPORTED, "train precision %s with use_mhc, sandwich_norm, "
+                             "block_post_layernorm_idx or dsa_layers is not yet supported (fp32 "
+                             "only)", prl_precision_name(p));
     if (p == m->precision && (p == PRL_PRECISION_FP32 || m->wround)) return PRL_OK;
     free(m->wround);
     m->wround = NULL;
@@ -664,6 +722,14 @@ static void sinks_forward(prl_model *m, int l)
     rnd(m, la->sink_ckv, (size_t)D.ns * D.rkv);
     prl_matmul_forward(la->sink_kv, la->sink_ckv, P(o->wkv_b), D.ns, D.rkv, D.H * D.dkv, 0);
     rnd(m, la->sink_kv, (size_t)D.ns * D.H * D.dkv);
+}
+
+/* The indexer tensors of DSA layer l inside a parameter-layout block (params or grads). */
+static prl_dsa_weights dsa_weights(const prl_model *m, prl_real *base, int l)
+{
+    const layer_offsets *o = &m->acts->lo[l];
+    return (prl_dsa_weights){.wq_b = base + o->ix_wq_b, .wk = base + o->ix_wk,
+                             .k_norm = base + o->ix_k_norm, .wproj = base + o->ix_wproj};
 }
 
 /* A latent of C channels (rows of z at z_stride) through ModAttn and its norm:
@@ -710,9 +776,18 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     prl_matmul_forward(la->kv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv, 0);
     rnd(m, la->kv, (size_t)N * D.H * D.dkv);
     if (D.ns > 0) sinks_forward(m, l);
+    int dsa = prl_config_is_dsa(&m->cfg, l);
+    if (dsa) { /* the indexer picks each row's keys before the main attention reads them */
+        prl_dsa_weights w = dsa_weights(m, m->params, l);
+        prl_dsa_forward(&la->dsa, &w, la->ln_a, la->cq, a->rope_cos, a->rope_sin, b->lens,
+                        dsa_dims(m), dsa_sparse(m, l) && !m->dsa_keep_selection);
+    }
     prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
                           D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, attn_shape(m, l));
     rnd(m, la->o, (size_t)N * D.H * D.dv);
+    if (dsa)
+        a->index_loss += prl_dsa_loss_forward(&la->dsa, la->att, D.H, D.ns, dsa_sparse(m, l),
+                                              b->lens, dsa_dims(m));
     const prl_real *o_out = la->o;
     if (D.ck) { /* ModAttn on the heads' output, before o_proj */
         prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck);
@@ -1130,6 +1205,7 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
     a->have_forward = 0;
     refresh_rounded_weights(m);
+    a->index_loss = 0;
     const model_offsets *mo = model_offs(m);
     prl_embedding_forward(a->layer[0].res_attn, P(mo->embed), b->tokens, N, D.d);
     streams_begin(m);
@@ -1187,6 +1263,7 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
                                          a->routes[((size_t)i * N + n) * D.K + k]] += 1;
     }
     stats.loss = stats.lm_loss + stats.balance_loss + stats.z_loss;
+    stats.index_loss = a->index_loss;
     if (st) *st = stats;
     a->have_forward = 1;
     return PRL_OK;
@@ -1207,6 +1284,13 @@ prl_status prl_model_logprobs(prl_model *m, const prl_batch *b, float *out_logp)
 
 const int32_t *prl_model_routes(const prl_model *m) { return m->acts->routes; }
 const prl_real *prl_model_logits(const prl_model *m) { return m->acts->logits; }
+
+const uint8_t *prl_model_dsa_selection(const prl_model *m, int layer)
+{
+    if (layer < 0 || layer >= m->cfg.num_hidden_layers || !dsa_sparse(m, layer) || !m->acts->layer)
+        return NULL;
+    return m->acts->layer[layer].dsa.sel;
+}
 
 /* ------------------------------------------------------------------ backward -------- */
 
@@ -1592,6 +1676,20 @@ static void dlogits_rows(void *p, int r0, int r1)
     }
 }
 
+/* The indexers' own objective: its gradient reaches only the indexer tensors (its input is
+** detached, docs/model.md DSA), so it runs apart from the LM backward. */
+static void dsa_backward(prl_model *m, const prl_batch *b)
+{
+    prl_acts *a = m->acts;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        if (!prl_config_is_dsa(&m->cfg, l)) continue;
+        layer_acts *la = &a->layer[l];
+        prl_dsa_weights w = dsa_weights(m, m->params, l), g = dsa_weights(m, m->grads, l);
+        prl_dsa_backward(&g, &a->dsa_scratch, &la->dsa, &w, la->ln_a, la->cq, a->rope_cos,
+                         a->rope_sin, dsa_sparse(m, l), b->lens, dsa_dims(m));
+    }
+}
+
 prl_status prl_model_backward(prl_model *m, const prl_batch *b)
 {
     prl_acts *a = m->acts;
@@ -1599,6 +1697,8 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
         return prl_error_set(PRL_ERR_ARG, "backward needs a forward of the same batch first");
     dims D = dims_of(&m->cfg);
     int N = a->N;
+    dsa_backward(m, b);
+    if (m->cfg.dsa_freeze_main) return PRL_OK; /* only the indexer learns */
     const model_offsets *mo = model_offs(m);
     logits_ctx dc = {.m = m, .b = b};
     prl_parallel_rows(N, dlogits_rows, &dc);
@@ -1632,6 +1732,10 @@ void prl_model_update_router_bias(prl_model *m)
     const prl_config *c = &m->cfg;
     int E = c->n_routed_experts;
     if (c->bias_update_rate <= 0 || m->n_moe == 0) return;
+    if (c->dsa_freeze_main) { /* the DSA warm-up leaves the main model, biases included, as is */
+        memset(m->expert_counts, 0, (size_t)m->n_moe * E * sizeof *m->expert_counts);
+        return;
+    }
     for (int i = 0; i < m->n_moe; i++) {
         double *cnt = m->expert_counts + (size_t)i * E, total = 0, ms = 0;
         prl_real *bias = m->router_bias + (size_t)i * E;

@@ -19,6 +19,11 @@ typedef enum prl_bias_rule {
 
 enum { PRL_MAX_LAYERS = 64, PRL_MHC_MAX_STREAMS = 16 };
 
+/* Training stage of the DSA indexer (docs/model.md, DSA): SPARSE — the main attention sees
+** the top-k selected tokens and the indexer learns KL(p ‖ softmax I) on that set; DENSE —
+** the warm-up: the main attention stays dense and the indexer learns the dense distribution. */
+typedef enum prl_dsa_stage { PRL_DSA_SPARSE = 0, PRL_DSA_DENSE = 1 } prl_dsa_stage;
+
 /* A Hugging Face openpangu_v2 config.json, validated. Field names follow the JSON keys. */
 typedef struct prl_config {
     int vocab_size, hidden_size, num_hidden_layers, num_attention_heads;
@@ -54,13 +59,20 @@ typedef struct prl_config {
     int sandwich_norm;                         /* post-attention and post-MLP norms too */
     int n_block_post_layernorm_idx;            /* layers followed by block_post_layernorm */
     int block_post_layernorm_idx[PRL_MAX_LAYERS];
+    /* DeepSeek sparse attention (docs/model.md, DSA) */
+    int n_dsa_layers;                          /* dsa_layers: layers with a lightning indexer */
+    int dsa_layers[PRL_MAX_LAYERS];
+    int index_topk;                            /* k tokens each query attends to */
+    int index_n_heads, index_head_dim;         /* H_I, d_I (the first qk_rope_head_dim rotate) */
+    prl_dsa_stage dsa_stage;                   /* prl_dsa_stage: "sparse" | "dense" (warm-up) */
+    int dsa_freeze_main;                       /* prl_dsa_freeze_main: only the indexer learns */
 } prl_config;
 
 /* Defaults for every key (a small valid model). */
 void prl_config_default(prl_config *c);
 /* Parse JSON text; `source` names it in messages. Unknown keys, wrong types, out-of-range
 ** or inconsistent values are PRL_ERR_CONFIG; blocks of the openPangu design that are not
-** built yet (DSA, MTP) are
+** built yet (MTP) are
 ** PRL_ERR_UNSUPPORTED; both name the key. */
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source);
 prl_status prl_config_load(prl_config *c, const char *path);
@@ -69,6 +81,8 @@ char *prl_config_to_json(const prl_config *c);
 /* Attention window of layer l: W for a sliding-window layer (row t sees keys t−W < s ≤ t),
 ** 0 for a fully causal one. */
 int prl_config_window(const prl_config *c, int layer);
+/* 1 when layer l has a DSA lightning indexer (it is in dsa_layers). */
+int prl_config_is_dsa(const prl_config *c, int layer);
 /* Residual streams: mhc_num_stream with mHC on, else 1 (the plain residual). */
 int prl_config_streams(const prl_config *c);
 /* 1 when layer l is followed by the block post-norm (RMSNorm over all its streams). */
@@ -89,7 +103,9 @@ typedef enum prl_param_kind {
     PRL_PARAM_ROUTER, /* MoE router weight (AdamW) */
     PRL_PARAM_SINK,   /* parameter attention sink latents / rope keys (AdamW, no decay) */
     PRL_PARAM_CONV,   /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
-    PRL_PARAM_MHC     /* mHC phi, branch_alpha, branch_beta (AdamW, no decay; engine/mhc.h) */
+    PRL_PARAM_MHC,    /* mHC phi, branch_alpha, branch_beta (AdamW, no decay; engine/mhc.h) */
+    PRL_PARAM_INDEXER /* DSA lightning indexer (AdamW, no decay; k_norm gain init 1); learns
+                      ** only from the indexer loss */
 } prl_param_kind;
 
 typedef struct prl_param_info {
@@ -131,6 +147,9 @@ typedef struct prl_model {
     prl_precision precision; /* train path arithmetic (prl_model_set_precision) */
     prl_real *wround;        /* owned, n_params: the weights rounded to `precision` that a
                              ** forward and its backward read (NULL in fp32) */
+    int dsa_keep_selection;  /* tests: the forward reuses the last DSA top-k selection instead
+                             ** of selecting again (gradient checks with selections frozen);
+                             ** only after a forward of the same batch shape */
 } prl_model;
 
 /* A batch of B sequences of T positions. Positions t >= lens[b] are padding: they affect
@@ -178,6 +197,8 @@ typedef struct prl_forward_stats {
     double lm_loss;      /* Σ w·logp */
     double balance_loss; /* sequence-wise balance loss (0 if off) */
     double z_loss;       /* router z-loss (0 if off) */
+    double index_loss;   /* DSA indexer KL, mean over query rows, summed over DSA layers (its
+                         ** gradient reaches only the indexer; not part of `loss`) */
     int n_targets;       /* positions with a target */
 } prl_forward_stats;
 
@@ -212,6 +233,10 @@ prl_status prl_model_logprobs(prl_model *m, const prl_batch *batch, float *out_l
 /* Routes chosen by the last forward: [n_moe][B*T][K] expert ids (model-owned, valid until
 ** the next forward). */
 const int32_t *prl_model_routes(const prl_model *m);
+/* DSA selection of layer l in the last forward, [B*T][T] bytes (1 = key s visible to the
+** query row b*T+t; model-owned, valid until the next forward); NULL for a layer without an
+** indexer or in the dense stage. */
+const uint8_t *prl_model_dsa_selection(const prl_model *m, int layer);
 /* Logits of the last forward, [B*T][V] (model-owned). */
 const prl_real *prl_model_logits(const prl_model *m);
 /* Apply the selection-bias rule with the counts gathered since the last call, then reset
@@ -326,6 +351,12 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o,
 /* Load config + weights into a new model (m must be zeroed/unused). Every tensor's name,
 ** shape and dtype and the checksum are validated; errors name the file and tensor. */
 prl_status prl_checkpoint_load(prl_model *m, const char *dir);
+/* Load the weights of checkpoint `dir` into an initialised model `m` whose config may add DSA
+** layers to the checkpoint's (post-hoc sparsification, docs/recipes.md): every tensor of `m`
+** must be in the file with its shape, except DSA indexer tensors, which keep their values
+** (*n_new counts them; may be NULL); a tensor of the file that `m` lacks is an error. The
+** config.json of `dir` is not read. */
+prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new);
 /* Load optimizer state saved with the same model; `o` must be initialised. state.json
 ** text is returned (malloc'd) in *state_json if non-NULL. */
 prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const char *dir,

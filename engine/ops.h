@@ -140,18 +140,26 @@ void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_
 **   window: 0 = causal (row t sees every token s <= t); W > 0 = sliding window, row t sees
 **     t − W < s <= t (docs/model.md, SWA);
 **   sinks: ns parameter sinks visible to every row, rows sk [ns, dn | dv] at ldsk and
-**     position-free rope keys skr [ns, dr] at ldskr (docs/model.md, parameter sinks). */
+**     position-free rope keys skr [ns, dr] at ldskr (docs/model.md, parameter sinks);
+**   sel: NULL, or a DSA selection (docs/model.md, DSA): row t − p0 of the query rows at
+**     stride ldsel, column = key position; a token key s is visible only where it is non-zero
+**     (the sinks always are). */
 typedef struct prl_attn_keys {
     const prl_real *k, *kr;
     int ldk, ldkr, k0, window;
     const prl_real *sk, *skr;
     int ldsk, ldskr, ns;
+    const uint8_t *sel;
+    int ldsel;
 } prl_attn_keys;
 
 /* Shape of a whole-batch attention call: B sequences of T tokens, H heads, window W (0 =
-** causal) and ns sinks. */
+** causal) and ns sinks; sel NULL, or a DSA selection [B*T, T] (row b*T+t, column = key
+** position, non-zero = visible): the softmax runs over the sinks and the selected tokens only,
+** so the gradient reaches only those. */
 typedef struct prl_attn_shape {
     int B, T, H, dn, dr, dv, window, ns;
+    const uint8_t *sel;
 } prl_attn_shape;
 
 /* First key position a query block starting at p0 reads: 0 for causal attention; for a

@@ -41,6 +41,13 @@ static int uses_muon(const prl_optim_config *c, const prl_param_info *p)
     return c->kind == PRL_OPTIM_MUON && p->kind == PRL_PARAM_MATRIX;
 }
 
+/* DSA warm-up with prl_dsa_freeze_main: everything but the indexer is left as it is (no
+** update, no weight decay, not in the gradient norm). */
+static int frozen(const prl_model *m, const prl_param_info *p)
+{
+    return m->cfg.dsa_freeze_main && p->kind != PRL_PARAM_INDEXER;
+}
+
 static int decays(const prl_param_info *p)
 {
     return p->kind == PRL_PARAM_MATRIX || p->kind == PRL_PARAM_HEAD;
@@ -196,6 +203,7 @@ static int build_tasks(const prl_optim *o, const prl_model *m, update_task *t)
     int n = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
+        if (frozen(m, p)) continue;
         size_t step = uses_muon(&o->cfg, p) ? p->numel : CHUNK;
         for (size_t b = 0; b < p->numel; b += step) {
             if (t) t[n] = (update_task){.tensor = i, .begin = b, .end = b + step < p->numel ? b + step : p->numel};

@@ -19,9 +19,10 @@ Runs the mismatch study's treatments (configs/mismatch-study.json) one after ano
 prints the results table (markdown) on stdout. Progress goes to stderr.
 
   --only LIST     treatments to run and tabulate (default: all, in this order)
-                  none tis icepop kpop r2 r3 masked_r3 fp16 fp16_r3
-                  (fp16 and fp16_r3 train in fp16 with an fp16 rollout: they need a prl with
-                  trainer.precision; they are not in the default list)
+                  none tis icepop kpop r2 r3 masked_r3 fp16 fp16_bf16
+                  (fp16: fp16 training with an fp16 rollout, the FP16 paper's setting;
+                  fp16_bf16: fp16 training with the study's bf16 rollout; both without
+                  correction; they are not in the default list)
   --table-only    do not run anything; tabulate the runs that exist
   --queries       also print the sqlite3 queries behind each column
   --prl PATH      the prl binary (default build/cli/prl)
@@ -60,7 +61,7 @@ treatment_keys() {
     r3) echo "replay.mode=r3" ;;
     masked_r3) echo "replay.mode=masked_r3" ;;
     fp16) printf '%s\n' "trainer.precision=fp16" "rollout.precision=fp16" ;;
-    fp16_r3) printf '%s\n' "trainer.precision=fp16" "rollout.precision=fp16" "replay.mode=r3" ;;
+    fp16_bf16) printf '%s\n' "trainer.precision=fp16" ;;
     *) echo "mismatch-study.sh: unknown treatment '$1' (see --help)" >&2; exit 2 ;;
   esac
 }

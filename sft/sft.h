@@ -57,6 +57,7 @@ typedef struct prl_sft_progress {
     int step, steps;
     double loss;           /* token-mean cross-entropy of this step (the LM loss) */
     double balance_loss, z_loss;
+    double index_loss;     /* DSA indexer KL (docs/model.md; 0 without DSA layers) */
     double lr, grad_norm;
     double tokens_per_s;   /* trained + context tokens per second, this step */
     double elapsed_s, eta_s;
