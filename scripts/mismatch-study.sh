@@ -92,6 +92,7 @@ fi
 
 # Column queries over steps.metrics (JSON). "trainer" is the trainer's own step record.
 q_mismatch="select printf('%.4g', avg(json_extract(metrics,'\$.trainer.mismatch'))) from steps"
+q_mismatch0="select printf('%.4g', json_extract(metrics,'\$.trainer.mismatch')) from steps where step = 0"
 q_masked="select printf('%.4f', avg(json_extract(metrics,'\$.trainer.corr_masked_frac'))) from steps"
 q_trunc="select printf('%.4f', avg(json_extract(metrics,'\$.trainer.tis_clipfrac'))) from steps"
 q_overlap="select printf('%.4f', avg(j.value)) from steps, json_each(json_extract(metrics,'\$.trainer.route_overlap')) j"
@@ -103,6 +104,7 @@ if [ "$queries" = 1 ]; then
   cat <<EOF
 Queries (sqlite3 runs/ms-VARIANT/run.db "..."):
 - mean |Δ log-prob|: $q_mismatch
+- |Δ| at step 0:     $q_mismatch0
 - masked fraction:   $q_masked
 - TIS truncated:     $q_trunc
 - routing overlap:   $q_overlap
@@ -114,18 +116,18 @@ Held-out accuracy: $prl eval --ckpt runs/ms-VARIANT/final --domain reasoning --n
 EOF
 fi
 
-echo "| treatment | held-out acc (%) | mean \|Δ log-prob\| | masked fraction | TIS truncated share | routing overlap (native) | routing overlap (used) | reward, last 10 steps | max grad norm |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| treatment | held-out acc (%) | mean \|Δ log-prob\| | mean \|Δ log-prob\|, step 0 | masked fraction | TIS truncated share | routing overlap (native) | routing overlap (used) | reward, last 10 steps | max grad norm |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for v in $only; do
   db=runs/ms-$v/run.db
   if [ ! -e "$db" ] || [ ! -e "runs/ms-$v/final/model.safetensors" ]; then
-    echo "| $v | (not run) | | | | | | | |"
+    echo "| $v | (not run) | | | | | | | | |"
     continue
   fi
   acc=$("$prl" eval --ckpt "runs/ms-$v/final" --domain reasoning --n "$n_eval" --json 2>/dev/null |
         sed -n 's/.*"accuracy": \([0-9.]*\).*/\1/p')
   acc=$(awk -v a="$acc" 'BEGIN { printf "%.1f", 100 * a }')
-  echo "| $v | $acc | $(sqlite3 "$db" "$q_mismatch") | $(sqlite3 "$db" "$q_masked") | $(sqlite3 "$db" "$q_trunc") |" \
+  echo "| $v | $acc | $(sqlite3 "$db" "$q_mismatch") | $(sqlite3 "$db" "$q_mismatch0") | $(sqlite3 "$db" "$q_masked") | $(sqlite3 "$db" "$q_trunc") |" \
        "$(sqlite3 "$db" "$q_overlap") | $(sqlite3 "$db" "$q_used") |" \
        "$(sqlite3 "$db" "$q_reward") | $(sqlite3 "$db" "$q_gnorm") |"
 done
