@@ -32,8 +32,10 @@ static void print_progress(void *user, const prl_sft_progress *p)
     char eta[32], el[32];
     prl_format_duration(eta, sizeof eta, p->eta_s);
     prl_format_duration(el, sizeof el, p->elapsed_s);
-    fprintf(stderr, "step %d/%d  loss %.4f  lr %.2e  gnorm %.3f  tok/s %.0f  elapsed %s  eta %s\n",
-            p->step, p->steps, p->loss, p->lr, p->grad_norm, p->tokens_per_s, el, eta);
+    char mtp[32] = "";
+    if (p->mtp_loss != 0) snprintf(mtp, sizeof mtp, "  mtp %.4f", p->mtp_loss);
+    fprintf(stderr, "step %d/%d  loss %.4f%s  lr %.2e  gnorm %.3f  tok/s %.0f  elapsed %s  eta %s\n",
+            p->step, p->steps, p->loss, mtp, p->lr, p->grad_norm, p->tokens_per_s, el, eta);
 }
 
 static int file_exists(const char *path)
