@@ -552,7 +552,7 @@ static int bench_decode(int argc, char **argv)
             if (a.spec > 0)
                 printf(", \"spec_drafts\": %d, \"spec_decode_s\": %.5f, \"spec_decode_tokens_per_s\": %.1f, "
                        "\"spec_speedup_median\": %.3f, \"spec_acceptance\": %.4f, "
-                       "\"spec_tokens_per_verify\": %.3f, \"spec_greedy_tokens_agree\": %d",
+                       "\"spec_tokens_per_sequence_step\": %.3f, \"spec_greedy_tokens_agree\": %d",
                        a.spec, d->spec_decode, toks / d->spec_decode, d->spec_speedup,
                        d->spec.drafted ? (double)d->spec.accepted / d->spec.drafted : 0,
                        d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0, d->spec_agree);
@@ -566,8 +566,8 @@ static int bench_decode(int argc, char **argv)
         printf("\n");
         if (a.spec > 0)
             printf("             speculative (%d drafts) %8.1f tokens/s   speed-up %.2fx (median of "
-                   "per-round ratios)   acceptance %.1f%% (%ld/%ld drafts)   %.2f tokens per verify "
-                   "pass   greedy tokens equal plain %d/%d\n",
+                   "per-round ratios)   acceptance %.1f%% (%ld/%ld drafts)   %.2f tokens per "
+                   "sequence step   greedy tokens equal plain %d/%d\n",
                    a.spec, toks / d->spec_decode, d->spec_speedup,
                    d->spec.drafted ? 100.0 * d->spec.accepted / d->spec.drafted : 0.0,
                    d->spec.accepted, d->spec.drafted,

@@ -2005,6 +2005,7 @@ static int spec_accept(gen_state *g, int s, int r0, int nd, int *stopped)
         n_emit = prl_spec_accept_sample(out, st->draft, st->q, e->spec_p, V, nd, rng);
     }
     e->spec.drafted += nd, e->spec.accepted += n_emit - 1, e->spec.emitted += n_emit;
+    e->spec.steps++;
     *stopped = 0;
     int j = 0;
     while (j < n_emit && !*stopped) { /* token j follows the verify row of position len0 + j */
@@ -2035,7 +2036,6 @@ static prl_status spec_step(gen_state *g, int *finished, long *tokens)
     }
     if (R == 0) return PRL_OK;
     forward_rows(e, R);
-    e->spec.steps++;
     for (int r = 0; r < R; r++) /* h⁰ of every fed row (dead ones are overwritten later) */
         memcpy(slot_hidden(e, &e->slots[b->slot[r]], 0, b->pos[r]), b->x + (size_t)r * e->d,
                (size_t)e->d * sizeof(float));

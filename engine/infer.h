@@ -49,7 +49,8 @@ typedef struct prl_infer_options {
 } prl_infer_options;
 
 /* Speculative decoding counters since prl_infer_init: drafts proposed and accepted (the
-** acceptance rate is accepted / drafted), verify passes, tokens emitted by them. */
+** acceptance rate is accepted / drafted), sequence steps (one sequence's verify rows in one
+** pass) and the tokens they emitted (emitted / steps = tokens per sequence and step). */
 typedef struct prl_spec_stats {
     long drafted, accepted, steps, emitted;
 } prl_spec_stats;

@@ -163,7 +163,7 @@ START_TEST(test_greedy_equals_plain)
                 run(e, q.r, NP, &sp, spec);
                 prl_spec_stats st = prl_infer_spec_stats(e);
                 fprintf(stderr, "greedy vocab %d, %d drafts, batch %d: %ld of %ld drafts accepted, "
-                        "%ld verify passes for %ld tokens\n", sp.vocab_limit, drafts, batch,
+                        "%ld sequence steps for %ld tokens\n", sp.vocab_limit, drafts, batch,
                         st.accepted, st.drafted, st.steps, st.emitted);
                 if (pass == 0) ck_assert(st.accepted > 0 && st.accepted < st.drafted);
                 for (int i = 0; i < NP; i++) {
