@@ -523,14 +523,15 @@ static prl_status bind_mtp(prl_infer *e, int l, const float *base)
     const prl_config *c = &e->m->cfg;
     w->enorm = tensor(e, base, e->d, 0, "model.layers.%d.enorm.weight", l);
     w->hnorm = tensor(e, base, e->d, 0, "model.layers.%d.hnorm.weight", l);
-    w->sh_norm = c->mtp_head_norm ? tensor(e, base, e->d, 0, "model.layers.%d.shared_head.norm.weight", l)
-                                  : e->norm;
+    w->sh_norm = c->mtp_head_norm
+                     ? tensor(e, base, e->d, 0, "model.layers.%d.shared_head.norm.weight", l)
+                     : e->norm;
     w->sh_head = &e->head;
-    prl_status rc = lin_init(e, &w->eh_proj, tensor(e, base, e->d, 2 * e->d,
-                                                    "model.layers.%d.eh_proj.weight", l), e->d, 2 * e->d);
+    const float *eh = tensor(e, base, e->d, 2 * e->d, "model.layers.%d.eh_proj.weight", l);
+    prl_status rc = lin_init(e, &w->eh_proj, eh, e->d, 2 * e->d);
     if (!rc && c->mtp_head) {
-        rc = lin_init(e, &w->own_head, tensor(e, base, e->V, e->d,
-                                              "model.layers.%d.shared_head.head.weight", l), e->V, e->d);
+        const float *head = tensor(e, base, e->V, e->d, "model.layers.%d.shared_head.head.weight", l);
+        rc = lin_init(e, &w->own_head, head, e->V, e->d);
         w->sh_head = &w->own_head;
     }
     return rc;
@@ -765,8 +766,9 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
         e->lw[l].sink_lat = xcalloc((size_t)e->ns * e->lat, sizeof(float), &failed);
         e->lw[l].sink_kv = xcalloc((size_t)e->ns * e->H * e->dkv, sizeof(float), &failed);
         for (int i = 0; i < 3 && e->ck && l < e->L; i++) /* no convs in MTP layers */
-            e->lw[l].conv_state[i] = xcalloc((size_t)o.max_batch * e->conv_hist * conv_channels(e, i) + 1,
-                                             sizeof(float), &failed);
+            e->lw[l].conv_state[i] =
+                xcalloc((size_t)o.max_batch * e->conv_hist * conv_channels(e, i) + 1,
+                        sizeof(float), &failed);
     }
     /* cache rows per slot: the whole context, or a ring of W rows for a sliding-window layer */
     size_t lat_total = 0, kv_total = 0;
@@ -1885,7 +1887,8 @@ static void mtp_rows(prl_infer *e, int k, int R)
     double eps = e->m->cfg.rms_norm_eps;
     rows_begin(e, R);
     for (int r = 0; r < R; r++)
-        memcpy(b->mtp_e + (size_t)r * d, e->embed + (size_t)b->tok[r] * d, (size_t)d * sizeof(float));
+        memcpy(b->mtp_e + (size_t)r * d, e->embed + (size_t)b->tok[r] * d,
+               (size_t)d * sizeof(float));
     memcpy(b->mtp_h, b->x, (size_t)R * d * sizeof(float));
     prl_mtp_input_forward(b->x, b->mtp_cat, b->mtp_rstd, b->mtp_rstd + R, b->mtp_e, b->mtp_h,
                           w->enorm, w->hnorm, w->eh_proj.w, R, d, eps);
@@ -1951,7 +1954,8 @@ static void draft_flush(gen_state *g, int k, const int *slots, int n_slots, int 
     mtp_rows(e, k, R);
     for (int r = 0; r < R; r++) {
         slot_state *st = &e->slots[b->slot[r]];
-        memcpy(slot_hidden(e, st, k, b->pos[r]), b->x + (size_t)r * e->d, (size_t)e->d * sizeof(float));
+        memcpy(slot_hidden(e, st, k, b->pos[r]), b->x + (size_t)r * e->d,
+               (size_t)e->d * sizeof(float));
     }
     for (int i = 0, r = 0; i < n_slots; i++) {
         slot_state *st = &e->slots[slots[i]];
@@ -1976,7 +1980,8 @@ static void draft_pass(gen_state *g, int k, const int *nd)
         if (R + rows > b->cap) draft_flush(g, k, slots, n_slots, R), n_slots = 0, R = 0;
         for (int i = m; i < st->len; i++, R++) {
             b->tok[R] = step_token(st, i + k), b->slot[R] = s, b->pos[R] = i, b->req[R] = st->req;
-            memcpy(b->x + (size_t)R * e->d, slot_hidden(e, st, k - 1, i), (size_t)e->d * sizeof(float));
+            memcpy(b->x + (size_t)R * e->d, slot_hidden(e, st, k - 1, i),
+                   (size_t)e->d * sizeof(float));
         }
         slots[n_slots++] = s;
     }
@@ -1993,7 +1998,8 @@ static int spec_accept(gen_state *g, int s, int r0, int nd, int *stopped)
     int32_t out[PRL_MAX_LAYERS + 1], best[PRL_MAX_LAYERS + 1];
     const float *logits = e->rb.logits + (size_t)r0 * V;
     if (g->sp->temperature == 0) {
-        for (int j = 0; j <= nd; j++) best[j] = (int32_t)sample_row(logits + (size_t)j * V, V, g->sp, NULL, g->cands);
+        for (int j = 0; j <= nd; j++)
+            best[j] = (int32_t)sample_row(logits + (size_t)j * V, V, g->sp, NULL, g->cands);
         n_emit = prl_spec_accept_greedy(out, st->draft, best, nd);
     } else {
         prl_rng rng[PRL_MAX_LAYERS + 1];
