@@ -526,18 +526,21 @@ static int bench_decode(int argc, char **argv)
     prl_infer_free(probe);
     const prl_config *c = &m.cfg;
     int full_layers = c->num_hidden_layers - c->n_swa_layers;
-    size_t kv_formula = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * full_layers * sizeof(float);
+    /* a DSA layer also caches its indexer key (index_head_dim floats per token) */
+    size_t kv_formula = ((size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * full_layers +
+                         (size_t)c->index_head_dim * c->n_dsa_layers) * sizeof(float);
     if (a.json) printf("{\"model\": \"%s\", \"infer\": \"%s\", \"threads\": %d, \"blas_core\": \"%s\", "
                        "\"prompt_len\": %d, \"new_tokens\": %d, \"rounds\": %d, \"kv_bytes_per_token\": %zu, "
                        "\"kv_bytes_formula\": %zu, \"kv_bytes_per_sequence\": %zu, \"results\": [",
                        a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
                        a.new_tokens, a.rounds, kv, kv_formula, kv_seq);
     else printf("model %s, %s, threads %d, blas %s, prompt %d + %d new tokens, medians of %d rounds\n"
-                "  KV cache: %zu bytes/token in the %d whole-context layers (formula (kv_lora_rank + "
-                "qk_rope_head_dim) x those layers x 4 = %zu); %d sliding-window layers keep at most W "
-                "rows; one sequence of %d tokens holds %zu bytes\n",
+                "  KV cache: %zu bytes/token in the %d whole-context layers (formula ((kv_lora_rank + "
+                "qk_rope_head_dim) x those layers + index_head_dim x %d DSA layers) x 4 = %zu); %d "
+                "sliding-window layers keep at most W rows; one sequence of %d tokens holds %zu bytes\n",
                 a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
-                a.new_tokens, a.rounds, kv, full_layers, kv_formula, c->n_swa_layers, ctx, kv_seq);
+                a.new_tokens, a.rounds, kv, full_layers, c->n_dsa_layers, kv_formula, c->n_swa_layers,
+                ctx, kv_seq);
     for (int i = 0; i < nb; i++) {
         decode_result *d = &res[i];
         double toks = (double)d->batch * (a.new_tokens - 1); /* the first token comes with the prefill */

@@ -11,6 +11,7 @@
 */
 #include "cli/cli.h"
 #include "controller/controller.h"
+#include "grpo/grpo.h"
 #include "opd/opd.h"
 
 #include <errno.h>
@@ -240,9 +241,13 @@ static prl_status write_job(const char *run_dir, const prl_job_config *job)
     return bad ? prl_error_set(PRL_ERR_IO, "cannot write %s: %s", path, strerror(errno)) : PRL_OK;
 }
 
-/* Every check that needs the file system, before any process starts. */
+/* Every check that needs the file system or another module's rules, before any process
+** starts (the trainer's precision and loss scaler: grpo/scaling.c). */
 static prl_status check_inputs(const prl_job_config *job)
 {
+    prl_grpo_precision prec;
+    prl_status rc = prl_grpo_precision_from_job(&prec, job);
+    if (rc) return rc;
     char p[1200];
     snprintf(p, sizeof p, "%s/config.json", job->init);
     struct stat sb;

@@ -3,7 +3,9 @@
 **
 ** Starts from a model config (random init) or a checkpoint, takes the tokenizer from
 ** --tokenizer, the checkpoint, or trains one on the data; prints a progress line
-** (loss, tokens/s, ETA) and writes the result as a checkpoint directory.
+** (loss, tokens/s, ETA) and writes the result as a checkpoint directory. A recipe may start
+** from another run's weights with DSA layers added and warm their indexers up first
+** (post-hoc sparsification, docs/recipes.md).
 */
 #include "cli/cli.h"
 #include "job/recipe.h"
@@ -20,6 +22,10 @@
 
 typedef struct sft_args {
     const char *data, *model, *ckpt, *out, *tokenizer, *optimizer, *schedule;
+    const char *precision, *loss_scale; /* train precision; scaler preset, "off" or NULL (auto) */
+    const char *init_from;  /* recipe: weights of this checkpoint into --model's config */
+    int dsa_warmup;         /* recipe: DSA indexer warm-up steps before the SFT steps */
+    double dsa_warmup_lr;
     int steps, batch, seq, accum, warmup, threads, log_every, save_every, resume, group, special;
     int vocab; /* tokenizer trained on the data: vocabulary size (0: the model's) */
     double lr, min_lr_ratio, weight_decay, grad_clip, expert_clip;
@@ -32,10 +38,13 @@ static void print_progress(void *user, const prl_sft_progress *p)
     char eta[32], el[32];
     prl_format_duration(eta, sizeof eta, p->eta_s);
     prl_format_duration(el, sizeof el, p->elapsed_s);
-    char mtp[32] = "";
+    char scale[64] = "", ikl[32] = "", mtp[32] = "";
+    if (p->loss_scale > 0)
+        snprintf(scale, sizeof scale, "  scale %g  skipped %ld", p->loss_scale, p->skipped);
+    if (p->index_loss != 0) snprintf(ikl, sizeof ikl, "  index_kl %.4f", p->index_loss);
     if (p->mtp_loss != 0) snprintf(mtp, sizeof mtp, "  mtp %.4f", p->mtp_loss);
-    fprintf(stderr, "step %d/%d  loss %.4f%s  lr %.2e  gnorm %.3f  tok/s %.0f  elapsed %s  eta %s\n",
-            p->step, p->steps, p->loss, mtp, p->lr, p->grad_norm, p->tokens_per_s, el, eta);
+    fprintf(stderr, "step %d/%d  loss %.4f%s%s  lr %.2e  gnorm %.3f%s  tok/s %.0f  elapsed %s  eta %s\n",
+            p->step, p->steps, p->loss, mtp, ikl, p->lr, p->grad_norm, scale, p->tokens_per_s, el, eta);
 }
 
 static int file_exists(const char *path)
@@ -49,8 +58,9 @@ static prl_status get_tokenizer(const sft_args *a, int vocab_size, prl_tokenizer
 {
     char path[4096];
     if (a->tokenizer) return prl_tokenizer_load(a->tokenizer, tok);
-    if (a->ckpt) {
-        snprintf(path, sizeof path, "%s/tokenizer.json", a->ckpt);
+    const char *ckpt = a->ckpt ? a->ckpt : a->init_from; /* the tokenizer its weights know */
+    if (ckpt) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", ckpt);
         if (file_exists(path)) return prl_tokenizer_load(path, tok);
     }
     char **texts = NULL;
@@ -86,6 +96,23 @@ static prl_status build_optim(const sft_args *a, prl_optim_config *oc)
     return PRL_OK;
 }
 
+/* --precision and --loss-scale: the model's precision and, for fp16 by default or with a
+** preset named, a dynamic loss scaler (*on = 1). Errors name the flag. */
+static prl_status set_precision(const sft_args *a, prl_model *m, prl_loss_scaler *s, int *on)
+{
+    prl_precision p;
+    prl_status rc = prl_precision_parse(&p, a->precision ? a->precision : "fp32");
+    if (rc) return prl_error_wrap(rc, "--precision: ");
+    if ((rc = prl_model_set_precision(m, p))) return rc;
+    const char *preset = a->loss_scale ? a->loss_scale : "torch";
+    *on = a->loss_scale ? strcmp(a->loss_scale, "off") != 0 : p == PRL_PRECISION_FP16;
+    if (!*on) return PRL_OK;
+    prl_loss_scaler_config sc;
+    rc = prl_loss_scaler_config_preset(&sc, preset);
+    if (!rc) rc = prl_loss_scaler_init(s, &sc);
+    return rc ? prl_error_wrap(rc, "--loss-scale (or off): ") : PRL_OK;
+}
+
 static char *state_json(const sft_args *a, const prl_sft_data *d)
 {
     json_t *o = json_pack("{s:s, s:s, s:I, s:i, s:i, s:i, s:I, s:I}", "job", "sft", "data", a->data,
@@ -95,6 +122,77 @@ static char *state_json(const sft_args *a, const prl_sft_data *d)
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
+}
+
+/* Token-mean cross-entropy and DSA indexer KL of the model on 4 batches of examples spread
+** evenly over the data (every n/(4·batch)-th, so every domain and length is in): the
+** before/after figure of a post-hoc sparsification. */
+static prl_status eval_loss(prl_model *m, const prl_sft_data *d, const sft_args *a, double *ce,
+                            double *ikl)
+{
+    prl_batch_buf bb;
+    prl_status st = prl_batch_buf_init(&bb, a->batch, a->seq);
+    double sum = 0, kl = 0;
+    long n = 0;
+    int batches = 0;
+    int n_eval = 4 * a->batch < d->n ? 4 * a->batch : d->n, stride = d->n / n_eval;
+    for (int i0 = 0; st == PRL_OK && i0 < n_eval; i0 += a->batch, batches++) {
+        int B = n_eval - i0 < a->batch ? n_eval - i0 : a->batch;
+        for (int i = 0; i < B; i++) {
+            const prl_sft_example *e = &d->ex[(size_t)(i0 + i) * stride];
+            prl_batch_buf_set_row(&bb, a->seq, i, e->ids, e->n < a->seq ? e->n : a->seq, e->mask);
+        }
+        prl_batch b = prl_batch_buf_view(&bb, B, a->seq);
+        for (int i = 0; i < B * a->seq; i++) bb.weights[i] = bb.targets[i] >= 0 ? -1.0f : 0.0f;
+        prl_forward_stats fs;
+        st = prl_model_forward(m, &b, NULL, &fs);
+        sum += fs.lm_loss, n += fs.n_targets, kl += fs.index_loss;
+    }
+    prl_batch_buf_free(&bb);
+    *ce = n ? sum / n : 0, *ikl = batches ? kl / batches : 0;
+    return st;
+}
+
+static void report_eval(prl_model *m, const prl_sft_data *d, const sft_args *a, const char *when)
+{
+    double ce, ikl;
+    if (eval_loss(m, d, a, &ce, &ikl) == PRL_OK)
+        fprintf(stderr, "sft: eval (%d examples spread over the data) %s: loss %.4f, index_kl %.4f (%s stage)\n",
+                4 * a->batch < d->n ? 4 * a->batch : d->n, when, ce, ikl,
+                m->cfg.dsa_stage == PRL_DSA_DENSE ? "dense" : "sparse");
+}
+
+/* The DSA warm-up of a post-hoc sparsification (docs/recipes.md): the loaded model runs with
+** dense attention and only its indexers learn (AdamW, constant lr, no decay) to match the
+** dense attention distribution; then the config's sparse stage takes over for the SFT steps.
+** Losses are reported as loaded (dense and sparse), after the warm-up and at the end. */
+static prl_status dsa_warmup(prl_model *m, const prl_sft_data *d, const sft_args *a,
+                             const prl_sft_config *sc)
+{
+    if (m->cfg.n_dsa_layers == 0)
+        return prl_error_set(PRL_ERR_CONFIG, "dsa.warmup_steps = %d but the model config has no "
+                             "'dsa_layers'", a->dsa_warmup);
+    m->cfg.dsa_stage = PRL_DSA_DENSE;
+    report_eval(m, d, a, "as loaded, full attention");
+    m->cfg.dsa_stage = PRL_DSA_SPARSE;
+    report_eval(m, d, a, "as loaded, sparse attention, indexer untrained");
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.kind = PRL_OPTIM_ADAMW, oc.lr = a->dsa_warmup_lr, oc.schedule = PRL_LR_CONSTANT;
+    oc.warmup_steps = 0, oc.weight_decay = 0, oc.total_steps = a->dsa_warmup;
+    m->cfg.dsa_stage = PRL_DSA_DENSE, m->cfg.dsa_freeze_main = 1;
+    prl_optim o;
+    prl_status st = prl_optim_init(&o, m, &oc);
+    prl_sft_config wc = *sc;
+    wc.steps = a->dsa_warmup;
+    fprintf(stderr, "sft: DSA warm-up, %d steps: dense attention, only the indexers learn (lr %g)\n",
+            a->dsa_warmup, a->dsa_warmup_lr);
+    if (st == PRL_OK) st = prl_sft_train(m, &o, d, &wc, print_progress, NULL);
+    prl_optim_free(&o);
+    m->cfg.dsa_stage = PRL_DSA_SPARSE, m->cfg.dsa_freeze_main = 0;
+    if (st == PRL_OK) report_eval(m, d, a, "after the warm-up, sparse attention");
+    if (st == PRL_OK) fprintf(stderr, "sft: sparse adaptation, %d steps: every tensor learns\n", a->steps);
+    return st;
 }
 
 static int run(const sft_args *a)
@@ -114,6 +212,10 @@ static int run(const sft_args *a)
         st = prl_config_load(&cfg, a->model);
         if (st == PRL_OK) st = prl_model_init(&m, &cfg);
         if (st == PRL_OK) prl_model_init_weights(&m, a->seed);
+        int fresh = 0;
+        if (st == PRL_OK && a->init_from) st = prl_checkpoint_load_weights(&m, a->init_from, &fresh);
+        if (st == PRL_OK && a->init_from)
+            fprintf(stderr, "sft: weights from %s; %d new DSA indexer tensors\n", a->init_from, fresh);
     }
     if (st == PRL_OK) st = build_optim(a, &oc);
     if (st == PRL_OK) st = get_tokenizer(a, m.cfg.vocab_size, &tok);
@@ -122,6 +224,9 @@ static int run(const sft_args *a)
                            prl_tokenizer_vocab_size(tok), m.cfg.vocab_size);
     if (st == PRL_OK) st = prl_sft_data_load(&d, a->data, tok, a->seq, a->special ? PRL_TOKENIZER_SPECIAL : 0);
     if (st == PRL_OK) st = prl_optim_init(&o, &m, &oc);
+    prl_loss_scaler scaler;
+    int scaler_on = 0;
+    if (st == PRL_OK) st = set_precision(a, &m, &scaler, &scaler_on);
     if (st == PRL_OK && a->resume) {
         st = prl_checkpoint_load_optim(&o, &m, a->ckpt, NULL);
         o.cfg.total_steps = (int)o.step + a->steps; /* the schedule spans the whole run */
@@ -131,7 +236,9 @@ static int run(const sft_args *a)
                 "parameters, %s, %d steps of %d x %d x %d\n", d.n, d.n_tokens, d.n_loss_tokens,
                 d.n_truncated, a->seq, m.n_params, a->optimizer, a->steps, a->accum, a->batch, a->seq);
         prl_sft_config sc = {.batch = a->batch, .seq = a->seq, .accum = a->accum,
-                             .seed = a->seed, .log_every = a->log_every, .group = a->group};
+                             .seed = a->seed, .log_every = a->log_every, .group = a->group,
+                             .scaler = scaler_on ? &scaler : NULL};
+        if (a->dsa_warmup > 0) st = dsa_warmup(&m, &d, a, &sc);
         int64_t end = o.step + a->steps;
         while (st == PRL_OK && o.step < end) {
             int64_t chunk = a->save_every > 0 ? a->save_every - o.step % a->save_every : end - o.step;
@@ -145,6 +252,7 @@ static int run(const sft_args *a)
             }
         }
     }
+    if (st == PRL_OK && a->dsa_warmup > 0) report_eval(&m, &d, a, "after the sparse adaptation");
     prl_sft_data_free(&d);
     prl_tokenizer_free(tok);
     prl_optim_free(&o);
@@ -202,6 +310,13 @@ static prl_status recipe_hash(prl_sft_recipe *r, char out[17])
     free(resolved);
     h = prl_checksum64(cfg, len, h);
     free(cfg);
+    if (*r->init_from) { /* the starting weights are part of what the run depends on */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/model.safetensors", r->init_from);
+        if ((st = prl_file_read(path, &cfg, &len))) return st;
+        h = prl_checksum64(cfg, len, h);
+        free(cfg);
+    }
     snprintf(out, 17, "%016" PRIx64, h);
     return PRL_OK;
 }
@@ -281,7 +396,9 @@ static int run_recipe(const char *file, int threads, int force)
                   .log_every = r.steps >= 20 ? r.steps / 20 : 1, .group = r.group,
                   .special = r.special_tokens, .vocab = r.vocab_size, .lr = r.lr,
                   .min_lr_ratio = r.min_lr_ratio, .weight_decay = r.weight_decay,
-                  .grad_clip = r.grad_clip, .expert_clip = r.expert_clip, .seed = r.seed};
+                  .grad_clip = r.grad_clip, .expert_clip = r.expert_clip, .seed = r.seed,
+                  .init_from = *r.init_from ? r.init_from : NULL,
+                  .dsa_warmup = r.dsa_warmup_steps, .dsa_warmup_lr = r.dsa_warmup_lr};
     int rc = run(&a);
     if (rc == 0) {
         char line[20];
@@ -298,7 +415,7 @@ int cmd_sft(int argc, char **argv)
 {
     const char *config = NULL;
     int force = 0;
-    sft_args a = {.optimizer = "muon", .schedule = "cosine", .steps = 200, .batch = 8, .seq = 128,
+    sft_args a = {.optimizer = "muon", .schedule = "cosine", .precision = "fp32", .steps = 200, .batch = 8, .seq = 128,
                   .accum = 1, .warmup = 10, .log_every = 10, .lr = 3e-3, .min_lr_ratio = 0.1,
                   .weight_decay = 0.1, .grad_clip = 1.0, .seed = 1};
     cli_opt opts[] = {
@@ -324,6 +441,8 @@ int cmd_sft(int argc, char **argv)
         {"grad-clip", OPT_DOUBLE, &a.grad_clip, "C", "global gradient-norm bound, 0 = off (default 1)", 0, 0},
         {"expert-clip", OPT_DOUBLE, &a.expert_clip, "C", "per routed expert gradient-norm bound, 0 = off", 0, 0},
         {"seed", OPT_U64, &a.seed, "S", "seed of the init and the data order (default 1)", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P", "train path arithmetic: fp32 (default), bf16 or fp16 (docs/model.md)", 0, 0},
+        {"loss-scale", OPT_STR, &a.loss_scale, "NAME", "dynamic loss scaler: torch, megatron, verl_fsdp, verl_megatron or off (default: torch with fp16, off otherwise)", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {"log-every", OPT_INT, &a.log_every, "N", "progress line every N steps (default 10)", 0, 0},
         {"save-every", OPT_INT, &a.save_every, "N", "also save every N steps (default: at the end)", 0, 0},

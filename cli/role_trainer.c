@@ -5,8 +5,9 @@
 ** and announces it with `trained` (docs/pipeline.md).
 **
 ** The trainer keeps no state of its own between steps: every version's checkpoint holds the
-** weights and the optimizer, so a restarted trainer loads the version it is handed and
-** continues bit for bit.
+** weights, the optimizer and (in state.json) the loss scaler's state, so a restarted trainer
+** loads the version it is handed and continues bit for bit. The model computes in the job's
+** trainer.precision (docs/grpo.md "Precision and loss scaling").
 */
 #include "cli/cli.h"
 #include "grpo/grpo.h"
@@ -21,6 +22,8 @@ typedef struct trainer {
     prl_optim optim;
     prl_tokenizer *tok;
     prl_model ref;          /* the KL reference (grpo.kl_coef > 0): the run's init policy */
+    prl_grpo_precision prec;/* trainer.precision and trainer.loss_scale.* */
+    prl_loss_scaler scaler; /* the scale of the version held (used when prec.scaler_on) */
     int have_model, have_optim, have_ref;
     int64_t version;        /* version held (-1: none) */
     char path[1200];
@@ -42,12 +45,20 @@ static prl_status load_version(trainer *t, int64_t v, const char *path)
     prl_status rc = cli_load_checkpoint(path, &t->model, &t->tok);
     if (rc) return rc;
     t->have_model = 1;
+    if ((rc = prl_grpo_precision_from_job(&t->prec, &t->role.job)) ||
+        (rc = prl_model_set_precision(&t->model, t->prec.precision)) ||
+        (rc = prl_loss_scaler_init(&t->scaler, &t->prec.scaler)))
+        return rc;
     prl_optim_config oc;
     if ((rc = prl_grpo_optim_config_from_job(&oc, &t->role.job))) return rc;
     if ((rc = prl_optim_init(&t->optim, &t->model, &oc))) return rc;
     t->have_optim = 1;
-    /* version 0 is the init checkpoint: its optimizer (if any) was another job's */
-    if (v > 0 && (rc = prl_checkpoint_load_optim(&t->optim, &t->model, path, NULL))) return rc;
+    /* version 0 is the init checkpoint: its optimizer and scaler (if any) were another job's */
+    char *state = NULL;
+    if (v > 0 && (rc = prl_checkpoint_load_optim(&t->optim, &t->model, path, &state))) return rc;
+    rc = prl_grpo_scaler_state_parse(&t->scaler, state);
+    free(state);
+    if (rc) return prl_error_wrap(rc, "%s: ", path);
     t->version = v;
     snprintf(t->path, sizeof t->path, "%s", path);
     cli_role_log(&t->role, "holding policy version %lld (%s)", (long long)v, path);
@@ -106,15 +117,19 @@ static prl_status train(trainer *t, const prl_bus_msg *m)
         else rc = prl_error_wrap(rc, "grpo.kl_coef > 0 needs the reference policy (model.init): ");
     }
     if (!rc && tc.kl_coef > 0) tc.ref = &t->ref;
+    if (!rc && tc.kl_coef > 0) rc = prl_model_set_precision(&t->ref, t->prec.precision);
+    if (!rc && t->prec.scaler_on) tc.scaler = &t->scaler;
     prl_grpo_step_stats st;
     prl_opd_stats ost;
     memset(&st, 0, sizeof st), memset(&ost, 0, sizeof ost);
     if (!rc && b.n > 0) rc = run_step(t, m, &b, &tc, &st, &ost);
     prl_grpo_batch_free(&b);
-    char dir[1200], state[400];
+    char dir[1200], state[600], scaler[200];
     snprintf(dir, sizeof dir, "%s/ckpt/v%06llu", t->role.run_dir, (unsigned long long)ver + 1);
-    snprintf(state, sizeof state, "{\"run\": \"%s\", \"version\": %llu, \"step\": %llu}", t->role.run,
-             (unsigned long long)ver + 1, (unsigned long long)step);
+    prl_grpo_scaler_state_format(t->prec.scaler_on ? &t->scaler : NULL, scaler, sizeof scaler);
+    snprintf(state, sizeof state, "{\"run\": \"%s\", \"version\": %llu, \"step\": %llu, "
+             "\"loss_scaler\": %s}", t->role.run, (unsigned long long)ver + 1,
+             (unsigned long long)step, scaler);
     if (!rc) rc = prl_checkpoint_save(&t->model, &t->optim, state, t->tok, dir);
     if (rc) {
         unload(t); /* the weights may be half-updated: reload before the next try */

@@ -1420,6 +1420,13 @@ static void progress_line(ctl *c, const prl_store_step *st, const char *metrics,
     double train = json_number_value(json_object_get(mj, "train_s"));
     double interval = json_number_value(json_object_get(mj, "interval_s"));
     int stale = (int)json_integer_value(json_object_get(mj, "stale"));
+    /* loss scaling (fp16 training): the scale and the skipped updates, when a scaler ran */
+    json_t *tr = json_object_get(mj, "trainer"), *ls = json_object_get(tr, "loss_scale");
+    char scale[96] = "";
+    if (json_is_number(ls))
+        snprintf(scale, sizeof scale, " | scale %g  skipped %lld (%lld total)", json_number_value(ls),
+                 (long long)json_integer_value(json_object_get(tr, "skipped")),
+                 (long long)json_integer_value(json_object_get(tr, "skipped_total")));
     json_t *kl = json_object_get(json_object_get(mj, "trainer"), "opd_teacher_kl");
     char opd[48] = ""; /* OPD: the reverse KL student→teacher of the step's tokens */
     if (json_is_number(kl)) snprintf(opd, sizeof opd, " | KL %.4f", json_number_value(kl));
@@ -1431,10 +1438,10 @@ static void progress_line(ctl *c, const prl_store_step *st, const char *metrics,
     prl_format_duration(eta, sizeof eta, (c->job->steps - c->version) * c->interval_sum / c->intervals);
     fprintf(c->o->progress,
             "step %lld/%d  v%lld | reward %.3f  acc %5.1f%% | %6.0f tok/s | rollout %.1fs  score %.1fs  "
-            "train %.1fs | step %.1fs | stale %d  dropped %d%s | %s, eta %s\n",
+            "train %.1fs | step %.1fs | stale %d  dropped %d%s%s | %s, eta %s\n",
             (long long)r->step + 1, c->job->steps, (long long)c->version, st->reward_mean,
             100 * st->accuracy, st->tokens_per_s, roll, tail, train, interval, stale, r->dropped,
-            opd, el, eta);
+            scale, opd, el, eta);
     fflush(c->o->progress);
 }
 

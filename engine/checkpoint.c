@@ -319,6 +319,30 @@ prl_status prl_checkpoint_load(prl_model *m, const char *dir)
     return rc;
 }
 
+prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new)
+{
+    char path[4096];
+    prl_status rc = join_path(path, sizeof path, dir, "model.safetensors");
+    if (rc) return rc;
+    prl_safetensors st;
+    if ((rc = prl_safetensors_open(&st, path))) return rc;
+    rc = verify_checksum(&st);
+    if (rc == PRL_OK) rc = check_no_extra(m, &st);
+    int fresh = 0;
+    for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
+        const prl_param_info *p = &m->tensors[i];
+        if (!prl_safetensors_find(&st, p->name) && p->kind == PRL_PARAM_INDEXER) {
+            fresh++; /* a DSA indexer the source model did not have: keeps its init */
+            continue;
+        }
+        rc = read_tensor(&st, p->name, p->shape, p->ndim, m->params + p->offset);
+    }
+    if (rc == PRL_OK) rc = load_bias(m, &st);
+    prl_safetensors_free(&st);
+    if (rc == PRL_OK && n_new) *n_new = fresh;
+    return rc;
+}
+
 prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const char *dir,
                                      char **state_json)
 {

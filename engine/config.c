@@ -5,9 +5,9 @@
 ** where it goes. Unknown keys (typos) are errors that suggest the nearest known key; blocks
 ** of the openPangu-2.0 design that this build does not have yet are recognised and refused
 ** with a "not yet supported" error, so a config never silently means something else.
-** Sliding-window layers and parameter sinks are read by name (parse_attention): their keys
-** are lists or are written to config.json only when the block is on; so is the list
-** block_post_layernorm_idx.
+** Sliding-window layers, parameter sinks and DSA are read by name (parse_attention,
+** parse_dsa): their keys are lists or are written to config.json only when the block is on;
+** so is the list block_post_layernorm_idx.
 */
 #include "engine/engine.h"
 
@@ -85,10 +85,13 @@ static const key_spec keys[] = {
     IGN("n_group", K_INT),              /* checked below: must be 1 */
     IGN("topk_group", K_INT),           /* checked below: must be 1 */
     IGN("rope_scaling", K_ANY),         /* checked below: must be null */
-    UNS("dsa_layers", K_INT_LIST, "DSA sparse attention"),
-    UNS("index_topk", K_INT, "DSA sparse attention"),
-    UNS("index_n_heads", K_INT, "DSA sparse attention"),
-    UNS("index_head_dim", K_INT, "DSA sparse attention"),
+    /* DSA: read by name in parse_dsa (a list, a string; written only when on) */
+    IGN("dsa_layers", K_INT_LIST),
+    IGN("index_topk", K_INT),
+    IGN("index_n_heads", K_INT),
+    IGN("index_head_dim", K_INT),
+    IGN("prl_dsa_stage", K_STRING),
+    IGN("prl_dsa_freeze_main", K_BOOL),
     /* SWA and sinks: read by name in parse_attention (lists, and written only when on) */
     IGN("swa_layers", K_INT_LIST),
     IGN("sliding_window_list", K_INT_LIST),
@@ -358,6 +361,26 @@ static prl_status read_int_list(json_t *v, const char *key, int *out, int *n, in
     return PRL_OK;
 }
 
+/* Integer keys read by name: each present one must be in [0, 2^24]. */
+typedef struct int_key {
+    const char *key;
+    int *field;
+} int_key;
+
+static prl_status read_ints(json_t *root, const int_key *ks, int n, const char *src)
+{
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_object_get(root, ks[i].key);
+        if (!v) continue;
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || x > (1 << 24))
+            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld is out of range", src,
+                                 ks[i].key, (long long)x);
+        *ks[i].field = (int)x;
+    }
+    return PRL_OK;
+}
+
 /* SWA, parameter-sink and ModAttn keys (docs/model.md). */
 static prl_status parse_attention(prl_config *c, json_t *root, const char *src)
 {
@@ -370,18 +393,11 @@ static prl_status parse_attention(prl_config *c, json_t *root, const char *src)
         (rc = read_int_list(v, "sliding_window_list", c->sliding_window_list,
                             &c->n_sliding_window_list, PRL_MAX_LAYERS, src)))
         return rc;
-    struct { const char *key; int *field; } ints[] = {
+    int_key ints[] = {
         {"sliding_window", &c->sliding_window},
         {"param_sink_number", &c->param_sink_number},
     };
-    for (int i = 0; i < 2; i++)
-        if ((v = json_object_get(root, ints[i].key))) {
-            json_int_t x = json_integer_value(v);
-            if (x < 0 || x > (1 << 24))
-                return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld is out of range", src,
-                                     ints[i].key, (long long)x);
-            *ints[i].field = (int)x;
-        }
+    if ((rc = read_ints(root, ints, 2, src))) return rc;
     if ((v = json_object_get(root, "param_sink_with_value")))
         c->param_sink_with_value = json_is_true(v);
     if ((v = json_object_get(root, "router_sliding_window"))) {
@@ -449,6 +465,58 @@ static prl_status validate_attention(const prl_config *c, const char *src)
     return PRL_OK;
 }
 
+/* DSA keys (docs/model.md, DSA; docs/config.md). */
+static prl_status parse_dsa(prl_config *c, json_t *root, const char *src)
+{
+    json_t *v;
+    prl_status rc;
+    if ((v = json_object_get(root, "dsa_layers")) &&
+        (rc = read_int_list(v, "dsa_layers", c->dsa_layers, &c->n_dsa_layers, PRL_MAX_LAYERS, src)))
+        return rc;
+    int_key ints[] = {
+        {"index_topk", &c->index_topk},
+        {"index_n_heads", &c->index_n_heads},
+        {"index_head_dim", &c->index_head_dim},
+    };
+    if ((rc = read_ints(root, ints, 3, src))) return rc;
+    if ((v = json_object_get(root, "prl_dsa_stage"))) {
+        const char *s = json_string_value(v);
+        if (!strcmp(s, "sparse")) c->dsa_stage = PRL_DSA_SPARSE;
+        else if (!strcmp(s, "dense")) c->dsa_stage = PRL_DSA_DENSE;
+        else
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'prl_dsa_stage' = \"%s\" must be "
+                                 "\"sparse\" or \"dense\"", src, s);
+    }
+    if ((v = json_object_get(root, "prl_dsa_freeze_main"))) c->dsa_freeze_main = json_is_true(v);
+    return PRL_OK;
+}
+
+static prl_status validate_dsa(const prl_config *c, const char *src)
+{
+    int seen[PRL_MAX_LAYERS] = {0};
+    for (int i = 0; i < c->n_dsa_layers; i++) {
+        int l = c->dsa_layers[i];
+        if (l >= c->num_hidden_layers)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'dsa_layers'[%d] = %d is not a layer "
+                                 "(num_hidden_layers %d)", src, i, l, c->num_hidden_layers);
+        if (seen[l]++)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: 'dsa_layers' lists layer %d twice", src, l);
+        if (prl_config_window(c, l) > 0)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: layer %d is in both 'dsa_layers' and "
+                                 "'swa_layers'", src, l);
+    }
+    if (c->n_dsa_layers == 0) return PRL_OK;
+    if (c->index_topk < 1 || c->index_n_heads < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'dsa_layers' is set but '%s' = %d (must be "
+                             ">= 1)", src, c->index_topk < 1 ? "index_topk" : "index_n_heads",
+                             c->index_topk < 1 ? c->index_topk : c->index_n_heads);
+    if (c->index_head_dim < c->qk_rope_head_dim || c->index_head_dim < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'index_head_dim' = %d must be >= "
+                             "'qk_rope_head_dim' = %d (its first qk_rope_head_dim dims rotate)",
+                             src, c->index_head_dim, c->qk_rope_head_dim);
+    return PRL_OK;
+}
+
 static prl_status parse_object(prl_config *c, json_t *root, const char *src)
 {
     const char *name;
@@ -488,6 +556,7 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
     if (!rc && (v = json_object_get(root, "block_post_layernorm_idx")))
         rc = read_int_list(v, "block_post_layernorm_idx", c->block_post_layernorm_idx,
                            &c->n_block_post_layernorm_idx, PRL_MAX_LAYERS, src);
+    if (!rc) rc = parse_dsa(c, root, src);
     return rc ? rc : check_fixed_values(root, src);
 }
 
@@ -503,8 +572,9 @@ prl_status prl_config_parse(prl_config *c, const char *json_text, const char *so
     if (!json_is_object(root))
         rc = prl_error_set(PRL_ERR_CONFIG, "%s: a config must be a JSON object", source);
     else if ((rc = parse_object(c, root, source)) == PRL_OK &&
-             (rc = validate(c, source)) == PRL_OK)
-        rc = validate_attention(c, source);
+             (rc = validate(c, source)) == PRL_OK &&
+             (rc = validate_attention(c, source)) == PRL_OK)
+        rc = validate_dsa(c, source);
     json_decref(root);
     return rc;
 }
@@ -559,6 +629,18 @@ char *prl_config_to_json(const prl_config *c)
             json_array_append_new(idx, json_integer(c->block_post_layernorm_idx[i]));
         json_object_set_new(o, "block_post_layernorm_idx", idx);
     }
+    if (c->n_dsa_layers > 0) {
+        json_t *layers = json_array();
+        for (int i = 0; i < c->n_dsa_layers; i++)
+            json_array_append_new(layers, json_integer(c->dsa_layers[i]));
+        json_object_set_new(o, "dsa_layers", layers);
+        json_object_set_new(o, "index_topk", json_integer(c->index_topk));
+        json_object_set_new(o, "index_n_heads", json_integer(c->index_n_heads));
+        json_object_set_new(o, "index_head_dim", json_integer(c->index_head_dim));
+        json_object_set_new(o, "prl_dsa_stage",
+                            json_string(c->dsa_stage == PRL_DSA_DENSE ? "dense" : "sparse"));
+        json_object_set_new(o, "prl_dsa_freeze_main", json_boolean(c->dsa_freeze_main));
+    }
     json_object_set_new(o, "rope_interleave", json_false());
     json_object_set_new(o, "tie_word_embeddings", json_false());
     json_object_set_new(o, "torch_dtype", json_string("float32"));
@@ -581,6 +663,13 @@ int prl_config_block_post_norm(const prl_config *c, int layer)
 {
     for (int i = 0; i < c->n_block_post_layernorm_idx; i++)
         if (c->block_post_layernorm_idx[i] == layer) return 1;
+    return 0;
+}
+
+int prl_config_is_dsa(const prl_config *c, int layer)
+{
+    for (int i = 0; i < c->n_dsa_layers; i++)
+        if (c->dsa_layers[i] == layer) return 1;
     return 0;
 }
 

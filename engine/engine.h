@@ -111,6 +111,33 @@ void prl_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const
 void prl_dgemm(int trans_a, int trans_b, int M, int N, int K, double alpha, const double *A,
                int lda, const double *B, int ldb, double beta, double *C, int ldc);
 
+/* ---------------------------------------------------------------- precision -------- */
+
+/* Arithmetic precision of a path (precision.c; shared/spec/rl.md §4). Reduced precisions keep
+** fp32 storage and accumulation but round weights and op outputs to the format's nearest
+** value (ties to even) at fixed points, the same points on the train and the infer path. */
+typedef enum prl_precision {
+    PRL_PRECISION_FP32 = 0,
+    PRL_PRECISION_BF16 = 1, /* 8-bit exponent, 7-bit mantissa: fp32's range, unit roundoff 2^-8 */
+    PRL_PRECISION_FP16 = 2  /* IEEE half: unit roundoff 2^-11, max 65504, overflow to ±inf */
+} prl_precision;
+
+/* "fp32" | "bf16" | "fp16" ("?" for an invalid value). */
+const char *prl_precision_name(prl_precision p);
+/* The inverse; PRL_ERR_ARG naming the value and the choices. */
+prl_status prl_precision_parse(prl_precision *p, const char *name);
+/* x rounded to the nearest bf16 / fp16 value (ties to even; NaN stays NaN; fp16 overflows to
+** ±inf at |x| >= 65520 and keeps subnormals). */
+float prl_round_bf16(float x);
+float prl_round_fp16(float x);
+/* x[0..n) rounded in place to precision p (no-op for fp32). The double version rounds each
+** value's nearest float (the double build is for gradient checks). */
+void prl_round_floats(prl_precision p, float *x, size_t n);
+/* The portable fp16 loop prl_round_floats uses when the CPU has no F16C (exposed for the
+** test that both give the same bits). */
+void prl_round_fp16_scalar(float *x, size_t n);
+void prl_round_doubles(prl_precision p, double *x, size_t n);
+
 /* ---------------------------------------------------------------- prl's GEMM ------- */
 
 /* prl's own float GEMM (gemm.c), the one the float engine uses: batch-invariant — every

@@ -10,6 +10,7 @@
 ** preset each op is the train path's own code (ops.c, gemm.c) and results are bitwise equal.
 ** The maths is docs/model.md; the knobs are docs/infer.md.
 */
+#include "engine/dsa.h"
 #include "engine/mhc.h"
 #include "engine/mtp.h"
 #include "engine/spec_decode.h"
@@ -45,15 +46,17 @@ static int lookup(const char *const *names, int n, const char *s)
 prl_status prl_infer_options_preset(prl_infer_options *o, const char *name)
 {
     prl_infer_options_default(o);
-    if (!strcmp(name, "aligned")) {
+    int p = -1;
+    if (!strncmp(name, "aligned", 7)) { /* "aligned" is fp32; "aligned-fp16" the train path's fp16 */
+        p = !name[7] ? PRL_PRECISION_FP32 : name[7] == '-' ? lookup(precision_names, 3, name + 8) : -1;
         o->mla = PRL_MLA_NAIVE;
         o->matmul = PRL_MATMUL_GEMM;
-        return PRL_OK;
+    } else {
+        p = lookup(precision_names, 3, name);
     }
-    int p = lookup(precision_names, 3, name);
     if (p < 0)
         return prl_error_set(PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16, "
-                             "aligned)", name);
+                             "aligned, aligned-bf16, aligned-fp16)", name);
     o->precision = (prl_precision)p;
     return PRL_OK;
 }
@@ -111,6 +114,11 @@ typedef struct layer_w {
     float *sink_lat;                  /* [ns][rkv + dr]: normed sink latent, then k_pe */
     float *sink_kv;                   /* [ns][H·dkv]: per-head sink [k_nope | v] (naive) */
     const float *conv_w[3];           /* ModAttn kernels [C, k]: query, latent, heads */
+    int dsa;                          /* 1: a DSA layer (indexer below; never a ring) */
+    int dsa_sparse;                   /* its attention reads only the selected tokens */
+    lin ix_wq_b, ix_wk, ix_wproj;     /* the lightning indexer (docs/model.md, DSA) */
+    const float *ix_k_norm;
+    size_t idx_off;                   /* the layer's part of cache_idx */
     float *conv_state[3];             /* per slot the k−1 latest inputs of each conv [k−1][C] */
     const float *ln_pa, *ln_pm, *ln_bp; /* sandwich post-norms, block post-norm (or NULL) */
     lin hc_phi[2];                    /* mHC sites attention, FFN: phi, and below γ, α, β */
@@ -132,6 +140,8 @@ typedef struct rows_buf {
     float *z, *s, *g;
     int32_t *sel, *offsets, *gpos, *token_of;
     float *xg, *ea13, *eh, *yg, *logits;
+    float *iq, *ikz, *ik, *iw, *iscore; /* DSA indexer: qI, x·wkᵀ, kI, head weights; scores */
+    uint8_t *dsel;                     /* [cap][max_len] each row's DSA selection */
     float *xs, *xs2, *hn, *hrstd, *hm, *pre, *post, *hS; /* mHC streams [cap, n·d], a site's
                                                             coefficients (engine/mhc.h) */
     float *mtp_e, *mtp_h, *mtp_cat, *mtp_rstd; /* MTP input op: Emb rows, h^{k−1} rows, [cap, 2d],
@@ -155,7 +165,7 @@ typedef struct slot_state {
 struct prl_infer {
     const prl_model *m;
     prl_infer_options opt;
-    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, n_moe, lat, ns, ck;
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, n_moe, lat, ns, ck, HI, dI;
     float *wcopy;                 /* rounded weights (bf16/fp16), NULL in fp32 */
     layer_w *lw;
     const float *embed, *norm;
@@ -163,6 +173,7 @@ struct prl_infer {
     float *rope_cos, *rope_sin;   /* [max_len][dr/2] */
     float *cache_lat;             /* per layer [max_batch][cap][rkv+dr]: c_kv then k_r */
     float *cache_kv;              /* naive: per layer [max_batch][cap][H·dkv] */
+    float *cache_idx;             /* DSA layers: [max_batch][max_len][dI] indexer keys */
     float *att_scratch;           /* per pool thread */
     size_t att_scratch_per_thread;
     int att_threads;
@@ -182,29 +193,8 @@ struct prl_infer {
     prl_spec_stats spec;          /* counters since init */
 };
 
-static float round_bf16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return x; /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);               /* round to nearest, ties to even */
-    u &= 0xffff0000u;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-static float round_fp16(float x) { return (float)(_Float16)x; }
-
-static void round_vec(prl_precision p, float *x, size_t n)
-{
-    if (p == PRL_PRECISION_BF16)
-        for (size_t i = 0; i < n; i++) x[i] = round_bf16(x[i]);
-    else if (p == PRL_PRECISION_FP16)
-        for (size_t i = 0; i < n; i++) x[i] = round_fp16(x[i]);
-}
-
 /* Activation rounding at an op's output (no-op in fp32). */
-static void act_round(const prl_infer *e, float *x, size_t n) { round_vec(e->opt.precision, x, n); }
+static void act_round(const prl_infer *e, float *x, size_t n) { prl_round_floats(e->opt.precision, x, n); }
 
 /* ------------------------------------------------------------------ matmuls --------- */
 
@@ -544,7 +534,7 @@ static prl_status bind_weights(prl_infer *e)
     const float *base = e->m->params;
     if (e->opt.precision != PRL_PRECISION_FP32) {
         memcpy(e->wcopy, e->m->params, e->m->n_params * sizeof(float));
-        round_vec(e->opt.precision, e->wcopy, e->m->n_params);
+        prl_round_floats(e->opt.precision, e->wcopy, e->m->n_params);
         base = e->wcopy;
     }
 #define T(suffix, rows, cols, ...) tensor(e, base, rows, cols, "model.layers.%d." suffix, l, ##__VA_ARGS__)
@@ -591,6 +581,14 @@ static prl_status bind_weights(prl_infer *e)
                     w->wuk_t[((size_t)h * e->rkv + c) * e->dn + i] =
                         w->wkv_b.w[((size_t)h * e->dkv + i) * e->rkv + c];
         if (e->ns > 0 && !rc) bind_sinks(e, l, base);
+        if (w->dsa && !rc) { /* trunk DSA layers only (w->dsa is 0 for MTP layers) */
+#define IX(name, rows, cols) tensor(e, base, rows, cols, "model.layers.%d.self_attn.indexer." name, l)
+            rc = lin_init(e, &w->ix_wq_b, IX("wq_b.weight", e->HI * e->dI, e->rq), e->HI * e->dI, e->rq);
+            rc = rc ? rc : lin_init(e, &w->ix_wk, IX("wk.weight", e->dI, e->d), e->dI, e->d);
+            rc = rc ? rc : lin_init(e, &w->ix_wproj, IX("weights_proj.weight", e->HI, e->d), e->HI, e->d);
+            w->ix_k_norm = IX("k_norm.weight", e->dI, 0);
+#undef IX
+        }
         if (e->ck && l < e->L) {
             w->conv_w[CONV_Q] = tensor(e, base, e->rq, 1, "model.layers.%d.self_attn.qa_conv.weight", l);
             w->conv_w[CONV_KV] =
@@ -677,6 +675,14 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
         b->mtp_cat = xcalloc(2 * R * e->d, sizeof(float), failed);
         b->mtp_rstd = xcalloc(2 * R, sizeof(float), failed);
     }
+    if (e->m->cfg.n_dsa_layers > 0) {
+        b->iq = xcalloc(R * e->HI * e->dI, sizeof(float), failed);
+        b->ikz = xcalloc(R * e->dI, sizeof(float), failed);
+        b->ik = xcalloc(R * e->dI, sizeof(float), failed);
+        b->iw = xcalloc(R * e->HI, sizeof(float), failed);
+        b->iscore = xcalloc((size_t)e->opt.max_len, sizeof(float), failed);
+        b->dsel = xcalloc(R * e->opt.max_len, 1, failed);
+    }
     if (e->m->cfg.use_mhc) {
         prl_mhc_shape sh = {.N = cap, .n = e->n_streams, .d = e->d, .it = e->m->cfg.mhc_recur_norm,
                             .full = 1};
@@ -697,7 +703,8 @@ static void rows_buf_free(rows_buf *b)
     void *ptrs[] = {b->tok, b->slot, b->pos, b->req, b->x, b->ln, b->rstd, b->zq, b->cq, b->q,
                     b->kva, b->ckv, b->kr, b->lat, b->first_row, b->first_pos, b->zqc, b->kvc, b->oc, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
                     b->sel, b->offsets, b->gpos, b->token_of, b->xg, b->ea13, b->eh, b->yg,
-                    b->logits, b->xs, b->xs2, b->hn, b->hrstd, b->hm, b->pre, b->post, b->hS,
+                    b->logits, b->iq, b->ikz, b->ik, b->iw, b->iscore, b->dsel, b->xs, b->xs2,
+                    b->hn, b->hrstd, b->hm, b->pre, b->post, b->hS,
                     b->mtp_e, b->mtp_h, b->mtp_cat, b->mtp_rstd};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     memset(b, 0, sizeof *b);
@@ -748,6 +755,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->E = c->n_routed_experts, e->K = c->num_experts_per_tok, e->de = c->moe_intermediate_size;
     e->sde = c->n_shared_experts * c->moe_intermediate_size, e->n_moe = m->n_moe;
     e->lat = e->rkv + e->dr, e->ns = c->param_sink_number, e->ck = prl_config_conv_kernel(c);
+    e->HI = c->index_n_heads, e->dI = c->index_head_dim;
     e->n_streams = prl_config_streams(c);
     e->Lm = o.spec_drafts > 0 ? c->num_nextn_predict_layers : 0;
     e->conv_hist = e->ck ? e->ck - 1 + spec_spare_rows(&o) : 0;
@@ -771,12 +779,20 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
                         sizeof(float), &failed);
     }
     /* cache rows per slot: the whole context, or a ring of W rows for a sliding-window layer */
-    size_t lat_total = 0, kv_total = 0;
+    size_t lat_total = 0, kv_total = 0, idx_total = 0;
     for (int l = 0; l < LL && e->lw; l++) {
         layer_w *w = &e->lw[l];
         int ring = w->window = prl_config_window(c, l);
         ring += w->window > 0 ? spec_spare_rows(&o) : 0; /* rows a rollback may still need */
         w->cap = w->window > 0 && ring < o.max_len ? ring : o.max_len;
+        /* DSA (trunk layers only, never a ring): the indexer keys of the whole context,
+        ** position-indexed like cache_lat. Positions stay below max_len, a verify pass's
+        ** draft rows included (spec_budget), so max_len rows hold the spare rows too and a
+        ** rollback (slot length reset) leaves the keys of the accepted prefix in place. */
+        w->dsa = l < e->L && prl_config_is_dsa(c, l);
+        w->dsa_sparse = w->dsa && c->dsa_stage == PRL_DSA_SPARSE;
+        w->idx_off = idx_total;
+        if (w->dsa) idx_total += (size_t)o.max_batch * o.max_len * e->dI;
         w->lat_off = lat_total, w->kv_off = kv_total;
         lat_total += (size_t)o.max_batch * w->cap * e->lat;
         kv_total += (size_t)o.max_batch * w->cap * e->H * e->dkv;
@@ -785,6 +801,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->rope_sin = xcalloc((size_t)o.max_len * e->dr / 2, sizeof(float), &failed);
     e->cache_lat = xcalloc(lat_total, sizeof(float), &failed);
     if (o.mla == PRL_MLA_NAIVE) e->cache_kv = xcalloc(kv_total, sizeof(float), &failed);
+    if (idx_total) e->cache_idx = xcalloc(idx_total, sizeof(float), &failed);
     e->att_threads = prl_pool_threads() > 0 ? prl_pool_threads() : 1;
     /* naive: scores of a query block, then the gathered keys of a ring layer; absorbed:
     ** scores, absorbed queries, latent outputs, sink scores and outputs, the softmax
@@ -833,6 +850,7 @@ void prl_infer_free(prl_infer *e)
         lin_free(&w->eh_proj), lin_free(&w->own_head);
         lin_free(&w->wq_a), lin_free(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
         lin_free(&w->wo), lin_free(&w->w13), lin_free(&w->w2), lin_free(&w->router);
+        lin_free(&w->ix_wq_b), lin_free(&w->ix_wk), lin_free(&w->ix_wproj);
         for (int x = 0; x < e->E && w->e13; x++) lin_free(&w->e13[x]), lin_free(&w->e2[x]);
         free(w->e13), free(w->e2), free(w->wuk_t), free(w->sink_lat), free(w->sink_kv);
         for (int i = 0; i < 3; i++) free(w->conv_state[i]);
@@ -847,7 +865,7 @@ void prl_infer_free(prl_infer *e)
     }
     free(e->spec_p);
     free(e->slots), free(e->lw), free(e->wcopy), free(e->rope_cos), free(e->rope_sin);
-    free(e->cache_lat), free(e->cache_kv), free(e->att_scratch);
+    free(e->cache_lat), free(e->cache_kv), free(e->cache_idx), free(e->att_scratch);
     rows_buf_free(&e->rb);
     free(e);
 }
@@ -857,21 +875,29 @@ static size_t kv_bytes_per_layer_token(const prl_infer *e)
     return ((size_t)e->lat + (e->opt.mla == PRL_MLA_NAIVE ? (size_t)e->H * e->dkv : 0)) * sizeof(float);
 }
 
+/* A DSA layer also caches its indexer key: d_I floats per token. */
+static size_t idx_bytes_per_token(const prl_infer *e, int l)
+{
+    return e->lw[l].dsa ? (size_t)e->dI * sizeof(float) : 0;
+}
+
 size_t prl_infer_kv_bytes_per_token(const prl_infer *e)
 {
-    int full = 0;
-    for (int l = 0; l < e->L; l++) full += e->lw[l].window == 0;
-    return kv_bytes_per_layer_token(e) * (size_t)full;
+    size_t bytes = 0;
+    for (int l = 0; l < e->L; l++)
+        if (e->lw[l].window == 0) bytes += kv_bytes_per_layer_token(e) + idx_bytes_per_token(e, l);
+    return bytes;
 }
 
 size_t prl_infer_kv_bytes(const prl_infer *e, int n_tokens)
 {
-    size_t rows = 0;
+    size_t bytes = 0;
     for (int l = 0; l < e->L; l++) {
         int W = e->lw[l].window;
-        rows += (size_t)(W > 0 && W < n_tokens ? W : n_tokens);
+        bytes += (size_t)(W > 0 && W < n_tokens ? W : n_tokens) *
+                 (kv_bytes_per_layer_token(e) + idx_bytes_per_token(e, l));
     }
-    return rows * kv_bytes_per_layer_token(e);
+    return bytes;
 }
 
 const prl_infer_options *prl_infer_get_options(const prl_infer *e) { return &e->opt; }
@@ -1007,6 +1033,7 @@ static void naive_task(void *p, int t)
     int slot = b->slot[r0], p0 = b->pos[r0], p1 = p0 + rows, ldS = e->ns + e->opt.max_len;
     float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
     prl_attn_keys kk = {.window = w->window, .ns = e->ns};
+    if (w->dsa_sparse) kk.sel = b->dsel + (size_t)r0 * e->opt.max_len, kk.ldsel = e->opt.max_len;
     if (e->ns > 0) {
         kk.sk = w->sink_kv + (size_t)h * e->dkv, kk.ldsk = e->H * e->dkv;
         kk.skr = w->sink_lat + e->rkv, kk.ldskr = e->lat;
@@ -1109,10 +1136,13 @@ static void absorbed_task(void *p, int r)
             gemv_tile(qa + (size_t)h0 * lat, lat, H - h0 < 2 ? H - h0 : 2, cache + (size_t)s0 * lat,
                       lat, n - s0 < 4 ? n - s0 : 4, lat, S + (size_t)h0 * L + s0, L);
     float scale = (float)(1.0 / sqrt((double)e->dq));
+    /* a DSA layer's row sees only its selected tokens (lo = 0: DSA layers never slide) */
+    const uint8_t *sel = w->dsa_sparse ? b->dsel + (size_t)r * L : NULL;
     for (int h = 0; h < H; h++) { /* softmax, normalised in place */
-        float *Sh = S + (size_t)h * L, mx = scale * Sh[0], sum = 0;
-        for (int s = 0; s < n; s++) Sh[s] = scale * Sh[s], mx = Sh[s] > mx ? Sh[s] : mx;
-        for (int s = 0; s < n; s++) sum += (Sh[s] = prl_expf(Sh[s] - mx));
+        float *Sh = S + (size_t)h * L, mx = -INFINITY, sum = 0;
+        for (int s = 0; s < n; s++)
+            if (!sel || sel[s]) Sh[s] = scale * Sh[s], mx = Sh[s] > mx ? Sh[s] : mx;
+        for (int s = 0; s < n; s++) sum += (Sh[s] = !sel || sel[s] ? prl_expf(Sh[s] - mx) : 0);
         float inv = 1 / sum;
         for (int s = 0; s < n; s++) Sh[s] *= inv;
         mB[h] = mx, lB[h] = sum;
@@ -1186,6 +1216,38 @@ static void write_cache(prl_infer *e, int l, int R)
     }
 }
 
+/* The DSA indexer of layer l for this call's rows (ln and cq ready): each row's indexer key
+** into the cache, then, in the sparse stage, each row's top-k over the cached keys of its
+** sequence (positions 0..pos, this call's rows included) into rb.dsel — with the train
+** path's ops (dsa.c), so the aligned preset selects the same tokens bit for bit. */
+static void indexer_rows(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    int HI = e->HI, dI = e->dI, L = e->opt.max_len;
+    linear(e, b->iq, b->cq, R, &w->ix_wq_b);
+    prl_rope_at(b->iq, e->rope_cos, e->rope_sin, b->pos, R, HI, dI, 0, HI * dI, e->dr);
+    act_round(e, b->iq, (size_t)R * HI * dI);
+    linear(e, b->ikz, b->ln, R, &w->ix_wk);
+    prl_rmsnorm_forward(b->ik, b->rstd, b->ikz, w->ix_k_norm, R, dI, dI, dI, PRL_LATENT_NORM_EPS);
+    prl_rope_at(b->ik, e->rope_cos, e->rope_sin, b->pos, R, 1, dI, 0, dI, e->dr);
+    act_round(e, b->ik, (size_t)R * dI);
+    linear(e, b->iw, b->ln, R, &w->ix_wproj);
+    float hs = (float)(1.0 / sqrt((double)HI));
+    for (size_t i = 0; i < (size_t)R * HI; i++) b->iw[i] *= hs;
+    act_round(e, b->iw, (size_t)R * HI);
+    for (int r = 0; r < R; r++)
+        memcpy(e->cache_idx + w->idx_off + ((size_t)b->slot[r] * L + b->pos[r]) * dI,
+               b->ik + (size_t)r * dI, (size_t)dI * sizeof(float));
+    if (!w->dsa_sparse) return;
+    for (int r = 0; r < R; r++) {
+        int n = b->pos[r] + 1;
+        prl_dsa_score_row(b->iscore, b->iq + (size_t)r * HI * dI, b->iw + (size_t)r * HI,
+                          e->cache_idx + w->idx_off + (size_t)b->slot[r] * L * dI, dI, n, HI, dI);
+        prl_dsa_select_row(b->dsel + (size_t)r * L, b->iscore, n, e->m->cfg.index_topk);
+    }
+}
+
 /* ln (R, d) → tmp (R, d): MLA with the cache. A whole-context layer writes the new keys into
 ** the cache first, so a prefill row sees the earlier rows of its own call there; a ring layer
 ** reads them from the call's rows and writes them after attending. */
@@ -1226,6 +1288,7 @@ static void attention(prl_infer *e, int l, int R)
         memcpy(row + e->rkv, b->kr + (size_t)r * e->dr, (size_t)e->dr * sizeof(float));
     }
     if (e->opt.mla == PRL_MLA_NAIVE) linear(e, b->kvx, b->ckv, R, &w->wkv_b);
+    if (w->dsa) indexer_rows(e, l, R);
     int ring = is_ring(e, l);
     if (!ring) write_cache(e, l, R);
     att_ctx c = {.e = e, .l = l, .R = R};

@@ -21,12 +21,6 @@
 #ifndef PRL_INFER_H
 #define PRL_INFER_H
 
-typedef enum prl_precision {
-    PRL_PRECISION_FP32 = 0,
-    PRL_PRECISION_BF16 = 1, /* weights held rounded to bf16, activations rounded at op outputs */
-    PRL_PRECISION_FP16 = 2  /* the same with IEEE half (overflow to ±inf) */
-} prl_precision;
-
 typedef enum prl_mla_form {
     PRL_MLA_ABSORBED = 0, /* W_UK folded into the query, W_UV applied after attention */
     PRL_MLA_NAIVE = 1     /* per-head keys and values expanded and cached, as in training */
@@ -58,7 +52,9 @@ typedef struct prl_spec_stats {
 /* fp32, absorbed, GEMM (pre-packed), batch 16, full context. */
 void prl_infer_options_default(prl_infer_options *o);
 /* "fp32" | "bf16" | "fp16" (absorbed MLA, the GEMM, that precision) or "aligned" (fp32,
-** naive MLA, the train path's GEMM). Unknown names are PRL_ERR_ARG naming the choices. */
+** naive MLA, the train path's GEMM), "aligned-bf16" / "aligned-fp16" (the same in bf16 /
+** fp16: bitwise the train path at that precision). Unknown names are PRL_ERR_ARG naming the
+** choices. */
 prl_status prl_infer_options_preset(prl_infer_options *o, const char *name);
 /* Parse the knob values used by the CLI: precision "fp32|bf16|fp16", mla "absorbed|naive",
 ** matmul "gemv|gemm|blas". NULL leaves a field unchanged. */

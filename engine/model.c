@@ -7,6 +7,7 @@
 ** gpt2_forward/gpt2_backward: per layer, compute the named views and call the kernels of
 ** ops.c in order; the backward is the mirror list. No graph, no autograd.
 */
+#include "engine/dsa.h"
 #include "engine/mhc.h"
 #include "engine/mtp.h"
 
@@ -21,6 +22,7 @@ typedef struct layer_offsets {
     size_t ln1, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, ln2;
     size_t sink_ckv, sink_kpe; /* parameter sinks (sink_ckv only with param_sink_with_value) */
     size_t qa_conv, kv_conv, o_conv; /* ModAttn kernels [C, k] */
+    size_t ix_wq_b, ix_wk, ix_k_norm, ix_wproj; /* DSA lightning indexer */
     size_t w1, w3, w2;       /* dense SwiGLU; w3 follows w1, so [w1; w3] is one 2F×d matrix */
     size_t router, experts;  /* MoE */
     size_t sw1, sw3, sw2;    /* shared experts; sw3 follows sw1 likewise */
@@ -40,6 +42,7 @@ typedef struct layer_acts {
     prl_real *att, *o;                          /* probabilities, head outputs */
     prl_real *sink_ckv, *sink_rstd, *sink_kv;   /* sinks: normed latent, 1/rms, [k_nope | v] */
     prl_real *zqc, *kvc, *oc;                   /* ModAttn outputs (query, latent, heads) */
+    prl_dsa_acts dsa;                           /* DSA indexer (dsa.h), DSA layers only */
     prl_real *res_ffn, *ln_f, *rstd_f;          /* residual after attention, normed */
     prl_real *a13, *h;                          /* dense or shared-expert SwiGLU */
     /* MoE */
@@ -81,6 +84,8 @@ struct prl_acts {
     prl_real *dsink_kv, *dsink_ckv, *dconv;
     prl_real *do_, *dffn_scratch, *dz, *dg, *dyg, *dxg, *deh;
     size_t attn_scratch_len;
+    prl_dsa_scratch dsa_scratch; /* DSA indexer backward */
+    double index_loss;      /* the last forward's DSA indexer loss */
     int32_t *routes;        /* [n_moe][N][K] captured routes */
     /* residual glue: the streams after the last layer and the merge head (mHC) */
     prl_real *xs_final;
@@ -96,7 +101,7 @@ struct prl_acts {
 /* ------------------------------------------------------------------ dimensions ------ */
 
 typedef struct dims {
-    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, ns, ck;
+    int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, ns, ck, HI, dI;
 } dims;
 
 static dims dims_of(const prl_config *c)
@@ -108,18 +113,36 @@ static dims dims_of(const prl_config *c)
         .I = c->intermediate_size, .E = c->n_routed_experts, .K = c->num_experts_per_tok,
         .de = c->moe_intermediate_size, .sde = c->n_shared_experts * c->moe_intermediate_size,
         .ns = c->param_sink_number, .ck = prl_config_conv_kernel(c),
+        .HI = c->index_n_heads, .dI = c->index_head_dim,
     };
     D.dq = D.dn + D.dr;
     D.dkv = D.dn + D.dv;
     return D;
 }
 
-/* The attention call of layer l for the current batch shape (window and sinks). */
+/* 1 when layer l's main attention runs over its DSA selection (a DSA layer, sparse stage). */
+static int dsa_sparse(const prl_model *m, int l)
+{
+    return prl_config_is_dsa(&m->cfg, l) && m->cfg.dsa_stage == PRL_DSA_SPARSE;
+}
+
+/* The attention call of layer l for the current batch shape (window, sinks, selection). */
 static prl_attn_shape attn_shape(const prl_model *m, int l)
 {
     dims D = dims_of(&m->cfg);
+    const uint8_t *sel = dsa_sparse(m, l) && m->acts->layer ? m->acts->layer[l].dsa.sel : NULL;
     return (prl_attn_shape){.B = m->acts->B, .T = m->acts->T, .H = D.H, .dn = D.dn, .dr = D.dr,
-                            .dv = D.dv, .window = prl_config_window(&m->cfg, l), .ns = D.ns};
+                            .dv = D.dv, .window = prl_config_window(&m->cfg, l), .ns = D.ns,
+                            .sel = sel};
+}
+
+/* The indexer geometry of the current batch shape. */
+static prl_dsa_dims dsa_dims(const prl_model *m)
+{
+    const prl_config *c = &m->cfg;
+    return (prl_dsa_dims){.B = m->acts->B, .T = m->acts->T, .d = c->hidden_size,
+                          .rq = c->q_lora_rank, .HI = c->index_n_heads, .dI = c->index_head_dim,
+                          .dr = c->qk_rope_head_dim, .topk = c->index_topk};
 }
 
 /* ------------------------------------------------------------------ parameter table - */
@@ -227,6 +250,16 @@ static void add_layer(table_builder *tb, const prl_config *c, int l, layer_offse
     if (c->param_sink_number > 0)
         o->sink_kpe = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.dr,
                                  "%s.%d.self_attn.param_sink_k_pe", p, l);
+    if (!mtp && prl_config_is_dsa(c, l)) { /* trunk layers only: MTP layers have no indexer */
+        o->ix_wq_b = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, (int64_t)D.HI * D.dI, D.rq,
+                                "%s.%d.self_attn.indexer.wq_b.weight", p, l);
+        o->ix_wk = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.dI, D.d,
+                              "%s.%d.self_attn.indexer.wk.weight", p, l);
+        o->ix_k_norm = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.dI, 0,
+                                  "%s.%d.self_attn.indexer.k_norm.weight", p, l);
+        o->ix_wproj = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.HI, D.d,
+                                 "%s.%d.self_attn.indexer.weights_proj.weight", p, l);
+    }
     if (c->sandwich_norm) /* post_attention_layernorm is then the post-attention norm */
         o->ln_pa = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
                               "%s.%d.post_attention_layernorm.weight", p, l);
@@ -386,6 +419,7 @@ void prl_model_free(prl_model *m)
     free(m->grads);
     free(m->router_bias);
     free(m->expert_counts);
+    free(m->wround);
     memset(m, 0, sizeof *m);
 }
 
@@ -397,9 +431,10 @@ void prl_model_init_weights(prl_model *m, uint64_t seed)
         if (p->kind == PRL_PARAM_MHC &&
             prl_mhc_init_tensor(p->name, w, p->numel, m->cfg.mhc_num_stream))
             continue; /* α and β (spec §7.4); φ is drawn like any matrix */
-        if (p->kind == PRL_PARAM_NORM || p->kind == PRL_PARAM_CONV) { /* gains 1; convs 0:
-                                                                          the identity */
-            for (size_t j = 0; j < p->numel; j++) w[j] = p->kind == PRL_PARAM_NORM;
+        int gain = p->kind == PRL_PARAM_NORM || (p->kind == PRL_PARAM_INDEXER && p->ndim == 1);
+        if (gain || p->kind == PRL_PARAM_CONV) { /* gains 1 (the indexer's k_norm too); convs 0:
+                                                    the identity */
+            for (size_t j = 0; j < p->numel; j++) w[j] = (prl_real)gain;
             continue;
         }
         prl_rng r;
@@ -443,6 +478,19 @@ static void *carve(carver *c, size_t bytes)
 }
 #define CARVE_R(c, n) ((prl_real *)carve((c), (size_t)(n) * sizeof(prl_real)))
 #define CARVE_I(c, n) ((int32_t *)carve((c), (size_t)(n) * sizeof(int32_t)))
+
+/* The saved activations of a DSA layer's indexer (dsa.h). */
+static void carve_dsa(carver *cv, prl_dsa_acts *x, size_t N, size_t T, const dims *D)
+{
+    x->qI = CARVE_R(cv, N * D->HI * D->dI);
+    x->kz = CARVE_R(cv, N * D->dI);
+    x->kI = CARVE_R(cv, N * D->dI);
+    x->krstd = CARVE_R(cv, N);
+    x->w = CARVE_R(cv, N * D->HI);
+    x->score = CARVE_R(cv, N * T);
+    x->target = CARVE_R(cv, N * T);
+    x->sel = carve(cv, N * T);
+}
 
 /* ------------------------------------------------------------------ residual glue --- */
 
@@ -580,6 +628,7 @@ static void carve_all(prl_model *m, carver *cv)
             la->oc = CARVE_R(cv, N * D.H * D.dv);
         }
         la->o = CARVE_R(cv, N * D.H * D.dv);
+        if (prl_config_is_dsa(&m->cfg, l)) carve_dsa(cv, &la->dsa, N, (size_t)a->T, &D);
         la->res_ffn = CARVE_R(cv, N * D.d);
         la->ln_f = CARVE_R(cv, N * D.d);
         la->rstd_f = CARVE_R(cv, N);
@@ -646,6 +695,14 @@ static void carve_all(prl_model *m, carver *cv)
     a->routes = CARVE_I(cv, (size_t)(n_moe_all > 0 ? n_moe_all : 1) * NK);
     carve_residual_model(m, cv);
     carve_mtp(m, cv);
+    if (m->cfg.n_dsa_layers > 0) {
+        prl_dsa_scratch *x = &a->dsa_scratch;
+        x->dscore = CARVE_R(cv, N * a->T);
+        x->dqI = CARVE_R(cv, N * D.HI * D.dI);
+        x->dkI = CARVE_R(cv, N * D.dI);
+        x->dkz = CARVE_R(cv, N * D.dI);
+        x->dw = CARVE_R(cv, N * D.HI);
+    }
 }
 
 static prl_status ensure_acts(prl_model *m, int B, int T)
@@ -706,8 +763,46 @@ static int emit(const prl_model *m, int layer, const char *what, const prl_real 
 
 /* ------------------------------------------------------------------ forward --------- */
 
-#define P(off) (m->params + (off))
+/* Weights as the path reads them: the rounded copy in a reduced precision, else the master. */
+#define P(off) ((m->wround ? m->wround : m->params) + (off))
 #define G(off) (m->grads + (off))
+
+/* An op output (forward) or the gradient of one (backward) rounded to the train precision
+** at the points the infer path rounds (docs/model.md "Precision"); a no-op in fp32. */
+static void rnd(const prl_model *m, prl_real *x, size_t n) { prl_round_reals(m->precision, x, n); }
+
+prl_status prl_model_set_precision(prl_model *m, prl_precision p)
+{
+    if ((unsigned)p > PRL_PRECISION_FP16)
+        return prl_error_set(PRL_ERR_ARG, "train precision %d is not fp32, bf16 or fp16", (int)p);
+    /* rounding points not placed yet in these blocks: a rounded run would silently disagree
+    ** with the infer path at the same precision */
+    if (p != PRL_PRECISION_FP32 && (residual_glue(&m->cfg) || m->cfg.n_dsa_layers > 0 ||
+                                    m->cfg.num_nextn_predict_layers > 0))
+        return prl_error_set(PRL_ERR_UNSUPPORTED, "train precision %s with use_mhc, sandwich_norm, "
+                             "block_post_layernorm_idx, dsa_layers or num_nextn_predict_layers "
+                             "is not yet supported (fp32 only)", prl_precision_name(p));
+    if (p == m->precision && (p == PRL_PRECISION_FP32 || m->wround)) return PRL_OK;
+    free(m->wround);
+    m->wround = NULL;
+    m->precision = p;
+    if (p == PRL_PRECISION_FP32) return PRL_OK;
+    m->wround = malloc(m->n_params * sizeof *m->wround);
+    if (!m->wround) {
+        m->precision = PRL_PRECISION_FP32;
+        return prl_error_set(PRL_ERR_NOMEM, "rounded weights (%zu parameters)", m->n_params);
+    }
+    return PRL_OK;
+}
+
+/* The master weights rounded into wround, so this forward and its backward see the weights
+** of the latest optimizer step. */
+static void refresh_rounded_weights(prl_model *m)
+{
+    if (!m->wround) return;
+    memcpy(m->wround, m->params, m->n_params * sizeof *m->wround);
+    rnd(m, m->wround, m->n_params);
+}
 
 /* Parameter sinks of layer l: ĉ = RMSNorm(param_sink_compressed_kv; kv_a_layernorm), then
 ** [k_nope | v] = ĉ·kv_b_projᵀ per head, like a token's; zero without param_sink_with_value. */
@@ -722,7 +817,17 @@ static void sinks_forward(prl_model *m, int l)
     }
     prl_rmsnorm_forward(la->sink_ckv, la->sink_rstd, P(o->sink_ckv), P(o->kv_norm), D.ns, D.rkv,
                         D.rkv, D.rkv, PRL_LATENT_NORM_EPS);
+    rnd(m, la->sink_ckv, (size_t)D.ns * D.rkv);
     prl_matmul_forward(la->sink_kv, la->sink_ckv, P(o->wkv_b), D.ns, D.rkv, D.H * D.dkv, 0);
+    rnd(m, la->sink_kv, (size_t)D.ns * D.H * D.dkv);
+}
+
+/* The indexer tensors of DSA layer l inside a parameter-layout block (params or grads). */
+static prl_dsa_weights dsa_weights(const prl_model *m, prl_real *base, int l)
+{
+    const layer_offsets *o = &m->acts->lo[l];
+    return (prl_dsa_weights){.wq_b = base + o->ix_wq_b, .wk = base + o->ix_wk,
+                             .k_norm = base + o->ix_k_norm, .wproj = base + o->ix_wproj};
 }
 
 /* A latent of C channels (rows of z at z_stride) through ModAttn and its norm:
@@ -734,9 +839,11 @@ static void latent_forward(prl_model *m, prl_real *y, prl_real *rstd, const prl_
     int ck = conv ? prl_config_conv_kernel(&m->cfg) : 0; /* offset 0: no conv (MTP layer) */
     if (ck) {
         prl_conv_forward(zc, z, z_stride, P(conv), a->B, a->T, C, ck);
+        rnd(m, zc, (size_t)a->N * C);
         z = zc, z_stride = C;
     }
     prl_rmsnorm_forward(y, rstd, z, P(g), a->N, C, z_stride, C, PRL_LATENT_NORM_EPS);
+    rnd(m, y, (size_t)a->N * C);
 }
 
 /* MLA in the naive form: a = ln_a (N,d) → o (N,H·dv), and tmp = o·Woᵀ. */
@@ -747,27 +854,46 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     const layer_offsets *o = &a->lo[l];
     dims D = dims_of(&m->cfg);
     int N = a->N;
+    size_t nq = (size_t)N * D.H * D.dq;
     prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
+    rnd(m, la->zq, (size_t)N * D.rq);
     latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq);
     prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
+    rnd(m, la->q, nq);
     prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
+    rnd(m, la->q, nq);
     prl_matmul_forward(la->kva, la->ln_a, P(o->wkv_a), N, D.d, D.rkv + D.dr, 0);
+    rnd(m, la->kva, (size_t)N * (D.rkv + D.dr));
     latent_forward(m, la->ckv, la->rstd_kv, la->kva, D.rkv + D.dr, la->kvc, o->kv_norm, o->kv_conv,
                    D.rkv); /* the compressed KV only: its rope part is untouched */
     for (int n = 0; n < N; n++)
         memcpy(la->kr + (size_t)n * D.dr, la->kva + (size_t)n * (D.rkv + D.dr) + D.rkv,
                (size_t)D.dr * sizeof(prl_real));
     prl_rope_forward(la->kr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
+    rnd(m, la->kr, (size_t)N * D.dr);
     prl_matmul_forward(la->kv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv, 0);
+    rnd(m, la->kv, (size_t)N * D.H * D.dkv);
     if (D.ns > 0) sinks_forward(m, l);
+    int dsa = prl_config_is_dsa(&m->cfg, l);
+    if (dsa) { /* the indexer picks each row's keys before the main attention reads them */
+        prl_dsa_weights w = dsa_weights(m, m->params, l);
+        prl_dsa_forward(&la->dsa, &w, la->ln_a, la->cq, a->rope_cos, a->rope_sin, b->lens,
+                        dsa_dims(m), dsa_sparse(m, l) && !m->dsa_keep_selection);
+    }
     prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
                           D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, attn_shape(m, l));
+    rnd(m, la->o, (size_t)N * D.H * D.dv);
+    if (dsa)
+        a->index_loss += prl_dsa_loss_forward(&la->dsa, la->att, D.H, D.ns, dsa_sparse(m, l),
+                                              b->lens, dsa_dims(m));
     const prl_real *o_out = la->o;
     if (D.ck && o->o_conv) { /* ModAttn on the heads' output, before o_proj (not in MTP) */
         prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck);
+        rnd(m, la->oc, (size_t)N * D.H * D.dv);
         o_out = la->oc;
     }
     prl_matmul_forward(a->tmp, o_out, P(o->wo), N, D.H * D.dv, D.d, 0);
+    rnd(m, a->tmp, (size_t)N * D.d);
     int stop = emit(m, l, "attn.q", la->q, N, (int64_t)D.H * D.dq);
     stop = stop || emit(m, l, "attn.kv_latent", la->ckv, N, D.rkv);
     stop = stop || emit(m, l, "attn.out", a->tmp, N, D.d);
@@ -837,8 +963,11 @@ static void expert_forward_task(void *p, int i)
     size_t xo = (size_t)t.r0 * D->d, ho = (size_t)t.r0 * D->de;
     prl_gemm(0, 1, t.rows, 2 * D->de, D->d, 1, la->xg + xo, D->d, w13, D->d, 0, la->ea13 + 2 * ho,
              2 * D->de);
+    rnd(m, la->ea13 + 2 * ho, (size_t)t.rows * 2 * D->de);
     prl_silu_mul_forward(la->eh + ho, la->ea13 + 2 * ho, t.rows, D->de);
+    rnd(m, la->eh + ho, (size_t)t.rows * D->de);
     prl_gemm(0, 1, t.rows, D->d, D->de, 1, la->eh + ho, D->de, w2, D->de, 0, la->yg + xo, D->d);
+    rnd(m, la->yg + xo, (size_t)t.rows * D->d);
 }
 
 /* Per-token passes of the MoE and the residual stream, run over row blocks on the pool
@@ -891,6 +1020,7 @@ static void combine_rows(void *p, int r0, int r1)
             for (int i = 0; i < d; i++) out[i] += g * y[i];
         }
     }
+    rnd(c->m, c->out + (size_t)r0 * d, (size_t)(r1 - r0) * d);
 }
 
 /* out = x + y over rows of width d */
@@ -899,6 +1029,7 @@ static void add_rows(void *p, int r0, int r1)
     token_ctx *c = p;
     size_t d = (size_t)c->D.d;
     for (size_t i = (size_t)r0 * d; i < (size_t)r1 * d; i++) c->out[i] = c->x[i] + c->y[i];
+    rnd(c->m, c->out + (size_t)r0 * d, (size_t)(r1 - r0) * d);
 }
 
 static void residual_add(prl_model *m, prl_real *out, const prl_real *x, const prl_real *y)
@@ -916,6 +1047,7 @@ static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     dims D = dims_of(&m->cfg);
     int N = a->N;
     prl_matmul_forward(la->z, la->ln_f, P(o->router), N, D.d, D.E, 0);
+    rnd(m, la->z, (size_t)N * D.E);
     const prl_real *bias = m->router_bias + (size_t)moe_idx * D.E;
     const int32_t *forced = b->route_override && moe_idx < m->n_moe /* MTP: native */
                                 ? b->route_override + (size_t)moe_idx * N * D.K : NULL;
@@ -929,7 +1061,7 @@ static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     prl_parallel_for(c.n_tasks, expert_forward_task, &c);
     if (D.sde > 0)
         prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->sw1), P(o->sw2), N, D.d,
-                           D.sde, 0);
+                           D.sde, 0, m->precision);
     else
         memset(a->tmp, 0, (size_t)N * D.d * sizeof(prl_real));
     prl_parallel_rows(N, combine_rows, &tc);
@@ -1189,28 +1321,33 @@ static int layer_forward(prl_model *m, int l, int *moe_idx, const prl_batch *b,
     site_enter(m, l, 0);
     prl_rmsnorm_forward(la->ln_a, la->rstd_a, la->res_attn, P(o->ln1), N, D.d, D.d, D.d,
                         m->cfg.rms_norm_eps);
+    rnd(m, la->ln_a, (size_t)N * D.d);
     stop = mla_forward(m, l, b);
     site_leave(m, l, 0, site_stream(m, l, 1));
     site_enter(m, l, 1);
     prl_rmsnorm_forward(la->ln_f, la->rstd_f, la->res_ffn, P(o->ln2), N, D.d, D.d, D.d,
                         m->cfg.rms_norm_eps);
+    rnd(m, la->ln_f, (size_t)N * D.d);
     if (prl_config_is_moe(&m->cfg, l)) {
         stop = stop || moe_forward(m, l, *moe_idx, b, tasks);
         if (train) aux_losses(m, la, b, &st->balance_loss, &st->z_loss);
         ++*moe_idx;
     } else {
-        prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->w1), P(o->w2), N, D.d, D.I, 0);
+        prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->w1), P(o->w2), N, D.d, D.I, 0,
+                           m->precision);
         stop = stop || emit(m, l, "mlp.out", a->tmp, N, D.d);
     }
     site_leave(m, l, 1, out);
     return stop;
 }
 
-/* The batch MTP module k trains on, over t's buffers: temperature 1, native routes. */
+/* The batch MTP module k trains on, over t's buffers: temperature 1, native routes, the
+** trunk's loss scale (so its gradients are scaled like the trunk's). */
 static prl_batch mtp_view(const prl_batch *b, const mtp_acts *t)
 {
     return (prl_batch){.B = b->B, .T = b->T, .tokens = t->tokens, .lens = t->lens,
-                       .targets = t->targets, .weights = t->weights, .temperature = 1};
+                       .targets = t->targets, .weights = t->weights, .temperature = 1,
+                       .loss_scale = b->loss_scale};
 }
 
 /* Fill t with the depth-(k+1) shift of b (k 0-based; prl_mtp_shift), weights scaled by λ/D,
@@ -1267,6 +1404,8 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
     if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
     a->have_forward = 0;
+    refresh_rounded_weights(m);
+    a->index_loss = 0;
     const model_offsets *mo = model_offs(m);
     prl_embedding_forward(a->layer[0].res_attn, P(mo->embed), b->tokens, N, D.d);
     streams_begin(m);
@@ -1276,7 +1415,9 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     if (!stop) streams_end(m);
     prl_rmsnorm_forward(a->ln_final, a->rstd_final, a->res_final, P(mo->norm), N, D.d, D.d, D.d,
                         m->cfg.rms_norm_eps);
+    rnd(m, a->ln_final, (size_t)N * D.d);
     prl_matmul_forward(a->logits, a->ln_final, P(mo->head), N, D.d, D.V, 0);
+    rnd(m, a->logits, (size_t)N * D.V);
     emit(m, -1, "final.logits", a->logits, N, D.V);
     logits_ctx lc = {.m = m, .b = b, .out = out_logp, .logits = a->logits, .lse = a->lse};
     prl_parallel_rows(N, logprob_rows, &lc);
@@ -1294,6 +1435,7 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
                                          a->routes[((size_t)i * N + n) * D.K + k]] += 1;
     }
     stats.loss = stats.lm_loss + stats.balance_loss + stats.z_loss + stats.mtp_loss;
+    stats.index_loss = a->index_loss;
     if (st) *st = stats;
     a->have_forward = 1;
     return PRL_OK;
@@ -1315,6 +1457,13 @@ prl_status prl_model_logprobs(prl_model *m, const prl_batch *b, float *out_logp)
 const int32_t *prl_model_routes(const prl_model *m) { return m->acts->routes; }
 const prl_real *prl_model_logits(const prl_model *m) { return m->acts->logits; }
 
+const uint8_t *prl_model_dsa_selection(const prl_model *m, int layer)
+{
+    if (layer < 0 || layer >= m->cfg.num_hidden_layers || !dsa_sparse(m, layer) || !m->acts->layer)
+        return NULL;
+    return m->acts->layer[layer].dsa.sel;
+}
+
 /* ------------------------------------------------------------------ backward -------- */
 
 static void zero(prl_real *p, size_t n) { memset(p, 0, n * sizeof *p); }
@@ -1333,6 +1482,7 @@ static void latent_backward(prl_model *m, prl_real *dz, const prl_real *dy, cons
     }
     zero(a->dconv, (size_t)N * C);
     prl_rmsnorm_backward(a->dconv, G(g), dy, zc, P(g), rstd, N, C, C, C);
+    rnd(m, a->dconv, (size_t)N * C);
     prl_conv_backward(dz, z_stride, G(conv), a->dconv, z, P(conv), a->B, a->T, C, ck);
 }
 
@@ -1347,6 +1497,7 @@ static void sinks_backward(prl_model *m, int l)
     zero(a->dsink_ckv, (size_t)D.ns * D.rkv);
     prl_matmul_backward(a->dsink_ckv, G(o->wkv_b), a->dsink_kv, la->sink_ckv, P(o->wkv_b), D.ns,
                         D.rkv, D.H * D.dkv);
+    rnd(m, a->dsink_ckv, (size_t)D.ns * D.rkv);
     prl_rmsnorm_backward(G(o->sink_ckv), G(o->kv_norm), a->dsink_ckv, P(o->sink_ckv),
                          P(o->kv_norm), la->sink_rstd, D.ns, D.rkv, D.rkv, D.rkv);
 }
@@ -1365,12 +1516,14 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     zero(a->do_, (size_t)N * HV);
     if (D.ck && o->o_conv) { /* through o_conv: a->do_ is ∂/∂oc first */
         prl_matmul_backward(a->do_, G(o->wo), a->dres, la->oc, P(o->wo), N, HV, D.d);
+        rnd(m, a->do_, (size_t)N * HV);
         zero(a->dconv, (size_t)N * HV);
         prl_conv_backward(a->dconv, HV, G(o->o_conv), a->do_, la->o, P(o->o_conv), a->B, a->T, HV, D.ck);
         do_att = a->dconv;
     } else {
         prl_matmul_backward(a->do_, G(o->wo), a->dres, la->o, P(o->wo), N, HV, D.d);
     }
+    rnd(m, do_att, (size_t)N * HV);
     zero(a->dq, (size_t)N * D.H * D.dq);
     zero(a->dkv, (size_t)N * D.H * D.dkv);
     zero(a->dkr, (size_t)N * D.dr);
@@ -1379,9 +1532,14 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
                            do_att, la->att, la->q, la->kv, la->kr, la->sink_kv,
                            D.ns > 0 ? P(o->sink_kpe) : NULL, a->dattn_scratch, b->lens,
                            attn_shape(m, l));
+    rnd(m, a->dq, (size_t)N * D.H * D.dq);
+    rnd(m, a->dkv, (size_t)N * D.H * D.dkv);
+    rnd(m, a->dkr, (size_t)N * D.dr);
+    rnd(m, a->dsink_kv, (size_t)D.ns * D.H * D.dkv);
     sinks_backward(m, l);
     zero(a->dckv, (size_t)N * D.rkv);
     prl_matmul_backward(a->dckv, G(o->wkv_b), a->dkv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv);
+    rnd(m, a->dckv, (size_t)N * D.rkv);
     prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
     int wa = D.rkv + D.dr;
     zero(a->dkva, (size_t)N * wa);
@@ -1389,17 +1547,23 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
                     D.rkv);
     for (int n = 0; n < N; n++)
         for (int i = 0; i < D.dr; i++) a->dkva[(size_t)n * wa + D.rkv + i] += a->dkr[(size_t)n * D.dr + i];
+    rnd(m, a->dkva, (size_t)N * wa);
     zero(a->dln, (size_t)N * D.d);
     prl_matmul_backward(a->dln, G(o->wkv_a), a->dkva, la->ln_a, P(o->wkv_a), N, D.d, wa);
     prl_rope_backward(a->dq, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
+    rnd(m, a->dq, (size_t)N * D.H * D.dq);
     zero(a->dcq, (size_t)N * D.rq);
     prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
+    rnd(m, a->dcq, (size_t)N * D.rq);
     zero(a->dzq, (size_t)N * D.rq);
     latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
                     D.rq);
+    rnd(m, a->dzq, (size_t)N * D.rq);
     prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
+    rnd(m, a->dln, (size_t)N * D.d);
     prl_rmsnorm_backward(dx, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d,
                          D.d, D.d);
+    rnd(m, dx, (size_t)N * D.d);
 }
 
 static void expert_backward_rows_task(void *p, int i)
@@ -1417,7 +1581,9 @@ static void expert_backward_rows_task(void *p, int i)
     prl_real *da13 = a->deh + 2 * ho, *dh = a->deh + 2 * NK * D->de + ho;
     /* dh = dyg·w2 (rows, de), then da13 (rows, 2de), then dxg = da13·w13 */
     prl_gemm(0, 0, t.rows, D->de, D->d, 1, a->dyg + xo, D->d, w2, D->de, 0, dh, D->de);
+    rnd(m, dh, (size_t)t.rows * D->de);
     prl_silu_mul_backward(da13, dh, la->ea13 + 2 * ho, t.rows, D->de);
+    rnd(m, da13, (size_t)t.rows * 2 * D->de);
     prl_gemm(0, 0, t.rows, D->d, 2 * D->de, 1, da13, 2 * D->de, w13, D->d, 0, a->dxg + xo, D->d);
 }
 
@@ -1443,11 +1609,15 @@ static void expert_backward_weights_task(void *p, int i)
                  G(base + 2 * (size_t)D->de * D->d), D->de);
 }
 
-/* Gradients of the balance loss and z-loss of one MoE layer into dz. */
+/* The backward's loss multiplier (prl_batch.loss_scale; 0 means 1). */
+static double loss_scale(const prl_batch *b) { return b->loss_scale > 0 ? b->loss_scale : 1; }
+
+/* Gradients of the balance loss and z-loss of one MoE layer into dz, times the loss scale. */
 static void aux_backward(const prl_model *m, const layer_acts *la, const prl_batch *b, prl_real *dz)
 {
     dims D = dims_of(&m->cfg);
     const prl_config *c = &m->cfg;
+    double ls = loss_scale(b);
     if (c->balance_loss_alpha > 0) {
         double *f = calloc((size_t)D.E, sizeof(double));
         for (int bi = 0; bi < b->B; bi++) {
@@ -1459,7 +1629,7 @@ static void aux_backward(const prl_model *m, const layer_acts *la, const prl_bat
             for (int t = 0; t < len; t++) {
                 int n = bi * b->T + t;
                 const prl_real *s = la->s + (size_t)n * D.E;
-                double S = 0, dot = 0, k = c->balance_loss_alpha / ((double)b->B * len);
+                double S = 0, dot = 0, k = ls * c->balance_loss_alpha / ((double)b->B * len);
                 for (int e = 0; e < D.E; e++) S += s[e];
                 for (int e = 0; e < D.E; e++) dot += k * f[e] * s[e] / S;
                 for (int e = 0; e < D.E; e++) {
@@ -1479,7 +1649,7 @@ static void aux_backward(const prl_model *m, const layer_acts *la, const prl_bat
             double mx = z[0], sum = 0;
             for (int e = 1; e < D.E; e++) mx = z[e] > mx ? z[e] : mx;
             for (int e = 0; e < D.E; e++) sum += exp(z[e] - mx);
-            double lse = mx + log(sum), k = c->router_z_loss_coef * 2 * lse / n_valid;
+            double lse = mx + log(sum), k = ls * c->router_z_loss_coef * 2 * lse / n_valid;
             for (int e = 0; e < D.E; e++)
                 dz[(size_t)n * D.E + e] += (prl_real)(k * exp(z[e] - mx) / sum);
         }
@@ -1503,6 +1673,7 @@ static void dyg_rows(void *p, int r0, int r1)
                 dot += dy[i] * y[i];
                 dyg[i] = g * dy[i];
             }
+            rnd(c->m, dyg, (size_t)d);
             a->dg[n * K + k] = dot;
         }
     }
@@ -1549,7 +1720,7 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
     zero(a->dln, (size_t)N * D.d);
     if (!prl_config_is_moe(&m->cfg, l)) {
         prl_swiglu_backward(a->dln, G(o->w1), G(o->w2), a->dffn_scratch, a->dres, la->ln_f,
-                            la->a13, la->h, P(o->w1), P(o->w2), N, D.d, D.I);
+                            la->a13, la->h, P(o->w1), P(o->w2), N, D.d, D.I, m->precision);
     } else {
         token_ctx tc = {.m = m, .la = la, .D = D};
         prl_parallel_rows(N, dyg_rows, &tc);
@@ -1560,13 +1731,17 @@ static void ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
         prl_parallel_rows(N, scatter_rows, &tc);
         if (D.sde > 0)
             prl_swiglu_backward(a->dln, G(o->sw1), G(o->sw2), a->dffn_scratch, a->dres,
-                                la->ln_f, la->a13, la->h, P(o->sw1), P(o->sw2), N, D.d, D.sde);
+                                la->ln_f, la->a13, la->h, P(o->sw1), P(o->sw2), N, D.d, D.sde,
+                                m->precision);
         prl_parallel_rows(N, gate_backward_rows, &tc);
         aux_backward(m, la, b, a->dz);
+        rnd(m, a->dz, (size_t)N * D.E);
         prl_matmul_backward(a->dln, G(o->router), a->dz, la->ln_f, P(o->router), N, D.d, D.E);
     }
+    rnd(m, a->dln, (size_t)N * D.d);
     prl_rmsnorm_backward(dx, G(o->ln2), a->dln, la->res_ffn, P(o->ln2), la->rstd_f, N, D.d,
                          D.d, D.d);
+    rnd(m, dx, (size_t)N * D.d);
 }
 
 static void swap_dxs(prl_acts *a)
@@ -1725,9 +1900,23 @@ static void dlogits_rows(void *p, int r0, int r1)
         prl_real *dl = a->dlogits + (size_t)n * V;
         memset(dl, 0, (size_t)V * sizeof *dl);
         int y = target_of(c->b, n);
-        float w = c->b->weights ? c->b->weights[n] : 0;
+        float w = c->b->weights ? (float)(c->b->weights[n] * loss_scale(c->b)) : 0;
         if (y < 0 || w == 0) continue;
         prl_logprob_backward(dl, c->logits + (size_t)n * V, c->lse[n], V, y, c->b->temperature, w);
+    }
+}
+
+/* The indexers' own objective: its gradient reaches only the indexer tensors (its input is
+** detached, docs/model.md DSA), so it runs apart from the LM backward. */
+static void dsa_backward(prl_model *m, const prl_batch *b)
+{
+    prl_acts *a = m->acts;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        if (!prl_config_is_dsa(&m->cfg, l)) continue;
+        layer_acts *la = &a->layer[l];
+        prl_dsa_weights w = dsa_weights(m, m->params, l), g = dsa_weights(m, m->grads, l);
+        prl_dsa_backward(&g, &a->dsa_scratch, &la->dsa, &w, la->ln_a, la->cq, a->rope_cos,
+                         a->rope_sin, dsa_sparse(m, l), b->lens, dsa_dims(m));
     }
 }
 
@@ -1738,17 +1927,22 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
         return prl_error_set(PRL_ERR_ARG, "backward needs a forward of the same batch first");
     dims D = dims_of(&m->cfg);
     int N = a->N;
+    dsa_backward(m, b);
+    if (m->cfg.dsa_freeze_main) return PRL_OK; /* only the indexer learns */
     const model_offsets *mo = model_offs(m);
     expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
     if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
     if (a->mtp_ran) mtp_backward(m, b, tasks); /* ∂L_MTP/∂h⁰ into dh_mtp; uses dres, dlogits */
     logits_ctx dc = {.m = m, .b = b, .logits = a->logits, .lse = a->lse};
     prl_parallel_rows(N, dlogits_rows, &dc);
+    rnd(m, a->dlogits, (size_t)N * D.V);
     zero(a->dln, (size_t)N * D.d);
     prl_matmul_backward(a->dln, G(mo->head), a->dlogits, a->ln_final, P(mo->head), N, D.d, D.V);
+    rnd(m, a->dln, (size_t)N * D.d);
     zero(a->dres, (size_t)N * D.d);
     prl_rmsnorm_backward(a->dres, G(mo->norm), a->dln, a->res_final, P(mo->norm), a->rstd_final,
                          N, D.d, D.d, D.d);
+    rnd(m, a->dres, (size_t)N * D.d);
     if (a->mtp_ran) /* h⁰ = res_final also feeds MTP module 1 */
         for (size_t i = 0; i < (size_t)N * D.d; i++) a->dres[i] += a->dh_mtp[i];
     if (residual_glue(&m->cfg)) {
@@ -1771,6 +1965,10 @@ void prl_model_update_router_bias(prl_model *m)
     const prl_config *c = &m->cfg;
     int E = c->n_routed_experts;
     if (c->bias_update_rate <= 0 || m->n_moe == 0) return;
+    if (c->dsa_freeze_main) { /* the DSA warm-up leaves the main model, biases included, as is */
+        memset(m->expert_counts, 0, (size_t)m->n_moe * E * sizeof *m->expert_counts);
+        return;
+    }
     for (int i = 0; i < m->n_moe; i++) {
         double *cnt = m->expert_counts + (size_t)i * E, total = 0, ms = 0;
         prl_real *bias = m->router_bias + (size_t)i * E;

@@ -19,6 +19,11 @@ typedef enum prl_bias_rule {
 
 enum { PRL_MAX_LAYERS = 64, PRL_MHC_MAX_STREAMS = 16 };
 
+/* Training stage of the DSA indexer (docs/model.md, DSA): SPARSE — the main attention sees
+** the top-k selected tokens and the indexer learns KL(p ‖ softmax I) on that set; DENSE —
+** the warm-up: the main attention stays dense and the indexer learns the dense distribution. */
+typedef enum prl_dsa_stage { PRL_DSA_SPARSE = 0, PRL_DSA_DENSE = 1 } prl_dsa_stage;
+
 /* A Hugging Face openpangu_v2 config.json, validated. Field names follow the JSON keys. */
 typedef struct prl_config {
     int vocab_size, hidden_size, num_hidden_layers, num_attention_heads;
@@ -62,13 +67,20 @@ typedef struct prl_config {
                                                ** the trunk's model.norm */
     int mtp_head;                              /* prl_mtp_head: own shared_head.head, else
                                                ** lm_head */
+    /* DeepSeek sparse attention (docs/model.md, DSA) */
+    int n_dsa_layers;                          /* dsa_layers: layers with a lightning indexer */
+    int dsa_layers[PRL_MAX_LAYERS];
+    int index_topk;                            /* k tokens each query attends to */
+    int index_n_heads, index_head_dim;         /* H_I, d_I (the first qk_rope_head_dim rotate) */
+    prl_dsa_stage dsa_stage;                   /* prl_dsa_stage: "sparse" | "dense" (warm-up) */
+    int dsa_freeze_main;                       /* prl_dsa_freeze_main: only the indexer learns */
 } prl_config;
 
 /* Defaults for every key (a small valid model). */
 void prl_config_default(prl_config *c);
 /* Parse JSON text; `source` names it in messages. Unknown keys, wrong types, out-of-range
 ** or inconsistent values are PRL_ERR_CONFIG; blocks of the openPangu design that are not
-** built yet (DSA) are
+** built yet (per-layer layer_types) are
 ** PRL_ERR_UNSUPPORTED; both name the key. */
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source);
 prl_status prl_config_load(prl_config *c, const char *path);
@@ -77,6 +89,8 @@ char *prl_config_to_json(const prl_config *c);
 /* Attention window of layer l: W for a sliding-window layer (row t sees keys t−W < s ≤ t),
 ** 0 for a fully causal one. */
 int prl_config_window(const prl_config *c, int layer);
+/* 1 when layer l has a DSA lightning indexer (it is in dsa_layers). */
+int prl_config_is_dsa(const prl_config *c, int layer);
 /* Residual streams: mhc_num_stream with mHC on, else 1 (the plain residual). */
 int prl_config_streams(const prl_config *c);
 /* 1 when layer l is followed by the block post-norm (RMSNorm over all its streams). */
@@ -97,7 +111,9 @@ typedef enum prl_param_kind {
     PRL_PARAM_ROUTER, /* MoE router weight (AdamW) */
     PRL_PARAM_SINK,   /* parameter attention sink latents / rope keys (AdamW, no decay) */
     PRL_PARAM_CONV,   /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
-    PRL_PARAM_MHC     /* mHC phi, branch_alpha, branch_beta (AdamW, no decay; engine/mhc.h) */
+    PRL_PARAM_MHC,    /* mHC phi, branch_alpha, branch_beta (AdamW, no decay; engine/mhc.h) */
+    PRL_PARAM_INDEXER /* DSA lightning indexer (AdamW, no decay; k_norm gain init 1); learns
+                      ** only from the indexer loss */
 } prl_param_kind;
 
 typedef struct prl_param_info {
@@ -136,6 +152,12 @@ typedef struct prl_model {
     prl_acts *acts;          /* owned */
     prl_tensor_hook hook;
     void *hook_user;
+    prl_precision precision; /* train path arithmetic (prl_model_set_precision) */
+    prl_real *wround;        /* owned, n_params: the weights rounded to `precision` that a
+                             ** forward and its backward read (NULL in fp32) */
+    int dsa_keep_selection;  /* tests: the forward reuses the last DSA top-k selection instead
+                             ** of selecting again (gradient checks with selections frozen);
+                             ** only after a forward of the same batch shape */
 } prl_model;
 
 /* A batch of B sequences of T positions. Positions t >= lens[b] are padding: they affect
@@ -152,6 +174,8 @@ typedef struct prl_batch {
                                    ** temperature 1 (SFT); 0: the trunk only */
     const int32_t *route_override; /* NULL, or [n_moe][B*T][K] expert ids to use; a row of K
                                    ** PRL_ROUTE_NATIVE routes that (layer, position) natively */
+    double loss_scale;             /* backward: gradients of loss_scale × the whole loss (aux
+                                   ** losses included), for dynamic loss scaling; 0 means 1 */
 } prl_batch;
 
 /* A route_override row of K of these means "route natively here" (top-K of s + bias), so a
@@ -185,6 +209,8 @@ typedef struct prl_forward_stats {
     double balance_loss; /* sequence-wise balance loss (0 if off) */
     double z_loss;       /* router z-loss (0 if off) */
     double mtp_loss;     /* λ/D·Σ_k Σ_i w_{i+k}·logp of the MTP modules (0 if not run) */
+    double index_loss;   /* DSA indexer KL, mean over query rows, summed over DSA layers (its
+                         ** gradient reaches only the indexer; not part of `loss`) */
     int n_targets;       /* positions with a target */
 } prl_forward_stats;
 
@@ -199,6 +225,13 @@ void prl_model_zero_grad(prl_model *m);
 const prl_param_info *prl_model_find(const prl_model *m, const char *name);
 void prl_model_set_hook(prl_model *m, prl_tensor_hook hook, void *user);
 
+/* Train path precision (docs/model.md "Precision"; default fp32). In bf16/fp16 each forward
+** reads the master weights rounded to the precision (a copy refreshed at every forward, so
+** an optimizer step between forwards is seen), rounds every op output at the infer path's
+** points, and accumulates in fp32; the backward rounds the gradient of every rounded
+** activation likewise, so an fp16 overflow shows as ±inf or NaN in m->grads. Master weights,
+** gradients and optimizer state stay fp32. PRL_ERR_ARG for an invalid value. */
+prl_status prl_model_set_precision(prl_model *m, prl_precision p);
 /* Train path forward: full sequences, activations saved for backward. Writes per-position
 ** log-probs of the targets into out_logp [B*T] (0 where no target) if non-NULL; counts
 ** routed tokens for the bias update. Token ids and route ids are validated
@@ -212,6 +245,10 @@ prl_status prl_model_logprobs(prl_model *m, const prl_batch *batch, float *out_l
 /* Routes chosen by the last forward: [n_moe][B*T][K] expert ids (model-owned, valid until
 ** the next forward). */
 const int32_t *prl_model_routes(const prl_model *m);
+/* DSA selection of layer l in the last forward, [B*T][T] bytes (1 = key s visible to the
+** query row b*T+t; model-owned, valid until the next forward); NULL for a layer without an
+** indexer or in the dense stage. */
+const uint8_t *prl_model_dsa_selection(const prl_model *m, int layer);
 /* Logits of the last forward, [B*T][V] (model-owned). */
 const prl_real *prl_model_logits(const prl_model *m);
 /* Apply the selection-bias rule with the counts gathered since the last call, then reset
@@ -300,6 +337,13 @@ prl_status prl_loss_scaler_config_preset(prl_loss_scaler_config *c, const char *
 prl_status prl_loss_scaler_init(prl_loss_scaler *s, const prl_loss_scaler_config *c);
 /* Record one step's outcome; returns 1 when the optimizer step must be skipped (found_inf). */
 int prl_loss_scaler_update(prl_loss_scaler *s, int found_inf);
+/* One update under dynamic loss scaling, after a backward of scale × the loss
+** (prl_batch.loss_scale = s->scale): unscale the gradients, check them for inf/NaN, then
+** prl_optim_step — which clips the now unscaled gradients — or skip it (weights and the
+** optimizer's step count untouched; stats->grad_norm NaN), and update the scale (rl.md §4.3
+** order). *skipped = 1 on a skip. s NULL: a plain prl_optim_step. */
+prl_status prl_optim_step_scaled(prl_optim *o, prl_model *m, prl_loss_scaler *s,
+                                 prl_optim_stats *stats, int *skipped);
 /* grads[0..n) /= scale, in the gradients' precision (fp32 or fp64). */
 void prl_grads_unscale(prl_real *grads, size_t n, double scale);
 /* 1 when every gradient is finite (no inf, no NaN). */
@@ -319,6 +363,12 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o,
 /* Load config + weights into a new model (m must be zeroed/unused). Every tensor's name,
 ** shape and dtype and the checksum are validated; errors name the file and tensor. */
 prl_status prl_checkpoint_load(prl_model *m, const char *dir);
+/* Load the weights of checkpoint `dir` into an initialised model `m` whose config may add DSA
+** layers to the checkpoint's (post-hoc sparsification, docs/recipes.md): every tensor of `m`
+** must be in the file with its shape, except DSA indexer tensors, which keep their values
+** (*n_new counts them; may be NULL); a tensor of the file that `m` lacks is an error. The
+** config.json of `dir` is not read. */
+prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new);
 /* Load optimizer state saved with the same model; `o` must be initialised. state.json
 ** text is returned (malloc'd) in *state_json if non-NULL. */
 prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const char *dir,

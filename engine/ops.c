@@ -284,6 +284,27 @@ static void softmax_row(prl_real *Ss, int ns, prl_real *S, int lo, int hi, int w
     for (int s = hi + 1; s < width; s++) S[s] = 0;
 }
 
+/* softmax_row restricted to the token columns with allow[s] != 0 (a DSA selection); the
+** others get probability 0. With every column allowed it computes the same bits. */
+static void softmax_row_masked(prl_real *Ss, int ns, prl_real *S, int lo, int hi, int width,
+                               const uint8_t *allow)
+{
+    prl_real m = -INFINITY;
+    for (int i = 0; i < ns; i++) m = Ss[i] > m ? Ss[i] : m;
+    for (int s = lo; s <= hi; s++)
+        if (allow[s]) m = S[s] > m ? S[s] : m;
+    PRL_ASSERT(m > -INFINITY); /* a selection holds at least one token */
+    prl_real sum = 0;
+    for (int i = 0; i < ns; i++) sum += (Ss[i] = PRL_EXP(Ss[i] - m));
+    for (int s = lo; s <= hi; s++)
+        if (allow[s]) sum += (S[s] = PRL_EXP(S[s] - m));
+    prl_real inv = 1 / sum;
+    for (int i = 0; i < ns; i++) Ss[i] *= inv;
+    for (int s = lo; s <= hi; s++) S[s] = allow[s] ? S[s] * inv : 0;
+    for (int s = 0; s < lo; s++) S[s] = 0;
+    for (int s = hi + 1; s < width; s++) S[s] = 0;
+}
+
 /* Valid rows of sequence b: [0, len). */
 static int seq_len(const attn_ctx *c, int b) { return c->lens ? c->lens[b] : c->sh.T; }
 
@@ -303,9 +324,14 @@ void prl_attention_rows(prl_real *out, int ldo, prl_real *Ss, prl_real *S, int l
         prl_gemm(0, 1, rows, ns, dn, scale, q, ldq, kk->sk, kk->ldsk, 0, Ss, ldS);
         prl_gemm(0, 1, rows, ns, dr, scale, q + dn, ldq, kk->skr, kk->ldskr, 1, Ss, ldS);
     }
-    for (int t = p0; t < p1; t++)
-        softmax_row(ns > 0 ? Ss + (size_t)(t - p0) * ldS : NULL, ns, S + (size_t)(t - p0) * ldS,
-                    row_lo(t, k0, kk->window), t - k0, nk);
+    for (int t = p0; t < p1; t++) {
+        prl_real *Srow = S + (size_t)(t - p0) * ldS, *Ssrow = ns > 0 ? Ss + (size_t)(t - p0) * ldS : NULL;
+        if (kk->sel)
+            softmax_row_masked(Ssrow, ns, Srow, row_lo(t, k0, kk->window), t - k0, nk,
+                               kk->sel + (size_t)(t - p0) * kk->ldsel + k0);
+        else
+            softmax_row(Ssrow, ns, Srow, row_lo(t, k0, kk->window), t - k0, nk);
+    }
     /* out = P_sink·v_sink + P·v */
     if (ns > 0) prl_gemm(0, 0, rows, dv, ns, 1, Ss, ldS, kk->sk + dn, kk->ldsk, 0, out, ldo);
     prl_gemm(0, 0, rows, dv, nk, 1, S, ldS, kk->k + dn, kk->ldk, ns > 0 ? 1 : 0, out, ldo);
@@ -324,6 +350,7 @@ static prl_attn_keys head_keys(const attn_ctx *c, int b, int h, int r0)
         kk.sk = c->sink_kv + (size_t)h * dkv, kk.ldsk = sh.H * dkv;
         kk.skr = c->sink_kr, kk.ldskr = sh.dr;
     }
+    if (sh.sel) kk.sel = sh.sel + ((size_t)b * sh.T + r0) * sh.T, kk.ldsel = sh.T;
     return kk;
 }
 
@@ -619,13 +646,17 @@ static void silu_mul_block(void *p, int blk)
 
 void prl_swiglu_forward(prl_real *out, prl_real *a13, prl_real *h, const prl_real *inp,
                         const prl_real *w13, const prl_real *w2, int N, int C, int F,
-                        prl_real beta)
+                        prl_real beta, prl_precision p)
 {
     /* inp (N,C); w13 (2F,C); w2 (C,F); a13 (N,2F); h (N,F); out (N,C) */
+    PRL_ASSERT(p == PRL_PRECISION_FP32 || beta == 0);
     prl_matmul_forward(a13, inp, w13, N, C, 2 * F, 0);
+    prl_round_reals(p, a13, (size_t)N * 2 * F);
     swiglu_ctx c = {.a13 = a13, .h = h, .N = N, .F = F};
     prl_parallel_for(n_blocks(N), silu_mul_block, &c);
+    prl_round_reals(p, h, (size_t)N * F);
     prl_matmul_forward(out, h, w2, N, F, C, beta);
+    prl_round_reals(p, out, (size_t)N * C);
 }
 
 static void silu_mul_backward_block(void *p, int blk)
@@ -639,14 +670,16 @@ static void silu_mul_backward_block(void *p, int blk)
 void prl_swiglu_backward(prl_real *dinp, prl_real *dw13, prl_real *dw2, prl_real *scratch,
                          const prl_real *dout, const prl_real *inp, const prl_real *a13,
                          const prl_real *h, const prl_real *w13, const prl_real *w2, int N,
-                         int C, int F)
+                         int C, int F, prl_precision p)
 {
     /* dh (N,F) = dout·w2;  dw2 (C,F) += doutᵀ·h;  then da13 (N,2F), dinp, dw13 */
     prl_real *dh = scratch, *da13 = scratch + (size_t)N * F;
     memset(dh, 0, (size_t)N * F * sizeof *dh);
     prl_matmul_backward(dh, dw2, dout, h, w2, N, F, C);
+    prl_round_reals(p, dh, (size_t)N * F);
     swiglu_ctx c = {.a13 = (prl_real *)a13, .da13 = da13, .dh = dh, .N = N, .F = F};
     prl_parallel_for(n_blocks(N), silu_mul_backward_block, &c);
+    prl_round_reals(p, da13, (size_t)N * 2 * F);
     prl_matmul_backward(dinp, dw13, da13, inp, w13, N, C, 2 * F);
 }
 

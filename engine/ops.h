@@ -89,6 +89,17 @@ static inline prl_v4f prl_v4_load(const float *p)
 
 static inline void prl_v4_store(float *p, prl_v4f v) { __builtin_memcpy(p, &v, sizeof v); }
 
+/* x[0..n) rounded in place to precision p (precision.c; a no-op in fp32): the rounding of an
+** op output in a reduced-precision path, in either build. */
+static inline void prl_round_reals(prl_precision p, prl_real *x, size_t n)
+{
+    if (p == PRL_PRECISION_FP32) return;
+#ifdef PRL_REAL_DOUBLE
+    prl_round_doubles(p, x, n);
+#else
+    prl_round_floats(p, x, n);
+#endif
+}
 /* Run fn(ctx, r0, r1) over [0, n_rows) in fixed blocks of PRL_ROW_BLOCK rows on the pool. */
 typedef void (*prl_rows_fn)(void *ctx, int r0, int r1);
 void prl_parallel_rows(int n_rows, prl_rows_fn fn, void *ctx);
@@ -129,18 +140,26 @@ void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_
 **   window: 0 = causal (row t sees every token s <= t); W > 0 = sliding window, row t sees
 **     t − W < s <= t (docs/model.md, SWA);
 **   sinks: ns parameter sinks visible to every row, rows sk [ns, dn | dv] at ldsk and
-**     position-free rope keys skr [ns, dr] at ldskr (docs/model.md, parameter sinks). */
+**     position-free rope keys skr [ns, dr] at ldskr (docs/model.md, parameter sinks);
+**   sel: NULL, or a DSA selection (docs/model.md, DSA): row t − p0 of the query rows at
+**     stride ldsel, column = key position; a token key s is visible only where it is non-zero
+**     (the sinks always are). */
 typedef struct prl_attn_keys {
     const prl_real *k, *kr;
     int ldk, ldkr, k0, window;
     const prl_real *sk, *skr;
     int ldsk, ldskr, ns;
+    const uint8_t *sel;
+    int ldsel;
 } prl_attn_keys;
 
 /* Shape of a whole-batch attention call: B sequences of T tokens, H heads, window W (0 =
-** causal) and ns sinks. */
+** causal) and ns sinks; sel NULL, or a DSA selection [B*T, T] (row b*T+t, column = key
+** position, non-zero = visible): the softmax runs over the sinks and the selected tokens only,
+** so the gradient reaches only those. */
 typedef struct prl_attn_shape {
     int B, T, H, dn, dr, dv, window, ns;
+    const uint8_t *sel;
 } prl_attn_shape;
 
 /* First key position a query block starting at p0 reads: 0 for causal attention; for a
@@ -196,15 +215,17 @@ void prl_conv_row(prl_real *out, const prl_real *const *x, const prl_real *w, in
 /* SwiGLU FFN with the gate and up projections stacked: w13 [2F,C] = [w1; w3] (gate_proj then
 ** up_proj, adjacent in the parameter block), w2 [C,F]:
 **   a13[N,2F] = inp·w13ᵀ;  h[N,F] = silu(a13[:, :F]) ⊙ a13[:, F:];  out[N,C] = h·w2ᵀ (+ beta·out)
-** One GEMM of width 2F instead of two of width F. a13 and h are saved for the backward. */
+** One GEMM of width 2F instead of two of width F. a13 and h are saved for the backward.
+** Precision p rounds a13, h and out (beta must then be 0), as the infer path does. */
 void prl_swiglu_forward(prl_real *out, prl_real *a13, prl_real *h, const prl_real *inp,
                         const prl_real *w13, const prl_real *w2, int N, int C, int F,
-                        prl_real beta);
-/* dinp, dw13, dw2 accumulate; scratch holds 3·N·F reals. */
+                        prl_real beta, prl_precision p);
+/* dinp, dw13, dw2 accumulate; scratch holds 3·N·F reals. Precision p rounds the gradients of
+** h and a13 (dinp is the caller's to round once complete). */
 void prl_swiglu_backward(prl_real *dinp, prl_real *dw13, prl_real *dw2, prl_real *scratch,
                          const prl_real *dout, const prl_real *inp, const prl_real *a13,
                          const prl_real *h, const prl_real *w13, const prl_real *w2, int N,
-                         int C, int F);
+                         int C, int F, prl_precision p);
 
 /* Row-wise SwiGLU core on `rows` rows: h[r,f] = silu(a13[r,f]) · a13[r,F+f], and its backward
 ** (da13 [rows,2F] overwritten). */

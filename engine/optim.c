@@ -41,6 +41,13 @@ static int uses_muon(const prl_optim_config *c, const prl_param_info *p)
     return c->kind == PRL_OPTIM_MUON && p->kind == PRL_PARAM_MATRIX;
 }
 
+/* DSA warm-up with prl_dsa_freeze_main: everything but the indexer is left as it is (no
+** update, no weight decay, not in the gradient norm). */
+static int frozen(const prl_model *m, const prl_param_info *p)
+{
+    return m->cfg.dsa_freeze_main && p->kind != PRL_PARAM_INDEXER;
+}
+
 static int decays(const prl_param_info *p)
 {
     return p->kind == PRL_PARAM_MATRIX || p->kind == PRL_PARAM_HEAD;
@@ -196,6 +203,7 @@ static int build_tasks(const prl_optim *o, const prl_model *m, update_task *t)
     int n = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
+        if (frozen(m, p)) continue;
         size_t step = uses_muon(&o->cfg, p) ? p->numel : CHUNK;
         for (size_t b = 0; b < p->numel; b += step) {
             if (t) t[n] = (update_task){.tensor = i, .begin = b, .end = b + step < p->numel ? b + step : p->numel};
@@ -403,4 +411,25 @@ int prl_grads_finite(const prl_real *grads, size_t n)
     for (size_t i = 0; i < n; i++)
         if (!isfinite(grads[i])) return 0;
     return 1;
+}
+
+prl_status prl_optim_step_scaled(prl_optim *o, prl_model *m, prl_loss_scaler *s,
+                                 prl_optim_stats *stats, int *skipped)
+{
+    *skipped = 0;
+    if (!s) return prl_optim_step(o, m, stats);
+    /* rl.md §4.3: unscale (in the gradients' precision) → inf/NaN check → clip the unscaled
+    ** gradients and step, or skip → update the scale */
+    prl_grads_unscale(m->grads, m->n_params, s->scale);
+    int found_inf = !prl_grads_finite(m->grads, m->n_params);
+    prl_status rc = PRL_OK;
+    if (found_inf) {
+        if (stats)
+            *stats = (prl_optim_stats){.lr = prl_optim_lr_at(&o->cfg, o->step), .grad_norm = NAN,
+                                       .clip_scale = 1};
+    } else {
+        rc = prl_optim_step(o, m, stats);
+    }
+    if (rc == PRL_OK) *skipped = prl_loss_scaler_update(s, found_inf);
+    return rc;
 }

@@ -334,6 +334,8 @@ typedef struct prl_grpo_train_config {
                                  ** NULL: a per-token advantage added to each loss token's
                                  ** (on-policy distillation, opd/) */
     double seq_adv_weight;       /* weight of the group (reward) advantage, default 1 */
+    prl_loss_scaler *scaler;     /* borrowed dynamic loss scaler (trainer.loss_scale), or NULL:
+                                 ** no scaling. Its state advances with every update. */
 } prl_grpo_train_config;
 
 void prl_grpo_train_config_default(prl_grpo_train_config *c);
@@ -348,7 +350,11 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c);
 
 typedef struct prl_grpo_step_stats {
     int samples, groups, singletons, constant_groups, dropped;
-    int updates;            /* optimizer steps: ppo_epochs × minibatches */
+    int updates;            /* optimizer steps applied (ppo_epochs × minibatches − skipped) */
+    int skipped;            /* updates skipped for a non-finite gradient (loss scaling) */
+    int scaler_on;          /* a loss scaler ran (the three fields below are meaningful) */
+    double loss_scale;      /* the scale after the step's last update */
+    long skipped_total;     /* updates the scaler has skipped over the run */
     long tokens;            /* tokens (prompt + response) of the trained samples */
     long loss_tokens;       /* response tokens with mask 1 */
     double reward_mean;     /* over all samples */
@@ -384,11 +390,34 @@ typedef struct prl_grpo_step_stats {
     int route_rejected;     /* samples whose record was rejected (bad or repeated id) */
 } prl_grpo_step_stats;
 
+/* ---------------------------------------------------------------- precision -------- */
+/* scaling.c: the trainer's precision and loss scaling from the job (docs/grpo.md "Precision
+** and loss scaling"); the scaler's state travels in the checkpoint's state.json. */
+
+typedef struct prl_grpo_precision {
+    prl_precision precision;       /* trainer.precision (prl_model_set_precision) */
+    int scaler_on;                 /* trainer.loss_scale.enabled: on, or auto with fp16 */
+    prl_loss_scaler_config scaler; /* trainer.loss_scale.preset with the set constants */
+} prl_grpo_precision;
+
+/* From the job; the scaler's range rules run here, so errors name the keys. */
+prl_status prl_grpo_precision_from_job(prl_grpo_precision *p, const struct prl_job_config *j);
+/* The scaler's state as a JSON object text {"scale": …, "growth_tracker": …,
+** "hysteresis_tracker": …, "steps": …, "skipped": …} into out (snprintf's return value);
+** "null" for s NULL (no scaler). */
+int prl_grpo_scaler_state_format(const prl_loss_scaler *s, char *out, size_t n);
+/* Restore the state from a state.json text's "loss_scaler" object (absent, null or NULL
+** text: unchanged). A malformed object is PRL_ERR_FORMAT naming it. */
+prl_status prl_grpo_scaler_state_parse(prl_loss_scaler *s, const char *state_json);
+
 /* One GRPO step on batch `b` (docs/grpo.md "Training step"): advantages per group; old
 ** log-probs recomputed on the train path with the current weights before any update; then
 ** ppo_epochs × minibatches updates over a fixed partition of the samples in their given order,
 ** each a forward + backward over micro-batches of at most micro_rows rows (gradients
-** accumulated in order), grad clip and an optimizer step. Deterministic: the same input gives
+** accumulated in order), grad clip and an optimizer step. With c->scaler each update follows
+** rl.md §4.3: the token weights (the loss) times the scale → backward → unscale → inf/NaN
+** check → clip the unscaled gradients → step, or skip (weights, router bias and the
+** optimizer's step count untouched) → update the scale. Deterministic: the same input gives
 ** bitwise-identical weights whatever the thread count. A sample longer than the model's
 ** context or a token outside its vocabulary is PRL_ERR_RANGE naming the sample. */
 prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch *b,

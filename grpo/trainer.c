@@ -687,12 +687,14 @@ static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_sta
         }
         sum->loss += part.loss, sum->clipfrac += part.clipfrac;
         sum->clipfrac_lower += part.clipfrac_lower, sum->ppo_kl += part.ppo_kl;
+        if (s->c->scaler) batch.loss_scale = s->c->scaler->scale; /* scale·∂loss/∂θ */
         rc = prl_model_backward(s->m, &batch);
     }
     return rc;
 }
 
-/* One update on kept samples [k0, k1): gradients, clip, optimizer step; adds to the stats. */
+/* One update on kept samples [k0, k1): gradients, clip, optimizer step (or, with a loss
+** scaler, a skip on an overflow); adds to the stats. */
 static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grpo_step_stats *st)
 {
     prl_model_zero_grad(s->m);
@@ -704,16 +706,25 @@ static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grp
     if (!isfinite(loss))
         return prl_error_set(PRL_ERR_NUMERIC, "grpo step: loss is %g on samples [%d, %d)", loss,
                              s->kept[k0], s->kept[k1 - 1] + 1);
+    st->loss += loss, st->clipfrac += sum.clipfrac, st->clipfrac_lower += sum.clipfrac_lower;
+    st->ppo_kl += sum.ppo_kl, st->kl += kl;
     double clip = o->cfg.grad_clip; /* the step's bound, restored after */
     o->cfg.grad_clip = s->c->grad_clip;
     prl_optim_stats os;
-    rc = prl_optim_step(o, s->m, &os);
+    int skip;
+    rc = prl_optim_step_scaled(o, s->m, s->c->scaler, &os, &skip);
     o->cfg.grad_clip = clip;
     if (rc) return rc;
+    if (s->c->scaler) {
+        st->scaler_on = 1, st->loss_scale = s->c->scaler->scale;
+        st->skipped_total = s->c->scaler->skipped;
+    }
+    if (skip) { /* weights, router bias (its expert counts carry over) and step count kept */
+        st->skipped++;
+        return PRL_OK;
+    }
     prl_model_update_router_bias(s->m);
     st->updates++;
-    st->loss += loss, st->clipfrac += sum.clipfrac, st->clipfrac_lower += sum.clipfrac_lower;
-    st->ppo_kl += sum.ppo_kl, st->kl += kl;
     st->grad_norm += os.grad_norm, st->grad_norm_max = fmax(st->grad_norm_max, os.grad_norm);
     st->lr = os.lr;
     return PRL_OK;
@@ -731,10 +742,11 @@ static prl_status step_run(step_ctx *s, prl_optim *o, prl_grpo_step_stats *st)
             int k0 = (int)((int64_t)n * k / M), k1 = (int)((int64_t)n * (k + 1) / M);
             if (k1 > k0) rc = step_update(s, o, k0, k1, st);
         }
-    if (rc == PRL_OK && st->updates) {
-        double u = st->updates;
-        st->loss /= u, st->clipfrac /= u, st->clipfrac_lower /= u, st->ppo_kl /= u;
-        st->kl /= u, st->grad_norm /= u;
+    if (rc == PRL_OK && st->updates + st->skipped) { /* the loss of every update, the
+                                                      ** gradient norm of the applied ones */
+        double u = st->updates + st->skipped;
+        st->loss /= u, st->clipfrac /= u, st->clipfrac_lower /= u, st->ppo_kl /= u, st->kl /= u;
+        if (st->updates) st->grad_norm /= st->updates;
     }
     if (rc == PRL_OK) step_corr_stats(s, st);
     if (rc == PRL_OK) prl_grpo_replay_stats(&s->rp, st);
@@ -923,6 +935,12 @@ char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
         json_object_set_new(o, ints[i].k, json_integer(ints[i].v));
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) set_real(o, reals[i].k, reals[i].v);
     mismatch_to_json(o, st);
+    if (st->scaler_on) { /* loss scaling (docs/store.md): present only when a scaler ran */
+        json_object_set_new(o, "loss_scale", json_real(st->loss_scale));
+        json_object_set_new(o, "overflow", json_integer(st->skipped > 0));
+        json_object_set_new(o, "skipped", json_integer(st->skipped));
+        json_object_set_new(o, "skipped_total", json_integer(st->skipped_total));
+    }
     prl_grpo_replay_stats_json(o, st);
     char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);

@@ -28,12 +28,23 @@ static const prl_key_spec keys[] = {
     {"rollout.max_turns", PRL_KEY_INT, F(max_turns), 1, 64, "10", NULL},
     {"rollout.temperature", PRL_KEY_REAL, F(temperature), 0, 100, "1.0", NULL},
     {"rollout.top_p", PRL_KEY_REAL, F(top_p), 1e-9, 1, "1.0", NULL},
-    {"rollout.precision", PRL_KEY_STR, F(precision), 0, 0, "\"fp32\"", "fp32|bf16|fp16|aligned"},
+    {"rollout.precision", PRL_KEY_STR, F(precision), 0, 0, "\"fp32\"",
+     "fp32|bf16|fp16|aligned|aligned-bf16|aligned-fp16"},
     {"rollout.threads", PRL_KEY_INT, F(rollout_threads), 0, 256, "0", NULL},
     {"reward.workers", PRL_KEY_INT, F(reward_workers), 1, 64, "1", NULL},
     {"reward.timeout", PRL_KEY_REAL, F(reward_timeout), 0.01, 3600, "2.0", NULL},
     {"sandbox.slots", PRL_KEY_INT, F(sandbox_slots), 1, 256, "2", NULL},
     {"trainer.threads", PRL_KEY_INT, F(trainer_threads), 0, 256, "0", NULL},
+    {"trainer.precision", PRL_KEY_STR, F(trainer_precision), 0, 0, "\"fp32\"", "fp32|bf16|fp16"},
+    {"trainer.loss_scale.enabled", PRL_KEY_STR, F(ls_enabled), 0, 0, "\"auto\"", "auto|on|off"},
+    {"trainer.loss_scale.preset", PRL_KEY_STR, F(ls_preset), 0, 0, "\"torch\"",
+     "torch|megatron|verl_fsdp|verl_megatron"},
+    {"trainer.loss_scale.init", PRL_KEY_REAL, F(ls_init), 0, 1e38, "0", NULL},
+    {"trainer.loss_scale.growth_factor", PRL_KEY_REAL, F(ls_growth_factor), 0, 1e6, "0", NULL},
+    {"trainer.loss_scale.backoff_factor", PRL_KEY_REAL, F(ls_backoff_factor), 0, 0.999999, "0", NULL},
+    {"trainer.loss_scale.growth_interval", PRL_KEY_INT, F(ls_growth_interval), 0, 1e9, "0", NULL},
+    {"trainer.loss_scale.hysteresis", PRL_KEY_INT, F(ls_hysteresis), 0, 1e6, "0", NULL},
+    {"trainer.loss_scale.min_scale", PRL_KEY_REAL, F(ls_min_scale), 0, 1e38, "0", NULL},
     {"grpo.adv_norm", PRL_KEY_STR, F(adv_norm), 0, 0, "\"std\"", "std|none"},
     {"grpo.adv_eps", PRL_KEY_REAL, F(adv_eps), 1e-12, 1, "1e-6", NULL},
     {"grpo.singleton", PRL_KEY_STR, F(singleton), 0, 0, "\"zero\"", "zero|verl|drop"},
@@ -152,6 +163,17 @@ static prl_status check_correction(const prl_job_config *c, const char *source)
     return PRL_OK;
 }
 
+/* trainer.loss_scale: a set constant must be one the scaler accepts (0 = the preset's); the
+** rules that need the preset's values (min_scale <= the initial scale) are the scaler's own
+** (prl_grpo_precision_from_job, which `prl run` calls before starting any process). */
+static prl_status check_loss_scale(const prl_job_config *c, const char *source)
+{
+    if (c->ls_growth_factor != 0 && c->ls_growth_factor < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'trainer.loss_scale.growth_factor' = %g "
+                             "must be >= 1 (or 0: the preset's)", source, c->ls_growth_factor);
+    return PRL_OK;
+}
+
 /* opd.enabled: every domain the prompts cover has its teacher (the files are checked by
 ** prl_opd_check_teachers before any process starts). */
 static prl_status check_opd(const prl_job_config *c, const char *source)
@@ -169,6 +191,7 @@ static prl_status check_opd(const prl_job_config *c, const char *source)
 prl_status prl_job_config_check(const prl_job_config *c, const char *source)
 {
     prl_status rc = check_correction(c, source);
+    if (!rc) rc = check_loss_scale(c, source);
     if (!rc) rc = check_opd(c, source);
     if (rc) return rc;
     if ((long)c->batch_prompts * c->group_size <= 0)

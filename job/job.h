@@ -29,10 +29,16 @@ typedef struct prl_job_config {
     /* rollout */
     int rollout_workers, batch_prompts, group_size, max_new_tokens, max_turns;
     double temperature, top_p;
-    char *precision;             /* fp32 | bf16 | fp16 | aligned */
+    char *precision;             /* fp32 | bf16 | fp16 | aligned | aligned-bf16 | aligned-fp16 */
     int rollout_threads;         /* threads of each rollout worker (0: prl run --threads) */
     /* trainer */
     int trainer_threads;         /* threads of the trainer (0: prl run --threads) */
+    char *trainer_precision;     /* fp32 | bf16 | fp16: the train path's arithmetic */
+    /* trainer.loss_scale: dynamic loss scaling (rl.md §4.3); 0 = the preset's constant */
+    char *ls_enabled;            /* auto (on for fp16) | on | off */
+    char *ls_preset;             /* torch | megatron | verl_fsdp | verl_megatron */
+    double ls_init, ls_growth_factor, ls_backoff_factor, ls_min_scale;
+    int ls_growth_interval, ls_hysteresis;
     /* reward, sandbox */
     int reward_workers, sandbox_slots;
     double reward_timeout;

@@ -20,6 +20,11 @@ typedef struct prl_sft_recipe {
     uint64_t seed;                  /* demos, init and data order */
     /* model */
     char *model_config;             /* a config.json path */
+    char *init_from;                /* "" or a checkpoint whose weights start the run (its
+                                    ** model plus, in model_config, new DSA layers) */
+    /* dsa: post-hoc sparsification (docs/recipes.md) */
+    int dsa_warmup_steps;           /* indexer warm-up steps before sft.steps (0 = none) */
+    double dsa_warmup_lr;           /* their AdamW learning rate (constant) */
     /* tokenizer */
     int vocab_size;                 /* BPE vocabulary trained on the demos (<= model vocab) */
     int special_tokens;             /* demos' <|tool_call|> ... strings encode as special ids */

@@ -6,7 +6,9 @@ not read or depend on prl's C code.  It holds
 
 * a pure Python + numpy safetensors reader/writer (``read_safetensors``, ``write_safetensors``);
 * ``PanguRef(config)``: an ``nn.Module`` with the checkpoint's tensor names (MLA naive form with
-  half-split RoPE, dense SwiGLU, sigmoid-routed MoE with shared experts), its loss API
+  half-split RoPE, sliding windows, parameter sinks, ModAttn convs, DSA (lightning indexer,
+  top-k selection, the indexer's KL loss with detached input; full-sequence forward only),
+  dense SwiGLU, sigmoid-routed MoE with shared experts), its loss API
   (``compute_loss``: ``sum w*logp`` plus the balance and router z auxiliary losses) and the
   selection-bias update rules;
 * KV-cached batched generation (``generate``: left-padded prefill, then one token per step,
@@ -282,7 +284,6 @@ class UnsupportedConfigError(ValueError):
 
 # (key, predicate "this value turns the block on", block name)
 _UNSUPPORTED_BLOCKS = [
-    ("dsa_layers", lambda v: bool(v), "DeepSeek sparse attention (DSA)"),
     ("layer_types", lambda v: any(x != "full_attention" for x in (v or [])),
      "non-full attention layer types"),
 ]
@@ -322,6 +323,11 @@ class PanguConfig:
     param_sink_number: int = 0
     param_sink_with_value: bool = True
     conv_kernel: int = 0                                # ModAttn conv kernel k (0 = off)
+    dsa_layers: List[int] = field(default_factory=list)  # layers with a lightning indexer
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    dsa_sparse: bool = True                             # prl_dsa_stage "sparse" (else "dense")
     mhc_streams: int = 0                                # mHC residual streams n (0 = off)
     mhc_recur_norm: int = 20                            # Sinkhorn iterations
     mhc_use_gamma: bool = False                         # norm_gamma on the flattened streams
@@ -427,6 +433,20 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         if k < 1:
             raise ValueError("config key 'use_mome' is true but 'router_sliding_window' is 0")
         c.conv_kernel = k
+    dsa = cfg.get("dsa_layers") or []
+    if dsa:
+        if not all(isinstance(l, int) and 0 <= l < c.num_hidden_layers and not c.windows[l]
+                   for l in dsa) or len(set(dsa)) != len(dsa):
+            raise ValueError(f"config key 'dsa_layers' = {dsa!r}: layers must be distinct, in "
+                             "range and not in 'swa_layers'")
+        c.dsa_layers = list(dsa)
+        c.index_topk = get_int("index_topk", minimum=1)
+        c.index_n_heads = get_int("index_n_heads", minimum=1)
+        c.index_head_dim = get_int("index_head_dim", minimum=c.qk_rope_head_dim)
+        stage = cfg.get("prl_dsa_stage", "sparse")
+        if stage not in ("sparse", "dense"):
+            raise ValueError(f"config key 'prl_dsa_stage' = {stage!r}: sparse | dense")
+        c.dsa_sparse = stage == "sparse"
     if cfg.get("use_mhc", False):
         c.mhc_streams = get_int("mhc_num_stream", 4, minimum=1)
         c.mhc_recur_norm = get_int("mhc_recur_norm", 20, minimum=1)
@@ -456,7 +476,8 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         "sliding_window", "param_sink_number", "param_sink_with_value", "use_mome",
         "router_sliding_window", "use_mhc", "mhc_num_stream", "mhc_recur_norm", "mhc_use_gamma",
         "sandwich_norm", "block_post_layernorm_idx", "num_nextn_predict_layers",
-        "prl_mtp_loss_weight", "prl_mtp_head_norm", "prl_mtp_head"}
+        "prl_mtp_loss_weight", "prl_mtp_head_norm", "prl_mtp_head", "dsa_layers", "index_topk",
+        "index_n_heads", "index_head_dim", "prl_dsa_stage", "prl_dsa_freeze_main"}
     c.ignored_keys = sorted(k for k in cfg if k not in known)
     return c
 
@@ -517,6 +538,48 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class Indexer(nn.Module):
+    """DSA lightning indexer (docs/model.md, DSA): H_I index heads of d_I dims read the normed
+    compressed query cq, one key head reads the attention input x (k_norm: RMSNorm, eps 1e-6);
+    the first d_r dims of every head and of the key rotate (half-split, the MLA's positions):
+    I(t,s) = sum_j w(t,j) * ReLU(d_I^-1/2 q_j(t).k(s)), w = weights_proj(x) * H_I^-1/2."""
+
+    def __init__(self, c: PanguConfig):
+        super().__init__()
+        self.HI, self.dI, self.dr, self.topk = (c.index_n_heads, c.index_head_dim,
+                                                c.qk_rope_head_dim, c.index_topk)
+        self.wq_b = nn.Linear(c.q_lora_rank, self.HI * self.dI, bias=False)
+        self.wk = nn.Linear(c.hidden_size, self.dI, bias=False)
+        self.k_norm = RMSNorm(self.dI, 1e-6)
+        self.weights_proj = nn.Linear(c.hidden_size, self.HI, bias=False)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return torch.cat([apply_rope(x[..., :self.dr], cos, sin), x[..., self.dr:]], dim=-1)
+
+    def scores(self, x: torch.Tensor, cq: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+        """I [B, T, T] for x [B,T,d], cq [B,T,r_q] (the caller detaches both)."""
+        B, T, _ = x.shape
+        q = self._rope(self.wq_b(cq).view(B, T, self.HI, self.dI), cos.unsqueeze(-2),
+                       sin.unsqueeze(-2))
+        k = self._rope(self.k_norm(self.wk(x)), cos, sin)
+        w = self.weights_proj(x) * self.HI ** -0.5
+        a = torch.einsum("bthi,bsi->bths", q, k) * self.dI ** -0.5
+        return (w[..., None] * F.relu(a)).sum(2)
+
+
+def dsa_kl_rows(target: torch.Tensor, scores: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """KL(p || softmax_S(I)) per query row [B, T]: p = target / sum_S target over the support S
+    (bool [B,T,T]); 0 log 0 = 0."""
+    p = torch.where(support, target, torch.zeros_like(target))
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-300)
+    logq = torch.log_softmax(scores.masked_fill(~support, float("-inf")), dim=-1)
+    pos = p > 0
+    term = torch.where(pos, p * (torch.log(torch.where(pos, p, torch.ones_like(p))) -
+                                 torch.where(pos, logq, torch.zeros_like(logq))), torch.zeros_like(p))
+    return term.sum(-1)
+
+
 class MLA(nn.Module):
     """Multi-head latent attention, naive (MHA) form, causal, with an optional sliding window
     (row t sees keys t-W < s <= t) and parameter sinks (param_sink_number latent entries that
@@ -552,6 +615,9 @@ class MLA(nn.Module):
         self.o_proj = nn.Linear(self.H * self.dv, d, bias=False)
         self.scale = (self.dn + self.dr) ** -0.5
         self._masks: Dict[Tuple[int, torch.dtype, str], torch.Tensor] = {}
+        self.indexer = Indexer(c) if layer in c.dsa_layers else None
+        self.dsa_sparse = c.dsa_sparse
+        self.last_dsa: Optional[dict] = None     # the last forward's scores, selection, row KL
 
     def conv(self, x: torch.Tensor, name: str, state=None) -> torch.Tensor:
         """x + causal depthwise conv(x) for x [B,T,C] (ModAttn): out[t] = x[t] +
@@ -579,7 +645,8 @@ class MLA(nn.Module):
         [B, T, d_r/2]."""
         B, T, _ = a.shape
         zq = self.conv(self.q_a_proj(a), "qa_conv", conv_state)
-        q = self.q_b_proj(self.q_a_layernorm(zq)).view(B, T, self.H, -1)
+        self.last_cq = cq = self.q_a_layernorm(zq)
+        q = self.q_b_proj(cq).view(B, T, self.H, -1)
         q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
         ckv, k_rope = self.kv_a_proj_with_mqa(a).split([self.rkv, self.dr], dim=-1)
         ckv = self.conv(ckv, "compresskv_conv", conv_state)
@@ -605,15 +672,21 @@ class MLA(nn.Module):
         return torch.cat([k_nope, kr], dim=-1)[0].transpose(0, 1), v[0].transpose(0, 1)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               bias: torch.Tensor) -> torch.Tensor:
+               bias: torch.Tensor, probs: Optional[list] = None) -> torch.Tensor:
         """softmax(scale q k^T + bias) v over the keys, with the sinks' columns in front of the
-        tokens' (one softmax over both).  q [B,H,T,dq], k [B,H,S,dq], v [B,H,S,dv]."""
+        tokens' (one softmax over both).  q [B,H,T,dq], k [B,H,S,dq], v [B,H,S,dv].  ``probs``
+        (a list) receives the tokens' probabilities [B,H,T,S]."""
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale + bias
         if self.ns == 0:
-            return torch.matmul(torch.softmax(scores, dim=-1), v)
+            p = torch.softmax(scores, dim=-1)
+            if probs is not None:
+                probs.append(p)
+            return torch.matmul(p, v)
         sk, sv = self.sink_keys()                                           # [H,ns,*]
         s_scores = torch.matmul(q, sk.transpose(-1, -2)) * self.scale      # [B,H,T,ns]
         p = torch.softmax(torch.cat([s_scores, scores], dim=-1), dim=-1)
+        if probs is not None:
+            probs.append(p[..., self.ns:])
         return torch.matmul(p[..., :self.ns], sv) + torch.matmul(p[..., self.ns:], v)
 
     def up_project(self, ckv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -621,10 +694,30 @@ class MLA(nn.Module):
         B, T, _ = ckv.shape
         return self.kv_b_proj(ckv).view(B, T, self.H, -1).split([self.dn, self.dv], dim=-1)
 
-    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def dsa_bias(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  sel_override: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Index scores I [B,T,T] (indexer input detached) and the support of the main attention
+        and of the indexer loss [B,T,T] bool: the top-min(k, t+1) of I(t, s <= t) (ties to the
+        lower index) in the sparse stage, or ``sel_override``; every causal key when dense."""
+        T = a.shape[1]
+        scores = self.indexer.scores(a.detach(), self.last_cq.detach(), cos, sin)
+        causal = torch.ones(T, T, dtype=torch.bool, device=a.device).tril()
+        if not self.dsa_sparse:
+            return scores, causal.expand_as(scores)
+        if sel_override is not None:
+            return scores, sel_override.to(torch.bool) & causal
+        with torch.no_grad():
+            idx = stable_topk(scores.masked_fill(~causal, float("-inf")), self.indexer.topk)
+            sel = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, idx, True)
+        return scores, sel & causal
+
+    def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                sel_override: Optional[torch.Tensor] = None) -> torch.Tensor:
         B, T, _ = a.shape
         H, dn, dr, dv = self.H, self.dn, self.dr, self.dv
         q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin)
+        if self.indexer is not None:
+            return self._forward_dsa(a, cos, sin, q_nope, q_rope, ckv, k_rope, sel_override)
         k_nope, v = self.up_project(ckv)
         qh = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)             # [B,H,T,dn+dr]
         kh = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, T, H, dr)], dim=-1)
@@ -632,6 +725,25 @@ class MLA(nn.Module):
         vh = v.transpose(1, 2)                                               # [B,H,T,dv]
         # mask: 0 where the key is visible (s <= t, and t - s < W in a window), -inf otherwise
         o = self.attend(qh, kh, vh, self._mask(T, a.dtype, a.device))      # [B,H,T,dv]
+        return self.o_proj(self.conv(o.transpose(1, 2).reshape(B, T, H * dv), "o_conv"))
+
+    def _forward_dsa(self, a, cos, sin, q_nope, q_rope, ckv, k_rope, sel_override):
+        """A DSA layer: the main attention over the sinks and the support (sparse stage: the
+        selection), then the indexer's row KL against the head-summed token probabilities
+        (detached), kept in ``last_dsa``."""
+        B, T, _ = a.shape
+        H, dr, dv = self.H, self.dr, self.dv
+        scores, support = self.dsa_bias(a, cos, sin, sel_override)
+        k_nope, v = self.up_project(ckv)
+        qh = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)
+        kh = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, T, H, dr)], dim=-1).transpose(1, 2)
+        bias = torch.zeros(B, 1, T, T, dtype=a.dtype, device=a.device)
+        bias = bias.masked_fill(~support[:, None], float("-inf"))
+        probs: list = []
+        o = self.attend(qh, kh, v.transpose(1, 2), bias, probs)
+        target = probs[0].detach().sum(1)                                    # [B,T,T] heads summed
+        self.last_dsa = {"scores": scores.detach(), "support": support,
+                         "kl": dsa_kl_rows(target, scores, support)}
         return self.o_proj(self.conv(o.transpose(1, 2).reshape(B, T, H * dv), "o_conv"))
 
     # ------------------------------------------------------------ KV-cached decoding
@@ -667,6 +779,9 @@ class MLA(nn.Module):
         slots 0..start+T-1.  cos/sin [B,T,d_r/2] at the tokens' positions; bias [B,1,T,start+T]
         is the additive mask; conv/real the ModAttn inputs of earlier slots and which of the
         new slots are real tokens."""
+        if self.indexer is not None:
+            raise UnsupportedConfigError("the reference's KV-cached path has no DSA indexer; use "
+                                         "the full-sequence forward (compare / forward)")
         state = (conv, start, real) if self.k else None
         q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin, state)
         attend = self._attend_naive if form == "naive" else self._attend_absorbed
@@ -970,6 +1085,7 @@ class ForwardOutput:
     natural_routes: Dict[int, torch.Tensor]  # layer -> [B, T, K] top-k on s + b
     router_logits: Dict[int, torch.Tensor]   # layer -> [B, T, N_r] (in the graph)
     router_scores: Dict[int, torch.Tensor]   # layer -> [B, T, N_r] sigmoid (in the graph)
+    dsa: Dict[int, dict] = field(default_factory=dict)  # DSA layer -> MLA.last_dsa
 
 
 @dataclass
@@ -978,6 +1094,8 @@ class LossOutput:
     main: torch.Tensor                   # sum w * logp
     balance: torch.Tensor
     z: torch.Tensor
+    index: torch.Tensor                  # DSA indexer KL: per layer the mean over valid rows,
+                                         # summed (only the indexers learn from it)
     logp: torch.Tensor                   # [B, T], 0 where no target / padding
     has_target: torch.Tensor             # [B, T] bool
     forward: ForwardOutput
@@ -1114,8 +1232,10 @@ class PanguRef(nn.Module):
         return r
 
     def forward(self, tokens: torch.Tensor, lens: Optional[torch.Tensor] = None,
-                route_override: RouteOverride = None) -> ForwardOutput:
-        """tokens [B, T] int; lens [B] (valid prefix length, None = all valid)."""
+                route_override: RouteOverride = None,
+                dsa_override: Optional[Mapping[int, torch.Tensor]] = None) -> ForwardOutput:
+        """tokens [B, T] int; lens [B] (valid prefix length, None = all valid); dsa_override:
+        DSA layer -> selection [B, T, T] to use instead of the indexer's top-k."""
         c = self.cfg
         tokens = torch.as_tensor(tokens)
         if tokens.dim() != 2:
@@ -1144,8 +1264,13 @@ class PanguRef(nn.Module):
         X = self.model.streams(self.model.embed_tokens(tokens))
         routes, natural, zs, ss = {}, {}, {}, {}
         moe_idx = 0
+        dsa = {}
         for l, layer in enumerate(self.model.layers[:c.num_hidden_layers]):
-            X = layer.site(X, False, lambda a: layer.self_attn(layer.input_layernorm(a), cos, sin))
+            sel_ov = None if dsa_override is None else dsa_override.get(l)
+            X = layer.site(X, False, lambda a, sel_ov=sel_ov: layer.self_attn(
+                layer.input_layernorm(a), cos, sin, sel_ov))
+            if layer.self_attn.indexer is not None:
+                dsa[l] = layer.self_attn.last_dsa
 
             def ffn(a, l=l, layer=layer):
                 nonlocal moe_idx
@@ -1165,7 +1290,7 @@ class PanguRef(nn.Module):
         h0 = self.model.merge(X)
         logits = self.lm_head(self.model.norm(h0))
         return ForwardOutput(logits=logits, hidden=h0, valid=valid, routes=routes,
-                             natural_routes=natural, router_logits=zs, router_scores=ss)
+                             natural_routes=natural, router_logits=zs, router_scores=ss, dsa=dsa)
 
     def mtp_loss(self, out: ForwardOutput, tokens: torch.Tensor, targets: torch.Tensor,
                  weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1260,14 +1385,23 @@ class PanguRef(nn.Module):
             total = total + torch.where(out.valid, lse * lse, torch.zeros_like(lse)).sum() / n_valid
         return beta * total
 
+    def index_loss(self, out: ForwardOutput) -> torch.Tensor:
+        """Sum over DSA layers of the mean row KL over valid query rows."""
+        total = out.logits.new_zeros(())
+        n = int(out.valid.sum())
+        for d in out.dsa.values():
+            total = total + torch.where(out.valid, d["kl"], torch.zeros_like(d["kl"])).sum() / max(n, 1)
+        return total
+
     def compute_loss(self, tokens: torch.Tensor, lens: Optional[torch.Tensor],
                      targets: torch.Tensor, weights: torch.Tensor, temperature: float = 1.0,
-                     route_override: RouteOverride = None) -> LossOutput:
+                     route_override: RouteOverride = None,
+                     dsa_override: Optional[Mapping[int, torch.Tensor]] = None) -> LossOutput:
         """loss = sum_t w_t * logp_t + balance + z, logp_t = log_softmax(logits_t / tau)[y_t],
         over positions t < len with a target (y_t >= 0)."""
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        out = self.forward(tokens, lens, route_override)
+        out = self.forward(tokens, lens, route_override, dsa_override)
         B, T, V = out.logits.shape
         device = out.logits.device
         targets = torch.as_tensor(targets).to(device=device, dtype=torch.long)
@@ -1291,8 +1425,9 @@ class PanguRef(nn.Module):
         if self.cfg.mtp_layers > 0:
             mtp, mbal, mzl = self.mtp_loss(out, tokens, targets, weights)
             bal, zl = bal + mbal, zl + mzl
-        return LossOutput(loss=main + bal + zl + mtp, main=main, balance=bal, z=zl, logp=logp,
-                          has_target=has_t, forward=out, mtp=mtp)
+        return LossOutput(loss=main + bal + zl + mtp, main=main, balance=bal, z=zl,
+                          index=self.index_loss(out), logp=logp, has_target=has_t, forward=out,
+                          mtp=mtp)
 
     # ---------------------------------------------------------------- selection-bias update
     @torch.no_grad()
@@ -1595,21 +1730,27 @@ def load_batch(path: str) -> Batch:
                  temperature=float(meta.get("temperature", "1.0")), routes=routes)
 
 
-def run_reference(model: PanguRef, batch: Batch, route_override: RouteOverride = None) -> dict:
+def run_reference(model: PanguRef, batch: Batch, route_override: RouteOverride = None,
+                  dsa_override: Optional[Mapping[int, torch.Tensor]] = None) -> dict:
     """Forward + backward of ``model`` on ``batch``: logits, logp, losses, routes, gradients
-    (a parameter without gradient, e.g. an expert no token reached, gets zeros)."""
+    (a parameter without gradient, e.g. an expert no token reached, gets zeros).  The DSA
+    indexers' gradients come from the indexer loss alone, every other one from the loss alone
+    (the indexer's input and target are detached, so one backward of their sum does both)."""
     if route_override is None and batch.routes:
         route_override = batch.routes
     model.zero_grad(set_to_none=True)
     out = model.compute_loss(batch.tokens, batch.lens, batch.targets, batch.weights,
-                             batch.temperature, route_override)
-    out.loss.backward()
+                             batch.temperature, route_override, dsa_override)
+    (out.loss + out.index).backward()
     grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
              for n, p in model.named_parameters()}
     fo = out.forward
     return {"logits": fo.logits.detach(), "logp": out.logp.detach(),
             "loss": out.loss.detach(), "loss_main": out.main.detach(),
             "loss_balance": out.balance.detach(), "loss_z": out.z.detach(),
+            "index_loss": out.index.detach(),
+            "dsa": {l: {"scores": d["scores"], "support": d["support"]}
+                    for l, d in fo.dsa.items()},
             "valid": fo.valid, "has_target": out.has_target,
             "routes": {l: r.detach() for l, r in fo.routes.items()},
             "natural_routes": {l: r.detach() for l, r in fo.natural_routes.items()},
@@ -1679,6 +1820,35 @@ def check_routes(prl: Mapping[str, np.ndarray], ref: dict, tie_tol: float = 1e-6
     return res
 
 
+def check_dsa(prl: Mapping[str, np.ndarray], ref: dict, tie_tol: float = 1e-6) -> dict:
+    """Compare prl's ``dsa_sel.{l}`` [B,T,T] with the reference's selection at valid rows.  A
+    row whose set differs is a near-tie (tolerated) when the reference scores of the two sets,
+    sorted, agree within tie_tol*max(1,|score|)."""
+    res = {"present": False, "differing_rows": 0, "near_ties": 0, "bad": [], "usable": True}
+    valid = ref["valid"].cpu().numpy()
+    for l, d in ref["dsa"].items():
+        name = f"dsa_sel.{l}"
+        if name not in prl:
+            continue
+        res["present"] = True
+        p = np.asarray(prl[name]).astype(bool)
+        r = d["support"].cpu().numpy()
+        if p.shape != r.shape:
+            res["bad"].append(f"{name}: shape {list(p.shape)} vs {list(r.shape)}")
+            res["usable"] = False
+            continue
+        sc = d["scores"].cpu().numpy()
+        for b, t in zip(*np.nonzero(valid & np.any(p != r, axis=-1))):
+            res["differing_rows"] += 1
+            sp, sr = np.sort(sc[b, t][p[b, t]]), np.sort(sc[b, t][r[b, t]])
+            if sp.shape == sr.shape and np.all(np.abs(sp - sr) <= tie_tol * np.maximum(1.0, np.abs(sr))):
+                res["near_ties"] += 1
+            else:
+                res["bad"].append(f"{name}[{b},{t}]: prl selects {np.nonzero(p[b, t])[0].tolist()} "
+                                  f"vs reference {np.nonzero(r[b, t])[0].tolist()}")
+    return res
+
+
 def compare_outputs(ref: dict, prl: Mapping[str, np.ndarray], param_names: Sequence[str],
                     logits_tol: float = 1e-5, grad_tol: float = 1e-4) -> dict:
     """prl outputs vs reference outputs; returns a report dict with 'pass'."""
@@ -1706,6 +1876,14 @@ def compare_outputs(ref: dict, prl: Mapping[str, np.ndarray], param_names: Seque
                                   prl=float(pl[0]), ref=float(ref["loss"]))
         else:
             report["loss"] = {"error": f"shape {list(prl['loss'].shape)}"}
+    if "index_loss" in prl:       # checked: the indexer's gradients are only as good as it
+        pl = np.asarray(prl["index_loss"], dtype=np.float64).ravel()
+        st = dict(_diff_stats(pl, np.array([float(ref["index_loss"])])),
+                  prl=float(pl[0]), ref=float(ref["index_loss"]))
+        st["ok"] = bool(st["rel_err"] < grad_tol)
+        report["index_loss"] = st
+        if not st["ok"]:
+            failures.append(f"index_loss: rel err {st['rel_err']:.3e} >= {grad_tol:g}")
     if "logp" in prl:
         if tuple(prl["logp"].shape) == tuple(has_t.shape):
             report["logp"] = _diff_stats(prl["logp"][has_t], ref["logp"].cpu().numpy()[has_t])
@@ -1772,8 +1950,15 @@ def _print_report(rep: dict, out=sys.stdout) -> None:
         print(f"routes: {r['differing_tokens']} tokens with a different expert set "
               f"({r['near_ties']} near-ties), {r['order_only']} slot-order-only differences; "
               f"using {'prl' if r.get('used_prl') else 'reference'} routes", file=out)
+    if "dsa" in rep:
+        r = rep["dsa"]
+        print(f"dsa: {r['differing_rows']} query rows with a different selection "
+              f"({r['near_ties']} near-ties); using {'prl' if r.get('used_prl') else 'reference'} "
+              f"selections", file=out)
     if "logits" in rep:
         line("ok" if rep["logits"]["ok"] else "FAIL", "logits", rep["logits"])
+    if "index_loss" in rep:
+        line("ok" if rep["index_loss"]["ok"] else "FAIL", "index_loss", rep["index_loss"])
     for k in ("loss", "logp"):
         if k in rep:
             line("info", k, rep[k])
@@ -1842,6 +2027,17 @@ def cmd_compare(args) -> int:
                   for l in model.moe_layers}
             ref = run_reference(model, batch, ov)
             route_info["used_prl"] = True
+    dsa_info = None
+    if any(f"dsa_sel.{l}" in prl for l in model.cfg.dsa_layers):
+        dsa_info = check_dsa(prl, ref)
+        dsa_info["used_prl"] = False
+        if dsa_info["usable"] and not dsa_info["bad"] and dsa_info["differing_rows"]:
+            # Near-ties only: rerun with prl's selections so both attend to the same tokens.
+            sel = {l: torch.from_numpy(np.asarray(prl[f"dsa_sel.{l}"]).astype(bool))
+                   for l in model.cfg.dsa_layers if f"dsa_sel.{l}" in prl}
+            ref = run_reference(model, batch, ov if route_info and route_info["used_prl"]
+                                else None, sel)
+            dsa_info["used_prl"] = True
     rep = compare_outputs(ref, prl, [n for n, _ in model.named_parameters()],
                           args.logits_tol, args.grad_tol)
     if not rep["pass"] and args.dtype == "float64":
@@ -1851,6 +2047,11 @@ def cmd_compare(args) -> int:
         rep["routes"] = route_info
         if route_info["bad"]:
             rep["failures"] += route_info["bad"]
+            rep["pass"] = False
+    if dsa_info is not None:
+        rep["dsa"] = dsa_info
+        if dsa_info["bad"]:
+            rep["failures"] += dsa_info["bad"]
             rep["pass"] = False
     rep["dtype"] = args.dtype
     if args.json:

@@ -19,9 +19,10 @@ Runs the mismatch study's treatments (configs/mismatch-study.json) one after ano
 prints the results table (markdown) on stdout. Progress goes to stderr.
 
   --only LIST     treatments to run and tabulate (default: all, in this order)
-                  none tis icepop kpop r2 r3 masked_r3 fp16 fp16_r3
-                  (fp16 and fp16_r3 train in fp16 with an fp16 rollout: they need a prl with
-                  trainer.precision; they are not in the default list)
+                  none tis icepop kpop r2 r3 masked_r3 fp16 fp16_bf16
+                  (fp16: fp16 training with an fp16 rollout, the FP16 paper's setting;
+                  fp16_bf16: fp16 training with the study's bf16 rollout; both without
+                  correction; they are not in the default list)
   --table-only    do not run anything; tabulate the runs that exist
   --queries       also print the sqlite3 queries behind each column
   --prl PATH      the prl binary (default build/cli/prl)
@@ -60,7 +61,7 @@ treatment_keys() {
     r3) echo "replay.mode=r3" ;;
     masked_r3) echo "replay.mode=masked_r3" ;;
     fp16) printf '%s\n' "trainer.precision=fp16" "rollout.precision=fp16" ;;
-    fp16_r3) printf '%s\n' "trainer.precision=fp16" "rollout.precision=fp16" "replay.mode=r3" ;;
+    fp16_bf16) printf '%s\n' "trainer.precision=fp16" ;;
     *) echo "mismatch-study.sh: unknown treatment '$1' (see --help)" >&2; exit 2 ;;
   esac
 }
@@ -91,7 +92,9 @@ fi
 
 # Column queries over steps.metrics (JSON). "trainer" is the trainer's own step record.
 q_mismatch="select printf('%.4g', avg(json_extract(metrics,'\$.trainer.mismatch'))) from steps"
+q_mismatch0="select printf('%.4g', json_extract(metrics,'\$.trainer.mismatch')) from steps where step = 0"
 q_masked="select printf('%.4f', avg(json_extract(metrics,'\$.trainer.corr_masked_frac'))) from steps"
+q_trunc="select printf('%.4f', avg(json_extract(metrics,'\$.trainer.tis_clipfrac'))) from steps"
 q_overlap="select printf('%.4f', avg(j.value)) from steps, json_each(json_extract(metrics,'\$.trainer.route_overlap')) j"
 q_used="select printf('%.4f', avg(j.value)) from steps, json_each(json_extract(metrics,'\$.trainer.route_overlap_used')) j"
 q_gnorm="select printf('%.3f', max(json_extract(metrics,'\$.trainer.grad_norm_max'))) from steps"
@@ -101,7 +104,9 @@ if [ "$queries" = 1 ]; then
   cat <<EOF
 Queries (sqlite3 runs/ms-VARIANT/run.db "..."):
 - mean |Δ log-prob|: $q_mismatch
+- |Δ| at step 0:     $q_mismatch0
 - masked fraction:   $q_masked
+- TIS truncated:     $q_trunc
 - routing overlap:   $q_overlap
 - overlap used:      $q_used
 - max grad norm:     $q_gnorm
@@ -111,18 +116,18 @@ Held-out accuracy: $prl eval --ckpt runs/ms-VARIANT/final --domain reasoning --n
 EOF
 fi
 
-echo "| treatment | held-out acc (%) | mean \|Δ log-prob\| | masked fraction | routing overlap (native) | routing overlap (used) | reward, last 10 steps | max grad norm |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| treatment | held-out acc (%) | mean \|Δ log-prob\| | mean \|Δ log-prob\|, step 0 | masked fraction | TIS truncated share | routing overlap (native) | routing overlap (used) | reward, last 10 steps | max grad norm |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for v in $only; do
   db=runs/ms-$v/run.db
   if [ ! -e "$db" ] || [ ! -e "runs/ms-$v/final/model.safetensors" ]; then
-    echo "| $v | (not run) | | | | | | |"
+    echo "| $v | (not run) | | | | | | | | |"
     continue
   fi
   acc=$("$prl" eval --ckpt "runs/ms-$v/final" --domain reasoning --n "$n_eval" --json 2>/dev/null |
         sed -n 's/.*"accuracy": \([0-9.]*\).*/\1/p')
   acc=$(awk -v a="$acc" 'BEGIN { printf "%.1f", 100 * a }')
-  echo "| $v | $acc | $(sqlite3 "$db" "$q_mismatch") | $(sqlite3 "$db" "$q_masked") |" \
+  echo "| $v | $acc | $(sqlite3 "$db" "$q_mismatch") | $(sqlite3 "$db" "$q_mismatch0") | $(sqlite3 "$db" "$q_masked") | $(sqlite3 "$db" "$q_trunc") |" \
        "$(sqlite3 "$db" "$q_overlap") | $(sqlite3 "$db" "$q_used") |" \
        "$(sqlite3 "$db" "$q_reward") | $(sqlite3 "$db" "$q_gnorm") |"
 done

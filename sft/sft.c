@@ -280,7 +280,9 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
     for (int a = 0; rc == PRL_OK && a < c->accum; a++) rc = prl_batch_buf_init(&bb[a], B, T);
     double t_start = prl_now();
     int64_t first = o->step, last = o->step + c->steps;
-    for (int64_t step = first; rc == PRL_OK && step < last; step++) {
+    int skips_in_a_row = 0;
+    while (rc == PRL_OK && o->step < last) {
+        int64_t step = o->step; /* the data of a step skipped by the loss scaler is redrawn */
         double t0 = prl_now();
         int trained = 0, tokens = 0;
         for (int a = 0; a < c->accum; a++) trained += fill_batch(&bb[a], ex, d, c, &ord, step, a, &Ts[a]);
@@ -292,12 +294,14 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
             for (int i = 0; i < B; i++) tokens += bb[a].lens[i];
             prl_batch b = prl_batch_buf_view(&bb[a], B, Ts[a]);
             b.with_mtp = 1; /* the MTP modules (if any) train beside the trunk */
+            b.loss_scale = c->scaler ? c->scaler->scale : 0;
             prl_forward_stats st;
             rc = prl_model_forward(m, &b, NULL, &st);
             if (rc == PRL_OK) rc = prl_model_backward(m, &b);
             sum.loss += st.loss, sum.lm_loss += st.lm_loss;
             sum.balance_loss += st.balance_loss, sum.z_loss += st.z_loss;
             sum.mtp_loss += st.mtp_loss;
+            sum.index_loss += st.index_loss;
         }
         if (rc) break;
         if (!isfinite(sum.loss)) {
@@ -305,7 +309,16 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
             break;
         }
         prl_optim_stats os;
-        if ((rc = prl_optim_step(o, m, &os))) break;
+        int skipped;
+        if ((rc = prl_optim_step_scaled(o, m, c->scaler, &os, &skipped))) break;
+        if (skipped) { /* 64 back-offs in a row: no fp16 overflow any more, but NaN or inf */
+            if (++skips_in_a_row == 64)
+                rc = prl_error_set(PRL_ERR_NUMERIC, "sft: 64 loss-scale overflows in a row at step "
+                                   "%lld (scale %g): the gradients are not finite at any scale",
+                                   (long long)step, c->scaler->scale);
+            continue;
+        }
+        skips_in_a_row = 0;
         prl_model_update_router_bias(m);
         double t1 = prl_now();
         int done = (int)(step + 1 - first);
@@ -313,8 +326,11 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
             prl_sft_progress p = {
                 .step = (int)(step + 1), .steps = (int)last,
                 .loss = sum.lm_loss, .balance_loss = sum.balance_loss / c->accum,
-                .z_loss = sum.z_loss / c->accum, .mtp_loss = sum.mtp_loss, .lr = os.lr, .grad_norm = os.grad_norm,
+                .z_loss = sum.z_loss / c->accum, .mtp_loss = sum.mtp_loss,
+                .index_loss = sum.index_loss / c->accum, .lr = os.lr, .grad_norm = os.grad_norm,
                 .tokens_per_s = tokens / (t1 - t0), .elapsed_s = t1 - t_start,
+                .loss_scale = c->scaler ? c->scaler->scale : 0,
+                .skipped = c->scaler ? c->scaler->skipped : 0,
             };
             p.eta_s = p.elapsed_s / done * (double)(last - step - 1);
             progress(user, &p);

@@ -48,6 +48,9 @@ typedef struct prl_sft_config {
                      ** is cut into windows of G*batch examples, each window sorted by length
                      ** and its batches shuffled, and a micro-batch is only as wide as its
                      ** longest example (rounded up to 8): fewer padding positions computed */
+    prl_loss_scaler *scaler; /* borrowed dynamic loss scaler (fp16 training), or NULL: each
+                     ** step backpropagates scale × the loss and is skipped on an overflow
+                     ** (rl.md §4.3 order; prl_optim_step_scaled) */
 } prl_sft_config;
 
 typedef struct prl_sft_progress {
@@ -55,15 +58,20 @@ typedef struct prl_sft_progress {
     double loss;           /* token-mean cross-entropy of this step (the LM loss) */
     double balance_loss, z_loss;
     double mtp_loss;       /* λ/D·Σ_k of the MTP modules' token-mean cross-entropies (0 = none) */
+    double index_loss;     /* DSA indexer KL (docs/model.md; 0 without DSA layers) */
     double lr, grad_norm;
     double tokens_per_s;   /* trained + context tokens per second, this step */
     double elapsed_s, eta_s;
+    double loss_scale;     /* with a scaler: the scale after this step (else 0) */
+    long skipped;          /* with a scaler: steps skipped for an overflow so far */
 } prl_sft_progress;
 
 typedef void (*prl_sft_progress_fn)(void *user, const prl_sft_progress *p);
 
 /* Train `m` with optimizer `o` on `d` for c->steps steps, starting at step o->step (so a
-** resumed run continues its data order). Calls `progress` every log_every steps and after
+** resumed run continues its data order; a step skipped by the loss scaler is retried with
+** the same data, as o->step does not advance). The model computes in its own precision
+** (prl_model_set_precision). Calls `progress` every log_every steps and after
 ** the last. */
 prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
                          const prl_sft_config *c, prl_sft_progress_fn progress, void *user);

@@ -34,7 +34,8 @@ int main(int argc, char **argv)
     prl_rng pr;
     prl_rng_init(&pr, 7, 0, 0, 0, PRL_RNG_TEST);
     for (int i = 0; i < m.n_tensors; i++) {
-        if (m.tensors[i].kind == PRL_PARAM_NORM)
+        if (m.tensors[i].kind == PRL_PARAM_NORM ||
+            (m.tensors[i].kind == PRL_PARAM_INDEXER && m.tensors[i].ndim == 1)) /* k_norm too */
             for (size_t j = 0; j < m.tensors[i].numel; j++)
                 m.params[m.tensors[i].offset + j] = (float)(1 + 0.2 * prl_rng_normal(&pr));
         if (m.tensors[i].kind == PRL_PARAM_CONV) /* ModAttn kernels start at 0 (the identity) */
@@ -70,7 +71,7 @@ int main(int argc, char **argv)
     prl_safetensors_writer_init(&bw);
     prl_safetensors_writer_init(&pw);
     int64_t sh_bt[2] = {B, T}, sh_b[1] = {B}, sh_btv[3] = {B, T, V}, sh_1[1] = {1};
-    double loss = st.loss;
+    double loss = st.loss, index_loss = st.index_loss;
     prl_status rc = prl_safetensors_writer_add(&bw, "tokens", PRL_DTYPE_I32, sh_bt, 2, tok);
     if (!rc) rc = prl_safetensors_writer_add(&bw, "lens", PRL_DTYPE_I32, sh_b, 1, lens);
     if (!rc) rc = prl_safetensors_writer_add(&bw, "targets", PRL_DTYPE_I32, sh_bt, 2, tgt);
@@ -79,6 +80,17 @@ int main(int argc, char **argv)
     if (!rc) rc = prl_safetensors_writer_add(&pw, "logits", PRL_DTYPE_F32, sh_btv, 3, prl_model_logits(&m));
     if (!rc) rc = prl_safetensors_writer_add(&pw, "loss", PRL_DTYPE_F64, sh_1, 1, &loss);
     if (!rc) rc = prl_safetensors_writer_add(&pw, "logp", PRL_DTYPE_F32, sh_bt, 2, logp);
+    if (!rc && m.cfg.n_dsa_layers > 0)
+        rc = prl_safetensors_writer_add(&pw, "index_loss", PRL_DTYPE_F64, sh_1, 1, &index_loss);
+    /* the DSA selections prl made, for the same near-tie check as the routes */
+    int64_t sh_btt[3] = {B, T, T};
+    char (*snames)[32] = calloc((size_t)m.cfg.n_dsa_layers + 1, sizeof *snames);
+    for (int i = 0; !rc && i < m.cfg.n_dsa_layers; i++) {
+        const uint8_t *sel = prl_model_dsa_selection(&m, m.cfg.dsa_layers[i]);
+        if (!sel) continue; /* the dense stage selects nothing */
+        snprintf(snames[i], sizeof snames[i], "dsa_sel.%d", m.cfg.dsa_layers[i]);
+        rc = prl_safetensors_writer_add(&pw, snames[i], PRL_DTYPE_U8, sh_btt, 3, sel);
+    }
     /* the routes prl chose, so the reference can tell float near-ties from real differences */
     int K = m.cfg.num_experts_per_tok;
     int64_t sh_btk[3] = {B, T, K};
@@ -100,9 +112,10 @@ int main(int argc, char **argv)
     prl_safetensors_writer_free(&pw);
     free(names);
     free(rnames);
+    free(snames);
     prl_model_free(&m);
     if (rc) return fail("writing");
-    fprintf(stderr, "ref_dump: loss %.6f (lm %.6f, balance %.3g, z %.3g, mtp %.6f), %d targets\n",
-            st.loss, st.lm_loss, st.balance_loss, st.z_loss, st.mtp_loss, st.n_targets);
+    fprintf(stderr, "ref_dump: loss %.6f (lm %.6f, balance %.3g, z %.3g, mtp %.6f, index %.6g), %d targets\n",
+            st.loss, st.lm_loss, st.balance_loss, st.z_loss, st.mtp_loss, st.index_loss, st.n_targets);
     return 0;
 }

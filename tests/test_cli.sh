@@ -242,6 +242,19 @@ grep -q "is up to date" "$work/last.out" && ok "same recipe is skipped" || bad "
 sed -i 's/"steps": 3/"steps": 4/' "$work/r_a.json"
 expect_ok "changed recipe" $prl sft --config "$work/r_a.json" --threads 2
 grep -q "saved step 4" "$work/last.out" && ok "a changed recipe runs again" || bad "changed recipe: $(tail -2 "$work/last.out")"
+# post-hoc sparsification (configs/dsa-convert.json's path): recipe_a's weights into tiny.json
+# plus two DSA layers, the indexer warm-up, the sparse adaptation, losses before and after
+python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c.update(dsa_layers=[0, 3], index_topk=8, index_n_heads=2, index_head_dim=32); json.dump(c, open(sys.argv[2], "w"))' \
+  "$big" "$work/tiny_dsa.json"
+for cfg in "$work/tiny_dsa.json" "$big"; do
+  printf '{"run": {"dir": "%s"}, "model": {"config": "%s", "init_from": "%s"}, "demos": {"reasoning": {"d1": 6}, "agent": {"d2": 6}, "coding": {"d1": 4}}, "dsa": {"warmup_steps": 2}, "sft": {"steps": 2, "batch": 4, "group": 2, "warmup": 1}}' \
+    "$work/recipe_dsa" "$cfg" "$work/recipe_a/ckpt" > "$work/r_dsa_$(basename "$cfg")"
+done
+expect_ok "dsa convert recipe" $prl sft --config "$work/r_dsa_tiny_dsa.json" --threads 2
+grep -q "8 new DSA indexer tensors" "$work/last.out" && grep -q "as loaded, full attention" "$work/last.out" \
+  && grep -q "index_kl" "$work/last.out" && grep -q "after the sparse adaptation: loss" "$work/last.out" \
+  && ok "dsa convert: indexers new, losses before and after" || bad "dsa convert: $(grep sft: "$work/last.out")"
+expect_fail "dsa warm-up needs DSA layers" "has no 'dsa_layers'" $prl sft --config "$work/r_dsa_tiny.json" --threads 2
 # sandbox: a run, its statuses and exit codes, bad input naming the problem
 printf 'import sys\nprint(6 * 7, sys.stdin.read().strip())\n' > "$work/ok.py"
 echo "from-stdin" > "$work/in.txt"

@@ -8,6 +8,7 @@
 ** (L(x+ε) − L(x−ε)) / 2ε, ε = 1e-6. The error measure is max |analytic − numeric| divided
 ** by max(1, max |numeric|), and must stay below 1e-6 (ops) or 1e-5 (whole model).
 */
+#include "engine/dsa.h"
 #include "engine/mhc.h"
 #include "engine/mtp.h"
 
@@ -383,6 +384,139 @@ START_TEST(test_attention_window_blocks_grad)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ DSA ------------- */
+
+/* Sparse attention: a fixed selection (as the indexer would give, frozen) with two sinks.
+** Keys outside a row's selection must not change it and get no gradient from it. */
+START_TEST(test_attention_dsa_sel_grad)
+{
+    enum { B = 2, T = 9 };
+    static uint8_t sel[B * T * T];
+    prl_rng r2;
+    prl_rng_init(&r2, 5, 0, 0, 0, PRL_RNG_TEST);
+    for (int n = 0; n < B * T; n++) /* rows t < 3 see all; later rows a pseudo-random 3 of t+1 */
+        for (int s = 0, t = n % T, picked = 0; s <= t; s++) {
+            int take = t < 3 || (picked < 3 && (prl_rng_u64(&r2) % 2 || t - s < 3 - picked));
+            sel[n * T + s] = (uint8_t)take;
+            picked += take;
+        }
+    at_ctx c = {.sh = {.B = B, .T = T, .H = 2, .dn = 3, .dr = 2, .dv = 3, .ns = 2, .sel = sel},
+                .lens = {9, 6}};
+    double *out = check_attention(&c);
+    /* a key not selected by row 8 (sequence 0) does not move row 8's output */
+    int s_out = -1;
+    for (int s = 0; s <= 8; s++)
+        if (!sel[8 * T + s]) s_out = s;
+    ck_assert_int_ge(s_out, 0);
+    double out2[B * T * 2 * 3];
+    c.kv[(s_out * c.sh.H + 1) * 6 + 4] += 1.0; /* its value, head 1 */
+    c.kr[s_out * 2] += 1.0;                     /* and its rope key */
+    at_fwd(&c, out2);
+    for (int i = 0; i < 2 * 3; i++) ck_assert_double_eq(out[8 * 6 + i], out2[8 * 6 + i]);
+    /* the probabilities of an unselected key are exactly 0 */
+    ck_assert_double_eq(c.att[(0 * 2 + 1) * T * (2 + T) + 8 * (2 + T) + 2 + s_out], 0);
+    free(out);
+}
+END_TEST
+
+/* A selection that keeps every causal key computes the dense attention's very bits. */
+START_TEST(test_attention_dsa_full_sel_is_dense)
+{
+    enum { B = 1, T = 7, H = 2 };
+    static uint8_t sel[B * T * T];
+    memset(sel, 1, sizeof sel);
+    prl_attn_shape sh = {.B = B, .T = T, .H = H, .dn = 3, .dr = 2, .dv = 3, .ns = 1};
+    double *q = randv(T * H * 5, 1), *kv = randv(T * H * 6, 1), *kr = randv(T * 2, 1);
+    double *skv = randv(H * 6, 1), *skr = randv(2, 1), att[H * T * (1 + T)], o1[T * H * 3], o2[T * H * 3];
+    prl_attention_forward(o1, att, q, kv, kr, skv, skr, NULL, sh);
+    sh.sel = sel;
+    prl_attention_forward(o2, att, q, kv, kr, skv, skr, NULL, sh);
+    ck_assert_mem_eq(o1, o2, sizeof o1);
+    free(q), free(kv), free(kr), free(skv), free(skr);
+}
+END_TEST
+
+typedef struct { double *qI, *kI, *w; int32_t lens[2]; int B, T, HI, dI; } sc_ctx;
+static void sc_fwd(void *p, double *out)
+{
+    sc_ctx *c = p;
+    prl_dsa_score_forward(out, c->qI, c->kI, c->w, c->lens, c->B, c->T, c->HI, c->dI);
+}
+
+/* Index scores: qI, kI and the head weights w. */
+START_TEST(test_dsa_score_grad)
+{
+    sc_ctx c = {.lens = {6, 4}, .B = 2, .T = 6, .HI = 3, .dI = 4};
+    int N = c.B * c.T, nq = N * c.HI * c.dI, nk = N * c.dI, nw = N * c.HI, no = N * c.T;
+    c.qI = randv(nq, 1), c.kI = randv(nk, 1), c.w = randv(nw, 1);
+    double *r = randv(no, 1), *out = malloc(no * 8);
+    sc_fwd(&c, out);
+    /* row 3 of sequence 0 by hand: Σ_j w_j ReLU(q_j·k_s / 2) */
+    double want = 0;
+    for (int j = 0; j < 3; j++) {
+        double a = 0;
+        for (int i = 0; i < 4; i++) a += c.qI[(3 * 3 + j) * 4 + i] * c.kI[1 * 4 + i];
+        want += a > 0 ? c.w[3 * 3 + j] * a / 2 : 0;
+    }
+    ck_assert_double_eq_tol(out[3 * 6 + 1], want, 1e-12);
+    ck_assert_double_eq(out[3 * 6 + 4], 0);        /* s > t */
+    ck_assert_double_eq(out[(6 + 5) * 6 + 0], 0);  /* past sequence 1's length */
+    double *dq = calloc(nq, 8), *dk = calloc(nk, 8), *dw = calloc(nw, 8);
+    prl_dsa_score_backward(dq, dk, dw, r, c.qI, c.kI, c.w, c.lens, c.B, c.T, c.HI, c.dI);
+    ck_assert_double_lt(fd_error(sc_fwd, &c, c.qI, nq, dq, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(sc_fwd, &c, c.kI, nk, dk, r, no), 1e-6);
+    ck_assert_double_lt(fd_error(sc_fwd, &c, c.w, nw, dw, r, no), 1e-6);
+    free(c.qI), free(c.kI), free(c.w), free(r), free(out), free(dq), free(dk), free(dw);
+}
+END_TEST
+
+typedef struct { double *target, *score; const uint8_t *sel; int n; } kl_ctx;
+static void kl_fwd(void *p, double *out)
+{
+    kl_ctx *c = p;
+    out[0] = prl_dsa_kl_row_forward(c->target, c->score, c->sel, c->n);
+}
+
+/* The KL objective over all keys (dense warm-up) and over a selection (sparse stage). */
+START_TEST(test_dsa_kl_grad)
+{
+    enum { n = 7 };
+    uint8_t sel[n] = {1, 0, 1, 1, 0, 0, 1};
+    double target[n] = {0.3, 0.05, 0.2, 0.1, 0.15, 0.0, 0.2}, one = 1;
+    kl_ctx c = {.target = target, .score = randv(n, 1), .n = n};
+    for (int k = 0; k < 2; k++) {
+        c.sel = k ? sel : NULL;
+        double ds[n] = {0}, kl;
+        kl_fwd(&c, &kl);
+        ck_assert_double_gt(kl, 0);
+        prl_dsa_kl_row_backward(ds, target, c.score, c.sel, n, 1);
+        ck_assert_double_lt(fd_error(kl_fwd, &c, c.score, n, ds, &one, 1), 1e-6);
+        if (k) ck_assert_double_eq(ds[1], 0); /* off the support: no gradient */
+    }
+    /* scores proportional to log p give KL 0 */
+    double lp[n];
+    for (int s = 0; s < n; s++) lp[s] = log(target[s] + 1e-300) + 3;
+    ck_assert_double_lt(prl_dsa_kl_row_forward(target, lp, sel, n), 1e-12);
+    free(c.score);
+}
+END_TEST
+
+/* Top-k: the k largest, ties to the lower index; k >= n keeps all. */
+START_TEST(test_dsa_select_ties)
+{
+    double s[8] = {0, 2, 0, 5, 2, 0, 2, 1};
+    uint8_t sel[8];
+    prl_dsa_select_row(sel, s, 8, 3);
+    uint8_t want[8] = {0, 1, 0, 1, 1, 0, 0, 0}; /* 5, then the 2s at 1 and 4 (not 6) */
+    ck_assert_mem_eq(sel, want, 8);
+    prl_dsa_select_row(sel, s, 8, 6); /* among the (ReLU) zeros, index 0 wins */
+    uint8_t want6[8] = {1, 1, 0, 1, 1, 0, 1, 1};
+    ck_assert_mem_eq(sel, want6, 8);
+    prl_dsa_select_row(sel, s, 3, 4);
+    ck_assert(sel[0] && sel[1] && sel[2]);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ ModAttn conv ---- */
 
 typedef struct { double *inp, *w; int B, T, C, k, stride; } conv_ctx;
@@ -418,7 +552,8 @@ typedef struct { double *inp, *w13, *w2, *a13, *h; int N, C, F; } sw_ctx;
 static void sw_fwd(void *p, double *out)
 {
     sw_ctx *c = p;
-    prl_swiglu_forward(out, c->a13, c->h, c->inp, c->w13, c->w2, c->N, c->C, c->F, 0);
+    prl_swiglu_forward(out, c->a13, c->h, c->inp, c->w13, c->w2, c->N, c->C, c->F, 0,
+                       PRL_PRECISION_FP32);
 }
 
 START_TEST(test_swiglu_grad)
@@ -432,7 +567,8 @@ START_TEST(test_swiglu_grad)
     sw_fwd(&c, out);
     double *di = calloc(20, 8), *d13 = calloc(60, 8), *d2 = calloc(30, 8);
     double *scratch = malloc(3 * 24 * 8);
-    prl_swiglu_backward(di, d13, d2, scratch, r, c.inp, c.a13, c.h, c.w13, c.w2, c.N, c.C, c.F);
+    prl_swiglu_backward(di, d13, d2, scratch, r, c.inp, c.a13, c.h, c.w13, c.w2, c.N, c.C, c.F,
+                        PRL_PRECISION_FP32);
     ck_assert_double_lt(fd_error(sw_fwd, &c, c.inp, 20, di, r, 20), 1e-6);
     ck_assert_double_lt(fd_error(sw_fwd, &c, c.w13, 60, d13, r, 20), 1e-6);
     ck_assert_double_lt(fd_error(sw_fwd, &c, c.w2, 30, d2, r, 20), 1e-6);
@@ -644,12 +780,18 @@ typedef struct model_ctx {
     prl_batch b;
 } model_ctx;
 
-static double model_loss(model_ctx *c)
+static double model_objective(model_ctx *c, int index)
 {
     prl_forward_stats st;
     ck_assert_int_eq(prl_model_forward(&c->m, &c->b, NULL, &st), PRL_OK);
-    return st.loss;
+    return index ? st.index_loss : st.loss;
 }
+
+static double model_loss(model_ctx *c) { return model_objective(c, 0); }
+
+/* The DSA indexer learns only from its own loss (and nothing else learns from it), so its
+** tensors are checked against st.index_loss, every other tensor against st.loss. */
+static int is_indexer(const prl_param_info *p) { return p->kind == PRL_PARAM_INDEXER; }
 
 /* A route override from the captured routes: `partial` = 0 forces every row as captured
 ** (routes frozen); 1 forces every row to other experts (each id + 1 mod E, as a replay of a
@@ -707,6 +849,7 @@ static void check_model_grad_mode(const char *config, int partial)
     int32_t *routes = malloc(nr * sizeof *routes);
     make_override(routes, prl_model_routes(&c.m), c.m.n_moe, B * T, 2, 4, partial);
     c.b.route_override = routes;
+    c.m.dsa_keep_selection = 1; /* DSA top-k frozen as captured by the first forward */
     double base = model_loss(&c);
     if (partial) { /* forced rows took the override; native rows are a top-2 of 4 */
         const int32_t *got = prl_model_routes(&c.m);
@@ -726,9 +869,9 @@ static void check_model_grad_mode(const char *config, int partial)
             size_t j = p->offset + prl_rng_u64(&rng) % p->numel;
             double keep = c.m.params[j];
             c.m.params[j] = keep + eps;
-            double lp = model_loss(&c);
+            double lp = model_objective(&c, is_indexer(p));
             c.m.params[j] = keep - eps;
-            double lm = model_loss(&c);
+            double lm = model_objective(&c, is_indexer(p));
             c.m.params[j] = keep;
             double num = (lp - lm) / (2 * eps), ana = c.m.grads[j];
             double err = fabs(num - ana) / fmax(1e-3, fabs(num) + fabs(ana));
@@ -742,15 +885,26 @@ static void check_model_grad_mode(const char *config, int partial)
     fprintf(stderr, "model FD: %d elements, worst relative error %.3g (loss %.6f)\n", checked,
             worst, base);
     ck_assert_double_lt(worst, 1e-5);
-    /* random direction over all parameters at once */
+    /* random direction over all parameters at once (the indexer's apart, when there is one) */
     double *dir = randv(c.m.n_params, 1.0), *keep = malloc(c.m.n_params * sizeof *keep);
     memcpy(keep, c.m.params, c.m.n_params * sizeof *keep);
-    for (size_t j = 0; j < c.m.n_params; j++) c.m.params[j] = keep[j] + eps * dir[j];
-    double lp = model_loss(&c);
-    for (size_t j = 0; j < c.m.n_params; j++) c.m.params[j] = keep[j] - eps * dir[j];
-    double lm = model_loss(&c);
-    double num = (lp - lm) / (2 * eps), ana = dot(c.m.grads, dir, c.m.n_params);
-    ck_assert_double_lt(fabs(num - ana) / fabs(num), 1e-6);
+    for (int index = 0; index < 1 + (c.m.cfg.n_dsa_layers > 0); index++) {
+        double *d = malloc(c.m.n_params * sizeof *d);
+        for (int i = 0; i < c.m.n_tensors; i++) {
+            const prl_param_info *p = &c.m.tensors[i];
+            for (size_t j = p->offset; j < p->offset + p->numel; j++)
+                d[j] = is_indexer(p) == index ? dir[j] : 0;
+        }
+        for (size_t j = 0; j < c.m.n_params; j++) c.m.params[j] = keep[j] + eps * d[j];
+        double lp = model_objective(&c, index);
+        for (size_t j = 0; j < c.m.n_params; j++) c.m.params[j] = keep[j] - eps * d[j];
+        double lm = model_objective(&c, index);
+        memcpy(c.m.params, keep, c.m.n_params * sizeof *keep);
+        double num = (lp - lm) / (2 * eps), ana = dot(c.m.grads, d, c.m.n_params);
+        ck_assert_msg(fabs(num - ana) / fabs(num) < 1e-6, "direction %s: analytic %.10g numeric "
+                      "%.10g", index ? "indexer" : "model", ana, num);
+        free(d);
+    }
     /* the router learns through the gates even when routes are forced */
     const prl_param_info *router = prl_model_find(&c.m, "model.layers.1.mlp.gate.weight");
     ck_assert_ptr_nonnull(router);
@@ -764,6 +918,60 @@ static void check_model_grad_mode(const char *config, int partial)
 }
 
 static void check_model_grad(const char *config) { check_model_grad_mode(config, 0); }
+
+/* The micro config of spec §12.2 with DSA on layer 0 (2 index heads × 8 dims, top-4), SWA on
+** layers 1 and 2, sinks and convs: the sparse stage (selection frozen) and the dense warm-up. */
+#define MICRO_DSA_KEYS                                                                           \
+    MICRO_KEYS ", \"dsa_layers\": [0], \"index_topk\": 4, \"index_n_heads\": 2,"                   \
+    " \"index_head_dim\": 8, \"swa_layers\": [1, 2], \"sliding_window_list\": [4, 4],"          \
+    " \"sliding_window\": 4, \"param_sink_number\": 2, \"use_mome\": true,"                      \
+    " \"router_sliding_window\": 3"
+static const char *micro_dsa_config = "{" MICRO_DSA_KEYS "}";
+static const char *micro_dsa_dense_config = "{" MICRO_DSA_KEYS ", \"prl_dsa_stage\": \"dense\"}";
+/* spec §12.2 whole (but MTP): DSA with mHC, sandwich norms and a block post-norm */
+static const char *micro_dsa_mhc_config =
+    "{" MICRO_DSA_KEYS ", \"use_mhc\": true, \"mhc_num_stream\": 4, \"mhc_recur_norm\": 3,"
+    " \"mhc_use_gamma\": true, \"sandwich_norm\": true, \"block_post_layernorm_idx\": [0]}";
+
+START_TEST(test_model_grad_dsa)
+{
+    check_model_grad(micro_dsa_config);
+    check_model_grad(micro_dsa_dense_config);
+    check_model_grad(micro_dsa_mhc_config);
+}
+END_TEST
+
+/* The indexer's loss moves only the indexer; the LM loss never reaches it. With the main
+** model frozen, the backward fills the indexer's gradient alone. */
+START_TEST(test_dsa_gradient_separation)
+{
+    for (int freeze = 0; freeze < 2; freeze++) {
+        prl_config cfg;
+        prl_model m;
+        ck_assert_int_eq(prl_config_parse(&cfg, micro_dsa_dense_config, "micro"), PRL_OK);
+        cfg.dsa_freeze_main = freeze;
+        ck_assert_int_eq(prl_model_init(&m, &cfg), PRL_OK);
+        prl_model_init_weights(&m, 9);
+        int32_t tok[12], tgt[12];
+        float wts[12];
+        for (int i = 0; i < 12; i++) tok[i] = (int32_t)(i * 7 % 64), tgt[i] = (i * 3 + 1) % 64, wts[i] = -0.1f;
+        prl_batch b = {.B = 1, .T = 12, .tokens = tok, .targets = tgt, .weights = wts, .temperature = 1};
+        prl_forward_stats st;
+        ck_assert_int_eq(prl_model_forward(&m, &b, NULL, &st), PRL_OK);
+        ck_assert_double_gt(st.index_loss, 0);
+        prl_model_zero_grad(&m);
+        ck_assert_int_eq(prl_model_backward(&m, &b), PRL_OK);
+        double g_ix = 0, g_main = 0;
+        for (int i = 0; i < m.n_tensors; i++)
+            for (size_t j = 0; j < m.tensors[i].numel; j++)
+                *(is_indexer(&m.tensors[i]) ? &g_ix : &g_main) += fabs(m.grads[m.tensors[i].offset + j]);
+        ck_assert_double_gt(g_ix, 0);
+        if (freeze) ck_assert_double_eq(g_main, 0);
+        else ck_assert_double_gt(g_main, 0);
+        prl_model_free(&m);
+    }
+}
+END_TEST
 
 START_TEST(test_model_grad) { check_model_grad(micro_config); }
 END_TEST
@@ -985,6 +1193,11 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_hc_pre_post_grad);
     tcase_add_test(ops, test_mhc_site_grad);
     tcase_add_test(ops, test_mhc_merge_head_grad);
+    tcase_add_test(ops, test_attention_dsa_sel_grad);
+    tcase_add_test(ops, test_attention_dsa_full_sel_is_dense);
+    tcase_add_test(ops, test_dsa_score_grad);
+    tcase_add_test(ops, test_dsa_kl_grad);
+    tcase_add_test(ops, test_dsa_select_ties);
     suite_add_tcase(s, ops);
     TCase *slow = tcase_create("ops_long");
     tcase_set_timeout(slow, 120);
@@ -1002,6 +1215,8 @@ static Suite *grad_suite(void)
     tcase_add_test(model, test_model_grad_mtp);
     tcase_add_test(model, test_mtp_module_grad);
     tcase_add_test(model, test_mtp_config_errors);
+    tcase_add_test(model, test_model_grad_dsa);
+    tcase_add_test(model, test_dsa_gradient_separation);
     suite_add_tcase(s, model);
     return s;
 }

@@ -6,7 +6,9 @@
 ** raise the rewarded token's probability (the sign of the update), a k3 KL pull towards a
 ** reference model, the mismatch corrections in the step (off: bitwise the plain update; on:
 ** a different update; masks that take every token: no change; the denominator; bypass mode),
-** and bitwise-identical weights for 1 and 2 threads.
+** loss scaling (an fp16 overflow skips the update and backs the scale off; in fp32 a scaled
+** update equals the plain one bitwise; the precision keys), and bitwise-identical weights
+** for 1 and 2 threads.
 */
 #include "grpo/grpo.h"
 
@@ -807,6 +809,170 @@ static prl_real *two_steps(int threads)
     return copy;
 }
 
+/* ------------------------------------------------------------------ loss scaling ---- */
+
+/* rl.md §4.3 in the step, fp16 train path: an injected huge scale overflows fp16 in the
+** backward → the update is skipped (weights bitwise unchanged, the optimizer's step count not
+** advanced), the scale backs off, the next step applies; metrics say so. */
+START_TEST(test_loss_scale_overflow_skips)
+{
+    fixture f;
+    fixture_init(&f, 5, 0, 1e-3, 0, 8);
+    assert_ok(prl_model_set_precision(&f.m, PRL_PRECISION_FP16));
+    prl_loss_scaler_config sc;
+    assert_ok(prl_loss_scaler_config_preset(&sc, "torch"));
+    sc.init_scale = 0x1p40, sc.backoff_factor = 0x1p-30; /* one back-off to 2^10 */
+    prl_loss_scaler scaler;
+    assert_ok(prl_loss_scaler_init(&scaler, &sc));
+    f.c.scaler = &scaler;
+    prl_grpo_step_stats st;
+    assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, &st));
+    ck_assert_int_eq(st.skipped, 1);
+    ck_assert_int_eq(st.updates, 0);
+    ck_assert_mem_eq(f.before, f.m.params, f.m.n_params * sizeof *f.before);
+    ck_assert_int_eq(f.o.step, 0);
+    ck_assert(scaler.scale == 0x1p10 && st.loss_scale == 0x1p10);
+    ck_assert(st.scaler_on && st.skipped_total == 1 && isfinite(st.loss));
+    char *json = prl_grpo_step_stats_to_json(&st);
+    ck_assert_ptr_nonnull(json);
+    ck_assert_msg(strstr(json, "\"loss_scale\":1024.0") && strstr(json, "\"overflow\":1") &&
+                  strstr(json, "\"skipped\":1") && strstr(json, "\"skipped_total\":1"), "%s", json);
+    free(json);
+    assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, &st));
+    ck_assert_int_eq(st.skipped, 0);
+    ck_assert_int_eq(st.updates, 1);
+    ck_assert_int_eq(f.o.step, 1);
+    ck_assert(memcmp(f.before, f.m.params, f.m.n_params * sizeof *f.before) != 0);
+    ck_assert(scaler.scale == 0x1p10 && st.skipped_total == 1 && st.grad_norm > 0);
+    json = prl_grpo_step_stats_to_json(&st);
+    ck_assert_msg(strstr(json, "\"overflow\":0"), "%s", json);
+    free(json);
+    fixture_free(&f);
+}
+END_TEST
+
+/* In fp32 a power-of-two scale is exact both ways, so the scaled step must equal the plain
+** one bitwise — which holds only if the clip sees the UNSCALED gradients (rl.md §4.3 order);
+** a tiny grad_clip makes the clip bite. Without a scaler the metrics carry no scale keys. */
+START_TEST(test_loss_scale_fp32_exact)
+{
+    fixture a, b;
+    fixture_init(&a, 9, 0, 1e-3, 0, 8);
+    fixture_init(&b, 9, 0, 1e-3, 0, 8);
+    a.c.grad_clip = b.c.grad_clip = 1e-3;
+    prl_loss_scaler_config sc;
+    assert_ok(prl_loss_scaler_config_preset(&sc, "torch"));
+    prl_loss_scaler scaler;
+    assert_ok(prl_loss_scaler_init(&scaler, &sc));
+    b.c.scaler = &scaler;
+    prl_grpo_step_stats sa, sb;
+    assert_ok(prl_grpo_train_step(&a.m, &a.o, &a.b, &a.c, &sa));
+    assert_ok(prl_grpo_train_step(&b.m, &b.o, &b.b, &b.c, &sb));
+    ck_assert(sb.skipped == 0 && sb.loss_scale == 65536 && sa.grad_norm > 1e-3);
+    ck_assert_msg(sa.grad_norm == sb.grad_norm, "grad norm %.17g vs %.17g", sa.grad_norm, sb.grad_norm);
+    ck_assert_mem_eq(a.m.params, b.m.params, a.m.n_params * sizeof *a.m.params);
+    char *json = prl_grpo_step_stats_to_json(&sa);
+    ck_assert(json && !strstr(json, "loss_scale"));
+    free(json);
+    fixture_free(&a), fixture_free(&b);
+}
+END_TEST
+
+/* trainer.precision and trainer.loss_scale.*: defaults, the auto rule, presets, overrides,
+** the scaler's state through state.json, and errors that name the key. */
+START_TEST(test_precision_from_job)
+{
+    prl_job_config j;
+    assert_ok(prl_job_config_default(&j));
+    prl_grpo_precision p;
+    assert_ok(prl_grpo_precision_from_job(&p, &j));
+    ck_assert(p.precision == PRL_PRECISION_FP32 && !p.scaler_on);
+    ck_assert(p.scaler.kind == PRL_SCALER_TORCH && p.scaler.init_scale == 65536 &&
+              p.scaler.growth_interval == 2000 && p.scaler.backoff_factor == 0.5 &&
+              p.scaler.growth_factor == 2);
+    static const char *const tp[] = {"fp32", "bf16", "fp16"};
+    static const char *const rp[] = {"fp32", "bf16", "fp16", "aligned", "aligned-bf16",
+                                     "aligned-fp16"};
+    for (int a = 0; a < 3; a++) /* every train precision with every rollout precision */
+        for (int r = 0; r < 6; r++) {
+            char s1[64], s2[64];
+            snprintf(s1, sizeof s1, "trainer.precision=%s", tp[a]);
+            snprintf(s2, sizeof s2, "rollout.precision=%s", rp[r]);
+            assert_ok(prl_job_config_set(&j, s1));
+            assert_ok(prl_job_config_set(&j, s2));
+            assert_ok(prl_grpo_precision_from_job(&p, &j));
+            ck_assert_int_eq(p.precision, a);
+            ck_assert_int_eq(p.scaler_on, a == 2); /* auto: on for fp16 only */
+        }
+    assert_ok(prl_job_config_set(&j, "trainer.precision=bf16"));
+    assert_ok(prl_job_config_set(&j, "trainer.loss_scale.enabled=on"));
+    assert_ok(prl_job_config_set(&j, "trainer.loss_scale.preset=verl_fsdp"));
+    assert_ok(prl_grpo_precision_from_job(&p, &j));
+    ck_assert(p.scaler_on && p.scaler.growth_interval == 400 && p.scaler.kind == PRL_SCALER_TORCH);
+    assert_ok(prl_job_config_set(&j, "trainer.precision=fp16"));
+    assert_ok(prl_job_config_set(&j, "trainer.loss_scale.enabled=off"));
+    assert_ok(prl_job_config_set(&j, "trainer.loss_scale.preset=verl_megatron"));
+    assert_ok(prl_job_config_set(&j, "trainer.loss_scale.hysteresis=3"));
+    assert_ok(prl_job_config_set(&j, "trainer.loss_scale.growth_interval=50"));
+    assert_ok(prl_grpo_precision_from_job(&p, &j));
+    ck_assert(!p.scaler_on && p.scaler.kind == PRL_SCALER_MEGATRON && p.scaler.init_scale == 32768);
+    ck_assert(p.scaler.min_scale == 1 && p.scaler.hysteresis == 3 && p.scaler.growth_interval == 50);
+    /* the scaler's state survives state.json */
+    prl_loss_scaler s1, s2;
+    assert_ok(prl_loss_scaler_init(&s1, &p.scaler));
+    prl_loss_scaler_update(&s1, 1), prl_loss_scaler_update(&s1, 0);
+    char text[300], st[200];
+    prl_grpo_scaler_state_format(&s1, st, sizeof st);
+    snprintf(text, sizeof text, "{\"run\": \"x\", \"loss_scaler\": %s}", st);
+    assert_ok(prl_loss_scaler_init(&s2, &p.scaler));
+    assert_ok(prl_grpo_scaler_state_parse(&s2, text));
+    ck_assert(s2.scale == s1.scale && s2.growth_tracker == 1 && s2.hysteresis_tracker == 2 &&
+              s2.steps == 2 && s2.skipped == 1);
+    /* ... through a checkpoint, as the trainer role writes and reads it */
+    fixture f;
+    fixture_init(&f, 2, 0, 1e-3, 0, 4);
+    char dir[] = "/tmp/prl_scaler_ckpt_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char ck[64], *back = NULL;
+    snprintf(ck, sizeof ck, "%s/v1", dir);
+    assert_ok(prl_checkpoint_save(&f.m, &f.o, text, NULL, ck));
+    assert_ok(prl_loss_scaler_init(&s2, &p.scaler));
+    assert_ok(prl_checkpoint_load_optim(&f.o, &f.m, ck, &back));
+    assert_ok(prl_grpo_scaler_state_parse(&s2, back));
+    ck_assert(s2.scale == s1.scale && s2.steps == 2 && s2.skipped == 1);
+    free(back);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    fixture_free(&f);
+    prl_grpo_scaler_state_format(NULL, st, sizeof st);
+    ck_assert_str_eq(st, "null");
+    assert_ok(prl_grpo_scaler_state_parse(&s2, "{\"loss_scaler\": null}"));
+    ck_assert_int_eq(prl_grpo_scaler_state_parse(&s2, "{\"loss_scaler\": {\"scale\": -1}}"),
+                     PRL_ERR_FORMAT);
+    assert_msg_has("loss_scaler");
+    /* errors name the key */
+    ck_assert_int_eq(prl_job_config_set(&j, "trainer.precision=fp8"), PRL_ERR_CONFIG);
+    assert_msg_has("trainer.precision");
+    ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.enabled=maybe"), PRL_ERR_CONFIG);
+    assert_msg_has("trainer.loss_scale.enabled");
+    ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.preset=apex"), PRL_ERR_CONFIG);
+    assert_msg_has("trainer.loss_scale.preset");
+    ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.backoff_factor=1.5"), PRL_ERR_CONFIG);
+    assert_msg_has("trainer.loss_scale.backoff_factor");
+    ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.growth_factor=0.5"), PRL_ERR_CONFIG);
+    assert_msg_has("trainer.loss_scale.growth_factor");
+    assert_ok(prl_job_config_set(&j, "trainer.loss_scale.growth_factor=0")); /* a failed set stays */
+    ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.init=-1"), PRL_ERR_CONFIG);
+    assert_msg_has("trainer.loss_scale.init");
+    assert_ok(prl_job_config_set(&j, "trainer.loss_scale.min_scale=1e6")); /* > 32768 */
+    ck_assert_int_eq(prl_grpo_precision_from_job(&p, &j), PRL_ERR_CONFIG);
+    assert_msg_has("trainer.loss_scale");
+    assert_msg_has("min_scale");
+    prl_job_config_free(&j);
+}
+END_TEST
+
 START_TEST(test_determinism_across_threads)
 {
     prl_model m;
@@ -840,6 +1006,9 @@ int main(void)
     tcase_add_test(tc, test_correction_denominator);
     tcase_add_test(tc, test_correction_bypass);
     tcase_add_test(tc, test_correction_pcc_rule);
+    tcase_add_test(tc, test_loss_scale_overflow_skips);
+    tcase_add_test(tc, test_loss_scale_fp32_exact);
+    tcase_add_test(tc, test_precision_from_job);
     tcase_add_test(tc, test_determinism_across_threads);
     suite_add_tcase(s, tc);
     return check_run(s);

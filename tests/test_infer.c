@@ -25,7 +25,10 @@ static prl_model model;
 ** with values and ModAttn convs (k = 3, random kernels); blocks == 2: value-less sinks;
 ** blocks == 3: blocks 1 plus mHC (4 streams, 20 Sinkhorn iterations, γ; random α and β so
 ** the stream mixing is far from the identity), sandwich norms and block post-norms after
-** layers 0 and 3. */
+** layers 0 and 3 (value-less sinks);
+** blocks == 4 (sparse) / 5 (dense warm-up stage): blocks 1 plus DSA on layers 0 and 3 (2
+** index heads × 32, top-8, so most rows of a 20–64-token sequence attend to a strict subset);
+** blocks == 6: blocks 4 plus the mHC, sandwich and block post-norms of blocks 3. */
 static int model_blocks;
 
 static void load_model(int blocks)
@@ -40,14 +43,19 @@ static void load_model(int blocks)
         int layers[] = {1, 2, 4, 5};
         c.n_swa_layers = 4, c.sliding_window = 16;
         memcpy(c.swa_layers, layers, sizeof layers);
-        c.param_sink_number = 4, c.param_sink_with_value = blocks == 1;
+        c.param_sink_number = 4, c.param_sink_with_value = blocks == 1 || blocks >= 4;
         c.use_mome = blocks != 2, c.router_sliding_window = blocks != 2 ? 3 : 0;
     }
-    if (blocks == 3) {
+    if (blocks == 3 || blocks == 6) {
         c.use_mhc = 1, c.mhc_num_stream = 4, c.mhc_recur_norm = 20, c.mhc_use_gamma = 1;
         c.sandwich_norm = 1;
         c.n_block_post_layernorm_idx = 2, c.block_post_layernorm_idx[0] = 0;
         c.block_post_layernorm_idx[1] = 3;
+    }
+    if (blocks >= 4) {
+        c.n_dsa_layers = 2, c.dsa_layers[0] = 0, c.dsa_layers[1] = 3;
+        c.index_topk = 8, c.index_n_heads = 2, c.index_head_dim = 32;
+        c.dsa_stage = blocks == 5 ? PRL_DSA_DENSE : PRL_DSA_SPARSE;
     }
     ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
     prl_model_init_weights(&model, 7);
@@ -65,9 +73,11 @@ static void load_model(int blocks)
             model.params[p->offset + j] *= 50; /* sinks that take a real share of attention */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_CONV; j++)
             model.params[p->offset + j] = (float)(0.3 * prl_rng_normal(&rng)); /* not the identity */
+        for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_INDEXER && p->ndim == 2; j++)
+            model.params[p->offset + j] *= 30; /* index scores with a real spread */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_MHC && p->ndim == 1; j++)
             model.params[p->offset + j] += (float)(0.5 * prl_rng_normal(&rng)); /* α, β */
-        for (size_t j = 0; j < p->numel && blocks == 3 && p->kind == PRL_PARAM_NORM; j++)
+        for (size_t j = 0; j < p->numel && (blocks == 3 || blocks == 6) && p->kind == PRL_PARAM_NORM; j++)
             model.params[p->offset + j] = (float)(1 + 0.2 * prl_rng_normal(&rng)); /* each norm
                                                                    ** its own gains */
     }
@@ -471,6 +481,67 @@ START_TEST(test_swa_sinks_match_train_path)
 }
 END_TEST
 
+/* DSA (layers 0 and 3, top-8 of up to 64 tokens) with SWA, sinks and convs: the infer path
+** caches each token's indexer key and selects over the cache; aligned is bitwise equal to the
+** train path at batch 16 and 1, in the sparse stage, in the dense warm-up stage and with mHC
+** and sandwich norms on top; fp32
+** (absorbed, masked softmax) is close. The cache holds d_I more floats per token per DSA layer. */
+START_TEST(test_dsa_matches_train_path)
+{
+    for (int blocks = 4; blocks <= 6; blocks++) {
+        load_model(blocks);
+        const char *modes[] = {"aligned", "aligned", "fp32"};
+        int batch[] = {16, 1, 8};
+        for (int mi = 0; mi < 3; mi++) {
+            mismatch mm = run_vs_train(modes[mi], batch[mi], 12);
+            printf("DSA top-8 (%s stage) + SWA + sinks%s %s batch %d: %ld tokens, %ld differ "
+                   "bitwise, mean |dlogp| %.3g, max %.3g, routes differ %.4f\n",
+                   blocks == 5 ? "dense" : "sparse", blocks == 6 ? " + mHC + sandwich" : "",
+                   modes[mi], batch[mi], mm.n,
+                   mm.bitwise_diff, mm.mean, mm.max, mm.route_diff_share);
+            if (mi < 2) {
+                ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
+                              mm.bitwise_diff, mm.n, mm.max);
+                ck_assert(mm.route_diff_share == 0);
+            } else {
+                /* a near-tie in the index scores can flip one selection: one token off,
+                ** the rest at fp32 noise */
+                ck_assert_msg(mm.mean < (blocks == 5 ? 1e-5 : 5e-4), "fp32 mean |dlogp| %g", mm.mean);
+            }
+        }
+    }
+    /* the sparse stage really differs from dense attention on this model */
+    load_model(4);
+    reqs q;
+    make_requests(&q, 2, 12);
+    prl_sample_params sp = sampling(0, 40);
+    prl_gen_result sparse[2], dense[2];
+    prl_infer *e = engine("aligned", 2);
+    generate(e, &q, 2, &sp, sparse);
+    prl_infer_free(e);
+    model.cfg.dsa_stage = PRL_DSA_DENSE;
+    e = engine("aligned", 2);
+    generate(e, &q, 2, &sp, dense);
+    long differ = 0;
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < sparse[i].n && t < dense[i].n; t++)
+            differ += sparse[i].logprobs[t] != dense[i].logprobs[t];
+    ck_assert_int_gt(differ, 0);
+    free_all(sparse, 2, NULL), free_all(dense, 2, NULL);
+    prl_infer_free(e);
+    e = engine("fp32", 2);
+    /* KV memory: per token, each whole-context layer's latent + rope key, and a DSA layer's
+    ** indexer key besides */
+    const prl_config *c = &model.cfg;
+    size_t row = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * 4, ix = (size_t)c->index_head_dim * 4;
+    ck_assert_uint_eq(prl_infer_kv_bytes_per_token(e), 2 * (row + ix));
+    ck_assert_uint_eq(prl_infer_kv_bytes(e, 150), 2 * 150 * (row + ix) + 4 * 16 * row);
+    prl_infer_free(e);
+    model.cfg.dsa_stage = PRL_DSA_SPARSE;
+    load_model(0);
+}
+END_TEST
+
 /* mHC streams, sandwich norms and block post-norms on top of SWA, sinks and ModAttn: aligned
 ** bitwise equal at batch 16 and 1; fp32 (absorbed) and gemv close. */
 START_TEST(test_mhc_sandwich_match_train_path)
@@ -540,6 +611,10 @@ int main(void)
     tcase_add_test(tc, test_hook_names_match);
     tcase_add_test(tc, test_swa_sinks_match_train_path);
     suite_add_tcase(s, tc);
+    TCase *dsa = tcase_create("dsa");
+    tcase_set_timeout(dsa, 600);
+    tcase_add_test(dsa, test_dsa_matches_train_path);
+    suite_add_tcase(s, dsa);
     TCase *residual = tcase_create("residual"); /* CK_RUN_CASE=residual runs it alone */
     tcase_set_timeout(residual, 600);
     tcase_add_test(residual, test_mhc_sandwich_match_train_path);

@@ -173,6 +173,15 @@ START_TEST(test_sft_recipe)
     expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"sft\": {\"optimizer\": \"sgd\"}}",
                         "key 'sft.optimizer': 'sgd' is not one of adamw|muon");
     expect_recipe_error("{\"tokenizer\": {\"special_tokens\": 1}}", "key 'tokenizer.special_tokens' must be true or false");
+    /* post-hoc sparsification keys (configs/dsa-convert.json) */
+    expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"dsa\": {\"warmup_steps\": -1}}",
+                        "key 'dsa.warmup_steps' = -1 is out of range");
+    prl_sft_recipe c;
+    ck_assert_int_eq(prl_sft_recipe_default(&c), PRL_OK);
+    ck_assert_int_eq(prl_sft_recipe_load(&c, PRL_SOURCE_DIR "/configs/dsa-convert.json"), PRL_OK);
+    ck_assert_str_eq(c.init_from, "runs/sft-base/ckpt");
+    ck_assert(c.dsa_warmup_steps > 0 && c.dsa_warmup_lr > 0);
+    prl_sft_recipe_free(&c);
     expect_recipe_error("{\"steps\": 3}", "unknown key 'steps'");
 }
 END_TEST

@@ -28,6 +28,12 @@ static const char *blocks_config =
     "{" SMALL_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [5, 9],"
     " \"param_sink_number\": 3, \"router_sliding_window\": 3}";
 
+/* blocks_config with DSA on layer 0 (2 index heads × 8, top-4): the post-hoc sparsified
+** version of a blocks_config model. */
+static const char *dsa_config =
+    "{" SMALL_KEYS ", \"swa_layers\": [1, 2], \"sliding_window_list\": [5, 9],"
+    " \"param_sink_number\": 3, \"router_sliding_window\": 3, \"dsa_layers\": [0],"
+    " \"index_topk\": 4, \"index_n_heads\": 2, \"index_head_dim\": 8}";
 /* small_config with mHC (4 streams, 20 Sinkhorn iterations, γ), sandwich norms and a block
 ** post-norm after layer 1. */
 static const char *residual_config =
@@ -97,9 +103,27 @@ START_TEST(test_config_errors)
     ck_assert_int_eq(parse("{\"vocab_size\": 64, \"vocab_size\": 65}", &c), PRL_ERR_CONFIG);
     ck_assert_int_eq(parse("[1, 2]", &c), PRL_ERR_CONFIG);
     /* later blocks: recognised, refused unless off */
-    ck_assert_int_eq(parse("{\"dsa_layers\": [0, 3]}", &c), PRL_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse("{\"layer_types\": [\"sliding_attention\"]}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "not yet supported"));
-    ck_assert_ptr_nonnull(strstr(prl_error_message(), "DSA"));
+    /* DSA: layers, indexer shape, stage; bad values name the key */
+    ck_assert_int_eq(parse("{\"dsa_layers\": [0, 3], \"index_topk\": 8, \"index_n_heads\": 2, "
+                           "\"index_head_dim\": 16, \"prl_dsa_stage\": \"dense\"}", &c), PRL_OK);
+    ck_assert(prl_config_is_dsa(&c, 3) && !prl_config_is_dsa(&c, 1));
+    ck_assert_int_eq(c.dsa_stage, PRL_DSA_DENSE);
+    ck_assert_int_eq(parse("{\"dsa_layers\": [0]}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "index_topk"));
+    ck_assert_int_eq(parse("{\"dsa_layers\": [0], \"index_topk\": 8, \"index_n_heads\": 2, "
+                           "\"index_head_dim\": 8}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "index_head_dim"));
+    ck_assert_int_eq(parse("{\"dsa_layers\": [1], \"index_topk\": 8, \"index_n_heads\": 2, "
+                           "\"index_head_dim\": 16, \"swa_layers\": [1], \"sliding_window\": 4}", &c),
+                     PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "both"));
+    ck_assert_int_eq(parse("{\"dsa_layers\": [6], \"index_topk\": 8, \"index_n_heads\": 2, "
+                           "\"index_head_dim\": 16}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "not a layer"));
+    ck_assert_int_eq(parse("{\"prl_dsa_stage\": \"warm\"}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "prl_dsa_stage"));
     /* mHC, sandwich norms, block post-norms (docs/config.md) */
     ck_assert_int_eq(parse("{\"use_mhc\": true, \"mhc_use_gamma\": true, "
                            "\"sandwich_norm\": true, \"block_post_layernorm_idx\": [0, 4]}", &c),
@@ -185,6 +209,82 @@ START_TEST(test_config_errors)
 END_TEST
 
 /* ------------------------------------------------------------------ checkpoints ----- */
+
+/* Post-hoc sparsification: a full-attention checkpoint's weights go into the same model with
+** a DSA layer added; only the indexer is new. The other way round is an error naming the
+** tensor. The DSA config round-trips through config.json. */
+START_TEST(test_checkpoint_load_weights_into_dsa)
+{
+    make_tmpdir();
+    char dir[512], dir2[512];
+    snprintf(dir, sizeof dir, "%s/full", tmpdir);
+    snprintf(dir2, sizeof dir2, "%s/dsa", tmpdir);
+    prl_model full, sparse, back;
+    build_from(&full, blocks_config, 3);
+    for (int i = 0; i < full.n_moe * 4; i++) full.router_bias[i] = 0.02f * (float)i;
+    ck_assert_int_eq(prl_checkpoint_save(&full, NULL, NULL, NULL, dir), PRL_OK);
+    build_from(&sparse, dsa_config, 4);
+    const prl_param_info *ix = prl_model_find(&sparse, "model.layers.0.self_attn.indexer.wk.weight");
+    ck_assert_ptr_nonnull(ix);
+    float keep = sparse.params[ix->offset];
+    int fresh = -1;
+    ck_assert_int_eq(prl_checkpoint_load_weights(&sparse, dir, &fresh), PRL_OK);
+    ck_assert_int_eq(fresh, 4);
+    ck_assert_float_eq(sparse.params[ix->offset], keep);
+    for (int i = 0; i < full.n_tensors; i++) {
+        const prl_param_info *p = &full.tensors[i], *q = prl_model_find(&sparse, p->name);
+        ck_assert_ptr_nonnull(q);
+        ck_assert_mem_eq(full.params + p->offset, sparse.params + q->offset, p->numel * sizeof(float));
+    }
+    ck_assert_mem_eq(full.router_bias, sparse.router_bias, (size_t)full.n_moe * 4 * sizeof(float));
+    /* a sparse checkpoint does not fit the full model: its indexer is an unexpected tensor */
+    ck_assert_int_eq(prl_checkpoint_save(&sparse, NULL, NULL, NULL, dir2), PRL_OK);
+    ck_assert_int_eq(prl_checkpoint_load_weights(&full, dir2, NULL), PRL_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "indexer"));
+    ck_assert_int_eq(prl_checkpoint_load(&back, dir2), PRL_OK);
+    ck_assert_mem_eq(&back.cfg, &sparse.cfg, sizeof back.cfg);
+    ck_assert_mem_eq(back.params, sparse.params, sparse.n_params * sizeof(float));
+    prl_model_free(&back), prl_model_free(&sparse), prl_model_free(&full);
+}
+END_TEST
+
+/* The DSA warm-up with the main model frozen: an optimizer step (weight decay on, router
+** bias rate on) moves only the indexer tensors; everything else keeps its bits. */
+START_TEST(test_dsa_freeze_main_step)
+{
+    prl_model m;
+    build_from(&m, dsa_config, 6);
+    m.cfg.dsa_stage = PRL_DSA_DENSE, m.cfg.dsa_freeze_main = 1, m.cfg.bias_update_rate = 0.1;
+    float *before = malloc(m.n_params * sizeof *before);
+    memcpy(before, m.params, m.n_params * sizeof *before);
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.weight_decay = 0.1, oc.warmup_steps = 0, oc.lr = 1e-2;
+    ck_assert_int_eq(prl_optim_init(&o, &m, &oc), PRL_OK);
+    toy_batch t;
+    toy(&t, 2, 16, 3);
+    prl_forward_stats st;
+    ck_assert_int_eq(prl_model_forward(&m, &t.b, NULL, &st), PRL_OK);
+    ck_assert_double_gt(st.index_loss, 0);
+    prl_model_zero_grad(&m);
+    ck_assert_int_eq(prl_model_backward(&m, &t.b), PRL_OK);
+    ck_assert_int_eq(prl_optim_step(&o, &m, NULL), PRL_OK);
+    prl_model_update_router_bias(&m);
+    int moved = 0;
+    for (int i = 0; i < m.n_tensors; i++) {
+        const prl_param_info *p = &m.tensors[i];
+        int same = !memcmp(before + p->offset, m.params + p->offset, p->numel * sizeof(float));
+        if (p->kind == PRL_PARAM_INDEXER) moved += !same;
+        else ck_assert_msg(same, "%s moved while frozen", p->name);
+    }
+    ck_assert_int_eq(moved, 4);
+    for (int i = 0; i < m.n_moe * 4; i++) ck_assert_float_eq(m.router_bias[i], 0);
+    prl_optim_free(&o);
+    free(before);
+    prl_model_free(&m);
+}
+END_TEST
 
 START_TEST(test_checkpoint_round_trip)
 {
@@ -818,6 +918,8 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_lr_schedule_and_clipping);
     tcase_add_test(tc, test_loss_scaler_traces);
     tcase_add_test(tc, test_router_bias_rules);
+    tcase_add_test(tc, test_checkpoint_load_weights_into_dsa);
+    tcase_add_test(tc, test_dsa_freeze_main_step);
     tcase_add_test(tc, test_routes_override_and_hooks);
     tcase_add_test(tc, test_fast_exp);
     tcase_add_test(tc, test_pool_runs_each_task_once);

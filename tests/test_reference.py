@@ -792,8 +792,61 @@ class TestCachedGenerationMHC(TestCachedGeneration):
     test_bad_requests_raise = None
 
 
+DSA = dict(MICRO, dsa_layers=[0], index_topk=3, index_n_heads=2, index_head_dim=8)
+
+
+class TestDSA(unittest.TestCase):
+    """The reference's DSA: selection semantics, detached indexer, stages."""
+
+    def batch(self):
+        g = torch.Generator().manual_seed(3)
+        tokens = torch.randint(0, 64, (2, 10), generator=g)
+        return tokens, torch.tensor([10, 7])
+
+    def test_topk_at_least_t_is_dense_attention(self):
+        tokens, lens = self.batch()
+        dense = micro_model(MICRO, seed=2)
+        sparse = pr.PanguRef(dict(DSA, index_topk=10), dtype=torch.float64)
+        with torch.no_grad():       # same trunk weights and biases; a random indexer
+            for n, p in sparse.named_parameters():
+                p.normal_(0, 0.3)
+        missing = sparse.load_state_dict(dense.state_dict(), strict=False).missing_keys
+        self.assertTrue(missing and all(".indexer." in n for n in missing))
+        a = dense(tokens, lens).logits
+        b = sparse(tokens, lens).logits
+        self.assertLess(float((a - b).abs().max()), 1e-12)
+        small = pr.PanguRef(DSA, dtype=torch.float64)
+        small.load_state_dict(sparse.state_dict())
+        out = small(tokens, lens)
+        self.assertFalse(torch.allclose(out.logits[0, 3:], a[0, 3:]))   # rows t >= 3 are sparse
+        sup = out.dsa[0]["support"]
+        self.assertEqual(sup[0, 9].sum().item(), 3)
+        self.assertTrue(sup[0, 1, :2].all() and not sup[0, 1, 2:].any())
+
+    def test_gradients_are_separated(self):
+        tokens, lens = self.batch()
+        for stage in ("sparse", "dense"):
+            m = micro_model(dict(DSA, prl_dsa_stage=stage), seed=5)
+            targets = torch.roll(tokens, -1, 1)
+            w = torch.full(tokens.shape, -0.1, dtype=torch.float64)
+            out = m.compute_loss(tokens, lens, targets, w)
+            self.assertGreater(float(out.index), 0)
+            ix = [p for n, p in m.named_parameters() if ".indexer." in n]
+            main = [p for n, p in m.named_parameters() if ".indexer." not in n]
+            g_lm = torch.autograd.grad(out.loss, ix, allow_unused=True, retain_graph=True)
+            self.assertTrue(all(g is None or float(g.abs().sum()) == 0 for g in g_lm))
+            g_ix = torch.autograd.grad(out.index, main, allow_unused=True, retain_graph=True)
+            self.assertTrue(all(g is None or float(g.abs().sum()) == 0 for g in g_ix))
+            self.assertTrue(all(g is not None for g in torch.autograd.grad(out.index, ix)))
+
+    def test_cached_path_refuses_dsa(self):
+        m = micro_model(DSA, seed=1)
+        with self.assertRaises(pr.UnsupportedConfigError):
+            pr.generate(m, [[1, 2, 3]], 2)
+
+
 class TestConfig(unittest.TestCase):
-    UNSUPPORTED = {"dsa_layers": [0], "rope_interleave": True, "tie_word_embeddings": True}
+    UNSUPPORTED = {"rope_interleave": True, "tie_word_embeddings": True}
 
     def test_mtp_layers_follow_the_trunk_and_train(self):
         """MTP layers are model.layers.L.. with enorm/hnorm/eh_proj, no mHC or conv; their

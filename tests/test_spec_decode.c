@@ -5,6 +5,8 @@
 **   (several prompts, batch 1 and 5, one and two drafts) on a tiny model with sliding-window
 **   rings that wrap, ModAttn convs, sinks, mHC and sandwich norms: every draft that is
 **   rejected rolls the caches back, so this is also the rollback test;
+**   the same with DSA on trunk layers 0 and 3 (top-4 selection over the indexer key cache,
+**   which a rollback must leave consistent);
 **   speculative sampling matches plain sampling in distribution (chi-square, many sequences,
 **   a 4-token vocabulary); bad options name the key.
 ** The tiny model's MTP heads are random, so drafts are accepted by chance only: a vocabulary
@@ -21,13 +23,19 @@
 #define PRL_SOURCE_DIR "."
 #endif
 
-static prl_model model;
+static prl_model model, model_plain, model_dsa;
 
 /* tiny.json with 2 MTP layers, sliding windows of 8 on trunk layers 1, 2, 4, 5 and MTP layer
-** 6, sinks, ModAttn convs, mHC with sandwich and block post-norms; random MTP weights. */
-static void load_model(void)
+** 6, sinks, ModAttn convs, mHC with sandwich and block post-norms; random MTP weights.
+** dsa: also DSA (sparse stage, 2 index heads × 16, top-4) on the full-attention trunk layers
+** 0 and 3. The tests use `model`, which load_model points at the variant asked for. */
+static void load_model_variant(int dsa)
 {
-    if (model.params) return;
+    prl_model *target = dsa ? &model_dsa : &model_plain;
+    if (target->params) {
+        model = *target;
+        return;
+    }
     prl_config c;
     ck_assert_int_eq(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/tiny.json"), PRL_OK);
     c.max_position_embeddings = 96;
@@ -39,6 +47,11 @@ static void load_model(void)
     c.use_mhc = 1, c.mhc_num_stream = 4, c.mhc_recur_norm = 20, c.mhc_use_gamma = 1;
     c.sandwich_norm = 1, c.n_block_post_layernorm_idx = 1, c.block_post_layernorm_idx[0] = 0;
     c.num_nextn_predict_layers = 2;
+    if (dsa) {
+        c.n_dsa_layers = 2, c.dsa_layers[0] = 0, c.dsa_layers[1] = 3;
+        c.index_topk = 4, c.index_n_heads = 2, c.index_head_dim = 16;
+        c.dsa_stage = PRL_DSA_SPARSE;
+    }
     ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
     prl_model_init_weights(&model, 7);
     prl_rng rng;
@@ -53,7 +66,10 @@ static void load_model(void)
             if (p->kind == PRL_PARAM_MHC && p->ndim == 1) w[j] += (float)(0.5 * prl_rng_normal(&rng));
         }
     }
+    *target = model;
 }
+
+static void load_model(void) { load_model_variant(0); }
 
 static prl_infer *engine(int max_batch, int drafts)
 {
@@ -143,9 +159,9 @@ END_TEST
 
 /* Greedy speculative decoding = plain greedy decoding, token for token and log-prob for
 ** log-prob, for 1 and 2 drafts at batch 1 and 5. */
-START_TEST(test_greedy_equals_plain)
+/* Greedy speculative decoding = plain greedy decoding, on `model` as loaded. */
+static void greedy_equals_plain(void)
 {
-    load_model();
     reqs q;
     make_requests(&q);
     prl_sample_params sp;
@@ -183,6 +199,21 @@ START_TEST(test_greedy_equals_plain)
             }
         for (int i = 0; i < NP; i++) prl_gen_result_free(&plain[i]);
     }
+}
+
+START_TEST(test_greedy_equals_plain)
+{
+    load_model_variant(0);
+    greedy_equals_plain();
+}
+END_TEST
+
+/* With DSA layers: the verify pass writes the drafts' indexer keys and selects over them; a
+** rejection rolls the key cache back by the slot's length like the KV caches. */
+START_TEST(test_greedy_equals_plain_dsa)
+{
+    load_model_variant(1);
+    greedy_equals_plain();
 }
 END_TEST
 
@@ -260,6 +291,7 @@ int main(void)
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_bad_options);
     tcase_add_test(tc, test_greedy_equals_plain);
+    tcase_add_test(tc, test_greedy_equals_plain_dsa);
     tcase_add_test(tc, test_sampling_matches_plain_in_distribution);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
