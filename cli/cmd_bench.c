@@ -274,6 +274,7 @@ static int bench_train(int argc, char **argv)
 typedef struct decode_args {
     const char *config, *ckpt, *python, *reference, *batches, *precision, *mla, *matmul;
     int prompt_len, new_tokens, rounds, warmup, threads, json, no_reference;
+    int spec; /* > 0: also time self-speculative decoding with this many MTP drafts */
     uint64_t seed;
 } decode_args;
 
@@ -283,6 +284,10 @@ typedef struct decode_result {
     int greedy_agree; /* leading tokens of sequence 0 equal in both engines */
     size_t ref_kv_bytes;
     char ref_info[64];
+    double spec_decode, spec_speedup; /* speculative: median decode time, median of the
+                                      ** per-round plain/speculative decode-time ratios */
+    prl_spec_stats spec;              /* counters over the timed rounds */
+    int spec_agree;                   /* leading tokens of sequence 0 equal to plain greedy's */
 } decode_result;
 
 /* Seconds of prl's greedy generation of n_new tokens for every prompt (stops ignored). */
@@ -359,6 +364,45 @@ static prl_status ref_decode(const decode_args *a, const char *ckpt, const char 
     return PRL_OK;
 }
 
+/* Speculative decoding (a->spec MTP drafts) against plain decoding on engine `plain`, the
+** two timed in alternate rounds (prefill subtracted as above): median decode time, median of
+** the per-round ratios, acceptance counters, and whether the greedy tokens are plain's. */
+static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_options io,
+                             prl_infer *plain, prl_gen_request *q, int B, const int32_t *want,
+                             decode_result *d)
+{
+    int N = a->new_tokens;
+    io.spec_drafts = a->spec;
+    prl_infer *e = NULL;
+    prl_status rc = prl_infer_init(&e, m, &io);
+    double *ps = calloc((size_t)a->rounds, sizeof *ps), *ss = calloc((size_t)a->rounds, sizeof *ss);
+    double *ratio = calloc((size_t)a->rounds, sizeof *ratio), pre = 0, all = 0;
+    int32_t *tokens = calloc((size_t)N, sizeof *tokens);
+    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, q, B, N, &all, NULL);
+    prl_spec_stats before = rc ? (prl_spec_stats){0} : prl_infer_spec_stats(e);
+    for (int i = 0; !rc && i < a->rounds; i++) {
+        rc = prl_generate_time(plain, q, B, 1, &pre, NULL);
+        if (!rc) rc = prl_generate_time(plain, q, B, N, &all, NULL);
+        ps[i] = all - pre;
+        if (!rc) rc = prl_generate_time(e, q, B, 1, &pre, NULL);
+        if (!rc) rc = prl_generate_time(e, q, B, N, &all, tokens);
+        ss[i] = all - pre, ratio[i] = ps[i] / ss[i];
+    }
+    if (!rc) {
+        prl_spec_stats after = prl_infer_spec_stats(e);
+        d->spec = (prl_spec_stats){.drafted = after.drafted - before.drafted,
+                                   .accepted = after.accepted - before.accepted,
+                                   .steps = after.steps - before.steps,
+                                   .emitted = after.emitted - before.emitted};
+        d->spec_decode = median(ss, a->rounds), d->spec_speedup = median(ratio, a->rounds);
+        d->spec_agree = 0;
+        while (d->spec_agree < N && tokens[d->spec_agree] == want[d->spec_agree]) d->spec_agree++;
+    }
+    prl_infer_free(e);
+    free(ps), free(ss), free(ratio), free(tokens);
+    return rc;
+}
+
 static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const char *ckpt,
                                      const char *dir, prl_infer_options io, int B, decode_result *d)
 {
@@ -394,6 +438,7 @@ static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const c
         for (int i = 0; i < a->rounds; i++) all[i] -= pre[i];
         d->prl_decode = median(all, a->rounds);
     }
+    if (!rc && a->spec > 0) rc = bench_spec(a, m, io, e, q, B, tokens, d);
     prl_infer_free(e);
     free(pre), free(all), free(q), free(ids), free(tokens);
     return rc;
@@ -420,6 +465,8 @@ static int bench_decode(int argc, char **argv)
         {"python", OPT_STR, &a.python, "PATH", "python with torch (default /usr/bin/python3)", 0, 0},
         {"reference", OPT_STR, &a.reference, "FILE", "reference script (default reference/pangu_ref.py)", 0, 0},
         {"no-reference", OPT_FLAG, &a.no_reference, NULL, "time prl only", 0, 0},
+        {"spec", OPT_INT, &a.spec, "D", "also time self-speculative decoding with D MTP drafts "
+         "(needs num_nextn_predict_layers >= D)", 0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
         {0},
     };
@@ -428,8 +475,9 @@ static int bench_decode(int argc, char **argv)
                        "reference on the same weights, prompts, threads, BLAS core and MLA form.",
                        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
-    if (a.prompt_len < 1 || a.new_tokens < 2 || a.rounds < 1 || a.warmup < 0)
-        return cli_failf("bench", 2, "--prompt-len >= 1, --new-tokens >= 2, --rounds >= 1, --warmup >= 0");
+    if (a.prompt_len < 1 || a.new_tokens < 2 || a.rounds < 1 || a.warmup < 0 || a.spec < 0)
+        return cli_failf("bench", 2, "--prompt-len >= 1, --new-tokens >= 2, --rounds >= 1, --warmup >= 0, "
+                         "--spec >= 0");
     int batches[16], nb = 0;
     for (const char *p = a.batches; *p && nb < 16;) {
         char *end;
@@ -501,9 +549,17 @@ static int bench_decode(int argc, char **argv)
             printf("%s{\"batch\": %d, \"prl_prefill_s\": %.5f, \"prl_decode_s\": %.5f, \"prl_decode_tokens_per_s\": %.1f, "
                    "\"torch_prefill_s\": %.5f, \"torch_decode_s\": %.5f, \"torch_decode_tokens_per_s\": %.1f, "
                    "\"ratio_prl_over_torch\": %.2f, \"torch_kv_bytes_per_token\": %zu, \"greedy_tokens_agree\": %d, "
-                   "\"reference\": \"%s\"}", i ? ", " : "", d->batch, d->prl_prefill, d->prl_decode, prl_tps,
+                   "\"reference\": \"%s\"", i ? ", " : "", d->batch, d->prl_prefill, d->prl_decode, prl_tps,
                    d->ref_prefill, d->ref_decode, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, d->ref_kv_bytes,
                    d->greedy_agree, a.no_reference ? "skipped" : d->ref_info);
+            if (a.spec > 0)
+                printf(", \"spec_drafts\": %d, \"spec_decode_s\": %.5f, \"spec_decode_tokens_per_s\": %.1f, "
+                       "\"spec_speedup_median\": %.3f, \"spec_acceptance\": %.4f, "
+                       "\"spec_tokens_per_sequence_step\": %.3f, \"spec_greedy_tokens_agree\": %d",
+                       a.spec, d->spec_decode, toks / d->spec_decode, d->spec_speedup,
+                       d->spec.drafted ? (double)d->spec.accepted / d->spec.drafted : 0,
+                       d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0, d->spec_agree);
+            printf("}");
             continue;
         }
         printf("  batch %3d: prl %8.1f tokens/s (prefill %.4f s)", d->batch, prl_tps, d->prl_prefill);
@@ -511,6 +567,15 @@ static int bench_decode(int argc, char **argv)
             printf("   pytorch %8.1f tokens/s (prefill %.4f s)   ratio %.1fx   greedy tokens agree %d/%d",
                    ref_tps, d->ref_prefill, prl_tps / ref_tps, d->greedy_agree, a.new_tokens);
         printf("\n");
+        if (a.spec > 0)
+            printf("             speculative (%d drafts) %8.1f tokens/s   speed-up %.2fx (median of "
+                   "per-round ratios)   acceptance %.1f%% (%ld/%ld drafts)   %.2f tokens per "
+                   "sequence step   greedy tokens equal plain %d/%d\n",
+                   a.spec, toks / d->spec_decode, d->spec_speedup,
+                   d->spec.drafted ? 100.0 * d->spec.accepted / d->spec.drafted : 0.0,
+                   d->spec.accepted, d->spec.drafted,
+                   d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0.0, d->spec_agree,
+                   a.new_tokens);
     }
     if (a.json) printf("]}\n");
     prl_tokenizer_free(tok);

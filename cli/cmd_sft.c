@@ -38,12 +38,13 @@ static void print_progress(void *user, const prl_sft_progress *p)
     char eta[32], el[32];
     prl_format_duration(eta, sizeof eta, p->eta_s);
     prl_format_duration(el, sizeof el, p->elapsed_s);
-    char scale[64] = "", ikl[32] = "";
+    char scale[64] = "", ikl[32] = "", mtp[32] = "";
     if (p->loss_scale > 0)
         snprintf(scale, sizeof scale, "  scale %g  skipped %ld", p->loss_scale, p->skipped);
     if (p->index_loss != 0) snprintf(ikl, sizeof ikl, "  index_kl %.4f", p->index_loss);
-    fprintf(stderr, "step %d/%d  loss %.4f%s  lr %.2e  gnorm %.3f%s  tok/s %.0f  elapsed %s  eta %s\n",
-            p->step, p->steps, p->loss, ikl, p->lr, p->grad_norm, scale, p->tokens_per_s, el, eta);
+    if (p->mtp_loss != 0) snprintf(mtp, sizeof mtp, "  mtp %.4f", p->mtp_loss);
+    fprintf(stderr, "step %d/%d  loss %.4f%s%s  lr %.2e  gnorm %.3f%s  tok/s %.0f  elapsed %s  eta %s\n",
+            p->step, p->steps, p->loss, mtp, ikl, p->lr, p->grad_norm, scale, p->tokens_per_s, el, eta);
 }
 
 static int file_exists(const char *path)

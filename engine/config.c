@@ -108,7 +108,10 @@ static const key_spec keys[] = {
     F("sandwich_norm", K_BOOL, sandwich_norm),
     /* block_post_layernorm_idx is a list: read by name in parse_residual */
     IGN("block_post_layernorm_idx", K_INT_LIST),
-    UNS("num_nextn_predict_layers", K_INT, "multi-token prediction (MTP)"),
+    F("num_nextn_predict_layers", K_INT, num_nextn_predict_layers),
+    F("prl_mtp_loss_weight", K_REAL, mtp_loss_weight),
+    F("prl_mtp_head_norm", K_BOOL, mtp_head_norm),
+    F("prl_mtp_head", K_BOOL, mtp_head),
 };
 enum { N_KEYS = sizeof keys / sizeof keys[0] };
 
@@ -136,6 +139,8 @@ void prl_config_default(prl_config *c)
     c->norm_topk_prob = 1;
     c->routed_scaling_factor = 1.0;
     c->max_position_embeddings = 512;
+    c->mtp_loss_weight = 0.3; /* DeepSeek-V3's λ for the first 10T tokens */
+    c->mtp_head_norm = 1;     /* each MTP layer has its shared_head.norm (spec §12.1) */
     c->bos_token_id = 1;
     c->eos_token_id = 2;
     c->pad_token_id = 0;
@@ -253,6 +258,11 @@ static prl_status validate(const prl_config *c, const char *src)
     if (c->qk_rope_head_dim % 2)
         return prl_error_set(PRL_ERR_CONFIG, "%s: 'qk_rope_head_dim' = %d must be even", src,
                              c->qk_rope_head_dim);
+    if (c->num_nextn_predict_layers < 0 ||
+        c->num_nextn_predict_layers > PRL_MAX_LAYERS - c->num_hidden_layers)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'num_nextn_predict_layers' = %d must be in "
+                             "[0, %d] (at most %d layers in all)", src, c->num_nextn_predict_layers,
+                             PRL_MAX_LAYERS - c->num_hidden_layers, PRL_MAX_LAYERS);
     if (c->first_k_dense_replace < 0 || c->first_k_dense_replace > c->num_hidden_layers)
         return prl_error_set(PRL_ERR_CONFIG,
                              "%s: 'first_k_dense_replace' = %d must be in [0, "
@@ -283,6 +293,7 @@ static prl_status validate(const prl_config *c, const char *src)
         {"prl_bias_update_rate", c->bias_update_rate, 1},
         {"prl_balance_loss_alpha", c->balance_loss_alpha, 1},
         {"prl_router_z_loss_coef", c->router_z_loss_coef, 1},
+        {"prl_mtp_loss_weight", c->mtp_loss_weight, 1},
     };
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
         double v = reals[i].v;
@@ -434,11 +445,13 @@ static prl_status validate_attention(const prl_config *c, const char *src)
     if (c->n_sliding_window_list > 0 && c->n_sliding_window_list != c->n_swa_layers)
         return prl_error_set(PRL_ERR_CONFIG, "%s: 'sliding_window_list' has %d entries but "
                              "'swa_layers' has %d", src, c->n_sliding_window_list, c->n_swa_layers);
+    int all = c->num_hidden_layers + c->num_nextn_predict_layers; /* MTP layers may slide */
     for (int i = 0; i < c->n_swa_layers; i++) {
         int l = c->swa_layers[i];
-        if (l >= c->num_hidden_layers)
+        if (l >= all)
             return prl_error_set(PRL_ERR_CONFIG, "%s: 'swa_layers'[%d] = %d is not a layer "
-                                 "(num_hidden_layers %d)", src, i, l, c->num_hidden_layers);
+                                 "(num_hidden_layers %d + num_nextn_predict_layers %d)", src, i,
+                                 l, c->num_hidden_layers, c->num_nextn_predict_layers);
         if (seen[l]++)
             return prl_error_set(PRL_ERR_CONFIG, "%s: 'swa_layers' lists layer %d twice", src, l);
         if (prl_config_window(c, l) < 1)

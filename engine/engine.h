@@ -206,7 +206,9 @@ enum {
     PRL_RNG_SHUFFLE = 2, /* data order */
     PRL_RNG_SAMPLE = 3,  /* token sampling */
     PRL_RNG_TASK = 4,    /* task generation */
-    PRL_RNG_TEST = 5     /* tests */
+    PRL_RNG_TEST = 5,    /* tests */
+    PRL_RNG_DRAFT = 6,   /* speculative decoding: a draft token d_k ~ q_k */
+    PRL_RNG_ACCEPT = 7   /* speculative decoding: the acceptance test u_k and its residual draw */
 };
 
 /* Seconds on the monotonic clock (for durations; never for seeds). */

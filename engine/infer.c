@@ -12,6 +12,8 @@
 */
 #include "engine/dsa.h"
 #include "engine/mhc.h"
+#include "engine/mtp.h"
+#include "engine/spec_decode.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -121,6 +123,9 @@ typedef struct layer_w {
     const float *ln_pa, *ln_pm, *ln_bp; /* sandwich post-norms, block post-norm (or NULL) */
     lin hc_phi[2];                    /* mHC sites attention, FFN: phi, and below γ, α, β */
     const float *hc_gamma[2], *hc_alpha[2], *hc_beta[2];
+    const float *enorm, *hnorm, *sh_norm; /* MTP layer: input norms, shared_head.norm */
+    lin eh_proj, own_head;            /* MTP layer: eh_proj, its own shared_head.head */
+    const lin *sh_head;               /* own_head, or the trunk's lm_head */
 } layer_w;
 
 enum { CONV_Q, CONV_KV, CONV_O };
@@ -131,7 +136,7 @@ typedef struct rows_buf {
     int32_t *tok, *slot, *pos, *req;
     float *x, *ln, *rstd, *zq, *cq, *q, *kva, *ckv, *kr, *lat, *kvx, *o, *tmp, *a13, *h;
     int32_t *first_row, *first_pos; /* [max_batch]: a slot's first row in the call, its position */
-    float *zqc, *kvc, *oc, *conv_tmp; /* ModAttn outputs; a conv state being rebuilt */
+    float *zqc, *kvc, *oc;        /* ModAttn outputs */
     float *z, *s, *g;
     int32_t *sel, *offsets, *gpos, *token_of;
     float *xg, *ea13, *eh, *yg, *logits;
@@ -139,6 +144,8 @@ typedef struct rows_buf {
     uint8_t *dsel;                     /* [cap][max_len] each row's DSA selection */
     float *xs, *xs2, *hn, *hrstd, *hm, *pre, *post, *hS; /* mHC streams [cap, n·d], a site's
                                                             coefficients (engine/mhc.h) */
+    float *mtp_e, *mtp_h, *mtp_cat, *mtp_rstd; /* MTP input op: Emb rows, h^{k−1} rows, [cap, 2d],
+                                                ** rstd of both norms [2·cap] */
 } rows_buf;
 
 /* A cache slot's generation state. */
@@ -147,6 +154,12 @@ typedef struct slot_state {
     int len;           /* tokens in the cache */
     int32_t last;      /* the token to feed next */
     int32_t *routes;   /* [max_len][n_moe][K] */
+    /* speculative decoding only (docs/infer.md): */
+    int32_t *toks;     /* [max_len + D + 1] the sequence: prompt, generated, then `last` */
+    float *hid;        /* [1 + Lm][max_len][d]: h⁰ (trunk) and h^k (MTP k) per position */
+    int *mtp_len;      /* [Lm] positions MTP layer k has final cache rows for */
+    int32_t *draft;    /* [D] this step's drafts */
+    double *q;         /* [D][V] their draft distributions (sampling) */
 } slot_state;
 
 struct prl_infer {
@@ -174,6 +187,10 @@ struct prl_infer {
     float *ones_buf;              /* γ = 1 without mhc_use_gamma */
     char fault_name[64];          /* test-only fault (prl_infer_set_fault): "" = none */
     double fault_rel;
+    int Lm;                       /* MTP layers bound (speculative decoding on), after the L */
+    int conv_hist;                /* inputs a conv history keeps per slot: k − 1 + spare rows */
+    double *spec_p;               /* [D + 1][V] one slot's verify distributions */
+    prl_spec_stats spec;          /* counters since init */
 };
 
 /* Activation rounding at an op's output (no-op in fp32). */
@@ -479,11 +496,33 @@ static prl_status bind_residual(prl_infer *e, int l, const float *base)
                    ? tensor(e, base, (int64_t)e->n_streams * e->d, 0, "%s.%d.block_post_layernorm.weight", p, l)
                    : NULL;
     prl_status rc = PRL_OK;
-    for (int site = 0; site < 2 && c->use_mhc && !rc; site++) {
+    for (int site = 0; site < 2 && c->use_mhc && l < e->L && !rc; site++) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "%s.%d.%s_mhc_module", p, l, site ? "mlp" : "attn");
         rc = bind_mhc(e, &w->hc_phi[site], &w->hc_gamma[site], &w->hc_alpha[site], &w->hc_beta[site],
                       base, prefix, 1);
+    }
+    return rc;
+}
+
+/* MTP layer l's own tensors (model.c's names): enorm, hnorm, eh_proj, and shared_head.norm /
+** shared_head.head when the config has them, else the trunk's model.norm / lm_head. */
+static prl_status bind_mtp(prl_infer *e, int l, const float *base)
+{
+    layer_w *w = &e->lw[l];
+    const prl_config *c = &e->m->cfg;
+    w->enorm = tensor(e, base, e->d, 0, "model.layers.%d.enorm.weight", l);
+    w->hnorm = tensor(e, base, e->d, 0, "model.layers.%d.hnorm.weight", l);
+    w->sh_norm = c->mtp_head_norm
+                     ? tensor(e, base, e->d, 0, "model.layers.%d.shared_head.norm.weight", l)
+                     : e->norm;
+    w->sh_head = &e->head;
+    const float *eh = tensor(e, base, e->d, 2 * e->d, "model.layers.%d.eh_proj.weight", l);
+    prl_status rc = lin_init(e, &w->eh_proj, eh, e->d, 2 * e->d);
+    if (!rc && c->mtp_head) {
+        const float *head = tensor(e, base, e->V, e->d, "model.layers.%d.shared_head.head.weight", l);
+        rc = lin_init(e, &w->own_head, head, e->V, e->d);
+        w->sh_head = &w->own_head;
     }
     return rc;
 }
@@ -501,7 +540,7 @@ static prl_status bind_weights(prl_infer *e)
 #define T(suffix, rows, cols, ...) tensor(e, base, rows, cols, "model.layers.%d." suffix, l, ##__VA_ARGS__)
 #define X(suffix, rows, cols) tensor(e, base, rows, cols, "model.layers.%d.mlp.experts.%d." suffix, l, x)
     prl_status rc = PRL_OK;
-    for (int l = 0, moe_idx = 0; l < e->L && !rc; l++) {
+    for (int l = 0, moe_idx = 0; l < e->L + e->Lm && !rc; l++) { /* trunk, then MTP layers */
         layer_w *w = &e->lw[l];
         w->moe = prl_config_is_moe(&e->m->cfg, l) ? moe_idx++ : -1;
         w->ln1 = T("input_layernorm.weight", e->d, 0);
@@ -542,7 +581,7 @@ static prl_status bind_weights(prl_infer *e)
                     w->wuk_t[((size_t)h * e->rkv + c) * e->dn + i] =
                         w->wkv_b.w[((size_t)h * e->dkv + i) * e->rkv + c];
         if (e->ns > 0 && !rc) bind_sinks(e, l, base);
-        if (w->dsa && !rc) {
+        if (w->dsa && !rc) { /* trunk DSA layers only (w->dsa is 0 for MTP layers) */
 #define IX(name, rows, cols) tensor(e, base, rows, cols, "model.layers.%d.self_attn.indexer." name, l)
             rc = lin_init(e, &w->ix_wq_b, IX("wq_b.weight", e->HI * e->dI, e->rq), e->HI * e->dI, e->rq);
             rc = rc ? rc : lin_init(e, &w->ix_wk, IX("wk.weight", e->dI, e->d), e->dI, e->d);
@@ -550,7 +589,7 @@ static prl_status bind_weights(prl_infer *e)
             w->ix_k_norm = IX("k_norm.weight", e->dI, 0);
 #undef IX
         }
-        if (e->ck) {
+        if (e->ck && l < e->L) {
             w->conv_w[CONV_Q] = tensor(e, base, e->rq, 1, "model.layers.%d.self_attn.qa_conv.weight", l);
             w->conv_w[CONV_KV] =
                 tensor(e, base, e->rkv, 1, "model.layers.%d.self_attn.compresskv_conv.weight", l);
@@ -566,6 +605,8 @@ static prl_status bind_weights(prl_infer *e)
     if (!rc && e->m->cfg.use_mhc)
         rc = bind_mhc(e, &e->merge_phi, &e->merge_gamma, &e->merge_alpha, &e->merge_beta, base,
                       "model.merge_mhc_module", 0);
+    for (int l = e->L; l < e->L + e->Lm && !rc; l++) /* MTP: input op and shared head */
+        rc = bind_mtp(e, l, base);
     return rc;
 }
 
@@ -610,10 +651,6 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
         b->zqc = xcalloc(R * e->rq, sizeof(float), failed);
         b->kvc = xcalloc(R * e->rkv, sizeof(float), failed);
         b->oc = xcalloc(R * e->H * e->dv, sizeof(float), failed);
-        size_t widest = 0;
-        for (int i = 0; i < 3; i++)
-            widest = (size_t)conv_channels(e, i) > widest ? (size_t)conv_channels(e, i) : widest;
-        b->conv_tmp = xcalloc((size_t)e->ck * widest, sizeof(float), failed);
     }
     b->kvx = xcalloc(R * e->H * e->dkv, sizeof(float), failed);
     b->o = xcalloc(R * e->H * e->dv, sizeof(float), failed);
@@ -632,6 +669,12 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
     b->eh = xcalloc(RK * e->de, sizeof(float), failed);
     b->yg = xcalloc(RK * e->d, sizeof(float), failed);
     b->logits = xcalloc(R * e->V, sizeof(float), failed);
+    if (e->Lm) {
+        b->mtp_e = xcalloc(R * e->d, sizeof(float), failed);
+        b->mtp_h = xcalloc(R * e->d, sizeof(float), failed);
+        b->mtp_cat = xcalloc(2 * R * e->d, sizeof(float), failed);
+        b->mtp_rstd = xcalloc(2 * R, sizeof(float), failed);
+    }
     if (e->m->cfg.n_dsa_layers > 0) {
         b->iq = xcalloc(R * e->HI * e->dI, sizeof(float), failed);
         b->ikz = xcalloc(R * e->dI, sizeof(float), failed);
@@ -658,10 +701,11 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
 static void rows_buf_free(rows_buf *b)
 {
     void *ptrs[] = {b->tok, b->slot, b->pos, b->req, b->x, b->ln, b->rstd, b->zq, b->cq, b->q,
-                    b->kva, b->ckv, b->kr, b->lat, b->first_row, b->first_pos, b->zqc, b->kvc, b->oc, b->conv_tmp, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
+                    b->kva, b->ckv, b->kr, b->lat, b->first_row, b->first_pos, b->zqc, b->kvc, b->oc, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
                     b->sel, b->offsets, b->gpos, b->token_of, b->xg, b->ea13, b->eh, b->yg,
                     b->logits, b->iq, b->ikz, b->ik, b->iw, b->iscore, b->dsel, b->xs, b->xs2,
-                    b->hn, b->hrstd, b->hm, b->pre, b->post, b->hS};
+                    b->hn, b->hrstd, b->hm, b->pre, b->post, b->hS,
+                    b->mtp_e, b->mtp_h, b->mtp_cat, b->mtp_rstd};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     memset(b, 0, sizeof *b);
 }
@@ -675,6 +719,10 @@ static prl_status check_options(const prl_model *m, prl_infer_options *o)
                              o->max_len, maxpos);
     if (o->max_batch < 1 || o->max_batch > 4096)
         return prl_error_set(PRL_ERR_ARG, "batch %d not in [1, 4096]", o->max_batch);
+    if (o->spec_drafts < 0 || o->spec_drafts > m->cfg.num_nextn_predict_layers)
+        return prl_error_set(PRL_ERR_ARG, "speculative drafts %d not in [0, "
+                             "num_nextn_predict_layers = %d] (one MTP module per draft)",
+                             o->spec_drafts, m->cfg.num_nextn_predict_layers);
     if ((unsigned)o->precision > PRL_PRECISION_FP16 || (unsigned)o->mla > PRL_MLA_NAIVE ||
         (unsigned)o->matmul > PRL_MATMUL_BLAS)
         return prl_error_set(PRL_ERR_ARG, "invalid infer options");
@@ -682,6 +730,11 @@ static prl_status check_options(const prl_model *m, prl_infer_options *o)
 }
 
 static prl_status fault_from_env(prl_infer *e);
+
+/* Rows a per-sequence cache keeps beyond what its window needs: a verify pass feeds D + 1
+** rows, and after a rollback the accepted prefix must still find every row its window
+** reads (docs/infer.md "Rollback"). 0 without speculative decoding. */
+static int spec_spare_rows(const prl_infer_options *o) { return o->spec_drafts; }
 
 prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_options *opt)
 {
@@ -704,34 +757,42 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->lat = e->rkv + e->dr, e->ns = c->param_sink_number, e->ck = prl_config_conv_kernel(c);
     e->HI = c->index_n_heads, e->dI = c->index_head_dim;
     e->n_streams = prl_config_streams(c);
-    int failed = 0;
+    e->Lm = o.spec_drafts > 0 ? c->num_nextn_predict_layers : 0;
+    e->conv_hist = e->ck ? e->ck - 1 + spec_spare_rows(&o) : 0;
+    int failed = 0, LL = e->L + e->Lm;
     if (c->use_mhc) {
         e->ones_buf = xcalloc((size_t)e->n_streams * e->d, sizeof(float), &failed);
         for (int i = 0; e->ones_buf && i < e->n_streams * e->d; i++) e->ones_buf[i] = 1;
         e->ones = e->ones_buf;
     }
     if (o.precision != PRL_PRECISION_FP32) e->wcopy = xcalloc(m->n_params, sizeof(float), &failed);
-    e->lw = xcalloc((size_t)e->L, sizeof *e->lw, &failed);
-    for (int l = 0; l < e->L && e->lw; l++) {
+    e->lw = xcalloc((size_t)LL, sizeof *e->lw, &failed);
+    for (int l = 0; l < LL && e->lw; l++) {
         e->lw[l].e13 = xcalloc((size_t)e->E, sizeof(lin), &failed);
         e->lw[l].e2 = xcalloc((size_t)e->E, sizeof(lin), &failed);
         e->lw[l].wuk_t = xcalloc((size_t)e->H * e->rkv * e->dn, sizeof(float), &failed);
         e->lw[l].sink_lat = xcalloc((size_t)e->ns * e->lat, sizeof(float), &failed);
         e->lw[l].sink_kv = xcalloc((size_t)e->ns * e->H * e->dkv, sizeof(float), &failed);
-        for (int i = 0; i < 3 && e->ck; i++)
-            e->lw[l].conv_state[i] = xcalloc((size_t)o.max_batch * (e->ck - 1) * conv_channels(e, i) + 1,
-                                             sizeof(float), &failed);
+        for (int i = 0; i < 3 && e->ck && l < e->L; i++) /* no convs in MTP layers */
+            e->lw[l].conv_state[i] =
+                xcalloc((size_t)o.max_batch * e->conv_hist * conv_channels(e, i) + 1,
+                        sizeof(float), &failed);
     }
     /* cache rows per slot: the whole context, or a ring of W rows for a sliding-window layer */
     size_t lat_total = 0, kv_total = 0, idx_total = 0;
-    for (int l = 0; l < e->L && e->lw; l++) {
+    for (int l = 0; l < LL && e->lw; l++) {
         layer_w *w = &e->lw[l];
-        w->window = prl_config_window(c, l);
-        w->dsa = prl_config_is_dsa(c, l);
+        int ring = w->window = prl_config_window(c, l);
+        ring += w->window > 0 ? spec_spare_rows(&o) : 0; /* rows a rollback may still need */
+        w->cap = w->window > 0 && ring < o.max_len ? ring : o.max_len;
+        /* DSA (trunk layers only, never a ring): the indexer keys of the whole context,
+        ** position-indexed like cache_lat. Positions stay below max_len, a verify pass's
+        ** draft rows included (spec_budget), so max_len rows hold the spare rows too and a
+        ** rollback (slot length reset) leaves the keys of the accepted prefix in place. */
+        w->dsa = l < e->L && prl_config_is_dsa(c, l);
         w->dsa_sparse = w->dsa && c->dsa_stage == PRL_DSA_SPARSE;
         w->idx_off = idx_total;
         if (w->dsa) idx_total += (size_t)o.max_batch * o.max_len * e->dI;
-        w->cap = w->window > 0 && w->window < o.max_len ? w->window : o.max_len;
         w->lat_off = lat_total, w->kv_off = kv_total;
         lat_total += (size_t)o.max_batch * w->cap * e->lat;
         kv_total += (size_t)o.max_batch * w->cap * e->H * e->dkv;
@@ -751,13 +812,22 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
                               (size_t)o.max_len * e->lat;
     e->att_scratch_per_thread = naive_scratch > absorbed_scratch ? naive_scratch : absorbed_scratch;
     e->att_scratch = xcalloc(e->att_scratch_per_thread * e->att_threads, sizeof(float), &failed);
-    rows_buf_alloc(e, o.max_len > o.max_batch ? o.max_len : o.max_batch, &failed);
+    int verify_rows = o.max_batch * (1 + o.spec_drafts);
+    rows_buf_alloc(e, o.max_len > verify_rows ? o.max_len : verify_rows, &failed);
     e->slots = xcalloc((size_t)o.max_batch, sizeof *e->slots, &failed);
     for (int s = 0; s < o.max_batch && e->slots; s++) {
-        e->slots[s].req = -1;
-        e->slots[s].routes = xcalloc((size_t)o.max_len * (e->n_moe ? e->n_moe : 1) * e->K,
-                                     sizeof(int32_t), &failed);
+        slot_state *st = &e->slots[s];
+        st->req = -1;
+        st->routes = xcalloc((size_t)o.max_len * (e->n_moe ? e->n_moe : 1) * e->K,
+                             sizeof(int32_t), &failed);
+        if (e->Lm == 0) continue;
+        st->toks = xcalloc((size_t)o.max_len + o.spec_drafts + 1, sizeof(int32_t), &failed);
+        st->hid = xcalloc((size_t)(1 + e->Lm) * o.max_len * e->d, sizeof(float), &failed);
+        st->mtp_len = xcalloc((size_t)e->Lm, sizeof(int), &failed);
+        st->draft = xcalloc((size_t)o.spec_drafts, sizeof(int32_t), &failed);
+        st->q = xcalloc((size_t)o.spec_drafts * e->V, sizeof(double), &failed);
     }
+    if (e->Lm) e->spec_p = xcalloc((size_t)(o.spec_drafts + 1) * e->V, sizeof(double), &failed);
     if (failed) {
         prl_infer_free(e);
         return prl_error_set(PRL_ERR_NOMEM, "infer engine for batch %d x context %d", o.max_batch,
@@ -775,8 +845,9 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
 void prl_infer_free(prl_infer *e)
 {
     if (!e) return;
-    for (int l = 0; e->lw && l < e->L; l++) {
+    for (int l = 0; e->lw && l < e->L + e->Lm; l++) {
         layer_w *w = &e->lw[l];
+        lin_free(&w->eh_proj), lin_free(&w->own_head);
         lin_free(&w->wq_a), lin_free(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
         lin_free(&w->wo), lin_free(&w->w13), lin_free(&w->w2), lin_free(&w->router);
         lin_free(&w->ix_wq_b), lin_free(&w->ix_wk), lin_free(&w->ix_wproj);
@@ -787,7 +858,12 @@ void prl_infer_free(prl_infer *e)
     }
     lin_free(&e->head), lin_free(&e->merge_phi);
     free(e->ones_buf);
-    for (int s = 0; e->slots && s < e->opt.max_batch; s++) free(e->slots[s].routes);
+    for (int s = 0; e->slots && s < e->opt.max_batch; s++) {
+        slot_state *st = &e->slots[s];
+        free(st->routes), free(st->toks), free(st->hid), free(st->mtp_len), free(st->draft);
+        free(st->q);
+    }
+    free(e->spec_p);
     free(e->slots), free(e->lw), free(e->wcopy), free(e->rope_cos), free(e->rope_sin);
     free(e->cache_lat), free(e->cache_kv), free(e->cache_idx), free(e->att_scratch);
     rows_buf_free(&e->rb);
@@ -825,6 +901,8 @@ size_t prl_infer_kv_bytes(const prl_infer *e, int n_tokens)
 }
 
 const prl_infer_options *prl_infer_get_options(const prl_infer *e) { return &e->opt; }
+
+prl_spec_stats prl_infer_spec_stats(const prl_infer *e) { return e->spec; }
 
 void prl_infer_set_hook(prl_infer *e, prl_tensor_hook hook, void *user)
 {
@@ -1097,12 +1175,13 @@ static int build_runs(const rows_buf *b, int R, int *start, int *rows)
 
 /* ModAttn conv `which` of layer l over this call's R rows: y = z + conv(z) (input row r at
 ** z + r·ldz), by the train path's prl_conv_row. Inputs before a slot's first row in the call
-** come from its state (the k−1 inputs before it), none before position 0; afterwards the
-** state holds the k−1 latest inputs of every slot in the call (docs/infer.md). */
+** come from its state, none before position 0. The state is a history of conv_hist inputs
+** per slot indexed by position (row q mod conv_hist): k − 1 rows, plus the speculative
+** spare rows, so a rollback to an earlier length finds its k − 1 inputs (docs/infer.md). */
 static void conv_rows(prl_infer *e, int l, int which, float *y, const float *z, int ldz, int R)
 {
     rows_buf *b = &e->rb;
-    int k = e->ck, C = conv_channels(e, which);
+    int k = e->ck, C = conv_channels(e, which), hist = e->conv_hist;
     float *state = e->lw[l].conv_state[which];
     const float *x[16];
     /* the input at position q of the slot's sequence, NULL before position 0 */
@@ -1110,24 +1189,17 @@ static void conv_rows(prl_infer *e, int l, int which, float *y, const float *z, 
     ((q) < 0 ? NULL                                                                           \
      : (q) >= b->first_pos[s]                                                                 \
          ? z + (size_t)(b->first_row[s] + (q) - b->first_pos[s]) * ldz                         \
-         : state + ((size_t)(s) * (k - 1) + (q) - b->first_pos[s] + (k - 1)) * C)
+         : state + ((size_t)(s) * hist + (size_t)(q) % hist) * C)
     for (int r = 0; r < R; r++) {
         int s = b->slot[r];
         for (int j = 0; j < k; j++) x[j] = CONV_IN(s, b->pos[r] - (k - 1) + j);
         prl_conv_row(y + (size_t)r * C, x, e->lw[l].conv_w[which], C, k);
     }
     act_round(e, y, (size_t)R * C);
-    for (int r = 0; r < R; r++) { /* the last row of each slot rebuilds its state */
-        int s = b->slot[r];
-        if (r + 1 < R && b->slot[r + 1] == s) continue;
-        for (int i = 0; i < k - 1; i++) {
-            const float *src = CONV_IN(s, b->pos[r] + 1 - (k - 1) + i);
-            float *dst = b->conv_tmp + (size_t)i * C;
-            if (src) memcpy(dst, src, (size_t)C * sizeof *dst);
-            else memset(dst, 0, (size_t)C * sizeof *dst);
-        }
-        memcpy(state + (size_t)s * (k - 1) * C, b->conv_tmp, (size_t)(k - 1) * C * sizeof(float));
-    }
+    for (int r = 0; r < R; r++) /* the call's inputs join the history after every read, in
+                                   ** position order: a slot keeps its last hist inputs */
+        memcpy(state + ((size_t)b->slot[r] * hist + (size_t)b->pos[r] % hist) * C,
+               z + (size_t)r * ldz, (size_t)C * sizeof(float));
 #undef CONV_IN
 }
 
@@ -1186,8 +1258,8 @@ static void attention(prl_infer *e, int l, int R)
     int H = e->H;
     linear(e, b->zq, b->ln, R, &w->wq_a);
     const float *zq = b->zq, *ckv_in = b->kva, *o_out = b->o;
-    int ckv_stride = e->lat;
-    if (e->ck) { /* ModAttn: before the query and latent norms, after the heads */
+    int ckv_stride = e->lat, ck = e->ck && l < e->L; /* MTP layers have no convs */
+    if (ck) { /* ModAttn: before the query and latent norms, after the heads */
         conv_rows(e, l, CONV_Q, b->zqc, b->zq, e->rq, R);
         zq = b->zqc;
     }
@@ -1198,7 +1270,7 @@ static void attention(prl_infer *e, int l, int R)
     act_round(e, b->q, (size_t)R * H * e->dq);
     fault(e, l, "attn.q", b->q, (size_t)R * H * e->dq);
     linear(e, b->kva, b->ln, R, &w->wkv_a);
-    if (e->ck) {
+    if (ck) {
         conv_rows(e, l, CONV_KV, b->kvc, b->kva, e->lat, R);
         ckv_in = b->kvc, ckv_stride = e->rkv;
     }
@@ -1233,7 +1305,7 @@ static void attention(prl_infer *e, int l, int R)
     }
     if (ring) write_cache(e, l, R);
     act_round(e, b->o, (size_t)R * H * e->dv);
-    if (e->ck) {
+    if (ck) {
         conv_rows(e, l, CONV_O, b->oc, b->o, H * e->dv, R);
         o_out = b->oc;
     }
@@ -1270,6 +1342,7 @@ static void moe(prl_infer *e, int l, int R)
         prl_moe_gate_forward(b->sel + (size_t)r * K, b->g + (size_t)r * K, b->s + (size_t)r * E,
                              b->z + (size_t)r * E, bias, NULL, E, K, e->m->cfg.norm_topk_prob,
                              e->m->cfg.routed_scaling_factor);
+        if (w->moe >= e->n_moe) continue; /* an MTP layer: its routes are not recorded */
         int32_t *dst = e->slots[b->slot[r]].routes + ((size_t)b->pos[r] * e->n_moe + w->moe) * K;
         memcpy(dst, b->sel + (size_t)r * K, (size_t)K * sizeof *dst);
     }
@@ -1349,7 +1422,7 @@ static void hc_coefficients(prl_infer *e, int R, const lin *phi, const float *ga
 static void hc_enter(prl_infer *e, int l, int site, int R)
 {
     const layer_w *w = &e->lw[l];
-    if (e->m->cfg.use_mhc)
+    if (e->m->cfg.use_mhc && l < e->L) /* MTP layers keep the plain residual */
         hc_coefficients(e, R, &w->hc_phi[site], w->hc_gamma[site], w->hc_alpha[site],
                         w->hc_beta[site], 1);
 }
@@ -1366,8 +1439,9 @@ static void hc_leave(prl_infer *e, int l, int site, int R)
                             c->rms_norm_eps);
         act_round(e, b->tmp, (size_t)R * d);
     }
-    float *stream = c->use_mhc ? b->xs : b->x;
-    if (c->use_mhc) {
+    int mhc = c->use_mhc && l < e->L;
+    float *stream = mhc ? b->xs : b->x;
+    if (mhc) {
         prl_mhc_shape sh = rows_shape(e, R, 1);
         int ns = prl_mhc_states(sh), n2 = sh.n * sh.n;
         prl_mhc_post_forward(b->xs2, b->tmp, b->xs, b->post, b->hS + (size_t)(ns - 1) * n2, ns * n2, sh);
@@ -1385,37 +1459,52 @@ static void hc_leave(prl_infer *e, int l, int site, int R)
 }
 
 /* Rows rb.tok/slot/pos[0, R) through the model; leaves rb.logits [R, V]. */
+/* Each slot's first row in the call and its position (a slot's rows are consecutive). */
+static void rows_begin(prl_infer *e, int R)
+{
+    rows_buf *b = &e->rb;
+    for (int r = R - 1; r >= 0; r--)
+        b->first_row[b->slot[r]] = r, b->first_pos[b->slot[r]] = b->pos[r];
+}
+
+/* Decoder layer l on R rows: rb.x (or the streams rb.xs) in, out. */
+static void layer_rows(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    int d = e->d;
+    hc_enter(e, l, 0, R);
+    prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln1, R, d, d, d, e->m->cfg.rms_norm_eps);
+    act_round(e, b->ln, (size_t)R * d);
+    attention(e, l, R);
+    hc_leave(e, l, 0, R);
+    hc_enter(e, l, 1, R);
+    prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln2, R, d, d, d, e->m->cfg.rms_norm_eps);
+    act_round(e, b->ln, (size_t)R * d);
+    if (w->moe >= 0) {
+        moe(e, l, R);
+    } else {
+        swiglu(e, b->tmp, b->ln, R, &w->w13, &w->w2);
+        fault(e, l, "mlp.out", b->tmp, (size_t)R * d);
+        emit(e, l, "mlp.out", b->tmp, R, d);
+    }
+    hc_leave(e, l, 1, R);
+}
+
+/* The trunk on R rows (tokens rb.tok at rb.pos of slots rb.slot): logits into rb.logits; rb.x
+** keeps h⁰, the merged hidden state before the final norm (the MTP modules' input). */
 static void forward_rows(prl_infer *e, int R)
 {
     rows_buf *b = &e->rb;
     int d = e->d;
-    for (int r = R - 1; r >= 0; r--) /* each slot's first row (its rows are consecutive) */
-        b->first_row[b->slot[r]] = r, b->first_pos[b->slot[r]] = b->pos[r];
+    rows_begin(e, R);
     for (int r = 0; r < R; r++)
         memcpy(b->x + (size_t)r * d, e->embed + (size_t)b->tok[r] * d, (size_t)d * sizeof(float));
     for (int r = 0; r < R && e->m->cfg.use_mhc; r++) /* every stream starts as the embedding */
         for (int i = 0; i < e->n_streams; i++)
             memcpy(b->xs + ((size_t)r * e->n_streams + i) * d, b->x + (size_t)r * d,
                    (size_t)d * sizeof(float));
-    for (int l = 0; l < e->L; l++) {
-        const layer_w *w = &e->lw[l];
-        hc_enter(e, l, 0, R);
-        prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln1, R, d, d, d, e->m->cfg.rms_norm_eps);
-        act_round(e, b->ln, (size_t)R * d);
-        attention(e, l, R);
-        hc_leave(e, l, 0, R);
-        hc_enter(e, l, 1, R);
-        prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln2, R, d, d, d, e->m->cfg.rms_norm_eps);
-        act_round(e, b->ln, (size_t)R * d);
-        if (w->moe >= 0) {
-            moe(e, l, R);
-        } else {
-            swiglu(e, b->tmp, b->ln, R, &w->w13, &w->w2);
-            fault(e, l, "mlp.out", b->tmp, (size_t)R * d);
-            emit(e, l, "mlp.out", b->tmp, R, d);
-        }
-        hc_leave(e, l, 1, R);
-    }
+    for (int l = 0; l < e->L; l++) layer_rows(e, l, R);
     if (e->m->cfg.use_mhc) /* the merge head */
         hc_coefficients(e, R, &e->merge_phi, e->merge_gamma, e->merge_alpha, e->merge_beta, 0);
     prl_rmsnorm_forward(b->ln, b->rstd, b->x, e->norm, R, d, d, d, e->m->cfg.rms_norm_eps);
@@ -1471,17 +1560,11 @@ static int cand_desc(const void *a, const void *b)
     return x->id - y->id;
 }
 
-/* Draw a token from softmax(logits/τ) restricted by top-k/top-p; greedy when τ = 0. */
-static int sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
-                      cand *cs)
+/* The sampler's candidates for τ > 0: cs[0..n) with weights exp(logits/τ − max) over the
+** ids below vocab_limit, restricted by top-k/top-p (then sorted by weight). Returns n. */
+static int sample_weights(cand *cs, const float *logits, int V, const prl_sample_params *sp)
 {
     if (sp->vocab_limit > 0 && sp->vocab_limit < V) V = sp->vocab_limit; /* never draw past it */
-    if (sp->temperature == 0) {
-        int best = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
-    }
     double mx = -INFINITY;
     for (int i = 0; i < V; i++) {
         double x = logits[i] / sp->temperature;
@@ -1505,6 +1588,21 @@ static int sample_row(const float *logits, int V, const prl_sample_params *sp, p
             }
         }
     }
+    return n;
+}
+
+/* Draw a token from softmax(logits/τ) restricted by top-k/top-p; greedy when τ = 0. */
+static int sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
+                      cand *cs)
+{
+    if (sp->temperature == 0) {
+        if (sp->vocab_limit > 0 && sp->vocab_limit < V) V = sp->vocab_limit;
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    int n = sample_weights(cs, logits, V, sp);
     double total = 0;
     for (int i = 0; i < n; i++) total += cs[i].w;
     double u = prl_rng_uniform(rng) * total, acc = 0;
@@ -1613,6 +1711,8 @@ static int has_stop_string(gen_state *g, const prl_gen_result *r)
     return hit;
 }
 
+static int record_token(gen_state *g, int slot, int32_t y, const float *logits);
+
 /* Take the next token of the request in `slot` from logits row `row`: sample (or the forced
 ** token), record it with its log-prob, decide whether the sequence stops. Returns 1 if it
 ** stopped. */
@@ -1624,7 +1724,6 @@ static int take_token(gen_state *g, int slot, int row)
     prl_gen_result *r = &g->res[st->req];
     const prl_sample_params *sp = g->sp;
     const float *logits = e->rb.logits + (size_t)row * e->V;
-    double tau = sp->temperature > 0 ? sp->temperature : 1.0;
     int32_t y;
     if (q->forced) {
         y = q->forced[r->n];
@@ -1633,6 +1732,20 @@ static int take_token(gen_state *g, int slot, int row)
         prl_rng_init(&rng, sp->seed, q->seq_id, (uint64_t)st->len, 0, PRL_RNG_SAMPLE);
         y = sample_row(logits, e->V, sp, &rng, g->cands);
     }
+    return record_token(g, slot, y, logits);
+}
+
+/* Record token y (at position st->len, drawn from `logits`) with its log-prob and decide
+** whether the sequence stops. Returns 1 if it stopped. */
+static int record_token(gen_state *g, int slot, int32_t y, const float *logits)
+{
+    prl_infer *e = g->e;
+    slot_state *st = &e->slots[slot];
+    const prl_gen_request *q = &g->reqs[st->req];
+    prl_gen_result *r = &g->res[st->req];
+    const prl_sample_params *sp = g->sp;
+    double tau = sp->temperature > 0 ? sp->temperature : 1.0;
+    if (st->toks) st->toks[st->len] = y; /* speculative decoding: the sequence so far */
     r->tokens[r->n] = y;
     r->logprobs[r->n] = logprob(logits, e->V, y, tau);
     r->n++;
@@ -1651,6 +1764,9 @@ static int take_token(gen_state *g, int slot, int row)
     r->stop = (prl_stop_reason)stop;
     return 1;
 }
+
+static void spec_admit(prl_infer *e, int slot, const int32_t *prompt, int P);
+static prl_status spec_step(gen_state *g, int *finished, long *tokens);
 
 static prl_status alloc_result(gen_state *g, int i)
 {
@@ -1696,6 +1812,7 @@ static prl_status admit(gen_state *g, int i, int slot, int *stopped)
     for (int t = 0; t < P; t++) b->tok[t] = q->prompt[t], b->slot[t] = slot, b->pos[t] = t, b->req[t] = i;
     forward_rows(e, P);
     st->len = P;
+    spec_admit(e, slot, q->prompt, P);
     double tau = g->sp->temperature > 0 ? g->sp->temperature : 1.0;
     prl_gen_result *r = &g->res[i];
     for (int t = 1; t < P; t++)
@@ -1764,8 +1881,12 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
         active = 0;
         for (int s = 0; s < e->opt.max_batch; s++) active += e->slots[s].req >= 0;
         if (active == 0) continue;
-        rc = decode_step(&g, &finished);
-        tokens += active;
+        if (e->Lm > 0) {
+            rc = spec_step(&g, &finished, &tokens);
+        } else {
+            rc = decode_step(&g, &finished);
+            tokens += active;
+        }
         if (progress) progress(user, finished, n, tokens);
     }
     free(g.cands);
@@ -1774,4 +1895,228 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
         for (int s = 0; s < e->opt.max_batch; s++) e->slots[s].req = -1;
     }
     return rc;
+}
+
+/* ------------------------------------------------------------------ self-speculative decoding */
+
+/* docs/infer.md "Speculative decoding". Per step and active slot: D' ≤ spec_drafts drafts
+** from the MTP modules (module k at the slot's last position, its input h^{k−1} and the
+** token k places ahead, the k-th draft d_k ~ q_k), one trunk pass over [last, d_1..d_D'] for
+** every slot together (the verify), the acceptance rule of spec_decode.c, then a rollback of
+** every per-sequence cache to the accepted length.
+**
+** Rollback. Every per-sequence cache is indexed by absolute position and keeps
+** spec_spare_rows() rows beyond what its window reads: the KV latent + rope-key caches
+** (whole context, or a ring of W + D rows for a sliding-window layer), the three ModAttn conv
+** histories (k − 1 + D inputs), the MTP layers' own KV caches. A verify pass of D + 1 rows
+** therefore never overwrites a row the accepted prefix still needs, and rolling a sequence
+** back is setting its length (slot_rollback): rows past it are dead and are rewritten when
+** those positions are fed again. A new per-sequence cache joins by being position-indexed
+** the same way; for the DSA indexer key cache (whole context) that is all it needs. */
+
+/* Hidden state h^k (k = 0: the trunk's h⁰) of position i in slot s. */
+static float *slot_hidden(const prl_infer *e, const slot_state *st, int k, int i)
+{
+    return st->hid + ((size_t)k * e->opt.max_len + (size_t)i) * e->d;
+}
+
+/* Roll slot s back to `len` fed positions: every cache is position-indexed with spare rows
+** (above), so the trunk caches (KV latent + rope key, SWA rings, ModAttn conv histories —
+** and a DSA indexer key cache) need only the length; the MTP layers' final rows are capped. */
+static void slot_rollback(prl_infer *e, int s, int len)
+{
+    slot_state *st = &e->slots[s];
+    st->len = len;
+    for (int k = 0; k < e->Lm; k++) st->mtp_len[k] = st->mtp_len[k] < len ? st->mtp_len[k] : len;
+}
+
+/* Keep the prompt's tokens and trunk states (rb.x after forward_rows) for the MTP modules. */
+static void spec_admit(prl_infer *e, int slot, const int32_t *prompt, int P)
+{
+    slot_state *st = &e->slots[slot];
+    if (e->Lm == 0) return;
+    memcpy(st->toks, prompt, (size_t)P * sizeof *st->toks);
+    memcpy(slot_hidden(e, st, 0, 0), e->rb.x, (size_t)P * e->d * sizeof(float));
+    memset(st->mtp_len, 0, (size_t)e->Lm * sizeof *st->mtp_len);
+}
+
+/* MTP module k (1-based) on R rows: rb.tok holds t_{i+k}, rb.x holds h^{k−1}; afterwards rb.x
+** holds h^k and rb.logits the module's logits (shared head). */
+static void mtp_rows(prl_infer *e, int k, int R)
+{
+    rows_buf *b = &e->rb;
+    int l = e->L + k - 1, d = e->d;
+    const layer_w *w = &e->lw[l];
+    double eps = e->m->cfg.rms_norm_eps;
+    rows_begin(e, R);
+    for (int r = 0; r < R; r++)
+        memcpy(b->mtp_e + (size_t)r * d, e->embed + (size_t)b->tok[r] * d,
+               (size_t)d * sizeof(float));
+    memcpy(b->mtp_h, b->x, (size_t)R * d * sizeof(float));
+    prl_mtp_input_forward(b->x, b->mtp_cat, b->mtp_rstd, b->mtp_rstd + R, b->mtp_e, b->mtp_h,
+                          w->enorm, w->hnorm, w->eh_proj.w, R, d, eps);
+    act_round(e, b->x, (size_t)R * d);
+    layer_rows(e, l, R);
+    prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->sh_norm, R, d, d, d, eps);
+    act_round(e, b->ln, (size_t)R * d);
+    linear(e, b->logits, b->ln, R, w->sh_head);
+}
+
+/* Drafts a step may take for the slot: none for teacher forcing; never past the context or
+** the new-token budget (the emitted tokens are the drafts accepted plus one). */
+static int spec_budget(const gen_state *g, int s)
+{
+    const prl_infer *e = g->e;
+    const slot_state *st = &e->slots[s];
+    const prl_gen_request *q = &g->reqs[st->req];
+    int n = e->opt.spec_drafts, room = e->opt.max_len - 1 - st->len;
+    int left = g->sp->max_new_tokens - g->res[st->req].n - 1;
+    if (q->forced) return 0;
+    n = room < n ? room : n;
+    return left < n ? (left > 0 ? left : 0) : n;
+}
+
+/* The sampler's distribution of a logits row as a probability vector over the vocabulary
+** (zeros outside the top-k/top-p set): what sampling draws from, for p and q alike. */
+static void probs_row(double *w, const float *logits, const gen_state *g)
+{
+    int V = g->e->V, n = sample_weights(g->cands, logits, V, g->sp);
+    double total = 0;
+    for (int i = 0; i < n; i++) total += g->cands[i].w;
+    memset(w, 0, (size_t)V * sizeof *w);
+    for (int i = 0; i < n; i++) w[g->cands[i].id] = g->cands[i].w / total;
+}
+
+/* A draft from the module's logits row: its argmax (greedy) or a draw from q_k (kept for the
+** acceptance test), seeded from (seed, sequence, position of the draft, DRAFT). */
+static int32_t draw_draft(gen_state *g, int s, int k, const float *logits)
+{
+    slot_state *st = &g->e->slots[s];
+    if (g->sp->temperature == 0) return (int32_t)sample_row(logits, g->e->V, g->sp, NULL, g->cands);
+    double *q = st->q + (size_t)(k - 1) * g->e->V;
+    probs_row(q, logits, g);
+    prl_rng rng;
+    prl_rng_init(&rng, g->sp->seed, g->reqs[st->req].seq_id, (uint64_t)(st->len + k), 0,
+                 PRL_RNG_DRAFT);
+    return (int32_t)prl_spec_draw(q, g->e->V, &rng);
+}
+
+/* Token at position j of slot s during a step: the sequence up to `last` (position len),
+** then this step's drafts. */
+static int32_t step_token(const slot_state *st, int j)
+{
+    return j <= st->len ? st->toks[j] : st->draft[j - st->len - 1];
+}
+
+/* Run module k on `rows` (slots n_slots of `slots`, each from its mtp_len[k−1] to len − 1),
+** keep h^k, draw the slot's k-th draft from its last row. */
+static void draft_flush(gen_state *g, int k, const int *slots, int n_slots, int R)
+{
+    prl_infer *e = g->e;
+    rows_buf *b = &e->rb;
+    mtp_rows(e, k, R);
+    for (int r = 0; r < R; r++) {
+        slot_state *st = &e->slots[b->slot[r]];
+        memcpy(slot_hidden(e, st, k, b->pos[r]), b->x + (size_t)r * e->d,
+               (size_t)e->d * sizeof(float));
+    }
+    for (int i = 0, r = 0; i < n_slots; i++) {
+        slot_state *st = &e->slots[slots[i]];
+        r += st->len - st->mtp_len[k - 1]; /* the slot's rows; its last is position len − 1 */
+        st->draft[k - 1] = draw_draft(g, slots[i], k, b->logits + (size_t)(r - 1) * e->V);
+        /* rows with t_{i+k} final (i + k <= len) are final; the rest are redone next step */
+        int fin = st->len - k + 1;
+        st->mtp_len[k - 1] = fin > st->mtp_len[k - 1] ? fin : st->mtp_len[k - 1];
+    }
+}
+
+/* The k-th drafts of every slot with nd[s] >= k, in batches that fit the rows buffer. */
+static void draft_pass(gen_state *g, int k, const int *nd)
+{
+    prl_infer *e = g->e;
+    rows_buf *b = &e->rb;
+    int slots[4096], n_slots = 0, R = 0;
+    for (int s = 0; s < e->opt.max_batch; s++) {
+        slot_state *st = &e->slots[s];
+        if (st->req < 0 || nd[s] < k) continue;
+        int m = st->mtp_len[k - 1], rows = st->len - m;
+        if (R + rows > b->cap) draft_flush(g, k, slots, n_slots, R), n_slots = 0, R = 0;
+        for (int i = m; i < st->len; i++, R++) {
+            b->tok[R] = step_token(st, i + k), b->slot[R] = s, b->pos[R] = i, b->req[R] = st->req;
+            memcpy(b->x + (size_t)R * e->d, slot_hidden(e, st, k - 1, i),
+                   (size_t)e->d * sizeof(float));
+        }
+        slots[n_slots++] = s;
+    }
+    if (R > 0) draft_flush(g, k, slots, n_slots, R);
+}
+
+/* Accept or reject slot s's drafts against its verify rows [r0, r0 + nd] and record the
+** emitted tokens; returns how many; *stopped when the sequence ended. */
+static int spec_accept(gen_state *g, int s, int r0, int nd, int *stopped)
+{
+    prl_infer *e = g->e;
+    slot_state *st = &e->slots[s];
+    int V = e->V, len0 = st->len, n_emit;
+    int32_t out[PRL_MAX_LAYERS + 1], best[PRL_MAX_LAYERS + 1];
+    const float *logits = e->rb.logits + (size_t)r0 * V;
+    if (g->sp->temperature == 0) {
+        for (int j = 0; j <= nd; j++)
+            best[j] = (int32_t)sample_row(logits + (size_t)j * V, V, g->sp, NULL, g->cands);
+        n_emit = prl_spec_accept_greedy(out, st->draft, best, nd);
+    } else {
+        prl_rng rng[PRL_MAX_LAYERS + 1];
+        uint64_t seq = g->reqs[st->req].seq_id;
+        for (int j = 0; j <= nd; j++) {
+            probs_row(e->spec_p + (size_t)j * V, logits + (size_t)j * V, g);
+            prl_rng_init(&rng[j], g->sp->seed, seq, (uint64_t)(len0 + 1 + j), 0, PRL_RNG_ACCEPT);
+        }
+        n_emit = prl_spec_accept_sample(out, st->draft, st->q, e->spec_p, V, nd, rng);
+    }
+    e->spec.drafted += nd, e->spec.accepted += n_emit - 1, e->spec.emitted += n_emit;
+    e->spec.steps++;
+    *stopped = 0;
+    int j = 0;
+    while (j < n_emit && !*stopped) { /* token j follows the verify row of position len0 + j */
+        st->len = len0 + 1 + j;
+        *stopped = record_token(g, s, out[j], logits + (size_t)j * V);
+        j++;
+    }
+    slot_rollback(e, s, st->len); /* the rows past the last emitted token's are dead */
+    return j;
+}
+
+/* One speculative step for every active slot: drafts, one verify pass, acceptance. */
+static prl_status spec_step(gen_state *g, int *finished, long *tokens)
+{
+    prl_infer *e = g->e;
+    rows_buf *b = &e->rb;
+    int nd[4096], first[4096], R = 0;
+    PRL_ASSERT(e->opt.max_batch <= 4096 && e->opt.spec_drafts <= PRL_MAX_LAYERS);
+    for (int s = 0; s < e->opt.max_batch; s++) nd[s] = e->slots[s].req >= 0 ? spec_budget(g, s) : 0;
+    for (int k = 1; k <= e->opt.spec_drafts; k++) draft_pass(g, k, nd);
+    for (int s = 0; s < e->opt.max_batch; s++) {
+        slot_state *st = &e->slots[s];
+        if (st->req < 0) continue;
+        first[s] = R;
+        for (int j = 0; j <= nd[s]; j++, R++)
+            b->tok[R] = step_token(st, st->len + j), b->slot[R] = s, b->pos[R] = st->len + j,
+            b->req[R] = st->req;
+    }
+    if (R == 0) return PRL_OK;
+    forward_rows(e, R);
+    for (int r = 0; r < R; r++) /* h⁰ of every fed row (dead ones are overwritten later) */
+        memcpy(slot_hidden(e, &e->slots[b->slot[r]], 0, b->pos[r]), b->x + (size_t)r * e->d,
+               (size_t)e->d * sizeof(float));
+    for (int s = 0; s < e->opt.max_batch; s++) {
+        if (e->slots[s].req < 0) continue;
+        int stopped;
+        *tokens += spec_accept(g, s, first[s], nd[s], &stopped);
+        if (stopped) {
+            prl_status rc = finish(g, s);
+            if (rc) return rc;
+            (*finished)++;
+        }
+    }
+    return PRL_OK;
 }

@@ -38,7 +38,16 @@ typedef struct prl_infer_options {
     prl_matmul_kind matmul;
     int max_batch; /* sequences decoded together (default 16) */
     int max_len;   /* context per sequence, prompt + generated (default max_position_embeddings) */
+    int spec_drafts; /* self-speculative decoding with this many MTP drafts per step (0 = off;
+                     ** at most num_nextn_predict_layers); docs/infer.md */
 } prl_infer_options;
+
+/* Speculative decoding counters since prl_infer_init: drafts proposed and accepted (the
+** acceptance rate is accepted / drafted), sequence steps (one sequence's verify rows in one
+** pass) and the tokens they emitted (emitted / steps = tokens per sequence and step). */
+typedef struct prl_spec_stats {
+    long drafted, accepted, steps, emitted;
+} prl_spec_stats;
 
 /* fp32, absorbed, GEMM (pre-packed), batch 16, full context. */
 void prl_infer_options_default(prl_infer_options *o);
@@ -68,6 +77,7 @@ size_t prl_infer_kv_bytes_per_token(const prl_infer *e);
 /* Bytes of KV cache one sequence holds at a context of n_tokens (every layer, rings included). */
 size_t prl_infer_kv_bytes(const prl_infer *e, int n_tokens);
 const prl_infer_options *prl_infer_get_options(const prl_infer *e);
+prl_spec_stats prl_infer_spec_stats(const prl_infer *e);
 
 /* Tensor hooks with the train path's names (L3.attn.q, L3.attn.kv_latent, L3.attn.out,
 ** L3.mlp.out, L3.moe.router_logits, L3.moe.out, final.logits). Rows are the tokens of one

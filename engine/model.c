@@ -9,6 +9,7 @@
 */
 #include "engine/dsa.h"
 #include "engine/mhc.h"
+#include "engine/mtp.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -28,6 +29,9 @@ typedef struct layer_offsets {
     size_t ln_pa, ln_pm;     /* sandwich: post_attention_layernorm, post_mlp_layernorm */
     size_t ln_bp;            /* block_post_layernorm (over all streams) */
     size_t hc[2][4];         /* mHC sites attn, mlp: phi, norm_gamma, branch_alpha, branch_beta */
+    size_t enorm, hnorm, eh_proj, sh_norm, sh_head; /* MTP layers: input op; shared_head
+                                                    ** norm/head (model.norm / lm_head when
+                                                    ** the config gives none) */
 } layer_offsets;
 
 /* Saved activations of one layer (for the current batch shape). */
@@ -56,8 +60,20 @@ typedef struct layer_acts {
     prl_real *bp_in, *rstd_bp;                  /* block post-norm input [N, S], 1/rms */
 } layer_acts;
 
+/* Saved activations of MTP module k (its decoder layer's are a layer_acts). */
+typedef struct mtp_acts {
+    int32_t *tokens, *targets, *lens; /* depth-k inputs (prl_mtp_shift) */
+    float *weights;
+    prl_real *emb, *cat, *rstd_e, *rstd_h; /* input op */
+    prl_real *h;                           /* h^k, the layer's output [N,d] */
+    prl_real *ln, *rstd, *logits, *lse;    /* shared head */
+} mtp_acts;
+
 struct prl_acts {
     int B, T, N;
+    mtp_acts *mtp;          /* per MTP module (num_nextn_predict_layers) */
+    prl_real *dh_mtp, *dh_mtp2, *dcat_mtp, *demb_mtp; /* MTP backward scratch [N,d]/[N,2d] */
+    int mtp_ran;            /* the current forward ran the MTP modules */
     layer_offsets *lo;      /* per layer, fixed at init */
     layer_acts *layer;
     prl_real *res_final, *ln_final, *rstd_final, *logits, *lse;
@@ -196,102 +212,131 @@ static void add_mhc_module(table_builder *tb, const prl_config *c, int layer, in
     off[3] = add_tensor(tb, PRL_PARAM_MHC, layer, -1, M, 0, "%s.branch_beta%s", prefix, suffix);
 }
 
-/* Lay out every tensor in checkpoint order; fill per-layer offsets. `merge` receives the
-** merge head's module (mHC only). */
+/* The tensors of decoder layer l (model.layers.{l}.*). An MTP layer (`mtp`) is a plain
+** decoder layer: no mHC modules and no ModAttn convs (spec §9.2); block post-norms are
+** listed for trunk layers only. */
+static void add_layer(table_builder *tb, const prl_config *c, int l, layer_offsets *o, int mtp)
+{
+    dims D = dims_of(c);
+    int S = prl_config_streams(c) * D.d, ck = mtp ? 0 : D.ck;
+    char name[96];
+    const char *p = "model.layers";
+    if (c->use_mhc && !mtp) {
+        snprintf(name, sizeof name, "%s.%d.attn_mhc_module", p, l);
+        add_mhc_module(tb, c, l, 1, o->hc[0], name);
+    }
+    o->ln1 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.input_layernorm.weight", p, l);
+    o->wq_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d,
+                         "%s.%d.self_attn.q_a_proj.weight", p, l);
+    if (ck) o->qa_conv = add_conv(tb, l, D.rq, ck, "%s.%d.self_attn.qa_conv.weight", l);
+    o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
+                           "%s.%d.self_attn.q_a_layernorm.weight", p, l);
+    o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.rq,
+                         "%s.%d.self_attn.q_b_proj.weight", p, l);
+    o->wkv_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rkv + D.dr, D.d,
+                          "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l);
+    if (ck)
+        o->kv_conv = add_conv(tb, l, D.rkv, ck, "%s.%d.self_attn.compresskv_conv.weight", l);
+    o->kv_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rkv, 0,
+                            "%s.%d.self_attn.kv_a_layernorm.weight", p, l);
+    o->wkv_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dkv, D.rkv,
+                          "%s.%d.self_attn.kv_b_proj.weight", p, l);
+    if (ck) o->o_conv = add_conv(tb, l, D.H * D.dv, ck, "%s.%d.self_attn.o_conv.weight", l);
+    o->wo = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, (int64_t)D.H * D.dv,
+                       "%s.%d.self_attn.o_proj.weight", p, l);
+    if (c->param_sink_number > 0 && c->param_sink_with_value)
+        o->sink_ckv = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.rkv,
+                                 "%s.%d.self_attn.param_sink_compressed_kv", p, l);
+    if (c->param_sink_number > 0)
+        o->sink_kpe = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.dr,
+                                 "%s.%d.self_attn.param_sink_k_pe", p, l);
+    if (!mtp && prl_config_is_dsa(c, l)) { /* trunk layers only: MTP layers have no indexer */
+        o->ix_wq_b = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, (int64_t)D.HI * D.dI, D.rq,
+                                "%s.%d.self_attn.indexer.wq_b.weight", p, l);
+        o->ix_wk = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.dI, D.d,
+                              "%s.%d.self_attn.indexer.wk.weight", p, l);
+        o->ix_k_norm = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.dI, 0,
+                                  "%s.%d.self_attn.indexer.k_norm.weight", p, l);
+        o->ix_wproj = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.HI, D.d,
+                                 "%s.%d.self_attn.indexer.weights_proj.weight", p, l);
+    }
+    if (c->sandwich_norm) /* post_attention_layernorm is then the post-attention norm */
+        o->ln_pa = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
+                              "%s.%d.post_attention_layernorm.weight", p, l);
+    if (c->use_mhc && !mtp) {
+        snprintf(name, sizeof name, "%s.%d.mlp_mhc_module", p, l);
+        add_mhc_module(tb, c, l, 1, o->hc[1], name);
+    }
+    o->ln2 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.%s.weight", p, l,
+                        c->sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
+    if (c->sandwich_norm)
+        o->ln_pm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
+                              "%s.%d.post_mlp_layernorm.weight", p, l);
+    if (prl_config_block_post_norm(c, l))
+        o->ln_bp = add_tensor(tb, PRL_PARAM_NORM, l, -1, S, 0,
+                              "%s.%d.block_post_layernorm.weight", p, l);
+    if (!prl_config_is_moe(c, l)) {
+        o->w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.gate_proj.weight", p, l);
+        o->w3 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.up_proj.weight", p, l);
+        o->w2 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.I, "%s.%d.mlp.down_proj.weight", p, l);
+        PRL_ASSERT(o->w3 == o->w1 + (size_t)D.I * D.d); /* stacked gate/up GEMM */
+        return;
+    }
+    o->router = add_tensor(tb, PRL_PARAM_ROUTER, l, -1, D.E, D.d, "%s.%d.mlp.gate.weight", p, l);
+    for (int e = 0; e < D.E; e++) {
+        size_t w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.de, D.d,
+                               "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
+        add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.de, D.d, "%s.%d.mlp.experts.%d.up_proj.weight",
+                   p, l, e);
+        add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.d, D.de,
+                   "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+        if (e == 0) o->experts = w1;
+    }
+    if (D.sde > 0) {
+        o->sw1 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.sde, D.d,
+                            "%s.%d.mlp.shared_experts.gate_proj.weight", p, l);
+        o->sw3 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.sde, D.d,
+                            "%s.%d.mlp.shared_experts.up_proj.weight", p, l);
+        o->sw2 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.sde,
+                            "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
+        PRL_ASSERT(o->sw3 == o->sw1 + (size_t)D.sde * D.d);
+    }
+}
+
+/* MTP layer l: the input op's tensors first (enorm, hnorm, eh_proj), then the decoder
+** layer, then its shared_head.norm / shared_head.head when the config has them (else the
+** trunk's model.norm / lm_head at norm, head). */
+static void add_mtp_layer(table_builder *tb, const prl_config *c, int l, layer_offsets *o,
+                          size_t norm, size_t head)
+{
+    int d = c->hidden_size;
+    o->enorm = add_tensor(tb, PRL_PARAM_NORM, l, -1, d, 0, "model.layers.%d.enorm.weight", l);
+    o->hnorm = add_tensor(tb, PRL_PARAM_NORM, l, -1, d, 0, "model.layers.%d.hnorm.weight", l);
+    o->eh_proj = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, d, 2 * d,
+                            "model.layers.%d.eh_proj.weight", l);
+    add_layer(tb, c, l, o, 1);
+    o->sh_norm = c->mtp_head_norm ? add_tensor(tb, PRL_PARAM_NORM, l, -1, d, 0,
+                                               "model.layers.%d.shared_head.norm.weight", l)
+                                  : norm;
+    o->sh_head = c->mtp_head ? add_tensor(tb, PRL_PARAM_HEAD, l, -1, c->vocab_size, d,
+                                          "model.layers.%d.shared_head.head.weight", l)
+                             : head;
+}
+
+/* Lay out every tensor in checkpoint order; fill per-layer offsets (trunk, then MTP).
+** `merge` receives the merge head's module (mHC only). */
 static void build_table(table_builder *tb, const prl_config *c, layer_offsets *lo,
                         size_t *embed, size_t *norm, size_t *head, size_t merge[4])
 {
-    dims D = dims_of(c);
-    int S = prl_config_streams(c) * D.d;
-    char name[96];
-    *embed = add_tensor(tb, PRL_PARAM_EMBED, -1, -1, D.V, D.d, "model.embed_tokens.weight");
-    for (int l = 0; l < D.L; l++) {
-        layer_offsets *o = &lo[l];
-        const char *p = "model.layers";
-        if (c->use_mhc) {
-            snprintf(name, sizeof name, "%s.%d.attn_mhc_module", p, l);
-            add_mhc_module(tb, c, l, 1, o->hc[0], name);
-        }
-        o->ln1 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.input_layernorm.weight", p, l);
-        o->wq_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d,
-                             "%s.%d.self_attn.q_a_proj.weight", p, l);
-        if (D.ck) o->qa_conv = add_conv(tb, l, D.rq, D.ck, "%s.%d.self_attn.qa_conv.weight", l);
-        o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
-                               "%s.%d.self_attn.q_a_layernorm.weight", p, l);
-        o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.rq,
-                             "%s.%d.self_attn.q_b_proj.weight", p, l);
-        o->wkv_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rkv + D.dr, D.d,
-                              "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l);
-        if (D.ck)
-            o->kv_conv = add_conv(tb, l, D.rkv, D.ck, "%s.%d.self_attn.compresskv_conv.weight", l);
-        o->kv_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rkv, 0,
-                                "%s.%d.self_attn.kv_a_layernorm.weight", p, l);
-        o->wkv_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dkv, D.rkv,
-                              "%s.%d.self_attn.kv_b_proj.weight", p, l);
-        if (D.ck) o->o_conv = add_conv(tb, l, D.H * D.dv, D.ck, "%s.%d.self_attn.o_conv.weight", l);
-        o->wo = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, (int64_t)D.H * D.dv,
-                           "%s.%d.self_attn.o_proj.weight", p, l);
-        if (c->param_sink_number > 0 && c->param_sink_with_value)
-            o->sink_ckv = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.rkv,
-                                     "%s.%d.self_attn.param_sink_compressed_kv", p, l);
-        if (c->param_sink_number > 0)
-            o->sink_kpe = add_tensor(tb, PRL_PARAM_SINK, l, -1, c->param_sink_number, D.dr,
-                                     "%s.%d.self_attn.param_sink_k_pe", p, l);
-        if (prl_config_is_dsa(c, l)) {
-            o->ix_wq_b = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, (int64_t)D.HI * D.dI, D.rq,
-                                    "%s.%d.self_attn.indexer.wq_b.weight", p, l);
-            o->ix_wk = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.dI, D.d,
-                                  "%s.%d.self_attn.indexer.wk.weight", p, l);
-            o->ix_k_norm = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.dI, 0,
-                                      "%s.%d.self_attn.indexer.k_norm.weight", p, l);
-            o->ix_wproj = add_tensor(tb, PRL_PARAM_INDEXER, l, -1, D.HI, D.d,
-                                     "%s.%d.self_attn.indexer.weights_proj.weight", p, l);
-        }
-        if (c->sandwich_norm) /* post_attention_layernorm is then the post-attention norm */
-            o->ln_pa = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
-                                  "%s.%d.post_attention_layernorm.weight", p, l);
-        if (c->use_mhc) {
-            snprintf(name, sizeof name, "%s.%d.mlp_mhc_module", p, l);
-            add_mhc_module(tb, c, l, 1, o->hc[1], name);
-        }
-        o->ln2 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.%s.weight", p, l,
-                            c->sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
-        if (c->sandwich_norm)
-            o->ln_pm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
-                                  "%s.%d.post_mlp_layernorm.weight", p, l);
-        if (prl_config_block_post_norm(c, l))
-            o->ln_bp = add_tensor(tb, PRL_PARAM_NORM, l, -1, S, 0,
-                                  "%s.%d.block_post_layernorm.weight", p, l);
-        if (!prl_config_is_moe(c, l)) {
-            o->w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.gate_proj.weight", p, l);
-            o->w3 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.up_proj.weight", p, l);
-            o->w2 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.I, "%s.%d.mlp.down_proj.weight", p, l);
-            PRL_ASSERT(o->w3 == o->w1 + (size_t)D.I * D.d); /* stacked gate/up GEMM */
-            continue;
-        }
-        o->router = add_tensor(tb, PRL_PARAM_ROUTER, l, -1, D.E, D.d, "%s.%d.mlp.gate.weight", p, l);
-        for (int e = 0; e < D.E; e++) {
-            size_t w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.de, D.d,
-                                   "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
-            add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.de, D.d, "%s.%d.mlp.experts.%d.up_proj.weight",
-                       p, l, e);
-            add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.d, D.de,
-                       "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
-            if (e == 0) o->experts = w1;
-        }
-        if (D.sde > 0) {
-            o->sw1 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.sde, D.d,
-                                "%s.%d.mlp.shared_experts.gate_proj.weight", p, l);
-            o->sw3 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.sde, D.d,
-                                "%s.%d.mlp.shared_experts.up_proj.weight", p, l);
-            o->sw2 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.sde,
-                                "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
-            PRL_ASSERT(o->sw3 == o->sw1 + (size_t)D.sde * D.d);
-        }
-    }
+    int L = c->num_hidden_layers;
+    *embed = add_tensor(tb, PRL_PARAM_EMBED, -1, -1, c->vocab_size, c->hidden_size,
+                        "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) add_layer(tb, c, l, &lo[l], 0);
     if (c->use_mhc) add_mhc_module(tb, c, -1, 0, merge, "model.merge_mhc_module");
-    *norm = add_tensor(tb, PRL_PARAM_NORM, -1, -1, D.d, 0, "model.norm.weight");
-    *head = add_tensor(tb, PRL_PARAM_HEAD, -1, -1, D.V, D.d, "lm_head.weight");
+    *norm = add_tensor(tb, PRL_PARAM_NORM, -1, -1, c->hidden_size, 0, "model.norm.weight");
+    *head = add_tensor(tb, PRL_PARAM_HEAD, -1, -1, c->vocab_size, c->hidden_size, "lm_head.weight");
+    for (int k = 0; k < c->num_nextn_predict_layers; k++)
+        add_mtp_layer(tb, c, L + k, &lo[L + k], *norm, *head);
 }
 
 /* Model-level offsets live beside the layer table (in the acts struct: they never change). */
@@ -300,9 +345,15 @@ typedef struct model_offsets {
     size_t merge[4]; /* mHC merge head: phi, norm_gamma, branch_alpha_pre, branch_beta_pre */
 } model_offsets;
 
+/* Trunk and MTP layers: the MTP layers are model.layers.{L..L+D−1}. */
+static int all_layers(const prl_config *c)
+{
+    return c->num_hidden_layers + c->num_nextn_predict_layers;
+}
+
 static model_offsets *model_offs(const prl_model *m)
 {
-    return (model_offsets *)(m->acts->lo + m->cfg.num_hidden_layers);
+    return (model_offsets *)(m->acts->lo + all_layers(&m->cfg));
 }
 
 prl_status prl_model_init(prl_model *m, const prl_config *cfg)
@@ -311,7 +362,7 @@ prl_status prl_model_init(prl_model *m, const prl_config *cfg)
     m->cfg = *cfg;
     m->acts = calloc(1, sizeof *m->acts);
     /* layer offsets followed by one model_offsets record */
-    size_t lo_bytes = (size_t)cfg->num_hidden_layers * sizeof(layer_offsets) + sizeof(model_offsets);
+    size_t lo_bytes = (size_t)all_layers(cfg) * sizeof(layer_offsets) + sizeof(model_offsets);
     if (m->acts) m->acts->lo = calloc(1, lo_bytes);
     if (!m->acts || !m->acts->lo) {
         prl_model_free(m);
@@ -327,7 +378,10 @@ prl_status prl_model_init(prl_model *m, const prl_config *cfg)
     m->n_moe = prl_config_moe_layers(cfg);
     m->params = calloc(m->n_params, sizeof *m->params);
     m->grads = calloc(m->n_params, sizeof *m->grads);
-    size_t nb = (size_t)(m->n_moe > 0 ? m->n_moe : 1) * (size_t)(cfg->n_routed_experts > 0 ? cfg->n_routed_experts : 1);
+    /* MTP MoE layers own zero bias slots after the trunk's n_moe (never updated or saved) */
+    size_t nb = (size_t)(m->n_moe + cfg->num_nextn_predict_layers > 0
+                             ? m->n_moe + cfg->num_nextn_predict_layers : 1) *
+                (size_t)(cfg->n_routed_experts > 0 ? cfg->n_routed_experts : 1);
     m->router_bias = calloc(nb, sizeof *m->router_bias);
     m->expert_counts = calloc(nb, sizeof *m->expert_counts);
     if (!m->params || !m->grads || !m->router_bias || !m->expert_counts) {
@@ -345,6 +399,9 @@ static void free_acts_block(prl_acts *a)
     a->block_bytes = 0;
     free(a->layer);
     a->layer = NULL;
+    free(a->mtp);
+    a->mtp = NULL;
+    a->mtp_ran = 0;
     a->B = a->T = a->N = 0;
     a->have_forward = 0;
 }
@@ -444,6 +501,13 @@ static int residual_glue(const prl_config *c)
     return c->use_mhc || c->sandwich_norm || c->n_block_post_layernorm_idx > 0;
 }
 
+/* mHC streams through layer l: the trunk's layers with use_mhc; never an MTP layer, whose
+** decoder layer keeps the ordinary residual (spec §9.2). */
+static int layer_mhc(const prl_model *m, int l)
+{
+    return m->cfg.use_mhc && l < m->cfg.num_hidden_layers;
+}
+
 static prl_mhc_shape site_shape(const prl_model *m, int full)
 {
     return (prl_mhc_shape){.N = m->acts->N, .n = m->cfg.mhc_num_stream, .d = m->cfg.hidden_size,
@@ -470,7 +534,7 @@ static void carve_residual_layer(prl_model *m, carver *cv, int l)
     size_t N = (size_t)m->acts->N, d = (size_t)c->hidden_size, S = prl_config_streams(c) * d;
     if (!residual_glue(c)) return;
     for (int site = 0; site < 2; site++) {
-        if (c->use_mhc) {
+        if (layer_mhc(m, l)) {
             la->xs[site] = CARVE_R(cv, N * S);
             carve_mhc_saved(cv, &la->hc[site], site_shape(m, 1));
         }
@@ -508,12 +572,39 @@ static void carve_residual_model(prl_model *m, carver *cv)
         for (size_t i = 0; i < S; i++) a->ones[i] = 1;
 }
 
+static void carve_mtp(prl_model *m, carver *cv)
+{
+    prl_acts *a = m->acts;
+    size_t N = (size_t)a->N, d = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
+    if (m->cfg.num_nextn_predict_layers == 0) return;
+    for (int k = 0; k < m->cfg.num_nextn_predict_layers; k++) {
+        mtp_acts *t = &a->mtp[k];
+        t->tokens = CARVE_I(cv, N);
+        t->targets = CARVE_I(cv, N);
+        t->lens = CARVE_I(cv, a->B);
+        t->weights = carve(cv, N * sizeof(float));
+        t->emb = CARVE_R(cv, N * d);
+        t->cat = CARVE_R(cv, 2 * N * d);
+        t->rstd_e = CARVE_R(cv, N);
+        t->rstd_h = CARVE_R(cv, N);
+        t->h = CARVE_R(cv, N * d);
+        t->ln = CARVE_R(cv, N * d);
+        t->rstd = CARVE_R(cv, N);
+        t->logits = CARVE_R(cv, N * V);
+        t->lse = CARVE_R(cv, N);
+    }
+    a->dh_mtp = CARVE_R(cv, N * d);
+    a->dh_mtp2 = CARVE_R(cv, N * d);
+    a->dcat_mtp = CARVE_R(cv, 2 * N * d);
+    a->demb_mtp = CARVE_R(cv, N * d);
+}
+
 static void carve_all(prl_model *m, carver *cv)
 {
     prl_acts *a = m->acts;
     dims D = dims_of(&m->cfg);
     size_t N = (size_t)a->N, NK = N * D.K;
-    for (int l = 0; l < D.L; l++) {
+    for (int l = 0; l < all_layers(&m->cfg); l++) {
         layer_acts *la = &a->layer[l];
         la->res_attn = CARVE_R(cv, N * D.d);
         la->ln_a = CARVE_R(cv, N * D.d);
@@ -600,8 +691,10 @@ static void carve_all(prl_model *m, carver *cv)
     a->dyg = CARVE_R(cv, NK * D.d);
     a->dxg = CARVE_R(cv, NK * D.d);
     a->deh = CARVE_R(cv, 3 * NK * D.de);
-    a->routes = CARVE_I(cv, (size_t)(m->n_moe > 0 ? m->n_moe : 1) * NK);
+    int n_moe_all = m->n_moe + m->cfg.num_nextn_predict_layers; /* MTP routes after the trunk's */
+    a->routes = CARVE_I(cv, (size_t)(n_moe_all > 0 ? n_moe_all : 1) * NK);
     carve_residual_model(m, cv);
+    carve_mtp(m, cv);
     if (m->cfg.n_dsa_layers > 0) {
         prl_dsa_scratch *x = &a->dsa_scratch;
         x->dscore = CARVE_R(cv, N * a->T);
@@ -633,8 +726,12 @@ static prl_status ensure_acts(prl_model *m, int B, int T)
         a->B = oB, a->T = oT, a->N = oB * oT;
     }
     free_acts_block(a);
-    a->layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *a->layer);
-    if (!a->layer) return prl_error_set(PRL_ERR_NOMEM, "activations");
+    a->layer = calloc((size_t)all_layers(&m->cfg), sizeof *a->layer);
+    a->mtp = calloc((size_t)m->cfg.num_nextn_predict_layers + 1, sizeof *a->mtp);
+    if (!a->layer || !a->mtp) {
+        free_acts_block(a);
+        return prl_error_set(PRL_ERR_NOMEM, "activations");
+    }
     a->B = B, a->T = T, a->N = B * T;
     cv = (carver){0};
     carve_all(m, &cv);
@@ -680,10 +777,11 @@ prl_status prl_model_set_precision(prl_model *m, prl_precision p)
         return prl_error_set(PRL_ERR_ARG, "train precision %d is not fp32, bf16 or fp16", (int)p);
     /* rounding points not placed yet in these blocks: a rounded run would silently disagree
     ** with the infer path at the same precision */
-    if (p != PRL_PRECISION_FP32 && (residual_glue(&m->cfg) || m->cfg.n_dsa_layers > 0))
+    if (p != PRL_PRECISION_FP32 && (residual_glue(&m->cfg) || m->cfg.n_dsa_layers > 0 ||
+                                    m->cfg.num_nextn_predict_layers > 0))
         return prl_error_set(PRL_ERR_UNSUPPORTED, "train precision %s with use_mhc, sandwich_norm, "
-                             "block_post_layernorm_idx or dsa_layers is not yet supported (fp32 "
-                             "only)", prl_precision_name(p));
+                             "block_post_layernorm_idx, dsa_layers or num_nextn_predict_layers "
+                             "is not yet supported (fp32 only)", prl_precision_name(p));
     if (p == m->precision && (p == PRL_PRECISION_FP32 || m->wround)) return PRL_OK;
     free(m->wround);
     m->wround = NULL;
@@ -738,7 +836,7 @@ static void latent_forward(prl_model *m, prl_real *y, prl_real *rstd, const prl_
                            int z_stride, prl_real *zc, size_t g, size_t conv, int C)
 {
     prl_acts *a = m->acts;
-    int ck = prl_config_conv_kernel(&m->cfg);
+    int ck = conv ? prl_config_conv_kernel(&m->cfg) : 0; /* offset 0: no conv (MTP layer) */
     if (ck) {
         prl_conv_forward(zc, z, z_stride, P(conv), a->B, a->T, C, ck);
         rnd(m, zc, (size_t)a->N * C);
@@ -789,7 +887,7 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
         a->index_loss += prl_dsa_loss_forward(&la->dsa, la->att, D.H, D.ns, dsa_sparse(m, l),
                                               b->lens, dsa_dims(m));
     const prl_real *o_out = la->o;
-    if (D.ck) { /* ModAttn on the heads' output, before o_proj */
+    if (D.ck && o->o_conv) { /* ModAttn on the heads' output, before o_proj (not in MTP) */
         prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck);
         rnd(m, la->oc, (size_t)N * D.H * D.dv);
         o_out = la->oc;
@@ -951,7 +1049,8 @@ static int moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     prl_matmul_forward(la->z, la->ln_f, P(o->router), N, D.d, D.E, 0);
     rnd(m, la->z, (size_t)N * D.E);
     const prl_real *bias = m->router_bias + (size_t)moe_idx * D.E;
-    const int32_t *forced = b->route_override ? b->route_override + (size_t)moe_idx * N * D.K : NULL;
+    const int32_t *forced = b->route_override && moe_idx < m->n_moe /* MTP: native */
+                                ? b->route_override + (size_t)moe_idx * N * D.K : NULL;
     token_ctx tc = {.m = m, .la = la, .D = D, .bias = bias, .forced = forced, .out = a->tmp};
     prl_parallel_rows(N, gate_rows, &tc);
     memcpy(a->routes + (size_t)moe_idx * N * D.K, la->sel, (size_t)N * D.K * sizeof(int32_t));
@@ -1070,6 +1169,8 @@ typedef struct logits_ctx {
     prl_model *m;
     const prl_batch *b;
     float *out;
+    const prl_real *logits; /* [N,V]: the trunk's, or an MTP module's */
+    prl_real *lse;          /* [N] */
 } logits_ctx;
 
 static int target_of(const prl_batch *b, int n)
@@ -1080,13 +1181,12 @@ static int target_of(const prl_batch *b, int n)
 static void logprob_rows(void *p, int r0, int r1)
 {
     logits_ctx *c = p;
-    prl_acts *a = c->m->acts;
     int V = c->m->cfg.vocab_size;
     for (int n = r0; n < r1; n++) {
         int y = target_of(c->b, n);
         float lp = 0;
         if (y >= 0)
-            lp = (float)prl_logprob_forward(&a->lse[n], a->logits + (size_t)n * V, V, y,
+            lp = (float)prl_logprob_forward(&c->lse[n], c->logits + (size_t)n * V, V, y,
                                             c->b->temperature);
         if (c->out) c->out[n] = lp;
     }
@@ -1111,7 +1211,7 @@ static prl_mhc_grads mhc_grads(const prl_model *m, const size_t off[4])
 static prl_real *site_stream(const prl_model *m, int l, int site)
 {
     layer_acts *la = &m->acts->layer[l];
-    if (m->cfg.use_mhc) return la->xs[site];
+    if (layer_mhc(m, l)) return la->xs[site];
     return site ? la->res_ffn : la->res_attn;
 }
 
@@ -1125,7 +1225,7 @@ static prl_real *layer_out_stream(const prl_model *m, int l)
 /* hc_pre of a site: its coefficients and the sublayer input res_attn / res_ffn. */
 static void site_enter(prl_model *m, int l, int site)
 {
-    if (!m->cfg.use_mhc) return;
+    if (!layer_mhc(m, l)) return;
     layer_acts *la = &m->acts->layer[l];
     prl_mhc_shape sh = site_shape(m, 1);
     prl_mhc_params p = mhc_params(m, m->acts->lo[l].hc[site]);
@@ -1155,7 +1255,7 @@ static void site_leave(prl_model *m, int l, int site, prl_real *next)
         }
         F = la->F[site];
     }
-    if (c->use_mhc) {
+    if (layer_mhc(m, l)) {
         prl_mhc_shape sh = site_shape(m, 1);
         int ns = prl_mhc_states(sh), n2 = sh.n * sh.n;
         prl_mhc_post_forward(out, F, la->xs[site], la->hc[site].post,
@@ -1190,6 +1290,106 @@ static void streams_end(prl_model *m)
     prl_mhc_pre_forward(a->res_final, a->xs_final, a->hc_merge.pre, sh);
 }
 
+/* Σ w·logp over the batch's targets in position order (double), for a thread-independent
+** value; *n_targets counts the positions with a target. */
+static double weighted_logp(const prl_batch *b, const prl_real *logits, const prl_real *lse,
+                            int V, int *n_targets)
+{
+    double sum = 0;
+    for (int n = 0; n < b->B * b->T; n++) {
+        int y = b->targets ? b->targets[n] : -1;
+        if (y < 0 || !valid_pos(b, n)) continue;
+        ++*n_targets;
+        if (b->weights)
+            sum += (double)b->weights[n] *
+                   (logits[(size_t)n * V + y] / (prl_real)b->temperature - lse[n]);
+    }
+    return sum;
+}
+
+/* Decoder layer l (trunk or MTP) from its input (res_attn, or the streams xs[0] with mHC) to
+** `out`: attention site, FFN site. *moe_idx counts MoE layers (router bias and route slot);
+** `train` adds the layer's auxiliary losses to st. Returns non-zero when a hook stops. */
+static int layer_forward(prl_model *m, int l, int *moe_idx, const prl_batch *b,
+                         expert_task *tasks, prl_forward_stats *st, int train, prl_real *out)
+{
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    dims D = dims_of(&m->cfg);
+    int N = a->N, stop;
+    site_enter(m, l, 0);
+    prl_rmsnorm_forward(la->ln_a, la->rstd_a, la->res_attn, P(o->ln1), N, D.d, D.d, D.d,
+                        m->cfg.rms_norm_eps);
+    rnd(m, la->ln_a, (size_t)N * D.d);
+    stop = mla_forward(m, l, b);
+    site_leave(m, l, 0, site_stream(m, l, 1));
+    site_enter(m, l, 1);
+    prl_rmsnorm_forward(la->ln_f, la->rstd_f, la->res_ffn, P(o->ln2), N, D.d, D.d, D.d,
+                        m->cfg.rms_norm_eps);
+    rnd(m, la->ln_f, (size_t)N * D.d);
+    if (prl_config_is_moe(&m->cfg, l)) {
+        stop = stop || moe_forward(m, l, *moe_idx, b, tasks);
+        if (train) aux_losses(m, la, b, &st->balance_loss, &st->z_loss);
+        ++*moe_idx;
+    } else {
+        prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->w1), P(o->w2), N, D.d, D.I, 0,
+                           m->precision);
+        stop = stop || emit(m, l, "mlp.out", a->tmp, N, D.d);
+    }
+    site_leave(m, l, 1, out);
+    return stop;
+}
+
+/* The batch MTP module k trains on, over t's buffers: temperature 1, native routes, the
+** trunk's loss scale (so its gradients are scaled like the trunk's). */
+static prl_batch mtp_view(const prl_batch *b, const mtp_acts *t)
+{
+    return (prl_batch){.B = b->B, .T = b->T, .tokens = t->tokens, .lens = t->lens,
+                       .targets = t->targets, .weights = t->weights, .temperature = 1,
+                       .loss_scale = b->loss_scale};
+}
+
+/* Fill t with the depth-(k+1) shift of b (k 0-based; prl_mtp_shift), weights scaled by λ/D,
+** and return its view. */
+static prl_batch mtp_batch(const prl_model *m, const prl_batch *b, int k, mtp_acts *t)
+{
+    const prl_config *c = &m->cfg;
+    prl_mtp_shift(t->tokens, t->targets, t->weights, t->lens, b->tokens, b->targets, b->weights,
+                  b->lens, b->B, b->T, k + 1, c->mtp_loss_weight / c->num_nextn_predict_layers);
+    return mtp_view(b, t);
+}
+
+/* The MTP modules after the trunk (spec §9.1–9.2): module k reads h^{k−1} (h⁰ = res_final,
+** the merged trunk state before the final norm) and Emb(t_{i+k}), runs its plain decoder
+** layer and the shared head. Adds λ/D·Σ_k Σ_i w·logp to st->mtp_loss. */
+static int mtp_forward(prl_model *m, const prl_batch *b, int moe_idx, expert_task *tasks,
+                       prl_forward_stats *st)
+{
+    prl_acts *a = m->acts;
+    const prl_config *c = &m->cfg;
+    int N = a->N, d = c->hidden_size, V = c->vocab_size, stop = 0, unused = 0;
+    const prl_real *h_prev = a->res_final;
+    for (int k = 0; k < c->num_nextn_predict_layers && !stop; k++) {
+        int l = c->num_hidden_layers + k;
+        mtp_acts *t = &a->mtp[k];
+        const layer_offsets *o = &a->lo[l];
+        prl_batch bk = mtp_batch(m, b, k, t);
+        prl_embedding_forward(t->emb, P(model_offs(m)->embed), t->tokens, N, d);
+        prl_mtp_input_forward(a->layer[l].res_attn, t->cat, t->rstd_e, t->rstd_h, t->emb, h_prev,
+                              P(o->enorm), P(o->hnorm), P(o->eh_proj), N, d, c->rms_norm_eps);
+        stop = layer_forward(m, l, &moe_idx, &bk, tasks, st, 1, t->h);
+        prl_rmsnorm_forward(t->ln, t->rstd, t->h, P(o->sh_norm), N, d, d, d, c->rms_norm_eps);
+        prl_matmul_forward(t->logits, t->ln, P(o->sh_head), N, d, V, 0);
+        stop = stop || emit(m, l, "mtp.logits", t->logits, N, V);
+        logits_ctx lc = {.m = m, .b = &bk, .logits = t->logits, .lse = t->lse};
+        prl_parallel_rows(N, logprob_rows, &lc);
+        st->mtp_loss += weighted_logp(&bk, t->logits, t->lse, V, &unused);
+        h_prev = t->h;
+    }
+    return stop;
+}
+
 /* Forward with saved activations; `train` also counts experts and computes aux losses. */
 static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
                           prl_forward_stats *st, int train)
@@ -1210,31 +1410,8 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     prl_embedding_forward(a->layer[0].res_attn, P(mo->embed), b->tokens, N, D.d);
     streams_begin(m);
     int stop = 0, moe_idx = 0;
-    for (int l = 0; l < D.L && !stop; l++) {
-        layer_acts *la = &a->layer[l];
-        const layer_offsets *o = &a->lo[l];
-        site_enter(m, l, 0);
-        prl_rmsnorm_forward(la->ln_a, la->rstd_a, la->res_attn, P(o->ln1), N, D.d, D.d, D.d,
-                            m->cfg.rms_norm_eps);
-        rnd(m, la->ln_a, (size_t)N * D.d);
-        stop = mla_forward(m, l, b);
-        site_leave(m, l, 0, site_stream(m, l, 1));
-        site_enter(m, l, 1);
-        prl_rmsnorm_forward(la->ln_f, la->rstd_f, la->res_ffn, P(o->ln2), N, D.d, D.d, D.d,
-                            m->cfg.rms_norm_eps);
-        rnd(m, la->ln_f, (size_t)N * D.d);
-        if (prl_config_is_moe(&m->cfg, l)) {
-            stop = stop || moe_forward(m, l, moe_idx, b, tasks);
-            if (train) aux_losses(m, la, b, &stats.balance_loss, &stats.z_loss);
-            moe_idx++;
-        } else {
-            prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->w1), P(o->w2), N, D.d,
-                               D.I, 0, m->precision);
-            stop = stop || emit(m, l, "mlp.out", a->tmp, N, D.d);
-        }
-        site_leave(m, l, 1, layer_out_stream(m, l));
-    }
-    free(tasks);
+    for (int l = 0; l < D.L && !stop; l++)
+        stop = layer_forward(m, l, &moe_idx, b, tasks, &stats, train, layer_out_stream(m, l));
     if (!stop) streams_end(m);
     prl_rmsnorm_forward(a->ln_final, a->rstd_final, a->res_final, P(mo->norm), N, D.d, D.d, D.d,
                         m->cfg.rms_norm_eps);
@@ -1242,18 +1419,13 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     prl_matmul_forward(a->logits, a->ln_final, P(mo->head), N, D.d, D.V, 0);
     rnd(m, a->logits, (size_t)N * D.V);
     emit(m, -1, "final.logits", a->logits, N, D.V);
-    logits_ctx lc = {.m = m, .b = b, .out = out_logp};
+    logits_ctx lc = {.m = m, .b = b, .out = out_logp, .logits = a->logits, .lse = a->lse};
     prl_parallel_rows(N, logprob_rows, &lc);
-    /* Σ w·logp in position order (double) for a thread-independent value. */
-    for (int n = 0; n < N; n++) {
-        int y = b->targets ? b->targets[n] : -1;
-        if (y < 0 || !valid_pos(b, n)) continue;
-        stats.n_targets++;
-        if (b->weights) {
-            prl_real lp = a->logits[(size_t)n * D.V + y] / (prl_real)b->temperature - a->lse[n];
-            stats.lm_loss += (double)b->weights[n] * lp;
-        }
-    }
+    stats.lm_loss = weighted_logp(b, a->logits, a->lse, D.V, &stats.n_targets);
+    a->mtp_ran = train && b->with_mtp && m->cfg.num_nextn_predict_layers > 0 && !stop;
+    if (a->mtp_ran)
+        stop = mtp_forward(m, b, moe_idx, tasks, &stats);
+    free(tasks);
     if (train && m->cfg.bias_update_rate > 0) {
         for (int i = 0; i < m->n_moe; i++)
             for (int n = 0; n < N; n++)
@@ -1262,7 +1434,7 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
                         m->expert_counts[(size_t)i * D.E +
                                          a->routes[((size_t)i * N + n) * D.K + k]] += 1;
     }
-    stats.loss = stats.lm_loss + stats.balance_loss + stats.z_loss;
+    stats.loss = stats.lm_loss + stats.balance_loss + stats.z_loss + stats.mtp_loss;
     stats.index_loss = a->index_loss;
     if (st) *st = stats;
     a->have_forward = 1;
@@ -1303,7 +1475,7 @@ static void latent_backward(prl_model *m, prl_real *dz, const prl_real *dy, cons
                             size_t conv, int C)
 {
     prl_acts *a = m->acts;
-    int ck = prl_config_conv_kernel(&m->cfg), N = a->N;
+    int ck = conv ? prl_config_conv_kernel(&m->cfg) : 0, N = a->N; /* as latent_forward */
     if (!ck) {
         prl_rmsnorm_backward(dz, G(g), dy, z, P(g), rstd, N, C, z_stride, C);
         return;
@@ -1342,7 +1514,7 @@ static void mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     int HV = D.H * D.dv;
     prl_real *do_att = a->do_; /* ∂/∂(attention output) */
     zero(a->do_, (size_t)N * HV);
-    if (D.ck) { /* through o_conv: a->do_ is ∂/∂oc first */
+    if (D.ck && o->o_conv) { /* through o_conv: a->do_ is ∂/∂oc first */
         prl_matmul_backward(a->do_, G(o->wo), a->dres, la->oc, P(o->wo), N, HV, D.d);
         rnd(m, a->do_, (size_t)N * HV);
         zero(a->dconv, (size_t)N * HV);
@@ -1661,6 +1833,64 @@ static void residual_backward(prl_model *m, const prl_batch *b, expert_task *tas
         }
 }
 
+/* Backward of an MTP layer's two sites (plain residual, sandwich norms when on): dx holds
+** ∂/∂(the layer's output) and afterwards ∂/∂(its input). */
+static void plain_layer_backward(prl_model *m, int l, const prl_batch *b, expert_task *tasks,
+                                 prl_real *dx)
+{
+    prl_acts *a = m->acts;
+    layer_acts *la = &a->layer[l];
+    const layer_offsets *o = &a->lo[l];
+    int N = a->N, d = m->cfg.hidden_size;
+    for (int site = 1; site >= 0; site--) {
+        zero(a->dres, (size_t)N * d); /* ∂/∂(sublayer output) */
+        if (m->cfg.sandwich_norm) {
+            size_t g = site ? o->ln_pm : o->ln_pa;
+            prl_rmsnorm_backward(a->dres, G(g), dx, la->sub[site], P(g), la->rstd_sub[site], N, d,
+                                 d, d);
+        } else {
+            memcpy(a->dres, dx, (size_t)N * d * sizeof(prl_real));
+        }
+        if (site) ffn_backward(m, l, b, tasks, dx); /* dx keeps the residual's own path */
+        else mla_backward(m, l, b, dx);
+    }
+}
+
+static void dlogits_rows(void *p, int r0, int r1);
+
+/* Backward of mtp_forward, last module first: the head's loss gradient and the chain from
+** the next module into h^k, the decoder layer, the input op (into the shared embedding and
+** h^{k−1}). Leaves ∂/∂h⁰ in a->dh_mtp. */
+static void mtp_backward(prl_model *m, const prl_batch *b, expert_task *tasks)
+{
+    prl_acts *a = m->acts;
+    const prl_config *c = &m->cfg;
+    int N = a->N, d = c->hidden_size, V = c->vocab_size;
+    size_t embed = model_offs(m)->embed;
+    zero(a->dh_mtp, (size_t)N * d);
+    for (int k = c->num_nextn_predict_layers - 1; k >= 0; k--) {
+        int l = c->num_hidden_layers + k;
+        mtp_acts *t = &a->mtp[k];
+        const layer_offsets *o = &a->lo[l];
+        prl_batch bk = mtp_view(b, t);
+        logits_ctx dc = {.m = m, .b = &bk, .logits = t->logits, .lse = t->lse};
+        prl_parallel_rows(N, dlogits_rows, &dc);
+        zero(a->dln, (size_t)N * d);
+        prl_matmul_backward(a->dln, G(o->sh_head), a->dlogits, t->ln, P(o->sh_head), N, d, V);
+        prl_rmsnorm_backward(a->dh_mtp, G(o->sh_norm), a->dln, t->h, P(o->sh_norm), t->rstd, N,
+                             d, d, d);
+        plain_layer_backward(m, l, &bk, tasks, a->dh_mtp); /* now ∂/∂(the input op's output) */
+        const prl_real *h_prev = k ? a->mtp[k - 1].h : a->res_final;
+        zero(a->dh_mtp2, (size_t)N * d), zero(a->demb_mtp, (size_t)N * d);
+        prl_mtp_input_backward(a->demb_mtp, a->dh_mtp2, G(o->enorm), G(o->hnorm), G(o->eh_proj),
+                               a->dcat_mtp, a->dh_mtp, t->cat, t->emb, h_prev, P(o->enorm),
+                               P(o->hnorm), P(o->eh_proj), t->rstd_e, t->rstd_h, N, d);
+        prl_embedding_backward(G(embed), a->demb_mtp, t->tokens, N, d);
+        prl_real *swap = a->dh_mtp;
+        a->dh_mtp = a->dh_mtp2, a->dh_mtp2 = swap;
+    }
+}
+
 static void dlogits_rows(void *p, int r0, int r1)
 {
     logits_ctx *c = p;
@@ -1672,7 +1902,7 @@ static void dlogits_rows(void *p, int r0, int r1)
         int y = target_of(c->b, n);
         float w = c->b->weights ? (float)(c->b->weights[n] * loss_scale(c->b)) : 0;
         if (y < 0 || w == 0) continue;
-        prl_logprob_backward(dl, a->logits + (size_t)n * V, a->lse[n], V, y, c->b->temperature, w);
+        prl_logprob_backward(dl, c->logits + (size_t)n * V, c->lse[n], V, y, c->b->temperature, w);
     }
 }
 
@@ -1700,7 +1930,10 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
     dsa_backward(m, b);
     if (m->cfg.dsa_freeze_main) return PRL_OK; /* only the indexer learns */
     const model_offsets *mo = model_offs(m);
-    logits_ctx dc = {.m = m, .b = b};
+    expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
+    if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
+    if (a->mtp_ran) mtp_backward(m, b, tasks); /* ∂L_MTP/∂h⁰ into dh_mtp; uses dres, dlogits */
+    logits_ctx dc = {.m = m, .b = b, .logits = a->logits, .lse = a->lse};
     prl_parallel_rows(N, dlogits_rows, &dc);
     rnd(m, a->dlogits, (size_t)N * D.V);
     zero(a->dln, (size_t)N * D.d);
@@ -1710,8 +1943,8 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
     prl_rmsnorm_backward(a->dres, G(mo->norm), a->dln, a->res_final, P(mo->norm), a->rstd_final,
                          N, D.d, D.d, D.d);
     rnd(m, a->dres, (size_t)N * D.d);
-    expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
-    if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
+    if (a->mtp_ran) /* h⁰ = res_final also feeds MTP module 1 */
+        for (size_t i = 0; i < (size_t)N * D.d; i++) a->dres[i] += a->dh_mtp[i];
     if (residual_glue(&m->cfg)) {
         residual_backward(m, b, tasks);
     } else {

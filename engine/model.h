@@ -59,6 +59,14 @@ typedef struct prl_config {
     int sandwich_norm;                         /* post-attention and post-MLP norms too */
     int n_block_post_layernorm_idx;            /* layers followed by block_post_layernorm */
     int block_post_layernorm_idx[PRL_MAX_LAYERS];
+    /* multi-token prediction (docs/model.md "Multi-token prediction"): MTP layers are the
+    ** layers num_hidden_layers .. num_hidden_layers + num_nextn_predict_layers − 1 */
+    int num_nextn_predict_layers;              /* D chained MTP modules (0 = off) */
+    double mtp_loss_weight;                    /* prl_mtp_loss_weight λ: loss += λ/D·Σ_k L_k */
+    int mtp_head_norm;                         /* prl_mtp_head_norm: own shared_head.norm, else
+                                               ** the trunk's model.norm */
+    int mtp_head;                              /* prl_mtp_head: own shared_head.head, else
+                                               ** lm_head */
     /* DeepSeek sparse attention (docs/model.md, DSA) */
     int n_dsa_layers;                          /* dsa_layers: layers with a lightning indexer */
     int dsa_layers[PRL_MAX_LAYERS];
@@ -72,7 +80,7 @@ typedef struct prl_config {
 void prl_config_default(prl_config *c);
 /* Parse JSON text; `source` names it in messages. Unknown keys, wrong types, out-of-range
 ** or inconsistent values are PRL_ERR_CONFIG; blocks of the openPangu design that are not
-** built yet (MTP) are
+** built yet (per-layer layer_types) are
 ** PRL_ERR_UNSUPPORTED; both name the key. */
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source);
 prl_status prl_config_load(prl_config *c, const char *path);
@@ -161,6 +169,9 @@ typedef struct prl_batch {
     const int32_t *targets;        /* [B*T] target token per position, -1 = none; NULL = none */
     const float *weights;          /* [B*T] ∂loss/∂logp per position (backward); NULL = 0 */
     double temperature;            /* log-probs are log_softmax(logits / temperature) */
+    int with_mtp;                  /* 1: also run the MTP modules and add their loss
+                                   ** λ/D·Σ_k Σ_i weights[i+k]·log p_k,i(targets[i+k]) at
+                                   ** temperature 1 (SFT); 0: the trunk only */
     const int32_t *route_override; /* NULL, or [n_moe][B*T][K] expert ids to use; a row of K
                                    ** PRL_ROUTE_NATIVE routes that (layer, position) natively */
     double loss_scale;             /* backward: gradients of loss_scale × the whole loss (aux
@@ -197,6 +208,7 @@ typedef struct prl_forward_stats {
     double lm_loss;      /* Σ w·logp */
     double balance_loss; /* sequence-wise balance loss (0 if off) */
     double z_loss;       /* router z-loss (0 if off) */
+    double mtp_loss;     /* λ/D·Σ_k Σ_i w_{i+k}·logp of the MTP modules (0 if not run) */
     double index_loss;   /* DSA indexer KL, mean over query rows, summed over DSA layers (its
                          ** gradient reaches only the indexer; not part of `loss`) */
     int n_targets;       /* positions with a target */

@@ -39,7 +39,7 @@ _BENCH_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in ("bench", "bench-decode"):
     for _k, _v in _BENCH_ENV_DEFAULTS.items():
         os.environ.setdefault(_k, _v)
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -284,7 +284,6 @@ class UnsupportedConfigError(ValueError):
 
 # (key, predicate "this value turns the block on", block name)
 _UNSUPPORTED_BLOCKS = [
-    ("num_nextn_predict_layers", lambda v: (v or 0) > 0, "multi-token prediction (MTP)"),
     ("layer_types", lambda v: any(x != "full_attention" for x in (v or [])),
      "non-full attention layer types"),
 ]
@@ -334,6 +333,10 @@ class PanguConfig:
     mhc_use_gamma: bool = False                         # norm_gamma on the flattened streams
     sandwich_norm: bool = False                         # post-attention / post-MLP norms
     block_post: List[int] = field(default_factory=list)  # layers followed by the n·d norm
+    mtp_layers: int = 0                                 # num_nextn_predict_layers D
+    mtp_loss_weight: float = 0.3                        # prl_mtp_loss_weight λ
+    mtp_head_norm: bool = True                          # own shared_head.norm (else model.norm)
+    mtp_head: bool = False                              # own shared_head.head (else lm_head)
     ignored_keys: List[str] = field(default_factory=list)
 
     @property
@@ -418,7 +421,11 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         router_z_loss_coef=get_float("prl_router_z_loss_coef", 0.0),
         bias_update_rate=get_float("prl_bias_update_rate", 0.0),
     )
-    c.windows = _parse_windows(cfg, c.num_hidden_layers)
+    c.mtp_layers = get_int("num_nextn_predict_layers", 0)
+    c.mtp_loss_weight = get_float("prl_mtp_loss_weight", 0.3)
+    c.mtp_head_norm = bool(cfg.get("prl_mtp_head_norm", True))
+    c.mtp_head = bool(cfg.get("prl_mtp_head", False))
+    c.windows = _parse_windows(cfg, c.num_hidden_layers + c.mtp_layers)  # MTP layers may slide
     c.param_sink_number = get_int("param_sink_number", 0)
     c.param_sink_with_value = bool(cfg.get("param_sink_with_value", True))
     k = get_int("router_sliding_window", 0)
@@ -468,8 +475,9 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         "prl_router_z_loss_coef", "prl_bias_update_rate", "swa_layers", "sliding_window_list",
         "sliding_window", "param_sink_number", "param_sink_with_value", "use_mome",
         "router_sliding_window", "use_mhc", "mhc_num_stream", "mhc_recur_norm", "mhc_use_gamma",
-        "sandwich_norm", "block_post_layernorm_idx", "dsa_layers", "index_topk", "index_n_heads",
-        "index_head_dim", "prl_dsa_stage", "prl_dsa_freeze_main"}
+        "sandwich_norm", "block_post_layernorm_idx", "num_nextn_predict_layers",
+        "prl_mtp_loss_weight", "prl_mtp_head_norm", "prl_mtp_head", "dsa_layers", "index_topk",
+        "index_n_heads", "index_head_dim", "prl_dsa_stage", "prl_dsa_freeze_main"}
     c.ignored_keys = sorted(k for k in cfg if k not in known)
     return c
 
@@ -1019,12 +1027,37 @@ class DecoderLayer(nn.Module):
         return X
 
 
+class MTPLayer(DecoderLayer):
+    """MTP module k (spec §9, docs/model.md "Multi-token prediction"), stored as layer L+k-1:
+    h' = eh_proj([enorm(Emb(t_{i+k})) ; hnorm(h^{k-1}_i)]) (embedding first), then a plain
+    decoder layer (ordinary residual: no mHC, no ModAttn conv, no block post-norm; sandwich
+    norms when on), then shared_head.norm / shared_head.head when the config has them."""
+
+    def __init__(self, c: PanguConfig, layer: int):
+        plain = replace(c, mhc_streams=0, conv_kernel=0, block_post=[])
+        super().__init__(plain, layer)
+        d = c.hidden_size
+        self.enorm = RMSNorm(d, c.rms_norm_eps)
+        self.hnorm = RMSNorm(d, c.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * d, d, bias=False)
+        self.shared_head = nn.Module()
+        if c.mtp_head_norm:
+            self.shared_head.norm = RMSNorm(d, c.rms_norm_eps)
+        if c.mtp_head:
+            self.shared_head.head = nn.Linear(d, c.vocab_size, bias=False)
+
+    def project(self, emb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(h)], dim=-1))
+
+
 class PanguTrunk(nn.Module):
     def __init__(self, c: PanguConfig):
         super().__init__()
         self.n_streams = c.mhc_streams
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c, l) for l in range(c.num_hidden_layers))
+        L = c.num_hidden_layers   # MTP layers follow the trunk's in the same list (names L..)
+        self.layers = nn.ModuleList([DecoderLayer(c, l) for l in range(L)] +
+                                    [MTPLayer(c, L + k) for k in range(c.mtp_layers)])
         if c.mhc_streams:
             self.merge_mhc_module = MHCModule(c, False)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -1046,6 +1079,7 @@ class PanguTrunk(nn.Module):
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor                 # [B, T, V]
+    hidden: torch.Tensor                 # [B, T, d] h0: merged trunk state before the norm
     valid: torch.Tensor                  # [B, T] bool, t < len
     routes: Dict[int, torch.Tensor]      # layer -> [B, T, K] experts used
     natural_routes: Dict[int, torch.Tensor]  # layer -> [B, T, K] top-k on s + b
@@ -1065,6 +1099,7 @@ class LossOutput:
     logp: torch.Tensor                   # [B, T], 0 where no target / padding
     has_target: torch.Tensor             # [B, T] bool
     forward: ForwardOutput
+    mtp: Optional[torch.Tensor] = None   # lambda/D sum_k sum_i w*logp of the MTP modules
 
 
 @dataclass
@@ -1230,7 +1265,7 @@ class PanguRef(nn.Module):
         routes, natural, zs, ss = {}, {}, {}, {}
         moe_idx = 0
         dsa = {}
-        for l, layer in enumerate(self.model.layers):
+        for l, layer in enumerate(self.model.layers[:c.num_hidden_layers]):
             sel_ov = None if dsa_override is None else dsa_override.get(l)
             X = layer.site(X, False, lambda a, sel_ov=sel_ov: layer.self_attn(
                 layer.input_layernorm(a), cos, sin, sel_ov))
@@ -1252,9 +1287,65 @@ class PanguRef(nn.Module):
                 return mo.y.view(B, T, -1)
 
             X = layer.site(X, True, ffn)
-        logits = self.lm_head(self.model.norm(self.model.merge(X)))
-        return ForwardOutput(logits=logits, valid=valid, routes=routes, natural_routes=natural,
-                             router_logits=zs, router_scores=ss, dsa=dsa)
+        h0 = self.model.merge(X)
+        logits = self.lm_head(self.model.norm(h0))
+        return ForwardOutput(logits=logits, hidden=h0, valid=valid, routes=routes,
+                             natural_routes=natural, router_logits=zs, router_scores=ss, dsa=dsa)
+
+    def mtp_loss(self, out: ForwardOutput, tokens: torch.Tensor, targets: torch.Tensor,
+                 weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The MTP modules on a forward's h0 (spec §9.1): module k at position i reads
+        h^{k-1}_i and Emb(t_{i+k}) and is scored on targets[i+k] (= t_{i+k+1}) with weight
+        lambda/D * weights[i+k] at temperature 1, over i + k < len (a row keeps at least one
+        valid position). Returns (sum w*logp, balance loss, z-loss) of the MTP layers."""
+        c = self.cfg
+        B, T = tokens.shape
+        device = out.logits.device
+        tokens = torch.as_tensor(tokens).to(device=device, dtype=torch.long)
+        targets = torch.as_tensor(targets).to(device=device, dtype=torch.long)
+        weights = torch.as_tensor(weights).to(device=device, dtype=self.dtype)
+        lens = out.valid.sum(1)
+        cos, sin = self._rope(T, device)
+        h, zero = out.hidden, out.logits.new_zeros(())
+        total, bal, zl = zero, zero, zero
+        pos = torch.arange(T, device=device)[None, :]
+        for k in range(1, c.mtp_layers + 1):
+            layer = self.model.layers[c.num_hidden_layers + k - 1]
+            src = (pos + k).clamp(max=T - 1).expand(B, T)
+            inside = pos + k < lens[:, None]                              # [B,T]
+            tok_k = torch.where(inside, tokens.gather(1, src), torch.zeros_like(tokens))
+            tgt_k = torch.where(inside, targets.gather(1, src), torch.full_like(targets, -1))
+            w_k = torch.where(inside, weights.gather(1, src), torch.zeros_like(weights))
+            w_k = w_k * (c.mtp_loss_weight / c.mtp_layers)
+            valid_k = pos < (lens[:, None] - k).clamp(min=1)
+            mask = None if bool(valid_k.all()) else valid_k.reshape(-1)
+            x = layer.project(self.model.embed_tokens(tok_k), h)
+            x = layer.site(x, False, lambda a: layer.self_attn(layer.input_layernorm(a), cos, sin))
+            moe = {}
+
+            def ffn(a, layer=layer, mask=mask):
+                f = layer.ffn_norm(a)
+                if not layer.is_moe:
+                    return layer.mlp(f)
+                mo = layer.mlp(f.reshape(B * T, -1), None, mask)
+                moe.update(sel=mo.sel.view(B, T, -1), z=mo.z.view(B, T, -1), s=mo.s.view(B, T, -1))
+                return mo.y.view(B, T, -1)
+
+            h = layer.site(x, True, ffn)
+            norm = getattr(layer.shared_head, "norm", self.model.norm)
+            head = getattr(layer.shared_head, "head", self.lm_head)
+            logits = head(norm(h))
+            has_t = valid_k & (tgt_k >= 0)
+            logp = F.log_softmax(logits, -1).gather(
+                -1, torch.where(has_t, tgt_k, torch.zeros_like(tgt_k)).unsqueeze(-1)).squeeze(-1)
+            total = total + torch.where(has_t, w_k * logp, torch.zeros_like(logp)).sum()
+            if moe:  # the MTP MoE's own auxiliary losses, over its valid positions
+                fo = ForwardOutput(logits=logits, hidden=h, valid=valid_k, routes={0: moe["sel"]},
+                                   natural_routes={}, router_logits={0: moe["z"]},
+                                   router_scores={0: moe["s"]})
+                bal = bal + self.balance_loss(fo)
+                zl = zl + self.router_z_loss(fo)
+        return total, bal, zl
 
     # ---------------------------------------------------------------- losses
     def balance_loss(self, out: ForwardOutput, alpha: Optional[float] = None) -> torch.Tensor:
@@ -1330,8 +1421,13 @@ class PanguRef(nn.Module):
         main = (w * logp).sum()
         bal = self.balance_loss(out)
         zl = self.router_z_loss(out)
-        return LossOutput(loss=main + bal + zl, main=main, balance=bal, z=zl,
-                          index=self.index_loss(out), logp=logp, has_target=has_t, forward=out)
+        mtp = torch.zeros_like(main)
+        if self.cfg.mtp_layers > 0:
+            mtp, mbal, mzl = self.mtp_loss(out, tokens, targets, weights)
+            bal, zl = bal + mbal, zl + mzl
+        return LossOutput(loss=main + bal + zl + mtp, main=main, balance=bal, z=zl,
+                          index=self.index_loss(out), logp=logp, has_target=has_t, forward=out,
+                          mtp=mtp)
 
     # ---------------------------------------------------------------- selection-bias update
     @torch.no_grad()
@@ -1370,9 +1466,9 @@ class PanguRef(nn.Module):
                              f"max_position_embeddings {limit}")
         device = self.lm_head.weight.device
         layers = [layer.self_attn.new_cache(form, pad.shape[0], capacity, self.dtype, device)
-                  for layer in self.model.layers]
+                  for layer in self.model.layers[:self.cfg.num_hidden_layers]]
         conv = [layer.self_attn.new_conv_state(pad.shape[0], capacity, self.dtype, device)
-                for layer in self.model.layers]
+                for layer in self.model.layers[:self.cfg.num_hidden_layers]]
         return KVCache(form=form, pad=pad.to(device=device, dtype=torch.long),
                        capacity=capacity, layers=layers, conv=conv)
 

@@ -293,12 +293,14 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
                 bb[a].weights[i] = bb[a].targets[i] >= 0 ? -1.0f / (float)trained : 0.0f;
             for (int i = 0; i < B; i++) tokens += bb[a].lens[i];
             prl_batch b = prl_batch_buf_view(&bb[a], B, Ts[a]);
+            b.with_mtp = 1; /* the MTP modules (if any) train beside the trunk */
             b.loss_scale = c->scaler ? c->scaler->scale : 0;
             prl_forward_stats st;
             rc = prl_model_forward(m, &b, NULL, &st);
             if (rc == PRL_OK) rc = prl_model_backward(m, &b);
             sum.loss += st.loss, sum.lm_loss += st.lm_loss;
             sum.balance_loss += st.balance_loss, sum.z_loss += st.z_loss;
+            sum.mtp_loss += st.mtp_loss;
             sum.index_loss += st.index_loss;
         }
         if (rc) break;
@@ -324,8 +326,8 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
             prl_sft_progress p = {
                 .step = (int)(step + 1), .steps = (int)last,
                 .loss = sum.lm_loss, .balance_loss = sum.balance_loss / c->accum,
-                .z_loss = sum.z_loss / c->accum, .index_loss = sum.index_loss / c->accum,
-                .lr = os.lr, .grad_norm = os.grad_norm,
+                .z_loss = sum.z_loss / c->accum, .mtp_loss = sum.mtp_loss,
+                .index_loss = sum.index_loss / c->accum, .lr = os.lr, .grad_norm = os.grad_norm,
                 .tokens_per_s = tokens / (t1 - t0), .elapsed_s = t1 - t_start,
                 .loss_scale = c->scaler ? c->scaler->scale : 0,
                 .skipped = c->scaler ? c->scaler->skipped : 0,

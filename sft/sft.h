@@ -57,6 +57,7 @@ typedef struct prl_sft_progress {
     int step, steps;
     double loss;           /* token-mean cross-entropy of this step (the LM loss) */
     double balance_loss, z_loss;
+    double mtp_loss;       /* λ/D·Σ_k of the MTP modules' token-mean cross-entropies (0 = none) */
     double index_loss;     /* DSA indexer KL (docs/model.md; 0 without DSA layers) */
     double lr, grad_norm;
     double tokens_per_s;   /* trained + context tokens per second, this step */

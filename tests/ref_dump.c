@@ -63,7 +63,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < B * T; i++) w[i] = tgt[i] >= 0 ? (float)(-(1.0 + 0.5 * (i % 3)) / n) : 0;
     const double tau = 0.8;
     prl_batch b = {.B = B, .T = T, .tokens = tok, .lens = lens, .targets = tgt, .weights = w,
-                   .temperature = tau};
+                   .temperature = tau, .with_mtp = 1}; /* MTP trains when the config has it */
     prl_forward_stats st;
     prl_model_zero_grad(&m);
     if (prl_model_forward(&m, &b, logp, &st) || prl_model_backward(&m, &b)) return fail("train path");
@@ -115,7 +115,7 @@ int main(int argc, char **argv)
     free(snames);
     prl_model_free(&m);
     if (rc) return fail("writing");
-    fprintf(stderr, "ref_dump: loss %.6f (lm %.6f, balance %.3g, z %.3g, index %.6g), %d targets\n",
-            st.loss, st.lm_loss, st.balance_loss, st.z_loss, st.index_loss, st.n_targets);
+    fprintf(stderr, "ref_dump: loss %.6f (lm %.6f, balance %.3g, z %.3g, mtp %.6f, index %.6g), %d targets\n",
+            st.loss, st.lm_loss, st.balance_loss, st.z_loss, st.mtp_loss, st.index_loss, st.n_targets);
     return 0;
 }

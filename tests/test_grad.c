@@ -10,6 +10,7 @@
 */
 #include "engine/dsa.h"
 #include "engine/mhc.h"
+#include "engine/mtp.h"
 
 #include <check.h>
 #include <math.h>
@@ -660,6 +661,67 @@ START_TEST(test_embedding_grad)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ MTP input ------- */
+
+typedef struct { double *e, *h, *ge, *gh, *w, *cat, rstd_e[6], rstd_h[6]; int N, d; } mtpin_ctx;
+static void mtpin_fwd(void *p, double *out)
+{
+    mtpin_ctx *c = p;
+    prl_mtp_input_forward(out, c->cat, c->rstd_e, c->rstd_h, c->e, c->h, c->ge, c->gh, c->w, c->N,
+                          c->d, 1e-5);
+}
+
+/* The MTP module's own op: [enorm(e) ; hnorm(h)] · eh_projᵀ, every input and parameter. */
+START_TEST(test_mtp_input_grad)
+{
+    mtpin_ctx c = {.N = 6, .d = 5};
+    size_t Nd = 30;
+    c.e = randv(Nd, 1), c.h = randv(Nd, 2), c.ge = randv(5, 1), c.gh = randv(5, 1);
+    c.w = randv(50, 1), c.cat = malloc(60 * 8);
+    double *out = malloc(Nd * 8), *r = randv(Nd, 1), *dcat = malloc(60 * 8);
+    double *de = calloc(Nd, 8), *dh = calloc(Nd, 8), *dge = calloc(5, 8), *dgh = calloc(5, 8),
+           *dw = calloc(50, 8);
+    mtpin_fwd(&c, out);
+    prl_mtp_input_backward(de, dh, dge, dgh, dw, dcat, r, c.cat, c.e, c.h, c.ge, c.gh, c.w,
+                           c.rstd_e, c.rstd_h, c.N, c.d);
+    ck_assert_double_lt(fd_error(mtpin_fwd, &c, c.e, Nd, de, r, Nd), 1e-6);
+    ck_assert_double_lt(fd_error(mtpin_fwd, &c, c.h, Nd, dh, r, Nd), 1e-6);
+    ck_assert_double_lt(fd_error(mtpin_fwd, &c, c.ge, 5, dge, r, Nd), 1e-6);
+    ck_assert_double_lt(fd_error(mtpin_fwd, &c, c.gh, 5, dgh, r, Nd), 1e-6);
+    ck_assert_double_lt(fd_error(mtpin_fwd, &c, c.w, 50, dw, r, Nd), 1e-6);
+    /* the embedding comes first: the first d inputs of eh_proj see enorm(e) */
+    ck_assert_double_eq_tol(c.cat[0], c.ge[0] * c.e[0] * c.rstd_e[0], 1e-12);
+    ck_assert_double_eq_tol(c.cat[5], c.gh[0] * c.h[0] * c.rstd_h[0], 1e-12);
+}
+END_TEST
+
+/* Depth-k inputs: tokens and targets shift left by k inside each row's valid length. */
+START_TEST(test_mtp_shift)
+{
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tgt[8] = {2, 3, -1, 5, 6, 7, 8, -1};
+    float w[8] = {-1, -1, -1, -1, -2, -2, -2, -2};
+    int32_t lens[2] = {4, 2}, tk[8], gk[8], lk[2];
+    float wk[8];
+    prl_mtp_shift(tk, gk, wk, lk, tok, tgt, w, lens, 2, 4, 1, 0.5);
+    int32_t want_t[8] = {2, 3, 4, 0, 6, 0, 0, 0}, want_g[8] = {3, -1, 5, -1, 7, -1, -1, -1};
+    for (int i = 0; i < 8; i++) {
+        ck_assert_int_eq(tk[i], want_t[i]);
+        ck_assert_int_eq(gk[i], want_g[i]);
+    }
+    ck_assert_float_eq(wk[0], -0.5f);
+    ck_assert_float_eq(wk[4], -1.0f);
+    ck_assert_float_eq(wk[3], 0.0f);
+    ck_assert_int_eq(lk[0], 3);
+    ck_assert_int_eq(lk[1], 1);
+    prl_mtp_shift(tk, gk, wk, lk, tok, tgt, w, lens, 2, 4, 3, 1);
+    ck_assert_int_eq(tk[0], 4);
+    ck_assert_int_eq(gk[0], 5);
+    ck_assert_int_eq(tk[1], 0);
+    ck_assert_int_eq(lk[1], 1); /* row 1 is too short for depth 3 */
+    ck_assert_int_eq(gk[4], -1);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ whole model ----- */
 
 #define MICRO_KEYS                                                                               \
@@ -696,6 +758,19 @@ static const char *micro_sandwich_config =
     "{" MICRO_KEYS ", \"sandwich_norm\": true, \"block_post_layernorm_idx\": [0, 2]}";
 static const char *micro_mhc_plain_config =
     "{" MICRO_KEYS ", \"use_mhc\": true, \"mhc_num_stream\": 3, \"mhc_recur_norm\": 5}";
+/* MTP (spec §12.2 plus a second, chained module): two MTP layers (3 and 4) on top of the
+** mHC micro config, the first sliding with W = 4, the second fully causal; MoE FFNs with
+** their own shared_head.norm, and once with own shared_head.head and dense FFNs. */
+static const char *micro_mtp_mhc_config =
+    "{" MICRO_KEYS ", \"swa_layers\": [1, 2, 3], \"sliding_window_list\": [4, 4, 4],"
+    " \"sliding_window\": 4, \"param_sink_number\": 2, \"param_sink_with_value\": true,"
+    " \"use_mome\": true, \"router_sliding_window\": 3, \"use_mhc\": true,"
+    " \"mhc_num_stream\": 4, \"mhc_recur_norm\": 3, \"mhc_use_gamma\": true,"
+    " \"sandwich_norm\": true, \"block_post_layernorm_idx\": [0],"
+    " \"num_nextn_predict_layers\": 2, \"prl_mtp_loss_weight\": 0.7}";
+static const char *micro_mtp_plain_config =
+    "{" MICRO_KEYS ", \"num_nextn_predict_layers\": 1, \"prl_mtp_loss_weight\": 0.5,"
+    " \"prl_mtp_head\": true, \"prl_mtp_head_norm\": false}";
 static const char *micro_sinks_no_value_config =
     "{" MICRO_KEYS ", \"swa_layers\": [2], \"sliding_window\": 3, \"param_sink_number\": 3,"
     " \"param_sink_with_value\": false}";
@@ -736,6 +811,8 @@ static void make_override(int32_t *ov, const int32_t *captured, int n_moe, int N
 /* FD check of the whole model on a micro config: a few random elements of every tensor and
 ** one random direction over all parameters, MoE routes frozen (partial = 0) or partly forced
 ** to other experts and partly native (partial = 1, see make_override). */
+static int grad_with_mtp; /* set around a check: the batch runs the MTP modules */
+
 static void check_model_grad_mode(const char *config, int partial)
 {
     model_ctx c;
@@ -765,7 +842,7 @@ static void check_model_grad_mode(const char *config, int partial)
         weights[i] = (float)(-0.1 * (1 + prl_rng_uniform(&rng)));
     }
     c.b = (prl_batch){.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets,
-                      .weights = weights, .temperature = 0.9};
+                      .weights = weights, .temperature = 0.9, .with_mtp = grad_with_mtp};
     /* freeze routes: capture them, then always force them (or the partial override) */
     model_loss(&c);
     size_t nr = (size_t)c.m.n_moe * B * T * 2;
@@ -948,6 +1025,128 @@ START_TEST(test_model_grad_residual_blocks)
 }
 END_TEST
 
+/* The whole micro model with MTP on (mHC, sandwich, SWA, sinks, convs in the trunk; two
+** chained MTP modules), and a plain trunk with one dense MTP layer with its own head. */
+START_TEST(test_model_grad_mtp)
+{
+    grad_with_mtp = 1;
+    check_model_grad(micro_mtp_mhc_config);
+    check_model_grad(micro_mtp_plain_config);
+    grad_with_mtp = 0;
+}
+END_TEST
+
+/* The MTP modules alone: the gradient they add (grads with MTP − grads without) is the
+** derivative of the reported mtp_loss, through the modules into the trunk, the shared
+** embedding and the head. Without with_mtp the MTP tensors get no gradient. */
+START_TEST(test_mtp_module_grad)
+{
+    prl_config cfg;
+    prl_model m;
+    ck_assert_int_eq(prl_config_parse(&cfg, micro_mtp_mhc_config, "micro"), PRL_OK);
+    cfg.balance_loss_alpha = cfg.router_z_loss_coef = 0; /* the MTP layers' own aux losses
+                                                           ** would add to the difference */
+    ck_assert_int_eq(prl_model_init(&m, &cfg), PRL_OK);
+    prl_model_init_weights(&m, 11);
+    for (int i = 0; i < m.n_tensors; i++)
+        if (m.tensors[i].kind == PRL_PARAM_NORM || m.tensors[i].kind == PRL_PARAM_CONV)
+            for (size_t j = 0; j < m.tensors[i].numel; j++)
+                m.params[m.tensors[i].offset + j] += 0.3 * prl_rng_normal(&rng);
+    enum { B = 2, T = 12 };
+    int32_t tokens[B * T], targets[B * T], lens[B] = {12, 8};
+    float weights[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tokens[i] = (int32_t)(prl_rng_u64(&rng) % 64);
+        targets[i] = i % 7 == 3 ? -1 : (int32_t)(prl_rng_u64(&rng) % 64);
+        weights[i] = -1.0f / 20;
+    }
+    prl_batch b = {.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets,
+                   .weights = weights, .temperature = 1};
+    prl_forward_stats st;
+    double *g0 = malloc(m.n_params * sizeof *g0);
+    prl_model_zero_grad(&m);
+    ck_assert_int_eq(prl_model_forward(&m, &b, NULL, &st), PRL_OK);
+    ck_assert_double_eq(st.mtp_loss, 0);
+    ck_assert_int_eq(prl_model_backward(&m, &b), PRL_OK);
+    memcpy(g0, m.grads, m.n_params * sizeof *g0);
+    const prl_param_info *eh = prl_model_find(&m, "model.layers.3.eh_proj.weight");
+    ck_assert_ptr_nonnull(eh);
+    ck_assert_ptr_nonnull(prl_model_find(&m, "model.layers.4.shared_head.norm.weight"));
+    ck_assert_ptr_null(prl_model_find(&m, "model.layers.3.attn_mhc_module.phi.weight"));
+    ck_assert_ptr_null(prl_model_find(&m, "model.layers.3.self_attn.qa_conv.weight"));
+    for (size_t j = 0; j < eh->numel; j++) ck_assert_double_eq(g0[eh->offset + j], 0);
+    b.with_mtp = 1;
+    prl_model_zero_grad(&m);
+    ck_assert_int_eq(prl_model_forward(&m, &b, NULL, &st), PRL_OK);
+    ck_assert_double_gt(st.mtp_loss, 0); /* Σ w·logp with w < 0: a cross-entropy */
+    ck_assert_double_eq_tol(st.loss, st.lm_loss + st.balance_loss + st.z_loss + st.mtp_loss,
+                            1e-12);
+    ck_assert_int_eq(prl_model_backward(&m, &b), PRL_OK);
+    for (size_t j = 0; j < m.n_params; j++) m.grads[j] -= g0[j]; /* the MTP part */
+    /* FD of mtp_loss over a random direction, and per element on some tensors */
+    const double eps = 1e-6;
+    double *dir = randv(m.n_params, 1.0), *keep = malloc(m.n_params * sizeof *keep);
+    memcpy(keep, m.params, m.n_params * sizeof *keep);
+    double lp, lm;
+    for (size_t j = 0; j < m.n_params; j++) m.params[j] = keep[j] + eps * dir[j];
+    prl_model_forward(&m, &b, NULL, &st), lp = st.mtp_loss;
+    for (size_t j = 0; j < m.n_params; j++) m.params[j] = keep[j] - eps * dir[j];
+    prl_model_forward(&m, &b, NULL, &st), lm = st.mtp_loss;
+    memcpy(m.params, keep, m.n_params * sizeof *keep);
+    double num = (lp - lm) / (2 * eps), ana = dot(m.grads, dir, m.n_params);
+    fprintf(stderr, "MTP alone: direction numeric %.10g analytic %.10g\n", num, ana);
+    ck_assert_double_lt(fabs(num - ana) / fabs(num), 1e-6);
+    const char *names[] = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_a_proj.weight",
+                           "model.merge_mhc_module.phi.weight", "lm_head.weight",
+                           "model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight",
+                           "model.layers.4.hnorm.weight", "model.layers.4.mlp.gate.weight",
+                           "model.layers.3.self_attn.param_sink_k_pe"};
+    double worst = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const prl_param_info *p = prl_model_find(&m, names[i]);
+        ck_assert_msg(p != NULL, "%s", names[i]);
+        double gsum = 0;
+        for (int r = 0; r < 6; r++) {
+            size_t j = p->offset + prl_rng_u64(&rng) % p->numel;
+            m.params[j] = keep[j] + eps;
+            prl_model_forward(&m, &b, NULL, &st), lp = st.mtp_loss;
+            m.params[j] = keep[j] - eps;
+            prl_model_forward(&m, &b, NULL, &st), lm = st.mtp_loss;
+            m.params[j] = keep[j];
+            double n_ = (lp - lm) / (2 * eps), a_ = m.grads[j];
+            double err = fabs(n_ - a_) / fmax(1e-3, fabs(n_) + fabs(a_));
+            if (err > 1e-5) fprintf(stderr, "MTP grad %s: analytic %.10g numeric %.10g\n",
+                                    names[i], a_, n_);
+            worst = fmax(worst, err);
+        }
+        for (size_t j = 0; j < p->numel; j++) gsum += fabs(m.grads[p->offset + j]);
+        ck_assert_msg(gsum > 0, "%s gets no MTP gradient", names[i]);
+    }
+    ck_assert_double_lt(worst, 1e-5);
+    free(dir), free(keep), free(g0);
+    prl_model_free(&m);
+}
+END_TEST
+
+/* Bad MTP configs name the key. */
+START_TEST(test_mtp_config_errors)
+{
+    prl_config cfg;
+    ck_assert_int_eq(prl_config_parse(&cfg, "{" MICRO_KEYS ", \"num_nextn_predict_layers\": -1}",
+                                      "x"), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "num_nextn_predict_layers"));
+    ck_assert_int_eq(prl_config_parse(&cfg, "{" MICRO_KEYS ", \"prl_mtp_loss_weight\": -0.1}",
+                                      "x"), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "prl_mtp_loss_weight"));
+    ck_assert_int_eq(prl_config_parse(&cfg, "{" MICRO_KEYS ", \"swa_layers\": [3],"
+                                      " \"sliding_window\": 4}", "x"), PRL_ERR_CONFIG);
+    ck_assert_int_eq(prl_config_parse(&cfg, "{" MICRO_KEYS ", \"swa_layers\": [3],"
+                                      " \"sliding_window\": 4, \"num_nextn_predict_layers\": 1}",
+                                      "x"), PRL_OK);
+    ck_assert_int_eq(prl_config_window(&cfg, 3), 4);
+}
+END_TEST
+
 /* Padding positions must not influence anything at valid positions. */
 START_TEST(test_padding_is_inert)
 {
@@ -988,6 +1187,8 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_moe_gate_grad);
     tcase_add_test(ops, test_logprob_grad);
     tcase_add_test(ops, test_embedding_grad);
+    tcase_add_test(ops, test_mtp_input_grad);
+    tcase_add_test(ops, test_mtp_shift);
     tcase_add_test(ops, test_sinkhorn_grad);
     tcase_add_test(ops, test_hc_pre_post_grad);
     tcase_add_test(ops, test_mhc_site_grad);
@@ -1011,6 +1212,9 @@ static Suite *grad_suite(void)
     tcase_add_test(model, test_model_grad_mhc);
     tcase_add_test(model, test_model_grad_residual_blocks);
     tcase_add_test(model, test_padding_is_inert);
+    tcase_add_test(model, test_model_grad_mtp);
+    tcase_add_test(model, test_mtp_module_grad);
+    tcase_add_test(model, test_mtp_config_errors);
     tcase_add_test(model, test_model_grad_dsa);
     tcase_add_test(model, test_dsa_gradient_separation);
     suite_add_tcase(s, model);

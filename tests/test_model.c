@@ -103,7 +103,7 @@ START_TEST(test_config_errors)
     ck_assert_int_eq(parse("{\"vocab_size\": 64, \"vocab_size\": 65}", &c), PRL_ERR_CONFIG);
     ck_assert_int_eq(parse("[1, 2]", &c), PRL_ERR_CONFIG);
     /* later blocks: recognised, refused unless off */
-    ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 1}", &c), PRL_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse("{\"layer_types\": [\"sliding_attention\"]}", &c), PRL_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "not yet supported"));
     /* DSA: layers, indexer shape, stage; bad values name the key */
     ck_assert_int_eq(parse("{\"dsa_layers\": [0, 3], \"index_topk\": 8, \"index_n_heads\": 2, "
@@ -141,7 +141,18 @@ START_TEST(test_config_errors)
     ck_assert_int_eq(parse("{\"block_post_layernorm_idx\": [2, 2]}", &c), PRL_ERR_CONFIG);
     ck_assert_int_eq(parse("{\"use_mhc\": false}", &c), PRL_OK);
     ck_assert_int_eq(prl_config_streams(&c), 1);
-    ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 1}", &c), PRL_ERR_UNSUPPORTED);
+    /* MTP: up to PRL_MAX_LAYERS layers in all; its keys round-trip through config.json */
+    ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 1, \"prl_mtp_loss_weight\": 0.1}", &c),
+                     PRL_OK);
+    ck_assert_int_eq(c.num_nextn_predict_layers, 1);
+    char *js = prl_config_to_json(&c);
+    prl_config back;
+    ck_assert_int_eq(prl_config_parse(&back, js, "round trip"), PRL_OK);
+    free(js);
+    ck_assert_int_eq(back.num_nextn_predict_layers, 1);
+    ck_assert_double_eq(back.mtp_loss_weight, 0.1);
+    ck_assert_int_eq(parse("{\"num_nextn_predict_layers\": 59}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "num_nextn_predict_layers"));
     /* ModAttn convs: on by router_sliding_window (use_mome defaults to it) */
     ck_assert_int_eq(parse("{\"router_sliding_window\": 3}", &c), PRL_OK);
     ck_assert_int_eq(prl_config_conv_kernel(&c), 3);

@@ -347,6 +347,15 @@ START_TEST(test_fp16_backward_and_overflow)
     assert_msg_has("sandwich_norm");
     assert_ok(prl_model_set_precision(&glue, PRL_PRECISION_FP32));
     prl_model_free(&glue);
+    /* nor the MTP modules' input op and heads */
+    prl_model mtp;
+    c = model.cfg;
+    c.num_nextn_predict_layers = 1;
+    assert_ok(prl_model_init(&mtp, &c));
+    ck_assert_int_eq(prl_model_set_precision(&mtp, PRL_PRECISION_FP16), PRL_ERR_UNSUPPORTED);
+    assert_msg_has("num_nextn_predict_layers");
+    assert_ok(prl_model_set_precision(&mtp, PRL_PRECISION_FP32));
+    prl_model_free(&mtp);
     free(g32), free(g16), free(master);
 }
 END_TEST

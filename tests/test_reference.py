@@ -846,8 +846,35 @@ class TestDSA(unittest.TestCase):
 
 
 class TestConfig(unittest.TestCase):
-    UNSUPPORTED = {"num_nextn_predict_layers": 1,
-                   "rope_interleave": True, "tie_word_embeddings": True}
+    UNSUPPORTED = {"rope_interleave": True, "tie_word_embeddings": True}
+
+    def test_mtp_layers_follow_the_trunk_and_train(self):
+        """MTP layers are model.layers.L.. with enorm/hnorm/eh_proj, no mHC or conv; their
+        loss (lambda/D sum_k) is in the total and reaches the trunk and the MTP tensors."""
+        cfg = dict(MICRO, num_nextn_predict_layers=2, prl_mtp_loss_weight=0.5, use_mhc=True,
+                   mhc_num_stream=2, router_sliding_window=3, prl_mtp_head=True)
+        m = pr.PanguRef(cfg, dtype=torch.float64)
+        m.init_weights(std=0.2, generator=torch.Generator().manual_seed(3))
+        names = dict(m.named_parameters())
+        for n in ["model.layers.3.enorm.weight", "model.layers.3.hnorm.weight",
+                  "model.layers.4.eh_proj.weight", "model.layers.4.shared_head.norm.weight",
+                  "model.layers.4.shared_head.head.weight"]:
+            self.assertIn(n, names)
+        self.assertEqual(tuple(names["model.layers.3.eh_proj.weight"].shape), (32, 64))
+        self.assertNotIn("model.layers.3.attn_mhc_module.phi.weight", names)
+        self.assertNotIn("model.layers.3.self_attn.qa_conv.weight", names)
+        g = torch.Generator().manual_seed(4)
+        tokens = torch.randint(0, 64, (2, 8), generator=g)
+        targets = torch.roll(tokens, -1, 1)
+        weights = torch.full((2, 8), -1 / 16, dtype=torch.float64)
+        out = m.compute_loss(tokens, torch.tensor([8, 5]), targets, weights)
+        self.assertGreater(float(out.mtp), 0)
+        self.assertAlmostEqual(float(out.loss), float(out.main + out.balance + out.z + out.mtp))
+        out.mtp.backward()
+        for n in ["model.layers.4.eh_proj.weight", "model.layers.0.self_attn.q_a_proj.weight",
+                  "model.embed_tokens.weight", "model.layers.3.shared_head.head.weight"]:
+            self.assertGreater(float(names[n].grad.abs().sum()), 0, n)
+        self.assertIsNone(names["lm_head.weight"].grad)  # the MTP layers have their own heads
 
     def test_unsupported_blocks_raise_naming_the_key(self):
         for key, val in self.UNSUPPORTED.items():
