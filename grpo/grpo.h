@@ -303,6 +303,14 @@ prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b);
 prl_status prl_grpo_msg_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
                               size_t count, const prl_bus_frame **out);
 
+/* The frames every sequence message carries (`train`, OPD's `teach`): field count and frames
+** tokens, offsets, prompt_lens and mask. `add` writes them from b; `read` checks each one's
+** presence, dtype and size (mask: at most one entry per token), makes b a new batch with one
+** response entry per mask entry and copies the four in; the caller reads the rest and runs
+** prl_grpo_batch_check. On error (PRL_ERR_FORMAT naming the frame or field) b is not allocated. */
+prl_status prl_grpo_seq_frames_add(const prl_grpo_batch *b, prl_bus_msg *m);
+prl_status prl_grpo_seq_frames_read(prl_grpo_batch *b, const prl_bus_msg *m);
+
 /* Read a decoded `train` message (field count; frames tokens, offsets, prompt_lens, rewards,
 ** groups, logprobs, mask; optionally frames route_rows and routes with fields route_moe,
 ** route_k, route_width) into a new batch `b`. Every frame's presence, dtype and size and

@@ -233,10 +233,8 @@ static prl_status routes_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
     return PRL_OK;
 }
 
-static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
+prl_status prl_grpo_seq_frames_read(prl_grpo_batch *b, const prl_bus_msg *m)
 {
-    if (strcmp(m->type, "train") != 0)
-        return prl_error_set(PRL_ERR_FORMAT, "a '%s' message, expected 'train'", m->type);
     uint64_t count;
     prl_status rc = prl_bus_msg_get_uint(m, "count", &count);
     if (rc) return rc;
@@ -244,28 +242,39 @@ static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
         return prl_error_set(PRL_ERR_FORMAT, "field 'count' = %llu samples (need 1 .. %zu)",
                              (unsigned long long)count, PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t) - 1);
     size_t n = (size_t)count;
-    const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *rew = NULL, *grp = NULL, *lp = NULL,
-                        *mask = NULL;
+    const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *mask = NULL;
     if ((rc = prl_grpo_msg_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
         (rc = prl_grpo_msg_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
         (rc = prl_grpo_msg_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
-        (rc = prl_grpo_msg_frame(m, "rewards", PRL_BUS_F32, n, &rew)) ||
-        (rc = prl_grpo_msg_frame(m, "groups", PRL_BUS_I32, n, &grp)) ||
-        (rc = prl_grpo_msg_frame(m, "logprobs", PRL_BUS_F32, SIZE_MAX, &lp)) ||
-        (rc = prl_grpo_msg_frame(m, "mask", PRL_BUS_U8, lp->count, &mask)))
+        (rc = prl_grpo_msg_frame(m, "mask", PRL_BUS_U8, SIZE_MAX, &mask)))
         return rc;
-    if (lp->count > tok->count)
-        return prl_error_set(PRL_ERR_FORMAT, "frame 'logprobs' has %zu elements, more than the "
-                             "%zu tokens", lp->count, tok->count);
-    if ((rc = prl_grpo_batch_init(b, (int)n, tok->count, lp->count))) return rc;
+    if (mask->count > tok->count)
+        return prl_error_set(PRL_ERR_FORMAT, "frame 'mask' has %zu elements, more than the %zu "
+                             "tokens", mask->count, tok->count);
+    if ((rc = prl_grpo_batch_init(b, (int)n, tok->count, mask->count))) return rc;
     copy_frame(b->tokens, tok);
     copy_frame(b->offsets, off);
     copy_frame(b->prompt_lens, pl);
-    copy_frame(b->rewards, rew);
-    copy_frame(b->groups, grp);
-    copy_frame(b->logprobs, lp);
     copy_frame(b->mask, mask);
-    rc = routes_from_msg(b, m);
+    return PRL_OK;
+}
+
+static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
+{
+    if (strcmp(m->type, "train") != 0)
+        return prl_error_set(PRL_ERR_FORMAT, "a '%s' message, expected 'train'", m->type);
+    prl_status rc = prl_grpo_seq_frames_read(b, m);
+    if (rc) return rc;
+    size_t n = (size_t)b->n;
+    const prl_bus_frame *rew = NULL, *grp = NULL, *lp = NULL;
+    if (!(rc = prl_grpo_msg_frame(m, "rewards", PRL_BUS_F32, n, &rew)) &&
+        !(rc = prl_grpo_msg_frame(m, "groups", PRL_BUS_I32, n, &grp)) &&
+        !(rc = prl_grpo_msg_frame(m, "logprobs", PRL_BUS_F32, b->n_response, &lp))) {
+        copy_frame(b->rewards, rew);
+        copy_frame(b->groups, grp);
+        copy_frame(b->logprobs, lp);
+        rc = routes_from_msg(b, m);
+    }
     if (!rc) rc = prl_grpo_batch_check(b);
     if (rc) prl_grpo_batch_free(b);
     return rc;
@@ -278,18 +287,26 @@ prl_status prl_grpo_batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
     return rc ? prl_error_wrap(rc, "train message: ") : PRL_OK;
 }
 
-prl_status prl_grpo_batch_to_msg(const prl_grpo_batch *b, prl_bus_msg *m)
+prl_status prl_grpo_seq_frames_add(const prl_grpo_batch *b, prl_bus_msg *m)
 {
-    prl_status rc = prl_grpo_batch_check(b);
-    if (rc) return prl_error_wrap(rc, "train message: ");
+    prl_status rc;
     if ((rc = prl_bus_msg_set_uint(m, "count", (uint64_t)b->n)) ||
         (rc = prl_bus_msg_add_frame(m, "tokens", PRL_BUS_I32, b->tokens, b->n_tokens)) ||
         (rc = prl_bus_msg_add_frame(m, "offsets", PRL_BUS_I32, b->offsets, (size_t)b->n + 1)) ||
         (rc = prl_bus_msg_add_frame(m, "prompt_lens", PRL_BUS_I32, b->prompt_lens, (size_t)b->n)) ||
+        (rc = prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, b->mask, b->n_response)))
+        return rc;
+    return PRL_OK;
+}
+
+prl_status prl_grpo_batch_to_msg(const prl_grpo_batch *b, prl_bus_msg *m)
+{
+    prl_status rc = prl_grpo_batch_check(b);
+    if (rc) return prl_error_wrap(rc, "train message: ");
+    if ((rc = prl_grpo_seq_frames_add(b, m)) ||
         (rc = prl_bus_msg_add_frame(m, "rewards", PRL_BUS_F32, b->rewards, (size_t)b->n)) ||
         (rc = prl_bus_msg_add_frame(m, "groups", PRL_BUS_I32, b->groups, (size_t)b->n)) ||
-        (rc = prl_bus_msg_add_frame(m, "logprobs", PRL_BUS_F32, b->logprobs, b->n_response)) ||
-        (rc = prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, b->mask, b->n_response)))
+        (rc = prl_bus_msg_add_frame(m, "logprobs", PRL_BUS_F32, b->logprobs, b->n_response)))
         return rc;
     if (!b->route_rows) return PRL_OK;
     if ((rc = prl_bus_msg_set_uint(m, "route_moe", (uint64_t)b->route_moe)) ||

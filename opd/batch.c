@@ -83,40 +83,13 @@ prl_status prl_opd_batch_to_msg(const prl_opd_batch *ob, prl_bus_msg *m)
 prl_status prl_opd_teach_to_msg(const prl_grpo_batch *t, prl_bus_msg *m)
 {
     prl_status rc = prl_grpo_batch_check(t);
-    if (rc) return prl_error_wrap(rc, "teach message: ");
-    if ((rc = prl_bus_msg_set_uint(m, "count", (uint64_t)t->n)) ||
-        (rc = prl_bus_msg_add_frame(m, "tokens", PRL_BUS_I32, t->tokens, t->n_tokens)) ||
-        (rc = prl_bus_msg_add_frame(m, "offsets", PRL_BUS_I32, t->offsets, (size_t)t->n + 1)) ||
-        (rc = prl_bus_msg_add_frame(m, "prompt_lens", PRL_BUS_I32, t->prompt_lens, (size_t)t->n)) ||
-        (rc = prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, t->mask, t->n_response)))
-        return rc;
-    return PRL_OK;
+    return rc ? prl_error_wrap(rc, "teach message: ") : prl_grpo_seq_frames_add(t, m);
 }
 
 static prl_status teach_from_msg(prl_grpo_batch *t, const prl_bus_msg *m)
 {
-    uint64_t count;
-    prl_status rc = prl_bus_msg_get_uint(m, "count", &count);
-    if (rc) return rc;
-    if (count < 1 || count > (uint64_t)(PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t)) - 1)
-        return prl_error_set(PRL_ERR_FORMAT, "field 'count' = %llu samples (need 1 .. %zu)",
-                             (unsigned long long)count, PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t) - 1);
-    size_t n = (size_t)count;
-    const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *mask = NULL;
-    if ((rc = prl_grpo_msg_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
-        (rc = prl_grpo_msg_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
-        (rc = prl_grpo_msg_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
-        (rc = prl_grpo_msg_frame(m, "mask", PRL_BUS_U8, SIZE_MAX, &mask)))
-        return rc;
-    if (mask->count > tok->count)
-        return prl_error_set(PRL_ERR_FORMAT, "frame 'mask' has %zu elements, more than the %zu "
-                             "tokens", mask->count, tok->count);
-    if ((rc = prl_grpo_batch_init(t, (int)n, tok->count, mask->count))) return rc;
-    if (tok->bytes) memcpy(t->tokens, tok->data, tok->bytes);
-    memcpy(t->offsets, off->data, off->bytes);
-    memcpy(t->prompt_lens, pl->data, pl->bytes);
-    if (mask->bytes) memcpy(t->mask, mask->data, mask->bytes);
-    return prl_grpo_batch_check(t); /* log-probs are 0: valid; the layout and mask are checked */
+    prl_status rc = prl_grpo_seq_frames_read(t, m);
+    return rc ? rc : prl_grpo_batch_check(t); /* log-probs are 0: valid; the layout and mask are checked */
 }
 
 prl_status prl_opd_teach_from_msg(prl_grpo_batch *t, const prl_bus_msg *m)

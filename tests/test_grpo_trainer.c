@@ -145,10 +145,10 @@ static void make_msg(prl_bus_msg *m, const prl_grpo_batch *b, const char *skip, 
         {"tokens", PRL_BUS_I32, b->tokens, b->n_tokens},
         {"offsets", PRL_BUS_I32, b->offsets, (size_t)b->n + 1},
         {"prompt_lens", PRL_BUS_I32, b->prompt_lens, (size_t)b->n},
+        {"mask", PRL_BUS_U8, b->mask, b->n_response},
         {"rewards", PRL_BUS_F32, b->rewards, (size_t)b->n},
         {"groups", PRL_BUS_I32, b->groups, (size_t)b->n},
-        {"logprobs", PRL_BUS_F32, b->logprobs, b->n_response},
-        {"mask", PRL_BUS_U8, b->mask, b->n_response}};
+        {"logprobs", PRL_BUS_F32, b->logprobs, b->n_response}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         if (skip && !strcmp(skip, f[i].name)) continue;
         prl_bus_dtype dt = f[i].dt;
