@@ -583,6 +583,22 @@ START_TEST(test_all_blocks_match_train_path)
             ck_assert_msg(mm.mean < 5e-4, "fp32 mean |dlogp| %g", mm.mean);
         }
     }
+    /* the caches as allocated for one slot of n rows are the accounted bytes of an n-token
+    ** context: rings stop at W = 16, whole-context layers and indexer keys grow with n */
+    for (int n = 10; n <= 160; n += 150) {
+        prl_infer_options o;
+        prl_infer_options_default(&o);
+        o.max_batch = 1, o.max_len = n;
+        prl_infer *e = NULL;
+        ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_OK);
+        prl_kv_alloc a = prl_infer_kv_alloc(e);
+        size_t row = (size_t)(model.cfg.kv_lora_rank + model.cfg.qk_rope_head_dim) * 4;
+        ck_assert(a.n_full == 2 && a.n_dsa == 2 && a.n_ring == 4);
+        ck_assert_uint_eq(a.full + a.index + a.ring, prl_infer_kv_bytes(e, n));
+        ck_assert_uint_eq(a.ring, 4 * (size_t)(n < 16 ? n : 16) * row);
+        ck_assert_uint_eq(a.index, 2 * (size_t)n * model.cfg.index_head_dim * 4);
+        prl_infer_free(e);
+    }
     load_model(0);
 }
 END_TEST
