@@ -445,27 +445,39 @@ static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const c
     return rc;
 }
 
+/* The formula of one sequence's cache bytes at an n-token context, from the config alone:
+** whole-context layers n × row, DSA indexer keys n × d_I per DSA layer, each sliding-window
+** layer min(n, W) × row, where row = r_kv + d_r floats (naive form: + H·(d_n + d_v)). */
+static prl_kv_alloc kv_formula_at(const prl_config *c, int naive, int n)
+{
+    size_t row = ((size_t)(c->kv_lora_rank + c->qk_rope_head_dim) +
+                  (naive ? (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) : 0)) *
+                 sizeof(float);
+    prl_kv_alloc f = {.n_dsa = c->n_dsa_layers};
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int W = prl_config_window(c, l);
+        if (W > 0) f.ring += (size_t)(W < n ? W : n) * row, f.n_ring++;
+        else f.full += (size_t)n * row, f.n_full++;
+    }
+    f.index = (size_t)n * c->index_head_dim * c->n_dsa_layers * sizeof(float);
+    return f;
+}
+
 /* Decode memory by context length, measured: for n = 64, 128, 256, 512 (capped at
 ** max_position_embeddings), an engine with one slot of n rows reports its caches as allocated
 ** (prl_infer_kv_alloc), split into whole-context layers (DSA indexer keys apart) and
-** sliding-window rings; beside them the formula, so a mismatch shows. SWA rows stop at W;
-** whole-context layers grow by (r_kv + d_r) floats per token, a DSA layer by d_I more. */
+** sliding-window rings; beside them the formula, so a mismatch shows. */
 static prl_status print_kv_by_context(const prl_model *m, prl_infer_options io, int json)
 {
     const prl_config *c = &m->cfg;
-    size_t row = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) +
-                 (io.mla == PRL_MLA_NAIVE ? (size_t)c->num_attention_heads *
-                                            (c->qk_nope_head_dim + c->v_head_dim) : 0);
+    int naive = io.mla == PRL_MLA_NAIVE;
+    const char *row = naive ? "(r_kv + d_r + H(d_n + d_v))" : "(r_kv + d_r)";
     static const int ctxs[] = {64, 128, 256, 512};
-    if (!json)
-        printf("  KV cache by context, one sequence, as allocated (formula: whole-context layers "
-               "n x %s x layers; indexer n x index_head_dim x DSA layers; SWA min(n, W) x %s x "
-               "layers; x 4 bytes):\n  %7s %26s %26s %26s %12s\n",
-               io.mla == PRL_MLA_NAIVE ? "(r_kv + d_r + H(d_n + d_v))" : "(r_kv + d_r)",
-               io.mla == PRL_MLA_NAIVE ? "(r_kv + d_r + H(d_n + d_v))" : "(r_kv + d_r)",
-               "context", "whole-context [formula]", "DSA indexer [formula]", "SWA rings [formula]",
-               "total");
-    else printf(", \"kv_by_context\": [");
+    if (json) printf(", \"kv_by_context\": [");
+    else printf("  KV cache by context, one sequence, as allocated (formula: whole-context layers "
+                "n x %s x layers; indexer n x index_head_dim x DSA layers; SWA min(n, W) x %s x "
+                "layers; x 4 bytes):\n  %7s %26s %26s %26s %12s\n", row, row, "context",
+                "whole-context [formula]", "DSA indexer [formula]", "SWA rings [formula]", "total");
     for (int i = 0, last = 0; i < 4 && !last; i++) {
         int n = ctxs[i] < c->max_position_embeddings ? ctxs[i] : c->max_position_embeddings;
         last = n == c->max_position_embeddings;
@@ -473,23 +485,18 @@ static prl_status print_kv_by_context(const prl_model *m, prl_infer_options io, 
         prl_infer *e = NULL;
         prl_status rc = prl_infer_init(&e, m, &io);
         if (rc) return rc;
-        prl_kv_alloc a = prl_infer_kv_alloc(e);
+        prl_kv_alloc a = prl_infer_kv_alloc(e), f = kv_formula_at(c, naive, n);
         prl_infer_free(e);
-        size_t f_full = (size_t)n * row * a.n_full * sizeof(float);
-        size_t f_index = (size_t)n * c->index_head_dim * a.n_dsa * sizeof(float), f_ring = 0;
-        for (int l = 0; l < c->num_hidden_layers; l++) {
-            int W = prl_config_window(c, l);
-            if (W > 0) f_ring += (size_t)(W < n ? W : n) * row * sizeof(float);
-        }
+        size_t total = a.full + a.index + a.ring;
         if (json)
             printf("%s{\"context\": %d, \"whole_context_bytes\": %zu, \"whole_context_layers\": %d, "
                    "\"dsa_index_bytes\": %zu, \"dsa_layers\": %d, \"swa_bytes\": %zu, \"swa_layers\": %d, "
                    "\"total_bytes\": %zu, \"whole_context_formula\": %zu, \"dsa_index_formula\": %zu, "
                    "\"swa_formula\": %zu}", i ? ", " : "", n, a.full, a.n_full, a.index, a.n_dsa,
-                   a.ring, a.n_ring, a.full + a.index + a.ring, f_full, f_index, f_ring);
+                   a.ring, a.n_ring, total, f.full, f.index, f.ring);
         else
-            printf("  %7d %12zu [%11zu] %12zu [%11zu] %12zu [%11zu] %12zu\n", n, a.full, f_full,
-                   a.index, f_index, a.ring, f_ring, a.full + a.index + a.ring);
+            printf("  %7d %12zu [%11zu] %12zu [%11zu] %12zu [%11zu] %12zu\n", n, a.full, f.full,
+                   a.index, f.index, a.ring, f.ring, total);
     }
     if (json) printf("]");
     return PRL_OK;
