@@ -7,7 +7,8 @@
 ** seed, written to a file both engines read) at each batch size, prl's infer path against
 ** reference/pangu_ref.py bench-decode with the same config, weights, threads, BLAS core and
 ** MLA form; prefill and decode timed apart (prl's prefill is a run with one new token),
-** medians over rounds, decode tokens/s and their ratio, KV-cache bytes per token.
+** medians over rounds, decode tokens/s and their ratio, KV-cache bytes per token, and the
+** caches as allocated at contexts 64..512 (whole-context, DSA indexer, SWA rings).
 **
 ** One run measures, side by side and with the same config, batch, thread count and BLAS
 ** core: (1) the GEMM rate this machine gives prl (a 1024³ GEMM through prl's pool, with
@@ -444,6 +445,63 @@ static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const c
     return rc;
 }
 
+/* The formula of one sequence's cache bytes at an n-token context, from the config alone:
+** whole-context layers n × row, DSA indexer keys n × d_I per DSA layer, each sliding-window
+** layer min(n, W) × row, where row = r_kv + d_r floats (naive form: + H·(d_n + d_v)). */
+static prl_kv_alloc kv_formula_at(const prl_config *c, int naive, int n)
+{
+    size_t row = ((size_t)(c->kv_lora_rank + c->qk_rope_head_dim) +
+                  (naive ? (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) : 0)) *
+                 sizeof(float);
+    prl_kv_alloc f = {.n_dsa = c->n_dsa_layers};
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int W = prl_config_window(c, l);
+        if (W > 0) f.ring += (size_t)(W < n ? W : n) * row, f.n_ring++;
+        else f.full += (size_t)n * row, f.n_full++;
+    }
+    f.index = (size_t)n * c->index_head_dim * c->n_dsa_layers * sizeof(float);
+    return f;
+}
+
+/* Decode memory by context length, measured: for n = 64, 128, 256, 512 (capped at
+** max_position_embeddings), an engine with one slot of n rows reports its caches as allocated
+** (prl_infer_kv_alloc), split into whole-context layers (DSA indexer keys apart) and
+** sliding-window rings; beside them the formula, so a mismatch shows. */
+static prl_status print_kv_by_context(const prl_model *m, prl_infer_options io, int json)
+{
+    const prl_config *c = &m->cfg;
+    int naive = io.mla == PRL_MLA_NAIVE;
+    const char *row = naive ? "(r_kv + d_r + H(d_n + d_v))" : "(r_kv + d_r)";
+    static const int ctxs[] = {64, 128, 256, 512};
+    if (json) printf(", \"kv_by_context\": [");
+    else printf("  KV cache by context, one sequence, as allocated (formula: whole-context layers "
+                "n x %s x layers; indexer n x index_head_dim x DSA layers; SWA min(n, W) x %s x "
+                "layers; x 4 bytes):\n  %7s %26s %26s %26s %12s\n", row, row, "context",
+                "whole-context [formula]", "DSA indexer [formula]", "SWA rings [formula]", "total");
+    for (int i = 0, last = 0; i < 4 && !last; i++) {
+        int n = ctxs[i] < c->max_position_embeddings ? ctxs[i] : c->max_position_embeddings;
+        last = n == c->max_position_embeddings;
+        io.max_batch = 1, io.max_len = n, io.spec_drafts = 0;
+        prl_infer *e = NULL;
+        prl_status rc = prl_infer_init(&e, m, &io);
+        if (rc) return rc;
+        prl_kv_alloc a = prl_infer_kv_alloc(e), f = kv_formula_at(c, naive, n);
+        prl_infer_free(e);
+        size_t total = a.full + a.index + a.ring;
+        if (json)
+            printf("%s{\"context\": %d, \"whole_context_bytes\": %zu, \"whole_context_layers\": %d, "
+                   "\"dsa_index_bytes\": %zu, \"dsa_layers\": %d, \"swa_bytes\": %zu, \"swa_layers\": %d, "
+                   "\"total_bytes\": %zu, \"whole_context_formula\": %zu, \"dsa_index_formula\": %zu, "
+                   "\"swa_formula\": %zu}", i ? ", " : "", n, a.full, a.n_full, a.index, a.n_dsa,
+                   a.ring, a.n_ring, total, f.full, f.index, f.ring);
+        else
+            printf("  %7d %12zu [%11zu] %12zu [%11zu] %12zu [%11zu] %12zu\n", n, a.full, f.full,
+                   a.index, f.index, a.ring, f.ring, total);
+    }
+    if (json) printf("]");
+    return PRL_OK;
+}
+
 static int bench_decode(int argc, char **argv)
 {
     decode_args a = {.config = PRL_SOURCE_DIR "/configs/models/tiny.json", .python = "/usr/bin/python3",
@@ -531,7 +589,7 @@ static int bench_decode(int argc, char **argv)
                          (size_t)c->index_head_dim * c->n_dsa_layers) * sizeof(float);
     if (a.json) printf("{\"model\": \"%s\", \"infer\": \"%s\", \"threads\": %d, \"blas_core\": \"%s\", "
                        "\"prompt_len\": %d, \"new_tokens\": %d, \"rounds\": %d, \"kv_bytes_per_token\": %zu, "
-                       "\"kv_bytes_formula\": %zu, \"kv_bytes_per_sequence\": %zu, \"results\": [",
+                       "\"kv_bytes_formula\": %zu, \"kv_bytes_per_sequence\": %zu",
                        a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
                        a.new_tokens, a.rounds, kv, kv_formula, kv_seq);
     else printf("model %s, %s, threads %d, blas %s, prompt %d + %d new tokens, medians of %d rounds\n"
@@ -541,6 +599,8 @@ static int bench_decode(int argc, char **argv)
                 a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
                 a.new_tokens, a.rounds, kv, full_layers, c->n_dsa_layers, kv_formula, c->n_swa_layers,
                 ctx, kv_seq);
+    if (print_kv_by_context(&m, io, a.json)) return cli_fail("bench");
+    if (a.json) printf(", \"results\": [");
     for (int i = 0; i < nb; i++) {
         decode_result *d = &res[i];
         double toks = (double)d->batch * (a.new_tokens - 1); /* the first token comes with the prefill */

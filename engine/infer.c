@@ -111,6 +111,8 @@ typedef struct layer_w {
     int window;                       /* 0 = causal, W = sliding window (docs/model.md) */
     int cap;                          /* cache rows per slot: max_len, or W for a ring */
     size_t lat_off, kv_off;           /* the layer's part of cache_lat / cache_kv */
+    size_t slot_kv_floats;            /* floats one slot holds in cache_lat (+ cache_kv, naive) */
+    size_t slot_idx_floats;           /* floats one slot holds in cache_idx (DSA layers) */
     float *sink_lat;                  /* [ns][rkv + dr]: normed sink latent, then k_pe */
     float *sink_kv;                   /* [ns][H·dkv]: per-head sink [k_nope | v] (naive) */
     const float *conv_w[3];           /* ModAttn kernels [C, k]: query, latent, heads */
@@ -792,10 +794,14 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
         w->dsa = l < e->L && prl_config_is_dsa(c, l);
         w->dsa_sparse = w->dsa && c->dsa_stage == PRL_DSA_SPARSE;
         w->idx_off = idx_total;
-        if (w->dsa) idx_total += (size_t)o.max_batch * o.max_len * e->dI;
+        w->slot_idx_floats = w->dsa ? (size_t)o.max_len * e->dI : 0;
+        idx_total += (size_t)o.max_batch * w->slot_idx_floats;
         w->lat_off = lat_total, w->kv_off = kv_total;
         lat_total += (size_t)o.max_batch * w->cap * e->lat;
         kv_total += (size_t)o.max_batch * w->cap * e->H * e->dkv;
+        /* what this layer adds to the buffers allocated below, per slot (prl_infer_kv_alloc) */
+        w->slot_kv_floats = (size_t)w->cap * e->lat +
+                            (o.mla == PRL_MLA_NAIVE ? (size_t)w->cap * e->H * e->dkv : 0);
     }
     e->rope_cos = xcalloc((size_t)o.max_len * e->dr / 2, sizeof(float), &failed);
     e->rope_sin = xcalloc((size_t)o.max_len * e->dr / 2, sizeof(float), &failed);
@@ -898,6 +904,19 @@ size_t prl_infer_kv_bytes(const prl_infer *e, int n_tokens)
                  (kv_bytes_per_layer_token(e) + idx_bytes_per_token(e, l));
     }
     return bytes;
+}
+
+prl_kv_alloc prl_infer_kv_alloc(const prl_infer *e)
+{
+    prl_kv_alloc a = {0};
+    for (int l = 0; l < e->L + e->Lm; l++) {
+        const layer_w *w = &e->lw[l];
+        size_t kv = w->slot_kv_floats * sizeof(float), ix = w->slot_idx_floats * sizeof(float);
+        if (w->window > 0) a.ring += kv, a.n_ring++;
+        else a.full += kv, a.n_full++;
+        a.index += ix, a.n_dsa += w->dsa;
+    }
+    return a;
 }
 
 const prl_infer_options *prl_infer_get_options(const prl_infer *e) { return &e->opt; }

@@ -76,6 +76,17 @@ prl_status prl_infer_refresh(prl_infer *e);
 size_t prl_infer_kv_bytes_per_token(const prl_infer *e);
 /* Bytes of KV cache one sequence holds at a context of n_tokens (every layer, rings included). */
 size_t prl_infer_kv_bytes(const prl_infer *e, int n_tokens);
+/* The KV caches of one slot (sequence) as prl_infer_init allocated them: whole-context
+** layers (causal and DSA: max_len rows of latent + rope key, and per-head keys and values in
+** the naive form), the DSA layers' indexer keys (max_len × index_head_dim), and the
+** sliding-window layers' rings (W rows, plus spare rows for speculative decoding; max_len
+** when that is smaller). An engine with max_len = n thus shows the memory of an n-token
+** context. MTP layers count when speculative decoding is on (they have caches then). */
+typedef struct prl_kv_alloc {
+    size_t full, index, ring; /* bytes */
+    int n_full, n_dsa, n_ring; /* layers */
+} prl_kv_alloc;
+prl_kv_alloc prl_infer_kv_alloc(const prl_infer *e);
 const prl_infer_options *prl_infer_get_options(const prl_infer *e);
 prl_spec_stats prl_infer_spec_stats(const prl_infer *e);
 

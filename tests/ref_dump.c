@@ -4,6 +4,10 @@
 **
 ** usage: ref_dump CKPT_DIR BATCH_OUT PRL_OUT   (CKPT_DIR is rewritten with perturbed norm gains
 ** and router biases first)
+**
+** Built twice: ref_dump (the float32 engine, the real check) and ref_dump64 (prl_model64, the
+** engine in double), which tells float32 rounding from a wrong formula: in double, prl and the
+** float64 reference must agree far below the float32 tolerances.
 */
 #include "engine/engine.h"
 
@@ -11,6 +15,12 @@
 #include <string.h>
 
 enum { B = 3, T = 24 };
+
+#ifdef PRL_REAL_DOUBLE
+#define REAL_DTYPE PRL_DTYPE_F64
+#else
+#define REAL_DTYPE PRL_DTYPE_F32
+#endif
 
 static int fail(const char *what)
 {
@@ -48,6 +58,8 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < m.n_moe * m.cfg.n_routed_experts; i++)
         m.router_bias[i] = (float)(0.05 * prl_rng_normal(&pr));
+    /* the checkpoint is float32: compute with exactly the values the reference reads */
+    for (size_t j = 0; j < m.n_params; j++) m.params[j] = (float)m.params[j];
     if (prl_checkpoint_save(&m, NULL, NULL, NULL, argv[1])) return fail(argv[1]);
     static int32_t tok[B * T], tgt[B * T], lens[B] = {24, 17, 9};
     static float w[B * T], logp[B * T];
@@ -77,7 +89,7 @@ int main(int argc, char **argv)
     if (!rc) rc = prl_safetensors_writer_add(&bw, "targets", PRL_DTYPE_I32, sh_bt, 2, tgt);
     if (!rc) rc = prl_safetensors_writer_add(&bw, "weights", PRL_DTYPE_F32, sh_bt, 2, w);
     if (!rc) rc = prl_safetensors_writer_set_metadata(&bw, "temperature", "0.8");
-    if (!rc) rc = prl_safetensors_writer_add(&pw, "logits", PRL_DTYPE_F32, sh_btv, 3, prl_model_logits(&m));
+    if (!rc) rc = prl_safetensors_writer_add(&pw, "logits", REAL_DTYPE, sh_btv, 3, prl_model_logits(&m));
     if (!rc) rc = prl_safetensors_writer_add(&pw, "loss", PRL_DTYPE_F64, sh_1, 1, &loss);
     if (!rc) rc = prl_safetensors_writer_add(&pw, "logp", PRL_DTYPE_F32, sh_bt, 2, logp);
     if (!rc && m.cfg.n_dsa_layers > 0)
@@ -104,7 +116,7 @@ int main(int argc, char **argv)
     for (int i = 0; !rc && i < m.n_tensors; i++) {
         const prl_param_info *p = &m.tensors[i];
         snprintf(names[i], sizeof names[i], "grad.%s", p->name);
-        rc = prl_safetensors_writer_add(&pw, names[i], PRL_DTYPE_F32, p->shape, p->ndim, m.grads + p->offset);
+        rc = prl_safetensors_writer_add(&pw, names[i], REAL_DTYPE, p->shape, p->ndim, m.grads + p->offset);
     }
     if (!rc) rc = prl_safetensors_writer_save(&bw, argv[2]);
     if (!rc) rc = prl_safetensors_writer_save(&pw, argv[3]);

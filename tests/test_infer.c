@@ -3,7 +3,8 @@
 **   aligned mode equals the train path bitwise (batch 1 and 16, 1 and 2 threads);
 **   fp32 mode within 1e-4 in log-prob; bf16/fp16 mismatch measured and printed;
 **   greedy tokens identical across batch sizes and thread counts; seeded sampling identical
-**   for a sequence whatever its batch; routes, stops, KV-cache size and bad input.
+**   for a sequence whatever its batch; routes, stops, KV-cache size and bad input; every
+**   block at once (tiny-pangu.json) aligned bitwise too.
 ** The train path is itself batch-invariant (prl's GEMM), so the train-path side scores every
 ** sequence in one padded batch.
 */
@@ -28,8 +29,19 @@ static prl_model model;
 ** layers 0 and 3 (value-less sinks);
 ** blocks == 4 (sparse) / 5 (dense warm-up stage): blocks 1 plus DSA on layers 0 and 3 (2
 ** index heads × 32, top-8, so most rows of a 20–64-token sequence attend to a strict subset);
-** blocks == 6: blocks 4 plus the mHC, sandwich and block post-norms of blocks 3. */
+** blocks == 6: blocks 4 plus the mHC, sandwich and block post-norms of blocks 3;
+** blocks == 7: configs/models/tiny-pangu.json, every block at once (spec §12.1: DSA on layers
+** 0 and 3, SWA on 1, 2, 4, 5, 16 sinks with values, ModAttn k = 3, mHC 4 streams × 20 with γ,
+** sandwich norms, block post-norm after layer 0, one MTP layer), with W = 16 and top-8 instead
+** of 64 and 64 so that, in these 20–64-token sequences, the rings wrap and the selection is a
+** strict subset; random norm gains as in blocks 3. */
 static int model_blocks;
+
+static const char *model_file(int blocks)
+{
+    return blocks == 7 ? PRL_SOURCE_DIR "/configs/models/tiny-pangu.json"
+                       : PRL_SOURCE_DIR "/configs/models/tiny.json";
+}
 
 static void load_model(int blocks)
 {
@@ -37,9 +49,12 @@ static void load_model(int blocks)
     prl_model_free(&model);
     model_blocks = blocks;
     prl_config c;
-    ck_assert_int_eq(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/tiny.json"), PRL_OK);
+    ck_assert_int_eq(prl_config_load(&c, model_file(blocks)), PRL_OK);
     c.max_position_embeddings = 160; /* keeps the test quick */
-    if (blocks) {
+    if (blocks == 7) {
+        c.sliding_window = 16, c.index_topk = 8;
+        for (int i = 0; i < c.n_sliding_window_list; i++) c.sliding_window_list[i] = 16;
+    } else if (blocks) {
         int layers[] = {1, 2, 4, 5};
         c.n_swa_layers = 4, c.sliding_window = 16;
         memcpy(c.swa_layers, layers, sizeof layers);
@@ -77,7 +92,7 @@ static void load_model(int blocks)
             model.params[p->offset + j] *= 30; /* index scores with a real spread */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_MHC && p->ndim == 1; j++)
             model.params[p->offset + j] += (float)(0.5 * prl_rng_normal(&rng)); /* α, β */
-        for (size_t j = 0; j < p->numel && (blocks == 3 || blocks == 6) && p->kind == PRL_PARAM_NORM; j++)
+        for (size_t j = 0; j < p->numel && (blocks == 3 || blocks >= 6) && p->kind == PRL_PARAM_NORM; j++)
             model.params[p->offset + j] = (float)(1 + 0.2 * prl_rng_normal(&rng)); /* each norm
                                                                    ** its own gains */
     }
@@ -542,6 +557,52 @@ START_TEST(test_dsa_matches_train_path)
 }
 END_TEST
 
+/* Every block at once (tiny-pangu.json, blocks 7; DSA in the sparse stage): aligned is
+** bitwise equal to the train path at batch 16 and 1, routes included; fp32 (absorbed) close,
+** with the DSA near-tie allowance of test_dsa_matches_train_path. */
+START_TEST(test_all_blocks_match_train_path)
+{
+    load_model(7);
+    ck_assert_int_eq(model.cfg.dsa_stage, PRL_DSA_SPARSE);
+    ck_assert(model.cfg.n_dsa_layers == 2 && model.cfg.n_swa_layers == 4 && model.cfg.use_mhc &&
+              model.cfg.use_mome && model.cfg.param_sink_with_value && model.cfg.sandwich_norm &&
+              model.cfg.num_nextn_predict_layers == 1);
+    const char *modes[] = {"aligned", "aligned", "fp32"};
+    int batch[] = {16, 1, 8};
+    for (int mi = 0; mi < 3; mi++) {
+        mismatch mm = run_vs_train(modes[mi], batch[mi], 12);
+        printf("all blocks (tiny-pangu, W=16, top-8) %s batch %d: %ld tokens, %ld differ bitwise, "
+               "mean |dlogp| %.3g, max %.3g, routes differ %.4f\n", modes[mi], batch[mi], mm.n,
+               mm.bitwise_diff, mm.mean, mm.max, mm.route_diff_share);
+        ck_assert_int_gt(mm.n, NREQ * 40);
+        if (mi < 2) {
+            ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
+                          mm.bitwise_diff, mm.n, mm.max);
+            ck_assert(mm.route_diff_share == 0);
+        } else {
+            ck_assert_msg(mm.mean < 5e-4, "fp32 mean |dlogp| %g", mm.mean);
+        }
+    }
+    /* the caches as allocated for one slot of n rows are the accounted bytes of an n-token
+    ** context: rings stop at W = 16, whole-context layers and indexer keys grow with n */
+    for (int n = 10; n <= 160; n += 150) {
+        prl_infer_options o;
+        prl_infer_options_default(&o);
+        o.max_batch = 1, o.max_len = n;
+        prl_infer *e = NULL;
+        ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_OK);
+        prl_kv_alloc a = prl_infer_kv_alloc(e);
+        size_t row = (size_t)(model.cfg.kv_lora_rank + model.cfg.qk_rope_head_dim) * 4;
+        ck_assert(a.n_full == 2 && a.n_dsa == 2 && a.n_ring == 4);
+        ck_assert_uint_eq(a.full + a.index + a.ring, prl_infer_kv_bytes(e, n));
+        ck_assert_uint_eq(a.ring, 4 * (size_t)(n < 16 ? n : 16) * row);
+        ck_assert_uint_eq(a.index, 2 * (size_t)n * model.cfg.index_head_dim * 4);
+        prl_infer_free(e);
+    }
+    load_model(0);
+}
+END_TEST
+
 /* mHC streams, sandwich norms and block post-norms on top of SWA, sinks and ModAttn: aligned
 ** bitwise equal at batch 16 and 1; fp32 (absorbed) and gemv close. */
 START_TEST(test_mhc_sandwich_match_train_path)
@@ -619,6 +680,10 @@ int main(void)
     tcase_set_timeout(residual, 600);
     tcase_add_test(residual, test_mhc_sandwich_match_train_path);
     suite_add_tcase(s, residual);
+    TCase *all = tcase_create("all_blocks"); /* CK_RUN_CASE=all_blocks runs it alone */
+    tcase_set_timeout(all, 600);
+    tcase_add_test(all, test_all_blocks_match_train_path);
+    suite_add_tcase(s, all);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);

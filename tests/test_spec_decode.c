@@ -6,7 +6,7 @@
 **   rings that wrap, ModAttn convs, sinks, mHC and sandwich norms: every draft that is
 **   rejected rolls the caches back, so this is also the rollback test;
 **   the same with DSA on trunk layers 0 and 3 (top-4 selection over the indexer key cache,
-**   which a rollback must leave consistent);
+**   which a rollback must leave consistent); and with every block at once (tiny-pangu.json);
 **   speculative sampling matches plain sampling in distribution (chi-square, many sequences,
 **   a 4-token vocabulary); bad options name the key.
 ** The tiny model's MTP heads are random, so drafts are accepted by chance only: a vocabulary
@@ -23,35 +23,54 @@
 #define PRL_SOURCE_DIR "."
 #endif
 
-static prl_model model, model_plain, model_dsa;
+static prl_model model, variants[3];
+
+enum { PLAIN, DSA, PANGU };
 
 /* tiny.json with 2 MTP layers, sliding windows of 8 on trunk layers 1, 2, 4, 5 and MTP layer
 ** 6, sinks, ModAttn convs, mHC with sandwich and block post-norms; random MTP weights.
-** dsa: also DSA (sparse stage, 2 index heads × 16, top-4) on the full-attention trunk layers
-** 0 and 3. The tests use `model`, which load_model points at the variant asked for. */
-static void load_model_variant(int dsa)
+** DSA: also DSA (sparse stage, 2 index heads × 16, top-4) on the full-attention trunk layers
+** 0 and 3. PANGU: configs/models/tiny-pangu.json as written (every block, one MTP layer)
+** but W = 8 and top-4, so that rings wrap and the selection is a strict subset within these
+** ≤ 70-token sequences. The tests use `model`, which load_model points at the variant asked
+** for. */
+static void load_pangu_config(prl_config *c)
 {
-    prl_model *target = dsa ? &model_dsa : &model_plain;
+    ck_assert_int_eq(prl_config_load(c, PRL_SOURCE_DIR "/configs/models/tiny-pangu.json"), PRL_OK);
+    c->max_position_embeddings = 96;
+    c->sliding_window = 8, c->index_topk = 4;
+    for (int i = 0; i < c->n_sliding_window_list; i++) c->sliding_window_list[i] = 8;
+}
+
+static void load_tiny_config(prl_config *c, int dsa)
+{
+    ck_assert_int_eq(prl_config_load(c, PRL_SOURCE_DIR "/configs/models/tiny.json"), PRL_OK);
+    c->max_position_embeddings = 96;
+    int layers[] = {1, 2, 4, 5, 6};
+    c->n_swa_layers = 5, c->sliding_window = 8;
+    memcpy(c->swa_layers, layers, sizeof layers);
+    c->param_sink_number = 4, c->param_sink_with_value = 1;
+    c->use_mome = 1, c->router_sliding_window = 3;
+    c->use_mhc = 1, c->mhc_num_stream = 4, c->mhc_recur_norm = 20, c->mhc_use_gamma = 1;
+    c->sandwich_norm = 1, c->n_block_post_layernorm_idx = 1, c->block_post_layernorm_idx[0] = 0;
+    c->num_nextn_predict_layers = 2;
+    if (dsa) {
+        c->n_dsa_layers = 2, c->dsa_layers[0] = 0, c->dsa_layers[1] = 3;
+        c->index_topk = 4, c->index_n_heads = 2, c->index_head_dim = 16;
+        c->dsa_stage = PRL_DSA_SPARSE;
+    }
+}
+
+static void load_model_variant(int variant)
+{
+    prl_model *target = &variants[variant];
     if (target->params) {
         model = *target;
         return;
     }
     prl_config c;
-    ck_assert_int_eq(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/tiny.json"), PRL_OK);
-    c.max_position_embeddings = 96;
-    int layers[] = {1, 2, 4, 5, 6};
-    c.n_swa_layers = 5, c.sliding_window = 8;
-    memcpy(c.swa_layers, layers, sizeof layers);
-    c.param_sink_number = 4, c.param_sink_with_value = 1;
-    c.use_mome = 1, c.router_sliding_window = 3;
-    c.use_mhc = 1, c.mhc_num_stream = 4, c.mhc_recur_norm = 20, c.mhc_use_gamma = 1;
-    c.sandwich_norm = 1, c.n_block_post_layernorm_idx = 1, c.block_post_layernorm_idx[0] = 0;
-    c.num_nextn_predict_layers = 2;
-    if (dsa) {
-        c.n_dsa_layers = 2, c.dsa_layers[0] = 0, c.dsa_layers[1] = 3;
-        c.index_topk = 4, c.index_n_heads = 2, c.index_head_dim = 16;
-        c.dsa_stage = PRL_DSA_SPARSE;
-    }
+    if (variant == PANGU) load_pangu_config(&c);
+    else load_tiny_config(&c, variant == DSA);
     ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
     prl_model_init_weights(&model, 7);
     prl_rng rng;
@@ -69,7 +88,7 @@ static void load_model_variant(int dsa)
     *target = model;
 }
 
-static void load_model(void) { load_model_variant(0); }
+static void load_model(void) { load_model_variant(PLAIN); }
 
 static prl_infer *engine(int max_batch, int drafts)
 {
@@ -157,9 +176,9 @@ END_TEST
 
 /* ------------------------------------------------------------------ engine ----------- */
 
-/* Greedy speculative decoding = plain greedy decoding, token for token and log-prob for
-** log-prob, for 1 and 2 drafts at batch 1 and 5. */
-/* Greedy speculative decoding = plain greedy decoding, on `model` as loaded. */
+/* Greedy speculative decoding = plain greedy decoding, on `model` as loaded: token for token
+** and log-prob for log-prob, for 1 and 2 drafts (as many as the model has MTP layers) at
+** batch 1 and 5. */
 static void greedy_equals_plain(void)
 {
     reqs q;
@@ -173,7 +192,7 @@ static void greedy_equals_plain(void)
         prl_infer *e0 = engine(5, 0);
         run(e0, q.r, NP, &sp, plain);
         prl_infer_free(e0);
-        for (int drafts = 1; drafts <= 2; drafts++)
+        for (int drafts = 1; drafts <= 2 && drafts <= model.cfg.num_nextn_predict_layers; drafts++)
             for (int batch = 1; batch <= 5; batch += 4) {
                 prl_infer *e = engine(batch, drafts);
                 run(e, q.r, NP, &sp, spec);
@@ -203,7 +222,7 @@ static void greedy_equals_plain(void)
 
 START_TEST(test_greedy_equals_plain)
 {
-    load_model_variant(0);
+    load_model_variant(PLAIN);
     greedy_equals_plain();
 }
 END_TEST
@@ -212,7 +231,20 @@ END_TEST
 ** rejection rolls the key cache back by the slot's length like the KV caches. */
 START_TEST(test_greedy_equals_plain_dsa)
 {
-    load_model_variant(1);
+    load_model_variant(DSA);
+    greedy_equals_plain();
+}
+END_TEST
+
+/* Every block at once (tiny-pangu.json: MTP, DSA, SWA, mHC, convs, sinks, sandwich and block
+** post-norms), one draft: the verify pass and its rollback keep every cache (rings, indexer
+** keys, conv history, mHC streams' inputs) as plain decoding has them. */
+START_TEST(test_greedy_equals_plain_all_blocks)
+{
+    load_model_variant(PANGU);
+    ck_assert(model.cfg.n_dsa_layers == 2 && model.cfg.n_swa_layers == 4 && model.cfg.use_mhc &&
+              model.cfg.use_mome && model.cfg.param_sink_number > 0 &&
+              model.cfg.num_nextn_predict_layers == 1);
     greedy_equals_plain();
 }
 END_TEST
@@ -292,6 +324,7 @@ int main(void)
     tcase_add_test(tc, test_bad_options);
     tcase_add_test(tc, test_greedy_equals_plain);
     tcase_add_test(tc, test_greedy_equals_plain_dsa);
+    tcase_add_test(tc, test_greedy_equals_plain_all_blocks);
     tcase_add_test(tc, test_sampling_matches_plain_in_distribution);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
