@@ -118,7 +118,10 @@ enum {
     GLUE,   /* ATTN + mHC (4 streams, 20 Sinkhorn iterations, γ; random α, β), sandwich norms,
             ** block post-norms after layers 0 and 3, random gains on every norm */
     DSA,    /* ATTN + DSA on layers 0 and 3, sparse stage (2 index heads × 32, top-8: most rows
-            ** of a 40-token sequence attend to a strict subset), indexer weights × 30 */
+            ** of a 40-token sequence attend to a strict subset); the indexer keeps its init
+            ** weights, so its scores are close together and bf16 rounding ties some of them
+            ** (the top-k then breaks ties by index): a path that did not round the scores
+            ** would select other keys (measured: 14 log-probs differ) */
     MTP,    /* GLUE + 1 MTP module (its decoder layer keeps the plain residual, with sandwich
             ** norms) */
     N_VARIANTS
@@ -166,7 +169,6 @@ static void load_model(int blocks)
             if (p->kind == PRL_PARAM_HEAD) w[j] *= 40; /* lm_head and the MTP head (shared) */
             if (p->kind == PRL_PARAM_SINK) w[j] *= 50;
             if (p->kind == PRL_PARAM_CONV) w[j] = (float)(0.3 * prl_rng_normal(&rng));
-            if (p->kind == PRL_PARAM_INDEXER && p->ndim == 2) w[j] *= 30;
             if (p->kind == PRL_PARAM_MHC && p->ndim == 1) w[j] += (float)(0.5 * prl_rng_normal(&rng));
             if (glue && p->kind == PRL_PARAM_NORM) w[j] = (float)(1 + 0.2 * prl_rng_normal(&rng));
         }
