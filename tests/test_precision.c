@@ -11,7 +11,8 @@
 **   larger, as its roundoff is 8x fp16's);
 **   the fp16 backward: gradients near fp32's, and an overflow shows as non-finite gradients
 **   (the loss scaler's signal) while fp32 stays finite; master weights untouched by rounding;
-**   prl_batch.loss_scale (aux losses included) and prl_optim_step_scaled.
+**   prl_batch.loss_scale (aux losses included) and prl_optim_step_scaled, and an fp16
+**   loss-scaled update of the mHC, DSA and MTP models (overflows skipped, then a finite step).
 */
 #include "engine/ops.h"
 
