@@ -204,18 +204,27 @@ void prl_dsa_kl_row_backward(prl_real *dscore, const prl_real *target, const prl
 
 void prl_dsa_forward(prl_dsa_acts *a, const prl_dsa_weights *w, const prl_real *x,
                      const prl_real *cq, const prl_real *cos_t, const prl_real *sin_t,
-                     const int32_t *lens, prl_dsa_dims D, int select)
+                     const int32_t *lens, prl_dsa_dims D, int select, prl_precision p)
 {
     int N = D.B * D.T, HI = D.HI, dI = D.dI;
+    size_t nq = (size_t)N * HI * dI, nk = (size_t)N * dI, nw = (size_t)N * HI;
     prl_matmul_forward(a->qI, cq, w->wq_b, N, D.rq, HI * dI, 0);
+    prl_round_reals(p, a->qI, nq);
     prl_rope_forward(a->qI, cos_t, sin_t, N, D.T, HI, dI, 0, HI * dI, D.dr); /* [rope | nope] */
+    prl_round_reals(p, a->qI, nq);
     prl_matmul_forward(a->kz, x, w->wk, N, D.d, dI, 0);
+    prl_round_reals(p, a->kz, nk);
+    /* norm and RoPE as one op, rounded once: the infer path stores kI only after both */
     prl_rmsnorm_forward(a->kI, a->krstd, a->kz, w->k_norm, N, dI, dI, dI, PRL_LATENT_NORM_EPS);
     prl_rope_forward(a->kI, cos_t, sin_t, N, D.T, 1, dI, 0, dI, D.dr);
+    prl_round_reals(p, a->kI, nk);
     prl_matmul_forward(a->w, x, w->wproj, N, D.d, HI, 0);
+    prl_round_reals(p, a->w, nw);
     prl_real hs = (prl_real)(1.0 / sqrt((double)HI));
     for (size_t i = 0; i < (size_t)N * HI; i++) a->w[i] *= hs;
+    prl_round_reals(p, a->w, nw);
     prl_dsa_score_forward(a->score, a->qI, a->kI, a->w, lens, D.B, D.T, HI, dI);
+    prl_round_reals(p, a->score, (size_t)N * D.T);
     if (!select) return;
     for (int n = 0; n < N; n++) {
         int b = n / D.T, t = n % D.T;
@@ -252,9 +261,10 @@ double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns,
 void prl_dsa_backward(prl_dsa_weights *g, const prl_dsa_scratch *s, const prl_dsa_acts *a,
                       const prl_dsa_weights *w, const prl_real *x, const prl_real *cq,
                       const prl_real *cos_t, const prl_real *sin_t, int sparse,
-                      const int32_t *lens, prl_dsa_dims D)
+                      const int32_t *lens, prl_dsa_dims D, prl_precision p)
 {
     int N = D.B * D.T, T = D.T, HI = D.HI, dI = D.dI, rows = 0;
+    size_t nq = (size_t)N * HI * dI, nk = (size_t)N * dI, nw = (size_t)N * HI;
     for (int b = 0; b < D.B; b++) rows += seq_len(lens, b, T);
     memset(s->dscore, 0, (size_t)N * T * sizeof *s->dscore);
     for (int n = 0; n < N; n++) {
@@ -267,16 +277,23 @@ void prl_dsa_backward(prl_dsa_weights *g, const prl_dsa_scratch *s, const prl_ds
     memset(s->dqI, 0, (size_t)N * HI * dI * sizeof *s->dqI);
     memset(s->dkI, 0, (size_t)N * dI * sizeof *s->dkI);
     memset(s->dw, 0, (size_t)N * HI * sizeof *s->dw);
+    prl_round_reals(p, s->dscore, (size_t)N * T);
     prl_dsa_score_backward(s->dqI, s->dkI, s->dw, s->dscore, a->qI, a->kI, a->w, lens, D.B, T, HI,
                            dI);
+    prl_round_reals(p, s->dqI, nq);
+    prl_round_reals(p, s->dkI, nk);
+    prl_round_reals(p, s->dw, nw);
     /* w = raw·HI^(−1/2); no gradient into x or cq (the indexer's input is detached) */
     prl_real hs = (prl_real)(1.0 / sqrt((double)HI));
     for (size_t i = 0; i < (size_t)N * HI; i++) s->dw[i] *= hs;
+    prl_round_reals(p, s->dw, nw);
     prl_matmul_backward(NULL, g->wproj, s->dw, x, w->wproj, N, D.d, HI);
     prl_rope_backward(s->dkI, cos_t, sin_t, N, T, 1, dI, 0, dI, D.dr);
     memset(s->dkz, 0, (size_t)N * dI * sizeof *s->dkz);
     prl_rmsnorm_backward(s->dkz, g->k_norm, s->dkI, a->kz, w->k_norm, a->krstd, N, dI, dI, dI);
+    prl_round_reals(p, s->dkz, nk);
     prl_matmul_backward(NULL, g->wk, s->dkz, x, w->wk, N, D.d, dI);
     prl_rope_backward(s->dqI, cos_t, sin_t, N, T, HI, dI, 0, HI * dI, D.dr);
+    prl_round_reals(p, s->dqI, nq);
     prl_matmul_backward(NULL, g->wq_b, s->dqI, cq, w->wq_b, N, D.rq, HI * dI);
 }

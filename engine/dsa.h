@@ -81,19 +81,23 @@ typedef struct prl_dsa_scratch {
 /* Forward of the indexer from the layer's normed input x [N, d] and normed compressed query
 ** cq [N, rq] (rope tables cos/sin [T, dr/2]):
 **   qI = RoPE(cq·wq_bᵀ), kI = RoPE(RMSNorm(x·wkᵀ; k_norm)), w = (x·wprojᵀ)·HI^(−1/2), scores;
-** then, when `select` is set, the top-k selection of every valid row into a->sel. */
+** then, when `select` is set, the top-k selection of every valid row into a->sel.
+** In a reduced precision `p` the op outputs are rounded where the infer path's indexer rounds
+** them: the three projections, qI and kI after RoPE, w after its scale, and the scores (the
+** tensor the top-k reads). The KL objective's softmax and logs stay fp32. */
 void prl_dsa_forward(prl_dsa_acts *a, const prl_dsa_weights *w, const prl_real *x,
                      const prl_real *cq, const prl_real *cos_t, const prl_real *sin_t,
-                     const int32_t *lens, prl_dsa_dims D, int select);
+                     const int32_t *lens, prl_dsa_dims D, int select, prl_precision p);
 /* The indexer loss from the main attention's probabilities att [B, H, T, ns+T] (sinks first,
 ** excluded from the target): mean over valid query rows of the row KL, over the selection
 ** a->sel when `sparse`, else over every causal key. Fills a->target. */
 double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns, int sparse,
                             const int32_t *lens, prl_dsa_dims D);
-/* Gradient of that loss into the indexer weights only (g accumulates; x and cq detached). */
+/* Gradient of that loss into the indexer weights only (g accumulates; x and cq detached).
+** In a reduced precision p the gradient of every rounded forward output is rounded. */
 void prl_dsa_backward(prl_dsa_weights *g, const prl_dsa_scratch *s, const prl_dsa_acts *a,
                       const prl_dsa_weights *w, const prl_real *x, const prl_real *cq,
                       const prl_real *cos_t, const prl_real *sin_t, int sparse,
-                      const int32_t *lens, prl_dsa_dims D);
+                      const int32_t *lens, prl_dsa_dims D, prl_precision p);
 
 #endif /* PRL_DSA_H */

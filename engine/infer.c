@@ -1263,6 +1263,7 @@ static void indexer_rows(prl_infer *e, int l, int R)
         int n = b->pos[r] + 1;
         prl_dsa_score_row(b->iscore, b->iq + (size_t)r * HI * dI, b->iw + (size_t)r * HI,
                           e->cache_idx + w->idx_off + (size_t)b->slot[r] * L * dI, dI, n, HI, dI);
+        act_round(e, b->iscore, (size_t)n); /* the scores are a stored op output: the top-k reads them */
         prl_dsa_select_row(b->dsel + (size_t)r * L, b->iscore, n, e->m->cfg.index_topk);
     }
 }
@@ -1973,12 +1974,12 @@ static void mtp_rows(prl_infer *e, int k, int R)
                (size_t)d * sizeof(float));
     memcpy(b->mtp_h, b->x, (size_t)R * d * sizeof(float));
     prl_mtp_input_forward(b->x, b->mtp_cat, b->mtp_rstd, b->mtp_rstd + R, b->mtp_e, b->mtp_h,
-                          w->enorm, w->hnorm, w->eh_proj.w, R, d, eps);
-    act_round(e, b->x, (size_t)R * d);
+                          w->enorm, w->hnorm, w->eh_proj.w, R, d, eps, e->opt.precision);
     layer_rows(e, l, R);
     prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->sh_norm, R, d, d, d, eps);
     act_round(e, b->ln, (size_t)R * d);
     linear(e, b->logits, b->ln, R, w->sh_head);
+    emit(e, l, "mtp.logits", b->logits, R, e->V); /* the train path's name for the same rows */
 }
 
 /* Drafts a step may take for the slot: none for teacher forcing; never past the context or

@@ -91,7 +91,8 @@ const prl_infer_options *prl_infer_get_options(const prl_infer *e);
 prl_spec_stats prl_infer_spec_stats(const prl_infer *e);
 
 /* Tensor hooks with the train path's names (L3.attn.q, L3.attn.kv_latent, L3.attn.out,
-** L3.mlp.out, L3.moe.router_logits, L3.moe.out, final.logits). Rows are the tokens of one
+** L3.mlp.out, L3.moe.router_logits, L3.moe.out, final.logits; L6.mtp.logits for the drafts
+** of the MTP module on layer 6 during speculative decoding). Rows are the tokens of one
 ** prefill or decode call; prl_infer_hook_rows gives, during a hook call, each row's request
 ** index and position. */
 void prl_infer_set_hook(prl_infer *e, prl_tensor_hook hook, void *user);

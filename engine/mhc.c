@@ -319,12 +319,14 @@ void prl_mhc_post_backward(prl_real *dF, prl_real *dX, prl_real *dpost, prl_real
 /* ------------------------------------------------------------------ a whole site ---- */
 
 void prl_mhc_site_forward(prl_mhc_saved *sv, const prl_real *X, const prl_mhc_params *p,
-                          double eps, prl_mhc_shape s)
+                          double eps, prl_mhc_shape s, prl_precision prec)
 {
     /* X (N, n·d) → h (N, n·d), rstd (N), m (N, M), pre, post, S */
     int nd = s.n * s.d, M = prl_mhc_width(s);
     prl_rmsnorm_forward(sv->h, sv->rstd, X, p->gamma, s.N, nd, nd, nd, eps);
+    prl_round_reals(prec, sv->h, (size_t)s.N * nd);
     prl_matmul_forward(sv->m, sv->h, p->phi, s.N, nd, M, 0);
+    prl_round_reals(prec, sv->m, (size_t)s.N * M);
     prl_mhc_coef_forward(sv->pre, sv->post, sv->S, sv->m, p->alpha, p->beta, s);
 }
 
@@ -337,7 +339,7 @@ size_t prl_mhc_site_scratch(prl_mhc_shape s)
 void prl_mhc_site_backward(prl_real *dX, const prl_mhc_grads *g, prl_real *scratch,
                            const prl_real *dpre, const prl_real *dpost, const prl_real *dH,
                            const prl_mhc_saved *sv, const prl_real *X, const prl_mhc_params *p,
-                           prl_mhc_shape s)
+                           prl_mhc_shape s, prl_precision prec)
 {
     int nd = s.n * s.d, M = prl_mhc_width(s);
     prl_real *dm = scratch, *dz = dm + (size_t)s.N * M, *dh = dz + (size_t)s.N * M;
@@ -345,7 +347,9 @@ void prl_mhc_site_backward(prl_real *dX, const prl_mhc_grads *g, prl_real *scrat
     memset(dh, 0, (size_t)s.N * nd * sizeof *dh);
     prl_mhc_coef_backward(dm, g->dalpha, g->dbeta, dz, dpre, dpost, dH, sv->m, sv->S, p->alpha,
                           p->beta, s);
+    prl_round_reals(prec, dm, (size_t)s.N * M);
     prl_matmul_backward(dh, g->dphi, dm, sv->h, p->phi, s.N, nd, M);
+    prl_round_reals(prec, dh, (size_t)s.N * nd);
     prl_rmsnorm_backward(dX, g->dgamma, dh, X, p->gamma, sv->rstd, s.N, nd, nd, nd);
 }
 

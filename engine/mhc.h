@@ -92,15 +92,19 @@ typedef struct prl_mhc_grads {
     prl_real *dphi, *dgamma, *dalpha, *dbeta;
 } prl_mhc_grads;
 
-/* The whole coefficient computation of a site from the streams X: norm, φ, heads. */
+/* The whole coefficient computation of a site from the streams X: norm, φ, heads. In a
+** reduced precision `prec` the norm's output h and φ's output m are rounded, as the infer
+** path's site rounds them (op outputs); the coefficients pre, post and the Sinkhorn states
+** stay fp32, like the MoE gates (docs/engine.md "Train precision"). */
 void prl_mhc_site_forward(prl_mhc_saved *sv, const prl_real *X, const prl_mhc_params *p,
-                          double eps, prl_mhc_shape s);
+                          double eps, prl_mhc_shape s, prl_precision prec);
 /* dX [N, n·d] += the coefficient path's gradient; parameter gradients accumulate; given
-** dpre, dpost, dH (as prl_mhc_coef_backward). scratch: prl_mhc_site_scratch(s) reals. */
+** dpre, dpost, dH (as prl_mhc_coef_backward). scratch: prl_mhc_site_scratch(s) reals. In a
+** reduced precision the gradients of m and h are rounded, the forward's rounding points. */
 void prl_mhc_site_backward(prl_real *dX, const prl_mhc_grads *g, prl_real *scratch,
                            const prl_real *dpre, const prl_real *dpost, const prl_real *dH,
                            const prl_mhc_saved *sv, const prl_real *X, const prl_mhc_params *p,
-                           prl_mhc_shape s);
+                           prl_mhc_shape s, prl_precision prec);
 size_t prl_mhc_site_scratch(prl_mhc_shape s);
 
 /* Initial value of an mHC tensor other than phi (spec §7.4): branch_alpha* 0.01, b_pre =

@@ -775,13 +775,6 @@ prl_status prl_model_set_precision(prl_model *m, prl_precision p)
 {
     if ((unsigned)p > PRL_PRECISION_FP16)
         return prl_error_set(PRL_ERR_ARG, "train precision %d is not fp32, bf16 or fp16", (int)p);
-    /* rounding points not placed yet in these blocks: a rounded run would silently disagree
-    ** with the infer path at the same precision */
-    if (p != PRL_PRECISION_FP32 && (residual_glue(&m->cfg) || m->cfg.n_dsa_layers > 0 ||
-                                    m->cfg.num_nextn_predict_layers > 0))
-        return prl_error_set(PRL_ERR_UNSUPPORTED, "train precision %s with use_mhc, sandwich_norm, "
-                             "block_post_layernorm_idx, dsa_layers or num_nextn_predict_layers "
-                             "is not yet supported (fp32 only)", prl_precision_name(p));
     if (p == m->precision && (p == PRL_PRECISION_FP32 || m->wround)) return PRL_OK;
     free(m->wround);
     m->wround = NULL;
@@ -876,9 +869,9 @@ static int mla_forward(prl_model *m, int l, const prl_batch *b)
     if (D.ns > 0) sinks_forward(m, l);
     int dsa = prl_config_is_dsa(&m->cfg, l);
     if (dsa) { /* the indexer picks each row's keys before the main attention reads them */
-        prl_dsa_weights w = dsa_weights(m, m->params, l);
+        prl_dsa_weights w = dsa_weights(m, P(0), l); /* rounded, as the infer path reads them */
         prl_dsa_forward(&la->dsa, &w, la->ln_a, la->cq, a->rope_cos, a->rope_sin, b->lens,
-                        dsa_dims(m), dsa_sparse(m, l) && !m->dsa_keep_selection);
+                        dsa_dims(m), dsa_sparse(m, l) && !m->dsa_keep_selection, m->precision);
     }
     prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
                           D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, attn_shape(m, l));
@@ -1229,8 +1222,10 @@ static void site_enter(prl_model *m, int l, int site)
     layer_acts *la = &m->acts->layer[l];
     prl_mhc_shape sh = site_shape(m, 1);
     prl_mhc_params p = mhc_params(m, m->acts->lo[l].hc[site]);
-    prl_mhc_site_forward(&la->hc[site], la->xs[site], &p, m->cfg.rms_norm_eps, sh);
-    prl_mhc_pre_forward(site ? la->res_ffn : la->res_attn, la->xs[site], la->hc[site].pre, sh);
+    prl_real *x_in = site ? la->res_ffn : la->res_attn;
+    prl_mhc_site_forward(&la->hc[site], la->xs[site], &p, m->cfg.rms_norm_eps, sh, m->precision);
+    prl_mhc_pre_forward(x_in, la->xs[site], la->hc[site].pre, sh);
+    rnd(m, x_in, (size_t)sh.N * sh.d);
 }
 
 /* The sublayer's output (tmp) back into the residual, as `next`: sandwich post-norm, then
@@ -1250,6 +1245,7 @@ static void site_leave(prl_model *m, int l, int site, prl_real *next)
             memcpy(la->sub[site], a->tmp, (size_t)N * d * sizeof(prl_real));
             prl_rmsnorm_forward(la->F[site], la->rstd_sub[site], la->sub[site],
                                 P(site ? o->ln_pm : o->ln_pa), N, d, d, d, c->rms_norm_eps);
+            rnd(m, la->F[site], (size_t)N * d);
         } else {
             memcpy(la->F[site], a->tmp, (size_t)N * d * sizeof(prl_real));
         }
@@ -1260,11 +1256,14 @@ static void site_leave(prl_model *m, int l, int site, prl_real *next)
         int ns = prl_mhc_states(sh), n2 = sh.n * sh.n;
         prl_mhc_post_forward(out, F, la->xs[site], la->hc[site].post,
                              la->hc[site].S + (size_t)(ns - 1) * n2, ns * n2, sh);
+        rnd(m, out, (size_t)N * S);
     } else {
-        residual_add(m, out, site_stream(m, l, site), F);
+        residual_add(m, out, site_stream(m, l, site), F); /* rounds */
     }
-    if (block_post)
+    if (block_post) {
         prl_rmsnorm_forward(next, la->rstd_bp, la->bp_in, P(o->ln_bp), N, S, S, S, c->rms_norm_eps);
+        rnd(m, next, (size_t)N * S);
+    }
 }
 
 /* Model start and end of the streams: the embedding copied into every stream, and the
@@ -1286,8 +1285,9 @@ static void streams_end(prl_model *m)
     prl_acts *a = m->acts;
     prl_mhc_shape sh = site_shape(m, 0);
     prl_mhc_params p = mhc_params(m, model_offs(m)->merge);
-    prl_mhc_site_forward(&a->hc_merge, a->xs_final, &p, m->cfg.rms_norm_eps, sh);
+    prl_mhc_site_forward(&a->hc_merge, a->xs_final, &p, m->cfg.rms_norm_eps, sh, m->precision);
     prl_mhc_pre_forward(a->res_final, a->xs_final, a->hc_merge.pre, sh);
+    rnd(m, a->res_final, (size_t)sh.N * sh.d);
 }
 
 /* Σ w·logp over the batch's targets in position order (double), for a thread-independent
@@ -1377,10 +1377,14 @@ static int mtp_forward(prl_model *m, const prl_batch *b, int moe_idx, expert_tas
         prl_batch bk = mtp_batch(m, b, k, t);
         prl_embedding_forward(t->emb, P(model_offs(m)->embed), t->tokens, N, d);
         prl_mtp_input_forward(a->layer[l].res_attn, t->cat, t->rstd_e, t->rstd_h, t->emb, h_prev,
-                              P(o->enorm), P(o->hnorm), P(o->eh_proj), N, d, c->rms_norm_eps);
+                              P(o->enorm), P(o->hnorm), P(o->eh_proj), N, d, c->rms_norm_eps,
+                              m->precision);
         stop = layer_forward(m, l, &moe_idx, &bk, tasks, st, 1, t->h);
+        /* the shared head rounds as the main head does (and as the infer path's drafts) */
         prl_rmsnorm_forward(t->ln, t->rstd, t->h, P(o->sh_norm), N, d, d, d, c->rms_norm_eps);
+        rnd(m, t->ln, (size_t)N * d);
         prl_matmul_forward(t->logits, t->ln, P(o->sh_head), N, d, V, 0);
+        rnd(m, t->logits, (size_t)N * V);
         stop = stop || emit(m, l, "mtp.logits", t->logits, N, V);
         logits_ctx lc = {.m = m, .b = &bk, .logits = t->logits, .lse = t->lse};
         prl_parallel_rows(N, logprob_rows, &lc);
@@ -1769,6 +1773,7 @@ static void site_backward(prl_model *m, int l, int site, const prl_batch *b, exp
         zero(a->dpost, (size_t)N * sh.n), zero(a->dH, (size_t)N * n2);
         prl_mhc_post_backward(a->dxin, a->dxs2, a->dpost, a->dH, a->dxs, la->F[site], la->xs[site],
                               la->hc[site].post, la->hc[site].S + (size_t)(ns - 1) * n2, ns * n2, sh);
+        rnd(m, a->dxin, Nd); /* F is a rounded output (sandwich norm or sublayer) */
         dF = a->dxin;
     } else {
         memcpy(a->dxs2, a->dxs, (size_t)N * S * sizeof(prl_real));
@@ -1777,6 +1782,7 @@ static void site_backward(prl_model *m, int l, int site, const prl_batch *b, exp
     if (c->sandwich_norm) {
         size_t g = site ? o->ln_pm : o->ln_pa;
         prl_rmsnorm_backward(a->dres, G(g), dF, la->sub[site], P(g), la->rstd_sub[site], N, d, d, d);
+        rnd(m, a->dres, Nd);
     } else {
         memcpy(a->dres, dF, Nd * sizeof(prl_real));
     }
@@ -1789,10 +1795,11 @@ static void site_backward(prl_model *m, int l, int site, const prl_batch *b, exp
         prl_mhc_params p = mhc_params(m, o->hc[site]);
         prl_mhc_grads g = mhc_grads(m, o->hc[site]);
         prl_mhc_site_backward(a->dxs2, &g, a->hc_scratch, a->dpre, a->dpost, a->dH, &la->hc[site],
-                              la->xs[site], &p, sh);
+                              la->xs[site], &p, sh, m->precision);
     } else {
         for (size_t i = 0; i < Nd; i++) a->dxs2[i] += a->dxin[i];
     }
+    rnd(m, a->dxs2, (size_t)N * S); /* the stream before the site, all its paths summed */
     swap_dxs(a);
 }
 
@@ -1810,7 +1817,8 @@ static void residual_backward(prl_model *m, const prl_batch *b, expert_task *tas
         zero(a->dxs, (size_t)N * S), zero(a->dpre, (size_t)N * n);
         prl_mhc_pre_backward(a->dxs, a->dpre, a->dres, a->xs_final, a->hc_merge.pre, sh);
         prl_mhc_site_backward(a->dxs, &g, a->hc_scratch, a->dpre, NULL, NULL, &a->hc_merge,
-                              a->xs_final, &p, sh);
+                              a->xs_final, &p, sh, m->precision);
+        rnd(m, a->dxs, (size_t)N * S);
     } else {
         memcpy(a->dxs, a->dres, (size_t)N * d * sizeof(prl_real));
     }
@@ -1820,6 +1828,7 @@ static void residual_backward(prl_model *m, const prl_batch *b, expert_task *tas
             size_t g = a->lo[l].ln_bp;
             zero(a->dxs2, (size_t)N * S);
             prl_rmsnorm_backward(a->dxs2, G(g), a->dxs, la->bp_in, P(g), la->rstd_bp, N, S, S, S);
+            rnd(m, a->dxs2, (size_t)N * S);
             swap_dxs(a);
         }
         site_backward(m, l, 1, b, tasks);
@@ -1831,6 +1840,7 @@ static void residual_backward(prl_model *m, const prl_batch *b, expert_task *tas
             for (int i = 1; i < n; i++) s += a->dxs[(size_t)t * S + (size_t)i * d + k];
             a->dres[(size_t)t * d + k] = s;
         }
+    if (n > 1) rnd(m, a->dres, (size_t)N * d); /* as the plain path's gradient at the embedding */
 }
 
 /* Backward of an MTP layer's two sites (plain residual, sandwich norms when on): dx holds
@@ -1848,6 +1858,7 @@ static void plain_layer_backward(prl_model *m, int l, const prl_batch *b, expert
             size_t g = site ? o->ln_pm : o->ln_pa;
             prl_rmsnorm_backward(a->dres, G(g), dx, la->sub[site], P(g), la->rstd_sub[site], N, d,
                                  d, d);
+            rnd(m, a->dres, (size_t)N * d);
         } else {
             memcpy(a->dres, dx, (size_t)N * d * sizeof(prl_real));
         }
@@ -1875,16 +1886,20 @@ static void mtp_backward(prl_model *m, const prl_batch *b, expert_task *tasks)
         prl_batch bk = mtp_view(b, t);
         logits_ctx dc = {.m = m, .b = &bk, .logits = t->logits, .lse = t->lse};
         prl_parallel_rows(N, dlogits_rows, &dc);
+        rnd(m, a->dlogits, (size_t)N * V);
         zero(a->dln, (size_t)N * d);
         prl_matmul_backward(a->dln, G(o->sh_head), a->dlogits, t->ln, P(o->sh_head), N, d, V);
+        rnd(m, a->dln, (size_t)N * d);
         prl_rmsnorm_backward(a->dh_mtp, G(o->sh_norm), a->dln, t->h, P(o->sh_norm), t->rstd, N,
                              d, d, d);
+        rnd(m, a->dh_mtp, (size_t)N * d); /* ∂h^k: the head's path and the next module's */
         plain_layer_backward(m, l, &bk, tasks, a->dh_mtp); /* now ∂/∂(the input op's output) */
         const prl_real *h_prev = k ? a->mtp[k - 1].h : a->res_final;
         zero(a->dh_mtp2, (size_t)N * d), zero(a->demb_mtp, (size_t)N * d);
         prl_mtp_input_backward(a->demb_mtp, a->dh_mtp2, G(o->enorm), G(o->hnorm), G(o->eh_proj),
                                a->dcat_mtp, a->dh_mtp, t->cat, t->emb, h_prev, P(o->enorm),
-                               P(o->hnorm), P(o->eh_proj), t->rstd_e, t->rstd_h, N, d);
+                               P(o->hnorm), P(o->eh_proj), t->rstd_e, t->rstd_h, N, d,
+                               m->precision);
         prl_embedding_backward(G(embed), a->demb_mtp, t->tokens, N, d);
         prl_real *swap = a->dh_mtp;
         a->dh_mtp = a->dh_mtp2, a->dh_mtp2 = swap;
@@ -1914,9 +1929,9 @@ static void dsa_backward(prl_model *m, const prl_batch *b)
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         if (!prl_config_is_dsa(&m->cfg, l)) continue;
         layer_acts *la = &a->layer[l];
-        prl_dsa_weights w = dsa_weights(m, m->params, l), g = dsa_weights(m, m->grads, l);
+        prl_dsa_weights w = dsa_weights(m, P(0), l), g = dsa_weights(m, m->grads, l);
         prl_dsa_backward(&g, &a->dsa_scratch, &la->dsa, &w, la->ln_a, la->cq, a->rope_cos,
-                         a->rope_sin, dsa_sparse(m, l), b->lens, dsa_dims(m));
+                         a->rope_sin, dsa_sparse(m, l), b->lens, dsa_dims(m), m->precision);
     }
 }
 
@@ -1942,9 +1957,9 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
     zero(a->dres, (size_t)N * D.d);
     prl_rmsnorm_backward(a->dres, G(mo->norm), a->dln, a->res_final, P(mo->norm), a->rstd_final,
                          N, D.d, D.d, D.d);
-    rnd(m, a->dres, (size_t)N * D.d);
     if (a->mtp_ran) /* h⁰ = res_final also feeds MTP module 1 */
         for (size_t i = 0; i < (size_t)N * D.d; i++) a->dres[i] += a->dh_mtp[i];
+    rnd(m, a->dres, (size_t)N * D.d); /* once both paths into h⁰ are summed */
     if (residual_glue(&m->cfg)) {
         residual_backward(m, b, tasks);
     } else {

@@ -9,25 +9,30 @@
 
 void prl_mtp_input_forward(prl_real *out, prl_real *cat, prl_real *rstd_e, prl_real *rstd_h,
                            const prl_real *e, const prl_real *h, const prl_real *ge,
-                           const prl_real *gh, const prl_real *w, int N, int d, double eps)
+                           const prl_real *gh, const prl_real *w, int N, int d, double eps,
+                           prl_precision p)
 {
     /* e, h (N,d) → cat (N,2d) = [enorm(e) | hnorm(h)] → out (N,d) = cat · wᵀ, w (d,2d).
     ** The checkpoint order puts the embedding first (spec §9.1, §11.1). */
     prl_rmsnorm_forward(cat, rstd_e, e, ge, N, d, d, 2 * d, eps);
     prl_rmsnorm_forward(cat + d, rstd_h, h, gh, N, d, d, 2 * d, eps);
+    prl_round_reals(p, cat, (size_t)N * 2 * d);
     prl_matmul_forward(out, cat, w, N, 2 * d, d, 0);
+    prl_round_reals(p, out, (size_t)N * d);
 }
 
 void prl_mtp_input_backward(prl_real *de, prl_real *dh, prl_real *dge, prl_real *dgh,
                             prl_real *dw, prl_real *dcat, const prl_real *dout,
                             const prl_real *cat, const prl_real *e, const prl_real *h,
                             const prl_real *ge, const prl_real *gh, const prl_real *w,
-                            const prl_real *rstd_e, const prl_real *rstd_h, int N, int d)
+                            const prl_real *rstd_e, const prl_real *rstd_h, int N, int d,
+                            prl_precision p)
 {
     /* dout (N,d) → dcat (N,2d) = dout · w, dw (d,2d) += doutᵀ · cat; then each half back
     ** through its norm (the halves are rows of dcat at stride 2d). */
     memset(dcat, 0, (size_t)N * 2 * d * sizeof *dcat);
     prl_matmul_backward(dcat, dw, dout, cat, w, N, 2 * d, d);
+    prl_round_reals(p, dcat, (size_t)N * 2 * d);
     prl_rmsnorm_backward(de, dge, dcat, e, ge, rstd_e, N, d, d, 2 * d);
     prl_rmsnorm_backward(dh, dgh, dcat + d, h, gh, rstd_h, N, d, d, 2 * d);
 }

@@ -185,7 +185,7 @@ static void site_fwd(void *p, double *out)
     site_t *c = p;
     prl_mhc_saved sv = site_saved(c);
     prl_mhc_params pp = {.phi = c->phi, .gamma = c->gamma, .alpha = c->alpha, .beta = c->beta};
-    prl_mhc_site_forward(&sv, c->X, &pp, 1e-5, c->s);
+    prl_mhc_site_forward(&sv, c->X, &pp, 1e-5, c->s, PRL_PRECISION_FP32);
     int N = c->s.N, n = c->s.n, ns = prl_mhc_states(c->s);
     if (!c->s.full) {
         prl_mhc_pre_forward(out, c->X, c->pre, c->s);
@@ -221,7 +221,7 @@ static void check_site(int full)
     prl_mhc_saved sv = site_saved(&c);
     prl_mhc_params pp = {.phi = c.phi, .gamma = c.gamma, .alpha = c.alpha, .beta = c.beta};
     prl_mhc_grads g = {.dphi = dphi, .dgamma = dgamma, .dalpha = dalpha, .dbeta = dbeta};
-    prl_mhc_site_backward(dX, &g, scratch, dpre, dpost, dH, &sv, c.X, &pp, s);
+    prl_mhc_site_backward(dX, &g, scratch, dpre, dpost, dH, &sv, c.X, &pp, s, PRL_PRECISION_FP32);
     ck_assert_double_lt(fd_error(site_fwd, &c, c.X, (size_t)N * nd, dX, r, n_out), 1e-6);
     ck_assert_double_lt(fd_error(site_fwd, &c, c.phi, (size_t)M * nd, dphi, r, n_out), 1e-6);
     ck_assert_double_lt(fd_error(site_fwd, &c, c.gamma, nd, dgamma, r, n_out), 1e-6);
@@ -673,7 +673,7 @@ static void mtpin_fwd(void *p, double *out)
 {
     mtpin_ctx *c = p;
     prl_mtp_input_forward(out, c->cat, c->rstd_e, c->rstd_h, c->e, c->h, c->ge, c->gh, c->w, c->N,
-                          c->d, 1e-5);
+                          c->d, 1e-5, PRL_PRECISION_FP32);
 }
 
 /* The MTP module's own op: [enorm(e) ; hnorm(h)] · eh_projᵀ, every input and parameter. */
@@ -688,7 +688,7 @@ START_TEST(test_mtp_input_grad)
            *dw = calloc(50, 8);
     mtpin_fwd(&c, out);
     prl_mtp_input_backward(de, dh, dge, dgh, dw, dcat, r, c.cat, c.e, c.h, c.ge, c.gh, c.w,
-                           c.rstd_e, c.rstd_h, c.N, c.d);
+                           c.rstd_e, c.rstd_h, c.N, c.d, PRL_PRECISION_FP32);
     ck_assert_double_lt(fd_error(mtpin_fwd, &c, c.e, Nd, de, r, Nd), 1e-6);
     ck_assert_double_lt(fd_error(mtpin_fwd, &c, c.h, Nd, dh, r, Nd), 1e-6);
     ck_assert_double_lt(fd_error(mtpin_fwd, &c, c.ge, 5, dge, r, Nd), 1e-6);
