@@ -20,112 +20,6 @@ typedef struct gen_args {
     uint64_t seed;
 } gen_args;
 
-typedef struct prompt_list {
-    int32_t **ids;
-    int *len;
-    int n, cap;
-} prompt_list;
-
-static void prompts_free(prompt_list *p)
-{
-    for (int i = 0; i < p->n; i++) free(p->ids[i]);
-    free(p->ids), free(p->len);
-    memset(p, 0, sizeof *p);
-}
-
-static void prompts_add(prompt_list *p, int32_t *ids, size_t n)
-{
-    if (p->n == p->cap) {
-        p->cap = p->cap ? 2 * p->cap : 16;
-        p->ids = realloc(p->ids, (size_t)p->cap * sizeof *p->ids);
-        p->len = realloc(p->len, (size_t)p->cap * sizeof *p->len);
-        PRL_ASSERT(p->ids && p->len);
-    }
-    p->ids[p->n] = ids, p->len[p->n++] = (int)n;
-}
-
-/* A user message as a chat generation prompt, or raw text after <|bos|>. */
-static prl_status encode_text(const prl_tokenizer *tok, const char *text, int raw, int32_t **ids,
-                              size_t *n)
-{
-    if (!raw) {
-        prl_chat_message msg = {.role = "user", .content = text};
-        return prl_tokenizer_encode_chat_prompt(tok, &msg, 1, 0, ids, n);
-    }
-    int32_t *body;
-    size_t nb;
-    prl_status rc = prl_tokenizer_encode(tok, text, strlen(text), 0, &body, &nb);
-    if (rc) return rc;
-    *ids = malloc((nb + 1) * sizeof **ids);
-    (*ids)[0] = PRL_TOKEN_BOS;
-    memcpy(*ids + 1, body, nb * sizeof *body);
-    *n = nb + 1;
-    free(body);
-    return PRL_OK;
-}
-
-static prl_status line_prompt(json_t *obj, const prl_tokenizer *tok, const gen_args *a, int line,
-                              int32_t **ids, size_t *n)
-{
-    json_t *v;
-    if (!json_is_object(obj))
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", a->input, line);
-    if ((v = json_object_get(obj, "ids"))) return cli_json_ids(v, a->input, line, ids, n);
-    if (!tok)
-        return prl_error_set(PRL_ERR_ARG, "%s:%d: text prompts need a tokenizer.json in the checkpoint",
-                             a->input, line);
-    prl_status rc;
-    if ((v = json_object_get(obj, "prompt")) && json_is_string(v)) {
-        rc = encode_text(tok, json_string_value(v), a->raw, ids, n);
-    } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {
-        prl_chat_message *cm;
-        size_t nm;
-        if ((rc = cli_json_messages(v, a->input, line, &cm, &nm))) return rc;
-        rc = prl_tokenizer_encode_chat_prompt(tok, cm, nm, 0, ids, n);
-        free(cm);
-    } else {
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"prompt\", \"messages\" or \"ids\"",
-                             a->input, line);
-    }
-    return rc ? prl_error_wrap(rc, "%s:%d: ", a->input, line) : PRL_OK;
-}
-
-static prl_status read_prompts(const gen_args *a, const prl_tokenizer *tok, prompt_list *out)
-{
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (a->prompt) {
-        if (!tok) return prl_error_set(PRL_ERR_ARG, "--prompt needs a tokenizer.json in %s", a->ckpt);
-        prl_status rc = encode_text(tok, a->prompt, a->raw, &ids, &n);
-        if (rc == PRL_OK) prompts_add(out, ids, n);
-        return rc;
-    }
-    FILE *f = fopen(a->input, "rb");
-    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %m", a->input);
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int line = 0;
-    prl_status rc = PRL_OK;
-    while (rc == PRL_OK && (len = getline(&buf, &cap, f)) >= 0) {
-        line++;
-        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
-        json_error_t err;
-        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
-        if (!obj) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", a->input, line, err.text);
-            break;
-        }
-        rc = line_prompt(obj, tok, a, line, &ids, &n);
-        json_decref(obj);
-        if (rc == PRL_OK) prompts_add(out, ids, n);
-    }
-    free(buf);
-    fclose(f);
-    if (rc == PRL_OK && out->n == 0) rc = prl_error_set(PRL_ERR_FORMAT, "%s: no prompts", a->input);
-    return rc;
-}
-
 typedef struct progress_state {
     double t0, last;
     int quiet;
@@ -199,8 +93,8 @@ static void print_sample(const gen_args *a, const prl_tokenizer *tok, const prl_
 
 static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_infer_options *io)
 {
-    prompt_list pl = {0};
-    if (read_prompts(a, tok, &pl)) return cli_fail("generate");
+    cli_prompts pl = {0};
+    if (cli_prompts_read(a->prompt, a->input, a->raw, tok, &pl)) return cli_fail("generate");
     int total = pl.n * a->n;
     prl_gen_request *reqs = calloc((size_t)total, sizeof *reqs);
     prl_gen_result *res = calloc((size_t)total, sizeof *res);
@@ -236,7 +130,7 @@ static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_in
     for (int i = 0; i < total; i++) prl_gen_result_free(&res[i]);
     free(res), free(reqs);
     prl_infer_free(e);
-    prompts_free(&pl);
+    cli_prompts_free(&pl);
     return rc;
 }
 

@@ -1881,12 +1881,14 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
         active = 0;
         for (int s = 0; s < e->opt.max_batch; s++) active += e->slots[s].req >= 0;
         if (active == 0) continue;
+        double t0 = prl_now();
         if (e->Lm > 0) {
             rc = spec_step(&g, &finished, &tokens);
         } else {
             rc = decode_step(&g, &finished);
             tokens += active;
         }
+        e->spec.passes++, e->spec.pass_s += prl_now() - t0;
         if (progress) progress(user, finished, n, tokens);
     }
     free(g.cands);
@@ -2093,8 +2095,10 @@ static prl_status spec_step(gen_state *g, int *finished, long *tokens)
     rows_buf *b = &e->rb;
     int nd[4096], first[4096], R = 0;
     PRL_ASSERT(e->opt.max_batch <= 4096 && e->opt.spec_drafts <= PRL_MAX_LAYERS);
+    double t0 = prl_now();
     for (int s = 0; s < e->opt.max_batch; s++) nd[s] = e->slots[s].req >= 0 ? spec_budget(g, s) : 0;
     for (int k = 1; k <= e->opt.spec_drafts; k++) draft_pass(g, k, nd);
+    double t1 = prl_now();
     for (int s = 0; s < e->opt.max_batch; s++) {
         slot_state *st = &e->slots[s];
         if (st->req < 0) continue;
@@ -2108,6 +2112,8 @@ static prl_status spec_step(gen_state *g, int *finished, long *tokens)
     for (int r = 0; r < R; r++) /* h⁰ of every fed row (dead ones are overwritten later) */
         memcpy(slot_hidden(e, &e->slots[b->slot[r]], 0, b->pos[r]), b->x + (size_t)r * e->d,
                (size_t)e->d * sizeof(float));
+    double t2 = prl_now();
+    e->spec.draft_s += t1 - t0, e->spec.verify_s += t2 - t1;
     for (int s = 0; s < e->opt.max_batch; s++) {
         if (e->slots[s].req < 0) continue;
         int stopped;
@@ -2118,5 +2124,6 @@ static prl_status spec_step(gen_state *g, int *finished, long *tokens)
             (*finished)++;
         }
     }
+    e->spec.accept_s += prl_now() - t2;
     return PRL_OK;
 }
