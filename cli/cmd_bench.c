@@ -275,6 +275,7 @@ typedef struct decode_args {
     const char *config, *ckpt, *python, *reference, *batches, *precision, *mla, *matmul;
     int prompt_len, new_tokens, rounds, warmup, threads, json, no_reference;
     int spec; /* > 0: also time self-speculative decoding with this many MTP drafts */
+    int spec_vocab; /* > 0: the drafts' head covers ids [0, spec_vocab) */
     const char *prompts; /* JSONL of real prompts (generate's formats) instead of random ids */
     double temperature;  /* 0 = greedy */
     uint64_t seed;
@@ -421,7 +422,7 @@ static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_optio
                              prl_infer *plain, const decode_run *run, decode_result *d)
 {
     int N = a->new_tokens, n = run->n;
-    io.spec_drafts = a->spec;
+    io.spec_drafts = a->spec, io.spec_draft_vocab = a->spec_vocab;
     prl_infer *e = NULL;
     prl_status rc = prl_infer_init(&e, m, &io);
     double *ps = calloc((size_t)a->rounds, sizeof *ps), *ss = calloc((size_t)a->rounds, sizeof *ss);
@@ -553,6 +554,8 @@ static int bench_decode(int argc, char **argv)
         {"no-reference", OPT_FLAG, &a.no_reference, NULL, "time prl only", 0, 0},
         {"spec", OPT_INT, &a.spec, "D", "also time self-speculative decoding with D MTP drafts "
          "(needs num_nextn_predict_layers >= D)", 0, 0},
+        {"spec-vocab", OPT_INT, &a.spec_vocab, "S", "with --spec: the drafts' head covers token ids "
+         "[0, S) only (default 0 = all)", 0, 0},
         {"prompts", OPT_STR, &a.prompts, "FILE", "real prompts: JSONL as prl generate --input (e.g. "
          "prl tasks generate --split eval); every batch size decodes them all, stopping at <|eos|>/<|end|>; "
          "prl only", 0, 0},

@@ -16,7 +16,7 @@
 typedef struct gen_args {
     const char *ckpt, *prompt, *input, *precision, *mla, *matmul, *stop;
     double temperature, top_p;
-    int n, top_k, max_new, batch, raw, ignore_eos, json, routes, threads, quiet, spec;
+    int n, top_k, max_new, batch, raw, ignore_eos, json, routes, threads, quiet, spec, spec_vocab;
     uint64_t seed;
 } gen_args;
 
@@ -156,6 +156,8 @@ int cmd_generate(int argc, char **argv)
         {"batch", OPT_INT, &a.batch, "B", "sequences decoded together (default 16)", 0, 0},
         {"spec", OPT_INT, &a.spec, "D", "self-speculative decoding with D MTP drafts per step "
          "(default 0 = off; the model needs num_nextn_predict_layers >= D)", 0, 0},
+        {"spec-vocab", OPT_INT, &a.spec_vocab, "S", "with --spec: the drafts' head covers token ids "
+         "[0, S) only, a cheaper draft; the output is unchanged (default 0 = all)", 0, 0},
         {"routes", OPT_FLAG, &a.routes, NULL, "with --json: add each sample's MoE routes (hex)", 0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "one JSON object per sample", 0, 0},
         {"quiet", OPT_FLAG, &a.quiet, NULL, "no progress on stderr", 0, 0},
@@ -175,7 +177,7 @@ int cmd_generate(int argc, char **argv)
     if (prl_infer_options_preset(&io, a.precision ? a.precision : "fp32") ||
         prl_infer_options_set(&io, NULL, a.mla, a.matmul))
         return cli_failf("generate", 2, "%s", prl_error_message());
-    io.max_batch = a.batch, io.spec_drafts = a.spec;
+    io.max_batch = a.batch, io.spec_drafts = a.spec, io.spec_draft_vocab = a.spec_vocab;
     prl_sample_params check;
     prl_sample_params_default(&check);
     check.temperature = a.temperature, check.top_k = a.top_k, check.top_p = a.top_p;

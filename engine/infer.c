@@ -12,7 +12,6 @@
 */
 #include "engine/dsa.h"
 #include "engine/mhc.h"
-#include "engine/mtp.h"
 #include "engine/spec_decode.h"
 
 #include <math.h>
@@ -126,6 +125,7 @@ typedef struct layer_w {
     const float *enorm, *hnorm, *sh_norm; /* MTP layer: input norms, shared_head.norm */
     lin eh_proj, own_head;            /* MTP layer: eh_proj, its own shared_head.head */
     const lin *sh_head;               /* own_head, or the trunk's lm_head */
+    lin draft_head;                   /* spec_draft_vocab: sh_head's first rows (w NULL: off) */
 } layer_w;
 
 enum { CONV_Q, CONV_KV, CONV_O };
@@ -524,6 +524,8 @@ static prl_status bind_mtp(prl_infer *e, int l, const float *base)
         rc = lin_init(e, &w->own_head, head, e->V, e->d);
         w->sh_head = &w->own_head;
     }
+    int S = e->opt.spec_draft_vocab; /* the head's first S rows are the shortlist's weights */
+    if (!rc && S > 0 && S < e->V) rc = lin_init(e, &w->draft_head, w->sh_head->w, S, e->d);
     return rc;
 }
 
@@ -723,6 +725,9 @@ static prl_status check_options(const prl_model *m, prl_infer_options *o)
         return prl_error_set(PRL_ERR_ARG, "speculative drafts %d not in [0, "
                              "num_nextn_predict_layers = %d] (one MTP module per draft)",
                              o->spec_drafts, m->cfg.num_nextn_predict_layers);
+    if (o->spec_draft_vocab < 0 || o->spec_draft_vocab > m->cfg.vocab_size)
+        return prl_error_set(PRL_ERR_ARG, "draft vocabulary %d not in [0, vocab_size = %d] "
+                             "(0 = the whole vocabulary)", o->spec_draft_vocab, m->cfg.vocab_size);
     if ((unsigned)o->precision > PRL_PRECISION_FP16 || (unsigned)o->mla > PRL_MLA_NAIVE ||
         (unsigned)o->matmul > PRL_MATMUL_BLAS)
         return prl_error_set(PRL_ERR_ARG, "invalid infer options");
@@ -847,7 +852,7 @@ void prl_infer_free(prl_infer *e)
     if (!e) return;
     for (int l = 0; e->lw && l < e->L + e->Lm; l++) {
         layer_w *w = &e->lw[l];
-        lin_free(&w->eh_proj), lin_free(&w->own_head);
+        lin_free(&w->eh_proj), lin_free(&w->own_head), lin_free(&w->draft_head);
         lin_free(&w->wq_a), lin_free(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
         lin_free(&w->wo), lin_free(&w->w13), lin_free(&w->w2), lin_free(&w->router);
         lin_free(&w->ix_wq_b), lin_free(&w->ix_wk), lin_free(&w->ix_wproj);
@@ -1943,8 +1948,12 @@ static void spec_admit(prl_infer *e, int slot, const int32_t *prompt, int P)
 }
 
 /* MTP module k (1-based) on R rows: rb.tok holds t_{i+k}, rb.x holds h^{k−1}; afterwards rb.x
-** holds h^k and rb.logits the module's logits (shared head). */
-static void mtp_rows(prl_infer *e, int k, int R)
+** holds h^k and rb.logits rows 0..n_head−1 (stride V) the module's logits (shared head) of
+** rows head_rows[]: only the row a draft is drawn from needs them — the other rows only fill
+** the module's KV cache and h^k, and the head is the module's largest matrix (V × d). With
+** spec_draft_vocab = S the head covers ids [0, S) and the rest of each row is −∞, so the
+** draft and its distribution q (what the acceptance rule needs) never leave the shortlist. */
+static void mtp_rows(prl_infer *e, int k, int R, const int *head_rows, int n_head)
 {
     rows_buf *b = &e->rb;
     int l = e->L + k - 1, d = e->d;
@@ -1954,14 +1963,24 @@ static void mtp_rows(prl_infer *e, int k, int R)
     for (int r = 0; r < R; r++)
         memcpy(b->mtp_e + (size_t)r * d, e->embed + (size_t)b->tok[r] * d,
                (size_t)d * sizeof(float));
-    memcpy(b->mtp_h, b->x, (size_t)R * d * sizeof(float));
-    prl_mtp_input_forward(b->x, b->mtp_cat, b->mtp_rstd, b->mtp_rstd + R, b->mtp_e, b->mtp_h,
-                          w->enorm, w->hnorm, w->eh_proj.w, R, d, eps);
-    act_round(e, b->x, (size_t)R * d);
+    /* prl_mtp_input_forward's ops, with eh_proj through the infer path's pre-packed linear
+    ** (the train path's matmul packs the 2d × d weight on every call) */
+    prl_rmsnorm_forward(b->mtp_cat, b->mtp_rstd, b->mtp_e, w->enorm, R, d, d, 2 * d, eps);
+    prl_rmsnorm_forward(b->mtp_cat + d, b->mtp_rstd + R, b->x, w->hnorm, R, d, d, 2 * d, eps);
+    linear(e, b->x, b->mtp_cat, R, &w->eh_proj);
     layer_rows(e, l, R);
-    prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->sh_norm, R, d, d, d, eps);
-    act_round(e, b->ln, (size_t)R * d);
-    linear(e, b->logits, b->ln, R, w->sh_head);
+    for (int i = 0; i < n_head; i++) /* the head's rows, gathered (mtp_h is free again) */
+        memcpy(b->mtp_h + (size_t)i * d, b->x + (size_t)head_rows[i] * d, (size_t)d * sizeof(float));
+    prl_rmsnorm_forward(b->ln, b->rstd, b->mtp_h, w->sh_norm, n_head, d, d, d, eps);
+    act_round(e, b->ln, (size_t)n_head * d);
+    const lin *head = w->draft_head.w ? &w->draft_head : w->sh_head;
+    int S = head->out, V = e->V;
+    linear(e, b->logits, b->ln, n_head, head);
+    for (int i = n_head - 1; i >= 0 && S < V; i--) { /* rows of S → rows of V, last first */
+        float *row = b->logits + (size_t)i * V;
+        memmove(row, b->logits + (size_t)i * S, (size_t)S * sizeof *row);
+        for (int j = S; j < V; j++) row[j] = -INFINITY;
+    }
 }
 
 /* Drafts a step may take for the slot: none for teacher forcing; never past the context or
@@ -2016,16 +2035,21 @@ static void draft_flush(gen_state *g, int k, const int *slots, int n_slots, int 
 {
     prl_infer *e = g->e;
     rows_buf *b = &e->rb;
-    mtp_rows(e, k, R);
+    int last[4096];
+    for (int i = 0, r = 0; i < n_slots; i++) { /* each slot's rows end at position len − 1 */
+        const slot_state *st = &e->slots[slots[i]];
+        r += st->len - st->mtp_len[k - 1];
+        last[i] = r - 1;
+    }
+    mtp_rows(e, k, R, last, n_slots);
     for (int r = 0; r < R; r++) {
         slot_state *st = &e->slots[b->slot[r]];
         memcpy(slot_hidden(e, st, k, b->pos[r]), b->x + (size_t)r * e->d,
                (size_t)e->d * sizeof(float));
     }
-    for (int i = 0, r = 0; i < n_slots; i++) {
+    for (int i = 0; i < n_slots; i++) {
         slot_state *st = &e->slots[slots[i]];
-        r += st->len - st->mtp_len[k - 1]; /* the slot's rows; its last is position len − 1 */
-        st->draft[k - 1] = draw_draft(g, slots[i], k, b->logits + (size_t)(r - 1) * e->V);
+        st->draft[k - 1] = draw_draft(g, slots[i], k, b->logits + (size_t)i * e->V);
         /* rows with t_{i+k} final (i + k <= len) are final; the rest are redone next step */
         int fin = st->len - k + 1;
         st->mtp_len[k - 1] = fin > st->mtp_len[k - 1] ? fin : st->mtp_len[k - 1];

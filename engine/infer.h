@@ -40,6 +40,9 @@ typedef struct prl_infer_options {
     int max_len;   /* context per sequence, prompt + generated (default max_position_embeddings) */
     int spec_drafts; /* self-speculative decoding with this many MTP drafts per step (0 = off;
                      ** at most num_nextn_predict_layers); docs/infer.md */
+    int spec_draft_vocab; /* > 0: the drafts' head covers token ids [0, this) only (a cheaper
+                          ** draft, FR-Spec style; the verify keeps the whole vocabulary, so
+                          ** the output is unchanged); 0 = the whole vocabulary */
 } prl_infer_options;
 
 /* Speculative decoding counters since prl_infer_init: drafts proposed and accepted (the
