@@ -1771,6 +1771,7 @@ static int record_token(gen_state *g, int slot, int32_t y, const float *logits)
 }
 
 static void spec_admit(prl_infer *e, int slot, const int32_t *prompt, int P);
+static void spec_prefill(gen_state *g, int slot);
 static prl_status spec_step(gen_state *g, int *finished, long *tokens);
 
 static prl_status alloc_result(gen_state *g, int i)
@@ -1828,6 +1829,7 @@ static prl_status admit(gen_state *g, int i, int slot, int *stopped)
     } else {
         *stopped = take_token(g, slot, P - 1);
     }
+    spec_prefill(g, slot); /* after the logits rows are read: it reuses the row buffers */
     return *stopped ? finish(g, slot) : PRL_OK;
 }
 
@@ -1945,6 +1947,34 @@ static void spec_admit(prl_infer *e, int slot, const int32_t *prompt, int P)
     memcpy(st->toks, prompt, (size_t)P * sizeof *st->toks);
     memcpy(slot_hidden(e, st, 0, 0), e->rb.x, (size_t)P * e->d * sizeof(float));
     memset(st->mtp_len, 0, (size_t)e->Lm * sizeof *st->mtp_len);
+}
+
+static void mtp_rows(prl_infer *e, int k, int R, const int *head_rows, int n_head);
+
+/* The MTP modules' part of the prefill: module k = 1..D on the prompt positions whose token k
+** ahead is in the prompt (i < P − k), without the head, so their cache rows and h^k are
+** final before the first step — which then runs k rows per module, as every later step
+** does. Prefill work, so it runs with the trunk's prefill (and is timed with it), even when
+** the first token already ended the sequence. Nothing for teacher forcing (no drafts). */
+static void spec_prefill(gen_state *g, int slot)
+{
+    prl_infer *e = g->e;
+    rows_buf *b = &e->rb;
+    slot_state *st = &e->slots[slot];
+    const prl_gen_request *q = &g->reqs[st->req];
+    int P = q->prompt_len;
+    if (e->Lm == 0 || q->forced) return;
+    for (int k = 1; k <= e->opt.spec_drafts && P - k > 0; k++) {
+        int R = P - k; /* <= P rows: the prefill's own row count fits the buffer */
+        for (int i = 0; i < R; i++) {
+            b->tok[i] = st->toks[i + k], b->slot[i] = slot, b->pos[i] = i, b->req[i] = st->req;
+            memcpy(b->x + (size_t)i * e->d, slot_hidden(e, st, k - 1, i), (size_t)e->d * sizeof(float));
+        }
+        mtp_rows(e, k, R, NULL, 0);
+        for (int i = 0; i < R; i++)
+            memcpy(slot_hidden(e, st, k, i), b->x + (size_t)i * e->d, (size_t)e->d * sizeof(float));
+        st->mtp_len[k - 1] = R;
+    }
 }
 
 /* MTP module k (1-based) on R rows: rb.tok holds t_{i+k}, rb.x holds h^{k−1}; afterwards rb.x
