@@ -55,6 +55,20 @@ prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, si
 prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_message **msgs,
                              size_t *n);
 
+/* Generation prompts as token ids (cli/prompts.c): ids[i] (malloc'd) of len[i] tokens. */
+typedef struct cli_prompts {
+    int32_t **ids;
+    int *len;
+    int n, cap;
+} cli_prompts;
+/* `text` (a user turn through the chat template, or with `raw` plain text after <|bos|>) when
+** non-NULL, else every line of the JSONL `file`: {"prompt": "..."} (as `text`), {"messages":
+** [...]} (a chat prompt ending with <|assistant|>) or {"ids": [...]}. Appends to *out (zeroed
+** first); text needs `tok`. Errors name FILE:LINE; an empty file is an error. */
+prl_status cli_prompts_read(const char *text, const char *file, int raw, const prl_tokenizer *tok,
+                            cli_prompts *out);
+void cli_prompts_free(cli_prompts *p);
+
 /* One JSONL input line as token ids (malloc'd): {"ids": [...]}, {"text": "..."} or
 ** {"messages": [...]} (chat template; *mask gets its loss mask, 1 on assistant tokens, else
 ** stays NULL). Text needs `tok`. Errors name FILE:LINE. */

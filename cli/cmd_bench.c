@@ -276,8 +276,22 @@ typedef struct decode_args {
     const char *config, *ckpt, *python, *reference, *batches, *precision, *mla, *matmul;
     int prompt_len, new_tokens, rounds, warmup, threads, json, no_reference;
     int spec; /* > 0: also time self-speculative decoding with this many MTP drafts */
+    int spec_vocab; /* > 0: the drafts' head covers ids [0, spec_vocab) */
+    const char *prompts; /* JSONL of real prompts (generate's formats) instead of random ids */
+    double temperature;  /* 0 = greedy */
     uint64_t seed;
 } decode_args;
+
+/* What one timed generation runs: the requests (all decoded with max_batch = the batch size)
+** and the sampler. Random prompts: greedy, stops off, every sequence makes new_tokens. Real
+** prompts (--prompts): stops at <|eos|> / <|end|>, so sequences end where the model ends them
+** and acceptance is measured on the text the model really writes. */
+typedef struct decode_run {
+    prl_gen_request *q;
+    int n;
+    prl_sample_params sp;
+    int32_t stop_ids[2];
+} decode_run;
 
 typedef struct decode_result {
     int batch;
@@ -288,22 +302,34 @@ typedef struct decode_result {
     double spec_decode, spec_speedup; /* speculative: median decode time, median of the
                                       ** per-round plain/speculative decode-time ratios */
     prl_spec_stats spec;              /* counters over the timed rounds */
+    prl_spec_stats plain;             /* the plain engine's passes over the same rounds */
     int spec_agree;                   /* leading tokens of sequence 0 equal to plain greedy's */
+    long plain_tokens, spec_tokens;   /* decode tokens of one round (the last), all sequences */
+    long spec_equal;                  /* tokens equal to plain's at the same place, all sequences */
+    int n_seq;                        /* sequences per round */
 } decode_result;
 
-/* Seconds of prl's greedy generation of n_new tokens for every prompt (stops ignored). */
-static prl_status prl_generate_time(prl_infer *e, prl_gen_request *q, int B, int n_new,
-                                    double *seconds, int32_t *first_tokens)
+/* Seconds of prl's generation of at most n_new tokens for every request of `run`; *decoded
+** (may be NULL) gets the tokens made after each sequence's first (which comes with the
+** prefill); tokens (may be NULL) gets sequence i's tokens at [i·n_new ..], lens[i] their
+** count. */
+static prl_status prl_generate_time(prl_infer *e, const decode_run *run, int n_new, double *seconds,
+                                    long *decoded, int32_t *tokens, int *lens)
 {
-    prl_sample_params sp;
-    prl_sample_params_default(&sp);
-    sp.max_new_tokens = n_new, sp.n_stop_ids = 0;
-    prl_gen_result *r = calloc((size_t)B, sizeof *r);
+    prl_sample_params sp = run->sp;
+    sp.max_new_tokens = n_new;
+    sp.stop_ids = run->stop_ids;
+    prl_gen_result *r = calloc((size_t)run->n, sizeof *r);
     double t0 = prl_now();
-    prl_status rc = prl_infer_generate(e, q, B, &sp, r, NULL, NULL);
+    prl_status rc = prl_infer_generate(e, run->q, run->n, &sp, r, NULL, NULL);
     *seconds = prl_now() - t0;
-    if (rc == PRL_OK && first_tokens) memcpy(first_tokens, r[0].tokens, (size_t)r[0].n * sizeof *first_tokens);
-    for (int i = 0; i < B; i++) prl_gen_result_free(&r[i]);
+    if (decoded) *decoded = 0;
+    for (int i = 0; rc == PRL_OK && i < run->n; i++) {
+        if (decoded) *decoded += r[i].n - 1;
+        if (tokens) memcpy(tokens + (size_t)i * n_new, r[i].tokens, (size_t)r[i].n * sizeof *tokens);
+        if (lens) lens[i] = r[i].n;
+    }
+    for (int i = 0; i < run->n; i++) prl_gen_result_free(&r[i]);
     free(r);
     return rc;
 }
@@ -365,83 +391,144 @@ static prl_status ref_decode(const decode_args *a, const char *ckpt, const char 
     return PRL_OK;
 }
 
+/* Leading tokens of sequence 0 that two runs share, and tokens equal at the same place over
+** every sequence (greedy speculative decoding must give plain decoding's tokens exactly). */
+static void tokens_compare(decode_result *d, const int32_t *x, const int *xl, const int32_t *y,
+                           const int *yl, int n_seq, int N)
+{
+    d->spec_agree = 0;
+    while (d->spec_agree < xl[0] && d->spec_agree < yl[0] && x[d->spec_agree] == y[d->spec_agree])
+        d->spec_agree++;
+    d->spec_equal = 0;
+    for (int i = 0; i < n_seq; i++)
+        for (int t = 0; t < xl[i] && t < yl[i]; t++)
+            d->spec_equal += x[(size_t)i * N + t] == y[(size_t)i * N + t];
+}
+
+static prl_spec_stats stats_since(const prl_infer *e, prl_spec_stats b)
+{
+    prl_spec_stats a = prl_infer_spec_stats(e);
+    return (prl_spec_stats){.drafted = a.drafted - b.drafted, .accepted = a.accepted - b.accepted,
+                            .steps = a.steps - b.steps, .emitted = a.emitted - b.emitted,
+                            .passes = a.passes - b.passes, .pass_s = a.pass_s - b.pass_s,
+                            .draft_s = a.draft_s - b.draft_s, .verify_s = a.verify_s - b.verify_s,
+                            .accept_s = a.accept_s - b.accept_s};
+}
+
 /* Speculative decoding (a->spec MTP drafts) against plain decoding on engine `plain`, the
 ** two timed in alternate rounds (prefill subtracted as above): median decode time, median of
-** the per-round ratios, acceptance counters, and whether the greedy tokens are plain's. */
+** the per-round ratios of decode tokens/s (with sampling or stops the two may make different
+** numbers of tokens), acceptance counters, and whether the tokens are plain's. */
 static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_options io,
-                             prl_infer *plain, prl_gen_request *q, int B, const int32_t *want,
-                             decode_result *d)
+                             prl_infer *plain, const decode_run *run, decode_result *d)
 {
-    int N = a->new_tokens;
-    io.spec_drafts = a->spec;
+    int N = a->new_tokens, n = run->n;
+    io.spec_drafts = a->spec, io.spec_draft_vocab = a->spec_vocab;
     prl_infer *e = NULL;
     prl_status rc = prl_infer_init(&e, m, &io);
     double *ps = calloc((size_t)a->rounds, sizeof *ps), *ss = calloc((size_t)a->rounds, sizeof *ss);
     double *ratio = calloc((size_t)a->rounds, sizeof *ratio), pre = 0, all = 0;
-    int32_t *tokens = calloc((size_t)N, sizeof *tokens);
-    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, q, B, N, &all, NULL);
+    int32_t *want = calloc((size_t)n * N, sizeof *want), *got = calloc((size_t)n * N, sizeof *got);
+    int *want_len = calloc((size_t)n, sizeof *want_len), *got_len = calloc((size_t)n, sizeof *got_len);
+    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, run, N, &all, NULL, NULL, NULL);
     prl_spec_stats before = rc ? (prl_spec_stats){0} : prl_infer_spec_stats(e);
+    prl_spec_stats plain_before = prl_infer_spec_stats(plain);
     for (int i = 0; !rc && i < a->rounds; i++) {
-        rc = prl_generate_time(plain, q, B, 1, &pre, NULL);
-        if (!rc) rc = prl_generate_time(plain, q, B, N, &all, NULL);
+        long first = 0;
+        rc = prl_generate_time(plain, run, 1, &pre, NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(plain, run, N, &all, &d->plain_tokens, want, want_len);
         ps[i] = all - pre;
-        if (!rc) rc = prl_generate_time(e, q, B, 1, &pre, NULL);
-        if (!rc) rc = prl_generate_time(e, q, B, N, &all, tokens);
-        ss[i] = all - pre, ratio[i] = ps[i] / ss[i];
+        if (!rc) rc = prl_generate_time(e, run, 1, &pre, &first, NULL, NULL);
+        if (!rc) rc = prl_generate_time(e, run, N, &all, &d->spec_tokens, got, got_len);
+        ss[i] = all - pre;
+        ratio[i] = (d->spec_tokens / ss[i]) / (d->plain_tokens / ps[i]);
     }
     if (!rc) {
-        prl_spec_stats after = prl_infer_spec_stats(e);
-        d->spec = (prl_spec_stats){.drafted = after.drafted - before.drafted,
-                                   .accepted = after.accepted - before.accepted,
-                                   .steps = after.steps - before.steps,
-                                   .emitted = after.emitted - before.emitted};
+        d->spec = stats_since(e, before), d->plain = stats_since(plain, plain_before);
         d->spec_decode = median(ss, a->rounds), d->spec_speedup = median(ratio, a->rounds);
-        d->spec_agree = 0;
-        while (d->spec_agree < N && tokens[d->spec_agree] == want[d->spec_agree]) d->spec_agree++;
+        tokens_compare(d, want, want_len, got, got_len, n, N);
     }
     prl_infer_free(e);
-    free(ps), free(ss), free(ratio), free(tokens);
+    free(ps), free(ss), free(ratio), free(want), free(got), free(want_len), free(got_len);
     return rc;
 }
 
-static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const char *ckpt,
-                                     const char *dir, prl_infer_options io, int B, decode_result *d)
+/* The requests of one batch size: B random prompts of prompt_len ids (written to `file` for
+** the reference), or every prompt of --prompts. *max_prompt gets the longest. */
+static prl_status decode_requests(const decode_args *a, const prl_model *m, const prl_tokenizer *tok,
+                                  int B, const char *file, decode_run *run, int32_t **ids,
+                                  cli_prompts *pl, int *max_prompt)
 {
-    int P = a->prompt_len, N = a->new_tokens;
-    int32_t *ids = malloc((size_t)B * P * sizeof *ids), *tokens = calloc((size_t)N, sizeof *tokens);
+    prl_sample_params_default(&run->sp);
+    run->sp.temperature = a->temperature, run->sp.seed = a->seed;
+    run->stop_ids[0] = PRL_TOKEN_EOS, run->stop_ids[1] = PRL_TOKEN_END;
+    if (a->prompts) {
+        prl_status rc = cli_prompts_read(NULL, a->prompts, 0, tok, pl);
+        if (rc) return rc;
+        run->n = pl->n, run->sp.n_stop_ids = 2;
+        run->sp.vocab_limit = tok ? prl_tokenizer_vocab_size(tok) : 0;
+        run->q = calloc((size_t)run->n, sizeof *run->q);
+        *max_prompt = 0;
+        for (int i = 0; i < run->n; i++) {
+            run->q[i] = (prl_gen_request){.prompt = pl->ids[i], .prompt_len = pl->len[i], .seq_id = (uint64_t)i};
+            *max_prompt = pl->len[i] > *max_prompt ? pl->len[i] : *max_prompt;
+        }
+        return PRL_OK;
+    }
+    int P = a->prompt_len;
+    *ids = malloc((size_t)B * P * sizeof **ids);
     prl_rng r;
     prl_rng_init(&r, a->seed, (uint64_t)B, 0, 0, PRL_RNG_TEST);
-    for (int i = 0; i < B * P; i++) ids[i] = 16 + (int32_t)(prl_rng_u64(&r) % (uint64_t)(m->cfg.vocab_size - 16));
-    prl_gen_request *q = calloc((size_t)B, sizeof *q);
-    for (int b = 0; b < B; b++) q[b] = (prl_gen_request){.prompt = ids + (size_t)b * P, .prompt_len = P, .seq_id = (uint64_t)b};
+    for (int i = 0; i < B * P; i++) (*ids)[i] = 16 + (int32_t)(prl_rng_u64(&r) % (uint64_t)(m->cfg.vocab_size - 16));
+    run->n = B, run->sp.n_stop_ids = 0, *max_prompt = P;
+    run->q = calloc((size_t)B, sizeof *run->q);
+    for (int b = 0; b < B; b++) run->q[b] = (prl_gen_request){.prompt = *ids + (size_t)b * P, .prompt_len = P, .seq_id = (uint64_t)b};
+    return write_prompts(file, *ids, B, P);
+}
+
+static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const prl_tokenizer *tok,
+                                     const char *ckpt, const char *dir, prl_infer_options io, int B,
+                                     decode_result *d)
+{
+    int N = a->new_tokens, P = 0;
+    int32_t *ids = NULL;
+    decode_run run = {0};
+    cli_prompts pl = {0};
     char prompts[4200];
     snprintf(prompts, sizeof prompts, "%s/prompts-%d.json", dir, B);
+    prl_status rc = decode_requests(a, m, tok, B, prompts, &run, &ids, &pl, &P);
+    int32_t *tokens = calloc((size_t)run.n * N + 1, sizeof *tokens); /* every sequence's */
     io.max_batch = B, io.max_len = P + N;
     prl_infer *e = NULL;
-    prl_status rc = write_prompts(prompts, ids, B, P);
+    if (!rc && io.max_len > m->cfg.max_position_embeddings)
+        rc = prl_error_set(PRL_ERR_ARG, "prompt %d + --new-tokens %d exceeds max_position_embeddings %d",
+                           P, N, m->cfg.max_position_embeddings);
     if (!rc) rc = prl_infer_init(&e, m, &io);
     double *pre = calloc((size_t)a->rounds, sizeof *pre), *all = calloc((size_t)a->rounds, sizeof *all), t;
-    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, q, B, N, &t, NULL);
+    long *dec = calloc((size_t)a->rounds, sizeof *dec);
+    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, &run, N, &t, NULL, NULL, NULL);
     /* prl's rounds straddle the reference's, so drift of the shared machine hits both */
     int half = a->rounds / 2;
     for (int i = 0; !rc && i < half; i++) {
-        rc = prl_generate_time(e, q, B, 1, &pre[i], NULL);
-        if (!rc) rc = prl_generate_time(e, q, B, N, &all[i], tokens);
+        rc = prl_generate_time(e, &run, 1, &pre[i], NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(e, &run, N, &all[i], &dec[i], tokens, NULL);
     }
-    d->batch = B;
+    d->batch = B, d->n_seq = run.n;
     if (!rc && !a->no_reference) rc = ref_decode(a, ckpt, prompts, io.mla == PRL_MLA_NAIVE ? "naive" : "absorbed", d, tokens);
     for (int i = half; !rc && i < a->rounds; i++) {
-        rc = prl_generate_time(e, q, B, 1, &pre[i], NULL);
-        if (!rc) rc = prl_generate_time(e, q, B, N, &all[i], tokens);
+        rc = prl_generate_time(e, &run, 1, &pre[i], NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(e, &run, N, &all[i], &dec[i], tokens, NULL);
     }
     if (!rc) {
         d->prl_prefill = median(pre, a->rounds);
         for (int i = 0; i < a->rounds; i++) all[i] -= pre[i];
         d->prl_decode = median(all, a->rounds);
+        d->plain_tokens = dec[a->rounds - 1];
     }
-    if (!rc && a->spec > 0) rc = bench_spec(a, m, io, e, q, B, tokens, d);
+    if (!rc && a->spec > 0) rc = bench_spec(a, m, io, e, &run, d);
     prl_infer_free(e);
-    free(pre), free(all), free(q), free(ids), free(tokens);
+    free(pre), free(all), free(dec), free(run.q), free(ids), free(tokens);
+    cli_prompts_free(&pl);
     return rc;
 }
 
@@ -525,6 +612,13 @@ static int bench_decode(int argc, char **argv)
         {"no-reference", OPT_FLAG, &a.no_reference, NULL, "time prl only", 0, 0},
         {"spec", OPT_INT, &a.spec, "D", "also time self-speculative decoding with D MTP drafts "
          "(needs num_nextn_predict_layers >= D)", 0, 0},
+        {"spec-vocab", OPT_INT, &a.spec_vocab, "S", "with --spec: the drafts' head covers token ids "
+         "[0, S) only (default 0 = all)", 0, 0},
+        {"prompts", OPT_STR, &a.prompts, "FILE", "real prompts: JSONL as prl generate --input (e.g. "
+         "prl tasks generate --split eval); every batch size decodes them all, stopping at <|eos|>/<|end|>; "
+         "prl only", 0, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T", "sampling temperature (default 0 = greedy); "
+         "> 0 is prl only", 0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
         {0},
     };
@@ -533,9 +627,12 @@ static int bench_decode(int argc, char **argv)
                        "reference on the same weights, prompts, threads, BLAS core and MLA form.",
                        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
-    if (a.prompt_len < 1 || a.new_tokens < 2 || a.rounds < 1 || a.warmup < 0 || a.spec < 0)
+    if (a.prompt_len < 1 || a.new_tokens < 2 || a.rounds < 1 || a.warmup < 0 || a.spec < 0 ||
+        !(a.temperature >= 0))
         return cli_failf("bench", 2, "--prompt-len >= 1, --new-tokens >= 2, --rounds >= 1, --warmup >= 0, "
-                         "--spec >= 0");
+                         "--spec >= 0, --temperature >= 0");
+    /* the reference times greedy decoding of equal-length random prompts only */
+    if (a.prompts || a.temperature > 0) a.no_reference = 1;
     int batches[16], nb = 0;
     for (const char *p = a.batches; *p && nb < 16;) {
         char *end;
@@ -566,12 +663,12 @@ static int bench_decode(int argc, char **argv)
         if (prl_checkpoint_save(&m, NULL, NULL, NULL, made)) return cli_fail("bench");
         ckpt = made;
     }
-    if (a.prompt_len + a.new_tokens > m.cfg.max_position_embeddings)
+    if (!a.prompts && a.prompt_len + a.new_tokens > m.cfg.max_position_embeddings)
         return cli_failf("bench", 2, "--prompt-len + --new-tokens = %d exceeds max_position_embeddings %d",
                          a.prompt_len + a.new_tokens, m.cfg.max_position_embeddings);
     decode_result res[16] = {0};
     for (int i = 0; i < nb; i++) {
-        if (bench_decode_batch(&a, &m, ckpt, dir, io, batches[i], &res[i])) return cli_fail("bench");
+        if (bench_decode_batch(&a, &m, tok, ckpt, dir, io, batches[i], &res[i])) return cli_fail("bench");
         fprintf(stderr, "bench: batch %d done\n", batches[i]);
     }
     char desc[128];
@@ -603,7 +700,7 @@ static int bench_decode(int argc, char **argv)
     if (a.json) printf(", \"results\": [");
     for (int i = 0; i < nb; i++) {
         decode_result *d = &res[i];
-        double toks = (double)d->batch * (a.new_tokens - 1); /* the first token comes with the prefill */
+        double toks = (double)d->plain_tokens; /* the first token comes with the prefill */
         double prl_tps = toks / d->prl_decode, ref_tps = d->ref_decode > 0 ? (double)d->batch * a.new_tokens / d->ref_decode : 0;
         if (a.json) {
             printf("%s{\"batch\": %d, \"prl_prefill_s\": %.5f, \"prl_decode_s\": %.5f, \"prl_decode_tokens_per_s\": %.1f, "
@@ -615,10 +712,12 @@ static int bench_decode(int argc, char **argv)
             if (a.spec > 0)
                 printf(", \"spec_drafts\": %d, \"spec_decode_s\": %.5f, \"spec_decode_tokens_per_s\": %.1f, "
                        "\"spec_speedup_median\": %.3f, \"spec_acceptance\": %.4f, "
-                       "\"spec_tokens_per_sequence_step\": %.3f, \"spec_greedy_tokens_agree\": %d",
-                       a.spec, d->spec_decode, toks / d->spec_decode, d->spec_speedup,
+                       "\"spec_tokens_per_sequence_step\": %.3f, \"spec_greedy_tokens_agree\": %d, "
+                       "\"spec_tokens_equal_plain\": %ld, \"plain_tokens\": %ld, \"sequences\": %d",
+                       a.spec, d->spec_decode, d->spec_tokens / d->spec_decode, d->spec_speedup,
                        d->spec.drafted ? (double)d->spec.accepted / d->spec.drafted : 0,
-                       d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0, d->spec_agree);
+                       d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0, d->spec_agree,
+                       d->spec_equal, d->plain_tokens + d->n_seq, d->n_seq);
             printf("}");
             continue;
         }
@@ -630,12 +729,19 @@ static int bench_decode(int argc, char **argv)
         if (a.spec > 0)
             printf("             speculative (%d drafts) %8.1f tokens/s   speed-up %.2fx (median of "
                    "per-round ratios)   acceptance %.1f%% (%ld/%ld drafts)   %.2f tokens per "
-                   "sequence step   greedy tokens equal plain %d/%d\n",
-                   a.spec, toks / d->spec_decode, d->spec_speedup,
+                   "sequence step   tokens equal plain's %ld/%ld (%d sequences)\n",
+                   a.spec, d->spec_tokens / d->spec_decode, d->spec_speedup,
                    d->spec.drafted ? 100.0 * d->spec.accepted / d->spec.drafted : 0.0,
                    d->spec.accepted, d->spec.drafted,
-                   d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0.0, d->spec_agree,
-                   a.new_tokens);
+                   d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0.0, d->spec_equal,
+                   d->plain_tokens + d->n_seq, d->n_seq);
+        if (a.spec > 0 && d->spec.passes > 0 && d->plain.passes > 0) {
+            double pp = 1e3 * d->plain.pass_s / d->plain.passes, n = (double)d->spec.passes;
+            printf("             profile per pass: plain %.3f ms; speculative %.3f ms = %.2fx plain "
+                   "(MTP drafts %.3f, verify %.3f, accept %.3f ms)\n", pp, 1e3 * d->spec.pass_s / n,
+                   1e3 * d->spec.pass_s / n / pp, 1e3 * d->spec.draft_s / n, 1e3 * d->spec.verify_s / n,
+                   1e3 * d->spec.accept_s / n);
+        }
     }
     if (a.json) printf("]}\n");
     prl_tokenizer_free(tok);

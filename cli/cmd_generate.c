@@ -16,115 +16,9 @@
 typedef struct gen_args {
     const char *ckpt, *prompt, *input, *precision, *mla, *matmul, *stop;
     double temperature, top_p;
-    int n, top_k, max_new, batch, raw, ignore_eos, json, routes, threads, quiet, spec;
+    int n, top_k, max_new, batch, raw, ignore_eos, json, routes, threads, quiet, spec, spec_vocab;
     uint64_t seed;
 } gen_args;
-
-typedef struct prompt_list {
-    int32_t **ids;
-    int *len;
-    int n, cap;
-} prompt_list;
-
-static void prompts_free(prompt_list *p)
-{
-    for (int i = 0; i < p->n; i++) free(p->ids[i]);
-    free(p->ids), free(p->len);
-    memset(p, 0, sizeof *p);
-}
-
-static void prompts_add(prompt_list *p, int32_t *ids, size_t n)
-{
-    if (p->n == p->cap) {
-        p->cap = p->cap ? 2 * p->cap : 16;
-        p->ids = realloc(p->ids, (size_t)p->cap * sizeof *p->ids);
-        p->len = realloc(p->len, (size_t)p->cap * sizeof *p->len);
-        PRL_ASSERT(p->ids && p->len);
-    }
-    p->ids[p->n] = ids, p->len[p->n++] = (int)n;
-}
-
-/* A user message as a chat generation prompt, or raw text after <|bos|>. */
-static prl_status encode_text(const prl_tokenizer *tok, const char *text, int raw, int32_t **ids,
-                              size_t *n)
-{
-    if (!raw) {
-        prl_chat_message msg = {.role = "user", .content = text};
-        return prl_tokenizer_encode_chat_prompt(tok, &msg, 1, 0, ids, n);
-    }
-    int32_t *body;
-    size_t nb;
-    prl_status rc = prl_tokenizer_encode(tok, text, strlen(text), 0, &body, &nb);
-    if (rc) return rc;
-    *ids = malloc((nb + 1) * sizeof **ids);
-    (*ids)[0] = PRL_TOKEN_BOS;
-    memcpy(*ids + 1, body, nb * sizeof *body);
-    *n = nb + 1;
-    free(body);
-    return PRL_OK;
-}
-
-static prl_status line_prompt(json_t *obj, const prl_tokenizer *tok, const gen_args *a, int line,
-                              int32_t **ids, size_t *n)
-{
-    json_t *v;
-    if (!json_is_object(obj))
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", a->input, line);
-    if ((v = json_object_get(obj, "ids"))) return cli_json_ids(v, a->input, line, ids, n);
-    if (!tok)
-        return prl_error_set(PRL_ERR_ARG, "%s:%d: text prompts need a tokenizer.json in the checkpoint",
-                             a->input, line);
-    prl_status rc;
-    if ((v = json_object_get(obj, "prompt")) && json_is_string(v)) {
-        rc = encode_text(tok, json_string_value(v), a->raw, ids, n);
-    } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {
-        prl_chat_message *cm;
-        size_t nm;
-        if ((rc = cli_json_messages(v, a->input, line, &cm, &nm))) return rc;
-        rc = prl_tokenizer_encode_chat_prompt(tok, cm, nm, 0, ids, n);
-        free(cm);
-    } else {
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"prompt\", \"messages\" or \"ids\"",
-                             a->input, line);
-    }
-    return rc ? prl_error_wrap(rc, "%s:%d: ", a->input, line) : PRL_OK;
-}
-
-static prl_status read_prompts(const gen_args *a, const prl_tokenizer *tok, prompt_list *out)
-{
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (a->prompt) {
-        if (!tok) return prl_error_set(PRL_ERR_ARG, "--prompt needs a tokenizer.json in %s", a->ckpt);
-        prl_status rc = encode_text(tok, a->prompt, a->raw, &ids, &n);
-        if (rc == PRL_OK) prompts_add(out, ids, n);
-        return rc;
-    }
-    FILE *f = fopen(a->input, "rb");
-    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %m", a->input);
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int line = 0;
-    prl_status rc = PRL_OK;
-    while (rc == PRL_OK && (len = getline(&buf, &cap, f)) >= 0) {
-        line++;
-        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
-        json_error_t err;
-        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
-        if (!obj) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", a->input, line, err.text);
-            break;
-        }
-        rc = line_prompt(obj, tok, a, line, &ids, &n);
-        json_decref(obj);
-        if (rc == PRL_OK) prompts_add(out, ids, n);
-    }
-    free(buf);
-    fclose(f);
-    if (rc == PRL_OK && out->n == 0) rc = prl_error_set(PRL_ERR_FORMAT, "%s: no prompts", a->input);
-    return rc;
-}
 
 typedef struct progress_state {
     double t0, last;
@@ -199,8 +93,8 @@ static void print_sample(const gen_args *a, const prl_tokenizer *tok, const prl_
 
 static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_infer_options *io)
 {
-    prompt_list pl = {0};
-    if (read_prompts(a, tok, &pl)) return cli_fail("generate");
+    cli_prompts pl = {0};
+    if (cli_prompts_read(a->prompt, a->input, a->raw, tok, &pl)) return cli_fail("generate");
     int total = pl.n * a->n;
     prl_gen_request *reqs = calloc((size_t)total, sizeof *reqs);
     prl_gen_result *res = calloc((size_t)total, sizeof *res);
@@ -236,7 +130,7 @@ static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_in
     for (int i = 0; i < total; i++) prl_gen_result_free(&res[i]);
     free(res), free(reqs);
     prl_infer_free(e);
-    prompts_free(&pl);
+    cli_prompts_free(&pl);
     return rc;
 }
 
@@ -262,6 +156,8 @@ int cmd_generate(int argc, char **argv)
         {"batch", OPT_INT, &a.batch, "B", "sequences decoded together (default 16)", 0, 0},
         {"spec", OPT_INT, &a.spec, "D", "self-speculative decoding with D MTP drafts per step "
          "(default 0 = off; the model needs num_nextn_predict_layers >= D)", 0, 0},
+        {"spec-vocab", OPT_INT, &a.spec_vocab, "S", "with --spec: the drafts' head covers token ids "
+         "[0, S) only, a cheaper draft; the output is unchanged (default 0 = all)", 0, 0},
         {"routes", OPT_FLAG, &a.routes, NULL, "with --json: add each sample's MoE routes (hex)", 0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "one JSON object per sample", 0, 0},
         {"quiet", OPT_FLAG, &a.quiet, NULL, "no progress on stderr", 0, 0},
@@ -281,7 +177,7 @@ int cmd_generate(int argc, char **argv)
     if (prl_infer_options_preset(&io, a.precision ? a.precision : "fp32") ||
         prl_infer_options_set(&io, NULL, a.mla, a.matmul))
         return cli_failf("generate", 2, "%s", prl_error_message());
-    io.max_batch = a.batch, io.spec_drafts = a.spec;
+    io.max_batch = a.batch, io.spec_drafts = a.spec, io.spec_draft_vocab = a.spec_vocab;
     prl_sample_params check;
     prl_sample_params_default(&check);
     check.temperature = a.temperature, check.top_k = a.top_k, check.top_p = a.top_p;

@@ -215,7 +215,7 @@ static int run(const sft_args *a)
         int fresh = 0;
         if (st == PRL_OK && a->init_from) st = prl_checkpoint_load_weights(&m, a->init_from, &fresh);
         if (st == PRL_OK && a->init_from)
-            fprintf(stderr, "sft: weights from %s; %d new DSA indexer tensors\n", a->init_from, fresh);
+            fprintf(stderr, "sft: weights from %s; %d new tensors (DSA indexers, MTP modules)\n", a->init_from, fresh);
     }
     if (st == PRL_OK) st = build_optim(a, &oc);
     if (st == PRL_OK) st = get_tokenizer(a, m.cfg.vocab_size, &tok);

@@ -331,8 +331,9 @@ prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new
     int fresh = 0;
     for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
-        if (!prl_safetensors_find(&st, p->name) && p->kind == PRL_PARAM_INDEXER) {
-            fresh++; /* a DSA indexer the source model did not have: keeps its init */
+        int added = p->kind == PRL_PARAM_INDEXER || p->layer >= m->cfg.num_hidden_layers;
+        if (!prl_safetensors_find(&st, p->name) && added) {
+            fresh++; /* a DSA indexer or MTP module the source model did not have: keeps its init */
             continue;
         }
         rc = read_tensor(&st, p->name, p->shape, p->ndim, m->params + p->offset);

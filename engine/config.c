@@ -112,6 +112,7 @@ static const key_spec keys[] = {
     F("prl_mtp_loss_weight", K_REAL, mtp_loss_weight),
     F("prl_mtp_head_norm", K_BOOL, mtp_head_norm),
     F("prl_mtp_head", K_BOOL, mtp_head),
+    F("prl_mtp_freeze_trunk", K_BOOL, mtp_freeze_trunk),
 };
 enum { N_KEYS = sizeof keys / sizeof keys[0] };
 
@@ -263,6 +264,12 @@ static prl_status validate(const prl_config *c, const char *src)
         return prl_error_set(PRL_ERR_CONFIG, "%s: 'num_nextn_predict_layers' = %d must be in "
                              "[0, %d] (at most %d layers in all)", src, c->num_nextn_predict_layers,
                              PRL_MAX_LAYERS - c->num_hidden_layers, PRL_MAX_LAYERS);
+    if (c->mtp_freeze_trunk && c->num_nextn_predict_layers == 0)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'prl_mtp_freeze_trunk' needs MTP modules "
+                             "('num_nextn_predict_layers' > 0)", src);
+    if (c->mtp_freeze_trunk && c->dsa_freeze_main)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'prl_mtp_freeze_trunk' and 'prl_dsa_freeze_main' "
+                             "would leave nothing to train", src);
     if (c->first_k_dense_replace < 0 || c->first_k_dense_replace > c->num_hidden_layers)
         return prl_error_set(PRL_ERR_CONFIG,
                              "%s: 'first_k_dense_replace' = %d must be in [0, "

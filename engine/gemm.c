@@ -216,6 +216,84 @@ kernel_row_avx2(int kc, const float *ap, const float *bp, int np, int last_nr, f
 }
 #endif
 
+#ifdef PRL_GEMM_X86
+/* The tile of a small-rows kernel, acc[r][c] over `np` panels, through the epilogue into C. */
+static void store_rows(const float *acc, int rows, int np, int last_nr, float *C, int ldc,
+                       float alpha, float beta, int first)
+{
+    for (int r = 0; r < rows; r++)
+        for (int p = 0; p < np; p++) {
+            int nr = p == np - 1 ? last_nr : NR;
+            for (int j = 0; j < nr; j++) {
+                float *q = C + (size_t)r * ldc + p * NR + j;
+                float v = acc[(r * 3 + p) * NR + j];
+                *q = epilogue(v, alpha, beta, first, first && beta == 0.0f ? 0.0f : *q);
+            }
+        }
+}
+
+/* Two or three rows of A against up to 3 / 2 B panels, 12 accumulators: a speculative verify
+** (D + 1 rows), an MTP draft over a few positions, small-batch decode. The row kernel once per
+** row streams B per row (8 loads per 8 FMAs), and the 6-row kernel spends 12 FMAs per 16
+** columns whatever the rows; here each B vector loaded serves every row. Each element is the
+** same FMA chain in k order as kernel_avx2, through the same epilogue: the same bits. Panels
+** past `np` repeat panel 0 (computed, never stored). */
+__attribute__((target("avx2,fma"))) static void
+kernel_rows2_avx2(int kc, const float *ap, const float *bp, int np, int last_nr, float *C, int ldc,
+                  float alpha, float beta, int first)
+{
+    const float *b0 = bp, *b1 = bp + (size_t)(np > 1) * kc * NR, *b2 = bp + (size_t)(np > 2) * 2 * kc * NR;
+    __m256 z = _mm256_setzero_ps();
+    __m256 c00 = z, c01 = z, c02 = z, c03 = z, c04 = z, c05 = z;
+    __m256 c10 = z, c11 = z, c12 = z, c13 = z, c14 = z, c15 = z;
+    for (int k = 0; k < kc; k++) {
+        __m256 x0 = _mm256_loadu_ps(b0 + k * NR), x1 = _mm256_loadu_ps(b0 + k * NR + 8);
+        __m256 x2 = _mm256_loadu_ps(b1 + k * NR), x3 = _mm256_loadu_ps(b1 + k * NR + 8);
+        __m256 a0 = _mm256_broadcast_ss(ap + k * MR), a1 = _mm256_broadcast_ss(ap + k * MR + 1);
+        c00 = _mm256_fmadd_ps(a0, x0, c00), c01 = _mm256_fmadd_ps(a0, x1, c01);
+        c02 = _mm256_fmadd_ps(a0, x2, c02), c03 = _mm256_fmadd_ps(a0, x3, c03);
+        c10 = _mm256_fmadd_ps(a1, x0, c10), c11 = _mm256_fmadd_ps(a1, x1, c11);
+        c12 = _mm256_fmadd_ps(a1, x2, c12), c13 = _mm256_fmadd_ps(a1, x3, c13);
+        x0 = _mm256_loadu_ps(b2 + k * NR), x1 = _mm256_loadu_ps(b2 + k * NR + 8);
+        c04 = _mm256_fmadd_ps(a0, x0, c04), c05 = _mm256_fmadd_ps(a0, x1, c05);
+        c14 = _mm256_fmadd_ps(a1, x0, c14), c15 = _mm256_fmadd_ps(a1, x1, c15);
+    }
+    float acc[2 * 3 * NR];
+    __m256 all[12] = {c00, c01, c02, c03, c04, c05, c10, c11, c12, c13, c14, c15};
+    for (int i = 0; i < 12; i++) _mm256_storeu_ps(acc + 8 * i, all[i]);
+    store_rows(acc, 2, np, last_nr, C, ldc, alpha, beta, first);
+}
+
+__attribute__((target("avx2,fma"))) static void
+kernel_rows3_avx2(int kc, const float *ap, const float *bp, int np, int last_nr, float *C, int ldc,
+                  float alpha, float beta, int first)
+{
+    const float *b0 = bp, *b1 = bp + (size_t)(np > 1) * kc * NR;
+    __m256 z = _mm256_setzero_ps();
+    __m256 c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
+    __m256 c20 = z, c21 = z, c22 = z, c23 = z;
+    for (int k = 0; k < kc; k++) {
+        __m256 x0 = _mm256_loadu_ps(b0 + k * NR), x1 = _mm256_loadu_ps(b0 + k * NR + 8);
+        __m256 x2 = _mm256_loadu_ps(b1 + k * NR), x3 = _mm256_loadu_ps(b1 + k * NR + 8);
+        __m256 a = _mm256_broadcast_ss(ap + k * MR);
+        c00 = _mm256_fmadd_ps(a, x0, c00), c01 = _mm256_fmadd_ps(a, x1, c01);
+        c02 = _mm256_fmadd_ps(a, x2, c02), c03 = _mm256_fmadd_ps(a, x3, c03);
+        a = _mm256_broadcast_ss(ap + k * MR + 1);
+        c10 = _mm256_fmadd_ps(a, x0, c10), c11 = _mm256_fmadd_ps(a, x1, c11);
+        c12 = _mm256_fmadd_ps(a, x2, c12), c13 = _mm256_fmadd_ps(a, x3, c13);
+        a = _mm256_broadcast_ss(ap + k * MR + 2);
+        c20 = _mm256_fmadd_ps(a, x0, c20), c21 = _mm256_fmadd_ps(a, x1, c21);
+        c22 = _mm256_fmadd_ps(a, x2, c22), c23 = _mm256_fmadd_ps(a, x3, c23);
+    }
+    /* store_rows reads 3 panels per row: the third stays unused (np <= 2) */
+    float acc[3 * 3 * NR];
+    __m256 all[12] = {c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23};
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(acc + r * 3 * NR + 8 * i, all[r * 4 + i]);
+    store_rows(acc, 3, np, last_nr, C, ldc, alpha, beta, first);
+}
+#endif
+
 static micro_kernel_fn kernel;
 static int kernel_has_fma;
 
@@ -274,6 +352,20 @@ static void macro_block(int ta, const float *A, int lda, int M, int k0, int kc, 
                 int last_nr = N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
                 kernel_row_avx2(kc, ap, bp + (size_t)(jr / NR) * kc * NR, np, last_nr,
                                 C + (size_t)i0 * ldc + j0 + jr, alpha, beta, first);
+            }
+            continue;
+        }
+        if (mc <= 3 && kernel_has_fma) { /* 2 or 3 rows (4: the 6-row kernel is as fast) */
+            int three = mc == 3, width = (three ? 2 : 3) * NR; /* 12 accumulators */
+            for (int jr = 0; jr < nc; jr += width) {
+                int cols = nc - jr < width ? nc - jr : width, np = (cols + NR - 1) / NR;
+                int last_nr = N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
+                const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
+                float *c = C + (size_t)i0 * ldc + j0 + jr;
+                if (three) kernel_rows3_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
+                for (int r = 0; !three && r < mc; r += 2)
+                    kernel_rows2_avx2(kc, ap + r, bpan, np, last_nr, c + (size_t)r * ldc, ldc, alpha,
+                                      beta, first);
             }
             continue;
         }

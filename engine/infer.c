@@ -12,7 +12,6 @@
 */
 #include "engine/dsa.h"
 #include "engine/mhc.h"
-#include "engine/mtp.h"
 #include "engine/spec_decode.h"
 
 #include <math.h>
@@ -128,6 +127,7 @@ typedef struct layer_w {
     const float *enorm, *hnorm, *sh_norm; /* MTP layer: input norms, shared_head.norm */
     lin eh_proj, own_head;            /* MTP layer: eh_proj, its own shared_head.head */
     const lin *sh_head;               /* own_head, or the trunk's lm_head */
+    lin draft_head;                   /* spec_draft_vocab: sh_head's first rows (w NULL: off) */
 } layer_w;
 
 enum { CONV_Q, CONV_KV, CONV_O };
@@ -526,6 +526,8 @@ static prl_status bind_mtp(prl_infer *e, int l, const float *base)
         rc = lin_init(e, &w->own_head, head, e->V, e->d);
         w->sh_head = &w->own_head;
     }
+    int S = e->opt.spec_draft_vocab; /* the head's first S rows are the shortlist's weights */
+    if (!rc && S > 0 && S < e->V) rc = lin_init(e, &w->draft_head, w->sh_head->w, S, e->d);
     return rc;
 }
 
@@ -725,6 +727,9 @@ static prl_status check_options(const prl_model *m, prl_infer_options *o)
         return prl_error_set(PRL_ERR_ARG, "speculative drafts %d not in [0, "
                              "num_nextn_predict_layers = %d] (one MTP module per draft)",
                              o->spec_drafts, m->cfg.num_nextn_predict_layers);
+    if (o->spec_draft_vocab < 0 || o->spec_draft_vocab > m->cfg.vocab_size)
+        return prl_error_set(PRL_ERR_ARG, "draft vocabulary %d not in [0, vocab_size = %d] "
+                             "(0 = the whole vocabulary)", o->spec_draft_vocab, m->cfg.vocab_size);
     if ((unsigned)o->precision > PRL_PRECISION_FP16 || (unsigned)o->mla > PRL_MLA_NAIVE ||
         (unsigned)o->matmul > PRL_MATMUL_BLAS)
         return prl_error_set(PRL_ERR_ARG, "invalid infer options");
@@ -853,7 +858,7 @@ void prl_infer_free(prl_infer *e)
     if (!e) return;
     for (int l = 0; e->lw && l < e->L + e->Lm; l++) {
         layer_w *w = &e->lw[l];
-        lin_free(&w->eh_proj), lin_free(&w->own_head);
+        lin_free(&w->eh_proj), lin_free(&w->own_head), lin_free(&w->draft_head);
         lin_free(&w->wq_a), lin_free(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
         lin_free(&w->wo), lin_free(&w->w13), lin_free(&w->w2), lin_free(&w->router);
         lin_free(&w->ix_wq_b), lin_free(&w->ix_wk), lin_free(&w->ix_wproj);
@@ -1786,6 +1791,7 @@ static int record_token(gen_state *g, int slot, int32_t y, const float *logits)
 }
 
 static void spec_admit(prl_infer *e, int slot, const int32_t *prompt, int P);
+static void spec_prefill(gen_state *g, int slot);
 static prl_status spec_step(gen_state *g, int *finished, long *tokens);
 
 static prl_status alloc_result(gen_state *g, int i)
@@ -1843,6 +1849,7 @@ static prl_status admit(gen_state *g, int i, int slot, int *stopped)
     } else {
         *stopped = take_token(g, slot, P - 1);
     }
+    spec_prefill(g, slot); /* after the logits rows are read: it reuses the row buffers */
     return *stopped ? finish(g, slot) : PRL_OK;
 }
 
@@ -1901,12 +1908,14 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
         active = 0;
         for (int s = 0; s < e->opt.max_batch; s++) active += e->slots[s].req >= 0;
         if (active == 0) continue;
+        double t0 = prl_now();
         if (e->Lm > 0) {
             rc = spec_step(&g, &finished, &tokens);
         } else {
             rc = decode_step(&g, &finished);
             tokens += active;
         }
+        e->spec.passes++, e->spec.pass_s += prl_now() - t0;
         if (progress) progress(user, finished, n, tokens);
     }
     free(g.cands);
@@ -1960,9 +1969,41 @@ static void spec_admit(prl_infer *e, int slot, const int32_t *prompt, int P)
     memset(st->mtp_len, 0, (size_t)e->Lm * sizeof *st->mtp_len);
 }
 
+static void mtp_rows(prl_infer *e, int k, int R, const int *head_rows, int n_head);
+
+/* The MTP modules' part of the prefill: module k = 1..D on the prompt positions whose token k
+** ahead is in the prompt (i < P − k), without the head, so their cache rows and h^k are
+** final before the first step — which then runs k rows per module, as every later step
+** does. Prefill work, so it runs with the trunk's prefill (and is timed with it), even when
+** the first token already ended the sequence. Nothing for teacher forcing (no drafts). */
+static void spec_prefill(gen_state *g, int slot)
+{
+    prl_infer *e = g->e;
+    rows_buf *b = &e->rb;
+    slot_state *st = &e->slots[slot];
+    const prl_gen_request *q = &g->reqs[st->req];
+    int P = q->prompt_len;
+    if (e->Lm == 0 || q->forced) return;
+    for (int k = 1; k <= e->opt.spec_drafts && P - k > 0; k++) {
+        int R = P - k; /* <= P rows: the prefill's own row count fits the buffer */
+        for (int i = 0; i < R; i++) {
+            b->tok[i] = st->toks[i + k], b->slot[i] = slot, b->pos[i] = i, b->req[i] = st->req;
+            memcpy(b->x + (size_t)i * e->d, slot_hidden(e, st, k - 1, i), (size_t)e->d * sizeof(float));
+        }
+        mtp_rows(e, k, R, NULL, 0);
+        for (int i = 0; i < R; i++)
+            memcpy(slot_hidden(e, st, k, i), b->x + (size_t)i * e->d, (size_t)e->d * sizeof(float));
+        st->mtp_len[k - 1] = R;
+    }
+}
+
 /* MTP module k (1-based) on R rows: rb.tok holds t_{i+k}, rb.x holds h^{k−1}; afterwards rb.x
-** holds h^k and rb.logits the module's logits (shared head). */
-static void mtp_rows(prl_infer *e, int k, int R)
+** holds h^k and rb.logits rows 0..n_head−1 (stride V) the module's logits (shared head) of
+** rows head_rows[]: only the row a draft is drawn from needs them — the other rows only fill
+** the module's KV cache and h^k, and the head is the module's largest matrix (V × d). With
+** spec_draft_vocab = S the head covers ids [0, S) and the rest of each row is −∞, so the
+** draft and its distribution q (what the acceptance rule needs) never leave the shortlist. */
+static void mtp_rows(prl_infer *e, int k, int R, const int *head_rows, int n_head)
 {
     rows_buf *b = &e->rb;
     int l = e->L + k - 1, d = e->d;
@@ -1972,14 +2013,35 @@ static void mtp_rows(prl_infer *e, int k, int R)
     for (int r = 0; r < R; r++)
         memcpy(b->mtp_e + (size_t)r * d, e->embed + (size_t)b->tok[r] * d,
                (size_t)d * sizeof(float));
-    memcpy(b->mtp_h, b->x, (size_t)R * d * sizeof(float));
-    prl_mtp_input_forward(b->x, b->mtp_cat, b->mtp_rstd, b->mtp_rstd + R, b->mtp_e, b->mtp_h,
-                          w->enorm, w->hnorm, w->eh_proj.w, R, d, eps, e->opt.precision);
+    /* prl_mtp_input_forward's ops and rounding points, with eh_proj through the infer path's
+    ** pre-packed linear (the train path's matmul packs the 2d × d weight on every call) */
+    prl_rmsnorm_forward(b->mtp_cat, b->mtp_rstd, b->mtp_e, w->enorm, R, d, d, 2 * d, eps);
+    prl_rmsnorm_forward(b->mtp_cat + d, b->mtp_rstd + R, b->x, w->hnorm, R, d, d, 2 * d, eps);
+    act_round(e, b->mtp_cat, (size_t)R * 2 * d);
+    linear(e, b->x, b->mtp_cat, R, &w->eh_proj);
     layer_rows(e, l, R);
-    prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->sh_norm, R, d, d, d, eps);
-    act_round(e, b->ln, (size_t)R * d);
-    linear(e, b->logits, b->ln, R, w->sh_head);
-    emit(e, l, "mtp.logits", b->logits, R, e->V); /* the train path's name for the same rows */
+    /* A hook sees the head on every row, as the train path's `mtp.logits` has it (with the
+    ** rows' request and position from prl_infer_hook_rows); decoding needs only head_rows. */
+    int all = e->hook != NULL, n = all ? R : n_head;
+    for (int i = 0; i < n; i++) /* the head's rows, gathered (mtp_h is free again) */
+        memcpy(b->mtp_h + (size_t)i * d, b->x + (size_t)(all ? i : head_rows[i]) * d,
+               (size_t)d * sizeof(float));
+    prl_rmsnorm_forward(b->ln, b->rstd, b->mtp_h, w->sh_norm, n, d, d, d, eps);
+    act_round(e, b->ln, (size_t)n * d);
+    const lin *head = w->draft_head.w ? &w->draft_head : w->sh_head;
+    int S = head->out, V = e->V;
+    linear(e, b->logits, b->ln, n, head);
+    for (int i = n - 1; i >= 0 && S < V; i--) { /* rows of S → rows of V, last first */
+        float *row = b->logits + (size_t)i * V;
+        memmove(row, b->logits + (size_t)i * S, (size_t)S * sizeof *row);
+        for (int j = S; j < V; j++) row[j] = -INFINITY;
+    }
+    if (all) {
+        emit(e, l, "mtp.logits", b->logits, R, V); /* the train path's name for the same rows */
+        for (int i = 0; i < n_head; i++) /* rows 0..n_head−1 are head_rows' logits again */
+            memmove(b->logits + (size_t)i * V, b->logits + (size_t)head_rows[i] * V,
+                    (size_t)V * sizeof(float));
+    }
 }
 
 /* Drafts a step may take for the slot: none for teacher forcing; never past the context or
@@ -2034,16 +2096,21 @@ static void draft_flush(gen_state *g, int k, const int *slots, int n_slots, int 
 {
     prl_infer *e = g->e;
     rows_buf *b = &e->rb;
-    mtp_rows(e, k, R);
+    int last[4096] = {0}; /* max_batch <= 4096 (prl_infer_init); zeroed: gcc cannot see n_slots >= 1 */
+    for (int i = 0, r = 0; i < n_slots; i++) { /* each slot's rows end at position len − 1 */
+        const slot_state *st = &e->slots[slots[i]];
+        r += st->len - st->mtp_len[k - 1];
+        last[i] = r - 1;
+    }
+    mtp_rows(e, k, R, last, n_slots);
     for (int r = 0; r < R; r++) {
         slot_state *st = &e->slots[b->slot[r]];
         memcpy(slot_hidden(e, st, k, b->pos[r]), b->x + (size_t)r * e->d,
                (size_t)e->d * sizeof(float));
     }
-    for (int i = 0, r = 0; i < n_slots; i++) {
+    for (int i = 0; i < n_slots; i++) {
         slot_state *st = &e->slots[slots[i]];
-        r += st->len - st->mtp_len[k - 1]; /* the slot's rows; its last is position len − 1 */
-        st->draft[k - 1] = draw_draft(g, slots[i], k, b->logits + (size_t)(r - 1) * e->V);
+        st->draft[k - 1] = draw_draft(g, slots[i], k, b->logits + (size_t)i * e->V);
         /* rows with t_{i+k} final (i + k <= len) are final; the rest are redone next step */
         int fin = st->len - k + 1;
         st->mtp_len[k - 1] = fin > st->mtp_len[k - 1] ? fin : st->mtp_len[k - 1];
@@ -2113,8 +2180,10 @@ static prl_status spec_step(gen_state *g, int *finished, long *tokens)
     rows_buf *b = &e->rb;
     int nd[4096], first[4096], R = 0;
     PRL_ASSERT(e->opt.max_batch <= 4096 && e->opt.spec_drafts <= PRL_MAX_LAYERS);
+    double t0 = prl_now();
     for (int s = 0; s < e->opt.max_batch; s++) nd[s] = e->slots[s].req >= 0 ? spec_budget(g, s) : 0;
     for (int k = 1; k <= e->opt.spec_drafts; k++) draft_pass(g, k, nd);
+    double t1 = prl_now();
     for (int s = 0; s < e->opt.max_batch; s++) {
         slot_state *st = &e->slots[s];
         if (st->req < 0) continue;
@@ -2128,6 +2197,8 @@ static prl_status spec_step(gen_state *g, int *finished, long *tokens)
     for (int r = 0; r < R; r++) /* h⁰ of every fed row (dead ones are overwritten later) */
         memcpy(slot_hidden(e, &e->slots[b->slot[r]], 0, b->pos[r]), b->x + (size_t)r * e->d,
                (size_t)e->d * sizeof(float));
+    double t2 = prl_now();
+    e->spec.draft_s += t1 - t0, e->spec.verify_s += t2 - t1;
     for (int s = 0; s < e->opt.max_batch; s++) {
         if (e->slots[s].req < 0) continue;
         int stopped;
@@ -2138,5 +2209,6 @@ static prl_status spec_step(gen_state *g, int *finished, long *tokens)
             (*finished)++;
         }
     }
+    e->spec.accept_s += prl_now() - t2;
     return PRL_OK;
 }

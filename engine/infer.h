@@ -40,13 +40,21 @@ typedef struct prl_infer_options {
     int max_len;   /* context per sequence, prompt + generated (default max_position_embeddings) */
     int spec_drafts; /* self-speculative decoding with this many MTP drafts per step (0 = off;
                      ** at most num_nextn_predict_layers); docs/infer.md */
+    int spec_draft_vocab; /* > 0: the drafts' head covers token ids [0, this) only (a cheaper
+                          ** draft, FR-Spec style; the verify keeps the whole vocabulary, so
+                          ** the output is unchanged); 0 = the whole vocabulary */
 } prl_infer_options;
 
 /* Speculative decoding counters since prl_infer_init: drafts proposed and accepted (the
 ** acceptance rate is accepted / drafted), sequence steps (one sequence's verify rows in one
-** pass) and the tokens they emitted (emitted / steps = tokens per sequence and step). */
+** pass) and the tokens they emitted (emitted / steps = tokens per sequence and step). The
+** profile (plain decoding too): decode passes (one step of every active sequence) and their
+** wall time, of which the MTP drafts, the verify forward and the acceptance (sampling, log-
+** probs, stops, rollback) — where a speculative pass's time goes (docs/infer.md). */
 typedef struct prl_spec_stats {
     long drafted, accepted, steps, emitted;
+    long passes;
+    double pass_s, draft_s, verify_s, accept_s;
 } prl_spec_stats;
 
 /* fp32, absorbed, GEMM (pre-packed), batch 16, full context. */

@@ -1948,6 +1948,10 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
     expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
     if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
     if (a->mtp_ran) mtp_backward(m, b, tasks); /* ∂L_MTP/∂h⁰ into dh_mtp; uses dres, dlogits */
+    if (m->cfg.mtp_freeze_trunk) { /* only the MTP modules learn: the trunk's gradient is unused */
+        free(tasks);
+        return PRL_OK;
+    }
     logits_ctx dc = {.m = m, .b = b, .logits = a->logits, .lse = a->lse};
     prl_parallel_rows(N, dlogits_rows, &dc);
     rnd(m, a->dlogits, (size_t)N * D.V);
@@ -1980,7 +1984,7 @@ void prl_model_update_router_bias(prl_model *m)
     const prl_config *c = &m->cfg;
     int E = c->n_routed_experts;
     if (c->bias_update_rate <= 0 || m->n_moe == 0) return;
-    if (c->dsa_freeze_main) { /* the DSA warm-up leaves the main model, biases included, as is */
+    if (c->dsa_freeze_main || c->mtp_freeze_trunk) { /* the frozen trunk keeps its biases too */
         memset(m->expert_counts, 0, (size_t)m->n_moe * E * sizeof *m->expert_counts);
         return;
     }

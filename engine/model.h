@@ -74,6 +74,7 @@ typedef struct prl_config {
     int index_n_heads, index_head_dim;         /* H_I, d_I (the first qk_rope_head_dim rotate) */
     prl_dsa_stage dsa_stage;                   /* prl_dsa_stage: "sparse" | "dense" (warm-up) */
     int dsa_freeze_main;                       /* prl_dsa_freeze_main: only the indexer learns */
+    int mtp_freeze_trunk;                      /* prl_mtp_freeze_trunk: only the MTP modules learn */
 } prl_config;
 
 /* Defaults for every key (a small valid model). */
@@ -364,10 +365,10 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o,
 ** shape and dtype and the checksum are validated; errors name the file and tensor. */
 prl_status prl_checkpoint_load(prl_model *m, const char *dir);
 /* Load the weights of checkpoint `dir` into an initialised model `m` whose config may add DSA
-** layers to the checkpoint's (post-hoc sparsification, docs/recipes.md): every tensor of `m`
-** must be in the file with its shape, except DSA indexer tensors, which keep their values
-** (*n_new counts them; may be NULL); a tensor of the file that `m` lacks is an error. The
-** config.json of `dir` is not read. */
+** layers (post-hoc sparsification) or MTP modules (docs/recipes.md) to the checkpoint's: every
+** tensor of `m` must be in the file with its shape, except DSA indexer tensors and MTP layers'
+** tensors, which keep their values (*n_new counts them; may be NULL); a tensor of the file that
+** `m` lacks is an error. The config.json of `dir` is not read. */
 prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new);
 /* Load optimizer state saved with the same model; `o` must be initialised. state.json
 ** text is returned (malloc'd) in *state_json if non-NULL. */

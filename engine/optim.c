@@ -42,9 +42,11 @@ static int uses_muon(const prl_optim_config *c, const prl_param_info *p)
 }
 
 /* DSA warm-up with prl_dsa_freeze_main: everything but the indexer is left as it is (no
-** update, no weight decay, not in the gradient norm). */
+** update, no weight decay, not in the gradient norm). prl_mtp_freeze_trunk: everything but
+** the MTP layers (model.layers.{L..}) — the shared embedding and head included — stays. */
 static int frozen(const prl_model *m, const prl_param_info *p)
 {
+    if (m->cfg.mtp_freeze_trunk && p->layer < m->cfg.num_hidden_layers) return 1;
     return m->cfg.dsa_freeze_main && p->kind != PRL_PARAM_INDEXER;
 }
 

@@ -477,7 +477,8 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         "router_sliding_window", "use_mhc", "mhc_num_stream", "mhc_recur_norm", "mhc_use_gamma",
         "sandwich_norm", "block_post_layernorm_idx", "num_nextn_predict_layers",
         "prl_mtp_loss_weight", "prl_mtp_head_norm", "prl_mtp_head", "dsa_layers", "index_topk",
-        "index_n_heads", "index_head_dim", "prl_dsa_stage", "prl_dsa_freeze_main"}
+        "index_n_heads", "index_head_dim", "prl_dsa_stage", "prl_dsa_freeze_main",
+        "prl_mtp_freeze_trunk"}
     c.ignored_keys = sorted(k for k in cfg if k not in known)
     return c
 

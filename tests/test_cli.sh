@@ -251,7 +251,7 @@ for cfg in "$work/tiny_dsa.json" "$big"; do
     "$work/recipe_dsa" "$cfg" "$work/recipe_a/ckpt" > "$work/r_dsa_$(basename "$cfg")"
 done
 expect_ok "dsa convert recipe" $prl sft --config "$work/r_dsa_tiny_dsa.json" --threads 2
-grep -q "8 new DSA indexer tensors" "$work/last.out" && grep -q "as loaded, full attention" "$work/last.out" \
+grep -q "8 new tensors" "$work/last.out" && grep -q "as loaded, full attention" "$work/last.out" \
   && grep -q "index_kl" "$work/last.out" && grep -q "after the sparse adaptation: loss" "$work/last.out" \
   && ok "dsa convert: indexers new, losses before and after" || bad "dsa convert: $(grep sft: "$work/last.out")"
 expect_fail "dsa warm-up needs DSA layers" "has no 'dsa_layers'" $prl sft --config "$work/r_dsa_tiny.json" --threads 2

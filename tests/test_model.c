@@ -286,6 +286,59 @@ START_TEST(test_dsa_freeze_main_step)
 }
 END_TEST
 
+/* MTP modules added to a trained model and trained on a frozen trunk (configs/sft-mtp.json):
+** the weights load with only the MTP layers' tensors new, and an optimizer step (weight decay
+** on, router bias rate on) moves MTP-layer tensors only — the shared embedding and head, every
+** trunk tensor and the trunk's router biases keep their bits. */
+START_TEST(test_mtp_freeze_trunk_step)
+{
+    make_tmpdir();
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/base", tmpdir);
+    prl_model base, m;
+    build(&base, 3);
+    ck_assert_int_eq(prl_checkpoint_save(&base, NULL, NULL, NULL, dir), PRL_OK);
+    build_from(&m, "{" SMALL_KEYS ", \"prl_bias_update_rate\": 0.1, "
+                   "\"num_nextn_predict_layers\": 2, \"prl_mtp_freeze_trunk\": true}", 4);
+    int fresh = -1, per_layer = 0;
+    ck_assert_int_eq(prl_checkpoint_load_weights(&m, dir, &fresh), PRL_OK);
+    for (int i = 0; i < m.n_tensors; i++) per_layer += m.tensors[i].layer == 3;
+    ck_assert_int_eq(fresh, 2 * per_layer);
+    float *before = malloc(m.n_params * sizeof *before);
+    memcpy(before, m.params, m.n_params * sizeof *before);
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.weight_decay = 0.1, oc.warmup_steps = 0, oc.lr = 1e-2;
+    ck_assert_int_eq(prl_optim_init(&o, &m, &oc), PRL_OK);
+    toy_batch t;
+    toy(&t, 2, 16, 3);
+    t.b.with_mtp = 1;
+    prl_forward_stats st;
+    ck_assert_int_eq(prl_model_forward(&m, &t.b, NULL, &st), PRL_OK);
+    prl_model_zero_grad(&m);
+    ck_assert_int_eq(prl_model_backward(&m, &t.b), PRL_OK);
+    ck_assert_int_eq(prl_optim_step(&o, &m, NULL), PRL_OK);
+    prl_model_update_router_bias(&m);
+    int moved = 0;
+    for (int i = 0; i < m.n_tensors; i++) {
+        const prl_param_info *p = &m.tensors[i];
+        int same = !memcmp(before + p->offset, m.params + p->offset, p->numel * sizeof(float));
+        if (p->layer >= 3) moved += !same;
+        else ck_assert_msg(same, "%s moved while frozen", p->name);
+    }
+    ck_assert_int_gt(moved, per_layer); /* both modules learn */
+    for (int i = 0; i < m.n_moe * 4; i++) ck_assert_float_eq(m.router_bias[i], base.router_bias[i]);
+    /* the key needs MTP modules to train */
+    prl_config c;
+    ck_assert_int_eq(parse("{\"prl_mtp_freeze_trunk\": true}", &c), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "num_nextn_predict_layers"));
+    prl_optim_free(&o);
+    free(before);
+    prl_model_free(&m), prl_model_free(&base);
+}
+END_TEST
+
 START_TEST(test_checkpoint_round_trip)
 {
     make_tmpdir();
@@ -920,6 +973,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_router_bias_rules);
     tcase_add_test(tc, test_checkpoint_load_weights_into_dsa);
     tcase_add_test(tc, test_dsa_freeze_main_step);
+    tcase_add_test(tc, test_mtp_freeze_trunk_step);
     tcase_add_test(tc, test_routes_override_and_hooks);
     tcase_add_test(tc, test_fast_exp);
     tcase_add_test(tc, test_pool_runs_each_task_once);

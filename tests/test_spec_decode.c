@@ -8,7 +8,9 @@
 **   the same with DSA on trunk layers 0 and 3 (top-4 selection over the indexer key cache,
 **   which a rollback must leave consistent); and with every block at once (tiny-pangu.json);
 **   speculative sampling matches plain sampling in distribution (chi-square, many sequences,
-**   a 4-token vocabulary); bad options name the key.
+**   a 4-token vocabulary); both again with the drafts' head cut to a shortlist of ids
+**   (spec_draft_vocab: drafts and q never leave it, the verify restores the rest); bad
+**   options name the key.
 ** The tiny model's MTP heads are random, so drafts are accepted by chance only: a vocabulary
 ** limit of 2 or 4 tokens makes both acceptances and rejections frequent.
 */
@@ -90,15 +92,18 @@ static void load_model_variant(int variant)
 
 static void load_model(void) { load_model_variant(PLAIN); }
 
-static prl_infer *engine(int max_batch, int drafts)
+/* draft_vocab: spec_draft_vocab, the drafts' shortlist (0 = the whole vocabulary). */
+static prl_infer *engine_vocab(int max_batch, int drafts, int draft_vocab)
 {
     prl_infer_options o;
     prl_infer_options_default(&o);
-    o.max_batch = max_batch, o.spec_drafts = drafts;
+    o.max_batch = max_batch, o.spec_drafts = drafts, o.spec_draft_vocab = draft_vocab;
     prl_infer *e = NULL;
     ck_assert_msg(prl_infer_init(&e, &model, &o) == PRL_OK, "%s", prl_error_message());
     return e;
 }
+
+static prl_infer *engine(int max_batch, int drafts) { return engine_vocab(max_batch, drafts, 0); }
 
 enum { NP = 6, PLEN = 20 };
 
@@ -178,8 +183,9 @@ END_TEST
 
 /* Greedy speculative decoding = plain greedy decoding, on `model` as loaded: token for token
 ** and log-prob for log-prob, for 1 and 2 drafts (as many as the model has MTP layers) at
-** batch 1 and 5. */
-static void greedy_equals_plain(void)
+** batch 1 and 5; draft_vocab > 0: the drafts' head covers ids [0, draft_vocab) (with the
+** vocabulary limit of 2, a shortlist of 1 drafts token 0 always). */
+static void greedy_equals_plain(int draft_vocab)
 {
     reqs q;
     make_requests(&q);
@@ -194,12 +200,13 @@ static void greedy_equals_plain(void)
         prl_infer_free(e0);
         for (int drafts = 1; drafts <= 2 && drafts <= model.cfg.num_nextn_predict_layers; drafts++)
             for (int batch = 1; batch <= 5; batch += 4) {
-                prl_infer *e = engine(batch, drafts);
+                int dv = draft_vocab && pass == 0 ? 1 : draft_vocab;
+                prl_infer *e = engine_vocab(batch, drafts, dv);
                 run(e, q.r, NP, &sp, spec);
                 prl_spec_stats st = prl_infer_spec_stats(e);
-                fprintf(stderr, "greedy vocab %d, %d drafts, batch %d: %ld of %ld drafts accepted, "
-                        "%ld sequence steps for %ld tokens\n", sp.vocab_limit, drafts, batch,
-                        st.accepted, st.drafted, st.steps, st.emitted);
+                fprintf(stderr, "greedy vocab %d, draft vocab %d, %d drafts, batch %d: %ld of %ld "
+                        "drafts accepted, %ld sequence steps for %ld tokens\n", sp.vocab_limit, dv,
+                        drafts, batch, st.accepted, st.drafted, st.steps, st.emitted);
                 if (pass == 0) ck_assert(st.accepted > 0 && st.accepted < st.drafted);
                 for (int i = 0; i < NP; i++) {
                     ck_assert_int_eq(spec[i].n, plain[i].n);
@@ -223,7 +230,16 @@ static void greedy_equals_plain(void)
 START_TEST(test_greedy_equals_plain)
 {
     load_model_variant(PLAIN);
-    greedy_equals_plain();
+    greedy_equals_plain(0);
+}
+END_TEST
+
+/* The drafts' head cut to a shortlist (ids [0, 1) under the vocabulary limit of 2, then
+** [0, 100) of 4096): plain greedy's tokens exactly, though most plain tokens lie outside it. */
+START_TEST(test_greedy_equals_plain_draft_vocab)
+{
+    load_model_variant(PLAIN);
+    greedy_equals_plain(100);
 }
 END_TEST
 
@@ -232,7 +248,7 @@ END_TEST
 START_TEST(test_greedy_equals_plain_dsa)
 {
     load_model_variant(DSA);
-    greedy_equals_plain();
+    greedy_equals_plain(0);
 }
 END_TEST
 
@@ -245,13 +261,14 @@ START_TEST(test_greedy_equals_plain_all_blocks)
     ck_assert(model.cfg.n_dsa_layers == 2 && model.cfg.n_swa_layers == 4 && model.cfg.use_mhc &&
               model.cfg.use_mome && model.cfg.param_sink_number > 0 &&
               model.cfg.num_nextn_predict_layers == 1);
-    greedy_equals_plain();
+    greedy_equals_plain(0);
 }
 END_TEST
 
 /* The joint distribution of generated tokens 2 and 3 (16 cells over a 4-token vocabulary)
 ** under speculative sampling equals plain sampling's: two-sample chi-square over 480
-** sequences each (one prompt, different sequence ids). */
+** sequences each (one prompt, different sequence ids); mode 2 cuts the drafts' head to ids
+** {0, 1}, so q is 0 on tokens 2 and 3 and only the residual max(0, p − q) can emit them. */
 START_TEST(test_sampling_matches_plain_in_distribution)
 {
     enum { N = 480, CELLS = 16 };
@@ -264,13 +281,13 @@ START_TEST(test_sampling_matches_plain_in_distribution)
     prl_sample_params_default(&sp);
     sp.seed = 5, sp.max_new_tokens = 3, sp.n_stop_ids = 0, sp.vocab_limit = 4;
     sp.temperature = 12; /* the sharpened heads (×40) at τ 12: p and q overlap, not too much */
-    long count[2][CELLS] = {{0}};
+    long count[3][CELLS] = {{0}};
     static prl_gen_result res[N];
-    prl_spec_stats st = {0};
-    for (int mode = 0; mode < 2; mode++) {
-        prl_infer *e = engine(16, mode ? 2 : 0);
+    prl_spec_stats stats[3] = {{0}};
+    for (int mode = 0; mode < 3; mode++) {
+        prl_infer *e = engine_vocab(16, mode ? 2 : 0, mode == 2 ? 2 : 0);
         run(e, r, N, &sp, res);
-        if (mode) st = prl_infer_spec_stats(e);
+        stats[mode] = prl_infer_spec_stats(e);
         for (int i = 0; i < N; i++) {
             ck_assert_int_eq(res[i].n, 3);
             count[mode][res[i].tokens[1] * 4 + res[i].tokens[2]]++;
@@ -278,22 +295,25 @@ START_TEST(test_sampling_matches_plain_in_distribution)
         }
         prl_infer_free(e);
     }
-    double x = 0;
-    int dof = -1;
-    for (int c = 0; c < CELLS; c++) {
-        long a = count[0][c], b = count[1][c];
-        if (a + b == 0) continue;
-        x += (double)(a - b) * (a - b) / (double)(a + b);
-        dof++;
+    for (int mode = 1; mode < 3; mode++) {
+        double x = 0;
+        int dof = -1;
+        for (int c = 0; c < CELLS; c++) {
+            long a = count[0][c], b = count[mode][c];
+            if (a + b == 0) continue;
+            x += (double)(a - b) * (a - b) / (double)(a + b);
+            dof++;
+        }
+        prl_spec_stats st = stats[mode];
+        fprintf(stderr, "sampling%s: %ld of %ld drafts accepted; two-sample chi2 %.2f with %d dof\n",
+                mode == 2 ? " (draft vocab 2)" : "", st.accepted, st.drafted, x, dof);
+        /* p = 0.001 critical values for 1..15 dof */
+        static const double crit[16] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12,
+                                        27.88, 29.59, 31.26, 32.91, 34.53, 36.12, 37.70};
+        ck_assert_int_gt(dof, 0);
+        ck_assert_double_lt(x, crit[dof]);
+        ck_assert(st.accepted > 0 && st.accepted < st.drafted); /* both branches ran */
     }
-    fprintf(stderr, "sampling: %ld of %ld drafts accepted; two-sample chi2 %.2f with %d dof\n",
-            st.accepted, st.drafted, x, dof);
-    /* p = 0.001 critical values for 1..15 dof */
-    static const double crit[16] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12,
-                                    27.88, 29.59, 31.26, 32.91, 34.53, 36.12, 37.70};
-    ck_assert_int_gt(dof, 0);
-    ck_assert_double_lt(x, crit[dof]);
-    ck_assert(st.accepted > 0 && st.accepted < st.drafted); /* both branches ran */
 }
 END_TEST
 
@@ -308,6 +328,9 @@ START_TEST(test_bad_options)
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "num_nextn_predict_layers"));
     o.spec_drafts = -1;
     ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    o.spec_drafts = 1, o.spec_draft_vocab = model.cfg.vocab_size + 1;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "draft vocabulary"));
 }
 END_TEST
 
@@ -324,6 +347,7 @@ int main(void)
     tcase_add_test(tc, test_bad_options);
     tcase_add_test(tc, test_greedy_equals_plain);
     tcase_add_test(tc, test_greedy_equals_plain_dsa);
+    tcase_add_test(tc, test_greedy_equals_plain_draft_vocab);
     tcase_add_test(tc, test_greedy_equals_plain_all_blocks);
     tcase_add_test(tc, test_sampling_matches_plain_in_distribution);
     suite_add_tcase(s, tc);

@@ -1,0 +1,111 @@
+/*
+** prompts.c — generation prompts as token ids: one text (a user turn, or raw text after
+** <|bos|>) or a JSONL file of {"prompt": "..."}, {"messages": [...]} or {"ids": [...]} lines.
+** Shared by `prl generate` and `prl bench decode --prompts` so both read the same formats.
+*/
+#include "cli/cli.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cli_prompts_free(cli_prompts *p)
+{
+    for (int i = 0; i < p->n; i++) free(p->ids[i]);
+    free(p->ids), free(p->len);
+    memset(p, 0, sizeof *p);
+}
+
+static void prompts_add(cli_prompts *p, int32_t *ids, size_t n)
+{
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 16;
+        p->ids = realloc(p->ids, (size_t)p->cap * sizeof *p->ids);
+        p->len = realloc(p->len, (size_t)p->cap * sizeof *p->len);
+        PRL_ASSERT(p->ids && p->len);
+    }
+    p->ids[p->n] = ids, p->len[p->n++] = (int)n;
+}
+
+/* A user message as a chat generation prompt, or raw text after <|bos|>. */
+static prl_status encode_text(const prl_tokenizer *tok, const char *text, int raw, int32_t **ids,
+                              size_t *n)
+{
+    if (!raw) {
+        prl_chat_message msg = {.role = "user", .content = text};
+        return prl_tokenizer_encode_chat_prompt(tok, &msg, 1, 0, ids, n);
+    }
+    int32_t *body;
+    size_t nb;
+    prl_status rc = prl_tokenizer_encode(tok, text, strlen(text), 0, &body, &nb);
+    if (rc) return rc;
+    *ids = malloc((nb + 1) * sizeof **ids);
+    (*ids)[0] = PRL_TOKEN_BOS;
+    memcpy(*ids + 1, body, nb * sizeof *body);
+    *n = nb + 1;
+    free(body);
+    return PRL_OK;
+}
+
+static prl_status line_prompt(json_t *obj, const prl_tokenizer *tok, const char *file, int raw,
+                              int line, int32_t **ids, size_t *n)
+{
+    json_t *v;
+    if (!json_is_object(obj))
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", file, line);
+    if ((v = json_object_get(obj, "ids"))) return cli_json_ids(v, file, line, ids, n);
+    if (!tok)
+        return prl_error_set(PRL_ERR_ARG, "%s:%d: text prompts need a tokenizer.json in the checkpoint",
+                             file, line);
+    prl_status rc;
+    if ((v = json_object_get(obj, "prompt")) && json_is_string(v)) {
+        rc = encode_text(tok, json_string_value(v), raw, ids, n);
+    } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {
+        prl_chat_message *cm;
+        size_t nm;
+        if ((rc = cli_json_messages(v, file, line, &cm, &nm))) return rc;
+        rc = prl_tokenizer_encode_chat_prompt(tok, cm, nm, 0, ids, n);
+        free(cm);
+    } else {
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"prompt\", \"messages\" or \"ids\"",
+                             file, line);
+    }
+    return rc ? prl_error_wrap(rc, "%s:%d: ", file, line) : PRL_OK;
+}
+
+prl_status cli_prompts_read(const char *text, const char *file, int raw, const prl_tokenizer *tok,
+                            cli_prompts *out)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (text) {
+        if (!tok) return prl_error_set(PRL_ERR_ARG, "a text prompt needs a tokenizer.json in the checkpoint");
+        prl_status rc = encode_text(tok, text, raw, &ids, &n);
+        if (rc == PRL_OK) prompts_add(out, ids, n);
+        return rc;
+    }
+    FILE *f = fopen(file, "rb");
+    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %m", file);
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int line = 0;
+    prl_status rc = PRL_OK;
+    while (rc == PRL_OK && (len = getline(&buf, &cap, f)) >= 0) {
+        line++;
+        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
+        json_error_t err;
+        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
+        if (!obj) {
+            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", file, line, err.text);
+            break;
+        }
+        rc = line_prompt(obj, tok, file, raw, line, &ids, &n);
+        json_decref(obj);
+        if (rc == PRL_OK) prompts_add(out, ids, n);
+    }
+    free(buf);
+    fclose(f);
+    if (rc == PRL_OK && out->n == 0) rc = prl_error_set(PRL_ERR_FORMAT, "%s: no prompts", file);
+    return rc;
+}
