@@ -256,6 +256,7 @@ static int run(const sft_args *a)
                              .scaler = scaler_on ? &scaler : NULL};
         if (a->dsa_warmup > 0) st = dsa_warmup(&m, &d, a, &sc);
         int64_t end = o.step + a->steps, dense_end = o.step + a->dsa_dense;
+        sc.run_last = end;
         if (st == PRL_OK && a->dsa_dense > 0) st = dsa_dense_start(&m, a);
         while (st == PRL_OK && o.step < end) {
             int64_t chunk = a->save_every > 0 ? a->save_every - o.step % a->save_every : end - o.step;
