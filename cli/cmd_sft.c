@@ -26,6 +26,7 @@ typedef struct sft_args {
     const char *init_from;  /* recipe: weights of this checkpoint into --model's config */
     int dsa_warmup;         /* recipe: DSA indexer warm-up steps before the SFT steps */
     double dsa_warmup_lr;
+    int dsa_dense;          /* recipe: the first N SFT steps in the DSA dense stage (from scratch) */
     int steps, batch, seq, accum, warmup, threads, log_every, save_every, resume, group, special;
     int vocab; /* tokenizer trained on the data: vocabulary size (0: the model's) */
     double lr, min_lr_ratio, weight_decay, grad_clip, expert_clip;
@@ -195,6 +196,21 @@ static prl_status dsa_warmup(prl_model *m, const prl_sft_data *d, const sft_args
     return st;
 }
 
+/* dsa.dense_steps (a DSA model trained from scratch, docs/recipes.md): the first steps run the
+** dense stage with every tensor learning, the main model from the LM loss and the indexers
+** from their KL over the full attention distribution, so that the sparse stage that follows
+** selects with a trained indexer rather than a random one. */
+static prl_status dsa_dense_start(prl_model *m, const sft_args *a)
+{
+    if (m->cfg.n_dsa_layers == 0)
+        return prl_error_set(PRL_ERR_CONFIG, "dsa.dense_steps = %d but the model config has no "
+                             "'dsa_layers'", a->dsa_dense);
+    m->cfg.dsa_stage = PRL_DSA_DENSE, m->cfg.dsa_freeze_main = 0;
+    fprintf(stderr, "sft: DSA dense stage, steps 1-%d: dense attention, every tensor learns\n",
+            a->dsa_dense);
+    return PRL_OK;
+}
+
 static int run(const sft_args *a)
 {
     if (cli_setup_blas("sft", a->threads)) return 1;
@@ -239,11 +255,21 @@ static int run(const sft_args *a)
                              .seed = a->seed, .log_every = a->log_every, .group = a->group,
                              .scaler = scaler_on ? &scaler : NULL};
         if (a->dsa_warmup > 0) st = dsa_warmup(&m, &d, a, &sc);
-        int64_t end = o.step + a->steps;
+        int64_t end = o.step + a->steps, dense_end = o.step + a->dsa_dense;
+        sc.run_last = end;
+        if (st == PRL_OK && a->dsa_dense > 0) st = dsa_dense_start(&m, a);
         while (st == PRL_OK && o.step < end) {
             int64_t chunk = a->save_every > 0 ? a->save_every - o.step % a->save_every : end - o.step;
+            if (o.step < dense_end && dense_end - o.step < chunk) chunk = dense_end - o.step;
             sc.steps = (int)(chunk < end - o.step ? chunk : end - o.step);
             st = prl_sft_train(&m, &o, &d, &sc, print_progress, NULL);
+            if (st == PRL_OK && a->dsa_dense > 0 && o.step == dense_end) {
+                report_eval(&m, &d, a, "after the dense stage, dense attention");
+                m.cfg.dsa_stage = PRL_DSA_SPARSE; /* the checkpoint's config says sparse */
+                report_eval(&m, &d, a, "after the dense stage, sparse attention");
+                fprintf(stderr, "sft: DSA sparse stage, steps %lld-%lld\n", (long long)o.step + 1,
+                        (long long)end);
+            }
             if (st == PRL_OK) {
                 state = state_json(a, &d);
                 st = prl_checkpoint_save(&m, &o, state, tok, a->out);
@@ -253,6 +279,7 @@ static int run(const sft_args *a)
         }
     }
     if (st == PRL_OK && a->dsa_warmup > 0) report_eval(&m, &d, a, "after the sparse adaptation");
+    else if (st == PRL_OK && a->dsa_dense > 0) report_eval(&m, &d, a, "at the end, sparse attention");
     prl_sft_data_free(&d);
     prl_tokenizer_free(tok);
     prl_optim_free(&o);
@@ -398,7 +425,8 @@ static int run_recipe(const char *file, int threads, int force)
                   .min_lr_ratio = r.min_lr_ratio, .weight_decay = r.weight_decay,
                   .grad_clip = r.grad_clip, .expert_clip = r.expert_clip, .seed = r.seed,
                   .init_from = *r.init_from ? r.init_from : NULL,
-                  .dsa_warmup = r.dsa_warmup_steps, .dsa_warmup_lr = r.dsa_warmup_lr};
+                  .dsa_warmup = r.dsa_warmup_steps, .dsa_warmup_lr = r.dsa_warmup_lr,
+                  .dsa_dense = r.dsa_dense_steps};
     int rc = run(&a);
     if (rc == 0) {
         char line[20];

@@ -21,6 +21,7 @@ static const prl_key_spec keys[] = {
     {"model.init_from", PRL_KEY_STR, F(init_from), 0, 0, "\"\"", NULL},
     {"dsa.warmup_steps", PRL_KEY_INT, F(dsa_warmup_steps), 0, 1e8, "0", NULL},
     {"dsa.warmup_lr", PRL_KEY_REAL, F(dsa_warmup_lr), 1e-12, 10, "1e-3", NULL},
+    {"dsa.dense_steps", PRL_KEY_INT, F(dsa_dense_steps), 0, 1e8, "0", NULL},
     {"tokenizer.vocab_size", PRL_KEY_INT, F(vocab_size), 272, 1 << 20, "4096", NULL},
     {"tokenizer.special_tokens", PRL_KEY_BOOL, F(special_tokens), 0, 1, "true", NULL},
     DEMOS("reasoning", 1, 0, "0"), DEMOS("reasoning", 2, 0, "0"), DEMOS("reasoning", 3, 0, "0"),
@@ -66,6 +67,10 @@ prl_status prl_sft_recipe_check(const prl_sft_recipe *r, const char *source)
     if (r->warmup >= r->steps)
         return prl_error_set(PRL_ERR_CONFIG, "%s: key 'sft.warmup' = %d must be below sft.steps "
                              "= %d", source, r->warmup, r->steps);
+    if (r->dsa_dense_steps > 0 && r->dsa_dense_steps >= r->steps)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'dsa.dense_steps' = %d must be below "
+                             "sft.steps = %d (the sparse stage needs a step)", source,
+                             r->dsa_dense_steps, r->steps);
     if (!*r->name || !*r->dir)
         return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' must not be empty", source,
                              *r->name ? "run.dir" : "run.name");

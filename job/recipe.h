@@ -25,6 +25,7 @@ typedef struct prl_sft_recipe {
     /* dsa: post-hoc sparsification (docs/recipes.md) */
     int dsa_warmup_steps;           /* indexer warm-up steps before sft.steps (0 = none) */
     double dsa_warmup_lr;           /* their AdamW learning rate (constant) */
+    int dsa_dense_steps;            /* from scratch: the first N of sft.steps in the dense stage */
     /* tokenizer */
     int vocab_size;                 /* BPE vocabulary trained on the demos (<= model vocab) */
     int special_tokens;             /* demos' <|tool_call|> ... strings encode as special ids */
@@ -43,7 +44,7 @@ void prl_sft_recipe_free(prl_sft_recipe *r);
 ** name `source` and the key. */
 prl_status prl_sft_recipe_parse(prl_sft_recipe *r, const char *json_text, const char *source);
 prl_status prl_sft_recipe_load(prl_sft_recipe *r, const char *path);
-/* Cross-key rules: at least one demo, seq >= 2, warmup below steps. */
+/* Cross-key rules: at least one demo, seq >= 2, warmup and dsa.dense_steps below steps. */
 prl_status prl_sft_recipe_check(const prl_sft_recipe *r, const char *source);
 /* The resolved recipe as JSON text (malloc'd, every key, table order). */
 char *prl_sft_recipe_to_json(const prl_sft_recipe *r);

@@ -324,7 +324,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
         int done = (int)(step + 1 - first);
         if (progress && (done % c->log_every == 0 || step + 1 == last)) {
             prl_sft_progress p = {
-                .step = (int)(step + 1), .steps = (int)last,
+                .step = (int)(step + 1), .steps = (int)(c->run_last > last ? c->run_last : last),
                 .loss = sum.lm_loss, .balance_loss = sum.balance_loss / c->accum,
                 .z_loss = sum.z_loss / c->accum, .mtp_loss = sum.mtp_loss,
                 .index_loss = sum.index_loss / c->accum, .lr = os.lr, .grad_norm = os.grad_norm,

@@ -51,6 +51,8 @@ typedef struct prl_sft_config {
     prl_loss_scaler *scaler; /* borrowed dynamic loss scaler (fp16 training), or NULL: each
                      ** step backpropagates scale × the loss and is skipped on an overflow
                      ** (rl.md §4.3 order; prl_optim_step_scaled) */
+    int64_t run_last; /* the progress line's "of N" when this call is one chunk of a longer
+                     ** run (checkpoint saves, DSA stages); 0: this call's last step */
 } prl_sft_config;
 
 typedef struct prl_sft_progress {

@@ -255,6 +255,15 @@ grep -q "8 new tensors" "$work/last.out" && grep -q "as loaded, full attention" 
   && grep -q "index_kl" "$work/last.out" && grep -q "after the sparse adaptation: loss" "$work/last.out" \
   && ok "dsa convert: indexers new, losses before and after" || bad "dsa convert: $(grep sft: "$work/last.out")"
 expect_fail "dsa warm-up needs DSA layers" "has no 'dsa_layers'" $prl sft --config "$work/r_dsa_tiny.json" --threads 2
+# a DSA model from scratch: dsa.dense_steps of sft.steps dense, then sparse; the checkpoint says sparse
+printf '{"run": {"dir": "%s"}, "model": {"config": "%s"}, "demos": {"reasoning": {"d1": 6}, "coding": {"d1": 4}}, "dsa": {"dense_steps": 1}, "sft": {"steps": 2, "batch": 4, "group": 2, "warmup": 0}}' \
+  "$work/recipe_dense" "$work/tiny_dsa.json" > "$work/r_dense.json"
+expect_ok "dsa dense-stage recipe" $prl sft --config "$work/r_dense.json" --threads 2
+grep -q "after the dense stage, sparse attention: loss" "$work/last.out" && grep -q "at the end, sparse attention: loss" "$work/last.out" \
+  && grep -q '"prl_dsa_stage": *"sparse"' "$work/recipe_dense/ckpt/config.json" \
+  && ok "dsa dense stage, then sparse" || bad "dsa dense stage: $(grep sft: "$work/last.out")"
+sed -i 's/"dense_steps": 1/"dense_steps": 2/' "$work/r_dense.json"
+expect_fail "dsa.dense_steps below sft.steps" "key 'dsa.dense_steps' = 2 must be below sft.steps" $prl sft --config "$work/r_dense.json"
 # sandbox: a run, its statuses and exit codes, bad input naming the problem
 printf 'import sys\nprint(6 * 7, sys.stdin.read().strip())\n' > "$work/ok.py"
 echo "from-stdin" > "$work/in.txt"
