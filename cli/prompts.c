@@ -73,39 +73,37 @@ static prl_status line_prompt(json_t *obj, const prl_tokenizer *tok, const char 
     return rc ? prl_error_wrap(rc, "%s:%d: ", file, line) : PRL_OK;
 }
 
+typedef struct prompts_ctx {
+    const prl_tokenizer *tok;
+    const char *file;
+    int raw;
+    cli_prompts *out;
+} prompts_ctx;
+
+static prl_status add_line(void *user, json_t *obj, int line, int *go)
+{
+    prompts_ctx *c = user;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    (void)go;
+    prl_status rc = line_prompt(obj, c->tok, c->file, c->raw, line, &ids, &n);
+    if (rc == PRL_OK) prompts_add(c->out, ids, n);
+    return rc;
+}
+
 prl_status cli_prompts_read(const char *text, const char *file, int raw, const prl_tokenizer *tok,
                             cli_prompts *out)
 {
-    int32_t *ids = NULL;
-    size_t n = 0;
     if (text) {
+        int32_t *ids = NULL;
+        size_t n = 0;
         if (!tok) return prl_error_set(PRL_ERR_ARG, "a text prompt needs a tokenizer.json in the checkpoint");
         prl_status rc = encode_text(tok, text, raw, &ids, &n);
         if (rc == PRL_OK) prompts_add(out, ids, n);
         return rc;
     }
-    FILE *f = fopen(file, "rb");
-    if (!f) return prl_error_set(PRL_ERR_IO, "cannot open %s: %m", file);
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int line = 0;
-    prl_status rc = PRL_OK;
-    while (rc == PRL_OK && (len = getline(&buf, &cap, f)) >= 0) {
-        line++;
-        if (strspn(buf, " \t\r\n") == (size_t)len) continue;
-        json_error_t err;
-        json_t *obj = json_loadb(buf, (size_t)len, 0, &err);
-        if (!obj) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s", file, line, err.text);
-            break;
-        }
-        rc = line_prompt(obj, tok, file, raw, line, &ids, &n);
-        json_decref(obj);
-        if (rc == PRL_OK) prompts_add(out, ids, n);
-    }
-    free(buf);
-    fclose(f);
+    prompts_ctx c = {.tok = tok, .file = file, .raw = raw, .out = out};
+    prl_status rc = cli_jsonl_for_each(file, add_line, &c);
     if (rc == PRL_OK && out->n == 0) rc = prl_error_set(PRL_ERR_FORMAT, "%s: no prompts", file);
     return rc;
 }
