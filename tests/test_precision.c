@@ -17,6 +17,7 @@
 #include "engine/ops.h"
 
 #include "check_util.h"
+#include "model_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -161,19 +162,7 @@ static void load_model(int blocks)
     if (blocks == MTP) c.num_nextn_predict_layers = 1;
     ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
     prl_model_init_weights(&model, 7);
-    prl_rng rng;
-    prl_rng_init(&rng, 3, 0, 0, 0, PRL_RNG_TEST);
-    for (int i = 0; i < model.n_tensors; i++) {
-        const prl_param_info *p = &model.tensors[i];
-        prl_real *w = model.params + p->offset;
-        for (size_t j = 0; j < p->numel; j++) {
-            if (p->kind == PRL_PARAM_HEAD) w[j] *= 40; /* lm_head and the MTP head (shared) */
-            if (p->kind == PRL_PARAM_SINK) w[j] *= 50;
-            if (p->kind == PRL_PARAM_CONV) w[j] = (float)(0.3 * prl_rng_normal(&rng));
-            if (p->kind == PRL_PARAM_MHC && p->ndim == 1) w[j] += (float)(0.5 * prl_rng_normal(&rng));
-            if (glue && p->kind == PRL_PARAM_NORM) w[j] = (float)(1 + 0.2 * prl_rng_normal(&rng));
-        }
-    }
+    test_model_sharpen(&model, glue);
 }
 
 enum { NSEQ = 4, TLEN = 40 };

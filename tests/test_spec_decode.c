@@ -15,6 +15,7 @@
 ** limit of 2 or 4 tokens makes both acceptances and rejections frequent.
 */
 #include "engine/spec_decode.h"
+#include "model_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -75,18 +76,7 @@ static void load_model_variant(int variant)
     else load_tiny_config(&c, variant == DSA);
     ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
     prl_model_init_weights(&model, 7);
-    prl_rng rng;
-    prl_rng_init(&rng, 3, 0, 0, 0, PRL_RNG_TEST);
-    for (int i = 0; i < model.n_tensors; i++) {
-        const prl_param_info *p = &model.tensors[i];
-        float *w = model.params + p->offset;
-        for (size_t j = 0; j < p->numel; j++) {
-            if (p->kind == PRL_PARAM_HEAD) w[j] *= 40; /* clear winners for greedy */
-            if (p->kind == PRL_PARAM_SINK) w[j] *= 50;
-            if (p->kind == PRL_PARAM_CONV) w[j] = (float)(0.3 * prl_rng_normal(&rng));
-            if (p->kind == PRL_PARAM_MHC && p->ndim == 1) w[j] += (float)(0.5 * prl_rng_normal(&rng));
-        }
-    }
+    test_model_sharpen(&model, 0);
     *target = model;
 }
 
