@@ -248,6 +248,29 @@ START_TEST(test_checkpoint_load_weights_into_dsa)
 }
 END_TEST
 
+/* One AdamW step (lr 1e-2, weight decay 0.1, no warm-up) on a toy batch, router biases updated
+** after it; returns a copy of the weights from before the step (the caller frees it). */
+static float *frozen_step(prl_model *m, int with_mtp, prl_forward_stats *st)
+{
+    float *before = malloc(m->n_params * sizeof *before);
+    memcpy(before, m->params, m->n_params * sizeof *before);
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.weight_decay = 0.1, oc.warmup_steps = 0, oc.lr = 1e-2;
+    ck_assert_int_eq(prl_optim_init(&o, m, &oc), PRL_OK);
+    toy_batch t;
+    toy(&t, 2, 16, 3);
+    t.b.with_mtp = with_mtp;
+    ck_assert_int_eq(prl_model_forward(m, &t.b, NULL, st), PRL_OK);
+    prl_model_zero_grad(m);
+    ck_assert_int_eq(prl_model_backward(m, &t.b), PRL_OK);
+    ck_assert_int_eq(prl_optim_step(&o, m, NULL), PRL_OK);
+    prl_model_update_router_bias(m);
+    prl_optim_free(&o);
+    return before;
+}
+
 /* The DSA warm-up with the main model frozen: an optimizer step (weight decay on, router
 ** bias rate on) moves only the indexer tensors; everything else keeps its bits. */
 START_TEST(test_dsa_freeze_main_step)
@@ -255,22 +278,9 @@ START_TEST(test_dsa_freeze_main_step)
     prl_model m;
     build_from(&m, dsa_config, 6);
     m.cfg.dsa_stage = PRL_DSA_DENSE, m.cfg.dsa_freeze_main = 1, m.cfg.bias_update_rate = 0.1;
-    float *before = malloc(m.n_params * sizeof *before);
-    memcpy(before, m.params, m.n_params * sizeof *before);
-    prl_optim o;
-    prl_optim_config oc;
-    prl_optim_config_default(&oc);
-    oc.weight_decay = 0.1, oc.warmup_steps = 0, oc.lr = 1e-2;
-    ck_assert_int_eq(prl_optim_init(&o, &m, &oc), PRL_OK);
-    toy_batch t;
-    toy(&t, 2, 16, 3);
     prl_forward_stats st;
-    ck_assert_int_eq(prl_model_forward(&m, &t.b, NULL, &st), PRL_OK);
+    float *before = frozen_step(&m, 0, &st);
     ck_assert_double_gt(st.index_loss, 0);
-    prl_model_zero_grad(&m);
-    ck_assert_int_eq(prl_model_backward(&m, &t.b), PRL_OK);
-    ck_assert_int_eq(prl_optim_step(&o, &m, NULL), PRL_OK);
-    prl_model_update_router_bias(&m);
     int moved = 0;
     for (int i = 0; i < m.n_tensors; i++) {
         const prl_param_info *p = &m.tensors[i];
@@ -280,7 +290,6 @@ START_TEST(test_dsa_freeze_main_step)
     }
     ck_assert_int_eq(moved, 4);
     for (int i = 0; i < m.n_moe * 4; i++) ck_assert_float_eq(m.router_bias[i], 0);
-    prl_optim_free(&o);
     free(before);
     prl_model_free(&m);
 }
@@ -304,22 +313,8 @@ START_TEST(test_mtp_freeze_trunk_step)
     ck_assert_int_eq(prl_checkpoint_load_weights(&m, dir, &fresh), PRL_OK);
     for (int i = 0; i < m.n_tensors; i++) per_layer += m.tensors[i].layer == 3;
     ck_assert_int_eq(fresh, 2 * per_layer);
-    float *before = malloc(m.n_params * sizeof *before);
-    memcpy(before, m.params, m.n_params * sizeof *before);
-    prl_optim o;
-    prl_optim_config oc;
-    prl_optim_config_default(&oc);
-    oc.weight_decay = 0.1, oc.warmup_steps = 0, oc.lr = 1e-2;
-    ck_assert_int_eq(prl_optim_init(&o, &m, &oc), PRL_OK);
-    toy_batch t;
-    toy(&t, 2, 16, 3);
-    t.b.with_mtp = 1;
     prl_forward_stats st;
-    ck_assert_int_eq(prl_model_forward(&m, &t.b, NULL, &st), PRL_OK);
-    prl_model_zero_grad(&m);
-    ck_assert_int_eq(prl_model_backward(&m, &t.b), PRL_OK);
-    ck_assert_int_eq(prl_optim_step(&o, &m, NULL), PRL_OK);
-    prl_model_update_router_bias(&m);
+    float *before = frozen_step(&m, 1, &st);
     int moved = 0;
     for (int i = 0; i < m.n_tensors; i++) {
         const prl_param_info *p = &m.tensors[i];
@@ -333,7 +328,6 @@ START_TEST(test_mtp_freeze_trunk_step)
     prl_config c;
     ck_assert_int_eq(parse("{\"prl_mtp_freeze_trunk\": true}", &c), PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "num_nextn_predict_layers"));
-    prl_optim_free(&o);
     free(before);
     prl_model_free(&m), prl_model_free(&base);
 }
