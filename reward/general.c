@@ -1,6 +1,7 @@
 /*
 ** general.c — the General verifier: one check of weight 1 per constraint of the task, on the
-** last assistant turn, so the score is the fraction of constraints met (partial credit).
+** last assistant turn, and (when the task lists its topic's words) one check of weight 1 that
+** the answer is about the topic: the score is the fraction of checks met (partial credit).
 **
 ** Text model: a word is a maximal run of [A-Za-z0-9']; words compare case-insensitively; a
 ** sentence is a stretch of text holding a word, ended by a run of . ! ? or by the end; a
@@ -188,6 +189,72 @@ static prl_status check_one(const json_t *c, int i, const text *t, prl_reward_re
     return PRL_OK;
 }
 
+/* How often a response may use w before it is padding: 0 for a word no constraint names,
+** else what the constraint asks for (n for word_repeat, 1 otherwise) plus one, so that a
+** one-word violation of word_repeat is still on topic. */
+static int allowance(const json_t *cons, const char *w)
+{
+    static const char *const word_keys[] = {"word", "first", "second"};
+    size_t i;
+    const json_t *c;
+    json_array_foreach(cons, i, c) {
+        const char *type = json_string_value(json_object_get(c, "type"));
+        int named = 0;
+        for (int k = 0; k < 3; k++) {
+            const char *v = json_string_value(json_object_get(c, word_keys[k]));
+            named |= v && !strcasecmp(v, w);
+        }
+        if (named) {
+            json_t *n = json_object_get(c, "n");
+            return (type && !strcmp(type, "word_repeat") && json_is_integer(n)
+                    ? (int)json_integer_value(n) : 1) + 1;
+        }
+    }
+    return 0;
+}
+
+static int in_list(const json_t *words, const char *w)
+{
+    size_t i;
+    const json_t *x;
+    json_array_foreach(words, i, x)
+        if (!strcasecmp(json_string_value(x), w)) return 1;
+    return 0;
+}
+
+/* "on_topic": every word is one of the topic's words or one the constraints name, and no named
+** word is used past its allowance. Without it the cheapest way to meet include/order/start is
+** to pad with the constraint vocabulary ("Old small small small ..."), which rule checks alone
+** never penalise. Tasks without "topic_words" (written before this check) get no such check. */
+static prl_status check_on_topic(const json_t *task, const json_t *cons, const text *t,
+                                 prl_reward_result *out)
+{
+    const json_t *bank = json_object_get(task, "topic_words");
+    if (!bank) return PRL_OK;
+    size_t i, n = json_array_size(bank);
+    const json_t *x;
+    int ok = json_is_array(bank) && n > 0 && n <= PRL_REWARD_MAX_ITEMS;
+    json_array_foreach(bank, i, x) ok &= json_string_length(x) > 0;
+    if (!ok) return prl_error_set(PRL_ERR_FORMAT, "general task: \"topic_words\" must be an array "
+                                  "of 1..%d non-empty strings", PRL_REWARD_MAX_ITEMS);
+    for (int k = 0; k < t->n_words; k++) {
+        const char *w = t->words[k];
+        if (in_list(bank, w)) continue;
+        int allowed = allowance(cons, w), used = count_word(t, w);
+        if (allowed == 0 || used > allowed) {
+            if (allowed == 0)
+                reward__check(out, "on_topic", 0, 1, 0, "'%s' (word %d) is neither a topic word nor "
+                              "a constraint's", w, k + 1);
+            else
+                reward__check(out, "on_topic", 0, 1, 0, "'%s' used %d times, at most %d", w, used,
+                              allowed);
+            return PRL_OK;
+        }
+    }
+    reward__check(out, "on_topic", t->n_words > 0, 1, 0, "%d words, all on topic", t->n_words);
+    return PRL_OK;
+}
+
 prl_status prl_reward_general(const char *task_json, const prl_chat_message *turns,
                               size_t n_turns, prl_reward_result *out)
 {
@@ -205,6 +272,7 @@ prl_status prl_reward_general(const char *task_json, const prl_chat_message *tur
     json_array_foreach(cons, i, c) {
         if (rc || (rc = check_one(c, (int)i, t, out))) break;
     }
+    if (!rc) rc = check_on_topic(task, cons, t, out);
     free(t);
     json_decref(task);
     if (rc) return rc;

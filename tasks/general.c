@@ -348,7 +348,17 @@ prl_status tasks__general_make(tasks__gen *g, tasks__draft *d)
     }
     d->prompt = q.oom ? NULL : tasks__prompt(NULL, q.s);
     tasks__buf_free(&q);
-    d->fields = cons ? json_pack("{s:o}", "constraints", cons) : NULL;
+    json_t *bank = json_array();
+    for (int i = 0; bank && i < BANK; i++)
+        if (json_array_append_new(bank, json_string(p.t->bank[i])) != 0) {
+            json_decref(bank);
+            bank = NULL;
+        }
+    d->fields = cons && bank ? json_pack("{s:o,s:o}", "constraints", cons, "topic_words", bank) : NULL;
+    if (!d->fields) { /* json_pack (only called with both) steals them even when it fails */
+        if (!cons) json_decref(bank);
+        if (!bank) json_decref(cons);
+    }
     if (!d->prompt || !d->fields) return prl_error_set(PRL_ERR_NOMEM, "general problem");
     if (!g->demos) return PRL_OK;
     d->turns = json_array();

@@ -322,6 +322,47 @@ START_TEST(test_general_partial_credit)
 }
 END_TEST
 
+/* on_topic: topic words and the constraints' own words, each of those at most its count + 1. */
+START_TEST(test_general_on_topic)
+{
+    const char *task = "{\"domain\":\"general\",\"topic_words\":[\"cats\",\"fur\",\"soft\"],"
+                       "\"constraints\":[{\"type\":\"include\",\"word\":\"blue\"},"
+                       "{\"type\":\"word_repeat\",\"word\":\"red\",\"n\":2},"
+                       "{\"type\":\"order\",\"first\":\"old\",\"second\":\"new\"}]}";
+    static const struct { const char *response; int on_topic; const char *detail; } cases[] = {
+        {"Old red cats, soft fur, red new blue cats.", 1, "9 words, all on topic"},
+        {"Blue blue cats.", 1, NULL},           /* one more than asked: still on topic */
+        {"RED red red CATS.", 1, NULL},         /* word_repeat's 2 + 1 */
+        {"Old red cats small red new blue.", 0, "'small' (word 4) is neither"},
+        {"Blue blue blue cats.", 0, "'blue' used 3 times, at most 2"},
+        {"Red red red red cats.", 0, "'red' used 4 times, at most 3"},
+        {"Old old old new.", 0, "'old' used 3 times"},
+        {"", 0, "0 words"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        prl_reward_result r = score1(task, cases[i].response);
+        ck_assert_int_eq(r.n_checks, 4);
+        const prl_reward_check *c = find(&r, "on_topic");
+        ck_assert_msg(c && c->passed == cases[i].on_topic && c->weight == 1 && !c->required,
+                      "'%s': on_topic %d (%s)", cases[i].response, c ? c->passed : -1,
+                      c ? c->detail : "missing");
+        if (cases[i].detail) ck_assert_msg(strstr(c->detail, cases[i].detail), "%s", c->detail);
+    }
+    /* the check costs a padded answer its full score */
+    prl_reward_result r = score1(task, "Old red red blue new small.");
+    assert_score(&r, 3.0 / 4);
+    /* a malformed word list is a task error */
+    prl_chat_message t = {"assistant", "x"};
+    const char *bad[] = {"{\"topic_words\":[],\"constraints\":[{\"type\":\"quoted\"}]}",
+                         "{\"topic_words\":[\"\"],\"constraints\":[{\"type\":\"quoted\"}]}",
+                         "{\"topic_words\":\"cats\",\"constraints\":[{\"type\":\"quoted\"}]}"};
+    for (size_t i = 0; i < 3; i++) {
+        ck_assert_int_eq(prl_reward_general(bad[i], &t, 1, &r), PRL_ERR_FORMAT);
+        assert_msg_has("\"topic_words\" must be an array");
+    }
+}
+END_TEST
+
 START_TEST(test_general_bad_tasks)
 {
     prl_chat_message t = {"assistant", "x"};
@@ -669,13 +710,19 @@ START_TEST(test_demos_with_mistakes)
             prl_reward_result r = score_line(line, &EXEC);
             int mistake = strcmp(json_string_value(json_object_get(line, "demo_error")), "none") != 0;
             n_wrong += mistake;
+            const char *kind = json_string_value(json_object_get(line, "demo_error"));
             ck_assert_msg(mistake ? r.score < 1 : r.score == 1, "%s (%s) scored %g",
-                          json_string_value(json_object_get(line, "id")),
-                          json_string_value(json_object_get(line, "demo_error")), r.score);
+                          json_string_value(json_object_get(line, "id")), kind, r.score);
+            if (d == PRL_TASK_GENERAL) { /* exactly the mistake's check fails; always on topic */
+                int failed = 0;
+                for (int k = 0; k < r.n_checks; k++) failed += !r.checks[k].passed;
+                ck_assert_int_eq(failed, mistake);
+                ck_assert(passed(&r, "on_topic") && (!mistake || !passed(&r, kind)));
+            }
             sum += r.score;
         }
         double mean = sum / (double)json_array_size(all);
-        ck_assert_msg(n_wrong > 0 && mean < 0.9, "%s: mean %.3f with %d mistakes", prl_tasks_domain_name(d), mean, n_wrong);
+        ck_assert_msg(n_wrong > 0 && mean < 0.95, "%s: mean %.3f with %d mistakes", prl_tasks_domain_name(d), mean, n_wrong);
         json_decref(all);
     }
 }
@@ -720,6 +767,7 @@ static Suite *reward_suite(void)
     tc = tcase_create("general");
     tcase_add_test(tc, test_general_constraints);
     tcase_add_test(tc, test_general_partial_credit);
+    tcase_add_test(tc, test_general_on_topic);
     tcase_add_test(tc, test_general_bad_tasks);
     suite_add_tcase(s, tc);
     tc = tcase_create("agent");
