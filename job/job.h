@@ -81,6 +81,8 @@ typedef struct prl_job_config {
     int opd_enabled;
     char *opd_teachers[4];       /* opd.teachers.{agent,coding,general,reasoning}: checkpoint
                                  ** dirs ("" = none); the order of opd.h's teacher keys */
+    double opd_teacher_coef[4];  /* opd.teacher_coef.<key>: multiplies opd.coef for that
+                                 ** teacher's samples (same order) */
     double opd_coef, opd_discount, opd_adv_clip_low, opd_adv_clip_high, opd_adv_mask_eps,
         opd_task_weight;
     int opd_adv_clip;

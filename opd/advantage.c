@@ -1,6 +1,6 @@
 /*
 ** advantage.c — the OPD per-token advantage and its metrics (opd.h, rl.md §5.1, §5.6):
-** A_t = coef·(lp_T − lp_S) on the loss tokens, discounted (γ), clipped ([lo, hi]) and masked
+** A_t = coef·(lp_T − lp_S) on the loss tokens (coef scaled per teacher), discounted (γ), clipped ([lo, hi]) and masked
 ** (|A| < δ → 0) in that order. Observation tokens (mask 0) get 0 and pass no credit. Also the
 ** teacher keys and the opd.* config. Everything in double, in index order.
 */
@@ -33,11 +33,16 @@ int prl_opd_teacher_index(const char *name)
 void prl_opd_config_default(prl_opd_config *c)
 {
     *c = (prl_opd_config){.coef = 1.0, .clip_low = -5, .clip_high = 5};
+    for (int k = 0; k < PRL_OPD_TEACHERS; k++) c->teacher_coef[k] = 1.0;
 }
 
 prl_status prl_opd_config_check(const prl_opd_config *c)
 {
     if (!isfinite(c->coef)) return prl_error_set(PRL_ERR_CONFIG, "opd.coef %g must be finite", c->coef);
+    for (int k = 0; k < PRL_OPD_TEACHERS; k++)
+        if (!(c->teacher_coef[k] >= 0 && isfinite(c->teacher_coef[k])))
+            return prl_error_set(PRL_ERR_CONFIG, "opd.teacher_coef.%s %g must be finite and >= 0",
+                                 keys[k], c->teacher_coef[k]);
     if (!(c->discount >= 0 && c->discount < 1))
         return prl_error_set(PRL_ERR_CONFIG, "opd.discount %g must be in [0, 1)", c->discount);
     if (c->clip && !(c->clip_low <= c->clip_high))
@@ -56,13 +61,15 @@ prl_status prl_opd_config_from_job(prl_opd_config *c, const prl_job_config *j)
     c->coef = j->opd_coef, c->discount = j->opd_discount, c->clip = j->opd_adv_clip;
     c->clip_low = j->opd_adv_clip_low, c->clip_high = j->opd_adv_clip_high;
     c->mask_eps = j->opd_adv_mask_eps, c->task_weight = j->opd_task_weight;
+    for (int k = 0; k < PRL_OPD_TEACHERS; k++) c->teacher_coef[k] = j->opd_teacher_coef[k];
     return prl_opd_config_check(c);
 }
 
 /* ---------------------------------------------------------------- advantages ------- */
 
-/* Sequence s: raw advantages of its loss tokens, then the discounted sum from the end. */
-static prl_status seq_raw(const prl_opd_config *c, const float *lp_s, const float *lp_t,
+/* Sequence s: raw advantages of its loss tokens (coefficient coef), then the discounted sum
+** from the end. */
+static prl_status seq_raw(const prl_opd_config *c, double coef, const float *lp_s, const float *lp_t,
                           const uint8_t *mask, int32_t a, int32_t b, int s, double *kl,
                           float *adv)
 {
@@ -75,7 +82,7 @@ static prl_status seq_raw(const prl_opd_config *c, const float *lp_s, const floa
                                  "log-prob %g, teacher log-prob %g", s, i - a, lp_s[i], lp_t[i]);
         double d = (double)lp_t[i] - lp_s[i];
         *kl -= d;
-        double A = c->coef * d + c->discount * future;
+        double A = coef * d + c->discount * future;
         future = A;
         adv[i] = (float)A;
     }
@@ -114,7 +121,8 @@ prl_status prl_opd_advantages(const prl_opd_config *c, const float *lp_s, const 
             return prl_error_set(PRL_ERR_ARG, "opd advantages: sequence %d has teacher %d (need "
                                  "0..%d)", s, k, PRL_OPD_TEACHERS - 1);
         double kl = 0;
-        if ((rc = seq_raw(c, lp_s, lp_t, mask, a, b, s, &kl, adv))) return rc;
+        double coef = c->coef * (k >= 0 ? c->teacher_coef[k] : 1.0);
+        if ((rc = seq_raw(c, coef, lp_s, lp_t, mask, a, b, s, &kl, adv))) return rc;
         long n = 0;
         for (int32_t i = a; i < b; i++) {
             if (!mask[i]) continue;

@@ -132,6 +132,16 @@ START_TEST(test_observation_tokens_and_teachers)
     ck_assert(json_is_number(json_object_get(o, "opd_teacher_kl")));
     ck_assert(json_is_number(json_object_get(o, "opd_masked_frac")));
     json_decref(o);
+    /* teacher_coef scales its teacher's sequences before discounting and clipping: coding
+    ** (sequence 0) ×3 → [3 − 3, 0, −6]; reasoning (sequence 1) ×0 → 0; the KL is unscaled */
+    c.teacher_coef[1] = 3, c.teacher_coef[3] = 0;
+    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 2, teacher, adv, &st));
+    const double scaled[5] = {0, 0, -6, 0, 0};
+    for (int i = 0; i < 5; i++) ck_assert_double_eq_tol(adv[i], scaled[i], 1e-6);
+    ck_assert_double_eq_tol(st.kl[1], 0.5, 1e-6);
+    /* without teacher indices there is no per-teacher coef: coef alone */
+    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 2, NULL, adv, &st));
+    for (int i = 0; i < 5; i++) ck_assert_double_eq_tol(adv[i], want[i], 1e-6);
 }
 END_TEST
 
@@ -160,6 +170,10 @@ START_TEST(test_errors)
     c.mask_eps = -1;
     ck_assert_int_eq(prl_opd_config_check(&c), PRL_ERR_CONFIG);
     assert_msg_has("opd.adv_mask_eps");
+    prl_opd_config_default(&c);
+    c.teacher_coef[2] = -1;
+    ck_assert_int_eq(prl_opd_config_check(&c), PRL_ERR_CONFIG);
+    assert_msg_has("opd.teacher_coef.general");
     ck_assert_int_eq(prl_opd_teacher_index("coding"), 1);
     ck_assert_int_eq(prl_opd_teacher_index("chess"), -1);
     ck_assert_str_eq(prl_opd_teacher_key(3), "reasoning");
@@ -574,6 +588,12 @@ START_TEST(test_job_keys)
     assert_ok(prl_job_config_set(&j, "opd.adv_mask_eps=0.01"));
     assert_ok(prl_opd_config_from_job(&oc, &j));
     ck_assert(oc.mask_eps == 0.01 && oc.coef == 1 && !oc.clip);
+    ck_assert(oc.teacher_coef[0] == 1 && oc.teacher_coef[1] == 1 && oc.teacher_coef[3] == 1);
+    assert_ok(prl_job_config_set(&j, "opd.teacher_coef.coding=4"));
+    ck_assert_int_eq(prl_job_config_set(&j, "opd.teacher_coef.agent=-1"), PRL_ERR_CONFIG);
+    assert_msg_has("opd.teacher_coef.agent");
+    assert_ok(prl_opd_config_from_job(&oc, &j));
+    ck_assert(oc.teacher_coef[1] == 4 && oc.teacher_coef[2] == 1);
     prl_job_config_free(&j);
 }
 END_TEST
