@@ -1,7 +1,8 @@
 /*
 ** general.c — the General verifier: one check of weight 1 per constraint of the task, on the
-** last assistant turn, and (when the task lists its topic's words) one check of weight 1 that
-** the answer is about the topic: the score is the fraction of checks met (partial credit).
+** last assistant turn, so the score is the fraction of constraints met (partial credit); and,
+** when the task lists its topic's words, a required check that the answer is about the topic
+** (the score is 0 when it is not).
 **
 ** Text model: a word is a maximal run of [A-Za-z0-9']; words compare case-insensitively; a
 ** sentence is a stretch of text holding a word, ended by a run of . ! ? or by the end; a
@@ -222,10 +223,22 @@ static int in_list(const json_t *words, const char *w)
     return 0;
 }
 
-/* "on_topic": every word is one of the topic's words or one the constraints name, and no named
-** word is used past its allowance. Without it the cheapest way to meet include/order/start is
-** to pad with the constraint vocabulary ("Old small small small ..."), which rule checks alone
-** never penalise. Tasks without "topic_words" (written before this check) get no such check. */
+/* How often w occurs in words [0, k]. */
+static int occurrence(const text *t, int k)
+{
+    int c = 0;
+    for (int i = 0; i <= k; i++) c += strcasecmp(t->words[i], t->words[k]) == 0;
+    return c;
+}
+
+/* "on_topic", a gate (required, weight 0): at most a quarter of the words are off topic — a
+** word off topic being neither one of the topic's words nor one a constraint names, or a named
+** word past its allowance — and there is a word. Without it the cheapest way to meet
+** include/order/start is to pad with the constraint vocabulary ("Old small small small ..."),
+** which rule checks alone never penalise. As a gate it earns nothing by itself (as a check of
+** weight 1 GRPO learned one-word answers, which are on topic and worth a point); the quarter
+** leaves room for a stray word of a sampled answer. Tasks without "topic_words" (written
+** before this check) get no such check. */
 static prl_status check_on_topic(const json_t *task, const json_t *cons, const text *t,
                                  prl_reward_result *out)
 {
@@ -237,21 +250,19 @@ static prl_status check_on_topic(const json_t *task, const json_t *cons, const t
     json_array_foreach(bank, i, x) ok &= json_string_length(x) > 0;
     if (!ok) return prl_error_set(PRL_ERR_FORMAT, "general task: \"topic_words\" must be an array "
                                   "of 1..%d non-empty strings", PRL_REWARD_MAX_ITEMS);
+    int off = 0, first = -1;
     for (int k = 0; k < t->n_words; k++) {
         const char *w = t->words[k];
-        if (in_list(bank, w)) continue;
-        int allowed = allowance(cons, w), used = count_word(t, w);
-        if (allowed == 0 || used > allowed) {
-            if (allowed == 0)
-                reward__check(out, "on_topic", 0, 1, 0, "'%s' (word %d) is neither a topic word nor "
-                              "a constraint's", w, k + 1);
-            else
-                reward__check(out, "on_topic", 0, 1, 0, "'%s' used %d times, at most %d", w, used,
-                              allowed);
-            return PRL_OK;
-        }
+        if (in_list(bank, w) || occurrence(t, k) <= allowance(cons, w)) continue;
+        off++;
+        if (first < 0) first = k;
     }
-    reward__check(out, "on_topic", t->n_words > 0, 1, 0, "%d words, all on topic", t->n_words);
+    int pass = t->n_words > 0 && 4 * off <= t->n_words;
+    if (off)
+        reward__check(out, "on_topic", pass, 0, 1, "%d of %d words off topic (at most a quarter), "
+                      "first '%s' (word %d)", off, t->n_words, t->words[first], first + 1);
+    else
+        reward__check(out, "on_topic", pass, 0, 1, "%d words, all on topic", t->n_words);
     return PRL_OK;
 }
 

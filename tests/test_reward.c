@@ -322,7 +322,8 @@ START_TEST(test_general_partial_credit)
 }
 END_TEST
 
-/* on_topic: topic words and the constraints' own words, each of those at most its count + 1. */
+/* on_topic, a gate: off topic = neither a topic word nor a constraint's, or a constraint word
+** past its count + 1; at most a quarter of the words may be. */
 START_TEST(test_general_on_topic)
 {
     const char *task = "{\"domain\":\"general\",\"topic_words\":[\"cats\",\"fur\",\"soft\"],"
@@ -331,26 +332,34 @@ START_TEST(test_general_on_topic)
                        "{\"type\":\"order\",\"first\":\"old\",\"second\":\"new\"}]}";
     static const struct { const char *response; int on_topic; const char *detail; } cases[] = {
         {"Old red cats, soft fur, red new blue cats.", 1, "9 words, all on topic"},
-        {"Blue blue cats.", 1, NULL},           /* one more than asked: still on topic */
-        {"RED red red CATS.", 1, NULL},         /* word_repeat's 2 + 1 */
-        {"Old red cats small red new blue.", 0, "'small' (word 4) is neither"},
-        {"Blue blue blue cats.", 0, "'blue' used 3 times, at most 2"},
-        {"Red red red red cats.", 0, "'red' used 4 times, at most 3"},
-        {"Old old old new.", 0, "'old' used 3 times"},
+        {"Blue blue cats.", 1, "3 words, all on topic"},   /* one more than asked */
+        {"RED red red CATS.", 1, "4 words, all on topic"}, /* word_repeat's 2 + 1 */
+        {"Old red cats small red new blue.", 1, "1 of 7 words off topic (at most a quarter), first 'small' (word 4)"},
+        {"Blue blue blue cats.", 1, "1 of 4 words off topic"},
+        {"Small small cats.", 0, "2 of 3 words off topic"},
+        {"Old small small small small.", 0, "4 of 5 words off topic (at most a quarter), first 'small' (word 2)"},
+        {"Blue blue blue blue blue cats.", 0, "3 of 6 words off topic (at most a quarter), first 'blue' (word 3)"},
+        {"Red red red red red cats.", 0, "2 of 6 words off topic (at most a quarter), first 'red' (word 4)"},
         {"", 0, "0 words"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         prl_reward_result r = score1(task, cases[i].response);
         ck_assert_int_eq(r.n_checks, 4);
         const prl_reward_check *c = find(&r, "on_topic");
-        ck_assert_msg(c && c->passed == cases[i].on_topic && c->weight == 1 && !c->required,
+        ck_assert_msg(c && c->passed == cases[i].on_topic && c->weight == 0 && c->required,
                       "'%s': on_topic %d (%s)", cases[i].response, c ? c->passed : -1,
                       c ? c->detail : "missing");
-        if (cases[i].detail) ck_assert_msg(strstr(c->detail, cases[i].detail), "%s", c->detail);
+        ck_assert_msg(strstr(c->detail, cases[i].detail), "%s", c->detail);
+        if (!c->passed) ck_assert(r.score == 0);
     }
-    /* the check costs a padded answer its full score */
+    /* a gate, not a point: the score is the constraints' fraction, or 0 off topic */
     prl_reward_result r = score1(task, "Old red red blue new small.");
-    assert_score(&r, 3.0 / 4);
+    assert_score(&r, 1);
+    r = score1(task, "Red cats new old.");
+    assert_score(&r, 0);
+    r = score1(task, "Old red red blue new small small.");
+    assert_score(&r, 0);
+    ck_assert(passed(&r, "include") && passed(&r, "word_repeat") && passed(&r, "order"));
     /* a malformed word list is a task error */
     prl_chat_message t = {"assistant", "x"};
     const char *bad[] = {"{\"topic_words\":[],\"constraints\":[{\"type\":\"quoted\"}]}",
@@ -722,7 +731,7 @@ START_TEST(test_demos_with_mistakes)
             sum += r.score;
         }
         double mean = sum / (double)json_array_size(all);
-        ck_assert_msg(n_wrong > 0 && mean < 0.95, "%s: mean %.3f with %d mistakes", prl_tasks_domain_name(d), mean, n_wrong);
+        ck_assert_msg(n_wrong > 0 && mean < 0.9, "%s: mean %.3f with %d mistakes", prl_tasks_domain_name(d), mean, n_wrong);
         json_decref(all);
     }
 }
