@@ -16,7 +16,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum { MAX_WORDS = 512, WORD_LEN = 32 };
+enum { MAX_WORDS = 512, WORD_LEN = 32, MAX_RUN = 4 /* on_topic: words in a row */ };
 
 typedef struct text {
     const char *s;
@@ -233,12 +233,13 @@ static int occurrence(const text *t, int k)
 
 /* "on_topic", a gate (required, weight 0): at most a quarter of the words are off topic — a
 ** word off topic being neither one of the topic's words nor one a constraint names, or a named
-** word past its allowance — and there is a word. Without it the cheapest way to meet
-** include/order/start is to pad with the constraint vocabulary ("Old small small small ..."),
-** which rule checks alone never penalise. As a gate it earns nothing by itself (as a check of
-** weight 1 GRPO learned one-word answers, which are on topic and worth a point); the quarter
-** leaves room for a stray word of a sampled answer. Tasks without "topic_words" (written
-** before this check) get no such check. */
+** word past its allowance, or a word said for the (MAX_RUN + 1)-th time in a row — and there is
+** a word. Without it the cheapest way to meet include/order/start is to pad with the
+** constraint vocabulary ("Old small red blue happy ..."), and greedy decoding of a policy
+** trained so loops on one filler word ("sing sing sing ..."); rule checks alone never penalise
+** either. As a gate it earns nothing by itself (as a check of weight 1 GRPO learned one-word
+** answers, which are on topic and worth a point); the quarter leaves room for a stray word of a
+** sampled answer. Tasks without "topic_words" (written before this check) get no such check. */
 static prl_status check_on_topic(const json_t *task, const json_t *cons, const text *t,
                                  prl_reward_result *out)
 {
@@ -250,10 +251,12 @@ static prl_status check_on_topic(const json_t *task, const json_t *cons, const t
     json_array_foreach(bank, i, x) ok &= json_string_length(x) > 0;
     if (!ok) return prl_error_set(PRL_ERR_FORMAT, "general task: \"topic_words\" must be an array "
                                   "of 1..%d non-empty strings", PRL_REWARD_MAX_ITEMS);
-    int off = 0, first = -1;
+    int off = 0, first = -1, run = 0;
     for (int k = 0; k < t->n_words; k++) {
         const char *w = t->words[k];
-        if (in_list(bank, w) || occurrence(t, k) <= allowance(cons, w)) continue;
+        run = k > 0 && !strcasecmp(t->words[k - 1], w) ? run + 1 : 1;
+        int on = run <= MAX_RUN && (in_list(bank, w) || occurrence(t, k) <= allowance(cons, w));
+        if (on) continue;
         off++;
         if (first < 0) first = k;
     }

@@ -322,8 +322,8 @@ START_TEST(test_general_partial_credit)
 }
 END_TEST
 
-/* on_topic, a gate: off topic = neither a topic word nor a constraint's, or a constraint word
-** past its count + 1; at most a quarter of the words may be. */
+/* on_topic, a gate: off topic = neither a topic word nor a constraint's, a constraint word past
+** its count + 1, or a fifth word in a row; at most a quarter of the words may be. */
 START_TEST(test_general_on_topic)
 {
     const char *task = "{\"domain\":\"general\",\"topic_words\":[\"cats\",\"fur\",\"soft\"],"
@@ -340,6 +340,9 @@ START_TEST(test_general_on_topic)
         {"Old small small small small.", 0, "4 of 5 words off topic (at most a quarter), first 'small' (word 2)"},
         {"Blue blue blue blue blue cats.", 0, "3 of 6 words off topic (at most a quarter), first 'blue' (word 3)"},
         {"Red red red red red cats.", 0, "2 of 6 words off topic (at most a quarter), first 'red' (word 4)"},
+        {"Fur fur fur fur soft cats.", 1, "6 words, all on topic"}, /* a run of 4 */
+        {"Fur fur fur fur fur soft cats fur soft cats.", 1, "1 of 10 words off topic"},
+        {"Soft fur fur fur fur fur fur fur cats.", 0, "3 of 9 words off topic (at most a quarter), first 'fur' (word 6)"},
         {"", 0, "0 words"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -369,6 +372,23 @@ START_TEST(test_general_on_topic)
         ck_assert_int_eq(prl_reward_general(bad[i], &t, 1, &r), PRL_ERR_FORMAT);
         assert_msg_has("\"topic_words\" must be an array");
     }
+}
+END_TEST
+
+/* The run rule and the quarter are not by construction for demonstrations (their filler is
+** drawn from the topic's bank, repeats and all): 5,000 of them, mistakes included, all pass
+** on_topic (so does every one of 100,000, docs/tasks.md). */
+START_TEST(test_general_demos_on_topic)
+{
+    json_t *all = demos(PRL_TASK_GENERAL, 0, 5000, 0.3, 41);
+    size_t i;
+    json_t *line;
+    json_array_foreach(all, i, line) {
+        prl_reward_result r = score_line(line, &EXEC);
+        ck_assert_msg(passed(&r, "on_topic"), "%s: %s (%s)", json_string_value(json_object_get(line, "id")),
+                      line_content(line, 0), find(&r, "on_topic")->detail);
+    }
+    json_decref(all);
 }
 END_TEST
 
@@ -777,6 +797,7 @@ static Suite *reward_suite(void)
     tcase_add_test(tc, test_general_constraints);
     tcase_add_test(tc, test_general_partial_credit);
     tcase_add_test(tc, test_general_on_topic);
+    tcase_add_test(tc, test_general_demos_on_topic);
     tcase_add_test(tc, test_general_bad_tasks);
     suite_add_tcase(s, tc);
     tc = tcase_create("agent");
