@@ -1,8 +1,9 @@
 /*
 ** advantage.c — the OPD per-token advantage and its metrics (opd.h, rl.md §5.1, §5.6):
-** A_t = coef·(lp_T − lp_S) on the loss tokens (coef scaled per teacher), discounted (γ), clipped ([lo, hi]) and masked
-** (|A| < δ → 0) in that order. Observation tokens (mask 0) get 0 and pass no credit. Also the
-** teacher keys and the opd.* config. Everything in double, in index order.
+** A_t = coef·(lp_T − lp_S) on the loss tokens (coef scaled per teacher), discounted (γ),
+** clipped ([lo, hi]) and masked (|A| < δ → 0) in that order. Observation tokens (mask 0) get 0
+** and pass no credit. Also the teacher keys and the opd.* config. Everything in double, in
+** index order.
 */
 #include "opd/opd.h"
 
@@ -69,9 +70,9 @@ prl_status prl_opd_config_from_job(prl_opd_config *c, const prl_job_config *j)
 
 /* Sequence s: raw advantages of its loss tokens (coefficient coef), then the discounted sum
 ** from the end. */
-static prl_status seq_raw(const prl_opd_config *c, double coef, const float *lp_s, const float *lp_t,
-                          const uint8_t *mask, int32_t a, int32_t b, int s, double *kl,
-                          float *adv)
+static prl_status seq_raw(const prl_opd_config *c, double coef, const float *lp_s,
+                          const float *lp_t, const uint8_t *mask, int32_t a, int32_t b, int s,
+                          double *kl, float *adv)
 {
     double future = 0; /* Σ_{k>t} γ^{k−t} A_k over later loss tokens */
     for (int32_t i = b - 1; i >= a; i--) {

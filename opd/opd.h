@@ -56,8 +56,8 @@ typedef struct prl_opd_config {
 } prl_opd_config;
 
 void prl_opd_config_default(prl_opd_config *c);
-/* Errors name the key: coef or a teacher_coef not finite (or a teacher_coef < 0), discount outside [0, 1), clip_low > clip_high,
-** mask_eps < 0, task_weight not finite. */
+/* Errors name the key: coef not finite, a teacher_coef < 0 or not finite, discount outside
+** [0, 1), clip_low > clip_high, mask_eps < 0, task_weight not finite. */
 prl_status prl_opd_config_check(const prl_opd_config *c);
 prl_status prl_opd_config_from_job(prl_opd_config *c, const struct prl_job_config *j);
 
@@ -77,8 +77,9 @@ typedef struct prl_opd_stats {
 /* The per-token OPD advantages of n_seq sequences: token i of sequence s is
 ** i ∈ [seq_start[s], seq_start[s+1]); lp_s the student's (sampler's) log-probs, lp_t the
 ** teacher's, mask 1 on the loss tokens; teacher[s] the sequence's teacher index, which picks
-** its teacher_coef (may be NULL: coef alone, no per-teacher stats). Writes adv[i] (0 off the mask). Errors (PRL_ERR_ARG) name the token:
-** a non-finite log-prob on the mask, a teacher index out of range. st may be NULL. */
+** its teacher_coef (may be NULL: coef alone, no per-teacher stats). Writes adv[i] (0 off the
+** mask). Errors (PRL_ERR_ARG) name the token: a non-finite log-prob on the mask, a teacher
+** index out of range. st may be NULL. */
 prl_status prl_opd_advantages(const prl_opd_config *c, const float *lp_s, const float *lp_t,
                               const uint8_t *mask, const int32_t *seq_start, int n_seq,
                               const int32_t *teacher, float *adv, prl_opd_stats *st);

@@ -354,7 +354,8 @@ prl_status tasks__general_make(tasks__gen *g, tasks__draft *d)
             json_decref(bank);
             bank = NULL;
         }
-    d->fields = cons && bank ? json_pack("{s:o,s:o}", "constraints", cons, "topic_words", bank) : NULL;
+    d->fields = cons && bank ? json_pack("{s:o,s:o}", "constraints", cons, "topic_words", bank)
+                             : NULL;
     if (!d->fields) { /* json_pack (only called with both) steals them even when it fails */
         if (!cons) json_decref(bank);
         if (!bank) json_decref(cons);
