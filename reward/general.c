@@ -44,12 +44,15 @@ static void split_words(text *t, const char *s)
     }
 }
 
-static int count_word(const text *t, const char *w)
+/* How often w occurs among the first n words. */
+static int count_in(const text *t, const char *w, int n)
 {
     int c = 0;
-    for (int i = 0; i < t->n_words; i++) c += strcasecmp(t->words[i], w) == 0;
+    for (int i = 0; i < n; i++) c += strcasecmp(t->words[i], w) == 0;
     return c;
 }
+
+static int count_word(const text *t, const char *w) { return count_in(t, w, t->n_words); }
 
 static int first_index(const text *t, const char *w)
 {
@@ -223,14 +226,6 @@ static int in_list(const json_t *words, const char *w)
     return 0;
 }
 
-/* How often w occurs in words [0, k]. */
-static int occurrence(const text *t, int k)
-{
-    int c = 0;
-    for (int i = 0; i <= k; i++) c += strcasecmp(t->words[i], t->words[k]) == 0;
-    return c;
-}
-
 /* "on_topic", a gate (required, weight 0): at most a quarter of the words are off topic — a
 ** word off topic being neither one of the topic's words nor one a constraint names, or a named
 ** word past its allowance, or a word said for the (MAX_RUN + 1)-th time in a row — and there is
@@ -255,7 +250,7 @@ static prl_status check_on_topic(const json_t *task, const json_t *cons, const t
     for (int k = 0; k < t->n_words; k++) {
         const char *w = t->words[k];
         run = k > 0 && !strcasecmp(t->words[k - 1], w) ? run + 1 : 1;
-        int on = run <= MAX_RUN && (in_list(bank, w) || occurrence(t, k) <= allowance(cons, w));
+        int on = run <= MAX_RUN && (in_list(bank, w) || count_in(t, w, k + 1) <= allowance(cons, w));
         if (on) continue;
         off++;
         if (first < 0) first = k;
