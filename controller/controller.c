@@ -384,15 +384,14 @@ static prl_status collect_task(void *user, json_t *line)
 }
 
 /* The train split of the job's domain — of each of the four with task.domain = mixed
-** (train_problems each, in prl_task_domain order) — recorded in run.db (idempotent on resume). */
+** (round(train_problems · task.mix.<d>) each, in prl_task_domain order) — recorded in run.db
+** (idempotent on resume). */
 static prl_status load_tasks(ctl *c)
 {
     const prl_job_config *j = c->job;
-    int mixed = !strcmp(j->domain, "mixed"), nd = mixed ? PRL_TASK_N_DOMAINS : 1;
-    prl_task_domain d = PRL_TASK_REASONING;
-    prl_status rc = mixed ? PRL_OK : prl_tasks_domain_parse(j->domain, &d);
-    if (rc) return rc;
-    size_t n = (size_t)j->train_problems * (size_t)nd;
+    prl_status rc = PRL_OK;
+    size_t n = 0;
+    for (int k = 0; k < PRL_TASK_N_DOMAINS; k++) n += (size_t)prl_job_mix_problems(j, (prl_task_domain)k);
     c->task = calloc(n, sizeof *c->task);
     c->task_text = calloc(n, sizeof *c->task_text);
     c->task_id = calloc(n, sizeof *c->task_id);
@@ -400,10 +399,11 @@ static prl_status load_tasks(ctl *c)
     c->perm = calloc(n, sizeof *c->perm);
     if (!c->task || !c->task_text || !c->task_id || !c->retired || !c->perm)
         return prl_error_set(PRL_ERR_NOMEM, "%zu tasks", n);
-    for (int k = 0; k < nd && !rc; k++) {
+    for (int k = 0; k < PRL_TASK_N_DOMAINS && !rc; k++) {
         prl_tasks_config tc;
-        prl_tasks_config_default(&tc, mixed ? (prl_task_domain)k : d);
-        tc.split = PRL_SPLIT_TRAIN, tc.n = j->train_problems, tc.seed = j->seed;
+        prl_tasks_config_default(&tc, (prl_task_domain)k);
+        tc.split = PRL_SPLIT_TRAIN, tc.n = prl_job_mix_problems(j, (prl_task_domain)k), tc.seed = j->seed;
+        if (tc.n == 0) continue;
         tc.difficulty = j->difficulty;
         rc = prl_tasks_generate(&tc, collect_task, c);
     }

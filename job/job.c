@@ -6,6 +6,7 @@
 #include "job/job.h"
 #include "job/keys.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,10 @@ static const prl_key_spec keys[] = {
     {"task.domain", PRL_KEY_STR, F(domain), 0, 0, "\"reasoning\"", "reasoning|general|agent|coding|mixed"},
     {"task.difficulty", PRL_KEY_INT, F(difficulty), 0, 3, "0", NULL},
     {"task.train_problems", PRL_KEY_INT, F(train_problems), 1, 1e7, "2000", NULL},
+    {"task.mix.reasoning", PRL_KEY_REAL, F(mix[0]), 0, 100, "1.0", NULL},
+    {"task.mix.general", PRL_KEY_REAL, F(mix[1]), 0, 100, "1.0", NULL},
+    {"task.mix.agent", PRL_KEY_REAL, F(mix[2]), 0, 100, "1.0", NULL},
+    {"task.mix.coding", PRL_KEY_REAL, F(mix[3]), 0, 100, "1.0", NULL},
     {"task.eval_problems", PRL_KEY_INT, F(eval_problems), 1, 1e6, "100", NULL},
     {"rollout.workers", PRL_KEY_INT, F(rollout_workers), 1, 64, "1", NULL},
     {"rollout.batch_prompts", PRL_KEY_INT, F(batch_prompts), 1, 4096, "8", NULL},
@@ -178,17 +183,48 @@ static prl_status check_loss_scale(const prl_job_config *c, const char *source)
     return PRL_OK;
 }
 
+/* task.mix: a share per domain of a mixed prompt set; a single-domain job keeps the defaults
+** (a share there would be silently ignored), and a mixed set needs at least one prompt. */
+static prl_status check_mix(const prl_job_config *c, const char *source)
+{
+    int mixed = !strcmp(c->domain, "mixed");
+    long total = 0;
+    for (int k = 0; k < PRL_TASK_N_DOMAINS; k++) {
+        if (!mixed && c->mix[k] != 1.0)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: key 'task.mix.%s' = %g applies only to "
+                                 "task.domain = mixed (this job's is %s)", source,
+                                 prl_tasks_domain_name((prl_task_domain)k), c->mix[k], c->domain);
+        total += prl_job_mix_problems(c, (prl_task_domain)k);
+    }
+    if (mixed && total == 0)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'task.mix.*': task.train_problems = %d times "
+                             "every domain's share rounds to 0 problems", source, c->train_problems);
+    return PRL_OK;
+}
+
+int prl_job_mix_problems(const prl_job_config *c, prl_task_domain d)
+{
+    if (strcmp(c->domain, "mixed"))
+        return strcmp(c->domain, prl_tasks_domain_name(d)) ? 0 : c->train_problems;
+    return (int)lround(c->train_problems * c->mix[d]);
+}
+
 /* opd.enabled: every domain the prompts cover has its teacher (the files are checked by
-** prl_opd_check_teachers before any process starts). */
+** prl_opd_check_teachers before any process starts); a domain whose task.mix share is 0
+** has no prompts and needs none. */
 static prl_status check_opd(const prl_job_config *c, const char *source)
 {
     static const char *const domains[4] = {"agent", "coding", "general", "reasoning"};
     if (!c->opd_enabled) return PRL_OK;
-    for (int i = 0; i < 4; i++)
-        if ((!strcmp(c->domain, "mixed") || !strcmp(c->domain, domains[i])) && !*c->opd_teachers[i])
+    for (int i = 0; i < 4; i++) {
+        prl_task_domain d;
+        prl_status rc = prl_tasks_domain_parse(domains[i], &d);
+        if (rc) return rc;
+        if (prl_job_mix_problems(c, d) > 0 && !*c->opd_teachers[i])
             return prl_error_set(PRL_ERR_CONFIG, "%s: key 'opd.teachers.%s' is empty: opd.enabled "
                                  "needs a teacher checkpoint for every domain of task.domain = %s",
                                  source, domains[i], c->domain);
+    }
     return PRL_OK;
 }
 
@@ -196,6 +232,7 @@ prl_status prl_job_config_check(const prl_job_config *c, const char *source)
 {
     prl_status rc = check_correction(c, source);
     if (!rc) rc = check_loss_scale(c, source);
+    if (!rc) rc = check_mix(c, source);
     if (!rc) rc = check_opd(c, source);
     if (rc) return rc;
     if ((long)c->batch_prompts * c->group_size <= 0)

@@ -15,6 +15,7 @@
 #define PRL_JOB_H
 
 #include "engine/engine.h"
+#include "tasks/tasks.h"
 
 typedef struct prl_job_config {
     /* run */
@@ -26,6 +27,9 @@ typedef struct prl_job_config {
     char *domain;                /* reasoning | general | agent | coding | mixed (all four) */
     int difficulty;              /* 0 (mixed) .. 3 */
     int train_problems, eval_problems;
+    double mix[PRL_TASK_N_DOMAINS]; /* task.mix.<domain>, prl_task_domain order: with domain =
+                                    ** mixed, domain d has round(train_problems · mix[d]) train
+                                    ** problems, so its prompts are drawn in that proportion */
     /* rollout */
     int rollout_workers, batch_prompts, group_size, max_new_tokens, max_turns;
     double temperature, top_p;
@@ -99,6 +103,9 @@ prl_status prl_job_config_load(prl_job_config *c, const char *path);
 /* One `--set key=value` override: the value is JSON (a number, true/false, a quoted string)
 ** or, when it does not parse as JSON, a bare string. Validates the whole config after. */
 prl_status prl_job_config_set(prl_job_config *c, const char *assignment);
+/* Train problems of domain d in this job: task.train_problems for its one domain (0 for the
+** others), or round(train_problems · task.mix.<d>) with task.domain = mixed. */
+int prl_job_mix_problems(const prl_job_config *c, prl_task_domain d);
 /* Check ranges and cross-key rules (B·G > 0, clip values, choices). */
 prl_status prl_job_config_check(const prl_job_config *c, const char *source);
 /* The whole config as a JSON object text (malloc'd): what a run records in run.db. */

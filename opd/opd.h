@@ -133,7 +133,8 @@ uint64_t prl_opd_peak_rss_kb(void);
 /* ---------------------------------------------------------------- job and step ----- */
 
 /* The teachers a job needs: with opd.enabled, the teacher of every domain its prompts cover
-** (task.domain, or all four with `mixed`). need[i] = 1 for each. */
+** (task.domain, or with `mixed` each domain whose task.mix share leaves it problems:
+** prl_job_mix_problems). need[i] = 1 for each. */
 void prl_opd_teachers_needed(const struct prl_job_config *j, int need[PRL_OPD_TEACHERS]);
 
 /* Before any process starts (prl run, prl run --check): every needed teacher's key

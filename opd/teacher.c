@@ -81,9 +81,11 @@ uint64_t prl_opd_peak_rss_kb(void)
 
 void prl_opd_teachers_needed(const prl_job_config *j, int need[PRL_OPD_TEACHERS])
 {
-    for (int i = 0; i < PRL_OPD_TEACHERS; i++)
-        need[i] = j->opd_enabled &&
-                  (!strcmp(j->domain, "mixed") || !strcmp(j->domain, prl_opd_teacher_key(i)));
+    for (int i = 0; i < PRL_OPD_TEACHERS; i++) {
+        prl_task_domain d;
+        need[i] = j->opd_enabled && prl_tasks_domain_parse(prl_opd_teacher_key(i), &d) == PRL_OK &&
+                  prl_job_mix_problems(j, d) > 0;
+    }
 }
 
 /* dir/name exists: else an error naming the key and the file. */

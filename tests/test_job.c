@@ -86,6 +86,40 @@ START_TEST(test_errors_name_the_key)
 }
 END_TEST
 
+/* task.mix.<domain>: each domain's train problems of a mixed prompt set, rounded; a share
+** with one domain, or shares that leave no problem, fail naming the key; a domain with no
+** problems needs no OPD teacher. */
+START_TEST(test_task_mix)
+{
+    prl_job_config c;
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_REASONING), 2000); /* the default domain */
+    ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_CODING), 0);
+    ck_assert_int_eq(prl_job_config_parse(&c, "{\"task\": {\"domain\": \"mixed\", \"train_problems\": 10,"
+                                              " \"mix\": {\"coding\": 2.5, \"agent\": 0.04, \"general\": 0.05}}}",
+                                          "job.json"), PRL_OK);
+    ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_REASONING), 10);
+    ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_GENERAL), 1);  /* 0.5 rounds away from 0 */
+    ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_AGENT), 0);
+    ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_CODING), 25);
+    /* agent has no problems: no agent teacher needed; coding has some: its teacher is */
+    ck_assert_int_eq(prl_job_config_set(&c, "opd.teachers.reasoning=r"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "opd.teachers.general=g"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "opd.enabled=true"), PRL_ERR_CONFIG);
+    ck_assert(strstr(prl_error_message(), "key 'opd.teachers.coding' is empty"));
+    ck_assert_int_eq(prl_job_config_set(&c, "opd.teachers.coding=c"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "opd.enabled=true"), PRL_OK);
+    prl_job_config_free(&c);
+    expect_error("{\"task\": {\"domain\": \"coding\", \"mix\": {\"coding\": 2}}}",
+                 "key 'task.mix.coding' = 2 applies only to task.domain = mixed (this job's is coding)");
+    expect_error("{\"task\": {\"domain\": \"mixed\", \"train_problems\": 4, \"mix\": {\"reasoning\": 0.1, "
+                 "\"general\": 0, \"agent\": 0, \"coding\": 0}}}",
+                 "key 'task.mix.*': task.train_problems = 4 times every domain's share rounds to 0");
+    expect_error("{\"task\": {\"mix\": {\"coding\": -1}}}", "key 'task.mix.coding' = -1 is out of range");
+    expect_error("{\"task\": {\"mix\": {\"code\": 1}}}", "unknown key 'task.mix.code' (did you mean 'task.mix.coding'?)");
+}
+END_TEST
+
 /* grpo.correction.*: nested keys and defaults, and every cross-key rule named in its error. */
 START_TEST(test_correction_keys)
 {
@@ -193,6 +227,7 @@ int main(void)
     tcase_add_test(tc, test_defaults_and_overrides);
     tcase_add_test(tc, test_errors_name_the_key);
     tcase_add_test(tc, test_correction_keys);
+    tcase_add_test(tc, test_task_mix);
     tcase_add_test(tc, test_sft_recipe);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -114,6 +114,17 @@ done
 [ "$(grep -h 'scored' runs/opd/logs/teacher-*.log | wc -l)" -ge 4 ] || fail "fewer than 4 teach items"
 echo "ok: OPD run of 8 steps, 4 domains, 2 teacher processes"
 
+# ---- task.mix: the prompt set holds round(train_problems x share) of each domain; a domain
+# with none needs no teacher
+$prl run job.json --set run.name=mix --set controller.steps=1 --set task.mix.coding=2 \
+  --set task.mix.general=0.5 --set task.mix.agent=0 --set opd.teachers.agent='""' > mix.out 2> mix.err &
+launcher=$!
+finish mix
+per_domain=$(sqlite3 runs/mix/run.db "SELECT group_concat(domain || '=' || n, ' ') FROM
+  (SELECT domain, count(*) AS n FROM prompts WHERE split = 'train' GROUP BY domain ORDER BY domain)")
+[ "$per_domain" = "coding=32 general=8 reasoning=16" ] || fail "task.mix prompt counts: $per_domain"
+echo "ok: task.mix: $per_domain"
+
 # ---- the same run with the teacher processes killed mid-run
 $prl run job.json --set run.name=k > k.out 2> k.err &
 launcher=$!
