@@ -138,7 +138,7 @@ typedef struct ctl {
     int64_t retired_epoch;/* last epoch the retirement rule ran for */
     int done;
     prl_status fatal;     /* a run.db failure: stop, the restart continues from run.db */
-    int failed;           /* a work item kept failing: the run is failed (not restarted) */
+    int failed;           /* a work item kept failing, or no prompt is left: the run is failed (not restarted) */
     double t_start, t_last_commit;
     double interval_sum;  /* of the steps committed by this process, for the ETA */
     int intervals;
@@ -449,24 +449,38 @@ static int prompt_at(ctl *c, int64_t p, int64_t *epoch)
     return c->perm[p % N];
 }
 
-/* Before the first draw of a new epoch: retire the prompts solved in each of the last n
-** epochs (controller.retire_solved_epochs; 0 = off). */
+/* One retirement rule at the start of `epoch`: the prompts whose outcome was `which` in each
+** of the last n epochs (0 = off); *any is set when some were retired. */
+static prl_status retire_rule(ctl *c, int64_t epoch, int n, prl_store_outcome which, int *any)
+{
+    if (n <= 0 || epoch < n) return PRL_OK;
+    int64_t now = 0;
+    prl_status rc = prl_store_prompts_retire(c->db, c->run, epoch - 1, n, which, &now);
+    if (!rc && now > 0) {
+        const char *what = which == PRL_STORE_SOLVED ? "solved" : "unsolved";
+        logf_("retired %lld prompts %s in each of the last %d epochs", (long long)now, what, n);
+        event(c, "retire", "{\"epoch\": %lld, \"retired\": %lld, \"rule\": \"%s\"}",
+              (long long)epoch, (long long)now, what);
+        *any = 1;
+    }
+    return rc;
+}
+
+/* Before the first draw of a new epoch: retire the prompts solved (every sample) in each of
+** the last n epochs (controller.retire_solved_epochs) and those no sample scored on in each
+** of the last m (controller.retire_unsolved_epochs); then refresh the retired flags. */
 static prl_status retire_before(ctl *c, int64_t epoch)
 {
-    int n = c->job->retire_solved_epochs;
-    if (n <= 0 || epoch <= c->retired_epoch || epoch < n) return PRL_OK;
+    if (epoch <= c->retired_epoch) return PRL_OK;
     c->retired_epoch = epoch;
-    int64_t now = 0;
-    prl_status rc = prl_store_prompts_retire_solved(c->db, c->run, epoch - 1, n, &now);
-    for (int i = 0; i < c->n_tasks && !rc && now > 0; i++) {
+    int any = 0;
+    prl_status rc = retire_rule(c, epoch, c->job->retire_solved_epochs, PRL_STORE_SOLVED, &any);
+    if (!rc) rc = retire_rule(c, epoch, c->job->retire_unsolved_epochs, PRL_STORE_UNSOLVED, &any);
+    for (int i = 0; i < c->n_tasks && !rc && any; i++) {
         prl_store_prompt p;
         if ((rc = prl_store_prompt_get(c->db, c->run, c->task_id[i], &p))) break;
         c->retired[i] = (uint8_t)p.retired;
         prl_store_prompt_free(&p);
-    }
-    if (!rc && now > 0) {
-        logf_("retired %lld prompts solved in each of the last %d epochs", (long long)now, n);
-        event(c, "retire", "{\"epoch\": %lld, \"retired\": %lld}", (long long)epoch, (long long)now);
     }
     return rc;
 }
@@ -557,7 +571,12 @@ static prl_status step_open(ctl *c)
     for (int i = 0; i < c->B && !rc; i++) {
         int64_t e;
         int p = next_candidate(c, r, &e);
-        if (p < 0) return prl_error_set(PRL_ERR_RANGE, "every train prompt is retired");
+        if (p < 0) { /* the retire rules emptied the set: a restart would find it empty too */
+            c->failed = 1;
+            return prl_error_set(PRL_ERR_RANGE, "step %lld: every train prompt is retired (see the "
+                                 "'retire' events in run.db; lower controller.retire_*_epochs or "
+                                 "raise task.train_problems)", (long long)r->step);
+        }
         rc = group_add(c, r, p, e);
     }
     c->next_step++;
@@ -594,13 +613,14 @@ static int all_equal(const group *g, int G)
     return 1;
 }
 
-/* Every sample of a group is scored: record whether it was solved, then keep it or (dynamic
-** sampling, equal rewards) drop it and add the next candidate. */
+/* Every sample of a group is scored: record its outcome (solved, unsolved or mixed), then
+** keep it or (dynamic sampling, equal rewards) drop it and add the next candidate. */
 static void judge_group(ctl *c, step_run *r, group *g)
 {
-    int solved = 1;
-    for (int j = 0; j < c->G; j++) solved &= g->s[j].reward >= 1.0;
-    if (prl_store_prompt_record(c->db, c->run, c->task_id[g->prompt], g->epoch, solved))
+    int solved = 1, unsolved = 1;
+    for (int j = 0; j < c->G; j++) solved &= g->s[j].reward >= 1.0, unsolved &= g->s[j].reward <= 0.0;
+    prl_store_outcome o = solved ? PRL_STORE_SOLVED : unsolved ? PRL_STORE_UNSOLVED : PRL_STORE_MIXED;
+    if (prl_store_prompt_record(c->db, c->run, c->task_id[g->prompt], g->epoch, o))
         logf_("solved record of %s: %s", c->task_id[g->prompt], prl_error_message());
     if (c->job->dynamic_sampling && c->G > 1 && all_equal(g, c->G)) {
         g->verdict = -1;

@@ -77,7 +77,9 @@ typedef struct prl_job_config {
     double min_lr_ratio;
     /* controller */
     char *mode;                  /* sync | async */
-    int max_lag, steps, dynamic_sampling, retire_solved_epochs;
+    int max_lag, steps, dynamic_sampling;
+    int retire_solved_epochs;    /* retire prompts every sample solved in each of the last n epochs */
+    int retire_unsolved_epochs;  /* retire prompts no sample scored on in each of the last n epochs */
     double lease_seconds, heartbeat_seconds;
     /* checkpoint */
     int checkpoint_every;

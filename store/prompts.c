@@ -1,9 +1,11 @@
 /*
-** prompts.c — a run's prompts and their solved history: the rule "drop prompts solved in
-** every one of the last n epochs" (the Agent domain's "drop always-solved prompts").
+** prompts.c — a run's prompts and their outcome history: the rules "drop prompts solved in
+** every one of the last n epochs" (the Agent domain's "drop always-solved prompts") and
+** "drop prompts no sample scored on in every one of the last n epochs" (no signal to learn).
 **
-** History: solved_bits is a shift register of the last 64 epochs, bit 0 = last_epoch. A new
-** epoch shifts it left by the epochs elapsed (skipped epochs count as unsolved).
+** History: solved_bits and unsolved_bits are shift registers of the last 64 epochs, bit 0 =
+** last_epoch. A new epoch shifts both left by the epochs elapsed (a skipped epoch is a 0 in
+** both, so it never counts towards retiring).
 */
 #include "store/store_int.h"
 
@@ -52,8 +54,8 @@ prl_status prl_store_prompt_put(prl_store *db, const prl_store_prompt *p)
 }
 
 static const char SQL_PROMPT_GET[] =
-    "SELECT run, prompt_id, domain, split, task, difficulty, solved_bits, last_epoch, retired "
-    "FROM prompts WHERE run = ?1 AND prompt_id = ?2";
+    "SELECT run, prompt_id, domain, split, task, difficulty, solved_bits, last_epoch, retired, "
+    "unsolved_bits FROM prompts WHERE run = ?1 AND prompt_id = ?2";
 
 static prl_status prompt_from_row(sqlite3_stmt *st, prl_store_prompt *out)
 {
@@ -62,6 +64,7 @@ static prl_status prompt_from_row(sqlite3_stmt *st, prl_store_prompt *out)
     out->solved_bits = (uint64_t)sqlite3_column_int64(st, 6);
     out->last_epoch = sqlite3_column_int64(st, 7);
     out->retired = sqlite3_column_int(st, 8);
+    out->unsolved_bits = (uint64_t)sqlite3_column_int64(st, 9);
     prl_status rc = store_column_text(st, 1, &out->prompt_id);
     if (rc == PRL_OK) rc = store_column_text(st, 2, &out->domain);
     if (rc == PRL_OK) rc = store_column_text(st, 3, &out->split);
@@ -98,73 +101,81 @@ void prl_store_prompt_free(prl_store_prompt *p)
     memset(p, 0, sizeof *p);
 }
 
-/* The history after recording `solved` in `epoch`; PRL_ERR_RANGE for an older epoch. */
-static prl_status history_advance(const prl_store_prompt *p, int64_t epoch, int solved,
-                                  uint64_t *bits)
+/* One history register after recording `bit` in `epoch` (checked by the caller). */
+static uint64_t register_advance(uint64_t b, int64_t last_epoch, int64_t epoch, int bit)
 {
-    uint64_t b = p->solved_bits, s = solved ? 1u : 0u;
-    if (p->last_epoch < 0) b = 0;
-    else if (epoch < p->last_epoch)
-        return prl_error_set(PRL_ERR_RANGE, "prompt '%s': epoch %lld is before the last "
-                             "recorded epoch %lld",
-                             p->prompt_id, (long long)epoch, (long long)p->last_epoch);
-    else if (epoch - p->last_epoch >= 64) b = 0;
-    else b <<= (unsigned)(epoch - p->last_epoch);
-    if (p->last_epoch >= 0 && epoch == p->last_epoch) b &= ~(uint64_t)1;
-    *bits = b | s;
-    return PRL_OK;
+    if (last_epoch < 0 || epoch - last_epoch >= 64) b = 0;
+    else b <<= (unsigned)(epoch - last_epoch);
+    if (last_epoch >= 0 && epoch == last_epoch) b &= ~(uint64_t)1;
+    return b | (bit ? 1u : 0u);
 }
 
 static const char SQL_PROMPT_HISTORY[] =
-    "UPDATE prompts SET solved_bits = ?3, last_epoch = ?4 WHERE run = ?1 AND prompt_id = ?2";
+    "UPDATE prompts SET solved_bits = ?3, last_epoch = ?4, unsolved_bits = ?5 "
+    "WHERE run = ?1 AND prompt_id = ?2";
 
 static prl_status prompt_record(prl_store *db, int64_t run, const char *prompt_id,
-                                int64_t epoch, int solved)
+                                int64_t epoch, prl_store_outcome outcome)
 {
     prl_store_prompt p;
     prl_status rc = prl_store_prompt_get(db, run, prompt_id, &p);
     if (rc != PRL_OK) return rc;
-    uint64_t bits = 0;
-    rc = history_advance(&p, epoch, solved, &bits);
+    if (epoch < p.last_epoch)
+        rc = prl_error_set(PRL_ERR_RANGE, "prompt '%s': epoch %lld is before the last recorded "
+                           "epoch %lld", prompt_id, (long long)epoch, (long long)p.last_epoch);
+    uint64_t solved = register_advance(p.solved_bits, p.last_epoch, epoch, outcome == PRL_STORE_SOLVED);
+    uint64_t unsolved = register_advance(p.unsolved_bits, p.last_epoch, epoch,
+                                         outcome == PRL_STORE_UNSOLVED);
     prl_store_prompt_free(&p);
     sqlite3_stmt *st;
     if (rc == PRL_OK) rc = store_stmt(db, SQL_PROMPT_HISTORY, &st);
     if (rc != PRL_OK) return rc;
     sqlite3_bind_int64(st, 1, run);
     sqlite3_bind_text(st, 2, prompt_id, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, (int64_t)bits);
+    sqlite3_bind_int64(st, 3, (int64_t)solved);
     sqlite3_bind_int64(st, 4, epoch);
+    sqlite3_bind_int64(st, 5, (int64_t)unsolved);
     return store_step_done(db, st, "recording a prompt's epoch");
 }
 
 prl_status prl_store_prompt_record(prl_store *db, int64_t run, const char *prompt_id,
-                                   int64_t epoch, int solved)
+                                   int64_t epoch, prl_store_outcome outcome)
 {
     if (epoch < 0) return prl_error_set(PRL_ERR_ARG, "prompt '%s': epoch %lld < 0", prompt_id,
                                         (long long)epoch);
+    if (outcome != PRL_STORE_MIXED && outcome != PRL_STORE_SOLVED && outcome != PRL_STORE_UNSOLVED)
+        return prl_error_set(PRL_ERR_ARG, "prompt '%s': outcome %d is not one of mixed (0), "
+                             "solved (1), unsolved (2)", prompt_id, (int)outcome);
     prl_status rc = store_tx_begin(db);
     if (rc != PRL_OK) return rc;
-    return store_tx_end(db, prompt_record(db, run, prompt_id, epoch, solved));
+    return store_tx_end(db, prompt_record(db, run, prompt_id, epoch, outcome));
 }
 
-static const char SQL_PROMPT_RETIRE[] =
+static const char SQL_PROMPT_RETIRE_SOLVED[] =
     "UPDATE prompts SET retired = 1 WHERE run = ?1 AND retired = 0 AND last_epoch = ?2 "
     "AND (solved_bits & ?3) = ?3";
+static const char SQL_PROMPT_RETIRE_UNSOLVED[] =
+    "UPDATE prompts SET retired = 1 WHERE run = ?1 AND retired = 0 AND last_epoch = ?2 "
+    "AND (unsolved_bits & ?3) = ?3";
 
-prl_status prl_store_prompts_retire_solved(prl_store *db, int64_t run, int64_t epoch, int n,
-                                           int64_t *retired)
+prl_status prl_store_prompts_retire(prl_store *db, int64_t run, int64_t epoch, int n,
+                                    prl_store_outcome which, int64_t *retired)
 {
     if (n < 1 || n > 63)
-        return prl_error_set(PRL_ERR_ARG, "retire_solved: n = %d outside [1, 63]", n);
+        return prl_error_set(PRL_ERR_ARG, "retire: n = %d outside [1, 63]", n);
+    if (which != PRL_STORE_SOLVED && which != PRL_STORE_UNSOLVED)
+        return prl_error_set(PRL_ERR_ARG, "retire: outcome %d is not solved (1) or unsolved (2)",
+                             (int)which);
     sqlite3_stmt *st;
     prl_status rc = store_tx_begin(db);
     if (rc != PRL_OK) return rc;
-    rc = store_stmt(db, SQL_PROMPT_RETIRE, &st);
+    rc = store_stmt(db, which == PRL_STORE_SOLVED ? SQL_PROMPT_RETIRE_SOLVED
+                                                  : SQL_PROMPT_RETIRE_UNSOLVED, &st);
     if (rc == PRL_OK) {
         sqlite3_bind_int64(st, 1, run);
         sqlite3_bind_int64(st, 2, epoch);
         sqlite3_bind_int64(st, 3, (int64_t)((UINT64_C(1) << n) - 1));
-        rc = store_step_done(db, st, "retiring solved prompts");
+        rc = store_step_done(db, st, "retiring prompts");
     }
     if (rc == PRL_OK && retired) *retired = sqlite3_changes(db->db);
     return store_tx_end(db, rc);

@@ -87,6 +87,8 @@ const char *const store_migrations[PRL_STORE_SCHEMA_VERSION] = {
     "CREATE INDEX samples_by_version ON samples(run, version);"
     "CREATE INDEX prompts_active ON prompts(run, retired, split);"
     "CREATE INDEX events_by_kind ON events(run, kind, time);",
+    /* 2 → 3: the unsolved history (controller.retire_unsolved_epochs) */
+    "ALTER TABLE prompts ADD COLUMN unsolved_bits INTEGER NOT NULL DEFAULT 0;",
 };
 
 static int user_version(sqlite3 *db, int *v)

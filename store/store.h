@@ -29,7 +29,7 @@
 
 /* The schema version this code writes (PRAGMA user_version). Opening a database with a
 ** lower version migrates it; a higher version is an error naming both. */
-enum { PRL_STORE_SCHEMA_VERSION = 2 };
+enum { PRL_STORE_SCHEMA_VERSION = 3 };
 
 typedef struct prl_store prl_store; /* opaque handle: one SQLite connection + cached statements */
 
@@ -95,11 +95,19 @@ typedef struct prl_store_prompt {
     const char *split;      /* "train", "eval" */
     const char *task;       /* JSON object: the task line */
     int difficulty;
-    /* solved history (read only; written by prl_store_prompt_record) */
-    uint64_t solved_bits;   /* bit i: solved in epoch last_epoch - i */
+    /* history (read only; written by prl_store_prompt_record) */
+    uint64_t solved_bits;   /* bit i: every sample solved it in epoch last_epoch - i */
+    uint64_t unsolved_bits; /* bit i: no sample scored above 0 in epoch last_epoch - i */
     int64_t last_epoch;     /* -1: no epoch recorded */
-    int retired;            /* removed from sampling by prl_store_prompts_retire_solved */
+    int retired;            /* removed from sampling by prl_store_prompts_retire */
 } prl_store_prompt;
+
+/* A prompt's group in one epoch. */
+typedef enum prl_store_outcome {
+    PRL_STORE_MIXED = 0,    /* some samples solved it, or scored in between */
+    PRL_STORE_SOLVED = 1,   /* every sample solved it (reward >= 1) */
+    PRL_STORE_UNSOLVED = 2  /* no sample scored above 0 */
+} prl_store_outcome;
 
 /* Insert a prompt. Idempotent: identical domain/split/task/difficulty is a no-op; different
 ** content under the same (run, prompt_id) is PRL_ERR_ARG naming the prompt. */
@@ -108,15 +116,16 @@ prl_status prl_store_prompt_put(prl_store *db, const prl_store_prompt *p);
 prl_status prl_store_prompt_get(prl_store *db, int64_t run, const char *prompt_id,
                                 prl_store_prompt *out);
 void prl_store_prompt_free(prl_store_prompt *p);
-/* Record whether a prompt was solved in `epoch` (>= 0). Epochs move forward: skipped epochs
-** count as unsolved; re-recording the last epoch overwrites it; an older epoch is
+/* Record a prompt's outcome in `epoch` (>= 0). Epochs move forward: a skipped epoch counts as
+** neither solved nor unsolved; re-recording the last epoch overwrites it; an older epoch is
 ** PRL_ERR_RANGE. The history keeps the last 64 epochs. */
 prl_status prl_store_prompt_record(prl_store *db, int64_t run, const char *prompt_id,
-                                   int64_t epoch, int solved);
-/* Retire every active prompt of the run solved in each of the last n epochs ending at
-** `epoch` (1 <= n <= 63); *retired (may be NULL) gets how many were retired now. */
-prl_status prl_store_prompts_retire_solved(prl_store *db, int64_t run, int64_t epoch, int n,
-                                           int64_t *retired);
+                                   int64_t epoch, prl_store_outcome outcome);
+/* Retire every active prompt of the run whose outcome was `which` (PRL_STORE_SOLVED or
+** PRL_STORE_UNSOLVED) in each of the last n epochs ending at `epoch` (1 <= n <= 63);
+** *retired (may be NULL) gets how many were retired now. */
+prl_status prl_store_prompts_retire(prl_store *db, int64_t run, int64_t epoch, int n,
+                                    prl_store_outcome which, int64_t *retired);
 /* Number of prompts of a run in `split` (NULL: all) that are not retired. */
 prl_status prl_store_prompt_count_active(prl_store *db, int64_t run, const char *split,
                                          int64_t *count);

@@ -150,6 +150,18 @@ cmp runs/d0/final/model.safetensors runs/d/final/model.safetensors || fail "run 
 same_samples d0 d
 echo "ok: run d: coding with the sandbox killed mid-run: the same samples, rewards and final policy as d0"
 
+# ---- the unsolved retire rule: this model scores 0 on Coding, so after the first epoch (4
+# prompts, 2 steps) every prompt is retired, with an event, and the run stops naming why
+if $prl run coding.json --set run.name=u --set task.train_problems=4 --set controller.steps=4 \
+     --set controller.retire_unsolved_epochs=1 > u.out 2> u.err; then fail "run u: no error"; fi
+grep -q "run 'u' failed: step 2: every train prompt is retired" u.err || fail "run u: $(cat u.err)"
+grep -q "starting it again" u.err && fail "run u: the controller was restarted"
+[ "$(sqlite3 runs/u/run.db "SELECT detail FROM events WHERE kind = 'retire'")" = \
+  '{"epoch": 1, "retired": 4, "rule": "unsolved"}' ] || fail "run u: retire event"
+[ "$(sqlite3 runs/u/run.db "SELECT count(*) FROM prompts WHERE retired = 1 AND unsolved_bits = 1")" = 4 ] ||
+  fail "run u: retired prompts"
+echo "ok: run u: unsolved prompts retired after one epoch ($(steps_done u) steps), the run stops naming why"
+
 for r in b c; do
   cmp runs/a/final/model.safetensors runs/$r/final/model.safetensors ||
     fail "run $r's final policy differs from the undisturbed run's"

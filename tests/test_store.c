@@ -192,7 +192,10 @@ START_TEST(test_migrations)
     assert_ok(store_migrate(raw, dbpath, 1));
     ck_assert_int_eq(sqlite3_exec(raw,
                                   "INSERT INTO runs (name, config, seed, created, status) "
-                                  "VALUES ('old', '{}', 1, 0, 'running')",
+                                  "VALUES ('old', '{}', 1, 0, 'running');"
+                                  "INSERT INTO prompts (run, prompt_id, domain, split, task, "
+                                  "difficulty, solved_bits, last_epoch) VALUES (1, 'p', "
+                                  "'agent', 'train', '{}', 1, 5, 2)",
                                   NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(raw);
@@ -206,6 +209,12 @@ START_TEST(test_migrations)
     prl_store_run r;
     assert_ok(prl_store_run_get(db, "old", &r));
     prl_store_run_free(&r);
+    prl_store_prompt p; /* 2 → 3: the history kept, the new unsolved history empty */
+    assert_ok(prl_store_prompt_get(db, 1, "p", &p));
+    ck_assert_uint_eq(p.solved_bits, 5);
+    ck_assert_uint_eq(p.unsolved_bits, 0);
+    ck_assert_int_eq(p.last_epoch, 2);
+    prl_store_prompt_free(&p);
     prl_store_close(db);
     teardown();
     setup();
@@ -223,7 +232,7 @@ START_TEST(test_newer_schema_refused)
     prl_store *db = (prl_store *)1;
     ck_assert_int_eq(prl_store_open(dbpath, &db), PRL_ERR_UNSUPPORTED);
     ck_assert_ptr_null(db);
-    assert_msg_has("schema version 99 is newer than this prl's version 2");
+    assert_msg_has("schema version 99 is newer than this prl's version 3");
     /* a file that is not a database */
     teardown();
     setup();
@@ -636,9 +645,9 @@ START_TEST(test_prompts_retire)
     prl_store_prompt_free(&p);
 
     int64_t retired = -1;
-    assert_ok(prl_store_prompts_retire_solved(db, run, 2, 3, &retired));
+    assert_ok(prl_store_prompts_retire(db, run, 2, 3, PRL_STORE_SOLVED, &retired));
     ck_assert_int_eq(retired, 1); /* p0 only */
-    assert_ok(prl_store_prompts_retire_solved(db, run, 2, 2, &retired));
+    assert_ok(prl_store_prompts_retire(db, run, 2, 2, PRL_STORE_SOLVED, &retired));
     ck_assert_int_eq(retired, 1); /* p2 (p0 already retired; p3's last epoch is 1) */
     assert_ok(prl_store_prompt_count_active(db, run, "train", &n));
     ck_assert_int_eq(n, 2);
@@ -647,7 +656,7 @@ START_TEST(test_prompts_retire)
     prl_store_prompt_free(&p);
     /* a skipped epoch counts as unsolved: p3 at epoch 3 after 0, 1 → bits 1001 */
     assert_ok(prl_store_prompt_record(db, run, "p3", 3, 1));
-    assert_ok(prl_store_prompts_retire_solved(db, run, 3, 2, &retired));
+    assert_ok(prl_store_prompts_retire(db, run, 3, 2, PRL_STORE_SOLVED, &retired));
     ck_assert_int_eq(retired, 0);
 
     prl_store_prompt q = {.run = run, .prompt_id = "p1", .domain = "reasoning",
@@ -659,7 +668,66 @@ START_TEST(test_prompts_retire)
     q.difficulty = 3;
     ck_assert_int_eq(prl_store_prompt_put(db, &q), PRL_ERR_ARG);
     assert_msg_has("prompt 'p1' of run 1 is already stored");
-    ck_assert_int_eq(prl_store_prompts_retire_solved(db, run, 3, 64, NULL), PRL_ERR_ARG);
+    ck_assert_int_eq(prl_store_prompts_retire(db, run, 3, 64, PRL_STORE_SOLVED, NULL), PRL_ERR_ARG);
+    ck_assert_int_eq(prl_store_prompts_retire(db, run, 3, 2, PRL_STORE_MIXED, NULL), PRL_ERR_ARG);
+    assert_msg_has("outcome 0 is not solved (1) or unsolved (2)");
+    ck_assert_int_eq(prl_store_prompt_record(db, run, "p3", 4, (prl_store_outcome)3), PRL_ERR_ARG);
+    assert_msg_has("outcome 3 is not one of");
+    prl_store_close(db);
+}
+END_TEST
+
+/* The unsolved history is a second register beside the solved one: a mixed epoch is a 0 in
+** both, a skipped epoch too, and its retire rule takes only prompts unsolved in every one of
+** the last n epochs. */
+START_TEST(test_prompts_retire_unsolved)
+{
+    int64_t run, n, retired = -1;
+    prl_store *db = open_with_prompts(&run, 4);
+    /* p0 unsolved in 0, 1, 2; p1 unsolved, mixed, unsolved; p2 solved, unsolved, unsolved;
+    ** p3 unsolved in 0, 1 then skipped epoch 2, unsolved in 3 */
+    static const prl_store_outcome o[3][3] = {
+        {PRL_STORE_UNSOLVED, PRL_STORE_UNSOLVED, PRL_STORE_UNSOLVED},
+        {PRL_STORE_UNSOLVED, PRL_STORE_MIXED, PRL_STORE_UNSOLVED},
+        {PRL_STORE_SOLVED, PRL_STORE_UNSOLVED, PRL_STORE_UNSOLVED}};
+    for (int e = 0; e < 3; e++)
+        for (int p = 0; p < 3; p++) {
+            char id[8];
+            snprintf(id, sizeof id, "p%d", p);
+            assert_ok(prl_store_prompt_record(db, run, id, e, o[p][e]));
+        }
+    assert_ok(prl_store_prompt_record(db, run, "p3", 0, PRL_STORE_UNSOLVED));
+    assert_ok(prl_store_prompt_record(db, run, "p3", 1, PRL_STORE_UNSOLVED));
+    prl_store_prompt p;
+    assert_ok(prl_store_prompt_get(db, run, "p1", &p));
+    ck_assert_uint_eq(p.unsolved_bits, 5); /* 101 */
+    ck_assert_uint_eq(p.solved_bits, 0);
+    prl_store_prompt_free(&p);
+    assert_ok(prl_store_prompt_get(db, run, "p2", &p));
+    ck_assert_uint_eq(p.unsolved_bits, 3); /* 011 */
+    ck_assert_uint_eq(p.solved_bits, 4);   /* 100 */
+    prl_store_prompt_free(&p);
+    /* the solved rule does not see unsolved epochs */
+    assert_ok(prl_store_prompts_retire(db, run, 2, 1, PRL_STORE_SOLVED, &retired));
+    ck_assert_int_eq(retired, 0);
+    assert_ok(prl_store_prompts_retire(db, run, 2, 3, PRL_STORE_UNSOLVED, &retired));
+    ck_assert_int_eq(retired, 1); /* p0 */
+    assert_ok(prl_store_prompts_retire(db, run, 2, 2, PRL_STORE_UNSOLVED, &retired));
+    ck_assert_int_eq(retired, 1); /* p2 (p1 was mixed in epoch 1; p3's last epoch is 1) */
+    assert_ok(prl_store_prompt_count_active(db, run, "train", &n));
+    ck_assert_int_eq(n, 2);
+    /* 1101: epochs 3, (not 2), 1, 0 */
+    assert_ok(prl_store_prompt_record(db, run, "p3", 3, PRL_STORE_UNSOLVED));
+    assert_ok(prl_store_prompts_retire(db, run, 3, 2, PRL_STORE_UNSOLVED, &retired));
+    ck_assert_int_eq(retired, 0); /* the skipped epoch 2 breaks the run */
+    assert_ok(prl_store_prompts_retire(db, run, 3, 1, PRL_STORE_UNSOLVED, &retired));
+    ck_assert_int_eq(retired, 1);
+    /* re-recording an epoch overwrites both registers' bit */
+    assert_ok(prl_store_prompt_record(db, run, "p1", 2, PRL_STORE_SOLVED));
+    assert_ok(prl_store_prompt_get(db, run, "p1", &p));
+    ck_assert_uint_eq(p.unsolved_bits, 4); /* 100 */
+    ck_assert_uint_eq(p.solved_bits, 1);
+    prl_store_prompt_free(&p);
     prl_store_close(db);
 }
 END_TEST
@@ -682,6 +750,7 @@ int main(void)
     tcase_add_test(tc, test_concurrent_reader);
     tcase_add_test(tc, test_versions_steps_events);
     tcase_add_test(tc, test_prompts_retire);
+    tcase_add_test(tc, test_prompts_retire_unsolved);
     suite_add_tcase(s, tc);
     return check_run(s);
 }
