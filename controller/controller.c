@@ -138,7 +138,7 @@ typedef struct ctl {
     int64_t retired_epoch;/* last epoch the retirement rule ran for */
     int done;
     prl_status fatal;     /* a run.db failure: stop, the restart continues from run.db */
-    int failed;           /* a work item kept failing, or no prompt is left: the run is failed (not restarted) */
+    int failed;           /* a work item kept failing, or no prompt is left: no restart */
     double t_start, t_last_commit;
     double interval_sum;  /* of the steps committed by this process, for the ETA */
     int intervals;
