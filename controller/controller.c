@@ -621,7 +621,7 @@ static void judge_group(ctl *c, step_run *r, group *g)
     for (int j = 0; j < c->G; j++) solved &= g->s[j].reward >= 1.0, unsolved &= g->s[j].reward <= 0.0;
     prl_store_outcome o = solved ? PRL_STORE_SOLVED : unsolved ? PRL_STORE_UNSOLVED : PRL_STORE_MIXED;
     if (prl_store_prompt_record(c->db, c->run, c->task_id[g->prompt], g->epoch, o))
-        logf_("solved record of %s: %s", c->task_id[g->prompt], prl_error_message());
+        logf_("outcome record of %s: %s", c->task_id[g->prompt], prl_error_message());
     if (c->job->dynamic_sampling && c->G > 1 && all_equal(g, c->G)) {
         g->verdict = -1;
         r->dropped++;
