@@ -101,7 +101,7 @@ void prl_store_prompt_free(prl_store_prompt *p)
     memset(p, 0, sizeof *p);
 }
 
-/* One history register after recording `bit` in `epoch` (checked by the caller). */
+/* One history register after recording `bit` in `epoch` (>= last_epoch: the caller checks). */
 static uint64_t register_advance(uint64_t b, int64_t last_epoch, int64_t epoch, int bit)
 {
     if (last_epoch < 0 || epoch - last_epoch >= 64) b = 0;
@@ -120,9 +120,12 @@ static prl_status prompt_record(prl_store *db, int64_t run, const char *prompt_i
     prl_store_prompt p;
     prl_status rc = prl_store_prompt_get(db, run, prompt_id, &p);
     if (rc != PRL_OK) return rc;
-    if (epoch < p.last_epoch)
+    if (epoch < p.last_epoch) { /* before shifting: a negative shift count is undefined */
         rc = prl_error_set(PRL_ERR_RANGE, "prompt '%s': epoch %lld is before the last recorded "
                            "epoch %lld", prompt_id, (long long)epoch, (long long)p.last_epoch);
+        prl_store_prompt_free(&p);
+        return rc;
+    }
     uint64_t solved = register_advance(p.solved_bits, p.last_epoch, epoch, outcome == PRL_STORE_SOLVED);
     uint64_t unsolved = register_advance(p.unsolved_bits, p.last_epoch, epoch,
                                          outcome == PRL_STORE_UNSOLVED);
