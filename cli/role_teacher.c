@@ -1,7 +1,8 @@
 /*
 ** role_teacher.c — `prl role teacher`: one process of the OPD teacher pool (docs/opd.md).
 ** Takes `teach` (one teacher's samples of a step and the expert's checkpoint path), scores
-** every response token with that expert's train path (opd/teacher.c) and answers `taught`
+** every response token with that expert's train path at the temperature the trainer scores
+** the student at (the job's rollout.temperature; opd/teacher.c) and answers `taught`
 ** with the log-probs, the load time and the process's peak RSS.
 **
 ** One expert at a time: the process keeps the last expert it loaded and, when an item names
@@ -83,7 +84,8 @@ static prl_status teach(teacher *t, const prl_bus_msg *m)
     double t0 = prl_now();
     float *lp = rc ? NULL : malloc((b.n_response ? b.n_response : 1) * sizeof *lp);
     if (!rc && !lp) rc = prl_error_set(PRL_ERR_NOMEM, "teacher log-probs");
-    if (!rc) rc = prl_opd_teacher_logprobs(&t->model, &b, 8, lp);
+    if (!rc) rc = prl_opd_teacher_logprobs(&t->model, &b, 8,
+                                               prl_grpo_score_temperature(&t->role.job), lp);
     if (!rc) rc = send_taught(t, lease, step, key, load_us, (uint64_t)((prl_now() - t0) * 1e6),
                               loaded, lp, b.n_response);
     if (!rc)

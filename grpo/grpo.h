@@ -351,6 +351,9 @@ void prl_grpo_train_config_default(prl_grpo_train_config *c);
 ** caller loads the reference model when grpo.kl_coef > 0). */
 prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c,
                                           const struct prl_job_config *j);
+/* The temperature τ at which a job's rollout tokens are scored (trainer, OPD teachers):
+** rollout.temperature, or 1 for greedy rollouts (temperature 0). */
+double prl_grpo_score_temperature(const struct prl_job_config *j);
 /* The optimizer of the job's optim.* keys (kind, lr, weight_decay, grad_clip, warmup). */
 prl_status prl_grpo_optim_config_from_job(prl_optim_config *oc, const struct prl_job_config *j);
 /* Errors name the key (grpo.ppo_epochs, ...). */

@@ -347,12 +347,17 @@ prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_jo
     c->ppo_epochs = j->ppo_epochs;
     c->minibatches = j->minibatches;
     c->grad_clip = j->grad_clip;
-    c->temperature = j->temperature > 0 ? j->temperature : 1.0; /* greedy rollouts score at τ = 1 */
+    c->temperature = prl_grpo_score_temperature(j);
     c->kl_coef = j->kl_coef;
     rc = prl_grpo_corr_config_from_job(&c->corr, j);
     if (rc) return rc;
     rc = prl_grpo_replay_config_from_job(c, j);
     return rc ? rc : prl_grpo_train_config_check(c);
+}
+
+double prl_grpo_score_temperature(const prl_job_config *j)
+{
+    return j->temperature > 0 ? j->temperature : 1.0; /* greedy rollouts score at τ = 1 */
 }
 
 prl_status prl_grpo_optim_config_from_job(prl_optim_config *oc, const prl_job_config *j)

@@ -120,12 +120,15 @@ prl_status prl_opd_teach_to_msg(const prl_grpo_batch *t, struct prl_bus_msg *m);
 ** PRL_ERR_FORMAT, name the frame and sample; `t` is left empty). */
 prl_status prl_opd_teach_from_msg(prl_grpo_batch *t, const struct prl_bus_msg *m);
 
-/* The teacher's log-prob of every response token with mask 1 (train path, temperature 1,
-** native routing, no gradient), in micro-batches of micro_rows rows; 0 off the mask.
-** out[n_response]. A sample longer than the model's context or a token outside its
-** vocabulary is PRL_ERR_RANGE naming the sample. */
+/* The teacher's log-prob of every response token with mask 1 (train path, native routing,
+** no gradient) under log_softmax(logits / temperature), in micro-batches of micro_rows rows;
+** 0 off the mask. out[n_response]. The temperature is the one the student's log-probs are
+** taken at (prl_grpo_score_temperature of the job), so that lp_T − lp_S compares two
+** distributions of the same tempered family. A sample longer than the model's context or a
+** token outside its vocabulary is PRL_ERR_RANGE naming the sample; a temperature not > 0 is
+** PRL_ERR_ARG. */
 prl_status prl_opd_teacher_logprobs(prl_model *m, const prl_grpo_batch *t, int micro_rows,
-                                    float *out);
+                                    double temperature, float *out);
 
 /* The process's peak resident set (VmHWM of /proc/self/status) in KiB; 0 when unknown. */
 uint64_t prl_opd_peak_rss_kb(void);

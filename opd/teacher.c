@@ -8,6 +8,7 @@
 
 #include "job/job.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@
 /* Samples [i0, i0 + rows) of t into the rows of bb (T = the longest); only the response
 ** tokens with mask 1 get a target. */
 static prl_batch pack(prl_batch_buf *bb, const prl_grpo_batch *t, int i0, int rows,
-                      const size_t *first, uint8_t *train)
+                      const size_t *first, uint8_t *train, double temperature)
 {
     int T = 1;
     for (int r = 0; r < rows; r++) {
@@ -30,16 +31,20 @@ static prl_batch pack(prl_batch_buf *bb, const prl_grpo_batch *t, int i0, int ro
         for (int p = 0; p < len; p++) train[p] = p >= pl && t->mask[first[i] + p - pl];
         prl_batch_buf_set_row(bb, T, r, t->tokens + t->offsets[i], len, train);
     }
-    return prl_batch_buf_view(bb, rows, T); /* temperature 1: the teacher's own distribution */
+    prl_batch batch = prl_batch_buf_view(bb, rows, T);
+    batch.temperature = temperature; /* the student's: lp_T and lp_S of the same tempered family */
+    return batch;
 }
 
 prl_status prl_opd_teacher_logprobs(prl_model *m, const prl_grpo_batch *t, int micro_rows,
-                                    float *out)
+                                    double temperature, float *out)
 {
     prl_status rc = prl_grpo_batch_check(t);
     if (!rc && (rc = prl_grpo_batch_fits(m, t))) rc = prl_error_wrap(rc, "teacher: ");
     if (rc) return rc;
     if (micro_rows < 1) return prl_error_set(PRL_ERR_ARG, "teacher: micro_rows %d", micro_rows);
+    if (!(temperature > 0 && isfinite(temperature)))
+        return prl_error_set(PRL_ERR_ARG, "teacher: temperature %g must be > 0", temperature);
     int ctx = m->cfg.max_position_embeddings;
     size_t *first = malloc((size_t)t->n * sizeof *first);
     uint8_t *train = malloc((size_t)ctx);
@@ -52,7 +57,7 @@ prl_status prl_opd_teacher_logprobs(prl_model *m, const prl_grpo_batch *t, int m
     memset(out, 0, t->n_response * sizeof *out);
     for (int i0 = 0; !rc && i0 < t->n; i0 += micro_rows) {
         int rows = t->n - i0 < micro_rows ? t->n - i0 : micro_rows;
-        prl_batch batch = pack(&bb, t, i0, rows, first, train);
+        prl_batch batch = pack(&bb, t, i0, rows, first, train, temperature);
         if ((rc = prl_model_logprobs(m, &batch, lp))) break;
         for (int r = 0; r < rows; r++) { /* response token j is the target of pl − 1 + j */
             int i = i0 + r, pl = t->prompt_lens[i], len = t->offsets[i + 1] - t->offsets[i] - pl;

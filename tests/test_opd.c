@@ -460,7 +460,9 @@ static void model_batch(prl_model *m, prl_grpo_batch *b, int n)
 }
 
 /* The teacher's pass gives the train path's log-probs on the loss tokens (micro-batches of 3
-** rows of different lengths), 0 on observations; a token outside the vocabulary is named. */
+** rows of different lengths), 0 on observations, at the temperature asked for (τ = 0.5 is the
+** train path's at 0.5, not its τ = 1 values); a temperature of 0 and a token outside the
+** vocabulary are named. */
 START_TEST(test_teacher_logprobs)
 {
     prl_model m;
@@ -468,13 +470,40 @@ START_TEST(test_teacher_logprobs)
     prl_grpo_batch b;
     model_batch(&m, &b, 7);
     float *lp = malloc(b.n_response * sizeof *lp);
-    assert_ok(prl_opd_teacher_logprobs(&m, &b, 3, lp));
+    assert_ok(prl_opd_teacher_logprobs(&m, &b, 3, 1.0, lp));
     for (size_t i = 0; i < b.n_response; i++) {
         if (!b.mask[i]) ck_assert(lp[i] == 0);
         else ck_assert_msg(fabsf(lp[i] - b.logprobs[i]) < 1e-5f, "token %zu: %g vs %g", i, lp[i], b.logprobs[i]);
     }
+    /* at the student's temperature τ: the train path's log_softmax(logits / τ), row by row */
+    float *lp_half = malloc(b.n_response * sizeof *lp_half);
+    assert_ok(prl_opd_teacher_logprobs(&m, &b, 3, 0.5, lp_half));
+    prl_batch_buf bb;
+    assert_ok(prl_batch_buf_init(&bb, 1, m.cfg.max_position_embeddings));
+    int differ = 0;
+    for (int i = 0; i < b.n; i++) {
+        int len = b.offsets[i + 1] - b.offsets[i], nr;
+        float ref[64];
+        prl_batch_buf_set_row(&bb, len, 0, b.tokens + b.offsets[i], len, NULL);
+        prl_batch batch = prl_batch_buf_view(&bb, 1, len);
+        batch.temperature = 0.5;
+        assert_ok(prl_model_logprobs(&m, &batch, ref));
+        size_t first;
+        prl_grpo_batch_response(&b, i, &first, &nr);
+        for (int j = 0; j < nr; j++) {
+            float want = b.mask[first + j] ? ref[2 + j] : 0;
+            ck_assert_msg(fabsf(lp_half[first + j] - want) < 1e-5f, "τ 0.5, sample %d token %d: "
+                          "%g vs %g", i, j, lp_half[first + j], want);
+            differ += b.mask[first + j] && fabsf(lp_half[first + j] - lp[first + j]) > 1e-3f;
+        }
+    }
+    ck_assert_msg(differ > 0, "τ = 0.5 gave the τ = 1 log-probs");
+    prl_batch_buf_free(&bb);
+    free(lp_half);
+    ck_assert_int_eq(prl_opd_teacher_logprobs(&m, &b, 3, 0.0, lp), PRL_ERR_ARG);
+    assert_msg_has("temperature 0 must be > 0");
     b.tokens[b.offsets[2] + 1] = m.cfg.vocab_size;
-    ck_assert_int_eq(prl_opd_teacher_logprobs(&m, &b, 3, lp), PRL_ERR_RANGE);
+    ck_assert_int_eq(prl_opd_teacher_logprobs(&m, &b, 3, 1.0, lp), PRL_ERR_RANGE);
     assert_msg_has("sample 2 position 1");
     ck_assert(prl_opd_peak_rss_kb() > 0);
     free(lp);
@@ -487,7 +516,7 @@ END_TEST
 static double sample_logp(prl_model *m, const prl_grpo_batch *b, int i)
 {
     float *lp = malloc(b->n_response * sizeof *lp);
-    assert_ok(prl_opd_teacher_logprobs(m, b, 8, lp));
+    assert_ok(prl_opd_teacher_logprobs(m, b, 8, 1.0, lp));
     size_t first;
     int nr;
     prl_grpo_batch_response(b, i, &first, &nr);
