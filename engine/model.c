@@ -1109,6 +1109,25 @@ static void aux_losses(const prl_model *m, const layer_acts *la, const prl_batch
     }
 }
 
+/* Position n's extra targets: each in [-1, V), and none where the position has no target
+** (their log-probs need the row's log-sum-exp, which only a target position computes). */
+static prl_status validate_extra(const prl_batch *b, int n, int V)
+{
+    if (b->n_extra < 0 || b->n_extra > PRL_MAX_EXTRA_TARGETS ||
+        (b->n_extra > 0 && (!b->extra_targets || !b->extra_weights)))
+        return prl_error_set(PRL_ERR_ARG, "n_extra %d: at most %d, with extra_targets and "
+                             "extra_weights", b->n_extra, PRL_MAX_EXTRA_TARGETS);
+    int has_target = b->targets && b->targets[n] >= 0;
+    for (int i = 0; i < b->n_extra; i++) {
+        int32_t y = b->extra_targets[(size_t)n * b->n_extra + i];
+        if (y < -1 || y >= V || (y >= 0 && !has_target))
+            return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: extra target %d id %d %s",
+                                 n / b->T, n % b->T, i, y, y >= 0 && y < V ? "at a position "
+                                 "without a target" : "out of range");
+    }
+    return PRL_OK;
+}
+
 /* Each override row: K expert ids in range, or K × PRL_ROUTE_NATIVE (route natively). */
 static prl_status validate_override(const prl_model *m, const int32_t *ov, int N)
 {
@@ -1153,6 +1172,8 @@ static prl_status validate_batch(const prl_model *m, const prl_batch *b)
         if (b->targets && (b->targets[n] < -1 || b->targets[n] >= c->vocab_size))
             return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: target id %d out of "
                                  "range [-1, %d)", n / b->T, n % b->T, b->targets[n], c->vocab_size);
+        prl_status rc = validate_extra(b, n, c->vocab_size);
+        if (rc) return rc;
     }
     return b->route_override ? validate_override(m, b->route_override, N) : PRL_OK;
 }
@@ -1303,6 +1324,12 @@ static double weighted_logp(const prl_batch *b, const prl_real *logits, const pr
         if (b->weights)
             sum += (double)b->weights[n] *
                    (logits[(size_t)n * V + y] / (prl_real)b->temperature - lse[n]);
+        for (int i = 0; i < b->n_extra; i++) {
+            int32_t e = b->extra_targets[(size_t)n * b->n_extra + i];
+            if (e >= 0)
+                sum += (double)b->extra_weights[(size_t)n * b->n_extra + i] *
+                       (logits[(size_t)n * V + e] / (prl_real)b->temperature - lse[n]);
+        }
     }
     return sum;
 }
@@ -1460,6 +1487,42 @@ prl_status prl_model_logprobs(prl_model *m, const prl_batch *b, float *out_logp)
 
 const int32_t *prl_model_routes(const prl_model *m) { return m->acts->routes; }
 const prl_real *prl_model_logits(const prl_model *m) { return m->acts->logits; }
+
+/* The k largest of row[0..V) into ids[0..k) (largest first; equal values: the lower id
+** first, since ids are scanned in order and only a strictly larger value moves one down). */
+static void row_topk(const prl_real *row, int V, int k, int32_t *ids)
+{
+    int n = 0;
+    for (int v = 0; v < V; v++) {
+        if (n == k && !(row[v] > row[ids[k - 1]])) continue;
+        int at = n < k ? n++ : k - 1;
+        while (at > 0 && row[v] > row[ids[at - 1]]) ids[at] = ids[at - 1], at--;
+        ids[at] = v;
+    }
+}
+
+prl_status prl_model_topk(const prl_model *m, const prl_batch *batch, int k, int32_t *ids,
+                          float *logp)
+{
+    const prl_acts *a = m->acts;
+    int V = m->cfg.vocab_size;
+    if (k < 1 || k > V) return prl_error_set(PRL_ERR_ARG, "top-k %d not in [1, %d]", k, V);
+    if (a->B != batch->B || a->T != batch->T)
+        return prl_error_set(PRL_ERR_ARG, "top-k needs a forward of the same batch shape first");
+    double inv_tau = 1.0 / batch->temperature;
+    for (int n = 0; n < batch->B * batch->T; n++) {
+        int32_t *id = ids + (size_t)n * k;
+        float *lp = logp + (size_t)n * k;
+        if (target_of(batch, n) < 0) { /* no log-sum-exp was taken here */
+            for (int i = 0; i < k; i++) id[i] = -1, lp[i] = 0;
+            continue;
+        }
+        const prl_real *row = a->logits + (size_t)n * V;
+        row_topk(row, V, k, id);
+        for (int i = 0; i < k; i++) lp[i] = (float)(row[id[i]] * inv_tau - a->lse[n]);
+    }
+    return PRL_OK;
+}
 
 const uint8_t *prl_model_dsa_selection(const prl_model *m, int layer)
 {
@@ -1914,10 +1977,20 @@ static void dlogits_rows(void *p, int r0, int r1)
     for (int n = r0; n < r1; n++) {
         prl_real *dl = a->dlogits + (size_t)n * V;
         memset(dl, 0, (size_t)V * sizeof *dl);
-        int y = target_of(c->b, n);
-        float w = c->b->weights ? (float)(c->b->weights[n] * loss_scale(c->b)) : 0;
-        if (y < 0 || w == 0) continue;
-        prl_logprob_backward(dl, c->logits + (size_t)n * V, c->lse[n], V, y, c->b->temperature, w);
+        int y = target_of(c->b, n), ne = 0;
+        if (y < 0) continue;
+        int32_t ys[1 + PRL_MAX_EXTRA_TARGETS];
+        prl_real ws[1 + PRL_MAX_EXTRA_TARGETS];
+        ys[ne] = y, ws[ne++] = c->b->weights ? (prl_real)(c->b->weights[n] * loss_scale(c->b)) : 0;
+        for (int i = 0; i < c->b->n_extra; i++) { /* the teacher's top-k (distillation) */
+            size_t e = (size_t)n * c->b->n_extra + i;
+            if (c->b->extra_targets[e] >= 0)
+                ys[ne] = c->b->extra_targets[e],
+                ws[ne++] = (prl_real)(c->b->extra_weights[e] * loss_scale(c->b));
+        }
+        if (ne == 1 && ws[0] == 0) continue;
+        prl_logprob_backward_multi(dl, c->logits + (size_t)n * V, c->lse[n], V, ys, ws, ne,
+                                   c->b->temperature);
     }
 }
 

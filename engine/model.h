@@ -169,6 +169,12 @@ typedef struct prl_batch {
     const int32_t *lens;           /* [B] valid lengths, NULL = all T */
     const int32_t *targets;        /* [B*T] target token per position, -1 = none; NULL = none */
     const float *weights;          /* [B*T] ∂loss/∂logp per position (backward); NULL = 0 */
+    int n_extra;                   /* more targets per position, each with its own weight
+                                   ** (distillation onto a teacher's top-k; 0 = none) */
+    const int32_t *extra_targets;  /* [B*T*n_extra] ids, -1 = none; only at positions with a
+                                   ** target; the trunk's head only (not MTP) */
+    const float *extra_weights;    /* [B*T*n_extra] ∂loss/∂logp of each; the loss adds
+                                   ** Σ extra_weights·logp(extra_targets) */
     double temperature;            /* log-probs are log_softmax(logits / temperature) */
     int with_mtp;                  /* 1: also run the MTP modules and add their loss
                                    ** λ/D·Σ_k Σ_i weights[i+k]·log p_k,i(targets[i+k]) at
@@ -183,6 +189,8 @@ typedef struct prl_batch {
 ** replay can be partial per (MoE layer, position) — Masked R3 (docs/replay.md). A row is
 ** either all PRL_ROUTE_NATIVE or all expert ids. */
 enum { PRL_ROUTE_NATIVE = -1 };
+/* Most extra targets a position can have (prl_batch.n_extra). */
+enum { PRL_MAX_EXTRA_TARGETS = 64 };
 
 /* Owned buffers behind a prl_batch of up to `rows` sequences × `cols` positions (batch.c;
 ** init/free pair). A view of B ≤ rows rows of T ≤ cols positions lays rows out with stride
@@ -252,6 +260,13 @@ const int32_t *prl_model_routes(const prl_model *m);
 const uint8_t *prl_model_dsa_selection(const prl_model *m, int layer);
 /* Logits of the last forward, [B*T][V] (model-owned). */
 const prl_real *prl_model_logits(const prl_model *m);
+/* Of the last forward (prl_model_forward or prl_model_logprobs) of `batch`, at each position
+** with a target: the k most likely ids under softmax(logits/τ), most likely first (equal
+** logits: the lower id first), into ids[B*T*k], and their log-probs into logp[B*T*k];
+** positions without a target get ids -1 and log-probs 0. PRL_ERR_ARG: k not in [1, V], or no
+** forward of this batch's shape. */
+prl_status prl_model_topk(const prl_model *m, const prl_batch *batch, int k, int32_t *ids,
+                          float *logp);
 /* Apply the selection-bias rule with the counts gathered since the last call, then reset
 ** the counts. No-op when prl_bias_update_rate is 0. */
 void prl_model_update_router_bias(prl_model *m);

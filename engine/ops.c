@@ -754,7 +754,15 @@ prl_real prl_logprob_forward(prl_real *lse, const prl_real *logits, int V, int y
 void prl_logprob_backward(prl_real *dlogits, const prl_real *logits, prl_real lse, int V, int y,
                           double tau, prl_real w)
 {
-    prl_real inv_tau = (prl_real)(1.0 / tau), k = w * inv_tau;
+    prl_logprob_backward_multi(dlogits, logits, lse, V, &y, &w, 1, tau);
+}
+
+void prl_logprob_backward_multi(prl_real *dlogits, const prl_real *logits, prl_real lse, int V,
+                                const int32_t *ys, const prl_real *ws, int n, double tau)
+{
+    prl_real inv_tau = (prl_real)(1.0 / tau), w = 0;
+    for (int i = 0; i < n; i++) w += ws[i];
+    prl_real k = w * inv_tau; /* the softmax term once, with the weights' sum */
     int v = 0;
 #ifndef PRL_REAL_DOUBLE
     for (; v + 4 <= V; v += 4)
@@ -762,7 +770,7 @@ void prl_logprob_backward(prl_real *dlogits, const prl_real *logits, prl_real ls
                                       k * prl_expf4(prl_v4_load(logits + v) * inv_tau - lse));
 #endif
     for (; v < V; v++) dlogits[v] -= k * PRL_EXP(logits[v] * inv_tau - lse);
-    dlogits[y] += k;
+    for (int i = 0; i < n; i++) dlogits[ys[i]] += ws[i] * inv_tau;
 }
 
 /* ------------------------------------------------------------------ embedding ------- */

@@ -249,6 +249,10 @@ prl_real prl_logprob_forward(prl_real *lse, const prl_real *logits, int V, int y
 /* dlogits[V] += w/τ · (onehot(y) − softmax(logits/τ)). */
 void prl_logprob_backward(prl_real *dlogits, const prl_real *logits, prl_real lse, int V, int y,
                           double tau, prl_real w);
+/* The gradient of Σ_i w_i · log p(y_i) over n targets of one row in one pass:
+** dlogits[V] += Σ_i w_i/τ · (onehot(y_i) − softmax(logits/τ)); ys in [0, V). */
+void prl_logprob_backward_multi(prl_real *dlogits, const prl_real *logits, prl_real lse, int V,
+                                const int32_t *ys, const prl_real *ws, int n, double tau);
 
 /* out[N,C] = table[tokens[n]];  dtable[tokens[n]] += dout[n] (serial, in token order). */
 void prl_embedding_forward(prl_real *out, const prl_real *table, const int32_t *tokens, int N,

@@ -647,6 +647,32 @@ START_TEST(test_logprob_grad)
 }
 END_TEST
 
+/* Several targets of one row, each with its own weight (the teacher's top-k of OPD): one
+** pass equals the sum of single-target gradients, and matches finite differences. */
+typedef struct { double *logits; int32_t ys[4]; double tau; } lpm_ctx;
+static void lpm_fwd(void *p, double *out)
+{
+    lpm_ctx *c = p;
+    double lse;
+    for (int i = 0; i < 4; i++) out[i] = prl_logprob_forward(&lse, c->logits, 9, c->ys[i], c->tau);
+}
+
+START_TEST(test_logprob_multi_grad)
+{
+    double taus[2] = {1.0, 0.5};
+    for (int t = 0; t < 2; t++) {
+        lpm_ctx c = {.ys = {4, 0, 4, 8}, .tau = taus[t]}; /* a repeated id adds up */
+        c.logits = randv(9, 2);
+        double lse, r[4] = {-0.8, 0.3, -0.25, 1.1}, dl[9] = {0}, single[9] = {0};
+        prl_logprob_forward(&lse, c.logits, 9, 0, c.tau);
+        prl_logprob_backward_multi(dl, c.logits, lse, 9, c.ys, r, 4, c.tau);
+        ck_assert_double_lt(fd_error(lpm_fwd, &c, c.logits, 9, dl, r, 4), 1e-6);
+        for (int i = 0; i < 4; i++) prl_logprob_backward(single, c.logits, lse, 9, c.ys[i], c.tau, r[i]);
+        for (int v = 0; v < 9; v++) ck_assert_double_eq_tol(dl[v], single[v], 1e-12);
+    }
+}
+END_TEST
+
 /* ------------------------------------------------------------------ embedding ------- */
 
 typedef struct { double *table; int32_t tok[5]; } emb_ctx;
@@ -817,6 +843,7 @@ static void make_override(int32_t *ov, const int32_t *captured, int n_moe, int N
 ** one random direction over all parameters, MoE routes frozen (partial = 0) or partly forced
 ** to other experts and partly native (partial = 1, see make_override). */
 static int grad_with_mtp; /* set around a check: the batch runs the MTP modules */
+static int grad_with_extra; /* set around a check: 3 extra targets per target position */
 
 static double check_model_grad_cfg(const prl_config *cfg, int partial)
 {
@@ -846,6 +873,15 @@ static double check_model_grad_cfg(const prl_config *cfg, int partial)
     }
     c.b = (prl_batch){.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets,
                       .weights = weights, .temperature = 0.9, .with_mtp = grad_with_mtp};
+    int32_t extra_ids[B * T * 3];
+    float extra_w[B * T * 3];
+    for (int i = 0; i < B * T * 3; i++) { /* some slots empty (-1), and none off a target */
+        int has = targets[i / 3] >= 0 && i % 7 != 3;
+        extra_ids[i] = has ? (int32_t)(prl_rng_u64(&rng) % 64) : -1;
+        extra_w[i] = (float)(-0.2 * prl_rng_uniform(&rng));
+    }
+    if (grad_with_extra)
+        c.b.n_extra = 3, c.b.extra_targets = extra_ids, c.b.extra_weights = extra_w;
     /* freeze routes: capture them, then always force them (or the partial override) */
     model_loss(&c);
     size_t nr = (size_t)c.m.n_moe * B * T * 2;
@@ -1008,6 +1044,85 @@ START_TEST(test_dsa_gradient_separation)
 END_TEST
 
 START_TEST(test_model_grad) { check_model_grad(micro_config); }
+END_TEST
+
+/* Extra weighted targets per position (OPD's top-k distillation term) in the loss. */
+START_TEST(test_model_grad_extra_targets)
+{
+    grad_with_extra = 1;
+    check_model_grad(micro_config);
+    grad_with_extra = 0;
+}
+END_TEST
+
+/* prl_model_topk: at each target position the k most likely ids, most likely first, with
+** the log-probs the forward gives those ids as targets; -1 / 0 where no target; bad k named. */
+START_TEST(test_model_topk)
+{
+    prl_config cfg;
+    ck_assert_msg(prl_config_parse(&cfg, micro_config, "micro") == PRL_OK, "%s", prl_error_message());
+    prl_model m;
+    ck_assert_int_eq(prl_model_init(&m, &cfg), PRL_OK);
+    prl_model_init_weights(&m, 3);
+    enum { B = 2, T = 6, K = 5 };
+    int32_t tokens[B * T], targets[B * T], lens[B] = {6, 4}, ids[B * T * K], probe[B * T];
+    float lp[B * T * K], got[B * T];
+    for (int i = 0; i < B * T; i++)
+        tokens[i] = (int32_t)(prl_rng_u64(&rng) % 64), targets[i] = i % 4 == 1 ? -1 : 0;
+    prl_batch b = {.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets,
+                   .temperature = 0.7};
+    ck_assert_int_eq(prl_model_logprobs(&m, &b, NULL), PRL_OK);
+    ck_assert_int_eq(prl_model_topk(&m, &b, K, ids, lp), PRL_OK);
+    int V = cfg.vocab_size, n_target = 0;
+    for (int n = 0; n < B * T; n++) {
+        int has = targets[n] >= 0 && n % T < lens[n / T];
+        n_target += has;
+        for (int i = 0; i < K; i++) {
+            if (!has) {
+                ck_assert_int_eq(ids[n * K + i], -1);
+                ck_assert(lp[n * K + i] == 0);
+                continue;
+            }
+            ck_assert(ids[n * K + i] >= 0 && ids[n * K + i] < V);
+            if (i) ck_assert(lp[n * K + i] <= lp[n * K + i - 1]);
+        }
+        if (!has) continue;
+        const prl_real *row = prl_model_logits(&m) + (size_t)n * V; /* nothing outside beats the k-th */
+        for (int v = 0, in; v < V; v++) {
+            in = 0;
+            for (int i = 0; i < K; i++) in |= ids[n * K + i] == v;
+            if (!in) ck_assert(row[v] <= row[ids[n * K + K - 1]]);
+        }
+    }
+    ck_assert_int_gt(n_target, 0);
+    for (int i = 0; i < K; i++) { /* the log-prob of the i-th id, asked as a target */
+        for (int n = 0; n < B * T; n++) probe[n] = targets[n] >= 0 ? ids[n * K + i] : -1;
+        for (int n = 0; n < B * T; n++) probe[n] = probe[n] < 0 && targets[n] >= 0 ? 0 : probe[n];
+        prl_batch pb = b;
+        pb.targets = probe;
+        ck_assert_int_eq(prl_model_logprobs(&m, &pb, got), PRL_OK);
+        for (int n = 0; n < B * T; n++)
+            if (targets[n] >= 0 && n % T < lens[n / T])
+                ck_assert_msg(fabsf(got[n] - lp[n * K + i]) < 1e-5f, "position %d rank %d: %g vs %g",
+                              n, i, lp[n * K + i], got[n]);
+    }
+    /* equal logits (a zero head): the lower ids first, each log-prob −log V */
+    const prl_param_info *head = prl_model_find(&m, "lm_head.weight");
+    ck_assert_ptr_nonnull(head);
+    memset(m.params + head->offset, 0, head->numel * sizeof *m.params);
+    ck_assert_int_eq(prl_model_logprobs(&m, &b, NULL), PRL_OK);
+    ck_assert_int_eq(prl_model_topk(&m, &b, K, ids, lp), PRL_OK);
+    for (int i = 0; i < K; i++) {
+        ck_assert_int_eq(ids[i], i);
+        ck_assert_double_eq_tol(lp[i], -log((double)V), 1e-5);
+    }
+    ck_assert_int_eq(prl_model_topk(&m, &b, 0, ids, lp), PRL_ERR_ARG);
+    ck_assert_int_eq(prl_model_topk(&m, &b, V + 1, ids, lp), PRL_ERR_ARG);
+    prl_batch other = b;
+    other.T = T - 1;
+    ck_assert_int_eq(prl_model_topk(&m, &other, K, ids, lp), PRL_ERR_ARG);
+    prl_model_free(&m);
+}
 END_TEST
 
 /* Routing replay: forced rows that disagree with the router, native rows between them. */
@@ -1220,6 +1335,7 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_conv_grad);
     tcase_add_test(ops, test_moe_gate_grad);
     tcase_add_test(ops, test_logprob_grad);
+    tcase_add_test(ops, test_logprob_multi_grad);
     tcase_add_test(ops, test_embedding_grad);
     tcase_add_test(ops, test_mtp_input_grad);
     tcase_add_test(ops, test_mtp_shift);
@@ -1240,6 +1356,8 @@ static Suite *grad_suite(void)
     TCase *model = tcase_create("model");
     tcase_set_timeout(model, 300);
     tcase_add_test(model, test_model_grad);
+    tcase_add_test(model, test_model_grad_extra_targets);
+    tcase_add_test(model, test_model_topk);
     tcase_add_test(model, test_model_grad_partial_override);
     tcase_add_test(model, test_override_rows_validated);
     tcase_add_test(model, test_model_grad_swa_sinks);
