@@ -89,7 +89,7 @@ static prl_status run_step(trainer *t, const prl_bus_msg *m, const prl_grpo_batc
     prl_opd_config oc;
     prl_opd_batch ob;
     prl_status rc = prl_opd_config_from_job(&oc, &t->role.job);
-    if (!rc) rc = prl_opd_batch_from_msg(&ob, b, m);
+    if (!rc) rc = prl_opd_batch_from_msg(&ob, b, m, oc.topk);
     if (rc) return rc;
     rc = prl_opd_train_step(&t->model, &t->optim, b, &ob, &oc, tc, st, ost);
     prl_opd_batch_free(&ob);

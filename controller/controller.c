@@ -74,6 +74,8 @@ typedef struct slot {     /* one sample */
     int failures;         /* scoring attempts that ended in an error or a rejected answer */
     int truncated;        /* the episode's last turn was cut off (the verifier pays nothing) */
     float *teacher_lp;    /* OPD: [n - prompt_len] the teacher's log-probs (NULL: not taught) */
+    int32_t *topk_ids;    /* OPD with opd.topk K: [(n - prompt_len) × K] the teacher's top-k */
+    float *topk_lp;       /* and their log-probs (NULL without) */
 } slot;
 
 typedef struct group {
@@ -182,7 +184,7 @@ static void event(ctl *c, const char *kind, const char *fmt, ...)
 static void slot_free(slot *s)
 {
     free(s->tokens), free(s->logprobs), free(s->mask), free(s->routes), free(s->turns);
-    free(s->detail), free(s->teacher_lp);
+    free(s->detail), free(s->teacher_lp), free(s->topk_ids), free(s->topk_lp);
     memset(s, 0, sizeof *s);
 }
 
@@ -892,7 +894,8 @@ static int step_taught(ctl *c, step_run *r, prl_status *rc)
 static prl_status train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, prl_bus_msg *m)
 {
     prl_opd_batch ob;
-    prl_status rc = prl_opd_batch_init(&ob, b->n, b->n_response);
+    int K = c->job->opd_topk;
+    prl_status rc = prl_opd_batch_init(&ob, b->n, b->n_response, K);
     size_t at = 0;
     int k = 0;
     for (int i = 0; i < r->n && !rc; i++)
@@ -900,10 +903,14 @@ static prl_status train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, p
             const slot *s = &r->g[i].s[j];
             if (!sample_fresh(c, r, s)) continue;
             int nr = s->n - s->prompt_len;
-            if (!s->teacher_lp)
+            if (!s->teacher_lp || (K && !s->topk_ids))
                 rc = prl_error_set(PRL_ERR_ARG, "step %lld: sample %d has no teacher log-probs",
                                    (long long)r->step, k);
             else memcpy(ob.teacher_lp + at, s->teacher_lp, (size_t)nr * sizeof *ob.teacher_lp);
+            if (!rc && K) {
+                memcpy(ob.topk_ids + at * K, s->topk_ids, (size_t)nr * K * sizeof *ob.topk_ids);
+                memcpy(ob.topk_lp + at * K, s->topk_lp, (size_t)nr * K * sizeof *ob.topk_lp);
+            }
             ob.teacher[k++] = r->g[i].teacher;
             at += (size_t)nr;
         }
@@ -1513,6 +1520,9 @@ static void routing_alarm(ctl *c, int64_t step, json_t *metrics)
 /* A teacher answered its `teach` item (docs/opd.md): the log-probs go to the samples. */
 typedef struct teach_take {
     const float *lp;
+    const int32_t *ids;   /* with opd.topk K: the top-k frames (else NULL) */
+    const float *klp;
+    int K;
     size_t at;
     int bad;
 } teach_take;
@@ -1520,27 +1530,43 @@ typedef struct teach_take {
 static void take_one(void *u, slot *s)
 {
     teach_take *t = u;
-    int nr = s->n - s->prompt_len;
-    free(s->teacher_lp);
-    s->teacher_lp = malloc((size_t)(nr ? nr : 1) * sizeof *s->teacher_lp);
-    if (!s->teacher_lp) {
+    size_t nr = (size_t)(s->n - s->prompt_len), cells = (nr ? nr : 1) * (size_t)t->K;
+    free(s->teacher_lp), free(s->topk_ids), free(s->topk_lp);
+    s->topk_ids = NULL, s->topk_lp = NULL;
+    s->teacher_lp = malloc((nr ? nr : 1) * sizeof *s->teacher_lp);
+    if (t->K) s->topk_ids = malloc(cells * sizeof *s->topk_ids), s->topk_lp = malloc(cells * sizeof *s->topk_lp);
+    if (!s->teacher_lp || (t->K && (!s->topk_ids || !s->topk_lp))) {
         t->bad = 1;
         return;
     }
-    memcpy(s->teacher_lp, t->lp + t->at, (size_t)nr * sizeof *s->teacher_lp);
-    t->at += (size_t)nr;
+    memcpy(s->teacher_lp, t->lp + t->at, nr * sizeof *s->teacher_lp);
+    if (t->K) {
+        memcpy(s->topk_ids, t->ids + t->at * t->K, nr * t->K * sizeof *s->topk_ids);
+        memcpy(s->topk_lp, t->klp + t->at * t->K, nr * t->K * sizeof *s->topk_lp);
+    }
+    t->at += nr;
 }
 
-/* The teacher log-probs of the loss tokens: finite and <= 0; -1 when all are. */
-static long first_bad_teacher_lp(const ctl *c, const step_run *r, int k, const float *lp)
+static int bad_lp(float lp) { return !(isfinite(lp) && lp <= 0); }
+
+/* The teacher log-probs of the loss tokens: finite and <= 0, and with the top-k (K > 0) its
+** ids >= 0 and log-probs finite and <= 0 there, ids -1 elsewhere (the trainer's rules,
+** opd/batch.c); the flat index of the first bad token, -1 when all are good. */
+static long first_bad_teacher_lp(const ctl *c, const step_run *r, int k, const teach_take *t)
 {
     size_t at = 0;
     for (int i = 0; i < r->n; i++)
         for (int j = 0; r->g[i].verdict == 1 && r->g[i].teacher == k && j < c->G; j++) {
             const slot *s = &r->g[i].s[j];
             if (!sample_fresh(c, r, s)) continue;
-            for (int t = 0; t < s->n - s->prompt_len; t++, at++)
-                if (s->mask[t] && !(isfinite(lp[at]) && lp[at] <= 0)) return (long)at;
+            for (int x = 0; x < s->n - s->prompt_len; x++, at++) {
+                if (s->mask[x] && bad_lp(t->lp[at])) return (long)at;
+                for (int q = 0; q < t->K; q++) {
+                    int32_t id = t->ids[at * t->K + q];
+                    if (s->mask[x] ? id < 0 || bad_lp(t->klp[at * t->K + q]) : id != -1)
+                        return (long)at;
+                }
+            }
         }
     return -1;
 }
@@ -1564,14 +1590,25 @@ static void on_taught(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     }
     size_t n[2] = {0, 0};
     teacher_samples(c, r, k, count_one, n);
+    int K = c->job->opd_topk;
     const prl_bus_frame *lp = frame_of(m, "logprobs", PRL_BUS_F32, n[1], 1);
-    long badi = lp ? first_bad_teacher_lp(c, r, k, lp->data) : -1;
-    if (!lp || badi >= 0) {
-        REJECT_HELD(c, w, l, id, "taught: %s", !lp ? "frame 'logprobs' must hold one f32 per "
-                    "response token of the item" : "a loss token's log-prob is not finite and <= 0");
+    const prl_bus_frame *ki = K ? frame_of(m, "topk_ids", PRL_BUS_I32, n[1] * K, 1) : NULL;
+    const prl_bus_frame *kl = K ? frame_of(m, "topk_logprobs", PRL_BUS_F32, n[1] * K, 1) : NULL;
+    int frames = lp && (!K || (ki && kl));
+    teach_take t = {.lp = lp ? lp->data : NULL, .K = K, .ids = ki ? ki->data : NULL,
+                    .klp = kl ? kl->data : NULL};
+    long badi = frames ? first_bad_teacher_lp(c, r, k, &t) : -1;
+    if (!frames) {
+        REJECT_HELD(c, w, l, id, "taught: frames 'logprobs' (and with opd.topk %d 'topk_ids', "
+                    "'topk_logprobs') must hold one f32 (%d i32, %d f32) per response token of "
+                    "the item", K, K, K);
         return;
     }
-    teach_take t = {.lp = lp->data};
+    if (badi >= 0) {
+        REJECT_HELD(c, w, l, id, "taught: response token %ld of the item: a log-prob is not "
+                    "finite and <= 0, or a top-k id is < 0 on a loss token or not -1 off them", badi);
+        return;
+    }
     teacher_samples(c, r, k, take_one, &t);
     if (t.bad) {
         logf_("out of memory for teacher log-probs");

@@ -1509,7 +1509,7 @@ prl_status prl_model_topk(const prl_model *m, const prl_batch *batch, int k, int
     if (k < 1 || k > V) return prl_error_set(PRL_ERR_ARG, "top-k %d not in [1, %d]", k, V);
     if (a->B != batch->B || a->T != batch->T)
         return prl_error_set(PRL_ERR_ARG, "top-k needs a forward of the same batch shape first");
-    double inv_tau = 1.0 / batch->temperature;
+    prl_real inv_tau = (prl_real)(1.0 / batch->temperature); /* as prl_logprob_forward: <= 0 */
     for (int n = 0; n < batch->B * batch->T; n++) {
         int32_t *id = ids + (size_t)n * k;
         float *lp = logp + (size_t)n * k;

@@ -342,6 +342,13 @@ typedef struct prl_grpo_train_config {
                                  ** NULL: a per-token advantage added to each loss token's
                                  ** (on-policy distillation, opd/) */
     double seq_adv_weight;       /* weight of the group (reward) advantage, default 1 */
+    int distill_k;               /* extra targets per response token (0: none; at most
+                                 ** PRL_MAX_EXTRA_TARGETS): a distillation term (opd.topk) */
+    const int32_t *distill_ids;  /* borrowed, [n_response × distill_k] target ids (-1: none;
+                                 ** only on loss tokens) */
+    const float *distill_w;      /* borrowed, [n_response × distill_k] q >= 0: the term's loss
+                                 ** is −Σ q·log p_θ(id) per loss token, aggregated over the
+                                 ** tokens as the surrogate (grpo.loss_agg); no IS weight */
     prl_loss_scaler *scaler;     /* borrowed dynamic loss scaler (trainer.loss_scale), or NULL:
                                  ** no scaling. Its state advances with every update. */
 } prl_grpo_train_config;

@@ -395,6 +395,10 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
         return prl_error_set(PRL_ERR_CONFIG, "seq_adv_weight %g must be finite", c->seq_adv_weight);
     if (!(c->kl_coef >= 0 && isfinite(c->kl_coef)))
         return prl_error_set(PRL_ERR_CONFIG, "grpo.kl_coef %g must be >= 0", c->kl_coef);
+    if (c->distill_k < 0 || c->distill_k > PRL_MAX_EXTRA_TARGETS ||
+        (c->distill_k && (!c->distill_ids || !c->distill_w)))
+        return prl_error_set(PRL_ERR_CONFIG, "distillation: %d targets per token (0..%d, with ids "
+                             "and weights)", c->distill_k, PRL_MAX_EXTRA_TARGETS);
     if (c->loss.kind != PRL_GRPO_LOSS_PPO_CLIP) /* reinforce comes with bypass mode only */
         return prl_error_set(PRL_ERR_CONFIG, "grpo: the loss kind is set by "
                              "grpo.correction.bypass_loss, not in the loss config");
@@ -442,6 +446,8 @@ typedef struct step_ctx {
     uint8_t *train;       /* [ctx] a row's target mask */
     float *lp_new, *old_rows, *ref_rows; /* [micro_rows × ctx] */
     float *adv_tok_rows;  /* [micro_rows × ctx] c->token_adv in rows (NULL without) */
+    int32_t *extra_ids;   /* [micro_rows × ctx × distill_k] c->distill_ids in rows (NULL without) */
+    float *extra_w;       /* [micro_rows × ctx × distill_k] their loss weights */
     uint8_t *mask_rows;   /* [micro_rows × ctx] */
     double *adv_rows;     /* [micro_rows] */
     step_corr corr;       /* the mismatch correction's state */
@@ -454,6 +460,7 @@ static void step_free(step_ctx *s)
     prl_batch_buf_free(&s->bb);
     free(s->train), free(s->lp_new), free(s->old_rows), free(s->ref_rows);
     free(s->mask_rows), free(s->adv_rows), free(s->adv_tok_rows);
+    free(s->extra_ids), free(s->extra_w);
     free(s->corr.seq_start), free(s->corr.mask), free(s->corr.iw), free(s->corr.keep);
     free(s->corr.iw_rows), free(s->corr.row_start);
     prl_grpo_replay_free(&s->rp);
@@ -476,6 +483,10 @@ static prl_status step_alloc(step_ctx *s)
     s->adv_rows = malloc((size_t)s->c->micro_rows * sizeof *s->adv_rows);
     if (s->c->token_adv && !(s->adv_tok_rows = malloc(rows * sizeof *s->adv_tok_rows)))
         return prl_error_set(PRL_ERR_NOMEM, "grpo step token advantages");
+    size_t k = (size_t)s->c->distill_k;
+    if (k && (!(s->extra_ids = malloc(rows * k * sizeof *s->extra_ids)) ||
+              !(s->extra_w = malloc(rows * k * sizeof *s->extra_w))))
+        return prl_error_set(PRL_ERR_NOMEM, "grpo step distillation targets");
     s->corr.seq_start = malloc(((size_t)b->n + 1) * sizeof *s->corr.seq_start);
     s->corr.mask = calloc(nr, 1);
     s->corr.iw = calloc(nr, sizeof *s->corr.iw);
@@ -660,6 +671,31 @@ static double add_kl(step_ctx *s, const prl_batch *batch, int n_tokens, int n_se
     return kl;
 }
 
+/* The distillation targets of the rows (c->distill_*): on each loss token, weight
+** −coef·q of each id, coef the aggregation's for the row (as add_kl), so the term's loss is
+** −Σ q·log p_θ(id) aggregated like the surrogate. Sets the batch's extra targets. */
+static void add_distill(step_ctx *s, int k0, prl_batch *batch, int n_tokens, int n_seqs)
+{
+    int K = s->c->distill_k;
+    size_t cells = (size_t)batch->B * batch->T * K;
+    for (size_t e = 0; e < cells; e++) s->extra_ids[e] = -1, s->extra_w[e] = 0;
+    for (int r = 0; r < batch->B; r++) {
+        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = response_len(s->b, i), n = 0;
+        for (int t = 0; t < batch->T; t++) n += s->mask_rows[(size_t)r * batch->T + t];
+        if (!n) continue;
+        double coef = prl_grpo_agg_coefficient(&s->c->loss, n, n_tokens, n_seqs);
+        for (int j = 0; j < len; j++) {
+            size_t f = s->first[i] + j, p = (size_t)r * batch->T + pl - 1 + j;
+            if (!s->mask_rows[p]) continue;
+            for (int q = 0; q < K; q++) {
+                s->extra_ids[p * K + q] = s->c->distill_ids[f * K + q];
+                s->extra_w[p * K + q] = (float)(-coef * s->c->distill_w[f * K + q]);
+            }
+        }
+    }
+    batch->n_extra = K, batch->extra_targets = s->extra_ids, batch->extra_weights = s->extra_w;
+}
+
 /* Valid tokens and sequences of kept samples [k0, k1); with `keep`, only the tokens the
 ** correction keeps (denominator `kept`, rl.md §2.8). */
 static void count_tokens(const step_ctx *s, int k0, int k1, const uint8_t *keep, int *n_tokens,
@@ -692,9 +728,11 @@ static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_sta
         int rows = k1 - r0 < s->c->micro_rows ? k1 - r0 : s->c->micro_rows;
         prl_batch batch = pack_rows(s, r0, rows);
         batch.route_override = prl_grpo_replay_override(&s->rp, &batch, s->kept + r0);
+        mask_of_rows(&batch, s->mask_rows);
+        /* before the forward, which validates the ids (they come off the bus) */
+        if (s->c->distill_k) add_distill(s, r0, &batch, n_tokens, n_seqs);
         if ((rc = prl_model_forward(s->m, &batch, s->lp_new, NULL))) break;
         flat_to_rows(s, r0, &batch, s->corr.bypass ? s->b->logprobs : s->lp_old, s->old_rows);
-        mask_of_rows(&batch, s->mask_rows);
         const float *iw = NULL;
         if ((rc = step_corr_rows(s, r0, &batch, &iw))) break;
         if (s->adv_tok_rows) flat_to_rows(s, r0, &batch, s->c->token_adv, s->adv_tok_rows);

@@ -122,6 +122,8 @@ static const prl_key_spec keys[] = {
     {"opd.adv_clip_high", PRL_KEY_REAL, F(opd_adv_clip_high), 0, 1e6, "5.0", NULL},
     {"opd.adv_mask_eps", PRL_KEY_REAL, F(opd_adv_mask_eps), 0, 1e6, "0", NULL},
     {"opd.task_weight", PRL_KEY_REAL, F(opd_task_weight), 0, 1e3, "0", NULL},
+    {"opd.topk", PRL_KEY_INT, F(opd_topk), 0, 64, "0", NULL},
+    {"opd.topk_coef", PRL_KEY_REAL, F(opd_topk_coef), 0, 1e3, "1.0", NULL},
     {"teacher.workers", PRL_KEY_INT, F(teacher_workers), 1, 16, "1", NULL},
     {"teacher.threads", PRL_KEY_INT, F(teacher_threads), 0, 256, "0", NULL},
 };

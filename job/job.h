@@ -92,6 +92,9 @@ typedef struct prl_job_config {
     double opd_coef, opd_discount, opd_adv_clip_low, opd_adv_clip_high, opd_adv_mask_eps,
         opd_task_weight;
     int opd_adv_clip;
+    int opd_topk;                /* opd.topk: teacher top-k per token for the distillation term
+                                 ** (0: off) */
+    double opd_topk_coef;        /* opd.topk_coef: that term's weight */
     int teacher_workers, teacher_threads; /* the pool of teacher processes */
 } prl_job_config;
 

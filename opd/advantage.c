@@ -2,8 +2,8 @@
 ** advantage.c — the OPD per-token advantage and its metrics (opd.h, rl.md §5.1, §5.6):
 ** A_t = coef·(lp_T − lp_S) on the loss tokens (coef scaled per teacher), discounted (γ),
 ** clipped ([lo, hi]) and masked (|A| < δ → 0) in that order. Observation tokens (mask 0) get 0
-** and pass no credit. Also the teacher keys and the opd.* config. Everything in double, in
-** index order.
+** and pass no credit. Also the weights of the top-k distillation term (opd.topk), the teacher
+** keys and the opd.* config. Everything in double, in index order.
 */
 #include "opd/opd.h"
 
@@ -33,7 +33,7 @@ int prl_opd_teacher_index(const char *name)
 
 void prl_opd_config_default(prl_opd_config *c)
 {
-    *c = (prl_opd_config){.coef = 1.0, .clip_low = -5, .clip_high = 5};
+    *c = (prl_opd_config){.coef = 1.0, .clip_low = -5, .clip_high = 5, .topk_coef = 1.0};
     for (int k = 0; k < PRL_OPD_TEACHERS; k++) c->teacher_coef[k] = 1.0;
 }
 
@@ -53,6 +53,11 @@ prl_status prl_opd_config_check(const prl_opd_config *c)
         return prl_error_set(PRL_ERR_CONFIG, "opd.adv_mask_eps %g must be >= 0", c->mask_eps);
     if (!isfinite(c->task_weight))
         return prl_error_set(PRL_ERR_CONFIG, "opd.task_weight %g must be finite", c->task_weight);
+    if (c->topk < 0 || c->topk > PRL_MAX_EXTRA_TARGETS)
+        return prl_error_set(PRL_ERR_CONFIG, "opd.topk %d must be in [0, %d]", c->topk,
+                             PRL_MAX_EXTRA_TARGETS);
+    if (!(c->topk_coef >= 0 && isfinite(c->topk_coef)))
+        return prl_error_set(PRL_ERR_CONFIG, "opd.topk_coef %g must be finite and >= 0", c->topk_coef);
     return PRL_OK;
 }
 
@@ -62,6 +67,7 @@ prl_status prl_opd_config_from_job(prl_opd_config *c, const prl_job_config *j)
     c->coef = j->opd_coef, c->discount = j->opd_discount, c->clip = j->opd_adv_clip;
     c->clip_low = j->opd_adv_clip_low, c->clip_high = j->opd_adv_clip_high;
     c->mask_eps = j->opd_adv_mask_eps, c->task_weight = j->opd_task_weight;
+    c->topk = j->opd_topk, c->topk_coef = j->opd_topk_coef;
     for (int k = 0; k < PRL_OPD_TEACHERS; k++) c->teacher_coef[k] = j->opd_teacher_coef[k];
     return prl_opd_config_check(c);
 }
@@ -137,6 +143,7 @@ prl_status prl_opd_advantages(const prl_opd_config *c, const float *lp_s, const 
         if (k >= 0) st.samples[k]++, st.teacher_tokens[k] += n, tkl[k] += kl;
     }
     st.teacher_kl = st.tokens ? kl_sum / st.tokens : NAN;
+    st.topk_mass = st.top1_match = NAN; /* prl_opd_distill_weights' */
     st.clipped_frac = st.tokens ? (double)clipped / st.tokens : 0;
     st.masked_frac = st.tokens ? (double)masked / st.tokens : 0;
     st.adv_mean = st.tokens ? sum / st.tokens : 0;
@@ -144,6 +151,38 @@ prl_status prl_opd_advantages(const prl_opd_config *c, const float *lp_s, const 
         st.kl[k] = st.teacher_tokens[k] ? tkl[k] / st.teacher_tokens[k] : NAN;
     if (st_out) *st_out = st;
     return PRL_OK;
+}
+
+/* ---------------------------------------------------------------- distillation ----- */
+
+void prl_opd_distill_weights(const prl_opd_config *c, const prl_grpo_batch *b,
+                             const prl_opd_batch *ob, float *q, prl_opd_stats *st)
+{
+    int K = ob->topk;
+    long tokens = 0, match = 0;
+    double mass = 0;
+    for (int i = 0; i < b->n; i++) {
+        size_t first;
+        int len;
+        prl_grpo_batch_response(b, i, &first, &len);
+        const int32_t *sampled = b->tokens + b->offsets[i] + b->prompt_lens[i];
+        double coef = c->topk_coef * c->teacher_coef[ob->teacher[i]];
+        for (int j = 0; j < len; j++) {
+            size_t f = first + j;
+            int loss = b->mask[f];
+            for (int k = 0; k < K; k++) {
+                double p = loss ? exp((double)ob->topk_lp[f * K + k]) : 0;
+                q[f * K + k] = (float)(coef * p);
+                mass += p;
+            }
+            tokens += loss;
+            match += loss && ob->topk_ids[f * K] == sampled[j];
+        }
+    }
+    if (st) {
+        st->topk_mass = tokens ? mass / tokens : NAN;
+        st->top1_match = tokens ? (double)match / tokens : NAN;
+    }
 }
 
 /* ---------------------------------------------------------------- metrics ---------- */
@@ -165,6 +204,10 @@ void prl_opd_stats_json(void *obj, const prl_opd_stats *st)
         json_object_set_new(samples, keys[k], json_integer(st->samples[k]));
         json_object_set_new(tokens, keys[k], json_integer(st->teacher_tokens[k]));
         json_object_set_new(kl, keys[k], real_or_null(st->kl[k]));
+    }
+    if (isfinite(st->topk_mass)) {
+        json_object_set_new(o, "opd_topk_mass", json_real(st->topk_mass));
+        json_object_set_new(o, "opd_top1_match", real_or_null(st->top1_match));
     }
     json_object_set_new(o, "opd_teacher_samples", samples);
     json_object_set_new(o, "opd_teacher_tokens", tokens);

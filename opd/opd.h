@@ -53,11 +53,16 @@ typedef struct prl_opd_config {
     double clip_low, clip_high; /* opd.adv_clip_low, opd.adv_clip_high (−5, 5) */
     double mask_eps;      /* opd.adv_mask_eps δ >= 0: |A| < δ (after clipping) → A = 0 */
     double task_weight;   /* opd.task_weight: weight of the GRPO (task-reward) advantage */
+    int topk;             /* opd.topk in [0, PRL_MAX_EXTRA_TARGETS]: the teacher's k most likely
+                          ** tokens at each loss token, for the distillation term (0: off) */
+    double topk_coef;     /* opd.topk_coef >= 0: that term's weight λ (per teacher also
+                          ** teacher_coef[k]): loss −λ·Σ_{i<k} p_T(id_i)·log p_θ(id_i) */
 } prl_opd_config;
 
 void prl_opd_config_default(prl_opd_config *c);
 /* Errors name the key: coef not finite, a teacher_coef < 0 or not finite, discount outside
-** [0, 1), clip_low > clip_high, mask_eps < 0, task_weight not finite. */
+** [0, 1), clip_low > clip_high, mask_eps < 0, task_weight not finite, topk outside
+** [0, PRL_MAX_EXTRA_TARGETS], topk_coef < 0 or not finite. */
 prl_status prl_opd_config_check(const prl_opd_config *c);
 prl_status prl_opd_config_from_job(prl_opd_config *c, const struct prl_job_config *j);
 
@@ -72,6 +77,9 @@ typedef struct prl_opd_stats {
     int samples[PRL_OPD_TEACHERS];
     long teacher_tokens[PRL_OPD_TEACHERS];
     double kl[PRL_OPD_TEACHERS]; /* teacher_kl of its samples (NaN: none) */
+    /* with opd.topk (prl_opd_distill_weights; NaN without) */
+    double topk_mass;          /* mean over the loss tokens of the teacher's top-k probability */
+    double top1_match;         /* share of loss tokens the student sampled the teacher's top-1 */
 } prl_opd_stats;
 
 /* The per-token OPD advantages of n_seq sequences: token i of sequence s is
@@ -86,7 +94,8 @@ prl_status prl_opd_advantages(const prl_opd_config *c, const float *lp_s, const 
 
 /* The stats as keys of object `o` (a jansson json_t *): opd_teacher_kl, opd_masked_frac,
 ** opd_clipped_frac, opd_adv_mean/min/max, opd_tokens, and objects opd_teacher_samples,
-** opd_teacher_tokens, opd_teacher_kl_by keyed by teacher. */
+** opd_teacher_tokens, opd_teacher_kl_by keyed by teacher; with opd.topk also opd_topk_mass
+** and opd_top1_match. */
 void prl_opd_stats_json(void *o, const prl_opd_stats *st);
 
 /* ---------------------------------------------------------------- the batch -------- */
@@ -98,16 +107,23 @@ typedef struct prl_opd_batch {
     size_t n_response;    /* response tokens (= the grpo batch's) */
     float *teacher_lp;    /* [n_response]; finite and <= 0 on the loss tokens */
     int32_t *teacher;     /* [n] in [0, PRL_OPD_TEACHERS) */
+    int topk;             /* teacher top-k per response token (opd.topk; 0: none) */
+    int32_t *topk_ids;    /* [n_response × topk] (NULL without): ids >= 0 on the loss tokens,
+                          ** -1 elsewhere */
+    float *topk_lp;       /* [n_response × topk]: their teacher log-probs, finite and <= 0 on
+                          ** the loss tokens, 0 elsewhere */
 } prl_opd_batch;
 
-prl_status prl_opd_batch_init(prl_opd_batch *ob, int n, size_t n_response);
+prl_status prl_opd_batch_init(prl_opd_batch *ob, int n, size_t n_response, int topk);
 void prl_opd_batch_free(prl_opd_batch *ob);
 /* The frames `teacher_logprobs` (f32 [n_response]) and `teachers` (i32 [n]) of a `train`
-** message whose grpo batch is `b` (already read). Errors (PRL_ERR_FORMAT) name the frame and
-** the sample: a missing frame, a wrong dtype or size, a teacher index out of range, a teacher
-** log-prob on a loss token that is not finite or > 0. `ob` is left empty on error. */
+** message whose grpo batch is `b` (already read), and with topk > 0 (the job's opd.topk)
+** `teacher_topk_ids` (i32) and `teacher_topk_logprobs` (f32), [n_response × topk] each.
+** Errors (PRL_ERR_FORMAT) name the frame and the sample: a missing frame, a wrong dtype or
+** size, a teacher index out of range, a teacher log-prob on a loss token that is not finite
+** or > 0, a top-k id < 0 on a loss token or not -1 off them. `ob` is left empty on error. */
 prl_status prl_opd_batch_from_msg(prl_opd_batch *ob, const prl_grpo_batch *b,
-                                  const struct prl_bus_msg *m);
+                                  const struct prl_bus_msg *m, int topk);
 prl_status prl_opd_batch_to_msg(const prl_opd_batch *ob, struct prl_bus_msg *m);
 
 /* ---------------------------------------------------------------- the teacher ------ */
@@ -129,6 +145,13 @@ prl_status prl_opd_teach_from_msg(prl_grpo_batch *t, const struct prl_bus_msg *m
 ** PRL_ERR_ARG. */
 prl_status prl_opd_teacher_logprobs(prl_model *m, const prl_grpo_batch *t, int micro_rows,
                                     double temperature, float *out);
+/* The same pass, also giving at each loss token the teacher's topk most likely ids (most
+** likely first) and their log-probs into topk_ids / topk_lp [n_response × topk] (-1 / 0 off
+** the loss tokens); topk 0 (arrays NULL) is prl_opd_teacher_logprobs. PRL_ERR_ARG: topk
+** outside [0, min(V, PRL_MAX_EXTRA_TARGETS)]. */
+prl_status prl_opd_teacher_score(prl_model *m, const prl_grpo_batch *t, int micro_rows,
+                                 double temperature, int topk, float *out, int32_t *topk_ids,
+                                 float *topk_lp);
 
 /* The process's peak resident set (VmHWM of /proc/self/status) in KiB; 0 when unknown. */
 uint64_t prl_opd_peak_rss_kb(void);
@@ -147,10 +170,17 @@ void prl_opd_teachers_needed(const struct prl_job_config *j, int need[PRL_OPD_TE
 ** key and the file. A job without opd.enabled passes. */
 prl_status prl_opd_check_teachers(const struct prl_job_config *j);
 
+/* The distillation term's weights q[n_response × ob->topk] of a step: on each loss token of
+** sample i, q = c->topk_coef · c->teacher_coef[teacher] · p_T(id) for each of the teacher's
+** top-k ids (0 elsewhere); sets st->topk_mass and st->top1_match (st may be NULL). */
+void prl_opd_distill_weights(const prl_opd_config *c, const prl_grpo_batch *b,
+                             const prl_opd_batch *ob, float *q, prl_opd_stats *st);
+
 /* One OPD step: the token advantages from the batch's rollout log-probs (lp_S) and `ob`'s
 ** teacher log-probs, then prl_grpo_train_step with them as tc->token_adv and the GRPO
-** advantage weighted by c->task_weight. `tc` is the trainer's config (corrections, replay...);
-** its token_adv / seq_adv_weight are set here. */
+** advantage weighted by c->task_weight; with ob->topk, also the distillation term
+** (prl_opd_distill_weights, grpo's distill_*). `tc` is the trainer's config (corrections,
+** replay...); its token_adv / seq_adv_weight / distill_* are set here. */
 prl_status prl_opd_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch *b,
                               const prl_opd_batch *ob, const prl_opd_config *c,
                               const prl_grpo_train_config *tc, prl_grpo_step_stats *st,

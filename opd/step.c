@@ -2,7 +2,8 @@
 ** step.c — one OPD training step (opd.h, docs/opd.md): the per-token advantages from the
 ** student's rollout log-probs and the teachers' log-probs, then the GRPO trainer's step with
 ** them (grpo.h token_adv): the same clipped surrogate, mismatch corrections (grpo.correction.*)
-** and routing replay (replay.*) — the trainer's machinery, not a fork of it.
+** and routing replay (replay.*) — the trainer's machinery, not a fork of it; with opd.topk,
+** the distillation term onto the teacher's top-k as the trainer's extra targets.
 */
 #include "opd/opd.h"
 
@@ -31,12 +32,17 @@ prl_status prl_opd_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch *
     /* lp_S = the sampler's log-probs (rl.md §5.1), not the train path's */
     if (!rc) rc = prl_opd_advantages(c, b->logprobs, ob->teacher_lp, b->mask, start, b->n,
                                      ob->teacher, adv, ost);
+    size_t nq = ob->topk ? nr * (size_t)ob->topk : 0;
+    float *q = nq ? malloc(nq * sizeof *q) : NULL;
+    if (!rc && nq && !q) rc = prl_error_set(PRL_ERR_NOMEM, "opd step distillation weights");
+    if (!rc && q) prl_opd_distill_weights(c, b, ob, q, ost);
     if (!rc) {
         prl_grpo_train_config t = *tc;
         t.token_adv = adv;
         t.seq_adv_weight = c->task_weight;
+        t.distill_k = ob->topk, t.distill_ids = ob->topk_ids, t.distill_w = q;
         rc = prl_grpo_train_step(m, o, b, &t, st);
     }
-    free(adv), free(start);
+    free(adv), free(start), free(q);
     return rc;
 }

@@ -1,6 +1,7 @@
 /*
 ** teacher.c — the teacher side of OPD (opd.h, docs/opd.md): the scoring pass of a `teach`
-** item on the expert's train path, the process's peak memory, and the check of the job's
+** item on the expert's train path (log-probs of the student's tokens, and with opd.topk the
+** expert's own top-k at each of them), the process's peak memory, and the check of the job's
 ** teacher checkpoints that runs before any process starts (missing files, another model
 ** config or vocabulary, another tokenizer: each named with its file).
 */
@@ -36,8 +37,27 @@ static prl_batch pack(prl_batch_buf *bb, const prl_grpo_batch *t, int i0, int ro
     return batch;
 }
 
-prl_status prl_opd_teacher_logprobs(prl_model *m, const prl_grpo_batch *t, int micro_rows,
-                                    double temperature, float *out)
+/* Response token j of sample i is the target of row position pl − 1 + j: copy the rows'
+** values of the loss tokens (log-probs, and with topk the top-k) into the flat layout. */
+static void rows_out(const prl_grpo_batch *t, const size_t *first, int i0, const prl_batch *batch,
+                     const float *lp, const int32_t *ids, const float *klp, int topk, float *out,
+                     int32_t *topk_ids, float *topk_lp)
+{
+    for (int r = 0; r < batch->B; r++) {
+        int i = i0 + r, pl = t->prompt_lens[i], len = t->offsets[i + 1] - t->offsets[i] - pl;
+        for (int j = 0; j < len; j++) {
+            size_t f = first[i] + j, p = (size_t)r * batch->T + pl - 1 + j;
+            if (!t->mask[f]) continue;
+            out[f] = lp[p];
+            for (int k = 0; k < topk; k++)
+                topk_ids[f * topk + k] = ids[p * topk + k], topk_lp[f * topk + k] = klp[p * topk + k];
+        }
+    }
+}
+
+prl_status prl_opd_teacher_score(prl_model *m, const prl_grpo_batch *t, int micro_rows,
+                                 double temperature, int topk, float *out, int32_t *topk_ids,
+                                 float *topk_lp)
 {
     prl_status rc = prl_grpo_batch_check(t);
     if (!rc && (rc = prl_grpo_batch_fits(m, t))) rc = prl_error_wrap(rc, "teacher: ");
@@ -45,29 +65,40 @@ prl_status prl_opd_teacher_logprobs(prl_model *m, const prl_grpo_batch *t, int m
     if (micro_rows < 1) return prl_error_set(PRL_ERR_ARG, "teacher: micro_rows %d", micro_rows);
     if (!(temperature > 0 && isfinite(temperature)))
         return prl_error_set(PRL_ERR_ARG, "teacher: temperature %g must be > 0", temperature);
+    int V = m->cfg.vocab_size, kmax = V < PRL_MAX_EXTRA_TARGETS ? V : PRL_MAX_EXTRA_TARGETS;
+    if (topk < 0 || topk > kmax || (topk && (!topk_ids || !topk_lp)))
+        return prl_error_set(PRL_ERR_ARG, "teacher: top-k %d (0..%d, with its arrays)", topk, kmax);
     int ctx = m->cfg.max_position_embeddings;
+    size_t cells = (size_t)micro_rows * ctx;
     size_t *first = malloc((size_t)t->n * sizeof *first);
     uint8_t *train = malloc((size_t)ctx);
-    float *lp = malloc((size_t)micro_rows * ctx * sizeof *lp);
+    float *lp = malloc(cells * sizeof *lp);
+    int32_t *ids = topk ? malloc(cells * topk * sizeof *ids) : NULL;
+    float *klp = topk ? malloc(cells * topk * sizeof *klp) : NULL;
     prl_batch_buf bb;
     memset(&bb, 0, sizeof bb);
-    rc = first && train && lp ? prl_batch_buf_init(&bb, micro_rows, ctx)
-                              : prl_error_set(PRL_ERR_NOMEM, "teacher of %d samples", t->n);
+    rc = first && train && lp && (!topk || (ids && klp))
+             ? prl_batch_buf_init(&bb, micro_rows, ctx)
+             : prl_error_set(PRL_ERR_NOMEM, "teacher of %d samples", t->n);
     for (int i = 0, len; !rc && i < t->n; i++) prl_grpo_batch_response(t, i, &first[i], &len);
     memset(out, 0, t->n_response * sizeof *out);
+    for (size_t e = 0; e < t->n_response * (size_t)topk; e++) topk_ids[e] = -1, topk_lp[e] = 0;
     for (int i0 = 0; !rc && i0 < t->n; i0 += micro_rows) {
         int rows = t->n - i0 < micro_rows ? t->n - i0 : micro_rows;
         prl_batch batch = pack(&bb, t, i0, rows, first, train, temperature);
         if ((rc = prl_model_logprobs(m, &batch, lp))) break;
-        for (int r = 0; r < rows; r++) { /* response token j is the target of pl − 1 + j */
-            int i = i0 + r, pl = t->prompt_lens[i], len = t->offsets[i + 1] - t->offsets[i] - pl;
-            for (int j = 0; j < len; j++)
-                if (t->mask[first[i] + j]) out[first[i] + j] = lp[(size_t)r * batch.T + pl - 1 + j];
-        }
+        if (topk && (rc = prl_model_topk(m, &batch, topk, ids, klp))) break;
+        rows_out(t, first, i0, &batch, lp, ids, klp, topk, out, topk_ids, topk_lp);
     }
     prl_batch_buf_free(&bb);
-    free(first), free(train), free(lp);
+    free(first), free(train), free(lp), free(ids), free(klp);
     return rc;
+}
+
+prl_status prl_opd_teacher_logprobs(prl_model *m, const prl_grpo_batch *t, int micro_rows,
+                                    double temperature, float *out)
+{
+    return prl_opd_teacher_score(m, t, micro_rows, temperature, 0, out, NULL, NULL);
 }
 
 uint64_t prl_opd_peak_rss_kb(void)

@@ -315,7 +315,7 @@ START_TEST(test_train_frames)
     prl_grpo_batch b;
     small_batch(&b);
     prl_opd_batch ob, back;
-    assert_ok(prl_opd_batch_init(&ob, 2, 5));
+    assert_ok(prl_opd_batch_init(&ob, 2, 5, 0));
     const float tl[5] = {-0.5f, -1, -2, NAN, -0.25f}; /* NaN on the observation: ignored */
     memcpy(ob.teacher_lp, tl, sizeof tl);
     ob.teacher[0] = 3, ob.teacher[1] = 0;
@@ -326,7 +326,7 @@ START_TEST(test_train_frames)
     assert_ok(prl_grpo_batch_to_msg(&b, &m));
     assert_ok(prl_opd_batch_to_msg(&ob, &m));
     wire(&m, &d);
-    assert_ok(prl_opd_batch_from_msg(&back, &b, &d));
+    assert_ok(prl_opd_batch_from_msg(&back, &b, &d, 0));
     ck_assert(!memcmp(back.teacher, ob.teacher, 2 * sizeof *ob.teacher));
     ck_assert(back.teacher_lp[2] == -2 && back.teacher_lp[4] == -0.25f);
     prl_opd_batch_free(&back);
@@ -340,7 +340,7 @@ START_TEST(test_train_frames)
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         prl_opd_batch x;
-        assert_ok(prl_opd_batch_init(&x, 2, 5));
+        assert_ok(prl_opd_batch_init(&x, 2, 5, 0));
         memcpy(x.teacher_lp, tl, sizeof tl), memcpy(x.teacher, ob.teacher, sizeof ob.teacher[0] * 2);
         if (bad[k].case_ == 0) x.teacher[1] = 4;
         if (bad[k].case_ == 1) x.teacher_lp[1] = 0.5f;
@@ -354,13 +354,70 @@ START_TEST(test_train_frames)
             prl_bus_msg_add_frame(&m, "teachers", PRL_BUS_I32, x.teacher, 2);
         } else assert_ok(prl_opd_batch_to_msg(&x, &m));
         wire(&m, &d);
-        ck_assert_int_eq(prl_opd_batch_from_msg(&back, &b, &d), PRL_ERR_FORMAT);
+        ck_assert_int_eq(prl_opd_batch_from_msg(&back, &b, &d, 0), PRL_ERR_FORMAT);
         assert_msg_has(bad[k].want);
         ck_assert_ptr_null(back.teacher_lp);
         prl_opd_batch_free(&x);
         prl_bus_msg_free(&d), prl_bus_msg_free(&m);
     }
     prl_opd_batch_free(&ob);
+    prl_grpo_batch_free(&b);
+}
+END_TEST
+
+/* With opd.topk 2: the top-k frames travel and come back; a missing frame, an id < 0 on a loss
+** token, an id other than -1 off them and a log-prob > 0 are named. (small_batch: response
+** token 3 is the observation.) */
+START_TEST(test_train_frames_topk)
+{
+    prl_grpo_batch b;
+    small_batch(&b);
+    const int32_t ids[10] = {7, 9, 1, 2, 3, 4, -1, -1, 5, 6};
+    const float klp[10] = {-0.1f, -2.5f, -0.2f, -3, -0.5f, -1, 0, 0, -0.7f, -0.9f};
+    struct { const char *want; int case_; } cases[] = {
+        {NULL, 0},
+        {"frame 'teacher_topk_logprobs' is missing", 1},
+        {"frame 'teacher_topk_ids': sample 0 response token 1 rank 1 has id -1 (must be >= 0 on a loss token)", 2},
+        {"frame 'teacher_topk_ids': sample 1 response token 0 rank 0 has id 5 (must be -1 off the loss tokens)", 3},
+        {"frame 'teacher_topk_logprobs': sample 1 response token 1 rank 0 has log-prob 0.5", 4},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        prl_opd_batch ob, back;
+        assert_ok(prl_opd_batch_init(&ob, 2, 5, 2));
+        for (int i = 0; i < 5; i++) ob.teacher_lp[i] = i == 3 ? 0 : -1;
+        memcpy(ob.topk_ids, ids, sizeof ids), memcpy(ob.topk_lp, klp, sizeof klp);
+        ob.teacher[0] = 1, ob.teacher[1] = 2;
+        if (cases[k].case_ == 2) ob.topk_ids[3] = -1;
+        if (cases[k].case_ == 3) ob.topk_ids[6] = 5;
+        if (cases[k].case_ == 4) ob.topk_lp[8] = 0.5f;
+        prl_bus_msg m, d;
+        assert_ok(prl_bus_msg_init(&m, "train", "r", 1));
+        prl_bus_msg_set_uint(&m, "lease", 1), prl_bus_msg_set_uint(&m, "step", 0);
+        prl_bus_msg_set_uint(&m, "policy_version", 0), prl_bus_msg_set_str(&m, "path", "x");
+        assert_ok(prl_grpo_batch_to_msg(&b, &m));
+        if (cases[k].case_ == 1) {
+            ob.topk = 0; /* the plain frames only */
+            assert_ok(prl_opd_batch_to_msg(&ob, &m));
+            ob.topk = 2;
+            prl_bus_msg_add_frame(&m, "teacher_topk_ids", PRL_BUS_I32, ob.topk_ids, 10);
+        } else assert_ok(prl_opd_batch_to_msg(&ob, &m));
+        wire(&m, &d);
+        if (!cases[k].want) {
+            assert_ok(prl_opd_batch_from_msg(&back, &b, &d, 2));
+            ck_assert_int_eq(back.topk, 2);
+            ck_assert(!memcmp(back.topk_ids, ids, sizeof ids) && !memcmp(back.topk_lp, klp, sizeof klp));
+            prl_opd_batch_free(&back);
+            /* the job's topk decides which frames are read: 0 ignores them */
+            assert_ok(prl_opd_batch_from_msg(&back, &b, &d, 0));
+            ck_assert(back.topk == 0 && !back.topk_ids);
+            prl_opd_batch_free(&back);
+        } else {
+            ck_assert_int_eq(prl_opd_batch_from_msg(&back, &b, &d, 2), PRL_ERR_FORMAT);
+            assert_msg_has(cases[k].want);
+        }
+        prl_opd_batch_free(&ob);
+        prl_bus_msg_free(&d), prl_bus_msg_free(&m);
+    }
     prl_grpo_batch_free(&b);
 }
 END_TEST
@@ -512,6 +569,142 @@ START_TEST(test_teacher_logprobs)
 }
 END_TEST
 
+/* With top-k: the same log-probs, and at each loss token the model's k most likely ids (the
+** first at least as likely as the token sampled) with their log-probs; -1 / 0 elsewhere. */
+START_TEST(test_teacher_topk)
+{
+    prl_model m;
+    micro_model(&m, 3);
+    prl_grpo_batch b;
+    model_batch(&m, &b, 7);
+    enum { K = 4 };
+    size_t n = b.n_response;
+    float *lp = malloc(n * sizeof *lp), *lp2 = malloc(n * sizeof *lp2), *klp = malloc(n * K * sizeof *klp);
+    int32_t *ids = malloc(n * K * sizeof *ids);
+    assert_ok(prl_opd_teacher_logprobs(&m, &b, 3, 1.0, lp));
+    assert_ok(prl_opd_teacher_score(&m, &b, 3, 1.0, K, lp2, ids, klp));
+    ck_assert(!memcmp(lp, lp2, n * sizeof *lp));
+    int loss = 0;
+    for (size_t f = 0; f < n; f++) {
+        for (int k = 0; k < K; k++) {
+            if (!b.mask[f]) {
+                ck_assert(ids[f * K + k] == -1 && klp[f * K + k] == 0);
+                continue;
+            }
+            ck_assert(ids[f * K + k] >= 0 && ids[f * K + k] < m.cfg.vocab_size);
+            ck_assert(klp[f * K + k] <= 0 && (!k || klp[f * K + k] <= klp[f * K + k - 1]));
+        }
+        if (b.mask[f]) loss++, ck_assert(klp[f * K] >= lp[f] - 1e-6f);
+    }
+    ck_assert_int_gt(loss, 0);
+    ck_assert_int_eq(prl_opd_teacher_score(&m, &b, 3, 1.0, PRL_MAX_EXTRA_TARGETS + 1, lp2, ids, klp),
+                     PRL_ERR_ARG);
+    assert_msg_has("top-k 65");
+    free(lp), free(lp2), free(klp), free(ids);
+    prl_grpo_batch_free(&b);
+    prl_model_free(&m);
+}
+END_TEST
+
+/* Mean over sample i's loss tokens of log p(id) under m, id in place of each loss token's
+** target (same contexts). */
+static double mean_logp_of(prl_model *m, const prl_grpo_batch *b, int i, int32_t id)
+{
+    int len = b->offsets[i + 1] - b->offsets[i], pl = b->prompt_lens[i], n = 0;
+    uint8_t train[64];
+    size_t first;
+    int nr;
+    prl_grpo_batch_response(b, i, &first, &nr);
+    for (int t = 0; t < len; t++) train[t] = t >= pl && b->mask[first + t - pl];
+    prl_batch_buf bb;
+    assert_ok(prl_batch_buf_init(&bb, 1, len));
+    prl_batch_buf_set_row(&bb, len, 0, b->tokens + b->offsets[i], len, train);
+    for (int t = 0; t < len; t++) bb.targets[t] = bb.targets[t] >= 0 ? id : -1;
+    prl_batch batch = prl_batch_buf_view(&bb, 1, len);
+    float lp[64];
+    assert_ok(prl_model_logprobs(m, &batch, lp));
+    double s = 0;
+    for (int t = 0; t < len; t++) s += bb.targets[t] >= 0 ? lp[t] : 0, n += bb.targets[t] >= 0;
+    prl_batch_buf_free(&bb);
+    return n ? s / n : 0;
+}
+
+/* The distillation term alone (opd.coef 0, no task reward): a teacher whose top-2 at every loss
+** token is {X, Y} with p 0.6 / 0.3 raises the student's log p(X) and log p(Y) there; the
+** weights are λ·teacher_coef·p_T; top1_match counts the sampled tokens equal to X. */
+START_TEST(test_opd_distill_step)
+{
+    prl_model m;
+    micro_model(&m, 5);
+    prl_grpo_batch b;
+    model_batch(&m, &b, 6);
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.lr = 3e-3, oc.weight_decay = 0;
+    assert_ok(prl_optim_init(&o, &m, &oc));
+    prl_grpo_train_config tc;
+    prl_grpo_train_config_default(&tc);
+    tc.micro_rows = 4;
+    prl_opd_config c;
+    prl_opd_config_default(&c);
+    c.coef = 0, c.task_weight = 0, c.topk = 2, c.topk_coef = 2, c.teacher_coef[1] = 0.5;
+    const int32_t X = 21, Y = 40;
+    prl_opd_batch ob;
+    assert_ok(prl_opd_batch_init(&ob, b.n, b.n_response, 2));
+    memcpy(ob.teacher_lp, b.logprobs, b.n_response * sizeof *b.logprobs);
+    long loss = 0, match = 0;
+    for (int i = 0; i < b.n; i++) {
+        ob.teacher[i] = i % 2;
+        size_t first;
+        int nr;
+        prl_grpo_batch_response(&b, i, &first, &nr);
+        for (int j = 0; j < nr; j++) {
+            size_t f = first + j;
+            if (!b.mask[f]) continue;
+            ob.topk_ids[f * 2] = X, ob.topk_ids[f * 2 + 1] = Y;
+            ob.topk_lp[f * 2] = logf(0.6f), ob.topk_lp[f * 2 + 1] = logf(0.3f);
+            loss++, match += b.tokens[b.offsets[i] + b.prompt_lens[i] + j] == X;
+        }
+    }
+    float *q = malloc(b.n_response * 2 * sizeof *q);
+    prl_opd_stats ost;
+    prl_opd_distill_weights(&c, &b, &ob, q, &ost);
+    for (int i = 0; i < b.n; i++) {
+        size_t first;
+        int nr;
+        prl_grpo_batch_response(&b, i, &first, &nr);
+        double coef = 2 * (i % 2 ? 0.5 : 1.0);
+        for (int j = 0; j < nr; j++) {
+            size_t f = first + j;
+            ck_assert_double_eq_tol(q[f * 2], b.mask[f] ? coef * 0.6 : 0, 1e-6);
+            ck_assert_double_eq_tol(q[f * 2 + 1], b.mask[f] ? coef * 0.3 : 0, 1e-6);
+        }
+    }
+    ck_assert_double_eq_tol(ost.topk_mass, 0.9, 1e-6);
+    ck_assert_double_eq_tol(ost.top1_match, (double)match / loss, 1e-12);
+    free(q);
+    double x0 = mean_logp_of(&m, &b, 0, X), y0 = mean_logp_of(&m, &b, 0, Y);
+    prl_grpo_step_stats st;
+    for (int step = 0; step < 3; step++)
+        assert_ok(prl_opd_train_step(&m, &o, &b, &ob, &c, &tc, &st, &ost));
+    double dx = mean_logp_of(&m, &b, 0, X) - x0, dy = mean_logp_of(&m, &b, 0, Y) - y0;
+    ck_assert_msg(dx > 0.05 && dy > 0.02, "log p(X) %+g, log p(Y) %+g: both should rise", dx, dy);
+    ck_assert_double_eq_tol(ost.topk_mass, 0.9, 1e-6);
+    /* an id outside the vocabulary is the model's range error, before any update */
+    size_t f0;
+    int nr0;
+    prl_grpo_batch_response(&b, 0, &f0, &nr0);
+    ob.topk_ids[f0 * 2 + 1] = m.cfg.vocab_size;
+    ck_assert_int_eq(prl_opd_train_step(&m, &o, &b, &ob, &c, &tc, &st, &ost), PRL_ERR_RANGE);
+    assert_msg_has("extra target 1");
+    prl_opd_batch_free(&ob);
+    prl_optim_free(&o);
+    prl_grpo_batch_free(&b);
+    prl_model_free(&m);
+}
+END_TEST
+
 /* Log-prob of the loss tokens of sample i under m, summed. */
 static double sample_logp(prl_model *m, const prl_grpo_batch *b, int i)
 {
@@ -546,7 +739,7 @@ START_TEST(test_opd_step)
     prl_opd_config c;
     prl_opd_config_default(&c);
     prl_opd_batch ob;
-    assert_ok(prl_opd_batch_init(&ob, b.n, b.n_response));
+    assert_ok(prl_opd_batch_init(&ob, b.n, b.n_response, 0));
     memcpy(ob.teacher_lp, b.logprobs, b.n_response * sizeof *b.logprobs);
     for (int i = 0; i < b.n; i++) ob.teacher[i] = i % 4;
     prl_real *before = malloc(m.n_params * sizeof *before);
@@ -639,9 +832,12 @@ int main(void)
     tcase_add_test(tc, test_token_advantage_weights);
     tcase_add_test(tc, test_is_correction);
     tcase_add_test(tc, test_train_frames);
+    tcase_add_test(tc, test_train_frames_topk);
     tcase_add_test(tc, test_teach_frames);
     tcase_add_test(tc, test_teacher_logprobs);
     tcase_add_test(tc, test_opd_step);
+    tcase_add_test(tc, test_teacher_topk);
+    tcase_add_test(tc, test_opd_distill_step);
     tcase_add_test(tc, test_job_keys);
     suite_add_tcase(s, tc);
     return check_run(s);

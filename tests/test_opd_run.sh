@@ -7,7 +7,8 @@
 # refused by `prl run --check` and `prl run` before any process starts, naming the file; the
 # run finishes its steps with prompts of all four domains; every step's metrics hold the
 # reverse KL, the masked share, per-teacher counts, load times and each teacher process's
-# peak RSS; the progress line shows the KL; the teachers' logs show one expert at a time.
+# peak RSS; the progress line shows the KL; the teachers' logs show one expert at a time; a
+# run with the top-k distillation term (opd.topk) carries the teachers' top-k to the trainer.
 # The same run with both teacher processes killed (kill -9) mid-run is restarted by the
 # launcher, their items are handed out again, and it ends with a bitwise-identical policy;
 # so does the run killed whole (every process, kill -9) and continued with --resume.
@@ -124,6 +125,20 @@ per_domain=$(sqlite3 runs/mix/run.db "SELECT group_concat(domain || '=' || n, ' 
   (SELECT domain, count(*) AS n FROM prompts WHERE split = 'train' GROUP BY domain ORDER BY domain)")
 [ "$per_domain" = "coding=32 general=8 reasoning=16" ] || fail "task.mix prompt counts: $per_domain"
 echo "ok: task.mix: $per_domain"
+
+# ---- the top-k distillation term at rollout temperature 0.7: the teachers send their top-k,
+# the controller passes it to the trainer, and every step logs its mass and the top-1 match
+$prl run job.json --set run.name=tk --set controller.steps=2 --set opd.topk=4 \
+  --set rollout.temperature=0.7 > tk.out 2> tk.err &
+launcher=$!
+finish tk
+n=$(sqlite3 runs/tk/run.db "SELECT count(*) FROM steps WHERE
+  json_extract(metrics, '\$.trainer.opd_topk_mass') BETWEEN 0.01 AND 1.000001 AND
+  json_type(metrics, '\$.trainer.opd_top1_match') = 'real'")
+[ "$n" = 2 ] || fail "opd.topk: top-k mass and top-1 match in $n of 2 steps"
+sqlite3 runs/tk/run.db "SELECT step, json_extract(metrics, '\$.trainer.opd_topk_mass'),
+  json_extract(metrics, '\$.trainer.opd_top1_match') FROM steps ORDER BY step"
+echo "ok: opd.topk 4 at temperature 0.7: 2 steps with the top-k term"
 
 # ---- the same run with the teacher processes killed mid-run
 $prl run job.json --set run.name=k > k.out 2> k.err &
