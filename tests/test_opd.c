@@ -629,23 +629,31 @@ static double mean_logp_of(prl_model *m, const prl_grpo_batch *b, int i, int32_t
     return n ? s / n : 0;
 }
 
+/* A step's fixture: the micro model (seed), 6 samples of its own, AdamW at lr 3e-3 without
+** decay, micro-batches of 4 rows. */
+static void step_fixture(prl_model *m, uint64_t seed, prl_grpo_batch *b, prl_optim *o,
+                         prl_grpo_train_config *tc)
+{
+    micro_model(m, seed);
+    model_batch(m, b, 6);
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.lr = 3e-3, oc.weight_decay = 0;
+    assert_ok(prl_optim_init(o, m, &oc));
+    prl_grpo_train_config_default(tc);
+    tc->micro_rows = 4;
+}
+
 /* The distillation term alone (opd.coef 0, no task reward): a teacher whose top-2 at every loss
 ** token is {X, Y} with p 0.6 / 0.3 raises the student's log p(X) and log p(Y) there; the
 ** weights are λ·teacher_coef·p_T; top1_match counts the sampled tokens equal to X. */
 START_TEST(test_opd_distill_step)
 {
     prl_model m;
-    micro_model(&m, 5);
     prl_grpo_batch b;
-    model_batch(&m, &b, 6);
     prl_optim o;
-    prl_optim_config oc;
-    prl_optim_config_default(&oc);
-    oc.lr = 3e-3, oc.weight_decay = 0;
-    assert_ok(prl_optim_init(&o, &m, &oc));
     prl_grpo_train_config tc;
-    prl_grpo_train_config_default(&tc);
-    tc.micro_rows = 4;
+    step_fixture(&m, 5, &b, &o, &tc);
     prl_opd_config c;
     prl_opd_config_default(&c);
     c.coef = 0, c.task_weight = 0, c.topk = 2, c.topk_coef = 2, c.teacher_coef[1] = 0.5;
@@ -725,17 +733,10 @@ static double sample_logp(prl_model *m, const prl_grpo_batch *b, int i)
 START_TEST(test_opd_step)
 {
     prl_model m;
-    micro_model(&m, 4);
     prl_grpo_batch b;
-    model_batch(&m, &b, 6);
     prl_optim o;
-    prl_optim_config oc;
-    prl_optim_config_default(&oc);
-    oc.lr = 3e-3, oc.weight_decay = 0;
-    assert_ok(prl_optim_init(&o, &m, &oc));
     prl_grpo_train_config tc;
-    prl_grpo_train_config_default(&tc);
-    tc.micro_rows = 4;
+    step_fixture(&m, 4, &b, &o, &tc);
     prl_opd_config c;
     prl_opd_config_default(&c);
     prl_opd_batch ob;
