@@ -12,10 +12,11 @@
 **     job's opd.* keys as a config, and the per-token advantage: A = coef·(lp_T − lp_S) on
 **     the loss tokens (observation tokens stay 0), optional discount, optional clip, the
 **     near-zero mask, with the metrics (reverse KL student→teacher, masked and clipped
-**     shares, per teacher);
+**     shares, per teacher), and the weights of the top-k distillation term (opd.topk);
 **   - batch.c: the teacher frames of the `train` message (`teacher_logprobs`, `teachers`) and
 **     the `teach` item, every size and value validated;
-**   - teacher.c: the teacher's scoring pass, its peak memory, and the teacher-checkpoint check
+**   - teacher.c: the teacher's scoring pass (log-probs of the student's tokens, and with
+**     opd.topk the expert's own top-k at each), its peak memory, and the teacher-checkpoint check
 **     that `prl run` (and `--check`) runs before any process starts;
 **   - step.c: the OPD training step over grpo's.
 **
