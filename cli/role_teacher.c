@@ -47,29 +47,9 @@ static prl_status hold(teacher *t, const char *path, uint64_t *load_us, int *loa
     return PRL_OK;
 }
 
-/* The scores of one item: per response token the log-prob, and with opd.topk K the top-k. */
-typedef struct scores {
-    size_t n;             /* response tokens */
-    int K;
-    float *lp;            /* [n] */
-    int32_t *ids;         /* [n × K] (NULL without) */
-    float *klp;           /* [n × K] */
-} scores;
-
-static void scores_free(scores *sc) { free(sc->lp), free(sc->ids), free(sc->klp); }
-
-static prl_status scores_init(scores *sc, size_t n, int K)
-{
-    size_t cells = (n ? n : 1) * (size_t)K;
-    *sc = (scores){.n = n, .K = K, .lp = malloc((n ? n : 1) * sizeof *sc->lp)};
-    if (K) sc->ids = malloc(cells * sizeof *sc->ids), sc->klp = malloc(cells * sizeof *sc->klp);
-    if (sc->lp && (!K || (sc->ids && sc->klp))) return PRL_OK;
-    scores_free(sc);
-    return prl_error_set(PRL_ERR_NOMEM, "teacher scores of %zu tokens", n);
-}
-
 static prl_status send_taught(teacher *t, uint64_t lease, uint64_t step, const char *key,
-                              uint64_t load_us, uint64_t teach_us, int loaded, const scores *sc)
+                              uint64_t load_us, uint64_t teach_us, int loaded,
+                              const prl_opd_batch *sc)
 {
     prl_bus_msg out;
     prl_status rc = prl_bus_msg_init(&out, "taught", t->role.run, ++t->role.next_id);
@@ -81,11 +61,12 @@ static prl_status send_taught(teacher *t, uint64_t lease, uint64_t step, const c
     if (!rc) rc = prl_bus_msg_set_uint(&out, "teach_us", teach_us);
     if (!rc) rc = prl_bus_msg_set_uint(&out, "peak_rss_kb", prl_opd_peak_rss_kb());
     if (!rc) rc = prl_bus_msg_set_uint(&out, "loaded", (uint64_t)loaded);
-    if (!rc) rc = prl_bus_msg_add_frame(&out, "logprobs", PRL_BUS_F32, sc->lp, sc->n);
-    if (!rc && sc->K)
-        rc = prl_bus_msg_add_frame(&out, "topk_ids", PRL_BUS_I32, sc->ids, sc->n * sc->K);
-    if (!rc && sc->K)
-        rc = prl_bus_msg_add_frame(&out, "topk_logprobs", PRL_BUS_F32, sc->klp, sc->n * sc->K);
+    size_t n = sc->n_response, cells = n * (size_t)sc->topk;
+    if (!rc) rc = prl_bus_msg_add_frame(&out, "logprobs", PRL_BUS_F32, sc->teacher_lp, n);
+    if (!rc && sc->topk)
+        rc = prl_bus_msg_add_frame(&out, "topk_ids", PRL_BUS_I32, sc->topk_ids, cells);
+    if (!rc && sc->topk)
+        rc = prl_bus_msg_add_frame(&out, "topk_logprobs", PRL_BUS_F32, sc->topk_lp, cells);
     if (!rc) rc = prl_bus_send(t->role.ctl, NULL, &out);
     prl_bus_msg_free(&out);
     return rc;
@@ -107,17 +88,17 @@ static prl_status teach(teacher *t, const prl_bus_msg *m)
     int loaded = 0;
     if (!rc) rc = hold(t, path, &load_us, &loaded);
     double t0 = prl_now();
-    scores sc = {0};
-    int K = t->role.job.opd_topk;
-    if (!rc) rc = scores_init(&sc, b.n_response, K);
+    prl_opd_batch sc; /* the item's scores: the storage of a train message's teacher frames */
+    memset(&sc, 0, sizeof sc);
+    if (!rc) rc = prl_opd_batch_init(&sc, b.n, b.n_response, t->role.job.opd_topk);
     if (!rc) rc = prl_opd_teacher_score(&t->model, &b, 8, prl_grpo_score_temperature(&t->role.job),
-                                        K, sc.lp, sc.ids, sc.klp);
+                                        sc.topk, sc.teacher_lp, sc.topk_ids, sc.topk_lp);
     if (!rc) rc = send_taught(t, lease, step, key, load_us, (uint64_t)((prl_now() - t0) * 1e6),
                               loaded, &sc);
     if (!rc)
         cli_role_log(&t->role, "step %llu: %s scored %d samples (%zu tokens) in %.2f s",
                      (unsigned long long)step, key, b.n, b.n_response, prl_now() - t0);
-    scores_free(&sc);
+    prl_opd_batch_free(&sc);
     prl_grpo_batch_free(&b);
     return rc;
 }
