@@ -168,7 +168,7 @@ static prl_status save_state(const prl_optim *o, const char *state_json, const c
         if (!user) return prl_error_set(PRL_ERR_ARG, "run state is not valid JSON: %s", err.text);
     }
     json_t *root = json_pack("{s:i, s:I, s:o}", "format", CHECKPOINT_FORMAT, "step",
-                             (json_int_t)o->step, "run", user ? user : json_object());
+                             (json_int_t)(o ? o->step : 0), "run", user ? user : json_object());
     char *text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
     prl_status rc = prl_file_write_sync(path, text, strlen(text));
@@ -197,6 +197,8 @@ static prl_status write_checkpoint_files(const prl_model *m, const prl_optim *o,
     if (o) {
         if ((rc = join_path(path, sizeof path, tmp, "optimizer.safetensors"))) return rc;
         if ((rc = save_optim_file(m, o, path))) return rc;
+    }
+    if (o || state_json) {
         if ((rc = join_path(path, sizeof path, tmp, "state.json"))) return rc;
         if ((rc = save_state(o, state_json, path))) return rc;
     }

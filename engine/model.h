@@ -368,7 +368,8 @@ int prl_grads_finite(const prl_real *grads, size_t n);
 /* ---------------------------------------------------------------- checkpoints ------ */
 
 /* A checkpoint directory: config.json, model.safetensors (HF names, F32, checksum in the
-** metadata), and when an optimizer is given optimizer.safetensors + state.json. The whole
+** metadata), optimizer.safetensors when an optimizer is given, and state.json when an
+** optimizer or a state is given (its step is 0 without an optimizer). The whole
 ** directory is written under a temporary name, fsynced and renamed, so `dir` either holds
 ** the previous complete checkpoint or the new complete one. `state_json` (a JSON object
 ** text, may be NULL) is extra run state stored in state.json; `tok` (may be NULL) is saved

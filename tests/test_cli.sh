@@ -9,7 +9,7 @@ trap 'rm -rf "$work"' EXIT
 pass=0 fail=0
 . "$src/tests/lib.sh"   # ok, bad, expect_fail, expect_ok
 
-for c in init sft score generate eval tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
+for c in init average sft score generate eval tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
   "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode" \
   "sandbox exec" "sandbox probe" "bench sandbox" "bench pipeline" "role sandbox"; do
   expect_ok "--help: $c" $prl $c --help
@@ -221,6 +221,48 @@ cat "$work"/demos_*.jsonl > "$work/mix.jsonl"
 expect_ok "sft on demos of all four domains" $prl sft --data "$work/mix.jsonl" --model "$big" --out "$work/s_mix" \
   --steps 2 --batch 4 --seq 256 --seed 1 --threads 2
 grep -q "48 examples" "$work/last.out" && ok "sft loaded every demonstration" || bad "sft load: $(grep examples "$work/last.out")"
+# prl average: the fp32 rounding of the mean in double, in the order given; one model only
+for s in 1 2 3; do $prl init --model "$cfg" --seed $s --out "$work/av$s" 2>/dev/null; done
+expect_ok "average" $prl average --out "$work/avm" "$work/av1" "$work/av2" "$work/av3"
+# two SFT checkpoints: their routers' selection biases differ, and are averaged too
+expect_ok "average: SFT checkpoints" $prl average --out "$work/avs" "$work/s_a" "$work/s_c"
+cat > "$work/avcheck.py" <<'EOF'
+import json, struct, sys, numpy as np
+def load(d):
+    b = open(d + "/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h, data = json.loads(b[8:8 + n]), b[8 + n:]
+    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], dtype=np.float32)
+            for k, v in h.items() if k != "__metadata__"}
+m, ins = load(sys.argv[1]), [load(d) for d in sys.argv[2:]]
+assert len(m) == len(ins[0]) > 10
+def mean(k):
+    acc = ins[0][k].astype(np.float64)
+    for t in ins[1:]: acc = acc + t[k]
+    return (acc / len(ins)).astype(np.float32)
+bad = sum(int((mean(k) != m[k]).sum()) for k in m)
+assert bad == 0, f"{bad} weights differ from the mean"
+assert any((ins[0][k] != m[k]).any() for k in m), "the result is the first input"
+if sys.argv[-1].endswith("s_c"):
+    assert any((ins[0][k] != ins[1][k]).any() for k in m if "e_score_correction" in k), "biases equal"
+EOF
+/usr/bin/python3 "$work/avcheck.py" "$work/avm" "$work/av1" "$work/av2" "$work/av3" \
+  && ok "average: every weight is the rounded double mean" || bad "average: weights"
+/usr/bin/python3 "$work/avcheck.py" "$work/avs" "$work/s_a" "$work/s_c" \
+  && ok "average: the routers' biases are averaged" || bad "average: router biases"
+grep -q '"averaged_from"' "$work/avm/state.json" && ok "average: state.json lists the inputs" \
+  || bad "average: state.json: $(cat "$work/avm/state.json")"
+expect_fail "average: one input" "needs at least 2 checkpoints, got 1" $prl average --out "$work/avx" "$work/av1"
+expect_fail "average: --out exists" "avm exists: choose a new directory" $prl average --out "$work/avm" "$work/av1" "$work/av2"
+expect_fail "average: another config" "s_a/config.json is another model config than .*av1/config.json" \
+  $prl average --out "$work/avx" "$work/av1" "$work/s_a"
+$prl init --model "$big" --out "$work/avnt" 2>/dev/null
+expect_fail "average: a tokenizer missing" "avnt lacks a tokenizer.json" $prl average --out "$work/avx" "$work/s_a" "$work/avnt"
+cp -r "$work/s_b" "$work/avtk" && echo >> "$work/avtk/tokenizer.json"
+expect_fail "average: another tokenizer" "avtk/tokenizer.json differs from .*s_a/tokenizer.json" \
+  $prl average --out "$work/avx" "$work/s_a" "$work/avtk"
+[ ! -e "$work/avx" ] && ok "average: nothing written on an error" || bad "average: output left after an error"
+
 # SFT recipes (prl sft --config): errors name the key; a run makes demos, tokenizer and
 # checkpoint; the same recipe is skipped; grouped + special-token SFT is reproducible
 printf '{"sft": {"stepz": 3}}' > "$work/r_bad.json"
