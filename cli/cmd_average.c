@@ -121,7 +121,7 @@ static prl_status sum_inputs(const char **in, int n, prl_model *first, prl_token
         if (!rc) accumulate(*acc, &m, 0);
         prl_model_free(&m);
         prl_tokenizer_free(t);
-        fprintf(stderr, "prl average: %d/%d %s\n", i + 1, n, in[i]);
+        if (!rc) fprintf(stderr, "prl average: %d/%d %s\n", i + 1, n, in[i]);
     }
     free(cfg), free(tok_text);
     return rc;
@@ -139,7 +139,8 @@ int cmd_average(int argc, char **argv)
                        "Writes the element-wise mean of the checkpoints' weights (summed in double "
                        "in the order given, rounded to fp32 once) as a checkpoint with the first "
                        "input's config.json and tokenizer.json; state.json lists the inputs. Every "
-                       "input must have the same model config and tokenizer. No optimizer state "
+                       "input must have the same model config and tokenizer; one given k times "
+                       "counts k times (a weighted mean). No optimizer state "
                        "is written: the result is for eval, generate, score or as model.init.",
                        in, MAX_INPUTS, &n);
     if (rc) return rc == CLI_HELP ? 0 : 2;
