@@ -2,9 +2,9 @@
 ** checkpoint.c — saving and loading checkpoint directories.
 **
 ** Layout (Hugging Face style): config.json, model.safetensors (F32, HF tensor names, a
-** checksum of the data section in the metadata), optionally tokenizer.json, and with an
-** optimizer optimizer.safetensors (m.<name>, v.<name>, step in the metadata) and
-** state.json. A save builds the whole directory under "<dir>.tmp.<pid>", fsyncs every file
+** checksum of the data section in the metadata), optionally tokenizer.json, with an
+** optimizer optimizer.safetensors (m.<name>, v.<name>, step in the metadata), and with an
+** optimizer or a run state state.json. A save builds the whole directory under "<dir>.tmp.<pid>", fsyncs every file
 ** and the directory, then swaps it into place with one atomic rename (renameat2
 ** RENAME_EXCHANGE when <dir> exists), so <dir> always holds one complete checkpoint.
 */
