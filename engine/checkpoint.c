@@ -4,9 +4,10 @@
 ** Layout (Hugging Face style): config.json, model.safetensors (F32, HF tensor names, a
 ** checksum of the data section in the metadata), optionally tokenizer.json, with an
 ** optimizer optimizer.safetensors (m.<name>, v.<name>, step in the metadata), and with an
-** optimizer or a run state state.json. A save builds the whole directory under "<dir>.tmp.<pid>", fsyncs every file
-** and the directory, then swaps it into place with one atomic rename (renameat2
-** RENAME_EXCHANGE when <dir> exists), so <dir> always holds one complete checkpoint.
+** optimizer or a run state state.json. A save builds the whole directory under
+** "<dir>.tmp.<pid>", fsyncs every file and the directory, then swaps it into place with one
+** atomic rename (renameat2 RENAME_EXCHANGE when <dir> exists), so <dir> always holds one
+** complete checkpoint.
 */
 #include "engine/ops.h"
 
