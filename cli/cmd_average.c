@@ -135,7 +135,8 @@ int cmd_average(int argc, char **argv)
         {"out", OPT_STR, &out, "DIR", "checkpoint directory to write (must not exist)", 1, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 2, opts, "prl average --out DIR CKPT CKPT [CKPT...]   (2 to 64 checkpoints)",
+    int rc = cli_parse(argc, argv, 2, opts,
+                       "prl average --out DIR CKPT CKPT [CKPT...]   (2 to 64 checkpoints)",
                        "Writes the element-wise mean of the checkpoints' weights (summed in double "
                        "in the order given, rounded to fp32 once) as a checkpoint with the first "
                        "input's config.json and tokenizer.json; state.json lists the inputs. Every "
