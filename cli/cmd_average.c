@@ -110,7 +110,8 @@ static prl_status sum_inputs(const char **in, int n, prl_model *first, prl_token
     size_t tok_n = 0;
     rc = first_identity(in[0], first, *tok, &cfg, &tok_text, &tok_n);
     *acc = rc ? NULL : malloc(n_values(first) * sizeof **acc);
-    if (!rc && !*acc) rc = prl_error_set(PRL_ERR_NOMEM, "%zu parameters: out of memory", first->n_params);
+    if (!rc && !*acc)
+        rc = prl_error_set(PRL_ERR_NOMEM, "%zu parameters: out of memory", first->n_params);
     if (!rc) accumulate(*acc, first, 1);
     for (int i = 1; !rc && i < n; i++) {
         prl_model m;
@@ -146,7 +147,8 @@ int cmd_average(int argc, char **argv)
                        in, MAX_INPUTS, &n);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (n < 2) return cli_failf("average", 2, "needs at least 2 checkpoints, got %d", n);
-    if (!access(out, F_OK)) return cli_failf("average", 1, "--out %s exists: choose a new directory", out);
+    if (!access(out, F_OK))
+        return cli_failf("average", 1, "--out %s exists: choose a new directory", out);
     prl_model first;
     prl_tokenizer *tok = NULL;
     double *acc = NULL;
