@@ -2,7 +2,8 @@
 ** batch.c — the OPD frames on the bus (opd.h, docs/protocol.md): the teacher side of `train`
 ** (teacher_logprobs, teachers; with opd.topk teacher_topk_ids, teacher_topk_logprobs) and
 ** the `teach` item (a grpo batch's tokens, offsets, prompt_lens and loss mask). Every size
-** and value is checked on the way in; errors name the frame and the sample. The layout checks are grpo's (prl_grpo_batch_check): one set of rules.
+** and value is checked on the way in; errors name the frame and the sample. The layout
+** checks are grpo's (prl_grpo_batch_check): one set of rules.
 */
 #include "opd/opd.h"
 
