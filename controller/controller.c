@@ -86,6 +86,7 @@ typedef struct group {
     int verdict;          /* 0 pending, 1 trained on, -1 dropped (equal rewards) */
     int failures;         /* rollout attempts that ended in an error or a rejected result */
     int teacher;          /* OPD: the teacher index of the prompt's domain (-1: none) */
+    int revisit;          /* OPD: drawn again by its teacher KL (opd.revisit), not the sequence */
     slot *s;              /* [G] */
 } group;
 
@@ -122,6 +123,8 @@ typedef struct ctl {
     char **task_text;
     const char **task_id;
     uint8_t *retired;
+    double *teacher_kl;   /* OPD: each prompt's teacher KL at its last taught visit (-1: none) */
+    int8_t *task_teacher; /* OPD: each prompt's teacher index (-1: none) */
     int n_tasks;
     int64_t perm_epoch;   /* epoch of perm[] */
     int *perm;
@@ -398,8 +401,11 @@ static prl_status load_tasks(ctl *c)
     c->task_text = calloc(n, sizeof *c->task_text);
     c->task_id = calloc(n, sizeof *c->task_id);
     c->retired = calloc(n, 1);
+    c->teacher_kl = calloc(n, sizeof *c->teacher_kl);
+    c->task_teacher = calloc(n, sizeof *c->task_teacher);
     c->perm = calloc(n, sizeof *c->perm);
-    if (!c->task || !c->task_text || !c->task_id || !c->retired || !c->perm)
+    if (!c->task || !c->task_text || !c->task_id || !c->retired || !c->teacher_kl ||
+        !c->task_teacher || !c->perm)
         return prl_error_set(PRL_ERR_NOMEM, "%zu tasks", n);
     for (int k = 0; k < PRL_TASK_N_DOMAINS && !rc; k++) {
         prl_tasks_config tc;
@@ -424,6 +430,8 @@ static prl_status load_tasks(ctl *c)
         prl_store_prompt p;
         if ((rc = prl_store_prompt_get(c->db, c->run, c->task_id[i], &p))) break;
         c->retired[i] = (uint8_t)p.retired;
+        c->teacher_kl[i] = p.teacher_kl;
+        c->task_teacher[i] = (int8_t)prl_opd_teacher_index(p.domain);
         prl_store_prompt_free(&p);
     }
     c->perm_epoch = -1;
@@ -508,6 +516,84 @@ static int next_candidate(ctl *c, const step_run *r, int64_t *epoch)
     return -1;
 }
 
+/* ---------------------------------------------------------------- revisits (OPD) --- */
+/* opd.revisit (docs/opd.md "Revisits"): a rare kind of prompt on which the student keeps
+** disagreeing with its teacher teaches little at its share of the sequence. So R =
+** round(opd.revisit · B) of each step's prompts are drawn again from the prompts already
+** taught, with weight (KL / its teacher's mean KL)^opd.revisit_power, KL = the prompt's
+** teacher KL at its last taught visit. A revisit that the student has learned has a low KL
+** and is rarely drawn again. */
+
+static int sample_fresh(const ctl *c, const step_run *r, const slot *s);
+
+/* The prompts a step draws again (0 without opd.revisit). */
+static int revisit_count(const ctl *c)
+{
+    return c->job->opd_enabled ? (int)lround(c->job->opd_revisit * c->B) : 0;
+}
+
+/* Each teacher's mean KL over its prompts with a KL: the scale a prompt's KL is taken
+** relative to, since the teachers' KLs differ by several times (docs/opd.md "Revisits"). */
+static void teacher_kl_means(const ctl *c, double mean[PRL_OPD_TEACHERS])
+{
+    int n[PRL_OPD_TEACHERS] = {0};
+    for (int k = 0; k < PRL_OPD_TEACHERS; k++) mean[k] = 0;
+    for (int p = 0; p < c->n_tasks; p++) {
+        int k = c->task_teacher[p];
+        if (k >= 0 && c->teacher_kl[p] >= 0) mean[k] += c->teacher_kl[p], n[k]++;
+    }
+    for (int k = 0; k < PRL_OPD_TEACHERS; k++) mean[k] = n[k] ? mean[k] / n[k] : 0;
+}
+
+/* A prompt's revisit weight: (KL / its teacher's mean KL)^opd.revisit_power; 0 when it has
+** no KL > 0, is retired or already in step r. */
+static double revisit_weight(const ctl *c, const step_run *r, const double *mean, int p)
+{
+    int k = c->task_teacher[p];
+    if (k < 0 || !(c->teacher_kl[p] > 0) || !(mean[k] > 0) || c->retired[p] || step_has_prompt(r, p))
+        return 0;
+    return pow(c->teacher_kl[p] / mean[k], c->job->opd_revisit_power);
+}
+
+/* Draw i of step r: a prompt with weight revisit_weight, from the draw (run seed, step, i,
+** PRL_RNG_REVISIT); -1 when none has a weight. The weights are summed in prompt order from
+** the KLs the committed steps recorded, so the draw depends on nothing else. */
+static int revisit_draw(ctl *c, const step_run *r, int i)
+{
+    double mean[PRL_OPD_TEACHERS], total = 0;
+    teacher_kl_means(c, mean);
+    for (int p = 0; p < c->n_tasks; p++) total += revisit_weight(c, r, mean, p);
+    if (!(total > 0)) return -1;
+    prl_rng g;
+    prl_rng_init(&g, c->job->seed, (uint64_t)r->step, (uint64_t)i, 0, PRL_RNG_REVISIT);
+    double u = prl_rng_uniform(&g) * total, acc = 0;
+    int last = -1;
+    for (int p = 0; p < c->n_tasks; p++) {
+        double w = revisit_weight(c, r, mean, p);
+        if (!(w > 0)) continue;
+        acc += w, last = p;
+        if (u < acc) return p;
+    }
+    return last; /* u within rounding of total */
+}
+
+/* The KL of a group's taught samples: the mean over their loss tokens of lp_S − lp_T (the
+** sampler's and the teacher's log-probs of the sampled token: the per-token estimate of
+** KL(student ‖ teacher) that the step's metrics report), floored at 0; -1 when none was
+** taught (the group was dropped, or its samples were stale). */
+static double group_teacher_kl(const ctl *c, const step_run *r, const group *g)
+{
+    double sum = 0;
+    long n = 0;
+    for (int j = 0; g->verdict == 1 && j < c->G; j++) {
+        const slot *s = &g->s[j];
+        if (!s->teacher_lp || !sample_fresh(c, r, s)) continue;
+        for (int t = 0; t < s->n - s->prompt_len; t++)
+            if (s->mask[t]) sum += (double)s->logprobs[t] - (double)s->teacher_lp[t], n++;
+    }
+    return n ? fmax(0.0, sum / (double)n) : -1;
+}
+
 /* ---------------------------------------------------------------- steps ------------ */
 
 static prl_status group_add(ctl *c, step_run *r, int prompt, int64_t epoch)
@@ -522,7 +608,7 @@ static prl_status group_add(ctl *c, step_run *r, int prompt, int64_t epoch)
     *g = (group){.prompt = prompt, .epoch = epoch, .s = calloc((size_t)c->G, sizeof(slot)),
                  .teacher = -1};
     if (c->job->opd_enabled) /* the teacher of the prompt's domain (every one is configured) */
-        g->teacher = prl_opd_teacher_index(json_string_value(json_object_get(c->task[prompt], "domain")));
+        g->teacher = c->task_teacher[prompt];
     if (!g->s) return prl_error_set(PRL_ERR_NOMEM, "group of %d samples", c->G);
     r->n++;
     return PRL_OK;
@@ -570,9 +656,12 @@ static prl_status step_open(ctl *c)
     if (!r) return PRL_OK;
     *r = (step_run){.step = c->next_step, .active = 1, .t_open = prl_now()};
     prl_status rc = PRL_OK;
+    int R = revisit_count(c);
     for (int i = 0; i < c->B && !rc; i++) {
-        int64_t e;
-        int p = next_candidate(c, r, &e);
+        int64_t e = c->cursor / c->n_tasks; /* a revisit's outcome counts for the current epoch */
+        int p = i >= c->B - R ? revisit_draw(c, r, i - (c->B - R)) : -1;
+        int revisit = p >= 0;
+        if (!revisit) p = next_candidate(c, r, &e);
         if (p < 0) { /* the retire rules emptied the set: a restart would find it empty too */
             c->failed = 1;
             return prl_error_set(PRL_ERR_RANGE, "step %lld: every train prompt is retired (see the "
@@ -580,6 +669,7 @@ static prl_status step_open(ctl *c)
                                  "raise task.train_problems)", (long long)r->step);
         }
         rc = group_add(c, r, p, e);
+        if (!rc) r->g[r->n - 1].revisit = revisit;
     }
     c->next_step++;
     prl_store_sample *xs = NULL;
@@ -1391,6 +1481,20 @@ static void prune_checkpoints(ctl *c)
     remove_checkpoint(dir);
 }
 
+/* With opd.revisit: how many of the step's groups were revisits and the mean teacher KL they
+** were drawn with, against the mean over every prompt with a KL before the step (-1: none). */
+static void revisit_metrics(const ctl *c, const step_run *r, char *out, size_t n)
+{
+    int nr = 0, np = 0;
+    double kr = 0, kp = 0;
+    for (int i = 0; i < r->n; i++)
+        if (r->g[i].revisit) nr++, kr += c->teacher_kl[r->g[i].prompt];
+    for (int p = 0; p < c->n_tasks; p++)
+        if (c->teacher_kl[p] >= 0) np++, kp += c->teacher_kl[p];
+    snprintf(out, n, "\"revisits\": %d, \"revisit_kl\": %.6f, \"prompts_kl\": %.6f, ", nr,
+             nr ? kr / nr : -1.0, np ? kp / np : -1.0);
+}
+
 static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double train_s, char *out,
                          size_t n, prl_store_step *st)
 {
@@ -1414,12 +1518,13 @@ static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, doubl
     ** overlap, so this is less than step_s) */
     double interval_s = now - (c->t_last_commit ? c->t_last_commit : c->t_start);
     c->t_last_commit = now;
-    char teachers[2400] = "", tm[2048];
+    char teachers[2400] = "", tm[2048], rv[128] = "";
     if (c->job->opd_enabled) { /* OPD: the teacher stage (last score → last teacher answer) */
         teach_metrics(c, r, tm, sizeof tm);
         snprintf(teachers, sizeof teachers, "\"teach_s\": %.3f, \"teachers\": %s, ",
                  r->t_taught && r->t_scored ? r->t_taught - r->t_scored : 0, tm);
     }
+    if (revisit_count(c)) revisit_metrics(c, r, rv, sizeof rv);
     *st = (prl_store_step){.run = c->run, .step = r->step,
                            .reward_mean = samples ? rsum / samples : 0,
                            .accuracy = samples ? (double)solved / samples : 0,
@@ -1431,11 +1536,11 @@ static void step_metrics(ctl *c, step_run *r, const char *trainer_metrics, doubl
              "\"truncated_share\": %.4f, \"rollout_s\": %.3f, \"rollout_wait_s\": %.3f, "
              "\"score_tail_s\": %.3f, \"train_s\": %.3f, "
              "\"step_s\": %.3f, \"interval_s\": %.3f, \"reward_busy_s\": %.3f, \"tokens_per_s\": %.1f, "
-             "\"cursor_end\": %lld, \"version\": %lld, %s\"trainer\": %s}",
+             "\"cursor_end\": %lld, \"version\": %lld, %s%s\"trainer\": %s}",
              samples, r->n, r->accepted, r->dropped, stale, st->reward_mean, st->accuracy, tok,
              samples ? trunc / samples : 0, rollout_s, wait_s, score_s, train_s, step_s, interval_s,
              r->score_seconds, st->tokens_per_s,
-             (long long)c->cursor, (long long)c->version, teachers, trainer_metrics);
+             (long long)c->cursor, (long long)c->version, teachers, rv, trainer_metrics);
 }
 
 static void progress_line(ctl *c, const prl_store_step *st, const char *metrics, step_run *r)
@@ -1475,6 +1580,21 @@ static void progress_line(ctl *c, const prl_store_step *st, const char *metrics,
 /* Close step r: version v+1 (at `path`) and the step's metrics go to run.db in one
 ** transaction, then the step leaves memory. A run.db failure is fatal: the controller exits
 ** and its restart continues from what run.db holds. */
+/* With opd.revisit: each taught group's teacher KL, in run.db (inside the step's transaction,
+** so a resumed run draws from what the committed steps recorded) and in memory. */
+static prl_status record_teacher_kls(ctl *c, const step_run *r)
+{
+    if (!revisit_count(c)) return PRL_OK;
+    prl_status rc = PRL_OK;
+    for (int i = 0; i < r->n && !rc; i++) {
+        double kl = group_teacher_kl(c, r, &r->g[i]);
+        if (kl < 0) continue;
+        rc = prl_store_prompt_set_teacher_kl(c->db, c->run, c->task_id[r->g[i].prompt], kl);
+        if (!rc) c->teacher_kl[r->g[i].prompt] = kl;
+    }
+    return rc;
+}
+
 static prl_status step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
                               const char *trainer_metrics, double train_s)
 {
@@ -1495,6 +1615,7 @@ static prl_status step_commit(ctl *c, step_run *r, const char *path, uint64_t su
     if (!rc) {
         rc = prl_store_version_add(c->db, &v);
         if (!rc) rc = prl_store_step_put(c->db, &st);
+        if (!rc) rc = record_teacher_kls(c, r);
         rc = rc ? (prl_store_rollback(c->db), rc) : prl_store_commit(c->db);
     }
     if (rc) rc = prl_error_wrap(rc, "run.db: recording step %lld: ", (long long)r->step);
@@ -1824,7 +1945,8 @@ static void cleanup(ctl *c)
     for (int i = 0; i < MAX_INFLIGHT; i++)
         if (c->st[i].active) step_free(c, &c->st[i]);
     for (int i = 0; i < c->n_tasks; i++) json_decref(c->task[i]), free(c->task_text[i]);
-    free(c->task), free(c->task_text), free(c->task_id), free(c->retired), free(c->perm);
+    free(c->task), free(c->task_text), free(c->task_id), free(c->retired), free(c->teacher_kl);
+    free(c->task_teacher), free(c->perm);
     free(c->l), free(c->config_json);
     prl_bus_socket_free(c->sock);
     prl_store_close(c->db);

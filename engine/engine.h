@@ -208,7 +208,8 @@ enum {
     PRL_RNG_TASK = 4,    /* task generation */
     PRL_RNG_TEST = 5,    /* tests */
     PRL_RNG_DRAFT = 6,   /* speculative decoding: a draft token d_k ~ q_k */
-    PRL_RNG_ACCEPT = 7   /* speculative decoding: the acceptance test u_k and its residual draw */
+    PRL_RNG_ACCEPT = 7,  /* speculative decoding: the acceptance test u_k and its residual draw */
+    PRL_RNG_REVISIT = 8  /* OPD: the prompts a step draws again by teacher KL (opd.revisit) */
 };
 
 /* Seconds on the monotonic clock (for durations; never for seeds). */

@@ -124,6 +124,8 @@ static const prl_key_spec keys[] = {
     {"opd.task_weight", PRL_KEY_REAL, F(opd_task_weight), 0, 1e3, "0", NULL},
     {"opd.topk", PRL_KEY_INT, F(opd_topk), 0, 64, "0", NULL},
     {"opd.topk_coef", PRL_KEY_REAL, F(opd_topk_coef), 0, 1e3, "1.0", NULL},
+    {"opd.revisit", PRL_KEY_REAL, F(opd_revisit), 0, 0.9, "0", NULL},
+    {"opd.revisit_power", PRL_KEY_REAL, F(opd_revisit_power), 0, 8, "1.0", NULL},
     {"teacher.workers", PRL_KEY_INT, F(teacher_workers), 1, 16, "1", NULL},
     {"teacher.threads", PRL_KEY_INT, F(teacher_threads), 0, 256, "0", NULL},
 };
@@ -218,6 +220,13 @@ int prl_job_mix_problems(const prl_job_config *c, prl_task_domain d)
 static prl_status check_opd(const prl_job_config *c, const char *source)
 {
     static const char *const domains[4] = {"agent", "coding", "general", "reasoning"};
+    if (c->opd_revisit > 0 && !c->opd_enabled)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'opd.revisit' = %g needs opd.enabled (it "
+                             "draws prompts by their teacher KL)", source, c->opd_revisit);
+    if (c->opd_revisit > 0 && strcmp(c->mode, "sync"))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'opd.revisit' = %g needs controller.mode = "
+                             "sync (in async mode which teacher KLs a step's draw sees would depend "
+                             "on timing)", source, c->opd_revisit);
     if (!c->opd_enabled) return PRL_OK;
     for (int i = 0; i < 4; i++) {
         prl_task_domain d;

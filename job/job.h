@@ -95,6 +95,9 @@ typedef struct prl_job_config {
     int opd_topk;                /* opd.topk: teacher top-k per token for the distillation term
                                  ** (0: off) */
     double opd_topk_coef;        /* opd.topk_coef: that term's weight */
+    double opd_revisit;          /* opd.revisit: share of a step's prompts drawn again by their
+                                 ** last teacher KL (0: off; docs/opd.md "Revisits") */
+    double opd_revisit_power;    /* opd.revisit_power: draw weight = KL^power */
     int teacher_workers, teacher_threads; /* the pool of teacher processes */
 } prl_job_config;
 

@@ -9,6 +9,7 @@
 */
 #include "store/store_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,7 +56,7 @@ prl_status prl_store_prompt_put(prl_store *db, const prl_store_prompt *p)
 
 static const char SQL_PROMPT_GET[] =
     "SELECT run, prompt_id, domain, split, task, difficulty, solved_bits, last_epoch, retired, "
-    "unsolved_bits FROM prompts WHERE run = ?1 AND prompt_id = ?2";
+    "unsolved_bits, teacher_kl FROM prompts WHERE run = ?1 AND prompt_id = ?2";
 
 static prl_status prompt_from_row(sqlite3_stmt *st, prl_store_prompt *out)
 {
@@ -65,6 +66,7 @@ static prl_status prompt_from_row(sqlite3_stmt *st, prl_store_prompt *out)
     out->last_epoch = sqlite3_column_int64(st, 7);
     out->retired = sqlite3_column_int(st, 8);
     out->unsolved_bits = (uint64_t)sqlite3_column_int64(st, 9);
+    out->teacher_kl = sqlite3_column_type(st, 10) == SQLITE_NULL ? -1 : sqlite3_column_double(st, 10);
     prl_status rc = store_column_text(st, 1, &out->prompt_id);
     if (rc == PRL_OK) rc = store_column_text(st, 2, &out->domain);
     if (rc == PRL_OK) rc = store_column_text(st, 3, &out->split);
@@ -181,6 +183,30 @@ prl_status prl_store_prompts_retire(prl_store *db, int64_t run, int64_t epoch, i
         rc = store_step_done(db, st, "retiring prompts");
     }
     if (rc == PRL_OK && retired) *retired = sqlite3_changes(db->db);
+    return store_tx_end(db, rc);
+}
+
+static const char SQL_PROMPT_TEACHER_KL[] =
+    "UPDATE prompts SET teacher_kl = ?3 WHERE run = ?1 AND prompt_id = ?2";
+
+prl_status prl_store_prompt_set_teacher_kl(prl_store *db, int64_t run, const char *prompt_id,
+                                           double kl)
+{
+    if (!(isfinite(kl) && kl >= 0))
+        return prl_error_set(PRL_ERR_ARG, "prompt '%s': teacher KL %g is not finite and >= 0",
+                             prompt_id, kl);
+    sqlite3_stmt *st;
+    prl_status rc = store_tx_begin(db);
+    if (rc != PRL_OK) return rc;
+    rc = store_stmt(db, SQL_PROMPT_TEACHER_KL, &st);
+    if (rc == PRL_OK) {
+        sqlite3_bind_int64(st, 1, run);
+        sqlite3_bind_text(st, 2, prompt_id, -1, SQLITE_STATIC);
+        sqlite3_bind_double(st, 3, kl);
+        rc = store_step_done(db, st, "recording a prompt's teacher KL");
+    }
+    if (rc == PRL_OK && sqlite3_changes(db->db) == 0)
+        rc = prl_error_set(PRL_ERR_RANGE, "no prompt '%s' in run %lld", prompt_id, (long long)run);
     return store_tx_end(db, rc);
 }
 

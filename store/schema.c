@@ -89,6 +89,8 @@ const char *const store_migrations[PRL_STORE_SCHEMA_VERSION] = {
     "CREATE INDEX events_by_kind ON events(run, kind, time);",
     /* 2 → 3: the unsolved history (controller.retire_unsolved_epochs) */
     "ALTER TABLE prompts ADD COLUMN unsolved_bits INTEGER NOT NULL DEFAULT 0;",
+    /* 3 → 4: the teacher KL of a prompt's last taught visit (opd.revisit; NULL: none) */
+    "ALTER TABLE prompts ADD COLUMN teacher_kl REAL;",
 };
 
 static int user_version(sqlite3 *db, int *v)

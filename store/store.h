@@ -29,7 +29,7 @@
 
 /* The schema version this code writes (PRAGMA user_version). Opening a database with a
 ** lower version migrates it; a higher version is an error naming both. */
-enum { PRL_STORE_SCHEMA_VERSION = 3 };
+enum { PRL_STORE_SCHEMA_VERSION = 4 };
 
 typedef struct prl_store prl_store; /* opaque handle: one SQLite connection + cached statements */
 
@@ -100,6 +100,8 @@ typedef struct prl_store_prompt {
     uint64_t unsolved_bits; /* bit i: no sample scored above 0 in epoch last_epoch - i */
     int64_t last_epoch;     /* -1: no epoch recorded */
     int retired;            /* removed from sampling by prl_store_prompts_retire */
+    double teacher_kl;      /* OPD: teacher KL at the last taught visit (-1: none; written by
+                            ** prl_store_prompt_set_teacher_kl) */
 } prl_store_prompt;
 
 /* A prompt's group in one epoch. */
@@ -126,6 +128,10 @@ prl_status prl_store_prompt_record(prl_store *db, int64_t run, const char *promp
 ** *retired (may be NULL) gets how many were retired now. */
 prl_status prl_store_prompts_retire(prl_store *db, int64_t run, int64_t epoch, int n,
                                     prl_store_outcome which, int64_t *retired);
+/* Record a prompt's teacher KL (opd.revisit: finite and >= 0, else PRL_ERR_ARG); a missing
+** prompt is PRL_ERR_RANGE. */
+prl_status prl_store_prompt_set_teacher_kl(prl_store *db, int64_t run, const char *prompt_id,
+                                           double kl);
 /* Number of prompts of a run in `split` (NULL: all) that are not retired. */
 prl_status prl_store_prompt_count_active(prl_store *db, int64_t run, const char *split,
                                          int64_t *count);

@@ -109,6 +109,14 @@ START_TEST(test_task_mix)
     ck_assert(strstr(prl_error_message(), "key 'opd.teachers.coding' is empty"));
     ck_assert_int_eq(prl_job_config_set(&c, "opd.teachers.coding=c"), PRL_OK);
     ck_assert_int_eq(prl_job_config_set(&c, "opd.enabled=true"), PRL_OK);
+    /* opd.revisit draws by teacher KL: it needs OPD, and sync mode to be deterministic */
+    ck_assert(c.opd_revisit == 0 && c.opd_revisit_power == 1);
+    ck_assert_int_eq(prl_job_config_set(&c, "opd.revisit=0.5"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "controller.mode=async"), PRL_ERR_CONFIG);
+    ck_assert(strstr(prl_error_message(), "key 'opd.revisit' = 0.5 needs controller.mode = sync"));
+    ck_assert_int_eq(prl_job_config_set(&c, "opd.enabled=false"), PRL_ERR_CONFIG);
+    ck_assert(strstr(prl_error_message(), "key 'opd.revisit' = 0.5 needs opd.enabled"));
+    ck_assert_int_eq(prl_job_config_set(&c, "opd.revisit=0.95"), PRL_ERR_CONFIG);
     prl_job_config_free(&c);
     expect_error("{\"task\": {\"domain\": \"coding\", \"mix\": {\"coding\": 2}}}",
                  "key 'task.mix.coding' = 2 applies only to task.domain = mixed (this job's is coding)");

@@ -11,7 +11,9 @@
 # run with the top-k distillation term (opd.topk) carries the teachers' top-k to the trainer.
 # The same run with both teacher processes killed (kill -9) mid-run is restarted by the
 # launcher, their items are handed out again, and it ends with a bitwise-identical policy;
-# so does the run killed whole (every process, kill -9) and continued with --resume.
+# so does the run killed whole (every process, kill -9) and continued with --resume. With
+# opd.revisit, half of each step's prompts are drawn again by teacher KL, and a resumed run
+# draws the same.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
 work=$(mktemp -d /tmp/prl-opd-XXXXXX)
@@ -178,3 +180,40 @@ finish rs
 [ "$(sha256sum < runs/opd/final/model.safetensors)" = "$(sha256sum < runs/rs/final/model.safetensors)" ] ||
   fail "the resumed run ends with another policy"
 echo "ok: killed whole and resumed: same final policy bitwise"
+
+# ---- opd.revisit: half of each step's prompts drawn again from the prompts already taught,
+# by teacher KL (docs/opd.md "Revisits"); the KLs are recorded in run.db, so the run killed
+# whole and resumed draws the same prompts and ends with the same policy bitwise
+rv="--set opd.revisit=0.5 --set opd.revisit_power=2 --set controller.dynamic_sampling=false"
+$prl run job.json --set run.name=rv $rv > rv.out 2> rv.err &
+launcher=$!
+finish rv
+db=runs/rv/run.db
+per_step=$(sqlite3 $db "SELECT group_concat(json_extract(metrics, '\$.revisits'), ' ') FROM
+  (SELECT metrics FROM steps ORDER BY step)")
+[ "$per_step" = "0 2 2 2 2 2 2 2" ] || fail "opd.revisit 0.5 of 4 prompts: revisits per step '$per_step'"
+# step 0 has no KL to draw by; from step 1 every revisit is a prompt seen before, so the
+# 8 steps x 4 groups hold 4 + 7 x 2 distinct prompts (the sequence's first epoch)
+distinct=$(sqlite3 $db "SELECT count(DISTINCT prompt_id) FROM samples")
+[ "$distinct" = 18 ] || fail "opd.revisit: $distinct distinct prompts in 32 groups, not 18"
+bad=$(sqlite3 $db "SELECT count(*) FROM prompts WHERE teacher_kl < 0 OR (teacher_kl IS NULL AND
+  prompt_id IN (SELECT prompt_id FROM samples))")
+[ "$bad" = 0 ] || fail "opd.revisit: $bad taught prompts without a teacher KL >= 0"
+sqlite3 $db "SELECT step, json_extract(metrics, '\$.revisits'), round(json_extract(metrics,
+  '\$.revisit_kl'), 4), round(json_extract(metrics, '\$.prompts_kl'), 4) FROM steps ORDER BY step"
+$prl run job.json --set run.name=rk $rv > rk.out 2> rk.err &
+launcher=$!
+for _ in $(seq 1 600); do
+  [ "$(sqlite3 runs/rk/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 3 ] && break
+  sleep 0.02
+done
+pkill -9 -P "$launcher" || true
+kill -9 "$launcher"
+wait "$launcher" 2>/dev/null || true
+echo "killed run rk after $(sqlite3 runs/rk/run.db 'SELECT count(*) FROM steps') steps"
+$prl run --resume runs/rk > rk.out 2> rk.err &
+launcher=$!
+finish rk
+[ "$(sha256sum < runs/rv/final/model.safetensors)" = "$(sha256sum < runs/rk/final/model.safetensors)" ] ||
+  fail "opd.revisit: the resumed run ends with another policy"
+echo "ok: opd.revisit: 2 of 4 prompts a step drawn again by teacher KL; resumed: same policy bitwise"

@@ -8,7 +8,8 @@
 ** are errors naming the key and column; a child writing samples is SIGKILLed mid-way and the
 ** reopened file is consistent with every acknowledged sample intact; a WAL reader keeps its
 ** snapshot while the writer commits; batches and savepoints; versions, steps, events;
-** prompts' solved history and the retire rule; foreign keys and JSON checks.
+** prompts' solved history and the retire rule; their teacher KL (opd.revisit); foreign keys
+** and JSON checks.
 */
 #include "store/store.h"
 #include "store/store_int.h"
@@ -214,6 +215,7 @@ START_TEST(test_migrations)
     ck_assert_uint_eq(p.solved_bits, 5);
     ck_assert_uint_eq(p.unsolved_bits, 0);
     ck_assert_int_eq(p.last_epoch, 2);
+    ck_assert(p.teacher_kl == -1); /* 3 → 4: no teacher KL yet */
     prl_store_prompt_free(&p);
     prl_store_close(db);
     teardown();
@@ -232,7 +234,10 @@ START_TEST(test_newer_schema_refused)
     prl_store *db = (prl_store *)1;
     ck_assert_int_eq(prl_store_open(dbpath, &db), PRL_ERR_UNSUPPORTED);
     ck_assert_ptr_null(db);
-    assert_msg_has("schema version 99 is newer than this prl's version 3");
+    char want[96];
+    snprintf(want, sizeof want, "schema version 99 is newer than this prl's version %d",
+             PRL_STORE_SCHEMA_VERSION);
+    assert_msg_has(want);
     /* a file that is not a database */
     teardown();
     setup();
@@ -732,6 +737,39 @@ START_TEST(test_prompts_retire_unsolved)
 }
 END_TEST
 
+/* opd.revisit's record: none → -1; set and overwritten; bad values and prompts refused;
+** inside an open batch it is rolled back with the batch (the controller's step commit). */
+START_TEST(test_prompt_teacher_kl)
+{
+    int64_t run;
+    prl_store *db = open_with_prompts(&run, 2);
+    prl_store_prompt p;
+    assert_ok(prl_store_prompt_get(db, run, "p0", &p));
+    ck_assert(p.teacher_kl == -1);
+    prl_store_prompt_free(&p);
+    assert_ok(prl_store_prompt_set_teacher_kl(db, run, "p0", 0.25));
+    assert_ok(prl_store_prompt_set_teacher_kl(db, run, "p1", 0));
+    assert_ok(prl_store_prompt_set_teacher_kl(db, run, "p0", 0.125));
+    assert_ok(prl_store_prompt_get(db, run, "p0", &p));
+    ck_assert(p.teacher_kl == 0.125);
+    prl_store_prompt_free(&p);
+    assert_ok(prl_store_prompt_get(db, run, "p1", &p));
+    ck_assert(p.teacher_kl == 0);
+    prl_store_prompt_free(&p);
+    ck_assert_int_eq(prl_store_prompt_set_teacher_kl(db, run, "p0", -0.5), PRL_ERR_ARG);
+    ck_assert_int_eq(prl_store_prompt_set_teacher_kl(db, run, "p0", NAN), PRL_ERR_ARG);
+    ck_assert_int_eq(prl_store_prompt_set_teacher_kl(db, run, "nope", 1), PRL_ERR_RANGE);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "nope"));
+    assert_ok(prl_store_begin(db));
+    assert_ok(prl_store_prompt_set_teacher_kl(db, run, "p0", 3));
+    assert_ok(prl_store_rollback(db));
+    assert_ok(prl_store_prompt_get(db, run, "p0", &p));
+    ck_assert(p.teacher_kl == 0.125);
+    prl_store_prompt_free(&p);
+    prl_store_close(db);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("store");
@@ -751,6 +789,7 @@ int main(void)
     tcase_add_test(tc, test_versions_steps_events);
     tcase_add_test(tc, test_prompts_retire);
     tcase_add_test(tc, test_prompts_retire_unsolved);
+    tcase_add_test(tc, test_prompt_teacher_kl);
     suite_add_tcase(s, tc);
     return check_run(s);
 }
