@@ -164,16 +164,20 @@ grep -q "teacher-0 died" k.err || fail "the launcher did not restart teacher-0"
 echo "ok: teachers killed mid-run: restarted, same final policy bitwise"
 
 # ---- the whole run killed mid-run and resumed
-$prl run job.json --set run.name=rs > rs.out 2> rs.err &
-launcher=$!
-for _ in $(seq 1 600); do
-  [ "$(sqlite3 runs/rs/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 3 ] && break
-  sleep 0.02
-done
-pkill -9 -P "$launcher" || true
-kill -9 "$launcher"
-wait "$launcher" 2>/dev/null || true
-echo "killed run rs after $(sqlite3 runs/rs/run.db 'SELECT count(*) FROM steps') steps"
+kill_after_3_steps() { # name, --set args...: start the run, kill -9 every process after 3 steps
+  local name=$1; shift
+  $prl run job.json --set run.name=$name "$@" > $name.out 2> $name.err &
+  launcher=$!
+  for _ in $(seq 1 600); do
+    [ "$(sqlite3 runs/$name/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 3 ] && break
+    sleep 0.02
+  done
+  pkill -9 -P "$launcher" || true
+  kill -9 "$launcher"
+  wait "$launcher" 2>/dev/null || true
+  echo "killed run $name after $(sqlite3 runs/$name/run.db 'SELECT count(*) FROM steps') steps"
+}
+kill_after_3_steps rs
 $prl run --resume runs/rs --set teacher.threads=1 > rs.out 2> rs.err & # thread counts may change
 launcher=$!
 finish rs
@@ -201,16 +205,7 @@ bad=$(sqlite3 $db "SELECT count(*) FROM prompts WHERE teacher_kl < 0 OR (teacher
 [ "$bad" = 0 ] || fail "opd.revisit: $bad taught prompts without a teacher KL >= 0"
 sqlite3 $db "SELECT step, json_extract(metrics, '\$.revisits'), round(json_extract(metrics,
   '\$.revisit_kl'), 4), round(json_extract(metrics, '\$.prompts_kl'), 4) FROM steps ORDER BY step"
-$prl run job.json --set run.name=rk $rv > rk.out 2> rk.err &
-launcher=$!
-for _ in $(seq 1 600); do
-  [ "$(sqlite3 runs/rk/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 3 ] && break
-  sleep 0.02
-done
-pkill -9 -P "$launcher" || true
-kill -9 "$launcher"
-wait "$launcher" 2>/dev/null || true
-echo "killed run rk after $(sqlite3 runs/rk/run.db 'SELECT count(*) FROM steps') steps"
+kill_after_3_steps rk $rv
 $prl run --resume runs/rk > rk.out 2> rk.err &
 launcher=$!
 finish rk
