@@ -520,9 +520,9 @@ static int next_candidate(ctl *c, const step_run *r, int64_t *epoch)
 /* opd.revisit (docs/opd.md "Revisits"): a rare kind of prompt on which the student keeps
 ** disagreeing with its teacher teaches little at its share of the sequence. So R =
 ** round(opd.revisit · B) of each step's prompts are drawn again from the prompts already
-** taught, with weight (KL / its teacher's mean KL)^opd.revisit_power, KL = the prompt's
-** teacher KL at its last taught visit. A revisit that the student has learned has a low KL
-** and is rarely drawn again. */
+** taught: a teacher, then one of its prompts with weight KL^opd.revisit_power, KL = the
+** prompt's teacher KL at its last taught visit. A revisit that the student has learned has a
+** low KL and is rarely drawn again. */
 
 static int sample_fresh(const ctl *c, const step_run *r, const slot *s);
 
@@ -532,49 +532,43 @@ static int revisit_count(const ctl *c)
     return c->job->opd_enabled ? (int)lround(c->job->opd_revisit * c->B) : 0;
 }
 
-/* Each teacher's mean KL over its prompts with a KL: the scale a prompt's KL is taken
-** relative to, since the teachers' KLs differ by several times (docs/opd.md "Revisits"). */
-static void teacher_kl_means(const ctl *c, double mean[PRL_OPD_TEACHERS])
+/* A prompt's revisit weight within its teacher's prompts: KL^opd.revisit_power; 0 when it
+** has no KL > 0, is retired or already in step r. */
+static double revisit_weight(const ctl *c, const step_run *r, int p)
 {
-    int n[PRL_OPD_TEACHERS] = {0};
-    for (int k = 0; k < PRL_OPD_TEACHERS; k++) mean[k] = 0;
-    for (int p = 0; p < c->n_tasks; p++) {
-        int k = c->task_teacher[p];
-        if (k >= 0 && c->teacher_kl[p] >= 0) mean[k] += c->teacher_kl[p], n[k]++;
-    }
-    for (int k = 0; k < PRL_OPD_TEACHERS; k++) mean[k] = n[k] ? mean[k] / n[k] : 0;
-}
-
-/* A prompt's revisit weight: (KL / its teacher's mean KL)^opd.revisit_power; 0 when it has
-** no KL > 0, is retired or already in step r. */
-static double revisit_weight(const ctl *c, const step_run *r, const double *mean, int p)
-{
-    int k = c->task_teacher[p];
-    if (k < 0 || !(c->teacher_kl[p] > 0) || !(mean[k] > 0) || c->retired[p] || step_has_prompt(r, p))
+    if (c->task_teacher[p] < 0 || !(c->teacher_kl[p] > 0) || c->retired[p] || step_has_prompt(r, p))
         return 0;
-    return pow(c->teacher_kl[p] / mean[k], c->job->opd_revisit_power);
+    return pow(c->teacher_kl[p], c->job->opd_revisit_power);
 }
 
-/* Draw i of step r: a prompt with weight revisit_weight, from the draw (run seed, step, i,
-** PRL_RNG_REVISIT); -1 when none has a weight. The weights are summed in prompt order from
-** the KLs the committed steps recorded, so the draw depends on nothing else. */
+/* Draw i of step r, from the draw (run seed, step, i, PRL_RNG_REVISIT): a teacher with
+** probability proportional to its prompts with a weight (so the revisits keep the domains'
+** mix: the teachers' KLs differ by tens of times), then one of its prompts in proportion
+** to the weight; -1 when no prompt has one. Sums run in prompt order over the KLs the
+** committed steps recorded, so the draw depends on nothing else. */
 static int revisit_draw(ctl *c, const step_run *r, int i)
 {
-    double mean[PRL_OPD_TEACHERS], total = 0;
-    teacher_kl_means(c, mean);
-    for (int p = 0; p < c->n_tasks; p++) total += revisit_weight(c, r, mean, p);
-    if (!(total > 0)) return -1;
+    double total[PRL_OPD_TEACHERS] = {0};
+    int n[PRL_OPD_TEACHERS] = {0}, all = 0;
+    for (int p = 0; p < c->n_tasks; p++) {
+        double w = revisit_weight(c, r, p);
+        if (w > 0) total[c->task_teacher[p]] += w, n[c->task_teacher[p]]++, all++;
+    }
+    if (!all) return -1;
     prl_rng g;
     prl_rng_init(&g, c->job->seed, (uint64_t)r->step, (uint64_t)i, 0, PRL_RNG_REVISIT);
-    double u = prl_rng_uniform(&g) * total, acc = 0;
+    int pick = (int)(prl_rng_u64(&g) % (uint64_t)all), k = 0;
+    while (pick >= n[k]) pick -= n[k++];
+    double u = prl_rng_uniform(&g) * total[k], acc = 0;
     int last = -1;
     for (int p = 0; p < c->n_tasks; p++) {
-        double w = revisit_weight(c, r, mean, p);
+        if (c->task_teacher[p] != k) continue;
+        double w = revisit_weight(c, r, p);
         if (!(w > 0)) continue;
         acc += w, last = p;
         if (u < acc) return p;
     }
-    return last; /* u within rounding of total */
+    return last; /* u within rounding of total[k] */
 }
 
 /* The KL of a group's taught samples: the mean over their loss tokens of lp_S − lp_T (the

@@ -97,7 +97,7 @@ typedef struct prl_job_config {
     double opd_topk_coef;        /* opd.topk_coef: that term's weight */
     double opd_revisit;          /* opd.revisit: share of a step's prompts drawn again by their
                                  ** last teacher KL (0: off; docs/opd.md "Revisits") */
-    double opd_revisit_power;    /* opd.revisit_power: draw weight = KL^power */
+    double opd_revisit_power;    /* opd.revisit_power: draw weight within a teacher = KL^power */
     int teacher_workers, teacher_threads; /* the pool of teacher processes */
 } prl_job_config;
 
