@@ -1571,9 +1571,6 @@ static void progress_line(ctl *c, const prl_store_step *st, const char *metrics,
     fflush(c->o->progress);
 }
 
-/* Close step r: version v+1 (at `path`) and the step's metrics go to run.db in one
-** transaction, then the step leaves memory. A run.db failure is fatal: the controller exits
-** and its restart continues from what run.db holds. */
 /* With opd.revisit: each taught group's teacher KL, in run.db (inside the step's transaction,
 ** so a resumed run draws from what the committed steps recorded) and in memory. */
 static prl_status record_teacher_kls(ctl *c, const step_run *r)
@@ -1589,6 +1586,9 @@ static prl_status record_teacher_kls(ctl *c, const step_run *r)
     return rc;
 }
 
+/* Close step r: version v+1 (at `path`) and the step's metrics go to run.db in one
+** transaction, then the step leaves memory. A run.db failure is fatal: the controller exits
+** and its restart continues from what run.db holds. */
 static prl_status step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
                               const char *trainer_metrics, double train_s)
 {
