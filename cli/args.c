@@ -141,13 +141,7 @@ int cli_setup_blas(const char *cmd, int threads)
 
 prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok)
 {
-    *tok = NULL;
-    prl_status rc = prl_checkpoint_load(m, dir);
-    if (rc) return rc;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (access(path, F_OK) == 0 && (rc = prl_tokenizer_load(path, tok))) prl_model_free(m);
-    return rc;
+    return prl_checkpoint_load_tokenizer(m, dir, tok);
 }
 
 prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, size_t *n)
@@ -174,21 +168,9 @@ prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, si
 prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_message **msgs,
                              size_t *n)
 {
-    size_t nm = json_array_size(v);
-    prl_chat_message *cm = calloc(nm + 1, sizeof *cm);
-    if (!cm) return prl_error_set(PRL_ERR_NOMEM, "%s:%d: messages", file, line);
-    for (size_t i = 0; i < nm; i++) {
-        json_t *msg = json_array_get(v, i);
-        cm[i].role = json_string_value(json_object_get(msg, "role"));
-        cm[i].content = json_string_value(json_object_get(msg, "content"));
-        if (!cm[i].role || !cm[i].content) {
-            free(cm);
-            return prl_error_set(PRL_ERR_FORMAT, "%s:%d: message %zu needs string role and content",
-                                 file, line, i);
-        }
-    }
-    *msgs = cm, *n = nm;
-    return PRL_OK;
+    char where[1100];
+    snprintf(where, sizeof where, "%s:%d", file, line);
+    return prl_chat_from_json(v, where, msgs, n);
 }
 
 prl_status cli_jsonl_sequence(json_t *obj, const prl_tokenizer *tok, const char *file, int line,

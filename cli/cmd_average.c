@@ -104,7 +104,7 @@ static char *average_state(const char **in, int n)
 static prl_status sum_inputs(const char **in, int n, prl_model *first, prl_tokenizer **tok,
                              double **acc)
 {
-    prl_status rc = cli_load_checkpoint(in[0], first, tok);
+    prl_status rc = prl_checkpoint_load_tokenizer(first, in[0], tok);
     if (rc) return rc;
     char *cfg = NULL, *tok_text = NULL;
     size_t tok_n = 0;
@@ -117,7 +117,7 @@ static prl_status sum_inputs(const char **in, int n, prl_model *first, prl_token
         prl_model m;
         prl_tokenizer *t = NULL;
         memset(&m, 0, sizeof m);
-        if ((rc = cli_load_checkpoint(in[i], &m, &t))) break;
+        if ((rc = prl_checkpoint_load_tokenizer(&m, in[i], &t))) break;
         rc = same_model(in[i], &m, t, in[0], cfg, tok_text, tok_n);
         if (!rc) accumulate(*acc, &m, 0);
         prl_model_free(&m);

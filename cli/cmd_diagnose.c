@@ -207,7 +207,7 @@ int cmd_diagnose(int argc, char **argv)
     int threads = prl_pool_threads();
     prl_model m;
     prl_tokenizer *tok = NULL;
-    if (cli_load_checkpoint(a.ckpt, &m, &tok)) return cli_fail("diagnose");
+    if (prl_checkpoint_load_tokenizer(&m, a.ckpt, &tok)) return cli_fail("diagnose");
     seq_list seqs = {0};
     prl_diag_report rep = {0};
     prl_diag_sweep sw = {0};

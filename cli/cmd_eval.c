@@ -7,6 +7,7 @@
 ** the share of episodes with score 1; the mean score counts partial credit.
 */
 #include "cli/cli.h"
+#include "roles/roles.h"
 #include "rollout/rollout.h"
 
 #include <stdlib.h>
@@ -173,7 +174,7 @@ static int eval_ckpt(const eval_args *a, const char *ckpt, prl_task_domain *doma
 {
     prl_model m;
     prl_tokenizer *tok = NULL;
-    if (cli_load_checkpoint(ckpt, &m, &tok)) return cli_fail("eval");
+    if (prl_checkpoint_load_tokenizer(&m, ckpt, &tok)) return cli_fail("eval");
     if (!tok) {
         prl_model_free(&m);
         return cli_failf("eval", 1, "%s has no tokenizer.json: eval needs the checkpoint's tokenizer", ckpt);
@@ -181,17 +182,17 @@ static int eval_ckpt(const eval_args *a, const char *ckpt, prl_task_domain *doma
     prl_infer_options io;
     int rc = 0;
     prl_infer *e = NULL;
-    cli_exec *runner = cli_exec_new();
+    prl_exec_local *runner = prl_exec_local_new();
     if (prl_infer_options_preset(&io, a->precision)) rc = cli_failf("eval", 2, "%s", prl_error_message());
     io.max_batch = a->batch;
     if (!rc && prl_infer_init(&e, &m, &io)) rc = cli_fail("eval");
-    prl_reward_exec exec = {cli_exec_sandboxed, runner, 2.0};
+    prl_reward_exec exec = {prl_exec_local_run, runner, 2.0};
     for (int i = 0; !rc && i < nd; i++) {
         if (eval_domain(a, ckpt, e, tok, &exec, domains[i], &res[i])) rc = cli_fail("eval");
         else fprintf(stderr, "eval: %s: %s done (%d problems, %.1f s)\n", ckpt,
                      prl_tasks_domain_name(domains[i]), res[i].n, res[i].seconds);
     }
-    cli_exec_free(runner);
+    prl_exec_local_free(runner);
     prl_infer_free(e);
     prl_tokenizer_free(tok);
     prl_model_free(&m);

@@ -186,7 +186,7 @@ int cmd_generate(int argc, char **argv)
     if (cli_setup_blas("generate", a.threads)) return 1;
     prl_model m;
     prl_tokenizer *tok = NULL;
-    if (cli_load_checkpoint(a.ckpt, &m, &tok)) return cli_fail("generate");
+    if (prl_checkpoint_load_tokenizer(&m, a.ckpt, &tok)) return cli_fail("generate");
     rc = run(&a, &m, tok, &io);
     prl_tokenizer_free(tok);
     prl_model_free(&m);

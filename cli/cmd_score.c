@@ -157,7 +157,7 @@ int cmd_score(int argc, char **argv)
     if (cli_setup_blas("score", a.threads)) return 1;
     prl_model m;
     prl_tokenizer *tok = NULL;
-    if (cli_load_checkpoint(a.ckpt, &m, &tok)) return cli_fail("score");
+    if (prl_checkpoint_load_tokenizer(&m, a.ckpt, &tok)) return cli_fail("score");
     prl_infer *eng = NULL;
     io.max_batch = 1;
     if (infer && prl_infer_init(&eng, &m, &io)) {

@@ -10,6 +10,7 @@
 ** stderr and, with --monitor-log, appended as JSON records (docs/tasks.md).
 */
 #include "cli/cli.h"
+#include "roles/roles.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -151,13 +152,13 @@ static int run(const check_args *a)
         fclose(f);
         return cli_failf("tasks", 1, "cannot open %s: %m", a->monitor_log);
     }
-    cli_exec *runner = cli_exec_new();
+    prl_exec_local *runner = prl_exec_local_new();
     if (!runner) {
         fclose(f);
         if (log) fclose(log);
         return cli_failf("tasks", 1, "out of memory");
     }
-    prl_reward_exec exec = {cli_exec_sandboxed, runner, a->timeout};
+    prl_reward_exec exec = {prl_exec_local_run, runner, a->timeout};
     tally t[PRL_TASK_N_DOMAINS] = {{0}};
     char *line = NULL;
     size_t cap = 0;
@@ -171,7 +172,7 @@ static int run(const check_args *a)
     if (!rc && ferror(f)) rc = cli_failf("tasks", 1, "read error in %s", a->input);
     free(line);
     fclose(f);
-    cli_exec_free(runner);
+    prl_exec_local_free(runner);
     if (log && fclose(log) != 0 && !rc) rc = cli_failf("tasks", 1, "writing %s failed", a->monitor_log);
     if (!rc) print_summary(t, a->json);
     return rc;

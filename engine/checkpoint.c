@@ -295,6 +295,17 @@ static prl_status load_bias(prl_model *m, const prl_safetensors *st)
     return PRL_OK;
 }
 
+prl_status prl_checkpoint_load_tokenizer(prl_model *m, const char *dir, prl_tokenizer **tok)
+{
+    *tok = NULL;
+    prl_status rc = prl_checkpoint_load(m, dir);
+    if (rc) return rc;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (access(path, F_OK) == 0 && (rc = prl_tokenizer_load(path, tok))) prl_model_free(m);
+    return rc;
+}
+
 prl_status prl_checkpoint_load(prl_model *m, const char *dir)
 {
     char path[4096], weights[4096];

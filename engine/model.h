@@ -380,6 +380,9 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o,
 /* Load config + weights into a new model (m must be zeroed/unused). Every tensor's name,
 ** shape and dtype and the checksum are validated; errors name the file and tensor. */
 prl_status prl_checkpoint_load(prl_model *m, const char *dir);
+/* The same, and the checkpoint's tokenizer.json when it has one (*tok NULL otherwise). On
+** error nothing is left allocated. */
+prl_status prl_checkpoint_load_tokenizer(prl_model *m, const char *dir, prl_tokenizer **tok);
 /* Load the weights of checkpoint `dir` into an initialised model `m` whose config may add DSA
 ** layers (post-hoc sparsification) or MTP modules (docs/recipes.md) to the checkpoint's: every
 ** tensor of `m` must be in the file with its shape, except DSA indexer tensors and MTP layers'

@@ -1622,6 +1622,29 @@ prl_status prl_tokenizer_encode_chat(const prl_tokenizer *tok, const prl_chat_me
     return chat_encode(tok, msgs, n_msgs, flags, 0, ids, loss_mask, n_ids);
 }
 
+prl_status prl_chat_from_json(const json_t *v, const char *where, prl_chat_message **msgs,
+                              size_t *n)
+{
+    *msgs = NULL, *n = 0;
+    if (!json_is_array(v))
+        return prl_error_set(PRL_ERR_FORMAT, "%s: the messages are not a JSON array", where);
+    size_t nm = json_array_size(v);
+    prl_chat_message *cm = calloc(nm + 1, sizeof *cm);
+    if (!cm) return prl_error_set(PRL_ERR_NOMEM, "%s: messages", where);
+    for (size_t i = 0; i < nm; i++) {
+        json_t *msg = json_array_get(v, i);
+        cm[i].role = json_string_value(json_object_get(msg, "role"));
+        cm[i].content = json_string_value(json_object_get(msg, "content"));
+        if (!cm[i].role || !cm[i].content) {
+            free(cm);
+            return prl_error_set(PRL_ERR_FORMAT, "%s: message %zu needs string role and content",
+                                 where, i);
+        }
+    }
+    *msgs = cm, *n = nm;
+    return PRL_OK;
+}
+
 prl_status prl_tokenizer_encode_chat_prompt(const prl_tokenizer *tok,
                                             const prl_chat_message *msgs, size_t n_msgs,
                                             unsigned flags, int32_t **ids, size_t *n_ids)

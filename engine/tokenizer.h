@@ -171,6 +171,13 @@ prl_status prl_tokenizer_encode_chat(const prl_tokenizer *tok, const prl_chat_me
                                      size_t n_msgs, unsigned flags, int32_t **ids,
                                      uint8_t **loss_mask, size_t *n_ids);
 
+/* A JSON array of {"role", "content"} objects as turns that borrow the JSON strings (free
+** *msgs only; the array must outlive them). Errors (PRL_ERR_FORMAT) start with `where`
+** ("FILE:LINE", a message type) and name the bad turn. */
+struct json_t;
+prl_status prl_chat_from_json(const struct json_t *v, const char *where, prl_chat_message **msgs,
+                              size_t *n);
+
 /* The generation prompt: <|bos|>, the messages as above, then <|assistant|> (no <|eos|>). */
 prl_status prl_tokenizer_encode_chat_prompt(const prl_tokenizer *tok,
                                             const prl_chat_message *msgs, size_t n_msgs,

@@ -28,10 +28,8 @@
 ** stderr) until prl_sandbox_result_free. prl_sandbox_init allocates the handle, which
 ** prl_sandbox_free releases (NULL is accepted).
 **
-** Service (service.c, client.c): the same runs offered over the bus (docs/sandbox.md
-** "Sandbox service", docs/pipeline.md): prl_sandbox_service_run serves `exec` messages on a
-** ROUTER until stopped; a prl_sandbox_client sends them from a DEALER and re-sends to a
-** restarted service when no answer comes (a repeated run is harmless).
+** The same runs offered over the bus, the sandbox service and its client, are a process of
+** the pipeline: roles/sandbox_service.c and roles/sandbox_client.c (roles/roles.h).
 */
 #ifndef PRL_SANDBOX_H
 #define PRL_SANDBOX_H
@@ -207,68 +205,5 @@ char *prl_sandbox_result_to_json(const prl_sandbox_result *res, int indent);
 ** version and kill mechanism, Landlock ABI (caller frees). `used` is prl_sandbox_layers()
 ** of a sandbox, or the available layers. */
 char *prl_sandbox_caps_to_json(const prl_sandbox_caps *caps, unsigned used, int indent);
-
-/* ---------------------------------------------------------------- service ---------- */
-
-/* wall_ms of an `exec` must be in 1..PRL_SANDBOX_SERVICE_MAX_WALL_MS (the sandbox's own
-** wall maximum, 3600 s); outside it the service answers `error` naming wall_ms. */
-#define PRL_SANDBOX_SERVICE_MAX_WALL_MS 3600000u
-
-typedef struct prl_sandbox_service_options {
-    const char *endpoint; /* ROUTER bind, e.g. ipc://runs/NAME/sandbox.sock (required) */
-    int slots;            /* concurrent runs, one worker thread per slot, 1..256 (default 1) */
-    unsigned uid_base;    /* slot uids start here; 0: derived from the pid, so services
-                             and `prl sandbox exec` processes on one host never share uids */
-    const char *name;     /* log prefix (default "sandbox") */
-} prl_sandbox_service_options;
-
-void prl_sandbox_service_options_default(prl_sandbox_service_options *opt);
-
-/* What a service did, for its final log line and for tests. */
-typedef struct prl_sandbox_service_stats {
-    uint64_t runs;      /* exec requests run (whatever the program's status) */
-    uint64_t refused;   /* `error` replies: unknown lang, bad wall_ms, bad program, other types */
-    uint64_t dropped;   /* invalid messages dropped by the bus (each logged with its reason) */
-    uint64_t unsent;    /* replies that could not be delivered (the client had gone) */
-} prl_sandbox_service_stats;
-
-/* Probe, create a sandbox of opt->slots slots, bind the ROUTER and serve until SIGTERM or
-** SIGINT (handlers installed for the duration of the call) or a `stop` message. Requests
-** wait in a queue for a free slot. On stop, queued requests are discarded (their clients
-** re-send) and runs in progress finish (bounded by their wall limits) and are answered.
-** Every log line goes to stderr as "prl NAME: ...". Returns PRL_OK after a clean stop, an
-** error when the service could not start; stats (may be NULL) gets the counters. */
-prl_status prl_sandbox_service_run(const prl_sandbox_service_options *opt,
-                                   prl_sandbox_service_stats *stats);
-
-/* ---------------------------------------------------------------- client ----------- */
-
-typedef struct prl_sandbox_client prl_sandbox_client; /* opaque; one thread at a time */
-
-/* Open a client of the service at `endpoint` (connects lazily; nothing is sent yet).
-** `name` (e.g. "reward-0") is the log prefix and the messages' run field. *c is NULL on
-** failure. Free with prl_sandbox_client_free (NULL accepted). */
-prl_status prl_sandbox_client_open(prl_sandbox_client **c, const char *endpoint, const char *name);
-void prl_sandbox_client_free(prl_sandbox_client *c);
-
-/* Timing: one try waits wall_s + margin_s for the answer (default 5 s), then the socket is
-** re-created and the request re-sent, until deadline_s have passed since the first send
-** (default 30 s; at least one full try is always made). */
-void prl_sandbox_client_set_timing(prl_sandbox_client *c, double margin_s, double deadline_s);
-/* Requests re-sent since the client was opened. */
-uint64_t prl_sandbox_client_resends(const prl_sandbox_client *c);
-
-/* Run `program` (NUL-terminated) in language `lang` with stdin_len bytes of stdin (NULL
-** when 0) under a wall limit of wall_s seconds, and fill *res (free with
-** prl_sandbox_result_free): status, exit_code (-1 for sandbox_error), signal (when the
-** exit code says 128 + signal), out/err (byte-exact, NUL-terminated), wall_seconds, and a
-** reason line (the service's message for sandbox_error). Fields the protocol does not carry
-** (cpu, memory, layers, limits) are zero. Returns PRL_OK when the service answered; the
-** service's `error` (a refused request: unknown lang, bad wall_ms or program) is
-** PRL_ERR_ARG with its reason; no answer by the deadline is PRL_ERR_IO naming the
-** endpoint. Replies to other requests (late answers to an earlier try) are ignored. */
-prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, const char *program,
-                                   const char *stdin_data, size_t stdin_len, double wall_s,
-                                   prl_sandbox_result *res);
 
 #endif /* PRL_SANDBOX_H */

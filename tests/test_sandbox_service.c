@@ -17,7 +17,7 @@
 ** (no recursive delete), so nothing outside it can be touched.
 */
 #include "bus/bus.h"
-#include "sandbox/sandbox.h"
+#include "roles/roles.h"
 #include "tests/bus_fuzz.h"
 
 #include <check.h>

@@ -16,7 +16,7 @@
 ** run has no effect outside its sandbox.
 */
 #include "bus/bus.h"
-#include "sandbox/sandbox.h"
+#include "roles/roles.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,9 +1,9 @@
 /*
-** role_reward.c — `prl role reward`: a reward worker. Takes `score` (a task and the model's
+** reward.c — the reward worker (`prl role reward`). Takes `score` (a task and the model's
 ** turns of one sample), runs the domain's verifier (reward/; programs go to the sandbox) and
 ** answers `scored` with the score and its breakdown as JSON (docs/pipeline.md).
 */
-#include "cli/cli.h"
+#include "roles/internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +17,9 @@ static char *result_json(const prl_reward_result *res)
     return text;
 }
 
-static prl_status score(cli_role *r, const prl_reward_exec *exec, const prl_bus_msg *m)
+static prl_status score(void *ctx, prl_worker *r, const prl_bus_msg *m)
 {
+    const prl_reward_exec *exec = ctx;
     uint64_t lease = 0, step = 0, prompt = 0, sample = 0;
     prl_status rc = prl_bus_msg_get_uint(m, "lease", &lease);
     if (!rc) rc = prl_bus_msg_get_uint(m, "step", &step);
@@ -32,7 +33,7 @@ static prl_status score(cli_role *r, const prl_reward_exec *exec, const prl_bus_
     if (!rc && !json_is_array(turns)) rc = prl_error_set(PRL_ERR_FORMAT, "score: frame 'turns' is not a JSON array");
     prl_chat_message *msgs = NULL;
     size_t nm = 0;
-    if (!rc) rc = cli_json_messages(turns, "score", 0, &msgs, &nm);
+    if (!rc) rc = prl_chat_from_json(turns, "score: frame 'turns'", &msgs, &nm);
     double t0 = prl_now();
     prl_reward_result res;
     memset(&res, 0, sizeof res);
@@ -59,43 +60,19 @@ static prl_status score(cli_role *r, const prl_reward_exec *exec, const prl_bus_
     return rc;
 }
 
-int cmd_role_reward(int argc, char **argv)
+prl_status prl_role_reward_run(const prl_worker_options *o)
 {
-    const char *connect = NULL, *name = "reward-0", *sandbox = NULL;
-    int remote = 0;
-    cli_opt opts[] = {
-        {"connect", OPT_STR, &connect, "ENDPOINT", "the controller's endpoint", 1, 0},
-        {"name", OPT_STR, &name, "NAME", "worker name, stable across restarts (default reward-0)", 0, 0},
-        {"sandbox", OPT_STR, &sandbox, "ENDPOINT", "sandbox service for programs (default: a local sandbox)", 0, 0},
-        {"allow-remote", OPT_FLAG, &remote, NULL, "allow a non-loopback tcp:// endpoint", 0, 0},
-        {0}};
-    int pr = cli_parse(argc, argv, 3, opts, "prl role reward --connect ENDPOINT [options]",
-                       "A reward worker: scores samples with the domain verifiers for the controller "
-                       "at ENDPOINT (docs/pipeline.md).", NULL, 0, NULL);
-    if (pr) return pr == CLI_HELP ? 0 : 2;
-    cli_role_install_signals();
-    cli_role r;
-    if (cli_role_join(&r, "reward", name, connect, remote)) return cli_fail("role reward");
-    cli_role_exec x;
-    if (cli_role_exec_open(&x, sandbox, name, r.job.reward_timeout)) {
-        cli_role_leave(&r);
-        return cli_fail("role reward");
+    prl_worker r;
+    prl_status rc = prl_worker_join(&r, "reward", o);
+    if (rc) return rc;
+    prl_role_exec x;
+    if ((rc = prl_role_exec_open(&x, o->sandbox, o->name, r.job.reward_timeout))) {
+        prl_worker_leave(&r);
+        return rc;
     }
-    int code = 0;
-    while (!cli_role_stopping(&r)) {
-        prl_bus_msg m;
-        int got = 0;
-        if (cli_role_next(&r, 200, &m, &got)) {
-            code = cli_fail("role reward");
-            break;
-        }
-        if (!got) continue;
-        if (!strcmp(m.type, "score") && score(&r, &x.exec, &m)) cli_role_refuse(&r, &m, prl_error_message());
-        else if (strcmp(m.type, "score")) cli_role_log(&r, "ignored a '%s' message", m.type);
-        prl_bus_msg_free(&m);
-    }
-    cli_role_log(&r, "programs answered from the exec cache: %llu", (unsigned long long)x.hits);
-    cli_role_exec_close(&x);
-    cli_role_leave(&r);
-    return code;
+    rc = prl_worker_serve(&r, "score", score, &x.exec);
+    prl_worker_log(&r, "programs answered from the exec cache: %llu", (unsigned long long)x.hits);
+    prl_role_exec_close(&x);
+    prl_worker_leave(&r);
+    return rc;
 }

@@ -12,7 +12,7 @@
 ** is recorded, the step's metrics written, the step closed. In sync mode (lag 0) step t+1
 ** opens when version t+1 exists; in async mode up to `max_lag` steps roll out ahead.
 */
-#include "controller/controller.h"
+#include "roles/controller/controller.h"
 
 #include "bus/bus.h"
 #include "grpo/grpo.h"

@@ -1,5 +1,5 @@
 /*
-** role_trainer.c — `prl role trainer`: takes a step's samples (`train`), runs the GRPO update
+** trainer.c — the trainer (`prl role trainer`): takes a step's samples (`train`), runs the GRPO update
 ** (grpo/) on the policy at the message's version, commits version v+1 as a checkpoint with
 ** its optimizer state (written under a temporary name, fsynced, renamed: engine/checkpoint.c)
 ** and announces it with `trained` (docs/pipeline.md).
@@ -9,7 +9,7 @@
 ** loads the version it is handed and continues bit for bit. The model computes in the job's
 ** trainer.precision (docs/grpo.md "Precision and loss scaling").
 */
-#include "cli/cli.h"
+#include "roles/internal.h"
 #include "grpo/grpo.h"
 #include "opd/opd.h"
 
@@ -17,7 +17,7 @@
 #include <string.h>
 
 typedef struct trainer {
-    cli_role role;
+    prl_worker role;
     prl_model model;
     prl_optim optim;
     prl_tokenizer *tok;
@@ -42,7 +42,7 @@ static prl_status load_version(trainer *t, int64_t v, const char *path)
 {
     if (t->version == v && !strcmp(t->path, path)) return PRL_OK;
     unload(t);
-    prl_status rc = cli_load_checkpoint(path, &t->model, &t->tok);
+    prl_status rc = prl_checkpoint_load_tokenizer(&t->model, path, &t->tok);
     if (rc) return rc;
     t->have_model = 1;
     if ((rc = prl_grpo_precision_from_job(&t->prec, &t->role.job)) ||
@@ -61,7 +61,7 @@ static prl_status load_version(trainer *t, int64_t v, const char *path)
     if (rc) return prl_error_wrap(rc, "%s: ", path);
     t->version = v;
     snprintf(t->path, sizeof t->path, "%s", path);
-    cli_role_log(&t->role, "holding policy version %lld (%s)", (long long)v, path);
+    prl_worker_log(&t->role, "holding policy version %lld (%s)", (long long)v, path);
     return PRL_OK;
 }
 
@@ -96,8 +96,10 @@ static prl_status run_step(trainer *t, const prl_bus_msg *m, const prl_grpo_batc
     return rc;
 }
 
-static prl_status train(trainer *t, const prl_bus_msg *m)
+static prl_status train(void *ctx, prl_worker *role, const prl_bus_msg *m)
 {
+    trainer *t = ctx;
+    (void)role;
     double t0 = prl_now();
     uint64_t lease = 0, step = 0, ver = 0;
     const char *path = NULL;
@@ -155,47 +157,22 @@ static prl_status train(trainer *t, const prl_bus_msg *m)
     }
     free(metrics);
     if (!rc)
-        cli_role_log(&t->role, "step %llu: version %llu, %d samples, loss %.4f, reward %.3f, %.1f s",
+        prl_worker_log(&t->role, "step %llu: version %llu, %d samples, loss %.4f, reward %.3f, %.1f s",
                      (unsigned long long)step, (unsigned long long)ver + 1, st.samples, st.loss,
                      st.reward_mean, prl_now() - t0);
     return rc;
 }
 
-int cmd_role_trainer(int argc, char **argv)
+prl_status prl_role_trainer_run(const prl_worker_options *o)
 {
-    const char *connect = NULL, *name = "trainer-0";
-    int threads = 0, remote = 0;
-    cli_opt opts[] = {
-        {"connect", OPT_STR, &connect, "ENDPOINT", "the controller's endpoint", 1, 0},
-        {"name", OPT_STR, &name, "NAME", "worker name, stable across restarts (default trainer-0)", 0, 0},
-        {"threads", OPT_INT, &threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
-        {"allow-remote", OPT_FLAG, &remote, NULL, "allow a non-loopback tcp:// endpoint", 0, 0},
-        {0}};
-    int pr = cli_parse(argc, argv, 3, opts, "prl role trainer --connect ENDPOINT [options]",
-                       "The trainer: GRPO (or OPD) updates of each step's samples; writes and announces "
-                       "policy versions (docs/pipeline.md).", NULL, 0, NULL);
-    if (pr) return pr == CLI_HELP ? 0 : 2;
-    if (cli_setup_blas("role trainer", threads)) return 1;
-    cli_role_install_signals();
     trainer t;
     memset(&t, 0, sizeof t);
     t.version = -1;
-    if (cli_role_join(&t.role, "trainer", name, connect, remote)) return cli_fail("role trainer");
-    int code = 0;
-    while (!cli_role_stopping(&t.role)) {
-        prl_bus_msg m;
-        int got = 0;
-        if (cli_role_next(&t.role, 200, &m, &got)) {
-            code = cli_fail("role trainer");
-            break;
-        }
-        if (!got) continue;
-        if (!strcmp(m.type, "train") && train(&t, &m)) cli_role_refuse(&t.role, &m, prl_error_message());
-        else if (strcmp(m.type, "train")) cli_role_log(&t.role, "ignored a '%s' message", m.type);
-        prl_bus_msg_free(&m);
-    }
+    prl_status rc = prl_worker_join(&t.role, "trainer", o);
+    if (rc) return rc;
+    rc = prl_worker_serve(&t.role, "train", train, &t);
     unload(&t);
     if (t.have_ref) prl_model_free(&t.ref);
-    cli_role_leave(&t.role);
-    return code;
+    prl_worker_leave(&t.role);
+    return rc;
 }

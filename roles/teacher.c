@@ -1,5 +1,5 @@
 /*
-** role_teacher.c — `prl role teacher`: one process of the OPD teacher pool (docs/opd.md).
+** teacher.c — a teacher (`prl role teacher`): one process of the OPD teacher pool (docs/opd.md).
 ** Takes `teach` (one teacher's samples of a step and the expert's checkpoint path), scores
 ** every response token with that expert's train path at the temperature the trainer scores
 ** the student at (the job's rollout.temperature; opd/teacher.c) and answers `taught`
@@ -10,7 +10,7 @@
 ** another, frees it before loading the next, so its peak memory stays that of one expert
 ** (rl.md §5.3; `peak_rss_kb` lets anyone check). Experts are read-only: nothing is written.
 */
-#include "cli/cli.h"
+#include "roles/internal.h"
 #include "opd/opd.h"
 
 #include <malloc.h>
@@ -18,7 +18,7 @@
 #include <string.h>
 
 typedef struct teacher {
-    cli_role role;
+    prl_worker role;
     prl_model model;
     int have_model;
     char path[1200];      /* the expert held ("" = none) */
@@ -42,7 +42,7 @@ static prl_status hold(teacher *t, const char *path, uint64_t *load_us, int *loa
     t->have_model = 1, *loaded = 1;
     snprintf(t->path, sizeof t->path, "%s", path);
     *load_us = (uint64_t)((prl_now() - t0) * 1e6);
-    cli_role_log(&t->role, "holding expert %s (loaded in %.2f s, peak RSS %llu KiB)", path,
+    prl_worker_log(&t->role, "holding expert %s (loaded in %.2f s, peak RSS %llu KiB)", path,
                  1e-6 * (double)*load_us, (unsigned long long)prl_opd_peak_rss_kb());
     return PRL_OK;
 }
@@ -72,8 +72,10 @@ static prl_status send_taught(teacher *t, uint64_t lease, uint64_t step, const c
     return rc;
 }
 
-static prl_status teach(teacher *t, const prl_bus_msg *m)
+static prl_status teach(void *ctx, prl_worker *role, const prl_bus_msg *m)
 {
+    teacher *t = ctx;
+    (void)role;
     uint64_t lease = 0, step = 0, load_us = 0;
     const char *key = NULL, *path = NULL;
     prl_status rc = prl_bus_msg_get_uint(m, "lease", &lease);
@@ -96,49 +98,24 @@ static prl_status teach(teacher *t, const prl_bus_msg *m)
     if (!rc) rc = send_taught(t, lease, step, key, load_us, (uint64_t)((prl_now() - t0) * 1e6),
                               loaded, &sc);
     if (!rc)
-        cli_role_log(&t->role, "step %llu: %s scored %d samples (%zu tokens) in %.2f s",
+        prl_worker_log(&t->role, "step %llu: %s scored %d samples (%zu tokens) in %.2f s",
                      (unsigned long long)step, key, b.n, b.n_response, prl_now() - t0);
     prl_opd_batch_free(&sc);
     prl_grpo_batch_free(&b);
     return rc;
 }
 
-int cmd_role_teacher(int argc, char **argv)
+prl_status prl_role_teacher_run(const prl_worker_options *o)
 {
-    const char *connect = NULL, *name = "teacher-0";
-    int threads = 0, remote = 0;
-    cli_opt opts[] = {
-        {"connect", OPT_STR, &connect, "ENDPOINT", "the controller's endpoint", 1, 0},
-        {"name", OPT_STR, &name, "NAME", "worker name, stable across restarts (default teacher-0)", 0, 0},
-        {"threads", OPT_INT, &threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
-        {"allow-remote", OPT_FLAG, &remote, NULL, "allow a non-loopback tcp:// endpoint", 0, 0},
-        {0}};
-    int pr = cli_parse(argc, argv, 3, opts, "prl role teacher --connect ENDPOINT [options]",
-                       "An OPD teacher: scores the student's samples with one domain expert at a "
-                       "time (docs/opd.md).", NULL, 0, NULL);
-    if (pr) return pr == CLI_HELP ? 0 : 2;
-    if (cli_setup_blas("role teacher", threads)) return 1;
     /* a fixed mmap threshold: an unloaded expert's blocks go back to the system at once
     ** (glibc's adaptive threshold would keep them in the heap), so VmHWM shows one expert */
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    cli_role_install_signals();
     teacher t;
     memset(&t, 0, sizeof t);
-    if (cli_role_join(&t.role, "teacher", name, connect, remote)) return cli_fail("role teacher");
-    int code = 0;
-    while (!cli_role_stopping(&t.role)) {
-        prl_bus_msg m;
-        int got = 0;
-        if (cli_role_next(&t.role, 200, &m, &got)) {
-            code = cli_fail("role teacher");
-            break;
-        }
-        if (!got) continue;
-        if (!strcmp(m.type, "teach") && teach(&t, &m)) cli_role_refuse(&t.role, &m, prl_error_message());
-        else if (strcmp(m.type, "teach")) cli_role_log(&t.role, "ignored a '%s' message", m.type);
-        prl_bus_msg_free(&m);
-    }
+    prl_status rc = prl_worker_join(&t.role, "teacher", o);
+    if (rc) return rc;
+    rc = prl_worker_serve(&t.role, "teach", teach, &t);
     unload(&t);
-    cli_role_leave(&t.role);
-    return code;
+    prl_worker_leave(&t.role);
+    return rc;
 }

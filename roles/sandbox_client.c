@@ -10,7 +10,7 @@
 ** try can only be late, so replies whose ref is not the current id are ignored.
 */
 #include "bus/bus.h"
-#include "sandbox/sandbox.h"
+#include "roles/roles.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,25 +1,25 @@
 /*
-** role_rollout.c — `prl role rollout`: a rollout worker. Takes `work` (one prompt, `count`
+** rollout.c — the rollout worker (`prl role rollout`). Takes `work` (one prompt, `count`
 ** samples, at a policy version), plays the episodes with the infer path in one continuous
 ** batch (rollout/, unscored: scoring is the reward workers' job) and returns one `result` per
 ** sample with its tokens, infer log-probs, loss mask, MoE routes and turns. A new policy
 ** version is loaded only between work items (docs/pipeline.md).
 */
-#include "cli/cli.h"
+#include "roles/internal.h"
 #include "rollout/rollout.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct rollout_worker {
-    cli_role role;
+    prl_worker role;
     prl_model model;
     int have_model;
     prl_tokenizer *tok;
     prl_infer *engine;
     int64_t version;        /* loaded policy version (-1: none) */
     char path[1024];
-    cli_role_exec exec;     /* python tool calls */
+    prl_role_exec exec;     /* python tool calls */
 } rollout_worker;
 
 static void unload(rollout_worker *w)
@@ -35,7 +35,7 @@ static prl_status load_version(rollout_worker *w, int64_t v, const char *path)
 {
     if (w->version == v && !strcmp(w->path, path)) return PRL_OK;
     unload(w);
-    prl_status rc = cli_load_checkpoint(path, &w->model, &w->tok);
+    prl_status rc = prl_checkpoint_load_tokenizer(&w->model, path, &w->tok);
     if (rc) return rc;
     w->have_model = 1;
     if (!w->tok) return prl_error_set(PRL_ERR_FORMAT, "%s has no tokenizer.json", path);
@@ -45,7 +45,7 @@ static prl_status load_version(rollout_worker *w, int64_t v, const char *path)
     if ((rc = prl_infer_init(&w->engine, &w->model, &io))) return rc;
     w->version = v;
     snprintf(w->path, sizeof w->path, "%s", path);
-    cli_role_log(&w->role, "loaded policy version %lld from %s", (long long)v, path);
+    prl_worker_log(&w->role, "loaded policy version %lld from %s", (long long)v, path);
     return PRL_OK;
 }
 
@@ -106,8 +106,10 @@ static prl_status send_result(rollout_worker *w, const prl_bus_msg *work, int sa
     return rc;
 }
 
-static prl_status do_work(rollout_worker *w, const prl_bus_msg *m)
+static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
 {
+    rollout_worker *w = ctx;
+    (void)role;
     uint64_t step = 0, prompt = 0, sample = 0, count = 0, ver = 0;
     const char *path = NULL;
     prl_status rc = prl_bus_msg_get_uint(m, "step", &step);
@@ -151,45 +153,19 @@ static prl_status do_work(rollout_worker *w, const prl_bus_msg *m)
     return rc;
 }
 
-int cmd_role_rollout(int argc, char **argv)
+prl_status prl_role_rollout_run(const prl_worker_options *o)
 {
-    const char *connect = NULL, *name = "rollout-0", *sandbox = NULL;
-    int threads = 0, remote = 0;
-    cli_opt opts[] = {
-        {"connect", OPT_STR, &connect, "ENDPOINT", "the controller's endpoint", 1, 0},
-        {"name", OPT_STR, &name, "NAME", "worker name, stable across restarts (default rollout-0)", 0, 0},
-        {"sandbox", OPT_STR, &sandbox, "ENDPOINT", "sandbox service for python tool calls (default: a local sandbox)", 0, 0},
-        {"threads", OPT_INT, &threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
-        {"allow-remote", OPT_FLAG, &remote, NULL, "allow a non-loopback tcp:// endpoint", 0, 0},
-        {0}};
-    int pr = cli_parse(argc, argv, 3, opts, "prl role rollout --connect ENDPOINT [options]",
-                       "A rollout worker: generates samples with the infer path for the controller "
-                       "at ENDPOINT (docs/pipeline.md).", NULL, 0, NULL);
-    if (pr) return pr == CLI_HELP ? 0 : 2;
-    if (cli_setup_blas("role rollout", threads)) return 1;
-    cli_role_install_signals();
     rollout_worker w = {.version = -1};
-    if (cli_role_join(&w.role, "rollout", name, connect, remote)) return cli_fail("role rollout");
-    if (cli_role_exec_open(&w.exec, sandbox, name, w.role.job.reward_timeout)) {
-        cli_role_leave(&w.role);
-        return cli_fail("role rollout");
+    prl_status rc = prl_worker_join(&w.role, "rollout", o);
+    if (rc) return rc;
+    if ((rc = prl_role_exec_open(&w.exec, o->sandbox, o->name, w.role.job.reward_timeout))) {
+        prl_worker_leave(&w.role);
+        return rc;
     }
-    int code = 0;
-    while (!cli_role_stopping(&w.role)) {
-        prl_bus_msg m;
-        int got = 0;
-        if (cli_role_next(&w.role, 200, &m, &got)) {
-            code = cli_fail("role rollout");
-            break;
-        }
-        if (!got) continue;
-        if (!strcmp(m.type, "work") && do_work(&w, &m)) cli_role_refuse(&w.role, &m, prl_error_message());
-        else if (strcmp(m.type, "work")) cli_role_log(&w.role, "ignored a '%s' message", m.type);
-        prl_bus_msg_free(&m);
-    }
+    rc = prl_worker_serve(&w.role, "work", do_work, &w);
     unload(&w);
-    cli_role_log(&w.role, "programs answered from the exec cache: %llu", (unsigned long long)w.exec.hits);
-    cli_role_exec_close(&w.exec);
-    cli_role_leave(&w.role);
-    return code;
+    prl_worker_log(&w.role, "programs answered from the exec cache: %llu", (unsigned long long)w.exec.hits);
+    prl_role_exec_close(&w.exec);
+    prl_worker_leave(&w.role);
+    return rc;
 }

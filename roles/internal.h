@@ -1,0 +1,54 @@
+/*
+** internal.h — what the worker roles of roles/ share (not part of the public API): a
+** worker's link to the run and the one loop every worker role runs (worker.c).
+**
+** A worker joins (connect, hello, wait for the welcome: run directory, seed, job config),
+** keeps a heartbeat going from a thread with its own socket, then serves: each message of
+** its work type goes to the role's handler; a handler error is refused to the controller
+** (the controller hands the item out again); `stop`, a re-welcome and the controller's
+** `error` messages are handled here; anything else is logged as ignored.
+*/
+#ifndef PRL_ROLES_INTERNAL_H
+#define PRL_ROLES_INTERNAL_H
+
+#include "bus/bus.h"
+#include "roles/roles.h"
+
+#include <pthread.h>
+
+typedef struct prl_worker {
+    const char *role;         /* "rollout", "reward", "trainer", "teacher" */
+    char worker[64];          /* stable name, e.g. "rollout-0" */
+    char endpoint[512];
+    char run[128];            /* from the welcome */
+    char run_dir[1024];
+    uint64_t seed;
+    prl_job_config job;       /* from the welcome */
+    double heartbeat_s;
+    prl_bus_socket *ctl;
+    uint64_t next_id;         /* ids of the messages this worker sends */
+    int stop;                 /* a stop message arrived */
+    volatile int hb_quit;
+    int hb_running;
+    pthread_t hb;
+} prl_worker;
+
+/* Connect, hello, wait for the welcome (re-sending hello every second, up to 2 minutes),
+** start the heartbeat. On error nothing is left open. join/leave pair. */
+prl_status prl_worker_join(prl_worker *w, const char *role, const prl_worker_options *o);
+void prl_worker_leave(prl_worker *w);
+/* A signal or a `stop` message asked the worker to finish. */
+int prl_worker_stopping(const prl_worker *w);
+
+/* Handle one message of the worker's work type; an error return is refused to the
+** controller with prl_error_message() as the reason. */
+typedef prl_status (*prl_worker_fn)(void *ctx, prl_worker *w, const prl_bus_msg *m);
+
+/* Serve messages of `work_type` with fn until stopped. PRL_OK after a stop; an error only
+** when the socket failed. */
+prl_status prl_worker_serve(prl_worker *w, const char *work_type, prl_worker_fn fn, void *ctx);
+
+/* "[rollout-0] message" on stderr. */
+void prl_worker_log(const prl_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif /* PRL_ROLES_INTERNAL_H */

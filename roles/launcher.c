@@ -1,0 +1,292 @@
+/*
+** launcher.c — `prl run`'s launcher (roles.h, docs/pipeline.md): every role of a run as a
+** child process of the same binary (`prl role ...`) over ipc:// sockets in the run
+** directory, each one's log in logs/NAME.log, supervised until the controller finishes.
+**
+** A role that dies is started again (the controller hands its work out again), at most
+** RESTARTS_PER_MINUTE times a minute; Ctrl-C or SIGTERM stops every role and leaves the run
+** resumable. A launcher that dies takes its roles with it (PR_SET_PDEATHSIG).
+*/
+#include "roles/roles.h"
+#include "roles/controller/controller.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { MAX_CHILDREN = 152, RESTARTS_PER_MINUTE = 10 };
+
+/* Not prl_role_install_signals: the launcher leaves SIGPIPE alone, so that its children
+** (and the programs the sandbox runs) start with the default disposition. */
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+typedef struct child {
+    char name[64];
+    char *argv[16];
+    int n_args;
+    pid_t pid;
+    double started;
+    int restarts;
+    double window_start;
+} child;
+
+typedef struct launcher {
+    const char *run_dir;
+    child c[MAX_CHILDREN];
+    int n;
+    char control_ep[1100];
+    char sandbox_ep[1100];
+} launcher;
+
+static void add_child(launcher *L, const char *name, const char *const *args)
+{
+    child *c = &L->c[L->n++];
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->argv[c->n_args++] = strdup("prl");
+    for (int i = 0; args[i] && c->n_args < 15; i++) c->argv[c->n_args++] = strdup(args[i]);
+    c->argv[c->n_args] = NULL;
+}
+
+/* fork + exec /proc/self/exe; stdout/stderr to logs/NAME.log (the controller's stdout, its
+** progress lines, stays on the terminal). */
+static int start_child(launcher *L, child *c)
+{
+    char log[1200];
+    snprintf(log, sizeof log, "%s/logs/%s.log", L->run_dir, c->name);
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "prl run: cannot open %s: %s\n", log, strerror(errno));
+        return -1;
+    }
+    fflush(stdout), fflush(stderr);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd);
+        fprintf(stderr, "prl run: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        signal(SIGINT, SIG_IGN); /* the launcher stops its children with SIGTERM */
+        /* a launcher that dies (even by SIGKILL) takes its roles with it: they stop as on
+        ** Ctrl-C and the run stays resumable, instead of running on unsupervised */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(1);
+        if (strcmp(c->name, "controller")) dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        execv("/proc/self/exe", c->argv);
+        fprintf(stderr, "exec /proc/self/exe: %s\n", strerror(errno));
+        _exit(127);
+    }
+    close(fd);
+    c->pid = pid, c->started = prl_now();
+    return 0;
+}
+
+static child *child_of(launcher *L, pid_t pid)
+{
+    for (int i = 0; i < L->n; i++)
+        if (L->c[i].pid == pid) return &L->c[i];
+    return NULL;
+}
+
+static void describe_exit(int status, char *out, size_t n)
+{
+    if (WIFSIGNALED(status)) snprintf(out, n, "killed by signal %d", WTERMSIG(status));
+    else snprintf(out, n, "exit code %d", WEXITSTATUS(status));
+}
+
+/* SIGTERM every child, wait up to `grace` seconds, then SIGKILL the rest. */
+static void stop_all(launcher *L, double grace)
+{
+    for (int i = 0; i < L->n; i++)
+        if (L->c[i].pid > 0) kill(L->c[i].pid, SIGTERM);
+    double t_end = prl_now() + grace;
+    for (;;) {
+        int alive = 0;
+        for (int i = 0; i < L->n; i++) {
+            if (L->c[i].pid <= 0) continue;
+            int st;
+            pid_t r = waitpid(L->c[i].pid, &st, WNOHANG);
+            if (r == L->c[i].pid || (r < 0 && errno == ECHILD)) L->c[i].pid = 0;
+            else alive++;
+        }
+        if (!alive) return;
+        if (prl_now() > t_end) {
+            for (int i = 0; i < L->n; i++)
+                if (L->c[i].pid > 0) kill(L->c[i].pid, SIGKILL);
+            t_end = prl_now() + 5;
+        }
+        usleep(50000);
+    }
+}
+
+/* The last line of a role's log, to say why it died. */
+static void last_log_line(const launcher *L, const char *name, char *out, size_t n)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/logs/%s.log", L->run_dir, name);
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[1024];
+    while (fgets(line, sizeof line, f))
+        if (line[0] != '\n') {
+            size_t k = strnlen(line, n - 1);
+            memcpy(out, line, k);
+            out[k] = 0;
+        }
+    fclose(f);
+    size_t k = strlen(out);
+    if (k && out[k - 1] == '\n') out[k - 1] = 0;
+}
+
+/* Supervise until the controller finishes (0), a signal stops the run (130) or a role keeps
+** dying (1). */
+static int supervise(launcher *L)
+{
+    for (;;) {
+        if (interrupted) {
+            fprintf(stderr, "\nprl run: stopping every role (the run can be resumed with "
+                            "`prl run --resume %s`)\n", L->run_dir);
+            stop_all(L, 10);
+            return 130;
+        }
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) {
+            usleep(100000);
+            continue;
+        }
+        child *c = child_of(L, pid);
+        if (!c) continue;
+        c->pid = 0;
+        if (!strcmp(c->name, "controller") && WIFEXITED(status) &&
+            (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == PRL_RUN_FAILED_EXIT)) {
+            stop_all(L, 10);
+            if (WEXITSTATUS(status) == 0) return 0;
+            char last[512];
+            last_log_line(L, "controller", last, sizeof last);
+            fprintf(stderr, "prl run: the run failed: %s\n", last);
+            return 1;
+        }
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) { /* told to stop: its work is done */
+            fprintf(stderr, "prl run: %s finished\n", c->name);
+            continue;
+        }
+        char why[64], last[512];
+        describe_exit(status, why, sizeof why);
+        last_log_line(L, c->name, last, sizeof last);
+        fprintf(stderr, "prl run: %s died (%s)%s%s: starting it again\n", c->name, why,
+                last[0] ? "; its log ends with: " : "", last);
+        double now = prl_now();
+        if (now - c->window_start > 60) c->window_start = now, c->restarts = 0;
+        if (++c->restarts > RESTARTS_PER_MINUTE) {
+            fprintf(stderr, "prl run: %s died %d times within a minute: stopping the run (see "
+                            "%s/logs/%s.log)\n", c->name, c->restarts, L->run_dir, c->name);
+            stop_all(L, 10);
+            return 1;
+        }
+        usleep(200000); /* a moment before the restart: a crash loop must not spin */
+        if (start_child(L, c)) {
+            stop_all(L, 10);
+            return 1;
+        }
+    }
+}
+
+/* Threads of the trainer and of each rollout worker: the job's trainer.threads and
+** rollout.threads, else --threads (0: PRL_THREADS or all CPUs, decided by the role). */
+static void build_roles(launcher *L, const prl_job_config *job, int threads)
+{
+    char th[16], rth[16];
+    snprintf(th, sizeof th, "%d", job->trainer_threads ? job->trainer_threads : threads);
+    snprintf(rth, sizeof rth, "%d", job->rollout_threads ? job->rollout_threads : threads);
+    const char *ctl[] = {"role", "controller", "--run", L->run_dir, NULL};
+    add_child(L, "controller", ctl);
+    char slots[16];
+    snprintf(slots, sizeof slots, "%d", job->sandbox_slots);
+    const char *sb[] = {"role", "sandbox", "--bind", L->sandbox_ep, "--slots", slots, NULL};
+    add_child(L, "sandbox", sb);
+    const char *tr[] = {"role", "trainer", "--connect", L->control_ep, "--name", "trainer-0",
+                        "--threads", th, NULL};
+    add_child(L, "trainer-0", tr);
+    for (int i = 0; i < job->rollout_workers; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "rollout-%d", i);
+        const char *a[] = {"role", "rollout", "--connect", L->control_ep, "--name", name,
+                           "--threads", rth, "--sandbox", L->sandbox_ep, NULL};
+        add_child(L, name, a);
+    }
+    char tth[16]; /* OPD: the teacher pool (docs/opd.md) */
+    snprintf(tth, sizeof tth, "%d", job->teacher_threads ? job->teacher_threads : threads);
+    for (int i = 0; job->opd_enabled && i < job->teacher_workers; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "teacher-%d", i);
+        const char *a[] = {"role", "teacher", "--connect", L->control_ep, "--name", name,
+                           "--threads", tth, NULL};
+        add_child(L, name, a);
+    }
+    for (int i = 0; i < job->reward_workers; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "reward-%d", i);
+        const char *a[] = {"role", "reward", "--connect", L->control_ep, "--name", name,
+                           "--sandbox", L->sandbox_ep, NULL};
+        add_child(L, name, a);
+    }
+}
+
+static void announce(const char *run_dir, const prl_job_config *job)
+{
+    if (job->opd_enabled)
+        fprintf(stderr, "prl run: %s: on-policy distillation (%s prompts), %d steps of %d prompts "
+                        "x %d samples, %s mode; %d rollout + %d reward + %d teacher workers, "
+                        "trainer, sandbox; logs in %s/logs/\n", run_dir, job->domain, job->steps,
+                job->batch_prompts, job->group_size, job->mode, job->rollout_workers,
+                job->reward_workers, job->teacher_workers, run_dir);
+    else
+        fprintf(stderr, "prl run: %s: %s expert, %d steps of %d prompts x %d samples, %s mode; "
+                        "%d rollout + %d reward workers, trainer, sandbox; logs in %s/logs/\n",
+                run_dir, job->domain, job->steps, job->batch_prompts, job->group_size, job->mode,
+                job->rollout_workers, job->reward_workers, run_dir);
+}
+
+int prl_launcher_run(const char *run_dir, const prl_job_config *job, int threads)
+{
+    launcher L0, *L = &L0;
+    memset(L, 0, sizeof *L);
+    L->run_dir = run_dir;
+    if (prl_controller_endpoint(run_dir, "control.sock", L->control_ep, sizeof L->control_ep) ||
+        prl_controller_endpoint(run_dir, "sandbox.sock", L->sandbox_ep, sizeof L->sandbox_ep)) {
+        fprintf(stderr, "prl run: %s\n", prl_error_message());
+        return 1;
+    }
+    build_roles(L, job, threads);
+    announce(run_dir, job);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int code = 0;
+    for (int i = 0; i < L->n && !code; i++)
+        if (start_child(L, &L->c[i])) code = 1;
+    if (code) stop_all(L, 5);
+    else code = supervise(L);
+    for (int i = 0; i < L->n; i++)
+        for (int j = 0; j < L->c[i].n_args; j++) free(L->c[i].argv[j]);
+    return code;
+}

@@ -1,0 +1,167 @@
+/*
+** roles.h — the one public header of roles/: the processes of a run (docs/pipeline.md) as
+** functions that cli/ calls after parsing a command line.
+**
+**   worker roles   rollout, reward, trainer, teacher: each joins the controller, serves its
+**                  work type in the shared worker loop (worker.c) and leaves on `stop`,
+**                  SIGTERM or SIGINT;
+**   sandbox        the sandbox as a service over the bus (sandbox_service.c) and the client
+**                  the roles send `exec` through (sandbox_client.c);
+**   exec           where the verifiers' programs run: a sandbox of this process, or the
+**                  service, behind a cache of finished runs (exec.c);
+**   launcher       `prl run`: every role as a child process, restarted when it dies
+**                  (launcher.c).
+** The controller has its own folder and header (roles/controller/controller.h); the
+** messages they exchange have theirs (roles/msg/msg.h).
+**
+** Error model: functions return a prl_status and set prl_error_message() (engine/engine.h).
+*/
+#ifndef PRL_ROLES_H
+#define PRL_ROLES_H
+
+#include "job/job.h"
+#include "reward/reward.h"
+#include "sandbox/sandbox.h"
+
+#include <signal.h>
+
+/* ---------------------------------------------------------------- signals ---------- */
+
+/* SIGTERM/SIGINT set the flag prl_role_stop_flag points at; SIGPIPE is ignored. */
+void prl_role_install_signals(void);
+const volatile sig_atomic_t *prl_role_stop_flag(void);
+
+/* ---------------------------------------------------------------- worker roles ----- */
+
+typedef struct prl_worker_options {
+    const char *connect;  /* the controller's endpoint (required) */
+    const char *name;     /* worker name, stable across restarts, e.g. "rollout-0" */
+    const char *sandbox;  /* rollout, reward: the sandbox service (NULL: a local sandbox) */
+    int allow_remote;     /* allow a non-loopback tcp:// endpoint */
+} prl_worker_options;
+
+/* Join the run at o->connect and serve until stopped. PRL_OK after a `stop` or a signal;
+** an error when the role could not join or its socket failed. Work items it cannot do are
+** refused to the controller (logged), never fatal. */
+prl_status prl_role_rollout_run(const prl_worker_options *o);
+prl_status prl_role_reward_run(const prl_worker_options *o);
+prl_status prl_role_trainer_run(const prl_worker_options *o);
+prl_status prl_role_teacher_run(const prl_worker_options *o);
+
+/* ---------------------------------------------------------------- exec ------------- */
+
+/* The verifiers' executor on a sandbox of this process (exec.c): every program in one slot,
+** with the sandbox's default limits and the request's wall time. The sandbox starts on the
+** first run, so a command that never runs a program never probes it; a start-up failure is
+** returned by that run, naming the cause. Pass the prl_exec_local as the prl_reward_exec
+** ctx. new/free pair; free accepts NULL. */
+typedef struct prl_exec_local prl_exec_local;
+prl_exec_local *prl_exec_local_new(void);
+void prl_exec_local_free(prl_exec_local *x);
+prl_status prl_exec_local_run(void *ctx, const prl_reward_exec_request *req,
+                              prl_reward_exec_result *res);
+
+/* Where a role's programs run (python tool calls, coding tests): the sandbox service at
+** `sandbox` (re-sent after a service restart), or with sandbox NULL a local sandbox;
+** repeats of a finished run are answered from a cache. open/close pair; x->exec is what
+** the verifiers and rollouts take. */
+enum { PRL_EXEC_CACHE = 4096 };
+typedef struct prl_exec_cache_entry {
+    uint64_t key;
+    int used;
+    prl_reward_exec_result result;
+} prl_exec_cache_entry;
+typedef struct prl_role_exec {
+    prl_exec_local *local;
+    struct prl_sandbox_client *svc;
+    prl_reward_exec inner;        /* the executor behind the cache */
+    prl_reward_exec exec;         /* the cached one: give this to the verifiers */
+    prl_exec_cache_entry *cache;  /* [PRL_EXEC_CACHE] */
+    uint64_t hits;
+} prl_role_exec;
+prl_status prl_role_exec_open(prl_role_exec *x, const char *sandbox, const char *worker,
+                              double wall_s);
+void prl_role_exec_close(prl_role_exec *x);
+
+/* ---------------------------------------------------------------- service ---------- */
+
+/* wall_ms of an `exec` must be in 1..PRL_SANDBOX_SERVICE_MAX_WALL_MS (the sandbox's own
+** wall maximum, 3600 s); outside it the service answers `error` naming wall_ms. */
+#define PRL_SANDBOX_SERVICE_MAX_WALL_MS 3600000u
+
+typedef struct prl_sandbox_service_options {
+    const char *endpoint; /* ROUTER bind, e.g. ipc://runs/NAME/sandbox.sock (required) */
+    int slots;            /* concurrent runs, one worker thread per slot, 1..256 (default 1) */
+    unsigned uid_base;    /* slot uids start here; 0: derived from the pid, so services
+                             and `prl sandbox exec` processes on one host never share uids */
+    const char *name;     /* log prefix (default "sandbox") */
+} prl_sandbox_service_options;
+
+void prl_sandbox_service_options_default(prl_sandbox_service_options *opt);
+
+/* What a service did, for its final log line and for tests. */
+typedef struct prl_sandbox_service_stats {
+    uint64_t runs;      /* exec requests run (whatever the program's status) */
+    uint64_t refused;   /* `error` replies: unknown lang, bad wall_ms, bad program, other types */
+    uint64_t dropped;   /* invalid messages dropped by the bus (each logged with its reason) */
+    uint64_t unsent;    /* replies that could not be delivered (the client had gone) */
+} prl_sandbox_service_stats;
+
+/* Probe, create a sandbox of opt->slots slots, bind the ROUTER and serve until SIGTERM or
+** SIGINT (handlers installed for the duration of the call) or a `stop` message. Requests
+** wait in a queue for a free slot. On stop, queued requests are discarded (their clients
+** re-send) and runs in progress finish (bounded by their wall limits) and are answered.
+** Every log line goes to stderr as "prl NAME: ...". Returns PRL_OK after a clean stop, an
+** error when the service could not start; stats (may be NULL) gets the counters. */
+prl_status prl_sandbox_service_run(const prl_sandbox_service_options *opt,
+                                   prl_sandbox_service_stats *stats);
+
+/* ---------------------------------------------------------------- client ----------- */
+
+typedef struct prl_sandbox_client prl_sandbox_client; /* opaque; one thread at a time */
+
+/* Open a client of the service at `endpoint` (connects lazily; nothing is sent yet).
+** `name` (e.g. "reward-0") is the log prefix and the messages' run field. *c is NULL on
+** failure. Free with prl_sandbox_client_free (NULL accepted). */
+prl_status prl_sandbox_client_open(prl_sandbox_client **c, const char *endpoint, const char *name);
+void prl_sandbox_client_free(prl_sandbox_client *c);
+
+/* Timing: one try waits wall_s + margin_s for the answer (default 5 s), then the socket is
+** re-created and the request re-sent, until deadline_s have passed since the first send
+** (default 30 s; at least one full try is always made). */
+void prl_sandbox_client_set_timing(prl_sandbox_client *c, double margin_s, double deadline_s);
+/* Requests re-sent since the client was opened. */
+uint64_t prl_sandbox_client_resends(const prl_sandbox_client *c);
+
+/* Run `program` (NUL-terminated) in language `lang` with stdin_len bytes of stdin (NULL
+** when 0) under a wall limit of wall_s seconds, and fill *res (free with
+** prl_sandbox_result_free): status, exit_code (-1 for sandbox_error), signal (when the
+** exit code says 128 + signal), out/err (byte-exact, NUL-terminated), wall_seconds, and a
+** reason line (the service's message for sandbox_error). Fields the protocol does not carry
+** (cpu, memory, layers, limits) are zero. Returns PRL_OK when the service answered; the
+** service's `error` (a refused request: unknown lang, bad wall_ms or program) is
+** PRL_ERR_ARG with its reason; no answer by the deadline is PRL_ERR_IO naming the
+** endpoint. Replies to other requests (late answers to an earlier try) are ignored. */
+prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, const char *program,
+                                   const char *stdin_data, size_t stdin_len, double wall_s,
+                                   prl_sandbox_result *res);
+
+/* The same executor over the sandbox service: ctx is a prl_sandbox_client, owned by the
+** caller; its retry and deadline apply. A run the service could not start (sandbox_error)
+** or no answer by the deadline is an error return, as for the local one. */
+prl_status prl_exec_service_run(void *ctx, const prl_reward_exec_request *req,
+                                prl_reward_exec_result *res);
+
+/* ---------------------------------------------------------------- launcher --------- */
+
+/* The controller's exit code when the run failed for good (the launcher does not restart it). */
+enum { PRL_RUN_FAILED_EXIT = 4 };
+
+/* Start every role of the run in run_dir (job.json, logs/ and ckpt/ exist) as a child
+** process and supervise them: `threads` per role unless the job sets trainer.threads,
+** rollout.threads or teacher.threads (0: PRL_THREADS or all CPUs). Returns the exit code of
+** `prl run`: 0 when the controller finished the run, 130 after SIGINT/SIGTERM (every role
+** stopped, the run resumable), 1 when the run failed or a role kept dying. */
+int prl_launcher_run(const char *run_dir, const prl_job_config *job, int threads);
+
+#endif /* PRL_ROLES_H */

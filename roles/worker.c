@@ -1,0 +1,247 @@
+/*
+** worker.c — the one loop of every worker role (internal.h): connect to the controller, say
+** hello, receive the run's welcome (run dir, seed, job config), keep a heartbeat going from a
+** thread with its own socket, serve the role's work type, and stop on SIGTERM, SIGINT or a
+** `stop` message (docs/pipeline.md).
+*/
+#include "roles/internal.h"
+
+#include <stdarg.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_signal = 1;
+}
+
+void prl_role_install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+int prl_worker_stopping(const prl_worker *r)
+{
+    return stop_signal || (r && r->stop);
+}
+
+void prl_worker_log(const prl_worker *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "[%s] ", r->worker);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void *heartbeat_main(void *arg)
+{
+    prl_worker *r = arg;
+    prl_bus_socket_options o;
+    prl_bus_socket_options_default(&o);
+    char id[80];
+    snprintf(id, sizeof id, "%s.hb", r->worker);
+    o.identity = id, o.name = id, o.send_timeout_ms = 1000;
+    prl_bus_socket *s = NULL;
+    if (prl_bus_socket_open(&s, PRL_BUS_DEALER, r->endpoint, &o)) {
+        prl_worker_log(r, "heartbeat socket: %s", prl_error_message());
+        return NULL;
+    }
+    uint64_t n = 0;
+    while (!r->hb_quit && !prl_worker_stopping(r)) {
+        prl_bus_msg m;
+        if (!prl_bus_msg_init(&m, "heartbeat", r->run, ++n)) {
+            prl_bus_msg_set_str(&m, "worker", r->worker);
+            prl_bus_send(s, NULL, &m); /* a lost beat is the next one's job */
+            prl_bus_msg_free(&m);
+        }
+        for (double t = 0; t < r->heartbeat_s && !r->hb_quit && !prl_worker_stopping(r); t += 0.05)
+            usleep(50000);
+    }
+    prl_bus_socket_free(s);
+    return NULL;
+}
+
+static prl_status send_hello(prl_worker *r);
+static prl_status take_welcome(prl_worker *r, const prl_bus_msg *m);
+
+/* Send hello and wait for the welcome, re-sending hello every second (the controller may
+** still be starting, or restarting). */
+static prl_status greet(prl_worker *r, double timeout_s)
+{
+    double t_end = prl_now() + timeout_s, t_next = 0;
+    while (!prl_worker_stopping(r)) {
+        double now = prl_now();
+        if (now > t_end)
+            return prl_error_set(PRL_ERR_IO, "no welcome from the controller at %s after %.0f s",
+                                 r->endpoint, timeout_s);
+        if (now >= t_next) {
+            prl_status rc = send_hello(r);
+            if (rc) return rc;
+            t_next = now + 1.0;
+        }
+        prl_bus_msg m;
+        int got = 0;
+        prl_status rc = prl_bus_recv(r->ctl, 200, &m, NULL, &got);
+        if (rc) return rc;
+        if (!got) continue;
+        if (!strcmp(m.type, "welcome")) {
+            rc = take_welcome(r, &m);
+            prl_bus_msg_free(&m);
+            if (!rc) return rc;
+            prl_worker_log(r, "ignored a 'welcome' message: %s", prl_error_message());
+            continue;
+        }
+        prl_worker_log(r, "ignored '%s' before the welcome", m.type);
+        prl_bus_msg_free(&m);
+    }
+    return prl_error_set(PRL_ERR_IO, "stopped before the welcome");
+}
+
+static prl_status send_hello(prl_worker *r)
+{
+    prl_bus_msg m;
+    prl_status rc = prl_bus_msg_init(&m, "hello", r->run[0] ? r->run : "-", ++r->next_id);
+    if (!rc) rc = prl_bus_msg_set_str(&m, "role", r->role);
+    if (!rc) rc = prl_bus_msg_set_str(&m, "worker", r->worker);
+    if (!rc) rc = prl_bus_msg_set_uint(&m, "pid", (uint64_t)getpid());
+    if (!rc) rc = prl_bus_send(r->ctl, NULL, &m);
+    prl_bus_msg_free(&m);
+    return rc;
+}
+
+/* The welcome's run, directory, seed and job config; the worker's config changes only when the
+** new one is valid. */
+static prl_status take_welcome(prl_worker *r, const prl_bus_msg *m)
+{
+    const char *run = NULL, *dir = NULL;
+    uint64_t seed = 0;
+    prl_status rc = prl_bus_msg_get_str(m, "run", &run);
+    if (!rc) rc = prl_bus_msg_get_str(m, "run_dir", &dir);
+    if (!rc) rc = prl_bus_msg_get_uint(m, "seed", &seed);
+    if (rc) return rc;
+    char *text = prl_bus_msg_text(m, "config");
+    if (!text) return PRL_ERR_FORMAT;
+    prl_job_config job; /* the role's config changes only when the new one is valid */
+    prl_job_config_default(&job);
+    rc = prl_job_config_parse(&job, text, "the controller's welcome");
+    free(text);
+    if (rc) {
+        prl_job_config_free(&job);
+        return rc;
+    }
+    prl_job_config_free(&r->job);
+    r->job = job;
+    snprintf(r->run, sizeof r->run, "%s", run);
+    snprintf(r->run_dir, sizeof r->run_dir, "%s", dir);
+    r->seed = seed;
+    r->heartbeat_s = r->job.heartbeat_seconds;
+    return PRL_OK;
+}
+
+prl_status prl_worker_join(prl_worker *r, const char *role, const prl_worker_options *opt)
+{
+    memset(r, 0, sizeof *r);
+    r->role = role;
+    snprintf(r->worker, sizeof r->worker, "%s", opt->name);
+    snprintf(r->endpoint, sizeof r->endpoint, "%s", opt->connect);
+    r->heartbeat_s = 2.0;
+    prl_job_config_default(&r->job);
+    prl_bus_socket_options o;
+    prl_bus_socket_options_default(&o);
+    o.identity = r->worker, o.name = r->worker, o.allow_remote = opt->allow_remote;
+    prl_status rc = prl_bus_socket_open(&r->ctl, PRL_BUS_DEALER, opt->connect, &o);
+    if (!rc) rc = greet(r, 120.0);
+    if (!rc && pthread_create(&r->hb, NULL, heartbeat_main, r) == 0) r->hb_running = 1;
+    if (rc) prl_worker_leave(r);
+    return rc;
+}
+
+void prl_worker_leave(prl_worker *r)
+{
+    r->hb_quit = 1;
+    if (r->hb_running) pthread_join(r->hb, NULL);
+    r->hb_running = 0;
+    prl_bus_socket_free(r->ctl);
+    r->ctl = NULL;
+    prl_job_config_free(&r->job);
+}
+
+/* The next message for the role, up to timeout_ms. stop, welcome and error messages are
+** handled here (*got stays 0): stop sets r->stop; a re-welcome updates the run; an error
+** asking to say hello is answered. */
+static prl_status next_message(prl_worker *r, int timeout_ms, prl_bus_msg *m, int *got)
+{
+    *got = 0;
+    prl_status rc = prl_bus_recv(r->ctl, timeout_ms, m, NULL, got);
+    if (rc || !*got) return rc;
+    if (!strcmp(m->type, "stop")) {
+        r->stop = 1;
+        prl_bus_msg_free(m);
+        *got = 0;
+    } else if (!strcmp(m->type, "welcome")) { /* the controller restarted and greeted again */
+        if (take_welcome(r, m))
+            prl_worker_log(r, "ignored a 'welcome' message: %s", prl_error_message());
+        prl_bus_msg_free(m);
+        *got = 0;
+    } else if (!strcmp(m->type, "error")) {
+        const char *why = NULL;
+        prl_bus_msg_get_str(m, "reason", &why);
+        prl_worker_log(r, "controller: %s", why ? why : "?");
+        if (why && strstr(why, "say hello")) rc = send_hello(r);
+        prl_bus_msg_free(m);
+        *got = 0;
+    }
+    return rc;
+}
+
+/* Tell the controller this worker cannot do work item m (an `error` naming the lease, which
+** the controller hands out again, at most a few times) and log it. */
+static void refuse(prl_worker *r, const prl_bus_msg *m, const char *why)
+{
+    uint64_t lease = 0, id = 0;
+    prl_bus_msg_get_uint(m, "lease", &lease);
+    prl_bus_msg_get_uint(m, "id", &id);
+    prl_worker_log(r, "cannot do lease %llu (%s): %s", (unsigned long long)lease, m->type, why);
+    prl_bus_msg e;
+    if (prl_bus_msg_init(&e, "error", r->run, ++r->next_id)) return;
+    prl_bus_msg_set_str(&e, "reason", why);
+    prl_bus_msg_set_uint(&e, "ref", id);
+    prl_bus_msg_set_uint(&e, "lease", lease);
+    if (prl_bus_send(r->ctl, NULL, &e)) prl_worker_log(r, "error report not sent: %s", prl_error_message());
+    prl_bus_msg_free(&e);
+}
+
+const volatile sig_atomic_t *prl_role_stop_flag(void)
+{
+    return &stop_signal;
+}
+
+prl_status prl_worker_serve(prl_worker *w, const char *work_type, prl_worker_fn fn, void *ctx)
+{
+    while (!prl_worker_stopping(w)) {
+        prl_bus_msg m;
+        int got = 0;
+        prl_status rc = next_message(w, 200, &m, &got);
+        if (rc) return rc;
+        if (!got) continue;
+        if (strcmp(m.type, work_type)) prl_worker_log(w, "ignored a '%s' message", m.type);
+        else if (fn(ctx, w, &m)) refuse(w, &m, prl_error_message());
+        prl_bus_msg_free(&m);
+    }
+    return PRL_OK;
+}
