@@ -1,0 +1,237 @@
+/*
+** record.c — every write of the controller to run.db (internal.h; docs/store.md): events,
+** scored samples (idempotent by their key), a step's commit (version and metrics in one
+** transaction), the run's creation or resumption, and the checkpoints kept on disk.
+*/
+#include "roles/controller/internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void ctl_event(ctl *c, const char *kind, const char *fmt, ...)
+{
+    char detail[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    if (prl_store_event_add(c->db, c->run, kind, detail))
+        ctl_log("could not record ctl_event %s: %s", kind, prl_error_message());
+}
+
+/* Write a scored sample to run.db (idempotent by its key). */
+prl_status ctl_store_sample(ctl *c, step_run *r, group *g, int j)
+{
+    slot *s = &g->s[j];
+    int nr = s->n - s->prompt_len;
+    prl_store_sample x = {
+        .run = c->run, .step = r->step, .prompt_id = c->task_id[g->prompt], .sample_index = j,
+        .tokens = s->tokens, .n_tokens = s->n, .prompt_len = s->prompt_len,
+        .logprobs = s->logprobs, .loss_mask = s->mask, .version = s->version,
+        .worker = s->worker, .reward = s->reward, .reward_detail = s->detail, .flags = s->flags,
+        .stop = s->stop, .gen_seconds = s->gen_s, .reward_seconds = s->score_s,
+        .status = ctl_sample_fresh(c, r, s) ? PRL_STORE_SAMPLE_OK : PRL_STORE_SAMPLE_STALE};
+    if (s->routes && s->route_shape[0] > 0) {
+        x.routes = s->routes, x.route_tokens = s->route_shape[0], x.route_moe = s->route_shape[1];
+        x.route_k = s->route_shape[2], x.route_width = s->route_shape[3];
+    }
+    (void)nr;
+    int already = 0;
+    prl_status rc = prl_store_sample_put(c->db, &x, &already);
+    if (rc && x.routes) { /* routes of a bad shape must not lose the sample */
+        ctl_log("sample stored without routes: %s", prl_error_message());
+        x.routes = NULL, x.route_tokens = x.route_moe = x.route_k = x.route_width = 0;
+        rc = prl_store_sample_put(c->db, &x, &already);
+    }
+    return rc;
+}
+
+/* A sample that could not be scored: reward 0, the reason in its detail, EXEC_ERROR. */
+prl_status ctl_store_failed_score(ctl *c, step_run *r, group *g, int j, const char *why)
+{
+    slot *s = &g->s[j];
+    json_t *d = json_pack("{s:f,s:f,s:i,s:s,s:[]}", "score", 0.0, "penalty", 0.0, "flags",
+                          (int)PRL_REWARD_EXEC_ERROR, "error", why, "checks");
+    free(s->detail);
+    s->detail = d ? json_dumps(d, JSON_COMPACT) : NULL;
+    json_decref(d);
+    if (!s->detail) return prl_error_set(PRL_ERR_NOMEM, "score detail");
+    s->reward = 0, s->flags = PRL_REWARD_EXEC_ERROR, s->state = 2;
+    prl_status rc = ctl_store_sample(c, r, g, j);
+    if (rc) return rc;
+    if (++g->scored == c->G) ctl_judge_group(c, r, g);
+    if (ctl_step_rolled(c, r) && !r->t_scored) r->t_scored = prl_now();
+    return PRL_OK;
+}
+
+/* ---------------------------------------------------------------- checkpoints ------ */
+
+static void remove_checkpoint(const char *dir)
+{
+    static const char *files[] = {"config.json", "model.safetensors", "optimizer.safetensors",
+                                  "state.json", "tokenizer.json"};
+    char p[1200];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        unlink(p);
+    }
+    if (rmdir(dir) && errno != ENOENT) ctl_log("could not remove %s: %s", dir, strerror(errno));
+}
+
+/* Keep version 0, the newest lag+2 versions and every checkpoint.every-th one. */
+static void prune_checkpoints(ctl *c)
+{
+    int64_t v = c->version - c->lag - 2;
+    if (v < 1) return;
+    int every = c->job->checkpoint_every;
+    if (every > 0 && v % every == 0) return;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/ckpt/v%06lld", c->o->run_dir, (long long)v);
+    remove_checkpoint(dir);
+}
+
+/* Close step r: version v+1 (at `path`) and the step's metrics go to run.db in one
+** transaction, then the step leaves memory. A run.db failure is fatal: the controller exits
+** and its restart continues from what run.db holds. */
+prl_status ctl_step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
+                              const char *trainer_metrics, double train_s)
+{
+    char sumhex[17], vpath[1024];
+    snprintf(sumhex, sizeof sumhex, "%016llx", (unsigned long long)sum);
+    snprintf(vpath, sizeof vpath, "%s", path);
+    prl_store_version v = {.run = c->run, .version = c->version + 1, .path = vpath,
+                           .checksum = sumhex, .step = r->step};
+    size_t cap = 8192 + strlen(trainer_metrics);
+    char *text = malloc(cap);
+    if (!text) return prl_error_set(PRL_ERR_NOMEM, "step metrics");
+    c->version++;
+    snprintf(c->version_path, sizeof c->version_path, "%s", vpath);
+    prl_store_step st;
+    ctl_step_metrics(c, r, trainer_metrics, train_s, text, cap, &st);
+    st.metrics = text;
+    prl_status rc = prl_store_begin(c->db);
+    if (!rc) {
+        rc = prl_store_version_add(c->db, &v);
+        if (!rc) rc = prl_store_step_put(c->db, &st);
+        if (!rc) rc = ctl_record_teacher_kls(c, r);
+        rc = rc ? (prl_store_rollback(c->db), rc) : prl_store_commit(c->db);
+    }
+    if (rc) rc = prl_error_wrap(rc, "run.db: recording step %lld: ", (long long)r->step);
+    else ctl_progress_line(c, &st, text, r);
+    free(text);
+    ctl_step_free(c, r);
+    prune_checkpoints(c);
+    if (c->version >= c->job->steps) c->done = 1;
+    return rc;
+}
+
+/* Keys a newer prl added since the run was recorded are absent from its config; at their
+** defaults they do what the older prl did (every new key's default keeps the old behaviour),
+** so they are dropped from `now` before the two configs are compared. A new key set to
+** anything else still makes the configs differ. */
+static void drop_added_defaults_in(json_t *then, json_t *now, json_t *def)
+{
+    const char *k;
+    json_t *v;
+    void *tmp;
+    json_object_foreach_safe(now, tmp, k, v) {
+        json_t *t = json_object_get(then, k), *d = json_object_get(def, k);
+        if (!t && d && json_equal(v, d)) json_object_del(now, k);
+        else if (json_is_object(t) && json_is_object(v) && json_is_object(d))
+            drop_added_defaults_in(t, v, d);
+    }
+}
+
+static void drop_added_defaults(json_t *then, json_t *now)
+{
+    prl_job_config d;
+    char *text = prl_job_config_default(&d) ? NULL : prl_job_config_to_json(&d);
+    json_error_t je;
+    json_t *def = text ? json_loads(text, 0, &je) : NULL;
+    if (def) drop_added_defaults_in(then, now, def);
+    json_decref(def), free(text);
+    prl_job_config_free(&d);
+}
+
+prl_status ctl_open_run(ctl *c)
+{
+    prl_store_run existing;
+    prl_status rc = prl_store_run_get(c->db, c->job->name, &existing);
+    if (rc == PRL_ERR_RANGE) {
+        if ((rc = prl_store_run_create(c->db, c->job->name, c->config_json, c->job->seed, &c->run)))
+            return rc;
+        prl_store_version v0 = {.run = c->run, .version = 0, .path = c->job->init,
+                                .checksum = "0000000000000000", .step = -1};
+        return prl_store_version_add(c->db, &v0);
+    }
+    if (rc) return rc;
+    c->run = existing.id;
+    /* a resumed run continues the recorded config; only the step count may grow, and the
+    ** thread counts may change (results do not depend on them) */
+    json_error_t je;
+    json_t *a = json_loads(existing.config, 0, &je), *b = json_loads(c->config_json, 0, &je);
+    static const char *free_keys[][2] = {{"controller", "steps"}, {"rollout", "threads"},
+                                         {"trainer", "threads"}, {"teacher", "threads"}};
+    for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++) {
+        json_t *ca = json_object_get(a, free_keys[i][0]), *cb = json_object_get(b, free_keys[i][0]);
+        json_object_del(ca, free_keys[i][1]), json_object_del(cb, free_keys[i][1]);
+        if (ca && !json_object_size(ca)) json_object_del(a, free_keys[i][0]);
+        if (cb && !json_object_size(cb)) json_object_del(b, free_keys[i][0]);
+    }
+    if (a && b) drop_added_defaults(a, b);
+    int same = a && b && json_equal(a, b);
+    json_decref(a), json_decref(b);
+    prl_store_run_free(&existing);
+    if (!same)
+        return prl_error_set(PRL_ERR_CONFIG, "run '%s' in run.db was started with another config "
+                             "(only controller.steps and the thread counts may change on --resume)", c->job->name);
+    prl_store_run_set_status(c->db, c->run, "running");
+    return PRL_OK;
+}
+
+prl_status ctl_restore(ctl *c)
+{
+    prl_store_version v;
+    prl_status rc = prl_store_version_latest(c->db, c->run, &v);
+    if (rc) return rc;
+    c->version = v.version;
+    snprintf(c->version_path, sizeof c->version_path, "%s", v.path);
+    prl_store_version_free(&v);
+    int64_t last = -1;
+    if ((rc = prl_store_step_last(c->db, c->run, &last))) return rc;
+    c->next_step = last + 1;
+    c->retired_epoch = -1;
+    if (last >= 0) {
+        char *mt = NULL;
+        if ((rc = prl_store_step_metrics(c->db, c->run, last, &mt))) return rc;
+        json_error_t je;
+        json_t *mj = json_loads(mt, 0, &je);
+        c->cursor = json_integer_value(json_object_get(mj, "cursor_end"));
+        json_decref(mj);
+        free(mt);
+        ctl_log("resuming at step %lld, version %lld", (long long)c->next_step, (long long)c->version);
+        ctl_event(c, "resume", "{\"step\": %lld, \"version\": %lld}", (long long)c->next_step,
+              (long long)c->version);
+    }
+    if (c->version != c->next_step)
+        return prl_error_set(PRL_ERR_FORMAT, "run.db: version %lld after %lld steps (each step makes one)",
+                             (long long)c->version, (long long)c->next_step);
+    return PRL_OK;
+}
+
+/* Write runs/NAME/final -> the newest version's directory, atomically. */
+void ctl_link_final(ctl *c)
+{
+    char tmp[1200], fin[1200];
+    snprintf(tmp, sizeof tmp, "%s/final.tmp", c->o->run_dir);
+    snprintf(fin, sizeof fin, "%s/final", c->o->run_dir);
+    const char *target = c->version_path;
+    size_t rl = strlen(c->o->run_dir);
+    if (!strncmp(target, c->o->run_dir, rl) && target[rl] == '/') target += rl + 1;
+    unlink(tmp);
+    if (symlink(target, tmp) || rename(tmp, fin)) ctl_log("could not link %s: %s", fin, strerror(errno));
+}
