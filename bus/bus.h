@@ -3,18 +3,20 @@
 ** (controller, rollout, reward, sandbox, trainer, teacher), over ZeroMQ.
 **
 ** A message on the wire is a multipart ZeroMQ message (docs/protocol.md has every detail):
-**   frame 0     the type, a short ASCII token from the registry (bus/types.c);
+**   frame 0     the type, a short ASCII token of a registry (the process's message types:
+**               roles/msg/msg.h);
 **   frame 1     a JSON header object: {"v": schema version, "type", "run", "id", the type's
 **               own fields, "frames": [{"name", "dtype", "count"}...], "checksum": 16 hex
 **               digits of prl_checksum64 chained over the binary frames};
 **   frames 2..  binary payloads, little-endian, one per entry of "frames".
 **
 ** Two layers:
-**   - the codec (msg.c, codec.c, types.c): pure functions, no sockets, so it can be fuzzed.
-**     prl_bus_decode validates everything (frame count, known type, header JSON and the types
-**     of its fields, schema version, sizes against dtype × count, checksum, the per-type
-**     schema, size limits) and names what is wrong; prl_bus_encode refuses a message its
-**     own decoder would reject.
+**   - the codec (msg.c, codec.c, check.c): pure functions, no sockets, so it can be fuzzed.
+**     prl_bus_decode validates everything (frame count, a type of the registry it is given,
+**     header JSON and the types of its fields, schema version, sizes against dtype × count,
+**     checksum, the per-type schema, size limits) and names what is wrong; prl_bus_encode
+**     refuses a message its own decoder would reject. The bus knows no message type of its
+**     own: each type's schema row, typed struct and checks live together in roles/msg/.
 **   - sockets (socket.c): thin wrappers over libzmq for ROUTER/DEALER (work leasing with
 **     worker identities) and PUB/SUB (announcements). Receiving validates every message,
 **     logs and drops bad ones and returns only valid ones; bad input never aborts. Endpoints
@@ -74,15 +76,19 @@ typedef struct prl_bus_frame {
     void *data;   /* owned; NULL when bytes == 0 */
 } prl_bus_frame;
 
+struct prl_bus_type_spec;
 typedef struct prl_bus_msg {
     char type[PRL_BUS_TYPE_MAX];
+    const struct prl_bus_type_spec *spec; /* the type's schema (borrowed, static) */
     json_t *fields; /* owned JSON object: "run", "id" and the type's own fields */
     int n_frames;
     prl_bus_frame frames[PRL_BUS_MAX_FRAMES];
 } prl_bus_msg;
 
-/* Start a message of a registered type for run `run` with sender-assigned id `id`. */
-prl_status prl_bus_msg_init(prl_bus_msg *m, const char *type, const char *run, uint64_t id);
+/* Start a message of type `t` (NULL: an error, so that an unknown name found in a registry
+** fails here) for run `run` with sender-assigned id `id`. */
+prl_status prl_bus_msg_init(prl_bus_msg *m, const struct prl_bus_type_spec *t, const char *run,
+                            uint64_t id);
 void prl_bus_msg_free(prl_bus_msg *m);
 
 /* Set a header field of the message's type (see the registry); the field's kind must match:
@@ -97,6 +103,11 @@ prl_status prl_bus_msg_set_hex64(prl_bus_msg *m, const char *key, uint64_t v);
 prl_status prl_bus_msg_get_uint(const prl_bus_msg *m, const char *key, uint64_t *v);
 prl_status prl_bus_msg_get_str(const prl_bus_msg *m, const char *key, const char **v);
 prl_status prl_bus_msg_get_hex64(const prl_bus_msg *m, const char *key, uint64_t *v);
+
+/* The envelope every message has: its run and its sender-assigned id ("" and 0 for a
+** message that is not initialised). */
+const char *prl_bus_msg_run(const prl_bus_msg *m);
+uint64_t prl_bus_msg_id(const prl_bus_msg *m);
 
 /* Append a binary frame: `count` elements of `dtype` copied from `data` (may be NULL when
 ** count is 0). Names are unique within a message. */
@@ -137,10 +148,14 @@ typedef struct prl_bus_type_spec {
     prl_bus_frame_spec frames[PRL_BUS_SPEC_FRAMES]; /* ends at the first NULL name */
 } prl_bus_type_spec;
 
-/* The registry: spec of a type (NULL if unknown); the number of types and the i-th one. */
-const prl_bus_type_spec *prl_bus_type_find(const char *type);
-int prl_bus_type_count(void);
-const prl_bus_type_spec *prl_bus_type_at(int i);
+/* The message types a process speaks (roles/msg/registry.c): a decoder accepts these only. */
+typedef struct prl_bus_registry {
+    const prl_bus_type_spec *const *types;
+    int n;
+} prl_bus_registry;
+
+/* The spec of `type` in r (NULL if unknown). */
+const prl_bus_type_spec *prl_bus_registry_find(const prl_bus_registry *r, const char *type);
 
 /* ---------------------------------------------------------------- codec ------------ */
 
@@ -161,13 +176,13 @@ typedef struct prl_bus_wire {
 prl_status prl_bus_encode(const prl_bus_msg *m, prl_bus_wire *w);
 void prl_bus_wire_free(prl_bus_wire *w);
 
-/* Validate and decode `n` frames into `out` (initialised here; free it with prl_bus_msg_free
+/* Validate and decode `n` frames of a type of `reg` into `out` (initialised here; free it with prl_bus_msg_free
 ** on success; on failure it is left empty). On failure returns PRL_ERR_FORMAT (or
 ** PRL_ERR_CHECKSUM, PRL_ERR_UNSUPPORTED for a newer schema version, PRL_ERR_NOMEM) and
 ** writes a reason naming the frame or field into reason[reason_size] (and the error
 ** message). reason may be NULL. */
-prl_status prl_bus_decode(const prl_bus_part *parts, int n, prl_bus_msg *out, char *reason,
-                          size_t reason_size);
+prl_status prl_bus_decode(const prl_bus_registry *reg, const prl_bus_part *parts, int n,
+                          prl_bus_msg *out, char *reason, size_t reason_size);
 
 /* The checksum of a message's payloads: prl_checksum64 chained over the frames in order
 ** (seed 0 for the first; each result seeds the next). */
@@ -194,6 +209,7 @@ typedef struct prl_bus_socket_options {
     prl_bus_log_fn log;    /* NULL: stderr */
     void *log_ctx;
     int send_timeout_ms;   /* blocking send limit (default 5000; -1 forever) */
+    const prl_bus_registry *registry; /* the types received (required, but for PUB) */
 } prl_bus_socket_options;
 
 void prl_bus_socket_options_default(prl_bus_socket_options *o);

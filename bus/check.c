@@ -1,6 +1,7 @@
 /*
-** check.c — the validation rules shared by the encoder and the decoder: tokens, names,
-** strings, hex digests, header field kinds against the registry, required frames.
+** check.c — the validation rules shared by the encoder and the decoder: a type's schema in a
+** registry, tokens, names, strings, hex digests, header field kinds against the schema,
+** required frames.
 ** Every rule that fails writes a reason naming the field or frame.
 */
 #include "bus/internal.h"
@@ -12,6 +13,13 @@ static const prl_bus_field_spec common_fields[] = {
     {"run", PRL_BUS_FIELD_STR, 1},
     {"id", PRL_BUS_FIELD_UINT, 1},
 };
+
+const prl_bus_type_spec *prl_bus_registry_find(const prl_bus_registry *r, const char *type)
+{
+    for (int i = 0; r && type && i < r->n; i++)
+        if (strcmp(r->types[i]->type, type) == 0) return r->types[i];
+    return NULL;
+}
 
 int prl_bus_key_reserved(const char *key)
 {

@@ -41,7 +41,7 @@ static json_t *frames_json(const prl_bus_msg *m)
 static prl_status encode_check(const prl_bus_msg *m, const prl_bus_type_spec **t)
 {
     char reason[256];
-    *t = prl_bus_type_find(m->type);
+    *t = m->spec;
     if (!*t || !m->fields)
         return prl_error_set(PRL_ERR_ARG, "bus: cannot encode: message type '%s' is not registered "
                              "or the message is not initialised", m->type);
@@ -123,7 +123,8 @@ static int fail(decoder *d, prl_status code, const char *fmt, ...)
     return 0;
 }
 
-static int check_type_frame(decoder *d, const prl_bus_part *p, const prl_bus_type_spec **t)
+static int check_type_frame(decoder *d, const prl_bus_registry *reg, const prl_bus_part *p,
+                            const prl_bus_type_spec **t)
 {
     char tok[PRL_BUS_TYPE_MAX];
     if (p->len == 0) return fail(d, PRL_ERR_FORMAT, "frame 0 (type) is empty");
@@ -133,7 +134,7 @@ static int check_type_frame(decoder *d, const prl_bus_part *p, const prl_bus_typ
                     PRL_BUS_TYPE_MAX - 1, p->len);
     memcpy(tok, p->data, p->len);
     tok[p->len] = '\0';
-    *t = prl_bus_type_find(tok);
+    *t = prl_bus_registry_find(reg, tok);
     if (!*t) return fail(d, PRL_ERR_FORMAT, "frame 0: type '%s' is not a known message type", tok);
     return 1;
 }
@@ -284,7 +285,8 @@ static int take_payloads(decoder *d, const json_t *h, const prl_bus_part *payloa
     return 1;
 }
 
-static int decode_all(decoder *d, const prl_bus_part *parts, int n, prl_bus_msg *m, json_t **h)
+static int decode_all(decoder *d, const prl_bus_registry *reg, const prl_bus_part *parts, int n,
+                      prl_bus_msg *m, json_t **h)
 {
     const prl_bus_type_spec *t;
     if (!parts || n < 2)
@@ -293,10 +295,11 @@ static int decode_all(decoder *d, const prl_bus_part *parts, int n, prl_bus_msg 
     if (n > PRL_BUS_MAX_PARTS)
         return fail(d, PRL_ERR_FORMAT, "message has %d frames; the limit is %d", n,
                     PRL_BUS_MAX_PARTS);
-    if (!check_type_frame(d, &parts[0], &t) || !parse_header(d, &parts[1], h) ||
+    if (!check_type_frame(d, reg, &parts[0], &t) || !parse_header(d, &parts[1], h) ||
         !check_version_type(d, *h, t))
         return 0;
     snprintf(m->type, sizeof m->type, "%s", t->type);
+    m->spec = t;
     if (!check_frames(d, *h, parts + 2, n - 2, m) || !check_checksum(d, *h, parts + 2, n - 2))
         return 0;
     if (!prl_bus_fields_ok(t, *h, d->reason, d->reason_size)) {
@@ -313,8 +316,8 @@ static int decode_all(decoder *d, const prl_bus_part *parts, int n, prl_bus_msg 
     return take_payloads(d, *h, parts + 2, n - 2, m);
 }
 
-prl_status prl_bus_decode(const prl_bus_part *parts, int n, prl_bus_msg *out, char *reason,
-                          size_t reason_size)
+prl_status prl_bus_decode(const prl_bus_registry *reg, const prl_bus_part *parts, int n,
+                          prl_bus_msg *out, char *reason, size_t reason_size)
 {
     char local[512];
     decoder d = {reason ? reason : local, reason ? reason_size : sizeof local, PRL_OK};
@@ -322,7 +325,7 @@ prl_status prl_bus_decode(const prl_bus_part *parts, int n, prl_bus_msg *out, ch
     d.reason[0] = '\0';
     memset(out, 0, sizeof *out);
     json_t *h = NULL;
-    int ok = decode_all(&d, parts, n, out, &h);
+    int ok = decode_all(&d, reg, parts, n, out, &h);
     json_decref(h);
     if (ok) return PRL_OK;
     prl_bus_msg_free(out);

@@ -1,6 +1,6 @@
 /*
 ** msg.c — building and reading messages: init/free, typed header fields checked against the
-** registry, binary frames (copied in, owned by the message), equality.
+** type's schema, binary frames (copied in, owned by the message), equality.
 */
 #include "bus/internal.h"
 
@@ -17,13 +17,13 @@ const char *prl_bus_dtype_name(prl_bus_dtype d)
 
 size_t prl_bus_dtype_size(prl_bus_dtype d) { return ((unsigned)d < 4) ? dtype_sizes[d] : 0; }
 
-prl_status prl_bus_msg_init(prl_bus_msg *m, const char *type, const char *run, uint64_t id)
+prl_status prl_bus_msg_init(prl_bus_msg *m, const prl_bus_type_spec *t, const char *run,
+                            uint64_t id)
 {
     memset(m, 0, sizeof *m);
-    if (!type || !prl_bus_type_find(type))
-        return prl_error_set(PRL_ERR_ARG, "bus: message type '%s' is not registered",
-                             type ? type : "(null)");
-    snprintf(m->type, sizeof m->type, "%s", type);
+    if (!t) return prl_error_set(PRL_ERR_ARG, "bus: the message type is not registered");
+    snprintf(m->type, sizeof m->type, "%s", t->type);
+    m->spec = t;
     m->fields = json_object();
     if (!m->fields) return prl_error_set(PRL_ERR_NOMEM, "bus: out of memory for a header");
     prl_status st = prl_bus_msg_set_str(m, "run", run);
@@ -40,6 +40,20 @@ void prl_bus_msg_free(prl_bus_msg *m)
     memset(m, 0, sizeof *m);
 }
 
+const char *prl_bus_msg_run(const prl_bus_msg *m)
+{
+    const char *run = "";
+    prl_bus_msg_get_str(m, "run", &run);
+    return run;
+}
+
+uint64_t prl_bus_msg_id(const prl_bus_msg *m)
+{
+    uint64_t id = 0;
+    prl_bus_msg_get_uint(m, "id", &id);
+    return id;
+}
+
 /* The spec of a settable key, or an error naming why it cannot be set. */
 static prl_status settable(const prl_bus_msg *m, const char *key, prl_bus_field_kind kind)
 {
@@ -47,7 +61,7 @@ static prl_status settable(const prl_bus_msg *m, const char *key, prl_bus_field_
     if (!key || prl_bus_key_reserved(key))
         return prl_error_set(PRL_ERR_ARG, "bus: header field '%s' is reserved for the codec",
                              key ? key : "(null)");
-    const prl_bus_field_spec *f = prl_bus_field_find(prl_bus_type_find(m->type), key);
+    const prl_bus_field_spec *f = prl_bus_field_find(m->spec, key);
     if (!f)
         return prl_error_set(PRL_ERR_ARG, "bus: header field '%s' is not part of message type '%s'",
                              key, m->type);

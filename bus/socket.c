@@ -21,6 +21,7 @@ struct prl_bus_socket {
     char name[64];
     prl_bus_log_fn log;
     void *log_ctx;
+    const prl_bus_registry *registry;
     uint64_t dropped;
 };
 
@@ -151,6 +152,9 @@ prl_status prl_bus_socket_open(prl_bus_socket **out, prl_bus_kind kind, const ch
     }
     if ((unsigned)kind > PRL_BUS_SUB)
         return prl_error_set(PRL_ERR_ARG, "bus: unknown socket kind %d", (int)kind);
+    if (!opt->registry && kind != PRL_BUS_PUB)
+        return prl_error_set(PRL_ERR_ARG, "bus: a socket that receives needs the registry of "
+                             "its message types");
     prl_status st = prl_bus_endpoint_check(endpoint, opt->allow_remote);
     if (st != PRL_OK) return st;
     void *c = context_get();
@@ -162,6 +166,7 @@ prl_status prl_bus_socket_open(prl_bus_socket **out, prl_bus_kind kind, const ch
     snprintf(s->name, sizeof s->name, "%s", opt->name ? opt->name : "bus");
     s->log = opt->log;
     s->log_ctx = opt->log_ctx;
+    s->registry = opt->registry;
     s->zs = zmq_socket(c, zmq_kinds[kind]);
     st = s->zs ? configure(s, opt) : zfail(s, "creating a socket for");
     if (st == PRL_OK) st = attach(s, opt->bind);
@@ -282,7 +287,7 @@ static int accept_raw(prl_bus_socket *s, raw_msg *r, prl_bus_msg *out, prl_bus_p
         for (int i = 0; i < n; i++)
             parts[i] = (prl_bus_part){zmq_msg_data(&r->parts[first + i]),
                                       zmq_msg_size(&r->parts[first + i])};
-        if (prl_bus_decode(parts, n, out, reason, sizeof reason) == PRL_OK) {
+        if (prl_bus_decode(s->registry, parts, n, out, reason, sizeof reason) == PRL_OK) {
             if (from) *from = peer;
             return 1;
         }

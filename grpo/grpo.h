@@ -21,7 +21,6 @@
 #ifndef PRL_GRPO_H
 #define PRL_GRPO_H
 
-#include "bus/bus.h"
 #include "engine/engine.h"
 
 struct prl_job_config;
@@ -249,10 +248,9 @@ prl_status prl_grpo_mismatch_metrics(const prl_grpo_corr_config *c, const float 
                                      prl_grpo_mismatch_stats *st, prl_grpo_corr_bounds *bd);
 
 /* ---------------------------------------------------------------- training step ---- */
-/* trainer.c: one step's samples (the bus `train` message, docs/pipeline.md) and the GRPO
-** update of the trainer role (docs/grpo.md "Training step"). */
+/* batch.c: one step's samples (the `train` message carries them: roles/msg/msg.h); trainer.c:
+** the GRPO update of the trainer role (docs/grpo.md "Training step"). */
 
-struct prl_bus_msg;
 struct prl_job_config;
 
 /* n samples of one step, packed as the `train` message carries them. Sample i's tokens
@@ -291,6 +289,11 @@ prl_status prl_grpo_batch_routes_init(prl_grpo_batch *b, int route_moe, int rout
                                       size_t rows);
 /* Check every size and value (see the field comments); errors name the array and sample. */
 prl_status prl_grpo_batch_check(const prl_grpo_batch *b);
+/* The number of response tokens of sample i. */
+static inline int prl_grpo_batch_response_len(const prl_grpo_batch *b, int i)
+{
+    return b->offsets[i + 1] - b->offsets[i] - b->prompt_lens[i];
+}
 /* The response of sample i: its first token's index into logprobs/mask (*first) and count
 ** (O(i): sums the prompts before it). */
 void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int *len);
@@ -298,28 +301,6 @@ void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int 
 /* Every sample fits model m: length <= its context, token ids < its vocabulary; else
 ** PRL_ERR_RANGE naming the sample (and position). */
 prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b);
-/* The frame `name` of a decoded message with dtype `dt` and `count` elements (SIZE_MAX: any);
-** else PRL_ERR_FORMAT naming the frame (missing, another dtype, another size). */
-prl_status prl_grpo_msg_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
-                              size_t count, const prl_bus_frame **out);
-
-/* The frames every sequence message carries (`train`, OPD's `teach`): field count and frames
-** tokens, offsets, prompt_lens and mask. `add` writes them from b; `read` checks each one's
-** presence, dtype and size (mask: at most one entry per token), makes b a new batch with one
-** response entry per mask entry and copies the four in; the caller reads the rest and runs
-** prl_grpo_batch_check. On error (PRL_ERR_FORMAT naming the frame or field) b is not allocated. */
-prl_status prl_grpo_seq_frames_add(const prl_grpo_batch *b, prl_bus_msg *m);
-prl_status prl_grpo_seq_frames_read(prl_grpo_batch *b, const prl_bus_msg *m);
-
-/* Read a decoded `train` message (field count; frames tokens, offsets, prompt_lens, rewards,
-** groups, logprobs, mask; optionally frames route_rows and routes with fields route_moe,
-** route_k, route_width) into a new batch `b`. Every frame's presence, dtype and size and
-** every value is checked; an error (PRL_ERR_FORMAT) names the frame (and the sample), and
-** leaves `b` empty. */
-prl_status prl_grpo_batch_from_msg(prl_grpo_batch *b, const struct prl_bus_msg *m);
-/* Add field count and the seven frames (nine with routes) to `m`, a `train` message the caller initialised
-** (and gives lease, step, policy_version, path). The batch is checked first. */
-prl_status prl_grpo_batch_to_msg(const prl_grpo_batch *b, struct prl_bus_msg *m);
 
 typedef struct prl_grpo_train_config {
     prl_grpo_adv_norm adv_norm;  /* grpo.adv_norm */

@@ -1,7 +1,7 @@
 /*
 ** trainer.c — the GRPO update of the trainer role (grpo.h, docs/grpo.md "Training step"):
-** one step's samples as a packed batch (to and from the bus `train` message, every size and
-** value validated), the training configuration from the job, and prl_grpo_train_step.
+** the training configuration from the job, and prl_grpo_train_step on a step's batch
+** (batch.c).
 **
 ** Layout of a sample in a micro-batch row: position t holds token t; response token j (token
 ** prompt_len + j) is the target of position prompt_len − 1 + j. Only response tokens with mask
@@ -15,7 +15,6 @@
 #include "grpo/grpo.h"
 #include "grpo/replay_step.h"
 
-#include "bus/bus.h"
 #include "job/job.h"
 
 #include <jansson.h>
@@ -23,300 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* ------------------------------------------------------------------ the batch ------- */
-
-static int response_len(const prl_grpo_batch *b, int i)
-{
-    return b->offsets[i + 1] - b->offsets[i] - b->prompt_lens[i];
-}
-
-prl_status prl_grpo_batch_init(prl_grpo_batch *b, int n, size_t n_tokens, size_t n_response)
-{
-    memset(b, 0, sizeof *b);
-    if (n < 1 || n_tokens > INT32_MAX || n_response > n_tokens)
-        return prl_error_set(PRL_ERR_ARG, "grpo batch: %d samples, %zu tokens, %zu response "
-                             "tokens", n, n_tokens, n_response);
-    b->n = n, b->n_tokens = n_tokens, b->n_response = n_response;
-    b->tokens = calloc(n_tokens ? n_tokens : 1, sizeof *b->tokens);
-    b->offsets = calloc((size_t)n + 1, sizeof *b->offsets);
-    b->prompt_lens = calloc((size_t)n, sizeof *b->prompt_lens);
-    b->rewards = calloc((size_t)n, sizeof *b->rewards);
-    b->groups = calloc((size_t)n, sizeof *b->groups);
-    b->logprobs = calloc(n_response ? n_response : 1, sizeof *b->logprobs);
-    b->mask = calloc(n_response ? n_response : 1, sizeof *b->mask);
-    if (!b->tokens || !b->offsets || !b->prompt_lens || !b->rewards || !b->groups ||
-        !b->logprobs || !b->mask) {
-        prl_grpo_batch_free(b);
-        return prl_error_set(PRL_ERR_NOMEM, "grpo batch of %d samples", n);
-    }
-    return PRL_OK;
-}
-
-void prl_grpo_batch_free(prl_grpo_batch *b)
-{
-    if (!b) return;
-    free(b->tokens);
-    free(b->offsets);
-    free(b->prompt_lens);
-    free(b->rewards);
-    free(b->groups);
-    free(b->logprobs);
-    free(b->mask);
-    free(b->route_rows);
-    free(b->routes);
-    memset(b, 0, sizeof *b);
-}
-
-prl_status prl_grpo_batch_routes_init(prl_grpo_batch *b, int route_moe, int route_k, int width,
-                                      size_t rows)
-{
-    free(b->route_rows), free(b->routes);
-    b->route_moe = route_moe, b->route_k = route_k, b->route_width = width;
-    b->routes_bytes = rows * (size_t)(route_moe > 0 ? route_moe : 0) *
-                      (size_t)(route_k > 0 ? route_k : 0) * (size_t)(width > 0 ? width : 0);
-    b->route_rows = calloc((size_t)b->n, sizeof *b->route_rows);
-    b->routes = calloc(b->routes_bytes ? b->routes_bytes : 1, 1);
-    if (!b->route_rows || !b->routes) {
-        free(b->route_rows), free(b->routes);
-        b->route_rows = NULL, b->routes = NULL, b->routes_bytes = 0;
-        return prl_error_set(PRL_ERR_NOMEM, "routes of %zu rows", rows);
-    }
-    return PRL_OK;
-}
-
-/* offsets, prompt_lens and the response count (the layout every other check relies on). */
-static prl_status check_layout(const prl_grpo_batch *b)
-{
-    if (b->n < 1) return prl_error_set(PRL_ERR_FORMAT, "count: %d samples (need >= 1)", b->n);
-    if (b->offsets[0] != 0)
-        return prl_error_set(PRL_ERR_FORMAT, "offsets: sample 0 starts at %d, not 0", b->offsets[0]);
-    size_t response = 0;
-    for (int i = 0; i < b->n; i++) {
-        int64_t len = (int64_t)b->offsets[i + 1] - b->offsets[i];
-        if (len < 2)
-            return prl_error_set(PRL_ERR_FORMAT, "offsets: sample %d spans [%d, %d): offsets must "
-                                 "increase by >= 2 (a prompt and a response)", i, b->offsets[i],
-                                 b->offsets[i + 1]);
-        if (b->prompt_lens[i] < 1 || b->prompt_lens[i] >= len)
-            return prl_error_set(PRL_ERR_FORMAT, "prompt_lens: sample %d has prompt length %d, "
-                                 "not in [1, %lld) (its length)", i, b->prompt_lens[i], (long long)len);
-        response += (size_t)(len - b->prompt_lens[i]);
-    }
-    if ((size_t)b->offsets[b->n] != b->n_tokens)
-        return prl_error_set(PRL_ERR_FORMAT, "offsets: the last offset %d differs from the %zu "
-                             "tokens", b->offsets[b->n], b->n_tokens);
-    if (response != b->n_response)
-        return prl_error_set(PRL_ERR_FORMAT, "logprobs: %zu response log-probs, but the samples "
-                             "have %zu response tokens", b->n_response, response);
-    return PRL_OK;
-}
-
-/* Values: token ids >= 0, finite rewards, finite log-probs <= 0, mask bytes 0 or 1. */
-static prl_status check_values(const prl_grpo_batch *b)
-{
-    size_t first = 0; /* the running index of the response tokens */
-    for (int i = 0; i < b->n; i++) {
-        if (!isfinite(b->rewards[i]))
-            return prl_error_set(PRL_ERR_FORMAT, "rewards: sample %d has reward %g", i, b->rewards[i]);
-        for (int32_t t = b->offsets[i]; t < b->offsets[i + 1]; t++)
-            if (b->tokens[t] < 0)
-                return prl_error_set(PRL_ERR_FORMAT, "tokens: sample %d position %d has id %d", i,
-                                     t - b->offsets[i], b->tokens[t]);
-        int len = b->offsets[i + 1] - b->offsets[i] - b->prompt_lens[i];
-        for (int j = 0; j < len; j++, first++) {
-            float lp = b->logprobs[first];
-            if (!(isfinite(lp) && lp <= 0))
-                return prl_error_set(PRL_ERR_FORMAT, "logprobs: sample %d response token %d has "
-                                     "log-prob %g (must be finite and <= 0)", i, j, lp);
-            if (b->mask[first] > 1)
-                return prl_error_set(PRL_ERR_FORMAT, "mask: sample %d response token %d is %d "
-                                     "(must be 0 or 1)", i, j, b->mask[first]);
-        }
-    }
-    return PRL_OK;
-}
-
-/* Routes, when present: a shape, at most length − 1 rows per sample, bytes that add up. */
-static prl_status check_routes(const prl_grpo_batch *b)
-{
-    if (!b->route_rows && !b->routes) return PRL_OK;
-    if (!b->route_rows || !b->routes)
-        return prl_error_set(PRL_ERR_FORMAT, "routes: frames 'route_rows' and 'routes' go together");
-    if (b->route_moe < 1 || b->route_moe > PRL_MAX_LAYERS || b->route_k < 1 ||
-        b->route_k > 256 || (b->route_width != 1 && b->route_width != 2))
-        return prl_error_set(PRL_ERR_FORMAT, "routes: shape route_moe %d, route_k %d, route_width "
-                             "%d (need 1..%d, 1..256, 1 or 2)", b->route_moe, b->route_k,
-                             b->route_width, PRL_MAX_LAYERS);
-    size_t rows = 0;
-    for (int i = 0; i < b->n; i++) {
-        int len = b->offsets[i + 1] - b->offsets[i];
-        if (b->route_rows[i] < 0 || b->route_rows[i] > len - 1)
-            return prl_error_set(PRL_ERR_FORMAT, "route_rows: sample %d has %d route rows, not in "
-                                 "[0, %d] (its length - 1)", i, b->route_rows[i], len - 1);
-        rows += (size_t)b->route_rows[i];
-    }
-    size_t want = rows * (size_t)b->route_moe * (size_t)b->route_k * (size_t)b->route_width;
-    if (want != b->routes_bytes)
-        return prl_error_set(PRL_ERR_FORMAT, "routes: %zu bytes, but %zu rows of %d x %d ids of "
-                             "%d bytes need %zu", b->routes_bytes, rows, b->route_moe, b->route_k,
-                             b->route_width, want);
-    return PRL_OK;
-}
-
-prl_status prl_grpo_batch_check(const prl_grpo_batch *b)
-{
-    prl_status rc = check_layout(b);
-    if (!rc) rc = check_values(b);
-    return rc ? rc : check_routes(b);
-}
-
-void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int *len)
-{
-    /* the response tokens before sample i: its offset minus the prompts before it */
-    size_t prompts = 0;
-    for (int k = 0; k < i; k++) prompts += (size_t)b->prompt_lens[k];
-    *first = (size_t)b->offsets[i] - prompts;
-    *len = b->offsets[i + 1] - b->offsets[i] - b->prompt_lens[i];
-}
-
-/* ------------------------------------------------------------------ the message ----- */
-
-prl_status prl_grpo_msg_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt,
-                              size_t count, const prl_bus_frame **out)
-{
-    const prl_bus_frame *f = prl_bus_msg_frame(m, name);
-    if (!f) return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is missing", name);
-    if (f->dtype != dt)
-        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is %s, expected %s", name,
-                             prl_bus_dtype_name(f->dtype), prl_bus_dtype_name(dt));
-    if (count != SIZE_MAX && f->count != count)
-        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' has %zu elements, expected %zu", name,
-                             f->count, count);
-    *out = f;
-    return PRL_OK;
-}
-
-static void copy_frame(void *dst, const prl_bus_frame *f)
-{
-    if (f->bytes) memcpy(dst, f->data, f->bytes);
-}
-
-/* The optional frames route_rows + routes and fields route_moe, route_k, route_width. */
-static prl_status routes_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
-{
-    const prl_bus_frame *rr = prl_bus_msg_frame(m, "route_rows"), *rt = prl_bus_msg_frame(m, "routes");
-    if (!rr && !rt) return PRL_OK;
-    if (!rr || !rt)
-        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is missing (routes need both "
-                             "'route_rows' and 'routes')", rr ? "routes" : "route_rows");
-    uint64_t shape[3];
-    const char *names[3] = {"route_moe", "route_k", "route_width"};
-    for (int k = 0; k < 3; k++) {
-        prl_status rc = prl_bus_msg_get_uint(m, names[k], &shape[k]);
-        if (rc) return rc;
-        if (shape[k] > 256)
-            return prl_error_set(PRL_ERR_FORMAT, "field '%s' = %llu is out of range", names[k],
-                                 (unsigned long long)shape[k]);
-    }
-    const prl_bus_frame *f;
-    prl_status rc = prl_grpo_msg_frame(m, "route_rows", PRL_BUS_I32, (size_t)b->n, &f);
-    if (!rc) rc = prl_grpo_msg_frame(m, "routes", PRL_BUS_U8, SIZE_MAX, &f);
-    if (rc) return rc;
-    b->route_moe = (int)shape[0], b->route_k = (int)shape[1], b->route_width = (int)shape[2];
-    b->route_rows = malloc((size_t)b->n * sizeof *b->route_rows);
-    b->routes = malloc(rt->bytes ? rt->bytes : 1);
-    if (!b->route_rows || !b->routes) return prl_error_set(PRL_ERR_NOMEM, "routes");
-    copy_frame(b->route_rows, rr);
-    copy_frame(b->routes, rt);
-    b->routes_bytes = rt->bytes;
-    return PRL_OK;
-}
-
-prl_status prl_grpo_seq_frames_read(prl_grpo_batch *b, const prl_bus_msg *m)
-{
-    uint64_t count;
-    prl_status rc = prl_bus_msg_get_uint(m, "count", &count);
-    if (rc) return rc;
-    if (count < 1 || count > (uint64_t)(PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t)) - 1)
-        return prl_error_set(PRL_ERR_FORMAT, "field 'count' = %llu samples (need 1 .. %zu)",
-                             (unsigned long long)count, PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t) - 1);
-    size_t n = (size_t)count;
-    const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *mask = NULL;
-    if ((rc = prl_grpo_msg_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
-        (rc = prl_grpo_msg_frame(m, "offsets", PRL_BUS_I32, n + 1, &off)) ||
-        (rc = prl_grpo_msg_frame(m, "prompt_lens", PRL_BUS_I32, n, &pl)) ||
-        (rc = prl_grpo_msg_frame(m, "mask", PRL_BUS_U8, SIZE_MAX, &mask)))
-        return rc;
-    if (mask->count > tok->count)
-        return prl_error_set(PRL_ERR_FORMAT, "frame 'mask' has %zu elements, more than the %zu "
-                             "tokens", mask->count, tok->count);
-    if ((rc = prl_grpo_batch_init(b, (int)n, tok->count, mask->count))) return rc;
-    copy_frame(b->tokens, tok);
-    copy_frame(b->offsets, off);
-    copy_frame(b->prompt_lens, pl);
-    copy_frame(b->mask, mask);
-    return PRL_OK;
-}
-
-static prl_status batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
-{
-    if (strcmp(m->type, "train") != 0)
-        return prl_error_set(PRL_ERR_FORMAT, "a '%s' message, expected 'train'", m->type);
-    prl_status rc = prl_grpo_seq_frames_read(b, m);
-    if (rc) return rc;
-    size_t n = (size_t)b->n;
-    const prl_bus_frame *rew = NULL, *grp = NULL, *lp = NULL;
-    if (!(rc = prl_grpo_msg_frame(m, "rewards", PRL_BUS_F32, n, &rew)) &&
-        !(rc = prl_grpo_msg_frame(m, "groups", PRL_BUS_I32, n, &grp)) &&
-        !(rc = prl_grpo_msg_frame(m, "logprobs", PRL_BUS_F32, b->n_response, &lp))) {
-        copy_frame(b->rewards, rew);
-        copy_frame(b->groups, grp);
-        copy_frame(b->logprobs, lp);
-        rc = routes_from_msg(b, m);
-    }
-    if (!rc) rc = prl_grpo_batch_check(b);
-    if (rc) prl_grpo_batch_free(b);
-    return rc;
-}
-
-prl_status prl_grpo_batch_from_msg(prl_grpo_batch *b, const prl_bus_msg *m)
-{
-    memset(b, 0, sizeof *b);
-    prl_status rc = batch_from_msg(b, m);
-    return rc ? prl_error_wrap(rc, "train message: ") : PRL_OK;
-}
-
-prl_status prl_grpo_seq_frames_add(const prl_grpo_batch *b, prl_bus_msg *m)
-{
-    prl_status rc;
-    if ((rc = prl_bus_msg_set_uint(m, "count", (uint64_t)b->n)) ||
-        (rc = prl_bus_msg_add_frame(m, "tokens", PRL_BUS_I32, b->tokens, b->n_tokens)) ||
-        (rc = prl_bus_msg_add_frame(m, "offsets", PRL_BUS_I32, b->offsets, (size_t)b->n + 1)) ||
-        (rc = prl_bus_msg_add_frame(m, "prompt_lens", PRL_BUS_I32, b->prompt_lens, (size_t)b->n)) ||
-        (rc = prl_bus_msg_add_frame(m, "mask", PRL_BUS_U8, b->mask, b->n_response)))
-        return rc;
-    return PRL_OK;
-}
-
-prl_status prl_grpo_batch_to_msg(const prl_grpo_batch *b, prl_bus_msg *m)
-{
-    prl_status rc = prl_grpo_batch_check(b);
-    if (rc) return prl_error_wrap(rc, "train message: ");
-    if ((rc = prl_grpo_seq_frames_add(b, m)) ||
-        (rc = prl_bus_msg_add_frame(m, "rewards", PRL_BUS_F32, b->rewards, (size_t)b->n)) ||
-        (rc = prl_bus_msg_add_frame(m, "groups", PRL_BUS_I32, b->groups, (size_t)b->n)) ||
-        (rc = prl_bus_msg_add_frame(m, "logprobs", PRL_BUS_F32, b->logprobs, b->n_response)))
-        return rc;
-    if (!b->route_rows) return PRL_OK;
-    if ((rc = prl_bus_msg_set_uint(m, "route_moe", (uint64_t)b->route_moe)) ||
-        (rc = prl_bus_msg_set_uint(m, "route_k", (uint64_t)b->route_k)) ||
-        (rc = prl_bus_msg_set_uint(m, "route_width", (uint64_t)b->route_width)) ||
-        (rc = prl_bus_msg_add_frame(m, "route_rows", PRL_BUS_I32, b->route_rows, (size_t)b->n)) ||
-        (rc = prl_bus_msg_add_frame(m, "routes", PRL_BUS_U8, b->routes, b->routes_bytes)))
-        return rc;
-    return PRL_OK;
-}
 
 /* ------------------------------------------------------------------ configuration --- */
 
@@ -502,21 +207,6 @@ static prl_status step_alloc(step_ctx *s)
     return rc ? rc : prl_grpo_replay_init(&s->rp, s->m, b, s->c, s->c->micro_rows, s->ctx);
 }
 
-prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b)
-{
-    for (int i = 0; i < b->n; i++) {
-        int len = b->offsets[i + 1] - b->offsets[i];
-        if (len > m->cfg.max_position_embeddings)
-            return prl_error_set(PRL_ERR_RANGE, "sample %d has %d tokens, more than the model's "
-                                 "context of %d", i, len, m->cfg.max_position_embeddings);
-        for (int t = 0; t < len; t++)
-            if (b->tokens[b->offsets[i] + t] >= m->cfg.vocab_size)
-                return prl_error_set(PRL_ERR_RANGE, "sample %d position %d has token %d "
-                                     "outside the vocabulary of %d", i, t,
-                                     b->tokens[b->offsets[i] + t], m->cfg.vocab_size);
-    }
-    return PRL_OK;
-}
 
 /* Advantages and the kept samples; reward and advantage stats. */
 static prl_status step_advantages(step_ctx *s, prl_grpo_step_stats *st)
@@ -543,7 +233,7 @@ static prl_status step_advantages(step_ctx *s, prl_grpo_step_stats *st)
         st->adv_min = INFINITY, st->adv_max = -INFINITY;
         size_t first = 0;
         for (int i = 0; i < b->n; i++) {
-            int len = response_len(b, i);
+            int len = prl_grpo_batch_response_len(b, i);
             s->first[i] = first;
             first += (size_t)len;
             if (!keep[i]) continue;
@@ -591,7 +281,7 @@ static void rows_to_flat(const step_ctx *s, int k0, const prl_batch *batch, cons
                          float *flat)
 {
     for (int r = 0; r < batch->B; r++) {
-        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = response_len(s->b, i);
+        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = prl_grpo_batch_response_len(s->b, i);
         for (int j = 0; j < len; j++) flat[s->first[i] + j] = rows[(size_t)r * batch->T + pl - 1 + j];
     }
 }
@@ -601,7 +291,7 @@ static void flat_to_rows(const step_ctx *s, int k0, const prl_batch *batch, cons
 {
     memset(rows, 0, (size_t)batch->B * batch->T * sizeof *rows);
     for (int r = 0; r < batch->B; r++) {
-        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = response_len(s->b, i);
+        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = prl_grpo_batch_response_len(s->b, i);
         for (int j = 0; j < len; j++) rows[(size_t)r * batch->T + pl - 1 + j] = flat[s->first[i] + j];
     }
 }
@@ -680,7 +370,7 @@ static void add_distill(step_ctx *s, int k0, prl_batch *batch, int n_tokens, int
     size_t cells = (size_t)batch->B * batch->T * K;
     for (size_t e = 0; e < cells; e++) s->extra_ids[e] = -1, s->extra_w[e] = 0;
     for (int r = 0; r < batch->B; r++) {
-        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = response_len(s->b, i), n = 0;
+        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = prl_grpo_batch_response_len(s->b, i), n = 0;
         for (int t = 0; t < batch->T; t++) n += s->mask_rows[(size_t)r * batch->T + t];
         if (!n) continue;
         double coef = prl_grpo_agg_coefficient(&s->c->loss, n, n_tokens, n_seqs);
@@ -704,7 +394,7 @@ static void count_tokens(const step_ctx *s, int k0, int k1, const uint8_t *keep,
     *n_tokens = *n_seqs = 0;
     for (int k = k0; k < k1; k++) {
         int i = s->kept[k], v = 0;
-        for (int j = 0; j < response_len(s->b, i); j++) {
+        for (int j = 0; j < prl_grpo_batch_response_len(s->b, i); j++) {
             size_t f = s->first[i] + j;
             v += s->b->mask[f] && (!keep || keep[f]);
         }
@@ -868,7 +558,7 @@ static prl_status step_corr_prepare(step_ctx *s, prl_grpo_step_stats *st)
     memset(k->mask, 0, b->n_response); /* dropped samples are not measured */
     for (int j = 0; j < s->n_kept; j++) {
         int i = s->kept[j];
-        memcpy(k->mask + s->first[i], b->mask + s->first[i], (size_t)response_len(b, i));
+        memcpy(k->mask + s->first[i], b->mask + s->first[i], (size_t)prl_grpo_batch_response_len(b, i));
     }
     prl_status rc = prl_grpo_mismatch_metrics(c, s->lp_old, b->logprobs, k->mask, k->seq_start,
                                               b->n, &st->mm, &k->bd);
@@ -912,7 +602,7 @@ static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, co
         if (step_corr_count_keep(s))
             for (int r = 0; r < batch->B; r++) {
                 int i = s->kept[k0 + r], pl = s->b->prompt_lens[i];
-                for (int j = 0; j < response_len(s->b, i); j++)
+                for (int j = 0; j < prl_grpo_batch_response_len(s->b, i); j++)
                     s->mask_rows[(size_t)r * batch->T + pl - 1 + j] &= k->keep[s->first[i] + j];
             }
         *iw = k->iw_rows;

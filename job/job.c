@@ -274,3 +274,8 @@ char *prl_job_config_to_json(const prl_job_config *c)
 {
     return prl_keys_to_json(&table, c);
 }
+
+void prl_job_ckpt_dir(const char *run_dir, int64_t version, char *out, size_t n)
+{
+    snprintf(out, n, "%s/ckpt/v%06lld", run_dir, (long long)version);
+}

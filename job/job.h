@@ -118,5 +118,8 @@ int prl_job_mix_problems(const prl_job_config *c, prl_task_domain d);
 prl_status prl_job_config_check(const prl_job_config *c, const char *source);
 /* The whole config as a JSON object text (malloc'd): what a run records in run.db. */
 char *prl_job_config_to_json(const prl_job_config *c);
+/* The checkpoint directory of policy version v in a run directory, RUN_DIR/ckpt/vNNNNNN, into
+** out[n] (truncated when n is too small). */
+void prl_job_ckpt_dir(const char *run_dir, int64_t version, char *out, size_t n);
 
 #endif /* PRL_JOB_H */

@@ -1,13 +1,10 @@
 /*
-** batch.c — the OPD frames on the bus (opd.h, docs/protocol.md): the teacher side of `train`
-** (teacher_logprobs, teachers; with opd.topk teacher_topk_ids, teacher_topk_logprobs) and
-** the `teach` item (a grpo batch's tokens, offsets, prompt_lens and loss mask). Every size
-** and value is checked on the way in; errors name the frame and the sample. The layout
-** checks are grpo's (prl_grpo_batch_check): one set of rules.
+** batch.c — the teacher side of a step's batch (opd.h): per response token the teacher's
+** log-prob (and with opd.topk its top-k), per sample its teacher; and the one check of
+** those values, for the `train` message and the teachers' `taught` answers alike
+** (roles/msg/). Errors name the frame and the sample.
 */
 #include "opd/opd.h"
-
-#include "bus/bus.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -61,9 +58,11 @@ static prl_status check_topk(const prl_opd_batch *ob, size_t f, int loss, int i,
     return PRL_OK;
 }
 
-/* Teacher indices in range; teacher log-probs of the loss tokens finite and <= 0; the top-k. */
-static prl_status check_values(const prl_opd_batch *ob, const prl_grpo_batch *b)
+prl_status prl_opd_batch_check(const prl_opd_batch *ob, const prl_grpo_batch *b)
 {
+    if (ob->n != b->n || ob->n_response != b->n_response)
+        return prl_error_set(PRL_ERR_FORMAT, "teacher frames: %d samples and %zu response tokens, "
+                             "the batch has %d and %zu", ob->n, ob->n_response, b->n, b->n_response);
     for (int i = 0; i < b->n; i++) {
         if (ob->teacher[i] < 0 || ob->teacher[i] >= PRL_OPD_TEACHERS)
             return prl_error_set(PRL_ERR_FORMAT, "frame 'teachers': sample %d has teacher %d "
@@ -83,66 +82,3 @@ static prl_status check_values(const prl_opd_batch *ob, const prl_grpo_batch *b)
     return PRL_OK;
 }
 
-prl_status prl_opd_batch_from_msg(prl_opd_batch *ob, const prl_grpo_batch *b, const prl_bus_msg *m,
-                                  int topk)
-{
-    memset(ob, 0, sizeof *ob);
-    const prl_bus_frame *lp = NULL, *tk = NULL, *ki = NULL, *kl = NULL;
-    size_t cells = b->n_response * (size_t)(topk > 0 ? topk : 0);
-    prl_status rc = prl_grpo_msg_frame(m, "teacher_logprobs", PRL_BUS_F32, b->n_response, &lp);
-    if (!rc) rc = prl_grpo_msg_frame(m, "teachers", PRL_BUS_I32, (size_t)b->n, &tk);
-    if (!rc && topk > 0) rc = prl_grpo_msg_frame(m, "teacher_topk_ids", PRL_BUS_I32, cells, &ki);
-    if (!rc && topk > 0) rc = prl_grpo_msg_frame(m, "teacher_topk_logprobs", PRL_BUS_F32, cells, &kl);
-    if (!rc) rc = prl_opd_batch_init(ob, b->n, b->n_response, topk);
-    if (rc) return prl_error_wrap(rc, "train message: ");
-    if (lp->bytes) memcpy(ob->teacher_lp, lp->data, lp->bytes);
-    memcpy(ob->teacher, tk->data, tk->bytes);
-    if (ki && ki->bytes) memcpy(ob->topk_ids, ki->data, ki->bytes);
-    if (kl && kl->bytes) memcpy(ob->topk_lp, kl->data, kl->bytes);
-    rc = check_values(ob, b);
-    if (rc) {
-        prl_opd_batch_free(ob);
-        return prl_error_wrap(rc, "train message: ");
-    }
-    return PRL_OK;
-}
-
-prl_status prl_opd_batch_to_msg(const prl_opd_batch *ob, prl_bus_msg *m)
-{
-    prl_status rc = prl_bus_msg_add_frame(m, "teacher_logprobs", PRL_BUS_F32, ob->teacher_lp,
-                                          ob->n_response);
-    if (!rc) rc = prl_bus_msg_add_frame(m, "teachers", PRL_BUS_I32, ob->teacher, (size_t)ob->n);
-    size_t cells = ob->n_response * (size_t)ob->topk;
-    if (!rc && ob->topk)
-        rc = prl_bus_msg_add_frame(m, "teacher_topk_ids", PRL_BUS_I32, ob->topk_ids, cells);
-    if (!rc && ob->topk)
-        rc = prl_bus_msg_add_frame(m, "teacher_topk_logprobs", PRL_BUS_F32, ob->topk_lp, cells);
-    return rc;
-}
-
-/* ---------------------------------------------------------------- teach ------------ */
-
-prl_status prl_opd_teach_to_msg(const prl_grpo_batch *t, prl_bus_msg *m)
-{
-    prl_status rc = prl_grpo_batch_check(t);
-    return rc ? prl_error_wrap(rc, "teach message: ") : prl_grpo_seq_frames_add(t, m);
-}
-
-static prl_status teach_from_msg(prl_grpo_batch *t, const prl_bus_msg *m)
-{
-    prl_status rc = prl_grpo_seq_frames_read(t, m);
-    return rc ? rc : prl_grpo_batch_check(t); /* log-probs are 0: valid; the layout and mask are checked */
-}
-
-prl_status prl_opd_teach_from_msg(prl_grpo_batch *t, const prl_bus_msg *m)
-{
-    memset(t, 0, sizeof *t);
-    if (strcmp(m->type, "teach"))
-        return prl_error_set(PRL_ERR_FORMAT, "teach message: a '%s' message, expected 'teach'", m->type);
-    prl_status rc = teach_from_msg(t, m);
-    if (rc) {
-        prl_grpo_batch_free(t);
-        return prl_error_wrap(rc, "teach message: ");
-    }
-    return PRL_OK;
-}

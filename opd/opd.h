@@ -13,8 +13,8 @@
 **     the loss tokens (observation tokens stay 0), optional discount, optional clip, the
 **     near-zero mask, with the metrics (reverse KL student→teacher, masked and clipped
 **     shares, per teacher), and the weights of the top-k distillation term (opd.topk);
-**   - batch.c: the teacher frames of the `train` message (`teacher_logprobs`, `teachers`) and
-**     the `teach` item, every size and value validated;
+**   - batch.c: the teacher side of a step's batch (what the `train` message's teacher frames
+**     and a teacher's `taught` answer carry) and the one check of its values;
 **   - teacher.c: the teacher's scoring pass (log-probs of the student's tokens, and with
 **     opd.topk the expert's own top-k at each), its peak memory, and the teacher-checkpoint check
 **     that `prl run` (and `--check`) runs before any process starts;
@@ -30,7 +30,6 @@
 #include "grpo/grpo.h"
 
 struct prl_job_config;
-struct prl_bus_msg;
 
 /* ---------------------------------------------------------------- teachers --------- */
 
@@ -117,25 +116,18 @@ typedef struct prl_opd_batch {
 
 prl_status prl_opd_batch_init(prl_opd_batch *ob, int n, size_t n_response, int topk);
 void prl_opd_batch_free(prl_opd_batch *ob);
-/* The frames `teacher_logprobs` (f32 [n_response]) and `teachers` (i32 [n]) of a `train`
-** message whose grpo batch is `b` (already read), and with topk > 0 (the job's opd.topk)
-** `teacher_topk_ids` (i32) and `teacher_topk_logprobs` (f32), [n_response × topk] each.
-** Errors (PRL_ERR_FORMAT) name the frame and the sample: a missing frame, a wrong dtype or
-** size, a teacher index out of range, a teacher log-prob on a loss token that is not finite
-** or > 0, a top-k id < 0 on a loss token or not -1 off them. `ob` is left empty on error. */
-prl_status prl_opd_batch_from_msg(prl_opd_batch *ob, const prl_grpo_batch *b,
-                                  const struct prl_bus_msg *m, int topk);
-prl_status prl_opd_batch_to_msg(const prl_opd_batch *ob, struct prl_bus_msg *m);
+/* The values of ob for the grpo batch b it goes with: the same sample and response counts,
+** every teacher index in [0, PRL_OPD_TEACHERS), on a loss token (b's mask) a teacher log-prob
+** finite and <= 0 and top-k ids >= 0 with log-probs finite and <= 0, off them top-k ids -1.
+** Errors (PRL_ERR_FORMAT) name the frame ('teachers', 'teacher_logprobs',
+** 'teacher_topk_ids', 'teacher_topk_logprobs'), the sample and the token. */
+prl_status prl_opd_batch_check(const prl_opd_batch *ob, const prl_grpo_batch *b);
 
 /* ---------------------------------------------------------------- the teacher ------ */
 
 /* A `teach` item is a prl_grpo_batch of one teacher's samples whose rewards, groups and
-** log-probs are unused (0): tokens, offsets, prompt_lens and the loss mask travel. */
-/* Field count and frames tokens, offsets, prompt_lens (i32), mask (u8) of a `teach` message. */
-prl_status prl_opd_teach_to_msg(const prl_grpo_batch *t, struct prl_bus_msg *m);
-/* Read them back into a new batch `t` with every size and value checked (errors,
-** PRL_ERR_FORMAT, name the frame and sample; `t` is left empty). */
-prl_status prl_opd_teach_from_msg(prl_grpo_batch *t, const struct prl_bus_msg *m);
+** log-probs are unused (0): tokens, offsets, prompt_lens and the loss mask travel
+** (roles/msg/teach.c). */
 
 /* The teacher's log-prob of every response token with mask 1 (train path, native routing,
 ** no gradient) under log_softmax(logits / temperature), in micro-batches of micro_rows rows;

@@ -4,8 +4,9 @@
 **
 ** What it holds:
 **   - the replay modes (none, R2, R3, Masked R3) and their names;
-**   - the per-sample route record: the compact form the rollout engine produces and run.db
-**     stores (prl_routes_pack, [rows][n_moe][K] token-major, rows = tokens − 1), unpacked into
+**   - the per-sample route record: its shape and the one check of it (record.c), the compact
+**     form the rollout engine produces and run.db stores (prl_routes_pack, [rows][n_moe][K]
+**     token-major, rows = tokens − 1), unpacked into
 **     the engine's override layout [n_moe][rows][K] with every row checked (K distinct ids in
 **     range — spec §3.3: a row with a duplicate or out-of-range id rejects the sample);
 **   - the choice of the override row per (MoE layer, position): R2 replays the trainer's own
@@ -41,6 +42,25 @@ const char *prl_replay_mode_name(prl_replay_mode m);
 prl_status prl_replay_mode_parse(const char *s, prl_replay_mode *out);
 
 /* ---------------------------------------------------------------- records ---------- */
+
+/* The shape of one sample's compact route record: `rows` rows (row p is the route of token
+** p, so at most the sequence's tokens − 1) of moe × k ids of `width` bytes (prl_routes_width
+** of the model's experts). It travels beside the record's bytes (the `result` message's
+** meta, the `train` message's fields, run.db's columns). */
+typedef struct prl_route_shape {
+    int rows, moe, k, width;
+} prl_route_shape;
+
+/* rows × moe × k × width (0 for a negative dimension). */
+size_t prl_route_shape_bytes(const prl_route_shape *s);
+/* The one check of a record's shape, wherever a record arrives: 1 <= rows <= n_tokens − 1,
+** 1 <= moe <= PRL_MAX_LAYERS, 1 <= k <= 256, width 1 or 2, and `bytes` equal to
+** prl_route_shape_bytes. PRL_ERR_FORMAT names what is wrong. */
+prl_status prl_route_shape_check(const prl_route_shape *s, size_t bytes, size_t n_tokens);
+/* The shape as the JSON array [rows, moe, k, width] (new reference; NULL out of memory) and
+** back (PRL_ERR_FORMAT unless an array of four integers). */
+struct json_t *prl_route_shape_json(const prl_route_shape *s);
+prl_status prl_route_shape_from_json(const struct json_t *v, prl_route_shape *s);
 
 /* |a ∩ b| of two rows of K expert ids, as sets (an id repeated in a counts once). */
 int prl_replay_overlap(const int32_t *a, const int32_t *b, int K);

@@ -12,6 +12,7 @@
 #define PRL_ROLES_INTERNAL_H
 
 #include "bus/bus.h"
+#include "roles/msg/msg.h"
 #include "roles/roles.h"
 
 #include <pthread.h>
@@ -47,6 +48,9 @@ typedef prl_status (*prl_worker_fn)(void *ctx, prl_worker *w, const prl_bus_msg 
 /* Serve messages of `work_type` with fn until stopped. PRL_OK after a stop; an error only
 ** when the socket failed. */
 prl_status prl_worker_serve(prl_worker *w, const char *work_type, prl_worker_fn fn, void *ctx);
+
+/* Send m to the controller and free it. */
+prl_status prl_worker_send(prl_worker *w, prl_bus_msg *m);
 
 /* "[rollout-0] message" on stderr. */
 void prl_worker_log(const prl_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

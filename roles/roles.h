@@ -85,10 +85,9 @@ void prl_role_exec_close(prl_role_exec *x);
 
 /* ---------------------------------------------------------------- service ---------- */
 
-/* wall_ms of an `exec` must be in 1..PRL_SANDBOX_SERVICE_MAX_WALL_MS (the sandbox's own
-** wall maximum, 3600 s); outside it the service answers `error` naming wall_ms. */
-#define PRL_SANDBOX_SERVICE_MAX_WALL_MS 3600000u
-
+/* An `exec` the service cannot run (roles/msg/exec.c: an unknown lang, wall_ms outside
+** 1..PRL_MSG_EXEC_MAX_WALL_MS, an empty program or one with a NUL byte) gets an `error`
+** naming the field. */
 typedef struct prl_sandbox_service_options {
     const char *endpoint; /* ROUTER bind, e.g. ipc://runs/NAME/sandbox.sock (required) */
     int slots;            /* concurrent runs, one worker thread per slot, 1..256 (default 1) */

@@ -49,92 +49,45 @@ static prl_status load_version(rollout_worker *w, int64_t v, const char *path)
     return PRL_OK;
 }
 
-/* The meta frame: the model's turns for the verifier, and the routes' shape. */
-static char *episode_meta(const rollout_worker *w, const prl_episode *ep)
-{
-    json_t *o = json_object(), *turns = json_array();
-    for (int i = 0; i < ep->n_msgs; i++)
-        json_array_append_new(turns, json_pack("{s:s,s:s}", "role", ep->msgs[i].role, "content",
-                                               ep->msgs[i].content));
-    const prl_config *cfg = &w->model.cfg;
-    json_object_set_new(o, "turns", turns);
-    json_object_set_new(o, "truncated", json_boolean(ep->truncated));
-    json_object_set_new(o, "turns_played", json_integer(ep->turns));
-    if (ep->routes)
-        json_object_set_new(o, "route_shape",
-                            json_pack("[i,i,i,i]", ep->n_route_tokens, w->model.n_moe,
-                                      cfg->num_experts_per_tok, prl_routes_width(cfg->n_routed_experts)));
-    char *text = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    return text;
-}
-
-static prl_status send_result(rollout_worker *w, const prl_bus_msg *work, int sample,
+/* One sample of work item w as a `result`. */
+static prl_status send_result(rollout_worker *w, const prl_msg_work *work, int sample,
                               const prl_episode *ep)
 {
-    uint64_t lease = 0, step = 0, prompt = 0, ver = 0;
-    prl_bus_msg_get_uint(work, "lease", &lease);
-    prl_bus_msg_get_uint(work, "step", &step);
-    prl_bus_msg_get_uint(work, "prompt", &prompt);
-    prl_bus_msg_get_uint(work, "policy_version", &ver);
-    char *meta = episode_meta(w, ep);
-    size_t nr = (size_t)(ep->n - ep->prompt_len);
+    const prl_config *cfg = &w->model.cfg;
+    prl_msg_result x = {
+        .lease = work->lease, .step = work->step, .prompt = work->prompt,
+        .sample = (uint64_t)sample, .policy_version = work->policy_version,
+        .prompt_len = ep->prompt_len, .gen_us = (uint64_t)(ep->gen_seconds * 1e6),
+        .stop = ep->stop, .tokens = ep->ids, .n_tokens = (size_t)ep->n,
+        .logprobs = ep->logprobs + ep->prompt_len, .mask = ep->mask + ep->prompt_len,
+        .routes = ep->routes, .routes_bytes = ep->routes_bytes,
+        .route_shape = {ep->n_route_tokens, w->model.n_moe, cfg->num_experts_per_tok,
+                        prl_routes_width(cfg->n_routed_experts)},
+        .turns = prl_msg_turns_json(ep->msgs, ep->n_msgs), .truncated = ep->truncated,
+        .turns_played = ep->turns};
     prl_bus_msg m;
-    prl_status rc = meta ? prl_bus_msg_init(&m, "result", w->role.run, ++w->role.next_id)
-                         : prl_error_set(PRL_ERR_NOMEM, "result meta");
-    if (rc) {
-        free(meta);
-        return rc;
-    }
-    rc = prl_bus_msg_set_uint(&m, "lease", lease);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "step", step);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "prompt", prompt);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "sample", (uint64_t)sample);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "policy_version", ver);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "prompt_len", (uint64_t)ep->prompt_len);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "gen_us", (uint64_t)(ep->gen_seconds * 1e6));
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "stop", (uint64_t)ep->stop);
-    if (!rc) rc = prl_bus_msg_add_frame(&m, "tokens", PRL_BUS_I32, ep->ids, (size_t)ep->n);
-    if (!rc) rc = prl_bus_msg_add_frame(&m, "logprobs", PRL_BUS_F32, ep->logprobs + ep->prompt_len, nr);
-    if (!rc) rc = prl_bus_msg_add_frame(&m, "mask", PRL_BUS_U8, ep->mask + ep->prompt_len, nr);
-    if (!rc && ep->routes)
-        rc = prl_bus_msg_add_frame(&m, "routes", PRL_BUS_U8, ep->routes, ep->routes_bytes);
-    if (!rc) rc = prl_bus_msg_add_frame(&m, "meta", PRL_BUS_BYTES, meta, strlen(meta));
-    if (!rc) rc = prl_bus_send(w->role.ctl, NULL, &m);
-    prl_bus_msg_free(&m);
-    free(meta);
-    return rc;
+    prl_status rc = x.turns ? prl_msg_result_encode(&x, w->role.run, ++w->role.next_id, &m)
+                            : prl_error_set(PRL_ERR_NOMEM, "result turns");
+    json_decref(x.turns);
+    return rc ? rc : prl_worker_send(&w->role, &m);
 }
 
 static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
 {
     rollout_worker *w = ctx;
     (void)role;
-    uint64_t step = 0, prompt = 0, sample = 0, count = 0, ver = 0;
-    const char *path = NULL;
-    prl_status rc = prl_bus_msg_get_uint(m, "step", &step);
-    if (!rc) rc = prl_bus_msg_get_uint(m, "prompt", &prompt);
-    if (!rc) rc = prl_bus_msg_get_uint(m, "sample", &sample);
-    if (!rc) rc = prl_bus_msg_get_uint(m, "count", &count);
-    if (!rc) rc = prl_bus_msg_get_uint(m, "policy_version", &ver);
-    if (!rc) rc = prl_bus_msg_get_str(m, "path", &path);
-    if (!rc && (count < 1 || count > 1024 || sample > 1u << 20))
-        rc = prl_error_set(PRL_ERR_ARG, "work: count %llu must be in 1..1024 and sample %llu at most 2^20",
-                           (unsigned long long)count, (unsigned long long)sample);
-    char *task_text = rc ? NULL : prl_bus_msg_text(m, "task");
-    json_error_t je;
-    json_t *task = task_text ? json_loads(task_text, 0, &je) : NULL;
-    free(task_text);
-    if (!rc && !json_is_object(task)) rc = prl_error_set(PRL_ERR_FORMAT, "work: frame 'task' is not a JSON object");
-    if (!rc) rc = load_version(w, (int64_t)ver, path);
+    prl_msg_work work;
+    prl_status rc = prl_msg_work_decode(m, &work);
+    if (!rc) rc = load_version(w, (int64_t)work.policy_version, work.path);
+    uint64_t count = rc ? 0 : work.count;
     json_t **tasks = calloc(count ? count : 1, sizeof *tasks);
     uint64_t *seq = calloc(count ? count : 1, sizeof *seq);
     prl_episode *eps = calloc(count ? count : 1, sizeof *eps);
     if (!rc && (!tasks || !seq || !eps)) rc = prl_error_set(PRL_ERR_NOMEM, "%llu episodes", (unsigned long long)count);
     for (uint64_t i = 0; !rc && i < count; i++) {
         prl_rng r; /* each sample's draws come from (run seed, step, prompt, sample) */
-        prl_rng_init(&r, w->role.seed, step, prompt, sample + i, PRL_RNG_SAMPLE);
-        tasks[i] = task, seq[i] = r.key;
+        prl_rng_init(&r, w->role.seed, work.step, work.prompt, work.sample + i, PRL_RNG_SAMPLE);
+        tasks[i] = work.task_json, seq[i] = r.key;
     }
     prl_rollout_config rc_;
     prl_rollout_config_default(&rc_);
@@ -146,10 +99,10 @@ static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
     rc_.max_turns = j->max_turns, rc_.score = 0;
     rc_.cached_routes = j->replay_cached; /* Cached R3 (docs/replay.md) */
     if (!rc) rc = prl_rollout_run(w->engine, w->tok, tasks, seq, (int)count, &rc_, &w->exec.exec, eps);
-    for (uint64_t i = 0; !rc && i < count; i++) rc = send_result(w, m, (int)(sample + i), &eps[i]);
+    for (uint64_t i = 0; !rc && i < count; i++) rc = send_result(w, &work, (int)(work.sample + i), &eps[i]);
     for (uint64_t i = 0; eps && i < count; i++) prl_episode_free(&eps[i]);
     free(tasks), free(seq), free(eps);
-    json_decref(task);
+    prl_msg_work_free(&work);
     return rc;
 }
 

@@ -1,5 +1,5 @@
 /*
-** client.c — the client of the sandbox service (service.c): sends `exec` from a DEALER and
+** sandbox_client.c — the client of the sandbox service (sandbox_service.c): sends `exec` from a DEALER and
 ** waits for the `exec_result` (or `error`) whose ref is the request's id.
 **
 ** Retry: the service may be killed and restarted by the launcher at any time, and a request
@@ -10,6 +10,7 @@
 ** try can only be late, so replies whose ref is not the current id are ignored.
 */
 #include "bus/bus.h"
+#include "roles/msg/msg.h"
 #include "roles/roles.h"
 
 #include <stdlib.h>
@@ -65,37 +66,24 @@ uint64_t prl_sandbox_client_resends(const prl_sandbox_client *c) { return c->res
 
 /* ---------------------------------------------------------------- one try ---------- */
 
-static prl_status build_exec(prl_sandbox_client *c, prl_bus_msg *m, uint64_t id, const char *lang,
-                             const char *program, const char *stdin_data, size_t stdin_len,
-                             uint64_t wall_ms)
-{
-    prl_status rc = prl_bus_msg_init(m, "exec", c->name, id);
-    if (rc == PRL_OK) rc = prl_bus_msg_set_str(m, "lang", lang);
-    if (rc == PRL_OK) rc = prl_bus_msg_set_uint(m, "wall_ms", wall_ms);
-    if (rc == PRL_OK) rc = prl_bus_msg_add_frame(m, "program", PRL_BUS_BYTES, program, strlen(program));
-    if (rc == PRL_OK) rc = prl_bus_msg_add_frame(m, "stdin", PRL_BUS_BYTES, stdin_data, stdin_len);
-    return rc;
-}
-
 static prl_status send_try(prl_sandbox_client *c, const prl_bus_msg *m)
 {
     if (!c->sock) {
         prl_bus_socket_options o;
         prl_bus_socket_options_default(&o);
-        o.name = c->name;
+        o.name = c->name, o.registry = prl_msg_registry();
         prl_status rc = prl_bus_socket_open(&c->sock, PRL_BUS_DEALER, c->endpoint, &o);
         if (rc) return rc;
     }
     return prl_bus_send(c->sock, NULL, m);
 }
 
-/* Copy a bytes frame into a NUL-terminated malloc'd buffer. */
-static char *frame_dup(const prl_bus_frame *f, size_t *len)
+/* Copy n bytes into a NUL-terminated malloc'd buffer. */
+static char *bytes_dup(const char *data, size_t n, size_t *len)
 {
-    size_t n = f ? f->bytes : 0;
     char *p = malloc(n + 1);
     if (!p) return NULL;
-    if (n) memcpy(p, f->data, n);
+    if (n) memcpy(p, data, n);
     p[n] = 0;
     *len = n;
     return p;
@@ -112,17 +100,15 @@ static prl_status parse_status(const char *word, prl_sandbox_status *st)
 }
 
 /* Fill res from an exec_result. */
-static prl_status take_result(prl_sandbox_client *c, const prl_bus_msg *m, prl_sandbox_result *res)
+static prl_status take_result(prl_sandbox_client *c, const prl_msg_exec_result *x,
+                              prl_sandbox_result *res)
 {
-    const char *status = NULL;
-    uint64_t code = 0, wall_us = 0;
-    prl_status rc = prl_bus_msg_get_str(m, "status", &status);
-    if (rc == PRL_OK) rc = parse_status(status, &res->status);
+    const char *status = x->status;
+    uint64_t code = x->exit_code, wall_us = x->wall_us;
+    prl_status rc = parse_status(status, &res->status);
     if (rc) return prl_error_wrap(rc, "sandbox service at '%s': ", c->endpoint);
-    prl_bus_msg_get_uint(m, "exit_code", &code);
-    prl_bus_msg_get_uint(m, "wall_us", &wall_us);
-    res->out = frame_dup(prl_bus_msg_frame(m, "stdout"), &res->out_len);
-    res->err = frame_dup(prl_bus_msg_frame(m, "stderr"), &res->err_len);
+    res->out = bytes_dup(x->out, x->out_len, &res->out_len);
+    res->err = bytes_dup(x->err, x->err_len, &res->err_len);
     if (!res->out || !res->err) return prl_error_set(PRL_ERR_NOMEM, "sandbox client: output");
     res->out_total = res->out_len, res->err_total = res->err_len;
     res->wall_seconds = (double)wall_us / 1e6;
@@ -148,18 +134,16 @@ static int wait_answer(prl_sandbox_client *c, uint64_t id, double until, prl_san
         int got = 0;
         if (prl_bus_recv(c->sock, (int)(left * 1000) + 1, &m, NULL, &got) != PRL_OK) return 0;
         if (!got) continue;
-        uint64_t ref = 0;
-        int mine = prl_bus_msg_get_uint(&m, "ref", &ref) == PRL_OK && ref == id;
-        const char *reason = "?";
-        if (mine && strcmp(m.type, "exec_result") == 0) {
-            *rc = take_result(c, &m, res);
-        } else if (mine && strcmp(m.type, "error") == 0) {
-            prl_bus_msg_get_str(&m, "reason", &reason);
+        prl_msg_exec_result x;
+        prl_msg_error e;
+        int mine = 0;
+        if (prl_msg_exec_result_decode(&m, &x) == PRL_OK && x.ref == id) {
+            mine = 1, *rc = take_result(c, &x, res);
+        } else if (prl_msg_error_decode(&m, &e) == PRL_OK && e.ref == id) {
+            mine = 1;
             *rc = prl_error_set(PRL_ERR_ARG, "sandbox service at '%s' refused the request: %s",
-                                c->endpoint, reason);
-        } else {
-            mine = 0; /* a late answer to an earlier try, or a stray type */
-        }
+                                c->endpoint, e.reason);
+        } /* else a late answer to an earlier try, or a stray type */
         prl_bus_msg_free(&m);
         if (mine) return 1;
     }
@@ -182,7 +166,10 @@ prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, cons
     for (;;) {
         prl_bus_msg m;
         uint64_t id = ++c->next_id;
-        prl_status rc = build_exec(c, &m, id, lang, program, stdin_data, stdin_len, wall_ms);
+        prl_msg_exec x = {.lang = lang, .wall_ms = wall_ms, .program = program,
+                          .program_len = strlen(program), .stdin_data = stdin_data,
+                          .stdin_len = stdin_len};
+        prl_status rc = prl_msg_exec_encode(&x, c->name, id, &m);
         if (rc == PRL_OK) rc = send_try(c, &m);
         prl_bus_msg_free(&m);
         if (rc == PRL_ERR_ARG || rc == PRL_ERR_NOMEM) return rc; /* a retry cannot help */

@@ -1,5 +1,5 @@
 /*
-** service.c — the sandbox as a service process (`prl role sandbox`): a ROUTER bound at the
+** sandbox_service.c — the sandbox as a service process (`prl role sandbox`): a ROUTER bound at the
 ** service endpoint receives `exec` {lang, wall_ms; frames program, stdin}, runs the program
 ** in one slot of a prl_sandbox and answers `exec_result` {ref, status, exit_code, wall_us;
 ** frames stdout, stderr} to the sender (docs/pipeline.md "Sandbox service").
@@ -16,6 +16,7 @@
 ** run has no effect outside its sandbox.
 */
 #include "bus/bus.h"
+#include "roles/msg/msg.h"
 #include "roles/roles.h"
 
 #include <errno.h>
@@ -36,6 +37,7 @@ enum { MAX_QUEUED = 4096 }; /* requests waiting for a slot before the service re
 typedef struct svc_job {
     struct svc_job *next;
     prl_bus_msg msg;
+    prl_msg_exec exec;    /* the request, decoded: views into msg */
     prl_bus_peer peer;
     prl_sandbox_result res;
 } svc_job;
@@ -108,20 +110,15 @@ static void job_free(svc_job *j)
     free(j);
 }
 
-/* Run a validated exec in `slot`. The program frame has no NUL (checked), but is not
+/* Run a validated exec in `slot`. The program has no NUL (checked), but is not
 ** NUL-terminated; the sandbox takes it by length. */
 static void job_run(svc *s, int slot, svc_job *j)
 {
-    const char *lang = NULL;
-    uint64_t wall_ms = 0;
-    prl_bus_msg_get_str(&j->msg, "lang", &lang);
-    prl_bus_msg_get_uint(&j->msg, "wall_ms", &wall_ms);
-    const prl_bus_frame *prog = prl_bus_msg_frame(&j->msg, "program");
-    const prl_bus_frame *in = prl_bus_msg_frame(&j->msg, "stdin");
-    prl_sandbox_request req = {.lang = lang, .program = prog->data, .program_len = prog->bytes,
-                               .stdin_data = in->data, .stdin_len = in->bytes};
+    prl_msg_exec x = j->exec;
+    prl_sandbox_request req = {.lang = x.lang, .program = x.program, .program_len = x.program_len,
+                               .stdin_data = x.stdin_data, .stdin_len = x.stdin_len};
     prl_sandbox_limits_default(&req.limits);
-    req.limits.wall_seconds = (double)wall_ms / 1000.0;
+    req.limits.wall_seconds = (double)x.wall_ms / 1000.0;
     req.limits.cpu_seconds = req.limits.wall_seconds + 1; /* the wall limit decides */
     prl_sandbox_run(s->sb, slot, &req, &j->res); /* a failure is a sandbox_error result */
 }
@@ -219,23 +216,19 @@ static void reply_send(svc *s, const prl_bus_peer *peer, const prl_bus_msg *m)
     }
 }
 
-/* Start a reply to request `req`: same run, our own id, ref = the request's id. */
-static prl_status reply_init(svc *s, prl_bus_msg *m, const char *type, const prl_bus_msg *req)
+/* A reply to request `req` goes to the same run, with ref = the request's id. */
+static const char *req_run(const prl_bus_msg *req)
 {
-    const char *run = "sandbox";
-    uint64_t ref = 0;
-    prl_bus_msg_get_str(req, "run", &run);
-    prl_bus_msg_get_uint(req, "id", &ref);
-    prl_status rc = prl_bus_msg_init(m, type, run, ++s->next_id);
-    if (rc == PRL_OK) rc = prl_bus_msg_set_uint(m, "ref", ref);
-    return rc;
+    const char *run = prl_bus_msg_run(req);
+    return run[0] ? run : "sandbox";
 }
 
 static void reply_error(svc *s, const prl_bus_peer *peer, const prl_bus_msg *req, const char *reason)
 {
     prl_bus_msg m;
     s->stats.refused++;
-    if (reply_init(s, &m, "error", req) == PRL_OK && prl_bus_msg_set_str(&m, "reason", reason) == PRL_OK)
+    prl_msg_error x = {.reason = reason, .ref = prl_bus_msg_id(req)};
+    if (prl_msg_error_encode(&x, req_run(req), ++s->next_id, &m) == PRL_OK)
         reply_send(s, peer, &m);
     else
         svc_log(s, "building an error reply: %s", prl_error_message());
@@ -250,15 +243,16 @@ static void reply_result(svc *s, svc_job *j)
     int never = r->status == PRL_SANDBOX_STATUS_SANDBOX_ERROR;
     const char *err = never ? r->reason : r->err;
     size_t err_len = never ? strlen(r->reason) : r->err_len;
+    prl_msg_exec_result x = {
+        .ref = prl_bus_msg_id(&j->msg), .status = prl_sandbox_status_name(r->status),
+        .exit_code = never || r->exit_code < 0 ? 0 : (uint64_t)r->exit_code,
+        .wall_us = (uint64_t)(r->wall_seconds * 1e6), .out = r->out,
+        .out_len = never ? 0 : r->out_len, .err = err, .err_len = err_len};
     prl_bus_msg m;
-    prl_status rc = reply_init(s, &m, "exec_result", &j->msg);
-    if (rc == PRL_OK) rc = prl_bus_msg_set_str(&m, "status", prl_sandbox_status_name(r->status));
-    if (rc == PRL_OK) rc = prl_bus_msg_set_uint(&m, "exit_code", never || r->exit_code < 0 ? 0 : (uint64_t)r->exit_code);
-    if (rc == PRL_OK) rc = prl_bus_msg_set_uint(&m, "wall_us", (uint64_t)(r->wall_seconds * 1e6));
-    if (rc == PRL_OK) rc = prl_bus_msg_add_frame(&m, "stdout", PRL_BUS_BYTES, r->out, never ? 0 : r->out_len);
-    if (rc == PRL_OK) rc = prl_bus_msg_add_frame(&m, "stderr", PRL_BUS_BYTES, err, err_len);
-    if (rc == PRL_OK) reply_send(s, &j->peer, &m);
-    else svc_log(s, "building an exec_result: %s", prl_error_message());
+    if (prl_msg_exec_result_encode(&x, req_run(&j->msg), ++s->next_id, &m) == PRL_OK)
+        reply_send(s, &j->peer, &m);
+    else
+        svc_log(s, "building an exec_result: %s", prl_error_message());
     prl_bus_msg_free(&m);
 }
 
@@ -279,37 +273,15 @@ static void send_done(svc *s)
 
 /* ---------------------------------------------------------------- requests --------- */
 
-/* The first field of a valid exec that the service cannot run, written into why; NULL if
-** it can be run. */
-static const char *exec_problem(const prl_bus_msg *m, char *why, size_t n)
-{
-    const char *lang = NULL;
-    uint64_t wall_ms = 0;
-    prl_bus_msg_get_str(m, "lang", &lang);
-    prl_bus_msg_get_uint(m, "wall_ms", &wall_ms);
-    const prl_bus_frame *prog = prl_bus_msg_frame(m, "program");
-    if (strcmp(lang, "python3") != 0 && strcmp(lang, "sh") != 0)
-        snprintf(why, n, "exec field 'lang': unknown language '%.64s' (python3 or sh)", lang);
-    else if (wall_ms == 0 || wall_ms > PRL_SANDBOX_SERVICE_MAX_WALL_MS)
-        snprintf(why, n, "exec field 'wall_ms': %llu is not in 1..%u",
-                 (unsigned long long)wall_ms, PRL_SANDBOX_SERVICE_MAX_WALL_MS);
-    else if (prog->bytes == 0)
-        snprintf(why, n, "exec frame 'program' is empty");
-    else if (memchr(prog->data, 0, prog->bytes))
-        snprintf(why, n, "exec frame 'program' contains a NUL byte");
-    else
-        return NULL;
-    return why;
-}
-
-/* Queue a runnable exec (takes ownership of *m). */
-static void enqueue(svc *s, const prl_bus_peer *peer, prl_bus_msg *m)
+/* Queue a runnable exec x, a view into *m (takes ownership of *m). */
+static void enqueue(svc *s, const prl_bus_peer *peer, prl_bus_msg *m, const prl_msg_exec *x)
 {
     svc_job *j = calloc(1, sizeof *j);
     pthread_mutex_lock(&s->mu);
     int full = s->queued >= MAX_QUEUED;
     if (j && !full) {
-        j->msg = *m;
+        j->msg = *m; /* the frames stay where they are: x's views remain valid */
+        j->exec = *x;
         j->peer = *peer;
         if (s->todo_tail) s->todo_tail->next = j;
         else s->todo = j;
@@ -332,20 +304,20 @@ static void enqueue(svc *s, const prl_bus_peer *peer, prl_bus_msg *m)
 static int handle(svc *s, const prl_bus_peer *peer, prl_bus_msg *m)
 {
     char why[256];
-    if (strcmp(m->type, "stop") == 0) {
-        const char *reason = "no reason given";
-        prl_bus_msg_get_str(m, "reason", &reason);
-        svc_log(s, "stop message received (%s)", reason);
+    prl_msg_stop stop;
+    prl_msg_exec x;
+    if (prl_msg_stop_decode(m, &stop) == PRL_OK) {
+        svc_log(s, "stop message received (%s)", stop.reason ? stop.reason : "no reason given");
         prl_bus_msg_free(m);
         return 1;
     }
     if (strcmp(m->type, "exec") != 0) {
         snprintf(why, sizeof why, "message type '%s' is not served here (exec, stop)", m->type);
         reply_error(s, peer, m, why);
-    } else if (exec_problem(m, why, sizeof why)) {
-        reply_error(s, peer, m, why);
+    } else if (prl_msg_exec_decode(m, &x)) {
+        reply_error(s, peer, m, prl_error_message());
     } else {
-        enqueue(s, peer, m);
+        enqueue(s, peer, m, &x);
         return 0;
     }
     prl_bus_msg_free(m);
@@ -420,6 +392,7 @@ static prl_status svc_open(svc *s, const prl_sandbox_service_options *opt)
     prl_bus_socket_options_default(&bo);
     bo.bind = 1;
     bo.name = s->name;
+    bo.registry = prl_msg_registry();
     rc = prl_bus_socket_open(&s->sock, PRL_BUS_ROUTER, opt->endpoint, &bo);
     if (rc) return rc;
     return start_workers(s, opt->slots);

@@ -47,61 +47,41 @@ static prl_status hold(teacher *t, const char *path, uint64_t *load_us, int *loa
     return PRL_OK;
 }
 
-static prl_status send_taught(teacher *t, uint64_t lease, uint64_t step, const char *key,
-                              uint64_t load_us, uint64_t teach_us, int loaded,
-                              const prl_opd_batch *sc)
+static prl_status send_taught(teacher *t, const prl_msg_teach *x, uint64_t load_us,
+                              uint64_t teach_us, int loaded, const prl_opd_batch *sc)
 {
-    prl_bus_msg out;
-    prl_status rc = prl_bus_msg_init(&out, "taught", t->role.run, ++t->role.next_id);
-    if (rc) return rc;
-    if (!rc) rc = prl_bus_msg_set_uint(&out, "lease", lease);
-    if (!rc) rc = prl_bus_msg_set_uint(&out, "step", step);
-    if (!rc) rc = prl_bus_msg_set_str(&out, "teacher", key);
-    if (!rc) rc = prl_bus_msg_set_uint(&out, "load_us", load_us);
-    if (!rc) rc = prl_bus_msg_set_uint(&out, "teach_us", teach_us);
-    if (!rc) rc = prl_bus_msg_set_uint(&out, "peak_rss_kb", prl_opd_peak_rss_kb());
-    if (!rc) rc = prl_bus_msg_set_uint(&out, "loaded", (uint64_t)loaded);
-    size_t n = sc->n_response, cells = n * (size_t)sc->topk;
-    if (!rc) rc = prl_bus_msg_add_frame(&out, "logprobs", PRL_BUS_F32, sc->teacher_lp, n);
-    if (!rc && sc->topk)
-        rc = prl_bus_msg_add_frame(&out, "topk_ids", PRL_BUS_I32, sc->topk_ids, cells);
-    if (!rc && sc->topk)
-        rc = prl_bus_msg_add_frame(&out, "topk_logprobs", PRL_BUS_F32, sc->topk_lp, cells);
-    if (!rc) rc = prl_bus_send(t->role.ctl, NULL, &out);
-    prl_bus_msg_free(&out);
-    return rc;
+    prl_msg_taught out = {.lease = x->lease, .step = x->step, .teacher = x->teacher,
+                          .load_us = load_us, .teach_us = teach_us,
+                          .peak_rss_kb = prl_opd_peak_rss_kb(), .loaded = loaded,
+                          .logprobs = sc->teacher_lp, .n_response = sc->n_response,
+                          .topk = sc->topk, .topk_ids = sc->topk_ids, .topk_lp = sc->topk_lp};
+    prl_bus_msg m;
+    prl_status rc = prl_msg_taught_encode(&out, t->role.run, ++t->role.next_id, &m);
+    return rc ? rc : prl_worker_send(&t->role, &m);
 }
 
 static prl_status teach(void *ctx, prl_worker *role, const prl_bus_msg *m)
 {
     teacher *t = ctx;
     (void)role;
-    uint64_t lease = 0, step = 0, load_us = 0;
-    const char *key = NULL, *path = NULL;
-    prl_status rc = prl_bus_msg_get_uint(m, "lease", &lease);
-    if (!rc) rc = prl_bus_msg_get_uint(m, "step", &step);
-    if (!rc) rc = prl_bus_msg_get_str(m, "teacher", &key);
-    if (!rc) rc = prl_bus_msg_get_str(m, "path", &path);
-    if (!rc && prl_opd_teacher_index(key) < 0)
-        rc = prl_error_set(PRL_ERR_FORMAT, "teach: unknown teacher key '%s'", key);
-    prl_grpo_batch b;
-    memset(&b, 0, sizeof b);
-    if (!rc) rc = prl_opd_teach_from_msg(&b, m);
+    uint64_t load_us = 0;
+    prl_msg_teach x;
+    prl_status rc = prl_msg_teach_decode(m, &x);
     int loaded = 0;
-    if (!rc) rc = hold(t, path, &load_us, &loaded);
+    if (!rc) rc = hold(t, x.path, &load_us, &loaded);
     double t0 = prl_now();
     prl_opd_batch sc; /* the item's scores: the storage of a train message's teacher frames */
     memset(&sc, 0, sizeof sc);
-    if (!rc) rc = prl_opd_batch_init(&sc, b.n, b.n_response, t->role.job.opd_topk);
-    if (!rc) rc = prl_opd_teacher_score(&t->model, &b, 8, prl_grpo_score_temperature(&t->role.job),
+    const prl_grpo_batch *b = &x.item;
+    if (!rc) rc = prl_opd_batch_init(&sc, b->n, b->n_response, t->role.job.opd_topk);
+    if (!rc) rc = prl_opd_teacher_score(&t->model, b, 8, prl_grpo_score_temperature(&t->role.job),
                                         sc.topk, sc.teacher_lp, sc.topk_ids, sc.topk_lp);
-    if (!rc) rc = send_taught(t, lease, step, key, load_us, (uint64_t)((prl_now() - t0) * 1e6),
-                              loaded, &sc);
+    if (!rc) rc = send_taught(t, &x, load_us, (uint64_t)((prl_now() - t0) * 1e6), loaded, &sc);
     if (!rc)
         prl_worker_log(&t->role, "step %llu: %s scored %d samples (%zu tokens) in %.2f s",
-                     (unsigned long long)step, key, b.n, b.n_response, prl_now() - t0);
+                       (unsigned long long)x.step, x.teacher, b->n, b->n_response, prl_now() - t0);
     prl_opd_batch_free(&sc);
-    prl_grpo_batch_free(&b);
+    prl_msg_teach_free(&x);
     return rc;
 }
 

@@ -80,20 +80,58 @@ static char *step_metrics(const prl_grpo_step_stats *st, const prl_opd_stats *os
     return text;
 }
 
-/* One step: GRPO, or with opd.enabled the OPD step on the teacher frames of `m`. */
-static prl_status run_step(trainer *t, const prl_bus_msg *m, const prl_grpo_batch *b,
-                           const prl_grpo_train_config *tc, prl_grpo_step_stats *st,
-                           prl_opd_stats *ost)
+/* One step: GRPO, or with opd.enabled the OPD step on the message's teacher frames. */
+static prl_status run_step(trainer *t, const prl_msg_train *x, const prl_grpo_train_config *tc,
+                           prl_grpo_step_stats *st, prl_opd_stats *ost)
 {
-    if (!t->role.job.opd_enabled) return prl_grpo_train_step(&t->model, &t->optim, b, tc, st);
+    if (!x->has_teachers) return prl_grpo_train_step(&t->model, &t->optim, &x->batch, tc, st);
     prl_opd_config oc;
-    prl_opd_batch ob;
     prl_status rc = prl_opd_config_from_job(&oc, &t->role.job);
-    if (!rc) rc = prl_opd_batch_from_msg(&ob, b, m, oc.topk);
     if (rc) return rc;
-    rc = prl_opd_train_step(&t->model, &t->optim, b, &ob, &oc, tc, st, ost);
-    prl_opd_batch_free(&ob);
+    return prl_opd_train_step(&t->model, &t->optim, &x->batch, &x->teachers, &oc, tc, st, ost);
+}
+
+/* The train message of m: with opd.enabled its teacher frames (opd.topk of them) too. */
+static prl_status decode_train(const trainer *t, const prl_bus_msg *m, prl_msg_train *x)
+{
+    int topk = -1;
+    if (t->role.job.opd_enabled) {
+        prl_opd_config oc;
+        prl_status rc = prl_opd_config_from_job(&oc, &t->role.job);
+        if (rc) return rc;
+        topk = oc.topk;
+    }
+    return prl_msg_train_decode(m, topk, x);
+}
+
+/* The training configuration of the step: the job's, the KL reference, the loss scaler. */
+static prl_status step_config(trainer *t, prl_grpo_train_config *tc)
+{
+    prl_status rc = prl_grpo_train_config_from_job(tc, &t->role.job);
+    if (!rc && tc->kl_coef > 0 && !t->have_ref) {
+        if ((rc = prl_checkpoint_load(&t->ref, t->role.job.init)) == PRL_OK) t->have_ref = 1;
+        else rc = prl_error_wrap(rc, "grpo.kl_coef > 0 needs the reference policy (model.init): ");
+    }
+    if (!rc && tc->kl_coef > 0) tc->ref = &t->ref;
+    if (!rc && tc->kl_coef > 0) rc = prl_model_set_precision(&t->ref, t->prec.precision);
+    if (!rc && t->prec.scaler_on) tc->scaler = &t->scaler;
     return rc;
+}
+
+/* Announce version v+1 at dir with the step's metrics. */
+static prl_status send_trained(trainer *t, const prl_msg_train *x, const char *dir, double t0,
+                               const prl_grpo_step_stats *st, const prl_opd_stats *ost)
+{
+    uint64_t sum = prl_checksum64(t->model.params, t->model.n_params * sizeof *t->model.params, 0);
+    char *metrics = step_metrics(st, ost, t->role.job.opd_enabled);
+    if (!metrics) return prl_error_set(PRL_ERR_NOMEM, "metrics");
+    prl_msg_trained out = {.lease = x->lease, .step = x->step, .version = x->policy_version + 1,
+                           .path = dir, .ckpt_checksum = sum,
+                           .train_us = (uint64_t)((prl_now() - t0) * 1e6), .metrics = metrics};
+    prl_bus_msg m;
+    prl_status rc = prl_msg_trained_encode(&out, t->role.run, ++t->role.next_id, &m);
+    free(metrics);
+    return rc ? rc : prl_worker_send(&t->role, &m);
 }
 
 static prl_status train(void *ctx, prl_worker *role, const prl_bus_msg *m)
@@ -101,65 +139,35 @@ static prl_status train(void *ctx, prl_worker *role, const prl_bus_msg *m)
     trainer *t = ctx;
     (void)role;
     double t0 = prl_now();
-    uint64_t lease = 0, step = 0, ver = 0;
-    const char *path = NULL;
-    prl_status rc = prl_bus_msg_get_uint(m, "lease", &lease);
-    if (!rc) rc = prl_bus_msg_get_uint(m, "step", &step);
-    if (!rc) rc = prl_bus_msg_get_uint(m, "policy_version", &ver);
-    if (!rc) rc = prl_bus_msg_get_str(m, "path", &path);
-    if (!rc && ver > (1u << 30)) rc = prl_error_set(PRL_ERR_ARG, "train: policy_version %llu", (unsigned long long)ver);
-    prl_grpo_batch b;
-    memset(&b, 0, sizeof b);
-    if (!rc) rc = prl_grpo_batch_from_msg(&b, m);
-    if (!rc) rc = load_version(t, (int64_t)ver, path);
+    prl_msg_train x;
+    prl_status rc = decode_train(t, m, &x);
+    if (!rc) rc = load_version(t, (int64_t)x.policy_version, x.path);
     prl_grpo_train_config tc;
-    if (!rc) rc = prl_grpo_train_config_from_job(&tc, &t->role.job);
-    if (!rc && tc.kl_coef > 0 && !t->have_ref) {
-        if ((rc = prl_checkpoint_load(&t->ref, t->role.job.init)) == PRL_OK) t->have_ref = 1;
-        else rc = prl_error_wrap(rc, "grpo.kl_coef > 0 needs the reference policy (model.init): ");
-    }
-    if (!rc && tc.kl_coef > 0) tc.ref = &t->ref;
-    if (!rc && tc.kl_coef > 0) rc = prl_model_set_precision(&t->ref, t->prec.precision);
-    if (!rc && t->prec.scaler_on) tc.scaler = &t->scaler;
+    if (!rc) rc = step_config(t, &tc);
     prl_grpo_step_stats st;
     prl_opd_stats ost;
     memset(&st, 0, sizeof st), memset(&ost, 0, sizeof ost);
-    if (!rc && b.n > 0) rc = run_step(t, m, &b, &tc, &st, &ost);
-    prl_grpo_batch_free(&b);
+    if (!rc && x.batch.n > 0) rc = run_step(t, &x, &tc, &st, &ost);
     char dir[1200], state[600], scaler[200];
-    snprintf(dir, sizeof dir, "%s/ckpt/v%06llu", t->role.run_dir, (unsigned long long)ver + 1);
+    prl_job_ckpt_dir(t->role.run_dir, (int64_t)x.policy_version + 1, dir, sizeof dir);
     prl_grpo_scaler_state_format(t->prec.scaler_on ? &t->scaler : NULL, scaler, sizeof scaler);
     snprintf(state, sizeof state, "{\"run\": \"%s\", \"version\": %llu, \"step\": %llu, "
-             "\"loss_scaler\": %s}", t->role.run, (unsigned long long)ver + 1,
-             (unsigned long long)step, scaler);
+             "\"loss_scaler\": %s}", t->role.run, (unsigned long long)x.policy_version + 1,
+             (unsigned long long)x.step, scaler);
     if (!rc) rc = prl_checkpoint_save(&t->model, &t->optim, state, t->tok, dir);
     if (rc) {
         unload(t); /* the weights may be half-updated: reload before the next try */
+        prl_msg_train_free(&x);
         return rc;
     }
-    t->version = (int64_t)ver + 1;
+    t->version = (int64_t)x.policy_version + 1;
     snprintf(t->path, sizeof t->path, "%s", dir);
-    uint64_t sum = prl_checksum64(t->model.params, t->model.n_params * sizeof *t->model.params, 0);
-    char *metrics = step_metrics(&st, &ost, t->role.job.opd_enabled);
-    prl_bus_msg out;
-    rc = metrics ? prl_bus_msg_init(&out, "trained", t->role.run, ++t->role.next_id)
-                 : prl_error_set(PRL_ERR_NOMEM, "metrics");
-    if (!rc) {
-        rc = prl_bus_msg_set_uint(&out, "lease", lease);
-        if (!rc) rc = prl_bus_msg_set_uint(&out, "step", step);
-        if (!rc) rc = prl_bus_msg_set_uint(&out, "version", ver + 1);
-        if (!rc) rc = prl_bus_msg_set_str(&out, "path", dir);
-        if (!rc) rc = prl_bus_msg_set_hex64(&out, "ckpt_checksum", sum);
-        if (!rc) rc = prl_bus_msg_set_uint(&out, "train_us", (uint64_t)((prl_now() - t0) * 1e6));
-        if (!rc) rc = prl_bus_msg_add_frame(&out, "metrics", PRL_BUS_BYTES, metrics, strlen(metrics));
-        if (!rc) rc = prl_bus_send(t->role.ctl, NULL, &out);
-        prl_bus_msg_free(&out);
-    }
-    free(metrics);
+    rc = send_trained(t, &x, dir, t0, &st, &ost);
     if (!rc)
         prl_worker_log(&t->role, "step %llu: version %llu, %d samples, loss %.4f, reward %.3f, %.1f s",
-                     (unsigned long long)step, (unsigned long long)ver + 1, st.samples, st.loss,
-                     st.reward_mean, prl_now() - t0);
+                       (unsigned long long)x.step, (unsigned long long)x.policy_version + 1,
+                       st.samples, st.loss, st.reward_mean, prl_now() - t0);
+    prl_msg_train_free(&x);
     return rc;
 }
 

@@ -55,7 +55,7 @@ static void *heartbeat_main(void *arg)
     prl_bus_socket_options_default(&o);
     char id[80];
     snprintf(id, sizeof id, "%s.hb", r->worker);
-    o.identity = id, o.name = id, o.send_timeout_ms = 1000;
+    o.identity = id, o.name = id, o.send_timeout_ms = 1000, o.registry = prl_msg_registry();
     prl_bus_socket *s = NULL;
     if (prl_bus_socket_open(&s, PRL_BUS_DEALER, r->endpoint, &o)) {
         prl_worker_log(r, "heartbeat socket: %s", prl_error_message());
@@ -64,8 +64,8 @@ static void *heartbeat_main(void *arg)
     uint64_t n = 0;
     while (!r->hb_quit && !prl_worker_stopping(r)) {
         prl_bus_msg m;
-        if (!prl_bus_msg_init(&m, "heartbeat", r->run, ++n)) {
-            prl_bus_msg_set_str(&m, "worker", r->worker);
+        prl_msg_heartbeat hb = {.worker = r->worker};
+        if (!prl_msg_heartbeat_encode(&hb, r->run, ++n, &m)) {
             prl_bus_send(s, NULL, &m); /* a lost beat is the next one's job */
             prl_bus_msg_free(&m);
         }
@@ -115,12 +115,15 @@ static prl_status greet(prl_worker *r, double timeout_s)
 static prl_status send_hello(prl_worker *r)
 {
     prl_bus_msg m;
-    prl_status rc = prl_bus_msg_init(&m, "hello", r->run[0] ? r->run : "-", ++r->next_id);
-    if (!rc) rc = prl_bus_msg_set_str(&m, "role", r->role);
-    if (!rc) rc = prl_bus_msg_set_str(&m, "worker", r->worker);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "pid", (uint64_t)getpid());
-    if (!rc) rc = prl_bus_send(r->ctl, NULL, &m);
-    prl_bus_msg_free(&m);
+    prl_msg_hello h = {.role = r->role, .worker = r->worker, .pid = (uint64_t)getpid()};
+    prl_status rc = prl_msg_hello_encode(&h, r->run[0] ? r->run : "-", ++r->next_id, &m);
+    return rc ? rc : prl_worker_send(r, &m);
+}
+
+prl_status prl_worker_send(prl_worker *w, prl_bus_msg *m)
+{
+    prl_status rc = prl_bus_send(w->ctl, NULL, m);
+    prl_bus_msg_free(m);
     return rc;
 }
 
@@ -128,27 +131,14 @@ static prl_status send_hello(prl_worker *r)
 ** new one is valid. */
 static prl_status take_welcome(prl_worker *r, const prl_bus_msg *m)
 {
-    const char *run = NULL, *dir = NULL;
-    uint64_t seed = 0;
-    prl_status rc = prl_bus_msg_get_str(m, "run", &run);
-    if (!rc) rc = prl_bus_msg_get_str(m, "run_dir", &dir);
-    if (!rc) rc = prl_bus_msg_get_uint(m, "seed", &seed);
+    prl_msg_welcome w;
+    prl_status rc = prl_msg_welcome_decode(m, &w);
     if (rc) return rc;
-    char *text = prl_bus_msg_text(m, "config");
-    if (!text) return PRL_ERR_FORMAT;
-    prl_job_config job; /* the role's config changes only when the new one is valid */
-    prl_job_config_default(&job);
-    rc = prl_job_config_parse(&job, text, "the controller's welcome");
-    free(text);
-    if (rc) {
-        prl_job_config_free(&job);
-        return rc;
-    }
     prl_job_config_free(&r->job);
-    r->job = job;
-    snprintf(r->run, sizeof r->run, "%s", run);
-    snprintf(r->run_dir, sizeof r->run_dir, "%s", dir);
-    r->seed = seed;
+    r->job = w.job; /* moved: w is not freed */
+    snprintf(r->run, sizeof r->run, "%s", prl_bus_msg_run(m));
+    snprintf(r->run_dir, sizeof r->run_dir, "%s", w.run_dir);
+    r->seed = w.seed;
     r->heartbeat_s = r->job.heartbeat_seconds;
     return PRL_OK;
 }
@@ -164,6 +154,7 @@ prl_status prl_worker_join(prl_worker *r, const char *role, const prl_worker_opt
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
     o.identity = r->worker, o.name = r->worker, o.allow_remote = opt->allow_remote;
+    o.registry = prl_msg_registry();
     prl_status rc = prl_bus_socket_open(&r->ctl, PRL_BUS_DEALER, opt->connect, &o);
     if (!rc) rc = greet(r, 120.0);
     if (!rc && pthread_create(&r->hb, NULL, heartbeat_main, r) == 0) r->hb_running = 1;
@@ -199,8 +190,8 @@ static prl_status next_message(prl_worker *r, int timeout_ms, prl_bus_msg *m, in
         prl_bus_msg_free(m);
         *got = 0;
     } else if (!strcmp(m->type, "error")) {
-        const char *why = NULL;
-        prl_bus_msg_get_str(m, "reason", &why);
+        prl_msg_error e;
+        const char *why = prl_msg_error_decode(m, &e) ? NULL : e.reason;
         prl_worker_log(r, "controller: %s", why ? why : "?");
         if (why && strstr(why, "say hello")) rc = send_hello(r);
         prl_bus_msg_free(m);
@@ -213,17 +204,13 @@ static prl_status next_message(prl_worker *r, int timeout_ms, prl_bus_msg *m, in
 ** the controller hands out again, at most a few times) and log it. */
 static void refuse(prl_worker *r, const prl_bus_msg *m, const char *why)
 {
-    uint64_t lease = 0, id = 0;
-    prl_bus_msg_get_uint(m, "lease", &lease);
-    prl_bus_msg_get_uint(m, "id", &id);
+    uint64_t lease = 0, id = prl_bus_msg_id(m);
+    prl_bus_msg_get_uint(m, "lease", &lease); /* every work item has one */
     prl_worker_log(r, "cannot do lease %llu (%s): %s", (unsigned long long)lease, m->type, why);
     prl_bus_msg e;
-    if (prl_bus_msg_init(&e, "error", r->run, ++r->next_id)) return;
-    prl_bus_msg_set_str(&e, "reason", why);
-    prl_bus_msg_set_uint(&e, "ref", id);
-    prl_bus_msg_set_uint(&e, "lease", lease);
-    if (prl_bus_send(r->ctl, NULL, &e)) prl_worker_log(r, "error report not sent: %s", prl_error_message());
-    prl_bus_msg_free(&e);
+    prl_msg_error x = {.reason = why, .ref = id, .lease = lease, .has_lease = 1};
+    if (prl_msg_error_encode(&x, r->run, ++r->next_id, &e) || prl_worker_send(r, &e))
+        prl_worker_log(r, "error report not sent: %s", prl_error_message());
 }
 
 const volatile sig_atomic_t *prl_role_stop_flag(void)

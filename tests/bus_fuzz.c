@@ -14,9 +14,9 @@
 ** `all`), the required frames, and `extra` extra frames; contents drawn from `r`. */
 void make_msg(prl_bus_msg *m, const char *type, prl_rng *r, int all, int extra)
 {
-    const prl_bus_type_spec *t = prl_bus_type_find(type);
+    const prl_bus_type_spec *t = prl_msg_spec(type);
     ck_assert_ptr_nonnull(t);
-    ck_assert_int_eq(prl_bus_msg_init(m, type, "run-1", prl_rng_u64(r) % 100000), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec(type), "run-1", prl_rng_u64(r) % 100000), PRL_OK);
     for (int i = 0; i < PRL_BUS_SPEC_FIELDS && t->fields[i].name; i++) {
         const prl_bus_field_spec *f = &t->fields[i];
         if (!f->required && !all) continue;
@@ -112,7 +112,7 @@ prl_status wc_decode(const wcopy *c, prl_bus_msg *out, char *reason, size_t n)
 {
     prl_bus_part p[PRL_BUS_MAX_PARTS + 8];
     for (int i = 0; i < c->n; i++) p[i] = (prl_bus_part){c->buf[i], c->len[i]};
-    return prl_bus_decode(p, c->n, out, reason, n);
+    return prl_bus_decode(prl_msg_registry(), p, c->n, out, reason, n);
 }
 
 static const char *const json_soup[] = {"{", "}", "[", "]", ",", ":", "\"v\"", "\"type\"",
@@ -126,7 +126,7 @@ void random_part(prl_rng *r, wcopy *c, int i)
     size_t n = prl_rng_u64(r) % sizeof b;
     int mode = (int)(prl_rng_u64(r) % 3);
     if (i == 0 && mode == 0) {
-        const char *t = prl_bus_type_at((int)(prl_rng_u64(r) % (uint64_t)prl_bus_type_count()))->type;
+        const char *t = prl_msg_registry()->types[prl_rng_u64(r) % (uint64_t)prl_msg_registry()->n]->type;
         wc_set(c, i, t, strlen(t));
         return;
     }

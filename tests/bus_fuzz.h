@@ -8,6 +8,7 @@
 #define PRL_TESTS_BUS_FUZZ_H
 
 #include "bus/bus.h"
+#include "roles/msg/msg.h"
 
 #include <jansson.h>
 

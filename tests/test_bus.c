@@ -40,7 +40,7 @@ static void expect_reject(const wcopy *c, const char *want)
 static void result_wire(wcopy *c)
 {
     prl_bus_msg m;
-    ck_assert_int_eq(prl_bus_msg_init(&m, "result", "run-7", 42), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("result"), "run-7", 42), PRL_OK);
     const char *keys[] = {"lease", "step", "prompt", "sample", "policy_version"};
     for (int i = 0; i < 5; i++) ck_assert_int_eq(prl_bus_msg_set_uint(&m, keys[i], 10 + i), PRL_OK);
     int32_t tok[4] = {1, 2, 3, 4};
@@ -57,7 +57,7 @@ static void result_wire(wcopy *c)
 static void make_weights(prl_bus_msg *m, const char *run, uint64_t id, uint64_t version,
                          uint64_t sum, const char *path)
 {
-    ck_assert_int_eq(prl_bus_msg_init(m, "weights", run, id), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("weights"), run, id), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_uint(m, "version", version), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_hex64(m, "ckpt_checksum", sum), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_str(m, "path", path), PRL_OK);
@@ -69,11 +69,11 @@ START_TEST(test_roundtrip_every_type)
 {
     prl_rng r;
     prl_rng_init(&r, 1, 0, 0, 0, PRL_RNG_TEST);
-    ck_assert_int_ge(prl_bus_type_count(), 8);
-    for (int i = 0; i < prl_bus_type_count(); i++) {
+    ck_assert_int_ge(prl_msg_registry()->n, 8);
+    for (int i = 0; i < prl_msg_registry()->n; i++) {
         for (int all = 0; all < 2; all++) {
             prl_bus_msg m, out;
-            make_msg(&m, prl_bus_type_at(i)->type, &r, all, all ? 3 : 0);
+            make_msg(&m, prl_msg_registry()->types[i]->type, &r, all, all ? 3 : 0);
             wcopy c;
             wc_from_msg(&c, &m);
             char reason[256];
@@ -123,11 +123,12 @@ END_TEST
 START_TEST(test_encoder_refuses)
 {
     prl_bus_msg m;
-    ck_assert_int_eq(prl_bus_msg_init(&m, "nosuch", "r", 1), PRL_ERR_ARG);
-    ck_assert_ptr_nonnull(strstr(prl_error_message(), "'nosuch' is not registered"));
-    ck_assert_int_eq(prl_bus_msg_init(&m, "work", "", 1), PRL_ERR_ARG);
+    ck_assert_ptr_null(prl_msg_spec("nosuch"));
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("nosuch"), "r", 1), PRL_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "type is not registered"));
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("work"), "", 1), PRL_ERR_ARG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "'run' must be a string"));
-    ck_assert_int_eq(prl_bus_msg_init(&m, "work", "r", 1), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("work"), "r", 1), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_uint(&m, "stpe", 1), PRL_ERR_ARG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "'stpe' is not part of message type 'work'"));
     ck_assert_int_eq(prl_bus_msg_set_uint(&m, "v", 2), PRL_ERR_ARG);
@@ -146,7 +147,7 @@ START_TEST(test_encoder_refuses)
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "header field 'lease' is missing"));
     prl_bus_msg_free(&m);
 
-    ck_assert_int_eq(prl_bus_msg_init(&m, "result", "r", 1), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("result"), "r", 1), PRL_OK);
     const char *keys[] = {"lease", "step", "prompt", "sample", "policy_version"};
     for (int i = 0; i < 5; i++) ck_assert_int_eq(prl_bus_msg_set_uint(&m, keys[i], 1), PRL_OK);
     int32_t tok[2] = {5, 6};
@@ -353,7 +354,7 @@ START_TEST(test_size_limits)
     p[1] = (prl_bus_part){text, strlen(text)};
     char reason[256];
     prl_bus_msg out;
-    ck_assert_int_eq(prl_bus_decode(p, 7, &out, reason, sizeof reason), PRL_ERR_FORMAT);
+    ck_assert_int_eq(prl_bus_decode(prl_msg_registry(), p, 7, &out, reason, sizeof reason), PRL_ERR_FORMAT);
     ck_assert_msg(strstr(reason, "payload frames total 335544320 bytes; the limit is 268435456"), "%s", reason);
     free(text);
     json_array_clear(frames);
@@ -362,7 +363,7 @@ START_TEST(test_size_limits)
     text = json_dumps(h, JSON_COMPACT);
     p[1] = (prl_bus_part){text, strlen(text)};
     p[2] = (prl_bus_part){buf, big + 4};
-    ck_assert_int_eq(prl_bus_decode(p, 3, &out, reason, sizeof reason), PRL_ERR_FORMAT);
+    ck_assert_int_eq(prl_bus_decode(prl_msg_registry(), p, 3, &out, reason, sizeof reason), PRL_ERR_FORMAT);
     ck_assert_msg(strstr(reason, "frame 'f': 67108868 bytes exceed the limit of 67108864"), "%s", reason);
     free(text);
     json_decref(h);
@@ -421,7 +422,7 @@ START_TEST(test_fuzz_mutated)
     int rejected = 0, accepted = 0, benign = 0, by_kind[6] = {0};
     for (int it = 0; it < 10000; it++) {
         prl_bus_msg orig, m;
-        const char *type = prl_bus_type_at((int)(prl_rng_u64(&r) % (uint64_t)prl_bus_type_count()))->type;
+        const char *type = prl_msg_registry()->types[prl_rng_u64(&r) % (uint64_t)prl_msg_registry()->n]->type;
         make_msg(&orig, type, &r, (int)(prl_rng_u64(&r) % 2), (int)(prl_rng_u64(&r) % 3));
         wcopy c;
         wc_from_msg(&c, &orig);
@@ -478,7 +479,7 @@ static void send_raw(void *zs, int n, const char *const *parts)
 
 static void make_hello(prl_bus_msg *m, uint64_t id)
 {
-    ck_assert_int_eq(prl_bus_msg_init(m, "hello", "run-s", id), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("hello"), "run-s", id), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_str(m, "role", "rollout"), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_str(m, "worker", "w1"), PRL_OK);
 }
@@ -503,6 +504,7 @@ static void exchange(const char *endpoint)
     log_sink logs = {0}, dlogs = {0};
     prl_bus_socket_options ro, dopt;
     prl_bus_socket_options_default(&ro);
+    ro.registry = prl_msg_registry();
     ro.bind = 1;
     ro.name = "controller";
     ro.log = sink_log;
@@ -511,6 +513,7 @@ static void exchange(const char *endpoint)
     ck_assert_msg(prl_bus_socket_open(&router, PRL_BUS_ROUTER, endpoint, &ro) == PRL_OK, "%s",
                   prl_error_message());
     prl_bus_socket_options_default(&dopt);
+    dopt.registry = prl_msg_registry();
     dopt.identity = "w1";
     dopt.name = "rollout";
     dopt.log = sink_log;
@@ -548,7 +551,7 @@ static void exchange(const char *endpoint)
     ck_assert_msg(strstr(logs.lines[3], "message has 23 frames; the limit is 18"), "%s", logs.lines[3]);
 
     /* reply by identity; garbage first */
-    ck_assert_int_eq(prl_bus_msg_init(&m, "stop", "run-s", 3), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("stop"), "run-s", 3), PRL_OK);
     const char *junk4[] = {"w1", "stop", "{\"v\":1}"};
     send_raw(prl_bus_socket_raw(router), 3, junk4);
     ck_assert_int_eq(prl_bus_send(router, &from, &m), PRL_OK);
@@ -600,6 +603,7 @@ START_TEST(test_socket_timeout)
 {
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
+    o.registry = prl_msg_registry();
     o.bind = 1;
     prl_bus_socket *s;
     ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_ROUTER, "inproc://timeout", &o), PRL_OK);
@@ -640,6 +644,7 @@ START_TEST(test_endpoint_policy)
     prl_bus_socket *s;
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
+    o.registry = prl_msg_registry();
     o.bind = 1;
     ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_ROUTER, "tcp://0.0.0.0:*", &o), PRL_ERR_ARG);
     ck_assert_ptr_null(s);

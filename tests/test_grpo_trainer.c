@@ -12,7 +12,7 @@
 */
 #include "grpo/grpo.h"
 
-#include "bus/bus.h"
+#include "tests/msg_util.h"
 #include "check_util.h"
 #include "job/job.h"
 
@@ -129,7 +129,7 @@ static void fixture_free(fixture *f)
 /* A `train` message with its header fields but no count and no frames. */
 static void train_header(prl_bus_msg *m)
 {
-    assert_ok(prl_bus_msg_init(m, "train", "run-test", 1));
+    assert_ok(prl_bus_msg_init(m, prl_msg_spec("train"), "run-test", 1));
     assert_ok(prl_bus_msg_set_uint(m, "lease", 3));
     assert_ok(prl_bus_msg_set_uint(m, "step", 4));
     assert_ok(prl_bus_msg_set_uint(m, "policy_version", 5));
@@ -169,15 +169,14 @@ START_TEST(test_msg_round_trip)
     prl_grpo_batch b, back;
     toy_batch(&b, 9);
     prl_bus_msg m, manual, decoded;
-    train_header(&m);
-    assert_ok(prl_grpo_batch_to_msg(&b, &m));
+    assert_ok(train_to_msg(&b, NULL, &m));
     make_msg(&manual, &b, NULL, NULL);
     ck_assert(prl_bus_msg_equal(&m, &manual)); /* the frames docs/pipeline.md names */
     /* through the wire codec and back */
     prl_bus_wire w;
     assert_ok(prl_bus_encode(&m, &w));
-    assert_ok(prl_bus_decode(w.parts, w.n, &decoded, NULL, 0));
-    assert_ok(prl_grpo_batch_from_msg(&back, &decoded));
+    assert_ok(prl_bus_decode(prl_msg_registry(), w.parts, w.n, &decoded, NULL, 0));
+    assert_ok(train_batch_from_msg(&back, &decoded));
     ck_assert_int_eq(back.n, b.n);
     ck_assert_uint_eq(back.n_tokens, b.n_tokens);
     ck_assert_uint_eq(back.n_response, b.n_response);
@@ -198,7 +197,7 @@ END_TEST
 static void expect_bad(prl_bus_msg *m, const char *frame, const char *sample)
 {
     prl_grpo_batch out;
-    prl_status rc = prl_grpo_batch_from_msg(&out, m);
+    prl_status rc = train_batch_from_msg(&out, m);
     ck_assert_msg(rc != PRL_OK, "accepted a message with a bad '%s'", frame);
     assert_msg_has(frame);
     if (sample) assert_msg_has(sample);
@@ -254,7 +253,7 @@ START_TEST(test_msg_malformed)
     make_msg(&m, &short_b, NULL, NULL);
     expect_bad(&m, "logprobs", NULL);
     /* a message of another type */
-    assert_ok(prl_bus_msg_init(&m, "stop", "run-test", 1));
+    assert_ok(prl_bus_msg_init(&m, prl_msg_spec("stop"), "run-test", 1));
     expect_bad(&m, "'stop' message", NULL);
     prl_grpo_batch_free(&b);
 }
@@ -280,7 +279,7 @@ START_TEST(test_msg_fuzz)
         }
         if (prl_rng_u64(&r) % 8 == 0) assert_ok(prl_bus_msg_set_uint(&m, "count", prl_rng_u64(&r) % 12));
         prl_grpo_batch out;
-        if (prl_grpo_batch_from_msg(&out, &m) == PRL_OK) {
+        if (train_batch_from_msg(&out, &m) == PRL_OK) {
             accepted++;
             assert_ok(prl_grpo_batch_check(&out));
             prl_grpo_batch_free(&out);

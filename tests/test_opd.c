@@ -10,7 +10,7 @@
 */
 #include "opd/opd.h"
 
-#include "bus/bus.h"
+#include "tests/msg_util.h"
 #include "check_util.h"
 #include "job/job.h"
 
@@ -306,7 +306,7 @@ static void wire(prl_bus_msg *m, prl_bus_msg *out)
     prl_bus_wire w;
     char why[256];
     assert_ok(prl_bus_encode(m, &w));
-    ck_assert_int_eq(prl_bus_decode(w.parts, w.n, out, why, sizeof why), PRL_OK);
+    ck_assert_int_eq(prl_bus_decode(prl_msg_registry(), w.parts, w.n, out, why, sizeof why), PRL_OK);
     prl_bus_wire_free(&w);
 }
 
@@ -320,13 +320,9 @@ START_TEST(test_train_frames)
     memcpy(ob.teacher_lp, tl, sizeof tl);
     ob.teacher[0] = 3, ob.teacher[1] = 0;
     prl_bus_msg m, d;
-    assert_ok(prl_bus_msg_init(&m, "train", "r", 1));
-    prl_bus_msg_set_uint(&m, "lease", 1), prl_bus_msg_set_uint(&m, "step", 0);
-    prl_bus_msg_set_uint(&m, "policy_version", 0), prl_bus_msg_set_str(&m, "path", "x");
-    assert_ok(prl_grpo_batch_to_msg(&b, &m));
-    assert_ok(prl_opd_batch_to_msg(&ob, &m));
+    assert_ok(train_to_msg(&b, &ob, &m));
     wire(&m, &d);
-    assert_ok(prl_opd_batch_from_msg(&back, &b, &d, 0));
+    assert_ok(train_teachers_from_msg(&back, &d, 0));
     ck_assert(!memcmp(back.teacher, ob.teacher, 2 * sizeof *ob.teacher));
     ck_assert(back.teacher_lp[2] == -2 && back.teacher_lp[4] == -0.25f);
     prl_opd_batch_free(&back);
@@ -344,17 +340,14 @@ START_TEST(test_train_frames)
         memcpy(x.teacher_lp, tl, sizeof tl), memcpy(x.teacher, ob.teacher, sizeof ob.teacher[0] * 2);
         if (bad[k].case_ == 0) x.teacher[1] = 4;
         if (bad[k].case_ == 1) x.teacher_lp[1] = 0.5f;
-        assert_ok(prl_bus_msg_init(&m, "train", "r", 1));
-        prl_bus_msg_set_uint(&m, "lease", 1), prl_bus_msg_set_uint(&m, "step", 0);
-        prl_bus_msg_set_uint(&m, "policy_version", 0), prl_bus_msg_set_str(&m, "path", "x");
-        assert_ok(prl_grpo_batch_to_msg(&b, &m));
+        assert_ok(train_to_msg(&b, NULL, &m));
         if (bad[k].case_ == 2) prl_bus_msg_add_frame(&m, "teacher_logprobs", PRL_BUS_F32, x.teacher_lp, 5);
         else if (bad[k].case_ == 3) {
             prl_bus_msg_add_frame(&m, "teacher_logprobs", PRL_BUS_F32, x.teacher_lp, 4);
             prl_bus_msg_add_frame(&m, "teachers", PRL_BUS_I32, x.teacher, 2);
-        } else assert_ok(prl_opd_batch_to_msg(&x, &m));
+        } else add_teacher_frames(&m, &x);
         wire(&m, &d);
-        ck_assert_int_eq(prl_opd_batch_from_msg(&back, &b, &d, 0), PRL_ERR_FORMAT);
+        ck_assert_int_eq(train_teachers_from_msg(&back, &d, 0), PRL_ERR_FORMAT);
         assert_msg_has(bad[k].want);
         ck_assert_ptr_null(back.teacher_lp);
         prl_opd_batch_free(&x);
@@ -391,28 +384,25 @@ START_TEST(test_train_frames_topk)
         if (cases[k].case_ == 3) ob.topk_ids[6] = 5;
         if (cases[k].case_ == 4) ob.topk_lp[8] = 0.5f;
         prl_bus_msg m, d;
-        assert_ok(prl_bus_msg_init(&m, "train", "r", 1));
-        prl_bus_msg_set_uint(&m, "lease", 1), prl_bus_msg_set_uint(&m, "step", 0);
-        prl_bus_msg_set_uint(&m, "policy_version", 0), prl_bus_msg_set_str(&m, "path", "x");
-        assert_ok(prl_grpo_batch_to_msg(&b, &m));
+        assert_ok(train_to_msg(&b, NULL, &m));
         if (cases[k].case_ == 1) {
             ob.topk = 0; /* the plain frames only */
-            assert_ok(prl_opd_batch_to_msg(&ob, &m));
+            add_teacher_frames(&m, &ob);
             ob.topk = 2;
             prl_bus_msg_add_frame(&m, "teacher_topk_ids", PRL_BUS_I32, ob.topk_ids, 10);
-        } else assert_ok(prl_opd_batch_to_msg(&ob, &m));
+        } else add_teacher_frames(&m, &ob);
         wire(&m, &d);
         if (!cases[k].want) {
-            assert_ok(prl_opd_batch_from_msg(&back, &b, &d, 2));
+            assert_ok(train_teachers_from_msg(&back, &d, 2));
             ck_assert_int_eq(back.topk, 2);
             ck_assert(!memcmp(back.topk_ids, ids, sizeof ids) && !memcmp(back.topk_lp, klp, sizeof klp));
             prl_opd_batch_free(&back);
             /* the job's topk decides which frames are read: 0 ignores them */
-            assert_ok(prl_opd_batch_from_msg(&back, &b, &d, 0));
+            assert_ok(train_teachers_from_msg(&back, &d, 0));
             ck_assert(back.topk == 0 && !back.topk_ids);
             prl_opd_batch_free(&back);
         } else {
-            ck_assert_int_eq(prl_opd_batch_from_msg(&back, &b, &d, 2), PRL_ERR_FORMAT);
+            ck_assert_int_eq(train_teachers_from_msg(&back, &d, 2), PRL_ERR_FORMAT);
             assert_msg_has(cases[k].want);
         }
         prl_opd_batch_free(&ob);
@@ -424,12 +414,12 @@ END_TEST
 
 static void teach_msg(prl_bus_msg *m)
 {
-    assert_ok(prl_bus_msg_init(m, "teach", "r", 1));
+    assert_ok(prl_bus_msg_init(m, prl_msg_spec("teach"), "r", 1));
     prl_bus_msg_set_uint(m, "lease", 1), prl_bus_msg_set_uint(m, "step", 0);
     prl_bus_msg_set_str(m, "teacher", "coding"), prl_bus_msg_set_str(m, "path", "x");
 }
 
-/* A teach message with b's frames as they are (prl_opd_teach_to_msg would refuse them). */
+/* A teach message with b's frames as they are (prl_msg_teach_encode would refuse them). */
 static void teach_raw(prl_bus_msg *m, const prl_grpo_batch *b)
 {
     teach_msg(m);
@@ -445,10 +435,11 @@ START_TEST(test_teach_frames)
     prl_grpo_batch b, t;
     small_batch(&b);
     prl_bus_msg m, d;
-    teach_msg(&m);
-    assert_ok(prl_opd_teach_to_msg(&b, &m));
+    prl_msg_teach x = {.lease = 1, .step = 0, .teacher = "coding", .path = "x", .item = b}, back;
+    assert_ok(prl_msg_teach_encode(&x, "r", 1, &m));
     wire(&m, &d);
-    assert_ok(prl_opd_teach_from_msg(&t, &d));
+    assert_ok(prl_msg_teach_decode(&d, &back));
+    t = back.item;
     ck_assert_int_eq(t.n, 2);
     ck_assert(!memcmp(t.tokens, b.tokens, 8 * sizeof *b.tokens));
     ck_assert(!memcmp(t.mask, b.mask, 5));
@@ -458,13 +449,13 @@ START_TEST(test_teach_frames)
     b.prompt_lens[1] = 3;
     teach_raw(&m, &b);
     wire(&m, &d);
-    ck_assert_int_eq(prl_opd_teach_from_msg(&t, &d), PRL_ERR_FORMAT);
+    ck_assert_int_eq(prl_msg_teach_decode(&d, &back), PRL_ERR_FORMAT);
     assert_msg_has("prompt_lens: sample 1 has prompt length 3");
     prl_bus_msg_free(&d), prl_bus_msg_free(&m);
     b.prompt_lens[1] = 1, b.mask[2] = 2;
     teach_raw(&m, &b);
     wire(&m, &d);
-    ck_assert_int_eq(prl_opd_teach_from_msg(&t, &d), PRL_ERR_FORMAT);
+    ck_assert_int_eq(prl_msg_teach_decode(&d, &back), PRL_ERR_FORMAT);
     assert_msg_has("mask: sample 0 response token 2 is 2");
     prl_bus_msg_free(&d), prl_bus_msg_free(&m);
     prl_grpo_batch_free(&b);

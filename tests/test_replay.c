@@ -10,7 +10,7 @@
 */
 #include "replay/replay.h"
 
-#include "bus/bus.h"
+#include "tests/msg_util.h"
 #include "grpo/grpo.h"
 #include "job/job.h"
 
@@ -478,16 +478,6 @@ START_TEST(test_trainer_r2_keeps_old_routes)
 }
 END_TEST
 
-/* A `train` message header (the fields the codec requires), without count and frames. */
-static void train_header(prl_bus_msg *m, uint64_t id)
-{
-    assert_ok(prl_bus_msg_init(m, "train", "run-test", id));
-    assert_ok(prl_bus_msg_set_uint(m, "lease", 3));
-    assert_ok(prl_bus_msg_set_uint(m, "step", 4));
-    assert_ok(prl_bus_msg_set_uint(m, "policy_version", 5));
-    assert_ok(prl_bus_msg_set_str(m, "path", "ckpt/v000005"));
-}
-
 /* The routes frames through the codec, and every bad routes frame rejected by name. */
 START_TEST(test_routes_frame)
 {
@@ -500,12 +490,11 @@ START_TEST(test_routes_frame)
     f.b.routes_bytes -= (ROWS - 4) * rb;
     assert_ok(prl_grpo_batch_check(&f.b));
     prl_bus_msg msg, dec;
-    train_header(&msg, 1);
-    assert_ok(prl_grpo_batch_to_msg(&f.b, &msg));
+    assert_ok(train_to_msg(&f.b, NULL, &msg));
     prl_bus_wire w;
     assert_ok(prl_bus_encode(&msg, &w));
-    assert_ok(prl_bus_decode(w.parts, w.n, &dec, NULL, 0));
-    assert_ok(prl_grpo_batch_from_msg(&back, &dec));
+    assert_ok(prl_bus_decode(prl_msg_registry(), w.parts, w.n, &dec, NULL, 0));
+    assert_ok(train_batch_from_msg(&back, &dec));
     ck_assert_int_eq(back.route_moe, f.m.n_moe);
     ck_assert_int_eq(back.route_k, 2);
     ck_assert_int_eq(back.route_width, 1);
@@ -516,31 +505,30 @@ START_TEST(test_routes_frame)
     /* a sample with more route rows than length − 1 */
     int32_t *rows = (int32_t *)prl_bus_msg_frame(&dec, "route_rows")->data;
     rows[1] = LEN;
-    ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &dec), PRL_ERR_FORMAT);
+    ck_assert_int_eq(train_batch_from_msg(&back, &dec), PRL_ERR_FORMAT);
     assert_msg_has("route_rows: sample 1");
     ck_assert_ptr_null(back.routes);
     rows[1] = ROWS - 1; /* now the bytes do not add up */
-    ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &dec), PRL_ERR_FORMAT);
+    ck_assert_int_eq(train_batch_from_msg(&back, &dec), PRL_ERR_FORMAT);
     assert_msg_has("routes:");
     rows[1] = ROWS;
-    assert_ok(prl_grpo_batch_from_msg(&back, &dec));
+    assert_ok(train_batch_from_msg(&back, &dec));
     prl_grpo_batch_free(&back);
     /* one frame without the other; a missing shape field; a bad width */
     prl_bus_msg part;
-    train_header(&part, 2);
     prl_grpo_batch plain;
     equal_batch(&plain);
-    assert_ok(prl_grpo_batch_to_msg(&plain, &part));
+    assert_ok(train_to_msg(&plain, NULL, &part));
     assert_ok(prl_bus_msg_add_frame(&part, "routes", PRL_BUS_U8, f.b.routes, f.b.routes_bytes));
-    ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &part), PRL_ERR_FORMAT);
+    ck_assert_int_eq(train_batch_from_msg(&back, &part), PRL_ERR_FORMAT);
     assert_msg_has("route_rows");
     assert_ok(prl_bus_msg_add_frame(&part, "route_rows", PRL_BUS_I32, f.b.route_rows, NS));
-    ck_assert_int_ne(prl_grpo_batch_from_msg(&back, &part), PRL_OK);
+    ck_assert_int_ne(train_batch_from_msg(&back, &part), PRL_OK);
     assert_msg_has("route_moe");
     assert_ok(prl_bus_msg_set_uint(&part, "route_moe", (uint64_t)f.m.n_moe));
     assert_ok(prl_bus_msg_set_uint(&part, "route_k", 2));
     assert_ok(prl_bus_msg_set_uint(&part, "route_width", 3));
-    ck_assert_int_eq(prl_grpo_batch_from_msg(&back, &part), PRL_ERR_FORMAT);
+    ck_assert_int_eq(train_batch_from_msg(&back, &part), PRL_ERR_FORMAT);
     assert_msg_has("route_width 3");
     prl_bus_msg_free(&part), prl_grpo_batch_free(&plain);
     prl_bus_wire_free(&w);

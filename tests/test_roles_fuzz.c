@@ -179,7 +179,7 @@ static void fuzz_make(prl_rng *r, int it, seed_fn seed, void *ctx, int keep_sema
     prl_bus_msg m;
     int kind = (int)rnd(r, 3);
     if (kind == 0) {
-        const char *type = prl_bus_type_at((int)rnd(r, (uint64_t)prl_bus_type_count()))->type;
+        const char *type = prl_msg_registry()->types[rnd(r, (uint64_t)prl_msg_registry()->n)]->type;
         make_msg(&m, type, r, (int)rnd(r, 2), (int)rnd(r, 3));
     } else {
         seed(ctx, r, &m);
@@ -202,7 +202,7 @@ static void fuzz_make(prl_rng *r, int it, seed_fn seed, void *ctx, int keep_sema
 /* The items a worker role takes, with defect `k` (0: none). */
 static void work_item(prl_rng *r, prl_bus_msg *m, int k)
 {
-    ck_assert_int_eq(prl_bus_msg_init(m, "work", RUN, rnd(r, 100000)), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("work"), RUN, rnd(r, 100000)), PRL_OK);
     set_u(m, "lease", 1 + rnd(r, 1000));
     set_u(m, "step", rnd(r, 50));
     set_u(m, "prompt", rnd(r, 8));
@@ -233,7 +233,7 @@ static void work_seed(void *ctx, prl_rng *r, prl_bus_msg *m)
 
 static void score_item(prl_rng *r, prl_bus_msg *m, int k)
 {
-    ck_assert_int_eq(prl_bus_msg_init(m, "score", RUN, rnd(r, 100000)), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("score"), RUN, rnd(r, 100000)), PRL_OK);
     set_u(m, "lease", 1 + rnd(r, 1000));
     set_u(m, "step", rnd(r, 50));
     set_u(m, "prompt", rnd(r, 8));
@@ -269,7 +269,7 @@ static void score_seed(void *ctx, prl_rng *r, prl_bus_msg *m)
 /* Two samples of one group: 3 prompt and 3 response tokens each. */
 static void train_item(prl_rng *r, prl_bus_msg *m, int k)
 {
-    ck_assert_int_eq(prl_bus_msg_init(m, "train", RUN, rnd(r, 100000)), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("train"), RUN, rnd(r, 100000)), PRL_OK);
     char nowhere[160];
     snprintf(nowhere, sizeof nowhere, "%s/nowhere", dir);
     set_u(m, "lease", 1 + rnd(r, 1000));
@@ -314,7 +314,7 @@ typedef struct role_case {
 /* A `teach` item (OPD, docs/opd.md): two samples of 6 tokens; k > 0 puts one thing wrong. */
 static void teach_item(prl_rng *r, prl_bus_msg *m, int k)
 {
-    ck_assert_int_eq(prl_bus_msg_init(m, "teach", RUN, rnd(r, 100000)), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("teach"), RUN, rnd(r, 100000)), PRL_OK);
     char nowhere[160];
     snprintf(nowhere, sizeof nowhere, "%s/nowhere", dir);
     set_u(m, "lease", 1 + rnd(r, 1000));
@@ -437,6 +437,7 @@ static void run_role(const role_case *rc)
     prl_bus_socket *s = NULL;
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
+    o.registry = prl_msg_registry();
     o.bind = 1, o.name = "fake-controller";
     ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_ROUTER, ep, &o), PRL_OK);
     const char *argv[] = {"prl", "role", rc->role, "--connect", ep, "--name", name, NULL};
@@ -454,7 +455,7 @@ static void run_role(const role_case *rc)
     } while (!got && now_s() - t0 < 30);
     ck_assert_msg(got, "%s said no hello", rc->role);
     prl_bus_msg_free(&m);
-    ck_assert_int_eq(prl_bus_msg_init(&m, "welcome", RUN, 1), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("welcome"), RUN, 1), PRL_OK);
     set_s(&m, "run_dir", run_dir);
     set_u(&m, "seed", 7);
     add_text(&m, "config", job_json);
@@ -494,7 +495,7 @@ static void run_role(const role_case *rc)
     prl_bus_msg_free(&m);
 
     /* stop ends it */
-    ck_assert_int_eq(prl_bus_msg_init(&m, "stop", RUN, 2), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("stop"), RUN, 2), PRL_OK);
     ck_assert_int_eq(prl_bus_send(s, &peer, &m), PRL_OK);
     prl_bus_msg_free(&m);
     int st = wait_exit(pid, 30);
@@ -591,7 +592,7 @@ static void await_score(cstate *S, const char *after)
 /* A result of rollout-0's work item, right in every respect. */
 static void good_result(const cstate *S, prl_bus_msg *m, uint64_t sample, uint64_t id)
 {
-    ck_assert_int_eq(prl_bus_msg_init(m, "result", RUN, id), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("result"), RUN, id), PRL_OK);
     set_u(m, "lease", S->lease);
     set_u(m, "step", S->step);
     set_u(m, "prompt", S->prompt);
@@ -611,7 +612,7 @@ static void good_result(const cstate *S, prl_bus_msg *m, uint64_t sample, uint64
 static void bad_result(const cstate *S, prl_rng *r, prl_bus_msg *m, int k)
 {
     uint64_t id = rnd(r, 100000);
-    ck_assert_int_eq(prl_bus_msg_init(m, "result", k == 10 ? "run-2" : RUN, id), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("result"), k == 10 ? "run-2" : RUN, id), PRL_OK);
     set_u(m, "lease", k == 1 ? S->lease + 1 + rnd(r, 1000) : S->lease);
     set_u(m, "step", k == 2 ? S->step + 1 + rnd(r, 5) : S->step);
     set_u(m, "prompt", k == 13 ? S->prompt + 100 + rnd(r, 100) : S->prompt);
@@ -649,7 +650,7 @@ static void ctl_seed(void *ctx, prl_rng *r, prl_bus_msg *m)
     }
     if (k == 0 || k == 17) { /* a score for a sample not generated (or not leased to it) */
         S->from = REWARD;
-        ck_assert_int_eq(prl_bus_msg_init(m, "scored", RUN, rnd(r, 100000)), PRL_OK);
+        ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("scored"), RUN, rnd(r, 100000)), PRL_OK);
         set_u(m, "lease", k == 0 ? S->lease : 1 + rnd(r, 50));
         set_u(m, "step", S->step);
         set_u(m, "prompt", S->prompt);
@@ -660,7 +661,7 @@ static void ctl_seed(void *ctx, prl_rng *r, prl_bus_msg *m)
     }
     if (k == 18 || k == 19) { /* trained for the step in flight's numbers, but no train is leased */
         S->from = TRAINER;
-        ck_assert_int_eq(prl_bus_msg_init(m, "trained", RUN, rnd(r, 100000)), PRL_OK);
+        ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("trained"), RUN, rnd(r, 100000)), PRL_OK);
         set_u(m, "lease", k == 18 ? S->lease : rnd(r, 50));
         set_u(m, "step", k == 18 ? S->step : S->step + rnd(r, 4));
         set_u(m, "version", k == 18 ? S->step + 1 : rnd(r, 4));
@@ -673,11 +674,11 @@ static void ctl_seed(void *ctx, prl_rng *r, prl_bus_msg *m)
     /* hello: another worker's name, an unknown role, or a heartbeat for nobody */
     S->from = N_WORKERS + (int)rnd(r, N_SOCKS - N_WORKERS);
     if (k == 21) {
-        ck_assert_int_eq(prl_bus_msg_init(m, "heartbeat", RUN, rnd(r, 100000)), PRL_OK);
+        ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("heartbeat"), RUN, rnd(r, 100000)), PRL_OK);
         set_s(m, "worker", "nobody-7");
         return;
     }
-    ck_assert_int_eq(prl_bus_msg_init(m, "hello", "-", rnd(r, 100000)), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("hello"), "-", rnd(r, 100000)), PRL_OK);
     set_s(m, "role", k == 20 ? "judge" : "rollout");
     set_s(m, "worker", k == 20 ? S->k[S->from].id : worker_names[rnd(r, N_WORKERS)]);
 }
@@ -704,7 +705,7 @@ static int ctl_expect_reply(const cstate *S, const csock *k, const prl_bus_msg *
 static void hello(cstate *S, csock *k, const char *role)
 {
     prl_bus_msg m;
-    ck_assert_int_eq(prl_bus_msg_init(&m, "hello", "-", 1), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("hello"), "-", 1), PRL_OK);
     set_s(&m, "role", role);
     set_s(&m, "worker", k->id);
     ck_assert_int_eq(prl_bus_send(k->s, NULL, &m), PRL_OK);
@@ -719,6 +720,7 @@ static void sock_open(csock *k, const char *ep, const char *id)
 {
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
+    o.registry = prl_msg_registry();
     snprintf(k->id, sizeof k->id, "%s", id);
     o.identity = k->id, o.name = k->id;
     ck_assert_int_eq(prl_bus_socket_open(&k->s, PRL_BUS_DEALER, ep, &o), PRL_OK);
@@ -807,7 +809,7 @@ START_TEST(test_controller_fuzz)
     S->have_score = 0;
     for (int bad = 0; bad < 3; bad++) { /* another lease, or the right one from another worker */
         csock *k = bad == 2 ? &S->k[TRAINER] : &S->k[REWARD];
-        ck_assert_int_eq(prl_bus_msg_init(&m, "scored", RUN, 900200 + (uint64_t)bad), PRL_OK);
+        ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("scored"), RUN, 900200 + (uint64_t)bad), PRL_OK);
         set_u(&m, "lease", bad == 0 ? S->score_lease + 1 : bad == 1 ? S->lease : S->score_lease);
         set_u(&m, "step", S->step);
         set_u(&m, "prompt", S->prompt);
@@ -822,7 +824,7 @@ START_TEST(test_controller_fuzz)
         prl_bus_msg_free(&m);
         t.refused++;
     }
-    ck_assert_int_eq(prl_bus_msg_init(&m, "scored", RUN, 900100), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("scored"), RUN, 900100), PRL_OK);
     set_u(&m, "lease", S->score_lease);
     set_u(&m, "step", S->step);
     set_u(&m, "prompt", S->prompt);

@@ -142,7 +142,7 @@ static void expect_refused(prl_bus_socket *s, uint64_t id, const char *lang, uin
                            const char *prog, size_t prog_len, const char *want)
 {
     prl_bus_msg m;
-    ck_assert_int_eq(prl_bus_msg_init(&m, "exec", "run-t", id), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("exec"), "run-t", id), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_str(&m, "lang", lang), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_uint(&m, "wall_ms", wall_ms), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_add_frame(&m, "program", PRL_BUS_BYTES, prog, prog_len), PRL_OK);
@@ -167,10 +167,13 @@ START_TEST(test_bad_requests)
     env_init();
     pid_t pid = service_start();
     prl_bus_socket *s = NULL;
-    ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_DEALER, endpoint, NULL), PRL_OK);
+    prl_bus_socket_options o;
+    prl_bus_socket_options_default(&o);
+    o.registry = prl_msg_registry();
+    ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_DEALER, endpoint, &o), PRL_OK);
     expect_refused(s, 1, "ruby", 1000, "puts 1", 6, "'lang'");
     expect_refused(s, 2, "python3", 0, "print(1)", 8, "'wall_ms'");
-    expect_refused(s, 3, "python3", PRL_SANDBOX_SERVICE_MAX_WALL_MS + 1ull, "print(1)", 8, "'wall_ms'");
+    expect_refused(s, 3, "python3", PRL_MSG_EXEC_MAX_WALL_MS + 1ull, "print(1)", 8, "'wall_ms'");
     expect_refused(s, 4, "python3", 1000, "", 0, "'program'");
     expect_refused(s, 5, "python3", 1000, "print(1)\0x", 10, "'program'");
     prl_bus_socket_free(s);
@@ -245,7 +248,7 @@ typedef struct fake {
 static void fake_reply(fake *f, const prl_bus_peer *to, uint64_t ref, const char *out)
 {
     prl_bus_msg m;
-    ck_assert_int_eq(prl_bus_msg_init(&m, "exec_result", "fake", 7), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("exec_result"), "fake", 7), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_uint(&m, "ref", ref), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_str(&m, "status", "ok"), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_uint(&m, "exit_code", 0), PRL_OK);
@@ -279,6 +282,7 @@ static pthread_t fake_start(fake *f)
 {
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
+    o.registry = prl_msg_registry();
     o.bind = 1;
     ck_assert_int_eq(prl_bus_socket_open(&f->s, PRL_BUS_ROUTER, endpoint, &o), PRL_OK);
     pthread_t th;
@@ -399,6 +403,7 @@ START_TEST(test_fuzz_messages)
     prl_bus_socket *s = NULL;
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
+    o.registry = prl_msg_registry();
     ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_DEALER, endpoint, &o), PRL_OK);
     prl_rng r;
     prl_rng_init(&r, 11, 0, 0, 0, PRL_RNG_TEST);
@@ -413,7 +418,7 @@ START_TEST(test_fuzz_messages)
     }
     for (int it = 0; it < 10000; it++) { /* mutated valid messages of every type */
         prl_bus_msg orig;
-        const char *type = prl_bus_type_at((int)(prl_rng_u64(&r) % (uint64_t)prl_bus_type_count()))->type;
+        const char *type = prl_msg_registry()->types[prl_rng_u64(&r) % (uint64_t)prl_msg_registry()->n]->type;
         make_msg(&orig, type, &r, (int)(prl_rng_u64(&r) % 2), (int)(prl_rng_u64(&r) % 3));
         wcopy c;
         wc_from_msg(&c, &orig);
@@ -436,7 +441,7 @@ START_TEST(test_fuzz_messages)
 
     /* a stop message ends it cleanly; every invalid message was logged with a reason */
     prl_bus_msg stop;
-    ck_assert_int_eq(prl_bus_msg_init(&stop, "stop", "run-t", 99), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(&stop, prl_msg_spec("stop"), "run-t", 99), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_str(&stop, "reason", "test over"), PRL_OK);
     ck_assert_int_eq(prl_bus_send(s, NULL, &stop), PRL_OK);
     prl_bus_msg_free(&stop);

@@ -49,10 +49,8 @@ prl_status prl_controller_endpoint(const char *run_dir, const char *socket_name,
 
 static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
 {
-    uint64_t id = 0;
-    prl_bus_msg_get_uint(m, "id", &id);
-    const char *run = NULL;
-    prl_bus_msg_get_str(m, "run", &run);
+    uint64_t id = prl_bus_msg_id(m);
+    const char *run = prl_bus_msg_run(m);
     if (!strcmp(m->type, "hello")) {
         ctl_on_hello(c, m, from, id);
         return;
@@ -67,8 +65,8 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
         return;
     }
     w->seen = prl_now();
-    if (!run || strcmp(run, c->job->name)) {
-        ctl_send_error(c, from, id, "message for run '%s', this is run '%s'", run ? run : "?", c->job->name);
+    if (strcmp(run, c->job->name)) {
+        ctl_send_error(c, from, id, "message for run '%s', this is run '%s'", run, c->job->name);
         return;
     }
     if (!strcmp(m->type, "result") && !strcmp(w->role, "rollout")) ctl_on_result(c, w, m, id);
@@ -76,14 +74,13 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
     else if (!strcmp(m->type, "trained") && !strcmp(w->role, "trainer")) ctl_on_trained(c, w, m, id);
     else if (!strcmp(m->type, "taught") && !strcmp(w->role, "teacher")) ctl_on_taught(c, w, m, id);
     else if (!strcmp(m->type, "error")) {
-        const char *why = NULL;
-        uint64_t lid = 0;
-        prl_bus_msg_get_str(m, "reason", &why);
-        ctl_log("%s reports: %s", w->name, why ? why : "?");
-        lease *l = prl_bus_msg_get_uint(m, "lease", &lid) ? NULL : ctl_lease_find(c, lid);
-        if (l && &c->w[l->worker] == w && w->lease == lid) { /* only the holder gives it back */
+        prl_msg_error e;
+        const char *why = prl_msg_error_decode(m, &e) ? "?" : e.reason;
+        ctl_log("%s reports: %s", w->name, why);
+        lease *l = e.has_lease ? ctl_lease_find(c, e.lease) : NULL;
+        if (l && &c->w[l->worker] == w && w->lease == e.lease) { /* only the holder gives it back */
             char reason[300];
-            snprintf(reason, sizeof reason, "%s reported: %s", w->name, why ? why : "?");
+            snprintf(reason, sizeof reason, "%s reported: %s", w->name, why);
             ctl_lease_failed(c, l, reason);
         }
     } else if (strcmp(m->type, "ack")) {
@@ -144,7 +141,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
     if (!rc) rc = ctl_restore(c);
     prl_bus_socket_options so;
     prl_bus_socket_options_default(&so);
-    so.bind = 1, so.name = "controller", so.send_timeout_ms = 2000;
+    so.bind = 1, so.name = "controller", so.send_timeout_ms = 2000, so.registry = prl_msg_registry();
     if (!rc) rc = prl_bus_socket_open(&c->sock, PRL_BUS_ROUTER, ep, &so);
     if (!rc) ctl_log("run '%s' at %s: %d train prompts, B=%d G=%d, %s mode (lag %d), step %lld of %d",
                    o->job->name, ep, c->n_tasks, c->B, c->G, o->job->mode, c->lag,

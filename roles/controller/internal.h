@@ -9,6 +9,7 @@
 #include "roles/controller/controller.h"
 
 #include "bus/bus.h"
+#include "roles/msg/msg.h"
 #include "grpo/grpo.h"
 #include "opd/opd.h"
 #include "reward/reward.h"
@@ -49,7 +50,7 @@ typedef struct slot {     /* one sample */
     uint8_t *mask;        /* [n - prompt_len] */
     uint8_t *routes;
     size_t routes_bytes;
-    int route_shape[4];   /* tokens, moe, k, width */
+    prl_route_shape route_shape;
     char *turns;          /* JSON array of the model's turns */
     int64_t version;
     char worker[64];
@@ -199,31 +200,27 @@ void ctl_judge_group(ctl *c, step_run *r, group *g);
 int ctl_step_rolled(const ctl *c, const step_run *r);
 /* A sample within the version-lag bound of its step. */
 int ctl_sample_fresh(const ctl *c, const step_run *r, const slot *s);
-/* A route record of shape [tokens][moe][k] x width fits `bytes` and a sequence of n tokens. */
-int ctl_routes_shape_ok(const int *sh, size_t bytes, size_t n);
-/* Pack a step's kept, fresh samples into a `train` message. */
-prl_status ctl_build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t lease_id);
 /* Hand out everything that can start now, oldest step first. */
 prl_status ctl_schedule(ctl *c);
 
 /* teach.c */
 /* Hand out a rolled-out step's teach items; 1 when every teacher has answered. */
 int ctl_step_taught(ctl *c, step_run *r, prl_status *rc);
-/* The teacher frames of `train`. */
-prl_status ctl_train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, prl_bus_msg *m);
+/* The teacher side of a step's `train` batch b (*ob owned by the caller). */
+prl_status ctl_train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, prl_opd_batch *ob);
 /* With opd.revisit: each taught group's teacher KL, in run.db and in memory. */
 prl_status ctl_record_teacher_kls(ctl *c, const step_run *r);
 /* A teacher's answer. */
 void ctl_on_taught(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 
 /* receive.c */
-/* A uint header field; sets *bad when absent. */
-uint64_t ctl_field_u(const prl_bus_msg *m, const char *k, int *bad);
-/* The workers' messages (receive.c). */
+/* A message from w that cannot be taken (why): an `error` to w, and when it names a lease of
+** `kind` that w holds, the lease goes back to the queue (CTL_REJECT_HELD). */
+void ctl_refuse(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id, lease_kind kind,
+                const char *why);
+/* The workers' messages, each decoded and checked against the work in flight. */
 void ctl_on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from, uint64_t id);
 void ctl_on_heartbeat(ctl *c, const prl_bus_msg *m, uint64_t id);
-/* A frame of dtype dt and (with exact) count elements, or NULL. */
-const prl_bus_frame *ctl_frame_of(const prl_bus_msg *m, const char *name, prl_bus_dtype dt, size_t count, int exact);
 void ctl_on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 void ctl_on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 void ctl_on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);

@@ -142,33 +142,25 @@ void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fm
         if ((unsigned char)*p < 32) *p = ' ';
     ctl_log("rejected message %llu: %s", (unsigned long long)ref, why);
     prl_bus_msg m;
-    if (prl_bus_msg_init(&m, "error", c->job->name, ++c->next_id)) return;
-    prl_bus_msg_set_str(&m, "reason", why);
-    prl_bus_msg_set_uint(&m, "ref", ref);
-    if (prl_bus_send(c->sock, to, &m)) ctl_log("error reply failed: %s", prl_error_message());
+    prl_msg_error e = {.reason = why, .ref = ref};
+    if (prl_msg_error_encode(&e, c->job->name, ++c->next_id, &m) || prl_bus_send(c->sock, to, &m))
+        ctl_log("error reply failed: %s", prl_error_message());
     prl_bus_msg_free(&m);
 }
 
 prl_status ctl_send_welcome(ctl *c, worker *w)
 {
     prl_bus_msg m;
-    prl_status rc = prl_bus_msg_init(&m, "welcome", c->job->name, ++c->next_id);
-    if (!rc) rc = prl_bus_msg_set_str(&m, "run_dir", c->o->run_dir);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "seed", c->job->seed);
-    if (!rc) rc = prl_bus_msg_add_frame(&m, "config", PRL_BUS_BYTES, c->config_json, strlen(c->config_json));
-    if (rc) {
-        prl_bus_msg_free(&m);
-        return rc;
-    }
-    return ctl_send_msg(c, w, &m);
+    prl_msg_welcome x = {.run_dir = c->o->run_dir, .seed = c->job->seed, .config = c->config_json};
+    prl_status rc = prl_msg_welcome_encode(&x, c->job->name, ++c->next_id, &m);
+    return rc ? rc : ctl_send_msg(c, w, &m);
 }
 
 void ctl_send_stop(ctl *c, worker *w, const char *why)
 {
     prl_bus_msg m;
-    if (prl_bus_msg_init(&m, "stop", c->job->name, ++c->next_id)) return;
-    prl_bus_msg_set_str(&m, "reason", why);
-    ctl_send_msg(c, w, &m);
+    prl_msg_stop x = {.reason = why};
+    if (!prl_msg_stop_encode(&x, c->job->name, ++c->next_id, &m)) ctl_send_msg(c, w, &m);
 }
 
 /* ---------------------------------------------------------------- leasing ---------- */

@@ -35,9 +35,9 @@ prl_status ctl_store_sample(ctl *c, step_run *r, group *g, int j)
         .worker = s->worker, .reward = s->reward, .reward_detail = s->detail, .flags = s->flags,
         .stop = s->stop, .gen_seconds = s->gen_s, .reward_seconds = s->score_s,
         .status = ctl_sample_fresh(c, r, s) ? PRL_STORE_SAMPLE_OK : PRL_STORE_SAMPLE_STALE};
-    if (s->routes && s->route_shape[0] > 0) {
-        x.routes = s->routes, x.route_tokens = s->route_shape[0], x.route_moe = s->route_shape[1];
-        x.route_k = s->route_shape[2], x.route_width = s->route_shape[3];
+    if (s->routes && s->route_shape.rows > 0) {
+        x.routes = s->routes, x.route_tokens = s->route_shape.rows, x.route_moe = s->route_shape.moe;
+        x.route_k = s->route_shape.k, x.route_width = s->route_shape.width;
     }
     (void)nr;
     int already = 0;
@@ -90,7 +90,7 @@ static void prune_checkpoints(ctl *c)
     int every = c->job->checkpoint_every;
     if (every > 0 && v % every == 0) return;
     char dir[1100];
-    snprintf(dir, sizeof dir, "%s/ckpt/v%06lld", c->o->run_dir, (long long)v);
+    prl_job_ckpt_dir(c->o->run_dir, v, dir, sizeof dir);
     remove_checkpoint(dir);
 }
 

@@ -74,8 +74,7 @@ static prl_status slot_from_store(ctl *c, slot *s, const prl_store_sample *x)
         if (!s->routes) return prl_error_set(PRL_ERR_NOMEM, "sample routes");
         memcpy(s->routes, x->routes, bytes);
         s->routes_bytes = bytes;
-        s->route_shape[0] = x->route_tokens, s->route_shape[1] = x->route_moe;
-        s->route_shape[2] = x->route_k, s->route_shape[3] = x->route_width;
+        s->route_shape = (prl_route_shape){x->route_tokens, x->route_moe, x->route_k, x->route_width};
     }
     s->gen_s = x->gen_seconds, s->score_s = x->reward_seconds;
     snprintf(s->worker, sizeof s->worker, "%s", x->worker ? x->worker : "");
@@ -184,21 +183,11 @@ static prl_status lease_rollout(ctl *c, step_run *r, int gi, worker *w)
     group *g = &r->g[gi];
     g->lease = l->id;
     if (!r->t_leased) r->t_leased = l->started;
+    prl_msg_work x = {.lease = l->id, .step = (uint64_t)r->step, .prompt = (uint64_t)g->prompt,
+                      .sample = 0, .count = (uint64_t)c->G, .policy_version = (uint64_t)c->version,
+                      .path = c->version_path, .task = c->task_text[g->prompt]};
     prl_bus_msg m;
-    rc = prl_bus_msg_init(&m, "work", c->job->name, ++c->next_id);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "lease", l->id);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "step", (uint64_t)r->step);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "prompt", (uint64_t)g->prompt);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "sample", 0);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "count", (uint64_t)c->G);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "policy_version", (uint64_t)c->version);
-    if (!rc) rc = prl_bus_msg_set_str(&m, "path", c->version_path);
-    const char *t = c->task_text[g->prompt];
-    if (!rc) rc = prl_bus_msg_add_frame(&m, "task", PRL_BUS_BYTES, t, strlen(t));
-    if (rc) {
-        prl_bus_msg_free(&m);
-        return rc;
-    }
+    if ((rc = prl_msg_work_encode(&x, c->job->name, ++c->next_id, &m))) return rc;
     if (ctl_send_msg(c, w, &m)) ctl_lease_requeue(c, l, "send failed");
     return PRL_OK;
 }
@@ -211,20 +200,11 @@ static prl_status lease_score(ctl *c, step_run *r, int gi, int j, worker *w)
     group *g = &r->g[gi];
     slot *s = &g->s[j];
     s->score_lease = l->id;
+    prl_msg_score x = {.lease = l->id, .step = (uint64_t)r->step, .prompt = (uint64_t)g->prompt,
+                       .sample = (uint64_t)j, .truncated = s->truncated,
+                       .task = c->task_text[g->prompt], .turns = s->turns};
     prl_bus_msg m;
-    rc = prl_bus_msg_init(&m, "score", c->job->name, ++c->next_id);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "lease", l->id);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "step", (uint64_t)r->step);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "prompt", (uint64_t)g->prompt);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "sample", (uint64_t)j);
-    if (!rc) rc = prl_bus_msg_set_uint(&m, "truncated", (uint64_t)s->truncated);
-    const char *t = c->task_text[g->prompt];
-    if (!rc) rc = prl_bus_msg_add_frame(&m, "task", PRL_BUS_BYTES, t, strlen(t));
-    if (!rc) rc = prl_bus_msg_add_frame(&m, "turns", PRL_BUS_BYTES, s->turns, strlen(s->turns));
-    if (rc) {
-        prl_bus_msg_free(&m);
-        return rc;
-    }
+    if ((rc = prl_msg_score_encode(&x, c->job->name, ++c->next_id, &m))) return rc;
     if (ctl_send_msg(c, w, &m)) ctl_lease_requeue(c, l, "send failed");
     return PRL_OK;
 }
@@ -243,22 +223,13 @@ static int trainable(const ctl *c, const step_run *r)
     return 0;
 }
 
-/* A route record of shape [tokens][moe][k] x width holds `bytes` bytes and at most one row
-** per fed token of a sequence of n tokens. */
-int ctl_routes_shape_ok(const int *sh, size_t bytes, size_t n)
+/* A slot's route record passes the route-record check and has the reference shape `ref`
+** (rows aside). */
+static int slot_routes_fit(const slot *s, const prl_route_shape *ref)
 {
-    if (sh[0] < 1 || (size_t)sh[0] > n - 1 || sh[1] < 1 || sh[1] > PRL_MAX_LAYERS || sh[2] < 1 ||
-        sh[2] > 256 || (sh[3] != 1 && sh[3] != 2))
-        return 0;
-    return bytes == (size_t)sh[0] * sh[1] * sh[2] * sh[3];
-}
-
-/* A slot's route record fits the reference shape `ref` (tokens ignored) and its tokens. */
-static int slot_routes_fit(const slot *s, const int *ref)
-{
-    const int *sh = s->route_shape;
-    return s->routes && ctl_routes_shape_ok(sh, s->routes_bytes, (size_t)s->n) && sh[1] == ref[1] &&
-           sh[2] == ref[2] && sh[3] == ref[3];
+    const prl_route_shape *sh = &s->route_shape;
+    return s->routes && prl_route_shape_check(sh, s->routes_bytes, (size_t)s->n) == PRL_OK &&
+           sh->moe == ref->moe && sh->k == ref->k && sh->width == ref->width;
 }
 
 /* The routes frames of `train` (docs/replay.md): every kept sample's route record, in the
@@ -266,7 +237,7 @@ static int slot_routes_fit(const slot *s, const int *ref)
 ** routes natively in the trainer. No frames when no sample has a record. */
 static prl_status train_routes(ctl *c, step_run *r, prl_grpo_batch *b)
 {
-    const int *ref = NULL;
+    const prl_route_shape *ref = NULL;
     size_t rows = 0;
     for (int pass = 0; pass < 2; pass++) {
         int k = 0;
@@ -275,11 +246,11 @@ static prl_status train_routes(ctl *c, step_run *r, prl_grpo_batch *b)
             for (int j = 0; r->g[i].verdict == 1 && j < c->G; j++) {
                 const slot *s = &r->g[i].s[j];
                 if (!ctl_sample_fresh(c, r, s)) continue;
-                if (!ref && s->routes && s->route_shape[0] > 0) ref = s->route_shape;
+                if (!ref && s->routes && s->route_shape.rows > 0) ref = &s->route_shape;
                 int fit = ref && slot_routes_fit(s, ref);
-                if (pass == 0 && fit) rows += (size_t)s->route_shape[0];
+                if (pass == 0 && fit) rows += (size_t)s->route_shape.rows;
                 if (pass == 1 && fit) {
-                    b->route_rows[k] = s->route_shape[0];
+                    b->route_rows[k] = s->route_shape.rows;
                     memcpy(b->routes + at, s->routes, s->routes_bytes);
                     at += s->routes_bytes;
                 }
@@ -287,7 +258,7 @@ static prl_status train_routes(ctl *c, step_run *r, prl_grpo_batch *b)
             }
         if (pass == 0 && !rows) return PRL_OK;
         if (pass == 0) {
-            prl_status rc = prl_grpo_batch_routes_init(b, ref[1], ref[2], ref[3], rows);
+            prl_status rc = prl_grpo_batch_routes_init(b, ref->moe, ref->k, ref->width, rows);
             if (rc) return rc;
         }
     }
@@ -295,7 +266,7 @@ static prl_status train_routes(ctl *c, step_run *r, prl_grpo_batch *b)
 }
 
 /* Pack a step's kept, fresh samples into a `train` message (docs/pipeline.md). */
-prl_status ctl_build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t lease_id)
+static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t lease_id)
 {
     int cnt = 0;
     size_t ntok = 0, nresp = 0;
@@ -323,13 +294,12 @@ prl_status ctl_build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t lease_i
         }
     if (!rc) b.offsets[cnt] = (int32_t)at;
     if (!rc) rc = train_routes(c, r, &b);
-    if (!rc) rc = prl_bus_msg_init(m, "train", c->job->name, ++c->next_id);
-    if (!rc) rc = prl_bus_msg_set_uint(m, "lease", lease_id);
-    if (!rc) rc = prl_bus_msg_set_uint(m, "step", (uint64_t)r->step);
-    if (!rc) rc = prl_bus_msg_set_uint(m, "policy_version", (uint64_t)c->version);
-    if (!rc) rc = prl_bus_msg_set_str(m, "path", c->version_path);
-    if (!rc) rc = prl_grpo_batch_to_msg(&b, m);
-    if (!rc && c->job->opd_enabled) rc = ctl_train_teachers(c, r, &b, m);
+    prl_msg_train x = {.lease = lease_id, .step = (uint64_t)r->step,
+                       .policy_version = (uint64_t)c->version, .path = c->version_path,
+                       .batch = b, .has_teachers = c->job->opd_enabled};
+    if (!rc && x.has_teachers) rc = ctl_train_teachers(c, r, &b, &x.teachers);
+    if (!rc) rc = prl_msg_train_encode(&x, c->job->name, ++c->next_id, m);
+    prl_opd_batch_free(&x.teachers);
     prl_grpo_batch_free(&b);
     return rc;
 }
@@ -342,10 +312,7 @@ static prl_status lease_train(ctl *c, step_run *r, worker *w)
     r->train_lease = l->id;
     if (!r->t_train) r->t_train = prl_now();
     prl_bus_msg m;
-    if ((rc = ctl_build_train(c, r, &m, l->id))) {
-        prl_bus_msg_free(&m);
-        return rc;
-    }
+    if ((rc = build_train(c, r, &m, l->id))) return rc;
     if (ctl_send_msg(c, w, &m)) ctl_lease_requeue(c, l, "send failed");
     return PRL_OK;
 }

@@ -30,7 +30,7 @@ static double group_teacher_kl(const ctl *c, const step_run *r, const group *g)
     return n ? fmax(0.0, sum / (double)n) : -1;
 }
 
-/* The samples of teacher k that the step trains on, in the order of ctl_build_train; calls
+/* The samples of teacher k that the step trains on, in the order of steps.c's build_train; calls
 ** fn for each. Returns their count. */
 static int teacher_samples(const ctl *c, const step_run *r, int k,
                            void (*fn)(void *u, slot *s), void *u)
@@ -68,22 +68,26 @@ static void count_one(void *u, slot *s)
     n[0] += (size_t)s->n, n[1] += (size_t)(s->n - s->prompt_len);
 }
 
-static prl_status build_teach(ctl *c, step_run *r, int k, prl_bus_msg *m, uint64_t lease_id)
+/* The `teach` item of teacher k in step r: its samples' tokens, prompts and loss masks (*b
+** owned by the caller). */
+static prl_status teach_item(const ctl *c, const step_run *r, int k, prl_grpo_batch *b)
 {
     size_t n[2] = {0, 0};
     int cnt = teacher_samples(c, r, k, count_one, n);
-    prl_grpo_batch b;
-    prl_status rc = prl_grpo_batch_init(&b, cnt, n[0], n[1]);
-    teach_pack p = {.b = &b};
+    prl_status rc = prl_grpo_batch_init(b, cnt, n[0], n[1]);
+    teach_pack p = {.b = b};
     if (!rc) teacher_samples(c, r, k, pack_one, &p);
-    if (!rc) b.offsets[cnt] = (int32_t)p.at;
-    if (!rc) rc = prl_bus_msg_init(m, "teach", c->job->name, ++c->next_id);
-    if (!rc) rc = prl_bus_msg_set_uint(m, "lease", lease_id);
-    if (!rc) rc = prl_bus_msg_set_uint(m, "step", (uint64_t)r->step);
-    if (!rc) rc = prl_bus_msg_set_str(m, "teacher", prl_opd_teacher_key(k));
-    if (!rc) rc = prl_bus_msg_set_str(m, "path", c->job->opd_teachers[k]);
-    if (!rc) rc = prl_opd_teach_to_msg(&b, m);
-    prl_grpo_batch_free(&b);
+    if (!rc) b->offsets[cnt] = (int32_t)p.at;
+    return rc;
+}
+
+static prl_status build_teach(ctl *c, step_run *r, int k, prl_bus_msg *m, uint64_t lease_id)
+{
+    prl_msg_teach x = {.lease = lease_id, .step = (uint64_t)r->step,
+                       .teacher = prl_opd_teacher_key(k), .path = c->job->opd_teachers[k]};
+    prl_status rc = teach_item(c, r, k, &x.item);
+    if (!rc) rc = prl_msg_teach_encode(&x, c->job->name, ++c->next_id, m);
+    prl_grpo_batch_free(&x.item);
     return rc;
 }
 
@@ -95,11 +99,7 @@ static prl_status lease_teach(ctl *c, step_run *r, int k, worker *w)
     r->teach_lease[k] = l->id;
     w->holds = k + 1;
     prl_bus_msg m;
-    memset(&m, 0, sizeof m); /* freed on error even if build_teach failed before its init */
-    if ((rc = build_teach(c, r, k, &m, l->id))) {
-        prl_bus_msg_free(&m);
-        return rc;
-    }
+    if ((rc = build_teach(c, r, k, &m, l->id))) return rc;
     if (ctl_send_msg(c, w, &m)) ctl_lease_requeue(c, l, "send failed");
     return PRL_OK;
 }
@@ -135,12 +135,11 @@ int ctl_step_taught(ctl *c, step_run *r, prl_status *rc)
     return done;
 }
 
-/* The teacher frames of `train`: each sample's teacher log-probs and teacher index. */
-prl_status ctl_train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, prl_bus_msg *m)
+/* The teacher side of `train`: each sample's teacher log-probs and teacher index. */
+prl_status ctl_train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, prl_opd_batch *ob)
 {
-    prl_opd_batch ob;
     int K = c->job->opd_topk;
-    prl_status rc = prl_opd_batch_init(&ob, b->n, b->n_response, K);
+    prl_status rc = prl_opd_batch_init(ob, b->n, b->n_response, K);
     size_t at = 0;
     int k = 0;
     for (int i = 0; i < r->n && !rc; i++)
@@ -151,16 +150,14 @@ prl_status ctl_train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, prl_
             if (!s->teacher_lp || (K && !s->topk_ids))
                 rc = prl_error_set(PRL_ERR_ARG, "step %lld: sample %d has no teacher log-probs",
                                    (long long)r->step, k);
-            else memcpy(ob.teacher_lp + at, s->teacher_lp, (size_t)nr * sizeof *ob.teacher_lp);
+            else memcpy(ob->teacher_lp + at, s->teacher_lp, (size_t)nr * sizeof *ob->teacher_lp);
             if (!rc && K) {
-                memcpy(ob.topk_ids + at * K, s->topk_ids, (size_t)nr * K * sizeof *ob.topk_ids);
-                memcpy(ob.topk_lp + at * K, s->topk_lp, (size_t)nr * K * sizeof *ob.topk_lp);
+                memcpy(ob->topk_ids + at * K, s->topk_ids, (size_t)nr * K * sizeof *ob->topk_ids);
+                memcpy(ob->topk_lp + at * K, s->topk_lp, (size_t)nr * K * sizeof *ob->topk_lp);
             }
-            ob.teacher[k++] = r->g[i].teacher;
+            ob->teacher[k++] = r->g[i].teacher;
             at += (size_t)nr;
         }
-    if (!rc) rc = prl_opd_batch_to_msg(&ob, m);
-    prl_opd_batch_free(&ob);
     return rc;
 }
 
@@ -181,10 +178,7 @@ prl_status ctl_record_teacher_kls(ctl *c, const step_run *r)
 
 /* A teacher answered its `teach` item (docs/opd.md): the log-probs go to the samples. */
 typedef struct teach_take {
-    const float *lp;
-    const int32_t *ids;   /* with opd.topk K: the top-k frames (else NULL) */
-    const float *klp;
-    int K;
+    const prl_opd_batch *sc; /* the item's scores, checked */
     size_t at;
     int bad;
 } teach_take;
@@ -192,96 +186,70 @@ typedef struct teach_take {
 static void take_one(void *u, slot *s)
 {
     teach_take *t = u;
-    size_t nr = (size_t)(s->n - s->prompt_len), cells = (nr ? nr : 1) * (size_t)t->K;
+    int K = t->sc->topk;
+    size_t nr = (size_t)(s->n - s->prompt_len), cells = (nr ? nr : 1) * (size_t)K;
     free(s->teacher_lp), free(s->topk_ids), free(s->topk_lp);
     s->topk_ids = NULL, s->topk_lp = NULL;
     s->teacher_lp = malloc((nr ? nr : 1) * sizeof *s->teacher_lp);
-    if (t->K) s->topk_ids = malloc(cells * sizeof *s->topk_ids), s->topk_lp = malloc(cells * sizeof *s->topk_lp);
-    if (!s->teacher_lp || (t->K && (!s->topk_ids || !s->topk_lp))) {
+    if (K) s->topk_ids = malloc(cells * sizeof *s->topk_ids), s->topk_lp = malloc(cells * sizeof *s->topk_lp);
+    if (!s->teacher_lp || (K && (!s->topk_ids || !s->topk_lp))) {
         t->bad = 1;
         return;
     }
-    memcpy(s->teacher_lp, t->lp + t->at, nr * sizeof *s->teacher_lp);
-    if (t->K) {
-        memcpy(s->topk_ids, t->ids + t->at * t->K, nr * t->K * sizeof *s->topk_ids);
-        memcpy(s->topk_lp, t->klp + t->at * t->K, nr * t->K * sizeof *s->topk_lp);
+    memcpy(s->teacher_lp, t->sc->teacher_lp + t->at, nr * sizeof *s->teacher_lp);
+    if (K) {
+        memcpy(s->topk_ids, t->sc->topk_ids + t->at * K, nr * K * sizeof *s->topk_ids);
+        memcpy(s->topk_lp, t->sc->topk_lp + t->at * K, nr * K * sizeof *s->topk_lp);
     }
     t->at += nr;
 }
 
-static int bad_lp(float lp) { return !(isfinite(lp) && lp <= 0); }
-
-/* The teacher log-probs of the loss tokens: finite and <= 0, and with the top-k (K > 0) its
-** ids >= 0 and log-probs finite and <= 0 there, ids -1 elsewhere (the trainer's rules,
-** opd/batch.c); the flat index of the first bad token, -1 when all are good. */
-static long first_bad_teacher_lp(const ctl *c, const step_run *r, int k, const teach_take *t)
+/* The scores of taught answer x for teacher k's item of step r (*sc owned by the caller),
+** by the rules the trainer applies to them (prl_msg_taught_scores). */
+static prl_status taught_scores(const ctl *c, const step_run *r, int k, const prl_msg_taught *x,
+                                prl_opd_batch *sc)
 {
-    size_t at = 0;
-    for (int i = 0; i < r->n; i++)
-        for (int j = 0; r->g[i].verdict == 1 && r->g[i].teacher == k && j < c->G; j++) {
-            const slot *s = &r->g[i].s[j];
-            if (!ctl_sample_fresh(c, r, s)) continue;
-            for (int x = 0; x < s->n - s->prompt_len; x++, at++) {
-                if (s->mask[x] && bad_lp(t->lp[at])) return (long)at;
-                for (int q = 0; q < t->K; q++) {
-                    int32_t id = t->ids[at * t->K + q];
-                    if (s->mask[x] ? id < 0 || bad_lp(t->klp[at * t->K + q]) : id != -1)
-                        return (long)at;
-                }
-            }
-        }
-    return -1;
+    prl_grpo_batch item;
+    prl_status rc = teach_item(c, r, k, &item);
+    if (!rc) rc = prl_msg_taught_scores(x, &item, c->job->opd_topk, sc);
+    prl_grpo_batch_free(&item);
+    return rc;
 }
 
 void ctl_on_taught(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
 {
-    int bad = 0;
-    uint64_t lid = ctl_field_u(m, "lease", &bad), step = ctl_field_u(m, "step", &bad);
-    uint64_t load_us = ctl_field_u(m, "load_us", &bad), teach_us = ctl_field_u(m, "teach_us", &bad);
-    uint64_t rss = ctl_field_u(m, "peak_rss_kb", &bad), loaded = ctl_field_u(m, "loaded", &bad);
-    const char *key = NULL;
-    bad |= prl_bus_msg_get_str(m, "teacher", &key) != PRL_OK;
-    int k = bad ? -1 : prl_opd_teacher_index(key);
-    step_run *r = k < 0 ? NULL : ctl_step_find(c, (int64_t)step);
-    lease *l = r && r->teach_lease[k] == lid ? ctl_lease_find(c, lid) : NULL;
+    prl_msg_taught x;
+    if (prl_msg_taught_decode(m, &x)) {
+        ctl_refuse(c, w, m, id, LEASE_TEACH, prl_error_message());
+        return;
+    }
+    int k = x.teacher_index;
+    step_run *r = ctl_step_find(c, (int64_t)x.step);
+    lease *l = r && r->teach_lease[k] == x.lease ? ctl_lease_find(c, x.lease) : NULL;
     if (!l || l->kind != LEASE_TEACH || &c->w[l->worker] != w) {
         ctl_send_error(c, &w->peer, id, "taught: lease %llu (step %llu, teacher %s) is not %s's teach "
-                   "lease in flight", (unsigned long long)lid, (unsigned long long)step,
-                   key ? key : "?", w->name);
+                       "lease in flight", (unsigned long long)x.lease, (unsigned long long)x.step,
+                       x.teacher, w->name);
         return;
     }
-    size_t n[2] = {0, 0};
-    teacher_samples(c, r, k, count_one, n);
-    int K = c->job->opd_topk;
-    const prl_bus_frame *lp = ctl_frame_of(m, "logprobs", PRL_BUS_F32, n[1], 1);
-    const prl_bus_frame *ki = K ? ctl_frame_of(m, "topk_ids", PRL_BUS_I32, n[1] * K, 1) : NULL;
-    const prl_bus_frame *kl = K ? ctl_frame_of(m, "topk_logprobs", PRL_BUS_F32, n[1] * K, 1) : NULL;
-    int frames = lp && (!K || (ki && kl));
-    teach_take t = {.lp = lp ? lp->data : NULL, .K = K, .ids = ki ? ki->data : NULL,
-                    .klp = kl ? kl->data : NULL};
-    long badi = frames ? first_bad_teacher_lp(c, r, k, &t) : -1;
-    if (!frames) {
-        CTL_REJECT_HELD(c, w, l, id, "taught: frames 'logprobs' (and with opd.topk %d 'topk_ids', "
-                    "'topk_logprobs') must hold one f32 (%d i32, %d f32) per response token of "
-                    "the item", K, K, K);
+    prl_opd_batch sc;
+    if (taught_scores(c, r, k, &x, &sc)) {
+        CTL_REJECT_HELD(c, w, l, id, "%s", prl_error_message());
         return;
     }
-    if (badi >= 0) {
-        CTL_REJECT_HELD(c, w, l, id, "taught: response token %ld of the item: a log-prob is not "
-                    "finite and <= 0, or a top-k id is < 0 on a loss token or not -1 off them", badi);
-        return;
-    }
+    teach_take t = {.sc = &sc};
     teacher_samples(c, r, k, take_one, &t);
+    prl_opd_batch_free(&sc);
     if (t.bad) {
         ctl_log("out of memory for teacher log-probs");
         ctl_lease_requeue(c, l, "out of memory");
         return;
     }
     r->taught[k] = 1;
-    r->teach_loads[k] += (int)(loaded != 0);
-    r->teach_load_s[k] += 1e-6 * (double)load_us, r->teach_s[k] += 1e-6 * (double)teach_us;
-    r->teach_rss_kb[k] = rss;
-    r->proc_rss_kb[w - c->w] = rss;
-    ctl_lease_end(c, lid);
+    r->teach_loads[k] += x.loaded;
+    r->teach_load_s[k] += 1e-6 * (double)x.load_us, r->teach_s[k] += 1e-6 * (double)x.teach_us;
+    r->teach_rss_kb[k] = x.peak_rss_kb;
+    r->proc_rss_kb[w - c->w] = x.peak_rss_kb;
+    ctl_lease_end(c, x.lease);
     r->teach_lease[k] = 0;
 }
