@@ -1,5 +1,6 @@
 /*
-** cli.h — the one header of cli/: the prl command's subcommands and their shared helpers.
+** cli.h — the one public header of cli/ (bench.h is private to `prl bench`): the prl command's
+** subcommands and their shared helpers.
 **
 ** Error model (tools): a subcommand prints "prl <cmd>: <message>" to stderr and returns a
 ** non-zero exit code (2 for bad usage, 1 for everything else); nothing is ever left half
