@@ -139,6 +139,15 @@ int cli_setup_blas(const char *cmd, int threads)
     return 0;
 }
 
+int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precision, const char *mla,
+                      const char *matmul)
+{
+    if (prl_infer_options_preset(io, precision ? precision : "fp32") ||
+        prl_infer_options_set(io, NULL, mla, matmul))
+        return cli_failf(cmd, 2, "%s", prl_error_message());
+    return 0;
+}
+
 prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok)
 {
     return prl_checkpoint_load_tokenizer(m, dir, tok);

@@ -372,9 +372,7 @@ int cmd_bench_decode(int argc, char **argv)
         p = *end ? end + 1 : end;
     }
     prl_infer_options io;
-    if (prl_infer_options_preset(&io, a.precision ? a.precision : "fp32") ||
-        prl_infer_options_set(&io, NULL, a.mla, a.matmul))
-        return cli_failf("bench", 2, "%s", prl_error_message());
+    if (cli_infer_options("bench", &io, a.precision, a.mla, a.matmul)) return 2;
     if (cli_setup_blas("bench", a.threads)) return 1;
     char dir[] = "/tmp/prl-bench-decode-XXXXXX";
     if (!mkdtemp(dir)) return cli_failf("bench", 1, "cannot make a temporary directory: %m");

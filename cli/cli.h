@@ -42,6 +42,10 @@ int cli_failf(const char *cmd, int code, const char *fmt, ...) __attribute__((fo
 /* Set up BLAS and the thread pool (threads <= 0: default) and print the blas line to
 ** stderr. Returns 0 or prints the error and returns 1. */
 int cli_setup_blas(const char *cmd, int threads);
+/* The infer path's options from the preset `precision` (NULL: fp32), then the knobs mla and
+** matmul (NULL: the preset's). Returns 0 or prints the error and returns 2 (bad usage). */
+int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precision, const char *mla,
+                      const char *matmul);
 /* prl_checkpoint_load_tokenizer (cmd_bench.c, until its split lands).
 */
 prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok);
