@@ -148,11 +148,6 @@ int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precis
     return 0;
 }
 
-prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok)
-{
-    return prl_checkpoint_load_tokenizer(m, dir, tok);
-}
-
 prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, size_t *n)
 {
     *ids = NULL;

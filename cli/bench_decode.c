@@ -381,7 +381,7 @@ int cmd_bench_decode(int argc, char **argv)
     const char *ckpt = a.ckpt;
     char made[sizeof dir + 16];
     if (a.ckpt) {
-        if (cli_load_checkpoint(a.ckpt, &m, &tok)) return cli_fail("bench");
+        if (prl_checkpoint_load_tokenizer(&m, a.ckpt, &tok)) return cli_fail("bench");
     } else { /* random weights, saved so the reference reads the very same ones */
         prl_config cfg;
         if (prl_config_load(&cfg, a.config) || prl_model_init(&m, &cfg)) return cli_fail("bench");

@@ -46,9 +46,6 @@ int cli_setup_blas(const char *cmd, int threads);
 ** matmul (NULL: the preset's). Returns 0 or prints the error and returns 2 (bad usage). */
 int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precision, const char *mla,
                       const char *matmul);
-/* prl_checkpoint_load_tokenizer (cmd_bench.c, until its split lands).
-*/
-prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok);
 /* The "ids" value of a JSONL line as token ids (malloc'd, caller frees); errors name
 ** FILE:LINE and the bad entry. */
 prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, size_t *n);
