@@ -139,9 +139,13 @@ int cli_setup_blas(const char *cmd, int threads)
     return 0;
 }
 
-prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok)
+int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precision, const char *mla,
+                      const char *matmul)
 {
-    return prl_checkpoint_load_tokenizer(m, dir, tok);
+    if (prl_infer_options_preset(io, precision ? precision : "fp32") ||
+        prl_infer_options_set(io, NULL, mla, matmul))
+        return cli_failf(cmd, 2, "%s", prl_error_message());
+    return 0;
 }
 
 prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, size_t *n)

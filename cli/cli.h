@@ -1,5 +1,6 @@
 /*
-** cli.h — the one header of cli/: the prl command's subcommands and their shared helpers.
+** cli.h — the one public header of cli/ (bench.h is private to `prl bench`): the prl command's
+** subcommands and their shared helpers.
 **
 ** Error model (tools): a subcommand prints "prl <cmd>: <message>" to stderr and returns a
 ** non-zero exit code (2 for bad usage, 1 for everything else); nothing is ever left half
@@ -41,9 +42,10 @@ int cli_failf(const char *cmd, int code, const char *fmt, ...) __attribute__((fo
 /* Set up BLAS and the thread pool (threads <= 0: default) and print the blas line to
 ** stderr. Returns 0 or prints the error and returns 1. */
 int cli_setup_blas(const char *cmd, int threads);
-/* prl_checkpoint_load_tokenizer (cmd_bench.c, until its split lands).
-*/
-prl_status cli_load_checkpoint(const char *dir, prl_model *m, prl_tokenizer **tok);
+/* The infer path's options from the preset `precision` (NULL: fp32), then the knobs mla and
+** matmul (NULL: the preset's). Returns 0 or prints the error and returns 2 (bad usage). */
+int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precision, const char *mla,
+                      const char *matmul);
 /* The "ids" value of a JSONL line as token ids (malloc'd, caller frees); errors name
 ** FILE:LINE and the bad entry. */
 prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, size_t *n);

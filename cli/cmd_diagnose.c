@@ -199,9 +199,7 @@ int cmd_diagnose(int argc, char **argv)
     a.step_seen = opts[2].seen;
     if ((rc = check_args(&a))) return rc;
     prl_infer_options io;
-    if (prl_infer_options_preset(&io, a.precision ? a.precision : "fp32") ||
-        prl_infer_options_set(&io, NULL, a.mla, a.matmul))
-        return cli_failf("diagnose", 2, "%s", prl_error_message());
+    if (cli_infer_options("diagnose", &io, a.precision, a.mla, a.matmul)) return 2;
     io.max_batch = a.batch;
     if (cli_setup_blas("diagnose", a.threads)) return 1;
     int threads = prl_pool_threads();

@@ -174,9 +174,7 @@ int cmd_generate(int argc, char **argv)
     if (a.n < 1) return cli_failf("generate", 2, "--n %d must be >= 1", a.n);
     if (a.routes && !a.json) return cli_failf("generate", 2, "--routes needs --json");
     prl_infer_options io;
-    if (prl_infer_options_preset(&io, a.precision ? a.precision : "fp32") ||
-        prl_infer_options_set(&io, NULL, a.mla, a.matmul))
-        return cli_failf("generate", 2, "%s", prl_error_message());
+    if (cli_infer_options("generate", &io, a.precision, a.mla, a.matmul)) return 2;
     io.max_batch = a.batch, io.spec_drafts = a.spec, io.spec_draft_vocab = a.spec_vocab;
     prl_sample_params check;
     prl_sample_params_default(&check);

@@ -150,9 +150,7 @@ int cmd_score(int argc, char **argv)
     if (!infer && (a.precision || a.mla || a.matmul))
         return cli_failf("score", 2, "--precision, --mla and --matmul apply to --path infer only");
     prl_infer_options io;
-    if (prl_infer_options_preset(&io, a.precision ? a.precision : "fp32") ||
-        prl_infer_options_set(&io, NULL, a.mla, a.matmul))
-        return cli_failf("score", 2, "%s", prl_error_message());
+    if (cli_infer_options("score", &io, a.precision, a.mla, a.matmul)) return 2;
     if (!(a.temperature > 0)) return cli_failf("score", 2, "--temperature must be > 0");
     if (cli_setup_blas("score", a.threads)) return 1;
     prl_model m;

@@ -1,7 +1,7 @@
 /*
 ** spec_decode.c — acceptance rules of self-speculative decoding (greedy and modified
 ** rejection sampling). The draft and verify passes and the cache rollback are the infer
-** path's (infer.c, "self-speculative decoding"); the maths is docs/infer.md.
+** path's (infer_spec.c); the maths is docs/infer.md.
 */
 #include "engine/spec_decode.h"
 

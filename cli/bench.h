@@ -1,0 +1,33 @@
+/*
+** bench.h — private to `prl bench` (cmd_bench.c, bench.c, bench_*.c): the four benches'
+** entry points and what they share. Everything else in cli/ includes cli/cli.h only.
+*/
+#ifndef PRL_CLI_BENCH_H
+#define PRL_CLI_BENCH_H
+
+#include "cli/cli.h"
+
+#ifndef PRL_SOURCE_DIR
+#define PRL_SOURCE_DIR "."
+#endif
+
+/* `prl bench NAME [options]`: argv[2] is NAME, the options start at argv[3]. Exit codes as
+** cli.h says (0, 2 for bad usage, 1 otherwise). */
+int cmd_bench_train(int argc, char **argv);    /* bench_train.c: a training step vs PyTorch */
+int cmd_bench_decode(int argc, char **argv);   /* bench_decode.c: KV-cached decoding vs PyTorch */
+int cmd_bench_sandbox(int argc, char **argv);  /* bench_sandbox.c: sandboxed vs bare executions */
+int cmd_bench_pipeline(int argc, char **argv); /* bench_pipeline.c: prl run, sync vs async */
+
+/* The median of v[0..n), n >= 1 (sorts v in place). */
+double bench_median(double *v, int n);
+
+/* Run the PyTorch reference as a child process — `'python' 'reference' ARGS`, ARGS from fmt —
+** with prl's BLAS core and thread count in its environment (OPENBLAS_CORETYPE,
+** OPENBLAS_NUM_THREADS, OMP_NUM_THREADS), and parse the first JSON object of its output
+** (up to 1 MiB) into *root (caller decrefs; NULL when there is none). *out (may be NULL) gets
+** that output, NUL-terminated (caller frees). A child that cannot start or exits non-zero is
+** PRL_ERR_IO naming the command. */
+prl_status bench_reference(const char *python, const char *reference, json_t **root, char **out,
+                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+#endif /* PRL_CLI_BENCH_H */

@@ -1,0 +1,477 @@
+/*
+** bench_decode.c — `prl bench decode`: prl's infer path against the PyTorch reference.
+**
+** Greedy KV-cached generation of the same prompts (random token ids from the seed, written
+** to a file both engines read) at each batch size, prl's infer path against
+** reference/pangu_ref.py bench-decode with the same config, weights, threads, BLAS core and
+** MLA form; prefill and decode timed apart (prl's prefill is a run with one new token),
+** medians over rounds, decode tokens/s and their ratio, KV-cache bytes per token, and the
+** caches as allocated at contexts 64..512 (whole-context, DSA indexer, SWA rings). With
+** --spec, self-speculative decoding timed against plain decoding on the same requests.
+*/
+#include "cli/bench.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct decode_args {
+    const char *config, *ckpt, *python, *reference, *batches, *precision, *mla, *matmul;
+    int prompt_len, new_tokens, rounds, warmup, threads, json, no_reference;
+    int spec; /* > 0: also time self-speculative decoding with this many MTP drafts */
+    int spec_vocab; /* > 0: the drafts' head covers ids [0, spec_vocab) */
+    const char *prompts; /* JSONL of real prompts (generate's formats) instead of random ids */
+    double temperature;  /* 0 = greedy */
+    uint64_t seed;
+} decode_args;
+
+/* What one timed generation runs: the requests (all decoded with max_batch = the batch size)
+** and the sampler. Random prompts: greedy, stops off, every sequence makes new_tokens. Real
+** prompts (--prompts): stops at <|eos|> / <|end|>, so sequences end where the model ends them
+** and acceptance is measured on the text the model really writes. */
+typedef struct decode_run {
+    prl_gen_request *q;
+    int n;
+    prl_sample_params sp;
+    int32_t stop_ids[2];
+} decode_run;
+
+typedef struct decode_result {
+    int batch;
+    double prl_prefill, prl_decode, ref_prefill, ref_decode;
+    int greedy_agree; /* leading tokens of sequence 0 equal in both engines */
+    size_t ref_kv_bytes;
+    char ref_info[64];
+    double spec_decode, spec_speedup; /* speculative: median decode time, median of the
+                                      ** per-round plain/speculative decode-time ratios */
+    prl_spec_stats spec;              /* counters over the timed rounds */
+    prl_spec_stats plain;             /* the plain engine's passes over the same rounds */
+    int spec_agree;                   /* leading tokens of sequence 0 equal to plain greedy's */
+    long plain_tokens, spec_tokens;   /* decode tokens of one round (the last), all sequences */
+    long spec_equal;                  /* tokens equal to plain's at the same place, all sequences */
+    int n_seq;                        /* sequences per round */
+} decode_result;
+
+/* Seconds of prl's generation of at most n_new tokens for every request of `run`; *decoded
+** (may be NULL) gets the tokens made after each sequence's first (which comes with the
+** prefill); tokens (may be NULL) gets sequence i's tokens at [i·n_new ..], lens[i] their
+** count. */
+static prl_status prl_generate_time(prl_infer *e, const decode_run *run, int n_new, double *seconds,
+                                    long *decoded, int32_t *tokens, int *lens)
+{
+    prl_sample_params sp = run->sp;
+    sp.max_new_tokens = n_new;
+    sp.stop_ids = run->stop_ids;
+    prl_gen_result *r = calloc((size_t)run->n, sizeof *r);
+    double t0 = prl_now();
+    prl_status rc = prl_infer_generate(e, run->q, run->n, &sp, r, NULL, NULL);
+    *seconds = prl_now() - t0;
+    if (decoded) *decoded = 0;
+    for (int i = 0; rc == PRL_OK && i < run->n; i++) {
+        if (decoded) *decoded += r[i].n - 1;
+        if (tokens) memcpy(tokens + (size_t)i * n_new, r[i].tokens, (size_t)r[i].n * sizeof *tokens);
+        if (lens) lens[i] = r[i].n;
+    }
+    for (int i = 0; i < run->n; i++) prl_gen_result_free(&r[i]);
+    free(r);
+    return rc;
+}
+
+static prl_status write_prompts(const char *path, int32_t *ids, int B, int P)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return prl_error_set(PRL_ERR_IO, "cannot write %s: %m", path);
+    fputc('[', f);
+    for (int b = 0; b < B; b++) {
+        fputs(b ? ",[" : "[", f);
+        for (int t = 0; t < P; t++) fprintf(f, t ? ",%d" : "%d", ids[b * P + t]);
+        fputc(']', f);
+    }
+    fputs("]\n", f);
+    return fclose(f) ? prl_error_set(PRL_ERR_IO, "cannot write %s: %m", path) : PRL_OK;
+}
+
+/* The reference's bench-decode on the same checkpoint and prompts. */
+static prl_status ref_decode(const decode_args *a, const char *ckpt, const char *prompts,
+                             const char *mla, decode_result *d, const int32_t *prl_tokens)
+{
+    json_t *root;
+    prl_status rc = bench_reference(a->python, a->reference, &root, NULL,
+                                    "bench-decode --ckpt '%s' --prompts '%s' --new-tokens %d --threads %d "
+                                    "--rounds %d --warmup %d --mla %s --json",
+                                    ckpt, prompts, a->new_tokens, prl_blas_threads(), a->rounds, a->warmup, mla);
+    if (rc) return rc;
+    json_t *pre = json_object_get(root, "prefill_seconds_median"), *dec = json_object_get(root, "decode_seconds_median");
+    if (!json_is_number(pre) || !json_is_number(dec)) {
+        json_decref(root);
+        return prl_error_set(PRL_ERR_FORMAT, "reference output lacks prefill/decode medians");
+    }
+    d->ref_prefill = json_number_value(pre), d->ref_decode = json_number_value(dec);
+    d->ref_kv_bytes = (size_t)json_integer_value(json_object_get(root, "kv_cache_bytes_per_token"));
+    json_t *tok = json_object_get(root, "tokens_first_sequence");
+    d->greedy_agree = 0;
+    for (size_t i = 0; i < json_array_size(tok) && (int)i < a->new_tokens; i++) {
+        if (json_integer_value(json_array_get(tok, i)) != prl_tokens[i]) break;
+        d->greedy_agree++;
+    }
+    json_t *ver = json_object_get(root, "torch_version");
+    snprintf(d->ref_info, sizeof d->ref_info, "torch %s", json_is_string(ver) ? json_string_value(ver) : "?");
+    json_decref(root);
+    return PRL_OK;
+}
+
+/* Leading tokens of sequence 0 that two runs share, and tokens equal at the same place over
+** every sequence (greedy speculative decoding must give plain decoding's tokens exactly). */
+static void tokens_compare(decode_result *d, const int32_t *x, const int *xl, const int32_t *y,
+                           const int *yl, int n_seq, int N)
+{
+    d->spec_agree = 0;
+    while (d->spec_agree < xl[0] && d->spec_agree < yl[0] && x[d->spec_agree] == y[d->spec_agree])
+        d->spec_agree++;
+    d->spec_equal = 0;
+    for (int i = 0; i < n_seq; i++)
+        for (int t = 0; t < xl[i] && t < yl[i]; t++)
+            d->spec_equal += x[(size_t)i * N + t] == y[(size_t)i * N + t];
+}
+
+static prl_spec_stats stats_since(const prl_infer *e, prl_spec_stats b)
+{
+    prl_spec_stats a = prl_infer_spec_stats(e);
+    return (prl_spec_stats){.drafted = a.drafted - b.drafted, .accepted = a.accepted - b.accepted,
+                            .steps = a.steps - b.steps, .emitted = a.emitted - b.emitted,
+                            .passes = a.passes - b.passes, .pass_s = a.pass_s - b.pass_s,
+                            .draft_s = a.draft_s - b.draft_s, .verify_s = a.verify_s - b.verify_s,
+                            .accept_s = a.accept_s - b.accept_s};
+}
+
+/* Speculative decoding (a->spec MTP drafts) against plain decoding on engine `plain`, the
+** two timed in alternate rounds (prefill subtracted as above): median decode time, median of
+** the per-round ratios of decode tokens/s (with sampling or stops the two may make different
+** numbers of tokens), acceptance counters, and whether the tokens are plain's. */
+static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_options io,
+                             prl_infer *plain, const decode_run *run, decode_result *d)
+{
+    int N = a->new_tokens, n = run->n;
+    io.spec_drafts = a->spec, io.spec_draft_vocab = a->spec_vocab;
+    prl_infer *e = NULL;
+    prl_status rc = prl_infer_init(&e, m, &io);
+    double *ps = calloc((size_t)a->rounds, sizeof *ps), *ss = calloc((size_t)a->rounds, sizeof *ss);
+    double *ratio = calloc((size_t)a->rounds, sizeof *ratio), pre = 0, all = 0;
+    int32_t *want = calloc((size_t)n * N, sizeof *want), *got = calloc((size_t)n * N, sizeof *got);
+    int *want_len = calloc((size_t)n, sizeof *want_len), *got_len = calloc((size_t)n, sizeof *got_len);
+    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, run, N, &all, NULL, NULL, NULL);
+    prl_spec_stats before = rc ? (prl_spec_stats){0} : prl_infer_spec_stats(e);
+    prl_spec_stats plain_before = prl_infer_spec_stats(plain);
+    for (int i = 0; !rc && i < a->rounds; i++) {
+        long first = 0;
+        rc = prl_generate_time(plain, run, 1, &pre, NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(plain, run, N, &all, &d->plain_tokens, want, want_len);
+        ps[i] = all - pre;
+        if (!rc) rc = prl_generate_time(e, run, 1, &pre, &first, NULL, NULL);
+        if (!rc) rc = prl_generate_time(e, run, N, &all, &d->spec_tokens, got, got_len);
+        ss[i] = all - pre;
+        ratio[i] = (d->spec_tokens / ss[i]) / (d->plain_tokens / ps[i]);
+    }
+    if (!rc) {
+        d->spec = stats_since(e, before), d->plain = stats_since(plain, plain_before);
+        d->spec_decode = bench_median(ss, a->rounds), d->spec_speedup = bench_median(ratio, a->rounds);
+        tokens_compare(d, want, want_len, got, got_len, n, N);
+    }
+    prl_infer_free(e);
+    free(ps), free(ss), free(ratio), free(want), free(got), free(want_len), free(got_len);
+    return rc;
+}
+
+/* The requests of one batch size: B random prompts of prompt_len ids (written to `file` for
+** the reference), or every prompt of --prompts. *max_prompt gets the longest. */
+static prl_status decode_requests(const decode_args *a, const prl_model *m, const prl_tokenizer *tok,
+                                  int B, const char *file, decode_run *run, int32_t **ids,
+                                  cli_prompts *pl, int *max_prompt)
+{
+    prl_sample_params_default(&run->sp);
+    run->sp.temperature = a->temperature, run->sp.seed = a->seed;
+    run->stop_ids[0] = PRL_TOKEN_EOS, run->stop_ids[1] = PRL_TOKEN_END;
+    if (a->prompts) {
+        prl_status rc = cli_prompts_read(NULL, a->prompts, 0, tok, pl);
+        if (rc) return rc;
+        run->n = pl->n, run->sp.n_stop_ids = 2;
+        run->sp.vocab_limit = tok ? prl_tokenizer_vocab_size(tok) : 0;
+        run->q = calloc((size_t)run->n, sizeof *run->q);
+        *max_prompt = 0;
+        for (int i = 0; i < run->n; i++) {
+            run->q[i] = (prl_gen_request){.prompt = pl->ids[i], .prompt_len = pl->len[i], .seq_id = (uint64_t)i};
+            *max_prompt = pl->len[i] > *max_prompt ? pl->len[i] : *max_prompt;
+        }
+        return PRL_OK;
+    }
+    int P = a->prompt_len;
+    *ids = malloc((size_t)B * P * sizeof **ids);
+    prl_rng r;
+    prl_rng_init(&r, a->seed, (uint64_t)B, 0, 0, PRL_RNG_TEST);
+    for (int i = 0; i < B * P; i++) (*ids)[i] = 16 + (int32_t)(prl_rng_u64(&r) % (uint64_t)(m->cfg.vocab_size - 16));
+    run->n = B, run->sp.n_stop_ids = 0, *max_prompt = P;
+    run->q = calloc((size_t)B, sizeof *run->q);
+    for (int b = 0; b < B; b++) run->q[b] = (prl_gen_request){.prompt = *ids + (size_t)b * P, .prompt_len = P, .seq_id = (uint64_t)b};
+    return write_prompts(file, *ids, B, P);
+}
+
+static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const prl_tokenizer *tok,
+                                     const char *ckpt, const char *dir, prl_infer_options io, int B,
+                                     decode_result *d)
+{
+    int N = a->new_tokens, P = 0;
+    int32_t *ids = NULL;
+    decode_run run = {0};
+    cli_prompts pl = {0};
+    char prompts[4200];
+    snprintf(prompts, sizeof prompts, "%s/prompts-%d.json", dir, B);
+    prl_status rc = decode_requests(a, m, tok, B, prompts, &run, &ids, &pl, &P);
+    int32_t *tokens = calloc((size_t)run.n * N + 1, sizeof *tokens); /* every sequence's */
+    io.max_batch = B, io.max_len = P + N;
+    prl_infer *e = NULL;
+    if (!rc && io.max_len > m->cfg.max_position_embeddings)
+        rc = prl_error_set(PRL_ERR_ARG, "prompt %d + --new-tokens %d exceeds max_position_embeddings %d",
+                           P, N, m->cfg.max_position_embeddings);
+    if (!rc) rc = prl_infer_init(&e, m, &io);
+    double *pre = calloc((size_t)a->rounds, sizeof *pre), *all = calloc((size_t)a->rounds, sizeof *all), t;
+    long *dec = calloc((size_t)a->rounds, sizeof *dec);
+    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, &run, N, &t, NULL, NULL, NULL);
+    /* prl's rounds straddle the reference's, so drift of the shared machine hits both */
+    int half = a->rounds / 2;
+    for (int i = 0; !rc && i < half; i++) {
+        rc = prl_generate_time(e, &run, 1, &pre[i], NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(e, &run, N, &all[i], &dec[i], tokens, NULL);
+    }
+    d->batch = B, d->n_seq = run.n;
+    if (!rc && !a->no_reference) rc = ref_decode(a, ckpt, prompts, io.mla == PRL_MLA_NAIVE ? "naive" : "absorbed", d, tokens);
+    for (int i = half; !rc && i < a->rounds; i++) {
+        rc = prl_generate_time(e, &run, 1, &pre[i], NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(e, &run, N, &all[i], &dec[i], tokens, NULL);
+    }
+    if (!rc) {
+        d->prl_prefill = bench_median(pre, a->rounds);
+        for (int i = 0; i < a->rounds; i++) all[i] -= pre[i];
+        d->prl_decode = bench_median(all, a->rounds);
+        d->plain_tokens = dec[a->rounds - 1];
+    }
+    if (!rc && a->spec > 0) rc = bench_spec(a, m, io, e, &run, d);
+    prl_infer_free(e);
+    free(pre), free(all), free(dec), free(run.q), free(ids), free(tokens);
+    cli_prompts_free(&pl);
+    return rc;
+}
+
+/* The formula of one sequence's cache bytes at an n-token context, from the config alone:
+** whole-context layers n × row, DSA indexer keys n × d_I per DSA layer, each sliding-window
+** layer min(n, W) × row, where row = r_kv + d_r floats (naive form: + H·(d_n + d_v)). */
+static prl_kv_alloc kv_formula_at(const prl_config *c, int naive, int n)
+{
+    size_t row = ((size_t)(c->kv_lora_rank + c->qk_rope_head_dim) +
+                  (naive ? (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) : 0)) *
+                 sizeof(float);
+    prl_kv_alloc f = {.n_dsa = c->n_dsa_layers};
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int W = prl_config_window(c, l);
+        if (W > 0) f.ring += (size_t)(W < n ? W : n) * row, f.n_ring++;
+        else f.full += (size_t)n * row, f.n_full++;
+    }
+    f.index = (size_t)n * c->index_head_dim * c->n_dsa_layers * sizeof(float);
+    return f;
+}
+
+/* Decode memory by context length, measured: for n = 64, 128, 256, 512 (capped at
+** max_position_embeddings), an engine with one slot of n rows reports its caches as allocated
+** (prl_infer_kv_alloc), split into whole-context layers (DSA indexer keys apart) and
+** sliding-window rings; beside them the formula, so a mismatch shows. */
+static prl_status print_kv_by_context(const prl_model *m, prl_infer_options io, int json)
+{
+    const prl_config *c = &m->cfg;
+    int naive = io.mla == PRL_MLA_NAIVE;
+    const char *row = naive ? "(r_kv + d_r + H(d_n + d_v))" : "(r_kv + d_r)";
+    static const int ctxs[] = {64, 128, 256, 512};
+    if (json) printf(", \"kv_by_context\": [");
+    else printf("  KV cache by context, one sequence, as allocated (formula: whole-context layers "
+                "n x %s x layers; indexer n x index_head_dim x DSA layers; SWA min(n, W) x %s x "
+                "layers; x 4 bytes):\n  %7s %26s %26s %26s %12s\n", row, row, "context",
+                "whole-context [formula]", "DSA indexer [formula]", "SWA rings [formula]", "total");
+    for (int i = 0, last = 0; i < 4 && !last; i++) {
+        int n = ctxs[i] < c->max_position_embeddings ? ctxs[i] : c->max_position_embeddings;
+        last = n == c->max_position_embeddings;
+        io.max_batch = 1, io.max_len = n, io.spec_drafts = 0;
+        prl_infer *e = NULL;
+        prl_status rc = prl_infer_init(&e, m, &io);
+        if (rc) return rc;
+        prl_kv_alloc a = prl_infer_kv_alloc(e), f = kv_formula_at(c, naive, n);
+        prl_infer_free(e);
+        size_t total = a.full + a.index + a.ring;
+        if (json)
+            printf("%s{\"context\": %d, \"whole_context_bytes\": %zu, \"whole_context_layers\": %d, "
+                   "\"dsa_index_bytes\": %zu, \"dsa_layers\": %d, \"swa_bytes\": %zu, \"swa_layers\": %d, "
+                   "\"total_bytes\": %zu, \"whole_context_formula\": %zu, \"dsa_index_formula\": %zu, "
+                   "\"swa_formula\": %zu}", i ? ", " : "", n, a.full, a.n_full, a.index, a.n_dsa,
+                   a.ring, a.n_ring, total, f.full, f.index, f.ring);
+        else
+            printf("  %7d %12zu [%11zu] %12zu [%11zu] %12zu [%11zu] %12zu\n", n, a.full, f.full,
+                   a.index, f.index, a.ring, f.ring, total);
+    }
+    if (json) printf("]");
+    return PRL_OK;
+}
+
+int cmd_bench_decode(int argc, char **argv)
+{
+    decode_args a = {.config = PRL_SOURCE_DIR "/configs/models/tiny.json", .python = "/usr/bin/python3",
+                     .reference = PRL_SOURCE_DIR "/reference/pangu_ref.py", .batches = "1,16",
+                     .prompt_len = 32, .new_tokens = 64, .rounds = 5, .warmup = 1, .seed = 1};
+    cli_opt opts[] = {
+        {"config", OPT_STR, &a.config, "CONFIG", "model config, random weights (default configs/models/tiny.json)", 0, 0},
+        {"ckpt", OPT_STR, &a.ckpt, "DIR", "a checkpoint instead of --config", 0, 0},
+        {"batch", OPT_STR, &a.batches, "LIST", "batch sizes, comma-separated (default 1,16)", 0, 0},
+        {"prompt-len", OPT_INT, &a.prompt_len, "P", "prompt tokens (default 32)", 0, 0},
+        {"new-tokens", OPT_INT, &a.new_tokens, "N", "generated tokens per sequence (default 64)", 0, 0},
+        {"rounds", OPT_INT, &a.rounds, "R", "timed generations per engine (default 5)", 0, 0},
+        {"warmup", OPT_INT, &a.warmup, "N", "untimed generations first (default 1)", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P", "prl's infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
+        {"mla", OPT_STR, &a.mla, "FORM", "absorbed or naive (both engines; default: the preset's)", 0, 0},
+        {"matmul", OPT_STR, &a.matmul, "KIND", "prl's matmul kind: gemv, gemm, blas", 0, 0},
+        {"threads", OPT_INT, &a.threads, "N", "threads for both engines (default: all CPUs)", 0, 0},
+        {"seed", OPT_U64, &a.seed, "S", "seed of the weights and prompts (default 1)", 0, 0},
+        {"python", OPT_STR, &a.python, "PATH", "python with torch (default /usr/bin/python3)", 0, 0},
+        {"reference", OPT_STR, &a.reference, "FILE", "reference script (default reference/pangu_ref.py)", 0, 0},
+        {"no-reference", OPT_FLAG, &a.no_reference, NULL, "time prl only", 0, 0},
+        {"spec", OPT_INT, &a.spec, "D", "also time self-speculative decoding with D MTP drafts "
+         "(needs num_nextn_predict_layers >= D)", 0, 0},
+        {"spec-vocab", OPT_INT, &a.spec_vocab, "S", "with --spec: the drafts' head covers token ids "
+         "[0, S) only (default 0 = all)", 0, 0},
+        {"prompts", OPT_STR, &a.prompts, "FILE", "real prompts: JSONL as prl generate --input (e.g. "
+         "prl tasks generate --split eval); every batch size decodes them all, stopping at <|eos|>/<|end|>; "
+         "prl only", 0, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T", "sampling temperature (default 0 = greedy); "
+         "> 0 is prl only", 0, 0},
+        {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
+        {0},
+    };
+    int rc = cli_parse(argc, argv, 3, opts, "prl bench decode [--config CONFIG|--ckpt DIR] [--batch 1,16] [--json]",
+                       "Times greedy KV-cached decoding of prl's infer path and of the PyTorch "
+                       "reference on the same weights, prompts, threads, BLAS core and MLA form.",
+                       NULL, 0, NULL);
+    if (rc) return rc == CLI_HELP ? 0 : 2;
+    if (a.prompt_len < 1 || a.new_tokens < 2 || a.rounds < 1 || a.warmup < 0 || a.spec < 0 ||
+        !(a.temperature >= 0))
+        return cli_failf("bench", 2, "--prompt-len >= 1, --new-tokens >= 2, --rounds >= 1, --warmup >= 0, "
+                         "--spec >= 0, --temperature >= 0");
+    /* the reference times greedy decoding of equal-length random prompts only */
+    if (a.prompts || a.temperature > 0) a.no_reference = 1;
+    int batches[16], nb = 0;
+    for (const char *p = a.batches; *p && nb < 16;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 256 || (*end && *end != ','))
+            return cli_failf("bench", 2, "--batch '%s': expected comma-separated sizes in [1, 256]", a.batches);
+        batches[nb++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    prl_infer_options io;
+    if (cli_infer_options("bench", &io, a.precision, a.mla, a.matmul)) return 2;
+    if (cli_setup_blas("bench", a.threads)) return 1;
+    char dir[] = "/tmp/prl-bench-decode-XXXXXX";
+    if (!mkdtemp(dir)) return cli_failf("bench", 1, "cannot make a temporary directory: %m");
+    prl_model m;
+    prl_tokenizer *tok = NULL;
+    const char *ckpt = a.ckpt;
+    char made[sizeof dir + 16];
+    if (a.ckpt) {
+        if (prl_checkpoint_load_tokenizer(&m, a.ckpt, &tok)) return cli_fail("bench");
+    } else { /* random weights, saved so the reference reads the very same ones */
+        prl_config cfg;
+        if (prl_config_load(&cfg, a.config) || prl_model_init(&m, &cfg)) return cli_fail("bench");
+        prl_model_init_weights(&m, a.seed);
+        snprintf(made, sizeof made, "%s/ckpt", dir);
+        if (prl_checkpoint_save(&m, NULL, NULL, NULL, made)) return cli_fail("bench");
+        ckpt = made;
+    }
+    if (!a.prompts && a.prompt_len + a.new_tokens > m.cfg.max_position_embeddings)
+        return cli_failf("bench", 2, "--prompt-len + --new-tokens = %d exceeds max_position_embeddings %d",
+                         a.prompt_len + a.new_tokens, m.cfg.max_position_embeddings);
+    decode_result res[16] = {0};
+    for (int i = 0; i < nb; i++) {
+        if (bench_decode_batch(&a, &m, tok, ckpt, dir, io, batches[i], &res[i])) return cli_fail("bench");
+        fprintf(stderr, "bench: batch %d done\n", batches[i]);
+    }
+    char desc[128];
+    prl_infer_options_describe(&io, desc, sizeof desc);
+    io.max_batch = 1, io.max_len = 2;
+    prl_infer *probe = NULL;
+    if (prl_infer_init(&probe, &m, &io)) return cli_fail("bench");
+    int ctx = a.prompt_len + a.new_tokens;
+    size_t kv = prl_infer_kv_bytes_per_token(probe), kv_seq = prl_infer_kv_bytes(probe, ctx);
+    prl_infer_free(probe);
+    const prl_config *c = &m.cfg;
+    int full_layers = c->num_hidden_layers - c->n_swa_layers;
+    /* a DSA layer also caches its indexer key (index_head_dim floats per token) */
+    size_t kv_formula = ((size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * full_layers +
+                         (size_t)c->index_head_dim * c->n_dsa_layers) * sizeof(float);
+    if (a.json) printf("{\"model\": \"%s\", \"infer\": \"%s\", \"threads\": %d, \"blas_core\": \"%s\", "
+                       "\"prompt_len\": %d, \"new_tokens\": %d, \"rounds\": %d, \"kv_bytes_per_token\": %zu, "
+                       "\"kv_bytes_formula\": %zu, \"kv_bytes_per_sequence\": %zu",
+                       a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
+                       a.new_tokens, a.rounds, kv, kv_formula, kv_seq);
+    else printf("model %s, %s, threads %d, blas %s, prompt %d + %d new tokens, medians of %d rounds\n"
+                "  KV cache: %zu bytes/token in the %d whole-context layers (formula ((kv_lora_rank + "
+                "qk_rope_head_dim) x those layers + index_head_dim x %d DSA layers) x 4 = %zu); %d "
+                "sliding-window layers keep at most W rows; one sequence of %d tokens holds %zu bytes\n",
+                a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
+                a.new_tokens, a.rounds, kv, full_layers, c->n_dsa_layers, kv_formula, c->n_swa_layers,
+                ctx, kv_seq);
+    if (print_kv_by_context(&m, io, a.json)) return cli_fail("bench");
+    if (a.json) printf(", \"results\": [");
+    for (int i = 0; i < nb; i++) {
+        decode_result *d = &res[i];
+        double toks = (double)d->plain_tokens; /* the first token comes with the prefill */
+        double prl_tps = toks / d->prl_decode, ref_tps = d->ref_decode > 0 ? (double)d->batch * a.new_tokens / d->ref_decode : 0;
+        if (a.json) {
+            printf("%s{\"batch\": %d, \"prl_prefill_s\": %.5f, \"prl_decode_s\": %.5f, \"prl_decode_tokens_per_s\": %.1f, "
+                   "\"torch_prefill_s\": %.5f, \"torch_decode_s\": %.5f, \"torch_decode_tokens_per_s\": %.1f, "
+                   "\"ratio_prl_over_torch\": %.2f, \"torch_kv_bytes_per_token\": %zu, \"greedy_tokens_agree\": %d, "
+                   "\"reference\": \"%s\"", i ? ", " : "", d->batch, d->prl_prefill, d->prl_decode, prl_tps,
+                   d->ref_prefill, d->ref_decode, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, d->ref_kv_bytes,
+                   d->greedy_agree, a.no_reference ? "skipped" : d->ref_info);
+            if (a.spec > 0)
+                printf(", \"spec_drafts\": %d, \"spec_decode_s\": %.5f, \"spec_decode_tokens_per_s\": %.1f, "
+                       "\"spec_speedup_median\": %.3f, \"spec_acceptance\": %.4f, "
+                       "\"spec_tokens_per_sequence_step\": %.3f, \"spec_greedy_tokens_agree\": %d, "
+                       "\"spec_tokens_equal_plain\": %ld, \"plain_tokens\": %ld, \"sequences\": %d",
+                       a.spec, d->spec_decode, d->spec_tokens / d->spec_decode, d->spec_speedup,
+                       d->spec.drafted ? (double)d->spec.accepted / d->spec.drafted : 0,
+                       d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0, d->spec_agree,
+                       d->spec_equal, d->plain_tokens + d->n_seq, d->n_seq);
+            printf("}");
+            continue;
+        }
+        printf("  batch %3d: prl %8.1f tokens/s (prefill %.4f s)", d->batch, prl_tps, d->prl_prefill);
+        if (ref_tps > 0)
+            printf("   pytorch %8.1f tokens/s (prefill %.4f s)   ratio %.1fx   greedy tokens agree %d/%d",
+                   ref_tps, d->ref_prefill, prl_tps / ref_tps, d->greedy_agree, a.new_tokens);
+        printf("\n");
+        if (a.spec > 0)
+            printf("             speculative (%d drafts) %8.1f tokens/s   speed-up %.2fx (median of "
+                   "per-round ratios)   acceptance %.1f%% (%ld/%ld drafts)   %.2f tokens per "
+                   "sequence step   tokens equal plain's %ld/%ld (%d sequences)\n",
+                   a.spec, d->spec_tokens / d->spec_decode, d->spec_speedup,
+                   d->spec.drafted ? 100.0 * d->spec.accepted / d->spec.drafted : 0.0,
+                   d->spec.accepted, d->spec.drafted,
+                   d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0.0, d->spec_equal,
+                   d->plain_tokens + d->n_seq, d->n_seq);
+        if (a.spec > 0 && d->spec.passes > 0 && d->plain.passes > 0) {
+            double pp = 1e3 * d->plain.pass_s / d->plain.passes, n = (double)d->spec.passes;
+            printf("             profile per pass: plain %.3f ms; speculative %.3f ms = %.2fx plain "
+                   "(MTP drafts %.3f, verify %.3f, accept %.3f ms)\n", pp, 1e3 * d->spec.pass_s / n,
+                   1e3 * d->spec.pass_s / n / pp, 1e3 * d->spec.draft_s / n, 1e3 * d->spec.verify_s / n,
+                   1e3 * d->spec.accept_s / n);
+        }
+    }
+    if (a.json) printf("]}\n");
+    prl_tokenizer_free(tok);
+    prl_model_free(&m);
+    return 0;
+}

@@ -1,0 +1,550 @@
+/*
+** infer_forward.c — the infer path's forward over a set of rows (tokens at positions of
+** sequences in cache slots): MLA attention with the per-sequence caches (absorbed or naive
+** form, sliding-window rings, parameter sinks, ModAttn convs, the DSA indexer), the dense FFN
+** and the MoE with route capture, the residual glue (mHC sites, sandwich and block post-
+** norms), and the trunk driver infer__forward_rows(). Every kernel computes a row from that
+** row's inputs alone, in a fixed order (infer.c).
+*/
+#include "engine/infer_int.h"
+#include "engine/dsa.h"
+#include "engine/mhc.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ attention ------- */
+
+/* Cache rows of position `pos` of the sequence in `slot`: row pos of the whole-context
+** cache, or row pos mod W of a sliding-window layer's ring. */
+static float *lat_row(const prl_infer *e, int l, int slot, int pos)
+{
+    const layer_w *w = &e->lw[l];
+    return e->cache_lat + w->lat_off + ((size_t)slot * w->cap + pos % w->cap) * e->lat;
+}
+
+static float *kv_row(const prl_infer *e, int l, int slot, int pos)
+{
+    const layer_w *w = &e->lw[l];
+    return e->cache_kv + w->kv_off + ((size_t)slot * w->cap + pos % w->cap) * e->H * e->dkv;
+}
+
+/* A ring layer keeps only W cache rows, so during a call its keys come from two places: the
+** rows of this call (rows_buf, written to the ring only after every row has attended) and
+** the ring (older positions). NULL: a position the ring no longer holds; no row of the call
+** can see it. */
+static int is_ring(const prl_infer *e, int l) { return e->lw[l].cap < e->opt.max_len; }
+
+static const float *key_row(const prl_infer *e, int l, int slot, int q, int naive)
+{
+    const rows_buf *b = &e->rb;
+    int f = b->first_pos[slot];
+    if (q >= f) {
+        size_t r = (size_t)(b->first_row[slot] + q - f);
+        return naive ? b->kvx + r * e->H * e->dkv : b->lat + r * e->lat;
+    }
+    if (q < f - e->lw[l].cap) return NULL;
+    return naive ? kv_row(e, l, slot, q) : lat_row(e, l, slot, q);
+}
+
+typedef struct att_ctx {
+    prl_infer *e;
+    int l, R;
+    int *run_start, *run_rows; /* naive: row chunks of one sequence at consecutive positions */
+    int n_runs;
+} att_ctx;
+
+/* Naive form: the train path's prl_attention_rows on the cached per-head keys and values
+** (gathered in position order for a ring layer) and the layer's sinks. */
+static void naive_task(void *p, int t)
+{
+    att_ctx *c = p;
+    prl_infer *e = c->e;
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[c->l];
+    int run = t / e->H, h = t % e->H, r0 = c->run_start[run], rows = c->run_rows[run];
+    int slot = b->slot[r0], p0 = b->pos[r0], p1 = p0 + rows, ldS = e->ns + e->opt.max_len;
+    float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
+    prl_attn_keys kk = {.window = w->window, .ns = e->ns};
+    if (w->dsa_sparse) kk.sel = b->dsel + (size_t)r0 * e->opt.max_len, kk.ldsel = e->opt.max_len;
+    if (e->ns > 0) {
+        kk.sk = w->sink_kv + (size_t)h * e->dkv, kk.ldsk = e->H * e->dkv;
+        kk.skr = w->sink_lat + e->rkv, kk.ldskr = e->lat;
+    }
+    if (!is_ring(e, c->l)) {
+        kk.k = kv_row(e, c->l, slot, 0) + (size_t)h * e->dkv, kk.ldk = e->H * e->dkv;
+        kk.kr = lat_row(e, c->l, slot, 0) + e->rkv, kk.ldkr = e->lat;
+    } else { /* keys [k0, p1) in position order: [k_nope | v | k_r] per row */
+        int wk = e->dkv + e->dr;
+        float *g = S + (size_t)PRL_ATT_BLOCK * ldS;
+        kk.k0 = prl_attention_key_start(p0, w->window);
+        for (int q = kk.k0; q < p1; q++) {
+            const float *kv = key_row(e, c->l, slot, q, 1), *lat = key_row(e, c->l, slot, q, 0);
+            float *dst = g + (size_t)(q - kk.k0) * wk;
+            if (!kv) {
+                memset(dst, 0, (size_t)wk * sizeof *dst);
+                continue;
+            }
+            memcpy(dst, kv + (size_t)h * e->dkv, (size_t)e->dkv * sizeof *dst);
+            memcpy(dst + e->dkv, lat + e->rkv, (size_t)e->dr * sizeof *dst);
+        }
+        kk.k = g, kk.ldk = wk, kk.kr = g + e->dkv, kk.ldkr = wk;
+    }
+    prl_attention_rows(b->o + (size_t)r0 * e->H * e->dv + (size_t)h * e->dv, e->H * e->dv, S,
+                       S + e->ns, ldS, b->q + (size_t)r0 * e->H * e->dq + (size_t)h * e->dq,
+                       e->H * e->dq, &kk, p0, p1, e->dn, e->dr, e->dv);
+}
+
+/* y[i] += a·x[i] (8 lanes at a time; each element's operations are the same either way). */
+static void axpy(float *restrict y, float a, const float *restrict x, int n)
+{
+    int i = 0;
+    v8f va = {a, a, a, a, a, a, a, a};
+    for (; i + 8 <= n; i += 8) {
+        v8f u, v;
+        memcpy(&u, x + i, sizeof u);
+        memcpy(&v, y + i, sizeof v);
+        v = v + va * u;
+        memcpy(y + i, &v, sizeof v);
+    }
+    for (; i < n; i++) y[i] = y[i] + a * x[i];
+}
+
+/* The sinks' part of an absorbed row, merged exactly into the tokens' part (docs/model.md,
+** "two-part softmax"): per head, the sink scores' max m_A, sum l_A and normalised latent
+** output o_A, then o = (l_A e^{m_A−m} o_A + l_B e^{m_B−m} o_B) / (l_A e^{m_A−m} + l_B e^{m_B−m})
+** with m = max(m_A, m_B), where the tokens' part (m_B, l_B, o_B) is already in `ov`. */
+static void merge_sinks(const prl_infer *e, const layer_w *w, const float *qa, float *ov,
+                        const float *mB, const float *lB, float *Ss, float *oA, float scale)
+{
+    int H = e->H, ns = e->ns, lat = e->lat, rkv = e->rkv;
+    for (int h = 0; h < H; h++) {
+        float *S = Ss + (size_t)h * ns, *o = oA + (size_t)h * rkv, mA, lA = 0;
+        infer__dots(S, qa + (size_t)h * lat, w->sink_lat, lat, ns, lat);
+        mA = scale * S[0];
+        for (int i = 0; i < ns; i++) S[i] = scale * S[i], mA = S[i] > mA ? S[i] : mA;
+        memset(o, 0, (size_t)rkv * sizeof *o);
+        for (int i = 0; i < ns; i++) {
+            lA += (S[i] = prl_expf(S[i] - mA));
+            axpy(o, S[i], w->sink_lat + (size_t)i * lat, rkv);
+        }
+        float m = mA > mB[h] ? mA : mB[h];
+        float a = lA * prl_expf(mA - m), bb = lB[h] * prl_expf(mB[h] - m), inv = 1 / (a + bb);
+        float *out = ov + (size_t)h * rkv;
+        for (int i = 0; i < rkv; i++) out[i] = (a * (o[i] / lA) + bb * out[i]) * inv;
+    }
+}
+
+/* Absorbed form for one row, all heads together: each query absorbs W_UK, the scores and the
+** weighted sums run on the shared latent rows [c_kv; k_r] (every cache row is read once for
+** all heads; a ring layer's window is first gathered in position order), the sinks are
+** merged in, and W_UV maps each head's result back to d_v. */
+static void absorbed_task(void *p, int r)
+{
+    att_ctx *c = p;
+    prl_infer *e = c->e;
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[c->l];
+    int H = e->H, L = e->opt.max_len, lat = e->lat, rkv = e->rkv, pos = b->pos[r];
+    int lo = w->window > 0 && pos - w->window + 1 > 0 ? pos - w->window + 1 : 0, n = pos + 1 - lo;
+    float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
+    float *qa = S + (size_t)H * L, *ov = qa + (size_t)H * lat, *Ss = ov + (size_t)H * rkv;
+    float *oA = Ss + (size_t)H * e->ns, *mB = oA + (size_t)H * rkv, *lB = mB + H, *g = lB + H;
+    const float *q = b->q + (size_t)r * H * e->dq;
+    for (int h = 0; h < H; h++) {
+        infer__dots(qa + (size_t)h * lat, q + (size_t)h * e->dq, w->wuk_t + (size_t)h * rkv * e->dn, e->dn,
+             rkv, e->dn);
+        memcpy(qa + (size_t)h * lat + rkv, q + (size_t)h * e->dq + e->dn, (size_t)e->dr * sizeof *qa);
+    }
+    infer__act_round(e, qa, (size_t)H * lat);
+    const float *cache = lat_row(e, c->l, b->slot[r], lo);
+    if (is_ring(e, c->l)) {
+        for (int s = 0; s < n; s++)
+            memcpy(g + (size_t)s * lat, key_row(e, c->l, b->slot[r], lo + s, 0), (size_t)lat * sizeof *g);
+        cache = g;
+    }
+    /* S[h][s] = qa_h · cache_s in 2-head × 4-key tiles */
+    for (int s0 = 0; s0 < n; s0 += 4)
+        for (int h0 = 0; h0 < H; h0 += 2)
+            infer__gemv_tile(qa + (size_t)h0 * lat, lat, H - h0 < 2 ? H - h0 : 2, cache + (size_t)s0 * lat,
+                      lat, n - s0 < 4 ? n - s0 : 4, lat, S + (size_t)h0 * L + s0, L);
+    float scale = (float)(1.0 / sqrt((double)e->dq));
+    /* a DSA layer's row sees only its selected tokens (lo = 0: DSA layers never slide) */
+    const uint8_t *sel = w->dsa_sparse ? b->dsel + (size_t)r * L : NULL;
+    for (int h = 0; h < H; h++) { /* softmax, normalised in place */
+        float *Sh = S + (size_t)h * L, mx = -INFINITY, sum = 0;
+        for (int s = 0; s < n; s++)
+            if (!sel || sel[s]) Sh[s] = scale * Sh[s], mx = Sh[s] > mx ? Sh[s] : mx;
+        for (int s = 0; s < n; s++) sum += (Sh[s] = !sel || sel[s] ? prl_expf(Sh[s] - mx) : 0);
+        float inv = 1 / sum;
+        for (int s = 0; s < n; s++) Sh[s] *= inv;
+        mB[h] = mx, lB[h] = sum;
+    }
+    memset(ov, 0, (size_t)H * rkv * sizeof *ov);
+    for (int s = 0; s < n; s++)
+        for (int h = 0; h < H; h++)
+            axpy(ov + (size_t)h * rkv, S[(size_t)h * L + s], cache + (size_t)s * lat, rkv);
+    if (e->ns > 0) merge_sinks(e, w, qa, ov, mB, lB, Ss, oA, scale);
+    infer__act_round(e, ov, (size_t)H * rkv);
+    for (int h = 0; h < H; h++)
+        infer__dots(b->o + (size_t)r * H * e->dv + (size_t)h * e->dv, ov + (size_t)h * rkv,
+             w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
+}
+
+/* Rows of one sequence at consecutive positions form a run, cut into query blocks. */
+static int build_runs(const rows_buf *b, int R, int *start, int *rows)
+{
+    int n = 0;
+    for (int r = 0; r < R;) {
+        int r1 = r + 1;
+        while (r1 < R && r1 - r < PRL_ATT_BLOCK && b->slot[r1] == b->slot[r] &&
+               b->pos[r1] == b->pos[r1 - 1] + 1)
+            r1++;
+        start[n] = r, rows[n] = r1 - r, n++;
+        r = r1;
+    }
+    return n;
+}
+
+/* ModAttn conv `which` of layer l over this call's R rows: y = z + conv(z) (input row r at
+** z + r·ldz), by the train path's prl_conv_row. Inputs before a slot's first row in the call
+** come from its state, none before position 0. The state is a history of conv_hist inputs
+** per slot indexed by position (row q mod conv_hist): k − 1 rows, plus the speculative
+** spare rows, so a rollback to an earlier length finds its k − 1 inputs (docs/infer.md). */
+static void conv_rows(prl_infer *e, int l, int which, float *y, const float *z, int ldz, int R)
+{
+    rows_buf *b = &e->rb;
+    int k = e->ck, C = infer__conv_channels(e, which), hist = e->conv_hist;
+    float *state = e->lw[l].conv_state[which];
+    const float *x[16];
+    /* the input at position q of the slot's sequence, NULL before position 0 */
+#define CONV_IN(s, q)                                                                         \
+    ((q) < 0 ? NULL                                                                           \
+     : (q) >= b->first_pos[s]                                                                 \
+         ? z + (size_t)(b->first_row[s] + (q) - b->first_pos[s]) * ldz                         \
+         : state + ((size_t)(s) * hist + (size_t)(q) % hist) * C)
+    for (int r = 0; r < R; r++) {
+        int s = b->slot[r];
+        for (int j = 0; j < k; j++) x[j] = CONV_IN(s, b->pos[r] - (k - 1) + j);
+        prl_conv_row(y + (size_t)r * C, x, e->lw[l].conv_w[which], C, k);
+    }
+    infer__act_round(e, y, (size_t)R * C);
+    for (int r = 0; r < R; r++) /* the call's inputs join the history after every read, in
+                                   ** position order: a slot keeps its last hist inputs */
+        memcpy(state + ((size_t)b->slot[r] * hist + (size_t)b->pos[r] % hist) * C,
+               z + (size_t)r * ldz, (size_t)C * sizeof(float));
+#undef CONV_IN
+}
+
+/* This call's keys of layer l into the cache (a ring keeps the last W positions). */
+static void write_cache(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    for (int r = 0; r < R; r++) {
+        memcpy(lat_row(e, l, b->slot[r], b->pos[r]), b->lat + (size_t)r * e->lat,
+               (size_t)e->lat * sizeof(float));
+        if (e->opt.mla == PRL_MLA_NAIVE)
+            memcpy(kv_row(e, l, b->slot[r], b->pos[r]), b->kvx + (size_t)r * e->H * e->dkv,
+                   (size_t)e->H * e->dkv * sizeof(float));
+    }
+}
+
+/* The DSA indexer of layer l for this call's rows (ln and cq ready): each row's indexer key
+** into the cache, then, in the sparse stage, each row's top-k over the cached keys of its
+** sequence (positions 0..pos, this call's rows included) into rb.dsel — with the train
+** path's ops (dsa.c), so the aligned preset selects the same tokens bit for bit. */
+static void indexer_rows(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    int HI = e->HI, dI = e->dI, L = e->opt.max_len;
+    infer__linear(e, b->iq, b->cq, R, &w->ix_wq_b);
+    prl_rope_at(b->iq, e->rope_cos, e->rope_sin, b->pos, R, HI, dI, 0, HI * dI, e->dr);
+    infer__act_round(e, b->iq, (size_t)R * HI * dI);
+    infer__linear(e, b->ikz, b->ln, R, &w->ix_wk);
+    prl_rmsnorm_forward(b->ik, b->rstd, b->ikz, w->ix_k_norm, R, dI, dI, dI, PRL_LATENT_NORM_EPS);
+    prl_rope_at(b->ik, e->rope_cos, e->rope_sin, b->pos, R, 1, dI, 0, dI, e->dr);
+    infer__act_round(e, b->ik, (size_t)R * dI);
+    infer__linear(e, b->iw, b->ln, R, &w->ix_wproj);
+    float hs = (float)(1.0 / sqrt((double)HI));
+    for (size_t i = 0; i < (size_t)R * HI; i++) b->iw[i] *= hs;
+    infer__act_round(e, b->iw, (size_t)R * HI);
+    for (int r = 0; r < R; r++)
+        memcpy(e->cache_idx + w->idx_off + ((size_t)b->slot[r] * L + b->pos[r]) * dI,
+               b->ik + (size_t)r * dI, (size_t)dI * sizeof(float));
+    if (!w->dsa_sparse) return;
+    for (int r = 0; r < R; r++) {
+        int n = b->pos[r] + 1;
+        prl_dsa_score_row(b->iscore, b->iq + (size_t)r * HI * dI, b->iw + (size_t)r * HI,
+                          e->cache_idx + w->idx_off + (size_t)b->slot[r] * L * dI, dI, n, HI, dI);
+        infer__act_round(e, b->iscore, (size_t)n); /* the scores are a stored op output: the top-k reads them */
+        prl_dsa_select_row(b->dsel + (size_t)r * L, b->iscore, n, e->m->cfg.index_topk);
+    }
+}
+
+/* ln (R, d) → tmp (R, d): MLA with the cache. A whole-context layer writes the new keys into
+** the cache first, so a prefill row sees the earlier rows of its own call there; a ring layer
+** reads them from the call's rows and writes them after attending. */
+static void attention(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    int H = e->H;
+    infer__linear(e, b->zq, b->ln, R, &w->wq_a);
+    const float *zq = b->zq, *ckv_in = b->kva, *o_out = b->o;
+    int ckv_stride = e->lat, ck = e->ck && l < e->L; /* MTP layers have no convs */
+    if (ck) { /* ModAttn: before the query and latent norms, after the heads */
+        conv_rows(e, l, CONV_Q, b->zqc, b->zq, e->rq, R);
+        zq = b->zqc;
+    }
+    prl_rmsnorm_forward(b->cq, b->rstd, zq, w->q_norm, R, e->rq, e->rq, e->rq, PRL_LATENT_NORM_EPS);
+    infer__act_round(e, b->cq, (size_t)R * e->rq);
+    infer__linear(e, b->q, b->cq, R, &w->wq_b);
+    prl_rope_at(b->q, e->rope_cos, e->rope_sin, b->pos, R, H, e->dq, e->dn, H * e->dq, e->dr);
+    infer__act_round(e, b->q, (size_t)R * H * e->dq);
+    infer__fault(e, l, "attn.q", b->q, (size_t)R * H * e->dq);
+    infer__linear(e, b->kva, b->ln, R, &w->wkv_a);
+    if (ck) {
+        conv_rows(e, l, CONV_KV, b->kvc, b->kva, e->lat, R);
+        ckv_in = b->kvc, ckv_stride = e->rkv;
+    }
+    prl_rmsnorm_forward(b->ckv, b->rstd, ckv_in, w->kv_norm, R, e->rkv, ckv_stride, e->rkv,
+                        PRL_LATENT_NORM_EPS);
+    infer__act_round(e, b->ckv, (size_t)R * e->rkv);
+    infer__fault(e, l, "attn.kv_latent", b->ckv, (size_t)R * e->rkv);
+    for (int r = 0; r < R; r++)
+        memcpy(b->kr + (size_t)r * e->dr, b->kva + (size_t)r * e->lat + e->rkv, (size_t)e->dr * sizeof(float));
+    prl_rope_at(b->kr, e->rope_cos, e->rope_sin, b->pos, R, 1, e->dr, 0, e->dr, e->dr);
+    infer__act_round(e, b->kr, (size_t)R * e->dr);
+    for (int r = 0; r < R; r++) {
+        float *row = b->lat + (size_t)r * e->lat;
+        memcpy(row, b->ckv + (size_t)r * e->rkv, (size_t)e->rkv * sizeof(float));
+        memcpy(row + e->rkv, b->kr + (size_t)r * e->dr, (size_t)e->dr * sizeof(float));
+    }
+    if (e->opt.mla == PRL_MLA_NAIVE) infer__linear(e, b->kvx, b->ckv, R, &w->wkv_b);
+    if (w->dsa) indexer_rows(e, l, R);
+    int ring = is_ring(e, l);
+    if (!ring) write_cache(e, l, R);
+    att_ctx c = {.e = e, .l = l, .R = R};
+    int keys = w->window > 0 && w->window < b->pos[R - 1] + 1 ? w->window : b->pos[R - 1] + 1;
+    if (e->opt.mla == PRL_MLA_NAIVE) {
+        int *runs = malloc(2 * (size_t)R * sizeof *runs);
+        PRL_ASSERT(runs != NULL);
+        c.run_start = runs, c.run_rows = runs + R;
+        c.n_runs = build_runs(b, R, c.run_start, c.run_rows);
+        infer__run_tasks(c.n_runs * H, naive_task, &c, (double)R * H * (keys + e->ns) * (e->dq + e->dv));
+        free(runs);
+    } else {
+        infer__run_tasks(R, absorbed_task, &c, (double)R * H * (keys + e->ns) * (2 * e->lat));
+    }
+    if (ring) write_cache(e, l, R);
+    infer__act_round(e, b->o, (size_t)R * H * e->dv);
+    if (ck) {
+        conv_rows(e, l, CONV_O, b->oc, b->o, H * e->dv, R);
+        o_out = b->oc;
+    }
+    infer__linear(e, b->tmp, o_out, R, &w->wo);
+    infer__fault(e, l, "attn.out", b->tmp, (size_t)R * e->d);
+    infer__emit(e, l, "attn.q", b->q, R, H * e->dq);
+    infer__emit(e, l, "attn.kv_latent", b->ckv, R, e->rkv);
+    infer__emit(e, l, "attn.out", b->tmp, R, e->d);
+}
+
+/* ------------------------------------------------------------------ FFN / MoE ------- */
+
+/* out (R, d) = SwiGLU of in with stacked gate/up `w13` and down `w2`. */
+static void swiglu(prl_infer *e, float *out, const float *in, int R, const lin *w13, const lin *w2)
+{
+    rows_buf *b = &e->rb;
+    int F = w13->out / 2;
+    infer__linear(e, b->a13, in, R, w13);
+    prl_silu_mul_forward(b->h, b->a13, R, F);
+    infer__act_round(e, b->h, (size_t)R * F);
+    infer__linear(e, out, b->h, R, w2);
+}
+
+/* ln (R, d) → tmp (R, d) = shared(ln) + Σ_k g_k·expert_k(ln), routes recorded per row. */
+static void moe(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    int E = e->E, K = e->K, d = e->d;
+    infer__linear(e, b->z, b->ln, R, &w->router);
+    infer__fault(e, l, "moe.router_logits", b->z, (size_t)R * E);
+    const prl_real *bias = e->m->router_bias + (size_t)w->moe * E;
+    for (int r = 0; r < R; r++) {
+        prl_moe_gate_forward(b->sel + (size_t)r * K, b->g + (size_t)r * K, b->s + (size_t)r * E,
+                             b->z + (size_t)r * E, bias, NULL, E, K, e->m->cfg.norm_topk_prob,
+                             e->m->cfg.routed_scaling_factor);
+        if (w->moe >= e->n_moe) continue; /* an MTP layer: its routes are not recorded */
+        int32_t *dst = e->slots[b->slot[r]].routes + ((size_t)b->pos[r] * e->n_moe + w->moe) * K;
+        memcpy(dst, b->sel + (size_t)r * K, (size_t)K * sizeof *dst);
+    }
+    /* group (row, slot) pairs by expert, rows in order */
+    int32_t *off = b->offsets;
+    memset(off, 0, (size_t)(E + 1) * sizeof *off);
+    for (int i = 0; i < R * K; i++) off[b->sel[i] + 1]++;
+    for (int x = 0; x < E; x++) off[x + 1] += off[x];
+    for (int x = 0, cursor; x < E; x++) {
+        cursor = off[x];
+        for (int i = 0; i < R * K; i++)
+            if (b->sel[i] == x) b->gpos[i] = cursor, b->token_of[cursor++] = i / K;
+    }
+    for (int q = 0; q < R * K; q++)
+        memcpy(b->xg + (size_t)q * d, b->ln + (size_t)b->token_of[q] * d, (size_t)d * sizeof(float));
+    if (e->sde > 0) swiglu(e, b->tmp, b->ln, R, &w->w13, &w->w2);
+    else memset(b->tmp, 0, (size_t)R * d * sizeof(float));
+    for (int x = 0; x < E; x++) {
+        int n = off[x + 1] - off[x];
+        if (!n) continue;
+        float *a13 = b->ea13 + (size_t)off[x] * 2 * e->de, *h = b->eh + (size_t)off[x] * e->de;
+        infer__linear(e, a13, b->xg + (size_t)off[x] * d, n, &w->e13[x]);
+        prl_silu_mul_forward(h, a13, n, e->de);
+        infer__act_round(e, h, (size_t)n * e->de);
+        infer__linear(e, b->yg + (size_t)off[x] * d, h, n, &w->e2[x]);
+    }
+    for (int r = 0; r < R; r++) { /* slots in order, as the train path adds them */
+        float *out = b->tmp + (size_t)r * d;
+        for (int k = 0; k < K; k++) {
+            float g = b->g[r * K + k];
+            const float *y = b->yg + (size_t)b->gpos[r * K + k] * d;
+            for (int i = 0; i < d; i++) out[i] += g * y[i];
+        }
+    }
+    infer__act_round(e, b->tmp, (size_t)R * d);
+    infer__fault(e, l, "moe.out", b->tmp, (size_t)R * d);
+    infer__emit(e, l, "moe.router_logits", b->z, R, E);
+    infer__emit(e, l, "moe.out", b->tmp, R, d);
+}
+
+/* ------------------------------------------------------------------ forward --------- */
+
+static void residual_add(const prl_infer *e, float *x, const float *y, int R)
+{
+    size_t n = (size_t)R * e->d;
+    for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+    infer__act_round(e, x, n);
+}
+
+/* ------------------------------------------------------------------ residual glue --- */
+
+/* The train path's residual glue (model.c site_enter / site_leave) on R rows, with the same
+** ops: mHC sites on the streams rb.xs, sandwich norms, block post-norms; rb.x is the sublayer
+** input (with mHC) or the plain residual. */
+
+static prl_mhc_shape rows_shape(const prl_infer *e, int R, int full)
+{
+    return (prl_mhc_shape){.N = R, .n = e->n_streams, .d = e->d, .it = e->m->cfg.mhc_recur_norm,
+                           .full = full};
+}
+
+/* A site's coefficients from the streams (φ through the infer path's linear). */
+static void hc_coefficients(prl_infer *e, int R, const lin *phi, const float *gamma,
+                            const float *alpha, const float *beta, int full)
+{
+    rows_buf *b = &e->rb;
+    prl_mhc_shape sh = rows_shape(e, R, full);
+    int nd = e->n_streams * e->d;
+    prl_rmsnorm_forward(b->hn, b->hrstd, b->xs, gamma, R, nd, nd, nd, e->m->cfg.rms_norm_eps);
+    infer__act_round(e, b->hn, (size_t)R * nd);
+    infer__linear(e, b->hm, b->hn, R, phi);
+    prl_mhc_coef_forward(b->pre, b->post, b->hS, b->hm, alpha, beta, sh);
+    prl_mhc_pre_forward(b->x, b->xs, b->pre, sh);
+    infer__act_round(e, b->x, (size_t)R * e->d);
+}
+
+static void hc_enter(prl_infer *e, int l, int site, int R)
+{
+    const layer_w *w = &e->lw[l];
+    if (e->m->cfg.use_mhc && l < e->L) /* MTP layers keep the plain residual */
+        hc_coefficients(e, R, &w->hc_phi[site], w->hc_gamma[site], w->hc_alpha[site],
+                        w->hc_beta[site], 1);
+}
+
+/* tmp (the sublayer's output) back into the residual. */
+static void hc_leave(prl_infer *e, int l, int site, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    const prl_config *c = &e->m->cfg;
+    int d = e->d, S = e->n_streams * d;
+    if (c->sandwich_norm) { /* in place: each row's sum is taken before it is overwritten */
+        prl_rmsnorm_forward(b->tmp, b->rstd, b->tmp, site ? w->ln_pm : w->ln_pa, R, d, d, d,
+                            c->rms_norm_eps);
+        infer__act_round(e, b->tmp, (size_t)R * d);
+    }
+    int mhc = c->use_mhc && l < e->L;
+    float *stream = mhc ? b->xs : b->x;
+    if (mhc) {
+        prl_mhc_shape sh = rows_shape(e, R, 1);
+        int ns = prl_mhc_states(sh), n2 = sh.n * sh.n;
+        prl_mhc_post_forward(b->xs2, b->tmp, b->xs, b->post, b->hS + (size_t)(ns - 1) * n2, ns * n2, sh);
+        float *t = b->xs;
+        b->xs = b->xs2, b->xs2 = t;
+        stream = b->xs;
+        infer__act_round(e, stream, (size_t)R * S);
+    } else {
+        residual_add(e, b->x, b->tmp, R);
+    }
+    if (site == 1 && w->ln_bp) {
+        prl_rmsnorm_forward(stream, b->rstd, stream, w->ln_bp, R, S, S, S, c->rms_norm_eps);
+        infer__act_round(e, stream, (size_t)R * S);
+    }
+}
+
+/* Rows rb.tok/slot/pos[0, R) through the model; leaves rb.logits [R, V]. */
+/* Each slot's first row in the call and its position (a slot's rows are consecutive). */
+void infer__rows_begin(prl_infer *e, int R)
+{
+    rows_buf *b = &e->rb;
+    for (int r = R - 1; r >= 0; r--)
+        b->first_row[b->slot[r]] = r, b->first_pos[b->slot[r]] = b->pos[r];
+}
+
+/* Decoder layer l on R rows: rb.x (or the streams rb.xs) in, out. */
+void infer__layer_rows(prl_infer *e, int l, int R)
+{
+    rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[l];
+    int d = e->d;
+    hc_enter(e, l, 0, R);
+    prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln1, R, d, d, d, e->m->cfg.rms_norm_eps);
+    infer__act_round(e, b->ln, (size_t)R * d);
+    attention(e, l, R);
+    hc_leave(e, l, 0, R);
+    hc_enter(e, l, 1, R);
+    prl_rmsnorm_forward(b->ln, b->rstd, b->x, w->ln2, R, d, d, d, e->m->cfg.rms_norm_eps);
+    infer__act_round(e, b->ln, (size_t)R * d);
+    if (w->moe >= 0) {
+        moe(e, l, R);
+    } else {
+        swiglu(e, b->tmp, b->ln, R, &w->w13, &w->w2);
+        infer__fault(e, l, "mlp.out", b->tmp, (size_t)R * d);
+        infer__emit(e, l, "mlp.out", b->tmp, R, d);
+    }
+    hc_leave(e, l, 1, R);
+}
+
+/* The trunk on R rows (tokens rb.tok at rb.pos of slots rb.slot): logits into rb.logits; rb.x
+** keeps h⁰, the merged hidden state before the final norm (the MTP modules' input). */
+void infer__forward_rows(prl_infer *e, int R)
+{
+    rows_buf *b = &e->rb;
+    int d = e->d;
+    infer__rows_begin(e, R);
+    for (int r = 0; r < R; r++)
+        memcpy(b->x + (size_t)r * d, e->embed + (size_t)b->tok[r] * d, (size_t)d * sizeof(float));
+    for (int r = 0; r < R && e->m->cfg.use_mhc; r++) /* every stream starts as the embedding */
+        for (int i = 0; i < e->n_streams; i++)
+            memcpy(b->xs + ((size_t)r * e->n_streams + i) * d, b->x + (size_t)r * d,
+                   (size_t)d * sizeof(float));
+    for (int l = 0; l < e->L; l++) infer__layer_rows(e, l, R);
+    if (e->m->cfg.use_mhc) /* the merge head */
+        hc_coefficients(e, R, &e->merge_phi, e->merge_gamma, e->merge_alpha, e->merge_beta, 0);
+    prl_rmsnorm_forward(b->ln, b->rstd, b->x, e->norm, R, d, d, d, e->m->cfg.rms_norm_eps);
+    infer__act_round(e, b->ln, (size_t)R * d);
+    infer__linear(e, b->logits, b->ln, R, &e->head);
+    infer__fault(e, -1, "final.logits", b->logits, (size_t)R * e->V);
+    infer__emit(e, -1, "final.logits", b->logits, R, e->V);
+}
