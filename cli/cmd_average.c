@@ -3,8 +3,9 @@
 ** (latest-weight averaging), written as a new checkpoint.
 **
 ** Why: a greedy-decoded policy can swing between neighbouring checkpoints of one run (docs/
-** opd.md: a student's Coding share went 12% → 125% → 84% at v300/v400/v500). The mean of the
-** last few kept checkpoints is a steadier policy than any one of them.
+** results/2026-11-30.md, the OPD top-k runs: a student's Coding share went 12% → 125% → 84% at
+** v300/v400/v500). The mean of the last few kept checkpoints is a steadier policy than any
+** one of them.
 **
 ** Every input must be the same model: the canonical config.json texts and the tokenizer.json
 ** bytes of each input equal the first's, or the command stops naming the file. The sum runs in

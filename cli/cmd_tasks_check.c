@@ -7,7 +7,7 @@
 ** (score, flags, checks; details of failed checks) and a summary with the mean score and the
 ** accuracy (share of score 1) per domain; --json writes the same as JSON objects. Programs run
 ** in the sandbox (exec_bridge.c). The reward-hacking monitor's findings are printed to
-** stderr and, with --monitor-log, appended as JSON records (docs/tasks.md).
+** stderr and, with --monitor-log, appended as JSON records (docs/rewards.md).
 */
 #include "cli/cli.h"
 #include "roles/roles.h"
@@ -41,7 +41,7 @@ static void print_text(int line_no, const char *id, const prl_reward_result *r)
     printf("\n");
 }
 
-/* `--json` record of one task (docs/tasks.md): where it came from, then the verifier's
+/* `--json` record of one task (docs/rewards.md): where it came from, then the verifier's
 ** result with `flags` as the names. */
 static json_t *result_json(int line_no, const char *id, const char *domain, const prl_reward_result *r)
 {

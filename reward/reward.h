@@ -10,7 +10,7 @@
 **           = Σ weight·passed / Σ weight − penalty  otherwise, clamped to [0, 1]
 **
 ** (checks of weight 0 are informational; the domains' checks, weights and penalties are in
-** docs/tasks.md). Programs — coding answers, python tool calls — are run through an
+** docs/rewards.md). Programs — coding answers, python tool calls — are run through an
 ** execution callback, never directly: the reward worker wires it to the sandbox service, the
 ** CLI to its local executor. A verifier never runs a program when it has no callback; it
 ** fails with PRL_ERR_ARG if it needs one.
@@ -90,7 +90,7 @@ typedef struct prl_reward_result {
     prl_reward_check checks[PRL_REWARD_MAX_CHECKS];
 } prl_reward_result;
 
-/* Penalties (docs/tasks.md). */
+/* Penalties (docs/rewards.md). */
 #define PRL_REWARD_TOOL_SYNTAX_PENALTY 0.2 /* per malformed tool call */
 #define PRL_REWARD_PARSE_PENALTY 0.25      /* per python tool call that does not parse */
 
