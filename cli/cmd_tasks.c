@@ -3,7 +3,7 @@
 ** SFT demonstrations, scoring of answers with the verifiers of reward/, and the SFT demo set.
 **
 ** Output goes to stdout or, with --out, to a file written atomically. `check` runs programs
-** in the sandbox (exec_bridge.c).
+** in the sandbox (roles/exec.c).
 */
 #include "cli/cli.h"
 #include "tasks/tasks.h"

@@ -6,7 +6,7 @@
 ** `prl tasks demos` lines, so demonstrations check as they are). Output: one line per task
 ** (score, flags, checks; details of failed checks) and a summary with the mean score and the
 ** accuracy (share of score 1) per domain; --json writes the same as JSON objects. Programs run
-** in the sandbox (exec_bridge.c). The reward-hacking monitor's findings are printed to
+** in the sandbox (roles/exec.c). The reward-hacking monitor's findings are printed to
 ** stderr and, with --monitor-log, appended as JSON records (docs/rewards.md).
 */
 #include "cli/cli.h"

@@ -1,5 +1,5 @@
 /*
-** test_grpo_trainer.c — the GRPO training step (grpo/trainer.c) on the micro model: the train
+** test_grpo_trainer.c — the GRPO training step (grpo/trainer.c, grpo/batch.c) on the micro model: the train
 ** message round trip and every malformed case named in its error, a fuzz of the unpacking,
 ** the first update's ratio of 1 (and a zero train–infer mismatch when the infer log-probs are
 ** the train path's), no change when every reward in a group is equal, a toy bandit that must

@@ -1,7 +1,7 @@
 /*
 ** test_sandbox_service.c — integration tests of the sandbox service: real `prl role
 ** sandbox` processes (PRL_BIN) bound at ipc:// sockets in a fresh temp dir, driven by the
-** client of sandbox/client.c and by raw DEALER sockets.
+** client of roles/sandbox_client.c and by raw DEALER sockets.
 **
 **   - exec round trips: ok, runtime_error, timeout, stdin echo (binary, byte-exact), sh;
 **   - requests the service refuses with an `error` naming the field (lang, wall_ms, program);
