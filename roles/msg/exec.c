@@ -55,12 +55,7 @@ static prl_status exec_decode(const prl_bus_msg *m, prl_msg_exec *x)
 prl_status prl_msg_exec_decode(const prl_bus_msg *m, prl_msg_exec *x)
 {
     memset(x, 0, sizeof *x);
-    prl_status rc = exec_decode(m, x);
-    if (rc) {
-        memset(x, 0, sizeof *x);
-        return prl_error_wrap(rc, "exec ");
-    }
-    return PRL_OK;
+    return msg_decoded(exec_decode(m, x), x, sizeof *x, "exec");
 }
 
 /* ---------------------------------------------------------------- exec_result ------ */
@@ -89,10 +84,6 @@ prl_status prl_msg_exec_result_decode(const prl_bus_msg *m, prl_msg_exec_result 
     if (!rc) rc = msg_uint(m, "wall_us", &x->wall_us);
     if (!rc) rc = msg_frame(m, "stdout", PRL_BUS_BYTES, SIZE_MAX, &out);
     if (!rc) rc = msg_frame(m, "stderr", PRL_BUS_BYTES, SIZE_MAX, &err);
-    if (rc) {
-        memset(x, 0, sizeof *x);
-        return prl_error_wrap(rc, "exec_result: ");
-    }
-    x->out = out->data, x->out_len = out->bytes, x->err = err->data, x->err_len = err->bytes;
-    return PRL_OK;
+    if (!rc) x->out = out->data, x->out_len = out->bytes, x->err = err->data, x->err_len = err->bytes;
+    return msg_decoded(rc, x, sizeof *x, "exec_result");
 }

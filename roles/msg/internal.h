@@ -35,6 +35,9 @@ prl_status msg_json(const prl_bus_msg *m, const char *name, json_t **out);
 prl_status msg_set_uint_opt(prl_bus_msg *m, const char *key, uint64_t v);
 /* Finish an encoder: on error free m (left empty) and prefix the error with the type. */
 prl_status msg_done(prl_status rc, prl_bus_msg *m, const char *type);
+/* Finish a decoder: on error zero x (of `size` bytes; the caller freed what it owns) and
+** prefix the error with the type. */
+prl_status msg_decoded(prl_status rc, void *x, size_t size, const char *type);
 
 /* The frames of a sequence batch (train.c): field count and frames tokens, offsets,
 ** prompt_lens (i32) and mask (u8). `add` writes them from b; `read` checks each one's

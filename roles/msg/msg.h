@@ -13,7 +13,9 @@
 **
 ** Conventions, for every type X:
 **   prl_msg_X_encode(&x, run, id, &m)  builds message m (initialised here; on error it is
-**                                      left empty) from x, refusing what the decoder would;
+**                                      left empty) from x: the codec's schema always, the
+**                                      batch rules for `train` and `teach`; the values of
+**                                      the other types are the decoder's to check;
 **   prl_msg_X_decode(&m, &x)           checks m and fills x; errors (PRL_ERR_FORMAT) start
 **                                      with the type and name the field or frame, and leave
 **                                      x empty. Pointer fields of x are views into m (valid

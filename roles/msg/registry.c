@@ -103,6 +103,13 @@ prl_status msg_set_uint_opt(prl_bus_msg *m, const char *key, uint64_t v)
     return v ? prl_bus_msg_set_uint(m, key, v) : PRL_OK;
 }
 
+prl_status msg_decoded(prl_status rc, void *x, size_t size, const char *type)
+{
+    if (!rc) return PRL_OK;
+    memset(x, 0, size);
+    return prl_error_wrap(rc, "%s: ", type);
+}
+
 prl_status msg_done(prl_status rc, prl_bus_msg *m, const char *type)
 {
     if (!rc) return PRL_OK;

@@ -63,11 +63,8 @@ prl_status prl_msg_work_decode(const prl_bus_msg *m, prl_msg_work *x)
 {
     memset(x, 0, sizeof *x);
     prl_status rc = work_decode(m, x);
-    if (rc) {
-        prl_msg_work_free(x);
-        return prl_error_wrap(rc, "work: ");
-    }
-    return PRL_OK;
+    if (rc) prl_msg_work_free(x);
+    return msg_decoded(rc, x, sizeof *x, "work");
 }
 
 void prl_msg_work_free(prl_msg_work *x)
@@ -198,11 +195,8 @@ prl_status prl_msg_result_decode(const prl_bus_msg *m, prl_msg_result *x)
 {
     memset(x, 0, sizeof *x);
     prl_status rc = result_decode(m, x);
-    if (rc) {
-        prl_msg_result_free(x);
-        return prl_error_wrap(rc, "result: ");
-    }
-    return PRL_OK;
+    if (rc) prl_msg_result_free(x);
+    return msg_decoded(rc, x, sizeof *x, "result");
 }
 
 void prl_msg_result_free(prl_msg_result *x)

@@ -69,11 +69,8 @@ prl_status prl_msg_score_decode(const prl_bus_msg *m, prl_msg_score *x)
 {
     memset(x, 0, sizeof *x);
     prl_status rc = score_decode(m, x);
-    if (rc) {
-        prl_msg_score_free(x);
-        return prl_error_wrap(rc, "score: ");
-    }
-    return PRL_OK;
+    if (rc) prl_msg_score_free(x);
+    return msg_decoded(rc, x, sizeof *x, "score");
 }
 
 void prl_msg_score_free(prl_msg_score *x)
@@ -121,11 +118,8 @@ prl_status prl_msg_scored_decode(const prl_bus_msg *m, prl_msg_scored *x)
 {
     memset(x, 0, sizeof *x);
     prl_status rc = scored_decode(m, x);
-    if (rc) {
-        prl_msg_scored_free(x);
-        return prl_error_wrap(rc, "scored: ");
-    }
-    return PRL_OK;
+    if (rc) prl_msg_scored_free(x);
+    return msg_decoded(rc, x, sizeof *x, "scored");
 }
 
 void prl_msg_scored_free(prl_msg_scored *x)

@@ -56,8 +56,7 @@ prl_status prl_msg_hello_decode(const prl_bus_msg *m, prl_msg_hello *x)
 {
     memset(x, 0, sizeof *x);
     prl_status rc = hello_decode(m, x);
-    if (rc) memset(x, 0, sizeof *x);
-    return rc ? prl_error_wrap(rc, "hello: ") : PRL_OK;
+    return msg_decoded(rc, x, sizeof *x, "hello");
 }
 
 /* ---------------------------------------------------------------- welcome ---------- */
@@ -83,11 +82,8 @@ prl_status prl_msg_welcome_decode(const prl_bus_msg *m, prl_msg_welcome *x)
     prl_job_config_default(&x->job);
     if (!rc) rc = prl_job_config_parse(&x->job, text, "the controller's welcome");
     free(text);
-    if (rc) {
-        prl_msg_welcome_free(x);
-        return prl_error_wrap(rc, "welcome: ");
-    }
-    return PRL_OK;
+    if (rc) prl_msg_welcome_free(x);
+    return msg_decoded(rc, x, sizeof *x, "welcome");
 }
 
 void prl_msg_welcome_free(prl_msg_welcome *x)
@@ -112,12 +108,8 @@ prl_status prl_msg_heartbeat_decode(const prl_bus_msg *m, prl_msg_heartbeat *x)
     memset(x, 0, sizeof *x);
     prl_status rc = msg_is(m, &prl_msg_heartbeat_spec);
     if (!rc) rc = msg_str(m, "worker", &x->worker);
-    if (rc) {
-        memset(x, 0, sizeof *x);
-        return prl_error_wrap(rc, "heartbeat: ");
-    }
     x->lease = msg_uint_or(m, "lease", 0);
-    return PRL_OK;
+    return msg_decoded(rc, x, sizeof *x, "heartbeat");
 }
 
 /* ---------------------------------------------------------------- stop, error, ack - */
@@ -133,10 +125,8 @@ prl_status prl_msg_stop_encode(const prl_msg_stop *x, const char *run, uint64_t 
 prl_status prl_msg_stop_decode(const prl_bus_msg *m, prl_msg_stop *x)
 {
     memset(x, 0, sizeof *x);
-    prl_status rc = msg_is(m, &prl_msg_stop_spec);
-    if (rc) return prl_error_wrap(rc, "stop: ");
     x->reason = msg_str_or(m, "reason", NULL);
-    return PRL_OK;
+    return msg_decoded(msg_is(m, &prl_msg_stop_spec), x, sizeof *x, "stop");
 }
 
 prl_status prl_msg_error_encode(const prl_msg_error *x, const char *run, uint64_t id,
@@ -158,13 +148,9 @@ prl_status prl_msg_error_decode(const prl_bus_msg *m, prl_msg_error *x)
     memset(x, 0, sizeof *x);
     prl_status rc = msg_is(m, &prl_msg_error_spec);
     if (!rc) rc = msg_str(m, "reason", &x->reason);
-    if (rc) {
-        memset(x, 0, sizeof *x);
-        return prl_error_wrap(rc, "error: ");
-    }
     x->ref = msg_uint_or(m, "ref", 0);
     x->has_lease = prl_bus_msg_get_uint(m, "lease", &x->lease) == PRL_OK;
-    return PRL_OK;
+    return msg_decoded(rc, x, sizeof *x, "error");
 }
 
 prl_status prl_msg_ack_encode(const prl_msg_ack *x, const char *run, uint64_t id, prl_bus_msg *m)
@@ -180,10 +166,6 @@ prl_status prl_msg_ack_decode(const prl_bus_msg *m, prl_msg_ack *x)
     memset(x, 0, sizeof *x);
     prl_status rc = msg_is(m, &prl_msg_ack_spec);
     if (!rc) rc = msg_uint(m, "ref", &x->ref);
-    if (rc) {
-        memset(x, 0, sizeof *x);
-        return prl_error_wrap(rc, "ack: ");
-    }
     x->lease = msg_uint_or(m, "lease", 0);
-    return PRL_OK;
+    return msg_decoded(rc, x, sizeof *x, "ack");
 }

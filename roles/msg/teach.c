@@ -59,11 +59,8 @@ prl_status prl_msg_teach_decode(const prl_bus_msg *m, prl_msg_teach *x)
 {
     memset(x, 0, sizeof *x);
     prl_status rc = teach_decode(m, x);
-    if (rc) {
-        prl_msg_teach_free(x);
-        return prl_error_wrap(rc, "teach message: ");
-    }
-    return PRL_OK;
+    if (rc) prl_msg_teach_free(x);
+    return msg_decoded(rc, x, sizeof *x, "teach message");
 }
 
 void prl_msg_teach_free(prl_msg_teach *x)
@@ -125,11 +122,7 @@ prl_status prl_msg_taught_decode(const prl_bus_msg *m, prl_msg_taught *x)
 {
     memset(x, 0, sizeof *x);
     prl_status rc = taught_decode(m, x);
-    if (rc) {
-        memset(x, 0, sizeof *x);
-        return prl_error_wrap(rc, "taught: ");
-    }
-    return PRL_OK;
+    return msg_decoded(rc, x, sizeof *x, "taught");
 }
 
 prl_status prl_msg_taught_scores(const prl_msg_taught *x, const prl_grpo_batch *item, int topk,

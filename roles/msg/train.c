@@ -199,11 +199,8 @@ prl_status prl_msg_train_decode(const prl_bus_msg *m, int opd_topk, prl_msg_trai
 {
     memset(x, 0, sizeof *x);
     prl_status rc = train_decode(m, opd_topk, x);
-    if (rc) {
-        prl_msg_train_free(x);
-        return prl_error_wrap(rc, "train message: ");
-    }
-    return PRL_OK;
+    if (rc) prl_msg_train_free(x);
+    return msg_decoded(rc, x, sizeof *x, "train message");
 }
 
 void prl_msg_train_free(prl_msg_train *x)
@@ -251,11 +248,8 @@ prl_status prl_msg_trained_decode(const prl_bus_msg *m, prl_msg_trained *x)
 {
     memset(x, 0, sizeof *x);
     prl_status rc = trained_decode(m, x);
-    if (rc) {
-        prl_msg_trained_free(x);
-        return prl_error_wrap(rc, "trained: ");
-    }
-    return PRL_OK;
+    if (rc) prl_msg_trained_free(x);
+    return msg_decoded(rc, x, sizeof *x, "trained");
 }
 
 void prl_msg_trained_free(prl_msg_trained *x)
@@ -284,9 +278,5 @@ prl_status prl_msg_weights_decode(const prl_bus_msg *m, prl_msg_weights *x)
     if (!rc) rc = msg_uint(m, "version", &x->version);
     if (!rc) rc = msg_hex64(m, "ckpt_checksum", &x->ckpt_checksum);
     if (!rc) rc = msg_str(m, "path", &x->path);
-    if (rc) {
-        memset(x, 0, sizeof *x);
-        return prl_error_wrap(rc, "weights: ");
-    }
-    return PRL_OK;
+    return msg_decoded(rc, x, sizeof *x, "weights");
 }
