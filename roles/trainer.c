@@ -94,6 +94,7 @@ static prl_status run_step(trainer *t, const prl_msg_train *x, const prl_grpo_tr
 /* The train message of m: with opd.enabled its teacher frames (opd.topk of them) too. */
 static prl_status decode_train(const trainer *t, const prl_bus_msg *m, prl_msg_train *x)
 {
+    memset(x, 0, sizeof *x);
     int topk = -1;
     if (t->role.job.opd_enabled) {
         prl_opd_config oc;
