@@ -429,9 +429,9 @@ static void residual_add(const prl_infer *e, float *x, const float *y, int R)
 
 /* ------------------------------------------------------------------ residual glue --- */
 
-/* The train path's residual glue (model.c site_enter / site_leave) on R rows, with the same
-** ops: mHC sites on the streams rb.xs, sandwich norms, block post-norms; rb.x is the sublayer
-** input (with mHC) or the plain residual. */
+/* The train path's residual glue (model_residual.c, model__site_enter / model__site_leave) on
+** R rows, with the same ops: mHC sites on the streams rb.xs, sandwich norms, block post-norms;
+** rb.x is the sublayer input (with mHC) or the plain residual. */
 
 static prl_mhc_shape rows_shape(const prl_infer *e, int R, int full)
 {

@@ -2,10 +2,10 @@
 ** mhc.c — mHC hyper-connections: Sinkhorn, the coefficient heads, hc_pre, hc_post and a
 ** whole site (norm + φ + heads), each a forward/backward pair (engine/mhc.h has the maths).
 **
-** It does not know the model's layout: model.c (train path) and infer_forward.c (infer path) call
-** the same functions, so the aligned infer preset gives the train path's bits. Per-token
-** work runs over fixed row blocks (prl_parallel_rows); sums over tokens (α, β gradients) are
-** taken serially in token order.
+** It does not know the model's layout: model_residual.c (train path) and infer_forward.c
+** (infer path) call the same functions, so the aligned infer preset gives the train path's
+** bits. Per-token work runs over fixed row blocks (prl_parallel_rows); sums over tokens (α, β
+** gradients) are taken serially in token order.
 */
 #include "engine/mhc.h"
 

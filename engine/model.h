@@ -138,7 +138,7 @@ typedef int (*prl_tensor_hook)(void *user, const char *name, const prl_real *dat
 
 /* ---------------------------------------------------------------- model ------------ */
 
-typedef struct prl_acts prl_acts; /* activations and scratch, private to model.c */
+typedef struct prl_acts prl_acts; /* activations and scratch, private to model*.c */
 
 typedef struct prl_model {
     prl_config cfg;

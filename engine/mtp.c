@@ -1,7 +1,7 @@
 /*
 ** mtp.c — the MTP-only ops: an MTP module's input (enorm, hnorm, eh_proj) and the shifted
 ** tokens/targets/weights of depth k. The module's decoder layer and head are the model's
-** ordinary code (model.c drives them); the maths is docs/model.md "Multi-token prediction".
+** ordinary code (model_mtp.c drives them); the maths is docs/model.md "Multi-token prediction".
 */
 #include "engine/mtp.h"
 

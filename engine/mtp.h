@@ -8,7 +8,7 @@
 ** t_{i+k}, and predicts t_{i+k+1}:
 **   h'_i = eh_proj · [enorm(Emb(t_{i+k})) ; hnorm(h^{k−1}_i)]     (embedding first, 2d → d)
 ** then a plain decoder layer and the (shared) head. The decoder layer and the head are the
-** model's own code (model.c); this file holds what is MTP-only.
+** model's own code (model_mtp.c drives them); this file holds what is MTP-only.
 **
 ** Like ops.h: outputs first, `d`-prefixed gradients, every backward ACCUMULATES (+=).
 */

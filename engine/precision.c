@@ -1,6 +1,6 @@
 /*
 ** precision.c — the one rounding implementation of the reduced precisions (bf16, fp16),
-** shared by the train path (model.c) and the infer path (infer*.c), and the names of the
+** shared by the train path (model*.c) and the infer path (infer*.c), and the names of the
 ** precisions.
 **
 ** A value is held in fp32 storage but rounded to the nearest bf16 or fp16 value (ties to

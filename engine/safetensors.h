@@ -141,7 +141,7 @@ typedef struct prl_safetensors_wtensor {
 } prl_safetensors_wtensor;
 
 /* Collects tensors and metadata, then writes them in the reference writer's layout.
-** Fields are private to safetensors.c. */
+** Fields are private to safetensors_write.c. */
 typedef struct prl_safetensors_writer {
     size_t n_tensors, cap_tensors;
     prl_safetensors_wtensor *tensors;

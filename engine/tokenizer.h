@@ -117,7 +117,7 @@ prl_status prl_tokenizer_encode(const prl_tokenizer *tok, const void *text, size
 ** each window extends overlap_bytes into both neighbours and is encoded on its own (windows
 ** are dealt to the threads in a fixed order); the results are joined at a byte offset in the
 ** overlap where both neighbours start a pre-tokenization chunk, away from the window edges,
-** and where no such offset exists the left window is grown and re-encoded (tokenizer.c
+** and where no such offset exists the left window is grown and re-encoded (tokenizer_parallel.c
 ** explains why this is exact). The result is identical to prl_tokenizer_encode for every
 ** input, flag, thread count, chunk size and overlap. */
 typedef struct prl_tokenizer_parallel_opts {

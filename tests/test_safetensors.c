@@ -1,5 +1,5 @@
 /*
-** test_safetensors.c — Check tests for engine/safetensors.c.
+** test_safetensors.c — Check tests for engine/safetensors*.c.
 **
 ** Covers: the six byte-exact examples of engine-style.md §3.4 (writer output and reader
 ** parse), round trips over every dtype with scalars, empty tensors and escaped metadata,

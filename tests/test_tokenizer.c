@@ -1,5 +1,5 @@
 /*
-** test_tokenizer.c — Check tests for engine/tokenizer.c.
+** test_tokenizer.c — Check tests for engine/tokenizer*.c.
 **
 ** Covers: the vocabulary layout; the pre-tokenization rule against an independent reference
 ** (a greedy matcher written like the tokenizer.json regex); byte round trips on random data
@@ -138,7 +138,7 @@ START_TEST(test_layout)
         ck_assert(n == strlen(names[i]) && memcmp(b, names[i], n) == 0);
         if (n > longest) longest = n;
     }
-    ck_assert_uint_eq(longest, 14); /* tokenizer.c's SPECIAL_MAX_LEN */
+    ck_assert_uint_eq(longest, 14); /* tokenizer_int.h's SPECIAL_MAX_LEN */
     ck_assert_int_eq(PRL_TOKEN_ASSISTANT, 5);
     ck_assert_int_eq(PRL_TOKEN_END, 7);
     ck_assert_int_eq(PRL_TOKEN_THINK_END, 11);
