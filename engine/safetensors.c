@@ -368,29 +368,29 @@ static prl_status read_prepare(const prl_safetensors *st, const char *name,
     return PRL_OK;
 }
 
+/* Element i of a float tensor as a double: exact for F32, F16 and BF16 (each widens without
+** rounding), so a reader of either width rounds at most once, on its own store. */
+static double element(const prl_safetensors_tensor *t, size_t i)
+{
+    const uint8_t *p = t->data;
+    switch (t->dtype) {
+    case PRL_DTYPE_F32: return f32_from_bits(load_u32le(p + 4 * i));
+    case PRL_DTYPE_F64: return f64_load(p + 8 * i);
+    case PRL_DTYPE_F16: return f16_to_f32(load_u16le(p + 2 * i));
+    case PRL_DTYPE_BF16: return bf16_to_f32(load_u16le(p + 2 * i));
+    default: PRL_ASSERT(!"dtype checked by read_prepare");
+    }
+    return 0;
+}
+
 prl_status prl_safetensors_read_f32(const prl_safetensors *st, const char *name,
                                     const int64_t *expect_shape, int expect_ndim, float *out)
 {
     const prl_safetensors_tensor *t;
     prl_status rc = read_prepare(st, name, expect_shape, expect_ndim, out, "f32", &t);
     if (rc != PRL_OK) return rc;
-    const uint8_t *p = t->data;
-    size_t n = t->numel;
-    switch (t->dtype) {
-    case PRL_DTYPE_F32:
-        for (size_t i = 0; i < n; i++) out[i] = f32_from_bits(load_u32le(p + 4 * i));
-        break;
-    case PRL_DTYPE_F64: /* round to nearest; out-of-range values become ±inf (IEEE) */
-        for (size_t i = 0; i < n; i++) out[i] = (float)f64_load(p + 8 * i);
-        break;
-    case PRL_DTYPE_F16:
-        for (size_t i = 0; i < n; i++) out[i] = f16_to_f32(load_u16le(p + 2 * i));
-        break;
-    case PRL_DTYPE_BF16:
-        for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(load_u16le(p + 2 * i));
-        break;
-    default: PRL_ASSERT(!"dtype checked by read_prepare");
-    }
+    /* F64 rounds to nearest; out-of-range values become ±inf (IEEE) */
+    for (size_t i = 0; i < t->numel; i++) out[i] = (float)element(t, i);
     return PRL_OK;
 }
 
@@ -400,22 +400,6 @@ prl_status prl_safetensors_read_f64(const prl_safetensors *st, const char *name,
     const prl_safetensors_tensor *t;
     prl_status rc = read_prepare(st, name, expect_shape, expect_ndim, out, "f64", &t);
     if (rc != PRL_OK) return rc;
-    const uint8_t *p = t->data;
-    size_t n = t->numel;
-    switch (t->dtype) {
-    case PRL_DTYPE_F32:
-        for (size_t i = 0; i < n; i++) out[i] = f32_from_bits(load_u32le(p + 4 * i));
-        break;
-    case PRL_DTYPE_F64:
-        for (size_t i = 0; i < n; i++) out[i] = f64_load(p + 8 * i);
-        break;
-    case PRL_DTYPE_F16:
-        for (size_t i = 0; i < n; i++) out[i] = f16_to_f32(load_u16le(p + 2 * i));
-        break;
-    case PRL_DTYPE_BF16:
-        for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(load_u16le(p + 2 * i));
-        break;
-    default: PRL_ASSERT(!"dtype checked by read_prepare");
-    }
+    for (size_t i = 0; i < t->numel; i++) out[i] = element(t, i);
     return PRL_OK;
 }
