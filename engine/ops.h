@@ -34,6 +34,19 @@ enum { PRL_ROW_BLOCK = 128, PRL_ATT_BLOCK = 64 /* causal attention query block *
 #define PRL_SQRT sqrtf
 #endif
 
+/* exp(r) for |r| <= ln 2 / 2 from p = 1.9875691500e-4 on: one polynomial for the scalar and
+** the vector prl_expf (GCC's vector operators broadcast the constants), so both perform the
+** same IEEE operations. */
+#define PRL_EXP_POLY(p, r)                                                                   \
+    do {                                                                                     \
+        p = p * r + 1.3981999507e-3f;                                                        \
+        p = p * r + 8.3334519073e-3f;                                                        \
+        p = p * r + 4.1665795894e-2f;                                                        \
+        p = p * r + 1.6666665459e-1f;                                                        \
+        p = p * r + 5.0000001201e-1f;                                                        \
+        p = p * (r * r) + r + 1.0f;                                                          \
+    } while (0)
+
 static inline float prl_expf(float x)
 {
     x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
@@ -41,12 +54,7 @@ static inline float prl_expf(float x)
     float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
+    PRL_EXP_POLY(p, r);
     union { uint32_t u; float f; } scale = {.u = (uint32_t)((int32_t)n + 127) << 23};
     return p * scale.f;
 }
@@ -70,12 +78,7 @@ static inline prl_v4f prl_expf4(prl_v4f x)
     prl_v4f n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     prl_v4f r = x - n * 0.693359375f + n * 2.12194440e-4f;
     prl_v4f p = prl_v4_splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
+    PRL_EXP_POLY(p, r);
     prl_v4i e = (__builtin_convertvector(n, prl_v4i) + 127) << 23;
     return p * (prl_v4f)e;
 }

@@ -179,13 +179,6 @@ uint64_t st__load_u64le(const uint8_t *p)
     return v;
 }
 
-char *st__dup_string(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *p = malloc(n);
-    if (p) memcpy(p, s, n);
-    return p;
-}
 
 /* ---------------------------------------------------------------- reader ----------- */
 
@@ -214,7 +207,7 @@ prl_status prl_safetensors_parse(prl_safetensors *st, const void *buf, size_t le
     if (!buf && len)
         return prl_error_set(PRL_ERR_ARG, "safetensors %s: parse: NULL buffer of %zu bytes",
                              label ? label : "<memory>", len);
-    st->label = st__dup_string(label ? label : "<memory>");
+    st->label = strdup(label ? label : "<memory>");
     if (!st->label) return prl_error_set(PRL_ERR_NOMEM, "safetensors: out of memory");
     st->bytes = buf ? buf : (const void *)"";
     st->size = len;

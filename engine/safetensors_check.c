@@ -170,7 +170,7 @@ static prl_status parse_entry(const prl_safetensors *st, const char *key, size_t
     if (!seen_shape) return st__format_error(st, "tensor '%s': missing field \"shape\"", shown);
     if (!seen_offsets)
         return st__format_error(st, "tensor '%s': missing field \"data_offsets\"", shown);
-    t->name = st__dup_string(key);
+    t->name = strdup(key);
     return t->name ? PRL_OK : nomem(st);
 }
 
@@ -190,8 +190,8 @@ static prl_status parse_metadata(prl_safetensors *st, const json_t *meta)
             return st__format_error(st, "__metadata__ value of key \"%s\" is not a string",
                                     st__printable(kb, sizeof kb, k, strlen(k)));
         size_t i = st->n_metadata++; /* counted first so that free() releases a half pair */
-        st->metadata_keys[i] = st__dup_string(k);
-        st->metadata_values[i] = st__dup_string(json_string_value(v));
+        st->metadata_keys[i] = strdup(k);
+        st->metadata_values[i] = strdup(json_string_value(v));
         if (!st->metadata_keys[i] || !st->metadata_values[i]) return nomem(st);
     }
     return PRL_OK;

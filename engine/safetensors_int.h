@@ -31,7 +31,6 @@ int st__name_valid(const char *s, size_t n);
 int st__shape_bytes(const int64_t *shape, int ndim, size_t elem, size_t *numel,
                     size_t *nbytes);
 uint64_t st__load_u64le(const uint8_t *p);
-char *st__dup_string(const char *s);
 
 /* ---------------------------------------------------------------- safetensors_check.c - */
 

@@ -99,7 +99,7 @@ prl_status prl_safetensors_writer_add(prl_safetensors_writer *w, const char *nam
     size_t nbytes;
     prl_status rc = check_new_tensor(w, name, dtype, shape, ndim, data, &nbytes);
     if (rc != PRL_OK) return rc;
-    char *copy = st__dup_string(name);
+    char *copy = strdup(name);
     if (!copy || !grow((void **)&w->tensors, &w->cap_tensors, w->n_tensors, sizeof *w->tensors)) {
         free(copy);
         return prl_error_set(PRL_ERR_NOMEM, "safetensors writer: out of memory adding '%s'",
@@ -130,7 +130,7 @@ prl_status prl_safetensors_writer_set_metadata(prl_safetensors_writer *w, const 
     if (st__utf8_valid_prefix((const uint8_t *)value, vl) != vl)
         return prl_error_set(PRL_ERR_ARG, "safetensors writer: __metadata__ value of key \"%s\" "
                              "is not valid UTF-8", shown);
-    char *v = st__dup_string(value);
+    char *v = strdup(value);
     if (!v) return prl_error_set(PRL_ERR_NOMEM, "safetensors writer: out of memory");
     for (size_t i = 0; i < w->n_metadata; i++)
         if (strcmp(w->metadata_keys[i], key) == 0) {
@@ -138,7 +138,7 @@ prl_status prl_safetensors_writer_set_metadata(prl_safetensors_writer *w, const 
             w->metadata_values[i] = v;
             return PRL_OK;
         }
-    char *k = st__dup_string(key);
+    char *k = strdup(key);
     /* keys and values share cap_metadata: grow both before committing the new cap */
     size_t cap = w->cap_metadata, cap2 = w->cap_metadata;
     int ok = k && grow((void **)&w->metadata_keys, &cap, w->n_metadata, sizeof(char *)) &&

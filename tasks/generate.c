@@ -84,13 +84,6 @@ json_t *tasks__prompt(const char *system, const char *user)
     return a;
 }
 
-char *tasks__strdup(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *p = malloc(n);
-    if (p) memcpy(p, s, n);
-    return p;
-}
 
 int64_t tasks__range(prl_rng *r, int64_t lo, int64_t hi)
 {

@@ -38,8 +38,6 @@ json_t *tasks__message(const char *role, const char *content);
 prl_status tasks__append(json_t *array, const char *role, const char *content);
 /* A prompt with one user message (and a system message first when system != NULL). */
 json_t *tasks__prompt(const char *system, const char *user);
-/* malloc'd copy of s, or NULL. */
-char *tasks__strdup(const char *s);
 
 /* Uniform integer in [lo, hi] and a Bernoulli(p) draw. */
 int64_t tasks__range(prl_rng *r, int64_t lo, int64_t hi);
