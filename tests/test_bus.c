@@ -7,6 +7,7 @@
 */
 #include "bus/bus.h"
 #include "tests/bus_fuzz.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <stdio.h>
@@ -661,9 +662,5 @@ int main(void)
     tcase_add_test(sock, test_socket_timeout);
     tcase_add_test(sock, test_endpoint_policy);
     suite_add_tcase(s, sock);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

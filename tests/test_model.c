@@ -4,6 +4,7 @@
 ** schedules, clipping, expert-bias balancing, route capture/override and tensor hooks.
 */
 #include "engine/ops.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -978,9 +979,5 @@ static Suite *model_suite(void)
 int main(void)
 {
     if (prl_blas_init(0) != PRL_OK) return 1;
-    SRunner *sr = srunner_create(model_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(model_suite());
 }

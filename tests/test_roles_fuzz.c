@@ -25,6 +25,7 @@
 */
 #include "bus/bus.h"
 #include "tests/bus_fuzz.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -927,11 +928,8 @@ int main(void)
         tcase_add_test(tc, tests[i]);
         suite_add_tcase(s, tc);
     }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = check_run(s);
     if (!getenv("KEEP")) tree_remove();
     else fprintf(stderr, "kept %s\n", dir);
-    return failed ? 1 : 0;
+    return failed;
 }

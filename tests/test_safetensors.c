@@ -10,6 +10,7 @@
 ** failures are injected through a test-only fsync() that overrides libc's).
 */
 #include "engine/engine.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -25,11 +26,6 @@
 #include <unistd.h>
 
 /* ---------------------------------------------------------------- helpers ---------- */
-
-#define assert_msg_has(needle)                                                            \
-    ck_assert_msg(strstr(prl_error_message(), (needle)) != NULL,                          \
-                  "error message \"%s\" does not mention \"%s\"", prl_error_message(),    \
-                  (needle))
 
 /* A file: 8-byte N = json_len, the header bytes, then data_len zero bytes (or `data`). */
 static uint8_t *make_file(const char *json, size_t json_len, const void *data,
@@ -1555,11 +1551,4 @@ static Suite *safetensors_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(safetensors_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+int main(void) { return check_run(safetensors_suite()); }

@@ -11,6 +11,7 @@
 ** containment instead; they never pass silently.
 */
 #include "sandbox/sandbox.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -1338,59 +1339,27 @@ int main(void)
     }
     if (!caps.is_root)
         fprintf(stderr, "NOTE: not root; the tests run with the layers an unprivileged sandbox has\n");
-    const struct {
-        const char *name;
-        const TTest *test;
-    } tests[] = {
-        {"layers_reported", test_layers_reported},
-        {"01_cpu_loop_wall_timeout", test_01_cpu_loop_wall_timeout},
-        {"01_cpu_loop_cpu_limit", test_01_cpu_loop_cpu_limit},
-        {"02_blocking_sleep_and_lock", test_02_blocking_sleep_and_lock},
-        {"02_stdin_is_closed", test_02_stdin_is_closed},
-        {"03_multithread_burn", test_03_multithread_burn},
-        {"04_fork_bomb_python", test_04_fork_bomb_python},
-        {"04_fork_count_bounded", test_04_fork_count_bounded},
-        {"04_fork_bomb_shell", test_04_fork_bomb_shell},
-        {"05_memory_bomb", test_05_memory_bomb},
-        {"05_memory_bomb_children", test_05_memory_bomb_children},
-        {"06_memory_via_tmpfs_and_shm", test_06_memory_via_tmpfs_and_shm},
-        {"07_disk_fill_and_huge_files", test_07_disk_fill_and_huge_files},
-        {"08_output_flood_kill", test_08_output_flood_kill},
-        {"08_output_flood_drain", test_08_output_flood_drain},
-        {"09_background_child_holds_pipe", test_09_background_child_holds_pipe},
-        {"10_write_outside_work_dir", test_10_write_outside_work_dir},
-        {"11_read_secrets", test_11_read_secrets},
-        {"12_network", test_12_network},
-        {"13_kill_parent_and_others", test_13_kill_parent_and_others},
-        {"14_setsid_escape", test_14_setsid_escape},
-        {"15_zombies_and_orphans", test_15_zombies_and_orphans},
-        {"16_signal_tricks", test_16_signal_tricks},
-        {"17_fd_leaks", test_17_fd_leaks},
-        {"18_symlink_escape_host_side", test_18_symlink_escape_host_side},
-        {"19_toctou_swap_during_cleanup", test_19_toctou_swap_during_cleanup},
-        {"20_privilege_escalation", test_20_privilege_escalation},
-        {"21_kernel_attack_surface", test_21_kernel_attack_surface},
-        {"22_other_syscall_abis", test_22_other_syscall_abis},
-        {"23_tampering_does_not_persist", test_23_tampering_does_not_persist},
-        {"24_bad_requests", test_24_bad_requests},
-        {"24_busy_slot", test_24_busy_slot},
-        {"25_cross_slot_interference", test_25_cross_slot_interference},
-        {"fallback_no_pid_namespace", test_fallback_no_pid_namespace},
-        {"fallback_no_net_namespace", test_fallback_no_net_namespace},
-        {"fallback_no_mount_namespace", test_fallback_no_mount_namespace},
-        {"fallback_no_cgroups", test_fallback_no_cgroups},
+    const TTest *const tests[] = {
+        test_layers_reported, test_01_cpu_loop_wall_timeout, test_01_cpu_loop_cpu_limit,
+        test_02_blocking_sleep_and_lock, test_02_stdin_is_closed, test_03_multithread_burn,
+        test_04_fork_bomb_python, test_04_fork_count_bounded, test_04_fork_bomb_shell,
+        test_05_memory_bomb, test_05_memory_bomb_children, test_06_memory_via_tmpfs_and_shm,
+        test_07_disk_fill_and_huge_files, test_08_output_flood_kill, test_08_output_flood_drain,
+        test_09_background_child_holds_pipe, test_10_write_outside_work_dir,
+        test_11_read_secrets, test_12_network, test_13_kill_parent_and_others,
+        test_14_setsid_escape, test_15_zombies_and_orphans, test_16_signal_tricks,
+        test_17_fd_leaks, test_18_symlink_escape_host_side, test_19_toctou_swap_during_cleanup,
+        test_20_privilege_escalation, test_21_kernel_attack_surface, test_22_other_syscall_abis,
+        test_23_tampering_does_not_persist, test_24_bad_requests, test_24_busy_slot,
+        test_25_cross_slot_interference, test_fallback_no_pid_namespace,
+        test_fallback_no_net_namespace, test_fallback_no_mount_namespace,
+        test_fallback_no_cgroups,
     };
     Suite *s = suite_create("sandbox");
     TCase *tc = tcase_create("attacks");
     tcase_set_timeout(tc, 120);
     /* PRL_TEST_ONLY=substring runs the matching tests only (for working on one case). */
-    const char *only = getenv("PRL_TEST_ONLY");
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
-        if (!only || strstr(tests[i].name, only)) tcase_add_test(tc, tests[i].test);
+    check_add_tests(tc, tests, sizeof tests / sizeof tests[0]);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

@@ -19,6 +19,7 @@
 #include "bus/bus.h"
 #include "sandbox/sandbox.h"
 #include "tests/bus_fuzz.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -457,9 +458,5 @@ int main(void)
     tcase_add_test(tc, test_client_deadline);
     tcase_add_test(tc, test_fuzz_messages);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

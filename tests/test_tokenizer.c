@@ -10,6 +10,7 @@
 ** 200+ varied inputs with 1..4 threads and small windows.
 */
 #include "engine/engine.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <jansson.h>
@@ -19,18 +20,6 @@
 #include <unistd.h>
 
 /* ---------------------------------------------------------------- helpers ---------- */
-
-#define assert_msg_has(needle)                                                            \
-    ck_assert_msg(strstr(prl_error_message(), (needle)) != NULL,                          \
-                  "error message \"%s\" does not mention \"%s\"", prl_error_message(),    \
-                  (needle))
-
-#define assert_ok(expr)                                                                   \
-    do {                                                                                  \
-        prl_status rc_ = (expr);                                                          \
-        ck_assert_msg(rc_ == PRL_OK, "%s failed: %s (%s)", #expr, prl_status_name(rc_),   \
-                      prl_error_message());                                               \
-    } while (0)
 
 static uint64_t rnd(prl_rng *r, uint64_t n) { return prl_rng_u64(r) % n; }
 
@@ -1353,11 +1342,4 @@ static Suite *tokenizer_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(tokenizer_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+int main(void) { return check_run(tokenizer_suite()); }
