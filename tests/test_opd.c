@@ -11,8 +11,9 @@
 #include "opd/opd.h"
 
 #include "bus/bus.h"
-#include "check_util.h"
 #include "job/job.h"
+#include "tests/check_util.h"
+#include "tests/grpo_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -473,15 +474,6 @@ END_TEST
 
 /* ------------------------------------------------------------------ on the model ---- */
 
-static void micro_model(prl_model *m, uint64_t seed)
-{
-    prl_config c;
-    assert_ok(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/micro.json"));
-    c.balance_loss_alpha = 0, c.router_z_loss_coef = 0; /* only the policy loss moves weights */
-    assert_ok(prl_model_init(m, &c));
-    prl_model_init_weights(m, seed);
-}
-
 /* n samples: prompt 3, response 1 + i % 4 tokens; every third response token an observation;
 ** b->logprobs = the model's own train-path log-probs (each sample scored alone). */
 static void model_batch(prl_model *m, prl_grpo_batch *b, int n)
@@ -499,20 +491,7 @@ static void model_batch(prl_model *m, prl_grpo_batch *b, int n)
         for (int j = 0; j < len - 3; j++) b->mask[k++] = j % 3 != 2;
     }
     b->offsets[n] = (int32_t)t;
-    prl_batch_buf bb;
-    assert_ok(prl_batch_buf_init(&bb, 1, m->cfg.max_position_embeddings));
-    float lp[64];
-    for (int i = 0; i < n; i++) {
-        int len = b->offsets[i + 1] - b->offsets[i];
-        prl_batch_buf_set_row(&bb, len, 0, b->tokens + b->offsets[i], len, NULL);
-        prl_batch batch = prl_batch_buf_view(&bb, 1, len);
-        assert_ok(prl_model_logprobs(m, &batch, lp));
-        size_t first;
-        int nr;
-        prl_grpo_batch_response(b, i, &first, &nr);
-        for (int j = 0; j < nr; j++) b->logprobs[first + j] = lp[2 + j];
-    }
-    prl_batch_buf_free(&bb);
+    train_logprobs(m, b);
     assert_ok(prl_grpo_batch_check(b));
 }
 
@@ -523,7 +502,7 @@ static void model_batch(prl_model *m, prl_grpo_batch *b, int n)
 START_TEST(test_teacher_logprobs)
 {
     prl_model m;
-    micro_model(&m, 3);
+    micro_model(&m, 3, 1);
     prl_grpo_batch b;
     model_batch(&m, &b, 7);
     float *lp = malloc(b.n_response * sizeof *lp);
@@ -574,7 +553,7 @@ END_TEST
 START_TEST(test_teacher_topk)
 {
     prl_model m;
-    micro_model(&m, 3);
+    micro_model(&m, 3, 1);
     prl_grpo_batch b;
     model_batch(&m, &b, 7);
     enum { K = 4 };
@@ -634,7 +613,7 @@ static double mean_logp_of(prl_model *m, const prl_grpo_batch *b, int i, int32_t
 static void step_fixture(prl_model *m, uint64_t seed, prl_grpo_batch *b, prl_optim *o,
                          prl_grpo_train_config *tc)
 {
-    micro_model(m, seed);
+    micro_model(m, seed, 1);
     model_batch(m, b, 6);
     prl_optim_config oc;
     prl_optim_config_default(&oc);
