@@ -7,6 +7,8 @@
 ** a test case, CK_FORK=no|yes overrides the fork mode (also for a suite that asks for one
 ** process, check_run_mode(s, CK_NOFORK)), CK_VERBOSITY sets the output, CK_DEFAULT_TIMEOUT
 ** the timeout of the cases that do not set one.
+**
+** Also two file helpers: a whole file read into memory, a directory tree removed.
 */
 #ifndef PRL_CHECK_UTIL_H
 #define PRL_CHECK_UTIL_H
@@ -14,6 +16,7 @@
 #include "engine/engine.h"
 
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +33,31 @@
     ck_assert_msg(strstr(prl_error_message(), (needle)) != NULL,                          \
                   "error message \"%s\" does not mention \"%s\"", prl_error_message(),    \
                   (needle))
+
+/* The bytes of the file at `path` (malloc'd, NUL-terminated; *len excludes the NUL). */
+static inline char *check_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_uint_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = '\0';
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+/* rm -rf `dir` (a test's scratch directory); it must succeed. */
+static inline void check_remove_tree(const char *dir)
+{
+    char cmd[1100];
+    ck_assert_int_lt(snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir), (int)sizeof cmd);
+    ck_assert_int_eq(system(cmd), 0);
+}
 
 /* Run one suite; the process exit status is 1 if any test failed. `fork` is the mode the
 ** suite needs: CK_FORK_GETENV (libcheck's default: a process per test unless CK_FORK=no), or

@@ -909,9 +909,7 @@ START_TEST(test_precision_from_job)
     assert_ok(prl_grpo_scaler_state_parse(&s2, back));
     ck_assert(s2.scale == s1.scale && s2.steps == 2 && s2.skipped == 1);
     free(back);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    check_remove_tree(dir);
     fixture_free(&f);
     prl_grpo_scaler_state_format(NULL, st, sizeof st);
     ck_assert_str_eq(st, "null");

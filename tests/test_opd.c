@@ -20,29 +20,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef PRL_SOURCE_DIR
-#define PRL_SOURCE_DIR "."
-#endif
-
 /* ------------------------------------------------------------------ advantages ------ */
 
-/* rl.md §5.6: p_S = [0.5, 0.9, 0.01, 0.3], p_T = [0.6, 0.9, 0.5, 1e-4], coef 1. */
-static void spec_vector(float *lp_s, float *lp_t)
+/* rl.md §5.6: p_S = [0.5, 0.9, 0.01, 0.3], p_T = [0.6, 0.9, 0.5, 1e-4], one sequence of four
+** loss tokens: its advantages under `c` into adv[4]. */
+static void spec_advantages(const prl_opd_config *c, float *adv, prl_opd_stats *st)
 {
     const double ps[4] = {0.5, 0.9, 0.01, 0.3}, pt[4] = {0.6, 0.9, 0.5, 1e-4};
+    float lp_s[4], lp_t[4];
     for (int i = 0; i < 4; i++) lp_s[i] = (float)log(ps[i]), lp_t[i] = (float)log(pt[i]);
+    const uint8_t mask[4] = {1, 1, 1, 1};
+    const int32_t start[2] = {0, 4};
+    assert_ok(prl_opd_advantages(c, lp_s, lp_t, mask, start, 1, NULL, adv, st));
 }
 
 START_TEST(test_spec_vector)
 {
-    float lp_s[4], lp_t[4], adv[4];
-    uint8_t mask[4] = {1, 1, 1, 1};
-    int32_t start[2] = {0, 4};
-    spec_vector(lp_s, lp_t);
+    float adv[4];
     prl_opd_config c;
     prl_opd_config_default(&c);
     prl_opd_stats st;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     const double raw[4] = {0.182322, 0.000000, 3.912023, -8.006368};
     for (int i = 0; i < 4; i++) ck_assert_double_eq_tol(adv[i], raw[i], 2e-6);
     ck_assert_double_eq_tol(st.teacher_kl, 0.978006, 2e-6);
@@ -50,24 +48,24 @@ START_TEST(test_spec_vector)
     ck_assert(st.masked_frac == 0 && st.clipped_frac == 0);
     /* clipped to [−5, 5] */
     c.clip = 1;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     const double clipped[4] = {0.182322, 0.000000, 3.912023, -5.000000};
     for (int i = 0; i < 4; i++) ck_assert_double_eq_tol(adv[i], clipped[i], 2e-6);
     ck_assert_double_eq_tol(st.clipped_frac, 0.25, 1e-12);
     ck_assert_double_eq_tol(st.teacher_kl, 0.978006, 2e-6); /* the KL is of the raw log-probs */
     /* discounted, γ = 0.5, unclipped */
     c.clip = 0, c.discount = 0.5;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     const double disc[4] = {0.159531, -0.045580, -0.091161, -8.006368};
     for (int i = 0; i < 4; i++) ck_assert_double_eq_tol(adv[i], disc[i], 2e-6);
     /* discounted then clipped (clipping comes after discounting): only the last one moves */
     c.clip = 1;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     ck_assert_double_eq_tol(adv[2], -0.091161, 2e-6);
     ck_assert_double_eq_tol(adv[3], -5.0, 1e-6);
     /* coef 2 doubles every advantage, not the KL */
     c = (prl_opd_config){.coef = 2};
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     ck_assert_double_eq_tol(adv[2], 2 * 3.912023, 4e-6);
     ck_assert_double_eq_tol(st.teacher_kl, 0.978006, 2e-6);
 }
@@ -78,20 +76,17 @@ END_TEST
 ** four are masked. */
 START_TEST(test_mask_after_clip)
 {
-    float lp_s[4], lp_t[4], adv[4];
-    uint8_t mask[4] = {1, 1, 1, 1};
-    int32_t start[2] = {0, 4};
-    spec_vector(lp_s, lp_t);
+    float adv[4];
     prl_opd_config c;
     prl_opd_config_default(&c);
     c.mask_eps = 0.2;
     prl_opd_stats st;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     ck_assert(adv[0] == 0 && adv[1] == 0);
     ck_assert_double_eq_tol(adv[2], 3.912023, 2e-6);
     ck_assert_double_eq_tol(st.masked_frac, 0.5, 1e-12);
     c.clip = 1, c.clip_low = -0.1, c.clip_high = 0.1, c.mask_eps = 0.15;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     for (int i = 0; i < 4; i++) ck_assert(adv[i] == 0);
     ck_assert_double_eq_tol(st.masked_frac, 1.0, 1e-12);
     ck_assert_double_eq_tol(st.clipped_frac, 0.75, 1e-12); /* 0.18, 3.91 and −8.0 were clipped */
