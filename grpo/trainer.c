@@ -21,7 +21,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* ------------------------------------------------------------------ configuration --- */
 
@@ -112,13 +111,6 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
 }
 
 /* ------------------------------------------------------------------ the step -------- */
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* The mismatch correction of a step (rl.md §2): flat [n_response] arrays in the batch's
 ** response layout, [micro_rows × ctx] row arrays, and the applied weights' running sums. */
@@ -506,7 +498,7 @@ static prl_status step_run(step_ctx *s, prl_optim *o, prl_grpo_step_stats *st)
 prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch *b,
                                const prl_grpo_train_config *c, prl_grpo_step_stats *st_out)
 {
-    double t0 = now_s();
+    double t0 = prl_now();
     prl_status rc = prl_grpo_train_config_check(c);
     if (rc == PRL_OK && c->kl_coef > 0 && !c->ref)
         rc = prl_error_set(PRL_ERR_ARG, "grpo.kl_coef = %g needs a reference model "
@@ -524,7 +516,7 @@ prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch 
     rc = step_alloc(&s);
     if (rc == PRL_OK) rc = step_run(&s, o, &st);
     step_free(&s);
-    st.seconds = now_s() - t0;
+    st.seconds = prl_now() - t0;
     if (rc == PRL_OK && st_out) *st_out = st;
     return rc;
 }

@@ -26,13 +26,6 @@ struct prl_sandbox_client {
     uint64_t resends;
 };
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 prl_status prl_sandbox_client_open(prl_sandbox_client **out, const char *endpoint, const char *name)
 {
     *out = NULL;
@@ -129,7 +122,7 @@ static prl_status take_result(prl_sandbox_client *c, const prl_msg_exec_result *
 static int wait_answer(prl_sandbox_client *c, uint64_t id, double until, prl_sandbox_result *res,
                        prl_status *rc)
 {
-    for (double left = until - now_s(); left > 0; left = until - now_s()) {
+    for (double left = until - prl_now(); left > 0; left = until - prl_now()) {
         prl_bus_msg m;
         int got = 0;
         if (prl_bus_recv(c->sock, (int)(left * 1000) + 1, &m, NULL, &got) != PRL_OK) return 0;
@@ -160,7 +153,7 @@ prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, cons
     if (!lang || !program || (stdin_len && !stdin_data) || !(wall_s > 0))
         return prl_error_set(PRL_ERR_ARG, "sandbox client: lang, program and a wall time > 0 are required");
     uint64_t wall_ms = (uint64_t)(wall_s * 1000.0 + 0.999);
-    double per_try = wall_s + c->margin_s, start = now_s();
+    double per_try = wall_s + c->margin_s, start = prl_now();
     double deadline = start + (c->deadline_s > per_try ? c->deadline_s : per_try);
     int tries = 0;
     for (;;) {
@@ -174,7 +167,7 @@ prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, cons
         prl_bus_msg_free(&m);
         if (rc == PRL_ERR_ARG || rc == PRL_ERR_NOMEM) return rc; /* a retry cannot help */
         tries++;
-        double until = now_s() + per_try;
+        double until = prl_now() + per_try;
         if (until > deadline) until = deadline;
         if (rc == PRL_OK && wait_answer(c, id, until, res, &rc)) {
             if (rc) prl_sandbox_result_free(res);
@@ -184,10 +177,10 @@ prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, cons
         ** socket so nothing queued for the dead peer lingers. */
         prl_bus_socket_free(c->sock);
         c->sock = NULL;
-        if (now_s() >= deadline) break;
+        if (prl_now() >= deadline) break;
         if (rc != PRL_OK) nanosleep(&(struct timespec){0, 100000000}, NULL); /* no hot loop */
         c->resends++;
     }
     return prl_error_set(PRL_ERR_IO, "sandbox service at '%s' did not answer within %.1f s (%d tries)",
-                         c->endpoint, now_s() - start, tries);
+                         c->endpoint, prl_now() - start, tries);
 }

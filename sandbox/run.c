@@ -32,13 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* ---------------------------------------------------------------- request ---------- */
 
 static prl_status check_request(const prl_sandbox *sb, int slot, const prl_sandbox_request *req,
@@ -230,7 +223,7 @@ static void kill_tree(run_state *r, int why, const char *stream)
     if (!r->killed) {
         r->killed = why;
         r->kill_stream = stream;
-        r->t_kill = now_s();
+        r->t_kill = prl_now();
         if (!r->t_end) r->t_end = r->t_kill;
     }
     /* Without a pid namespace the init must survive the kill: it reaps the dead (their
@@ -299,7 +292,7 @@ static void read_reports(run_state *r)
             r->exited = 1;
             r->status = rep.status;
             r->maxrss_kb = rep.maxrss_kb;
-            if (!r->t_end) r->t_end = now_s();
+            if (!r->t_end) r->t_end = prl_now();
         }
     }
 }
@@ -333,7 +326,7 @@ static void supervise(run_state *r)
         if (out_open) p[io = n++] = (struct pollfd){r->out.fd, POLLIN, 0};
         if (err_open) p[ie = n++] = (struct pollfd){r->err.fd, POLLIN, 0};
         if (r->in_w >= 0) p[iw = n++] = (struct pollfd){r->in_w, POLLOUT, 0};
-        double t = now_s(), until = r->killed || r->exited ? t + 0.05 : deadline;
+        double t = prl_now(), until = r->killed || r->exited ? t + 0.05 : deadline;
         if (r->report_eof && !drain_until) drain_until = t + 1.0;
         if (drain_until && drain_until < until) until = drain_until;
         int ms = until > t ? (int)ceil((until - t) * 1000) : 0;
@@ -343,7 +336,7 @@ static void supervise(run_state *r)
         if (io >= 0 && p[io].revents) capture_read(&r->out, &out_open);
         if (ie >= 0 && p[ie].revents) capture_read(&r->err, &err_open);
         if (iw >= 0 && p[iw].revents) feed_stdin(r);
-        t = now_s();
+        t = prl_now();
         if (r->lim.output_kill && !r->killed) {
             if (r->out.total > r->lim.output_bytes) kill_tree(r, KILL_OUTPUT, "stdout");
             else if (r->err.total > r->lim.output_bytes) kill_tree(r, KILL_OUTPUT, "stderr");
@@ -433,7 +426,7 @@ static prl_status start_child(run_state *r, sbx_spawn *sp, int pipes[5][2])
     sp->err_w = pipes[4][1];
     prl_status rc = sbx_cgroup_open_tasks(&r->slot->cg, sp->cg_fds, &sp->n_cg_fds);
     if (rc) return rc;
-    r->t0 = now_s();
+    r->t0 = prl_now();
     pid_t pid = sbx_clone(clone_flags(r->sb->layers));
     if (pid < 0) {
         for (int i = 0; i < sp->n_cg_fds; i++) close(sp->cg_fds[i]);
@@ -522,7 +515,7 @@ static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_reque
         int st;
         while (wait4(r.c2, &st, 0, &ru) < 0 && errno == EINTR) {
         }
-        if (!r.t_end) r.t_end = now_s();
+        if (!r.t_end) r.t_end = prl_now();
         sbx_cgroup_stats(&s->cg, sb->layers, &c1);
         if (r.setup_failed)
             rc = prl_error_set(PRL_ERR_IO, "sandbox setup failed at step '%s': %s", sbx_step_name(r.setup_step),

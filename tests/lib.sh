@@ -1,6 +1,10 @@
-# lib.sh — helpers of the shell tests (sourced): counted checks and expected outcomes of a
-# command. The sourcing script sets `work` (a scratch directory) and `pass=0 fail=0`, and ends
-# with `[ $fail -eq 0 ]`.
+# lib.sh — helpers of the shell tests (sourced): a scratch directory, counted checks and
+# expected outcomes of a command. Sourcing sets `work` (a scratch directory, removed on exit)
+# and `pass=0 fail=0`; the script ends with `summary`, whose status is the script's.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+pass=0 fail=0
+
 ok()  { pass=$((pass + 1)); echo "ok   $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1"; }
 
@@ -17,4 +21,10 @@ expect_fail() {
 expect_ok() {
   local name=$1; shift
   if "$@" >"$work/last.out" 2>&1; then ok "$name"; else bad "$name: $(tail -3 "$work/last.out")"; fi
+}
+
+# summary [NAME]: print the counts (after "NAME: "); fail if any check failed.
+summary() {
+  echo "${1:+$1: }$pass passed, $fail failed"
+  [ $fail -eq 0 ]
 }

@@ -18,7 +18,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 enum { OUTPUT_CAP = 1 << 20 };
@@ -28,13 +27,6 @@ typedef struct sink {
     size_t len, cap;
     int over; /* more than OUTPUT_CAP bytes arrived */
 } sink;
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* Read what is available on fd into s; returns 0 at EOF, 1 if more may come, -1 on error. */
 static int drain(int fd, sink *s)
@@ -93,7 +85,7 @@ static int pump(int in, int out, int err, const prl_reward_exec_request *req, si
     int open_out = 1, open_err = 1;
     if (req->stdin_len == 0) close(in), in = -1;
     while (open_out || open_err) {
-        double left = deadline - now_s();
+        double left = deadline - prl_now();
         if (left <= 0) {
             if (in >= 0) close(in);
             return 1;
@@ -143,7 +135,7 @@ prl_status test_exec_python(void *ctx, const prl_reward_exec_request *req, prl_r
     int pin[2], pout[2], perr[2];
     if (pipe2(pin, O_CLOEXEC) || pipe2(pout, O_CLOEXEC) || pipe2(perr, O_CLOEXEC))
         return prl_error_set(PRL_ERR_IO, "exec: pipe: %s", strerror(errno));
-    double t0 = now_s();
+    double t0 = prl_now();
     pid_t pid = fork();
     if (pid < 0) return prl_error_set(PRL_ERR_IO, "exec: fork: %s", strerror(errno));
     if (pid == 0) child(pin[0], pout[1], perr[1], req->program, req->wall_s);
@@ -157,7 +149,7 @@ prl_status test_exec_python(void *ctx, const prl_reward_exec_request *req, prl_r
     int wstatus = 0;
     while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {}
     close(pout[0]), close(perr[0]);
-    res->wall_s = now_s() - t0;
+    res->wall_s = prl_now() - t0;
     set_status(res, timed_out, so.over || se.over, wstatus);
     res->stdout_data = so.data ? so.data : strdup("");
     res->stdout_len = so.len;

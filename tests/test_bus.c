@@ -7,12 +7,12 @@
 */
 #include "bus/bus.h"
 #include "tests/bus_fuzz.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -592,13 +592,6 @@ START_TEST(test_socket_tcp_loopback)
 }
 END_TEST
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 START_TEST(test_socket_timeout)
 {
     prl_bus_socket_options o;
@@ -609,9 +602,9 @@ START_TEST(test_socket_timeout)
     ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_ROUTER, "inproc://timeout", &o), PRL_OK);
     prl_bus_msg m;
     int got = 1;
-    double t0 = now_s();
+    double t0 = prl_now();
     ck_assert_int_eq(prl_bus_recv(s, 300, &m, NULL, &got), PRL_OK);
-    double dt = now_s() - t0;
+    double dt = prl_now() - t0;
     ck_assert_int_eq(got, 0);
     ck_assert_msg(dt >= 0.28 && dt < 2.0, "waited %.3f s for a 300 ms timeout", dt);
     ck_assert_int_eq(prl_bus_recv(s, 0, &m, NULL, &got), PRL_OK);
@@ -674,9 +667,5 @@ int main(void)
     tcase_add_test(sock, test_socket_timeout);
     tcase_add_test(sock, test_endpoint_policy);
     suite_add_tcase(s, sock);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

@@ -4,10 +4,7 @@
 # bitwise reproducible across runs and thread counts. Usage: test_cli.sh PRL SRC_DIR
 set -uo pipefail
 prl=$1 src=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-pass=0 fail=0
-. "$src/tests/lib.sh"   # ok, bad, expect_fail, expect_ok
+. "$src/tests/lib.sh"   # work, ok, bad, expect_fail, expect_ok, summary
 
 for c in init average sft score generate eval tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
   "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode" \
@@ -328,5 +325,4 @@ expect_fail "role sandbox bad endpoint" "transport must be" $prl role sandbox --
 expect_ok "sandbox probe" $prl sandbox probe
 grep -q "pidns" "$work/last.out" && ok "sandbox probe lists layers" || bad "sandbox probe: $(cat "$work/last.out")"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+summary

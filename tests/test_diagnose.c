@@ -483,9 +483,7 @@ START_TEST(test_cli_run_samples)
     json_decref(j);
     snprintf(args, sizeof args, "--ckpt %s --run %s/runs/demo --step 7", ck, dir);
     ck_assert_ptr_null(run_prl(args, NULL)); /* no samples at step 7: an error */
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    check_remove_tree(dir);
 }
 END_TEST
 #endif

@@ -11,10 +11,7 @@
 set -uo pipefail
 prl=$1 src=$2 part=${3:-main}
 py=${PRL_TORCH_PYTHON:-/usr/bin/python3}   # the Python with torch (Debian's)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-pass=0 fail=0
-. "$src/tests/lib.sh"   # ok, bad, expect_fail, expect_ok
+. "$src/tests/lib.sh"   # work, ok, bad, expect_fail, expect_ok, summary
 export PRL_THREADS=1
 # check NAME PYTHON-EXPR: evaluate EXPR with d = the JSON in $work/out.json.
 check() {
@@ -109,5 +106,4 @@ if [ "$part" = external ]; then
     $prl diagnose --ckpt "$ck" --jsonl "$work/other.jsonl" --external "$work/dump"
 fi
 
-echo "test_diagnose_cli ($part): $pass passed, $fail failed"
-[ $fail -eq 0 ]
+summary "test_diagnose_cli ($part)"

@@ -5,6 +5,7 @@
 ** terms leave results unchanged; the pre-packed form equals the plain one; close to OpenBLAS.
 */
 #include "engine/engine.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -156,9 +157,5 @@ int main(void)
     tcase_add_test(tc, test_packed_equals_plain);
     tcase_add_test(tc, test_close_to_openblas);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

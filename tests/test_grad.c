@@ -12,6 +12,7 @@
 #include "engine/dsa.h"
 #include "engine/mhc.h"
 #include "engine/mtp.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -1381,9 +1382,5 @@ int main(void)
 {
     prl_rng_init(&rng, 1234, 0, 0, 0, PRL_RNG_TEST);
     if (prl_blas_init(0) != PRL_OK) return 1;
-    SRunner *sr = srunner_create(grad_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(grad_suite());
 }

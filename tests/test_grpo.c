@@ -4,6 +4,7 @@
 ** the token weights w = ∂loss/∂lp_new in every aggregation mode, and config errors.
 */
 #include "grpo/grpo.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -182,9 +183,5 @@ int main(void)
     tcase_add_test(tc, test_token_weights_finite_difference);
     tcase_add_test(tc, test_config_errors);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

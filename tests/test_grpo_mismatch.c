@@ -13,7 +13,7 @@
 */
 #include "grpo/grpo.h"
 
-#include "check_util.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <math.h>

@@ -13,29 +13,16 @@
 #include "grpo/grpo.h"
 
 #include "tests/msg_util.h"
-#include "check_util.h"
 #include "job/job.h"
+#include "tests/check_util.h"
+#include "tests/grpo_util.h"
 
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef PRL_SOURCE_DIR
-#define PRL_SOURCE_DIR "."
-#endif
-
 /* ------------------------------------------------------------------ fixtures -------- */
-
-/* The micro model; aux losses off when `pure` (so only the policy loss makes gradients). */
-static void micro_model(prl_model *m, uint64_t seed, int pure)
-{
-    prl_config c;
-    assert_ok(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/micro.json"));
-    if (pure) c.balance_loss_alpha = 0, c.router_z_loss_coef = 0;
-    assert_ok(prl_model_init(m, &c));
-    prl_model_init_weights(m, seed);
-}
 
 static void adamw(prl_optim *o, const prl_model *m, double lr, double wd)
 {
@@ -69,25 +56,6 @@ static void toy_batch(prl_grpo_batch *b, int n)
     }
     b->offsets[n] = (int32_t)t;
     assert_ok(prl_grpo_batch_check(b));
-}
-
-/* Set b->logprobs to the train path's log-probs, each sample scored alone. */
-static void train_logprobs(prl_model *m, prl_grpo_batch *b)
-{
-    prl_batch_buf bb;
-    assert_ok(prl_batch_buf_init(&bb, 1, m->cfg.max_position_embeddings));
-    float lp[64];
-    for (int i = 0; i < b->n; i++) {
-        int len = b->offsets[i + 1] - b->offsets[i], pl = b->prompt_lens[i];
-        prl_batch_buf_set_row(&bb, len, 0, b->tokens + b->offsets[i], len, NULL);
-        prl_batch batch = prl_batch_buf_view(&bb, 1, len);
-        assert_ok(prl_model_logprobs(m, &batch, lp));
-        size_t first;
-        int n_resp;
-        prl_grpo_batch_response(b, i, &first, &n_resp);
-        for (int j = 0; j < n_resp; j++) b->logprobs[first + j] = lp[pl - 1 + j];
-    }
-    prl_batch_buf_free(&bb);
 }
 
 static void config_1x1(prl_grpo_train_config *c)
@@ -940,9 +908,7 @@ START_TEST(test_precision_from_job)
     assert_ok(prl_grpo_scaler_state_parse(&s2, back));
     ck_assert(s2.scale == s1.scale && s2.steps == 2 && s2.skipped == 1);
     free(back);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    check_remove_tree(dir);
     fixture_free(&f);
     prl_grpo_scaler_state_format(NULL, st, sizeof st);
     ck_assert_str_eq(st, "null");

@@ -9,6 +9,7 @@
 ** sequence in one padded batch.
 */
 #include "engine/ops.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -684,11 +685,7 @@ int main(void)
     tcase_set_timeout(all, 600);
     tcase_add_test(all, test_all_blocks_match_train_path);
     suite_add_tcase(s, all);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = check_run_mode(s, CK_NOFORK); /* the tests share one loaded model */
     prl_model_free(&model);
-    return failed ? 1 : 0;
+    return failed;
 }

@@ -6,6 +6,7 @@
 */
 #include "job/job.h"
 #include "job/recipe.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -238,9 +239,5 @@ int main(void)
     tcase_add_test(tc, test_task_mix);
     tcase_add_test(tc, test_sft_recipe);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

@@ -4,6 +4,7 @@
 ** schedules, clipping, expert-bias balancing, route capture/override and tensor hooks.
 */
 #include "engine/ops.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -367,8 +368,7 @@ START_TEST(test_checkpoint_round_trip)
     ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK);
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     ck_assert_int_ne(access(path, F_OK), 0); /* the new checkpoint has no optimizer */
-    snprintf(path, sizeof path, "rm -rf '%s'", tmpdir);
-    ck_assert_int_eq(system(path), 0);
+    check_remove_tree(tmpdir);
     prl_optim_free(&o), prl_optim_free(&o2);
     prl_model_free(&m), prl_model_free(&m2);
 }
@@ -413,8 +413,7 @@ START_TEST(test_checkpoint_tampering)
     snprintf(file, sizeof file, "%s/missing/dir/ckpt", tmpdir);
     ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, file), PRL_ERR_IO);
     ck_assert_int_ne(access(file, F_OK), 0);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    ck_assert_int_eq(system(cmd), 0);
+    check_remove_tree(tmpdir);
     prl_model_free(&m);
 }
 END_TEST
@@ -599,6 +598,22 @@ END_TEST
 
 /* ------------------------------------------------------------------ optimizers ------ */
 
+/* An optimizer of `kind` on m with a constant lr, no warmup and no clipping: the update of the
+** first steps has a closed form. */
+static void closed_form_optim(prl_optim *o, const prl_model *m, prl_optim_kind kind, double lr,
+                              double weight_decay)
+{
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.kind = kind;
+    oc.schedule = PRL_LR_CONSTANT;
+    oc.warmup_steps = 0;
+    oc.grad_clip = 0;
+    oc.lr = lr;
+    oc.weight_decay = weight_decay;
+    ck_assert_int_eq(prl_optim_init(o, m, &oc), PRL_OK);
+}
+
 /* One tensor model stand-in: a model with a single 1-D "norm" parameter is enough to drive
 ** AdamW by hand, so use the small model and check one element against the formula. */
 START_TEST(test_adamw_closed_form)
@@ -606,15 +621,7 @@ START_TEST(test_adamw_closed_form)
     prl_model m;
     build(&m, 1);
     prl_optim o;
-    prl_optim_config oc;
-    prl_optim_config_default(&oc);
-    oc.kind = PRL_OPTIM_ADAMW;
-    oc.schedule = PRL_LR_CONSTANT;
-    oc.warmup_steps = 0;
-    oc.grad_clip = 0;
-    oc.lr = 0.1;
-    oc.weight_decay = 0.5;
-    ck_assert_int_eq(prl_optim_init(&o, &m, &oc), PRL_OK);
+    closed_form_optim(&o, &m, PRL_OPTIM_ADAMW, 0.1, 0.5);
     const prl_param_info *wq = prl_model_find(&m, "model.layers.0.self_attn.q_a_proj.weight");
     const prl_param_info *ln = prl_model_find(&m, "model.layers.0.input_layernorm.weight");
     float w0 = m.params[wq->offset], n0 = m.params[ln->offset];
@@ -675,14 +682,7 @@ START_TEST(test_muon_step)
     prl_model m;
     build(&m, 2);
     prl_optim o;
-    prl_optim_config oc;
-    prl_optim_config_default(&oc);
-    oc.schedule = PRL_LR_CONSTANT;
-    oc.warmup_steps = 0;
-    oc.grad_clip = 0;
-    oc.lr = 0.02;
-    oc.weight_decay = 0.1;
-    ck_assert_int_eq(prl_optim_init(&o, &m, &oc), PRL_OK);
+    closed_form_optim(&o, &m, PRL_OPTIM_MUON, 0.02, 0.1);
     const prl_param_info *p = prl_model_find(&m, "model.layers.1.mlp.experts.2.down_proj.weight");
     ck_assert_ptr_nonnull(p);
     int A = (int)p->shape[0], B = (int)p->shape[1];
@@ -978,9 +978,5 @@ static Suite *model_suite(void)
 int main(void)
 {
     if (prl_blas_init(0) != PRL_OK) return 1;
-    SRunner *sr = srunner_create(model_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(model_suite());
 }

@@ -5,7 +5,7 @@
 ** name. The batch messages (train, teach) are tested with their batches' rules in
 ** test_grpo_trainer.c, test_opd.c and test_replay.c.
 */
-#include "check_util.h"
+#include "tests/check_util.h"
 #include "roles/msg/msg.h"
 
 #include <math.h>

@@ -11,37 +11,36 @@
 #include "opd/opd.h"
 
 #include "tests/msg_util.h"
-#include "check_util.h"
 #include "job/job.h"
+#include "tests/check_util.h"
+#include "tests/grpo_util.h"
 
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef PRL_SOURCE_DIR
-#define PRL_SOURCE_DIR "."
-#endif
-
 /* ------------------------------------------------------------------ advantages ------ */
 
-/* rl.md §5.6: p_S = [0.5, 0.9, 0.01, 0.3], p_T = [0.6, 0.9, 0.5, 1e-4], coef 1. */
-static void spec_vector(float *lp_s, float *lp_t)
+/* rl.md §5.6: p_S = [0.5, 0.9, 0.01, 0.3], p_T = [0.6, 0.9, 0.5, 1e-4], one sequence of four
+** loss tokens: its advantages under `c` into adv[4]. */
+static void spec_advantages(const prl_opd_config *c, float *adv, prl_opd_stats *st)
 {
     const double ps[4] = {0.5, 0.9, 0.01, 0.3}, pt[4] = {0.6, 0.9, 0.5, 1e-4};
+    float lp_s[4], lp_t[4];
     for (int i = 0; i < 4; i++) lp_s[i] = (float)log(ps[i]), lp_t[i] = (float)log(pt[i]);
+    const uint8_t mask[4] = {1, 1, 1, 1};
+    const int32_t start[2] = {0, 4};
+    assert_ok(prl_opd_advantages(c, lp_s, lp_t, mask, start, 1, NULL, adv, st));
 }
 
 START_TEST(test_spec_vector)
 {
-    float lp_s[4], lp_t[4], adv[4];
-    uint8_t mask[4] = {1, 1, 1, 1};
-    int32_t start[2] = {0, 4};
-    spec_vector(lp_s, lp_t);
+    float adv[4];
     prl_opd_config c;
     prl_opd_config_default(&c);
     prl_opd_stats st;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     const double raw[4] = {0.182322, 0.000000, 3.912023, -8.006368};
     for (int i = 0; i < 4; i++) ck_assert_double_eq_tol(adv[i], raw[i], 2e-6);
     ck_assert_double_eq_tol(st.teacher_kl, 0.978006, 2e-6);
@@ -49,24 +48,24 @@ START_TEST(test_spec_vector)
     ck_assert(st.masked_frac == 0 && st.clipped_frac == 0);
     /* clipped to [−5, 5] */
     c.clip = 1;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     const double clipped[4] = {0.182322, 0.000000, 3.912023, -5.000000};
     for (int i = 0; i < 4; i++) ck_assert_double_eq_tol(adv[i], clipped[i], 2e-6);
     ck_assert_double_eq_tol(st.clipped_frac, 0.25, 1e-12);
     ck_assert_double_eq_tol(st.teacher_kl, 0.978006, 2e-6); /* the KL is of the raw log-probs */
     /* discounted, γ = 0.5, unclipped */
     c.clip = 0, c.discount = 0.5;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     const double disc[4] = {0.159531, -0.045580, -0.091161, -8.006368};
     for (int i = 0; i < 4; i++) ck_assert_double_eq_tol(adv[i], disc[i], 2e-6);
     /* discounted then clipped (clipping comes after discounting): only the last one moves */
     c.clip = 1;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     ck_assert_double_eq_tol(adv[2], -0.091161, 2e-6);
     ck_assert_double_eq_tol(adv[3], -5.0, 1e-6);
     /* coef 2 doubles every advantage, not the KL */
     c = (prl_opd_config){.coef = 2};
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     ck_assert_double_eq_tol(adv[2], 2 * 3.912023, 4e-6);
     ck_assert_double_eq_tol(st.teacher_kl, 0.978006, 2e-6);
 }
@@ -77,20 +76,17 @@ END_TEST
 ** four are masked. */
 START_TEST(test_mask_after_clip)
 {
-    float lp_s[4], lp_t[4], adv[4];
-    uint8_t mask[4] = {1, 1, 1, 1};
-    int32_t start[2] = {0, 4};
-    spec_vector(lp_s, lp_t);
+    float adv[4];
     prl_opd_config c;
     prl_opd_config_default(&c);
     c.mask_eps = 0.2;
     prl_opd_stats st;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     ck_assert(adv[0] == 0 && adv[1] == 0);
     ck_assert_double_eq_tol(adv[2], 3.912023, 2e-6);
     ck_assert_double_eq_tol(st.masked_frac, 0.5, 1e-12);
     c.clip = 1, c.clip_low = -0.1, c.clip_high = 0.1, c.mask_eps = 0.15;
-    assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, &st));
+    spec_advantages(&c, adv, &st);
     for (int i = 0; i < 4; i++) ck_assert(adv[i] == 0);
     ck_assert_double_eq_tol(st.masked_frac, 1.0, 1e-12);
     ck_assert_double_eq_tol(st.clipped_frac, 0.75, 1e-12); /* 0.18, 3.91 and −8.0 were clipped */
@@ -464,15 +460,6 @@ END_TEST
 
 /* ------------------------------------------------------------------ on the model ---- */
 
-static void micro_model(prl_model *m, uint64_t seed)
-{
-    prl_config c;
-    assert_ok(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/micro.json"));
-    c.balance_loss_alpha = 0, c.router_z_loss_coef = 0; /* only the policy loss moves weights */
-    assert_ok(prl_model_init(m, &c));
-    prl_model_init_weights(m, seed);
-}
-
 /* n samples: prompt 3, response 1 + i % 4 tokens; every third response token an observation;
 ** b->logprobs = the model's own train-path log-probs (each sample scored alone). */
 static void model_batch(prl_model *m, prl_grpo_batch *b, int n)
@@ -490,20 +477,7 @@ static void model_batch(prl_model *m, prl_grpo_batch *b, int n)
         for (int j = 0; j < len - 3; j++) b->mask[k++] = j % 3 != 2;
     }
     b->offsets[n] = (int32_t)t;
-    prl_batch_buf bb;
-    assert_ok(prl_batch_buf_init(&bb, 1, m->cfg.max_position_embeddings));
-    float lp[64];
-    for (int i = 0; i < n; i++) {
-        int len = b->offsets[i + 1] - b->offsets[i];
-        prl_batch_buf_set_row(&bb, len, 0, b->tokens + b->offsets[i], len, NULL);
-        prl_batch batch = prl_batch_buf_view(&bb, 1, len);
-        assert_ok(prl_model_logprobs(m, &batch, lp));
-        size_t first;
-        int nr;
-        prl_grpo_batch_response(b, i, &first, &nr);
-        for (int j = 0; j < nr; j++) b->logprobs[first + j] = lp[2 + j];
-    }
-    prl_batch_buf_free(&bb);
+    train_logprobs(m, b);
     assert_ok(prl_grpo_batch_check(b));
 }
 
@@ -514,7 +488,7 @@ static void model_batch(prl_model *m, prl_grpo_batch *b, int n)
 START_TEST(test_teacher_logprobs)
 {
     prl_model m;
-    micro_model(&m, 3);
+    micro_model(&m, 3, 1);
     prl_grpo_batch b;
     model_batch(&m, &b, 7);
     float *lp = malloc(b.n_response * sizeof *lp);
@@ -565,7 +539,7 @@ END_TEST
 START_TEST(test_teacher_topk)
 {
     prl_model m;
-    micro_model(&m, 3);
+    micro_model(&m, 3, 1);
     prl_grpo_batch b;
     model_batch(&m, &b, 7);
     enum { K = 4 };
@@ -625,7 +599,7 @@ static double mean_logp_of(prl_model *m, const prl_grpo_batch *b, int i, int32_t
 static void step_fixture(prl_model *m, uint64_t seed, prl_grpo_batch *b, prl_optim *o,
                          prl_grpo_train_config *tc)
 {
-    micro_model(m, seed);
+    micro_model(m, seed, 1);
     model_batch(m, b, 6);
     prl_optim_config oc;
     prl_optim_config_default(&oc);

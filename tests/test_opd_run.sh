@@ -24,7 +24,7 @@ cleanup() {
 }
 trap cleanup EXIT
 cd "$work"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$src/tests/run_lib.sh" # fail, model_config, expect_refused, steps_done
 export PRL_THREADS=1
 
 # ---- a tiny student and four teachers (same config and tokenizer, other seeds)
@@ -33,17 +33,12 @@ for d in reasoning general agent coding; do
 done
 $prl tokenizer train --data demos.jsonl --vocab 400 --out tok.json >/dev/null 2>&1
 $prl tokenizer train --data demos.jsonl --vocab 380 --out tok2.json >/dev/null 2>&1
-python3 - "$src" <<'EOF'
-import json, sys
-c = json.load(open(sys.argv[1] + '/configs/models/tiny.json'))
-c.update(vocab_size=400, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, q_lora_rank=16,
-         kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
-         intermediate_size=64, n_routed_experts=4, moe_intermediate_size=16,
-         max_position_embeddings=256)
-json.dump(c, open('small.json', 'w'), indent=1)
-c2 = dict(c, vocab_size=512); json.dump(c2, open('vocab512.json', 'w'), indent=1)
-c3 = dict(c, hidden_size=48); json.dump(c3, open('wide.json', 'w'), indent=1)
-EOF
+model_config "$src/configs/models/tiny.json" small.json vocab_size=400 hidden_size=32 \
+  num_hidden_layers=2 num_attention_heads=2 q_lora_rank=16 kv_lora_rank=16 qk_nope_head_dim=8 \
+  qk_rope_head_dim=8 v_head_dim=8 intermediate_size=64 n_routed_experts=4 \
+  moe_intermediate_size=16 max_position_embeddings=256
+model_config small.json vocab512.json vocab_size=512
+model_config small.json wide.json hidden_size=48
 $prl init --model small.json --seed 1 --tokenizer tok.json --out student >/dev/null
 seed=2
 for d in reasoning general agent coding; do
@@ -68,20 +63,15 @@ cat > job.json <<'EOF'
 EOF
 
 # ---- bad teachers: refused before any process starts, naming the file
-expect_refused() { # name, expected text, --set args...
-  local name=$1 want=$2; shift 2
-  for mode in --check ""; do
-    if out=$($prl run job.json --runs bad $mode "$@" 2>&1); then fail "$name ($mode): accepted"; fi
-    echo "$out" | grep -q -- "$want" || fail "$name ($mode): error '$out' lacks '$want'"
-    [ ! -e bad ] || fail "$name: created a run directory"
-  done
-  echo "ok: refused: $name"
-}
-expect_refused "missing teacher" "t_nowhere/config.json" --set opd.teachers.coding=t_nowhere
-expect_refused "other vocabulary" "t_vocab/config.json has vocab_size 512" --set opd.teachers.agent=t_vocab
-expect_refused "other model config" "t_wide/config.json is another model config" --set opd.teachers.general=t_wide
-expect_refused "other tokenizer" "t_tok/tokenizer.json differs" --set opd.teachers.reasoning=t_tok
-expect_refused "no teacher for a domain" "opd.teachers.coding" --set opd.teachers.coding='""'
+both="check start"
+expect_refused "missing teacher" "t_nowhere/config.json" "$both" --set opd.teachers.coding=t_nowhere
+expect_refused "other vocabulary" "t_vocab/config.json has vocab_size 512" "$both" \
+  --set opd.teachers.agent=t_vocab
+expect_refused "other model config" "t_wide/config.json is another model config" "$both" \
+  --set opd.teachers.general=t_wide
+expect_refused "other tokenizer" "t_tok/tokenizer.json differs" "$both" \
+  --set opd.teachers.reasoning=t_tok
+expect_refused "no teacher for a domain" "opd.teachers.coding" "$both" --set opd.teachers.coding='""'
 $prl run job.json --check >/dev/null || fail "the good job fails --check"
 echo "ok: the good job passes --check"
 
@@ -146,7 +136,7 @@ echo "ok: opd.topk 4 at temperature 0.7: 2 steps with the top-k term"
 $prl run job.json --set run.name=k > k.out 2> k.err &
 launcher=$!
 for _ in $(seq 1 600); do
-  [ "$(sqlite3 runs/k/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 2 ] && break
+  [ "$(steps_done k)" -ge 2 ] && break
   sleep 0.05
 done
 for t in teacher-0 teacher-1; do
@@ -154,7 +144,7 @@ for t in teacher-0 teacher-1; do
   [ -n "$pid" ] || fail "no process for $t"
   kill -9 "$pid"
 done
-echo "killed both teachers after $(sqlite3 runs/k/run.db 'SELECT count(*) FROM steps') steps"
+echo "killed both teachers after $(steps_done k) steps"
 finish k
 grep -q "teacher-0 died" k.err || fail "the launcher did not restart teacher-0"
 [ "$(sqlite3 runs/k/run.db "SELECT count(*) FROM events WHERE kind = 'rejoin' AND detail LIKE '%teacher%'")" -ge 1 ] ||
@@ -169,13 +159,13 @@ kill_after_3_steps() { # name, --set args...: start the run, kill -9 every proce
   $prl run job.json --set run.name=$name "$@" > $name.out 2> $name.err &
   launcher=$!
   for _ in $(seq 1 600); do
-    [ "$(sqlite3 runs/$name/run.db 'SELECT count(*) FROM steps' 2>/dev/null || echo 0)" -ge 3 ] && break
+    [ "$(steps_done "$name")" -ge 3 ] && break
     sleep 0.02
   done
   pkill -9 -P "$launcher" || true
   kill -9 "$launcher"
   wait "$launcher" 2>/dev/null || true
-  echo "killed run $name after $(sqlite3 runs/$name/run.db 'SELECT count(*) FROM steps') steps"
+  echo "killed run $name after $(steps_done "$name") steps"
 }
 kill_after_3_steps rs
 $prl run --resume runs/rs --set teacher.threads=1 > rs.out 2> rs.err & # thread counts may change

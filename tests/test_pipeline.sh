@@ -22,22 +22,17 @@ cleanup() {
 }
 trap cleanup EXIT
 cd "$work"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$src/tests/run_lib.sh" # fail, model_config, expect_refused, steps_done
 export PRL_THREADS=1
 
 # ---- a small policy with some skill (so rewards differ within groups and updates happen)
 $prl tasks demos --domain general --n 300 --seed 1 --out demos.jsonl 2>/dev/null
 $prl tasks demos --domain coding --n 300 --seed 1 >> demos.jsonl 2>/dev/null
 $prl tokenizer train --data demos.jsonl --vocab 512 --out tok.json >/dev/null 2>&1
-python3 - "$src" <<'EOF'
-import json, sys
-c = json.load(open(sys.argv[1] + '/configs/models/tiny.json'))
-c.update(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, q_lora_rank=32,
-         kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-         intermediate_size=128, n_routed_experts=4, moe_intermediate_size=32,
-         max_position_embeddings=256)
-json.dump(c, open('small.json', 'w'), indent=1)
-EOF
+model_config "$src/configs/models/tiny.json" small.json vocab_size=512 hidden_size=64 \
+  num_hidden_layers=2 num_attention_heads=2 q_lora_rank=32 kv_lora_rank=32 qk_nope_head_dim=16 \
+  qk_rope_head_dim=8 v_head_dim=16 intermediate_size=128 n_routed_experts=4 \
+  moe_intermediate_size=32 max_position_embeddings=256
 $prl sft --data demos.jsonl --model small.json --tokenizer tok.json --out base --steps 200 \
   --batch 8 --seq 160 --optimizer adamw --lr 3e-3 --log-every 1000 >/dev/null 2>&1
 cat > job.json <<'EOF'
@@ -51,20 +46,12 @@ EOF
 STEPS=14 N=$((14 * 2 * 8))
 
 # ---- config errors name the key and start nothing
-expect_config_error() { # name, expected text, --set args...
-  local name=$1 want=$2; shift 2
-  if out=$($prl run job.json --runs bad "$@" 2>&1); then fail "$name: accepted"; fi
-  echo "$out" | grep -q -- "$want" || fail "$name: error '$out' lacks '$want'"
-  [ ! -e bad ] || fail "$name: created a run directory"
-  echo "ok: config error: $name"
-}
-expect_config_error "unknown key" "rollout.grup_size" --set rollout.grup_size=4
-expect_config_error "wrong type" "rollout.group_size" --set 'rollout.group_size="eight"'
-expect_config_error "B*G = 0" "rollout.group_size" --set rollout.group_size=0
-expect_config_error "negative clip" "grpo.clip_low" --set grpo.clip_low=-0.1
-expect_config_error "missing init" "model.init" --set model.init=nowhere
+expect_refused "unknown key" "rollout.grup_size" start --set rollout.grup_size=4
+expect_refused "wrong type" "rollout.group_size" start --set 'rollout.group_size="eight"'
+expect_refused "B*G = 0" "rollout.group_size" start --set rollout.group_size=0
+expect_refused "negative clip" "grpo.clip_low" start --set grpo.clip_low=-0.1
+expect_refused "missing init" "model.init" start --set model.init=nowhere
 
-steps_done() { sqlite3 "runs/$1/run.db" "SELECT count(*) FROM steps" 2>/dev/null || echo 0; }
 wait_steps() { # run, n: wait until n steps are recorded
   for _ in $(seq 1 600); do [ "$(steps_done "$1")" -ge "$2" ] && return 0; sleep 0.1; done
   fail "run $1 did not reach step $2"

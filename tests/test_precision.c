@@ -16,8 +16,8 @@
 */
 #include "engine/ops.h"
 
-#include "check_util.h"
-#include "model_util.h"
+#include "tests/check_util.h"
+#include "tests/model_util.h"
 
 #include <check.h>
 #include <math.h>

@@ -7,10 +7,7 @@
 # Usage: test_precision_cli.sh PRL SRC_DIR
 set -uo pipefail
 prl=$1 src=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-pass=0 fail=0
-. "$src/tests/lib.sh"   # ok, bad, expect_fail, expect_ok
+. "$src/tests/lib.sh"   # work, ok, bad, expect_fail, expect_ok, summary
 
 # --check only looks for the init checkpoint's config.json and tokenizer.json
 mkdir -p "$work/init" && echo '{}' > "$work/init/config.json" && echo '{}' > "$work/init/tokenizer.json"
@@ -42,5 +39,4 @@ grep -q "scale" "$work/last.out" && bad "bf16 sft ran a scaler" || ok "bf16 sft:
 expect_fail "sft: unknown precision" "--precision: unknown precision 'fp8'" sft --precision fp8
 expect_fail "sft: unknown scaler" "--loss-scale" sft --precision fp16 --loss-scale apex
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+summary

@@ -14,8 +14,9 @@
 #include "grpo/grpo.h"
 #include "job/job.h"
 
-#include "check_util.h"
 #include "engine/ops.h"
+#include "tests/check_util.h"
+#include "tests/grpo_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -213,19 +214,13 @@ END_TEST
 
 /* ------------------------------------------------------------------ the trainer ----- */
 
-#ifndef PRL_SOURCE_DIR
-#define PRL_SOURCE_DIR "."
-#endif
-
 enum { NS = 4, LEN = 8, PL = 3, ROWS = LEN - 1 }; /* 4 samples of 8 tokens, prompt 3 */
 
-static void micro_model(prl_model *m, uint64_t seed)
+/* The micro model with every weight ×20: routers far from uniform. */
+static void sharp_micro_model(prl_model *m, uint64_t seed)
 {
-    prl_config c;
-    assert_ok(prl_config_load(&c, PRL_SOURCE_DIR "/configs/models/micro.json"));
-    assert_ok(prl_model_init(m, &c));
-    prl_model_init_weights(m, seed);
-    for (size_t i = 0; i < m->n_params; i++) m->params[i] *= 20; /* routers far from uniform */
+    micro_model(m, seed, 0);
+    for (size_t i = 0; i < m->n_params; i++) m->params[i] *= 20;
 }
 
 /* One group of NS samples of LEN tokens, rewards 0/1, infer log-probs -1, every response
@@ -301,7 +296,7 @@ static prl_grpo_step_stats run_step(const prl_grpo_batch *b, prl_replay_mode mod
                                     prl_real **w)
 {
     prl_model m;
-    micro_model(&m, 11);
+    sharp_micro_model(&m, 11);
     prl_optim o;
     prl_optim_config oc;
     prl_optim_config_default(&oc);
@@ -330,7 +325,7 @@ typedef struct fixture {
 
 static void fixture_init(fixture *f, record_fn fn)
 {
-    micro_model(&f->m, 11);
+    sharp_micro_model(&f->m, 11);
     equal_batch(&f->b);
     f->native = native_routes(&f->m, &f->b);
     attach_routes(&f->b, &f->m, f->native, fn);
@@ -409,7 +404,7 @@ END_TEST
 START_TEST(test_trainer_none_is_unchanged)
 {
     prl_model m;
-    micro_model(&m, 11);
+    sharp_micro_model(&m, 11);
     prl_grpo_batch b, plain;
     equal_batch(&b);
     equal_batch(&plain);
@@ -453,7 +448,7 @@ START_TEST(test_trainer_r2_keeps_old_routes)
     int changed[2];
     for (int k = 0; k < 2; k++) {
         prl_model m;
-        micro_model(&m, 11);
+        sharp_micro_model(&m, 11);
         prl_optim o;
         prl_optim_config oc;
         prl_optim_config_default(&oc);
@@ -552,7 +547,7 @@ START_TEST(test_trainer_rejects_records)
     for (int i = 0; i < NS; i++) f.b.route_rows[i] = ROWS; /* unchanged */
     f.b.routes_bytes = (size_t)NS * ROWS * f.m.n_moe * 1;
     prl_model m2;
-    micro_model(&m2, 11);
+    sharp_micro_model(&m2, 11);
     prl_optim o;
     prl_optim_config oc;
     prl_optim_config_default(&oc);

@@ -604,15 +604,22 @@ static prl_status fake_exec(void *ctx, const prl_reward_exec_request *req, prl_r
     return PRL_OK;
 }
 
+/* Score a coding answer with the fake executor `f`. */
+static prl_reward_result score_fake(fake *f, const char *answer)
+{
+    prl_reward_exec exec = {fake_exec, f, 1};
+    prl_chat_message turn = {"assistant", answer};
+    prl_reward_result r;
+    assert_ok(prl_reward_coding(CODING, &turn, 1, &exec, &r));
+    return r;
+}
+
 START_TEST(test_coding_empty_program)
 {
     /* An empty code block is a bad answer, never an error, and reaches no executor (the sandbox
     ** refuses an empty program): python3 would print nothing, so every test fails. */
     fake f = {0, "ok"};
-    prl_reward_exec counting = {fake_exec, &f, 1};
-    prl_chat_message turn = {"assistant", "```python\n```"};
-    prl_reward_result r;
-    assert_ok(prl_reward_coding(CODING, &turn, 1, &counting, &r));
+    prl_reward_result r = score_fake(&f, "```python\n```");
     ck_assert(r.score == 0 && passed(&r, "format") && !passed(&r, "test_1"));
     ck_assert_int_eq(f.runs, 0);
 }
@@ -640,10 +647,7 @@ START_TEST(test_coding_monitor_flags)
         snprintf(answer, sizeof answer, "```python\n%s\n```", cases[i].program);
         snprintf(name, sizeof name, "monitor:%s", cases[i].rule);
         fake f = {0, "ok"};
-        prl_reward_exec counting = {fake_exec, &f, 1};
-        prl_chat_message turn = {"assistant", answer};
-        prl_reward_result r;
-        assert_ok(prl_reward_coding(CODING, &turn, 1, &counting, &r));
+        prl_reward_result r = score_fake(&f, answer);
         ck_assert_msg(find(&r, name) != NULL && !passed(&r, name), "%s not flagged as %s", cases[i].program, cases[i].rule);
         ck_assert_msg(r.score == 0 && (r.flags & PRL_REWARD_HACKING), "%s", cases[i].program);
         ck_assert_msg(f.runs == 0, "a flagged program was run");
@@ -674,11 +678,9 @@ END_TEST
 
 START_TEST(test_coding_sandbox_violation)
 {
+    const char *answer = "```python\nprint(int(input()) + 7)\n```";
     fake f = {0, "violation"};
-    prl_reward_exec sandbox = {fake_exec, &f, 1};
-    prl_chat_message turn = {"assistant", "```python\nprint(int(input()) + 7)\n```"};
-    prl_reward_result r;
-    assert_ok(prl_reward_coding(CODING, &turn, 1, &sandbox, &r));
+    prl_reward_result r = score_fake(&f, answer);
     ck_assert_int_eq(f.runs, 4);
     ck_assert(find(&r, "monitor:sandbox_violation") && (r.flags & PRL_REWARD_HACKING));
     int reported = 0;
@@ -686,7 +688,7 @@ START_TEST(test_coding_sandbox_violation)
     ck_assert_int_eq(reported, 1);
     assert_score(&r, 0);
     f = (fake){0, "ok"}; /* the fake prints 17: only test 1 passes */
-    assert_ok(prl_reward_coding(CODING, &turn, 1, &sandbox, &r));
+    r = score_fake(&f, answer);
     assert_score(&r, 0.25);
 }
 END_TEST

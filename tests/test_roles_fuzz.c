@@ -25,6 +25,7 @@
 */
 #include "bus/bus.h"
 #include "tests/bus_fuzz.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -38,7 +39,6 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -48,13 +48,6 @@ enum { N_RANDOM = 5000, N_MUTATED = 5000, G = 2 };
 static char dir[64], base_ckpt[128], run_dir[128], job_json[1024], task_json[4096];
 
 /* ---------------------------------------------------------------- helpers ---------- */
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static uint64_t rnd(prl_rng *r, uint64_t n) { return prl_rng_u64(r) % n; }
 
@@ -84,9 +77,9 @@ static void assert_alive(pid_t pid, const char *who)
 /* Wait up to timeout_s for pid to exit; its status, or SIGKILL and a failure. */
 static int wait_exit(pid_t pid, double timeout_s)
 {
-    double t0 = now_s();
+    double t0 = prl_now();
     int st = 0;
-    while (now_s() - t0 < timeout_s) {
+    while (prl_now() - t0 < timeout_s) {
         if (waitpid(pid, &st, WNOHANG) == pid) return st;
         usleep(20000);
     }
@@ -387,9 +380,9 @@ static pid_t role_pid; /* the worker under test */
 ** stay alive while we wait. */
 static int role_recv(prl_bus_socket *s, int timeout_ms, prl_bus_msg *m)
 {
-    double end = now_s() + timeout_ms / 1000.0;
+    double end = prl_now() + timeout_ms / 1000.0;
     for (;;) {
-        int left = (int)((end - now_s()) * 1000), got = 0;
+        int left = (int)((end - prl_now()) * 1000), got = 0;
         ck_assert_int_eq(prl_bus_recv(s, left > 500 ? 500 : left > 0 ? left : 0, m, NULL, &got), PRL_OK);
         if (!got && left > 500) {
             assert_alive(role_pid, "the role");
@@ -448,11 +441,11 @@ static void run_role(const role_case *rc)
     prl_bus_msg m;
     prl_bus_peer peer;
     int got = 0;
-    double t0 = now_s();
+    double t0 = prl_now();
     do {
         ck_assert_int_eq(prl_bus_recv(s, 1000, &m, &peer, &got), PRL_OK);
         if (got && strcmp(m.type, "hello")) prl_bus_msg_free(&m), got = 0;
-    } while (!got && now_s() - t0 < 30);
+    } while (!got && prl_now() - t0 < 30);
     ck_assert_msg(got, "%s said no hello", rc->role);
     prl_bus_msg_free(&m);
     ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("welcome"), RUN, 1), PRL_OK);
@@ -465,7 +458,7 @@ static void run_role(const role_case *rc)
     prl_rng r;
     prl_rng_init(&r, 23, (uint64_t)rc->role[0], 0, 0, PRL_RNG_TEST);
     tally t = {0};
-    double tf = now_s();
+    double tf = prl_now();
     for (int it = 0; it < N_RANDOM + N_MUTATED; it++) {
         wcopy c;
         fuzz_make(&r, it, rc->seed, NULL, 0, &c);
@@ -484,7 +477,7 @@ static void run_role(const role_case *rc)
         if (valid) prl_bus_msg_free(&m);
         wc_free(&c);
     }
-    double fuzz_s = now_s() - tf;
+    double fuzz_s = prl_now() - tf;
     assert_alive(pid, rc->role);
 
     /* still working: one valid item gets the right answer */
@@ -563,9 +556,9 @@ typedef struct cstate {
 /* The next message on k that is not a lease handed to our workers (those are recorded). */
 static int ctl_recv(cstate *S, csock *k, int timeout_ms, prl_bus_msg *m)
 {
-    double end = now_s() + timeout_ms / 1000.0;
+    double end = prl_now() + timeout_ms / 1000.0;
     for (;;) {
-        int left = (int)((end - now_s()) * 1000), got = 0;
+        int left = (int)((end - prl_now()) * 1000), got = 0;
         ck_assert_int_eq(prl_bus_recv(k->s, left > 0 ? left : 0, m, NULL, &got), PRL_OK);
         if (!got) return 0;
         if (!strcmp(m->type, "work") && k == &S->k[ROLLOUT]) {
@@ -584,7 +577,7 @@ static int ctl_recv(cstate *S, csock *k, int timeout_ms, prl_bus_msg *m)
 static void await_score(cstate *S, const char *after)
 {
     prl_bus_msg m;
-    for (double t0 = now_s(); !S->have_score && now_s() - t0 < 5;)
+    for (double t0 = prl_now(); !S->have_score && prl_now() - t0 < 5;)
         if (ctl_recv(S, &S->k[REWARD], 100, &m)) ck_abort_msg("after %s: a '%s'", after, m.type);
     ck_assert_msg(S->have_score, "no score lease after %s", after);
 }
@@ -755,7 +748,7 @@ START_TEST(test_controller_fuzz)
     ck_assert_msg(S->lease, "rollout-0 got no work");
 
     tally t = {0};
-    double tf = now_s();
+    double tf = prl_now();
     for (int it = 0; it < N_RANDOM + N_MUTATED; it++) {
         wcopy c;
         S->from = (int)rnd(&r, N_SOCKS);
@@ -788,7 +781,7 @@ START_TEST(test_controller_fuzz)
         }
         prl_bus_msg_free(&m);
     }
-    double fuzz_s = now_s() - tf;
+    double fuzz_s = prl_now() - tf;
     for (int i = 0; i < N_SOCKS; i++) /* nothing else came back */
         if (ctl_recv(S, &S->k[i], 200, &m)) ck_abort_msg("unexpected '%s' to %s", m.type, S->k[i].id);
     ck_assert_msg(!S->have_score, "a result was accepted during the fuzz");
@@ -937,11 +930,8 @@ int main(void)
         tcase_add_test(tc, tests[i]);
         suite_add_tcase(s, tc);
     }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = check_run(s);
     if (!getenv("KEEP")) tree_remove();
     else fprintf(stderr, "kept %s\n", dir);
-    return failed ? 1 : 0;
+    return failed;
 }

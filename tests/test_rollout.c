@@ -5,6 +5,7 @@
 ** sequence, bitwise), determinism across batch sizes, scoring by the verifiers, and errors.
 */
 #include "rollout/rollout.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -267,12 +268,8 @@ int main(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_cached_routes);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = check_run_mode(s, CK_NOFORK); /* the tests share one loaded model */
     prl_tokenizer_free(tok);
     prl_model_free(&model);
-    return failed ? 1 : 0;
+    return failed;
 }

@@ -10,6 +10,7 @@
 ** failures are injected through a test-only fsync() that overrides libc's).
 */
 #include "engine/engine.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -25,11 +26,6 @@
 #include <unistd.h>
 
 /* ---------------------------------------------------------------- helpers ---------- */
-
-#define assert_msg_has(needle)                                                            \
-    ck_assert_msg(strstr(prl_error_message(), (needle)) != NULL,                          \
-                  "error message \"%s\" does not mention \"%s\"", prl_error_message(),    \
-                  (needle))
 
 /* A file: 8-byte N = json_len, the header bytes, then data_len zero bytes (or `data`). */
 static uint8_t *make_file(const char *json, size_t json_len, const void *data,
@@ -108,6 +104,16 @@ static void assert_bytes(const uint8_t *got, size_t got_len, const void *want, s
                       i, got[i], ((const uint8_t *)want)[i]);
 }
 
+/* The writer's output is exactly want_len bytes of `want`; the writer is freed. */
+static void assert_writes(prl_safetensors_writer *w, const void *want, size_t want_len)
+{
+    size_t len;
+    uint8_t *out = write_mem(w, &len);
+    assert_bytes(out, len, want, want_len);
+    free(out);
+    prl_safetensors_writer_free(w);
+}
+
 #define S(lit) lit, (sizeof(lit) - 1) /* a string literal and its length (NULs included) */
 #define F32A "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}"
 
@@ -158,11 +164,7 @@ START_TEST(test_example1)
     const int64_t shape[] = {1, 2, 3};
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "attn.0", PRL_DTYPE_F32, shape, 3,
                                                 ex_values_0_to_5), PRL_OK);
-    size_t len;
-    uint8_t *out = write_mem(&w, &len);
-    assert_bytes(out, len, full, sizeof full);
-    free(out);
-    prl_safetensors_writer_free(&w);
+    assert_writes(&w, full, sizeof full);
 
     prl_safetensors st = parse_ok(full, sizeof full);
     ck_assert_uint_eq(st.header_len, 64);
@@ -204,11 +206,7 @@ START_TEST(test_example2)
     const int64_t shape[] = {1, 1, 2, 3};
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "attn0", PRL_DTYPE_F32, shape, 4,
                                                 ex_values_0_to_5), PRL_OK);
-    size_t len;
-    uint8_t *out = write_mem(&w, &len);
-    assert_bytes(out, len, full, sizeof full);
-    free(out);
-    prl_safetensors_writer_free(&w);
+    assert_writes(&w, full, sizeof full);
 
     prl_safetensors st = parse_ok(full, sizeof full);
     ck_assert_uint_eq(st.header_len, 72);
@@ -227,11 +225,7 @@ START_TEST(test_example3)
     static const char want[] = "\x08\0\0\0\0\0\0\0{}      ";
     prl_safetensors_writer w;
     prl_safetensors_writer_init(&w);
-    size_t len;
-    uint8_t *out = write_mem(&w, &len);
-    assert_bytes(out, len, want, 16);
-    free(out);
-    prl_safetensors_writer_free(&w);
+    assert_writes(&w, want, 16);
 
     prl_safetensors st = parse_ok((const uint8_t *)want, 16);
     ck_assert_uint_eq(st.n_tensors, 0);
@@ -250,11 +244,7 @@ START_TEST(test_example4)
     prl_safetensors_writer w;
     prl_safetensors_writer_init(&w);
     ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "framework", "pt"), PRL_OK);
-    size_t len;
-    uint8_t *out = write_mem(&w, &len);
-    assert_bytes(out, len, want, 48);
-    free(out);
-    prl_safetensors_writer_free(&w);
+    assert_writes(&w, want, 48);
 
     prl_safetensors st = parse_ok((const uint8_t *)want, 48);
     ck_assert_uint_eq(st.n_tensors, 0);
@@ -293,11 +283,7 @@ START_TEST(test_example5)
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "b", PRL_DTYPE_F32, s2, 1, b), PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "a", PRL_DTYPE_F16, s3, 1, a), PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "c", PRL_DTYPE_F64, s1, 1, c), PRL_OK);
-    size_t len;
-    uint8_t *out = write_mem(&w, &len);
-    assert_bytes(out, len, full, sizeof full);
-    free(out);
-    prl_safetensors_writer_free(&w);
+    assert_writes(&w, full, sizeof full);
 
     prl_safetensors st = parse_ok(full, sizeof full);
     ck_assert_uint_eq(st.header_len, 168);
@@ -334,11 +320,7 @@ START_TEST(test_example6)
     prl_safetensors_writer_init(&w);
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "x", PRL_DTYPE_F32, s, 1, x), PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "step", "7"), PRL_OK);
-    size_t len;
-    uint8_t *out = write_mem(&w, &len);
-    assert_bytes(out, len, want, 104);
-    free(out);
-    prl_safetensors_writer_free(&w);
+    assert_writes(&w, want, 104);
 
     prl_safetensors st = parse_ok((const uint8_t *)want, 104);
     ck_assert_str_eq(prl_safetensors_metadata(&st, "step"), "7");
@@ -1206,20 +1188,6 @@ static void remove_tree(const char *dir)
     rmdir(dir);
 }
 
-static uint8_t *read_whole(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
 START_TEST(test_save_and_open)
 {
     make_tmpdir();
@@ -1241,7 +1209,7 @@ START_TEST(test_save_and_open)
     list_dir(tmpdir, listing, sizeof listing);
     ck_assert_str_eq(listing, "ckpt.safetensors");
     size_t got_len;
-    uint8_t *got = read_whole(path, &got_len);
+    uint8_t *got = (uint8_t *)check_read_file(path, &got_len);
     assert_bytes(got, got_len, want, len);
     free(got);
 
@@ -1261,7 +1229,7 @@ START_TEST(test_save_and_open)
     prl_safetensors_writer_free(&w);
     prl_safetensors_writer_init(&w);
     ck_assert_int_eq(prl_safetensors_writer_save(&w, path), PRL_OK);
-    got = read_whole(path, &got_len);
+    got = (uint8_t *)check_read_file(path, &got_len);
     assert_bytes(got, got_len, "\x08\0\0\0\0\0\0\0{}      ", 16);
     free(got);
     list_dir(tmpdir, listing, sizeof listing);
@@ -1384,7 +1352,7 @@ START_TEST(test_save_write_fails_keeps_old)
     ck_assert_int_eq(prl_safetensors_writer_save(&w, path), PRL_OK);
     prl_safetensors_writer_free(&w);
     size_t old_len;
-    uint8_t *old_bytes = read_whole(path, &old_len);
+    uint8_t *old_bytes = (uint8_t *)check_read_file(path, &old_len);
 
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
@@ -1410,7 +1378,7 @@ START_TEST(test_save_write_fails_keeps_old)
     ck_assert_int_eq(WEXITSTATUS(status), 0);
 
     size_t now_len;
-    uint8_t *now = read_whole(path, &now_len);
+    uint8_t *now = (uint8_t *)check_read_file(path, &now_len);
     assert_bytes(now, now_len, old_bytes, old_len);
     char listing[1024];
     list_dir(tmpdir, listing, sizeof listing);
@@ -1555,11 +1523,4 @@ static Suite *safetensors_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(safetensors_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+int main(void) { return check_run(safetensors_suite()); }

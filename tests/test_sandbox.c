@@ -11,6 +11,7 @@
 ** containment instead; they never pass silently.
 */
 #include "sandbox/sandbox.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -34,13 +35,6 @@
 
 static prl_sandbox_caps caps; /* probed once in main() */
 static unsigned next_uid_base = 40000; /* tests run one at a time, each in its own process */
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static prl_sandbox *make_sb_at(int slots, unsigned disable, const char *base_dir)
 {
@@ -82,9 +76,9 @@ static void run_lim(prl_sandbox *sb, int slot, const char *lang, const char *pro
 static void run(prl_sandbox *sb, const char *lang, const char *prog, double wall, prl_sandbox_result *res)
 {
     prl_sandbox_limits l = limits(wall);
-    double t0 = now_s();
+    double t0 = prl_now();
     run_lim(sb, 0, lang, prog, &l, res);
-    double took = now_s() - t0;
+    double took = prl_now() - t0;
     ck_assert_msg(took < wall + 1.5, "the run took %.3f s under a wall limit of %g s", took, wall);
 }
 
@@ -253,9 +247,9 @@ static void *job_main(void *arg)
         nanosleep(&t, NULL);
     }
     prl_sandbox_request req = {.lang = j->lang, .program = j->prog, .program_len = strlen(j->prog), .limits = j->lim};
-    j->started = now_s();
+    j->started = prl_now();
     j->rc = prl_sandbox_run(j->sb, j->slot, &req, &j->res);
-    j->ended = now_s();
+    j->ended = prl_now();
     return NULL;
 }
 
@@ -302,11 +296,11 @@ START_TEST(test_04_fork_bomb_python)
     prl_sandbox_limits l = limits(10);
     l.processes = 16;
     prl_sandbox_result r;
-    double t0 = now_s();
+    double t0 = prl_now();
     run_lim(sb, 0, "python3", "import os\nwhile True: os.fork()\n", &l, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_RUNTIME_ERROR);
     ck_assert_msg(strstr(r.err, "Resource temporarily unavailable") != NULL, "stderr: %.500s", r.err);
-    ck_assert_msg(now_s() - t0 < 9, "the fork bomb ran until the wall limit");
+    ck_assert_msg(prl_now() - t0 < 9, "the fork bomb ran until the wall limit");
     finish(sb, &r);
 }
 END_TEST
@@ -875,6 +869,18 @@ static void check_canary(void)
     rmdir(canary_dir);
 }
 
+/* Run the shell program `prog` in `fb`, a sandbox without a mount namespace (the host cleans
+** its work dir up): it ends OK, the canary survives the cleanup, the slot is left clean. */
+static void run_keeps_canary(prl_sandbox *fb, const char *prog)
+{
+    prl_sandbox_result r;
+    run(fb, "sh", prog, 10, &r);
+    expect_status(&r, PRL_SANDBOX_STATUS_OK);
+    prl_sandbox_result_free(&r);
+    check_canary();
+    assert_clean(fb, 0);
+}
+
 START_TEST(test_18_symlink_escape_host_side)
 {
     /* With a mount namespace the host never touches the work dir (it is a tmpfs that
@@ -901,11 +907,7 @@ START_TEST(test_18_symlink_escape_host_side)
              "ln -s %s canary; ln -s %s/keep out.txt; mkdir -p d/e; ln -s %s d/e/x\n"
              "chmod 000 d\n",
              canary_dir, canary_dir, canary_dir);
-    run(fb, "sh", prog, 10, &r);
-    expect_status(&r, PRL_SANDBOX_STATUS_OK);
-    prl_sandbox_result_free(&r);
-    check_canary();
-    assert_clean(fb, 0);
+    run_keeps_canary(fb, prog);
     prl_sandbox_free(fb);
     assert_clean(sb, 0);
     prl_sandbox_free(sb);
@@ -923,12 +925,7 @@ START_TEST(test_19_toctou_swap_during_cleanup)
              "(while true; do rm -rf d; mkdir d; touch d/f; rm -rf d; ln -s %s d; rm -f d; done) &\n"
              "sleep 0.3; echo bye\n",
              canary_dir);
-    prl_sandbox_result r;
-    run(fb, "sh", prog, 10, &r);
-    expect_status(&r, PRL_SANDBOX_STATUS_OK);
-    prl_sandbox_result_free(&r);
-    check_canary();
-    assert_clean(fb, 0);
+    run_keeps_canary(fb, prog);
     prl_sandbox_free(fb);
 }
 END_TEST
@@ -1345,59 +1342,27 @@ int main(void)
     }
     if (!caps.is_root)
         fprintf(stderr, "NOTE: not root; the tests run with the layers an unprivileged sandbox has\n");
-    const struct {
-        const char *name;
-        const TTest *test;
-    } tests[] = {
-        {"layers_reported", test_layers_reported},
-        {"01_cpu_loop_wall_timeout", test_01_cpu_loop_wall_timeout},
-        {"01_cpu_loop_cpu_limit", test_01_cpu_loop_cpu_limit},
-        {"02_blocking_sleep_and_lock", test_02_blocking_sleep_and_lock},
-        {"02_stdin_is_closed", test_02_stdin_is_closed},
-        {"03_multithread_burn", test_03_multithread_burn},
-        {"04_fork_bomb_python", test_04_fork_bomb_python},
-        {"04_fork_count_bounded", test_04_fork_count_bounded},
-        {"04_fork_bomb_shell", test_04_fork_bomb_shell},
-        {"05_memory_bomb", test_05_memory_bomb},
-        {"05_memory_bomb_children", test_05_memory_bomb_children},
-        {"06_memory_via_tmpfs_and_shm", test_06_memory_via_tmpfs_and_shm},
-        {"07_disk_fill_and_huge_files", test_07_disk_fill_and_huge_files},
-        {"08_output_flood_kill", test_08_output_flood_kill},
-        {"08_output_flood_drain", test_08_output_flood_drain},
-        {"09_background_child_holds_pipe", test_09_background_child_holds_pipe},
-        {"10_write_outside_work_dir", test_10_write_outside_work_dir},
-        {"11_read_secrets", test_11_read_secrets},
-        {"12_network", test_12_network},
-        {"13_kill_parent_and_others", test_13_kill_parent_and_others},
-        {"14_setsid_escape", test_14_setsid_escape},
-        {"15_zombies_and_orphans", test_15_zombies_and_orphans},
-        {"16_signal_tricks", test_16_signal_tricks},
-        {"17_fd_leaks", test_17_fd_leaks},
-        {"18_symlink_escape_host_side", test_18_symlink_escape_host_side},
-        {"19_toctou_swap_during_cleanup", test_19_toctou_swap_during_cleanup},
-        {"20_privilege_escalation", test_20_privilege_escalation},
-        {"21_kernel_attack_surface", test_21_kernel_attack_surface},
-        {"22_other_syscall_abis", test_22_other_syscall_abis},
-        {"23_tampering_does_not_persist", test_23_tampering_does_not_persist},
-        {"24_bad_requests", test_24_bad_requests},
-        {"24_busy_slot", test_24_busy_slot},
-        {"25_cross_slot_interference", test_25_cross_slot_interference},
-        {"fallback_no_pid_namespace", test_fallback_no_pid_namespace},
-        {"fallback_no_net_namespace", test_fallback_no_net_namespace},
-        {"fallback_no_mount_namespace", test_fallback_no_mount_namespace},
-        {"fallback_no_cgroups", test_fallback_no_cgroups},
+    const TTest *const tests[] = {
+        test_layers_reported, test_01_cpu_loop_wall_timeout, test_01_cpu_loop_cpu_limit,
+        test_02_blocking_sleep_and_lock, test_02_stdin_is_closed, test_03_multithread_burn,
+        test_04_fork_bomb_python, test_04_fork_count_bounded, test_04_fork_bomb_shell,
+        test_05_memory_bomb, test_05_memory_bomb_children, test_06_memory_via_tmpfs_and_shm,
+        test_07_disk_fill_and_huge_files, test_08_output_flood_kill, test_08_output_flood_drain,
+        test_09_background_child_holds_pipe, test_10_write_outside_work_dir,
+        test_11_read_secrets, test_12_network, test_13_kill_parent_and_others,
+        test_14_setsid_escape, test_15_zombies_and_orphans, test_16_signal_tricks,
+        test_17_fd_leaks, test_18_symlink_escape_host_side, test_19_toctou_swap_during_cleanup,
+        test_20_privilege_escalation, test_21_kernel_attack_surface, test_22_other_syscall_abis,
+        test_23_tampering_does_not_persist, test_24_bad_requests, test_24_busy_slot,
+        test_25_cross_slot_interference, test_fallback_no_pid_namespace,
+        test_fallback_no_net_namespace, test_fallback_no_mount_namespace,
+        test_fallback_no_cgroups,
     };
     Suite *s = suite_create("sandbox");
     TCase *tc = tcase_create("attacks");
     tcase_set_timeout(tc, 120);
     /* PRL_TEST_ONLY=substring runs the matching tests only (for working on one case). */
-    const char *only = getenv("PRL_TEST_ONLY");
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
-        if (!only || strstr(tests[i].name, only)) tcase_add_test(tc, tests[i].test);
+    check_add_tests(tc, tests, sizeof tests / sizeof tests[0]);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

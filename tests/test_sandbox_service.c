@@ -19,6 +19,7 @@
 #include "bus/bus.h"
 #include "roles/roles.h"
 #include "tests/bus_fuzz.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -102,13 +103,6 @@ static void expect_exec(prl_sandbox_client *c, const char *lang, const char *pro
     prl_sandbox_result_free(&r);
 }
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* ---------------------------------------------------------------- round trips ------ */
 
 START_TEST(test_exec_roundtrip)
@@ -119,9 +113,9 @@ START_TEST(test_exec_roundtrip)
     expect_exec(c, "python3", "print('hello')", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "hello\n", 6, "");
     expect_exec(c, "python3", "import sys\nsys.stderr.write('bad\\n')\nsys.exit(3)\n", NULL, 0, 5,
                 PRL_SANDBOX_STATUS_RUNTIME_ERROR, 3, "", 0, "bad\n");
-    double t0 = now_s();
+    double t0 = prl_now();
     expect_exec(c, "python3", "while True: pass\n", NULL, 0, 0.5, PRL_SANDBOX_STATUS_TIMEOUT, 137, "", 0, NULL);
-    ck_assert_double_lt(now_s() - t0, 4.0);
+    ck_assert_double_lt(prl_now() - t0, 4.0);
     /* stdin echo: every byte value, 64 KiB, comes back unchanged */
     size_t n = 65536;
     char *in = malloc(n);
@@ -317,9 +311,9 @@ START_TEST(test_client_deadline)
     prl_sandbox_client *c = client_open(0.2);
     prl_sandbox_client_set_timing(c, 0.2, 1.5); /* tries of 0.3 s, 1.5 s in all */
     prl_sandbox_result r;
-    double t0 = now_s();
+    double t0 = prl_now();
     ck_assert_int_eq(prl_sandbox_client_exec(c, "python3", "print(1)", NULL, 0, 0.1, &r), PRL_ERR_IO);
-    double took = now_s() - t0;
+    double took = prl_now() - t0;
     ck_assert_msg(strstr(prl_error_message(), endpoint), "error does not name the endpoint: %s",
                   prl_error_message());
     ck_assert_double_ge(took, 1.4);
@@ -427,8 +421,8 @@ START_TEST(test_fuzz_messages)
         wc_free(&c);
         prl_bus_msg_free(&orig);
     }
-    double t0 = now_s();
-    while (f.replies < f.valid && now_s() - t0 < 20) take_replies(s, &f, 200);
+    double t0 = prl_now();
+    while (f.replies < f.valid && prl_now() - t0 < 20) take_replies(s, &f, 200);
     fprintf(stderr, "fuzz: %d messages sent, %d invalid, %d valid (all refused), %d error replies\n",
             f.sent, f.invalid, f.valid, f.replies);
     ck_assert_int_eq(f.replies, f.valid);
@@ -469,9 +463,5 @@ int main(void)
     tcase_add_test(tc, test_client_deadline);
     tcase_add_test(tc, test_fuzz_messages);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s);
 }

@@ -15,7 +15,8 @@
 ** limit of 2 or 4 tokens makes both acceptances and rejections frequent.
 */
 #include "engine/spec_decode.h"
-#include "model_util.h"
+#include "tests/model_util.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -341,11 +342,7 @@ int main(void)
     tcase_add_test(tc, test_greedy_equals_plain_all_blocks);
     tcase_add_test(tc, test_sampling_matches_plain_in_distribution);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = check_run_mode(s, CK_NOFORK); /* the tests share one loaded model */
     prl_model_free(&model);
-    return failed ? 1 : 0;
+    return failed;
 }

@@ -10,6 +10,7 @@
 ** 200+ varied inputs with 1..4 threads and small windows.
 */
 #include "engine/engine.h"
+#include "tests/check_util.h"
 
 #include <check.h>
 #include <jansson.h>
@@ -19,18 +20,6 @@
 #include <unistd.h>
 
 /* ---------------------------------------------------------------- helpers ---------- */
-
-#define assert_msg_has(needle)                                                            \
-    ck_assert_msg(strstr(prl_error_message(), (needle)) != NULL,                          \
-                  "error message \"%s\" does not mention \"%s\"", prl_error_message(),    \
-                  (needle))
-
-#define assert_ok(expr)                                                                   \
-    do {                                                                                  \
-        prl_status rc_ = (expr);                                                          \
-        ck_assert_msg(rc_ == PRL_OK, "%s failed: %s (%s)", #expr, prl_status_name(rc_),   \
-                      prl_error_message());                                               \
-    } while (0)
 
 static uint64_t rnd(prl_rng *r, uint64_t n) { return prl_rng_u64(r) % n; }
 
@@ -437,8 +426,9 @@ static prl_tokenizer *train_strings(const char *const *texts, size_t n, int32_t 
 ** Pair counts start at ug 20, pu 17, un 16, hu 15, gs 5, bu 4, so the merges are:
 **   u+g (20) -> 272, u+n (16) -> 273, h+ug (15) -> 274, p+un (12) -> 275,
 **   then a tie at 5 between p+ug (ids 128, 272) and hug+s (274, 131): the lower left id
-**   wins, p+ug -> 276, then hug+s -> 277, b+un (4) -> 278, and no pair is left. */
-START_TEST(test_train_hand_example)
+**   wins, p+ug -> 276, then hug+s -> 277, b+un (4) -> 278, and no pair is left.
+** The tokenizer trained on these words with a vocabulary cap of `vocab` ids. */
+static prl_tokenizer *train_hand_example(int32_t vocab)
 {
     const char *texts[36];
     size_t k = 0;
@@ -447,7 +437,14 @@ START_TEST(test_train_hand_example)
     for (int i = 0; i < 12; i++) texts[k++] = "pun";
     for (int i = 0; i < 5; i++) texts[k++] = "pug";
     for (int i = 0; i < 10; i++) texts[k++] = "hug";
-    prl_tokenizer *tok = train_strings(texts, k, 1000);
+    return train_strings(texts, k, vocab);
+}
+
+/* The hand example: its merges in order, a merged token and an encoding; then the vocabulary
+** cap, and a pure tie. */
+START_TEST(test_train_hand_example)
+{
+    prl_tokenizer *tok = train_hand_example(1000);
     const int32_t h = 16 + 'h', u = 16 + 'u', g = 16 + 'g', n = 16 + 'n', p = 16 + 'p',
                   b = 16 + 'b', s = 16 + 's';
     const int32_t want[7][3] = {{u, g, 272},   {u, n, 273},   {h, 272, 274}, {p, 273, 275},
@@ -475,7 +472,7 @@ START_TEST(test_train_hand_example)
     prl_tokenizer_free(tok);
 
     /* The same merges with a vocabulary cap of 276: four merges only. */
-    tok = train_strings(texts, k, 276);
+    tok = train_hand_example(276);
     ck_assert_uint_eq(prl_tokenizer_n_merges(tok), 4);
     ck_assert_int_eq(prl_tokenizer_vocab_size(tok), 276);
     prl_tokenizer_free(tok);
@@ -685,27 +682,7 @@ static void make_tmpdir(void)
     ck_assert_ptr_nonnull(mkdtemp(tmpdir));
 }
 
-static void remove_tmpdir(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = '\0';
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
+static void remove_tmpdir(void) { check_remove_tree(tmpdir); }
 
 START_TEST(test_save_load_round_trip)
 {
@@ -734,7 +711,7 @@ START_TEST(test_save_load_round_trip)
     /* Saving the loaded tokenizer gives the same bytes; the file looks like HF's. */
     assert_ok(prl_tokenizer_save(back, path2));
     size_t l1, l2;
-    char *f1 = read_all(path, &l1), *f2 = read_all(path2, &l2);
+    char *f1 = check_read_file(path, &l1), *f2 = check_read_file(path2, &l2);
     ck_assert(l1 == l2 && memcmp(f1, f2, l1) == 0);
     json_error_t err;
     json_t *root = json_loads(f1, 0, &err);
@@ -782,14 +759,7 @@ END_TEST
 /* The hand example saved as JSON, to be corrupted by each case. */
 static json_t *hand_json(void)
 {
-    const char *texts[36];
-    size_t k = 0;
-    for (int i = 0; i < 5; i++) texts[k++] = "hugs";
-    for (int i = 0; i < 4; i++) texts[k++] = "bun";
-    for (int i = 0; i < 12; i++) texts[k++] = "pun";
-    for (int i = 0; i < 5; i++) texts[k++] = "pug";
-    for (int i = 0; i < 10; i++) texts[k++] = "hug";
-    prl_tokenizer *tok = train_strings(texts, k, 1000);
+    prl_tokenizer *tok = train_hand_example(1000);
     char path[300];
     snprintf(path, sizeof path, "%s/hand.json", tmpdir);
     assert_ok(prl_tokenizer_save(tok, path));
@@ -839,6 +809,29 @@ static json_t *merges_of(json_t *root)
     return json_object_get(json_object_get(root, "model"), "merges");
 }
 
+/* The byte-level tokenizer saved at `path` and read back as JSON (to add merges by hand). */
+static json_t *bytes_json(const char *path)
+{
+    prl_tokenizer *base = NULL;
+    assert_ok(prl_tokenizer_init_bytes(&base));
+    assert_ok(prl_tokenizer_save(base, path));
+    prl_tokenizer_free(base);
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    ck_assert_ptr_nonnull(root);
+    return root;
+}
+
+/* Write `root` (released) to `path` and load it: the load must succeed. */
+static prl_tokenizer *load_json(json_t *root, const char *path)
+{
+    ck_assert_int_eq(json_dump_file(root, path, 0), 0);
+    json_decref(root);
+    prl_tokenizer *tok = NULL;
+    assert_ok(prl_tokenizer_load(path, &tok));
+    return tok;
+}
+
 START_TEST(test_load_rejects_corrupt_files)
 {
     make_tmpdir();
@@ -848,11 +841,7 @@ START_TEST(test_load_rejects_corrupt_files)
     r = hand_json();
     char path[300], *text = json_dumps(r, 0);
     snprintf(path, sizeof path, "%s/good.json", tmpdir);
-    FILE *f = fopen(path, "wb");
-    fputs(text, f);
-    fclose(f);
-    prl_tokenizer *tok = NULL;
-    assert_ok(prl_tokenizer_load(path, &tok));
+    prl_tokenizer *tok = load_json(r, path);
     ck_assert_int_eq(prl_tokenizer_vocab_size(tok), 279);
     prl_tokenizer_free(tok);
 
@@ -863,7 +852,6 @@ START_TEST(test_load_rejects_corrupt_files)
     expect_load_fail_text("[1, 2]", PRL_ERR_FORMAT, "top level", NULL);
     ck_assert_int_eq(prl_tokenizer_load("/nonexistent_prl/tokenizer.json", &tok), PRL_ERR_IO);
     assert_msg_has("/nonexistent_prl/tokenizer.json");
-    json_decref(r);
 
     /* prl object and format version. */
     r = hand_json();
@@ -959,13 +947,7 @@ START_TEST(test_load_rejects_corrupt_files)
     json_array_append_new(merges_of(r), json_string("h u"));
     json_array_append_new(merges_of(r), json_string("hu g"));
     json_object_set_new(json_object_get(r, "prl"), "vocab_size", json_integer(280));
-    text = json_dumps(r, 0);
-    f = fopen(path, "wb");
-    fputs(text, f);
-    fclose(f);
-    free(text);
-    json_decref(r);
-    assert_ok(prl_tokenizer_load(path, &tok));
+    tok = load_json(r, path);
     ck_assert_int_eq(prl_tokenizer_vocab_size(tok), 280);
     ck_assert_uint_eq(prl_tokenizer_n_merges(tok), 9);
     int32_t ml, mr, mres;
@@ -979,13 +961,7 @@ START_TEST(test_load_rejects_corrupt_files)
     /* The [left, right] merge form of newer HF files is accepted. */
     r = hand_json();
     json_array_set_new(merges_of(r), 0, json_pack("[ss]", "u", "g"));
-    text = json_dumps(r, 0);
-    f = fopen(path, "wb");
-    fputs(text, f);
-    fclose(f);
-    free(text);
-    json_decref(r);
-    assert_ok(prl_tokenizer_load(path, &tok));
+    tok = load_json(r, path);
     prl_tokenizer_free(tok);
     remove_tmpdir();
 }
@@ -1101,15 +1077,9 @@ END_TEST
 static prl_tokenizer *right_to_left_tokenizer(int k)
 {
     make_tmpdir();
-    prl_tokenizer *base = NULL, *tok = NULL;
     char path[300];
     snprintf(path, sizeof path, "%s/rtl.json", tmpdir);
-    assert_ok(prl_tokenizer_init_bytes(&base));
-    assert_ok(prl_tokenizer_save(base, path));
-    prl_tokenizer_free(base);
-    json_error_t err;
-    json_t *root = json_load_file(path, 0, &err);
-    ck_assert_ptr_nonnull(root);
+    json_t *root = bytes_json(path);
     json_t *vocab = vocab_of(root), *merges = merges_of(root);
     char *prev = strdup("b"), *cur = malloc((size_t)k + 2);
     for (int j = 1; j <= k; j++) {
@@ -1125,9 +1095,7 @@ static prl_tokenizer *right_to_left_tokenizer(int k)
     free(prev);
     free(cur);
     json_object_set_new(json_object_get(root, "prl"), "vocab_size", json_integer(272 + k));
-    ck_assert_int_eq(json_dump_file(root, path, 0), 0);
-    json_decref(root);
-    assert_ok(prl_tokenizer_load(path, &tok));
+    prl_tokenizer *tok = load_json(root, path);
     remove_tmpdir();
     return tok;
 }
@@ -1137,15 +1105,9 @@ static prl_tokenizer *right_to_left_tokenizer(int k)
 START_TEST(test_load_long_self_merges)
 {
     make_tmpdir();
-    prl_tokenizer *base = NULL, *tok = NULL;
     char path[300];
     snprintf(path, sizeof path, "%s/double.json", tmpdir);
-    assert_ok(prl_tokenizer_init_bytes(&base));
-    assert_ok(prl_tokenizer_save(base, path));
-    prl_tokenizer_free(base);
-    json_error_t err;
-    json_t *root = json_load_file(path, 0, &err);
-    ck_assert_ptr_nonnull(root);
+    json_t *root = bytes_json(path);
     char half[1025], full[2051];
     for (int j = 1; j <= 10; j++) {
         size_t h = (size_t)1 << (j - 1);
@@ -1158,10 +1120,9 @@ START_TEST(test_load_long_self_merges)
         json_array_append_new(merges_of(root), json_string(full));
     }
     json_object_set_new(json_object_get(root, "prl"), "vocab_size", json_integer(282));
-    ck_assert_int_eq(json_dump_file(root, path, 0), 0);
-    json_decref(root);
-    assert_ok(prl_tokenizer_load(path, &tok));
+    prl_tokenizer *tok = load_json(root, path);
     /* a^1024 + a^1024 is not in the vocab: rejected (and the check must not overrun). */
+    json_error_t err;
     root = json_load_file(path, 0, &err);
     ck_assert_ptr_nonnull(root);
     memset(full, 'a', 1024);
@@ -1353,11 +1314,4 @@ static Suite *tokenizer_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(tokenizer_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+int main(void) { return check_run(tokenizer_suite()); }
