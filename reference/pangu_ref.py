@@ -17,6 +17,9 @@ not read or depend on prl's C code.  It holds
   ``init`` and ``make-batch`` (see ``reference/README.md``).
 
 Always run it with Debian's Python (``/usr/bin/python3``), which has torch.
+
+One file, longer than ~800 lines, on purpose: an oracle anyone can read top to bottom and run
+with ``python3`` alone, importing nothing of prl's.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@
 ** and compares every input/parameter gradient with the central difference
 ** (L(x+ε) − L(x−ε)) / 2ε, ε = 1e-6. The error measure is max |analytic − numeric| divided
 ** by max(1, max |numeric|), and must stay below 1e-6 (ops) or 1e-5 (whole model).
+**
+** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
+** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
+** with one reader).
 */
 #include "engine/dsa.h"
 #include "engine/mhc.h"

@@ -9,6 +9,10 @@
 ** loss scaling (an fp16 overflow skips the update and backs the scale off; in fp32 a scaled
 ** update equals the plain one bitwise; the precision keys), and bitwise-identical weights
 ** for 1 and 2 threads.
+**
+** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
+** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
+** with one reader).
 */
 #include "grpo/grpo.h"
 

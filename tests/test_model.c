@@ -2,6 +2,10 @@
 ** test_model.c — the float engine: config validation, checkpoints (round trip, tampering,
 ** atomicity), determinism across thread counts, optimizers against closed-form cases,
 ** schedules, clipping, expert-bias balancing, route capture/override and tensor hooks.
+**
+** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
+** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
+** with one reader).
 */
 #include "engine/ops.h"
 #include "tests/check_util.h"

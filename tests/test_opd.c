@@ -7,6 +7,10 @@
 ** their errors), the teacher's scoring pass against the train path, and the OPD step on the
 ** micro model (a teacher equal to the student moves nothing; a teacher that prefers the
 ** sampled tokens raises their probability, one that dislikes them lowers it).
+**
+** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
+** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
+** with one reader).
 */
 #include "opd/opd.h"
 

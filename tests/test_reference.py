@@ -20,6 +20,9 @@ What it checks:
   seeded sampling;
 * the CLI end to end (init, make-batch, forward, compare pass/fail, bench and bench-decode
   smoke, generate against the no-cache oracle).
+
+Longer than ~800 lines on purpose: one unittest module for the one reference file, whose cases
+share the configs and helpers at its top.
 """
 
 import copy

@@ -11,6 +11,10 @@
 ** flagged example and look-alikes that are not flagged, flagged programs are never run, a
 ** sandbox violation; demonstrations with error rate 0 score exactly 1 in every domain and
 ** difficulty, with error rate 0.3 clearly less, and every deliberate mistake costs score.
+**
+** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
+** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
+** with one reader).
 */
 #include "tests/plain_exec.h"
 

@@ -8,6 +8,10 @@
 ** the float/double conversion helpers, writer argument checks, and the atomic file write
 ** (no temp file left, no final file created on failure, old file kept on failure; fsync
 ** failures are injected through a test-only fsync() that overrides libc's).
+**
+** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
+** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
+** with one reader).
 */
 #include "engine/engine.h"
 #include "tests/check_util.h"

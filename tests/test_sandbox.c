@@ -9,6 +9,10 @@
 ** work dir, /tmp and /dev/shm are empty and it sees no other process). Checks that need a
 ** layer this host lacks say so on stderr ("NOT CHECKED: ...") and check the fallback's
 ** containment instead; they never pass silently.
+**
+** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
+** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
+** with one reader).
 */
 #include "sandbox/sandbox.h"
 #include "tests/check_util.h"

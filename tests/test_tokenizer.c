@@ -8,6 +8,10 @@
 ** tokens; decode errors; chat encoding and its loss mask; save/load round trips and the
 ** rejection of corrupted files (status and message); parallel encoding == serial encoding on
 ** 200+ varied inputs with 1..4 threads and small windows.
+**
+** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
+** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
+** with one reader).
 */
 #include "engine/engine.h"
 #include "tests/check_util.h"
