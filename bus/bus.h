@@ -44,14 +44,14 @@
 /* ---------------------------------------------------------------- limits ----------- */
 
 enum {
-    PRL_BUS_VERSION = 1,                /* the schema version this build speaks */
-    PRL_BUS_TYPE_MAX = 16,              /* type token: 1..15 bytes of [a-z_] */
-    PRL_BUS_NAME_MAX = 32,              /* frame name: 1..31 bytes of [A-Za-z0-9_] */
-    PRL_BUS_MAX_FRAMES = 16,            /* binary frames per message */
+    PRL_BUS_VERSION = 1,                        /* the schema version this build speaks */
+    PRL_BUS_TYPE_MAX = 16,                      /* type token: 1..15 bytes of [a-z_] */
+    PRL_BUS_NAME_MAX = 32,                      /* frame name: 1..31 bytes of [A-Za-z0-9_] */
+    PRL_BUS_MAX_FRAMES = 16,                    /* binary frames per message */
     PRL_BUS_MAX_PARTS = PRL_BUS_MAX_FRAMES + 2, /* with the type and header frames */
     PRL_BUS_MAX_HEADER_BYTES = 64 * 1024,
     PRL_BUS_MAX_HEADER_KEYS = 32,
-    PRL_BUS_MAX_STRING = 1024            /* bytes of a string header field */
+    PRL_BUS_MAX_STRING = 1024 /* bytes of a string header field */
 };
 #define PRL_BUS_MAX_FRAME_BYTES ((size_t)64 << 20)  /* one binary frame: 64 MiB */
 #define PRL_BUS_MAX_TOTAL_BYTES ((size_t)256 << 20) /* all binary frames: 256 MiB */
@@ -59,9 +59,9 @@ enum {
 /* ---------------------------------------------------------------- messages --------- */
 
 typedef enum prl_bus_dtype {
-    PRL_BUS_I32 = 0, /* "i32": int32 little-endian */
-    PRL_BUS_F32 = 1, /* "f32": IEEE-754 binary32 little-endian */
-    PRL_BUS_U8 = 2,  /* "u8": unsigned bytes (e.g. MoE routes) */
+    PRL_BUS_I32 = 0,  /* "i32": int32 little-endian */
+    PRL_BUS_F32 = 1,  /* "f32": IEEE-754 binary32 little-endian */
+    PRL_BUS_U8 = 2,   /* "u8": unsigned bytes (e.g. MoE routes) */
     PRL_BUS_BYTES = 3 /* "bytes": opaque bytes (e.g. UTF-8 text) */
 } prl_bus_dtype;
 
@@ -124,9 +124,9 @@ int prl_bus_msg_equal(const prl_bus_msg *a, const prl_bus_msg *b);
 /* ---------------------------------------------------------------- registry --------- */
 
 typedef enum prl_bus_field_kind {
-    PRL_BUS_FIELD_UINT = 0,  /* JSON integer >= 0 */
-    PRL_BUS_FIELD_STR = 1,   /* JSON string, 1..PRL_BUS_MAX_STRING-1 bytes, no control chars */
-    PRL_BUS_FIELD_HEX64 = 2  /* JSON string of exactly 16 lowercase hex digits */
+    PRL_BUS_FIELD_UINT = 0, /* JSON integer >= 0 */
+    PRL_BUS_FIELD_STR = 1,  /* JSON string, 1..PRL_BUS_MAX_STRING-1 bytes, no control chars */
+    PRL_BUS_FIELD_HEX64 = 2 /* JSON string of exactly 16 lowercase hex digits */
 } prl_bus_field_kind;
 
 typedef struct prl_bus_field_spec {
@@ -202,13 +202,13 @@ typedef enum prl_bus_kind {
 typedef void (*prl_bus_log_fn)(void *ctx, const char *line);
 
 typedef struct prl_bus_socket_options {
-    int bind;              /* 1: bind, 0: connect */
-    int allow_remote;      /* 1: allow tcp:// hosts other than loopback */
-    const char *identity;  /* DEALER routing id (NULL: libzmq picks one) */
-    const char *name;      /* log prefix, e.g. the role ("bus" if NULL) */
-    prl_bus_log_fn log;    /* NULL: stderr */
+    int bind;             /* 1: bind, 0: connect */
+    int allow_remote;     /* 1: allow tcp:// hosts other than loopback */
+    const char *identity; /* DEALER routing id (NULL: libzmq picks one) */
+    const char *name;     /* log prefix, e.g. the role ("bus" if NULL) */
+    prl_bus_log_fn log;   /* NULL: stderr */
     void *log_ctx;
-    int send_timeout_ms;   /* blocking send limit (default 5000; -1 forever) */
+    int send_timeout_ms;              /* blocking send limit (default 5000; -1 forever) */
     const prl_bus_registry *registry; /* the types received (required, but for PUB) */
 } prl_bus_socket_options;
 
@@ -248,8 +248,8 @@ prl_status prl_bus_send(prl_bus_socket *s, const prl_bus_peer *to, const prl_bus
 ** logged with their reason, counted and dropped, and the wait goes on until the deadline.
 ** On PRL_OK, *got is 1 and `out` holds the message (free it) and `from` (may be NULL) the
 ** sender on a ROUTER; or *got is 0 on timeout. Errors are socket failures only. */
-prl_status prl_bus_recv(prl_bus_socket *s, int timeout_ms, prl_bus_msg *out,
-                        prl_bus_peer *from, int *got);
+prl_status prl_bus_recv(prl_bus_socket *s, int timeout_ms, prl_bus_msg *out, prl_bus_peer *from,
+                        int *got);
 
 /* Terminate the process-wide context; call only after every socket is freed. */
 void prl_bus_shutdown(void);

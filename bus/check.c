@@ -105,8 +105,7 @@ int prl_bus_value_ok(const char *key, prl_bus_field_kind kind, const json_t *v, 
     return 0;
 }
 
-static int required_present(const prl_bus_type_spec *t, const json_t *obj, char *reason,
-                            size_t n)
+static int required_present(const prl_bus_type_spec *t, const json_t *obj, char *reason, size_t n)
 {
     for (size_t i = 0; i < sizeof common_fields / sizeof common_fields[0]; i++)
         if (!json_object_get(obj, common_fields[i].name)) {
@@ -145,14 +144,13 @@ int prl_bus_frames_ok(const prl_bus_type_spec *t, const prl_bus_msg *m, char *re
     for (int i = 0; i < PRL_BUS_SPEC_FRAMES && t->frames[i].name; i++) {
         const prl_bus_frame *f = prl_bus_msg_frame(m, t->frames[i].name);
         if (!f) {
-            snprintf(reason, n, "frame '%s' is missing (required by type '%s')",
-                     t->frames[i].name, t->type);
+            snprintf(reason, n, "frame '%s' is missing (required by type '%s')", t->frames[i].name,
+                     t->type);
             return 0;
         }
         if (f->dtype != t->frames[i].dtype) {
             snprintf(reason, n, "frame '%s' has dtype %s; type '%s' requires %s", f->name,
-                     prl_bus_dtype_name(f->dtype), t->type,
-                     prl_bus_dtype_name(t->frames[i].dtype));
+                     prl_bus_dtype_name(f->dtype), t->type, prl_bus_dtype_name(t->frames[i].dtype));
             return 0;
         }
     }

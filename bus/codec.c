@@ -43,8 +43,10 @@ static prl_status encode_check(const prl_bus_msg *m, const prl_bus_type_spec **t
     char reason[256];
     *t = m->spec;
     if (!*t || !m->fields)
-        return prl_error_set(PRL_ERR_ARG, "bus: cannot encode: message type '%s' is not registered "
-                             "or the message is not initialised", m->type);
+        return prl_error_set(PRL_ERR_ARG,
+                             "bus: cannot encode: message type '%s' is not registered "
+                             "or the message is not initialised",
+                             m->type);
     if (m->n_frames < 0 || m->n_frames > PRL_BUS_MAX_FRAMES)
         return prl_error_set(PRL_ERR_ARG, "bus: cannot encode: %d frames", m->n_frames);
     if (!prl_bus_fields_ok(*t, m->fields, reason, sizeof reason) ||
@@ -75,8 +77,8 @@ prl_status prl_bus_encode(const prl_bus_msg *m, prl_bus_wire *w)
     json_t *h = json_deep_copy(m->fields);
     json_t *fr = frames_json(m);
     if (!h || !fr || json_object_set_new(h, "v", json_integer(PRL_BUS_VERSION)) ||
-        json_object_set_new(h, "type", json_string(m->type)) ||
-        json_object_set(h, "frames", fr) || json_object_set_new(h, "checksum", json_string(sum)))
+        json_object_set_new(h, "type", json_string(m->type)) || json_object_set(h, "frames", fr) ||
+        json_object_set_new(h, "checksum", json_string(sum)))
         st = prl_error_set(PRL_ERR_NOMEM, "bus: out of memory encoding a '%s' header", m->type);
     if (st == PRL_OK) {
         w->header = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
@@ -144,14 +146,14 @@ static int parse_header(decoder *d, const prl_bus_part *p, json_t **out)
     json_error_t e;
     if (p->len == 0) return fail(d, PRL_ERR_FORMAT, "frame 1 (header) is empty");
     if (p->len > PRL_BUS_MAX_HEADER_BYTES)
-        return fail(d, PRL_ERR_FORMAT, "frame 1 (header): %zu bytes exceed the limit of %d",
-                    p->len, PRL_BUS_MAX_HEADER_BYTES);
+        return fail(d, PRL_ERR_FORMAT, "frame 1 (header): %zu bytes exceed the limit of %d", p->len,
+                    PRL_BUS_MAX_HEADER_BYTES);
     if (memchr(p->data, '\0', p->len))
         return fail(d, PRL_ERR_FORMAT, "frame 1 (header) contains a NUL byte");
     *out = json_loadb(p->data, p->len, JSON_REJECT_DUPLICATES, &e);
     if (!*out)
-        return fail(d, PRL_ERR_FORMAT, "frame 1 (header) is not valid JSON: %s (column %d)",
-                    e.text, e.column);
+        return fail(d, PRL_ERR_FORMAT, "frame 1 (header) is not valid JSON: %s (column %d)", e.text,
+                    e.column);
     if (!json_is_object(*out))
         return fail(d, PRL_ERR_FORMAT, "frame 1 (header) must be a JSON object");
     if (json_object_size(*out) > PRL_BUS_MAX_HEADER_KEYS)
@@ -164,14 +166,13 @@ static int check_version_type(decoder *d, const json_t *h, const prl_bus_type_sp
 {
     const json_t *v = json_object_get(h, "v"), *ty = json_object_get(h, "type");
     if (!v) return fail(d, PRL_ERR_FORMAT, "header field 'v' (schema version) is missing");
-    if (!json_is_integer(v))
-        return fail(d, PRL_ERR_FORMAT, "header field 'v' must be an integer");
+    if (!json_is_integer(v)) return fail(d, PRL_ERR_FORMAT, "header field 'v' must be an integer");
     if (json_integer_value(v) != PRL_BUS_VERSION)
         return fail(d, PRL_ERR_UNSUPPORTED,
                     "header field 'v': schema version %lld is not supported (this build "
-                    "speaks %d)", (long long)json_integer_value(v), PRL_BUS_VERSION);
-    if (!json_is_string(ty))
-        return fail(d, PRL_ERR_FORMAT, "header field 'type' must be a string");
+                    "speaks %d)",
+                    (long long)json_integer_value(v), PRL_BUS_VERSION);
+    if (!json_is_string(ty)) return fail(d, PRL_ERR_FORMAT, "header field 'type' must be a string");
     if (strcmp(json_string_value(ty), t->type) != 0)
         return fail(d, PRL_ERR_FORMAT, "header field 'type' ('%.32s') differs from frame 0 ('%s')",
                     json_string_value(ty), t->type);
@@ -196,23 +197,24 @@ static int check_frame_entry(decoder *d, int i, const json_t *e, const prl_bus_p
     if (!json_is_object(e) || json_object_size(e) != 3)
         return fail(d, PRL_ERR_FORMAT,
                     "header 'frames'[%d] must be an object with exactly name, dtype, count", i);
-    if (!json_is_string(name) || !prl_bus_name_ok(json_string_value(name), json_string_length(name)))
-        return fail(d, PRL_ERR_FORMAT, "header 'frames'[%d].name must be 1..%d of [A-Za-z0-9_]",
-                    i, PRL_BUS_NAME_MAX - 1);
+    if (!json_is_string(name) ||
+        !prl_bus_name_ok(json_string_value(name), json_string_length(name)))
+        return fail(d, PRL_ERR_FORMAT, "header 'frames'[%d].name must be 1..%d of [A-Za-z0-9_]", i,
+                    PRL_BUS_NAME_MAX - 1);
     snprintf(f->name, sizeof f->name, "%s", json_string_value(name));
     if (!parse_dtype(json_object_get(e, "dtype"), &f->dtype))
         return fail(d, PRL_ERR_FORMAT, "frame '%s': dtype must be one of i32, f32, u8, bytes",
                     f->name);
     if (!json_is_integer(count) || json_integer_value(count) < 0)
-        return fail(d, PRL_ERR_FORMAT, "frame '%s': count must be a non-negative integer",
-                    f->name);
+        return fail(d, PRL_ERR_FORMAT, "frame '%s': count must be a non-negative integer", f->name);
     size_t size = prl_bus_dtype_size(f->dtype);
     if (p->len > PRL_BUS_MAX_FRAME_BYTES)
         return fail(d, PRL_ERR_FORMAT, "frame '%s': %zu bytes exceed the limit of %zu", f->name,
                     p->len, PRL_BUS_MAX_FRAME_BYTES);
     if (p->len % size != 0)
-        return fail(d, PRL_ERR_FORMAT, "frame '%s': %zu bytes is not a multiple of %zu for dtype %s",
-                    f->name, p->len, size, prl_bus_dtype_name(f->dtype));
+        return fail(d, PRL_ERR_FORMAT,
+                    "frame '%s': %zu bytes is not a multiple of %zu for dtype %s", f->name, p->len,
+                    size, prl_bus_dtype_name(f->dtype));
     if ((uint64_t)json_integer_value(count) != p->len / size)
         return fail(d, PRL_ERR_FORMAT, "frame '%s': header count %lld but the frame holds %zu %s",
                     f->name, (long long)json_integer_value(count), p->len / size,
@@ -226,7 +228,8 @@ static int check_frames(decoder *d, const json_t *h, const prl_bus_part *payload
                         prl_bus_msg *m)
 {
     const json_t *arr = json_object_get(h, "frames");
-    if (!json_is_array(arr)) return fail(d, PRL_ERR_FORMAT, "header field 'frames' must be an array");
+    if (!json_is_array(arr))
+        return fail(d, PRL_ERR_FORMAT, "header field 'frames' must be an array");
     if (json_array_size(arr) != (size_t)n)
         return fail(d, PRL_ERR_FORMAT, "header lists %zu frames but the message carries %d",
                     json_array_size(arr), n);
@@ -290,8 +293,8 @@ static int decode_all(decoder *d, const prl_bus_registry *reg, const prl_bus_par
 {
     const prl_bus_type_spec *t;
     if (!parts || n < 2)
-        return fail(d, PRL_ERR_FORMAT, "message has %d frames; at least 2 (type, header) are needed",
-                    parts ? n : 0);
+        return fail(d, PRL_ERR_FORMAT,
+                    "message has %d frames; at least 2 (type, header) are needed", parts ? n : 0);
     if (n > PRL_BUS_MAX_PARTS)
         return fail(d, PRL_ERR_FORMAT, "message has %d frames; the limit is %d", n,
                     PRL_BUS_MAX_PARTS);

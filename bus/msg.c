@@ -10,10 +10,7 @@
 static const char *const dtype_names[] = {"i32", "f32", "u8", "bytes"};
 static const size_t dtype_sizes[] = {4, 4, 1, 1};
 
-const char *prl_bus_dtype_name(prl_bus_dtype d)
-{
-    return ((unsigned)d < 4) ? dtype_names[d] : "?";
-}
+const char *prl_bus_dtype_name(prl_bus_dtype d) { return ((unsigned)d < 4) ? dtype_names[d] : "?"; }
 
 size_t prl_bus_dtype_size(prl_bus_dtype d) { return ((unsigned)d < 4) ? dtype_sizes[d] : 0; }
 
@@ -66,10 +63,11 @@ static prl_status settable(const prl_bus_msg *m, const char *key, prl_bus_field_
         return prl_error_set(PRL_ERR_ARG, "bus: header field '%s' is not part of message type '%s'",
                              key, m->type);
     if (f->kind != kind)
-        return prl_error_set(PRL_ERR_ARG, "bus: header field '%s' of type '%s' is a %s field",
-                             key, m->type,
-                             f->kind == PRL_BUS_FIELD_UINT ? "uint"
-                             : f->kind == PRL_BUS_FIELD_STR ? "string" : "hex64");
+        return prl_error_set(PRL_ERR_ARG, "bus: header field '%s' of type '%s' is a %s field", key,
+                             m->type,
+                             f->kind == PRL_BUS_FIELD_UINT  ? "uint"
+                             : f->kind == PRL_BUS_FIELD_STR ? "string"
+                                                            : "hex64");
     return PRL_OK;
 }
 
@@ -161,8 +159,8 @@ prl_status prl_bus_msg_add_frame(prl_bus_msg *m, const char *name, prl_bus_dtype
     if (prl_bus_msg_frame(m, name))
         return prl_error_set(PRL_ERR_ARG, "bus: frame '%s' is already in the message", name);
     if (count > PRL_BUS_MAX_FRAME_BYTES / prl_bus_dtype_size(dtype))
-        return prl_error_set(PRL_ERR_RANGE, "bus: frame '%s': %zu elements exceed %zu bytes",
-                             name, count, PRL_BUS_MAX_FRAME_BYTES);
+        return prl_error_set(PRL_ERR_RANGE, "bus: frame '%s': %zu elements exceed %zu bytes", name,
+                             count, PRL_BUS_MAX_FRAME_BYTES);
     if (count && !data) return prl_error_set(PRL_ERR_ARG, "bus: frame '%s': data is NULL", name);
     prl_bus_frame *f = &m->frames[m->n_frames];
     size_t bytes = count * prl_bus_dtype_size(dtype);
@@ -170,8 +168,8 @@ prl_status prl_bus_msg_add_frame(prl_bus_msg *m, const char *name, prl_bus_dtype
     if (bytes) {
         copy = malloc(bytes);
         if (!copy)
-            return prl_error_set(PRL_ERR_NOMEM, "bus: frame '%s': out of memory (%zu bytes)",
-                                 name, bytes);
+            return prl_error_set(PRL_ERR_NOMEM, "bus: frame '%s': out of memory (%zu bytes)", name,
+                                 bytes);
         memcpy(copy, data, bytes);
     }
     snprintf(f->name, sizeof f->name, "%s", name);

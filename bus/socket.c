@@ -84,13 +84,15 @@ prl_status prl_bus_endpoint_check(const char *endpoint, int allow_remote)
 {
     if (!endpoint || !*endpoint) return prl_error_set(PRL_ERR_ARG, "bus: endpoint is empty");
     if (strlen(endpoint) >= 512)
-        return prl_error_set(PRL_ERR_ARG, "bus: endpoint of %zu bytes is too long", strlen(endpoint));
+        return prl_error_set(PRL_ERR_ARG, "bus: endpoint of %zu bytes is too long",
+                             strlen(endpoint));
     if (strncmp(endpoint, "ipc://", 6) == 0 && endpoint[6]) return PRL_OK;
     if (strncmp(endpoint, "inproc://", 9) == 0 && endpoint[9]) return PRL_OK;
     if (strncmp(endpoint, "tcp://", 6) == 0) return tcp_check(endpoint, endpoint + 6, allow_remote);
     return prl_error_set(PRL_ERR_ARG,
                          "bus: endpoint '%s': transport must be ipc://PATH, inproc://NAME or "
-                         "tcp://HOST:PORT", endpoint);
+                         "tcp://HOST:PORT",
+                         endpoint);
 }
 
 /* ---------------------------------------------------------------- open/close ------- */
@@ -105,7 +107,8 @@ static const int zmq_kinds[] = {ZMQ_ROUTER, ZMQ_DEALER, ZMQ_PUB, ZMQ_SUB};
 
 static prl_status zfail(prl_bus_socket *s, const char *what)
 {
-    return prl_error_set(PRL_ERR_IO, "bus: %s '%s': %s", what, s->endpoint, zmq_strerror(zmq_errno()));
+    return prl_error_set(PRL_ERR_IO, "bus: %s '%s': %s", what, s->endpoint,
+                         zmq_strerror(zmq_errno()));
 }
 
 static prl_status configure(prl_bus_socket *s, const prl_bus_socket_options *o)
@@ -154,7 +157,7 @@ prl_status prl_bus_socket_open(prl_bus_socket **out, prl_bus_kind kind, const ch
         return prl_error_set(PRL_ERR_ARG, "bus: unknown socket kind %d", (int)kind);
     if (!opt->registry && kind != PRL_BUS_PUB)
         return prl_error_set(PRL_ERR_ARG, "bus: a socket that receives needs the registry of "
-                             "its message types");
+                                          "its message types");
     prl_status st = prl_bus_endpoint_check(endpoint, opt->allow_remote);
     if (st != PRL_OK) return st;
     void *c = context_get();
@@ -203,7 +206,8 @@ prl_status prl_bus_send(prl_bus_socket *s, const prl_bus_peer *to, const prl_bus
         return prl_error_set(PRL_ERR_ARG, "bus: send on '%s': a peer is %s", s->endpoint,
                              to ? "only for ROUTER sockets" : "required on a ROUTER socket");
     if (s->kind == PRL_BUS_SUB)
-        return prl_error_set(PRL_ERR_ARG, "bus: send on '%s': SUB sockets cannot send", s->endpoint);
+        return prl_error_set(PRL_ERR_ARG, "bus: send on '%s': SUB sockets cannot send",
+                             s->endpoint);
     prl_bus_wire w;
     prl_status st = prl_bus_encode(m, &w);
     if (st != PRL_OK) return st;
@@ -259,7 +263,8 @@ static void log_drop(prl_bus_socket *s, const prl_bus_peer *from, const char *re
     if (from && from->len) {
         size_t n = from->len < 32 ? from->len : 32;
         int k = snprintf(peer, sizeof peer, " from peer ");
-        for (size_t i = 0; i < n; i++) k += snprintf(peer + k, sizeof peer - (size_t)k, "%02x", from->id[i]);
+        for (size_t i = 0; i < n; i++)
+            k += snprintf(peer + k, sizeof peer - (size_t)k, "%02x", from->id[i]);
     }
     snprintf(line, sizeof line, "%s: dropped message%s: %s", s->name, peer, reason);
     if (s->log) s->log(s->log_ctx, line);
@@ -304,13 +309,14 @@ static int64_t now_ms(void)
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-prl_status prl_bus_recv(prl_bus_socket *s, int timeout_ms, prl_bus_msg *out,
-                        prl_bus_peer *from, int *got)
+prl_status prl_bus_recv(prl_bus_socket *s, int timeout_ms, prl_bus_msg *out, prl_bus_peer *from,
+                        int *got)
 {
     *got = 0;
     memset(out, 0, sizeof *out);
     if (s->kind == PRL_BUS_PUB)
-        return prl_error_set(PRL_ERR_ARG, "bus: recv on '%s': PUB sockets cannot receive", s->endpoint);
+        return prl_error_set(PRL_ERR_ARG, "bus: recv on '%s': PUB sockets cannot receive",
+                             s->endpoint);
     int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
     for (;;) {
         long wait = deadline < 0 ? -1 : (long)(deadline - now_ms());

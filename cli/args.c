@@ -71,8 +71,10 @@ static int parse_value(cli_opt *o, const char *v)
 
 static const char *type_word(cli_opt_type t)
 {
-    return t == OPT_INT ? "an integer" : t == OPT_U64 ? "a non-negative integer"
-         : t == OPT_DOUBLE ? "a number" : "a value";
+    return t == OPT_INT      ? "an integer"
+           : t == OPT_U64    ? "a non-negative integer"
+           : t == OPT_DOUBLE ? "a number"
+                             : "a value";
 }
 
 int cli_parse(int argc, char **argv, int first, cli_opt *opts, const char *usage,
@@ -119,7 +121,8 @@ int cli_parse(int argc, char **argv, int first, cli_opt *opts, const char *usage
             return CLI_USAGE;
         }
         if (parse_value(o, v) != 0) {
-            fprintf(stderr, "prl: option '--%s' must be %s, got '%s'\n", name, type_word(o->type), v);
+            fprintf(stderr, "prl: option '--%s' must be %s, got '%s'\n", name, type_word(o->type),
+                    v);
             return CLI_USAGE;
         }
     }
@@ -139,8 +142,8 @@ int cli_setup_blas(const char *cmd, int threads)
     return 0;
 }
 
-int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precision, const char *mla,
-                      const char *matmul)
+int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precision,
+                      const char *mla, const char *matmul)
 {
     if (prl_infer_options_preset(io, precision ? precision : "fp32") ||
         prl_infer_options_set(io, NULL, mla, matmul))
@@ -153,15 +156,18 @@ prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, si
     *ids = NULL;
     *n = 0;
     if (!json_is_array(v) || json_array_size(v) == 0)
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: \"ids\" must be a non-empty array", file, line);
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: \"ids\" must be a non-empty array", file,
+                             line);
     size_t len = json_array_size(v);
     int32_t *out = malloc(len * sizeof *out);
     if (!out) return prl_error_set(PRL_ERR_NOMEM, "%s:%d: %zu ids", file, line, len);
     for (size_t i = 0; i < len; i++) {
         json_t *e = json_array_get(v, i);
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 0x7fffffff) {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+            json_integer_value(e) > 0x7fffffff) {
             free(out);
-            return prl_error_set(PRL_ERR_FORMAT, "%s:%d: ids[%zu] is not a token id", file, line, i);
+            return prl_error_set(PRL_ERR_FORMAT, "%s:%d: ids[%zu] is not a token id", file, line,
+                                 i);
         }
         out[i] = (int32_t)json_integer_value(e);
     }
@@ -188,8 +194,8 @@ prl_status cli_jsonl_sequence(json_t *obj, const prl_tokenizer *tok, const char 
         return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", file, line);
     if ((v = json_object_get(obj, "ids"))) return cli_json_ids(v, file, line, ids, n);
     if (!tok)
-        return prl_error_set(PRL_ERR_ARG, "%s:%d: text input needs a tokenizer.json in the checkpoint",
-                             file, line);
+        return prl_error_set(
+            PRL_ERR_ARG, "%s:%d: text input needs a tokenizer.json in the checkpoint", file, line);
     prl_status rc;
     if ((v = json_object_get(obj, "text")) && json_is_string(v)) {
         rc = prl_tokenizer_encode(tok, json_string_value(v), json_string_length(v), 0, ids, n);
@@ -200,8 +206,8 @@ prl_status cli_jsonl_sequence(json_t *obj, const prl_tokenizer *tok, const char 
         rc = prl_tokenizer_encode_chat(tok, cm, nm, 0, ids, mask, n);
         free(cm);
     } else {
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"ids\", \"text\" or \"messages\"",
-                             file, line);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "%s:%d: a line needs \"ids\", \"text\" or \"messages\"", file, line);
     }
     if (rc) return prl_error_wrap(rc, "%s:%d: ", file, line);
     if (*n == 0) return prl_error_set(PRL_ERR_FORMAT, "%s:%d: empty sequence", file, line);

@@ -18,8 +18,8 @@
 typedef struct decode_args {
     const char *config, *ckpt, *python, *reference, *batches, *precision, *mla, *matmul;
     int prompt_len, new_tokens, rounds, warmup, threads, json, no_reference;
-    int spec; /* > 0: also time self-speculative decoding with this many MTP drafts */
-    int spec_vocab; /* > 0: the drafts' head covers ids [0, spec_vocab) */
+    int spec;            /* > 0: also time self-speculative decoding with this many MTP drafts */
+    int spec_vocab;      /* > 0: the drafts' head covers ids [0, spec_vocab) */
     const char *prompts; /* JSONL of real prompts (generate's formats) instead of random ids */
     double temperature;  /* 0 = greedy */
     uint64_t seed;
@@ -69,7 +69,8 @@ static prl_status prl_generate_time(prl_infer *e, const decode_run *run, int n_n
     if (decoded) *decoded = 0;
     for (int i = 0; rc == PRL_OK && i < run->n; i++) {
         if (decoded) *decoded += r[i].n - 1;
-        if (tokens) memcpy(tokens + (size_t)i * n_new, r[i].tokens, (size_t)r[i].n * sizeof *tokens);
+        if (tokens)
+            memcpy(tokens + (size_t)i * n_new, r[i].tokens, (size_t)r[i].n * sizeof *tokens);
         if (lens) lens[i] = r[i].n;
     }
     for (int i = 0; i < run->n; i++) prl_gen_result_free(&r[i]);
@@ -96,12 +97,14 @@ static prl_status ref_decode(const decode_args *a, const char *ckpt, const char 
                              const char *mla, decode_result *d, const int32_t *prl_tokens)
 {
     json_t *root;
-    prl_status rc = bench_reference(a->python, a->reference, &root, NULL,
-                                    "bench-decode --ckpt '%s' --prompts '%s' --new-tokens %d --threads %d "
-                                    "--rounds %d --warmup %d --mla %s --json",
-                                    ckpt, prompts, a->new_tokens, prl_blas_threads(), a->rounds, a->warmup, mla);
+    prl_status rc = bench_reference(
+        a->python, a->reference, &root, NULL,
+        "bench-decode --ckpt '%s' --prompts '%s' --new-tokens %d --threads %d "
+        "--rounds %d --warmup %d --mla %s --json",
+        ckpt, prompts, a->new_tokens, prl_blas_threads(), a->rounds, a->warmup, mla);
     if (rc) return rc;
-    json_t *pre = json_object_get(root, "prefill_seconds_median"), *dec = json_object_get(root, "decode_seconds_median");
+    json_t *pre = json_object_get(root, "prefill_seconds_median"),
+           *dec = json_object_get(root, "decode_seconds_median");
     if (!json_is_number(pre) || !json_is_number(dec)) {
         json_decref(root);
         return prl_error_set(PRL_ERR_FORMAT, "reference output lacks prefill/decode medians");
@@ -115,7 +118,8 @@ static prl_status ref_decode(const decode_args *a, const char *ckpt, const char 
         d->greedy_agree++;
     }
     json_t *ver = json_object_get(root, "torch_version");
-    snprintf(d->ref_info, sizeof d->ref_info, "torch %s", json_is_string(ver) ? json_string_value(ver) : "?");
+    snprintf(d->ref_info, sizeof d->ref_info, "torch %s",
+             json_is_string(ver) ? json_string_value(ver) : "?");
     json_decref(root);
     return PRL_OK;
 }
@@ -137,10 +141,14 @@ static void tokens_compare(decode_result *d, const int32_t *x, const int *xl, co
 static prl_spec_stats stats_since(const prl_infer *e, prl_spec_stats b)
 {
     prl_spec_stats a = prl_infer_spec_stats(e);
-    return (prl_spec_stats){.drafted = a.drafted - b.drafted, .accepted = a.accepted - b.accepted,
-                            .steps = a.steps - b.steps, .emitted = a.emitted - b.emitted,
-                            .passes = a.passes - b.passes, .pass_s = a.pass_s - b.pass_s,
-                            .draft_s = a.draft_s - b.draft_s, .verify_s = a.verify_s - b.verify_s,
+    return (prl_spec_stats){.drafted = a.drafted - b.drafted,
+                            .accepted = a.accepted - b.accepted,
+                            .steps = a.steps - b.steps,
+                            .emitted = a.emitted - b.emitted,
+                            .passes = a.passes - b.passes,
+                            .pass_s = a.pass_s - b.pass_s,
+                            .draft_s = a.draft_s - b.draft_s,
+                            .verify_s = a.verify_s - b.verify_s,
                             .accept_s = a.accept_s - b.accept_s};
 }
 
@@ -158,8 +166,10 @@ static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_optio
     double *ps = calloc((size_t)a->rounds, sizeof *ps), *ss = calloc((size_t)a->rounds, sizeof *ss);
     double *ratio = calloc((size_t)a->rounds, sizeof *ratio), pre = 0, all = 0;
     int32_t *want = calloc((size_t)n * N, sizeof *want), *got = calloc((size_t)n * N, sizeof *got);
-    int *want_len = calloc((size_t)n, sizeof *want_len), *got_len = calloc((size_t)n, sizeof *got_len);
-    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, run, N, &all, NULL, NULL, NULL);
+    int *want_len = calloc((size_t)n, sizeof *want_len),
+        *got_len = calloc((size_t)n, sizeof *got_len);
+    for (int w = 0; !rc && w < a->warmup; w++)
+        rc = prl_generate_time(e, run, N, &all, NULL, NULL, NULL);
     prl_spec_stats before = rc ? (prl_spec_stats){0} : prl_infer_spec_stats(e);
     prl_spec_stats plain_before = prl_infer_spec_stats(plain);
     for (int i = 0; !rc && i < a->rounds; i++) {
@@ -174,7 +184,8 @@ static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_optio
     }
     if (!rc) {
         d->spec = stats_since(e, before), d->plain = stats_since(plain, plain_before);
-        d->spec_decode = bench_median(ss, a->rounds), d->spec_speedup = bench_median(ratio, a->rounds);
+        d->spec_decode = bench_median(ss, a->rounds),
+        d->spec_speedup = bench_median(ratio, a->rounds);
         tokens_compare(d, want, want_len, got, got_len, n, N);
     }
     prl_infer_free(e);
@@ -184,9 +195,9 @@ static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_optio
 
 /* The requests of one batch size: B random prompts of prompt_len ids (written to `file` for
 ** the reference), or every prompt of --prompts. *max_prompt gets the longest. */
-static prl_status decode_requests(const decode_args *a, const prl_model *m, const prl_tokenizer *tok,
-                                  int B, const char *file, decode_run *run, int32_t **ids,
-                                  cli_prompts *pl, int *max_prompt)
+static prl_status decode_requests(const decode_args *a, const prl_model *m,
+                                  const prl_tokenizer *tok, int B, const char *file,
+                                  decode_run *run, int32_t **ids, cli_prompts *pl, int *max_prompt)
 {
     prl_sample_params_default(&run->sp);
     run->sp.temperature = a->temperature, run->sp.seed = a->seed;
@@ -199,7 +210,9 @@ static prl_status decode_requests(const decode_args *a, const prl_model *m, cons
         run->q = calloc((size_t)run->n, sizeof *run->q);
         *max_prompt = 0;
         for (int i = 0; i < run->n; i++) {
-            run->q[i] = (prl_gen_request){.prompt = pl->ids[i], .prompt_len = pl->len[i], .seq_id = (uint64_t)i};
+            run->q[i] = (prl_gen_request){.prompt = pl->ids[i],
+                                          .prompt_len = pl->len[i],
+                                          .seq_id = (uint64_t)i};
             *max_prompt = pl->len[i] > *max_prompt ? pl->len[i] : *max_prompt;
         }
         return PRL_OK;
@@ -208,10 +221,14 @@ static prl_status decode_requests(const decode_args *a, const prl_model *m, cons
     *ids = malloc((size_t)B * P * sizeof **ids);
     prl_rng r;
     prl_rng_init(&r, a->seed, (uint64_t)B, 0, 0, PRL_RNG_TEST);
-    for (int i = 0; i < B * P; i++) (*ids)[i] = 16 + (int32_t)(prl_rng_u64(&r) % (uint64_t)(m->cfg.vocab_size - 16));
+    for (int i = 0; i < B * P; i++)
+        (*ids)[i] = 16 + (int32_t)(prl_rng_u64(&r) % (uint64_t)(m->cfg.vocab_size - 16));
     run->n = B, run->sp.n_stop_ids = 0, *max_prompt = P;
     run->q = calloc((size_t)B, sizeof *run->q);
-    for (int b = 0; b < B; b++) run->q[b] = (prl_gen_request){.prompt = *ids + (size_t)b * P, .prompt_len = P, .seq_id = (uint64_t)b};
+    for (int b = 0; b < B; b++)
+        run->q[b] = (prl_gen_request){.prompt = *ids + (size_t)b * P,
+                                      .prompt_len = P,
+                                      .seq_id = (uint64_t)b};
     return write_prompts(file, *ids, B, P);
 }
 
@@ -230,12 +247,15 @@ static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const p
     io.max_batch = B, io.max_len = P + N;
     prl_infer *e = NULL;
     if (!rc && io.max_len > m->cfg.max_position_embeddings)
-        rc = prl_error_set(PRL_ERR_ARG, "prompt %d + --new-tokens %d exceeds max_position_embeddings %d",
-                           P, N, m->cfg.max_position_embeddings);
+        rc = prl_error_set(PRL_ERR_ARG,
+                           "prompt %d + --new-tokens %d exceeds max_position_embeddings %d", P, N,
+                           m->cfg.max_position_embeddings);
     if (!rc) rc = prl_infer_init(&e, m, &io);
-    double *pre = calloc((size_t)a->rounds, sizeof *pre), *all = calloc((size_t)a->rounds, sizeof *all), t;
+    double *pre = calloc((size_t)a->rounds, sizeof *pre),
+           *all = calloc((size_t)a->rounds, sizeof *all), t;
     long *dec = calloc((size_t)a->rounds, sizeof *dec);
-    for (int w = 0; !rc && w < a->warmup; w++) rc = prl_generate_time(e, &run, N, &t, NULL, NULL, NULL);
+    for (int w = 0; !rc && w < a->warmup; w++)
+        rc = prl_generate_time(e, &run, N, &t, NULL, NULL, NULL);
     /* prl's rounds straddle the reference's, so drift of the shared machine hits both */
     int half = a->rounds / 2;
     for (int i = 0; !rc && i < half; i++) {
@@ -243,7 +263,9 @@ static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const p
         if (!rc) rc = prl_generate_time(e, &run, N, &all[i], &dec[i], tokens, NULL);
     }
     d->batch = B, d->n_seq = run.n;
-    if (!rc && !a->no_reference) rc = ref_decode(a, ckpt, prompts, io.mla == PRL_MLA_NAIVE ? "naive" : "absorbed", d, tokens);
+    if (!rc && !a->no_reference)
+        rc =
+            ref_decode(a, ckpt, prompts, io.mla == PRL_MLA_NAIVE ? "naive" : "absorbed", d, tokens);
     for (int i = half; !rc && i < a->rounds; i++) {
         rc = prl_generate_time(e, &run, 1, &pre[i], NULL, NULL, NULL);
         if (!rc) rc = prl_generate_time(e, &run, N, &all[i], &dec[i], tokens, NULL);
@@ -266,9 +288,10 @@ static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const p
 ** layer min(n, W) × row, where row = r_kv + d_r floats (naive form: + H·(d_n + d_v)). */
 static prl_kv_alloc kv_formula_at(const prl_config *c, int naive, int n)
 {
-    size_t row = ((size_t)(c->kv_lora_rank + c->qk_rope_head_dim) +
-                  (naive ? (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) : 0)) *
-                 sizeof(float);
+    size_t row =
+        ((size_t)(c->kv_lora_rank + c->qk_rope_head_dim) +
+         (naive ? (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) : 0)) *
+        sizeof(float);
     prl_kv_alloc f = {.n_dsa = c->n_dsa_layers};
     for (int l = 0; l < c->num_hidden_layers; l++) {
         int W = prl_config_window(c, l);
@@ -290,10 +313,12 @@ static prl_status print_kv_by_context(const prl_model *m, prl_infer_options io, 
     const char *row = naive ? "(r_kv + d_r + H(d_n + d_v))" : "(r_kv + d_r)";
     static const int ctxs[] = {64, 128, 256, 512};
     if (json) printf(", \"kv_by_context\": [");
-    else printf("  KV cache by context, one sequence, as allocated (formula: whole-context layers "
-                "n x %s x layers; indexer n x index_head_dim x DSA layers; SWA min(n, W) x %s x "
-                "layers; x 4 bytes):\n  %7s %26s %26s %26s %12s\n", row, row, "context",
-                "whole-context [formula]", "DSA indexer [formula]", "SWA rings [formula]", "total");
+    else
+        printf("  KV cache by context, one sequence, as allocated (formula: whole-context layers "
+               "n x %s x layers; indexer n x index_head_dim x DSA layers; SWA min(n, W) x %s x "
+               "layers; x 4 bytes):\n  %7s %26s %26s %26s %12s\n",
+               row, row, "context", "whole-context [formula]", "DSA indexer [formula]",
+               "SWA rings [formula]", "total");
     for (int i = 0, last = 0; i < 4 && !last; i++) {
         int n = ctxs[i] < c->max_position_embeddings ? ctxs[i] : c->max_position_embeddings;
         last = n == c->max_position_embeddings;
@@ -305,11 +330,14 @@ static prl_status print_kv_by_context(const prl_model *m, prl_infer_options io, 
         prl_infer_free(e);
         size_t total = a.full + a.index + a.ring;
         if (json)
-            printf("%s{\"context\": %d, \"whole_context_bytes\": %zu, \"whole_context_layers\": %d, "
-                   "\"dsa_index_bytes\": %zu, \"dsa_layers\": %d, \"swa_bytes\": %zu, \"swa_layers\": %d, "
-                   "\"total_bytes\": %zu, \"whole_context_formula\": %zu, \"dsa_index_formula\": %zu, "
-                   "\"swa_formula\": %zu}", i ? ", " : "", n, a.full, a.n_full, a.index, a.n_dsa,
-                   a.ring, a.n_ring, total, f.full, f.index, f.ring);
+            printf(
+                "%s{\"context\": %d, \"whole_context_bytes\": %zu, \"whole_context_layers\": %d, "
+                "\"dsa_index_bytes\": %zu, \"dsa_layers\": %d, \"swa_bytes\": %zu, \"swa_layers\": "
+                "%d, "
+                "\"total_bytes\": %zu, \"whole_context_formula\": %zu, \"dsa_index_formula\": %zu, "
+                "\"swa_formula\": %zu}",
+                i ? ", " : "", n, a.full, a.n_full, a.index, a.n_dsa, a.ring, a.n_ring, total,
+                f.full, f.index, f.ring);
         else
             printf("  %7d %12zu [%11zu] %12zu [%11zu] %12zu [%11zu] %12zu\n", n, a.full, f.full,
                    a.index, f.index, a.ring, f.ring, total);
@@ -320,45 +348,68 @@ static prl_status print_kv_by_context(const prl_model *m, prl_infer_options io, 
 
 int cmd_bench_decode(int argc, char **argv)
 {
-    decode_args a = {.config = PRL_SOURCE_DIR "/configs/models/tiny.json", .python = "/usr/bin/python3",
-                     .reference = PRL_SOURCE_DIR "/reference/pangu_ref.py", .batches = "1,16",
-                     .prompt_len = 32, .new_tokens = 64, .rounds = 5, .warmup = 1, .seed = 1};
+    decode_args a = {.config = PRL_SOURCE_DIR "/configs/models/tiny.json",
+                     .python = "/usr/bin/python3",
+                     .reference = PRL_SOURCE_DIR "/reference/pangu_ref.py",
+                     .batches = "1,16",
+                     .prompt_len = 32,
+                     .new_tokens = 64,
+                     .rounds = 5,
+                     .warmup = 1,
+                     .seed = 1};
     cli_opt opts[] = {
-        {"config", OPT_STR, &a.config, "CONFIG", "model config, random weights (default configs/models/tiny.json)", 0, 0},
+        {"config", OPT_STR, &a.config, "CONFIG",
+         "model config, random weights (default configs/models/tiny.json)", 0, 0},
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "a checkpoint instead of --config", 0, 0},
         {"batch", OPT_STR, &a.batches, "LIST", "batch sizes, comma-separated (default 1,16)", 0, 0},
         {"prompt-len", OPT_INT, &a.prompt_len, "P", "prompt tokens (default 32)", 0, 0},
-        {"new-tokens", OPT_INT, &a.new_tokens, "N", "generated tokens per sequence (default 64)", 0, 0},
+        {"new-tokens", OPT_INT, &a.new_tokens, "N", "generated tokens per sequence (default 64)", 0,
+         0},
         {"rounds", OPT_INT, &a.rounds, "R", "timed generations per engine (default 5)", 0, 0},
         {"warmup", OPT_INT, &a.warmup, "N", "untimed generations first (default 1)", 0, 0},
-        {"precision", OPT_STR, &a.precision, "P", "prl's infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
-        {"mla", OPT_STR, &a.mla, "FORM", "absorbed or naive (both engines; default: the preset's)", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P",
+         "prl's infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
+        {"mla", OPT_STR, &a.mla, "FORM", "absorbed or naive (both engines; default: the preset's)",
+         0, 0},
         {"matmul", OPT_STR, &a.matmul, "KIND", "prl's matmul kind: gemv, gemm, blas", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads for both engines (default: all CPUs)", 0, 0},
         {"seed", OPT_U64, &a.seed, "S", "seed of the weights and prompts (default 1)", 0, 0},
-        {"python", OPT_STR, &a.python, "PATH", "python with torch (default /usr/bin/python3)", 0, 0},
-        {"reference", OPT_STR, &a.reference, "FILE", "reference script (default reference/pangu_ref.py)", 0, 0},
+        {"python", OPT_STR, &a.python, "PATH", "python with torch (default /usr/bin/python3)", 0,
+         0},
+        {"reference", OPT_STR, &a.reference, "FILE",
+         "reference script (default reference/pangu_ref.py)", 0, 0},
         {"no-reference", OPT_FLAG, &a.no_reference, NULL, "time prl only", 0, 0},
-        {"spec", OPT_INT, &a.spec, "D", "also time self-speculative decoding with D MTP drafts "
-         "(needs num_nextn_predict_layers >= D)", 0, 0},
-        {"spec-vocab", OPT_INT, &a.spec_vocab, "S", "with --spec: the drafts' head covers token ids "
-         "[0, S) only (default 0 = all)", 0, 0},
-        {"prompts", OPT_STR, &a.prompts, "FILE", "real prompts: JSONL as prl generate --input (e.g. "
-         "prl tasks generate --split eval); every batch size decodes them all, stopping at <|eos|>/<|end|>; "
-         "prl only", 0, 0},
-        {"temperature", OPT_DOUBLE, &a.temperature, "T", "sampling temperature (default 0 = greedy); "
-         "> 0 is prl only", 0, 0},
+        {"spec", OPT_INT, &a.spec, "D",
+         "also time self-speculative decoding with D MTP drafts "
+         "(needs num_nextn_predict_layers >= D)",
+         0, 0},
+        {"spec-vocab", OPT_INT, &a.spec_vocab, "S",
+         "with --spec: the drafts' head covers token ids "
+         "[0, S) only (default 0 = all)",
+         0, 0},
+        {"prompts", OPT_STR, &a.prompts, "FILE",
+         "real prompts: JSONL as prl generate --input (e.g. "
+         "prl tasks generate --split eval); every batch size decodes them all, stopping at "
+         "<|eos|>/<|end|>; "
+         "prl only",
+         0, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T",
+         "sampling temperature (default 0 = greedy); "
+         "> 0 is prl only",
+         0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 3, opts, "prl bench decode [--config CONFIG|--ckpt DIR] [--batch 1,16] [--json]",
+    int rc = cli_parse(argc, argv, 3, opts,
+                       "prl bench decode [--config CONFIG|--ckpt DIR] [--batch 1,16] [--json]",
                        "Times greedy KV-cached decoding of prl's infer path and of the PyTorch "
                        "reference on the same weights, prompts, threads, BLAS core and MLA form.",
                        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (a.prompt_len < 1 || a.new_tokens < 2 || a.rounds < 1 || a.warmup < 0 || a.spec < 0 ||
         !(a.temperature >= 0))
-        return cli_failf("bench", 2, "--prompt-len >= 1, --new-tokens >= 2, --rounds >= 1, --warmup >= 0, "
+        return cli_failf("bench", 2,
+                         "--prompt-len >= 1, --new-tokens >= 2, --rounds >= 1, --warmup >= 0, "
                          "--spec >= 0, --temperature >= 0");
     /* the reference times greedy decoding of equal-length random prompts only */
     if (a.prompts || a.temperature > 0) a.no_reference = 1;
@@ -367,7 +418,8 @@ int cmd_bench_decode(int argc, char **argv)
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || v < 1 || v > 256 || (*end && *end != ','))
-            return cli_failf("bench", 2, "--batch '%s': expected comma-separated sizes in [1, 256]", a.batches);
+            return cli_failf("bench", 2, "--batch '%s': expected comma-separated sizes in [1, 256]",
+                             a.batches);
         batches[nb++] = (int)v;
         p = *end ? end + 1 : end;
     }
@@ -391,11 +443,13 @@ int cmd_bench_decode(int argc, char **argv)
         ckpt = made;
     }
     if (!a.prompts && a.prompt_len + a.new_tokens > m.cfg.max_position_embeddings)
-        return cli_failf("bench", 2, "--prompt-len + --new-tokens = %d exceeds max_position_embeddings %d",
+        return cli_failf("bench", 2,
+                         "--prompt-len + --new-tokens = %d exceeds max_position_embeddings %d",
                          a.prompt_len + a.new_tokens, m.cfg.max_position_embeddings);
     decode_result res[16] = {0};
     for (int i = 0; i < nb; i++) {
-        if (bench_decode_batch(&a, &m, tok, ckpt, dir, io, batches[i], &res[i])) return cli_fail("bench");
+        if (bench_decode_batch(&a, &m, tok, ckpt, dir, io, batches[i], &res[i]))
+            return cli_fail("bench");
         fprintf(stderr, "bench: batch %d done\n", batches[i]);
     }
     char desc[128];
@@ -410,34 +464,46 @@ int cmd_bench_decode(int argc, char **argv)
     int full_layers = c->num_hidden_layers - c->n_swa_layers;
     /* a DSA layer also caches its indexer key (index_head_dim floats per token) */
     size_t kv_formula = ((size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * full_layers +
-                         (size_t)c->index_head_dim * c->n_dsa_layers) * sizeof(float);
-    if (a.json) printf("{\"model\": \"%s\", \"infer\": \"%s\", \"threads\": %d, \"blas_core\": \"%s\", "
-                       "\"prompt_len\": %d, \"new_tokens\": %d, \"rounds\": %d, \"kv_bytes_per_token\": %zu, "
-                       "\"kv_bytes_formula\": %zu, \"kv_bytes_per_sequence\": %zu",
-                       a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
-                       a.new_tokens, a.rounds, kv, kv_formula, kv_seq);
-    else printf("model %s, %s, threads %d, blas %s, prompt %d + %d new tokens, medians of %d rounds\n"
-                "  KV cache: %zu bytes/token in the %d whole-context layers (formula ((kv_lora_rank + "
-                "qk_rope_head_dim) x those layers + index_head_dim x %d DSA layers) x 4 = %zu); %d "
-                "sliding-window layers keep at most W rows; one sequence of %d tokens holds %zu bytes\n",
-                a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
-                a.new_tokens, a.rounds, kv, full_layers, c->n_dsa_layers, kv_formula, c->n_swa_layers,
-                ctx, kv_seq);
+                         (size_t)c->index_head_dim * c->n_dsa_layers) *
+                        sizeof(float);
+    if (a.json)
+        printf(
+            "{\"model\": \"%s\", \"infer\": \"%s\", \"threads\": %d, \"blas_core\": \"%s\", "
+            "\"prompt_len\": %d, \"new_tokens\": %d, \"rounds\": %d, \"kv_bytes_per_token\": %zu, "
+            "\"kv_bytes_formula\": %zu, \"kv_bytes_per_sequence\": %zu",
+            a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
+            a.new_tokens, a.rounds, kv, kv_formula, kv_seq);
+    else
+        printf(
+            "model %s, %s, threads %d, blas %s, prompt %d + %d new tokens, medians of %d rounds\n"
+            "  KV cache: %zu bytes/token in the %d whole-context layers (formula ((kv_lora_rank + "
+            "qk_rope_head_dim) x those layers + index_head_dim x %d DSA layers) x 4 = %zu); %d "
+            "sliding-window layers keep at most W rows; one sequence of %d tokens holds %zu "
+            "bytes\n",
+            a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
+            a.new_tokens, a.rounds, kv, full_layers, c->n_dsa_layers, kv_formula, c->n_swa_layers,
+            ctx, kv_seq);
     if (print_kv_by_context(&m, io, a.json)) return cli_fail("bench");
     if (a.json) printf(", \"results\": [");
     for (int i = 0; i < nb; i++) {
         decode_result *d = &res[i];
         double toks = (double)d->plain_tokens; /* the first token comes with the prefill */
-        double prl_tps = toks / d->prl_decode, ref_tps = d->ref_decode > 0 ? (double)d->batch * a.new_tokens / d->ref_decode : 0;
+        double prl_tps = toks / d->prl_decode,
+               ref_tps = d->ref_decode > 0 ? (double)d->batch * a.new_tokens / d->ref_decode : 0;
         if (a.json) {
-            printf("%s{\"batch\": %d, \"prl_prefill_s\": %.5f, \"prl_decode_s\": %.5f, \"prl_decode_tokens_per_s\": %.1f, "
-                   "\"torch_prefill_s\": %.5f, \"torch_decode_s\": %.5f, \"torch_decode_tokens_per_s\": %.1f, "
-                   "\"ratio_prl_over_torch\": %.2f, \"torch_kv_bytes_per_token\": %zu, \"greedy_tokens_agree\": %d, "
-                   "\"reference\": \"%s\"", i ? ", " : "", d->batch, d->prl_prefill, d->prl_decode, prl_tps,
-                   d->ref_prefill, d->ref_decode, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, d->ref_kv_bytes,
+            printf("%s{\"batch\": %d, \"prl_prefill_s\": %.5f, \"prl_decode_s\": %.5f, "
+                   "\"prl_decode_tokens_per_s\": %.1f, "
+                   "\"torch_prefill_s\": %.5f, \"torch_decode_s\": %.5f, "
+                   "\"torch_decode_tokens_per_s\": %.1f, "
+                   "\"ratio_prl_over_torch\": %.2f, \"torch_kv_bytes_per_token\": %zu, "
+                   "\"greedy_tokens_agree\": %d, "
+                   "\"reference\": \"%s\"",
+                   i ? ", " : "", d->batch, d->prl_prefill, d->prl_decode, prl_tps, d->ref_prefill,
+                   d->ref_decode, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, d->ref_kv_bytes,
                    d->greedy_agree, a.no_reference ? "skipped" : d->ref_info);
             if (a.spec > 0)
-                printf(", \"spec_drafts\": %d, \"spec_decode_s\": %.5f, \"spec_decode_tokens_per_s\": %.1f, "
+                printf(", \"spec_drafts\": %d, \"spec_decode_s\": %.5f, "
+                       "\"spec_decode_tokens_per_s\": %.1f, "
                        "\"spec_speedup_median\": %.3f, \"spec_acceptance\": %.4f, "
                        "\"spec_tokens_per_sequence_step\": %.3f, \"spec_greedy_tokens_agree\": %d, "
                        "\"spec_tokens_equal_plain\": %ld, \"plain_tokens\": %ld, \"sequences\": %d",
@@ -448,26 +514,30 @@ int cmd_bench_decode(int argc, char **argv)
             printf("}");
             continue;
         }
-        printf("  batch %3d: prl %8.1f tokens/s (prefill %.4f s)", d->batch, prl_tps, d->prl_prefill);
+        printf("  batch %3d: prl %8.1f tokens/s (prefill %.4f s)", d->batch, prl_tps,
+               d->prl_prefill);
         if (ref_tps > 0)
-            printf("   pytorch %8.1f tokens/s (prefill %.4f s)   ratio %.1fx   greedy tokens agree %d/%d",
+            printf("   pytorch %8.1f tokens/s (prefill %.4f s)   ratio %.1fx   greedy tokens agree "
+                   "%d/%d",
                    ref_tps, d->ref_prefill, prl_tps / ref_tps, d->greedy_agree, a.new_tokens);
         printf("\n");
         if (a.spec > 0)
-            printf("             speculative (%d drafts) %8.1f tokens/s   speed-up %.2fx (median of "
-                   "per-round ratios)   acceptance %.1f%% (%ld/%ld drafts)   %.2f tokens per "
-                   "sequence step   tokens equal plain's %ld/%ld (%d sequences)\n",
-                   a.spec, d->spec_tokens / d->spec_decode, d->spec_speedup,
-                   d->spec.drafted ? 100.0 * d->spec.accepted / d->spec.drafted : 0.0,
-                   d->spec.accepted, d->spec.drafted,
-                   d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0.0, d->spec_equal,
-                   d->plain_tokens + d->n_seq, d->n_seq);
+            printf(
+                "             speculative (%d drafts) %8.1f tokens/s   speed-up %.2fx (median of "
+                "per-round ratios)   acceptance %.1f%% (%ld/%ld drafts)   %.2f tokens per "
+                "sequence step   tokens equal plain's %ld/%ld (%d sequences)\n",
+                a.spec, d->spec_tokens / d->spec_decode, d->spec_speedup,
+                d->spec.drafted ? 100.0 * d->spec.accepted / d->spec.drafted : 0.0,
+                d->spec.accepted, d->spec.drafted,
+                d->spec.steps ? (double)d->spec.emitted / d->spec.steps : 0.0, d->spec_equal,
+                d->plain_tokens + d->n_seq, d->n_seq);
         if (a.spec > 0 && d->spec.passes > 0 && d->plain.passes > 0) {
             double pp = 1e3 * d->plain.pass_s / d->plain.passes, n = (double)d->spec.passes;
-            printf("             profile per pass: plain %.3f ms; speculative %.3f ms = %.2fx plain "
-                   "(MTP drafts %.3f, verify %.3f, accept %.3f ms)\n", pp, 1e3 * d->spec.pass_s / n,
-                   1e3 * d->spec.pass_s / n / pp, 1e3 * d->spec.draft_s / n, 1e3 * d->spec.verify_s / n,
-                   1e3 * d->spec.accept_s / n);
+            printf(
+                "             profile per pass: plain %.3f ms; speculative %.3f ms = %.2fx plain "
+                "(MTP drafts %.3f, verify %.3f, accept %.3f ms)\n",
+                pp, 1e3 * d->spec.pass_s / n, 1e3 * d->spec.pass_s / n / pp,
+                1e3 * d->spec.draft_s / n, 1e3 * d->spec.verify_s / n, 1e3 * d->spec.accept_s / n);
         }
     }
     if (a.json) printf("]}\n");

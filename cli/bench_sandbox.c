@@ -22,9 +22,16 @@ static int bare_spawn(const char *python, const char *file)
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0) return -1;
     const char *argv[] = {python, "-I", "-B", "-u", file, NULL};
-    const char *envp[] = {"PATH=/usr/bin:/bin", "HOME=/tmp", "TMPDIR=/tmp", "LANG=C.UTF-8", "USER=sandbox",
-                          "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1",
-                          "OPENBLAS_NUM_THREADS=1", NULL};
+    const char *envp[] = {"PATH=/usr/bin:/bin",
+                          "HOME=/tmp",
+                          "TMPDIR=/tmp",
+                          "LANG=C.UTF-8",
+                          "USER=sandbox",
+                          "PYTHONDONTWRITEBYTECODE=1",
+                          "PYTHONUNBUFFERED=1",
+                          "OMP_NUM_THREADS=1",
+                          "OPENBLAS_NUM_THREADS=1",
+                          NULL};
     pid_t pid = fork();
     if (pid == 0) {
         dup2(p[1], 1);
@@ -48,7 +55,9 @@ static int isolated_run(prl_sandbox *sb, const prl_sandbox_request *req)
     prl_sandbox_result res;
     prl_status st = prl_sandbox_run(sb, 0, req, &res);
     int ok = st == PRL_OK && res.status == PRL_SANDBOX_STATUS_OK && !strcmp(res.out, "1\n");
-    if (!ok) fprintf(stderr, "bench: isolated run failed: %s: %s\n", prl_sandbox_status_name(res.status), res.reason);
+    if (!ok)
+        fprintf(stderr, "bench: isolated run failed: %s: %s\n", prl_sandbox_status_name(res.status),
+                res.reason);
     prl_sandbox_result_free(&res);
     return ok ? 0 : -1;
 }
@@ -80,10 +89,12 @@ int cmd_bench_sandbox(int argc, char **argv)
         {"json", OPT_FLAG, &json, NULL, "print the results as JSON", 0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 3, opts, "prl bench sandbox [--seconds S] [--json]",
-                       "Executions per second of a trivial python3 program (print(1)) with full isolation "
-                       "and with a bare fork/exec+wait, in alternating rounds; medians and their ratio "
-                       "(goal: isolated >= 60% of bare).", NULL, 0, NULL);
+    int rc = cli_parse(
+        argc, argv, 3, opts, "prl bench sandbox [--seconds S] [--json]",
+        "Executions per second of a trivial python3 program (print(1)) with full isolation "
+        "and with a bare fork/exec+wait, in alternating rounds; medians and their ratio "
+        "(goal: isolated >= 60% of bare).",
+        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (!(seconds > 0) || !(round_s > 0) || seconds < 2 * round_s)
         return cli_failf("bench", 2, "--seconds must be >= 2 x --round and both positive");
@@ -105,12 +116,15 @@ int cmd_bench_sandbox(int argc, char **argv)
         unlink(file), rmdir(dir);
         return cli_fail("bench");
     }
-    prl_sandbox_request req = {.lang = "python3", .program = program, .program_len = sizeof program - 1};
+    prl_sandbox_request req = {.lang = "python3",
+                               .program = program,
+                               .program_len = sizeof program - 1};
     prl_sandbox_limits_default(&req.limits);
     /* Warm both paths (page cache, first cgroup writes), then alternate rounds so drift in
     ** the shared machine's speed hits both alike. */
     int n_iso = 0, n_bare = 0, warm = 0;
-    if (round_rate(sb, &req, python, file, 0.2, &warm) < 0 || round_rate(NULL, NULL, python, file, 0.2, &warm) < 0)
+    if (round_rate(sb, &req, python, file, 0.2, &warm) < 0 ||
+        round_rate(NULL, NULL, python, file, 0.2, &warm) < 0)
         rc = 1;
     int rounds = (int)(seconds / round_s / 2);
     double *iso = calloc((size_t)rounds, sizeof *iso), *bare = calloc((size_t)rounds, sizeof *bare);
@@ -130,21 +144,27 @@ int cmd_bench_sandbox(int argc, char **argv)
     free(iso), free(bare);
     const double goal = 0.6;
     if (json) {
-        printf("{\"program\": \"print(1)\", \"python\": \"%s\", \"rounds\": %d, \"round_seconds\": %.2f, "
-               "\"isolated_runs\": %d, \"bare_runs\": %d, \"isolated_execs_per_s\": %.2f, "
-               "\"bare_execs_per_s\": %.2f, \"ratio_isolated_over_bare\": %.3f, \"goal_ratio\": %.2f, "
-               "\"goal_met\": %s, \"layers\": [",
-               python, rounds, round_s, n_iso, n_bare, mi, mb, ratio, goal, ratio >= goal ? "true" : "false");
+        printf(
+            "{\"program\": \"print(1)\", \"python\": \"%s\", \"rounds\": %d, \"round_seconds\": "
+            "%.2f, "
+            "\"isolated_runs\": %d, \"bare_runs\": %d, \"isolated_execs_per_s\": %.2f, "
+            "\"bare_execs_per_s\": %.2f, \"ratio_isolated_over_bare\": %.3f, \"goal_ratio\": %.2f, "
+            "\"goal_met\": %s, \"layers\": [",
+            python, rounds, round_s, n_iso, n_bare, mi, mb, ratio, goal,
+            ratio >= goal ? "true" : "false");
         for (int i = 0, first = 1; i < PRL_SANDBOX_N_LAYERS; i++)
-            if (layers & (1u << i)) printf("%s\"%s\"", first ? "" : ", ", prl_sandbox_layer_name(1u << i)), first = 0;
+            if (layers & (1u << i))
+                printf("%s\"%s\"", first ? "" : ", ", prl_sandbox_layer_name(1u << i)), first = 0;
         printf("]}\n");
     } else {
-        printf("python3 print(1): %d rounds of %.1f s each way, alternating (medians)\n", rounds, round_s);
+        printf("python3 print(1): %d rounds of %.1f s each way, alternating (medians)\n", rounds,
+               round_s);
         printf("  isolated  %7.2f execs/s   (%d runs; layers:", mi, n_iso);
         for (int i = 0; i < PRL_SANDBOX_N_LAYERS; i++)
             if (layers & (1u << i)) printf(" %s", prl_sandbox_layer_name(1u << i));
         printf(")\n  bare      %7.2f execs/s   (%d runs; fork + execve + wait)\n", mb, n_bare);
-        printf("  ratio isolated/bare = %.2f   goal >= %.2f: %s\n", ratio, goal, ratio >= goal ? "met" : "NOT met");
+        printf("  ratio isolated/bare = %.2f   goal >= %.2f: %s\n", ratio, goal,
+               ratio >= goal ? "met" : "NOT met");
     }
     return 0;
 }

@@ -36,16 +36,19 @@ static void rate_task(void *p, int blk)
     rate_ctx *c = p;
     size_t off = (size_t)blk * PRL_ROW_BLOCK * RATE_S;
     if (c->openblas)
-        prl_sgemm(0, 1, PRL_ROW_BLOCK, RATE_S, RATE_S, 1, c->A + off, RATE_S, c->B, RATE_S, 0, c->C + off, RATE_S);
+        prl_sgemm(0, 1, PRL_ROW_BLOCK, RATE_S, RATE_S, 1, c->A + off, RATE_S, c->B, RATE_S, 0,
+                  c->C + off, RATE_S);
     else
-        prl_gemm_f32(0, 1, PRL_ROW_BLOCK, RATE_S, RATE_S, 1, c->A + off, RATE_S, c->B, RATE_S, 0, c->C + off, RATE_S);
+        prl_gemm_f32(0, 1, PRL_ROW_BLOCK, RATE_S, RATE_S, 1, c->A + off, RATE_S, c->B, RATE_S, 0,
+                     c->C + off, RATE_S);
 }
 
 /* Median GFLOP/s over reps runs. */
 static double gemm_rate(int reps, int openblas)
 {
     size_t n = (size_t)RATE_S * RATE_S;
-    float *A = malloc(sizeof(float) * n), *B = malloc(sizeof(float) * n), *C = malloc(sizeof(float) * n);
+    float *A = malloc(sizeof(float) * n), *B = malloc(sizeof(float) * n),
+          *C = malloc(sizeof(float) * n);
     for (size_t i = 0; i < n; i++) A[i] = (float)((i % 7) * 0.01), B[i] = (float)((i % 5) * 0.02);
     double *t = malloc(sizeof(double) * (size_t)reps);
     rate_ctx c = {.A = A, .B = B, .C = C, .openblas = openblas};
@@ -64,8 +67,9 @@ static double gemm_rate(int reps, int openblas)
 ** counted at K experts per token, attention over the causal blocks it multiplies). */
 static double step_flops(const prl_config *c, int B, int T)
 {
-    double d = c->hidden_size, H = c->num_attention_heads, dq = c->qk_nope_head_dim + c->qk_rope_head_dim,
-           dv = c->v_head_dim, rq = c->q_lora_rank, rkv = c->kv_lora_rank, dr = c->qk_rope_head_dim,
+    double d = c->hidden_size, H = c->num_attention_heads,
+           dq = c->qk_nope_head_dim + c->qk_rope_head_dim, dv = c->v_head_dim, rq = c->q_lora_rank,
+           rkv = c->kv_lora_rank, dr = c->qk_rope_head_dim,
            dkv = c->qk_nope_head_dim + c->v_head_dim;
     double attn = rq * d + H * dq * rq + (rkv + dr) * d + H * dkv * rkv + d * H * dv;
     double per_token = 0;
@@ -118,7 +122,8 @@ static prl_status time_prl(const prl_config *cfg, const train_args *a, double *t
         tgt[i] = (i + 1) % a->seq ? tok[i + 1] : -1;
         w[i] = tgt[i] >= 0 ? -1.0f / (float)(N - a->batch) : 0;
     }
-    prl_batch b = {.B = a->batch, .T = a->seq, .tokens = tok, .targets = tgt, .weights = w, .temperature = 1};
+    prl_batch b =
+        {.B = a->batch, .T = a->seq, .tokens = tok, .targets = tgt, .weights = w, .temperature = 1};
     for (int s = 0; rc == PRL_OK && s < a->warmup + a->steps; s++) {
         double t0 = prl_now();
         prl_model_zero_grad(&m);
@@ -139,16 +144,18 @@ static prl_status time_reference(const train_args *a, double *t, char *info, siz
 {
     json_t *root;
     char *out;
-    prl_status rc = bench_reference(a->python, a->reference, &root, &out,
-                                    "bench --config '%s' --batch %d --seq %d --threads %d --steps %d "
-                                    "--warmup %d --seed %llu --json",
-                                    a->config, a->batch, a->seq, prl_blas_threads(), a->steps, a->warmup,
-                                    (unsigned long long)a->seed);
+    prl_status rc =
+        bench_reference(a->python, a->reference, &root, &out,
+                        "bench --config '%s' --batch %d --seq %d --threads %d --steps %d "
+                        "--warmup %d --seed %llu --json",
+                        a->config, a->batch, a->seq, prl_blas_threads(), a->steps, a->warmup,
+                        (unsigned long long)a->seed);
     if (rc) return rc;
     json_t *v = root ? json_object_get(root, "step_s_all") : NULL;
     if (!json_is_array(v) || json_array_size(v) != (size_t)a->steps) {
         json_decref(root);
-        rc = prl_error_set(PRL_ERR_FORMAT, "reference output lacks %d step times: %.200s", a->steps, out);
+        rc = prl_error_set(PRL_ERR_FORMAT, "reference output lacks %d step times: %.200s", a->steps,
+                           out);
         free(out);
         return rc;
     }
@@ -162,11 +169,18 @@ static prl_status time_reference(const train_args *a, double *t, char *info, siz
 
 int cmd_bench_train(int argc, char **argv)
 {
-    train_args a = {.config = PRL_SOURCE_DIR "/configs/models/tiny.json", .python = "/usr/bin/python3",
-                    .reference = PRL_SOURCE_DIR "/reference/pangu_ref.py", .batch = 8, .seq = 256,
-                    .steps = 5, .warmup = 2, .rounds = 3, .seed = 1};
+    train_args a = {.config = PRL_SOURCE_DIR "/configs/models/tiny.json",
+                    .python = "/usr/bin/python3",
+                    .reference = PRL_SOURCE_DIR "/reference/pangu_ref.py",
+                    .batch = 8,
+                    .seq = 256,
+                    .steps = 5,
+                    .warmup = 2,
+                    .rounds = 3,
+                    .seed = 1};
     cli_opt opts[] = {
-        {"config", OPT_STR, &a.config, "CONFIG", "model config (default configs/models/tiny.json)", 0, 0},
+        {"config", OPT_STR, &a.config, "CONFIG", "model config (default configs/models/tiny.json)",
+         0, 0},
         {"batch", OPT_INT, &a.batch, "B", "sequences per step (default 8)", 0, 0},
         {"seq", OPT_INT, &a.seq, "T", "tokens per sequence (default 256)", 0, 0},
         {"steps", OPT_INT, &a.steps, "N", "timed steps per engine and round (default 5)", 0, 0},
@@ -174,25 +188,31 @@ int cmd_bench_train(int argc, char **argv)
         {"warmup", OPT_INT, &a.warmup, "N", "untimed warm-up steps (default 2)", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads for both engines (default: all CPUs)", 0, 0},
         {"seed", OPT_U64, &a.seed, "S", "seed (default 1)", 0, 0},
-        {"python", OPT_STR, &a.python, "PATH", "python with torch (default /usr/bin/python3)", 0, 0},
-        {"reference", OPT_STR, &a.reference, "FILE", "reference script (default reference/pangu_ref.py)", 0, 0},
+        {"python", OPT_STR, &a.python, "PATH", "python with torch (default /usr/bin/python3)", 0,
+         0},
+        {"reference", OPT_STR, &a.reference, "FILE",
+         "reference script (default reference/pangu_ref.py)", 0, 0},
         {"no-reference", OPT_FLAG, &a.no_reference, NULL, "time prl only", 0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 3, opts, "prl bench train [--config CONFIG] [--batch B --seq T] [--json]",
+    int rc = cli_parse(argc, argv, 3, opts,
+                       "prl bench train [--config CONFIG] [--batch B --seq T] [--json]",
                        "Times a full training step (forward, backward, AdamW) of prl and of the "
                        "PyTorch reference on the same config, batch, threads and BLAS core.",
                        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (a.batch < 1 || a.seq < 2 || a.steps < 1 || a.warmup < 0 || a.rounds < 1)
-        return cli_failf("bench", 2, "--batch, --steps, --rounds must be >= 1, --seq >= 2, --warmup >= 0");
+        return cli_failf("bench", 2,
+                         "--batch, --steps, --rounds must be >= 1, --seq >= 2, --warmup >= 0");
     if (cli_setup_blas("bench", a.threads)) return 1;
     prl_config cfg;
     if (prl_config_load(&cfg, a.config)) return cli_fail("bench");
     double peak = gemm_rate(9, 1), own = gemm_rate(9, 0);
-    fprintf(stderr, "bench: 1024^3 GEMM on prl's pool: OpenBLAS sgemm %.1f GFLOP/s, prl's GEMM "
-            "%.1f GFLOP/s (medians of 9)\n", peak, own);
+    fprintf(stderr,
+            "bench: 1024^3 GEMM on prl's pool: OpenBLAS sgemm %.1f GFLOP/s, prl's GEMM "
+            "%.1f GFLOP/s (medians of 9)\n",
+            peak, own);
     /* Rounds alternate the two engines, so drift in the machine's speed (it is shared)
     ** hits both alike; medians are over all timed steps of all rounds. */
     int n = a.rounds * a.steps;
@@ -213,19 +233,24 @@ int cmd_bench_train(int argc, char **argv)
             ref_s, n);
     double ref_tps = ref_s > 0 ? tokens / ref_s : 0;
     if (a.json) {
-        printf("{\"config\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"blas_core\": \"%s\", "
-               "\"sgemm_gflops\": %.2f, \"prl_gemm_gflops\": %.2f, \"step_gflop\": %.3f, \"prl_step_s\": %.5f, \"prl_tokens_per_s\": %.1f, "
-               "\"prl_gflops\": %.2f, \"prl_share_of_sgemm\": %.4f, \"torch_step_s\": %.5f, "
-               "\"torch_tokens_per_s\": %.1f, \"ratio_prl_over_torch\": %.3f, \"reference\": \"%s\", "
-               "\"steps_timed\": %d}\n",
-               a.config, a.batch, a.seq, prl_blas_threads(), prl_blas_core(), peak, own, flops / 1e9, prl_s,
-               prl_tps, gflops, gflops / peak, ref_s, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, info, n);
+        printf(
+            "{\"config\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"blas_core\": "
+            "\"%s\", "
+            "\"sgemm_gflops\": %.2f, \"prl_gemm_gflops\": %.2f, \"step_gflop\": %.3f, "
+            "\"prl_step_s\": %.5f, \"prl_tokens_per_s\": %.1f, "
+            "\"prl_gflops\": %.2f, \"prl_share_of_sgemm\": %.4f, \"torch_step_s\": %.5f, "
+            "\"torch_tokens_per_s\": %.1f, \"ratio_prl_over_torch\": %.3f, \"reference\": \"%s\", "
+            "\"steps_timed\": %d}\n",
+            a.config, a.batch, a.seq, prl_blas_threads(), prl_blas_core(), peak, own, flops / 1e9,
+            prl_s, prl_tps, gflops, gflops / peak, ref_s, ref_tps,
+            ref_tps > 0 ? prl_tps / ref_tps : 0, info, n);
     } else {
         printf("config %s, batch %d x %d, threads %d, blas %s\n", a.config, a.batch, a.seq,
                prl_blas_threads(), prl_blas_core());
-        printf("  GEMM 1024^3 on the pool: OpenBLAS sgemm %.1f GFLOP/s, prl's GEMM %.1f GFLOP/s\n", peak, own);
-        printf("  prl      %8.1f tokens/s   %.3f s/step   %.1f GFLOP/s = %.0f%% of sgemm\n", prl_tps,
-               prl_s, gflops, 100 * gflops / peak);
+        printf("  GEMM 1024^3 on the pool: OpenBLAS sgemm %.1f GFLOP/s, prl's GEMM %.1f GFLOP/s\n",
+               peak, own);
+        printf("  prl      %8.1f tokens/s   %.3f s/step   %.1f GFLOP/s = %.0f%% of sgemm\n",
+               prl_tps, prl_s, gflops, 100 * gflops / peak);
         if (ref_tps > 0)
             printf("  pytorch  %8.1f tokens/s   %.3f s/step   (%s)\n  ratio prl/pytorch = %.2fx\n",
                    ref_tps, ref_s, info, prl_tps / ref_tps);

@@ -18,13 +18,13 @@ typedef enum { OPT_STR, OPT_INT, OPT_DOUBLE, OPT_U64, OPT_FLAG } cli_opt_type;
 
 /* One --flag. `ptr` points at a const char *, int, double, uint64_t or int (flag). */
 typedef struct cli_opt {
-    const char *name;   /* without the leading "--" */
+    const char *name; /* without the leading "--" */
     cli_opt_type type;
     void *ptr;
-    const char *arg;    /* placeholder shown in help ("FILE"), NULL for flags */
+    const char *arg; /* placeholder shown in help ("FILE"), NULL for flags */
     const char *help;
     int required;
-    int seen;           /* set by the parser */
+    int seen; /* set by the parser */
 } cli_opt;
 
 enum { CLI_OK = 0, CLI_HELP = 1, CLI_USAGE = 2 };
@@ -38,14 +38,15 @@ void cli_print_help(FILE *out, const char *usage, const char *summary, const cli
 /* Print "prl <cmd>: <prl_error_message()>" and return 1. */
 int cli_fail(const char *cmd);
 /* Print "prl <cmd>: " + formatted message and return `code`. */
-int cli_failf(const char *cmd, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int cli_failf(const char *cmd, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Set up BLAS and the thread pool (threads <= 0: default) and print the blas line to
 ** stderr. Returns 0 or prints the error and returns 1. */
 int cli_setup_blas(const char *cmd, int threads);
 /* The infer path's options from the preset `precision` (NULL: fp32), then the knobs mla and
 ** matmul (NULL: the preset's). Returns 0 or prints the error and returns 2 (bad usage). */
-int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precision, const char *mla,
-                      const char *matmul);
+int cli_infer_options(const char *cmd, prl_infer_options *io, const char *precision,
+                      const char *mla, const char *matmul);
 /* The "ids" value of a JSONL line as token ids (malloc'd, caller frees); errors name
 ** FILE:LINE and the bad entry. */
 prl_status cli_json_ids(json_t *v, const char *file, int line, int32_t **ids, size_t *n);

@@ -31,21 +31,25 @@ static prl_status same_model(const char *dir, const prl_model *m, const prl_toke
     int same = cfg && !strcmp(cfg, first_cfg);
     free(cfg);
     if (!same)
-        return prl_error_set(PRL_ERR_CONFIG, "%s/config.json is another model config than "
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s/config.json is another model config than "
                              "%s/config.json: only checkpoints of one model can be averaged",
                              dir, first_dir);
     if (!first_tok != !t)
-        return prl_error_set(PRL_ERR_CONFIG, "%s %s a tokenizer.json and %s %s: only checkpoints "
-                             "with one tokenizer can be averaged", dir, t ? "has" : "lacks",
-                             first_dir, first_tok ? "has" : "lacks");
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s %s a tokenizer.json and %s %s: only checkpoints "
+                             "with one tokenizer can be averaged",
+                             dir, t ? "has" : "lacks", first_dir, first_tok ? "has" : "lacks");
     if (!t) return PRL_OK;
     char path[1200], *tok = NULL;
     size_t n = 0;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     prl_status rc = prl_file_read(path, &tok, &n);
     if (!rc && (n != first_tok_n || memcmp(tok, first_tok, n)))
-        rc = prl_error_set(PRL_ERR_CONFIG, "%s differs from %s/tokenizer.json: only checkpoints "
-                           "with one tokenizer can be averaged", path, first_dir);
+        rc = prl_error_set(PRL_ERR_CONFIG,
+                           "%s differs from %s/tokenizer.json: only checkpoints "
+                           "with one tokenizer can be averaged",
+                           path, first_dir);
     free(tok);
     return rc;
 }
@@ -161,8 +165,9 @@ int cmd_average(int argc, char **argv)
         st = prl_checkpoint_save(&first, NULL, state, tok, out);
         free(state);
     }
-    if (!st) fprintf(stderr, "prl average: mean of %d checkpoints, %zu parameters -> %s\n", n,
-                     first.n_params, out);
+    if (!st)
+        fprintf(stderr, "prl average: mean of %d checkpoints, %zu parameters -> %s\n", n,
+                first.n_params, out);
     free(acc);
     prl_tokenizer_free(tok);
     if (first.params) prl_model_free(&first);

@@ -19,7 +19,8 @@ int cmd_bench(int argc, char **argv)
 {
     for (int i = 0; argc >= 3 && i < N_BENCHES; i++)
         if (!strcmp(argv[2], benches[i].name)) return benches[i].run(argc, argv);
-    FILE *out = argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) ? stdout : stderr;
+    FILE *out =
+        argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) ? stdout : stderr;
     for (int i = 0; i < N_BENCHES; i++) {
         char cmd[64];
         snprintf(cmd, sizeof cmd, "prl bench %s [options]", benches[i].name);

@@ -103,11 +103,13 @@ static prl_status load_run(const char *dir, int step_arg, int step_seen, int max
     if (!rc) rc = prl_store_run_get(db, name, &run);
     if (!rc && !step_seen) {
         rc = prl_store_sample_last_step(db, run.id, &step);
-        if (!rc && step < 0) rc = prl_error_set(PRL_ERR_RANGE, "%s: run %s has no samples", path, name);
+        if (!rc && step < 0)
+            rc = prl_error_set(PRL_ERR_RANGE, "%s: run %s has no samples", path, name);
     }
     if (!rc) rc = prl_store_samples_for_step(db, run.id, step, -1, &smp, &ns);
-    if (!rc && ns == 0) rc = prl_error_set(PRL_ERR_RANGE, "%s: run %s has no samples at step %lld", path,
-                                           name, (long long)step);
+    if (!rc && ns == 0)
+        rc = prl_error_set(PRL_ERR_RANGE, "%s: run %s has no samples at step %lld", path, name,
+                           (long long)step);
     for (size_t i = 0; !rc && i < ns && out->n < max_n; i++) {
         const prl_store_sample *s = &smp[i];
         int32_t *ids = malloc((size_t)(s->n_tokens > 0 ? s->n_tokens : 1) * sizeof *ids);
@@ -129,15 +131,18 @@ static prl_status load_run(const char *dir, int step_arg, int step_seen, int max
 
 static int check_args(const diag_args *a)
 {
-    if (!!a->run == !!a->jsonl) return cli_failf("diagnose", 2, "give exactly one of --run and --jsonl");
+    if (!!a->run == !!a->jsonl)
+        return cli_failf("diagnose", 2, "give exactly one of --run and --jsonl");
     if (a->step_seen && !a->run) return cli_failf("diagnose", 2, "--step applies to --run only");
     if (a->n < 1) return cli_failf("diagnose", 2, "--n %d must be >= 1", a->n);
-    if (a->batch < 1 || a->batch > 4096) return cli_failf("diagnose", 2, "--batch %d not in [1, 4096]", a->batch);
+    if (a->batch < 1 || a->batch > 4096)
+        return cli_failf("diagnose", 2, "--batch %d not in [1, 4096]", a->batch);
     if (a->threads < 0) return cli_failf("diagnose", 2, "--threads %d must be >= 0", a->threads);
     if (!(a->threshold >= 0)) return cli_failf("diagnose", 2, "--threshold must be >= 0");
     if (!(a->temperature > 0)) return cli_failf("diagnose", 2, "--temperature must be > 0");
     if (a->external && !a->sweep && (a->precision || a->mla || a->matmul))
-        return cli_failf("diagnose", 2, "--precision, --mla and --matmul set the infer path, which "
+        return cli_failf("diagnose", 2,
+                         "--precision, --mla and --matmul set the infer path, which "
                          "--external replaces (with --sweep they set the sweep's baseline)");
     return 0;
 }
@@ -168,33 +173,48 @@ int cmd_diagnose(int argc, char **argv)
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory", 1, 0},
         {"run", OPT_STR, &a.run, "DIR", "take sequences from the run's samples (runs/NAME)", 0, 0},
         {"step", OPT_INT, &a.step, "S", "--run: the step (default: the latest with samples)", 0, 0},
-        {"jsonl", OPT_STR, &a.jsonl, "FILE", "take sequences from JSONL ({\"ids\": [...], \"prompt_len\": P}, "
-                                              "{\"text\": ...} or {\"messages\": [...]})", 0, 0},
+        {"jsonl", OPT_STR, &a.jsonl, "FILE",
+         "take sequences from JSONL ({\"ids\": [...], \"prompt_len\": P}, "
+         "{\"text\": ...} or {\"messages\": [...]})",
+         0, 0},
         {"n", OPT_INT, &a.n, "N", "at most N sequences (default 8)", 0, 0},
-        {"precision", OPT_STR, &a.precision, "P", "infer path: fp32 (default), bf16, fp16 or aligned", 0, 0},
-        {"mla", OPT_STR, &a.mla, "FORM", "infer path: absorbed or naive (overrides the preset)", 0, 0},
-        {"matmul", OPT_STR, &a.matmul, "KIND", "infer path: gemm, gemv or blas (overrides the preset)", 0, 0},
-        {"batch", OPT_INT, &a.batch, "B", "infer path: sequences decoded together (default 8)", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P",
+         "infer path: fp32 (default), bf16, fp16 or aligned", 0, 0},
+        {"mla", OPT_STR, &a.mla, "FORM", "infer path: absorbed or naive (overrides the preset)", 0,
+         0},
+        {"matmul", OPT_STR, &a.matmul, "KIND",
+         "infer path: gemm, gemv or blas (overrides the preset)", 0, 0},
+        {"batch", OPT_INT, &a.batch, "B", "infer path: sequences decoded together (default 8)", 0,
+         0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
-        {"threshold", OPT_DOUBLE, &a.threshold, "X", "an op diverges when its relative L2 exceeds X "
-                                                     "(default 1e-4; 0: any difference)", 0, 0},
-        {"temperature", OPT_DOUBLE, &a.temperature, "T", "log-probs of softmax(logits / T) (default 1)", 0, 0},
-        {"sweep", OPT_FLAG, &a.sweep, NULL, "also switch the infer knobs one at a time and attribute "
-                                            "the mean |d log-prob| to each", 0, 0},
-        {"external", OPT_STR, &a.external, "DIR", "compare with another engine's dump "
-                                                  "(DIR/seq-<i>.safetensors, docs/diagnose.md)", 0, 0},
+        {"threshold", OPT_DOUBLE, &a.threshold, "X",
+         "an op diverges when its relative L2 exceeds X "
+         "(default 1e-4; 0: any difference)",
+         0, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T",
+         "log-probs of softmax(logits / T) (default 1)", 0, 0},
+        {"sweep", OPT_FLAG, &a.sweep, NULL,
+         "also switch the infer knobs one at a time and attribute "
+         "the mean |d log-prob| to each",
+         0, 0},
+        {"external", OPT_STR, &a.external, "DIR",
+         "compare with another engine's dump "
+         "(DIR/seq-<i>.safetensors, docs/diagnose.md)",
+         0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "print the report as JSON (schema prl.diagnose/1)", 0, 0},
         {"html", OPT_STR, &a.html, "FILE", "write an HTML report with plots", 0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 2, opts,
-                       "prl diagnose --ckpt DIR (--run runs/NAME [--step S] | --jsonl FILE) [--n N] "
-                       "[--precision P] [--sweep] [--external DIR] [--json] [--html FILE]",
-                       "Runs the train path and the infer path (or reads another engine's dump) on "
-                       "the same tokens with tensor hooks and shows where they disagree: per layer "
-                       "and op the max abs difference, relative L2 and PCC, the first op above the "
-                       "threshold, routing overlap per MoE layer and a histogram of per-token "
-                       "log-prob differences (docs/diagnose.md).", NULL, 0, NULL);
+    int rc =
+        cli_parse(argc, argv, 2, opts,
+                  "prl diagnose --ckpt DIR (--run runs/NAME [--step S] | --jsonl FILE) [--n N] "
+                  "[--precision P] [--sweep] [--external DIR] [--json] [--html FILE]",
+                  "Runs the train path and the infer path (or reads another engine's dump) on "
+                  "the same tokens with tensor hooks and shows where they disagree: per layer "
+                  "and op the max abs difference, relative L2 and PCC, the first op above the "
+                  "threshold, routing overlap per MoE layer and a histogram of per-token "
+                  "log-prob differences (docs/diagnose.md).",
+                  NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     a.step_seen = opts[2].seen;
     if ((rc = check_args(&a))) return rc;
@@ -212,10 +232,13 @@ int cmd_diagnose(int argc, char **argv)
     prl_status st = a.run ? load_run(a.run, a.step, a.step_seen, a.n, &seqs)
                           : load_jsonl(a.jsonl, tok, a.n, &seqs);
     if (!st && a.external)
-        st = prl_diag_compare_external(&m, a.external, seqs.s, seqs.n, a.threshold, a.temperature, &rep);
+        st = prl_diag_compare_external(&m, a.external, seqs.s, seqs.n, a.threshold, a.temperature,
+                                       &rep);
     else if (!st)
-        st = prl_diag_compare_infer(&m, &io, threads, seqs.s, seqs.n, a.threshold, a.temperature, &rep);
-    if (!st && a.sweep) st = prl_diag_sweep_run(&m, &io, threads, seqs.s, seqs.n, a.temperature, &sw);
+        st = prl_diag_compare_infer(&m, &io, threads, seqs.s, seqs.n, a.threshold, a.temperature,
+                                    &rep);
+    if (!st && a.sweep)
+        st = prl_diag_sweep_run(&m, &io, threads, seqs.s, seqs.n, a.temperature, &sw);
     if (!st) st = emit_output(&a, &rep, a.sweep ? &sw : NULL);
     prl_diag_sweep_free(&sw);
     prl_diag_report_free(&rep);

@@ -15,7 +15,7 @@
 
 typedef struct eval_args {
     const char *ckpt, *compare, *domain, *precision, *dump;
-    FILE *dump_fp;           /* --dump: one JSON line per episode (NULL: off) */
+    FILE *dump_fp; /* --dump: one JSON line per episode (NULL: off) */
     int n, samples, difficulty, max_new, max_turns, threads, json, batch;
     double temperature;
     uint64_t seed;
@@ -41,7 +41,7 @@ static prl_status collect(void *user, json_t *line)
 
 typedef struct domain_result {
     prl_task_domain domain;
-    int n, episodes;         /* problems; episodes = n × --samples (the means are over these) */
+    int n, episodes; /* problems; episodes = n × --samples (the means are over these) */
     int solved, truncated;
     double score_sum, turns_sum;
     double seconds;
@@ -66,12 +66,12 @@ static prl_status dump_episode(const eval_args *a, const char *ckpt, const prl_t
     for (int i = 0; msgs && i < ep->n_msgs; i++)
         json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", ep->msgs[i].role, "content",
                                               ep->msgs[i].content));
-    json_t *o = json_pack("{s:s, s:O, s:O, s:O, s:i, s:f, s:i, s:b, s:o*, s:s%, s:o*}", "ckpt", ckpt,
-                          "domain", json_object_get(task, "domain"), "id", json_object_get(task, "id"),
-                          "difficulty", json_object_get(task, "difficulty"), "sample", sample,
-                          "score", ep->reward, "turns", ep->turns, "truncated", ep->truncated,
-                          "messages", msgs, "text", text_all, len,
-                          "reward", prl_reward_result_json(&ep->result));
+    json_t *o =
+        json_pack("{s:s, s:O, s:O, s:O, s:i, s:f, s:i, s:b, s:o*, s:s%, s:o*}", "ckpt", ckpt,
+                  "domain", json_object_get(task, "domain"), "id", json_object_get(task, "id"),
+                  "difficulty", json_object_get(task, "difficulty"), "sample", sample, "score",
+                  ep->reward, "turns", ep->turns, "truncated", ep->truncated, "messages", msgs,
+                  "text", text_all, len, "reward", prl_reward_result_json(&ep->result));
     free(text_all);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
@@ -81,8 +81,9 @@ static prl_status dump_episode(const eval_args *a, const char *ckpt, const prl_t
     return PRL_OK;
 }
 
-static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e, const prl_tokenizer *tok,
-                              const prl_reward_exec *exec, prl_task_domain d, domain_result *out)
+static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e,
+                              const prl_tokenizer *tok, const prl_reward_exec *exec,
+                              prl_task_domain d, domain_result *out)
 {
     prl_tasks_config tc;
     prl_tasks_config_default(&tc, d);
@@ -103,7 +104,8 @@ static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e
     json_t **items = calloc((size_t)(ne ? ne : 1), sizeof *items);
     *out = (domain_result){.domain = d, .n = tl.n, .episodes = ne};
     double t0 = prl_now();
-    if (!rc && (!ids || !eps || !items)) rc = prl_error_set(PRL_ERR_NOMEM, "eval of %d episodes", ne);
+    if (!rc && (!ids || !eps || !items))
+        rc = prl_error_set(PRL_ERR_NOMEM, "eval of %d episodes", ne);
     for (int j = 0; !rc && j < ne; j++) ids[j] = (uint64_t)j, items[j] = tl.items[j / K];
     if (!rc) rc = prl_rollout_run(e, tok, items, ids, ne, &rcfg, exec, eps);
     for (int i = 0; !rc && i < ne; i++) {
@@ -121,7 +123,10 @@ static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e
 }
 
 /* Means over the episodes (every sample of every problem). */
-static double mean_of(const domain_result *r, double sum) { return r->episodes ? sum / r->episodes : 0; }
+static double mean_of(const domain_result *r, double sum)
+{
+    return r->episodes ? sum / r->episodes : 0;
+}
 static double acc_of(const domain_result *r) { return mean_of(r, r->solved); }
 
 static void print_json(const eval_args *a, const domain_result *r, const domain_result *c, int n)
@@ -129,11 +134,12 @@ static void print_json(const eval_args *a, const domain_result *r, const domain_
     printf("{\"ckpt\": \"%s\", ", a->ckpt);
     if (c) printf("\"compare\": \"%s\", ", a->compare);
     printf("\"split\": \"eval\", \"n\": %d, \"samples\": %d, \"seed\": %llu, \"temperature\": %g, "
-           "\"domains\": [", a->n, a->samples, (unsigned long long)a->seed, a->temperature);
+           "\"domains\": [",
+           a->n, a->samples, (unsigned long long)a->seed, a->temperature);
     for (int i = 0; i < n; i++) {
         printf("%s{\"domain\": \"%s\", \"n\": %d, \"accuracy\": %.4f, \"mean_score\": %.4f, "
-               "\"mean_turns\": %.2f, \"truncated\": %d, \"seconds\": %.2f", i ? ", " : "",
-               prl_tasks_domain_name(r[i].domain), r[i].n, acc_of(&r[i]),
+               "\"mean_turns\": %.2f, \"truncated\": %d, \"seconds\": %.2f",
+               i ? ", " : "", prl_tasks_domain_name(r[i].domain), r[i].n, acc_of(&r[i]),
                mean_of(&r[i], r[i].score_sum), mean_of(&r[i], r[i].turns_sum), r[i].truncated,
                r[i].seconds);
         if (c)
@@ -154,8 +160,9 @@ static void print_results(const eval_args *a, const domain_result *r, const doma
         printf("%-10s %5s %10s %10s %8s %11s %11s\n", "domain", "n", "before", "after", "change",
                "score bef.", "score aft.");
         for (int i = 0; i < n; i++)
-            printf("%-10s %5d %9.1f%% %9.1f%% %+7.1f %11.3f %11.3f\n", prl_tasks_domain_name(r[i].domain),
-                   r[i].n, 100 * acc_of(&r[i]), 100 * acc_of(&c[i]), 100 * (acc_of(&c[i]) - acc_of(&r[i])),
+            printf("%-10s %5d %9.1f%% %9.1f%% %+7.1f %11.3f %11.3f\n",
+                   prl_tasks_domain_name(r[i].domain), r[i].n, 100 * acc_of(&r[i]),
+                   100 * acc_of(&c[i]), 100 * (acc_of(&c[i]) - acc_of(&r[i])),
                    mean_of(&r[i], r[i].score_sum), mean_of(&c[i], c[i].score_sum));
         printf("(before: %s, after: %s; change in accuracy points)\n", a->ckpt, a->compare);
         return;
@@ -177,20 +184,23 @@ static int eval_ckpt(const eval_args *a, const char *ckpt, prl_task_domain *doma
     if (prl_checkpoint_load_tokenizer(&m, ckpt, &tok)) return cli_fail("eval");
     if (!tok) {
         prl_model_free(&m);
-        return cli_failf("eval", 1, "%s has no tokenizer.json: eval needs the checkpoint's tokenizer", ckpt);
+        return cli_failf("eval", 1,
+                         "%s has no tokenizer.json: eval needs the checkpoint's tokenizer", ckpt);
     }
     prl_infer_options io;
     int rc = 0;
     prl_infer *e = NULL;
     prl_exec_local *runner = prl_exec_local_new();
-    if (prl_infer_options_preset(&io, a->precision)) rc = cli_failf("eval", 2, "%s", prl_error_message());
+    if (prl_infer_options_preset(&io, a->precision))
+        rc = cli_failf("eval", 2, "%s", prl_error_message());
     io.max_batch = a->batch;
     if (!rc && prl_infer_init(&e, &m, &io)) rc = cli_fail("eval");
     prl_reward_exec exec = {prl_exec_local_run, runner, 2.0};
     for (int i = 0; !rc && i < nd; i++) {
         if (eval_domain(a, ckpt, e, tok, &exec, domains[i], &res[i])) rc = cli_fail("eval");
-        else fprintf(stderr, "eval: %s: %s done (%d problems, %.1f s)\n", ckpt,
-                     prl_tasks_domain_name(domains[i]), res[i].n, res[i].seconds);
+        else
+            fprintf(stderr, "eval: %s: %s done (%d problems, %.1f s)\n", ckpt,
+                    prl_tasks_domain_name(domains[i]), res[i].n, res[i].seconds);
     }
     prl_exec_local_free(runner);
     prl_infer_free(e);
@@ -210,36 +220,55 @@ static int run(const eval_args *a, prl_task_domain *domains, int nd)
 
 int cmd_eval(int argc, char **argv)
 {
-    eval_args a = {.domain = "all", .precision = "fp32", .n = 50, .samples = 1, .max_new = 96, .max_turns = 10,
-                   .batch = 16, .seed = 1};
+    eval_args a = {.domain = "all",
+                   .precision = "fp32",
+                   .n = 50,
+                   .samples = 1,
+                   .max_new = 96,
+                   .max_turns = 10,
+                   .batch = 16,
+                   .seed = 1};
     cli_opt opts[] = {
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory (with tokenizer.json)", 1, 0},
-        {"compare", OPT_STR, &a.compare, "DIR", "also evaluate this checkpoint on the same problems: a before/after table", 0, 0},
-        {"domain", OPT_STR, &a.domain, "D", "all (default), reasoning, general, agent or coding", 0, 0},
+        {"compare", OPT_STR, &a.compare, "DIR",
+         "also evaluate this checkpoint on the same problems: a before/after table", 0, 0},
+        {"domain", OPT_STR, &a.domain, "D", "all (default), reasoning, general, agent or coding", 0,
+         0},
         {"n", OPT_INT, &a.n, "N", "eval problems per domain (default 50)", 0, 0},
-        {"samples", OPT_INT, &a.samples, "K", "episodes per problem, each sampled with its own seed; accuracy and scores are means over all (default 1; with --temperature > 0: avg@K)", 0, 0},
+        {"samples", OPT_INT, &a.samples, "K",
+         "episodes per problem, each sampled with its own seed; accuracy and scores are means over "
+         "all (default 1; with --temperature > 0: avg@K)",
+         0, 0},
         {"difficulty", OPT_INT, &a.difficulty, "D", "1..3, or 0 = mixed (default 0)", 0, 0},
         {"seed", OPT_U64, &a.seed, "S", "problem and sampling seed (default 1)", 0, 0},
-        {"temperature", OPT_DOUBLE, &a.temperature, "T", "sampling temperature (default 0: greedy)", 0, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T", "sampling temperature (default 0: greedy)",
+         0, 0},
         {"max-new-tokens", OPT_INT, &a.max_new, "N", "tokens per model turn (default 96)", 0, 0},
         {"max-turns", OPT_INT, &a.max_turns, "N", "model turns per episode (default 10)", 0, 0},
-        {"precision", OPT_STR, &a.precision, "P", "infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P",
+         "infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
         {"batch", OPT_INT, &a.batch, "B", "episodes decoded together (default 16)", 0, 0},
         {"json", OPT_FLAG, &a.json, NULL, "print the results as JSON", 0, 0},
-        {"dump", OPT_STR, &a.dump, "FILE", "write every episode (conversation, score, verifier checks) as a JSON line", 0, 0},
+        {"dump", OPT_STR, &a.dump, "FILE",
+         "write every episode (conversation, score, verifier checks) as a JSON line", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 2, opts, "prl eval --ckpt DIR [--compare DIR2] [--domain all|D] [--n N] [--json]",
+    int rc = cli_parse(argc, argv, 2, opts,
+                       "prl eval --ckpt DIR [--compare DIR2] [--domain all|D] [--n N] [--json]",
                        "Held-out accuracy per task domain: eval-split problems played with the "
-                       "infer path and scored by the verifiers.", NULL, 0, NULL);
+                       "infer path and scored by the verifiers.",
+                       NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (a.n < 1) return cli_failf("eval", 2, "--n %d must be >= 1", a.n);
-    if (a.samples < 1 || a.samples > 1000) return cli_failf("eval", 2, "--samples %d not in 1..1000", a.samples);
-    if (a.difficulty < 0 || a.difficulty > 3) return cli_failf("eval", 2, "--difficulty %d not in 0..3", a.difficulty);
+    if (a.samples < 1 || a.samples > 1000)
+        return cli_failf("eval", 2, "--samples %d not in 1..1000", a.samples);
+    if (a.difficulty < 0 || a.difficulty > 3)
+        return cli_failf("eval", 2, "--difficulty %d not in 0..3", a.difficulty);
     if (a.max_new < 1 || a.max_turns < 1 || a.batch < 1)
         return cli_failf("eval", 2, "--max-new-tokens, --max-turns and --batch must be >= 1");
-    if (!(a.temperature >= 0)) return cli_failf("eval", 2, "--temperature %g must be >= 0", a.temperature);
+    if (!(a.temperature >= 0))
+        return cli_failf("eval", 2, "--temperature %g must be >= 0", a.temperature);
     prl_task_domain domains[PRL_TASK_N_DOMAINS];
     int nd = 0;
     if (!strcmp(a.domain, "all")) {

@@ -48,7 +48,9 @@ static void print_sample(const gen_args *a, const prl_tokenizer *tok, const prl_
 {
     char *text = NULL;
     size_t tlen = 0;
-    if (tok) prl_tokenizer_decode(tok, r->tokens, (size_t)r->n, PRL_TOKENIZER_SKIP_SPECIAL, &text, &tlen);
+    if (tok)
+        prl_tokenizer_decode(tok, r->tokens, (size_t)r->n, PRL_TOKENIZER_SKIP_SPECIAL, &text,
+                             &tlen);
     double sum = 0;
     for (int i = 0; i < r->n; i++) sum += r->logprobs[i];
     if (!a->json) {
@@ -79,7 +81,8 @@ static void print_sample(const gen_args *a, const prl_tokenizer *tok, const prl_
         json_object_set_new(jr, "n_tokens", json_integer(r->n_route_tokens));
         json_object_set_new(jr, "n_moe_layers", json_integer(m->n_moe));
         json_object_set_new(jr, "k", json_integer(m->cfg.num_experts_per_tok));
-        json_object_set_new(jr, "bytes_per_id", json_integer(prl_routes_width(m->cfg.n_routed_experts)));
+        json_object_set_new(jr, "bytes_per_id",
+                            json_integer(prl_routes_width(m->cfg.n_routed_experts)));
         json_object_set_new(jr, "hex", json_string(h));
         json_object_set_new(o, "routes", jr);
         free(h);
@@ -100,7 +103,8 @@ static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_in
     prl_gen_result *res = calloc((size_t)total, sizeof *res);
     for (int p = 0; p < pl.n; p++)
         for (int j = 0; j < a->n; j++)
-            reqs[p * a->n + j] = (prl_gen_request){.prompt = pl.ids[p], .prompt_len = pl.len[p],
+            reqs[p * a->n + j] = (prl_gen_request){.prompt = pl.ids[p],
+                                                   .prompt_len = pl.len[p],
                                                    .seq_id = (uint64_t)p * a->n + j};
     prl_sample_params sp;
     prl_sample_params_default(&sp);
@@ -116,16 +120,20 @@ static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_in
     progress_state ps = {.t0 = prl_now(), .last = prl_now(), .quiet = a->quiet};
     char desc[128];
     prl_infer_options_describe(io, desc, sizeof desc);
-    if (prl_infer_init(&e, m, io) || prl_infer_generate(e, reqs, total, &sp, res, on_progress, &ps)) {
+    if (prl_infer_init(&e, m, io) ||
+        prl_infer_generate(e, reqs, total, &sp, res, on_progress, &ps)) {
         rc = cli_fail("generate");
     } else {
         double dt = prl_now() - ps.t0;
         long toks = 0;
         for (int i = 0; i < total; i++) toks += res[i].n;
         if (!a->quiet)
-            fprintf(stderr, "generate: %d sequences, %ld new tokens in %.2f s (%.0f tokens/s; %s, "
-                    "batch %d)\n", total, toks, dt, toks / (dt + 1e-9), desc, io->max_batch);
-        for (int i = 0; i < total; i++) print_sample(a, tok, m, i / a->n, i % a->n, &reqs[i], &res[i]);
+            fprintf(stderr,
+                    "generate: %d sequences, %ld new tokens in %.2f s (%.0f tokens/s; %s, "
+                    "batch %d)\n",
+                    total, toks, dt, toks / (dt + 1e-9), desc, io->max_batch);
+        for (int i = 0; i < total; i++)
+            print_sample(a, tok, m, i / a->n, i % a->n, &reqs[i], &res[i]);
     }
     for (int i = 0; i < total; i++) prl_gen_result_free(&res[i]);
     free(res), free(reqs);
@@ -139,38 +147,52 @@ int cmd_generate(int argc, char **argv)
     gen_args a = {.n = 1, .temperature = 1.0, .top_p = 1.0, .max_new = 128, .batch = 16};
     cli_opt opts[] = {
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory", 1, 0},
-        {"prompt", OPT_STR, &a.prompt, "TEXT", "one prompt (a user message; raw text with --raw)", 0, 0},
-        {"input", OPT_STR, &a.input, "FILE", "JSONL of {\"prompt\": ...}, {\"messages\": [...]} or {\"ids\": [...]}", 0, 0},
+        {"prompt", OPT_STR, &a.prompt, "TEXT", "one prompt (a user message; raw text with --raw)",
+         0, 0},
+        {"input", OPT_STR, &a.input, "FILE",
+         "JSONL of {\"prompt\": ...}, {\"messages\": [...]} or {\"ids\": [...]}", 0, 0},
         {"n", OPT_INT, &a.n, "N", "samples per prompt (default 1)", 0, 0},
-        {"temperature", OPT_DOUBLE, &a.temperature, "T", "sampling temperature; 0 = greedy (default 1)", 0, 0},
-        {"top-k", OPT_INT, &a.top_k, "K", "sample among the K most likely tokens (default 0 = off)", 0, 0},
-        {"top-p", OPT_DOUBLE, &a.top_p, "P", "nucleus sampling mass in (0, 1] (default 1 = off)", 0, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T",
+         "sampling temperature; 0 = greedy (default 1)", 0, 0},
+        {"top-k", OPT_INT, &a.top_k, "K", "sample among the K most likely tokens (default 0 = off)",
+         0, 0},
+        {"top-p", OPT_DOUBLE, &a.top_p, "P", "nucleus sampling mass in (0, 1] (default 1 = off)", 0,
+         0},
         {"seed", OPT_U64, &a.seed, "S", "sampling seed (default 0)", 0, 0},
-        {"max-new-tokens", OPT_INT, &a.max_new, "N", "tokens to generate at most (default 128)", 0, 0},
+        {"max-new-tokens", OPT_INT, &a.max_new, "N", "tokens to generate at most (default 128)", 0,
+         0},
         {"stop", OPT_STR, &a.stop, "TEXT", "stop once the output contains TEXT", 0, 0},
         {"ignore-eos", OPT_FLAG, &a.ignore_eos, NULL, "do not stop at <|eos|> / <|end|>", 0, 0},
-        {"raw", OPT_FLAG, &a.raw, NULL, "prompts are plain text after <|bos|>, not a chat turn", 0, 0},
-        {"precision", OPT_STR, &a.precision, "P", "fp32 (default), bf16, fp16 or aligned (bitwise = train path)", 0, 0},
+        {"raw", OPT_FLAG, &a.raw, NULL, "prompts are plain text after <|bos|>, not a chat turn", 0,
+         0},
+        {"precision", OPT_STR, &a.precision, "P",
+         "fp32 (default), bf16, fp16 or aligned (bitwise = train path)", 0, 0},
         {"mla", OPT_STR, &a.mla, "FORM", "absorbed or naive (overrides the preset)", 0, 0},
         {"matmul", OPT_STR, &a.matmul, "KIND", "gemv, gemm or blas (overrides the preset)", 0, 0},
         {"batch", OPT_INT, &a.batch, "B", "sequences decoded together (default 16)", 0, 0},
-        {"spec", OPT_INT, &a.spec, "D", "self-speculative decoding with D MTP drafts per step "
-         "(default 0 = off; the model needs num_nextn_predict_layers >= D)", 0, 0},
-        {"spec-vocab", OPT_INT, &a.spec_vocab, "S", "with --spec: the drafts' head covers token ids "
-         "[0, S) only, a cheaper draft; the output is unchanged (default 0 = all)", 0, 0},
-        {"routes", OPT_FLAG, &a.routes, NULL, "with --json: add each sample's MoE routes (hex)", 0, 0},
+        {"spec", OPT_INT, &a.spec, "D",
+         "self-speculative decoding with D MTP drafts per step "
+         "(default 0 = off; the model needs num_nextn_predict_layers >= D)",
+         0, 0},
+        {"spec-vocab", OPT_INT, &a.spec_vocab, "S",
+         "with --spec: the drafts' head covers token ids "
+         "[0, S) only, a cheaper draft; the output is unchanged (default 0 = all)",
+         0, 0},
+        {"routes", OPT_FLAG, &a.routes, NULL, "with --json: add each sample's MoE routes (hex)", 0,
+         0},
         {"json", OPT_FLAG, &a.json, NULL, "one JSON object per sample", 0, 0},
         {"quiet", OPT_FLAG, &a.quiet, NULL, "no progress on stderr", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 2, opts,
-                       "prl generate --ckpt DIR --prompt TEXT|--input FILE.jsonl [--n N --temperature T "
-                       "--top-p P --seed S --precision fp32|bf16|fp16|aligned --json]",
-                       "Samples completions with the infer path (KV cache, continuous batching).",
-                       NULL, 0, NULL);
+    int rc = cli_parse(
+        argc, argv, 2, opts,
+        "prl generate --ckpt DIR --prompt TEXT|--input FILE.jsonl [--n N --temperature T "
+        "--top-p P --seed S --precision fp32|bf16|fp16|aligned --json]",
+        "Samples completions with the infer path (KV cache, continuous batching).", NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
-    if (!a.prompt == !a.input) return cli_failf("generate", 2, "give exactly one of --prompt and --input");
+    if (!a.prompt == !a.input)
+        return cli_failf("generate", 2, "give exactly one of --prompt and --input");
     if (a.n < 1) return cli_failf("generate", 2, "--n %d must be >= 1", a.n);
     if (a.routes && !a.json) return cli_failf("generate", 2, "--routes needs --json");
     prl_infer_options io;
@@ -180,7 +202,8 @@ int cmd_generate(int argc, char **argv)
     prl_sample_params_default(&check);
     check.temperature = a.temperature, check.top_k = a.top_k, check.top_p = a.top_p;
     check.max_new_tokens = a.max_new;
-    if (prl_sample_params_check(&check, 1 << 30)) return cli_failf("generate", 2, "%s", prl_error_message());
+    if (prl_sample_params_check(&check, 1 << 30))
+        return cli_failf("generate", 2, "%s", prl_error_message());
     if (cli_setup_blas("generate", a.threads)) return 1;
     prl_model m;
     prl_tokenizer *tok = NULL;

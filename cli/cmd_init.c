@@ -11,7 +11,8 @@ int cmd_init(int argc, char **argv)
         {"model", OPT_STR, &model, "CONFIG", "model config.json (openpangu_v2 keys)", 1, 0},
         {"out", OPT_STR, &out, "DIR", "checkpoint directory to write", 1, 0},
         {"seed", OPT_U64, &seed, "S", "initialisation seed (default 1)", 0, 0},
-        {"tokenizer", OPT_STR, &tokenizer, "FILE", "tokenizer.json to store beside the weights", 0, 0},
+        {"tokenizer", OPT_STR, &tokenizer, "FILE", "tokenizer.json to store beside the weights", 0,
+         0},
         {0},
     };
     int rc = cli_parse(argc, argv, 2, opts, "prl init --model CONFIG --out DIR [--seed S]",

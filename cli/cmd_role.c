@@ -18,19 +18,22 @@
 prl_status cli_run_job_path(const char *run_dir, char *out, size_t n)
 {
     int k = snprintf(out, n, "%s/job.json", run_dir);
-    return k > 0 && (size_t)k < n ? PRL_OK : prl_error_set(PRL_ERR_ARG, "run directory path too long");
+    return k > 0 && (size_t)k < n ? PRL_OK
+                                  : prl_error_set(PRL_ERR_ARG, "run directory path too long");
 }
 
 static int role_controller(int argc, char **argv)
 {
     const char *run_dir = NULL, *bind = NULL;
-    cli_opt opts[] = {
-        {"run", OPT_STR, &run_dir, "DIR", "the run directory (holds job.json, run.db, ckpt/)", 1, 0},
-        {"bind", OPT_STR, &bind, "ENDPOINT", "where workers connect (default ipc://DIR/control.sock)", 0, 0},
-        {0}};
+    cli_opt opts[] = {{"run", OPT_STR, &run_dir, "DIR",
+                       "the run directory (holds job.json, run.db, ckpt/)", 1, 0},
+                      {"bind", OPT_STR, &bind, "ENDPOINT",
+                       "where workers connect (default ipc://DIR/control.sock)", 0, 0},
+                      {0}};
     int pr = cli_parse(argc, argv, 3, opts, "prl role controller --run DIR [--bind ENDPOINT]",
                        "The controller: owns DIR/run.db, leases work to the rollout, reward and "
-                       "trainer roles and records every sample (docs/pipeline.md).", NULL, 0, NULL);
+                       "trainer roles and records every sample (docs/pipeline.md).",
+                       NULL, 0, NULL);
     if (pr) return pr == CLI_HELP ? 0 : 2;
     prl_role_install_signals();
     char path[1100];
@@ -41,8 +44,12 @@ static int role_controller(int argc, char **argv)
         return cli_fail("role controller");
     }
     int failed = 0;
-    prl_controller_options o = {.run_dir = run_dir, .endpoint = bind, .job = &job,
-                                .progress = stdout, .stop = prl_role_stop_flag(), .failed = &failed};
+    prl_controller_options o = {.run_dir = run_dir,
+                                .endpoint = bind,
+                                .job = &job,
+                                .progress = stdout,
+                                .stop = prl_role_stop_flag(),
+                                .failed = &failed};
     prl_status rc = prl_controller_run(&o);
     prl_job_config_free(&job);
     if (rc) {
@@ -58,17 +65,22 @@ static int role_sandbox(int argc, char **argv)
     prl_sandbox_service_options_default(&opt);
     int uid_base = 0;
     cli_opt opts[] = {
-        {"bind", OPT_STR, &opt.endpoint, "ENDPOINT", "ROUTER endpoint to bind, e.g. ipc://runs/NAME/sandbox.sock", 1, 0},
-        {"slots", OPT_INT, &opt.slots, "N", "programs run at once, one per slot (default 1, at most 256)", 0, 0},
-        {"uid-base", OPT_INT, &uid_base, "UID", "first slot uid (default: derived from the pid)", 0, 0},
+        {"bind", OPT_STR, &opt.endpoint, "ENDPOINT",
+         "ROUTER endpoint to bind, e.g. ipc://runs/NAME/sandbox.sock", 1, 0},
+        {"slots", OPT_INT, &opt.slots, "N",
+         "programs run at once, one per slot (default 1, at most 256)", 0, 0},
+        {"uid-base", OPT_INT, &uid_base, "UID", "first slot uid (default: derived from the pid)", 0,
+         0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 3, opts, "prl role sandbox --bind ENDPOINT [--slots N] [--uid-base UID]",
-                       "Serves `exec` requests over the bus: runs each program in the sandbox and answers "
-                       "`exec_result` (docs/pipeline.md). Stops on SIGTERM, SIGINT or a `stop` message.",
-                       NULL, 0, NULL);
+    int rc = cli_parse(
+        argc, argv, 3, opts, "prl role sandbox --bind ENDPOINT [--slots N] [--uid-base UID]",
+        "Serves `exec` requests over the bus: runs each program in the sandbox and answers "
+        "`exec_result` (docs/pipeline.md). Stops on SIGTERM, SIGINT or a `stop` message.",
+        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
-    if (opt.slots < 1 || opt.slots > 256) return cli_failf("role sandbox", 2, "--slots must be in 1..256, got %d", opt.slots);
+    if (opt.slots < 1 || opt.slots > 256)
+        return cli_failf("role sandbox", 2, "--slots must be in 1..256, got %d", opt.slots);
     if (uid_base < 0) return cli_failf("role sandbox", 2, "--uid-base must be positive");
     opt.uid_base = (unsigned)uid_base;
     prl_status st = prl_sandbox_service_run(&opt, NULL);
@@ -86,14 +98,22 @@ typedef struct worker_role {
 } worker_role;
 
 static const worker_role workers[] = {
-    {"rollout", prl_role_rollout_run, "A rollout worker: generates samples with the infer path "
-     "for the controller at ENDPOINT (docs/pipeline.md).", 1, 1},
-    {"reward", prl_role_reward_run, "A reward worker: scores samples with the domain verifiers "
-     "for the controller at ENDPOINT (docs/pipeline.md).", 1, 0},
-    {"trainer", prl_role_trainer_run, "The trainer: GRPO (or OPD) updates of each step's samples; "
-     "writes and announces policy versions (docs/pipeline.md).", 0, 1},
-    {"teacher", prl_role_teacher_run, "An OPD teacher: scores the student's samples with one "
-     "domain expert at a time (docs/opd.md).", 0, 1},
+    {"rollout", prl_role_rollout_run,
+     "A rollout worker: generates samples with the infer path "
+     "for the controller at ENDPOINT (docs/pipeline.md).",
+     1, 1},
+    {"reward", prl_role_reward_run,
+     "A reward worker: scores samples with the domain verifiers "
+     "for the controller at ENDPOINT (docs/pipeline.md).",
+     1, 0},
+    {"trainer", prl_role_trainer_run,
+     "The trainer: GRPO (or OPD) updates of each step's samples; "
+     "writes and announces policy versions (docs/pipeline.md).",
+     0, 1},
+    {"teacher", prl_role_teacher_run,
+     "An OPD teacher: scores the student's samples with one "
+     "domain expert at a time (docs/opd.md).",
+     0, 1},
 };
 
 static const worker_role *worker_named(const char *name)
@@ -109,7 +129,8 @@ static int role_worker(int argc, char **argv)
     char def_name[32], usage[96], name_help[96], cmd[32];
     snprintf(def_name, sizeof def_name, "%s-0", wr->name);
     snprintf(usage, sizeof usage, "prl role %s --connect ENDPOINT [options]", wr->name);
-    snprintf(name_help, sizeof name_help, "worker name, stable across restarts (default %s)", def_name);
+    snprintf(name_help, sizeof name_help, "worker name, stable across restarts (default %s)",
+             def_name);
     snprintf(cmd, sizeof cmd, "role %s", wr->name);
     prl_worker_options o = {.name = def_name};
     int threads = 0;
@@ -118,13 +139,23 @@ static int role_worker(int argc, char **argv)
         {"name", OPT_STR, &o.name, "NAME", name_help, 0, 0}};
     int k = 2;
     if (wr->sandbox)
-        opts[k++] = (cli_opt){"sandbox", OPT_STR, &o.sandbox, "ENDPOINT",
-                              "sandbox service for programs (default: a local sandbox)", 0, 0};
+        opts[k++] = (cli_opt){"sandbox",
+                              OPT_STR,
+                              &o.sandbox,
+                              "ENDPOINT",
+                              "sandbox service for programs (default: a local sandbox)",
+                              0,
+                              0};
     if (wr->threads)
-        opts[k++] = (cli_opt){"threads", OPT_INT, &threads, "N",
-                              "threads (default: PRL_THREADS or all CPUs)", 0, 0};
-    opts[k++] = (cli_opt){"allow-remote", OPT_FLAG, &o.allow_remote, NULL,
-                          "allow a non-loopback tcp:// endpoint", 0, 0};
+        opts[k++] = (cli_opt){
+            "threads", OPT_INT, &threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0};
+    opts[k++] = (cli_opt){"allow-remote",
+                          OPT_FLAG,
+                          &o.allow_remote,
+                          NULL,
+                          "allow a non-loopback tcp:// endpoint",
+                          0,
+                          0};
     int pr = cli_parse(argc, argv, 3, opts, usage, wr->help, NULL, 0, NULL);
     if (pr) return pr == CLI_HELP ? 0 : 2;
     if (wr->threads && cli_setup_blas(cmd, threads)) return 1;

@@ -58,16 +58,19 @@ static prl_status check_inputs(const prl_job_config *job)
     snprintf(p, sizeof p, "%s/config.json", job->init);
     struct stat sb;
     if (stat(p, &sb))
-        return prl_error_set(PRL_ERR_CONFIG, "model.init: %s is not a checkpoint directory (no "
-                             "config.json)%s", job->init,
-                             !strcmp(job->init, "runs/sft-base/ckpt")
-                                 ? "; make the SFT base first: prl sft --config configs/sft-base.json" : "");
+        return prl_error_set(
+            PRL_ERR_CONFIG,
+            "model.init: %s is not a checkpoint directory (no "
+            "config.json)%s",
+            job->init,
+            !strcmp(job->init, "runs/sft-base/ckpt")
+                ? "; make the SFT base first: prl sft --config configs/sft-base.json"
+                : "");
     snprintf(p, sizeof p, "%s/tokenizer.json", job->init);
     if (stat(p, &sb))
         return prl_error_set(PRL_ERR_CONFIG, "model.init: %s has no tokenizer.json", job->init);
     return prl_opd_check_teachers(job); /* OPD: every teacher exists and fits the student */
 }
-
 
 /* Pull every `--set key=value` out of argv (they may repeat), leaving the rest. */
 static int take_sets(int *argc, char **argv, const char **sets)
@@ -95,20 +98,27 @@ int cmd_run(int argc, char **argv)
     cli_opt opts[] = {
         {"resume", OPT_STR, &resume, "DIR", "continue the stopped or crashed run in DIR", 0, 0},
         {"runs", OPT_STR, &runs, "DIR", "where run directories go (default runs)", 0, 0},
-        {"threads", OPT_INT, &threads, "N", "threads per role unless the job sets trainer.threads or rollout.threads (default: PRL_THREADS or all CPUs)", 0, 0},
+        {"threads", OPT_INT, &threads, "N",
+         "threads per role unless the job sets trainer.threads or rollout.threads (default: "
+         "PRL_THREADS or all CPUs)",
+         0, 0},
         {"check", OPT_FLAG, &check_only, NULL, "validate the config and exit", 0, 0},
-        {"set", OPT_STR, NULL, "KEY=VALUE", "override a config key (repeatable; docs/job.md)", 0, 0},
+        {"set", OPT_STR, NULL, "KEY=VALUE", "override a config key (repeatable; docs/job.md)", 0,
+         0},
         {0}};
     const char *pos[1];
     int n_pos = 0;
-    int pr = cli_parse(argc, argv, 2, opts, "prl run CONFIG [--set KEY=VALUE ...] | prl run --resume DIR",
-                       "Train a GRPO expert (or distil the experts into one policy with opd.enabled, "
-                       "docs/opd.md): the controller, trainer, rollout, reward (and teacher) workers as "
-                       "separate processes over ZeroMQ, every sample in DIR/run.db "
-                       "(docs/pipeline.md, docs/job.md).", pos, 1, &n_pos);
+    int pr = cli_parse(
+        argc, argv, 2, opts, "prl run CONFIG [--set KEY=VALUE ...] | prl run --resume DIR",
+        "Train a GRPO expert (or distil the experts into one policy with opd.enabled, "
+        "docs/opd.md): the controller, trainer, rollout, reward (and teacher) workers as "
+        "separate processes over ZeroMQ, every sample in DIR/run.db "
+        "(docs/pipeline.md, docs/job.md).",
+        pos, 1, &n_pos);
     if (pr) return pr == CLI_HELP ? 0 : 2;
     if (!!n_pos == !!resume)
-        return cli_failf("run", 2, "give either a CONFIG file or --resume DIR (see prl run --help)");
+        return cli_failf("run", 2,
+                         "give either a CONFIG file or --resume DIR (see prl run --help)");
     prl_job_config job;
     prl_job_config_default(&job);
     char job_path[1100], run_dir[1100];
@@ -128,8 +138,10 @@ int cmd_run(int argc, char **argv)
         rc = cli_run_job_path(run_dir, job_path, sizeof job_path);
         struct stat sb;
         if (!rc && !stat(job_path, &sb))
-            rc = prl_error_set(PRL_ERR_ARG, "%s already exists: continue it with `prl run --resume %s` "
-                               "or choose another run.name", run_dir, run_dir);
+            rc = prl_error_set(PRL_ERR_ARG,
+                               "%s already exists: continue it with `prl run --resume %s` "
+                               "or choose another run.name",
+                               run_dir, run_dir);
     }
     if (!rc) rc = check_inputs(&job);
     char ep[1100]; /* the sockets' paths must fit an ipc:// endpoint */

@@ -48,28 +48,35 @@ static int sandbox_exec(int argc, char **argv)
     cli_opt opts[] = {
         {"lang", OPT_STR, &lang, "LANG", "python3 or sh", 1, 0},
         {"file", OPT_STR, &file, "FILE", "the program to run", 1, 0},
-        {"stdin", OPT_STR, &stdin_file, "FILE", "bytes for the program's stdin (default: none, EOF)", 0, 0},
+        {"stdin", OPT_STR, &stdin_file, "FILE",
+         "bytes for the program's stdin (default: none, EOF)", 0, 0},
         {"cpu", OPT_DOUBLE, &lim.cpu_seconds, "S", "CPU seconds per process (default 11)", 0, 0},
         {"wall", OPT_DOUBLE, &lim.wall_seconds, "S", "wall-clock seconds (default 10)", 0, 0},
-        {"memory", OPT_U64, &memory_mb, "MB", "memory of the whole tree in MiB (default 1024)", 0, 0},
+        {"memory", OPT_U64, &memory_mb, "MB", "memory of the whole tree in MiB (default 1024)", 0,
+         0},
         {"output", OPT_U64, &output_kb, "KB", "KiB kept per output stream (default 1024)", 0, 0},
-        {"output-kill", OPT_FLAG, &lim.output_kill, NULL, "kill the program when an output passes the cap", 0, 0},
+        {"output-kill", OPT_FLAG, &lim.output_kill, NULL,
+         "kill the program when an output passes the cap", 0, 0},
         {"procs", OPT_INT, &lim.processes, "N", "processes + threads (default 64)", 0, 0},
         {"files", OPT_INT, &lim.open_files, "N", "open files per process (default 64)", 0, 0},
         {"fsize", OPT_U64, &fsize_mb, "MB", "largest file in MiB (default 16)", 0, 0},
-        {"disk", OPT_U64, &disk_mb, "MB", "size of the work dir and of /tmp in MiB (default 64)", 0, 0},
+        {"disk", OPT_U64, &disk_mb, "MB", "size of the work dir and of /tmp in MiB (default 64)", 0,
+         0},
         {"json", OPT_FLAG, &json, NULL, "print the result as JSON", 0, 0},
         {0},
     };
-    const char *usage = "prl sandbox exec --lang python3|sh --file FILE [--stdin FILE] [limits] [--json]";
-    int rc = cli_parse(argc, argv, 3, opts, usage,
-                       "Runs a program in the sandbox (namespaces, seccomp, Landlock, rlimits, cgroups) "
-                       "and reports its status, output, time and memory.", NULL, 0, NULL);
+    const char *usage =
+        "prl sandbox exec --lang python3|sh --file FILE [--stdin FILE] [limits] [--json]";
+    int rc =
+        cli_parse(argc, argv, 3, opts, usage,
+                  "Runs a program in the sandbox (namespaces, seccomp, Landlock, rlimits, cgroups) "
+                  "and reports its status, output, time and memory.",
+                  NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (strcmp(lang, "python3") != 0 && strcmp(lang, "sh") != 0)
         return cli_failf("sandbox", 2, "unknown --lang '%s' (python3 or sh)", lang);
-    if (memory_mb > ((uint64_t)1 << 40) || output_kb > ((uint64_t)1 << 40) || fsize_mb > ((uint64_t)1 << 40) ||
-        disk_mb > ((uint64_t)1 << 40))
+    if (memory_mb > ((uint64_t)1 << 40) || output_kb > ((uint64_t)1 << 40) ||
+        fsize_mb > ((uint64_t)1 << 40) || disk_mb > ((uint64_t)1 << 40))
         return cli_failf("sandbox", 2, "--memory, --output, --fsize and --disk must be below 2^40");
     lim.memory_bytes = memory_mb << 20, lim.output_bytes = output_kb << 10;
     lim.file_size_bytes = fsize_mb << 20, lim.disk_bytes = disk_mb << 20;
@@ -99,8 +106,7 @@ static int sandbox_exec(int argc, char **argv)
         fflush(stdout);
         fwrite(res.err, 1, res.err_len, stderr);
         print_summary(&res);
-    } else
-        cli_fail("sandbox");
+    } else cli_fail("sandbox");
     int ok = st == PRL_OK && res.status == PRL_SANDBOX_STATUS_OK;
     prl_sandbox_result_free(&res);
     prl_sandbox_free(sb);
@@ -112,9 +118,11 @@ static int sandbox_probe(int argc, char **argv)
 {
     int json = 0;
     cli_opt opts[] = {{"json", OPT_FLAG, &json, NULL, "print the report as JSON", 0, 0}, {0}};
-    int rc = cli_parse(argc, argv, 3, opts, "prl sandbox probe [--json]",
-                       "Detects which isolation layers work on this host, which ones a sandbox uses, "
-                       "and why a missing one is missing.", NULL, 0, NULL);
+    int rc =
+        cli_parse(argc, argv, 3, opts, "prl sandbox probe [--json]",
+                  "Detects which isolation layers work on this host, which ones a sandbox uses, "
+                  "and why a missing one is missing.",
+                  NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     prl_sandbox *sb = NULL;
     prl_sandbox_caps caps;
@@ -148,9 +156,11 @@ int cmd_sandbox(int argc, char **argv)
     if (argc >= 3 && !strcmp(argv[2], "exec")) return sandbox_exec(argc, argv);
     if (argc >= 3 && !strcmp(argv[2], "probe")) return sandbox_probe(argc, argv);
     int help = argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"));
-    fprintf(help ? stdout : stderr,
-            "usage: prl sandbox exec --lang python3|sh --file FILE [options]   run a program isolated\n"
-            "       prl sandbox probe [--json]                                  show the isolation layers\n"
-            "(prl sandbox exec --help for the limits)\n");
+    fprintf(
+        help ? stdout : stderr,
+        "usage: prl sandbox exec --lang python3|sh --file FILE [options]   run a program isolated\n"
+        "       prl sandbox probe [--json]                                  show the isolation "
+        "layers\n"
+        "(prl sandbox exec --help for the limits)\n");
     return help ? 0 : 2;
 }

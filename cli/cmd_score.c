@@ -31,7 +31,11 @@ static prl_status score_line(prl_model *m, const int32_t *ids, size_t n, double 
     int32_t *targets = malloc(n * sizeof *targets);
     for (size_t i = 0; i < n; i++) targets[i] = i + 1 < n ? ids[i + 1] : -1;
     int32_t len = (int32_t)n;
-    prl_batch b = {.B = 1, .T = (int)n, .tokens = ids, .lens = &len, .targets = targets,
+    prl_batch b = {.B = 1,
+                   .T = (int)n,
+                   .tokens = ids,
+                   .lens = &len,
+                   .targets = targets,
                    .temperature = temperature};
     prl_status rc = prl_model_logprobs(m, &b, lp);
     free(targets);
@@ -53,7 +57,8 @@ static prl_status score_line_infer(prl_infer *e, const int32_t *ids, size_t n, i
     prl_gen_result r;
     prl_status rc = prl_infer_generate(e, &q, 1, &sp, &r, NULL, NULL);
     if (rc) return prl_error_wrap(rc, "%s:%d: ", a->input, line);
-    for (size_t i = 1; i < n; i++) lp[i - 1] = (int)i < P ? r.prompt_logprobs[i] : r.logprobs[i - P];
+    for (size_t i = 1; i < n; i++)
+        lp[i - 1] = (int)i < P ? r.prompt_logprobs[i] : r.logprobs[i - P];
     prl_gen_result_free(&r);
     return PRL_OK;
 }
@@ -115,7 +120,8 @@ static prl_status score_one(void *user, json_t *obj, int line, int *go)
     int P = st == PRL_OK ? cli_jsonl_prompt_len(obj, mask, n) : 0;
     float *lp = st == PRL_OK ? malloc(n * sizeof *lp) : NULL;
     if (st == PRL_OK && !lp) st = prl_error_set(PRL_ERR_NOMEM, "%s:%d: log-probs", a->input, line);
-    if (st == PRL_OK && c->infer) st = score_line_infer(c->eng, ids, n, P, a->temperature, a, line, lp);
+    if (st == PRL_OK && c->infer)
+        st = score_line_infer(c->eng, ids, n, P, a->temperature, a, line, lp);
     else if (st == PRL_OK) st = score_line(c->m, ids, n, a->temperature, a, line, lp);
     if (st == PRL_OK) print_result(a, line, ids, mask, n, lp);
     free(ids);
@@ -129,20 +135,28 @@ int cmd_score(int argc, char **argv)
     score_args a = {.temperature = 1.0, .path = "train"};
     cli_opt opts[] = {
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "checkpoint directory", 1, 0},
-        {"input", OPT_STR, &a.input, "FILE", "JSONL of {\"ids\": [...]}, {\"text\": ...} or {\"messages\": [...]}", 1, 0},
-        {"temperature", OPT_DOUBLE, &a.temperature, "T", "log-probs of softmax(logits / T) (default 1)", 0, 0},
-        {"path", OPT_STR, &a.path, "NAME", "engine path to score with: train (default) or infer", 0, 0},
-        {"precision", OPT_STR, &a.precision, "P", "infer path: fp32 (default), bf16, fp16 or aligned", 0, 0},
-        {"mla", OPT_STR, &a.mla, "FORM", "infer path: absorbed or naive (overrides the preset)", 0, 0},
-        {"matmul", OPT_STR, &a.matmul, "KIND", "infer path: gemv, gemm or blas (overrides the preset)", 0, 0},
-        {"json", OPT_FLAG, &a.json, NULL, "one JSON object per line: ids, logprobs (null first), sum", 0, 0},
+        {"input", OPT_STR, &a.input, "FILE",
+         "JSONL of {\"ids\": [...]}, {\"text\": ...} or {\"messages\": [...]}", 1, 0},
+        {"temperature", OPT_DOUBLE, &a.temperature, "T",
+         "log-probs of softmax(logits / T) (default 1)", 0, 0},
+        {"path", OPT_STR, &a.path, "NAME", "engine path to score with: train (default) or infer", 0,
+         0},
+        {"precision", OPT_STR, &a.precision, "P",
+         "infer path: fp32 (default), bf16, fp16 or aligned", 0, 0},
+        {"mla", OPT_STR, &a.mla, "FORM", "infer path: absorbed or naive (overrides the preset)", 0,
+         0},
+        {"matmul", OPT_STR, &a.matmul, "KIND",
+         "infer path: gemv, gemm or blas (overrides the preset)", 0, 0},
+        {"json", OPT_FLAG, &a.json, NULL,
+         "one JSON object per line: ids, logprobs (null first), sum", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {0},
     };
     int rc = cli_parse(argc, argv, 2, opts,
                        "prl score --ckpt DIR --input FILE.jsonl [--path train|infer] [--json]",
                        "Scores every token of every input sequence with the model's train path or "
-                       "its infer path (prefill + teacher-forced decode).", NULL, 0, NULL);
+                       "its infer path (prefill + teacher-forced decode).",
+                       NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     int infer = !strcmp(a.path, "infer");
     if (!infer && strcmp(a.path, "train") != 0)

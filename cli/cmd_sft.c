@@ -23,10 +23,10 @@
 typedef struct sft_args {
     const char *data, *model, *ckpt, *out, *tokenizer, *optimizer, *schedule;
     const char *precision, *loss_scale; /* train precision; scaler preset, "off" or NULL (auto) */
-    const char *init_from;  /* recipe: weights of this checkpoint into --model's config */
-    int dsa_warmup;         /* recipe: DSA indexer warm-up steps before the SFT steps */
+    const char *init_from; /* recipe: weights of this checkpoint into --model's config */
+    int dsa_warmup;        /* recipe: DSA indexer warm-up steps before the SFT steps */
     double dsa_warmup_lr;
-    int dsa_dense;          /* recipe: the first N SFT steps in the DSA dense stage (from scratch) */
+    int dsa_dense; /* recipe: the first N SFT steps in the DSA dense stage (from scratch) */
     int steps, batch, seq, accum, warmup, threads, log_every, save_every, resume, group, special;
     int vocab; /* tokenizer trained on the data: vocabulary size (0: the model's) */
     double lr, min_lr_ratio, weight_decay, grad_clip, expert_clip;
@@ -44,8 +44,10 @@ static void print_progress(void *user, const prl_sft_progress *p)
         snprintf(scale, sizeof scale, "  scale %g  skipped %ld", p->loss_scale, p->skipped);
     if (p->index_loss != 0) snprintf(ikl, sizeof ikl, "  index_kl %.4f", p->index_loss);
     if (p->mtp_loss != 0) snprintf(mtp, sizeof mtp, "  mtp %.4f", p->mtp_loss);
-    fprintf(stderr, "step %d/%d  loss %.4f%s%s  lr %.2e  gnorm %.3f%s  tok/s %.0f  elapsed %s  eta %s\n",
-            p->step, p->steps, p->loss, mtp, ikl, p->lr, p->grad_norm, scale, p->tokens_per_s, el, eta);
+    fprintf(stderr,
+            "step %d/%d  loss %.4f%s%s  lr %.2e  gnorm %.3f%s  tok/s %.0f  elapsed %s  eta %s\n",
+            p->step, p->steps, p->loss, mtp, ikl, p->lr, p->grad_norm, scale, p->tokens_per_s, el,
+            eta);
 }
 
 static int file_exists(const char *path)
@@ -69,10 +71,11 @@ static prl_status get_tokenizer(const sft_args *a, int vocab_size, prl_tokenizer
     prl_status rc = prl_sft_read_texts(a->data, &texts, &n);
     if (rc) return rc;
     double t0 = prl_now();
-    rc = prl_tokenizer_train((const char *const *)texts, NULL, n, a->vocab > 0 ? a->vocab : vocab_size, tok);
+    rc = prl_tokenizer_train((const char *const *)texts, NULL, n,
+                             a->vocab > 0 ? a->vocab : vocab_size, tok);
     if (rc == PRL_OK)
-        fprintf(stderr, "tokenizer: trained on %zu texts of %s: %d tokens in %.1fs\n", n,
-                a->data, prl_tokenizer_vocab_size(*tok), prl_now() - t0);
+        fprintf(stderr, "tokenizer: trained on %zu texts of %s: %d tokens in %.1fs\n", n, a->data,
+                prl_tokenizer_vocab_size(*tok), prl_now() - t0);
     for (size_t i = 0; i < n; i++) free(texts[i]);
     free(texts);
     return rc;
@@ -83,10 +86,14 @@ static prl_status build_optim(const sft_args *a, prl_optim_config *oc)
     prl_optim_config_default(oc);
     if (!strcmp(a->optimizer, "muon")) oc->kind = PRL_OPTIM_MUON;
     else if (!strcmp(a->optimizer, "adamw")) oc->kind = PRL_OPTIM_ADAMW;
-    else return prl_error_set(PRL_ERR_ARG, "--optimizer must be muon or adamw, got '%s'", a->optimizer);
+    else
+        return prl_error_set(PRL_ERR_ARG, "--optimizer must be muon or adamw, got '%s'",
+                             a->optimizer);
     if (!strcmp(a->schedule, "cosine")) oc->schedule = PRL_LR_COSINE;
     else if (!strcmp(a->schedule, "constant")) oc->schedule = PRL_LR_CONSTANT;
-    else return prl_error_set(PRL_ERR_ARG, "--schedule must be cosine or constant, got '%s'", a->schedule);
+    else
+        return prl_error_set(PRL_ERR_ARG, "--schedule must be cosine or constant, got '%s'",
+                             a->schedule);
     oc->lr = a->lr;
     oc->warmup_steps = a->warmup;
     oc->total_steps = a->steps;
@@ -116,10 +123,10 @@ static prl_status set_precision(const sft_args *a, prl_model *m, prl_loss_scaler
 
 static char *state_json(const sft_args *a, const prl_sft_data *d)
 {
-    json_t *o = json_pack("{s:s, s:s, s:I, s:i, s:i, s:i, s:I, s:I}", "job", "sft", "data", a->data,
-                          "seed", (json_int_t)a->seed, "batch", a->batch, "seq", a->seq, "accum",
-                          a->accum, "examples", (json_int_t)d->n, "loss_tokens",
-                          (json_int_t)d->n_loss_tokens);
+    json_t *o =
+        json_pack("{s:s, s:s, s:I, s:i, s:i, s:i, s:I, s:I}", "job", "sft", "data", a->data, "seed",
+                  (json_int_t)a->seed, "batch", a->batch, "seq", a->seq, "accum", a->accum,
+                  "examples", (json_int_t)d->n, "loss_tokens", (json_int_t)d->n_loss_tokens);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
@@ -158,7 +165,9 @@ static void report_eval(prl_model *m, const prl_sft_data *d, const sft_args *a, 
 {
     double ce, ikl;
     if (eval_loss(m, d, a, &ce, &ikl) == PRL_OK)
-        fprintf(stderr, "sft: eval (%d examples spread over the data) %s: loss %.4f, index_kl %.4f (%s stage)\n",
+        fprintf(stderr,
+                "sft: eval (%d examples spread over the data) %s: loss %.4f, index_kl %.4f (%s "
+                "stage)\n",
                 4 * a->batch < d->n ? 4 * a->batch : d->n, when, ce, ikl,
                 m->cfg.dsa_stage == PRL_DSA_DENSE ? "dense" : "sparse");
 }
@@ -171,8 +180,10 @@ static prl_status dsa_warmup(prl_model *m, const prl_sft_data *d, const sft_args
                              const prl_sft_config *sc)
 {
     if (m->cfg.n_dsa_layers == 0)
-        return prl_error_set(PRL_ERR_CONFIG, "dsa.warmup_steps = %d but the model config has no "
-                             "'dsa_layers'", a->dsa_warmup);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "dsa.warmup_steps = %d but the model config has no "
+                             "'dsa_layers'",
+                             a->dsa_warmup);
     m->cfg.dsa_stage = PRL_DSA_DENSE;
     report_eval(m, d, a, "as loaded, full attention");
     m->cfg.dsa_stage = PRL_DSA_SPARSE;
@@ -186,13 +197,15 @@ static prl_status dsa_warmup(prl_model *m, const prl_sft_data *d, const sft_args
     prl_status st = prl_optim_init(&o, m, &oc);
     prl_sft_config wc = *sc;
     wc.steps = a->dsa_warmup;
-    fprintf(stderr, "sft: DSA warm-up, %d steps: dense attention, only the indexers learn (lr %g)\n",
+    fprintf(stderr,
+            "sft: DSA warm-up, %d steps: dense attention, only the indexers learn (lr %g)\n",
             a->dsa_warmup, a->dsa_warmup_lr);
     if (st == PRL_OK) st = prl_sft_train(m, &o, d, &wc, print_progress, NULL);
     prl_optim_free(&o);
     m->cfg.dsa_stage = PRL_DSA_SPARSE, m->cfg.dsa_freeze_main = 0;
     if (st == PRL_OK) report_eval(m, d, a, "after the warm-up, sparse attention");
-    if (st == PRL_OK) fprintf(stderr, "sft: sparse adaptation, %d steps: every tensor learns\n", a->steps);
+    if (st == PRL_OK)
+        fprintf(stderr, "sft: sparse adaptation, %d steps: every tensor learns\n", a->steps);
     return st;
 }
 
@@ -203,8 +216,10 @@ static prl_status dsa_warmup(prl_model *m, const prl_sft_data *d, const sft_args
 static prl_status dsa_dense_start(prl_model *m, const sft_args *a)
 {
     if (m->cfg.n_dsa_layers == 0)
-        return prl_error_set(PRL_ERR_CONFIG, "dsa.dense_steps = %d but the model config has no "
-                             "'dsa_layers'", a->dsa_dense);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "dsa.dense_steps = %d but the model config has no "
+                             "'dsa_layers'",
+                             a->dsa_dense);
     m->cfg.dsa_stage = PRL_DSA_DENSE, m->cfg.dsa_freeze_main = 0;
     fprintf(stderr, "sft: DSA dense stage, steps 1-%d: dense attention, every tensor learns\n",
             a->dsa_dense);
@@ -229,16 +244,20 @@ static int run(const sft_args *a)
         if (st == PRL_OK) st = prl_model_init(&m, &cfg);
         if (st == PRL_OK) prl_model_init_weights(&m, a->seed);
         int fresh = 0;
-        if (st == PRL_OK && a->init_from) st = prl_checkpoint_load_weights(&m, a->init_from, &fresh);
         if (st == PRL_OK && a->init_from)
-            fprintf(stderr, "sft: weights from %s; %d new tensors (DSA indexers, MTP modules)\n", a->init_from, fresh);
+            st = prl_checkpoint_load_weights(&m, a->init_from, &fresh);
+        if (st == PRL_OK && a->init_from)
+            fprintf(stderr, "sft: weights from %s; %d new tensors (DSA indexers, MTP modules)\n",
+                    a->init_from, fresh);
     }
     if (st == PRL_OK) st = build_optim(a, &oc);
     if (st == PRL_OK) st = get_tokenizer(a, m.cfg.vocab_size, &tok);
     if (st == PRL_OK && prl_tokenizer_vocab_size(tok) > m.cfg.vocab_size)
-        st = prl_error_set(PRL_ERR_CONFIG, "tokenizer has %d tokens but the model's vocab_size is %d",
+        st = prl_error_set(PRL_ERR_CONFIG,
+                           "tokenizer has %d tokens but the model's vocab_size is %d",
                            prl_tokenizer_vocab_size(tok), m.cfg.vocab_size);
-    if (st == PRL_OK) st = prl_sft_data_load(&d, a->data, tok, a->seq, a->special ? PRL_TOKENIZER_SPECIAL : 0);
+    if (st == PRL_OK)
+        st = prl_sft_data_load(&d, a->data, tok, a->seq, a->special ? PRL_TOKENIZER_SPECIAL : 0);
     if (st == PRL_OK) st = prl_optim_init(&o, &m, &oc);
     prl_loss_scaler scaler;
     int scaler_on = 0;
@@ -248,18 +267,25 @@ static int run(const sft_args *a)
         o.cfg.total_steps = (int)o.step + a->steps; /* the schedule spans the whole run */
     }
     if (st == PRL_OK) {
-        fprintf(stderr, "sft: %d examples (%zu tokens, %zu trained, %d truncated to %d), model %zu "
-                "parameters, %s, %d steps of %d x %d x %d\n", d.n, d.n_tokens, d.n_loss_tokens,
-                d.n_truncated, a->seq, m.n_params, a->optimizer, a->steps, a->accum, a->batch, a->seq);
-        prl_sft_config sc = {.batch = a->batch, .seq = a->seq, .accum = a->accum,
-                             .seed = a->seed, .log_every = a->log_every, .group = a->group,
+        fprintf(stderr,
+                "sft: %d examples (%zu tokens, %zu trained, %d truncated to %d), model %zu "
+                "parameters, %s, %d steps of %d x %d x %d\n",
+                d.n, d.n_tokens, d.n_loss_tokens, d.n_truncated, a->seq, m.n_params, a->optimizer,
+                a->steps, a->accum, a->batch, a->seq);
+        prl_sft_config sc = {.batch = a->batch,
+                             .seq = a->seq,
+                             .accum = a->accum,
+                             .seed = a->seed,
+                             .log_every = a->log_every,
+                             .group = a->group,
                              .scaler = scaler_on ? &scaler : NULL};
         if (a->dsa_warmup > 0) st = dsa_warmup(&m, &d, a, &sc);
         int64_t end = o.step + a->steps, dense_end = o.step + a->dsa_dense;
         sc.run_last = end;
         if (st == PRL_OK && a->dsa_dense > 0) st = dsa_dense_start(&m, a);
         while (st == PRL_OK && o.step < end) {
-            int64_t chunk = a->save_every > 0 ? a->save_every - o.step % a->save_every : end - o.step;
+            int64_t chunk =
+                a->save_every > 0 ? a->save_every - o.step % a->save_every : end - o.step;
             if (o.step < dense_end && dense_end - o.step < chunk) chunk = dense_end - o.step;
             sc.steps = (int)(chunk < end - o.step ? chunk : end - o.step);
             st = prl_sft_train(&m, &o, &d, &sc, print_progress, NULL);
@@ -274,12 +300,14 @@ static int run(const sft_args *a)
                 state = state_json(a, &d);
                 st = prl_checkpoint_save(&m, &o, state, tok, a->out);
                 free(state);
-                if (st == PRL_OK) fprintf(stderr, "sft: saved step %lld to %s\n", (long long)o.step, a->out);
+                if (st == PRL_OK)
+                    fprintf(stderr, "sft: saved step %lld to %s\n", (long long)o.step, a->out);
             }
         }
     }
     if (st == PRL_OK && a->dsa_warmup > 0) report_eval(&m, &d, a, "after the sparse adaptation");
-    else if (st == PRL_OK && a->dsa_dense > 0) report_eval(&m, &d, a, "at the end, sparse attention");
+    else if (st == PRL_OK && a->dsa_dense > 0)
+        report_eval(&m, &d, a, "at the end, sparse attention");
     prl_sft_data_free(&d);
     prl_tokenizer_free(tok);
     prl_optim_free(&o);
@@ -417,22 +445,39 @@ static int run_recipe(const char *file, int threads, int force)
     }
     fprintf(stderr, "sft: recipe %s (hash %s): %d demos in %s (%.1fs)\n", file, hash, n_demos, data,
             prl_now() - t0);
-    sft_args a = {.data = data, .model = r.model_config, .out = out, .optimizer = r.optimizer,
-                  .schedule = r.schedule, .steps = r.steps, .batch = r.batch, .seq = r.seq,
-                  .accum = r.accum, .warmup = r.warmup, .threads = threads,
-                  .log_every = r.steps >= 20 ? r.steps / 20 : 1, .group = r.group,
-                  .special = r.special_tokens, .vocab = r.vocab_size, .lr = r.lr,
-                  .min_lr_ratio = r.min_lr_ratio, .weight_decay = r.weight_decay,
-                  .grad_clip = r.grad_clip, .expert_clip = r.expert_clip, .seed = r.seed,
+    sft_args a = {.data = data,
+                  .model = r.model_config,
+                  .out = out,
+                  .optimizer = r.optimizer,
+                  .schedule = r.schedule,
+                  .steps = r.steps,
+                  .batch = r.batch,
+                  .seq = r.seq,
+                  .accum = r.accum,
+                  .warmup = r.warmup,
+                  .threads = threads,
+                  .log_every = r.steps >= 20 ? r.steps / 20 : 1,
+                  .group = r.group,
+                  .special = r.special_tokens,
+                  .vocab = r.vocab_size,
+                  .lr = r.lr,
+                  .min_lr_ratio = r.min_lr_ratio,
+                  .weight_decay = r.weight_decay,
+                  .grad_clip = r.grad_clip,
+                  .expert_clip = r.expert_clip,
+                  .seed = r.seed,
                   .init_from = *r.init_from ? r.init_from : NULL,
-                  .dsa_warmup = r.dsa_warmup_steps, .dsa_warmup_lr = r.dsa_warmup_lr,
+                  .dsa_warmup = r.dsa_warmup_steps,
+                  .dsa_warmup_lr = r.dsa_warmup_lr,
                   .dsa_dense = r.dsa_dense_steps};
     int rc = run(&a);
     if (rc == 0) {
         char line[20];
         snprintf(line, sizeof line, "%s\n", hash);
         if (prl_file_write_atomic(path, line, strlen(line))) rc = cli_fail("sft");
-        else fprintf(stderr, "sft: recipe done in %.1fs: %s (hash in %s)\n", prl_now() - t0, out, path);
+        else
+            fprintf(stderr, "sft: recipe done in %.1fs: %s (hash in %s)\n", prl_now() - t0, out,
+                    path);
     }
     free(resolved);
     prl_sft_recipe_free(&r);
@@ -443,60 +488,106 @@ int cmd_sft(int argc, char **argv)
 {
     const char *config = NULL;
     int force = 0;
-    sft_args a = {.optimizer = "muon", .schedule = "cosine", .precision = "fp32", .steps = 200, .batch = 8, .seq = 128,
-                  .accum = 1, .warmup = 10, .log_every = 10, .lr = 3e-3, .min_lr_ratio = 0.1,
-                  .weight_decay = 0.1, .grad_clip = 1.0, .seed = 1};
+    sft_args a = {.optimizer = "muon",
+                  .schedule = "cosine",
+                  .precision = "fp32",
+                  .steps = 200,
+                  .batch = 8,
+                  .seq = 128,
+                  .accum = 1,
+                  .warmup = 10,
+                  .log_every = 10,
+                  .lr = 3e-3,
+                  .min_lr_ratio = 0.1,
+                  .weight_decay = 0.1,
+                  .grad_clip = 1.0,
+                  .seed = 1};
     cli_opt opts[] = {
-        {"config", OPT_STR, &config, "FILE", "run an SFT recipe (configs/sft-base.json, docs/recipes.md): demos, tokenizer and SFT into <run.dir>/ckpt; only --threads and --force go with it", 0, 0},
-        {"force", OPT_FLAG, &force, NULL, "with --config: run even if the checkpoint matches the recipe's hash", 0, 0},
-        {"data", OPT_STR, &a.data, "FILE", "chat JSONL: {\"messages\": [{\"role\", \"content\"}, ...]} per line (required without --config)", 0, 0},
+        {"config", OPT_STR, &config, "FILE",
+         "run an SFT recipe (configs/sft-base.json, docs/recipes.md): demos, tokenizer and SFT "
+         "into <run.dir>/ckpt; only --threads and --force go with it",
+         0, 0},
+        {"force", OPT_FLAG, &force, NULL,
+         "with --config: run even if the checkpoint matches the recipe's hash", 0, 0},
+        {"data", OPT_STR, &a.data, "FILE",
+         "chat JSONL: {\"messages\": [{\"role\", \"content\"}, ...]} per line (required without "
+         "--config)",
+         0, 0},
         {"model", OPT_STR, &a.model, "CONFIG", "start from a random init of this config", 0, 0},
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "start from this checkpoint", 0, 0},
-        {"out", OPT_STR, &a.out, "DIR", "checkpoint directory to write (required without --config)", 0, 0},
-        {"tokenizer", OPT_STR, &a.tokenizer, "FILE", "tokenizer.json (default: the checkpoint's, else trained on the data)", 0, 0},
-        {"steps", OPT_INT, &a.steps, "N", "optimizer steps to run (with --resume: steps added to the run; default 200)", 0, 0},
+        {"out", OPT_STR, &a.out, "DIR", "checkpoint directory to write (required without --config)",
+         0, 0},
+        {"tokenizer", OPT_STR, &a.tokenizer, "FILE",
+         "tokenizer.json (default: the checkpoint's, else trained on the data)", 0, 0},
+        {"steps", OPT_INT, &a.steps, "N",
+         "optimizer steps to run (with --resume: steps added to the run; default 200)", 0, 0},
         {"batch", OPT_INT, &a.batch, "B", "sequences per micro-batch (default 8)", 0, 0},
-        {"seq", OPT_INT, &a.seq, "T", "sequence length; longer examples are truncated (default 128)", 0, 0},
-        {"group", OPT_INT, &a.group, "G", "group by length: windows of G batches sorted by length, each micro-batch only as wide as its longest example (default 0 = off)", 0, 0},
-        {"special-tokens", OPT_FLAG, &a.special, NULL, "trusted data: special-token strings in contents (<|tool_call|> ...) become their ids, as the model emits them", 0, 0},
+        {"seq", OPT_INT, &a.seq, "T",
+         "sequence length; longer examples are truncated (default 128)", 0, 0},
+        {"group", OPT_INT, &a.group, "G",
+         "group by length: windows of G batches sorted by length, each micro-batch only as wide as "
+         "its longest example (default 0 = off)",
+         0, 0},
+        {"special-tokens", OPT_FLAG, &a.special, NULL,
+         "trusted data: special-token strings in contents (<|tool_call|> ...) become their ids, as "
+         "the model emits them",
+         0, 0},
         {"accum", OPT_INT, &a.accum, "K", "micro-batches per step (default 1)", 0, 0},
-        {"optimizer", OPT_STR, &a.optimizer, "NAME", "muon (hidden matrices; AdamW for the rest) or adamw (default muon)", 0, 0},
+        {"optimizer", OPT_STR, &a.optimizer, "NAME",
+         "muon (hidden matrices; AdamW for the rest) or adamw (default muon)", 0, 0},
         {"lr", OPT_DOUBLE, &a.lr, "LR", "peak learning rate (default 3e-3)", 0, 0},
         {"schedule", OPT_STR, &a.schedule, "NAME", "cosine or constant (default cosine)", 0, 0},
         {"warmup", OPT_INT, &a.warmup, "N", "linear warm-up steps (default 10)", 0, 0},
-        {"min-lr-ratio", OPT_DOUBLE, &a.min_lr_ratio, "R", "final lr / peak lr for cosine (default 0.1)", 0, 0},
-        {"weight-decay", OPT_DOUBLE, &a.weight_decay, "WD", "decoupled weight decay (default 0.1)", 0, 0},
-        {"grad-clip", OPT_DOUBLE, &a.grad_clip, "C", "global gradient-norm bound, 0 = off (default 1)", 0, 0},
-        {"expert-clip", OPT_DOUBLE, &a.expert_clip, "C", "per routed expert gradient-norm bound, 0 = off", 0, 0},
+        {"min-lr-ratio", OPT_DOUBLE, &a.min_lr_ratio, "R",
+         "final lr / peak lr for cosine (default 0.1)", 0, 0},
+        {"weight-decay", OPT_DOUBLE, &a.weight_decay, "WD", "decoupled weight decay (default 0.1)",
+         0, 0},
+        {"grad-clip", OPT_DOUBLE, &a.grad_clip, "C",
+         "global gradient-norm bound, 0 = off (default 1)", 0, 0},
+        {"expert-clip", OPT_DOUBLE, &a.expert_clip, "C",
+         "per routed expert gradient-norm bound, 0 = off", 0, 0},
         {"seed", OPT_U64, &a.seed, "S", "seed of the init and the data order (default 1)", 0, 0},
-        {"precision", OPT_STR, &a.precision, "P", "train path arithmetic: fp32 (default), bf16 or fp16 (docs/model.md)", 0, 0},
-        {"loss-scale", OPT_STR, &a.loss_scale, "NAME", "dynamic loss scaler: torch, megatron, verl_fsdp, verl_megatron or off (default: torch with fp16, off otherwise)", 0, 0},
+        {"precision", OPT_STR, &a.precision, "P",
+         "train path arithmetic: fp32 (default), bf16 or fp16 (docs/model.md)", 0, 0},
+        {"loss-scale", OPT_STR, &a.loss_scale, "NAME",
+         "dynamic loss scaler: torch, megatron, verl_fsdp, verl_megatron or off (default: torch "
+         "with fp16, off otherwise)",
+         0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {"log-every", OPT_INT, &a.log_every, "N", "progress line every N steps (default 10)", 0, 0},
-        {"save-every", OPT_INT, &a.save_every, "N", "also save every N steps (default: at the end)", 0, 0},
-        {"resume", OPT_FLAG, &a.resume, NULL, "continue --ckpt's optimizer state and data order", 0, 0},
+        {"save-every", OPT_INT, &a.save_every, "N", "also save every N steps (default: at the end)",
+         0, 0},
+        {"resume", OPT_FLAG, &a.resume, NULL, "continue --ckpt's optimizer state and data order", 0,
+         0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 2, opts,
-                       "prl sft --data FILE.jsonl (--model CONFIG | --ckpt DIR) --out DIR [options]\n"
-                       "       prl sft --config RECIPE.json [--threads N] [--force]",
-                       "Supervised fine-tuning with the loss on assistant tokens only. Runs are "
-                       "deterministic: the same seed gives a bitwise-identical checkpoint, for any "
-                       "thread count.",
-                       NULL, 0, NULL);
+    int rc =
+        cli_parse(argc, argv, 2, opts,
+                  "prl sft --data FILE.jsonl (--model CONFIG | --ckpt DIR) --out DIR [options]\n"
+                  "       prl sft --config RECIPE.json [--threads N] [--force]",
+                  "Supervised fine-tuning with the loss on assistant tokens only. Runs are "
+                  "deterministic: the same seed gives a bitwise-identical checkpoint, for any "
+                  "thread count.",
+                  NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (config) {
         for (const cli_opt *o = opts; o->name; o++)
-            if (o->seen && strcmp(o->name, "config") && strcmp(o->name, "threads") && strcmp(o->name, "force"))
-                return cli_failf("sft", 2, "--%s cannot be used with --config (the recipe sets it)", o->name);
+            if (o->seen && strcmp(o->name, "config") && strcmp(o->name, "threads") &&
+                strcmp(o->name, "force"))
+                return cli_failf("sft", 2, "--%s cannot be used with --config (the recipe sets it)",
+                                 o->name);
         return run_recipe(config, a.threads, force);
     }
     if (force) return cli_failf("sft", 2, "--force goes with --config");
-    if (!a.data || !a.out) return cli_failf("sft", 2, "--data and --out are required (or --config)");
-    if (!a.model == !a.ckpt) return cli_failf("sft", 2, "give exactly one of --model CONFIG or --ckpt DIR");
+    if (!a.data || !a.out)
+        return cli_failf("sft", 2, "--data and --out are required (or --config)");
+    if (!a.model == !a.ckpt)
+        return cli_failf("sft", 2, "give exactly one of --model CONFIG or --ckpt DIR");
     if (a.resume && !a.ckpt) return cli_failf("sft", 2, "--resume needs --ckpt");
-    if (a.steps < 1 || a.batch < 1 || a.seq < 2 || a.accum < 1 || a.log_every < 1 || a.save_every < 0 || a.warmup < 0 || a.group < 0)
-        return cli_failf("sft", 2, "--steps, --batch, --accum, --log-every must be >= 1, --seq >= 2, "
+    if (a.steps < 1 || a.batch < 1 || a.seq < 2 || a.accum < 1 || a.log_every < 1 ||
+        a.save_every < 0 || a.warmup < 0 || a.group < 0)
+        return cli_failf("sft", 2,
+                         "--steps, --batch, --accum, --log-every must be >= 1, --seq >= 2, "
                          "--save-every, --warmup and --group >= 0");
     return run(&a);
 }

@@ -16,7 +16,8 @@ static int write_output(const char *out, const prl_tasks_config *c)
 {
     if (!out) {
         prl_status st = prl_tasks_write_jsonl(c, stdout);
-        if (st == PRL_OK && fflush(stdout) != 0) st = prl_error_set(PRL_ERR_IO, "writing stdout failed");
+        if (st == PRL_OK && fflush(stdout) != 0)
+            st = prl_error_set(PRL_ERR_IO, "writing stdout failed");
         return st ? cli_fail("tasks") : 0;
     }
     char *text = NULL;
@@ -28,8 +29,8 @@ static int write_output(const char *out, const prl_tasks_config *c)
     if (st == PRL_OK) st = prl_file_write_atomic(out, text, len);
     free(text);
     if (st) return cli_fail("tasks");
-    fprintf(stderr, "prl tasks: wrote %d %s %s lines to %s\n", c->n, prl_tasks_domain_name(c->domain),
-            prl_tasks_split_name(c->split), out);
+    fprintf(stderr, "prl tasks: wrote %d %s %s lines to %s\n", c->n,
+            prl_tasks_domain_name(c->domain), prl_tasks_split_name(c->split), out);
     return 0;
 }
 
@@ -54,14 +55,16 @@ static int generate(int argc, char **argv, int demos)
          "reasoning: probability of a python tool demonstration (default by difficulty)", 0, 0},
         {0},
     };
-    const char *usage = demos ? "prl tasks demos --domain D [--split train|eval] [--n N] [--seed S] "
-                                "[--difficulty K] [--error-rate P] [--out FILE]"
-                              : "prl tasks generate --domain D [--split train|eval] [--n N] "
-                                "[--seed S] [--difficulty K] [--out FILE]";
-    const char *summary = demos ? "Writes N problems with SFT demonstrations (assistant and tool "
-                                  "turns) as chat JSONL (docs/tasks.md)."
-                                : "Writes N problems (prompt + answer key or hidden tests) as JSONL "
-                                  "(docs/tasks.md).";
+    const char *usage = demos
+                            ? "prl tasks demos --domain D [--split train|eval] [--n N] [--seed S] "
+                              "[--difficulty K] [--error-rate P] [--out FILE]"
+                            : "prl tasks generate --domain D [--split train|eval] [--n N] "
+                              "[--seed S] [--difficulty K] [--out FILE]";
+    const char *summary = demos
+                              ? "Writes N problems with SFT demonstrations (assistant and tool "
+                                "turns) as chat JSONL (docs/tasks.md)."
+                              : "Writes N problems (prompt + answer key or hidden tests) as JSONL "
+                                "(docs/tasks.md).";
     int rc = cli_parse(argc, argv, 3, opts, usage, summary, NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (prl_tasks_domain_parse(domain, &c.domain) || prl_tasks_split_parse(split, &c.split))
@@ -121,6 +124,7 @@ int cmd_tasks(int argc, char **argv)
                "  demo      the arithmetic SFT demo set\n");
         return 0;
     }
-    return cli_failf("tasks", 2, "expected a subcommand: generate, demos, check or demo (see prl "
+    return cli_failf("tasks", 2,
+                     "expected a subcommand: generate, demos, check or demo (see prl "
                      "tasks --help)");
 }

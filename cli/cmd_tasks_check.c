@@ -43,10 +43,12 @@ static void print_text(int line_no, const char *id, const prl_reward_result *r)
 
 /* `--json` record of one task (docs/rewards.md): where it came from, then the verifier's
 ** result with `flags` as the names. */
-static json_t *result_json(int line_no, const char *id, const char *domain, const prl_reward_result *r)
+static json_t *result_json(int line_no, const char *id, const char *domain,
+                           const prl_reward_result *r)
 {
     json_t *res = prl_reward_result_json(r);
-    json_t *o = res ? json_pack("{s:i, s:s, s:s}", "line", line_no, "id", id, "domain", domain) : NULL;
+    json_t *o =
+        res ? json_pack("{s:i, s:s, s:s}", "line", line_no, "id", id, "domain", domain) : NULL;
     if (o) {
         json_object_set_new(o, "score", json_incref(json_object_get(res, "score")));
         json_object_set_new(o, "penalty", json_incref(json_object_get(res, "penalty")));
@@ -63,14 +65,17 @@ static int log_monitor(FILE *log, const char *path, int line_no, const char *id,
 {
     json_t *msgs = json_object_get(line, "messages"), *resp = json_object_get(line, "response");
     const char *answer = resp ? json_string_value(resp)
-                              : json_string_value(json_object_get(json_array_get(msgs, json_array_size(msgs) - 1), "content"));
+                              : json_string_value(json_object_get(
+                                    json_array_get(msgs, json_array_size(msgs) - 1), "content"));
     for (int i = 0; i < r->n_checks; i++) {
         const prl_reward_check *c = &r->checks[i];
         if (strncmp(c->name, "monitor:", 8) != 0 || c->passed) continue;
-        fprintf(stderr, "prl tasks: monitor: %s:%d %s %s: %s\n", path, line_no, id, c->name + 8, c->detail);
+        fprintf(stderr, "prl tasks: monitor: %s:%d %s %s: %s\n", path, line_no, id, c->name + 8,
+                c->detail);
         if (!log) continue;
-        json_t *rec = json_pack("{s:s, s:i, s:s, s:s, s:s, s:s}", "input", path, "line", line_no, "id",
-                                id, "rule", c->name + 8, "detail", c->detail, "answer", answer ? answer : "");
+        json_t *rec =
+            json_pack("{s:s, s:i, s:s, s:s, s:s, s:s}", "input", path, "line", line_no, "id", id,
+                      "rule", c->name + 8, "detail", c->detail, "answer", answer ? answer : "");
         char *text = rec ? json_dumps(rec, JSON_COMPACT) : NULL;
         json_decref(rec);
         int ok = text && fprintf(log, "%s\n", text) > 0;
@@ -86,7 +91,9 @@ static int check_line(const check_args *a, const prl_reward_exec *exec, FILE *lo
 {
     json_error_t err;
     json_t *line = json_loads(text, JSON_REJECT_DUPLICATES, &err);
-    if (!line) return cli_failf("tasks", 1, "%s:%d: invalid JSON: %s (column %d)", a->input, line_no, err.text, err.column);
+    if (!line)
+        return cli_failf("tasks", 1, "%s:%d: invalid JSON: %s (column %d)", a->input, line_no,
+                         err.text, err.column);
     const char *domain = json_string_value(json_object_get(line, "domain"));
     const char *id = json_string_value(json_object_get(line, "id"));
     prl_task_domain d;
@@ -94,7 +101,8 @@ static int check_line(const check_args *a, const prl_reward_exec *exec, FILE *lo
     if (!domain || prl_tasks_domain_parse(domain, &d))
         rc = cli_failf("tasks", 1, "%s:%d: missing or unknown \"domain\"", a->input, line_no);
     else if (strcmp(a->domain, "all") && strcmp(a->domain, domain))
-        rc = cli_failf("tasks", 1, "%s:%d: domain is '%s' but --domain is '%s'", a->input, line_no, domain, a->domain);
+        rc = cli_failf("tasks", 1, "%s:%d: domain is '%s' but --domain is '%s'", a->input, line_no,
+                       domain, a->domain);
     prl_reward_result r;
     if (!rc && prl_reward_score_line(text, exec, &r) != PRL_OK)
         rc = cli_failf("tasks", 1, "%s:%d: %s", a->input, line_no, prl_error_message());
@@ -123,14 +131,17 @@ static void print_summary(const tally *t, int json)
 {
     tally all = {0};
     for (int d = 0; d < PRL_TASK_N_DOMAINS; d++)
-        all.n += t[d].n, all.sum += t[d].sum, all.solved += t[d].solved, all.flagged += t[d].flagged;
+        all.n += t[d].n, all.sum += t[d].sum, all.solved += t[d].solved,
+            all.flagged += t[d].flagged;
     for (int d = 0; d <= PRL_TASK_N_DOMAINS; d++) {
         const tally *x = d < PRL_TASK_N_DOMAINS ? &t[d] : &all;
-        const char *name = d < PRL_TASK_N_DOMAINS ? prl_tasks_domain_name((prl_task_domain)d) : "all";
+        const char *name =
+            d < PRL_TASK_N_DOMAINS ? prl_tasks_domain_name((prl_task_domain)d) : "all";
         if (x->n == 0 && d < PRL_TASK_N_DOMAINS) continue;
         double mean = x->n ? x->sum / x->n : 0, acc = x->n ? (double)x->solved / x->n : 0;
         if (json)
-            printf("{\"summary\":\"%s\",\"n\":%d,\"mean_score\":%.6f,\"accuracy\":%.6f,\"flagged\":%d}\n",
+            printf("{\"summary\":\"%s\",\"n\":%d,\"mean_score\":%.6f,\"accuracy\":%.6f,\"flagged\":"
+                   "%d}\n",
                    name, x->n, mean, acc, x->flagged);
         else
             printf("summary %s: %d lines, mean score %.4f, accuracy %.4f, flagged %d\n", name, x->n,
@@ -142,9 +153,11 @@ static int run(const check_args *a)
 {
     if (strcmp(a->domain, "all")) {
         prl_task_domain d;
-        if (prl_tasks_domain_parse(a->domain, &d)) return cli_failf("tasks", 2, "--domain: %s", prl_error_message());
+        if (prl_tasks_domain_parse(a->domain, &d))
+            return cli_failf("tasks", 2, "--domain: %s", prl_error_message());
     }
-    if (!(a->timeout > 0)) return cli_failf("tasks", 2, "--timeout must be > 0, got %g", a->timeout);
+    if (!(a->timeout > 0))
+        return cli_failf("tasks", 2, "--timeout must be > 0, got %g", a->timeout);
     FILE *f = fopen(a->input, "rb");
     if (!f) return cli_failf("tasks", 1, "cannot open %s: %m", a->input);
     FILE *log = a->monitor_log ? fopen(a->monitor_log, "a") : NULL;
@@ -173,7 +186,8 @@ static int run(const check_args *a)
     free(line);
     fclose(f);
     prl_exec_local_free(runner);
-    if (log && fclose(log) != 0 && !rc) rc = cli_failf("tasks", 1, "writing %s failed", a->monitor_log);
+    if (log && fclose(log) != 0 && !rc)
+        rc = cli_failf("tasks", 1, "writing %s failed", a->monitor_log);
     if (!rc) print_summary(t, a->json);
     return rc;
 }
@@ -183,15 +197,18 @@ int cmd_tasks_check(int argc, char **argv)
     check_args a = {.domain = NULL, .timeout = 2.0};
     cli_opt opts[] = {
         {"domain", OPT_STR, &a.domain, "D", "reasoning, general, agent, coding, or all", 1, 0},
-        {"input", OPT_STR, &a.input, "FILE", "JSONL: tasks with the model's turns or \"response\"", 1, 0},
+        {"input", OPT_STR, &a.input, "FILE", "JSONL: tasks with the model's turns or \"response\"",
+         1, 0},
         {"json", OPT_FLAG, &a.json, NULL, "write JSON objects instead of text", 0, 0},
-        {"timeout", OPT_DOUBLE, &a.timeout, "S", "wall-time limit per program run (default 2)", 0, 0},
-        {"monitor-log", OPT_STR, &a.monitor_log, "FILE", "append reward-hacking findings as JSONL", 0, 0},
+        {"timeout", OPT_DOUBLE, &a.timeout, "S", "wall-time limit per program run (default 2)", 0,
+         0},
+        {"monitor-log", OPT_STR, &a.monitor_log, "FILE", "append reward-hacking findings as JSONL",
+         0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 3, opts, "prl tasks check --domain D --input FILE.jsonl [--json]",
-                       "Scores answers with the domain verifiers (programs run in the sandbox).",
-                       NULL, 0, NULL);
+    int rc = cli_parse(
+        argc, argv, 3, opts, "prl tasks check --domain D --input FILE.jsonl [--json]",
+        "Scores answers with the domain verifiers (programs run in the sandbox).", NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     return run(&a);
 }

@@ -20,12 +20,14 @@ static int train(int argc, char **argv)
     cli_opt opts[] = {
         {"data", OPT_STR, &data, "FILE", "chat JSONL: trains on every message content", 0, 0},
         {"text", OPT_STR, &text, "FILE", "plain text file: trains on it as one text", 0, 0},
-        {"vocab", OPT_INT, &vocab, "N", "vocabulary size incl. 16 specials and 256 bytes (default 4096)", 0, 0},
+        {"vocab", OPT_INT, &vocab, "N",
+         "vocabulary size incl. 16 specials and 256 bytes (default 4096)", 0, 0},
         {"out", OPT_STR, &out, "FILE", "tokenizer.json to write", 1, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 3, opts, "prl tokenizer train (--data FILE.jsonl | --text FILE) --out FILE",
-                       "Learns a byte-level BPE tokenizer (digits always single tokens).", NULL, 0, NULL);
+    int rc = cli_parse(
+        argc, argv, 3, opts, "prl tokenizer train (--data FILE.jsonl | --text FILE) --out FILE",
+        "Learns a byte-level BPE tokenizer (digits always single tokens).", NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (!data == !text) return cli_failf("tokenizer", 2, "give exactly one of --data or --text");
     char **texts = NULL;
@@ -60,11 +62,13 @@ static int encode(int argc, char **argv)
         {"tokenizer", OPT_STR, &path, "FILE", "tokenizer.json", 1, 0},
         {"text", OPT_STR, &text, "STR", "text to encode", 0, 0},
         {"file", OPT_STR, &file, "FILE", "file to encode", 0, 0},
-        {"special", OPT_FLAG, &special, NULL, "turn special-token strings like <|end|> into their ids", 0, 0},
+        {"special", OPT_FLAG, &special, NULL,
+         "turn special-token strings like <|end|> into their ids", 0, 0},
         {"json", OPT_FLAG, &json, NULL, "print a JSON array", 0, 0},
         {0},
     };
-    int rc = cli_parse(argc, argv, 3, opts, "prl tokenizer encode --tokenizer FILE (--text STR | --file FILE)",
+    int rc = cli_parse(argc, argv, 3, opts,
+                       "prl tokenizer encode --tokenizer FILE (--text STR | --file FILE)",
                        "Prints the token ids of a text.", NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (!text == !file) return cli_failf("tokenizer", 2, "give exactly one of --text or --file");
@@ -83,7 +87,8 @@ static int encode(int argc, char **argv)
                                          special ? PRL_TOKENIZER_SPECIAL : 0, &ids, &n);
     if (st == PRL_OK) {
         printf(json ? "[" : "");
-        for (size_t i = 0; i < n; i++) printf(json ? "%s%d" : "%s%d", i ? (json ? "," : " ") : "", ids[i]);
+        for (size_t i = 0; i < n; i++)
+            printf(json ? "%s%d" : "%s%d", i ? (json ? "," : " ") : "", ids[i]);
         printf(json ? "]\n" : "\n");
     }
     free(ids);
@@ -142,7 +147,8 @@ int cmd_tokenizer(int argc, char **argv)
     if (argc >= 3 && !strcmp(argv[2], "train")) return train(argc, argv);
     if (argc >= 3 && !strcmp(argv[2], "encode")) return encode(argc, argv);
     if (argc >= 3 && !strcmp(argv[2], "decode")) return decode(argc, argv);
-    FILE *out = argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) ? stdout : stderr;
+    FILE *out =
+        argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) ? stdout : stderr;
     fprintf(out, "usage: prl tokenizer train|encode|decode [options]   (--help on each)\n");
     return out == stdout ? 0 : 2;
 }

@@ -7,18 +7,23 @@
 
 static const cli_command commands[] = {
     {"init", cmd_init, "write a randomly initialised checkpoint from a model config"},
-    {"average", cmd_average, "the element-wise mean of checkpoints' weights (same model) as a new checkpoint"},
+    {"average", cmd_average,
+     "the element-wise mean of checkpoints' weights (same model) as a new checkpoint"},
     {"sft", cmd_sft, "supervised fine-tuning on chat JSONL (loss on assistant tokens)"},
     {"generate", cmd_generate, "sample completions with the infer path (KV cache, batching)"},
     {"eval", cmd_eval, "held-out accuracy per task domain (infer path + verifiers)"},
     {"score", cmd_score, "per-token log-probs of sequences on the train or infer path"},
-    {"diagnose", cmd_diagnose, "where the train and infer paths disagree: per-op diffs, routes, log-probs, knob sweep"},
+    {"diagnose", cmd_diagnose,
+     "where the train and infer paths disagree: per-op diffs, routes, log-probs, knob sweep"},
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
     {"tasks", cmd_tasks, "RL task data, SFT demonstrations and answer scoring (4 domains)"},
-    {"sandbox", cmd_sandbox, "run a program isolated (sandbox exec), show the isolation layers (probe)"},
+    {"sandbox", cmd_sandbox,
+     "run a program isolated (sandbox exec), show the isolation layers (probe)"},
     {"run", cmd_run, "train a GRPO expert: every role as a process over ZeroMQ, samples in run.db"},
     {"role", cmd_role, "run one role of a run (controller, rollout, reward, trainer)"},
-    {"bench", cmd_bench, "benchmarks: training step and decoding vs PyTorch, sandbox, sync vs async pipeline (bench train|decode|sandbox|pipeline)"},
+    {"bench", cmd_bench,
+     "benchmarks: training step and decoding vs PyTorch, sandbox, sync vs async pipeline (bench "
+     "train|decode|sandbox|pipeline)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 
@@ -35,7 +40,8 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }

@@ -55,8 +55,8 @@ static prl_status line_prompt(json_t *obj, const prl_tokenizer *tok, const char 
         return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", file, line);
     if ((v = json_object_get(obj, "ids"))) return cli_json_ids(v, file, line, ids, n);
     if (!tok)
-        return prl_error_set(PRL_ERR_ARG, "%s:%d: text prompts need a tokenizer.json in the checkpoint",
-                             file, line);
+        return prl_error_set(
+            PRL_ERR_ARG, "%s:%d: text prompts need a tokenizer.json in the checkpoint", file, line);
     prl_status rc;
     if ((v = json_object_get(obj, "prompt")) && json_is_string(v)) {
         rc = encode_text(tok, json_string_value(v), raw, ids, n);
@@ -67,8 +67,8 @@ static prl_status line_prompt(json_t *obj, const prl_tokenizer *tok, const char 
         rc = prl_tokenizer_encode_chat_prompt(tok, cm, nm, 0, ids, n);
         free(cm);
     } else {
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: a line needs \"prompt\", \"messages\" or \"ids\"",
-                             file, line);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "%s:%d: a line needs \"prompt\", \"messages\" or \"ids\"", file, line);
     }
     return rc ? prl_error_wrap(rc, "%s:%d: ", file, line) : PRL_OK;
 }
@@ -97,7 +97,9 @@ prl_status cli_prompts_read(const char *text, const char *file, int raw, const p
     if (text) {
         int32_t *ids = NULL;
         size_t n = 0;
-        if (!tok) return prl_error_set(PRL_ERR_ARG, "a text prompt needs a tokenizer.json in the checkpoint");
+        if (!tok)
+            return prl_error_set(PRL_ERR_ARG,
+                                 "a text prompt needs a tokenizer.json in the checkpoint");
         prl_status rc = encode_text(tok, text, raw, &ids, &n);
         if (rc == PRL_OK) prompts_add(out, ids, n);
         return rc;

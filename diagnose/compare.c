@@ -30,17 +30,24 @@ prl_status prl_diag_check_seqs(const prl_model *m, const prl_diag_seq *seqs, int
         const prl_diag_seq *s = &seqs[i];
         const char *lb = s->label ? s->label : "sequence";
         if (s->n < 2)
-            return prl_error_set(PRL_ERR_RANGE, "%s: %d tokens; a sequence needs at least 2", lb, s->n);
+            return prl_error_set(PRL_ERR_RANGE, "%s: %d tokens; a sequence needs at least 2", lb,
+                                 s->n);
         if (s->n > c->max_position_embeddings)
-            return prl_error_set(PRL_ERR_RANGE, "%s: %d tokens exceed the context "
-                                 "(max_position_embeddings %d)", lb, s->n, c->max_position_embeddings);
+            return prl_error_set(PRL_ERR_RANGE,
+                                 "%s: %d tokens exceed the context "
+                                 "(max_position_embeddings %d)",
+                                 lb, s->n, c->max_position_embeddings);
         if (s->prompt_len < 1 || s->prompt_len >= s->n)
-            return prl_error_set(PRL_ERR_RANGE, "%s: prompt length %d not in [1, %d) (at least one "
-                                 "response token is needed)", lb, s->prompt_len, s->n);
+            return prl_error_set(PRL_ERR_RANGE,
+                                 "%s: prompt length %d not in [1, %d) (at least one "
+                                 "response token is needed)",
+                                 lb, s->prompt_len, s->n);
         for (int t = 0; t < s->n; t++)
             if (s->tokens[t] < 0 || s->tokens[t] >= c->vocab_size)
-                return prl_error_set(PRL_ERR_RANGE, "%s: token id %d at position %d out of the "
-                                     "vocabulary [0, %d)", lb, s->tokens[t], t, c->vocab_size);
+                return prl_error_set(PRL_ERR_RANGE,
+                                     "%s: token id %d at position %d out of the "
+                                     "vocabulary [0, %d)",
+                                     lb, s->tokens[t], t, c->vocab_size);
     }
     return PRL_OK;
 }
@@ -76,7 +83,8 @@ static void report_finish(prl_diag_report *r)
     r->first = -1;
     for (int i = 0; i < r->n_ops && r->first < 0; i++) {
         const prl_diag_op *op = &r->ops[i];
-        if (!op->missing && op->count + op->nonfinite > 0 && !(prl_diag_op_rel_l2(op) <= r->threshold))
+        if (!op->missing && op->count + op->nonfinite > 0 &&
+            !(prl_diag_op_rel_l2(op) <= r->threshold))
             r->first = i;
     }
 }
@@ -168,7 +176,7 @@ typedef struct capture {
     int n;
     cap_entry *e;
     int failed;
-    int req;     /* the request prl_diag's train hook is comparing (capture_tensor) */
+    int req; /* the request prl_diag's train hook is comparing (capture_tensor) */
     int64_t rows;
 } capture;
 
@@ -239,8 +247,10 @@ static void describe_infer(char *out, size_t n, const prl_infer_options *io, int
 static void make_requests(const prl_diag_seq *seqs, int g0, int g1, prl_gen_request *q)
 {
     for (int i = g0; i < g1; i++)
-        q[i - g0] = (prl_gen_request){.prompt = seqs[i].tokens, .prompt_len = seqs[i].prompt_len,
-                                      .seq_id = (uint64_t)i, .forced = seqs[i].tokens + seqs[i].prompt_len,
+        q[i - g0] = (prl_gen_request){.prompt = seqs[i].tokens,
+                                      .prompt_len = seqs[i].prompt_len,
+                                      .seq_id = (uint64_t)i,
+                                      .forced = seqs[i].tokens + seqs[i].prompt_len,
                                       .n_forced = seqs[i].n - seqs[i].prompt_len};
 }
 
@@ -253,7 +263,7 @@ static int max_len_of(const prl_diag_seq *seqs, int n)
 
 /* Work buffers of one sequence. */
 typedef struct seq_bufs {
-    float *lp, *lp_train, *lp_other;   /* [maxn] */
+    float *lp, *lp_train, *lp_other;      /* [maxn] */
     int32_t *routes_train, *routes_other; /* [n_moe][maxn][K] */
 } seq_bufs;
 
@@ -307,13 +317,15 @@ static prl_status infer_group(prl_infer *eng, const prl_diag_seq *seqs, int g0, 
     prl_status rc = prl_infer_generate(eng, q, g1 - g0, &sp, res, NULL, NULL);
     free(q);
     return rc ? prl_error_wrap(rc, "infer path, sequences %s..%s: ", seqs[g0].label,
-                               seqs[g1 - 1].label) : PRL_OK;
+                               seqs[g1 - 1].label)
+              : PRL_OK;
 }
 
 /* Infer log-probs of the response: out[t − P] for t in [P, n). */
 static void infer_response_lp(const prl_diag_seq *s, const prl_gen_result *r, float *out)
 {
-    for (int t = s->prompt_len; t < s->n; t++) out[t - s->prompt_len] = r->logprobs[t - s->prompt_len];
+    for (int t = s->prompt_len; t < s->n; t++)
+        out[t - s->prompt_len] = r->logprobs[t - s->prompt_len];
 }
 
 /* Build the infer engine for (io, threads) over sequences of up to maxn tokens. */
@@ -343,7 +355,8 @@ prl_status prl_diag_compare_infer(prl_model *m, const prl_infer_options *io, int
     rc = res ? report_routing_init(out, m) : prl_error_set(PRL_ERR_NOMEM, "results");
     if (!rc) rc = seq_bufs_init(&sb, m, maxn);
     if (!rc) rc = infer_open(&eng, m, io, threads, maxn);
-    if (!rc && prl_infer_fault(eng)) snprintf(out->fault, sizeof out->fault, "%s", prl_infer_fault(eng));
+    if (!rc && prl_infer_fault(eng))
+        snprintf(out->fault, sizeof out->fault, "%s", prl_infer_fault(eng));
     cap = (capture){.eng = eng, .slots = batch, .tmax = maxn};
     for (int g0 = 0; !rc && g0 < n; g0 += batch) {
         int g1 = g0 + batch < n ? g0 + batch : n;
@@ -397,8 +410,10 @@ static const float *ext_tensor(void *ctx, const char *name, int64_t cols, int64_
     const prl_safetensors_tensor *t = prl_safetensors_find(&x->st, name);
     if (!t) return NULL;
     if (t->ndim != 2 || t->shape[1] != cols) {
-        *err = prl_error_set(PRL_ERR_FORMAT, "%s: tensor %s has %d dims (last %lld); expected "
-                             "[tokens, %lld]", x->path, name, t->ndim,
+        *err = prl_error_set(PRL_ERR_FORMAT,
+                             "%s: tensor %s has %d dims (last %lld); expected "
+                             "[tokens, %lld]",
+                             x->path, name, t->ndim,
                              (long long)(t->ndim ? t->shape[t->ndim - 1] : 0), (long long)cols);
         return NULL;
     }
@@ -423,8 +438,10 @@ static prl_status ext_read_i32(const ext_ctx *x, const char *name, size_t numel,
     *present = t != NULL;
     if (!t) return PRL_OK;
     if (t->dtype != PRL_DTYPE_I32 || t->numel != numel)
-        return prl_error_set(PRL_ERR_FORMAT, "%s: tensor %s must be I32 with %zu elements (has %s, "
-                             "%zu)", x->path, name, numel, prl_dtype_name(t->dtype), t->numel);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "%s: tensor %s must be I32 with %zu elements (has %s, "
+                             "%zu)",
+                             x->path, name, numel, prl_dtype_name(t->dtype), t->numel);
     memcpy(out, t->data, numel * sizeof *out);
     return PRL_OK;
 }
@@ -434,8 +451,10 @@ static prl_status ext_check_tokens(const ext_ctx *x, const prl_diag_seq *s, int3
 {
     const prl_safetensors_tensor *t = prl_safetensors_find(&x->st, "tokens");
     if (t && t->numel != (size_t)s->n)
-        return prl_error_set(PRL_ERR_FORMAT, "%s: %zu tokens, but %s has %d: the dump is of other "
-                             "tokens", x->path, t->numel, s->label, s->n);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "%s: %zu tokens, but %s has %d: the dump is of other "
+                             "tokens",
+                             x->path, t->numel, s->label, s->n);
     int present;
     prl_status rc = ext_read_i32(x, "tokens", (size_t)s->n, scratch, &present);
     if (rc) return rc;
@@ -444,8 +463,10 @@ static prl_status ext_check_tokens(const ext_ctx *x, const prl_diag_seq *s, int3
                              s->n, s->label);
     for (int t = 0; t < s->n; t++)
         if (scratch[t] != s->tokens[t])
-            return prl_error_set(PRL_ERR_FORMAT, "%s: token %d is %d, but %s has %d there: the dump "
-                                 "is of other tokens", x->path, t, scratch[t], s->label, s->tokens[t]);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "%s: token %d is %d, but %s has %d there: the dump "
+                                 "is of other tokens",
+                                 x->path, t, scratch[t], s->label, s->tokens[t]);
     return PRL_OK;
 }
 
@@ -466,8 +487,10 @@ static prl_status ext_routes(const ext_ctx *x, const prl_model *m, const prl_dia
             for (int k = 0; k < K; k++) {
                 int32_t v = scratch[t * K + k];
                 if (v < 0 || v >= m->cfg.n_routed_experts)
-                    return prl_error_set(PRL_ERR_FORMAT, "%s: %s[%d][%d] = %d is not an expert in "
-                                         "[0, %d)", x->path, name, t, k, v, m->cfg.n_routed_experts);
+                    return prl_error_set(PRL_ERR_FORMAT,
+                                         "%s: %s[%d][%d] = %d is not an expert in "
+                                         "[0, %d)",
+                                         x->path, name, t, k, v, m->cfg.n_routed_experts);
                 out[((size_t)t * nm + i) * K + k] = v;
             }
         i++;
@@ -485,12 +508,12 @@ static prl_status ext_logprobs(ext_ctx *x, const prl_model *m, const prl_diag_se
     *have = lg != NULL;
     if (err || !lg) return err;
     if (rows < s->n - 1)
-        return prl_error_set(PRL_ERR_FORMAT, "%s: final.logits has %lld rows for %d tokens", x->path,
-                             (long long)rows, s->n);
+        return prl_error_set(PRL_ERR_FORMAT, "%s: final.logits has %lld rows for %d tokens",
+                             x->path, (long long)rows, s->n);
     for (int t = s->prompt_len; t < s->n; t++) {
         prl_real lse;
-        out[t - s->prompt_len] = (float)prl_logprob_forward(&lse, lg + (size_t)(t - 1) * m->cfg.vocab_size,
-                                                            m->cfg.vocab_size, s->tokens[t], tau);
+        out[t - s->prompt_len] = (float)prl_logprob_forward(
+            &lse, lg + (size_t)(t - 1) * m->cfg.vocab_size, m->cfg.vocab_size, s->tokens[t], tau);
     }
     return PRL_OK;
 }
@@ -522,9 +545,8 @@ static prl_status ext_sequence(prl_model *m, const char *dir, int i, const prl_d
     return rc;
 }
 
-prl_status prl_diag_compare_external(prl_model *m, const char *dir, const prl_diag_seq *seqs,
-                                     int n, double threshold, double temperature,
-                                     prl_diag_report *out)
+prl_status prl_diag_compare_external(prl_model *m, const char *dir, const prl_diag_seq *seqs, int n,
+                                     double threshold, double temperature, prl_diag_report *out)
 {
     memset(out, 0, sizeof *out);
     prl_status rc = prl_diag_check_seqs(m, seqs, n);
@@ -544,8 +566,10 @@ prl_status prl_diag_compare_external(prl_model *m, const char *dir, const prl_di
     int compared = 0;
     for (int i = 0; !rc && i < out->n_ops; i++) compared |= !out->ops[i].missing;
     if (!rc && !compared)
-        rc = prl_error_set(PRL_ERR_FORMAT, "%s/seq-0.safetensors holds none of the hook tensors "
-                           "(L0.attn.q, ..., final.logits): nothing to compare", dir);
+        rc = prl_error_set(PRL_ERR_FORMAT,
+                           "%s/seq-0.safetensors holds none of the hook tensors "
+                           "(L0.attn.q, ..., final.logits): nothing to compare",
+                           dir);
     free(x.buf);
     free(scratch);
     seq_bufs_free(&sb);
@@ -579,7 +603,8 @@ typedef struct train_ref {
 
 static void train_ref_free(train_ref *t)
 {
-    for (int i = 0; i < t->n; i++) free(t->lp ? t->lp[i] : NULL), free(t->routes ? t->routes[i] : NULL);
+    for (int i = 0; i < t->n; i++)
+        free(t->lp ? t->lp[i] : NULL), free(t->routes ? t->routes[i] : NULL);
     free(t->lp), free(t->routes);
     memset(t, 0, sizeof *t);
 }
@@ -613,8 +638,8 @@ static prl_status sweep_one(prl_model *m, const prl_infer_options *io, int threa
     int maxn = max_len_of(seqs, n), batch = io->max_batch > 0 ? io->max_batch : 1;
     prl_infer *eng = NULL;
     prl_gen_result *res = calloc((size_t)batch, sizeof *res);
-    prl_status rc = res ? infer_open(&eng, m, io, threads, maxn)
-                        : prl_error_set(PRL_ERR_NOMEM, "results");
+    prl_status rc =
+        res ? infer_open(&eng, m, io, threads, maxn) : prl_error_set(PRL_ERR_NOMEM, "results");
     describe_infer(row->config, sizeof row->config, io, threads);
     prl_diag_logprob lp = {0};
     prl_diag_report rt = {0};
@@ -633,7 +658,8 @@ static prl_status sweep_one(prl_model *m, const prl_infer_options *io, int threa
         for (int i = g0; i < g1 && res; i++) prl_gen_result_free(&res[i - g0]);
     }
     long pairs = 0, differ = 0;
-    for (int i = 0; i < rt.n_routing; i++) pairs += rt.routing[i].tokens, differ += rt.routing[i].differ;
+    for (int i = 0; i < rt.n_routing; i++)
+        pairs += rt.routing[i].tokens, differ += rt.routing[i].differ;
     row->mean_abs = lp.n ? lp.sum_abs / lp.n : 0;
     row->max_abs = lp.max_abs;
     row->route_differ = pairs ? (double)differ / pairs : 0;
@@ -652,20 +678,22 @@ static int sweep_plan(const prl_infer_options *io, int threads, int n, prl_diag_
                       prl_infer_options *opts, int *thr)
 {
     int k = 0;
-#define ADD(KNOB, VALUE, FIELD, V, T)                                                   \
-    do {                                                                                \
-        opts[k] = *io, opts[k].FIELD = (V), thr[k] = (T);                               \
-        snprintf(rows[k].knob, sizeof rows[k].knob, "%s", KNOB);                        \
-        snprintf(rows[k].value, sizeof rows[k].value, "%s", VALUE);                     \
-        k++;                                                                            \
+#define ADD(KNOB, VALUE, FIELD, V, T)                                                              \
+    do {                                                                                           \
+        opts[k] = *io, opts[k].FIELD = (V), thr[k] = (T);                                          \
+        snprintf(rows[k].knob, sizeof rows[k].knob, "%s", KNOB);                                   \
+        snprintf(rows[k].value, sizeof rows[k].value, "%s", VALUE);                                \
+        k++;                                                                                       \
     } while (0)
     ADD("baseline", "", precision, io->precision, threads);
     for (int p = 0; p < 3; p++)
-        if (p != (int)io->precision) ADD("precision", sweep_precisions[p], precision, (prl_precision)p, threads);
+        if (p != (int)io->precision)
+            ADD("precision", sweep_precisions[p], precision, (prl_precision)p, threads);
     for (int f = 0; f < 2; f++)
         if (f != (int)io->mla) ADD("mla", sweep_mla[f], mla, (prl_mla_form)f, threads);
     for (int x = 0; x < 3; x++)
-        if (x != (int)io->matmul) ADD("matmul", sweep_matmul[x], matmul, (prl_matmul_kind)x, threads);
+        if (x != (int)io->matmul)
+            ADD("matmul", sweep_matmul[x], matmul, (prl_matmul_kind)x, threads);
     int other_batch = io->max_batch > 1 ? 1 : (n < 8 ? n : 8);
     if (other_batch != io->max_batch) {
         char v[16];
@@ -700,7 +728,8 @@ prl_status prl_diag_sweep_run(prl_model *m, const prl_infer_options *io, int thr
     if (!rc) rc = train_ref_init(&ref, m, seqs, n, temperature, &sb);
     for (int i = 0; !rc && i < out->n; i++)
         rc = sweep_one(m, &opts[i], thr[i], seqs, n, temperature, &ref, &sb, &out->rows[i]);
-    for (int i = 0; !rc && i < out->n; i++) out->rows[i].delta = out->rows[i].mean_abs - out->rows[0].mean_abs;
+    for (int i = 0; !rc && i < out->n; i++)
+        out->rows[i].delta = out->rows[i].mean_abs - out->rows[0].mean_abs;
     if (prl_pool_threads() != threads) prl_blas_set_threads(threads);
     train_ref_free(&ref);
     seq_bufs_free(&sb);

@@ -43,14 +43,14 @@ prl_status prl_diag_check_seqs(const prl_model *m, const prl_diag_seq *seqs, int
 
 /* Divergence of one named op over every compared element (a = train path, b = other side). */
 typedef struct prl_diag_op {
-    char name[64];    /* hook name: "L3.attn.out", "final.logits" */
-    int layer;        /* -1 for final.logits */
-    int missing;      /* the other side never produced this op (external dumps) */
-    size_t count;     /* elements compared */
-    size_t nonfinite; /* elements where a or b is NaN/inf and they differ */
-    double max_abs;   /* max |a − b| (inf when nonfinite > 0) */
-    double ss_diff, ss_b;                   /* Σ (a − b)², Σ b² */
-    double mean_a, mean_b, m2a, m2b, cab;   /* running co-moments for the PCC */
+    char name[64];        /* hook name: "L3.attn.out", "final.logits" */
+    int layer;            /* -1 for final.logits */
+    int missing;          /* the other side never produced this op (external dumps) */
+    size_t count;         /* elements compared */
+    size_t nonfinite;     /* elements where a or b is NaN/inf and they differ */
+    double max_abs;       /* max |a − b| (inf when nonfinite > 0) */
+    double ss_diff, ss_b; /* Σ (a − b)², Σ b² */
+    double mean_a, mean_b, m2a, m2b, cab; /* running co-moments for the PCC */
 } prl_diag_op;
 
 /* ‖a − b‖₂ / (‖b‖₂ + 1e-12); the Pearson correlation (1 when a and b are identical, NaN when a
@@ -70,9 +70,9 @@ const char *prl_diag_hist_label(int bin);
 
 /* Per-token log-prob differences d = lp_train − lp_other. */
 typedef struct prl_diag_logprob {
-    long n;                    /* tokens compared */
+    long n; /* tokens compared */
     double sum_abs, max_abs, sum_d;
-    prl_diag_op prob;          /* co-moments of p_train = e^lp_train vs p_other (for the PCC) */
+    prl_diag_op prob; /* co-moments of p_train = e^lp_train vs p_other (for the PCC) */
     long hist[PRL_DIAG_HIST_BINS];
 } prl_diag_logprob;
 
@@ -81,7 +81,7 @@ void prl_diag_logprob_add(prl_diag_logprob *s, const float *lp_train, const floa
 /* Routing overlap of one MoE layer: O = mean |I_train ∩ I_other| / K over tokens, and the share
 ** of tokens whose expert sets differ. */
 typedef struct prl_diag_routing {
-    int layer;        /* model layer */
+    int layer; /* model layer */
     long tokens;
     double sum_overlap;
     long differ;
@@ -94,18 +94,18 @@ void prl_diag_routing_add(prl_diag_routing *r, const int32_t *ids_a, size_t lda,
 /* ---------------------------------------------------------------- one comparison --- */
 
 typedef struct prl_diag_report {
-    char other[160];          /* what the train path was compared with */
-    double threshold;         /* relative L2 above which an op diverges */
-    double temperature;       /* log-probs of softmax(logits / temperature) */
+    char other[160];    /* what the train path was compared with */
+    double threshold;   /* relative L2 above which an op diverges */
+    double temperature; /* log-probs of softmax(logits / temperature) */
     int n_seqs;
-    long n_tokens;            /* tokens in all sequences */
+    long n_tokens; /* tokens in all sequences */
     int n_ops;
-    prl_diag_op *ops;         /* in the train path's execution order */
-    int first;                /* index into ops of the first divergent op, -1 when none */
-    int n_routing;            /* 0 when the other side has no routes */
+    prl_diag_op *ops; /* in the train path's execution order */
+    int first;        /* index into ops of the first divergent op, -1 when none */
+    int n_routing;    /* 0 when the other side has no routes */
     prl_diag_routing *routing;
     prl_diag_logprob lp;
-    char fault[64];           /* the infer path's test-only fault, "" when none */
+    char fault[64]; /* the infer path's test-only fault, "" when none */
 } prl_diag_report;
 
 void prl_diag_report_free(prl_diag_report *r);
@@ -121,24 +121,23 @@ prl_status prl_diag_compare_infer(prl_model *m, const prl_infer_options *io, int
 ** or BF16), optionally `L<l>.moe.routes` (I32 [n, K]) for the routing overlap. Log-probs
 ** come from the dump's final.logits. A hook tensor the dump lacks is reported missing; a
 ** dump without any hook tensor, a missing file, other tokens or a wrong shape are errors. */
-prl_status prl_diag_compare_external(prl_model *m, const char *dir, const prl_diag_seq *seqs,
-                                     int n, double threshold, double temperature,
-                                     prl_diag_report *out);
+prl_status prl_diag_compare_external(prl_model *m, const char *dir, const prl_diag_seq *seqs, int n,
+                                     double threshold, double temperature, prl_diag_report *out);
 
 /* ---------------------------------------------------------------- sweep ------------ */
 
 typedef struct prl_diag_sweep_row {
-    char knob[16];     /* "baseline", "precision", "mla", "matmul", "batch", "threads" */
+    char knob[16]; /* "baseline", "precision", "mla", "matmul", "batch", "threads" */
     char value[16];
-    char config[160];  /* the whole infer configuration of the run */
-    double mean_abs;   /* mean |lp_train − lp_infer| over response tokens */
+    char config[160]; /* the whole infer configuration of the run */
+    double mean_abs;  /* mean |lp_train − lp_infer| over response tokens */
     double max_abs;
     double route_differ; /* share of (token, MoE layer) pairs with another expert set */
-    double delta;      /* mean_abs − the baseline's: the mismatch this knob adds (or removes) */
+    double delta;        /* mean_abs − the baseline's: the mismatch this knob adds (or removes) */
 } prl_diag_sweep_row;
 
 typedef struct prl_diag_sweep {
-    int n;             /* rows[0] is the baseline */
+    int n; /* rows[0] is the baseline */
     prl_diag_sweep_row *rows;
 } prl_diag_sweep;
 

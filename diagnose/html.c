@@ -54,38 +54,44 @@ static void chart_svg(FILE *f, const chart *c)
     int width = left + c->n * bw + 20, height = top + h + bottom;
     fprintf(f, "<h3>");
     esc(f, c->title);
-    fprintf(f, "</h3>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "font-family=\"sans-serif\" font-size=\"10\">\n", width, height);
+    fprintf(f,
+            "</h3>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+            "font-family=\"sans-serif\" font-size=\"10\">\n",
+            width, height);
     /* axis and gridlines */
     int ticks = c->log_scale ? (int)(c->hi - c->lo) : 4;
     for (int i = 0; i <= ticks; i++) {
         double v = c->log_scale ? pow(10, c->lo + i) : c->hi * i / ticks;
         double y = chart_y(c, v, top, h);
-        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                   "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n",
+        fprintf(f,
+                "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n",
                 left, y, width - 10, y, left - 4, y + 3, v);
     }
-    fprintf(f, "<text x=\"12\" y=\"%d\" transform=\"rotate(-90 12 %d)\" text-anchor=\"middle\">", top + h / 2,
-            top + h / 2);
+    fprintf(f, "<text x=\"12\" y=\"%d\" transform=\"rotate(-90 12 %d)\" text-anchor=\"middle\">",
+            top + h / 2, top + h / 2);
     esc(f, c->ylabel);
     fprintf(f, "</text>\n");
     for (int i = 0; i < c->n; i++) {
-        double v = c->v[i], y = chart_y(c, isfinite(v) ? v : (c->log_scale ? pow(10, c->hi) : c->hi), top, h);
+        double v = c->v[i],
+               y = chart_y(c, isfinite(v) ? v : (c->log_scale ? pow(10, c->hi) : c->hi), top, h);
         int x = left + i * bw;
         double bh = top + h - y < 1 ? 1 : top + h - y;
-        fprintf(f, "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\"><title>", x + 2,
-                top + h - bh, bw - 4, bh, c->red && c->red[i] ? "#d62728" : "#1f77b4");
+        fprintf(f, "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\"><title>",
+                x + 2, top + h - bh, bw - 4, bh, c->red && c->red[i] ? "#d62728" : "#1f77b4");
         esc(f, c->labels[i]);
         fprintf(f, ": %.6g</title></rect>\n", v);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" transform=\"rotate(-60 %d %d)\" text-anchor=\"end\">", x + bw / 2,
-                top + h + 10, x + bw / 2, top + h + 10);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" transform=\"rotate(-60 %d %d)\" text-anchor=\"end\">",
+                x + bw / 2, top + h + 10, x + bw / 2, top + h + 10);
         esc(f, c->labels[i]);
         fprintf(f, "</text>\n");
     }
     if (!isnan(c->line) && (!c->log_scale || c->line > 0)) {
         double y = chart_y(c, c->line, top, h);
-        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#d62728\" "
-                   "stroke-dasharray=\"4 3\"/>\n", left, y, width - 10, y);
+        fprintf(f,
+                "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#d62728\" "
+                "stroke-dasharray=\"4 3\"/>\n",
+                left, y, width - 10, y);
     }
     fprintf(f, "</svg>\n");
 }
@@ -114,9 +120,16 @@ static void ops_chart(FILE *f, const prl_diag_report *r)
         lb[i] = r->ops[i].name;
         red[i] = i == r->first;
     }
-    chart c = {.title = "Relative L2 per op, execution order (dashed: the threshold; red: first divergent)",
-               .ylabel = "rel L2", .n = n, .v = v, .labels = lb, .red = red, .log_scale = 1,
-               .line = r->threshold};
+    chart c = {
+        .title =
+            "Relative L2 per op, execution order (dashed: the threshold; red: first divergent)",
+        .ylabel = "rel L2",
+        .n = n,
+        .v = v,
+        .labels = lb,
+        .red = red,
+        .log_scale = 1,
+        .line = r->threshold};
     log_bounds(v, n, r->threshold, &c.lo, &c.hi);
     chart_svg(f, &c);
 done:
@@ -137,7 +150,12 @@ static void routing_chart(FILE *f, const prl_diag_report *r)
         lb[i] = names[i];
     }
     chart c = {.title = "Routing overlap per MoE layer (mean |I_train ∩ I_other| / K)",
-               .ylabel = "overlap", .n = n, .v = v, .labels = lb, .hi = 1, .line = NAN};
+               .ylabel = "overlap",
+               .n = n,
+               .v = v,
+               .labels = lb,
+               .hi = 1,
+               .line = NAN};
     chart_svg(f, &c);
 }
 
@@ -150,8 +168,13 @@ static void hist_chart(FILE *f, const prl_diag_logprob *lp)
         v[b] = (double)lp->hist[b], lb[b] = prl_diag_hist_label(b);
         mx = v[b] > mx ? v[b] : mx;
     }
-    chart c = {.title = "Histogram of |lp_train − lp_other| over response tokens", .ylabel = "tokens",
-               .n = PRL_DIAG_HIST_BINS, .v = v, .labels = lb, .hi = mx, .line = NAN};
+    chart c = {.title = "Histogram of |lp_train − lp_other| over response tokens",
+               .ylabel = "tokens",
+               .n = PRL_DIAG_HIST_BINS,
+               .v = v,
+               .labels = lb,
+               .hi = mx,
+               .line = NAN};
     chart_svg(f, &c);
 }
 
@@ -164,12 +187,17 @@ static void sweep_chart(FILE *f, const prl_diag_sweep *s)
     int n = s->n < 32 ? s->n : 32;
     for (int i = 0; i < n; i++) {
         v[i] = s->rows[i].mean_abs;
-        snprintf(names[i], sizeof names[i], "%s%s%s", s->rows[i].knob, s->rows[i].value[0] ? "=" : "",
-                 s->rows[i].value);
+        snprintf(names[i], sizeof names[i], "%s%s%s", s->rows[i].knob,
+                 s->rows[i].value[0] ? "=" : "", s->rows[i].value);
         lb[i] = names[i];
     }
     chart c = {.title = "Sweep: mean |Δ log-prob| with one knob switched from the baseline",
-               .ylabel = "mean |d|", .n = n, .v = v, .labels = lb, .log_scale = 1, .line = v[0]};
+               .ylabel = "mean |d|",
+               .n = n,
+               .v = v,
+               .labels = lb,
+               .log_scale = 1,
+               .line = v[0]};
     log_bounds(v, n, 0, &c.lo, &c.hi);
     chart_svg(f, &c);
 }
@@ -182,10 +210,11 @@ static void ops_table(FILE *f, const prl_diag_report *r)
         const prl_diag_op *op = &r->ops[i];
         fprintf(f, "<tr%s><td>%d</td><td>", i == r->first ? " class=\"first\"" : "", i);
         esc(f, op->name);
-        if (op->missing) fprintf(f, "</td><td colspan=\"4\">not in the other side's tensors</td></tr>\n");
+        if (op->missing)
+            fprintf(f, "</td><td colspan=\"4\">not in the other side's tensors</td></tr>\n");
         else
-            fprintf(f, "</td><td>%zu</td><td>%.3e</td><td>%.3e</td><td>%.10f</td></tr>\n", op->count,
-                    op->max_abs, prl_diag_op_rel_l2(op), prl_diag_op_pcc(op));
+            fprintf(f, "</td><td>%zu</td><td>%.3e</td><td>%.3e</td><td>%.10f</td></tr>\n",
+                    op->count, op->max_abs, prl_diag_op_rel_l2(op), prl_diag_op_pcc(op));
     }
     fprintf(f, "</table>\n");
 }
@@ -199,20 +228,21 @@ static void sweep_table(FILE *f, const prl_diag_sweep *s)
         const prl_diag_sweep_row *w = &s->rows[i];
         fprintf(f, "<tr><td>%s</td><td>%s</td><td>", w->knob, w->value);
         esc(f, w->config);
-        fprintf(f, "</td><td>%.3e</td><td>%.3e</td><td>%+.3e</td><td>%.4f%%</td></tr>\n", w->mean_abs,
-                w->max_abs, w->delta, 100 * w->route_differ);
+        fprintf(f, "</td><td>%.3e</td><td>%.3e</td><td>%+.3e</td><td>%.4f%%</td></tr>\n",
+                w->mean_abs, w->max_abs, w->delta, 100 * w->route_differ);
     }
     fprintf(f, "</table>\n");
 }
 
 static void page(FILE *f, const prl_diag_report *r, const prl_diag_sweep *s)
 {
-    fprintf(f, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>prl diagnose</title>\n"
-               "<style>body{font-family:sans-serif;margin:2em;max-width:1400px}"
-               "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;"
-               "padding:2px 6px;text-align:right}td:nth-child(2){text-align:left}"
-               "tr.first{background:#fdd}.fault{color:#d62728;font-weight:bold}</style></head><body>\n"
-               "<h1>prl diagnose</h1>\n<p>Train path vs <b>");
+    fprintf(f,
+            "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>prl diagnose</title>\n"
+            "<style>body{font-family:sans-serif;margin:2em;max-width:1400px}"
+            "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;"
+            "padding:2px 6px;text-align:right}td:nth-child(2){text-align:left}"
+            "tr.first{background:#fdd}.fault{color:#d62728;font-weight:bold}</style></head><body>\n"
+            "<h1>prl diagnose</h1>\n<p>Train path vs <b>");
     esc(f, r->other);
     fprintf(f, "</b>: %d sequences, %ld tokens, log-probs at temperature %g.</p>\n", r->n_seqs,
             r->n_tokens, r->temperature);
@@ -229,8 +259,10 @@ static void page(FILE *f, const prl_diag_report *r, const prl_diag_sweep *s)
         fprintf(f, "<p>No op diverges: relative L2 &le; %g everywhere.</p>\n", r->threshold);
     }
     if (r->lp.n)
-        fprintf(f, "<p>Response tokens: %ld; mean |d| %.3e, max |d| %.3e (d = lp_train − lp_other).</p>\n",
-                r->lp.n, r->lp.sum_abs / r->lp.n, r->lp.max_abs);
+        fprintf(
+            f,
+            "<p>Response tokens: %ld; mean |d| %.3e, max |d| %.3e (d = lp_train − lp_other).</p>\n",
+            r->lp.n, r->lp.sum_abs / r->lp.n, r->lp.max_abs);
     ops_chart(f, r);
     routing_chart(f, r);
     hist_chart(f, &r->lp);

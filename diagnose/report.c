@@ -67,8 +67,10 @@ static json_t *routing_json(const prl_diag_report *r)
         json_t *o = json_object();
         json_object_set_new(o, "layer", json_integer(g->layer));
         json_object_set_new(o, "tokens", json_integer(g->tokens));
-        json_object_set_new(o, "overlap", g->tokens ? num(g->sum_overlap / g->tokens) : json_null());
-        json_object_set_new(o, "disagree", g->tokens ? num((double)g->differ / g->tokens) : json_null());
+        json_object_set_new(o, "overlap",
+                            g->tokens ? num(g->sum_overlap / g->tokens) : json_null());
+        json_object_set_new(o, "disagree",
+                            g->tokens ? num((double)g->differ / g->tokens) : json_null());
         json_array_append_new(a, o);
     }
     return a;
@@ -104,10 +106,12 @@ json_t *prl_diag_to_json(const prl_diag_report *r, const prl_diag_sweep *s)
     json_object_set_new(o, "temperature", num(r->temperature));
     json_object_set_new(o, "sequences", json_integer(r->n_seqs));
     json_object_set_new(o, "tokens", json_integer(r->n_tokens));
-    for (int i = 0; i < r->n_ops; i++) json_array_append_new(ops, op_json(&r->ops[i], i, r->threshold));
+    for (int i = 0; i < r->n_ops; i++)
+        json_array_append_new(ops, op_json(&r->ops[i], i, r->threshold));
     json_object_set_new(o, "ops", ops);
     json_object_set_new(o, "first_divergent",
-                        r->first >= 0 ? op_json(&r->ops[r->first], r->first, r->threshold) : json_null());
+                        r->first >= 0 ? op_json(&r->ops[r->first], r->first, r->threshold)
+                                      : json_null());
     json_object_set_new(o, "routing", routing_json(r));
     json_object_set_new(o, "logprob", logprob_json(&r->lp));
     json_object_set_new(o, "sweep", s ? sweep_json(s) : json_null());
@@ -132,8 +136,10 @@ static void print_ops(FILE *out, const prl_diag_report *r)
     }
     if (r->first >= 0) {
         const prl_diag_op *op = &r->ops[r->first];
-        fprintf(out, "\nfirst divergent op (rel L2 > %g): %s (layer %d, op %s): max|diff| %.3e, "
-                "rel L2 %.3e\n", r->threshold, op->name, op->layer, op_part(op), op->max_abs,
+        fprintf(out,
+                "\nfirst divergent op (rel L2 > %g): %s (layer %d, op %s): max|diff| %.3e, "
+                "rel L2 %.3e\n",
+                r->threshold, op->name, op->layer, op_part(op), op->max_abs,
                 prl_diag_op_rel_l2(op));
     } else {
         fprintf(out, "\nno op diverges: rel L2 <= %g everywhere\n", r->threshold);
@@ -146,16 +152,16 @@ static void print_routing(FILE *out, const prl_diag_report *r)
         fprintf(out, "\nrouting overlap: the other side has no routes\n");
         return;
     }
-    fprintf(out, "\nrouting overlap per MoE layer\n%-8s %10s %10s %12s\n", "layer", "tokens", "overlap",
-            "sets differ");
+    fprintf(out, "\nrouting overlap per MoE layer\n%-8s %10s %10s %12s\n", "layer", "tokens",
+            "overlap", "sets differ");
     for (int i = 0; i < r->n_routing; i++) {
         const prl_diag_routing *g = &r->routing[i];
         if (!g->tokens) {
             fprintf(out, "%-8d %10s\n", g->layer, "-");
             continue;
         }
-        fprintf(out, "%-8d %10ld %10.6f %11.4f%%\n", g->layer, g->tokens, g->sum_overlap / g->tokens,
-                100.0 * g->differ / g->tokens);
+        fprintf(out, "%-8d %10ld %10.6f %11.4f%%\n", g->layer, g->tokens,
+                g->sum_overlap / g->tokens, 100.0 * g->differ / g->tokens);
     }
 }
 
@@ -165,9 +171,10 @@ static void print_logprob(FILE *out, const prl_diag_logprob *lp)
         fprintf(out, "\nlog-probs: none compared (the other side has no final.logits)\n");
         return;
     }
-    fprintf(out, "\nlog-prob difference d = lp_train - lp_other over %ld response tokens\n"
-            "mean|d| %.3e   max|d| %.3e   mean d %.3e   PCC(prob) %.10f\n", lp->n, lp->sum_abs / lp->n,
-            lp->max_abs, lp->sum_d / lp->n, prl_diag_op_pcc(&lp->prob));
+    fprintf(out,
+            "\nlog-prob difference d = lp_train - lp_other over %ld response tokens\n"
+            "mean|d| %.3e   max|d| %.3e   mean d %.3e   PCC(prob) %.10f\n",
+            lp->n, lp->sum_abs / lp->n, lp->max_abs, lp->sum_d / lp->n, prl_diag_op_pcc(&lp->prob));
     long mx = 1;
     for (int b = 0; b < PRL_DIAG_HIST_BINS; b++) mx = lp->hist[b] > mx ? lp->hist[b] : mx;
     fprintf(out, "%-8s %8s\n", "|d|", "tokens");
@@ -180,7 +187,8 @@ static void print_logprob(FILE *out, const prl_diag_logprob *lp)
 
 static void print_sweep(FILE *out, const prl_diag_sweep *s)
 {
-    fprintf(out, "\nsweep: one knob at a time from the baseline (%s)\n%-10s %-9s %12s %12s %13s %13s\n",
+    fprintf(out,
+            "\nsweep: one knob at a time from the baseline (%s)\n%-10s %-9s %12s %12s %13s %13s\n",
             s->n ? s->rows[0].config : "", "knob", "value", "mean|d|", "max|d|", "vs baseline",
             "routes differ");
     for (int i = 0; i < s->n; i++) {
@@ -192,8 +200,8 @@ static void print_sweep(FILE *out, const prl_diag_sweep *s)
 
 void prl_diag_print(FILE *out, const prl_diag_report *r, const prl_diag_sweep *s)
 {
-    fprintf(out, "train path vs %s\n%d sequences, %ld tokens, log-probs at temperature %g\n", r->other,
-            r->n_seqs, r->n_tokens, r->temperature);
+    fprintf(out, "train path vs %s\n%d sequences, %ld tokens, log-probs at temperature %g\n",
+            r->other, r->n_seqs, r->n_tokens, r->temperature);
     if (r->fault[0]) fprintf(out, "TEST-ONLY FAULT injected into the infer path at %s\n", r->fault);
     print_ops(out, r);
     print_routing(out, r);

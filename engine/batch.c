@@ -41,7 +41,8 @@ void prl_batch_buf_free(prl_batch_buf *bb)
 int prl_batch_buf_set_row(prl_batch_buf *bb, int T, int i, const int32_t *ids, int n,
                           const uint8_t *train)
 {
-    PRL_ASSERT(i >= 0 && i < bb->rows && T >= 1 && (size_t)(i + 1) * T <= (size_t)bb->rows * bb->cols);
+    PRL_ASSERT(i >= 0 && i < bb->rows && T >= 1 &&
+               (size_t)(i + 1) * T <= (size_t)bb->rows * bb->cols);
     PRL_ASSERT(n >= 0 && n <= T);
     int trained = 0;
     bb->lens[i] = n;
@@ -59,6 +60,11 @@ int prl_batch_buf_set_row(prl_batch_buf *bb, int T, int i, const int32_t *ids, i
 prl_batch prl_batch_buf_view(const prl_batch_buf *bb, int B, int T)
 {
     PRL_ASSERT(B >= 1 && B <= bb->rows && T >= 1 && (size_t)B * T <= (size_t)bb->rows * bb->cols);
-    return (prl_batch){.B = B, .T = T, .tokens = bb->tokens, .lens = bb->lens,
-                       .targets = bb->targets, .weights = bb->weights, .temperature = 1};
+    return (prl_batch){.B = B,
+                       .T = T,
+                       .tokens = bb->tokens,
+                       .lens = bb->lens,
+                       .targets = bb->targets,
+                       .weights = bb->weights,
+                       .temperature = 1};
 }

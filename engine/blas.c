@@ -21,12 +21,12 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef void (*sgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE,
-                         blasint, blasint, blasint, float, const float *, blasint,
-                         const float *, blasint, float, float *, blasint);
-typedef void (*dgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE,
-                         blasint, blasint, blasint, double, const double *, blasint,
-                         const double *, blasint, double, double *, blasint);
+typedef void (*sgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint,
+                         blasint, blasint, float, const float *, blasint, const float *, blasint,
+                         float, float *, blasint);
+typedef void (*dgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint,
+                         blasint, blasint, double, const double *, blasint, const double *, blasint,
+                         double, double *, blasint);
 
 static struct {
     void *lib;
@@ -128,8 +128,9 @@ int prl_blas_threads(void) { return blas.threads; }
 
 void prl_blas_print(FILE *out)
 {
-    fprintf(out, "blas: %s threads=%d (core from %s; OpenBLAS 1 thread per call, prl pool %d; "
-                 "float GEMM: prl %s)\n",
+    fprintf(out,
+            "blas: %s threads=%d (core from %s; OpenBLAS 1 thread per call, prl pool %d; "
+            "float GEMM: prl %s)\n",
             prl_blas_core(), blas.threads, blas.core_source[0] ? blas.core_source : "-",
             prl_pool_threads(), prl_gemm_kernel_name());
 }
@@ -144,14 +145,13 @@ static void ensure_loaded(void)
     }
 }
 
-void prl_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
-               int lda, const float *B, int ldb, float beta, float *C, int ldc)
+void prl_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+               const float *B, int ldb, float beta, float *C, int ldc)
 {
     ensure_loaded();
     if (M == 0 || N == 0) return;
     blas.sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C,
-               ldc);
+               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void prl_dgemm(int trans_a, int trans_b, int M, int N, int K, double alpha, const double *A,
@@ -160,6 +160,5 @@ void prl_dgemm(int trans_a, int trans_b, int M, int N, int K, double alpha, cons
     ensure_loaded();
     if (M == 0 || N == 0) return;
     blas.dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C,
-               ldc);
+               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -136,9 +136,10 @@ static prl_status save_optim_file(const prl_model *m, const prl_optim *o, const 
     prl_safetensors_writer w;
     prl_safetensors_writer_init(&w);
     float *m_owned = NULL, *v_owned = NULL;
-    const float *mm = as_f32(o->m, o->n_params, &m_owned), *vv = as_f32(o->v, o->n_params, &v_owned);
+    const float *mm = as_f32(o->m, o->n_params, &m_owned),
+                *vv = as_f32(o->v, o->n_params, &v_owned);
     prl_status rc = (mm && vv) ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "saving %s", path);
-    char (*names)[100] = calloc((size_t)m->n_tensors * 2, sizeof *names);
+    char(*names)[100] = calloc((size_t)m->n_tensors * 2, sizeof *names);
     if (!names && rc == PRL_OK) rc = prl_error_set(PRL_ERR_NOMEM, "saving %s", path);
     for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
@@ -147,8 +148,8 @@ static prl_status save_optim_file(const prl_model *m, const prl_optim *o, const 
         rc = prl_safetensors_writer_add(&w, names[2 * i], PRL_DTYPE_F32, p->shape, p->ndim,
                                         mm + p->offset);
         if (rc == PRL_OK)
-            rc = prl_safetensors_writer_add(&w, names[2 * i + 1], PRL_DTYPE_F32, p->shape,
-                                            p->ndim, vv + p->offset);
+            rc = prl_safetensors_writer_add(&w, names[2 * i + 1], PRL_DTYPE_F32, p->shape, p->ndim,
+                                            vv + p->offset);
     }
     char step[32];
     snprintf(step, sizeof step, "%lld", (long long)o->step);
@@ -226,8 +227,7 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const cha
         remove_flat_dir(tmp);
         return prl_error_set(PRL_ERR_IO, "%s exists and is not a directory", dir);
     }
-    int r = exists ? renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE)
-                   : rename(tmp, dir);
+    int r = exists ? renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) : rename(tmp, dir);
     if (r != 0) {
         int e = errno;
         remove_flat_dir(tmp);
@@ -243,12 +243,15 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const cha
 static prl_status verify_checksum(const prl_safetensors *st)
 {
     const char *want = prl_safetensors_metadata(st, "prl_checksum");
-    if (!want) return prl_error_set(PRL_ERR_FORMAT, "%s: no prl_checksum in the metadata", st->label);
+    if (!want)
+        return prl_error_set(PRL_ERR_FORMAT, "%s: no prl_checksum in the metadata", st->label);
     char got[32];
     snprintf(got, sizeof got, "%016" PRIx64, data_checksum(st->bytes, st->size));
     if (strcmp(got, want) != 0)
-        return prl_error_set(PRL_ERR_CHECKSUM, "%s: checksum mismatch (stored %s, computed %s): "
-                             "the file is corrupt or was modified", st->label, want, got);
+        return prl_error_set(PRL_ERR_CHECKSUM,
+                             "%s: checksum mismatch (stored %s, computed %s): "
+                             "the file is corrupt or was modified",
+                             st->label, want, got);
     return PRL_OK;
 }
 
@@ -269,8 +272,10 @@ static prl_status check_no_extra(const prl_model *m, const prl_safetensors *st)
         const char *name = st->tensors[i].name;
         if (prl_model_find(m, name)) continue;
         if (strstr(name, "e_score_correction")) continue; /* bias and its aliases */
-        return prl_error_set(PRL_ERR_FORMAT, "%s: unexpected tensor '%s' (not in this model's "
-                             "config)", st->label, name);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "%s: unexpected tensor '%s' (not in this model's "
+                             "config)",
+                             st->label, name);
     }
     return PRL_OK;
 }

@@ -20,9 +20,9 @@ typedef enum { K_INT, K_REAL, K_BOOL, K_STRING, K_ANY, K_INT_LIST } key_type;
 
 /* What a key does when present. */
 typedef enum {
-    USE_FIELD,       /* stored into a prl_config field */
-    USE_IGNORED,     /* Hugging Face bookkeeping with no effect on the maths */
-    USE_UNSUPPORTED  /* a block not built yet: refused unless it is "off" */
+    USE_FIELD,      /* stored into a prl_config field */
+    USE_IGNORED,    /* Hugging Face bookkeeping with no effect on the maths */
+    USE_UNSUPPORTED /* a block not built yet: refused unless it is "off" */
 } key_use;
 
 typedef struct key_spec {
@@ -33,9 +33,18 @@ typedef struct key_spec {
     const char *what; /* for USE_UNSUPPORTED: the block's name */
 } key_spec;
 
-#define F(name, type, field) {name, type, USE_FIELD, offsetof(prl_config, field), NULL}
-#define IGN(name, type) {name, type, USE_IGNORED, 0, NULL}
-#define UNS(name, type, what) {name, type, USE_UNSUPPORTED, 0, what}
+#define F(name, type, field)                                                                       \
+    {                                                                                              \
+        name, type, USE_FIELD, offsetof(prl_config, field), NULL                                   \
+    }
+#define IGN(name, type)                                                                            \
+    {                                                                                              \
+        name, type, USE_IGNORED, 0, NULL                                                           \
+    }
+#define UNS(name, type, what)                                                                      \
+    {                                                                                              \
+        name, type, USE_UNSUPPORTED, 0, what                                                       \
+    }
 
 static const key_spec keys[] = {
     F("vocab_size", K_INT, vocab_size),
@@ -80,7 +89,7 @@ static const key_spec keys[] = {
     IGN("scoring_func", K_STRING),
     IGN("topk_method", K_STRING),
     IGN("router_enable_expert_bias", K_BOOL),
-    IGN("rope_interleave", K_BOOL), /* checked below: must be false */
+    IGN("rope_interleave", K_BOOL),     /* checked below: must be false */
     IGN("tie_word_embeddings", K_BOOL), /* checked below: must be false */
     IGN("n_group", K_INT),              /* checked below: must be 1 */
     IGN("topk_group", K_INT),           /* checked below: must be 1 */
@@ -99,7 +108,7 @@ static const key_spec keys[] = {
     IGN("param_sink_number", K_INT),
     IGN("param_sink_with_value", K_BOOL),
     UNS("layer_types", K_ANY, "per-layer attention types (use swa_layers)"),
-    IGN("use_mome", K_BOOL),            /* ModAttn: parse_attention */
+    IGN("use_mome", K_BOOL), /* ModAttn: parse_attention */
     IGN("router_sliding_window", K_INT),
     F("use_mhc", K_BOOL, use_mhc),
     F("mhc_num_stream", K_INT, mhc_num_stream),
@@ -233,8 +242,8 @@ static prl_status store_field(prl_config *c, const key_spec *k, json_t *v)
 static prl_status check_positive(const char *src, const char *name, long long v, long long max)
 {
     if (v <= 0 || v > max)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld must be in [1, %lld]", src, name,
-                             v, max);
+        return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld must be in [1, %lld]", src, name, v,
+                             max);
     return PRL_OK;
 }
 
@@ -242,7 +251,10 @@ static prl_status check_positive(const char *src, const char *name, long long v,
 static prl_status validate(const prl_config *c, const char *src)
 {
     prl_status rc;
-    struct { const char *name; long long v, max; } pos[] = {
+    struct {
+        const char *name;
+        long long v, max;
+    } pos[] = {
         {"vocab_size", c->vocab_size, 1 << 24},
         {"hidden_size", c->hidden_size, 1 << 16},
         {"num_hidden_layers", c->num_hidden_layers, PRL_MAX_LAYERS},
@@ -261,15 +273,21 @@ static prl_status validate(const prl_config *c, const char *src)
                              c->qk_rope_head_dim);
     if (c->num_nextn_predict_layers < 0 ||
         c->num_nextn_predict_layers > PRL_MAX_LAYERS - c->num_hidden_layers)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: 'num_nextn_predict_layers' = %d must be in "
-                             "[0, %d] (at most %d layers in all)", src, c->num_nextn_predict_layers,
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'num_nextn_predict_layers' = %d must be in "
+                             "[0, %d] (at most %d layers in all)",
+                             src, c->num_nextn_predict_layers,
                              PRL_MAX_LAYERS - c->num_hidden_layers, PRL_MAX_LAYERS);
     if (c->mtp_freeze_trunk && c->num_nextn_predict_layers == 0)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: 'prl_mtp_freeze_trunk' needs MTP modules "
-                             "('num_nextn_predict_layers' > 0)", src);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'prl_mtp_freeze_trunk' needs MTP modules "
+                             "('num_nextn_predict_layers' > 0)",
+                             src);
     if (c->mtp_freeze_trunk && c->dsa_freeze_main)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: 'prl_mtp_freeze_trunk' and 'prl_dsa_freeze_main' "
-                             "would leave nothing to train", src);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'prl_mtp_freeze_trunk' and 'prl_dsa_freeze_main' "
+                             "would leave nothing to train",
+                             src);
     if (c->first_k_dense_replace < 0 || c->first_k_dense_replace > c->num_hidden_layers)
         return prl_error_set(PRL_ERR_CONFIG,
                              "%s: 'first_k_dense_replace' = %d must be in [0, "
@@ -280,8 +298,7 @@ static prl_status validate(const prl_config *c, const char *src)
         return rc;
     if (c->first_k_dense_replace < c->num_hidden_layers) {
         if ((rc = check_positive(src, "n_routed_experts", c->n_routed_experts, 4096))) return rc;
-        if ((rc = check_positive(src, "moe_intermediate_size", c->moe_intermediate_size,
-                                 1 << 20)))
+        if ((rc = check_positive(src, "moe_intermediate_size", c->moe_intermediate_size, 1 << 20)))
             return rc;
         if (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->n_routed_experts)
             return prl_error_set(PRL_ERR_CONFIG,
@@ -289,10 +306,16 @@ static prl_status validate(const prl_config *c, const char *src)
                                  "n_routed_experts = %d]",
                                  src, c->num_experts_per_tok, c->n_routed_experts);
         if (c->n_shared_experts < 0 || c->n_shared_experts > 64)
-            return prl_error_set(PRL_ERR_CONFIG, "%s: 'n_shared_experts' = %d must be in "
-                                 "[0, 64]", src, c->n_shared_experts);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: 'n_shared_experts' = %d must be in "
+                                 "[0, 64]",
+                                 src, c->n_shared_experts);
     }
-    struct { const char *name; double v; int allow_zero; } reals[] = {
+    struct {
+        const char *name;
+        double v;
+        int allow_zero;
+    } reals[] = {
         {"rope_theta", c->rope_theta, 0},
         {"rms_norm_eps", c->rms_norm_eps, 0},
         {"initializer_range", c->initializer_range, 0},
@@ -305,10 +328,13 @@ static prl_status validate(const prl_config *c, const char *src)
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
         double v = reals[i].v;
         if (!isfinite(v) || v < 0 || (v == 0 && !reals[i].allow_zero))
-            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %g must be a finite number %s 0",
-                                 src, reals[i].name, v, reals[i].allow_zero ? ">=" : ">");
+            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %g must be a finite number %s 0", src,
+                                 reals[i].name, v, reals[i].allow_zero ? ">=" : ">");
     }
-    struct { const char *name; int v; } ids[] = {
+    struct {
+        const char *name;
+        int v;
+    } ids[] = {
         {"bos_token_id", c->bos_token_id},
         {"eos_token_id", c->eos_token_id},
         {"pad_token_id", c->pad_token_id},
@@ -325,25 +351,32 @@ static prl_status check_fixed_values(json_t *root, const char *src)
 {
     json_t *v;
     if ((v = json_object_get(root, "rope_interleave")) && json_is_true(v))
-        return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: 'rope_interleave' = true is not "
-                             "supported (prl uses half-split RoPE, as openPangu)", src);
+        return prl_error_set(PRL_ERR_UNSUPPORTED,
+                             "%s: 'rope_interleave' = true is not "
+                             "supported (prl uses half-split RoPE, as openPangu)",
+                             src);
     if ((v = json_object_get(root, "tie_word_embeddings")) && json_is_true(v))
-        return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: 'tie_word_embeddings' = true is not "
-                             "supported (the LM head is untied)", src);
+        return prl_error_set(PRL_ERR_UNSUPPORTED,
+                             "%s: 'tie_word_embeddings' = true is not "
+                             "supported (the LM head is untied)",
+                             src);
     const char *groups[] = {"n_group", "topk_group"};
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, groups[i])) && json_integer_value(v) > 1)
-            return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: '%s' = %lld: group-limited "
-                                 "routing is not supported (use 1)", src, groups[i],
-                                 (long long)json_integer_value(v));
+            return prl_error_set(PRL_ERR_UNSUPPORTED,
+                                 "%s: '%s' = %lld: group-limited "
+                                 "routing is not supported (use 1)",
+                                 src, groups[i], (long long)json_integer_value(v));
     if ((v = json_object_get(root, "rope_scaling")) && !json_is_null(v))
-        return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: 'rope_scaling' is not supported "
-                             "(use null)", src);
-    if ((v = json_object_get(root, "scoring_func")) &&
-        strcmp(json_string_value(v), "sigmoid") != 0)
-        return prl_error_set(PRL_ERR_UNSUPPORTED, "%s: 'scoring_func' = \"%s\" is not "
-                             "supported (prl routes with a sigmoid gate)", src,
-                             json_string_value(v));
+        return prl_error_set(PRL_ERR_UNSUPPORTED,
+                             "%s: 'rope_scaling' is not supported "
+                             "(use null)",
+                             src);
+    if ((v = json_object_get(root, "scoring_func")) && strcmp(json_string_value(v), "sigmoid") != 0)
+        return prl_error_set(PRL_ERR_UNSUPPORTED,
+                             "%s: 'scoring_func' = \"%s\" is not "
+                             "supported (prl routes with a sigmoid gate)",
+                             src, json_string_value(v));
     return PRL_OK;
 }
 
@@ -381,8 +414,8 @@ static prl_status read_ints(json_t *root, const int_key *ks, int n, const char *
         if (!v) continue;
         json_int_t x = json_integer_value(v);
         if (x < 0 || x > (1 << 24))
-            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld is out of range", src,
-                                 ks[i].key, (long long)x);
+            return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' = %lld is out of range", src, ks[i].key,
+                                 (long long)x);
         *ks[i].field = (int)x;
     }
     return PRL_OK;
@@ -410,16 +443,20 @@ static prl_status parse_attention(prl_config *c, json_t *root, const char *src)
     if ((v = json_object_get(root, "router_sliding_window"))) {
         json_int_t x = json_integer_value(v);
         if (x < 0 || x > 16)
-            return prl_error_set(PRL_ERR_CONFIG, "%s: 'router_sliding_window' = %lld must be in "
-                                 "[0, 16]", src, (long long)x);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: 'router_sliding_window' = %lld must be in "
+                                 "[0, 16]",
+                                 src, (long long)x);
         c->router_sliding_window = (int)x;
     }
     /* spec §11.1: use_mome defaults to router_sliding_window > 0 */
     c->use_mome = c->router_sliding_window > 0;
     if ((v = json_object_get(root, "use_mome"))) c->use_mome = json_is_true(v);
     if (c->use_mome && c->router_sliding_window < 1)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: 'use_mome' is true but 'router_sliding_window' "
-                             "(the conv kernel size) is %d", src, c->router_sliding_window);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'use_mome' is true but 'router_sliding_window' "
+                             "(the conv kernel size) is %d",
+                             src, c->router_sliding_window);
     return PRL_OK;
 }
 
@@ -430,17 +467,23 @@ static prl_status validate_residual(const prl_config *c, const char *src)
         return prl_error_set(PRL_ERR_CONFIG, "%s: 'mhc_num_stream' = %d must be in [1, %d]", src,
                              c->mhc_num_stream, PRL_MHC_MAX_STREAMS);
     if (c->use_mhc && (c->mhc_recur_norm < 1 || c->mhc_recur_norm > 1000))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: 'mhc_recur_norm' = %d (Sinkhorn iterations) "
-                             "must be in [1, 1000]", src, c->mhc_recur_norm);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'mhc_recur_norm' = %d (Sinkhorn iterations) "
+                             "must be in [1, 1000]",
+                             src, c->mhc_recur_norm);
     int seen[PRL_MAX_LAYERS] = {0};
     for (int i = 0; i < c->n_block_post_layernorm_idx; i++) {
         int l = c->block_post_layernorm_idx[i];
         if (l >= c->num_hidden_layers)
-            return prl_error_set(PRL_ERR_CONFIG, "%s: 'block_post_layernorm_idx'[%d] = %d is not "
-                                 "a layer (num_hidden_layers %d)", src, i, l, c->num_hidden_layers);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: 'block_post_layernorm_idx'[%d] = %d is not "
+                                 "a layer (num_hidden_layers %d)",
+                                 src, i, l, c->num_hidden_layers);
         if (seen[l]++)
-            return prl_error_set(PRL_ERR_CONFIG, "%s: 'block_post_layernorm_idx' lists layer %d "
-                                 "twice", src, l);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: 'block_post_layernorm_idx' lists layer %d "
+                                 "twice",
+                                 src, l);
     }
     return PRL_OK;
 }
@@ -450,20 +493,25 @@ static prl_status validate_attention(const prl_config *c, const char *src)
     prl_status rc;
     int seen[PRL_MAX_LAYERS] = {0};
     if (c->n_sliding_window_list > 0 && c->n_sliding_window_list != c->n_swa_layers)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: 'sliding_window_list' has %d entries but "
-                             "'swa_layers' has %d", src, c->n_sliding_window_list, c->n_swa_layers);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'sliding_window_list' has %d entries but "
+                             "'swa_layers' has %d",
+                             src, c->n_sliding_window_list, c->n_swa_layers);
     int all = c->num_hidden_layers + c->num_nextn_predict_layers; /* MTP layers may slide */
     for (int i = 0; i < c->n_swa_layers; i++) {
         int l = c->swa_layers[i];
         if (l >= all)
-            return prl_error_set(PRL_ERR_CONFIG, "%s: 'swa_layers'[%d] = %d is not a layer "
-                                 "(num_hidden_layers %d + num_nextn_predict_layers %d)", src, i,
-                                 l, c->num_hidden_layers, c->num_nextn_predict_layers);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: 'swa_layers'[%d] = %d is not a layer "
+                                 "(num_hidden_layers %d + num_nextn_predict_layers %d)",
+                                 src, i, l, c->num_hidden_layers, c->num_nextn_predict_layers);
         if (seen[l]++)
             return prl_error_set(PRL_ERR_CONFIG, "%s: 'swa_layers' lists layer %d twice", src, l);
         if (prl_config_window(c, l) < 1)
-            return prl_error_set(PRL_ERR_CONFIG, "%s: layer %d is in 'swa_layers' but its window "
-                                 "is 0 (set 'sliding_window' or 'sliding_window_list')", src, l);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: layer %d is in 'swa_layers' but its window "
+                                 "is 0 (set 'sliding_window' or 'sliding_window_list')",
+                                 src, l);
     }
     if ((rc = validate_residual(c, src))) return rc;
     if (c->param_sink_number > 4096)
@@ -491,8 +539,10 @@ static prl_status parse_dsa(prl_config *c, json_t *root, const char *src)
         if (!strcmp(s, "sparse")) c->dsa_stage = PRL_DSA_SPARSE;
         else if (!strcmp(s, "dense")) c->dsa_stage = PRL_DSA_DENSE;
         else
-            return prl_error_set(PRL_ERR_CONFIG, "%s: 'prl_dsa_stage' = \"%s\" must be "
-                                 "\"sparse\" or \"dense\"", src, s);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: 'prl_dsa_stage' = \"%s\" must be "
+                                 "\"sparse\" or \"dense\"",
+                                 src, s);
     }
     if ((v = json_object_get(root, "prl_dsa_freeze_main"))) c->dsa_freeze_main = json_is_true(v);
     return PRL_OK;
@@ -504,21 +554,28 @@ static prl_status validate_dsa(const prl_config *c, const char *src)
     for (int i = 0; i < c->n_dsa_layers; i++) {
         int l = c->dsa_layers[i];
         if (l >= c->num_hidden_layers)
-            return prl_error_set(PRL_ERR_CONFIG, "%s: 'dsa_layers'[%d] = %d is not a layer "
-                                 "(num_hidden_layers %d)", src, i, l, c->num_hidden_layers);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: 'dsa_layers'[%d] = %d is not a layer "
+                                 "(num_hidden_layers %d)",
+                                 src, i, l, c->num_hidden_layers);
         if (seen[l]++)
             return prl_error_set(PRL_ERR_CONFIG, "%s: 'dsa_layers' lists layer %d twice", src, l);
         if (prl_config_window(c, l) > 0)
-            return prl_error_set(PRL_ERR_CONFIG, "%s: layer %d is in both 'dsa_layers' and "
-                                 "'swa_layers'", src, l);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: layer %d is in both 'dsa_layers' and "
+                                 "'swa_layers'",
+                                 src, l);
     }
     if (c->n_dsa_layers == 0) return PRL_OK;
     if (c->index_topk < 1 || c->index_n_heads < 1)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: 'dsa_layers' is set but '%s' = %d (must be "
-                             ">= 1)", src, c->index_topk < 1 ? "index_topk" : "index_n_heads",
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'dsa_layers' is set but '%s' = %d (must be "
+                             ">= 1)",
+                             src, c->index_topk < 1 ? "index_topk" : "index_n_heads",
                              c->index_topk < 1 ? c->index_topk : c->index_n_heads);
     if (c->index_head_dim < c->qk_rope_head_dim || c->index_head_dim < 1)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: 'index_head_dim' = %d must be >= "
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'index_head_dim' = %d must be >= "
                              "'qk_rope_head_dim' = %d (its first qk_rope_head_dim dims rotate)",
                              src, c->index_head_dim, c->qk_rope_head_dim);
     return PRL_OK;
@@ -534,8 +591,10 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
         if (!k) {
             const char *near = nearest_key(name);
             if (near)
-                return prl_error_set(PRL_ERR_CONFIG, "%s: unknown config key '%s' (did you "
-                                     "mean '%s'?)", src, name, near);
+                return prl_error_set(PRL_ERR_CONFIG,
+                                     "%s: unknown config key '%s' (did you "
+                                     "mean '%s'?)",
+                                     src, name, near);
             return prl_error_set(PRL_ERR_CONFIG, "%s: unknown config key '%s'", src, name);
         }
         if (!value_has_type(v, k->type) && !(k->use == USE_UNSUPPORTED && json_is_null(v)))
@@ -556,8 +615,10 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
         if (!strcmp(s, "sign")) c->bias_rule = PRL_BIAS_SIGN;
         else if (!strcmp(s, "rms")) c->bias_rule = PRL_BIAS_RMS;
         else
-            return prl_error_set(PRL_ERR_CONFIG, "%s: 'prl_bias_update_rule' = \"%s\" must be "
-                                 "\"sign\" or \"rms\"", src, s);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: 'prl_bias_update_rule' = \"%s\" must be "
+                                 "\"sign\" or \"rms\"",
+                                 src, s);
     }
     prl_status rc = parse_attention(c, root, src);
     if (!rc && (v = json_object_get(root, "block_post_layernorm_idx")))
@@ -579,8 +640,7 @@ prl_status prl_config_parse(prl_config *c, const char *json_text, const char *so
     if (!json_is_object(root))
         rc = prl_error_set(PRL_ERR_CONFIG, "%s: a config must be a JSON object", source);
     else if ((rc = parse_object(c, root, source)) == PRL_OK &&
-             (rc = validate(c, source)) == PRL_OK &&
-             (rc = validate_attention(c, source)) == PRL_OK)
+             (rc = validate(c, source)) == PRL_OK && (rc = validate_attention(c, source)) == PRL_OK)
         rc = validate_dsa(c, source);
     json_decref(root);
     return rc;
@@ -685,10 +745,7 @@ int prl_config_conv_kernel(const prl_config *c)
     return c->use_mome ? c->router_sliding_window : 0;
 }
 
-int prl_config_is_moe(const prl_config *c, int layer)
-{
-    return layer >= c->first_k_dense_replace;
-}
+int prl_config_is_moe(const prl_config *c, int layer) { return layer >= c->first_k_dense_replace; }
 
 int prl_config_moe_layers(const prl_config *c)
 {

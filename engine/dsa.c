@@ -60,8 +60,15 @@ static void score_rows(void *p, int r0, int r1)
 void prl_dsa_score_forward(prl_real *score, const prl_real *qI, const prl_real *kI,
                            const prl_real *w, const int32_t *lens, int B, int T, int HI, int dI)
 {
-    score_ctx c = {.score = score, .qI = qI, .kI = kI, .w = w, .lens = lens, .B = B, .T = T,
-                   .HI = HI, .dI = dI};
+    score_ctx c = {.score = score,
+                   .qI = qI,
+                   .kI = kI,
+                   .w = w,
+                   .lens = lens,
+                   .B = B,
+                   .T = T,
+                   .HI = HI,
+                   .dI = dI};
     prl_parallel_rows(B * T, score_rows, &c);
 }
 
@@ -124,8 +131,18 @@ void prl_dsa_score_backward(prl_real *dqI, prl_real *dkI, prl_real *dw, const pr
                             const prl_real *qI, const prl_real *kI, const prl_real *w,
                             const int32_t *lens, int B, int T, int HI, int dI)
 {
-    score_ctx c = {.dqI = dqI, .dkI = dkI, .dw = dw, .dscore = dscore, .qI = qI, .kI = kI,
-                   .w = w, .lens = lens, .B = B, .T = T, .HI = HI, .dI = dI};
+    score_ctx c = {.dqI = dqI,
+                   .dkI = dkI,
+                   .dw = dw,
+                   .dscore = dscore,
+                   .qI = qI,
+                   .kI = kI,
+                   .w = w,
+                   .lens = lens,
+                   .B = B,
+                   .T = T,
+                   .HI = HI,
+                   .dI = dI};
     prl_parallel_rows(B * T, score_backward_query_rows, &c);
     prl_parallel_rows(B * T, score_backward_key_rows, &c);
 }
@@ -251,7 +268,8 @@ double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns,
                 const prl_real *P = att + (((size_t)b * H + h) * T + t) * ldS + ns;
                 for (int s = 0; s <= t; s++) p[s] += P[s];
             }
-            sum += prl_dsa_kl_row_forward(p, a->score + n * T, sparse ? a->sel + n * T : NULL, t + 1);
+            sum +=
+                prl_dsa_kl_row_forward(p, a->score + n * T, sparse ? a->sel + n * T : NULL, t + 1);
             rows++;
         }
     }
@@ -260,8 +278,8 @@ double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns,
 
 void prl_dsa_backward(prl_dsa_weights *g, const prl_dsa_scratch *s, const prl_dsa_acts *a,
                       const prl_dsa_weights *w, const prl_real *x, const prl_real *cq,
-                      const prl_real *cos_t, const prl_real *sin_t, int sparse,
-                      const int32_t *lens, prl_dsa_dims D, prl_precision p)
+                      const prl_real *cos_t, const prl_real *sin_t, int sparse, const int32_t *lens,
+                      prl_dsa_dims D, prl_precision p)
 {
     int N = D.B * D.T, T = D.T, HI = D.HI, dI = D.dI, rows = 0;
     size_t nq = (size_t)N * HI * dI, nk = (size_t)N * dI, nw = (size_t)N * HI;

@@ -51,11 +51,11 @@ void prl_dsa_kl_row_backward(prl_real *dscore, const prl_real *target, const prl
 /* ------------------------------------------------------------ one layer's indexer --- */
 
 typedef struct prl_dsa_dims {
-    int B, T;      /* batch shape */
-    int d, rq;     /* hidden size, q_lora_rank */
-    int HI, dI;    /* index_n_heads, index_head_dim */
-    int dr;        /* qk_rope_head_dim: the first dr dims of every index head and key rotate */
-    int topk;      /* index_topk */
+    int B, T;   /* batch shape */
+    int d, rq;  /* hidden size, q_lora_rank */
+    int HI, dI; /* index_n_heads, index_head_dim */
+    int dr;     /* qk_rope_head_dim: the first dr dims of every index head and key rotate */
+    int topk;   /* index_topk */
 } prl_dsa_dims;
 
 /* Indexer weights (out×in): wq_b [HI*dI, rq], wk [dI, d], k_norm [dI], wproj [HI, d]; and a
@@ -97,7 +97,7 @@ double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns,
 ** In a reduced precision p the gradient of every rounded forward output is rounded. */
 void prl_dsa_backward(prl_dsa_weights *g, const prl_dsa_scratch *s, const prl_dsa_acts *a,
                       const prl_dsa_weights *w, const prl_real *x, const prl_real *cq,
-                      const prl_real *cos_t, const prl_real *sin_t, int sparse,
-                      const int32_t *lens, prl_dsa_dims D, prl_precision p);
+                      const prl_real *cos_t, const prl_real *sin_t, int sparse, const int32_t *lens,
+                      prl_dsa_dims D, prl_precision p);
 
 #endif /* PRL_DSA_H */

@@ -61,9 +61,9 @@ const char *prl_status_name(prl_status code);
 
 /* Invariant checks: documentation that runs. Always on (the engine is not hot at -O2 on
 ** branch-predictable checks); failure prints file:line and aborts. */
-#define PRL_ASSERT(cond)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) prl_assert_fail(#cond, __FILE__, __LINE__);                          \
+#define PRL_ASSERT(cond)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) prl_assert_fail(#cond, __FILE__, __LINE__);                                   \
     } while (0)
 void prl_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
 
@@ -102,12 +102,11 @@ void prl_blas_set_threads(int threads);
 
 /* Row-major GEMM on prl_real: C[M,N] = alpha * op(A) * op(B) + beta * C, where op(X) is X or
 ** Xᵀ (trans_a/trans_b nonzero) and lda/ldb/ldc are row strides. */
-void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha,
-              const prl_real *A, int lda, const prl_real *B, int ldb, prl_real beta,
-              prl_real *C, int ldc);
+void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha, const prl_real *A,
+              int lda, const prl_real *B, int ldb, prl_real beta, prl_real *C, int ldc);
 /* The same in explicit precisions through OpenBLAS (benchmarks, both builds). */
-void prl_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
-               int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void prl_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+               const float *B, int ldb, float beta, float *C, int ldc);
 void prl_dgemm(int trans_a, int trans_b, int M, int N, int K, double alpha, const double *A,
                int lda, const double *B, int ldb, double beta, double *C, int ldc);
 
@@ -151,9 +150,8 @@ enum { PRL_GEMM_KC = 256 };
 void prl_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* The naive triple loop with the same arithmetic (the tests require bitwise equality). */
-void prl_gemm_f32_ref(int trans_a, int trans_b, int M, int N, int K, float alpha,
-                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                      int ldc);
+void prl_gemm_f32_ref(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                      int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* "avx2-fma 6x16" or "generic 6x16": the micro-kernel this CPU runs. */
 const char *prl_gemm_kernel_name(void);
 
@@ -193,8 +191,7 @@ typedef struct prl_rng {
     uint64_t counter; /* next draw index */
 } prl_rng;
 
-void prl_rng_init(prl_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c,
-                  uint64_t purpose);
+void prl_rng_init(prl_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t purpose);
 uint64_t prl_rng_u64(prl_rng *r);
 double prl_rng_uniform(prl_rng *r); /* [0, 1) with 53 random bits */
 double prl_rng_normal(prl_rng *r);  /* N(0, 1), Box–Muller on two uniforms */

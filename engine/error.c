@@ -74,8 +74,8 @@ void *prl_xcalloc_at(size_t n, size_t size, const char *file, int line)
 {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) {
-        fprintf(stderr, "prl: out of memory allocating %zu x %zu bytes (%s:%d)\n", n, size,
-                file, line);
+        fprintf(stderr, "prl: out of memory allocating %zu x %zu bytes (%s:%d)\n", n, size, file,
+                line);
         exit(1);
     }
     return p;

@@ -90,7 +90,8 @@ static void pack_b(float *dst, int tb, const float *B, int ldb, int N, int j0, i
             }
         } else {
             for (int k = 0; k < kc; k++)
-                memcpy(dst + k * NR, B + (size_t)(k0 + k) * ldb + j0 + jr, (size_t)cols * sizeof *dst);
+                memcpy(dst + k * NR, B + (size_t)(k0 + k) * ldb + j0 + jr,
+                       (size_t)cols * sizeof *dst);
         }
     }
 }
@@ -108,11 +109,11 @@ static inline float epilogue(float acc, float alpha, float beta, int first, floa
 
 /* acc[MR][NR] = Σ_k ap[k][r]·bp[k][c], then written through the epilogue into the valid
 ** mr × nr corner of C. */
-typedef void (*micro_kernel_fn)(int kc, const float *ap, const float *bp, float *C, int ldc,
-                                int mr, int nr, float alpha, float beta, int first);
+typedef void (*micro_kernel_fn)(int kc, const float *ap, const float *bp, float *C, int ldc, int mr,
+                                int nr, float alpha, float beta, int first);
 
-static void store_tile(const float *acc, float *C, int ldc, int mr, int nr, float alpha,
-                       float beta, int first)
+static void store_tile(const float *acc, float *C, int ldc, int mr, int nr, float alpha, float beta,
+                       int first)
 {
     for (int r = 0; r < mr; r++)
         for (int c = 0; c < nr; c++) {
@@ -135,9 +136,10 @@ static void kernel_generic(int kc, const float *ap, const float *bp, float *C, i
 }
 
 #ifdef PRL_GEMM_X86
-__attribute__((target("avx2,fma"))) static void
-kernel_avx2(int kc, const float *ap, const float *bp, float *C, int ldc, int mr, int nr,
-            float alpha, float beta, int first)
+__attribute__((target("avx2,fma"))) static void kernel_avx2(int kc, const float *ap,
+                                                            const float *bp, float *C, int ldc,
+                                                            int mr, int nr, float alpha, float beta,
+                                                            int first)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -184,9 +186,10 @@ kernel_avx2(int kc, const float *ap, const float *bp, float *C, int ldc, int mr,
 ** order as in kernel_avx2 and goes through the same epilogue, so the bits are the same; four
 ** panels give 8 independent chains to hide the FMA latency. Panels past `np` repeat panel 0
 ** (computed, never stored). */
-__attribute__((target("avx2,fma"))) static void
-kernel_row_avx2(int kc, const float *ap, const float *bp, int np, int last_nr, float *C,
-                float alpha, float beta, int first)
+__attribute__((target("avx2,fma"))) static void kernel_row_avx2(int kc, const float *ap,
+                                                                const float *bp, int np,
+                                                                int last_nr, float *C, float alpha,
+                                                                float beta, int first)
 {
     const float *b[4];
     for (int p = 0; p < 4; p++) b[p] = bp + (size_t)(p < np ? p : 0) * kc * NR;
@@ -238,11 +241,14 @@ static void store_rows(const float *acc, int rows, int np, int last_nr, float *C
 ** columns whatever the rows; here each B vector loaded serves every row. Each element is the
 ** same FMA chain in k order as kernel_avx2, through the same epilogue: the same bits. Panels
 ** past `np` repeat panel 0 (computed, never stored). */
-__attribute__((target("avx2,fma"))) static void
-kernel_rows2_avx2(int kc, const float *ap, const float *bp, int np, int last_nr, float *C, int ldc,
-                  float alpha, float beta, int first)
+__attribute__((target("avx2,fma"))) static void kernel_rows2_avx2(int kc, const float *ap,
+                                                                  const float *bp, int np,
+                                                                  int last_nr, float *C, int ldc,
+                                                                  float alpha, float beta,
+                                                                  int first)
 {
-    const float *b0 = bp, *b1 = bp + (size_t)(np > 1) * kc * NR, *b2 = bp + (size_t)(np > 2) * 2 * kc * NR;
+    const float *b0 = bp, *b1 = bp + (size_t)(np > 1) * kc * NR,
+                *b2 = bp + (size_t)(np > 2) * 2 * kc * NR;
     __m256 z = _mm256_setzero_ps();
     __m256 c00 = z, c01 = z, c02 = z, c03 = z, c04 = z, c05 = z;
     __m256 c10 = z, c11 = z, c12 = z, c13 = z, c14 = z, c15 = z;
@@ -264,9 +270,11 @@ kernel_rows2_avx2(int kc, const float *ap, const float *bp, int np, int last_nr,
     store_rows(acc, 2, np, last_nr, C, ldc, alpha, beta, first);
 }
 
-__attribute__((target("avx2,fma"))) static void
-kernel_rows3_avx2(int kc, const float *ap, const float *bp, int np, int last_nr, float *C, int ldc,
-                  float alpha, float beta, int first)
+__attribute__((target("avx2,fma"))) static void kernel_rows3_avx2(int kc, const float *ap,
+                                                                  const float *bp, int np,
+                                                                  int last_nr, float *C, int ldc,
+                                                                  float alpha, float beta,
+                                                                  int first)
 {
     const float *b0 = bp, *b1 = bp + (size_t)(np > 1) * kc * NR;
     __m256 z = _mm256_setzero_ps();
@@ -349,7 +357,8 @@ static void macro_block(int ta, const float *A, int lda, int M, int k0, int kc, 
         if (mc == 1 && kernel_has_fma) {
             for (int jr = 0; jr < nc; jr += 4 * NR) {
                 int cols = nc - jr < 4 * NR ? nc - jr : 4 * NR, np = (cols + NR - 1) / NR;
-                int last_nr = N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
+                int last_nr =
+                    N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
                 kernel_row_avx2(kc, ap, bp + (size_t)(jr / NR) * kc * NR, np, last_nr,
                                 C + (size_t)i0 * ldc + j0 + jr, alpha, beta, first);
             }
@@ -359,13 +368,14 @@ static void macro_block(int ta, const float *A, int lda, int M, int k0, int kc, 
             int three = mc == 3, width = (three ? 2 : 3) * NR; /* 12 accumulators */
             for (int jr = 0; jr < nc; jr += width) {
                 int cols = nc - jr < width ? nc - jr : width, np = (cols + NR - 1) / NR;
-                int last_nr = N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
+                int last_nr =
+                    N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
                 const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
                 float *c = C + (size_t)i0 * ldc + j0 + jr;
                 if (three) kernel_rows3_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
                 for (int r = 0; !three && r < mc; r += 2)
-                    kernel_rows2_avx2(kc, ap + r, bpan, np, last_nr, c + (size_t)r * ldc, ldc, alpha,
-                                      beta, first);
+                    kernel_rows2_avx2(kc, ap + r, bpan, np, last_nr, c + (size_t)r * ldc, ldc,
+                                      alpha, beta, first);
             }
             continue;
         }
@@ -457,9 +467,8 @@ void prl_gemm_f32_packed(int trans_a, int M, int col0, int ncols, float alpha, c
 
 /* ------------------------------------------------------------------ reference ------- */
 
-void prl_gemm_f32_ref(int trans_a, int trans_b, int M, int N, int K, float alpha,
-                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                      int ldc)
+void prl_gemm_f32_ref(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                      int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     choose_kernel();
     if (K <= 0) {

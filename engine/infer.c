@@ -30,8 +30,11 @@
 
 void prl_infer_options_default(prl_infer_options *o)
 {
-    *o = (prl_infer_options){.precision = PRL_PRECISION_FP32, .mla = PRL_MLA_ABSORBED,
-                             .matmul = PRL_MATMUL_GEMM, .max_batch = 16, .max_len = 0};
+    *o = (prl_infer_options){.precision = PRL_PRECISION_FP32,
+                             .mla = PRL_MLA_ABSORBED,
+                             .matmul = PRL_MATMUL_GEMM,
+                             .max_batch = 16,
+                             .max_len = 0};
 }
 
 static const char *const precision_names[] = {"fp32", "bf16", "fp16"};
@@ -49,16 +52,21 @@ prl_status prl_infer_options_preset(prl_infer_options *o, const char *name)
 {
     prl_infer_options_default(o);
     int p = -1;
-    if (!strncmp(name, "aligned", 7)) { /* "aligned" is fp32; "aligned-fp16" the train path's fp16 */
-        p = !name[7] ? PRL_PRECISION_FP32 : name[7] == '-' ? lookup(precision_names, 3, name + 8) : -1;
+    if (!strncmp(name, "aligned",
+                 7)) { /* "aligned" is fp32; "aligned-fp16" the train path's fp16 */
+        p = !name[7]         ? PRL_PRECISION_FP32
+            : name[7] == '-' ? lookup(precision_names, 3, name + 8)
+                             : -1;
         o->mla = PRL_MLA_NAIVE;
         o->matmul = PRL_MATMUL_GEMM;
     } else {
         p = lookup(precision_names, 3, name);
     }
     if (p < 0)
-        return prl_error_set(PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16, "
-                             "aligned, aligned-bf16, aligned-fp16)", name);
+        return prl_error_set(PRL_ERR_ARG,
+                             "unknown precision '%s' (choices: fp32, bf16, fp16, "
+                             "aligned, aligned-bf16, aligned-fp16)",
+                             name);
     o->precision = (prl_precision)p;
     return PRL_OK;
 }
@@ -75,13 +83,14 @@ prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, co
     }
     if (mla) {
         if ((v = lookup(mla_names, 2, mla)) < 0)
-            return prl_error_set(PRL_ERR_ARG, "unknown MLA form '%s' (choices: absorbed, naive)", mla);
+            return prl_error_set(PRL_ERR_ARG, "unknown MLA form '%s' (choices: absorbed, naive)",
+                                 mla);
         o->mla = (prl_mla_form)v;
     }
     if (matmul) {
         if ((v = lookup(matmul_names, 3, matmul)) < 0)
-            return prl_error_set(PRL_ERR_ARG, "unknown matmul kind '%s' (choices: gemv, gemm, blas)",
-                                 matmul);
+            return prl_error_set(PRL_ERR_ARG,
+                                 "unknown matmul kind '%s' (choices: gemv, gemm, blas)", matmul);
         o->matmul = (prl_matmul_kind)v;
     }
     return PRL_OK;
@@ -132,14 +141,16 @@ static void bind_sinks(prl_infer *e, int l, const float *base)
     float *ckv = calloc((size_t)ns * rkv, sizeof *ckv), *rstd = malloc((size_t)ns * sizeof *rstd);
     PRL_ASSERT(ckv != NULL && rstd != NULL);
     if (e->m->cfg.param_sink_with_value) {
-        const float *raw = tensor(e, base, ns, rkv, "model.layers.%d.self_attn.param_sink_compressed_kv", l);
+        const float *raw =
+            tensor(e, base, ns, rkv, "model.layers.%d.self_attn.param_sink_compressed_kv", l);
         prl_rmsnorm_forward(ckv, rstd, raw, w->kv_norm, ns, rkv, rkv, rkv, PRL_LATENT_NORM_EPS);
         infer__act_round(e, ckv, (size_t)ns * rkv);
     }
     const float *kpe = tensor(e, base, ns, e->dr, "model.layers.%d.self_attn.param_sink_k_pe", l);
     for (int i = 0; i < ns; i++) {
         memcpy(w->sink_lat + (size_t)i * e->lat, ckv + (size_t)i * rkv, (size_t)rkv * sizeof *ckv);
-        memcpy(w->sink_lat + (size_t)i * e->lat + rkv, kpe + (size_t)i * e->dr, (size_t)e->dr * sizeof *kpe);
+        memcpy(w->sink_lat + (size_t)i * e->lat + rkv, kpe + (size_t)i * e->dr,
+               (size_t)e->dr * sizeof *kpe);
     }
     if (e->opt.mla == PRL_MLA_NAIVE) {
         prl_matmul_forward(w->sink_kv, ckv, w->wkv_b.w, ns, rkv, e->H * e->dkv, 0);
@@ -167,17 +178,20 @@ static prl_status bind_residual(prl_infer *e, int l, const float *base)
     layer_w *w = &e->lw[l];
     const prl_config *c = &e->m->cfg;
     const char *p = "model.layers";
-    w->ln_pa = c->sandwich_norm ? tensor(e, base, e->d, 0, "%s.%d.post_attention_layernorm.weight", p, l) : NULL;
-    w->ln_pm = c->sandwich_norm ? tensor(e, base, e->d, 0, "%s.%d.post_mlp_layernorm.weight", p, l) : NULL;
-    w->ln_bp = prl_config_block_post_norm(c, l)
-                   ? tensor(e, base, (int64_t)e->n_streams * e->d, 0, "%s.%d.block_post_layernorm.weight", p, l)
+    w->ln_pa = c->sandwich_norm
+                   ? tensor(e, base, e->d, 0, "%s.%d.post_attention_layernorm.weight", p, l)
                    : NULL;
+    w->ln_pm =
+        c->sandwich_norm ? tensor(e, base, e->d, 0, "%s.%d.post_mlp_layernorm.weight", p, l) : NULL;
+    w->ln_bp = prl_config_block_post_norm(c, l) ? tensor(e, base, (int64_t)e->n_streams * e->d, 0,
+                                                         "%s.%d.block_post_layernorm.weight", p, l)
+                                                : NULL;
     prl_status rc = PRL_OK;
     for (int site = 0; site < 2 && c->use_mhc && l < e->L && !rc; site++) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "%s.%d.%s_mhc_module", p, l, site ? "mlp" : "attn");
-        rc = bind_mhc(e, &w->hc_phi[site], &w->hc_gamma[site], &w->hc_alpha[site], &w->hc_beta[site],
-                      base, prefix, 1);
+        rc = bind_mhc(e, &w->hc_phi[site], &w->hc_gamma[site], &w->hc_alpha[site],
+                      &w->hc_beta[site], base, prefix, 1);
     }
     return rc;
 }
@@ -197,7 +211,8 @@ static prl_status bind_mtp(prl_infer *e, int l, const float *base)
     const float *eh = tensor(e, base, e->d, 2 * e->d, "model.layers.%d.eh_proj.weight", l);
     prl_status rc = lin_init(e, &w->eh_proj, eh, e->d, 2 * e->d);
     if (!rc && c->mtp_head) {
-        const float *head = tensor(e, base, e->V, e->d, "model.layers.%d.shared_head.head.weight", l);
+        const float *head =
+            tensor(e, base, e->V, e->d, "model.layers.%d.shared_head.head.weight", l);
         rc = lin_init(e, &w->own_head, head, e->V, e->d);
         w->sh_head = &w->own_head;
     }
@@ -216,8 +231,10 @@ static prl_status bind_weights(prl_infer *e)
         prl_round_floats(e->opt.precision, e->wcopy, e->m->n_params);
         base = e->wcopy;
     }
-#define T(suffix, rows, cols, ...) tensor(e, base, rows, cols, "model.layers.%d." suffix, l, ##__VA_ARGS__)
-#define X(suffix, rows, cols) tensor(e, base, rows, cols, "model.layers.%d.mlp.experts.%d." suffix, l, x)
+#define T(suffix, rows, cols, ...)                                                                 \
+    tensor(e, base, rows, cols, "model.layers.%d." suffix, l, ##__VA_ARGS__)
+#define X(suffix, rows, cols)                                                                      \
+    tensor(e, base, rows, cols, "model.layers.%d.mlp.experts.%d." suffix, l, x)
     prl_status rc = PRL_OK;
     for (int l = 0, moe_idx = 0; l < e->L + e->Lm && !rc; l++) { /* trunk, then MTP layers */
         layer_w *w = &e->lw[l];
@@ -228,29 +245,40 @@ static prl_status bind_weights(prl_infer *e)
         w->ln2 = T("%s.weight", e->d, 0,
                    e->m->cfg.sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
         if (!rc) rc = bind_residual(e, l, base);
-        rc = rc ? rc : lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
-        rc = rc ? rc : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
-                                e->H * e->dq, e->rq);
-        rc = rc ? rc : lin_init(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
-                                e->lat, e->d);
-        rc = rc ? rc : lin_init(e, &w->wkv_b, T("self_attn.kv_b_proj.weight", e->H * e->dkv, e->rkv),
-                                e->H * e->dkv, e->rkv);
-        rc = rc ? rc : lin_init(e, &w->wo, T("self_attn.o_proj.weight", e->d, e->H * e->dv), e->d,
-                                e->H * e->dv);
+        rc = rc ? rc
+                : lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
+        rc = rc ? rc
+                : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
+                           e->H * e->dq, e->rq);
+        rc = rc ? rc
+                : lin_init(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
+                           e->lat, e->d);
+        rc = rc ? rc
+                : lin_init(e, &w->wkv_b, T("self_attn.kv_b_proj.weight", e->H * e->dkv, e->rkv),
+                           e->H * e->dkv, e->rkv);
+        rc = rc ? rc
+                : lin_init(e, &w->wo, T("self_attn.o_proj.weight", e->d, e->H * e->dv), e->d,
+                           e->H * e->dv);
         if (w->moe < 0) { /* gate_proj and up_proj are adjacent: one stacked [2I, d] matrix */
-            rc = rc ? rc : lin_init(e, &w->w13, T("mlp.gate_proj.weight", e->I, e->d), 2 * e->I, e->d);
+            rc = rc ? rc
+                    : lin_init(e, &w->w13, T("mlp.gate_proj.weight", e->I, e->d), 2 * e->I, e->d);
             rc = rc ? rc : lin_init(e, &w->w2, T("mlp.down_proj.weight", e->d, e->I), e->d, e->I);
         } else {
             rc = rc ? rc : lin_init(e, &w->router, T("mlp.gate.weight", e->E, e->d), e->E, e->d);
             if (e->sde > 0) {
-                rc = rc ? rc : lin_init(e, &w->w13, T("mlp.shared_experts.gate_proj.weight", e->sde, e->d),
-                                        2 * e->sde, e->d);
-                rc = rc ? rc : lin_init(e, &w->w2, T("mlp.shared_experts.down_proj.weight", e->d, e->sde),
-                                        e->d, e->sde);
+                rc = rc ? rc
+                        : lin_init(e, &w->w13,
+                                   T("mlp.shared_experts.gate_proj.weight", e->sde, e->d),
+                                   2 * e->sde, e->d);
+                rc =
+                    rc ? rc
+                       : lin_init(e, &w->w2, T("mlp.shared_experts.down_proj.weight", e->d, e->sde),
+                                  e->d, e->sde);
             }
             for (int x = 0; x < e->E && !rc; x++) {
                 rc = lin_init(e, &w->e13[x], X("gate_proj.weight", e->de, e->d), 2 * e->de, e->d);
-                rc = rc ? rc : lin_init(e, &w->e2[x], X("down_proj.weight", e->d, e->de), e->d, e->de);
+                rc = rc ? rc
+                        : lin_init(e, &w->e2[x], X("down_proj.weight", e->d, e->de), e->d, e->de);
             }
         }
         /* W_UK_hᵀ: rows [h·dkv, h·dkv + dn) of kv_b_proj are head h's key up-projection */
@@ -261,15 +289,20 @@ static prl_status bind_weights(prl_infer *e)
                         w->wkv_b.w[((size_t)h * e->dkv + i) * e->rkv + c];
         if (e->ns > 0 && !rc) bind_sinks(e, l, base);
         if (w->dsa && !rc) { /* trunk DSA layers only (w->dsa is 0 for MTP layers) */
-#define IX(name, rows, cols) tensor(e, base, rows, cols, "model.layers.%d.self_attn.indexer." name, l)
-            rc = lin_init(e, &w->ix_wq_b, IX("wq_b.weight", e->HI * e->dI, e->rq), e->HI * e->dI, e->rq);
+#define IX(name, rows, cols)                                                                       \
+    tensor(e, base, rows, cols, "model.layers.%d.self_attn.indexer." name, l)
+            rc = lin_init(e, &w->ix_wq_b, IX("wq_b.weight", e->HI * e->dI, e->rq), e->HI * e->dI,
+                          e->rq);
             rc = rc ? rc : lin_init(e, &w->ix_wk, IX("wk.weight", e->dI, e->d), e->dI, e->d);
-            rc = rc ? rc : lin_init(e, &w->ix_wproj, IX("weights_proj.weight", e->HI, e->d), e->HI, e->d);
+            rc =
+                rc ? rc
+                   : lin_init(e, &w->ix_wproj, IX("weights_proj.weight", e->HI, e->d), e->HI, e->d);
             w->ix_k_norm = IX("k_norm.weight", e->dI, 0);
 #undef IX
         }
         if (e->ck && l < e->L) {
-            w->conv_w[CONV_Q] = tensor(e, base, e->rq, 1, "model.layers.%d.self_attn.qa_conv.weight", l);
+            w->conv_w[CONV_Q] =
+                tensor(e, base, e->rq, 1, "model.layers.%d.self_attn.qa_conv.weight", l);
             w->conv_w[CONV_KV] =
                 tensor(e, base, e->rkv, 1, "model.layers.%d.self_attn.compresskv_conv.weight", l);
             w->conv_w[CONV_O] =
@@ -357,7 +390,10 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
         b->dsel = xcalloc(R * e->opt.max_len, 1, failed);
     }
     if (e->m->cfg.use_mhc) {
-        prl_mhc_shape sh = {.N = cap, .n = e->n_streams, .d = e->d, .it = e->m->cfg.mhc_recur_norm,
+        prl_mhc_shape sh = {.N = cap,
+                            .n = e->n_streams,
+                            .d = e->d,
+                            .it = e->m->cfg.mhc_recur_norm,
                             .full = 1};
         size_t nd = (size_t)e->n_streams * e->d, n = (size_t)e->n_streams;
         b->xs = xcalloc(R * nd, sizeof(float), failed);
@@ -373,12 +409,14 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
 
 static void rows_buf_free(rows_buf *b)
 {
-    void *ptrs[] = {b->tok, b->slot, b->pos, b->req, b->x, b->ln, b->rstd, b->zq, b->cq, b->q,
-                    b->kva, b->ckv, b->kr, b->lat, b->first_row, b->first_pos, b->zqc, b->kvc, b->oc, b->kvx, b->o, b->tmp, b->a13, b->h, b->z, b->s, b->g,
-                    b->sel, b->offsets, b->gpos, b->token_of, b->xg, b->ea13, b->eh, b->yg,
-                    b->logits, b->iq, b->ikz, b->ik, b->iw, b->iscore, b->dsel, b->xs, b->xs2,
-                    b->hn, b->hrstd, b->hm, b->pre, b->post, b->hS,
-                    b->mtp_e, b->mtp_h, b->mtp_cat, b->mtp_rstd};
+    void *ptrs[] = {
+        b->tok,    b->slot, b->pos,   b->req,    b->x,       b->ln,      b->rstd,      b->zq,
+        b->cq,     b->q,    b->kva,   b->ckv,    b->kr,      b->lat,     b->first_row, b->first_pos,
+        b->zqc,    b->kvc,  b->oc,    b->kvx,    b->o,       b->tmp,     b->a13,       b->h,
+        b->z,      b->s,    b->g,     b->sel,    b->offsets, b->gpos,    b->token_of,  b->xg,
+        b->ea13,   b->eh,   b->yg,    b->logits, b->iq,      b->ikz,     b->ik,        b->iw,
+        b->iscore, b->dsel, b->xs,    b->xs2,    b->hn,      b->hrstd,   b->hm,        b->pre,
+        b->post,   b->hS,   b->mtp_e, b->mtp_h,  b->mtp_cat, b->mtp_rstd};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
     memset(b, 0, sizeof *b);
 }
@@ -393,12 +431,15 @@ static prl_status check_options(const prl_model *m, prl_infer_options *o)
     if (o->max_batch < 1 || o->max_batch > 4096)
         return prl_error_set(PRL_ERR_ARG, "batch %d not in [1, 4096]", o->max_batch);
     if (o->spec_drafts < 0 || o->spec_drafts > m->cfg.num_nextn_predict_layers)
-        return prl_error_set(PRL_ERR_ARG, "speculative drafts %d not in [0, "
+        return prl_error_set(PRL_ERR_ARG,
+                             "speculative drafts %d not in [0, "
                              "num_nextn_predict_layers = %d] (one MTP module per draft)",
                              o->spec_drafts, m->cfg.num_nextn_predict_layers);
     if (o->spec_draft_vocab < 0 || o->spec_draft_vocab > m->cfg.vocab_size)
-        return prl_error_set(PRL_ERR_ARG, "draft vocabulary %d not in [0, vocab_size = %d] "
-                             "(0 = the whole vocabulary)", o->spec_draft_vocab, m->cfg.vocab_size);
+        return prl_error_set(PRL_ERR_ARG,
+                             "draft vocabulary %d not in [0, vocab_size = %d] "
+                             "(0 = the whole vocabulary)",
+                             o->spec_draft_vocab, m->cfg.vocab_size);
     if ((unsigned)o->precision > PRL_PRECISION_FP16 || (unsigned)o->mla > PRL_MLA_NAIVE ||
         (unsigned)o->matmul > PRL_MATMUL_BLAS)
         return prl_error_set(PRL_ERR_ARG, "invalid infer options");
@@ -474,8 +515,8 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
         lat_total += (size_t)o.max_batch * w->cap * e->lat;
         kv_total += (size_t)o.max_batch * w->cap * e->H * e->dkv;
         /* what this layer adds to the buffers allocated below, per slot (prl_infer_kv_alloc) */
-        w->slot_kv_floats = (size_t)w->cap * e->lat +
-                            (o.mla == PRL_MLA_NAIVE ? (size_t)w->cap * e->H * e->dkv : 0);
+        w->slot_kv_floats =
+            (size_t)w->cap * e->lat + (o.mla == PRL_MLA_NAIVE ? (size_t)w->cap * e->H * e->dkv : 0);
     }
     e->rope_cos = xcalloc((size_t)o.max_len * e->dr / 2, sizeof(float), &failed);
     e->rope_sin = xcalloc((size_t)o.max_len * e->dr / 2, sizeof(float), &failed);
@@ -486,8 +527,8 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     /* naive: scores of a query block, then the gathered keys of a ring layer; absorbed:
     ** scores, absorbed queries, latent outputs, sink scores and outputs, the softmax
     ** statistics of the two parts, then the gathered latent rows of a ring layer */
-    size_t naive_scratch = (size_t)PRL_ATT_BLOCK * (e->ns + o.max_len) +
-                           (size_t)o.max_len * (e->dkv + e->dr);
+    size_t naive_scratch =
+        (size_t)PRL_ATT_BLOCK * (e->ns + o.max_len) + (size_t)o.max_len * (e->dkv + e->dr);
     size_t absorbed_scratch = (size_t)e->H * ((size_t)o.max_len + e->lat + 2 * e->rkv + e->ns + 2) +
                               (size_t)o.max_len * e->lat;
     e->att_scratch_per_thread = naive_scratch > absorbed_scratch ? naive_scratch : absorbed_scratch;
@@ -498,8 +539,8 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     for (int s = 0; s < o.max_batch && e->slots; s++) {
         slot_state *st = &e->slots[s];
         st->req = -1;
-        st->routes = xcalloc((size_t)o.max_len * (e->n_moe ? e->n_moe : 1) * e->K,
-                             sizeof(int32_t), &failed);
+        st->routes =
+            xcalloc((size_t)o.max_len * (e->n_moe ? e->n_moe : 1) * e->K, sizeof(int32_t), &failed);
         if (e->Lm == 0) continue;
         st->toks = xcalloc((size_t)o.max_len + o.spec_drafts + 1, sizeof(int32_t), &failed);
         st->hid = xcalloc((size_t)(1 + e->Lm) * o.max_len * e->d, sizeof(float), &failed);
@@ -552,7 +593,8 @@ void prl_infer_free(prl_infer *e)
 
 static size_t kv_bytes_per_layer_token(const prl_infer *e)
 {
-    return ((size_t)e->lat + (e->opt.mla == PRL_MLA_NAIVE ? (size_t)e->H * e->dkv : 0)) * sizeof(float);
+    return ((size_t)e->lat + (e->opt.mla == PRL_MLA_NAIVE ? (size_t)e->H * e->dkv : 0)) *
+           sizeof(float);
 }
 
 /* A DSA layer also caches its indexer key: d_I floats per token. */
@@ -613,17 +655,19 @@ prl_status prl_infer_set_fault(prl_infer *e, const char *name, double rel)
 {
     e->fault_name[0] = 0;
     if (!name) return PRL_OK;
-    static const char *const ops[] = {"attn.q", "attn.kv_latent", "attn.out", "mlp.out",
-                                      "moe.router_logits", "moe.out"};
+    static const char *const ops[] = {"attn.q",  "attn.kv_latent",    "attn.out",
+                                      "mlp.out", "moe.router_logits", "moe.out"};
     int layer = -1, at = 0, ok = !strcmp(name, "final.logits");
     if (!ok && sscanf(name, "L%d.%n", &layer, &at) == 1 && at > 0 && layer >= 0 && layer < e->L)
         for (int i = 0; i < 6 && !ok; i++)
             ok = !strcmp(name + at, ops[i]) &&
                  (i < 3 || (i == 3) == (e->lw[layer].moe < 0)); /* mlp.out: dense layers only */
     if (!ok || strlen(name) >= sizeof e->fault_name)
-        return prl_error_set(PRL_ERR_ARG, "fault op '%s' is not an op of this model (L<layer>."
+        return prl_error_set(PRL_ERR_ARG,
+                             "fault op '%s' is not an op of this model (L<layer>."
                              "attn.q|attn.kv_latent|attn.out|mlp.out|moe.router_logits|moe.out "
-                             "with layer < %d, or final.logits)", name, e->L);
+                             "with layer < %d, or final.logits)",
+                             name, e->L);
     if (!isfinite(rel) || rel == 0)
         return prl_error_set(PRL_ERR_ARG, "fault size %g must be finite and non-zero", rel);
     snprintf(e->fault_name, sizeof e->fault_name, "%s", name);
@@ -641,9 +685,12 @@ static prl_status fault_from_env(prl_infer *e)
     const char *colon = strrchr(v, ':');
     char name[64], *end = NULL;
     double rel = colon ? strtod(colon + 1, &end) : 0;
-    if (!colon || colon == v || (size_t)(colon - v) >= sizeof name || !end || end == colon + 1 || *end)
-        return prl_error_set(PRL_ERR_ARG, "PRL_INFER_FAULT='%s': expected NAME:REL, e.g. "
-                             "L2.attn.out:0.01", v);
+    if (!colon || colon == v || (size_t)(colon - v) >= sizeof name || !end || end == colon + 1 ||
+        *end)
+        return prl_error_set(PRL_ERR_ARG,
+                             "PRL_INFER_FAULT='%s': expected NAME:REL, e.g. "
+                             "L2.attn.out:0.01",
+                             v);
     snprintf(name, sizeof name, "%.*s", (int)(colon - v), v);
     prl_status rc = prl_infer_set_fault(e, name, rel);
     return rc ? prl_error_wrap(rc, "PRL_INFER_FAULT: ") : PRL_OK;

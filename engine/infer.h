@@ -38,7 +38,7 @@ typedef struct prl_infer_options {
     prl_matmul_kind matmul;
     int max_batch; /* sequences decoded together (default 16) */
     int max_len;   /* context per sequence, prompt + generated (default max_position_embeddings) */
-    int spec_drafts; /* self-speculative decoding with this many MTP drafts per step (0 = off;
+    int spec_drafts;      /* self-speculative decoding with this many MTP drafts per step (0 = off;
                      ** at most num_nextn_predict_layers); docs/infer.md */
     int spec_draft_vocab; /* > 0: the drafts' head covers token ids [0, this) only (a cheaper
                           ** draft, FR-Spec style; the verify keeps the whole vocabulary, so
@@ -91,7 +91,7 @@ size_t prl_infer_kv_bytes(const prl_infer *e, int n_tokens);
 ** when that is smaller). An engine with max_len = n thus shows the memory of an n-token
 ** context. MTP layers count when speculative decoding is on (they have caches then). */
 typedef struct prl_kv_alloc {
-    size_t full, index, ring; /* bytes */
+    size_t full, index, ring;  /* bytes */
     int n_full, n_dsa, n_ring; /* layers */
 } prl_kv_alloc;
 prl_kv_alloc prl_infer_kv_alloc(const prl_infer *e);
@@ -119,17 +119,17 @@ const char *prl_infer_fault(const prl_infer *e);
 /* ---------------------------------------------------------------- generation ------- */
 
 typedef struct prl_sample_params {
-    double temperature;     /* 0 = greedy (argmax, ties to the lower id); > 0 samples */
-    int top_k;              /* keep the k most likely tokens (0 = off) */
-    double top_p;           /* keep the smallest set with probability >= top_p (1 = off) */
-    uint64_t seed;          /* draws seeded from (seed, request seq_id, position) */
-    int max_new_tokens;     /* > 0 */
+    double temperature;      /* 0 = greedy (argmax, ties to the lower id); > 0 samples */
+    int top_k;               /* keep the k most likely tokens (0 = off) */
+    double top_p;            /* keep the smallest set with probability >= top_p (1 = off) */
+    uint64_t seed;           /* draws seeded from (seed, request seq_id, position) */
+    int max_new_tokens;      /* > 0 */
     const int32_t *stop_ids; /* tokens that end a sequence (kept as its last token) */
     int n_stop_ids;
     const char *const *stop_strings; /* texts that end a sequence once decoded output has one */
     int n_stop_strings;
     const struct prl_tokenizer *tok; /* needed for stop_strings */
-    int vocab_limit;        /* > 0: only ids below it are drawn (a tokenizer smaller than the
+    int vocab_limit; /* > 0: only ids below it are drawn (a tokenizer smaller than the
                             ** model's vocabulary); log-probs stay over the whole vocabulary */
 } prl_sample_params;
 
@@ -140,10 +140,10 @@ void prl_sample_params_default(prl_sample_params *p);
 prl_status prl_sample_params_check(const prl_sample_params *p, int vocab_size);
 
 typedef struct prl_gen_request {
-    const int32_t *prompt;  /* >= 1 token, borrowed */
+    const int32_t *prompt; /* >= 1 token, borrowed */
     int prompt_len;
-    uint64_t seq_id;        /* identifies the sequence for seeding (e.g. prompt·G + sample) */
-    const int32_t *forced;  /* optional: score these tokens instead of sampling (teacher forcing) */
+    uint64_t seq_id;       /* identifies the sequence for seeding (e.g. prompt·G + sample) */
+    const int32_t *forced; /* optional: score these tokens instead of sampling (teacher forcing) */
     int n_forced;
 } prl_gen_request;
 
@@ -157,16 +157,16 @@ typedef enum prl_stop_reason {
 const char *prl_stop_reason_name(prl_stop_reason r);
 
 typedef struct prl_gen_result {
-    int32_t *tokens;        /* [n] generated (or forced) tokens */
-    float *logprobs;        /* [n] log-prob of each under softmax(logits / τ) over the whole
+    int32_t *tokens; /* [n] generated (or forced) tokens */
+    float *logprobs; /* [n] log-prob of each under softmax(logits / τ) over the whole
                             ** vocabulary (τ = temperature, or 1 when greedy) */
     int n;
     float *prompt_logprobs; /* [prompt_len]: [0] = 0, [i] = log p(prompt[i] | prompt[<i]) */
     int prompt_len;
-    uint8_t *routes;        /* compact routes (prl_routes_pack) of every token fed through the
+    uint8_t *routes; /* compact routes (prl_routes_pack) of every token fed through the
                             ** model, prompt then generated: [n_route_tokens][n_moe][K] */
     size_t routes_bytes;
-    int n_route_tokens;     /* prompt_len + n - 1 (the last token is never fed) */
+    int n_route_tokens; /* prompt_len + n - 1 (the last token is never fed) */
     prl_stop_reason stop;
 } prl_gen_result;
 void prl_gen_result_free(prl_gen_result *r);

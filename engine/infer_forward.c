@@ -153,22 +153,25 @@ static void absorbed_task(void *p, int r)
     float *oA = Ss + (size_t)H * e->ns, *mB = oA + (size_t)H * rkv, *lB = mB + H, *g = lB + H;
     const float *q = b->q + (size_t)r * H * e->dq;
     for (int h = 0; h < H; h++) {
-        infer__dots(qa + (size_t)h * lat, q + (size_t)h * e->dq, w->wuk_t + (size_t)h * rkv * e->dn, e->dn,
-             rkv, e->dn);
-        memcpy(qa + (size_t)h * lat + rkv, q + (size_t)h * e->dq + e->dn, (size_t)e->dr * sizeof *qa);
+        infer__dots(qa + (size_t)h * lat, q + (size_t)h * e->dq, w->wuk_t + (size_t)h * rkv * e->dn,
+                    e->dn, rkv, e->dn);
+        memcpy(qa + (size_t)h * lat + rkv, q + (size_t)h * e->dq + e->dn,
+               (size_t)e->dr * sizeof *qa);
     }
     infer__act_round(e, qa, (size_t)H * lat);
     const float *cache = lat_row(e, c->l, b->slot[r], lo);
     if (is_ring(e, c->l)) {
         for (int s = 0; s < n; s++)
-            memcpy(g + (size_t)s * lat, key_row(e, c->l, b->slot[r], lo + s, 0), (size_t)lat * sizeof *g);
+            memcpy(g + (size_t)s * lat, key_row(e, c->l, b->slot[r], lo + s, 0),
+                   (size_t)lat * sizeof *g);
         cache = g;
     }
     /* S[h][s] = qa_h · cache_s in 2-head × 4-key tiles */
     for (int s0 = 0; s0 < n; s0 += 4)
         for (int h0 = 0; h0 < H; h0 += 2)
-            infer__gemv_tile(qa + (size_t)h0 * lat, lat, H - h0 < 2 ? H - h0 : 2, cache + (size_t)s0 * lat,
-                      lat, n - s0 < 4 ? n - s0 : 4, lat, S + (size_t)h0 * L + s0, L);
+            infer__gemv_tile(qa + (size_t)h0 * lat, lat, H - h0 < 2 ? H - h0 : 2,
+                             cache + (size_t)s0 * lat, lat, n - s0 < 4 ? n - s0 : 4, lat,
+                             S + (size_t)h0 * L + s0, L);
     float scale = (float)(1.0 / sqrt((double)e->dq));
     /* a DSA layer's row sees only its selected tokens (lo = 0: DSA layers never slide) */
     const uint8_t *sel = w->dsa_sparse ? b->dsel + (size_t)r * L : NULL;
@@ -189,7 +192,7 @@ static void absorbed_task(void *p, int r)
     infer__act_round(e, ov, (size_t)H * rkv);
     for (int h = 0; h < H; h++)
         infer__dots(b->o + (size_t)r * H * e->dv + (size_t)h * e->dv, ov + (size_t)h * rkv,
-             w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
+                    w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
 }
 
 /* Rows of one sequence at consecutive positions form a run, cut into query blocks. */
@@ -219,11 +222,10 @@ static void conv_rows(prl_infer *e, int l, int which, float *y, const float *z, 
     float *state = e->lw[l].conv_state[which];
     const float *x[16];
     /* the input at position q of the slot's sequence, NULL before position 0 */
-#define CONV_IN(s, q)                                                                         \
-    ((q) < 0 ? NULL                                                                           \
-     : (q) >= b->first_pos[s]                                                                 \
-         ? z + (size_t)(b->first_row[s] + (q) - b->first_pos[s]) * ldz                         \
-         : state + ((size_t)(s) * hist + (size_t)(q) % hist) * C)
+#define CONV_IN(s, q)                                                                              \
+    ((q) < 0                  ? NULL                                                               \
+     : (q) >= b->first_pos[s] ? z + (size_t)(b->first_row[s] + (q)-b->first_pos[s]) * ldz          \
+                              : state + ((size_t)(s)*hist + (size_t)(q) % hist) * C)
     for (int r = 0; r < R; r++) {
         int s = b->slot[r];
         for (int j = 0; j < k; j++) x[j] = CONV_IN(s, b->pos[r] - (k - 1) + j);
@@ -278,7 +280,8 @@ static void indexer_rows(prl_infer *e, int l, int R)
         int n = b->pos[r] + 1;
         prl_dsa_score_row(b->iscore, b->iq + (size_t)r * HI * dI, b->iw + (size_t)r * HI,
                           e->cache_idx + w->idx_off + (size_t)b->slot[r] * L * dI, dI, n, HI, dI);
-        infer__act_round(e, b->iscore, (size_t)n); /* the scores are a stored op output: the top-k reads them */
+        infer__act_round(e, b->iscore,
+                         (size_t)n); /* the scores are a stored op output: the top-k reads them */
         prl_dsa_select_row(b->dsel + (size_t)r * L, b->iscore, n, e->m->cfg.index_topk);
     }
 }
@@ -314,7 +317,8 @@ static void attention(prl_infer *e, int l, int R)
     infer__act_round(e, b->ckv, (size_t)R * e->rkv);
     infer__fault(e, l, "attn.kv_latent", b->ckv, (size_t)R * e->rkv);
     for (int r = 0; r < R; r++)
-        memcpy(b->kr + (size_t)r * e->dr, b->kva + (size_t)r * e->lat + e->rkv, (size_t)e->dr * sizeof(float));
+        memcpy(b->kr + (size_t)r * e->dr, b->kva + (size_t)r * e->lat + e->rkv,
+               (size_t)e->dr * sizeof(float));
     prl_rope_at(b->kr, e->rope_cos, e->rope_sin, b->pos, R, 1, e->dr, 0, e->dr, e->dr);
     infer__act_round(e, b->kr, (size_t)R * e->dr);
     for (int r = 0; r < R; r++) {
@@ -333,7 +337,8 @@ static void attention(prl_infer *e, int l, int R)
         PRL_ASSERT(runs != NULL);
         c.run_start = runs, c.run_rows = runs + R;
         c.n_runs = build_runs(b, R, c.run_start, c.run_rows);
-        infer__run_tasks(c.n_runs * H, naive_task, &c, (double)R * H * (keys + e->ns) * (e->dq + e->dv));
+        infer__run_tasks(c.n_runs * H, naive_task, &c,
+                         (double)R * H * (keys + e->ns) * (e->dq + e->dv));
         free(runs);
     } else {
         infer__run_tasks(R, absorbed_task, &c, (double)R * H * (keys + e->ns) * (2 * e->lat));
@@ -392,7 +397,8 @@ static void moe(prl_infer *e, int l, int R)
             if (b->sel[i] == x) b->gpos[i] = cursor, b->token_of[cursor++] = i / K;
     }
     for (int q = 0; q < R * K; q++)
-        memcpy(b->xg + (size_t)q * d, b->ln + (size_t)b->token_of[q] * d, (size_t)d * sizeof(float));
+        memcpy(b->xg + (size_t)q * d, b->ln + (size_t)b->token_of[q] * d,
+               (size_t)d * sizeof(float));
     if (e->sde > 0) swiglu(e, b->tmp, b->ln, R, &w->w13, &w->w2);
     else memset(b->tmp, 0, (size_t)R * d * sizeof(float));
     for (int x = 0; x < E; x++) {
@@ -435,7 +441,10 @@ static void residual_add(const prl_infer *e, float *x, const float *y, int R)
 
 static prl_mhc_shape rows_shape(const prl_infer *e, int R, int full)
 {
-    return (prl_mhc_shape){.N = R, .n = e->n_streams, .d = e->d, .it = e->m->cfg.mhc_recur_norm,
+    return (prl_mhc_shape){.N = R,
+                           .n = e->n_streams,
+                           .d = e->d,
+                           .it = e->m->cfg.mhc_recur_norm,
                            .full = full};
 }
 
@@ -479,7 +488,8 @@ static void hc_leave(prl_infer *e, int l, int site, int R)
     if (mhc) {
         prl_mhc_shape sh = rows_shape(e, R, 1);
         int ns = prl_mhc_states(sh), n2 = sh.n * sh.n;
-        prl_mhc_post_forward(b->xs2, b->tmp, b->xs, b->post, b->hS + (size_t)(ns - 1) * n2, ns * n2, sh);
+        prl_mhc_post_forward(b->xs2, b->tmp, b->xs, b->post, b->hS + (size_t)(ns - 1) * n2, ns * n2,
+                             sh);
         float *t = b->xs;
         b->xs = b->xs2, b->xs2 = t;
         stream = b->xs;

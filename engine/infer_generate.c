@@ -61,20 +61,27 @@ static prl_status check_requests(const prl_infer *e, const prl_gen_request *reqs
         if (q->prompt_len < 1 || !q->prompt)
             return prl_error_set(PRL_ERR_ARG, "request %d: empty prompt", i);
         if (q->prompt_len >= e->opt.max_len)
-            return prl_error_set(PRL_ERR_RANGE, "request %d: prompt of %d tokens leaves no room in "
-                                 "the context of %d tokens", i, q->prompt_len, e->opt.max_len);
+            return prl_error_set(PRL_ERR_RANGE,
+                                 "request %d: prompt of %d tokens leaves no room in "
+                                 "the context of %d tokens",
+                                 i, q->prompt_len, e->opt.max_len);
         if (q->forced && q->prompt_len + q->n_forced > e->opt.max_len)
-            return prl_error_set(PRL_ERR_RANGE, "request %d: prompt %d + %d forced tokens exceed "
-                                 "the context of %d tokens", i, q->prompt_len, q->n_forced,
-                                 e->opt.max_len);
+            return prl_error_set(PRL_ERR_RANGE,
+                                 "request %d: prompt %d + %d forced tokens exceed "
+                                 "the context of %d tokens",
+                                 i, q->prompt_len, q->n_forced, e->opt.max_len);
         for (int t = 0; t < q->prompt_len; t++)
             if (q->prompt[t] < 0 || q->prompt[t] >= e->V)
-                return prl_error_set(PRL_ERR_RANGE, "request %d position %d: token id %d out of "
-                                     "range [0, %d)", i, t, q->prompt[t], e->V);
+                return prl_error_set(PRL_ERR_RANGE,
+                                     "request %d position %d: token id %d out of "
+                                     "range [0, %d)",
+                                     i, t, q->prompt[t], e->V);
         for (int t = 0; q->forced && t < q->n_forced; t++)
             if (q->forced[t] < 0 || q->forced[t] >= e->V)
-                return prl_error_set(PRL_ERR_RANGE, "request %d forced token %d: id %d out of "
-                                     "range [0, %d)", i, t, q->forced[t], e->V);
+                return prl_error_set(PRL_ERR_RANGE,
+                                     "request %d forced token %d: id %d out of "
+                                     "range [0, %d)",
+                                     i, t, q->forced[t], e->V);
     }
     return PRL_OK;
 }
@@ -186,14 +193,16 @@ static prl_status admit(gen_state *g, int i, int slot, int *stopped)
     slot_state *st = &e->slots[slot];
     st->req = i;
     int P = q->prompt_len;
-    for (int t = 0; t < P; t++) b->tok[t] = q->prompt[t], b->slot[t] = slot, b->pos[t] = t, b->req[t] = i;
+    for (int t = 0; t < P; t++)
+        b->tok[t] = q->prompt[t], b->slot[t] = slot, b->pos[t] = t, b->req[t] = i;
     infer__forward_rows(e, P);
     st->len = P;
     infer__spec_admit(e, slot, q->prompt, P);
     double tau = g->sp->temperature > 0 ? g->sp->temperature : 1.0;
     prl_gen_result *r = &g->res[i];
     for (int t = 1; t < P; t++)
-        r->prompt_logprobs[t] = infer__logprob(b->logits + (size_t)(t - 1) * e->V, e->V, q->prompt[t], tau);
+        r->prompt_logprobs[t] =
+            infer__logprob(b->logits + (size_t)(t - 1) * e->V, e->V, q->prompt[t], tau);
     if (q->forced && q->n_forced == 0) { /* prompt log-probs only */
         r->stop = PRL_STOP_FORCED;
         *stopped = 1;
@@ -239,8 +248,10 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
     if (!rc) rc = check_requests(e, reqs, n);
     if (rc) return rc;
     if (prl_pool_threads() > e->att_threads)
-        return prl_error_set(PRL_ERR_ARG, "the pool grew to %d threads after the infer engine was "
-                             "made for %d", prl_pool_threads(), e->att_threads);
+        return prl_error_set(PRL_ERR_ARG,
+                             "the pool grew to %d threads after the infer engine was "
+                             "made for %d",
+                             prl_pool_threads(), e->att_threads);
     gen_state g = {.e = e, .reqs = reqs, .sp = sp, .res = results};
     g.cands = malloc((size_t)e->V * sizeof *g.cands);
     if (!g.cands) return prl_error_set(PRL_ERR_NOMEM, "sampling scratch");

@@ -23,34 +23,34 @@ typedef struct lin {
 } lin;
 
 typedef struct layer_w {
-    int moe;                          /* MoE index, -1 for a dense layer */
+    int moe; /* MoE index, -1 for a dense layer */
     const float *ln1, *q_norm, *kv_norm, *ln2;
     lin wq_a, wq_b, wkv_a, wkv_b, wo;
-    lin w13, w2;                      /* dense FFN, or the shared experts; gate/up stacked */
+    lin w13, w2; /* dense FFN, or the shared experts; gate/up stacked */
     lin router;
-    lin *e13, *e2;                    /* [E] routed experts, gate/up stacked */
-    float *wuk_t;                     /* absorbed form: [H][rkv][dn] = W_UK_hᵀ per head */
-    int window;                       /* 0 = causal, W = sliding window (docs/model.md) */
-    int cap;                          /* cache rows per slot: max_len, or W for a ring */
-    size_t lat_off, kv_off;           /* the layer's part of cache_lat / cache_kv */
-    size_t slot_kv_floats;            /* floats one slot holds in cache_lat (+ cache_kv, naive) */
-    size_t slot_idx_floats;           /* floats one slot holds in cache_idx (DSA layers) */
-    float *sink_lat;                  /* [ns][rkv + dr]: normed sink latent, then k_pe */
-    float *sink_kv;                   /* [ns][H·dkv]: per-head sink [k_nope | v] (naive) */
-    const float *conv_w[3];           /* ModAttn kernels [C, k]: query, latent, heads */
-    int dsa;                          /* 1: a DSA layer (indexer below; never a ring) */
-    int dsa_sparse;                   /* its attention reads only the selected tokens */
-    lin ix_wq_b, ix_wk, ix_wproj;     /* the lightning indexer (docs/model.md, DSA) */
+    lin *e13, *e2;                /* [E] routed experts, gate/up stacked */
+    float *wuk_t;                 /* absorbed form: [H][rkv][dn] = W_UK_hᵀ per head */
+    int window;                   /* 0 = causal, W = sliding window (docs/model.md) */
+    int cap;                      /* cache rows per slot: max_len, or W for a ring */
+    size_t lat_off, kv_off;       /* the layer's part of cache_lat / cache_kv */
+    size_t slot_kv_floats;        /* floats one slot holds in cache_lat (+ cache_kv, naive) */
+    size_t slot_idx_floats;       /* floats one slot holds in cache_idx (DSA layers) */
+    float *sink_lat;              /* [ns][rkv + dr]: normed sink latent, then k_pe */
+    float *sink_kv;               /* [ns][H·dkv]: per-head sink [k_nope | v] (naive) */
+    const float *conv_w[3];       /* ModAttn kernels [C, k]: query, latent, heads */
+    int dsa;                      /* 1: a DSA layer (indexer below; never a ring) */
+    int dsa_sparse;               /* its attention reads only the selected tokens */
+    lin ix_wq_b, ix_wk, ix_wproj; /* the lightning indexer (docs/model.md, DSA) */
     const float *ix_k_norm;
-    size_t idx_off;                   /* the layer's part of cache_idx */
-    float *conv_state[3];             /* per slot the k−1 latest inputs of each conv [k−1][C] */
+    size_t idx_off;       /* the layer's part of cache_idx */
+    float *conv_state[3]; /* per slot the k−1 latest inputs of each conv [k−1][C] */
     const float *ln_pa, *ln_pm, *ln_bp; /* sandwich post-norms, block post-norm (or NULL) */
-    lin hc_phi[2];                    /* mHC sites attention, FFN: phi, and below γ, α, β */
+    lin hc_phi[2];                      /* mHC sites attention, FFN: phi, and below γ, α, β */
     const float *hc_gamma[2], *hc_alpha[2], *hc_beta[2];
     const float *enorm, *hnorm, *sh_norm; /* MTP layer: input norms, shared_head.norm */
-    lin eh_proj, own_head;            /* MTP layer: eh_proj, its own shared_head.head */
-    const lin *sh_head;               /* own_head, or the trunk's lm_head */
-    lin draft_head;                   /* spec_draft_vocab: sh_head's first rows (w NULL: off) */
+    lin eh_proj, own_head;                /* MTP layer: eh_proj, its own shared_head.head */
+    const lin *sh_head;                   /* own_head, or the trunk's lm_head */
+    lin draft_head;                       /* spec_draft_vocab: sh_head's first rows (w NULL: off) */
 } layer_w;
 
 enum { CONV_Q, CONV_KV, CONV_O };
@@ -61,12 +61,12 @@ typedef struct rows_buf {
     int32_t *tok, *slot, *pos, *req;
     float *x, *ln, *rstd, *zq, *cq, *q, *kva, *ckv, *kr, *lat, *kvx, *o, *tmp, *a13, *h;
     int32_t *first_row, *first_pos; /* [max_batch]: a slot's first row in the call, its position */
-    float *zqc, *kvc, *oc;        /* ModAttn outputs */
+    float *zqc, *kvc, *oc;          /* ModAttn outputs */
     float *z, *s, *g;
     int32_t *sel, *offsets, *gpos, *token_of;
     float *xg, *ea13, *eh, *yg, *logits;
     float *iq, *ikz, *ik, *iw, *iscore; /* DSA indexer: qI, x·wkᵀ, kI, head weights; scores */
-    uint8_t *dsel;                     /* [cap][max_len] each row's DSA selection */
+    uint8_t *dsel;                      /* [cap][max_len] each row's DSA selection */
     float *xs, *xs2, *hn, *hrstd, *hm, *pre, *post, *hS; /* mHC streams [cap, n·d], a site's
                                                             coefficients (engine/mhc.h) */
     float *mtp_e, *mtp_h, *mtp_cat, *mtp_rstd; /* MTP input op: Emb rows, h^{k−1} rows, [cap, 2d],
@@ -75,47 +75,47 @@ typedef struct rows_buf {
 
 /* A cache slot's generation state. */
 typedef struct slot_state {
-    int req;           /* request index, -1 when free */
-    int len;           /* tokens in the cache */
-    int32_t last;      /* the token to feed next */
-    int32_t *routes;   /* [max_len][n_moe][K] */
+    int req;         /* request index, -1 when free */
+    int len;         /* tokens in the cache */
+    int32_t last;    /* the token to feed next */
+    int32_t *routes; /* [max_len][n_moe][K] */
     /* speculative decoding only (docs/infer.md): */
-    int32_t *toks;     /* [max_len + D + 1] the sequence: prompt, generated, then `last` */
-    float *hid;        /* [1 + Lm][max_len][d]: h⁰ (trunk) and h^k (MTP k) per position */
-    int *mtp_len;      /* [Lm] positions MTP layer k has final cache rows for */
-    int32_t *draft;    /* [D] this step's drafts */
-    double *q;         /* [D][V] their draft distributions (sampling) */
+    int32_t *toks;  /* [max_len + D + 1] the sequence: prompt, generated, then `last` */
+    float *hid;     /* [1 + Lm][max_len][d]: h⁰ (trunk) and h^k (MTP k) per position */
+    int *mtp_len;   /* [Lm] positions MTP layer k has final cache rows for */
+    int32_t *draft; /* [D] this step's drafts */
+    double *q;      /* [D][V] their draft distributions (sampling) */
 } slot_state;
 
 struct prl_infer {
     const prl_model *m;
     prl_infer_options opt;
     int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, n_moe, lat, ns, ck, HI, dI;
-    float *wcopy;                 /* rounded weights (bf16/fp16), NULL in fp32 */
+    float *wcopy; /* rounded weights (bf16/fp16), NULL in fp32 */
     layer_w *lw;
     const float *embed, *norm;
     lin head;
-    float *rope_cos, *rope_sin;   /* [max_len][dr/2] */
-    float *cache_lat;             /* per layer [max_batch][cap][rkv+dr]: c_kv then k_r */
-    float *cache_kv;              /* naive: per layer [max_batch][cap][H·dkv] */
-    float *cache_idx;             /* DSA layers: [max_batch][max_len][dI] indexer keys */
-    float *att_scratch;           /* per pool thread */
+    float *rope_cos, *rope_sin; /* [max_len][dr/2] */
+    float *cache_lat;           /* per layer [max_batch][cap][rkv+dr]: c_kv then k_r */
+    float *cache_kv;            /* naive: per layer [max_batch][cap][H·dkv] */
+    float *cache_idx;           /* DSA layers: [max_batch][max_len][dI] indexer keys */
+    float *att_scratch;         /* per pool thread */
     size_t att_scratch_per_thread;
     int att_threads;
     rows_buf rb;
     slot_state *slots;
     prl_tensor_hook hook;
     void *hook_user;
-    int n_streams;                /* mHC streams (1 = the plain residual) */
-    lin merge_phi;                /* mHC merge head */
+    int n_streams; /* mHC streams (1 = the plain residual) */
+    lin merge_phi; /* mHC merge head */
     const float *merge_gamma, *merge_alpha, *merge_beta, *ones;
-    float *ones_buf;              /* γ = 1 without mhc_use_gamma */
-    char fault_name[64];          /* test-only fault (prl_infer_set_fault): "" = none */
+    float *ones_buf;     /* γ = 1 without mhc_use_gamma */
+    char fault_name[64]; /* test-only fault (prl_infer_set_fault): "" = none */
     double fault_rel;
-    int Lm;                       /* MTP layers bound (speculative decoding on), after the L */
-    int conv_hist;                /* inputs a conv history keeps per slot: k − 1 + spare rows */
-    double *spec_p;               /* [D + 1][V] one slot's verify distributions */
-    prl_spec_stats spec;          /* counters since init */
+    int Lm;              /* MTP layers bound (speculative decoding on), after the L */
+    int conv_hist;       /* inputs a conv history keeps per slot: k − 1 + spare rows */
+    double *spec_p;      /* [D + 1][V] one slot's verify distributions */
+    prl_spec_stats spec; /* counters since init */
 };
 
 /* Activation rounding at an op's output (no-op in fp32). */
@@ -133,7 +133,8 @@ static inline int infer__conv_channels(const prl_infer *e, int which)
 /* ------------------------------------------------------------------ infer.c --------- */
 
 /* The tensor hook's call for op `what` of `layer` (-1: a model-level op) on rows × cols. */
-void infer__emit(const prl_infer *e, int layer, const char *what, const float *data, int rows, int cols);
+void infer__emit(const prl_infer *e, int layer, const char *what, const float *data, int rows,
+                 int cols);
 /* The test-only fault (prl_infer_set_fault) at op `what` of `layer`, on x[0..n). */
 void infer__fault(const prl_infer *e, int layer, const char *what, float *x, size_t n);
 
@@ -175,7 +176,8 @@ typedef struct cand {
 ** how many. */
 int infer__sample_weights(cand *cs, const float *logits, int V, const prl_sample_params *sp);
 /* A token from a logits row (greedy when τ = 0, else a draw with rng); cs: V scratch entries. */
-int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng, cand *cs);
+int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
+                      cand *cs);
 /* log p(y) under softmax(logits/τ) over the whole vocabulary. */
 float infer__logprob(const float *logits, int V, int y, double tau);
 
@@ -187,7 +189,7 @@ typedef struct gen_state {
     const prl_gen_request *reqs;
     const prl_sample_params *sp;
     prl_gen_result *res;
-    int cap_new;     /* per-request capacity of tokens/logprobs */
+    int cap_new; /* per-request capacity of tokens/logprobs */
     cand *cands;
     int32_t *text_ids;
 } gen_state;

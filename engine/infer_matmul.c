@@ -46,9 +46,9 @@ static void gemv_tile_generic(const float *x, int ldx, int nr, const float *w, i
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-__attribute__((target("avx2,fma"))) static void
-gemv_tile_fma(const float *x, int ldx, int nr, const float *w, int ldw, int no, int n, float *y,
-              int ldy)
+__attribute__((target("avx2,fma"))) static void gemv_tile_fma(const float *x, int ldx, int nr,
+                                                              const float *w, int ldw, int no,
+                                                              int n, float *y, int ldy)
 {
     /* missing rows/outputs repeat the first (computed, never stored) */
     const float *x0 = x, *x1 = nr > 1 ? x + ldx : x;
@@ -79,8 +79,8 @@ gemv_tile_fma(const float *x, int ldx, int nr, const float *w, int ldw, int no, 
 }
 
 /* One row against up to 8 outputs: the odd row of a tile pass (and all of batch-1 decode). */
-__attribute__((target("avx2,fma"))) static void
-gemv_row8_fma(const float *x, const float *w, int ldw, int no, int n, float *y)
+__attribute__((target("avx2,fma"))) static void gemv_row8_fma(const float *x, const float *w,
+                                                              int ldw, int no, int n, float *y)
 {
     const float *ws[8];
     for (int o = 0; o < 8; o++) ws[o] = w + (size_t)(o < no ? o : 0) * ldw;
@@ -156,7 +156,7 @@ static void gemv_task(void *p, int t)
     for (int o = o0; o < o1; o += 4)
         for (int r = 0; r < pairs; r += 2)
             infer__gemv_tile(c->x + (size_t)r * in, in, 2, c->L->w + (size_t)o * in, in,
-                      o1 - o < 4 ? o1 - o : 4, in, c->y + (size_t)r * out + o, out);
+                             o1 - o < 4 ? o1 - o : 4, in, c->y + (size_t)r * out + o, out);
     if (pairs == c->R) return;
     const float *x = c->x + (size_t)pairs * in;
     for (int o = o0; o < o1; o += 8) {
@@ -171,16 +171,16 @@ static void gemm_task(void *p, int t)
     int rb = t / c->col_tasks, cb = t % c->col_tasks;
     int r0 = rb * PRL_ROW_BLOCK, rows = c->R - r0 < PRL_ROW_BLOCK ? c->R - r0 : PRL_ROW_BLOCK;
     int c0 = cb * c->cols, cols = c->L->out - c0 < c->cols ? c->L->out - c0 : c->cols;
-    prl_gemm_f32_packed(0, rows, c0, cols, 1, c->x + (size_t)r0 * c->L->in, c->L->in, &c->L->pk,
-                        0, c->y + (size_t)r0 * c->L->out, c->L->out);
+    prl_gemm_f32_packed(0, rows, c0, cols, 1, c->x + (size_t)r0 * c->L->in, c->L->in, &c->L->pk, 0,
+                        c->y + (size_t)r0 * c->L->out, c->L->out);
 }
 
 static void blas_task(void *p, int t)
 {
     lin_ctx *c = p;
     int r0 = t * BLAS_ROWS, rows = c->R - r0 < BLAS_ROWS ? c->R - r0 : BLAS_ROWS;
-    prl_sgemm(0, 1, rows, c->L->out, c->L->in, 1, c->x + (size_t)r0 * c->L->in, c->L->in,
-              c->L->w, c->L->in, 0, c->y + (size_t)r0 * c->L->out, c->L->out);
+    prl_sgemm(0, 1, rows, c->L->out, c->L->in, 1, c->x + (size_t)r0 * c->L->in, c->L->in, c->L->w,
+              c->L->in, 0, c->y + (size_t)r0 * c->L->out, c->L->out);
 }
 
 /* Tasks run on the pool, or inline when the work is too small to pay for waking it. Which

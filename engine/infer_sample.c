@@ -15,8 +15,13 @@
 void prl_sample_params_default(prl_sample_params *p)
 {
     static const int32_t eos[] = {PRL_TOKEN_EOS};
-    *p = (prl_sample_params){.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0,
-                             .max_new_tokens = 256, .stop_ids = eos, .n_stop_ids = 1};
+    *p = (prl_sample_params){.temperature = 0,
+                             .top_k = 0,
+                             .top_p = 1,
+                             .seed = 0,
+                             .max_new_tokens = 256,
+                             .stop_ids = eos,
+                             .n_stop_ids = 1};
 }
 
 prl_status prl_sample_params_check(const prl_sample_params *p, int vocab_size)
@@ -24,7 +29,8 @@ prl_status prl_sample_params_check(const prl_sample_params *p, int vocab_size)
     if (!(p->temperature >= 0) || !isfinite(p->temperature))
         return prl_error_set(PRL_ERR_ARG, "temperature %g must be finite and >= 0 (0 = greedy)",
                              p->temperature);
-    if (p->top_k < 0) return prl_error_set(PRL_ERR_ARG, "top-k %d must be >= 0 (0 = off)", p->top_k);
+    if (p->top_k < 0)
+        return prl_error_set(PRL_ERR_ARG, "top-k %d must be >= 0 (0 = off)", p->top_k);
     if (!(p->top_p > 0 && p->top_p <= 1))
         return prl_error_set(PRL_ERR_ARG, "top-p %g must be in (0, 1]", p->top_p);
     if (p->max_new_tokens < 1)

@@ -72,7 +72,8 @@ void infer__spec_prefill(gen_state *g, int slot)
         int R = P - k; /* <= P rows: the prefill's own row count fits the buffer */
         for (int i = 0; i < R; i++) {
             b->tok[i] = st->toks[i + k], b->slot[i] = slot, b->pos[i] = i, b->req[i] = st->req;
-            memcpy(b->x + (size_t)i * e->d, slot_hidden(e, st, k - 1, i), (size_t)e->d * sizeof(float));
+            memcpy(b->x + (size_t)i * e->d, slot_hidden(e, st, k - 1, i),
+                   (size_t)e->d * sizeof(float));
         }
         mtp_rows(e, k, R, NULL, 0);
         for (int i = 0; i < R; i++)
@@ -121,7 +122,8 @@ static void mtp_rows(prl_infer *e, int k, int R, const int *head_rows, int n_hea
         for (int j = S; j < V; j++) row[j] = -INFINITY;
     }
     if (all) {
-        infer__emit(e, l, "mtp.logits", b->logits, R, V); /* the train path's name for the same rows */
+        infer__emit(e, l, "mtp.logits", b->logits, R,
+                    V);                  /* the train path's name for the same rows */
         for (int i = 0; i < n_head; i++) /* rows 0..n_head−1 are head_rows' logits again */
             memmove(b->logits + (size_t)i * V, b->logits + (size_t)head_rows[i] * V,
                     (size_t)V * sizeof(float));
@@ -158,7 +160,8 @@ static void probs_row(double *w, const float *logits, const gen_state *g)
 static int32_t draw_draft(gen_state *g, int s, int k, const float *logits)
 {
     slot_state *st = &g->e->slots[s];
-    if (g->sp->temperature == 0) return (int32_t)infer__sample_row(logits, g->e->V, g->sp, NULL, g->cands);
+    if (g->sp->temperature == 0)
+        return (int32_t)infer__sample_row(logits, g->e->V, g->sp, NULL, g->cands);
     double *q = st->q + (size_t)(k - 1) * g->e->V;
     probs_row(q, logits, g);
     prl_rng rng;
@@ -180,7 +183,8 @@ static void draft_flush(gen_state *g, int k, const int *slots, int n_slots, int 
 {
     prl_infer *e = g->e;
     rows_buf *b = &e->rb;
-    int last[4096] = {0}; /* max_batch <= 4096 (prl_infer_init); zeroed: gcc cannot see n_slots >= 1 */
+    int last[4096] = {
+        0}; /* max_batch <= 4096 (prl_infer_init); zeroed: gcc cannot see n_slots >= 1 */
     for (int i = 0, r = 0; i < n_slots; i++) { /* each slot's rows end at position len − 1 */
         const slot_state *st = &e->slots[slots[i]];
         r += st->len - st->mtp_len[k - 1];

@@ -94,8 +94,7 @@ void prl_sinkhorn_backward(prl_real *dR, const prl_real *dH, const prl_real *S, 
     for (int i = 0; i < n; i++) {
         double dot = 0;
         for (int j = 0; j < n; j++) dot += (double)P[i * n + j] * G[i * n + j];
-        for (int j = 0; j < n; j++)
-            dR[i * n + j] += P[i * n + j] * (G[i * n + j] - (prl_real)dot);
+        for (int j = 0; j < n; j++) dR[i * n + j] += P[i * n + j] * (G[i * n + j] - (prl_real)dot);
     }
 }
 
@@ -155,8 +154,8 @@ static void coef_backward_rows(void *p, int r0, int r1)
             R[k] = c->alpha[2] * m[2 * n + k] + c->beta[2 * n + k];
             dz[2 * n + k] = 0;
         }
-        prl_sinkhorn_backward(dz + 2 * n, c->dH + (size_t)t * n2, c->S + (size_t)t * ns * n2, R,
-                              n, c->s.it);
+        prl_sinkhorn_backward(dz + 2 * n, c->dH + (size_t)t * n2, c->S + (size_t)t * ns * n2, R, n,
+                              c->s.it);
     }
 }
 
@@ -170,8 +169,15 @@ void prl_mhc_coef_backward(prl_real *dm, prl_real *dalpha, prl_real *dbeta, prl_
 {
     /* dz (N,M) per token; dm += α·dz; dβ += Σ_t dz; dα_head += Σ_t Σ_k∈head dz·m */
     int M = prl_mhc_width(s), n = s.n;
-    coef_ctx c = {.dz = scratch, .m = m, .S = (prl_real *)S, .alpha = alpha, .beta = beta,
-                  .dpre = dpre, .dpost = dpost, .dH = dH, .s = s};
+    coef_ctx c = {.dz = scratch,
+                  .m = m,
+                  .S = (prl_real *)S,
+                  .alpha = alpha,
+                  .beta = beta,
+                  .dpre = dpre,
+                  .dpost = dpost,
+                  .dH = dH,
+                  .s = s};
     prl_parallel_rows(s.N, coef_backward_rows, &c);
     double da[3] = {0, 0, 0};
     double *db = calloc((size_t)M, sizeof *db);
@@ -307,19 +313,27 @@ static void post_backward_rows(void *p, int r0, int r1)
 
 void prl_mhc_post_backward(prl_real *dF, prl_real *dX, prl_real *dpost, prl_real *dH,
                            const prl_real *dXo, const prl_real *F, const prl_real *X,
-                           const prl_real *post, const prl_real *H, int h_stride,
-                           prl_mhc_shape s)
+                           const prl_real *post, const prl_real *H, int h_stride, prl_mhc_shape s)
 {
     /* dXo (N, n, d) → dF (N, d), dX (N, n, d), dpost (N, n), dH (N, n, n) */
-    mix_ctx c = {.dF = dF, .dX = dX, .dpost = dpost, .dH = dH, .dout = dXo, .F = F, .X = X,
-                 .post = post, .H = H, .h_stride = h_stride, .s = s};
+    mix_ctx c = {.dF = dF,
+                 .dX = dX,
+                 .dpost = dpost,
+                 .dH = dH,
+                 .dout = dXo,
+                 .F = F,
+                 .X = X,
+                 .post = post,
+                 .H = H,
+                 .h_stride = h_stride,
+                 .s = s};
     prl_parallel_rows(s.N, post_backward_rows, &c);
 }
 
 /* ------------------------------------------------------------------ a whole site ---- */
 
-void prl_mhc_site_forward(prl_mhc_saved *sv, const prl_real *X, const prl_mhc_params *p,
-                          double eps, prl_mhc_shape s, prl_precision prec)
+void prl_mhc_site_forward(prl_mhc_saved *sv, const prl_real *X, const prl_mhc_params *p, double eps,
+                          prl_mhc_shape s, prl_precision prec)
 {
     /* X (N, n·d) → h (N, n·d), rstd (N), m (N, M), pre, post, S */
     int nd = s.n * s.d, M = prl_mhc_width(s);

@@ -71,8 +71,7 @@ void prl_mhc_post_forward(prl_real *Xo, const prl_real *F, const prl_real *X, co
 ** dH [N, n²] (stride n²) += dXo_j·X_i. */
 void prl_mhc_post_backward(prl_real *dF, prl_real *dX, prl_real *dpost, prl_real *dH,
                            const prl_real *dXo, const prl_real *F, const prl_real *X,
-                           const prl_real *post, const prl_real *H, int h_stride,
-                           prl_mhc_shape s);
+                           const prl_real *post, const prl_real *H, int h_stride, prl_mhc_shape s);
 
 /* What a site's forward keeps for its backward (buffers owned by the caller):
 ** h [N, n·d] the normalised streams, rstd [N], m [N, M], pre [N, n], post [N, n] and
@@ -96,8 +95,8 @@ typedef struct prl_mhc_grads {
 ** reduced precision `prec` the norm's output h and φ's output m are rounded, as the infer
 ** path's site rounds them (op outputs); the coefficients pre, post and the Sinkhorn states
 ** stay fp32, like the MoE gates (docs/engine.md "Train precision"). */
-void prl_mhc_site_forward(prl_mhc_saved *sv, const prl_real *X, const prl_mhc_params *p,
-                          double eps, prl_mhc_shape s, prl_precision prec);
+void prl_mhc_site_forward(prl_mhc_saved *sv, const prl_real *X, const prl_mhc_params *p, double eps,
+                          prl_mhc_shape s, prl_precision prec);
 /* dX [N, n·d] += the coefficient path's gradient; parameter gradients accumulate; given
 ** dpre, dpost, dH (as prl_mhc_coef_backward). scratch: prl_mhc_site_scratch(s) reals. In a
 ** reduced precision the gradients of m and h are rounded, the forward's rounding points. */

@@ -28,13 +28,24 @@
 dims model__dims_of(const prl_config *c)
 {
     dims D = {
-        .V = c->vocab_size, .d = c->hidden_size, .L = c->num_hidden_layers,
-        .H = c->num_attention_heads, .rq = c->q_lora_rank, .rkv = c->kv_lora_rank,
-        .dn = c->qk_nope_head_dim, .dr = c->qk_rope_head_dim, .dv = c->v_head_dim,
-        .I = c->intermediate_size, .E = c->n_routed_experts, .K = c->num_experts_per_tok,
-        .de = c->moe_intermediate_size, .sde = c->n_shared_experts * c->moe_intermediate_size,
-        .ns = c->param_sink_number, .ck = prl_config_conv_kernel(c),
-        .HI = c->index_n_heads, .dI = c->index_head_dim,
+        .V = c->vocab_size,
+        .d = c->hidden_size,
+        .L = c->num_hidden_layers,
+        .H = c->num_attention_heads,
+        .rq = c->q_lora_rank,
+        .rkv = c->kv_lora_rank,
+        .dn = c->qk_nope_head_dim,
+        .dr = c->qk_rope_head_dim,
+        .dv = c->v_head_dim,
+        .I = c->intermediate_size,
+        .E = c->n_routed_experts,
+        .K = c->num_experts_per_tok,
+        .de = c->moe_intermediate_size,
+        .sde = c->n_shared_experts * c->moe_intermediate_size,
+        .ns = c->param_sink_number,
+        .ck = prl_config_conv_kernel(c),
+        .HI = c->index_n_heads,
+        .dI = c->index_head_dim,
     };
     D.dq = D.dn + D.dr;
     D.dkv = D.dn + D.dv;
@@ -100,9 +111,9 @@ static void add_mhc_module(table_builder *tb, const prl_config *c, int layer, in
     int n = c->mhc_num_stream, nd = n * c->hidden_size, M = full ? n * n + 2 * n : n;
     const char *suffix = full ? "" : "_pre";
     off[0] = add_tensor(tb, PRL_PARAM_MHC, layer, -1, M, nd, "%s.phi.weight", prefix);
-    off[1] = c->mhc_use_gamma ? add_tensor(tb, PRL_PARAM_NORM, layer, -1, nd, 0, "%s.norm_gamma",
-                                           prefix)
-                              : 0;
+    off[1] = c->mhc_use_gamma
+                 ? add_tensor(tb, PRL_PARAM_NORM, layer, -1, nd, 0, "%s.norm_gamma", prefix)
+                 : 0;
     off[2] = add_tensor(tb, PRL_PARAM_MHC, layer, -1, full ? 3 : 1, 0, "%s.branch_alpha%s", prefix,
                         suffix);
     off[3] = add_tensor(tb, PRL_PARAM_MHC, layer, -1, M, 0, "%s.branch_beta%s", prefix, suffix);
@@ -122,8 +133,8 @@ static void add_layer(table_builder *tb, const prl_config *c, int l, layer_offse
         add_mhc_module(tb, c, l, 1, o->hc[0], name);
     }
     o->ln1 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.input_layernorm.weight", p, l);
-    o->wq_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d,
-                         "%s.%d.self_attn.q_a_proj.weight", p, l);
+    o->wq_a =
+        add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d, "%s.%d.self_attn.q_a_proj.weight", p, l);
     if (ck) o->qa_conv = add_conv(tb, l, D.rq, ck, "%s.%d.self_attn.qa_conv.weight", l);
     o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
                            "%s.%d.self_attn.q_a_layernorm.weight", p, l);
@@ -131,8 +142,7 @@ static void add_layer(table_builder *tb, const prl_config *c, int l, layer_offse
                          "%s.%d.self_attn.q_b_proj.weight", p, l);
     o->wkv_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rkv + D.dr, D.d,
                           "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l);
-    if (ck)
-        o->kv_conv = add_conv(tb, l, D.rkv, ck, "%s.%d.self_attn.compresskv_conv.weight", l);
+    if (ck) o->kv_conv = add_conv(tb, l, D.rkv, ck, "%s.%d.self_attn.compresskv_conv.weight", l);
     o->kv_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rkv, 0,
                             "%s.%d.self_attn.kv_a_layernorm.weight", p, l);
     o->wkv_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dkv, D.rkv,
@@ -166,15 +176,17 @@ static void add_layer(table_builder *tb, const prl_config *c, int l, layer_offse
     o->ln2 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.%s.weight", p, l,
                         c->sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
     if (c->sandwich_norm)
-        o->ln_pm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0,
-                              "%s.%d.post_mlp_layernorm.weight", p, l);
+        o->ln_pm =
+            add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.post_mlp_layernorm.weight", p, l);
     if (prl_config_block_post_norm(c, l))
-        o->ln_bp = add_tensor(tb, PRL_PARAM_NORM, l, -1, S, 0,
-                              "%s.%d.block_post_layernorm.weight", p, l);
+        o->ln_bp =
+            add_tensor(tb, PRL_PARAM_NORM, l, -1, S, 0, "%s.%d.block_post_layernorm.weight", p, l);
     if (!prl_config_is_moe(c, l)) {
-        o->w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.gate_proj.weight", p, l);
+        o->w1 =
+            add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.gate_proj.weight", p, l);
         o->w3 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.I, D.d, "%s.%d.mlp.up_proj.weight", p, l);
-        o->w2 = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.I, "%s.%d.mlp.down_proj.weight", p, l);
+        o->w2 =
+            add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.d, D.I, "%s.%d.mlp.down_proj.weight", p, l);
         PRL_ASSERT(o->w3 == o->w1 + (size_t)D.I * D.d); /* stacked gate/up GEMM */
         return;
     }
@@ -182,10 +194,10 @@ static void add_layer(table_builder *tb, const prl_config *c, int l, layer_offse
     for (int e = 0; e < D.E; e++) {
         size_t w1 = add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.de, D.d,
                                "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
-        add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.de, D.d, "%s.%d.mlp.experts.%d.up_proj.weight",
+        add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.de, D.d, "%s.%d.mlp.experts.%d.up_proj.weight", p,
+                   l, e);
+        add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.d, D.de, "%s.%d.mlp.experts.%d.down_proj.weight",
                    p, l, e);
-        add_tensor(tb, PRL_PARAM_MATRIX, l, e, D.d, D.de,
-                   "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
         if (e == 0) o->experts = w1;
     }
     if (D.sde > 0) {
@@ -208,8 +220,8 @@ static void add_mtp_layer(table_builder *tb, const prl_config *c, int l, layer_o
     int d = c->hidden_size;
     o->enorm = add_tensor(tb, PRL_PARAM_NORM, l, -1, d, 0, "model.layers.%d.enorm.weight", l);
     o->hnorm = add_tensor(tb, PRL_PARAM_NORM, l, -1, d, 0, "model.layers.%d.hnorm.weight", l);
-    o->eh_proj = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, d, 2 * d,
-                            "model.layers.%d.eh_proj.weight", l);
+    o->eh_proj =
+        add_tensor(tb, PRL_PARAM_MATRIX, l, -1, d, 2 * d, "model.layers.%d.eh_proj.weight", l);
     add_layer(tb, c, l, o, 1);
     o->sh_norm = c->mtp_head_norm ? add_tensor(tb, PRL_PARAM_NORM, l, -1, d, 0,
                                                "model.layers.%d.shared_head.norm.weight", l)
@@ -221,8 +233,8 @@ static void add_mtp_layer(table_builder *tb, const prl_config *c, int l, layer_o
 
 /* Lay out every tensor in checkpoint order; fill per-layer offsets (trunk, then MTP).
 ** `merge` receives the merge head's module (mHC only). */
-static void build_table(table_builder *tb, const prl_config *c, layer_offsets *lo,
-                        size_t *embed, size_t *norm, size_t *head, size_t merge[4])
+static void build_table(table_builder *tb, const prl_config *c, layer_offsets *lo, size_t *embed,
+                        size_t *norm, size_t *head, size_t merge[4])
 {
     int L = c->num_hidden_layers;
     *embed = add_tensor(tb, PRL_PARAM_EMBED, -1, -1, c->vocab_size, c->hidden_size,
@@ -271,7 +283,8 @@ prl_status prl_model_init(prl_model *m, const prl_config *cfg)
     m->grads = calloc(m->n_params, sizeof *m->grads);
     /* MTP MoE layers own zero bias slots after the trunk's n_moe (never updated or saved) */
     size_t nb = (size_t)(m->n_moe + cfg->num_nextn_predict_layers > 0
-                             ? m->n_moe + cfg->num_nextn_predict_layers : 1) *
+                             ? m->n_moe + cfg->num_nextn_predict_layers
+                             : 1) *
                 (size_t)(cfg->n_routed_experts > 0 ? cfg->n_routed_experts : 1);
     m->router_bias = calloc(nb, sizeof *m->router_bias);
     m->expert_counts = calloc(nb, sizeof *m->expert_counts);
@@ -341,8 +354,8 @@ void prl_model_set_hook(prl_model *m, prl_tensor_hook hook, void *user)
 
 /* ------------------------------------------------------------------ hooks ----------- */
 
-int model__emit(const prl_model *m, int layer, const char *what, const prl_real *data,
-                int64_t rows, int64_t cols)
+int model__emit(const prl_model *m, int layer, const char *what, const prl_real *data, int64_t rows,
+                int64_t cols)
 {
     if (!m->hook) return 0;
     char name[64];

@@ -36,45 +36,45 @@ typedef struct prl_config {
     int max_position_embeddings;
     int bos_token_id, eos_token_id, pad_token_id;
     /* prl's own keys (prefix prl_ in JSON) */
-    prl_bias_rule bias_rule;     /* prl_bias_update_rule: "sign" | "rms" */
-    double bias_update_rate;     /* prl_bias_update_rate γ (0 = off) */
-    double balance_loss_alpha;   /* prl_balance_loss_alpha α (0 = off) */
-    double router_z_loss_coef;   /* prl_router_z_loss_coef β (0 = off) */
+    prl_bias_rule bias_rule;   /* prl_bias_update_rule: "sign" | "rms" */
+    double bias_update_rate;   /* prl_bias_update_rate γ (0 = off) */
+    double balance_loss_alpha; /* prl_balance_loss_alpha α (0 = off) */
+    double router_z_loss_coef; /* prl_router_z_loss_coef β (0 = off) */
     /* attention blocks (docs/model.md) */
-    int n_swa_layers;                          /* swa_layers: sliding-window layers */
+    int n_swa_layers; /* swa_layers: sliding-window layers */
     int swa_layers[PRL_MAX_LAYERS];
-    int n_sliding_window_list;                 /* sliding_window_list (0 = absent) */
-    int sliding_window_list[PRL_MAX_LAYERS];   /* window of swa_layers[i] */
-    int sliding_window;                        /* window of swa layers without a list entry */
-    int param_sink_number;                     /* N_s parameter sinks per layer (0 = off) */
-    int param_sink_with_value;                 /* sinks have a latent (k_nope and v), else
+    int n_sliding_window_list;               /* sliding_window_list (0 = absent) */
+    int sliding_window_list[PRL_MAX_LAYERS]; /* window of swa_layers[i] */
+    int sliding_window;                      /* window of swa layers without a list entry */
+    int param_sink_number;                   /* N_s parameter sinks per layer (0 = off) */
+    int param_sink_with_value;               /* sinks have a latent (k_nope and v), else
                                                ** only a position-free rope key */
-    int use_mome;                              /* ModAttn (MoME) convolutions on */
-    int router_sliding_window;                 /* their kernel size k */
+    int use_mome;                            /* ModAttn (MoME) convolutions on */
+    int router_sliding_window;               /* their kernel size k */
     /* residual blocks (docs/model.md, mHC and sandwich norms) */
-    int use_mhc;                               /* mHC hyper-connections on */
-    int mhc_num_stream;                        /* n residual streams (default 4) */
-    int mhc_recur_norm;                        /* Sinkhorn iterations (default 20) */
-    int mhc_use_gamma;                         /* norm_gamma gains on the flattened streams */
-    int sandwich_norm;                         /* post-attention and post-MLP norms too */
-    int n_block_post_layernorm_idx;            /* layers followed by block_post_layernorm */
+    int use_mhc;                    /* mHC hyper-connections on */
+    int mhc_num_stream;             /* n residual streams (default 4) */
+    int mhc_recur_norm;             /* Sinkhorn iterations (default 20) */
+    int mhc_use_gamma;              /* norm_gamma gains on the flattened streams */
+    int sandwich_norm;              /* post-attention and post-MLP norms too */
+    int n_block_post_layernorm_idx; /* layers followed by block_post_layernorm */
     int block_post_layernorm_idx[PRL_MAX_LAYERS];
     /* multi-token prediction (docs/model.md "Multi-token prediction"): MTP layers are the
     ** layers num_hidden_layers .. num_hidden_layers + num_nextn_predict_layers − 1 */
-    int num_nextn_predict_layers;              /* D chained MTP modules (0 = off) */
-    double mtp_loss_weight;                    /* prl_mtp_loss_weight λ: loss += λ/D·Σ_k L_k */
-    int mtp_head_norm;                         /* prl_mtp_head_norm: own shared_head.norm, else
+    int num_nextn_predict_layers; /* D chained MTP modules (0 = off) */
+    double mtp_loss_weight;       /* prl_mtp_loss_weight λ: loss += λ/D·Σ_k L_k */
+    int mtp_head_norm;            /* prl_mtp_head_norm: own shared_head.norm, else
                                                ** the trunk's model.norm */
-    int mtp_head;                              /* prl_mtp_head: own shared_head.head, else
+    int mtp_head;                 /* prl_mtp_head: own shared_head.head, else
                                                ** lm_head */
     /* DeepSeek sparse attention (docs/model.md, DSA) */
-    int n_dsa_layers;                          /* dsa_layers: layers with a lightning indexer */
+    int n_dsa_layers; /* dsa_layers: layers with a lightning indexer */
     int dsa_layers[PRL_MAX_LAYERS];
-    int index_topk;                            /* k tokens each query attends to */
-    int index_n_heads, index_head_dim;         /* H_I, d_I (the first qk_rope_head_dim rotate) */
-    prl_dsa_stage dsa_stage;                   /* prl_dsa_stage: "sparse" | "dense" (warm-up) */
-    int dsa_freeze_main;                       /* prl_dsa_freeze_main: only the indexer learns */
-    int mtp_freeze_trunk;                      /* prl_mtp_freeze_trunk: only the MTP modules learn */
+    int index_topk;                    /* k tokens each query attends to */
+    int index_n_heads, index_head_dim; /* H_I, d_I (the first qk_rope_head_dim rotate) */
+    prl_dsa_stage dsa_stage;           /* prl_dsa_stage: "sparse" | "dense" (warm-up) */
+    int dsa_freeze_main;               /* prl_dsa_freeze_main: only the indexer learns */
+    int mtp_freeze_trunk;              /* prl_mtp_freeze_trunk: only the MTP modules learn */
 } prl_config;
 
 /* Defaults for every key (a small valid model). */
@@ -118,14 +118,14 @@ typedef enum prl_param_kind {
 } prl_param_kind;
 
 typedef struct prl_param_info {
-    char name[96];       /* Hugging Face tensor name */
-    int ndim;            /* 1, 2, or 3 (conv kernels [C, 1, k]) */
-    int64_t shape[3];    /* out × in for matrices */
-    size_t offset;       /* element offset into params/grads */
+    char name[96];    /* Hugging Face tensor name */
+    int ndim;         /* 1, 2, or 3 (conv kernels [C, 1, k]) */
+    int64_t shape[3]; /* out × in for matrices */
+    size_t offset;    /* element offset into params/grads */
     size_t numel;
     prl_param_kind kind;
-    int layer;           /* -1 for model-level tensors */
-    int expert;          /* routed expert index, -1 otherwise */
+    int layer;  /* -1 for model-level tensors */
+    int expert; /* routed expert index, -1 otherwise */
 } prl_param_info;
 
 /* ---------------------------------------------------------------- hooks ------------ */
@@ -145,12 +145,12 @@ typedef struct prl_model {
     int n_tensors;
     prl_param_info *tensors; /* owned */
     size_t n_params;
-    prl_real *params;        /* owned, n_params */
-    prl_real *grads;         /* owned, n_params; backward accumulates (+=) */
-    int n_moe;               /* number of MoE layers */
-    prl_real *router_bias;   /* owned, n_moe × N_r; not a parameter (no gradient) */
-    double *expert_counts;   /* owned, n_moe × N_r tokens routed since the last bias update */
-    prl_acts *acts;          /* owned */
+    prl_real *params;      /* owned, n_params */
+    prl_real *grads;       /* owned, n_params; backward accumulates (+=) */
+    int n_moe;             /* number of MoE layers */
+    prl_real *router_bias; /* owned, n_moe × N_r; not a parameter (no gradient) */
+    double *expert_counts; /* owned, n_moe × N_r tokens routed since the last bias update */
+    prl_acts *acts;        /* owned */
     prl_tensor_hook hook;
     void *hook_user;
     prl_precision precision; /* train path arithmetic (prl_model_set_precision) */
@@ -196,10 +196,10 @@ enum { PRL_MAX_EXTRA_TARGETS = 64 };
 ** init/free pair). A view of B ≤ rows rows of T ≤ cols positions lays rows out with stride
 ** T, so the buffers can back batches of any shape within the capacity. */
 typedef struct prl_batch_buf {
-    int rows, cols;           /* capacity */
+    int rows, cols;            /* capacity */
     int32_t *tokens, *targets; /* [rows*cols] */
-    int32_t *lens;            /* [rows] */
-    float *weights;           /* [rows*cols], zeroed by prl_batch_buf_set_row */
+    int32_t *lens;             /* [rows] */
+    float *weights;            /* [rows*cols], zeroed by prl_batch_buf_set_row */
 } prl_batch_buf;
 
 prl_status prl_batch_buf_init(prl_batch_buf *bb, int rows, int cols);
@@ -280,14 +280,14 @@ typedef enum prl_lr_schedule {
 } prl_lr_schedule;
 
 typedef struct prl_optim_config {
-    prl_optim_kind kind;       /* MUON: hidden matrices on Muon, the rest on AdamW */
+    prl_optim_kind kind; /* MUON: hidden matrices on Muon, the rest on AdamW */
     double lr;
-    double beta1, beta2, eps;  /* AdamW (0.9, 0.95, 1e-8) */
-    double weight_decay;       /* decoupled; not applied to norms, embeddings or router */
-    double muon_momentum;      /* 0.95, Nesterov */
-    int muon_ns_steps;         /* 5 */
-    double grad_clip;          /* global L2 norm bound, 0 = off */
-    double expert_clip;        /* per routed expert L2 bound, 0 = off */
+    double beta1, beta2, eps; /* AdamW (0.9, 0.95, 1e-8) */
+    double weight_decay;      /* decoupled; not applied to norms, embeddings or router */
+    double muon_momentum;     /* 0.95, Nesterov */
+    int muon_ns_steps;        /* 5 */
+    double grad_clip;         /* global L2 norm bound, 0 = off */
+    double expert_clip;       /* per routed expert L2 bound, 0 = off */
     prl_lr_schedule schedule;
     int warmup_steps, total_steps;
     double min_lr_ratio;
@@ -304,9 +304,9 @@ typedef struct prl_optim {
 
 typedef struct prl_optim_stats {
     double lr;
-    double grad_norm;      /* before clipping */
-    double clip_scale;     /* factor applied by the global clip (1 = none) */
-    int experts_clipped;   /* routed experts whose gradient was clipped */
+    double grad_norm;    /* before clipping */
+    double clip_scale;   /* factor applied by the global clip (1 = none) */
+    int experts_clipped; /* routed experts whose gradient was clipped */
 } prl_optim_stats;
 
 void prl_optim_config_default(prl_optim_config *c);
@@ -329,12 +329,12 @@ typedef enum prl_scaler_kind { PRL_SCALER_TORCH = 0, PRL_SCALER_MEGATRON = 1 } p
 
 typedef struct prl_loss_scaler_config {
     prl_scaler_kind kind;
-    double init_scale;      /* torch 2^16, megatron 2^32 */
-    double growth_factor;   /* 2 */
-    double backoff_factor;  /* 0.5 */
-    int growth_interval;    /* clean steps before a growth: torch 2000, megatron 1000 */
-    int hysteresis;         /* megatron: overflows tolerated before a back-off, 2 */
-    double min_scale;       /* megatron: floor of the scale, 1 */
+    double init_scale;     /* torch 2^16, megatron 2^32 */
+    double growth_factor;  /* 2 */
+    double backoff_factor; /* 0.5 */
+    int growth_interval;   /* clean steps before a growth: torch 2000, megatron 1000 */
+    int hysteresis;        /* megatron: overflows tolerated before a back-off, 2 */
+    double min_scale;      /* megatron: floor of the scale, 1 */
 } prl_loss_scaler_config;
 
 typedef struct prl_loss_scaler {
@@ -374,9 +374,8 @@ int prl_grads_finite(const prl_real *grads, size_t n);
 ** the previous complete checkpoint or the new complete one. `state_json` (a JSON object
 ** text, may be NULL) is extra run state stored in state.json; `tok` (may be NULL) is saved
 ** as tokenizer.json. */
-prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o,
-                               const char *state_json, const struct prl_tokenizer *tok,
-                               const char *dir);
+prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const char *state_json,
+                               const struct prl_tokenizer *tok, const char *dir);
 /* Load config + weights into a new model (m must be zeroed/unused). Every tensor's name,
 ** shape and dtype and the checksum are validated; errors name the file and tensor. */
 prl_status prl_checkpoint_load(prl_model *m, const char *dir);

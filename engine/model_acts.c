@@ -79,7 +79,8 @@ static void carve_residual_model(prl_model *m, carver *cv)
 {
     const prl_config *c = &m->cfg;
     prl_acts *a = m->acts;
-    size_t N = (size_t)a->N, n = (size_t)c->mhc_num_stream, S = prl_config_streams(c) * (size_t)c->hidden_size;
+    size_t N = (size_t)a->N, n = (size_t)c->mhc_num_stream,
+           S = prl_config_streams(c) * (size_t)c->hidden_size;
     if (!model__residual_glue(c)) return;
     a->dxs = CARVE_R(cv, N * S);
     a->dxs2 = CARVE_R(cv, N * S);
@@ -259,7 +260,8 @@ prl_status model__ensure_acts(prl_model *m, int B, int T)
             a->have_forward = 0;
             cv = (carver){.base = a->block};
             carve_all(m, &cv);
-            prl_rope_tables(a->rope_cos, a->rope_sin, T, m->cfg.qk_rope_head_dim, m->cfg.rope_theta);
+            prl_rope_tables(a->rope_cos, a->rope_sin, T, m->cfg.qk_rope_head_dim,
+                            m->cfg.rope_theta);
             return PRL_OK;
         }
         a->B = oB, a->T = oT, a->N = oB * oT;

@@ -22,8 +22,14 @@ prl_attn_shape model__attn_shape(const prl_model *m, int l)
     dims D = model__dims_of(&m->cfg);
     const uint8_t *sel =
         model__dsa_sparse(m, l) && m->acts->layer ? m->acts->layer[l].dsa.sel : NULL;
-    return (prl_attn_shape){.B = m->acts->B, .T = m->acts->T, .H = D.H, .dn = D.dn, .dr = D.dr,
-                            .dv = D.dv, .window = prl_config_window(&m->cfg, l), .ns = D.ns,
+    return (prl_attn_shape){.B = m->acts->B,
+                            .T = m->acts->T,
+                            .H = D.H,
+                            .dn = D.dn,
+                            .dr = D.dr,
+                            .dv = D.dv,
+                            .window = prl_config_window(&m->cfg, l),
+                            .ns = D.ns,
                             .sel = sel};
 }
 
@@ -31,9 +37,14 @@ prl_attn_shape model__attn_shape(const prl_model *m, int l)
 static prl_dsa_dims dsa_dims(const prl_model *m)
 {
     const prl_config *c = &m->cfg;
-    return (prl_dsa_dims){.B = m->acts->B, .T = m->acts->T, .d = c->hidden_size,
-                          .rq = c->q_lora_rank, .HI = c->index_n_heads, .dI = c->index_head_dim,
-                          .dr = c->qk_rope_head_dim, .topk = c->index_topk};
+    return (prl_dsa_dims){.B = m->acts->B,
+                          .T = m->acts->T,
+                          .d = c->hidden_size,
+                          .rq = c->q_lora_rank,
+                          .HI = c->index_n_heads,
+                          .dI = c->index_head_dim,
+                          .dr = c->qk_rope_head_dim,
+                          .topk = c->index_topk};
 }
 
 /* ------------------------------------------------------------------ forward --------- */
@@ -60,8 +71,10 @@ static void sinks_forward(prl_model *m, int l)
 static prl_dsa_weights dsa_weights(const prl_model *m, prl_real *base, int l)
 {
     const layer_offsets *o = &m->acts->lo[l];
-    return (prl_dsa_weights){.wq_b = base + o->ix_wq_b, .wk = base + o->ix_wk,
-                             .k_norm = base + o->ix_k_norm, .wproj = base + o->ix_wproj};
+    return (prl_dsa_weights){.wq_b = base + o->ix_wq_b,
+                             .wk = base + o->ix_wk,
+                             .k_norm = base + o->ix_k_norm,
+                             .wproj = base + o->ix_wproj};
 }
 
 /* A latent of C channels (rows of z at z_stride) through ModAttn and its norm:
@@ -167,8 +180,8 @@ static void sinks_backward(prl_model *m, int l)
     prl_matmul_backward(a->dsink_ckv, G(o->wkv_b), a->dsink_kv, la->sink_ckv, P(o->wkv_b), D.ns,
                         D.rkv, D.H * D.dkv);
     model__rnd(m, a->dsink_ckv, (size_t)D.ns * D.rkv);
-    prl_rmsnorm_backward(G(o->sink_ckv), G(o->kv_norm), a->dsink_ckv, P(o->sink_ckv),
-                         P(o->kv_norm), la->sink_rstd, D.ns, D.rkv, D.rkv, D.rkv);
+    prl_rmsnorm_backward(G(o->sink_ckv), G(o->kv_norm), a->dsink_ckv, P(o->sink_ckv), P(o->kv_norm),
+                         la->sink_rstd, D.ns, D.rkv, D.rkv, D.rkv);
 }
 
 /* Attention sublayer: dres holds ∂/∂(its output); adds the path through MLA and ln1 into dx
@@ -187,7 +200,8 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
         prl_matmul_backward(a->do_, G(o->wo), a->dres, la->oc, P(o->wo), N, HV, D.d);
         model__rnd(m, a->do_, (size_t)N * HV);
         model__zero(a->dconv, (size_t)N * HV);
-        prl_conv_backward(a->dconv, HV, G(o->o_conv), a->do_, la->o, P(o->o_conv), a->B, a->T, HV, D.ck);
+        prl_conv_backward(a->dconv, HV, G(o->o_conv), a->do_, la->o, P(o->o_conv), a->B, a->T, HV,
+                          D.ck);
         do_att = a->dconv;
     } else {
         prl_matmul_backward(a->do_, G(o->wo), a->dres, la->o, P(o->wo), N, HV, D.d);
@@ -215,7 +229,8 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     latent_backward(m, a->dkva, a->dckv, la->kva, wa, la->kvc, la->rstd_kv, o->kv_norm, o->kv_conv,
                     D.rkv);
     for (int n = 0; n < N; n++)
-        for (int i = 0; i < D.dr; i++) a->dkva[(size_t)n * wa + D.rkv + i] += a->dkr[(size_t)n * D.dr + i];
+        for (int i = 0; i < D.dr; i++)
+            a->dkva[(size_t)n * wa + D.rkv + i] += a->dkr[(size_t)n * D.dr + i];
     model__rnd(m, a->dkva, (size_t)N * wa);
     model__zero(a->dln, (size_t)N * D.d);
     prl_matmul_backward(a->dln, G(o->wkv_a), a->dkva, la->ln_a, P(o->wkv_a), N, D.d, wa);
@@ -230,8 +245,8 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     model__rnd(m, a->dzq, (size_t)N * D.rq);
     prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
     model__rnd(m, a->dln, (size_t)N * D.d);
-    prl_rmsnorm_backward(dx, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d,
-                         D.d, D.d);
+    prl_rmsnorm_backward(dx, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d, D.d,
+                         D.d);
     model__rnd(m, dx, (size_t)N * D.d);
 }
 

@@ -21,14 +21,14 @@
 typedef struct layer_offsets {
     size_t ln1, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, wo, ln2;
     size_t sink_ckv, sink_kpe; /* parameter sinks (sink_ckv only with param_sink_with_value) */
-    size_t qa_conv, kv_conv, o_conv; /* ModAttn kernels [C, k] */
+    size_t qa_conv, kv_conv, o_conv;            /* ModAttn kernels [C, k] */
     size_t ix_wq_b, ix_wk, ix_k_norm, ix_wproj; /* DSA lightning indexer */
-    size_t w1, w3, w2;       /* dense SwiGLU; w3 follows w1, so [w1; w3] is one 2F×d matrix */
-    size_t router, experts;  /* MoE */
-    size_t sw1, sw3, sw2;    /* shared experts; sw3 follows sw1 likewise */
-    size_t ln_pa, ln_pm;     /* sandwich: post_attention_layernorm, post_mlp_layernorm */
-    size_t ln_bp;            /* block_post_layernorm (over all streams) */
-    size_t hc[2][4];         /* mHC sites attn, mlp: phi, norm_gamma, branch_alpha, branch_beta */
+    size_t w1, w3, w2;      /* dense SwiGLU; w3 follows w1, so [w1; w3] is one 2F×d matrix */
+    size_t router, experts; /* MoE */
+    size_t sw1, sw3, sw2;   /* shared experts; sw3 follows sw1 likewise */
+    size_t ln_pa, ln_pm;    /* sandwich: post_attention_layernorm, post_mlp_layernorm */
+    size_t ln_bp;           /* block_post_layernorm (over all streams) */
+    size_t hc[2][4];        /* mHC sites attn, mlp: phi, norm_gamma, branch_alpha, branch_beta */
     size_t enorm, hnorm, eh_proj, sh_norm, sh_head; /* MTP layers: input op; shared_head
                                                     ** norm/head (model.norm / lm_head when
                                                     ** the config gives none) */
@@ -36,28 +36,28 @@ typedef struct layer_offsets {
 
 /* Saved activations of one layer (for the current batch shape). */
 typedef struct layer_acts {
-    prl_real *res_attn, *ln_a, *rstd_a;         /* residual in, normed, 1/rms */
-    prl_real *zq, *cq, *rstd_q, *q;             /* query path */
-    prl_real *kva, *ckv, *rstd_kv, *kr, *kv;    /* key/value path */
-    prl_real *att, *o;                          /* probabilities, head outputs */
-    prl_real *sink_ckv, *sink_rstd, *sink_kv;   /* sinks: normed latent, 1/rms, [k_nope | v] */
-    prl_real *zqc, *kvc, *oc;                   /* ModAttn outputs (query, latent, heads) */
-    prl_dsa_acts dsa;                           /* DSA indexer (dsa.h), DSA layers only */
-    prl_real *res_ffn, *ln_f, *rstd_f;          /* residual after attention, normed */
-    prl_real *a13, *h;                          /* dense or shared-expert SwiGLU */
+    prl_real *res_attn, *ln_a, *rstd_a;       /* residual in, normed, 1/rms */
+    prl_real *zq, *cq, *rstd_q, *q;           /* query path */
+    prl_real *kva, *ckv, *rstd_kv, *kr, *kv;  /* key/value path */
+    prl_real *att, *o;                        /* probabilities, head outputs */
+    prl_real *sink_ckv, *sink_rstd, *sink_kv; /* sinks: normed latent, 1/rms, [k_nope | v] */
+    prl_real *zqc, *kvc, *oc;                 /* ModAttn outputs (query, latent, heads) */
+    prl_dsa_acts dsa;                         /* DSA indexer (dsa.h), DSA layers only */
+    prl_real *res_ffn, *ln_f, *rstd_f;        /* residual after attention, normed */
+    prl_real *a13, *h;                        /* dense or shared-expert SwiGLU */
     /* MoE */
-    prl_real *z, *s, *g;                        /* router logits, sigmoid, gates [N,K] */
-    int32_t *sel;                               /* [N,K] */
-    int32_t *offsets;                           /* [E+1] rows per expert in grouped order */
-    int32_t *pos;                               /* [N,K] grouped row of (token, slot) */
-    int32_t *token_of;                          /* [N·K] token of each grouped row */
-    prl_real *xg, *ea13, *eh, *yg;              /* grouped expert inputs/activations/outputs */
+    prl_real *z, *s, *g;           /* router logits, sigmoid, gates [N,K] */
+    int32_t *sel;                  /* [N,K] */
+    int32_t *offsets;              /* [E+1] rows per expert in grouped order */
+    int32_t *pos;                  /* [N,K] grouped row of (token, slot) */
+    int32_t *token_of;             /* [N·K] token of each grouped row */
+    prl_real *xg, *ea13, *eh, *yg; /* grouped expert inputs/activations/outputs */
     /* residual glue (mHC, sandwich norms, block post-norm); site 0 attention, 1 FFN */
-    prl_real *xs[2];                            /* mHC: streams into each site [N, n·d] */
-    prl_mhc_saved hc[2];                        /* mHC: each site's coefficients */
-    prl_real *sub[2], *rstd_sub[2];             /* sandwich: sublayer output before its norm */
-    prl_real *F[2];                             /* what goes back into the residual [N, d] */
-    prl_real *bp_in, *rstd_bp;                  /* block post-norm input [N, S], 1/rms */
+    prl_real *xs[2];                /* mHC: streams into each site [N, n·d] */
+    prl_mhc_saved hc[2];            /* mHC: each site's coefficients */
+    prl_real *sub[2], *rstd_sub[2]; /* sandwich: sublayer output before its norm */
+    prl_real *F[2];                 /* what goes back into the residual [N, d] */
+    prl_real *bp_in, *rstd_bp;      /* block post-norm input [N, S], 1/rms */
 } layer_acts;
 
 /* Saved activations of MTP module k (its decoder layer's are a layer_acts). */
@@ -71,13 +71,13 @@ typedef struct mtp_acts {
 
 struct prl_acts {
     int B, T, N;
-    mtp_acts *mtp;          /* per MTP module (num_nextn_predict_layers) */
+    mtp_acts *mtp; /* per MTP module (num_nextn_predict_layers) */
     prl_real *dh_mtp, *dh_mtp2, *dcat_mtp, *demb_mtp; /* MTP backward scratch [N,d]/[N,2d] */
-    int mtp_ran;            /* the current forward ran the MTP modules */
-    layer_offsets *lo;      /* per layer, fixed at init */
+    int mtp_ran;                                      /* the current forward ran the MTP modules */
+    layer_offsets *lo;                                /* per layer, fixed at init */
     layer_acts *layer;
     prl_real *res_final, *ln_final, *rstd_final, *logits, *lse;
-    prl_real *tmp;          /* [N,d] a sublayer's output before the residual add */
+    prl_real *tmp; /* [N,d] a sublayer's output before the residual add */
     prl_real *rope_cos, *rope_sin;
     /* backward scratch */
     prl_real *dres, *dln, *dlogits, *dzq, *dcq, *dq, *dkva, *dckv, *dkv, *dkr, *dattn_scratch;
@@ -85,17 +85,17 @@ struct prl_acts {
     prl_real *do_, *dffn_scratch, *dz, *dg, *dyg, *dxg, *deh;
     size_t attn_scratch_len;
     prl_dsa_scratch dsa_scratch; /* DSA indexer backward */
-    double index_loss;      /* the last forward's DSA indexer loss */
-    int32_t *routes;        /* [n_moe][N][K] captured routes */
+    double index_loss;           /* the last forward's DSA indexer loss */
+    int32_t *routes;             /* [n_moe][N][K] captured routes */
     /* residual glue: the streams after the last layer and the merge head (mHC) */
     prl_real *xs_final;
     prl_mhc_saved hc_merge;
-    prl_real *ones, *dgamma_sink;   /* γ = 1 when mhc_use_gamma is off, and its discarded grad */
+    prl_real *ones, *dgamma_sink; /* γ = 1 when mhc_use_gamma is off, and its discarded grad */
     prl_real *dxs, *dxs2, *dxin, *dpre, *dpost, *dH, *hc_scratch;
-    int have_forward;       /* a forward with saved activations is current */
-    void *block;            /* the one allocation all of the above point into */
+    int have_forward; /* a forward with saved activations is current */
+    void *block;      /* the one allocation all of the above point into */
     size_t block_bytes;
-    size_t offsets_init;    /* lo is allocated separately (it outlives batch shapes) */
+    size_t offsets_init; /* lo is allocated separately (it outlives batch shapes) */
 };
 
 /* ------------------------------------------------------------------ dimensions ------ */
@@ -162,8 +162,8 @@ int model__all_layers(const prl_config *c);
 /* The model-level offsets (embedding, final norm, head, mHC merge head). */
 model_offsets *model__offs(const prl_model *m);
 /* The tensor hook's call for op `what` of `layer` (-1: a model-level op); non-zero: stop. */
-int model__emit(const prl_model *m, int layer, const char *what, const prl_real *data,
-                int64_t rows, int64_t cols);
+int model__emit(const prl_model *m, int layer, const char *what, const prl_real *data, int64_t rows,
+                int64_t cols);
 /* The master weights rounded into wround (reduced precisions), before each forward. */
 void model__refresh_rounded_weights(prl_model *m);
 
@@ -192,11 +192,10 @@ void model__dsa_backward(prl_model *m, const prl_batch *b);
 /* MoE: ln_f (N,d) → tmp (N,d) = shared(ln_f) + Σ_k g_k·expert_k(ln_f). */
 int model__moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, expert_task *tasks);
 /* Auxiliary losses of one MoE layer (values only; gradients in the backward). */
-void model__aux_losses(const prl_model *m, const layer_acts *la, const prl_batch *b,
-                       double *bal, double *zl);
+void model__aux_losses(const prl_model *m, const layer_acts *la, const prl_batch *b, double *bal,
+                       double *zl);
 /* FFN sublayer backward (dense or MoE): dres holds ∂/∂(its output); adds ∂/∂res_ffn into dx. */
-void model__ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *tasks,
-                         prl_real *dx);
+void model__ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *tasks, prl_real *dx);
 
 /* ------------------------------------------------------------------ model_residual.c */
 
@@ -234,11 +233,11 @@ int model__valid_pos(const prl_batch *b, int n);
 /* Log-probs of the targets (logits_ctx) over rows [r0, r1). */
 void model__logprob_rows(void *p, int r0, int r1);
 /* Σ w·logp over the batch's targets in position order (double). */
-double model__weighted_logp(const prl_batch *b, const prl_real *logits, const prl_real *lse,
-                            int V, int *n_targets);
+double model__weighted_logp(const prl_batch *b, const prl_real *logits, const prl_real *lse, int V,
+                            int *n_targets);
 /* Decoder layer l (trunk or MTP) from its input to `out`; non-zero when a hook stops. */
-int model__layer_forward(prl_model *m, int l, int *moe_idx, const prl_batch *b,
-                         expert_task *tasks, prl_forward_stats *st, int train, prl_real *out);
+int model__layer_forward(prl_model *m, int l, int *moe_idx, const prl_batch *b, expert_task *tasks,
+                         prl_forward_stats *st, int train, prl_real *out);
 /* The backward's loss multiplier (prl_batch.loss_scale; 0 means 1). */
 double model__loss_scale(const prl_batch *b);
 /* ∂/∂logits (logits_ctx) into a->dlogits over rows [r0, r1). */

@@ -131,7 +131,8 @@ int model__moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     model__rnd(m, la->z, (size_t)N * D.E);
     const prl_real *bias = m->router_bias + (size_t)moe_idx * D.E;
     const int32_t *forced = b->route_override && moe_idx < m->n_moe /* MTP: native */
-                                ? b->route_override + (size_t)moe_idx * N * D.K : NULL;
+                                ? b->route_override + (size_t)moe_idx * N * D.K
+                                : NULL;
     token_ctx tc = {.m = m, .la = la, .D = D, .bias = bias, .forced = forced, .out = a->tmp};
     prl_parallel_rows(N, gate_rows, &tc);
     memcpy(a->routes + (size_t)moe_idx * N * D.K, la->sel, (size_t)N * D.K * sizeof(int32_t));
@@ -141,18 +142,17 @@ int model__moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     c.n_tasks = build_expert_tasks(tasks, la->offsets, D.E);
     prl_parallel_for(c.n_tasks, expert_forward_task, &c);
     if (D.sde > 0)
-        prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->sw1), P(o->sw2), N, D.d,
-                           D.sde, 0, m->precision);
-    else
-        memset(a->tmp, 0, (size_t)N * D.d * sizeof(prl_real));
+        prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->sw1), P(o->sw2), N, D.d, D.sde, 0,
+                           m->precision);
+    else memset(a->tmp, 0, (size_t)N * D.d * sizeof(prl_real));
     prl_parallel_rows(N, combine_rows, &tc);
     int stop = model__emit(m, l, "moe.router_logits", la->z, N, D.E);
     return stop || model__emit(m, l, "moe.out", a->tmp, N, D.d);
 }
 
 /* Auxiliary losses of one MoE layer (values only; gradients in the backward). */
-void model__aux_losses(const prl_model *m, const layer_acts *la, const prl_batch *b,
-                       double *bal, double *zl)
+void model__aux_losses(const prl_model *m, const layer_acts *la, const prl_batch *b, double *bal,
+                       double *zl)
 {
     dims D = model__dims_of(&m->cfg);
     const prl_config *c = &m->cfg;
@@ -334,8 +334,7 @@ static void gate_backward_rows(void *p, int r0, int r1)
 
 /* FFN sublayer (dense or MoE): dres holds ∂/∂(its output); adds the path through the FFN
 ** and ln2 into dx (∂/∂res_ffn; the plain residual passes dres itself). */
-void model__ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *tasks,
-                         prl_real *dx)
+void model__ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *tasks, prl_real *dx)
 {
     prl_acts *a = m->acts;
     layer_acts *la = &a->layer[l];
@@ -344,8 +343,8 @@ void model__ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
     int N = a->N;
     model__zero(a->dln, (size_t)N * D.d);
     if (!prl_config_is_moe(&m->cfg, l)) {
-        prl_swiglu_backward(a->dln, G(o->w1), G(o->w2), a->dffn_scratch, a->dres, la->ln_f,
-                            la->a13, la->h, P(o->w1), P(o->w2), N, D.d, D.I, m->precision);
+        prl_swiglu_backward(a->dln, G(o->w1), G(o->w2), a->dffn_scratch, a->dres, la->ln_f, la->a13,
+                            la->h, P(o->w1), P(o->w2), N, D.d, D.I, m->precision);
     } else {
         token_ctx tc = {.m = m, .la = la, .D = D};
         prl_parallel_rows(N, dyg_rows, &tc);
@@ -355,16 +354,15 @@ void model__ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
         prl_parallel_for(2 * D.E, expert_backward_weights_task, &c);
         prl_parallel_rows(N, scatter_rows, &tc);
         if (D.sde > 0)
-            prl_swiglu_backward(a->dln, G(o->sw1), G(o->sw2), a->dffn_scratch, a->dres,
-                                la->ln_f, la->a13, la->h, P(o->sw1), P(o->sw2), N, D.d, D.sde,
-                                m->precision);
+            prl_swiglu_backward(a->dln, G(o->sw1), G(o->sw2), a->dffn_scratch, a->dres, la->ln_f,
+                                la->a13, la->h, P(o->sw1), P(o->sw2), N, D.d, D.sde, m->precision);
         prl_parallel_rows(N, gate_backward_rows, &tc);
         aux_backward(m, la, b, a->dz);
         model__rnd(m, a->dz, (size_t)N * D.E);
         prl_matmul_backward(a->dln, G(o->router), a->dz, la->ln_f, P(o->router), N, D.d, D.E);
     }
     model__rnd(m, a->dln, (size_t)N * D.d);
-    prl_rmsnorm_backward(dx, G(o->ln2), a->dln, la->res_ffn, P(o->ln2), la->rstd_f, N, D.d,
-                         D.d, D.d);
+    prl_rmsnorm_backward(dx, G(o->ln2), a->dln, la->res_ffn, P(o->ln2), la->rstd_f, N, D.d, D.d,
+                         D.d);
     model__rnd(m, dx, (size_t)N * D.d);
 }

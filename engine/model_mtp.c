@@ -14,8 +14,13 @@
 ** trunk's loss scale (so its gradients are scaled like the trunk's). */
 static prl_batch mtp_view(const prl_batch *b, const mtp_acts *t)
 {
-    return (prl_batch){.B = b->B, .T = b->T, .tokens = t->tokens, .lens = t->lens,
-                       .targets = t->targets, .weights = t->weights, .temperature = 1,
+    return (prl_batch){.B = b->B,
+                       .T = b->T,
+                       .tokens = t->tokens,
+                       .lens = t->lens,
+                       .targets = t->targets,
+                       .weights = t->weights,
+                       .temperature = 1,
                        .loss_scale = b->loss_scale};
 }
 
@@ -110,8 +115,8 @@ void model__mtp_backward(prl_model *m, const prl_batch *b, expert_task *tasks)
         model__zero(a->dln, (size_t)N * d);
         prl_matmul_backward(a->dln, G(o->sh_head), a->dlogits, t->ln, P(o->sh_head), N, d, V);
         model__rnd(m, a->dln, (size_t)N * d);
-        prl_rmsnorm_backward(a->dh_mtp, G(o->sh_norm), a->dln, t->h, P(o->sh_norm), t->rstd, N,
-                             d, d, d);
+        prl_rmsnorm_backward(a->dh_mtp, G(o->sh_norm), a->dln, t->h, P(o->sh_norm), t->rstd, N, d,
+                             d, d);
         model__rnd(m, a->dh_mtp, (size_t)N * d); /* ∂h^k: the head's path and the next module's */
         plain_layer_backward(m, l, &bk, tasks, a->dh_mtp); /* now ∂/∂(the input op's output) */
         const prl_real *h_prev = k ? a->mtp[k - 1].h : a->res_final;

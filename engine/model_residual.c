@@ -26,8 +26,11 @@ int model__layer_mhc(const prl_model *m, int l)
 
 prl_mhc_shape model__site_shape(const prl_model *m, int full)
 {
-    return (prl_mhc_shape){.N = m->acts->N, .n = m->cfg.mhc_num_stream, .d = m->cfg.hidden_size,
-                           .it = m->cfg.mhc_recur_norm, .full = full};
+    return (prl_mhc_shape){.N = m->acts->N,
+                           .n = m->cfg.mhc_num_stream,
+                           .d = m->cfg.hidden_size,
+                           .it = m->cfg.mhc_recur_norm,
+                           .full = full};
 }
 
 /* ------------------------------------------------------------------ forward --------- */
@@ -50,15 +53,18 @@ static void residual_add(prl_model *m, prl_real *out, const prl_real *x, const p
 /* The parameters of an mHC module at offsets off[4] (γ = 1 without mhc_use_gamma). */
 static prl_mhc_params mhc_params(const prl_model *m, const size_t off[4])
 {
-    return (prl_mhc_params){.phi = P(off[0]), .gamma = m->cfg.mhc_use_gamma ? P(off[1]) : m->acts->ones,
-                            .alpha = P(off[2]), .beta = P(off[3])};
+    return (prl_mhc_params){.phi = P(off[0]),
+                            .gamma = m->cfg.mhc_use_gamma ? P(off[1]) : m->acts->ones,
+                            .alpha = P(off[2]),
+                            .beta = P(off[3])};
 }
 
 static prl_mhc_grads mhc_grads(const prl_model *m, const size_t off[4])
 {
     return (prl_mhc_grads){.dphi = G(off[0]),
                            .dgamma = m->cfg.mhc_use_gamma ? G(off[1]) : m->acts->dgamma_sink,
-                           .dalpha = G(off[2]), .dbeta = G(off[3])};
+                           .dalpha = G(off[2]),
+                           .dbeta = G(off[3])};
 }
 
 /* The residual stream(s) entering site `site` (0 attention, 1 FFN) of layer l: the mHC
@@ -137,8 +143,8 @@ void model__streams_begin(prl_model *m)
     int n = m->cfg.mhc_num_stream, d = m->cfg.hidden_size;
     for (int t = 0; t < a->N; t++)
         for (int i = 0; i < n; i++)
-            memcpy(a->layer[0].xs[0] + ((size_t)t * n + i) * d, a->layer[0].res_attn + (size_t)t * d,
-                   (size_t)d * sizeof(prl_real));
+            memcpy(a->layer[0].xs[0] + ((size_t)t * n + i) * d,
+                   a->layer[0].res_attn + (size_t)t * d, (size_t)d * sizeof(prl_real));
 }
 
 void model__streams_end(prl_model *m)
@@ -178,7 +184,8 @@ static void site_backward(prl_model *m, int l, int site, const prl_batch *b, exp
         model__zero(a->dxs2, (size_t)N * S), model__zero(a->dxin, Nd);
         model__zero(a->dpost, (size_t)N * sh.n), model__zero(a->dH, (size_t)N * n2);
         prl_mhc_post_backward(a->dxin, a->dxs2, a->dpost, a->dH, a->dxs, la->F[site], la->xs[site],
-                              la->hc[site].post, la->hc[site].S + (size_t)(ns - 1) * n2, ns * n2, sh);
+                              la->hc[site].post, la->hc[site].S + (size_t)(ns - 1) * n2, ns * n2,
+                              sh);
         model__rnd(m, a->dxin, Nd); /* F is a rounded output (sandwich norm or sublayer) */
         dF = a->dxin;
     } else {
@@ -187,7 +194,8 @@ static void site_backward(prl_model *m, int l, int site, const prl_batch *b, exp
     model__zero(a->dres, Nd); /* ∂/∂(sublayer output) */
     if (c->sandwich_norm) {
         size_t g = site ? o->ln_pm : o->ln_pa;
-        prl_rmsnorm_backward(a->dres, G(g), dF, la->sub[site], P(g), la->rstd_sub[site], N, d, d, d);
+        prl_rmsnorm_backward(a->dres, G(g), dF, la->sub[site], P(g), la->rstd_sub[site], N, d, d,
+                             d);
         model__rnd(m, a->dres, Nd);
     } else {
         memcpy(a->dres, dF, Nd * sizeof(prl_real));

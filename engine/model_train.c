@@ -12,10 +12,7 @@
 
 /* ------------------------------------------------------------------ batch ----------- */
 
-int model__valid_pos(const prl_batch *b, int n)
-{
-    return !b->lens || n % b->T < b->lens[n / b->T];
-}
+int model__valid_pos(const prl_batch *b, int n) { return !b->lens || n % b->T < b->lens[n / b->T]; }
 
 /* Position n's extra targets: each in [-1, V), and none where the position has no target
 ** (their log-probs need the row's log-sum-exp, which only a target position computes). */
@@ -23,15 +20,19 @@ static prl_status validate_extra(const prl_batch *b, int n, int V)
 {
     if (b->n_extra < 0 || b->n_extra > PRL_MAX_EXTRA_TARGETS ||
         (b->n_extra > 0 && (!b->extra_targets || !b->extra_weights)))
-        return prl_error_set(PRL_ERR_ARG, "n_extra %d: at most %d, with extra_targets and "
-                             "extra_weights", b->n_extra, PRL_MAX_EXTRA_TARGETS);
+        return prl_error_set(PRL_ERR_ARG,
+                             "n_extra %d: at most %d, with extra_targets and "
+                             "extra_weights",
+                             b->n_extra, PRL_MAX_EXTRA_TARGETS);
     int has_target = b->targets && b->targets[n] >= 0;
     for (int i = 0; i < b->n_extra; i++) {
         int32_t y = b->extra_targets[(size_t)n * b->n_extra + i];
         if (y < -1 || y >= V || (y >= 0 && !has_target))
             return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: extra target %d id %d %s",
-                                 n / b->T, n % b->T, i, y, y >= 0 && y < V ? "at a position "
-                                 "without a target" : "out of range");
+                                 n / b->T, n % b->T, i, y,
+                                 y >= 0 && y < V ? "at a position "
+                                                   "without a target"
+                                                 : "out of range");
     }
     return PRL_OK;
 }
@@ -47,10 +48,13 @@ static prl_status validate_override(const prl_model *m, const int32_t *ov, int N
         for (int k = 0; k < K; k++) {
             if (native && row[k] == PRL_ROUTE_NATIVE) continue;
             if (native || row[k] < 0 || row[k] >= E)
-                return prl_error_set(PRL_ERR_RANGE, "route override entry %zu: expert %d out of "
-                                     "range [0, %d)%s", r * K + k, row[k], E,
+                return prl_error_set(PRL_ERR_RANGE,
+                                     "route override entry %zu: expert %d out of "
+                                     "range [0, %d)%s",
+                                     r * K + k, row[k], E,
                                      native || row[k] == PRL_ROUTE_NATIVE
-                                         ? " (a native row must be all PRL_ROUTE_NATIVE)" : "");
+                                         ? " (a native row must be all PRL_ROUTE_NATIVE)"
+                                         : "");
         }
     }
     return PRL_OK;
@@ -73,13 +77,17 @@ static prl_status validate_batch(const prl_model *m, const prl_batch *b)
     int N = b->B * b->T;
     for (int n = 0; n < N; n++) /* padding positions too: their embeddings are looked up */
         if (b->tokens[n] < 0 || b->tokens[n] >= c->vocab_size)
-            return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: token id %d out of "
-                                 "range [0, %d)", n / b->T, n % b->T, b->tokens[n], c->vocab_size);
+            return prl_error_set(PRL_ERR_RANGE,
+                                 "sequence %d position %d: token id %d out of "
+                                 "range [0, %d)",
+                                 n / b->T, n % b->T, b->tokens[n], c->vocab_size);
     for (int n = 0; n < N; n++) {
         if (!model__valid_pos(b, n)) continue;
         if (b->targets && (b->targets[n] < -1 || b->targets[n] >= c->vocab_size))
-            return prl_error_set(PRL_ERR_RANGE, "sequence %d position %d: target id %d out of "
-                                 "range [-1, %d)", n / b->T, n % b->T, b->targets[n], c->vocab_size);
+            return prl_error_set(PRL_ERR_RANGE,
+                                 "sequence %d position %d: target id %d out of "
+                                 "range [-1, %d)",
+                                 n / b->T, n % b->T, b->targets[n], c->vocab_size);
         prl_status rc = validate_extra(b, n, c->vocab_size);
         if (rc) return rc;
     }
@@ -109,8 +117,8 @@ void model__logprob_rows(void *p, int r0, int r1)
 
 /* Σ w·logp over the batch's targets in position order (double), for a thread-independent
 ** value; *n_targets counts the positions with a target. */
-double model__weighted_logp(const prl_batch *b, const prl_real *logits, const prl_real *lse,
-                            int V, int *n_targets)
+double model__weighted_logp(const prl_batch *b, const prl_real *logits, const prl_real *lse, int V,
+                            int *n_targets)
 {
     double sum = 0;
     for (int n = 0; n < b->B * b->T; n++) {
@@ -133,8 +141,8 @@ double model__weighted_logp(const prl_batch *b, const prl_real *logits, const pr
 /* Decoder layer l (trunk or MTP) from its input (res_attn, or the streams xs[0] with mHC) to
 ** `out`: attention site, FFN site. *moe_idx counts MoE layers (router bias and route slot);
 ** `train` adds the layer's auxiliary losses to st. Returns non-zero when a hook stops. */
-int model__layer_forward(prl_model *m, int l, int *moe_idx, const prl_batch *b,
-                         expert_task *tasks, prl_forward_stats *st, int train, prl_real *out)
+int model__layer_forward(prl_model *m, int l, int *moe_idx, const prl_batch *b, expert_task *tasks,
+                         prl_forward_stats *st, int train, prl_real *out)
 {
     prl_acts *a = m->acts;
     layer_acts *la = &a->layer[l];
@@ -165,8 +173,8 @@ int model__layer_forward(prl_model *m, int l, int *moe_idx, const prl_batch *b,
 }
 
 /* Forward with saved activations; `train` also counts experts and computes aux losses. */
-static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
-                          prl_forward_stats *st, int train)
+static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp, prl_forward_stats *st,
+                          int train)
 {
     prl_status rc = validate_batch(m, b);
     if (rc) return rc;
@@ -175,7 +183,8 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     dims D = model__dims_of(&m->cfg);
     int N = a->N;
     prl_forward_stats stats = {0};
-    expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
+    expert_task *tasks =
+        malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
     if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
     a->have_forward = 0;
     model__refresh_rounded_weights(m);
@@ -198,8 +207,7 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp,
     prl_parallel_rows(N, model__logprob_rows, &lc);
     stats.lm_loss = model__weighted_logp(b, a->logits, a->lse, D.V, &stats.n_targets);
     a->mtp_ran = train && b->with_mtp && m->cfg.num_nextn_predict_layers > 0 && !stop;
-    if (a->mtp_ran)
-        stop = model__mtp_forward(m, b, moe_idx, tasks, &stats);
+    if (a->mtp_ran) stop = model__mtp_forward(m, b, moe_idx, tasks, &stats);
     free(tasks);
     if (train && m->cfg.bias_update_rate > 0) {
         for (int i = 0; i < m->n_moe; i++)
@@ -317,7 +325,8 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
     model__dsa_backward(m, b);
     if (m->cfg.dsa_freeze_main) return PRL_OK; /* only the indexer learns */
     const model_offsets *mo = model__offs(m);
-    expert_task *tasks = malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
+    expert_task *tasks =
+        malloc(((size_t)D.E + (size_t)N * D.K / PRL_ROW_BLOCK + 1) * sizeof *tasks);
     if (!tasks) return prl_error_set(PRL_ERR_NOMEM, "expert tasks");
     if (a->mtp_ran) /* ∂L_MTP/∂h⁰ into dh_mtp; uses dres, dlogits */
         model__mtp_backward(m, b, tasks);
@@ -332,8 +341,8 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
     prl_matmul_backward(a->dln, G(mo->head), a->dlogits, a->ln_final, P(mo->head), N, D.d, D.V);
     model__rnd(m, a->dln, (size_t)N * D.d);
     model__zero(a->dres, (size_t)N * D.d);
-    prl_rmsnorm_backward(a->dres, G(mo->norm), a->dln, a->res_final, P(mo->norm), a->rstd_final,
-                         N, D.d, D.d, D.d);
+    prl_rmsnorm_backward(a->dres, G(mo->norm), a->dln, a->res_final, P(mo->norm), a->rstd_final, N,
+                         D.d, D.d, D.d);
     if (a->mtp_ran) /* h⁰ = res_final also feeds MTP module 1 */
         for (size_t i = 0; i < (size_t)N * D.d; i++) a->dres[i] += a->dh_mtp[i];
     model__rnd(m, a->dres, (size_t)N * D.d); /* once both paths into h⁰ are summed */

@@ -21,12 +21,11 @@ void prl_mtp_input_forward(prl_real *out, prl_real *cat, prl_real *rstd_e, prl_r
     prl_round_reals(p, out, (size_t)N * d);
 }
 
-void prl_mtp_input_backward(prl_real *de, prl_real *dh, prl_real *dge, prl_real *dgh,
-                            prl_real *dw, prl_real *dcat, const prl_real *dout,
-                            const prl_real *cat, const prl_real *e, const prl_real *h,
-                            const prl_real *ge, const prl_real *gh, const prl_real *w,
-                            const prl_real *rstd_e, const prl_real *rstd_h, int N, int d,
-                            prl_precision p)
+void prl_mtp_input_backward(prl_real *de, prl_real *dh, prl_real *dge, prl_real *dgh, prl_real *dw,
+                            prl_real *dcat, const prl_real *dout, const prl_real *cat,
+                            const prl_real *e, const prl_real *h, const prl_real *ge,
+                            const prl_real *gh, const prl_real *w, const prl_real *rstd_e,
+                            const prl_real *rstd_h, int N, int d, prl_precision p)
 {
     /* dout (N,d) → dcat (N,2d) = dout · w, dw (d,2d) += doutᵀ · cat; then each half back
     ** through its norm (the halves are rows of dcat at stride 2d). */

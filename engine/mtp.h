@@ -27,12 +27,11 @@ void prl_mtp_input_forward(prl_real *out, prl_real *cat, prl_real *rstd_e, prl_r
                            prl_precision p);
 /* de[N,d] += ∂/∂e, dh[N,d] += ∂/∂h, dge/dgh[d] and dw[d,2d] += theirs, given dout[N,d];
 ** dcat is scratch [N,2d] (overwritten; rounded to p, the gradient of a rounded output). */
-void prl_mtp_input_backward(prl_real *de, prl_real *dh, prl_real *dge, prl_real *dgh,
-                            prl_real *dw, prl_real *dcat, const prl_real *dout,
-                            const prl_real *cat, const prl_real *e, const prl_real *h,
-                            const prl_real *ge, const prl_real *gh, const prl_real *w,
-                            const prl_real *rstd_e, const prl_real *rstd_h, int N, int d,
-                            prl_precision p);
+void prl_mtp_input_backward(prl_real *de, prl_real *dh, prl_real *dge, prl_real *dgh, prl_real *dw,
+                            prl_real *dcat, const prl_real *dout, const prl_real *cat,
+                            const prl_real *e, const prl_real *h, const prl_real *ge,
+                            const prl_real *gh, const prl_real *w, const prl_real *rstd_e,
+                            const prl_real *rstd_h, int N, int d, prl_precision p);
 
 /* The inputs of depth k (1-based) for a batch of B rows × T positions with valid lengths
 ** `lens` (NULL = all T): tok_k[b,i] = tokens[b,i+k] and tgt_k[b,i] = targets[b,i+k] (the

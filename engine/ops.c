@@ -12,9 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha,
-              const prl_real *A, int lda, const prl_real *B, int ldb, prl_real beta,
-              prl_real *C, int ldc)
+void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha, const prl_real *A,
+              int lda, const prl_real *B, int ldb, prl_real beta, prl_real *C, int ldc)
 {
 #ifdef PRL_REAL_DOUBLE
     prl_dgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -61,8 +60,8 @@ static void matmul_forward_block(void *p, int blk)
              c->out + (size_t)r0 * c->OC, c->OC);
 }
 
-void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, int N, int C,
-                        int OC, prl_real beta)
+void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, int N, int C, int OC,
+                        prl_real beta)
 {
     /* inp is (N,C), w is (OC,C), out is (N,OC) */
     matmul_ctx c = {.out = out, .inp = inp, .w = w, .N = N, .C = C, .OC = OC, .beta = beta};
@@ -90,12 +89,12 @@ static void matmul_dw_block(void *p, int tile)
              c->dw + (size_t)r0 * c->C + c0, c->C);
 }
 
-void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout,
-                         const prl_real *inp, const prl_real *w, int N, int C, int OC)
+void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout, const prl_real *inp,
+                         const prl_real *w, int N, int C, int OC)
 {
     /* dout is (N,OC); dinp (N,C) += dout·w; dw (OC,C) += doutᵀ·inp */
-    matmul_ctx c = {.dinp = dinp, .dw = dw, .dout = dout, .inp = inp, .w = w,
-                    .N = N, .C = C, .OC = OC};
+    matmul_ctx c =
+        {.dinp = dinp, .dw = dw, .dout = dout, .inp = inp, .w = w, .N = N, .C = C, .OC = OC};
     if (dinp) prl_parallel_for(n_blocks(N), matmul_dinp_block, &c);
     if (dw) prl_parallel_for(n_blocks(OC) * n_blocks(C), matmul_dw_block, &c);
 }
@@ -127,8 +126,14 @@ void prl_rmsnorm_forward(prl_real *out, prl_real *rstd, const prl_real *inp, con
                          int N, int C, int in_stride, int out_stride, double eps)
 {
     /* inp rows (N, C) at in_stride; out rows (N, C) at out_stride; rstd (N) */
-    rmsnorm_ctx c = {.out = out, .rstd = rstd, .inp = inp, .g = g, .C = C,
-                     .in_stride = in_stride, .out_stride = out_stride, .eps = eps};
+    rmsnorm_ctx c = {.out = out,
+                     .rstd = rstd,
+                     .inp = inp,
+                     .g = g,
+                     .C = C,
+                     .in_stride = in_stride,
+                     .out_stride = out_stride,
+                     .eps = eps};
     prl_parallel_rows(N, rmsnorm_forward_rows, &c);
 }
 
@@ -153,16 +158,22 @@ static void rmsnorm_backward_rows(void *p, int r0, int r1)
     }
 }
 
-void prl_rmsnorm_backward(prl_real *dinp, prl_real *dg, const prl_real *dout,
-                          const prl_real *inp, const prl_real *g, const prl_real *rstd, int N,
-                          int C, int in_stride, int dout_stride)
+void prl_rmsnorm_backward(prl_real *dinp, prl_real *dg, const prl_real *dout, const prl_real *inp,
+                          const prl_real *g, const prl_real *rstd, int N, int C, int in_stride,
+                          int dout_stride)
 {
     /* dx = u·r − x·r³·(Σ u·x)/C with u = g ⊙ dy;  dg += dy ⊙ x·r */
     int nb = n_blocks(N);
     prl_real *parts = malloc((size_t)nb * C * sizeof *parts);
     PRL_ASSERT(parts != NULL);
-    rmsnorm_ctx c = {.dinp = dinp, .dg_parts = parts, .inp = inp, .g = g, .dout = dout,
-                     .rstd = (prl_real *)rstd, .C = C, .in_stride = in_stride,
+    rmsnorm_ctx c = {.dinp = dinp,
+                     .dg_parts = parts,
+                     .inp = inp,
+                     .g = g,
+                     .dout = dout,
+                     .rstd = (prl_real *)rstd,
+                     .C = C,
+                     .in_stride = in_stride,
                      .out_stride = dout_stride};
     prl_parallel_rows(N, rmsnorm_backward_rows, &c);
     for (int b = 0; b < nb; b++)
@@ -213,8 +224,16 @@ static void rope_rows(void *p, int r0, int r1)
 static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
                        int heads, int head_stride, int col, int stride, int D, prl_real sign)
 {
-    rope_ctx c = {.x = x, .cos_t = cos_t, .sin_t = sin_t, .T = T, .heads = heads,
-                  .head_stride = head_stride, .col = col, .stride = stride, .D = D, .sign = sign};
+    rope_ctx c = {.x = x,
+                  .cos_t = cos_t,
+                  .sin_t = sin_t,
+                  .T = T,
+                  .heads = heads,
+                  .head_stride = head_stride,
+                  .col = col,
+                  .stride = stride,
+                  .D = D,
+                  .sign = sign};
     prl_parallel_rows(N, rope_rows, &c);
 }
 
@@ -227,8 +246,17 @@ void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t,
 void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
                  int N, int heads, int head_stride, int col, int stride, int D)
 {
-    rope_ctx c = {.x = x, .cos_t = cos_t, .sin_t = sin_t, .pos = pos, .T = 1, .heads = heads,
-                  .head_stride = head_stride, .col = col, .stride = stride, .D = D, .sign = 1};
+    rope_ctx c = {.x = x,
+                  .cos_t = cos_t,
+                  .sin_t = sin_t,
+                  .pos = pos,
+                  .T = 1,
+                  .heads = heads,
+                  .head_stride = head_stride,
+                  .col = col,
+                  .stride = stride,
+                  .D = D,
+                  .sign = 1};
     prl_parallel_rows(N, rope_rows, &c);
 }
 
@@ -309,8 +337,8 @@ static void softmax_row_masked(prl_real *Ss, int ns, prl_real *S, int lo, int hi
 static int seq_len(const attn_ctx *c, int b) { return c->lens ? c->lens[b] : c->sh.T; }
 
 void prl_attention_rows(prl_real *out, int ldo, prl_real *Ss, prl_real *S, int ldS,
-                        const prl_real *q, int ldq, const prl_attn_keys *kk, int p0, int p1,
-                        int dn, int dr, int dv)
+                        const prl_real *q, int ldq, const prl_attn_keys *kk, int p0, int p1, int dn,
+                        int dr, int dv)
 {
     /* q [rows, dn+dr] at ldq; token keys [nk = p1-k0] and sink keys [ns] (prl_attn_keys);
     ** Ss [rows, ns] and S [rows, nk] at ldS; out [rows, dv] at ldo */
@@ -325,12 +353,12 @@ void prl_attention_rows(prl_real *out, int ldo, prl_real *Ss, prl_real *S, int l
         prl_gemm(0, 1, rows, ns, dr, scale, q + dn, ldq, kk->skr, kk->ldskr, 1, Ss, ldS);
     }
     for (int t = p0; t < p1; t++) {
-        prl_real *Srow = S + (size_t)(t - p0) * ldS, *Ssrow = ns > 0 ? Ss + (size_t)(t - p0) * ldS : NULL;
+        prl_real *Srow = S + (size_t)(t - p0) * ldS,
+                 *Ssrow = ns > 0 ? Ss + (size_t)(t - p0) * ldS : NULL;
         if (kk->sel)
             softmax_row_masked(Ssrow, ns, Srow, row_lo(t, k0, kk->window), t - k0, nk,
                                kk->sel + (size_t)(t - p0) * kk->ldsel + k0);
-        else
-            softmax_row(Ssrow, ns, Srow, row_lo(t, k0, kk->window), t - k0, nk);
+        else softmax_row(Ssrow, ns, Srow, row_lo(t, k0, kk->window), t - k0, nk);
     }
     /* out = P_sink·v_sink + P·v */
     if (ns > 0) prl_gemm(0, 0, rows, dv, ns, 1, Ss, ldS, kk->sk + dn, kk->ldsk, 0, out, ldo);
@@ -342,10 +370,13 @@ static prl_attn_keys head_keys(const attn_ctx *c, int b, int h, int r0)
 {
     prl_attn_shape sh = c->sh;
     int dkv = sh.dn + sh.dv, k0 = prl_attention_key_start(r0, sh.window);
-    prl_attn_keys kk = {
-        .k = c->kv + ((size_t)b * sh.T + k0) * sh.H * dkv + (size_t)h * dkv, .ldk = sh.H * dkv,
-        .kr = c->kr + ((size_t)b * sh.T + k0) * sh.dr, .ldkr = sh.dr, .k0 = k0,
-        .window = sh.window, .ns = sh.ns};
+    prl_attn_keys kk = {.k = c->kv + ((size_t)b * sh.T + k0) * sh.H * dkv + (size_t)h * dkv,
+                        .ldk = sh.H * dkv,
+                        .kr = c->kr + ((size_t)b * sh.T + k0) * sh.dr,
+                        .ldkr = sh.dr,
+                        .k0 = k0,
+                        .window = sh.window,
+                        .ns = sh.ns};
     if (sh.ns > 0) {
         kk.sk = c->sink_kv + (size_t)h * dkv, kk.ldsk = sh.H * dkv;
         kk.skr = c->sink_kr, kk.ldskr = sh.dr;
@@ -378,8 +409,15 @@ void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, cons
                            const prl_real *kr, const prl_real *sink_kv, const prl_real *sink_kr,
                            const int32_t *lens, prl_attn_shape sh)
 {
-    attn_ctx c = {.out = out, .att = att, .q = q, .kv = kv, .kr = kr, .sink_kv = sink_kv,
-                  .sink_kr = sink_kr, .lens = lens, .sh = sh};
+    attn_ctx c = {.out = out,
+                  .att = att,
+                  .q = q,
+                  .kv = kv,
+                  .kr = kr,
+                  .sink_kv = sink_kv,
+                  .sink_kr = sink_kr,
+                  .lens = lens,
+                  .sh = sh};
     prl_parallel_for(sh.B * sh.H, attention_forward_head, &c);
 }
 
@@ -422,7 +460,8 @@ static void attention_backward_head(void *p, int task)
     const prl_real *kr = c->kr + (size_t)b * T * dr;
     prl_real *dS = c->scratch + (size_t)prl_pool_worker() * ATT_BLOCK * ldS;
     prl_real *dkr_h = c->dkr_heads + (size_t)task * T * dr;
-    prl_real *dsk_h = c->dsink_heads + (size_t)task * ns * (dkv + dr), *dskr_h = dsk_h + (size_t)ns * dkv;
+    prl_real *dsk_h = c->dsink_heads + (size_t)task * ns * (dkv + dr),
+             *dskr_h = dsk_h + (size_t)ns * dkv;
     memset(dkr_h, 0, (size_t)T * dr * sizeof *dkr_h);
     memset(dsk_h, 0, (size_t)ns * (dkv + dr) * sizeof *dsk_h);
     for (int r0 = 0; r0 < len; r0 += ATT_BLOCK) {
@@ -488,11 +527,20 @@ void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, prl_real
                             const prl_real *sink_kv, const prl_real *sink_kr, prl_real *scratch,
                             const int32_t *lens, prl_attn_shape sh)
 {
-    attn_ctx c = {.dq = dq, .dkv = dkv, .dkr_heads = scratch,
+    attn_ctx c = {.dq = dq,
+                  .dkv = dkv,
+                  .dkr_heads = scratch,
                   .dsink_heads = scratch + dkr_parts_len(sh),
-                  .scratch = scratch + dkr_parts_len(sh) + dsink_parts_len(sh), .dout = dout,
-                  .att = (prl_real *)att, .q = q, .kv = kv, .kr = kr, .sink_kv = sink_kv,
-                  .sink_kr = sink_kr, .lens = lens, .sh = sh};
+                  .scratch = scratch + dkr_parts_len(sh) + dsink_parts_len(sh),
+                  .dout = dout,
+                  .att = (prl_real *)att,
+                  .q = q,
+                  .kv = kv,
+                  .kr = kr,
+                  .sink_kv = sink_kv,
+                  .sink_kr = sink_kr,
+                  .lens = lens,
+                  .sh = sh};
     prl_parallel_for(sh.B * sh.H, attention_backward_head, &c);
     reduce_heads(dkr, dsink_kv, dsink_kr, scratch, c.dsink_heads, sh);
 }
@@ -551,7 +599,8 @@ static void conv_backward_rows(void *p, int r0, int r1)
             prl_real acc = dy[ch];
             for (int j = 0; j < c->k; j++) {
                 int fwd = c->k - 1 - j;
-                if (t + fwd < c->T) acc += c->w[(size_t)ch * c->k + j] * dy[(size_t)fwd * c->C + ch];
+                if (t + fwd < c->T)
+                    acc += c->w[(size_t)ch * c->k + j] * dy[(size_t)fwd * c->C + ch];
             }
             dx[ch] += acc;
         }
@@ -561,8 +610,14 @@ static void conv_backward_rows(void *p, int r0, int r1)
 void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_real *dout,
                        const prl_real *inp, const prl_real *w, int B, int T, int C, int k)
 {
-    conv_ctx c = {.dinp = dinp, .inp = inp, .w = w, .dout = dout, .in_stride = in_stride, .T = T,
-                  .C = C, .k = k};
+    conv_ctx c = {.dinp = dinp,
+                  .inp = inp,
+                  .w = w,
+                  .dout = dout,
+                  .in_stride = in_stride,
+                  .T = T,
+                  .C = C,
+                  .k = k};
     prl_parallel_rows(B * T, conv_backward_rows, &c);
     /* dw[c, j] = Σ_n dout[n, c]·inp[n − (k−1) + j, c], in row order (one thread) */
     for (int n = 0; n < B * T; n++) {
@@ -593,8 +648,8 @@ static void silu_mul_row(prl_real *y, const prl_real *g, const prl_real *u, int 
     for (; f < F; f++) y[f] = g[f] / (1 + PRL_EXP(-g[f])) * u[f];
 }
 
-static void silu_mul_backward_row(prl_real *dg, prl_real *du, const prl_real *dy,
-                                  const prl_real *g, const prl_real *u, int F)
+static void silu_mul_backward_row(prl_real *dg, prl_real *du, const prl_real *dy, const prl_real *g,
+                                  const prl_real *u, int F)
 {
     /* silu'(x) = σ(x)·(1 + x·(1 − σ(x))) */
     int f = 0;
@@ -621,8 +676,7 @@ void prl_silu_mul_forward(prl_real *h, const prl_real *a13, int rows, int F)
     }
 }
 
-void prl_silu_mul_backward(prl_real *da13, const prl_real *dh, const prl_real *a13, int rows,
-                           int F)
+void prl_silu_mul_backward(prl_real *da13, const prl_real *dh, const prl_real *a13, int rows, int F)
 {
     for (int r = 0; r < rows; r++) {
         const prl_real *g = a13 + (size_t)r * 2 * F;
@@ -645,8 +699,8 @@ static void silu_mul_block(void *p, int blk)
 }
 
 void prl_swiglu_forward(prl_real *out, prl_real *a13, prl_real *h, const prl_real *inp,
-                        const prl_real *w13, const prl_real *w2, int N, int C, int F,
-                        prl_real beta, prl_precision p)
+                        const prl_real *w13, const prl_real *w2, int N, int C, int F, prl_real beta,
+                        prl_precision p)
 {
     /* inp (N,C); w13 (2F,C); w2 (C,F); a13 (N,2F); h (N,F); out (N,C) */
     PRL_ASSERT(p == PRL_PRECISION_FP32 || beta == 0);
@@ -669,8 +723,8 @@ static void silu_mul_backward_block(void *p, int blk)
 
 void prl_swiglu_backward(prl_real *dinp, prl_real *dw13, prl_real *dw2, prl_real *scratch,
                          const prl_real *dout, const prl_real *inp, const prl_real *a13,
-                         const prl_real *h, const prl_real *w13, const prl_real *w2, int N,
-                         int C, int F, prl_precision p)
+                         const prl_real *h, const prl_real *w13, const prl_real *w2, int N, int C,
+                         int F, prl_precision p)
 {
     /* dh (N,F) = dout·w2;  dw2 (C,F) += doutᵀ·h;  then da13 (N,2F), dinp, dw13 */
     prl_real *dh = scratch, *da13 = scratch + (size_t)N * F;
@@ -713,8 +767,8 @@ void prl_moe_gate_forward(int32_t *sel, prl_real *g, prl_real *s, const prl_real
     for (int k = 0; k < K; k++) g[k] = (prl_real)scale * s[sel[k]] / denom;
 }
 
-void prl_moe_gate_backward(prl_real *dz, const prl_real *dg, const int32_t *sel,
-                           const prl_real *s, int E, int K, int renorm, double scale)
+void prl_moe_gate_backward(prl_real *dz, const prl_real *dg, const int32_t *sel, const prl_real *s,
+                           int E, int K, int renorm, double scale)
 {
     (void)E;
     prl_real sum = 0, dot = 0;

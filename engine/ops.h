@@ -37,14 +37,14 @@ enum { PRL_ROW_BLOCK = 128, PRL_ATT_BLOCK = 64 /* causal attention query block *
 /* exp(r) for |r| <= ln 2 / 2 from p = 1.9875691500e-4 on: one polynomial for the scalar and
 ** the vector prl_expf (GCC's vector operators broadcast the constants), so both perform the
 ** same IEEE operations. */
-#define PRL_EXP_POLY(p, r)                                                                   \
-    do {                                                                                     \
-        p = p * r + 1.3981999507e-3f;                                                        \
-        p = p * r + 8.3334519073e-3f;                                                        \
-        p = p * r + 4.1665795894e-2f;                                                        \
-        p = p * r + 1.6666665459e-1f;                                                        \
-        p = p * r + 5.0000001201e-1f;                                                        \
-        p = p * (r * r) + r + 1.0f;                                                          \
+#define PRL_EXP_POLY(p, r)                                                                         \
+    do {                                                                                           \
+        p = p * r + 1.3981999507e-3f;                                                              \
+        p = p * r + 8.3334519073e-3f;                                                              \
+        p = p * r + 4.1665795894e-2f;                                                              \
+        p = p * r + 1.6666665459e-1f;                                                              \
+        p = p * r + 5.0000001201e-1f;                                                              \
+        p = p * (r * r) + r + 1.0f;                                                                \
     } while (0)
 
 static inline float prl_expf(float x)
@@ -55,7 +55,10 @@ static inline float prl_expf(float x)
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     PRL_EXP_POLY(p, r);
-    union { uint32_t u; float f; } scale = {.u = (uint32_t)((int32_t)n + 127) << 23};
+    union {
+        uint32_t u;
+        float f;
+    } scale = {.u = (uint32_t)((int32_t)n + 127) << 23};
     return p * scale.f;
 }
 
@@ -108,21 +111,21 @@ typedef void (*prl_rows_fn)(void *ctx, int r0, int r1);
 void prl_parallel_rows(int n_rows, prl_rows_fn fn, void *ctx);
 
 /* out[N,OC] = inp[N,C] · w[OC,C]ᵀ   (beta = 0: overwrite, 1: accumulate) */
-void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, int N, int C,
-                        int OC, prl_real beta);
+void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, int N, int C, int OC,
+                        prl_real beta);
 /* dinp[N,C] += dout[N,OC] · w[OC,C];  dw[OC,C] += dout[N,OC]ᵀ · inp[N,C]
 ** (either gradient may be NULL to skip it) */
-void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout,
-                         const prl_real *inp, const prl_real *w, int N, int C, int OC);
+void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout, const prl_real *inp,
+                         const prl_real *w, int N, int C, int OC);
 
 /* out[N,C] = g ⊙ inp / sqrt(mean(inp²) + eps); rstd[N] saved. inp and out rows have strides
 ** in_stride / out_stride (>= C) so a slice of a wider row can be normalised in place. */
 void prl_rmsnorm_forward(prl_real *out, prl_real *rstd, const prl_real *inp, const prl_real *g,
                          int N, int C, int in_stride, int out_stride, double eps);
 /* dinp += ∂/∂inp, dg += ∂/∂g, given dout (same strides as the forward). */
-void prl_rmsnorm_backward(prl_real *dinp, prl_real *dg, const prl_real *dout,
-                          const prl_real *inp, const prl_real *g, const prl_real *rstd, int N,
-                          int C, int in_stride, int dout_stride);
+void prl_rmsnorm_backward(prl_real *dinp, prl_real *dg, const prl_real *dout, const prl_real *inp,
+                          const prl_real *g, const prl_real *rstd, int N, int C, int in_stride,
+                          int dout_stride);
 
 /* Half-split RoPE tables for positions [0, T): cos/sin [T, D/2], angles in double. */
 void prl_rope_tables(prl_real *cos_t, prl_real *sin_t, int T, int D, double theta);
@@ -221,14 +224,14 @@ void prl_conv_row(prl_real *out, const prl_real *const *x, const prl_real *w, in
 ** One GEMM of width 2F instead of two of width F. a13 and h are saved for the backward.
 ** Precision p rounds a13, h and out (beta must then be 0), as the infer path does. */
 void prl_swiglu_forward(prl_real *out, prl_real *a13, prl_real *h, const prl_real *inp,
-                        const prl_real *w13, const prl_real *w2, int N, int C, int F,
-                        prl_real beta, prl_precision p);
+                        const prl_real *w13, const prl_real *w2, int N, int C, int F, prl_real beta,
+                        prl_precision p);
 /* dinp, dw13, dw2 accumulate; scratch holds 3·N·F reals. Precision p rounds the gradients of
 ** h and a13 (dinp is the caller's to round once complete). */
 void prl_swiglu_backward(prl_real *dinp, prl_real *dw13, prl_real *dw2, prl_real *scratch,
                          const prl_real *dout, const prl_real *inp, const prl_real *a13,
-                         const prl_real *h, const prl_real *w13, const prl_real *w2, int N,
-                         int C, int F, prl_precision p);
+                         const prl_real *h, const prl_real *w13, const prl_real *w2, int N, int C,
+                         int F, prl_precision p);
 
 /* Row-wise SwiGLU core on `rows` rows: h[r,f] = silu(a13[r,f]) · a13[r,F+f], and its backward
 ** (da13 [rows,2F] overwritten). */
@@ -243,8 +246,8 @@ void prl_moe_gate_forward(int32_t *sel, prl_real *g, prl_real *s, const prl_real
                           const prl_real *bias, const int32_t *forced, int E, int K, int renorm,
                           double scale);
 /* dz[E] += ∂/∂z given dg[K] (through g and the sigmoid; sel is a constant). */
-void prl_moe_gate_backward(prl_real *dz, const prl_real *dg, const int32_t *sel,
-                           const prl_real *s, int E, int K, int renorm, double scale);
+void prl_moe_gate_backward(prl_real *dz, const prl_real *dg, const int32_t *sel, const prl_real *s,
+                           int E, int K, int renorm, double scale);
 
 /* Log-prob of target y under softmax(logits/τ) for one row of V: returns logp, stores the
 ** log-sum-exp of logits/τ in *lse. */

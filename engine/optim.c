@@ -63,11 +63,13 @@ prl_status prl_optim_init(prl_optim *o, const prl_model *m, const prl_optim_conf
         !(cfg->muon_momentum >= 0 && cfg->muon_momentum < 1) || cfg->muon_ns_steps < 0 ||
         !(cfg->grad_clip >= 0) || !(cfg->expert_clip >= 0) || cfg->warmup_steps < 0 ||
         !(cfg->min_lr_ratio >= 0 && cfg->min_lr_ratio <= 1))
-        return prl_error_set(PRL_ERR_CONFIG, "optimizer: a hyper-parameter is out of range "
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "optimizer: a hyper-parameter is out of range "
                              "(lr %g, betas %g/%g, eps %g, wd %g, momentum %g, clip %g/%g, "
-                             "warmup %d, min_lr_ratio %g)", cfg->lr, cfg->beta1, cfg->beta2,
-                             cfg->eps, cfg->weight_decay, cfg->muon_momentum, cfg->grad_clip,
-                             cfg->expert_clip, cfg->warmup_steps, cfg->min_lr_ratio);
+                             "warmup %d, min_lr_ratio %g)",
+                             cfg->lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay,
+                             cfg->muon_momentum, cfg->grad_clip, cfg->expert_clip,
+                             cfg->warmup_steps, cfg->min_lr_ratio);
     o->cfg = *cfg;
     o->n_params = m->n_params;
     o->m = calloc(m->n_params, sizeof *o->m);
@@ -121,8 +123,7 @@ void prl_muon_newton_schulz(prl_real *X, int A, int B, int steps, prl_real *work
     if (tr)
         for (int i = 0; i < A; i++)
             for (int j = 0; j < B; j++) Y[(size_t)j * A + i] = X[(size_t)i * B + j];
-    else
-        memcpy(Y, X, (size_t)A * B * sizeof *Y);
+    else memcpy(Y, X, (size_t)A * B * sizeof *Y);
     double ss = 0;
     for (size_t i = 0; i < (size_t)A * B; i++) ss += (double)Y[i] * Y[i];
     prl_real inv = (prl_real)(1.0 / (sqrt(ss) + 1e-7));
@@ -138,8 +139,7 @@ void prl_muon_newton_schulz(prl_real *X, int A, int B, int steps, prl_real *work
     if (tr)
         for (int i = 0; i < A; i++)
             for (int j = 0; j < B; j++) X[(size_t)i * B + j] = Y[(size_t)j * A + i];
-    else
-        memcpy(X, Y, (size_t)A * B * sizeof *X);
+    else memcpy(X, Y, (size_t)A * B * sizeof *X);
 }
 
 static double sum_squares(const prl_real *g, size_t n)
@@ -208,7 +208,10 @@ static int build_tasks(const prl_optim *o, const prl_model *m, update_task *t)
         if (frozen(m, p)) continue;
         size_t step = uses_muon(&o->cfg, p) ? p->numel : CHUNK;
         for (size_t b = 0; b < p->numel; b += step) {
-            if (t) t[n] = (update_task){.tensor = i, .begin = b, .end = b + step < p->numel ? b + step : p->numel};
+            if (t)
+                t[n] = (update_task){.tensor = i,
+                                     .begin = b,
+                                     .end = b + step < p->numel ? b + step : p->numel};
             n++;
         }
     }
@@ -286,7 +289,9 @@ prl_status prl_optim_step(prl_optim *o, prl_model *m, prl_optim_stats *stats)
         return prl_error_set(PRL_ERR_ARG, "optimizer was made for %zu parameters, model has %zu",
                              o->n_params, m->n_params);
     int n_tasks = build_tasks(o, m, NULL);
-    update_ctx c = {.o = o, .m = m, .tasks = malloc((size_t)n_tasks * sizeof(update_task)),
+    update_ctx c = {.o = o,
+                    .m = m,
+                    .tasks = malloc((size_t)n_tasks * sizeof(update_task)),
                     .partial = malloc((size_t)n_tasks * sizeof(double))};
     if (!c.tasks || !c.partial) {
         free(c.tasks), free(c.partial);
@@ -328,9 +333,13 @@ done:
 
 prl_status prl_loss_scaler_config_preset(prl_loss_scaler_config *c, const char *name)
 {
-    *c = (prl_loss_scaler_config){.kind = PRL_SCALER_TORCH, .init_scale = 65536.0,
-                                  .growth_factor = 2.0, .backoff_factor = 0.5,
-                                  .growth_interval = 2000, .hysteresis = 2, .min_scale = 1.0};
+    *c = (prl_loss_scaler_config){.kind = PRL_SCALER_TORCH,
+                                  .init_scale = 65536.0,
+                                  .growth_factor = 2.0,
+                                  .backoff_factor = 0.5,
+                                  .growth_interval = 2000,
+                                  .hysteresis = 2,
+                                  .min_scale = 1.0};
     if (!strcmp(name, "torch")) return PRL_OK;
     if (!strcmp(name, "verl_fsdp")) {
         c->growth_interval = 400;
@@ -345,8 +354,10 @@ prl_status prl_loss_scaler_config_preset(prl_loss_scaler_config *c, const char *
         c->init_scale = 32768.0;
         return PRL_OK;
     }
-    return prl_error_set(PRL_ERR_CONFIG, "loss scaler '%s' (choices: torch, megatron, verl_fsdp, "
-                         "verl_megatron)", name);
+    return prl_error_set(PRL_ERR_CONFIG,
+                         "loss scaler '%s' (choices: torch, megatron, verl_fsdp, "
+                         "verl_megatron)",
+                         name);
 }
 
 prl_status prl_loss_scaler_init(prl_loss_scaler *s, const prl_loss_scaler_config *c)
@@ -355,17 +366,23 @@ prl_status prl_loss_scaler_init(prl_loss_scaler *s, const prl_loss_scaler_config
     if ((unsigned)c->kind > PRL_SCALER_MEGATRON)
         return prl_error_set(PRL_ERR_CONFIG, "loss scaler: kind %d", (int)c->kind);
     if (!(c->init_scale > 0 && isfinite(c->init_scale)))
-        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: init_scale %g must be finite and > 0", c->init_scale);
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: init_scale %g must be finite and > 0",
+                             c->init_scale);
     if (!(c->growth_factor >= 1 && isfinite(c->growth_factor)))
-        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: growth_factor %g must be >= 1", c->growth_factor);
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: growth_factor %g must be >= 1",
+                             c->growth_factor);
     if (!(c->backoff_factor > 0 && c->backoff_factor < 1))
-        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: backoff_factor %g must be in (0, 1)", c->backoff_factor);
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: backoff_factor %g must be in (0, 1)",
+                             c->backoff_factor);
     if (c->growth_interval < 1)
-        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: growth_interval %d must be >= 1", c->growth_interval);
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: growth_interval %d must be >= 1",
+                             c->growth_interval);
     if (c->kind == PRL_SCALER_MEGATRON && c->hysteresis < 1)
-        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: hysteresis %d must be >= 1", c->hysteresis);
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: hysteresis %d must be >= 1",
+                             c->hysteresis);
     if (c->kind == PRL_SCALER_MEGATRON && !(c->min_scale > 0 && c->min_scale <= c->init_scale))
-        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: min_scale %g must be in (0, init_scale]", c->min_scale);
+        return prl_error_set(PRL_ERR_CONFIG, "loss scaler: min_scale %g must be in (0, init_scale]",
+                             c->min_scale);
     s->cfg = *c;
     s->scale = c->init_scale;
     s->hysteresis_tracker = c->hysteresis;
@@ -427,7 +444,8 @@ prl_status prl_optim_step_scaled(prl_optim *o, prl_model *m, prl_loss_scaler *s,
     prl_status rc = PRL_OK;
     if (found_inf) {
         if (stats)
-            *stats = (prl_optim_stats){.lr = prl_optim_lr_at(&o->cfg, o->step), .grad_norm = NAN,
+            *stats = (prl_optim_stats){.lr = prl_optim_lr_at(&o->cfg, o->step),
+                                       .grad_norm = NAN,
                                        .clip_scale = 1};
     } else {
         rc = prl_optim_step(o, m, stats);

@@ -29,7 +29,7 @@ static struct {
     pthread_mutex_t mutex;
     pthread_cond_t wake;
     pthread_cond_t done_cond;
-    atomic_uint generation; /* bumped once per job */
+    atomic_uint generation;          /* bumped once per job */
     atomic_uint_least64_t next_task; /* (job generation << 32) | next task index */
     atomic_int tasks_done;
     atomic_int sleepers;

@@ -83,10 +83,8 @@ void prl_round_floats(prl_precision p, float *x, size_t n)
 {
     if (p == PRL_PRECISION_BF16)
         for (size_t i = 0; i < n; i++) x[i] = prl_round_bf16(x[i]);
-    else if (p == PRL_PRECISION_FP16 && have_f16c())
-        round_fp16_f16c(x, n);
-    else if (p == PRL_PRECISION_FP16)
-        prl_round_fp16_scalar(x, n);
+    else if (p == PRL_PRECISION_FP16 && have_f16c()) round_fp16_f16c(x, n);
+    else if (p == PRL_PRECISION_FP16) prl_round_fp16_scalar(x, n);
 }
 
 /* The double build (gradient checks) rounds through the float nearest to each value, as the

@@ -21,8 +21,7 @@ uint64_t prl_hash64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-void prl_rng_init(prl_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c,
-                  uint64_t purpose)
+void prl_rng_init(prl_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t purpose)
 {
     uint64_t k = prl_hash64(seed);
     k = prl_hash64(k ^ a);
@@ -33,10 +32,7 @@ void prl_rng_init(prl_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c,
     r->counter = 0;
 }
 
-uint64_t prl_rng_u64(prl_rng *r)
-{
-    return prl_hash64(r->key ^ prl_hash64(r->counter++));
-}
+uint64_t prl_rng_u64(prl_rng *r) { return prl_hash64(r->key ^ prl_hash64(r->counter++)); }
 
 double prl_rng_uniform(prl_rng *r)
 {

@@ -108,15 +108,12 @@ const char *st__printable(char *buf, size_t cap, const char *s, size_t n)
             memcpy(buf + o, "...", 4);
             return buf;
         }
-        if (need == 1)
-            buf[o++] = (char)c;
-        else
-            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+        if (need == 1) buf[o++] = (char)c;
+        else o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
     }
     buf[o] = '\0';
     return buf;
 }
-
 
 /* "[1,2,3]"; "[...]" if it does not fit (SHAPE_BUF always fits PRL_SAFETENSORS_MAX_DIMS
 ** dimensions: 8 x 21 characters + brackets). Returns buf. */
@@ -157,8 +154,7 @@ int st__name_valid(const char *s, size_t n)
 
 /* Element count and byte size of a shape, multiplied left to right with overflow checks
 ** in the reference's order (so [2^62, 2^62, 0] overflows there and here alike). */
-int st__shape_bytes(const int64_t *shape, int ndim, size_t elem, size_t *numel,
-                    size_t *nbytes)
+int st__shape_bytes(const int64_t *shape, int ndim, size_t elem, size_t *numel, size_t *nbytes)
 {
     uint64_t n = 1;
     for (int i = 0; i < ndim; i++) {
@@ -178,7 +174,6 @@ uint64_t st__load_u64le(const uint8_t *p)
     for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
     return v;
 }
-
 
 /* ---------------------------------------------------------------- reader ----------- */
 
@@ -221,8 +216,7 @@ prl_status prl_safetensors_open(prl_safetensors *st, const char *path)
     if (!st || !path) return prl_error_set(PRL_ERR_ARG, "safetensors: open: NULL argument");
     memset(st, 0, sizeof *st);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return prl_error_set(PRL_ERR_IO, "safetensors %s: open: %s", path, strerror(errno));
+    if (fd < 0) return prl_error_set(PRL_ERR_IO, "safetensors %s: open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
@@ -258,8 +252,7 @@ prl_status prl_safetensors_open(prl_safetensors *st, const char *path)
     return PRL_OK;
 }
 
-const prl_safetensors_tensor *prl_safetensors_find(const prl_safetensors *st,
-                                                    const char *name)
+const prl_safetensors_tensor *prl_safetensors_find(const prl_safetensors *st, const char *name)
 {
     if (!st || !name) return NULL;
     size_t lo = 0, hi = st->n_tensors;
@@ -268,10 +261,8 @@ const prl_safetensors_tensor *prl_safetensors_find(const prl_safetensors *st,
         const prl_safetensors_tensor *t = &st->tensors[st->by_name[mid]];
         int c = strcmp(name, t->name);
         if (c == 0) return t;
-        if (c < 0)
-            hi = mid;
-        else
-            lo = mid + 1;
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
     }
     return NULL;
 }
@@ -290,8 +281,7 @@ static uint16_t load_u16le(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] <<
 
 static uint32_t load_u32le(const uint8_t *p)
 {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-           ((uint32_t)p[3] << 24);
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 static float f32_from_bits(uint32_t u)
@@ -326,21 +316,22 @@ static double f64_load(const uint8_t *p)
 
 /* Shared front half of read_f32/read_f64: argument checks, lookup, shape and dtype
 ** checks. `to` names the target type for messages. */
-static prl_status read_prepare(const prl_safetensors *st, const char *name,
-                               const int64_t *expect, int expect_ndim, const void *out,
-                               const char *to, const prl_safetensors_tensor **tp)
+static prl_status read_prepare(const prl_safetensors *st, const char *name, const int64_t *expect,
+                               int expect_ndim, const void *out, const char *to,
+                               const prl_safetensors_tensor **tp)
 {
     char nb[NAME_BUF], sa[SHAPE_BUF], sb[SHAPE_BUF];
-    if (!st || !name)
-        return prl_error_set(PRL_ERR_ARG, "safetensors: read_%s: NULL argument", to);
+    if (!st || !name) return prl_error_set(PRL_ERR_ARG, "safetensors: read_%s: NULL argument", to);
     const char *shown = st__printable(nb, sizeof nb, name, strlen(name));
     if (expect_ndim < 0 || expect_ndim > PRL_SAFETENSORS_MAX_DIMS || (expect_ndim && !expect))
         return prl_error_set(PRL_ERR_ARG, "safetensors %s: read_%s '%s': bad expected rank %d",
                              st->label, to, shown, expect_ndim);
     for (int i = 0; i < expect_ndim; i++)
         if (expect[i] < 0)
-            return prl_error_set(PRL_ERR_ARG, "safetensors %s: read_%s '%s': negative expected "
-                                 "dimension %" PRId64, st->label, to, shown, expect[i]);
+            return prl_error_set(PRL_ERR_ARG,
+                                 "safetensors %s: read_%s '%s': negative expected "
+                                 "dimension %" PRId64,
+                                 st->label, to, shown, expect[i]);
     const prl_safetensors_tensor *t = prl_safetensors_find(st, name);
     if (!t) return st__format_error(st, "tensor '%s' not found", shown);
     int same = t->ndim == expect_ndim;
@@ -351,12 +342,13 @@ static prl_status read_prepare(const prl_safetensors *st, const char *name,
                                 st__format_shape(sb, sizeof sb, expect, expect_ndim));
     if (t->dtype != PRL_DTYPE_F32 && t->dtype != PRL_DTYPE_F64 && t->dtype != PRL_DTYPE_F16 &&
         t->dtype != PRL_DTYPE_BF16)
-        return prl_error_set(PRL_ERR_UNSUPPORTED, "safetensors %s: tensor '%s' has dtype %s; "
-                             "only F32, F64, F16 and BF16 convert to %s", st->label, shown,
-                             prl_dtype_name(t->dtype), to);
+        return prl_error_set(PRL_ERR_UNSUPPORTED,
+                             "safetensors %s: tensor '%s' has dtype %s; "
+                             "only F32, F64, F16 and BF16 convert to %s",
+                             st->label, shown, prl_dtype_name(t->dtype), to);
     if (!out && t->numel)
-        return prl_error_set(PRL_ERR_ARG, "safetensors %s: read_%s '%s': NULL output",
-                             st->label, to, shown);
+        return prl_error_set(PRL_ERR_ARG, "safetensors %s: read_%s '%s': NULL output", st->label,
+                             to, shown);
     *tp = t;
     return PRL_OK;
 }

@@ -51,38 +51,38 @@ prl_dtype prl_dtype_from_name(const char *name);
 
 /* ---------------------------------------------------------------- reader ----------- */
 
-#define PRL_SAFETENSORS_MAX_DIMS 8                 /* project rule */
-#define PRL_SAFETENSORS_MAX_HEADER 100000000ULL    /* reference MAX_HEADER_SIZE */
+#define PRL_SAFETENSORS_MAX_DIMS 8              /* project rule */
+#define PRL_SAFETENSORS_MAX_HEADER 100000000ULL /* reference MAX_HEADER_SIZE */
 
 /* One tensor of a parsed file. Everything points into the prl_safetensors it came from
 ** and is valid until prl_safetensors_free. */
 typedef struct prl_safetensors_tensor {
-    const char *name;                         /* [A-Za-z0-9._-]+ */
+    const char *name; /* [A-Za-z0-9._-]+ */
     prl_dtype dtype;
-    int ndim;                                 /* 0 = scalar (one element) */
-    int64_t shape[PRL_SAFETENSORS_MAX_DIMS];  /* shape[0..ndim-1], each >= 0 */
-    size_t numel;                             /* product of shape (1 for a scalar) */
-    size_t nbytes;                            /* numel * prl_dtype_size(dtype) */
-    uint64_t begin, end;                      /* data_offsets, relative to the data buffer */
-    const void *data;                         /* the bytes; little-endian, maybe unaligned */
+    int ndim;                                /* 0 = scalar (one element) */
+    int64_t shape[PRL_SAFETENSORS_MAX_DIMS]; /* shape[0..ndim-1], each >= 0 */
+    size_t numel;                            /* product of shape (1 for a scalar) */
+    size_t nbytes;                           /* numel * prl_dtype_size(dtype) */
+    uint64_t begin, end;                     /* data_offsets, relative to the data buffer */
+    const void *data;                        /* the bytes; little-endian, maybe unaligned */
 } prl_safetensors_tensor;
 
 /* A parsed, fully validated file. Read-only for the caller: the fields are public so
 ** that iteration is a plain loop, e.g.
 **     for (size_t i = 0; i < st.n_tensors; i++) use(&st.tensors[i]); */
 typedef struct prl_safetensors {
-    char *label;                     /* path or caller's label, used in error messages */
-    const uint8_t *bytes;            /* the whole file */
-    size_t size;                     /* its length */
-    uint64_t header_len;             /* N */
+    char *label;          /* path or caller's label, used in error messages */
+    const uint8_t *bytes; /* the whole file */
+    size_t size;          /* its length */
+    uint64_t header_len;  /* N */
     size_t n_tensors;
     prl_safetensors_tensor *tensors; /* in file order: ascending data_offsets; tensors with
                                      ** equal offsets (empty ones) in header order */
     size_t *by_name;                 /* indices into tensors, names ascending (for find) */
     size_t n_metadata;
-    char **metadata_keys;            /* __metadata__ entries in header order */
+    char **metadata_keys; /* __metadata__ entries in header order */
     char **metadata_values;
-    void *map;                       /* mmap'd region owned by this struct, or NULL */
+    void *map; /* mmap'd region owned by this struct, or NULL */
     size_t map_len;
 } prl_safetensors;
 
@@ -108,8 +108,7 @@ void prl_safetensors_free(prl_safetensors *st);
 
 /* The tensor called `name`, or NULL if the file has none (no error message is set).
 ** O(log n). The pointer is owned by *st. */
-const prl_safetensors_tensor *prl_safetensors_find(const prl_safetensors *st,
-                                                    const char *name);
+const prl_safetensors_tensor *prl_safetensors_find(const prl_safetensors *st, const char *name);
 
 /* The __metadata__ value stored under `key`, or NULL if absent. Owned by *st. */
 const char *prl_safetensors_metadata(const prl_safetensors *st, const char *key);
@@ -121,12 +120,10 @@ const char *prl_safetensors_metadata(const prl_safetensors *st, const char *key)
 ** (the message names the tensor and both shapes), PRL_ERR_UNSUPPORTED for another dtype,
 ** PRL_ERR_ARG for a bad expected shape. */
 prl_status prl_safetensors_read_f32(const prl_safetensors *st, const char *name,
-                                    const int64_t *expect_shape, int expect_ndim,
-                                    float *out);
+                                    const int64_t *expect_shape, int expect_ndim, float *out);
 /* The same into double (every conversion exact). */
 prl_status prl_safetensors_read_f64(const prl_safetensors *st, const char *name,
-                                    const int64_t *expect_shape, int expect_ndim,
-                                    double *out);
+                                    const int64_t *expect_shape, int expect_ndim, double *out);
 
 /* ---------------------------------------------------------------- writer ----------- */
 
@@ -162,9 +159,8 @@ void prl_safetensors_writer_free(prl_safetensors_writer *w);
 ** Errors (PRL_ERR_ARG, message names the tensor): invalid name (empty, a byte outside
 ** [A-Za-z0-9._-], or "__metadata__"), a name already queued, unknown dtype, ndim outside
 ** 0..8, a negative dimension, a size that overflows, NULL data with nbytes > 0. */
-prl_status prl_safetensors_writer_add(prl_safetensors_writer *w, const char *name,
-                                      prl_dtype dtype, const int64_t *shape, int ndim,
-                                      const void *data);
+prl_status prl_safetensors_writer_add(prl_safetensors_writer *w, const char *name, prl_dtype dtype,
+                                      const int64_t *shape, int ndim, const void *data);
 
 /* Set __metadata__[key] = value (both copied; a later call with the same key replaces the
 ** value). Both must be valid UTF-8 (PRL_ERR_ARG otherwise). __metadata__ is written only

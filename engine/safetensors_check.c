@@ -46,8 +46,10 @@ static prl_status check_prefix(prl_safetensors *st)
                                 n, PRL_SAFETENSORS_MAX_HEADER);
     /* Compare against size - 8 (no wrap: size >= 8) rather than forming 8 + n. */
     if (n > (uint64_t)(st->size - 8))
-        return st__format_error(st, "header length %" PRIu64 " runs past the end of the %zu-byte "
-                                "file", n, st->size);
+        return st__format_error(st,
+                                "header length %" PRIu64 " runs past the end of the %zu-byte "
+                                "file",
+                                n, st->size);
     st->header_len = n;
     return PRL_OK;
 }
@@ -55,8 +57,8 @@ static prl_status check_prefix(prl_safetensors *st)
 /* Rule 4 (UTF-8) and the space rule: locate the JSON object inside the header. serde_json
 ** accepts any JSON whitespace around it; the project (like upstream's planned
 ** InvalidHeaderStart check) allows only 0x20 padding, which is what every writer emits. */
-static prl_status header_slice(const prl_safetensors *st, const uint8_t *h, size_t n,
-                               size_t *start, size_t *len)
+static prl_status header_slice(const prl_safetensors *st, const uint8_t *h, size_t n, size_t *start,
+                               size_t *len)
 {
     size_t bad = st__utf8_valid_prefix(h, n);
     if (bad != n)
@@ -67,11 +69,15 @@ static prl_status header_slice(const prl_safetensors *st, const uint8_t *h, size
     while (b > a && h[b - 1] == ' ') b--;
     if (a == b) return st__format_error(st, "header is empty: expected a JSON object");
     if (h[a] != '{')
-        return st__format_error(st, "header must be a JSON object padded only with spaces: found "
-                                "byte 0x%02x at header offset %zu instead of '{'", h[a], a);
+        return st__format_error(st,
+                                "header must be a JSON object padded only with spaces: found "
+                                "byte 0x%02x at header offset %zu instead of '{'",
+                                h[a], a);
     if (h[b - 1] != '}')
-        return st__format_error(st, "header must be a JSON object padded only with spaces: found "
-                                "byte 0x%02x at header offset %zu instead of '}'", h[b - 1], b - 1);
+        return st__format_error(st,
+                                "header must be a JSON object padded only with spaces: found "
+                                "byte 0x%02x at header offset %zu instead of '}'",
+                                h[b - 1], b - 1);
     *start = a;
     *len = b - a;
     return PRL_OK;
@@ -94,9 +100,9 @@ static prl_status parse_dtype(const prl_safetensors *st, const char *tname, cons
         return st__format_error(st, "tensor '%s': dtype is not a string", tname);
     prl_dtype d = prl_dtype_from_name(json_string_value(v));
     if (d == PRL_DTYPE_COUNT)
-        return st__format_error(st, "tensor '%s': unknown dtype \"%s\"", tname,
-                                st__printable(vb, sizeof vb, json_string_value(v),
-                                              json_string_length(v)));
+        return st__format_error(
+            st, "tensor '%s': unknown dtype \"%s\"", tname,
+            st__printable(vb, sizeof vb, json_string_value(v), json_string_length(v)));
     *out = d;
     return PRL_OK;
 }
@@ -124,8 +130,7 @@ static prl_status parse_offsets(const prl_safetensors *st, const char *tname, co
     if (!json_is_array(v) || json_array_size(v) != 2)
         return st__format_error(st, "tensor '%s': data_offsets is not an array [begin, end]",
                                 tname);
-    if (!json_nonneg_int(json_array_get(v, 0), &b) ||
-        !json_nonneg_int(json_array_get(v, 1), &e))
+    if (!json_nonneg_int(json_array_get(v, 0), &b) || !json_nonneg_int(json_array_get(v, 1), &e))
         return st__format_error(st, "tensor '%s': data_offsets are not non-negative integers",
                                 tname);
     t->begin = (uint64_t)b;
@@ -149,7 +154,8 @@ static prl_status parse_entry(const prl_safetensors *st, const char *key, size_t
     int seen_dtype = 0, seen_shape = 0, seen_offsets = 0;
     const char *field;
     json_t *v;
-    json_object_foreach((json_t *)entry, field, v) {
+    json_object_foreach((json_t *)entry, field, v)
+    {
         prl_status rc;
         if (strcmp(field, "dtype") == 0) {
             rc = parse_dtype(st, shown, v, &t->dtype);
@@ -185,7 +191,8 @@ static prl_status parse_metadata(prl_safetensors *st, const json_t *meta)
     if (!st->metadata_keys || !st->metadata_values) return nomem(st);
     const char *k;
     json_t *v;
-    json_object_foreach((json_t *)meta, k, v) {
+    json_object_foreach((json_t *)meta, k, v)
+    {
         if (!json_is_string(v))
             return st__format_error(st, "__metadata__ value of key \"%s\" is not a string",
                                     st__printable(kb, sizeof kb, k, strlen(k)));
@@ -206,7 +213,8 @@ static prl_status parse_root(prl_safetensors *st, const json_t *root)
     const char *key;
     size_t key_len;
     json_t *v;
-    json_object_keylen_foreach((json_t *)root, key, key_len, v) {
+    json_object_keylen_foreach((json_t *)root, key, key_len, v)
+    {
         prl_status rc;
         if (key_len == 12 && memcmp(key, "__metadata__", 12) == 0) {
             rc = parse_metadata(st, v);
@@ -236,10 +244,8 @@ static prl_status parse_header(prl_safetensors *st)
                                 st__printable(tb, sizeof tb, err.text, strlen(err.text)),
                                 start + (size_t)(err.position > 0 ? err.position : 0));
     }
-    if (json_is_object(root))
-        rc = parse_root(st, root);
-    else
-        rc = st__format_error(st, "header is not a JSON object");
+    if (json_is_object(root)) rc = parse_root(st, root);
+    else rc = st__format_error(st, "header is not a JSON object");
     json_decref(root);
     return rc;
 }
@@ -281,18 +287,19 @@ static prl_status check_layout(prl_safetensors *st)
         prl_safetensors_tensor *t = &st->tensors[i];
         const char *shown = st__printable(nb, sizeof nb, t->name, strlen(t->name));
         if (t->begin != pos || t->end < t->begin)
-            return st__format_error(st, "tensor '%s': invalid data_offsets [%" PRIu64 ",%" PRIu64
+            return st__format_error(st,
+                                    "tensor '%s': invalid data_offsets [%" PRIu64 ",%" PRIu64
                                     "]: offsets must be contiguous from 0 with no gap or overlap "
                                     "(expected begin %" PRIu64 ") and end >= begin",
                                     shown, t->begin, t->end, pos);
         pos = t->end;
         size_t elem = prl_dtype_size(t->dtype);
         if (!st__shape_bytes(t->shape, t->ndim, elem, &t->numel, &t->nbytes))
-            return st__format_error(st, "tensor '%s': byte size of shape %s x %zu overflows",
-                                    shown, st__format_shape(sb, sizeof sb, t->shape, t->ndim),
-                                    elem);
+            return st__format_error(st, "tensor '%s': byte size of shape %s x %zu overflows", shown,
+                                    st__format_shape(sb, sizeof sb, t->shape, t->ndim), elem);
         if (t->end - t->begin != (uint64_t)t->nbytes)
-            return st__format_error(st, "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64
+            return st__format_error(st,
+                                    "tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64
                                     "] hold %" PRIu64 " bytes but dtype %s shape %s needs %zu",
                                     shown, t->begin, t->end, t->end - t->begin,
                                     prl_dtype_name(t->dtype),
@@ -300,12 +307,13 @@ static prl_status check_layout(prl_safetensors *st)
     }
     uint64_t data_len = (uint64_t)(st->size - 8) - st->header_len;
     if (pos != data_len)
-        return st__format_error(st, "tensors cover %" PRIu64 " data bytes but the file holds %"
-                                PRIu64 " after the header (the last data_offsets end must be the "
-                                "end of the file)", pos, data_len);
+        return st__format_error(st,
+                                "tensors cover %" PRIu64 " data bytes but the file holds %" PRIu64
+                                " after the header (the last data_offsets end must be the "
+                                "end of the file)",
+                                pos, data_len);
     const uint8_t *data = st->bytes + 8 + st->header_len;
-    for (size_t i = 0; i < st->n_tensors; i++)
-        st->tensors[i].data = data + st->tensors[i].begin;
+    for (size_t i = 0; i < st->n_tensors; i++) st->tensors[i].data = data + st->tensors[i].begin;
     return PRL_OK;
 }
 

@@ -28,8 +28,7 @@ const char *st__format_shape(char *buf, size_t cap, const int64_t *shape, int nd
 int st__name_valid(const char *s, size_t n);
 /* Element count and byte size of a shape with overflow checks in the reference's order;
 ** 0 on overflow. */
-int st__shape_bytes(const int64_t *shape, int ndim, size_t elem, size_t *numel,
-                    size_t *nbytes);
+int st__shape_bytes(const int64_t *shape, int ndim, size_t elem, size_t *numel, size_t *nbytes);
 uint64_t st__load_u64le(const uint8_t *p);
 
 /* ---------------------------------------------------------------- safetensors_check.c - */

@@ -47,28 +47,38 @@ static prl_status check_new_tensor(const prl_safetensors_writer *w, const char *
     if (!name) return prl_error_set(PRL_ERR_ARG, "safetensors writer: NULL tensor name");
     const char *shown = st__printable(nb, sizeof nb, name, strlen(name));
     if (!st__name_valid(name, strlen(name)))
-        return prl_error_set(PRL_ERR_ARG, "safetensors writer: invalid tensor name '%s' (must "
-                             "be non-empty [A-Za-z0-9._-])", shown);
+        return prl_error_set(PRL_ERR_ARG,
+                             "safetensors writer: invalid tensor name '%s' (must "
+                             "be non-empty [A-Za-z0-9._-])",
+                             shown);
     if (strcmp(name, "__metadata__") == 0)
         return prl_error_set(PRL_ERR_ARG, "safetensors writer: tensor name '__metadata__' is "
-                             "reserved");
+                                          "reserved");
     if (!st__dtype_valid(dtype))
         return prl_error_set(PRL_ERR_ARG, "safetensors writer: tensor '%s': unknown dtype %d",
                              shown, (int)dtype);
     if (ndim < 0 || ndim > PRL_SAFETENSORS_MAX_DIMS || (ndim && !shape))
-        return prl_error_set(PRL_ERR_ARG, "safetensors writer: tensor '%s': rank %d not in "
-                             "0..%d (or NULL shape)", shown, ndim, PRL_SAFETENSORS_MAX_DIMS);
+        return prl_error_set(PRL_ERR_ARG,
+                             "safetensors writer: tensor '%s': rank %d not in "
+                             "0..%d (or NULL shape)",
+                             shown, ndim, PRL_SAFETENSORS_MAX_DIMS);
     for (int i = 0; i < ndim; i++)
         if (shape[i] < 0)
-            return prl_error_set(PRL_ERR_ARG, "safetensors writer: tensor '%s': negative "
-                                 "dimension %" PRId64, shown, shape[i]);
+            return prl_error_set(PRL_ERR_ARG,
+                                 "safetensors writer: tensor '%s': negative "
+                                 "dimension %" PRId64,
+                                 shown, shape[i]);
     size_t numel;
     if (!st__shape_bytes(shape, ndim, prl_dtype_size(dtype), &numel, nbytes))
-        return prl_error_set(PRL_ERR_ARG, "safetensors writer: tensor '%s': byte size of shape "
-                             "%s overflows", shown, st__format_shape(sb, sizeof sb, shape, ndim));
+        return prl_error_set(PRL_ERR_ARG,
+                             "safetensors writer: tensor '%s': byte size of shape "
+                             "%s overflows",
+                             shown, st__format_shape(sb, sizeof sb, shape, ndim));
     if (!data && *nbytes)
-        return prl_error_set(PRL_ERR_ARG, "safetensors writer: tensor '%s': NULL data for %zu "
-                             "bytes", shown, *nbytes);
+        return prl_error_set(PRL_ERR_ARG,
+                             "safetensors writer: tensor '%s': NULL data for %zu "
+                             "bytes",
+                             shown, *nbytes);
     /* Linear scan: a checkpoint has a few thousand tensors, so this is ~10^7 strcmp at
     ** worst, negligible next to writing the data. */
     for (size_t i = 0; i < w->n_tensors; i++)
@@ -91,9 +101,8 @@ static int grow(void **arr, size_t *cap, size_t n, size_t elem)
     return 1;
 }
 
-prl_status prl_safetensors_writer_add(prl_safetensors_writer *w, const char *name,
-                                      prl_dtype dtype, const int64_t *shape, int ndim,
-                                      const void *data)
+prl_status prl_safetensors_writer_add(prl_safetensors_writer *w, const char *name, prl_dtype dtype,
+                                      const int64_t *shape, int ndim, const void *data)
 {
     if (!w) return prl_error_set(PRL_ERR_ARG, "safetensors writer: NULL writer");
     size_t nbytes;
@@ -102,8 +111,7 @@ prl_status prl_safetensors_writer_add(prl_safetensors_writer *w, const char *nam
     char *copy = strdup(name);
     if (!copy || !grow((void **)&w->tensors, &w->cap_tensors, w->n_tensors, sizeof *w->tensors)) {
         free(copy);
-        return prl_error_set(PRL_ERR_NOMEM, "safetensors writer: out of memory adding '%s'",
-                             name);
+        return prl_error_set(PRL_ERR_NOMEM, "safetensors writer: out of memory adding '%s'", name);
     }
     prl_safetensors_wtensor *t = &w->tensors[w->n_tensors++];
     memset(t, 0, sizeof *t);
@@ -125,11 +133,15 @@ prl_status prl_safetensors_writer_set_metadata(prl_safetensors_writer *w, const 
     size_t kl = strlen(key), vl = strlen(value);
     const char *shown = st__printable(kb, sizeof kb, key, kl);
     if (st__utf8_valid_prefix((const uint8_t *)key, kl) != kl)
-        return prl_error_set(PRL_ERR_ARG, "safetensors writer: __metadata__ key \"%s\" is not "
-                             "valid UTF-8", shown);
+        return prl_error_set(PRL_ERR_ARG,
+                             "safetensors writer: __metadata__ key \"%s\" is not "
+                             "valid UTF-8",
+                             shown);
     if (st__utf8_valid_prefix((const uint8_t *)value, vl) != vl)
-        return prl_error_set(PRL_ERR_ARG, "safetensors writer: __metadata__ value of key \"%s\" "
-                             "is not valid UTF-8", shown);
+        return prl_error_set(PRL_ERR_ARG,
+                             "safetensors writer: __metadata__ value of key \"%s\" "
+                             "is not valid UTF-8",
+                             shown);
     char *v = strdup(value);
     if (!v) return prl_error_set(PRL_ERR_NOMEM, "safetensors writer: out of memory");
     for (size_t i = 0; i < w->n_metadata; i++)
@@ -247,7 +259,7 @@ static int cmp_meta_item(const void *a, const void *b)
 
 /* Everything the output needs besides the tensor bytes. */
 typedef struct {
-    uint8_t *head;   /* 8-byte N + padded JSON */
+    uint8_t *head; /* 8-byte N + padded JSON */
     size_t head_len;
     const prl_safetensors_wtensor **order; /* tensors in data order */
     size_t data_len;
@@ -304,7 +316,7 @@ static prl_status prepare(const prl_safetensors_writer *w, prepared *p)
     for (size_t i = 0; i < nt; i++) {
         if (w->tensors[i].nbytes > SIZE_MAX - p->data_len)
             return prl_error_set(PRL_ERR_RANGE, "safetensors writer: total data size "
-                                 "overflows");
+                                                "overflows");
         p->data_len += w->tensors[i].nbytes;
     }
     p->order = malloc((nt ? nt : 1) * sizeof *p->order);
@@ -319,7 +331,8 @@ static prl_status prepare(const prl_safetensors_writer *w, prepared *p)
     }
     for (size_t i = 0; i < nt; i++) p->order[i] = &w->tensors[i];
     qsort(p->order, nt, sizeof *p->order, cmp_write_order);
-    for (size_t i = 0; i < nm; i++) meta[i] = (meta_item){w->metadata_keys[i], w->metadata_values[i]};
+    for (size_t i = 0; i < nm; i++)
+        meta[i] = (meta_item){w->metadata_keys[i], w->metadata_values[i]};
     qsort(meta, nm, sizeof *meta, cmp_meta_item);
     emit_json(&b, w, meta, p->order);
     free(meta);
@@ -328,15 +341,16 @@ static prl_status prepare(const prl_safetensors_writer *w, prepared *p)
         free(b.p);
         prepared_free(p);
         return prl_error_set(PRL_ERR_NOMEM, "safetensors writer: out of memory building the "
-                             "header");
+                                            "header");
     }
     uint64_t n = b.len - 8;
     if (n > PRL_SAFETENSORS_MAX_HEADER || p->data_len > SIZE_MAX - b.len) {
         free(b.p);
         prepared_free(p);
-        return prl_error_set(PRL_ERR_RANGE, "safetensors writer: header of %" PRIu64 " bytes "
-                             "(limit %llu) or total size too large", n,
-                             PRL_SAFETENSORS_MAX_HEADER);
+        return prl_error_set(PRL_ERR_RANGE,
+                             "safetensors writer: header of %" PRIu64 " bytes "
+                             "(limit %llu) or total size too large",
+                             n, PRL_SAFETENSORS_MAX_HEADER);
     }
     for (int i = 0; i < 8; i++) b.p[i] = (char)(n >> (8 * i));
     p->head = (uint8_t *)b.p;
@@ -437,8 +451,7 @@ prl_status prl_safetensors_writer_save(const prl_safetensors_writer *w, const ch
     if (rc == PRL_OK && rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        rc = prl_error_set(PRL_ERR_IO, "safetensors: rename %s -> %s: %s", tmp, path,
-                           strerror(e));
+        rc = prl_error_set(PRL_ERR_IO, "safetensors: rename %s -> %s: %s", tmp, path, strerror(e));
     } else if (rc == PRL_OK) {
         rc = sync_parent_dir(path);
         /* The new file is complete but its name may not be durable. Honour the contract

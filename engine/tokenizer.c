@@ -22,9 +22,9 @@
 /* ============================================================ specials ================ */
 
 const char *const tok__special_names[PRL_TOKENIZER_N_SPECIAL] = {
-    "<|pad|>",       "<|bos|>",        "<|eos|>",        "<|system|>",
-    "<|user|>",      "<|assistant|>",  "<|tool|>",       "<|end|>",
-    "<|tool_call|>", "<|/tool_call|>", "<|think|>",      "<|/think|>",
+    "<|pad|>",        "<|bos|>",        "<|eos|>",        "<|system|>",
+    "<|user|>",       "<|assistant|>",  "<|tool|>",       "<|end|>",
+    "<|tool_call|>",  "<|/tool_call|>", "<|think|>",      "<|/think|>",
     "<|reserved_0|>", "<|reserved_1|>", "<|reserved_2|>", "<|reserved_3|>"};
 
 int32_t prl_tokenizer_special_id(const char *name)
@@ -141,8 +141,7 @@ static prl_status pair_map_grow(pair_map *m)
 }
 
 /* The value slot of key, inserting it with value `init` if absent (*added = 1 then). */
-prl_status tok__pair_map_upsert(pair_map *m, uint64_t key, int32_t init, int32_t **val,
-                                int *added)
+prl_status tok__pair_map_upsert(pair_map *m, uint64_t key, int32_t init, int32_t **val, int *added)
 {
     if ((m->n + 1) * 2 > m->cap) {
         prl_status rc = pair_map_grow(m);
@@ -278,9 +277,8 @@ prl_status tok__add_merge(prl_tokenizer *t, int32_t left, int32_t right, int32_t
     }
     int32_t *slot;
     int added;
-    prl_status rc =
-        tok__pair_map_upsert(&t->ranks, tok__pair_key(left, right), (int32_t)t->n_merges, &slot,
-                             &added);
+    prl_status rc = tok__pair_map_upsert(&t->ranks, tok__pair_key(left, right),
+                                         (int32_t)t->n_merges, &slot, &added);
     if (rc) return rc;
     int32_t *m = t->merges + 3 * t->n_merges++;
     m[0] = left, m[1] = right, m[2] = result;
@@ -319,12 +317,12 @@ int32_t prl_tokenizer_vocab_size(const prl_tokenizer *tok) { return tok ? tok->v
 
 size_t prl_tokenizer_n_merges(const prl_tokenizer *tok) { return tok ? tok->n_merges : 0; }
 
-prl_status prl_tokenizer_merge(const prl_tokenizer *tok, size_t rank, int32_t *left,
-                               int32_t *right, int32_t *result)
+prl_status prl_tokenizer_merge(const prl_tokenizer *tok, size_t rank, int32_t *left, int32_t *right,
+                               int32_t *result)
 {
     if (!tok || rank >= tok->n_merges)
-        return prl_error_set(PRL_ERR_RANGE, "tokenizer: merge rank %zu out of range [0, %zu)",
-                             rank, tok ? tok->n_merges : 0);
+        return prl_error_set(PRL_ERR_RANGE, "tokenizer: merge rank %zu out of range [0, %zu)", rank,
+                             tok ? tok->n_merges : 0);
     const int32_t *m = tok->merges + 3 * rank;
     if (left) *left = m[0];
     if (right) *right = m[1];
@@ -332,12 +330,14 @@ prl_status prl_tokenizer_merge(const prl_tokenizer *tok, size_t rank, int32_t *l
     return PRL_OK;
 }
 
-prl_status prl_tokenizer_token_bytes(const prl_tokenizer *tok, int32_t id,
-                                     const uint8_t **bytes, size_t *len)
+prl_status prl_tokenizer_token_bytes(const prl_tokenizer *tok, int32_t id, const uint8_t **bytes,
+                                     size_t *len)
 {
     if (!tok || id < 0 || id >= tok->vocab_size)
-        return prl_error_set(PRL_ERR_RANGE, "tokenizer: token id %d outside the vocabulary "
-                             "[0, %d)", (int)id, tok ? (int)tok->vocab_size : 0);
+        return prl_error_set(PRL_ERR_RANGE,
+                             "tokenizer: token id %d outside the vocabulary "
+                             "[0, %d)",
+                             (int)id, tok ? (int)tok->vocab_size : 0);
     if (bytes) *bytes = tok__ptr(tok, id);
     if (len) *len = tok__len(tok, id);
     return PRL_OK;
@@ -349,16 +349,12 @@ enum { CL_D = 'D', CL_L = 'L', CL_W = 'W', CL_P = 'P' }; /* byte classes of toke
 
 /* Classes of the ASCII bytes, 32 per line (0x00.., 0x20.., 0x40.., 0x60..); every byte
 ** >= 0x80 is a letter. A table because this runs once or twice per input byte. */
-static const char ascii_class[129] =
-    "PPPPPPPPPWWWWWPPPPPPPPPPPPPPPPPP"
-    "WPPPPPPPPPPPPPPPDDDDDDDDDDPPPPPP"
-    "PLLLLLLLLLLLLLLLLLLLLLLLLLLPPPPP"
-    "PLLLLLLLLLLLLLLLLLLLLLLLLLLPPPPP";
+static const char ascii_class[129] = "PPPPPPPPPWWWWWPPPPPPPPPPPPPPPPPP"
+                                     "WPPPPPPPPPPPPPPPDDDDDDDDDDPPPPPP"
+                                     "PLLLLLLLLLLLLLLLLLLLLLLLLLLPPPPP"
+                                     "PLLLLLLLLLLLLLLLLLLLLLLLLLLPPPPP";
 
-static int byte_class(uint8_t c)
-{
-    return c >= 0x80 ? CL_L : ascii_class[c];
-}
+static int byte_class(uint8_t c) { return c >= 0x80 ? CL_L : ascii_class[c]; }
 
 /* Rule of tokenizer.h: is there a chunk boundary before t[p], 0 < p < n? Reads only
 ** t[p-1], t[p] and t[p+1] (and whether p + 1 < n): the parallel encoder depends on this. */

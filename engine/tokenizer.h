@@ -42,22 +42,22 @@
 
 /* Special token ids (never renumber: they are stored in every tokenizer.json and dataset). */
 enum prl_tokenizer_special {
-    PRL_TOKEN_PAD = 0,          /* <|pad|> */
-    PRL_TOKEN_BOS = 1,          /* <|bos|> */
-    PRL_TOKEN_EOS = 2,          /* <|eos|> */
-    PRL_TOKEN_SYSTEM = 3,       /* <|system|>     starts a system turn */
-    PRL_TOKEN_USER = 4,         /* <|user|>       starts a user turn */
-    PRL_TOKEN_ASSISTANT = 5,    /* <|assistant|>  starts an assistant turn */
-    PRL_TOKEN_TOOL = 6,         /* <|tool|>       starts a tool-result turn */
-    PRL_TOKEN_END = 7,          /* <|end|>        ends any turn */
-    PRL_TOKEN_TOOL_CALL = 8,    /* <|tool_call|> */
+    PRL_TOKEN_PAD = 0,           /* <|pad|> */
+    PRL_TOKEN_BOS = 1,           /* <|bos|> */
+    PRL_TOKEN_EOS = 2,           /* <|eos|> */
+    PRL_TOKEN_SYSTEM = 3,        /* <|system|>     starts a system turn */
+    PRL_TOKEN_USER = 4,          /* <|user|>       starts a user turn */
+    PRL_TOKEN_ASSISTANT = 5,     /* <|assistant|>  starts an assistant turn */
+    PRL_TOKEN_TOOL = 6,          /* <|tool|>       starts a tool-result turn */
+    PRL_TOKEN_END = 7,           /* <|end|>        ends any turn */
+    PRL_TOKEN_TOOL_CALL = 8,     /* <|tool_call|> */
     PRL_TOKEN_TOOL_CALL_END = 9, /* <|/tool_call|> */
-    PRL_TOKEN_THINK = 10,       /* <|think|> */
-    PRL_TOKEN_THINK_END = 11,   /* <|/think|> */
-    PRL_TOKEN_RESERVED_0 = 12,  /* <|reserved_0|> .. <|reserved_3|>: spares for later specials */
+    PRL_TOKEN_THINK = 10,        /* <|think|> */
+    PRL_TOKEN_THINK_END = 11,    /* <|/think|> */
+    PRL_TOKEN_RESERVED_0 = 12,   /* <|reserved_0|> .. <|reserved_3|>: spares for later specials */
     PRL_TOKENIZER_N_SPECIAL = 16,
-    PRL_TOKENIZER_BYTE0 = 16,   /* id of byte 0x00 */
-    PRL_TOKENIZER_N_BASE = 272  /* specials + bytes: the vocabulary before any merge */
+    PRL_TOKENIZER_BYTE0 = 16,  /* id of byte 0x00 */
+    PRL_TOKENIZER_N_BASE = 272 /* specials + bytes: the vocabulary before any merge */
 };
 
 /* tokenizer.json "prl.format_version" written and accepted by this build. */
@@ -65,10 +65,10 @@ enum prl_tokenizer_special {
 
 /* Flags for encode/decode. */
 enum prl_tokenizer_flags {
-    PRL_TOKENIZER_SPECIAL = 1u,      /* encode: special-token strings in text become their ids */
-    PRL_TOKENIZER_NAIVE = 2u,        /* encode: the quadratic reference merge loop, no cache
+    PRL_TOKENIZER_SPECIAL = 1u,     /* encode: special-token strings in text become their ids */
+    PRL_TOKENIZER_NAIVE = 2u,       /* encode: the quadratic reference merge loop, no cache
                                         (tests compare the fast path against it) */
-    PRL_TOKENIZER_SKIP_SPECIAL = 4u  /* decode: special ids produce no bytes */
+    PRL_TOKENIZER_SKIP_SPECIAL = 4u /* decode: special ids produce no bytes */
 };
 
 typedef struct prl_tokenizer prl_tokenizer; /* opaque */
@@ -94,11 +94,11 @@ void prl_tokenizer_free(prl_tokenizer *tok);
 int32_t prl_tokenizer_vocab_size(const prl_tokenizer *tok);
 size_t prl_tokenizer_n_merges(const prl_tokenizer *tok);
 /* Merge number `rank` (0 = learned first): left + right -> result. */
-prl_status prl_tokenizer_merge(const prl_tokenizer *tok, size_t rank, int32_t *left,
-                               int32_t *right, int32_t *result);
+prl_status prl_tokenizer_merge(const prl_tokenizer *tok, size_t rank, int32_t *left, int32_t *right,
+                               int32_t *result);
 /* The bytes of token `id` (a special's bytes are its string). *bytes points into tok. */
-prl_status prl_tokenizer_token_bytes(const prl_tokenizer *tok, int32_t id,
-                                     const uint8_t **bytes, size_t *len);
+prl_status prl_tokenizer_token_bytes(const prl_tokenizer *tok, int32_t id, const uint8_t **bytes,
+                                     size_t *len);
 /* The id of a special-token string ("<|user|>"), or -1. */
 int32_t prl_tokenizer_special_id(const char *name);
 /* The string of special id 0..15 ("<|user|>"), or NULL. */
@@ -133,9 +133,8 @@ typedef struct prl_tokenizer_parallel_stats {
 } prl_tokenizer_parallel_stats;
 
 /* As prl_tokenizer_encode; opts NULL = defaults with 2 threads; stats may be NULL. */
-prl_status prl_tokenizer_encode_parallel(const prl_tokenizer *tok, const void *text,
-                                         size_t len, unsigned flags,
-                                         const prl_tokenizer_parallel_opts *opts,
+prl_status prl_tokenizer_encode_parallel(const prl_tokenizer *tok, const void *text, size_t len,
+                                         unsigned flags, const prl_tokenizer_parallel_opts *opts,
                                          int32_t **ids, size_t *n_ids,
                                          prl_tokenizer_parallel_stats *stats);
 
@@ -179,9 +178,9 @@ prl_status prl_chat_from_json(const struct json_t *v, const char *where, prl_cha
                               size_t *n);
 
 /* The generation prompt: <|bos|>, the messages as above, then <|assistant|> (no <|eos|>). */
-prl_status prl_tokenizer_encode_chat_prompt(const prl_tokenizer *tok,
-                                            const prl_chat_message *msgs, size_t n_msgs,
-                                            unsigned flags, int32_t **ids, size_t *n_ids);
+prl_status prl_tokenizer_encode_chat_prompt(const prl_tokenizer *tok, const prl_chat_message *msgs,
+                                            size_t n_msgs, unsigned flags, int32_t **ids,
+                                            size_t *n_ids);
 
 /* ---- files ----------------------------------------------------------------------------- */
 

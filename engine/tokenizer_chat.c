@@ -52,21 +52,24 @@ static prl_status chat_check(const prl_chat_message *msgs, size_t n_msgs, size_t
     if (!msgs && n_msgs) return prl_error_set(PRL_ERR_ARG, "tokenizer chat: msgs is NULL");
     for (size_t i = 0; i < n_msgs; i++) {
         if (role_token(msgs[i].role) < 0)
-            return prl_error_set(PRL_ERR_ARG, "tokenizer chat: message %zu has unknown role "
-                                 "\"%s\" (expected system, user, assistant or tool)", i,
-                                 msgs[i].role ? msgs[i].role : "(null)");
+            return prl_error_set(PRL_ERR_ARG,
+                                 "tokenizer chat: message %zu has unknown role "
+                                 "\"%s\" (expected system, user, assistant or tool)",
+                                 i, msgs[i].role ? msgs[i].role : "(null)");
         if (!msgs[i].content)
-            return prl_error_set(PRL_ERR_ARG, "tokenizer chat: message %zu (%s) has NULL "
-                                 "content", i, msgs[i].role);
+            return prl_error_set(PRL_ERR_ARG,
+                                 "tokenizer chat: message %zu (%s) has NULL "
+                                 "content",
+                                 i, msgs[i].role);
         *total += strlen(msgs[i].content) + 2;
     }
     return PRL_OK;
 }
 
 /* The shared body of encode_chat (prompt = 0) and encode_chat_prompt (prompt = 1). */
-static prl_status chat_encode(const prl_tokenizer *tok, const prl_chat_message *msgs,
-                              size_t n_msgs, unsigned flags, int prompt, int32_t **ids,
-                              uint8_t **loss_mask, size_t *n_ids)
+static prl_status chat_encode(const prl_tokenizer *tok, const prl_chat_message *msgs, size_t n_msgs,
+                              unsigned flags, int prompt, int32_t **ids, uint8_t **loss_mask,
+                              size_t *n_ids)
 {
     if (ids) *ids = NULL;
     if (loss_mask) *loss_mask = NULL;
@@ -84,15 +87,14 @@ static prl_status chat_encode(const prl_tokenizer *tok, const prl_chat_message *
         uint8_t learn = role_token(msgs[i].role) == PRL_TOKEN_ASSISTANT;
         rc = chat_special(&b, role_token(msgs[i].role), 0);
         size_t from = b.e.n;
-        if (!rc) rc = tok__encode_text(&b.e, (const uint8_t *)msgs[i].content,
-                                       strlen(msgs[i].content));
+        if (!rc)
+            rc = tok__encode_text(&b.e, (const uint8_t *)msgs[i].content, strlen(msgs[i].content));
         if (!rc) rc = tok__encoder_emit(&b.e, &(int32_t){PRL_TOKEN_END}, 1);
         if (!rc) rc = chat_mark(&b, from, learn); /* content and <|end|> */
     }
     if (!rc && prompt) rc = chat_special(&b, PRL_TOKEN_ASSISTANT, 0);
     if (!rc && !prompt) {
-        int last_assistant =
-            n_msgs > 0 && role_token(msgs[n_msgs - 1].role) == PRL_TOKEN_ASSISTANT;
+        int last_assistant = n_msgs > 0 && role_token(msgs[n_msgs - 1].role) == PRL_TOKEN_ASSISTANT;
         rc = chat_special(&b, PRL_TOKEN_EOS, (uint8_t)last_assistant);
     }
     if (rc) {
@@ -100,10 +102,8 @@ static prl_status chat_encode(const prl_tokenizer *tok, const prl_chat_message *
         tok__encoder_free(&b.e);
         return rc;
     }
-    if (loss_mask)
-        *loss_mask = b.mask;
-    else
-        free(b.mask);
+    if (loss_mask) *loss_mask = b.mask;
+    else free(b.mask);
     tok__encoder_take(&b.e, ids, n_ids);
     return PRL_OK;
 }
@@ -138,9 +138,9 @@ prl_status prl_chat_from_json(const json_t *v, const char *where, prl_chat_messa
     return PRL_OK;
 }
 
-prl_status prl_tokenizer_encode_chat_prompt(const prl_tokenizer *tok,
-                                            const prl_chat_message *msgs, size_t n_msgs,
-                                            unsigned flags, int32_t **ids, size_t *n_ids)
+prl_status prl_tokenizer_encode_chat_prompt(const prl_tokenizer *tok, const prl_chat_message *msgs,
+                                            size_t n_msgs, unsigned flags, int32_t **ids,
+                                            size_t *n_ids)
 {
     return chat_encode(tok, msgs, n_msgs, flags, 1, ids, NULL, n_ids);
 }

@@ -27,8 +27,8 @@ void tok__encoder_free(encoder *e)
 
 /* Set up an encoder. text_len sizes the first output buffer and decides whether the cache
 ** is worth allocating. */
-prl_status tok__encoder_init(encoder *e, const prl_tokenizer *tok, unsigned flags,
-                             size_t text_len, int want_starts)
+prl_status tok__encoder_init(encoder *e, const prl_tokenizer *tok, unsigned flags, size_t text_len,
+                             int want_starts)
 {
     memset(e, 0, sizeof *e);
     e->tok = tok;
@@ -98,8 +98,10 @@ static prl_status encoder_scratch(encoder *e, size_t m)
     e->scratch_cap = cap;
     if (!e->sym || !e->next || !e->prev || !e->heap) {
         e->scratch_cap = 0;
-        return prl_error_set(PRL_ERR_NOMEM, "tokenizer encode: out of memory (chunk of %zu "
-                             "bytes)", m);
+        return prl_error_set(PRL_ERR_NOMEM,
+                             "tokenizer encode: out of memory (chunk of %zu "
+                             "bytes)",
+                             m);
     }
     return PRL_OK;
 }
@@ -206,14 +208,13 @@ static size_t bpe_chunk(encoder *e, size_t m)
     return bpe_heap(e->tok, e, m);
 }
 
-static const cache_slot *cache_find(const chunk_cache *c, const uint8_t *b, size_t m,
-                                    uint64_t h, size_t *slot)
+static const cache_slot *cache_find(const chunk_cache *c, const uint8_t *b, size_t m, uint64_t h,
+                                    size_t *slot)
 {
     size_t i = (size_t)h & (CACHE_SLOTS - 1);
     for (; c->slots[i].key_len; i = (i + 1) & (CACHE_SLOTS - 1)) {
         const cache_slot *s = &c->slots[i];
-        if (s->hash == h && s->key_len == m && memcmp(c->keys + s->key_off, b, m) == 0)
-            return s;
+        if (s->hash == h && s->key_len == m && memcmp(c->keys + s->key_off, b, m) == 0) return s;
     }
     *slot = i;
     return NULL;
@@ -330,7 +331,10 @@ static size_t utf8_seq(const unsigned char *p, size_t n)
 {
     unsigned c = p[0];
     if (c < 0x80) return 1;
-    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    size_t len = c >= 0xC2 && c <= 0xDF   ? 2
+                 : c >= 0xE0 && c <= 0xEF ? 3
+                 : c >= 0xF0 && c <= 0xF4 ? 4
+                                          : 0;
     if (!len || len > n) return 0;
     unsigned lo = 0x80, hi = 0xBF; /* the second byte's range excludes overlongs and surrogates */
     if (c == 0xE0) lo = 0xA0;
@@ -376,7 +380,8 @@ prl_status prl_tokenizer_decode(const prl_tokenizer *tok, const int32_t *ids, si
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= tok->vocab_size)
-            return prl_error_set(PRL_ERR_RANGE, "tokenizer decode: token id %d at position "
+            return prl_error_set(PRL_ERR_RANGE,
+                                 "tokenizer decode: token id %d at position "
                                  "%zu is outside the vocabulary [0, %d)",
                                  (int)ids[i], i, (int)tok->vocab_size);
         if (!((flags & PRL_TOKENIZER_SKIP_SPECIAL) && ids[i] < PRL_TOKENIZER_N_SPECIAL))
@@ -384,8 +389,7 @@ prl_status prl_tokenizer_decode(const prl_tokenizer *tok, const int32_t *ids, si
     }
     char *out = malloc(total + 1);
     if (!out)
-        return prl_error_set(PRL_ERR_NOMEM, "tokenizer decode: out of memory (%zu bytes)",
-                             total);
+        return prl_error_set(PRL_ERR_NOMEM, "tokenizer decode: out of memory (%zu bytes)", total);
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
         if ((flags & PRL_TOKENIZER_SKIP_SPECIAL) && ids[i] < PRL_TOKENIZER_N_SPECIAL) continue;

@@ -72,10 +72,10 @@ static inline const uint8_t *tok__ptr(const prl_tokenizer *t, int32_t id)
 /* Chunk cache: chunk bytes -> token ids, per encoder (so per call and per thread). Common
 ** words repeat, and a hit skips the merge loop. Bounded: when full it is simply cleared. */
 enum {
-    CACHE_SLOTS = 8192,     /* hash slots (power of two) */
+    CACHE_SLOTS = 8192, /* hash slots (power of two) */
     CACHE_MAX_ENTRIES = 4096,
-    CACHE_MAX_KEY = 32,     /* longer chunks are rare and mostly unique: not cached */
-    CACHE_MIN_TEXT = 4096   /* shorter texts do not pay for the cache's allocation */
+    CACHE_MAX_KEY = 32,   /* longer chunks are rare and mostly unique: not cached */
+    CACHE_MIN_TEXT = 4096 /* shorter texts do not pay for the cache's allocation */
 };
 
 typedef struct cache_slot {
@@ -86,8 +86,8 @@ typedef struct cache_slot {
 
 typedef struct chunk_cache {
     cache_slot *slots;
-    uint8_t *keys;  /* CACHE_MAX_ENTRIES * CACHE_MAX_KEY bytes */
-    int32_t *ids;   /* same count of ids: a chunk never has more tokens than bytes */
+    uint8_t *keys; /* CACHE_MAX_ENTRIES * CACHE_MAX_KEY bytes */
+    int32_t *ids;  /* same count of ids: a chunk never has more tokens than bytes */
     uint32_t n, keys_len, ids_len;
 } chunk_cache;
 
@@ -99,8 +99,8 @@ typedef struct merge_entry {
 typedef struct encoder {
     const prl_tokenizer *tok;
     unsigned flags;
-    int32_t *ids;       /* output */
-    uint8_t *starts;    /* per output token: 1 if it begins a chunk (parallel windows only) */
+    int32_t *ids;    /* output */
+    uint8_t *starts; /* per output token: 1 if it begins a chunk (parallel windows only) */
     size_t n, cap;
     int want_starts;
     /* scratch for one chunk */
@@ -119,8 +119,7 @@ void tok__pair_map_free(pair_map *m);
 /* Value stored for key, or -1. */
 int32_t tok__pair_map_get(const pair_map *m, uint64_t key);
 /* The value slot of key, inserting it with value `init` if absent (*added = 1 then). */
-prl_status tok__pair_map_upsert(pair_map *m, uint64_t key, int32_t init, int32_t **val,
-                                int *added);
+prl_status tok__pair_map_upsert(pair_map *m, uint64_t key, int32_t init, int32_t **val, int *added);
 void tok__bytes_map_free(bytes_map *m);
 /* Entry for key (len > 0), inserted with value `init` if absent; valid until the next
 ** insertion. */
@@ -139,8 +138,8 @@ prl_status tok__new_base(prl_tokenizer **out);
 
 void tok__encoder_free(encoder *e);
 /* Set up an encoder; text_len sizes the first output buffer and decides on the cache. */
-prl_status tok__encoder_init(encoder *e, const prl_tokenizer *tok, unsigned flags,
-                             size_t text_len, int want_starts);
+prl_status tok__encoder_init(encoder *e, const prl_tokenizer *tok, unsigned flags, size_t text_len,
+                             int want_starts);
 /* Append ids[0..n) of one chunk (the first begins the chunk). */
 prl_status tok__encoder_emit(encoder *e, const int32_t *ids, size_t n);
 /* Encode t[0..n) honouring e->flags (PRL_TOKENIZER_SPECIAL: specials cut the text). */

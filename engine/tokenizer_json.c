@@ -14,12 +14,11 @@
 
 /* Our pre-tokenization rule as a Hugging Face Split regex (chars >= U+0080 stand for the
 ** bytes >= 0x80 of tokenizer.h). Descriptive: prl itself never parses it. */
-static const char PRETOKENIZE_REGEX[] =
-    "[0-9]"
-    "| ?[A-Za-z\\x{80}-\\x{10FFFF}]+"
-    "| ?[^\\t\\n\\x0B\\f\\r 0-9A-Za-z\\x{80}-\\x{10FFFF}]+"
-    "|[\\t\\n\\x0B\\f\\r ]+(?= [^\\t\\n\\x0B\\f\\r 0-9])"
-    "|[\\t\\n\\x0B\\f\\r ]+";
+static const char PRETOKENIZE_REGEX[] = "[0-9]"
+                                        "| ?[A-Za-z\\x{80}-\\x{10FFFF}]+"
+                                        "| ?[^\\t\\n\\x0B\\f\\r 0-9A-Za-z\\x{80}-\\x{10FFFF}]+"
+                                        "|[\\t\\n\\x0B\\f\\r ]+(?= [^\\t\\n\\x0B\\f\\r 0-9])"
+                                        "|[\\t\\n\\x0B\\f\\r ]+";
 
 enum { BYTE_LEVEL_MAX_CP = 324 }; /* GPT-2's byte-level code points are all < 256 + 68 */
 
@@ -53,8 +52,8 @@ static void byte_level_encode(const uint16_t byte_cp[256], const uint8_t *b, siz
 }
 
 /* Byte-level string -> bytes in out (room for strlen(s)); 0 if s is not one. */
-static int byte_level_decode(const int16_t cp_byte[BYTE_LEVEL_MAX_CP], const char *s,
-                             uint8_t *out, size_t *n)
+static int byte_level_decode(const int16_t cp_byte[BYTE_LEVEL_MAX_CP], const char *s, uint8_t *out,
+                             size_t *n)
 {
     const uint8_t *p = (const uint8_t *)s;
     *n = 0;
@@ -233,8 +232,7 @@ prl_status prl_tokenizer_save(const prl_tokenizer *tok, const char *path)
     char *text = root ? json_dumps(root, JSON_INDENT(2)) : NULL;
     json_decref(root);
     if (!text)
-        return prl_error_set(PRL_ERR_NOMEM, "tokenizer save %s: out of memory building JSON",
-                             path);
+        return prl_error_set(PRL_ERR_NOMEM, "tokenizer save %s: out of memory building JSON", path);
     size_t len = strlen(text);
     text[len] = '\n'; /* json_dumps leaves no final newline; overwrite the NUL, keep len+1 */
     prl_status rc = prl_file_write_atomic(path, text, len + 1);
@@ -255,18 +253,19 @@ static prl_status load_check_prl(const json_t *root)
     if (!json_is_integer(v))
         return prl_error_set(PRL_ERR_FORMAT, "prl.format_version is missing or not an integer");
     if (json_integer_value(v) != PRL_TOKENIZER_FORMAT_VERSION)
-        return prl_error_set(PRL_ERR_FORMAT, "prl.format_version is %lld; this build reads "
-                             "version %d%s", (long long)json_integer_value(v),
-                             PRL_TOKENIZER_FORMAT_VERSION,
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "prl.format_version is %lld; this build reads "
+                             "version %d%s",
+                             (long long)json_integer_value(v), PRL_TOKENIZER_FORMAT_VERSION,
                              json_integer_value(v) > PRL_TOKENIZER_FORMAT_VERSION
-                                 ? " (written by a newer prl?)" : "");
+                                 ? " (written by a newer prl?)"
+                                 : "");
     if (!json_is_true(json_object_get(prl, "split_digits")))
         return prl_error_set(PRL_ERR_FORMAT, "prl.split_digits must be true (each digit its own "
-                             "chunk is the only pre-tokenization prl implements)");
+                                             "chunk is the only pre-tokenization prl implements)");
     v = json_object_get(prl, "byte_offset");
     if (v && (!json_is_integer(v) || json_integer_value(v) != PRL_TOKENIZER_BYTE0))
-        return prl_error_set(PRL_ERR_FORMAT, "prl.byte_offset must be %d",
-                             PRL_TOKENIZER_BYTE0);
+        return prl_error_set(PRL_ERR_FORMAT, "prl.byte_offset must be %d", PRL_TOKENIZER_BYTE0);
     return PRL_OK;
 }
 
@@ -278,26 +277,34 @@ static prl_status load_check_added(const json_t *root)
     int seen[PRL_TOKENIZER_N_SPECIAL] = {0};
     size_t i;
     const json_t *t;
-    json_array_foreach(arr, i, t) {
+    json_array_foreach(arr, i, t)
+    {
         const json_t *id = json_object_get(t, "id"), *content = json_object_get(t, "content");
         if (!json_is_integer(id) || !json_is_string(content))
-            return prl_error_set(PRL_ERR_FORMAT, "added_tokens[%zu] needs an integer \"id\" "
-                                 "and a string \"content\"", i);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "added_tokens[%zu] needs an integer \"id\" "
+                                 "and a string \"content\"",
+                                 i);
         long long k = json_integer_value(id);
         if (k < 0 || k >= PRL_TOKENIZER_N_SPECIAL)
-            return prl_error_set(PRL_ERR_FORMAT, "added_tokens[%zu]: id %lld is not a special "
-                                 "id 0..%d", i, k, PRL_TOKENIZER_N_SPECIAL - 1);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "added_tokens[%zu]: id %lld is not a special "
+                                 "id 0..%d",
+                                 i, k, PRL_TOKENIZER_N_SPECIAL - 1);
         if (seen[k]++)
             return prl_error_set(PRL_ERR_FORMAT, "added_tokens[%zu]: duplicate id %lld", i, k);
         if (strcmp(json_string_value(content), tok__special_names[k]) != 0)
-            return prl_error_set(PRL_ERR_FORMAT, "added_tokens[%zu]: id %lld is \"%s\", "
-                                 "expected \"%s\"", i, k, json_string_value(content),
-                                 tok__special_names[k]);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "added_tokens[%zu]: id %lld is \"%s\", "
+                                 "expected \"%s\"",
+                                 i, k, json_string_value(content), tok__special_names[k]);
     }
     for (int k = 0; k < PRL_TOKENIZER_N_SPECIAL; k++)
         if (!seen[k])
-            return prl_error_set(PRL_ERR_FORMAT, "added_tokens: special id %d (\"%s\") is "
-                                 "missing", k, tok__special_names[k]);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "added_tokens: special id %d (\"%s\") is "
+                                 "missing",
+                                 k, tok__special_names[k]);
     return PRL_OK;
 }
 
@@ -319,10 +326,10 @@ static prl_status load_vocab_entries(const json_t *vocab, vocab_entry *ent, uint
     const char *key, *outside = NULL;
     long long outside_id = 0;
     const json_t *v;
-    json_object_foreach((json_t *)vocab, key, v) {
+    json_object_foreach((json_t *)vocab, key, v)
+    {
         if (!json_is_integer(v))
-            return prl_error_set(PRL_ERR_FORMAT, "model.vocab[\"%s\"] is not an integer id",
-                                 key);
+            return prl_error_set(PRL_ERR_FORMAT, "model.vocab[\"%s\"] is not an integer id", key);
         long long id = json_integer_value(v);
         if (id < PRL_TOKENIZER_BYTE0 || id >= (long long)(PRL_TOKENIZER_BYTE0 + n_ids)) {
             if (!outside) outside = key, outside_id = id; /* reported below, with the hole */
@@ -330,29 +337,38 @@ static prl_status load_vocab_entries(const json_t *vocab, vocab_entry *ent, uint
         }
         vocab_entry *e = &ent[id - PRL_TOKENIZER_BYTE0];
         if (e->key)
-            return prl_error_set(PRL_ERR_FORMAT, "model.vocab: duplicate id %lld (\"%s\" and "
-                                 "\"%s\")", id, e->key, key);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "model.vocab: duplicate id %lld (\"%s\" and "
+                                 "\"%s\")",
+                                 id, e->key, key);
         size_t n;
         if (!byte_level_decode(cp_byte, key, buf + off, &n) || n == 0)
-            return prl_error_set(PRL_ERR_FORMAT, "model.vocab[\"%s\"] (id %lld) is not a "
-                                 "byte-level token string", key, id);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "model.vocab[\"%s\"] (id %lld) is not a "
+                                 "byte-level token string",
+                                 key, id);
         *e = (vocab_entry){key, off, n};
         off += n;
         if (id < PRL_TOKENIZER_N_BASE && (n != 1 || buf[e->off] != id - PRL_TOKENIZER_BYTE0))
-            return prl_error_set(PRL_ERR_FORMAT, "model.vocab[\"%s\"]: id %lld must be the "
-                                 "single byte 0x%02llx", key, id, id - PRL_TOKENIZER_BYTE0);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "model.vocab[\"%s\"]: id %lld must be the "
+                                 "single byte 0x%02llx",
+                                 key, id, id - PRL_TOKENIZER_BYTE0);
         if (id >= PRL_TOKENIZER_N_BASE && n < 2)
-            return prl_error_set(PRL_ERR_FORMAT, "model.vocab[\"%s\"]: merged id %lld is a "
-                                 "single byte (bytes are ids %d..%d)", key, id,
-                                 PRL_TOKENIZER_BYTE0, PRL_TOKENIZER_N_BASE - 1);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "model.vocab[\"%s\"]: merged id %lld is a "
+                                 "single byte (bytes are ids %d..%d)",
+                                 key, id, PRL_TOKENIZER_BYTE0, PRL_TOKENIZER_N_BASE - 1);
     }
     /* n entries without duplicates fill [16, 16 + n) exactly unless one lies outside it, and
     ** then some id inside is missing: name both. */
     for (size_t i = 0; i < n_ids; i++)
         if (!ent[i].key)
-            return prl_error_set(PRL_ERR_FORMAT, "model.vocab has no token with id %zu (a "
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "model.vocab has no token with id %zu (a "
                                  "hole: %zu entries must use ids %d..%zu, but \"%s\" has id "
-                                 "%lld)", i + PRL_TOKENIZER_BYTE0, n_ids, PRL_TOKENIZER_BYTE0,
+                                 "%lld)",
+                                 i + PRL_TOKENIZER_BYTE0, n_ids, PRL_TOKENIZER_BYTE0,
                                  n_ids + PRL_TOKENIZER_BYTE0 - 1, outside ? outside : "?",
                                  outside_id);
     return PRL_OK;
@@ -374,8 +390,10 @@ static prl_status load_vocab(const json_t *model, prl_tokenizer *tok)
     prl_status rc = ent && buf ? load_vocab_entries(vocab, ent, buf, n_ids)
                                : prl_error_set(PRL_ERR_NOMEM, "out of memory");
     if (!rc && n_ids < 256)
-        rc = prl_error_set(PRL_ERR_FORMAT, "model.vocab has %zu entries; the 256 byte tokens "
-                           "alone need 256", n_ids);
+        rc = prl_error_set(PRL_ERR_FORMAT,
+                           "model.vocab has %zu entries; the 256 byte tokens "
+                           "alone need 256",
+                           n_ids);
     for (size_t i = 256; i < n_ids && !rc; i++) /* ids 272.. in order (bytes are built in) */
         rc = tok__add_token(tok, buf + ent[i].off, ent[i].len);
     free(ent);
@@ -394,9 +412,10 @@ static prl_status load_merge_pair(const json_t *vocab, const json_t *m, size_t i
         if (!copy) return prl_error_set(PRL_ERR_NOMEM, "out of memory");
         char *sp = strchr(copy, ' ');
         if (!sp || strchr(sp + 1, ' ') || sp == copy || !sp[1]) {
-            prl_status rc = prl_error_set(PRL_ERR_FORMAT, "merges[%zu] \"%s\" is not \"left "
-                                          "right\" (two tokens, one space)", i,
-                                          json_string_value(m));
+            prl_status rc = prl_error_set(PRL_ERR_FORMAT,
+                                          "merges[%zu] \"%s\" is not \"left "
+                                          "right\" (two tokens, one space)",
+                                          i, json_string_value(m));
             free(copy);
             return rc;
         }
@@ -407,16 +426,17 @@ static prl_status load_merge_pair(const json_t *vocab, const json_t *m, size_t i
         a = json_string_value(json_array_get(m, 0));
         b = json_string_value(json_array_get(m, 1));
     } else {
-        return prl_error_set(PRL_ERR_FORMAT, "merges[%zu] is neither \"left right\" nor "
-                             "[\"left\", \"right\"]", i);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "merges[%zu] is neither \"left right\" nor "
+                             "[\"left\", \"right\"]",
+                             i);
     }
     const json_t *ja = json_object_get(vocab, a), *jb = json_object_get(vocab, b);
     prl_status rc = PRL_OK;
     if (!ja || !jb)
-        rc = prl_error_set(PRL_ERR_FORMAT, "merges[%zu] \"%s %s\": unknown token \"%s\"", i, a,
-                           b, ja ? b : a);
-    else
-        *l = (int32_t)json_integer_value(ja), *r = (int32_t)json_integer_value(jb);
+        rc = prl_error_set(PRL_ERR_FORMAT, "merges[%zu] \"%s %s\": unknown token \"%s\"", i, a, b,
+                           ja ? b : a);
+    else *l = (int32_t)json_integer_value(ja), *r = (int32_t)json_integer_value(jb);
     free(copy);
     return rc;
 }
@@ -463,8 +483,10 @@ static prl_status load_one_merge(merge_loader *L, const json_t *vocab, const jso
     prl_status rc = load_merge_pair(vocab, m, i, &l, &r);
     if (rc) return rc;
     if (l >= L->next_new || r >= L->next_new)
-        return prl_error_set(PRL_ERR_FORMAT, "merges[%zu] uses token id %d before the merge "
-                             "that creates it", i, (int)(l >= L->next_new ? l : r));
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "merges[%zu] uses token id %d before the merge "
+                             "that creates it",
+                             i, (int)(l >= L->next_new ? l : r));
     size_t nl = tok__len(tok, l), nr = tok__len(tok, r);
     memcpy(L->joined, tok__ptr(tok, l), nl);
     memcpy(L->joined + nl, tok__ptr(tok, r), nr);
@@ -472,13 +494,16 @@ static prl_status load_one_merge(merge_loader *L, const json_t *vocab, const jso
     int added;
     if ((rc = tok__bytes_map_upsert(&L->by_bytes, L->joined, nl + nr, -1, &e, &added))) return rc;
     if (added) /* (the map now holds the scratch buffer as a key; it is not used again) */
-        return prl_error_set(PRL_ERR_FORMAT, "merges[%zu] (ids %d + %d): the result is not in "
-                             "model.vocab", i, (int)l, (int)r);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "merges[%zu] (ids %d + %d): the result is not in "
+                             "model.vocab",
+                             i, (int)l, (int)r);
     int32_t res = (int32_t)e->val;
     if (res > L->next_new)
-        return prl_error_set(PRL_ERR_FORMAT, "merges[%zu] creates id %d but the next new id is "
-                             "%d (merged ids must follow merge order)", i, (int)res,
-                             (int)L->next_new);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "merges[%zu] creates id %d but the next new id is "
+                             "%d (merged ids must follow merge order)",
+                             i, (int)res, (int)L->next_new);
     if (tok__pair_map_get(&tok->ranks, tok__pair_key(l, r)) >= 0)
         return prl_error_set(PRL_ERR_FORMAT, "merges[%zu]: duplicate merge of ids %d + %d", i,
                              (int)l, (int)r);
@@ -500,9 +525,10 @@ static prl_status load_merges(const json_t *model, prl_tokenizer *tok)
     for (size_t i = 0; i < json_array_size(merges) && !rc; i++)
         rc = load_one_merge(&L, vocab, json_array_get(merges, i), i);
     if (!rc && L.next_new != tok->vocab_size)
-        rc = prl_error_set(PRL_ERR_FORMAT, "model.vocab id %d is not created by any merge "
-                           "(%zu merges create ids up to %d)", (int)L.next_new,
-                           json_array_size(merges), (int)L.next_new - 1);
+        rc = prl_error_set(PRL_ERR_FORMAT,
+                           "model.vocab id %d is not created by any merge "
+                           "(%zu merges create ids up to %d)",
+                           (int)L.next_new, json_array_size(merges), (int)L.next_new - 1);
     merge_loader_free(&L);
     return rc;
 }
@@ -525,8 +551,10 @@ static prl_status load_json(const json_t *root, prl_tokenizer **out)
     if (!rc) rc = load_merges(model, tok);
     const json_t *vs = json_object_get(json_object_get(root, "prl"), "vocab_size");
     if (!rc && vs && (!json_is_integer(vs) || json_integer_value(vs) != tok->vocab_size))
-        rc = prl_error_set(PRL_ERR_FORMAT, "prl.vocab_size does not match the %d ids of the "
-                           "file", (int)tok->vocab_size);
+        rc = prl_error_set(PRL_ERR_FORMAT,
+                           "prl.vocab_size does not match the %d ids of the "
+                           "file",
+                           (int)tok->vocab_size);
     if (rc) {
         prl_tokenizer_free(tok);
         return rc;
@@ -542,8 +570,8 @@ prl_status prl_tokenizer_load(const char *path, prl_tokenizer **out)
     json_error_t err;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!root) {
-        prl_status code = json_error_code(&err) == json_error_cannot_open_file ? PRL_ERR_IO
-                                                                                : PRL_ERR_FORMAT;
+        prl_status code =
+            json_error_code(&err) == json_error_cannot_open_file ? PRL_ERR_IO : PRL_ERR_FORMAT;
         return prl_error_set(code, "tokenizer %s: line %d column %d: %s", path, err.line,
                              err.column, err.text);
     }

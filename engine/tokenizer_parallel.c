@@ -109,10 +109,8 @@ static void par_run(par_job *jobs, int n_threads)
         started[t] = pthread_create(&th[t], NULL, par_worker, &jobs[t]) == 0;
     par_worker(&jobs[0]);
     for (int t = 1; t < n_threads; t++) {
-        if (started && started[t])
-            pthread_join(th[t], NULL);
-        else
-            par_worker(&jobs[t]);
+        if (started && started[t]) pthread_join(th[t], NULL);
+        else par_worker(&jobs[t]);
     }
     free(th);
     free(started);
@@ -146,8 +144,8 @@ typedef struct join_pos {
 
 /* Find the smallest p in [lo, hi) where both cur (from position *c) and r (from its first
 ** token) have a token that starts a chunk. On success *c and *rp point at those tokens. */
-static int find_agreement(const prl_tokenizer *tok, const window *cur, join_pos *c,
-                          const window *r, join_pos *rp, size_t lo, size_t hi)
+static int find_agreement(const prl_tokenizer *tok, const window *cur, join_pos *c, const window *r,
+                          join_pos *rp, size_t lo, size_t hi)
 {
     join_pos a = *c, b = {0, r->begin};
     while (a.i < cur->n && b.i < r->n && a.off < hi && b.off < hi) {
@@ -241,8 +239,10 @@ static prl_status par_options(const prl_tokenizer_parallel_opts *opts, size_t le
 {
     *threads = opts ? opts->n_threads : 2;
     if (*threads < 1 || *threads > 1024)
-        return prl_error_set(PRL_ERR_ARG, "tokenizer encode_parallel: n_threads %d is outside "
-                             "[1, 1024]", *threads);
+        return prl_error_set(PRL_ERR_ARG,
+                             "tokenizer encode_parallel: n_threads %d is outside "
+                             "[1, 1024]",
+                             *threads);
     *chunk = opts ? opts->chunk_bytes : 0;
     if (*chunk == 0) {
         *chunk = len / (4 * (size_t)*threads);
@@ -268,14 +268,15 @@ static prl_status par_first_error(const window *w, size_t nw)
 {
     for (size_t k = 0; k < nw; k++)
         if (w[k].rc)
-            return prl_error_set(w[k].rc, "tokenizer encode_parallel: window %zu [%zu, %zu): "
-                                 "%s", k, w[k].begin, w[k].end, w[k].msg);
+            return prl_error_set(w[k].rc,
+                                 "tokenizer encode_parallel: window %zu [%zu, %zu): "
+                                 "%s",
+                                 k, w[k].begin, w[k].end, w[k].msg);
     return PRL_OK;
 }
 
-prl_status prl_tokenizer_encode_parallel(const prl_tokenizer *tok, const void *text,
-                                         size_t len, unsigned flags,
-                                         const prl_tokenizer_parallel_opts *opts,
+prl_status prl_tokenizer_encode_parallel(const prl_tokenizer *tok, const void *text, size_t len,
+                                         unsigned flags, const prl_tokenizer_parallel_opts *opts,
                                          int32_t **ids, size_t *n_ids,
                                          prl_tokenizer_parallel_stats *stats)
 {
@@ -297,8 +298,7 @@ prl_status prl_tokenizer_encode_parallel(const prl_tokenizer *tok, const void *t
         return prl_error_set(PRL_ERR_NOMEM, "tokenizer encode_parallel: out of memory");
     }
     par_layout(w, nw, len, chunk, overlap);
-    for (int t = 0; t < n_threads; t++)
-        jobs[t] = (par_job){tok, text, flags, w, nw, n_threads, t};
+    for (int t = 0; t < n_threads; t++) jobs[t] = (par_job){tok, text, flags, w, nw, n_threads, t};
     par_run(jobs, n_threads);
 
     rc = par_first_error(w, nw);

@@ -25,8 +25,8 @@
 
 typedef struct train_pair {
     int32_t left, right;
-    int64_t count;     /* occurrences, weighted by word count */
-    int32_t *words;    /* words that held the pair at some point (stale entries skipped) */
+    int64_t count;  /* occurrences, weighted by word count */
+    int32_t *words; /* words that held the pair at some point (stale entries skipped) */
     uint32_t n_words, cap_words;
     int32_t last_word; /* the word appended last: avoids repeats within one word */
     int32_t queued_at; /* the merge step that last put it on `changed` */
@@ -39,18 +39,18 @@ typedef struct heap_item {
 
 typedef struct trainer {
     prl_tokenizer *tok;
-    int32_t *sym;        /* every word's symbols; a word shrinks in place as it is merged */
+    int32_t *sym; /* every word's symbols; a word shrinks in place as it is merged */
     size_t *word_off;
     int32_t *word_len;
     int64_t *word_count;
-    int32_t *word_seen;  /* merge step that last rewrote the word (dedupes pair lists) */
+    int32_t *word_seen; /* merge step that last rewrote the word (dedupes pair lists) */
     size_t n_words;
-    pair_map pair_ix;    /* pair_key -> index in pairs */
+    pair_map pair_ix; /* pair_key -> index in pairs */
     train_pair *pairs;
     size_t n_pairs, cap_pairs;
     heap_item *heap;
     size_t heap_n, heap_cap;
-    int32_t *changed;    /* pairs whose count rose during this step */
+    int32_t *changed; /* pairs whose count rose during this step */
     size_t n_changed, cap_changed;
     bytes_map merged_ids; /* merged token bytes -> id, to reuse an id for equal bytes */
     uint8_t **owned;      /* the keys of merged_ids (token byte copies) */
@@ -167,8 +167,8 @@ static void train_dec(trainer *tr, int32_t l, int32_t r, int64_t count)
 
 /* Count the chunks of all texts: chunk bytes -> count (keys point into the texts; chunks of
 ** one byte are skipped, having no pair to merge). */
-static prl_status train_count_chunks(const char *const *texts, const size_t *lens,
-                                     size_t n_texts, bytes_map *chunks)
+static prl_status train_count_chunks(const char *const *texts, const size_t *lens, size_t n_texts,
+                                     bytes_map *chunks)
 {
     for (size_t i = 0; i < n_texts; i++) {
         const uint8_t *t = (const uint8_t *)texts[i];
@@ -328,15 +328,15 @@ prl_status prl_tokenizer_train(const char *const *texts, const size_t *lens, siz
 {
     if (!out) return prl_error_set(PRL_ERR_ARG, "prl_tokenizer_train: out is NULL");
     *out = NULL;
-    if (!texts && n_texts)
-        return prl_error_set(PRL_ERR_ARG, "prl_tokenizer_train: texts is NULL");
+    if (!texts && n_texts) return prl_error_set(PRL_ERR_ARG, "prl_tokenizer_train: texts is NULL");
     for (size_t i = 0; i < n_texts; i++)
         if (!texts[i] && (!lens || lens[i]))
             return prl_error_set(PRL_ERR_ARG, "prl_tokenizer_train: texts[%zu] is NULL", i);
     if (vocab_size < PRL_TOKENIZER_N_BASE)
-        return prl_error_set(PRL_ERR_ARG, "prl_tokenizer_train: vocab_size %d is below the %d "
-                             "base tokens (16 specials + 256 bytes)", (int)vocab_size,
-                             PRL_TOKENIZER_N_BASE);
+        return prl_error_set(PRL_ERR_ARG,
+                             "prl_tokenizer_train: vocab_size %d is below the %d "
+                             "base tokens (16 specials + 256 bytes)",
+                             (int)vocab_size, PRL_TOKENIZER_N_BASE);
     trainer tr;
     memset(&tr, 0, sizeof tr);
     bytes_map chunks = {0};

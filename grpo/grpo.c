@@ -31,7 +31,9 @@ static void group_advantages(double *adv, int *keep, const double *r, const memb
     if (k == 1) {
         int i = m[0].index;
         st->singletons++;
-        adv[i] = singleton == PRL_GRPO_SINGLETON_VERL ? (norm == PRL_GRPO_NORM_STD ? r[i] / (1.0 + eps) : r[i]) : 0.0;
+        adv[i] = singleton == PRL_GRPO_SINGLETON_VERL
+                     ? (norm == PRL_GRPO_NORM_STD ? r[i] / (1.0 + eps) : r[i])
+                     : 0.0;
         if (keep) keep[i] = singleton != PRL_GRPO_SINGLETON_DROP;
         return;
     }
@@ -52,8 +54,8 @@ static void group_advantages(double *adv, int *keep, const double *r, const memb
     }
 }
 
-prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards,
-                               const int64_t *group, int n, prl_grpo_adv_norm norm, double eps,
+prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards, const int64_t *group,
+                               int n, prl_grpo_adv_norm norm, double eps,
                                prl_grpo_singleton singleton, prl_grpo_adv_stats *stats)
 {
     prl_grpo_adv_stats st = {0};
@@ -83,18 +85,18 @@ prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards,
 
 void prl_grpo_loss_config_default(prl_grpo_loss_config *c)
 {
-    *c = (prl_grpo_loss_config){.kind = PRL_GRPO_LOSS_PPO_CLIP, .clip_low = 0.2,
-                                .clip_high = 0.28, .clip_c = 3.0,
-                                .agg = PRL_GRPO_AGG_TOKEN_MEAN, .loss_scale_factor = 0};
+    *c = (prl_grpo_loss_config){.kind = PRL_GRPO_LOSS_PPO_CLIP,
+                                .clip_low = 0.2,
+                                .clip_high = 0.28,
+                                .clip_c = 3.0,
+                                .agg = PRL_GRPO_AGG_TOKEN_MEAN,
+                                .loss_scale_factor = 0};
 }
 
 static const char *const agg_names[] = {"token-mean", "token-sum", "seq-mean-token-mean",
                                         "seq-mean-token-sum", "seq-mean-token-sum-norm"};
 
-const char *prl_grpo_agg_name(prl_grpo_agg a)
-{
-    return (unsigned)a < 5 ? agg_names[a] : "?";
-}
+const char *prl_grpo_agg_name(prl_grpo_agg a) { return (unsigned)a < 5 ? agg_names[a] : "?"; }
 
 prl_status prl_grpo_agg_parse(const char *s, prl_grpo_agg *out)
 {
@@ -103,9 +105,11 @@ prl_status prl_grpo_agg_parse(const char *s, prl_grpo_agg *out)
             *out = (prl_grpo_agg)i;
             return PRL_OK;
         }
-    return prl_error_set(PRL_ERR_ARG, "unknown loss aggregation '%s' (choices: token-mean, "
+    return prl_error_set(PRL_ERR_ARG,
+                         "unknown loss aggregation '%s' (choices: token-mean, "
                          "token-sum, seq-mean-token-mean, seq-mean-token-sum, "
-                         "seq-mean-token-sum-norm)", s);
+                         "seq-mean-token-sum-norm)",
+                         s);
 }
 
 prl_status prl_grpo_loss_config_check(const prl_grpo_loss_config *c)
@@ -122,8 +126,10 @@ prl_status prl_grpo_loss_config_check(const prl_grpo_loss_config *c)
     if ((unsigned)c->agg > PRL_GRPO_AGG_SEQ_MEAN_TOKEN_SUM_NORM)
         return prl_error_set(PRL_ERR_ARG, "unknown loss aggregation %d", (int)c->agg);
     if (c->agg == PRL_GRPO_AGG_SEQ_MEAN_TOKEN_SUM_NORM && !(c->loss_scale_factor > 0))
-        return prl_error_set(PRL_ERR_ARG, "loss_scale_factor %g must be > 0 for "
-                             "seq-mean-token-sum-norm", c->loss_scale_factor);
+        return prl_error_set(PRL_ERR_ARG,
+                             "loss_scale_factor %g must be > 0 for "
+                             "seq-mean-token-sum-norm",
+                             c->loss_scale_factor);
     return PRL_OK;
 }
 
@@ -159,8 +165,8 @@ static double token_loss(double lp_new, double lp_old, double A, const prl_grpo_
     return L;
 }
 
-double prl_grpo_token_loss(double lp_new, double lp_old, double adv,
-                           const prl_grpo_loss_config *c, double *dloss_dlp)
+double prl_grpo_token_loss(double lp_new, double lp_old, double adv, const prl_grpo_loss_config *c,
+                           double *dloss_dlp)
 {
     int branch;
     double g, L = token_loss(lp_new, lp_old, adv, c, &g, &branch);
@@ -191,11 +197,11 @@ static int seq_tokens(const uint8_t *mask, int b, int T)
 
 prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_new,
                                  const float *lp_old, const double *adv, const uint8_t *mask,
-                                 const float *iw, int B, int T, int n_tokens, int n_seqs,
-                                 float *w, prl_grpo_loss_stats *stats)
+                                 const float *iw, int B, int T, int n_tokens, int n_seqs, float *w,
+                                 prl_grpo_loss_stats *stats)
 {
-    return prl_grpo_loss_partial_tok(c, lp_new, lp_old, adv, NULL, mask, iw, B, T, n_tokens,
-                                     n_seqs, w, stats);
+    return prl_grpo_loss_partial_tok(c, lp_new, lp_old, adv, NULL, mask, iw, B, T, n_tokens, n_seqs,
+                                     w, stats);
 }
 
 prl_status prl_grpo_loss_partial_tok(const prl_grpo_loss_config *c, const float *lp_new,
@@ -215,8 +221,10 @@ prl_status prl_grpo_loss_partial_tok(const prl_grpo_loss_config *c, const float 
         int k = seq_tokens(mask, b, T);
         if (k == 0) continue;
         if (k > n_tokens || n_seqs < 1)
-            return prl_error_set(PRL_ERR_ARG, "loss: sequence %d has %d tokens but the whole "
-                                 "batch counts %d in %d sequences", b, k, n_tokens, n_seqs);
+            return prl_error_set(PRL_ERR_ARG,
+                                 "loss: sequence %d has %d tokens but the whole "
+                                 "batch counts %d in %d sequences",
+                                 b, k, n_tokens, n_seqs);
         st.tokens += k, st.sequences++;
         double coef = prl_grpo_agg_coefficient(c, k, n_tokens, n_seqs);
         for (int t = 0; t < T; t++) {

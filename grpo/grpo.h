@@ -28,8 +28,8 @@ struct prl_job_config;
 /* ---------------------------------------------------------------- advantages ------- */
 
 typedef enum prl_grpo_adv_norm {
-    PRL_GRPO_NORM_STD = 0,  /* A = (r − mean) / (std + ε), std unbiased (GRPO) */
-    PRL_GRPO_NORM_NONE = 1  /* A = r − mean (Dr.GRPO) */
+    PRL_GRPO_NORM_STD = 0, /* A = (r − mean) / (std + ε), std unbiased (GRPO) */
+    PRL_GRPO_NORM_NONE = 1 /* A = r − mean (Dr.GRPO) */
 } prl_grpo_adv_norm;
 
 typedef enum prl_grpo_singleton {
@@ -46,8 +46,8 @@ typedef struct prl_grpo_adv_stats {
 ** over the whole array). keep[i] (may be NULL unless singleton mode is DROP) is set to 0 for
 ** dropped samples, 1 otherwise. eps > 0 (verl: 1e-6). Errors: n < 0, eps <= 0, a non-finite
 ** reward (PRL_ERR_ARG naming the sample). */
-prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards,
-                               const int64_t *group, int n, prl_grpo_adv_norm norm, double eps,
+prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards, const int64_t *group,
+                               int n, prl_grpo_adv_norm norm, double eps,
                                prl_grpo_singleton singleton, prl_grpo_adv_stats *stats);
 
 /* ---------------------------------------------------------------- policy loss ------ */
@@ -67,12 +67,12 @@ typedef enum prl_grpo_loss_kind {
 } prl_grpo_loss_kind;
 
 typedef struct prl_grpo_loss_config {
-    prl_grpo_loss_kind kind;   /* default PPO_CLIP */
-    double clip_low;           /* ε_low, default 0.2 */
-    double clip_high;          /* ε_high, default 0.28 (DAPO clip-higher) */
-    double clip_c;             /* dual-clip c > 1, default 3; 0 disables the dual clip */
-    prl_grpo_agg agg;          /* default token-mean */
-    double loss_scale_factor;  /* H of seq-mean-token-sum-norm */
+    prl_grpo_loss_kind kind;  /* default PPO_CLIP */
+    double clip_low;          /* ε_low, default 0.2 */
+    double clip_high;         /* ε_high, default 0.28 (DAPO clip-higher) */
+    double clip_c;            /* dual-clip c > 1, default 3; 0 disables the dual clip */
+    prl_grpo_agg agg;         /* default token-mean */
+    double loss_scale_factor; /* H of seq-mean-token-sum-norm */
 } prl_grpo_loss_config;
 
 void prl_grpo_loss_config_default(prl_grpo_loss_config *c);
@@ -92,15 +92,15 @@ double prl_grpo_agg_coefficient(const prl_grpo_loss_config *c, int seq_tokens, i
 
 /* One token: the clipped surrogate L and ∂L/∂lp_new (A, lp_old constants); with kind
 ** REINFORCE, L = −A·lp_new and ∂L/∂lp_new = −A (lp_old unused). */
-double prl_grpo_token_loss(double lp_new, double lp_old, double adv,
-                           const prl_grpo_loss_config *c, double *dloss_dlp);
+double prl_grpo_token_loss(double lp_new, double lp_old, double adv, const prl_grpo_loss_config *c,
+                           double *dloss_dlp);
 
 typedef struct prl_grpo_loss_stats {
-    double loss;          /* the aggregated loss */
-    double clipfrac;      /* share of valid tokens with the ratio clip above (L2 > L1) */
-    double clipfrac_lower;/* share where the dual clip bounds the loss (A < 0) */
-    double ppo_kl;        /* mean of lp_old − lp_new over valid tokens */
-    int tokens, sequences;/* valid tokens; sequences with at least one */
+    double loss;           /* the aggregated loss */
+    double clipfrac;       /* share of valid tokens with the ratio clip above (L2 > L1) */
+    double clipfrac_lower; /* share where the dual clip bounds the loss (A < 0) */
+    double ppo_kl;         /* mean of lp_old − lp_new over valid tokens */
+    int tokens, sequences; /* valid tokens; sequences with at least one */
 } prl_grpo_loss_stats;
 
 /* The aggregated loss of a batch of B sequences × T positions (row-major [B·T] arrays):
@@ -117,8 +117,8 @@ prl_status prl_grpo_loss(const prl_grpo_loss_config *c, const float *lp_new, con
 ** stats->sequences count the part. */
 prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_new,
                                  const float *lp_old, const double *adv, const uint8_t *mask,
-                                 const float *iw, int B, int T, int n_tokens, int n_seqs,
-                                 float *w, prl_grpo_loss_stats *stats);
+                                 const float *iw, int B, int T, int n_tokens, int n_seqs, float *w,
+                                 prl_grpo_loss_stats *stats);
 
 /* The same with a per-token advantage added: token i's advantage is adv[b] + adv_tok[i]
 ** (adv_tok [B·T], NULL = none). On-policy distillation's per-token advantages (opd/) come in
@@ -126,7 +126,8 @@ prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_
 prl_status prl_grpo_loss_partial_tok(const prl_grpo_loss_config *c, const float *lp_new,
                                      const float *lp_old, const double *adv, const float *adv_tok,
                                      const uint8_t *mask, const float *iw, int B, int T,
-                                     int n_tokens, int n_seqs, float *w, prl_grpo_loss_stats *stats);
+                                     int n_tokens, int n_seqs, float *w,
+                                     prl_grpo_loss_stats *stats);
 
 /* ---------------------------------------------------------------- mismatch correction */
 /* mismatch.c: the train–infer mismatch corrections of rl.md §2 as per-token weights and keep
@@ -138,11 +139,11 @@ prl_status prl_grpo_loss_partial_tok(const prl_grpo_loss_config *c, const float 
 ** count. Everything in double, in index order. */
 
 typedef enum prl_grpo_corr {
-    PRL_GRPO_CORR_NONE = 0,  /* w = 1 (default: the update is the uncorrected one) */
-    PRL_GRPO_CORR_TIS = 1,   /* w = min(ρ, C) */
-    PRL_GRPO_CORR_MIS = 2,   /* w = ρ·1[ρ ≤ C] */
-    PRL_GRPO_CORR_ICEPOP = 3,/* w = ρ·1[α ≤ ρ ≤ β] (token level) */
-    PRL_GRPO_CORR_KPOP = 4   /* w = ρ·1[max(D_B(p‖q), D_B(q‖p)) ≤ φ] (token level) */
+    PRL_GRPO_CORR_NONE = 0,   /* w = 1 (default: the update is the uncorrected one) */
+    PRL_GRPO_CORR_TIS = 1,    /* w = min(ρ, C) */
+    PRL_GRPO_CORR_MIS = 2,    /* w = ρ·1[ρ ≤ C] */
+    PRL_GRPO_CORR_ICEPOP = 3, /* w = ρ·1[α ≤ ρ ≤ β] (token level) */
+    PRL_GRPO_CORR_KPOP = 4    /* w = ρ·1[max(D_B(p‖q), D_B(q‖p)) ≤ φ] (token level) */
 } prl_grpo_corr;
 
 typedef enum prl_grpo_corr_level {
@@ -191,9 +192,9 @@ void prl_grpo_corr_config_default(prl_grpo_corr_config *c);
 prl_status prl_grpo_corr_config_check(const prl_grpo_corr_config *c);
 /* From the job's grpo.correction.* keys (choices already validated by the key table). */
 prl_status prl_grpo_corr_config_from_job(prl_grpo_corr_config *c, const struct prl_job_config *j);
-const char *prl_grpo_corr_name(prl_grpo_corr k);            /* "none", "tis", ... */
+const char *prl_grpo_corr_name(prl_grpo_corr k);               /* "none", "tis", ... */
 const char *prl_grpo_denominator_name(prl_grpo_denominator d); /* "original", "kept" */
-const char *prl_grpo_corr_mode_name(prl_grpo_corr_mode m);      /* "decoupled", "bypass" */
+const char *prl_grpo_corr_mode_name(prl_grpo_corr_mode m);     /* "decoupled", "bypass" */
 
 /* The PCC rule: *out = the strict setting when c->pcc_rule is on and pcc < pcc_threshold or
 ** pcc is NaN (undefined: fewer than 2 tokens or a constant vector — no evidence of agreement,
@@ -205,12 +206,12 @@ int prl_grpo_corr_select(const prl_grpo_corr_config *c, double pcc, prl_grpo_cor
 double prl_grpo_kpop_metric(double lp, double lp_mu);
 
 typedef struct prl_grpo_corr_stats {
-    long tokens;     /* valid tokens (mask 1) */
-    long masked;     /* valid tokens with keep 0 */
-    long truncated;  /* valid tokens whose weight TIS capped (ρ > C) */
+    long tokens;                 /* valid tokens (mask 1) */
+    long masked;                 /* valid tokens with keep 0 */
+    long truncated;              /* valid tokens whose weight TIS capped (ρ > C) */
     double w_sum, w_sq;          /* Σ w, Σ w² over the valid tokens */
     double w_mean, w_min, w_max; /* of the weights over the valid tokens (0 when none) */
-    double ess;      /* (Σw)² / (N·Σw²), in (0, 1]; NaN when every weight is 0 */
+    double ess;                  /* (Σw)² / (N·Σw²), in (0, 1]; NaN when every weight is 0 */
 } prl_grpo_corr_stats;
 
 /* Weights w[i] (detached) and keep[i] of n_seq sequences with bounds `bd` and c->kind /
@@ -228,15 +229,15 @@ prl_status prl_grpo_corr_weights(const prl_grpo_corr_config *c, const prl_grpo_c
 ** valid tokens; d = lp_train − lp_infer, r = exp(clamp(d, ±20)), p = e^lp. NaN (JSON null)
 ** where undefined (no tokens; PCC of < 2 tokens or a constant vector). */
 typedef struct prl_grpo_mismatch_stats {
-    long tokens;                       /* valid tokens */
-    double logprob_diff_mean, logprob_diff_max; /* |d| */
+    long tokens;                                         /* valid tokens */
+    double logprob_diff_mean, logprob_diff_max;          /* |d| */
     double prob_diff_mean, prob_diff_max, prob_diff_std; /* |p_tr − p_inf|, std unbiased */
-    double pcc, pcc_logprob;           /* Pearson of probabilities, of log-probabilities */
-    double k1, k2, k3;                 /* mean −d, mean d²/2, mean (r − log r − 1) */
-    double chi2_token, chi2_seq;       /* mean r² − 1; mean over sequences of R² − 1 */
-    double ess;                        /* ESS of the raw ratios r */
-    double extreme_frac;               /* share with r > τ or r < 1/τ */
-    int strict;                        /* 1: the PCC rule picked the strict setting */
+    double pcc, pcc_logprob;     /* Pearson of probabilities, of log-probabilities */
+    double k1, k2, k3;           /* mean −d, mean d²/2, mean (r − log r − 1) */
+    double chi2_token, chi2_seq; /* mean r² − 1; mean over sequences of R² − 1 */
+    double ess;                  /* ESS of the raw ratios r */
+    double extreme_frac;         /* share with r > τ or r < 1/τ */
+    int strict;                  /* 1: the PCC rule picked the strict setting */
     /* what each correction would do at the chosen setting (masks over valid tokens) */
     double tis_clipfrac, mis_masked_frac, icepop_masked_frac, kpop_masked_frac;
 } prl_grpo_mismatch_stats;
@@ -274,8 +275,8 @@ typedef struct prl_grpo_batch {
     ** row p is the route of token p), each route_moe × route_k ids of route_width bytes
     ** (prl_routes_pack, token-major); `routes` holds them sample after sample. */
     int route_moe, route_k, route_width;
-    int32_t *route_rows;  /* [n] or NULL */
-    uint8_t *routes;      /* [routes_bytes] or NULL */
+    int32_t *route_rows; /* [n] or NULL */
+    uint8_t *routes;     /* [routes_bytes] or NULL */
     size_t routes_bytes;
 } prl_grpo_batch;
 
@@ -303,42 +304,41 @@ void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int 
 prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b);
 
 typedef struct prl_grpo_train_config {
-    prl_grpo_adv_norm adv_norm;  /* grpo.adv_norm */
-    double adv_eps;              /* grpo.adv_eps */
-    prl_grpo_singleton singleton;/* grpo.singleton */
-    prl_grpo_loss_config loss;   /* grpo.clip_low, clip_high, clip_c, loss_agg, loss_scale_factor */
-    int ppo_epochs;              /* grpo.ppo_epochs >= 1 */
-    int minibatches;             /* grpo.minibatches >= 1: optimizer steps per epoch */
-    int micro_rows;              /* sequences per forward/backward (memory bound), default 8 */
-    double grad_clip;            /* optim.grad_clip: global L2 bound of each update (0 = off) */
-    double temperature;          /* rollout.temperature: log-probs of softmax(logits / τ) */
-    double kl_coef;              /* grpo.kl_coef: weight of the k3 KL to `ref` (0 = off) */
-    prl_model *ref;              /* borrowed reference model (needed iff kl_coef > 0) */
-    prl_grpo_corr_config corr;   /* grpo.correction.*: default none (the plain update) */
-    int replay_mode;             /* replay.mode: a prl_replay_mode (replay/replay.h), 0 = none */
-    double replay_tau;           /* replay.tau: Masked R3 threshold on |I_train ∩ I_infer|/K */
-    double entropy_alarm;        /* replay.entropy_alarm: alarm when a layer's routing entropy
+    prl_grpo_adv_norm adv_norm;   /* grpo.adv_norm */
+    double adv_eps;               /* grpo.adv_eps */
+    prl_grpo_singleton singleton; /* grpo.singleton */
+    prl_grpo_loss_config loss;  /* grpo.clip_low, clip_high, clip_c, loss_agg, loss_scale_factor */
+    int ppo_epochs;             /* grpo.ppo_epochs >= 1 */
+    int minibatches;            /* grpo.minibatches >= 1: optimizer steps per epoch */
+    int micro_rows;             /* sequences per forward/backward (memory bound), default 8 */
+    double grad_clip;           /* optim.grad_clip: global L2 bound of each update (0 = off) */
+    double temperature;         /* rollout.temperature: log-probs of softmax(logits / τ) */
+    double kl_coef;             /* grpo.kl_coef: weight of the k3 KL to `ref` (0 = off) */
+    prl_model *ref;             /* borrowed reference model (needed iff kl_coef > 0) */
+    prl_grpo_corr_config corr;  /* grpo.correction.*: default none (the plain update) */
+    int replay_mode;            /* replay.mode: a prl_replay_mode (replay/replay.h), 0 = none */
+    double replay_tau;          /* replay.tau: Masked R3 threshold on |I_train ∩ I_infer|/K */
+    double entropy_alarm;       /* replay.entropy_alarm: alarm when a layer's routing entropy
                                  ** < entropy_alarm · ln N_experts (0 = never) */
-    const float *token_adv;      /* borrowed, [n_response] in the batch's response layout, or
+    const float *token_adv;     /* borrowed, [n_response] in the batch's response layout, or
                                  ** NULL: a per-token advantage added to each loss token's
                                  ** (on-policy distillation, opd/) */
-    double seq_adv_weight;       /* weight of the group (reward) advantage, default 1 */
-    int distill_k;               /* extra targets per response token (0: none; at most
+    double seq_adv_weight;      /* weight of the group (reward) advantage, default 1 */
+    int distill_k;              /* extra targets per response token (0: none; at most
                                  ** PRL_MAX_EXTRA_TARGETS): a distillation term (opd.topk) */
-    const int32_t *distill_ids;  /* borrowed, [n_response × distill_k] target ids (-1: none;
+    const int32_t *distill_ids; /* borrowed, [n_response × distill_k] target ids (-1: none;
                                  ** only on loss tokens) */
-    const float *distill_w;      /* borrowed, [n_response × distill_k] q >= 0: the term's loss
+    const float *distill_w;     /* borrowed, [n_response × distill_k] q >= 0: the term's loss
                                  ** is −Σ q·log p_θ(id) per loss token, aggregated over the
                                  ** tokens as the surrogate (grpo.loss_agg); no IS weight */
-    prl_loss_scaler *scaler;     /* borrowed dynamic loss scaler (trainer.loss_scale), or NULL:
+    prl_loss_scaler *scaler;    /* borrowed dynamic loss scaler (trainer.loss_scale), or NULL:
                                  ** no scaling. Its state advances with every update. */
 } prl_grpo_train_config;
 
 void prl_grpo_train_config_default(prl_grpo_train_config *c);
 /* From the job's grpo.*, optim.grad_clip and rollout.temperature keys (ref = NULL: the
 ** caller loads the reference model when grpo.kl_coef > 0). */
-prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c,
-                                          const struct prl_job_config *j);
+prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const struct prl_job_config *j);
 /* The temperature τ at which a job's rollout tokens are scored (trainer, OPD teachers):
 ** rollout.temperature, or 1 for greedy rollouts (temperature 0). */
 double prl_grpo_score_temperature(const struct prl_job_config *j);
@@ -349,44 +349,44 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c);
 
 typedef struct prl_grpo_step_stats {
     int samples, groups, singletons, constant_groups, dropped;
-    int updates;            /* optimizer steps applied (ppo_epochs × minibatches − skipped) */
-    int skipped;            /* updates skipped for a non-finite gradient (loss scaling) */
-    int scaler_on;          /* a loss scaler ran (the three fields below are meaningful) */
-    double loss_scale;      /* the scale after the step's last update */
-    long skipped_total;     /* updates the scaler has skipped over the run */
-    long tokens;            /* tokens (prompt + response) of the trained samples */
-    long loss_tokens;       /* response tokens with mask 1 */
-    double reward_mean;     /* over all samples */
-    double accuracy;        /* share of samples with reward == 1 */
+    int updates;        /* optimizer steps applied (ppo_epochs × minibatches − skipped) */
+    int skipped;        /* updates skipped for a non-finite gradient (loss scaling) */
+    int scaler_on;      /* a loss scaler ran (the three fields below are meaningful) */
+    double loss_scale;  /* the scale after the step's last update */
+    long skipped_total; /* updates the scaler has skipped over the run */
+    long tokens;        /* tokens (prompt + response) of the trained samples */
+    long loss_tokens;   /* response tokens with mask 1 */
+    double reward_mean; /* over all samples */
+    double accuracy;    /* share of samples with reward == 1 */
     double adv_mean, adv_std, adv_min, adv_max; /* over the trained samples */
-    double loss;            /* policy loss (+ kl_coef·kl), mean over the updates */
-    double clipfrac, clipfrac_lower, ppo_kl;    /* means over the updates */
-    double kl;              /* k3 KL to the reference, mean over the updates (0 when off) */
-    double grad_norm;       /* mean pre-clip gradient norm over the updates */
+    double loss; /* policy loss (+ kl_coef·kl), mean over the updates */
+    double clipfrac, clipfrac_lower, ppo_kl; /* means over the updates */
+    double kl;        /* k3 KL to the reference, mean over the updates (0 when off) */
+    double grad_norm; /* mean pre-clip gradient norm over the updates */
     double grad_norm_max;
-    double lr;              /* learning rate of the last update */
-    double mismatch;        /* mean |train old logp − infer logp| over the loss tokens */
+    double lr;       /* learning rate of the last update */
+    double mismatch; /* mean |train old logp − infer logp| over the loss tokens */
     double mismatch_max;
     prl_grpo_mismatch_stats mm; /* rl.md §6 metrics of the old vs the infer log-probs */
     prl_grpo_corr_config corr;  /* the correction applied (logged with every step) */
     /* the applied correction over the loss tokens it scored (decoupled: once; bypass: every
     ** forward of every update, pooled) */
-    double corr_masked_frac;    /* share masked */
+    double corr_masked_frac; /* share masked */
     double is_weight_mean, is_weight_min, is_weight_max, is_weight_ess;
-    double seconds;         /* wall time of the step */
+    double seconds; /* wall time of the step */
     /* routing (docs/replay.md), per MoE layer l < n_moe, over the route positions (tokens with
     ** a next token) of the trained samples, from the native old-policy pass */
-    int replay_mode;        /* the step's prl_replay_mode */
+    int replay_mode; /* the step's prl_replay_mode */
     int n_moe;
-    double route_overlap[PRL_MAX_LAYERS];  /* mean |I_train ∩ I_infer| / K, I_train the native
+    double route_overlap[PRL_MAX_LAYERS];      /* mean |I_train ∩ I_infer| / K, I_train the native
                                            ** selection (NaN: no record) */
     double route_overlap_used[PRL_MAX_LAYERS]; /* the same with the routes lp_old used (after
                                            ** replay): 1 under R3 */
-    double route_replayed[PRL_MAX_LAYERS]; /* share of the positions replayed */
-    double route_entropy[PRL_MAX_LAYERS];  /* H_l of the layer's expert load (nats) */
-    int route_entropy_alarm;/* some layer had H_l < entropy_alarm · ln N_experts */
-    int route_records;      /* trained samples with a usable route record */
-    int route_rejected;     /* samples whose record was rejected (bad or repeated id) */
+    double route_replayed[PRL_MAX_LAYERS];     /* share of the positions replayed */
+    double route_entropy[PRL_MAX_LAYERS];      /* H_l of the layer's expert load (nats) */
+    int route_entropy_alarm; /* some layer had H_l < entropy_alarm · ln N_experts */
+    int route_records;       /* trained samples with a usable route record */
+    int route_rejected;      /* samples whose record was rejected (bad or repeated id) */
 } prl_grpo_step_stats;
 
 /* ---------------------------------------------------------------- precision -------- */

@@ -48,31 +48,46 @@ void prl_grpo_corr_config_default(prl_grpo_corr_config *c)
 {
     /* loose: the literature's defaults (rl.md §2.2–2.6, §7); strict: a tighter band that
     ** masks more of a poorly correlated batch [G] */
-    *c = (prl_grpo_corr_config){
-        .kind = PRL_GRPO_CORR_NONE, .level = PRL_GRPO_LEVEL_TOKEN,
-        .mode = PRL_GRPO_MODE_DECOUPLED, .bypass_loss = PRL_GRPO_LOSS_PPO_CLIP,
-        .denominator = PRL_GRPO_DENOM_ORIGINAL,
-        .loose = {.tis_cap = 2.0, .mis_cap = 2.0, .icepop_low = 0.5, .icepop_high = 5.0,
-                  .kpop_phi = 0.75},
-        .strict = {.tis_cap = 1.5, .mis_cap = 1.5, .icepop_low = 0.8, .icepop_high = 1.25,
-                   .kpop_phi = 0.1},
-        .pcc_rule = 0, .pcc_threshold = 0.99, .extreme_ratio = 2.0};
+    *c = (prl_grpo_corr_config){.kind = PRL_GRPO_CORR_NONE,
+                                .level = PRL_GRPO_LEVEL_TOKEN,
+                                .mode = PRL_GRPO_MODE_DECOUPLED,
+                                .bypass_loss = PRL_GRPO_LOSS_PPO_CLIP,
+                                .denominator = PRL_GRPO_DENOM_ORIGINAL,
+                                .loose = {.tis_cap = 2.0,
+                                          .mis_cap = 2.0,
+                                          .icepop_low = 0.5,
+                                          .icepop_high = 5.0,
+                                          .kpop_phi = 0.75},
+                                .strict = {.tis_cap = 1.5,
+                                           .mis_cap = 1.5,
+                                           .icepop_low = 0.8,
+                                           .icepop_high = 1.25,
+                                           .kpop_phi = 0.1},
+                                .pcc_rule = 0,
+                                .pcc_threshold = 0.99,
+                                .extreme_ratio = 2.0};
 }
 
 /* One setting's ranges; `pre` is "" or "strict." for the key names. */
 static prl_status check_bounds(const prl_grpo_corr_bounds *b, const char *pre)
 {
-    const struct { const char *k; double v; } pos[] = {
-        {"tis_cap", b->tis_cap}, {"mis_cap", b->mis_cap}, {"icepop_low", b->icepop_low},
-        {"icepop_high", b->icepop_high}, {"kpop_phi", b->kpop_phi}};
+    const struct {
+        const char *k;
+        double v;
+    } pos[] = {{"tis_cap", b->tis_cap},
+               {"mis_cap", b->mis_cap},
+               {"icepop_low", b->icepop_low},
+               {"icepop_high", b->icepop_high},
+               {"kpop_phi", b->kpop_phi}};
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (!(pos[i].v > 0 && isfinite(pos[i].v)))
             return prl_error_set(PRL_ERR_CONFIG, "grpo.correction.%s%s %g must be > 0", pre,
                                  pos[i].k, pos[i].v);
     if (b->icepop_low > b->icepop_high)
-        return prl_error_set(PRL_ERR_CONFIG, "grpo.correction.%sicepop_low %g must be <= "
-                             "grpo.correction.%sicepop_high %g", pre, b->icepop_low, pre,
-                             b->icepop_high);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "grpo.correction.%sicepop_low %g must be <= "
+                             "grpo.correction.%sicepop_high %g",
+                             pre, b->icepop_low, pre, b->icepop_high);
     return PRL_OK;
 }
 
@@ -81,7 +96,8 @@ static prl_status check_stricter(const prl_grpo_corr_bounds *s, const prl_grpo_c
 {
     if (s->tis_cap > l->tis_cap || s->mis_cap > l->mis_cap || s->kpop_phi > l->kpop_phi ||
         s->icepop_low < l->icepop_low || s->icepop_high > l->icepop_high)
-        return prl_error_set(PRL_ERR_CONFIG, "grpo.correction.strict.*: the strict setting "
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "grpo.correction.strict.*: the strict setting "
                              "(tis_cap %g, mis_cap %g, icepop [%g, %g], kpop_phi %g) must be at "
                              "least as strict as the loose one (%g, %g, [%g, %g], %g)",
                              s->tis_cap, s->mis_cap, s->icepop_low, s->icepop_high, s->kpop_phi,
@@ -95,23 +111,29 @@ static prl_status check_combination(const prl_grpo_corr_config *c)
     const char *k = prl_grpo_corr_name(c->kind);
     if (c->level == PRL_GRPO_LEVEL_SEQUENCE &&
         (c->kind == PRL_GRPO_CORR_ICEPOP || c->kind == PRL_GRPO_CORR_KPOP))
-        return prl_error_set(PRL_ERR_CONFIG, "grpo.correction.level = sequence: only tis and "
-                             "mis have a sequence level, not %s", k);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "grpo.correction.level = sequence: only tis and "
+                             "mis have a sequence level, not %s",
+                             k);
     if (c->mode == PRL_GRPO_MODE_DECOUPLED && c->bypass_loss != PRL_GRPO_LOSS_PPO_CLIP)
         return prl_error_set(PRL_ERR_CONFIG, "grpo.correction.bypass_loss = reinforce needs "
-                             "grpo.correction.mode = bypass");
+                                             "grpo.correction.mode = bypass");
     if (c->mode != PRL_GRPO_MODE_BYPASS) return PRL_OK;
     if (c->kind == PRL_GRPO_CORR_KPOP)
-        return prl_error_set(PRL_ERR_CONFIG, "grpo.correction.kind = kpop needs "
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "grpo.correction.kind = kpop needs "
                              "grpo.correction.mode = decoupled (its mask is computed once from "
                              "the recomputed old log-probs)");
     if (c->bypass_loss == PRL_GRPO_LOSS_PPO_CLIP && c->kind != PRL_GRPO_CORR_NONE)
-        return prl_error_set(PRL_ERR_CONFIG, "grpo.correction.kind = %s with mode = bypass and "
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "grpo.correction.kind = %s with mode = bypass and "
                              "bypass_loss = ppo_clip: the PPO ratio already is pi/pi_infer, a "
                              "weight would count the mismatch twice (use bypass_loss = "
-                             "reinforce or mode = decoupled)", k);
+                             "reinforce or mode = decoupled)",
+                             k);
     if (c->denominator == PRL_GRPO_DENOM_KEPT)
-        return prl_error_set(PRL_ERR_CONFIG, "grpo.correction.denominator = kept needs "
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "grpo.correction.denominator = kept needs "
                              "grpo.correction.mode = decoupled (bypass weights change with every "
                              "forward, the count must be known before it)");
     return PRL_OK;
@@ -124,7 +146,7 @@ prl_status prl_grpo_corr_config_check(const prl_grpo_corr_config *c)
         (unsigned)c->bypass_loss > PRL_GRPO_LOSS_REINFORCE ||
         (unsigned)c->denominator > PRL_GRPO_DENOM_KEPT)
         return prl_error_set(PRL_ERR_CONFIG, "grpo.correction: kind, level, mode, bypass_loss or "
-                             "denominator out of range");
+                                             "denominator out of range");
     prl_status rc = check_bounds(&c->loose, "");
     if (rc == PRL_OK) rc = check_bounds(&c->strict, "strict.");
     if (rc == PRL_OK && c->pcc_rule) rc = check_stricter(&c->strict, &c->loose);
@@ -154,15 +176,14 @@ prl_status prl_grpo_corr_config_from_job(prl_grpo_corr_config *c, const prl_job_
     int d = choice(j->corr_denominator, denom_names, 2);
     if (k < 0 || l < 0 || m < 0 || bl < 0 || d < 0) /* the key table checks the choices first */
         return prl_error_set(PRL_ERR_CONFIG, "grpo.correction: an unknown kind, level, mode, "
-                             "bypass_loss or denominator");
+                                             "bypass_loss or denominator");
     c->kind = (prl_grpo_corr)k, c->level = (prl_grpo_corr_level)l;
     c->mode = (prl_grpo_corr_mode)m, c->bypass_loss = (prl_grpo_loss_kind)bl;
     c->denominator = (prl_grpo_denominator)d;
-    c->loose = (prl_grpo_corr_bounds){j->tis_cap, j->mis_cap, j->icepop_low, j->icepop_high,
-                                      j->kpop_phi};
-    c->strict = (prl_grpo_corr_bounds){j->strict_tis_cap, j->strict_mis_cap,
-                                       j->strict_icepop_low, j->strict_icepop_high,
-                                       j->strict_kpop_phi};
+    c->loose =
+        (prl_grpo_corr_bounds){j->tis_cap, j->mis_cap, j->icepop_low, j->icepop_high, j->kpop_phi};
+    c->strict = (prl_grpo_corr_bounds){j->strict_tis_cap, j->strict_mis_cap, j->strict_icepop_low,
+                                       j->strict_icepop_high, j->strict_kpop_phi};
     c->pcc_rule = j->pcc_rule, c->pcc_threshold = j->pcc_threshold;
     c->extreme_ratio = j->extreme_ratio;
     return prl_grpo_corr_config_check(c);
@@ -207,8 +228,8 @@ double prl_grpo_kpop_metric(double lp, double lp_mu)
 
 /* The weight of a (token or sequence) log-ratio x under a ratio-based correction; *kept = 0
 ** when the correction masks it, *capped = 1 when TIS truncated it. */
-static double ratio_weight(prl_grpo_corr kind, const prl_grpo_corr_bounds *bd, double x,
-                           int *kept, int *capped)
+static double ratio_weight(prl_grpo_corr kind, const prl_grpo_corr_bounds *bd, double x, int *kept,
+                           int *capped)
 {
     *kept = 1, *capped = 0;
     if (kind == PRL_GRPO_CORR_NONE) return 1.0;
@@ -218,9 +239,7 @@ static double ratio_weight(prl_grpo_corr kind, const prl_grpo_corr_bounds *bd, d
     }
     double rho = exp(clamp_lr(x));
     switch (kind) {
-    case PRL_GRPO_CORR_TIS:
-        *capped = rho > bd->tis_cap;
-        return *capped ? bd->tis_cap : rho;
+    case PRL_GRPO_CORR_TIS: *capped = rho > bd->tis_cap; return *capped ? bd->tis_cap : rho;
     case PRL_GRPO_CORR_MIS: *kept = rho <= bd->mis_cap; break;
     case PRL_GRPO_CORR_ICEPOP: *kept = rho >= bd->icepop_low && rho <= bd->icepop_high; break;
     default: break;
@@ -392,8 +411,8 @@ static prl_status would_mask(const prl_grpo_corr_config *c, prl_grpo_corr kind,
     k.kind = kind;
     if (kind == PRL_GRPO_CORR_ICEPOP || kind == PRL_GRPO_CORR_KPOP) k.level = PRL_GRPO_LEVEL_TOKEN;
     prl_grpo_corr_stats cs;
-    prl_status rc = prl_grpo_corr_weights(&k, bd, lp_tr, lp_inf, mask, seq_start, n_seq, w, NULL,
-                                          &cs);
+    prl_status rc =
+        prl_grpo_corr_weights(&k, bd, lp_tr, lp_inf, mask, seq_start, n_seq, w, NULL, &cs);
     long hit = kind == PRL_GRPO_CORR_TIS ? cs.truncated : cs.masked;
     *frac = cs.tokens ? (double)hit / cs.tokens : NAN;
     return rc;

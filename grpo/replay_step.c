@@ -42,8 +42,8 @@ static void unpack_records(prl_grpo_replay *r)
         if (nr > 0) {
             /* unpack into the first nr rows of each layer's block of rows_i rows */
             int32_t *tmp = r->chosen + r->at[i]; /* free until observe */
-            if (prl_replay_record_unpack(tmp, b->routes + byte, nr, r->n_moe, r->K,
-                                         b->route_width, r->E) == PRL_OK) {
+            if (prl_replay_record_unpack(tmp, b->routes + byte, nr, r->n_moe, r->K, b->route_width,
+                                         r->E) == PRL_OK) {
                 for (int l = 0; l < r->n_moe; l++)
                     memcpy(dst + (size_t)l * r->rows[i] * r->K, tmp + (size_t)l * nr * r->K,
                            (size_t)nr * r->K * sizeof *dst);
@@ -66,9 +66,11 @@ prl_status prl_grpo_replay_init(prl_grpo_replay *r, const prl_model *m, const pr
     if (r->n_moe == 0) return PRL_OK;
     if (b->route_rows && !records_fit(b, m) &&
         (r->mode == PRL_REPLAY_R3 || r->mode == PRL_REPLAY_MASKED_R3))
-        return prl_error_set(PRL_ERR_RANGE, "replay.mode %s: the routes are [%d MoE layers][K %d], "
-                             "the model has [%d][%d]", prl_replay_mode_name(r->mode), b->route_moe,
-                             b->route_k, m->n_moe, r->K);
+        return prl_error_set(PRL_ERR_RANGE,
+                             "replay.mode %s: the routes are [%d MoE layers][K %d], "
+                             "the model has [%d][%d]",
+                             prl_replay_mode_name(r->mode), b->route_moe, b->route_k, m->n_moe,
+                             r->K);
     int ctx_max = ctx; /* a micro-batch holds at most micro_rows × ctx positions */
     r->at = malloc((size_t)b->n * sizeof *r->at);
     r->rows = malloc((size_t)b->n * sizeof *r->rows);
@@ -113,8 +115,9 @@ static void add_used(prl_grpo_replay *r, const int32_t *routes, int l, int i)
     const int32_t *rec = r->rec + r->at[i] + (size_t)l * r->rows[i] * r->K;
     int nr = record_rows(r, l, i);
     for (int p = 0; p < nr; p++)
-        r->used_overlap[l] += (double)prl_replay_overlap(routes + (size_t)p * r->K,
-                                                         rec + (size_t)p * r->K, r->K) / r->K;
+        r->used_overlap[l] +=
+            (double)prl_replay_overlap(routes + (size_t)p * r->K, rec + (size_t)p * r->K, r->K) /
+            r->K;
     r->used_compared[l] += nr;
 }
 
@@ -185,7 +188,8 @@ void prl_grpo_replay_stats(const prl_grpo_replay *r, prl_grpo_step_stats *st)
         const prl_replay_layer_stats *ls = &r->layer[l];
         const double *counts = r->counts + (size_t)l * r->E;
         st->route_overlap[l] = ls->compared ? ls->overlap / ls->compared : NAN;
-        st->route_overlap_used[l] = r->used_compared[l] ? r->used_overlap[l] / r->used_compared[l] : NAN;
+        st->route_overlap_used[l] =
+            r->used_compared[l] ? r->used_overlap[l] / r->used_compared[l] : NAN;
         st->route_replayed[l] = ls->rows ? (double)ls->replayed / ls->rows : 0;
         st->route_entropy[l] = prl_replay_entropy(counts, r->E);
         st->route_entropy_alarm |= r->alarm > 0 && prl_replay_entropy_alarm(counts, r->E, r->alarm);
@@ -219,7 +223,8 @@ prl_status prl_grpo_replay_config_check(const prl_grpo_train_config *c)
 static json_t *layer_array(const double *v, int n)
 {
     json_t *a = json_array();
-    for (int l = 0; l < n; l++) json_array_append_new(a, isfinite(v[l]) ? json_real(v[l]) : json_null());
+    for (int l = 0; l < n; l++)
+        json_array_append_new(a, isfinite(v[l]) ? json_real(v[l]) : json_null());
     return a;
 }
 

@@ -23,17 +23,17 @@ typedef struct prl_grpo_replay {
     double tau, alarm;
     int n_moe, K, E;
     const prl_grpo_batch *b;
-    size_t *at;        /* [n] offset of sample i's rows in rec/chosen (ids), SIZE_MAX: none */
-    int *rows;         /* [n] route positions of sample i (length − 1) */
-    int *has_rec;      /* [n] sample i has a usable record */
-    int32_t *rec;      /* sample i: [n_moe][rows_i][K] recorded ids (positions without: native) */
-    int32_t *chosen;   /* sample i: [n_moe][rows_i][K] the override rows chosen at θ_old */
-    int32_t *ov;       /* [n_moe][micro_rows × ctx][K] one micro-batch's override */
-    int32_t *native;   /* [rows_i × K] scratch: one layer's native rows of one sample */
+    size_t *at;      /* [n] offset of sample i's rows in rec/chosen (ids), SIZE_MAX: none */
+    int *rows;       /* [n] route positions of sample i (length − 1) */
+    int *has_rec;    /* [n] sample i has a usable record */
+    int32_t *rec;    /* sample i: [n_moe][rows_i][K] recorded ids (positions without: native) */
+    int32_t *chosen; /* sample i: [n_moe][rows_i][K] the override rows chosen at θ_old */
+    int32_t *ov;     /* [n_moe][micro_rows × ctx][K] one micro-batch's override */
+    int32_t *native; /* [rows_i × K] scratch: one layer's native rows of one sample */
     prl_replay_layer_stats layer[PRL_MAX_LAYERS];
     double used_overlap[PRL_MAX_LAYERS]; /* Σ overlap of the routes lp_old used vs the record */
     long used_compared[PRL_MAX_LAYERS];
-    double *counts;    /* [n_moe × E] native expert load */
+    double *counts; /* [n_moe × E] native expert load */
     int records, rejected;
 } prl_grpo_replay;
 

@@ -39,9 +39,10 @@ prl_status prl_grpo_precision_from_job(prl_grpo_precision *p, const prl_job_conf
 int prl_grpo_scaler_state_format(const prl_loss_scaler *s, char *out, size_t n)
 {
     if (!s) return snprintf(out, n, "null");
-    return snprintf(out, n, "{\"scale\": %.17g, \"growth_tracker\": %d, \"hysteresis_tracker\": "
-                    "%d, \"steps\": %ld, \"skipped\": %ld}", s->scale, s->growth_tracker,
-                    s->hysteresis_tracker, s->steps, s->skipped);
+    return snprintf(out, n,
+                    "{\"scale\": %.17g, \"growth_tracker\": %d, \"hysteresis_tracker\": "
+                    "%d, \"steps\": %ld, \"skipped\": %ld}",
+                    s->scale, s->growth_tracker, s->hysteresis_tracker, s->steps, s->skipped);
 }
 
 prl_status prl_grpo_scaler_state_parse(prl_loss_scaler *s, const char *state_json)
@@ -60,7 +61,8 @@ prl_status prl_grpo_scaler_state_parse(prl_loss_scaler *s, const char *state_jso
         if (!(v > 0 && isfinite(v)) || !json_is_integer(g) || !json_is_integer(h) ||
             !json_is_integer(st) || !json_is_integer(sk) || json_integer_value(g) < 0 ||
             json_integer_value(sk) < 0 || json_integer_value(sk) > json_integer_value(st))
-            rc = prl_error_set(PRL_ERR_FORMAT, "state.json: 'loss_scaler' needs a finite scale > 0 "
+            rc = prl_error_set(PRL_ERR_FORMAT,
+                               "state.json: 'loss_scaler' needs a finite scale > 0 "
                                "and integers growth_tracker, hysteresis_tracker, steps, skipped "
                                "(0 <= skipped <= steps)");
         else {

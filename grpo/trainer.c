@@ -26,10 +26,16 @@
 
 void prl_grpo_train_config_default(prl_grpo_train_config *c)
 {
-    *c = (prl_grpo_train_config){.adv_norm = PRL_GRPO_NORM_STD, .adv_eps = 1e-6,
-                                 .singleton = PRL_GRPO_SINGLETON_ZERO, .ppo_epochs = 1,
-                                 .minibatches = 1, .micro_rows = 8, .grad_clip = 1.0,
-                                 .temperature = 1.0, .replay_tau = 0.5, .seq_adv_weight = 1.0};
+    *c = (prl_grpo_train_config){.adv_norm = PRL_GRPO_NORM_STD,
+                                 .adv_eps = 1e-6,
+                                 .singleton = PRL_GRPO_SINGLETON_ZERO,
+                                 .ppo_epochs = 1,
+                                 .minibatches = 1,
+                                 .micro_rows = 8,
+                                 .grad_clip = 1.0,
+                                 .temperature = 1.0,
+                                 .replay_tau = 0.5,
+                                 .seq_adv_weight = 1.0};
     prl_grpo_loss_config_default(&c->loss);
     prl_grpo_corr_config_default(&c->corr);
 }
@@ -40,7 +46,7 @@ prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_jo
     c->adv_norm = strcmp(j->adv_norm, "none") == 0 ? PRL_GRPO_NORM_NONE : PRL_GRPO_NORM_STD;
     c->singleton = strcmp(j->singleton, "verl") == 0   ? PRL_GRPO_SINGLETON_VERL
                    : strcmp(j->singleton, "drop") == 0 ? PRL_GRPO_SINGLETON_DROP
-                                                        : PRL_GRPO_SINGLETON_ZERO;
+                                                       : PRL_GRPO_SINGLETON_ZERO;
     c->adv_eps = j->adv_eps;
     c->loss.clip_low = j->clip_low;
     c->loss.clip_high = j->clip_high;
@@ -68,7 +74,8 @@ prl_status prl_grpo_optim_config_from_job(prl_optim_config *oc, const prl_job_co
 {
     prl_optim_config_default(oc);
     if (strcmp(j->optimizer, "adamw") && strcmp(j->optimizer, "muon"))
-        return prl_error_set(PRL_ERR_CONFIG, "optim.kind '%s' (choices: adamw, muon)", j->optimizer);
+        return prl_error_set(PRL_ERR_CONFIG, "optim.kind '%s' (choices: adamw, muon)",
+                             j->optimizer);
     oc->kind = strcmp(j->optimizer, "muon") == 0 ? PRL_OPTIM_MUON : PRL_OPTIM_ADAMW;
     oc->lr = j->lr;
     oc->weight_decay = j->weight_decay;
@@ -86,13 +93,19 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
 {
     prl_status rc = prl_grpo_loss_config_check(&c->loss);
     if (rc) return prl_error_wrap(rc, "grpo: ");
-    if (!(c->adv_eps > 0)) return prl_error_set(PRL_ERR_CONFIG, "grpo.adv_eps %g must be > 0", c->adv_eps);
-    if ((unsigned)c->adv_norm > PRL_GRPO_NORM_NONE || (unsigned)c->singleton > PRL_GRPO_SINGLETON_DROP)
+    if (!(c->adv_eps > 0))
+        return prl_error_set(PRL_ERR_CONFIG, "grpo.adv_eps %g must be > 0", c->adv_eps);
+    if ((unsigned)c->adv_norm > PRL_GRPO_NORM_NONE ||
+        (unsigned)c->singleton > PRL_GRPO_SINGLETON_DROP)
         return prl_error_set(PRL_ERR_CONFIG, "grpo.adv_norm / grpo.singleton out of range");
-    if (c->ppo_epochs < 1) return prl_error_set(PRL_ERR_CONFIG, "grpo.ppo_epochs %d must be >= 1", c->ppo_epochs);
-    if (c->minibatches < 1) return prl_error_set(PRL_ERR_CONFIG, "grpo.minibatches %d must be >= 1", c->minibatches);
-    if (c->micro_rows < 1) return prl_error_set(PRL_ERR_CONFIG, "micro_rows %d must be >= 1", c->micro_rows);
-    if (!(c->grad_clip >= 0)) return prl_error_set(PRL_ERR_CONFIG, "optim.grad_clip %g must be >= 0", c->grad_clip);
+    if (c->ppo_epochs < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "grpo.ppo_epochs %d must be >= 1", c->ppo_epochs);
+    if (c->minibatches < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "grpo.minibatches %d must be >= 1", c->minibatches);
+    if (c->micro_rows < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "micro_rows %d must be >= 1", c->micro_rows);
+    if (!(c->grad_clip >= 0))
+        return prl_error_set(PRL_ERR_CONFIG, "optim.grad_clip %g must be >= 0", c->grad_clip);
     if (!(c->temperature > 0 && isfinite(c->temperature)))
         return prl_error_set(PRL_ERR_CONFIG, "rollout.temperature %g must be > 0", c->temperature);
     if (!isfinite(c->seq_adv_weight))
@@ -101,11 +114,13 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
         return prl_error_set(PRL_ERR_CONFIG, "grpo.kl_coef %g must be >= 0", c->kl_coef);
     if (c->distill_k < 0 || c->distill_k > PRL_MAX_EXTRA_TARGETS ||
         (c->distill_k && (!c->distill_ids || !c->distill_w)))
-        return prl_error_set(PRL_ERR_CONFIG, "distillation: %d targets per token (0..%d, with ids "
-                             "and weights)", c->distill_k, PRL_MAX_EXTRA_TARGETS);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "distillation: %d targets per token (0..%d, with ids "
+                             "and weights)",
+                             c->distill_k, PRL_MAX_EXTRA_TARGETS);
     if (c->loss.kind != PRL_GRPO_LOSS_PPO_CLIP) /* reinforce comes with bypass mode only */
         return prl_error_set(PRL_ERR_CONFIG, "grpo: the loss kind is set by "
-                             "grpo.correction.bypass_loss, not in the loss config");
+                                             "grpo.correction.bypass_loss, not in the loss config");
     rc = prl_grpo_corr_config_check(&c->corr);
     return rc ? rc : prl_grpo_replay_config_check(c);
 }
@@ -115,16 +130,16 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
 /* The mismatch correction of a step (rl.md §2): flat [n_response] arrays in the batch's
 ** response layout, [micro_rows × ctx] row arrays, and the applied weights' running sums. */
 typedef struct step_corr {
-    int active;           /* a correction multiplies the token losses (kind != none) */
-    int bypass;           /* lp_old := lp_mu */
+    int active;              /* a correction multiplies the token losses (kind != none) */
+    int bypass;              /* lp_old := lp_mu */
     prl_grpo_corr_bounds bd; /* the setting the PCC rule picked */
-    int32_t *seq_start;   /* [n + 1] response offsets of the samples */
-    uint8_t *mask;        /* [n_response] loss tokens of the kept samples */
-    float *iw;            /* [n_response] decoupled weights */
-    uint8_t *keep;        /* [n_response] decoupled keep mask */
-    float *iw_rows;       /* [micro_rows × ctx] */
-    int32_t *row_start;   /* [micro_rows + 1] */
-    long n, masked;       /* applied: tokens scored, tokens masked */
+    int32_t *seq_start;      /* [n + 1] response offsets of the samples */
+    uint8_t *mask;           /* [n_response] loss tokens of the kept samples */
+    float *iw;               /* [n_response] decoupled weights */
+    uint8_t *keep;           /* [n_response] decoupled keep mask */
+    float *iw_rows;          /* [micro_rows × ctx] */
+    int32_t *row_start;      /* [micro_rows + 1] */
+    long n, masked;          /* applied: tokens scored, tokens masked */
     double sum, sq, min, max;
 } step_corr;
 
@@ -133,22 +148,22 @@ typedef struct step_ctx {
     prl_model *m;
     const prl_grpo_batch *b;
     const prl_grpo_train_config *c;
-    int ctx;              /* the model's context (positions per row at most) */
-    int n_kept, *kept;    /* samples trained, in order */
-    size_t *first;        /* [n] first response token of each sample */
-    double *adv;          /* [n] */
-    float *lp_old;        /* [n_response] train log-probs before any update */
-    float *lp_ref;        /* [n_response] reference log-probs (KL only) */
-    prl_batch_buf bb;     /* micro_rows × ctx */
-    uint8_t *train;       /* [ctx] a row's target mask */
+    int ctx;                             /* the model's context (positions per row at most) */
+    int n_kept, *kept;                   /* samples trained, in order */
+    size_t *first;                       /* [n] first response token of each sample */
+    double *adv;                         /* [n] */
+    float *lp_old;                       /* [n_response] train log-probs before any update */
+    float *lp_ref;                       /* [n_response] reference log-probs (KL only) */
+    prl_batch_buf bb;                    /* micro_rows × ctx */
+    uint8_t *train;                      /* [ctx] a row's target mask */
     float *lp_new, *old_rows, *ref_rows; /* [micro_rows × ctx] */
-    float *adv_tok_rows;  /* [micro_rows × ctx] c->token_adv in rows (NULL without) */
-    int32_t *extra_ids;   /* [micro_rows × ctx × distill_k] c->distill_ids in rows (NULL without) */
-    float *extra_w;       /* [micro_rows × ctx × distill_k] their loss weights */
-    uint8_t *mask_rows;   /* [micro_rows × ctx] */
-    double *adv_rows;     /* [micro_rows] */
-    step_corr corr;       /* the mismatch correction's state */
-    prl_grpo_replay rp;   /* routing replay and metrics (replay_step.h) */
+    float *adv_tok_rows; /* [micro_rows × ctx] c->token_adv in rows (NULL without) */
+    int32_t *extra_ids; /* [micro_rows × ctx × distill_k] c->distill_ids in rows (NULL without) */
+    float *extra_w;     /* [micro_rows × ctx × distill_k] their loss weights */
+    uint8_t *mask_rows; /* [micro_rows × ctx] */
+    double *adv_rows;   /* [micro_rows] */
+    step_corr corr;     /* the mismatch correction's state */
+    prl_grpo_replay rp; /* routing replay and metrics (replay_step.h) */
 } step_ctx;
 
 static void step_free(step_ctx *s)
@@ -190,15 +205,13 @@ static prl_status step_alloc(step_ctx *s)
     s->corr.keep = calloc(nr, 1);
     s->corr.iw_rows = malloc(rows * sizeof *s->corr.iw_rows);
     s->corr.row_start = malloc(((size_t)s->c->micro_rows + 1) * sizeof *s->corr.row_start);
-    if (!s->kept || !s->first || !s->adv || !s->lp_old || !s->lp_ref || !s->train ||
-        !s->lp_new || !s->old_rows || !s->ref_rows || !s->mask_rows || !s->adv_rows ||
-        !s->corr.seq_start || !s->corr.mask || !s->corr.iw || !s->corr.keep ||
-        !s->corr.iw_rows || !s->corr.row_start)
+    if (!s->kept || !s->first || !s->adv || !s->lp_old || !s->lp_ref || !s->train || !s->lp_new ||
+        !s->old_rows || !s->ref_rows || !s->mask_rows || !s->adv_rows || !s->corr.seq_start ||
+        !s->corr.mask || !s->corr.iw || !s->corr.keep || !s->corr.iw_rows || !s->corr.row_start)
         return prl_error_set(PRL_ERR_NOMEM, "grpo step of %d samples", b->n);
     prl_status rc = prl_batch_buf_init(&s->bb, s->c->micro_rows, s->ctx);
     return rc ? rc : prl_grpo_replay_init(&s->rp, s->m, b, s->c, s->c->micro_rows, s->ctx);
 }
-
 
 /* Advantages and the kept samples; reward and advantage stats. */
 static prl_status step_advantages(step_ctx *s, prl_grpo_step_stats *st)
@@ -273,8 +286,10 @@ static void rows_to_flat(const step_ctx *s, int k0, const prl_batch *batch, cons
                          float *flat)
 {
     for (int r = 0; r < batch->B; r++) {
-        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = prl_grpo_batch_response_len(s->b, i);
-        for (int j = 0; j < len; j++) flat[s->first[i] + j] = rows[(size_t)r * batch->T + pl - 1 + j];
+        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i],
+            len = prl_grpo_batch_response_len(s->b, i);
+        for (int j = 0; j < len; j++)
+            flat[s->first[i] + j] = rows[(size_t)r * batch->T + pl - 1 + j];
     }
 }
 
@@ -283,8 +298,10 @@ static void flat_to_rows(const step_ctx *s, int k0, const prl_batch *batch, cons
 {
     memset(rows, 0, (size_t)batch->B * batch->T * sizeof *rows);
     for (int r = 0; r < batch->B; r++) {
-        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = prl_grpo_batch_response_len(s->b, i);
-        for (int j = 0; j < len; j++) rows[(size_t)r * batch->T + pl - 1 + j] = flat[s->first[i] + j];
+        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i],
+            len = prl_grpo_batch_response_len(s->b, i);
+        for (int j = 0; j < len; j++)
+            rows[(size_t)r * batch->T + pl - 1 + j] = flat[s->first[i] + j];
     }
 }
 
@@ -362,7 +379,8 @@ static void add_distill(step_ctx *s, int k0, prl_batch *batch, int n_tokens, int
     size_t cells = (size_t)batch->B * batch->T * K;
     for (size_t e = 0; e < cells; e++) s->extra_ids[e] = -1, s->extra_w[e] = 0;
     for (int r = 0; r < batch->B; r++) {
-        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i], len = prl_grpo_batch_response_len(s->b, i), n = 0;
+        int i = s->kept[k0 + r], pl = s->b->prompt_lens[i],
+            len = prl_grpo_batch_response_len(s->b, i), n = 0;
         for (int t = 0; t < batch->T; t++) n += s->mask_rows[(size_t)r * batch->T + t];
         if (!n) continue;
         double coef = prl_grpo_agg_coefficient(&s->c->loss, n, n_tokens, n_seqs);
@@ -399,8 +417,7 @@ static prl_grpo_loss_config step_corr_loss(const step_ctx *s);
 static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, const float **iw);
 
 /* Forward + backward of the micro-batches of kept samples [k0, k1); sums the parts' stats. */
-static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_stats *sum,
-                                  double *kl)
+static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_stats *sum, double *kl)
 {
     int n_tokens, n_seqs;
     count_tokens(s, k0, k1, step_corr_count_keep(s), &n_tokens, &n_seqs);
@@ -419,9 +436,9 @@ static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_sta
         if ((rc = step_corr_rows(s, r0, &batch, &iw))) break;
         if (s->adv_tok_rows) flat_to_rows(s, r0, &batch, s->c->token_adv, s->adv_tok_rows);
         prl_grpo_loss_stats part;
-        rc = prl_grpo_loss_partial_tok(&loss, s->lp_new, s->old_rows, s->adv_rows,
-                                       s->adv_tok_rows, s->mask_rows, iw, rows, batch.T,
-                                       n_tokens, n_seqs, s->bb.weights, &part);
+        rc = prl_grpo_loss_partial_tok(&loss, s->lp_new, s->old_rows, s->adv_rows, s->adv_tok_rows,
+                                       s->mask_rows, iw, rows, batch.T, n_tokens, n_seqs,
+                                       s->bb.weights, &part);
         if (rc) break;
         if (s->c->kl_coef > 0) {
             flat_to_rows(s, r0, &batch, s->lp_ref, s->ref_rows);
@@ -501,13 +518,15 @@ prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch 
     double t0 = prl_now();
     prl_status rc = prl_grpo_train_config_check(c);
     if (rc == PRL_OK && c->kl_coef > 0 && !c->ref)
-        rc = prl_error_set(PRL_ERR_ARG, "grpo.kl_coef = %g needs a reference model "
-                           "(prl_grpo_train_config.ref)", c->kl_coef);
+        rc = prl_error_set(PRL_ERR_ARG,
+                           "grpo.kl_coef = %g needs a reference model "
+                           "(prl_grpo_train_config.ref)",
+                           c->kl_coef);
     if (rc == PRL_OK && c->kl_coef > 0 &&
         (c->ref->cfg.vocab_size != m->cfg.vocab_size ||
          c->ref->cfg.max_position_embeddings < m->cfg.max_position_embeddings))
         rc = prl_error_set(PRL_ERR_ARG, "grpo.kl_coef: the reference model's vocabulary or "
-                           "context differs from the policy's");
+                                        "context differs from the policy's");
     if (rc == PRL_OK) rc = prl_grpo_batch_check(b);
     if (rc == PRL_OK && (rc = prl_grpo_batch_fits(m, b))) rc = prl_error_wrap(rc, "grpo step: ");
     if (rc) return rc;
@@ -550,7 +569,8 @@ static prl_status step_corr_prepare(step_ctx *s, prl_grpo_step_stats *st)
     memset(k->mask, 0, b->n_response); /* dropped samples are not measured */
     for (int j = 0; j < s->n_kept; j++) {
         int i = s->kept[j];
-        memcpy(k->mask + s->first[i], b->mask + s->first[i], (size_t)prl_grpo_batch_response_len(b, i));
+        memcpy(k->mask + s->first[i], b->mask + s->first[i],
+               (size_t)prl_grpo_batch_response_len(b, i));
     }
     prl_status rc = prl_grpo_mismatch_metrics(c, s->lp_old, b->logprobs, k->mask, k->seq_start,
                                               b->n, &st->mm, &k->bd);
@@ -602,9 +622,8 @@ static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, co
     }
     for (int r = 0; r <= batch->B; r++) k->row_start[r] = r * batch->T;
     prl_grpo_corr_stats cs;
-    prl_status rc = prl_grpo_corr_weights(&s->c->corr, &k->bd, s->lp_new, s->old_rows,
-                                          s->mask_rows, k->row_start, batch->B, k->iw_rows, NULL,
-                                          &cs);
+    prl_status rc = prl_grpo_corr_weights(&s->c->corr, &k->bd, s->lp_new, s->old_rows, s->mask_rows,
+                                          k->row_start, batch->B, k->iw_rows, NULL, &cs);
     if (rc) return rc;
     corr_add(k, &cs);
     *iw = k->iw_rows;
@@ -644,16 +663,30 @@ static void mismatch_to_json(json_t *o, const prl_grpo_step_stats *st)
     json_object_set_new(o, "denominator",
                         json_string(prl_grpo_denominator_name(st->corr.denominator)));
     json_object_set_new(o, "pcc_strict", json_integer(m->strict));
-    const struct { const char *k; double v; } reals[] = {
-        {"prob_diff_mean", m->prob_diff_mean}, {"prob_diff_max", m->prob_diff_max},
-        {"prob_diff_std", m->prob_diff_std}, {"pcc", m->pcc}, {"pcc_logprob", m->pcc_logprob},
-        {"k1", m->k1}, {"k2", m->k2}, {"k3", m->k3}, {"chi2_token", m->chi2_token},
-        {"chi2_seq", m->chi2_seq}, {"ess", m->ess}, {"extreme_frac", m->extreme_frac},
-        {"tis_clipfrac", m->tis_clipfrac}, {"mis_masked_frac", m->mis_masked_frac},
-        {"icepop_masked_frac", m->icepop_masked_frac}, {"kpop_masked_frac", m->kpop_masked_frac},
-        {"corr_masked_frac", st->corr_masked_frac}, {"is_weight_mean", st->is_weight_mean},
-        {"is_weight_min", st->is_weight_min}, {"is_weight_max", st->is_weight_max},
-        {"is_weight_ess", st->is_weight_ess}};
+    const struct {
+        const char *k;
+        double v;
+    } reals[] = {{"prob_diff_mean", m->prob_diff_mean},
+                 {"prob_diff_max", m->prob_diff_max},
+                 {"prob_diff_std", m->prob_diff_std},
+                 {"pcc", m->pcc},
+                 {"pcc_logprob", m->pcc_logprob},
+                 {"k1", m->k1},
+                 {"k2", m->k2},
+                 {"k3", m->k3},
+                 {"chi2_token", m->chi2_token},
+                 {"chi2_seq", m->chi2_seq},
+                 {"ess", m->ess},
+                 {"extreme_frac", m->extreme_frac},
+                 {"tis_clipfrac", m->tis_clipfrac},
+                 {"mis_masked_frac", m->mis_masked_frac},
+                 {"icepop_masked_frac", m->icepop_masked_frac},
+                 {"kpop_masked_frac", m->kpop_masked_frac},
+                 {"corr_masked_frac", st->corr_masked_frac},
+                 {"is_weight_mean", st->is_weight_mean},
+                 {"is_weight_min", st->is_weight_min},
+                 {"is_weight_max", st->is_weight_max},
+                 {"is_weight_ess", st->is_weight_ess}};
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) set_real(o, reals[i].k, reals[i].v);
 }
 
@@ -661,18 +694,33 @@ char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
 {
     json_t *o = json_object();
     if (!o) return NULL;
-    const struct { const char *k; long v; } ints[] = {
-        {"samples", st->samples}, {"groups", st->groups}, {"singletons", st->singletons},
-        {"constant_groups", st->constant_groups}, {"dropped", st->dropped},
-        {"updates", st->updates}, {"tokens", st->tokens}, {"loss_tokens", st->loss_tokens}};
-    const struct { const char *k; double v; } reals[] = {
-        {"reward_mean", st->reward_mean}, {"accuracy", st->accuracy},
-        {"adv_mean", st->adv_mean}, {"adv_std", st->adv_std}, {"adv_min", st->adv_min},
-        {"adv_max", st->adv_max}, {"loss", st->loss}, {"clipfrac", st->clipfrac},
-        {"clipfrac_lower", st->clipfrac_lower}, {"ppo_kl", st->ppo_kl}, {"kl", st->kl},
-        {"grad_norm", st->grad_norm}, {"grad_norm_max", st->grad_norm_max}, {"lr", st->lr},
-        {"mismatch", st->mismatch}, {"mismatch_max", st->mismatch_max},
-        {"seconds", st->seconds}};
+    const struct {
+        const char *k;
+        long v;
+    } ints[] = {{"samples", st->samples},       {"groups", st->groups},
+                {"singletons", st->singletons}, {"constant_groups", st->constant_groups},
+                {"dropped", st->dropped},       {"updates", st->updates},
+                {"tokens", st->tokens},         {"loss_tokens", st->loss_tokens}};
+    const struct {
+        const char *k;
+        double v;
+    } reals[] = {{"reward_mean", st->reward_mean},
+                 {"accuracy", st->accuracy},
+                 {"adv_mean", st->adv_mean},
+                 {"adv_std", st->adv_std},
+                 {"adv_min", st->adv_min},
+                 {"adv_max", st->adv_max},
+                 {"loss", st->loss},
+                 {"clipfrac", st->clipfrac},
+                 {"clipfrac_lower", st->clipfrac_lower},
+                 {"ppo_kl", st->ppo_kl},
+                 {"kl", st->kl},
+                 {"grad_norm", st->grad_norm},
+                 {"grad_norm_max", st->grad_norm_max},
+                 {"lr", st->lr},
+                 {"mismatch", st->mismatch},
+                 {"mismatch_max", st->mismatch_max},
+                 {"seconds", st->seconds}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         json_object_set_new(o, ints[i].k, json_integer(ints[i].v));
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) set_real(o, reals[i].k, reals[i].v);

@@ -18,7 +18,8 @@ static const prl_key_spec keys[] = {
     {"run.name", PRL_KEY_STR, F(name), 0, 0, "\"job\"", NULL},
     {"run.seed", PRL_KEY_U64, F(seed), 0, BIG, "1", NULL},
     {"model.init", PRL_KEY_STR, F(init), 0, 0, "\"runs/sft-base/ckpt\"", NULL},
-    {"task.domain", PRL_KEY_STR, F(domain), 0, 0, "\"reasoning\"", "reasoning|general|agent|coding|mixed"},
+    {"task.domain", PRL_KEY_STR, F(domain), 0, 0, "\"reasoning\"",
+     "reasoning|general|agent|coding|mixed"},
     {"task.difficulty", PRL_KEY_INT, F(difficulty), 0, 3, "0", NULL},
     {"task.train_problems", PRL_KEY_INT, F(train_problems), 1, 1e7, "2000", NULL},
     {"task.mix.reasoning", PRL_KEY_REAL, F(mix[0]), 0, 100, "1.0", NULL},
@@ -46,7 +47,8 @@ static const prl_key_spec keys[] = {
      "torch|megatron|verl_fsdp|verl_megatron"},
     {"trainer.loss_scale.init", PRL_KEY_REAL, F(ls_init), 0, 1e38, "0", NULL},
     {"trainer.loss_scale.growth_factor", PRL_KEY_REAL, F(ls_growth_factor), 0, 1e6, "0", NULL},
-    {"trainer.loss_scale.backoff_factor", PRL_KEY_REAL, F(ls_backoff_factor), 0, 0.999999, "0", NULL},
+    {"trainer.loss_scale.backoff_factor", PRL_KEY_REAL, F(ls_backoff_factor), 0, 0.999999, "0",
+     NULL},
     {"trainer.loss_scale.growth_interval", PRL_KEY_INT, F(ls_growth_interval), 0, 1e9, "0", NULL},
     {"trainer.loss_scale.hysteresis", PRL_KEY_INT, F(ls_hysteresis), 0, 1e6, "0", NULL},
     {"trainer.loss_scale.min_scale", PRL_KEY_REAL, F(ls_min_scale), 0, 1e38, "0", NULL},
@@ -129,8 +131,12 @@ static const prl_key_spec keys[] = {
     {"teacher.workers", PRL_KEY_INT, F(teacher_workers), 1, 16, "1", NULL},
     {"teacher.threads", PRL_KEY_INT, F(teacher_threads), 0, 256, "0", NULL},
 };
-static prl_status check(const void *c, const char *source) { return prl_job_config_check(c, source); }
-static const prl_key_table table = {keys, sizeof keys / sizeof keys[0], sizeof(prl_job_config), check};
+static prl_status check(const void *c, const char *source)
+{
+    return prl_job_config_check(c, source);
+}
+static const prl_key_table table = {keys, sizeof keys / sizeof keys[0], sizeof(prl_job_config),
+                                    check};
 
 prl_status prl_job_config_default(prl_job_config *c) { return prl_keys_default(&table, c); }
 void prl_job_config_free(prl_job_config *c) { prl_keys_free(&table, c); }
@@ -138,42 +144,62 @@ prl_status prl_job_config_parse(prl_job_config *c, const char *json_text, const 
 {
     return prl_keys_parse(&table, c, json_text, source);
 }
-prl_status prl_job_config_load(prl_job_config *c, const char *path) { return prl_keys_load(&table, c, path); }
-prl_status prl_job_config_set(prl_job_config *c, const char *assignment) { return prl_keys_set(&table, c, assignment); }
+prl_status prl_job_config_load(prl_job_config *c, const char *path)
+{
+    return prl_keys_load(&table, c, path);
+}
+prl_status prl_job_config_set(prl_job_config *c, const char *assignment)
+{
+    return prl_keys_set(&table, c, assignment);
+}
 
 /* grpo.correction's cross-key rules, on the strings, so that `prl run` refuses a bad job
 ** before any process starts (the trainer's prl_grpo_corr_config_check applies the same rules
 ** to the parsed struct, for callers that build it by hand). */
 static prl_status check_correction(const prl_job_config *c, const char *source)
 {
-    int bypass = !strcmp(c->corr_mode, "bypass"), token_only = !strcmp(c->corr_kind, "icepop") ||
-                                                               !strcmp(c->corr_kind, "kpop");
+    int bypass = !strcmp(c->corr_mode, "bypass"),
+        token_only = !strcmp(c->corr_kind, "icepop") || !strcmp(c->corr_kind, "kpop");
     if (token_only && !strcmp(c->corr_level, "sequence"))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.level' = sequence: only "
-                             "tis and mis have a sequence level, not %s", source, c->corr_kind);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.correction.level' = sequence: only "
+                             "tis and mis have a sequence level, not %s",
+                             source, c->corr_kind);
     if (!bypass && strcmp(c->corr_bypass_loss, "ppo_clip"))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.bypass_loss' = %s needs "
-                             "grpo.correction.mode = bypass", source, c->corr_bypass_loss);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.correction.bypass_loss' = %s needs "
+                             "grpo.correction.mode = bypass",
+                             source, c->corr_bypass_loss);
     if (bypass && !strcmp(c->corr_kind, "kpop"))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.kind' = kpop needs "
-                             "grpo.correction.mode = decoupled", source);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.correction.kind' = kpop needs "
+                             "grpo.correction.mode = decoupled",
+                             source);
     if (bypass && !strcmp(c->corr_bypass_loss, "ppo_clip") && strcmp(c->corr_kind, "none"))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.kind' = %s with mode = "
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.correction.kind' = %s with mode = "
                              "bypass needs grpo.correction.bypass_loss = reinforce (the PPO ratio "
-                             "already corrects the mismatch)", source, c->corr_kind);
+                             "already corrects the mismatch)",
+                             source, c->corr_kind);
     if (bypass && !strcmp(c->corr_denominator, "kept"))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.denominator' = kept needs "
-                             "grpo.correction.mode = decoupled", source);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.correction.denominator' = kept needs "
+                             "grpo.correction.mode = decoupled",
+                             source);
     if (c->icepop_low > c->icepop_high || c->strict_icepop_low > c->strict_icepop_high)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.icepop_low' must be <= "
-                             "icepop_high (also under strict.)", source);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.correction.icepop_low' must be <= "
+                             "icepop_high (also under strict.)",
+                             source);
     if (c->pcc_rule && (c->strict_tis_cap > c->tis_cap || c->strict_mis_cap > c->mis_cap ||
-        c->strict_kpop_phi > c->kpop_phi || c->strict_icepop_low < c->icepop_low ||
-        c->strict_icepop_high > c->icepop_high))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.correction.strict.*': with "
+                        c->strict_kpop_phi > c->kpop_phi || c->strict_icepop_low < c->icepop_low ||
+                        c->strict_icepop_high > c->icepop_high))
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.correction.strict.*': with "
                              "grpo.correction.pcc_rule the strict setting must be at least as "
                              "strict as the loose one (caps and kpop_phi not larger, "
-                             "[icepop_low, icepop_high] inside)", source);
+                             "[icepop_low, icepop_high] inside)",
+                             source);
     return PRL_OK;
 }
 
@@ -183,8 +209,10 @@ static prl_status check_correction(const prl_job_config *c, const char *source)
 static prl_status check_loss_scale(const prl_job_config *c, const char *source)
 {
     if (c->ls_growth_factor != 0 && c->ls_growth_factor < 1)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'trainer.loss_scale.growth_factor' = %g "
-                             "must be >= 1 (or 0: the preset's)", source, c->ls_growth_factor);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'trainer.loss_scale.growth_factor' = %g "
+                             "must be >= 1 (or 0: the preset's)",
+                             source, c->ls_growth_factor);
     return PRL_OK;
 }
 
@@ -196,14 +224,18 @@ static prl_status check_mix(const prl_job_config *c, const char *source)
     long total = 0;
     for (int k = 0; k < PRL_TASK_N_DOMAINS; k++) {
         if (!mixed && c->mix[k] != 1.0)
-            return prl_error_set(PRL_ERR_CONFIG, "%s: key 'task.mix.%s' = %g applies only to "
-                                 "task.domain = mixed (this job's is %s)", source,
-                                 prl_tasks_domain_name((prl_task_domain)k), c->mix[k], c->domain);
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: key 'task.mix.%s' = %g applies only to "
+                                 "task.domain = mixed (this job's is %s)",
+                                 source, prl_tasks_domain_name((prl_task_domain)k), c->mix[k],
+                                 c->domain);
         total += prl_job_mix_problems(c, (prl_task_domain)k);
     }
     if (mixed && total == 0)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'task.mix.*': task.train_problems = %d times "
-                             "every domain's share rounds to 0 problems", source, c->train_problems);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'task.mix.*': task.train_problems = %d times "
+                             "every domain's share rounds to 0 problems",
+                             source, c->train_problems);
     return PRL_OK;
 }
 
@@ -221,19 +253,25 @@ static prl_status check_opd(const prl_job_config *c, const char *source)
 {
     static const char *const domains[4] = {"agent", "coding", "general", "reasoning"};
     if (c->opd_revisit > 0 && !c->opd_enabled)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'opd.revisit' = %g needs opd.enabled (it "
-                             "draws prompts by their teacher KL)", source, c->opd_revisit);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'opd.revisit' = %g needs opd.enabled (it "
+                             "draws prompts by their teacher KL)",
+                             source, c->opd_revisit);
     if (c->opd_revisit > 0 && strcmp(c->mode, "sync"))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'opd.revisit' = %g needs controller.mode = "
-                             "sync (in async mode which teacher KLs a step's draw sees would depend "
-                             "on timing)", source, c->opd_revisit);
+        return prl_error_set(
+            PRL_ERR_CONFIG,
+            "%s: key 'opd.revisit' = %g needs controller.mode = "
+            "sync (in async mode which teacher KLs a step's draw sees would depend "
+            "on timing)",
+            source, c->opd_revisit);
     if (!c->opd_enabled) return PRL_OK;
     for (int i = 0; i < 4; i++) {
         prl_task_domain d;
         prl_status rc = prl_tasks_domain_parse(domains[i], &d);
         if (rc) return rc;
         if (prl_job_mix_problems(c, d) > 0 && !*c->opd_teachers[i])
-            return prl_error_set(PRL_ERR_CONFIG, "%s: key 'opd.teachers.%s' is empty: opd.enabled "
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: key 'opd.teachers.%s' is empty: opd.enabled "
                                  "needs a teacher checkpoint for every domain of task.domain = %s",
                                  source, domains[i], c->domain);
     }
@@ -248,32 +286,39 @@ prl_status prl_job_config_check(const prl_job_config *c, const char *source)
     if (!rc) rc = check_opd(c, source);
     if (rc) return rc;
     if ((long)c->batch_prompts * c->group_size <= 0)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: rollout.batch_prompts x rollout.group_size = %d x %d "
-                             "must be > 0", source, c->batch_prompts, c->group_size);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: rollout.batch_prompts x rollout.group_size = %d x %d "
+                             "must be > 0",
+                             source, c->batch_prompts, c->group_size);
     if (c->clip_c != 0 && c->clip_c <= 1)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.clip_c' = %g must be > 1 (or 0 to "
-                             "disable the dual clip)", source, c->clip_c);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.clip_c' = %g must be > 1 (or 0 to "
+                             "disable the dual clip)",
+                             source, c->clip_c);
     if (!strcmp(c->loss_agg, "seq-mean-token-sum-norm") && !(c->loss_scale_factor > 0))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.loss_scale_factor' must be > 0 with "
-                             "grpo.loss_agg = seq-mean-token-sum-norm", source);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.loss_scale_factor' must be > 0 with "
+                             "grpo.loss_agg = seq-mean-token-sum-norm",
+                             source);
     if (c->minibatches > c->batch_prompts * c->group_size)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'grpo.minibatches' = %d exceeds the %d "
-                             "samples of a step", source, c->minibatches, c->batch_prompts * c->group_size);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.minibatches' = %d exceeds the %d "
+                             "samples of a step",
+                             source, c->minibatches, c->batch_prompts * c->group_size);
     if (!strcmp(c->lr_schedule, "cosine") && c->decay_steps <= c->warmup)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'optim.decay_steps' = %d must exceed "
-                             "optim.warmup = %d with the cosine schedule", source, c->decay_steps,
-                             c->warmup);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'optim.decay_steps' = %d must exceed "
+                             "optim.warmup = %d with the cosine schedule",
+                             source, c->decay_steps, c->warmup);
     if (c->heartbeat_seconds >= c->lease_seconds)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'controller.heartbeat_seconds' = %g must be "
-                             "below controller.lease_seconds = %g", source, c->heartbeat_seconds,
-                             c->lease_seconds);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'controller.heartbeat_seconds' = %g must be "
+                             "below controller.lease_seconds = %g",
+                             source, c->heartbeat_seconds, c->lease_seconds);
     return PRL_OK;
 }
 
-char *prl_job_config_to_json(const prl_job_config *c)
-{
-    return prl_keys_to_json(&table, c);
-}
+char *prl_job_config_to_json(const prl_job_config *c) { return prl_keys_to_json(&table, c); }
 
 void prl_job_ckpt_dir(const char *run_dir, int64_t version, char *out, size_t n)
 {

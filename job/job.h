@@ -22,10 +22,10 @@ typedef struct prl_job_config {
     char *name;
     uint64_t seed;
     /* model */
-    char *init;                  /* checkpoint to start from */
+    char *init; /* checkpoint to start from */
     /* task */
-    char *domain;                /* reasoning | general | agent | coding | mixed (all four) */
-    int difficulty;              /* 0 (mixed) .. 3 */
+    char *domain;   /* reasoning | general | agent | coding | mixed (all four) */
+    int difficulty; /* 0 (mixed) .. 3 */
     int train_problems, eval_problems;
     double mix[PRL_TASK_N_DOMAINS]; /* task.mix.<domain>, prl_task_domain order: with domain =
                                     ** mixed, domain d has round(train_problems · mix[d]) train
@@ -33,35 +33,35 @@ typedef struct prl_job_config {
     /* rollout */
     int rollout_workers, batch_prompts, group_size, max_new_tokens, max_turns;
     double temperature, top_p;
-    char *precision;             /* fp32 | bf16 | fp16 | aligned | aligned-bf16 | aligned-fp16 */
-    int rollout_threads;         /* threads of each rollout worker (0: prl run --threads) */
+    char *precision;     /* fp32 | bf16 | fp16 | aligned | aligned-bf16 | aligned-fp16 */
+    int rollout_threads; /* threads of each rollout worker (0: prl run --threads) */
     /* trainer */
-    int trainer_threads;         /* threads of the trainer (0: prl run --threads) */
-    char *trainer_precision;     /* fp32 | bf16 | fp16: the train path's arithmetic */
+    int trainer_threads;     /* threads of the trainer (0: prl run --threads) */
+    char *trainer_precision; /* fp32 | bf16 | fp16: the train path's arithmetic */
     /* trainer.loss_scale: dynamic loss scaling (rl.md §4.3); 0 = the preset's constant */
-    char *ls_enabled;            /* auto (on for fp16) | on | off */
-    char *ls_preset;             /* torch | megatron | verl_fsdp | verl_megatron */
+    char *ls_enabled; /* auto (on for fp16) | on | off */
+    char *ls_preset;  /* torch | megatron | verl_fsdp | verl_megatron */
     double ls_init, ls_growth_factor, ls_backoff_factor, ls_min_scale;
     int ls_growth_interval, ls_hysteresis;
     /* reward, sandbox */
     int reward_workers, sandbox_slots;
     double reward_timeout;
     /* grpo */
-    char *adv_norm;              /* std | none */
-    char *singleton;             /* zero | verl | drop */
+    char *adv_norm;  /* std | none */
+    char *singleton; /* zero | verl | drop */
     double adv_eps, clip_low, clip_high, clip_c, loss_scale_factor, kl_coef;
-    char *loss_agg;              /* token-mean | ... */
+    char *loss_agg; /* token-mean | ... */
     int ppo_epochs, minibatches;
     /* grpo.correction: train–infer mismatch correction (docs/grpo.md "Mismatch corrections") */
-    char *corr_kind;             /* none | tis | mis | icepop | kpop */
-    char *corr_level;            /* token | sequence */
-    char *corr_mode;             /* decoupled | bypass */
-    char *corr_bypass_loss;      /* ppo_clip | reinforce */
-    char *corr_denominator;      /* original | kept */
-    double tis_cap, mis_cap, icepop_low, icepop_high, kpop_phi;          /* the loose setting */
+    char *corr_kind;        /* none | tis | mis | icepop | kpop */
+    char *corr_level;       /* token | sequence */
+    char *corr_mode;        /* decoupled | bypass */
+    char *corr_bypass_loss; /* ppo_clip | reinforce */
+    char *corr_denominator; /* original | kept */
+    double tis_cap, mis_cap, icepop_low, icepop_high, kpop_phi; /* the loose setting */
     double strict_tis_cap, strict_mis_cap, strict_icepop_low, strict_icepop_high,
-        strict_kpop_phi;                                                 /* the strict setting */
-    int pcc_rule;                /* pick the setting by the batch's train–rollout PCC */
+        strict_kpop_phi; /* the strict setting */
+    int pcc_rule;        /* pick the setting by the batch's train–rollout PCC */
     double pcc_threshold, extreme_ratio;
     /* replay (docs/replay.md) */
     char *replay_mode;           /* none | r2 | r3 | masked_r3 */
@@ -69,35 +69,35 @@ typedef struct prl_job_config {
     double replay_entropy_alarm; /* alarm below this fraction of ln N_experts (0 = off) */
     int replay_cached;           /* rollout: Cached R3 (first-seen routes across turns) */
     /* optim */
-    char *optimizer;             /* adamw | muon */
+    char *optimizer; /* adamw | muon */
     double lr, weight_decay, grad_clip;
     int warmup;
-    char *lr_schedule;           /* cosine | constant */
-    int decay_steps;             /* cosine: optimizer steps from peak to lr · min_lr_ratio */
+    char *lr_schedule; /* cosine | constant */
+    int decay_steps;   /* cosine: optimizer steps from peak to lr · min_lr_ratio */
     double min_lr_ratio;
     /* controller */
-    char *mode;                  /* sync | async */
+    char *mode; /* sync | async */
     int max_lag, steps, dynamic_sampling;
-    int retire_solved_epochs;    /* retire prompts every sample solved in each of the last n epochs */
-    int retire_unsolved_epochs;  /* retire prompts no sample scored on in each of the last n epochs */
+    int retire_solved_epochs; /* retire prompts every sample solved in each of the last n epochs */
+    int retire_unsolved_epochs; /* retire prompts no sample scored on in each of the last n epochs */
     double lease_seconds, heartbeat_seconds;
     /* checkpoint */
     int checkpoint_every;
     /* opd: multi-teacher on-policy distillation (docs/opd.md) */
     int opd_enabled;
-    char *opd_teachers[4];       /* opd.teachers.{agent,coding,general,reasoning}: checkpoint
+    char *opd_teachers[4];      /* opd.teachers.{agent,coding,general,reasoning}: checkpoint
                                  ** dirs ("" = none); the order of opd.h's teacher keys */
-    double opd_teacher_coef[4];  /* opd.teacher_coef.<key>: multiplies opd.coef for that
+    double opd_teacher_coef[4]; /* opd.teacher_coef.<key>: multiplies opd.coef for that
                                  ** teacher's samples (same order) */
     double opd_coef, opd_discount, opd_adv_clip_low, opd_adv_clip_high, opd_adv_mask_eps,
         opd_task_weight;
     int opd_adv_clip;
-    int opd_topk;                /* opd.topk: teacher top-k per token for the distillation term
+    int opd_topk;             /* opd.topk: teacher top-k per token for the distillation term
                                  ** (0: off) */
-    double opd_topk_coef;        /* opd.topk_coef: that term's weight */
-    double opd_revisit;          /* opd.revisit: share of a step's prompts drawn again by their
+    double opd_topk_coef;     /* opd.topk_coef: that term's weight */
+    double opd_revisit;       /* opd.revisit: share of a step's prompts drawn again by their
                                  ** last teacher KL (0: off; docs/opd.md "Revisits") */
-    double opd_revisit_power;    /* opd.revisit_power: draw weight within a teacher = KL^power */
+    double opd_revisit_power; /* opd.revisit_power: draw weight within a teacher = KL^power */
     int teacher_workers, teacher_threads; /* the pool of teacher processes */
 } prl_job_config;
 

@@ -33,7 +33,8 @@ static prl_status unknown(const prl_key_table *t, const char *path, const char *
         if (d < best_d) best_d = d, best = t->keys[i].path;
     }
     if (best && best_d <= 4)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: unknown key '%s' (did you mean '%s'?)", source, path, best);
+        return prl_error_set(PRL_ERR_CONFIG, "%s: unknown key '%s' (did you mean '%s'?)", source,
+                             path, best);
     return prl_error_set(PRL_ERR_CONFIG, "%s: unknown key '%s'", source, path);
 }
 
@@ -58,7 +59,8 @@ static prl_status assign(void *cfg, const prl_key_spec *k, json_t *v, const char
     case PRL_KEY_INT:
     case PRL_KEY_U64:
         if (!json_is_integer(v))
-            return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' must be an integer", source, k->path);
+            return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' must be an integer", source,
+                                 k->path);
         break;
     case PRL_KEY_REAL:
         if (!json_is_number(v))
@@ -66,7 +68,8 @@ static prl_status assign(void *cfg, const prl_key_spec *k, json_t *v, const char
         break;
     case PRL_KEY_BOOL:
         if (!json_is_boolean(v))
-            return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' must be true or false", source, k->path);
+            return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' must be true or false", source,
+                                 k->path);
         *(int *)base = json_is_true(v);
         return PRL_OK;
     case PRL_KEY_STR: {
@@ -97,7 +100,8 @@ prl_status prl_keys_default(const prl_key_table *t, void *cfg)
     memset(cfg, 0, t->size);
     for (int i = 0; i < t->n; i++) {
         json_t *v = json_loads(t->keys[i].def, JSON_DECODE_ANY, NULL);
-        prl_status rc = v ? assign(cfg, &t->keys[i], v, "defaults") : prl_error_set(PRL_ERR_NOMEM, "defaults");
+        prl_status rc =
+            v ? assign(cfg, &t->keys[i], v, "defaults") : prl_error_set(PRL_ERR_NOMEM, "defaults");
         json_decref(v);
         if (rc) {
             prl_keys_free(t, cfg);
@@ -125,7 +129,8 @@ static prl_status apply_object(const prl_key_table *t, void *cfg, const char *pr
 {
     const char *name;
     json_t *v;
-    json_object_foreach(obj, name, v) {
+    json_object_foreach(obj, name, v)
+    {
         char path[160];
         snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", name);
         const prl_key_spec *k = find(t, path);
@@ -147,8 +152,10 @@ prl_status prl_keys_parse(const prl_key_table *t, void *cfg, const char *json_te
     json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &err);
     if (!root)
         return prl_error_set(PRL_ERR_CONFIG, "%s:%d: invalid JSON: %s", source, err.line, err.text);
-    prl_status rc = json_is_object(root) ? apply_object(t, cfg, "", root, source)
-                  : prl_error_set(PRL_ERR_CONFIG, "%s: a config must be a JSON object", source);
+    prl_status rc =
+        json_is_object(root)
+            ? apply_object(t, cfg, "", root, source)
+            : prl_error_set(PRL_ERR_CONFIG, "%s: a config must be a JSON object", source);
     json_decref(root);
     return rc || !t->check ? rc : t->check(cfg, source);
 }
@@ -199,14 +206,16 @@ char *prl_keys_to_json(const prl_key_table *t, const void *cfg)
             seg = dot + 1;
         }
         const char *base = (const char *)cfg + k->offset;
-        json_t *v = k->type == PRL_KEY_INT ? json_integer(*(const int *)base)
-                  : k->type == PRL_KEY_U64 ? json_integer((json_int_t) * (const uint64_t *)base)
-                  : k->type == PRL_KEY_REAL ? json_real(*(const double *)base)
-                  : k->type == PRL_KEY_BOOL ? json_boolean(*(const int *)base)
-                  : json_string(*(char *const *)base);
+        json_t *v = k->type == PRL_KEY_INT    ? json_integer(*(const int *)base)
+                    : k->type == PRL_KEY_U64  ? json_integer((json_int_t) * (const uint64_t *)base)
+                    : k->type == PRL_KEY_REAL ? json_real(*(const double *)base)
+                    : k->type == PRL_KEY_BOOL ? json_boolean(*(const int *)base)
+                                              : json_string(*(char *const *)base);
         json_object_set_new(obj, seg, v);
     }
-    char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
+    char *text =
+        root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))
+             : NULL;
     json_decref(root);
     return text;
 }

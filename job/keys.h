@@ -20,20 +20,20 @@
 #include <stddef.h>
 
 typedef enum prl_key_type {
-    PRL_KEY_INT,   /* int */
-    PRL_KEY_U64,   /* uint64_t */
-    PRL_KEY_REAL,  /* double */
-    PRL_KEY_BOOL,  /* int, 0 or 1 */
-    PRL_KEY_STR    /* char *, owned */
+    PRL_KEY_INT,  /* int */
+    PRL_KEY_U64,  /* uint64_t */
+    PRL_KEY_REAL, /* double */
+    PRL_KEY_BOOL, /* int, 0 or 1 */
+    PRL_KEY_STR   /* char *, owned */
 } prl_key_type;
 
 typedef struct prl_key_spec {
-    const char *path;      /* "grpo.clip_high" */
+    const char *path; /* "grpo.clip_high" */
     prl_key_type type;
-    size_t offset;         /* of the field in the config struct */
-    double min, max;       /* numbers: allowed range (inclusive) */
-    const char *def;       /* default, as JSON text */
-    const char *choices;   /* strings: "a|b|c", or NULL for free text */
+    size_t offset;       /* of the field in the config struct */
+    double min, max;     /* numbers: allowed range (inclusive) */
+    const char *def;     /* default, as JSON text */
+    const char *choices; /* strings: "a|b|c", or NULL for free text */
 } prl_key_spec;
 
 /* The owner's cross-key rules, run after every parse, load and set; may be NULL. */
@@ -42,7 +42,7 @@ typedef prl_status (*prl_keys_check_fn)(const void *cfg, const char *source);
 typedef struct prl_key_table {
     const prl_key_spec *keys;
     int n;
-    size_t size;             /* sizeof the config struct */
+    size_t size; /* sizeof the config struct */
     prl_keys_check_fn check;
 } prl_key_table;
 

@@ -10,8 +10,10 @@
 #include <string.h>
 
 #define F(field) offsetof(prl_sft_recipe, field)
-#define DEMOS(dom, d, name, def) \
-    {"demos." dom ".d" #d, PRL_KEY_INT, F(demos[name][d - 1]), 0, 1e6, def, NULL}
+#define DEMOS(dom, d, name, def)                                                                   \
+    {                                                                                              \
+        "demos." dom ".d" #d, PRL_KEY_INT, F(demos[name][d - 1]), 0, 1e6, def, NULL                \
+    }
 
 static const prl_key_spec keys[] = {
     {"run.name", PRL_KEY_STR, F(name), 0, 0, "\"sft-base\"", NULL},
@@ -24,10 +26,18 @@ static const prl_key_spec keys[] = {
     {"dsa.dense_steps", PRL_KEY_INT, F(dsa_dense_steps), 0, 1e8, "0", NULL},
     {"tokenizer.vocab_size", PRL_KEY_INT, F(vocab_size), 272, 1 << 20, "4096", NULL},
     {"tokenizer.special_tokens", PRL_KEY_BOOL, F(special_tokens), 0, 1, "true", NULL},
-    DEMOS("reasoning", 1, 0, "0"), DEMOS("reasoning", 2, 0, "0"), DEMOS("reasoning", 3, 0, "0"),
-    DEMOS("general", 1, 1, "0"), DEMOS("general", 2, 1, "0"), DEMOS("general", 3, 1, "0"),
-    DEMOS("agent", 1, 2, "0"), DEMOS("agent", 2, 2, "0"), DEMOS("agent", 3, 2, "0"),
-    DEMOS("coding", 1, 3, "0"), DEMOS("coding", 2, 3, "0"), DEMOS("coding", 3, 3, "0"),
+    DEMOS("reasoning", 1, 0, "0"),
+    DEMOS("reasoning", 2, 0, "0"),
+    DEMOS("reasoning", 3, 0, "0"),
+    DEMOS("general", 1, 1, "0"),
+    DEMOS("general", 2, 1, "0"),
+    DEMOS("general", 3, 1, "0"),
+    DEMOS("agent", 1, 2, "0"),
+    DEMOS("agent", 2, 2, "0"),
+    DEMOS("agent", 3, 2, "0"),
+    DEMOS("coding", 1, 3, "0"),
+    DEMOS("coding", 2, 3, "0"),
+    DEMOS("coding", 3, 3, "0"),
     {"demos.error_rate", PRL_KEY_REAL, F(error_rate), 0, 1, "0", NULL},
     {"demos.tool_rate", PRL_KEY_REAL, F(tool_rate), -1, 1, "-1", NULL},
     {"sft.steps", PRL_KEY_INT, F(steps), 1, 1e8, "200", NULL},
@@ -44,8 +54,12 @@ static const prl_key_spec keys[] = {
     {"sft.grad_clip", PRL_KEY_REAL, F(grad_clip), 0, 1e9, "1.0", NULL},
     {"sft.expert_clip", PRL_KEY_REAL, F(expert_clip), 0, 1e9, "0", NULL},
 };
-static prl_status check(const void *r, const char *source) { return prl_sft_recipe_check(r, source); }
-static const prl_key_table table = {keys, sizeof keys / sizeof keys[0], sizeof(prl_sft_recipe), check};
+static prl_status check(const void *r, const char *source)
+{
+    return prl_sft_recipe_check(r, source);
+}
+static const prl_key_table table = {keys, sizeof keys / sizeof keys[0], sizeof(prl_sft_recipe),
+                                    check};
 
 prl_status prl_sft_recipe_default(prl_sft_recipe *r) { return prl_keys_default(&table, r); }
 void prl_sft_recipe_free(prl_sft_recipe *r) { prl_keys_free(&table, r); }
@@ -53,7 +67,10 @@ prl_status prl_sft_recipe_parse(prl_sft_recipe *r, const char *json_text, const 
 {
     return prl_keys_parse(&table, r, json_text, source);
 }
-prl_status prl_sft_recipe_load(prl_sft_recipe *r, const char *path) { return prl_keys_load(&table, r, path); }
+prl_status prl_sft_recipe_load(prl_sft_recipe *r, const char *path)
+{
+    return prl_keys_load(&table, r, path);
+}
 char *prl_sft_recipe_to_json(const prl_sft_recipe *r) { return prl_keys_to_json(&table, r); }
 
 prl_status prl_sft_recipe_check(const prl_sft_recipe *r, const char *source)
@@ -62,15 +79,20 @@ prl_status prl_sft_recipe_check(const prl_sft_recipe *r, const char *source)
     for (int d = 0; d < PRL_RECIPE_DOMAINS; d++)
         for (int k = 0; k < PRL_RECIPE_LEVELS; k++) total += r->demos[d][k];
     if (total == 0)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'demos': no demonstrations (every "
-                             "demos.<domain>.d<k> is 0)", source);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'demos': no demonstrations (every "
+                             "demos.<domain>.d<k> is 0)",
+                             source);
     if (r->warmup >= r->steps)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'sft.warmup' = %d must be below sft.steps "
-                             "= %d", source, r->warmup, r->steps);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'sft.warmup' = %d must be below sft.steps "
+                             "= %d",
+                             source, r->warmup, r->steps);
     if (r->dsa_dense_steps > 0 && r->dsa_dense_steps >= r->steps)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'dsa.dense_steps' = %d must be below "
-                             "sft.steps = %d (the sparse stage needs a step)", source,
-                             r->dsa_dense_steps, r->steps);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'dsa.dense_steps' = %d must be below "
+                             "sft.steps = %d (the sparse stage needs a step)",
+                             source, r->dsa_dense_steps, r->steps);
     if (!*r->name || !*r->dir)
         return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' must not be empty", source,
                              *r->name ? "run.dir" : "run.name");

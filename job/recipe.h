@@ -17,21 +17,21 @@ enum { PRL_RECIPE_DOMAINS = 4, PRL_RECIPE_LEVELS = 3 };
 typedef struct prl_sft_recipe {
     /* run */
     char *name, *dir;
-    uint64_t seed;                  /* demos, init and data order */
+    uint64_t seed; /* demos, init and data order */
     /* model */
-    char *model_config;             /* a config.json path */
-    char *init_from;                /* "" or a checkpoint whose weights start the run (its
+    char *model_config; /* a config.json path */
+    char *init_from;    /* "" or a checkpoint whose weights start the run (its
                                     ** model plus, in model_config, new DSA layers) */
     /* dsa: post-hoc sparsification (docs/recipes.md) */
-    int dsa_warmup_steps;           /* indexer warm-up steps before sft.steps (0 = none) */
-    double dsa_warmup_lr;           /* their AdamW learning rate (constant) */
-    int dsa_dense_steps;            /* from scratch: the first N of sft.steps in the dense stage */
+    int dsa_warmup_steps; /* indexer warm-up steps before sft.steps (0 = none) */
+    double dsa_warmup_lr; /* their AdamW learning rate (constant) */
+    int dsa_dense_steps;  /* from scratch: the first N of sft.steps in the dense stage */
     /* tokenizer */
-    int vocab_size;                 /* BPE vocabulary trained on the demos (<= model vocab) */
-    int special_tokens;             /* demos' <|tool_call|> ... strings encode as special ids */
+    int vocab_size;     /* BPE vocabulary trained on the demos (<= model vocab) */
+    int special_tokens; /* demos' <|tool_call|> ... strings encode as special ids */
     /* demos: problems per [domain][difficulty - 1]; domains in prl_task_domain order */
     int demos[PRL_RECIPE_DOMAINS][PRL_RECIPE_LEVELS];
-    double error_rate, tool_rate;   /* tool_rate < 0: the reasoning default per difficulty */
+    double error_rate, tool_rate; /* tool_rate < 0: the reasoning default per difficulty */
     /* sft */
     int steps, batch, seq, accum, group, warmup;
     char *optimizer, *schedule;

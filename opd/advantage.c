@@ -17,10 +17,7 @@
 
 static const char *const keys[PRL_OPD_TEACHERS] = {"agent", "coding", "general", "reasoning"};
 
-const char *prl_opd_teacher_key(int i)
-{
-    return i >= 0 && i < PRL_OPD_TEACHERS ? keys[i] : NULL;
-}
+const char *prl_opd_teacher_key(int i) { return i >= 0 && i < PRL_OPD_TEACHERS ? keys[i] : NULL; }
 
 int prl_opd_teacher_index(const char *name)
 {
@@ -39,7 +36,8 @@ void prl_opd_config_default(prl_opd_config *c)
 
 prl_status prl_opd_config_check(const prl_opd_config *c)
 {
-    if (!isfinite(c->coef)) return prl_error_set(PRL_ERR_CONFIG, "opd.coef %g must be finite", c->coef);
+    if (!isfinite(c->coef))
+        return prl_error_set(PRL_ERR_CONFIG, "opd.coef %g must be finite", c->coef);
     for (int k = 0; k < PRL_OPD_TEACHERS; k++)
         if (!(c->teacher_coef[k] >= 0 && isfinite(c->teacher_coef[k])))
             return prl_error_set(PRL_ERR_CONFIG, "opd.teacher_coef.%s %g must be finite and >= 0",
@@ -57,7 +55,8 @@ prl_status prl_opd_config_check(const prl_opd_config *c)
         return prl_error_set(PRL_ERR_CONFIG, "opd.topk %d must be in [0, %d]", c->topk,
                              PRL_MAX_EXTRA_TARGETS);
     if (!(c->topk_coef >= 0 && isfinite(c->topk_coef)))
-        return prl_error_set(PRL_ERR_CONFIG, "opd.topk_coef %g must be finite and >= 0", c->topk_coef);
+        return prl_error_set(PRL_ERR_CONFIG, "opd.topk_coef %g must be finite and >= 0",
+                             c->topk_coef);
     return PRL_OK;
 }
 
@@ -85,8 +84,10 @@ static prl_status seq_raw(const prl_opd_config *c, double coef, const float *lp_
         adv[i] = 0;
         if (!mask[i]) continue;
         if (!isfinite(lp_s[i]) || !isfinite(lp_t[i]))
-            return prl_error_set(PRL_ERR_ARG, "opd advantages: sequence %d token %d: student "
-                                 "log-prob %g, teacher log-prob %g", s, i - a, lp_s[i], lp_t[i]);
+            return prl_error_set(PRL_ERR_ARG,
+                                 "opd advantages: sequence %d token %d: student "
+                                 "log-prob %g, teacher log-prob %g",
+                                 s, i - a, lp_s[i], lp_t[i]);
         double d = (double)lp_t[i] - lp_s[i];
         *kl -= d;
         double A = coef * d + c->discount * future;
@@ -125,8 +126,10 @@ prl_status prl_opd_advantages(const prl_opd_config *c, const float *lp_s, const 
         int32_t a = seq_start[s], b = seq_start[s + 1];
         int k = teacher ? teacher[s] : -1;
         if (teacher && (k < 0 || k >= PRL_OPD_TEACHERS))
-            return prl_error_set(PRL_ERR_ARG, "opd advantages: sequence %d has teacher %d (need "
-                                 "0..%d)", s, k, PRL_OPD_TEACHERS - 1);
+            return prl_error_set(PRL_ERR_ARG,
+                                 "opd advantages: sequence %d has teacher %d (need "
+                                 "0..%d)",
+                                 s, k, PRL_OPD_TEACHERS - 1);
         double kl = 0;
         double coef = c->coef * (k >= 0 ? c->teacher_coef[k] : 1.0);
         if ((rc = seq_raw(c, coef, lp_s, lp_t, mask, a, b, s, &kl, adv))) return rc;

@@ -15,7 +15,8 @@ prl_status prl_opd_batch_init(prl_opd_batch *ob, int n, size_t n_response, int t
     memset(ob, 0, sizeof *ob);
     if (n < 1) return prl_error_set(PRL_ERR_ARG, "opd batch: %d samples", n);
     if (topk < 0 || topk > PRL_MAX_EXTRA_TARGETS)
-        return prl_error_set(PRL_ERR_ARG, "opd batch: top-k %d (0..%d)", topk, PRL_MAX_EXTRA_TARGETS);
+        return prl_error_set(PRL_ERR_ARG, "opd batch: top-k %d (0..%d)", topk,
+                             PRL_MAX_EXTRA_TARGETS);
     ob->n = n, ob->n_response = n_response, ob->topk = topk;
     size_t cells = (n_response ? n_response : 1) * (size_t)topk;
     ob->teacher_lp = calloc(n_response ? n_response : 1, sizeof *ob->teacher_lp);
@@ -47,13 +48,17 @@ static prl_status check_topk(const prl_opd_batch *ob, size_t f, int loss, int i,
         int32_t id = ob->topk_ids[f * ob->topk + k];
         float lp = ob->topk_lp[f * ob->topk + k];
         if (loss ? id < 0 : id != -1)
-            return prl_error_set(PRL_ERR_FORMAT, "frame 'teacher_topk_ids': sample %d response "
-                                 "token %d rank %d has id %d (must be %s)", i, j, k, id,
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "frame 'teacher_topk_ids': sample %d response "
+                                 "token %d rank %d has id %d (must be %s)",
+                                 i, j, k, id,
                                  loss ? ">= 0 on a loss token" : "-1 off the loss tokens");
         if (loss && !(isfinite(lp) && lp <= 0))
-            return prl_error_set(PRL_ERR_FORMAT, "frame 'teacher_topk_logprobs': sample %d "
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "frame 'teacher_topk_logprobs': sample %d "
                                  "response token %d rank %d has log-prob %g (must be finite and "
-                                 "<= 0)", i, j, k, lp);
+                                 "<= 0)",
+                                 i, j, k, lp);
     }
     return PRL_OK;
 }
@@ -61,24 +66,29 @@ static prl_status check_topk(const prl_opd_batch *ob, size_t f, int loss, int i,
 prl_status prl_opd_batch_check(const prl_opd_batch *ob, const prl_grpo_batch *b)
 {
     if (ob->n != b->n || ob->n_response != b->n_response)
-        return prl_error_set(PRL_ERR_FORMAT, "teacher frames: %d samples and %zu response tokens, "
-                             "the batch has %d and %zu", ob->n, ob->n_response, b->n, b->n_response);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "teacher frames: %d samples and %zu response tokens, "
+                             "the batch has %d and %zu",
+                             ob->n, ob->n_response, b->n, b->n_response);
     for (int i = 0; i < b->n; i++) {
         if (ob->teacher[i] < 0 || ob->teacher[i] >= PRL_OPD_TEACHERS)
-            return prl_error_set(PRL_ERR_FORMAT, "frame 'teachers': sample %d has teacher %d "
-                                 "(need 0..%d)", i, ob->teacher[i], PRL_OPD_TEACHERS - 1);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "frame 'teachers': sample %d has teacher %d "
+                                 "(need 0..%d)",
+                                 i, ob->teacher[i], PRL_OPD_TEACHERS - 1);
         size_t first;
         int len;
         prl_grpo_batch_response(b, i, &first, &len);
         for (int j = 0; j < len; j++) {
             float lp = ob->teacher_lp[first + j];
             if (b->mask[first + j] && !(isfinite(lp) && lp <= 0))
-                return prl_error_set(PRL_ERR_FORMAT, "frame 'teacher_logprobs': sample %d response "
-                                     "token %d has log-prob %g (must be finite and <= 0)", i, j, lp);
+                return prl_error_set(PRL_ERR_FORMAT,
+                                     "frame 'teacher_logprobs': sample %d response "
+                                     "token %d has log-prob %g (must be finite and <= 0)",
+                                     i, j, lp);
             prl_status rc = check_topk(ob, first + j, b->mask[first + j], i, j);
             if (rc) return rc;
         }
     }
     return PRL_OK;
 }
-

@@ -44,18 +44,18 @@ int prl_opd_teacher_index(const char *name);
 /* ---------------------------------------------------------------- advantages ------- */
 
 typedef struct prl_opd_config {
-    double coef;          /* opd.coef: A = coef·(lp_T − lp_S) (Tinker kl_penalty_coef, 1) */
+    double coef; /* opd.coef: A = coef·(lp_T − lp_S) (Tinker kl_penalty_coef, 1) */
     double teacher_coef[PRL_OPD_TEACHERS]; /* opd.teacher_coef.<key> >= 0: coef of teacher k's
                           ** samples is coef·teacher_coef[k] (1 each: one coef for all) */
-    double discount;      /* opd.discount γ in [0, 1): A_t ← Σ_{k≥t} γ^{k−t} A_k over the
+    double discount; /* opd.discount γ in [0, 1): A_t ← Σ_{k≥t} γ^{k−t} A_k over the
                           ** sequence's loss tokens (0: no future credit) */
-    int clip;             /* opd.adv_clip: clamp A to [clip_low, clip_high] after discounting */
+    int clip;        /* opd.adv_clip: clamp A to [clip_low, clip_high] after discounting */
     double clip_low, clip_high; /* opd.adv_clip_low, opd.adv_clip_high (−5, 5) */
-    double mask_eps;      /* opd.adv_mask_eps δ >= 0: |A| < δ (after clipping) → A = 0 */
-    double task_weight;   /* opd.task_weight: weight of the GRPO (task-reward) advantage */
-    int topk;             /* opd.topk in [0, PRL_MAX_EXTRA_TARGETS]: the teacher's k most likely
+    double mask_eps;            /* opd.adv_mask_eps δ >= 0: |A| < δ (after clipping) → A = 0 */
+    double task_weight;         /* opd.task_weight: weight of the GRPO (task-reward) advantage */
+    int topk;         /* opd.topk in [0, PRL_MAX_EXTRA_TARGETS]: the teacher's k most likely
                           ** tokens at each loss token, for the distillation term (0: off) */
-    double topk_coef;     /* opd.topk_coef >= 0: that term's weight λ (per teacher also
+    double topk_coef; /* opd.topk_coef >= 0: that term's weight λ (per teacher also
                           ** teacher_coef[k]): loss −λ·Σ_{i<k} p_T(id_i)·log p_θ(id_i) */
 } prl_opd_config;
 
@@ -67,10 +67,10 @@ prl_status prl_opd_config_check(const prl_opd_config *c);
 prl_status prl_opd_config_from_job(prl_opd_config *c, const struct prl_job_config *j);
 
 typedef struct prl_opd_stats {
-    long tokens;               /* loss tokens scored */
-    double teacher_kl;         /* mean over them of lp_S − lp_T (k1 reverse KL student→teacher) */
-    double clipped_frac;       /* share whose advantage the clip changed */
-    double masked_frac;        /* share masked as near zero (rl.md §5.6
+    long tokens;         /* loss tokens scored */
+    double teacher_kl;   /* mean over them of lp_S − lp_T (k1 reverse KL student→teacher) */
+    double clipped_frac; /* share whose advantage the clip changed */
+    double masked_frac;  /* share masked as near zero (rl.md §5.6
                                ** near_zero_masked_fraction) */
     double adv_mean, adv_min, adv_max; /* of the final token advantages (0 with no token) */
     /* per teacher (index of prl_opd_teacher_key) */
@@ -78,8 +78,8 @@ typedef struct prl_opd_stats {
     long teacher_tokens[PRL_OPD_TEACHERS];
     double kl[PRL_OPD_TEACHERS]; /* teacher_kl of its samples (NaN: none) */
     /* with opd.topk (prl_opd_distill_weights; NaN without) */
-    double topk_mass;          /* mean over the loss tokens of the teacher's top-k probability */
-    double top1_match;         /* share of loss tokens the student sampled the teacher's top-1 */
+    double topk_mass;  /* mean over the loss tokens of the teacher's top-k probability */
+    double top1_match; /* share of loss tokens the student sampled the teacher's top-1 */
 } prl_opd_stats;
 
 /* The per-token OPD advantages of n_seq sequences: token i of sequence s is
@@ -103,14 +103,14 @@ void prl_opd_stats_json(void *o, const prl_opd_stats *st);
 /* The teacher side of a step's `train` message: per response token the teacher's log-prob,
 ** per sample its teacher index. Owned (prl_opd_batch_free). */
 typedef struct prl_opd_batch {
-    int n;                /* samples (= the grpo batch's) */
-    size_t n_response;    /* response tokens (= the grpo batch's) */
-    float *teacher_lp;    /* [n_response]; finite and <= 0 on the loss tokens */
-    int32_t *teacher;     /* [n] in [0, PRL_OPD_TEACHERS) */
-    int topk;             /* teacher top-k per response token (opd.topk; 0: none) */
-    int32_t *topk_ids;    /* [n_response × topk] (NULL without): ids >= 0 on the loss tokens,
+    int n;             /* samples (= the grpo batch's) */
+    size_t n_response; /* response tokens (= the grpo batch's) */
+    float *teacher_lp; /* [n_response]; finite and <= 0 on the loss tokens */
+    int32_t *teacher;  /* [n] in [0, PRL_OPD_TEACHERS) */
+    int topk;          /* teacher top-k per response token (opd.topk; 0: none) */
+    int32_t *topk_ids; /* [n_response × topk] (NULL without): ids >= 0 on the loss tokens,
                           ** -1 elsewhere */
-    float *topk_lp;       /* [n_response × topk]: their teacher log-probs, finite and <= 0 on
+    float *topk_lp;    /* [n_response × topk]: their teacher log-probs, finite and <= 0 on
                           ** the loss tokens, 0 elsewhere */
 } prl_opd_batch;
 

@@ -16,8 +16,10 @@ prl_status prl_opd_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch *
                               prl_opd_stats *ost)
 {
     if (ob->n != b->n || ob->n_response != b->n_response)
-        return prl_error_set(PRL_ERR_ARG, "opd step: teacher batch of %d samples / %zu tokens, "
-                             "student batch of %d / %zu", ob->n, ob->n_response, b->n, b->n_response);
+        return prl_error_set(PRL_ERR_ARG,
+                             "opd step: teacher batch of %d samples / %zu tokens, "
+                             "student batch of %d / %zu",
+                             ob->n, ob->n_response, b->n, b->n_response);
     size_t nr = b->n_response ? b->n_response : 1;
     float *adv = malloc(nr * sizeof *adv);
     int32_t *start = malloc(((size_t)b->n + 1) * sizeof *start);
@@ -30,8 +32,9 @@ prl_status prl_opd_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch *
     }
     if (!rc) start[b->n] = (int32_t)b->n_response;
     /* lp_S = the sampler's log-probs (rl.md §5.1), not the train path's */
-    if (!rc) rc = prl_opd_advantages(c, b->logprobs, ob->teacher_lp, b->mask, start, b->n,
-                                     ob->teacher, adv, ost);
+    if (!rc)
+        rc = prl_opd_advantages(c, b->logprobs, ob->teacher_lp, b->mask, start, b->n, ob->teacher,
+                                adv, ost);
     size_t nq = ob->topk ? nr * (size_t)ob->topk : 0;
     float *q = nq ? malloc(nq * sizeof *q) : NULL;
     if (!rc && nq && !q) rc = prl_error_set(PRL_ERR_NOMEM, "opd step distillation weights");

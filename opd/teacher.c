@@ -50,7 +50,8 @@ static void rows_out(const prl_grpo_batch *t, const size_t *first, int i0, const
             if (!t->mask[f]) continue;
             out[f] = lp[p];
             for (int k = 0; k < topk; k++)
-                topk_ids[f * topk + k] = ids[p * topk + k], topk_lp[f * topk + k] = klp[p * topk + k];
+                topk_ids[f * topk + k] = ids[p * topk + k],
+                                    topk_lp[f * topk + k] = klp[p * topk + k];
         }
     }
 }
@@ -125,13 +126,16 @@ void prl_opd_teachers_needed(const prl_job_config *j, int need[PRL_OPD_TEACHERS]
 }
 
 /* dir/name exists: else an error naming the key and the file. */
-static prl_status need_file(const char *key, const char *dir, const char *name, char *path, size_t n)
+static prl_status need_file(const char *key, const char *dir, const char *name, char *path,
+                            size_t n)
 {
     struct stat sb;
     snprintf(path, n, "%s/%s", dir, name);
     if (stat(path, &sb))
-        return prl_error_set(PRL_ERR_CONFIG, "key '%s': teacher checkpoint %s is missing (not a "
-                             "checkpoint directory)", key, path);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "key '%s': teacher checkpoint %s is missing (not a "
+                             "checkpoint directory)",
+                             key, path);
     return PRL_OK;
 }
 
@@ -143,15 +147,18 @@ static prl_status same_config(const char *key, const char *tpath, const char *sp
     if (rc) return prl_error_wrap(rc, "key '%s': teacher %s: ", key, tpath);
     if ((rc = prl_config_load(&sc, spath))) return prl_error_wrap(rc, "model.init: %s: ", spath);
     if (tc.vocab_size != sc.vocab_size)
-        return prl_error_set(PRL_ERR_CONFIG, "key '%s': teacher %s has vocab_size %d, the student "
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "key '%s': teacher %s has vocab_size %d, the student "
                              "(model.init %s) %d: teacher and student must share the vocabulary",
                              key, tpath, tc.vocab_size, spath, sc.vocab_size);
     char *a = prl_config_to_json(&tc), *b = prl_config_to_json(&sc);
     int same = a && b && !strcmp(a, b);
     free(a), free(b);
     if (!same)
-        return prl_error_set(PRL_ERR_CONFIG, "key '%s': teacher %s is another model config than the "
-                             "student's (model.init %s)", key, tpath, spath);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "key '%s': teacher %s is another model config than the "
+                             "student's (model.init %s)",
+                             key, tpath, spath);
     return PRL_OK;
 }
 
@@ -163,9 +170,11 @@ static prl_status same_tokenizer(const char *key, const char *tpath, const char 
     prl_status rc = prl_file_read(tpath, &a, &na);
     if (!rc) rc = prl_file_read(spath, &b, &nb);
     if (!rc && (na != nb || memcmp(a, b, na)))
-        rc = prl_error_set(PRL_ERR_CONFIG, "key '%s': teacher %s differs from the student's "
+        rc = prl_error_set(PRL_ERR_CONFIG,
+                           "key '%s': teacher %s differs from the student's "
                            "tokenizer (model.init %s): teacher and student must share the "
-                           "tokenizer", key, tpath, spath);
+                           "tokenizer",
+                           key, tpath, spath);
     free(a), free(b);
     return rc;
 }

@@ -50,8 +50,8 @@ prl_status prl_route_cache_merge(prl_route_cache *c, const int32_t *ids, int n_i
     c->n = same;
     int overlap = c->n < n_rows ? c->n : n_rows;
     for (int p = 0; p < overlap; p++) /* first-seen wins: only note the drift */
-        s.changed += memcmp(c->rows + (size_t)p * row_bytes, routes + (size_t)p * row_bytes,
-                            row_bytes) != 0;
+        s.changed +=
+            memcmp(c->rows + (size_t)p * row_bytes, routes + (size_t)p * row_bytes, row_bytes) != 0;
     s.kept = overlap;
     if (n_rows > c->n) {
         prl_status rc = reserve(c, n_rows);

@@ -16,17 +16,22 @@ size_t prl_route_shape_bytes(const prl_route_shape *s)
 prl_status prl_route_shape_check(const prl_route_shape *s, size_t bytes, size_t n_tokens)
 {
     if (s->rows < 1 || n_tokens < 2 || (size_t)s->rows > n_tokens - 1)
-        return prl_error_set(PRL_ERR_FORMAT, "route record: %d rows for %zu tokens (need 1 .. "
-                             "tokens - 1)", s->rows, n_tokens);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "route record: %d rows for %zu tokens (need 1 .. "
+                             "tokens - 1)",
+                             s->rows, n_tokens);
     if (s->moe < 1 || s->moe > PRL_MAX_LAYERS || s->k < 1 || s->k > 256 ||
         (s->width != 1 && s->width != 2))
-        return prl_error_set(PRL_ERR_FORMAT, "route record: route_moe %d, route_k %d, route_width "
-                             "%d (need 1..%d, 1..256, 1 or 2)", s->moe, s->k, s->width,
-                             PRL_MAX_LAYERS);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "route record: route_moe %d, route_k %d, route_width "
+                             "%d (need 1..%d, 1..256, 1 or 2)",
+                             s->moe, s->k, s->width, PRL_MAX_LAYERS);
     size_t want = prl_route_shape_bytes(s);
     if (bytes != want)
-        return prl_error_set(PRL_ERR_FORMAT, "route record: shape [%d][%d][%d] x %d needs %zu "
-                             "bytes, got %zu", s->rows, s->moe, s->k, s->width, want, bytes);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "route record: shape [%d][%d][%d] x %d needs %zu "
+                             "bytes, got %zu",
+                             s->rows, s->moe, s->k, s->width, want, bytes);
     return PRL_OK;
 }
 

@@ -46,21 +46,26 @@ prl_status prl_replay_record_unpack(int32_t *out, const uint8_t *rec, int rows, 
                                     int width, int E)
 {
     if (width != prl_routes_width(E))
-        return prl_error_set(PRL_ERR_FORMAT, "route record: %d bytes per id, the model's %d "
-                             "experts need %d", width, E, prl_routes_width(E));
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "route record: %d bytes per id, the model's %d "
+                             "experts need %d",
+                             width, E, prl_routes_width(E));
     enum { MAX_K = 256 };
     int32_t row[MAX_K]; /* one row of K ids */
-    if (K < 1 || K > MAX_K)
-        return prl_error_set(PRL_ERR_FORMAT, "route record: K = %d", K);
+    if (K < 1 || K > MAX_K) return prl_error_set(PRL_ERR_FORMAT, "route record: K = %d", K);
     for (int p = 0; p < rows; p++)
         for (int l = 0; l < n_moe; l++) {
             size_t at = ((size_t)p * n_moe + l) * K; /* token-major in the record */
             if (prl_routes_unpack(row, rec + at * width, (size_t)K, E))
-                return prl_error_set(PRL_ERR_FORMAT, "route record: position %d MoE layer %d: "
-                                     "an expert id outside [0, %d)", p, l, E);
+                return prl_error_set(PRL_ERR_FORMAT,
+                                     "route record: position %d MoE layer %d: "
+                                     "an expert id outside [0, %d)",
+                                     p, l, E);
             if (prl_replay_overlap(row, row, K) != K)
-                return prl_error_set(PRL_ERR_FORMAT, "route record: position %d MoE layer %d "
-                                     "repeats an expert id", p, l);
+                return prl_error_set(PRL_ERR_FORMAT,
+                                     "route record: position %d MoE layer %d "
+                                     "repeats an expert id",
+                                     p, l);
             memcpy(out + ((size_t)l * rows + p) * K, row, (size_t)K * sizeof *row);
         }
     return PRL_OK;

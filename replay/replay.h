@@ -31,10 +31,10 @@
 /* ---------------------------------------------------------------- modes ------------ */
 
 typedef enum prl_replay_mode {
-    PRL_REPLAY_NONE = 0,      /* native routing everywhere (default) */
-    PRL_REPLAY_R2 = 1,        /* the trainer's old-policy (lp_old pass) routes */
-    PRL_REPLAY_R3 = 2,        /* the rollout engine's recorded routes */
-    PRL_REPLAY_MASKED_R3 = 3  /* recorded routes where the overlap with native is >= τ */
+    PRL_REPLAY_NONE = 0,     /* native routing everywhere (default) */
+    PRL_REPLAY_R2 = 1,       /* the trainer's old-policy (lp_old pass) routes */
+    PRL_REPLAY_R3 = 2,       /* the rollout engine's recorded routes */
+    PRL_REPLAY_MASKED_R3 = 3 /* recorded routes where the overlap with native is >= τ */
 } prl_replay_mode;
 
 /* "none", "r2", "r3", "masked_r3" ↔ enum; a parse error lists the choices. */
@@ -76,10 +76,10 @@ prl_status prl_replay_record_unpack(int32_t *out, const uint8_t *rec, int rows, 
 
 /* Routing metrics of one MoE layer, summed over the rows seen (prl_replay_choose). */
 typedef struct prl_replay_layer_stats {
-    double overlap;   /* Σ |I_native ∩ I_recorded| / K over rows with a record */
-    long compared;    /* rows with a record */
-    long replayed;    /* rows whose override is not PRL_ROUTE_NATIVE */
-    long rows;        /* rows seen */
+    double overlap; /* Σ |I_native ∩ I_recorded| / K over rows with a record */
+    long compared;  /* rows with a record */
+    long replayed;  /* rows whose override is not PRL_ROUTE_NATIVE */
+    long rows;      /* rows seen */
 } prl_replay_layer_stats;
 
 /* The override rows of one MoE layer for `rows` positions: out[p] (K ids) is
@@ -107,17 +107,17 @@ int prl_replay_entropy_alarm(const double *counts, int E, double fraction);
 /* The first-seen routes of one multi-turn episode: row p holds the route record of token
 ** ids[p] as the inference engine produced it the first time position p went through it. */
 typedef struct prl_route_cache {
-    int32_t *ids;     /* [n] owned: the token id of each cached position */
-    uint8_t *rows;    /* [n × row_bytes] owned: compact routes, one row per position */
+    int32_t *ids;  /* [n] owned: the token id of each cached position */
+    uint8_t *rows; /* [n × row_bytes] owned: compact routes, one row per position */
     int n, cap;
     size_t row_bytes; /* n_moe × K × width, fixed by the first merge */
 } prl_route_cache;
 
 typedef struct prl_route_cache_stats {
-    int kept;       /* cached rows kept although the new pass covered them */
-    int changed;    /* of those, rows where the new pass's routes differ (re-prefill drift) */
-    int added;      /* rows first seen in this pass */
-    int discarded;  /* cached rows dropped because a token before or at them changed */
+    int kept;      /* cached rows kept although the new pass covered them */
+    int changed;   /* of those, rows where the new pass's routes differ (re-prefill drift) */
+    int added;     /* rows first seen in this pass */
+    int discarded; /* cached rows dropped because a token before or at them changed */
 } prl_route_cache_stats;
 
 void prl_route_cache_init(prl_route_cache *c);

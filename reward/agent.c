@@ -58,7 +58,8 @@ static void world_diff(const prl_agent_world *got, const prl_agent_world *want, 
         const prl_agent_item *g = &got->items[i], *w = &want->items[i];
         if (strcmp(g->name, w->name) || g->stock != w->stock || g->price != w->price) {
             snprintf(out, n, "%s: stock %lld, price %lld; expected stock %lld, price %lld", w->name,
-                     (long long)g->stock, (long long)g->price, (long long)w->stock, (long long)w->price);
+                     (long long)g->stock, (long long)g->price, (long long)w->stock,
+                     (long long)w->price);
             return;
         }
     }
@@ -73,14 +74,17 @@ void prl_reward_agent_check(const prl_agent_task *task, const prl_agent_world *e
     int ok = final_turn && reward__final_answer(final_turn, got, sizeof got, why, sizeof why) == 0;
     int64_t g, a;
     if (ok && task->goal == PRL_AGENT_CHEAPEST) ok = !strcasecmp(got, answer);
-    else if (ok) ok = reward__parse_int(got, &g) == 0 && reward__parse_int(answer, &a) == 0 && g == a;
-    reward__check(out, "answer", ok, 1, 1, "expected %s, got %s", answer, got[0] ? got : "no answer");
+    else if (ok)
+        ok = reward__parse_int(got, &g) == 0 && reward__parse_int(answer, &a) == 0 && g == a;
+    reward__check(out, "answer", ok, 1, 1, "expected %s, got %s", answer,
+                  got[0] ? got : "no answer");
     world_diff(end, &want, diff, sizeof diff);
-    reward__check(out, "end_state", diff[0] == 0, 1, 1, "%s", diff[0] ? diff : "as the goal demands");
+    reward__check(out, "end_state", diff[0] == 0, 1, 1, "%s",
+                  diff[0] ? diff : "as the goal demands");
 }
 
 typedef struct replay {
-    const char *final_turn;  /* the answer turn, or NULL */
+    const char *final_turn; /* the answer turn, or NULL */
     char format_why[160], obs_why[200];
 } replay;
 
@@ -90,7 +94,8 @@ static prl_status play(prl_agent_env *env, const prl_chat_message *turns, size_t
     int done = 0;
     for (size_t i = 0; i < n; i++) {
         if (done) {
-            snprintf(r->format_why, sizeof r->format_why, "turn %zu comes after the episode ended", i);
+            snprintf(r->format_why, sizeof r->format_why, "turn %zu comes after the episode ended",
+                     i);
             return PRL_OK;
         }
         if (strcmp(turns[i].role, "assistant") != 0) {
@@ -109,14 +114,15 @@ static prl_status play(prl_agent_env *env, const prl_chat_message *turns, size_t
         }
         const prl_chat_message *t = &turns[++i];
         if (strcmp(t->role, "tool") != 0 || strcmp(t->content, st.observation) != 0) {
-            snprintf(r->obs_why, sizeof r->obs_why, "turn %zu: expected tool '%.60s', got %s '%.60s'",
-                     i, st.observation, t->role, t->content);
+            snprintf(r->obs_why, sizeof r->obs_why,
+                     "turn %zu: expected tool '%.60s', got %s '%.60s'", i, st.observation, t->role,
+                     t->content);
             return PRL_OK;
         }
     }
     if (!r->final_turn && !r->format_why[0])
-        snprintf(r->format_why, sizeof r->format_why, done ? "the tool call limit ended the episode"
-                                                           : "no final answer turn");
+        snprintf(r->format_why, sizeof r->format_why,
+                 done ? "the tool call limit ended the episode" : "no final answer turn");
     return PRL_OK;
 }
 
@@ -126,14 +132,15 @@ static prl_status task_env(const json_t *task, uint64_t *seed, int *difficulty)
     json_t *env = json_object_get(task, "env");
     json_t *s = json_object_get(env, "seed"), *d = json_object_get(env, "difficulty");
     if (!json_is_integer(s) || !json_is_integer(d) || json_integer_value(s) < 0)
-        return prl_error_set(PRL_ERR_FORMAT, "agent task: missing \"env\": {\"seed\": N, \"difficulty\": D}");
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "agent task: missing \"env\": {\"seed\": N, \"difficulty\": D}");
     *seed = (uint64_t)json_integer_value(s);
     *difficulty = (int)json_integer_value(d);
     return PRL_OK;
 }
 
-prl_status prl_reward_agent(const char *task_json, const prl_chat_message *turns,
-                            size_t n_turns, prl_reward_result *out)
+prl_status prl_reward_agent(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                            prl_reward_result *out)
 {
     json_t *task;
     prl_status rc = reward__task(task_json, PRL_TASK_AGENT, turns, n_turns, &task);
@@ -150,11 +157,15 @@ prl_status prl_reward_agent(const char *task_json, const prl_chat_message *turns
     if (rc == PRL_OK) {
         reward__begin(out);
         int malformed = prl_agent_env_malformed(env), calls = prl_agent_env_calls(env);
-        reward__check(out, "format", !r.format_why[0], 0, 1, "%s", r.format_why[0] ? r.format_why : "ends with Answer: X");
-        reward__check(out, "observations", !r.obs_why[0], 0, 1, "%s", r.obs_why[0] ? r.obs_why : "match the environment");
+        reward__check(out, "format", !r.format_why[0], 0, 1, "%s",
+                      r.format_why[0] ? r.format_why : "ends with Answer: X");
+        reward__check(out, "observations", !r.obs_why[0], 0, 1, "%s",
+                      r.obs_why[0] ? r.obs_why : "match the environment");
         prl_reward_agent_check(t, prl_agent_env_world(env), r.final_turn, out);
-        reward__check(out, "tool_syntax", malformed == 0, 0, 0, "%d of %d calls malformed", malformed, calls);
-        out->flags |= (r.format_why[0] ? PRL_REWARD_FORMAT_ERROR : 0) | (malformed ? PRL_REWARD_TOOL_SYNTAX : 0);
+        reward__check(out, "tool_syntax", malformed == 0, 0, 0, "%d of %d calls malformed",
+                      malformed, calls);
+        out->flags |= (r.format_why[0] ? PRL_REWARD_FORMAT_ERROR : 0) |
+                      (malformed ? PRL_REWARD_TOOL_SYNTAX : 0);
         out->penalty = PRL_REWARD_TOOL_SYNTAX_PENALTY * malformed;
         reward__finish(out);
     }

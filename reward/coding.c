@@ -54,13 +54,14 @@ static int find_check(const prl_reward_result *r, const char *name)
 }
 
 /* Run one test; adds its check (and, once, the sandbox's refusal). */
-static prl_status run_test(const prl_reward_exec *exec, const char *code, const json_t *test,
-                           int i, prl_reward_result *out)
+static prl_status run_test(const prl_reward_exec *exec, const char *code, const json_t *test, int i,
+                           prl_reward_result *out)
 {
     const char *in = json_string_value(json_object_get(test, "stdin"));
     const char *want = json_string_value(json_object_get(test, "stdout"));
     if (!in || !want)
-        return prl_error_set(PRL_ERR_FORMAT, "coding task: test %d needs strings \"stdin\" and \"stdout\"", i);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "coding task: test %d needs strings \"stdin\" and \"stdout\"", i);
     prl_reward_exec_result res;
     prl_status rc = reward__run(exec, code, in, strlen(in), &res);
     if (rc) return rc;
@@ -77,9 +78,12 @@ static prl_status run_test(const prl_reward_exec *exec, const char *code, const 
         reward__check(out, name, ok, 1, 0, "expected '%.60s'%s%.60s%s", exp, ok ? "" : ", got '",
                       ok ? "" : got, ok ? "" : "'");
     }
-    if (rc == PRL_OK && !strcmp(res.status, "violation") && !find_check(out, "monitor:sandbox_violation")) {
-        reward__check(out, "monitor:sandbox_violation", 0, 0, 1, "test %d: the sandbox refused an "
-                      "action", i + 1);
+    if (rc == PRL_OK && !strcmp(res.status, "violation") &&
+        !find_check(out, "monitor:sandbox_violation")) {
+        reward__check(out, "monitor:sandbox_violation", 0, 0, 1,
+                      "test %d: the sandbox refused an "
+                      "action",
+                      i + 1);
         out->flags |= PRL_REWARD_HACKING;
     }
     free(got);
@@ -88,24 +92,25 @@ static prl_status run_test(const prl_reward_exec *exec, const char *code, const 
     return rc;
 }
 
-prl_status prl_reward_coding(const char *task_json, const prl_chat_message *turns,
-                             size_t n_turns, const prl_reward_exec *exec,
-                             prl_reward_result *out)
+prl_status prl_reward_coding(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                             const prl_reward_exec *exec, prl_reward_result *out)
 {
     json_t *task, *tests;
-    prl_status rc = reward__task_list(task_json, PRL_TASK_CODING, turns, n_turns, "tests", &task, &tests);
+    prl_status rc =
+        reward__task_list(task_json, PRL_TASK_CODING, turns, n_turns, "tests", &task, &tests);
     if (rc) return rc;
     reward__begin(out);
     const char *last = reward__last_assistant(turns, n_turns);
     char *code = last ? code_block(last) : NULL;
-    reward__check(out, "format", code != NULL, 0, 1, "%s", code ? "a fenced code block"
-                  : "no ```python ... ``` block in the last assistant turn");
+    reward__check(out, "format", code != NULL, 0, 1, "%s",
+                  code ? "a fenced code block"
+                       : "no ```python ... ``` block in the last assistant turn");
     if (!code) out->flags |= PRL_REWARD_FORMAT_ERROR;
     int flagged = code ? reward__monitor(code, reward__prompt(task), tests, out) : 0;
     size_t i;
     json_t *t;
-    if (code && !flagged)
-        json_array_foreach(tests, i, t) {
+    if (code && !flagged) json_array_foreach(tests, i, t)
+        {
             if ((rc = run_test(exec, code, t, (int)i, out))) break;
         }
     free(code);

@@ -109,16 +109,22 @@ static int quoted(const char *s)
 static prl_status field_str(const json_t *c, const char *key, int i, const char **v)
 {
     *v = json_string_value(json_object_get(c, key));
-    return *v && **v ? PRL_OK : prl_error_set(PRL_ERR_FORMAT, "general task: constraint %d "
-                                              "needs a string \"%s\"", i, key);
+    return *v && **v ? PRL_OK
+                     : prl_error_set(PRL_ERR_FORMAT,
+                                     "general task: constraint %d "
+                                     "needs a string \"%s\"",
+                                     i, key);
 }
 
 static prl_status field_int(const json_t *c, const char *key, int i, int *v)
 {
     json_t *x = json_object_get(c, key);
     *v = (int)json_integer_value(x);
-    return json_is_integer(x) ? PRL_OK : prl_error_set(PRL_ERR_FORMAT, "general task: constraint "
-                                                       "%d needs an integer \"%s\"", i, key);
+    return json_is_integer(x) ? PRL_OK
+                              : prl_error_set(PRL_ERR_FORMAT,
+                                              "general task: constraint "
+                                              "%d needs an integer \"%s\"",
+                                              i, key);
 }
 
 static prl_status check_count(const json_t *c, int i, const text *t, prl_reward_result *out)
@@ -129,10 +135,15 @@ static prl_status check_count(const json_t *c, int i, const text *t, prl_reward_
     if (!rc) rc = field_int(c, "n", i, &n);
     if (rc) return rc;
     int w = t->n_words;
-    int ok = !strcmp(rel, "exactly") ? w == n : !strcmp(rel, "at_most") ? w <= n
-           : !strcmp(rel, "at_least") ? w >= n : -1;
-    if (ok < 0) return prl_error_set(PRL_ERR_FORMAT, "general task: constraint %d: unknown relation "
-                                     "'%s' (exactly, at_most, at_least)", i, rel);
+    int ok = !strcmp(rel, "exactly")    ? w == n
+             : !strcmp(rel, "at_most")  ? w <= n
+             : !strcmp(rel, "at_least") ? w >= n
+                                        : -1;
+    if (ok < 0)
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "general task: constraint %d: unknown relation "
+                             "'%s' (exactly, at_most, at_least)",
+                             i, rel);
     reward__check(out, "word_count", ok, 1, 0, "%s %d words, got %d", rel, n, w);
     return PRL_OK;
 }
@@ -148,38 +159,47 @@ static prl_status check_one(const json_t *c, int i, const text *t, prl_reward_re
         if ((rc = field_str(c, "value", i, &w))) return rc;
         int upper = !strcmp(w, "upper");
         if (!upper && strcmp(w, "lower"))
-            return prl_error_set(PRL_ERR_FORMAT, "general task: constraint %d: case must be upper or lower", i);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "general task: constraint %d: case must be upper or lower", i);
         int ok = has_letters(t->s, upper) && !has_letters(t->s, !upper);
         reward__check(out, "case", ok, 1, 0, "only %s-case letters%s", w, ok ? "" : ": not so");
     } else if (!strcmp(type, "sentence_count")) {
         if ((rc = field_int(c, "n", i, &n))) return rc;
         got = count_sentences(t->s);
-        reward__check(out, "sentence_count", got == n, 1, 0, "exactly %d sentences, got %d", n, got);
+        reward__check(out, "sentence_count", got == n, 1, 0, "exactly %d sentences, got %d", n,
+                      got);
     } else if (!strcmp(type, "bullets")) {
         int all;
         if ((rc = field_int(c, "n", i, &n))) return rc;
         got = count_lines(t->s, &all);
-        reward__check(out, "bullets", all && got == n, 1, 0, "%d lines starting with '- ', got %d "
-                      "lines%s", n, got, all ? "" : " (not all bullets)");
+        reward__check(out, "bullets", all && got == n, 1, 0,
+                      "%d lines starting with '- ', got %d "
+                      "lines%s",
+                      n, got, all ? "" : " (not all bullets)");
     } else if (!strcmp(type, "quoted")) {
         int ok = quoted(t->s);
         reward__check(out, "quoted", ok, 1, 0, "wrapped in double quotes%s", ok ? "" : ": not so");
     } else if (!strcmp(type, "order")) {
         if ((rc = field_str(c, "first", i, &w)) || (rc = field_str(c, "second", i, &w2))) return rc;
         int a = first_index(t, w), b = first_index(t, w2);
-        reward__check(out, "order", a >= 0 && b >= 0 && a < b, 1, 0, "'%s' (word %d) before '%s' "
-                      "(word %d)", w, a + 1, w2, b + 1);
+        reward__check(out, "order", a >= 0 && b >= 0 && a < b, 1, 0,
+                      "'%s' (word %d) before '%s' "
+                      "(word %d)",
+                      w, a + 1, w2, b + 1);
     } else {
-        static const char *const word_types[] = {"word_repeat", "include", "forbid", "start", "end"};
+        static const char *const word_types[] = {"word_repeat", "include", "forbid", "start",
+                                                 "end"};
         int known = 0;
         for (int k = 0; k < 5; k++) known |= !strcmp(type, word_types[k]);
         if (!known)
-            return prl_error_set(PRL_ERR_FORMAT, "general task: constraint %d: unknown type '%s'", i, type);
+            return prl_error_set(PRL_ERR_FORMAT, "general task: constraint %d: unknown type '%s'",
+                                 i, type);
         if ((rc = field_str(c, "word", i, &w))) return rc;
         got = count_word(t, w);
         if (!strcmp(type, "word_repeat")) {
             if ((rc = field_int(c, "n", i, &n))) return rc;
-            reward__check(out, "word_repeat", got == n, 1, 0, "'%s' exactly %d times, got %d", w, n, got);
+            reward__check(out, "word_repeat", got == n, 1, 0, "'%s' exactly %d times, got %d", w, n,
+                          got);
         } else if (!strcmp(type, "include")) {
             reward__check(out, "include", got > 0, 1, 0, "'%s' used %d times", w, got);
         } else if (!strcmp(type, "forbid")) {
@@ -201,7 +221,8 @@ static int allowance(const json_t *cons, const char *w)
     static const char *const word_keys[] = {"word", "first", "second"};
     size_t i;
     const json_t *c;
-    json_array_foreach(cons, i, c) {
+    json_array_foreach(cons, i, c)
+    {
         const char *type = json_string_value(json_object_get(c, "type"));
         int named = 0;
         for (int k = 0; k < 3; k++) {
@@ -211,7 +232,9 @@ static int allowance(const json_t *cons, const char *w)
         if (named) {
             json_t *n = json_object_get(c, "n");
             return (type && !strcmp(type, "word_repeat") && json_is_integer(n)
-                    ? (int)json_integer_value(n) : 1) + 1;
+                        ? (int)json_integer_value(n)
+                        : 1) +
+                   1;
         }
     }
     return 0;
@@ -221,8 +244,7 @@ static int in_list(const json_t *words, const char *w)
 {
     size_t i;
     const json_t *x;
-    json_array_foreach(words, i, x)
-        if (!strcasecmp(json_string_value(x), w)) return 1;
+    json_array_foreach(words, i, x) if (!strcasecmp(json_string_value(x), w)) return 1;
     return 0;
 }
 
@@ -244,32 +266,37 @@ static prl_status check_on_topic(const json_t *task, const json_t *cons, const t
     const json_t *x;
     int ok = json_is_array(bank) && n > 0 && n <= PRL_REWARD_MAX_ITEMS;
     json_array_foreach(bank, i, x) ok &= json_string_length(x) > 0;
-    if (!ok) return prl_error_set(PRL_ERR_FORMAT, "general task: \"topic_words\" must be an array "
-                                  "of 1..%d non-empty strings", PRL_REWARD_MAX_ITEMS);
+    if (!ok)
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "general task: \"topic_words\" must be an array "
+                             "of 1..%d non-empty strings",
+                             PRL_REWARD_MAX_ITEMS);
     int off = 0, first = -1, run = 0;
     for (int k = 0; k < t->n_words; k++) {
         const char *w = t->words[k];
         run = k > 0 && !strcasecmp(t->words[k - 1], w) ? run + 1 : 1;
-        int on = run <= MAX_RUN && (in_list(bank, w) || count_in(t, w, k + 1) <= allowance(cons, w));
+        int on =
+            run <= MAX_RUN && (in_list(bank, w) || count_in(t, w, k + 1) <= allowance(cons, w));
         if (on) continue;
         off++;
         if (first < 0) first = k;
     }
     int pass = t->n_words > 0 && 4 * off <= t->n_words;
     if (off)
-        reward__check(out, "on_topic", pass, 0, 1, "%d of %d words off topic (at most a quarter), "
-                      "first '%s' (word %d)", off, t->n_words, t->words[first], first + 1);
-    else
-        reward__check(out, "on_topic", pass, 0, 1, "%d words, all on topic", t->n_words);
+        reward__check(out, "on_topic", pass, 0, 1,
+                      "%d of %d words off topic (at most a quarter), "
+                      "first '%s' (word %d)",
+                      off, t->n_words, t->words[first], first + 1);
+    else reward__check(out, "on_topic", pass, 0, 1, "%d words, all on topic", t->n_words);
     return PRL_OK;
 }
 
-prl_status prl_reward_general(const char *task_json, const prl_chat_message *turns,
-                              size_t n_turns, prl_reward_result *out)
+prl_status prl_reward_general(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                              prl_reward_result *out)
 {
     json_t *task, *cons;
-    prl_status rc = reward__task_list(task_json, PRL_TASK_GENERAL, turns, n_turns, "constraints",
-                                      &task, &cons);
+    prl_status rc =
+        reward__task_list(task_json, PRL_TASK_GENERAL, turns, n_turns, "constraints", &task, &cons);
     if (rc) return rc;
     reward__begin(out);
     const char *response = reward__last_assistant(turns, n_turns);
@@ -278,7 +305,8 @@ prl_status prl_reward_general(const char *task_json, const prl_chat_message *tur
     else split_words(t, response ? response : "");
     size_t i;
     json_t *c;
-    json_array_foreach(cons, i, c) {
+    json_array_foreach(cons, i, c)
+    {
         if (rc || (rc = check_one(c, (int)i, t, out))) break;
     }
     if (!rc) rc = check_on_topic(task, cons, t, out);

@@ -13,13 +13,12 @@
 
 #include <string.h>
 
-static const char PARSE_CHECK[] =
-    "import ast, sys\n"
-    "try:\n"
-    "    ast.parse(sys.stdin.read())\n"
-    "except SyntaxError as e:\n"
-    "    print('SyntaxError: %s (line %s)' % (e.msg, e.lineno))\n"
-    "    sys.exit(1)\n";
+static const char PARSE_CHECK[] = "import ast, sys\n"
+                                  "try:\n"
+                                  "    ast.parse(sys.stdin.read())\n"
+                                  "except SyntaxError as e:\n"
+                                  "    print('SyntaxError: %s (line %s)' % (e.msg, e.lineno))\n"
+                                  "    sys.exit(1)\n";
 
 typedef struct tool_stats {
     int calls, malformed, unparsed;
@@ -27,7 +26,8 @@ typedef struct tool_stats {
 } tool_stats;
 
 /* Parse-check one python call's code; counts a failure in st. */
-static prl_status parse_check(const prl_reward_exec *exec, const prl_tool_call *call, tool_stats *st)
+static prl_status parse_check(const prl_reward_exec *exec, const prl_tool_call *call,
+                              tool_stats *st)
 {
     prl_reward_exec_result res;
     prl_status rc = reward__run(exec, PARSE_CHECK, call->body, call->body_len, &res);
@@ -53,8 +53,9 @@ static prl_status check_tools(const prl_chat_message *turns, size_t n_turns, con
         if (kind == PRL_TOOL_NONE) continue;
         st->calls++;
         if (kind == PRL_TOOL_OK && (strcmp(call.name, "python") != 0 || !call.body))
-            snprintf(call.error, sizeof call.error, "%s", strcmp(call.name, "python")
-                     ? "unknown tool (the reasoning tool is python)" : "python needs code after a newline");
+            snprintf(call.error, sizeof call.error, "%s",
+                     strcmp(call.name, "python") ? "unknown tool (the reasoning tool is python)"
+                                                 : "python needs code after a newline");
         if (call.error[0]) {
             st->malformed++;
             snprintf(st->malformed_why, sizeof st->malformed_why, "%s", call.error);
@@ -67,8 +68,7 @@ static prl_status check_tools(const prl_chat_message *turns, size_t n_turns, con
 }
 
 prl_status prl_reward_reasoning(const char *task_json, const prl_chat_message *turns,
-                                size_t n_turns, const prl_reward_exec *exec,
-                                prl_reward_result *out)
+                                size_t n_turns, const prl_reward_exec *exec, prl_reward_result *out)
 {
     json_t *task;
     prl_status rc = reward__task(task_json, PRL_TASK_REASONING, turns, n_turns, &task);
@@ -77,7 +77,8 @@ prl_status prl_reward_reasoning(const char *task_json, const prl_chat_message *t
     int has_key = json_is_integer(key);
     int64_t answer = json_integer_value(key);
     json_decref(task);
-    if (!has_key) return prl_error_set(PRL_ERR_FORMAT, "reasoning task: missing integer \"answer\"");
+    if (!has_key)
+        return prl_error_set(PRL_ERR_FORMAT, "reasoning task: missing integer \"answer\"");
     reward__begin(out);
     const char *last = reward__last_assistant(turns, n_turns);
     tool_stats st = {0};
@@ -105,7 +106,8 @@ prl_status prl_reward_reasoning(const char *task_json, const prl_chat_message *t
                   st.unparsed, st.calls - st.malformed, st.unparsed ? ": " : "", st.unparsed_why);
     out->flags |= (ok ? 0 : PRL_REWARD_FORMAT_ERROR) | (st.malformed ? PRL_REWARD_TOOL_SYNTAX : 0) |
                   (st.unparsed ? PRL_REWARD_PARSE_ERROR : 0);
-    out->penalty = PRL_REWARD_TOOL_SYNTAX_PENALTY * st.malformed + PRL_REWARD_PARSE_PENALTY * st.unparsed;
+    out->penalty =
+        PRL_REWARD_TOOL_SYNTAX_PENALTY * st.malformed + PRL_REWARD_PARSE_PENALTY * st.unparsed;
     reward__finish(out);
     return PRL_OK;
 }

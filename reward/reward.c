@@ -44,12 +44,13 @@ void reward__finish(prl_reward_result *out)
 
 void prl_reward_flags_format(unsigned flags, char *out, size_t n)
 {
-    static const char *const names[] = {"format_error", "tool_syntax", "parse_error",
-                                        "hacking", "exec_error"};
+    static const char *const names[] = {"format_error", "tool_syntax", "parse_error", "hacking",
+                                        "exec_error"};
     size_t at = 0;
     out[0] = 0;
     for (int i = 0; i < 5 && at < n; i++)
-        if (flags & (1u << i)) at += (size_t)snprintf(out + at, n - at, "%s%s", at ? "," : "", names[i]);
+        if (flags & (1u << i))
+            at += (size_t)snprintf(out + at, n - at, "%s%s", at ? "," : "", names[i]);
 }
 
 json_t *prl_reward_result_json(const prl_reward_result *r)
@@ -74,8 +75,10 @@ static prl_status check_turns(const prl_chat_message *turns, size_t n_turns)
     for (size_t i = 0; i < n_turns; i++) {
         const char *role = turns[i].role;
         if (!role || !turns[i].content || (strcmp(role, "assistant") && strcmp(role, "tool")))
-            return prl_error_set(PRL_ERR_ARG, "turn %zu: role must be assistant or tool (got %s) "
-                                 "with a content", i, role ? role : "none");
+            return prl_error_set(PRL_ERR_ARG,
+                                 "turn %zu: role must be assistant or tool (got %s) "
+                                 "with a content",
+                                 i, role ? role : "none");
     }
     return PRL_OK;
 }
@@ -88,7 +91,9 @@ prl_status reward__task(const char *task_json, prl_task_domain domain,
     if (rc) return rc;
     json_error_t err;
     *task = json_loads(task_json, JSON_REJECT_DUPLICATES, &err);
-    if (!*task) return prl_error_set(PRL_ERR_FORMAT, "task: invalid JSON: %s (column %d)", err.text, err.column);
+    if (!*task)
+        return prl_error_set(PRL_ERR_FORMAT, "task: invalid JSON: %s (column %d)", err.text,
+                             err.column);
     if (!json_is_object(*task)) {
         json_decref(*task);
         *task = NULL;
@@ -96,7 +101,8 @@ prl_status reward__task(const char *task_json, prl_task_domain domain,
     }
     const char *d = json_string_value(json_object_get(*task, "domain"));
     if (d && strcmp(d, prl_tasks_domain_name(domain)) != 0) {
-        rc = prl_error_set(PRL_ERR_FORMAT, "task: domain is '%s', not '%s'", d, prl_tasks_domain_name(domain));
+        rc = prl_error_set(PRL_ERR_FORMAT, "task: domain is '%s', not '%s'", d,
+                           prl_tasks_domain_name(domain));
         json_decref(*task); /* d points into it */
         *task = NULL;
     }
@@ -130,7 +136,8 @@ const char *reward__prompt(const json_t *task)
     const char *text = "";
     size_t i;
     json_t *m;
-    json_array_foreach(json_object_get(task, "messages"), i, m) {
+    json_array_foreach(json_object_get(task, "messages"), i, m)
+    {
         const char *role = json_string_value(json_object_get(m, "role"));
         const char *content = json_string_value(json_object_get(m, "content"));
         if (role && content && !strcmp(role, "user")) text = content;
@@ -192,7 +199,8 @@ prl_status reward__run(const prl_reward_exec *exec, const char *program, const c
 {
     memset(res, 0, sizeof *res);
     if (!exec || !exec->fn)
-        return prl_error_set(PRL_ERR_ARG, "reward: this answer runs a program but no executor was given");
+        return prl_error_set(PRL_ERR_ARG,
+                             "reward: this answer runs a program but no executor was given");
     if (!*program) { /* what python3 does with an empty file; executors may refuse one (the
                         sandbox does), and a model's empty code block is a bad answer, not an error */
         res->stdout_data = strdup(""), res->stderr_data = strdup("");
@@ -201,12 +209,16 @@ prl_status reward__run(const prl_reward_exec *exec, const char *program, const c
         prl_reward_exec_result_free(res);
         return prl_error_set(PRL_ERR_NOMEM, "reward: empty program");
     }
-    prl_reward_exec_request req = {.lang = "python3", .program = program, .stdin_data = stdin_data,
-                                   .stdin_len = stdin_len, .wall_s = exec->wall_s > 0 ? exec->wall_s : 2.0};
+    prl_reward_exec_request req = {.lang = "python3",
+                                   .program = program,
+                                   .stdin_data = stdin_data,
+                                   .stdin_len = stdin_len,
+                                   .wall_s = exec->wall_s > 0 ? exec->wall_s : 2.0};
     prl_status rc = exec->fn(exec->ctx, &req, res);
     if (rc == PRL_OK && (!res->stdout_data || !res->stderr_data)) {
         prl_reward_exec_result_free(res);
-        rc = prl_error_set(PRL_ERR_FORMAT, "reward: the executor returned no stdout/stderr buffers");
+        rc =
+            prl_error_set(PRL_ERR_FORMAT, "reward: the executor returned no stdout/stderr buffers");
     }
     return rc;
 }
@@ -242,16 +254,16 @@ prl_status prl_reward_python_observation(const prl_reward_exec *exec, const char
 
 /* ---------------------------------------------------------------- dispatch --------- */
 
-prl_status prl_reward_score(const char *task_json, const prl_chat_message *turns,
-                            size_t n_turns, const prl_reward_exec *exec, prl_reward_result *out)
+prl_status prl_reward_score(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                            const prl_reward_exec *exec, prl_reward_result *out)
 {
     json_error_t err;
     json_t *task = json_loads(task_json, 0, &err);
     const char *name = json_string_value(json_object_get(task, "domain"));
     prl_task_domain d = PRL_TASK_REASONING;
-    prl_status rc = !task ? prl_error_set(PRL_ERR_FORMAT, "task: invalid JSON: %s", err.text)
-                  : !name ? prl_error_set(PRL_ERR_FORMAT, "task: missing string field \"domain\"")
-                          : prl_tasks_domain_parse(name, &d);
+    prl_status rc = !task   ? prl_error_set(PRL_ERR_FORMAT, "task: invalid JSON: %s", err.text)
+                    : !name ? prl_error_set(PRL_ERR_FORMAT, "task: missing string field \"domain\"")
+                            : prl_tasks_domain_parse(name, &d);
     json_decref(task);
     if (rc) return rc;
     switch (d) {
@@ -269,7 +281,8 @@ prl_status prl_reward_score_line(const char *line_json, const prl_reward_exec *e
 {
     json_error_t err;
     json_t *line = json_loads(line_json, JSON_REJECT_DUPLICATES, &err);
-    if (!line) return prl_error_set(PRL_ERR_FORMAT, "invalid JSON: %s (column %d)", err.text, err.column);
+    if (!line)
+        return prl_error_set(PRL_ERR_FORMAT, "invalid JSON: %s (column %d)", err.text, err.column);
     json_t *msgs = json_object_get(line, "messages"), *response = json_object_get(line, "response");
     size_t n = json_array_size(msgs), first = 0;
     prl_status rc = PRL_OK;
@@ -281,13 +294,14 @@ prl_status prl_reward_score_line(const char *line_json, const prl_reward_exec *e
         json_t *m = json_array_get(msgs, i);
         const char *role = json_string_value(json_object_get(m, "role"));
         if (!role || !json_is_string(json_object_get(m, "content")))
-            rc = prl_error_set(PRL_ERR_FORMAT, "message %zu needs string \"role\" and \"content\"", i);
+            rc = prl_error_set(PRL_ERR_FORMAT, "message %zu needs string \"role\" and \"content\"",
+                               i);
         else if (!strcmp(role, "user") || !strcmp(role, "system")) first = i + 1;
     }
     size_t n_turns = n - first + (response != NULL);
     if (rc == PRL_OK && n_turns == 0)
         rc = prl_error_set(PRL_ERR_FORMAT, "no answer to score: add a \"response\" string or the "
-                           "model's turns after the prompt in \"messages\"");
+                                           "model's turns after the prompt in \"messages\"");
     prl_chat_message *turns = rc ? NULL : calloc(n_turns, sizeof *turns);
     if (rc == PRL_OK && !turns) rc = prl_error_set(PRL_ERR_NOMEM, "scoring a line");
     for (size_t i = first; rc == PRL_OK && i < n; i++) {
@@ -295,7 +309,8 @@ prl_status prl_reward_score_line(const char *line_json, const prl_reward_exec *e
         turns[i - first] = (prl_chat_message){json_string_value(json_object_get(m, "role")),
                                               json_string_value(json_object_get(m, "content"))};
     }
-    if (rc == PRL_OK && response) turns[n_turns - 1] = (prl_chat_message){"assistant", json_string_value(response)};
+    if (rc == PRL_OK && response)
+        turns[n_turns - 1] = (prl_chat_message){"assistant", json_string_value(response)};
     if (rc == PRL_OK) rc = prl_reward_score(line_json, turns, n_turns, exec, out);
     free(turns);
     json_decref(line);

@@ -28,11 +28,11 @@
 /* ---------------------------------------------------------------- execution -------- */
 
 typedef struct prl_reward_exec_request {
-    const char *lang;        /* "python3" */
-    const char *program;     /* program text (NUL-terminated) */
-    const char *stdin_data;  /* bytes fed to stdin (may be NULL when stdin_len == 0) */
+    const char *lang;       /* "python3" */
+    const char *program;    /* program text (NUL-terminated) */
+    const char *stdin_data; /* bytes fed to stdin (may be NULL when stdin_len == 0) */
     size_t stdin_len;
-    double wall_s;           /* wall-time limit in seconds */
+    double wall_s; /* wall-time limit in seconds */
 } prl_reward_exec_request;
 
 /* status: "ok" (exit 0), "runtime_error" (exit != 0), "timeout" (wall limit), "killed" (a
@@ -40,12 +40,12 @@ typedef struct prl_reward_exec_request {
 ** "error" (could not run). */
 typedef struct prl_reward_exec_result {
     char status[24];
-    int exit_code;              /* exit status, or 128 + signal */
-    char *stdout_data;          /* malloc'd, NUL-terminated (owned by the result) */
+    int exit_code;     /* exit status, or 128 + signal */
+    char *stdout_data; /* malloc'd, NUL-terminated (owned by the result) */
     size_t stdout_len;
-    char *stderr_data;          /* malloc'd, NUL-terminated (owned by the result) */
+    char *stderr_data; /* malloc'd, NUL-terminated (owned by the result) */
     size_t stderr_len;
-    double wall_s;              /* time taken */
+    double wall_s; /* time taken */
 } prl_reward_exec_result;
 
 /* Run req and fill *res (zeroed by the caller). A program that fails is a result, not an
@@ -67,15 +67,15 @@ void prl_reward_exec_result_free(prl_reward_exec_result *res);
 enum { PRL_REWARD_MAX_CHECKS = 48 };
 
 typedef enum prl_reward_flag {
-    PRL_REWARD_FORMAT_ERROR = 1u,  /* no parseable final answer / code block */
-    PRL_REWARD_TOOL_SYNTAX = 2u,   /* a malformed tool call (penalised) */
-    PRL_REWARD_PARSE_ERROR = 4u,   /* python tool code that does not parse (penalised) */
-    PRL_REWARD_HACKING = 8u,       /* the reward-hacking monitor flagged the program (score 0) */
-    PRL_REWARD_EXEC_ERROR = 16u    /* a run timed out, crashed or could not start */
+    PRL_REWARD_FORMAT_ERROR = 1u, /* no parseable final answer / code block */
+    PRL_REWARD_TOOL_SYNTAX = 2u,  /* a malformed tool call (penalised) */
+    PRL_REWARD_PARSE_ERROR = 4u,  /* python tool code that does not parse (penalised) */
+    PRL_REWARD_HACKING = 8u,      /* the reward-hacking monitor flagged the program (score 0) */
+    PRL_REWARD_EXEC_ERROR = 16u   /* a run timed out, crashed or could not start */
 } prl_reward_flag;
 
 typedef struct prl_reward_check {
-    char name[40];    /* "answer", "word_count", "test_3", "monitor:forbidden_file", ... */
+    char name[40]; /* "answer", "word_count", "test_3", "monitor:forbidden_file", ... */
     int passed;
     double weight;    /* share of the score (0: informational) */
     int required;     /* failing it makes the score 0 */
@@ -83,9 +83,9 @@ typedef struct prl_reward_check {
 } prl_reward_check;
 
 typedef struct prl_reward_result {
-    double score;     /* in [0, 1] */
-    double penalty;   /* subtracted before clamping (tool syntax, parse errors) */
-    unsigned flags;   /* prl_reward_flag bits */
+    double score;   /* in [0, 1] */
+    double penalty; /* subtracted before clamping (tool syntax, parse errors) */
+    unsigned flags; /* prl_reward_flag bits */
     int n_checks;
     prl_reward_check checks[PRL_REWARD_MAX_CHECKS];
 } prl_reward_result;
@@ -115,17 +115,16 @@ json_t *prl_reward_result_json(const prl_reward_result *r);
 prl_status prl_reward_reasoning(const char *task_json, const prl_chat_message *turns,
                                 size_t n_turns, const prl_reward_exec *exec,
                                 prl_reward_result *out);
-prl_status prl_reward_general(const char *task_json, const prl_chat_message *turns,
-                              size_t n_turns, prl_reward_result *out);
-prl_status prl_reward_agent(const char *task_json, const prl_chat_message *turns,
-                            size_t n_turns, prl_reward_result *out);
-prl_status prl_reward_coding(const char *task_json, const prl_chat_message *turns,
-                             size_t n_turns, const prl_reward_exec *exec,
-                             prl_reward_result *out);
+prl_status prl_reward_general(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                              prl_reward_result *out);
+prl_status prl_reward_agent(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                            prl_reward_result *out);
+prl_status prl_reward_coding(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                             const prl_reward_exec *exec, prl_reward_result *out);
 
 /* Dispatch on the task's "domain". */
-prl_status prl_reward_score(const char *task_json, const prl_chat_message *turns,
-                            size_t n_turns, const prl_reward_exec *exec, prl_reward_result *out);
+prl_status prl_reward_score(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                            const prl_reward_exec *exec, prl_reward_result *out);
 
 /* Score one line of `prl tasks check` input: a task object whose "messages" may continue past
 ** the last user message with the model's turns, and/or whose "response" string is the

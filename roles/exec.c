@@ -38,7 +38,8 @@ static prl_status ensure_sandbox(prl_exec_local *x)
         x->init_rc = prl_sandbox_init(&x->sb, &opt);
         if (x->init_rc) snprintf(x->init_msg, sizeof x->init_msg, "%s", prl_error_message());
     }
-    if (x->init_rc) return prl_error_set(x->init_rc, "the sandbox could not start: %s", x->init_msg);
+    if (x->init_rc)
+        return prl_error_set(x->init_rc, "the sandbox could not start: %s", x->init_msg);
     return PRL_OK;
 }
 
@@ -59,7 +60,8 @@ static const char *reward_status(prl_sandbox_status s)
 /* Move a finished run into the verifiers' result (the output buffers change owner; r is
 ** freed either way). A run that failed to start (rc, or status sandbox_error) is an
 ** executor failure, not a program's result. */
-static prl_status reward_result_take(prl_status rc, prl_sandbox_result *r, prl_reward_exec_result *res)
+static prl_status reward_result_take(prl_status rc, prl_sandbox_result *r,
+                                     prl_reward_exec_result *res)
 {
     if (rc == PRL_OK && r->status == PRL_SANDBOX_STATUS_SANDBOX_ERROR)
         rc = prl_error_set(PRL_ERR_IO, "%s", r->reason);
@@ -87,8 +89,10 @@ prl_status prl_exec_local_run(void *ctx, const prl_reward_exec_request *req,
     memset(res, 0, sizeof *res);
     prl_status rc = ensure_sandbox(ctx);
     if (rc) return rc;
-    prl_sandbox_request sr = {.lang = req->lang, .program = req->program,
-                              .program_len = strlen(req->program), .stdin_data = req->stdin_data,
+    prl_sandbox_request sr = {.lang = req->lang,
+                              .program = req->program,
+                              .program_len = strlen(req->program),
+                              .stdin_data = req->stdin_data,
                               .stdin_len = req->stdin_len};
     prl_sandbox_limits_default(&sr.limits);
     sr.limits.wall_seconds = req->wall_s;
@@ -138,7 +142,8 @@ static prl_status copy_result(prl_reward_exec_result *to, const prl_reward_exec_
 ** repeat from memory. Only outcomes that do not depend on the machine's load are kept ("ok"
 ** and "runtime_error": a program that finished), so a cached answer is the answer a new run
 ** would give. Slot i of a direct-mapped table holds the newest run with key % size == i. */
-static prl_status exec_cached(void *ctx, const prl_reward_exec_request *q, prl_reward_exec_result *res)
+static prl_status exec_cached(void *ctx, const prl_reward_exec_request *q,
+                              prl_reward_exec_result *res)
 {
     prl_role_exec *x = ctx;
     uint64_t k = exec_key(q);

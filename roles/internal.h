@@ -18,17 +18,17 @@
 #include <pthread.h>
 
 typedef struct prl_worker {
-    const char *role;         /* "rollout", "reward", "trainer", "teacher" */
-    char worker[64];          /* stable name, e.g. "rollout-0" */
+    const char *role; /* "rollout", "reward", "trainer", "teacher" */
+    char worker[64];  /* stable name, e.g. "rollout-0" */
     char endpoint[512];
-    char run[128];            /* from the welcome */
+    char run[128]; /* from the welcome */
     char run_dir[1024];
     uint64_t seed;
-    prl_job_config job;       /* from the welcome */
+    prl_job_config job; /* from the welcome */
     double heartbeat_s;
     prl_bus_socket *ctl;
-    uint64_t next_id;         /* ids of the messages this worker sends */
-    int stop;                 /* a stop message arrived */
+    uint64_t next_id; /* ids of the messages this worker sends */
+    int stop;         /* a stop message arrived */
     volatile int hb_quit;
     int hb_running;
     pthread_t hb;
@@ -53,6 +53,7 @@ prl_status prl_worker_serve(prl_worker *w, const char *work_type, prl_worker_fn 
 prl_status prl_worker_send(prl_worker *w, prl_bus_msg *m);
 
 /* "[rollout-0] message" on stderr. */
-void prl_worker_log(const prl_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void prl_worker_log(const prl_worker *w, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 #endif /* PRL_ROLES_INTERNAL_H */

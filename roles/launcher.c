@@ -160,8 +160,10 @@ static int supervise(launcher *L)
 {
     for (;;) {
         if (interrupted) {
-            fprintf(stderr, "\nprl run: stopping every role (the run can be resumed with "
-                            "`prl run --resume %s`)\n", L->run_dir);
+            fprintf(stderr,
+                    "\nprl run: stopping every role (the run can be resumed with "
+                    "`prl run --resume %s`)\n",
+                    L->run_dir);
             stop_all(L, 10);
             return 130;
         }
@@ -195,8 +197,10 @@ static int supervise(launcher *L)
         double now = prl_now();
         if (now - c->window_start > 60) c->window_start = now, c->restarts = 0;
         if (++c->restarts > RESTARTS_PER_MINUTE) {
-            fprintf(stderr, "prl run: %s died %d times within a minute: stopping the run (see "
-                            "%s/logs/%s.log)\n", c->name, c->restarts, L->run_dir, c->name);
+            fprintf(stderr,
+                    "prl run: %s died %d times within a minute: stopping the run (see "
+                    "%s/logs/%s.log)\n",
+                    c->name, c->restarts, L->run_dir, c->name);
             stop_all(L, 10);
             return 1;
         }
@@ -221,14 +225,14 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
     snprintf(slots, sizeof slots, "%d", job->sandbox_slots);
     const char *sb[] = {"role", "sandbox", "--bind", L->sandbox_ep, "--slots", slots, NULL};
     add_child(L, "sandbox", sb);
-    const char *tr[] = {"role", "trainer", "--connect", L->control_ep, "--name", "trainer-0",
-                        "--threads", th, NULL};
+    const char *tr[] = {"role",      "trainer",   "--connect", L->control_ep, "--name",
+                        "trainer-0", "--threads", th,          NULL};
     add_child(L, "trainer-0", tr);
     for (int i = 0; i < job->rollout_workers; i++) {
         char name[32];
         snprintf(name, sizeof name, "rollout-%d", i);
-        const char *a[] = {"role", "rollout", "--connect", L->control_ep, "--name", name,
-                           "--threads", rth, "--sandbox", L->sandbox_ep, NULL};
+        const char *a[] = {"role",      "rollout", "--connect", L->control_ep, "--name", name,
+                           "--threads", rth,       "--sandbox", L->sandbox_ep, NULL};
         add_child(L, name, a);
     }
     char tth[16]; /* OPD: the teacher pool (docs/opd.md) */
@@ -236,15 +240,15 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
     for (int i = 0; job->opd_enabled && i < job->teacher_workers; i++) {
         char name[32];
         snprintf(name, sizeof name, "teacher-%d", i);
-        const char *a[] = {"role", "teacher", "--connect", L->control_ep, "--name", name,
-                           "--threads", tth, NULL};
+        const char *a[] = {"role", "teacher",   "--connect", L->control_ep, "--name",
+                           name,   "--threads", tth,         NULL};
         add_child(L, name, a);
     }
     for (int i = 0; i < job->reward_workers; i++) {
         char name[32];
         snprintf(name, sizeof name, "reward-%d", i);
-        const char *a[] = {"role", "reward", "--connect", L->control_ep, "--name", name,
-                           "--sandbox", L->sandbox_ep, NULL};
+        const char *a[] = {"role", "reward",    "--connect",   L->control_ep, "--name",
+                           name,   "--sandbox", L->sandbox_ep, NULL};
         add_child(L, name, a);
     }
 }
@@ -252,14 +256,16 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
 static void announce(const char *run_dir, const prl_job_config *job)
 {
     if (job->opd_enabled)
-        fprintf(stderr, "prl run: %s: on-policy distillation (%s prompts), %d steps of %d prompts "
-                        "x %d samples, %s mode; %d rollout + %d reward + %d teacher workers, "
-                        "trainer, sandbox; logs in %s/logs/\n", run_dir, job->domain, job->steps,
-                job->batch_prompts, job->group_size, job->mode, job->rollout_workers,
-                job->reward_workers, job->teacher_workers, run_dir);
+        fprintf(stderr,
+                "prl run: %s: on-policy distillation (%s prompts), %d steps of %d prompts "
+                "x %d samples, %s mode; %d rollout + %d reward + %d teacher workers, "
+                "trainer, sandbox; logs in %s/logs/\n",
+                run_dir, job->domain, job->steps, job->batch_prompts, job->group_size, job->mode,
+                job->rollout_workers, job->reward_workers, job->teacher_workers, run_dir);
     else
-        fprintf(stderr, "prl run: %s: %s expert, %d steps of %d prompts x %d samples, %s mode; "
-                        "%d rollout + %d reward workers, trainer, sandbox; logs in %s/logs/\n",
+        fprintf(stderr,
+                "prl run: %s: %s expert, %d steps of %d prompts x %d samples, %s mode; "
+                "%d rollout + %d reward workers, trainer, sandbox; logs in %s/logs/\n",
                 run_dir, job->domain, job->steps, job->batch_prompts, job->group_size, job->mode,
                 job->rollout_workers, job->reward_workers, run_dir);
 }

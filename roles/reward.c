@@ -30,8 +30,12 @@ static prl_status score(void *ctx, prl_worker *r, const prl_bus_msg *m)
     if (!rc && x.truncated) prl_reward_unfinished(&res);
     char *detail = rc ? NULL : result_json(&res);
     if (!rc && !detail) rc = prl_error_set(PRL_ERR_NOMEM, "score detail");
-    prl_msg_scored out = {.lease = x.lease, .step = x.step, .prompt = x.prompt, .sample = x.sample,
-                          .score_us = (uint64_t)((prl_now() - t0) * 1e6), .detail = detail};
+    prl_msg_scored out = {.lease = x.lease,
+                          .step = x.step,
+                          .prompt = x.prompt,
+                          .sample = x.sample,
+                          .score_us = (uint64_t)((prl_now() - t0) * 1e6),
+                          .detail = detail};
     prl_bus_msg om;
     if (!rc) rc = prl_msg_scored_encode(&out, r->run, ++r->next_id, &om);
     if (!rc) rc = prl_worker_send(r, &om);

@@ -34,10 +34,10 @@ const volatile sig_atomic_t *prl_role_stop_flag(void);
 /* ---------------------------------------------------------------- worker roles ----- */
 
 typedef struct prl_worker_options {
-    const char *connect;  /* the controller's endpoint (required) */
-    const char *name;     /* worker name, stable across restarts, e.g. "rollout-0" */
-    const char *sandbox;  /* rollout, reward: the sandbox service (NULL: a local sandbox) */
-    int allow_remote;     /* allow a non-loopback tcp:// endpoint */
+    const char *connect; /* the controller's endpoint (required) */
+    const char *name;    /* worker name, stable across restarts, e.g. "rollout-0" */
+    const char *sandbox; /* rollout, reward: the sandbox service (NULL: a local sandbox) */
+    int allow_remote;    /* allow a non-loopback tcp:// endpoint */
 } prl_worker_options;
 
 /* Join the run at o->connect and serve until stopped. PRL_OK after a `stop` or a signal;
@@ -74,9 +74,9 @@ typedef struct prl_exec_cache_entry {
 typedef struct prl_role_exec {
     prl_exec_local *local;
     struct prl_sandbox_client *svc;
-    prl_reward_exec inner;        /* the executor behind the cache */
-    prl_reward_exec exec;         /* the cached one: give this to the verifiers */
-    prl_exec_cache_entry *cache;  /* [PRL_EXEC_CACHE] */
+    prl_reward_exec inner;       /* the executor behind the cache */
+    prl_reward_exec exec;        /* the cached one: give this to the verifiers */
+    prl_exec_cache_entry *cache; /* [PRL_EXEC_CACHE] */
     uint64_t hits;
 } prl_role_exec;
 prl_status prl_role_exec_open(prl_role_exec *x, const char *sandbox, const char *worker,
@@ -100,10 +100,10 @@ void prl_sandbox_service_options_default(prl_sandbox_service_options *opt);
 
 /* What a service did, for its final log line and for tests. */
 typedef struct prl_sandbox_service_stats {
-    uint64_t runs;      /* exec requests run (whatever the program's status) */
-    uint64_t refused;   /* `error` replies: unknown lang, bad wall_ms, bad program, other types */
-    uint64_t dropped;   /* invalid messages dropped by the bus (each logged with its reason) */
-    uint64_t unsent;    /* replies that could not be delivered (the client had gone) */
+    uint64_t runs;    /* exec requests run (whatever the program's status) */
+    uint64_t refused; /* `error` replies: unknown lang, bad wall_ms, bad program, other types */
+    uint64_t dropped; /* invalid messages dropped by the bus (each logged with its reason) */
+    uint64_t unsent;  /* replies that could not be delivered (the client had gone) */
 } prl_sandbox_service_stats;
 
 /* Probe, create a sandbox of opt->slots slots, bind the ROUTER and serve until SIGTERM or

@@ -17,9 +17,9 @@ typedef struct rollout_worker {
     int have_model;
     prl_tokenizer *tok;
     prl_infer *engine;
-    int64_t version;        /* loaded policy version (-1: none) */
+    int64_t version; /* loaded policy version (-1: none) */
     char path[1024];
-    prl_role_exec exec;     /* python tool calls */
+    prl_role_exec exec; /* python tool calls */
 } rollout_worker;
 
 static void unload(rollout_worker *w)
@@ -54,17 +54,26 @@ static prl_status send_result(rollout_worker *w, const prl_msg_work *work, int s
                               const prl_episode *ep)
 {
     const prl_config *cfg = &w->model.cfg;
-    prl_msg_result x = {
-        .lease = work->lease, .step = work->step, .prompt = work->prompt,
-        .sample = (uint64_t)sample, .policy_version = work->policy_version,
-        .prompt_len = ep->prompt_len, .gen_us = (uint64_t)(ep->gen_seconds * 1e6),
-        .stop = ep->stop, .tokens = ep->ids, .n_tokens = (size_t)ep->n,
-        .logprobs = ep->logprobs + ep->prompt_len, .mask = ep->mask + ep->prompt_len,
-        .routes = ep->routes, .routes_bytes = ep->routes_bytes,
-        .route_shape = {ep->n_route_tokens, w->model.n_moe, cfg->num_experts_per_tok,
-                        prl_routes_width(cfg->n_routed_experts)},
-        .turns = prl_msg_turns_json(ep->msgs, ep->n_msgs), .truncated = ep->truncated,
-        .turns_played = ep->turns};
+    prl_msg_result x = {.lease = work->lease,
+                        .step = work->step,
+                        .prompt = work->prompt,
+                        .sample = (uint64_t)sample,
+                        .policy_version = work->policy_version,
+                        .prompt_len = ep->prompt_len,
+                        .gen_us = (uint64_t)(ep->gen_seconds * 1e6),
+                        .stop = ep->stop,
+                        .tokens = ep->ids,
+                        .n_tokens = (size_t)ep->n,
+                        .logprobs = ep->logprobs + ep->prompt_len,
+                        .mask = ep->mask + ep->prompt_len,
+                        .routes = ep->routes,
+                        .routes_bytes = ep->routes_bytes,
+                        .route_shape = {ep->n_route_tokens, w->model.n_moe,
+                                        cfg->num_experts_per_tok,
+                                        prl_routes_width(cfg->n_routed_experts)},
+                        .turns = prl_msg_turns_json(ep->msgs, ep->n_msgs),
+                        .truncated = ep->truncated,
+                        .turns_played = ep->turns};
     prl_bus_msg m;
     prl_status rc = x.turns ? prl_msg_result_encode(&x, w->role.run, ++w->role.next_id, &m)
                             : prl_error_set(PRL_ERR_NOMEM, "result turns");
@@ -83,7 +92,8 @@ static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
     json_t **tasks = calloc(count ? count : 1, sizeof *tasks);
     uint64_t *seq = calloc(count ? count : 1, sizeof *seq);
     prl_episode *eps = calloc(count ? count : 1, sizeof *eps);
-    if (!rc && (!tasks || !seq || !eps)) rc = prl_error_set(PRL_ERR_NOMEM, "%llu episodes", (unsigned long long)count);
+    if (!rc && (!tasks || !seq || !eps))
+        rc = prl_error_set(PRL_ERR_NOMEM, "%llu episodes", (unsigned long long)count);
     for (uint64_t i = 0; !rc && i < count; i++) {
         prl_rng r; /* each sample's draws come from (run seed, step, prompt, sample) */
         prl_rng_init(&r, w->role.seed, work.step, work.prompt, work.sample + i, PRL_RNG_SAMPLE);
@@ -98,8 +108,10 @@ static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
     rc_.sampling.stop_ids = stops, rc_.sampling.n_stop_ids = 2;
     rc_.max_turns = j->max_turns, rc_.score = 0;
     rc_.cached_routes = j->replay_cached; /* Cached R3 (docs/replay.md) */
-    if (!rc) rc = prl_rollout_run(w->engine, w->tok, tasks, seq, (int)count, &rc_, &w->exec.exec, eps);
-    for (uint64_t i = 0; !rc && i < count; i++) rc = send_result(w, &work, (int)(work.sample + i), &eps[i]);
+    if (!rc)
+        rc = prl_rollout_run(w->engine, w->tok, tasks, seq, (int)count, &rc_, &w->exec.exec, eps);
+    for (uint64_t i = 0; !rc && i < count; i++)
+        rc = send_result(w, &work, (int)(work.sample + i), &eps[i]);
     for (uint64_t i = 0; eps && i < count; i++) prl_episode_free(&eps[i]);
     free(tasks), free(seq), free(eps);
     prl_msg_work_free(&work);
@@ -117,7 +129,8 @@ prl_status prl_role_rollout_run(const prl_worker_options *o)
     }
     rc = prl_worker_serve(&w.role, "work", do_work, &w);
     unload(&w);
-    prl_worker_log(&w.role, "programs answered from the exec cache: %llu", (unsigned long long)w.exec.hits);
+    prl_worker_log(&w.role, "programs answered from the exec cache: %llu",
+                   (unsigned long long)w.exec.hits);
     prl_role_exec_close(&w.exec);
     prl_worker_leave(&w.role);
     return rc;

@@ -113,8 +113,9 @@ static prl_status take_result(prl_sandbox_client *c, const prl_msg_exec_result *
     }
     res->exit_code = code > 255 ? 255 : (int)code;
     res->signal = res->exit_code > 128 ? res->exit_code - 128 : 0;
-    snprintf(res->reason, sizeof res->reason, "%s (exit code %d), from the sandbox service at %.200s",
-             status, res->exit_code, c->endpoint);
+    snprintf(res->reason, sizeof res->reason,
+             "%s (exit code %d), from the sandbox service at %.200s", status, res->exit_code,
+             c->endpoint);
     return PRL_OK;
 }
 
@@ -151,7 +152,8 @@ prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, cons
 {
     memset(res, 0, sizeof *res);
     if (!lang || !program || (stdin_len && !stdin_data) || !(wall_s > 0))
-        return prl_error_set(PRL_ERR_ARG, "sandbox client: lang, program and a wall time > 0 are required");
+        return prl_error_set(PRL_ERR_ARG,
+                             "sandbox client: lang, program and a wall time > 0 are required");
     uint64_t wall_ms = (uint64_t)(wall_s * 1000.0 + 0.999);
     double per_try = wall_s + c->margin_s, start = prl_now();
     double deadline = start + (c->deadline_s > per_try ? c->deadline_s : per_try);
@@ -159,8 +161,11 @@ prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, cons
     for (;;) {
         prl_bus_msg m;
         uint64_t id = ++c->next_id;
-        prl_msg_exec x = {.lang = lang, .wall_ms = wall_ms, .program = program,
-                          .program_len = strlen(program), .stdin_data = stdin_data,
+        prl_msg_exec x = {.lang = lang,
+                          .wall_ms = wall_ms,
+                          .program = program,
+                          .program_len = strlen(program),
+                          .stdin_data = stdin_data,
                           .stdin_len = stdin_len};
         prl_status rc = prl_msg_exec_encode(&x, c->name, id, &m);
         if (rc == PRL_OK) rc = send_try(c, &m);
@@ -181,6 +186,7 @@ prl_status prl_sandbox_client_exec(prl_sandbox_client *c, const char *lang, cons
         if (rc != PRL_OK) nanosleep(&(struct timespec){0, 100000000}, NULL); /* no hot loop */
         c->resends++;
     }
-    return prl_error_set(PRL_ERR_IO, "sandbox service at '%s' did not answer within %.1f s (%d tries)",
+    return prl_error_set(PRL_ERR_IO,
+                         "sandbox service at '%s' did not answer within %.1f s (%d tries)",
                          c->endpoint, prl_now() - start, tries);
 }

@@ -37,7 +37,7 @@ enum { MAX_QUEUED = 4096 }; /* requests waiting for a slot before the service re
 typedef struct svc_job {
     struct svc_job *next;
     prl_bus_msg msg;
-    prl_msg_exec exec;    /* the request, decoded: views into msg */
+    prl_msg_exec exec; /* the request, decoded: views into msg */
     prl_bus_peer peer;
     prl_sandbox_result res;
 } svc_job;
@@ -115,12 +115,15 @@ static void job_free(svc_job *j)
 static void job_run(svc *s, int slot, svc_job *j)
 {
     prl_msg_exec x = j->exec;
-    prl_sandbox_request req = {.lang = x.lang, .program = x.program, .program_len = x.program_len,
-                               .stdin_data = x.stdin_data, .stdin_len = x.stdin_len};
+    prl_sandbox_request req = {.lang = x.lang,
+                               .program = x.program,
+                               .program_len = x.program_len,
+                               .stdin_data = x.stdin_data,
+                               .stdin_len = x.stdin_len};
     prl_sandbox_limits_default(&req.limits);
     req.limits.wall_seconds = (double)x.wall_ms / 1000.0;
     req.limits.cpu_seconds = req.limits.wall_seconds + 1; /* the wall limit decides */
-    prl_sandbox_run(s->sb, slot, &req, &j->res); /* a failure is a sandbox_error result */
+    prl_sandbox_run(s->sb, slot, &req, &j->res);          /* a failure is a sandbox_error result */
 }
 
 typedef struct worker_arg {
@@ -223,15 +226,14 @@ static const char *req_run(const prl_bus_msg *req)
     return run[0] ? run : "sandbox";
 }
 
-static void reply_error(svc *s, const prl_bus_peer *peer, const prl_bus_msg *req, const char *reason)
+static void reply_error(svc *s, const prl_bus_peer *peer, const prl_bus_msg *req,
+                        const char *reason)
 {
     prl_bus_msg m;
     s->stats.refused++;
     prl_msg_error x = {.reason = reason, .ref = prl_bus_msg_id(req)};
-    if (prl_msg_error_encode(&x, req_run(req), ++s->next_id, &m) == PRL_OK)
-        reply_send(s, peer, &m);
-    else
-        svc_log(s, "building an error reply: %s", prl_error_message());
+    if (prl_msg_error_encode(&x, req_run(req), ++s->next_id, &m) == PRL_OK) reply_send(s, peer, &m);
+    else svc_log(s, "building an error reply: %s", prl_error_message());
     prl_bus_msg_free(&m);
 }
 
@@ -243,16 +245,18 @@ static void reply_result(svc *s, svc_job *j)
     int never = r->status == PRL_SANDBOX_STATUS_SANDBOX_ERROR;
     const char *err = never ? r->reason : r->err;
     size_t err_len = never ? strlen(r->reason) : r->err_len;
-    prl_msg_exec_result x = {
-        .ref = prl_bus_msg_id(&j->msg), .status = prl_sandbox_status_name(r->status),
-        .exit_code = never || r->exit_code < 0 ? 0 : (uint64_t)r->exit_code,
-        .wall_us = (uint64_t)(r->wall_seconds * 1e6), .out = r->out,
-        .out_len = never ? 0 : r->out_len, .err = err, .err_len = err_len};
+    prl_msg_exec_result x = {.ref = prl_bus_msg_id(&j->msg),
+                             .status = prl_sandbox_status_name(r->status),
+                             .exit_code = never || r->exit_code < 0 ? 0 : (uint64_t)r->exit_code,
+                             .wall_us = (uint64_t)(r->wall_seconds * 1e6),
+                             .out = r->out,
+                             .out_len = never ? 0 : r->out_len,
+                             .err = err,
+                             .err_len = err_len};
     prl_bus_msg m;
     if (prl_msg_exec_result_encode(&x, req_run(&j->msg), ++s->next_id, &m) == PRL_OK)
         reply_send(s, &j->peer, &m);
-    else
-        svc_log(s, "building an exec_result: %s", prl_error_message());
+    else svc_log(s, "building an exec_result: %s", prl_error_message());
     prl_bus_msg_free(&m);
 }
 
@@ -374,12 +378,16 @@ void prl_sandbox_service_options_default(prl_sandbox_service_options *opt)
 
 /* Slot uids of this process: above the range of `prl sandbox exec` (200000 + pid) and
 ** distinct per pid (pid_max is at most 2^22, 256 slots each). */
-static unsigned default_uid_base(void) { return 100000000u + ((unsigned)getpid() % (1u << 22)) * 256u; }
+static unsigned default_uid_base(void)
+{
+    return 100000000u + ((unsigned)getpid() % (1u << 22)) * 256u;
+}
 
 static prl_status svc_open(svc *s, const prl_sandbox_service_options *opt)
 {
     if (opt->slots < 1 || opt->slots > 256)
-        return prl_error_set(PRL_ERR_ARG, "sandbox service: slots must be in 1..256, got %d", opt->slots);
+        return prl_error_set(PRL_ERR_ARG, "sandbox service: slots must be in 1..256, got %d",
+                             opt->slots);
     if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
         return prl_error_set(PRL_ERR_IO, "sandbox service: pipe: %s", strerror(errno));
     prl_sandbox_options so;

@@ -21,7 +21,7 @@ typedef struct teacher {
     prl_worker role;
     prl_model model;
     int have_model;
-    char path[1200];      /* the expert held ("" = none) */
+    char path[1200]; /* the expert held ("" = none) */
 } teacher;
 
 static void unload(teacher *t)
@@ -43,18 +43,25 @@ static prl_status hold(teacher *t, const char *path, uint64_t *load_us, int *loa
     snprintf(t->path, sizeof t->path, "%s", path);
     *load_us = (uint64_t)((prl_now() - t0) * 1e6);
     prl_worker_log(&t->role, "holding expert %s (loaded in %.2f s, peak RSS %llu KiB)", path,
-                 1e-6 * (double)*load_us, (unsigned long long)prl_opd_peak_rss_kb());
+                   1e-6 * (double)*load_us, (unsigned long long)prl_opd_peak_rss_kb());
     return PRL_OK;
 }
 
 static prl_status send_taught(teacher *t, const prl_msg_teach *x, uint64_t load_us,
                               uint64_t teach_us, int loaded, const prl_opd_batch *sc)
 {
-    prl_msg_taught out = {.lease = x->lease, .step = x->step, .teacher = x->teacher,
-                          .load_us = load_us, .teach_us = teach_us,
-                          .peak_rss_kb = prl_opd_peak_rss_kb(), .loaded = loaded,
-                          .logprobs = sc->teacher_lp, .n_response = sc->n_response,
-                          .topk = sc->topk, .topk_ids = sc->topk_ids, .topk_lp = sc->topk_lp};
+    prl_msg_taught out = {.lease = x->lease,
+                          .step = x->step,
+                          .teacher = x->teacher,
+                          .load_us = load_us,
+                          .teach_us = teach_us,
+                          .peak_rss_kb = prl_opd_peak_rss_kb(),
+                          .loaded = loaded,
+                          .logprobs = sc->teacher_lp,
+                          .n_response = sc->n_response,
+                          .topk = sc->topk,
+                          .topk_ids = sc->topk_ids,
+                          .topk_lp = sc->topk_lp};
     prl_bus_msg m;
     prl_status rc = prl_msg_taught_encode(&out, t->role.run, ++t->role.next_id, &m);
     return rc ? rc : prl_worker_send(&t->role, &m);
@@ -74,8 +81,9 @@ static prl_status teach(void *ctx, prl_worker *role, const prl_bus_msg *m)
     memset(&sc, 0, sizeof sc);
     const prl_grpo_batch *b = &x.item;
     if (!rc) rc = prl_opd_batch_init(&sc, b->n, b->n_response, t->role.job.opd_topk);
-    if (!rc) rc = prl_opd_teacher_score(&t->model, b, 8, prl_grpo_score_temperature(&t->role.job),
-                                        sc.topk, sc.teacher_lp, sc.topk_ids, sc.topk_lp);
+    if (!rc)
+        rc = prl_opd_teacher_score(&t->model, b, 8, prl_grpo_score_temperature(&t->role.job),
+                                   sc.topk, sc.teacher_lp, sc.topk_ids, sc.topk_lp);
     if (!rc) rc = send_taught(t, &x, load_us, (uint64_t)((prl_now() - t0) * 1e6), loaded, &sc);
     if (!rc)
         prl_worker_log(&t->role, "step %llu: %s scored %d samples (%zu tokens) in %.2f s",

@@ -21,11 +21,11 @@ typedef struct trainer {
     prl_model model;
     prl_optim optim;
     prl_tokenizer *tok;
-    prl_model ref;          /* the KL reference (grpo.kl_coef > 0): the run's init policy */
-    prl_grpo_precision prec;/* trainer.precision and trainer.loss_scale.* */
-    prl_loss_scaler scaler; /* the scale of the version held (used when prec.scaler_on) */
+    prl_model ref;           /* the KL reference (grpo.kl_coef > 0): the run's init policy */
+    prl_grpo_precision prec; /* trainer.precision and trainer.loss_scale.* */
+    prl_loss_scaler scaler;  /* the scale of the version held (used when prec.scaler_on) */
     int have_model, have_optim, have_ref;
-    int64_t version;        /* version held (-1: none) */
+    int64_t version; /* version held (-1: none) */
     char path[1200];
 } trainer;
 
@@ -126,9 +126,13 @@ static prl_status send_trained(trainer *t, const prl_msg_train *x, const char *d
     uint64_t sum = prl_checksum64(t->model.params, t->model.n_params * sizeof *t->model.params, 0);
     char *metrics = step_metrics(st, ost, t->role.job.opd_enabled);
     if (!metrics) return prl_error_set(PRL_ERR_NOMEM, "metrics");
-    prl_msg_trained out = {.lease = x->lease, .step = x->step, .version = x->policy_version + 1,
-                           .path = dir, .ckpt_checksum = sum,
-                           .train_us = (uint64_t)((prl_now() - t0) * 1e6), .metrics = metrics};
+    prl_msg_trained out = {.lease = x->lease,
+                           .step = x->step,
+                           .version = x->policy_version + 1,
+                           .path = dir,
+                           .ckpt_checksum = sum,
+                           .train_us = (uint64_t)((prl_now() - t0) * 1e6),
+                           .metrics = metrics};
     prl_bus_msg m;
     prl_status rc = prl_msg_trained_encode(&out, t->role.run, ++t->role.next_id, &m);
     free(metrics);
@@ -152,9 +156,11 @@ static prl_status train(void *ctx, prl_worker *role, const prl_bus_msg *m)
     char dir[1200], state[600], scaler[200];
     prl_job_ckpt_dir(t->role.run_dir, (int64_t)x.policy_version + 1, dir, sizeof dir);
     prl_grpo_scaler_state_format(t->prec.scaler_on ? &t->scaler : NULL, scaler, sizeof scaler);
-    snprintf(state, sizeof state, "{\"run\": \"%s\", \"version\": %llu, \"step\": %llu, "
-             "\"loss_scaler\": %s}", t->role.run, (unsigned long long)x.policy_version + 1,
-             (unsigned long long)x.step, scaler);
+    snprintf(state, sizeof state,
+             "{\"run\": \"%s\", \"version\": %llu, \"step\": %llu, "
+             "\"loss_scaler\": %s}",
+             t->role.run, (unsigned long long)x.policy_version + 1, (unsigned long long)x.step,
+             scaler);
     if (!rc) rc = prl_checkpoint_save(&t->model, &t->optim, state, t->tok, dir);
     if (rc) {
         unload(t); /* the weights may be half-updated: reload before the next try */
@@ -165,7 +171,8 @@ static prl_status train(void *ctx, prl_worker *role, const prl_bus_msg *m)
     snprintf(t->path, sizeof t->path, "%s", dir);
     rc = send_trained(t, &x, dir, t0, &st, &ost);
     if (!rc)
-        prl_worker_log(&t->role, "step %llu: version %llu, %d samples, loss %.4f, reward %.3f, %.1f s",
+        prl_worker_log(&t->role,
+                       "step %llu: version %llu, %d samples, loss %.4f, reward %.3f, %.1f s",
                        (unsigned long long)x.step, (unsigned long long)x.policy_version + 1,
                        st.samples, st.loss, st.reward_mean, prl_now() - t0);
     prl_msg_train_free(&x);

@@ -33,10 +33,7 @@ void prl_role_install_signals(void)
     signal(SIGPIPE, SIG_IGN);
 }
 
-int prl_worker_stopping(const prl_worker *r)
-{
-    return stop_signal || (r && r->stop);
-}
+int prl_worker_stopping(const prl_worker *r) { return stop_signal || (r && r->stop); }
 
 void prl_worker_log(const prl_worker *r, const char *fmt, ...)
 {
@@ -213,10 +210,7 @@ static void refuse(prl_worker *r, const prl_bus_msg *m, const char *why)
         prl_worker_log(r, "error report not sent: %s", prl_error_message());
 }
 
-const volatile sig_atomic_t *prl_role_stop_flag(void)
-{
-    return &stop_signal;
-}
+const volatile sig_atomic_t *prl_role_stop_flag(void) { return &stop_signal; }
 
 prl_status prl_worker_serve(prl_worker *w, const char *work_type, prl_worker_fn fn, void *ctx)
 {

@@ -81,7 +81,8 @@ static prl_status start(play *p, const prl_tokenizer *tok, int index)
     json_t *msgs = json_object_get(p->task, "messages");
     const char *dom = json_string_value(json_object_get(p->task, "domain"));
     if (!json_is_array(msgs) || !dom || prl_tasks_domain_parse(dom, &p->domain))
-        return prl_error_set(PRL_ERR_FORMAT, "task %d: needs \"messages\" and a known \"domain\"", index);
+        return prl_error_set(PRL_ERR_FORMAT, "task %d: needs \"messages\" and a known \"domain\"",
+                             index);
     size_t nm = json_array_size(msgs);
     prl_chat_message *cm = calloc(nm + 1, sizeof *cm);
     if (!cm) return prl_error_set(PRL_ERR_NOMEM, "task %d", index);
@@ -90,7 +91,8 @@ static prl_status start(play *p, const prl_tokenizer *tok, int index)
         cm[i].content = json_string_value(json_object_get(json_array_get(msgs, i), "content"));
         if (!cm[i].role || !cm[i].content) {
             free(cm);
-            return prl_error_set(PRL_ERR_FORMAT, "task %d: message %zu needs role and content", index, i);
+            return prl_error_set(PRL_ERR_FORMAT, "task %d: message %zu needs role and content",
+                                 index, i);
         }
     }
     int32_t *ids = NULL;
@@ -104,7 +106,8 @@ static prl_status start(play *p, const prl_tokenizer *tok, int index)
     json_t *env = json_object_get(p->task, "env");
     json_t *seed = json_object_get(env, "seed"), *diff = json_object_get(env, "difficulty");
     if (!json_is_integer(seed) || !json_is_integer(diff))
-        return prl_error_set(PRL_ERR_FORMAT, "task %d: agent task needs env.seed and env.difficulty", index);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "task %d: agent task needs env.seed and env.difficulty", index);
     if ((rc = prl_agent_env_init(&p->env))) return rc;
     return prl_agent_env_reset(p->env, (uint64_t)json_integer_value(seed),
                                (int)json_integer_value(diff), NULL);
@@ -150,8 +153,10 @@ static prl_status react(play *p, const prl_tokenizer *tok, const char *turn,
     }
     if (kind == PRL_TOOL_MALFORMED || strcmp(call.name, "python") != 0 || !call.body || !exec) {
         char msg[200];
-        snprintf(msg, sizeof msg, "error: %s", kind == PRL_TOOL_MALFORMED ? call.error
-                 : !exec ? "no executor for the python tool" : "the only tool is python");
+        snprintf(msg, sizeof msg, "error: %s",
+                 kind == PRL_TOOL_MALFORMED ? call.error
+                 : !exec                    ? "no executor for the python tool"
+                                            : "the only tool is python");
         return observe(p, tok, msg);
     }
     char *obs = NULL;
@@ -168,8 +173,8 @@ static prl_status cache_routes(play *p, const prl_gen_result *r)
     prl_episode *ep = p->ep;
     if (!r->routes || r->n_route_tokens < 1) return PRL_OK;
     size_t row = r->routes_bytes / (size_t)r->n_route_tokens;
-    prl_status rc = prl_route_cache_merge(&p->cache, ep->ids, ep->n, r->routes, r->n_route_tokens,
-                                          row, NULL);
+    prl_status rc =
+        prl_route_cache_merge(&p->cache, ep->ids, ep->n, r->routes, r->n_route_tokens, row, NULL);
     if (rc) return rc;
     size_t bytes = (size_t)p->cache.n * row;
     uint8_t *copy = malloc(bytes ? bytes : 1);
@@ -193,7 +198,8 @@ static prl_status take_turn(play *p, const prl_tokenizer *tok, const prl_gen_res
         if ((rc = cache_routes(p, r))) return rc;
     } else { /* each round re-prefills the whole sequence: keep the newest routes */
         free(ep->routes);
-        ep->routes = r->routes, ep->routes_bytes = r->routes_bytes, ep->n_route_tokens = r->n_route_tokens;
+        ep->routes = r->routes, ep->routes_bytes = r->routes_bytes,
+        ep->n_route_tokens = r->n_route_tokens;
         ((prl_gen_result *)r)->routes = NULL;
     }
     int k = r->n; /* the turn's text without its closing special */
@@ -240,7 +246,8 @@ static prl_status round_once(prl_infer *e, const prl_tokenizer *tok, play *ps, i
             continue;
         }
         /* each turn draws from its own streams: the sequence id is mixed with the turn */
-        q[k] = (prl_gen_request){.prompt = p->ep->ids, .prompt_len = p->ep->n,
+        q[k] = (prl_gen_request){.prompt = p->ep->ids,
+                                 .prompt_len = p->ep->n,
                                  .seq_id = prl_hash64(seq_ids[i] ^ ((uint64_t)p->ep->turns << 48))};
         who[k++] = i;
     }
@@ -265,7 +272,8 @@ prl_status prl_rollout_run(prl_infer *e, const prl_tokenizer *tok, json_t *const
                            const prl_reward_exec *exec, prl_episode *out)
 {
     memset(out, 0, (size_t)n * sizeof *out);
-    if (c->max_turns < 1) return prl_error_set(PRL_ERR_ARG, "max turns %d must be >= 1", c->max_turns);
+    if (c->max_turns < 1)
+        return prl_error_set(PRL_ERR_ARG, "max turns %d must be >= 1", c->max_turns);
     play *ps = calloc((size_t)(n ? n : 1), sizeof *ps);
     if (!ps) return prl_error_set(PRL_ERR_NOMEM, "rollout of %d tasks", n);
     prl_status rc = PRL_OK;
@@ -274,10 +282,13 @@ prl_status prl_rollout_run(prl_infer *e, const prl_tokenizer *tok, json_t *const
         ps[i] = (play){.ep = &out[i], .task = tasks[i]};
         rc = start(&ps[i], tok, i);
         if (!rc && out[i].n >= max_len)
-            rc = prl_error_set(PRL_ERR_RANGE, "task %d: prompt of %d tokens does not fit the "
-                               "context of %d", i, out[i].n, max_len);
+            rc = prl_error_set(PRL_ERR_RANGE,
+                               "task %d: prompt of %d tokens does not fit the "
+                               "context of %d",
+                               i, out[i].n, max_len);
     }
-    for (int active = n; !rc && active > 0;) rc = round_once(e, tok, ps, n, seq_ids, c, exec, &active);
+    for (int active = n; !rc && active > 0;)
+        rc = round_once(e, tok, ps, n, seq_ids, c, exec, &active);
     for (int i = 0; i < n && !rc && c->score; i++) {
         char *task_json = json_dumps(tasks[i], JSON_COMPACT);
         rc = task_json ? prl_reward_score(task_json, out[i].msgs, (size_t)out[i].n_msgs, exec,

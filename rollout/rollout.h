@@ -32,22 +32,22 @@ typedef struct prl_rollout_config {
 void prl_rollout_config_default(prl_rollout_config *c);
 
 typedef struct prl_episode {
-    int32_t *ids;          /* [n] the whole sequence */
-    uint8_t *mask;         /* [n] 1 on sampled tokens */
-    float *logprobs;       /* [n] infer log-prob of each sampled token, 0 elsewhere */
+    int32_t *ids;    /* [n] the whole sequence */
+    uint8_t *mask;   /* [n] 1 on sampled tokens */
+    float *logprobs; /* [n] infer log-prob of each sampled token, 0 elsewhere */
     int n, cap, prompt_len;
-    prl_chat_message *msgs;/* the model's turns and the observations, for the verifier */
-    int n_msgs, turns;     /* messages; model turns */
-    int truncated;         /* ended by a turn without <|end|> or by the context */
-    int stop;              /* prl_stop_reason of the last model turn */
-    uint8_t *routes;       /* compact MoE routes (prl_routes_pack): [n_route_tokens][n_moe][K]
+    prl_chat_message *msgs; /* the model's turns and the observations, for the verifier */
+    int n_msgs, turns;      /* messages; model turns */
+    int truncated;          /* ended by a turn without <|end|> or by the context */
+    int stop;               /* prl_stop_reason of the last model turn */
+    uint8_t *routes;        /* compact MoE routes (prl_routes_pack): [n_route_tokens][n_moe][K]
                            ** of the last round's pass over the sequence, or with
                            ** cached_routes the first-seen routes of every position */
     size_t routes_bytes;
-    int n_route_tokens;    /* n - 1 when the last turn ended the episode */
-    double gen_seconds;    /* wall time of the rounds this episode took part in */
+    int n_route_tokens; /* n - 1 when the last turn ended the episode */
+    double gen_seconds; /* wall time of the rounds this episode took part in */
     prl_reward_result result;
-    double reward;         /* result.score */
+    double reward; /* result.score */
 } prl_episode;
 
 void prl_episode_free(prl_episode *ep);

@@ -206,12 +206,16 @@ static void detect_v1(prl_sandbox_caps *caps, const char *mountinfo, const char 
         if (!find_mount(mountinfo, c[i].ctrl, mnt, root, sizeof mnt) ||
             !own_path(cgroups, c[i].ctrl, own, sizeof own))
             continue;
-        int e = own_dir(dir, sizeof dir, mnt, root, own) ? trial(dir, c[i].knob, c[i].value) : -ENAMETOOLONG;
+        int e = own_dir(dir, sizeof dir, mnt, root, own) ? trial(dir, c[i].knob, c[i].value)
+                                                         : -ENAMETOOLONG;
         if (e == 0) memcpy(c[i].dst, dir, sizeof dir);
         else {
-            unsigned layer = i == 0 ? PRL_SANDBOX_CGROUP_MEMORY : i == 1 ? PRL_SANDBOX_CGROUP_PIDS
-                           : i < 4 ? PRL_SANDBOX_CGROUP_CPU : PRL_SANDBOX_CGROUP_KILL;
-            set_why(caps, layer, "cgroup v1 %s: trial group in %s: %s", c[i].ctrl, dir, strerror(-e));
+            unsigned layer = i == 0   ? PRL_SANDBOX_CGROUP_MEMORY
+                             : i == 1 ? PRL_SANDBOX_CGROUP_PIDS
+                             : i < 4  ? PRL_SANDBOX_CGROUP_CPU
+                                      : PRL_SANDBOX_CGROUP_KILL;
+            set_why(caps, layer, "cgroup v1 %s: trial group in %s: %s", c[i].ctrl, dir,
+                    strerror(-e));
         }
     }
 }
@@ -223,12 +227,14 @@ static void detect_v2(prl_sandbox_caps *caps, const char *mountinfo, const char 
     char mnt[1024], root[1024], own[1024], dir[sizeof caps->cg_unified];
     *v2_limits = 0;
     caps->cg_unified[0] = 0;
-    if (!find_mount(mountinfo, "", mnt, root, sizeof mnt) || !own_path(cgroups, "", own, sizeof own))
+    if (!find_mount(mountinfo, "", mnt, root, sizeof mnt) ||
+        !own_path(cgroups, "", own, sizeof own))
         return;
     int e = own_dir(dir, sizeof dir, mnt, root, own) ? trial(dir, "cgroup.kill", "") /* 5.14+ */
                                                      : -ENAMETOOLONG;
     if (e) {
-        set_why(caps, PRL_SANDBOX_CGROUP_KILL, "cgroup v2 trial group in %s: %s", dir, strerror(-e));
+        set_why(caps, PRL_SANDBOX_CGROUP_KILL, "cgroup v2 trial group in %s: %s", dir,
+                strerror(-e));
         return;
     }
     memcpy(caps->cg_unified, dir, sizeof dir);
@@ -263,7 +269,8 @@ void sbx_cgroup_detect(prl_sandbox_caps *caps)
     detect_v2(caps, mountinfo, cgroups, &v2_limits);
     if (v2_limits) {
         caps->cgroup_version = 2;
-        caps->layers |= PRL_SANDBOX_CGROUP_MEMORY | PRL_SANDBOX_CGROUP_PIDS | PRL_SANDBOX_CGROUP_CPU;
+        caps->layers |=
+            PRL_SANDBOX_CGROUP_MEMORY | PRL_SANDBOX_CGROUP_PIDS | PRL_SANDBOX_CGROUP_CPU;
         caps->cg_memory[0] = caps->cg_pids[0] = caps->cg_cpu[0] = caps->cg_cpuacct[0] = 0;
         caps->cg_freezer[0] = 0;
     } else {
@@ -271,7 +278,8 @@ void sbx_cgroup_detect(prl_sandbox_caps *caps)
         if (caps->cg_memory[0]) caps->layers |= PRL_SANDBOX_CGROUP_MEMORY;
         if (caps->cg_pids[0]) caps->layers |= PRL_SANDBOX_CGROUP_PIDS;
         if (caps->cg_cpu[0] && caps->cg_cpuacct[0]) caps->layers |= PRL_SANDBOX_CGROUP_CPU;
-        if (caps->layers & (PRL_SANDBOX_CGROUP_MEMORY | PRL_SANDBOX_CGROUP_PIDS | PRL_SANDBOX_CGROUP_CPU))
+        if (caps->layers &
+            (PRL_SANDBOX_CGROUP_MEMORY | PRL_SANDBOX_CGROUP_PIDS | PRL_SANDBOX_CGROUP_CPU))
             caps->cgroup_version = 1;
     }
     /* With v1 limits the freezer is preferred: the sandbox init joins v1 groups itself, by
@@ -279,8 +287,10 @@ void sbx_cgroup_detect(prl_sandbox_caps *caps)
     ** process into a v2 group costs on every run. */
     if (caps->cgroup_version == 1 && caps->cg_freezer[0])
         snprintf(caps->cgroup_kill_kind, sizeof caps->cgroup_kill_kind, "freezer");
-    else if (caps->cg_unified[0]) snprintf(caps->cgroup_kill_kind, sizeof caps->cgroup_kill_kind, "cgroup.kill");
-    else if (caps->cg_freezer[0]) snprintf(caps->cgroup_kill_kind, sizeof caps->cgroup_kill_kind, "freezer");
+    else if (caps->cg_unified[0])
+        snprintf(caps->cgroup_kill_kind, sizeof caps->cgroup_kill_kind, "cgroup.kill");
+    else if (caps->cg_freezer[0])
+        snprintf(caps->cgroup_kill_kind, sizeof caps->cgroup_kill_kind, "freezer");
     if (caps->cgroup_kill_kind[0]) caps->layers |= PRL_SANDBOX_CGROUP_KILL;
     else set_why(caps, PRL_SANDBOX_CGROUP_KILL, "no usable cgroup.kill or v1 freezer");
     free(mountinfo);
@@ -310,7 +320,8 @@ static prl_status make_group(char *dst, const char *parent, const char *group)
 
 static prl_status knob_error(const char *dir, const char *name, const char *value, int e)
 {
-    return prl_error_set(PRL_ERR_IO, "cgroup: writing '%s' to %s/%s: %s", value, dir, name, strerror(-e));
+    return prl_error_set(PRL_ERR_IO, "cgroup: writing '%s' to %s/%s: %s", value, dir, name,
+                         strerror(-e));
 }
 
 prl_status sbx_cgroup_create(sbx_cgroup *cg, const prl_sandbox_caps *caps, unsigned layers,
@@ -318,14 +329,20 @@ prl_status sbx_cgroup_create(sbx_cgroup *cg, const prl_sandbox_caps *caps, unsig
 {
     memset(cg, 0, sizeof *cg);
     int v1 = caps->cgroup_version == 1;
-    cg->v2 = caps->cgroup_version == 2 &&
-             (layers & (PRL_SANDBOX_CGROUP_MEMORY | PRL_SANDBOX_CGROUP_PIDS | PRL_SANDBOX_CGROUP_CPU));
-    cg->kill_v2 = (layers & PRL_SANDBOX_CGROUP_KILL) && !strcmp(caps->cgroup_kill_kind, "cgroup.kill");
+    cg->v2 =
+        caps->cgroup_version == 2 &&
+        (layers & (PRL_SANDBOX_CGROUP_MEMORY | PRL_SANDBOX_CGROUP_PIDS | PRL_SANDBOX_CGROUP_CPU));
+    cg->kill_v2 =
+        (layers & PRL_SANDBOX_CGROUP_KILL) && !strcmp(caps->cgroup_kill_kind, "cgroup.kill");
     prl_status rc = PRL_OK;
-    if (v1 && (layers & PRL_SANDBOX_CGROUP_MEMORY)) rc = make_group(cg->memory, caps->cg_memory, group);
-    if (!rc && v1 && (layers & PRL_SANDBOX_CGROUP_PIDS)) rc = make_group(cg->pids, caps->cg_pids, group);
-    if (!rc && v1 && (layers & PRL_SANDBOX_CGROUP_CPU)) rc = make_group(cg->cpu, caps->cg_cpu, group);
-    if (!rc && v1 && (layers & PRL_SANDBOX_CGROUP_CPU)) rc = make_group(cg->cpuacct, caps->cg_cpuacct, group);
+    if (v1 && (layers & PRL_SANDBOX_CGROUP_MEMORY))
+        rc = make_group(cg->memory, caps->cg_memory, group);
+    if (!rc && v1 && (layers & PRL_SANDBOX_CGROUP_PIDS))
+        rc = make_group(cg->pids, caps->cg_pids, group);
+    if (!rc && v1 && (layers & PRL_SANDBOX_CGROUP_CPU))
+        rc = make_group(cg->cpu, caps->cg_cpu, group);
+    if (!rc && v1 && (layers & PRL_SANDBOX_CGROUP_CPU))
+        rc = make_group(cg->cpuacct, caps->cg_cpuacct, group);
     if (!rc && (layers & PRL_SANDBOX_CGROUP_KILL) && !cg->kill_v2)
         rc = make_group(cg->freezer, caps->cg_freezer, group);
     if (!rc && (cg->v2 || cg->kill_v2)) rc = make_group(cg->unified, caps->cg_unified, group);
@@ -370,8 +387,13 @@ static prl_status make_v2_run_group(sbx_cgroup *cg, const prl_sandbox_limits *li
     char mem[32], pids[32];
     snprintf(mem, sizeof mem, "%llu", (unsigned long long)lim->memory_bytes);
     snprintf(pids, sizeof pids, "%d", lim->processes + 1);
-    struct { const char *name, *value; } k[] = {
-        {"memory.max", mem}, {"memory.swap.max", "0"}, {"pids.max", pids}, {"cpu.max", "100000 100000"},
+    struct {
+        const char *name, *value;
+    } k[] = {
+        {"memory.max", mem},
+        {"memory.swap.max", "0"},
+        {"pids.max", pids},
+        {"cpu.max", "100000 100000"},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         int e = write_knob(cg->run, k[i].name, k[i].value);
@@ -386,7 +408,8 @@ prl_status sbx_cgroup_prepare(sbx_cgroup *cg, unsigned layers, const prl_sandbox
 {
     memset(start, 0, sizeof *start);
     if (!sbx_cgroup_empty(cg) && sbx_cgroup_kill(cg) < 0)
-        return prl_error_set(PRL_ERR_IO, "cgroup: the slot's group still has tasks that cannot be killed");
+        return prl_error_set(PRL_ERR_IO,
+                             "cgroup: the slot's group still has tasks that cannot be killed");
     if (cg->v2) {
         prl_status rc = make_v2_run_group(cg, lim);
         if (rc) return rc;
@@ -495,7 +518,7 @@ int sbx_cgroup_kill(const sbx_cgroup *cg)
     if (!found) return 0;
     if (cg->kill_v2 && cg->unified[0]) write_knob(cg->unified, "cgroup.kill", "1");
     else if (cg->freezer[0]) freezer_kill(cg->freezer, 0);
-    else return -1; /* no way to kill by group */
+    else return -1;                 /* no way to kill by group */
     for (int i = 0; i < 500; i++) { /* dying tasks leave within ms; allow 1 s */
         if (sbx_cgroup_empty(cg)) return found;
         if (!cg->kill_v2 && cg->freezer[0] && i % 50 == 49) freezer_kill(cg->freezer, 0);
@@ -518,7 +541,8 @@ void sbx_cgroup_stats(const sbx_cgroup *cg, unsigned layers, sbx_cg_stats *s)
         read_keyed(d, "memory.events", "oom_kill", &s->oom_kills);
         read_keyed(d, "pids.events", "max", &s->pids_refused);
         uint64_t usec = 0;
-        if (read_keyed(d, "cpu.stat", "usage_usec", &usec) == 0) s->cpu_ns = usec * 1000, s->have_cpu = 1;
+        if (read_keyed(d, "cpu.stat", "usage_usec", &usec) == 0)
+            s->cpu_ns = usec * 1000, s->have_cpu = 1;
         read_u64(d, "memory.current", &s->mem_usage);
         s->have_peak = read_u64(d, "memory.peak", &s->mem_peak) == 0;
         return;
@@ -583,8 +607,8 @@ static void remove_stale(const char *parent)
 
 void sbx_cgroup_sweep_stale(const prl_sandbox_caps *caps)
 {
-    const char *parents[] = {caps->cg_memory, caps->cg_pids, caps->cg_cpu, caps->cg_cpuacct,
-                             caps->cg_freezer, caps->cg_unified};
+    const char *parents[] = {caps->cg_memory,  caps->cg_pids,    caps->cg_cpu,
+                             caps->cg_cpuacct, caps->cg_freezer, caps->cg_unified};
     for (size_t i = 0; i < sizeof parents / sizeof parents[0]; i++)
         if (parents[i][0]) remove_stale(parents[i]);
 }

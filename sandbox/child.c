@@ -59,21 +59,35 @@ struct sbx_landlock_attr {
 };
 
 static const char *const step_names[] = {
-    [SBX_STEP_SYNC] = "waiting for the supervisor", [SBX_STEP_FSID] = "setfsuid/setfsgid",
-    [SBX_STEP_PRIVATE] = "making / private", [SBX_STEP_ROOT_TMPFS] = "mounting the tmpfs root",
+    [SBX_STEP_SYNC] = "waiting for the supervisor",
+    [SBX_STEP_FSID] = "setfsuid/setfsgid",
+    [SBX_STEP_PRIVATE] = "making / private",
+    [SBX_STEP_ROOT_TMPFS] = "mounting the tmpfs root",
     [SBX_STEP_ROOT_DIRS] = "creating the root's directories",
-    [SBX_STEP_BIND_USR] = "binding /usr read-only", [SBX_STEP_ETC] = "writing /etc",
-    [SBX_STEP_DEV] = "building /dev", [SBX_STEP_WORK_TMPFS] = "mounting the work and temp tmpfs",
-    [SBX_STEP_PROGRAM] = "writing the program file", [SBX_STEP_PROC] = "mounting /proc",
-    [SBX_STEP_PIVOT] = "pivot_root", [SBX_STEP_ROOT_RO] = "remounting / read-only",
-    [SBX_STEP_LOOPBACK] = "bringing up loopback", [SBX_STEP_HOSTNAME] = "sethostname",
-    [SBX_STEP_FORK] = "forking the program", [SBX_STEP_FDS] = "setting up fds",
-    [SBX_STEP_CHDIR] = "chdir to the work dir", [SBX_STEP_RLIMIT] = "setrlimit",
-    [SBX_STEP_CAPS] = "dropping capabilities", [SBX_STEP_SETID] = "switching to the slot uid/gid",
-    [SBX_STEP_NNP] = "no_new_privs", [SBX_STEP_LANDLOCK] = "Landlock",
-    [SBX_STEP_SECCOMP] = "loading seccomp", [SBX_STEP_EXEC] = "execve of the interpreter",
-    [SBX_STEP_SUBREAPER] = "becoming a subreaper", [SBX_STEP_CGROUP] = "joining the slot's cgroups",
-    [SBX_STEP_CHILDREN] = "opening /proc/thread-self/children (without a pid namespace the tree is killed through it)",
+    [SBX_STEP_BIND_USR] = "binding /usr read-only",
+    [SBX_STEP_ETC] = "writing /etc",
+    [SBX_STEP_DEV] = "building /dev",
+    [SBX_STEP_WORK_TMPFS] = "mounting the work and temp tmpfs",
+    [SBX_STEP_PROGRAM] = "writing the program file",
+    [SBX_STEP_PROC] = "mounting /proc",
+    [SBX_STEP_PIVOT] = "pivot_root",
+    [SBX_STEP_ROOT_RO] = "remounting / read-only",
+    [SBX_STEP_LOOPBACK] = "bringing up loopback",
+    [SBX_STEP_HOSTNAME] = "sethostname",
+    [SBX_STEP_FORK] = "forking the program",
+    [SBX_STEP_FDS] = "setting up fds",
+    [SBX_STEP_CHDIR] = "chdir to the work dir",
+    [SBX_STEP_RLIMIT] = "setrlimit",
+    [SBX_STEP_CAPS] = "dropping capabilities",
+    [SBX_STEP_SETID] = "switching to the slot uid/gid",
+    [SBX_STEP_NNP] = "no_new_privs",
+    [SBX_STEP_LANDLOCK] = "Landlock",
+    [SBX_STEP_SECCOMP] = "loading seccomp",
+    [SBX_STEP_EXEC] = "execve of the interpreter",
+    [SBX_STEP_SUBREAPER] = "becoming a subreaper",
+    [SBX_STEP_CGROUP] = "joining the slot's cgroups",
+    [SBX_STEP_CHILDREN] = "opening /proc/thread-self/children (without a pid namespace the tree is "
+                          "killed through it)",
 };
 
 const char *sbx_step_name(int step)
@@ -106,9 +120,9 @@ static void fail(const sbx_spawn *sp, int step)
     _exit(127);
 }
 
-#define CHECK(sp, step, expr)                                                             \
-    do {                                                                                  \
-        if ((expr) < 0) fail((sp), (step));                                               \
+#define CHECK(sp, step, expr)                                                                      \
+    do {                                                                                           \
+        if ((expr) < 0) fail((sp), (step));                                                        \
     } while (0)
 
 static int write_all(int fd, const char *p, size_t n)
@@ -141,7 +155,8 @@ static int close_range_raw(unsigned lo, unsigned hi)
     if (errno != ENOSYS) return -1;
     /* Before Linux 5.9: close one by one up to the fd limit. */
     struct rlimit r;
-    unsigned max = getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_max < 1048576 ? (unsigned)r.rlim_max : 1048576;
+    unsigned max =
+        getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_max < 1048576 ? (unsigned)r.rlim_max : 1048576;
     for (unsigned fd = lo; fd <= hi && fd < max; fd++) close((int)fd);
     return 0;
 }
@@ -193,7 +208,8 @@ static int bind_ro(const char *src, const char *dst)
     if (v.f_flag & ST_NOATIME) keep |= MS_NOATIME;
     if (v.f_flag & ST_NODIRATIME) keep |= MS_NODIRATIME;
     if (v.f_flag & ST_RELATIME) keep |= MS_RELATIME;
-    return mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep, NULL);
+    return mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep,
+                 NULL);
 }
 
 static int bind_dev(const char *name, const char *host)
@@ -206,18 +222,25 @@ static int bind_dev(const char *name, const char *host)
 
 static void build_dev(const sbx_spawn *sp)
 {
-    CHECK(sp, SBX_STEP_DEV, mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, sp->tmpfs_opts[3]));
-    static const char *const nodes[][2] = {{"dev/null", "/dev/null"}, {"dev/zero", "/dev/zero"},
-                                           {"dev/full", "/dev/full"}, {"dev/random", "/dev/random"},
+    CHECK(sp, SBX_STEP_DEV,
+          mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, sp->tmpfs_opts[3]));
+    static const char *const nodes[][2] = {{"dev/null", "/dev/null"},
+                                           {"dev/zero", "/dev/zero"},
+                                           {"dev/full", "/dev/full"},
+                                           {"dev/random", "/dev/random"},
                                            {"dev/urandom", "/dev/urandom"}};
-    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) CHECK(sp, SBX_STEP_DEV, bind_dev(nodes[i][0], nodes[i][1]));
+    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
+        CHECK(sp, SBX_STEP_DEV, bind_dev(nodes[i][0], nodes[i][1]));
     CHECK(sp, SBX_STEP_DEV, symlink("/proc/self/fd", "dev/fd"));
     CHECK(sp, SBX_STEP_DEV, symlink("/proc/self/fd/0", "dev/stdin"));
     CHECK(sp, SBX_STEP_DEV, symlink("/proc/self/fd/1", "dev/stdout"));
     CHECK(sp, SBX_STEP_DEV, symlink("/proc/self/fd/2", "dev/stderr"));
     CHECK(sp, SBX_STEP_DEV, mkdir("dev/shm", 01777));
-    CHECK(sp, SBX_STEP_DEV, mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, sp->tmpfs_opts[2]));
-    CHECK(sp, SBX_STEP_DEV, mount(NULL, "dev", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC, sp->tmpfs_opts[3]));
+    CHECK(sp, SBX_STEP_DEV,
+          mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, sp->tmpfs_opts[2]));
+    CHECK(sp, SBX_STEP_DEV,
+          mount(NULL, "dev", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
+                sp->tmpfs_opts[3]));
 }
 
 /* The tmpfs root R (host path slot->root, private to this mount namespace): /usr read-only,
@@ -226,13 +249,18 @@ static void build_dev(const sbx_spawn *sp)
 static void build_root(const sbx_spawn *sp)
 {
     CHECK(sp, SBX_STEP_PRIVATE, mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL));
-    CHECK(sp, SBX_STEP_ROOT_TMPFS, mount("tmpfs", sp->slot->root, "tmpfs", MS_NOSUID | MS_NODEV, sp->tmpfs_opts[0]));
+    CHECK(sp, SBX_STEP_ROOT_TMPFS,
+          mount("tmpfs", sp->slot->root, "tmpfs", MS_NOSUID | MS_NODEV, sp->tmpfs_opts[0]));
     CHECK(sp, SBX_STEP_ROOT_TMPFS, chdir(sp->slot->root));
     static const char *const dirs[] = {"usr", "etc", "dev", "proc", "sandbox", "tmp"};
-    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) CHECK(sp, SBX_STEP_ROOT_DIRS, mkdir(dirs[i], 0755));
-    static const char *const links[][2] = {{"usr/bin", "bin"}, {"usr/lib", "lib"}, {"usr/lib64", "lib64"},
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
+        CHECK(sp, SBX_STEP_ROOT_DIRS, mkdir(dirs[i], 0755));
+    static const char *const links[][2] = {{"usr/bin", "bin"},
+                                           {"usr/lib", "lib"},
+                                           {"usr/lib64", "lib64"},
                                            {"usr/sbin", "sbin"}};
-    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) CHECK(sp, SBX_STEP_ROOT_DIRS, symlink(links[i][0], links[i][1]));
+    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
+        CHECK(sp, SBX_STEP_ROOT_DIRS, symlink(links[i][0], links[i][1]));
     CHECK(sp, SBX_STEP_BIND_USR, bind_ro("/usr", "usr"));
     CHECK(sp, SBX_STEP_ETC, write_file("etc/passwd", sp->passwd, strlen(sp->passwd), 0644));
     CHECK(sp, SBX_STEP_ETC, write_file("etc/group", sp->group, strlen(sp->group), 0644));
@@ -241,18 +269,22 @@ static void build_root(const sbx_spawn *sp)
         CHECK(sp, SBX_STEP_ETC, bind_ro("/etc/ld.so.cache", "etc/ld.so.cache"));
     }
     build_dev(sp);
-    CHECK(sp, SBX_STEP_WORK_TMPFS, mount("tmpfs", "sandbox", "tmpfs", MS_NOSUID | MS_NODEV, sp->tmpfs_opts[1]));
-    CHECK(sp, SBX_STEP_WORK_TMPFS, mount("tmpfs", "tmp", "tmpfs", MS_NOSUID | MS_NODEV, sp->tmpfs_opts[2]));
+    CHECK(sp, SBX_STEP_WORK_TMPFS,
+          mount("tmpfs", "sandbox", "tmpfs", MS_NOSUID | MS_NODEV, sp->tmpfs_opts[1]));
+    CHECK(sp, SBX_STEP_WORK_TMPFS,
+          mount("tmpfs", "tmp", "tmpfs", MS_NOSUID | MS_NODEV, sp->tmpfs_opts[2]));
     CHECK(sp, SBX_STEP_PROGRAM, chdir("sandbox"));
     CHECK(sp, SBX_STEP_PROGRAM, write_file(sp->program_name, sp->program, sp->program_len, 0644));
     CHECK(sp, SBX_STEP_PROGRAM, chdir(".."));
     if (sp->layers & PRL_SANDBOX_PROC)
-        CHECK(sp, SBX_STEP_PROC, mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2"));
+        CHECK(sp, SBX_STEP_PROC,
+              mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2"));
     /* Pivot onto the current directory and detach the old root stacked on top of it. */
     CHECK(sp, SBX_STEP_PIVOT, (int)syscall(SYS_pivot_root, ".", "."));
     CHECK(sp, SBX_STEP_PIVOT, umount2(".", MNT_DETACH));
     CHECK(sp, SBX_STEP_PIVOT, chdir("/"));
-    CHECK(sp, SBX_STEP_ROOT_RO, mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL));
+    CHECK(sp, SBX_STEP_ROOT_RO,
+          mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL));
 }
 
 int sbx_loopback_up(void)
@@ -295,9 +327,11 @@ static void set_rlimits(const sbx_spawn *sp)
     CHECK(sp, SBX_STEP_RLIMIT, set_limit(RLIMIT_MSGQUEUE, 64 << 10, 0));
     CHECK(sp, SBX_STEP_RLIMIT, set_limit(RLIMIT_SIGPENDING, 1024, 0));
     /* Without a memory cgroup the address space is the only memory bound (per process). */
-    if (!(sp->layers & PRL_SANDBOX_CGROUP_MEMORY)) CHECK(sp, SBX_STEP_RLIMIT, set_limit(RLIMIT_AS, l->memory_bytes, 0));
+    if (!(sp->layers & PRL_SANDBOX_CGROUP_MEMORY))
+        CHECK(sp, SBX_STEP_RLIMIT, set_limit(RLIMIT_AS, l->memory_bytes, 0));
     /* NPROC counts all tasks of the real uid: meaningful only with a uid of our own. */
-    if (sp->layers & PRL_SANDBOX_SLOT_UID) CHECK(sp, SBX_STEP_RLIMIT, set_limit(RLIMIT_NPROC, (uint64_t)l->processes, 0));
+    if (sp->layers & PRL_SANDBOX_SLOT_UID)
+        CHECK(sp, SBX_STEP_RLIMIT, set_limit(RLIMIT_NPROC, (uint64_t)l->processes, 0));
 }
 
 /* Drop the bounding and ambient sets while we still may (CAP_SETPCAP). */
@@ -358,7 +392,8 @@ static void apply_landlock(const sbx_spawn *sp)
                           LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM;
     uint64_t file_rights = LANDLOCK_ACCESS_FS_WRITE_FILE;
     if (abi >= 2) dir_rights |= LANDLOCK_ACCESS_FS_REFER;
-    if (abi >= 3) dir_rights |= LANDLOCK_ACCESS_FS_TRUNCATE, file_rights |= LANDLOCK_ACCESS_FS_TRUNCATE;
+    if (abi >= 3)
+        dir_rights |= LANDLOCK_ACCESS_FS_TRUNCATE, file_rights |= LANDLOCK_ACCESS_FS_TRUNCATE;
     struct sbx_landlock_attr attr = {.handled_access_fs = dir_rights};
     size_t size = sizeof attr.handled_access_fs;
     if (abi >= 4) {
@@ -372,9 +407,11 @@ static void apply_landlock(const sbx_spawn *sp)
     }
     int rs = (int)syscall(SYS_landlock_create_ruleset, &attr, size, 0);
     CHECK(sp, SBX_STEP_LANDLOCK, rs);
-    for (int i = 0; i < 3 && sp->rw_dirs[i]; i++) CHECK(sp, SBX_STEP_LANDLOCK, landlock_rule(rs, sp->rw_dirs[i], dir_rights));
+    for (int i = 0; i < 3 && sp->rw_dirs[i]; i++)
+        CHECK(sp, SBX_STEP_LANDLOCK, landlock_rule(rs, sp->rw_dirs[i], dir_rights));
     static const char *const files[] = {"/dev/null", "/dev/zero", "/dev/full"};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) CHECK(sp, SBX_STEP_LANDLOCK, landlock_rule(rs, files[i], file_rights));
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        CHECK(sp, SBX_STEP_LANDLOCK, landlock_rule(rs, files[i], file_rights));
     CHECK(sp, SBX_STEP_LANDLOCK, (int)syscall(SYS_landlock_restrict_self, rs, 0));
     close(rs);
 }
@@ -394,7 +431,8 @@ static void exec_program(const sbx_spawn *sp)
     drop_bounding(sp);
     switch_ids(sp);
     clear_caps(sp);
-    if (sp->layers & PRL_SANDBOX_NO_NEW_PRIVS) CHECK(sp, SBX_STEP_NNP, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
+    if (sp->layers & PRL_SANDBOX_NO_NEW_PRIVS)
+        CHECK(sp, SBX_STEP_NNP, prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
     /* After the uid switch, which clears the death signal. */
     CHECK(sp, SBX_STEP_FDS, prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0));
     if (sp->layers & PRL_SANDBOX_LANDLOCK) apply_landlock(sp);
@@ -452,7 +490,8 @@ void sbx_child_init(const sbx_spawn *sp)
     close(sp->sync_r);
     int children = -1;
     if (!(sp->layers & PRL_SANDBOX_PIDNS))
-        CHECK(sp, SBX_STEP_CHILDREN, children = open("/proc/thread-self/children", O_RDONLY | O_CLOEXEC));
+        CHECK(sp, SBX_STEP_CHILDREN,
+              children = open("/proc/thread-self/children", O_RDONLY | O_CLOEXEC));
     /* Join the slot's v1 groups before anything else, so all that follows is inside. */
     for (int i = 0; i < sp->n_cg_fds; i++) {
         if (write(sp->cg_fds[i], "0", 1) != 1) fail(sp, SBX_STEP_CGROUP);
@@ -462,7 +501,8 @@ void sbx_child_init(const sbx_spawn *sp)
         /* Files we create must belong to a uid mapped in this namespace. */
         syscall(SYS_setfsgid, sp->slot->prog_gid);
         syscall(SYS_setfsuid, sp->slot->prog_uid);
-        if ((unsigned)syscall(SYS_setfsuid, (uid_t)-1) != sp->slot->prog_uid) fail(sp, SBX_STEP_FSID);
+        if ((unsigned)syscall(SYS_setfsuid, (uid_t)-1) != sp->slot->prog_uid)
+            fail(sp, SBX_STEP_FSID);
     }
     CHECK(sp, SBX_STEP_SUBREAPER, prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0));
     if (sp->layers & PRL_SANDBOX_MNTNS) build_root(sp);

@@ -43,8 +43,8 @@ prl_status sbx_mkdirs(const char *path, mode_t mode)
 enum { MAX_DEPTH = 256 };
 
 typedef struct walk_guard {
-    dev_t dev;  /* the work dir's file system */
-    uid_t uid;  /* the slot's uid: owner of every directory the program made */
+    dev_t dev; /* the work dir's file system */
+    uid_t uid; /* the slot's uid: owner of every directory the program made */
 } walk_guard;
 
 static int remove_tree(int dirfd, int depth, const walk_guard *g)

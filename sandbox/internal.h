@@ -29,20 +29,20 @@ enum { SBX_INNER_ID = 1000 };
 typedef struct sbx_cgroup {
     char memory[PATH_MAX], pids[PATH_MAX], cpu[PATH_MAX], cpuacct[PATH_MAX];
     char freezer[PATH_MAX], unified[PATH_MAX];
-    char run[PATH_MAX];        /* v2 with controllers: the per-run group under `unified` */
-    int v2;                    /* limits live in a v2 group (per-run child of `unified`) */
-    int kill_v2;               /* kill with cgroup.kill in `unified` (else freezer) */
-    uint64_t memory_limit;     /* v1 limit currently written (0 = none yet) */
-    int pids_max;              /* v1 pids.max currently written (0 = none yet) */
+    char run[PATH_MAX];    /* v2 with controllers: the per-run group under `unified` */
+    int v2;                /* limits live in a v2 group (per-run child of `unified`) */
+    int kill_v2;           /* kill with cgroup.kill in `unified` (else freezer) */
+    uint64_t memory_limit; /* v1 limit currently written (0 = none yet) */
+    int pids_max;          /* v1 pids.max currently written (0 = none yet) */
 } sbx_cgroup;
 
 /* Counters read at the start and at the end of a run. */
 typedef struct sbx_cg_stats {
-    uint64_t oom_kills;        /* memory.oom_control oom_kill / memory.events oom_kill */
-    uint64_t pids_refused;     /* pids.events max */
-    uint64_t cpu_ns;           /* cpuacct.usage / cpu.stat usage_usec*1000 */
-    uint64_t mem_usage;        /* usage at the start (v1: peak is reset to it) */
-    uint64_t mem_peak;         /* max usage since the start */
+    uint64_t oom_kills;    /* memory.oom_control oom_kill / memory.events oom_kill */
+    uint64_t pids_refused; /* pids.events max */
+    uint64_t cpu_ns;       /* cpuacct.usage / cpu.stat usage_usec*1000 */
+    uint64_t mem_usage;    /* usage at the start (v1: peak is reset to it) */
+    uint64_t mem_peak;     /* max usage since the start */
     int have_cpu, have_peak;
 } sbx_cg_stats;
 
@@ -95,27 +95,27 @@ prl_status sbx_mkdirs(const char *path, mode_t mode);
 
 typedef struct sbx_slot {
     int index;
-    unsigned host_uid, host_gid;   /* ids outside (slot uid, or our own when not root) */
-    unsigned prog_uid, prog_gid;   /* ids the program has in its own view */
+    unsigned host_uid, host_gid; /* ids outside (slot uid, or our own when not root) */
+    unsigned prog_uid, prog_gid; /* ids the program has in its own view */
     atomic_int busy;
-    char root[PATH_MAX];           /* host mount point of the tmpfs root (mount namespace) */
+    char root[PATH_MAX];                /* host mount point of the tmpfs root (mount namespace) */
     char work[PATH_MAX], tmp[PATH_MAX]; /* fallback work and temp dirs (no mount namespace) */
     sbx_cgroup cg;
 } sbx_slot;
 
 struct prl_sandbox {
     prl_sandbox_caps caps;
-    unsigned layers;               /* used in every run */
+    unsigned layers; /* used in every run */
     int n_slots;
     sbx_slot *slots;
     char base_dir[PATH_MAX];
-    int own_base_dir;              /* created by init, removed by free */
+    int own_base_dir; /* created by init, removed by free */
     char python3[PATH_MAX], sh[PATH_MAX];
-    struct sock_filter *bpf;       /* seccomp program (malloc'd) */
+    struct sock_filter *bpf; /* seccomp program (malloc'd) */
     size_t bpf_len;
     int cap_last_cap;
     unsigned uid_base;
-    char cg_group[64];             /* "prl-sandbox.<pid>.<n>" */
+    char cg_group[64]; /* "prl-sandbox.<pid>.<n>" */
 };
 
 /* ---------------------------------------------------------------- the child -------- */
@@ -132,12 +132,34 @@ typedef struct sbx_report {
 
 /* Setup steps, named in sandbox_error messages. */
 typedef enum sbx_step {
-    SBX_STEP_SYNC = 1, SBX_STEP_FSID, SBX_STEP_PRIVATE, SBX_STEP_ROOT_TMPFS, SBX_STEP_ROOT_DIRS,
-    SBX_STEP_BIND_USR, SBX_STEP_ETC, SBX_STEP_DEV, SBX_STEP_WORK_TMPFS, SBX_STEP_PROGRAM,
-    SBX_STEP_PROC, SBX_STEP_PIVOT, SBX_STEP_ROOT_RO, SBX_STEP_LOOPBACK, SBX_STEP_HOSTNAME,
-    SBX_STEP_FORK, SBX_STEP_FDS, SBX_STEP_CHDIR, SBX_STEP_RLIMIT, SBX_STEP_CAPS,
-    SBX_STEP_SETID, SBX_STEP_NNP, SBX_STEP_LANDLOCK, SBX_STEP_SECCOMP, SBX_STEP_EXEC,
-    SBX_STEP_SUBREAPER, SBX_STEP_CGROUP, SBX_STEP_CHILDREN
+    SBX_STEP_SYNC = 1,
+    SBX_STEP_FSID,
+    SBX_STEP_PRIVATE,
+    SBX_STEP_ROOT_TMPFS,
+    SBX_STEP_ROOT_DIRS,
+    SBX_STEP_BIND_USR,
+    SBX_STEP_ETC,
+    SBX_STEP_DEV,
+    SBX_STEP_WORK_TMPFS,
+    SBX_STEP_PROGRAM,
+    SBX_STEP_PROC,
+    SBX_STEP_PIVOT,
+    SBX_STEP_ROOT_RO,
+    SBX_STEP_LOOPBACK,
+    SBX_STEP_HOSTNAME,
+    SBX_STEP_FORK,
+    SBX_STEP_FDS,
+    SBX_STEP_CHDIR,
+    SBX_STEP_RLIMIT,
+    SBX_STEP_CAPS,
+    SBX_STEP_SETID,
+    SBX_STEP_NNP,
+    SBX_STEP_LANDLOCK,
+    SBX_STEP_SECCOMP,
+    SBX_STEP_EXEC,
+    SBX_STEP_SUBREAPER,
+    SBX_STEP_CGROUP,
+    SBX_STEP_CHILDREN
 } sbx_step;
 const char *sbx_step_name(int step);
 
@@ -152,7 +174,7 @@ typedef struct sbx_spawn {
     int cg_fds[SBX_CG_MAX_FDS], n_cg_fds;     /* v1 "tasks" files the init joins */
     const char *program;
     size_t program_len;
-    const char *program_name;       /* "main.py" / "main.sh" */
+    const char *program_name; /* "main.py" / "main.sh" */
     const char *argv[8];
     const char *envp[12];
     char env_buf[4][PATH_MAX + 16]; /* storage for HOME=, TMPDIR=, ... */

@@ -30,21 +30,46 @@
 
 typedef struct probe_ctx {
     int is_root;
-    char dir[64];             /* scratch mount point */
-    struct sock_filter *bpf;  /* the real seccomp program, for the trial load */
+    char dir[64];            /* scratch mount point */
+    struct sock_filter *bpf; /* the real seccomp program, for the trial load */
     size_t bpf_len;
-    int step_w;               /* the child writes the index of the failing step here */
+    int step_w; /* the child writes the index of the failing step here */
 } probe_ctx;
 
 /* Steps, for the reason text. */
 static const char *const probe_steps[] = {
-    "", "unshare(CLONE_NEWUSER)", "writing the uid map", "unshare", "fork in the pid namespace",
-    "pid is not 1 in the new pid namespace", "making / private", "mounting a tmpfs",
-    "pivot_root", "mounting proc", "bringing up loopback", "no_new_privs", "loading seccomp",
-    "the seccomp filter did not deny unshare", "setrlimit",
+    "",
+    "unshare(CLONE_NEWUSER)",
+    "writing the uid map",
+    "unshare",
+    "fork in the pid namespace",
+    "pid is not 1 in the new pid namespace",
+    "making / private",
+    "mounting a tmpfs",
+    "pivot_root",
+    "mounting proc",
+    "bringing up loopback",
+    "no_new_privs",
+    "loading seccomp",
+    "the seccomp filter did not deny unshare",
+    "setrlimit",
 };
-enum { P_USERNS = 1, P_MAP, P_UNSHARE, P_FORK, P_PID1, P_PRIVATE, P_TMPFS, P_PIVOT, P_PROC,
-       P_LOOPBACK, P_NNP, P_SECCOMP, P_FILTER, P_RLIMIT };
+enum {
+    P_USERNS = 1,
+    P_MAP,
+    P_UNSHARE,
+    P_FORK,
+    P_PID1,
+    P_PRIVATE,
+    P_TMPFS,
+    P_PIVOT,
+    P_PROC,
+    P_LOOPBACK,
+    P_NNP,
+    P_SECCOMP,
+    P_FILTER,
+    P_RLIMIT
+};
 
 static int fail_at(const probe_ctx *c, int step)
 {
@@ -67,7 +92,8 @@ static int write_proc(const char *path, const char *text)
 static int enter_userns(const probe_ctx *c, char *map_line)
 {
     if (unshare(CLONE_NEWUSER) < 0) return fail_at(c, P_USERNS);
-    if (write_proc("/proc/self/setgroups", "deny") < 0 || write_proc("/proc/self/uid_map", map_line) < 0)
+    if (write_proc("/proc/self/setgroups", "deny") < 0 ||
+        write_proc("/proc/self/uid_map", map_line) < 0)
         return fail_at(c, P_MAP);
     return 0;
 }
@@ -106,23 +132,31 @@ static int in_new_pid(const probe_ctx *c, int (*then)(const probe_ctx *), char *
     return WIFEXITED(st) ? WEXITSTATUS(st) : EINTR;
 }
 
-static int check_pid(const probe_ctx *c, char *map_line) { return in_new_pid(c, NULL, map_line, 0); }
+static int check_pid(const probe_ctx *c, char *map_line)
+{
+    return in_new_pid(c, NULL, map_line, 0);
+}
 
 static int mount_proc(const probe_ctx *c)
 {
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return fail_at(c, P_PRIVATE);
-    if (mount("proc", c->dir, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2") < 0) return fail_at(c, P_PROC);
+    if (mount("proc", c->dir, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2") < 0)
+        return fail_at(c, P_PROC);
     return 0;
 }
 
-static int check_proc(const probe_ctx *c, char *map_line) { return in_new_pid(c, mount_proc, map_line, CLONE_NEWNS); }
+static int check_proc(const probe_ctx *c, char *map_line)
+{
+    return in_new_pid(c, mount_proc, map_line, CLONE_NEWNS);
+}
 
 static int check_mnt(const probe_ctx *c, char *map_line)
 {
     int e = try_unshare(c, CLONE_NEWNS, map_line);
     if (e) return e;
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return fail_at(c, P_PRIVATE);
-    if (mount("tmpfs", c->dir, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k") < 0) return fail_at(c, P_TMPFS);
+    if (mount("tmpfs", c->dir, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k") < 0)
+        return fail_at(c, P_TMPFS);
     if (chdir(c->dir) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 || umount2(".", MNT_DETACH) < 0)
         return fail_at(c, P_PIVOT);
     return 0;
@@ -135,8 +169,14 @@ static int check_net(const probe_ctx *c, char *map_line)
     return sbx_loopback_up() < 0 ? fail_at(c, P_LOOPBACK) : 0;
 }
 
-static int check_ipc(const probe_ctx *c, char *map_line) { return try_unshare(c, CLONE_NEWIPC, map_line); }
-static int check_uts(const probe_ctx *c, char *map_line) { return try_unshare(c, CLONE_NEWUTS, map_line); }
+static int check_ipc(const probe_ctx *c, char *map_line)
+{
+    return try_unshare(c, CLONE_NEWIPC, map_line);
+}
+static int check_uts(const probe_ctx *c, char *map_line)
+{
+    return try_unshare(c, CLONE_NEWUTS, map_line);
+}
 
 static int check_nnp(const probe_ctx *c, char *map_line)
 {
@@ -212,7 +252,8 @@ static void record(prl_sandbox_caps *caps, unsigned layer, int err, int step)
         return;
     }
     const char *what = step > 0 && step < (int)(sizeof probe_steps / sizeof probe_steps[0])
-                           ? probe_steps[step] : "probe";
+                           ? probe_steps[step]
+                           : "probe";
     snprintf(SBX_WHY(caps, layer), sizeof caps->why[0], "%s: %s", what, strerror(err));
 }
 
@@ -222,21 +263,24 @@ prl_status prl_sandbox_probe(prl_sandbox_caps *caps)
     probe_ctx c = {.is_root = is_root()};
     caps->is_root = c.is_root;
     snprintf(c.dir, sizeof c.dir, "/tmp/prl-probe.XXXXXX");
-    if (!mkdtemp(c.dir)) return prl_error_set(PRL_ERR_IO, "sandbox probe: mkdtemp: %s", strerror(errno));
+    if (!mkdtemp(c.dir))
+        return prl_error_set(PRL_ERR_IO, "sandbox probe: mkdtemp: %s", strerror(errno));
     prl_status built = sbx_seccomp_build(0, &c.bpf, &c.bpf_len);
     struct {
         unsigned layer;
         check_fn fn;
     } checks[] = {
-        {PRL_SANDBOX_USERNS, check_user}, {PRL_SANDBOX_PIDNS, check_pid}, {PRL_SANDBOX_NETNS, check_net},
-        {PRL_SANDBOX_MNTNS, check_mnt},   {PRL_SANDBOX_IPCNS, check_ipc}, {PRL_SANDBOX_UTSNS, check_uts},
-        {PRL_SANDBOX_PROC, check_proc},   {PRL_SANDBOX_NO_NEW_PRIVS, check_nnp},
+        {PRL_SANDBOX_USERNS, check_user},     {PRL_SANDBOX_PIDNS, check_pid},
+        {PRL_SANDBOX_NETNS, check_net},       {PRL_SANDBOX_MNTNS, check_mnt},
+        {PRL_SANDBOX_IPCNS, check_ipc},       {PRL_SANDBOX_UTSNS, check_uts},
+        {PRL_SANDBOX_PROC, check_proc},       {PRL_SANDBOX_NO_NEW_PRIVS, check_nnp},
         {PRL_SANDBOX_RLIMITS, check_rlimits}, {PRL_SANDBOX_SECCOMP, check_seccomp},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
         int step = 0, err;
         if (checks[i].layer == PRL_SANDBOX_SECCOMP && built != PRL_OK) {
-            snprintf(SBX_WHY(caps, PRL_SANDBOX_SECCOMP), sizeof caps->why[0], "%s", prl_error_message());
+            snprintf(SBX_WHY(caps, PRL_SANDBOX_SECCOMP), sizeof caps->why[0], "%s",
+                     prl_error_message());
             continue;
         }
         err = run_check(&c, checks[i].fn, &step);
@@ -246,7 +290,9 @@ prl_status prl_sandbox_probe(prl_sandbox_caps *caps)
     free(c.bpf);
     /* Derived layers. */
     if (caps->layers & PRL_SANDBOX_MNTNS) caps->layers |= PRL_SANDBOX_TMPFS;
-    else snprintf(SBX_WHY(caps, PRL_SANDBOX_TMPFS), sizeof caps->why[0], "needs the mount namespace");
+    else
+        snprintf(SBX_WHY(caps, PRL_SANDBOX_TMPFS), sizeof caps->why[0],
+                 "needs the mount namespace");
     if (caps->layers & PRL_SANDBOX_SECCOMP) caps->layers |= PRL_SANDBOX_SOCKET_FILTER;
     else snprintf(SBX_WHY(caps, PRL_SANDBOX_SOCKET_FILTER), sizeof caps->why[0], "needs seccomp");
     long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
@@ -254,9 +300,12 @@ prl_status prl_sandbox_probe(prl_sandbox_caps *caps)
         caps->landlock_abi = (int)abi;
         caps->layers |= PRL_SANDBOX_LANDLOCK;
     } else
-        snprintf(SBX_WHY(caps, PRL_SANDBOX_LANDLOCK), sizeof caps->why[0], "landlock_create_ruleset: %s", strerror(errno));
+        snprintf(SBX_WHY(caps, PRL_SANDBOX_LANDLOCK), sizeof caps->why[0],
+                 "landlock_create_ruleset: %s", strerror(errno));
     if (caps->is_root) caps->layers |= PRL_SANDBOX_SLOT_UID;
-    else snprintf(SBX_WHY(caps, PRL_SANDBOX_SLOT_UID), sizeof caps->why[0], "not root: cannot switch to other uids");
+    else
+        snprintf(SBX_WHY(caps, PRL_SANDBOX_SLOT_UID), sizeof caps->why[0],
+                 "not root: cannot switch to other uids");
     sbx_cgroup_detect(caps);
     return PRL_OK;
 }

@@ -35,7 +35,8 @@ static json_t *base64(const char *s, size_t n)
     if (!out) return NULL;
     size_t o = 0;
     for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) |
+                     (i + 2 < n ? p[i + 2] : 0);
         out[o++] = tab[v >> 18 & 63];
         out[o++] = tab[v >> 12 & 63];
         out[o++] = i + 1 < n ? tab[v >> 6 & 63] : '=';
@@ -46,7 +47,8 @@ static json_t *base64(const char *s, size_t n)
     return j;
 }
 
-static void add_stream(json_t *o, const char *name, const char *buf, size_t len, uint64_t total, int truncated)
+static void add_stream(json_t *o, const char *name, const char *buf, size_t len, uint64_t total,
+                       int truncated)
 {
     char key[32];
     int valid;
@@ -61,7 +63,10 @@ static void add_stream(json_t *o, const char *name, const char *buf, size_t len,
     }
 }
 
-static const char *cgroup_name(int version) { return version == 1 ? "v1" : version == 2 ? "v2" : "none"; }
+static const char *cgroup_name(int version)
+{
+    return version == 1 ? "v1" : version == 2 ? "v2" : "none";
+}
 
 static json_t *layers_object(unsigned layers)
 {
@@ -112,7 +117,8 @@ char *prl_sandbox_result_to_json(const prl_sandbox_result *r, int indent)
     json_object_set_new(o, "wall_seconds", json_real(r->wall_seconds));
     json_object_set_new(o, "cpu_seconds", json_real(r->cpu_seconds));
     json_object_set_new(o, "peak_memory_bytes", json_integer((json_int_t)r->peak_memory_bytes));
-    json_object_set_new(o, "peak_memory_source", json_string(r->peak_memory_from_cgroup ? "cgroup" : "rusage"));
+    json_object_set_new(o, "peak_memory_source",
+                        json_string(r->peak_memory_from_cgroup ? "cgroup" : "rusage"));
     json_object_set_new(o, "limits", limits_object(&r->limits));
     json_t *iso = layers_object(r->layers);
     json_object_set_new(iso, "cgroup", json_string(cgroup_name(r->cgroup_version)));
@@ -130,7 +136,8 @@ char *prl_sandbox_caps_to_json(const prl_sandbox_caps *caps, unsigned used, int 
     json_object_set_new(o, "used", layers_object(used));
     json_t *why = json_object();
     for (int i = 0; i < PRL_SANDBOX_N_LAYERS; i++)
-        if (caps->why[i][0]) json_object_set_new(why, prl_sandbox_layer_name(1u << i), json_string(caps->why[i]));
+        if (caps->why[i][0])
+            json_object_set_new(why, prl_sandbox_layer_name(1u << i), json_string(caps->why[i]));
     json_object_set_new(o, "missing_because", why);
     json_object_set_new(o, "is_root", json_boolean(caps->is_root));
     json_object_set_new(o, "landlock_abi", json_integer(caps->landlock_abi));

@@ -38,11 +38,13 @@ static prl_status check_request(const prl_sandbox *sb, int slot, const prl_sandb
                                 prl_sandbox_limits *lim)
 {
     if (slot < 0 || slot >= sb->n_slots)
-        return prl_error_set(PRL_ERR_ARG, "sandbox: slot %d out of range 0..%d", slot, sb->n_slots - 1);
+        return prl_error_set(PRL_ERR_ARG, "sandbox: slot %d out of range 0..%d", slot,
+                             sb->n_slots - 1);
     if (!req || !req->lang)
         return prl_error_set(PRL_ERR_ARG, "sandbox: the request has no language");
     if (strcmp(req->lang, "python3") != 0 && strcmp(req->lang, "sh") != 0)
-        return prl_error_set(PRL_ERR_ARG, "sandbox: unknown language '%.64s' (known: python3, sh)", req->lang);
+        return prl_error_set(PRL_ERR_ARG, "sandbox: unknown language '%.64s' (known: python3, sh)",
+                             req->lang);
     if (!req->program || req->program_len == 0)
         return prl_error_set(PRL_ERR_ARG, "sandbox: the program is empty");
     const char *nul = memchr(req->program, 0, req->program_len);
@@ -50,12 +52,14 @@ static prl_status check_request(const prl_sandbox *sb, int slot, const prl_sandb
         return prl_error_set(PRL_ERR_ARG, "sandbox: the program contains a NUL byte at offset %zu",
                              (size_t)(nul - req->program));
     if (!req->stdin_data && req->stdin_len)
-        return prl_error_set(PRL_ERR_ARG, "sandbox: stdin_len is %zu but stdin_data is NULL", req->stdin_len);
+        return prl_error_set(PRL_ERR_ARG, "sandbox: stdin_len is %zu but stdin_data is NULL",
+                             req->stdin_len);
     *lim = req->limits;
     prl_status rc = prl_sandbox_limits_check(lim);
     if (rc) return prl_error_wrap(rc, "sandbox: ");
     if (req->program_len > lim->disk_bytes)
-        return prl_error_set(PRL_ERR_ARG, "sandbox: the program (%zu bytes) is larger than disk_bytes (%llu)",
+        return prl_error_set(PRL_ERR_ARG,
+                             "sandbox: the program (%zu bytes) is larger than disk_bytes (%llu)",
                              req->program_len, (unsigned long long)lim->disk_bytes);
     return PRL_OK;
 }
@@ -63,7 +67,8 @@ static prl_status check_request(const prl_sandbox *sb, int slot, const prl_sandb
 /* ---------------------------------------------------------------- spawn setup ------ */
 
 static void build_spawn(const prl_sandbox *sb, const sbx_slot *s, const prl_sandbox_request *req,
-                        const prl_sandbox_limits *lim, sbx_spawn *sp, char *prog_path, size_t prog_n)
+                        const prl_sandbox_limits *lim, sbx_spawn *sp, char *prog_path,
+                        size_t prog_n)
 {
     int mnt = (sb->layers & PRL_SANDBOX_MNTNS) != 0;
     int py = !strcmp(req->lang, "python3");
@@ -88,18 +93,22 @@ static void build_spawn(const prl_sandbox *sb, const sbx_slot *s, const prl_sand
     sp->argv[a] = NULL;
     snprintf(sp->env_buf[0], sizeof sp->env_buf[0], "HOME=%s", sp->workdir);
     snprintf(sp->env_buf[1], sizeof sp->env_buf[1], "TMPDIR=%s", tmp);
-    const char *env[] = {"PATH=/usr/bin:/bin", sp->env_buf[0], sp->env_buf[1], "LANG=C.UTF-8",
-                         "USER=sandbox", "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1",
-                         "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", NULL};
+    const char *env[] = {"PATH=/usr/bin:/bin",     sp->env_buf[0],
+                         sp->env_buf[1],           "LANG=C.UTF-8",
+                         "USER=sandbox",           "PYTHONDONTWRITEBYTECODE=1",
+                         "PYTHONUNBUFFERED=1",     "OMP_NUM_THREADS=1",
+                         "OPENBLAS_NUM_THREADS=1", NULL};
     memcpy(sp->envp, env, sizeof env);
     unsigned long long disk = (unsigned long long)lim->disk_bytes;
     snprintf(sp->tmpfs_opts[0], sizeof sp->tmpfs_opts[0], "size=1m,nr_inodes=256,mode=0755");
-    snprintf(sp->tmpfs_opts[1], sizeof sp->tmpfs_opts[1], "size=%llu,nr_inodes=16384,mode=0700,uid=%u,gid=%u",
-             disk, s->prog_uid, s->prog_gid);
-    snprintf(sp->tmpfs_opts[2], sizeof sp->tmpfs_opts[2], "size=%llu,nr_inodes=16384,mode=1777", disk);
+    snprintf(sp->tmpfs_opts[1], sizeof sp->tmpfs_opts[1],
+             "size=%llu,nr_inodes=16384,mode=0700,uid=%u,gid=%u", disk, s->prog_uid, s->prog_gid);
+    snprintf(sp->tmpfs_opts[2], sizeof sp->tmpfs_opts[2], "size=%llu,nr_inodes=16384,mode=1777",
+             disk);
     snprintf(sp->tmpfs_opts[3], sizeof sp->tmpfs_opts[3], "size=64k,nr_inodes=64,mode=0755");
     snprintf(sp->passwd, sizeof sp->passwd,
-             "sandbox:x:%u:%u:sandbox:/sandbox:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+             "sandbox:x:%u:%u:sandbox:/sandbox:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/"
+             "usr/sbin/nologin\n",
              s->prog_uid, s->prog_gid);
     snprintf(sp->group, sizeof sp->group, "sandbox:x:%u:\nnogroup:x:65534:\n", s->prog_gid);
     sp->rw_dirs[0] = sp->workdir;
@@ -143,7 +152,8 @@ static void close_fd(int *fd)
 
 /* No mount namespace: a fresh host directory per run, owned by the slot, with the program
 ** written into it by the supervisor (O_EXCL | O_NOFOLLOW). */
-static prl_status hostdir_prepare(const sbx_slot *s, const prl_sandbox_request *req, const char *name)
+static prl_status hostdir_prepare(const sbx_slot *s, const prl_sandbox_request *req,
+                                  const char *name)
 {
     const char *dirs[2] = {s->work, s->tmp};
     for (int i = 0; i < 2; i++) {
@@ -157,12 +167,18 @@ static prl_status hostdir_prepare(const sbx_slot *s, const prl_sandbox_request *
             return prl_error_set(PRL_ERR_IO, "sandbox: chown %s: %s", dirs[i], strerror(errno));
     }
     int dfd = open(s->work, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    int fd = dfd < 0 ? -1 : openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    int fd = dfd < 0
+                 ? -1
+                 : openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     prl_status rc = PRL_OK;
-    if (fd < 0) rc = prl_error_set(PRL_ERR_IO, "sandbox: creating %s/%s: %s", s->work, name, strerror(errno));
+    if (fd < 0)
+        rc = prl_error_set(PRL_ERR_IO, "sandbox: creating %s/%s: %s", s->work, name,
+                           strerror(errno));
     for (size_t off = 0; rc == PRL_OK && off < req->program_len;) {
         ssize_t w = write(fd, req->program + off, req->program_len - off);
-        if (w <= 0) rc = prl_error_set(PRL_ERR_IO, "sandbox: writing %s/%s: %s", s->work, name, strerror(errno));
+        if (w <= 0)
+            rc = prl_error_set(PRL_ERR_IO, "sandbox: writing %s/%s: %s", s->work, name,
+                               strerror(errno));
         else off += (size_t)w;
     }
     if (fd >= 0) close(fd);
@@ -212,7 +228,7 @@ typedef struct run_state {
     int setup_failed, setup_step, setup_err;
     int exited, status;
     int64_t maxrss_kb;
-    int killed;             /* KILL_* */
+    int killed; /* KILL_* */
     const char *kill_stream;
     double t0, t_end, t_kill;
 } run_state;
@@ -341,7 +357,8 @@ static void supervise(run_state *r)
             if (r->out.total > r->lim.output_bytes) kill_tree(r, KILL_OUTPUT, "stdout");
             else if (r->err.total > r->lim.output_bytes) kill_tree(r, KILL_OUTPUT, "stderr");
         }
-        if (!r->killed && !r->exited && !r->setup_failed && t >= deadline) kill_tree(r, KILL_WALL, NULL);
+        if (!r->killed && !r->exited && !r->setup_failed && t >= deadline)
+            kill_tree(r, KILL_WALL, NULL);
         /* Escalations: an init that does not go within 2 s of a kill, or after the program
         ** ended, is killed; a stream still open 1 s after the init left is given up on
         ** (some process outside the tree holds it: should not happen, never wait forever). */
@@ -383,20 +400,25 @@ static void classify(const run_state *r, const sbx_cg_stats *c0, const sbx_cg_st
     size_t wn = sizeof res->reason;
     if (r->killed == KILL_WALL) {
         st = PRL_SANDBOX_STATUS_TIMEOUT;
-        snprintf(why, wn, "wall time limit of %g s reached: the process tree was killed", r->lim.wall_seconds);
+        snprintf(why, wn, "wall time limit of %g s reached: the process tree was killed",
+                 r->lim.wall_seconds);
     } else if (oom) {
         st = PRL_SANDBOX_STATUS_MEMORY_LIMIT;
         snprintf(why, wn, "memory limit of %llu MiB reached: the cgroup OOM killer fired (%s)",
-                 (unsigned long long)(r->lim.memory_bytes >> 20), sig ? sname : "the program survived it");
+                 (unsigned long long)(r->lim.memory_bytes >> 20),
+                 sig ? sname : "the program survived it");
     } else if (sig == SIGXCPU) {
         st = PRL_SANDBOX_STATUS_TIMEOUT;
         snprintf(why, wn, "CPU time limit of %g s reached (SIGXCPU)", r->lim.cpu_seconds);
     } else if (sig == SIGXFSZ || r->killed == KILL_OUTPUT) {
         st = PRL_SANDBOX_STATUS_OUTPUT_LIMIT;
-        if (sig == SIGXFSZ) snprintf(why, wn, "file size limit of %llu bytes exceeded (SIGXFSZ)",
-                                     (unsigned long long)r->lim.file_size_bytes);
-        else snprintf(why, wn, "output limit of %llu bytes passed on %s: the process tree was killed",
-                      (unsigned long long)r->lim.output_bytes, r->kill_stream);
+        if (sig == SIGXFSZ)
+            snprintf(why, wn, "file size limit of %llu bytes exceeded (SIGXFSZ)",
+                     (unsigned long long)r->lim.file_size_bytes);
+        else
+            snprintf(why, wn,
+                     "output limit of %llu bytes passed on %s: the process tree was killed",
+                     (unsigned long long)r->lim.output_bytes, r->kill_stream);
     } else if (sig == SIGSYS) {
         st = PRL_SANDBOX_STATUS_KILLED;
         snprintf(why, wn, "killed by SIGSYS: a forbidden system call or system call ABI");
@@ -445,12 +467,14 @@ static prl_status start_child(run_state *r, sbx_spawn *sp, int pipes[5][2])
             if (!files[i]) continue;
             snprintf(path, sizeof path, "/proc/%ld/%s", (long)pid, files[i]);
             if (i == 0) snprintf(map, sizeof map, "deny");
-            else snprintf(map, sizeof map, "%u %u 1\n", i == 1 ? s->prog_gid : s->prog_uid,
-                          i == 1 ? s->host_gid : s->host_uid);
+            else
+                snprintf(map, sizeof map, "%u %u 1\n", i == 1 ? s->prog_gid : s->prog_uid,
+                         i == 1 ? s->host_gid : s->host_uid);
             int fd = open(path, O_WRONLY | O_CLOEXEC);
             ssize_t w = fd >= 0 ? write(fd, map, strlen(map)) : -1;
-            if (w != (ssize_t)strlen(map)) rc = prl_error_set(PRL_ERR_IO, "sandbox: writing '%s' to %s: %s",
-                                                               map, path, strerror(errno));
+            if (w != (ssize_t)strlen(map))
+                rc = prl_error_set(PRL_ERR_IO, "sandbox: writing '%s' to %s: %s", map, path,
+                                   strerror(errno));
             if (fd >= 0) close(fd);
         }
     }
@@ -479,8 +503,14 @@ static prl_status alloc_capture(capture *c, size_t cap, int fd)
 static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_request *req,
                            const prl_sandbox_limits *lim, prl_sandbox_result *res)
 {
-    run_state r = {.sb = sb, .slot = s, .lim = *lim, .c2 = -1, .report_r = -1, .in_w = -1,
-                   .in_data = req->stdin_data, .in_len = req->stdin_len};
+    run_state r = {.sb = sb,
+                   .slot = s,
+                   .lim = *lim,
+                   .c2 = -1,
+                   .report_r = -1,
+                   .in_w = -1,
+                   .in_data = req->stdin_data,
+                   .in_len = req->stdin_len};
     r.out.fd = r.err.fd = -1;
     sbx_spawn sp;
     memset(&sp, 0, sizeof sp);
@@ -494,7 +524,8 @@ static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_reque
     prl_status rc = sbx_cgroup_prepare(&s->cg, sb->layers, lim, &c0);
     if (rc == PRL_OK && !mnt) rc = hostdir_prepare(s, req, sp.program_name);
     for (int i = 0; rc == PRL_OK && i < 5; i++)
-        if (make_pipe(pipes[i]) < 0) rc = prl_error_set(PRL_ERR_IO, "sandbox: pipe: %s", strerror(errno));
+        if (make_pipe(pipes[i]) < 0)
+            rc = prl_error_set(PRL_ERR_IO, "sandbox: pipe: %s", strerror(errno));
     if (rc == PRL_OK) rc = alloc_capture(&r.out, (size_t)lim->output_bytes, pipes[3][0]);
     if (rc == PRL_OK) rc = alloc_capture(&r.err, (size_t)lim->output_bytes, pipes[4][0]);
     if (rc == PRL_OK) {
@@ -518,8 +549,8 @@ static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_reque
         if (!r.t_end) r.t_end = prl_now();
         sbx_cgroup_stats(&s->cg, sb->layers, &c1);
         if (r.setup_failed)
-            rc = prl_error_set(PRL_ERR_IO, "sandbox setup failed at step '%s': %s", sbx_step_name(r.setup_step),
-                               strerror(r.setup_err));
+            rc = prl_error_set(PRL_ERR_IO, "sandbox setup failed at step '%s': %s",
+                               sbx_step_name(r.setup_step), strerror(r.setup_err));
     }
     /* Whatever happened, nothing of this run may outlive it. */
     if (!sbx_cgroup_empty(&s->cg)) sbx_cgroup_kill(&s->cg);
@@ -532,7 +563,8 @@ static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_reque
         res->cpu_seconds = c1.have_cpu && c0.have_cpu
                                ? (double)(c1.cpu_ns - c0.cpu_ns) * 1e-9
                                : (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
-                                     (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+                                     (double)ru.ru_stime.tv_sec +
+                                     1e-6 * (double)ru.ru_stime.tv_usec;
         if (c1.have_peak && (sb->layers & PRL_SANDBOX_CGROUP_MEMORY)) {
             res->peak_memory_bytes = c1.mem_peak > c0.mem_usage ? c1.mem_peak - c0.mem_usage : 0;
             res->peak_memory_from_cgroup = 1;
@@ -578,7 +610,8 @@ prl_status prl_sandbox_run(prl_sandbox *sb, int slot, const prl_sandbox_request 
             rc = run_slot(sb, s, req, &lim, res);
             sigset_t pending;
             struct timespec zero = {0, 0};
-            if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) && !sigismember(&old, SIGPIPE))
+            if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) &&
+                !sigismember(&old, SIGPIPE))
                 sigtimedwait(&pipe_set, NULL, &zero);
             pthread_sigmask(SIG_SETMASK, &old, NULL);
             atomic_store(&s->busy, 0);

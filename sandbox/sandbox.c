@@ -20,9 +20,9 @@
 /* ---------------------------------------------------------------- names ------------ */
 
 static const char *const layer_names[PRL_SANDBOX_N_LAYERS] = {
-    "userns", "pidns", "netns", "mntns", "ipcns", "utsns", "proc", "tmpfs", "seccomp",
-    "socket_filter", "no_new_privs", "rlimits", "landlock", "cgroup_memory", "cgroup_pids",
-    "cgroup_cpu", "cgroup_kill", "slot_uid",
+    "userns",   "pidns",         "netns",       "mntns",         "ipcns",        "utsns",
+    "proc",     "tmpfs",         "seccomp",     "socket_filter", "no_new_privs", "rlimits",
+    "landlock", "cgroup_memory", "cgroup_pids", "cgroup_cpu",    "cgroup_kill",  "slot_uid",
 };
 
 const char *prl_sandbox_layer_name(unsigned layer)
@@ -54,8 +54,14 @@ const char *prl_sandbox_status_name(prl_sandbox_status status)
 void prl_sandbox_limits_default(prl_sandbox_limits *lim)
 {
     *lim = (prl_sandbox_limits){
-        .cpu_seconds = 11, .wall_seconds = 10, .memory_bytes = GIB, .output_bytes = MIB,
-        .output_kill = 0, .processes = 64, .open_files = 64, .file_size_bytes = 16 * MIB,
+        .cpu_seconds = 11,
+        .wall_seconds = 10,
+        .memory_bytes = GIB,
+        .output_bytes = MIB,
+        .output_kill = 0,
+        .processes = 64,
+        .open_files = 64,
+        .file_size_bytes = 16 * MIB,
         .disk_bytes = 64 * MIB,
     };
 }
@@ -68,9 +74,11 @@ static const int max_processes = 4096, max_files = 65536;
 prl_status prl_sandbox_limits_check(prl_sandbox_limits *l)
 {
     if (!(l->cpu_seconds > 0) || isinf(l->cpu_seconds))
-        return prl_error_set(PRL_ERR_ARG, "limit cpu_seconds must be a positive number, got %g", l->cpu_seconds);
+        return prl_error_set(PRL_ERR_ARG, "limit cpu_seconds must be a positive number, got %g",
+                             l->cpu_seconds);
     if (!(l->wall_seconds >= 0.001) || isinf(l->wall_seconds))
-        return prl_error_set(PRL_ERR_ARG, "limit wall_seconds must be >= 0.001, got %g", l->wall_seconds);
+        return prl_error_set(PRL_ERR_ARG, "limit wall_seconds must be >= 0.001, got %g",
+                             l->wall_seconds);
     if (l->memory_bytes < 16 * MIB)
         return prl_error_set(PRL_ERR_ARG, "limit memory_bytes must be >= 16 MiB, got %llu",
                              (unsigned long long)l->memory_bytes);
@@ -82,7 +90,8 @@ prl_status prl_sandbox_limits_check(prl_sandbox_limits *l)
         return prl_error_set(PRL_ERR_ARG, "limit disk_bytes must be >= 1 MiB, got %llu",
                              (unsigned long long)l->disk_bytes);
     if (l->output_kill != 0 && l->output_kill != 1)
-        return prl_error_set(PRL_ERR_ARG, "limit output_kill must be 0 or 1, got %d", l->output_kill);
+        return prl_error_set(PRL_ERR_ARG, "limit output_kill must be 0 or 1, got %d",
+                             l->output_kill);
     if (l->cpu_seconds > max_seconds) l->cpu_seconds = max_seconds;
     if (l->wall_seconds > max_seconds) l->wall_seconds = max_seconds;
     if (l->memory_bytes > max_memory) l->memory_bytes = max_memory;
@@ -97,7 +106,9 @@ prl_status prl_sandbox_limits_check(prl_sandbox_limits *l)
 
 void prl_sandbox_options_default(prl_sandbox_options *opt)
 {
-    *opt = (prl_sandbox_options){.slots = 1, .uid_base = 10000, .python3 = "/usr/bin/python3",
+    *opt = (prl_sandbox_options){.slots = 1,
+                                 .uid_base = 10000,
+                                 .python3 = "/usr/bin/python3",
                                  .sh = "/bin/sh"};
 }
 
@@ -132,8 +143,10 @@ static prl_status slot_init(prl_sandbox *sb, sbx_slot *s, int index)
     int userns = (sb->layers & PRL_SANDBOX_USERNS) != 0;
     s->prog_uid = userns ? SBX_INNER_ID : s->host_uid;
     s->prog_gid = userns ? SBX_INNER_ID : s->host_gid;
-    if (snprintf(s->root, sizeof s->root, "%s/slot%d", sb->base_dir, index) >= (int)sizeof s->root ||
-        snprintf(s->work, sizeof s->work, "%s/slot%d.work", sb->base_dir, index) >= (int)sizeof s->work ||
+    if (snprintf(s->root, sizeof s->root, "%s/slot%d", sb->base_dir, index) >=
+            (int)sizeof s->root ||
+        snprintf(s->work, sizeof s->work, "%s/slot%d.work", sb->base_dir, index) >=
+            (int)sizeof s->work ||
         snprintf(s->tmp, sizeof s->tmp, "%s/slot%d.tmp", sb->base_dir, index) >= (int)sizeof s->tmp)
         return prl_error_set(PRL_ERR_ARG, "sandbox: base_dir is too long: %s", sb->base_dir);
     if (mkdir(s->root, 0755) != 0 && errno != EEXIST)
@@ -155,9 +168,11 @@ static prl_status make_base_dir(prl_sandbox *sb, const char *base_dir)
             rc = prl_error_set(PRL_ERR_IO, "sandbox: stat %s: %s", sb->base_dir, strerror(errno));
         /* The init of a user namespace (and slot uids) must be able to pass through it. */
         if (rc == PRL_OK && (st.st_mode & 0001) == 0)
-            rc = prl_error_set(PRL_ERR_ARG, "sandbox: base_dir %s must be searchable by others (e.g. mode 0711): "
-                                            "the sandbox's user namespace and slot uids pass through it",
-                               sb->base_dir);
+            rc =
+                prl_error_set(PRL_ERR_ARG,
+                              "sandbox: base_dir %s must be searchable by others (e.g. mode 0711): "
+                              "the sandbox's user namespace and slot uids pass through it",
+                              sb->base_dir);
         return rc;
     }
     snprintf(sb->base_dir, sizeof sb->base_dir, "/tmp/prl-sandbox.XXXXXX");
@@ -204,7 +219,9 @@ prl_status prl_sandbox_init(prl_sandbox **out, const prl_sandbox_options *opt)
     if (opt->caps) sb->caps = *opt->caps;
     else rc = prl_sandbox_probe(&sb->caps);
     sb->uid_base = opt->uid_base ? opt->uid_base : def.uid_base;
-    if (rc == PRL_OK) rc = copy_path(sb->python3, sizeof sb->python3, opt->python3 ? opt->python3 : def.python3, "python3");
+    if (rc == PRL_OK)
+        rc = copy_path(sb->python3, sizeof sb->python3, opt->python3 ? opt->python3 : def.python3,
+                       "python3");
     if (rc == PRL_OK) rc = copy_path(sb->sh, sizeof sb->sh, opt->sh ? opt->sh : def.sh, "sh");
     if (rc) {
         free(sb);
@@ -216,12 +233,14 @@ prl_status prl_sandbox_init(prl_sandbox **out, const prl_sandbox_options *opt)
     snprintf(sb->cg_group, sizeof sb->cg_group, "prl-sandbox.%ld.%d", (long)getpid(),
              atomic_fetch_add(&counter, 1));
     if (sb->layers & PRL_SANDBOX_SECCOMP)
-        rc = sbx_seccomp_build((sb->layers & PRL_SANDBOX_SOCKET_FILTER) != 0, &sb->bpf, &sb->bpf_len);
+        rc = sbx_seccomp_build((sb->layers & PRL_SANDBOX_SOCKET_FILTER) != 0, &sb->bpf,
+                               &sb->bpf_len);
     if (rc == PRL_OK) rc = make_base_dir(sb, opt->base_dir);
     if (rc == PRL_OK) {
         sbx_cgroup_sweep_stale(&sb->caps);
         sb->slots = calloc((size_t)opt->slots, sizeof *sb->slots);
-        if (!sb->slots) rc = prl_error_set(PRL_ERR_NOMEM, "sandbox: allocating %d slots", opt->slots);
+        if (!sb->slots)
+            rc = prl_error_set(PRL_ERR_NOMEM, "sandbox: allocating %d slots", opt->slots);
     }
     for (int i = 0; rc == PRL_OK && i < opt->slots; i++) {
         rc = slot_init(sb, &sb->slots[i], i);

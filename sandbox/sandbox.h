@@ -44,24 +44,24 @@
 /* Isolation layers. A probe reports the ones that work on this host; a result reports the
 ** ones that were active in that run. */
 typedef enum prl_sandbox_layer {
-    PRL_SANDBOX_USERNS = 1u << 0,        /* user namespace; the program's uid maps to the slot uid */
-    PRL_SANDBOX_PIDNS = 1u << 1,         /* pid namespace; its init's death kills the whole tree */
-    PRL_SANDBOX_NETNS = 1u << 2,         /* net namespace with a private loopback only */
-    PRL_SANDBOX_MNTNS = 1u << 3,         /* mount namespace: tmpfs root, read-only binds, pivot_root */
-    PRL_SANDBOX_IPCNS = 1u << 4,         /* ipc namespace */
-    PRL_SANDBOX_UTSNS = 1u << 5,         /* uts namespace (hostname "sandbox") */
-    PRL_SANDBOX_PROC = 1u << 6,          /* a fresh /proc of the pid namespace (hidepid=2) */
-    PRL_SANDBOX_TMPFS = 1u << 7,         /* private size-limited tmpfs work dir and temp dir */
-    PRL_SANDBOX_SECCOMP = 1u << 8,       /* seccomp deny list; other syscall ABIs are killed */
+    PRL_SANDBOX_USERNS = 1u << 0,  /* user namespace; the program's uid maps to the slot uid */
+    PRL_SANDBOX_PIDNS = 1u << 1,   /* pid namespace; its init's death kills the whole tree */
+    PRL_SANDBOX_NETNS = 1u << 2,   /* net namespace with a private loopback only */
+    PRL_SANDBOX_MNTNS = 1u << 3,   /* mount namespace: tmpfs root, read-only binds, pivot_root */
+    PRL_SANDBOX_IPCNS = 1u << 4,   /* ipc namespace */
+    PRL_SANDBOX_UTSNS = 1u << 5,   /* uts namespace (hostname "sandbox") */
+    PRL_SANDBOX_PROC = 1u << 6,    /* a fresh /proc of the pid namespace (hidepid=2) */
+    PRL_SANDBOX_TMPFS = 1u << 7,   /* private size-limited tmpfs work dir and temp dir */
+    PRL_SANDBOX_SECCOMP = 1u << 8, /* seccomp deny list; other syscall ABIs are killed */
     PRL_SANDBOX_SOCKET_FILTER = 1u << 9, /* seccomp denies inet/packet/netlink sockets (no netns) */
     PRL_SANDBOX_NO_NEW_PRIVS = 1u << 10, /* PR_SET_NO_NEW_PRIVS, capabilities dropped */
     PRL_SANDBOX_RLIMITS = 1u << 11,      /* CPU, file size, open files, core, (AS, NPROC) rlimits */
     PRL_SANDBOX_LANDLOCK = 1u << 12,     /* writes allowed only beneath the work and temp dirs */
     PRL_SANDBOX_CGROUP_MEMORY = 1u << 13, /* memory limit on the whole tree, OOM kill detected */
-    PRL_SANDBOX_CGROUP_PIDS = 1u << 14,  /* task limit on the whole tree */
-    PRL_SANDBOX_CGROUP_CPU = 1u << 15,   /* one CPU of quota per slot, CPU time of the whole tree */
-    PRL_SANDBOX_CGROUP_KILL = 1u << 16,  /* kill the slot's cgroup (v2 cgroup.kill or v1 freezer) */
-    PRL_SANDBOX_SLOT_UID = 1u << 17      /* a distinct, non-root uid per slot */
+    PRL_SANDBOX_CGROUP_PIDS = 1u << 14,   /* task limit on the whole tree */
+    PRL_SANDBOX_CGROUP_CPU = 1u << 15,  /* one CPU of quota per slot, CPU time of the whole tree */
+    PRL_SANDBOX_CGROUP_KILL = 1u << 16, /* kill the slot's cgroup (v2 cgroup.kill or v1 freezer) */
+    PRL_SANDBOX_SLOT_UID = 1u << 17     /* a distinct, non-root uid per slot */
 } prl_sandbox_layer;
 
 enum { PRL_SANDBOX_N_LAYERS = 18 };
@@ -72,15 +72,15 @@ const char *prl_sandbox_layer_name(unsigned layer);
 
 /* What this host supports. Filled by prl_sandbox_probe; plain data, copyable. */
 typedef struct prl_sandbox_caps {
-    unsigned layers;         /* PRL_SANDBOX_* bits that work here */
-    int is_root;             /* effective uid 0 with CAP_SYS_ADMIN */
-    int landlock_abi;        /* 0 = no Landlock */
-    int cgroup_version;      /* 1: v1 controllers, 2: v2 controllers, 0: none usable */
+    unsigned layers;           /* PRL_SANDBOX_* bits that work here */
+    int is_root;               /* effective uid 0 with CAP_SYS_ADMIN */
+    int landlock_abi;          /* 0 = no Landlock */
+    int cgroup_version;        /* 1: v1 controllers, 2: v2 controllers, 0: none usable */
     char cgroup_kill_kind[16]; /* "cgroup.kill", "freezer" or "" */
     /* Parent cgroup directories the slot groups are created under ("" = not usable). */
     char cg_memory[256], cg_pids[256], cg_cpu[256], cg_cpuacct[256], cg_freezer[256];
-    char cg_unified[256];    /* v2 parent (limits when cgroup_version == 2, else kill only) */
-    char cgroup_note[320];   /* why v2 controllers are not used, when there is a v2 tree */
+    char cg_unified[256];  /* v2 parent (limits when cgroup_version == 2, else kill only) */
+    char cgroup_note[320]; /* why v2 controllers are not used, when there is a v2 tree */
     char why[PRL_SANDBOX_N_LAYERS][160]; /* why a layer is missing ("" when present) */
 } prl_sandbox_caps;
 
@@ -117,16 +117,16 @@ typedef struct prl_sandbox prl_sandbox; /* opaque handle */
 /* Options of prl_sandbox_init; every string and the caps are copied, so they need to live
 ** only for the duration of the init call. */
 typedef struct prl_sandbox_options {
-    int slots;               /* concurrent slots, 1..256 (default 1) */
-    const char *base_dir;    /* host dir for per-slot mount points and fallback work dirs,
+    int slots;                    /* concurrent slots, 1..256 (default 1) */
+    const char *base_dir;         /* host dir for per-slot mount points and fallback work dirs,
                                 searchable by others (0711); NULL: a fresh mkdtemp dir under
                                 /tmp, removed by free */
     const prl_sandbox_caps *caps; /* probed layers (copied); NULL: probe now */
-    unsigned disable;        /* layers not to use even when available (tests, debugging) */
-    unsigned uid_base;       /* slot s runs as uid/gid uid_base + s (default 10000); distinct
+    unsigned disable;             /* layers not to use even when available (tests, debugging) */
+    unsigned uid_base;            /* slot s runs as uid/gid uid_base + s (default 10000); distinct
                                 sandboxes on one host need disjoint uid ranges */
-    const char *python3;     /* interpreter, must live under /usr (default /usr/bin/python3) */
-    const char *sh;          /* shell (default /bin/sh) */
+    const char *python3;          /* interpreter, must live under /usr (default /usr/bin/python3) */
+    const char *sh;               /* shell (default /bin/sh) */
 } prl_sandbox_options;
 
 void prl_sandbox_options_default(prl_sandbox_options *opt);
@@ -145,10 +145,10 @@ unsigned prl_sandbox_slot_uid(const prl_sandbox *sb, int slot);
 /* ---------------------------------------------------------------- runs ------------- */
 
 typedef struct prl_sandbox_request {
-    const char *lang;        /* "python3" or "sh" */
-    const char *program;     /* program text (borrowed; no NUL bytes), program_len bytes */
+    const char *lang;    /* "python3" or "sh" */
+    const char *program; /* program text (borrowed; no NUL bytes), program_len bytes */
     size_t program_len;
-    const char *stdin_data;  /* bytes fed to the program's stdin, then EOF (NULL: empty) */
+    const char *stdin_data; /* bytes fed to the program's stdin, then EOF (NULL: empty) */
     size_t stdin_len;
     prl_sandbox_limits limits;
 } prl_sandbox_request;
@@ -169,21 +169,21 @@ const char *prl_sandbox_status_name(prl_sandbox_status status);
 
 typedef struct prl_sandbox_result {
     prl_sandbox_status status;
-    char reason[512];        /* one line saying why (the error message for sandbox_error) */
-    int exit_code;           /* exit code, or 128 + signal when killed; -1 if never started */
-    int signal;              /* terminating signal of the program, 0 if it exited */
-    char *out, *err;         /* captured stdout/stderr, NUL-terminated, owned by the result */
-    size_t out_len, err_len; /* bytes kept (<= limits.output_bytes) */
+    char reason[512];              /* one line saying why (the error message for sandbox_error) */
+    int exit_code;                 /* exit code, or 128 + signal when killed; -1 if never started */
+    int signal;                    /* terminating signal of the program, 0 if it exited */
+    char *out, *err;               /* captured stdout/stderr, NUL-terminated, owned by the result */
+    size_t out_len, err_len;       /* bytes kept (<= limits.output_bytes) */
     uint64_t out_total, err_total; /* bytes the program wrote to each stream */
     int out_truncated, err_truncated;
-    double wall_seconds;     /* from the start of the sandbox to the program's end */
-    double cpu_seconds;      /* user + system time of the whole tree */
-    uint64_t peak_memory_bytes; /* cgroup peak above the run's start, else largest RSS */
+    double wall_seconds;         /* from the start of the sandbox to the program's end */
+    double cpu_seconds;          /* user + system time of the whole tree */
+    uint64_t peak_memory_bytes;  /* cgroup peak above the run's start, else largest RSS */
     int peak_memory_from_cgroup; /* 1: cgroup peak (whole tree), 0: largest process RSS */
-    unsigned layers;         /* PRL_SANDBOX_* layers active in this run */
-    int cgroup_version;      /* 1 or 2 when cgroup limits were active, else 0 */
+    unsigned layers;             /* PRL_SANDBOX_* layers active in this run */
+    int cgroup_version;          /* 1 or 2 when cgroup limits were active, else 0 */
     int slot;
-    unsigned uid;            /* host uid the program ran as */
+    unsigned uid;              /* host uid the program ran as */
     prl_sandbox_limits limits; /* the effective (checked, clamped) limits */
 } prl_sandbox_result;
 

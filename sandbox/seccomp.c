@@ -29,22 +29,63 @@
 /* Denied outright with EPERM. */
 static const char *const denied[] = {
     /* other processes' memory and tracing */
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "pidfd_getfd",
     /* the file system tree and namespaces */
-    "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsmount",
-    "fsconfig", "fspick", "mount_setattr", "unshare", "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "mount_setattr",
+    "unshare",
+    "setns",
     /* kernel attack surface */
-    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "keyctl", "add_key", "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "keyctl",
+    "add_key",
+    "request_key",
     /* the machine itself */
-    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
-    "swapon", "swapoff", "syslog", "acct", "settimeofday", "clock_settime", "clock_adjtime",
-    "adjtimex", "sethostname", "setdomainname", "quotactl", "lookup_dcookie",
-    "open_by_handle_at", "name_to_handle_at", "iopl", "ioperm", "vhangup",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "syslog",
+    "acct",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "sethostname",
+    "setdomainname",
+    "quotactl",
+    "lookup_dcookie",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "iopl",
+    "ioperm",
+    "vhangup",
 };
 
-static const unsigned long ns_flags[] = {CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID,
-                                         CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWCGROUP};
+static const unsigned long ns_flags[] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWNET,   CLONE_NEWPID,
+                                         CLONE_NEWIPC,  CLONE_NEWUTS, CLONE_NEWCGROUP};
 
 static prl_status add_rules(scmp_filter_ctx c, int socket_filter)
 {
@@ -52,9 +93,11 @@ static prl_status add_rules(scmp_filter_ctx c, int socket_filter)
     for (size_t i = 0; rc == 0 && i < sizeof denied / sizeof denied[0]; i++) {
         int nr = seccomp_syscall_resolve_name(denied[i]);
         if (nr == __NR_SCMP_ERROR)
-            return prl_error_set(PRL_ERR_UNSUPPORTED, "seccomp: libseccomp does not know syscall '%s'", denied[i]);
+            return prl_error_set(PRL_ERR_UNSUPPORTED,
+                                 "seccomp: libseccomp does not know syscall '%s'", denied[i]);
         rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), nr, 0);
-        if (rc) return prl_error_set(PRL_ERR_IO, "seccomp: rule for %s: %s", denied[i], strerror(-rc));
+        if (rc)
+            return prl_error_set(PRL_ERR_IO, "seccomp: rule for %s: %s", denied[i], strerror(-rc));
     }
     /* clone's flags are a register: one masked rule per namespace flag (libseccomp cannot say
     ** "masked value != 0" in one rule). clone3 keeps its flags in memory, out of BPF's reach. */
@@ -64,13 +107,16 @@ static prl_status add_rules(scmp_filter_ctx c, int socket_filter)
     if (rc == 0) rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
     /* Faking terminal input; compare the low 32 bits only: the kernel ignores the high ones,
     ** so a plain 64-bit EQ would be bypassed by setting them (CVE-2019-10063). */
-    if (rc == 0) rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
-                                       SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI));
-    if (rc == 0) rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
-                                       SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX));
+    if (rc == 0)
+        rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI));
+    if (rc == 0)
+        rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX));
     /* personality(0) (reset) is harmless; other values switch off ASLR or map page zero. */
-    if (rc == 0) rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(personality), 1,
-                                       SCMP_A0(SCMP_CMP_NE, 0));
+    if (rc == 0)
+        rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(personality), 1,
+                              SCMP_A0(SCMP_CMP_NE, 0));
     static const int families[] = {AF_INET, AF_INET6, AF_PACKET, AF_NETLINK};
     for (size_t i = 0; socket_filter && rc == 0 && i < sizeof families / sizeof families[0]; i++)
         rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(socket), 1,

@@ -3,7 +3,8 @@
 # Needs root (or sudo) the first time; safe to run again.
 set -euo pipefail
 packages=(build-essential cmake pkg-config libzmq3-dev libjansson-dev libsqlite3-dev
-          libopenblas-dev check libseccomp-dev python3-torch python3-numpy sqlite3)
+          libopenblas-dev check libseccomp-dev python3-torch python3-numpy sqlite3
+          clang-format)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,27 +29,35 @@ static prl_status for_each_chat(const char *path, line_fn fn, void *user)
     while (rc == PRL_OK && (len = getline(&line, &cap, f)) >= 0) {
         line_no++;
         size_t i = 0;
-        while (i < (size_t)len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\n' || line[i] == '\r')) i++;
+        while (i < (size_t)len &&
+               (line[i] == ' ' || line[i] == '\t' || line[i] == '\n' || line[i] == '\r'))
+            i++;
         if (i == (size_t)len) continue;
         json_error_t err;
         json_t *obj = json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &err);
         if (!obj) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s (column %d)", path,
-                               line_no, err.text, err.column);
+            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: invalid JSON: %s (column %d)", path, line_no,
+                               err.text, err.column);
             break;
         }
         json_t *msgs = json_object_get(obj, "messages");
         if (!json_is_object(obj) || !json_is_array(msgs) || json_array_size(msgs) == 0) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be an object with a "
-                               "non-empty \"messages\" array", path, line_no);
+            rc = prl_error_set(PRL_ERR_FORMAT,
+                               "%s:%d: each line must be an object with a "
+                               "non-empty \"messages\" array",
+                               path, line_no);
         } else {
             size_t k;
             json_t *msg;
-            json_array_foreach(msgs, k, msg) {
-                json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
+            json_array_foreach(msgs, k, msg)
+            {
+                json_t *role = json_object_get(msg, "role"),
+                       *content = json_object_get(msg, "content");
                 if (!json_is_string(role) || !json_is_string(content)) {
-                    rc = prl_error_set(PRL_ERR_FORMAT, "%s:%d: message %zu needs string \"role\" "
-                                       "and \"content\"", path, line_no, k);
+                    rc = prl_error_set(PRL_ERR_FORMAT,
+                                       "%s:%d: message %zu needs string \"role\" "
+                                       "and \"content\"",
+                                       path, line_no, k);
                     break;
                 }
             }
@@ -74,7 +82,8 @@ static prl_status collect_texts(void *user, const char *path, int line_no, json_
     text_list *t = user;
     size_t k;
     json_t *msg;
-    json_array_foreach(msgs, k, msg) {
+    json_array_foreach(msgs, k, msg)
+    {
         if (t->n == t->cap) {
             t->cap = t->cap ? 2 * t->cap : 256;
             char **v = realloc(t->v, t->cap * sizeof *v);
@@ -260,23 +269,30 @@ static int fill_batch(prl_batch_buf *bb, int *ex, const prl_sft_data *d, const p
     return trained;
 }
 
-prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
-                         const prl_sft_config *c, prl_sft_progress_fn progress, void *user)
+prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, const prl_sft_config *c,
+                         prl_sft_progress_fn progress, void *user)
 {
     if (c->batch < 1 || c->seq < 2 || c->steps < 0 || c->accum < 1 || c->log_every < 1 ||
         c->group < 0)
-        return prl_error_set(PRL_ERR_ARG, "sft: batch %d, seq %d, steps %d, accum %d, log_every "
-                             "%d must be positive, group %d >= 0", c->batch, c->seq, c->steps,
-                             c->accum, c->log_every, c->group);
+        return prl_error_set(PRL_ERR_ARG,
+                             "sft: batch %d, seq %d, steps %d, accum %d, log_every "
+                             "%d must be positive, group %d >= 0",
+                             c->batch, c->seq, c->steps, c->accum, c->log_every, c->group);
     int B = c->batch, T = c->seq;
     prl_batch_buf *bb = calloc((size_t)c->accum, sizeof *bb);
     int *Ts = calloc((size_t)c->accum, sizeof *Ts), *ex = malloc((size_t)B * sizeof *ex);
-    order ord = {.perm = malloc((size_t)d->n * sizeof(int)), .d = d, .n = d->n, .batch = B,
-                 .group = c->group, .epoch = -1, .seed = c->seed};
+    order ord = {.perm = malloc((size_t)d->n * sizeof(int)),
+                 .d = d,
+                 .n = d->n,
+                 .batch = B,
+                 .group = c->group,
+                 .epoch = -1,
+                 .seed = c->seed};
     if (c->group > 0) /* a window's copy, then its batch order */
         ord.tmp = malloc(((size_t)c->group * B + (size_t)c->group + 1) * sizeof(int));
-    prl_status rc = bb && Ts && ex && ord.perm && (c->group == 0 || ord.tmp) ? PRL_OK
-                  : prl_error_set(PRL_ERR_NOMEM, "sft batches");
+    prl_status rc = bb && Ts && ex && ord.perm && (c->group == 0 || ord.tmp)
+                        ? PRL_OK
+                        : prl_error_set(PRL_ERR_NOMEM, "sft batches");
     for (int a = 0; rc == PRL_OK && a < c->accum; a++) rc = prl_batch_buf_init(&bb[a], B, T);
     double t_start = prl_now();
     int64_t first = o->step, last = o->step + c->steps;
@@ -285,7 +301,8 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
         int64_t step = o->step; /* the data of a step skipped by the loss scaler is redrawn */
         double t0 = prl_now();
         int trained = 0, tokens = 0;
-        for (int a = 0; a < c->accum; a++) trained += fill_batch(&bb[a], ex, d, c, &ord, step, a, &Ts[a]);
+        for (int a = 0; a < c->accum; a++)
+            trained += fill_batch(&bb[a], ex, d, c, &ord, step, a, &Ts[a]);
         prl_model_zero_grad(m);
         prl_forward_stats sum = {0};
         for (int a = 0; rc == PRL_OK && a < c->accum; a++) {
@@ -305,7 +322,8 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
         }
         if (rc) break;
         if (!isfinite(sum.loss)) {
-            rc = prl_error_set(PRL_ERR_NUMERIC, "sft: loss is %g at step %lld", sum.loss, (long long)step);
+            rc = prl_error_set(PRL_ERR_NUMERIC, "sft: loss is %g at step %lld", sum.loss,
+                               (long long)step);
             break;
         }
         prl_optim_stats os;
@@ -313,7 +331,8 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
         if ((rc = prl_optim_step_scaled(o, m, c->scaler, &os, &skipped))) break;
         if (skipped) { /* 64 back-offs in a row: no fp16 overflow any more, but NaN or inf */
             if (++skips_in_a_row == 64)
-                rc = prl_error_set(PRL_ERR_NUMERIC, "sft: 64 loss-scale overflows in a row at step "
+                rc = prl_error_set(PRL_ERR_NUMERIC,
+                                   "sft: 64 loss-scale overflows in a row at step "
                                    "%lld (scale %g): the gradients are not finite at any scale",
                                    (long long)step, c->scaler->scale);
             continue;
@@ -324,11 +343,17 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
         int done = (int)(step + 1 - first);
         if (progress && (done % c->log_every == 0 || step + 1 == last)) {
             prl_sft_progress p = {
-                .step = (int)(step + 1), .steps = (int)(c->run_last > last ? c->run_last : last),
-                .loss = sum.lm_loss, .balance_loss = sum.balance_loss / c->accum,
-                .z_loss = sum.z_loss / c->accum, .mtp_loss = sum.mtp_loss,
-                .index_loss = sum.index_loss / c->accum, .lr = os.lr, .grad_norm = os.grad_norm,
-                .tokens_per_s = tokens / (t1 - t0), .elapsed_s = t1 - t_start,
+                .step = (int)(step + 1),
+                .steps = (int)(c->run_last > last ? c->run_last : last),
+                .loss = sum.lm_loss,
+                .balance_loss = sum.balance_loss / c->accum,
+                .z_loss = sum.z_loss / c->accum,
+                .mtp_loss = sum.mtp_loss,
+                .index_loss = sum.index_loss / c->accum,
+                .lr = os.lr,
+                .grad_norm = os.grad_norm,
+                .tokens_per_s = tokens / (t1 - t0),
+                .elapsed_s = t1 - t_start,
                 .loss_scale = c->scaler ? c->scaler->scale : 0,
                 .skipped = c->scaler ? c->scaler->skipped : 0,
             };

@@ -14,16 +14,16 @@
 #include "engine/engine.h"
 
 typedef struct prl_sft_example {
-    int32_t *ids;   /* owned */
-    uint8_t *mask;  /* owned; 1 where the token is trained on */
-    int n;          /* tokens (after truncation) */
+    int32_t *ids;  /* owned */
+    uint8_t *mask; /* owned; 1 where the token is trained on */
+    int n;         /* tokens (after truncation) */
 } prl_sft_example;
 
 typedef struct prl_sft_data {
     prl_sft_example *ex; /* owned */
     int n;
     size_t n_tokens, n_loss_tokens;
-    int n_truncated;     /* examples cut to max_len */
+    int n_truncated; /* examples cut to max_len */
 } prl_sft_data;
 
 /* All message contents of a chat JSONL file, for training a tokenizer (caller frees each
@@ -38,34 +38,34 @@ prl_status prl_sft_data_load(prl_sft_data *d, const char *path, const prl_tokeni
 void prl_sft_data_free(prl_sft_data *d);
 
 typedef struct prl_sft_config {
-    int batch;       /* sequences per micro-batch */
-    int seq;         /* positions per sequence at most (longer examples were truncated at load) */
-    int steps;       /* optimizer steps */
-    int accum;       /* micro-batches per step (gradient accumulation) */
-    uint64_t seed;   /* data order */
-    int log_every;   /* progress callback period in steps (>= 1) */
-    int group;       /* 0: every micro-batch is seq wide. G >= 1: each epoch's shuffled order
+    int batch;     /* sequences per micro-batch */
+    int seq;       /* positions per sequence at most (longer examples were truncated at load) */
+    int steps;     /* optimizer steps */
+    int accum;     /* micro-batches per step (gradient accumulation) */
+    uint64_t seed; /* data order */
+    int log_every; /* progress callback period in steps (>= 1) */
+    int group;     /* 0: every micro-batch is seq wide. G >= 1: each epoch's shuffled order
                      ** is cut into windows of G*batch examples, each window sorted by length
                      ** and its batches shuffled, and a micro-batch is only as wide as its
                      ** longest example (rounded up to 8): fewer padding positions computed */
     prl_loss_scaler *scaler; /* borrowed dynamic loss scaler (fp16 training), or NULL: each
                      ** step backpropagates scale × the loss and is skipped on an overflow
                      ** (rl.md §4.3 order; prl_optim_step_scaled) */
-    int64_t run_last; /* the progress line's "of N" when this call is one chunk of a longer
+    int64_t run_last;        /* the progress line's "of N" when this call is one chunk of a longer
                      ** run (checkpoint saves, DSA stages); 0: this call's last step */
 } prl_sft_config;
 
 typedef struct prl_sft_progress {
     int step, steps;
-    double loss;           /* token-mean cross-entropy of this step (the LM loss) */
+    double loss; /* token-mean cross-entropy of this step (the LM loss) */
     double balance_loss, z_loss;
-    double mtp_loss;       /* λ/D·Σ_k of the MTP modules' token-mean cross-entropies (0 = none) */
-    double index_loss;     /* DSA indexer KL (docs/model.md; 0 without DSA layers) */
+    double mtp_loss;   /* λ/D·Σ_k of the MTP modules' token-mean cross-entropies (0 = none) */
+    double index_loss; /* DSA indexer KL (docs/model.md; 0 without DSA layers) */
     double lr, grad_norm;
-    double tokens_per_s;   /* trained + context tokens per second, this step */
+    double tokens_per_s; /* trained + context tokens per second, this step */
     double elapsed_s, eta_s;
-    double loss_scale;     /* with a scaler: the scale after this step (else 0) */
-    long skipped;          /* with a scaler: steps skipped for an overflow so far */
+    double loss_scale; /* with a scaler: the scale after this step (else 0) */
+    long skipped;      /* with a scaler: steps skipped for an overflow so far */
 } prl_sft_progress;
 
 typedef void (*prl_sft_progress_fn)(void *user, const prl_sft_progress *p);
@@ -75,7 +75,7 @@ typedef void (*prl_sft_progress_fn)(void *user, const prl_sft_progress *p);
 ** the same data, as o->step does not advance). The model computes in its own precision
 ** (prl_model_set_precision). Calls `progress` every log_every steps and after
 ** the last. */
-prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d,
-                         const prl_sft_config *c, prl_sft_progress_fn progress, void *user);
+prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, const prl_sft_config *c,
+                         prl_sft_progress_fn progress, void *user);
 
 #endif /* PRL_SFT_H */

@@ -75,10 +75,8 @@ prl_status store_tx_end(prl_store *db, prl_status rc)
     prl_status end;
     if (db->tx_depth == 0)
         end = store_exec(db, rc == PRL_OK ? "COMMIT" : "ROLLBACK", "ending a transaction");
-    else if (rc == PRL_OK)
-        end = store_exec(db, "RELEASE prl_op", "releasing a savepoint");
-    else
-        end = store_exec(db, "ROLLBACK TO prl_op; RELEASE prl_op", "rolling back a savepoint");
+    else if (rc == PRL_OK) end = store_exec(db, "RELEASE prl_op", "releasing a savepoint");
+    else end = store_exec(db, "ROLLBACK TO prl_op; RELEASE prl_op", "rolling back a savepoint");
     if (rc != PRL_OK) return prl_error_set(rc, "%s", saved);
     /* a failed COMMIT leaves the transaction open: undo it so the handle stays usable */
     if (end != PRL_OK && db->tx_depth == 0 && !sqlite3_get_autocommit(db->db))
@@ -129,8 +127,7 @@ prl_status prl_store_commit(prl_store *db)
 }
 prl_status prl_store_rollback(prl_store *db)
 {
-    if (db->tx_depth == 0)
-        return prl_error_set(PRL_ERR_ARG, "prl_store_rollback: no open batch");
+    if (db->tx_depth == 0) return prl_error_set(PRL_ERR_ARG, "prl_store_rollback: no open batch");
     prl_error_set(PRL_ERR_ARG, "batch rolled back");
     store_tx_end(db, PRL_ERR_ARG);
     return PRL_OK;

@@ -34,10 +34,11 @@ static void prompt_bind(sqlite3_stmt *st, const void *arg)
 static prl_status prompt_insert(prl_store *db, const prl_store_prompt *p)
 {
     int same;
-    prl_status rc = store_insert_or_compare(db, SQL_PROMPT_INSERT, SQL_PROMPT_SAME, prompt_bind,
-                                            p, &same, "inserting a prompt");
+    prl_status rc = store_insert_or_compare(db, SQL_PROMPT_INSERT, SQL_PROMPT_SAME, prompt_bind, p,
+                                            &same, "inserting a prompt");
     if (rc == PRL_OK && !same)
-        return prl_error_set(PRL_ERR_ARG, "prompt '%s' of run %lld is already stored with a "
+        return prl_error_set(PRL_ERR_ARG,
+                             "prompt '%s' of run %lld is already stored with a "
                              "different domain, split, task or difficulty",
                              p->prompt_id, (long long)p->run);
     return rc;
@@ -66,7 +67,8 @@ static prl_status prompt_from_row(sqlite3_stmt *st, prl_store_prompt *out)
     out->last_epoch = sqlite3_column_int64(st, 7);
     out->retired = sqlite3_column_int(st, 8);
     out->unsolved_bits = (uint64_t)sqlite3_column_int64(st, 9);
-    out->teacher_kl = sqlite3_column_type(st, 10) == SQLITE_NULL ? -1 : sqlite3_column_double(st, 10);
+    out->teacher_kl =
+        sqlite3_column_type(st, 10) == SQLITE_NULL ? -1 : sqlite3_column_double(st, 10);
     prl_status rc = store_column_text(st, 1, &out->prompt_id);
     if (rc == PRL_OK) rc = store_column_text(st, 2, &out->domain);
     if (rc == PRL_OK) rc = store_column_text(st, 3, &out->split);
@@ -86,10 +88,8 @@ prl_status prl_store_prompt_get(prl_store *db, int64_t run, const char *prompt_i
     int r = sqlite3_step(st);
     if (r == SQLITE_ROW) rc = prompt_from_row(st, out);
     else if (r == SQLITE_DONE)
-        rc = prl_error_set(PRL_ERR_RANGE, "no prompt '%s' in run %lld", prompt_id,
-                           (long long)run);
-    else
-        rc = store_sqlite_error(db, "reading a prompt");
+        rc = prl_error_set(PRL_ERR_RANGE, "no prompt '%s' in run %lld", prompt_id, (long long)run);
+    else rc = store_sqlite_error(db, "reading a prompt");
     sqlite3_reset(st);
     if (rc != PRL_OK) prl_store_prompt_free(out);
     return rc;
@@ -116,21 +116,24 @@ static const char SQL_PROMPT_HISTORY[] =
     "UPDATE prompts SET solved_bits = ?3, last_epoch = ?4, unsolved_bits = ?5 "
     "WHERE run = ?1 AND prompt_id = ?2";
 
-static prl_status prompt_record(prl_store *db, int64_t run, const char *prompt_id,
-                                int64_t epoch, prl_store_outcome outcome)
+static prl_status prompt_record(prl_store *db, int64_t run, const char *prompt_id, int64_t epoch,
+                                prl_store_outcome outcome)
 {
     prl_store_prompt p;
     prl_status rc = prl_store_prompt_get(db, run, prompt_id, &p);
     if (rc != PRL_OK) return rc;
     if (epoch < p.last_epoch) { /* before shifting: a negative shift count is undefined */
-        rc = prl_error_set(PRL_ERR_RANGE, "prompt '%s': epoch %lld is before the last recorded "
-                           "epoch %lld", prompt_id, (long long)epoch, (long long)p.last_epoch);
+        rc = prl_error_set(PRL_ERR_RANGE,
+                           "prompt '%s': epoch %lld is before the last recorded "
+                           "epoch %lld",
+                           prompt_id, (long long)epoch, (long long)p.last_epoch);
         prl_store_prompt_free(&p);
         return rc;
     }
-    uint64_t solved = register_advance(p.solved_bits, p.last_epoch, epoch, outcome == PRL_STORE_SOLVED);
-    uint64_t unsolved = register_advance(p.unsolved_bits, p.last_epoch, epoch,
-                                         outcome == PRL_STORE_UNSOLVED);
+    uint64_t solved =
+        register_advance(p.solved_bits, p.last_epoch, epoch, outcome == PRL_STORE_SOLVED);
+    uint64_t unsolved =
+        register_advance(p.unsolved_bits, p.last_epoch, epoch, outcome == PRL_STORE_UNSOLVED);
     prl_store_prompt_free(&p);
     sqlite3_stmt *st;
     if (rc == PRL_OK) rc = store_stmt(db, SQL_PROMPT_HISTORY, &st);
@@ -143,14 +146,17 @@ static prl_status prompt_record(prl_store *db, int64_t run, const char *prompt_i
     return store_step_done(db, st, "recording a prompt's epoch");
 }
 
-prl_status prl_store_prompt_record(prl_store *db, int64_t run, const char *prompt_id,
-                                   int64_t epoch, prl_store_outcome outcome)
+prl_status prl_store_prompt_record(prl_store *db, int64_t run, const char *prompt_id, int64_t epoch,
+                                   prl_store_outcome outcome)
 {
-    if (epoch < 0) return prl_error_set(PRL_ERR_ARG, "prompt '%s': epoch %lld < 0", prompt_id,
-                                        (long long)epoch);
+    if (epoch < 0)
+        return prl_error_set(PRL_ERR_ARG, "prompt '%s': epoch %lld < 0", prompt_id,
+                             (long long)epoch);
     if (outcome != PRL_STORE_MIXED && outcome != PRL_STORE_SOLVED && outcome != PRL_STORE_UNSOLVED)
-        return prl_error_set(PRL_ERR_ARG, "prompt '%s': outcome %d is not one of mixed (0), "
-                             "solved (1), unsolved (2)", prompt_id, (int)outcome);
+        return prl_error_set(PRL_ERR_ARG,
+                             "prompt '%s': outcome %d is not one of mixed (0), "
+                             "solved (1), unsolved (2)",
+                             prompt_id, (int)outcome);
     prl_status rc = store_tx_begin(db);
     if (rc != PRL_OK) return rc;
     return store_tx_end(db, prompt_record(db, run, prompt_id, epoch, outcome));
@@ -166,16 +172,15 @@ static const char SQL_PROMPT_RETIRE_UNSOLVED[] =
 prl_status prl_store_prompts_retire(prl_store *db, int64_t run, int64_t epoch, int n,
                                     prl_store_outcome which, int64_t *retired)
 {
-    if (n < 1 || n > 63)
-        return prl_error_set(PRL_ERR_ARG, "retire: n = %d outside [1, 63]", n);
+    if (n < 1 || n > 63) return prl_error_set(PRL_ERR_ARG, "retire: n = %d outside [1, 63]", n);
     if (which != PRL_STORE_SOLVED && which != PRL_STORE_UNSOLVED)
         return prl_error_set(PRL_ERR_ARG, "retire: outcome %d is not solved (1) or unsolved (2)",
                              (int)which);
     sqlite3_stmt *st;
     prl_status rc = store_tx_begin(db);
     if (rc != PRL_OK) return rc;
-    rc = store_stmt(db, which == PRL_STORE_SOLVED ? SQL_PROMPT_RETIRE_SOLVED
-                                                  : SQL_PROMPT_RETIRE_UNSOLVED, &st);
+    rc = store_stmt(
+        db, which == PRL_STORE_SOLVED ? SQL_PROMPT_RETIRE_SOLVED : SQL_PROMPT_RETIRE_UNSOLVED, &st);
     if (rc == PRL_OK) {
         sqlite3_bind_int64(st, 1, run);
         sqlite3_bind_int64(st, 2, epoch);

@@ -11,8 +11,8 @@
 static const char SQL_RUN_INSERT[] =
     "INSERT INTO runs (name, config, seed, created, status) VALUES (?1, ?2, ?3, ?4, 'running')";
 
-static prl_status run_insert(prl_store *db, const char *name, const char *config,
-                             uint64_t seed, int64_t *id)
+static prl_status run_insert(prl_store *db, const char *name, const char *config, uint64_t seed,
+                             int64_t *id)
 {
     sqlite3_stmt *st;
     prl_status rc = store_stmt(db, SQL_RUN_INSERT, &st);
@@ -118,8 +118,8 @@ static void version_bind(sqlite3_stmt *st, const void *arg)
 static prl_status version_insert(prl_store *db, const prl_store_version *v)
 {
     int same;
-    prl_status rc = store_insert_or_compare(db, SQL_VERSION_INSERT, SQL_VERSION_SAME,
-                                            version_bind, v, &same, "adding a version");
+    prl_status rc = store_insert_or_compare(db, SQL_VERSION_INSERT, SQL_VERSION_SAME, version_bind,
+                                            v, &same, "adding a version");
     if (rc == PRL_OK && !same)
         return prl_error_set(PRL_ERR_ARG,
                              "version %lld of run %lld is already stored with a different "
@@ -234,7 +234,8 @@ prl_status prl_store_step_metrics(prl_store *db, int64_t run, int64_t step, char
     sqlite3_bind_int64(st, 2, step);
     int r = sqlite3_step(st);
     if (r == SQLITE_DONE) {
-        rc = prl_error_set(PRL_ERR_RANGE, "run %lld has no step %lld", (long long)run, (long long)step);
+        rc = prl_error_set(PRL_ERR_RANGE, "run %lld has no step %lld", (long long)run,
+                           (long long)step);
     } else if (r != SQLITE_ROW) {
         rc = store_sqlite_error(db, "reading a step's metrics");
     } else {

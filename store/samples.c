@@ -28,8 +28,8 @@ static int status_parse(const char *name)
 }
 
 /* "sample (run R, step S, prompt 'P', sample I)" into buf */
-static const char *sample_key(char *buf, size_t n, int64_t run, int64_t step,
-                              const char *prompt_id, int index)
+static const char *sample_key(char *buf, size_t n, int64_t run, int64_t step, const char *prompt_id,
+                              int index)
 {
     snprintf(buf, n, "sample (run %lld, step %lld, prompt '%s', sample %d)", (long long)run,
              (long long)step, prompt_id ? prompt_id : "(null)", index);
@@ -57,8 +57,8 @@ static prl_status sample_check(const prl_store_sample *s)
     if (s->n_tokens < 1 || s->n_tokens > STORE_MAX_TOKENS || !s->tokens)
         return prl_error_set(PRL_ERR_ARG, "n_tokens %d (or tokens NULL)", s->n_tokens);
     if (s->prompt_len < 0 || s->prompt_len > s->n_tokens)
-        return prl_error_set(PRL_ERR_ARG, "prompt_len %d outside [0, n_tokens %d]",
-                             s->prompt_len, s->n_tokens);
+        return prl_error_set(PRL_ERR_ARG, "prompt_len %d outside [0, n_tokens %d]", s->prompt_len,
+                             s->n_tokens);
     if (s->n_tokens > s->prompt_len && !s->logprobs)
         return prl_error_set(PRL_ERR_ARG, "logprobs NULL for %d response tokens",
                              s->n_tokens - s->prompt_len);
@@ -69,8 +69,7 @@ static prl_status sample_check(const prl_store_sample *s)
                              s->routes ? "given" : "NULL");
     for (int i = 0; s->loss_mask && i < s->n_tokens - s->prompt_len; i++)
         if (s->loss_mask[i] > 1)
-            return prl_error_set(PRL_ERR_ARG, "loss_mask[%d] = %d, not 0 or 1", i,
-                                 s->loss_mask[i]);
+            return prl_error_set(PRL_ERR_ARG, "loss_mask[%d] = %d, not 0 or 1", i, s->loss_mask[i]);
     if (!isfinite(s->reward)) return prl_error_set(PRL_ERR_NUMERIC, "reward is not finite");
     if (!s->worker) return prl_error_set(PRL_ERR_ARG, "worker is NULL");
     if (status_parse(prl_store_sample_status_name(s->status)) < 0)
@@ -83,10 +82,10 @@ static prl_status sample_check(const prl_store_sample *s)
 /* ---------------------------------------------------------------- reading ---------- */
 
 /* The columns sample_from_row reads, in its order. */
-#define SAMPLE_SELECT                                                                       \
-    "SELECT run, step, prompt_id, sample_index, tokens, n_tokens, prompt_len, logprobs, "   \
-    "routes, route_tokens, route_moe, route_k, route_width, loss_mask, version, worker, "  \
-    "reward, reward_detail, flags, stop, gen_seconds, reward_seconds, status, created "     \
+#define SAMPLE_SELECT                                                                              \
+    "SELECT run, step, prompt_id, sample_index, tokens, n_tokens, prompt_len, logprobs, "          \
+    "routes, route_tokens, route_moe, route_k, route_width, loss_mask, version, worker, "          \
+    "reward, reward_detail, flags, stop, gen_seconds, reward_seconds, status, created "            \
     "FROM samples "
 
 /* A BLOB column into a malloc'd copy; NULL (or a non-BLOB) is allowed only if `optional`. */
@@ -142,17 +141,17 @@ static prl_status decode_routes_mask(sqlite3_stmt *st, prl_store_sample *s)
     s->routes = raw;
     if (rc != PRL_OK) return rc;
     if ((long long)bytes != want)
-        return prl_error_set(PRL_ERR_FORMAT, "routes: %zu bytes, shape [%d][%d][%d] x %d needs %lld",
-                             bytes, s->route_tokens, s->route_moe, s->route_k, s->route_width,
-                             want);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "routes: %zu bytes, shape [%d][%d][%d] x %d needs %lld", bytes,
+                             s->route_tokens, s->route_moe, s->route_k, s->route_width, want);
     if (want == 0) free(raw), s->routes = NULL;
     rc = column_bytes(st, 13, "loss_mask", 1, &raw, &bytes);
     s->loss_mask = raw;
     if (rc != PRL_OK || !raw) return rc;
     size_t n_resp = (size_t)(s->n_tokens - s->prompt_len);
     if (bytes != n_resp)
-        return prl_error_set(PRL_ERR_FORMAT, "loss_mask: %zu bytes for %zu response tokens",
-                             bytes, n_resp);
+        return prl_error_set(PRL_ERR_FORMAT, "loss_mask: %zu bytes for %zu response tokens", bytes,
+                             n_resp);
     for (size_t i = 0; i < bytes; i++)
         if (raw[i] > 1)
             return prl_error_set(PRL_ERR_FORMAT, "loss_mask[%zu] = %d, not 0 or 1", i, raw[i]);
@@ -228,8 +227,7 @@ void prl_store_samples_free(prl_store_sample *a, size_t n)
 }
 
 static const char SQL_SAMPLE_GET[] =
-    SAMPLE_SELECT
-    "WHERE run = ?1 AND step = ?2 AND prompt_id = ?3 AND sample_index = ?4";
+    SAMPLE_SELECT "WHERE run = ?1 AND step = ?2 AND prompt_id = ?3 AND sample_index = ?4";
 
 prl_status prl_store_sample_get(prl_store *db, int64_t run, int64_t step, const char *prompt_id,
                                 int sample_index, prl_store_sample *out)
@@ -248,8 +246,7 @@ prl_status prl_store_sample_get(prl_store *db, int64_t run, int64_t step, const 
     else if (r == SQLITE_DONE)
         rc = prl_error_set(PRL_ERR_RANGE, "%s is not stored",
                            sample_key(key, sizeof key, run, step, prompt_id, sample_index));
-    else
-        rc = store_sqlite_error(db, "reading a sample");
+    else rc = store_sqlite_error(db, "reading a sample");
     sqlite3_reset(st);
     return rc;
 }
@@ -345,16 +342,14 @@ static const char *sample_diff(const prl_store_sample *old, const prl_store_samp
 static prl_status sample_compare_stored(prl_store *db, const prl_store_sample *s, int *already)
 {
     prl_store_sample old;
-    prl_status rc =
-        prl_store_sample_get(db, s->run, s->step, s->prompt_id, s->sample_index, &old);
+    prl_status rc = prl_store_sample_get(db, s->run, s->step, s->prompt_id, s->sample_index, &old);
     if (rc != PRL_OK) return rc;
     const char *field = sample_diff(&old, s);
     prl_store_sample_free(&old);
     char key[256];
     sample_key(key, sizeof key, s->run, s->step, s->prompt_id, s->sample_index);
     if (field)
-        return prl_error_set(PRL_ERR_ARG, "%s is already stored with a different %s", key,
-                             field);
+        return prl_error_set(PRL_ERR_ARG, "%s is already stored with a different %s", key, field);
     *already = 1;
     return PRL_OK;
 }
@@ -387,9 +382,9 @@ prl_status prl_store_sample_put(prl_store *db, const prl_store_sample *s, int *a
     prl_status rc = sample_check(s);
     if (rc != PRL_OK) {
         char key[256];
-        return prl_error_wrap(rc, "%s: ",
-                              sample_key(key, sizeof key, s->run, s->step, s->prompt_id,
-                                         s->sample_index));
+        return prl_error_wrap(
+            rc,
+            "%s: ", sample_key(key, sizeof key, s->run, s->step, s->prompt_id, s->sample_index));
     }
     rc = store_tx_begin(db);
     if (rc != PRL_OK) return rc;
@@ -429,9 +424,8 @@ prl_status prl_store_sample_set_status(prl_store *db, int64_t run, int64_t step,
 /* ---------------------------------------------------------------- queries ---------- */
 
 static const char SQL_SAMPLES_STEP[] =
-    SAMPLE_SELECT
-    "WHERE run = ?1 AND step = ?2 AND (?3 IS NULL OR status = ?3) "
-    "ORDER BY prompt_id, sample_index";
+    SAMPLE_SELECT "WHERE run = ?1 AND step = ?2 AND (?3 IS NULL OR status = ?3) "
+                  "ORDER BY prompt_id, sample_index";
 
 /* Bind a status filter: -1 → NULL (any). */
 static prl_status bind_status(sqlite3_stmt *st, int i, int status)
@@ -471,7 +465,8 @@ prl_status prl_store_samples_for_step(prl_store *db, int64_t run, int64_t step, 
     prl_store_sample *a = NULL;
     size_t n = 0, cap = 0;
     int r;
-    while (rc == PRL_OK && (r = sqlite3_step(st)) == SQLITE_ROW) rc = samples_append(st, &a, &n, &cap);
+    while (rc == PRL_OK && (r = sqlite3_step(st)) == SQLITE_ROW)
+        rc = samples_append(st, &a, &n, &cap);
     if (rc == PRL_OK && r != SQLITE_DONE) rc = store_sqlite_error(db, "reading a step's samples");
     sqlite3_reset(st);
     if (rc != PRL_OK) {

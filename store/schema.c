@@ -145,8 +145,7 @@ prl_status store_migrate(sqlite3 *db, const char *path, int target)
                              "%s: schema version %d is newer than this prl's version %d; use "
                              "a newer prl to open it",
                              path, v, PRL_STORE_SCHEMA_VERSION);
-    if (v < 0)
-        return prl_error_set(PRL_ERR_FORMAT, "%s: schema version %d is negative", path, v);
+    if (v < 0) return prl_error_set(PRL_ERR_FORMAT, "%s: schema version %d is negative", path, v);
     while (v < target) {
         prl_status rc = migrate_one(db, path, v, &v);
         if (rc != PRL_OK) return rc;

@@ -53,12 +53,12 @@ prl_status prl_store_check(prl_store *db);
 /* ---------------------------------------------------------------- runs ------------- */
 
 typedef struct prl_store_run {
-    int64_t id;          /* row id; the `run` of every other table */
-    const char *name;    /* unique */
-    const char *config;  /* JSON object: the job config */
+    int64_t id;         /* row id; the `run` of every other table */
+    const char *name;   /* unique */
+    const char *config; /* JSON object: the job config */
     uint64_t seed;
-    double created;      /* unix seconds */
-    const char *status;  /* "running", "done", "failed", ... (free text) */
+    double created;     /* unix seconds */
+    const char *status; /* "running", "done", "failed", ... (free text) */
 } prl_store_run;
 
 /* Create a run (status "running"); *id gets its row id. An existing name is PRL_ERR_ARG. */
@@ -73,9 +73,9 @@ void prl_store_run_free(prl_store_run *r);
 
 typedef struct prl_store_version {
     int64_t run, version;
-    const char *path;      /* checkpoint directory */
-    const char *checksum;  /* as announced by the trainer */
-    int64_t step;          /* the step whose update produced it (version 0: -1) */
+    const char *path;     /* checkpoint directory */
+    const char *checksum; /* as announced by the trainer */
+    int64_t step;         /* the step whose update produced it (version 0: -1) */
     double created;
 } prl_store_version;
 
@@ -90,10 +90,10 @@ void prl_store_version_free(prl_store_version *v);
 
 typedef struct prl_store_prompt {
     int64_t run;
-    const char *prompt_id;  /* the task's "id" */
-    const char *domain;     /* "reasoning", "general", "agent", "coding" */
-    const char *split;      /* "train", "eval" */
-    const char *task;       /* JSON object: the task line */
+    const char *prompt_id; /* the task's "id" */
+    const char *domain;    /* "reasoning", "general", "agent", "coding" */
+    const char *split;     /* "train", "eval" */
+    const char *task;      /* JSON object: the task line */
     int difficulty;
     /* history (read only; written by prl_store_prompt_record) */
     uint64_t solved_bits;   /* bit i: every sample solved it in epoch last_epoch - i */
@@ -106,9 +106,9 @@ typedef struct prl_store_prompt {
 
 /* A prompt's group in one epoch. */
 typedef enum prl_store_outcome {
-    PRL_STORE_MIXED = 0,    /* some samples solved it, or scored in between */
-    PRL_STORE_SOLVED = 1,   /* every sample solved it (reward >= 1) */
-    PRL_STORE_UNSOLVED = 2  /* no sample scored above 0 */
+    PRL_STORE_MIXED = 0,   /* some samples solved it, or scored in between */
+    PRL_STORE_SOLVED = 1,  /* every sample solved it (reward >= 1) */
+    PRL_STORE_UNSOLVED = 2 /* no sample scored above 0 */
 } prl_store_outcome;
 
 /* Insert a prompt. Idempotent: identical domain/split/task/difficulty is a no-op; different
@@ -121,8 +121,8 @@ void prl_store_prompt_free(prl_store_prompt *p);
 /* Record a prompt's outcome in `epoch` (>= 0). Epochs move forward: a skipped epoch counts as
 ** neither solved nor unsolved; re-recording the last epoch overwrites it; an older epoch is
 ** PRL_ERR_RANGE. The history keeps the last 64 epochs. */
-prl_status prl_store_prompt_record(prl_store *db, int64_t run, const char *prompt_id,
-                                   int64_t epoch, prl_store_outcome outcome);
+prl_status prl_store_prompt_record(prl_store *db, int64_t run, const char *prompt_id, int64_t epoch,
+                                   prl_store_outcome outcome);
 /* Retire every active prompt of the run whose outcome was `which` (PRL_STORE_SOLVED or
 ** PRL_STORE_UNSOLVED) in each of the last n epochs ending at `epoch` (1 <= n <= 63);
 ** *retired (may be NULL) gets how many were retired now. */
@@ -139,9 +139,9 @@ prl_status prl_store_prompt_count_active(prl_store *db, int64_t run, const char 
 /* ---------------------------------------------------------------- samples ---------- */
 
 typedef enum prl_store_sample_status {
-    PRL_STORE_SAMPLE_OK = 0,      /* used for training */
-    PRL_STORE_SAMPLE_STALE = 1,   /* async mode: version lag above the bound; not trained */
-    PRL_STORE_SAMPLE_DROPPED = 2  /* dropped for another reason (filtered group, bad result) */
+    PRL_STORE_SAMPLE_OK = 0,     /* used for training */
+    PRL_STORE_SAMPLE_STALE = 1,  /* async mode: version lag above the bound; not trained */
+    PRL_STORE_SAMPLE_DROPPED = 2 /* dropped for another reason (filtered group, bad result) */
 } prl_store_sample_status;
 const char *prl_store_sample_status_name(prl_store_sample_status s);
 
@@ -162,15 +162,15 @@ typedef struct prl_store_sample {
     int route_tokens, route_moe, route_k, route_width;
     /* optional per response token, 0 or 1 (NULL: every response token trains) */
     const uint8_t *loss_mask;
-    int64_t version;            /* policy version that generated it */
-    const char *worker;         /* rollout worker id */
-    double reward;              /* finite */
-    const char *reward_detail;  /* JSON object: score, penalty, checks (NULL: "{}") */
-    unsigned flags;             /* prl_reward_flag bits */
-    int stop;                   /* prl_stop_reason */
+    int64_t version;           /* policy version that generated it */
+    const char *worker;        /* rollout worker id */
+    double reward;             /* finite */
+    const char *reward_detail; /* JSON object: score, penalty, checks (NULL: "{}") */
+    unsigned flags;            /* prl_reward_flag bits */
+    int stop;                  /* prl_stop_reason */
     double gen_seconds, reward_seconds;
     prl_store_sample_status status;
-    double created;             /* set by the store on insert (ignored by put) */
+    double created; /* set by the store on insert (ignored by put) */
 } prl_store_sample;
 
 /* Insert a sample idempotently. A new key is inserted (*already = 0). A repeat whose content
@@ -204,8 +204,8 @@ prl_status prl_store_sample_count(prl_store *db, int64_t run, int64_t step, int 
 
 typedef struct prl_store_step {
     int64_t run, step;
-    const char *metrics;  /* JSON object: every metric of the step (rl.md §6 names) */
-    double reward_mean, accuracy, tokens_per_s, step_seconds;  /* hot columns */
+    const char *metrics; /* JSON object: every metric of the step (rl.md §6 names) */
+    double reward_mean, accuracy, tokens_per_s, step_seconds; /* hot columns */
 } prl_store_step;
 
 /* Record a finished step; writing the same step again replaces it (the last write wins: a

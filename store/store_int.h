@@ -14,9 +14,9 @@ enum { STORE_MAX_STMTS = 48 };
 struct prl_store {
     sqlite3 *db;
     char *path;
-    int tx_depth;                     /* nesting of store_tx_begin / prl_store_begin */
+    int tx_depth; /* nesting of store_tx_begin / prl_store_begin */
     int n_stmts;
-    const char *stmt_sql[STORE_MAX_STMTS];  /* keys: the static SQL strings' addresses */
+    const char *stmt_sql[STORE_MAX_STMTS]; /* keys: the static SQL strings' addresses */
     sqlite3_stmt *stmt[STORE_MAX_STMTS];
 };
 

@@ -17,7 +17,7 @@
 enum { N_NAMES = 10, MAX_PLAN = PRL_AGENT_MAX_CALLS };
 
 static const char *const item_names[N_NAMES] = {"apple", "pear", "plum", "lemon", "melon",
-                                                "grape", "kiwi", "fig", "lime", "date"};
+                                                "grape", "kiwi", "fig",  "lime",  "date"};
 
 const char *prl_agent_system_prompt(void)
 {
@@ -95,10 +95,14 @@ static void write_prompt(prl_agent_task *t)
     switch (t->goal) {
     case PRL_AGENT_PRICE: snprintf(p, n, "What is the price of one %s?", x); break;
     case PRL_AGENT_STOCK: snprintf(p, n, "How many %ss are in stock?", x); break;
-    case PRL_AGENT_SET_PRICE: snprintf(p, n, "Set the price of %s to %lld. What is its new price?", x, a); break;
+    case PRL_AGENT_SET_PRICE:
+        snprintf(p, n, "Set the price of %s to %lld. What is its new price?", x, a);
+        break;
     case PRL_AGENT_COST: snprintf(p, n, "What do %lld %ss cost?", a, x); break;
     case PRL_AGENT_SELL: snprintf(p, n, "Sell %lld %ss. What is the new stock?", a, x); break;
-    case PRL_AGENT_RESTOCK: snprintf(p, n, "Add %lld %ss to the stock. What is the new stock?", a, x); break;
+    case PRL_AGENT_RESTOCK:
+        snprintf(p, n, "Add %lld %ss to the stock. What is the new stock?", a, x);
+        break;
     case PRL_AGENT_VALUE:
         snprintf(p, n, "What is the total value of the %s and %s stock?", x,
                  t->world.items[t->item2].name);
@@ -155,7 +159,9 @@ static void make_plan(const prl_agent_task *t, int64_t delta, plan *p)
     switch (t->goal) {
     case PRL_AGENT_PRICE: add_call(p, "lookup item=%s", x), ans = pr; break;
     case PRL_AGENT_STOCK: add_call(p, "lookup item=%s", x), ans = s; break;
-    case PRL_AGENT_SET_PRICE: add_call(p, "update item=%s field=price value=%lld", x, a + d), ans = a + d; break;
+    case PRL_AGENT_SET_PRICE:
+        add_call(p, "update item=%s field=price value=%lld", x, a + d), ans = a + d;
+        break;
     case PRL_AGENT_COST:
         add_call(p, "lookup item=%s", x);
         add_call(p, "calc expr=%lld*%lld", a, pr);
@@ -180,13 +186,15 @@ static void make_plan(const prl_agent_task *t, int64_t delta, plan *p)
         const prl_agent_item *y = &t->world.items[t->item2];
         add_call(p, "lookup item=%s", x);
         add_call(p, "lookup item=%s", y->name);
-        add_call(p, "calc expr=%lld*%lld+%lld*%lld", s, pr, (long long)y->stock, (long long)y->price);
+        add_call(p, "calc expr=%lld*%lld+%lld*%lld", s, pr, (long long)y->stock,
+                 (long long)y->price);
         ans = s * pr + (long long)(y->stock * y->price);
         break;
     }
     case PRL_AGENT_CHEAPEST:
         add_call(p, "list");
-        for (int i = 0; i < t->world.n_items; i++) add_call(p, "lookup item=%s", t->world.items[i].name);
+        for (int i = 0; i < t->world.n_items; i++)
+            add_call(p, "lookup item=%s", t->world.items[i].name);
         snprintf(p->answer, sizeof p->answer, "%s", x);
         return;
     case PRL_AGENT_N_GOALS: break;
@@ -206,12 +214,12 @@ static void malformed_turn(prl_rng *r, const char *call, char *out, size_t n)
     const char *sp = strchr(call, ' '), *eq = sp ? strchr(sp, '=') : NULL;
     int variant = (int)tasks__range(r, 0, 2);
     if (variant == 0 && !eq) variant = 1; /* a call without arguments has no key to drop */
-    if (variant == 0) /* "lookup pear" */
-        snprintf(out, n, PRL_TOOL_CALL_OPEN "%.*s %s" PRL_TOOL_CALL_CLOSE, (int)(sp - call), call, eq + 1);
+    if (variant == 0)                     /* "lookup pear" */
+        snprintf(out, n, PRL_TOOL_CALL_OPEN "%.*s %s" PRL_TOOL_CALL_CLOSE, (int)(sp - call), call,
+                 eq + 1);
     else if (variant == 1) /* an unknown tool */
         snprintf(out, n, PRL_TOOL_CALL_OPEN "get%s" PRL_TOOL_CALL_CLOSE, sp ? sp : "");
-    else /* no closing tag */
-        snprintf(out, n, PRL_TOOL_CALL_OPEN "%s", call);
+    else /* no closing tag */ snprintf(out, n, PRL_TOOL_CALL_OPEN "%s", call);
 }
 
 /* Play one assistant turn through the env and append it and the observation. */
@@ -250,9 +258,9 @@ static prl_status demo(tasks__gen *g, const prl_agent_task *t, json_t *turns, co
     }
     if (slip && mistake == WRONG_ANSWER) {
         if (t->goal == PRL_AGENT_CHEAPEST)
-            snprintf(p.answer, sizeof p.answer, "%s", t->world.items[(t->item + 1) % t->world.n_items].name);
-        else
-            snprintf(p.answer, sizeof p.answer, "%lld", atoll(p.answer) + 1);
+            snprintf(p.answer, sizeof p.answer, "%s",
+                     t->world.items[(t->item + 1) % t->world.n_items].name);
+        else snprintf(p.answer, sizeof p.answer, "%lld", atoll(p.answer) + 1);
     }
     snprintf(turn, sizeof turn, "Answer: %s", p.answer);
     if (rc == PRL_OK) rc = play(env, turns, turn);
@@ -267,7 +275,8 @@ prl_status tasks__agent_make(tasks__gen *g, tasks__draft *d)
     prl_status rc = prl_agent_task_make(seed, g->difficulty, &t);
     if (rc) return rc;
     d->prompt = tasks__prompt(prl_agent_system_prompt(), t.prompt);
-    d->fields = json_pack("{s:{s:I, s:i}}", "env", "seed", (json_int_t)seed, "difficulty", g->difficulty);
+    d->fields =
+        json_pack("{s:{s:I, s:i}}", "env", "seed", (json_int_t)seed, "difficulty", g->difficulty);
     if (!d->prompt || !d->fields) return prl_error_set(PRL_ERR_NOMEM, "agent problem");
     if (!g->demos) return PRL_OK;
     d->turns = json_array();

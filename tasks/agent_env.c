@@ -99,7 +99,8 @@ static int64_t calc_expr(calc *c)
     while (!c->bad && (*c->p == '+' || *c->p == '-')) {
         char op = *c->p++;
         int64_t w = calc_term(c);
-        if (op == '+' ? __builtin_add_overflow(v, w, &v) : __builtin_sub_overflow(v, w, &v)) c->bad = 1;
+        if (op == '+' ? __builtin_add_overflow(v, w, &v) : __builtin_sub_overflow(v, w, &v))
+            c->bad = 1;
     }
     return v;
 }
@@ -257,15 +258,21 @@ prl_status prl_agent_env_step(prl_agent_env *env, const char *turn, prl_agent_st
     }
     env->calls++;
     int before = env->malformed;
-    static const struct { const char *name; void (*run)(prl_agent_env *, const prl_tool_call *); } tools[] = {
-        {"list", tool_list}, {"lookup", tool_lookup}, {"update", tool_update}, {"calc", tool_calc}};
+    static const struct {
+        const char *name;
+        void (*run)(prl_agent_env *, const prl_tool_call *);
+    } tools[] = {{"list", tool_list},
+                 {"lookup", tool_lookup},
+                 {"update", tool_update},
+                 {"calc", tool_calc}};
     int t = 0;
     while (kind == PRL_TOOL_OK && t < 4 && strcmp(call.name, tools[t].name)) t++;
     char why[96];
     if (kind == PRL_TOOL_MALFORMED) {
         bad_call(env, call.error);
     } else if (t == 4) {
-        snprintf(why, sizeof why, "unknown tool '%s' (tools: list, lookup, update, calc)", call.name);
+        snprintf(why, sizeof why, "unknown tool '%s' (tools: list, lookup, update, calc)",
+                 call.name);
         bad_call(env, why);
     } else if (call.body) {
         snprintf(why, sizeof why, "%s takes key=value arguments, not a program", call.name);

@@ -17,9 +17,19 @@
 enum { N_TESTS = 5, MAX_REDRAWS = 200, MAX_LIST = 6 };
 
 typedef enum cfamily {
-    F_ADD, F_SUB, F_MUL, F_REPEAT, F_SUFFIX,         /* difficulty 1 */
-    F_PAIR, F_PAIR_MAX, F_COUNT_CHAR, F_MOD,         /* difficulty 2 */
-    F_SUM_ABOVE, F_COUNT_DIV, F_MULTIPLES, F_STEPS,  /* difficulty 3 */
+    F_ADD,
+    F_SUB,
+    F_MUL,
+    F_REPEAT,
+    F_SUFFIX, /* difficulty 1 */
+    F_PAIR,
+    F_PAIR_MAX,
+    F_COUNT_CHAR,
+    F_MOD, /* difficulty 2 */
+    F_SUM_ABOVE,
+    F_COUNT_DIV,
+    F_MULTIPLES,
+    F_STEPS, /* difficulty 3 */
     N_FAMILIES
 } cfamily;
 
@@ -35,7 +45,8 @@ static const cinfo families[N_FAMILIES] = {
     [F_MUL] = {1, 2, 30, "Read an integer n. Print n * %d.", "print(int(input()) * %d)"},
     [F_REPEAT] = {1, 2, 6, "Read a word. Print it %d times, separated by spaces.",
                   "print(' '.join([input()] * %d))"},
-    [F_SUFFIX] = {1, 10, 99, "Read a word. Print the word followed by %d.", "print(input() + '%d')"},
+    [F_SUFFIX] = {1, 10, 99, "Read a word. Print the word followed by %d.",
+                  "print(input() + '%d')"},
     [F_PAIR] = {2, 2, 20, "Read two integers a and b on one line. Print a * %d + b.",
                 "a, b = map(int, input().split())\nprint(a * %d + b)"},
     [F_PAIR_MAX] = {2, 1, 50, "Read two integers on one line. Print the larger one plus %d.",
@@ -46,12 +57,15 @@ static const cinfo families[N_FAMILIES] = {
                "print(int(input()) %% %d)"},
     [F_SUM_ABOVE] = {3, 0, 50, "Read integers on one line. Print the sum of those greater than %d.",
                      "print(sum(x for x in map(int, input().split()) if x > %d))"},
-    [F_COUNT_DIV] = {3, 2, 9, "Read integers on one line. Print how many of them are divisible by %d.",
+    [F_COUNT_DIV] = {3, 2, 9,
+                     "Read integers on one line. Print how many of them are divisible by %d.",
                      "print(sum(1 for x in map(int, input().split()) if x %% %d == 0))"},
-    [F_MULTIPLES] = {3, 2, 9, "Read an integer n. Print the sum of the multiples of %d from 1 to n.",
+    [F_MULTIPLES] = {3, 2, 9,
+                     "Read an integer n. Print the sum of the multiples of %d from 1 to n.",
                      "n = int(input())\nprint(sum(range(%d, n + 1, %d)))"},
-    [F_STEPS] = {3, 2, 5, "Read an integer n. Print n, n - %d, n - %d * 2 and so on while the "
-                          "number is positive, one per line.",
+    [F_STEPS] = {3, 2, 5,
+                 "Read an integer n. Print n, n - %d, n - %d * 2 and so on while the "
+                 "number is positive, one per line.",
                  "n = int(input())\nwhile n > 0:\n    print(n)\n    n -= %d"},
 };
 
@@ -79,19 +93,25 @@ static void draw_word(prl_rng *r, int letter, tasks__buf *b)
 static void draw_input(prl_rng *r, cfamily f, int k, tasks__buf *b)
 {
     switch (f) {
-    case F_ADD: case F_SUB: case F_MUL: case F_MOD:
-        tasks__buf_printf(b, "%lld", (long long)tasks__range(r, 10, 999));
-        break;
+    case F_ADD:
+    case F_SUB:
+    case F_MUL:
+    case F_MOD: tasks__buf_printf(b, "%lld", (long long)tasks__range(r, 10, 999)); break;
     case F_MULTIPLES: tasks__buf_printf(b, "%lld", (long long)tasks__range(r, 10, 200)); break;
     case F_STEPS: tasks__buf_printf(b, "%lld", (long long)tasks__range(r, 10, 30)); break;
-    case F_REPEAT: case F_SUFFIX: draw_word(r, -1, b); break;
+    case F_REPEAT:
+    case F_SUFFIX: draw_word(r, -1, b); break;
     case F_COUNT_CHAR: draw_word(r, k, b); break;
-    case F_PAIR: case F_PAIR_MAX:
-        tasks__buf_printf(b, "%lld %lld", (long long)tasks__range(r, 10, 99), (long long)tasks__range(r, 10, 99));
+    case F_PAIR:
+    case F_PAIR_MAX:
+        tasks__buf_printf(b, "%lld %lld", (long long)tasks__range(r, 10, 99),
+                          (long long)tasks__range(r, 10, 99));
         break;
-    case F_SUM_ABOVE: case F_COUNT_DIV: {
+    case F_SUM_ABOVE:
+    case F_COUNT_DIV: {
         int n = (int)tasks__range(r, 3, MAX_LIST);
-        for (int i = 0; i < n; i++) tasks__buf_printf(b, "%s%lld", i ? " " : "", (long long)tasks__range(r, 10, 99));
+        for (int i = 0; i < n; i++)
+            tasks__buf_printf(b, "%s%lld", i ? " " : "", (long long)tasks__range(r, 10, 99));
         break;
     }
     case N_FAMILIES: break;
@@ -129,10 +149,10 @@ static void solve(cfamily f, int k, const char *in, tasks__buf *out)
         tasks__buf_printf(out, "%d", c);
         break;
     }
-    case F_SUM_ABOVE: case F_COUNT_DIV: {
+    case F_SUM_ABOVE:
+    case F_COUNT_DIV: {
         long long s = 0;
-        for (int i = 0; i < n; i++)
-            s += f == F_SUM_ABOVE ? (v[i] > k ? v[i] : 0) : v[i] % k == 0;
+        for (int i = 0; i < n; i++) s += f == F_SUM_ABOVE ? (v[i] > k ? v[i] : 0) : v[i] % k == 0;
         tasks__buf_printf(out, "%lld", s);
         break;
     }
@@ -209,7 +229,8 @@ prl_status tasks__coding_make(tasks__gen *g, tasks__draft *d)
     json_t *tests = make_tests(&g->problem, f, k);
     if (!tests) {
         json_decref(d->prompt), d->prompt = NULL;
-        return prl_error_set(PRL_ERR_RANGE, "no tests that tell K = %d from %d apart", k, wrong_param(f, k));
+        return prl_error_set(PRL_ERR_RANGE, "no tests that tell K = %d from %d apart", k,
+                             wrong_param(f, k));
     }
     d->fields = json_pack("{s:o}", "tests", tests);
     if (!d->prompt || !d->fields) return prl_error_set(PRL_ERR_NOMEM, "coding problem");

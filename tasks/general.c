@@ -15,13 +15,23 @@
 #include <string.h>
 
 typedef enum ctype {
-    C_CASE, C_WORD_COUNT, C_SENTENCE_COUNT, C_WORD_REPEAT, C_INCLUDE, C_FORBID, C_START,
-    C_END, C_ORDER, C_BULLETS, C_QUOTED, N_CTYPES
+    C_CASE,
+    C_WORD_COUNT,
+    C_SENTENCE_COUNT,
+    C_WORD_REPEAT,
+    C_INCLUDE,
+    C_FORBID,
+    C_START,
+    C_END,
+    C_ORDER,
+    C_BULLETS,
+    C_QUOTED,
+    N_CTYPES
 } ctype;
 
 static const char *const ctype_names[N_CTYPES] = {
-    "case", "word_count", "sentence_count", "word_repeat", "include", "forbid", "start",
-    "end", "order", "bullets", "quoted"};
+    "case",  "word_count", "sentence_count", "word_repeat", "include", "forbid",
+    "start", "end",        "order",          "bullets",     "quoted"};
 
 enum { REL_EXACTLY, REL_AT_MOST, REL_AT_LEAST };
 static const char *const rel_names[] = {"exactly", "at_most", "at_least"};
@@ -36,18 +46,24 @@ typedef struct topic {
 
 static const topic topics[N_TOPICS] = {
     {"cats", {"cats", "fur", "sleep", "soft", "purr", "warm", "milk", "paws", "play", "nap"}},
-    {"rain", {"rain", "clouds", "wet", "drops", "grey", "cold", "puddles", "falls", "roof", "storm"}},
-    {"bread", {"bread", "flour", "crust", "bake", "oven", "butter", "salt", "slice", "fresh", "loaf"}},
-    {"trees", {"trees", "leaves", "roots", "tall", "shade", "birds", "wood", "bark", "grow", "branches"}},
-    {"music", {"music", "songs", "drums", "notes", "loud", "sing", "dance", "piano", "sound", "beat"}},
+    {"rain",
+     {"rain", "clouds", "wet", "drops", "grey", "cold", "puddles", "falls", "roof", "storm"}},
+    {"bread",
+     {"bread", "flour", "crust", "bake", "oven", "butter", "salt", "slice", "fresh", "loaf"}},
+    {"trees",
+     {"trees", "leaves", "roots", "tall", "shade", "birds", "wood", "bark", "grow", "branches"}},
+    {"music",
+     {"music", "songs", "drums", "notes", "loud", "sing", "dance", "piano", "sound", "beat"}},
     {"the sea", {"sea", "waves", "salt", "fish", "boats", "sand", "deep", "wind", "shore", "tide"}},
-    {"winter", {"winter", "snow", "ice", "cold", "white", "frost", "scarf", "fire", "dark", "long"}},
-    {"books", {"books", "pages", "words", "read", "stories", "paper", "ink", "shelf", "quiet", "library"}},
+    {"winter",
+     {"winter", "snow", "ice", "cold", "white", "frost", "scarf", "fire", "dark", "long"}},
+    {"books",
+     {"books", "pages", "words", "read", "stories", "paper", "ink", "shelf", "quiet", "library"}},
 };
 
 /* Words for include / repeat / start / end / order: never in a topic bank. */
-static const char *const extra[N_EXTRA] = {"red", "blue", "gold", "green", "small",
-                                           "happy", "bright", "old", "new", "kind"};
+static const char *const extra[N_EXTRA] = {"red",   "blue",   "gold", "green", "small",
+                                           "happy", "bright", "old",  "new",   "kind"};
 
 typedef struct gcon {
     ctype type;
@@ -128,20 +144,26 @@ static void sample_problem(prl_rng *r, int difficulty, gproblem *p)
         gcon *c = &p->con[i];
         if (c->type != C_WORD_COUNT) continue;
         c->relation = (int)tasks__range(r, 0, 2);
-        c->n = min_words + (c->relation == REL_AT_MOST ? 2 : c->relation == REL_AT_LEAST)
-             + (int)tasks__range(r, 0, 4);
+        c->n = min_words + (c->relation == REL_AT_MOST ? 2 : c->relation == REL_AT_LEAST) +
+               (int)tasks__range(r, 0, 4);
     }
 }
 
 static void describe(const gcon *c, tasks__buf *b)
 {
     switch (c->type) {
-    case C_CASE: tasks__buf_printf(b, " Use only %s letters.", c->upper ? "capital" : "lowercase"); break;
-    case C_WORD_COUNT: tasks__buf_printf(b, " Use %s %d words.", rel_words[c->relation], c->n); break;
+    case C_CASE:
+        tasks__buf_printf(b, " Use only %s letters.", c->upper ? "capital" : "lowercase");
+        break;
+    case C_WORD_COUNT:
+        tasks__buf_printf(b, " Use %s %d words.", rel_words[c->relation], c->n);
+        break;
     case C_SENTENCE_COUNT:
         tasks__buf_printf(b, " Write exactly %d sentence%s.", c->n, c->n == 1 ? "" : "s");
         break;
-    case C_WORD_REPEAT: tasks__buf_printf(b, " Use the word %s exactly %d times.", c->word, c->n); break;
+    case C_WORD_REPEAT:
+        tasks__buf_printf(b, " Use the word %s exactly %d times.", c->word, c->n);
+        break;
     case C_INCLUDE: tasks__buf_printf(b, " Include the word %s.", c->word); break;
     case C_FORBID: tasks__buf_printf(b, " Do not use the word %s.", c->word); break;
     case C_START: tasks__buf_printf(b, " Start with the word %s.", c->word); break;
@@ -159,7 +181,9 @@ static json_t *constraint_json(const gcon *c)
     if (!o) return NULL;
     int bad = 0;
     switch (c->type) {
-    case C_CASE: bad = json_object_set_new(o, "value", json_string(c->upper ? "upper" : "lower")); break;
+    case C_CASE:
+        bad = json_object_set_new(o, "value", json_string(c->upper ? "upper" : "lower"));
+        break;
     case C_WORD_COUNT:
         bad = json_object_set_new(o, "relation", json_string(rel_names[c->relation]));
         bad |= json_object_set_new(o, "n", json_integer(c->n));
@@ -193,9 +217,9 @@ static json_t *constraint_json(const gcon *c)
 typedef struct plan {
     int units, bullets, words, quoted;
     int upper, lower;
-    const char *first, *last;        /* forced first / last word */
-    const char *before, *after;      /* an ordered pair */
-    const char *forced[MAX_FORCED];  /* words placed anywhere else */
+    const char *first, *last;       /* forced first / last word */
+    const char *before, *after;     /* an ordered pair */
+    const char *forced[MAX_FORCED]; /* words placed anywhere else */
     int n_forced;
     const char *banned[2 * MAX_CON]; /* never used as filler */
     int n_banned;
@@ -252,7 +276,8 @@ static void plan_words(plan *pl, const gproblem *p, int violated, prl_rng *r)
         if (c->type != C_WORD_COUNT) continue;
         int v = i == violated, n = c->n;
         if (c->relation == REL_EXACTLY) pl->words = n + v;
-        else if (c->relation == REL_AT_MOST) pl->words = v ? n + 1 + (int)tasks__range(r, 0, 2) : n - (int)tasks__range(r, 0, 2);
+        else if (c->relation == REL_AT_MOST)
+            pl->words = v ? n + 1 + (int)tasks__range(r, 0, 2) : n - (int)tasks__range(r, 0, 2);
         else pl->words = v ? n - 1 : n + (int)tasks__range(r, 0, 2);
         if (pl->words < min) pl->words = min; /* unreachable: sample_problem leaves room */
     }
@@ -354,8 +379,8 @@ prl_status tasks__general_make(tasks__gen *g, tasks__draft *d)
             json_decref(bank);
             bank = NULL;
         }
-    d->fields = cons && bank ? json_pack("{s:o,s:o}", "constraints", cons, "topic_words", bank)
-                             : NULL;
+    d->fields =
+        cons && bank ? json_pack("{s:o,s:o}", "constraints", cons, "topic_words", bank) : NULL;
     if (!d->fields) { /* json_pack (only called with both) steals them even when it fails */
         if (!cons) json_decref(bank);
         if (!bank) json_decref(cons);
@@ -364,7 +389,8 @@ prl_status tasks__general_make(tasks__gen *g, tasks__draft *d)
     if (!g->demos) return PRL_OK;
     d->turns = json_array();
     if (!d->turns) return prl_error_set(PRL_ERR_NOMEM, "general demo");
-    int violated = tasks__chance(&g->demo, g->error_rate) ? (int)tasks__range(&g->demo, 0, p.n_con - 1) : -1;
+    int violated =
+        tasks__chance(&g->demo, g->error_rate) ? (int)tasks__range(&g->demo, 0, p.n_con - 1) : -1;
     d->demo_error = violated < 0 ? "none" : ctype_names[p.con[violated].type];
     return respond(&p, violated, &g->demo, d);
 }

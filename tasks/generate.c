@@ -31,18 +31,24 @@ prl_status prl_tasks_domain_parse(const char *name, prl_task_domain *out)
             *out = (prl_task_domain)d;
             return PRL_OK;
         }
-    return prl_error_set(PRL_ERR_ARG, "unknown domain '%s' (expected reasoning, general, agent "
-                         "or coding)", name ? name : "(null)");
+    return prl_error_set(PRL_ERR_ARG,
+                         "unknown domain '%s' (expected reasoning, general, agent "
+                         "or coding)",
+                         name ? name : "(null)");
 }
 
-const char *prl_tasks_split_name(prl_task_split s) { return s == PRL_SPLIT_EVAL ? "eval" : "train"; }
+const char *prl_tasks_split_name(prl_task_split s)
+{
+    return s == PRL_SPLIT_EVAL ? "eval" : "train";
+}
 
 prl_status prl_tasks_split_parse(const char *name, prl_task_split *out)
 {
     if (name && !strcmp(name, "train")) *out = PRL_SPLIT_TRAIN;
     else if (name && !strcmp(name, "eval")) *out = PRL_SPLIT_EVAL;
-    else return prl_error_set(PRL_ERR_ARG, "unknown split '%s' (expected train or eval)",
-                              name ? name : "(null)");
+    else
+        return prl_error_set(PRL_ERR_ARG, "unknown split '%s' (expected train or eval)",
+                             name ? name : "(null)");
     return PRL_OK;
 }
 
@@ -54,8 +60,12 @@ prl_task_split prl_tasks_split_of(const char *canonical, size_t len)
 
 void prl_tasks_config_default(prl_tasks_config *c, prl_task_domain domain)
 {
-    *c = (prl_tasks_config){.domain = domain, .split = PRL_SPLIT_TRAIN, .difficulty = 1,
-                            .n = 100, .seed = 1, .tool_rate = -1};
+    *c = (prl_tasks_config){.domain = domain,
+                            .split = PRL_SPLIT_TRAIN,
+                            .difficulty = 1,
+                            .n = 100,
+                            .seed = 1,
+                            .tool_rate = -1};
 }
 
 /* ---------------------------------------------------------------- helpers ---------- */
@@ -83,7 +93,6 @@ json_t *tasks__prompt(const char *system, const char *user)
     }
     return a;
 }
-
 
 int64_t tasks__range(prl_rng *r, int64_t lo, int64_t hi)
 {
@@ -136,7 +145,8 @@ static const char *last_user(const json_t *line)
     const char *text = NULL;
     size_t i;
     json_t *m;
-    json_array_foreach(json_object_get(line, "messages"), i, m) {
+    json_array_foreach(json_object_get(line, "messages"), i, m)
+    {
         const char *role = json_string_value(json_object_get(m, "role"));
         if (role && !strcmp(role, "user")) text = json_string_value(json_object_get(m, "content"));
     }
@@ -148,7 +158,8 @@ prl_status prl_tasks_canonical_text(const json_t *line, char **text)
     *text = NULL;
     const char *user = last_user(line);
     if (!user) return prl_error_set(PRL_ERR_FORMAT, "task has no user message");
-    prl_task_domain d = PRL_TASK_REASONING; /* set by the parse; initialised for -Wmaybe-uninitialized */
+    prl_task_domain d =
+        PRL_TASK_REASONING; /* set by the parse; initialised for -Wmaybe-uninitialized */
     prl_status rc = prl_tasks_domain_parse(json_string_value(json_object_get(line, "domain")), &d);
     if (rc) return rc;
     tasks__buf b = {0};
@@ -158,10 +169,12 @@ prl_status prl_tasks_canonical_text(const json_t *line, char **text)
         json_t *seed = json_object_get(env, "seed"), *diff = json_object_get(env, "difficulty");
         if (!json_is_integer(seed) || !json_is_integer(diff)) {
             tasks__buf_free(&b);
-            return prl_error_set(PRL_ERR_FORMAT, "agent task needs \"env\": {\"seed\", \"difficulty\"}");
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "agent task needs \"env\": {\"seed\", \"difficulty\"}");
         }
         prl_agent_task t;
-        rc = prl_agent_task_make((uint64_t)json_integer_value(seed), (int)json_integer_value(diff), &t);
+        rc = prl_agent_task_make((uint64_t)json_integer_value(seed), (int)json_integer_value(diff),
+                                 &t);
         if (rc) {
             tasks__buf_free(&b);
             return rc;
@@ -247,7 +260,9 @@ static prl_status candidate(const prl_tasks_config *c, uint64_t k, json_t **line
 {
     *line = NULL;
     int difficulty = difficulty_of(c, k);
-    tasks__gen g = {.difficulty = difficulty, .demos = c->demos, .error_rate = c->error_rate,
+    tasks__gen g = {.difficulty = difficulty,
+                    .demos = c->demos,
+                    .error_rate = c->error_rate,
                     .tool_rate = c->tool_rate >= 0 ? c->tool_rate : default_tool_rate(difficulty)};
     uint64_t coord = 16u * c->domain + (uint64_t)difficulty;
     prl_rng_init(&g.problem, c->seed, k, coord, 0, PRL_RNG_TASK);
@@ -256,8 +271,11 @@ static prl_status candidate(const prl_tasks_config *c, uint64_t k, json_t **line
     prl_status rc = domain_make[c->domain](&g, &d);
     json_t *obj = rc ? NULL : assemble(c, k, difficulty, &d);
     draft_free(&d);
-    if (rc) return prl_error_wrap(rc, "%s problem %llu: ", domain_names[c->domain], (unsigned long long)k);
-    if (!obj) return prl_error_set(PRL_ERR_NOMEM, "tasks: building line %llu", (unsigned long long)k);
+    if (rc)
+        return prl_error_wrap(rc, "%s problem %llu: ", domain_names[c->domain],
+                              (unsigned long long)k);
+    if (!obj)
+        return prl_error_set(PRL_ERR_NOMEM, "tasks: building line %llu", (unsigned long long)k);
     char *canon = NULL;
     rc = prl_tasks_canonical_text(obj, &canon);
     if (rc == PRL_OK && prl_tasks_split_of(canon, strlen(canon)) == c->split) {
@@ -280,9 +298,10 @@ prl_status prl_tasks_generate(const prl_tasks_config *c, prl_tasks_line_fn fn, v
     int made = 0;
     for (uint64_t k = 0; rc == PRL_OK && made < c->n; k++) {
         if (k == max_candidates)
-            return prl_error_set(PRL_ERR_RANGE, "tasks: only %d %s problems of %s in %llu "
-                                 "candidates (difficulty %d): ask for fewer", made,
-                                 prl_tasks_split_name(c->split), domain_names[c->domain],
+            return prl_error_set(PRL_ERR_RANGE,
+                                 "tasks: only %d %s problems of %s in %llu "
+                                 "candidates (difficulty %d): ask for fewer",
+                                 made, prl_tasks_split_name(c->split), domain_names[c->domain],
                                  (unsigned long long)k, c->difficulty);
         json_t *line;
         rc = candidate(c, k, &line);

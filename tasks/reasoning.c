@@ -28,26 +28,56 @@ static const rtemplate templates[] = {
     {1, "What is $a + $b?", "a + b", "ab+", {1, 1}, {20, 20}},
     {1, "What is $a - $b?", "a - b", "ab-", {2, 1}, {30, 20}},
     {1, "What is $a * $b?", "a * b", "ab*", {2, 2}, {9, 9}},
-    {1, "$N has $a $O and gets $b more. How many $O does $N have now?", "a + b", "ab+", {1, 1}, {20, 20}},
+    {1,
+     "$N has $a $O and gets $b more. How many $O does $N have now?",
+     "a + b",
+     "ab+",
+     {1, 1},
+     {20, 20}},
     {1, "$N has $a $O and gives away $b. How many $O are left?", "a - b", "ab-", {2, 1}, {30, 20}},
     {1, "$N buys $a bags with $b $O in each. How many $O is that?", "a * b", "ab*", {2, 2}, {9, 9}},
     {2, "What is ($a + $b) * $c?", "(a + b) * c", "ab+c*", {1, 1, 2}, {15, 15, 9}},
     {2, "What is $a * $b - $c?", "a * b - c", "ab*c-", {2, 2, 1}, {12, 12, 30}},
     {2, "What is $a + $b - $c?", "a + b - c", "ab+c-", {1, 1, 1}, {40, 40, 40}},
-    {2, "$N has $a $O, gets $b more and gives away $c. How many $O are left?", "a + b - c",
-     "ab+c-", {1, 1, 1}, {30, 30, 30}},
-    {2, "$N buys $a bags with $b $O in each and loses $c. How many $O are left?", "a * b - c",
-     "ab*c-", {2, 2, 1}, {9, 9, 20}},
-    {2, "$N has $a coins and buys $b $O at $c coins each. How many coins are left?",
-     "a - b * c", "abc*-", {20, 2, 2}, {99, 9, 9}},
+    {2,
+     "$N has $a $O, gets $b more and gives away $c. How many $O are left?",
+     "a + b - c",
+     "ab+c-",
+     {1, 1, 1},
+     {30, 30, 30}},
+    {2,
+     "$N buys $a bags with $b $O in each and loses $c. How many $O are left?",
+     "a * b - c",
+     "ab*c-",
+     {2, 2, 1},
+     {9, 9, 20}},
+    {2,
+     "$N has $a coins and buys $b $O at $c coins each. How many coins are left?",
+     "a - b * c",
+     "abc*-",
+     {20, 2, 2},
+     {99, 9, 9}},
     {3, "What is $a * $b + $c * $d?", "a * b + c * d", "ab*cd*+", {2, 2, 2, 2}, {19, 19, 19, 19}},
-    {3, "What is ($a + $b) * ($c - $d)?", "(a + b) * (c - d)", "ab+cd-*", {2, 2, 10, 1},
+    {3,
+     "What is ($a + $b) * ($c - $d)?",
+     "(a + b) * (c - d)",
+     "ab+cd-*",
+     {2, 2, 10, 1},
      {30, 30, 40, 9}},
     {3, "What is $a * $b - $c + $d?", "a * b - c + d", "ab*c-d+", {5, 5, 1, 1}, {30, 30, 99, 99}},
-    {3, "$N buys $a bags of $b $O and $c bags of $d $O, then gives away $e. How many $O are left?",
-     "a * b + c * d - e", "ab*cd*+e-", {2, 2, 2, 2, 1}, {9, 12, 9, 12, 30}},
-    {3, "$N has $a coins, buys $b $O at $c coins each and earns $d coins. How many coins does "
-        "$N have?", "a - b * c + d", "abc*-d+", {50, 2, 2, 5}, {200, 9, 15, 50}},
+    {3,
+     "$N buys $a bags of $b $O and $c bags of $d $O, then gives away $e. How many $O are left?",
+     "a * b + c * d - e",
+     "ab*cd*+e-",
+     {2, 2, 2, 2, 1},
+     {9, 12, 9, 12, 30}},
+    {3,
+     "$N has $a coins, buys $b $O at $c coins each and earns $d coins. How many coins does "
+     "$N have?",
+     "a - b * c + d",
+     "abc*-d+",
+     {50, 2, 2, 5},
+     {200, 9, 15, 50}},
 };
 enum { N_TEMPLATES = sizeof templates / sizeof templates[0] };
 
@@ -94,7 +124,8 @@ static void fill_text(tasks__buf *b, const char *tmpl, const int64_t *vars, cons
                       const char *object)
 {
     for (const char *p = tmpl; *p; p++) {
-        if (*p == '$' && p[1] >= 'a' && p[1] <= 'e') tasks__buf_printf(b, "%lld", (long long)vars[*++p - 'a']);
+        if (*p == '$' && p[1] >= 'a' && p[1] <= 'e')
+            tasks__buf_printf(b, "%lld", (long long)vars[*++p - 'a']);
         else if (*p == '$' && p[1] == 'N') tasks__buf_printf(b, "%s", name), p++;
         else if (*p == '$' && p[1] == 'O') tasks__buf_printf(b, "%s", object), p++;
         else tasks__buf_printf(b, "%c", *p);
@@ -118,7 +149,8 @@ static int n_vars(const char *postfix)
 }
 
 /* Draw the template's variables until every intermediate result is >= 0. */
-static prl_status draw_vars(prl_rng *r, const rtemplate *t, int64_t *vars, rstep *steps, int *n_steps)
+static prl_status draw_vars(prl_rng *r, const rtemplate *t, int64_t *vars, rstep *steps,
+                            int *n_steps)
 {
     for (int tries = 0; tries < MAX_DRAWS; tries++) {
         for (int v = 0; v < n_vars(t->postfix); v++) vars[v] = tasks__range(r, t->lo[v], t->hi[v]);
@@ -190,7 +222,8 @@ static prl_status tool_demo(tasks__gen *g, const rtemplate *t, const int64_t *va
     tasks__buf_printf(&call, ")" PRL_TOOL_CALL_CLOSE);
     tasks__buf_printf(&obs, "%lld", (long long)steps[n - 1].z);
     tasks__buf_printf(&fin, "Answer: %lld", (long long)steps[n - 1].z);
-    prl_status rc = call.oom || obs.oom || fin.oom ? prl_error_set(PRL_ERR_NOMEM, "reasoning demo") : PRL_OK;
+    prl_status rc =
+        call.oom || obs.oom || fin.oom ? prl_error_set(PRL_ERR_NOMEM, "reasoning demo") : PRL_OK;
     if (rc == PRL_OK) rc = tasks__append(d->turns, "assistant", call.s);
     if (rc == PRL_OK) rc = tasks__append(d->turns, "tool", obs.s);
     if (rc == PRL_OK) rc = tasks__append(d->turns, "assistant", fin.s);

@@ -56,12 +56,12 @@ prl_task_split prl_tasks_split_of(const char *canonical, size_t len);
 typedef struct prl_tasks_config {
     prl_task_domain domain;
     prl_task_split split;
-    int difficulty;     /* 1..3, or 0: each problem draws its own difficulty in 1..3 */
-    int n;              /* problems to produce (>= 0) */
+    int difficulty; /* 1..3, or 0: each problem draws its own difficulty in 1..3 */
+    int n;          /* problems to produce (>= 0) */
     uint64_t seed;
-    int demos;          /* nonzero: append the demonstration turns (assistant, tool) */
-    double error_rate;  /* demos: probability in [0, 1] that a demonstration has a mistake */
-    double tool_rate;   /* reasoning demos: probability of using the python tool; < 0 means
+    int demos;         /* nonzero: append the demonstration turns (assistant, tool) */
+    double error_rate; /* demos: probability in [0, 1] that a demonstration has a mistake */
+    double tool_rate;  /* reasoning demos: probability of using the python tool; < 0 means
                            the default for the difficulty (0.1, 0.25, 0.5) */
 } prl_tasks_config;
 
@@ -109,9 +109,9 @@ typedef struct prl_tool_call {
     char name[16];
     int n_args;
     prl_tool_arg args[PRL_TOOL_MAX_ARGS];
-    const char *body;  /* program text (points into the parsed turn), NULL if none */
+    const char *body; /* program text (points into the parsed turn), NULL if none */
     size_t body_len;
-    char error[160];   /* why the call is malformed ("" if well-formed) */
+    char error[160]; /* why the call is malformed ("" if well-formed) */
 } prl_tool_call;
 
 typedef enum prl_tool_parse {
@@ -160,11 +160,11 @@ typedef enum prl_agent_goal {
 typedef struct prl_agent_task {
     uint64_t seed;
     int difficulty;
-    prl_agent_world world;  /* the initial state */
+    prl_agent_world world; /* the initial state */
     prl_agent_goal goal;
-    int item, item2;        /* indices into world.items (item2: VALUE only, else -1) */
-    int64_t amount;         /* A or V of the goal (0 if unused) */
-    char prompt[160];       /* the user message stating the goal */
+    int item, item2;  /* indices into world.items (item2: VALUE only, else -1) */
+    int64_t amount;   /* A or V of the goal (0 if unused) */
+    char prompt[160]; /* the user message stating the goal */
 } prl_agent_task;
 
 /* The episode of (seed, difficulty 1..3). Pure. */

@@ -11,18 +11,18 @@
 ** choice of its demonstration (so prompts do not depend on whether demos are made). */
 typedef struct tasks__gen {
     prl_rng problem, demo;
-    int difficulty;        /* 1..3 */
-    int demos;             /* make demonstration turns */
-    double error_rate;     /* probability of a deliberate mistake in the demonstration */
-    double tool_rate;      /* reasoning: probability of a python tool demonstration */
+    int difficulty;    /* 1..3 */
+    int demos;         /* make demonstration turns */
+    double error_rate; /* probability of a deliberate mistake in the demonstration */
+    double tool_rate;  /* reasoning: probability of a python tool demonstration */
 } tasks__gen;
 
 /* What a domain generator returns. Every pointer is owned by the draft (tasks__draft_free). */
 typedef struct tasks__draft {
-    json_t *prompt;          /* array of prompt messages */
-    json_t *fields;          /* object: the domain's key fields ("answer", "tests", ...) */
-    json_t *turns;           /* demos: array of assistant/tool messages, else NULL */
-    const char *demo_error;  /* demos: "none" or the kind of deliberate mistake (static) */
+    json_t *prompt;         /* array of prompt messages */
+    json_t *fields;         /* object: the domain's key fields ("answer", "tests", ...) */
+    json_t *turns;          /* demos: array of assistant/tool messages, else NULL */
+    const char *demo_error; /* demos: "none" or the kind of deliberate mistake (static) */
 } tasks__draft;
 
 typedef prl_status (*tasks__make_fn)(tasks__gen *g, tasks__draft *d);

@@ -24,8 +24,8 @@ static int is_name_char(char c) { return (c >= 'a' && c <= 'z') || c == '_'; }
 
 static int is_value_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '+' || c == '-' || c == '*' || c == '(' || c == ')';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '+' || c == '-' || c == '*' || c == '(' || c == ')';
 }
 
 /* Copy a run of chars accepted by `ok` from *p into out (cap bytes incl. NUL); returns its
@@ -52,15 +52,18 @@ static prl_tool_parse parse_args(const char *p, const char *end, prl_tool_call *
         prl_tool_arg *a = &call->args[call->n_args];
         int n = take(&p, end, is_name_char, a->key, sizeof a->key);
         if (n <= 0)
-            return malformed(call, n < 0 ? "argument name longer than %d characters"
-                                         : "argument %d has no name (expected key=value)",
+            return malformed(call,
+                             n < 0 ? "argument name longer than %d characters"
+                                   : "argument %d has no name (expected key=value)",
                              n < 0 ? (int)sizeof a->key - 1 : call->n_args + 1);
         if (p == end || *p != '=') return malformed(call, "argument '%s' needs '=value'", a->key);
         p++;
         n = take(&p, end, is_value_char, a->value, sizeof a->value);
         if (n <= 0)
-            return malformed(call, n < 0 ? "value of '%s' longer than 63 characters"
-                                         : "argument '%s' has an empty or invalid value", a->key);
+            return malformed(call,
+                             n < 0 ? "value of '%s' longer than 63 characters"
+                                   : "argument '%s' has an empty or invalid value",
+                             a->key);
         if (p < end && *p != ' ')
             return malformed(call, "invalid character '%c' in the value of '%s'", *p, a->key);
         for (int i = 0; i < call->n_args; i++)
@@ -91,10 +94,12 @@ prl_tool_parse prl_tasks_tool_call_parse(const char *turn, prl_tool_call *call)
     const char *end = strstr(p, PRL_TOOL_CALL_CLOSE);
     if (!end) return malformed(call, "no " PRL_TOOL_CALL_CLOSE " after " PRL_TOOL_CALL_OPEN);
     const char *after = end + strlen(PRL_TOOL_CALL_CLOSE);
-    if (strstr(after, PRL_TOOL_CALL_OPEN)) return malformed(call, "more than one tool call in a turn");
+    if (strstr(after, PRL_TOOL_CALL_OPEN))
+        return malformed(call, "more than one tool call in a turn");
     if (!only_space(after)) return malformed(call, "text after " PRL_TOOL_CALL_CLOSE);
     int n = take(&p, end, is_name_char, call->name, sizeof call->name);
-    if (n < 0) return malformed(call, "tool name longer than %d characters", (int)sizeof call->name - 1);
+    if (n < 0)
+        return malformed(call, "tool name longer than %d characters", (int)sizeof call->name - 1);
     if (n == 0) return malformed(call, "a tool call must start with a tool name [a-z_]");
     if (p < end && *p == '\n') {
         call->body = p + 1;

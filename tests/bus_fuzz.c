@@ -16,22 +16,25 @@ void make_msg(prl_bus_msg *m, const char *type, prl_rng *r, int all, int extra)
 {
     const prl_bus_type_spec *t = prl_msg_spec(type);
     ck_assert_ptr_nonnull(t);
-    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec(type), "run-1", prl_rng_u64(r) % 100000), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec(type), "run-1", prl_rng_u64(r) % 100000),
+                     PRL_OK);
     for (int i = 0; i < PRL_BUS_SPEC_FIELDS && t->fields[i].name; i++) {
         const prl_bus_field_spec *f = &t->fields[i];
         if (!f->required && !all) continue;
         char s[64];
         snprintf(s, sizeof s, "val-%llu /x.y", (unsigned long long)(prl_rng_u64(r) % 1000));
-        prl_status st = f->kind == PRL_BUS_FIELD_UINT ? prl_bus_msg_set_uint(m, f->name, prl_rng_u64(r) % 5000)
-                      : f->kind == PRL_BUS_FIELD_STR  ? prl_bus_msg_set_str(m, f->name, s)
-                                                      : prl_bus_msg_set_hex64(m, f->name, prl_rng_u64(r));
+        prl_status st =
+            f->kind == PRL_BUS_FIELD_UINT  ? prl_bus_msg_set_uint(m, f->name, prl_rng_u64(r) % 5000)
+            : f->kind == PRL_BUS_FIELD_STR ? prl_bus_msg_set_str(m, f->name, s)
+                                           : prl_bus_msg_set_hex64(m, f->name, prl_rng_u64(r));
         ck_assert_msg(st == PRL_OK, "%s", prl_error_message());
     }
     int n = 1 + (int)(prl_rng_u64(r) % 12);
     for (int i = 0; i < PRL_BUS_SPEC_FRAMES && t->frames[i].name; i++) {
         float buf[16];
         for (int k = 0; k < n; k++) buf[k] = (float)prl_rng_normal(r);
-        ck_assert_int_eq(prl_bus_msg_add_frame(m, t->frames[i].name, t->frames[i].dtype, buf, n), PRL_OK);
+        ck_assert_int_eq(prl_bus_msg_add_frame(m, t->frames[i].name, t->frames[i].dtype, buf, n),
+                         PRL_OK);
     }
     for (int e = 0; e < extra; e++) {
         unsigned char bytes[40];
@@ -43,7 +46,6 @@ void make_msg(prl_bus_msg *m, const char *type, prl_rng *r, int all, int extra)
         ck_assert_int_eq(prl_bus_msg_add_frame(m, name, d, bytes, cnt), PRL_OK);
     }
 }
-
 
 void wc_set(wcopy *c, int i, const void *data, size_t len)
 {
@@ -115,10 +117,12 @@ prl_status wc_decode(const wcopy *c, prl_bus_msg *out, char *reason, size_t n)
     return prl_bus_decode(prl_msg_registry(), p, c->n, out, reason, n);
 }
 
-static const char *const json_soup[] = {"{", "}", "[", "]", ",", ":", "\"v\"", "\"type\"",
-                                        "\"frames\"", "\"checksum\"", "\"run\"", "\"id\"", "1",
-                                        "-1", "0.5", "\"x\"", "null", "true", "\"name\"",
-                                        "\"dtype\"", "\"i32\"", "\"count\"", "\"\\u0000\"", " "};
+static const char *const json_soup[] = {
+    "{",       "}",         "[",           "]",          ",",
+    ":",       "\"v\"",     "\"type\"",    "\"frames\"", "\"checksum\"",
+    "\"run\"", "\"id\"",    "1",           "-1",         "0.5",
+    "\"x\"",   "null",      "true",        "\"name\"",   "\"dtype\"",
+    "\"i32\"", "\"count\"", "\"\\u0000\"", " "};
 
 void random_part(prl_rng *r, wcopy *c, int i)
 {
@@ -126,7 +130,8 @@ void random_part(prl_rng *r, wcopy *c, int i)
     size_t n = prl_rng_u64(r) % sizeof b;
     int mode = (int)(prl_rng_u64(r) % 3);
     if (i == 0 && mode == 0) {
-        const char *t = prl_msg_registry()->types[prl_rng_u64(r) % (uint64_t)prl_msg_registry()->n]->type;
+        const char *t =
+            prl_msg_registry()->types[prl_rng_u64(r) % (uint64_t)prl_msg_registry()->n]->type;
         wc_set(c, i, t, strlen(t));
         return;
     }
@@ -160,8 +165,9 @@ static json_t *random_json(prl_rng *r)
     }
 }
 
-static const char *const edit_keys[] = {"v", "type", "run", "id", "frames", "checksum", "step",
-                                        "lease", "version", "path", "reason", "worker", "zzz"};
+static const char *const edit_keys[] = {"v",        "type",   "run",   "id",      "frames",
+                                        "checksum", "step",   "lease", "version", "path",
+                                        "reason",   "worker", "zzz"};
 
 /* Apply mutation `kind` to c. Returns 1 when the mutation keeps the message valid and equal,
 ** -1 when it must make it invalid (anything but a bit flip in the header: a flipped payload
@@ -172,16 +178,17 @@ int mutate(prl_rng *r, wcopy *c, int kind)
     int i = (int)(prl_rng_u64(r) % (uint64_t)c->n);
     switch (kind) {
     case 0: /* bit flip */
-        if (c->len[i]) c->buf[i][prl_rng_u64(r) % c->len[i]] ^= (unsigned char)(1u << (prl_rng_u64(r) % 8));
+        if (c->len[i])
+            c->buf[i][prl_rng_u64(r) % c->len[i]] ^= (unsigned char)(1u << (prl_rng_u64(r) % 8));
         else wc_set(c, i, "\x01", 1);
         return i == 1 ? 0 : -1;
     case 1: /* truncation (of a non-empty frame) */
         if (!c->len[i]) i = 1;
         c->len[i] = prl_rng_u64(r) % c->len[i];
         return -1;
-    case 2: wc_remove(c, i); return -1;                          /* frame drop */
-    case 3: wc_insert(c, i, c->buf[i], c->len[i]); return -1;    /* frame duplication */
-    case 4: {                                                    /* header JSON edit */
+    case 2: wc_remove(c, i); return -1;                       /* frame drop */
+    case 3: wc_insert(c, i, c->buf[i], c->len[i]); return -1; /* frame duplication */
+    case 4: {                                                 /* header JSON edit */
         json_t *h = json_loadb((const char *)c->buf[1], c->len[1], 0, NULL);
         const char *key = edit_keys[prl_rng_u64(r) % (sizeof edit_keys / sizeof edit_keys[0])];
         if (prl_rng_u64(r) % 3 == 0) json_object_del(h, key);
@@ -189,7 +196,7 @@ int mutate(prl_rng *r, wcopy *c, int kind)
         wc_put_header(c, h, (int)(prl_rng_u64(r) % 2));
         return 0;
     }
-    default: {                                                   /* benign: reformat header */
+    default: { /* benign: reformat header */
         json_t *h = json_loadb((const char *)c->buf[1], c->len[1], 0, NULL);
         char *text = json_dumps(h, JSON_INDENT(prl_rng_u64(r) % 4) | JSON_SORT_KEYS);
         wc_set(c, 1, text, strlen(text));
@@ -199,4 +206,3 @@ int mutate(prl_rng *r, wcopy *c, int kind)
     }
     }
 }
-

@@ -21,18 +21,17 @@
 #include <string.h>
 
 /* expr returns PRL_OK; otherwise fail with the status name and the error message. */
-#define assert_ok(expr)                                                                   \
-    do {                                                                                  \
-        prl_status rc_ = (expr);                                                          \
-        ck_assert_msg(rc_ == PRL_OK, "%s failed: %s (%s)", #expr, prl_status_name(rc_),   \
-                      prl_error_message());                                               \
+#define assert_ok(expr)                                                                            \
+    do {                                                                                           \
+        prl_status rc_ = (expr);                                                                   \
+        ck_assert_msg(rc_ == PRL_OK, "%s failed: %s (%s)", #expr, prl_status_name(rc_),            \
+                      prl_error_message());                                                        \
     } while (0)
 
 /* The last error message mentions `needle`. */
-#define assert_msg_has(needle)                                                            \
-    ck_assert_msg(strstr(prl_error_message(), (needle)) != NULL,                          \
-                  "error message \"%s\" does not mention \"%s\"", prl_error_message(),    \
-                  (needle))
+#define assert_msg_has(needle)                                                                     \
+    ck_assert_msg(strstr(prl_error_message(), (needle)) != NULL,                                   \
+                  "error message \"%s\" does not mention \"%s\"", prl_error_message(), (needle))
 
 /* The bytes of the file at `path` (malloc'd, NUL-terminated; *len excludes the NUL). */
 static inline char *check_read_file(const char *path, size_t *len)

@@ -24,8 +24,10 @@ static inline void test_model_sharpen(prl_model *m, int norm_gains)
             if (p->kind == PRL_PARAM_HEAD) w[j] *= 40;
             if (p->kind == PRL_PARAM_SINK) w[j] *= 50;
             if (p->kind == PRL_PARAM_CONV) w[j] = (prl_real)(0.3 * prl_rng_normal(&rng));
-            if (p->kind == PRL_PARAM_MHC && p->ndim == 1) w[j] += (prl_real)(0.5 * prl_rng_normal(&rng));
-            if (norm_gains && p->kind == PRL_PARAM_NORM) w[j] = (prl_real)(1 + 0.2 * prl_rng_normal(&rng));
+            if (p->kind == PRL_PARAM_MHC && p->ndim == 1)
+                w[j] += (prl_real)(0.5 * prl_rng_normal(&rng));
+            if (norm_gains && p->kind == PRL_PARAM_NORM)
+                w[j] = (prl_real)(1 + 0.2 * prl_rng_normal(&rng));
         }
     }
 }

@@ -14,8 +14,12 @@
 static inline prl_status train_to_msg(const prl_grpo_batch *b, const prl_opd_batch *ob,
                                       prl_bus_msg *m)
 {
-    prl_msg_train x = {.lease = 3, .step = 4, .policy_version = 5, .path = "ckpt/v000005",
-                       .batch = *b, .has_teachers = ob != NULL};
+    prl_msg_train x = {.lease = 3,
+                       .step = 4,
+                       .policy_version = 5,
+                       .path = "ckpt/v000005",
+                       .batch = *b,
+                       .has_teachers = ob != NULL};
     if (ob) x.teachers = *ob;
     return prl_msg_train_encode(&x, "run-test", 1, m);
 }
@@ -47,7 +51,8 @@ static inline void add_teacher_frames(prl_bus_msg *m, const prl_opd_batch *ob)
     prl_bus_msg_add_frame(m, "teacher_logprobs", PRL_BUS_F32, ob->teacher_lp, ob->n_response);
     prl_bus_msg_add_frame(m, "teachers", PRL_BUS_I32, ob->teacher, (size_t)ob->n);
     if (ob->topk) prl_bus_msg_add_frame(m, "teacher_topk_ids", PRL_BUS_I32, ob->topk_ids, cells);
-    if (ob->topk) prl_bus_msg_add_frame(m, "teacher_topk_logprobs", PRL_BUS_F32, ob->topk_lp, cells);
+    if (ob->topk)
+        prl_bus_msg_add_frame(m, "teacher_topk_logprobs", PRL_BUS_F32, ob->topk_lp, cells);
 }
 
 #endif /* PRL_TESTS_MSG_UTIL_H */

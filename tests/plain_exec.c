@@ -90,7 +90,8 @@ static int pump(int in, int out, int err, const prl_reward_exec_request *req, si
             if (in >= 0) close(in);
             return 1;
         }
-        struct pollfd p[3] = {{open_out ? out : -1, POLLIN, 0}, {open_err ? err : -1, POLLIN, 0},
+        struct pollfd p[3] = {{open_out ? out : -1, POLLIN, 0},
+                              {open_err ? err : -1, POLLIN, 0},
                               {in, POLLOUT, 0}};
         int r = poll(p, 3, (int)(left * 1000) + 1);
         if (r < 0 && errno != EINTR) {
@@ -101,7 +102,9 @@ static int pump(int in, int out, int err, const prl_reward_exec_request *req, si
         if (p[0].revents && drain(out, so) <= 0) open_out = 0;
         if (p[1].revents && drain(err, se) <= 0) open_err = 0;
         if (in >= 0 && p[2].revents) {
-            ssize_t n = (p[2].revents & POLLOUT) ? write(in, req->stdin_data + sent, req->stdin_len - sent) : -1;
+            ssize_t n = (p[2].revents & POLLOUT)
+                            ? write(in, req->stdin_data + sent, req->stdin_len - sent)
+                            : -1;
             if (n > 0) sent += (size_t)n;
             if (n < 0 || sent == req->stdin_len) close(in), in = -1;
         }
@@ -126,12 +129,14 @@ static void set_status(prl_reward_exec_result *res, int timed_out, int over, int
     snprintf(res->status, sizeof res->status, "%s", s);
 }
 
-prl_status test_exec_python(void *ctx, const prl_reward_exec_request *req, prl_reward_exec_result *res)
+prl_status test_exec_python(void *ctx, const prl_reward_exec_request *req,
+                            prl_reward_exec_result *res)
 {
     (void)ctx;
     memset(res, 0, sizeof *res);
     if (!req->lang || strcmp(req->lang, "python3") != 0)
-        return prl_error_set(PRL_ERR_UNSUPPORTED, "exec: language '%s' (only python3)", req->lang ? req->lang : "");
+        return prl_error_set(PRL_ERR_UNSUPPORTED, "exec: language '%s' (only python3)",
+                             req->lang ? req->lang : "");
     int pin[2], pout[2], perr[2];
     if (pipe2(pin, O_CLOEXEC) || pipe2(pout, O_CLOEXEC) || pipe2(perr, O_CLOEXEC))
         return prl_error_set(PRL_ERR_IO, "exec: pipe: %s", strerror(errno));
@@ -147,7 +152,8 @@ prl_status test_exec_python(void *ctx, const prl_reward_exec_request *req, prl_r
     int timed_out = pump(pin[1], pout[0], perr[0], req, &so, &se, t0 + req->wall_s);
     if (timed_out || so.over || se.over) kill(-pid, SIGKILL);
     int wstatus = 0;
-    while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {}
+    while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+    }
     close(pout[0]), close(perr[0]);
     res->wall_s = prl_now() - t0;
     set_status(res, timed_out, so.over || se.over, wstatus);

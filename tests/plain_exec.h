@@ -8,6 +8,7 @@
 
 /* python3 as a plain child process with a wall-time kill; ctx unused. Ignores SIGPIPE in the
 ** calling process. */
-prl_status test_exec_python(void *ctx, const prl_reward_exec_request *req, prl_reward_exec_result *res);
+prl_status test_exec_python(void *ctx, const prl_reward_exec_request *req,
+                            prl_reward_exec_result *res);
 
 #endif /* PRL_TESTS_PLAIN_EXEC_H */

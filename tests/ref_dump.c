@@ -74,11 +74,18 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < B * T; i++) w[i] = tgt[i] >= 0 ? (float)(-(1.0 + 0.5 * (i % 3)) / n) : 0;
     const double tau = 0.8;
-    prl_batch b = {.B = B, .T = T, .tokens = tok, .lens = lens, .targets = tgt, .weights = w,
-                   .temperature = tau, .with_mtp = 1}; /* MTP trains when the config has it */
+    prl_batch b = {.B = B,
+                   .T = T,
+                   .tokens = tok,
+                   .lens = lens,
+                   .targets = tgt,
+                   .weights = w,
+                   .temperature = tau,
+                   .with_mtp = 1}; /* MTP trains when the config has it */
     prl_forward_stats st;
     prl_model_zero_grad(&m);
-    if (prl_model_forward(&m, &b, logp, &st) || prl_model_backward(&m, &b)) return fail("train path");
+    if (prl_model_forward(&m, &b, logp, &st) || prl_model_backward(&m, &b))
+        return fail("train path");
     prl_safetensors_writer bw, pw;
     prl_safetensors_writer_init(&bw);
     prl_safetensors_writer_init(&pw);
@@ -89,14 +96,15 @@ int main(int argc, char **argv)
     if (!rc) rc = prl_safetensors_writer_add(&bw, "targets", PRL_DTYPE_I32, sh_bt, 2, tgt);
     if (!rc) rc = prl_safetensors_writer_add(&bw, "weights", PRL_DTYPE_F32, sh_bt, 2, w);
     if (!rc) rc = prl_safetensors_writer_set_metadata(&bw, "temperature", "0.8");
-    if (!rc) rc = prl_safetensors_writer_add(&pw, "logits", REAL_DTYPE, sh_btv, 3, prl_model_logits(&m));
+    if (!rc)
+        rc = prl_safetensors_writer_add(&pw, "logits", REAL_DTYPE, sh_btv, 3, prl_model_logits(&m));
     if (!rc) rc = prl_safetensors_writer_add(&pw, "loss", PRL_DTYPE_F64, sh_1, 1, &loss);
     if (!rc) rc = prl_safetensors_writer_add(&pw, "logp", PRL_DTYPE_F32, sh_bt, 2, logp);
     if (!rc && m.cfg.n_dsa_layers > 0)
         rc = prl_safetensors_writer_add(&pw, "index_loss", PRL_DTYPE_F64, sh_1, 1, &index_loss);
     /* the DSA selections prl made, for the same near-tie check as the routes */
     int64_t sh_btt[3] = {B, T, T};
-    char (*snames)[32] = calloc((size_t)m.cfg.n_dsa_layers + 1, sizeof *snames);
+    char(*snames)[32] = calloc((size_t)m.cfg.n_dsa_layers + 1, sizeof *snames);
     for (int i = 0; !rc && i < m.cfg.n_dsa_layers; i++) {
         const uint8_t *sel = prl_model_dsa_selection(&m, m.cfg.dsa_layers[i]);
         if (!sel) continue; /* the dense stage selects nothing */
@@ -106,17 +114,18 @@ int main(int argc, char **argv)
     /* the routes prl chose, so the reference can tell float near-ties from real differences */
     int K = m.cfg.num_experts_per_tok;
     int64_t sh_btk[3] = {B, T, K};
-    char (*rnames)[32] = calloc((size_t)m.n_moe + 1, sizeof *rnames);
+    char(*rnames)[32] = calloc((size_t)m.n_moe + 1, sizeof *rnames);
     for (int i = 0; !rc && i < m.n_moe; i++) {
         snprintf(rnames[i], sizeof rnames[i], "routes.%d", m.cfg.first_k_dense_replace + i);
         rc = prl_safetensors_writer_add(&pw, rnames[i], PRL_DTYPE_I32, sh_btk, 3,
                                         prl_model_routes(&m) + (size_t)i * B * T * K);
     }
-    char (*names)[112] = calloc((size_t)m.n_tensors, sizeof *names);
+    char(*names)[112] = calloc((size_t)m.n_tensors, sizeof *names);
     for (int i = 0; !rc && i < m.n_tensors; i++) {
         const prl_param_info *p = &m.tensors[i];
         snprintf(names[i], sizeof names[i], "grad.%s", p->name);
-        rc = prl_safetensors_writer_add(&pw, names[i], REAL_DTYPE, p->shape, p->ndim, m.grads + p->offset);
+        rc = prl_safetensors_writer_add(&pw, names[i], REAL_DTYPE, p->shape, p->ndim,
+                                        m.grads + p->offset);
     }
     if (!rc) rc = prl_safetensors_writer_save(&bw, argv[2]);
     if (!rc) rc = prl_safetensors_writer_save(&pw, argv[3]);
@@ -127,7 +136,9 @@ int main(int argc, char **argv)
     free(snames);
     prl_model_free(&m);
     if (rc) return fail("writing");
-    fprintf(stderr, "ref_dump: loss %.6f (lm %.6f, balance %.3g, z %.3g, mtp %.6f, index %.6g), %d targets\n",
-            st.loss, st.lm_loss, st.balance_loss, st.z_loss, st.mtp_loss, st.index_loss, st.n_targets);
+    fprintf(
+        stderr,
+        "ref_dump: loss %.6f (lm %.6f, balance %.3g, z %.3g, mtp %.6f, index %.6g), %d targets\n",
+        st.loss, st.lm_loss, st.balance_loss, st.z_loss, st.mtp_loss, st.index_loss, st.n_targets);
     return 0;
 }

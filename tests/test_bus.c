@@ -77,9 +77,10 @@ START_TEST(test_roundtrip_every_type)
             wcopy c;
             wc_from_msg(&c, &m);
             char reason[256];
-            ck_assert_msg(wc_decode(&c, &out, reason, sizeof reason) == PRL_OK, "%s: %s",
-                          m.type, reason);
-            ck_assert_msg(prl_bus_msg_equal(&m, &out), "type %s differs after a round trip", m.type);
+            ck_assert_msg(wc_decode(&c, &out, reason, sizeof reason) == PRL_OK, "%s: %s", m.type,
+                          reason);
+            ck_assert_msg(prl_bus_msg_equal(&m, &out), "type %s differs after a round trip",
+                          m.type);
             prl_bus_msg_free(&out);
             prl_bus_msg_free(&m);
             wc_free(&c);
@@ -165,9 +166,18 @@ END_TEST
 
 typedef void (*edit_fn)(wcopy *c);
 
-static void e_one_frame(wcopy *c) { while (c->n > 1) wc_remove(c, c->n - 1); }
-static void e_no_frames(wcopy *c) { while (c->n > 0) wc_remove(c, c->n - 1); }
-static void e_too_many(wcopy *c) { while (c->n <= PRL_BUS_MAX_PARTS) wc_insert(c, c->n, "x", 1); }
+static void e_one_frame(wcopy *c)
+{
+    while (c->n > 1) wc_remove(c, c->n - 1);
+}
+static void e_no_frames(wcopy *c)
+{
+    while (c->n > 0) wc_remove(c, c->n - 1);
+}
+static void e_too_many(wcopy *c)
+{
+    while (c->n <= PRL_BUS_MAX_PARTS) wc_insert(c, c->n, "x", 1);
+}
 static void e_type_empty(wcopy *c) { wc_set(c, 0, "", 0); }
 static void e_type_upper(wcopy *c) { wc_set(c, 0, "RESULT", 6); }
 static void e_type_long(wcopy *c) { wc_set(c, 0, "resultresultresult", 18); }
@@ -197,14 +207,14 @@ static void e_hdr_deep(wcopy *c)
     free(s);
 }
 
-#define HDR_EDIT(fn, fix, body)                                                            \
-    static void fn(wcopy *c)                                                               \
-    {                                                                                      \
-        json_t *h = wc_header(c);                                                          \
-        json_t *fr = json_object_get(h, "frames");                                         \
-        (void)fr;                                                                          \
-        body;                                                                              \
-        wc_put_header(c, h, fix);                                                          \
+#define HDR_EDIT(fn, fix, body)                                                                    \
+    static void fn(wcopy *c)                                                                       \
+    {                                                                                              \
+        json_t *h = wc_header(c);                                                                  \
+        json_t *fr = json_object_get(h, "frames");                                                 \
+        (void)fr;                                                                                  \
+        body;                                                                                      \
+        wc_put_header(c, h, fix);                                                                  \
     }
 
 HDR_EDIT(e_v_missing, 0, json_object_del(h, "v"))
@@ -214,12 +224,17 @@ HDR_EDIT(e_type_field_int, 0, json_object_set_new(h, "type", json_integer(3)))
 HDR_EDIT(e_type_differs, 0, json_object_set_new(h, "type", json_string("work")))
 HDR_EDIT(e_frames_obj, 0, json_object_set_new(h, "frames", json_object()))
 HDR_EDIT(e_frame_extra_key, 0, json_object_set_new(json_array_get(fr, 0), "x", json_true()))
-HDR_EDIT(e_frame_bad_name, 0, json_object_set_new(json_array_get(fr, 0), "name", json_string("a b")))
-HDR_EDIT(e_frame_bad_dtype, 0, json_object_set_new(json_array_get(fr, 0), "dtype", json_string("f64")))
-HDR_EDIT(e_frame_neg_count, 0, json_object_set_new(json_array_get(fr, 0), "count", json_integer(-1)))
+HDR_EDIT(e_frame_bad_name, 0,
+         json_object_set_new(json_array_get(fr, 0), "name", json_string("a b")))
+HDR_EDIT(e_frame_bad_dtype, 0,
+         json_object_set_new(json_array_get(fr, 0), "dtype", json_string("f64")))
+HDR_EDIT(e_frame_neg_count, 0,
+         json_object_set_new(json_array_get(fr, 0), "count", json_integer(-1)))
 HDR_EDIT(e_frame_count_real, 0, json_object_set_new(json_array_get(fr, 0), "count", json_real(4.0)))
-HDR_EDIT(e_frame_count_diff, 0, json_object_set_new(json_array_get(fr, 0), "count", json_integer(5)))
-HDR_EDIT(e_frame_dup_name, 0, json_object_set_new(json_array_get(fr, 1), "name", json_string("tokens")))
+HDR_EDIT(e_frame_count_diff, 0,
+         json_object_set_new(json_array_get(fr, 0), "count", json_integer(5)))
+HDR_EDIT(e_frame_dup_name, 0,
+         json_object_set_new(json_array_get(fr, 1), "name", json_string("tokens")))
 HDR_EDIT(e_sum_bad_hex, 0, json_object_set_new(h, "checksum", json_string("0123456789ABCDEF")))
 HDR_EDIT(e_sum_int, 0, json_object_set_new(h, "checksum", json_integer(5)))
 HDR_EDIT(e_unknown_field, 1, json_object_set_new(h, "stpe", json_integer(1)))
@@ -232,11 +247,12 @@ HDR_EDIT(e_missing_id, 1, json_object_del(h, "id"))
 HDR_EDIT(e_empty_run, 1, json_object_set_new(h, "run", json_string("")))
 HDR_EDIT(e_ctrl_run, 1, json_object_set_new(h, "run", json_string("a\tb")))
 HDR_EDIT(e_logprobs_i32, 1, json_object_set_new(json_array_get(fr, 1), "dtype", json_string("i32")))
-HDR_EDIT(e_many_keys, 1, for (int k = 0; k < 40; k++) {
-    char key[16];
-    snprintf(key, sizeof key, "k%d", k);
-    json_object_set_new(h, key, json_integer(k));
-})
+HDR_EDIT(
+    e_many_keys, 1, for (int k = 0; k < 40; k++) {
+        char key[16];
+        snprintf(key, sizeof key, "k%d", k);
+        json_object_set_new(h, key, json_integer(k));
+    })
 
 static void e_payload_flip(wcopy *c) { c->buf[2][1] ^= 0x10; }
 static void e_payload_trunc(wcopy *c) { c->len[2] -= 1; }
@@ -280,9 +296,12 @@ static const struct rule {
     {"frame bad name", e_frame_bad_name, "'frames'[0].name must be"},
     {"frame bad dtype", e_frame_bad_dtype, "frame 'tokens': dtype must be one of"},
     {"frame count -1", e_frame_neg_count, "frame 'tokens': count must be a non-negative integer"},
-    {"frame count real", e_frame_count_real, "frame 'tokens': count must be a non-negative integer"},
-    {"frame count differs", e_frame_count_diff, "frame 'tokens': header count 5 but the frame holds 4 i32"},
-    {"frame bytes", e_payload_trunc, "frame 'tokens': 15 bytes is not a multiple of 4 for dtype i32"},
+    {"frame count real", e_frame_count_real,
+     "frame 'tokens': count must be a non-negative integer"},
+    {"frame count differs", e_frame_count_diff,
+     "frame 'tokens': header count 5 but the frame holds 4 i32"},
+    {"frame bytes", e_payload_trunc,
+     "frame 'tokens': 15 bytes is not a multiple of 4 for dtype i32"},
     {"frame name twice", e_frame_dup_name, "frame 'tokens' appears twice"},
     {"checksum upper-case", e_sum_bad_hex, "'checksum' must be 16 lowercase hex digits"},
     {"checksum int", e_sum_int, "'checksum' must be 16 lowercase hex digits"},
@@ -296,8 +315,10 @@ static const struct rule {
     {"id missing", e_missing_id, "header field 'id' is missing"},
     {"run empty", e_empty_run, "header field 'run' must be a string of 1..1023 bytes"},
     {"run control char", e_ctrl_run, "header field 'run' must be a string"},
-    {"required frame missing", e_drop_logprobs, "frame 'logprobs' is missing (required by type 'result')"},
-    {"required frame dtype", e_logprobs_i32, "frame 'logprobs' has dtype i32; type 'result' requires f32"},
+    {"required frame missing", e_drop_logprobs,
+     "frame 'logprobs' is missing (required by type 'result')"},
+    {"required frame dtype", e_logprobs_i32,
+     "frame 'logprobs' has dtype i32; type 'result' requires f32"},
 };
 
 START_TEST(test_rule)
@@ -354,8 +375,10 @@ START_TEST(test_size_limits)
     p[1] = (prl_bus_part){text, strlen(text)};
     char reason[256];
     prl_bus_msg out;
-    ck_assert_int_eq(prl_bus_decode(prl_msg_registry(), p, 7, &out, reason, sizeof reason), PRL_ERR_FORMAT);
-    ck_assert_msg(strstr(reason, "payload frames total 335544320 bytes; the limit is 268435456"), "%s", reason);
+    ck_assert_int_eq(prl_bus_decode(prl_msg_registry(), p, 7, &out, reason, sizeof reason),
+                     PRL_ERR_FORMAT);
+    ck_assert_msg(strstr(reason, "payload frames total 335544320 bytes; the limit is 268435456"),
+                  "%s", reason);
     free(text);
     json_array_clear(frames);
     json_array_append_new(frames, json_pack("{s:s,s:s,s:I}", "name", "f", "dtype", "u8", "count",
@@ -363,8 +386,10 @@ START_TEST(test_size_limits)
     text = json_dumps(h, JSON_COMPACT);
     p[1] = (prl_bus_part){text, strlen(text)};
     p[2] = (prl_bus_part){buf, big + 4};
-    ck_assert_int_eq(prl_bus_decode(prl_msg_registry(), p, 3, &out, reason, sizeof reason), PRL_ERR_FORMAT);
-    ck_assert_msg(strstr(reason, "frame 'f': 67108868 bytes exceed the limit of 67108864"), "%s", reason);
+    ck_assert_int_eq(prl_bus_decode(prl_msg_registry(), p, 3, &out, reason, sizeof reason),
+                     PRL_ERR_FORMAT);
+    ck_assert_msg(strstr(reason, "frame 'f': 67108868 bytes exceed the limit of 67108864"), "%s",
+                  reason);
     free(text);
     json_decref(h);
     free(buf);
@@ -422,7 +447,8 @@ START_TEST(test_fuzz_mutated)
     int rejected = 0, accepted = 0, benign = 0, by_kind[6] = {0};
     for (int it = 0; it < 10000; it++) {
         prl_bus_msg orig, m;
-        const char *type = prl_msg_registry()->types[prl_rng_u64(&r) % (uint64_t)prl_msg_registry()->n]->type;
+        const char *type =
+            prl_msg_registry()->types[prl_rng_u64(&r) % (uint64_t)prl_msg_registry()->n]->type;
         make_msg(&orig, type, &r, (int)(prl_rng_u64(&r) % 2), (int)(prl_rng_u64(&r) % 3));
         wcopy c;
         wc_from_msg(&c, &orig);
@@ -435,7 +461,8 @@ START_TEST(test_fuzz_mutated)
             ck_assert_msg(keeps >= 0, "mutation kind %d was accepted", kind);
             if (keeps) {
                 benign++;
-                ck_assert_msg(prl_bus_msg_equal(&orig, &m), "a reformatted header changed the message");
+                ck_assert_msg(prl_bus_msg_equal(&orig, &m),
+                              "a reformatted header changed the message");
             }
             check_accepted(&m);
             prl_bus_msg_free(&m);
@@ -518,7 +545,9 @@ static void exchange(const char *endpoint)
     dopt.name = "rollout";
     dopt.log = sink_log;
     dopt.log_ctx = &dlogs;
-    ck_assert_int_eq(prl_bus_socket_open(&dealer, PRL_BUS_DEALER, prl_bus_socket_endpoint(router), &dopt), PRL_OK);
+    ck_assert_int_eq(
+        prl_bus_socket_open(&dealer, PRL_BUS_DEALER, prl_bus_socket_endpoint(router), &dopt),
+        PRL_OK);
 
     prl_bus_msg m;
     make_hello(&m, 1);
@@ -544,11 +573,14 @@ static void exchange(const char *endpoint)
     expect_recv(router, "hello", 2, &from);
     ck_assert_int_eq(logs.n, 4);
     ck_assert_uint_eq(prl_bus_socket_dropped(router), 4);
-    ck_assert_msg(strstr(logs.lines[0], "controller: dropped message from peer 7731: message has 1 frames"),
-                  "%s", logs.lines[0]);
+    ck_assert_msg(
+        strstr(logs.lines[0], "controller: dropped message from peer 7731: message has 1 frames"),
+        "%s", logs.lines[0]);
     ck_assert_msg(strstr(logs.lines[1], "frame 1 (header) is not valid JSON"), "%s", logs.lines[1]);
-    ck_assert_msg(strstr(logs.lines[2], "type 'bogus' is not a known message type"), "%s", logs.lines[2]);
-    ck_assert_msg(strstr(logs.lines[3], "message has 23 frames; the limit is 18"), "%s", logs.lines[3]);
+    ck_assert_msg(strstr(logs.lines[2], "type 'bogus' is not a known message type"), "%s",
+                  logs.lines[2]);
+    ck_assert_msg(strstr(logs.lines[3], "message has 23 frames; the limit is 18"), "%s",
+                  logs.lines[3]);
 
     /* reply by identity; garbage first */
     ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("stop"), "run-s", 3), PRL_OK);
@@ -557,8 +589,9 @@ static void exchange(const char *endpoint)
     ck_assert_int_eq(prl_bus_send(router, &from, &m), PRL_OK);
     expect_recv(dealer, "stop", 3, NULL);
     ck_assert_int_eq(dlogs.n, 1);
-    ck_assert_msg(strstr(dlogs.lines[0], "rollout: dropped message: header field 'type' must be a string"),
-                  "%s", dlogs.lines[0]);
+    ck_assert_msg(
+        strstr(dlogs.lines[0], "rollout: dropped message: header field 'type' must be a string"),
+        "%s", dlogs.lines[0]);
 
     /* misuse is an error, not a crash */
     prl_bus_peer nobody = {3, "xyz"};

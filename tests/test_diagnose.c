@@ -57,8 +57,11 @@ static void make_seqs(void)
     for (int i = 0; i < NSEQ; i++) {
         prl_rng rng;
         prl_rng_init(&rng, 5, (uint64_t)i, 0, 0, PRL_RNG_TEST);
-        for (int t = 0; t < lens[i]; t++) seq_tokens[i][t] = 16 + (int32_t)(prl_rng_u64(&rng) % 4000);
-        seqs[i] = (prl_diag_seq){.tokens = seq_tokens[i], .n = lens[i], .prompt_len = prompts[i],
+        for (int t = 0; t < lens[i]; t++)
+            seq_tokens[i][t] = 16 + (int32_t)(prl_rng_u64(&rng) % 4000);
+        seqs[i] = (prl_diag_seq){.tokens = seq_tokens[i],
+                                 .n = lens[i],
+                                 .prompt_len = prompts[i],
                                  .label = labels[i]};
     }
 }
@@ -98,7 +101,8 @@ START_TEST(test_op_stats_by_hand)
     ck_assert_double_eq_tol(prl_diag_op_pcc(&whole), pcc, 1e-15);
     ck_assert_double_eq_tol(prl_diag_op_pcc(&split), pcc, 1e-15);
     ck_assert_double_eq(whole.max_abs, 1);
-    ck_assert_double_eq_tol(prl_diag_op_rel_l2(&whole), 1 / sqrt(39.0), 1e-12); /* + 1e-12 in the denominator */
+    ck_assert_double_eq_tol(prl_diag_op_rel_l2(&whole), 1 / sqrt(39.0),
+                            1e-12); /* + 1e-12 in the denominator */
     ck_assert_double_eq_tol(prl_diag_op_rel_l2(&split), 1 / sqrt(39.0), 1e-12);
     ck_assert_uint_eq(split.count, 4);
 
@@ -133,8 +137,8 @@ START_TEST(test_histogram_bins)
     prl_diag_logprob_add(&s, lt, lo, 3);
     ck_assert_int_eq(s.n, 3);
     ck_assert_int_eq(s.hist[0], 1);
-    ck_assert_int_eq(s.hist[8], 1);                 /* 0.5 */
-    ck_assert_int_eq(s.hist[5] + s.hist[6], 1);     /* ~1e-3 (float rounding decides the side) */
+    ck_assert_int_eq(s.hist[8], 1);             /* 0.5 */
+    ck_assert_int_eq(s.hist[5] + s.hist[6], 1); /* ~1e-3 (float rounding decides the side) */
     ck_assert_double_eq_tol(s.max_abs, 0.5, 1e-12);
 }
 END_TEST
@@ -146,7 +150,7 @@ START_TEST(test_routing_overlap_by_hand)
     prl_diag_routing_add(&r, &a[0][0], 2, &b[0][0], 2, 2, 2);
     ck_assert_int_eq(r.tokens, 2);
     ck_assert_double_eq_tol(r.sum_overlap / r.tokens, 0.75, 1e-15); /* (1 + 1/2) / 2 */
-    ck_assert_int_eq(r.differ, 1);                                 /* slot order is not a difference */
+    ck_assert_int_eq(r.differ, 1); /* slot order is not a difference */
 }
 END_TEST
 
@@ -195,8 +199,8 @@ static void expect_first(const char *preset_name, const char *op, double rel, do
     assert_ok(rc);
     ck_assert_str_eq(r.fault, op);
     ck_assert_msg(r.first >= 0, "%s %s: nothing diverges", preset_name, op);
-    ck_assert_msg(!strcmp(r.ops[r.first].name, op), "%s: fault in %s, first divergent %s", preset_name,
-                  op, r.ops[r.first].name);
+    ck_assert_msg(!strcmp(r.ops[r.first].name, op), "%s: fault in %s, first divergent %s",
+                  preset_name, op, r.ops[r.first].name);
     if (!strcmp(preset_name, "aligned"))
         for (int i = 0; i < r.first; i++)
             ck_assert_msg(r.ops[i].max_abs == 0, "%s before the fault differs", r.ops[i].name);
@@ -205,10 +209,17 @@ static void expect_first(const char *preset_name, const char *op, double rel, do
 
 START_TEST(test_fault_named_first_aligned)
 {
-    static const char *ops[] = {"L0.attn.q", "L0.attn.kv_latent", "L0.mlp.out", "L1.attn.out",
-                                "L2.moe.router_logits", "L3.attn.kv_latent", "L4.moe.out",
-                                "L5.attn.q", "final.logits"};
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) expect_first("aligned", ops[i], 1e-3, 0);
+    static const char *ops[] = {"L0.attn.q",
+                                "L0.attn.kv_latent",
+                                "L0.mlp.out",
+                                "L1.attn.out",
+                                "L2.moe.router_logits",
+                                "L3.attn.kv_latent",
+                                "L4.moe.out",
+                                "L5.attn.q",
+                                "final.logits"};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        expect_first("aligned", ops[i], 1e-3, 0);
 }
 END_TEST
 
@@ -310,15 +321,18 @@ typedef struct dump_ctx {
     const char *perturb; /* scale this op by 1.01 in the dump */
 } dump_ctx;
 
-static int dump_hook(void *user, const char *name, const prl_real *data, int ndim, const int64_t *shape)
+static int dump_hook(void *user, const char *name, const prl_real *data, int ndim,
+                     const int64_t *shape)
 {
     dump_ctx *d = user;
     size_t n = (size_t)shape[0] * shape[1];
     float *copy = malloc(n * sizeof *copy);
     ck_assert_ptr_nonnull(copy);
-    for (size_t i = 0; i < n; i++) copy[i] = data[i] * (d->perturb && !strcmp(name, d->perturb) ? 1.01f : 1);
+    for (size_t i = 0; i < n; i++)
+        copy[i] = data[i] * (d->perturb && !strcmp(name, d->perturb) ? 1.01f : 1);
     d->bufs[d->n++] = copy;
-    ck_assert_int_eq(prl_safetensors_writer_add(&d->w, name, PRL_DTYPE_F32, shape, ndim, copy), PRL_OK);
+    ck_assert_int_eq(prl_safetensors_writer_add(&d->w, name, PRL_DTYPE_F32, shape, ndim, copy),
+                     PRL_OK);
     return 0;
 }
 
@@ -331,7 +345,11 @@ static void write_dump(const char *dir, const char *perturb, int32_t token0_delt
         int32_t targets[SEQ_MAX], toks[SEQ_MAX];
         for (int t = 0; t < s->n; t++) targets[t] = t + 1 < s->n ? s->tokens[t + 1] : -1;
         memcpy(toks, s->tokens, (size_t)s->n * sizeof *toks);
-        prl_batch b = {.B = 1, .T = s->n, .tokens = s->tokens, .targets = targets, .temperature = 1};
+        prl_batch b = {.B = 1,
+                       .T = s->n,
+                       .tokens = s->tokens,
+                       .targets = targets,
+                       .temperature = 1};
         float lp[SEQ_MAX];
         prl_model_set_hook(&model, dump_hook, &d);
         assert_ok(prl_model_logprobs(&model, &b, lp));
@@ -380,7 +398,8 @@ START_TEST(test_external_dump)
     prl_diag_report_free(&r);
 
     write_dump(dir, NULL, 1);
-    ck_assert_int_eq(prl_diag_compare_external(&model, dir, seqs, NSEQ, 0, 1.0, &r), PRL_ERR_FORMAT);
+    ck_assert_int_eq(prl_diag_compare_external(&model, dir, seqs, NSEQ, 0, 1.0, &r),
+                     PRL_ERR_FORMAT);
     assert_msg_has("seq-0.safetensors: token 0");
 
     char path[512];
@@ -435,12 +454,22 @@ static void write_run(const char *dir)
     static const int steps[NSEQ] = {2, 2, 1};
     float lp[SEQ_MAX] = {0};
     for (int i = 0; i < NSEQ; i++) {
-        prl_store_prompt p = {.run = run, .prompt_id = ids[i], .domain = "reasoning",
-                              .split = "train", .task = "{}", .difficulty = 1};
+        prl_store_prompt p = {.run = run,
+                              .prompt_id = ids[i],
+                              .domain = "reasoning",
+                              .split = "train",
+                              .task = "{}",
+                              .difficulty = 1};
         assert_ok(prl_store_prompt_put(db, &p));
-        prl_store_sample s = {.run = run, .step = steps[i], .prompt_id = ids[i], .sample_index = 0,
-                              .tokens = seqs[i].tokens, .n_tokens = seqs[i].n,
-                              .prompt_len = seqs[i].prompt_len, .logprobs = lp, .worker = "rollout-0"};
+        prl_store_sample s = {.run = run,
+                              .step = steps[i],
+                              .prompt_id = ids[i],
+                              .sample_index = 0,
+                              .tokens = seqs[i].tokens,
+                              .n_tokens = seqs[i].n,
+                              .prompt_len = seqs[i].prompt_len,
+                              .logprobs = lp,
+                              .worker = "rollout-0"};
         assert_ok(prl_store_sample_put(db, &s, NULL));
     }
     prl_store_close(db);
@@ -453,10 +482,12 @@ START_TEST(test_cli_run_samples)
     snprintf(ck, sizeof ck, "%s/ck", dir);
     assert_ok(prl_checkpoint_save(&model, NULL, NULL, NULL, ck));
     write_run(dir);
-    snprintf(args, sizeof args, "--ckpt %s --run %s/runs/demo --precision aligned --threshold 0", ck, dir);
+    snprintf(args, sizeof args, "--ckpt %s --run %s/runs/demo --precision aligned --threshold 0",
+             ck, dir);
     json_t *j = run_prl(args, NULL);
     ck_assert_msg(j != NULL, "prl diagnose %s failed", args);
-    ck_assert_int_eq(json_integer_value(json_object_get(j, "sequences")), 2); /* the latest step: 2 */
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "sequences")),
+                     2); /* the latest step: 2 */
     ck_assert_int_eq(json_integer_value(json_object_get(j, "tokens")), seqs[0].n + seqs[1].n);
     ck_assert(json_is_null(json_object_get(j, "first_divergent")));
     json_t *lp = json_object_get(j, "logprob");
@@ -467,8 +498,9 @@ START_TEST(test_cli_run_samples)
 
     j = run_prl(args, "PRL_INFER_FAULT=L1.attn.q:0.001");
     ck_assert_ptr_nonnull(j);
-    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "first_divergent"), "name")),
-                     "L1.attn.q");
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(j, "first_divergent"), "name")),
+        "L1.attn.q");
     json_decref(j);
 
     snprintf(args, sizeof args, "--ckpt %s --run %s/runs/demo --step 1", ck, dir);
@@ -521,7 +553,8 @@ START_TEST(test_json_and_html)
     ck_assert_ptr_nonnull(strstr(text, "<svg"));
     ck_assert_ptr_nonnull(strstr(text, "First divergent op"));
     ck_assert_ptr_nonnull(strstr(text, "<b>L1.moe.out</b>"));
-    ck_assert_ptr_null(strstr(text, "http://www.w3.org/1999")); /* no external resources but the SVG ns */
+    ck_assert_ptr_null(
+        strstr(text, "http://www.w3.org/1999")); /* no external resources but the SVG ns */
     free(text);
     unlink(path);
     prl_diag_report_free(&r);

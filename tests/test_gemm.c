@@ -35,18 +35,23 @@ START_TEST(test_matches_reference_bitwise)
             for (int ki = 0; ki < 7; ki++)
                 for (int t = 0; t < 4; t++) {
                     int M = sizes[mi], N = sizes[ni], K = depths[ki], ta = t & 1, tb = t >> 1;
-                    float *A = random_matrix((size_t)M * K, 1), *B = random_matrix((size_t)K * N, 2);
+                    float *A = random_matrix((size_t)M * K, 1),
+                          *B = random_matrix((size_t)K * N, 2);
                     float *C0 = random_matrix((size_t)M * N, 3);
-                    float *C1 = malloc((size_t)M * N * sizeof *C1), *C2 = malloc((size_t)M * N * sizeof *C2);
+                    float *C1 = malloc((size_t)M * N * sizeof *C1),
+                          *C2 = malloc((size_t)M * N * sizeof *C2);
                     int ai = (M + N + K) % 2, bi = (M + K) % 3;
                     if (betas[bi] == 0.0f) /* beta = 0 must not read C: poison it */
                         for (int i = 0; i < M * N; i++) C0[i] = NAN;
                     memcpy(C1, C0, (size_t)M * N * sizeof *C1);
                     memcpy(C2, C0, (size_t)M * N * sizeof *C2);
-                    prl_gemm_f32(ta, tb, M, N, K, alphas[ai], A, ta ? M : K, B, tb ? K : N, betas[bi], C1, N);
-                    prl_gemm_f32_ref(ta, tb, M, N, K, alphas[ai], A, ta ? M : K, B, tb ? K : N, betas[bi], C2, N);
+                    prl_gemm_f32(ta, tb, M, N, K, alphas[ai], A, ta ? M : K, B, tb ? K : N,
+                                 betas[bi], C1, N);
+                    prl_gemm_f32_ref(ta, tb, M, N, K, alphas[ai], A, ta ? M : K, B, tb ? K : N,
+                                     betas[bi], C2, N);
                     ck_assert_msg(!memcmp(C1, C2, (size_t)M * N * sizeof *C1),
-                                  "M %d N %d K %d ta %d tb %d: differs from the reference", M, N, K, ta, tb);
+                                  "M %d N %d K %d ta %d tb %d: differs from the reference", M, N, K,
+                                  ta, tb);
                     checked++;
                     free(A), free(B), free(C0), free(C1), free(C2);
                 }
@@ -67,14 +72,15 @@ START_TEST(test_batch_invariance)
             for (int rows = 1; rows <= 16 && off + rows <= M; rows += 5) {
                 prl_gemm_f32(0, 1, rows, N, K, 1, A + (size_t)off * K, K, W, K, 0, D, N);
                 ck_assert_msg(!memcmp(D, C + (size_t)off * N, (size_t)rows * N * sizeof *D),
-                              "K %d: rows %d..%d differ when computed in a call of %d rows", K,
-                              off, off + rows - 1, rows);
+                              "K %d: rows %d..%d differ when computed in a call of %d rows", K, off,
+                              off + rows - 1, rows);
             }
         for (int col = 0; col < N; col += 7) { /* columns [col, col+3) alone */
             int cols = col + 3 <= N ? 3 : N - col;
             prl_gemm_f32(0, 1, M, cols, K, 1, A, K, W + (size_t)col * K, K, 0, D, cols);
             for (int i = 0; i < M; i++)
-                ck_assert_msg(!memcmp(D + (size_t)i * cols, C + (size_t)i * N + col, (size_t)cols * sizeof *D),
+                ck_assert_msg(!memcmp(D + (size_t)i * cols, C + (size_t)i * N + col,
+                                      (size_t)cols * sizeof *D),
                               "K %d: row %d columns %d.. differ in a narrower call", K, i, col);
         }
         free(A), free(W), free(C), free(D);
@@ -116,7 +122,8 @@ START_TEST(test_packed_equals_plain)
             prl_gemm_f32(0, tb, M, N, K, 0.5f, A, K, B, tb ? K : N, 1, C1, N);
             prl_gemm_f32_packed(0, M, 0, 512, 0.5f, A, K, &pb, 1, C2, N); /* in two column ranges */
             prl_gemm_f32_packed(0, M, 512, N - 512, 0.5f, A, K, &pb, 1, C2, N);
-            ck_assert_msg(!memcmp(C1, C2, (size_t)M * N * sizeof *C1), "K %d tb %d: packed differs", K, tb);
+            ck_assert_msg(!memcmp(C1, C2, (size_t)M * N * sizeof *C1), "K %d tb %d: packed differs",
+                          K, tb);
             prl_packed_b_free(&pb);
             free(A), free(B), free(C1), free(C2);
         }

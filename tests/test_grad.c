@@ -77,7 +77,10 @@ static double fd_error(forward_fn f, void *ctx, double *x, size_t n, const doubl
 
 /* ------------------------------------------------------------------ matmul ---------- */
 
-typedef struct { double *inp, *w; int N, C, OC; } mm_ctx;
+typedef struct {
+    double *inp, *w;
+    int N, C, OC;
+} mm_ctx;
 static void mm_fwd(void *p, double *out)
 {
     mm_ctx *c = p;
@@ -105,7 +108,10 @@ END_TEST
 
 /* ------------------------------------------------------------------ mHC ------------- */
 
-typedef struct { double *R, S[2 * 20 * 16]; int n, it; } sk_ctx;
+typedef struct {
+    double *R, S[2 * 20 * 16];
+    int n, it;
+} sk_ctx;
 static void sk_fwd(void *p, double *out)
 {
     sk_ctx *c = p;
@@ -136,7 +142,10 @@ START_TEST(test_sinkhorn_grad)
 END_TEST
 
 /* hc_pre and hc_post alone: x_in = Σ pre_i X_i;  Xo_j = post_j F + Σ_i H[i,j] X_i. */
-typedef struct { double *X, *F, *pre, *post, *H; prl_mhc_shape s; } mix_t;
+typedef struct {
+    double *X, *F, *pre, *post, *H;
+    prl_mhc_shape s;
+} mix_t;
 static void hcpre_fwd(void *p, double *out)
 {
     mix_t *c = p;
@@ -153,12 +162,14 @@ START_TEST(test_hc_pre_post_grad)
     mix_t c = {.s = {.N = 3, .n = 4, .d = 5, .it = 1, .full = 1}};
     int N = 3, n = 4, d = 5, nd = 20;
     c.X = randv((size_t)N * nd, 1), c.F = randv((size_t)N * d, 1);
-    c.pre = randv((size_t)N * n, 1), c.post = randv((size_t)N * n, 1), c.H = randv((size_t)N * 16, 1);
+    c.pre = randv((size_t)N * n, 1), c.post = randv((size_t)N * n, 1),
+    c.H = randv((size_t)N * 16, 1);
     double *r = randv((size_t)N * nd, 1);
     double *dX = calloc((size_t)N * nd, 8), *dpre = calloc((size_t)N * n, 8);
     prl_mhc_pre_backward(dX, dpre, r, c.X, c.pre, c.s);
     ck_assert_double_lt(fd_error(hcpre_fwd, &c, c.X, (size_t)N * nd, dX, r, (size_t)N * d), 1e-6);
-    ck_assert_double_lt(fd_error(hcpre_fwd, &c, c.pre, (size_t)N * n, dpre, r, (size_t)N * d), 1e-6);
+    ck_assert_double_lt(fd_error(hcpre_fwd, &c, c.pre, (size_t)N * n, dpre, r, (size_t)N * d),
+                        1e-6);
     double *dF = calloc((size_t)N * d, 8), *dpost = calloc((size_t)N * n, 8);
     double *dH = calloc((size_t)N * 16, 8);
     memset(dX, 0, (size_t)N * nd * 8);
@@ -181,7 +192,11 @@ typedef struct {
 
 static prl_mhc_saved site_saved(site_t *c)
 {
-    return (prl_mhc_saved){.h = c->h, .rstd = c->rstd, .m = c->m, .pre = c->pre, .post = c->post,
+    return (prl_mhc_saved){.h = c->h,
+                           .rstd = c->rstd,
+                           .m = c->m,
+                           .pre = c->pre,
+                           .post = c->post,
                            .S = c->S};
 }
 
@@ -199,7 +214,8 @@ static void site_fwd(void *p, double *out)
     memcpy(out, c->pre, (size_t)N * n * 8);
     memcpy(out + N * n, c->post, (size_t)N * n * 8);
     for (int t = 0; t < N; t++)
-        memcpy(out + 2 * N * n + t * n * n, c->S + ((size_t)t * ns + ns - 1) * n * n, (size_t)n * n * 8);
+        memcpy(out + 2 * N * n + t * n * n, c->S + ((size_t)t * ns + ns - 1) * n * n,
+               (size_t)n * n * 8);
 }
 
 static void check_site(int full)
@@ -243,7 +259,10 @@ END_TEST
 
 /* ------------------------------------------------------------------ RMSNorm --------- */
 
-typedef struct { double *inp, *g, rstd[8]; int N, C, stride; } rn_ctx;
+typedef struct {
+    double *inp, *g, rstd[8];
+    int N, C, stride;
+} rn_ctx;
 static void rn_fwd(void *p, double *out)
 {
     rn_ctx *c = p;
@@ -267,7 +286,10 @@ END_TEST
 
 /* ------------------------------------------------------------------ RoPE ------------ */
 
-typedef struct { double *x, cos_t[64], sin_t[64]; int N, T; } rope_ctx;
+typedef struct {
+    double *x, cos_t[64], sin_t[64];
+    int N, T;
+} rope_ctx;
 static void rope_fwd(void *p, double *out)
 {
     rope_ctx *c = p;
@@ -324,7 +346,8 @@ static double *check_attention(at_ctx *c)
             for (int i = 0; i < sh.H * sh.dv; i++) r[(b * sh.T + t) * sh.H * sh.dv + i] = 0;
     at_fwd(c, out);
     for (int b = 0; b < sh.B; b++)
-        for (int t = c->lens[b]; t < sh.T; t++) ck_assert_double_eq(out[(b * sh.T + t) * sh.H * sh.dv], 0);
+        for (int t = c->lens[b]; t < sh.T; t++)
+            ck_assert_double_eq(out[(b * sh.T + t) * sh.H * sh.dv], 0);
     double *dq_ = calloc(nq, 8), *dkv_ = calloc(nkv, 8), *dkr = calloc(nkr, 8);
     double *dskv = calloc(nskv + 1, 8), *dskr = calloc(nskr + 1, 8);
     double *scratch = malloc(prl_attention_scratch(sh) * 8);
@@ -372,7 +395,8 @@ START_TEST(test_attention_window_sinks_grad)
     double out2[200];
     c.kv[(1 * c.sh.H + 0) * 6 + 4] += 1.0;
     at_fwd(&c, out2);
-    for (int i = 0; i < 3; i++) ck_assert_double_eq(out[4 * c.sh.H * 3 + i], out2[4 * c.sh.H * 3 + i]);
+    for (int i = 0; i < 3; i++)
+        ck_assert_double_eq(out[4 * c.sh.H * 3 + i], out2[4 * c.sh.H * 3 + i]);
     ck_assert_double_ne(out[3 * c.sh.H * 3 + 1], out2[3 * c.sh.H * 3 + 1]); /* v element 1 */
     /* the probabilities of a row (sinks + window) sum to 1 */
     const double *P = c.att + 4 * (2 + 7);
@@ -420,7 +444,7 @@ START_TEST(test_attention_dsa_sel_grad)
     ck_assert_int_ge(s_out, 0);
     double out2[B * T * 2 * 3];
     c.kv[(s_out * c.sh.H + 1) * 6 + 4] += 1.0; /* its value, head 1 */
-    c.kr[s_out * 2] += 1.0;                     /* and its rope key */
+    c.kr[s_out * 2] += 1.0;                    /* and its rope key */
     at_fwd(&c, out2);
     for (int i = 0; i < 2 * 3; i++) ck_assert_double_eq(out[8 * 6 + i], out2[8 * 6 + i]);
     /* the probabilities of an unselected key are exactly 0 */
@@ -437,7 +461,8 @@ START_TEST(test_attention_dsa_full_sel_is_dense)
     memset(sel, 1, sizeof sel);
     prl_attn_shape sh = {.B = B, .T = T, .H = H, .dn = 3, .dr = 2, .dv = 3, .ns = 1};
     double *q = randv(T * H * 5, 1), *kv = randv(T * H * 6, 1), *kr = randv(T * 2, 1);
-    double *skv = randv(H * 6, 1), *skr = randv(2, 1), att[H * T * (1 + T)], o1[T * H * 3], o2[T * H * 3];
+    double *skv = randv(H * 6, 1), *skr = randv(2, 1), att[H * T * (1 + T)], o1[T * H * 3],
+           o2[T * H * 3];
     prl_attention_forward(o1, att, q, kv, kr, skv, skr, NULL, sh);
     sh.sel = sel;
     prl_attention_forward(o2, att, q, kv, kr, skv, skr, NULL, sh);
@@ -446,7 +471,11 @@ START_TEST(test_attention_dsa_full_sel_is_dense)
 }
 END_TEST
 
-typedef struct { double *qI, *kI, *w; int32_t lens[2]; int B, T, HI, dI; } sc_ctx;
+typedef struct {
+    double *qI, *kI, *w;
+    int32_t lens[2];
+    int B, T, HI, dI;
+} sc_ctx;
 static void sc_fwd(void *p, double *out)
 {
     sc_ctx *c = p;
@@ -469,8 +498,8 @@ START_TEST(test_dsa_score_grad)
         want += a > 0 ? c.w[3 * 3 + j] * a / 2 : 0;
     }
     ck_assert_double_eq_tol(out[3 * 6 + 1], want, 1e-12);
-    ck_assert_double_eq(out[3 * 6 + 4], 0);        /* s > t */
-    ck_assert_double_eq(out[(6 + 5) * 6 + 0], 0);  /* past sequence 1's length */
+    ck_assert_double_eq(out[3 * 6 + 4], 0);       /* s > t */
+    ck_assert_double_eq(out[(6 + 5) * 6 + 0], 0); /* past sequence 1's length */
     double *dq = calloc(nq, 8), *dk = calloc(nk, 8), *dw = calloc(nw, 8);
     prl_dsa_score_backward(dq, dk, dw, r, c.qI, c.kI, c.w, c.lens, c.B, c.T, c.HI, c.dI);
     ck_assert_double_lt(fd_error(sc_fwd, &c, c.qI, nq, dq, r, no), 1e-6);
@@ -480,7 +509,11 @@ START_TEST(test_dsa_score_grad)
 }
 END_TEST
 
-typedef struct { double *target, *score; const uint8_t *sel; int n; } kl_ctx;
+typedef struct {
+    double *target, *score;
+    const uint8_t *sel;
+    int n;
+} kl_ctx;
 static void kl_fwd(void *p, double *out)
 {
     kl_ctx *c = p;
@@ -529,7 +562,10 @@ END_TEST
 
 /* ------------------------------------------------------------------ ModAttn conv ---- */
 
-typedef struct { double *inp, *w; int B, T, C, k, stride; } conv_ctx;
+typedef struct {
+    double *inp, *w;
+    int B, T, C, k, stride;
+} conv_ctx;
 static void conv_fwd(void *p, double *out)
 {
     conv_ctx *c = p;
@@ -542,7 +578,8 @@ START_TEST(test_conv_grad)
     conv_ctx c = {.B = 2, .T = 6, .C = 4, .k = 3, .stride = 7};
     int n_in = 12 * 7, n_out = 12 * 4;
     c.inp = randv(n_in, 1), c.w = randv(12, 1);
-    double *out = malloc(n_out * 8), *r = randv(n_out, 1), *dinp = calloc(n_in, 8), *dw = calloc(12, 8);
+    double *out = malloc(n_out * 8), *r = randv(n_out, 1), *dinp = calloc(n_in, 8),
+           *dw = calloc(12, 8);
     conv_fwd(&c, out);
     prl_conv_backward(dinp, c.stride, dw, r, c.inp, c.w, c.B, c.T, c.C, c.k);
     ck_assert_double_lt(fd_error(conv_fwd, &c, c.inp, n_in, dinp, r, n_out), 1e-6);
@@ -558,7 +595,10 @@ END_TEST
 
 /* ------------------------------------------------------------------ SwiGLU ---------- */
 
-typedef struct { double *inp, *w13, *w2, *a13, *h; int N, C, F; } sw_ctx;
+typedef struct {
+    double *inp, *w13, *w2, *a13, *h;
+    int N, C, F;
+} sw_ctx;
 static void sw_fwd(void *p, double *out)
 {
     sw_ctx *c = p;
@@ -590,7 +630,12 @@ END_TEST
 
 /* ------------------------------------------------------------------ MoE gate -------- */
 
-typedef struct { double *z, s[8]; int32_t sel[3]; const int32_t *forced; int renorm; } gate_ctx;
+typedef struct {
+    double *z, s[8];
+    int32_t sel[3];
+    const int32_t *forced;
+    int renorm;
+} gate_ctx;
 static void gate_fwd(void *p, double *out)
 {
     gate_ctx *c = p;
@@ -626,7 +671,11 @@ END_TEST
 
 /* ------------------------------------------------------------------ log-prob -------- */
 
-typedef struct { double *logits; int y; double tau; } lp_ctx;
+typedef struct {
+    double *logits;
+    int y;
+    double tau;
+} lp_ctx;
 static void lp_fwd(void *p, double *out)
 {
     lp_ctx *c = p;
@@ -654,7 +703,11 @@ END_TEST
 
 /* Several targets of one row, each with its own weight (the teacher's top-k of OPD): one
 ** pass equals the sum of single-target gradients, and matches finite differences. */
-typedef struct { double *logits; int32_t ys[4]; double tau; } lpm_ctx;
+typedef struct {
+    double *logits;
+    int32_t ys[4];
+    double tau;
+} lpm_ctx;
 static void lpm_fwd(void *p, double *out)
 {
     lpm_ctx *c = p;
@@ -672,7 +725,8 @@ START_TEST(test_logprob_multi_grad)
         prl_logprob_forward(&lse, c.logits, 9, 0, c.tau);
         prl_logprob_backward_multi(dl, c.logits, lse, 9, c.ys, r, 4, c.tau);
         ck_assert_double_lt(fd_error(lpm_fwd, &c, c.logits, 9, dl, r, 4), 1e-6);
-        for (int i = 0; i < 4; i++) prl_logprob_backward(single, c.logits, lse, 9, c.ys[i], c.tau, r[i]);
+        for (int i = 0; i < 4; i++)
+            prl_logprob_backward(single, c.logits, lse, 9, c.ys[i], c.tau, r[i]);
         for (int v = 0; v < 9; v++) ck_assert_double_eq_tol(dl[v], single[v], 1e-12);
     }
 }
@@ -680,7 +734,10 @@ END_TEST
 
 /* ------------------------------------------------------------------ embedding ------- */
 
-typedef struct { double *table; int32_t tok[5]; } emb_ctx;
+typedef struct {
+    double *table;
+    int32_t tok[5];
+} emb_ctx;
 static void emb_fwd(void *p, double *out)
 {
     emb_ctx *c = p;
@@ -699,7 +756,10 @@ END_TEST
 
 /* ------------------------------------------------------------------ MTP input ------- */
 
-typedef struct { double *e, *h, *ge, *gh, *w, *cat, rstd_e[6], rstd_h[6]; int N, d; } mtpin_ctx;
+typedef struct {
+    double *e, *h, *ge, *gh, *w, *cat, rstd_e[6], rstd_h[6];
+    int N, d;
+} mtpin_ctx;
 static void mtpin_fwd(void *p, double *out)
 {
     mtpin_ctx *c = p;
@@ -760,15 +820,15 @@ END_TEST
 
 /* ------------------------------------------------------------------ whole model ----- */
 
-#define MICRO_KEYS                                                                               \
-    "\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 3,"                         \
-    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"                     \
-    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"                      \
-    " \"rope_theta\": 10000.0, \"rope_interleave\": false, \"rms_norm_eps\": 1e-5,"               \
-    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"                                \
-    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"       \
-    " \"n_shared_experts\": 1, \"norm_topk_prob\": true, \"routed_scaling_factor\": 1.5,"       \
-    " \"max_position_embeddings\": 12, \"initializer_range\": 0.3,"                            \
+#define MICRO_KEYS                                                                                 \
+    "\"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 3,"                           \
+    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"                      \
+    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"                        \
+    " \"rope_theta\": 10000.0, \"rope_interleave\": false, \"rms_norm_eps\": 1e-5,"                \
+    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"                                    \
+    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"         \
+    " \"n_shared_experts\": 1, \"norm_topk_prob\": true, \"routed_scaling_factor\": 1.5,"          \
+    " \"max_position_embeddings\": 12, \"initializer_range\": 0.3,"                                \
     " \"prl_balance_loss_alpha\": 0.05, \"prl_router_z_loss_coef\": 0.01"
 
 static const char *micro_config = "{" MICRO_KEYS "}";
@@ -782,9 +842,9 @@ static const char *micro_swa_sinks_config =
 ** 3 Sinkhorn iterations, γ), sandwich norms and a block post-norm after layer 0; then the
 ** residual blocks one at a time (plain residual with sandwich + block post-norms; mHC
 ** without γ). */
-#define MICRO_ATTN_BLOCKS                                                                        \
-    ", \"swa_layers\": [1, 2], \"sliding_window_list\": [4, 4], \"sliding_window\": 4,"           \
-    " \"param_sink_number\": 2, \"param_sink_with_value\": true, \"use_mome\": true,"             \
+#define MICRO_ATTN_BLOCKS                                                                          \
+    ", \"swa_layers\": [1, 2], \"sliding_window_list\": [4, 4], \"sliding_window\": 4,"            \
+    " \"param_sink_number\": 2, \"param_sink_with_value\": true, \"use_mome\": true,"              \
     " \"router_sliding_window\": 3"
 static const char *micro_mhc_config =
     "{" MICRO_KEYS MICRO_ATTN_BLOCKS ", \"use_mhc\": true, \"mhc_num_stream\": 4,"
@@ -839,15 +899,16 @@ static void make_override(int32_t *ov, const int32_t *captured, int n_moe, int N
         for (int n = 0; n < N; n++)
             for (int k = 0; k < K; k++) {
                 size_t at = ((size_t)i * N + n) * K + k;
-                ov[at] = !partial ? captured[at]
-                         : n % 3 == 1 ? PRL_ROUTE_NATIVE : (captured[at] + 1) % E;
+                ov[at] = !partial     ? captured[at]
+                         : n % 3 == 1 ? PRL_ROUTE_NATIVE
+                                      : (captured[at] + 1) % E;
             }
 }
 
 /* FD check of the whole model on a micro config: a few random elements of every tensor and
 ** one random direction over all parameters, MoE routes frozen (partial = 0) or partly forced
 ** to other experts and partly native (partial = 1, see make_override). */
-static int grad_with_mtp; /* set around a check: the batch runs the MTP modules */
+static int grad_with_mtp;   /* set around a check: the batch runs the MTP modules */
 static int grad_with_extra; /* set around a check: 3 extra targets per target position */
 
 static double check_model_grad_cfg(const prl_config *cfg, int partial)
@@ -876,8 +937,14 @@ static double check_model_grad_cfg(const prl_config *cfg, int partial)
         targets[i] = i % 5 == 0 ? -1 : (int32_t)(prl_rng_u64(&rng) % 64);
         weights[i] = (float)(-0.1 * (1 + prl_rng_uniform(&rng)));
     }
-    c.b = (prl_batch){.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets,
-                      .weights = weights, .temperature = 0.9, .with_mtp = grad_with_mtp};
+    c.b = (prl_batch){.B = B,
+                      .T = T,
+                      .tokens = tokens,
+                      .lens = lens,
+                      .targets = targets,
+                      .weights = weights,
+                      .temperature = 0.9,
+                      .with_mtp = grad_with_mtp};
     int32_t extra_ids[B * T * 3];
     float extra_w[B * T * 3];
     for (int i = 0; i < B * T * 3; i++) { /* some slots empty (-1), and none off a target */
@@ -945,8 +1012,10 @@ static double check_model_grad_cfg(const prl_config *cfg, int partial)
         double lm = model_objective(&c, index);
         memcpy(c.m.params, keep, c.m.n_params * sizeof *keep);
         double num = (lp - lm) / (2 * eps), ana = dot(c.m.grads, d, c.m.n_params);
-        ck_assert_msg(fabs(num - ana) / fabs(num) < 1e-6, "direction %s: analytic %.10g numeric "
-                      "%.10g", index ? "indexer" : "model", ana, num);
+        ck_assert_msg(fabs(num - ana) / fabs(num) < 1e-6,
+                      "direction %s: analytic %.10g numeric "
+                      "%.10g",
+                      index ? "indexer" : "model", ana, num);
         free(d);
     }
     /* the router learns through the gates even when routes are forced */
@@ -973,11 +1042,11 @@ static void check_model_grad(const char *config) { check_model_grad_mode(config,
 
 /* The micro config of spec §12.2 with DSA on layer 0 (2 index heads × 8 dims, top-4), SWA on
 ** layers 1 and 2, sinks and convs: the sparse stage (selection frozen) and the dense warm-up. */
-#define MICRO_DSA_KEYS                                                                           \
+#define MICRO_DSA_KEYS                                                                             \
     MICRO_KEYS ", \"dsa_layers\": [0], \"index_topk\": 4, \"index_n_heads\": 2,"                   \
-    " \"index_head_dim\": 8, \"swa_layers\": [1, 2], \"sliding_window_list\": [4, 4],"          \
-    " \"sliding_window\": 4, \"param_sink_number\": 2, \"use_mome\": true,"                      \
-    " \"router_sliding_window\": 3"
+               " \"index_head_dim\": 8, \"swa_layers\": [1, 2], \"sliding_window_list\": [4, 4],"  \
+               " \"sliding_window\": 4, \"param_sink_number\": 2, \"use_mome\": true,"             \
+               " \"router_sliding_window\": 3"
 static const char *micro_dsa_config = "{" MICRO_DSA_KEYS "}";
 static const char *micro_dsa_dense_config = "{" MICRO_DSA_KEYS ", \"prl_dsa_stage\": \"dense\"}";
 /* spec §12.2 whole (but MTP): DSA with mHC, sandwich norms and a block post-norm */
@@ -1002,7 +1071,8 @@ END_TEST
 START_TEST(test_model_grad_pangu)
 {
     prl_config cfg;
-    ck_assert_msg(prl_config_load(&cfg, PRL_SOURCE_DIR "/configs/models/micro-pangu.json") == PRL_OK,
+    ck_assert_msg(prl_config_load(&cfg, PRL_SOURCE_DIR "/configs/models/micro-pangu.json") ==
+                      PRL_OK,
                   "%s", prl_error_message());
     ck_assert(cfg.n_dsa_layers == 1 && cfg.n_swa_layers == 2 && cfg.param_sink_number == 2 &&
               cfg.use_mome && cfg.use_mhc && cfg.sandwich_norm &&
@@ -1029,8 +1099,10 @@ START_TEST(test_dsa_gradient_separation)
         prl_model_init_weights(&m, 9);
         int32_t tok[12], tgt[12];
         float wts[12];
-        for (int i = 0; i < 12; i++) tok[i] = (int32_t)(i * 7 % 64), tgt[i] = (i * 3 + 1) % 64, wts[i] = -0.1f;
-        prl_batch b = {.B = 1, .T = 12, .tokens = tok, .targets = tgt, .weights = wts, .temperature = 1};
+        for (int i = 0; i < 12; i++)
+            tok[i] = (int32_t)(i * 7 % 64), tgt[i] = (i * 3 + 1) % 64, wts[i] = -0.1f;
+        prl_batch b =
+            {.B = 1, .T = 12, .tokens = tok, .targets = tgt, .weights = wts, .temperature = 1};
         prl_forward_stats st;
         ck_assert_int_eq(prl_model_forward(&m, &b, NULL, &st), PRL_OK);
         ck_assert_double_gt(st.index_loss, 0);
@@ -1039,7 +1111,8 @@ START_TEST(test_dsa_gradient_separation)
         double g_ix = 0, g_main = 0;
         for (int i = 0; i < m.n_tensors; i++)
             for (size_t j = 0; j < m.tensors[i].numel; j++)
-                *(is_indexer(&m.tensors[i]) ? &g_ix : &g_main) += fabs(m.grads[m.tensors[i].offset + j]);
+                *(is_indexer(&m.tensors[i]) ? &g_ix : &g_main) +=
+                    fabs(m.grads[m.tensors[i].offset + j]);
         ck_assert_double_gt(g_ix, 0);
         if (freeze) ck_assert_double_eq(g_main, 0);
         else ck_assert_double_gt(g_main, 0);
@@ -1065,7 +1138,8 @@ END_TEST
 START_TEST(test_model_topk)
 {
     prl_config cfg;
-    ck_assert_msg(prl_config_parse(&cfg, micro_config, "micro") == PRL_OK, "%s", prl_error_message());
+    ck_assert_msg(prl_config_parse(&cfg, micro_config, "micro") == PRL_OK, "%s",
+                  prl_error_message());
     prl_model m;
     ck_assert_int_eq(prl_model_init(&m, &cfg), PRL_OK);
     prl_model_init_weights(&m, 3);
@@ -1074,8 +1148,8 @@ START_TEST(test_model_topk)
     float lp[B * T * K], got[B * T];
     for (int i = 0; i < B * T; i++)
         tokens[i] = (int32_t)(prl_rng_u64(&rng) % 64), targets[i] = i % 4 == 1 ? -1 : 0;
-    prl_batch b = {.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets,
-                   .temperature = 0.7};
+    prl_batch b =
+        {.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets, .temperature = 0.7};
     ck_assert_int_eq(prl_model_logprobs(&m, &b, NULL), PRL_OK);
     ck_assert_int_eq(prl_model_topk(&m, &b, K, ids, lp), PRL_OK);
     int V = cfg.vocab_size, n_target = 0;
@@ -1092,7 +1166,8 @@ START_TEST(test_model_topk)
             if (i) ck_assert(lp[n * K + i] <= lp[n * K + i - 1]);
         }
         if (!has) continue;
-        const prl_real *row = prl_model_logits(&m) + (size_t)n * V; /* nothing outside beats the k-th */
+        const prl_real *row =
+            prl_model_logits(&m) + (size_t)n * V; /* nothing outside beats the k-th */
         for (int v = 0, in; v < V; v++) {
             in = 0;
             for (int i = 0; i < K; i++) in |= ids[n * K + i] == v;
@@ -1108,8 +1183,8 @@ START_TEST(test_model_topk)
         ck_assert_int_eq(prl_model_logprobs(&m, &pb, got), PRL_OK);
         for (int n = 0; n < B * T; n++)
             if (targets[n] >= 0 && n % T < lens[n / T])
-                ck_assert_msg(fabsf(got[n] - lp[n * K + i]) < 1e-5f, "position %d rank %d: %g vs %g",
-                              n, i, lp[n * K + i], got[n]);
+                ck_assert_msg(fabsf(got[n] - lp[n * K + i]) < 1e-5f,
+                              "position %d rank %d: %g vs %g", n, i, lp[n * K + i], got[n]);
     }
     /* equal logits (a zero head): the lower ids first, each log-prob −log V */
     const prl_param_info *head = prl_model_find(&m, "lm_head.weight");
@@ -1214,8 +1289,13 @@ START_TEST(test_mtp_module_grad)
         targets[i] = i % 7 == 3 ? -1 : (int32_t)(prl_rng_u64(&rng) % 64);
         weights[i] = -1.0f / 20;
     }
-    prl_batch b = {.B = B, .T = T, .tokens = tokens, .lens = lens, .targets = targets,
-                   .weights = weights, .temperature = 1};
+    prl_batch b = {.B = B,
+                   .T = T,
+                   .tokens = tokens,
+                   .lens = lens,
+                   .targets = targets,
+                   .weights = weights,
+                   .temperature = 1};
     prl_forward_stats st;
     double *g0 = malloc(m.n_params * sizeof *g0);
     prl_model_zero_grad(&m);
@@ -1233,8 +1313,7 @@ START_TEST(test_mtp_module_grad)
     prl_model_zero_grad(&m);
     ck_assert_int_eq(prl_model_forward(&m, &b, NULL, &st), PRL_OK);
     ck_assert_double_gt(st.mtp_loss, 0); /* Σ w·logp with w < 0: a cross-entropy */
-    ck_assert_double_eq_tol(st.loss, st.lm_loss + st.balance_loss + st.z_loss + st.mtp_loss,
-                            1e-12);
+    ck_assert_double_eq_tol(st.loss, st.lm_loss + st.balance_loss + st.z_loss + st.mtp_loss, 1e-12);
     ck_assert_int_eq(prl_model_backward(&m, &b), PRL_OK);
     for (size_t j = 0; j < m.n_params; j++) m.grads[j] -= g0[j]; /* the MTP part */
     /* FD of mtp_loss over a random direction, and per element on some tensors */
@@ -1250,10 +1329,14 @@ START_TEST(test_mtp_module_grad)
     double num = (lp - lm) / (2 * eps), ana = dot(m.grads, dir, m.n_params);
     fprintf(stderr, "MTP alone: direction numeric %.10g analytic %.10g\n", num, ana);
     ck_assert_double_lt(fabs(num - ana) / fabs(num), 1e-6);
-    const char *names[] = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_a_proj.weight",
-                           "model.merge_mhc_module.phi.weight", "lm_head.weight",
-                           "model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight",
-                           "model.layers.4.hnorm.weight", "model.layers.4.mlp.gate.weight",
+    const char *names[] = {"model.embed_tokens.weight",
+                           "model.layers.0.self_attn.q_a_proj.weight",
+                           "model.merge_mhc_module.phi.weight",
+                           "lm_head.weight",
+                           "model.layers.3.eh_proj.weight",
+                           "model.layers.3.enorm.weight",
+                           "model.layers.4.hnorm.weight",
+                           "model.layers.4.mlp.gate.weight",
                            "model.layers.3.self_attn.param_sink_k_pe"};
     double worst = 0;
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
@@ -1269,8 +1352,8 @@ START_TEST(test_mtp_module_grad)
             m.params[j] = keep[j];
             double n_ = (lp - lm) / (2 * eps), a_ = m.grads[j];
             double err = fabs(n_ - a_) / fmax(1e-3, fabs(n_) + fabs(a_));
-            if (err > 1e-5) fprintf(stderr, "MTP grad %s: analytic %.10g numeric %.10g\n",
-                                    names[i], a_, n_);
+            if (err > 1e-5)
+                fprintf(stderr, "MTP grad %s: analytic %.10g numeric %.10g\n", names[i], a_, n_);
             worst = fmax(worst, err);
         }
         for (size_t j = 0; j < p->numel; j++) gsum += fabs(m.grads[p->offset + j]);
@@ -1286,17 +1369,23 @@ END_TEST
 START_TEST(test_mtp_config_errors)
 {
     prl_config cfg;
-    ck_assert_int_eq(prl_config_parse(&cfg, "{" MICRO_KEYS ", \"num_nextn_predict_layers\": -1}",
-                                      "x"), PRL_ERR_CONFIG);
+    ck_assert_int_eq(
+        prl_config_parse(&cfg, "{" MICRO_KEYS ", \"num_nextn_predict_layers\": -1}", "x"),
+        PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "num_nextn_predict_layers"));
-    ck_assert_int_eq(prl_config_parse(&cfg, "{" MICRO_KEYS ", \"prl_mtp_loss_weight\": -0.1}",
-                                      "x"), PRL_ERR_CONFIG);
+    ck_assert_int_eq(prl_config_parse(&cfg, "{" MICRO_KEYS ", \"prl_mtp_loss_weight\": -0.1}", "x"),
+                     PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "prl_mtp_loss_weight"));
-    ck_assert_int_eq(prl_config_parse(&cfg, "{" MICRO_KEYS ", \"swa_layers\": [3],"
-                                      " \"sliding_window\": 4}", "x"), PRL_ERR_CONFIG);
-    ck_assert_int_eq(prl_config_parse(&cfg, "{" MICRO_KEYS ", \"swa_layers\": [3],"
+    ck_assert_int_eq(prl_config_parse(&cfg,
+                                      "{" MICRO_KEYS ", \"swa_layers\": [3],"
+                                      " \"sliding_window\": 4}",
+                                      "x"),
+                     PRL_ERR_CONFIG);
+    ck_assert_int_eq(prl_config_parse(&cfg,
+                                      "{" MICRO_KEYS ", \"swa_layers\": [3],"
                                       " \"sliding_window\": 4, \"num_nextn_predict_layers\": 1}",
-                                      "x"), PRL_OK);
+                                      "x"),
+                     PRL_OK);
     ck_assert_int_eq(prl_config_window(&cfg, 3), 4);
 }
 END_TEST
@@ -1314,8 +1403,8 @@ START_TEST(test_padding_is_inert)
         int32_t tok[12], tgt[12], len = 7;
         for (int i = 0; i < 12; i++) tok[i] = (int32_t)(i * 5 % 64), tgt[i] = (i + 1) % 64;
         float lp1[12], lp2[12];
-        prl_batch b = {.B = 1, .T = 12, .tokens = tok, .lens = &len, .targets = tgt,
-                       .temperature = 1};
+        prl_batch b =
+            {.B = 1, .T = 12, .tokens = tok, .lens = &len, .targets = tgt, .temperature = 1};
         ck_assert_int_eq(prl_model_logprobs(&m, &b, lp1), PRL_OK);
         for (int i = 7; i < 12; i++) tok[i] = 63 - i;
         ck_assert_int_eq(prl_model_logprobs(&m, &b, lp2), PRL_OK);

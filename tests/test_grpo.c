@@ -18,8 +18,10 @@ START_TEST(test_advantage_groups)
     int keep[6];
     prl_grpo_adv_stats st;
     ck_assert_int_eq(prl_grpo_advantages(a, keep, r, g, 6, PRL_GRPO_NORM_STD, 1e-6,
-                                         PRL_GRPO_SINGLETON_ZERO, &st), PRL_OK);
-    double mean = 2.0 / 3, sd = sqrt(((1 - mean) * (1 - mean) * 2 + mean * mean) / 2); /* unbiased */
+                                         PRL_GRPO_SINGLETON_ZERO, &st),
+                     PRL_OK);
+    double mean = 2.0 / 3,
+           sd = sqrt(((1 - mean) * (1 - mean) * 2 + mean * mean) / 2); /* unbiased */
     ck_assert_double_eq_tol(a[0], (1 - mean) / (sd + 1e-6), 1e-12);
     ck_assert_double_eq_tol(a[2], (0 - mean) / (sd + 1e-6), 1e-12);
     ck_assert(a[4] == a[0]);
@@ -30,40 +32,49 @@ START_TEST(test_advantage_groups)
     ck_assert_int_eq(st.constant_groups, 1);
     /* Dr.GRPO: no std */
     ck_assert_int_eq(prl_grpo_advantages(a, keep, r, g, 6, PRL_GRPO_NORM_NONE, 1e-6,
-                                         PRL_GRPO_SINGLETON_ZERO, NULL), PRL_OK);
+                                         PRL_GRPO_SINGLETON_ZERO, NULL),
+                     PRL_OK);
     ck_assert_double_eq_tol(a[0], 1 - mean, 1e-12);
     /* verl's singleton fallback: r / (1 + eps); drop mode clears keep */
     ck_assert_int_eq(prl_grpo_advantages(a, keep, r, g, 6, PRL_GRPO_NORM_STD, 1e-6,
-                                         PRL_GRPO_SINGLETON_VERL, NULL), PRL_OK);
+                                         PRL_GRPO_SINGLETON_VERL, NULL),
+                     PRL_OK);
     ck_assert_double_eq_tol(a[3], 2 / (1 + 1e-6), 1e-12);
     ck_assert_int_eq(prl_grpo_advantages(a, keep, r, g, 6, PRL_GRPO_NORM_STD, 1e-6,
-                                         PRL_GRPO_SINGLETON_DROP, NULL), PRL_OK);
+                                         PRL_GRPO_SINGLETON_DROP, NULL),
+                     PRL_OK);
     ck_assert(keep[3] == 0 && keep[0] == 1 && keep[1] == 1);
     /* a group of two uses n − 1 = 1 */
     double r2[2] = {1, 0}, a2[2];
     int64_t g2[2] = {1, 1};
     ck_assert_int_eq(prl_grpo_advantages(a2, NULL, r2, g2, 2, PRL_GRPO_NORM_STD, 1e-6,
-                                         PRL_GRPO_SINGLETON_ZERO, NULL), PRL_OK);
+                                         PRL_GRPO_SINGLETON_ZERO, NULL),
+                     PRL_OK);
     ck_assert_double_eq_tol(a2[0], 0.5 / (sqrt(0.5) + 1e-6), 1e-12);
     /* errors */
     r2[1] = NAN;
     ck_assert_int_eq(prl_grpo_advantages(a2, NULL, r2, g2, 2, PRL_GRPO_NORM_STD, 1e-6,
-                                         PRL_GRPO_SINGLETON_ZERO, NULL), PRL_ERR_ARG);
+                                         PRL_GRPO_SINGLETON_ZERO, NULL),
+                     PRL_ERR_ARG);
     ck_assert(strstr(prl_error_message(), "sample 1"));
     r2[1] = 0;
     ck_assert_int_eq(prl_grpo_advantages(a2, NULL, r2, g2, 2, PRL_GRPO_NORM_STD, 0,
-                                         PRL_GRPO_SINGLETON_ZERO, NULL), PRL_ERR_ARG);
+                                         PRL_GRPO_SINGLETON_ZERO, NULL),
+                     PRL_ERR_ARG);
     ck_assert_int_eq(prl_grpo_advantages(a2, NULL, r2, g2, 2, PRL_GRPO_NORM_STD, 1e-6,
-                                         PRL_GRPO_SINGLETON_DROP, NULL), PRL_ERR_ARG);
+                                         PRL_GRPO_SINGLETON_DROP, NULL),
+                     PRL_ERR_ARG);
 }
 END_TEST
 
 /* rl.md §1.2: lp_new = log r, lp_old = 0; ε_l 0.2, ε_h 0.28, c 3 (and the symmetric 0.2). */
 START_TEST(test_token_loss_vectors)
 {
-    static const struct { double r, A, L, sym; } v[] = {
-        {1.50, +1, -1.28, -1.2}, {1.50, -1, +1.5, +1.5}, {0.50, +1, -0.5, -0.5},
-        {0.50, -1, +0.8, +0.8},  {1.10, +1, -1.1, -1.1}, {4.00, -1, +3.0, +3.0},
+    static const struct {
+        double r, A, L, sym;
+    } v[] = {
+        {1.50, +1, -1.28, -1.2}, {1.50, -1, +1.5, +1.5},  {0.50, +1, -0.5, -0.5},
+        {0.50, -1, +0.8, +0.8},  {1.10, +1, -1.1, -1.1},  {4.00, -1, +3.0, +3.0},
         {1.25, +2, -2.5, -2.4},  {1.30, +2, -2.56, -2.4},
     };
     prl_grpo_loss_config c, sym;
@@ -71,8 +82,10 @@ START_TEST(test_token_loss_vectors)
     sym = c;
     sym.clip_high = 0.2;
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-        ck_assert_double_eq_tol(prl_grpo_token_loss(log(v[i].r), 0, v[i].A, &c, NULL), v[i].L, 1e-9);
-        ck_assert_double_eq_tol(prl_grpo_token_loss(log(v[i].r), 0, v[i].A, &sym, NULL), v[i].sym, 1e-9);
+        ck_assert_double_eq_tol(prl_grpo_token_loss(log(v[i].r), 0, v[i].A, &c, NULL), v[i].L,
+                                1e-9);
+        ck_assert_double_eq_tol(prl_grpo_token_loss(log(v[i].r), 0, v[i].A, &sym, NULL), v[i].sym,
+                                1e-9);
     }
 }
 END_TEST
@@ -139,8 +152,8 @@ START_TEST(test_token_weights_finite_difference)
             prl_grpo_loss(&c, lp_new, lp_old, adv, mask, iw, B, T, wtmp, &dn);
             lp_new[i] = saved;
             double fd = (up.loss - dn.loss) / (2.0 * ((double)(saved + h) - saved));
-            ck_assert_msg(fabs(fd - w[i]) < 2e-3 * (1 + fabs(fd)), "mode %s token %d: w %g vs fd %g",
-                          prl_grpo_agg_name(c.agg), i, w[i], fd);
+            ck_assert_msg(fabs(fd - w[i]) < 2e-3 * (1 + fabs(fd)),
+                          "mode %s token %d: w %g vs fd %g", prl_grpo_agg_name(c.agg), i, w[i], fd);
             checked++;
         }
         ck_assert(st.clipfrac > 0 && st.clipfrac < 1); /* both branches occur */

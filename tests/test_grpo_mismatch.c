@@ -28,8 +28,8 @@ static void vector_v(float *lp, float *mu, uint8_t *mask)
 
 static void close_to(double got, double want, const char *what)
 {
-    ck_assert_msg(fabs(got - want) <= 1e-5 * (1 + fabs(want)), "%s: %.9g, expected %.9g", what,
-                  got, want);
+    ck_assert_msg(fabs(got - want) <= 1e-5 * (1 + fabs(want)), "%s: %.9g, expected %.9g", what, got,
+                  want);
 }
 
 static prl_grpo_corr_config corr(prl_grpo_corr kind, prl_grpo_corr_level level)
@@ -48,7 +48,8 @@ static void weights_v(const prl_grpo_corr_config *c, float *w, uint8_t *keep,
     uint8_t mask[5];
     int32_t seq[2] = {0, 5};
     vector_v(lp, mu, mask);
-    ck_assert_int_eq(prl_grpo_corr_weights(c, &c->loose, lp, mu, mask, seq, 1, w, keep, st), PRL_OK);
+    ck_assert_int_eq(prl_grpo_corr_weights(c, &c->loose, lp, mu, mask, seq, 1, w, keep, st),
+                     PRL_OK);
 }
 
 /* rl.md §2.7: TIS C = 2 → min(ρ, 2) = [1, 2, 0.1, 1.058824, 2]; IcePop [0.5, 5] → ρ inside
@@ -136,12 +137,14 @@ START_TEST(test_sequence_level)
     int32_t seq[3] = {0, 3, 5};
     c = corr(PRL_GRPO_CORR_TIS, PRL_GRPO_LEVEL_SEQUENCE);
     c.loose.tis_cap = 1.5;
-    ck_assert_int_eq(prl_grpo_corr_weights(&c, &c.loose, lp, mu, mask, seq, 2, w, keep, &st), PRL_OK);
+    ck_assert_int_eq(prl_grpo_corr_weights(&c, &c.loose, lp, mu, mask, seq, 2, w, keep, &st),
+                     PRL_OK);
     const double tis[5] = {1.105171, 0, 1.105171, 1.5, 1.5};
     for (int i = 0; i < 5; i++) close_to(w[i], tis[i], "seq tis 2");
     ck_assert(keep[1] == 0 && st.tokens == 4 && st.masked == 0 && st.truncated == 2);
     c = corr(PRL_GRPO_CORR_MIS, PRL_GRPO_LEVEL_SEQUENCE);
-    ck_assert_int_eq(prl_grpo_corr_weights(&c, &c.loose, lp, mu, mask, seq, 2, w, keep, &st), PRL_OK);
+    ck_assert_int_eq(prl_grpo_corr_weights(&c, &c.loose, lp, mu, mask, seq, 2, w, keep, &st),
+                     PRL_OK);
     const double mis[5] = {1.105171, 0, 1.105171, 0, 0};
     for (int i = 0; i < 5; i++) close_to(w[i], mis[i], "seq mis 2");
     ck_assert(keep[0] == 1 && keep[2] == 1 && keep[3] == 0 && keep[4] == 0 && st.masked == 2);
@@ -165,7 +168,10 @@ START_TEST(test_kpop_phi)
     const double p[5] = {0.6, 0.9, 0.95, 0.01, 0.05}, q[5] = {0.2, 0.5, 0.4, 0.1, 0.004};
     const double metric[5] = {0.381908, 0.510826, 1.144940, 0.144479, 0.081365};
     const double phi[4] = {0.1, 0.5, 0.75, 2.0};
-    const uint8_t keeps[4][5] = {{0, 0, 0, 0, 1}, {1, 0, 0, 1, 1}, {1, 1, 0, 1, 1}, {1, 1, 1, 1, 1}};
+    const uint8_t keeps[4][5] = {{0, 0, 0, 0, 1},
+                                 {1, 0, 0, 1, 1},
+                                 {1, 1, 0, 1, 1},
+                                 {1, 1, 1, 1, 1}};
     float lp[5], mu[5], w[5];
     uint8_t mask[5] = {1, 1, 1, 1, 1}, keep[5];
     int32_t seq[2] = {0, 5};
@@ -204,7 +210,8 @@ START_TEST(test_kpop_clamps_and_nan)
     uint8_t mask[3] = {1, 1, 1}, keep[3];
     int32_t seq[2] = {0, 3};
     prl_grpo_corr_config c = corr(PRL_GRPO_CORR_KPOP, PRL_GRPO_LEVEL_TOKEN);
-    ck_assert_int_eq(prl_grpo_corr_weights(&c, &c.loose, lp, mu, mask, seq, 1, w, keep, NULL), PRL_OK);
+    ck_assert_int_eq(prl_grpo_corr_weights(&c, &c.loose, lp, mu, mask, seq, 1, w, keep, NULL),
+                     PRL_OK);
     ck_assert(keep[0] == 1 && w[0] == 1);
     ck_assert(keep[1] == 0 && w[1] == 0 && keep[2] == 0 && w[2] == 0);
     /* the ratio-based corrections mask a NaN log-ratio (−inf − −inf included) */
@@ -212,14 +219,16 @@ START_TEST(test_kpop_clamps_and_nan)
         c = corr((prl_grpo_corr)k, PRL_GRPO_LEVEL_TOKEN);
         ck_assert_int_eq(prl_grpo_corr_weights(&c, &c.loose, lp, mu, mask, seq, 1, w, keep, NULL),
                          PRL_OK);
-        for (int i = 0; i < 3; i++) ck_assert_msg(keep[i] == 0 && w[i] == 0, "kind %d token %d", k, i);
+        for (int i = 0; i < 3; i++)
+            ck_assert_msg(keep[i] == 0 && w[i] == 0, "kind %d token %d", k, i);
     }
     /* ±inf log-ratios are clamped to ±20: TIS caps e^20 at C */
     float lp2[1] = {-1}, mu2[1] = {-INFINITY};
     uint8_t m1[1] = {1};
     int32_t s1[2] = {0, 1};
     c = corr(PRL_GRPO_CORR_TIS, PRL_GRPO_LEVEL_TOKEN);
-    ck_assert_int_eq(prl_grpo_corr_weights(&c, &c.loose, lp2, mu2, m1, s1, 1, w, keep, NULL), PRL_OK);
+    ck_assert_int_eq(prl_grpo_corr_weights(&c, &c.loose, lp2, mu2, m1, s1, 1, w, keep, NULL),
+                     PRL_OK);
     ck_assert(w[0] == 2 && keep[0] == 1);
 }
 END_TEST
@@ -380,8 +389,10 @@ START_TEST(test_config_rules)
     prl_grpo_corr_config c;
     prl_grpo_corr_config_default(&c);
     ck_assert_int_eq(prl_grpo_corr_config_check(&c), PRL_OK);
-    ck_assert(c.kind == PRL_GRPO_CORR_NONE && c.loose.kpop_phi == 0.75 && c.loose.icepop_low == 0.5);
-    c.kind = PRL_GRPO_CORR_KPOP, c.mode = PRL_GRPO_MODE_BYPASS, c.bypass_loss = PRL_GRPO_LOSS_REINFORCE;
+    ck_assert(c.kind == PRL_GRPO_CORR_NONE && c.loose.kpop_phi == 0.75 &&
+              c.loose.icepop_low == 0.5);
+    c.kind = PRL_GRPO_CORR_KPOP, c.mode = PRL_GRPO_MODE_BYPASS,
+    c.bypass_loss = PRL_GRPO_LOSS_REINFORCE;
     expect_config_error(&c, "grpo.correction.kind = kpop");
     c.kind = PRL_GRPO_CORR_TIS, c.bypass_loss = PRL_GRPO_LOSS_PPO_CLIP;
     expect_config_error(&c, "count the mismatch twice");
@@ -429,7 +440,8 @@ START_TEST(test_reinforce_finite_difference)
         double lp = cases[k][0], A = cases[k][1];
         close_to(prl_grpo_token_loss(lp, -0.1, A, &c, &g), -A * lp, "reinforce loss");
         double fd = (prl_grpo_token_loss(lp + h, -0.1, A, &c, NULL) -
-                     prl_grpo_token_loss(lp - h, -0.1, A, &c, NULL)) / (2 * h);
+                     prl_grpo_token_loss(lp - h, -0.1, A, &c, NULL)) /
+                    (2 * h);
         ck_assert(fabs(fd - g) < 1e-8 && g == -A);
     }
     enum { B = 3, T = 4 };

@@ -113,18 +113,23 @@ static void make_msg(prl_bus_msg *m, const prl_grpo_batch *b, const char *skip, 
 {
     train_header(m);
     assert_ok(prl_bus_msg_set_uint(m, "count", (uint64_t)b->n));
-    const struct { const char *name; prl_bus_dtype dt; const void *data; size_t count; } f[] = {
-        {"tokens", PRL_BUS_I32, b->tokens, b->n_tokens},
-        {"offsets", PRL_BUS_I32, b->offsets, (size_t)b->n + 1},
-        {"prompt_lens", PRL_BUS_I32, b->prompt_lens, (size_t)b->n},
-        {"mask", PRL_BUS_U8, b->mask, b->n_response},
-        {"rewards", PRL_BUS_F32, b->rewards, (size_t)b->n},
-        {"groups", PRL_BUS_I32, b->groups, (size_t)b->n},
-        {"logprobs", PRL_BUS_F32, b->logprobs, b->n_response}};
+    const struct {
+        const char *name;
+        prl_bus_dtype dt;
+        const void *data;
+        size_t count;
+    } f[] = {{"tokens", PRL_BUS_I32, b->tokens, b->n_tokens},
+             {"offsets", PRL_BUS_I32, b->offsets, (size_t)b->n + 1},
+             {"prompt_lens", PRL_BUS_I32, b->prompt_lens, (size_t)b->n},
+             {"mask", PRL_BUS_U8, b->mask, b->n_response},
+             {"rewards", PRL_BUS_F32, b->rewards, (size_t)b->n},
+             {"groups", PRL_BUS_I32, b->groups, (size_t)b->n},
+             {"logprobs", PRL_BUS_F32, b->logprobs, b->n_response}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         if (skip && !strcmp(skip, f[i].name)) continue;
         prl_bus_dtype dt = f[i].dt;
-        if (retype && !strcmp(retype, f[i].name)) dt = dt == PRL_BUS_I32 ? PRL_BUS_F32 : PRL_BUS_I32;
+        if (retype && !strcmp(retype, f[i].name))
+            dt = dt == PRL_BUS_I32 ? PRL_BUS_F32 : PRL_BUS_I32;
         assert_ok(prl_bus_msg_add_frame(m, f[i].name, dt, f[i].data, f[i].count));
     }
 }
@@ -234,8 +239,8 @@ END_TEST
 /* Random bytes in random frames and random counts: an error or a valid batch, never a crash. */
 START_TEST(test_msg_fuzz)
 {
-    static const char *names[] = {"tokens", "offsets", "prompt_lens", "rewards", "groups",
-                                  "logprobs", "mask"};
+    static const char *names[] = {"tokens", "offsets",  "prompt_lens", "rewards",
+                                  "groups", "logprobs", "mask"};
     prl_grpo_batch b;
     toy_batch(&b, 9);
     prl_rng r;
@@ -249,7 +254,8 @@ START_TEST(test_msg_fuzz)
             const prl_bus_frame *f = prl_bus_msg_frame(&m, names[prl_rng_u64(&r) % 7]);
             ((uint8_t *)f->data)[prl_rng_u64(&r) % f->bytes] = (uint8_t)prl_rng_u64(&r);
         }
-        if (prl_rng_u64(&r) % 8 == 0) assert_ok(prl_bus_msg_set_uint(&m, "count", prl_rng_u64(&r) % 12));
+        if (prl_rng_u64(&r) % 8 == 0)
+            assert_ok(prl_bus_msg_set_uint(&m, "count", prl_rng_u64(&r) % 12));
         prl_grpo_batch out;
         if (train_batch_from_msg(&out, &m) == PRL_OK) {
             accepted++;
@@ -412,7 +418,8 @@ static void bandit_batch(prl_infer *e, int step, prl_grpo_batch *b)
     for (int p = 0; p < BANDIT_PROMPTS; p++) {
         prompts[p][0] = PRL_TOKEN_BOS, prompts[p][1] = 20 + p, prompts[p][2] = 30 + p;
         for (int g = 0; g < BANDIT_G; g++)
-            req[p * BANDIT_G + g] = (prl_gen_request){.prompt = prompts[p], .prompt_len = BANDIT_PL,
+            req[p * BANDIT_G + g] = (prl_gen_request){.prompt = prompts[p],
+                                                      .prompt_len = BANDIT_PL,
                                                       .seq_id = (uint64_t)(p * BANDIT_G + g)};
     }
     prl_sample_params sp;
@@ -421,7 +428,8 @@ static void bandit_batch(prl_infer *e, int step, prl_grpo_batch *b)
     sp.seed = 1000 + (uint64_t)step;
     prl_gen_result res[BANDIT_PROMPTS * BANDIT_G];
     assert_ok(prl_infer_generate(e, req, n, &sp, res, NULL, NULL));
-    assert_ok(prl_grpo_batch_init(b, n, (size_t)n * (BANDIT_PL + BANDIT_RESP), (size_t)n * BANDIT_RESP));
+    assert_ok(
+        prl_grpo_batch_init(b, n, (size_t)n * (BANDIT_PL + BANDIT_RESP), (size_t)n * BANDIT_RESP));
     for (int i = 0; i < n; i++) {
         ck_assert_int_eq(res[i].n, BANDIT_RESP);
         int32_t *t = b->tokens + (size_t)i * (BANDIT_PL + BANDIT_RESP);
@@ -475,8 +483,8 @@ START_TEST(test_bandit_raises_rewarded_token)
         prl_grpo_batch_free(&b);
     }
     double p1 = bandit_prob(&m);
-    printf("bandit: p(token %d) %.4f -> %.4f, accuracy %.3f -> %.3f\n", BANDIT_TOKEN, p0, p1,
-           acc0, acc_last);
+    printf("bandit: p(token %d) %.4f -> %.4f, accuracy %.3f -> %.3f\n", BANDIT_TOKEN, p0, p1, acc0,
+           acc_last);
     ck_assert_msg(p1 > 3 * p0, "p(rewarded token) %.4f -> %.4f did not rise", p0, p1);
     prl_infer_free(e);
     prl_optim_free(&o), prl_model_free(&m);
@@ -517,8 +525,8 @@ enum infer_edit {
     INFER_FIFTH,   /* q = 0.2 for every token: against p ≈ 1/64 the binary KL is about
                    ** 0.2 ln(0.2·64) + 0.8 ln(0.8/(63/64)) = 0.34, between φ 0.1 and 0.75 */
     INFER_ONE_OFF, /* sample 3's tokens +3 (ratio e^−3 = 0.05), the others exact */
-    INFER_ONE_UNMASKED, /* exact, and sample 3's loss mask all 0 */
-    INFER_TOKEN_OFF,    /* sample 3's first response token +3, the others exact */
+    INFER_ONE_UNMASKED,  /* exact, and sample 3's loss mask all 0 */
+    INFER_TOKEN_OFF,     /* sample 3's first response token +3, the others exact */
     INFER_TOKEN_UNMASKED /* exact, and the loss mask of sample 3's first response token 0 */
 };
 
@@ -543,8 +551,8 @@ static void edit_infer(prl_grpo_batch *b, enum infer_edit e)
 /* One step (1 epoch × 1 minibatch, no aux loss, no weight decay) of a fresh micro model with
 ** correction `cc` on the toy batch of 8 with infer log-probs `e`; the weights after it
 ** (malloc'd), and whether they moved. */
-static prl_real *corr_step_agg(const prl_grpo_corr_config *cc, prl_grpo_agg agg,
-                               enum infer_edit e, prl_grpo_step_stats *st, int *moved)
+static prl_real *corr_step_agg(const prl_grpo_corr_config *cc, prl_grpo_agg agg, enum infer_edit e,
+                               prl_grpo_step_stats *st, int *moved)
 {
     fixture f;
     fixture_init(&f, 9, 1, 1e-2, 0, 8);
@@ -629,9 +637,10 @@ START_TEST(test_correction_changes_update)
     ck_assert(st.mm.tis_clipfrac > 0.5 && st.mm.tis_clipfrac < 0.8); /* about 2 in 3 tokens */
     char *json = prl_grpo_step_stats_to_json(&st);
     ck_assert_ptr_nonnull(json);
-    ck_assert(strstr(json, "\"correction\":\"tis\"") && strstr(json, "\"denominator\":\"original\"") &&
-              strstr(json, "\"pcc\":") && strstr(json, "\"kpop_masked_frac\":") &&
-              strstr(json, "\"chi2_seq\":") && strstr(json, "\"is_weight_ess\":"));
+    ck_assert(strstr(json, "\"correction\":\"tis\"") &&
+              strstr(json, "\"denominator\":\"original\"") && strstr(json, "\"pcc\":") &&
+              strstr(json, "\"kpop_masked_frac\":") && strstr(json, "\"chi2_seq\":") &&
+              strstr(json, "\"is_weight_ess\":"));
     free(json);
     free(a), free(b);
 }
@@ -653,7 +662,8 @@ START_TEST(test_correction_masks_all)
         ck_assert(st.mm.kpop_masked_frac == 1 && st.mm.icepop_masked_frac == 1);
         char *json = prl_grpo_step_stats_to_json(&st); /* undefined is null in run.db */
         ck_assert_ptr_nonnull(json);
-        ck_assert(strstr(json, "\"is_weight_ess\":null") && strstr(json, "\"corr_masked_frac\":1.0"));
+        ck_assert(strstr(json, "\"is_weight_ess\":null") &&
+                  strstr(json, "\"corr_masked_frac\":1.0"));
         free(json);
     }
     /* and without the mask the same batch moves them */
@@ -745,10 +755,12 @@ START_TEST(test_correction_pcc_rule)
     prl_grpo_corr_config kp = corr_of(PRL_GRPO_CORR_KPOP);
     prl_real *off = corr_step(&kp, INFER_FIFTH, &st, &moved);
     double loose = st.corr_masked_frac;
-    ck_assert_msg(st.mm.strict == 0 && isnan(st.mm.pcc), "strict %d pcc %g", st.mm.strict, st.mm.pcc);
+    ck_assert_msg(st.mm.strict == 0 && isnan(st.mm.pcc), "strict %d pcc %g", st.mm.strict,
+                  st.mm.pcc);
     kp.pcc_rule = 1;
     prl_real *strict = corr_step(&kp, INFER_FIFTH, &st, &moved);
-    ck_assert_msg(st.mm.strict == 1, "strict %d pcc %.9g loose masked %g now %g", st.mm.strict, st.mm.pcc, loose, st.corr_masked_frac);
+    ck_assert_msg(st.mm.strict == 1, "strict %d pcc %.9g loose masked %g now %g", st.mm.strict,
+                  st.mm.pcc, loose, st.corr_masked_frac);
     ck_assert(memcmp(off, strict, bytes) != 0);
     ck_assert_msg(st.corr_masked_frac > loose, "strict %g vs loose %g", st.corr_masked_frac, loose);
     ck_assert(st.corr_masked_frac == st.mm.kpop_masked_frac); /* the metric uses the same setting */
@@ -807,7 +819,8 @@ START_TEST(test_loss_scale_overflow_skips)
     char *json = prl_grpo_step_stats_to_json(&st);
     ck_assert_ptr_nonnull(json);
     ck_assert_msg(strstr(json, "\"loss_scale\":1024.0") && strstr(json, "\"overflow\":1") &&
-                  strstr(json, "\"skipped\":1") && strstr(json, "\"skipped_total\":1"), "%s", json);
+                      strstr(json, "\"skipped\":1") && strstr(json, "\"skipped_total\":1"),
+                  "%s", json);
     free(json);
     assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, &st));
     ck_assert_int_eq(st.skipped, 0);
@@ -840,7 +853,8 @@ START_TEST(test_loss_scale_fp32_exact)
     assert_ok(prl_grpo_train_step(&a.m, &a.o, &a.b, &a.c, &sa));
     assert_ok(prl_grpo_train_step(&b.m, &b.o, &b.b, &b.c, &sb));
     ck_assert(sb.skipped == 0 && sb.loss_scale == 65536 && sa.grad_norm > 1e-3);
-    ck_assert_msg(sa.grad_norm == sb.grad_norm, "grad norm %.17g vs %.17g", sa.grad_norm, sb.grad_norm);
+    ck_assert_msg(sa.grad_norm == sb.grad_norm, "grad norm %.17g vs %.17g", sa.grad_norm,
+                  sb.grad_norm);
     ck_assert_mem_eq(a.m.params, b.m.params, a.m.n_params * sizeof *a.m.params);
     char *json = prl_grpo_step_stats_to_json(&sa);
     ck_assert(json && !strstr(json, "loss_scale"));
@@ -862,8 +876,8 @@ START_TEST(test_precision_from_job)
               p.scaler.growth_interval == 2000 && p.scaler.backoff_factor == 0.5 &&
               p.scaler.growth_factor == 2);
     static const char *const tp[] = {"fp32", "bf16", "fp16"};
-    static const char *const rp[] = {"fp32", "bf16", "fp16", "aligned", "aligned-bf16",
-                                     "aligned-fp16"};
+    static const char *const rp[] = {"fp32",    "bf16",         "fp16",
+                                     "aligned", "aligned-bf16", "aligned-fp16"};
     for (int a = 0; a < 3; a++) /* every train precision with every rollout precision */
         for (int r = 0; r < 6; r++) {
             char s1[64], s2[64];
@@ -887,7 +901,8 @@ START_TEST(test_precision_from_job)
     assert_ok(prl_job_config_set(&j, "trainer.loss_scale.growth_interval=50"));
     assert_ok(prl_grpo_precision_from_job(&p, &j));
     ck_assert(!p.scaler_on && p.scaler.kind == PRL_SCALER_MEGATRON && p.scaler.init_scale == 32768);
-    ck_assert(p.scaler.min_scale == 1 && p.scaler.hysteresis == 3 && p.scaler.growth_interval == 50);
+    ck_assert(p.scaler.min_scale == 1 && p.scaler.hysteresis == 3 &&
+              p.scaler.growth_interval == 50);
     /* the scaler's state survives state.json */
     prl_loss_scaler s1, s2;
     assert_ok(prl_loss_scaler_init(&s1, &p.scaler));
@@ -927,11 +942,14 @@ START_TEST(test_precision_from_job)
     assert_msg_has("trainer.loss_scale.enabled");
     ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.preset=apex"), PRL_ERR_CONFIG);
     assert_msg_has("trainer.loss_scale.preset");
-    ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.backoff_factor=1.5"), PRL_ERR_CONFIG);
+    ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.backoff_factor=1.5"),
+                     PRL_ERR_CONFIG);
     assert_msg_has("trainer.loss_scale.backoff_factor");
-    ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.growth_factor=0.5"), PRL_ERR_CONFIG);
+    ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.growth_factor=0.5"),
+                     PRL_ERR_CONFIG);
     assert_msg_has("trainer.loss_scale.growth_factor");
-    assert_ok(prl_job_config_set(&j, "trainer.loss_scale.growth_factor=0")); /* a failed set stays */
+    assert_ok(
+        prl_job_config_set(&j, "trainer.loss_scale.growth_factor=0")); /* a failed set stays */
     ck_assert_int_eq(prl_job_config_set(&j, "trainer.loss_scale.init=-1"), PRL_ERR_CONFIG);
     assert_msg_has("trainer.loss_scale.init");
     assert_ok(prl_job_config_set(&j, "trainer.loss_scale.min_scale=1e6")); /* > 32768 */

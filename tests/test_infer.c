@@ -88,12 +88,14 @@ static void load_model(int blocks)
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_SINK; j++)
             model.params[p->offset + j] *= 50; /* sinks that take a real share of attention */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_CONV; j++)
-            model.params[p->offset + j] = (float)(0.3 * prl_rng_normal(&rng)); /* not the identity */
+            model.params[p->offset + j] =
+                (float)(0.3 * prl_rng_normal(&rng)); /* not the identity */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_INDEXER && p->ndim == 2; j++)
             model.params[p->offset + j] *= 30; /* index scores with a real spread */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_MHC && p->ndim == 1; j++)
             model.params[p->offset + j] += (float)(0.5 * prl_rng_normal(&rng)); /* α, β */
-        for (size_t j = 0; j < p->numel && (blocks == 3 || blocks >= 6) && p->kind == PRL_PARAM_NORM; j++)
+        for (size_t j = 0;
+             j < p->numel && (blocks == 3 || blocks >= 6) && p->kind == PRL_PARAM_NORM; j++)
             model.params[p->offset + j] = (float)(1 + 0.2 * prl_rng_normal(&rng)); /* each norm
                                                                    ** its own gains */
     }
@@ -202,7 +204,8 @@ static mismatch compare(const train_scores *ts, reqs *q, prl_gen_result *res, in
         }
         int32_t *ids = malloc((size_t)res[i].n_route_tokens * model.n_moe * K * sizeof *ids);
         ck_assert_int_eq(prl_routes_unpack(ids, res[i].routes,
-                                           (size_t)res[i].n_route_tokens * model.n_moe * K, E), PRL_OK);
+                                           (size_t)res[i].n_route_tokens * model.n_moe * K, E),
+                         PRL_OK);
         ck_assert_int_eq(res[i].n_route_tokens, len - 1);
         for (int t = 0; t < res[i].n_route_tokens; t++)
             for (int l = 0; l < model.n_moe; l++) {
@@ -264,8 +267,8 @@ START_TEST(test_aligned_is_bitwise_equal)
             prl_blas_set_threads(threads[ti]);
             mismatch mm = run_vs_train("aligned", batches[bi], 5);
             printf("aligned batch %d threads %d: %ld tokens, %ld differ bitwise, max |dlogp| %g, "
-                   "routes differ %.4f\n", batches[bi], threads[ti], mm.n, mm.bitwise_diff, mm.max,
-                   mm.route_diff_share);
+                   "routes differ %.4f\n",
+                   batches[bi], threads[ti], mm.n, mm.bitwise_diff, mm.max, mm.route_diff_share);
             ck_assert_int_gt(mm.n, NREQ * 40);
             ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
                           mm.bitwise_diff, mm.n, mm.max);
@@ -282,11 +285,13 @@ START_TEST(test_fp32_and_low_precision_mismatch)
     for (int mi = 0; mi < 5; mi++) {
         mismatch mm = run_vs_train(modes[mi], 8, 6);
         printf("%s vs train path: %ld tokens, mean |dlogp| %.3g, max |dlogp| %.3g, "
-               "MoE top-k differs on %.2f%% of token-layers\n", modes[mi], mm.n, mm.mean, mm.max,
-               100 * mm.route_diff_share);
-        if (mi == 0 || mi >= 3) ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
-        else ck_assert_msg(mm.max > 1e-4, "%s is suspiciously close (%g): rounding not applied?",
-                           modes[mi], mm.max);
+               "MoE top-k differs on %.2f%% of token-layers\n",
+               modes[mi], mm.n, mm.mean, mm.max, 100 * mm.route_diff_share);
+        if (mi == 0 || mi >= 3)
+            ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
+        else
+            ck_assert_msg(mm.max > 1e-4, "%s is suspiciously close (%g): rounding not applied?",
+                          modes[mi], mm.max);
     }
 }
 END_TEST
@@ -321,7 +326,7 @@ START_TEST(test_batch_and_thread_invariance)
                 for (int i = 0; i < NREQ; i++) {
                     const prl_gen_result *a = &ref[v == 1 ? NREQ - 1 - i : i], *b = &res[i];
                     ck_assert_msg(a->n == b->n && !memcmp(a->tokens, b->tokens, (size_t)a->n * 4) &&
-                                  !memcmp(a->logprobs, b->logprobs, (size_t)a->n * 4),
+                                      !memcmp(a->logprobs, b->logprobs, (size_t)a->n * 4),
                                   "%s %s: request %d differs with batch %d threads %d", modes[mi],
                                   greedy ? "greedy" : "sampled", i, batch[v], threads[v]);
                 }
@@ -409,7 +414,8 @@ START_TEST(test_stops_forced_and_routes_format)
     ids[3] = 255;
     prl_routes_pack(buf, ids, 5, 256); /* one byte each; 255 is no expert of an 8-expert model */
     ck_assert_int_eq(prl_routes_unpack(back, buf, 5, 8), PRL_ERR_FORMAT);
-    ck_assert_msg(strstr(prl_error_message(), "route entry 3: expert 255"), "%s", prl_error_message());
+    ck_assert_msg(strstr(prl_error_message(), "route entry 3: expert 255"), "%s",
+                  prl_error_message());
 }
 END_TEST
 
@@ -427,7 +433,8 @@ START_TEST(test_kv_bytes_and_bad_input)
     int32_t long_prompt[200] = {0};
     q.r[1].prompt = long_prompt, q.r[1].prompt_len = 200;
     ck_assert_int_eq(prl_infer_generate(e, q.r, 2, &sp, res, NULL, NULL), PRL_ERR_RANGE);
-    ck_assert_msg(strstr(prl_error_message(), "request 1: prompt of 200 tokens"), "%s", prl_error_message());
+    ck_assert_msg(strstr(prl_error_message(), "request 1: prompt of 200 tokens"), "%s",
+                  prl_error_message());
     make_requests(&q, 2, 10);
     q.prompts[0][1] = 5000;
     ck_assert_int_eq(prl_infer_generate(e, q.r, 2, &sp, res, NULL, NULL), PRL_ERR_RANGE);
@@ -463,8 +470,8 @@ static void check_modes(const char *label, double tol)
     for (int mi = 0; mi < 4; mi++) {
         mismatch mm = run_vs_train(modes[mi], batch[mi], 12);
         printf("%s %s batch %d: %ld tokens, %ld differ bitwise, max |dlogp| %.3g, routes "
-               "differ %.4f\n", label, modes[mi], batch[mi], mm.n, mm.bitwise_diff, mm.max,
-               mm.route_diff_share);
+               "differ %.4f\n",
+               label, modes[mi], batch[mi], mm.n, mm.bitwise_diff, mm.max, mm.route_diff_share);
         if (mi < 2) {
             ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
                           mm.bitwise_diff, mm.n, mm.max);
@@ -483,7 +490,8 @@ START_TEST(test_swa_sinks_match_train_path)
     for (int blocks = 1; blocks <= 2; blocks++) {
         load_model(blocks);
         check_modes(blocks == 1 ? "SWA W=16 + 4 sinks (with values, ModAttn k=3)"
-                                : "SWA W=16 + 4 sinks (no values)", 1e-4);
+                                : "SWA W=16 + 4 sinks (no values)",
+                    1e-4);
     }
     /* KV memory: the whole-context layers grow with the context, the rings stop at W */
     prl_infer *e = engine("fp32", 2);
@@ -513,8 +521,8 @@ START_TEST(test_dsa_matches_train_path)
             printf("DSA top-8 (%s stage) + SWA + sinks%s %s batch %d: %ld tokens, %ld differ "
                    "bitwise, mean |dlogp| %.3g, max %.3g, routes differ %.4f\n",
                    blocks == 5 ? "dense" : "sparse", blocks == 6 ? " + mHC + sandwich" : "",
-                   modes[mi], batch[mi], mm.n,
-                   mm.bitwise_diff, mm.mean, mm.max, mm.route_diff_share);
+                   modes[mi], batch[mi], mm.n, mm.bitwise_diff, mm.mean, mm.max,
+                   mm.route_diff_share);
             if (mi < 2) {
                 ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
                               mm.bitwise_diff, mm.n, mm.max);
@@ -522,7 +530,8 @@ START_TEST(test_dsa_matches_train_path)
             } else {
                 /* a near-tie in the index scores can flip one selection: one token off,
                 ** the rest at fp32 noise */
-                ck_assert_msg(mm.mean < (blocks == 5 ? 1e-5 : 5e-4), "fp32 mean |dlogp| %g", mm.mean);
+                ck_assert_msg(mm.mean < (blocks == 5 ? 1e-5 : 5e-4), "fp32 mean |dlogp| %g",
+                              mm.mean);
             }
         }
     }
@@ -549,7 +558,8 @@ START_TEST(test_dsa_matches_train_path)
     /* KV memory: per token, each whole-context layer's latent + rope key, and a DSA layer's
     ** indexer key besides */
     const prl_config *c = &model.cfg;
-    size_t row = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * 4, ix = (size_t)c->index_head_dim * 4;
+    size_t row = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * 4,
+           ix = (size_t)c->index_head_dim * 4;
     ck_assert_uint_eq(prl_infer_kv_bytes_per_token(e), 2 * (row + ix));
     ck_assert_uint_eq(prl_infer_kv_bytes(e, 150), 2 * 150 * (row + ix) + 4 * 16 * row);
     prl_infer_free(e);
@@ -573,8 +583,8 @@ START_TEST(test_all_blocks_match_train_path)
     for (int mi = 0; mi < 3; mi++) {
         mismatch mm = run_vs_train(modes[mi], batch[mi], 12);
         printf("all blocks (tiny-pangu, W=16, top-8) %s batch %d: %ld tokens, %ld differ bitwise, "
-               "mean |dlogp| %.3g, max %.3g, routes differ %.4f\n", modes[mi], batch[mi], mm.n,
-               mm.bitwise_diff, mm.mean, mm.max, mm.route_diff_share);
+               "mean |dlogp| %.3g, max %.3g, routes differ %.4f\n",
+               modes[mi], batch[mi], mm.n, mm.bitwise_diff, mm.mean, mm.max, mm.route_diff_share);
         ck_assert_int_gt(mm.n, NREQ * 40);
         if (mi < 2) {
             ck_assert_msg(mm.bitwise_diff == 0, "%ld of %ld log-probs differ (max %g)",
@@ -622,7 +632,8 @@ typedef struct hook_log {
     int n;
 } hook_log;
 
-static int log_hook(void *user, const char *name, const prl_real *data, int ndim, const int64_t *shape)
+static int log_hook(void *user, const char *name, const prl_real *data, int ndim,
+                    const int64_t *shape)
 {
     (void)data, (void)ndim, (void)shape;
     hook_log *h = user;

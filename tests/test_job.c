@@ -29,8 +29,11 @@ START_TEST(test_defaults_and_overrides)
     ck_assert_int_eq(prl_job_config_check(&c, "defaults"), PRL_OK);
     ck_assert_str_eq(c.loss_agg, "token-mean");
     ck_assert(c.clip_high == 0.28 && c.group_size == 8);
-    ck_assert_int_eq(prl_job_config_parse(&c, "{\"rollout\": {\"group_size\": 4, \"temperature\": 0.7},"
-                                              " \"task\": {\"domain\": \"coding\"}}", "job.json"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_parse(&c,
+                                          "{\"rollout\": {\"group_size\": 4, \"temperature\": 0.7},"
+                                          " \"task\": {\"domain\": \"coding\"}}",
+                                          "job.json"),
+                     PRL_OK);
     ck_assert_int_eq(c.group_size, 4);
     ck_assert(c.temperature == 0.7);
     ck_assert_str_eq(c.domain, "coding");
@@ -55,21 +58,30 @@ END_TEST
 
 START_TEST(test_errors_name_the_key)
 {
-    expect_error("{\"grpo\": {\"clip_hgih\": 0.3}}", "unknown key 'grpo.clip_hgih' (did you mean 'grpo.clip_high'?)");
+    expect_error("{\"grpo\": {\"clip_hgih\": 0.3}}",
+                 "unknown key 'grpo.clip_hgih' (did you mean 'grpo.clip_high'?)");
     expect_error("{\"seed\": 3}", "unknown key 'seed'");
-    expect_error("{\"rollout\": {\"group_size\": \"8\"}}", "key 'rollout.group_size' must be an integer");
-    expect_error("{\"rollout\": {\"group_size\": 2.5}}", "key 'rollout.group_size' must be an integer");
-    expect_error("{\"rollout\": {\"group_size\": 0}}", "key 'rollout.group_size' = 0 is out of range");
+    expect_error("{\"rollout\": {\"group_size\": \"8\"}}",
+                 "key 'rollout.group_size' must be an integer");
+    expect_error("{\"rollout\": {\"group_size\": 2.5}}",
+                 "key 'rollout.group_size' must be an integer");
+    expect_error("{\"rollout\": {\"group_size\": 0}}",
+                 "key 'rollout.group_size' = 0 is out of range");
     expect_error("{\"rollout\": {\"batch_prompts\": 0}}", "rollout.batch_prompts");
     expect_error("{\"grpo\": {\"clip_low\": -0.2}}", "key 'grpo.clip_low' = -0.2 is out of range");
     expect_error("{\"grpo\": {\"clip_c\": 0.5}}", "key 'grpo.clip_c' = 0.5 must be > 1");
-    expect_error("{\"grpo\": {\"loss_agg\": \"token-avg\"}}", "'token-avg' is not one of token-mean|");
-    expect_error("{\"grpo\": {\"loss_agg\": \"seq-mean-token-sum-norm\"}}", "grpo.loss_scale_factor");
+    expect_error("{\"grpo\": {\"loss_agg\": \"token-avg\"}}",
+                 "'token-avg' is not one of token-mean|");
+    expect_error("{\"grpo\": {\"loss_agg\": \"seq-mean-token-sum-norm\"}}",
+                 "grpo.loss_scale_factor");
     expect_error("{\"controller\": {\"heartbeat_seconds\": 90}}", "controller.heartbeat_seconds");
     expect_error("{\"optim\": {\"lr\": \"fast\"}}", "key 'optim.lr' must be a number");
-    expect_error("{\"optim\": {\"schedule\": \"linear\"}}", "'linear' is not one of cosine|constant");
-    expect_error("{\"optim\": {\"warmup\": 50, \"decay_steps\": 50}}", "key 'optim.decay_steps' = 50 must exceed");
-    expect_error("{\"optim\": {\"min_lr_ratio\": 2}}", "key 'optim.min_lr_ratio' = 2 is out of range");
+    expect_error("{\"optim\": {\"schedule\": \"linear\"}}",
+                 "'linear' is not one of cosine|constant");
+    expect_error("{\"optim\": {\"warmup\": 50, \"decay_steps\": 50}}",
+                 "key 'optim.decay_steps' = 50 must exceed");
+    expect_error("{\"optim\": {\"min_lr_ratio\": 2}}",
+                 "key 'optim.min_lr_ratio' = 2 is out of range");
     expect_error("{\"controller\": {\"dynamic_sampling\": 1}}", "must be true or false");
     expect_error("{\"rollout\": 3}", "'rollout' must be an object of keys");
     expect_error("[1, 2]", "must be a JSON object");
@@ -96,11 +108,14 @@ START_TEST(test_task_mix)
     ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
     ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_REASONING), 2000); /* the default domain */
     ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_CODING), 0);
-    ck_assert_int_eq(prl_job_config_parse(&c, "{\"task\": {\"domain\": \"mixed\", \"train_problems\": 10,"
-                                              " \"mix\": {\"coding\": 2.5, \"agent\": 0.04, \"general\": 0.05}}}",
-                                          "job.json"), PRL_OK);
+    ck_assert_int_eq(
+        prl_job_config_parse(&c,
+                             "{\"task\": {\"domain\": \"mixed\", \"train_problems\": 10,"
+                             " \"mix\": {\"coding\": 2.5, \"agent\": 0.04, \"general\": 0.05}}}",
+                             "job.json"),
+        PRL_OK);
     ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_REASONING), 10);
-    ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_GENERAL), 1);  /* 0.5 rounds away from 0 */
+    ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_GENERAL), 1); /* 0.5 rounds away from 0 */
     ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_AGENT), 0);
     ck_assert_int_eq(prl_job_mix_problems(&c, PRL_TASK_CODING), 25);
     /* agent has no problems: no agent teacher needed; coding has some: its teacher is */
@@ -119,13 +134,17 @@ START_TEST(test_task_mix)
     ck_assert(strstr(prl_error_message(), "key 'opd.revisit' = 0.5 needs opd.enabled"));
     ck_assert_int_eq(prl_job_config_set(&c, "opd.revisit=0.95"), PRL_ERR_CONFIG);
     prl_job_config_free(&c);
-    expect_error("{\"task\": {\"domain\": \"coding\", \"mix\": {\"coding\": 2}}}",
-                 "key 'task.mix.coding' = 2 applies only to task.domain = mixed (this job's is coding)");
-    expect_error("{\"task\": {\"domain\": \"mixed\", \"train_problems\": 4, \"mix\": {\"reasoning\": 0.1, "
-                 "\"general\": 0, \"agent\": 0, \"coding\": 0}}}",
-                 "key 'task.mix.*': task.train_problems = 4 times every domain's share rounds to 0");
-    expect_error("{\"task\": {\"mix\": {\"coding\": -1}}}", "key 'task.mix.coding' = -1 is out of range");
-    expect_error("{\"task\": {\"mix\": {\"code\": 1}}}", "unknown key 'task.mix.code' (did you mean 'task.mix.coding'?)");
+    expect_error(
+        "{\"task\": {\"domain\": \"coding\", \"mix\": {\"coding\": 2}}}",
+        "key 'task.mix.coding' = 2 applies only to task.domain = mixed (this job's is coding)");
+    expect_error(
+        "{\"task\": {\"domain\": \"mixed\", \"train_problems\": 4, \"mix\": {\"reasoning\": 0.1, "
+        "\"general\": 0, \"agent\": 0, \"coding\": 0}}}",
+        "key 'task.mix.*': task.train_problems = 4 times every domain's share rounds to 0");
+    expect_error("{\"task\": {\"mix\": {\"coding\": -1}}}",
+                 "key 'task.mix.coding' = -1 is out of range");
+    expect_error("{\"task\": {\"mix\": {\"code\": 1}}}",
+                 "unknown key 'task.mix.code' (did you mean 'task.mix.coding'?)");
 }
 END_TEST
 
@@ -138,9 +157,12 @@ START_TEST(test_correction_keys)
     ck_assert_str_eq(c.corr_denominator, "original");
     ck_assert(c.kpop_phi == 0.75 && c.icepop_low == 0.5 && c.icepop_high == 5 && c.tis_cap == 2);
     ck_assert(c.strict_kpop_phi == 0.1 && c.pcc_rule == 0 && c.pcc_threshold == 0.99);
-    ck_assert_int_eq(prl_job_config_parse(&c, "{\"grpo\": {\"correction\": {\"kind\": \"kpop\", "
-                                              "\"kpop_phi\": 2.0, \"pcc_rule\": true, \"strict\": "
-                                              "{\"kpop_phi\": 0.5}}}}", "job.json"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_parse(&c,
+                                          "{\"grpo\": {\"correction\": {\"kind\": \"kpop\", "
+                                          "\"kpop_phi\": 2.0, \"pcc_rule\": true, \"strict\": "
+                                          "{\"kpop_phi\": 0.5}}}}",
+                                          "job.json"),
+                     PRL_OK);
     ck_assert_str_eq(c.corr_kind, "kpop");
     ck_assert(c.kpop_phi == 2.0 && c.strict_kpop_phi == 0.5 && c.pcc_rule == 1);
     /* bypass + reinforce + TIS, set one key at a time in a valid order */
@@ -161,10 +183,12 @@ START_TEST(test_correction_keys)
                  "key 'grpo.correction.extreme_ratio' = 1 is out of range");
     expect_error("{\"grpo\": {\"correction\": {\"kind\": \"kpop\", \"level\": \"sequence\"}}}",
                  "key 'grpo.correction.level' = sequence");
-    expect_error("{\"grpo\": {\"correction\": {\"bypass_loss\": \"reinforce\"}}}",
-                 "key 'grpo.correction.bypass_loss' = reinforce needs grpo.correction.mode = bypass");
+    expect_error(
+        "{\"grpo\": {\"correction\": {\"bypass_loss\": \"reinforce\"}}}",
+        "key 'grpo.correction.bypass_loss' = reinforce needs grpo.correction.mode = bypass");
     expect_error("{\"grpo\": {\"correction\": {\"kind\": \"kpop\", \"mode\": \"bypass\", "
-                 "\"bypass_loss\": \"reinforce\"}}}", "key 'grpo.correction.kind' = kpop needs");
+                 "\"bypass_loss\": \"reinforce\"}}}",
+                 "key 'grpo.correction.kind' = kpop needs");
     expect_error("{\"grpo\": {\"correction\": {\"kind\": \"icepop\", \"mode\": \"bypass\"}}}",
                  "key 'grpo.correction.kind' = icepop with mode = bypass");
     expect_error("{\"grpo\": {\"correction\": {\"mode\": \"bypass\", \"denominator\": \"kept\"}}}",
@@ -190,8 +214,11 @@ START_TEST(test_sft_recipe)
 {
     prl_sft_recipe r;
     ck_assert_int_eq(prl_sft_recipe_default(&r), PRL_OK);
-    ck_assert_int_eq(prl_sft_recipe_parse(&r, "{\"demos\": {\"agent\": {\"d2\": 7}, \"coding\": "
-                                              "{\"d3\": 5}}, \"sft\": {\"steps\": 50}}", "r.json"), PRL_OK);
+    ck_assert_int_eq(prl_sft_recipe_parse(&r,
+                                          "{\"demos\": {\"agent\": {\"d2\": 7}, \"coding\": "
+                                          "{\"d3\": 5}}, \"sft\": {\"steps\": 50}}",
+                                          "r.json"),
+                     PRL_OK);
     ck_assert_int_eq(r.demos[2][1], 7); /* agent, difficulty 2 */
     ck_assert_int_eq(r.demos[3][2], 5);
     ck_assert_int_eq(r.demos[0][0], 0);
@@ -208,14 +235,19 @@ START_TEST(test_sft_recipe)
     free(text), free(text2);
     prl_sft_recipe_free(&q);
     prl_sft_recipe_free(&r);
-    expect_recipe_error("{\"demos\": {\"agent\": {\"d4\": 1}}}", "unknown key 'demos.agent.d4' (did you mean");
+    expect_recipe_error("{\"demos\": {\"agent\": {\"d4\": 1}}}",
+                        "unknown key 'demos.agent.d4' (did you mean");
     expect_recipe_error("{\"demos\": {\"agent\": 3}}", "'demos.agent' must be an object of keys");
-    expect_recipe_error("{\"demos\": {\"agent\": {\"d1\": -1}}}", "key 'demos.agent.d1' = -1 is out of range");
+    expect_recipe_error("{\"demos\": {\"agent\": {\"d1\": -1}}}",
+                        "key 'demos.agent.d1' = -1 is out of range");
     expect_recipe_error("{\"sft\": {\"steps\": 9}}", "no demonstrations");
-    expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"sft\": {\"warmup\": 300}}", "sft.warmup");
-    expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"sft\": {\"optimizer\": \"sgd\"}}",
-                        "key 'sft.optimizer': 'sgd' is not one of adamw|muon");
-    expect_recipe_error("{\"tokenizer\": {\"special_tokens\": 1}}", "key 'tokenizer.special_tokens' must be true or false");
+    expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"sft\": {\"warmup\": 300}}",
+                        "sft.warmup");
+    expect_recipe_error(
+        "{\"demos\": {\"general\": {\"d1\": 9}}, \"sft\": {\"optimizer\": \"sgd\"}}",
+        "key 'sft.optimizer': 'sgd' is not one of adamw|muon");
+    expect_recipe_error("{\"tokenizer\": {\"special_tokens\": 1}}",
+                        "key 'tokenizer.special_tokens' must be true or false");
     /* post-hoc sparsification keys (configs/dsa-convert.json) */
     expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"dsa\": {\"warmup_steps\": -1}}",
                         "key 'dsa.warmup_steps' = -1 is out of range");

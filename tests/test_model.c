@@ -17,12 +17,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SMALL_KEYS                                                                               \
-    "\"vocab_size\": 96, \"hidden_size\": 32, \"num_hidden_layers\": 3,"                         \
-    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"                     \
-    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"                      \
-    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"                                \
-    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"       \
+#define SMALL_KEYS                                                                                 \
+    "\"vocab_size\": 96, \"hidden_size\": 32, \"num_hidden_layers\": 3,"                           \
+    " \"num_attention_heads\": 2, \"q_lora_rank\": 16, \"kv_lora_rank\": 16,"                      \
+    " \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8,"                        \
+    " \"first_k_dense_replace\": 1, \"intermediate_size\": 64,"                                    \
+    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"         \
     " \"n_shared_experts\": 1, \"max_position_embeddings\": 64, \"initializer_range\": 0.1"
 
 static const char *small_config =
@@ -83,13 +83,21 @@ static void toy(toy_batch *t, int B, int T, uint64_t seed)
         n += valid;
     }
     for (int i = 0; i < B * T; i++) t->w[i] = t->tgt[i] >= 0 ? -1.0f / n : 0;
-    t->b = (prl_batch){.B = B, .T = T, .tokens = t->tok, .lens = t->lens, .targets = t->tgt,
-                       .weights = t->w, .temperature = 1};
+    t->b = (prl_batch){.B = B,
+                       .T = T,
+                       .tokens = t->tok,
+                       .lens = t->lens,
+                       .targets = t->tgt,
+                       .weights = t->w,
+                       .temperature = 1};
 }
 
 /* ------------------------------------------------------------------ config ---------- */
 
-static prl_status parse(const char *text, prl_config *c) { return prl_config_parse(c, text, "cfg"); }
+static prl_status parse(const char *text, prl_config *c)
+{
+    return prl_config_parse(c, text, "cfg");
+}
 
 START_TEST(test_config_errors)
 {
@@ -112,26 +120,34 @@ START_TEST(test_config_errors)
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "not yet supported"));
     /* DSA: layers, indexer shape, stage; bad values name the key */
     ck_assert_int_eq(parse("{\"dsa_layers\": [0, 3], \"index_topk\": 8, \"index_n_heads\": 2, "
-                           "\"index_head_dim\": 16, \"prl_dsa_stage\": \"dense\"}", &c), PRL_OK);
+                           "\"index_head_dim\": 16, \"prl_dsa_stage\": \"dense\"}",
+                           &c),
+                     PRL_OK);
     ck_assert(prl_config_is_dsa(&c, 3) && !prl_config_is_dsa(&c, 1));
     ck_assert_int_eq(c.dsa_stage, PRL_DSA_DENSE);
     ck_assert_int_eq(parse("{\"dsa_layers\": [0]}", &c), PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "index_topk"));
     ck_assert_int_eq(parse("{\"dsa_layers\": [0], \"index_topk\": 8, \"index_n_heads\": 2, "
-                           "\"index_head_dim\": 8}", &c), PRL_ERR_CONFIG);
+                           "\"index_head_dim\": 8}",
+                           &c),
+                     PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "index_head_dim"));
     ck_assert_int_eq(parse("{\"dsa_layers\": [1], \"index_topk\": 8, \"index_n_heads\": 2, "
-                           "\"index_head_dim\": 16, \"swa_layers\": [1], \"sliding_window\": 4}", &c),
+                           "\"index_head_dim\": 16, \"swa_layers\": [1], \"sliding_window\": 4}",
+                           &c),
                      PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "both"));
     ck_assert_int_eq(parse("{\"dsa_layers\": [6], \"index_topk\": 8, \"index_n_heads\": 2, "
-                           "\"index_head_dim\": 16}", &c), PRL_ERR_CONFIG);
+                           "\"index_head_dim\": 16}",
+                           &c),
+                     PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "not a layer"));
     ck_assert_int_eq(parse("{\"prl_dsa_stage\": \"warm\"}", &c), PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "prl_dsa_stage"));
     /* mHC, sandwich norms, block post-norms (docs/config.md) */
     ck_assert_int_eq(parse("{\"use_mhc\": true, \"mhc_use_gamma\": true, "
-                           "\"sandwich_norm\": true, \"block_post_layernorm_idx\": [0, 4]}", &c),
+                           "\"sandwich_norm\": true, \"block_post_layernorm_idx\": [0, 4]}",
+                           &c),
                      PRL_OK);
     ck_assert_int_eq(prl_config_streams(&c), 4);
     ck_assert_int_eq(c.mhc_recur_norm, 20); /* default, spec §11.1 */
@@ -169,7 +185,9 @@ START_TEST(test_config_errors)
     ck_assert_int_eq(parse("{\"layer_types\": [\"sliding_attention\"]}", &c), PRL_ERR_UNSUPPORTED);
     /* sliding windows and parameter sinks */
     ck_assert_int_eq(parse("{\"swa_layers\": [1, 4], \"sliding_window_list\": [8, 16], "
-                           "\"param_sink_number\": 16}", &c), PRL_OK);
+                           "\"param_sink_number\": 16}",
+                           &c),
+                     PRL_OK);
     ck_assert_int_eq(prl_config_window(&c, 0), 0);
     ck_assert_int_eq(prl_config_window(&c, 4), 16);
     ck_assert_int_eq(c.param_sink_number, 16);
@@ -186,7 +204,9 @@ START_TEST(test_config_errors)
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "sliding_window_list"));
     ck_assert_int_eq(parse("{\"param_sink_number\": -1}", &c), PRL_ERR_CONFIG);
     ck_assert_int_eq(parse("{\"rope_interleave\": true}", &c), PRL_ERR_UNSUPPORTED);
-    ck_assert_int_eq(parse("{\"dsa_layers\": [], \"use_mhc\": false, \"num_nextn_predict_layers\": 0}", &c), PRL_OK);
+    ck_assert_int_eq(
+        parse("{\"dsa_layers\": [], \"use_mhc\": false, \"num_nextn_predict_layers\": 0}", &c),
+        PRL_OK);
     ck_assert_int_eq(parse("{\"prl_bias_update_rule\": \"rms\"}", &c), PRL_OK);
     ck_assert_int_eq(c.bias_rule, PRL_BIAS_RMS);
     ck_assert_int_eq(parse("{\"prl_bias_update_rule\": \"sgn\"}", &c), PRL_ERR_CONFIG);
@@ -204,7 +224,8 @@ START_TEST(test_config_errors)
     free(text);
     ck_assert_int_eq(parse("{\"swa_layers\": [1, 3], \"sliding_window_list\": [8, 6], "
                            "\"sliding_window\": 7, \"param_sink_number\": 4, "
-                           "\"param_sink_with_value\": false, \"router_sliding_window\": 2}", &c),
+                           "\"param_sink_with_value\": false, \"router_sliding_window\": 2}",
+                           &c),
                      PRL_OK);
     text = prl_config_to_json(&c);
     ck_assert_int_eq(prl_config_parse(&c2, text, "round trip"), PRL_OK);
@@ -229,7 +250,8 @@ START_TEST(test_checkpoint_load_weights_into_dsa)
     for (int i = 0; i < full.n_moe * 4; i++) full.router_bias[i] = 0.02f * (float)i;
     ck_assert_int_eq(prl_checkpoint_save(&full, NULL, NULL, NULL, dir), PRL_OK);
     build_from(&sparse, dsa_config, 4);
-    const prl_param_info *ix = prl_model_find(&sparse, "model.layers.0.self_attn.indexer.wk.weight");
+    const prl_param_info *ix =
+        prl_model_find(&sparse, "model.layers.0.self_attn.indexer.wk.weight");
     ck_assert_ptr_nonnull(ix);
     float keep = sparse.params[ix->offset];
     int fresh = -1;
@@ -239,7 +261,8 @@ START_TEST(test_checkpoint_load_weights_into_dsa)
     for (int i = 0; i < full.n_tensors; i++) {
         const prl_param_info *p = &full.tensors[i], *q = prl_model_find(&sparse, p->name);
         ck_assert_ptr_nonnull(q);
-        ck_assert_mem_eq(full.params + p->offset, sparse.params + q->offset, p->numel * sizeof(float));
+        ck_assert_mem_eq(full.params + p->offset, sparse.params + q->offset,
+                         p->numel * sizeof(float));
     }
     ck_assert_mem_eq(full.router_bias, sparse.router_bias, (size_t)full.n_moe * 4 * sizeof(float));
     /* a sparse checkpoint does not fit the full model: its indexer is an unexpected tensor */
@@ -312,8 +335,10 @@ START_TEST(test_mtp_freeze_trunk_step)
     prl_model base, m;
     build(&base, 3);
     ck_assert_int_eq(prl_checkpoint_save(&base, NULL, NULL, NULL, dir), PRL_OK);
-    build_from(&m, "{" SMALL_KEYS ", \"prl_bias_update_rate\": 0.1, "
-                   "\"num_nextn_predict_layers\": 2, \"prl_mtp_freeze_trunk\": true}", 4);
+    build_from(&m,
+               "{" SMALL_KEYS ", \"prl_bias_update_rate\": 0.1, "
+               "\"num_nextn_predict_layers\": 2, \"prl_mtp_freeze_trunk\": true}",
+               4);
     int fresh = -1, per_layer = 0;
     ck_assert_int_eq(prl_checkpoint_load_weights(&m, dir, &fresh), PRL_OK);
     for (int i = 0; i < m.n_tensors; i++) per_layer += m.tensors[i].layer == 3;
@@ -409,7 +434,8 @@ START_TEST(test_checkpoint_tampering)
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "model.safetensors"));
     /* a config that does not match the weights: the tensor is named */
     ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK);
-    snprintf(cmd, sizeof cmd, "sed -i 's/\"v_head_dim\": 8/\"v_head_dim\": 6/' '%s/config.json'", dir);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"v_head_dim\": 8/\"v_head_dim\": 6/' '%s/config.json'",
+             dir);
     ck_assert_int_eq(system(cmd), 0);
     ck_assert_int_ne(prl_checkpoint_load(&m2, dir), PRL_OK);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "self_attn"));
@@ -527,7 +553,11 @@ START_TEST(test_residual_blocks_checkpoint_and_threads)
 {
     prl_model m;
     build_from(&m, residual_config, 11);
-    struct { const char *name; int64_t rows, cols; prl_param_kind kind; } want[] = {
+    struct {
+        const char *name;
+        int64_t rows, cols;
+        prl_param_kind kind;
+    } want[] = {
         {"model.layers.0.attn_mhc_module.phi.weight", 24, 128, PRL_PARAM_MHC},
         {"model.layers.0.attn_mhc_module.norm_gamma", 128, 0, PRL_PARAM_NORM},
         {"model.layers.0.attn_mhc_module.branch_alpha", 3, 0, PRL_PARAM_MHC},
@@ -557,10 +587,9 @@ START_TEST(test_residual_blocks_checkpoint_and_threads)
     ck_assert_float_eq(m.params[b->offset + 4], 0);
     ck_assert_float_eq(m.params[b->offset + 8 + 5], 0);  /* res[1][1] */
     ck_assert_float_eq(m.params[b->offset + 8 + 6], -8); /* res[1][2] */
-    const char *trained[] = {"model.layers.0.attn_mhc_module.phi.weight",
-                             "model.layers.0.attn_mhc_module.branch_beta",
-                             "model.merge_mhc_module.branch_alpha_pre",
-                             "model.layers.1.block_post_layernorm.weight"};
+    const char *trained[] = {
+        "model.layers.0.attn_mhc_module.phi.weight", "model.layers.0.attn_mhc_module.branch_beta",
+        "model.merge_mhc_module.branch_alpha_pre", "model.layers.1.block_post_layernorm.weight"};
     prl_config loaded;
     check_checkpoint_and_threads(&m, residual_config, trained, 4, &loaded);
     ck_assert_int_eq(prl_config_streams(&loaded), 4);
@@ -584,8 +613,10 @@ START_TEST(test_batch_invariance)
         for (int t = 0; t + 1 < len2[b]; t++) tgt2[b * T2 + t] = tok2[b * T2 + t + 1];
     for (int t = 0; t < T1; t++) tgt1[t] = tgt2[T2 + t];
     float lp1[T1], lp2[B2 * T2];
-    prl_batch b1 = {.B = 1, .T = T1, .tokens = tok1, .lens = &len1, .targets = tgt1, .temperature = 1};
-    prl_batch b2 = {.B = B2, .T = T2, .tokens = tok2, .lens = len2, .targets = tgt2, .temperature = 1};
+    prl_batch b1 =
+        {.B = 1, .T = T1, .tokens = tok1, .lens = &len1, .targets = tgt1, .temperature = 1};
+    prl_batch b2 =
+        {.B = B2, .T = T2, .tokens = tok2, .lens = len2, .targets = tgt2, .temperature = 1};
     ck_assert_int_eq(prl_model_forward(&m, &b1, lp1, NULL), PRL_OK);
     int K = m.cfg.num_experts_per_tok;
     int32_t *routes1 = malloc((size_t)m.n_moe * T1 * K * sizeof *routes1);
@@ -667,7 +698,7 @@ START_TEST(test_muon_newton_schulz)
         for (int q = 0; q < B; q++) {
             double s = 0;
             for (int i = 0; i < A; i++) s += (double)X[i * B + p] * X[i * B + q];
-            if (p == q) ck_assert(s > 0.25 && s < 2.25);  /* σ² of σ in [0.5, 1.5] */
+            if (p == q) ck_assert(s > 0.25 && s < 2.25); /* σ² of σ in [0.5, 1.5] */
             else ck_assert(fabs(s) < 0.5);
         }
     /* scale invariance: NS5(c·X) = NS5(X) */
@@ -696,7 +727,8 @@ START_TEST(test_muon_step)
     for (size_t i = 0; i < p->numel; i++) m.grads[p->offset + i] = (float)prl_rng_normal(&r);
     float *U = malloc(p->numel * sizeof *U), *w0 = malloc(p->numel * sizeof *w0);
     float *work = malloc((2 * p->numel + 2 * (size_t)A * A) * sizeof *work);
-    for (size_t i = 0; i < p->numel; i++) U[i] = m.grads[p->offset + i] * 1.95f, w0[i] = m.params[p->offset + i];
+    for (size_t i = 0; i < p->numel; i++)
+        U[i] = m.grads[p->offset + i] * 1.95f, w0[i] = m.params[p->offset + i];
     prl_muon_newton_schulz(U, A, B, 5, work);
     ck_assert_int_eq(prl_optim_step(&o, &m, NULL), PRL_OK);
     double k = 0.02 * 0.2 * sqrt(A > B ? A : B);
@@ -715,11 +747,11 @@ END_TEST
 START_TEST(test_loss_scaler_traces)
 {
     static const int inf[10] = {0, 0, 0, 1, 0, 0, 0, 0, 1, 1};
-    static const double torch_scale[10] = {65536, 65536, 131072, 65536, 65536, 65536, 131072,
-                                           131072, 65536, 32768};
+    static const double torch_scale[10] = {65536, 65536,  131072, 65536, 65536,
+                                           65536, 131072, 131072, 65536, 32768};
     const double p32 = 4294967296.0;
-    const double mega_scale[10] = {p32, p32, 2 * p32, 2 * p32, 2 * p32, 2 * p32, 4 * p32,
-                                   4 * p32, 4 * p32, 2 * p32};
+    const double mega_scale[10] = {p32,     p32,     2 * p32, 2 * p32, 2 * p32,
+                                   2 * p32, 4 * p32, 4 * p32, 4 * p32, 2 * p32};
     prl_loss_scaler_config c;
     prl_loss_scaler s;
     ck_assert_int_eq(prl_loss_scaler_config_preset(&c, "torch"), PRL_OK);

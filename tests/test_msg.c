@@ -44,10 +44,21 @@ static const uint8_t routes[8] = {0, 1, 1, 2, 2, 3, 3, 0}; /* 4 rows of 1 layer 
 
 static prl_msg_result result_of(json_t *turns)
 {
-    return (prl_msg_result){.lease = 10, .step = 11, .prompt = 12, .sample = 1,
-                            .prompt_len = 3, .gen_us = 5, .tokens = tok, .n_tokens = 5,
-                            .logprobs = lp, .mask = mask, .routes = routes, .routes_bytes = 8,
-                            .route_shape = {4, 1, 2, 1}, .turns = turns, .truncated = 1,
+    return (prl_msg_result){.lease = 10,
+                            .step = 11,
+                            .prompt = 12,
+                            .sample = 1,
+                            .prompt_len = 3,
+                            .gen_us = 5,
+                            .tokens = tok,
+                            .n_tokens = 5,
+                            .logprobs = lp,
+                            .mask = mask,
+                            .routes = routes,
+                            .routes_bytes = 8,
+                            .route_shape = {4, 1, 2, 1},
+                            .turns = turns,
+                            .truncated = 1,
                             .turns_played = 2};
 }
 
@@ -72,7 +83,8 @@ START_TEST(test_result)
     ck_assert_mem_eq(y.tokens, tok, sizeof tok);
     ck_assert(y.logprobs[1] == -1.2f && y.mask[0] == 1 && y.mask[1] == 0);
     ck_assert(y.routes && y.routes_bytes == 8 && y.route_shape.rows == 4 && !y.routes_dropped[0]);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(y.turns, 0), "content")), "- a");
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(y.turns, 0), "content")),
+                     "- a");
     prl_msg_result_free(&y), prl_bus_msg_free(&d);
     /* a route record whose shape does not fit: the sample stays, its routes go */
     x.route_shape.rows = 5; /* 5 rows of a 5-token sample: at most tokens - 1 */
@@ -81,7 +93,12 @@ START_TEST(test_result)
     ck_assert_ptr_nonnull(strstr(y.routes_dropped, "5 rows for 5 tokens"));
     prl_msg_result_free(&y), prl_bus_msg_free(&d);
     /* each value rule, named */
-    struct { const char *want; float lp1; uint8_t mask1; int plen; } bad[] = {
+    struct {
+        const char *want;
+        float lp1;
+        uint8_t mask1;
+        int plen;
+    } bad[] = {
         {"response token 1 has log-prob 0.5", 0.5f, 0, 3},
         {"response token 1 has log-prob nan", NAN, 0, 3},
         {"response token 1 has log-prob -1.2 and mask 2", -1.2f, 2, 3},
@@ -137,8 +154,13 @@ START_TEST(test_hello_error_work)
         prl_bus_msg_free(&d);
     }
     /* work: the sample count and the task */
-    prl_msg_work w = {.lease = 1, .step = 2, .prompt = 3, .count = 2000, .path = "ckpt",
-                      .task = "{\"id\": \"t\"}"}, wy;
+    prl_msg_work w = {.lease = 1,
+                      .step = 2,
+                      .prompt = 3,
+                      .count = 2000,
+                      .path = "ckpt",
+                      .task = "{\"id\": \"t\"}"},
+                 wy;
     assert_ok(prl_msg_work_encode(&w, "r", 3, &m));
     wire(&m, &d);
     ck_assert_int_ne(prl_msg_work_decode(&d, &wy), PRL_OK);
@@ -179,8 +201,12 @@ START_TEST(test_taught_scores)
     prl_grpo_batch item;
     item_of(&item);
     float tlp[5] = {-0.5f, -1, -2, NAN, -0.25f}; /* NaN on the observation: not looked at */
-    prl_msg_taught x = {.lease = 1, .step = 2, .teacher = "coding", .logprobs = tlp,
-                        .n_response = 5}, y;
+    prl_msg_taught x = {.lease = 1,
+                        .step = 2,
+                        .teacher = "coding",
+                        .logprobs = tlp,
+                        .n_response = 5},
+                   y;
     prl_bus_msg m, d;
     assert_ok(prl_msg_taught_encode(&x, "r", 1, &m));
     wire(&m, &d);
@@ -219,7 +245,13 @@ END_TEST
 
 START_TEST(test_exec)
 {
-    struct { const char *lang; uint64_t wall_ms; const char *prog; size_t len; const char *want; } c[] = {
+    struct {
+        const char *lang;
+        uint64_t wall_ms;
+        const char *prog;
+        size_t len;
+        const char *want;
+    } c[] = {
         {"python3", 2000, "print(1)", 8, NULL},
         {"ruby", 2000, "puts 1", 6, "exec: field 'lang': unknown language 'ruby'"},
         {"sh", 0, "echo", 4, "field 'wall_ms': 0 is not in 1..3600000"},
@@ -228,8 +260,13 @@ START_TEST(test_exec)
         {"sh", 100, "ec\0ho", 5, "frame 'program' contains a NUL byte"},
     };
     for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
-        prl_msg_exec x = {.lang = c[k].lang, .wall_ms = c[k].wall_ms, .program = c[k].prog,
-                          .program_len = c[k].len, .stdin_data = "in", .stdin_len = 2}, y;
+        prl_msg_exec x = {.lang = c[k].lang,
+                          .wall_ms = c[k].wall_ms,
+                          .program = c[k].prog,
+                          .program_len = c[k].len,
+                          .stdin_data = "in",
+                          .stdin_len = 2},
+                     y;
         prl_bus_msg m, d;
         assert_ok(prl_msg_exec_encode(&x, "r", 1, &m));
         wire(&m, &d);

@@ -118,7 +118,7 @@ START_TEST(test_observation_tokens_and_teachers)
     ck_assert_int_eq(st.samples[0] + st.samples[2], 0);
     ck_assert_int_eq(st.teacher_tokens[1], 2);
     ck_assert_int_eq(st.teacher_tokens[3], 2);
-    ck_assert_double_eq_tol(st.kl[1], (-1 + 2) / 2.0, 1e-6);   /* mean of lp_S − lp_T */
+    ck_assert_double_eq_tol(st.kl[1], (-1 + 2) / 2.0, 1e-6); /* mean of lp_S − lp_T */
     ck_assert_double_eq_tol(st.kl[3], -0.5, 1e-6);
     ck_assert(isnan(st.kl[0]));
     ck_assert_double_eq_tol(st.teacher_kl, (-1 + 2 - 0.5 - 0.5) / 4.0, 1e-6);
@@ -127,8 +127,10 @@ START_TEST(test_observation_tokens_and_teachers)
     /* the JSON keys */
     json_t *o = json_object();
     prl_opd_stats_json(o, &st);
-    ck_assert(json_integer_value(json_object_get(json_object_get(o, "opd_teacher_samples"), "coding")) == 1);
-    ck_assert(json_is_number(json_object_get(json_object_get(o, "opd_teacher_kl_by"), "reasoning")));
+    ck_assert(json_integer_value(
+                  json_object_get(json_object_get(o, "opd_teacher_samples"), "coding")) == 1);
+    ck_assert(
+        json_is_number(json_object_get(json_object_get(o, "opd_teacher_kl_by"), "reasoning")));
     ck_assert(json_is_number(json_object_get(o, "opd_teacher_kl")));
     ck_assert(json_is_number(json_object_get(o, "opd_masked_frac")));
     json_decref(o);
@@ -152,12 +154,14 @@ START_TEST(test_errors)
     int32_t start[2] = {0, 2}, teacher[1] = {7};
     prl_opd_config c;
     prl_opd_config_default(&c);
-    ck_assert_int_eq(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, NULL), PRL_ERR_ARG);
+    ck_assert_int_eq(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, NULL),
+                     PRL_ERR_ARG);
     assert_msg_has("sequence 0 token 1");
     mask[1] = 0; /* off the mask a NaN does not matter */
     assert_ok(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, NULL, adv, NULL));
     ck_assert(adv[1] == 0);
-    ck_assert_int_eq(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, teacher, adv, NULL), PRL_ERR_ARG);
+    ck_assert_int_eq(prl_opd_advantages(&c, lp_s, lp_t, mask, start, 1, teacher, adv, NULL),
+                     PRL_ERR_ARG);
     assert_msg_has("teacher 7");
     c.discount = 1;
     ck_assert_int_eq(prl_opd_config_check(&c), PRL_ERR_CONFIG);
@@ -207,7 +211,8 @@ START_TEST(test_token_advantage_weights)
         c.agg = (prl_grpo_agg)a;
         c.loss_scale_factor = 7;
         prl_grpo_loss_stats st;
-        assert_ok(prl_grpo_loss_partial_tok(&c, lp_new, lp_old, adv, at, mask, iw, B, T, 12, 3, w, &st));
+        assert_ok(
+            prl_grpo_loss_partial_tok(&c, lp_new, lp_old, adv, at, mask, iw, B, T, 12, 3, w, &st));
         for (int i = 0; i < B * T; i++) {
             if (!mask[i]) {
                 ck_assert(w[i] == 0);
@@ -226,9 +231,10 @@ START_TEST(test_token_advantage_weights)
             prl_grpo_loss_partial_tok(&c, lp_new, lp_old, adv, at, mask, iw, B, T, 12, 3, w2, &dn);
             lp_new[i] = saved;
             double fd = (up.loss - dn.loss) / (2.0 * ((double)(saved + h) - saved));
-            ck_assert_msg(fabs(fd - w[i]) < 2e-3 * (1 + fabs(fd)), "mode %d token %d: w %g vs fd %g "
-                          "(log-ratio %g, A %g)", a, i, w[i], fd, lp_new[i] - lp_old[i],
-                          adv[i / T] + at[i]);
+            ck_assert_msg(fabs(fd - w[i]) < 2e-3 * (1 + fabs(fd)),
+                          "mode %d token %d: w %g vs fd %g "
+                          "(log-ratio %g, A %g)",
+                          a, i, w[i], fd, lp_new[i] - lp_old[i], adv[i / T] + at[i]);
             checked++;
         }
         ck_assert(st.clipfrac > 0 && st.clipfrac < 1);
@@ -241,7 +247,8 @@ START_TEST(test_token_advantage_weights)
     for (int i = 0; i < B * T; i++) at[i] = (float)adv[i / T];
     float adv_f[B];
     for (int b = 0; b < B; b++) adv_f[b] = (float)adv[b], adv[b] = adv_f[b];
-    assert_ok(prl_grpo_loss_partial_tok(&c, lp_new, lp_old, zero, at, mask, iw, B, T, 12, 3, w, NULL));
+    assert_ok(
+        prl_grpo_loss_partial_tok(&c, lp_new, lp_old, zero, at, mask, iw, B, T, 12, 3, w, NULL));
     assert_ok(prl_grpo_loss_partial(&c, lp_new, lp_old, adv, mask, iw, B, T, 12, 3, w2, NULL));
     ck_assert(!memcmp(w, w2, sizeof w));
 }
@@ -273,13 +280,15 @@ START_TEST(test_is_correction)
     ck_assert_double_eq_tol(iw[1], 2.0, 1e-6);
     prl_grpo_loss_config lc;
     prl_grpo_loss_config_default(&lc);
-    assert_ok(prl_grpo_loss_partial_tok(&lc, lp_old, lp_old, zero, adv, mask, iw, 1, 3, 3, 1, w, NULL));
+    assert_ok(
+        prl_grpo_loss_partial_tok(&lc, lp_old, lp_old, zero, adv, mask, iw, 1, 3, 3, 1, w, NULL));
     ck_assert_double_eq_tol(w[0], -0.274787, 1e-6);
     ck_assert_double_eq_tol(w[1], 0.666667, 1e-6);
     ck_assert(w[2] == 0);
     cc.kind = PRL_GRPO_CORR_ICEPOP, cc.loose.icepop_high = 1.8;
     assert_ok(prl_grpo_corr_weights(&cc, &cc.loose, lp_old, lp_s, mask, start, 1, iw, NULL, NULL));
-    assert_ok(prl_grpo_loss_partial_tok(&lc, lp_old, lp_old, zero, adv, mask, iw, 1, 3, 3, 1, w, NULL));
+    assert_ok(
+        prl_grpo_loss_partial_tok(&lc, lp_old, lp_old, zero, adv, mask, iw, 1, 3, 3, 1, w, NULL));
     ck_assert_double_eq_tol(w[0], -0.274787, 1e-6);
     ck_assert(w[1] == 0);
 }
@@ -306,7 +315,8 @@ static void wire(prl_bus_msg *m, prl_bus_msg *out)
     prl_bus_wire w;
     char why[256];
     assert_ok(prl_bus_encode(m, &w));
-    ck_assert_int_eq(prl_bus_decode(prl_msg_registry(), w.parts, w.n, out, why, sizeof why), PRL_OK);
+    ck_assert_int_eq(prl_bus_decode(prl_msg_registry(), w.parts, w.n, out, why, sizeof why),
+                     PRL_OK);
     prl_bus_wire_free(&w);
 }
 
@@ -328,7 +338,10 @@ START_TEST(test_train_frames)
     prl_opd_batch_free(&back);
     prl_bus_msg_free(&d), prl_bus_msg_free(&m);
     /* errors name the frame and the sample */
-    struct { const char *want; int case_; } bad[] = {
+    struct {
+        const char *want;
+        int case_;
+    } bad[] = {
         {"frame 'teachers': sample 1 has teacher 4", 0},
         {"frame 'teacher_logprobs': sample 0 response token 1 has log-prob 0.5", 1},
         {"frame 'teachers' is missing", 2},
@@ -337,11 +350,13 @@ START_TEST(test_train_frames)
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         prl_opd_batch x;
         assert_ok(prl_opd_batch_init(&x, 2, 5, 0));
-        memcpy(x.teacher_lp, tl, sizeof tl), memcpy(x.teacher, ob.teacher, sizeof ob.teacher[0] * 2);
+        memcpy(x.teacher_lp, tl, sizeof tl),
+            memcpy(x.teacher, ob.teacher, sizeof ob.teacher[0] * 2);
         if (bad[k].case_ == 0) x.teacher[1] = 4;
         if (bad[k].case_ == 1) x.teacher_lp[1] = 0.5f;
         assert_ok(train_to_msg(&b, NULL, &m));
-        if (bad[k].case_ == 2) prl_bus_msg_add_frame(&m, "teacher_logprobs", PRL_BUS_F32, x.teacher_lp, 5);
+        if (bad[k].case_ == 2)
+            prl_bus_msg_add_frame(&m, "teacher_logprobs", PRL_BUS_F32, x.teacher_lp, 5);
         else if (bad[k].case_ == 3) {
             prl_bus_msg_add_frame(&m, "teacher_logprobs", PRL_BUS_F32, x.teacher_lp, 4);
             prl_bus_msg_add_frame(&m, "teachers", PRL_BUS_I32, x.teacher, 2);
@@ -367,11 +382,18 @@ START_TEST(test_train_frames_topk)
     small_batch(&b);
     const int32_t ids[10] = {7, 9, 1, 2, 3, 4, -1, -1, 5, 6};
     const float klp[10] = {-0.1f, -2.5f, -0.2f, -3, -0.5f, -1, 0, 0, -0.7f, -0.9f};
-    struct { const char *want; int case_; } cases[] = {
+    struct {
+        const char *want;
+        int case_;
+    } cases[] = {
         {NULL, 0},
         {"frame 'teacher_topk_logprobs' is missing", 1},
-        {"frame 'teacher_topk_ids': sample 0 response token 1 rank 1 has id -1 (must be >= 0 on a loss token)", 2},
-        {"frame 'teacher_topk_ids': sample 1 response token 0 rank 0 has id 5 (must be -1 off the loss tokens)", 3},
+        {"frame 'teacher_topk_ids': sample 0 response token 1 rank 1 has id -1 (must be >= 0 on a "
+         "loss token)",
+         2},
+        {"frame 'teacher_topk_ids': sample 1 response token 0 rank 0 has id 5 (must be -1 off the "
+         "loss tokens)",
+         3},
         {"frame 'teacher_topk_logprobs': sample 1 response token 1 rank 0 has log-prob 0.5", 4},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -395,7 +417,8 @@ START_TEST(test_train_frames_topk)
         if (!cases[k].want) {
             assert_ok(train_teachers_from_msg(&back, &d, 2));
             ck_assert_int_eq(back.topk, 2);
-            ck_assert(!memcmp(back.topk_ids, ids, sizeof ids) && !memcmp(back.topk_lp, klp, sizeof klp));
+            ck_assert(!memcmp(back.topk_ids, ids, sizeof ids) &&
+                      !memcmp(back.topk_lp, klp, sizeof klp));
             prl_opd_batch_free(&back);
             /* the job's topk decides which frames are read: 0 ignores them */
             assert_ok(train_teachers_from_msg(&back, &d, 0));
@@ -499,7 +522,9 @@ START_TEST(test_teacher_logprobs)
     assert_ok(prl_opd_teacher_logprobs(&m, &b, 3, 1.0, lp));
     for (size_t i = 0; i < b.n_response; i++) {
         if (!b.mask[i]) ck_assert(lp[i] == 0);
-        else ck_assert_msg(fabsf(lp[i] - b.logprobs[i]) < 1e-5f, "token %zu: %g vs %g", i, lp[i], b.logprobs[i]);
+        else
+            ck_assert_msg(fabsf(lp[i] - b.logprobs[i]) < 1e-5f, "token %zu: %g vs %g", i, lp[i],
+                          b.logprobs[i]);
     }
     /* at the student's temperature τ: the train path's log_softmax(logits / τ), row by row */
     float *lp_half = malloc(b.n_response * sizeof *lp_half);
@@ -518,8 +543,10 @@ START_TEST(test_teacher_logprobs)
         prl_grpo_batch_response(&b, i, &first, &nr);
         for (int j = 0; j < nr; j++) {
             float want = b.mask[first + j] ? ref[2 + j] : 0;
-            ck_assert_msg(fabsf(lp_half[first + j] - want) < 1e-5f, "τ 0.5, sample %d token %d: "
-                          "%g vs %g", i, j, lp_half[first + j], want);
+            ck_assert_msg(fabsf(lp_half[first + j] - want) < 1e-5f,
+                          "τ 0.5, sample %d token %d: "
+                          "%g vs %g",
+                          i, j, lp_half[first + j], want);
             differ += b.mask[first + j] && fabsf(lp_half[first + j] - lp[first + j]) > 1e-3f;
         }
     }
@@ -548,7 +575,8 @@ START_TEST(test_teacher_topk)
     model_batch(&m, &b, 7);
     enum { K = 4 };
     size_t n = b.n_response;
-    float *lp = malloc(n * sizeof *lp), *lp2 = malloc(n * sizeof *lp2), *klp = malloc(n * K * sizeof *klp);
+    float *lp = malloc(n * sizeof *lp), *lp2 = malloc(n * sizeof *lp2),
+          *klp = malloc(n * K * sizeof *klp);
     int32_t *ids = malloc(n * K * sizeof *ids);
     assert_ok(prl_opd_teacher_logprobs(&m, &b, 3, 1.0, lp));
     assert_ok(prl_opd_teacher_score(&m, &b, 3, 1.0, K, lp2, ids, klp));
@@ -566,8 +594,9 @@ START_TEST(test_teacher_topk)
         if (b.mask[f]) loss++, ck_assert(klp[f * K] >= lp[f] - 1e-6f);
     }
     ck_assert_int_gt(loss, 0);
-    ck_assert_int_eq(prl_opd_teacher_score(&m, &b, 3, 1.0, PRL_MAX_EXTRA_TARGETS + 1, lp2, ids, klp),
-                     PRL_ERR_ARG);
+    ck_assert_int_eq(
+        prl_opd_teacher_score(&m, &b, 3, 1.0, PRL_MAX_EXTRA_TARGETS + 1, lp2, ids, klp),
+        PRL_ERR_ARG);
     assert_msg_has("top-k 65");
     free(lp), free(lp2), free(klp), free(ids);
     prl_grpo_batch_free(&b);
@@ -726,12 +755,14 @@ START_TEST(test_opd_step)
         size_t first;
         int nr;
         prl_grpo_batch_response(&b, i, &first, &nr);
-        for (int j = 0; j < nr; j++) ob.teacher_lp[first + j] = b.logprobs[first + j] + (i ? -1.0f : 1.0f);
+        for (int j = 0; j < nr; j++)
+            ob.teacher_lp[first + j] = b.logprobs[first + j] + (i ? -1.0f : 1.0f);
     }
     for (int step = 0; step < 3; step++)
         assert_ok(prl_opd_train_step(&m, &o, &b, &ob, &c, &tc, &st, &ost));
     double up = sample_logp(&m, &b, 0) - lp0, down = sample_logp(&m, &b, 1) - lp1;
-    ck_assert_msg(up > 0.05 && down < -0.05, "log-prob change %g (should rise), %g (should fall)", up, down);
+    ck_assert_msg(up > 0.05 && down < -0.05, "log-prob change %g (should rise), %g (should fall)",
+                  up, down);
     /* mismatched teacher batch */
     ob.n = 5;
     ck_assert_int_eq(prl_opd_train_step(&m, &o, &b, &ob, &c, &tc, &st, &ost), PRL_ERR_ARG);

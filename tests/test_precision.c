@@ -33,7 +33,9 @@
 START_TEST(test_round_vectors)
 {
     /* rl.md §4.1: x, nearest fp16, nearest bf16 (fp32 inputs) */
-    static const struct { double x, f16, b16; } v[] = {
+    static const struct {
+        double x, f16, b16;
+    } v[] = {
         {0.1234567, 0.12347412109375, 0.12353515625},
         {1.0009765625, 1.0009765625, 1.0},
         {-2.302585, -2.302734375, -2.296875},
@@ -52,8 +54,8 @@ START_TEST(test_round_vectors)
     ck_assert(prl_round_fp16(65504.0f) == 65504.0f);
     ck_assert(prl_round_fp16(65519.0f) == 65504.0f);
     ck_assert(isinf(prl_round_fp16(65520.0f)) && prl_round_fp16(-65520.0f) < 0);
-    ck_assert(prl_round_fp16(1.0f + 0x1p-11f) == 1.0f);                 /* tie → even */
-    ck_assert(prl_round_fp16(1.0f + 3 * 0x1p-11f) == 1.0f + 0x1p-9f);   /* tie → even */
+    ck_assert(prl_round_fp16(1.0f + 0x1p-11f) == 1.0f);               /* tie → even */
+    ck_assert(prl_round_fp16(1.0f + 3 * 0x1p-11f) == 1.0f + 0x1p-9f); /* tie → even */
     ck_assert(prl_round_bf16(1.0f + 0x1p-8f) == 1.0f);
     ck_assert(prl_round_fp16(0x1p-25f) == 0.0f && prl_round_fp16(0x1p-24f) == 0x1p-24f);
     ck_assert(isnan(prl_round_fp16(NAN)) && isnan(prl_round_bf16(NAN)));
@@ -92,8 +94,8 @@ START_TEST(test_round_fp16_paths_agree)
         uint32_t u = i << 8 | (i * 2654435761u) >> 24; /* every top-24-bit prefix */
         memcpy(&a[i], &u, sizeof u);
     }
-    const float edge[] = {65504.0f, 65519.99f, 65520.0f, -65520.0f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f,
-                          0x1p-14f, 1.0f + 0x1p-11f, -0.0f, INFINITY, -INFINITY};
+    const float edge[] = {65504.0f,   65519.99f, 65520.0f,        -65520.0f, 0x1p-24f, 0x1p-25f,
+                          0x1.8p-25f, 0x1p-14f,  1.0f + 0x1p-11f, -0.0f,     INFINITY, -INFINITY};
     memcpy(a, edge, sizeof edge);
     memcpy(b, a, N * sizeof *a);
     prl_round_floats(PRL_PRECISION_FP16, a, N);
@@ -114,17 +116,17 @@ static int model_blocks = -1;
 
 /* Model variants (load_model's argument). */
 enum {
-    PLAIN,  /* tiny.json */
-    ATTN,   /* + SWA layers 1, 2, 4, 5 with W = 16, 4 sinks with values, ModAttn convs with
+    PLAIN, /* tiny.json */
+    ATTN,  /* + SWA layers 1, 2, 4, 5 with W = 16, 4 sinks with values, ModAttn convs with
             ** random kernels */
-    GLUE,   /* ATTN + mHC (4 streams, 20 Sinkhorn iterations, γ; random α, β), sandwich norms,
+    GLUE,  /* ATTN + mHC (4 streams, 20 Sinkhorn iterations, γ; random α, β), sandwich norms,
             ** block post-norms after layers 0 and 3, random gains on every norm */
-    DSA,    /* ATTN + DSA on layers 0 and 3, sparse stage (2 index heads × 32, top-8: most rows
+    DSA,   /* ATTN + DSA on layers 0 and 3, sparse stage (2 index heads × 32, top-8: most rows
             ** of a 40-token sequence attend to a strict subset); the indexer keeps its init
             ** weights, so its scores are close together and bf16 rounding ties some of them
             ** (the top-k then breaks ties by index): a path that did not round the scores
             ** would select other keys (measured: 14 log-probs differ) */
-    MTP,    /* GLUE + 1 MTP module (its decoder layer keeps the plain residual, with sandwich
+    MTP,   /* GLUE + 1 MTP module (its decoder layer keeps the plain residual, with sandwich
             ** norms) */
     N_VARIANTS
 };
@@ -179,7 +181,8 @@ static void make_seqs(seqs *s)
     prl_rng_init(&rng, 11, 0, 0, 0, PRL_RNG_TEST);
     for (int i = 0; i < NSEQ; i++) {
         s->lens[i] = TLEN - 7 * i;
-        for (int t = 0; t < TLEN; t++) s->tok[i * TLEN + t] = 16 + (int32_t)(prl_rng_u64(&rng) % 4000);
+        for (int t = 0; t < TLEN; t++)
+            s->tok[i * TLEN + t] = 16 + (int32_t)(prl_rng_u64(&rng) % 4000);
         for (int t = 0; t < TLEN; t++) {
             s->tgt[i * TLEN + t] = t + 1 < s->lens[i] ? s->tok[i * TLEN + t + 1] : -1;
             s->w[i * TLEN + t] = s->tgt[i * TLEN + t] >= 0 ? 1.0f / (NSEQ * TLEN) : 0;
@@ -190,8 +193,13 @@ static void make_seqs(seqs *s)
 static prl_batch batch_of(const seqs *s)
 {
     /* the MTP modules (their loss and backward) run whenever the model has them */
-    return (prl_batch){.B = NSEQ, .T = TLEN, .tokens = s->tok, .lens = s->lens, .targets = s->tgt,
-                       .weights = s->w, .temperature = 1.0,
+    return (prl_batch){.B = NSEQ,
+                       .T = TLEN,
+                       .tokens = s->tok,
+                       .lens = s->lens,
+                       .targets = s->tgt,
+                       .weights = s->w,
+                       .temperature = 1.0,
                        .with_mtp = model.cfg.num_nextn_predict_layers > 0};
 }
 
@@ -227,8 +235,11 @@ static void infer_logp(prl_precision p, const seqs *s, float *out)
     ck_assert_msg(prl_infer_init(&e, &model, &o) == PRL_OK, "%s", prl_error_message());
     prl_gen_request r[NSEQ];
     for (int i = 0; i < NSEQ; i++)
-        r[i] = (prl_gen_request){.prompt = s->tok + i * TLEN, .prompt_len = 1, .seq_id = (uint64_t)i,
-                                 .forced = s->tok + i * TLEN + 1, .n_forced = s->lens[i] - 1};
+        r[i] = (prl_gen_request){.prompt = s->tok + i * TLEN,
+                                 .prompt_len = 1,
+                                 .seq_id = (uint64_t)i,
+                                 .forced = s->tok + i * TLEN + 1,
+                                 .n_forced = s->lens[i] - 1};
     prl_sample_params sp;
     prl_sample_params_default(&sp);
     sp.max_new_tokens = TLEN, sp.n_stop_ids = 0, sp.temperature = 1.0;
@@ -281,12 +292,13 @@ START_TEST(test_train_equals_aligned_infer)
             long nd = bitwise_diffs(&s, lt, li, &max);
             bitwise_diffs(&s, lt, l32, &max32);
             printf("%s %s: train vs aligned infer: %ld of %d differ bitwise (max %g); "
-                   "vs train fp32 max |dlogp| %g\n", variant_names[blocks], prl_precision_name(ps[k]),
-                   nd, n_targets(&s), max, max32);
+                   "vs train fp32 max |dlogp| %g\n",
+                   variant_names[blocks], prl_precision_name(ps[k]), nd, n_targets(&s), max, max32);
             ck_assert_msg(nd == 0, "%s %s: %ld log-probs differ (max %g)", variant_names[blocks],
                           prl_precision_name(ps[k]), nd, max);
             if (ps[k] != PRL_PRECISION_FP32) /* the rounding is really applied */
-                ck_assert_msg(max32 > 1e-5, "%s equals fp32 (max %g)", prl_precision_name(ps[k]), max32);
+                ck_assert_msg(max32 > 1e-5, "%s equals fp32 (max %g)", prl_precision_name(ps[k]),
+                              max32);
         }
     }
 }
@@ -304,8 +316,8 @@ typedef struct mtp_seen {
     prl_infer *e;
     char name[32];
     int V;
-    float *rows;      /* [NSEQ][MTP_T][V] */
-    uint8_t *have;    /* [NSEQ][MTP_T] */
+    float *rows;   /* [NSEQ][MTP_T][V] */
+    uint8_t *have; /* [NSEQ][MTP_T] */
     long repeats_differ;
 } mtp_seen;
 
@@ -356,7 +368,8 @@ static void infer_mtp_rows(prl_precision p, const seqs *s, mtp_seen *seen, int32
     prl_infer_set_hook(e, infer_mtp_hook, seen);
     prl_gen_request r[NSEQ];
     for (int i = 0; i < NSEQ; i++)
-        r[i] = (prl_gen_request){.prompt = s->tok + i * TLEN, .prompt_len = MTP_PROMPT,
+        r[i] = (prl_gen_request){.prompt = s->tok + i * TLEN,
+                                 .prompt_len = MTP_PROMPT,
                                  .seq_id = (uint64_t)i};
     prl_sample_params sp;
     prl_sample_params_default(&sp);
@@ -399,9 +412,10 @@ START_TEST(test_mtp_head_equals_aligned_infer)
         infer_mtp_rows(ps[k], &s, &inf, tok, lens);
         ck_assert_int_eq(prl_model_set_precision(&model, ps[k]), PRL_OK);
         prl_model_set_hook(&model, train_mtp_hook, &tr);
-        prl_batch b = {.B = NSEQ, .T = MTP_T, .tokens = tok, .lens = lens, .temperature = 1.0,
-                       .with_mtp = 1};
-        ck_assert_msg(prl_model_forward(&model, &b, NULL, NULL) == PRL_OK, "%s", prl_error_message());
+        prl_batch b =
+            {.B = NSEQ, .T = MTP_T, .tokens = tok, .lens = lens, .temperature = 1.0, .with_mtp = 1};
+        ck_assert_msg(prl_model_forward(&model, &b, NULL, NULL) == PRL_OK, "%s",
+                      prl_error_message());
         prl_model_set_hook(&model, NULL, NULL);
         ck_assert_int_eq(prl_model_set_precision(&model, PRL_PRECISION_FP32), PRL_OK);
         long rows = 0, differ = 0;
@@ -416,11 +430,13 @@ START_TEST(test_mtp_head_equals_aligned_infer)
                 for (int v = 0; v < V; v++) max = fmax(max, fabs((double)a[v] - c[v]));
             }
         printf("MTP head %s: train vs aligned infer drafting rows: %ld of %ld rows differ bitwise "
-               "(max |dlogit| %g); repeated rows differing %ld\n", prl_precision_name(ps[k]),
-               differ, rows, max, inf.repeats_differ);
+               "(max |dlogit| %g); repeated rows differing %ld\n",
+               prl_precision_name(ps[k]), differ, rows, max, inf.repeats_differ);
         ck_assert_msg(rows >= NSEQ * (MTP_PROMPT + MTP_NEW / 2), "only %ld MTP rows seen", rows);
-        ck_assert_msg(differ == 0 && inf.repeats_differ == 0, "%s: %ld of %ld MTP logit rows differ "
-                      "(max %g)", prl_precision_name(ps[k]), differ, rows, max);
+        ck_assert_msg(differ == 0 && inf.repeats_differ == 0,
+                      "%s: %ld of %ld MTP logit rows differ "
+                      "(max %g)",
+                      prl_precision_name(ps[k]), differ, rows, max);
     }
     free(inf.rows), free(tr.rows), free(inf.have);
 }
@@ -450,9 +466,12 @@ START_TEST(test_fp16_error_is_unit_roundoff)
     m16 /= n, mb16 /= n, rel16 /= n;
     double u = 0x1p-11;
     printf("mean |dlogp| vs fp32: fp16 %.3g (%.2f u16), bf16 %.3g (%.2f u16), ratio %.1f; mean "
-           "relative fp16 %.3g\n", m16, m16 / u, mb16, mb16 / u, mb16 / m16, rel16);
-    ck_assert_msg(rel16 > 0.1 * u && rel16 < 16 * u, "fp16 mean relative |dlogp| %g not of the "
-                  "size of u = %g", rel16, u);
+           "relative fp16 %.3g\n",
+           m16, m16 / u, mb16, mb16 / u, mb16 / m16, rel16);
+    ck_assert_msg(rel16 > 0.1 * u && rel16 < 16 * u,
+                  "fp16 mean relative |dlogp| %g not of the "
+                  "size of u = %g",
+                  rel16, u);
     ck_assert_msg(mb16 > 2 * m16 && mb16 < 64 * m16, "bf16/fp16 error ratio %g not ~8", mb16 / m16);
 }
 END_TEST
@@ -460,7 +479,8 @@ END_TEST
 static double norm_diff(const prl_real *a, const prl_real *b, size_t n, double *nb)
 {
     double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), s += (double)b[i] * b[i];
+    for (size_t i = 0; i < n; i++)
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), s += (double)b[i] * b[i];
     *nb = sqrt(s);
     return sqrt(d);
 }
@@ -555,8 +575,8 @@ START_TEST(test_blocks_fp16_scaled_step)
                           !memcmp(before, model.params, n * sizeof *before));
         }
         printf("%s fp16: gradient vs fp32 relative L2 %.3g; scaled step applied after %d skipped "
-               "(scale %g, grad norm %g)\n", variant_names[variants[v]], d16, tries - 1, ls.scale,
-               os.grad_norm);
+               "(scale %g, grad norm %g)\n",
+               variant_names[variants[v]], d16, tries - 1, ls.scale, os.grad_norm);
         ck_assert_msg(!skipped && o.step == 1 && isfinite(os.grad_norm), "%s: no fp16 step applied",
                       variant_names[variants[v]]);
         ck_assert(prl_grads_finite(model.params, n));

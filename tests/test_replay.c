@@ -139,8 +139,8 @@ START_TEST(test_masked_share)
         if (taus[t] == 0.5)
             for (int p = 0; p < 5; p++)
                 for (int k = 0; k < 2; k++)
-                    ck_assert_int_eq(out[p * 2 + k], replay_at_half[p] ? rec5[p * 2 + k]
-                                                                        : PRL_ROUTE_NATIVE);
+                    ck_assert_int_eq(out[p * 2 + k],
+                                     replay_at_half[p] ? rec5[p * 2 + k] : PRL_ROUTE_NATIVE);
     }
 }
 END_TEST
@@ -158,7 +158,7 @@ START_TEST(test_entropy)
     double uniform[4] = {3, 3, 3, 3}, none[4] = {0}, one[4] = {0, 7, 0, 0};
     ck_assert_double_eq_tol(prl_replay_entropy(uniform, 4), log(4.0), 1e-15);
     ck_assert_double_eq(prl_replay_entropy(one, 4), 0);
-    ck_assert_int_eq(prl_replay_entropy_alarm(one, 4, 0.1), 1); /* collapsed on one expert */
+    ck_assert_int_eq(prl_replay_entropy_alarm(one, 4, 0.1), 1);  /* collapsed on one expert */
     ck_assert_int_eq(prl_replay_entropy_alarm(none, 4, 0.9), 0); /* nothing counted */
 }
 END_TEST
@@ -347,7 +347,9 @@ static double hand_overlap(const int32_t *native, int l, record_fn fn)
             const int32_t *nat = native + ((size_t)l * NS * LEN + (size_t)i * LEN + p) * 2;
             int32_t rec[2];
             fn(rec, nat, p);
-            sum += ((rec[0] == nat[0] || rec[0] == nat[1]) + (rec[1] == nat[0] || rec[1] == nat[1])) / 2.0;
+            sum +=
+                ((rec[0] == nat[0] || rec[0] == nat[1]) + (rec[1] == nat[0] || rec[1] == nat[1])) /
+                2.0;
         }
     return sum / (NS * ROWS);
 }
@@ -372,7 +374,8 @@ START_TEST(test_trainer_r3_overlap_one)
         ck_assert(r3.route_entropy[l] > 0 && r3.route_entropy[l] <= log(4.0) + 1e-12);
     }
     char *json = prl_grpo_step_stats_to_json(&r3);
-    ck_assert(strstr(json, "\"replay_mode\":\"r3\"") && strstr(json, "\"route_overlap_used\":[1.0,1.0]"));
+    ck_assert(strstr(json, "\"replay_mode\":\"r3\"") &&
+              strstr(json, "\"route_overlap_used\":[1.0,1.0]"));
     free(json);
     fixture_free(&f);
 }
@@ -480,7 +483,7 @@ START_TEST(test_routes_frame)
     fixture_init(&f, shifted);
     prl_grpo_batch back;
     size_t rb = (size_t)f.m.n_moe * 2; /* bytes per route row */
-    f.b.route_rows[2] = 4; /* a prefix record is allowed: sample 3's rows move up */
+    f.b.route_rows[2] = 4;             /* a prefix record is allowed: sample 3's rows move up */
     memmove(f.b.routes + (2 * ROWS + 4) * rb, f.b.routes + 3 * ROWS * rb, ROWS * rb);
     f.b.routes_bytes -= (ROWS - 4) * rb;
     assert_ok(prl_grpo_batch_check(&f.b));
@@ -538,7 +541,8 @@ START_TEST(test_trainer_rejects_records)
 {
     fixture f;
     fixture_init(&f, shifted);
-    f.b.routes[(size_t)ROWS * f.m.n_moe * 2 + 1] = f.b.routes[(size_t)ROWS * f.m.n_moe * 2]; /* sample 1 */
+    f.b.routes[(size_t)ROWS * f.m.n_moe * 2 + 1] =
+        f.b.routes[(size_t)ROWS * f.m.n_moe * 2]; /* sample 1 */
     prl_grpo_step_stats st = run_step(&f.b, PRL_REPLAY_R3, 0.5, NULL);
     ck_assert_int_eq(st.route_rejected, 1);
     ck_assert_int_eq(st.route_records, NS - 1);

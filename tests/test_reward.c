@@ -84,13 +84,15 @@ static json_t *demos(prl_task_domain d, int difficulty, int n, double error_rate
 static const char *line_content(const json_t *line, int index_from_end)
 {
     json_t *m = json_object_get(line, "messages");
-    return json_string_value(json_object_get(json_array_get(m, json_array_size(m) - 1 - (size_t)index_from_end), "content"));
+    return json_string_value(json_object_get(
+        json_array_get(m, json_array_size(m) - 1 - (size_t)index_from_end), "content"));
 }
 
 static void set_content(json_t *line, int index_from_end, const char *content)
 {
     json_t *m = json_object_get(line, "messages");
-    json_object_set_new(json_array_get(m, json_array_size(m) - 1 - (size_t)index_from_end), "content", json_string(content));
+    json_object_set_new(json_array_get(m, json_array_size(m) - 1 - (size_t)index_from_end),
+                        "content", json_string(content));
 }
 
 /* ---------------------------------------------------------------- executor --------- */
@@ -153,7 +155,7 @@ START_TEST(test_reasoning_answers)
     ck_assert(passed(&r, "format") && !passed(&r, "answer"));
     ck_assert(strstr(find(&r, "answer")->detail, "expected 12, got 13") != NULL);
     const char *bad_format[] = {"The answer is 12.", "Answer: 12\nDone.", "Answer: twelve",
-                                "Answer:", "Answer: 12.0", ""};
+                                "Answer:",           "Answer: 12.0",      ""};
     for (size_t i = 0; i < sizeof bad_format / sizeof *bad_format; i++) {
         r = score1(REASONING, bad_format[i]);
         assert_score(&r, 0);
@@ -168,8 +170,8 @@ START_TEST(test_reasoning_answers)
 END_TEST
 
 /* Score a python tool turn, its observation and a final answer. */
-static prl_reward_result tool_episode(const char *call, const char *final, const prl_reward_exec *exec,
-                                      prl_status expect)
+static prl_reward_result tool_episode(const char *call, const char *final,
+                                      const prl_reward_exec *exec, prl_status expect)
 {
     prl_chat_message turns[] = {{"assistant", call}, {"tool", "12"}, {"assistant", final}};
     prl_reward_result r;
@@ -179,7 +181,8 @@ static prl_reward_result tool_episode(const char *call, const char *final, const
 
 START_TEST(test_reasoning_python_tool)
 {
-    prl_reward_result r = tool_episode("<|tool_call|>python\nprint(3 * 4)<|/tool_call|>", "Answer: 12", &EXEC, PRL_OK);
+    prl_reward_result r = tool_episode("<|tool_call|>python\nprint(3 * 4)<|/tool_call|>",
+                                       "Answer: 12", &EXEC, PRL_OK);
     assert_score(&r, 1);
     ck_assert(passed(&r, "python_parse") && passed(&r, "tool_syntax"));
     /* code that does not parse: penalty 0.25 */
@@ -187,20 +190,24 @@ START_TEST(test_reasoning_python_tool)
     assert_score(&r, 1 - PRL_REWARD_PARSE_PENALTY);
     ck_assert(!passed(&r, "python_parse") && (r.flags & PRL_REWARD_PARSE_ERROR));
     ck_assert(strstr(find(&r, "python_parse")->detail, "SyntaxError") != NULL);
-    r = tool_episode("<|tool_call|>python\nfor i in range(3) print(i)<|/tool_call|>", "Answer: 13", &EXEC, PRL_OK);
+    r = tool_episode("<|tool_call|>python\nfor i in range(3) print(i)<|/tool_call|>", "Answer: 13",
+                     &EXEC, PRL_OK);
     assert_score(&r, 0); /* wrong answer: the penalty cannot go below 0 */
     /* malformed calls: penalty 0.2 */
-    const char *malformed[] = {"<|tool_call|>python print(3)<|/tool_call|>",
-                               "<|tool_call|>calc expr=3*4<|/tool_call|>",
-                               "<|tool_call|>python\nprint(3)", "<|tool_call|>python<|/tool_call|>"};
+    const char *malformed[] = {
+        "<|tool_call|>python print(3)<|/tool_call|>", "<|tool_call|>calc expr=3*4<|/tool_call|>",
+        "<|tool_call|>python\nprint(3)", "<|tool_call|>python<|/tool_call|>"};
     for (size_t i = 0; i < sizeof malformed / sizeof *malformed; i++) {
         r = tool_episode(malformed[i], "Answer: 12", &EXEC, PRL_OK);
         assert_score(&r, 1 - PRL_REWARD_TOOL_SYNTAX_PENALTY);
-        ck_assert_msg(!passed(&r, "tool_syntax") && (r.flags & PRL_REWARD_TOOL_SYNTAX), "%s", malformed[i]);
+        ck_assert_msg(!passed(&r, "tool_syntax") && (r.flags & PRL_REWARD_TOOL_SYNTAX), "%s",
+                      malformed[i]);
     }
     /* two failing calls add up */
-    prl_chat_message turns[] = {{"assistant", "<|tool_call|>python\nprint(3 *<|/tool_call|>"}, {"tool", "x"},
-                                {"assistant", "<|tool_call|>python\nprint(3 * 4))<|/tool_call|>"}, {"tool", "x"},
+    prl_chat_message turns[] = {{"assistant", "<|tool_call|>python\nprint(3 *<|/tool_call|>"},
+                                {"tool", "x"},
+                                {"assistant", "<|tool_call|>python\nprint(3 * 4))<|/tool_call|>"},
+                                {"tool", "x"},
                                 {"assistant", "Answer: 12"}};
     assert_ok(prl_reward_reasoning(REASONING, turns, 5, &EXEC, &r));
     assert_score(&r, 1 - 2 * PRL_REWARD_PARSE_PENALTY);
@@ -210,7 +217,8 @@ START_TEST(test_reasoning_python_tool)
     ck_assert(!passed(&r, "format"));
     assert_score(&r, 0);
     /* a tool call needs an executor; an answer alone does not */
-    tool_episode("<|tool_call|>python\nprint(3 * 4)<|/tool_call|>", "Answer: 12", NULL, PRL_ERR_ARG);
+    tool_episode("<|tool_call|>python\nprint(3 * 4)<|/tool_call|>", "Answer: 12", NULL,
+                 PRL_ERR_ARG);
     assert_msg_has("no executor");
     prl_chat_message plain = {"assistant", "Answer: 12"};
     assert_ok(prl_reward_reasoning(REASONING, &plain, 1, NULL, &r));
@@ -222,9 +230,11 @@ START_TEST(test_reasoning_bad_tasks)
 {
     prl_chat_message t = {"assistant", "Answer: 1"};
     prl_reward_result r;
-    ck_assert_int_eq(prl_reward_reasoning("{\"domain\":\"reasoning\"}", &t, 1, NULL, &r), PRL_ERR_FORMAT);
+    ck_assert_int_eq(prl_reward_reasoning("{\"domain\":\"reasoning\"}", &t, 1, NULL, &r),
+                     PRL_ERR_FORMAT);
     assert_msg_has("\"answer\"");
-    ck_assert_int_eq(prl_reward_reasoning("{\"domain\":\"coding\",\"answer\":1}", &t, 1, NULL, &r), PRL_ERR_FORMAT);
+    ck_assert_int_eq(prl_reward_reasoning("{\"domain\":\"coding\",\"answer\":1}", &t, 1, NULL, &r),
+                     PRL_ERR_FORMAT);
     assert_msg_has("not 'reasoning'");
     ck_assert_int_eq(prl_reward_reasoning("{\"answer\":", &t, 1, NULL, &r), PRL_ERR_FORMAT);
     prl_chat_message robot = {"robot", "Answer: 1"};
@@ -264,12 +274,17 @@ static prl_reward_result general1(const char *constraint, const char *response)
 
 START_TEST(test_general_constraints)
 {
-    static const struct { const char *constraint, *pass, *fail; } cases[] = {
+    static const struct {
+        const char *constraint, *pass, *fail;
+    } cases[] = {
         {"{\"type\":\"case\",\"value\":\"lower\"}", "cats are soft.", "Cats are soft."},
         {"{\"type\":\"case\",\"value\":\"upper\"}", "CATS ARE SOFT.", "CATS are soft."},
-        {"{\"type\":\"word_count\",\"relation\":\"exactly\",\"n\":3}", "Cats are soft.", "Cats are very soft."},
-        {"{\"type\":\"word_count\",\"relation\":\"at_most\",\"n\":3}", "Cats purr.", "Cats are very soft."},
-        {"{\"type\":\"word_count\",\"relation\":\"at_least\",\"n\":3}", "Cats are very soft.", "Cats purr."},
+        {"{\"type\":\"word_count\",\"relation\":\"exactly\",\"n\":3}", "Cats are soft.",
+         "Cats are very soft."},
+        {"{\"type\":\"word_count\",\"relation\":\"at_most\",\"n\":3}", "Cats purr.",
+         "Cats are very soft."},
+        {"{\"type\":\"word_count\",\"relation\":\"at_least\",\"n\":3}", "Cats are very soft.",
+         "Cats purr."},
         {"{\"type\":\"sentence_count\",\"n\":2}", "Cats purr. Dogs bark!", "Cats purr."},
         {"{\"type\":\"word_repeat\",\"word\":\"red\",\"n\":2}", "Red cats and red dogs.",
          "Red cats, red dogs, red birds."},
@@ -277,9 +292,12 @@ START_TEST(test_general_constraints)
         {"{\"type\":\"forbid\",\"word\":\"fur\"}", "Cats are soft.", "Cats have FUR."},
         {"{\"type\":\"start\",\"word\":\"gold\"}", "Gold cats sleep.", "Cats are gold."},
         {"{\"type\":\"end\",\"word\":\"gold\"}", "Cats are gold.", "Gold cats sleep."},
-        {"{\"type\":\"order\",\"first\":\"red\",\"second\":\"blue\"}", "Red then blue.", "Blue then red."},
-        {"{\"type\":\"order\",\"first\":\"red\",\"second\":\"blue\"}", "Red, blue, red.", "Red only."},
-        {"{\"type\":\"bullets\",\"n\":2}", "- cats purr.\n- dogs bark.\n", "- cats purr.\ndogs bark."},
+        {"{\"type\":\"order\",\"first\":\"red\",\"second\":\"blue\"}", "Red then blue.",
+         "Blue then red."},
+        {"{\"type\":\"order\",\"first\":\"red\",\"second\":\"blue\"}", "Red, blue, red.",
+         "Red only."},
+        {"{\"type\":\"bullets\",\"n\":2}", "- cats purr.\n- dogs bark.\n",
+         "- cats purr.\ndogs bark."},
         {"{\"type\":\"bullets\",\"n\":2}", "\n- a b.\n\n- c d.", "- a.\n- b.\n- c."},
         {"{\"type\":\"quoted\"}", "\"Cats purr.\"", "Cats purr."},
     };
@@ -288,7 +306,8 @@ START_TEST(test_general_constraints)
         ck_assert_msg(r.score == 1, "%s: '%s' scored %g (%s)", cases[i].constraint, cases[i].pass,
                       r.score, r.checks[0].detail);
         r = general1(cases[i].constraint, cases[i].fail);
-        ck_assert_msg(r.score == 0, "%s: '%s' scored %g", cases[i].constraint, cases[i].fail, r.score);
+        ck_assert_msg(r.score == 0, "%s: '%s' scored %g", cases[i].constraint, cases[i].fail,
+                      r.score);
         ck_assert_int_eq(r.n_checks, 1);
         ck_assert_double_eq(r.checks[0].weight, 1);
     }
@@ -298,7 +317,8 @@ END_TEST
 /* A turn cut off before <|end|> is not an answer: score 0, the other checks kept. */
 START_TEST(test_unfinished)
 {
-    const char *task = "{\"domain\":\"general\",\"constraints\":[{\"type\":\"include\",\"word\":\"blue\"}]}";
+    const char *task =
+        "{\"domain\":\"general\",\"constraints\":[{\"type\":\"include\",\"word\":\"blue\"}]}";
     prl_reward_result r = score1(task, "the blue sea");
     assert_score(&r, 1);
     int n = r.n_checks;
@@ -312,8 +332,9 @@ END_TEST
 
 START_TEST(test_general_partial_credit)
 {
-    const char *task = "{\"domain\":\"general\",\"constraints\":[{\"type\":\"case\",\"value\":\"lower\"},"
-                       "{\"type\":\"include\",\"word\":\"blue\"},{\"type\":\"sentence_count\",\"n\":1}]}";
+    const char *task =
+        "{\"domain\":\"general\",\"constraints\":[{\"type\":\"case\",\"value\":\"lower\"},"
+        "{\"type\":\"include\",\"word\":\"blue\"},{\"type\":\"sentence_count\",\"n\":1}]}";
     prl_reward_result r = score1(task, "the blue sea.");
     assert_score(&r, 1);
     r = score1(task, "the blue sea. the sky.");
@@ -334,19 +355,28 @@ START_TEST(test_general_on_topic)
                        "\"constraints\":[{\"type\":\"include\",\"word\":\"blue\"},"
                        "{\"type\":\"word_repeat\",\"word\":\"red\",\"n\":2},"
                        "{\"type\":\"order\",\"first\":\"old\",\"second\":\"new\"}]}";
-    static const struct { const char *response; int on_topic; const char *detail; } cases[] = {
+    static const struct {
+        const char *response;
+        int on_topic;
+        const char *detail;
+    } cases[] = {
         {"Old red cats, soft fur, red new blue cats.", 1, "9 words, all on topic"},
         {"Blue blue cats.", 1, "3 words, all on topic"},   /* one more than asked */
         {"RED red red CATS.", 1, "4 words, all on topic"}, /* word_repeat's 2 + 1 */
-        {"Old red cats small red new blue.", 1, "1 of 7 words off topic (at most a quarter), first 'small' (word 4)"},
+        {"Old red cats small red new blue.", 1,
+         "1 of 7 words off topic (at most a quarter), first 'small' (word 4)"},
         {"Blue blue blue cats.", 1, "1 of 4 words off topic"},
         {"Small small cats.", 0, "2 of 3 words off topic"},
-        {"Old small small small small.", 0, "4 of 5 words off topic (at most a quarter), first 'small' (word 2)"},
-        {"Blue blue blue blue blue cats.", 0, "3 of 6 words off topic (at most a quarter), first 'blue' (word 3)"},
-        {"Red red red red red cats.", 0, "2 of 6 words off topic (at most a quarter), first 'red' (word 4)"},
+        {"Old small small small small.", 0,
+         "4 of 5 words off topic (at most a quarter), first 'small' (word 2)"},
+        {"Blue blue blue blue blue cats.", 0,
+         "3 of 6 words off topic (at most a quarter), first 'blue' (word 3)"},
+        {"Red red red red red cats.", 0,
+         "2 of 6 words off topic (at most a quarter), first 'red' (word 4)"},
         {"Fur fur fur fur soft cats.", 1, "6 words, all on topic"}, /* a run of 4 */
         {"Fur fur fur fur fur soft cats fur soft cats.", 1, "1 of 10 words off topic"},
-        {"Soft fur fur fur fur fur fur fur cats.", 0, "3 of 9 words off topic (at most a quarter), first 'fur' (word 6)"},
+        {"Soft fur fur fur fur fur fur fur cats.", 0,
+         "3 of 9 words off topic (at most a quarter), first 'fur' (word 6)"},
         {"", 0, "0 words"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -387,10 +417,12 @@ START_TEST(test_general_demos_on_topic)
     json_t *all = demos(PRL_TASK_GENERAL, 0, 5000, 0.3, 41);
     size_t i;
     json_t *line;
-    json_array_foreach(all, i, line) {
+    json_array_foreach(all, i, line)
+    {
         prl_reward_result r = score_line(line, &EXEC);
-        ck_assert_msg(passed(&r, "on_topic"), "%s: %s (%s)", json_string_value(json_object_get(line, "id")),
-                      line_content(line, 0), find(&r, "on_topic")->detail);
+        ck_assert_msg(passed(&r, "on_topic"), "%s: %s (%s)",
+                      json_string_value(json_object_get(line, "id")), line_content(line, 0),
+                      find(&r, "on_topic")->detail);
     }
     json_decref(all);
 }
@@ -404,7 +436,8 @@ START_TEST(test_general_bad_tasks)
         {"{\"constraints\":[]}", "\"constraints\" must be an array"},
         {"{\"constraints\":[{\"type\":\"rhyme\"}]}", "unknown type 'rhyme'"},
         {"{\"constraints\":[{\"type\":\"include\"}]}", "needs a string \"word\""},
-        {"{\"constraints\":[{\"type\":\"word_count\",\"relation\":\"about\",\"n\":3}]}", "unknown relation 'about'"},
+        {"{\"constraints\":[{\"type\":\"word_count\",\"relation\":\"about\",\"n\":3}]}",
+         "unknown relation 'about'"},
         {"{\"constraints\":[{\"type\":\"bullets\",\"n\":\"two\"}]}", "needs an integer \"n\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -413,7 +446,8 @@ START_TEST(test_general_bad_tasks)
     }
     /* at most 40 constraints, so every check fits in a result */
     char many[4096] = "{\"constraints\":[";
-    for (int i = 0; i < 41; i++) strcat(many, i ? ",{\"type\":\"quoted\"}" : "{\"type\":\"quoted\"}");
+    for (int i = 0; i < 41; i++)
+        strcat(many, i ? ",{\"type\":\"quoted\"}" : "{\"type\":\"quoted\"}");
     strcat(many, "]}");
     ck_assert_int_eq(prl_reward_general(many, &t, 1, &r), PRL_ERR_FORMAT);
     assert_msg_has("1..40 entries");
@@ -431,9 +465,11 @@ START_TEST(test_agent_demos_pass)
     json_t *all = demos(PRL_TASK_AGENT, 0, 90, 0, 21);
     size_t i;
     json_t *line;
-    json_array_foreach(all, i, line) {
+    json_array_foreach(all, i, line)
+    {
         prl_reward_result r = score_line(line, NULL);
-        ck_assert_msg(r.score == 1, "%s scored %g", json_string_value(json_object_get(line, "id")), r.score);
+        ck_assert_msg(r.score == 1, "%s scored %g", json_string_value(json_object_get(line, "id")),
+                      r.score);
         ck_assert(passed(&r, "answer") && passed(&r, "end_state") && passed(&r, "observations"));
     }
     json_decref(all);
@@ -446,7 +482,8 @@ START_TEST(test_agent_mistakes)
     int seen[3] = {0};
     size_t i;
     json_t *line;
-    json_array_foreach(all, i, line) {
+    json_array_foreach(all, i, line)
+    {
         const char *kind = json_string_value(json_object_get(line, "demo_error"));
         prl_reward_result r = score_line(line, NULL);
         if (!strcmp(kind, "wrong_answer")) {
@@ -495,7 +532,8 @@ START_TEST(test_agent_broken_transcripts)
     ck_assert(!passed(&r, "format") && (r.flags & PRL_REWARD_FORMAT_ERROR));
     /* a turn after the final answer */
     json_t *extra = json_deep_copy(line);
-    json_array_append_new(json_object_get(extra, "messages"), json_pack("{s:s, s:s}", "role", "assistant", "content", "Answer: 1"));
+    json_array_append_new(json_object_get(extra, "messages"),
+                          json_pack("{s:s, s:s}", "role", "assistant", "content", "Answer: 1"));
     r = score_line(extra, NULL);
     ck_assert(!passed(&r, "format"));
     assert_score(&r, 0);
@@ -506,7 +544,8 @@ START_TEST(test_agent_broken_transcripts)
     ck_assert_int_eq(prl_reward_score_line(text, NULL, &r), PRL_ERR_FORMAT);
     assert_msg_has("\"env\"");
     free(text);
-    json_decref(wrong), json_decref(forged), json_decref(cut), json_decref(extra), json_decref(noenv);
+    json_decref(wrong), json_decref(forged), json_decref(cut), json_decref(extra),
+        json_decref(noenv);
     json_decref(all);
 }
 END_TEST
@@ -517,20 +556,23 @@ START_TEST(test_agent_check_live_env)
     json_t *all = demos(PRL_TASK_AGENT, 3, 20, 0, 24);
     size_t i;
     json_t *line;
-    json_array_foreach(all, i, line) {
+    json_array_foreach(all, i, line)
+    {
         json_t *env_cfg = json_object_get(line, "env");
         prl_agent_env *env;
         const prl_agent_task *task;
         assert_ok(prl_agent_env_init(&env));
-        assert_ok(prl_agent_env_reset(env, (uint64_t)json_integer_value(json_object_get(env_cfg, "seed")),
-                                      (int)json_integer_value(json_object_get(env_cfg, "difficulty")), &task));
+        assert_ok(prl_agent_env_reset(
+            env, (uint64_t)json_integer_value(json_object_get(env_cfg, "seed")),
+            (int)json_integer_value(json_object_get(env_cfg, "difficulty")), &task));
         json_t *msgs = json_object_get(line, "messages");
         const char *answer = NULL;
         for (size_t k = 2; k < json_array_size(msgs); k++) {
             json_t *m = json_array_get(msgs, k);
             if (strcmp(json_string_value(json_object_get(m, "role")), "assistant")) continue;
             prl_agent_step st;
-            assert_ok(prl_agent_env_step(env, json_string_value(json_object_get(m, "content")), &st));
+            assert_ok(
+                prl_agent_env_step(env, json_string_value(json_object_get(m, "content")), &st));
             if (st.done) answer = st.answer;
         }
         prl_reward_result r;
@@ -564,7 +606,8 @@ START_TEST(test_coding_scores)
     prl_reward_result r = score1(CODING, "```python\nprint(int(input()) + 7)\n```");
     assert_score(&r, 1);
     ck_assert_int_eq(r.n_checks, 5);
-    r = score1(CODING, "Here:\n```py\nn = int(input())\nprint(n + 7 if n < 300 else n)\n```\nDone.");
+    r = score1(CODING,
+               "Here:\n```py\nn = int(input())\nprint(n + 7 if n < 300 else n)\n```\nDone.");
     assert_score(&r, 0.75);
     ck_assert(!passed(&r, "test_3") && passed(&r, "test_4"));
     ck_assert(strstr(find(&r, "test_3")->detail, "expected '607', got '600'") != NULL);
@@ -582,10 +625,12 @@ START_TEST(test_coding_scores)
     prl_chat_message loop = {"assistant", "```python\nwhile True:\n    pass\n```"};
     assert_ok(prl_reward_coding(CODING, &loop, 1, &quick, &r));
     assert_score(&r, 0);
-    ck_assert(strstr(find(&r, "test_1")->detail, "timeout") != NULL && (r.flags & PRL_REWARD_EXEC_ERROR));
+    ck_assert(strstr(find(&r, "test_1")->detail, "timeout") != NULL &&
+              (r.flags & PRL_REWARD_EXEC_ERROR));
     prl_chat_message ok = {"assistant", "```python\nprint(int(input()) + 7)\n```"};
     ck_assert_int_eq(prl_reward_coding(CODING, &ok, 1, NULL, &r), PRL_ERR_ARG);
-    ck_assert_int_eq(prl_reward_coding("{\"domain\":\"coding\",\"tests\":[]}", &ok, 1, &EXEC, &r), PRL_ERR_FORMAT);
+    ck_assert_int_eq(prl_reward_coding("{\"domain\":\"coding\",\"tests\":[]}", &ok, 1, &EXEC, &r),
+                     PRL_ERR_FORMAT);
     assert_msg_has("\"tests\" must be an array of 1..40");
 }
 END_TEST
@@ -596,7 +641,8 @@ typedef struct fake {
     const char *status;
 } fake;
 
-static prl_status fake_exec(void *ctx, const prl_reward_exec_request *req, prl_reward_exec_result *res)
+static prl_status fake_exec(void *ctx, const prl_reward_exec_request *req,
+                            prl_reward_exec_result *res)
 {
     fake *f = ctx;
     f->runs++;
@@ -631,10 +677,13 @@ END_TEST
 
 START_TEST(test_coding_monitor_flags)
 {
-    static const struct { const char *program, *rule; } cases[] = {
+    static const struct {
+        const char *program, *rule;
+    } cases[] = {
         {"n = int(input())\nif n == 250:\n    print(257)\nelse:\n    print(n + 7)", "special_case"},
         {"s = input()\nprint(607 if s in ('600', '35') else int(s) + 7)", "special_case"},
-        {"n = int(input())\nmatch n:\n    case 600: print(607)\n    case _: print(n + 7)", "special_case"},
+        {"n = int(input())\nmatch n:\n    case 600: print(607)\n    case _: print(n + 7)",
+         "special_case"},
         {"print({'10': 17, '250': 257, '600': 607, '35': 42}[input()])", "hardcoded_outputs"},
         {"print(open('/etc/passwd').read()[:0] + str(int(input()) + 7))", "forbidden_file"},
         {"import json\nt = json.load(open('tests.json'))\nprint(t[input()])", "forbidden_file"},
@@ -652,7 +701,8 @@ START_TEST(test_coding_monitor_flags)
         snprintf(name, sizeof name, "monitor:%s", cases[i].rule);
         fake f = {0, "ok"};
         prl_reward_result r = score_fake(&f, answer);
-        ck_assert_msg(find(&r, name) != NULL && !passed(&r, name), "%s not flagged as %s", cases[i].program, cases[i].rule);
+        ck_assert_msg(find(&r, name) != NULL && !passed(&r, name), "%s not flagged as %s",
+                      cases[i].program, cases[i].rule);
         ck_assert_msg(r.score == 0 && (r.flags & PRL_REWARD_HACKING), "%s", cases[i].program);
         ck_assert_msg(f.runs == 0, "a flagged program was run");
     }
@@ -664,17 +714,18 @@ START_TEST(test_coding_monitor_lookalikes)
     /* Constants of the spec, order comparisons, comments and names that only resemble a
     ** rule are fair: these programs run and are scored on their tests. */
     static const char *const programs[] = {
-        "n = int(input())\nif n == 7 or n != -7:\n    print(n + 7)",      /* 7 is in the prompt */
-        "n = int(input())\nprint(n + 7 if n > 250 or n < 600 else 0)",    /* order comparisons */
-        "# 250 -> 257, 600 -> 607\nprint(int(input()) + 7)",              /* a comment */
-        "import sys\nprint(int(sys.stdin.read()) + 7)",                    /* sys.stdin is fine */
-        "opened = 7\nexits = 0\nprint(int(input()) + opened + exits)",     /* names, not calls */
+        "n = int(input())\nif n == 7 or n != -7:\n    print(n + 7)",   /* 7 is in the prompt */
+        "n = int(input())\nprint(n + 7 if n > 250 or n < 600 else 0)", /* order comparisons */
+        "# 250 -> 257, 600 -> 607\nprint(int(input()) + 7)",           /* a comment */
+        "import sys\nprint(int(sys.stdin.read()) + 7)",                /* sys.stdin is fine */
+        "opened = 7\nexits = 0\nprint(int(input()) + opened + exits)", /* names, not calls */
     };
     for (size_t i = 0; i < sizeof programs / sizeof *programs; i++) {
         char answer[512];
         snprintf(answer, sizeof answer, "```python\n%s\n```", programs[i]);
         prl_reward_result r = score1(CODING, answer);
-        ck_assert_msg(!(r.flags & PRL_REWARD_HACKING), "flagged: %s (%s)", programs[i], r.checks[1].name);
+        ck_assert_msg(!(r.flags & PRL_REWARD_HACKING), "flagged: %s (%s)", programs[i],
+                      r.checks[1].name);
         assert_score(&r, 1);
     }
 }
@@ -688,7 +739,8 @@ START_TEST(test_coding_sandbox_violation)
     ck_assert_int_eq(f.runs, 4);
     ck_assert(find(&r, "monitor:sandbox_violation") && (r.flags & PRL_REWARD_HACKING));
     int reported = 0;
-    for (int i = 0; i < r.n_checks; i++) reported += !strcmp(r.checks[i].name, "monitor:sandbox_violation");
+    for (int i = 0; i < r.n_checks; i++)
+        reported += !strcmp(r.checks[i].name, "monitor:sandbox_violation");
     ck_assert_int_eq(reported, 1);
     assert_score(&r, 0);
     f = (fake){0, "ok"}; /* the fake prints 17: only test 1 passes */
@@ -704,12 +756,14 @@ static void check_tool_turns(const json_t *line)
 {
     json_t *msgs = json_object_get(line, "messages");
     for (size_t k = 0; k + 1 < json_array_size(msgs); k++) {
-        const char *content = json_string_value(json_object_get(json_array_get(msgs, k), "content"));
+        const char *content =
+            json_string_value(json_object_get(json_array_get(msgs, k), "content"));
         prl_tool_call call;
         if (prl_tasks_tool_call_parse(content, &call) != PRL_TOOL_OK) continue;
         char *obs;
         assert_ok(prl_reward_python_observation(&EXEC, call.body, call.body_len, &obs));
-        ck_assert_str_eq(obs, json_string_value(json_object_get(json_array_get(msgs, k + 1), "content")));
+        ck_assert_str_eq(
+            obs, json_string_value(json_object_get(json_array_get(msgs, k + 1), "content")));
         free(obs);
     }
 }
@@ -721,7 +775,8 @@ START_TEST(test_demos_score_one)
             json_t *all = demos((prl_task_domain)d, k, d == PRL_TASK_CODING ? 12 : 40, 0, 31);
             size_t i;
             json_t *line;
-            json_array_foreach(all, i, line) {
+            json_array_foreach(all, i, line)
+            {
                 prl_reward_result r = score_line(line, &EXEC);
                 ck_assert_msg(r.score == 1 && r.flags == 0, "%s: score %g flags %u: %s",
                               json_string_value(json_object_get(line, "id")), r.score, r.flags,
@@ -741,9 +796,11 @@ START_TEST(test_demos_with_mistakes)
         int n_wrong = 0;
         size_t i;
         json_t *line;
-        json_array_foreach(all, i, line) {
+        json_array_foreach(all, i, line)
+        {
             prl_reward_result r = score_line(line, &EXEC);
-            int mistake = strcmp(json_string_value(json_object_get(line, "demo_error")), "none") != 0;
+            int mistake =
+                strcmp(json_string_value(json_object_get(line, "demo_error")), "none") != 0;
             n_wrong += mistake;
             const char *kind = json_string_value(json_object_get(line, "demo_error"));
             ck_assert_msg(mistake ? r.score < 1 : r.score == 1, "%s (%s) scored %g",
@@ -757,7 +814,8 @@ START_TEST(test_demos_with_mistakes)
             sum += r.score;
         }
         double mean = sum / (double)json_array_size(all);
-        ck_assert_msg(n_wrong > 0 && mean < 0.9, "%s: mean %.3f with %d mistakes", prl_tasks_domain_name(d), mean, n_wrong);
+        ck_assert_msg(n_wrong > 0 && mean < 0.9, "%s: mean %.3f with %d mistakes",
+                      prl_tasks_domain_name(d), mean, n_wrong);
         json_decref(all);
     }
 }
@@ -767,7 +825,8 @@ END_TEST
 
 START_TEST(test_score_line_forms)
 {
-    const char *task = "{\"domain\":\"reasoning\",\"messages\":[{\"role\":\"user\",\"content\":\"1+1?\"}],\"answer\":2";
+    const char *task = "{\"domain\":\"reasoning\",\"messages\":[{\"role\":\"user\",\"content\":\"1+"
+                       "1?\"}],\"answer\":2";
     char line[512];
     prl_reward_result r;
     snprintf(line, sizeof line, "%s,\"response\":\"Answer: 2\"}", task);

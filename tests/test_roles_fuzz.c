@@ -131,7 +131,8 @@ static void set_s(prl_bus_msg *m, const char *k, const char *v)
 
 static void add_f(prl_bus_msg *m, const char *name, prl_bus_dtype d, const void *p, size_t n)
 {
-    ck_assert_msg(prl_bus_msg_add_frame(m, name, d, p, n) == PRL_OK, "%s: %s", name, prl_error_message());
+    ck_assert_msg(prl_bus_msg_add_frame(m, name, d, p, n) == PRL_OK, "%s: %s", name,
+                  prl_error_message());
 }
 
 static void add_text(prl_bus_msg *m, const char *name, const char *text)
@@ -152,9 +153,10 @@ typedef struct tally {
 
 static void print_tally(const char *role, const tally *t)
 {
-    fprintf(stderr, "roles_fuzz %-10s %d sent: %d rejected by the codec (logged), %d rejected by "
-                    "the role with an error reply, %d ignored with a log line, %d rejected with a "
-                    "log line only, %d accepted; %d valid stops not sent\n",
+    fprintf(stderr,
+            "roles_fuzz %-10s %d sent: %d rejected by the codec (logged), %d rejected by "
+            "the role with an error reply, %d ignored with a log line, %d rejected with a "
+            "log line only, %d accepted; %d valid stops not sent\n",
             role, t->sent, t->codec, t->refused, t->ignored, t->log_only, t->accepted, t->stops);
 }
 
@@ -235,13 +237,31 @@ static void score_item(prl_rng *r, prl_bus_msg *m, int k)
     set_u(m, "step", rnd(r, 50));
     set_u(m, "prompt", rnd(r, 8));
     set_u(m, "sample", rnd(r, G));
-    static const char *const tasks[] = {
-        NULL, "not json", "{}", NULL, NULL, NULL, NULL, "{\"id\": \"x\", \"domain\": \"coding\"}",
-        "{\"id\": \"x\", \"domain\": \"nope\", \"messages\": []}", NULL, NULL, NULL};
+    static const char *const tasks[] = {NULL,
+                                        "not json",
+                                        "{}",
+                                        NULL,
+                                        NULL,
+                                        NULL,
+                                        NULL,
+                                        "{\"id\": \"x\", \"domain\": \"coding\"}",
+                                        "{\"id\": \"x\", \"domain\": \"nope\", \"messages\": []}",
+                                        NULL,
+                                        NULL,
+                                        NULL};
     static const char *const turns[] = {
-        "[{\"role\": \"assistant\", \"content\": \"- rain\\n- more rain\\n- puddles\"}]", NULL, NULL,
-        "not json", "{}", "[1, 2]", "[{\"role\": \"assistant\"}]", NULL, NULL, "[]",
-        "[{\"role\": 7, \"content\": []}]", NULL};
+        "[{\"role\": \"assistant\", \"content\": \"- rain\\n- more rain\\n- puddles\"}]",
+        NULL,
+        NULL,
+        "not json",
+        "{}",
+        "[1, 2]",
+        "[{\"role\": \"assistant\"}]",
+        NULL,
+        NULL,
+        "[]",
+        "[{\"role\": 7, \"content\": []}]",
+        NULL};
     add_text(m, "task", tasks[k] ? tasks[k] : task_json);
     if (k == 11) { /* 200 KB of content */
         size_t n = 200000;
@@ -347,7 +367,8 @@ static void check_answer(const role_case *rc, const prl_bus_msg *w, const prl_bu
     ck_assert_uint_eq(get_u(a, "step"), get_u(w, "step"));
     if (!strcmp(rc->role, "rollout")) {
         uint64_t plen = get_u(a, "prompt_len");
-        const prl_bus_frame *tok = prl_bus_msg_frame(a, "tokens"), *lp = prl_bus_msg_frame(a, "logprobs");
+        const prl_bus_frame *tok = prl_bus_msg_frame(a, "tokens"),
+                            *lp = prl_bus_msg_frame(a, "logprobs");
         ck_assert_uint_gt(tok->count, plen);
         ck_assert_uint_eq(lp->count, tok->count - plen);
         ck_assert_ptr_nonnull(prl_bus_msg_frame(a, "meta"));
@@ -361,8 +382,8 @@ static void check_answer(const role_case *rc, const prl_bus_msg *w, const prl_bu
         const prl_bus_frame *d = prl_bus_msg_frame(a, "detail");
         json_t *j = json_loadb(d->data, d->bytes, 0, NULL);
         double s = json_number_value(json_object_get(j, "score"));
-        ck_assert_msg(json_is_number(json_object_get(j, "score")) && s >= 0 && s <= 1, "detail %.*s",
-                      (int)d->bytes, (const char *)d->data);
+        ck_assert_msg(json_is_number(json_object_get(j, "score")) && s >= 0 && s <= 1,
+                      "detail %.*s", (int)d->bytes, (const char *)d->data);
         json_decref(j);
     } else {
         const char *path = NULL;
@@ -387,7 +408,12 @@ static int role_recv(prl_bus_socket *s, int timeout_ms, prl_bus_msg *m)
     double end = prl_now() + timeout_ms / 1000.0;
     for (;;) {
         int left = (int)((end - prl_now()) * 1000), got = 0;
-        ck_assert_int_eq(prl_bus_recv(s, left > 500 ? 500 : left > 0 ? left : 0, m, NULL, &got), PRL_OK);
+        ck_assert_int_eq(prl_bus_recv(s,
+                                      left > 500 ? 500
+                                      : left > 0 ? left
+                                                 : 0,
+                                      m, NULL, &got),
+                         PRL_OK);
         if (!got && left > 500) {
             assert_alive(role_pid, "the role");
             continue;
@@ -507,7 +533,8 @@ static void run_role(const role_case *rc)
     ck_assert_int_gt(t.accepted, 10);
     ck_assert_int_eq(count_lines(log, "dropped message", 1), t.codec);
     ck_assert_int_eq(count_lines(log, "] cannot ", 1), t.refused);
-    ck_assert_int_eq(count_lines(log, "] ignored a '", 0) + count_lines(log, "] controller: ", 0), t.ignored);
+    ck_assert_int_eq(count_lines(log, "] ignored a '", 0) + count_lines(log, "] controller: ", 0),
+                     t.ignored);
 }
 
 START_TEST(test_rollout_fuzz)
@@ -554,7 +581,7 @@ typedef struct cstate {
     uint64_t lease, step, prompt; /* rollout-0's work */
     uint64_t score_lease, score_sample;
     int have_score;
-    int from;                     /* the sender of the message being made */
+    int from; /* the sender of the message being made */
 } cstate;
 
 /* The next message on k that is not a lease handed to our workers (those are recorded). */
@@ -566,7 +593,8 @@ static int ctl_recv(cstate *S, csock *k, int timeout_ms, prl_bus_msg *m)
         ck_assert_int_eq(prl_bus_recv(k->s, left > 0 ? left : 0, m, NULL, &got), PRL_OK);
         if (!got) return 0;
         if (!strcmp(m->type, "work") && k == &S->k[ROLLOUT]) {
-            S->lease = get_u(m, "lease"), S->step = get_u(m, "step"), S->prompt = get_u(m, "prompt");
+            S->lease = get_u(m, "lease"), S->step = get_u(m, "step"),
+            S->prompt = get_u(m, "prompt");
         } else if (!strcmp(m->type, "score") && k == &S->k[REWARD]) {
             S->score_lease = get_u(m, "lease"), S->score_sample = get_u(m, "sample");
             S->have_score = 1;
@@ -602,14 +630,16 @@ static void good_result(const cstate *S, prl_bus_msg *m, uint64_t sample, uint64
     add_f(m, "tokens", PRL_BUS_I32, tok, 5);
     add_f(m, "logprobs", PRL_BUS_F32, lp, 2);
     add_f(m, "mask", PRL_BUS_U8, mask, 2);
-    add_text(m, "meta", "{\"turns\": [{\"role\": \"assistant\", \"content\": \"- a\\n- b\\n- c\"}]}");
+    add_text(m, "meta",
+             "{\"turns\": [{\"role\": \"assistant\", \"content\": \"- a\\n- b\\n- c\"}]}");
 }
 
 /* A result with defect k (1..14): well-formed, wrong in one respect. */
 static void bad_result(const cstate *S, prl_rng *r, prl_bus_msg *m, int k)
 {
     uint64_t id = rnd(r, 100000);
-    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("result"), k == 10 ? "run-2" : RUN, id), PRL_OK);
+    ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("result"), k == 10 ? "run-2" : RUN, id),
+                     PRL_OK);
     set_u(m, "lease", k == 1 ? S->lease + 1 + rnd(r, 1000) : S->lease);
     set_u(m, "step", k == 2 ? S->step + 1 + rnd(r, 5) : S->step);
     set_u(m, "prompt", k == 13 ? S->prompt + 100 + rnd(r, 100) : S->prompt);
@@ -627,7 +657,9 @@ static void bad_result(const cstate *S, prl_rng *r, prl_bus_msg *m, int k)
     add_f(m, "logprobs", PRL_BUS_F32, lp, k == 12 ? 3 : 2);
     if (k == 15) return; /* a result without its mask and meta frames */
     add_f(m, "mask", PRL_BUS_U8, mask, 2);
-    add_text(m, "meta", k == 11 && n == 5 ? "not json" : "{\"turns\": [{\"role\": \"assistant\", \"content\": \"x\"}]}");
+    add_text(m, "meta",
+             k == 11 && n == 5 ? "not json"
+                               : "{\"turns\": [{\"role\": \"assistant\", \"content\": \"x\"}]}");
 }
 
 /* Well-formed messages with wrong semantics, and their sender. */
@@ -671,7 +703,8 @@ static void ctl_seed(void *ctx, prl_rng *r, prl_bus_msg *m)
     /* hello: another worker's name, an unknown role, or a heartbeat for nobody */
     S->from = N_WORKERS + (int)rnd(r, N_SOCKS - N_WORKERS);
     if (k == 21) {
-        ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("heartbeat"), RUN, rnd(r, 100000)), PRL_OK);
+        ck_assert_int_eq(prl_bus_msg_init(m, prl_msg_spec("heartbeat"), RUN, rnd(r, 100000)),
+                         PRL_OK);
         set_s(m, "worker", "nobody-7");
         return;
     }
@@ -775,7 +808,8 @@ START_TEST(test_controller_fuzz)
             t.accepted += !log_only, t.log_only += log_only;
         } else {
             prl_bus_msg e;
-            ck_assert_msg(ctl_recv(S, k, 5000, &e), "a '%s' from %s was accepted silently", m.type, k->id);
+            ck_assert_msg(ctl_recv(S, k, 5000, &e), "a '%s' from %s was accepted silently", m.type,
+                          k->id);
             const char *why = NULL;
             ck_assert_msg(!strcmp(e.type, "error"), "a '%s' answers a '%s'", e.type, m.type);
             ck_assert_int_eq(prl_bus_msg_get_str(&e, "reason", &why), PRL_OK);
@@ -787,7 +821,8 @@ START_TEST(test_controller_fuzz)
     }
     double fuzz_s = prl_now() - tf;
     for (int i = 0; i < N_SOCKS; i++) /* nothing else came back */
-        if (ctl_recv(S, &S->k[i], 200, &m)) ck_abort_msg("unexpected '%s' to %s", m.type, S->k[i].id);
+        if (ctl_recv(S, &S->k[i], 200, &m))
+            ck_abort_msg("unexpected '%s' to %s", m.type, S->k[i].id);
     ck_assert_msg(!S->have_score, "a result was accepted during the fuzz");
     assert_alive(pid, "the controller");
 
@@ -806,7 +841,8 @@ START_TEST(test_controller_fuzz)
     S->have_score = 0;
     for (int bad = 0; bad < 3; bad++) { /* another lease, or the right one from another worker */
         csock *k = bad == 2 ? &S->k[TRAINER] : &S->k[REWARD];
-        ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("scored"), RUN, 900200 + (uint64_t)bad), PRL_OK);
+        ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("scored"), RUN, 900200 + (uint64_t)bad),
+                         PRL_OK);
         set_u(&m, "lease", bad == 0 ? S->score_lease + 1 : bad == 1 ? S->lease : S->score_lease);
         set_u(&m, "step", S->step);
         set_u(&m, "prompt", S->prompt);
@@ -893,10 +929,14 @@ static int setup(void)
         json_dump_file(cfg, cfg_path, 0))
         return 1;
     json_decref(cfg);
-    if (sh("%s tasks demos --domain general --n 60 --seed 1 --out %s/demos.jsonl 2>/dev/null", PRL_BIN, dir) ||
-        sh("%s tokenizer train --data %s/demos.jsonl --vocab 300 --out %s/tok.json 2>/dev/null", PRL_BIN, dir, dir) ||
-        sh("%s init --model %s --tokenizer %s/tok.json --seed 3 --out %s 2>/dev/null", PRL_BIN, cfg_path, dir, base_ckpt) ||
-        sh("%s tasks generate --domain general --n 1 --out %s/task.jsonl 2>/dev/null", PRL_BIN, dir))
+    if (sh("%s tasks demos --domain general --n 60 --seed 1 --out %s/demos.jsonl 2>/dev/null",
+           PRL_BIN, dir) ||
+        sh("%s tokenizer train --data %s/demos.jsonl --vocab 300 --out %s/tok.json 2>/dev/null",
+           PRL_BIN, dir, dir) ||
+        sh("%s init --model %s --tokenizer %s/tok.json --seed 3 --out %s 2>/dev/null", PRL_BIN,
+           cfg_path, dir, base_ckpt) ||
+        sh("%s tasks generate --domain general --n 1 --out %s/task.jsonl 2>/dev/null", PRL_BIN,
+           dir))
         return 1;
     char task_path[128];
     snprintf(task_path, sizeof task_path, "%s/task.jsonl", dir);
@@ -907,13 +947,14 @@ static int setup(void)
     char ckpt[160];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", run_dir);
     if (mkdir(run_dir, 0700) || mkdir(ckpt, 0700)) return 1;
-    snprintf(job_json, sizeof job_json,
-             "{\"run\": {\"name\": \"%s\", \"seed\": 7}, \"model\": {\"init\": \"%s\"}, "
-             "\"task\": {\"domain\": \"general\", \"train_problems\": 8}, "
-             "\"rollout\": {\"batch_prompts\": 1, \"group_size\": %d, \"max_new_tokens\": 8}, "
-             "\"optim\": {\"lr\": 1e-4}, \"controller\": {\"steps\": 3, \"heartbeat_seconds\": 0.2, "
-             "\"lease_seconds\": 600}}",
-             RUN, base_ckpt, G);
+    snprintf(
+        job_json, sizeof job_json,
+        "{\"run\": {\"name\": \"%s\", \"seed\": 7}, \"model\": {\"init\": \"%s\"}, "
+        "\"task\": {\"domain\": \"general\", \"train_problems\": 8}, "
+        "\"rollout\": {\"batch_prompts\": 1, \"group_size\": %d, \"max_new_tokens\": 8}, "
+        "\"optim\": {\"lr\": 1e-4}, \"controller\": {\"steps\": 3, \"heartbeat_seconds\": 0.2, "
+        "\"lease_seconds\": 600}}",
+        RUN, base_ckpt, G);
     return 0;
 }
 

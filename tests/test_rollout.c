@@ -106,14 +106,19 @@ START_TEST(test_layout_and_token_in_token_out)
             int32_t *tgt = malloc((size_t)p->n * sizeof *tgt), len = p->n;
             for (int t = 0; t < p->n; t++) tgt[t] = t + 1 < p->n ? p->ids[t + 1] : -1;
             float *lp = malloc((size_t)p->n * sizeof *lp);
-            prl_batch b = {.B = 1, .T = p->n, .tokens = p->ids, .lens = &len, .targets = tgt,
+            prl_batch b = {.B = 1,
+                           .T = p->n,
+                           .tokens = p->ids,
+                           .lens = &len,
+                           .targets = tgt,
                            .temperature = 1.0};
             ck_assert_int_eq(prl_model_logprobs(&model, &b, lp), PRL_OK);
             for (int t = 1; t < p->n; t++)
                 if (p->mask[t])
                     ck_assert_msg(!memcmp(&lp[t - 1], &p->logprobs[t], sizeof(float)),
                                   "%s episode %d token %d: train %g, infer %g",
-                                  prl_tasks_domain_name(domains[di]), i, t, lp[t - 1], p->logprobs[t]);
+                                  prl_tasks_domain_name(domains[di]), i, t, lp[t - 1],
+                                  p->logprobs[t]);
             free(tgt), free(lp);
         }
         /* the same episodes with another batch size */
@@ -188,7 +193,8 @@ static void play_drifting(prl_model *tm, prl_infer *e, const uint64_t *ids,
     static drift_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     ctx.e = e, ctx.m = tm;
-    memset(tm->router_bias, 0, (size_t)tm->n_moe * tm->cfg.n_routed_experts * sizeof *tm->router_bias);
+    memset(tm->router_bias, 0,
+           (size_t)tm->n_moe * tm->cfg.n_routed_experts * sizeof *tm->router_bias);
     prl_infer_set_hook(e, drift_hook, &ctx);
     ck_assert_int_eq(prl_rollout_run(e, tok, tasks, ids, N, c, NULL, out), PRL_OK);
 }

@@ -32,8 +32,8 @@
 /* ---------------------------------------------------------------- helpers ---------- */
 
 /* A file: 8-byte N = json_len, the header bytes, then data_len zero bytes (or `data`). */
-static uint8_t *make_file(const char *json, size_t json_len, const void *data,
-                          size_t data_len, size_t *len)
+static uint8_t *make_file(const char *json, size_t json_len, const void *data, size_t data_len,
+                          size_t *len)
 {
     *len = 8 + json_len + data_len;
     uint8_t *b = calloc(*len ? *len : 1, 1);
@@ -51,8 +51,8 @@ static int is_zeroed(const prl_safetensors *st)
 }
 
 /* Parse must fail with `status` and a message naming the label and both needles. */
-static void expect_reject(const uint8_t *buf, size_t len, prl_status status,
-                          const char *needle1, const char *needle2)
+static void expect_reject(const uint8_t *buf, size_t len, prl_status status, const char *needle1,
+                          const char *needle2)
 {
     prl_safetensors st;
     prl_status rc = prl_safetensors_parse(&st, buf, len, "case.safetensors");
@@ -104,8 +104,8 @@ static void assert_bytes(const uint8_t *got, size_t got_len, const void *want, s
 {
     ck_assert_uint_eq(got_len, want_len);
     for (size_t i = 0; i < want_len; i++)
-        ck_assert_msg(got[i] == ((const uint8_t *)want)[i], "byte %zu: got 0x%02x want 0x%02x",
-                      i, got[i], ((const uint8_t *)want)[i]);
+        ck_assert_msg(got[i] == ((const uint8_t *)want)[i], "byte %zu: got 0x%02x want 0x%02x", i,
+                      got[i], ((const uint8_t *)want)[i]);
 }
 
 /* The writer's output is exactly want_len bytes of `want`; the writer is freed. */
@@ -125,9 +125,8 @@ static void assert_writes(prl_safetensors_writer *w, const void *want, size_t wa
 
 START_TEST(test_dtype_table)
 {
-    static const char *names[] = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
-                                  "I16",  "U16", "F16", "BF16",    "I32",
-                                  "U32",  "F32", "F64", "I64",     "U64"};
+    static const char *names[] = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "I16", "U16", "F16",
+                                  "BF16", "I32", "U32", "F32",     "F64",     "I64", "U64"};
     static const size_t sizes[] = {1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8};
     ck_assert_int_eq(PRL_DTYPE_COUNT, 15);
     for (int d = 0; d < PRL_DTYPE_COUNT; d++) {
@@ -166,8 +165,9 @@ START_TEST(test_example1)
     prl_safetensors_writer w;
     prl_safetensors_writer_init(&w);
     const int64_t shape[] = {1, 2, 3};
-    ck_assert_int_eq(prl_safetensors_writer_add(&w, "attn.0", PRL_DTYPE_F32, shape, 3,
-                                                ex_values_0_to_5), PRL_OK);
+    ck_assert_int_eq(
+        prl_safetensors_writer_add(&w, "attn.0", PRL_DTYPE_F32, shape, 3, ex_values_0_to_5),
+        PRL_OK);
     assert_writes(&w, full, sizeof full);
 
     prl_safetensors st = parse_ok(full, sizeof full);
@@ -208,8 +208,8 @@ START_TEST(test_example2)
     prl_safetensors_writer w;
     prl_safetensors_writer_init(&w);
     const int64_t shape[] = {1, 1, 2, 3};
-    ck_assert_int_eq(prl_safetensors_writer_add(&w, "attn0", PRL_DTYPE_F32, shape, 4,
-                                                ex_values_0_to_5), PRL_OK);
+    ck_assert_int_eq(
+        prl_safetensors_writer_add(&w, "attn0", PRL_DTYPE_F32, shape, 4, ex_values_0_to_5), PRL_OK);
     assert_writes(&w, full, sizeof full);
 
     prl_safetensors st = parse_ok(full, sizeof full);
@@ -350,8 +350,8 @@ START_TEST(test_roundtrip_all_dtypes)
         for (size_t i = 0; i < sizeof data[d]; i++) data[d][i] = (uint8_t)(i * 7 + d);
         /* names in reverse dtype order so that name order cannot explain the result */
         snprintf(names[d], sizeof names[d], "t%02d", PRL_DTYPE_COUNT - d);
-        ck_assert_int_eq(prl_safetensors_writer_add(&w, names[d], (prl_dtype)d, shape, 2,
-                                                    data[d]), PRL_OK);
+        ck_assert_int_eq(prl_safetensors_writer_add(&w, names[d], (prl_dtype)d, shape, 2, data[d]),
+                         PRL_OK);
     }
     size_t len;
     uint8_t *out = write_mem(&w, &len);
@@ -400,21 +400,21 @@ START_TEST(test_roundtrip_scalar_empty_metadata)
                      PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "none2", PRL_DTYPE_F32, s_empty2, 3, NULL),
                      PRL_OK);
-    ck_assert_int_eq(prl_safetensors_writer_add(&w, "ints", PRL_DTYPE_I32, s_vec, 1, ints),
-                     PRL_OK);
+    ck_assert_int_eq(prl_safetensors_writer_add(&w, "ints", PRL_DTYPE_I32, s_vec, 1, ints), PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "flag", PRL_DTYPE_BOOL, NULL, 0, &flag),
                      PRL_OK);
     /* metadata: keys sorted on output; escapes as serde_json writes them */
     ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "zeta", "old"), PRL_OK);
-    ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "alpha",
-                                                         "a\"b\\c\nd\x01\t\x7f\xc3\xa9/\b\f\r\x1f"),
-                     PRL_OK);
+    ck_assert_int_eq(
+        prl_safetensors_writer_set_metadata(&w, "alpha", "a\"b\\c\nd\x01\t\x7f\xc3\xa9/\b\f\r\x1f"),
+        PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "zeta", "new"), PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, "", "empty key"), PRL_OK);
     size_t len;
     uint8_t *out = write_mem(&w, &len);
     static const char want_json[] =
-        "{\"__metadata__\":{\"\":\"empty key\",\"alpha\":\"a\\\"b\\\\c\\nd\\u0001\\t\x7f\xc3\xa9/\\b\\f\\r\\u001f\","
+        "{\"__metadata__\":{\"\":\"empty "
+        "key\",\"alpha\":\"a\\\"b\\\\c\\nd\\u0001\\t\x7f\xc3\xa9/\\b\\f\\r\\u001f\","
         "\"zeta\":\"new\"},"
         "\"pi\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]},"
         "\"none\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},"
@@ -471,8 +471,7 @@ START_TEST(test_writer_name_order)
     prl_safetensors_writer w;
     prl_safetensors_writer_init(&w);
     for (size_t i = 0; i < 8; i++)
-        ck_assert_int_eq(prl_safetensors_writer_add(&w, in[i], PRL_DTYPE_F32, NULL, 0, &v),
-                         PRL_OK);
+        ck_assert_int_eq(prl_safetensors_writer_add(&w, in[i], PRL_DTYPE_F32, NULL, 0, &v), PRL_OK);
     size_t len;
     uint8_t *out = write_mem(&w, &len);
     prl_safetensors st = parse_ok(out, len);
@@ -520,18 +519,21 @@ START_TEST(test_reader_accepts_variants)
     /* spaces around the object, whitespace inside, N not a multiple of 8, metadata last,
     ** field order changed, metadata keys unsorted */
     parse_ok_json(S("  { \"a\" :\n{\"shape\":[ 2 ],\t\"data_offsets\":[0,2],\"dtype\":\"U8\"},"
-                    "\"__metadata__\":{\"z\":\"1\",\"a\":\"\\u00e9\"}}   "), 2);
+                    "\"__metadata__\":{\"z\":\"1\",\"a\":\"\\u00e9\"}}   "),
+                  2);
     /* an empty object after spaces */
     parse_ok_json(S(" {}"), 0);
     /* empty tensors with equal offsets at the end of the data */
     parse_ok_json(S("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                    "\"y\":{\"dtype\":\"F32\",\"shape\":[0,5],\"data_offsets\":[4,4]}}"), 4);
+                    "\"y\":{\"dtype\":\"F32\",\"shape\":[0,5],\"data_offsets\":[4,4]}}"),
+                  4);
     /* 8 dimensions is the limit */
-    parse_ok_json(S("{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}"),
-                  8);
+    parse_ok_json(
+        S("{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}"), 8);
     /* the reference order of multiplication: 0 first means no overflow */
     parse_ok_json(S("{\"x\":{\"dtype\":\"U8\",\"shape\":[0,4611686018427387904,4],"
-                    "\"data_offsets\":[0,0]}}"), 0);
+                    "\"data_offsets\":[0,0]}}"),
+                  0);
     /* a NULL buffer of length 0 is an (invalid) empty file, not a crash */
     prl_safetensors st;
     ck_assert_int_eq(prl_safetensors_parse(&st, NULL, 0, NULL), PRL_ERR_FORMAT);
@@ -607,9 +609,9 @@ static const reject_case reject_cases[] = {
     {S("{\"a\":{\"dtype\":\"U8\",\"shape\":[99999999999999999999],\"data_offsets\":[0,0]}}"), 0,
      "not valid JSON", NULL},
     {S("{\"a\xff\":{}}"), 0, "not valid UTF-8", "0xff"},
-    {S("{\"__metadata__\":{\"k\":\"\xc0\x80\"}}"), 0, "UTF-8", "0xc0"},     /* overlong */
-    {S("{\"__metadata__\":{\"k\":\"\xe0\x80\x80\"}}"), 0, "UTF-8", "0xe0"}, /* overlong */
-    {S("{\"__metadata__\":{\"k\":\"\xed\xa0\x80\"}}"), 0, "UTF-8", "0xed"}, /* surrogate */
+    {S("{\"__metadata__\":{\"k\":\"\xc0\x80\"}}"), 0, "UTF-8", "0xc0"},         /* overlong */
+    {S("{\"__metadata__\":{\"k\":\"\xe0\x80\x80\"}}"), 0, "UTF-8", "0xe0"},     /* overlong */
+    {S("{\"__metadata__\":{\"k\":\"\xed\xa0\x80\"}}"), 0, "UTF-8", "0xed"},     /* surrogate */
     {S("{\"__metadata__\":{\"k\":\"\xf4\x90\x80\x80\"}}"), 0, "UTF-8", "0xf4"}, /* >10FFFF */
     {S("{\"__metadata__\":{\"k\":\"\x80\"}}"), 0, "UTF-8", "0x80"},
     {S("{\"__metadata__\":{\"k\":\"\xf8\x88\x80\x80\x80\"}}"), 0, "UTF-8", "0xf8"},
@@ -620,15 +622,15 @@ static const reject_case reject_cases[] = {
      "duplicate", NULL},
     {S("{\"__metadata__\":{},\"__metadata__\":{}}"), 0, "duplicate", NULL},
     {S("{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}"), 0, "duplicate", NULL},
-    {S(ENTRY("a", "\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]")),
-     4, "duplicate", NULL},
+    {S(ENTRY("a", "\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]")), 4,
+     "duplicate", NULL},
     /* entry structure */
     {S("{\"wq\":1}"), 0, "tensor 'wq'", "not an object"},
     {S("{\"wq\":[]}"), 0, "tensor 'wq'", "not an object"},
-    {S(ENTRY("wq", "\"dtype\":\"F128\",\"shape\":[1],\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "unknown dtype \"F128\""},
-    {S(ENTRY("wq", "\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "unknown dtype \"f32\""},
+    {S(ENTRY("wq", "\"dtype\":\"F128\",\"shape\":[1],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "unknown dtype \"F128\""},
+    {S(ENTRY("wq", "\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "unknown dtype \"f32\""},
     {S(ENTRY("wq", "\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
      "dtype is not a string"},
     {S(ENTRY("wq", "\"shape\":[1],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
@@ -643,26 +645,26 @@ static const reject_case reject_cases[] = {
      "tensor 'wq'", "unknown field \"name\""},
     {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":4,\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
      "shape is not an array"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":null,\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "shape is not an array"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "shape[0] is not a non-negative integer"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1,1.0],\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "shape[1] is not a non-negative integer"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "shape[0]"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]")),
-     4, "tensor 'wq'", "9 dimensions"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":null,\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "shape is not an array"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "shape[0] is not a non-negative integer"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1,1.0],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "shape[1] is not a non-negative integer"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "shape[0]"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]")), 4,
+     "tensor 'wq'", "9 dimensions"},
     {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]")), 4, "tensor 'wq'",
      "data_offsets is not an array [begin, end]"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]")), 4,
-     "tensor 'wq'", "data_offsets is not an array"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":\"0,4\"")), 4,
-     "tensor 'wq'", "data_offsets is not an array"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-1,4]")), 4,
-     "tensor 'wq'", "not non-negative integers"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4.0]")), 4,
-     "tensor 'wq'", "not non-negative integers"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]")), 4, "tensor 'wq'",
+     "data_offsets is not an array"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":\"0,4\"")), 4, "tensor 'wq'",
+     "data_offsets is not an array"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-1,4]")), 4, "tensor 'wq'",
+     "not non-negative integers"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4.0]")), 4, "tensor 'wq'",
+     "not non-negative integers"},
     /* project rule: tensor names */
     {S(ENTRY("", "\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]")), 1,
      "invalid tensor name ''", "[A-Za-z0-9._-]"},
@@ -685,29 +687,29 @@ static const reject_case reject_cases[] = {
     {S("{" F32A ",\"bq\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}"), 12,
      "tensor 'bq'", "expected begin 4"},
     {S("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-       "\"bq\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}"), 8,
-     "tensor 'bq'", "expected begin 8"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]")), 8,
-     "tensor 'wq'", "expected begin 0"},
+       "\"bq\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}"),
+     8, "tensor 'bq'", "expected begin 8"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]")), 8, "tensor 'wq'",
+     "expected begin 0"},
     {S("{" F32A ",\"bq\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}"), 4,
      "tensor 'bq'", "[4,0]"},
     /* rule 6: sizes, with overflow checks */
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "needs 8"},
-    {S(ENTRY("wq", "\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "dtype F16 shape [3] needs 6"},
-    {S(ENTRY("wq", "\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "shape [] needs 8"},
-    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,4]")), 4,
-     "tensor 'wq'", "needs 0"},
-    {S(ENTRY("wq", "\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]")),
-     0, "tensor 'wq'", "overflows"},
-    {S(ENTRY("wq", "\"dtype\":\"F64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,0]")),
-     0, "tensor 'wq'", "overflows"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "needs 8"},
+    {S(ENTRY("wq", "\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "dtype F16 shape [3] needs 6"},
+    {S(ENTRY("wq", "\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "shape [] needs 8"},
+    {S(ENTRY("wq", "\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,4]")), 4, "tensor 'wq'",
+     "needs 0"},
+    {S(ENTRY("wq", "\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]")), 0,
+     "tensor 'wq'", "overflows"},
+    {S(ENTRY("wq", "\"dtype\":\"F64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,0]")), 0,
+     "tensor 'wq'", "overflows"},
     {S(ENTRY("wq", "\"dtype\":\"U8\",\"shape\":[4611686018427387904,4,0],\"data_offsets\":[0,0]")),
      0, "tensor 'wq'", "overflows"},
-    {S(ENTRY("wq", "\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,9223372036854775807]")),
-     1, "tensor 'wq'", "needs 1"},
+    {S(ENTRY("wq", "\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,9223372036854775807]")), 1,
+     "tensor 'wq'", "needs 1"},
     /* rule 7: the data buffer is covered exactly */
     {S("{" F32A "}"), 5, "cover 4 data bytes", "holds 5"},
     {S("{" F32A "}"), 3, "cover 4 data bytes", "holds 3"},
@@ -733,7 +735,8 @@ START_TEST(test_reject_long_name_message)
     char *json = malloc(nl + 100);
     memcpy(json, "{\"", 2);
     memset(json + 2, 'x', nl);
-    int k = snprintf(json + 2 + nl, 100, "\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}");
+    int k = snprintf(json + 2 + nl, 100,
+                     "\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}");
     expect_reject_json(json, 2 + nl + (size_t)k, 4, "xxx...'", "needs 8");
     free(json);
 }
@@ -750,7 +753,8 @@ static uint8_t *rich_file(size_t *len)
     const int64_t s23[] = {2, 3}, s2[] = {2}, s3[] = {3}, s0[] = {0, 4};
     prl_safetensors_writer w;
     prl_safetensors_writer_init(&w);
-    ck_assert_int_eq(prl_safetensors_writer_add(&w, "layers.0.attn.wq", PRL_DTYPE_F32, s23, 2, w1), 0);
+    ck_assert_int_eq(prl_safetensors_writer_add(&w, "layers.0.attn.wq", PRL_DTYPE_F32, s23, 2, w1),
+                     0);
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "layers.0.norm", PRL_DTYPE_F64, s2, 1, w2), 0);
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "emb-half", PRL_DTYPE_BF16, s3, 1, w3), 0);
     ck_assert_int_eq(prl_safetensors_writer_add(&w, "step_count", PRL_DTYPE_I64, NULL, 0, w4), 0);
@@ -833,12 +837,13 @@ static void check_consistent(const prl_safetensors *st, const uint8_t *buf, size
     prl_safetensors_writer_init(&w);
     for (size_t i = 0; i < st->n_tensors; i++) {
         const prl_safetensors_tensor *t = &st->tensors[i];
-        ck_assert_int_eq(prl_safetensors_writer_add(&w, t->name, t->dtype, t->shape, t->ndim,
-                                                    t->data), PRL_OK);
+        ck_assert_int_eq(
+            prl_safetensors_writer_add(&w, t->name, t->dtype, t->shape, t->ndim, t->data), PRL_OK);
     }
     for (size_t i = 0; i < st->n_metadata; i++)
-        ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, st->metadata_keys[i],
-                                                             st->metadata_values[i]), PRL_OK);
+        ck_assert_int_eq(
+            prl_safetensors_writer_set_metadata(&w, st->metadata_keys[i], st->metadata_values[i]),
+            PRL_OK);
     size_t len2;
     uint8_t *again = write_mem(&w, &len2);
     prl_safetensors st2 = parse_ok(again, len2);
@@ -879,12 +884,9 @@ START_TEST(test_fuzz_header_flips)
         for (int f = 0; f < flips; f++) {
             size_t pos = (size_t)(prl_rng_u64(&r) % hdr_end);
             uint64_t kind = prl_rng_u64(&r) % 3;
-            if (kind == 0)
-                p[pos] ^= (uint8_t)(1u << (prl_rng_u64(&r) % 8)); /* bit flip */
-            else if (kind == 1)
-                p[pos] = (uint8_t)(prl_rng_u64(&r) % 256); /* any byte */
-            else
-                p[pos] = (uint8_t)(0x20 + prl_rng_u64(&r) % 95); /* printable */
+            if (kind == 0) p[pos] ^= (uint8_t)(1u << (prl_rng_u64(&r) % 8)); /* bit flip */
+            else if (kind == 1) p[pos] = (uint8_t)(prl_rng_u64(&r) % 256);   /* any byte */
+            else p[pos] = (uint8_t)(0x20 + prl_rng_u64(&r) % 95);            /* printable */
         }
         prl_safetensors st;
         prl_status rc = prl_safetensors_parse(&st, p, len, "fuzz");
@@ -894,8 +896,8 @@ START_TEST(test_fuzz_header_flips)
             prl_safetensors_free(&st);
         } else {
             rejected++;
-            ck_assert_msg(rc == PRL_ERR_FORMAT, "iteration %d: %s: %s", it,
-                          prl_status_name(rc), prl_error_message());
+            ck_assert_msg(rc == PRL_ERR_FORMAT, "iteration %d: %s: %s", it, prl_status_name(rc),
+                          prl_error_message());
             ck_assert(is_zeroed(&st));
             ck_assert(strncmp(prl_error_message(), "safetensors fuzz: ", 18) == 0);
         }
@@ -937,8 +939,8 @@ START_TEST(test_read_f32_conversions)
     ck_assert_float_eq(f[0], 1.0f);
     ck_assert_float_eq(f[1], -2.0f);
     ck_assert_float_eq(f[2], 65504.0f);
-    ck_assert_float_eq(f[3], 0x1p-24f);         /* smallest subnormal */
-    ck_assert_float_eq(f[4], 1023 * 0x1p-24f);  /* largest subnormal */
+    ck_assert_float_eq(f[3], 0x1p-24f);        /* smallest subnormal */
+    ck_assert_float_eq(f[4], 1023 * 0x1p-24f); /* largest subnormal */
     ck_assert(isinf(f[5]) && f[5] > 0);
     ck_assert(isinf(f[6]) && f[6] < 0);
     ck_assert(f[7] == 0 && signbit(f[7]));
@@ -1053,8 +1055,7 @@ START_TEST(test_writer_rejects)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         prl_status rc = prl_safetensors_writer_add(&w, cases[i].name, (prl_dtype)cases[i].dtype,
-                                                   cases[i].shape, cases[i].ndim,
-                                                   cases[i].data);
+                                                   cases[i].shape, cases[i].ndim, cases[i].data);
         ck_assert_msg(rc == PRL_ERR_ARG, "case %zu: %s", i, prl_status_name(rc));
         assert_msg_has(cases[i].needle);
         ck_assert_uint_eq(w.n_tensors, 1); /* nothing queued by a failed add */
@@ -1183,10 +1184,8 @@ static void remove_tree(const char *dir)
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
         struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            remove_tree(p);
-        else
-            unlink(p);
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) remove_tree(p);
+        else unlink(p);
     }
     closedir(d);
     rmdir(dir);
@@ -1205,10 +1204,12 @@ START_TEST(test_save_and_open)
     for (size_t i = 0; i < src.n_tensors; i++)
         ck_assert_int_eq(prl_safetensors_writer_add(&w, src.tensors[i].name, src.tensors[i].dtype,
                                                     src.tensors[i].shape, src.tensors[i].ndim,
-                                                    src.tensors[i].data), PRL_OK);
+                                                    src.tensors[i].data),
+                         PRL_OK);
     for (size_t i = 0; i < src.n_metadata; i++)
-        ck_assert_int_eq(prl_safetensors_writer_set_metadata(&w, src.metadata_keys[i],
-                                                             src.metadata_values[i]), PRL_OK);
+        ck_assert_int_eq(
+            prl_safetensors_writer_set_metadata(&w, src.metadata_keys[i], src.metadata_values[i]),
+            PRL_OK);
     ck_assert_int_eq(prl_safetensors_writer_save(&w, path), PRL_OK);
     list_dir(tmpdir, listing, sizeof listing);
     ck_assert_str_eq(listing, "ckpt.safetensors");
@@ -1361,7 +1362,7 @@ START_TEST(test_save_write_fails_keeps_old)
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        free(old_bytes); /* the child needs only the path */
+        free(old_bytes);           /* the child needs only the path */
         static float big[1 << 16]; /* 256 KiB, far above the limit */
         const int64_t s_big[] = {1 << 16};
         signal(SIGXFSZ, SIG_IGN); /* get EFBIG from write instead of being killed */

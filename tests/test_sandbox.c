@@ -37,7 +37,7 @@
 
 /* ---------------------------------------------------------------- helpers ---------- */
 
-static prl_sandbox_caps caps; /* probed once in main() */
+static prl_sandbox_caps caps;          /* probed once in main() */
 static unsigned next_uid_base = 40000; /* tests run one at a time, each in its own process */
 
 static prl_sandbox *make_sb_at(int slots, unsigned disable, const char *base_dir)
@@ -57,7 +57,10 @@ static prl_sandbox *make_sb_at(int slots, unsigned disable, const char *base_dir
     return sb;
 }
 
-static prl_sandbox *make_sb(int slots, unsigned disable) { return make_sb_at(slots, disable, NULL); }
+static prl_sandbox *make_sb(int slots, unsigned disable)
+{
+    return make_sb_at(slots, disable, NULL);
+}
 
 static prl_sandbox_limits limits(double wall)
 {
@@ -70,14 +73,18 @@ static prl_sandbox_limits limits(double wall)
 static void run_lim(prl_sandbox *sb, int slot, const char *lang, const char *prog,
                     const prl_sandbox_limits *lim, prl_sandbox_result *res)
 {
-    prl_sandbox_request req = {.lang = lang, .program = prog, .program_len = strlen(prog), .limits = *lim};
+    prl_sandbox_request req = {.lang = lang,
+                               .program = prog,
+                               .program_len = strlen(prog),
+                               .limits = *lim};
     prl_status rc = prl_sandbox_run(sb, slot, &req, res);
     ck_assert_msg(rc == PRL_OK, "run failed: %s", prl_error_message());
 }
 
 /* Also checks that the call returned within the wall limit plus a margin (the reported
 ** wall time alone would not show a kill that came late). */
-static void run(prl_sandbox *sb, const char *lang, const char *prog, double wall, prl_sandbox_result *res)
+static void run(prl_sandbox *sb, const char *lang, const char *prog, double wall,
+                prl_sandbox_result *res)
 {
     prl_sandbox_limits l = limits(wall);
     double t0 = prl_now();
@@ -86,14 +93,16 @@ static void run(prl_sandbox *sb, const char *lang, const char *prog, double wall
     ck_assert_msg(took < wall + 1.5, "the run took %.3f s under a wall limit of %g s", took, wall);
 }
 
-#define expect_status(res, st)                                                            \
-    ck_assert_msg((res)->status == (st), "status %s (%s), expected %s; stdout: %.300s; stderr: %.600s", \
-                  prl_sandbox_status_name((res)->status), (res)->reason, prl_sandbox_status_name(st), \
-                  (res)->out ? (res)->out : "", (res)->err ? (res)->err : "")
+#define expect_status(res, st)                                                                     \
+    ck_assert_msg(                                                                                 \
+        (res)->status == (st), "status %s (%s), expected %s; stdout: %.300s; stderr: %.600s",      \
+        prl_sandbox_status_name((res)->status), (res)->reason, prl_sandbox_status_name(st),        \
+        (res)->out ? (res)->out : "", (res)->err ? (res)->err : "")
 
-#define expect_out_has(res, needle)                                                       \
-    ck_assert_msg(strstr((res)->out, (needle)) != NULL, "stdout lacks \"%s\": %.600s (stderr: %.400s)", \
-                  (needle), (res)->out, (res)->err)
+#define expect_out_has(res, needle)                                                                \
+    ck_assert_msg(strstr((res)->out, (needle)) != NULL,                                            \
+                  "stdout lacks \"%s\": %.600s (stderr: %.400s)", (needle), (res)->out,            \
+                  (res)->err)
 
 /* Processes on the host whose real uid is `uid` (in the host's /proc). */
 static int host_procs_of_uid(unsigned uid)
@@ -126,15 +135,16 @@ static void assert_clean(prl_sandbox *sb, int slot)
     ck_assert_msg(host_procs_of_uid(uid) == 0, "%d processes of slot uid %u survived the run",
                   host_procs_of_uid(uid), uid);
     unsigned layers = prl_sandbox_layers(sb);
-    const char *prog =
-        "import os\n"
-        "def ls(d):\n"
-        "    try: return sorted(os.listdir(d))\n"
-        "    except OSError as e: return 'E%d' % e.errno\n"
-        "print('work', ls('.'))\n"
-        "print('tmp', ls(os.environ['TMPDIR']))\n"
-        "print('shm', ls('/dev/shm') if os.path.ismount('/dev/shm') and os.environ['TMPDIR'] == '/tmp' else [])\n"
-        "print('procs', len([p for p in os.listdir('/proc') if p.isdigit()]) if os.environ['TMPDIR'] == '/tmp' else 0)\n";
+    const char *prog = "import os\n"
+                       "def ls(d):\n"
+                       "    try: return sorted(os.listdir(d))\n"
+                       "    except OSError as e: return 'E%d' % e.errno\n"
+                       "print('work', ls('.'))\n"
+                       "print('tmp', ls(os.environ['TMPDIR']))\n"
+                       "print('shm', ls('/dev/shm') if os.path.ismount('/dev/shm') and "
+                       "os.environ['TMPDIR'] == '/tmp' else [])\n"
+                       "print('procs', len([p for p in os.listdir('/proc') if p.isdigit()]) if "
+                       "os.environ['TMPDIR'] == '/tmp' else 0)\n";
     prl_sandbox_result r;
     prl_sandbox_limits l = limits(10);
     run_lim(sb, slot, "python3", prog, &l, &r);
@@ -215,7 +225,8 @@ START_TEST(test_02_blocking_sleep_and_lock)
     expect_status(&r, PRL_SANDBOX_STATUS_TIMEOUT);
     ck_assert_msg(r.cpu_seconds < 0.5, "a sleeping program used %.3f s of CPU", r.cpu_seconds);
     prl_sandbox_result_free(&r);
-    run(sb, "python3", "import threading\nl = threading.Lock()\nl.acquire()\nl.acquire()\n", 1.0, &r);
+    run(sb, "python3", "import threading\nl = threading.Lock()\nl.acquire()\nl.acquire()\n", 1.0,
+        &r);
     expect_status(&r, PRL_SANDBOX_STATUS_TIMEOUT);
     finish(sb, &r);
 }
@@ -247,10 +258,14 @@ static void *job_main(void *arg)
 {
     job *j = arg;
     if (j->start_delay > 0) {
-        struct timespec t = {(time_t)j->start_delay, (long)((j->start_delay - (double)(time_t)j->start_delay) * 1e9)};
+        struct timespec t = {(time_t)j->start_delay,
+                             (long)((j->start_delay - (double)(time_t)j->start_delay) * 1e9)};
         nanosleep(&t, NULL);
     }
-    prl_sandbox_request req = {.lang = j->lang, .program = j->prog, .program_len = strlen(j->prog), .limits = j->lim};
+    prl_sandbox_request req = {.lang = j->lang,
+                               .program = j->prog,
+                               .program_len = strlen(j->prog),
+                               .limits = j->lim};
     j->started = prl_now();
     j->rc = prl_sandbox_run(j->sb, j->slot, &req, &j->res);
     j->ended = prl_now();
@@ -260,9 +275,11 @@ static void *job_main(void *arg)
 static void run_jobs(job *jobs, int n)
 {
     pthread_t t[8];
-    for (int i = 0; i < n; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, job_main, &jobs[i]), 0);
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, job_main, &jobs[i]), 0);
     for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
-    for (int i = 0; i < n; i++) ck_assert_msg(jobs[i].rc == PRL_OK, "job %d: %s", i, jobs[i].res.reason);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(jobs[i].rc == PRL_OK, "job %d: %s", i, jobs[i].res.reason);
 }
 
 START_TEST(test_03_multithread_burn)
@@ -274,7 +291,12 @@ START_TEST(test_03_multithread_burn)
                        "spin()\n";
     const char *work = "n = 0\nfor i in range(2000000): n += i\nprint(n)\n";
     job j[2] = {{.sb = sb, .slot = 0, .lang = "python3", .prog = burn, .lim = limits(2.0)},
-                {.sb = sb, .slot = 1, .lang = "python3", .prog = work, .lim = limits(20.0), .start_delay = 0.3}};
+                {.sb = sb,
+                 .slot = 1,
+                 .lang = "python3",
+                 .prog = work,
+                 .lim = limits(20.0),
+                 .start_delay = 0.3}};
     run_jobs(j, 2);
     expect_status(&j[0].res, PRL_SANDBOX_STATUS_TIMEOUT);
     expect_status(&j[1].res, PRL_SANDBOX_STATUS_OK); /* the other slot still gets its work done */
@@ -282,8 +304,10 @@ START_TEST(test_03_multithread_burn)
     double cpu = j[0].res.cpu_seconds, wall = j[0].res.wall_seconds;
     ck_assert_msg(cpu > 0.3, "the burner's CPU time (%.3f s) was not counted", cpu);
     if (prl_sandbox_layers(sb) & PRL_SANDBOX_CGROUP_CPU)
-        ck_assert_msg(cpu <= 1.15 * wall + 0.1, "3 spinning threads got %.3f s CPU in %.3f s: more than "
-                      "the slot's one-CPU quota", cpu, wall);
+        ck_assert_msg(cpu <= 1.15 * wall + 0.1,
+                      "3 spinning threads got %.3f s CPU in %.3f s: more than "
+                      "the slot's one-CPU quota",
+                      cpu, wall);
     else
         fprintf(stderr, "NOT CHECKED (no cgroup cpu): one-CPU quota per slot; the wall limit still "
                         "stopped the burner (checked)\n");
@@ -303,7 +327,8 @@ START_TEST(test_04_fork_bomb_python)
     double t0 = prl_now();
     run_lim(sb, 0, "python3", "import os\nwhile True: os.fork()\n", &l, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_RUNTIME_ERROR);
-    ck_assert_msg(strstr(r.err, "Resource temporarily unavailable") != NULL, "stderr: %.500s", r.err);
+    ck_assert_msg(strstr(r.err, "Resource temporarily unavailable") != NULL, "stderr: %.500s",
+                  r.err);
     ck_assert_msg(prl_now() - t0 < 9, "the fork bomb ran until the wall limit");
     finish(sb, &r);
 }
@@ -348,10 +373,11 @@ START_TEST(test_05_memory_bomb)
     if (layers & PRL_SANDBOX_CGROUP_MEMORY) {
         expect_status(&r, PRL_SANDBOX_STATUS_MEMORY_LIMIT);
         ck_assert_int_eq(r.signal, SIGKILL);
-        ck_assert_msg(r.peak_memory_bytes <= l.memory_bytes + (4u << 20), "peak %llu above the limit",
-                      (unsigned long long)r.peak_memory_bytes);
+        ck_assert_msg(r.peak_memory_bytes <= l.memory_bytes + (4u << 20),
+                      "peak %llu above the limit", (unsigned long long)r.peak_memory_bytes);
     } else {
-        fprintf(stderr, "NOT CHECKED (no memory cgroup): OOM kill; checking RLIMIT_AS's MemoryError\n");
+        fprintf(stderr,
+                "NOT CHECKED (no memory cgroup): OOM kill; checking RLIMIT_AS's MemoryError\n");
         expect_status(&r, PRL_SANDBOX_STATUS_RUNTIME_ERROR);
         ck_assert_msg(strstr(r.err, "MemoryError") != NULL, "stderr: %s", r.err);
     }
@@ -381,7 +407,8 @@ START_TEST(test_05_memory_bomb_children)
         expect_status(&r, PRL_SANDBOX_STATUS_MEMORY_LIMIT);
         expect_out_has(&r, "9"); /* some child's wait status is SIGKILL (9) */
     } else {
-        fprintf(stderr, "NOT CHECKED (no memory cgroup): the tree total; RLIMIT_AS bounds each process\n");
+        fprintf(stderr,
+                "NOT CHECKED (no memory cgroup): the tree total; RLIMIT_AS bounds each process\n");
         expect_status(&r, PRL_SANDBOX_STATUS_OK);
     }
     finish(sb, &r);
@@ -407,7 +434,9 @@ START_TEST(test_06_memory_via_tmpfs_and_shm)
     prl_sandbox *sb = make_sb(1, 0);
     unsigned layers = prl_sandbox_layers(sb);
     if (!(layers & PRL_SANDBOX_TMPFS)) {
-        fprintf(stderr, "NOT CHECKED (no tmpfs): /dev/shm and /tmp limits; see the no-mount-namespace test\n");
+        fprintf(
+            stderr,
+            "NOT CHECKED (no tmpfs): /dev/shm and /tmp limits; see the no-mount-namespace test\n");
         prl_sandbox_free(sb);
         return;
     }
@@ -424,7 +453,8 @@ START_TEST(test_06_memory_via_tmpfs_and_shm)
     long shm = -1, tmp = -1;
     sscanf(strstr(r.out, "/dev/shm ENOSPC ") + 16, "%ld", &shm);
     sscanf(strstr(r.out, "/tmp ENOSPC ") + 12, "%ld", &tmp);
-    ck_assert_msg(shm <= 8l << 20 && tmp <= 8l << 20, "wrote %ld and %ld bytes into 8 MiB tmpfs", shm, tmp);
+    ck_assert_msg(shm <= 8l << 20 && tmp <= 8l << 20, "wrote %ld and %ld bytes into 8 MiB tmpfs",
+                  shm, tmp);
     prl_sandbox_result_free(&r);
     /* tmpfs pages are charged to the memory cgroup: 3 x 48 MiB of files under 96 MiB. */
     snprintf(prog, sizeof prog, "DIRS = ['/dev/shm', '/tmp', '.']\n%s", fill_prog);
@@ -484,7 +514,8 @@ START_TEST(test_07_disk_fill_and_huge_files)
     run_lim(sb, 0, "sh", "exec head -c 3000000 /dev/zero > big\n", &l, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OUTPUT_LIMIT);
     ck_assert_int_eq(r.signal, SIGXFSZ);
-    ck_assert_msg(host_bytes_below(base) == 0, "the run left %lld bytes on the host", host_bytes_below(base));
+    ck_assert_msg(host_bytes_below(base) == 0, "the run left %lld bytes on the host",
+                  host_bytes_below(base));
     finish(sb, &r);
     rmdir(base);
 }
@@ -519,7 +550,8 @@ START_TEST(test_08_output_flood_drain)
     l.output_bytes = 100000;
     prl_sandbox_result r;
     /* Finite but 8 MB: kept up to the cap, counted in full, no deadlock, status from the exit. */
-    run_lim(sb, 0, "python3", "import sys\nsys.stdout.write('y' * (8 << 20))\nprint('tail')\n", &l, &r);
+    run_lim(sb, 0, "python3", "import sys\nsys.stdout.write('y' * (8 << 20))\nprint('tail')\n", &l,
+            &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
     ck_assert_uint_eq(r.out_len, 100000);
     ck_assert_uint_eq(r.out_total, (8u << 20) + 5);
@@ -530,7 +562,8 @@ START_TEST(test_08_output_flood_drain)
     run_lim(sb, 0, "sh", "yes\n", &l, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_TIMEOUT);
     ck_assert_uint_eq(r.out_len, 100000);
-    ck_assert_msg(r.out_total > 1000000, "only %llu bytes drained", (unsigned long long)r.out_total);
+    ck_assert_msg(r.out_total > 1000000, "only %llu bytes drained",
+                  (unsigned long long)r.out_total);
     finish(sb, &r);
 }
 END_TEST
@@ -539,7 +572,8 @@ START_TEST(test_09_background_child_holds_pipe)
 {
     prl_sandbox *sb = make_sb(1, 0);
     prl_sandbox_result r;
-    run(sb, "python3", "import subprocess\nsubprocess.Popen(['sleep', '999'])\nprint('bye')\n", 10, &r);
+    run(sb, "python3", "import subprocess\nsubprocess.Popen(['sleep', '999'])\nprint('bye')\n", 10,
+        &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
     expect_out_has(&r, "bye");
     ck_assert_msg(r.wall_seconds < 3, "waited %.3f s for a background child", r.wall_seconds);
@@ -554,7 +588,8 @@ START_TEST(test_10_write_outside_work_dir)
     prl_sandbox *sb = make_sb(1, 0);
     const char *prog =
         "import errno, os\n"
-        "for p in ['/etc/prl-sandbox-test', '/usr/prl-sandbox-test', '/prl-sandbox-test', '/bin/sh',\n"
+        "for p in ['/etc/prl-sandbox-test', '/usr/prl-sandbox-test', '/prl-sandbox-test', "
+        "'/bin/sh',\n"
         "          '/usr/bin/python3', '/proc/sys/kernel/hostname', '/dev/prl-test']:\n"
         "    try:\n"
         "        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)\n"
@@ -565,13 +600,14 @@ START_TEST(test_10_write_outside_work_dir)
     prl_sandbox_result r;
     run(sb, "python3", prog, 10, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
-    ck_assert_msg(strstr(r.out, "WRITABLE") == NULL, "a path outside the work dir was writable:\n%s", r.out);
+    ck_assert_msg(strstr(r.out, "WRITABLE") == NULL,
+                  "a path outside the work dir was writable:\n%s", r.out);
     expect_out_has(&r, "work dir fine");
     for (const char *p = r.out; (p = strchr(p, '/')) && strncmp(p, "/sandbox", 8);) {
         const char *sp = strchr(p, ' ');
         ck_assert_ptr_nonnull(sp);
         ck_assert_msg(!strncmp(sp + 1, "EROFS", 5) || !strncmp(sp + 1, "EACCES", 6) ||
-                      !strncmp(sp + 1, "ENOENT", 6) || !strncmp(sp + 1, "EPERM", 5),
+                          !strncmp(sp + 1, "ENOENT", 6) || !strncmp(sp + 1, "EPERM", 5),
                       "unexpected result: %.80s", p);
         p = strchr(p, '\n');
         if (!p) break;
@@ -632,8 +668,7 @@ START_TEST(test_11_read_secrets)
         /* pid 1 is the sandbox's init, hidden by hidepid=2; the test's pid does not exist */
         expect_out_has(&r, "/proc/1/environ E ");
         expect_out_has(&r, "pids ['2']");
-    } else
-        fprintf(stderr, "NOT CHECKED (no fresh /proc): the host's processes are invisible\n");
+    } else fprintf(stderr, "NOT CHECKED (no fresh /proc): the host's processes are invisible\n");
     finish(sb, &r);
 }
 END_TEST
@@ -757,7 +792,7 @@ START_TEST(test_15_zombies_and_orphans)
                        "        os._exit(0)\n"
                        "    os.waitpid(pid, 0)\n"
                        "    time.sleep(0.02)\n"
-                       "for i in range(5):\n"   /* unreaped children of the program itself */
+                       "for i in range(5):\n" /* unreaped children of the program itself */
                        "    if os.fork() == 0: os._exit(0)\n"
                        "time.sleep(0.3)\n"
                        "z = []\n"
@@ -771,8 +806,12 @@ START_TEST(test_15_zombies_and_orphans)
     prl_sandbox_result r;
     run_lim(sb, 0, "python3", prog, &l, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
-    if (prl_sandbox_layers(sb) & PRL_SANDBOX_PROC) expect_out_has(&r, "zombies 5 of the program 5\n");
-    else fprintf(stderr, "NOT CHECKED (no fresh /proc): zombie count inside; the 40 orphans fit (checked)\n");
+    if (prl_sandbox_layers(sb) & PRL_SANDBOX_PROC)
+        expect_out_has(&r, "zombies 5 of the program 5\n");
+    else
+        fprintf(
+            stderr,
+            "NOT CHECKED (no fresh /proc): zombie count inside; the 40 orphans fit (checked)\n");
     finish(sb, &r); /* the program's own 5 zombies go with it */
 }
 END_TEST
@@ -802,7 +841,8 @@ START_TEST(test_16_signal_tricks)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char prog[256];
         snprintf(prog, sizeof prog,
-                 "import os, signal\nsignal.signal(signal.%s, signal.SIG_DFL)\nos.kill(os.getpid(), signal.%s)\n",
+                 "import os, signal\nsignal.signal(signal.%s, "
+                 "signal.SIG_DFL)\nos.kill(os.getpid(), signal.%s)\n",
                  cases[i].sig, cases[i].sig);
         run(sb, "python3", prog, 10, &r);
         expect_status(&r, cases[i].st);
@@ -925,10 +965,11 @@ START_TEST(test_19_toctou_swap_during_cleanup)
     prl_sandbox *fb = make_sb(1, PRL_SANDBOX_MNTNS);
     make_canary();
     char prog[1024];
-    snprintf(prog, sizeof prog,
-             "(while true; do rm -rf d; mkdir d; touch d/f; rm -rf d; ln -s %s d; rm -f d; done) &\n"
-             "sleep 0.3; echo bye\n",
-             canary_dir);
+    snprintf(
+        prog, sizeof prog,
+        "(while true; do rm -rf d; mkdir d; touch d/f; rm -rf d; ln -s %s d; rm -f d; done) &\n"
+        "sleep 0.3; echo bye\n",
+        canary_dir);
     run_keeps_canary(fb, prog);
     prl_sandbox_free(fb);
 }
@@ -936,15 +977,14 @@ END_TEST
 
 /* ---------------------------------------------------------------- 20-22: kernel ---- */
 
-static const char libc_prog[] =
-    "import ctypes, errno, os\n"
-    "libc = ctypes.CDLL(None, use_errno=True)\n"
-    "libc.syscall.restype = ctypes.c_long\n"
-    "def sc(name, nr, *args):\n"
-    "    args = [ctypes.c_long(a) for a in args]\n"
-    "    r = libc.syscall(ctypes.c_long(nr), *args)\n"
-    "    e = ctypes.get_errno()\n"
-    "    print(name, 'OK' if r >= 0 else errno.errorcode.get(e, e))\n";
+static const char libc_prog[] = "import ctypes, errno, os\n"
+                                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                                "libc.syscall.restype = ctypes.c_long\n"
+                                "def sc(name, nr, *args):\n"
+                                "    args = [ctypes.c_long(a) for a in args]\n"
+                                "    r = libc.syscall(ctypes.c_long(nr), *args)\n"
+                                "    e = ctypes.get_errno()\n"
+                                "    print(name, 'OK' if r >= 0 else errno.errorcode.get(e, e))\n";
 
 START_TEST(test_20_privilege_escalation)
 {
@@ -952,22 +992,26 @@ START_TEST(test_20_privilege_escalation)
     char prog[4096];
     snprintf(prog, sizeof prog,
              "%s"
-             "st = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
-             "for k in ['NoNewPrivs', 'CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'Seccomp']: print(k, st[k].strip())\n"
+             "st = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() "
+             "if ':\\t' in l)\n"
+             "for k in ['NoNewPrivs', 'CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'Seccomp']: print(k, "
+             "st[k].strip())\n"
              "try: os.setuid(0); print('setuid OK')\n"
              "except OSError as e: print('setuid', errno.errorcode[e.errno])\n"
              "sc('chroot', 161, 0)\n"
              "sc('ptrace', 101, 0, 0, 0, 0)\n"
              "sc('mount', 165, 0, 0, 0, 0, 0)\n"
              "import subprocess\n"
-             "r = subprocess.run(['/usr/bin/su', '-c', 'id -u'], capture_output=True, stdin=subprocess.DEVNULL)\n"
+             "r = subprocess.run(['/usr/bin/su', '-c', 'id -u'], capture_output=True, "
+             "stdin=subprocess.DEVNULL)\n"
              "print('su', r.returncode, r.stdout.strip())\n",
              libc_prog);
     prl_sandbox_result r;
     run(sb, "python3", prog, 10, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
     expect_out_has(&r, "NoNewPrivs 1\n");
-    expect_out_has(&r, "CapEff 0000000000000000\nCapPrm 0000000000000000\nCapBnd 0000000000000000\n");
+    expect_out_has(&r,
+                   "CapEff 0000000000000000\nCapPrm 0000000000000000\nCapBnd 0000000000000000\n");
     expect_out_has(&r, "CapAmb 0000000000000000\n");
     expect_out_has(&r, "Seccomp 2\n");
     /* EINVAL in a user namespace (uid 0 is not mapped there), EPERM without one */
@@ -995,7 +1039,8 @@ START_TEST(test_21_kernel_attack_surface)
              "sc('perf_event_open', 298, 0, 0, -1, -1, 0)\n"
              "sc('tiocsti', 16, 0, 0x5412 | (1 << 32), 0)\n"
              "sc('personality', 135, 0x0040000)\n"
-             "import threading; t = threading.Thread(target=lambda: None); t.start(); t.join(); print('threads OK')\n"
+             "import threading; t = threading.Thread(target=lambda: None); t.start(); t.join(); "
+             "print('threads OK')\n"
              "pid = os.fork()\n"
              "if pid == 0: os._exit(7)\n"
              "print('fork OK', os.waitpid(pid, 0)[1] >> 8)\n",
@@ -1028,7 +1073,9 @@ START_TEST(test_22_other_syscall_abis)
     ck_assert_msg(strstr(r.out, "returned") == NULL, "int 0x80 ran: %s", r.out);
     prl_sandbox_result_free(&r);
     /* x32 getpid (0x40000000 | 39) */
-    run(sb, "python3", "import ctypes\nprint('x32 returned', ctypes.CDLL(None).syscall(0x40000000 | 39))\n", 10, &r);
+    run(sb, "python3",
+        "import ctypes\nprint('x32 returned', ctypes.CDLL(None).syscall(0x40000000 | 39))\n", 10,
+        &r);
     expect_status(&r, PRL_SANDBOX_STATUS_KILLED);
     ck_assert_int_eq(r.signal, SIGSYS);
     finish(sb, &r);
@@ -1050,10 +1097,12 @@ START_TEST(test_23_tampering_does_not_persist)
         "sys.exit(0)\n"
         "print('asserts would run here')\n",
         10, &r);
-    expect_status(&r, PRL_SANDBOX_STATUS_OK); /* exit 0 before the asserts: the verdict is the caller's */
+    expect_status(
+        &r, PRL_SANDBOX_STATUS_OK); /* exit 0 before the asserts: the verdict is the caller's */
     ck_assert_msg(strstr(r.out, "asserts") == NULL, "%s", r.out);
     prl_sandbox_result_free(&r);
-    run(sb, "python3", "import sys\nprint('clean', [p for p in sys.path if 'sandbox' in p])\n", 10, &r);
+    run(sb, "python3", "import sys\nprint('clean', [p for p in sys.path if 'sandbox' in p])\n", 10,
+        &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
     ck_assert_msg(strstr(r.out, "HACKED") == NULL, "a planted file ran in the next run: %s", r.out);
     finish(sb, &r); /* assert_clean: work dir, /tmp and /dev/shm are empty again */
@@ -1067,12 +1116,13 @@ static prl_status try_run(prl_sandbox *sb, int slot, const char *lang, const cha
     return prl_sandbox_run(sb, slot, &req, r);
 }
 
-#define expect_bad_request(rc, r, needle)                                                 \
-    do {                                                                                  \
-        ck_assert_int_eq((rc), PRL_ERR_ARG);                                              \
-        ck_assert_int_eq((r).status, PRL_SANDBOX_STATUS_SANDBOX_ERROR);                   \
-        ck_assert_msg(strstr((r).reason, (needle)) != NULL, "reason \"%s\" lacks \"%s\"", (r).reason, (needle)); \
-        prl_sandbox_result_free(&(r));                                                    \
+#define expect_bad_request(rc, r, needle)                                                          \
+    do {                                                                                           \
+        ck_assert_int_eq((rc), PRL_ERR_ARG);                                                       \
+        ck_assert_int_eq((r).status, PRL_SANDBOX_STATUS_SANDBOX_ERROR);                            \
+        ck_assert_msg(strstr((r).reason, (needle)) != NULL, "reason \"%s\" lacks \"%s\"",          \
+                      (r).reason, (needle));                                                       \
+        prl_sandbox_result_free(&(r));                                                             \
     } while (0)
 
 START_TEST(test_24_bad_requests)
@@ -1080,7 +1130,8 @@ START_TEST(test_24_bad_requests)
     prl_sandbox *sb = make_sb(1, 0);
     prl_sandbox_limits l = limits(10);
     prl_sandbox_result r;
-    expect_bad_request(try_run(sb, 0, "python3", "print(1)\0print(2)", 17, &l, &r), r, "NUL byte at offset 8");
+    expect_bad_request(try_run(sb, 0, "python3", "print(1)\0print(2)", 17, &l, &r), r,
+                       "NUL byte at offset 8");
     expect_bad_request(try_run(sb, 0, "python3", "", 0, &l, &r), r, "empty");
     expect_bad_request(try_run(sb, 0, "ruby", "puts 1", 6, &l, &r), r, "unknown language 'ruby'");
     expect_bad_request(try_run(sb, 0, NULL, "x", 1, &l, &r), r, "no language");
@@ -1124,8 +1175,11 @@ START_TEST(test_24_bad_requests)
     size_t n = 3u << 20;
     char *big = malloc(n);
     memset(big, 'a', n);
-    prl_sandbox_request req = {.lang = "python3", .program = "import sys\nprint(len(sys.stdin.buffer.read()))\n",
-                               .stdin_data = big, .stdin_len = n, .limits = l};
+    prl_sandbox_request req = {.lang = "python3",
+                               .program = "import sys\nprint(len(sys.stdin.buffer.read()))\n",
+                               .stdin_data = big,
+                               .stdin_len = n,
+                               .limits = l};
     req.program_len = strlen(req.program);
     ck_assert_int_eq(prl_sandbox_run(sb, 0, &req, &r), PRL_OK);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
@@ -1144,8 +1198,9 @@ END_TEST
 START_TEST(test_24_busy_slot)
 {
     prl_sandbox *sb = make_sb(1, 0);
-    job j[2] = {{.sb = sb, .slot = 0, .lang = "sh", .prog = "sleep 1", .lim = limits(10)},
-                {.sb = sb, .slot = 0, .lang = "sh", .prog = "true", .lim = limits(10), .start_delay = 0.3}};
+    job j[2] = {
+        {.sb = sb, .slot = 0, .lang = "sh", .prog = "sleep 1", .lim = limits(10)},
+        {.sb = sb, .slot = 0, .lang = "sh", .prog = "true", .lim = limits(10), .start_delay = 0.3}};
     pthread_t t[2];
     for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, job_main, &j[i]);
     for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
@@ -1174,7 +1229,8 @@ START_TEST(test_25_cross_slot_interference)
                  "try: os.kill(-1, signal.SIGKILL)\n"
                  "except OSError: pass\n"
                  "time.sleep(2.0)\n"
-                 "got = [open(d + '/shared.txt').read() for d in ['.', os.environ['TMPDIR'], '/dev/shm'] if os.path.isdir(d)]\n"
+                 "got = [open(d + '/shared.txt').read() for d in ['.', os.environ['TMPDIR'], "
+                 "'/dev/shm'] if os.path.isdir(d)]\n"
                  "print('slot', ME, 'sees', got, 'uid', os.getuid())\n",
                  i);
         j[i] = (job){.sb = sb, .slot = i, .lang = "python3", .prog = progs[i], .lim = limits(10)};
@@ -1182,7 +1238,12 @@ START_TEST(test_25_cross_slot_interference)
     /* The fd-leak part of row 17: a run started while others hold their pipes open must
     ** end as soon as its program does. */
     prl_sandbox *quick_sb = make_sb(1, 0);
-    j[N] = (job){.sb = quick_sb, .slot = 0, .lang = "sh", .prog = "echo quick", .lim = limits(10), .start_delay = 0.2};
+    j[N] = (job){.sb = quick_sb,
+                 .slot = 0,
+                 .lang = "sh",
+                 .prog = "echo quick",
+                 .lim = limits(10),
+                 .start_delay = 0.2};
     run_jobs(j, N + 1);
     for (int i = 0; i < N; i++) {
         expect_status(&j[i].res, PRL_SANDBOX_STATUS_OK);
@@ -1222,7 +1283,8 @@ START_TEST(test_fallback_no_pid_namespace)
         expect_status(&r, PRL_SANDBOX_STATUS_OK);
         ck_assert_int_eq(host_procs_of_uid(prl_sandbox_slot_uid(sb, 0)), 0);
         prl_sandbox_result_free(&r);
-        run(sb, "sh", "(setsid sh -c 'while true; do sleep 1; done' &)\nwhile true; do :; done\n", 1, &r);
+        run(sb, "sh", "(setsid sh -c 'while true; do sleep 1; done' &)\nwhile true; do :; done\n",
+            1, &r);
         expect_status(&r, PRL_SANDBOX_STATUS_TIMEOUT);
         ck_assert_int_eq(host_procs_of_uid(prl_sandbox_slot_uid(sb, 0)), 0);
         finish(sb, &r);
@@ -1244,7 +1306,8 @@ START_TEST(test_fallback_no_net_namespace)
         "a, b = socket.socketpair(socket.AF_UNIX); a.send(b'u'); print('unix', b.recv(1))\n",
         10, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
-    expect_out_has(&r, "AF_INET EPERM\nAF_INET6 EPERM\nAF_PACKET EPERM\nAF_NETLINK EPERM\nunix b'u'\n");
+    expect_out_has(&r,
+                   "AF_INET EPERM\nAF_INET6 EPERM\nAF_PACKET EPERM\nAF_NETLINK EPERM\nunix b'u'\n");
     finish(sb, &r);
 }
 END_TEST
@@ -1255,7 +1318,8 @@ START_TEST(test_fallback_no_mount_namespace)
     unsigned layers = prl_sandbox_layers(sb);
     ck_assert(!(layers & (PRL_SANDBOX_MNTNS | PRL_SANDBOX_TMPFS | PRL_SANDBOX_PROC)));
     fprintf(stderr, "fallback without a mount namespace: landlock %s, slot uid %s\n",
-            layers & PRL_SANDBOX_LANDLOCK ? "on" : "off", layers & PRL_SANDBOX_SLOT_UID ? "on" : "off");
+            layers & PRL_SANDBOX_LANDLOCK ? "on" : "off",
+            layers & PRL_SANDBOX_SLOT_UID ? "on" : "off");
     prl_sandbox_result r;
     run(sb, "python3",
         "import errno, os\n"
@@ -1307,7 +1371,8 @@ START_TEST(test_layers_reported)
         if (layers & (1u << i)) fprintf(stderr, " %s", prl_sandbox_layer_name(1u << i));
     fprintf(stderr, "\nlayers missing:");
     for (int i = 0; i < PRL_SANDBOX_N_LAYERS; i++)
-        if (!(caps.layers & (1u << i))) fprintf(stderr, " %s (%s)", prl_sandbox_layer_name(1u << i), caps.why[i]);
+        if (!(caps.layers & (1u << i)))
+            fprintf(stderr, " %s (%s)", prl_sandbox_layer_name(1u << i), caps.why[i]);
     fprintf(stderr, "\n");
     prl_sandbox_result r;
     run(sb, "sh", "echo hi", 10, &r);
@@ -1318,7 +1383,8 @@ START_TEST(test_layers_reported)
     ck_assert_ptr_nonnull(o);
     json_t *iso = json_object_get(o, "isolation");
     for (int i = 0; i < PRL_SANDBOX_N_LAYERS; i++)
-        ck_assert_int_eq(json_is_true(json_object_get(iso, prl_sandbox_layer_name(1u << i))), !!(layers & (1u << i)));
+        ck_assert_int_eq(json_is_true(json_object_get(iso, prl_sandbox_layer_name(1u << i))),
+                         !!(layers & (1u << i)));
     ck_assert_int_eq(json_integer_value(json_object_get(iso, "uid")), prl_sandbox_slot_uid(sb, 0));
     json_decref(o);
     free(json);
@@ -1345,21 +1411,45 @@ int main(void)
         return 1;
     }
     if (!caps.is_root)
-        fprintf(stderr, "NOTE: not root; the tests run with the layers an unprivileged sandbox has\n");
+        fprintf(stderr,
+                "NOTE: not root; the tests run with the layers an unprivileged sandbox has\n");
     const TTest *const tests[] = {
-        test_layers_reported, test_01_cpu_loop_wall_timeout, test_01_cpu_loop_cpu_limit,
-        test_02_blocking_sleep_and_lock, test_02_stdin_is_closed, test_03_multithread_burn,
-        test_04_fork_bomb_python, test_04_fork_count_bounded, test_04_fork_bomb_shell,
-        test_05_memory_bomb, test_05_memory_bomb_children, test_06_memory_via_tmpfs_and_shm,
-        test_07_disk_fill_and_huge_files, test_08_output_flood_kill, test_08_output_flood_drain,
-        test_09_background_child_holds_pipe, test_10_write_outside_work_dir,
-        test_11_read_secrets, test_12_network, test_13_kill_parent_and_others,
-        test_14_setsid_escape, test_15_zombies_and_orphans, test_16_signal_tricks,
-        test_17_fd_leaks, test_18_symlink_escape_host_side, test_19_toctou_swap_during_cleanup,
-        test_20_privilege_escalation, test_21_kernel_attack_surface, test_22_other_syscall_abis,
-        test_23_tampering_does_not_persist, test_24_bad_requests, test_24_busy_slot,
-        test_25_cross_slot_interference, test_fallback_no_pid_namespace,
-        test_fallback_no_net_namespace, test_fallback_no_mount_namespace,
+        test_layers_reported,
+        test_01_cpu_loop_wall_timeout,
+        test_01_cpu_loop_cpu_limit,
+        test_02_blocking_sleep_and_lock,
+        test_02_stdin_is_closed,
+        test_03_multithread_burn,
+        test_04_fork_bomb_python,
+        test_04_fork_count_bounded,
+        test_04_fork_bomb_shell,
+        test_05_memory_bomb,
+        test_05_memory_bomb_children,
+        test_06_memory_via_tmpfs_and_shm,
+        test_07_disk_fill_and_huge_files,
+        test_08_output_flood_kill,
+        test_08_output_flood_drain,
+        test_09_background_child_holds_pipe,
+        test_10_write_outside_work_dir,
+        test_11_read_secrets,
+        test_12_network,
+        test_13_kill_parent_and_others,
+        test_14_setsid_escape,
+        test_15_zombies_and_orphans,
+        test_16_signal_tricks,
+        test_17_fd_leaks,
+        test_18_symlink_escape_host_side,
+        test_19_toctou_swap_during_cleanup,
+        test_20_privilege_escalation,
+        test_21_kernel_attack_surface,
+        test_22_other_syscall_abis,
+        test_23_tampering_does_not_persist,
+        test_24_bad_requests,
+        test_24_busy_slot,
+        test_25_cross_slot_interference,
+        test_fallback_no_pid_namespace,
+        test_fallback_no_net_namespace,
+        test_fallback_no_mount_namespace,
         test_fallback_no_cgroups,
     };
     Suite *s = suite_create("sandbox");

@@ -79,21 +79,23 @@ static void service_stop(pid_t pid)
 static prl_sandbox_client *client_open(double margin_s)
 {
     prl_sandbox_client *c = NULL;
-    ck_assert_msg(prl_sandbox_client_open(&c, endpoint, "test") == PRL_OK, "%s", prl_error_message());
+    ck_assert_msg(prl_sandbox_client_open(&c, endpoint, "test") == PRL_OK, "%s",
+                  prl_error_message());
     prl_sandbox_client_set_timing(c, margin_s, 30);
     return c;
 }
 
 /* Run and expect status, exit code, stdout and stderr exactly. */
-static void expect_exec(prl_sandbox_client *c, const char *lang, const char *program, const char *in,
-                        size_t in_len, double wall, prl_sandbox_status status, int code,
-                        const char *out, size_t out_len, const char *err)
+static void expect_exec(prl_sandbox_client *c, const char *lang, const char *program,
+                        const char *in, size_t in_len, double wall, prl_sandbox_status status,
+                        int code, const char *out, size_t out_len, const char *err)
 {
     prl_sandbox_result r;
     prl_status rc = prl_sandbox_client_exec(c, lang, program, in, in_len, wall, &r);
     ck_assert_msg(rc == PRL_OK, "exec: %s", prl_error_message());
-    ck_assert_msg(r.status == status, "status %s, want %s (%s; stderr %s)", prl_sandbox_status_name(r.status),
-                  prl_sandbox_status_name(status), r.reason, r.err);
+    ck_assert_msg(r.status == status, "status %s, want %s (%s; stderr %s)",
+                  prl_sandbox_status_name(r.status), prl_sandbox_status_name(status), r.reason,
+                  r.err);
     if (code >= 0) ck_assert_int_eq(r.exit_code, code);
     if (out) {
         ck_assert_uint_eq(r.out_len, out_len);
@@ -110,20 +112,23 @@ START_TEST(test_exec_roundtrip)
     env_init();
     pid_t pid = service_start();
     prl_sandbox_client *c = client_open(5);
-    expect_exec(c, "python3", "print('hello')", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "hello\n", 6, "");
+    expect_exec(c, "python3", "print('hello')", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "hello\n", 6,
+                "");
     expect_exec(c, "python3", "import sys\nsys.stderr.write('bad\\n')\nsys.exit(3)\n", NULL, 0, 5,
                 PRL_SANDBOX_STATUS_RUNTIME_ERROR, 3, "", 0, "bad\n");
     double t0 = prl_now();
-    expect_exec(c, "python3", "while True: pass\n", NULL, 0, 0.5, PRL_SANDBOX_STATUS_TIMEOUT, 137, "", 0, NULL);
+    expect_exec(c, "python3", "while True: pass\n", NULL, 0, 0.5, PRL_SANDBOX_STATUS_TIMEOUT, 137,
+                "", 0, NULL);
     ck_assert_double_lt(prl_now() - t0, 4.0);
     /* stdin echo: every byte value, 64 KiB, comes back unchanged */
     size_t n = 65536;
     char *in = malloc(n);
     for (size_t i = 0; i < n; i++) in[i] = (char)(i * 7 + i / 256);
-    expect_exec(c, "python3", "import sys\nsys.stdout.buffer.write(sys.stdin.buffer.read())\n", in, n, 5,
-                PRL_SANDBOX_STATUS_OK, 0, in, n, "");
+    expect_exec(c, "python3", "import sys\nsys.stdout.buffer.write(sys.stdin.buffer.read())\n", in,
+                n, 5, PRL_SANDBOX_STATUS_OK, 0, in, n, "");
     free(in);
-    expect_exec(c, "sh", "read x; echo \"got $x\"", "line\n", 5, 5, PRL_SANDBOX_STATUS_OK, 0, "got line\n", 9, "");
+    expect_exec(c, "sh", "read x; echo \"got $x\"", "line\n", 5, 5, PRL_SANDBOX_STATUS_OK, 0,
+                "got line\n", 9, "");
     ck_assert_uint_eq(prl_sandbox_client_resends(c), 0);
     prl_sandbox_client_free(c);
     service_stop(pid);
@@ -205,7 +210,8 @@ START_TEST(test_kill9_and_restart)
     env_init();
     pid_t pid = service_start();
     prl_sandbox_client *c = client_open(1); /* one try: 3 s + 1 s */
-    expect_exec(c, "python3", "print(1)", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "1\n", 2, ""); /* it is up */
+    expect_exec(c, "python3", "print(1)", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "1\n", 2,
+                ""); /* it is up */
     exec_job j = {.c = c};
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, exec_thread, &j), 0);
@@ -312,7 +318,8 @@ START_TEST(test_client_deadline)
     prl_sandbox_client_set_timing(c, 0.2, 1.5); /* tries of 0.3 s, 1.5 s in all */
     prl_sandbox_result r;
     double t0 = prl_now();
-    ck_assert_int_eq(prl_sandbox_client_exec(c, "python3", "print(1)", NULL, 0, 0.1, &r), PRL_ERR_IO);
+    ck_assert_int_eq(prl_sandbox_client_exec(c, "python3", "print(1)", NULL, 0, 0.1, &r),
+                     PRL_ERR_IO);
     double took = prl_now() - t0;
     ck_assert_msg(strstr(prl_error_message(), endpoint), "error does not name the endpoint: %s",
                   prl_error_message());
@@ -412,7 +419,8 @@ START_TEST(test_fuzz_messages)
     }
     for (int it = 0; it < 10000; it++) { /* mutated valid messages of every type */
         prl_bus_msg orig;
-        const char *type = prl_msg_registry()->types[prl_rng_u64(&r) % (uint64_t)prl_msg_registry()->n]->type;
+        const char *type =
+            prl_msg_registry()->types[prl_rng_u64(&r) % (uint64_t)prl_msg_registry()->n]->type;
         make_msg(&orig, type, &r, (int)(prl_rng_u64(&r) % 2), (int)(prl_rng_u64(&r) % 3));
         wcopy c;
         wc_from_msg(&c, &orig);
@@ -423,14 +431,16 @@ START_TEST(test_fuzz_messages)
     }
     double t0 = prl_now();
     while (f.replies < f.valid && prl_now() - t0 < 20) take_replies(s, &f, 200);
-    fprintf(stderr, "fuzz: %d messages sent, %d invalid, %d valid (all refused), %d error replies\n",
+    fprintf(stderr,
+            "fuzz: %d messages sent, %d invalid, %d valid (all refused), %d error replies\n",
             f.sent, f.invalid, f.valid, f.replies);
     ck_assert_int_eq(f.replies, f.valid);
     ck_assert_int_gt(f.invalid, 15000);
 
     /* still serving */
     prl_sandbox_client *c = client_open(5);
-    expect_exec(c, "python3", "print('alive')", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "alive\n", 6, "");
+    expect_exec(c, "python3", "print('alive')", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "alive\n", 6,
+                "");
     prl_sandbox_client_free(c);
 
     /* a stop message ends it cleanly; every invalid message was logged with a reason */

@@ -154,7 +154,8 @@ START_TEST(test_rejection_sampling_reproduces_p)
     long first[V] = {0}, second[V] = {0}, n_second = 0;
     for (long i = 0; i < N; i++) {
         prl_rng rng[3], dr;
-        for (int k = 0; k < 3; k++) prl_rng_init(&rng[k], 1, (uint64_t)i, (uint64_t)k, 0, PRL_RNG_ACCEPT);
+        for (int k = 0; k < 3; k++)
+            prl_rng_init(&rng[k], 1, (uint64_t)i, (uint64_t)k, 0, PRL_RNG_ACCEPT);
         prl_rng_init(&dr, 1, (uint64_t)i, 0, 0, PRL_RNG_DRAFT);
         int32_t draft[2] = {prl_spec_draw(q, V, &dr), prl_spec_draw(q + V, V, &dr)}, out[3];
         int n = prl_spec_accept_sample(out, draft, q, p, V, 2, rng);
@@ -195,9 +196,11 @@ static void greedy_equals_plain(int draft_vocab)
                 prl_infer *e = engine_vocab(batch, drafts, dv);
                 run(e, q.r, NP, &sp, spec);
                 prl_spec_stats st = prl_infer_spec_stats(e);
-                fprintf(stderr, "greedy vocab %d, draft vocab %d, %d drafts, batch %d: %ld of %ld "
-                        "drafts accepted, %ld sequence steps for %ld tokens\n", sp.vocab_limit, dv,
-                        drafts, batch, st.accepted, st.drafted, st.steps, st.emitted);
+                fprintf(stderr,
+                        "greedy vocab %d, draft vocab %d, %d drafts, batch %d: %ld of %ld "
+                        "drafts accepted, %ld sequence steps for %ld tokens\n",
+                        sp.vocab_limit, dv, drafts, batch, st.accepted, st.drafted, st.steps,
+                        st.emitted);
                 if (pass == 0) ck_assert(st.accepted > 0 && st.accepted < st.drafted);
                 for (int i = 0; i < NP; i++) {
                     ck_assert_int_eq(spec[i].n, plain[i].n);
@@ -296,11 +299,12 @@ START_TEST(test_sampling_matches_plain_in_distribution)
             dof++;
         }
         prl_spec_stats st = stats[mode];
-        fprintf(stderr, "sampling%s: %ld of %ld drafts accepted; two-sample chi2 %.2f with %d dof\n",
+        fprintf(stderr,
+                "sampling%s: %ld of %ld drafts accepted; two-sample chi2 %.2f with %d dof\n",
                 mode == 2 ? " (draft vocab 2)" : "", st.accepted, st.drafted, x, dof);
         /* p = 0.001 critical values for 1..15 dof */
-        static const double crit[16] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12,
-                                        27.88, 29.59, 31.26, 32.91, 34.53, 36.12, 37.70};
+        static const double crit[16] = {0,     10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32,
+                                        26.12, 27.88, 29.59, 31.26, 32.91, 34.53, 36.12, 37.70};
         ck_assert_int_gt(dof, 0);
         ck_assert_double_lt(x, crit[dof]);
         ck_assert(st.accepted > 0 && st.accepted < st.drafted); /* both branches ran */

@@ -82,8 +82,12 @@ static prl_store *open_with_prompts(int64_t *run, int n)
     for (int i = 0; i < n; i++) {
         char id[16];
         snprintf(id, sizeof id, "p%d", i);
-        prl_store_prompt p = {.run = *run, .prompt_id = id, .domain = "reasoning",
-                              .split = "train", .task = "{\"q\": 1}", .difficulty = 2};
+        prl_store_prompt p = {.run = *run,
+                              .prompt_id = id,
+                              .domain = "reasoning",
+                              .split = "train",
+                              .task = "{\"q\": 1}",
+                              .difficulty = 2};
         assert_ok(prl_store_prompt_put(db, &p));
     }
     return db;
@@ -99,8 +103,9 @@ static void assert_sample_eq(const prl_store_sample *a, const prl_store_sample *
                      b->route_tokens * b->route_moe * b->route_k * b->route_width);
     ck_assert((a->routes == NULL) == (b->routes == NULL));
     if (a->routes)
-        ck_assert(memcmp(a->routes, b->routes, (size_t)(a->route_tokens * a->route_moe *
-                                                         a->route_k * a->route_width)) == 0);
+        ck_assert(memcmp(a->routes, b->routes,
+                         (size_t)(a->route_tokens * a->route_moe * a->route_k * a->route_width)) ==
+                  0);
     ck_assert((a->loss_mask == NULL) == (b->loss_mask == NULL));
     if (a->loss_mask)
         ck_assert(memcmp(a->loss_mask, b->loss_mask, (size_t)(a->n_tokens - a->prompt_len)) == 0);
@@ -563,7 +568,7 @@ START_TEST(test_concurrent_reader)
     ck_assert_int_eq(sqlite3_open_v2(dbpath, &reader, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
     ck_assert_int_eq(sqlite3_exec(reader, "BEGIN", NULL, NULL, NULL), SQLITE_OK);
     ck_assert_int_eq(raw_count(reader), 1); /* the read transaction holds this snapshot */
-    for (int i = 1; i < 5; i++) { /* the writer is not blocked by the open reader */
+    for (int i = 1; i < 5; i++) {           /* the writer is not blocked by the open reader */
         fixture_make(&f, run, 0, 0, i, 0);
         assert_ok(prl_store_sample_put(db, &f.s, NULL));
     }
@@ -581,8 +586,12 @@ START_TEST(test_versions_steps_events)
 {
     int64_t run, n, last;
     prl_store *db = open_with_prompts(&run, 0);
-    prl_store_version v = {.run = run, .version = 0, .path = "ckpt/v0", .checksum = "aa",
-                           .step = -1}, got;
+    prl_store_version v = {.run = run,
+                           .version = 0,
+                           .path = "ckpt/v0",
+                           .checksum = "aa",
+                           .step = -1},
+                      got;
     ck_assert_int_eq(prl_store_version_latest(db, run, &got), PRL_ERR_RANGE);
     assert_ok(prl_store_version_add(db, &v));
     v.version = 1, v.path = "ckpt/v1", v.checksum = "bb", v.step = 0;
@@ -598,8 +607,12 @@ START_TEST(test_versions_steps_events)
 
     assert_ok(prl_store_step_last(db, run, &last));
     ck_assert_int_eq(last, -1);
-    prl_store_step s = {.run = run, .step = 0, .metrics = "{\"reward/mean\": 0.25}",
-                        .reward_mean = 0.25, .accuracy = 0.5, .tokens_per_s = 100,
+    prl_store_step s = {.run = run,
+                        .step = 0,
+                        .metrics = "{\"reward/mean\": 0.25}",
+                        .reward_mean = 0.25,
+                        .accuracy = 0.5,
+                        .tokens_per_s = 100,
                         .step_seconds = 2};
     assert_ok(prl_store_step_put(db, &s));
     s.step = 1;
@@ -664,8 +677,12 @@ START_TEST(test_prompts_retire)
     assert_ok(prl_store_prompts_retire(db, run, 3, 2, PRL_STORE_SOLVED, &retired));
     ck_assert_int_eq(retired, 0);
 
-    prl_store_prompt q = {.run = run, .prompt_id = "p1", .domain = "reasoning",
-                          .split = "train", .task = "{\"q\": 1}", .difficulty = 2};
+    prl_store_prompt q = {.run = run,
+                          .prompt_id = "p1",
+                          .domain = "reasoning",
+                          .split = "train",
+                          .task = "{\"q\": 1}",
+                          .difficulty = 2};
     assert_ok(prl_store_prompt_put(db, &q)); /* repeat: no-op, history kept */
     assert_ok(prl_store_prompt_get(db, run, "p1", &p));
     ck_assert_uint_eq(p.solved_bits, 5);

@@ -97,9 +97,9 @@ static const char *user_text(const json_t *line)
     const char *t = NULL;
     size_t i;
     json_t *m;
-    json_array_foreach(json_object_get(line, "messages"), i, m)
-        if (!strcmp(json_string_value(json_object_get(m, "role")), "user"))
-            t = json_string_value(json_object_get(m, "content"));
+    json_array_foreach(json_object_get(line, "messages"), i,
+                       m) if (!strcmp(json_string_value(json_object_get(m, "role")), "user")) t =
+        json_string_value(json_object_get(m, "content"));
     ck_assert_ptr_nonnull(t);
     return t;
 }
@@ -111,16 +111,18 @@ START_TEST(test_determinism)
     for (int d = 0; d < PRL_TASK_N_DOMAINS; d++)
         for (int k = 0; k <= PRL_TASKS_MAX_DIFFICULTY; k++)
             for (int demos = 0; demos <= 1; demos++) {
-                prl_tasks_config c = config((prl_task_domain)d, k % 2 ? PRL_SPLIT_EVAL : PRL_SPLIT_TRAIN,
-                                            k, 40, 11, demos);
+                prl_tasks_config c = config(
+                    (prl_task_domain)d, k % 2 ? PRL_SPLIT_EVAL : PRL_SPLIT_TRAIN, k, 40, 11, demos);
                 c.error_rate = demos ? 0.3 : 0;
                 char *a = jsonl(&c), *b = jsonl(&c);
                 ck_assert_msg(strcmp(a, b) == 0, "%s difficulty %d: same seed, different JSONL",
                               prl_tasks_domain_name(d), k);
                 c.seed = 12;
                 char *other = jsonl(&c);
-                ck_assert_msg(strcmp(a, other) != 0, "%s difficulty %d: seeds 11 and 12 gave the "
-                              "same JSONL", prl_tasks_domain_name(d), k);
+                ck_assert_msg(strcmp(a, other) != 0,
+                              "%s difficulty %d: seeds 11 and 12 gave the "
+                              "same JSONL",
+                              prl_tasks_domain_name(d), k);
                 free(a), free(b), free(other);
             }
 }
@@ -137,7 +139,8 @@ START_TEST(test_demos_have_generate_prompts)
         for (size_t i = 0; i < 30; i++) {
             json_t *p = json_array_get(plain, i), *q = json_array_get(demos, i);
             json_t *pm = json_object_get(p, "messages"), *qm = json_object_get(q, "messages");
-            ck_assert_str_eq(json_string_value(json_object_get(p, "id")), json_string_value(json_object_get(q, "id")));
+            ck_assert_str_eq(json_string_value(json_object_get(p, "id")),
+                             json_string_value(json_object_get(q, "id")));
             ck_assert_uint_gt(json_array_size(qm), json_array_size(pm));
             for (size_t m = 0; m < json_array_size(pm); m++)
                 ck_assert(json_equal(json_array_get(pm, m), json_array_get(qm, m)));
@@ -163,7 +166,8 @@ static void check_disjoint(prl_task_domain d, int difficulty, int n_train, int n
     set_init(&canon, 8192), set_init(&prompts, 8192);
     size_t i;
     json_t *line;
-    json_array_foreach(train, i, line) {
+    json_array_foreach(train, i, line)
+    {
         char *text;
         assert_ok(prl_tasks_canonical_text(line, &text));
         ck_assert_str_eq(json_string_value(json_object_get(line, "split")), "train");
@@ -173,7 +177,8 @@ static void check_disjoint(prl_task_domain d, int difficulty, int n_train, int n
         free(text);
     }
     int eval_prompt_in_train = 0;
-    json_array_foreach(eval, i, line) {
+    json_array_foreach(eval, i, line)
+    {
         char *text;
         assert_ok(prl_tasks_canonical_text(line, &text));
         ck_assert_str_eq(json_string_value(json_object_get(line, "split")), "eval");
@@ -220,19 +225,24 @@ START_TEST(test_line_fields)
         json_t *all = generate(&c);
         size_t i;
         json_t *line;
-        json_array_foreach(all, i, line) {
+        json_array_foreach(all, i, line)
+        {
             ck_assert(json_is_string(json_object_get(line, "id")));
-            ck_assert_str_eq(json_string_value(json_object_get(line, "domain")), prl_tasks_domain_name(d));
+            ck_assert_str_eq(json_string_value(json_object_get(line, "domain")),
+                             prl_tasks_domain_name(d));
             json_int_t k = json_integer_value(json_object_get(line, "difficulty"));
             ck_assert(k >= 1 && k <= 3);
             ck_assert(json_is_array(json_object_get(line, "messages")));
-            if (d == PRL_TASK_REASONING) ck_assert(json_is_integer(json_object_get(line, "answer")));
+            if (d == PRL_TASK_REASONING)
+                ck_assert(json_is_integer(json_object_get(line, "answer")));
             if (d == PRL_TASK_GENERAL)
-                ck_assert_int_eq((int)json_array_size(json_object_get(line, "constraints")), (int)k);
+                ck_assert_int_eq((int)json_array_size(json_object_get(line, "constraints")),
+                                 (int)k);
             if (d == PRL_TASK_AGENT) {
                 json_t *env = json_object_get(line, "env");
                 ck_assert(json_is_integer(json_object_get(env, "seed")));
-                ck_assert_int_eq((int)json_integer_value(json_object_get(env, "difficulty")), (int)k);
+                ck_assert_int_eq((int)json_integer_value(json_object_get(env, "difficulty")),
+                                 (int)k);
             }
             if (d == PRL_TASK_CODING) {
                 json_t *tests = json_object_get(line, "tests");
@@ -257,8 +267,8 @@ START_TEST(test_demo_error_rate)
             json_t *all = generate(&c);
             size_t i;
             json_t *line;
-            json_array_foreach(all, i, line)
-                mistakes[r] += strcmp(json_string_value(json_object_get(line, "demo_error")), "none") != 0;
+            json_array_foreach(all, i, line) mistakes[r] +=
+                strcmp(json_string_value(json_object_get(line, "demo_error")), "none") != 0;
             json_decref(all);
         }
         ck_assert_int_eq(mistakes[0], 0);
@@ -304,13 +314,16 @@ START_TEST(test_tool_call_parse_ok)
     ck_assert_str_eq(c.name, "list");
     ck_assert_int_eq(c.n_args, 0);
     ck_assert_int_eq(prl_tasks_tool_call_parse("I check. <|tool_call|>update item=pear field=stock "
-                                               "value=7<|/tool_call|>\n", &c), PRL_TOOL_OK);
+                                               "value=7<|/tool_call|>\n",
+                                               &c),
+                     PRL_TOOL_OK);
     ck_assert_str_eq(c.name, "update");
     ck_assert_int_eq(c.n_args, 3);
     ck_assert_str_eq(prl_tasks_tool_arg(&c, "field"), "stock");
     ck_assert_str_eq(prl_tasks_tool_arg(&c, "value"), "7");
     ck_assert_ptr_null(prl_tasks_tool_arg(&c, "price"));
-    ck_assert_int_eq(prl_tasks_tool_call_parse("<|tool_call|>calc expr=(2+3)*-4<|/tool_call|>", &c), PRL_TOOL_OK);
+    ck_assert_int_eq(prl_tasks_tool_call_parse("<|tool_call|>calc expr=(2+3)*-4<|/tool_call|>", &c),
+                     PRL_TOOL_OK);
     ck_assert_str_eq(prl_tasks_tool_arg(&c, "expr"), "(2+3)*-4");
     const char *py = "<|tool_call|>python\nx = 6\nprint(x * 7)<|/tool_call|>";
     ck_assert_int_eq(prl_tasks_tool_call_parse(py, &c), PRL_TOOL_OK);
@@ -322,7 +335,9 @@ END_TEST
 
 START_TEST(test_tool_call_parse_malformed)
 {
-    static const struct { const char *turn, *why; } cases[] = {
+    static const struct {
+        const char *turn, *why;
+    } cases[] = {
         {"<|tool_call|>lookup item=pear", "no <|/tool_call|>"},
         {"lookup item=pear<|/tool_call|>", "without <|tool_call|>"},
         {"<|tool_call|>list<|/tool_call|> Answer: 3", "text after"},
@@ -358,8 +373,9 @@ START_TEST(test_agent_calc)
     ck_assert_int_eq(v, -5);
     ck_assert_int_eq(prl_agent_calc("12", &v), 0);
     ck_assert_int_eq(v, 12);
-    const char *bad[] = {"", "2+", "*3", "(2+3", "2+3)", "2 + 3", "-4", "99999999999*99999999999",
-                         "9999999999999", "a+1"};
+    const char *bad[] = {
+        "",   "2+", "*3", "(2+3", "2+3)", "2 + 3", "-4", "99999999999*99999999999", "9999999999999",
+        "a+1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ck_assert_msg(prl_agent_calc(bad[i], &v) == -1, "accepted '%s'", bad[i]);
 }
@@ -512,7 +528,8 @@ START_TEST(test_agent_goals_by_difficulty)
             seen[t.goal] = 1;
             ck_assert_int_eq(t.world.n_items, k == 1 ? 3 : 4);
             ck_assert_int_eq(t.goal / 3, k - 1);
-            if (t.goal != PRL_AGENT_CHEAPEST) ck_assert(strstr(t.prompt, t.world.items[t.item].name) != NULL);
+            if (t.goal != PRL_AGENT_CHEAPEST)
+                ck_assert(strstr(t.prompt, t.world.items[t.item].name) != NULL);
             if (t.goal == PRL_AGENT_SELL || t.goal == PRL_AGENT_SELL_COST)
                 ck_assert_int_ge(t.world.items[t.item].stock, t.amount);
         }

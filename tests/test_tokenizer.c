@@ -28,11 +28,11 @@
 static uint64_t rnd(prl_rng *r, uint64_t n) { return prl_rng_u64(r) % n; }
 
 static const char *const WORDS[] = {
-    "the",   "of",     "and",    "to",      "in",     "is",     "was",    "for",   "that",
-    "with",  "model",  "token",  "merge",   "expert", "router", "train",  "loss",  "reward",
-    "hug",   "pug",    "pun",    "bun",     "hugs",   "The",    "Model",  "café",  "naïve",
-    "über",  "Straße", "日本語", "данные",  "λόγος",  "aaaa",   "zzzzzz", "if",    "else",
-    "return", "int",   "printf", "x",       "y",      "i",      "j",      "tool",  "call"};
+    "the",    "of",     "and",    "to",     "in",     "is",     "was",    "for",  "that",
+    "with",   "model",  "token",  "merge",  "expert", "router", "train",  "loss", "reward",
+    "hug",    "pug",    "pun",    "bun",    "hugs",   "The",    "Model",  "café", "naïve",
+    "über",   "Straße", "日本語", "данные", "λόγος",  "aaaa",   "zzzzzz", "if",   "else",
+    "return", "int",    "printf", "x",      "y",      "i",      "j",      "tool", "call"};
 
 /* Text in the style of prose with numbers, punctuation, code, UTF-8 and odd whitespace. */
 static char *make_corpus(uint64_t seed, size_t target, size_t *len)
@@ -53,8 +53,8 @@ static char *make_corpus(uint64_t seed, size_t target, size_t *len)
             snprintf(num, sizeof num, "%llu", (unsigned long long)rnd(&r, 100000));
             piece = num;
         } else {
-            static const char *const punct[] = {",", ".", "!", "?", "(", ")", "...", "{", "};",
-                                                "\n", "\n\n", "  ", "\t", " - ", "\"", "=="};
+            static const char *const punct[] = {",",  ".",  "!",    "?",  "(",  ")",   "...", "{",
+                                                "};", "\n", "\n\n", "  ", "\t", " - ", "\"",  "=="};
             piece = punct[rnd(&r, 16)];
         }
         size_t pl = strlen(piece);
@@ -87,8 +87,7 @@ static void encode_ok(const prl_tokenizer *tok, const void *t, size_t n, unsigne
     ck_assert_ptr_nonnull(*ids);
 }
 
-static void assert_round_trip(const prl_tokenizer *tok, const uint8_t *t, size_t n,
-                              unsigned flags)
+static void assert_round_trip(const prl_tokenizer *tok, const uint8_t *t, size_t n, unsigned flags)
 {
     int32_t *ids;
     size_t n_ids;
@@ -117,9 +116,9 @@ START_TEST(test_layout)
     ck_assert_int_eq(prl_tokenizer_vocab_size(tok), 272);
     ck_assert_uint_eq(prl_tokenizer_n_merges(tok), 0);
     static const char *const names[16] = {
-        "<|pad|>",       "<|bos|>",        "<|eos|>",        "<|system|>",
-        "<|user|>",      "<|assistant|>",  "<|tool|>",       "<|end|>",
-        "<|tool_call|>", "<|/tool_call|>", "<|think|>",      "<|/think|>",
+        "<|pad|>",        "<|bos|>",        "<|eos|>",        "<|system|>",
+        "<|user|>",       "<|assistant|>",  "<|tool|>",       "<|end|>",
+        "<|tool_call|>",  "<|/tool_call|>", "<|think|>",      "<|/think|>",
         "<|reserved_0|>", "<|reserved_1|>", "<|reserved_2|>", "<|reserved_3|>"};
     size_t longest = 0;
     for (int32_t i = 0; i < 16; i++) {
@@ -222,15 +221,18 @@ START_TEST(test_pretokenize_examples)
     expect_chunks("x \n y", (const char *[]){"x", " \n", " y", NULL});
     expect_chunks("<|user|>", (const char *[]){"<|", "user", "|>", NULL});
     ck_assert_uint_eq(prl_tokenizer_chunk_end("a\0b", 3, 0), 1);
-    ck_assert_uint_eq(prl_tokenizer_chunk_end("a\0\x01" "b", 4, 1), 3); /* NUL is P */
+    ck_assert_uint_eq(prl_tokenizer_chunk_end("a\0\x01"
+                                              "b",
+                                              4, 1),
+                      3); /* NUL is P */
     ck_assert_uint_eq(prl_tokenizer_chunk_end("ab", 2, 5), 2);
 }
 END_TEST
 
 START_TEST(test_pretokenize_reference)
 {
-    static const uint8_t alphabet[] = {'a', 'Z', '7', ' ', ' ', '\n', '\t', '.', '!', 0xc3,
-                                       0xa9, 0x00, '\r', '<', '|'};
+    static const uint8_t alphabet[] = {'a', 'Z',  '7',  ' ',  ' ',  '\n', '\t', '.',
+                                       '!', 0xc3, 0xa9, 0x00, '\r', '<',  '|'};
     prl_rng r;
     prl_rng_init(&r, 11, 0, 0, 0, PRL_RNG_TEST);
     uint8_t t[64];
@@ -239,8 +241,8 @@ START_TEST(test_pretokenize_reference)
         for (size_t i = 0; i < n; i++) t[i] = alphabet[rnd(&r, sizeof alphabet)];
         for (size_t p = 0; p < n;) {
             size_t q = prl_tokenizer_chunk_end(t, n, p), e = ref_chunk_end(t, n, p);
-            ck_assert_msg(q == e, "iter %d: chunk at %zu ends at %zu, reference %zu", iter, p,
-                          q, e);
+            ck_assert_msg(q == e, "iter %d: chunk at %zu ends at %zu, reference %zu", iter, p, q,
+                          e);
             p = q;
         }
     }
@@ -260,9 +262,9 @@ START_TEST(test_round_trip_random_bytes)
         size_t n = iter == 0 ? 0 : rnd(&r, iter % 10 == 0 ? 70000 : 300);
         int mode = (int)rnd(&r, 3);
         for (size_t i = 0; i < n; i++) /* uniform bytes, ASCII-heavy, or long runs */
-            t[i] = mode == 0 ? (uint8_t)rnd(&r, 256)
-                 : mode == 1 ? (uint8_t)" aeiou\n\x00\xc3\xa9\xff.<|>"[rnd(&r, 15)]
-                             : (i && rnd(&r, 8) ? t[i - 1] : (uint8_t)rnd(&r, 256));
+            t[i] = mode == 0   ? (uint8_t)rnd(&r, 256)
+                   : mode == 1 ? (uint8_t) " aeiou\n\x00\xc3\xa9\xff.<|>"[rnd(&r, 15)]
+                               : (i && rnd(&r, 8) ? t[i - 1] : (uint8_t)rnd(&r, 256));
         assert_round_trip(bytes, t, n, 0);
         assert_round_trip(tok, t, n, 0);
         assert_round_trip(tok, t, n, PRL_TOKENIZER_SPECIAL);
@@ -565,8 +567,8 @@ END_TEST
 /* ---------------------------------------------------------------- chat ------------- */
 
 /* Append the ids of a plain encode to (seq, mask). */
-static void append_encoded(const prl_tokenizer *tok, const char *s, unsigned flags,
-                           int32_t *seq, uint8_t *mask, size_t *n, uint8_t m)
+static void append_encoded(const prl_tokenizer *tok, const char *s, unsigned flags, int32_t *seq,
+                           uint8_t *mask, size_t *n, uint8_t m)
 {
     int32_t *ids;
     size_t k;
@@ -584,12 +586,11 @@ static void push(int32_t *seq, uint8_t *mask, size_t *n, int32_t id, uint8_t m)
 START_TEST(test_chat_mask)
 {
     prl_tokenizer *tok = trained(1024);
-    const prl_chat_message msgs[] = {
-        {"system", "You are a helpful model."},
-        {"user", "What is 12+30?"},
-        {"assistant", "<|think|>12+30=42<|/think|>The answer is 42."},
-        {"tool", "{\"ok\": true}"},
-        {"assistant", "Done."}};
+    const prl_chat_message msgs[] = {{"system", "You are a helpful model."},
+                                     {"user", "What is 12+30?"},
+                                     {"assistant", "<|think|>12+30=42<|/think|>The answer is 42."},
+                                     {"tool", "{\"ok\": true}"},
+                                     {"assistant", "Done."}};
     for (int special = 0; special < 2; special++) {
         unsigned flags = special ? PRL_TOKENIZER_SPECIAL : 0;
         for (size_t n_msgs = 0; n_msgs <= 5; n_msgs++) {
@@ -600,8 +601,8 @@ START_TEST(test_chat_mask)
             for (size_t i = 0; i < n_msgs; i++) {
                 int assistant = strcmp(msgs[i].role, "assistant") == 0;
                 int32_t role = strcmp(msgs[i].role, "system") == 0 ? PRL_TOKEN_SYSTEM
-                             : strcmp(msgs[i].role, "user") == 0   ? PRL_TOKEN_USER
-                             : assistant                           ? PRL_TOKEN_ASSISTANT
+                               : strcmp(msgs[i].role, "user") == 0 ? PRL_TOKEN_USER
+                               : assistant                         ? PRL_TOKEN_ASSISTANT
                                                                    : PRL_TOKEN_TOOL;
                 push(want, want_mask, &n, role, 0);
                 append_encoded(tok, msgs[i].content, flags, want, want_mask, &n,
@@ -617,10 +618,12 @@ START_TEST(test_chat_mask)
             assert_ok(prl_tokenizer_encode_chat(tok, msgs, n_msgs, flags, &ids, &mask, &got));
             ck_assert_uint_eq(got, n);
             for (size_t i = 0; i < n; i++) {
-                ck_assert_msg(ids[i] == want[i], "n_msgs %zu: token %zu is %d, expected %d",
-                              n_msgs, i, ids[i], want[i]);
-                ck_assert_msg(mask[i] == want_mask[i], "n_msgs %zu: mask %zu is %d, expected "
-                              "%d", n_msgs, i, mask[i], want_mask[i]);
+                ck_assert_msg(ids[i] == want[i], "n_msgs %zu: token %zu is %d, expected %d", n_msgs,
+                              i, ids[i], want[i]);
+                ck_assert_msg(mask[i] == want_mask[i],
+                              "n_msgs %zu: mask %zu is %d, expected "
+                              "%d",
+                              n_msgs, i, mask[i], want_mask[i]);
             }
             free(ids);
             free(mask);
@@ -637,8 +640,8 @@ START_TEST(test_chat_mask)
     int32_t *ids;
     uint8_t *mask;
     size_t got;
-    assert_ok(prl_tokenizer_encode_chat(tok, msgs + 2, 1, PRL_TOKENIZER_SPECIAL, &ids, &mask,
-                                        &got));
+    assert_ok(
+        prl_tokenizer_encode_chat(tok, msgs + 2, 1, PRL_TOKENIZER_SPECIAL, &ids, &mask, &got));
     ck_assert(ids[0] == PRL_TOKEN_BOS && ids[1] == PRL_TOKEN_ASSISTANT &&
               ids[2] == PRL_TOKEN_THINK && mask[2] == 1 && mask[1] == 0 && mask[0] == 0);
     ck_assert(ids[got - 2] == PRL_TOKEN_END && mask[got - 2] == 1);
@@ -669,8 +672,7 @@ START_TEST(test_chat_errors)
     ck_assert_int_eq(prl_tokenizer_encode_chat(tok, nul, 1, 0, &ids, &mask, &n), PRL_ERR_ARG);
     assert_msg_has("message 0");
     const prl_chat_message norole[] = {{NULL, "x"}};
-    ck_assert_int_eq(prl_tokenizer_encode_chat(tok, norole, 1, 0, &ids, &mask, &n),
-                     PRL_ERR_ARG);
+    ck_assert_int_eq(prl_tokenizer_encode_chat(tok, norole, 1, 0, &ids, &mask, &n), PRL_ERR_ARG);
     assert_msg_has("(null)");
     prl_tokenizer_free(tok);
 }
@@ -730,8 +732,8 @@ START_TEST(test_save_load_round_trip)
     ck_assert_uint_eq(json_array_size(json_object_get(model, "merges")),
                       prl_tokenizer_n_merges(tok));
     ck_assert_uint_eq(json_array_size(json_object_get(root, "added_tokens")), 16);
-    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(root, "prl"),
-                                                        "format_version")), 1);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(root, "prl"), "format_version")), 1);
     json_decref(root);
     free(f1);
     free(f2);
@@ -776,8 +778,7 @@ static json_t *hand_json(void)
 
 /* Write text to case.json and expect load to fail with `code` and a message holding the path
 ** and both needles. */
-static void expect_load_fail_text(const char *text, prl_status code, const char *n1,
-                                  const char *n2)
+static void expect_load_fail_text(const char *text, prl_status code, const char *n1, const char *n2)
 {
     char path[300];
     snprintf(path, sizeof path, "%s/case.json", tmpdir);
@@ -980,16 +981,24 @@ static size_t make_varied(prl_rng *r, uint8_t *t, size_t target, const char *cor
 {
     size_t n = 0;
     static const char *const utf8[] = {"é", "日本", "€", "😀", "данные", "\xc3", "\xa9"};
-    static const char *const specials[] = {"<|user|>", "<|end|>", "<|/tool_call|>",
-                                           "<|reserved_3|>", "<|", "|>", "<|think"};
+    static const char *const specials[] = {
+        "<|user|>", "<|end|>", "<|/tool_call|>", "<|reserved_3|>", "<|", "|>", "<|think"};
     while (n < target) {
         size_t room = target - n, k = 1 + rnd(r, rnd(r, 4) == 0 ? 3000 : 40);
         if (k > room) k = room;
         switch (rnd(r, 9)) {
-        case 0: for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)('0' + rnd(r, 10)); break;
-        case 1: for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)("aab"[rnd(r, 3)]); break;
-        case 2: for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)(" \n\t "[rnd(r, 4)]); break;
-        case 3: for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)(".,!-"[rnd(r, 4)]); break;
+        case 0:
+            for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)('0' + rnd(r, 10));
+            break;
+        case 1:
+            for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)("aab"[rnd(r, 3)]);
+            break;
+        case 2:
+            for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)(" \n\t "[rnd(r, 4)]);
+            break;
+        case 3:
+            for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)(".,!-"[rnd(r, 4)]);
+            break;
         case 4: {
             const char *u = utf8[rnd(r, 7)];
             for (size_t i = 0; i < k && n + strlen(u) <= target; i++, n += strlen(u))
@@ -1002,7 +1011,9 @@ static size_t make_varied(prl_rng *r, uint8_t *t, size_t target, const char *cor
             else t[n++] = '<';
             break;
         }
-        case 6: for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)rnd(r, 256); break;
+        case 6:
+            for (size_t i = 0; i < k; i++) t[n++] = (uint8_t)rnd(r, 256);
+            break;
         case 7: t[n++] = ' '; break;
         default: {
             size_t at = rnd(r, corpus_len - 4000);
@@ -1053,8 +1064,7 @@ START_TEST(test_parallel_equals_serial)
                 while (i < ns && i < np && serial[i] == par[i]) i++;
                 ck_abort_msg("input %d (%zu bytes, flags %u, %d threads, chunk %zu, overlap "
                              "%zu): tokens differ from index %zu (serial %zu, parallel %zu)",
-                             iter, n, flags, threads, o.chunk_bytes, o.overlap_bytes, i, ns,
-                             np);
+                             iter, n, flags, threads, o.chunk_bytes, o.overlap_bytes, i, ns, np);
             }
             total_grows += st.n_grows;
             total_windows += st.n_windows;
@@ -1236,8 +1246,7 @@ START_TEST(test_parallel_defaults_and_errors)
     ck_assert_ptr_nonnull(b);
     free(b);
     o.n_threads = 0;
-    ck_assert_int_eq(prl_tokenizer_encode_parallel(tok, c, len, 0, &o, &b, &nb, NULL),
-                     PRL_ERR_ARG);
+    ck_assert_int_eq(prl_tokenizer_encode_parallel(tok, c, len, 0, &o, &b, &nb, NULL), PRL_ERR_ARG);
     assert_msg_has("n_threads 0");
     ck_assert_ptr_null(b);
     free(c);
@@ -1252,10 +1261,21 @@ END_TEST
 ** becomes U+FFFD, and the count says how many. */
 START_TEST(test_utf8_view)
 {
-    static const struct { const char *in; size_t n; const char *out; long replaced; } cases[] = {
+    static const struct {
+        const char *in;
+        size_t n;
+        const char *out;
+        long replaced;
+    } cases[] = {
         {"plain ascii", 11, "plain ascii", 0},
-        {"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80", 14, "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80", 0},
-        {"a\x80" "b", 3, "a\xEF\xBF\xBD" "b", 1},
+        {"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80", 14,
+         "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80", 0},
+        {"a\x80"
+         "b",
+         3,
+         "a\xEF\xBF\xBD"
+         "b",
+         1},
         {"\xC0\x80", 2, "\xEF\xBF\xBD\xEF\xBF\xBD", 2},
         {"\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 3},
         {"ok\xE2\x82", 4, "ok\xEF\xBF\xBD\xEF\xBF\xBD", 2},

@@ -40,8 +40,10 @@ prl_status prl_controller_endpoint(const char *run_dir, const char *socket_name,
 {
     int k = snprintf(out, n, "ipc://%s/%s", run_dir, socket_name);
     if (k < 0 || (size_t)k >= n || k - 6 > 107)
-        return prl_error_set(PRL_ERR_ARG, "socket path %s/%s is longer than the 107 bytes of "
-                             "an ipc:// endpoint: use a shorter run directory", run_dir, socket_name);
+        return prl_error_set(PRL_ERR_ARG,
+                             "socket path %s/%s is longer than the 107 bytes of "
+                             "an ipc:// endpoint: use a shorter run directory",
+                             run_dir, socket_name);
     return PRL_OK;
 }
 
@@ -71,7 +73,8 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
     }
     if (!strcmp(m->type, "result") && !strcmp(w->role, "rollout")) ctl_on_result(c, w, m, id);
     else if (!strcmp(m->type, "scored") && !strcmp(w->role, "reward")) ctl_on_scored(c, w, m, id);
-    else if (!strcmp(m->type, "trained") && !strcmp(w->role, "trainer")) ctl_on_trained(c, w, m, id);
+    else if (!strcmp(m->type, "trained") && !strcmp(w->role, "trainer"))
+        ctl_on_trained(c, w, m, id);
     else if (!strcmp(m->type, "taught") && !strcmp(w->role, "teacher")) ctl_on_taught(c, w, m, id);
     else if (!strcmp(m->type, "error")) {
         prl_msg_error e;
@@ -141,11 +144,13 @@ prl_status prl_controller_run(const prl_controller_options *o)
     if (!rc) rc = ctl_restore(c);
     prl_bus_socket_options so;
     prl_bus_socket_options_default(&so);
-    so.bind = 1, so.name = "controller", so.send_timeout_ms = 2000, so.registry = prl_msg_registry();
+    so.bind = 1, so.name = "controller", so.send_timeout_ms = 2000,
+    so.registry = prl_msg_registry();
     if (!rc) rc = prl_bus_socket_open(&c->sock, PRL_BUS_ROUTER, ep, &so);
-    if (!rc) ctl_log("run '%s' at %s: %d train prompts, B=%d G=%d, %s mode (lag %d), step %lld of %d",
-                   o->job->name, ep, c->n_tasks, c->B, c->G, o->job->mode, c->lag,
-                   (long long)c->next_step, o->job->steps);
+    if (!rc)
+        ctl_log("run '%s' at %s: %d train prompts, B=%d G=%d, %s mode (lag %d), step %lld of %d",
+                o->job->name, ep, c->n_tasks, c->B, c->G, o->job->mode, c->lag,
+                (long long)c->next_step, o->job->steps);
     c->done = c->version >= o->job->steps;
     double last_expire = prl_now();
     while (!rc && !c->done && !(o->stop && *o->stop)) {
@@ -169,7 +174,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
         prl_store_run_set_status(c->db, c->run, "done");
         ctl_event(c, "done", "{\"version\": %lld}", (long long)c->version);
         ctl_log("run '%s' done: version %lld in %.1f s", o->job->name, (long long)c->version,
-              prl_now() - c->t_start);
+                prl_now() - c->t_start);
         finish(c, "the run is done");
     } else if (!rc) {
         prl_store_run_set_status(c->db, c->run, "stopped");

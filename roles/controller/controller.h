@@ -17,13 +17,13 @@
 #include <stdio.h>
 
 typedef struct prl_controller_options {
-    const char *run_dir;         /* runs/NAME: holds run.db and ckpt/ */
-    const char *endpoint;        /* ROUTER bind endpoint (NULL: ipc://RUN_DIR/control.sock) */
+    const char *run_dir;  /* runs/NAME: holds run.db and ckpt/ */
+    const char *endpoint; /* ROUTER bind endpoint (NULL: ipc://RUN_DIR/control.sock) */
     const prl_job_config *job;
-    FILE *progress;              /* one line per step (NULL: none) */
+    FILE *progress;                    /* one line per step (NULL: none) */
     const volatile sig_atomic_t *stop; /* set (e.g. by a signal handler) to stop after the current
                                  ** message; the run stays resumable */
-    int *failed;                 /* out (may be NULL): set to 1 when a restart would fail the
+    int *failed;                       /* out (may be NULL): set to 1 when a restart would fail the
                                  ** same way: a work item failed MAX_ATTEMPTS times (the run
                                  ** is marked failed), or the config differs from the one
                                  ** recorded in run.db (the run is left as it was) */

@@ -16,42 +16,48 @@
 #include "store/store.h"
 #include "tasks/tasks.h"
 
-enum { MAX_WORKERS = 256, MAX_INFLIGHT = 8, CANDIDATE_FACTOR = 4,
-       MAX_ATTEMPTS = 4 /* failed attempts of one work item before it is given up */ };
+enum {
+    MAX_WORKERS = 256,
+    MAX_INFLIGHT = 8,
+    CANDIDATE_FACTOR = 4,
+    MAX_ATTEMPTS = 4 /* failed attempts of one work item before it is given up */
+};
 
 typedef struct worker {
     char name[64], role[16];
     prl_bus_peer peer;
-    double seen;          /* last message or heartbeat */
-    uint64_t lease;       /* lease held (0: idle) */
-    int holds;            /* teacher: 1 + the teacher index last leased to it (0: none) */
+    double seen;    /* last message or heartbeat */
+    uint64_t lease; /* lease held (0: idle) */
+    int holds;      /* teacher: 1 + the teacher index last leased to it (0: none) */
 } worker;
 
-
-typedef enum lease_kind { LEASE_ROLLOUT = 1, LEASE_SCORE = 2, LEASE_TRAIN = 3,
-                          LEASE_TEACH = 4 /* group = the teacher index */ } lease_kind;
+typedef enum lease_kind {
+    LEASE_ROLLOUT = 1,
+    LEASE_SCORE = 2,
+    LEASE_TRAIN = 3,
+    LEASE_TEACH = 4 /* group = the teacher index */
+} lease_kind;
 
 typedef struct lease {
     uint64_t id;
     lease_kind kind;
     int64_t step;
-    int group, sample;    /* the group (rollout, score) and sample (score) */
+    int group, sample; /* the group (rollout, score) and sample (score) */
     int worker;
     double started;
 } lease;
 
-
-typedef struct slot {     /* one sample */
-    int state;            /* 0 waiting for rollout, 1 generated, 2 scored */
+typedef struct slot { /* one sample */
+    int state;        /* 0 waiting for rollout, 1 generated, 2 scored */
     uint64_t score_lease;
     int32_t *tokens;
     int n, prompt_len;
-    float *logprobs;      /* [n - prompt_len] */
-    uint8_t *mask;        /* [n - prompt_len] */
+    float *logprobs; /* [n - prompt_len] */
+    uint8_t *mask;   /* [n - prompt_len] */
     uint8_t *routes;
     size_t routes_bytes;
     prl_route_shape route_shape;
-    char *turns;          /* JSON array of the model's turns */
+    char *turns; /* JSON array of the model's turns */
     int64_t version;
     char worker[64];
     double gen_s, score_s;
@@ -59,31 +65,29 @@ typedef struct slot {     /* one sample */
     double reward;
     char *detail;
     unsigned flags;
-    int failures;         /* scoring attempts that ended in an error or a rejected answer */
-    int truncated;        /* the episode's last turn was cut off (the verifier pays nothing) */
-    float *teacher_lp;    /* OPD: [n - prompt_len] the teacher's log-probs (NULL: not taught) */
-    int32_t *topk_ids;    /* OPD with opd.topk K: [(n - prompt_len) × K] the teacher's top-k */
-    float *topk_lp;       /* and their log-probs (NULL without) */
+    int failures;      /* scoring attempts that ended in an error or a rejected answer */
+    int truncated;     /* the episode's last turn was cut off (the verifier pays nothing) */
+    float *teacher_lp; /* OPD: [n - prompt_len] the teacher's log-probs (NULL: not taught) */
+    int32_t *topk_ids; /* OPD with opd.topk K: [(n - prompt_len) × K] the teacher's top-k */
+    float *topk_lp;    /* and their log-probs (NULL without) */
 } slot;
 
-
 typedef struct group {
-    int prompt;           /* index into the train tasks */
-    int64_t epoch;        /* the epoch its solved record counts for */
-    uint64_t lease;       /* rollout lease (0: queued or done) */
+    int prompt;     /* index into the train tasks */
+    int64_t epoch;  /* the epoch its solved record counts for */
+    uint64_t lease; /* rollout lease (0: queued or done) */
     int generated, scored;
-    int verdict;          /* 0 pending, 1 trained on, -1 dropped (equal rewards) */
-    int failures;         /* rollout attempts that ended in an error or a rejected result */
-    int teacher;          /* OPD: the teacher index of the prompt's domain (-1: none) */
-    int revisit;          /* OPD: drawn again by its teacher KL (opd.revisit), not the sequence */
-    slot *s;              /* [G] */
+    int verdict;  /* 0 pending, 1 trained on, -1 dropped (equal rewards) */
+    int failures; /* rollout attempts that ended in an error or a rejected result */
+    int teacher;  /* OPD: the teacher index of the prompt's domain (-1: none) */
+    int revisit;  /* OPD: drawn again by its teacher KL (opd.revisit), not the sequence */
+    slot *s;      /* [G] */
 } group;
-
 
 typedef struct step_run {
     int64_t step;
     int active;
-    group *g;             /* candidates, in order */
+    group *g; /* candidates, in order */
     int n, cap;
     int accepted, dropped;
     uint64_t train_lease;
@@ -93,13 +97,12 @@ typedef struct step_run {
     /* OPD (docs/opd.md): one teach lease per teacher with samples, in key order */
     uint64_t teach_lease[PRL_OPD_TEACHERS];
     int taught[PRL_OPD_TEACHERS], teach_failures[PRL_OPD_TEACHERS];
-    int teach_loads[PRL_OPD_TEACHERS];             /* experts loaded for the step's items */
+    int teach_loads[PRL_OPD_TEACHERS]; /* experts loaded for the step's items */
     double teach_load_s[PRL_OPD_TEACHERS], teach_s[PRL_OPD_TEACHERS];
-    uint64_t teach_rss_kb[PRL_OPD_TEACHERS];       /* VmHWM of the process that taught it */
-    uint64_t proc_rss_kb[MAX_WORKERS];             /* per worker: VmHWM of its last answer */
+    uint64_t teach_rss_kb[PRL_OPD_TEACHERS]; /* VmHWM of the process that taught it */
+    uint64_t proc_rss_kb[MAX_WORKERS];       /* per worker: VmHWM of its last answer */
     double t_taught;
 } step_run;
-
 
 typedef struct ctl {
     const prl_controller_options *o;
@@ -117,7 +120,7 @@ typedef struct ctl {
     double *teacher_kl;   /* OPD: each prompt's teacher KL at its last taught visit (-1: none) */
     int8_t *task_teacher; /* OPD: each prompt's teacher index (-1: none) */
     int n_tasks;
-    int64_t perm_epoch;   /* epoch of perm[] */
+    int64_t perm_epoch; /* epoch of perm[] */
     int *perm;
     /* workers and leases */
     worker w[MAX_WORKERS];
@@ -127,26 +130,26 @@ typedef struct ctl {
     uint64_t next_lease, next_id;
     /* steps */
     step_run st[MAX_INFLIGHT];
-    int64_t next_step;    /* next step to open */
-    int64_t cursor;       /* next position of the candidate sequence */
-    int64_t version;      /* newest committed policy version */
+    int64_t next_step; /* next step to open */
+    int64_t cursor;    /* next position of the candidate sequence */
+    int64_t version;   /* newest committed policy version */
     char version_path[1024];
-    int64_t retired_epoch;/* last epoch the retirement rule ran for */
+    int64_t retired_epoch; /* last epoch the retirement rule ran for */
     int done;
-    prl_status fatal;     /* a run.db failure: stop, the restart continues from run.db */
-    int failed;           /* a work item kept failing, or no prompt is left: no restart */
+    prl_status fatal; /* a run.db failure: stop, the restart continues from run.db */
+    int failed;       /* a work item kept failing, or no prompt is left: no restart */
     double t_start, t_last_commit;
-    double interval_sum;  /* of the steps committed by this process, for the ETA */
+    double interval_sum; /* of the steps committed by this process, for the ETA */
     int intervals;
 } ctl;
 
 /* Refuse the content of a result whose lease the sender really holds: the work goes back to
 ** the queue (a worker that sent garbage once may do it right, or another worker will),
 ** instead of the step waiting forever on a lease nobody will finish. */
-#define CTL_REJECT_HELD(c, w, l, id, ...)                                    \
-    do {                                                                     \
-        ctl_send_error(c, &(w)->peer, id, __VA_ARGS__);                      \
-        ctl_lease_requeue(c, l, "its result was rejected");                  \
+#define CTL_REJECT_HELD(c, w, l, id, ...)                                                          \
+    do {                                                                                           \
+        ctl_send_error(c, &(w)->peer, id, __VA_ARGS__);                                            \
+        ctl_lease_requeue(c, l, "its result was rejected");                                        \
     } while (0)
 
 /* controller.c */
@@ -160,7 +163,8 @@ worker *ctl_worker_by_peer(ctl *c, const prl_bus_peer *p);
 /* The lease `id` in flight, or NULL. */
 lease *ctl_lease_find(ctl *c, uint64_t id);
 /* A new lease of `kind` on (step, group, sample) held by w. */
-prl_status ctl_lease_new(ctl *c, lease_kind kind, int64_t step, int group, int sample, worker *w, lease **out);
+prl_status ctl_lease_new(ctl *c, lease_kind kind, int64_t step, int group, int sample, worker *w,
+                         lease **out);
 /* End a lease: its worker is idle again (if it still holds it). */
 void ctl_lease_end(ctl *c, uint64_t id);
 /* Give a lease's work back to the queue (logged, and an event in run.db). */
@@ -172,7 +176,8 @@ void ctl_lease_failed(ctl *c, lease *l, const char *why);
 /* Send m to w and free it; a failed send forgets w until its next hello. */
 prl_status ctl_send_msg(ctl *c, worker *w, prl_bus_msg *m);
 /* An `error` (ref = the message refused) to `to`, and a "rejected message" log line. */
-void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* The welcome (run directory, seed, job config) / a stop. */
 prl_status ctl_send_welcome(ctl *c, worker *w);
 void ctl_send_stop(ctl *c, worker *w, const char *why);
@@ -227,19 +232,22 @@ void ctl_on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 
 /* metrics.c */
 /* A step's metrics JSON into out[n] and its steps row into *st. */
-void ctl_step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double train_s, char *out, size_t n, prl_store_step *st);
+void ctl_step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double train_s, char *out,
+                      size_t n, prl_store_step *st);
 /* The step's progress line. */
 void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, step_run *r);
 
 /* record.c */
 /* An event row in run.db (a failure is only logged). */
-void ctl_event(ctl *c, const char *kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void ctl_event(ctl *c, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Write a scored sample to run.db (idempotent by its key). */
 prl_status ctl_store_sample(ctl *c, step_run *r, group *g, int j);
 /* A sample that could not be scored: reward 0, the reason in its detail. */
 prl_status ctl_store_failed_score(ctl *c, step_run *r, group *g, int j, const char *why);
 /* Close step r: version v+1 at `path` and the metrics in one transaction. */
-prl_status ctl_step_commit(ctl *c, step_run *r, const char *path, uint64_t sum, const char *trainer_metrics, double train_s);
+prl_status ctl_step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
+                           const char *trainer_metrics, double train_s);
 /* Create the run in run.db, or resume it (the config must match). */
 prl_status ctl_open_run(ctl *c);
 /* The newest version and the next step from run.db. */

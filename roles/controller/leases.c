@@ -31,8 +31,8 @@ lease *ctl_lease_find(ctl *c, uint64_t id)
     return NULL;
 }
 
-prl_status ctl_lease_new(ctl *c, lease_kind kind, int64_t step, int group, int sample,
-                            worker *w, lease **out)
+prl_status ctl_lease_new(ctl *c, lease_kind kind, int64_t step, int group, int sample, worker *w,
+                         lease **out)
 {
     if (c->nl == c->capl) {
         int cap = c->capl ? 2 * c->capl : 64;
@@ -41,8 +41,13 @@ prl_status ctl_lease_new(ctl *c, lease_kind kind, int64_t step, int group, int s
         c->l = p, c->capl = cap;
     }
     lease *l = &c->l[c->nl++];
-    *l = (lease){.id = ++c->next_lease, .kind = kind, .step = step, .group = group,
-                 .sample = sample, .worker = (int)(w - c->w), .started = prl_now()};
+    *l = (lease){.id = ++c->next_lease,
+                 .kind = kind,
+                 .step = step,
+                 .group = group,
+                 .sample = sample,
+                 .worker = (int)(w - c->w),
+                 .started = prl_now()};
     w->lease = l->id;
     *out = l;
     return PRL_OK;
@@ -66,16 +71,20 @@ void ctl_lease_requeue(ctl *c, lease *l, const char *why)
     step_run *r = ctl_step_find(c, l->step);
     if (r && l->kind == LEASE_ROLLOUT && l->group < r->n && r->g[l->group].lease == l->id)
         r->g[l->group].lease = 0;
-    if (r && l->kind == LEASE_SCORE && l->group < r->n && r->g[l->group].s[l->sample].score_lease == l->id)
+    if (r && l->kind == LEASE_SCORE && l->group < r->n &&
+        r->g[l->group].s[l->sample].score_lease == l->id)
         r->g[l->group].s[l->sample].score_lease = 0;
     if (r && l->kind == LEASE_TRAIN && r->train_lease == l->id) r->train_lease = 0;
-    if (r && l->kind == LEASE_TEACH && r->teach_lease[l->group] == l->id) r->teach_lease[l->group] = 0;
+    if (r && l->kind == LEASE_TEACH && r->teach_lease[l->group] == l->id)
+        r->teach_lease[l->group] = 0;
     static const char *kinds[] = {"", "rollout", "score", "train", "teach"};
     ctl_log("lease %llu (%s, step %lld) handed out again: %s", (unsigned long long)l->id,
-          kinds[l->kind], (long long)l->step, why);
-    ctl_event(c, "requeue", "{\"lease\": %llu, \"kind\": \"%s\", \"step\": %lld, \"worker\": \"%s\", "
-          "\"why\": \"%s\"}", (unsigned long long)l->id, kinds[l->kind], (long long)l->step,
-          c->w[l->worker].name, why);
+            kinds[l->kind], (long long)l->step, why);
+    ctl_event(c, "requeue",
+              "{\"lease\": %llu, \"kind\": \"%s\", \"step\": %lld, \"worker\": \"%s\", "
+              "\"why\": \"%s\"}",
+              (unsigned long long)l->id, kinds[l->kind], (long long)l->step, c->w[l->worker].name,
+              why);
     ctl_lease_end(c, l->id);
 }
 
@@ -100,17 +109,18 @@ void ctl_lease_failed(ctl *c, lease *l, const char *why)
     group *g = kind == LEASE_TEACH ? NULL : &r->g[gi];
     if (kind == LEASE_SCORE && ++g->s[j].failures >= MAX_ATTEMPTS) {
         ctl_event(c, "score_failed", "{\"step\": %lld, \"prompt\": \"%s\", \"sample\": %d}",
-              (long long)r->step, c->task_id[g->prompt], j);
+                  (long long)r->step, c->task_id[g->prompt], j);
         c->fatal = ctl_store_failed_score(c, r, g, j, why);
     } else if (kind == LEASE_ROLLOUT && ++g->failures >= MAX_ATTEMPTS) {
         c->failed = 1;
-        c->fatal = prl_error_set(PRL_ERR_IO, "the rollout of prompt %s (step %lld) failed %d times: %s",
-                                 c->task_id[g->prompt], (long long)r->step, g->failures, why);
+        c->fatal =
+            prl_error_set(PRL_ERR_IO, "the rollout of prompt %s (step %lld) failed %d times: %s",
+                          c->task_id[g->prompt], (long long)r->step, g->failures, why);
     } else if (kind == LEASE_TEACH && ++r->teach_failures[gi] >= MAX_ATTEMPTS) {
         c->failed = 1;
-        c->fatal = prl_error_set(PRL_ERR_IO, "teacher %s of step %lld failed %d times: %s",
-                                 prl_opd_teacher_key(gi), (long long)r->step,
-                                 r->teach_failures[gi], why);
+        c->fatal =
+            prl_error_set(PRL_ERR_IO, "teacher %s of step %lld failed %d times: %s",
+                          prl_opd_teacher_key(gi), (long long)r->step, r->teach_failures[gi], why);
     } else if (kind == LEASE_TRAIN && ++r->train_failures >= MAX_ATTEMPTS) {
         c->failed = 1;
         c->fatal = prl_error_set(PRL_ERR_IO, "training step %lld failed %d times: %s",

@@ -17,10 +17,12 @@ static void teach_metrics(const ctl *c, const step_run *r, char *out, size_t n)
     for (int t = 0; t < PRL_OPD_TEACHERS && k < n; t++) {
         if (!r->teach_rss_kb[t]) continue;
         peak = r->teach_rss_kb[t] > peak ? r->teach_rss_kb[t] : peak;
-        k += (size_t)snprintf(out + k, n - k, "%s\"%s\": {\"load_s\": %.3f, \"teach_s\": %.3f, "
-                              "\"loads\": %d, \"peak_rss_kb\": %llu}", k > 1 ? ", " : "",
-                              prl_opd_teacher_key(t), r->teach_load_s[t], r->teach_s[t],
-                              r->teach_loads[t], (unsigned long long)r->teach_rss_kb[t]);
+        k += (size_t)snprintf(out + k, n - k,
+                              "%s\"%s\": {\"load_s\": %.3f, \"teach_s\": %.3f, "
+                              "\"loads\": %d, \"peak_rss_kb\": %llu}",
+                              k > 1 ? ", " : "", prl_opd_teacher_key(t), r->teach_load_s[t],
+                              r->teach_s[t], r->teach_loads[t],
+                              (unsigned long long)r->teach_rss_kb[t]);
     }
     if (k < n) k += (size_t)snprintf(out + k, n - k, "%s\"processes\": {", k > 1 ? ", " : "");
     for (int i = 0, first = 1; i < c->nw && k < n; i++) {
@@ -47,7 +49,7 @@ static void revisit_metrics(const ctl *c, const step_run *r, char *out, size_t n
 }
 
 void ctl_step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double train_s, char *out,
-                         size_t n, prl_store_step *st)
+                      size_t n, prl_store_step *st)
 {
     int samples = 0, solved = 0, stale = 0;
     double rsum = 0, tok = 0, trunc = 0;
@@ -76,22 +78,24 @@ void ctl_step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double t
                  r->t_taught && r->t_scored ? r->t_taught - r->t_scored : 0, tm);
     }
     if (ctl_revisit_count(c)) revisit_metrics(c, r, rv, sizeof rv);
-    *st = (prl_store_step){.run = c->run, .step = r->step,
+    *st = (prl_store_step){.run = c->run,
+                           .step = r->step,
                            .reward_mean = samples ? rsum / samples : 0,
                            .accuracy = samples ? (double)solved / samples : 0,
                            .tokens_per_s = rollout_s > 0 ? tok / rollout_s : 0,
                            .step_seconds = step_s};
-    snprintf(out, n,
-             "{\"samples\": %d, \"groups\": %d, \"groups_kept\": %d, \"groups_dropped\": %d, "
-             "\"stale\": %d, \"reward_mean\": %.6f, \"accuracy\": %.6f, \"response_tokens\": %.0f, "
-             "\"truncated_share\": %.4f, \"rollout_s\": %.3f, \"rollout_wait_s\": %.3f, "
-             "\"score_tail_s\": %.3f, \"train_s\": %.3f, "
-             "\"step_s\": %.3f, \"interval_s\": %.3f, \"reward_busy_s\": %.3f, \"tokens_per_s\": %.1f, "
-             "\"cursor_end\": %lld, \"version\": %lld, %s%s\"trainer\": %s}",
-             samples, r->n, r->accepted, r->dropped, stale, st->reward_mean, st->accuracy, tok,
-             samples ? trunc / samples : 0, rollout_s, wait_s, score_s, train_s, step_s, interval_s,
-             r->score_seconds, st->tokens_per_s,
-             (long long)c->cursor, (long long)c->version, teachers, rv, trainer_metrics);
+    snprintf(
+        out, n,
+        "{\"samples\": %d, \"groups\": %d, \"groups_kept\": %d, \"groups_dropped\": %d, "
+        "\"stale\": %d, \"reward_mean\": %.6f, \"accuracy\": %.6f, \"response_tokens\": %.0f, "
+        "\"truncated_share\": %.4f, \"rollout_s\": %.3f, \"rollout_wait_s\": %.3f, "
+        "\"score_tail_s\": %.3f, \"train_s\": %.3f, "
+        "\"step_s\": %.3f, \"interval_s\": %.3f, \"reward_busy_s\": %.3f, \"tokens_per_s\": %.1f, "
+        "\"cursor_end\": %lld, \"version\": %lld, %s%s\"trainer\": %s}",
+        samples, r->n, r->accepted, r->dropped, stale, st->reward_mean, st->accuracy, tok,
+        samples ? trunc / samples : 0, rollout_s, wait_s, score_s, train_s, step_s, interval_s,
+        r->score_seconds, st->tokens_per_s, (long long)c->cursor, (long long)c->version, teachers,
+        rv, trainer_metrics);
 }
 
 void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, step_run *r)
@@ -107,7 +111,8 @@ void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, st
     json_t *tr = json_object_get(mj, "trainer"), *ls = json_object_get(tr, "loss_scale");
     char scale[96] = "";
     if (json_is_number(ls))
-        snprintf(scale, sizeof scale, " | scale %g  skipped %lld (%lld total)", json_number_value(ls),
+        snprintf(scale, sizeof scale, " | scale %g  skipped %lld (%lld total)",
+                 json_number_value(ls),
                  (long long)json_integer_value(json_object_get(tr, "skipped")),
                  (long long)json_integer_value(json_object_get(tr, "skipped_total")));
     json_t *kl = json_object_get(json_object_get(mj, "trainer"), "opd_teacher_kl");
@@ -118,9 +123,11 @@ void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, st
     if (!c->o->progress) return;
     char el[32], eta[32];
     prl_format_duration(el, sizeof el, prl_now() - c->t_start);
-    prl_format_duration(eta, sizeof eta, (c->job->steps - c->version) * c->interval_sum / c->intervals);
+    prl_format_duration(eta, sizeof eta,
+                        (c->job->steps - c->version) * c->interval_sum / c->intervals);
     fprintf(c->o->progress,
-            "step %lld/%d  v%lld | reward %.3f  acc %5.1f%% | %6.0f tok/s | rollout %.1fs  score %.1fs  "
+            "step %lld/%d  v%lld | reward %.3f  acc %5.1f%% | %6.0f tok/s | rollout %.1fs  score "
+            "%.1fs  "
             "train %.1fs | step %.1fs | stale %d  dropped %d%s%s | %s, eta %s\n",
             (long long)r->step + 1, c->job->steps, (long long)c->version, st->reward_mean,
             100 * st->accuracy, st->tokens_per_s, roll, tail, train, interval, stale, r->dropped,

@@ -31,7 +31,8 @@ prl_status ctl_load_tasks(ctl *c)
     const prl_job_config *j = c->job;
     prl_status rc = PRL_OK;
     size_t n = 0;
-    for (int k = 0; k < PRL_TASK_N_DOMAINS; k++) n += (size_t)prl_job_mix_problems(j, (prl_task_domain)k);
+    for (int k = 0; k < PRL_TASK_N_DOMAINS; k++)
+        n += (size_t)prl_job_mix_problems(j, (prl_task_domain)k);
     c->task = calloc(n, sizeof *c->task);
     c->task_text = calloc(n, sizeof *c->task_text);
     c->task_id = calloc(n, sizeof *c->task_id);
@@ -45,7 +46,8 @@ prl_status ctl_load_tasks(ctl *c)
     for (int k = 0; k < PRL_TASK_N_DOMAINS && !rc; k++) {
         prl_tasks_config tc;
         prl_tasks_config_default(&tc, (prl_task_domain)k);
-        tc.split = PRL_SPLIT_TRAIN, tc.n = prl_job_mix_problems(j, (prl_task_domain)k), tc.seed = j->seed;
+        tc.split = PRL_SPLIT_TRAIN, tc.n = prl_job_mix_problems(j, (prl_task_domain)k),
+        tc.seed = j->seed;
         if (tc.n == 0) continue;
         tc.difficulty = j->difficulty;
         rc = prl_tasks_generate(&tc, collect_task, c);
@@ -55,8 +57,11 @@ prl_status ctl_load_tasks(ctl *c)
     for (int i = 0; i < c->n_tasks && !rc; i++) {
         json_t *dj = json_object_get(c->task[i], "difficulty");
         const char *dom = json_string_value(json_object_get(c->task[i], "domain"));
-        prl_store_prompt p = {.run = c->run, .prompt_id = c->task_id[i], .domain = dom ? dom : j->domain,
-                              .split = "train", .task = c->task_text[i],
+        prl_store_prompt p = {.run = c->run,
+                              .prompt_id = c->task_id[i],
+                              .domain = dom ? dom : j->domain,
+                              .split = "train",
+                              .task = c->task_text[i],
                               .difficulty = (int)json_integer_value(dj)};
         rc = prl_store_prompt_put(c->db, &p);
     }
@@ -105,7 +110,7 @@ static prl_status retire_rule(ctl *c, int64_t epoch, int n, prl_store_outcome wh
         const char *what = which == PRL_STORE_SOLVED ? "solved" : "unsolved";
         ctl_log("retired %lld prompts %s in each of the last %d epochs", (long long)now, what, n);
         ctl_event(c, "retire", "{\"epoch\": %lld, \"retired\": %lld, \"rule\": \"%s\"}",
-              (long long)epoch, (long long)now, what);
+                  (long long)epoch, (long long)now, what);
         *any = 1;
     }
     return rc;

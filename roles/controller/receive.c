@@ -42,7 +42,8 @@ void ctl_on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from, uint64
     }
     const char *role = x.role, *name = x.worker;
     if (from->len != strlen(name) || memcmp(from->id, name, from->len)) {
-        ctl_send_error(c, from, id, "worker '%s' must connect with its name as the socket identity", name);
+        ctl_send_error(c, from, id, "worker '%s' must connect with its name as the socket identity",
+                       name);
         return;
     }
     worker *w = ctl_worker_by_name(c, name);
@@ -79,12 +80,12 @@ void ctl_on_heartbeat(ctl *c, const prl_bus_msg *m, uint64_t id)
         return;
     }
     ctl_log("rejected message %llu: heartbeat from unknown worker '%s'", (unsigned long long)id,
-          name ? name : "?");
+            name ? name : "?");
     /* A worker this controller does not know (it restarted, or forgot a silent worker) is
     ** idle and only heart-beating: ask its main socket, whose identity is its name, to say
     ** hello again. Nobody by that name connected: nothing is sent. */
     size_t k = name ? strlen(name) : 0;
-    if (k == 0 || k > sizeof ((prl_bus_peer *)0)->id) return;
+    if (k == 0 || k > sizeof((prl_bus_peer *)0)->id) return;
     prl_bus_peer to = {.len = k};
     memcpy(to.id, name, k);
     prl_bus_msg e;
@@ -99,12 +100,14 @@ static void take_result(ctl *c, step_run *r, group *g, slot *s, const worker *w,
                         const prl_msg_result *x)
 {
     size_t nr = x->n_tokens - (size_t)x->prompt_len;
-    s->tokens = malloc(x->n_tokens * sizeof *s->tokens), s->logprobs = malloc(nr * sizeof(float) + 1);
+    s->tokens = malloc(x->n_tokens * sizeof *s->tokens),
+    s->logprobs = malloc(nr * sizeof(float) + 1);
     s->mask = malloc(nr + 1);
     s->turns = json_dumps(x->turns, JSON_COMPACT);
     if (x->routes) {
         s->routes = malloc(x->routes_bytes);
-        if (s->routes) memcpy(s->routes, x->routes, x->routes_bytes), s->routes_bytes = x->routes_bytes;
+        if (s->routes)
+            memcpy(s->routes, x->routes, x->routes_bytes), s->routes_bytes = x->routes_bytes;
         s->route_shape = x->route_shape;
     } else if (x->routes_dropped[0]) { /* stored and trained alike: without routes */
         ctl_log("result: routes dropped (the trainer routes natively): %s", x->routes_dropped);
@@ -132,20 +135,23 @@ static void take_result(ctl *c, step_run *r, group *g, slot *s, const worker *w,
 }
 
 /* The result is for a sample in flight, under the rollout lease its sender holds. */
-static int result_in_flight(ctl *c, worker *w, const prl_msg_result *x, uint64_t id,
-                            step_run **r, group **g)
+static int result_in_flight(ctl *c, worker *w, const prl_msg_result *x, uint64_t id, step_run **r,
+                            group **g)
 {
     int gi;
     *g = find_group(c, x->step, x->prompt, r, &gi);
     if (!*g || x->sample >= (uint64_t)c->G) {
-        ctl_send_error(c, &w->peer, id, "result for step %llu prompt %llu sample %llu: no such work in flight",
+        ctl_send_error(c, &w->peer, id,
+                       "result for step %llu prompt %llu sample %llu: no such work in flight",
                        (unsigned long long)x->step, (unsigned long long)x->prompt,
                        (unsigned long long)x->sample);
         return 0;
     }
     lease *l = ctl_lease_find(c, x->lease);
-    if (!l || l->kind != LEASE_ROLLOUT || l->step != (*r)->step || l->group != gi || &c->w[l->worker] != w) {
-        ctl_send_error(c, &w->peer, id, "result: lease %llu is not %s's rollout lease of step %llu prompt %llu",
+    if (!l || l->kind != LEASE_ROLLOUT || l->step != (*r)->step || l->group != gi ||
+        &c->w[l->worker] != w) {
+        ctl_send_error(c, &w->peer, id,
+                       "result: lease %llu is not %s's rollout lease of step %llu prompt %llu",
                        (unsigned long long)x->lease, w->name, (unsigned long long)x->step,
                        (unsigned long long)x->prompt);
         return 0;
@@ -173,7 +179,8 @@ void ctl_on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     slot *s = &g->s[x.sample];
     if (!s->state) take_result(c, r, g, s, w, &x);
     else if (s->n != (int)x.n_tokens || memcmp(s->tokens, x.tokens, x.n_tokens * sizeof *x.tokens))
-        ctl_event(c, "mismatch", "{\"step\": %llu, \"prompt\": \"%s\", \"sample\": %llu, \"why\": "
+        ctl_event(c, "mismatch",
+                  "{\"step\": %llu, \"prompt\": \"%s\", \"sample\": %llu, \"why\": "
                   "\"a repeated result differs from the first; the first is kept\"}",
                   (unsigned long long)x.step, c->task_id[g->prompt], (unsigned long long)x.sample);
     prl_msg_result_free(&x);
@@ -195,17 +202,19 @@ void ctl_on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     int gi;
     group *g = find_group(c, x.step, x.prompt, &r, &gi);
     if (!g || x.sample >= (uint64_t)c->G || g->s[x.sample].state != 1) {
-        ctl_send_error(c, &w->peer, id, "scored: step %llu prompt %llu sample %llu is not waiting for a score",
-                       (unsigned long long)x.step, (unsigned long long)x.prompt,
-                       (unsigned long long)x.sample);
+        ctl_send_error(
+            c, &w->peer, id, "scored: step %llu prompt %llu sample %llu is not waiting for a score",
+            (unsigned long long)x.step, (unsigned long long)x.prompt, (unsigned long long)x.sample);
         prl_msg_scored_free(&x);
         return;
     }
     slot *s = &g->s[x.sample];
     lease *l = ctl_lease_find(c, x.lease);
     if (!l || s->score_lease != x.lease || &c->w[l->worker] != w) {
-        ctl_send_error(c, &w->peer, id, "scored: lease %llu is not %s's score lease of step %llu prompt %llu "
-                       "sample %llu", (unsigned long long)x.lease, w->name, (unsigned long long)x.step,
+        ctl_send_error(c, &w->peer, id,
+                       "scored: lease %llu is not %s's score lease of step %llu prompt %llu "
+                       "sample %llu",
+                       (unsigned long long)x.lease, w->name, (unsigned long long)x.step,
                        (unsigned long long)x.prompt, (unsigned long long)x.sample);
         prl_msg_scored_free(&x);
         return;
@@ -231,8 +240,9 @@ static void routing_alarm(ctl *c, int64_t step, json_t *metrics)
 {
     if (json_integer_value(json_object_get(metrics, "route_entropy_alarm")) != 1) return;
     char *h = json_dumps(json_object_get(metrics, "route_entropy"), JSON_COMPACT);
-    ctl_event(c, "routing_collapse", "{\"step\": %lld, \"route_entropy\": %s, \"alarm_fraction\": %g}",
-          (long long)step, h ? h : "null", c->job->replay_entropy_alarm);
+    ctl_event(c, "routing_collapse",
+              "{\"step\": %lld, \"route_entropy\": %s, \"alarm_fraction\": %g}", (long long)step,
+              h ? h : "null", c->job->replay_entropy_alarm);
     free(h);
 }
 
@@ -247,10 +257,12 @@ void ctl_on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     lease *l = r && r->train_lease == x.lease ? ctl_lease_find(c, x.lease) : NULL;
     if (!r || (int64_t)x.step != c->version || (int64_t)x.version != c->version + 1 || !l ||
         &c->w[l->worker] != w) {
-        ctl_send_error(c, &w->peer, id, "trained: step %llu version %llu lease %llu is not the training in "
-                       "flight (step %lld at version %lld, lease %llu)", (unsigned long long)x.step,
-                       (unsigned long long)x.version, (unsigned long long)x.lease, (long long)c->version,
-                       (long long)c->version, (unsigned long long)(r ? r->train_lease : 0));
+        ctl_send_error(c, &w->peer, id,
+                       "trained: step %llu version %llu lease %llu is not the training in "
+                       "flight (step %lld at version %lld, lease %llu)",
+                       (unsigned long long)x.step, (unsigned long long)x.version,
+                       (unsigned long long)x.lease, (long long)c->version, (long long)c->version,
+                       (unsigned long long)(r ? r->train_lease : 0));
         prl_msg_trained_free(&x);
         return;
     }

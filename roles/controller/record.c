@@ -28,15 +28,28 @@ prl_status ctl_store_sample(ctl *c, step_run *r, group *g, int j)
 {
     slot *s = &g->s[j];
     int nr = s->n - s->prompt_len;
-    prl_store_sample x = {
-        .run = c->run, .step = r->step, .prompt_id = c->task_id[g->prompt], .sample_index = j,
-        .tokens = s->tokens, .n_tokens = s->n, .prompt_len = s->prompt_len,
-        .logprobs = s->logprobs, .loss_mask = s->mask, .version = s->version,
-        .worker = s->worker, .reward = s->reward, .reward_detail = s->detail, .flags = s->flags,
-        .stop = s->stop, .gen_seconds = s->gen_s, .reward_seconds = s->score_s,
-        .status = ctl_sample_fresh(c, r, s) ? PRL_STORE_SAMPLE_OK : PRL_STORE_SAMPLE_STALE};
+    prl_store_sample x = {.run = c->run,
+                          .step = r->step,
+                          .prompt_id = c->task_id[g->prompt],
+                          .sample_index = j,
+                          .tokens = s->tokens,
+                          .n_tokens = s->n,
+                          .prompt_len = s->prompt_len,
+                          .logprobs = s->logprobs,
+                          .loss_mask = s->mask,
+                          .version = s->version,
+                          .worker = s->worker,
+                          .reward = s->reward,
+                          .reward_detail = s->detail,
+                          .flags = s->flags,
+                          .stop = s->stop,
+                          .gen_seconds = s->gen_s,
+                          .reward_seconds = s->score_s,
+                          .status = ctl_sample_fresh(c, r, s) ? PRL_STORE_SAMPLE_OK
+                                                              : PRL_STORE_SAMPLE_STALE};
     if (s->routes && s->route_shape.rows > 0) {
-        x.routes = s->routes, x.route_tokens = s->route_shape.rows, x.route_moe = s->route_shape.moe;
+        x.routes = s->routes, x.route_tokens = s->route_shape.rows,
+        x.route_moe = s->route_shape.moe;
         x.route_k = s->route_shape.k, x.route_width = s->route_shape.width;
     }
     (void)nr;
@@ -98,13 +111,16 @@ static void prune_checkpoints(ctl *c)
 ** transaction, then the step leaves memory. A run.db failure is fatal: the controller exits
 ** and its restart continues from what run.db holds. */
 prl_status ctl_step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
-                              const char *trainer_metrics, double train_s)
+                           const char *trainer_metrics, double train_s)
 {
     char sumhex[17], vpath[1024];
     snprintf(sumhex, sizeof sumhex, "%016llx", (unsigned long long)sum);
     snprintf(vpath, sizeof vpath, "%s", path);
-    prl_store_version v = {.run = c->run, .version = c->version + 1, .path = vpath,
-                           .checksum = sumhex, .step = r->step};
+    prl_store_version v = {.run = c->run,
+                           .version = c->version + 1,
+                           .path = vpath,
+                           .checksum = sumhex,
+                           .step = r->step};
     size_t cap = 8192 + strlen(trainer_metrics);
     char *text = malloc(cap);
     if (!text) return prl_error_set(PRL_ERR_NOMEM, "step metrics");
@@ -138,7 +154,8 @@ static void drop_added_defaults_in(json_t *then, json_t *now, json_t *def)
     const char *k;
     json_t *v;
     void *tmp;
-    json_object_foreach_safe(now, tmp, k, v) {
+    json_object_foreach_safe(now, tmp, k, v)
+    {
         json_t *t = json_object_get(then, k), *d = json_object_get(def, k);
         if (!t && d && json_equal(v, d)) json_object_del(now, k);
         else if (json_is_object(t) && json_is_object(v) && json_is_object(d))
@@ -164,8 +181,11 @@ prl_status ctl_open_run(ctl *c)
     if (rc == PRL_ERR_RANGE) {
         if ((rc = prl_store_run_create(c->db, c->job->name, c->config_json, c->job->seed, &c->run)))
             return rc;
-        prl_store_version v0 = {.run = c->run, .version = 0, .path = c->job->init,
-                                .checksum = "0000000000000000", .step = -1};
+        prl_store_version v0 = {.run = c->run,
+                                .version = 0,
+                                .path = c->job->init,
+                                .checksum = "0000000000000000",
+                                .step = -1};
         return prl_store_version_add(c->db, &v0);
     }
     if (rc) return rc;
@@ -174,8 +194,10 @@ prl_status ctl_open_run(ctl *c)
     ** thread counts may change (results do not depend on them) */
     json_error_t je;
     json_t *a = json_loads(existing.config, 0, &je), *b = json_loads(c->config_json, 0, &je);
-    static const char *free_keys[][2] = {{"controller", "steps"}, {"rollout", "threads"},
-                                         {"trainer", "threads"}, {"teacher", "threads"}};
+    static const char *free_keys[][2] = {{"controller", "steps"},
+                                         {"rollout", "threads"},
+                                         {"trainer", "threads"},
+                                         {"teacher", "threads"}};
     for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++) {
         json_t *ca = json_object_get(a, free_keys[i][0]), *cb = json_object_get(b, free_keys[i][0]);
         json_object_del(ca, free_keys[i][1]), json_object_del(cb, free_keys[i][1]);
@@ -187,8 +209,10 @@ prl_status ctl_open_run(ctl *c)
     json_decref(a), json_decref(b);
     prl_store_run_free(&existing);
     if (!same)
-        return prl_error_set(PRL_ERR_CONFIG, "run '%s' in run.db was started with another config "
-                             "(only controller.steps and the thread counts may change on --resume)", c->job->name);
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "run '%s' in run.db was started with another config "
+                             "(only controller.steps and the thread counts may change on --resume)",
+                             c->job->name);
     prl_store_run_set_status(c->db, c->run, "running");
     return PRL_OK;
 }
@@ -213,12 +237,14 @@ prl_status ctl_restore(ctl *c)
         c->cursor = json_integer_value(json_object_get(mj, "cursor_end"));
         json_decref(mj);
         free(mt);
-        ctl_log("resuming at step %lld, version %lld", (long long)c->next_step, (long long)c->version);
+        ctl_log("resuming at step %lld, version %lld", (long long)c->next_step,
+                (long long)c->version);
         ctl_event(c, "resume", "{\"step\": %lld, \"version\": %lld}", (long long)c->next_step,
-              (long long)c->version);
+                  (long long)c->version);
     }
     if (c->version != c->next_step)
-        return prl_error_set(PRL_ERR_FORMAT, "run.db: version %lld after %lld steps (each step makes one)",
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "run.db: version %lld after %lld steps (each step makes one)",
                              (long long)c->version, (long long)c->next_step);
     return PRL_OK;
 }
@@ -233,5 +259,6 @@ void ctl_link_final(ctl *c)
     size_t rl = strlen(c->o->run_dir);
     if (!strncmp(target, c->o->run_dir, rl) && target[rl] == '/') target += rl + 1;
     unlink(tmp);
-    if (symlink(target, tmp) || rename(tmp, fin)) ctl_log("could not link %s: %s", fin, strerror(errno));
+    if (symlink(target, tmp) || rename(tmp, fin))
+        ctl_log("could not link %s: %s", fin, strerror(errno));
 }

@@ -44,7 +44,9 @@ static prl_status group_add(ctl *c, step_run *r, int prompt, int64_t epoch)
         r->g = g, r->cap = cap;
     }
     group *g = &r->g[r->n];
-    *g = (group){.prompt = prompt, .epoch = epoch, .s = calloc((size_t)c->G, sizeof(slot)),
+    *g = (group){.prompt = prompt,
+                 .epoch = epoch,
+                 .s = calloc((size_t)c->G, sizeof(slot)),
                  .teacher = -1};
     if (c->job->opd_enabled) /* the teacher of the prompt's domain (every one is configured) */
         g->teacher = c->task_teacher[prompt];
@@ -74,7 +76,8 @@ static prl_status slot_from_store(ctl *c, slot *s, const prl_store_sample *x)
         if (!s->routes) return prl_error_set(PRL_ERR_NOMEM, "sample routes");
         memcpy(s->routes, x->routes, bytes);
         s->routes_bytes = bytes;
-        s->route_shape = (prl_route_shape){x->route_tokens, x->route_moe, x->route_k, x->route_width};
+        s->route_shape =
+            (prl_route_shape){x->route_tokens, x->route_moe, x->route_k, x->route_width};
     }
     s->gen_s = x->gen_seconds, s->score_s = x->reward_seconds;
     snprintf(s->worker, sizeof s->worker, "%s", x->worker ? x->worker : "");
@@ -100,9 +103,11 @@ static prl_status step_open(ctl *c)
         if (!revisit) p = ctl_next_candidate(c, r, &e);
         if (p < 0) { /* the retire rules emptied the set: a restart would find it empty too */
             c->failed = 1;
-            return prl_error_set(PRL_ERR_RANGE, "step %lld: every train prompt is retired (see the "
+            return prl_error_set(PRL_ERR_RANGE,
+                                 "step %lld: every train prompt is retired (see the "
                                  "'retire' events in run.db; lower controller.retire_*_epochs or "
-                                 "raise task.train_problems)", (long long)r->step);
+                                 "raise task.train_problems)",
+                                 (long long)r->step);
         }
         rc = group_add(c, r, p, e);
         if (!rc) r->g[r->n - 1].revisit = revisit;
@@ -118,7 +123,8 @@ static prl_status step_open(ctl *c)
         for (size_t k = 0; k < nx && !rc; k++) {
             for (int gi = from; gi < upto; gi++) {
                 group *g = &r->g[gi];
-                if (strcmp(c->task_id[g->prompt], xs[k].prompt_id) || xs[k].sample_index >= c->G) continue;
+                if (strcmp(c->task_id[g->prompt], xs[k].prompt_id) || xs[k].sample_index >= c->G)
+                    continue;
                 slot *s = &g->s[xs[k].sample_index];
                 if (s->state) continue;
                 rc = slot_from_store(c, s, &xs[k]);
@@ -146,8 +152,11 @@ static int all_equal(const group *g, int G)
 void ctl_judge_group(ctl *c, step_run *r, group *g)
 {
     int solved = 1, unsolved = 1;
-    for (int j = 0; j < c->G; j++) solved &= g->s[j].reward >= 1.0, unsolved &= g->s[j].reward <= 0.0;
-    prl_store_outcome o = solved ? PRL_STORE_SOLVED : unsolved ? PRL_STORE_UNSOLVED : PRL_STORE_MIXED;
+    for (int j = 0; j < c->G; j++)
+        solved &= g->s[j].reward >= 1.0, unsolved &= g->s[j].reward <= 0.0;
+    prl_store_outcome o = solved     ? PRL_STORE_SOLVED
+                          : unsolved ? PRL_STORE_UNSOLVED
+                                     : PRL_STORE_MIXED;
     if (prl_store_prompt_record(c->db, c->run, c->task_id[g->prompt], g->epoch, o))
         ctl_log("outcome record of %s: %s", c->task_id[g->prompt], prl_error_message());
     if (c->job->dynamic_sampling && c->G > 1 && all_equal(g, c->G)) {
@@ -183,9 +192,14 @@ static prl_status lease_rollout(ctl *c, step_run *r, int gi, worker *w)
     group *g = &r->g[gi];
     g->lease = l->id;
     if (!r->t_leased) r->t_leased = l->started;
-    prl_msg_work x = {.lease = l->id, .step = (uint64_t)r->step, .prompt = (uint64_t)g->prompt,
-                      .sample = 0, .count = (uint64_t)c->G, .policy_version = (uint64_t)c->version,
-                      .path = c->version_path, .task = c->task_text[g->prompt]};
+    prl_msg_work x = {.lease = l->id,
+                      .step = (uint64_t)r->step,
+                      .prompt = (uint64_t)g->prompt,
+                      .sample = 0,
+                      .count = (uint64_t)c->G,
+                      .policy_version = (uint64_t)c->version,
+                      .path = c->version_path,
+                      .task = c->task_text[g->prompt]};
     prl_bus_msg m;
     if ((rc = prl_msg_work_encode(&x, c->job->name, ++c->next_id, &m))) return rc;
     if (ctl_send_msg(c, w, &m)) ctl_lease_requeue(c, l, "send failed");
@@ -200,9 +214,13 @@ static prl_status lease_score(ctl *c, step_run *r, int gi, int j, worker *w)
     group *g = &r->g[gi];
     slot *s = &g->s[j];
     s->score_lease = l->id;
-    prl_msg_score x = {.lease = l->id, .step = (uint64_t)r->step, .prompt = (uint64_t)g->prompt,
-                       .sample = (uint64_t)j, .truncated = s->truncated,
-                       .task = c->task_text[g->prompt], .turns = s->turns};
+    prl_msg_score x = {.lease = l->id,
+                       .step = (uint64_t)r->step,
+                       .prompt = (uint64_t)g->prompt,
+                       .sample = (uint64_t)j,
+                       .truncated = s->truncated,
+                       .task = c->task_text[g->prompt],
+                       .turns = s->turns};
     prl_bus_msg m;
     if ((rc = prl_msg_score_encode(&x, c->job->name, ++c->next_id, &m))) return rc;
     if (ctl_send_msg(c, w, &m)) ctl_lease_requeue(c, l, "send failed");
@@ -294,9 +312,12 @@ static prl_status build_train(ctl *c, step_run *r, prl_bus_msg *m, uint64_t leas
         }
     if (!rc) b.offsets[cnt] = (int32_t)at;
     if (!rc) rc = train_routes(c, r, &b);
-    prl_msg_train x = {.lease = lease_id, .step = (uint64_t)r->step,
-                       .policy_version = (uint64_t)c->version, .path = c->version_path,
-                       .batch = b, .has_teachers = c->job->opd_enabled};
+    prl_msg_train x = {.lease = lease_id,
+                       .step = (uint64_t)r->step,
+                       .policy_version = (uint64_t)c->version,
+                       .path = c->version_path,
+                       .batch = b,
+                       .has_teachers = c->job->opd_enabled};
     if (!rc && x.has_teachers) rc = ctl_train_teachers(c, r, &b, &x.teachers);
     if (!rc) rc = prl_msg_train_encode(&x, c->job->name, ++c->next_id, m);
     prl_opd_batch_free(&x.teachers);
@@ -347,11 +368,12 @@ prl_status ctl_schedule(ctl *c)
                 if (!w) break;
                 rc = lease_score(c, r, gi, j, w);
             }
-        if (!rc && !r->train_lease && ctl_step_rolled(c, r) && !ctl_step_taught(c, r, &rc)) continue;
+        if (!rc && !r->train_lease && ctl_step_rolled(c, r) && !ctl_step_taught(c, r, &rc))
+            continue;
         if (!rc && !r->train_lease && r->step == c->version && ctl_step_rolled(c, r)) {
             if (!trainable(c, r)) { /* every group dropped or stale: the policy stays */
                 ctl_log("step %lld has no trainable sample: version %lld keeps the weights",
-                      (long long)r->step, (long long)c->version + 1);
+                        (long long)r->step, (long long)c->version + 1);
                 char vpath[1024];
                 snprintf(vpath, sizeof vpath, "%s", c->version_path);
                 rc = ctl_step_commit(c, r, vpath, 0, "{\"skipped\": true}", 0);

@@ -32,8 +32,8 @@ static double group_teacher_kl(const ctl *c, const step_run *r, const group *g)
 
 /* The samples of teacher k that the step trains on, in the order of steps.c's build_train; calls
 ** fn for each. Returns their count. */
-static int teacher_samples(const ctl *c, const step_run *r, int k,
-                           void (*fn)(void *u, slot *s), void *u)
+static int teacher_samples(const ctl *c, const step_run *r, int k, void (*fn)(void *u, slot *s),
+                           void *u)
 {
     int n = 0;
     for (int i = 0; i < r->n; i++)
@@ -83,8 +83,10 @@ static prl_status teach_item(const ctl *c, const step_run *r, int k, prl_grpo_ba
 
 static prl_status build_teach(ctl *c, step_run *r, int k, prl_bus_msg *m, uint64_t lease_id)
 {
-    prl_msg_teach x = {.lease = lease_id, .step = (uint64_t)r->step,
-                       .teacher = prl_opd_teacher_key(k), .path = c->job->opd_teachers[k]};
+    prl_msg_teach x = {.lease = lease_id,
+                       .step = (uint64_t)r->step,
+                       .teacher = prl_opd_teacher_key(k),
+                       .path = c->job->opd_teachers[k]};
     prl_status rc = teach_item(c, r, k, &x.item);
     if (!rc) rc = prl_msg_teach_encode(&x, c->job->name, ++c->next_id, m);
     prl_grpo_batch_free(&x.item);
@@ -191,7 +193,9 @@ static void take_one(void *u, slot *s)
     free(s->teacher_lp), free(s->topk_ids), free(s->topk_lp);
     s->topk_ids = NULL, s->topk_lp = NULL;
     s->teacher_lp = malloc((nr ? nr : 1) * sizeof *s->teacher_lp);
-    if (K) s->topk_ids = malloc(cells * sizeof *s->topk_ids), s->topk_lp = malloc(cells * sizeof *s->topk_lp);
+    if (K)
+        s->topk_ids = malloc(cells * sizeof *s->topk_ids),
+        s->topk_lp = malloc(cells * sizeof *s->topk_lp);
     if (!s->teacher_lp || (K && (!s->topk_ids || !s->topk_lp))) {
         t->bad = 1;
         return;
@@ -227,9 +231,10 @@ void ctl_on_taught(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     step_run *r = ctl_step_find(c, (int64_t)x.step);
     lease *l = r && r->teach_lease[k] == x.lease ? ctl_lease_find(c, x.lease) : NULL;
     if (!l || l->kind != LEASE_TEACH || &c->w[l->worker] != w) {
-        ctl_send_error(c, &w->peer, id, "taught: lease %llu (step %llu, teacher %s) is not %s's teach "
-                       "lease in flight", (unsigned long long)x.lease, (unsigned long long)x.step,
-                       x.teacher, w->name);
+        ctl_send_error(c, &w->peer, id,
+                       "taught: lease %llu (step %llu, teacher %s) is not %s's teach "
+                       "lease in flight",
+                       (unsigned long long)x.lease, (unsigned long long)x.step, x.teacher, w->name);
         return;
     }
     prl_opd_batch sc;

@@ -9,17 +9,19 @@
 #include <string.h>
 
 const prl_bus_type_spec prl_msg_exec_spec = {
-    "exec", "run one program in the sandbox service (reply: exec_result with ref = id)",
-    {MSG_S("lang"), MSG_U("wall_ms")}, {{"program", PRL_BUS_BYTES}, {"stdin", PRL_BUS_BYTES}}};
+    "exec",
+    "run one program in the sandbox service (reply: exec_result with ref = id)",
+    {MSG_S("lang"), MSG_U("wall_ms")},
+    {{"program", PRL_BUS_BYTES}, {"stdin", PRL_BUS_BYTES}}};
 const prl_bus_type_spec prl_msg_exec_result_spec = {
-    "exec_result", "the outcome of exec `ref`: status, exit code, outputs",
+    "exec_result",
+    "the outcome of exec `ref`: status, exit code, outputs",
     {MSG_U("ref"), MSG_S("status"), MSG_U("exit_code"), MSG_U("wall_us")},
     {{"stdout", PRL_BUS_BYTES}, {"stderr", PRL_BUS_BYTES}}};
 
 /* ---------------------------------------------------------------- exec ------------- */
 
-prl_status prl_msg_exec_encode(const prl_msg_exec *x, const char *run, uint64_t id,
-                               prl_bus_msg *m)
+prl_status prl_msg_exec_encode(const prl_msg_exec *x, const char *run, uint64_t id, prl_bus_msg *m)
 {
     prl_status rc = prl_bus_msg_init(m, &prl_msg_exec_spec, run, id);
     if (!rc) rc = prl_bus_msg_set_str(m, "lang", x->lang);
@@ -39,8 +41,10 @@ static prl_status exec_decode(const prl_bus_msg *m, prl_msg_exec *x)
     if (!rc) rc = msg_frame(m, "stdin", PRL_BUS_BYTES, SIZE_MAX, &in);
     if (rc) return rc;
     if (strcmp(x->lang, "python3") != 0 && strcmp(x->lang, "sh") != 0)
-        return prl_error_set(PRL_ERR_FORMAT, "field 'lang': unknown language '%.64s' (python3 "
-                             "or sh)", x->lang);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "field 'lang': unknown language '%.64s' (python3 "
+                             "or sh)",
+                             x->lang);
     if (x->wall_ms == 0 || x->wall_ms > PRL_MSG_EXEC_MAX_WALL_MS)
         return prl_error_set(PRL_ERR_FORMAT, "field 'wall_ms': %llu is not in 1..%u",
                              (unsigned long long)x->wall_ms, PRL_MSG_EXEC_MAX_WALL_MS);
@@ -84,6 +88,7 @@ prl_status prl_msg_exec_result_decode(const prl_bus_msg *m, prl_msg_exec_result 
     if (!rc) rc = msg_uint(m, "wall_us", &x->wall_us);
     if (!rc) rc = msg_frame(m, "stdout", PRL_BUS_BYTES, SIZE_MAX, &out);
     if (!rc) rc = msg_frame(m, "stderr", PRL_BUS_BYTES, SIZE_MAX, &err);
-    if (!rc) x->out = out->data, x->out_len = out->bytes, x->err = err->data, x->err_len = err->bytes;
+    if (!rc)
+        x->out = out->data, x->out_len = out->bytes, x->err = err->data, x->err_len = err->bytes;
     return msg_decoded(rc, x, sizeof *x, "exec_result");
 }

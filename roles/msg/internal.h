@@ -9,11 +9,26 @@
 #include "roles/msg/msg.h"
 
 /* Schema-row shorthands: a required / optional uint, string or hex64 header field. */
-#define MSG_U(n) {n, PRL_BUS_FIELD_UINT, 1}
-#define MSG_U_OPT(n) {n, PRL_BUS_FIELD_UINT, 0}
-#define MSG_S(n) {n, PRL_BUS_FIELD_STR, 1}
-#define MSG_S_OPT(n) {n, PRL_BUS_FIELD_STR, 0}
-#define MSG_H(n) {n, PRL_BUS_FIELD_HEX64, 1}
+#define MSG_U(n)                                                                                   \
+    {                                                                                              \
+        n, PRL_BUS_FIELD_UINT, 1                                                                   \
+    }
+#define MSG_U_OPT(n)                                                                               \
+    {                                                                                              \
+        n, PRL_BUS_FIELD_UINT, 0                                                                   \
+    }
+#define MSG_S(n)                                                                                   \
+    {                                                                                              \
+        n, PRL_BUS_FIELD_STR, 1                                                                    \
+    }
+#define MSG_S_OPT(n)                                                                               \
+    {                                                                                              \
+        n, PRL_BUS_FIELD_STR, 0                                                                    \
+    }
+#define MSG_H(n)                                                                                   \
+    {                                                                                              \
+        n, PRL_BUS_FIELD_HEX64, 1                                                                  \
+    }
 
 /* m is of type t (a decoder given another type's message refuses it). */
 prl_status msg_is(const prl_bus_msg *m, const prl_bus_type_spec *t);

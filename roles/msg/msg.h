@@ -60,8 +60,8 @@ prl_status prl_msg_hello_decode(const prl_bus_msg *m, prl_msg_hello *x);
 typedef struct prl_msg_welcome {
     const char *run_dir;
     uint64_t seed;
-    const char *config;   /* encode: the job config as JSON text */
-    prl_job_config job;   /* decode, owned: the config parsed (and validated) */
+    const char *config; /* encode: the job config as JSON text */
+    prl_job_config job; /* decode, owned: the config parsed (and validated) */
 } prl_msg_welcome;
 prl_status prl_msg_welcome_encode(const prl_msg_welcome *x, const char *run, uint64_t id,
                                   prl_bus_msg *m);
@@ -81,8 +81,7 @@ prl_status prl_msg_heartbeat_decode(const prl_bus_msg *m, prl_msg_heartbeat *x);
 typedef struct prl_msg_stop {
     const char *reason;
 } prl_msg_stop;
-prl_status prl_msg_stop_encode(const prl_msg_stop *x, const char *run, uint64_t id,
-                               prl_bus_msg *m);
+prl_status prl_msg_stop_encode(const prl_msg_stop *x, const char *run, uint64_t id, prl_bus_msg *m);
 prl_status prl_msg_stop_decode(const prl_bus_msg *m, prl_msg_stop *x);
 
 /* The sender refuses or failed message `ref` (always sent: 0 is an id too) and, with
@@ -106,20 +105,21 @@ prl_status prl_msg_ack_decode(const prl_bus_msg *m, prl_msg_ack *x);
 
 /* ---------------------------------------------------------------- rollout.c -------- */
 
-enum { PRL_MSG_MAX_SAMPLES = 1024,     /* samples of one `work` item */
-       PRL_MSG_MAX_SAMPLE = 1 << 20,   /* a sample index */
-       PRL_MSG_MAX_TOKENS = 1 << 20 }; /* tokens of one sample */
+enum {
+    PRL_MSG_MAX_SAMPLES = 1024,   /* samples of one `work` item */
+    PRL_MSG_MAX_SAMPLE = 1 << 20, /* a sample index */
+    PRL_MSG_MAX_TOKENS = 1 << 20
+}; /* tokens of one sample */
 
 /* One work item for a rollout worker: `count` samples of prompt `prompt` of step `step`,
 ** from sample index `sample` on, with the policy version at `path`. */
 typedef struct prl_msg_work {
     uint64_t lease, step, prompt, sample, count, policy_version;
     const char *path;
-    const char *task;     /* encode: the task as JSON text */
-    json_t *task_json;    /* decode, owned: the task, a JSON object */
+    const char *task;  /* encode: the task as JSON text */
+    json_t *task_json; /* decode, owned: the task, a JSON object */
 } prl_msg_work;
-prl_status prl_msg_work_encode(const prl_msg_work *x, const char *run, uint64_t id,
-                               prl_bus_msg *m);
+prl_status prl_msg_work_encode(const prl_msg_work *x, const char *run, uint64_t id, prl_bus_msg *m);
 prl_status prl_msg_work_decode(const prl_bus_msg *m, prl_msg_work *x);
 void prl_msg_work_free(prl_msg_work *x);
 
@@ -127,19 +127,19 @@ void prl_msg_work_free(prl_msg_work *x);
 ** infer log-prob and the loss mask, the MoE route record, the model's turns. */
 typedef struct prl_msg_result {
     uint64_t lease, step, prompt, sample, policy_version;
-    int prompt_len;           /* in [1, n_tokens) */
+    int prompt_len; /* in [1, n_tokens) */
     uint64_t gen_us;
-    int stop;                 /* the sampler's stop reason */
-    const int32_t *tokens;    /* [n_tokens], ids >= 0, n_tokens <= PRL_MSG_MAX_TOKENS */
+    int stop;              /* the sampler's stop reason */
+    const int32_t *tokens; /* [n_tokens], ids >= 0, n_tokens <= PRL_MSG_MAX_TOKENS */
     size_t n_tokens;
-    const float *logprobs;    /* [n_tokens − prompt_len], finite, <= 0 */
-    const uint8_t *mask;      /* [n_tokens − prompt_len], 0 or 1 */
-    const uint8_t *routes;    /* the route record (NULL: none), of shape route_shape */
+    const float *logprobs; /* [n_tokens − prompt_len], finite, <= 0 */
+    const uint8_t *mask;   /* [n_tokens − prompt_len], 0 or 1 */
+    const uint8_t *routes; /* the route record (NULL: none), of shape route_shape */
     size_t routes_bytes;
     prl_route_shape route_shape;
-    json_t *turns;            /* the model's turns, [{role, content}...] (encode: borrowed;
+    json_t *turns; /* the model's turns, [{role, content}...] (encode: borrowed;
                               ** decode: a view into meta) */
-    int truncated;            /* the last turn was cut off */
+    int truncated; /* the last turn was cut off */
     int turns_played;
     json_t *meta;             /* decode, owned: the meta frame */
     char routes_dropped[256]; /* decode: why a routes frame of a bad shape was dropped ("") */
@@ -157,11 +157,11 @@ json_t *prl_msg_turns_json(const prl_chat_message *msgs, int n);
 /* The scoring of one sample, for a reward worker: the task and the model's turns. */
 typedef struct prl_msg_score {
     uint64_t lease, step, prompt, sample;
-    int truncated;            /* the episode's last turn was cut off (pays nothing) */
-    const char *task;         /* the task as JSON text (encode: borrowed; decode: owned) */
-    const char *turns;        /* encode: the turns as JSON text */
-    json_t *turns_json;       /* decode, owned */
-    prl_chat_message *msgs;   /* decode, owned array: the turns (strings in turns_json) */
+    int truncated;          /* the episode's last turn was cut off (pays nothing) */
+    const char *task;       /* the task as JSON text (encode: borrowed; decode: owned) */
+    const char *turns;      /* encode: the turns as JSON text */
+    json_t *turns_json;     /* decode, owned */
+    prl_chat_message *msgs; /* decode, owned array: the turns (strings in turns_json) */
     size_t n_msgs;
 } prl_msg_score;
 prl_status prl_msg_score_encode(const prl_msg_score *x, const char *run, uint64_t id,
@@ -172,9 +172,9 @@ void prl_msg_score_free(prl_msg_score *x);
 /* A sample's reward: the verifier's result as JSON text with a "score" in [0, 1]. */
 typedef struct prl_msg_scored {
     uint64_t lease, step, prompt, sample, score_us;
-    const char *detail;       /* encode: borrowed; decode: owned copy */
-    double score;             /* decode */
-    unsigned flags;           /* decode: the detail's "flags" */
+    const char *detail; /* encode: borrowed; decode: owned copy */
+    double score;       /* decode */
+    unsigned flags;     /* decode: the detail's "flags" */
 } prl_msg_scored;
 prl_status prl_msg_scored_encode(const prl_msg_scored *x, const char *run, uint64_t id,
                                  prl_bus_msg *m);
@@ -188,9 +188,9 @@ void prl_msg_scored_free(prl_msg_scored *x);
 typedef struct prl_msg_train {
     uint64_t lease, step, policy_version;
     const char *path;
-    prl_grpo_batch batch;     /* decode: owned, prl_grpo_batch_check'ed */
+    prl_grpo_batch batch; /* decode: owned, prl_grpo_batch_check'ed */
     int has_teachers;
-    prl_opd_batch teachers;   /* with has_teachers (decode: owned, prl_opd_batch_check'ed) */
+    prl_opd_batch teachers; /* with has_teachers (decode: owned, prl_opd_batch_check'ed) */
 } prl_msg_train;
 prl_status prl_msg_train_encode(const prl_msg_train *x, const char *run, uint64_t id,
                                 prl_bus_msg *m);
@@ -203,8 +203,8 @@ void prl_msg_train_free(prl_msg_train *x);
 typedef struct prl_msg_trained {
     uint64_t lease, step, version, train_us, ckpt_checksum;
     const char *path;
-    const char *metrics;      /* a JSON object (encode: borrowed; decode: owned copy) */
-    json_t *metrics_json;     /* decode, owned */
+    const char *metrics;  /* a JSON object (encode: borrowed; decode: owned copy) */
+    json_t *metrics_json; /* decode, owned */
 } prl_msg_trained;
 prl_status prl_msg_trained_encode(const prl_msg_trained *x, const char *run, uint64_t id,
                                   prl_bus_msg *m);
@@ -226,10 +226,10 @@ prl_status prl_msg_weights_decode(const prl_bus_msg *m, prl_msg_weights *x);
 ** which tokens, offsets, prompt_lens and the loss mask travel. */
 typedef struct prl_msg_teach {
     uint64_t lease, step;
-    const char *teacher;      /* a teacher key (prl_opd_teacher_key) */
-    int teacher_index;        /* decode */
-    const char *path;         /* the expert's checkpoint */
-    prl_grpo_batch item;      /* decode: owned, prl_grpo_batch_check'ed */
+    const char *teacher; /* a teacher key (prl_opd_teacher_key) */
+    int teacher_index;   /* decode */
+    const char *path;    /* the expert's checkpoint */
+    prl_grpo_batch item; /* decode: owned, prl_grpo_batch_check'ed */
 } prl_msg_teach;
 prl_status prl_msg_teach_encode(const prl_msg_teach *x, const char *run, uint64_t id,
                                 prl_bus_msg *m);
@@ -240,14 +240,14 @@ void prl_msg_teach_free(prl_msg_teach *x);
 ** opd.topk K also its top-k), its load and scoring times and peak RSS. */
 typedef struct prl_msg_taught {
     uint64_t lease, step, load_us, teach_us, peak_rss_kb;
-    int loaded;               /* the expert was loaded for this item */
+    int loaded; /* the expert was loaded for this item */
     const char *teacher;
-    int teacher_index;        /* decode */
-    const float *logprobs;    /* [n_response] */
+    int teacher_index;     /* decode */
+    const float *logprobs; /* [n_response] */
     size_t n_response;
-    int topk;                 /* K: 0 without the top-k frames */
-    const int32_t *topk_ids;  /* [n_response × K] or NULL */
-    const float *topk_lp;     /* [n_response × K] or NULL */
+    int topk;                /* K: 0 without the top-k frames */
+    const int32_t *topk_ids; /* [n_response × K] or NULL */
+    const float *topk_lp;    /* [n_response × K] or NULL */
 } prl_msg_taught;
 prl_status prl_msg_taught_encode(const prl_msg_taught *x, const char *run, uint64_t id,
                                  prl_bus_msg *m);
@@ -265,22 +265,21 @@ prl_status prl_msg_taught_scores(const prl_msg_taught *x, const prl_grpo_batch *
 
 /* Run one program in the sandbox service (the reply's ref is this message's id). */
 typedef struct prl_msg_exec {
-    const char *lang;         /* "python3" or "sh" */
-    uint64_t wall_ms;         /* 1 .. PRL_MSG_EXEC_MAX_WALL_MS */
-    const char *program;      /* non-empty, no NUL byte (decode: a view, not NUL-terminated) */
+    const char *lang;    /* "python3" or "sh" */
+    uint64_t wall_ms;    /* 1 .. PRL_MSG_EXEC_MAX_WALL_MS */
+    const char *program; /* non-empty, no NUL byte (decode: a view, not NUL-terminated) */
     size_t program_len;
     const char *stdin_data;
     size_t stdin_len;
 } prl_msg_exec;
-prl_status prl_msg_exec_encode(const prl_msg_exec *x, const char *run, uint64_t id,
-                               prl_bus_msg *m);
+prl_status prl_msg_exec_encode(const prl_msg_exec *x, const char *run, uint64_t id, prl_bus_msg *m);
 prl_status prl_msg_exec_decode(const prl_bus_msg *m, prl_msg_exec *x);
 
 /* The outcome of exec `ref`: a sandbox status name, the exit code, the outputs. */
 typedef struct prl_msg_exec_result {
     uint64_t ref, exit_code, wall_us;
     const char *status;
-    const char *out, *err;    /* not NUL-terminated */
+    const char *out, *err; /* not NUL-terminated */
     size_t out_len, err_len;
 } prl_msg_exec_result;
 prl_status prl_msg_exec_result_encode(const prl_msg_exec_result *x, const char *run, uint64_t id,

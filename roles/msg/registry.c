@@ -14,10 +14,10 @@ extern const prl_bus_type_spec prl_msg_hello_spec, prl_msg_heartbeat_spec, prl_m
     prl_msg_error_spec, prl_msg_stop_spec;
 
 static const prl_bus_type_spec *const types[] = {
-    &prl_msg_hello_spec,   &prl_msg_heartbeat_spec, &prl_msg_welcome_spec, &prl_msg_work_spec,
-    &prl_msg_result_spec,  &prl_msg_score_spec,     &prl_msg_scored_spec,  &prl_msg_train_spec,
-    &prl_msg_trained_spec, &prl_msg_teach_spec,     &prl_msg_taught_spec,  &prl_msg_exec_spec,
-    &prl_msg_exec_result_spec, &prl_msg_weights_spec, &prl_msg_ack_spec,   &prl_msg_error_spec,
+    &prl_msg_hello_spec,       &prl_msg_heartbeat_spec, &prl_msg_welcome_spec, &prl_msg_work_spec,
+    &prl_msg_result_spec,      &prl_msg_score_spec,     &prl_msg_scored_spec,  &prl_msg_train_spec,
+    &prl_msg_trained_spec,     &prl_msg_teach_spec,     &prl_msg_taught_spec,  &prl_msg_exec_spec,
+    &prl_msg_exec_result_spec, &prl_msg_weights_spec,   &prl_msg_ack_spec,     &prl_msg_error_spec,
     &prl_msg_stop_spec,
 };
 
@@ -93,8 +93,7 @@ prl_status msg_json(const prl_bus_msg *m, const char *name, json_t **out)
     if (rc) return rc;
     json_error_t je;
     *out = json_loadb(f->data ? f->data : "", f->bytes, 0, &je);
-    if (!*out)
-        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is not JSON: %s", name, je.text);
+    if (!*out) return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is not JSON: %s", name, je.text);
     return PRL_OK;
 }
 

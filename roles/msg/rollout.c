@@ -10,21 +10,22 @@
 #include <string.h>
 
 const prl_bus_type_spec prl_msg_work_spec = {
-    "work", "the controller leases one work item to a worker (rollout: `count` samples of one "
-            "prompt from index `sample`, at the checkpoint `path`)",
+    "work",
+    "the controller leases one work item to a worker (rollout: `count` samples of one "
+    "prompt from index `sample`, at the checkpoint `path`)",
     {MSG_U("lease"), MSG_U("step"), MSG_U("prompt"), MSG_U("sample"), MSG_U("policy_version"),
      MSG_S_OPT("task"), MSG_U_OPT("count"), MSG_S_OPT("path")},
     {{0}}};
 const prl_bus_type_spec prl_msg_result_spec = {
-    "result", "a worker returns the result of a leased work item (rollout: one sample)",
+    "result",
+    "a worker returns the result of a leased work item (rollout: one sample)",
     {MSG_U("lease"), MSG_U("step"), MSG_U("prompt"), MSG_U("sample"), MSG_U("policy_version"),
      MSG_U_OPT("prompt_len"), MSG_U_OPT("gen_us"), MSG_U_OPT("stop")},
     {{"tokens", PRL_BUS_I32}, {"logprobs", PRL_BUS_F32}}};
 
 /* ---------------------------------------------------------------- work ------------- */
 
-prl_status prl_msg_work_encode(const prl_msg_work *x, const char *run, uint64_t id,
-                               prl_bus_msg *m)
+prl_status prl_msg_work_encode(const prl_msg_work *x, const char *run, uint64_t id, prl_bus_msg *m)
 {
     prl_status rc = prl_bus_msg_init(m, &prl_msg_work_spec, run, id);
     if (!rc) rc = prl_bus_msg_set_uint(m, "lease", x->lease);
@@ -50,8 +51,10 @@ static prl_status work_decode(const prl_bus_msg *m, prl_msg_work *x)
     if (!rc) rc = msg_str(m, "path", &x->path);
     if (rc) return rc;
     if (x->count < 1 || x->count > PRL_MSG_MAX_SAMPLES || x->sample > PRL_MSG_MAX_SAMPLE)
-        return prl_error_set(PRL_ERR_ARG, "count %llu must be in 1..%d and sample %llu at most "
-                             "2^20", (unsigned long long)x->count, PRL_MSG_MAX_SAMPLES,
+        return prl_error_set(PRL_ERR_ARG,
+                             "count %llu must be in 1..%d and sample %llu at most "
+                             "2^20",
+                             (unsigned long long)x->count, PRL_MSG_MAX_SAMPLES,
                              (unsigned long long)x->sample);
     if ((rc = msg_json(m, "task", &x->task_json))) return rc;
     if (!json_is_object(x->task_json))
@@ -79,8 +82,8 @@ json_t *prl_msg_turns_json(const prl_chat_message *msgs, int n)
 {
     json_t *turns = json_array();
     for (int i = 0; turns && i < n; i++)
-        if (json_array_append_new(turns, json_pack("{s:s,s:s}", "role", msgs[i].role, "content",
-                                                   msgs[i].content))) {
+        if (json_array_append_new(
+                turns, json_pack("{s:s,s:s}", "role", msgs[i].role, "content", msgs[i].content))) {
             json_decref(turns);
             return NULL;
         }

@@ -9,11 +9,13 @@
 #include <string.h>
 
 const prl_bus_type_spec prl_msg_score_spec = {
-    "score", "the controller leases the scoring of one sample to a reward worker",
+    "score",
+    "the controller leases the scoring of one sample to a reward worker",
     {MSG_U("lease"), MSG_U("step"), MSG_U("prompt"), MSG_U("sample"), MSG_U_OPT("truncated")},
     {{"task", PRL_BUS_BYTES}, {"turns", PRL_BUS_BYTES}}};
 const prl_bus_type_spec prl_msg_scored_spec = {
-    "scored", "a reward worker returns a sample's reward and breakdown (JSON)",
+    "scored",
+    "a reward worker returns a sample's reward and breakdown (JSON)",
     {MSG_U("lease"), MSG_U("step"), MSG_U("prompt"), MSG_U("sample"), MSG_U("score_us")},
     {{"detail", PRL_BUS_BYTES}}};
 
@@ -106,7 +108,8 @@ static prl_status scored_decode(const prl_bus_msg *m, prl_msg_scored *x)
     double v = json_number_value(score);
     if (!json_is_number(score) || !isfinite(v) || v < 0 || v > 1) {
         free(detail), json_decref(dj);
-        return prl_error_set(PRL_ERR_FORMAT, "frame 'detail' must be JSON with a \"score\" in [0, 1]");
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "frame 'detail' must be JSON with a \"score\" in [0, 1]");
     }
     x->detail = detail, x->score = v;
     x->flags = (unsigned)json_integer_value(json_object_get(dj, "flags"));

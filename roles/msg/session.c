@@ -7,23 +7,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-const prl_bus_type_spec prl_msg_hello_spec = {
-    "hello", "a worker announces itself to the controller",
-    {MSG_S("role"), MSG_S("worker"), MSG_U_OPT("pid")}, {{0}}};
+const prl_bus_type_spec prl_msg_hello_spec = {"hello",
+                                              "a worker announces itself to the controller",
+                                              {MSG_S("role"), MSG_S("worker"), MSG_U_OPT("pid")},
+                                              {{0}}};
 const prl_bus_type_spec prl_msg_welcome_spec = {
-    "welcome", "the controller answers a hello: the run directory and the job config",
-    {MSG_S("run_dir"), MSG_U("seed")}, {{"config", PRL_BUS_BYTES}}};
+    "welcome",
+    "the controller answers a hello: the run directory and the job config",
+    {MSG_S("run_dir"), MSG_U("seed")},
+    {{"config", PRL_BUS_BYTES}}};
 const prl_bus_type_spec prl_msg_heartbeat_spec = {
-    "heartbeat", "a worker is alive (and still holds `lease`, if given)",
-    {MSG_S("worker"), MSG_U_OPT("lease")}, {{0}}};
-const prl_bus_type_spec prl_msg_stop_spec = {
-    "stop", "the receiver should finish its current item and exit", {MSG_S_OPT("reason")}, {{0}}};
+    "heartbeat",
+    "a worker is alive (and still holds `lease`, if given)",
+    {MSG_S("worker"), MSG_U_OPT("lease")},
+    {{0}}};
+const prl_bus_type_spec prl_msg_stop_spec = {"stop",
+                                             "the receiver should finish its current item and exit",
+                                             {MSG_S_OPT("reason")},
+                                             {{0}}};
 const prl_bus_type_spec prl_msg_error_spec = {
-    "error", "the sender refuses or failed message `ref`, with a reason",
-    {MSG_S("reason"), MSG_U_OPT("ref"), MSG_U_OPT("lease")}, {{0}}};
+    "error",
+    "the sender refuses or failed message `ref`, with a reason",
+    {MSG_S("reason"), MSG_U_OPT("ref"), MSG_U_OPT("lease")},
+    {{0}}};
 const prl_bus_type_spec prl_msg_ack_spec = {
-    "ack", "the receiver accepted message `ref` (and lease `lease`, if given)",
-    {MSG_U("ref"), MSG_U_OPT("lease")}, {{0}}};
+    "ack",
+    "the receiver accepted message `ref` (and lease `lease`, if given)",
+    {MSG_U("ref"), MSG_U_OPT("lease")},
+    {{0}}};
 
 /* ---------------------------------------------------------------- hello ------------ */
 
@@ -114,8 +125,7 @@ prl_status prl_msg_heartbeat_decode(const prl_bus_msg *m, prl_msg_heartbeat *x)
 
 /* ---------------------------------------------------------------- stop, error, ack - */
 
-prl_status prl_msg_stop_encode(const prl_msg_stop *x, const char *run, uint64_t id,
-                               prl_bus_msg *m)
+prl_status prl_msg_stop_encode(const prl_msg_stop *x, const char *run, uint64_t id, prl_bus_msg *m)
 {
     prl_status rc = prl_bus_msg_init(m, &prl_msg_stop_spec, run, id);
     if (!rc && x->reason) rc = prl_bus_msg_set_str(m, "reason", x->reason);

@@ -9,13 +9,17 @@
 #include <string.h>
 
 const prl_bus_type_spec prl_msg_teach_spec = {
-    "teach", "the controller leases one teacher's samples of a step to a teacher process "
-             "(OPD: log-probs of the student's tokens with the expert at `path`)",
+    "teach",
+    "the controller leases one teacher's samples of a step to a teacher process "
+    "(OPD: log-probs of the student's tokens with the expert at `path`)",
     {MSG_U("lease"), MSG_U("step"), MSG_S("teacher"), MSG_S("path"), MSG_U("count")},
-    {{"tokens", PRL_BUS_I32}, {"offsets", PRL_BUS_I32}, {"prompt_lens", PRL_BUS_I32},
+    {{"tokens", PRL_BUS_I32},
+     {"offsets", PRL_BUS_I32},
+     {"prompt_lens", PRL_BUS_I32},
      {"mask", PRL_BUS_U8}}};
 const prl_bus_type_spec prl_msg_taught_spec = {
-    "taught", "a teacher returns the expert's log-probs of a `teach` item's response tokens",
+    "taught",
+    "a teacher returns the expert's log-probs of a `teach` item's response tokens",
     {MSG_U("lease"), MSG_U("step"), MSG_S("teacher"), MSG_U("load_us"), MSG_U("teach_us"),
      MSG_U("peak_rss_kb"), MSG_U("loaded")},
     {{"logprobs", PRL_BUS_F32}}};
@@ -112,8 +116,10 @@ static prl_status taught_decode(const prl_bus_msg *m, prl_msg_taught *x)
         (rc = msg_frame(m, "topk_logprobs", PRL_BUS_F32, ki->count, &kl)))
         return rc;
     if (!lp->count || ki->count % lp->count || ki->count / lp->count > PRL_MAX_EXTRA_TARGETS)
-        return prl_error_set(PRL_ERR_FORMAT, "frame 'topk_ids' has %zu elements for %zu response "
-                             "tokens", ki->count, lp->count);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "frame 'topk_ids' has %zu elements for %zu response "
+                             "tokens",
+                             ki->count, lp->count);
     x->topk = (int)(ki->count / lp->count), x->topk_ids = ki->data, x->topk_lp = kl->data;
     return PRL_OK;
 }
@@ -130,9 +136,11 @@ prl_status prl_msg_taught_scores(const prl_msg_taught *x, const prl_grpo_batch *
 {
     memset(out, 0, sizeof *out);
     if (x->n_response != item->n_response || x->topk != topk)
-        return prl_error_set(PRL_ERR_FORMAT, "taught: frames 'logprobs' (and with opd.topk %d "
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "taught: frames 'logprobs' (and with opd.topk %d "
                              "'topk_ids', 'topk_logprobs') must hold one f32 (%d i32, %d f32) per "
-                             "response token of the item", topk, topk, topk);
+                             "response token of the item",
+                             topk, topk, topk);
     prl_status rc = prl_opd_batch_init(out, item->n, item->n_response, topk);
     if (rc) return rc;
     size_t cells = item->n_response * (size_t)topk;

@@ -10,19 +10,25 @@
 #include <string.h>
 
 const prl_bus_type_spec prl_msg_train_spec = {
-    "train", "the controller hands the trainer one step's samples, packed",
+    "train",
+    "the controller hands the trainer one step's samples, packed",
     {MSG_U("lease"), MSG_U("step"), MSG_U("policy_version"), MSG_S("path"), MSG_U("count"),
      MSG_U_OPT("route_moe"), MSG_U_OPT("route_k"), MSG_U_OPT("route_width")},
-    {{"tokens", PRL_BUS_I32}, {"offsets", PRL_BUS_I32}, {"prompt_lens", PRL_BUS_I32},
+    {{"tokens", PRL_BUS_I32},
+     {"offsets", PRL_BUS_I32},
+     {"prompt_lens", PRL_BUS_I32},
      {"rewards", PRL_BUS_F32}}};
 const prl_bus_type_spec prl_msg_trained_spec = {
-    "trained", "the trainer committed version `version` (step `step`'s update) at `path`",
+    "trained",
+    "the trainer committed version `version` (step `step`'s update) at `path`",
     {MSG_U("lease"), MSG_U("step"), MSG_U("version"), MSG_S("path"), MSG_H("ckpt_checksum"),
      MSG_U("train_us")},
     {{"metrics", PRL_BUS_BYTES}}};
 const prl_bus_type_spec prl_msg_weights_spec = {
-    "weights", "the trainer announces a committed checkpoint",
-    {MSG_U("version"), MSG_H("ckpt_checksum"), MSG_S("path")}, {{0}}};
+    "weights",
+    "the trainer announces a committed checkpoint",
+    {MSG_U("version"), MSG_H("ckpt_checksum"), MSG_S("path")},
+    {{0}}};
 
 /* ---------------------------------------------------------------- sequence frames -- */
 
@@ -50,7 +56,8 @@ prl_status msg_seq_frames_read(prl_grpo_batch *b, const prl_bus_msg *m)
     if (rc) return rc;
     if (count < 1 || count > (uint64_t)(PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t)) - 1)
         return prl_error_set(PRL_ERR_FORMAT, "field 'count' = %llu samples (need 1 .. %zu)",
-                             (unsigned long long)count, PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t) - 1);
+                             (unsigned long long)count,
+                             PRL_BUS_MAX_FRAME_BYTES / sizeof(int32_t) - 1);
     size_t n = (size_t)count;
     const prl_bus_frame *tok = NULL, *off = NULL, *pl = NULL, *mask = NULL;
     if ((rc = msg_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &tok)) ||
@@ -59,8 +66,10 @@ prl_status msg_seq_frames_read(prl_grpo_batch *b, const prl_bus_msg *m)
         (rc = msg_frame(m, "mask", PRL_BUS_U8, SIZE_MAX, &mask)))
         return rc;
     if (mask->count > tok->count)
-        return prl_error_set(PRL_ERR_FORMAT, "frame 'mask' has %zu elements, more than the %zu "
-                             "tokens", mask->count, tok->count);
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "frame 'mask' has %zu elements, more than the %zu "
+                             "tokens",
+                             mask->count, tok->count);
     if ((rc = prl_grpo_batch_init(b, (int)n, tok->count, mask->count))) return rc;
     copy_frame(b->tokens, tok);
     copy_frame(b->offsets, off);
@@ -86,8 +95,8 @@ static prl_status routes_add(const prl_grpo_batch *b, prl_bus_msg *m)
 
 static prl_status teachers_add(const prl_opd_batch *ob, prl_bus_msg *m)
 {
-    prl_status rc = prl_bus_msg_add_frame(m, "teacher_logprobs", PRL_BUS_F32, ob->teacher_lp,
-                                          ob->n_response);
+    prl_status rc =
+        prl_bus_msg_add_frame(m, "teacher_logprobs", PRL_BUS_F32, ob->teacher_lp, ob->n_response);
     if (!rc) rc = prl_bus_msg_add_frame(m, "teachers", PRL_BUS_I32, ob->teacher, (size_t)ob->n);
     size_t cells = ob->n_response * (size_t)ob->topk;
     if (!rc && ob->topk)
@@ -120,11 +129,14 @@ prl_status prl_msg_train_encode(const prl_msg_train *x, const char *run, uint64_
 /* The optional frames route_rows + routes and fields route_moe, route_k, route_width. */
 static prl_status routes_read(prl_grpo_batch *b, const prl_bus_msg *m)
 {
-    const prl_bus_frame *rr = prl_bus_msg_frame(m, "route_rows"), *rt = prl_bus_msg_frame(m, "routes");
+    const prl_bus_frame *rr = prl_bus_msg_frame(m, "route_rows"),
+                        *rt = prl_bus_msg_frame(m, "routes");
     if (!rr && !rt) return PRL_OK;
     if (!rr || !rt)
-        return prl_error_set(PRL_ERR_FORMAT, "frame '%s' is missing (routes need both "
-                             "'route_rows' and 'routes')", rr ? "routes" : "route_rows");
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "frame '%s' is missing (routes need both "
+                             "'route_rows' and 'routes')",
+                             rr ? "routes" : "route_rows");
     uint64_t shape[3];
     const char *names[3] = {"route_moe", "route_k", "route_width"};
     for (int k = 0; k < 3; k++) {
@@ -178,7 +190,8 @@ static prl_status train_decode(const prl_bus_msg *m, int opd_topk, prl_msg_train
     if (!rc) rc = msg_uint(m, "policy_version", &x->policy_version);
     if (!rc) rc = msg_str(m, "path", &x->path);
     if (!rc && x->policy_version > (1u << 30))
-        rc = prl_error_set(PRL_ERR_ARG, "policy_version %llu", (unsigned long long)x->policy_version);
+        rc = prl_error_set(PRL_ERR_ARG, "policy_version %llu",
+                           (unsigned long long)x->policy_version);
     if (!rc) rc = msg_seq_frames_read(b, m);
     if (rc) return rc;
     const prl_bus_frame *rew = NULL, *grp = NULL, *lp = NULL;
@@ -222,7 +235,8 @@ prl_status prl_msg_trained_encode(const prl_msg_trained *x, const char *run, uin
     if (!rc) rc = prl_bus_msg_set_str(m, "path", x->path);
     if (!rc) rc = prl_bus_msg_set_hex64(m, "ckpt_checksum", x->ckpt_checksum);
     if (!rc) rc = prl_bus_msg_set_uint(m, "train_us", x->train_us);
-    if (!rc) rc = prl_bus_msg_add_frame(m, "metrics", PRL_BUS_BYTES, x->metrics, strlen(x->metrics));
+    if (!rc)
+        rc = prl_bus_msg_add_frame(m, "metrics", PRL_BUS_BYTES, x->metrics, strlen(x->metrics));
     return msg_done(rc, m, "trained");
 }
 
