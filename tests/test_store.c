@@ -10,6 +10,10 @@
 ** snapshot while the writer commits; batches and savepoints; versions, steps, events;
 ** prompts' solved history and the retire rule; their teacher KL (opd.revisit); foreign keys
 ** and JSON checks.
+**
+** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
+** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
+** with one reader).
 */
 #include "store/store.h"
 #include "store/store_int.h"
