@@ -183,6 +183,23 @@ prl_status cli_json_messages(json_t *v, const char *file, int line, prl_chat_mes
     return prl_chat_from_json(v, where, msgs, n);
 }
 
+prl_status cli_jsonl_ids_line(json_t *obj, const prl_tokenizer *tok, const char *file, int line,
+                              const char *text_needs, int32_t **ids, size_t *n, int *done)
+{
+    *done = 0;
+    json_t *v;
+    if (!json_is_object(obj))
+        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", file, line);
+    if ((v = json_object_get(obj, "ids"))) {
+        *done = 1;
+        return cli_json_ids(v, file, line, ids, n);
+    }
+    if (!tok)
+        return prl_error_set(PRL_ERR_ARG, "%s:%d: %s a tokenizer.json in the checkpoint", file,
+                             line, text_needs);
+    return PRL_OK;
+}
+
 prl_status cli_jsonl_sequence(json_t *obj, const prl_tokenizer *tok, const char *file, int line,
                               int32_t **ids, uint8_t **mask, size_t *n)
 {
@@ -190,13 +207,9 @@ prl_status cli_jsonl_sequence(json_t *obj, const prl_tokenizer *tok, const char 
     *ids = NULL;
     *mask = NULL;
     *n = 0;
-    if (!json_is_object(obj))
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", file, line);
-    if ((v = json_object_get(obj, "ids"))) return cli_json_ids(v, file, line, ids, n);
-    if (!tok)
-        return prl_error_set(
-            PRL_ERR_ARG, "%s:%d: text input needs a tokenizer.json in the checkpoint", file, line);
-    prl_status rc;
+    int done = 0;
+    prl_status rc = cli_jsonl_ids_line(obj, tok, file, line, "text input needs", ids, n, &done);
+    if (rc || done) return rc;
     if ((v = json_object_get(obj, "text")) && json_is_string(v)) {
         rc = prl_tokenizer_encode(tok, json_string_value(v), json_string_length(v), 0, ids, n);
     } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {

@@ -68,6 +68,11 @@ prl_status cli_prompts_read(const char *text, const char *file, int raw, const p
                             cli_prompts *out);
 void cli_prompts_free(cli_prompts *p);
 
+/* The start every JSONL input line shares: obj must be an object; its "ids", when present,
+** are read into *ids (*done = 1); without them text needs `tok` (the error says "FILE:LINE:
+** <text_needs> a tokenizer.json in the checkpoint"). */
+prl_status cli_jsonl_ids_line(json_t *obj, const prl_tokenizer *tok, const char *file, int line,
+                              const char *text_needs, int32_t **ids, size_t *n, int *done);
 /* One JSONL input line as token ids (malloc'd): {"ids": [...]}, {"text": "..."} or
 ** {"messages": [...]} (chat template; *mask gets its loss mask, 1 on assistant tokens, else
 ** stays NULL). Text needs `tok`. Errors name FILE:LINE. */

@@ -51,13 +51,9 @@ static prl_status line_prompt(json_t *obj, const prl_tokenizer *tok, const char 
                               int line, int32_t **ids, size_t *n)
 {
     json_t *v;
-    if (!json_is_object(obj))
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: each line must be a JSON object", file, line);
-    if ((v = json_object_get(obj, "ids"))) return cli_json_ids(v, file, line, ids, n);
-    if (!tok)
-        return prl_error_set(
-            PRL_ERR_ARG, "%s:%d: text prompts need a tokenizer.json in the checkpoint", file, line);
-    prl_status rc;
+    int done = 0;
+    prl_status rc = cli_jsonl_ids_line(obj, tok, file, line, "text prompts need", ids, n, &done);
+    if (rc || done) return rc;
     if ((v = json_object_get(obj, "prompt")) && json_is_string(v)) {
         rc = encode_text(tok, json_string_value(v), raw, ids, n);
     } else if ((v = json_object_get(obj, "messages")) && json_is_array(v)) {
