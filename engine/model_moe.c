@@ -59,16 +59,35 @@ static size_t expert_base(const layer_offsets *o, const dims *D, int e)
     return o->experts + (size_t)e * 3 * D->de * D->d;
 }
 
+/* Task i's expert: its rows, its weights, and the offsets of its rows in the inputs (xo,
+** d wide) and the hidden activations (ho, de wide); forward and backward alike. */
+typedef struct expert_view {
+    expert_task t;
+    const prl_real *w13, *w2;
+    size_t xo, ho;
+} expert_view;
+
+static expert_view expert_view_of(const expert_ctx *c, int i)
+{
+    const prl_model *m = c->m;
+    const dims *D = &c->D;
+    expert_view v = {.t = c->tasks[i]};
+    size_t base = expert_base(c->o, D, v.t.e);
+    v.w13 = P(base), v.w2 = P(base + 2 * (size_t)D->de * D->d);
+    v.xo = (size_t)v.t.r0 * D->d, v.ho = (size_t)v.t.r0 * D->de;
+    return v;
+}
+
 static void expert_forward_task(void *p, int i)
 {
     expert_ctx *c = p;
     prl_model *m = c->m;
     layer_acts *la = c->la;
     const dims *D = &c->D;
-    expert_task t = c->tasks[i];
-    size_t base = expert_base(c->o, D, t.e);
-    const prl_real *w13 = P(base), *w2 = P(base + 2 * (size_t)D->de * D->d);
-    size_t xo = (size_t)t.r0 * D->d, ho = (size_t)t.r0 * D->de;
+    expert_view v = expert_view_of(c, i);
+    expert_task t = v.t;
+    const prl_real *w13 = v.w13, *w2 = v.w2;
+    size_t xo = v.xo, ho = v.ho;
     prl_gemm(0, 1, t.rows, 2 * D->de, D->d, 1, la->xg + xo, D->d, w13, D->d, 0, la->ea13 + 2 * ho,
              2 * D->de);
     model__rnd(m, la->ea13 + 2 * ho, (size_t)t.rows * 2 * D->de);
@@ -201,10 +220,10 @@ static void expert_backward_rows_task(void *p, int i)
     prl_acts *a = m->acts;
     layer_acts *la = c->la;
     const dims *D = &c->D;
-    expert_task t = c->tasks[i];
-    size_t base = expert_base(c->o, D, t.e);
-    const prl_real *w13 = P(base), *w2 = P(base + 2 * (size_t)D->de * D->d);
-    size_t xo = (size_t)t.r0 * D->d, ho = (size_t)t.r0 * D->de;
+    expert_view v = expert_view_of(c, i);
+    expert_task t = v.t;
+    const prl_real *w13 = v.w13, *w2 = v.w2;
+    size_t xo = v.xo, ho = v.ho;
     size_t NK = (size_t)a->N * D->K;
     prl_real *da13 = a->deh + 2 * ho, *dh = a->deh + 2 * NK * D->de + ho;
     /* dh = dyg·w2 (rows, de), then da13 (rows, 2de), then dxg = da13·w13 */
