@@ -85,16 +85,14 @@ static void expert_forward_task(void *p, int i)
     layer_acts *la = c->la;
     const dims *D = &c->D;
     expert_view v = expert_view_of(c, i);
-    expert_task t = v.t;
-    const prl_real *w13 = v.w13, *w2 = v.w2;
-    size_t xo = v.xo, ho = v.ho;
-    prl_gemm(0, 1, t.rows, 2 * D->de, D->d, 1, la->xg + xo, D->d, w13, D->d, 0, la->ea13 + 2 * ho,
-             2 * D->de);
-    model__rnd(m, la->ea13 + 2 * ho, (size_t)t.rows * 2 * D->de);
-    prl_silu_mul_forward(la->eh + ho, la->ea13 + 2 * ho, t.rows, D->de);
-    model__rnd(m, la->eh + ho, (size_t)t.rows * D->de);
-    prl_gemm(0, 1, t.rows, D->d, D->de, 1, la->eh + ho, D->de, w2, D->de, 0, la->yg + xo, D->d);
-    model__rnd(m, la->yg + xo, (size_t)t.rows * D->d);
+    prl_gemm(0, 1, v.t.rows, 2 * D->de, D->d, 1, la->xg + v.xo, D->d, v.w13, D->d, 0,
+             la->ea13 + 2 * v.ho, 2 * D->de);
+    model__rnd(m, la->ea13 + 2 * v.ho, (size_t)v.t.rows * 2 * D->de);
+    prl_silu_mul_forward(la->eh + v.ho, la->ea13 + 2 * v.ho, v.t.rows, D->de);
+    model__rnd(m, la->eh + v.ho, (size_t)v.t.rows * D->de);
+    prl_gemm(0, 1, v.t.rows, D->d, D->de, 1, la->eh + v.ho, D->de, v.w2, D->de, 0, la->yg + v.xo,
+             D->d);
+    model__rnd(m, la->yg + v.xo, (size_t)v.t.rows * D->d);
 }
 
 static void gate_rows(void *p, int r0, int r1)
@@ -221,17 +219,15 @@ static void expert_backward_rows_task(void *p, int i)
     layer_acts *la = c->la;
     const dims *D = &c->D;
     expert_view v = expert_view_of(c, i);
-    expert_task t = v.t;
-    const prl_real *w13 = v.w13, *w2 = v.w2;
-    size_t xo = v.xo, ho = v.ho;
     size_t NK = (size_t)a->N * D->K;
-    prl_real *da13 = a->deh + 2 * ho, *dh = a->deh + 2 * NK * D->de + ho;
+    prl_real *da13 = a->deh + 2 * v.ho, *dh = a->deh + 2 * NK * D->de + v.ho;
     /* dh = dyg·w2 (rows, de), then da13 (rows, 2de), then dxg = da13·w13 */
-    prl_gemm(0, 0, t.rows, D->de, D->d, 1, a->dyg + xo, D->d, w2, D->de, 0, dh, D->de);
-    model__rnd(m, dh, (size_t)t.rows * D->de);
-    prl_silu_mul_backward(da13, dh, la->ea13 + 2 * ho, t.rows, D->de);
-    model__rnd(m, da13, (size_t)t.rows * 2 * D->de);
-    prl_gemm(0, 0, t.rows, D->d, 2 * D->de, 1, da13, 2 * D->de, w13, D->d, 0, a->dxg + xo, D->d);
+    prl_gemm(0, 0, v.t.rows, D->de, D->d, 1, a->dyg + v.xo, D->d, v.w2, D->de, 0, dh, D->de);
+    model__rnd(m, dh, (size_t)v.t.rows * D->de);
+    prl_silu_mul_backward(da13, dh, la->ea13 + 2 * v.ho, v.t.rows, D->de);
+    model__rnd(m, da13, (size_t)v.t.rows * 2 * D->de);
+    prl_gemm(0, 0, v.t.rows, D->d, 2 * D->de, 1, da13, 2 * D->de, v.w13, D->d, 0, a->dxg + v.xo,
+             D->d);
 }
 
 /* One task per (expert, matrix pair): the weight gradient reduces over all of the expert's
