@@ -9,6 +9,7 @@
 ** atomic rename (renameat2 RENAME_EXCHANGE when <dir> exists), so <dir> always holds one
 ** complete checkpoint.
 */
+#include "engine/checkpoint_int.h"
 #include "engine/ops.h"
 
 #include <dirent.h>
@@ -78,7 +79,7 @@ static void bias_name(char *out, size_t n, const prl_model *m, int moe_idx)
              m->cfg.first_k_dense_replace + moe_idx);
 }
 
-static uint64_t data_checksum(const uint8_t *bytes, size_t size)
+uint64_t ckpt_data_checksum(const uint8_t *bytes, size_t size)
 {
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)bytes[i] << (8 * i);
@@ -97,7 +98,7 @@ static prl_status save_tensors(prl_safetensors_writer *w, const char *path, cons
     if (step && (rc = prl_safetensors_writer_set_metadata(w, "step", step))) return rc;
     if ((rc = prl_safetensors_writer_to_memory(w, &bytes, &len))) return rc;
     char sum[32];
-    snprintf(sum, sizeof sum, "%016" PRIx64, data_checksum(bytes, len));
+    snprintf(sum, sizeof sum, "%016" PRIx64, ckpt_data_checksum(bytes, len));
     free(bytes);
     if ((rc = prl_safetensors_writer_set_metadata(w, "prl_checksum", sum))) return rc;
     return prl_safetensors_writer_save(w, path);
@@ -240,13 +241,14 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const cha
 
 /* ------------------------------------------------------------------ loading --------- */
 
-static prl_status verify_checksum(const prl_safetensors *st)
+prl_status ckpt_verify_checksum(const prl_safetensors *st, int required)
 {
     const char *want = prl_safetensors_metadata(st, "prl_checksum");
+    if (!want && !required) return PRL_OK; /* an imported file: its tensors are still checked */
     if (!want)
         return prl_error_set(PRL_ERR_FORMAT, "%s: no prl_checksum in the metadata", st->label);
     char got[32];
-    snprintf(got, sizeof got, "%016" PRIx64, data_checksum(st->bytes, st->size));
+    snprintf(got, sizeof got, "%016" PRIx64, ckpt_data_checksum(st->bytes, st->size));
     if (strcmp(got, want) != 0)
         return prl_error_set(PRL_ERR_CHECKSUM,
                              "%s: checksum mismatch (stored %s, computed %s): "
@@ -265,22 +267,53 @@ static prl_status read_tensor(const prl_safetensors *st, const char *name, const
 #endif
 }
 
-/* Every tensor in the file must be one the model expects. */
-static prl_status check_no_extra(const prl_model *m, const prl_safetensors *st)
+static int same_bytes(const prl_safetensors_tensor *a, const prl_safetensors_tensor *b)
 {
-    for (size_t i = 0; i < st->n_tensors; i++) {
-        const char *name = st->tensors[i].name;
-        if (prl_model_find(m, name)) continue;
-        if (strstr(name, "e_score_correction")) continue; /* bias and its aliases */
+    return a->dtype == b->dtype && a->nbytes == b->nbytes && !memcmp(a->data, b->data, a->nbytes);
+}
+
+/* An MTP layer's copy of a trunk tensor (DeepSeek-V3 stores model.layers.61.embed_tokens and
+** shared_head.head): prl shares the trunk's, so a copy must be byte-identical to it. */
+static prl_status mark_shared_copy(ckpt_weights *w, const char *copy, const char *trunk)
+{
+    ckpt_shard *s;
+    const prl_safetensors_tensor *c = ckpt_weights_find(w, copy, &s),
+                                 *t = ckpt_weights_find(w, trunk, NULL);
+    if (!c) return PRL_OK;
+    if (!t || !same_bytes(c, t))
         return prl_error_set(PRL_ERR_FORMAT,
-                             "%s: unexpected tensor '%s' (not in this model's "
-                             "config)",
-                             st->label, name);
-    }
+                             "%s: tensor '%s' differs from '%s', which this model's MTP layer "
+                             "shares",
+                             s->path, copy, trunk);
+    ckpt_weights_mark(w, copy);
     return PRL_OK;
 }
 
-static prl_status load_bias(prl_model *m, const prl_safetensors *st)
+/* Tensors of a Hugging Face file that are not parameters: derived rope buffers, the MTP
+** layers' copies of shared tensors. */
+static prl_status mark_non_params(const prl_model *m, ckpt_weights *w)
+{
+    char name[128];
+    for (int k = 0; k < w->n_shards; k++)
+        for (size_t i = 0; i < w->shards[k].st.n_tensors; i++) {
+            const char *n = w->shards[k].st.tensors[i].name;
+            size_t len = strlen(n), tail = strlen(".rotary_emb.inv_freq");
+            if (len > tail && !strcmp(n + len - tail, ".rotary_emb.inv_freq"))
+                w->shards[k].used[i] = 1;
+        }
+    int L = m->cfg.num_hidden_layers;
+    prl_status rc = PRL_OK;
+    for (int l = L; rc == PRL_OK && l < L + m->cfg.num_nextn_predict_layers; l++) {
+        snprintf(name, sizeof name, "model.layers.%d.embed_tokens.weight", l);
+        rc = mark_shared_copy(w, name, "model.embed_tokens.weight");
+        snprintf(name, sizeof name, "model.layers.%d.shared_head.head.weight", l);
+        if (rc == PRL_OK && !prl_model_find(m, name))
+            rc = mark_shared_copy(w, name, "lm_head.weight");
+    }
+    return rc;
+}
+
+static prl_status load_bias(prl_model *m, ckpt_weights *w)
 {
     int E = m->cfg.n_routed_experts;
     for (int i = 0; i < m->n_moe; i++) {
@@ -291,13 +324,35 @@ static prl_status load_bias(prl_model *m, const prl_safetensors *st)
         snprintf(names[2], sizeof names[2], "model.layers.%d.mlp.e_score_correction_bias", l);
         int64_t shape[1] = {E};
         for (int k = 0; k < 3; k++)
-            if (prl_safetensors_find(st, names[k])) {
-                prl_status rc = read_tensor(st, names[k], shape, 1, m->router_bias + (size_t)i * E);
+            if (ckpt_weights_find(w, names[k], NULL)) {
+                prl_status rc =
+                    ckpt_weights_read(w, names[k], shape, 1, m->router_bias + (size_t)i * E);
                 if (rc) return rc;
                 break;
             }
     }
     return PRL_OK;
+}
+
+/* Read every parameter of m from w; with `keep_new`, a DSA indexer or MTP module the file
+** lacks keeps its init and is counted in *n_new (adding blocks to a trained model). */
+static prl_status load_params(prl_model *m, ckpt_weights *w, int keep_new, int *n_new)
+{
+    int fresh = 0;
+    prl_status rc = mark_non_params(m, w);
+    for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
+        const prl_param_info *p = &m->tensors[i];
+        int added = p->kind == PRL_PARAM_INDEXER || p->layer >= m->cfg.num_hidden_layers;
+        if (keep_new && added && !ckpt_weights_find(w, p->name, NULL)) {
+            fresh++;
+            continue;
+        }
+        rc = ckpt_weights_read(w, p->name, p->shape, p->ndim, m->params + p->offset);
+    }
+    if (rc == PRL_OK) rc = load_bias(m, w);
+    if (rc == PRL_OK) rc = ckpt_weights_check_used(w);
+    if (n_new) *n_new = fresh;
+    return rc;
 }
 
 prl_status prl_checkpoint_load_tokenizer(prl_model *m, const char *dir, prl_tokenizer **tok)
@@ -313,52 +368,27 @@ prl_status prl_checkpoint_load_tokenizer(prl_model *m, const char *dir, prl_toke
 
 prl_status prl_checkpoint_load(prl_model *m, const char *dir)
 {
-    char path[4096], weights[4096];
+    char path[4096];
     prl_config cfg;
     prl_status rc;
     if ((rc = join_path(path, sizeof path, dir, "config.json"))) return rc;
-    if ((rc = join_path(weights, sizeof weights, dir, "model.safetensors"))) return rc;
     if ((rc = prl_config_load(&cfg, path))) return rc;
-    if ((rc = prl_model_init(m, &cfg))) return rc;
-    snprintf(path, sizeof path, "%s", weights);
-    prl_safetensors st;
-    if ((rc = prl_safetensors_open(&st, path))) {
+    ckpt_weights w;
+    if ((rc = ckpt_weights_open(&w, dir))) return rc;
+    if ((rc = prl_model_init(m, &cfg)) == PRL_OK && (rc = load_params(m, &w, 0, NULL)))
         prl_model_free(m);
-        return rc;
-    }
-    rc = verify_checksum(&st);
-    if (rc == PRL_OK) rc = check_no_extra(m, &st);
-    for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
-        const prl_param_info *p = &m->tensors[i];
-        rc = read_tensor(&st, p->name, p->shape, p->ndim, m->params + p->offset);
-    }
-    if (rc == PRL_OK) rc = load_bias(m, &st);
-    prl_safetensors_free(&st);
-    if (rc) prl_model_free(m);
+    ckpt_weights_close(&w);
     return rc;
 }
 
 prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new)
 {
-    char path[4096];
-    prl_status rc = join_path(path, sizeof path, dir, "model.safetensors");
+    ckpt_weights w;
+    prl_status rc = ckpt_weights_open(&w, dir);
     if (rc) return rc;
-    prl_safetensors st;
-    if ((rc = prl_safetensors_open(&st, path))) return rc;
-    rc = verify_checksum(&st);
-    if (rc == PRL_OK) rc = check_no_extra(m, &st);
     int fresh = 0;
-    for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
-        const prl_param_info *p = &m->tensors[i];
-        int added = p->kind == PRL_PARAM_INDEXER || p->layer >= m->cfg.num_hidden_layers;
-        if (!prl_safetensors_find(&st, p->name) && added) {
-            fresh++; /* a DSA indexer or MTP module the source model did not have: keeps its init */
-            continue;
-        }
-        rc = read_tensor(&st, p->name, p->shape, p->ndim, m->params + p->offset);
-    }
-    if (rc == PRL_OK) rc = load_bias(m, &st);
-    prl_safetensors_free(&st);
+    rc = load_params(m, &w, 1, &fresh);
+    ckpt_weights_close(&w);
     if (rc == PRL_OK && n_new) *n_new = fresh;
     return rc;
 }
@@ -371,7 +401,7 @@ prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const cha
     if ((rc = join_path(path, sizeof path, dir, "optimizer.safetensors"))) return rc;
     prl_safetensors st;
     if ((rc = prl_safetensors_open(&st, path))) return rc;
-    rc = verify_checksum(&st);
+    rc = ckpt_verify_checksum(&st, 1);
     if (rc == PRL_OK && st.n_tensors != 2 * (size_t)m->n_tensors)
         rc = prl_error_set(PRL_ERR_FORMAT, "%s: %zu tensors, expected %d", path, st.n_tensors,
                            2 * m->n_tensors);

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -306,6 +307,18 @@ static float f16_to_f32(uint16_t h)
 /* bfloat16 is the top half of a binary32. */
 static float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 
+/* float8 e4m3fn (the "F8_E4M3" of safetensors, torch.float8_e4m3fn): bias 7, no infinities,
+** S.1111.111 is NaN; exact in float. */
+static float f8e4m3_to_f32(uint8_t b)
+{
+    int exp = (b >> 3) & 0xf, man = b & 7;
+    float mag;
+    if (exp == 0xf && man == 7) mag = NAN;
+    else if (exp == 0) mag = (float)man * 0x1p-9f; /* subnormal: man/8 · 2^-6 */
+    else mag = ldexpf(1.0f + (float)man / 8.0f, exp - 7);
+    return (b & 0x80) ? -mag : mag;
+}
+
 static double f64_load(const uint8_t *p)
 {
     uint64_t u = st__load_u64le(p);
@@ -341,10 +354,10 @@ static prl_status read_prepare(const prl_safetensors *st, const char *name, cons
                                 st__format_shape(sa, sizeof sa, t->shape, t->ndim),
                                 st__format_shape(sb, sizeof sb, expect, expect_ndim));
     if (t->dtype != PRL_DTYPE_F32 && t->dtype != PRL_DTYPE_F64 && t->dtype != PRL_DTYPE_F16 &&
-        t->dtype != PRL_DTYPE_BF16)
+        t->dtype != PRL_DTYPE_BF16 && t->dtype != PRL_DTYPE_F8_E4M3)
         return prl_error_set(PRL_ERR_UNSUPPORTED,
                              "safetensors %s: tensor '%s' has dtype %s; "
-                             "only F32, F64, F16 and BF16 convert to %s",
+                             "only F32, F64, F16, BF16 and F8_E4M3 convert to %s",
                              st->label, shown, prl_dtype_name(t->dtype), to);
     if (!out && t->numel)
         return prl_error_set(PRL_ERR_ARG, "safetensors %s: read_%s '%s': NULL output", st->label,
@@ -353,7 +366,7 @@ static prl_status read_prepare(const prl_safetensors *st, const char *name, cons
     return PRL_OK;
 }
 
-/* Element i of a float tensor as a double: exact for F32, F16 and BF16 (each widens without
+/* Element i of a float tensor as a double: exact for F32, F16, BF16 and F8_E4M3 (each widens without
 ** rounding), so a reader of either width rounds at most once, on its own store. */
 static double element(const prl_safetensors_tensor *t, size_t i)
 {
@@ -363,6 +376,7 @@ static double element(const prl_safetensors_tensor *t, size_t i)
     case PRL_DTYPE_F64: return f64_load(p + 8 * i);
     case PRL_DTYPE_F16: return f16_to_f32(load_u16le(p + 2 * i));
     case PRL_DTYPE_BF16: return bf16_to_f32(load_u16le(p + 2 * i));
+    case PRL_DTYPE_F8_E4M3: return f8e4m3_to_f32(p[i]);
     default: PRL_ASSERT(!"dtype checked by read_prepare");
     }
     return 0;
@@ -387,4 +401,15 @@ prl_status prl_safetensors_read_f64(const prl_safetensors *st, const char *name,
     if (rc != PRL_OK) return rc;
     for (size_t i = 0; i < t->numel; i++) out[i] = element(t, i);
     return PRL_OK;
+}
+
+void prl_safetensors_release(const prl_safetensors *st, const prl_safetensors_tensor *t)
+{
+    if (!st || !st->map) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t begin = t ? (uintptr_t)t->data : (uintptr_t)st->map;
+    uintptr_t lo = (begin + page - 1) / page * page;
+    uintptr_t hi = (begin + (t ? t->nbytes : st->map_len)) / page * page;
+    /* whole pages inside the tensor only: a neighbour may still be read from a shared page */
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }

@@ -114,7 +114,7 @@ const prl_safetensors_tensor *prl_safetensors_find(const prl_safetensors *st, co
 const char *prl_safetensors_metadata(const prl_safetensors *st, const char *key);
 
 /* Copy tensor `name` into `out` as float, converting from F32, F64 (rounded to nearest),
-** F16 or BF16 (both exact). The tensor's shape must equal expect_shape[0..expect_ndim-1]
+** F16, BF16 or F8_E4M3 (e4m3fn; all three exact; block scales are the caller's). The tensor's shape must equal expect_shape[0..expect_ndim-1]
 ** (expect_ndim = 0 for a scalar). `out` is caller-owned with room for the product of the
 ** expected shape. Errors: PRL_ERR_FORMAT if the tensor is missing or its shape differs
 ** (the message names the tensor and both shapes), PRL_ERR_UNSUPPORTED for another dtype,
@@ -124,6 +124,13 @@ prl_status prl_safetensors_read_f32(const prl_safetensors *st, const char *name,
 /* The same into double (every conversion exact). */
 prl_status prl_safetensors_read_f64(const prl_safetensors *st, const char *name,
                                     const int64_t *expect_shape, int expect_ndim, double *out);
+
+/* Drop the pages that lie wholly inside tensor t's bytes from this process's memory
+** (madvise DONTNEED on a mapped file; a later read faults them in again from the page
+** cache); t NULL: the whole file. A loader that converts tensor by tensor calls it after
+** each one, so the mapped file never adds more than one tensor to the resident set. No-op
+** for a parsed buffer. */
+void prl_safetensors_release(const prl_safetensors *st, const prl_safetensors_tensor *t);
 
 /* ---------------------------------------------------------------- writer ----------- */
 
