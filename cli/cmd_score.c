@@ -9,15 +9,20 @@
 ** prefilled and every later token fed one decode step at a time (teacher forcing), with the
 ** infer path's precision and knobs. The prompt is the text before the first assistant token
 ** (chat input), else "prompt_len" of the line, else the first token.
+**
+** --logits FILE writes the train path's logits, one F32 tensor "line.N" [tokens, vocab] per
+** input line, so another implementation (the PyTorch reference, transformers) can be
+** compared with prl on an imported checkpoint.
 */
 #include "cli/cli.h"
 
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct score_args {
-    const char *ckpt, *input, *path, *precision, *mla, *matmul;
+    const char *ckpt, *input, *path, *precision, *mla, *matmul, *logits;
     double temperature;
     int json, threads;
 } score_args;
@@ -105,7 +110,28 @@ typedef struct score_ctx {
     prl_infer *eng;
     const prl_tokenizer *tok;
     int infer;
+    prl_safetensors_writer logits; /* --logits: one tensor per line */
+    float **kept;                  /* their data, owned */
+    int n_kept;
 } score_ctx;
+
+/* Keep the last forward's logits [n, V] as tensor "line.N" for --logits. */
+static prl_status keep_logits(score_ctx *c, int line, size_t n)
+{
+    size_t V = (size_t)c->m->cfg.vocab_size;
+    float **grown = realloc(c->kept, (size_t)(c->n_kept + 1) * sizeof *grown);
+    if (!grown) return prl_error_set(PRL_ERR_NOMEM, "--logits");
+    c->kept = grown;
+    float *x = malloc(n * V * sizeof *x + 1);
+    if (!x) return prl_error_set(PRL_ERR_NOMEM, "--logits");
+    c->kept[c->n_kept++] = x;
+    const prl_real *src = prl_model_logits(c->m);
+    for (size_t i = 0; i < n * V; i++) x[i] = (float)src[i];
+    char name[32];
+    snprintf(name, sizeof name, "line.%d", line);
+    int64_t shape[2] = {(int64_t)n, (int64_t)V};
+    return prl_safetensors_writer_add(&c->logits, name, PRL_DTYPE_F32, shape, 2, x);
+}
 
 /* One input line: score it on the chosen path and print the result. */
 static prl_status score_one(void *user, json_t *obj, int line, int *go)
@@ -123,6 +149,7 @@ static prl_status score_one(void *user, json_t *obj, int line, int *go)
     if (st == PRL_OK && c->infer)
         st = score_line_infer(c->eng, ids, n, P, a->temperature, a, line, lp);
     else if (st == PRL_OK) st = score_line(c->m, ids, n, a->temperature, a, line, lp);
+    if (st == PRL_OK && a->logits) st = keep_logits(c, line, n);
     if (st == PRL_OK) print_result(a, line, ids, mask, n, lp);
     free(ids);
     free(mask);
@@ -149,11 +176,14 @@ int cmd_score(int argc, char **argv)
          "infer path: gemv, gemm or blas (overrides the preset)", 0, 0},
         {"json", OPT_FLAG, &a.json, NULL,
          "one JSON object per line: ids, logprobs (null first), sum", 0, 0},
+        {"logits", OPT_STR, &a.logits, "FILE",
+         "train path: also write every line's logits to FILE.safetensors (a new file)", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
         {0},
     };
     int rc = cli_parse(argc, argv, 2, opts,
-                       "prl score --ckpt DIR --input FILE.jsonl [--path train|infer] [--json]",
+                       "prl score --ckpt DIR --input FILE.jsonl [--path train|infer] [--json] "
+                       "[--logits FILE]",
                        "Scores every token of every input sequence with the model's train path or "
                        "its infer path (prefill + teacher-forced decode).",
                        NULL, 0, NULL);
@@ -163,6 +193,9 @@ int cmd_score(int argc, char **argv)
         return cli_failf("score", 2, "--path %s: choose train or infer", a.path);
     if (!infer && (a.precision || a.mla || a.matmul))
         return cli_failf("score", 2, "--precision, --mla and --matmul apply to --path infer only");
+    if (infer && a.logits) return cli_failf("score", 2, "--logits applies to --path train only");
+    if (a.logits && access(a.logits, F_OK) == 0)
+        return cli_failf("score", 2, "--logits %s: the file exists (choose a new name)", a.logits);
     prl_infer_options io;
     if (cli_infer_options("score", &io, a.precision, a.mla, a.matmul)) return 2;
     if (!(a.temperature > 0)) return cli_failf("score", 2, "--temperature must be > 0");
@@ -178,7 +211,12 @@ int cmd_score(int argc, char **argv)
         return cli_fail("score");
     }
     score_ctx sc = {.a = &a, .m = &m, .eng = eng, .tok = tok, .infer = infer};
+    prl_safetensors_writer_init(&sc.logits);
     prl_status st = cli_jsonl_for_each(a.input, score_one, &sc);
+    if (st == PRL_OK && a.logits) st = prl_safetensors_writer_save(&sc.logits, a.logits);
+    prl_safetensors_writer_free(&sc.logits);
+    for (int i = 0; i < sc.n_kept; i++) free(sc.kept[i]);
+    free(sc.kept);
     prl_infer_free(eng);
     prl_tokenizer_free(tok);
     prl_model_free(&m);

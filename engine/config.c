@@ -86,6 +86,7 @@ static const key_spec keys[] = {
     IGN("attention_bias", K_BOOL),
     IGN("attention_dropout", K_REAL),
     IGN("auto_map", K_ANY),
+    IGN("quantization_config", K_ANY), /* the checkpoint loader reads it (weights.c) */
     IGN("scoring_func", K_STRING),
     IGN("topk_method", K_STRING),
     IGN("router_enable_expert_bias", K_BOOL),

@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""test_import.py — prl loads Hugging Face checkpoints it did not write.
+
+usage: /usr/bin/python3 tests/test_import.py PRL SRC_DIR
+
+An independent writer (plain struct + json + numpy below, not prl's code and not the
+reference's writer) lays out checkpoints as Hugging Face exporters do: sharded with
+model.safetensors.index.json, BF16 or F16, DeepSeek-V3's F8_E4M3 with 128×128 block scales
+(`weight_scale_inv`), no prl metadata. `prl score --logits` on each must equal the PyTorch
+reference (reference/pangu_ref.py, float64, on the values the writer stored) within 1e-5
+relative. Then every kind of bad file (truncated shard, index naming a missing shard,
+overlapping offsets, wrong dtype, a NaN, a missing or extra tensor) must be refused with a
+message naming the tensor or file, and nothing written.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+PRL, SRC = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(SRC, "reference"))
+from pangu_ref import PanguRef  # noqa: E402  (the oracle; its names and shapes)
+
+FAILS = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        FAILS.append(what)
+
+
+# ------------------------------------------------------------------ the independent writer
+def bf16_bits(x):
+    """float32 -> bfloat16 bits, round to nearest even."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_value(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def e4m3_table():
+    """Every float8 e4m3fn byte's value (NaN for 0x7f/0xff)."""
+    vals = np.empty(256, np.float64)
+    for b in range(256):
+        e, m = (b >> 3) & 15, b & 7
+        v = np.nan if (e == 15 and m == 7) else (m / 8 * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+        vals[b] = -v if b & 0x80 else v
+    return vals
+
+
+E4M3 = e4m3_table()
+E4M3_POS = np.array([b for b in range(128) if not np.isnan(E4M3[b])])  # 0..0x7e, ascending
+
+
+def fp8_quantize(w, block=128):
+    """DeepSeek-V3 block quantisation: per 128×128 block scale = amax/448, bytes = nearest
+    e4m3 of w/scale. Returns (bytes uint8, scale_inv float32, dequantised float64)."""
+    R, C = w.shape
+    sr, sc = -(-R // block), -(-C // block)
+    scale = np.zeros((sr, sc), np.float32)
+    q = np.zeros((R, C), np.uint8)
+    for i in range(sr):
+        for j in range(sc):
+            blk = w[i * block:(i + 1) * block, j * block:(j + 1) * block]
+            s = np.float32(max(np.abs(blk).max(), 1e-12) / 448.0)
+            scale[i, j] = s
+            x = np.abs(blk / s)
+            vals = E4M3[E4M3_POS]
+            k = np.clip(np.searchsorted(vals, x), 1, len(vals) - 1)
+            nearer = np.where(x - vals[k - 1] <= vals[k] - x, k - 1, k)
+            byte = E4M3_POS[nearer].astype(np.uint8) | np.where(blk < 0, 0x80, 0).astype(np.uint8)
+            q[i * block:(i + 1) * block, j * block:(j + 1) * block] = byte
+    deq = E4M3[q] * np.kron(scale.astype(np.float64), np.ones((block, block)))[:R, :C]
+    return q, scale, deq
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: name -> (dtype string, shape, raw bytes). Header JSON padded to 8 bytes."""
+    header, offset, blobs = {}, 0, []
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        blobs.append(raw)
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def write_checkpoint(d, config, arrays, dtype, shards=1, fp8=False):
+    """arrays: name -> float64 values. Returns the values as stored (what a loader must see)."""
+    os.makedirs(d)
+    stored, entries = {}, {}
+    for name, a in arrays.items():
+        if fp8 and a.ndim == 2 and "weight" in name and "norm" not in name and "embed" not in name \
+                and "lm_head" not in name and ".gate." not in name:
+            q, s, deq = fp8_quantize(a)
+            entries[name] = ("F8_E4M3", a.shape, q.tobytes())
+            entries[name + "_scale_inv"] = ("F32", s.shape, s.tobytes())
+            stored[name] = deq
+        elif dtype == "BF16":
+            bits = bf16_bits(a)
+            entries[name] = ("BF16", a.shape, bits.tobytes())
+            stored[name] = bf16_value(bits).astype(np.float64)
+        elif dtype == "F16":
+            h = a.astype(np.float16)
+            entries[name] = ("F16", a.shape, h.tobytes())
+            stored[name] = h.astype(np.float64)
+        else:
+            f = a.astype(np.float32)
+            entries[name] = ("F32", a.shape, f.tobytes())
+            stored[name] = f.astype(np.float64)
+    if fp8:
+        config = dict(config, quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3",
+                                                   "quant_method": "fp8", "weight_block_size": [128, 128]})
+    with open(os.path.join(d, "config.json"), "w") as fh:
+        json.dump(config, fh, indent=2)
+    names = list(entries)
+    if shards == 1:
+        write_safetensors(os.path.join(d, "model.safetensors"), entries, {"format": "pt"})
+        return stored
+    weight_map, total = {}, 0
+    per = -(-len(names) // shards)
+    for k in range(shards):
+        fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: entries[n] for n in names[k * per:(k + 1) * per]}
+        write_safetensors(os.path.join(d, fname), part, {"format": "pt"})
+        for n, (_, _, raw) in part.items():
+            weight_map[n] = fname
+            total += len(raw)
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as fh:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
+    return stored
+
+
+def read_safetensors(path):
+    with open(path, "rb") as fh:
+        buf = fh.read()
+    (n,) = struct.unpack("<Q", buf[:8])
+    header = json.loads(buf[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = e["data_offsets"]
+        assert e["dtype"] == "F32"
+        out[name] = np.frombuffer(buf[8 + n + a:8 + n + b], np.float32).reshape(e["shape"])
+    return out
+
+
+# ------------------------------------------------------------------ models and weights
+OPENPANGU = {
+    "architectures": ["PanguV2ForCausalLM"], "model_type": "openpangu_v2", "torch_dtype": "bfloat16",
+    "vocab_size": 320, "hidden_size": 192, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "q_lora_rank": 160, "kv_lora_rank": 136, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+    "v_head_dim": 32, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "first_k_dense_replace": 1,
+    "intermediate_size": 288, "n_routed_experts": 6, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 144, "n_shared_experts": 1, "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5, "max_position_embeddings": 64, "bos_token_id": 1,
+    "eos_token_id": 2, "use_cache": True, "transformers_version": "4.48.0",
+}
+
+
+def hf_name(name):
+    """The reference names the selection bias e_score_correction.bias; HF files use this."""
+    return name.replace("mlp.e_score_correction.bias", "mlp.gate.e_score_correction_bias")
+
+
+def random_weights(config, seed):
+    model = PanguRef(config, dtype=torch.float64)
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name, t in model.state_dict().items():
+        shape = tuple(t.shape)
+        if "norm" in name:
+            a = 1 + 0.2 * rng.standard_normal(shape)
+        elif "e_score_correction" in name:
+            a = 0.05 * rng.standard_normal(shape)
+        else:
+            a = 0.08 * rng.standard_normal(shape)
+        arrays[hf_name(name)] = a
+    return arrays
+
+
+def reference_logits(config, stored, sequences):
+    model = PanguRef(config, dtype=torch.float64)
+    sd = {n: torch.from_numpy(np.asarray(stored[hf_name(n)], np.float64)) for n in model.state_dict()}
+    model.load_state_dict(sd)
+    with torch.no_grad():
+        return [model(torch.tensor([s])).logits[0].numpy() for s in sequences]
+
+
+def sequences(vocab, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, size=n).tolist() for n in (17, 33, 9)]
+
+
+def run(args, **kw):
+    return subprocess.run([PRL] + args, capture_output=True, text=True, **kw)
+
+
+def snapshot(d):
+    return {f: (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
+            for f in sorted(os.listdir(d))}
+
+
+def score_matches(work, tag, config, dtype, shards, fp8):
+    d = os.path.join(work, tag)
+    stored = write_checkpoint(d, config, random_weights(config, 11), dtype, shards, fp8)
+    seqs = sequences(config["vocab_size"], 5)
+    inp = os.path.join(work, tag + ".jsonl")
+    with open(inp, "w") as fh:
+        for s in seqs:
+            fh.write(json.dumps({"ids": s}) + "\n")
+    before = snapshot(d)
+    out = os.path.join(work, tag + ".logits.safetensors")
+    r = run(["score", "--ckpt", d, "--input", inp, "--logits", out])
+    if r.returncode != 0:
+        check(False, f"{tag}: prl score failed: {r.stderr.strip()}")
+        return
+    got = read_safetensors(out)
+    ref = reference_logits(config, stored, seqs)
+    worst = max(np.abs(got[f"line.{i + 1}"] - ref[i]).max() / np.abs(ref[i]).max() for i in range(len(seqs)))
+    check(worst < 1e-5, f"{tag}: prl score logits vs reference: max rel err {worst:.2e} (< 1e-5)")
+    check(snapshot(d) == before, f"{tag}: the imported checkpoint is left as it was")
+
+
+# ------------------------------------------------------------------ bad files
+def refused(work, tag, mutate, expect, drop=None):
+    """Write a good 2-shard BF16 checkpoint (without tensor `drop`), break it, and require a
+    clean refusal."""
+    d = os.path.join(work, "bad-" + tag)
+    arrays = random_weights(OPENPANGU, 3)
+    arrays.pop(drop, None)
+    write_checkpoint(d, OPENPANGU, arrays, "BF16", shards=2)
+    mutate(d)
+    before = snapshot(d)
+    inp = os.path.join(work, "bad.jsonl")
+    with open(inp, "w") as fh:
+        fh.write(json.dumps({"ids": [5, 6, 7]}) + "\n")
+    out = os.path.join(work, "bad-" + tag + ".logits")
+    r = run(["score", "--ckpt", d, "--input", inp, "--logits", out])
+    msg = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    check(r.returncode != 0 and expect in msg and not os.path.exists(out) and snapshot(d) == before,
+          f"refuses {tag}: {msg!r}")
+
+
+def shard(d, k=1):
+    return os.path.join(d, f"model-{k:05d}-of-00002.safetensors")
+
+
+def edit_index(d, fn):
+    p = os.path.join(d, "model.safetensors.index.json")
+    idx = json.load(open(p))
+    fn(idx)
+    json.dump(idx, open(p, "w"))
+
+
+def edit_header(path, fn):
+    buf = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", buf[:8])
+    header = json.loads(buf[8:8 + n])
+    fn(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(text)) + text + buf[8 + n:])
+
+
+def first_tensor(header):
+    return next(k for k in header if k != "__metadata__")
+
+
+def truncate(d):
+    p = shard(d, 2)
+    os.truncate(p, os.path.getsize(p) - 100)
+
+
+def missing_shard(d):
+    edit_index(d, lambda idx: idx["weight_map"].update({k: "model-00009-of-00002.safetensors"
+                                                        for k in list(idx["weight_map"])[:1]}))
+
+
+def overlap(d):
+    def fn(h):
+        names = [k for k in h if k != "__metadata__"]
+        a, b = h[names[1]]["data_offsets"]
+        h[names[1]]["data_offsets"] = [a - 2, b - 2]
+    edit_header(shard(d), fn)
+
+
+def wrong_dtype(d):
+    edit_header(shard(d), lambda h: h[first_tensor(h)].update(dtype="I16"))
+
+
+def nan(d):
+    p = shard(d)
+    buf = bytearray(open(p, "rb").read())
+    (n,) = struct.unpack("<Q", buf[:8])
+    h = json.loads(buf[8:8 + n])
+    a = h[first_tensor(h)]["data_offsets"][0]
+    buf[8 + n + a:8 + n + a + 2] = struct.pack("<H", 0x7FC0)  # a bf16 NaN
+    open(p, "wb").write(bytes(buf))
+
+
+def extra(d):
+    def fn(idx):
+        idx["weight_map"]["model.layers.0.mlp.bogus.weight"] = "model-00001-of-00002.safetensors"
+    # an extra tensor must be both in a shard and in the index to get past the index checks
+    p = shard(d)
+    buf = open(p, "rb").read()
+    (n,) = struct.unpack("<Q", buf[:8])
+    h = json.loads(buf[8:8 + n])
+    end = max(v["data_offsets"][1] for k, v in h.items() if k != "__metadata__")
+    h["model.layers.0.mlp.bogus.weight"] = {"dtype": "BF16", "shape": [2], "data_offsets": [end, end + 4]}
+    text = json.dumps(h).encode()
+    text += b" " * (-len(text) % 8)
+    open(p, "wb").write(struct.pack("<Q", len(text)) + text + buf[8 + n:] + b"\0\0\0\0")
+    edit_index(d, fn)
+
+
+def main():
+    with tempfile.TemporaryDirectory() as work:
+        score_matches(work, "openpangu-bf16-3shards", OPENPANGU, "BF16", 3, False)
+        score_matches(work, "openpangu-f16-single", OPENPANGU, "F16", 1, False)
+        score_matches(work, "openpangu-fp8-2shards", OPENPANGU, "BF16", 2, True)
+        refused(work, "a truncated shard", truncate, "model-00002-of-00002.safetensors")
+        refused(work, "an index naming a missing shard", missing_shard, "model-00009-of-00002.safetensors")
+        refused(work, "overlapping offsets", overlap, "model-00001-of-00002.safetensors")
+        refused(work, "a wrong dtype", wrong_dtype, "I16")
+        refused(work, "a NaN", nan, "NaN")
+        refused(work, "an extra tensor", extra, "model.layers.0.mlp.bogus.weight")
+        gone = "model.layers.1.mlp.experts.3.up_proj.weight"
+        refused(work, "a missing tensor", lambda d: None, gone, drop=gone)
+    print(f"{len(FAILS)} failed" if FAILS else "all import checks passed")
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
