@@ -9,6 +9,8 @@ static const cli_command commands[] = {
     {"init", cmd_init, "write a randomly initialised checkpoint from a model config"},
     {"average", cmd_average,
      "the element-wise mean of checkpoints' weights (same model) as a new checkpoint"},
+    {"export", cmd_export,
+     "write a checkpoint as a Hugging Face model directory (shards, index, bf16 or f32)"},
     {"sft", cmd_sft, "supervised fine-tuning on chat JSONL (loss on assistant tokens)"},
     {"generate", cmd_generate, "sample completions with the infer path (KV cache, batching)"},
     {"eval", cmd_eval, "held-out accuracy per task domain (infer path + verifiers)"},

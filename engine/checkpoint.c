@@ -43,7 +43,7 @@ static void parent_dir(const char *path, char *out, size_t n)
 }
 
 /* Remove a flat directory (files only) — the temporary or replaced checkpoint. */
-static void remove_flat_dir(const char *path)
+void ckpt_remove_flat_dir(const char *path)
 {
     DIR *d = opendir(path);
     if (!d) return;
@@ -73,10 +73,14 @@ static const float *as_f32(const prl_real *src, size_t n, float **owned)
 #endif
 }
 
+int ckpt_bias_layer(const prl_model *m, int moe_idx)
+{
+    return m->cfg.first_k_dense_replace + moe_idx;
+}
+
 static void bias_name(char *out, size_t n, const prl_model *m, int moe_idx)
 {
-    snprintf(out, n, "model.layers.%d.mlp.e_score_correction.bias",
-             m->cfg.first_k_dense_replace + moe_idx);
+    snprintf(out, n, "model.layers.%d.mlp.e_score_correction.bias", ckpt_bias_layer(m, moe_idx));
 }
 
 uint64_t ckpt_data_checksum(const uint8_t *bytes, size_t size)
@@ -214,27 +218,27 @@ prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const cha
     char tmp[4096], parent[4096];
     if (strlen(dir) > 3000) return prl_error_set(PRL_ERR_ARG, "checkpoint path too long: %s", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", dir, (int)getpid());
-    remove_flat_dir(tmp);
+    ckpt_remove_flat_dir(tmp);
     if (mkdir(tmp, 0755) != 0)
         return prl_error_set(PRL_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     prl_status rc = write_checkpoint_files(m, o, state_json, tok, tmp);
     if (rc) {
-        remove_flat_dir(tmp);
+        ckpt_remove_flat_dir(tmp);
         return prl_error_wrap(rc, "saving checkpoint %s: ", dir);
     }
     struct stat sb;
     int exists = stat(dir, &sb) == 0;
     if (exists && !S_ISDIR(sb.st_mode)) {
-        remove_flat_dir(tmp);
+        ckpt_remove_flat_dir(tmp);
         return prl_error_set(PRL_ERR_IO, "%s exists and is not a directory", dir);
     }
     int r = exists ? renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) : rename(tmp, dir);
     if (r != 0) {
         int e = errno;
-        remove_flat_dir(tmp);
+        ckpt_remove_flat_dir(tmp);
         return prl_error_set(PRL_ERR_IO, "cannot move %s into place: %s", dir, strerror(e));
     }
-    if (exists) remove_flat_dir(tmp); /* now holds the previous checkpoint */
+    if (exists) ckpt_remove_flat_dir(tmp); /* now holds the previous checkpoint */
     parent_dir(dir, parent, sizeof parent);
     return prl_file_sync_dir(parent);
 }
@@ -317,7 +321,7 @@ static prl_status load_bias(prl_model *m, ckpt_weights *w)
 {
     int E = m->cfg.n_routed_experts;
     for (int i = 0; i < m->n_moe; i++) {
-        int l = m->cfg.first_k_dense_replace + i;
+        int l = ckpt_bias_layer(m, i);
         char names[3][96];
         bias_name(names[0], sizeof names[0], m, i);
         snprintf(names[1], sizeof names[1], "model.layers.%d.mlp.gate.e_score_correction_bias", l);

@@ -34,6 +34,13 @@ prl_status ckpt_verify_checksum(const prl_safetensors *st, int required);
 /* The checksum prl stores: over the data section of a whole safetensors file. */
 uint64_t ckpt_data_checksum(const uint8_t *bytes, size_t size);
 
+/* The layer of MoE layer moe_idx (its router bias is saved under that layer's name). */
+int ckpt_bias_layer(const prl_model *m, int moe_idx);
+/* dir + "/" + file, malloc'd (NULL when out of memory). */
+char *ckpt_path_join(const char *dir, const char *file);
+/* Remove a flat directory this process created (its files, then it). */
+void ckpt_remove_flat_dir(const char *path);
+
 /* Open the weights of `dir` (config.json beside them gives the F8 block size). Both a
 ** model.safetensors and an index is an error (which one is meant?); so is neither. The index
 ** must name plain file names in dir; every tensor it maps must be in the shard it names and

@@ -26,7 +26,7 @@ static int file_exists(const char *path)
     return stat(path, &sb) == 0;
 }
 
-static char *path_join(const char *dir, const char *file)
+char *ckpt_path_join(const char *dir, const char *file)
 {
     size_t n = strlen(dir) + strlen(file) + 2;
     char *p = malloc(n);
@@ -37,14 +37,14 @@ static char *path_join(const char *dir, const char *file)
 /* Add dir/file as a shard (once); *k gets its index. */
 static prl_status add_shard(ckpt_weights *w, const char *dir, const char *file, int *k)
 {
-    char *path = path_join(dir, file);
+    char *path = ckpt_path_join(dir, file);
     if (!path) return prl_error_set(PRL_ERR_NOMEM, "%s", w->source);
     for (*k = 0; *k < w->n_shards; (*k)++)
         if (!strcmp(w->shards[*k].path, path)) return free(path), PRL_OK;
     if (!file_exists(path)) {
         free(path);
-        return prl_error_set(PRL_ERR_FORMAT, "%s names shard '%s', which does not exist",
-                             w->source, file);
+        return prl_error_set(PRL_ERR_FORMAT, "%s names shard '%s', which does not exist", w->source,
+                             file);
     }
     ckpt_shard *grown = realloc(w->shards, (size_t)(w->n_shards + 1) * sizeof *grown);
     if (!grown) return free(path), prl_error_set(PRL_ERR_NOMEM, "%s", w->source);
@@ -54,7 +54,8 @@ static prl_status add_shard(ckpt_weights *w, const char *dir, const char *file, 
     s->path = path;
     prl_status rc = prl_safetensors_open(&s->st, path);
     if (rc) return rc;
-    if (!(s->used = calloc(s->st.n_tensors + 1, 1))) return prl_error_set(PRL_ERR_NOMEM, "%s", path);
+    if (!(s->used = calloc(s->st.n_tensors + 1, 1)))
+        return prl_error_set(PRL_ERR_NOMEM, "%s", path);
     if ((rc = ckpt_verify_checksum(&s->st, 0))) return rc;
     prl_safetensors_release(&s->st, NULL); /* the checksum touched every page */
     return PRL_OK;
@@ -83,8 +84,9 @@ static prl_status open_mapped(ckpt_weights *w, const char *dir, json_t *map)
         prl_status rc = add_shard(w, dir, file, &k);
         if (rc) return rc;
         if (!prl_safetensors_find(&w->shards[k].st, name))
-            return prl_error_set(PRL_ERR_FORMAT, "%s maps tensor '%s' to %s, which does not hold it",
-                                 w->source, name, w->shards[k].path);
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "%s maps tensor '%s' to %s, which does not hold it", w->source,
+                                 name, w->shards[k].path);
     }
     return PRL_OK;
 }
@@ -110,8 +112,7 @@ static prl_status open_index(ckpt_weights *w, const char *dir)
 {
     json_error_t err;
     json_t *root = json_load_file(w->source, JSON_REJECT_DUPLICATES, &err);
-    if (!root)
-        return prl_error_set(PRL_ERR_FORMAT, "%s:%d: %s", w->source, err.line, err.text);
+    if (!root) return prl_error_set(PRL_ERR_FORMAT, "%s:%d: %s", w->source, err.line, err.text);
     json_t *map = json_object_get(root, "weight_map");
     prl_status rc = PRL_OK;
     if (!json_is_object(map) || json_object_size(map) == 0)
@@ -126,7 +127,7 @@ static prl_status open_index(ckpt_weights *w, const char *dir)
 static prl_status read_block_size(ckpt_weights *w, const char *dir)
 {
     w->block[0] = w->block[1] = 128;
-    char *path = path_join(dir, "config.json");
+    char *path = ckpt_path_join(dir, "config.json");
     if (!path) return prl_error_set(PRL_ERR_NOMEM, "config.json");
     json_t *root = json_load_file(path, 0, NULL);
     json_t *q = json_object_get(root, "quantization_config");
@@ -139,9 +140,9 @@ static prl_status read_block_size(ckpt_weights *w, const char *dir)
                                "%s: quantization_config.quant_method '%s' is not supported "
                                "(block-wise \"fp8\" is)",
                                path, method ? method : "(none)");
-        else if (bs && !(json_array_size(bs) == 2 &&
-                         json_integer_value(json_array_get(bs, 0)) > 0 &&
-                         json_integer_value(json_array_get(bs, 1)) > 0))
+        else if (bs &&
+                 !(json_array_size(bs) == 2 && json_integer_value(json_array_get(bs, 0)) > 0 &&
+                   json_integer_value(json_array_get(bs, 1)) > 0))
             rc = prl_error_set(PRL_ERR_FORMAT,
                                "%s: quantization_config.weight_block_size must be [rows, cols]",
                                path);
@@ -158,7 +159,7 @@ static prl_status read_block_size(ckpt_weights *w, const char *dir)
 prl_status ckpt_weights_open(ckpt_weights *w, const char *dir)
 {
     memset(w, 0, sizeof *w);
-    char *single = path_join(dir, SINGLE), *index = path_join(dir, INDEX);
+    char *single = ckpt_path_join(dir, SINGLE), *index = ckpt_path_join(dir, INDEX);
     if (!single || !index) {
         free(single);
         free(index);
@@ -204,10 +205,7 @@ const prl_safetensors_tensor *ckpt_weights_find(const ckpt_weights *w, const cha
     return NULL;
 }
 
-static void mark(ckpt_shard *s, const prl_safetensors_tensor *t)
-{
-    s->used[t - s->st.tensors] = 1;
-}
+static void mark(ckpt_shard *s, const prl_safetensors_tensor *t) { s->used[t - s->st.tensors] = 1; }
 
 void ckpt_weights_mark(ckpt_weights *w, const char *name)
 {

@@ -143,18 +143,37 @@ def write_checkpoint(d, config, arrays, dtype, shards=1, fp8=False):
     return stored
 
 
-def read_safetensors(path):
+def read_raw(path):
+    """name -> (dtype, shape, bytes) of a safetensors file."""
     with open(path, "rb") as fh:
         buf = fh.read()
     (n,) = struct.unpack("<Q", buf[:8])
     header = json.loads(buf[8:8 + n])
+    return {name: (e["dtype"], tuple(e["shape"]), buf[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]])
+            for name, e in header.items() if name != "__metadata__"}
+
+
+def read_safetensors(path):
     out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = e["data_offsets"]
-        assert e["dtype"] == "F32"
-        out[name] = np.frombuffer(buf[8 + n + a:8 + n + b], np.float32).reshape(e["shape"])
+    for name, (dtype, shape, raw) in read_raw(path).items():
+        assert dtype == "F32"
+        out[name] = np.frombuffer(raw, np.float32).reshape(shape)
+    return out
+
+
+def read_hf_dir(d):
+    """Every tensor of an HF directory (single file or index + shards), checking the index."""
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if not os.path.exists(idx):
+        return read_raw(os.path.join(d, "model.safetensors"))
+    index = json.load(open(idx))
+    out = {}
+    for f in sorted(set(index["weight_map"].values())):
+        part = read_raw(os.path.join(d, f))
+        assert all(index["weight_map"][n] == f for n in part), f"{f}: a tensor not mapped to it"
+        out.update(part)
+    assert set(out) == set(index["weight_map"]), "index and shards disagree"
+    assert index["metadata"]["total_size"] == sum(len(r) for _, _, r in out.values())
     return out
 
 
@@ -212,6 +231,42 @@ def run(args, **kw):
 def snapshot(d):
     return {f: (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
             for f in sorted(os.listdir(d))}
+
+
+def score_logits(work, d, tag, seqs):
+    inp = os.path.join(work, tag + ".jsonl")
+    with open(inp, "w") as fh:
+        for s in seqs:
+            fh.write(json.dumps({"ids": s}) + "\n")
+    out = os.path.join(work, tag + ".logits.safetensors")
+    r = run(["score", "--ckpt", d, "--input", inp, "--logits", out])
+    return (read_safetensors(out) if r.returncode == 0 else None), r
+
+
+def exports(work):
+    """prl export of an imported checkpoint: shards and index any HF reader takes, BF16 bytes
+    equal to the imported ones, F32 scoring exactly as the source."""
+    src = os.path.join(work, "openpangu-bf16-3shards")
+    seqs = sequences(OPENPANGU["vocab_size"], 5)
+    base, _ = score_logits(work, src, "export-src", seqs)
+    bf, f32 = os.path.join(work, "hf-bf16"), os.path.join(work, "hf-f32")
+    r = run(["export", "--ckpt", src, "--out", bf, "--shard-size", "400KB"])
+    check(r.returncode == 0, f"prl export --dtype bf16: {r.stdout.strip() or r.stderr.strip()}")
+    got, want = read_hf_dir(bf), read_hf_dir(src)
+    n_shards = len([f for f in os.listdir(bf) if f.startswith("model-")])
+    check(got == want and n_shards > 1,
+          f"bf16 export: {n_shards} shards, index consistent, every tensor byte-identical to the import")
+    cfg = json.load(open(os.path.join(bf, "config.json")))
+    check(cfg.get("model_type") == "openpangu_v2" and cfg.get("torch_dtype") == "bfloat16",
+          "bf16 export: config.json keeps model_type, torch_dtype bfloat16")
+    r = run(["export", "--ckpt", src, "--out", f32, "--dtype", "f32"])
+    logits, _ = score_logits(work, f32, "export-f32", seqs) if r.returncode == 0 else (None, None)
+    check(logits is not None and all(np.array_equal(logits[k], base[k]) for k in base),
+          "f32 export scores bitwise as its source")
+    before = snapshot(bf)
+    r = run(["export", "--ckpt", src, "--out", bf])
+    check(r.returncode != 0 and "exists" in r.stderr and snapshot(bf) == before,
+          f"export refuses an existing directory: {r.stderr.strip()!r}")
 
 
 def score_matches(work, tag, config, dtype, shards, fp8):
@@ -333,6 +388,7 @@ def main():
         score_matches(work, "openpangu-bf16-3shards", OPENPANGU, "BF16", 3, False)
         score_matches(work, "openpangu-f16-single", OPENPANGU, "F16", 1, False)
         score_matches(work, "openpangu-fp8-2shards", OPENPANGU, "BF16", 2, True)
+        exports(work)
         refused(work, "a truncated shard", truncate, "model-00002-of-00002.safetensors")
         refused(work, "an index naming a missing shard", missing_shard, "model-00009-of-00002.safetensors")
         refused(work, "overlapping offsets", overlap, "model-00001-of-00002.safetensors")
