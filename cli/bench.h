@@ -1,5 +1,5 @@
 /*
-** bench.h — private to `prl bench` (cmd_bench.c, bench.c, bench_*.c): the four benches'
+** bench.h — private to `prl bench` (cmd_bench.c, bench.c, bench_*.c): the benches'
 ** entry points and what they share. Everything else in cli/ includes cli/cli.h only.
 */
 #ifndef PRL_CLI_BENCH_H
@@ -17,6 +17,7 @@ int cmd_bench_train(int argc, char **argv);    /* bench_train.c: a training step
 int cmd_bench_decode(int argc, char **argv);   /* bench_decode.c: KV-cached decoding vs PyTorch */
 int cmd_bench_sandbox(int argc, char **argv);  /* bench_sandbox.c: sandboxed vs bare executions */
 int cmd_bench_pipeline(int argc, char **argv); /* bench_pipeline.c: prl run, sync vs async */
+int cmd_bench_load(int argc, char **argv);     /* bench_load.c: checkpoint load time, memory */
 
 /* The median of v[0..n), n >= 1 (sorts v in place). */
 double bench_median(double *v, int n);

@@ -12,6 +12,8 @@
 #include "cli/bench.h"
 
 #include <jansson.h>
+#include <math.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +37,69 @@ typedef struct decode_run {
     prl_sample_params sp;
     int32_t stop_ids[2];
 } decode_run;
+
+/* ---- the memory-bandwidth bound ---------------------------------------------------------
+** A decode step reads every weight it uses once, so tokens/s ≤ B · bandwidth / bytes read per
+** step. The bandwidth is measured here, in the same run, by summing a 512 MiB buffer over the
+** same pool of threads (median of 5 passes); the bytes are the fp32 weights a step touches:
+** everything but the embedding table (one row per token) and the MTP modules, with each MoE
+** layer's routed experts counted as E·(1 − (1 − K/E)^B), the experts B tokens touch on average
+** under uniform routing. */
+typedef struct bw_ctx {
+    const float *x;
+    size_t n;
+    int tasks;
+    double part[64];
+} bw_ctx;
+
+static void bw_task(void *ctx, int task)
+{
+    bw_ctx *c = ctx;
+    size_t lo = c->n * (size_t)task / (size_t)c->tasks,
+           hi = c->n * (size_t)(task + 1) / (size_t)c->tasks;
+    float acc[8] = {0};
+    for (size_t i = lo; i + 8 <= hi; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += c->x[i + j];
+    c->part[task] = acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+}
+
+/* Read bandwidth in bytes/s (0 when the buffer cannot be had). */
+static double measure_bandwidth(void)
+{
+    bw_ctx c = {.n = (size_t)128 << 20, .tasks = 2 * prl_pool_threads()};
+    if (c.tasks > 64) c.tasks = 64;
+    float *x = malloc(c.n * sizeof *x);
+    if (!x) return 0;
+    for (size_t i = 0; i < c.n; i++) x[i] = (float)(i & 7);
+    c.x = x;
+    double t[5];
+    for (int r = 0; r < 5; r++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        prl_parallel_for(c.tasks, bw_task, &c);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        t[r] = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    }
+    free(x);
+    return (double)c.n * sizeof(float) / bench_median(t, 5);
+}
+
+/* fp32 bytes of weights one decode step of B sequences reads (see above). */
+static double step_weight_bytes(const prl_model *m, int B)
+{
+    const prl_config *c = &m->cfg;
+    double bytes = 0, expert = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const prl_param_info *p = &m->tensors[i];
+        if (p->layer >= c->num_hidden_layers) continue; /* MTP: not used by plain decoding */
+        if (p->kind == PRL_PARAM_EMBED) bytes += (double)B * (double)p->shape[1] * 4;
+        else if (p->expert >= 0) expert += (double)p->numel * 4;
+        else bytes += (double)p->numel * 4;
+    }
+    double E = c->n_routed_experts, K = c->num_experts_per_tok;
+    double touched = E > 0 ? E * (1 - pow(1 - K / E, B)) : 0;
+    return bytes + (E > 0 ? expert * touched / E : 0);
+}
 
 typedef struct decode_result {
     int batch;
@@ -452,6 +517,7 @@ int cmd_bench_decode(int argc, char **argv)
             return cli_fail("bench");
         fprintf(stderr, "bench: batch %d done\n", batches[i]);
     }
+    double bandwidth = measure_bandwidth();
     char desc[128];
     prl_infer_options_describe(&io, desc, sizeof desc);
     io.max_batch = 1, io.max_len = 2;
@@ -470,9 +536,10 @@ int cmd_bench_decode(int argc, char **argv)
         printf(
             "{\"model\": \"%s\", \"infer\": \"%s\", \"threads\": %d, \"blas_core\": \"%s\", "
             "\"prompt_len\": %d, \"new_tokens\": %d, \"rounds\": %d, \"kv_bytes_per_token\": %zu, "
-            "\"kv_bytes_formula\": %zu, \"kv_bytes_per_sequence\": %zu",
+            "\"kv_bytes_formula\": %zu, \"kv_bytes_per_sequence\": %zu, "
+            "\"read_bandwidth_bytes_per_s\": %.0f",
             a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
-            a.new_tokens, a.rounds, kv, kv_formula, kv_seq);
+            a.new_tokens, a.rounds, kv, kv_formula, kv_seq, bandwidth);
     else
         printf(
             "model %s, %s, threads %d, blas %s, prompt %d + %d new tokens, medians of %d rounds\n"
@@ -483,6 +550,10 @@ int cmd_bench_decode(int argc, char **argv)
             a.ckpt ? a.ckpt : a.config, desc, prl_blas_threads(), prl_blas_core(), a.prompt_len,
             a.new_tokens, a.rounds, kv, full_layers, c->n_dsa_layers, kv_formula, c->n_swa_layers,
             ctx, kv_seq);
+    if (!a.json)
+        printf("  memory read bandwidth %.2f GB/s (measured now, %d threads); a decode step reads "
+               "%.1f MB of fp32 weights at batch 1\n",
+               bandwidth / 1e9, prl_pool_threads(), step_weight_bytes(&m, 1) / 1e6);
     if (print_kv_by_context(&m, io, a.json)) return cli_fail("bench");
     if (a.json) printf(", \"results\": [");
     for (int i = 0; i < nb; i++) {
@@ -490,6 +561,7 @@ int cmd_bench_decode(int argc, char **argv)
         double toks = (double)d->plain_tokens; /* the first token comes with the prefill */
         double prl_tps = toks / d->prl_decode,
                ref_tps = d->ref_decode > 0 ? (double)d->batch * a.new_tokens / d->ref_decode : 0;
+        double bound = bandwidth * d->batch / step_weight_bytes(&m, d->batch);
         if (a.json) {
             printf("%s{\"batch\": %d, \"prl_prefill_s\": %.5f, \"prl_decode_s\": %.5f, "
                    "\"prl_decode_tokens_per_s\": %.1f, "
@@ -497,10 +569,10 @@ int cmd_bench_decode(int argc, char **argv)
                    "\"torch_decode_tokens_per_s\": %.1f, "
                    "\"ratio_prl_over_torch\": %.2f, \"torch_kv_bytes_per_token\": %zu, "
                    "\"greedy_tokens_agree\": %d, "
-                   "\"reference\": \"%s\"",
+                   "\"reference\": \"%s\", \"bandwidth_bound_tokens_per_s\": %.1f",
                    i ? ", " : "", d->batch, d->prl_prefill, d->prl_decode, prl_tps, d->ref_prefill,
                    d->ref_decode, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, d->ref_kv_bytes,
-                   d->greedy_agree, a.no_reference ? "skipped" : d->ref_info);
+                   d->greedy_agree, a.no_reference ? "skipped" : d->ref_info, bound);
             if (a.spec > 0)
                 printf(", \"spec_drafts\": %d, \"spec_decode_s\": %.5f, "
                        "\"spec_decode_tokens_per_s\": %.1f, "
@@ -514,8 +586,9 @@ int cmd_bench_decode(int argc, char **argv)
             printf("}");
             continue;
         }
-        printf("  batch %3d: prl %8.1f tokens/s (prefill %.4f s)", d->batch, prl_tps,
-               d->prl_prefill);
+        printf("  batch %3d: prl %8.1f tokens/s (prefill %.4f s; %.0f%% of the bandwidth bound "
+               "%.1f)",
+               d->batch, prl_tps, d->prl_prefill, 100 * prl_tps / bound, bound);
         if (ref_tps > 0)
             printf("   pytorch %8.1f tokens/s (prefill %.4f s)   ratio %.1fx   greedy tokens agree "
                    "%d/%d",

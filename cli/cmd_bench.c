@@ -12,6 +12,7 @@ static const cli_command benches[] = {
     {"decode", cmd_bench_decode, "KV-cached decoding vs PyTorch"},
     {"sandbox", cmd_bench_sandbox, "sandboxed vs bare executions"},
     {"pipeline", cmd_bench_pipeline, "prl run in sync vs async mode"},
+    {"load", cmd_bench_load, "checkpoint loading: time and peak memory"},
 };
 enum { N_BENCHES = sizeof benches / sizeof benches[0] };
 

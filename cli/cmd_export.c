@@ -20,9 +20,16 @@ static int parse_size(const char *s, size_t *out)
     static const struct {
         const char *unit;
         double mult;
-    } units[] = {{"", 1},           {"B", 1},          {"KB", 1e3},        {"MB", 1e6},
-                 {"GB", 1e9},       {"TB", 1e12},      {"KIB", 1024.0},    {"MIB", 1048576.0},
-                 {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+    } units[] = {{"", 1},
+                 {"B", 1},
+                 {"KB", 1e3},
+                 {"MB", 1e6},
+                 {"GB", 1e9},
+                 {"TB", 1e12},
+                 {"KIB", 1024.0},
+                 {"MIB", 1048576.0},
+                 {"GIB", 1073741824.0},
+                 {"TIB", 1099511627776.0}};
     char unit[8] = {0};
     for (int i = 0; end[i] && i < 7; i++) unit[i] = (char)toupper((unsigned char)end[i]);
     if (end == s || strlen(end) > 3 || !(v > 0)) return -1;
@@ -54,10 +61,11 @@ int cmd_export(int argc, char **argv)
                        "files.",
                        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
-    prl_dtype dt = !strcmp(dtype, "bf16") ? PRL_DTYPE_BF16
+    prl_dtype dt = !strcmp(dtype, "bf16")  ? PRL_DTYPE_BF16
                    : !strcmp(dtype, "f32") ? PRL_DTYPE_F32
                                            : PRL_DTYPE_COUNT;
-    if (dt == PRL_DTYPE_COUNT) return cli_failf("export", 2, "--dtype %s: choose bf16 or f32", dtype);
+    if (dt == PRL_DTYPE_COUNT)
+        return cli_failf("export", 2, "--dtype %s: choose bf16 or f32", dtype);
     size_t shard_bytes;
     if (parse_size(shard, &shard_bytes))
         return cli_failf("export", 2, "--shard-size %s: give a size such as 2GB, 500MB or 1GiB",
@@ -66,7 +74,8 @@ int cmd_export(int argc, char **argv)
         return cli_failf("export", 2, "--out %s exists (choose a new directory)", out);
     prl_model m;
     if (prl_checkpoint_load(&m, ckpt)) return cli_fail("export");
-    prl_status st = prl_checkpoint_export(&m, ckpt, out, dt, shard_bytes);
+    prl_export_options eo = {.dtype = dt, .shard_bytes = shard_bytes};
+    prl_status st = prl_checkpoint_export(&m, ckpt, out, &eo);
     if (st == PRL_OK)
         printf("exported %s -> %s (%zu parameters, %s)\n", ckpt, out, m.n_params,
                dt == PRL_DTYPE_BF16 ? "bf16" : "f32");

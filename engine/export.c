@@ -5,8 +5,8 @@
 ** exported dtype), the weights in BF16 or F32 as model.safetensors or, when they exceed the
 ** shard size, as model-0000k-of-0000n.safetensors shards with model.safetensors.index.json,
 ** the router biases under DeepSeek-V3's name (mlp.gate.e_score_correction_bias), and the
-** source's tokenizer files unchanged. Every shard carries prl's checksum (HF loaders ignore
-** metadata). Like a checkpoint save, the directory is built under a temporary name and moved
+** source's tokenizer files unchanged. Every shard carries prl's checksum unless asked not to
+** (HF loaders ignore metadata). Like a checkpoint save, the directory is built under a temporary name and moved
 ** into place with one rename that never replaces an existing directory.
 */
 #include "engine/checkpoint_int.h"
@@ -82,7 +82,7 @@ static void *convert(const export_item *it, prl_dtype dtype)
     return buf;
 }
 
-static prl_status write_shard(const export_item *it, int lo, int hi, prl_dtype dtype,
+static prl_status write_shard(const export_item *it, int lo, int hi, prl_dtype dtype, int checksum,
                               const char *path)
 {
     prl_safetensors_writer w;
@@ -91,15 +91,16 @@ static prl_status write_shard(const export_item *it, int lo, int hi, prl_dtype d
     prl_status rc = bufs ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "%s", path);
     for (int i = lo; rc == PRL_OK && i < hi; i++) {
         if (!(bufs[i - lo] = convert(&it[i], dtype))) rc = prl_error_set(PRL_ERR_NOMEM, "%s", path);
-        else rc = prl_safetensors_writer_add(&w, it[i].name, dtype, it[i].shape, it[i].ndim,
-                                             bufs[i - lo]);
+        else
+            rc = prl_safetensors_writer_add(&w, it[i].name, dtype, it[i].shape, it[i].ndim,
+                                            bufs[i - lo]);
     }
     uint8_t *bytes = NULL;
     size_t len = 0;
     if (rc == PRL_OK) rc = prl_safetensors_writer_set_metadata(&w, "format", "pt");
-    if (rc == PRL_OK) rc = prl_safetensors_writer_to_memory(&w, &bytes, &len);
+    if (rc == PRL_OK && checksum) rc = prl_safetensors_writer_to_memory(&w, &bytes, &len);
     char sum[32];
-    if (rc == PRL_OK) {
+    if (rc == PRL_OK && checksum) {
         snprintf(sum, sizeof sum, "%016" PRIx64, ckpt_data_checksum(bytes, len));
         rc = prl_safetensors_writer_set_metadata(&w, "prl_checksum", sum);
     }
@@ -140,8 +141,8 @@ static prl_status write_index(const export_item *it, const int *starts, int n_sh
             total += item_bytes(&it[i], dtype);
         }
     }
-    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
-                             "weight_map", map);
+    json_t *root =
+        json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", map);
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(root);
     char *path = ckpt_path_join(dir, "model.safetensors.index.json");
@@ -152,8 +153,7 @@ static prl_status write_index(const export_item *it, const int *starts, int n_sh
     return rc;
 }
 
-static prl_status write_weights(const prl_model *m, prl_dtype dtype, size_t shard_bytes,
-                                const char *dir)
+static prl_status write_weights(const prl_model *m, const prl_export_options *o, const char *dir)
 {
     export_item *it = NULL;
     int n = collect_items(m, &it);
@@ -162,14 +162,15 @@ static prl_status write_weights(const prl_model *m, prl_dtype dtype, size_t shar
         free(it);
         return prl_error_set(PRL_ERR_NOMEM, "exporting %s", dir);
     }
-    int n_shards = plan_shards(it, n, dtype, shard_bytes, starts);
+    prl_dtype dtype = o->dtype;
+    int n_shards = plan_shards(it, n, dtype, o->shard_bytes, starts);
     char file[64];
     prl_status rc = PRL_OK;
     for (int k = 0; rc == PRL_OK && k < n_shards; k++) {
         if (n_shards == 1) snprintf(file, sizeof file, "model.safetensors");
         else snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", k + 1, n_shards);
         char *path = ckpt_path_join(dir, file);
-        rc = path ? write_shard(it, starts[k], starts[k + 1], dtype, path)
+        rc = path ? write_shard(it, starts[k], starts[k + 1], dtype, !o->no_checksum, path)
                   : prl_error_set(PRL_ERR_NOMEM, "%s", dir);
         free(path);
     }
@@ -219,12 +220,12 @@ static prl_status copy_tokenizer_files(const char *src, const char *dir)
 }
 
 prl_status prl_checkpoint_export(const prl_model *m, const char *src_dir, const char *out,
-                                 prl_dtype dtype, size_t shard_bytes)
+                                 const prl_export_options *o)
 {
-    if (dtype != PRL_DTYPE_BF16 && dtype != PRL_DTYPE_F32)
+    if (o->dtype != PRL_DTYPE_BF16 && o->dtype != PRL_DTYPE_F32)
         return prl_error_set(PRL_ERR_ARG, "export: dtype %s (choose BF16 or F32)",
-                             prl_dtype_name(dtype) ? prl_dtype_name(dtype) : "?");
-    if (shard_bytes == 0) return prl_error_set(PRL_ERR_ARG, "export: shard size 0");
+                             prl_dtype_name(o->dtype) ? prl_dtype_name(o->dtype) : "?");
+    if (o->shard_bytes == 0) return prl_error_set(PRL_ERR_ARG, "export: shard size 0");
     if (access(out, F_OK) == 0)
         return prl_error_set(PRL_ERR_ARG, "export: %s exists (choose a new directory)", out);
     char tmp[4200];
@@ -232,8 +233,8 @@ prl_status prl_checkpoint_export(const prl_model *m, const char *src_dir, const 
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
     if (mkdir(tmp, 0755) != 0)
         return prl_error_set(PRL_ERR_IO, "export: cannot create %s: %s", tmp, strerror(errno));
-    prl_status rc = write_config(m, dtype, tmp);
-    if (rc == PRL_OK) rc = write_weights(m, dtype, shard_bytes, tmp);
+    prl_status rc = write_config(m, o->dtype, tmp);
+    if (rc == PRL_OK) rc = write_weights(m, o, tmp);
     if (rc == PRL_OK && src_dir) rc = copy_tokenizer_files(src_dir, tmp);
     if (rc == PRL_OK) rc = prl_file_sync_dir(tmp);
     if (rc == PRL_OK && renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_NOREPLACE) != 0)

@@ -388,13 +388,18 @@ prl_status prl_checkpoint_load_tokenizer(prl_model *m, const char *dir, prl_toke
 ** tensors, which keep their values (*n_new counts them; may be NULL); a tensor of the file that
 ** `m` lacks is an error. The config.json of `dir` is not read. */
 prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new);
-/* Write m as a Hugging Face model directory `out` (which must not exist): config.json,
-** weights in `dtype` (PRL_DTYPE_BF16 or PRL_DTYPE_F32) as one model.safetensors or, past
-** `shard_bytes`, shards + model.safetensors.index.json; router biases named
-** mlp.gate.e_score_correction_bias; tokenizer files copied from `src_dir` (may be NULL).
-** Built under a temporary name and renamed into place; on error nothing is left. */
+/* How prl_checkpoint_export writes the weights. */
+typedef struct prl_export_options {
+    prl_dtype dtype;    /* PRL_DTYPE_BF16 or PRL_DTYPE_F32 */
+    size_t shard_bytes; /* largest shard; one model.safetensors when everything fits */
+    int no_checksum;    /* 1: no prl_checksum metadata (a file as other exporters write it) */
+} prl_export_options;
+/* Write m as a Hugging Face model directory `out` (which must not exist): config.json, the
+** weights as one model.safetensors or shards + model.safetensors.index.json, router biases
+** named mlp.gate.e_score_correction_bias, tokenizer files copied from `src_dir` (may be
+** NULL). Built under a temporary name and renamed into place; on error nothing is left. */
 prl_status prl_checkpoint_export(const prl_model *m, const char *src_dir, const char *out,
-                                 prl_dtype dtype, size_t shard_bytes);
+                                 const prl_export_options *o);
 /* Load optimizer state saved with the same model; `o` must be initialised. state.json
 ** text is returned (malloc'd) in *state_json if non-NULL. */
 prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const char *dir,
