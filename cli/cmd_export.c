@@ -45,13 +45,13 @@ static int parse_size(const char *s, size_t *out)
 
 int cmd_export(int argc, char **argv)
 {
-    const char *ckpt = NULL, *out = NULL, *dtype = "bf16", *shard = "5GB";
+    const char *ckpt = NULL, *out = NULL, *dtype = "bf16", *shard = "2GB";
     cli_opt opts[] = {
         {"ckpt", OPT_STR, &ckpt, "DIR", "checkpoint directory (prl's or an imported one)", 1, 0},
         {"out", OPT_STR, &out, "HFDIR", "new directory to write (must not exist)", 1, 0},
         {"dtype", OPT_STR, &dtype, "T", "weights as bf16 (default) or f32", 0, 0},
         {"shard-size", OPT_STR, &shard, "SIZE",
-         "largest shard, e.g. 2GB, 500MB, 1GiB (default 5GB); one file when all fit", 0, 0},
+         "largest shard, e.g. 2GB, 500MB, 1GiB (default 2GB); one file when all fit", 0, 0},
         {0},
     };
     int rc = cli_parse(argc, argv, 2, opts,

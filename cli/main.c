@@ -24,8 +24,8 @@ static const cli_command commands[] = {
     {"run", cmd_run, "train a GRPO expert: every role as a process over ZeroMQ, samples in run.db"},
     {"role", cmd_role, "run one role of a run (controller, rollout, reward, trainer)"},
     {"bench", cmd_bench,
-     "benchmarks: training step and decoding vs PyTorch, sandbox, sync vs async pipeline (bench "
-     "train|decode|sandbox|pipeline)"},
+     "benchmarks: training step and decoding vs PyTorch, sandbox, sync vs async pipeline, "
+     "checkpoint loading (bench train|decode|sandbox|pipeline|load)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 
