@@ -2,8 +2,9 @@
 ** teacher.c — the teacher side of OPD (opd.h, docs/opd.md): the scoring pass of a `teach`
 ** item on the expert's train path (log-probs of the student's tokens, and with opd.topk the
 ** expert's own top-k at each of them), the process's peak memory, and the check of the job's
-** teacher checkpoints that runs before any process starts (missing files, another model
-** config or vocabulary, another tokenizer: each named with its file).
+** teacher checkpoints that runs before any process starts (missing files, another
+** vocabulary, another tokenizer — the first differing token named —, each with its file).
+** A teacher may be another architecture than the student: only the token ids must agree.
 */
 #include "opd/opd.h"
 
@@ -139,8 +140,9 @@ static prl_status need_file(const char *key, const char *dir, const char *name, 
     return PRL_OK;
 }
 
-/* The teacher's model config equals the student's: the canonical config.json texts agree. */
-static prl_status same_config(const char *key, const char *tpath, const char *spath)
+/* Teacher and student may be different models (another width, depth, MoE shape or family)
+** as long as they read and write the same token ids: the vocabulary sizes agree ... */
+static prl_status same_vocab(const char *key, const char *tpath, const char *spath)
 {
     prl_config tc, sc;
     prl_status rc = prl_config_load(&tc, tpath);
@@ -151,32 +153,44 @@ static prl_status same_config(const char *key, const char *tpath, const char *sp
                              "key '%s': teacher %s has vocab_size %d, the student "
                              "(model.init %s) %d: teacher and student must share the vocabulary",
                              key, tpath, tc.vocab_size, spath, sc.vocab_size);
-    char *a = prl_config_to_json(&tc), *b = prl_config_to_json(&sc);
-    int same = a && b && !strcmp(a, b);
-    free(a), free(b);
-    if (!same)
-        return prl_error_set(PRL_ERR_CONFIG,
-                             "key '%s': teacher %s is another model config than the "
-                             "student's (model.init %s)",
-                             key, tpath, spath);
     return PRL_OK;
 }
 
-/* The teacher's tokenizer.json is byte-identical to the student's. */
-static prl_status same_tokenizer(const char *key, const char *tpath, const char *spath)
+/* ... and every id is the same token: the first id whose bytes differ is named. */
+static prl_status same_tokens(const char *key, const char *tpath, const char *spath)
 {
-    char *a = NULL, *b = NULL;
-    size_t na = 0, nb = 0;
-    prl_status rc = prl_file_read(tpath, &a, &na);
-    if (!rc) rc = prl_file_read(spath, &b, &nb);
-    if (!rc && (na != nb || memcmp(a, b, na)))
+    prl_tokenizer *t = NULL, *s = NULL;
+    prl_status rc = prl_tokenizer_load(tpath, &t);
+    if (rc) return prl_error_wrap(rc, "key '%s': ", key);
+    if ((rc = prl_tokenizer_load(spath, &s))) {
+        prl_tokenizer_free(t);
+        return prl_error_wrap(rc, "model.init: ");
+    }
+    int32_t nt = prl_tokenizer_vocab_size(t), ns = prl_tokenizer_vocab_size(s);
+    for (int32_t id = 0; rc == PRL_OK && id < (nt > ns ? nt : ns); id++) {
+        const uint8_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        int ha = id < nt && prl_tokenizer_token_bytes(t, id, &a, &na) == PRL_OK;
+        int hb = id < ns && prl_tokenizer_token_bytes(s, id, &b, &nb) == PRL_OK;
+        if (ha == hb && (!ha || (na == nb && !memcmp(a, b, na)))) continue;
         rc = prl_error_set(PRL_ERR_CONFIG,
-                           "key '%s': teacher %s differs from the student's "
-                           "tokenizer (model.init %s): teacher and student must share the "
-                           "tokenizer",
-                           key, tpath, spath);
-    free(a), free(b);
+                           "key '%s': teacher tokenizer %s and the student's (model.init %s) "
+                           "differ first at token %d ('%.*s' vs '%.*s'): teacher and student "
+                           "must share the tokenizer",
+                           key, tpath, spath, (int)id, ha ? (int)(na > 40 ? 40 : na) : 6,
+                           ha ? (const char *)a : "(none)", hb ? (int)(nb > 40 ? 40 : nb) : 6,
+                           hb ? (const char *)b : "(none)");
+    }
+    prl_tokenizer_free(t);
+    prl_tokenizer_free(s);
     return rc;
+}
+
+/* A checkpoint's weights: one model.safetensors or an index of shards. */
+static prl_status need_weights(const char *key, const char *dir, char *path, size_t n)
+{
+    if (need_file(key, dir, "model.safetensors.index.json", path, n) == PRL_OK) return PRL_OK;
+    return need_file(key, dir, "model.safetensors", path, n);
 }
 
 prl_status prl_opd_check_teachers(const prl_job_config *j)
@@ -190,12 +204,12 @@ prl_status prl_opd_check_teachers(const prl_job_config *j)
         snprintf(key, sizeof key, "opd.teachers.%s", prl_opd_teacher_key(i));
         if (!*dir) return prl_error_set(PRL_ERR_CONFIG, "key '%s' is empty", key);
         prl_status rc = need_file(key, dir, "config.json", tcfg, sizeof tcfg);
-        if (!rc) rc = need_file(key, dir, "model.safetensors", tw, sizeof tw);
+        if (!rc) rc = need_weights(key, dir, tw, sizeof tw);
         if (!rc) rc = need_file(key, dir, "tokenizer.json", ttok, sizeof ttok);
         if (!rc) rc = need_file("model.init", j->init, "config.json", scfg, sizeof scfg);
         if (!rc) rc = need_file("model.init", j->init, "tokenizer.json", stok, sizeof stok);
-        if (!rc) rc = same_config(key, tcfg, scfg);
-        if (!rc) rc = same_tokenizer(key, ttok, stok);
+        if (!rc) rc = same_vocab(key, tcfg, scfg);
+        if (!rc) rc = same_tokens(key, ttok, stok);
         if (rc) return rc;
     }
     return PRL_OK;
