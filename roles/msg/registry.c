@@ -88,7 +88,7 @@ prl_status msg_frame(const prl_bus_msg *m, const char *name, prl_bus_dtype dt, s
 
 prl_status msg_json(const prl_bus_msg *m, const char *name, json_t **out)
 {
-    const prl_bus_frame *f;
+    const prl_bus_frame *f = NULL; /* set by msg_frame on success; gcc -O3 cannot see that */
     prl_status rc = msg_frame(m, name, PRL_BUS_BYTES, SIZE_MAX, &f);
     if (rc) return rc;
     json_error_t je;
