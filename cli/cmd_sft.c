@@ -365,13 +365,8 @@ static prl_status recipe_hash(prl_sft_recipe *r, char out[17])
     free(resolved);
     h = prl_checksum64(cfg, len, h);
     free(cfg);
-    if (*r->init_from) { /* the starting weights are part of what the run depends on */
-        char path[4096];
-        snprintf(path, sizeof path, "%s/model.safetensors", r->init_from);
-        if ((st = prl_file_read(path, &cfg, &len))) return st;
-        h = prl_checksum64(cfg, len, h);
-        free(cfg);
-    }
+    /* the starting weights are part of what the run depends on */
+    if (*r->init_from && (st = prl_checkpoint_weights_hash(r->init_from, h, &h))) return st;
     snprintf(out, 17, "%016" PRIx64, h);
     return PRL_OK;
 }

@@ -388,6 +388,9 @@ prl_status prl_checkpoint_load_tokenizer(prl_model *m, const char *dir, prl_toke
 ** tensors, which keep their values (*n_new counts them; may be NULL); a tensor of the file that
 ** `m` lacks is an error. The config.json of `dir` is not read. */
 prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new);
+/* A hash of checkpoint dir's weight files (model.safetensors, or its shards in index order)
+** chained from `seed`: what a recipe that starts from the checkpoint depends on. */
+prl_status prl_checkpoint_weights_hash(const char *dir, uint64_t seed, uint64_t *hash);
 /* How prl_checkpoint_export writes the weights. */
 typedef struct prl_export_options {
     prl_dtype dtype;    /* PRL_DTYPE_BF16 or PRL_DTYPE_F32 */

@@ -291,3 +291,18 @@ prl_status ckpt_weights_check_used(const ckpt_weights *w)
                                      w->shards[k].path, w->shards[k].st.tensors[i].name);
     return PRL_OK;
 }
+
+prl_status prl_checkpoint_weights_hash(const char *dir, uint64_t seed, uint64_t *hash)
+{
+    ckpt_weights w;
+    prl_status rc = ckpt_weights_open(&w, dir);
+    if (rc) return rc;
+    uint64_t h = seed;
+    for (int k = 0; k < w.n_shards; k++) {
+        h = prl_checksum64(w.shards[k].st.bytes, w.shards[k].st.size, h);
+        prl_safetensors_release(&w.shards[k].st, NULL);
+    }
+    ckpt_weights_close(&w);
+    *hash = h;
+    return PRL_OK;
+}
