@@ -468,6 +468,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->V = c->vocab_size, e->d = c->hidden_size, e->L = c->num_hidden_layers;
     e->H = c->num_attention_heads, e->rq = c->q_lora_rank, e->rkv = c->kv_lora_rank;
     e->dn = c->qk_nope_head_dim, e->dr = c->qk_rope_head_dim, e->dv = c->v_head_dim;
+    e->attn_scale = prl_config_softmax_scale(c);
     e->dq = e->dn + e->dr, e->dkv = e->dn + e->dv, e->I = c->intermediate_size;
     e->E = c->n_routed_experts, e->K = c->num_experts_per_tok, e->de = c->moe_intermediate_size;
     e->sde = c->n_shared_experts * c->moe_intermediate_size, e->n_moe = m->n_moe;
@@ -554,7 +555,8 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
         return prl_error_set(PRL_ERR_NOMEM, "infer engine for batch %d x context %d", o.max_batch,
                              o.max_len);
     }
-    prl_rope_tables(e->rope_cos, e->rope_sin, o.max_len, e->dr, c->rope_theta);
+    prl_rope_tables_scaled(e->rope_cos, e->rope_sin, o.max_len, e->dr, c->rope_theta,
+                           &c->rope_scaling);
     if ((rc = bind_weights(e)) || (rc = fault_from_env(e))) {
         prl_infer_free(e);
         return rc;

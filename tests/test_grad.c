@@ -295,7 +295,7 @@ static void rope_fwd(void *p, double *out)
     rope_ctx *c = p;
     memcpy(out, c->x, (size_t)c->N * 2 * 6 * sizeof *out);
     /* 2 heads of 6 dims, rope on the last 4 of each head */
-    prl_rope_forward(out, c->cos_t, c->sin_t, c->N, c->T, 2, 6, 2, 12, 4);
+    prl_rope_forward(out, c->cos_t, c->sin_t, c->N, c->T, 2, 6, 2, 12, 4, 0);
 }
 
 START_TEST(test_rope_grad)
@@ -305,7 +305,7 @@ START_TEST(test_rope_grad)
     c.x = randv(72, 1);
     double *r = randv(72, 1), *dx = malloc(72 * 8);
     memcpy(dx, r, 72 * 8);
-    prl_rope_backward(dx, c.cos_t, c.sin_t, c.N, c.T, 2, 6, 2, 12, 4);
+    prl_rope_backward(dx, c.cos_t, c.sin_t, c.N, c.T, 2, 6, 2, 12, 4, 0);
     ck_assert_double_lt(fd_error(rope_fwd, &c, c.x, 72, dx, r, 72), 1e-6);
     /* position 0 is the identity; the map preserves norms */
     double out[72];
