@@ -1008,7 +1008,10 @@ int prl_config_moe_layer(const prl_config *c, int moe_idx)
     return -1;
 }
 
-int prl_config_is_deepseek(const prl_config *c) { return strcmp(c->model_type, "openpangu_v2"); }
+int prl_config_is_deepseek(const prl_config *c)
+{
+    return strcmp(c->model_type, "openpangu_v2") != 0;
+}
 
 static double yarn_mscale(double factor, double mscale)
 {
