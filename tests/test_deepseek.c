@@ -21,7 +21,10 @@ static prl_status load_data(prl_config *c, const char *name)
     return prl_config_load(c, path);
 }
 
-static prl_status parse(prl_config *c, const char *text) { return prl_config_parse(c, text, "cfg"); }
+static prl_status parse(prl_config *c, const char *text)
+{
+    return prl_config_parse(c, text, "cfg");
+}
 
 /* 1 when the objects a and b have the same set of keys. */
 static int same_keys(json_t *a, json_t *b)
@@ -130,9 +133,9 @@ START_TEST(test_config_keys_with_maths)
     char *text = prl_config_to_json(&c);
     json_t *o = json_loads(text, 0, NULL);
     ck_assert_int_eq(json_integer_value(json_object_get(o, "ep_size")), 8);
-    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(o, "quantization_config"),
-                                                       "fmt")),
-                     "e4m3");
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(o, "quantization_config"), "fmt")),
+        "e4m3");
     json_decref(o), free(text);
     /* 6 layers, moe_layer_freq 2: MoE on layers 2 and 4 only (l >= first_k_dense_replace and
     ** l % 2 == 0) */
@@ -218,11 +221,16 @@ START_TEST(test_mtp_router_bias)
     snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
     prl_safetensors st;
     assert_ok(prl_safetensors_open(&st, path));
-    ck_assert_ptr_nonnull(prl_safetensors_find(&st, "model.layers.2.mlp.gate.e_score_correction_bias"));
-    ck_assert_ptr_nonnull(prl_safetensors_find(&st, "model.layers.4.mlp.gate.e_score_correction_bias"));
-    ck_assert_ptr_nonnull(prl_safetensors_find(&st, "model.layers.6.mlp.gate.e_score_correction_bias"));
-    ck_assert_ptr_null(prl_safetensors_find(&st, "model.layers.3.mlp.gate.e_score_correction_bias"));
-    ck_assert_ptr_null(prl_safetensors_find(&st, "model.layers.5.mlp.gate.e_score_correction_bias"));
+    ck_assert_ptr_nonnull(
+        prl_safetensors_find(&st, "model.layers.2.mlp.gate.e_score_correction_bias"));
+    ck_assert_ptr_nonnull(
+        prl_safetensors_find(&st, "model.layers.4.mlp.gate.e_score_correction_bias"));
+    ck_assert_ptr_nonnull(
+        prl_safetensors_find(&st, "model.layers.6.mlp.gate.e_score_correction_bias"));
+    ck_assert_ptr_null(
+        prl_safetensors_find(&st, "model.layers.3.mlp.gate.e_score_correction_bias"));
+    ck_assert_ptr_null(
+        prl_safetensors_find(&st, "model.layers.5.mlp.gate.e_score_correction_bias"));
     prl_safetensors_free(&st);
     /* updated as the trunk's: every row moves */
     prl_real *before = malloc((size_t)m.n_moe_all * E * sizeof *before);
@@ -277,6 +285,37 @@ START_TEST(test_openpangu_mtp_bias_names)
 }
 END_TEST
 
+/* Routing replay with group-limited routing: a replayed route bypasses the selection (groups
+** included), so replaying the captured routes reproduces the forward bit for bit, and a route
+** into a group the gate would drop is taken as given. */
+START_TEST(test_grouped_routes_replay)
+{
+    prl_model m;
+    build(&m, "{" DS_KEYS ", \"n_group\": 4, \"topk_group\": 1}");
+    ck_assert_int_eq(m.n_moe, 5); /* layers 1..5 */
+    enum { B = 2, T = 10 };
+    int32_t tok[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)((i * 29 + 5) % 96), tgt[i] = tok[i];
+    prl_batch b = {.B = B, .T = T, .tokens = tok, .targets = tgt, .temperature = 1};
+    float lp[B * T], lp2[B * T];
+    assert_ok(prl_model_logprobs(&m, &b, lp));
+    size_t nr = (size_t)m.n_moe * B * T * 2;
+    int32_t *routes = malloc(nr * sizeof *routes);
+    memcpy(routes, prl_model_routes(&m), nr * sizeof *routes);
+    for (size_t i = 0; i < nr; i += 2) /* one group of 2 kept: both experts share a group */
+        ck_assert_int_eq(routes[i] / 2, routes[i + 1] / 2);
+    b.route_override = routes;
+    assert_ok(prl_model_logprobs(&m, &b, lp2));
+    ck_assert_mem_eq(lp, lp2, sizeof lp);
+    for (size_t i = 0; i < nr; i += 2) routes[i + 1] = (routes[i] + 2) % 8; /* another group */
+    assert_ok(prl_model_logprobs(&m, &b, lp2));
+    ck_assert_mem_eq(prl_model_routes(&m), routes, nr * sizeof *routes);
+    ck_assert(memcmp(lp, lp2, sizeof lp) != 0);
+    free(routes);
+    prl_model_free(&m);
+}
+END_TEST
+
 static Suite *deepseek_suite(void)
 {
     Suite *s = suite_create("deepseek");
@@ -286,6 +325,7 @@ static Suite *deepseek_suite(void)
     tcase_add_test(tc, test_config_keys_with_maths);
     tcase_add_test(tc, test_mtp_router_bias);
     tcase_add_test(tc, test_openpangu_mtp_bias_names);
+    tcase_add_test(tc, test_grouped_routes_replay);
     suite_add_tcase(s, tc);
     return s;
 }

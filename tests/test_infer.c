@@ -35,7 +35,11 @@ static prl_model model;
 ** 0 and 3, SWA on 1, 2, 4, 5, 16 sinks with values, ModAttn k = 3, mHC 4 streams × 20 with γ,
 ** sandwich norms, block post-norm after layer 0, one MTP layer), with W = 16 and top-8 instead
 ** of 64 and 64 so that, in these 20–64-token sequences, the rings wrap and the selection is a
-** strict subset; random norm gains as in blocks 3. */
+** strict subset; random norm gains as in blocks 3;
+** blocks == 8: tiny.json with DeepSeek-V3's maths (model_type deepseek_v3): interleaved RoPE
+** with YaRN (factor 4 over an original context of 32, so the 20–64-token sequences pass it;
+** mscale_all_dim 0.7 on the softmax scale), MoE on layers 2 and 4 only (moe_layer_freq 2) and
+** group-limited routing (4 groups of 2 experts, the best 2 kept). */
 static int model_blocks;
 
 static const char *model_file(int blocks)
@@ -52,7 +56,15 @@ static void load_model(int blocks)
     prl_config c;
     ck_assert_int_eq(prl_config_load(&c, model_file(blocks)), PRL_OK);
     c.max_position_embeddings = 160; /* keeps the test quick */
-    if (blocks == 7) {
+    if (blocks == 8) {
+        snprintf(c.model_type, sizeof c.model_type, "deepseek_v3");
+        c.rope_interleave = 1, c.moe_layer_freq = 2, c.n_group = 4, c.topk_group = 2;
+        c.rope_scaling = (prl_rope_scaling){.yarn = 1,
+                                            .factor = 4,
+                                            .mscale = 1,
+                                            .mscale_all_dim = 0.7,
+                                            .original_max_position_embeddings = 32};
+    } else if (blocks == 7) {
         c.sliding_window = 16, c.index_topk = 8;
         for (int i = 0; i < c.n_sliding_window_list; i++) c.sliding_window_list[i] = 16;
     } else if (blocks) {
@@ -614,6 +626,18 @@ START_TEST(test_all_blocks_match_train_path)
 }
 END_TEST
 
+/* DeepSeek-V3's maths on both paths: the absorbed form's cached k_pe is rotated (interleaved,
+** YaRN) as the train path's keys, the softmax scale carries mscale², and the grouped routes
+** are recorded per MoE layer (2 of 6 layers). Aligned is bitwise equal at batch 16 and 1. */
+START_TEST(test_deepseek_match_train_path)
+{
+    load_model(8);
+    ck_assert_int_eq(model.n_moe, 2);
+    check_modes("deepseek_v3: interleaved YaRN RoPE, moe_layer_freq 2, 4 groups top-2", 1e-4);
+    load_model(0);
+}
+END_TEST
+
 /* mHC streams, sandwich norms and block post-norms on top of SWA, sinks and ModAttn: aligned
 ** bitwise equal at batch 16 and 1; fp32 (absorbed) and gemv close. */
 START_TEST(test_mhc_sandwich_match_train_path)
@@ -696,6 +720,10 @@ int main(void)
     tcase_set_timeout(all, 600);
     tcase_add_test(all, test_all_blocks_match_train_path);
     suite_add_tcase(s, all);
+    TCase *ds = tcase_create("deepseek"); /* CK_RUN_CASE=deepseek runs it alone */
+    tcase_set_timeout(ds, 600);
+    tcase_add_test(ds, test_deepseek_match_train_path);
+    suite_add_tcase(s, ds);
     int failed = check_run_mode(s, CK_NOFORK); /* the tests share one loaded model */
     prl_model_free(&model);
     return failed;
