@@ -281,7 +281,14 @@ static prl_status validate(const prl_config *c, const char *src)
         {"max_position_embeddings", c->max_position_embeddings, 1 << 24},
     };
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
-        if ((rc = check_positive(src, pos[i].name, pos[i].v, pos[i].max))) return rc;
+        if ((pos[i].v != 0 || strcmp(pos[i].name, "q_lora_rank")) && /* 0: null, no latent */
+            (rc = check_positive(src, pos[i].name, pos[i].v, pos[i].max)))
+            return rc;
+    if (c->q_lora_rank == 0 && (c->n_dsa_layers > 0 || c->use_mome))
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'q_lora_rank' = null (no query latent) cannot go with %s, "
+                             "which reads the query latent",
+                             src, c->n_dsa_layers > 0 ? "'dsa_layers'" : "'use_mome'");
     if (c->qk_rope_head_dim % 2)
         return prl_error_set(PRL_ERR_CONFIG, "%s: 'qk_rope_head_dim' = %d must be even", src,
                              c->qk_rope_head_dim);
@@ -681,6 +688,9 @@ static prl_status parse_deepseek(prl_config *c, json_t *root, const char *src)
         {"topk_group", &c->topk_group},
     };
     if ((rc = read_ints(root, ints, 3, src))) return rc;
+    /* transformers' DeepseekV3Config defaults to interleaved pairs, as DeepSeek's checkpoints
+    ** are laid out (the released config.json files do not say) */
+    c->rope_interleave = prl_config_is_deepseek(c);
     if ((v = json_object_get(root, "rope_interleave"))) c->rope_interleave = json_is_true(v);
     if ((rc = parse_rope_scaling(c, json_object_get(root, "rope_scaling"), src))) return rc;
     if ((v = json_object_get(root, "num_key_value_heads")) &&
@@ -739,11 +749,10 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
                                      src, name, near);
             return prl_error_set(PRL_ERR_CONFIG, "%s: unknown config key '%s'", src, name);
         }
-        if (!strcmp(name, "q_lora_rank") && json_is_null(v))
-            return prl_error_set(PRL_ERR_UNSUPPORTED,
-                                 "%s: 'q_lora_rank' = null (a direct q_proj without the query "
-                                 "latent, as Moonlight) is not yet supported",
-                                 src);
+        if (!strcmp(name, "q_lora_rank") && json_is_null(v)) {
+            c->q_lora_rank = 0; /* no query latent: a direct q_proj (Moonlight, V2-Lite) */
+            continue;
+        }
         if (json_is_null(v) && !strcmp(name, "pad_token_id"))
             continue; /* Moonlight has none: prl keeps its default id, the source keeps null */
         if (!value_has_type(v, k->type) && !(k->use == USE_UNSUPPORTED && json_is_null(v)))
@@ -843,6 +852,10 @@ static void update_field(json_t *o, const key_spec *k, const prl_config *c)
 {
     json_t *old = json_object_get(o, k->name);
     if (old && json_is_null(old)) return;
+    if (!strcmp(k->name, "q_lora_rank") && c->q_lora_rank == 0) {
+        json_object_set_new(o, k->name, json_null());
+        return;
+    }
     const char *base = (const char *)c + k->offset;
     json_t *nv = NULL;
     if (k->type == K_INT) {
@@ -882,7 +895,7 @@ static char *deepseek_to_json(const prl_config *c)
     for (int i = 0; i < 3; i++)
         if (json_object_get(o, ints[i]) || vals[i] != 1)
             json_object_set_new(o, ints[i], json_integer(vals[i]));
-    if (json_object_get(o, "rope_interleave") || c->rope_interleave)
+    if (json_object_get(o, "rope_interleave") || !c->rope_interleave) /* the default: true */
         json_object_set_new(o, "rope_interleave", json_boolean(c->rope_interleave));
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(o);
@@ -903,6 +916,7 @@ char *prl_config_to_json(const prl_config *c)
         if (k->type == K_REAL) json_object_set_new(o, k->name, json_real(*(const double *)base));
         if (k->type == K_BOOL) json_object_set_new(o, k->name, json_boolean(*(const int *)base));
     }
+    if (c->q_lora_rank == 0) json_object_set_new(o, "q_lora_rank", json_null());
     json_object_set_new(o, "prl_bias_update_rule",
                         json_string(c->bias_rule == PRL_BIAS_RMS ? "rms" : "sign"));
     if (c->n_swa_layers > 0) {

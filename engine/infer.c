@@ -240,16 +240,20 @@ static prl_status bind_weights(prl_infer *e)
         layer_w *w = &e->lw[l];
         w->moe = prl_config_is_moe(&e->m->cfg, l) ? moe_idx++ : -1;
         w->ln1 = T("input_layernorm.weight", e->d, 0);
-        w->q_norm = T("self_attn.q_a_layernorm.weight", e->rq, 0);
+        w->q_norm = e->rq ? T("self_attn.q_a_layernorm.weight", e->rq, 0) : NULL;
         w->kv_norm = T("self_attn.kv_a_layernorm.weight", e->rkv, 0);
         w->ln2 = T("%s.weight", e->d, 0,
                    e->m->cfg.sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
         if (!rc) rc = bind_residual(e, l, base);
-        rc = rc ? rc
-                : lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
-        rc = rc ? rc
-                : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
-                           e->H * e->dq, e->rq);
+        if (!rc && e->rq == 0) /* q_lora_rank null: the direct q_proj */
+            rc = lin_init(e, &w->wq_b, T("self_attn.q_proj.weight", e->H * e->dq, e->d),
+                          e->H * e->dq, e->d);
+        else if (!rc)
+            rc = lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
+        rc = rc || e->rq == 0
+                 ? rc
+                 : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
+                            e->H * e->dq, e->rq);
         rc = rc ? rc
                 : lin_init(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
                            e->lat, e->d);

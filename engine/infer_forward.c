@@ -294,16 +294,22 @@ static void attention(prl_infer *e, int l, int R)
     rows_buf *b = &e->rb;
     const layer_w *w = &e->lw[l];
     int H = e->H;
-    infer__linear(e, b->zq, b->ln, R, &w->wq_a);
-    const float *zq = b->zq, *ckv_in = b->kva, *o_out = b->o;
+    const float *ckv_in = b->kva, *o_out = b->o;
     int ckv_stride = e->lat, ck = e->ck && l < e->L; /* MTP layers have no convs */
-    if (ck) { /* ModAttn: before the query and latent norms, after the heads */
-        conv_rows(e, l, CONV_Q, b->zqc, b->zq, e->rq, R);
-        zq = b->zqc;
+    if (e->rq > 0) {                                 /* the query latent */
+        infer__linear(e, b->zq, b->ln, R, &w->wq_a);
+        const float *zq = b->zq;
+        if (ck) { /* ModAttn: before the query and latent norms, after the heads */
+            conv_rows(e, l, CONV_Q, b->zqc, b->zq, e->rq, R);
+            zq = b->zqc;
+        }
+        prl_rmsnorm_forward(b->cq, b->rstd, zq, w->q_norm, R, e->rq, e->rq, e->rq,
+                            PRL_LATENT_NORM_EPS);
+        infer__act_round(e, b->cq, (size_t)R * e->rq);
+        infer__linear(e, b->q, b->cq, R, &w->wq_b);
+    } else {
+        infer__linear(e, b->q, b->ln, R, &w->wq_b);
     }
-    prl_rmsnorm_forward(b->cq, b->rstd, zq, w->q_norm, R, e->rq, e->rq, e->rq, PRL_LATENT_NORM_EPS);
-    infer__act_round(e, b->cq, (size_t)R * e->rq);
-    infer__linear(e, b->q, b->cq, R, &w->wq_b);
     prl_rope_at(b->q, e->rope_cos, e->rope_sin, b->pos, R, H, e->dq, e->dn, H * e->dq, e->dr,
                 e->m->cfg.rope_interleave);
     infer__act_round(e, b->q, (size_t)R * H * e->dq);

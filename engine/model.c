@@ -133,13 +133,18 @@ static void add_layer(table_builder *tb, const prl_config *c, int l, layer_offse
         add_mhc_module(tb, c, l, 1, o->hc[0], name);
     }
     o->ln1 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.input_layernorm.weight", p, l);
-    o->wq_a =
-        add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d, "%s.%d.self_attn.q_a_proj.weight", p, l);
-    if (ck) o->qa_conv = add_conv(tb, l, D.rq, ck, "%s.%d.self_attn.qa_conv.weight", l);
-    o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
-                           "%s.%d.self_attn.q_a_layernorm.weight", p, l);
-    o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.rq,
-                         "%s.%d.self_attn.q_b_proj.weight", p, l);
+    if (D.rq == 0) /* q_lora_rank null: one direct projection (wq_b reads the input) */
+        o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.d,
+                             "%s.%d.self_attn.q_proj.weight", p, l);
+    else {
+        o->wq_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d,
+                             "%s.%d.self_attn.q_a_proj.weight", p, l);
+        if (ck) o->qa_conv = add_conv(tb, l, D.rq, ck, "%s.%d.self_attn.qa_conv.weight", l);
+        o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
+                               "%s.%d.self_attn.q_a_layernorm.weight", p, l);
+        o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.rq,
+                             "%s.%d.self_attn.q_b_proj.weight", p, l);
+    }
     o->wkv_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rkv + D.dr, D.d,
                           "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l);
     if (ck) o->kv_conv = add_conv(tb, l, D.rkv, ck, "%s.%d.self_attn.compresskv_conv.weight", l);

@@ -103,10 +103,14 @@ int model__mla_forward(prl_model *m, int l, const prl_batch *b)
     dims D = model__dims_of(&m->cfg);
     int N = a->N;
     size_t nq = (size_t)N * D.H * D.dq;
-    prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
-    model__rnd(m, la->zq, (size_t)N * D.rq);
-    latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq);
-    prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
+    if (D.rq > 0) { /* the query latent */
+        prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
+        model__rnd(m, la->zq, (size_t)N * D.rq);
+        latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq);
+        prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
+    } else {
+        prl_matmul_forward(la->q, la->ln_a, P(o->wq_b), N, D.d, D.H * D.dq, 0);
+    }
     model__rnd(m, la->q, nq);
     prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr,
                      m->cfg.rope_interleave);
@@ -241,14 +245,18 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     prl_rope_backward(a->dq, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr,
                       m->cfg.rope_interleave);
     model__rnd(m, a->dq, (size_t)N * D.H * D.dq);
-    model__zero(a->dcq, (size_t)N * D.rq);
-    prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
-    model__rnd(m, a->dcq, (size_t)N * D.rq);
-    model__zero(a->dzq, (size_t)N * D.rq);
-    latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
-                    D.rq);
-    model__rnd(m, a->dzq, (size_t)N * D.rq);
-    prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
+    if (D.rq > 0) {
+        model__zero(a->dcq, (size_t)N * D.rq);
+        prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
+        model__rnd(m, a->dcq, (size_t)N * D.rq);
+        model__zero(a->dzq, (size_t)N * D.rq);
+        latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
+                        D.rq);
+        model__rnd(m, a->dzq, (size_t)N * D.rq);
+        prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
+    } else {
+        prl_matmul_backward(a->dln, G(o->wq_b), a->dq, la->ln_a, P(o->wq_b), N, D.d, D.H * D.dq);
+    }
     model__rnd(m, a->dln, (size_t)N * D.d);
     prl_rmsnorm_backward(dx, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d, D.d,
                          D.d);

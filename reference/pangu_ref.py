@@ -391,7 +391,8 @@ def _parse_deepseek(cfg: Mapping[str, object], c: "PanguConfig") -> None:
     c.topk_group = int(cfg.get("topk_group") or 1)
     if c.n_group > 1 and (c.n_routed_experts % c.n_group or c.topk_group > c.n_group):
         raise ValueError("config keys 'n_group' / 'topk_group' do not divide the experts")
-    c.rope_interleave = bool(cfg.get("rope_interleave", False))
+    # transformers' DeepseekV3Config defaults to interleaved pairs (DeepSeek's weight layout)
+    c.rope_interleave = bool(cfg.get("rope_interleave", mt != "openpangu_v2"))
     rs = cfg.get("rope_scaling")
     if rs is not None:
         kind = rs.get("rope_type", rs.get("type"))
@@ -457,10 +458,10 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         return float(v)
 
     ints = {k: get_int(k, minimum=1) for k in _REQUIRED_INT if k != "q_lora_rank"}
-    if not cfg.get("q_lora_rank"):
-        raise UnsupportedConfigError("config key 'q_lora_rank' must be > 0 (the q down-projection "
-                                     "is always present)")
-    ints["q_lora_rank"] = get_int("q_lora_rank", minimum=1)
+    if "q_lora_rank" in cfg and cfg["q_lora_rank"] is None:
+        ints["q_lora_rank"] = 0          # no query latent: a direct q_proj
+    else:
+        ints["q_lora_rank"] = get_int("q_lora_rank", minimum=1)
     if ints["qk_rope_head_dim"] % 2:
         raise ValueError("config key 'qk_rope_head_dim' must be even (half-split RoPE)")
     c = PanguConfig(
@@ -723,9 +724,12 @@ class MLA(nn.Module):
                                              c.qk_rope_head_dim, c.v_head_dim)
         self.rkv = c.kv_lora_rank
         d = c.hidden_size
-        self.q_a_proj = nn.Linear(d, c.q_lora_rank, bias=False)
-        self.q_a_layernorm = RMSNorm(c.q_lora_rank, 1e-6)
-        self.q_b_proj = nn.Linear(c.q_lora_rank, self.H * (self.dn + self.dr), bias=False)
+        if c.q_lora_rank:
+            self.q_a_proj = nn.Linear(d, c.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, 1e-6)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, self.H * (self.dn + self.dr), bias=False)
+        else:   # q_lora_rank null (Moonlight, DeepSeek-V2-Lite): one direct projection
+            self.q_proj = nn.Linear(d, self.H * (self.dn + self.dr), bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(d, self.rkv + self.dr, bias=False)
         self.kv_a_layernorm = RMSNorm(self.rkv, 1e-6)
         self.kv_b_proj = nn.Linear(self.rkv, self.H * (self.dn + self.dv), bias=False)
@@ -762,9 +766,13 @@ class MLA(nn.Module):
         k_rope [B,T,d_r] (rotated).  cos/sin are [T, d_r/2] (positions 0..T-1) or
         [B, T, d_r/2]."""
         B, T, _ = a.shape
-        zq = self.conv(self.q_a_proj(a), "qa_conv", conv_state)
-        self.last_cq = cq = self.q_a_layernorm(zq)
-        q = self.q_b_proj(cq).view(B, T, self.H, -1)
+        if hasattr(self, "q_proj"):
+            self.last_cq = None
+            q = self.q_proj(a).view(B, T, self.H, -1)
+        else:
+            zq = self.conv(self.q_a_proj(a), "qa_conv", conv_state)
+            self.last_cq = cq = self.q_a_layernorm(zq)
+            q = self.q_b_proj(cq).view(B, T, self.H, -1)
         q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
         ckv, k_rope = self.kv_a_proj_with_mqa(a).split([self.rkv, self.dr], dim=-1)
         ckv = self.conv(ckv, "compresskv_conv", conv_state)

@@ -49,9 +49,11 @@ static void check_round_trip(const prl_config *c, const char *name)
     json_t *out = json_loads(text, 0, NULL);
     ck_assert_ptr_nonnull(out);
     ck_assert_msg(same_keys(src, out), "%s: written keys differ from the source's", name);
-    ck_assert_int_eq(json_equal(json_object_get(src, "quantization_config"),
-                                json_object_get(out, "quantization_config")),
-                     1);
+    const char *kept[] = {"quantization_config", "auto_map", "rope_scaling", "q_lora_rank"};
+    for (int i = 0; i < 4; i++) /* structured and null values come back as they were */
+        ck_assert_msg(!json_object_get(src, kept[i]) ||
+                          json_equal(json_object_get(src, kept[i]), json_object_get(out, kept[i])),
+                      "%s: '%s' changed", name, kept[i]);
     ck_assert_str_eq(json_string_value(json_object_get(out, "model_type")),
                      json_string_value(json_object_get(src, "model_type")));
     prl_config c2;
@@ -69,6 +71,7 @@ START_TEST(test_real_config_key_sets)
     ck_assert_int_eq(prl_config_is_deepseek(&c), 1);
     ck_assert_int_eq(c.n_group, 4);
     ck_assert_int_eq(c.topk_group, 2);
+    ck_assert_int_eq(c.rope_interleave, 1); /* absent: transformers' DeepseekV3Config default */
     ck_assert_int_eq(c.rope_scaling.yarn, 1);
     ck_assert_double_eq(c.rope_scaling.factor, 40);
     ck_assert_int_eq(c.rope_scaling.original_max_position_embeddings, 64);
@@ -86,8 +89,22 @@ START_TEST(test_real_config_key_sets)
     ck_assert_double_eq(prl_rope_attention_factor(&c.rope_scaling), 1);
     check_round_trip(&c, "kimi-k2-mini.json");
 
-    /* Moonlight has no query latent (q_lora_rank null): refused naming the key */
-    ck_assert_int_eq(load_data(&c, "moonlight-mini.json"), PRL_ERR_UNSUPPORTED);
+    /* Moonlight: no query latent (q_lora_rank null: a direct q_proj), no rope_scaling, no
+    ** pad_token_id */
+    assert_ok(load_data(&c, "moonlight-mini.json"));
+    ck_assert_int_eq(c.q_lora_rank, 0);
+    ck_assert_int_eq(c.rope_scaling.yarn, 0);
+    ck_assert_double_eq_tol(prl_config_softmax_scale(&c), 1 / sqrt(12.0), 1e-16);
+    check_round_trip(&c, "moonlight-mini.json");
+    prl_model mm;
+    assert_ok(prl_model_init(&mm, &c));
+    ck_assert_ptr_nonnull(prl_model_find(&mm, "model.layers.0.self_attn.q_proj.weight"));
+    ck_assert_ptr_null(prl_model_find(&mm, "model.layers.0.self_attn.q_a_proj.weight"));
+    ck_assert_ptr_null(prl_model_find(&mm, "model.layers.0.self_attn.q_a_layernorm.weight"));
+    prl_model_free(&mm);
+    /* the query latent is what DSA and the ModAttn query conv read */
+    ck_assert_int_eq(parse(&c, "{\"q_lora_rank\": null, \"router_sliding_window\": 3}"),
+                     PRL_ERR_CONFIG);
     assert_msg_has("q_lora_rank");
 }
 END_TEST

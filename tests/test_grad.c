@@ -993,6 +993,19 @@ static const char *micro_deepseek_config =
     " \"routed_scaling_factor\": 2.5, \"max_position_embeddings\": 12,"
     " \"initializer_range\": 0.3, \"prl_balance_loss_alpha\": 0.05,"
     " \"prl_router_z_loss_coef\": 0.01, \"num_nextn_predict_layers\": 1}";
+/* Moonlight's attention: no query latent (q_lora_rank null: q = a·q_projᵀ), interleaved RoPE
+** by the deepseek_v3 default, plain RoPE; every layer MoE after the first, a dense MTP layer
+** (first_k_dense_replace 4 would make it MoE: here moe_layer_freq 3 makes layer 3 MoE, 4 not). */
+static const char *micro_moonlight_config =
+    "{\"model_type\": \"deepseek_v3\", \"vocab_size\": 64, \"hidden_size\": 32,"
+    " \"num_hidden_layers\": 4, \"num_attention_heads\": 2, \"q_lora_rank\": null,"
+    " \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4,"
+    " \"v_head_dim\": 8, \"rope_theta\": 50000.0, \"rms_norm_eps\": 1e-5,"
+    " \"first_k_dense_replace\": 1, \"moe_layer_freq\": 3, \"intermediate_size\": 64,"
+    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
+    " \"n_shared_experts\": 2, \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.446,"
+    " \"max_position_embeddings\": 12, \"initializer_range\": 0.3,"
+    " \"prl_balance_loss_alpha\": 0.05, \"num_nextn_predict_layers\": 1}";
 static const char *micro_sinks_no_value_config =
     "{" MICRO_KEYS ", \"swa_layers\": [2], \"sliding_window\": 3, \"param_sink_number\": 3,"
     " \"param_sink_with_value\": false}";
@@ -1402,6 +1415,11 @@ START_TEST(test_model_grad_deepseek)
     ck_assert_int_eq(prl_config_moe_layers_all(&c), 2);
     grad_with_mtp = 1;
     check_model_grad(micro_deepseek_config);
+    assert_ok(prl_config_parse(&c, micro_moonlight_config, "micro"));
+    ck_assert_int_eq(c.q_lora_rank, 0);
+    ck_assert_int_eq(c.rope_interleave, 1);
+    ck_assert_int_eq(prl_config_moe_layers_all(&c), 1); /* layer 3 */
+    check_model_grad(micro_moonlight_config);
     grad_with_mtp = 0;
 }
 END_TEST

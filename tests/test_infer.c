@@ -39,7 +39,9 @@ static prl_model model;
 ** blocks == 8: tiny.json with DeepSeek-V3's maths (model_type deepseek_v3): interleaved RoPE
 ** with YaRN (factor 4 over an original context of 32, so the 20–64-token sequences pass it;
 ** mscale_all_dim 0.7 on the softmax scale), MoE on layers 2 and 4 only (moe_layer_freq 2) and
-** group-limited routing (4 groups of 2 experts, the best 2 kept). */
+** group-limited routing (4 groups of 2 experts, the best 2 kept);
+** blocks == 9: tiny.json as Moonlight's attention: no query latent (q_lora_rank 0, a direct
+** q_proj), interleaved RoPE without YaRN, every layer after the first MoE. */
 static int model_blocks;
 
 static const char *model_file(int blocks)
@@ -56,7 +58,10 @@ static void load_model(int blocks)
     prl_config c;
     ck_assert_int_eq(prl_config_load(&c, model_file(blocks)), PRL_OK);
     c.max_position_embeddings = 160; /* keeps the test quick */
-    if (blocks == 8) {
+    if (blocks == 9) {
+        snprintf(c.model_type, sizeof c.model_type, "deepseek_v3");
+        c.q_lora_rank = 0, c.rope_interleave = 1;
+    } else if (blocks == 8) {
         snprintf(c.model_type, sizeof c.model_type, "deepseek_v3");
         c.rope_interleave = 1, c.moe_layer_freq = 2, c.n_group = 4, c.topk_group = 2;
         c.rope_scaling = (prl_rope_scaling){.yarn = 1,
@@ -80,7 +85,7 @@ static void load_model(int blocks)
         c.n_block_post_layernorm_idx = 2, c.block_post_layernorm_idx[0] = 0;
         c.block_post_layernorm_idx[1] = 3;
     }
-    if (blocks >= 4) {
+    if (blocks >= 4 && blocks <= 7) { /* 8, 9: the DeepSeek models */
         c.n_dsa_layers = 2, c.dsa_layers[0] = 0, c.dsa_layers[1] = 3;
         c.index_topk = 8, c.index_n_heads = 2, c.index_head_dim = 32;
         c.dsa_stage = blocks == 5 ? PRL_DSA_DENSE : PRL_DSA_SPARSE;
@@ -106,8 +111,9 @@ static void load_model(int blocks)
             model.params[p->offset + j] *= 30; /* index scores with a real spread */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_MHC && p->ndim == 1; j++)
             model.params[p->offset + j] += (float)(0.5 * prl_rng_normal(&rng)); /* α, β */
-        for (size_t j = 0;
-             j < p->numel && (blocks == 3 || blocks >= 6) && p->kind == PRL_PARAM_NORM; j++)
+        for (size_t j = 0; j < p->numel && (blocks == 3 || blocks == 6 || blocks == 7) &&
+                           p->kind == PRL_PARAM_NORM;
+             j++)
             model.params[p->offset + j] = (float)(1 + 0.2 * prl_rng_normal(&rng)); /* each norm
                                                                    ** its own gains */
     }
@@ -634,6 +640,9 @@ START_TEST(test_deepseek_match_train_path)
     load_model(8);
     ck_assert_int_eq(model.n_moe, 2);
     check_modes("deepseek_v3: interleaved YaRN RoPE, moe_layer_freq 2, 4 groups top-2", 1e-4);
+    load_model(9);
+    ck_assert_ptr_nonnull(prl_model_find(&model, "model.layers.0.self_attn.q_proj.weight"));
+    check_modes("deepseek_v3: q_lora_rank null (q_proj), interleaved RoPE", 1e-4);
     load_model(0);
 }
 END_TEST
