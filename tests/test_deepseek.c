@@ -109,6 +109,101 @@ START_TEST(test_real_config_key_sets)
 }
 END_TEST
 
+/* The real dimensions parse too: DeepSeek-V3's (61 layers + 1 MTP, 256 experts in 8 groups,
+** YaRN 40 over 4096) and Kimi-K2's (384 experts, 64 heads, 131072 positions). */
+static void check_full_size(const char *name, const char *const *kv, int n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/tests/data/%s", PRL_SOURCE_DIR, name);
+    json_t *o = json_load_file(path, 0, NULL);
+    ck_assert_ptr_nonnull(o);
+    for (int i = 0; i < n; i += 2)
+        json_object_set_new(o, kv[i], json_loads(kv[i + 1], JSON_DECODE_ANY, NULL));
+    json_object_set_new(json_object_get(o, "rope_scaling"), "original_max_position_embeddings",
+                        json_integer(4096));
+    char *text = json_dumps(o, 0);
+    prl_config c;
+    ck_assert_msg(prl_config_parse(&c, text, name) == PRL_OK, "%s", prl_error_message());
+    free(text), json_decref(o);
+}
+
+START_TEST(test_full_size_configs)
+{
+    const char *v3[] = {"hidden_size",
+                        "7168",
+                        "intermediate_size",
+                        "18432",
+                        "kv_lora_rank",
+                        "512",
+                        "max_position_embeddings",
+                        "163840",
+                        "moe_intermediate_size",
+                        "2048",
+                        "first_k_dense_replace",
+                        "3",
+                        "n_group",
+                        "8",
+                        "n_routed_experts",
+                        "256",
+                        "num_attention_heads",
+                        "128",
+                        "num_experts_per_tok",
+                        "8",
+                        "num_hidden_layers",
+                        "61",
+                        "num_key_value_heads",
+                        "128",
+                        "q_lora_rank",
+                        "1536",
+                        "qk_nope_head_dim",
+                        "128",
+                        "qk_rope_head_dim",
+                        "64",
+                        "topk_group",
+                        "4",
+                        "v_head_dim",
+                        "128",
+                        "vocab_size",
+                        "129280"};
+    check_full_size("deepseek-v3-mini.json", v3, sizeof v3 / sizeof v3[0]);
+    const char *k2[] = {"hidden_size",
+                        "7168",
+                        "intermediate_size",
+                        "18432",
+                        "kv_lora_rank",
+                        "512",
+                        "max_position_embeddings",
+                        "131072",
+                        "moe_intermediate_size",
+                        "2048",
+                        "n_routed_experts",
+                        "384",
+                        "num_attention_heads",
+                        "64",
+                        "num_experts_per_tok",
+                        "8",
+                        "num_hidden_layers",
+                        "61",
+                        "num_key_value_heads",
+                        "64",
+                        "q_lora_rank",
+                        "1536",
+                        "qk_nope_head_dim",
+                        "128",
+                        "qk_rope_head_dim",
+                        "64",
+                        "v_head_dim",
+                        "128",
+                        "vocab_size",
+                        "163840",
+                        "bos_token_id",
+                        "163584",
+                        "eos_token_id",
+                        "163585"};
+    check_full_size("kimi-k2-mini.json", k2, sizeof k2 / sizeof k2[0]);
+}
+END_TEST
+
 #define DS_KEYS                                                                                    \
     "\"model_type\": \"deepseek_v3\", \"vocab_size\": 96, \"hidden_size\": 32,"                    \
     " \"num_attention_heads\": 2, \"q_lora_rank\": 16,"                                            \
@@ -339,6 +434,7 @@ static Suite *deepseek_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_real_config_key_sets);
+    tcase_add_test(tc, test_full_size_configs);
     tcase_add_test(tc, test_config_keys_with_maths);
     tcase_add_test(tc, test_mtp_router_bias);
     tcase_add_test(tc, test_openpangu_mtp_bias_names);
