@@ -417,6 +417,31 @@ START_TEST(test_attention_grad)
 }
 END_TEST
 
+/* A softmax scale other than (dn + dr)^(−1/2) (YaRN's mscale²): the derivative carries it, and
+** scale 0 means the default, bit for bit. */
+START_TEST(test_attention_scale_grad)
+{
+    double m = 0.1 * 0.7 * log(4.0) + 1;
+    at_ctx c = {.sh = {.B = 2,
+                       .T = 5,
+                       .H = 2,
+                       .dn = 3,
+                       .dr = 2,
+                       .dv = 3,
+                       .ns = 1,
+                       .scale = m * m / sqrt(5.0)},
+                .lens = {5, 4}};
+    double *out = check_attention(&c), out0[200], outd[200];
+    c.sh.scale = 0;
+    at_fwd(&c, out0);
+    c.sh.scale = 1 / sqrt(5.0);
+    at_fwd(&c, outd);
+    ck_assert_mem_eq(out0, outd, (size_t)2 * 5 * 2 * 3 * sizeof(double));
+    ck_assert(memcmp(out, out0, (size_t)2 * 5 * 2 * 3 * sizeof(double)) != 0);
+    free(out);
+}
+END_TEST
+
 /* Longer sequences: several 64-row query blocks, a length that ends inside a block. */
 START_TEST(test_attention_blocks_grad)
 {
@@ -1584,6 +1609,7 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_rope_interleave_yarn_grad);
     tcase_add_test(ops, test_moe_gate_grouped);
     tcase_add_test(ops, test_attention_grad);
+    tcase_add_test(ops, test_attention_scale_grad);
     tcase_add_test(ops, test_attention_blocks_grad);
     tcase_add_test(ops, test_attention_window_sinks_grad);
     tcase_add_test(ops, test_swiglu_grad);
