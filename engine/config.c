@@ -373,7 +373,7 @@ static prl_status validate(const prl_config *c, const char *src)
 }
 
 /* Keys whose only accepted value is the one this engine implements. */
-static prl_status check_fixed_values(json_t *root, const char *src)
+static prl_status check_fixed_values(const prl_config *c, json_t *root, const char *src)
 {
     json_t *v;
     if ((v = json_object_get(root, "tie_word_embeddings")) && json_is_true(v))
@@ -386,7 +386,9 @@ static prl_status check_fixed_values(json_t *root, const char *src)
                              "%s: 'scoring_func' = \"%s\" is not "
                              "supported (prl routes with a sigmoid gate)",
                              src, json_string_value(v));
-    if ((v = json_object_get(root, "topk_method")) && strcmp(json_string_value(v), "noaux_tc") != 0)
+    /* DeepSeek's topk_method names the selection rule; openPangu's HF code does not read it */
+    if (prl_config_is_deepseek(c) && (v = json_object_get(root, "topk_method")) &&
+        strcmp(json_string_value(v), "noaux_tc") != 0)
         return prl_error_set(PRL_ERR_UNSUPPORTED,
                              "%s: 'topk_method' = \"%s\" is not supported (prl selects by "
                              "s + bias with group limits: \"noaux_tc\")",
@@ -784,7 +786,7 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
                            &c->n_block_post_layernorm_idx, PRL_MAX_LAYERS, src);
     if (!rc) rc = parse_dsa(c, root, src);
     if (!rc) rc = parse_deepseek(c, root, src);
-    return rc ? rc : check_fixed_values(root, src);
+    return rc ? rc : check_fixed_values(c, root, src);
 }
 
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source)

@@ -380,7 +380,7 @@ def _parse_deepseek(cfg: Mapping[str, object], c: "PanguConfig") -> None:
     mt = cfg.get("model_type", "openpangu_v2")
     if mt not in ("openpangu_v2", "deepseek_v3", "kimi_k2"):
         raise UnsupportedConfigError(f"config key 'model_type' = {mt!r} is not supported")
-    if cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+    if mt != "openpangu_v2" and cfg.get("topk_method", "noaux_tc") != "noaux_tc":
         raise UnsupportedConfigError(f"config key 'topk_method' = {cfg['topk_method']!r}: only "
                                      "'noaux_tc' is supported")
     if cfg.get("scoring_func", "sigmoid") != "sigmoid":

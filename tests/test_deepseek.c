@@ -223,6 +223,7 @@ START_TEST(test_config_keys_with_maths)
          "\"original_max_position_embeddings\": 8, \"truncate\": false}}",
          "rope_scaling.truncate"},
         {"{" DS_KEYS ", \"topk_method\": \"greedy\"}", "greedy"},
+        {"{" DS_KEYS ", \"topk_method\": \"group_limited_greedy\"}", "group_limited_greedy"},
         {"{" DS_KEYS ", \"scoring_func\": \"softmax\"}", "softmax"},
         {"{" DS_KEYS ", \"num_key_value_heads\": 1}", "num_key_value_heads"},
         {"{" DS_KEYS ", \"moe_layer_freq\": 0}", "moe_layer_freq"},

@@ -849,8 +849,7 @@ class TestDSA(unittest.TestCase):
 
 
 class TestConfig(unittest.TestCase):
-    UNSUPPORTED = {"topk_method": "group_limited_greedy", "tie_word_embeddings": True,
-                   "scoring_func": "softmax", "model_type": "llama"}
+    UNSUPPORTED = {"tie_word_embeddings": True, "scoring_func": "softmax", "model_type": "llama"}
 
     def test_mtp_layers_follow_the_trunk_and_train(self):
         """MTP layers are model.layers.L.. with enorm/hnorm/eh_proj, no mHC or conv; their
@@ -913,6 +912,11 @@ class TestConfig(unittest.TestCase):
             with self.assertRaises(pr.UnsupportedConfigError, msg=key) as cm:
                 pr.PanguRef(cfg)
             self.assertIn(key, str(cm.exception))
+        # DeepSeek's selection rule other than noaux_tc (openPangu's code does not read it)
+        with self.assertRaises(pr.UnsupportedConfigError) as cm:
+            pr.PanguRef(dict(MICRO, model_type="deepseek_v3", topk_method="greedy"))
+        self.assertIn("topk_method", str(cm.exception))
+        pr.PanguRef(dict(MICRO, topk_method="greedy"))
 
     def test_switched_off_blocks_and_foreign_keys_are_accepted(self):
         cfg = dict(MICRO, dsa_layers=[], swa_layers=[], param_sink_number=0, use_mome=False,
