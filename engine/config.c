@@ -1029,7 +1029,7 @@ int prl_config_is_deepseek(const prl_config *c)
     return strcmp(c->model_type, "openpangu_v2") != 0;
 }
 
-static double yarn_mscale(double factor, double mscale)
+double prl_yarn_mscale(double factor, double mscale)
 {
     return factor <= 1 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
 }
@@ -1039,7 +1039,7 @@ double prl_config_softmax_scale(const prl_config *c)
     double s = 1.0 / sqrt((double)(c->qk_nope_head_dim + c->qk_rope_head_dim));
     const prl_rope_scaling *y = &c->rope_scaling;
     if (y->yarn && y->mscale_all_dim > 0) {
-        double m = yarn_mscale(y->factor, y->mscale_all_dim);
+        double m = prl_yarn_mscale(y->factor, y->mscale_all_dim);
         s = s * m * m;
     }
     return s;

@@ -133,6 +133,8 @@ int prl_config_moe_layers_all(const prl_config *c);
 int prl_config_moe_layer(const prl_config *c, int moe_idx);
 /* 1 for a DeepSeek-V3-family config (model_type other than openpangu_v2). */
 int prl_config_is_deepseek(const prl_config *c);
+/* YaRN's mscale(f, m) = 0.1·m·ln f + 1 (1 when f <= 1; transformers' yarn_get_mscale). */
+double prl_yarn_mscale(double factor, double mscale);
 /* The attention softmax scale: (d_n + d_r)^(−1/2), times mscale(factor, mscale_all_dim)²
 ** under YaRN with mscale_all_dim (as transformers' DeepseekV3Attention). */
 double prl_config_softmax_scale(const prl_config *c);

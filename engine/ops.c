@@ -203,19 +203,14 @@ static void yarn_inv_freq(double *inv, int D, double theta, const prl_rope_scali
     }
 }
 
-static double yarn_get_mscale(double factor, double mscale)
-{
-    return factor <= 1 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
-}
-
 double prl_rope_attention_factor(const prl_rope_scaling *y)
 {
     if (!y || !y->yarn) return 1.0;
     if (y->attention_factor > 0) return y->attention_factor;
     if (y->mscale > 0 && y->mscale_all_dim > 0)
-        return yarn_get_mscale(y->factor, y->mscale) /
-               yarn_get_mscale(y->factor, y->mscale_all_dim);
-    return yarn_get_mscale(y->factor, 1.0);
+        return prl_yarn_mscale(y->factor, y->mscale) /
+               prl_yarn_mscale(y->factor, y->mscale_all_dim);
+    return prl_yarn_mscale(y->factor, 1.0);
 }
 
 void prl_rope_tables_scaled(prl_real *cos_t, prl_real *sin_t, int T, int D, double theta,
