@@ -71,11 +71,12 @@ static double step_flops(const prl_config *c, int B, int T)
            dq = c->qk_nope_head_dim + c->qk_rope_head_dim, dv = c->v_head_dim, rq = c->q_lora_rank,
            rkv = c->kv_lora_rank, dr = c->qk_rope_head_dim,
            dkv = c->qk_nope_head_dim + c->v_head_dim;
-    double attn = rq * d + H * dq * rq + (rkv + dr) * d + H * dkv * rkv + d * H * dv;
+    double q = rq > 0 ? rq * d + H * dq * rq : H * dq * d; /* q_lora_rank null: q_proj */
+    double attn = q + (rkv + dr) * d + H * dkv * rkv + d * H * dv;
     double per_token = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         per_token += attn;
-        if (l < c->first_k_dense_replace) per_token += 3 * d * c->intermediate_size;
+        if (!prl_config_is_moe(c, l)) per_token += 3 * d * c->intermediate_size;
         else
             per_token += c->n_routed_experts * d +
                          (double)c->num_experts_per_tok * 3 * d * c->moe_intermediate_size +

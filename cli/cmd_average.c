@@ -71,7 +71,7 @@ static prl_status first_identity(const char *dir, const prl_model *m, const prl_
 ** beside the parameters; the bias balancing rule moves them during training). */
 static size_t n_values(const prl_model *m)
 {
-    return m->n_params + (size_t)m->n_moe * (size_t)m->cfg.n_routed_experts;
+    return m->n_params + (size_t)m->n_moe_all * (size_t)m->cfg.n_routed_experts;
 }
 
 static void accumulate(double *acc, const prl_model *m, int first)

@@ -73,14 +73,14 @@ static const float *as_f32(const prl_real *src, size_t n, float **owned)
 #endif
 }
 
-int ckpt_bias_layer(const prl_model *m, int moe_idx)
-{
-    return m->cfg.first_k_dense_replace + moe_idx;
-}
-
+/* The selection bias of MoE row moe_idx (trunk, then MTP layers), as its family names it:
+** DeepSeek's router buffer `mlp.gate.e_score_correction_bias`, openPangu's
+** `mlp.e_score_correction.bias`. */
 static void bias_name(char *out, size_t n, const prl_model *m, int moe_idx)
 {
-    snprintf(out, n, "model.layers.%d.mlp.e_score_correction.bias", ckpt_bias_layer(m, moe_idx));
+    snprintf(out, n, "model.layers.%d.mlp.%s", prl_config_moe_layer(&m->cfg, moe_idx),
+             prl_config_is_deepseek(&m->cfg) ? "gate.e_score_correction_bias"
+                                             : "e_score_correction.bias");
 }
 
 uint64_t ckpt_data_checksum(const uint8_t *bytes, size_t size)
@@ -114,7 +114,7 @@ static prl_status save_model_file(const prl_model *m, const char *path)
     prl_safetensors_writer_init(&w);
     float *owned = NULL, *bias_owned = NULL;
     const float *data = as_f32(m->params, m->n_params, &owned);
-    size_t nb = (size_t)m->n_moe * m->cfg.n_routed_experts;
+    size_t nb = (size_t)m->n_moe_all * m->cfg.n_routed_experts;
     const float *bias = as_f32(m->router_bias, nb, &bias_owned);
     prl_status rc = (data && bias) ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "saving %s", path);
     for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
@@ -123,7 +123,7 @@ static prl_status save_model_file(const prl_model *m, const char *path)
                                         data + p->offset);
     }
     char name[96];
-    for (int i = 0; rc == PRL_OK && i < m->n_moe; i++) {
+    for (int i = 0; rc == PRL_OK && i < m->n_moe_all; i++) {
         int64_t shape[1] = {m->cfg.n_routed_experts};
         bias_name(name, sizeof name, m, i);
         rc = prl_safetensors_writer_add(&w, name, PRL_DTYPE_F32, shape, 1,
@@ -320,10 +320,10 @@ static prl_status mark_non_params(const prl_model *m, ckpt_weights *w)
 static prl_status load_bias(prl_model *m, ckpt_weights *w)
 {
     int E = m->cfg.n_routed_experts;
-    for (int i = 0; i < m->n_moe; i++) {
-        int l = ckpt_bias_layer(m, i);
+    for (int i = 0; i < m->n_moe_all; i++) { /* the MTP layers' rows too */
+        int l = prl_config_moe_layer(&m->cfg, i);
         char names[3][96];
-        bias_name(names[0], sizeof names[0], m, i);
+        snprintf(names[0], sizeof names[0], "model.layers.%d.mlp.e_score_correction.bias", l);
         snprintf(names[1], sizeof names[1], "model.layers.%d.mlp.gate.e_score_correction_bias", l);
         snprintf(names[2], sizeof names[2], "model.layers.%d.mlp.e_score_correction_bias", l);
         int64_t shape[1] = {E};

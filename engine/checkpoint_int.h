@@ -34,8 +34,6 @@ prl_status ckpt_verify_checksum(const prl_safetensors *st, int required);
 /* The checksum prl stores: over the data section of a whole safetensors file. */
 uint64_t ckpt_data_checksum(const uint8_t *bytes, size_t size);
 
-/* The layer of MoE layer moe_idx (its router bias is saved under that layer's name). */
-int ckpt_bias_layer(const prl_model *m, int moe_idx);
 /* dir + "/" + file, malloc'd (NULL when out of memory). */
 char *ckpt_path_join(const char *dir, const char *file);
 /* Remove a flat directory this process created (its files, then it). */

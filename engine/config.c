@@ -86,15 +86,24 @@ static const key_spec keys[] = {
     IGN("attention_bias", K_BOOL),
     IGN("attention_dropout", K_REAL),
     IGN("auto_map", K_ANY),
-    IGN("quantization_config", K_ANY), /* the checkpoint loader reads it (weights.c) */
-    IGN("scoring_func", K_STRING),
-    IGN("topk_method", K_STRING),
+    IGN("scoring_func", K_STRING), /* checked below: "sigmoid" */
+    IGN("topk_method", K_STRING),  /* checked below: "noaux_tc" */
     IGN("router_enable_expert_bias", K_BOOL),
-    IGN("rope_interleave", K_BOOL),     /* checked below: must be false */
     IGN("tie_word_embeddings", K_BOOL), /* checked below: must be false */
-    IGN("n_group", K_INT),              /* checked below: must be 1 */
-    IGN("topk_group", K_INT),           /* checked below: must be 1 */
-    IGN("rope_scaling", K_ANY),         /* checked below: must be null */
+    /* DeepSeek-V3 maths: read by name in parse_deepseek (written only when not the default,
+    ** so openPangu configs keep their bytes) */
+    IGN("rope_interleave", K_BOOL),
+    IGN("n_group", K_INT),
+    IGN("topk_group", K_INT),
+    IGN("moe_layer_freq", K_INT),
+    IGN("rope_scaling", K_ANY),
+    IGN("num_key_value_heads", K_INT), /* checked: MLA has one key per query head */
+    /* DeepSeek-V3 deployment and training bookkeeping, no effect on prl's maths */
+    IGN("ep_size", K_INT),
+    IGN("pretraining_tp", K_INT),
+    IGN("quantization_config", K_ANY),
+    IGN("aux_loss_alpha", K_REAL),
+    IGN("seq_aux", K_BOOL),
     /* DSA: read by name in parse_dsa (a list, a string; written only when on) */
     IGN("dsa_layers", K_INT_LIST),
     IGN("index_topk", K_INT),
@@ -160,6 +169,10 @@ void prl_config_default(prl_config *c)
     c->param_sink_with_value = 1;
     c->mhc_num_stream = 4;
     c->mhc_recur_norm = 20; /* spec §11.1 defaults; mhc_use_gamma false */
+    c->moe_layer_freq = 1;
+    c->n_group = 1;
+    c->topk_group = 1;
+    snprintf(c->model_type, sizeof c->model_type, "openpangu_v2");
 }
 
 static const key_spec *find_key(const char *name)
@@ -268,7 +281,14 @@ static prl_status validate(const prl_config *c, const char *src)
         {"max_position_embeddings", c->max_position_embeddings, 1 << 24},
     };
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
-        if ((rc = check_positive(src, pos[i].name, pos[i].v, pos[i].max))) return rc;
+        if ((pos[i].v != 0 || strcmp(pos[i].name, "q_lora_rank")) && /* 0: null, no latent */
+            (rc = check_positive(src, pos[i].name, pos[i].v, pos[i].max)))
+            return rc;
+    if (c->q_lora_rank == 0 && (c->n_dsa_layers > 0 || c->use_mome))
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'q_lora_rank' = null (no query latent) cannot go with %s, "
+                             "which reads the query latent",
+                             src, c->n_dsa_layers > 0 ? "'dsa_layers'" : "'use_mome'");
     if (c->qk_rope_head_dim % 2)
         return prl_error_set(PRL_ERR_CONFIG, "%s: 'qk_rope_head_dim' = %d must be even", src,
                              c->qk_rope_head_dim);
@@ -294,10 +314,15 @@ static prl_status validate(const prl_config *c, const char *src)
                              "%s: 'first_k_dense_replace' = %d must be in [0, "
                              "num_hidden_layers = %d]",
                              src, c->first_k_dense_replace, c->num_hidden_layers);
-    if (c->first_k_dense_replace > 0 &&
+    if (c->moe_layer_freq < 1)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'moe_layer_freq' = %d must be >= 1", src,
+                             c->moe_layer_freq);
+    int all = c->num_hidden_layers + c->num_nextn_predict_layers, n_moe = 0;
+    for (int l = 0; l < all; l++) n_moe += prl_config_is_moe(c, l);
+    if (n_moe < all &&
         (rc = check_positive(src, "intermediate_size", c->intermediate_size, 1 << 20)))
         return rc;
-    if (c->first_k_dense_replace < c->num_hidden_layers) {
+    if (n_moe > 0) {
         if ((rc = check_positive(src, "n_routed_experts", c->n_routed_experts, 4096))) return rc;
         if ((rc = check_positive(src, "moe_intermediate_size", c->moe_intermediate_size, 1 << 20)))
             return rc;
@@ -348,35 +373,25 @@ static prl_status validate(const prl_config *c, const char *src)
 }
 
 /* Keys whose only accepted value is the one this engine implements. */
-static prl_status check_fixed_values(json_t *root, const char *src)
+static prl_status check_fixed_values(const prl_config *c, json_t *root, const char *src)
 {
     json_t *v;
-    if ((v = json_object_get(root, "rope_interleave")) && json_is_true(v))
-        return prl_error_set(PRL_ERR_UNSUPPORTED,
-                             "%s: 'rope_interleave' = true is not "
-                             "supported (prl uses half-split RoPE, as openPangu)",
-                             src);
     if ((v = json_object_get(root, "tie_word_embeddings")) && json_is_true(v))
         return prl_error_set(PRL_ERR_UNSUPPORTED,
                              "%s: 'tie_word_embeddings' = true is not "
                              "supported (the LM head is untied)",
                              src);
-    const char *groups[] = {"n_group", "topk_group"};
-    for (int i = 0; i < 2; i++)
-        if ((v = json_object_get(root, groups[i])) && json_integer_value(v) > 1)
-            return prl_error_set(PRL_ERR_UNSUPPORTED,
-                                 "%s: '%s' = %lld: group-limited "
-                                 "routing is not supported (use 1)",
-                                 src, groups[i], (long long)json_integer_value(v));
-    if ((v = json_object_get(root, "rope_scaling")) && !json_is_null(v))
-        return prl_error_set(PRL_ERR_UNSUPPORTED,
-                             "%s: 'rope_scaling' is not supported "
-                             "(use null)",
-                             src);
     if ((v = json_object_get(root, "scoring_func")) && strcmp(json_string_value(v), "sigmoid") != 0)
         return prl_error_set(PRL_ERR_UNSUPPORTED,
                              "%s: 'scoring_func' = \"%s\" is not "
                              "supported (prl routes with a sigmoid gate)",
+                             src, json_string_value(v));
+    /* DeepSeek's topk_method names the selection rule; openPangu's HF code does not read it */
+    if (prl_config_is_deepseek(c) && (v = json_object_get(root, "topk_method")) &&
+        strcmp(json_string_value(v), "noaux_tc") != 0)
+        return prl_error_set(PRL_ERR_UNSUPPORTED,
+                             "%s: 'topk_method' = \"%s\" is not supported (prl selects by "
+                             "s + bias with group limits: \"noaux_tc\")",
                              src, json_string_value(v));
     return PRL_OK;
 }
@@ -582,6 +597,144 @@ static prl_status validate_dsa(const prl_config *c, const char *src)
     return PRL_OK;
 }
 
+/* ------------------------------------------------------------------ DeepSeek-V3 ------ */
+
+/* model_type: the families prl builds (Kimi-K2 and Moonlight are DeepseekV3ForCausalLM). */
+static prl_status parse_model_type(prl_config *c, json_t *root, const char *src)
+{
+    static const char *known[] = {"openpangu_v2", "deepseek_v3", "kimi_k2"};
+    json_t *v = json_object_get(root, "model_type");
+    if (!v) return PRL_OK;
+    const char *s = json_string_value(v);
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strcmp(s, known[i])) {
+            snprintf(c->model_type, sizeof c->model_type, "%s", s);
+            return PRL_OK;
+        }
+    return prl_error_set(PRL_ERR_UNSUPPORTED,
+                         "%s: 'model_type' = \"%s\" is not supported (openpangu_v2, deepseek_v3 "
+                         "or kimi_k2)",
+                         src, s);
+}
+
+/* One number of the rope_scaling object into *out (absent: unchanged); must be >= 0. */
+static prl_status yarn_number(json_t *rs, const char *key, double *out, const char *src)
+{
+    json_t *v = json_object_get(rs, key);
+    if (!v || json_is_null(v)) return PRL_OK;
+    double x = json_number_value(v);
+    if (!json_is_number(v) || !isfinite(x) || x < 0)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'rope_scaling.%s' must be a number >= 0", src,
+                             key);
+    *out = x;
+    return PRL_OK;
+}
+
+/* rope_scaling: null, or YaRN with transformers' keys; any other type is refused by name. */
+static prl_status parse_rope_scaling(prl_config *c, json_t *rs, const char *src)
+{
+    static const char *keys_yarn[] = {
+        "type",      "rope_type",      "factor",
+        "mscale",    "mscale_all_dim", "original_max_position_embeddings",
+        "beta_fast", "beta_slow",      "attention_factor"};
+    if (!rs || json_is_null(rs)) return PRL_OK;
+    if (!json_is_object(rs))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: 'rope_scaling' must be null or an object", src);
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!t) t = json_object_get(rs, "type");
+    const char *type = json_is_string(t) ? json_string_value(t) : "(none)";
+    if (strcmp(type, "yarn") != 0)
+        return prl_error_set(PRL_ERR_UNSUPPORTED,
+                             "%s: 'rope_scaling' type \"%s\" is not supported (null or \"yarn\")",
+                             src, type);
+    const char *name;
+    json_t *v;
+    json_object_foreach(rs, name, v)
+    {
+        size_t i = 0;
+        while (i < sizeof keys_yarn / sizeof keys_yarn[0] && strcmp(keys_yarn[i], name)) i++;
+        if (i == sizeof keys_yarn / sizeof keys_yarn[0])
+            return prl_error_set(PRL_ERR_CONFIG, "%s: unknown key 'rope_scaling.%s' (YaRN)", src,
+                                 name);
+    }
+    prl_rope_scaling *y = &c->rope_scaling;
+    double orig = 0;
+    prl_status rc;
+    if ((rc = yarn_number(rs, "factor", &y->factor, src)) ||
+        (rc = yarn_number(rs, "beta_fast", &y->beta_fast, src)) ||
+        (rc = yarn_number(rs, "beta_slow", &y->beta_slow, src)) ||
+        (rc = yarn_number(rs, "mscale", &y->mscale, src)) ||
+        (rc = yarn_number(rs, "mscale_all_dim", &y->mscale_all_dim, src)) ||
+        (rc = yarn_number(rs, "attention_factor", &y->attention_factor, src)) ||
+        (rc = yarn_number(rs, "original_max_position_embeddings", &orig, src)))
+        return rc;
+    if (y->factor <= 0 || orig < 1 || orig > (1 << 24) || orig != floor(orig))
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: YaRN 'rope_scaling' needs 'factor' > 0 and an integer "
+                             "'original_max_position_embeddings' >= 1",
+                             src);
+    y->original_max_position_embeddings = (int)orig;
+    y->yarn = 1;
+    return PRL_OK;
+}
+
+/* The DeepSeek-V3 keys with maths (docs/config.md "DeepSeek-V3 family"). */
+static prl_status parse_deepseek(prl_config *c, json_t *root, const char *src)
+{
+    prl_status rc;
+    json_t *v;
+    if ((rc = parse_model_type(c, root, src))) return rc;
+    int_key ints[] = {
+        {"moe_layer_freq", &c->moe_layer_freq},
+        {"n_group", &c->n_group},
+        {"topk_group", &c->topk_group},
+    };
+    if ((rc = read_ints(root, ints, 3, src))) return rc;
+    /* transformers' DeepseekV3Config defaults to interleaved pairs, as DeepSeek's checkpoints
+    ** are laid out (the released config.json files do not say) */
+    c->rope_interleave = prl_config_is_deepseek(c);
+    if ((v = json_object_get(root, "rope_interleave"))) c->rope_interleave = json_is_true(v);
+    if ((rc = parse_rope_scaling(c, json_object_get(root, "rope_scaling"), src))) return rc;
+    if ((v = json_object_get(root, "num_key_value_heads")) &&
+        json_integer_value(v) != json_integer_value(json_object_get(root, "num_attention_heads")))
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'num_key_value_heads' = %lld must equal 'num_attention_heads' "
+                             "(MLA: every query head has its key and value)",
+                             src, (long long)json_integer_value(v));
+    if (!prl_config_is_deepseek(c)) return PRL_OK;
+    char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    size_t n = text ? strlen(text) : 0;
+    if (text && n < sizeof c->source_json) memcpy(c->source_json, text, n + 1);
+    free(text);
+    if (!text || n >= sizeof c->source_json)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: the config is over %d bytes", src,
+                             PRL_CONFIG_SOURCE_MAX - 1);
+    return PRL_OK;
+}
+
+/* moe_layer_freq and the routing groups against the expert counts. */
+static prl_status validate_deepseek(const prl_config *c, const char *src)
+{
+    if (c->n_group < 1 || c->topk_group < 1 || c->topk_group > c->n_group)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'n_group' = %d and 'topk_group' = %d must satisfy 1 <= "
+                             "topk_group <= n_group",
+                             src, c->n_group, c->topk_group);
+    if (c->n_group == 1 || prl_config_moe_layers_all(c) == 0) return PRL_OK;
+    int E = c->n_routed_experts, per = E / c->n_group;
+    if (E % c->n_group || per < 2)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'n_group' = %d must divide 'n_routed_experts' = %d into "
+                             "groups of at least 2 (a group scores by its top two)",
+                             src, c->n_group, E);
+    if (c->topk_group * per < c->num_experts_per_tok)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'topk_group' = %d groups of %d experts cannot hold "
+                             "'num_experts_per_tok' = %d",
+                             src, c->topk_group, per, c->num_experts_per_tok);
+    return PRL_OK;
+}
+
 static prl_status parse_object(prl_config *c, json_t *root, const char *src)
 {
     const char *name;
@@ -598,6 +751,12 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
                                      src, name, near);
             return prl_error_set(PRL_ERR_CONFIG, "%s: unknown config key '%s'", src, name);
         }
+        if (!strcmp(name, "q_lora_rank") && json_is_null(v)) {
+            c->q_lora_rank = 0; /* no query latent: a direct q_proj (Moonlight, V2-Lite) */
+            continue;
+        }
+        if (json_is_null(v) && !strcmp(name, "pad_token_id"))
+            continue; /* Moonlight has none: prl keeps its default id, the source keeps null */
         if (!value_has_type(v, k->type) && !(k->use == USE_UNSUPPORTED && json_is_null(v)))
             return prl_error_set(PRL_ERR_CONFIG, "%s: '%s' must be %s", src, name,
                                  type_name(k->type));
@@ -626,7 +785,8 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
         rc = read_int_list(v, "block_post_layernorm_idx", c->block_post_layernorm_idx,
                            &c->n_block_post_layernorm_idx, PRL_MAX_LAYERS, src);
     if (!rc) rc = parse_dsa(c, root, src);
-    return rc ? rc : check_fixed_values(root, src);
+    if (!rc) rc = parse_deepseek(c, root, src);
+    return rc ? rc : check_fixed_values(c, root, src);
 }
 
 prl_status prl_config_parse(prl_config *c, const char *json_text, const char *source)
@@ -641,7 +801,9 @@ prl_status prl_config_parse(prl_config *c, const char *json_text, const char *so
     if (!json_is_object(root))
         rc = prl_error_set(PRL_ERR_CONFIG, "%s: a config must be a JSON object", source);
     else if ((rc = parse_object(c, root, source)) == PRL_OK &&
-             (rc = validate(c, source)) == PRL_OK && (rc = validate_attention(c, source)) == PRL_OK)
+             (rc = validate(c, source)) == PRL_OK &&
+             (rc = validate_attention(c, source)) == PRL_OK &&
+             (rc = validate_deepseek(c, source)) == PRL_OK)
         rc = validate_dsa(c, source);
     json_decref(root);
     return rc;
@@ -657,8 +819,94 @@ prl_status prl_config_load(prl_config *c, const char *path)
     return rc;
 }
 
+static json_t *rope_scaling_json(const prl_rope_scaling *y)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "type", json_string("yarn"));
+    json_object_set_new(o, "factor", json_real(y->factor));
+    json_object_set_new(o, "original_max_position_embeddings",
+                        json_integer(y->original_max_position_embeddings));
+    const char *names[] = {"beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                           "attention_factor"};
+    double vals[] = {y->beta_fast, y->beta_slow, y->mscale, y->mscale_all_dim, y->attention_factor};
+    for (int i = 0; i < 5; i++)
+        if (vals[i] > 0) json_object_set_new(o, names[i], json_real(vals[i]));
+    return o;
+}
+
+/* The DeepSeek-V3 keys prl writes into an openPangu config, only when not the default (so
+** the config.json of every openPangu model is as before). */
+static void deepseek_keys_json(json_t *o, const prl_config *c)
+{
+    if (c->moe_layer_freq != 1)
+        json_object_set_new(o, "moe_layer_freq", json_integer(c->moe_layer_freq));
+    if (c->n_group != 1 || c->topk_group != 1) {
+        json_object_set_new(o, "n_group", json_integer(c->n_group));
+        json_object_set_new(o, "topk_group", json_integer(c->topk_group));
+    }
+    if (c->rope_scaling.yarn)
+        json_object_set_new(o, "rope_scaling", rope_scaling_json(&c->rope_scaling));
+}
+
+/* Set key k of o to the field's value unless the source already holds that value (so a
+** round trip keeps the source's spelling: 10000 stays an integer). A null stays null. */
+static void update_field(json_t *o, const key_spec *k, const prl_config *c)
+{
+    json_t *old = json_object_get(o, k->name);
+    if (old && json_is_null(old)) return;
+    if (!strcmp(k->name, "q_lora_rank") && c->q_lora_rank == 0) {
+        json_object_set_new(o, k->name, json_null());
+        return;
+    }
+    const char *base = (const char *)c + k->offset;
+    json_t *nv = NULL;
+    if (k->type == K_INT) {
+        int x = *(const int *)base;
+        if (!old || !json_is_integer(old) || json_integer_value(old) != x) nv = json_integer(x);
+    } else if (k->type == K_REAL) {
+        double x = *(const double *)base;
+        if (!old || !json_is_number(old) || json_number_value(old) != x) nv = json_real(x);
+    } else if (k->type == K_BOOL) {
+        int x = *(const int *)base;
+        if (!old || !json_is_boolean(old) || json_is_true(old) != x) nv = json_boolean(x);
+    }
+    if (nv) json_object_set_new(o, k->name, nv);
+}
+
+/* A DeepSeek-V3-family config: its source object, every key in its place, with prl's values
+** of the keys it reads; prl's own prl_* keys only where they are not the default. */
+static char *deepseek_to_json(const prl_config *c)
+{
+    json_t *o = json_loads(c->source_json, 0, NULL);
+    if (!o) return NULL;
+    prl_config def;
+    prl_config_default(&def);
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_spec *k = &keys[i];
+        if (k->use != USE_FIELD) continue;
+        size_t sz = k->type == K_REAL ? sizeof(double) : sizeof(int);
+        int present = json_object_get(o, k->name) != NULL;
+        int is_default = !memcmp((const char *)c + k->offset, (const char *)&def + k->offset, sz);
+        if (present || (strncmp(k->name, "prl_", 4) == 0 && !is_default)) update_field(o, k, c);
+    }
+    if (json_object_get(o, "prl_bias_update_rule") || c->bias_rule != PRL_BIAS_SIGN)
+        json_object_set_new(o, "prl_bias_update_rule",
+                            json_string(c->bias_rule == PRL_BIAS_RMS ? "rms" : "sign"));
+    const char *ints[] = {"moe_layer_freq", "n_group", "topk_group"};
+    const int vals[] = {c->moe_layer_freq, c->n_group, c->topk_group};
+    for (int i = 0; i < 3; i++)
+        if (json_object_get(o, ints[i]) || vals[i] != 1)
+            json_object_set_new(o, ints[i], json_integer(vals[i]));
+    if (json_object_get(o, "rope_interleave") || !c->rope_interleave) /* the default: true */
+        json_object_set_new(o, "rope_interleave", json_boolean(c->rope_interleave));
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    json_decref(o);
+    return s;
+}
+
 char *prl_config_to_json(const prl_config *c)
 {
+    if (prl_config_is_deepseek(c)) return deepseek_to_json(c);
     json_t *o = json_object();
     json_object_set_new(o, "architectures", json_pack("[s]", "OpenPanguV2ForCausalLM"));
     json_object_set_new(o, "model_type", json_string("openpangu_v2"));
@@ -670,6 +918,7 @@ char *prl_config_to_json(const prl_config *c)
         if (k->type == K_REAL) json_object_set_new(o, k->name, json_real(*(const double *)base));
         if (k->type == K_BOOL) json_object_set_new(o, k->name, json_boolean(*(const int *)base));
     }
+    if (c->q_lora_rank == 0) json_object_set_new(o, "q_lora_rank", json_null());
     json_object_set_new(o, "prl_bias_update_rule",
                         json_string(c->bias_rule == PRL_BIAS_RMS ? "rms" : "sign"));
     if (c->n_swa_layers > 0) {
@@ -709,7 +958,8 @@ char *prl_config_to_json(const prl_config *c)
                             json_string(c->dsa_stage == PRL_DSA_DENSE ? "dense" : "sparse"));
         json_object_set_new(o, "prl_dsa_freeze_main", json_boolean(c->dsa_freeze_main));
     }
-    json_object_set_new(o, "rope_interleave", json_false());
+    deepseek_keys_json(o, c);
+    json_object_set_new(o, "rope_interleave", json_boolean(c->rope_interleave));
     json_object_set_new(o, "tie_word_embeddings", json_false());
     json_object_set_new(o, "torch_dtype", json_string("float32"));
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
@@ -746,9 +996,51 @@ int prl_config_conv_kernel(const prl_config *c)
     return c->use_mome ? c->router_sliding_window : 0;
 }
 
-int prl_config_is_moe(const prl_config *c, int layer) { return layer >= c->first_k_dense_replace; }
-
-int prl_config_moe_layers(const prl_config *c)
+/* DeepSeek's HF modeling_deepseek.py rule (transformers' port and the official inference code
+** ignore moe_layer_freq, which is 1 in every released config). */
+int prl_config_is_moe(const prl_config *c, int layer)
 {
-    return c->num_hidden_layers - c->first_k_dense_replace;
+    return layer >= c->first_k_dense_replace && layer % c->moe_layer_freq == 0;
+}
+
+static int moe_layers_below(const prl_config *c, int n)
+{
+    int k = 0;
+    for (int l = 0; l < n; l++) k += prl_config_is_moe(c, l);
+    return k;
+}
+
+int prl_config_moe_layers(const prl_config *c) { return moe_layers_below(c, c->num_hidden_layers); }
+
+int prl_config_moe_layers_all(const prl_config *c)
+{
+    return moe_layers_below(c, c->num_hidden_layers + c->num_nextn_predict_layers);
+}
+
+int prl_config_moe_layer(const prl_config *c, int moe_idx)
+{
+    for (int l = 0, k = 0; l < c->num_hidden_layers + c->num_nextn_predict_layers; l++)
+        if (prl_config_is_moe(c, l) && k++ == moe_idx) return l;
+    return -1;
+}
+
+int prl_config_is_deepseek(const prl_config *c)
+{
+    return strcmp(c->model_type, "openpangu_v2") != 0;
+}
+
+double prl_yarn_mscale(double factor, double mscale)
+{
+    return factor <= 1 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
+}
+
+double prl_config_softmax_scale(const prl_config *c)
+{
+    double s = 1.0 / sqrt((double)(c->qk_nope_head_dim + c->qk_rope_head_dim));
+    const prl_rope_scaling *y = &c->rope_scaling;
+    if (y->yarn && y->mscale_all_dim > 0) {
+        double m = prl_yarn_mscale(y->factor, y->mscale_all_dim);
+        s = s * m * m;
+    }
+    return s;
 }

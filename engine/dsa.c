@@ -227,13 +227,13 @@ void prl_dsa_forward(prl_dsa_acts *a, const prl_dsa_weights *w, const prl_real *
     size_t nq = (size_t)N * HI * dI, nk = (size_t)N * dI, nw = (size_t)N * HI;
     prl_matmul_forward(a->qI, cq, w->wq_b, N, D.rq, HI * dI, 0);
     prl_round_reals(p, a->qI, nq);
-    prl_rope_forward(a->qI, cos_t, sin_t, N, D.T, HI, dI, 0, HI * dI, D.dr); /* [rope | nope] */
+    prl_rope_forward(a->qI, cos_t, sin_t, N, D.T, HI, dI, 0, HI * dI, D.dr, 0); /* [rope | nope] */
     prl_round_reals(p, a->qI, nq);
     prl_matmul_forward(a->kz, x, w->wk, N, D.d, dI, 0);
     prl_round_reals(p, a->kz, nk);
     /* norm and RoPE as one op, rounded once: the infer path stores kI only after both */
     prl_rmsnorm_forward(a->kI, a->krstd, a->kz, w->k_norm, N, dI, dI, dI, PRL_LATENT_NORM_EPS);
-    prl_rope_forward(a->kI, cos_t, sin_t, N, D.T, 1, dI, 0, dI, D.dr);
+    prl_rope_forward(a->kI, cos_t, sin_t, N, D.T, 1, dI, 0, dI, D.dr, 0);
     prl_round_reals(p, a->kI, nk);
     prl_matmul_forward(a->w, x, w->wproj, N, D.d, HI, 0);
     prl_round_reals(p, a->w, nw);
@@ -306,12 +306,12 @@ void prl_dsa_backward(prl_dsa_weights *g, const prl_dsa_scratch *s, const prl_ds
     for (size_t i = 0; i < (size_t)N * HI; i++) s->dw[i] *= hs;
     prl_round_reals(p, s->dw, nw);
     prl_matmul_backward(NULL, g->wproj, s->dw, x, w->wproj, N, D.d, HI);
-    prl_rope_backward(s->dkI, cos_t, sin_t, N, T, 1, dI, 0, dI, D.dr);
+    prl_rope_backward(s->dkI, cos_t, sin_t, N, T, 1, dI, 0, dI, D.dr, 0);
     memset(s->dkz, 0, (size_t)N * dI * sizeof *s->dkz);
     prl_rmsnorm_backward(s->dkz, g->k_norm, s->dkI, a->kz, w->k_norm, a->krstd, N, dI, dI, dI);
     prl_round_reals(p, s->dkz, nk);
     prl_matmul_backward(NULL, g->wk, s->dkz, x, w->wk, N, D.d, dI);
-    prl_rope_backward(s->dqI, cos_t, sin_t, N, T, HI, dI, 0, HI * dI, D.dr);
+    prl_rope_backward(s->dqI, cos_t, sin_t, N, T, HI, dI, 0, HI * dI, D.dr, 0);
     prl_round_reals(p, s->dqI, nq);
     prl_matmul_backward(NULL, g->wq_b, s->dqI, cq, w->wq_b, N, D.rq, HI * dI);
 }

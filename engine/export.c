@@ -45,7 +45,7 @@ static size_t item_bytes(const export_item *it, prl_dtype dtype)
 
 static int collect_items(const prl_model *m, export_item **out)
 {
-    int n = m->n_tensors + m->n_moe;
+    int n = m->n_tensors + m->n_moe_all;
     export_item *it = calloc((size_t)n + 1, sizeof *it);
     if (!it) return -1;
     for (int i = 0; i < m->n_tensors; i++) {
@@ -56,10 +56,10 @@ static int collect_items(const prl_model *m, export_item **out)
         it[i].numel = p->numel;
         it[i].src = m->params + p->offset;
     }
-    for (int i = 0; i < m->n_moe; i++) {
+    for (int i = 0; i < m->n_moe_all; i++) { /* trunk, then MTP layers */
         export_item *b = &it[m->n_tensors + i];
         snprintf(b->name, sizeof b->name, "model.layers.%d.mlp.gate.e_score_correction_bias",
-                 ckpt_bias_layer(m, i));
+                 prl_config_moe_layer(&m->cfg, i));
         b->ndim = 1;
         b->shape[0] = m->cfg.n_routed_experts;
         b->numel = (size_t)m->cfg.n_routed_experts;

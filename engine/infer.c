@@ -240,16 +240,20 @@ static prl_status bind_weights(prl_infer *e)
         layer_w *w = &e->lw[l];
         w->moe = prl_config_is_moe(&e->m->cfg, l) ? moe_idx++ : -1;
         w->ln1 = T("input_layernorm.weight", e->d, 0);
-        w->q_norm = T("self_attn.q_a_layernorm.weight", e->rq, 0);
+        w->q_norm = e->rq ? T("self_attn.q_a_layernorm.weight", e->rq, 0) : NULL;
         w->kv_norm = T("self_attn.kv_a_layernorm.weight", e->rkv, 0);
         w->ln2 = T("%s.weight", e->d, 0,
                    e->m->cfg.sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
         if (!rc) rc = bind_residual(e, l, base);
-        rc = rc ? rc
-                : lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
-        rc = rc ? rc
-                : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
-                           e->H * e->dq, e->rq);
+        if (!rc && e->rq == 0) /* q_lora_rank null: the direct q_proj */
+            rc = lin_init(e, &w->wq_b, T("self_attn.q_proj.weight", e->H * e->dq, e->d),
+                          e->H * e->dq, e->d);
+        else if (!rc)
+            rc = lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
+        rc = rc || e->rq == 0
+                 ? rc
+                 : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
+                            e->H * e->dq, e->rq);
         rc = rc ? rc
                 : lin_init(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
                            e->lat, e->d);
@@ -468,6 +472,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->V = c->vocab_size, e->d = c->hidden_size, e->L = c->num_hidden_layers;
     e->H = c->num_attention_heads, e->rq = c->q_lora_rank, e->rkv = c->kv_lora_rank;
     e->dn = c->qk_nope_head_dim, e->dr = c->qk_rope_head_dim, e->dv = c->v_head_dim;
+    e->attn_scale = prl_config_softmax_scale(c);
     e->dq = e->dn + e->dr, e->dkv = e->dn + e->dv, e->I = c->intermediate_size;
     e->E = c->n_routed_experts, e->K = c->num_experts_per_tok, e->de = c->moe_intermediate_size;
     e->sde = c->n_shared_experts * c->moe_intermediate_size, e->n_moe = m->n_moe;
@@ -554,7 +559,8 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
         return prl_error_set(PRL_ERR_NOMEM, "infer engine for batch %d x context %d", o.max_batch,
                              o.max_len);
     }
-    prl_rope_tables(e->rope_cos, e->rope_sin, o.max_len, e->dr, c->rope_theta);
+    prl_rope_tables_scaled(e->rope_cos, e->rope_sin, o.max_len, e->dr, c->rope_theta,
+                           &c->rope_scaling);
     if ((rc = bind_weights(e)) || (rc = fault_from_env(e))) {
         prl_infer_free(e);
         return rc;

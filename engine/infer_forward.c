@@ -66,7 +66,7 @@ static void naive_task(void *p, int t)
     int run = t / e->H, h = t % e->H, r0 = c->run_start[run], rows = c->run_rows[run];
     int slot = b->slot[r0], p0 = b->pos[r0], p1 = p0 + rows, ldS = e->ns + e->opt.max_len;
     float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
-    prl_attn_keys kk = {.window = w->window, .ns = e->ns};
+    prl_attn_keys kk = {.window = w->window, .ns = e->ns, .scale = e->attn_scale};
     if (w->dsa_sparse) kk.sel = b->dsel + (size_t)r0 * e->opt.max_len, kk.ldsel = e->opt.max_len;
     if (e->ns > 0) {
         kk.sk = w->sink_kv + (size_t)h * e->dkv, kk.ldsk = e->H * e->dkv;
@@ -172,7 +172,7 @@ static void absorbed_task(void *p, int r)
             infer__gemv_tile(qa + (size_t)h0 * lat, lat, H - h0 < 2 ? H - h0 : 2,
                              cache + (size_t)s0 * lat, lat, n - s0 < 4 ? n - s0 : 4, lat,
                              S + (size_t)h0 * L + s0, L);
-    float scale = (float)(1.0 / sqrt((double)e->dq));
+    float scale = (float)e->attn_scale;
     /* a DSA layer's row sees only its selected tokens (lo = 0: DSA layers never slide) */
     const uint8_t *sel = w->dsa_sparse ? b->dsel + (size_t)r * L : NULL;
     for (int h = 0; h < H; h++) { /* softmax, normalised in place */
@@ -262,11 +262,11 @@ static void indexer_rows(prl_infer *e, int l, int R)
     const layer_w *w = &e->lw[l];
     int HI = e->HI, dI = e->dI, L = e->opt.max_len;
     infer__linear(e, b->iq, b->cq, R, &w->ix_wq_b);
-    prl_rope_at(b->iq, e->rope_cos, e->rope_sin, b->pos, R, HI, dI, 0, HI * dI, e->dr);
+    prl_rope_at(b->iq, e->rope_cos, e->rope_sin, b->pos, R, HI, dI, 0, HI * dI, e->dr, 0);
     infer__act_round(e, b->iq, (size_t)R * HI * dI);
     infer__linear(e, b->ikz, b->ln, R, &w->ix_wk);
     prl_rmsnorm_forward(b->ik, b->rstd, b->ikz, w->ix_k_norm, R, dI, dI, dI, PRL_LATENT_NORM_EPS);
-    prl_rope_at(b->ik, e->rope_cos, e->rope_sin, b->pos, R, 1, dI, 0, dI, e->dr);
+    prl_rope_at(b->ik, e->rope_cos, e->rope_sin, b->pos, R, 1, dI, 0, dI, e->dr, 0);
     infer__act_round(e, b->ik, (size_t)R * dI);
     infer__linear(e, b->iw, b->ln, R, &w->ix_wproj);
     float hs = (float)(1.0 / sqrt((double)HI));
@@ -294,17 +294,24 @@ static void attention(prl_infer *e, int l, int R)
     rows_buf *b = &e->rb;
     const layer_w *w = &e->lw[l];
     int H = e->H;
-    infer__linear(e, b->zq, b->ln, R, &w->wq_a);
-    const float *zq = b->zq, *ckv_in = b->kva, *o_out = b->o;
+    const float *ckv_in = b->kva, *o_out = b->o;
     int ckv_stride = e->lat, ck = e->ck && l < e->L; /* MTP layers have no convs */
-    if (ck) { /* ModAttn: before the query and latent norms, after the heads */
-        conv_rows(e, l, CONV_Q, b->zqc, b->zq, e->rq, R);
-        zq = b->zqc;
+    if (e->rq > 0) {                                 /* the query latent */
+        infer__linear(e, b->zq, b->ln, R, &w->wq_a);
+        const float *zq = b->zq;
+        if (ck) { /* ModAttn: before the query and latent norms, after the heads */
+            conv_rows(e, l, CONV_Q, b->zqc, b->zq, e->rq, R);
+            zq = b->zqc;
+        }
+        prl_rmsnorm_forward(b->cq, b->rstd, zq, w->q_norm, R, e->rq, e->rq, e->rq,
+                            PRL_LATENT_NORM_EPS);
+        infer__act_round(e, b->cq, (size_t)R * e->rq);
+        infer__linear(e, b->q, b->cq, R, &w->wq_b);
+    } else {
+        infer__linear(e, b->q, b->ln, R, &w->wq_b);
     }
-    prl_rmsnorm_forward(b->cq, b->rstd, zq, w->q_norm, R, e->rq, e->rq, e->rq, PRL_LATENT_NORM_EPS);
-    infer__act_round(e, b->cq, (size_t)R * e->rq);
-    infer__linear(e, b->q, b->cq, R, &w->wq_b);
-    prl_rope_at(b->q, e->rope_cos, e->rope_sin, b->pos, R, H, e->dq, e->dn, H * e->dq, e->dr);
+    prl_rope_at(b->q, e->rope_cos, e->rope_sin, b->pos, R, H, e->dq, e->dn, H * e->dq, e->dr,
+                e->m->cfg.rope_interleave);
     infer__act_round(e, b->q, (size_t)R * H * e->dq);
     infer__fault(e, l, "attn.q", b->q, (size_t)R * H * e->dq);
     infer__linear(e, b->kva, b->ln, R, &w->wkv_a);
@@ -319,7 +326,8 @@ static void attention(prl_infer *e, int l, int R)
     for (int r = 0; r < R; r++)
         memcpy(b->kr + (size_t)r * e->dr, b->kva + (size_t)r * e->lat + e->rkv,
                (size_t)e->dr * sizeof(float));
-    prl_rope_at(b->kr, e->rope_cos, e->rope_sin, b->pos, R, 1, e->dr, 0, e->dr, e->dr);
+    prl_rope_at(b->kr, e->rope_cos, e->rope_sin, b->pos, R, 1, e->dr, 0, e->dr, e->dr,
+                e->m->cfg.rope_interleave);
     infer__act_round(e, b->kr, (size_t)R * e->dr);
     for (int r = 0; r < R; r++) {
         float *row = b->lat + (size_t)r * e->lat;
@@ -379,9 +387,10 @@ static void moe(prl_infer *e, int l, int R)
     infer__fault(e, l, "moe.router_logits", b->z, (size_t)R * E);
     const prl_real *bias = e->m->router_bias + (size_t)w->moe * E;
     for (int r = 0; r < R; r++) {
-        prl_moe_gate_forward(b->sel + (size_t)r * K, b->g + (size_t)r * K, b->s + (size_t)r * E,
-                             b->z + (size_t)r * E, bias, NULL, E, K, e->m->cfg.norm_topk_prob,
-                             e->m->cfg.routed_scaling_factor);
+        prl_moe_gate_forward_grouped(b->sel + (size_t)r * K, b->g + (size_t)r * K,
+                                     b->s + (size_t)r * E, b->z + (size_t)r * E, bias, NULL, E, K,
+                                     e->m->cfg.n_group, e->m->cfg.topk_group,
+                                     e->m->cfg.norm_topk_prob, e->m->cfg.routed_scaling_factor);
         if (w->moe >= e->n_moe) continue; /* an MTP layer: its routes are not recorded */
         int32_t *dst = e->slots[b->slot[r]].routes + ((size_t)b->pos[r] * e->n_moe + w->moe) * K;
         memcpy(dst, b->sel + (size_t)r * K, (size_t)K * sizeof *dst);

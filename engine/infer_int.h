@@ -91,7 +91,8 @@ struct prl_infer {
     const prl_model *m;
     prl_infer_options opt;
     int V, d, L, H, rq, rkv, dn, dr, dv, dq, dkv, I, E, K, de, sde, n_moe, lat, ns, ck, HI, dI;
-    float *wcopy; /* rounded weights (bf16/fp16), NULL in fp32 */
+    double attn_scale; /* the attention softmax scale (prl_config_softmax_scale) */
+    float *wcopy;      /* rounded weights (bf16/fp16), NULL in fp32 */
     layer_w *lw;
     const float *embed, *norm;
     lin head;

@@ -133,13 +133,18 @@ static void add_layer(table_builder *tb, const prl_config *c, int l, layer_offse
         add_mhc_module(tb, c, l, 1, o->hc[0], name);
     }
     o->ln1 = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.d, 0, "%s.%d.input_layernorm.weight", p, l);
-    o->wq_a =
-        add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d, "%s.%d.self_attn.q_a_proj.weight", p, l);
-    if (ck) o->qa_conv = add_conv(tb, l, D.rq, ck, "%s.%d.self_attn.qa_conv.weight", l);
-    o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
-                           "%s.%d.self_attn.q_a_layernorm.weight", p, l);
-    o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.rq,
-                         "%s.%d.self_attn.q_b_proj.weight", p, l);
+    if (D.rq == 0) /* q_lora_rank null: one direct projection (wq_b reads the input) */
+        o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.d,
+                             "%s.%d.self_attn.q_proj.weight", p, l);
+    else {
+        o->wq_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rq, D.d,
+                             "%s.%d.self_attn.q_a_proj.weight", p, l);
+        if (ck) o->qa_conv = add_conv(tb, l, D.rq, ck, "%s.%d.self_attn.qa_conv.weight", l);
+        o->q_norm = add_tensor(tb, PRL_PARAM_NORM, l, -1, D.rq, 0,
+                               "%s.%d.self_attn.q_a_layernorm.weight", p, l);
+        o->wq_b = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, (int64_t)D.H * D.dq, D.rq,
+                             "%s.%d.self_attn.q_b_proj.weight", p, l);
+    }
     o->wkv_a = add_tensor(tb, PRL_PARAM_MATRIX, l, -1, D.rkv + D.dr, D.d,
                           "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l);
     if (ck) o->kv_conv = add_conv(tb, l, D.rkv, ck, "%s.%d.self_attn.compresskv_conv.weight", l);
@@ -279,12 +284,11 @@ prl_status prl_model_init(prl_model *m, const prl_config *cfg)
     m->n_tensors = tb.n;
     m->n_params = tb.total;
     m->n_moe = prl_config_moe_layers(cfg);
+    m->n_moe_all = prl_config_moe_layers_all(cfg);
     m->params = calloc(m->n_params, sizeof *m->params);
     m->grads = calloc(m->n_params, sizeof *m->grads);
-    /* MTP MoE layers own zero bias slots after the trunk's n_moe (never updated or saved) */
-    size_t nb = (size_t)(m->n_moe + cfg->num_nextn_predict_layers > 0
-                             ? m->n_moe + cfg->num_nextn_predict_layers
-                             : 1) *
+    /* the MTP layers' MoE bias rows follow the trunk's n_moe */
+    size_t nb = (size_t)(m->n_moe_all > 0 ? m->n_moe_all : 1) *
                 (size_t)(cfg->n_routed_experts > 0 ? cfg->n_routed_experts : 1);
     m->router_bias = calloc(nb, sizeof *m->router_bias);
     m->expert_counts = calloc(nb, sizeof *m->expert_counts);
@@ -332,7 +336,7 @@ void prl_model_init_weights(prl_model *m, uint64_t seed)
         for (size_t j = 0; j < p->numel; j++)
             w[j] = (prl_real)(m->cfg.initializer_range * prl_rng_normal(&r));
     }
-    size_t nb = (size_t)m->n_moe * m->cfg.n_routed_experts;
+    size_t nb = (size_t)m->n_moe_all * m->cfg.n_routed_experts;
     memset(m->router_bias, 0, nb * sizeof *m->router_bias);
     memset(m->expert_counts, 0, nb * sizeof *m->expert_counts);
 }
@@ -395,16 +399,22 @@ void model__refresh_rounded_weights(prl_model *m)
 
 /* ------------------------------------------------------------------ bias balancing -- */
 
+/* The MoE rows whose bias learns: none when only the DSA indexers learn; the MTP layers'
+** alone when the trunk is frozen (its biases stay as they are, like its weights). */
+static int bias_rows_first(const prl_model *m)
+{
+    if (m->cfg.dsa_freeze_main) return m->n_moe_all;
+    return m->cfg.mtp_freeze_trunk ? m->n_moe : 0;
+}
+
 void prl_model_update_router_bias(prl_model *m)
 {
     const prl_config *c = &m->cfg;
     int E = c->n_routed_experts;
-    if (c->bias_update_rate <= 0 || m->n_moe == 0) return;
-    if (c->dsa_freeze_main || c->mtp_freeze_trunk) { /* the frozen trunk keeps its biases too */
-        memset(m->expert_counts, 0, (size_t)m->n_moe * E * sizeof *m->expert_counts);
-        return;
-    }
-    for (int i = 0; i < m->n_moe; i++) {
+    if (c->bias_update_rate <= 0 || m->n_moe_all == 0) return;
+    int first = bias_rows_first(m);
+    memset(m->expert_counts, 0, (size_t)first * E * sizeof *m->expert_counts);
+    for (int i = first; i < m->n_moe_all; i++) {
         double *cnt = m->expert_counts + (size_t)i * E, total = 0, ms = 0;
         prl_real *bias = m->router_bias + (size_t)i * E;
         for (int e = 0; e < E; e++) total += cnt[e];

@@ -24,7 +24,22 @@ enum { PRL_MAX_LAYERS = 64, PRL_MHC_MAX_STREAMS = 16 };
 ** the warm-up: the main attention stays dense and the indexer learns the dense distribution. */
 typedef enum prl_dsa_stage { PRL_DSA_SPARSE = 0, PRL_DSA_DENSE = 1 } prl_dsa_stage;
 
-/* A Hugging Face openpangu_v2 config.json, validated. Field names follow the JSON keys. */
+/* YaRN RoPE scaling (`rope_scaling` {"type": "yarn", ...}; docs/model.md "RoPE"): the
+** frequencies blend interpolation (÷ factor) and extrapolation per dimension between the
+** beta_fast / beta_slow rotation counts of the original context; cos and sin are multiplied
+** by an attention factor, and the attention softmax scale by mscale(factor, mscale_all_dim)². */
+typedef struct prl_rope_scaling {
+    int yarn;                            /* 0: rope_scaling null (plain RoPE) */
+    double factor, beta_fast, beta_slow; /* beta defaults 32, 1 (0 means the default) */
+    double mscale, mscale_all_dim;       /* 0 = absent */
+    double attention_factor;             /* 0 = absent: derived from mscale, mscale_all_dim */
+    int original_max_position_embeddings;
+} prl_rope_scaling;
+
+enum { PRL_CONFIG_SOURCE_MAX = 16384 };
+
+/* A Hugging Face openpangu_v2 or deepseek_v3 (DeepSeek-V3, Kimi-K2, Moonlight)
+** config.json, validated. Field names follow the JSON keys. */
 typedef struct prl_config {
     int vocab_size, hidden_size, num_hidden_layers, num_attention_heads;
     int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
@@ -75,6 +90,17 @@ typedef struct prl_config {
     prl_dsa_stage dsa_stage;           /* prl_dsa_stage: "sparse" | "dense" (warm-up) */
     int dsa_freeze_main;               /* prl_dsa_freeze_main: only the indexer learns */
     int mtp_freeze_trunk;              /* prl_mtp_freeze_trunk: only the MTP modules learn */
+    /* DeepSeek-V3 maths (docs/config.md "DeepSeek-V3 family"); defaults keep openPangu's */
+    int moe_layer_freq;            /* layer l is MoE iff l >= first_k_dense_replace and
+                                   ** l % moe_layer_freq == 0 */
+    int n_group, topk_group;       /* group-limited routing (noaux_tc); 1, 1 = off */
+    int rope_interleave;           /* RoPE pairs (x[2i], x[2i+1]) instead of (x[i], x[i+d/2]) */
+    prl_rope_scaling rope_scaling; /* YaRN, or none */
+    /* model_type as read ("openpangu_v2" when absent). Any other family keeps its whole
+    ** source object (`source_json`) so prl_config_to_json writes it back with its own keys,
+    ** the deployment-only ones included. */
+    char model_type[32];
+    char source_json[PRL_CONFIG_SOURCE_MAX]; /* "" for openpangu_v2 */
 } prl_config;
 
 /* Defaults for every key (a small valid model). */
@@ -98,9 +124,20 @@ int prl_config_streams(const prl_config *c);
 int prl_config_block_post_norm(const prl_config *c, int layer);
 /* Kernel size of the ModAttn causal convolutions (0 = off). */
 int prl_config_conv_kernel(const prl_config *c);
-/* Number of MoE layers and the MoE index of layer l (-1 for a dense layer). */
-int prl_config_moe_layers(const prl_config *c);
+/* MoE layout (moe_layer_freq): 1 when layer l (trunk or MTP) has a MoE FFN; the number of
+** MoE layers of the trunk; of trunk and MTP layers together (the router-bias table's rows:
+** the trunk's first, then the MTP layers'); the layer of MoE index i (-1 past the end). */
 int prl_config_is_moe(const prl_config *c, int layer);
+int prl_config_moe_layers(const prl_config *c);
+int prl_config_moe_layers_all(const prl_config *c);
+int prl_config_moe_layer(const prl_config *c, int moe_idx);
+/* 1 for a DeepSeek-V3-family config (model_type other than openpangu_v2). */
+int prl_config_is_deepseek(const prl_config *c);
+/* YaRN's mscale(f, m) = 0.1·m·ln f + 1 (1 when f <= 1; transformers' yarn_get_mscale). */
+double prl_yarn_mscale(double factor, double mscale);
+/* The attention softmax scale: (d_n + d_r)^(−1/2), times mscale(factor, mscale_all_dim)²
+** under YaRN with mscale_all_dim (as transformers' DeepseekV3Attention). */
+double prl_config_softmax_scale(const prl_config *c);
 
 /* ---------------------------------------------------------------- parameters ------- */
 
@@ -147,9 +184,11 @@ typedef struct prl_model {
     size_t n_params;
     prl_real *params;      /* owned, n_params */
     prl_real *grads;       /* owned, n_params; backward accumulates (+=) */
-    int n_moe;             /* number of MoE layers */
-    prl_real *router_bias; /* owned, n_moe × N_r; not a parameter (no gradient) */
-    double *expert_counts; /* owned, n_moe × N_r tokens routed since the last bias update */
+    int n_moe;             /* number of MoE layers of the trunk */
+    int n_moe_all;         /* MoE layers of the trunk and the MTP layers */
+    prl_real *router_bias; /* owned, n_moe_all × N_r (the trunk's rows, then the MTP
+                           ** layers'); not a parameter (no gradient) */
+    double *expert_counts; /* owned, n_moe_all × N_r tokens routed since the last update */
     prl_acts *acts;        /* owned */
     prl_tensor_hook hook;
     void *hook_user;

@@ -260,8 +260,8 @@ prl_status model__ensure_acts(prl_model *m, int B, int T)
             a->have_forward = 0;
             cv = (carver){.base = a->block};
             carve_all(m, &cv);
-            prl_rope_tables(a->rope_cos, a->rope_sin, T, m->cfg.qk_rope_head_dim,
-                            m->cfg.rope_theta);
+            prl_rope_tables_scaled(a->rope_cos, a->rope_sin, T, m->cfg.qk_rope_head_dim,
+                                   m->cfg.rope_theta, &m->cfg.rope_scaling);
             return PRL_OK;
         }
         a->B = oB, a->T = oT, a->N = oB * oT;
@@ -285,6 +285,7 @@ prl_status model__ensure_acts(prl_model *m, int B, int T)
     a->block_bytes = cv.used;
     cv = (carver){.base = a->block};
     carve_all(m, &cv);
-    prl_rope_tables(a->rope_cos, a->rope_sin, T, m->cfg.qk_rope_head_dim, m->cfg.rope_theta);
+    prl_rope_tables_scaled(a->rope_cos, a->rope_sin, T, m->cfg.qk_rope_head_dim, m->cfg.rope_theta,
+                           &m->cfg.rope_scaling);
     return PRL_OK;
 }

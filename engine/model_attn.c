@@ -30,7 +30,8 @@ prl_attn_shape model__attn_shape(const prl_model *m, int l)
                             .dv = D.dv,
                             .window = prl_config_window(&m->cfg, l),
                             .ns = D.ns,
-                            .sel = sel};
+                            .sel = sel,
+                            .scale = prl_config_softmax_scale(&m->cfg)};
 }
 
 /* The indexer geometry of the current batch shape. */
@@ -102,12 +103,17 @@ int model__mla_forward(prl_model *m, int l, const prl_batch *b)
     dims D = model__dims_of(&m->cfg);
     int N = a->N;
     size_t nq = (size_t)N * D.H * D.dq;
-    prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
-    model__rnd(m, la->zq, (size_t)N * D.rq);
-    latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq);
-    prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
+    if (D.rq > 0) { /* the query latent */
+        prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
+        model__rnd(m, la->zq, (size_t)N * D.rq);
+        latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq);
+        prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
+    } else {
+        prl_matmul_forward(la->q, la->ln_a, P(o->wq_b), N, D.d, D.H * D.dq, 0);
+    }
     model__rnd(m, la->q, nq);
-    prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
+    prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr,
+                     m->cfg.rope_interleave);
     model__rnd(m, la->q, nq);
     prl_matmul_forward(la->kva, la->ln_a, P(o->wkv_a), N, D.d, D.rkv + D.dr, 0);
     model__rnd(m, la->kva, (size_t)N * (D.rkv + D.dr));
@@ -116,7 +122,8 @@ int model__mla_forward(prl_model *m, int l, const prl_batch *b)
     for (int n = 0; n < N; n++)
         memcpy(la->kr + (size_t)n * D.dr, la->kva + (size_t)n * (D.rkv + D.dr) + D.rkv,
                (size_t)D.dr * sizeof(prl_real));
-    prl_rope_forward(la->kr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
+    prl_rope_forward(la->kr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr,
+                     m->cfg.rope_interleave);
     model__rnd(m, la->kr, (size_t)N * D.dr);
     prl_matmul_forward(la->kv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv, 0);
     model__rnd(m, la->kv, (size_t)N * D.H * D.dkv);
@@ -223,7 +230,8 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     model__zero(a->dckv, (size_t)N * D.rkv);
     prl_matmul_backward(a->dckv, G(o->wkv_b), a->dkv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv);
     model__rnd(m, a->dckv, (size_t)N * D.rkv);
-    prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr);
+    prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr,
+                      m->cfg.rope_interleave);
     int wa = D.rkv + D.dr;
     model__zero(a->dkva, (size_t)N * wa);
     latent_backward(m, a->dkva, a->dckv, la->kva, wa, la->kvc, la->rstd_kv, o->kv_norm, o->kv_conv,
@@ -234,16 +242,21 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     model__rnd(m, a->dkva, (size_t)N * wa);
     model__zero(a->dln, (size_t)N * D.d);
     prl_matmul_backward(a->dln, G(o->wkv_a), a->dkva, la->ln_a, P(o->wkv_a), N, D.d, wa);
-    prl_rope_backward(a->dq, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr);
+    prl_rope_backward(a->dq, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr,
+                      m->cfg.rope_interleave);
     model__rnd(m, a->dq, (size_t)N * D.H * D.dq);
-    model__zero(a->dcq, (size_t)N * D.rq);
-    prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
-    model__rnd(m, a->dcq, (size_t)N * D.rq);
-    model__zero(a->dzq, (size_t)N * D.rq);
-    latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
-                    D.rq);
-    model__rnd(m, a->dzq, (size_t)N * D.rq);
-    prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
+    if (D.rq > 0) {
+        model__zero(a->dcq, (size_t)N * D.rq);
+        prl_matmul_backward(a->dcq, G(o->wq_b), a->dq, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq);
+        model__rnd(m, a->dcq, (size_t)N * D.rq);
+        model__zero(a->dzq, (size_t)N * D.rq);
+        latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
+                        D.rq);
+        model__rnd(m, a->dzq, (size_t)N * D.rq);
+        prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
+    } else {
+        prl_matmul_backward(a->dln, G(o->wq_b), a->dq, la->ln_a, P(o->wq_b), N, D.d, D.H * D.dq);
+    }
     model__rnd(m, a->dln, (size_t)N * D.d);
     prl_rmsnorm_backward(dx, G(o->ln1), a->dln, la->res_attn, P(o->ln1), la->rstd_a, N, D.d, D.d,
                          D.d);

@@ -228,6 +228,10 @@ void model__mtp_backward(prl_model *m, const prl_batch *b, expert_task *tasks);
 
 /* ------------------------------------------------------------------ model_train.c --- */
 
+/* Adds the routes of MoE row moe_idx in the last forward, over the valid positions of b, to
+** m->expert_counts (the selection-bias update's loads); no-op when the update is off. */
+void model__count_experts(prl_model *m, const prl_batch *b, int moe_idx);
+
 /* Position n of the batch is inside its sequence's length. */
 int model__valid_pos(const prl_batch *b, int n);
 /* Log-probs of the targets (logits_ctx) over rows [r0, r1). */

@@ -104,9 +104,10 @@ static void gate_rows(void *p, int r0, int r1)
         /* a PRL_ROUTE_NATIVE row (validated whole) routes natively: no forced ids */
         const int32_t *f = c->forced ? c->forced + (size_t)n * K : NULL;
         if (f && f[0] == PRL_ROUTE_NATIVE) f = NULL;
-        prl_moe_gate_forward(la->sel + (size_t)n * K, la->g + (size_t)n * K, la->s + (size_t)n * E,
-                             la->z + (size_t)n * E, c->bias, f, E, K, c->m->cfg.norm_topk_prob,
-                             c->m->cfg.routed_scaling_factor);
+        prl_moe_gate_forward_grouped(la->sel + (size_t)n * K, la->g + (size_t)n * K,
+                                     la->s + (size_t)n * E, la->z + (size_t)n * E, c->bias, f, E, K,
+                                     c->m->cfg.n_group, c->m->cfg.topk_group,
+                                     c->m->cfg.norm_topk_prob, c->m->cfg.routed_scaling_factor);
     }
 }
 

@@ -53,7 +53,9 @@ int model__mtp_forward(prl_model *m, const prl_batch *b, int moe_idx, expert_tas
         prl_mtp_input_forward(a->layer[l].res_attn, t->cat, t->rstd_e, t->rstd_h, t->emb, h_prev,
                               P(o->enorm), P(o->hnorm), P(o->eh_proj), N, d, c->rms_norm_eps,
                               m->precision);
+        int layer_moe = moe_idx; /* this layer's bias row, if it is a MoE layer */
         stop = model__layer_forward(m, l, &moe_idx, &bk, tasks, st, 1, t->h);
+        if (prl_config_is_moe(c, l)) model__count_experts(m, &bk, layer_moe);
         /* the shared head rounds as the main head does (and as the infer path's drafts) */
         prl_rmsnorm_forward(t->ln, t->rstd, t->h, P(o->sh_norm), N, d, d, d, c->rms_norm_eps);
         model__rnd(m, t->ln, (size_t)N * d);

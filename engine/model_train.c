@@ -172,6 +172,18 @@ int model__layer_forward(prl_model *m, int l, int *moe_idx, const prl_batch *b, 
     return stop;
 }
 
+void model__count_experts(prl_model *m, const prl_batch *b, int moe_idx)
+{
+    const prl_acts *a = m->acts;
+    int N = a->N, E = m->cfg.n_routed_experts, K = m->cfg.num_experts_per_tok;
+    if (m->cfg.bias_update_rate <= 0) return;
+    const int32_t *routes = a->routes + (size_t)moe_idx * N * K;
+    double *cnt = m->expert_counts + (size_t)moe_idx * E;
+    for (int n = 0; n < N; n++)
+        if (model__valid_pos(b, n))
+            for (int k = 0; k < K; k++) cnt[routes[(size_t)n * K + k]] += 1;
+}
+
 /* Forward with saved activations; `train` also counts experts and computes aux losses. */
 static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp, prl_forward_stats *st,
                           int train)
@@ -209,14 +221,8 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp, prl
     a->mtp_ran = train && b->with_mtp && m->cfg.num_nextn_predict_layers > 0 && !stop;
     if (a->mtp_ran) stop = model__mtp_forward(m, b, moe_idx, tasks, &stats);
     free(tasks);
-    if (train && m->cfg.bias_update_rate > 0) {
-        for (int i = 0; i < m->n_moe; i++)
-            for (int n = 0; n < N; n++)
-                if (model__valid_pos(b, n))
-                    for (int k = 0; k < D.K; k++)
-                        m->expert_counts[(size_t)i * D.E +
-                                         a->routes[((size_t)i * N + n) * D.K + k]] += 1;
-    }
+    if (train)
+        for (int i = 0; i < m->n_moe; i++) model__count_experts(m, b, i);
     stats.loss = stats.lm_loss + stats.balance_loss + stats.z_loss + stats.mtp_loss;
     stats.index_loss = a->index_loss;
     if (st) *st = stats;

@@ -184,6 +184,54 @@ void prl_rmsnorm_backward(prl_real *dinp, prl_real *dg, const prl_real *dout, co
 
 /* ------------------------------------------------------------------ RoPE ------------ */
 
+/* YaRN's per-pair inverse frequencies, as transformers' _compute_yarn_parameters (truncated
+** correction range), in double. */
+static void yarn_inv_freq(double *inv, int D, double theta, const prl_rope_scaling *y)
+{
+    double fast = y->beta_fast > 0 ? y->beta_fast : 32, slow = y->beta_slow > 0 ? y->beta_slow : 1;
+    double orig = y->original_max_position_embeddings;
+    /* the dimension at which a pair turns `rot` times over the original context */
+    double lo = floor(D * log(orig / (fast * 2 * M_PI)) / (2 * log(theta)));
+    double hi = ceil(D * log(orig / (slow * 2 * M_PI)) / (2 * log(theta)));
+    lo = lo > 0 ? lo : 0, hi = hi < D - 1 ? hi : D - 1;
+    if (lo == hi) hi += 0.001; /* no singular ramp */
+    for (int i = 0; i < D / 2; i++) {
+        double pos_freq = pow(theta, 2.0 * i / D), ramp = (i - lo) / (hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double extra = 1 - ramp; /* 1: keep the pair's frequency (extrapolate) */
+        inv[i] = 1 / (y->factor * pos_freq) * (1 - extra) + 1 / pos_freq * extra;
+    }
+}
+
+double prl_rope_attention_factor(const prl_rope_scaling *y)
+{
+    if (!y || !y->yarn) return 1.0;
+    if (y->attention_factor > 0) return y->attention_factor;
+    if (y->mscale > 0 && y->mscale_all_dim > 0)
+        return prl_yarn_mscale(y->factor, y->mscale) /
+               prl_yarn_mscale(y->factor, y->mscale_all_dim);
+    return prl_yarn_mscale(y->factor, 1.0);
+}
+
+void prl_rope_tables_scaled(prl_real *cos_t, prl_real *sin_t, int T, int D, double theta,
+                            const prl_rope_scaling *y)
+{
+    if (!y || !y->yarn) {
+        prl_rope_tables(cos_t, sin_t, T, D, theta);
+        return;
+    }
+    int half = D / 2;
+    double inv[2048], af = prl_rope_attention_factor(y);
+    PRL_ASSERT(half <= 2048);
+    yarn_inv_freq(inv, D, theta, y);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double angle = t * inv[i];
+            cos_t[t * half + i] = (prl_real)(cos(angle) * af);
+            sin_t[t * half + i] = (prl_real)(sin(angle) * af);
+        }
+}
+
 void prl_rope_tables(prl_real *cos_t, prl_real *sin_t, int T, int D, double theta)
 {
     int half = D / 2;
@@ -200,6 +248,7 @@ typedef struct rope_ctx {
     const prl_real *cos_t, *sin_t;
     const int32_t *pos; /* position of each row, or NULL: row n is at n mod T */
     int T, heads, head_stride, col, stride, D;
+    int interleave; /* pairs (2i, 2i+1), else (i, i + D/2) */
     prl_real sign;
 } rope_ctx;
 
@@ -211,21 +260,26 @@ static void rope_rows(void *p, int r0, int r1)
         int at = c->pos ? c->pos[n] : n % c->T;
         const prl_real *co = c->cos_t + (size_t)at * half;
         const prl_real *si = c->sin_t + (size_t)at * half;
+        /* the pair of frequency i sits at (lo, hi) = (i·step, i·step + off) */
+        int step = c->interleave ? 2 : 1, off = c->interleave ? 1 : half;
         for (int h = 0; h < c->heads; h++) {
             prl_real *v = c->x + (size_t)n * c->stride + (size_t)h * c->head_stride + c->col;
             for (int i = 0; i < half; i++) {
-                prl_real a = v[i], b = v[i + half], s = c->sign * si[i];
-                v[i] = a * co[i] - b * s;
-                v[i + half] = b * co[i] + a * s;
+                prl_real *lo = v + i * step, *hi = lo + off;
+                prl_real a = *lo, b = *hi, s = c->sign * si[i];
+                *lo = a * co[i] - b * s;
+                *hi = b * co[i] + a * s;
             }
         }
     }
 }
 
 static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
-                       int heads, int head_stride, int col, int stride, int D, prl_real sign)
+                       int heads, int head_stride, int col, int stride, int D, int interleave,
+                       prl_real sign)
 {
     rope_ctx c = {.x = x,
+                  .interleave = interleave,
                   .cos_t = cos_t,
                   .sin_t = sin_t,
                   .T = T,
@@ -239,15 +293,16 @@ static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t
 }
 
 void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
-                      int heads, int head_stride, int col, int stride, int D)
+                      int heads, int head_stride, int col, int stride, int D, int interleave)
 {
-    rope_apply(x, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, 1);
+    rope_apply(x, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, interleave, 1);
 }
 
 void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
-                 int N, int heads, int head_stride, int col, int stride, int D)
+                 int N, int heads, int head_stride, int col, int stride, int D, int interleave)
 {
     rope_ctx c = {.x = x,
+                  .interleave = interleave,
                   .cos_t = cos_t,
                   .sin_t = sin_t,
                   .pos = pos,
@@ -262,10 +317,11 @@ void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, cons
 }
 
 void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
-                       int heads, int head_stride, int col, int stride, int D)
+                       int heads, int head_stride, int col, int stride, int D, int interleave)
 {
-    /* The rotation is orthogonal: its transpose is the rotation by −angle. */
-    rope_apply(dx, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, -1);
+    /* Each pair is a rotation scaled by YaRN's attention factor a (cos and sin both carry
+    ** it): its transpose is a times the rotation by −angle, the same tables with sin negated. */
+    rope_apply(dx, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, interleave, -1);
 }
 
 /* ------------------------------------------------------------------ ModAttn conv ---- */
@@ -462,20 +518,58 @@ void prl_swiglu_backward(prl_real *dinp, prl_real *dw13, prl_real *dw2, prl_real
 
 /* ------------------------------------------------------------------ MoE gate -------- */
 
+/* keep[e] = 1 for the experts of the topk_group groups (of E/n_group consecutive experts)
+** whose two best s + bias sum highest; strict '>' keeps the lower group on ties. */
+static void gate_groups(uint8_t *keep, const prl_real *s, const prl_real *bias, int E, int n_group,
+                        int topk_group)
+{
+    int per = E / n_group;
+    prl_real gs[4096];
+    uint8_t gkeep[4096];
+    PRL_ASSERT(n_group <= 4096);
+    for (int gi = 0; gi < n_group; gi++) {
+        prl_real b1 = -INFINITY, b2 = -INFINITY;
+        for (int e = gi * per; e < (gi + 1) * per; e++) {
+            prl_real v = s[e] + (bias ? bias[e] : 0);
+            if (v > b1) b2 = b1, b1 = v;
+            else if (v > b2) b2 = v;
+        }
+        gs[gi] = b1 + b2, gkeep[gi] = 0;
+    }
+    for (int k = 0; k < topk_group; k++) {
+        int best = -1;
+        for (int gi = 0; gi < n_group; gi++)
+            if (!gkeep[gi] && (best < 0 || gs[gi] > gs[best])) best = gi;
+        gkeep[best] = 1;
+    }
+    for (int e = 0; e < E; e++) keep[e] = gkeep[e / per];
+}
+
 void prl_moe_gate_forward(int32_t *sel, prl_real *g, prl_real *s, const prl_real *z,
                           const prl_real *bias, const int32_t *forced, int E, int K, int renorm,
                           double scale)
+{
+    prl_moe_gate_forward_grouped(sel, g, s, z, bias, forced, E, K, 1, 1, renorm, scale);
+}
+
+void prl_moe_gate_forward_grouped(int32_t *sel, prl_real *g, prl_real *s, const prl_real *z,
+                                  const prl_real *bias, const int32_t *forced, int E, int K,
+                                  int n_group, int topk_group, int renorm, double scale)
 {
     for (int e = 0; e < E; e++) s[e] = 1 / (1 + PRL_EXP(-z[e]));
     if (forced) {
         for (int k = 0; k < K; k++) sel[k] = forced[k];
     } else {
-        /* Top-K by s + bias; strict '>' keeps the lower index on ties. */
+        uint8_t keep[4096];
+        PRL_ASSERT(E <= 4096);
+        if (n_group > 1) gate_groups(keep, s, bias, E, n_group, topk_group);
+        /* Top-K by s + bias over the kept groups (a masked expert is −∞, as DeepSeek-V3's
+        ** inference code); strict '>' keeps the lower index on ties. */
         for (int k = 0; k < K; k++) {
             int best = -1;
             prl_real best_v = 0;
             for (int e = 0; e < E; e++) {
-                int taken = 0;
+                int taken = n_group > 1 && !keep[e];
                 for (int j = 0; j < k; j++) taken |= sel[j] == e;
                 if (taken) continue;
                 prl_real v = s[e] + (bias ? bias[e] : 0);

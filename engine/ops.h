@@ -129,16 +129,24 @@ void prl_rmsnorm_backward(prl_real *dinp, prl_real *dg, const prl_real *dout, co
 
 /* Half-split RoPE tables for positions [0, T): cos/sin [T, D/2], angles in double. */
 void prl_rope_tables(prl_real *cos_t, prl_real *sin_t, int T, int D, double theta);
-/* In place on x[B*T rows][heads][D] at column offset `col` in rows of `stride`: pair
-** (i, i+D/2) rotated by pos·θ^(−2i/D); pos = row index mod T. */
+/* The same with rope_scaling (NULL or not yarn: prl_rope_tables): YaRN's frequencies, and
+** cos and sin multiplied by its attention factor (docs/model.md "RoPE"). */
+void prl_rope_tables_scaled(prl_real *cos_t, prl_real *sin_t, int T, int D, double theta,
+                            const prl_rope_scaling *y);
+/* YaRN's cos/sin factor: attention_factor if given, else mscale(f, mscale)/mscale(f,
+** mscale_all_dim) when both are set, else mscale(f, 1); 1 without YaRN. */
+double prl_rope_attention_factor(const prl_rope_scaling *y);
+/* In place on x[B*T rows][heads][D] at column offset `col` in rows of `stride`: the pair of
+** frequency i — (i, i+D/2), or (2i, 2i+1) when `interleave` — rotated by pos·inv_freq_i;
+** pos = row index mod T. */
 void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
-                      int heads, int head_stride, int col, int stride, int D);
+                      int heads, int head_stride, int col, int stride, int D, int interleave);
 /* The same rotation with explicit positions: row n is at position pos[n] (< table length). */
 void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
-                 int N, int heads, int head_stride, int col, int stride, int D);
-/* The inverse rotation applied to a gradient, in place. */
+                 int N, int heads, int head_stride, int col, int stride, int D, int interleave);
+/* The transposed rotation applied to a gradient, in place. */
 void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
-                       int heads, int head_stride, int col, int stride, int D);
+                       int heads, int head_stride, int col, int stride, int D, int interleave);
 
 /* The key set of a causal MLA attention call (naive form):
 **   tokens: key rows of positions [k0, p1) — k [.., dn | dv] per row at stride ldk (k_nope
@@ -157,6 +165,7 @@ typedef struct prl_attn_keys {
     int ldsk, ldskr, ns;
     const uint8_t *sel;
     int ldsel;
+    double scale; /* softmax scale; 0 = (dn + dr)^(−1/2) */
 } prl_attn_keys;
 
 /* Shape of a whole-batch attention call: B sequences of T tokens, H heads, window W (0 =
@@ -166,6 +175,7 @@ typedef struct prl_attn_keys {
 typedef struct prl_attn_shape {
     int B, T, H, dn, dr, dv, window, ns;
     const uint8_t *sel;
+    double scale; /* softmax scale; 0 = (dn + dr)^(−1/2) (YaRN: prl_config_softmax_scale) */
 } prl_attn_shape;
 
 /* First key position a query block starting at p0 reads: 0 for causal attention; for a
@@ -245,6 +255,12 @@ void prl_silu_mul_backward(prl_real *da13, const prl_real *dh, const prl_real *a
 void prl_moe_gate_forward(int32_t *sel, prl_real *g, prl_real *s, const prl_real *z,
                           const prl_real *bias, const int32_t *forced, int E, int K, int renorm,
                           double scale);
+/* The same with group-limited routing (DeepSeek-V3 noaux_tc): the E experts form n_group
+** groups of E/n_group; only the topk_group groups with the largest sum of their two best
+** s + bias compete (ties: the lower group). n_group = 1 is prl_moe_gate_forward. */
+void prl_moe_gate_forward_grouped(int32_t *sel, prl_real *g, prl_real *s, const prl_real *z,
+                                  const prl_real *bias, const int32_t *forced, int E, int K,
+                                  int n_group, int topk_group, int renorm, double scale);
 /* dz[E] += ∂/∂z given dg[K] (through g and the sigmoid; sel is a constant). */
 void prl_moe_gate_backward(prl_real *dz, const prl_real *dg, const int32_t *sel, const prl_real *s,
                            int E, int K, int renorm, double scale);

@@ -75,6 +75,12 @@ static void softmax_row_masked(prl_real *Ss, int ns, prl_real *S, int lo, int hi
     for (int s = hi + 1; s < width; s++) S[s] = 0;
 }
 
+/* The softmax scale of a call: the given one, else (dn + dr)^(−1/2). */
+static prl_real attn_scale(double scale, int dq)
+{
+    return (prl_real)(scale > 0 ? scale : 1.0 / sqrt((double)dq));
+}
+
 /* Valid rows of sequence b: [0, len). */
 static int seq_len(const attn_ctx *c, int b) { return c->lens ? c->lens[b] : c->sh.T; }
 
@@ -86,7 +92,7 @@ void prl_attention_rows(prl_real *out, int ldo, prl_real *Ss, prl_real *S, int l
     ** Ss [rows, ns] and S [rows, nk] at ldS; out [rows, dv] at ldo */
     int rows = p1 - p0, k0 = kk->k0, nk = p1 - k0, ns = kk->ns;
     PRL_ASSERT(k0 <= prl_attention_key_start(p0, kk->window) && k0 >= 0);
-    prl_real scale = (prl_real)(1.0 / sqrt((double)(dn + dr)));
+    prl_real scale = attn_scale(kk->scale, dn + dr);
     /* S = scale·(q_nope·k_nopeᵀ + q_rope·krᵀ) over the token keys, then the sinks */
     prl_gemm(0, 1, rows, nk, dn, scale, q, ldq, kk->k, kk->ldk, 0, S, ldS);
     prl_gemm(0, 1, rows, nk, dr, scale, q + dn, ldq, kk->kr, kk->ldkr, 1, S, ldS);
@@ -118,7 +124,8 @@ static prl_attn_keys head_keys(const attn_ctx *c, int b, int h, int r0)
                         .ldkr = sh.dr,
                         .k0 = k0,
                         .window = sh.window,
-                        .ns = sh.ns};
+                        .ns = sh.ns,
+                        .scale = sh.scale};
     if (sh.ns > 0) {
         kk.sk = c->sink_kv + (size_t)h * dkv, kk.ldsk = sh.H * dkv;
         kk.skr = c->sink_kr, kk.ldskr = sh.dr;
@@ -194,7 +201,7 @@ static void attention_backward_head(void *p, int task)
     prl_attn_shape sh = c->sh;
     int b = task / sh.H, h = task % sh.H, T = sh.T, H = sh.H, ns = sh.ns, ldS = ns + T;
     int dn = sh.dn, dr = sh.dr, dv = sh.dv, dq = dn + dr, dkv = dn + dv, len = seq_len(c, b);
-    prl_real scale = (prl_real)(1.0 / sqrt((double)dq));
+    prl_real scale = attn_scale(sh.scale, dq);
     size_t qoff = (size_t)b * T * H * dq + (size_t)h * dq;
     size_t kvoff = (size_t)b * T * H * dkv + (size_t)h * dkv;
     const prl_real *P = c->att + (size_t)task * T * ldS;

@@ -340,6 +340,12 @@ class PanguConfig:
     mtp_loss_weight: float = 0.3                        # prl_mtp_loss_weight λ
     mtp_head_norm: bool = True                          # own shared_head.norm (else model.norm)
     mtp_head: bool = False                              # own shared_head.head (else lm_head)
+    # DeepSeek-V3 family (model_type deepseek_v3 / kimi_k2; docs/config.md)
+    moe_layer_freq: int = 1                             # MoE iff l >= fkdr and l % freq == 0
+    n_group: int = 1                                    # noaux_tc group-limited routing
+    topk_group: int = 1
+    rope_interleave: bool = False                       # rotate pairs (x[2i], x[2i+1])
+    rope_scaling: Optional[dict] = None                 # YaRN parameters, or None
     ignored_keys: List[str] = field(default_factory=list)
 
     @property
@@ -347,7 +353,58 @@ class PanguConfig:
         return min(self.first_k_dense_replace, self.num_hidden_layers)
 
     def is_moe_layer(self, layer: int) -> bool:
-        return layer >= self.first_k_dense_replace
+        # modeling_deepseek.py's rule (DeepSeek's Hugging Face code)
+        return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
+
+    def softmax_scale(self) -> float:
+        """transformers' DeepseekV3Attention.scaling: qk_head_dim^-0.5 times
+        yarn_get_mscale(factor, mscale_all_dim)^2 when mscale_all_dim is set."""
+        scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        rs = self.rope_scaling
+        if rs and rs.get("mscale_all_dim"):
+            m = _yarn_get_mscale(rs["factor"], rs["mscale_all_dim"])
+            scale = scale * m * m
+        return scale
+
+
+def _yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+_YARN_KEYS = {"type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast",
+              "beta_slow", "mscale", "mscale_all_dim", "attention_factor"}
+
+
+def _parse_deepseek(cfg: Mapping[str, object], c: "PanguConfig") -> None:
+    """The DeepSeek-V3 keys with maths (model_type, groups, moe_layer_freq, RoPE)."""
+    mt = cfg.get("model_type", "openpangu_v2")
+    if mt not in ("openpangu_v2", "deepseek_v3", "kimi_k2"):
+        raise UnsupportedConfigError(f"config key 'model_type' = {mt!r} is not supported")
+    if mt != "openpangu_v2" and cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise UnsupportedConfigError(f"config key 'topk_method' = {cfg['topk_method']!r}: only "
+                                     "'noaux_tc' is supported")
+    if cfg.get("scoring_func", "sigmoid") != "sigmoid":
+        raise UnsupportedConfigError(f"config key 'scoring_func' = {cfg['scoring_func']!r}: only "
+                                     "'sigmoid' is supported")
+    c.moe_layer_freq = int(cfg.get("moe_layer_freq") or 1)
+    c.n_group = int(cfg.get("n_group") or 1)
+    c.topk_group = int(cfg.get("topk_group") or 1)
+    if c.n_group > 1 and (c.n_routed_experts % c.n_group or c.topk_group > c.n_group):
+        raise ValueError("config keys 'n_group' / 'topk_group' do not divide the experts")
+    # transformers' DeepseekV3Config defaults to interleaved pairs (DeepSeek's weight layout)
+    c.rope_interleave = bool(cfg.get("rope_interleave", mt != "openpangu_v2"))
+    rs = cfg.get("rope_scaling")
+    if rs is not None:
+        kind = rs.get("rope_type", rs.get("type"))
+        if kind != "yarn":
+            raise UnsupportedConfigError(f"config key 'rope_scaling' type {kind!r}: only 'yarn'")
+        unknown = set(rs) - _YARN_KEYS
+        if unknown:
+            raise ValueError(f"config key 'rope_scaling': unknown keys {sorted(unknown)}")
+        c.rope_scaling = dict(rs)
+    kv = cfg.get("num_key_value_heads")
+    if kv is not None and kv != c.num_attention_heads:
+        raise ValueError("config key 'num_key_value_heads' must equal 'num_attention_heads'")
 
 
 def _parse_windows(cfg: Mapping[str, object], n_layers: int) -> List[int]:
@@ -377,9 +434,6 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
             raise UnsupportedConfigError(
                 f"config key '{key}' = {cfg[key]!r} turns on {what}, which is not supported "
                 "(docs/model.md)")
-    if cfg.get("rope_interleave", False):
-        raise UnsupportedConfigError("config key 'rope_interleave' must be false (only half-split "
-                                     "RoPE is supported)")
     if cfg.get("tie_word_embeddings", False):
         raise UnsupportedConfigError("config key 'tie_word_embeddings' must be false")
 
@@ -404,10 +458,10 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         return float(v)
 
     ints = {k: get_int(k, minimum=1) for k in _REQUIRED_INT if k != "q_lora_rank"}
-    if not cfg.get("q_lora_rank"):
-        raise UnsupportedConfigError("config key 'q_lora_rank' must be > 0 (the q down-projection "
-                                     "is always present)")
-    ints["q_lora_rank"] = get_int("q_lora_rank", minimum=1)
+    if "q_lora_rank" in cfg and cfg["q_lora_rank"] is None:
+        ints["q_lora_rank"] = 0          # no query latent: a direct q_proj
+    else:
+        ints["q_lora_rank"] = get_int("q_lora_rank", minimum=1)
     if ints["qk_rope_head_dim"] % 2:
         raise ValueError("config key 'qk_rope_head_dim' must be even (half-split RoPE)")
     c = PanguConfig(
@@ -424,6 +478,7 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         router_z_loss_coef=get_float("prl_router_z_loss_coef", 0.0),
         bias_update_rate=get_float("prl_bias_update_rate", 0.0),
     )
+    c.moe_layer_freq = get_int("moe_layer_freq", 1, minimum=1)
     c.mtp_layers = get_int("num_nextn_predict_layers", 0)
     c.mtp_loss_weight = get_float("prl_mtp_loss_weight", 0.3)
     c.mtp_head_norm = bool(cfg.get("prl_mtp_head_norm", True))
@@ -461,9 +516,10 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         raise ValueError("config key 'block_post_layernorm_idx': bad or repeated layer")
     if c.rope_theta <= 0 or c.rms_norm_eps <= 0:
         raise ValueError("config keys 'rope_theta' and 'rms_norm_eps' must be > 0")
-    if c.first_k_dense_replace > 0:
+    all_layers = range(c.num_hidden_layers + c.mtp_layers)
+    if not all(c.is_moe_layer(l) for l in all_layers):
         c.intermediate_size = get_int("intermediate_size", minimum=1)
-    if c.first_k_dense_replace < c.num_hidden_layers:
+    if any(c.is_moe_layer(l) for l in all_layers):
         c.n_routed_experts = get_int("n_routed_experts", minimum=1)
         c.num_experts_per_tok = get_int("num_experts_per_tok", minimum=1)
         c.moe_intermediate_size = get_int("moe_intermediate_size", minimum=1)
@@ -481,7 +537,9 @@ def parse_config(cfg: Mapping[str, object]) -> PanguConfig:
         "sandwich_norm", "block_post_layernorm_idx", "num_nextn_predict_layers",
         "prl_mtp_loss_weight", "prl_mtp_head_norm", "prl_mtp_head", "dsa_layers", "index_topk",
         "index_n_heads", "index_head_dim", "prl_dsa_stage", "prl_dsa_freeze_main",
-        "prl_mtp_freeze_trunk"}
+        "prl_mtp_freeze_trunk", "model_type", "moe_layer_freq", "n_group", "topk_group",
+        "topk_method", "scoring_func", "rope_scaling", "num_key_value_heads"}
+    _parse_deepseek(cfg, c)
     c.ignored_keys = sorted(k for k in cfg if k not in known)
     return c
 
@@ -504,6 +562,62 @@ def rope_cos_sin(positions: int, rope_dim: int, theta: float, dtype: torch.dtype
     angle = pos[:, None] * inv_freq[None, :]
     return (torch.cos(angle).to(dtype=dtype, device=device),
             torch.sin(angle).to(dtype=dtype, device=device))
+
+
+def yarn_inv_freq(rope_dim: int, theta: float, rs: Mapping[str, object]) -> torch.Tensor:
+    """YaRN inverse frequencies (transformers' _compute_yarn_parameters, truncate=True), in
+    float64: each pair blends 1/(factor*theta^(2i/d)) and 1/theta^(2i/d) by a linear ramp
+    between the dimensions that turn beta_fast and beta_slow times over the original context."""
+    factor = float(rs["factor"])
+    orig = float(rs["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(rs.get("beta_fast") or 32), float(rs.get("beta_slow") or 1)
+
+    def corr_dim(rot):
+        return rope_dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(corr_dim(beta_fast)), 0)
+    high = min(math.ceil(corr_dim(beta_slow)), rope_dim - 1)
+    if low == high:
+        high += 0.001
+    i = torch.arange(rope_dim // 2, dtype=torch.float64)
+    ramp = ((i - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    pos_freqs = theta ** (2 * i / rope_dim)
+    return 1 / (factor * pos_freqs) * (1 - extrapolation) + 1 / pos_freqs * extrapolation
+
+
+def yarn_attention_factor(rs: Optional[Mapping[str, object]]) -> float:
+    """The factor YaRN puts on cos and sin (transformers' attention_scaling)."""
+    if not rs:
+        return 1.0
+    if rs.get("attention_factor") is not None:
+        return float(rs["attention_factor"])
+    factor, m, m_all = float(rs["factor"]), rs.get("mscale"), rs.get("mscale_all_dim")
+    if m and m_all:
+        return _yarn_get_mscale(factor, m) / _yarn_get_mscale(factor, m_all)
+    return _yarn_get_mscale(factor)
+
+
+def rope_cos_sin_scaled(positions: int, rope_dim: int, theta: float,
+                        rope_scaling: Optional[Mapping[str, object]], dtype: torch.dtype,
+                        device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """rope_cos_sin, or with YaRN: its frequencies and cos, sin times the attention factor."""
+    if not rope_scaling:
+        return rope_cos_sin(positions, rope_dim, theta, dtype, device)
+    angle = torch.arange(positions, dtype=torch.float64)[:, None] * \
+        yarn_inv_freq(rope_dim, theta, rope_scaling)[None, :]
+    af = yarn_attention_factor(rope_scaling)
+    return ((torch.cos(angle) * af).to(dtype=dtype, device=device),
+            (torch.sin(angle) * af).to(dtype=dtype, device=device))
+
+
+def apply_rope_interleave(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved RoPE as transformers' deepseek_v3 applies it: de-interleave the pairs
+    (x[2i], x[2i+1]) to [x_even | x_odd], then half-split RoPE.  The result is in the
+    de-interleaved order; q and k both are, so q.k equals rotating the pairs in place."""
+    d = x.shape[-1]
+    x = x.reshape(*x.shape[:-1], d // 2, 2).transpose(-1, -2).reshape(*x.shape[:-1], d)
+    return apply_rope(x, cos, sin)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -610,14 +724,18 @@ class MLA(nn.Module):
                                              c.qk_rope_head_dim, c.v_head_dim)
         self.rkv = c.kv_lora_rank
         d = c.hidden_size
-        self.q_a_proj = nn.Linear(d, c.q_lora_rank, bias=False)
-        self.q_a_layernorm = RMSNorm(c.q_lora_rank, 1e-6)
-        self.q_b_proj = nn.Linear(c.q_lora_rank, self.H * (self.dn + self.dr), bias=False)
+        if c.q_lora_rank:
+            self.q_a_proj = nn.Linear(d, c.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, 1e-6)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, self.H * (self.dn + self.dr), bias=False)
+        else:   # q_lora_rank null (Moonlight, DeepSeek-V2-Lite): one direct projection
+            self.q_proj = nn.Linear(d, self.H * (self.dn + self.dr), bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(d, self.rkv + self.dr, bias=False)
         self.kv_a_layernorm = RMSNorm(self.rkv, 1e-6)
         self.kv_b_proj = nn.Linear(self.rkv, self.H * (self.dn + self.dv), bias=False)
         self.o_proj = nn.Linear(self.H * self.dv, d, bias=False)
-        self.scale = (self.dn + self.dr) ** -0.5
+        self.scale = c.softmax_scale()
+        self.rope = apply_rope_interleave if c.rope_interleave else apply_rope
         self._masks: Dict[Tuple[int, torch.dtype, str], torch.Tensor] = {}
         self.indexer = Indexer(c) if layer in c.dsa_layers else None
         self.dsa_sparse = c.dsa_sparse
@@ -648,14 +766,18 @@ class MLA(nn.Module):
         k_rope [B,T,d_r] (rotated).  cos/sin are [T, d_r/2] (positions 0..T-1) or
         [B, T, d_r/2]."""
         B, T, _ = a.shape
-        zq = self.conv(self.q_a_proj(a), "qa_conv", conv_state)
-        self.last_cq = cq = self.q_a_layernorm(zq)
-        q = self.q_b_proj(cq).view(B, T, self.H, -1)
+        if hasattr(self, "q_proj"):
+            self.last_cq = None
+            q = self.q_proj(a).view(B, T, self.H, -1)
+        else:
+            zq = self.conv(self.q_a_proj(a), "qa_conv", conv_state)
+            self.last_cq = cq = self.q_a_layernorm(zq)
+            q = self.q_b_proj(cq).view(B, T, self.H, -1)
         q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
         ckv, k_rope = self.kv_a_proj_with_mqa(a).split([self.rkv, self.dr], dim=-1)
         ckv = self.conv(ckv, "compresskv_conv", conv_state)
-        q_rope = apply_rope(q_rope, cos.unsqueeze(-2), sin.unsqueeze(-2))   # [B,T,H,dr]
-        k_rope = apply_rope(k_rope, cos, sin)                                # [B,T,dr], shared
+        q_rope = self.rope(q_rope, cos.unsqueeze(-2), sin.unsqueeze(-2))    # [B,T,H,dr]
+        k_rope = self.rope(k_rope, cos, sin)                                 # [B,T,dr], shared
         return q_nope, q_rope, self.kv_a_layernorm(ckv), k_rope
 
     def sink_latent(self) -> torch.Tensor:
@@ -875,11 +997,25 @@ class MoEOutput:
 class MoE(nn.Module):
     """Sigmoid-routed top-k MoE with shared experts, token-grouped per-expert matmuls."""
 
+    def select(self, choice: torch.Tensor) -> torch.Tensor:
+        """Top-k of the choice scores s + b [N, E]; with n_group > 1 only the topk_group
+        groups with the largest sum of their two best scores compete (DeepSeek-V3's Gate: the
+        other groups are -inf).  Ties go to the lower index (group, then expert)."""
+        if self.n_group > 1:
+            N, E = choice.shape
+            g = choice.view(N, self.n_group, E // self.n_group)
+            group_scores = g.topk(2, dim=-1).values.sum(-1)
+            keep = torch.zeros_like(group_scores, dtype=torch.bool)
+            keep.scatter_(1, stable_topk(group_scores, self.topk_group), True)
+            choice = g.masked_fill(~keep[..., None], float("-inf")).view(N, E)
+        return stable_topk(choice, self.k)
+
     def __init__(self, c: PanguConfig):
         super().__init__()
         d = c.hidden_size
         self.n_experts, self.k = c.n_routed_experts, c.num_experts_per_tok
         self.norm_topk_prob, self.scale = c.norm_topk_prob, c.routed_scaling_factor
+        self.n_group, self.topk_group = c.n_group, c.topk_group
         self.gate = nn.Linear(d, self.n_experts, bias=False)
         self.e_score_correction = _BiasBuffer(self.n_experts)
         self.experts = nn.ModuleList(SwiGLU(d, c.moe_intermediate_size)
@@ -893,7 +1029,7 @@ class MoE(nn.Module):
         z = self.gate(x)
         s = torch.sigmoid(z)
         with torch.no_grad():
-            natural = stable_topk(s + self.e_score_correction.bias, self.k)
+            natural = self.select(s + self.e_score_correction.bias)
         sel = natural if override is None else override
         s_sel = s.gather(1, sel)
         if self.norm_topk_prob:
@@ -1163,6 +1299,9 @@ class PanguRef(nn.Module):
         self.model = PanguTrunk(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         self.moe_layers = [l for l in range(c.num_hidden_layers) if c.is_moe_layer(l)]
+        # every layer with a selection bias: the trunk's MoE layers, then the MTP layers'
+        self.bias_layers = [l for l in range(c.num_hidden_layers + c.mtp_layers)
+                            if c.is_moe_layer(l)]
         self._rope_cache: Dict[Tuple[int, torch.dtype, str], Tuple[torch.Tensor, torch.Tensor]] = {}
         if dtype is not None:
             self.to(dtype)
@@ -1191,7 +1330,7 @@ class PanguRef(nn.Module):
                     mod.param_sink_compressed_kv.normal_(0.0, std, generator=generator)
 
     def bias_buffer_names(self) -> List[str]:
-        return [f"model.layers.{l}.mlp.e_score_correction.bias" for l in self.moe_layers]
+        return [f"model.layers.{l}.mlp.e_score_correction.bias" for l in self.bias_layers]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -1200,8 +1339,9 @@ class PanguRef(nn.Module):
     def _rope(self, T: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
         key = (T, self.dtype, str(device))
         if key not in self._rope_cache:
-            self._rope_cache[key] = rope_cos_sin(T, self.cfg.qk_rope_head_dim,
-                                                 self.cfg.rope_theta, self.dtype, device)
+            self._rope_cache[key] = rope_cos_sin_scaled(T, self.cfg.qk_rope_head_dim,
+                                                        self.cfg.rope_theta,
+                                                        self.cfg.rope_scaling, self.dtype, device)
         return self._rope_cache[key]
 
     # ---------------------------------------------------------------- forward
@@ -1665,7 +1805,7 @@ def load_checkpoint(ckpt_dir: str, dtype: torch.dtype = torch.float64) -> PanguR
                                  f"{tuple(p.shape)}")
             p.copy_(torch.from_numpy(np.asarray(arr)).to(dtype))
             used.add(name)
-        for l in model.moe_layers:
+        for l in model.bias_layers:
             buf = model.model.layers[l].mlp.e_score_correction.bias
             found = [f"model.layers.{l}.{a}" for a in _BIAS_ALIASES
                      if f"model.layers.{l}.{a}" in weights]
@@ -2104,7 +2244,7 @@ def cmd_init(args) -> int:
             for mod in model.modules():
                 if isinstance(mod, RMSNorm):
                     mod.weight.uniform_(0.5, 1.5, generator=gen)
-            for l in model.moe_layers:
+            for l in model.bias_layers:
                 model.model.layers[l].mlp.e_score_correction.bias.normal_(0.0, 0.01, generator=gen)
     save_checkpoint(model, args.out)
     print(f"wrote {args.out}/config.json and model.safetensors "

@@ -56,7 +56,7 @@ int main(int argc, char **argv)
             for (size_t j = 0; j < m.tensors[i].numel; j++)
                 m.params[m.tensors[i].offset + j] += (float)(0.5 * prl_rng_normal(&pr));
     }
-    for (int i = 0; i < m.n_moe * m.cfg.n_routed_experts; i++)
+    for (int i = 0; i < m.n_moe_all * m.cfg.n_routed_experts; i++) /* the MTP layers' too */
         m.router_bias[i] = (float)(0.05 * prl_rng_normal(&pr));
     /* the checkpoint is float32: compute with exactly the values the reference reads */
     for (size_t j = 0; j < m.n_params; j++) m.params[j] = (float)m.params[j];
@@ -116,7 +116,7 @@ int main(int argc, char **argv)
     int64_t sh_btk[3] = {B, T, K};
     char(*rnames)[32] = calloc((size_t)m.n_moe + 1, sizeof *rnames);
     for (int i = 0; !rc && i < m.n_moe; i++) {
-        snprintf(rnames[i], sizeof rnames[i], "routes.%d", m.cfg.first_k_dense_replace + i);
+        snprintf(rnames[i], sizeof rnames[i], "routes.%d", prl_config_moe_layer(&m.cfg, i));
         rc = prl_safetensors_writer_add(&pw, rnames[i], PRL_DTYPE_I32, sh_btk, 3,
                                         prl_model_routes(&m) + (size_t)i * B * T * K);
     }

@@ -288,14 +288,14 @@ END_TEST
 
 typedef struct {
     double *x, cos_t[64], sin_t[64];
-    int N, T;
+    int N, T, interleave;
 } rope_ctx;
 static void rope_fwd(void *p, double *out)
 {
     rope_ctx *c = p;
     memcpy(out, c->x, (size_t)c->N * 2 * 6 * sizeof *out);
     /* 2 heads of 6 dims, rope on the last 4 of each head */
-    prl_rope_forward(out, c->cos_t, c->sin_t, c->N, c->T, 2, 6, 2, 12, 4);
+    prl_rope_forward(out, c->cos_t, c->sin_t, c->N, c->T, 2, 6, 2, 12, 4, c->interleave);
 }
 
 START_TEST(test_rope_grad)
@@ -305,13 +305,53 @@ START_TEST(test_rope_grad)
     c.x = randv(72, 1);
     double *r = randv(72, 1), *dx = malloc(72 * 8);
     memcpy(dx, r, 72 * 8);
-    prl_rope_backward(dx, c.cos_t, c.sin_t, c.N, c.T, 2, 6, 2, 12, 4);
+    prl_rope_backward(dx, c.cos_t, c.sin_t, c.N, c.T, 2, 6, 2, 12, 4, 0);
     ck_assert_double_lt(fd_error(rope_fwd, &c, c.x, 72, dx, r, 72), 1e-6);
     /* position 0 is the identity; the map preserves norms */
     double out[72];
     rope_fwd(&c, out);
     for (int i = 0; i < 12; i++) ck_assert_double_eq(out[i], c.x[i]);
     ck_assert_double_eq_tol(dot(out, out, 72), dot(c.x, c.x, 72), 1e-9);
+}
+END_TEST
+
+/* DeepSeek-V3's RoPE: interleaved pairs (x[2i], x[2i+1]) and YaRN tables whose attention
+** factor (mscale 1, mscale_all_dim 0.5: ≈ 1.06) scales cos and sin, so the backward is the
+** transpose of a scaled rotation. Pair i of the interleaved rotation is the half-split one
+** on the permuted vector. */
+START_TEST(test_rope_interleave_yarn_grad)
+{
+    prl_rope_scaling y = {.yarn = 1,
+                          .factor = 4,
+                          .mscale = 1,
+                          .mscale_all_dim = 0.5,
+                          .original_max_position_embeddings = 2};
+    rope_ctx c = {.N = 6, .T = 3, .interleave = 1};
+    prl_rope_tables_scaled(c.cos_t, c.sin_t, 3, 4, 10000.0, &y);
+    double af = prl_rope_attention_factor(&y);
+    ck_assert_double_eq_tol(af, (0.1 * log(4) + 1) / (0.05 * log(4) + 1), 1e-15);
+    ck_assert_double_eq_tol(c.cos_t[0], af, 1e-15); /* position 0: cos = factor, sin = 0 */
+    c.x = randv(72, 1);
+    double *r = randv(72, 1), *dx = malloc(72 * 8);
+    memcpy(dx, r, 72 * 8);
+    prl_rope_backward(dx, c.cos_t, c.sin_t, c.N, c.T, 2, 6, 2, 12, 4, 1);
+    ck_assert_double_lt(fd_error(rope_fwd, &c, c.x, 72, dx, r, 72), 1e-6);
+    /* interleaved = half-split on (x0, x2 | x1, x3) */
+    double out[72], perm[72], back[72];
+    rope_fwd(&c, out);
+    for (int n = 0; n < 12; n++) {
+        const double *v = c.x + n * 6 + 2;
+        double *w = perm + n * 6;
+        w[0] = v[0], w[1] = v[2], w[2] = v[1], w[3] = v[3];
+    }
+    prl_rope_forward(perm, c.cos_t, c.sin_t, 6, 3, 2, 6, 0, 12, 4, 0);
+    for (int n = 0; n < 12; n++) {
+        const double *w = perm + n * 6;
+        double *v = back + n * 6;
+        v[0] = w[0], v[2] = w[1], v[1] = w[2], v[3] = w[3];
+        for (int i = 0; i < 4; i++) ck_assert_double_eq(v[i], out[n * 6 + 2 + i]);
+    }
+    free(dx), free(r), free(c.x);
 }
 END_TEST
 
@@ -373,6 +413,31 @@ START_TEST(test_attention_grad)
     c.kv[(1 * c.sh.H + 0) * 6 + 4] += 1.0; /* token 1's value, head 0 */
     at_fwd(&c, out2);
     for (int i = 0; i < c.sh.H * 3; i++) ck_assert_double_eq(out[i], out2[i]); /* token 0 */
+    free(out);
+}
+END_TEST
+
+/* A softmax scale other than (dn + dr)^(−1/2) (YaRN's mscale²): the derivative carries it, and
+** scale 0 means the default, bit for bit. */
+START_TEST(test_attention_scale_grad)
+{
+    double m = 0.1 * 0.7 * log(4.0) + 1;
+    at_ctx c = {.sh = {.B = 2,
+                       .T = 5,
+                       .H = 2,
+                       .dn = 3,
+                       .dr = 2,
+                       .dv = 3,
+                       .ns = 1,
+                       .scale = m * m / sqrt(5.0)},
+                .lens = {5, 4}};
+    double *out = check_attention(&c), out0[200], outd[200];
+    c.sh.scale = 0;
+    at_fwd(&c, out0);
+    c.sh.scale = 1 / sqrt(5.0);
+    at_fwd(&c, outd);
+    ck_assert_mem_eq(out0, outd, (size_t)2 * 5 * 2 * 3 * sizeof(double));
+    ck_assert(memcmp(out, out0, (size_t)2 * 5 * 2 * 3 * sizeof(double)) != 0);
     free(out);
 }
 END_TEST
@@ -669,6 +734,74 @@ START_TEST(test_moe_gate_grad)
 }
 END_TEST
 
+/* Group-limited routing (noaux_tc) against a direct reading of DeepSeek-V3's Gate: 8
+** experts in 4 groups of 2, the best 2 groups by the sum of their two s + b, top-3 of those;
+** the gates come from s; and the derivative through the gates with the selection unchanged. */
+typedef struct {
+    double *z, s[8], bias[8];
+    int32_t sel[3];
+} ggate_ctx;
+static void ggate_fwd(void *p, double *out)
+{
+    ggate_ctx *c = p;
+    prl_moe_gate_forward_grouped(c->sel, out, c->s, c->z, c->bias, NULL, 8, 3, 4, 2, 1, 2.5);
+}
+
+START_TEST(test_moe_gate_grouped)
+{
+    for (int trial = 0; trial < 200; trial++) {
+        ggate_ctx c;
+        c.z = randv(8, 2);
+        for (int e = 0; e < 8; e++) c.bias[e] = 0.3 * prl_rng_normal(&rng);
+        double g[3];
+        ggate_fwd(&c, g);
+        /* the reference reading: group scores, the two best groups, then top-3 */
+        double v[8], gs[4];
+        for (int e = 0; e < 8; e++) v[e] = 1 / (1 + exp(-c.z[e])) + c.bias[e];
+        for (int gi = 0; gi < 4; gi++) gs[gi] = v[2 * gi] + v[2 * gi + 1];
+        int g1 = 0;
+        for (int gi = 1; gi < 4; gi++) g1 = gs[gi] > gs[g1] ? gi : g1;
+        int g2 = g1 == 0 ? 1 : 0;
+        for (int gi = 0; gi < 4; gi++) g2 = gi != g1 && gs[gi] > gs[g2] ? gi : g2;
+        int cand[4] = {2 * g1, 2 * g1 + 1, 2 * g2, 2 * g2 + 1}, used[4] = {0};
+        for (int k = 0; k < 3; k++) {
+            int best = -1;
+            for (int i = 0; i < 4; i++)
+                if (!used[i] && (best < 0 || v[cand[i]] > v[cand[best]] ||
+                                 (v[cand[i]] == v[cand[best]] && cand[i] < cand[best])))
+                    best = i;
+            used[best] = 1;
+            ck_assert_int_eq(c.sel[k], cand[best]);
+        }
+        if (trial < 5) { /* the gates' derivative, the selection fixed */
+            int32_t frozen[3];
+            memcpy(frozen, c.sel, sizeof frozen);
+            double *r = randv(3, 1), dz[8] = {0};
+            prl_moe_gate_backward(dz, r, c.sel, c.s, 8, 3, 1, 2.5);
+            ck_assert_double_lt(fd_error(ggate_fwd, &c, c.z, 8, dz, r, 3), 1e-6);
+            ck_assert_mem_eq(c.sel, frozen, sizeof frozen);
+            free(r);
+        }
+        free(c.z);
+    }
+    /* ties: equal groups go to the lower group, equal experts to the lower index; a group
+    ** with one strong expert loses to one with two good ones (top-2 sum, not max) */
+    double z[8] = {0}, s[8], g[3], bias[8] = {0.9, -0.5, 0.3, 0.3, 0.3, 0.3, 0, 0};
+    int32_t sel[3];
+    prl_moe_gate_forward_grouped(sel, g, s, z, bias, NULL, 8, 3, 4, 2, 1, 1.0);
+    ck_assert_int_eq(sel[0], 2); /* groups 1 and 2 (sum 1.6) beat group 0 (1.4) */
+    ck_assert_int_eq(sel[1], 3);
+    ck_assert_int_eq(sel[2], 4);
+    /* n_group = 1 is the ungrouped gate, bit for bit */
+    double s1[8], g1[3];
+    int32_t sel1[3];
+    prl_moe_gate_forward_grouped(sel, g, s, z, bias, NULL, 8, 3, 1, 1, 1, 1.5);
+    prl_moe_gate_forward(sel1, g1, s1, z, bias, NULL, 8, 3, 1, 1.5);
+    ck_assert_mem_eq(sel, sel1, sizeof sel);
+    ck_assert_mem_eq(g, g1, sizeof g);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ log-prob -------- */
 
 typedef struct {
@@ -867,6 +1000,37 @@ static const char *micro_mtp_mhc_config =
 static const char *micro_mtp_plain_config =
     "{" MICRO_KEYS ", \"num_nextn_predict_layers\": 1, \"prl_mtp_loss_weight\": 0.5,"
     " \"prl_mtp_head\": true, \"prl_mtp_head_norm\": false}";
+/* DeepSeek-V3 maths on the micro scale: interleaved RoPE with YaRN (original context 4 < the
+** 12 positions, mscale_all_dim 0.7 on the softmax scale), MoE on layers 2 and 4 only
+** (moe_layer_freq 2), 2 groups of 2 experts with the best group kept, and one MTP module
+** (layer 4, MoE, its own router bias). */
+static const char *micro_deepseek_config =
+    "{\"model_type\": \"deepseek_v3\", \"vocab_size\": 64, \"hidden_size\": 32,"
+    " \"num_hidden_layers\": 4, \"num_attention_heads\": 2, \"num_key_value_heads\": 2,"
+    " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8,"
+    " \"qk_rope_head_dim\": 4, \"v_head_dim\": 8, \"rope_theta\": 10000.0,"
+    " \"rope_interleave\": true, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0,"
+    " \"original_max_position_embeddings\": 4, \"mscale\": 1.0, \"mscale_all_dim\": 0.7},"
+    " \"rms_norm_eps\": 1e-5, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 2,"
+    " \"intermediate_size\": 64, \"n_routed_experts\": 4, \"num_experts_per_tok\": 2,"
+    " \"n_group\": 2, \"topk_group\": 1, \"topk_method\": \"noaux_tc\","
+    " \"moe_intermediate_size\": 16, \"n_shared_experts\": 1, \"norm_topk_prob\": true,"
+    " \"routed_scaling_factor\": 2.5, \"max_position_embeddings\": 12,"
+    " \"initializer_range\": 0.3, \"prl_balance_loss_alpha\": 0.05,"
+    " \"prl_router_z_loss_coef\": 0.01, \"num_nextn_predict_layers\": 1}";
+/* Moonlight's attention: no query latent (q_lora_rank null: q = a·q_projᵀ), interleaved RoPE
+** by the deepseek_v3 default, plain RoPE; every layer MoE after the first, a dense MTP layer
+** (first_k_dense_replace 4 would make it MoE: here moe_layer_freq 3 makes layer 3 MoE, 4 not). */
+static const char *micro_moonlight_config =
+    "{\"model_type\": \"deepseek_v3\", \"vocab_size\": 64, \"hidden_size\": 32,"
+    " \"num_hidden_layers\": 4, \"num_attention_heads\": 2, \"q_lora_rank\": null,"
+    " \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4,"
+    " \"v_head_dim\": 8, \"rope_theta\": 50000.0, \"rms_norm_eps\": 1e-5,"
+    " \"first_k_dense_replace\": 1, \"moe_layer_freq\": 3, \"intermediate_size\": 64,"
+    " \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
+    " \"n_shared_experts\": 2, \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.446,"
+    " \"max_position_embeddings\": 12, \"initializer_range\": 0.3,"
+    " \"prl_balance_loss_alpha\": 0.05, \"num_nextn_predict_layers\": 1}";
 static const char *micro_sinks_no_value_config =
     "{" MICRO_KEYS ", \"swa_layers\": [2], \"sliding_window\": 3, \"param_sink_number\": 3,"
     " \"param_sink_with_value\": false}";
@@ -928,7 +1092,7 @@ static double check_model_grad_cfg(const prl_config *cfg, int partial)
             /* α = 0.01 and b_res = −8 off the diagonal leave the Sinkhorn paths nearly flat */
             for (size_t j = 0; j < c.m.tensors[i].numel; j++)
                 c.m.params[c.m.tensors[i].offset + j] = 0.5 * prl_rng_normal(&rng);
-    for (int i = 0; i < c.m.n_moe * 4; i++) c.m.router_bias[i] = 0.1 * prl_rng_normal(&rng);
+    for (int i = 0; i < c.m.n_moe_all * 4; i++) c.m.router_bias[i] = 0.1 * prl_rng_normal(&rng);
     enum { B = 2, T = 12 };
     int32_t tokens[B * T], targets[B * T], lens[B] = {12, 9};
     float weights[B * T];
@@ -1019,7 +1183,10 @@ static double check_model_grad_cfg(const prl_config *cfg, int partial)
         free(d);
     }
     /* the router learns through the gates even when routes are forced */
-    const prl_param_info *router = prl_model_find(&c.m, "model.layers.1.mlp.gate.weight");
+    char router_name[64];
+    snprintf(router_name, sizeof router_name, "model.layers.%d.mlp.gate.weight",
+             prl_config_moe_layer(&c.m.cfg, 0));
+    const prl_param_info *router = prl_model_find(&c.m, router_name);
     ck_assert_ptr_nonnull(router);
     double gnorm = 0;
     for (size_t j = 0; j < router->numel; j++) gnorm += fabs(c.m.grads[router->offset + j]);
@@ -1265,6 +1432,23 @@ START_TEST(test_model_grad_mtp)
 }
 END_TEST
 
+START_TEST(test_model_grad_deepseek)
+{
+    prl_config c;
+    ck_assert_int_eq(prl_config_parse(&c, micro_deepseek_config, "micro"), PRL_OK);
+    ck_assert_int_eq(prl_config_moe_layers(&c), 1); /* layer 2; the MTP layer 4 is the other */
+    ck_assert_int_eq(prl_config_moe_layers_all(&c), 2);
+    grad_with_mtp = 1;
+    check_model_grad(micro_deepseek_config);
+    assert_ok(prl_config_parse(&c, micro_moonlight_config, "micro"));
+    ck_assert_int_eq(c.q_lora_rank, 0);
+    ck_assert_int_eq(c.rope_interleave, 1);
+    ck_assert_int_eq(prl_config_moe_layers_all(&c), 1); /* layer 3 */
+    check_model_grad(micro_moonlight_config);
+    grad_with_mtp = 0;
+}
+END_TEST
+
 /* The MTP modules alone: the gradient they add (grads with MTP − grads without) is the
 ** derivative of the reported mtp_loss, through the modules into the trunk, the shared
 ** embedding and the head. Without with_mtp the MTP tensors get no gradient. */
@@ -1422,7 +1606,10 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_matmul_grad);
     tcase_add_test(ops, test_rmsnorm_grad);
     tcase_add_test(ops, test_rope_grad);
+    tcase_add_test(ops, test_rope_interleave_yarn_grad);
+    tcase_add_test(ops, test_moe_gate_grouped);
     tcase_add_test(ops, test_attention_grad);
+    tcase_add_test(ops, test_attention_scale_grad);
     tcase_add_test(ops, test_attention_blocks_grad);
     tcase_add_test(ops, test_attention_window_sinks_grad);
     tcase_add_test(ops, test_swiglu_grad);
@@ -1459,6 +1646,7 @@ static Suite *grad_suite(void)
     tcase_add_test(model, test_model_grad_residual_blocks);
     tcase_add_test(model, test_padding_is_inert);
     tcase_add_test(model, test_model_grad_mtp);
+    tcase_add_test(model, test_model_grad_deepseek);
     tcase_add_test(model, test_mtp_module_grad);
     tcase_add_test(model, test_mtp_config_errors);
     tcase_add_test(model, test_model_grad_dsa);

@@ -35,7 +35,13 @@ static prl_model model;
 ** 0 and 3, SWA on 1, 2, 4, 5, 16 sinks with values, ModAttn k = 3, mHC 4 streams × 20 with γ,
 ** sandwich norms, block post-norm after layer 0, one MTP layer), with W = 16 and top-8 instead
 ** of 64 and 64 so that, in these 20–64-token sequences, the rings wrap and the selection is a
-** strict subset; random norm gains as in blocks 3. */
+** strict subset; random norm gains as in blocks 3;
+** blocks == 8: tiny.json with DeepSeek-V3's maths (model_type deepseek_v3): interleaved RoPE
+** with YaRN (factor 4 over an original context of 32, so the 20–64-token sequences pass it;
+** mscale_all_dim 0.7 on the softmax scale), MoE on layers 2 and 4 only (moe_layer_freq 2) and
+** group-limited routing (4 groups of 2 experts, the best 2 kept);
+** blocks == 9: tiny.json as Moonlight's attention: no query latent (q_lora_rank 0, a direct
+** q_proj), interleaved RoPE without YaRN, every layer after the first MoE. */
 static int model_blocks;
 
 static const char *model_file(int blocks)
@@ -52,7 +58,18 @@ static void load_model(int blocks)
     prl_config c;
     ck_assert_int_eq(prl_config_load(&c, model_file(blocks)), PRL_OK);
     c.max_position_embeddings = 160; /* keeps the test quick */
-    if (blocks == 7) {
+    if (blocks == 9) {
+        snprintf(c.model_type, sizeof c.model_type, "deepseek_v3");
+        c.q_lora_rank = 0, c.rope_interleave = 1;
+    } else if (blocks == 8) {
+        snprintf(c.model_type, sizeof c.model_type, "deepseek_v3");
+        c.rope_interleave = 1, c.moe_layer_freq = 2, c.n_group = 4, c.topk_group = 2;
+        c.rope_scaling = (prl_rope_scaling){.yarn = 1,
+                                            .factor = 4,
+                                            .mscale = 1,
+                                            .mscale_all_dim = 0.7,
+                                            .original_max_position_embeddings = 32};
+    } else if (blocks == 7) {
         c.sliding_window = 16, c.index_topk = 8;
         for (int i = 0; i < c.n_sliding_window_list; i++) c.sliding_window_list[i] = 16;
     } else if (blocks) {
@@ -68,7 +85,7 @@ static void load_model(int blocks)
         c.n_block_post_layernorm_idx = 2, c.block_post_layernorm_idx[0] = 0;
         c.block_post_layernorm_idx[1] = 3;
     }
-    if (blocks >= 4) {
+    if (blocks >= 4 && blocks <= 7) { /* 8, 9: the DeepSeek models */
         c.n_dsa_layers = 2, c.dsa_layers[0] = 0, c.dsa_layers[1] = 3;
         c.index_topk = 8, c.index_n_heads = 2, c.index_head_dim = 32;
         c.dsa_stage = blocks == 5 ? PRL_DSA_DENSE : PRL_DSA_SPARSE;
@@ -94,8 +111,9 @@ static void load_model(int blocks)
             model.params[p->offset + j] *= 30; /* index scores with a real spread */
         for (size_t j = 0; j < p->numel && p->kind == PRL_PARAM_MHC && p->ndim == 1; j++)
             model.params[p->offset + j] += (float)(0.5 * prl_rng_normal(&rng)); /* α, β */
-        for (size_t j = 0;
-             j < p->numel && (blocks == 3 || blocks >= 6) && p->kind == PRL_PARAM_NORM; j++)
+        for (size_t j = 0; j < p->numel && (blocks == 3 || blocks == 6 || blocks == 7) &&
+                           p->kind == PRL_PARAM_NORM;
+             j++)
             model.params[p->offset + j] = (float)(1 + 0.2 * prl_rng_normal(&rng)); /* each norm
                                                                    ** its own gains */
     }
@@ -614,6 +632,21 @@ START_TEST(test_all_blocks_match_train_path)
 }
 END_TEST
 
+/* DeepSeek-V3's maths on both paths: the absorbed form's cached k_pe is rotated (interleaved,
+** YaRN) as the train path's keys, the softmax scale carries mscale², and the grouped routes
+** are recorded per MoE layer (2 of 6 layers). Aligned is bitwise equal at batch 16 and 1. */
+START_TEST(test_deepseek_match_train_path)
+{
+    load_model(8);
+    ck_assert_int_eq(model.n_moe, 2);
+    check_modes("deepseek_v3: interleaved YaRN RoPE, moe_layer_freq 2, 4 groups top-2", 1e-4);
+    load_model(9);
+    ck_assert_ptr_nonnull(prl_model_find(&model, "model.layers.0.self_attn.q_proj.weight"));
+    check_modes("deepseek_v3: q_lora_rank null (q_proj), interleaved RoPE", 1e-4);
+    load_model(0);
+}
+END_TEST
+
 /* mHC streams, sandwich norms and block post-norms on top of SWA, sinks and ModAttn: aligned
 ** bitwise equal at batch 16 and 1; fp32 (absorbed) and gemv close. */
 START_TEST(test_mhc_sandwich_match_train_path)
@@ -696,6 +729,10 @@ int main(void)
     tcase_set_timeout(all, 600);
     tcase_add_test(all, test_all_blocks_match_train_path);
     suite_add_tcase(s, all);
+    TCase *ds = tcase_create("deepseek"); /* CK_RUN_CASE=deepseek runs it alone */
+    tcase_set_timeout(ds, 600);
+    tcase_add_test(ds, test_deepseek_match_train_path);
+    suite_add_tcase(s, ds);
     int failed = check_run_mode(s, CK_NOFORK); /* the tests share one loaded model */
     prl_model_free(&model);
     return failed;

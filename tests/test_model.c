@@ -203,7 +203,8 @@ START_TEST(test_config_errors)
                      PRL_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "sliding_window_list"));
     ck_assert_int_eq(parse("{\"param_sink_number\": -1}", &c), PRL_ERR_CONFIG);
-    ck_assert_int_eq(parse("{\"rope_interleave\": true}", &c), PRL_ERR_UNSUPPORTED);
+    ck_assert_int_eq(parse("{\"rope_interleave\": true}", &c), PRL_OK);
+    ck_assert_int_eq(c.rope_interleave, 1);
     ck_assert_int_eq(
         parse("{\"dsa_layers\": [], \"use_mhc\": false, \"num_nextn_predict_layers\": 0}", &c),
         PRL_OK);

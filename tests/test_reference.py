@@ -849,7 +849,7 @@ class TestDSA(unittest.TestCase):
 
 
 class TestConfig(unittest.TestCase):
-    UNSUPPORTED = {"rope_interleave": True, "tie_word_embeddings": True}
+    UNSUPPORTED = {"tie_word_embeddings": True, "scoring_func": "softmax", "model_type": "llama"}
 
     def test_mtp_layers_follow_the_trunk_and_train(self):
         """MTP layers are model.layers.L.. with enorm/hnorm/eh_proj, no mHC or conv; their
@@ -879,12 +879,44 @@ class TestConfig(unittest.TestCase):
             self.assertGreater(float(names[n].grad.abs().sum()), 0, n)
         self.assertIsNone(names["lm_head.weight"].grad)  # the MTP layers have their own heads
 
+    def test_interleaved_rope_dot_products_match_pairwise_rotation(self):
+        """transformers' de-interleave + rotate_half gives the q.k of rotating each pair
+        (x[2i], x[2i+1]) in place by pos * inv_freq_i (docs/model.md "RoPE")."""
+        g = torch.Generator().manual_seed(3)
+        T, d = 7, 8
+        q, k = torch.randn(T, d, generator=g, dtype=torch.float64), torch.randn(
+            T, d, generator=g, dtype=torch.float64)
+        rs = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+              "mscale": 1.0, "mscale_all_dim": 0.5}
+        cos, sin = pr.rope_cos_sin_scaled(T, d, 10000.0, rs, torch.float64)
+
+        def pairwise(x):
+            y = x.clone()
+            for t in range(T):
+                for i in range(d // 2):
+                    a, b = x[t, 2 * i], x[t, 2 * i + 1]
+                    y[t, 2 * i] = a * cos[t, i] - b * sin[t, i]
+                    y[t, 2 * i + 1] = b * cos[t, i] + a * sin[t, i]
+            return y
+
+        got = pr.apply_rope_interleave(q, cos, sin) @ pr.apply_rope_interleave(k, cos, sin).T
+        torch.testing.assert_close(got, pairwise(q) @ pairwise(k).T, rtol=1e-12, atol=1e-12)
+        # the attention factor of YaRN (mscale / mscale_all_dim) is on cos and sin
+        af = pr.yarn_attention_factor(rs)
+        self.assertAlmostEqual(af, (0.1 * math.log(4) + 1) / (0.05 * math.log(4) + 1), places=12)
+        torch.testing.assert_close(cos[0], torch.full((d // 2,), af, dtype=torch.float64))
+
     def test_unsupported_blocks_raise_naming_the_key(self):
         for key, val in self.UNSUPPORTED.items():
             cfg = dict(MICRO, **{key: val})
             with self.assertRaises(pr.UnsupportedConfigError, msg=key) as cm:
                 pr.PanguRef(cfg)
             self.assertIn(key, str(cm.exception))
+        # DeepSeek's selection rule other than noaux_tc (openPangu's code does not read it)
+        with self.assertRaises(pr.UnsupportedConfigError) as cm:
+            pr.PanguRef(dict(MICRO, model_type="deepseek_v3", topk_method="greedy"))
+        self.assertIn("topk_method", str(cm.exception))
+        pr.PanguRef(dict(MICRO, topk_method="greedy"))
 
     def test_switched_off_blocks_and_foreign_keys_are_accepted(self):
         cfg = dict(MICRO, dsa_layers=[], swa_layers=[], param_sink_number=0, use_mome=False,

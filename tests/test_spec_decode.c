@@ -27,9 +27,9 @@
 #define PRL_SOURCE_DIR "."
 #endif
 
-static prl_model model, variants[3];
+static prl_model model, variants[4];
 
-enum { PLAIN, DSA, PANGU };
+enum { PLAIN, DSA, PANGU, DEEPSEEK };
 
 /* tiny.json with 2 MTP layers, sliding windows of 8 on trunk layers 1, 2, 4, 5 and MTP layer
 ** 6, sinks, ModAttn convs, mHC with sandwich and block post-norms; random MTP weights.
@@ -65,6 +65,22 @@ static void load_tiny_config(prl_config *c, int dsa)
     }
 }
 
+/* DEEPSEEK: tiny.json with DeepSeek-V3's maths — interleaved YaRN RoPE, 4 groups of 2 experts
+** (top 2), moe_layer_freq 2 — and one MTP layer (layer 6: MoE) with its own router bias. */
+static void load_deepseek_config(prl_config *c)
+{
+    ck_assert_int_eq(prl_config_load(c, PRL_SOURCE_DIR "/configs/models/tiny.json"), PRL_OK);
+    c->max_position_embeddings = 96;
+    snprintf(c->model_type, sizeof c->model_type, "deepseek_v3");
+    c->rope_interleave = 1, c->moe_layer_freq = 2, c->n_group = 4, c->topk_group = 2;
+    c->rope_scaling = (prl_rope_scaling){.yarn = 1,
+                                         .factor = 4,
+                                         .mscale = 1,
+                                         .mscale_all_dim = 1,
+                                         .original_max_position_embeddings = 16};
+    c->num_nextn_predict_layers = 1;
+}
+
 static void load_model_variant(int variant)
 {
     prl_model *target = &variants[variant];
@@ -74,10 +90,13 @@ static void load_model_variant(int variant)
     }
     prl_config c;
     if (variant == PANGU) load_pangu_config(&c);
+    else if (variant == DEEPSEEK) load_deepseek_config(&c);
     else load_tiny_config(&c, variant == DSA);
     ck_assert_int_eq(prl_model_init(&model, &c), PRL_OK);
     prl_model_init_weights(&model, 7);
     test_model_sharpen(&model, 0);
+    for (int i = 0; variant == DEEPSEEK && i < model.n_moe_all * c.n_routed_experts; i++)
+        model.router_bias[i] = (float)(0.02 * ((i * 5) % 7 - 3)); /* the MTP layer's too */
     *target = model;
 }
 
@@ -259,6 +278,16 @@ START_TEST(test_greedy_equals_plain_all_blocks)
 }
 END_TEST
 
+/* DeepSeek-V3's maths with an MoE MTP layer: the drafts route with the MTP layer's bias and
+** the verify pass keeps the caches (rope keys rotated interleaved, YaRN) as plain decoding. */
+START_TEST(test_greedy_equals_plain_deepseek)
+{
+    load_model_variant(DEEPSEEK);
+    ck_assert_int_eq(model.n_moe_all, model.n_moe + 1);
+    greedy_equals_plain(0);
+}
+END_TEST
+
 /* The joint distribution of generated tokens 2 and 3 (16 cells over a 4-token vocabulary)
 ** under speculative sampling equals plain sampling's: two-sample chi-square over 480
 ** sequences each (one prompt, different sequence ids); mode 2 cuts the drafts' head to ids
@@ -344,6 +373,7 @@ int main(void)
     tcase_add_test(tc, test_greedy_equals_plain_dsa);
     tcase_add_test(tc, test_greedy_equals_plain_draft_vocab);
     tcase_add_test(tc, test_greedy_equals_plain_all_blocks);
+    tcase_add_test(tc, test_greedy_equals_plain_deepseek);
     tcase_add_test(tc, test_sampling_matches_plain_in_distribution);
     suite_add_tcase(s, tc);
     int failed = check_run_mode(s, CK_NOFORK); /* the tests share one loaded model */
