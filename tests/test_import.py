@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test_import.py — prl loads Hugging Face checkpoints it did not write.
+"""test_import.py — prl loads Hugging Face checkpoints it did not write (openpangu_v2, deepseek_v3).
 
 usage: /usr/bin/python3 tests/test_import.py PRL SRC_DIR
 
@@ -103,7 +103,7 @@ def write_checkpoint(d, config, arrays, dtype, shards=1, fp8=False):
     stored, entries = {}, {}
     for name, a in arrays.items():
         if fp8 and a.ndim == 2 and "weight" in name and "norm" not in name and "embed" not in name \
-                and "lm_head" not in name and ".gate." not in name:
+                and "head" not in name and ".gate." not in name:
             q, s, deq = fp8_quantize(a)
             entries[name] = ("F8_E4M3", a.shape, q.tobytes())
             entries[name + "_scale_inv"] = ("F32", s.shape, s.tobytes())
@@ -190,6 +190,36 @@ OPENPANGU = {
 }
 
 
+# DeepSeek-V3's maths at a size the test runs fast: grouped routing, YaRN, interleaved RoPE,
+# moe_layer_freq 2, an MTP layer (its embed_tokens / shared_head.head copies written as
+# DeepSeek ships them); hidden 192 so the 128×128 fp8 blocks have partial edges.
+DEEPSEEK = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16",
+    "vocab_size": 320, "hidden_size": 192, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "q_lora_rank": 160, "kv_lora_rank": 136, "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16, "v_head_dim": 32, "rope_theta": 10000.0,
+    "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "rms_norm_eps": 1e-6, "first_k_dense_replace": 1, "moe_layer_freq": 2, "intermediate_size": 288,
+    "n_routed_experts": 8, "n_group": 4, "topk_group": 2, "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid", "num_experts_per_tok": 3, "moe_intermediate_size": 144,
+    "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+    "num_nextn_predict_layers": 1, "max_position_embeddings": 256, "tie_word_embeddings": False,
+    "ep_size": 1, "aux_loss_alpha": 0.001, "seq_aux": True, "bos_token_id": 0, "eos_token_id": 1,
+    "use_cache": True, "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu",
+    "initializer_range": 0.02, "transformers_version": "4.46.3",
+}
+
+
+def with_mtp_copies(config, arrays):
+    """DeepSeek-V3 files store the MTP layer's own copies of the embedding and the head."""
+    L = config["num_hidden_layers"]
+    for l in range(L, L + config.get("num_nextn_predict_layers", 0)):
+        arrays.setdefault(f"model.layers.{l}.embed_tokens.weight", arrays["model.embed_tokens.weight"])
+        arrays.setdefault(f"model.layers.{l}.shared_head.head.weight", arrays["lm_head.weight"])
+    return arrays
+
+
 def hf_name(name):
     """The reference names the selection bias e_score_correction.bias; HF files use this."""
     return name.replace("mlp.e_score_correction.bias", "mlp.gate.e_score_correction_bias")
@@ -269,9 +299,25 @@ def exports(work):
           f"export refuses an existing directory: {r.stderr.strip()!r}")
 
 
+def deepseek_export(work):
+    """A DeepSeek-V3 import exported again: its own config keys and every tensor byte-identical."""
+    src, out = os.path.join(work, "deepseek-bf16-4shards"), os.path.join(work, "hf-deepseek")
+    r = run(["export", "--ckpt", src, "--out", out, "--shard-size", "1MB"])
+    ok = r.returncode == 0
+    got, want = (read_hf_dir(out), read_hf_dir(src)) if ok else ({}, {})
+    L = DEEPSEEK["num_hidden_layers"]
+    copies = {f"model.layers.{L}.embed_tokens.weight", f"model.layers.{L}.shared_head.head.weight"}
+    check(ok and got == {k: v for k, v in want.items() if k not in copies},
+          "deepseek export: every tensor byte-identical to the import (the MTP copies prl shares left out)")
+    cfg = json.load(open(os.path.join(out, "config.json"))) if ok else {}
+    check(all(cfg.get(k) == v for k, v in DEEPSEEK.items()),
+          "deepseek export: config.json has the original keys and values")
+
+
 def score_matches(work, tag, config, dtype, shards, fp8):
     d = os.path.join(work, tag)
-    stored = write_checkpoint(d, config, random_weights(config, 11), dtype, shards, fp8)
+    stored = write_checkpoint(d, config, with_mtp_copies(config, random_weights(config, 11)), dtype,
+                              shards, fp8)
     seqs = sequences(config["vocab_size"], 5)
     inp = os.path.join(work, tag + ".jsonl")
     with open(inp, "w") as fh:
@@ -388,7 +434,10 @@ def main():
         score_matches(work, "openpangu-bf16-3shards", OPENPANGU, "BF16", 3, False)
         score_matches(work, "openpangu-f16-single", OPENPANGU, "F16", 1, False)
         score_matches(work, "openpangu-fp8-2shards", OPENPANGU, "BF16", 2, True)
+        score_matches(work, "deepseek-bf16-4shards", DEEPSEEK, "BF16", 4, False)
+        score_matches(work, "deepseek-fp8-3shards", DEEPSEEK, "BF16", 3, True)
         exports(work)
+        deepseek_export(work)
         refused(work, "a truncated shard", truncate, "model-00002-of-00002.safetensors")
         refused(work, "an index naming a missing shard", missing_shard, "model-00009-of-00002.safetensors")
         refused(work, "overlapping offsets", overlap, "model-00001-of-00002.safetensors")
