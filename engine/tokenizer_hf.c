@@ -32,8 +32,8 @@ static int byte_level_bytes(const uint8_t *s, size_t n, uint8_t *out, size_t *m)
             cp = (unsigned)(s[i] & 0x1F) << 6 | (s[i + 1] & 0x3F);
             i += 2;
         } else return 0;
-        int printable = (cp >= '!' && cp <= '~') || (cp >= 0xA1 && cp <= 0xAC) ||
-                        (cp >= 0xAE && cp <= 0xFF);
+        int printable =
+            (cp >= '!' && cp <= '~') || (cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF);
         if (printable) {
             out[(*m)++] = (uint8_t)cp;
             continue;
@@ -84,8 +84,9 @@ static prl_status check_model_options(const json_t *model)
         return prl_error_set(PRL_ERR_FORMAT, "model type '%s' is not supported (only BPE)", type);
     const json_t *d = json_object_get(model, "dropout");
     if (d && !json_is_null(d) && json_number_value(d) != 0)
-        return prl_error_set(PRL_ERR_FORMAT, "model.dropout %g is not supported (encoding must "
-                                             "be deterministic)",
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "model.dropout %g is not supported (encoding must "
+                             "be deterministic)",
                              json_number_value(d));
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int i = 0; i < 2; i++) {
@@ -143,14 +144,16 @@ static prl_status load_vocab(hf_tokenizer *hf, const json_t *vocab, const char *
         int32_t id = (int32_t)json_integer_value(v);
         size_t n = strlen(key), m = n;
         uint8_t *dst = hf->model_bytes + off;
-        if (!hf->byte_level || !byte_level_bytes((const uint8_t *)key, n, dst, &m))
-            memcpy(dst, key, n), m = n;
+        int word = hf->byte_level ? byte_level_bytes((const uint8_t *)key, n, dst, &m) : 1;
+        if (!hf->byte_level || !word) memcpy(dst, key, n), m = n;
         if (str[id])
             return prl_error_set(PRL_ERR_FORMAT, "model.vocab: id %d is both \"%s\" and \"%s\"",
                                  (int)id, str[id], key);
         str[id] = key, str_len[id] = n;
         off += m;
-        if (m == 0) continue; /* the empty string is never a word */
+        /* BPE never builds the empty string, nor (byte-level) a string outside the alphabet,
+        ** such as DeepSeek's "<｜User｜>" in the vocabulary: neither is a word to look up */
+        if (m == 0 || !word) continue;
         bytes_entry *e;
         int added;
         prl_status rc = tok__bytes_map_upsert(&hf->model_ids, dst, m, id, &e, &added);
@@ -188,8 +191,9 @@ static prl_status merge_strings(const json_t *m, size_t i, char *buf, size_t cap
         *b = json_string_value(json_array_get(m, 1));
         return PRL_OK;
     }
-    return prl_error_set(PRL_ERR_FORMAT, "merges[%zu] is neither \"left right\" nor [\"left\", "
-                                         "\"right\"]",
+    return prl_error_set(PRL_ERR_FORMAT,
+                         "merges[%zu] is neither \"left right\" nor [\"left\", "
+                         "\"right\"]",
                          i);
 }
 
@@ -212,8 +216,9 @@ static prl_status load_merges(prl_tokenizer *t, const json_t *vocab, const json_
         const json_t *ja = json_object_get(vocab, a), *jb = json_object_get(vocab, b);
         size_t na = strlen(a), nb = strlen(b);
         if (!ja || !jb) {
-            rc = prl_error_set(PRL_ERR_FORMAT, "merges[%zu] \"%s %s\": \"%s\" is not in model.vocab",
-                               i, a, b, ja ? b : a);
+            rc =
+                prl_error_set(PRL_ERR_FORMAT, "merges[%zu] \"%s %s\": \"%s\" is not in model.vocab",
+                              i, a, b, ja ? b : a);
             break;
         }
         if (na + nb + 1 > cap) {
@@ -256,8 +261,7 @@ static int by_length_desc(const void *x, const void *y)
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
-static prl_status load_added(hf_tokenizer *hf, const json_t *arr, const char **str,
-                             size_t *str_len)
+static prl_status load_added(hf_tokenizer *hf, const json_t *arr, const char **str, size_t *str_len)
 {
     size_t n = json_array_size(arr), total = 1;
     hf->added = calloc(n + 1, sizeof *hf->added);
@@ -309,7 +313,8 @@ static prl_status load_added(hf_tokenizer *hf, const json_t *arr, const char **s
     for (size_t i = 0; i < hf->n_added; i++) count[hf->added[i].content[0] + 1]++;
     for (int b = 0; b < 256; b++) count[b + 1] += count[b];
     memcpy(hf->by_byte_start, count, sizeof count);
-    for (size_t i = 0; i < hf->n_added; i++) hf->by_byte[count[hf->added[i].content[0]]++] = (uint32_t)i;
+    for (size_t i = 0; i < hf->n_added; i++)
+        hf->by_byte[count[hf->added[i].content[0]]++] = (uint32_t)i;
     return PRL_OK;
 }
 
@@ -333,8 +338,8 @@ static prl_status post_tokens(hf_tokenizer *hf, const json_t *pp)
     }
     if (strcmp(type, "TemplateProcessing") != 0)
         return prl_error_set(PRL_ERR_FORMAT, "post_processor type '%s' is not supported", type);
-    const json_t *single = json_object_get(pp, "single"), *specials =
-                                                              json_object_get(pp, "special_tokens");
+    const json_t *single = json_object_get(pp, "single"),
+                 *specials = json_object_get(pp, "special_tokens");
     int after = 0;
     size_t i;
     const json_t *piece;
@@ -344,8 +349,8 @@ static prl_status post_tokens(hf_tokenizer *hf, const json_t *pp)
             after = 1;
             continue;
         }
-        const char *name = json_string_value(
-            json_object_get(json_object_get(piece, "SpecialToken"), "id"));
+        const char *name =
+            json_string_value(json_object_get(json_object_get(piece, "SpecialToken"), "id"));
         const json_t *ids = json_object_get(json_object_get(specials, name ? name : ""), "ids");
         if (!name || !json_is_array(ids))
             return prl_error_set(PRL_ERR_FORMAT,
@@ -359,9 +364,8 @@ static prl_status post_tokens(hf_tokenizer *hf, const json_t *pp)
             int32_t *dst = after ? hf->post_post : hf->post_pre;
             int *n = after ? &hf->n_post_post : &hf->n_post_pre;
             if (*n == 4)
-                return prl_error_set(PRL_ERR_FORMAT,
-                                     "post_processor TemplateProcessing: more "
-                                     "than 4 tokens on one side");
+                return prl_error_set(PRL_ERR_FORMAT, "post_processor TemplateProcessing: more "
+                                                     "than 4 tokens on one side");
             dst[(*n)++] = (int32_t)json_integer_value(id);
         }
     }
@@ -385,10 +389,11 @@ static prl_status read_config(hf_tokenizer *hf, const char *path, json_t **confi
     prl_status rc = prl_file_read(hf->config_path, &hf->config, &hf->config_len);
     if (rc) return rc;
     json_error_t err;
-    *config = json_loadb(hf->config, hf->config_len, JSON_DECODE_INT_AS_REAL, &err); /* model_max_length can be 1e30 */
+    *config = json_loadb(hf->config, hf->config_len, JSON_DECODE_INT_AS_REAL,
+                         &err); /* model_max_length can be 1e30 */
     if (!*config)
-        return prl_error_set(PRL_ERR_FORMAT, "%s: line %d column %d: %s", hf->config_path,
-                             err.line, err.column, err.text);
+        return prl_error_set(PRL_ERR_FORMAT, "%s: line %d column %d: %s", hf->config_path, err.line,
+                             err.column, err.text);
     return PRL_OK;
 }
 

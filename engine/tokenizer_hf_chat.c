@@ -86,16 +86,18 @@ prl_status tok__hf_chat_setup(prl_tokenizer *t, const json_t *config)
         if (!rc) rc = need_token(t, "<|eot_id|>", &hf->chat_ids[L3_EOT]);
         if (!rc) t->roles[PRL_ROLE_END] = hf->chat_ids[L3_EOT];
     } else if (strstr(s, "<｜User｜>") && strstr(s, "<｜Assistant｜>")) {
-        static const char *const names[] = {
-            "<｜User｜>",           "<｜Assistant｜>",         "<｜end▁of▁sentence｜>",
-            "<｜tool▁outputs▁begin｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
-            "<｜tool▁outputs▁end｜>"};
+        static const char *const names[] = {"<｜User｜>",
+                                            "<｜Assistant｜>",
+                                            "<｜end▁of▁sentence｜>",
+                                            "<｜tool▁outputs▁begin｜>",
+                                            "<｜tool▁output▁begin｜>",
+                                            "<｜tool▁output▁end｜>",
+                                            "<｜tool▁outputs▁end｜>"};
         hf->chat = HF_CHAT_DEEPSEEK;
         for (int i = 0; i < 7 && !rc; i++) rc = need_token(t, names[i], &hf->chat_ids[i]);
         if (!rc) t->roles[PRL_ROLE_END] = hf->chat_ids[DS_EOS];
     } else {
-        return prl_error_set(PRL_ERR_FORMAT, "%s: chat_template is not one prl recognises (%s)",
-                             hf->config_path, SHAPES_HELP);
+        hf->chat = HF_CHAT_UNKNOWN; /* the tokenizer still encodes; chat encoding fails */
     }
     if (!rc && t->roles[PRL_ROLE_EOS] < 0) t->roles[PRL_ROLE_EOS] = t->roles[PRL_ROLE_END];
     return rc;
@@ -109,7 +111,10 @@ typedef struct chat {
     unsigned flags;
 } chat;
 
-static prl_status put_id(chat *c, int32_t id, uint8_t mask) { return tok__chat_special(&c->b, id, mask); }
+static prl_status put_id(chat *c, int32_t id, uint8_t mask)
+{
+    return tok__chat_special(&c->b, id, mask);
+}
 
 /* Template text (never special) or content (the caller's flags), with mask value `mask`. */
 static prl_status put_text(chat *c, const char *s, size_t n, int content, uint8_t mask)
@@ -227,10 +232,13 @@ prl_status tok__hf_encode_chat(const prl_tokenizer *tok, const prl_chat_message 
                                uint8_t **loss_mask, size_t *n_ids)
 {
     const hf_tokenizer *hf = tok->hf;
+    if (hf->chat == HF_CHAT_UNKNOWN)
+        return prl_error_set(PRL_ERR_FORMAT, "%s: chat_template is not one prl recognises (%s)",
+                             hf->config_path, SHAPES_HELP);
     if (hf->chat == HF_CHAT_NONE)
         return prl_error_set(PRL_ERR_FORMAT, "%s: %s; chat encoding needs its chat_template (%s)",
-                             hf->config_path, hf->config ? "there is no chat_template" : "not found",
-                             SHAPES_HELP);
+                             hf->config_path,
+                             hf->config ? "there is no chat_template" : "not found", SHAPES_HELP);
     chat c = {.tok = tok, .flags = flags & (PRL_TOKENIZER_SPECIAL | PRL_TOKENIZER_NAIVE)};
     size_t total = 64;
     for (size_t i = 0; i < n_msgs; i++) total += strlen(msgs[i].content) + 16;

@@ -173,7 +173,8 @@ typedef struct hf_added {
 
 /* The chat shapes recognised in tokenizer_config.json's chat_template (tokenizer_hf_chat.c). */
 typedef enum hf_chat_shape {
-    HF_CHAT_NONE,
+    HF_CHAT_NONE,    /* no tokenizer_config.json, or no chat_template in it */
+    HF_CHAT_UNKNOWN, /* a template prl does not recognise: chat encoding says so */
     HF_CHAT_CHATML,
     HF_CHAT_LLAMA3,
     HF_CHAT_DEEPSEEK
