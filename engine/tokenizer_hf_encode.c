@@ -69,8 +69,8 @@ static size_t find_added(const hf_tokenizer *hf, unsigned flags, int normalized,
                 memcmp(s + p, a->content, a->len) != 0)
                 continue;
             size_t q = p + a->len;
-            if (a->single_word && ((p > 0 && is_word_cp(cp_before(s, p))) ||
-                                   (q < n && is_word_cp(cp_at(s, n, q)))))
+            if (a->single_word &&
+                ((p > 0 && is_word_cp(cp_before(s, p))) || (q < n && is_word_cp(cp_at(s, n, q)))))
                 continue;
             size_t a0 = p, b0 = q;
             while (a->lstrip && a0 > from && is_space_cp(cp_before(s, a0))) {
@@ -105,7 +105,8 @@ prl_status tok__hf_word(encoder *e, const uint8_t *b, size_t m, size_t *n_out)
     for (size_t i = 0; i < m;) {
         size_t L = hf->byte_level ? 1 : utf8_len(b[i]);
         if (L > m - i) L = m - i;
-        int64_t id = hf->byte_level ? hf->byte_id[b[i]] : tok__bytes_map_get(&hf->model_ids, b + i, L);
+        int64_t id =
+            hf->byte_level ? hf->byte_id[b[i]] : tok__bytes_map_get(&hf->model_ids, b + i, L);
         if (id >= 0) {
             sym[k++] = (int32_t)id, last_unk = 0;
         } else {

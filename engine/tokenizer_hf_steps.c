@@ -208,9 +208,10 @@ static prl_status parse_behavior(const json_t *v, const char *where, hf_behavior
 static int prepend_scheme(const json_t *v)
 {
     const char *s = json_string_value(json_object_get(v, "prepend_scheme"));
-    if (s) return strcmp(s, "never") == 0   ? HF_PREPEND_NEVER
-                  : strcmp(s, "first") == 0 ? HF_PREPEND_FIRST
-                                            : HF_PREPEND_ALWAYS;
+    if (s)
+        return strcmp(s, "never") == 0   ? HF_PREPEND_NEVER
+               : strcmp(s, "first") == 0 ? HF_PREPEND_FIRST
+                                         : HF_PREPEND_ALWAYS;
     const json_t *a = json_object_get(v, "add_prefix_space");
     return !a || json_is_true(a) ? HF_PREPEND_ALWAYS : HF_PREPEND_NEVER;
 }
@@ -244,8 +245,7 @@ static prl_status parse_pre(const json_t *v, hf_tokenizer *hf)
         s.kind = HF_SPLIT;
         rc = parse_pattern(json_object_get(v, "pattern"), "pre_tokenizer Split", 0, &s);
         if (!rc)
-            rc = parse_behavior(json_object_get(v, "behavior"), "pre_tokenizer Split",
-                                &s.behavior);
+            rc = parse_behavior(json_object_get(v, "behavior"), "pre_tokenizer Split", &s.behavior);
         s.invert = json_is_true(json_object_get(v, "invert"));
     } else if (t && strcmp(t, "ByteLevel") == 0) {
         s.kind = HF_BYTE_LEVEL;
@@ -405,8 +405,7 @@ static prl_status unicode_form(hf_step_kind k, const uint8_t *s, size_t n, bbuf 
     if (k == HF_NFKC || k == HF_NFKD) opt |= UTF8PROC_COMPAT;
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t m = utf8proc_map(s, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opt);
-    if (m < 0)
-        return prl_error_set(PRL_ERR_ARG, "tokenizer normalize: %s", utf8proc_errmsg(m));
+    if (m < 0) return prl_error_set(PRL_ERR_ARG, "tokenizer normalize: %s", utf8proc_errmsg(m));
     bb_put(o, dst, (size_t)m);
     free(dst);
     return PRL_OK;
@@ -574,8 +573,8 @@ static prl_status rewrite_all(const hf_step *st, hf_pieces *p)
             if (n == 0 || s[0] != ' ') bb_put(&b, " ", 1);
             bb_put(&b, s, n);
         } else { /* Metaspace */
-            int pre = st->flag == HF_PREPEND_ALWAYS || (st->flag == HF_PREPEND_FIRST && p->first &&
-                                                        i == 0 && p->off[0] == 0);
+            int pre = st->flag == HF_PREPEND_ALWAYS ||
+                      (st->flag == HF_PREPEND_FIRST && p->first && i == 0 && p->off[0] == 0);
             if (pre && !(n >= st->text_len && memcmp(s, st->text, st->text_len) == 0))
                 bb_put(&b, st->text, st->text_len);
             for (size_t j = 0; j < n; j++)
@@ -681,8 +680,7 @@ static void strip(const hf_step *st, const uint8_t *s, size_t n, size_t *a, size
 {
     size_t c = st->text_len;
     *a = 0, *b = n;
-    for (int k = 0; k < st->start && *a + c <= *b && memcmp(s + *a, st->text, c) == 0; k++)
-        *a += c;
+    for (int k = 0; k < st->start && *a + c <= *b && memcmp(s + *a, st->text, c) == 0; k++) *a += c;
     for (int k = 0; k < st->stop && *b >= *a + c && memcmp(s + *b - c, st->text, c) == 0; k++)
         *b -= c;
 }
