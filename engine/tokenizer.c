@@ -9,8 +9,9 @@
 **   tokenizer_chat.c      chat encoding for SFT (turns, loss mask), prl_chat_from_json
 **   tokenizer_json.c      tokenizer.json save/load (format in docs/formats.md)
 **   tokenizer_hf*.c       imported Hugging Face tokenizer.json files: load (tokenizer_hf.c),
-**                         normalizers, pre-tokenizers and decoders (tokenizer_hf_steps.c),
-**                         encoding (tokenizer_hf_encode.c), chat templates (tokenizer_hf_chat.c)
+**                         normalizers, pre-tokenizers and decoders parsed
+**                         (tokenizer_hf_parse.c) and run (tokenizer_hf_steps.c), encoding
+**                         (tokenizer_hf_encode.c), chat templates (tokenizer_hf_chat.c)
 ** What is not: datasets, batching. (prl's own tokenizer sees bytes only; Unicode
 ** normalisation exists for imported tokenizers that ask for it.)
 **

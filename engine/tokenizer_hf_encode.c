@@ -15,8 +15,6 @@
 
 /* ============================================================ added tokens ============ */
 
-static size_t utf8_len(uint8_t c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
-
 /* The code point ending at s[p) (p > 0) or starting at s[p], for the word checks. */
 static utf8proc_int32_t cp_before(const uint8_t *s, size_t p)
 {
@@ -77,7 +75,7 @@ static size_t find_added(const hf_tokenizer *hf, unsigned flags, int normalized,
                 a0--;
                 while (a0 > from && (s[a0] & 0xC0) == 0x80) a0--;
             }
-            while (a->rstrip && b0 < n && is_space_cp(cp_at(s, n, b0))) b0 += utf8_len(s[b0]);
+            while (a->rstrip && b0 < n && is_space_cp(cp_at(s, n, b0))) b0 += tok__utf8_len(s[b0]);
             *ms = a0, *me = b0, *id = a->id;
             return a0;
         }
@@ -103,7 +101,7 @@ prl_status tok__hf_word(encoder *e, const uint8_t *b, size_t m, size_t *n_out)
     size_t k = 0;
     int last_unk = 0;
     for (size_t i = 0; i < m;) {
-        size_t L = hf->byte_level ? 1 : utf8_len(b[i]);
+        size_t L = hf->byte_level ? 1 : tok__utf8_len(b[i]);
         if (L > m - i) L = m - i;
         int64_t id =
             hf->byte_level ? hf->byte_id[b[i]] : tok__bytes_map_get(&hf->model_ids, b + i, L);

@@ -224,6 +224,12 @@ prl_status tok__chat_mark(chat_buf *b, size_t from, uint8_t v);
 /* Append token id with mask value v. */
 prl_status tok__chat_special(chat_buf *b, int32_t id, uint8_t v);
 
+/* Length of the UTF-8 sequence a lead byte starts (the text was validated before). */
+static inline size_t tok__utf8_len(uint8_t c)
+{
+    return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+}
+
 /* ---- tokenizer_hf.c ------------------------------------------------------------------ */
 
 /* Import a parsed Hugging Face tokenizer.json (root) read from path, whose bytes are
@@ -233,6 +239,14 @@ prl_status tok__hf_load(const struct json_t *root, const char *path, const char 
 void tok__hf_free(hf_tokenizer *hf);
 prl_status tok__hf_save(const prl_tokenizer *tok, const char *path);
 
+/* ---- tokenizer_hf_parse.c ------------------------------------------------------------ */
+
+/* Parse a normalizer / pre_tokenizer / decoder object (JSON null = none) into steps. */
+prl_status tok__hf_parse_normalizer(const struct json_t *v, hf_tokenizer *hf);
+prl_status tok__hf_parse_pre_tokenizer(const struct json_t *v, hf_tokenizer *hf);
+prl_status tok__hf_parse_decoder(const struct json_t *v, hf_tokenizer *hf);
+void tok__hf_steps_free(hf_step *s, size_t n);
+
 /* ---- tokenizer_hf_steps.c ------------------------------------------------------------ */
 
 /* Per-call regex match state (PCRE2 match data and JIT stack): a compiled pattern is shared
@@ -240,12 +254,6 @@ prl_status tok__hf_save(const prl_tokenizer *tok, const char *path);
 typedef struct hf_run hf_run;
 prl_status tok__hf_run_new(hf_run **out);
 void tok__hf_run_free(hf_run *r);
-
-/* Parse a normalizer / pre_tokenizer / decoder object (JSON null = none) into steps. */
-prl_status tok__hf_parse_normalizer(const struct json_t *v, hf_tokenizer *hf);
-prl_status tok__hf_parse_pre_tokenizer(const struct json_t *v, hf_tokenizer *hf);
-prl_status tok__hf_parse_decoder(const struct json_t *v, hf_tokenizer *hf);
-void tok__hf_steps_free(hf_step *s, size_t n);
 
 /* A growable list of pieces: spans [off[2i], off[2i+1]) of buf. */
 typedef struct hf_pieces {

