@@ -120,9 +120,20 @@ function codeDocs() {
   return docs;
 }
 
+// a few long runs that stress the regexes' backtracking and the merge loop on long words
+function stressDocs() {
+  let letters = "", digits = "", mixed = "";
+  for (let i = 0; i < 20000; i++) letters += "abcdefghijklmnopqrstuvwxyzéü"[int(0, 27)];
+  for (let i = 0; i < 3000; i++) digits += String(int(0, 9));
+  for (let i = 0; i < 2000; i++) mixed += pick(emoji) + pick(["", "", " ", "\u200d"]);
+  return [letters, " ".repeat(5000) + "x" + "\n".repeat(3000) + "\t \r\n".repeat(500), digits, mixed,
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".repeat(50)];
+}
+
 const code = codeDocs();
-const lines = [];
-let bytes = 0, ci = 0, generatedBytes = 0;
+const lines = stressDocs().map((text) => JSON.stringify({ text }));
+let bytes = lines.reduce((n, l) => n + Buffer.byteLength(JSON.parse(l).text), 0);
+let ci = 0, generatedBytes = 0;
 // alternate code and generated text until both halves reach half of the minimum
 while (bytes < MIN_BYTES || generatedBytes < MIN_BYTES / 2) {
   let text;
