@@ -3,17 +3,19 @@
 ** chat_template is a Jinja program; prl runs none. It recognises the three common shapes by
 ** their distinctive strings and renders them itself:
 **   ChatML (Qwen)   <|im_start|>role\n content <|im_end|>\n ... ; prompt <|im_start|>assistant\n
-**                   (a Qwen template, with <tool_response>, wraps tool turns in a user turn)
+**                   (a Qwen template, with <tool_response>, wraps a run of tool turns in one
+**                   user turn; Qwen3's gives the final assistant turn <think>\n\n</think>\n\n)
 **   Llama-3         bos <|start_header_id|>role<|end_header_id|>\n\n trim(content) <|eot_id|>
 **                   ... ; prompt <|start_header_id|>assistant<|end_header_id|>\n\n
 **   DeepSeek-V3     bos, every system text (joined by \n\n), <｜User｜>content,
 **                   <｜Assistant｜>content<｜end▁of▁sentence｜>, tool outputs in
 **                   <｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>…<｜tool▁output▁end｜>…
-**                   <｜tool▁outputs▁end｜> (the assistant turn after them has no marker)
-** Markers are emitted as ids; the text between them is encoded piece by piece, so the loss
-** mask (assistant content and its end token) falls on token boundaries. This equals Hugging
-** Face encoding the rendered string except where a word would cross a marker-free edge (a
-** content that starts with a newline right after a role header's newline).
+**                   and the assistant turn after them opens with <｜tool▁outputs▁end｜>
+** Markers are emitted as ids; the text between two markers (template text and content) is
+** encoded as one piece, as Hugging Face encodes the rendered string, and cut only where the
+** loss mask (assistant content and its end token) begins, so the mask falls on token
+** boundaries. That cut is the one place prl can differ from Hugging Face: a word that would
+** cross it (an assistant content starting with a newline right after "assistant\n").
 */
 #include "engine/tokenizer_int.h"
 
@@ -34,8 +36,7 @@ enum {
     DS_OUTS_BEGIN,
     DS_OUT_BEGIN,
     DS_OUT_END,
-    DS_OUTS_END,
-    ML_QWEN_TOOL = 7 /* chat_ids[7] = 1: the template wraps tool turns in <tool_response> */
+    DS_OUTS_END
 };
 
 static const char *const SHAPES_HELP =
@@ -76,7 +77,8 @@ prl_status tok__hf_chat_setup(prl_tokenizer *t, const json_t *config)
         hf->chat = HF_CHAT_CHATML;
         rc = need_token(t, "<|im_start|>", &hf->chat_ids[ML_START]);
         if (!rc) rc = need_token(t, "<|im_end|>", &hf->chat_ids[ML_END]);
-        hf->chat_ids[ML_QWEN_TOOL] = strstr(s, "<tool_response>") != NULL;
+        hf->chat_qwen_tool = strstr(s, "<tool_response>") != NULL;
+        hf->chat_qwen_think = strstr(s, "<think>") && strstr(s, "reasoning_content");
         if (!rc) t->roles[PRL_ROLE_END] = hf->chat_ids[ML_END];
     } else if (strstr(s, "<|start_header_id|>") && strstr(s, "<|end_header_id|>") &&
                strstr(s, "<|eot_id|>")) {
@@ -108,26 +110,42 @@ prl_status tok__hf_chat_setup(prl_tokenizer *t, const json_t *config)
 typedef struct chat {
     chat_buf b;
     const prl_tokenizer *tok;
-    unsigned flags;
+    char *pend; /* text since the last marker with one mask value, encoded as one piece */
+    size_t pend_n, pend_cap;
+    uint8_t pend_mask;
 } chat;
+
+/* Encode the pending text (template text and content together, as Hugging Face encodes the
+** rendered string) with its mask value. */
+static prl_status flush(chat *c)
+{
+    if (!c->pend_n) return PRL_OK;
+    size_t from = c->b.e.n;
+    prl_status rc = tok__encode_text(&c->b.e, (const uint8_t *)c->pend, c->pend_n);
+    c->pend_n = 0;
+    return rc ? rc : tok__chat_mark(&c->b, from, c->pend_mask);
+}
 
 static prl_status put_id(chat *c, int32_t id, uint8_t mask)
 {
-    return tok__chat_special(&c->b, id, mask);
+    prl_status rc = flush(c);
+    return rc ? rc : tok__chat_special(&c->b, id, mask);
 }
 
-/* Template text (never special) or content (the caller's flags), with mask value `mask`. */
-static prl_status put_text(chat *c, const char *s, size_t n, int content, uint8_t mask)
+/* Text with mask value `mask`; a change of mask value cuts the pending piece. */
+static prl_status put_text(chat *c, const char *s, size_t n, uint8_t mask)
 {
-    size_t from = c->b.e.n;
-    unsigned saved = c->b.e.flags;
-    c->b.e.flags = content ? c->flags : 0;
-    prl_status rc = tok__encode_text(&c->b.e, (const uint8_t *)s, n);
-    c->b.e.flags = saved;
-    return rc ? rc : tok__chat_mark(&c->b, from, mask);
+    prl_status rc = c->pend_n && mask != c->pend_mask ? flush(c) : PRL_OK;
+    if (rc) return rc;
+    if (!tok__grow_array(&c->pend, &c->pend_cap, c->pend_n + n + 1, 1))
+        return prl_error_set(PRL_ERR_NOMEM, "tokenizer chat: out of memory");
+    memcpy(c->pend + c->pend_n, s, n);
+    c->pend_n += n;
+    c->pend_mask = mask;
+    return PRL_OK;
 }
 
-static prl_status put_str(chat *c, const char *s) { return put_text(c, s, strlen(s), 0, 0); }
+static prl_status put_str(chat *c, const char *s) { return put_text(c, s, strlen(s), 0); }
 
 /* Jinja's trim: whitespace off both ends (Llama-3 trims every content). */
 static void trimmed(const char *s, size_t *a, size_t *b)
@@ -138,19 +156,51 @@ static void trimmed(const char *s, size_t *a, size_t *b)
     while (*b > *a && strchr(" \t\n\r\v\f", s[*b - 1])) --*b;
 }
 
+/* The index of the last user message (Qwen3's last_query_index: a user turn that is not a
+** wrapped tool response), or -1. */
+static long last_query(const prl_chat_message *m, size_t n)
+{
+    for (size_t i = n; i-- > 0;)
+        if (strcmp(m[i].role, "user") == 0 && strncmp(m[i].content, "<tool_response>", 15) != 0)
+            return (long)i;
+    return -1;
+}
+
 static prl_status render_chatml(chat *c, const prl_chat_message *m, size_t n, int mode)
 {
-    const int32_t *k = c->tok->hf->chat_ids;
+    const hf_tokenizer *hf = c->tok->hf;
+    const int32_t *k = hf->chat_ids;
+    long lq = last_query(m, n);
     prl_status rc = PRL_OK;
     if (mode == CHAT_TURN) rc = put_str(c, "\n"); /* the model's turn ended at <|im_end|> */
     for (size_t i = 0; i < n && !rc; i++) {
         uint8_t learn = strcmp(m[i].role, "assistant") == 0;
-        int qwen_tool = k[ML_QWEN_TOOL] && strcmp(m[i].role, "tool") == 0;
+        const char *content = m[i].content;
+        if (hf->chat_qwen_tool && strcmp(m[i].role, "tool") == 0) {
+            /* Qwen: a run of tool turns is one user turn of <tool_response> blocks */
+            if (i == 0 || strcmp(m[i - 1].role, "tool") != 0) {
+                rc = put_id(c, k[ML_START], 0);
+                if (!rc) rc = put_str(c, "user");
+            }
+            if (!rc) rc = put_str(c, "\n<tool_response>\n");
+            if (!rc) rc = put_text(c, content, strlen(content), 0);
+            if (!rc) rc = put_str(c, "\n</tool_response>");
+            if (!rc && (i + 1 == n || strcmp(m[i + 1].role, "tool") != 0)) {
+                rc = put_id(c, k[ML_END], 0);
+                if (!rc) rc = put_str(c, "\n");
+            }
+            continue;
+        }
         rc = put_id(c, k[ML_START], 0);
-        if (!rc) rc = put_str(c, qwen_tool ? "user\n<tool_response>\n" : m[i].role);
-        if (!rc && !qwen_tool) rc = put_str(c, "\n");
-        if (!rc) rc = put_text(c, m[i].content, strlen(m[i].content), 1, learn);
-        if (!rc && qwen_tool) rc = put_str(c, "\n</tool_response>");
+        if (!rc) rc = put_str(c, m[i].role);
+        if (!rc) rc = put_str(c, "\n");
+        /* Qwen3: the final assistant turn after the last query carries an (empty) thinking
+        ** block, which the model writes itself, so it is learned */
+        if (!rc && learn && hf->chat_qwen_think && (long)i > lq && i + 1 == n) {
+            rc = put_text(c, "<think>\n\n</think>\n\n", 19, 1);
+            while (*content == '\n') content++;
+        }
+        if (!rc) rc = put_text(c, content, strlen(content), learn);
         if (!rc) rc = put_id(c, k[ML_END], learn);
         if (!rc) rc = put_str(c, "\n");
     }
@@ -178,12 +228,14 @@ static prl_status render_llama3(chat *c, const prl_chat_message *m, size_t n, in
         uint8_t learn = strcmp(role, "assistant") == 0;
         size_t a, b;
         trimmed(m[i].content, &a, &b);
-        rc = put_text(c, m[i].content + a, b - a, 1, learn);
+        rc = put_text(c, m[i].content + a, b - a, learn);
         if (!rc) rc = put_id(c, k[L3_EOT], learn);
     }
     return rc;
 }
 
+/* DeepSeek-V3's template, including its quirks: a user turn after tool outputs does not close
+** them, and only the first run of tool outputs opens with <｜tool▁outputs▁begin｜>. */
 static prl_status render_deepseek(chat *c, const prl_chat_message *m, size_t n, int mode)
 {
     const int32_t *k = c->tok->hf->chat_ids;
@@ -195,35 +247,33 @@ static prl_status render_deepseek(chat *c, const prl_chat_message *m, size_t n, 
         for (size_t i = 0; i < n && !rc; i++) {
             if (strcmp(m[i].role, "system") != 0) continue;
             if (!first) rc = put_str(c, "\n\n");
-            if (!rc) rc = put_text(c, m[i].content, strlen(m[i].content), 1, 0);
+            if (!rc) rc = put_text(c, m[i].content, strlen(m[i].content), 0);
             first = 0;
         }
     }
-    int in_tool = 0; /* inside a run of tool outputs */
+    int is_tool = 0, output_first = 1;
     for (size_t i = 0; i < n && !rc; i++) {
-        const char *r = m[i].role;
-        if (strcmp(r, "tool") == 0) {
-            rc = in_tool ? put_str(c, "\n") : put_id(c, k[DS_OUTS_BEGIN], 0);
-            if (!rc) rc = put_id(c, k[DS_OUT_BEGIN], 0);
-            if (!rc) rc = put_text(c, m[i].content, strlen(m[i].content), 1, 0);
-            if (!rc) rc = put_id(c, k[DS_OUT_END], 0);
-            in_tool = 1;
-            continue;
-        }
-        if (in_tool) rc = put_id(c, k[DS_OUTS_END], 0);
-        if (rc) break;
+        const char *r = m[i].role, *content = m[i].content;
         if (strcmp(r, "user") == 0) {
+            is_tool = 0;
             rc = put_id(c, k[DS_USER], 0);
-            if (!rc) rc = put_text(c, m[i].content, strlen(m[i].content), 1, 0);
+            if (!rc) rc = put_text(c, content, strlen(content), 0);
         } else if (strcmp(r, "assistant") == 0) {
-            if (!in_tool) rc = put_id(c, k[DS_ASSISTANT], 0);
-            if (!rc) rc = put_text(c, m[i].content, strlen(m[i].content), 1, 1);
+            rc = put_id(c, k[is_tool ? DS_OUTS_END : DS_ASSISTANT], 0);
+            if (!rc) rc = put_text(c, content, strlen(content), 1);
             if (!rc) rc = put_id(c, k[DS_EOS], 1);
-        }
-        in_tool = 0; /* system turns were placed first */
+            is_tool = 0;
+        } else if (strcmp(r, "tool") == 0) {
+            is_tool = 1;
+            rc = output_first ? put_id(c, k[DS_OUTS_BEGIN], 0) : put_str(c, "\n");
+            output_first = 0;
+            if (!rc) rc = put_id(c, k[DS_OUT_BEGIN], 0);
+            if (!rc) rc = put_text(c, content, strlen(content), 0);
+            if (!rc) rc = put_id(c, k[DS_OUT_END], 0);
+        } /* system turns were placed first */
     }
-    if (!rc && in_tool) rc = put_id(c, k[DS_OUTS_END], 0);
-    if (!rc && mode != CHAT_FULL && !in_tool) rc = put_id(c, k[DS_ASSISTANT], 0);
+    if (!rc && is_tool) rc = put_id(c, k[DS_OUTS_END], 0);
+    if (!rc && mode != CHAT_FULL && !is_tool) rc = put_id(c, k[DS_ASSISTANT], 0);
     return rc;
 }
 
@@ -239,15 +289,20 @@ prl_status tok__hf_encode_chat(const prl_tokenizer *tok, const prl_chat_message 
         return prl_error_set(PRL_ERR_FORMAT, "%s: %s; chat encoding needs its chat_template (%s)",
                              hf->config_path,
                              hf->config ? "there is no chat_template" : "not found", SHAPES_HELP);
-    chat c = {.tok = tok, .flags = flags & (PRL_TOKENIZER_SPECIAL | PRL_TOKENIZER_NAIVE)};
+    chat c = {.tok = tok};
     size_t total = 64;
     for (size_t i = 0; i < n_msgs; i++) total += strlen(msgs[i].content) + 16;
-    prl_status rc = tok__encoder_init(&c.b.e, tok, c.flags, total, 0);
+    /* the caller's flags for template text too: it holds no special strings (markers are
+    ** emitted as ids), and non-special added tokens (<tool_response>) match either way */
+    prl_status rc = tok__encoder_init(
+        &c.b.e, tok, flags & (PRL_TOKENIZER_SPECIAL | PRL_TOKENIZER_NAIVE), total, 0);
     if (rc) return rc;
     rc = hf->chat == HF_CHAT_CHATML   ? render_chatml(&c, msgs, n_msgs, mode)
          : hf->chat == HF_CHAT_LLAMA3 ? render_llama3(&c, msgs, n_msgs, mode)
                                       : render_deepseek(&c, msgs, n_msgs, mode);
+    if (!rc) rc = flush(&c);
     if (!rc) rc = tok__chat_mark(&c.b, c.b.e.n, 0); /* a mask even for an empty result */
+    free(c.pend);
     if (rc) {
         free(c.b.mask);
         tok__encoder_free(&c.b.e);

