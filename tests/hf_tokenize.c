@@ -32,6 +32,30 @@ static void put_ids(FILE *f, const char *key, const int32_t *ids, size_t n)
     fputc(']', f);
 }
 
+/* What an agent loop holds after the model's turn k-1 and the tool turn k (the prompt of the
+** messages before k-1, the model's tokens with its end of turn, encode_chat_turn of message
+** k) must be the generation prompt of messages 0..k, which training and scoring see. */
+static int agent_turn_consistent(const prl_tokenizer *tok, const prl_chat_message *msgs, size_t k)
+{
+    int32_t *a = NULL, *b = NULL, *c = NULL, *want = NULL;
+    size_t na = 0, nb = 0, nc = 0, nw = 0;
+    int32_t end = prl_tokenizer_role_id(tok, PRL_ROLE_END);
+    const char *reply = msgs[k - 1].content;
+    if (prl_tokenizer_encode_chat_prompt(tok, msgs, k - 1, 0, &a, &na) ||
+        prl_tokenizer_encode(tok, reply, strlen(reply), 0, &b, &nb) ||
+        prl_tokenizer_encode_chat_turn(tok, &msgs[k], 0, &c, &nc) ||
+        prl_tokenizer_encode_chat_prompt(tok, msgs, k + 1, 0, &want, &nw)) {
+        fprintf(stderr, "hf_tokenize: agent turn: %s\n", prl_error_message());
+        return 0;
+    }
+    int ok = na + nb + 1 + nc == nw && memcmp(want, a, na * sizeof *a) == 0 &&
+             memcmp(want + na, b, nb * sizeof *b) == 0 && want[na + nb] == end &&
+             memcmp(want + na + nb + 1, c, nc * sizeof *c) == 0;
+    if (!ok) fprintf(stderr, "hf_tokenize: agent turn before message %zu differs\n", k);
+    free(a), free(b), free(c), free(want);
+    return ok;
+}
+
 /* The chat file: every conversation in the three chat encodings. */
 static int chat(const prl_tokenizer *tok, const char *in_path, const char *out_path)
 {
@@ -41,7 +65,7 @@ static int chat(const prl_tokenizer *tok, const char *in_path, const char *out_p
         return 1;
     }
     char *line = NULL;
-    size_t cap = 0, n_conv = 0;
+    size_t cap = 0, n_conv = 0, n_turns = 0, n_turn_bad = 0;
     for (ssize_t len; (len = getline(&line, &cap, in)) > 0; n_conv++) {
         json_error_t err;
         json_t *doc = json_loadb(line, (size_t)len, 0, &err);
@@ -64,14 +88,24 @@ static int chat(const prl_tokenizer *tok, const char *in_path, const char *out_p
         fputs(", ", out);
         put_ids(out, "prompt_all", all, na);
         fputs("}\n", out);
-        free(ids), free(mask), free(prompt), free(all), free(msgs);
+        free(ids), free(mask), free(prompt), free(all);
+        for (size_t k = 2; k < nm; k++) /* every tool turn that follows a model turn */
+            if (strcmp(msgs[k].role, "tool") == 0 && strcmp(msgs[k - 1].role, "assistant") == 0) {
+                n_turns++;
+                n_turn_bad += !agent_turn_consistent(tok, msgs, k);
+            }
+        free(msgs);
         json_decref(doc);
     }
     free(line);
     fclose(in);
     if (fclose(out)) return 1;
-    fprintf(stderr, "hf_tokenize: %zu conversations through the chat template\n", n_conv);
-    return 0;
+    fprintf(stderr,
+            "hf_tokenize: %zu conversations through the chat template; agent loop (prompt, "
+            "model turn, encode_chat_turn) == the prompt of the longer conversation for %zu of "
+            "%zu tool turns\n",
+            n_conv, n_turns - n_turn_bad, n_turns);
+    return n_turn_bad ? 1 : 0;
 }
 
 int main(int argc, char **argv)
