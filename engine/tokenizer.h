@@ -227,8 +227,10 @@ prl_status prl_tokenizer_encode_chat_turn(const prl_tokenizer *tok, const prl_ch
 ** recognised by its distinctive strings (no Jinja engine): ChatML (Qwen, <|im_start|>role\n
 ** content<|im_end|>\n), Llama-3 (<|start_header_id|>role<|end_header_id|>\n\ncontent
 ** <|eot_id|>, content trimmed) and DeepSeek-V3 (bos, system text, <｜User｜>content,
-** <｜Assistant｜>content<｜end▁of▁sentence｜>). The loss mask covers assistant content and its
-** end token. Without a recognised template chat encoding is an error naming the file. */
+** <｜Assistant｜>content<｜end▁of▁sentence｜>), with the details of docs/formats.md; checked
+** against the real templates rendered by Hugging Face's Jinja engine. The loss mask covers
+** assistant content and its end token. Without a recognised template chat encoding is an
+** error naming the file. */
 
 /* ---- files ----------------------------------------------------------------------------- */
 

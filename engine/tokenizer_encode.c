@@ -86,7 +86,7 @@ prl_status tok__encoder_emit(encoder *e, const int32_t *ids, size_t n)
     return PRL_OK;
 }
 
-prl_status tok__encoder_scratch(encoder *e, size_t m)
+static prl_status encoder_scratch(encoder *e, size_t m)
 {
     if (m <= e->scratch_cap) return PRL_OK;
     size_t cap = e->scratch_cap ? e->scratch_cap : 64;
@@ -253,7 +253,7 @@ static prl_status encode_chunk(encoder *e, const uint8_t *b, size_t m)
         const cache_slot *s = cache_find(c, b, m, h, &slot);
         if (s) return tok__encoder_emit(e, c->ids + s->ids_off, s->n_ids);
     }
-    prl_status rc = tok__encoder_scratch(e, m);
+    prl_status rc = encoder_scratch(e, m);
     if (rc) return rc;
     size_t n;
     if (e->tok->hf) {

@@ -1,7 +1,8 @@
 /*
 ** tokenizer_int.h — private to the tokenizer's sources (engine/tokenizer*.c, see
 ** tokenizer.c): the tokenizer's state (struct prl_tokenizer), its hash maps, the per-call
-** encoder, and the few functions one part calls in another. Include engine/engine.h from
+** encoder, an imported Hugging Face tokenizer's state (its pipeline as steps, added tokens,
+** chat shape), and the few functions one part calls in another. Include engine/engine.h from
 ** outside; the tokenizer's API is engine/tokenizer.h.
 */
 #ifndef PRL_TOKENIZER_INT_H
@@ -56,7 +57,7 @@ struct prl_tokenizer {
     size_t n_merges, merges_cap;
     pair_map ranks;                /* tok__pair_key(left, right) -> rank (index into merges) */
     int32_t roles[PRL_ROLE_COUNT]; /* token id of each role (tokenizer.h), -1 if none */
-    struct hf_tokenizer *hf;       /* an imported Hugging Face tokenizer (tokenizer_hf.h); NULL
+    struct hf_tokenizer *hf;       /* an imported Hugging Face tokenizer (below); NULL
                                       for prl's own, whose layout is the one above */
 };
 
@@ -283,7 +284,8 @@ void tok__hf_decode_joined(const hf_tokenizer *hf, char *text, size_t *len);
 
 /* Encode t[0..n) with an imported tokenizer honouring e->flags. */
 prl_status tok__hf_encode_text(encoder *e, const uint8_t *t, size_t n);
-/* BPE one word b[0..m) of an imported tokenizer into e->sym; the number of ids. */
+/* BPE one word b[0..m) of an imported tokenizer into e->sym (room for m symbols is made by
+** the caller); the number of ids in *n_out. */
 prl_status tok__hf_word(encoder *e, const uint8_t *b, size_t m, size_t *n_out);
 
 /* ---- tokenizer_hf_chat.c ------------------------------------------------------------- */
@@ -328,8 +330,6 @@ void tok__prl_roles(prl_tokenizer *t);
 
 /* ---- tokenizer_encode.c --------------------------------------------------------------- */
 
-/* Make room for m symbols in the encoder's scratch (sym, next, prev, heap). */
-prl_status tok__encoder_scratch(encoder *e, size_t m);
 /* Merge e->sym[0..m) (token ids) by rank with the loop the flags ask for; the new count. */
 size_t tok__bpe(encoder *e, size_t m);
 
