@@ -300,7 +300,6 @@ static prl_status load_added(hf_tokenizer *hf, const json_t *arr, const char **s
         free(norm);
         a->content = hf->added_bytes + off, a->len = nn;
         off += nn;
-        if (nn > hf->max_added_len) hf->max_added_len = nn;
         hf->n_added++;
     }
     tok__hf_run_free(run);
@@ -388,9 +387,8 @@ static prl_status read_config(hf_tokenizer *hf, const char *path, json_t **confi
     fclose(f);
     prl_status rc = prl_file_read(hf->config_path, &hf->config, &hf->config_len);
     if (rc) return rc;
-    json_error_t err;
-    *config = json_loadb(hf->config, hf->config_len, JSON_DECODE_INT_AS_REAL,
-                         &err); /* model_max_length can be 1e30 */
+    json_error_t err; /* integers as reals: model_max_length can be 1e30 */
+    *config = json_loadb(hf->config, hf->config_len, JSON_DECODE_INT_AS_REAL, &err);
     if (!*config)
         return prl_error_set(PRL_ERR_FORMAT, "%s: line %d column %d: %s", hf->config_path, err.line,
                              err.column, err.text);
@@ -439,6 +437,13 @@ static prl_status build(prl_tokenizer *t, const json_t *root, const json_t *conf
     if (!rc) rc = max_id(vocab, added, &top);
     if (rc) return rc;
     size_t V = (size_t)top + 1;
+    for (int i = 0; i < hf->n_post_pre + hf->n_post_post; i++) {
+        int32_t id = i < hf->n_post_pre ? hf->post_pre[i] : hf->post_post[i - hf->n_post_pre];
+        if (id < 0 || (size_t)id >= V)
+            return prl_error_set(PRL_ERR_FORMAT,
+                                 "post_processor: token id %d is outside the vocabulary [0, %zu)",
+                                 (int)id, V);
+    }
     const char **str = calloc(V, sizeof *str);
     size_t *str_len = calloc(V, sizeof *str_len);
     hf->is_special = calloc(V, 1);

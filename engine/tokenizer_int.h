@@ -204,7 +204,6 @@ typedef struct hf_tokenizer {
     uint32_t *by_byte; /* indices into added grouped by first byte, longest first */
     uint32_t by_byte_start[257];
     uint8_t *added_bytes;
-    size_t max_added_len;
     int32_t post_pre[4], post_post[4]; /* post-processor tokens before / after the text */
     int n_post_pre, n_post_post;
     hf_chat_shape chat;
