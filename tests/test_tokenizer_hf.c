@@ -221,6 +221,15 @@ START_TEST(test_split_behaviors)
         expect_ids(tok, "ab12cd34", 0, cases[i].want);
         prl_tokenizer_free(tok);
     }
+    /* a String pattern is literal (Gemma's Split on " "): "1." matches only itself */
+    static const char *const words[] = {"ab", "cd", "12", "34", "ab12", "12cd", "cd34", NULL};
+    json_t *split = json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "String",
+                              "1.", "behavior", "MergedWithPrevious", "invert", 0);
+    prl_tokenizer *tok =
+        load("split_string", byte_level_json(words, split, NULL, NULL, NULL), NULL);
+    expect_ids(tok, "ab1.cd34", 0, (const int32_t[]){'a', 'b', '1', '.', CD34, -1});
+    expect_ids(tok, "ab12", 0, (const int32_t[]){AB12, -1});
+    prl_tokenizer_free(tok);
 }
 END_TEST
 
