@@ -94,8 +94,8 @@ static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e
     prl_rollout_config_default(&rcfg);
     rcfg.sampling.temperature = a->temperature, rcfg.sampling.seed = a->seed;
     rcfg.sampling.max_new_tokens = a->max_new, rcfg.max_turns = a->max_turns;
-    int32_t stops[2] = {PRL_TOKEN_END, PRL_TOKEN_EOS};
-    rcfg.sampling.stop_ids = stops, rcfg.sampling.n_stop_ids = 2;
+    int32_t stops[2]; /* the tokenizer's end of turn and eos (prl: <|end|>, <|eos|>) */
+    rcfg.sampling.stop_ids = stops, rcfg.sampling.n_stop_ids = prl_tokenizer_stop_ids(tok, stops);
     /* episode j plays problem j / K as its sample j % K, sampled with sequence id j (so K = 1
     ** plays every problem once with the ids it always had) */
     int K = a->samples, ne = tl.n * K;

@@ -108,11 +108,20 @@ static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_in
                                                    .seq_id = (uint64_t)p * a->n + j};
     prl_sample_params sp;
     prl_sample_params_default(&sp);
-    int32_t stop_ids[2] = {PRL_TOKEN_EOS, PRL_TOKEN_END};
+    int32_t stop_ids[2] = {PRL_TOKEN_EOS, PRL_TOKEN_END}; /* prl's ids when there is no tokenizer */
+    int n_stops = 2;
+    if (tok && a->raw) { /* raw text ends at eos only */
+        stop_ids[0] = prl_tokenizer_role_id(tok, PRL_ROLE_EOS);
+        n_stops = stop_ids[0] >= 0;
+    } else if (tok) {
+        n_stops = prl_tokenizer_stop_ids(tok, stop_ids);
+    } else if (a->raw) {
+        n_stops = 1;
+    }
     const char *stops[1] = {a->stop};
     sp.temperature = a->temperature, sp.top_k = a->top_k, sp.top_p = a->top_p, sp.seed = a->seed;
     sp.max_new_tokens = a->max_new;
-    sp.stop_ids = stop_ids, sp.n_stop_ids = a->ignore_eos ? 0 : a->raw ? 1 : 2;
+    sp.stop_ids = stop_ids, sp.n_stop_ids = a->ignore_eos ? 0 : n_stops;
     sp.stop_strings = stops, sp.n_stop_strings = a->stop ? 1 : 0, sp.tok = tok;
     sp.vocab_limit = tok ? prl_tokenizer_vocab_size(tok) : 0; /* only ids it can decode */
     prl_infer *e = NULL;

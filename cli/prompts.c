@@ -27,7 +27,8 @@ static void prompts_add(cli_prompts *p, int32_t *ids, size_t n)
     p->ids[p->n] = ids, p->len[p->n++] = (int)n;
 }
 
-/* A user message as a chat generation prompt, or raw text after <|bos|>. */
+/* A user message as a chat generation prompt, or raw text after the tokenizer's bos (none
+** when it has no bos, as Qwen's). */
 static prl_status encode_text(const prl_tokenizer *tok, const char *text, int raw, int32_t **ids,
                               size_t *n)
 {
@@ -39,10 +40,16 @@ static prl_status encode_text(const prl_tokenizer *tok, const char *text, int ra
     size_t nb;
     prl_status rc = prl_tokenizer_encode(tok, text, strlen(text), 0, &body, &nb);
     if (rc) return rc;
-    *ids = malloc((nb + 1) * sizeof **ids);
-    (*ids)[0] = PRL_TOKEN_BOS;
-    memcpy(*ids + 1, body, nb * sizeof *body);
-    *n = nb + 1;
+    int32_t bos = prl_tokenizer_role_id(tok, PRL_ROLE_BOS);
+    size_t head = bos >= 0;
+    *ids = malloc((nb + head + 1) * sizeof **ids);
+    if (!*ids) {
+        free(body);
+        return prl_error_set(PRL_ERR_NOMEM, "prompt of %zu tokens", nb);
+    }
+    if (head) (*ids)[0] = bos;
+    memcpy(*ids + head, body, nb * sizeof *body);
+    *n = nb + head;
     free(body);
     return PRL_OK;
 }

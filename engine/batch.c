@@ -48,6 +48,8 @@ int prl_batch_buf_set_row(prl_batch_buf *bb, int T, int i, const int32_t *ids, i
     bb->lens[i] = n;
     for (int t = 0; t < T; t++) {
         size_t idx = (size_t)i * T + t;
+        /* padding is never a target (and attends nowhere that counts): any valid id does, and
+        ** id 0 exists in every vocabulary, prl's <|pad|> or an imported tokenizer's */
         bb->tokens[idx] = t < n ? ids[t] : PRL_TOKEN_PAD;
         int on = t + 1 < n && (!train || train[t + 1]);
         bb->targets[idx] = on ? ids[t + 1] : -1;

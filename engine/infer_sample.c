@@ -14,7 +14,8 @@
 
 void prl_sample_params_default(prl_sample_params *p)
 {
-    static const int32_t eos[] = {PRL_TOKEN_EOS};
+    static const int32_t eos[] = {PRL_TOKEN_EOS}; /* prl's; with a tokenizer callers set
+                                                     prl_tokenizer_stop_ids */
     *p = (prl_sample_params){.temperature = 0,
                              .top_k = 0,
                              .top_p = 1,

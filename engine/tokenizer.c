@@ -8,7 +8,12 @@
 **   tokenizer_train.c     the trainer (greedy BPE over counted chunks)
 **   tokenizer_chat.c      chat encoding for SFT (turns, loss mask), prl_chat_from_json
 **   tokenizer_json.c      tokenizer.json save/load (format in docs/formats.md)
-** What is not: Unicode normalisation (the tokenizer sees bytes only), datasets, batching.
+**   tokenizer_hf*.c       imported Hugging Face tokenizer.json files: load (tokenizer_hf.c),
+**                         normalizers, pre-tokenizers and decoders parsed
+**                         (tokenizer_hf_parse.c) and run (tokenizer_hf_steps.c), encoding
+**                         (tokenizer_hf_encode.c), chat templates (tokenizer_hf_chat.c)
+** What is not: datasets, batching. (prl's own tokenizer sees bytes only; Unicode
+** normalisation exists for imported tokenizers that ask for it.)
 **
 ** Threads: a prl_tokenizer is never written after construction; all mutable encoding state
 ** (scratch buffers, the chunk cache) lives in a per-call `encoder`, so concurrent calls on
@@ -192,6 +197,14 @@ static prl_status bytes_map_grow(bytes_map *m)
     return PRL_OK;
 }
 
+/* The value stored for key, or -1 if absent. */
+int64_t tok__bytes_map_get(const bytes_map *m, const uint8_t *key, size_t len)
+{
+    if (!m->cap || !len) return -1;
+    size_t i = bytes_map_slot(m, key, len, tok__hash_bytes(key, len));
+    return m->e[i].key ? m->e[i].val : -1;
+}
+
 /* Entry for key (len > 0), inserted with value `init` if absent. The pointer is valid until
 ** the next insertion. */
 prl_status tok__bytes_map_upsert(bytes_map *m, const uint8_t *key, size_t len, int64_t init,
@@ -236,8 +249,49 @@ void prl_tokenizer_free(prl_tokenizer *tok)
     free(tok->tok_bytes);
     free(tok->merges);
     tok__pair_map_free(&tok->ranks);
+    tok__hf_free(tok->hf);
     free(tok);
 }
+
+void tok__prl_roles(prl_tokenizer *t)
+{
+    t->roles[PRL_ROLE_PAD] = PRL_TOKEN_PAD;
+    t->roles[PRL_ROLE_BOS] = PRL_TOKEN_BOS;
+    t->roles[PRL_ROLE_EOS] = PRL_TOKEN_EOS;
+    t->roles[PRL_ROLE_UNK] = -1; /* every byte is a token: nothing is unknown */
+    t->roles[PRL_ROLE_END] = PRL_TOKEN_END;
+}
+
+int32_t prl_tokenizer_role_id(const prl_tokenizer *tok, prl_tokenizer_role role)
+{
+    if (!tok || (int)role < 0 || role >= PRL_ROLE_COUNT) return -1;
+    return tok->roles[role];
+}
+
+int prl_tokenizer_stop_ids(const prl_tokenizer *tok, int32_t out[2])
+{
+    int n = 0;
+    int32_t end = prl_tokenizer_role_id(tok, PRL_ROLE_END),
+            eos = prl_tokenizer_role_id(tok, PRL_ROLE_EOS);
+    if (end >= 0) out[n++] = end;
+    if (eos >= 0 && eos != end) out[n++] = eos;
+    return n;
+}
+
+int32_t prl_tokenizer_token_id(const prl_tokenizer *tok, const char *content)
+{
+    if (!tok || !content) return -1;
+    if (!tok->hf) return prl_tokenizer_special_id(content);
+    size_t n = strlen(content);
+    for (size_t i = 0; i < tok->hf->n_added; i++) /* added tokens first, as Hugging Face */
+        if (tok->hf->added[i].len == n && memcmp(tok->hf->added[i].content, content, n) == 0)
+            return tok->hf->added[i].id;
+    for (int32_t id = 0; id < tok->vocab_size; id++) /* rare: a lookup by decoded bytes */
+        if (tok__len(tok, id) == n && n && memcmp(tok__ptr(tok, id), content, n) == 0) return id;
+    return -1;
+}
+
+int prl_tokenizer_is_imported(const prl_tokenizer *tok) { return tok && tok->hf; }
 
 /* Append a token with the given bytes; its id is the old vocab_size. */
 prl_status tok__add_token(prl_tokenizer *t, const uint8_t *b, size_t n)
@@ -290,6 +344,7 @@ prl_status tok__new_base(prl_tokenizer **out)
 {
     prl_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return prl_error_set(PRL_ERR_NOMEM, "tokenizer: out of memory");
+    tok__prl_roles(t);
     prl_status rc = PRL_OK;
     for (int i = 0; i < PRL_TOKENIZER_N_SPECIAL && !rc; i++)
         rc = tok__add_token(t, (const uint8_t *)tok__special_names[i],

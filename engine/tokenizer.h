@@ -28,6 +28,9 @@
 ** plain bytes unless PRL_TOKENIZER_SPECIAL is passed, in which case each occurrence becomes
 ** its id and also ends/starts a chunk.
 **
+** Imported Hugging Face tokenizers (tokenizer_hf*.c) have their own vocabulary and rules:
+** the layout and pre-tokenization above are prl's own tokenizer's only.
+**
 ** Ownership and threads: a prl_tokenizer is immutable after train/load/init_bytes, so any
 ** number of threads may encode and decode with it at once. Every array a function returns
 ** through an `out` pointer is malloc'ed and owned by the caller (release with free()); on
@@ -65,10 +68,15 @@ enum prl_tokenizer_special {
 
 /* Flags for encode/decode. */
 enum prl_tokenizer_flags {
-    PRL_TOKENIZER_SPECIAL = 1u,     /* encode: special-token strings in text become their ids */
-    PRL_TOKENIZER_NAIVE = 2u,       /* encode: the quadratic reference merge loop, no cache
-                                        (tests compare the fast path against it) */
-    PRL_TOKENIZER_SKIP_SPECIAL = 4u /* decode: special ids produce no bytes */
+    PRL_TOKENIZER_SPECIAL = 1u,      /* encode: special-token strings in text become their ids
+                                         (imported tokenizers: added tokens with special=false
+                                         always do, as in Hugging Face) */
+    PRL_TOKENIZER_NAIVE = 2u,        /* encode: the quadratic reference merge loop, no cache
+                                         (tests compare the fast path against it) */
+    PRL_TOKENIZER_SKIP_SPECIAL = 4u, /* decode: special ids produce no bytes */
+    PRL_TOKENIZER_ADD_SPECIAL = 8u   /* encode, imported tokenizers: add the post-processor's
+                                         tokens around the text (Hugging Face's
+                                         add_special_tokens, e.g. Llama-2's <s>) */
 };
 
 typedef struct prl_tokenizer prl_tokenizer; /* opaque */
@@ -99,17 +107,44 @@ prl_status prl_tokenizer_merge(const prl_tokenizer *tok, size_t rank, int32_t *l
 /* The bytes of token `id` (a special's bytes are its string). *bytes points into tok. */
 prl_status prl_tokenizer_token_bytes(const prl_tokenizer *tok, int32_t id, const uint8_t **bytes,
                                      size_t *len);
-/* The id of a special-token string ("<|user|>"), or -1. */
+/* prl's own layout only: the id of a special-token string ("<|user|>"), or -1. For any
+** tokenizer use prl_tokenizer_token_id / prl_tokenizer_role_id. */
 int32_t prl_tokenizer_special_id(const char *name);
-/* The string of special id 0..15 ("<|user|>"), or NULL. */
+/* prl's own layout only: the string of special id 0..15 ("<|user|>"), or NULL. */
 const char *prl_tokenizer_special_name(int32_t id);
+
+/* What a token is for, looked up per tokenizer: prl's own tokenizer has the PRL_TOKEN_* ids;
+** an imported Hugging Face one takes pad/bos/eos/unk from tokenizer_config.json (bos also from
+** a TemplateProcessing post-processor) and END from its chat template's end-of-turn marker
+** (<|im_end|>, <|eot_id|>, DeepSeek's end of sentence). */
+typedef enum prl_tokenizer_role {
+    PRL_ROLE_PAD,
+    PRL_ROLE_BOS,
+    PRL_ROLE_EOS,
+    PRL_ROLE_UNK,
+    PRL_ROLE_END, /* ends a chat turn (prl: <|end|>) */
+    PRL_ROLE_COUNT
+} prl_tokenizer_role;
+
+/* The id of `role` in tok, or -1 when the tokenizer has none (Qwen has no bos). */
+int32_t prl_tokenizer_role_id(const prl_tokenizer *tok, prl_tokenizer_role role);
+/* The ids that end a model turn: END then EOS, distinct and present ones only. Returns how
+** many (0..2) were written to out. */
+int prl_tokenizer_stop_ids(const prl_tokenizer *tok, int32_t out[2]);
+/* The id of the token `content`: an added token such as "<|im_start|>", else the first id
+** whose decoded bytes are content; prl's own: its special strings. -1 if none. */
+int32_t prl_tokenizer_token_id(const prl_tokenizer *tok, const char *content);
+/* 1 if tok was imported from a Hugging Face tokenizer.json (no "prl" object), else 0. */
+int prl_tokenizer_is_imported(const prl_tokenizer *tok);
 /* End of the pre-tokenization chunk that starts at `pos` (pos < len), per the rule above. */
 size_t prl_tokenizer_chunk_end(const void *text, size_t len, size_t pos);
 
 /* ---- encode / decode ------------------------------------------------------------------- */
 
 /* Encode len bytes (any bytes, NULs included) into *ids (*n_ids of them). flags: SPECIAL,
-** NAIVE. *ids is caller-owned, non-NULL on success even when *n_ids == 0. */
+** NAIVE, ADD_SPECIAL. *ids is caller-owned, non-NULL on success even when *n_ids == 0.
+** Imported tokenizers take valid UTF-8 only (PRL_ERR_ARG naming the byte offset), as
+** Hugging Face's do, since their normalizers and regexes work on characters. */
 prl_status prl_tokenizer_encode(const prl_tokenizer *tok, const void *text, size_t len,
                                 unsigned flags, int32_t **ids, size_t *n_ids);
 
@@ -182,14 +217,33 @@ prl_status prl_tokenizer_encode_chat_prompt(const prl_tokenizer *tok, const prl_
                                             size_t n_msgs, unsigned flags, int32_t **ids,
                                             size_t *n_ids);
 
+/* One more non-assistant turn after a model turn, then the opening of the next assistant
+** turn (prl: <|tool|> content <|end|> <|assistant|>): what an agent loop appends to the
+** tokens after an observation. No bos. */
+prl_status prl_tokenizer_encode_chat_turn(const prl_tokenizer *tok, const prl_chat_message *msg,
+                                          unsigned flags, int32_t **ids, size_t *n_ids);
+
+/* Imported tokenizers encode chat with the chat template of their tokenizer_config.json,
+** recognised by its distinctive strings (no Jinja engine): ChatML (Qwen, <|im_start|>role\n
+** content<|im_end|>\n), Llama-3 (<|start_header_id|>role<|end_header_id|>\n\ncontent
+** <|eot_id|>, content trimmed) and DeepSeek-V3 (bos, system text, <｜User｜>content,
+** <｜Assistant｜>content<｜end▁of▁sentence｜>), with the details of docs/formats.md; checked
+** against the real templates rendered by Hugging Face's Jinja engine. The loss mask covers
+** assistant content and its end token. Without a recognised template chat encoding is an
+** error naming the file. */
+
 /* ---- files ----------------------------------------------------------------------------- */
 
 /* Write a Hugging Face style tokenizer.json (docs/formats.md) atomically: path.tmp, fsync,
-** rename, fsync of the directory. */
+** rename, fsync of the directory. An imported tokenizer writes back the bytes of the file it
+** was loaded from (and its tokenizer_config.json beside path, when it had one). */
 prl_status prl_tokenizer_save(const prl_tokenizer *tok, const char *path);
 
-/* Read and fully validate a tokenizer.json written by prl_tokenizer_save (format version,
-** special tokens, byte tokens, duplicate/missing ids, every merge). *out owned by caller. */
+/* Read and fully validate a tokenizer.json. With a "prl" object: one written by
+** prl_tokenizer_save (format version, special tokens, byte tokens, duplicate/missing ids,
+** every merge). Without: a Hugging Face BPE tokenizer.json, imported (tokenizer_hf.c; what is
+** supported is in docs/formats.md; anything else is an error naming it), with the
+** tokenizer_config.json beside it when present (roles, chat template). *out owned by caller. */
 prl_status prl_tokenizer_load(const char *path, prl_tokenizer **out);
 
 #endif /* PRL_TOKENIZER_H */

@@ -2,7 +2,8 @@
 ** tokenizer_chat.c — chat encoding for SFT and rollouts: the turns of a conversation as
 ** <|bos|>, role token, content, <|end|> ... with a loss mask on the assistant's tokens (or
 ** ending in an open assistant turn, for a prompt), and prl_chat_from_json for the JSON
-** "messages" arrays of the data files.
+** "messages" arrays of the data files. Imported tokenizers use their chat template
+** (tokenizer_hf_chat.c) through the same entry points.
 */
 #include "engine/tokenizer_int.h"
 
@@ -23,15 +24,8 @@ static int32_t role_token(const char *role)
     return -1;
 }
 
-/* An encoder plus the loss mask kept in step with its output. */
-typedef struct chat_buf {
-    encoder e;
-    uint8_t *mask;
-    size_t mask_cap;
-} chat_buf;
-
 /* Give the tokens appended since `from` the mask value v. */
-static prl_status chat_mark(chat_buf *b, size_t from, uint8_t v)
+prl_status tok__chat_mark(chat_buf *b, size_t from, uint8_t v)
 {
     if (!tok__grow_array(&b->mask, &b->mask_cap, b->e.n, 1))
         return prl_error_set(PRL_ERR_NOMEM, "tokenizer chat: out of memory");
@@ -39,11 +33,11 @@ static prl_status chat_mark(chat_buf *b, size_t from, uint8_t v)
     return PRL_OK;
 }
 
-static prl_status chat_special(chat_buf *b, int32_t id, uint8_t v)
+prl_status tok__chat_special(chat_buf *b, int32_t id, uint8_t v)
 {
     size_t from = b->e.n;
     prl_status rc = tok__encoder_emit(&b->e, &id, 1);
-    return rc ? rc : chat_mark(b, from, v);
+    return rc ? rc : tok__chat_mark(b, from, v);
 }
 
 static prl_status chat_check(const prl_chat_message *msgs, size_t n_msgs, size_t *total)
@@ -66,11 +60,13 @@ static prl_status chat_check(const prl_chat_message *msgs, size_t n_msgs, size_t
     return PRL_OK;
 }
 
-/* The shared body of encode_chat (prompt = 0) and encode_chat_prompt (prompt = 1). */
+/* The shared body of encode_chat (CHAT_FULL), encode_chat_prompt (CHAT_PROMPT) and
+** encode_chat_turn (CHAT_TURN: no bos, one turn, the assistant opening). */
 static prl_status chat_encode(const prl_tokenizer *tok, const prl_chat_message *msgs, size_t n_msgs,
-                              unsigned flags, int prompt, int32_t **ids, uint8_t **loss_mask,
+                              unsigned flags, int mode, int32_t **ids, uint8_t **loss_mask,
                               size_t *n_ids)
 {
+    int prompt = mode == CHAT_PROMPT, turn = mode == CHAT_TURN;
     if (ids) *ids = NULL;
     if (loss_mask) *loss_mask = NULL;
     if (n_ids) *n_ids = 0;
@@ -78,24 +74,25 @@ static prl_status chat_encode(const prl_tokenizer *tok, const prl_chat_message *
     size_t total;
     prl_status rc = chat_check(msgs, n_msgs, &total);
     if (rc) return rc;
+    if (tok->hf) return tok__hf_encode_chat(tok, msgs, n_msgs, flags, mode, ids, loss_mask, n_ids);
     chat_buf b = {0};
     if ((rc = tok__encoder_init(&b.e, tok, flags & (PRL_TOKENIZER_SPECIAL | PRL_TOKENIZER_NAIVE),
                                 total, 0)))
         return rc;
-    rc = chat_special(&b, PRL_TOKEN_BOS, 0);
+    if (!turn) rc = tok__chat_special(&b, PRL_TOKEN_BOS, 0);
     for (size_t i = 0; i < n_msgs && !rc; i++) {
         uint8_t learn = role_token(msgs[i].role) == PRL_TOKEN_ASSISTANT;
-        rc = chat_special(&b, role_token(msgs[i].role), 0);
+        rc = tok__chat_special(&b, role_token(msgs[i].role), 0);
         size_t from = b.e.n;
         if (!rc)
             rc = tok__encode_text(&b.e, (const uint8_t *)msgs[i].content, strlen(msgs[i].content));
         if (!rc) rc = tok__encoder_emit(&b.e, &(int32_t){PRL_TOKEN_END}, 1);
-        if (!rc) rc = chat_mark(&b, from, learn); /* content and <|end|> */
+        if (!rc) rc = tok__chat_mark(&b, from, learn); /* content and <|end|> */
     }
-    if (!rc && prompt) rc = chat_special(&b, PRL_TOKEN_ASSISTANT, 0);
-    if (!rc && !prompt) {
+    if (!rc && (prompt || turn)) rc = tok__chat_special(&b, PRL_TOKEN_ASSISTANT, 0);
+    if (!rc && mode == CHAT_FULL) {
         int last_assistant = n_msgs > 0 && role_token(msgs[n_msgs - 1].role) == PRL_TOKEN_ASSISTANT;
-        rc = chat_special(&b, PRL_TOKEN_EOS, (uint8_t)last_assistant);
+        rc = tok__chat_special(&b, PRL_TOKEN_EOS, (uint8_t)last_assistant);
     }
     if (rc) {
         free(b.mask);
@@ -112,7 +109,7 @@ prl_status prl_tokenizer_encode_chat(const prl_tokenizer *tok, const prl_chat_me
                                      size_t n_msgs, unsigned flags, int32_t **ids,
                                      uint8_t **loss_mask, size_t *n_ids)
 {
-    return chat_encode(tok, msgs, n_msgs, flags, 0, ids, loss_mask, n_ids);
+    return chat_encode(tok, msgs, n_msgs, flags, CHAT_FULL, ids, loss_mask, n_ids);
 }
 
 prl_status prl_chat_from_json(const json_t *v, const char *where, prl_chat_message **msgs,
@@ -142,5 +139,17 @@ prl_status prl_tokenizer_encode_chat_prompt(const prl_tokenizer *tok, const prl_
                                             size_t n_msgs, unsigned flags, int32_t **ids,
                                             size_t *n_ids)
 {
-    return chat_encode(tok, msgs, n_msgs, flags, 1, ids, NULL, n_ids);
+    return chat_encode(tok, msgs, n_msgs, flags, CHAT_PROMPT, ids, NULL, n_ids);
+}
+
+prl_status prl_tokenizer_encode_chat_turn(const prl_tokenizer *tok, const prl_chat_message *msg,
+                                          unsigned flags, int32_t **ids, size_t *n_ids)
+{
+    if (msg && msg->role && strcmp(msg->role, "assistant") == 0) {
+        if (ids) *ids = NULL;
+        if (n_ids) *n_ids = 0;
+        return prl_error_set(PRL_ERR_ARG, "tokenizer chat: a turn after the model's is not the "
+                                          "assistant's");
+    }
+    return chat_encode(tok, msg, 1, flags, CHAT_TURN, ids, NULL, n_ids);
 }

@@ -22,6 +22,7 @@ void tok__encoder_free(encoder *e)
     free(e->cache.slots);
     free(e->cache.keys);
     free(e->cache.ids);
+    tok__hf_run_free(e->run);
     memset(e, 0, sizeof *e);
 }
 
@@ -201,8 +202,8 @@ static size_t bpe_heap(const prl_tokenizer *t, encoder *e, size_t m)
     return n;
 }
 
-/* Merge one chunk in e->sym[0..m) (byte ids on entry) with the loop the flags ask for. */
-static size_t bpe_chunk(encoder *e, size_t m)
+/* Merge one chunk in e->sym[0..m) (token ids on entry) with the loop the flags ask for. */
+size_t tok__bpe(encoder *e, size_t m)
 {
     if (e->flags & PRL_TOKENIZER_NAIVE) return bpe_naive(e->tok, e->sym, m);
     return bpe_heap(e->tok, e, m);
@@ -236,10 +237,10 @@ static void cache_insert(chunk_cache *c, size_t slot, const uint8_t *b, size_t m
     c->n++;
 }
 
-/* Encode one pre-tokenization chunk b[0..m), m >= 1. */
+/* Encode one pre-tokenization chunk b[0..m), m >= 1 (an imported tokenizer's word). */
 static prl_status encode_chunk(encoder *e, const uint8_t *b, size_t m)
 {
-    if (m == 1) {
+    if (m == 1 && !e->tok->hf) {
         int32_t id = PRL_TOKENIZER_BYTE0 + b[0];
         return tok__encoder_emit(e, &id, 1);
     }
@@ -254,10 +255,21 @@ static prl_status encode_chunk(encoder *e, const uint8_t *b, size_t m)
     }
     prl_status rc = encoder_scratch(e, m);
     if (rc) return rc;
-    for (size_t i = 0; i < m; i++) e->sym[i] = PRL_TOKENIZER_BYTE0 + b[i];
-    size_t n = bpe_chunk(e, m);
+    size_t n;
+    if (e->tok->hf) {
+        if ((rc = tok__hf_word(e, b, m, &n))) return rc;
+    } else {
+        for (size_t i = 0; i < m; i++) e->sym[i] = PRL_TOKENIZER_BYTE0 + b[i];
+        n = tok__bpe(e, m);
+    }
     if (cacheable) cache_insert(c, slot, b, m, h, e->sym, n);
     return tok__encoder_emit(e, e->sym, n);
+}
+
+/* Encode one word of an imported tokenizer (the chunk cache applies to words too). */
+prl_status tok__encode_word(encoder *e, const uint8_t *b, size_t m)
+{
+    return encode_chunk(e, b, m);
 }
 
 /* Encode t[0..n) as one pre-tokenization text (no special-token handling). */
@@ -277,6 +289,7 @@ static prl_status encode_plain(encoder *e, const uint8_t *t, size_t n)
 ** pre-tokenized as separate texts. */
 prl_status tok__encode_text(encoder *e, const uint8_t *t, size_t n)
 {
+    if (e->tok->hf) return tok__hf_encode_text(e, t, n);
     if (!(e->flags & PRL_TOKENIZER_SPECIAL)) return encode_plain(e, t, n);
     for (size_t p = 0; p < n;) {
         int32_t id;
@@ -316,7 +329,12 @@ prl_status prl_tokenizer_encode(const prl_tokenizer *tok, const void *text, size
     if (rc) return rc;
     encoder e;
     if ((rc = tok__encoder_init(&e, tok, flags, len, 0))) return rc;
-    if ((rc = tok__encode_text(&e, text, len))) {
+    const hf_tokenizer *hf = tok->hf;
+    int add = hf && (flags & PRL_TOKENIZER_ADD_SPECIAL); /* the post-processor's tokens */
+    if (add) rc = tok__encoder_emit(&e, hf->post_pre, (size_t)hf->n_post_pre);
+    if (!rc) rc = tok__encode_text(&e, text, len);
+    if (!rc && add) rc = tok__encoder_emit(&e, hf->post_post, (size_t)hf->n_post_post);
+    if (rc) {
         tok__encoder_free(&e);
         return rc;
     }
@@ -370,6 +388,12 @@ long prl_utf8_view(const char *s, size_t n, char **out, size_t *out_len)
     return replaced;
 }
 
+/* Does SKIP_SPECIAL drop id? prl: ids 0..15; imported: added tokens with special = true. */
+static int is_special(const prl_tokenizer *tok, int32_t id)
+{
+    return tok->hf ? tok->hf->is_special[id] : id < PRL_TOKENIZER_N_SPECIAL;
+}
+
 prl_status prl_tokenizer_decode(const prl_tokenizer *tok, const int32_t *ids, size_t n,
                                 unsigned flags, char **text, size_t *len)
 {
@@ -384,7 +408,7 @@ prl_status prl_tokenizer_decode(const prl_tokenizer *tok, const int32_t *ids, si
                                  "tokenizer decode: token id %d at position "
                                  "%zu is outside the vocabulary [0, %d)",
                                  (int)ids[i], i, (int)tok->vocab_size);
-        if (!((flags & PRL_TOKENIZER_SKIP_SPECIAL) && ids[i] < PRL_TOKENIZER_N_SPECIAL))
+        if (!((flags & PRL_TOKENIZER_SKIP_SPECIAL) && is_special(tok, ids[i])))
             total += tok__len(tok, ids[i]);
     }
     char *out = malloc(total + 1);
@@ -392,10 +416,11 @@ prl_status prl_tokenizer_decode(const prl_tokenizer *tok, const int32_t *ids, si
         return prl_error_set(PRL_ERR_NOMEM, "tokenizer decode: out of memory (%zu bytes)", total);
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
-        if ((flags & PRL_TOKENIZER_SKIP_SPECIAL) && ids[i] < PRL_TOKENIZER_N_SPECIAL) continue;
+        if ((flags & PRL_TOKENIZER_SKIP_SPECIAL) && is_special(tok, ids[i])) continue;
         memcpy(out + w, tok__ptr(tok, ids[i]), tok__len(tok, ids[i]));
         w += tok__len(tok, ids[i]);
     }
+    if (tok->hf) tok__hf_decode_joined(tok->hf, out, &w); /* Strip after Fuse and the like */
     out[w] = '\0';
     *text = out;
     *len = w;

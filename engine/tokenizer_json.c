@@ -2,7 +2,8 @@
 ** tokenizer_json.c — tokenizer.json: save in Hugging Face's layout (added tokens, the
 ** pre-tokenizer as a Split regex, byte-level model.vocab and model.merges, prl's own object)
 ** and a strict load that checks every field and rebuilds the tokenizer merge by merge
-** (format in docs/formats.md).
+** (format in docs/formats.md). A file without the "prl" object is a Hugging Face one and is
+** imported by tokenizer_hf.c.
 */
 #include "engine/tokenizer_int.h"
 
@@ -228,6 +229,7 @@ static json_t *tokenizer_to_json(const prl_tokenizer *tok)
 prl_status prl_tokenizer_save(const prl_tokenizer *tok, const char *path)
 {
     if (!tok || !path) return prl_error_set(PRL_ERR_ARG, "prl_tokenizer_save: NULL argument");
+    if (tok->hf) return tok__hf_save(tok, path); /* the imported file, unchanged */
     json_t *root = tokenizer_to_json(tok);
     char *text = root ? json_dumps(root, JSON_INDENT(2)) : NULL;
     json_decref(root);
@@ -575,7 +577,16 @@ prl_status prl_tokenizer_load(const char *path, prl_tokenizer **out)
         return prl_error_set(code, "tokenizer %s: line %d column %d: %s", path, err.line,
                              err.column, err.text);
     }
-    prl_status rc = load_json(root, out);
+    prl_status rc;
+    if (json_is_object(root) && !json_object_get(root, "prl")) { /* a Hugging Face file */
+        char *text = NULL;
+        size_t len = 0;
+        rc = prl_file_read(path, &text, &len);
+        if (!rc) rc = tok__hf_load(root, path, text, len, out);
+        free(text);
+    } else {
+        rc = load_json(root, out);
+    }
     json_decref(root);
     if (rc) return prl_error_wrap(rc, "tokenizer %s: ", path);
     return PRL_OK;

@@ -287,7 +287,12 @@ prl_status prl_tokenizer_encode_parallel(const prl_tokenizer *tok, const void *t
     size_t chunk = 0, overlap = 0;
     if (!rc) rc = par_options(opts, len, &n_threads, &chunk, &overlap);
     if (rc) return rc;
-    if (len == 0) return prl_tokenizer_encode(tok, text, 0, flags, ids, n_ids);
+    /* An imported tokenizer's word boundaries come from its regexes and normalizers, for which
+    ** no locality bound like the one above is proven: it encodes serially (one window). */
+    if (len == 0 || tok->hf) {
+        if (stats && len) stats->n_windows = 1;
+        return prl_tokenizer_encode(tok, text, len, flags, ids, n_ids);
+    }
 
     size_t nw = (len - 1) / chunk + 1;
     if ((size_t)n_threads > nw) n_threads = (int)nw; /* an idle thread would only cost */

@@ -104,8 +104,8 @@ static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
     const prl_job_config *j = &w->role.job;
     rc_.sampling.temperature = j->temperature, rc_.sampling.top_p = j->top_p;
     rc_.sampling.seed = w->role.seed, rc_.sampling.max_new_tokens = j->max_new_tokens;
-    int32_t stops[2] = {PRL_TOKEN_END, PRL_TOKEN_EOS};
-    rc_.sampling.stop_ids = stops, rc_.sampling.n_stop_ids = 2;
+    int32_t stops[2]; /* the tokenizer's end of turn and eos (prl: <|end|>, <|eos|>) */
+    rc_.sampling.stop_ids = stops, rc_.sampling.n_stop_ids = prl_tokenizer_stop_ids(w->tok, stops);
     rc_.max_turns = j->max_turns, rc_.score = 0;
     rc_.cached_routes = j->replay_cached; /* Cached R3 (docs/replay.md) */
     if (!rc)

@@ -113,17 +113,16 @@ static prl_status start(play *p, const prl_tokenizer *tok, int index)
                                (int)json_integer_value(diff), NULL);
 }
 
-/* `<|tool|> text <|end|> <|assistant|>` after a model turn (never trained on). */
+/* A tool turn and the next assistant opening after a model turn, in the tokenizer's chat
+** format (prl: `<|tool|> text <|end|> <|assistant|>`); never trained on. */
 static prl_status observe(play *p, const prl_tokenizer *tok, const char *text)
 {
-    int32_t *body = NULL;
-    size_t nb = 0;
-    prl_status rc = prl_tokenizer_encode(tok, text, strlen(text), 0, &body, &nb);
-    int32_t open = PRL_TOKEN_TOOL, tail[2] = {PRL_TOKEN_END, PRL_TOKEN_ASSISTANT};
-    if (!rc) rc = append(p->ep, &open, NULL, 1, 0);
-    if (!rc) rc = append(p->ep, body, NULL, (int)nb, 0);
-    if (!rc) rc = append(p->ep, tail, NULL, 2, 0);
-    free(body);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    prl_chat_message msg = {.role = "tool", .content = text};
+    prl_status rc = prl_tokenizer_encode_chat_turn(tok, &msg, 0, &ids, &n);
+    if (!rc) rc = append(p->ep, ids, NULL, (int)n, 0);
+    free(ids);
     return rc ? rc : add_msg(p->ep, "tool", text, strlen(text));
 }
 
@@ -202,8 +201,14 @@ static prl_status take_turn(play *p, const prl_tokenizer *tok, const prl_gen_res
         ep->n_route_tokens = r->n_route_tokens;
         ((prl_gen_result *)r)->routes = NULL;
     }
-    int k = r->n; /* the turn's text without its closing special */
-    if (k > 0 && (r->tokens[k - 1] == PRL_TOKEN_END || r->tokens[k - 1] == PRL_TOKEN_EOS)) k--;
+    int k = r->n; /* the turn's text without its closing special (end of turn or eos) */
+    int32_t stops[2];
+    int n_stops = prl_tokenizer_stop_ids(tok, stops);
+    for (int s = 0; s < n_stops; s++)
+        if (k > 0 && r->tokens[k - 1] == stops[s]) {
+            k--;
+            break;
+        }
     char *text = NULL;
     size_t len = 0;
     if ((rc = prl_tokenizer_decode(tok, r->tokens, (size_t)k, 0, &text, &len))) return rc;
