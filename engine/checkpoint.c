@@ -261,16 +261,6 @@ prl_status ckpt_verify_checksum(const prl_safetensors *st, int required)
     return PRL_OK;
 }
 
-static prl_status read_tensor(const prl_safetensors *st, const char *name, const int64_t *shape,
-                              int ndim, prl_real *out)
-{
-#ifdef PRL_REAL_DOUBLE
-    return prl_safetensors_read_f64(st, name, shape, ndim, out);
-#else
-    return prl_safetensors_read_f32(st, name, shape, ndim, out);
-#endif
-}
-
 static int same_bytes(const prl_safetensors_tensor *a, const prl_safetensors_tensor *b)
 {
     return a->dtype == b->dtype && a->nbytes == b->nbytes && !memcmp(a->data, b->data, a->nbytes);
@@ -412,9 +402,9 @@ prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const cha
     for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
         snprintf(name, sizeof name, "m.%s", p->name);
-        rc = read_tensor(&st, name, p->shape, p->ndim, o->m + p->offset);
+        rc = ckpt_read_real(&st, name, p->shape, p->ndim, o->m + p->offset);
         snprintf(name, sizeof name, "v.%s", p->name);
-        if (rc == PRL_OK) rc = read_tensor(&st, name, p->shape, p->ndim, o->v + p->offset);
+        if (rc == PRL_OK) rc = ckpt_read_real(&st, name, p->shape, p->ndim, o->v + p->offset);
     }
     const char *step = prl_safetensors_metadata(&st, "step");
     char *end = NULL;

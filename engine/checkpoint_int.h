@@ -34,6 +34,9 @@ prl_status ckpt_verify_checksum(const prl_safetensors *st, int required);
 /* The checksum prl stores: over the data section of a whole safetensors file. */
 uint64_t ckpt_data_checksum(const uint8_t *bytes, size_t size);
 
+/* Tensor `name` of st into out as prl_real (read_f32 or read_f64 by the build). */
+prl_status ckpt_read_real(const prl_safetensors *st, const char *name, const int64_t *shape,
+                          int ndim, prl_real *out);
 /* dir + "/" + file, malloc'd (NULL when out of memory). */
 char *ckpt_path_join(const char *dir, const char *file);
 /* Remove a flat directory this process created (its files, then it). */

