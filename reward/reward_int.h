@@ -53,4 +53,16 @@ void reward__last_line(const char *text, char *out, size_t n);
 int reward__monitor(const char *program, const char *prompt, const json_t *tests,
                     prl_reward_result *out);
 
+/* The python tool calls of an episode (Reasoning and the math / choice lines that play as
+** Reasoning): every assistant turn but `last` is parsed, each python call's code
+** parse-checked through exec (reasoning.c). */
+typedef struct reward__tool_stats {
+    int calls, malformed, unparsed;
+    char malformed_why[160], unparsed_why[160];
+} reward__tool_stats;
+prl_status reward__tool_stats_of(const prl_chat_message *turns, size_t n_turns, const char *last,
+                                 const prl_reward_exec *exec, reward__tool_stats *st);
+/* The checks "tool_syntax" and "python_parse" (informational), their flags and penalties. */
+void reward__tool_checks(const reward__tool_stats *st, prl_reward_result *out);
+
 #endif /* PRL_REWARD_INT_H */

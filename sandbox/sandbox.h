@@ -151,6 +151,14 @@ typedef struct prl_sandbox_request {
     const char *stdin_data; /* bytes fed to the program's stdin, then EOF (NULL: empty) */
     size_t stdin_len;
     prl_sandbox_limits limits;
+    /* An interactive run (a long-lived program the caller talks to, as a reward program):
+    ** with own_stdio the program's stdin and stdout are the caller's pipe ends stdin_fd and
+    ** stdout_fd (duplicated; the caller keeps and closes its own) instead of stdin_data and
+    ** the captured stdout, and the call returns when the program ends. `cancel`, when another
+    ** thread sets *cancel non-zero, kills the run within 0.1 s (status timeout). */
+    int own_stdio;
+    int stdin_fd, stdout_fd;
+    const int *cancel; /* read atomically; NULL: none */
 } prl_sandbox_request;
 
 typedef enum prl_sandbox_status {

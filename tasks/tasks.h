@@ -78,6 +78,26 @@ prl_status prl_tasks_generate(const prl_tasks_config *c, prl_tasks_line_fn fn, v
 /* prl_tasks_generate written as compact JSONL, one object per line. */
 prl_status prl_tasks_write_jsonl(const prl_tasks_config *c, FILE *out);
 
+/* ---------------------------------------------------------------- prompt files ----- */
+
+/* Users' prompt files (docs/tasks.md "Prompt files"): `path` is a JSONL file or a directory
+** of *.jsonl shards (sorted by name). Each line holds "prompt" (text) or "messages" (chat), an
+** optional "verifier" (math | code | constraints | choice | agent) with its fields, optional
+** "id" and "split", and any other keys as metadata. fn gets each line as a task object
+** (borrowed): the line with "messages", "id" (default FILE_NAME:LINE), "split" (default: the
+** stable hash of the problem statement, as for generated tasks), "domain" (the rollout
+** domain of the verifier: math, choice -> reasoning; code -> coding; constraints and none ->
+** general; agent -> agent), "source" ("PATH:LINE") and "difficulty" 0. A bad line is
+** PRL_ERR_FORMAT "PATH:LINE: field 'F': why"; fn's error stops the read and is returned. */
+enum { PRL_TASKS_MAX_TESTS = 40 }; /* tests + asserts of one code line */
+typedef struct prl_tasks_file_options {
+    int require_verifier; /* 1: a line without "verifier" is an error (no reward program) */
+} prl_tasks_file_options;
+prl_status prl_tasks_file_read(const char *path, const prl_tasks_file_options *opt,
+                               prl_tasks_line_fn fn, void *user);
+/* The rollout domain a verifier name plays as; 0 when the name is not a verifier. */
+int prl_tasks_verifier_domain(const char *name, prl_task_domain *domain);
+
 /* The canonical text of a generated line (what the split hashes): the domain's problem
 ** statement — the user prompt, plus the initial world for Agent. Caller frees. */
 prl_status prl_tasks_canonical_text(const json_t *line, char **text);
