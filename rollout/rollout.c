@@ -124,7 +124,15 @@ static prl_status observe(play *p, const prl_tokenizer *tok, const char *text)
     if (!rc) rc = append(p->ep, body, NULL, (int)nb, 0);
     if (!rc) rc = append(p->ep, tail, NULL, 2, 0);
     free(body);
-    return rc ? rc : add_msg(p->ep, "tool", text, strlen(text));
+    /* the observation's bytes (a program's output, cut at 200 bytes) need not be UTF-8: the
+    ** verifier and the bus get its UTF-8 view, as for a model turn */
+    char *view = NULL;
+    size_t len = 0;
+    if (!rc && prl_utf8_view(text, strlen(text), &view, &len) < 0)
+        rc = prl_error_set(PRL_ERR_NOMEM, "observation text");
+    if (!rc) rc = add_msg(p->ep, "tool", view, len);
+    free(view);
+    return rc;
 }
 
 /* What follows a model turn: an environment step, a python tool run, or the end. */

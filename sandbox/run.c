@@ -211,7 +211,7 @@ typedef struct capture {
     uint64_t total;
 } capture;
 
-enum { KILL_NONE, KILL_WALL, KILL_OUTPUT };
+enum { KILL_NONE, KILL_WALL, KILL_OUTPUT, KILL_CANCEL };
 
 typedef struct run_state {
     prl_sandbox *sb;
@@ -362,7 +362,7 @@ static void supervise(run_state *r)
         }
         int cancelled = r->cancel && __atomic_load_n(r->cancel, __ATOMIC_ACQUIRE);
         if (!r->killed && !r->exited && !r->setup_failed && (t >= deadline || cancelled))
-            kill_tree(r, KILL_WALL, NULL);
+            kill_tree(r, cancelled ? KILL_CANCEL : KILL_WALL, NULL);
         /* Escalations: an init that does not go within 2 s of a kill, or after the program
         ** ended, is killed; a stream still open 1 s after the init left is given up on
         ** (some process outside the tree holds it: should not happen, never wait forever). */
@@ -402,7 +402,10 @@ static void classify(const run_state *r, const sbx_cg_stats *c0, const sbx_cg_st
     prl_sandbox_status st;
     char *why = res->reason;
     size_t wn = sizeof res->reason;
-    if (r->killed == KILL_WALL) {
+    if (r->killed == KILL_CANCEL) {
+        st = PRL_SANDBOX_STATUS_TIMEOUT;
+        snprintf(why, wn, "stopped by the caller (cancel): the process tree was killed");
+    } else if (r->killed == KILL_WALL) {
         st = PRL_SANDBOX_STATUS_TIMEOUT;
         snprintf(why, wn, "wall time limit of %g s reached: the process tree was killed",
                  r->lim.wall_seconds);

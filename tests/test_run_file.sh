@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# test_run_file.sh — `prl run` on a users' prompt file scored by a reward program, end to end
+# (real processes, ZeroMQ, run.db; a tiny random policy, under a minute):
+#   - a bad prompt line and a bad reward.program fail before any process starts, naming
+#     FILE:LINE and the field (prl run and prl run --check);
+#   - the example reward program (examples/reward_math.py) scores every sample; killed with
+#     kill -9 mid-run it is restarted and nothing is lost or counted twice (run.db: B·G·steps
+#     samples, one per key, each scored by the program; the worker's log names the restart);
+#   - the in-run evaluations of task.eval_every are in run.db (event `eval`), and the prompts
+#     keep their metadata.
+set -euo pipefail
+prl=$(realpath "$1") src=$(realpath "$2")
+work=$(mktemp -d /tmp/prl-run-file-XXXXXX)
+launcher=""
+cleanup() {
+  if [ -n "$launcher" ]; then pkill -9 -P "$launcher" 2>/dev/null || true; kill -9 "$launcher" 2>/dev/null || true; fi
+  [ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$work"
+. "$src/tests/run_lib.sh" # fail, model_config, expect_refused, steps_done
+export PRL_THREADS=1
+
+python3 "$src/examples/make_math_prompts.py" --n 300 --seed 3 > prompts.jsonl
+$prl tasks demos --domain reasoning --n 60 --seed 1 > demos.jsonl 2>/dev/null
+$prl tokenizer train --data demos.jsonl --vocab 300 --out tok.json >/dev/null 2>&1
+model_config "$src/configs/models/tiny.json" small.json vocab_size=300 hidden_size=32 \
+  num_hidden_layers=2 num_attention_heads=2 q_lora_rank=16 kv_lora_rank=16 qk_nope_head_dim=8 \
+  qk_rope_head_dim=8 v_head_dim=8 intermediate_size=64 n_routed_experts=4 \
+  moe_intermediate_size=16 max_position_embeddings=256
+$prl init --model small.json --out base --tokenizer tok.json >/dev/null
+STEPS=6 B=2 G=4
+cat > job.json <<EOF
+{"run": {"name": "f", "seed": 3},
+ "model": {"init": "base"},
+ "task": {"source": "file", "path": "prompts.jsonl", "eval_every": 3, "eval_problems": 6,
+          "eval_samples": 2},
+ "rollout": {"batch_prompts": $B, "group_size": $G, "max_new_tokens": 24, "max_turns": 2},
+ "reward": {"program": ["python3", "$src/examples/reward_math.py"], "timeout": 5},
+ "controller": {"steps": $STEPS, "heartbeat_seconds": 0.2, "lease_seconds": 3}}
+EOF
+
+# ---- bad inputs fail before any process starts, naming FILE:LINE and the field
+head -n 4 prompts.jsonl > bad.jsonl
+echo '{"prompt": "What is 1 + 1?", "verifier": "math", "answer": ""}' >> bad.jsonl
+expect_refused "empty math answer" "bad.jsonl:5: " "check start" --set task.path=bad.jsonl
+expect_refused "its field" "answer" "check start" --set task.path=bad.jsonl
+echo '{"prompt": "x", "verifier": "code", "tests": [{"stdin": "1"}]}' > bad2.jsonl
+expect_refused "code test" "bad2.jsonl:1: field 'tests'" "check start" --set task.path=bad2.jsonl
+expect_refused "no prompt file" "task.path" "check start" --set task.path=missing.jsonl
+expect_refused "reward program language" "python3 or sh" "check start" \
+  --set 'reward.program=["node", "r.js"]'
+expect_refused "reward program script" "missing.py" "check start" \
+  --set 'reward.program=["python3", "missing.py"]'
+
+# ---- the run, with the reward program killed mid-run
+descendants() { # pid: every process below it
+  local c
+  for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done
+}
+$prl run job.json > run.out 2>&1 &
+launcher=$!
+killed=0
+for _ in $(seq 1 600); do
+  if [ "$(steps_done f)" -ge 2 ]; then
+    for p in $(descendants "$launcher"); do
+      if tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "python3 .*main.py"; then
+        kill -9 "$p" && killed=$((killed + 1))
+      fi
+    done
+    break
+  fi
+  sleep 0.1
+done
+[ "$killed" -ge 1 ] || fail "no reward program process found to kill"
+wait "$launcher" || { cat run.out; fail "prl run failed"; }
+launcher=""
+db=runs/f/run.db
+n=$(sqlite3 $db "SELECT count(*) FROM samples")
+keys=$(sqlite3 $db "SELECT count(DISTINCT step || '/' || prompt_id || '/' || sample_index) FROM samples")
+[ "$n" -eq $((STEPS * B * G)) ] || fail "run.db holds $n samples, not $((STEPS * B * G))"
+[ "$keys" -eq "$n" ] || fail "$keys distinct sample keys for $n samples"
+by_program=$(sqlite3 $db "SELECT count(*) FROM samples, json_each(samples.reward_detail, '\$.checks') c
+  WHERE json_extract(c.value, '\$.name') = 'reward_program' AND json_extract(c.value, '\$.passed')")
+[ "$by_program" -eq "$n" ] || fail "$by_program of $n samples were scored by the reward program"
+failed=$(sqlite3 $db "SELECT count(*) FROM events WHERE kind = 'score_failed'")
+[ "$failed" -eq 0 ] || fail "$failed samples could not be scored"
+grep -q "reward program stopped" runs/f/logs/reward-0.log || fail "the reward worker's log names no restart"
+echo "ok: kill -9 of the reward program: $n samples, $keys keys, $by_program scored by the program"
+
+# ---- in-run evaluations (versions 0, 3, 6) and the prompts' metadata
+evals=$(sqlite3 $db "SELECT group_concat(json_extract(detail, '\$.version')) FROM events WHERE kind = 'eval'")
+[ "$evals" = "0,3,6" ] || fail "eval events for versions '$evals', not 0,3,6"
+pass=$(sqlite3 $db "SELECT count(*) FROM events WHERE kind = 'eval' AND json_extract(detail, '\$.k') = 2
+  AND json_type(detail, '\$.pass_k') = 'real' AND json_extract(detail, '\$.by.math.n') = 6")
+[ "$pass" -eq 3 ] || fail "eval events lack k, pass_k or the math count"
+meta=$(sqlite3 $db "SELECT count(*) FROM prompts WHERE json_extract(task, '\$.template') IS NOT NULL")
+total=$(sqlite3 $db "SELECT count(*) FROM prompts")
+[ "$meta" -eq "$total" ] || fail "$meta of $total prompts kept their metadata"
+split=$(sqlite3 $db "SELECT count(*) FROM prompts WHERE split = 'eval'")
+[ "$split" -eq 6 ] || fail "$split eval prompts recorded, not 6"
+echo "ok: evaluations of versions $evals in run.db; $total prompts with their metadata"
