@@ -24,15 +24,6 @@ static char letter_at(const char *p)
     return (char)toupper((unsigned char)p[0]);
 }
 
-static const char *last_ci(const char *t, const char *needle)
-{
-    const char *at = NULL;
-    size_t k = strlen(needle);
-    for (const char *p = t; *p; p++)
-        if (!strncasecmp(p, needle, k)) at = p;
-    return at;
-}
-
 char prl_reward_choice_extract(const char *text)
 {
     const char *b = NULL;
@@ -41,7 +32,7 @@ char prl_reward_choice_extract(const char *text)
         char c = letter_at(b + 7);
         return c && strchr(b + 7, '}') ? c : 0;
     }
-    const char *a = last_ci(text, "answer:"), *is = last_ci(text, "answer is");
+    const char *a = reward__last_ci(text, "answer:"), *is = reward__last_ci(text, "answer is");
     if (is && (!a || is > a)) return letter_at(is + 9);
     if (a) return letter_at(a + 7);
     char line[64];

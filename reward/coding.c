@@ -131,9 +131,9 @@ static prl_status test_lists(const char *task_json, const prl_chat_message *turn
     json_decref(*task);
     *task = NULL;
     return prl_error_set(PRL_ERR_FORMAT,
-                         "coding task: \"tests\" and \"asserts\" must be arrays of 1..%d "
-                         "entries in all",
-                         PRL_REWARD_MAX_ITEMS);
+                         "coding task: \"tests\" must be an array of 1..%d entries (with "
+                         "\"asserts\", of %d in all)",
+                         PRL_REWARD_MAX_ITEMS, PRL_REWARD_MAX_ITEMS);
 }
 
 prl_status prl_reward_coding(const char *task_json, const prl_chat_message *turns, size_t n_turns,

@@ -35,16 +35,6 @@ static int last_boxed(const char *t, char *out, size_t n)
     return 0;
 }
 
-/* Case-insensitive last occurrence of needle in t, or NULL. */
-static const char *last_ci(const char *t, const char *needle)
-{
-    const char *at = NULL;
-    size_t k = strlen(needle);
-    for (const char *p = t; *p; p++)
-        if (!strncasecmp(p, needle, k)) at = p;
-    return at;
-}
-
 /* The rest of the line after position p (k bytes of marker) into out; 0 when non-empty. */
 static int rest_of_line(const char *p, size_t k, char *out, size_t n)
 {
@@ -63,7 +53,7 @@ int prl_reward_math_extract(const char *text, char *out, size_t n)
     const char *p = strstr(text, "####"), *q;
     while (p && (q = strstr(p + 4, "####")) != NULL) p = q;
     if (p) return rest_of_line(p, 4, out, n);
-    const char *a = last_ci(text, "answer:"), *b = last_ci(text, "the answer is");
+    const char *a = reward__last_ci(text, "answer:"), *b = reward__last_ci(text, "the answer is");
     if (b && (!a || b > a)) return rest_of_line(b, 13, out, n);
     return a ? rest_of_line(a, 7, out, n) : -1;
 }

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* ---------------------------------------------------------------- results ---------- */
 
@@ -173,6 +174,15 @@ int reward__final_answer(const char *turn, char *value, size_t n, char *why, siz
     }
     snprintf(value, n, "%s", x);
     return 0;
+}
+
+const char *reward__last_ci(const char *text, const char *needle)
+{
+    const char *at = NULL;
+    size_t k = strlen(needle);
+    for (const char *p = text; *p; p++)
+        if (!strncasecmp(p, needle, k)) at = p;
+    return at;
 }
 
 int reward__parse_int(const char *s, int64_t *v)

@@ -38,6 +38,8 @@ const char *reward__prompt(const json_t *task);
 ** and without leading/trailing spaces. Copies X into value and returns 0, or returns -1 and
 ** explains in why. */
 int reward__final_answer(const char *turn, char *value, size_t n, char *why, size_t why_n);
+/* The last occurrence of needle in text ignoring ASCII case (final-answer markers), or NULL. */
+const char *reward__last_ci(const char *text, const char *needle);
 /* Parse a whole decimal integer ("-12"); 0 on success. */
 int reward__parse_int(const char *s, int64_t *v);
 
