@@ -23,11 +23,27 @@ typedef struct reward_ctx {
     prl_reward_program *program; /* reward.program (NULL: the verifiers score) */
 } reward_ctx;
 
-static json_t *ids_json(const int32_t *ids, size_t n)
+/* ids[from, to) as a JSON array (empty without ids). */
+static json_t *ids_json(const int32_t *ids, size_t from, size_t to)
 {
     json_t *a = json_array();
-    for (size_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    for (size_t i = from; a && ids && i < to; i++) json_array_append_new(a, json_integer(ids[i]));
     return a;
+}
+
+/* The content of the last message of `role` (in JSON messages or in turns), or "". */
+static const char *last_of(const json_t *msgs, const char *role)
+{
+    const char *text = "";
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m)
+    {
+        const char *r = json_string_value(json_object_get(m, "role"));
+        const char *c = json_string_value(json_object_get(m, "content"));
+        if (r && c && !strcmp(r, role)) text = c;
+    }
+    return text;
 }
 
 /* The request line of a reward program (docs/rewards.md "Reward programs"): the sample's
@@ -37,29 +53,21 @@ static char *program_request(const prl_msg_score *x)
 {
     json_error_t je;
     json_t *task = json_loads(x->task, 0, &je);
-    json_t *msgs = json_incref(json_object_get(task, "messages"));
-    const char *prompt = "";
-    size_t i;
-    json_t *m;
-    json_array_foreach(msgs, i,
-                       m) if (!strcmp(json_string_value(json_object_get(m, "role")) ?: "", "user"))
-        prompt = json_string_value(json_object_get(m, "content")) ?: "";
-    const char *completion = "";
-    for (size_t k = 0; k < x->n_msgs; k++)
-        if (!strcmp(x->msgs[k].role, "assistant")) completion = x->msgs[k].content;
+    json_t *msgs = json_object_get(task, "messages");
+    msgs = msgs ? json_incref(msgs) : json_array();
     size_t pl = (size_t)x->prompt_len;
-    json_t *o =
-        json_pack("{s:I, s:I, s:I, s:s, s:o, s:s, s:O, s:o, s:o, s:b}", "step", (json_int_t)x->step,
-                  "prompt_index", (json_int_t)x->prompt, "sample", (json_int_t)x->sample, "prompt",
-                  prompt, "messages", msgs ? msgs : json_array(), "completion", completion, "turns",
-                  x->turns_json, "prompt_ids", ids_json(x->tokens, pl), "completion_ids",
-                  ids_json(x->tokens + pl, x->n_tokens - pl), "truncated", x->truncated);
-    if (o && task) {
+    json_t *o = json_pack("{s:I, s:I, s:I, s:s, s:O, s:s, s:O, s:o, s:o, s:b}", "step",
+                          (json_int_t)x->step, "prompt_index", (json_int_t)x->prompt, "sample",
+                          (json_int_t)x->sample, "prompt", last_of(msgs, "user"), "messages", msgs,
+                          "completion", last_of(x->turns_json, "assistant"), "turns", x->turns_json,
+                          "prompt_ids", ids_json(x->tokens, 0, pl), "completion_ids",
+                          ids_json(x->tokens, pl, x->n_tokens), "truncated", x->truncated);
+    if (o && task) { /* the line's own fields, id, source and split: the task minus its prompt */
         json_object_del(task, "messages");
         json_object_set(o, "metadata", task);
     }
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o), json_decref(task);
+    json_decref(o), json_decref(task), json_decref(msgs);
     return text;
 }
 

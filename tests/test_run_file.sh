@@ -100,3 +100,31 @@ total=$(sqlite3 $db "SELECT count(*) FROM prompts")
 split=$(sqlite3 $db "SELECT count(*) FROM prompts WHERE split = 'eval'")
 [ "$split" -eq 6 ] || fail "$split eval prompts recorded, not 6"
 echo "ok: evaluations of versions $evals in run.db; $total prompts with their metadata"
+
+# ---- what a reward program is sent: a program that echoes the request's sizes back
+cat > echo.py <<'PY'
+import json, sys
+for line in sys.stdin:
+    q = json.loads(line)
+    turns_end = q["turns"][-1]["content"] if q["turns"] else ""
+    sys.stdout.write(json.dumps({"score": 0.5, "breakdown": {
+        "n_prompt_ids": len(q["prompt_ids"]), "n_completion_ids": len(q["completion_ids"]),
+        "answer_in_metadata": "answer" in q["metadata"], "prompt_is_user": bool(q["prompt"]),
+        "completion_is_last_turn": q["completion"] == turns_end}}) + "\n")
+    sys.stdout.flush()
+PY
+$prl run job.json --set run.name=g --set controller.steps=2 --set task.eval_every=0 \
+  --set "reward.program=[\"python3\", \"$work/echo.py\"]" > g.out 2>&1 || { cat g.out; fail "run g failed"; }
+db=runs/g/run.db
+check_of() { echo "(SELECT json_extract(c.value, '\$.detail') FROM json_each(samples.reward_detail, '\$.checks') c WHERE json_extract(c.value, '\$.name') = '$1')"; }
+good=$(sqlite3 $db "SELECT count(*) FROM samples WHERE $(check_of reward_program) = 'score 0.5'
+  AND $(check_of n_prompt_ids) = CAST(prompt_len AS TEXT)
+  AND $(check_of n_completion_ids) = CAST(n_tokens - prompt_len AS TEXT)
+  AND $(check_of answer_in_metadata) = '1' AND $(check_of prompt_is_user) = '1'
+  AND $(check_of completion_is_last_turn) = '1'")
+cut=$(sqlite3 $db "SELECT count(*) FROM samples WHERE reward_detail LIKE '%\"finished\"%'")
+paid=$(sqlite3 $db "SELECT count(*) FROM samples WHERE reward_detail LIKE '%\"finished\"%' AND reward > 0")
+[ "$paid" -eq 0 ] || fail "$paid of $cut cut-off samples were paid by the reward program"
+n=$(sqlite3 $db "SELECT count(*) FROM samples")
+[ "$n" -eq $((2 * B * G)) ] && [ "$good" -eq "$n" ] || fail "$good of $n requests carried the right ids, prompt and metadata"
+echo "ok: $n requests carried the sample's prompt and completion ids, prompt text and metadata; $cut cut off, paid 0"
