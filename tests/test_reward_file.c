@@ -191,6 +191,42 @@ START_TEST(test_constraints_and_agent)
 }
 END_TEST
 
+/* A demonstration of the built-in environment, as a file line naming the agent verifier:
+** its turns pass, the same turns with a wrong final answer fail. */
+static prl_status agent_demo(void *user, json_t *line)
+{
+    json_object_set_new(line, "verifier", json_string("agent"));
+    json_t *msgs = json_object_get(line, "messages");
+    size_t n = json_array_size(msgs), first = 2; /* system, user, then the demo's turns */
+    prl_chat_message t[32];
+    ck_assert_uint_le(n - first, 32);
+    for (size_t i = first; i < n; i++)
+        t[i - first] = (prl_chat_message){
+            json_string_value(json_object_get(json_array_get(msgs, i), "role")),
+            json_string_value(json_object_get(json_array_get(msgs, i), "content"))};
+    char *task = json_dumps(line, JSON_COMPACT);
+    prl_reward_result r;
+    assert_ok(prl_reward_score(task, t, n - first, &EXEC, &r));
+    ck_assert_double_eq(r.score, 1);
+    t[n - first - 1].content = "Answer: 999999";
+    assert_ok(prl_reward_score(task, t, n - first, &EXEC, &r));
+    ck_assert_double_eq(r.score, 0);
+    free(task);
+    ++*(int *)user;
+    return PRL_OK;
+}
+
+START_TEST(test_agent_demo_passes)
+{
+    prl_tasks_config tc;
+    prl_tasks_config_default(&tc, PRL_TASK_AGENT);
+    tc.n = 5, tc.demos = 1, tc.difficulty = 0;
+    int seen = 0;
+    assert_ok(prl_tasks_generate(&tc, agent_demo, &seen));
+    ck_assert_int_eq(seen, 5);
+}
+END_TEST
+
 static Suite *reward_file_suite(void)
 {
     Suite *s = suite_create("reward_file");
@@ -202,6 +238,7 @@ static Suite *reward_file_suite(void)
     tcase_add_test(tc, test_choice_verifier);
     tcase_add_test(tc, test_code_tests_and_asserts);
     tcase_add_test(tc, test_constraints_and_agent);
+    tcase_add_test(tc, test_agent_demo_passes);
     suite_add_tcase(s, tc);
     return s;
 }
