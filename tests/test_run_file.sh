@@ -63,7 +63,8 @@ launcher=$!
 killed=0
 for _ in $(seq 1 600); do
   if [ "$(steps_done f)" -ge 2 ]; then
-    for p in $(descendants "$launcher"); do
+    reward=$(pgrep -P "$launcher" -f "prl role reward" | head -n 1) # not the python tool's runs
+    for p in $(descendants "$reward"); do
       if tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "python3 .*main.py"; then
         kill -9 "$p" && killed=$((killed + 1))
       fi
