@@ -30,14 +30,6 @@ static prl_status keep_task(ctl *c, json_t *line)
     return PRL_OK;
 }
 
-/* Evaluations score with the line's verifier: a line scored only by a reward program has no
-** accuracy to measure. */
-static int evaluable(const json_t *line)
-{
-    const char *source = json_string_value(json_object_get(line, "source"));
-    return !source || json_object_get(line, "verifier");
-}
-
 static prl_status collect_task(void *user, json_t *line)
 {
     collector *k = user;
@@ -46,11 +38,11 @@ static prl_status collect_task(void *user, json_t *line)
     int is_eval = split && !strcmp(split, "eval");
     if (k->counting) {
         if (!is_eval) k->n_train++;
-        else if (evaluable(line) && k->n_eval < c->job->eval_problems) k->n_eval++;
+        else if (k->n_eval < c->job->eval_problems) k->n_eval++;
         return PRL_OK;
     }
     if (is_eval != k->eval) return PRL_OK;
-    if (is_eval && (!evaluable(line) || c->n_eval >= k->n_eval)) return PRL_OK;
+    if (is_eval && c->n_eval >= k->n_eval) return PRL_OK; /* the first eval_problems */
     prl_status rc = keep_task(c, line);
     if (!rc && is_eval) c->n_eval++;
     else if (!rc) c->n_tasks++;
