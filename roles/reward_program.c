@@ -1,7 +1,7 @@
 /*
 ** reward_program.c — reward.program (roles.h; docs/rewards.md "Reward programs"): the reward
-** worker's own scoring process, any program the sandbox can run (python3 or sh), started
-** once and kept: one JSON request line on its stdin per sample, one JSON reply line on its
+** worker's own scoring process — python3, sh or any interpreter under /usr with its script —
+** started once and kept: one JSON request line on its stdin per sample, one JSON reply line on its
 ** stdout.
 **
 ** It runs as an interactive sandbox run (sandbox.h own_stdio) in a thread of the worker,
@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum {
@@ -50,28 +51,47 @@ struct prl_reward_program {
 
 /* ---------------------------------------------------------------- the command ------ */
 
-/* reward.program's argv: [interpreter, script]; the interpreter is python3 or sh (the two
-** the sandbox runs), the script a readable file. */
-static prl_status parse_argv(const prl_job_config *job, char *lang, size_t n, char *path, size_t pn)
+/* An interpreter named on its own ("node") as the file in /usr/bin or /usr/local/bin, or
+** an absolute path; it must be an executable file under /usr (what the sandbox shows). */
+static prl_status find_interpreter(const char *name, char *path, size_t n)
+{
+    static const char *const dirs[] = {"/usr/bin", "/usr/local/bin"};
+    struct stat st;
+    for (int i = 0; i < 2 && name[0] != '/'; i++) {
+        snprintf(path, n, "%s/%s", dirs[i], name);
+        if (!stat(path, &st) && S_ISREG(st.st_mode)) break;
+    }
+    if (name[0] == '/') snprintf(path, n, "%s", name);
+    if (strncmp(path, "/usr/", 5) || strstr(path, "/../") || stat(path, &st) ||
+        !S_ISREG(st.st_mode) || !(st.st_mode & S_IXOTH))
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "reward.program: interpreter '%s' is not an executable file under "
+                             "/usr (the sandbox shows /usr only)",
+                             name);
+    return PRL_OK;
+}
+
+/* reward.program's argv: [interpreter, script]. python3 and sh are the sandbox's own
+** languages; any other interpreter under /usr runs the script as lang "interpreter". */
+static prl_status parse_argv(const prl_job_config *job, char *lang, size_t n, char *interp,
+                             size_t in, char *path, size_t pn)
 {
     json_error_t je;
     json_t *a = json_loads(job->reward_program, 0, &je);
-    const char *interp = json_string_value(json_array_get(a, 0));
+    const char *cmd = json_string_value(json_array_get(a, 0));
     const char *script = json_string_value(json_array_get(a, 1));
-    const char *base = interp ? strrchr(interp, '/') : NULL;
-    base = base ? base + 1 : interp;
+    const char *base = cmd ? strrchr(cmd, '/') : NULL;
+    base = base ? base + 1 : cmd;
     prl_status rc = PRL_OK;
-    if (json_array_size(a) != 2 || !interp || !script)
+    interp[0] = 0;
+    if (json_array_size(a) != 2 || !cmd || !script)
         rc = prl_error_set(PRL_ERR_CONFIG,
                            "reward.program must be [INTERPRETER, SCRIPT], e.g. [\"python3\", "
                            "\"my_reward.py\"] (got %s)",
                            job->reward_program);
-    else if (strcmp(base, "python3") && strcmp(base, "sh"))
-        rc = prl_error_set(PRL_ERR_CONFIG,
-                           "reward.program: interpreter '%s' is not python3 or sh (the sandbox "
-                           "runs those two; start another language from an sh script)",
-                           interp);
-    else snprintf(lang, n, "%s", base), snprintf(path, pn, "%s", script);
+    else if (!strcmp(base, "python3") || !strcmp(base, "sh")) snprintf(lang, n, "%s", base);
+    else if (!(rc = find_interpreter(cmd, interp, in))) snprintf(lang, n, "interpreter");
+    if (!rc) snprintf(path, pn, "%s", script);
     json_decref(a);
     return rc;
 }
@@ -79,9 +99,9 @@ static prl_status parse_argv(const prl_job_config *job, char *lang, size_t n, ch
 prl_status prl_reward_program_check(const prl_job_config *job)
 {
     if (!prl_job_has_reward_program(job)) return PRL_OK;
-    char lang[16], path[1024], *text = NULL;
+    char lang[16], interp[1024], path[1024], *text = NULL;
     size_t len = 0;
-    prl_status rc = parse_argv(job, lang, sizeof lang, path, sizeof path);
+    prl_status rc = parse_argv(job, lang, sizeof lang, interp, sizeof interp, path, sizeof path);
     if (!rc && prl_file_read(path, &text, &len))
         rc = prl_error_set(PRL_ERR_CONFIG, "reward.program: cannot read the script '%s'", path);
     else if (!rc && len == 0)
@@ -239,13 +259,15 @@ prl_status prl_reward_program_open(prl_reward_program **out, const prl_job_confi
     *out = NULL;
     prl_reward_program *p = calloc(1, sizeof *p);
     if (!p) return prl_error_set(PRL_ERR_NOMEM, "reward program");
-    char path[1024];
-    prl_status rc = parse_argv(job, p->lang, sizeof p->lang, path, sizeof path);
+    char path[1024], interp[1024];
+    prl_status rc =
+        parse_argv(job, p->lang, sizeof p->lang, interp, sizeof interp, path, sizeof path);
     if (!rc) rc = prl_file_read(path, &p->script, &p->script_len);
     prl_sandbox_options so;
     prl_sandbox_options_default(&so);
     so.slots = 1;
     so.uid_base = UID_BASE + (unsigned)worker_index;
+    so.interpreter = interp[0] ? interp : NULL;
     if (job->reward_network) so.disable = PRL_SANDBOX_NETNS; /* reward.network: the host's */
     if (!rc) rc = prl_sandbox_init(&p->sb, &so);
     p->timeout = job->reward_timeout;

@@ -50,7 +50,8 @@ prl_status prl_role_reward_run(const prl_worker_options *o);
 ** process in the sandbox, one JSON line each way per sample; restarted when it dies or
 ** hangs. */
 typedef struct prl_reward_program prl_reward_program;
-/* reward.program's command is [python3|sh, SCRIPT] and the script can be read (prl run
+/* reward.program's command is [INTERPRETER, SCRIPT] — python3, sh, or an executable under
+** /usr (a name is looked up in /usr/bin, /usr/local/bin) — and the script can be read (prl run
 ** checks it before any process starts); PRL_OK without a program. */
 prl_status prl_reward_program_check(const prl_job_config *job);
 /* A program for reward worker `worker_index` (its sandbox's uid range); not started yet. */

@@ -42,9 +42,14 @@ static prl_status check_request(const prl_sandbox *sb, int slot, const prl_sandb
                              sb->n_slots - 1);
     if (!req || !req->lang)
         return prl_error_set(PRL_ERR_ARG, "sandbox: the request has no language");
-    if (strcmp(req->lang, "python3") != 0 && strcmp(req->lang, "sh") != 0)
-        return prl_error_set(PRL_ERR_ARG, "sandbox: unknown language '%.64s' (known: python3, sh)",
+    int other = !strcmp(req->lang, "interpreter");
+    if (strcmp(req->lang, "python3") != 0 && strcmp(req->lang, "sh") != 0 && !other)
+        return prl_error_set(PRL_ERR_ARG,
+                             "sandbox: unknown language '%.64s' (known: python3, sh, interpreter)",
                              req->lang);
+    if (other && !sb->interpreter[0])
+        return prl_error_set(PRL_ERR_ARG,
+                             "sandbox: language 'interpreter' needs options.interpreter");
     if (!req->program || req->program_len == 0)
         return prl_error_set(PRL_ERR_ARG, "sandbox: the program is empty");
     const char *nul = memchr(req->program, 0, req->program_len);
@@ -71,19 +76,19 @@ static void build_spawn(const prl_sandbox *sb, const sbx_slot *s, const prl_sand
                         size_t prog_n)
 {
     int mnt = (sb->layers & PRL_SANDBOX_MNTNS) != 0;
-    int py = !strcmp(req->lang, "python3");
+    int py = !strcmp(req->lang, "python3"), other = !strcmp(req->lang, "interpreter");
     sp->sb = sb;
     sp->slot = s;
     sp->layers = sb->layers;
     sp->lim = *lim;
     sp->program = req->program;
     sp->program_len = req->program_len;
-    sp->program_name = py ? "main.py" : "main.sh";
+    sp->program_name = py ? "main.py" : other ? "main" : "main.sh";
     sp->workdir = mnt ? "/sandbox" : s->work;
     const char *tmp = mnt ? "/tmp" : s->tmp;
     snprintf(prog_path, prog_n, "%s/%s", sp->workdir, sp->program_name);
     int a = 0;
-    sp->argv[a++] = py ? sb->python3 : sb->sh;
+    sp->argv[a++] = py ? sb->python3 : other ? sb->interpreter : sb->sh;
     if (py) { /* isolated mode (no user site, no PYTHON* env), no .pyc, unbuffered */
         sp->argv[a++] = "-I";
         sp->argv[a++] = "-B";

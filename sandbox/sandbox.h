@@ -127,6 +127,8 @@ typedef struct prl_sandbox_options {
                                 sandboxes on one host need disjoint uid ranges */
     const char *python3;          /* interpreter, must live under /usr (default /usr/bin/python3) */
     const char *sh;               /* shell (default /bin/sh) */
+    const char *interpreter;      /* lang "interpreter": another language's interpreter (e.g.
+                                     /usr/bin/node), an absolute path under /usr (NULL: none) */
 } prl_sandbox_options;
 
 void prl_sandbox_options_default(prl_sandbox_options *opt);
@@ -145,7 +147,7 @@ unsigned prl_sandbox_slot_uid(const prl_sandbox *sb, int slot);
 /* ---------------------------------------------------------------- runs ------------- */
 
 typedef struct prl_sandbox_request {
-    const char *lang;    /* "python3" or "sh" */
+    const char *lang;    /* "python3", "sh", or "interpreter" (options.interpreter) */
     const char *program; /* program text (borrowed; no NUL bytes), program_len bytes */
     size_t program_len;
     const char *stdin_data; /* bytes fed to the program's stdin, then EOF (NULL: empty) */

@@ -3,11 +3,13 @@
 ** protocol of docs/rewards.md "Reward programs" with real programs in the sandbox — good
 ** replies with a breakdown, every kind of bad reply (recorded on the sample, the program
 ** kept), a program that dies mid-request and one that hangs (restarted, the request asked
-** again and answered), one that never starts (an error after 3 tries), and the config checks.
+** again and answered), one that never starts (an error after 3 tries), programs in Perl and
+** Node, and the config checks.
 */
 #include "roles/roles.h"
 
 #include "tests/check_util.h"
+#include <unistd.h>
 
 static char dir[] = "/tmp/prl-reward-program-XXXXXX";
 
@@ -160,9 +162,12 @@ START_TEST(test_config_checks)
 {
     prl_job_config job;
     job_with(&job, "r.py", PROGRAM, 1.0);
-    assert_ok(prl_job_config_set(&job, "reward.program=[\"node\", \"r.js\"]"));
+    assert_ok(prl_job_config_set(&job, "reward.program=[\"no-such-interpreter\", \"r.js\"]"));
     ck_assert_int_eq(prl_reward_program_check(&job), PRL_ERR_CONFIG);
-    assert_msg_has("python3 or sh");
+    assert_msg_has("not an executable file under /usr");
+    assert_ok(prl_job_config_set(&job, "reward.program=[\"/tmp/../usr/bin/perl\", \"r.pl\"]"));
+    ck_assert_int_eq(prl_reward_program_check(&job), PRL_ERR_CONFIG);
+    assert_msg_has("/tmp/../usr/bin/perl");
     assert_ok(prl_job_config_set(&job, "reward.program=[\"python3\", \"/nonexistent.py\"]"));
     ck_assert_int_eq(prl_reward_program_check(&job), PRL_ERR_CONFIG);
     assert_msg_has("/nonexistent.py");
@@ -174,6 +179,44 @@ START_TEST(test_config_checks)
     assert_ok(prl_job_config_set(&job, "reward.program=[]"));
     ck_assert_int_eq(prl_job_config_set(&job, "reward.network=true"), PRL_ERR_CONFIG);
     assert_msg_has("'reward.network' needs reward.program");
+    prl_job_config_free(&job);
+}
+END_TEST
+
+/* Any interpreter under /usr: the same protocol from a Perl program (Debian's perl-base is
+** always there) and, when Node is installed, from a Node one. */
+START_TEST(test_other_languages)
+{
+    static const char *const progs[2][3] = {
+        {"perl", "r.pl",
+         "$| = 1;\nwhile (my $l = <STDIN>) { print \"{\\\"score\\\": 0.25}\\n\"; }\n"},
+        {"node", "r.js",
+         "const rl = require('readline').createInterface({input: process.stdin});\n"
+         "rl.on('line', (l) => { const q = JSON.parse(l);\n"
+         "  process.stdout.write(JSON.stringify({score: q.completion.length / 100}) + '\\n'); "
+         "});\n"}};
+    const char *which = progs[_i][0];
+    char bin[64];
+    snprintf(bin, sizeof bin, "/usr/bin/%s", which);
+    if (_i == 1 && access(bin, X_OK)) {
+        fprintf(stderr, "test_other_languages: no %s here, Node case not run\n", bin);
+        return;
+    }
+    prl_job_config job;
+    job_with(&job, progs[_i][1], progs[_i][2], 10);
+    char set[800];
+    snprintf(set, sizeof set, "reward.program=[\"%s\", \"%s/%s\"]", which, dir, progs[_i][1]);
+    assert_ok(prl_job_config_set(&job, set));
+    assert_ok(prl_reward_program_check(&job));
+    prl_reward_program *p;
+    assert_ok(prl_reward_program_open(&p, &job, 0));
+    prl_reward_result r;
+    for (int i = 0; i < 2; i++) {
+        assert_ok(prl_reward_program_score(p, request("good"), &r));
+        ck_assert_double_eq_tol(r.score, _i ? 0.09 : 0.25, 1e-12);
+    }
+    ck_assert_uint_eq(prl_reward_program_restarts(p), 0);
+    prl_reward_program_close(p);
     prl_job_config_free(&job);
 }
 END_TEST
@@ -190,6 +233,7 @@ static Suite *reward_program_suite(void)
     tcase_add_loop_test(tc, test_dies_or_hangs_then_restarts, 0, 2);
     tcase_add_test(tc, test_never_answers_is_an_error);
     tcase_add_test(tc, test_config_checks);
+    tcase_add_loop_test(tc, test_other_languages, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

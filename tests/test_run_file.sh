@@ -48,8 +48,8 @@ expect_refused "its field" "answer" "check start" --set task.path=bad.jsonl
 echo '{"prompt": "x", "verifier": "code", "tests": [{"stdin": "1"}]}' > bad2.jsonl
 expect_refused "code test" "bad2.jsonl:1: field 'tests'" "check start" --set task.path=bad2.jsonl
 expect_refused "no prompt file" "task.path" "check start" --set task.path=missing.jsonl
-expect_refused "reward program language" "python3 or sh" "check start" \
-  --set 'reward.program=["node", "r.js"]'
+expect_refused "reward program interpreter" "not an executable file under /usr" "check start" \
+  --set 'reward.program=["no-such-interpreter", "r.js"]'
 expect_refused "reward program script" "missing.py" "check start" \
   --set 'reward.program=["python3", "missing.py"]'
 
