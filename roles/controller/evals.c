@@ -100,22 +100,20 @@ static json_t *tally_json(const tally *t, int k)
 ** {n, accuracy, mean_score, [pass_k]}}}. */
 static json_t *report(const ctl *c, const step_run *r)
 {
-    int k = r->gsize - 1, G = r->gsize;
-    tally all = {0};
-    json_t *by = json_object();
-    for (int i = 0; by && i < r->n; i++) {
-        const group *g = &r->g[i];
-        const char *kind = problem_kind(c, g);
-        tally_add(&all, g, G);
-        tally t = {0};
-        for (int m = 0; m < r->n; m++) /* once per kind, at its first problem */
-            if (!strcmp(problem_kind(c, &r->g[m]), kind)) {
-                if (m < i) break;
-                tally_add(&t, &r->g[m], G);
-            }
-        if (t.n) json_object_set_new(by, kind, tally_json(&t, k));
+    enum { MAX_KINDS = 16 }; /* verifier names and domains: a handful */
+    int k = r->gsize - 1, G = r->gsize, nk = 0;
+    const char *kinds[MAX_KINDS];
+    tally all = {0}, per[MAX_KINDS] = {{0}};
+    for (int i = 0; i < r->n; i++) {
+        const char *kind = problem_kind(c, &r->g[i]);
+        int at = 0;
+        while (at < nk && strcmp(kinds[at], kind)) at++;
+        if (at == nk && nk < MAX_KINDS) kinds[nk++] = kind;
+        tally_add(&all, &r->g[i], G);
+        if (at < nk) tally_add(&per[at], &r->g[i], G);
     }
-    json_t *o = tally_json(&all, k);
+    json_t *o = tally_json(&all, k), *by = json_object();
+    for (int i = 0; by && i < nk; i++) json_object_set_new(by, kinds[i], tally_json(&per[i], k));
     if (!o || !by) return json_decref(o), json_decref(by), NULL;
     json_object_set_new(o, "version", json_integer(r->eval_version));
     json_object_set_new(o, "k", json_integer(k > 1 ? k : 1));
