@@ -103,14 +103,11 @@ static prl_status start(play *p, const prl_tokenizer *tok, int index)
     free(ids);
     p->ep->prompt_len = p->ep->n;
     if (rc || p->domain != PRL_TASK_AGENT) return rc;
-    json_t *env = json_object_get(p->task, "env");
-    json_t *seed = json_object_get(env, "seed"), *diff = json_object_get(env, "difficulty");
-    if (!json_is_integer(seed) || !json_is_integer(diff))
-        return prl_error_set(PRL_ERR_FORMAT,
-                             "task %d: agent task needs env.seed and env.difficulty", index);
+    prl_agent_task t; /* {seed, difficulty} or a world and goal of a prompt file's own */
+    if ((rc = prl_agent_task_from_spec(json_object_get(p->task, "env"), &t)))
+        return prl_error_wrap(rc, "task %d: ", index);
     if ((rc = prl_agent_env_init(&p->env))) return rc;
-    return prl_agent_env_reset(p->env, (uint64_t)json_integer_value(seed),
-                               (int)json_integer_value(diff), NULL);
+    return prl_agent_env_reset_task(p->env, &t, NULL);
 }
 
 /* `<|tool|> text <|end|> <|assistant|>` after a model turn (never trained on). */

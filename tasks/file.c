@@ -108,11 +108,8 @@ static prl_status prompt_messages(const file_ctx *f, json_t *line, const char *v
     if (!verifier || strcmp(verifier, "agent"))
         return bad(f, "prompt", "missing: a line needs \"prompt\" (text) or \"messages\" (chat)");
     prl_agent_task t;
-    json_t *env = json_object_get(line, "env");
-    prl_status rc =
-        prl_agent_task_make((uint64_t)json_integer_value(json_object_get(env, "seed")),
-                            (int)json_integer_value(json_object_get(env, "difficulty")), &t);
-    if (rc) return bad(f, "env", "%s", prl_error_message());
+    if (prl_agent_task_from_spec(json_object_get(line, "env"), &t))
+        return bad(f, "env", "%s", prl_error_message());
     json_t *m = tasks__prompt(prl_agent_system_prompt(), t.prompt);
     if (!m || json_object_set_new(line, "messages", m)) return prl_error_set(PRL_ERR_NOMEM, "env");
     return PRL_OK;
@@ -170,13 +167,9 @@ static prl_status check_verifier_fields(const file_ctx *f, const json_t *line, c
         if (!json_is_array(c) || json_array_size(c) == 0)
             return bad(f, "constraints", "must be a non-empty array of constraint objects");
     }
-    if (!strcmp(v, "agent")) {
-        json_t *env = json_object_get(line, "env");
-        json_t *seed = json_object_get(env, "seed"), *d = json_object_get(env, "difficulty");
-        if (!json_is_integer(seed) || json_integer_value(seed) < 0 || !json_is_integer(d) ||
-            json_integer_value(d) < 1 || json_integer_value(d) > 3)
-            return bad(f, "env", "agent needs {\"seed\": N >= 0, \"difficulty\": 1..3}");
-    }
+    prl_agent_task t; /* {seed, difficulty} or a world and goal: one the environment plays */
+    if (!strcmp(v, "agent") && prl_agent_task_from_spec(json_object_get(line, "env"), &t))
+        return bad(f, "env", "%s", prl_error_message());
     return PRL_OK;
 }
 

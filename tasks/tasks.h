@@ -189,6 +189,12 @@ typedef struct prl_agent_task {
 
 /* The episode of (seed, difficulty 1..3). Pure. */
 prl_status prl_agent_task_make(uint64_t seed, int difficulty, prl_agent_task *t);
+/* The episode of a JSON spec (a task's "env"): {"seed", "difficulty"} as prl_agent_task_make,
+** or a world and goal of one's own {"items": [{"name", "stock", "price"}] (1..4), "goal":
+** price | stock | set_price | cost | sell | restock | value | cheapest | sell_cost, "item",
+** "item2" (value), "amount" (set_price, cost, sell, restock, sell_cost)} (docs/tasks.md
+** "Prompt files"). PRL_ERR_FORMAT naming the field that the environment could not play. */
+prl_status prl_agent_task_from_spec(const json_t *env, prl_agent_task *t);
 /* The system message listing the tools (the same for every episode). */
 const char *prl_agent_system_prompt(void);
 /* "pear: stock 9, price 4, plum: ..." — canonical text of a world (for splits, logs). */
@@ -208,6 +214,9 @@ typedef struct prl_agent_step {
 prl_status prl_agent_env_init(prl_agent_env **env);
 /* Start the episode of (seed, difficulty); *task (may be NULL) gets the episode
 ** description, owned by the env and valid until the next reset. */
+/* Start the episode of task t (copied: from a spec, prl_agent_task_from_spec). */
+prl_status prl_agent_env_reset_task(prl_agent_env *env, const prl_agent_task *t,
+                                    const prl_agent_task **task);
 prl_status prl_agent_env_reset(prl_agent_env *env, uint64_t seed, int difficulty,
                                const prl_agent_task **task);
 /* Play one assistant turn. A turn with a tool call runs it and returns its observation

@@ -216,6 +216,31 @@ static prl_status agent_demo(void *user, json_t *line)
     return PRL_OK;
 }
 
+/* A world and goal of the line's own: the environment plays it, the verifier judges it. */
+START_TEST(test_agent_own_world)
+{
+    const char *task = "{\"domain\": \"agent\", \"verifier\": \"agent\", \"messages\": "
+                       "[{\"role\": \"user\", \"content\": \"Sell 2 pears. What is the new "
+                       "stock?\"}], \"env\": {\"items\": [{\"name\": \"pear\", \"stock\": 9, "
+                       "\"price\": 4}, {\"name\": \"fig\", \"stock\": 1, \"price\": 2}], "
+                       "\"goal\": \"sell\", \"item\": \"pear\", \"amount\": 2}}";
+    prl_chat_message t[5] = {
+        {"assistant", "<|tool_call|>lookup item=pear<|/tool_call|>"},
+        {"tool", "pear: stock 9, price 4"},
+        {"assistant", "<|tool_call|>update item=pear field=stock value=7<|/tool_call|>"},
+        {"tool", "pear: stock 7, price 4"},
+        {"assistant", "Answer: 7"}};
+    prl_reward_result r;
+    assert_ok(prl_reward_score(task, t, 5, &EXEC, &r));
+    ck_assert_double_eq(r.score, 1);
+    assert_ok(prl_reward_score(task, t + 4, 1, &EXEC, &r)); /* the answer without the update */
+    ck_assert_double_eq(r.score, 0);
+    t[3].content = "pear: stock 8, price 4"; /* a forged observation */
+    assert_ok(prl_reward_score(task, t, 5, &EXEC, &r));
+    ck_assert_double_eq(r.score, 0);
+}
+END_TEST
+
 START_TEST(test_agent_demo_passes)
 {
     prl_tasks_config tc;
@@ -239,6 +264,7 @@ static Suite *reward_file_suite(void)
     tcase_add_test(tc, test_code_tests_and_asserts);
     tcase_add_test(tc, test_constraints_and_agent);
     tcase_add_test(tc, test_agent_demo_passes);
+    tcase_add_test(tc, test_agent_own_world);
     suite_add_tcase(s, tc);
     return s;
 }

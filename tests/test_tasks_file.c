@@ -65,11 +65,14 @@ START_TEST(test_lines_become_tasks)
         "{\"prompt\": \"Write\", \"verifier\": \"constraints\", \"constraints\": "
         "[{\"type\": \"include\", \"word\": \"red\"}]}\n"
         "{\"verifier\": \"agent\", \"env\": {\"seed\": 3, \"difficulty\": 1}}\n"
-        "{\"prompt\": \"Add one\", \"verifier\": \"code\", \"asserts\": [\"assert f(1) == 2\"]}\n",
+        "{\"prompt\": \"Add one\", \"verifier\": \"code\", \"asserts\": [\"assert f(1) == 2\"]}\n"
+        "{\"verifier\": \"agent\", \"env\": {\"items\": [{\"name\": \"pear\", \"stock\": 9, "
+        "\"price\": 4}, {\"name\": \"fig\", \"stock\": 1, \"price\": 2}], \"goal\": \"sell\", "
+        "\"item\": \"pear\", \"amount\": 2}}\n",
         p, sizeof p);
     json_t *a;
     assert_ok(read_all(p, &a));
-    ck_assert_uint_eq(json_array_size(a), 5);
+    ck_assert_uint_eq(json_array_size(a), 6);
     json_t *m = json_array_get(a, 0);
     ck_assert_str_eq(str(m, "id"), "a.jsonl:1");
     ck_assert_str_eq(str(m, "domain"), "reasoning");
@@ -88,6 +91,8 @@ START_TEST(test_lines_become_tasks)
     ck_assert_str_eq(str(ag, "domain"), "agent");
     ck_assert_str_eq(str(json_array_get(json_object_get(ag, "messages"), 0), "role"), "system");
     ck_assert_str_eq(str(json_array_get(a, 4), "domain"), "coding");
+    json_t *own = json_array_get(json_object_get(json_array_get(a, 5), "messages"), 1);
+    ck_assert_str_eq(str(own, "content"), "Sell 2 pears. What is the new stock?"); /* its goal */
     json_decref(a);
 }
 END_TEST
@@ -189,6 +194,24 @@ static const struct {
      "\"colour\"}]}",
      "unknown type 'colour'"},
     {"{\"verifier\": \"agent\", \"env\": {\"seed\": 1, \"difficulty\": 7}}", "field 'env'"},
+    {"{\"verifier\": \"agent\", \"env\": {\"items\": [{\"name\": \"pear\", \"stock\": 2, "
+     "\"price\": 3}], \"goal\": \"haggle\", \"item\": \"pear\"}}",
+     "field 'env': agent env: \"goal\" must be one of"},
+    {"{\"verifier\": \"agent\", \"env\": {\"items\": [{\"name\": \"pear\", \"stock\": 2, "
+     "\"price\": 3}], \"goal\": \"price\", \"item\": \"fig\"}}",
+     "\"item\" must name an item"},
+    {"{\"verifier\": \"agent\", \"env\": {\"items\": [{\"name\": \"pear\", \"stock\": 2, "
+     "\"price\": 3}], \"goal\": \"sell\", \"item\": \"pear\", \"amount\": 5}}",
+     "\"amount\" is more than the item's stock"},
+    {"{\"verifier\": \"agent\", \"env\": {\"items\": [{\"name\": \"pear\", \"stock\": 2, "
+     "\"price\": 3}, {\"name\": \"fig\", \"stock\": 1, \"price\": 3}], \"goal\": \"cheapest\"}}",
+     "strictly cheapest"},
+    {"{\"verifier\": \"agent\", \"env\": {\"items\": [{\"name\": \"Pear!\", \"stock\": 2, "
+     "\"price\": 3}], \"goal\": \"price\", \"item\": \"Pear!\"}}",
+     "names of 1..11 letters"},
+    {"{\"verifier\": \"agent\", \"env\": {\"items\": [{\"name\": \"pear\", \"stock\": 2, "
+     "\"price\": 0}], \"goal\": \"price\", \"item\": \"pear\"}}",
+     "price 1..999999"},
     {"{\"prompt\": \"a\", \"verifier\": \"math\", \"answer\": 1, \"split\": \"test\"}",
      "field 'split'"},
     {"{\"prompt\": \"a\", \"verifier\": \"math\", \"answer\": 1, \"id\": 5}", "field 'id'"},
