@@ -7,7 +7,11 @@
 #     kill -9 mid-run it is restarted and nothing is lost or counted twice (run.db: B·G·steps
 #     samples, one per key, each scored by the program; the worker's log names the restart);
 #   - the in-run evaluations of task.eval_every are in run.db (event `eval`), and the prompts
-#     keep their metadata.
+#     keep their metadata;
+#   - a program is sent the sample's ids, prompt, completion and metadata; cut-off samples are
+#     never paid;
+#   - a line of each built-in verifier (an agent world of the line's own among them) is played
+#     and scored in one run.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
 work=$(mktemp -d /tmp/prl-run-file-XXXXXX)
@@ -129,3 +133,26 @@ paid=$(sqlite3 $db "SELECT count(*) FROM samples WHERE reward_detail LIKE '%\"fi
 n=$(sqlite3 $db "SELECT count(*) FROM samples")
 [ "$n" -eq $((2 * B * G)) ] && [ "$good" -eq "$n" ] || fail "$good of $n requests carried the right ids, prompt and metadata"
 echo "ok: $n requests carried the sample's prompt and completion ids, prompt text and metadata; $cut cut off, paid 0"
+
+# ---- every built-in verifier in one run: a line of each, trained and scored (no program)
+cat > mixed.jsonl <<'JL'
+{"id": "m", "prompt": "What is 2 + 3?", "verifier": "math", "answer": "5", "split": "train"}
+{"id": "c", "prompt": "Capital of Peru? A) Lima B) Quito", "verifier": "choice", "answer": "A", "split": "train"}
+{"id": "k", "prompt": "Define inc(n) returning n + 1.", "verifier": "code", "asserts": ["assert inc(1) == 2"], "tests": [{"stdin": "", "stdout": ""}], "split": "train"}
+{"id": "g", "prompt": "Write about rain.", "verifier": "constraints", "constraints": [{"type": "include", "word": "red"}], "split": "train"}
+{"id": "a", "verifier": "agent", "env": {"items": [{"name": "pear", "stock": 9, "price": 4}], "goal": "price", "item": "pear"}, "split": "train"}
+{"id": "e", "verifier": "agent", "env": {"seed": 5, "difficulty": 2}, "split": "eval"}
+JL
+$prl run job.json --set run.name=h --set task.path=mixed.jsonl --set controller.steps=2 \
+  --set rollout.batch_prompts=5 --set task.eval_every=1 --set 'reward.program=[]' > h.out 2>&1 \
+  || { cat h.out; fail "run h failed"; }
+db=runs/h/run.db
+for pair in m:answer c:answer k:format g:include a:end_state; do # a random policy: no code runs
+  id=${pair%%:*} check=${pair#*:}
+  got=$(sqlite3 $db "SELECT count(*) FROM samples, json_each(samples.reward_detail, '\$.checks') c
+    WHERE prompt_id = '$id' AND json_extract(c.value, '\$.name') = '$check'")
+  [ "$got" -eq $((2 * G)) ] || fail "prompt $id: $got samples with the check $check, not $((2 * G))"
+done
+evals=$(sqlite3 $db "SELECT count(*) FROM events WHERE kind = 'eval' AND json_extract(detail, '\$.by.agent.n') = 1")
+[ "$evals" -eq 3 ] || fail "$evals evaluations of the agent eval line, not 3"
+echo "ok: math, choice, code, constraints and agent lines scored by their verifiers in one run"
