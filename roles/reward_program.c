@@ -149,6 +149,16 @@ static prl_status start(prl_reward_program *p)
     return PRL_OK;
 }
 
+/* The last line of the ended run's stderr (a traceback's message) into out ("" if none). */
+static void last_stderr_line(const prl_reward_program *p, char *out, size_t n)
+{
+    const char *err = p->last.err ? p->last.err : "";
+    size_t end = strlen(err), start;
+    while (end > 0 && (err[end - 1] == '\n' || err[end - 1] == ' ')) end--;
+    for (start = end; start > 0 && err[start - 1] != '\n';) start--;
+    snprintf(out, n, "%.*s", (int)(end - start < n ? end - start : n - 1), err + start);
+}
+
 /* Stop the program (whatever it is doing) and reap its run. */
 static void stop(prl_reward_program *p, const char *why)
 {
@@ -159,10 +169,8 @@ static void stop(prl_reward_program *p, const char *why)
     close(p->rep_r);
     p->running = 0;
     if (why) {
-        char last[160] = "";
-        const char *err = p->last.err ? p->last.err : "";
-        const char *nl = strrchr(err, '\n');
-        snprintf(last, sizeof last, "%.150s", nl && nl[1] ? nl + 1 : err);
+        char last[160];
+        last_stderr_line(p, last, sizeof last);
         fprintf(stderr, "[reward] reward program stopped (%s): %s %s%s%s\n", why,
                 prl_sandbox_status_name(p->last.status), p->last.reason,
                 last[0] ? "; stderr: " : "", last);
@@ -299,6 +307,9 @@ prl_status prl_reward_program_score(prl_reward_program *p, const char *request,
         }
         snprintf(why, sizeof why, "%s", prl_error_message());
         stop(p, why); /* died, hung or garbled: start afresh and ask again */
+        char last[160];
+        last_stderr_line(p, last, sizeof last);
+        if (last[0]) snprintf(why + strlen(why), sizeof why - strlen(why), "; stderr: %s", last);
         p->restarts++;
     }
     return prl_error_set(rc, "reward program: %s (%d tries)", why, MAX_TRIES);

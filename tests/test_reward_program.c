@@ -146,12 +146,13 @@ END_TEST
 START_TEST(test_never_answers_is_an_error)
 {
     prl_job_config job;
-    job_with(&job, "r.py", "import sys\nsys.exit(2)\n", 1.0);
+    job_with(&job, "r.py", "import sys\nsys.stdin.readline()\nraise ValueError('it broke')\n", 1.0);
     prl_reward_program *p;
     assert_ok(prl_reward_program_open(&p, &job, 0));
     prl_reward_result r;
     ck_assert_int_ne(prl_reward_program_score(p, request("good"), &r), PRL_OK);
     assert_msg_has("3 tries");
+    assert_msg_has("stderr: ValueError: it broke"); /* the reason reaches the sample's detail */
     ck_assert_uint_eq(prl_reward_program_restarts(p), 3);
     prl_reward_program_close(p);
     prl_job_config_free(&job);
