@@ -47,12 +47,38 @@ static prl_status write_job(const char *run_dir, const prl_job_config *job)
     return bad ? prl_error_set(PRL_ERR_IO, "cannot write %s: %s", path, strerror(errno)) : PRL_OK;
 }
 
+static prl_status count_line(void *user, json_t *line)
+{
+    const char *split = json_string_value(json_object_get(line, "split"));
+    ((int *)user)[split && !strcmp(split, "eval")]++;
+    return PRL_OK;
+}
+
+/* task.source = file: every line of the prompt file is read and checked (a bad one names
+** FILE:LINE and the field), and a split must not come out empty. */
+static prl_status check_prompt_file(const prl_job_config *job)
+{
+    if (strcmp(job->task_source, "file")) return PRL_OK;
+    int n[2] = {0, 0};
+    prl_tasks_file_options fo = {.require_verifier = !prl_job_has_reward_program(job)};
+    prl_status rc = prl_reward_file_read(job->task_path, &fo, count_line, n);
+    if (rc) return prl_error_wrap(rc, "task.path: ");
+    if (n[0] == 0)
+        return prl_error_set(PRL_ERR_CONFIG, "task.path: %s has no line in the train split",
+                             job->task_path);
+    fprintf(stderr, "prl run: %s: %d train and %d eval prompts\n", job->task_path, n[0], n[1]);
+    return PRL_OK;
+}
+
 /* Every check that needs the file system or another module's rules, before any process
-** starts (the trainer's precision and loss scaler: grpo/scaling.c). */
+** starts (the trainer's precision and loss scaler: grpo/scaling.c; the prompt file; the
+** reward program). */
 static prl_status check_inputs(const prl_job_config *job)
 {
     prl_grpo_precision prec;
     prl_status rc = prl_grpo_precision_from_job(&prec, job);
+    if (!rc) rc = check_prompt_file(job);
+    if (!rc) rc = prl_reward_program_check(job);
     if (rc) return rc;
     char p[1200];
     snprintf(p, sizeof p, "%s/config.json", job->init);

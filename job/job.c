@@ -27,6 +27,10 @@ static const prl_key_spec keys[] = {
     {"task.mix.agent", PRL_KEY_REAL, F(mix[2]), 0, 100, "1.0", NULL},
     {"task.mix.coding", PRL_KEY_REAL, F(mix[3]), 0, 100, "1.0", NULL},
     {"task.eval_problems", PRL_KEY_INT, F(eval_problems), 1, 1e6, "100", NULL},
+    {"task.source", PRL_KEY_STR, F(task_source), 0, 0, "\"generate\"", "generate|file"},
+    {"task.path", PRL_KEY_STR, F(task_path), 0, 0, "\"\"", NULL},
+    {"task.eval_every", PRL_KEY_INT, F(eval_every), 0, 1e9, "0", NULL},
+    {"task.eval_samples", PRL_KEY_INT, F(eval_samples), 1, 64, "1", NULL},
     {"rollout.workers", PRL_KEY_INT, F(rollout_workers), 1, 64, "1", NULL},
     {"rollout.batch_prompts", PRL_KEY_INT, F(batch_prompts), 1, 4096, "8", NULL},
     {"rollout.group_size", PRL_KEY_INT, F(group_size), 1, 1024, "8", NULL},
@@ -39,6 +43,8 @@ static const prl_key_spec keys[] = {
     {"rollout.threads", PRL_KEY_INT, F(rollout_threads), 0, 256, "0", NULL},
     {"reward.workers", PRL_KEY_INT, F(reward_workers), 1, 64, "1", NULL},
     {"reward.timeout", PRL_KEY_REAL, F(reward_timeout), 0.01, 3600, "2.0", NULL},
+    {"reward.program", PRL_KEY_ARGV, F(reward_program), 0, 64, "[]", NULL},
+    {"reward.network", PRL_KEY_BOOL, F(reward_network), 0, 1, "false", NULL},
     {"sandbox.slots", PRL_KEY_INT, F(sandbox_slots), 1, 256, "2", NULL},
     {"trainer.threads", PRL_KEY_INT, F(trainer_threads), 0, 256, "0", NULL},
     {"trainer.precision", PRL_KEY_STR, F(trainer_precision), 0, 0, "\"fp32\"", "fp32|bf16|fp16"},
@@ -278,9 +284,38 @@ static prl_status check_opd(const prl_job_config *c, const char *source)
     return PRL_OK;
 }
 
+/* task.source = file reads task.path; the generator's keys would be silently ignored. */
+static prl_status check_source(const prl_job_config *c, const char *source)
+{
+    int file = !strcmp(c->task_source, "file");
+    if (file && !*c->task_path)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'task.path' is empty: task.source = file needs a JSONL "
+                             "prompt file or a directory of shards",
+                             source);
+    if (!file && *c->task_path)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'task.path' = %s needs task.source = file",
+                             source, c->task_path);
+    if (file && c->opd_enabled)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'opd.enabled' needs task.source = generate (a teacher per "
+                             "built-in domain)",
+                             source);
+    if (c->reward_network && !prl_job_has_reward_program(c))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'reward.network' needs reward.program",
+                             source);
+    return PRL_OK;
+}
+
+int prl_job_has_reward_program(const prl_job_config *c)
+{
+    return c->reward_program && strcmp(c->reward_program, "[]") != 0;
+}
+
 prl_status prl_job_config_check(const prl_job_config *c, const char *source)
 {
-    prl_status rc = check_correction(c, source);
+    prl_status rc = check_source(c, source);
+    if (!rc) rc = check_correction(c, source);
     if (!rc) rc = check_loss_scale(c, source);
     if (!rc) rc = check_mix(c, source);
     if (!rc) rc = check_opd(c, source);

@@ -30,6 +30,10 @@ typedef struct prl_job_config {
     double mix[PRL_TASK_N_DOMAINS]; /* task.mix.<domain>, prl_task_domain order: with domain =
                                     ** mixed, domain d has round(train_problems · mix[d]) train
                                     ** problems, so its prompts are drawn in that proportion */
+    char *task_source;              /* generate (the built-in domains) | file (task_path) */
+    char *task_path;  /* a JSONL prompt file or a directory of shards (docs/tasks.md) */
+    int eval_every;   /* in-run evaluation every N versions (0: off) */
+    int eval_samples; /* k of pass@k (1: greedy accuracy only) */
     /* rollout */
     int rollout_workers, batch_prompts, group_size, max_new_tokens, max_turns;
     double temperature, top_p;
@@ -46,6 +50,8 @@ typedef struct prl_job_config {
     /* reward, sandbox */
     int reward_workers, sandbox_slots;
     double reward_timeout;
+    char *reward_program; /* reward.program: JSON array of argv ("[]": the verifiers score) */
+    int reward_network;   /* reward.network: the reward program may use the network */
     /* grpo */
     char *adv_norm;  /* std | none */
     char *singleton; /* zero | verl | drop */
@@ -111,6 +117,8 @@ prl_status prl_job_config_load(prl_job_config *c, const char *path);
 /* One `--set key=value` override: the value is JSON (a number, true/false, a quoted string)
 ** or, when it does not parse as JSON, a bare string. Validates the whole config after. */
 prl_status prl_job_config_set(prl_job_config *c, const char *assignment);
+/* The job scores with a reward program (reward.program is not empty). */
+int prl_job_has_reward_program(const prl_job_config *c);
 /* Train problems of domain d in this job: task.train_problems for its one domain (0 for the
 ** others), or round(train_problems · task.mix.<d>) with task.domain = mixed. */
 int prl_job_mix_problems(const prl_job_config *c, prl_task_domain d);

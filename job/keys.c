@@ -72,6 +72,25 @@ static prl_status assign(void *cfg, const prl_key_spec *k, json_t *v, const char
                                  k->path);
         *(int *)base = json_is_true(v);
         return PRL_OK;
+    case PRL_KEY_ARGV: {
+        size_t i, n = json_array_size(v);
+        json_t *a;
+        if (!json_is_array(v) || n > (size_t)k->max)
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: key '%s' must be an array of at most %g strings", source,
+                                 k->path, k->max);
+        json_array_foreach(
+            v, i, a) if (!json_is_string(a) ||
+                         !*json_string_value(a)) return prl_error_set(PRL_ERR_CONFIG,
+                                                                      "%s: key '%s': entry %zu "
+                                                                      "must be a non-empty string",
+                                                                      source, k->path, i);
+        char *copy = json_dumps(v, JSON_COMPACT);
+        if (!copy) return prl_error_set(PRL_ERR_NOMEM, "config list");
+        free(*(char **)base);
+        *(char **)base = copy;
+        return PRL_OK;
+    }
     case PRL_KEY_STR: {
         if (!json_is_string(v))
             return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' must be a string", source, k->path);
@@ -114,7 +133,7 @@ prl_status prl_keys_default(const prl_key_table *t, void *cfg)
 void prl_keys_free(const prl_key_table *t, void *cfg)
 {
     for (int i = 0; i < t->n; i++)
-        if (t->keys[i].type == PRL_KEY_STR) {
+        if (t->keys[i].type == PRL_KEY_STR || t->keys[i].type == PRL_KEY_ARGV) {
             char **s = (char **)((char *)cfg + t->keys[i].offset);
             free(*s);
             *s = NULL;
@@ -210,6 +229,7 @@ char *prl_keys_to_json(const prl_key_table *t, const void *cfg)
                     : k->type == PRL_KEY_U64  ? json_integer((json_int_t) * (const uint64_t *)base)
                     : k->type == PRL_KEY_REAL ? json_real(*(const double *)base)
                     : k->type == PRL_KEY_BOOL ? json_boolean(*(const int *)base)
+                    : k->type == PRL_KEY_ARGV ? json_loads(*(char *const *)base, 0, NULL)
                                               : json_string(*(char *const *)base);
         json_object_set_new(obj, seg, v);
     }

@@ -24,7 +24,9 @@ typedef enum prl_key_type {
     PRL_KEY_U64,  /* uint64_t */
     PRL_KEY_REAL, /* double */
     PRL_KEY_BOOL, /* int, 0 or 1 */
-    PRL_KEY_STR   /* char *, owned */
+    PRL_KEY_STR,  /* char *, owned */
+    PRL_KEY_ARGV  /* char *, owned: a JSON array of 0..max non-empty strings, kept as compact
+                  ** JSON text (a command line such as ["python3", "reward.py"]) */
 } prl_key_type;
 
 typedef struct prl_key_spec {

@@ -127,31 +127,19 @@ static prl_status play(prl_agent_env *env, const prl_chat_message *turns, size_t
 }
 
 /* The episode of a task's "env": {"seed", "difficulty"}. */
-static prl_status task_env(const json_t *task, uint64_t *seed, int *difficulty)
-{
-    json_t *env = json_object_get(task, "env");
-    json_t *s = json_object_get(env, "seed"), *d = json_object_get(env, "difficulty");
-    if (!json_is_integer(s) || !json_is_integer(d) || json_integer_value(s) < 0)
-        return prl_error_set(PRL_ERR_FORMAT,
-                             "agent task: missing \"env\": {\"seed\": N, \"difficulty\": D}");
-    *seed = (uint64_t)json_integer_value(s);
-    *difficulty = (int)json_integer_value(d);
-    return PRL_OK;
-}
-
 prl_status prl_reward_agent(const char *task_json, const prl_chat_message *turns, size_t n_turns,
                             prl_reward_result *out)
 {
     json_t *task;
     prl_status rc = reward__task(task_json, PRL_TASK_AGENT, turns, n_turns, &task);
-    uint64_t seed = 0;
-    int difficulty = 0;
-    if (rc == PRL_OK) rc = task_env(task, &seed, &difficulty);
+    prl_agent_task spec; /* {seed, difficulty}, or a prompt file's own world and goal */
+    if (rc == PRL_OK && (rc = prl_agent_task_from_spec(json_object_get(task, "env"), &spec)))
+        rc = prl_error_wrap(rc, "agent task: ");
     json_decref(task);
     prl_agent_env *env = NULL;
     const prl_agent_task *t = NULL;
     if (rc == PRL_OK) rc = prl_agent_env_init(&env);
-    if (rc == PRL_OK) rc = prl_agent_env_reset(env, seed, difficulty, &t);
+    if (rc == PRL_OK) rc = prl_agent_env_reset_task(env, &spec, &t);
     replay r = {0};
     if (rc == PRL_OK) rc = play(env, turns, n_turns, &r);
     if (rc == PRL_OK) {

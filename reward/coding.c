@@ -7,10 +7,12 @@
 ** not run and scores 0; "test_<i>" (weight 1 each) — status "ok" and stdout equal to the
 ** expected output, both compared with trailing whitespace removed from every line and trailing
 ** empty lines dropped; "monitor:sandbox_violation" (required) — the sandbox reported a
-** refused action during a test.
+** refused action during a test; "assert_<i>" (weight 1 each, prompt-file lines) — the
+** program followed by the i-th assert statement exits 0.
 */
 #include "reward/reward_int.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,12 +94,53 @@ static prl_status run_test(const prl_reward_exec *exec, const char *code, const 
     return rc;
 }
 
+/* Run one assert-style test: the answer's code, then the assert statement, empty stdin; it
+** passes when the program exits 0. */
+static prl_status run_assert(const prl_reward_exec *exec, const char *code, const char *stmt, int i,
+                             prl_reward_result *out)
+{
+    char *program = NULL, name[24];
+    if (asprintf(&program, "%s\n%s\n", code, stmt) < 0)
+        return prl_error_set(PRL_ERR_NOMEM, "coding verifier");
+    prl_reward_exec_result res;
+    prl_status rc = reward__run(exec, program, NULL, 0, &res);
+    free(program);
+    if (rc) return rc;
+    snprintf(name, sizeof name, "assert_%d", i + 1);
+    char last[120];
+    reward__last_line(res.stderr_data, last, sizeof last);
+    int ok = !strcmp(res.status, "ok");
+    reward__check(out, name, ok, 1, 0, "%.80s%s%s", stmt, ok ? "" : ": ", ok ? "" : last);
+    if (!ok && strcmp(res.status, "runtime_error")) out->flags |= PRL_REWARD_EXEC_ERROR;
+    prl_reward_exec_result_free(&res);
+    return PRL_OK;
+}
+
+/* The task's "tests" ({stdin, stdout}) and "asserts" (statements, prompt-file lines): 1 to
+** PRL_REWARD_MAX_ITEMS in all, each list optional. */
+static prl_status test_lists(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                             json_t **task, json_t **tests, json_t **asserts)
+{
+    prl_status rc = reward__task(task_json, PRL_TASK_CODING, turns, n_turns, task);
+    if (rc) return rc;
+    *tests = json_object_get(*task, "tests"), *asserts = json_object_get(*task, "asserts");
+    size_t n = json_array_size(*tests) + json_array_size(*asserts);
+    if ((!*tests || json_is_array(*tests)) && (!*asserts || json_is_array(*asserts)) && n > 0 &&
+        n <= PRL_REWARD_MAX_ITEMS)
+        return PRL_OK;
+    json_decref(*task);
+    *task = NULL;
+    return prl_error_set(PRL_ERR_FORMAT,
+                         "coding task: \"tests\" must be an array of 1..%d entries (with "
+                         "\"asserts\", of %d in all)",
+                         PRL_REWARD_MAX_ITEMS, PRL_REWARD_MAX_ITEMS);
+}
+
 prl_status prl_reward_coding(const char *task_json, const prl_chat_message *turns, size_t n_turns,
                              const prl_reward_exec *exec, prl_reward_result *out)
 {
-    json_t *task, *tests;
-    prl_status rc =
-        reward__task_list(task_json, PRL_TASK_CODING, turns, n_turns, "tests", &task, &tests);
+    json_t *task, *tests, *asserts;
+    prl_status rc = test_lists(task_json, turns, n_turns, &task, &tests, &asserts);
     if (rc) return rc;
     reward__begin(out);
     const char *last = reward__last_assistant(turns, n_turns);
@@ -112,6 +155,13 @@ prl_status prl_reward_coding(const char *task_json, const prl_chat_message *turn
     if (code && !flagged) json_array_foreach(tests, i, t)
         {
             if ((rc = run_test(exec, code, t, (int)i, out))) break;
+        }
+    if (code && !flagged && !rc) json_array_foreach(asserts, i, t)
+        {
+            const char *stmt = json_string_value(t);
+            rc = stmt ? run_assert(exec, code, stmt, (int)i, out)
+                      : prl_error_set(PRL_ERR_FORMAT, "coding task: assert %zu is not a string", i);
+            if (rc) break;
         }
     free(code);
     json_decref(task);

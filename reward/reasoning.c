@@ -20,14 +20,9 @@ static const char PARSE_CHECK[] = "import ast, sys\n"
                                   "    print('SyntaxError: %s (line %s)' % (e.msg, e.lineno))\n"
                                   "    sys.exit(1)\n";
 
-typedef struct tool_stats {
-    int calls, malformed, unparsed;
-    char malformed_why[160], unparsed_why[160];
-} tool_stats;
-
 /* Parse-check one python call's code; counts a failure in st. */
 static prl_status parse_check(const prl_reward_exec *exec, const prl_tool_call *call,
-                              tool_stats *st)
+                              reward__tool_stats *st)
 {
     prl_reward_exec_result res;
     prl_status rc = reward__run(exec, PARSE_CHECK, call->body, call->body_len, &res);
@@ -43,8 +38,8 @@ static prl_status parse_check(const prl_reward_exec *exec, const prl_tool_call *
 }
 
 /* Tool calls of every assistant turn but the last. */
-static prl_status check_tools(const prl_chat_message *turns, size_t n_turns, const char *last,
-                              const prl_reward_exec *exec, tool_stats *st)
+prl_status reward__tool_stats_of(const prl_chat_message *turns, size_t n_turns, const char *last,
+                                 const prl_reward_exec *exec, reward__tool_stats *st)
 {
     for (size_t i = 0; i < n_turns; i++) {
         if (strcmp(turns[i].role, "assistant") != 0 || turns[i].content == last) continue;
@@ -81,8 +76,8 @@ prl_status prl_reward_reasoning(const char *task_json, const prl_chat_message *t
         return prl_error_set(PRL_ERR_FORMAT, "reasoning task: missing integer \"answer\"");
     reward__begin(out);
     const char *last = reward__last_assistant(turns, n_turns);
-    tool_stats st = {0};
-    if ((rc = check_tools(turns, n_turns, last, exec, &st))) return rc;
+    reward__tool_stats st = {0};
+    if ((rc = reward__tool_stats_of(turns, n_turns, last, exec, &st))) return rc;
 
     char value[64], why[128] = "";
     int64_t got = 0;
@@ -100,14 +95,21 @@ prl_status prl_reward_reasoning(const char *task_json, const prl_chat_message *t
     reward__check(out, "format", ok, 0, 1, "%s", ok ? "Answer: N" : why);
     reward__check(out, "answer", ok && got == answer, 1, 0, "expected %lld%s%s", (long long)answer,
                   ok ? ", got " : "", ok ? value : "");
-    reward__check(out, "tool_syntax", st.malformed == 0, 0, 0, "%d of %d calls malformed%s%s",
-                  st.malformed, st.calls, st.malformed ? ": " : "", st.malformed_why);
-    reward__check(out, "python_parse", st.unparsed == 0, 0, 0, "%d of %d calls do not parse%s%s",
-                  st.unparsed, st.calls - st.malformed, st.unparsed ? ": " : "", st.unparsed_why);
-    out->flags |= (ok ? 0 : PRL_REWARD_FORMAT_ERROR) | (st.malformed ? PRL_REWARD_TOOL_SYNTAX : 0) |
-                  (st.unparsed ? PRL_REWARD_PARSE_ERROR : 0);
-    out->penalty =
-        PRL_REWARD_TOOL_SYNTAX_PENALTY * st.malformed + PRL_REWARD_PARSE_PENALTY * st.unparsed;
+    out->flags |= ok ? 0 : PRL_REWARD_FORMAT_ERROR;
+    reward__tool_checks(&st, out);
     reward__finish(out);
     return PRL_OK;
+}
+
+void reward__tool_checks(const reward__tool_stats *st, prl_reward_result *out)
+{
+    reward__check(out, "tool_syntax", st->malformed == 0, 0, 0, "%d of %d calls malformed%s%s",
+                  st->malformed, st->calls, st->malformed ? ": " : "", st->malformed_why);
+    reward__check(out, "python_parse", st->unparsed == 0, 0, 0, "%d of %d calls do not parse%s%s",
+                  st->unparsed, st->calls - st->malformed, st->unparsed ? ": " : "",
+                  st->unparsed_why);
+    out->flags |=
+        (st->malformed ? PRL_REWARD_TOOL_SYNTAX : 0) | (st->unparsed ? PRL_REWARD_PARSE_ERROR : 0);
+    out->penalty +=
+        PRL_REWARD_TOOL_SYNTAX_PENALTY * st->malformed + PRL_REWARD_PARSE_PENALTY * st->unparsed;
 }

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* ---------------------------------------------------------------- results ---------- */
 
@@ -175,6 +176,15 @@ int reward__final_answer(const char *turn, char *value, size_t n, char *why, siz
     return 0;
 }
 
+const char *reward__last_ci(const char *text, const char *needle)
+{
+    const char *at = NULL;
+    size_t k = strlen(needle);
+    for (const char *p = text; *p; p++)
+        if (!strncasecmp(p, needle, k)) at = p;
+    return at;
+}
+
 int reward__parse_int(const char *s, int64_t *v)
 {
     const char *p = s + (*s == '-');
@@ -254,18 +264,39 @@ prl_status prl_reward_python_observation(const prl_reward_exec *exec, const char
 
 /* ---------------------------------------------------------------- dispatch --------- */
 
+/* A prompt-file line's named verifier (its "domain" is the one the verifier plays as). */
+static prl_status score_verifier(const char *name, const char *task_json,
+                                 const prl_chat_message *turns, size_t n_turns,
+                                 const prl_reward_exec *exec, prl_reward_result *out)
+{
+    if (!strcmp(name, "math")) return prl_reward_math(task_json, turns, n_turns, exec, out);
+    if (!strcmp(name, "choice")) return prl_reward_choice(task_json, turns, n_turns, exec, out);
+    if (!strcmp(name, "code")) return prl_reward_coding(task_json, turns, n_turns, exec, out);
+    if (!strcmp(name, "constraints")) return prl_reward_general(task_json, turns, n_turns, out);
+    if (!strcmp(name, "agent")) return prl_reward_agent(task_json, turns, n_turns, out);
+    return prl_error_set(PRL_ERR_FORMAT,
+                         "task: \"verifier\" '%s' is not one of math, code, constraints, "
+                         "choice, agent",
+                         name);
+}
+
 prl_status prl_reward_score(const char *task_json, const prl_chat_message *turns, size_t n_turns,
                             const prl_reward_exec *exec, prl_reward_result *out)
 {
     json_error_t err;
     json_t *task = json_loads(task_json, 0, &err);
     const char *name = json_string_value(json_object_get(task, "domain"));
+    char verifier[16] = "";
+    json_t *v = json_object_get(task, "verifier");
+    if (v)
+        snprintf(verifier, sizeof verifier, "%s", json_is_string(v) ? json_string_value(v) : "?");
     prl_task_domain d = PRL_TASK_REASONING;
     prl_status rc = !task   ? prl_error_set(PRL_ERR_FORMAT, "task: invalid JSON: %s", err.text)
                     : !name ? prl_error_set(PRL_ERR_FORMAT, "task: missing string field \"domain\"")
                             : prl_tasks_domain_parse(name, &d);
     json_decref(task);
     if (rc) return rc;
+    if (*verifier) return score_verifier(verifier, task_json, turns, n_turns, exec, out);
     switch (d) {
     case PRL_TASK_REASONING: return prl_reward_reasoning(task_json, turns, n_turns, exec, out);
     case PRL_TASK_GENERAL: return prl_reward_general(task_json, turns, n_turns, out);

@@ -122,7 +122,30 @@ prl_status prl_reward_agent(const char *task_json, const prl_chat_message *turns
 prl_status prl_reward_coding(const char *task_json, const prl_chat_message *turns, size_t n_turns,
                              const prl_reward_exec *exec, prl_reward_result *out);
 
-/* Dispatch on the task's "domain". */
+/* The verifiers prompt-file lines name (docs/rewards.md "Prompt-file verifiers"): math (the
+** final answer as a value) and choice (a letter) play as Reasoning; code, constraints and
+** agent are prl_reward_coding, _general and _agent on the line's fields. */
+prl_status prl_reward_math(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                           const prl_reward_exec *exec, prl_reward_result *out);
+prl_status prl_reward_choice(const char *task_json, const prl_chat_message *turns, size_t n_turns,
+                             const prl_reward_exec *exec, prl_reward_result *out);
+/* math's rules, for tests and tools: the final answer of a turn (last \boxed{}, "#### x",
+** "answer: x") into out (0: found); an answer normalised in place; a normalised text's value
+** (0: it is one); two answers equal as values, else as normalised text (1: equal). */
+int prl_reward_math_extract(const char *text, char *out, size_t n);
+void prl_reward_math_normalise(char *s);
+int prl_reward_math_value(const char *normalised, double *v);
+int prl_reward_math_equal(const char *got, const char *want);
+/* choice's rule: the letter a final turn picks (0 when none), docs/rewards.md. */
+char prl_reward_choice_extract(const char *text);
+
+/* A prompt file read as prl_tasks_file_read does, each line with a verifier then scored once
+** on an empty answer (no program runs) so that fields the verifier refuses fail here, as
+** PRL_ERR_FORMAT "PATH:LINE: why" (docs/tasks.md "Prompt files"). */
+prl_status prl_reward_file_read(const char *path, const prl_tasks_file_options *opt,
+                                prl_tasks_line_fn fn, void *user);
+
+/* Dispatch on the task's "verifier" (prompt-file lines), else on its "domain". */
 prl_status prl_reward_score(const char *task_json, const prl_chat_message *turns, size_t n_turns,
                             const prl_reward_exec *exec, prl_reward_result *out);
 

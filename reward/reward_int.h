@@ -38,6 +38,8 @@ const char *reward__prompt(const json_t *task);
 ** and without leading/trailing spaces. Copies X into value and returns 0, or returns -1 and
 ** explains in why. */
 int reward__final_answer(const char *turn, char *value, size_t n, char *why, size_t why_n);
+/* The last occurrence of needle in text ignoring ASCII case (final-answer markers), or NULL. */
+const char *reward__last_ci(const char *text, const char *needle);
 /* Parse a whole decimal integer ("-12"); 0 on success. */
 int reward__parse_int(const char *s, int64_t *v);
 
@@ -52,5 +54,17 @@ void reward__last_line(const char *text, char *out, size_t n);
 ** prompt: the task's user message (its numbers and words are never test secrets). */
 int reward__monitor(const char *program, const char *prompt, const json_t *tests,
                     prl_reward_result *out);
+
+/* The python tool calls of an episode (Reasoning and the math / choice lines that play as
+** Reasoning): every assistant turn but `last` is parsed, each python call's code
+** parse-checked through exec (reasoning.c). */
+typedef struct reward__tool_stats {
+    int calls, malformed, unparsed;
+    char malformed_why[160], unparsed_why[160];
+} reward__tool_stats;
+prl_status reward__tool_stats_of(const prl_chat_message *turns, size_t n_turns, const char *last,
+                                 const prl_reward_exec *exec, reward__tool_stats *st);
+/* The checks "tool_syntax" and "python_parse" (informational), their flags and penalties. */
+void reward__tool_checks(const reward__tool_stats *st, prl_reward_result *out);
 
 #endif /* PRL_REWARD_INT_H */

@@ -1,7 +1,8 @@
 /*
 ** reward.c — the reward worker (`prl role reward`). Takes `score` (a task and the model's
-** turns of one sample), runs the domain's verifier (reward/; programs go to the sandbox) and
-** answers `scored` with the score and its breakdown as JSON (docs/pipeline.md).
+** turns of one sample), runs the task's verifier (reward/; programs go to the sandbox) or
+** asks the job's reward program (reward_program.c), and answers `scored` with the score and
+** its breakdown as JSON (docs/pipeline.md).
 */
 #include "roles/internal.h"
 
@@ -17,16 +18,79 @@ static char *result_json(const prl_reward_result *res)
     return text;
 }
 
+typedef struct reward_ctx {
+    prl_role_exec exec;          /* the verifiers' programs, in the sandbox service */
+    prl_reward_program *program; /* reward.program (NULL: the verifiers score) */
+} reward_ctx;
+
+/* ids[from, to) as a JSON array (empty without ids). */
+static json_t *ids_json(const int32_t *ids, size_t from, size_t to)
+{
+    json_t *a = json_array();
+    for (size_t i = from; a && ids && i < to; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+/* The content of the last message of `role` (in JSON messages or in turns), or "". */
+static const char *last_of(const json_t *msgs, const char *role)
+{
+    const char *text = "";
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m)
+    {
+        const char *r = json_string_value(json_object_get(m, "role"));
+        const char *c = json_string_value(json_object_get(m, "content"));
+        if (r && c && !strcmp(r, role)) text = c;
+    }
+    return text;
+}
+
+/* The request line of a reward program (docs/rewards.md "Reward programs"): the sample's
+** key, the prompt (text and messages), the completion (its final text, every turn, its
+** ids), the prompt ids, and the task's other fields as metadata. malloc'd, or NULL. */
+static char *program_request(const prl_msg_score *x)
+{
+    json_error_t je;
+    json_t *task = json_loads(x->task, 0, &je);
+    json_t *msgs = json_object_get(task, "messages");
+    msgs = msgs ? json_incref(msgs) : json_array();
+    size_t pl = (size_t)x->prompt_len;
+    json_t *o = json_pack("{s:I, s:I, s:I, s:s, s:O, s:s, s:O, s:o, s:o, s:b}", "step",
+                          (json_int_t)x->step, "prompt_index", (json_int_t)x->prompt, "sample",
+                          (json_int_t)x->sample, "prompt", last_of(msgs, "user"), "messages", msgs,
+                          "completion", last_of(x->turns_json, "assistant"), "turns", x->turns_json,
+                          "prompt_ids", ids_json(x->tokens, 0, pl), "completion_ids",
+                          ids_json(x->tokens, pl, x->n_tokens), "truncated", x->truncated);
+    if (o && task) { /* the line's own fields, id, source and split: the task minus its prompt */
+        json_object_del(task, "messages");
+        json_object_set(o, "metadata", task);
+    }
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o), json_decref(task), json_decref(msgs);
+    return text;
+}
+
+static prl_status score_by_program(reward_ctx *k, const prl_msg_score *x, prl_reward_result *res)
+{
+    char *req = program_request(x);
+    if (!req) return prl_error_set(PRL_ERR_NOMEM, "reward program request");
+    prl_status rc = prl_reward_program_score(k->program, req, res);
+    free(req);
+    return rc;
+}
+
 static prl_status score(void *ctx, prl_worker *r, const prl_bus_msg *m)
 {
-    const prl_reward_exec *exec = ctx;
+    reward_ctx *k = ctx;
     prl_msg_score x;
     prl_status rc = prl_msg_score_decode(m, &x);
     if (rc) return rc;
     double t0 = prl_now();
     prl_reward_result res;
     memset(&res, 0, sizeof res);
-    rc = prl_reward_score(x.task, x.msgs, x.n_msgs, exec, &res);
+    if (k->program) rc = score_by_program(k, &x, &res);
+    else rc = prl_reward_score(x.task, x.msgs, x.n_msgs, &k->exec.exec, &res);
     if (!rc && x.truncated) prl_reward_unfinished(&res);
     char *detail = rc ? NULL : result_json(&res);
     if (!rc && !detail) rc = prl_error_set(PRL_ERR_NOMEM, "score detail");
@@ -49,14 +113,22 @@ prl_status prl_role_reward_run(const prl_worker_options *o)
     prl_worker r;
     prl_status rc = prl_worker_join(&r, "reward", o);
     if (rc) return rc;
-    prl_role_exec x;
-    if ((rc = prl_role_exec_open(&x, o->sandbox, o->name, r.job.reward_timeout))) {
+    reward_ctx k = {0};
+    if ((rc = prl_role_exec_open(&k.exec, o->sandbox, o->name, r.job.reward_timeout))) {
         prl_worker_leave(&r);
         return rc;
     }
-    rc = prl_worker_serve(&r, "score", score, &x.exec);
-    prl_worker_log(&r, "programs answered from the exec cache: %llu", (unsigned long long)x.hits);
-    prl_role_exec_close(&x);
+    const char *dash = strrchr(r.worker, '-');
+    if (prl_job_has_reward_program(&r.job))
+        rc = prl_reward_program_open(&k.program, &r.job, dash ? atoi(dash + 1) : 0);
+    if (!rc) rc = prl_worker_serve(&r, "score", score, &k);
+    prl_worker_log(&r, "programs answered from the exec cache: %llu",
+                   (unsigned long long)k.exec.hits);
+    if (k.program)
+        prl_worker_log(&r, "reward program restarts: %llu",
+                       (unsigned long long)prl_reward_program_restarts(k.program));
+    prl_reward_program_close(k.program);
+    prl_role_exec_close(&k.exec);
     prl_worker_leave(&r);
     return rc;
 }

@@ -45,6 +45,27 @@ typedef struct prl_worker_options {
 ** refused to the controller (logged), never fatal. */
 prl_status prl_role_rollout_run(const prl_worker_options *o);
 prl_status prl_role_reward_run(const prl_worker_options *o);
+
+/* reward.program (docs/rewards.md "Reward programs"): a reward worker's long-lived scoring
+** process in the sandbox, one JSON line each way per sample; restarted when it dies or
+** hangs. */
+typedef struct prl_reward_program prl_reward_program;
+/* reward.program's command is [INTERPRETER, SCRIPT] — python3, sh, or an executable under
+** /usr (a name is looked up in /usr/bin, /usr/local/bin) — and the script can be read (prl run
+** checks it before any process starts); PRL_OK without a program. */
+prl_status prl_reward_program_check(const prl_job_config *job);
+/* A program for reward worker `worker_index` (its sandbox's uid range); not started yet. */
+prl_status prl_reward_program_open(prl_reward_program **p, const prl_job_config *job,
+                                   int worker_index);
+/* Score one request line (JSON, no newline): *out gets the reply's score and breakdown, or
+** score 0 with the reason when the reply is not a score in [0, 1]. A program that dies or
+** does not answer within reward.timeout is started again and asked again; after 3 tries
+** the error is returned (the sample goes back to the controller). */
+prl_status prl_reward_program_score(prl_reward_program *p, const char *request,
+                                    prl_reward_result *out);
+/* Restarts so far (for the worker's log and tests). */
+uint64_t prl_reward_program_restarts(const prl_reward_program *p);
+void prl_reward_program_close(prl_reward_program *p);
 prl_status prl_role_trainer_run(const prl_worker_options *o);
 prl_status prl_role_teacher_run(const prl_worker_options *o);
 

@@ -2,7 +2,8 @@
 ** rollout.c — the rollout worker (`prl role rollout`). Takes `work` (one prompt, `count`
 ** samples, at a policy version), plays the episodes with the infer path in one continuous
 ** batch (rollout/, unscored: scoring is the reward workers' job) and returns one `result` per
-** sample with its tokens, infer log-probs, loss mask, MoE routes and turns. A new policy
+** sample with its tokens, infer log-probs, loss mask, MoE routes and turns (an in-run
+** evaluation's item: sample 0 greedy, the others sampled). A new policy
 ** version is loaded only between work items (docs/pipeline.md).
 */
 #include "roles/internal.h"
@@ -108,8 +109,16 @@ static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
     rc_.sampling.stop_ids = stops, rc_.sampling.n_stop_ids = prl_tokenizer_stop_ids(w->tok, stops);
     rc_.max_turns = j->max_turns, rc_.score = 0;
     rc_.cached_routes = j->replay_cached; /* Cached R3 (docs/replay.md) */
-    if (!rc)
-        rc = prl_rollout_run(w->engine, w->tok, tasks, seq, (int)count, &rc_, &w->exec.exec, eps);
+    /* an evaluation's sample 0 is greedy (its accuracy); the others are sampled (pass@k) */
+    int greedy = work.eval && count > 0 ? 1 : 0;
+    if (!rc && greedy) {
+        prl_rollout_config g = rc_;
+        g.sampling.temperature = 0;
+        rc = prl_rollout_run(w->engine, w->tok, tasks, seq, 1, &g, &w->exec.exec, eps);
+    }
+    if (!rc && count > (uint64_t)greedy)
+        rc = prl_rollout_run(w->engine, w->tok, tasks + greedy, seq + greedy, (int)count - greedy,
+                             &rc_, &w->exec.exec, eps + greedy);
     for (uint64_t i = 0; !rc && i < count; i++)
         rc = send_result(w, &work, (int)(work.sample + i), &eps[i]);
     for (uint64_t i = 0; eps && i < count; i++) prl_episode_free(&eps[i]);

@@ -103,27 +103,34 @@ static prl_status start(play *p, const prl_tokenizer *tok, int index)
     free(ids);
     p->ep->prompt_len = p->ep->n;
     if (rc || p->domain != PRL_TASK_AGENT) return rc;
-    json_t *env = json_object_get(p->task, "env");
-    json_t *seed = json_object_get(env, "seed"), *diff = json_object_get(env, "difficulty");
-    if (!json_is_integer(seed) || !json_is_integer(diff))
-        return prl_error_set(PRL_ERR_FORMAT,
-                             "task %d: agent task needs env.seed and env.difficulty", index);
+    prl_agent_task t; /* {seed, difficulty} or a world and goal of a prompt file's own */
+    if ((rc = prl_agent_task_from_spec(json_object_get(p->task, "env"), &t)))
+        return prl_error_wrap(rc, "task %d: ", index);
     if ((rc = prl_agent_env_init(&p->env))) return rc;
-    return prl_agent_env_reset(p->env, (uint64_t)json_integer_value(seed),
-                               (int)json_integer_value(diff), NULL);
+    return prl_agent_env_reset_task(p->env, &t, NULL);
 }
 
 /* A tool turn and the next assistant opening after a model turn, in the tokenizer's chat
 ** format (prl: `<|tool|> text <|end|> <|assistant|>`); never trained on. */
 static prl_status observe(play *p, const prl_tokenizer *tok, const char *text)
 {
+    /* the observation's bytes (a program's output, cut at 200 bytes) need not be UTF-8: the
+    ** verifier and the bus get its UTF-8 view, as for a model turn; an imported tokenizer
+    ** encodes that view too (it takes UTF-8 only), prl's own the bytes as they are */
+    char *view = NULL;
+    size_t len = 0;
+    if (prl_utf8_view(text, strlen(text), &view, &len) < 0)
+        return prl_error_set(PRL_ERR_NOMEM, "observation text");
     int32_t *ids = NULL;
     size_t n = 0;
-    prl_chat_message msg = {.role = "tool", .content = text};
+    prl_chat_message msg = {.role = "tool",
+                            .content = prl_tokenizer_is_imported(tok) ? view : text};
     prl_status rc = prl_tokenizer_encode_chat_turn(tok, &msg, 0, &ids, &n);
     if (!rc) rc = append(p->ep, ids, NULL, (int)n, 0);
     free(ids);
-    return rc ? rc : add_msg(p->ep, "tool", text, strlen(text));
+    if (!rc) rc = add_msg(p->ep, "tool", view, len);
+    free(view);
+    return rc;
 }
 
 /* What follows a model turn: an environment step, a python tool run, or the end. */

@@ -111,7 +111,8 @@ struct prl_sandbox {
     char base_dir[PATH_MAX];
     int own_base_dir; /* created by init, removed by free */
     char python3[PATH_MAX], sh[PATH_MAX];
-    struct sock_filter *bpf; /* seccomp program (malloc'd) */
+    char interpreter[PATH_MAX]; /* "" when the sandbox has none */
+    struct sock_filter *bpf;    /* seccomp program (malloc'd) */
     size_t bpf_len;
     int cap_last_cap;
     unsigned uid_base;

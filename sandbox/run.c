@@ -42,9 +42,14 @@ static prl_status check_request(const prl_sandbox *sb, int slot, const prl_sandb
                              sb->n_slots - 1);
     if (!req || !req->lang)
         return prl_error_set(PRL_ERR_ARG, "sandbox: the request has no language");
-    if (strcmp(req->lang, "python3") != 0 && strcmp(req->lang, "sh") != 0)
-        return prl_error_set(PRL_ERR_ARG, "sandbox: unknown language '%.64s' (known: python3, sh)",
+    int other = !strcmp(req->lang, "interpreter");
+    if (strcmp(req->lang, "python3") != 0 && strcmp(req->lang, "sh") != 0 && !other)
+        return prl_error_set(PRL_ERR_ARG,
+                             "sandbox: unknown language '%.64s' (known: python3, sh, interpreter)",
                              req->lang);
+    if (other && !sb->interpreter[0])
+        return prl_error_set(PRL_ERR_ARG,
+                             "sandbox: language 'interpreter' needs options.interpreter");
     if (!req->program || req->program_len == 0)
         return prl_error_set(PRL_ERR_ARG, "sandbox: the program is empty");
     const char *nul = memchr(req->program, 0, req->program_len);
@@ -71,19 +76,19 @@ static void build_spawn(const prl_sandbox *sb, const sbx_slot *s, const prl_sand
                         size_t prog_n)
 {
     int mnt = (sb->layers & PRL_SANDBOX_MNTNS) != 0;
-    int py = !strcmp(req->lang, "python3");
+    int py = !strcmp(req->lang, "python3"), other = !strcmp(req->lang, "interpreter");
     sp->sb = sb;
     sp->slot = s;
     sp->layers = sb->layers;
     sp->lim = *lim;
     sp->program = req->program;
     sp->program_len = req->program_len;
-    sp->program_name = py ? "main.py" : "main.sh";
+    sp->program_name = py ? "main.py" : other ? "main" : "main.sh";
     sp->workdir = mnt ? "/sandbox" : s->work;
     const char *tmp = mnt ? "/tmp" : s->tmp;
     snprintf(prog_path, prog_n, "%s/%s", sp->workdir, sp->program_name);
     int a = 0;
-    sp->argv[a++] = py ? sb->python3 : sb->sh;
+    sp->argv[a++] = py ? sb->python3 : other ? sb->interpreter : sb->sh;
     if (py) { /* isolated mode (no user site, no PYTHON* env), no .pyc, unbuffered */
         sp->argv[a++] = "-I";
         sp->argv[a++] = "-B";
@@ -211,7 +216,7 @@ typedef struct capture {
     uint64_t total;
 } capture;
 
-enum { KILL_NONE, KILL_WALL, KILL_OUTPUT };
+enum { KILL_NONE, KILL_WALL, KILL_OUTPUT, KILL_CANCEL };
 
 typedef struct run_state {
     prl_sandbox *sb;
@@ -231,6 +236,8 @@ typedef struct run_state {
     int killed; /* KILL_* */
     const char *kill_stream;
     double t0, t_end, t_kill;
+    const int *cancel; /* interactive runs: kill when set */
+    int no_stdout;     /* interactive runs: stdout is the caller's */
 } run_state;
 
 /* Kill the whole tree (strongest mechanism first). */
@@ -332,7 +339,7 @@ static void feed_stdin(run_state *r)
 /* The poll loop: until the init has exited (report EOF) and both streams hit EOF. */
 static void supervise(run_state *r)
 {
-    int out_open = 1, err_open = 1;
+    int out_open = !r->no_stdout, err_open = 1;
     double deadline = r->t0 + r->lim.wall_seconds, drain_until = 0;
     if (r->in_len == 0) close_fd(&r->in_w);
     while (!r->report_eof || out_open || err_open) {
@@ -343,6 +350,7 @@ static void supervise(run_state *r)
         if (err_open) p[ie = n++] = (struct pollfd){r->err.fd, POLLIN, 0};
         if (r->in_w >= 0) p[iw = n++] = (struct pollfd){r->in_w, POLLOUT, 0};
         double t = prl_now(), until = r->killed || r->exited ? t + 0.05 : deadline;
+        if (r->cancel && until > t + 0.1) until = t + 0.1; /* look at the cancel flag */
         if (r->report_eof && !drain_until) drain_until = t + 1.0;
         if (drain_until && drain_until < until) until = drain_until;
         int ms = until > t ? (int)ceil((until - t) * 1000) : 0;
@@ -357,8 +365,9 @@ static void supervise(run_state *r)
             if (r->out.total > r->lim.output_bytes) kill_tree(r, KILL_OUTPUT, "stdout");
             else if (r->err.total > r->lim.output_bytes) kill_tree(r, KILL_OUTPUT, "stderr");
         }
-        if (!r->killed && !r->exited && !r->setup_failed && t >= deadline)
-            kill_tree(r, KILL_WALL, NULL);
+        int cancelled = r->cancel && __atomic_load_n(r->cancel, __ATOMIC_ACQUIRE);
+        if (!r->killed && !r->exited && !r->setup_failed && (t >= deadline || cancelled))
+            kill_tree(r, cancelled ? KILL_CANCEL : KILL_WALL, NULL);
         /* Escalations: an init that does not go within 2 s of a kill, or after the program
         ** ended, is killed; a stream still open 1 s after the init left is given up on
         ** (some process outside the tree holds it: should not happen, never wait forever). */
@@ -398,7 +407,10 @@ static void classify(const run_state *r, const sbx_cg_stats *c0, const sbx_cg_st
     prl_sandbox_status st;
     char *why = res->reason;
     size_t wn = sizeof res->reason;
-    if (r->killed == KILL_WALL) {
+    if (r->killed == KILL_CANCEL) {
+        st = PRL_SANDBOX_STATUS_TIMEOUT;
+        snprintf(why, wn, "stopped by the caller (cancel): the process tree was killed");
+    } else if (r->killed == KILL_WALL) {
         st = PRL_SANDBOX_STATUS_TIMEOUT;
         snprintf(why, wn, "wall time limit of %g s reached: the process tree was killed",
                  r->lim.wall_seconds);
@@ -500,6 +512,23 @@ static prl_status alloc_capture(capture *c, size_t cap, int fd)
     return PRL_OK;
 }
 
+/* An interactive run: the child's stdin and stdout ends become dups of the caller's fds,
+** and the supervisor's own ends of those two pipes are closed (nothing to feed or capture). */
+static prl_status own_stdio(run_state *r, const prl_sandbox_request *req, int pipes[5][2])
+{
+    int in = fcntl(req->stdin_fd, F_DUPFD_CLOEXEC, 3),
+        out = fcntl(req->stdout_fd, F_DUPFD_CLOEXEC, 3);
+    if (in < 0 || out < 0) {
+        if (in >= 0) close(in);
+        if (out >= 0) close(out);
+        return prl_error_set(PRL_ERR_ARG, "sandbox: stdin_fd/stdout_fd: %s", strerror(errno));
+    }
+    close_fd(&pipes[2][0]), close_fd(&pipes[2][1]), close_fd(&pipes[3][0]), close_fd(&pipes[3][1]);
+    pipes[2][0] = in, pipes[3][1] = out; /* the child's ends; the supervisor has none */
+    r->cancel = req->cancel, r->no_stdout = 1, r->in_len = 0;
+    return PRL_OK;
+}
+
 static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_request *req,
                            const prl_sandbox_limits *lim, prl_sandbox_result *res)
 {
@@ -526,6 +555,7 @@ static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_reque
     for (int i = 0; rc == PRL_OK && i < 5; i++)
         if (make_pipe(pipes[i]) < 0)
             rc = prl_error_set(PRL_ERR_IO, "sandbox: pipe: %s", strerror(errno));
+    if (rc == PRL_OK && req->own_stdio) rc = own_stdio(&r, req, pipes);
     if (rc == PRL_OK) rc = alloc_capture(&r.out, (size_t)lim->output_bytes, pipes[3][0]);
     if (rc == PRL_OK) rc = alloc_capture(&r.err, (size_t)lim->output_bytes, pipes[4][0]);
     if (rc == PRL_OK) {

@@ -205,6 +205,20 @@ static prl_status copy_path(char *dst, size_t n, const char *src, const char *wh
     return PRL_OK;
 }
 
+/* Another language's interpreter: under /usr (the sandbox shows /usr read-only, nothing else
+** of the host), without "..", an executable file. */
+static prl_status check_interpreter(prl_sandbox *sb, const char *path)
+{
+    prl_status rc = copy_path(sb->interpreter, sizeof sb->interpreter, path, "interpreter");
+    struct stat st;
+    if (!rc && (strncmp(path, "/usr/", 5) || strstr(path, "/../") || stat(path, &st) ||
+                !S_ISREG(st.st_mode) || !(st.st_mode & S_IXOTH)))
+        rc = prl_error_set(PRL_ERR_ARG,
+                           "sandbox: interpreter '%s' must be an executable file under /usr", path);
+    if (rc) sb->interpreter[0] = 0;
+    return rc;
+}
+
 prl_status prl_sandbox_init(prl_sandbox **out, const prl_sandbox_options *opt)
 {
     *out = NULL;
@@ -223,6 +237,7 @@ prl_status prl_sandbox_init(prl_sandbox **out, const prl_sandbox_options *opt)
         rc = copy_path(sb->python3, sizeof sb->python3, opt->python3 ? opt->python3 : def.python3,
                        "python3");
     if (rc == PRL_OK) rc = copy_path(sb->sh, sizeof sb->sh, opt->sh ? opt->sh : def.sh, "sh");
+    if (rc == PRL_OK && opt->interpreter) rc = check_interpreter(sb, opt->interpreter);
     if (rc) {
         free(sb);
         return rc;

@@ -127,6 +127,8 @@ typedef struct prl_sandbox_options {
                                 sandboxes on one host need disjoint uid ranges */
     const char *python3;          /* interpreter, must live under /usr (default /usr/bin/python3) */
     const char *sh;               /* shell (default /bin/sh) */
+    const char *interpreter;      /* lang "interpreter": another language's interpreter (e.g.
+                                     /usr/bin/node), an absolute path under /usr (NULL: none) */
 } prl_sandbox_options;
 
 void prl_sandbox_options_default(prl_sandbox_options *opt);
@@ -145,12 +147,20 @@ unsigned prl_sandbox_slot_uid(const prl_sandbox *sb, int slot);
 /* ---------------------------------------------------------------- runs ------------- */
 
 typedef struct prl_sandbox_request {
-    const char *lang;    /* "python3" or "sh" */
+    const char *lang;    /* "python3", "sh", or "interpreter" (options.interpreter) */
     const char *program; /* program text (borrowed; no NUL bytes), program_len bytes */
     size_t program_len;
     const char *stdin_data; /* bytes fed to the program's stdin, then EOF (NULL: empty) */
     size_t stdin_len;
     prl_sandbox_limits limits;
+    /* An interactive run (a long-lived program the caller talks to, as a reward program):
+    ** with own_stdio the program's stdin and stdout are the caller's pipe ends stdin_fd and
+    ** stdout_fd (duplicated; the caller keeps and closes its own) instead of stdin_data and
+    ** the captured stdout, and the call returns when the program ends. `cancel`, when another
+    ** thread sets *cancel non-zero, kills the run within 0.1 s (status timeout). */
+    int own_stdio;
+    int stdin_fd, stdout_fd;
+    const int *cancel; /* read atomically; NULL: none */
 } prl_sandbox_request;
 
 typedef enum prl_sandbox_status {

@@ -86,7 +86,7 @@ static void make_goal(prl_rng *r, prl_agent_task *t)
     }
 }
 
-static void write_prompt(prl_agent_task *t)
+void tasks__agent_prompt(prl_agent_task *t)
 {
     const char *x = t->world.items[t->item].name;
     long long a = (long long)t->amount;
@@ -125,7 +125,7 @@ prl_status prl_agent_task_make(uint64_t seed, int difficulty, prl_agent_task *t)
     prl_rng_init(&r, seed, (uint64_t)difficulty, 0, 0, PRL_RNG_TASK);
     make_world(&r, difficulty == 1 ? 3 : 4, &t->world);
     make_goal(&r, t);
-    write_prompt(t);
+    tasks__agent_prompt(t);
     return PRL_OK;
 }
 

@@ -39,8 +39,15 @@ void prl_agent_env_free(prl_agent_env *env) { free(env); }
 prl_status prl_agent_env_reset(prl_agent_env *env, uint64_t seed, int difficulty,
                                const prl_agent_task **task)
 {
-    prl_status rc = prl_agent_task_make(seed, difficulty, &env->task);
-    if (rc) return rc;
+    prl_agent_task t;
+    prl_status rc = prl_agent_task_make(seed, difficulty, &t);
+    return rc ? rc : prl_agent_env_reset_task(env, &t, task);
+}
+
+prl_status prl_agent_env_reset_task(prl_agent_env *env, const prl_agent_task *t,
+                                    const prl_agent_task **task)
+{
+    env->task = *t;
     env->world = env->task.world;
     env->calls = env->malformed = env->done = 0;
     env->started = 1;

@@ -165,16 +165,8 @@ prl_status prl_tasks_canonical_text(const json_t *line, char **text)
     tasks__buf b = {0};
     tasks__buf_printf(&b, "%s", user);
     if (d == PRL_TASK_AGENT) {
-        json_t *env = json_object_get(line, "env");
-        json_t *seed = json_object_get(env, "seed"), *diff = json_object_get(env, "difficulty");
-        if (!json_is_integer(seed) || !json_is_integer(diff)) {
-            tasks__buf_free(&b);
-            return prl_error_set(PRL_ERR_FORMAT,
-                                 "agent task needs \"env\": {\"seed\", \"difficulty\"}");
-        }
         prl_agent_task t;
-        rc = prl_agent_task_make((uint64_t)json_integer_value(seed), (int)json_integer_value(diff),
-                                 &t);
+        rc = prl_agent_task_from_spec(json_object_get(line, "env"), &t);
         if (rc) {
             tasks__buf_free(&b);
             return rc;

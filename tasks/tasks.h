@@ -78,6 +78,26 @@ prl_status prl_tasks_generate(const prl_tasks_config *c, prl_tasks_line_fn fn, v
 /* prl_tasks_generate written as compact JSONL, one object per line. */
 prl_status prl_tasks_write_jsonl(const prl_tasks_config *c, FILE *out);
 
+/* ---------------------------------------------------------------- prompt files ----- */
+
+/* Users' prompt files (docs/tasks.md "Prompt files"): `path` is a JSONL file or a directory
+** of *.jsonl shards (sorted by name). Each line holds "prompt" (text) or "messages" (chat), an
+** optional "verifier" (math | code | constraints | choice | agent) with its fields, optional
+** "id" and "split", and any other keys as metadata. fn gets each line as a task object
+** (borrowed): the line with "messages", "id" (default FILE_NAME:LINE), "split" (default: the
+** stable hash of the problem statement, as for generated tasks), "domain" (the rollout
+** domain of the verifier: math, choice -> reasoning; code -> coding; constraints and none ->
+** general; agent -> agent), "source" ("PATH:LINE") and "difficulty" 0. A bad line is
+** PRL_ERR_FORMAT "PATH:LINE: field 'F': why"; fn's error stops the read and is returned. */
+enum { PRL_TASKS_MAX_TESTS = 40 }; /* tests + asserts of one code line */
+typedef struct prl_tasks_file_options {
+    int require_verifier; /* 1: a line without "verifier" is an error (no reward program) */
+} prl_tasks_file_options;
+prl_status prl_tasks_file_read(const char *path, const prl_tasks_file_options *opt,
+                               prl_tasks_line_fn fn, void *user);
+/* The rollout domain a verifier name plays as; 0 when the name is not a verifier. */
+int prl_tasks_verifier_domain(const char *name, prl_task_domain *domain);
+
 /* The canonical text of a generated line (what the split hashes): the domain's problem
 ** statement — the user prompt, plus the initial world for Agent. Caller frees. */
 prl_status prl_tasks_canonical_text(const json_t *line, char **text);
@@ -169,6 +189,12 @@ typedef struct prl_agent_task {
 
 /* The episode of (seed, difficulty 1..3). Pure. */
 prl_status prl_agent_task_make(uint64_t seed, int difficulty, prl_agent_task *t);
+/* The episode of a JSON spec (a task's "env"): {"seed", "difficulty"} as prl_agent_task_make,
+** or a world and goal of one's own {"items": [{"name", "stock", "price"}] (1..4), "goal":
+** price | stock | set_price | cost | sell | restock | value | cheapest | sell_cost, "item",
+** "item2" (value), "amount" (set_price, cost, sell, restock, sell_cost)} (docs/tasks.md
+** "Prompt files"). PRL_ERR_FORMAT naming the field that the environment could not play. */
+prl_status prl_agent_task_from_spec(const json_t *env, prl_agent_task *t);
 /* The system message listing the tools (the same for every episode). */
 const char *prl_agent_system_prompt(void);
 /* "pear: stock 9, price 4, plum: ..." — canonical text of a world (for splits, logs). */
@@ -188,6 +214,9 @@ typedef struct prl_agent_step {
 prl_status prl_agent_env_init(prl_agent_env **env);
 /* Start the episode of (seed, difficulty); *task (may be NULL) gets the episode
 ** description, owned by the env and valid until the next reset. */
+/* Start the episode of task t (copied: from a spec, prl_agent_task_from_spec). */
+prl_status prl_agent_env_reset_task(prl_agent_env *env, const prl_agent_task *t,
+                                    const prl_agent_task **task);
 prl_status prl_agent_env_reset(prl_agent_env *env, uint64_t seed, int difficulty,
                                const prl_agent_task **task);
 /* Play one assistant turn. A turn with a tool call runs it and returns its observation

@@ -53,4 +53,7 @@ typedef struct tasks__buf {
 void tasks__buf_printf(tasks__buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tasks__buf_free(tasks__buf *b);
 
+/* The user message of an Agent task from its goal, item(s) and amount (agent.c). */
+void tasks__agent_prompt(prl_agent_task *t);
+
 #endif /* PRL_TASKS_INT_H */

@@ -148,6 +148,47 @@ START_TEST(test_task_mix)
 }
 END_TEST
 
+/* task.source / task.path / task.eval_*, reward.program (a list of strings kept as JSON) and
+** reward.network: defaults, a round trip, and every rule named in its error. */
+START_TEST(test_prompt_file_and_program_keys)
+{
+    prl_job_config c;
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    ck_assert_str_eq(c.task_source, "generate");
+    ck_assert(!prl_job_has_reward_program(&c) && c.eval_every == 0 && c.eval_samples == 1);
+    ck_assert_int_eq(prl_job_config_parse(&c,
+                                          "{\"task\": {\"source\": \"file\", \"path\": \"p.jsonl\","
+                                          " \"eval_every\": 5}, \"reward\": {\"program\": "
+                                          "[\"python3\", \"r.py\"], \"network\": true}}",
+                                          "job.json"),
+                     PRL_OK);
+    ck_assert(prl_job_has_reward_program(&c));
+    ck_assert_str_eq(c.reward_program, "[\"python3\",\"r.py\"]"); /* compact JSON */
+    char *text = prl_job_config_to_json(&c); /* the list goes back out as a list */
+    prl_job_config d;
+    ck_assert_int_eq(prl_job_config_default(&d), PRL_OK);
+    ck_assert_int_eq(prl_job_config_parse(&d, text, "round trip"), PRL_OK);
+    ck_assert_str_eq(d.reward_program, c.reward_program);
+    ck_assert_str_eq(d.task_path, "p.jsonl");
+    free(text);
+    prl_job_config_free(&d);
+    ck_assert_int_eq(prl_job_config_set(&c, "opd.enabled=true"), PRL_ERR_CONFIG);
+    ck_assert(strstr(prl_error_message(), "key 'opd.enabled' needs task.source = generate"));
+    prl_job_config_free(&c);
+    expect_error("{\"task\": {\"source\": \"file\"}}", "key 'task.path' is empty");
+    expect_error("{\"task\": {\"path\": \"p.jsonl\"}}",
+                 "key 'task.path' = p.jsonl needs task.source = file");
+    expect_error("{\"task\": {\"source\": \"files\"}}", "'files' is not one of generate|file");
+    expect_error("{\"task\": {\"eval_samples\": 0}}",
+                 "key 'task.eval_samples' = 0 is out of range");
+    expect_error("{\"reward\": {\"program\": \"python3 r.py\"}}",
+                 "key 'reward.program' must be an array");
+    expect_error("{\"reward\": {\"program\": [\"python3\", \"\"]}}",
+                 "key 'reward.program': entry 1 must be a non-empty string");
+    expect_error("{\"reward\": {\"network\": true}}", "key 'reward.network' needs reward.program");
+}
+END_TEST
+
 /* grpo.correction.*: nested keys and defaults, and every cross-key rule named in its error. */
 START_TEST(test_correction_keys)
 {
@@ -269,6 +310,7 @@ int main(void)
     tcase_add_test(tc, test_errors_name_the_key);
     tcase_add_test(tc, test_correction_keys);
     tcase_add_test(tc, test_task_mix);
+    tcase_add_test(tc, test_prompt_file_and_program_keys);
     tcase_add_test(tc, test_sft_recipe);
     suite_add_tcase(s, tc);
     return check_run(s);

@@ -1,7 +1,7 @@
 /*
 ** test_msg.c — the message homes of roles/msg/ (docs/protocol.md "Message types"): the
 ** registry, and for the types whose decoder checks more than the codec does (work, result,
-** hello, error, taught, exec) a round trip through the wire codec and each rule refused by
+** hello, error, taught, exec, score's token ids) a round trip through the wire codec and each rule refused by
 ** name. The batch messages (train, teach) are tested with their batches' rules in
 ** test_grpo_trainer.c, test_opd.c and test_replay.c.
 */
@@ -284,6 +284,59 @@ START_TEST(test_exec)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- score ------------ */
+
+/* `score` with and without the optional token ids (sent for reward programs), and the rules
+** on them: prompt_len in 1..n, ids >= 0; `work`'s eval flag round trip. */
+START_TEST(test_score_tokens_and_work_eval)
+{
+    int32_t ids[4] = {5, 6, 7, 8};
+    prl_msg_score x = {.lease = 1,
+                       .step = 2,
+                       .prompt = 3,
+                       .sample = 0,
+                       .task = "{}",
+                       .turns = "[{\"role\": \"assistant\", \"content\": \"hi\"}]"};
+    for (int with = 0; with < 2; with++) {
+        if (with) x.tokens = ids, x.n_tokens = 4, x.prompt_len = 3;
+        prl_bus_msg m, d;
+        assert_ok(prl_msg_score_encode(&x, "r", 1, &m));
+        wire(&m, &d);
+        prl_msg_score y;
+        assert_ok(prl_msg_score_decode(&d, &y));
+        ck_assert_uint_eq(y.n_tokens, with ? 4 : 0);
+        ck_assert_int_eq(y.prompt_len, with ? 3 : 0);
+        if (with) ck_assert_int_eq(y.tokens[3], 8);
+        prl_msg_score_free(&y);
+        prl_bus_msg_free(&d);
+    }
+    int bad_len[2] = {0, 5};
+    for (int i = 0; i < 3; i++) {
+        prl_bus_msg m, d;
+        x.tokens = ids, x.n_tokens = 4, x.prompt_len = i < 2 ? bad_len[i] : 2;
+        ids[1] = i == 2 ? -1 : 6;
+        assert_ok(prl_msg_score_encode(&x, "r", 1, &m));
+        wire(&m, &d);
+        prl_msg_score y;
+        ck_assert_int_eq(prl_msg_score_decode(&d, &y), PRL_ERR_FORMAT);
+        assert_msg_has(i < 2 ? "prompt_len" : "frame 'tokens'");
+        prl_bus_msg_free(&d);
+    }
+    for (int e = 0; e < 2; e++) {
+        prl_msg_work w =
+            {.lease = 1, .step = 2, .prompt = 3, .count = 1, .path = "p", .task = "{}", .eval = e};
+        prl_bus_msg m, d;
+        assert_ok(prl_msg_work_encode(&w, "r", 1, &m));
+        wire(&m, &d);
+        prl_msg_work y;
+        assert_ok(prl_msg_work_decode(&d, &y));
+        ck_assert_int_eq(y.eval, e);
+        prl_msg_work_free(&y);
+        prl_bus_msg_free(&d);
+    }
+}
+END_TEST
+
 static Suite *msg_suite(void)
 {
     Suite *s = suite_create("msg");
@@ -293,6 +346,7 @@ static Suite *msg_suite(void)
     tcase_add_test(tc, test_hello_error_work);
     tcase_add_test(tc, test_taught_scores);
     tcase_add_test(tc, test_exec);
+    tcase_add_test(tc, test_score_tokens_and_work_eval);
     suite_add_tcase(s, tc);
     return s;
 }

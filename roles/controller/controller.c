@@ -16,7 +16,8 @@
 ** The pieces (internal.h): leases.c (workers, leases, what is sent to them), prompts.c (the
 ** candidate sequence, retirement, revisits), steps.c (a step's groups, scheduling, the
 ** `train` item), teach.c (OPD's teacher items), receive.c (the workers' answers), metrics.c
-** (a step's metrics and progress line), record.c (every run.db write).
+** (a step's metrics and progress line), record.c (every run.db write), evals.c (in-run
+** evaluations of the eval split).
 */
 #include "roles/controller/internal.h"
 
@@ -115,7 +116,7 @@ static void cleanup(ctl *c)
 {
     for (int i = 0; i < MAX_INFLIGHT; i++)
         if (c->st[i].active) ctl_step_free(c, &c->st[i]);
-    for (int i = 0; i < c->n_tasks; i++) json_decref(c->task[i]), free(c->task_text[i]);
+    for (int i = 0; i < c->n_tasks + c->n_eval; i++) json_decref(c->task[i]), free(c->task_text[i]);
     free(c->task), free(c->task_text), free(c->task_id), free(c->retired), free(c->teacher_kl);
     free(c->task_teacher), free(c->perm);
     free(c->l), free(c->config_json);
@@ -152,8 +153,10 @@ prl_status prl_controller_run(const prl_controller_options *o)
                 o->job->name, ep, c->n_tasks, c->B, c->G, o->job->mode, c->lag,
                 (long long)c->next_step, o->job->steps);
     c->done = c->version >= o->job->steps;
+    c->eval_last = -1;
+    if (!rc) rc = ctl_eval_due(c, c->version);
     double last_expire = prl_now();
-    while (!rc && !c->done && !(o->stop && *o->stop)) {
+    while (!rc && (!c->done || ctl_eval_open(c)) && !(o->stop && *o->stop)) {
         prl_bus_msg m;
         prl_bus_peer from;
         int got = 0;

@@ -102,6 +102,11 @@ typedef struct step_run {
     uint64_t teach_rss_kb[PRL_OPD_TEACHERS]; /* VmHWM of the process that taught it */
     uint64_t proc_rss_kb[MAX_WORKERS];       /* per worker: VmHWM of its last answer */
     double t_taught;
+    /* in-run evaluation (evals.c): a step_run of the eval split at one version */
+    int eval;             /* 1: an evaluation, not a training step */
+    int gsize;            /* samples per group (0: the job's G) */
+    int64_t eval_version; /* the version evaluated, at eval_path */
+    char eval_path[1024];
 } step_run;
 
 typedef struct ctl {
@@ -120,6 +125,8 @@ typedef struct ctl {
     double *teacher_kl;   /* OPD: each prompt's teacher KL at its last taught visit (-1: none) */
     int8_t *task_teacher; /* OPD: each prompt's teacher index (-1: none) */
     int n_tasks;
+    int n_eval;         /* eval-split tasks, at task[n_tasks .. n_tasks + n_eval) */
+    int64_t eval_last;  /* newest version evaluated or being evaluated (-1: none) */
     int64_t perm_epoch; /* epoch of perm[] */
     int *perm;
     /* workers and leases */
@@ -155,6 +162,9 @@ typedef struct ctl {
 /* controller.c */
 /* "[controller] message" on stderr. */
 void ctl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Samples per group of step r: G, or an evaluation's 1 + k. */
+static inline int ctl_gsize(const ctl *c, const step_run *r) { return r->gsize ? r->gsize : c->G; }
 
 /* leases.c */
 /* The worker called `name` / behind socket identity `p`, or NULL. */
@@ -207,6 +217,8 @@ int ctl_step_rolled(const ctl *c, const step_run *r);
 int ctl_sample_fresh(const ctl *c, const step_run *r, const slot *s);
 /* Hand out everything that can start now, oldest step first. */
 prl_status ctl_schedule(ctl *c);
+/* A new group of r on prompt index `prompt` (a train task, or an eval task for r->eval). */
+prl_status ctl_group_add(ctl *c, step_run *r, int prompt, int64_t epoch);
 
 /* teach.c */
 /* Hand out a rolled-out step's teach items; 1 when every teacher has answered. */
@@ -217,6 +229,19 @@ prl_status ctl_train_teachers(ctl *c, step_run *r, const prl_grpo_batch *b, prl_
 prl_status ctl_record_teacher_kls(ctl *c, const step_run *r);
 /* A teacher's answer. */
 void ctl_on_taught(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
+
+/* evals.c (task.eval_every, docs/pipeline.md "In-run evaluation") */
+/* Open the evaluation of version v when it is due (v = 0, every eval_every-th, the last). */
+prl_status ctl_eval_due(ctl *c, int64_t v);
+/* An evaluation is in flight (the run waits for it before it ends). */
+int ctl_eval_open(const ctl *c);
+/* An evaluation's sample j of group g is scored (or its scoring failed): when every sample
+** is, the results go to run.db (event `eval`) and the evaluation closes. */
+void ctl_eval_scored(ctl *c, step_run *r, group *g);
+/* A failed item of an evaluation: handed out again up to MAX_ATTEMPTS, then a score counts
+** as wrong and a rollout gives the evaluation up (event `eval_failed`): an evaluation never
+** fails the run. */
+void ctl_eval_failed(ctl *c, step_run *r, group *g, lease_kind kind, int j, const char *why);
 
 /* receive.c */
 /* A message from w that cannot be taken (why): an `error` to w, and when it names a lease of

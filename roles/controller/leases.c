@@ -107,6 +107,10 @@ void ctl_lease_failed(ctl *c, lease *l, const char *why)
     ctl_lease_requeue(c, l, why);
     if (!r || (kind != LEASE_TEACH && gi >= r->n)) return;
     group *g = kind == LEASE_TEACH ? NULL : &r->g[gi];
+    if (r->eval) {
+        ctl_eval_failed(c, r, g, kind, j, why);
+        return;
+    }
     if (kind == LEASE_SCORE && ++g->s[j].failures >= MAX_ATTEMPTS) {
         ctl_event(c, "score_failed", "{\"step\": %lld, \"prompt\": \"%s\", \"sample\": %d}",
                   (long long)r->step, c->task_id[g->prompt], j);

@@ -1,6 +1,6 @@
 /*
-** prompts.c — the controller's prompts (internal.h): the train split loaded and recorded
-** in run.db, the candidate sequence (every prompt once an epoch, in a shuffled order), the
+** prompts.c — the controller's prompts (internal.h): the train split (and the eval split
+** of in-run evaluations) generated or read from a prompt file and recorded in run.db, the candidate sequence (every prompt once an epoch, in a shuffled order), the
 ** retirement of prompts always solved or never solved, and OPD's revisits.
 */
 #include "roles/controller/internal.h"
@@ -10,29 +10,116 @@
 #include <stdlib.h>
 #include <string.h>
 
-static prl_status collect_task(void *user, json_t *line)
+/* The task arrays being filled: the train split first, then (eval = 1) the eval split. */
+typedef struct collector {
+    ctl *c;
+    int eval;    /* collecting the eval split */
+    int n_train; /* counting pass: lines of each split */
+    int n_eval;
+    int counting; /* 1: only count (prompt files are read twice: count, then keep) */
+} collector;
+
+static prl_status keep_task(ctl *c, json_t *line)
 {
-    ctl *c = user;
-    int i = c->n_tasks;
+    int i = c->n_tasks + c->n_eval;
     c->task[i] = json_incref(line);
     c->task_text[i] = json_dumps(line, JSON_COMPACT | JSON_SORT_KEYS);
     c->task_id[i] = json_string_value(json_object_get(line, "id"));
     if (!c->task_text[i]) return prl_error_set(PRL_ERR_NOMEM, "task %d", i);
     if (!c->task_id[i]) return prl_error_set(PRL_ERR_FORMAT, "task %d has no \"id\"", i);
-    c->n_tasks++;
     return PRL_OK;
 }
 
-/* The train split of the job's domain — of each of the four with task.domain = mixed
-** (round(train_problems · task.mix.<d>) each, in prl_task_domain order) — recorded in run.db
-** (idempotent on resume). */
+static prl_status collect_task(void *user, json_t *line)
+{
+    collector *k = user;
+    ctl *c = k->c;
+    const char *split = json_string_value(json_object_get(line, "split"));
+    int is_eval = split && !strcmp(split, "eval");
+    if (k->counting) {
+        if (!is_eval) k->n_train++;
+        else if (k->n_eval < c->job->eval_problems) k->n_eval++;
+        return PRL_OK;
+    }
+    if (is_eval != k->eval) return PRL_OK;
+    if (is_eval && c->n_eval >= k->n_eval) return PRL_OK; /* the first eval_problems */
+    prl_status rc = keep_task(c, line);
+    if (!rc && is_eval) c->n_eval++;
+    else if (!rc) c->n_tasks++;
+    return rc;
+}
+
+/* The generated problems of one split: the job's domain, or each of the four with
+** task.domain = mixed (train: round(train_problems · task.mix.<d>) each; eval:
+** task.eval_problems each), in prl_task_domain order. */
+static prl_status generate_split(collector *k, prl_task_split split)
+{
+    const prl_job_config *j = k->c->job;
+    prl_status rc = PRL_OK;
+    for (int d = 0; d < PRL_TASK_N_DOMAINS && !rc; d++) {
+        int n = prl_job_mix_problems(j, (prl_task_domain)d);
+        if (n == 0) continue;
+        prl_tasks_config tc;
+        prl_tasks_config_default(&tc, (prl_task_domain)d);
+        tc.split = split, tc.seed = j->seed, tc.difficulty = j->difficulty;
+        tc.n = split == PRL_SPLIT_TRAIN ? n : j->eval_problems;
+        if (k->counting) {
+            *(split == PRL_SPLIT_TRAIN ? &k->n_train : &k->n_eval) += tc.n;
+            continue;
+        }
+        k->eval = split == PRL_SPLIT_EVAL;
+        rc = prl_tasks_generate(&tc, collect_task, k);
+    }
+    return rc;
+}
+
+/* Both splits into k->c's arrays (k->counting: only their sizes). */
+static prl_status read_tasks(collector *k)
+{
+    const prl_job_config *j = k->c->job;
+    int eval = j->eval_every > 0;
+    if (!strcmp(j->task_source, "file")) {
+        prl_tasks_file_options fo = {.require_verifier = !prl_job_has_reward_program(j)};
+        k->eval = 0;
+        prl_status rc = prl_reward_file_read(j->task_path, &fo, collect_task, k);
+        if (!rc && eval && !k->counting)
+            k->eval = 1, rc = prl_reward_file_read(j->task_path, &fo, collect_task, k);
+        if (!rc && k->counting && !eval) k->n_eval = 0;
+        if (!rc && k->counting && k->n_train == 0)
+            rc = prl_error_set(PRL_ERR_FORMAT, "%s: no line is in the train split", j->task_path);
+        return rc;
+    }
+    prl_status rc = generate_split(k, PRL_SPLIT_TRAIN);
+    if (!rc && eval) rc = generate_split(k, PRL_SPLIT_EVAL);
+    return rc;
+}
+
+/* Record tasks [from, to) of one split in run.db (idempotent on resume). */
+static prl_status record_tasks(ctl *c, int from, int to, const char *split)
+{
+    prl_status rc = PRL_OK;
+    for (int i = from; i < to && !rc; i++) {
+        json_t *dj = json_object_get(c->task[i], "difficulty");
+        const char *dom = json_string_value(json_object_get(c->task[i], "domain"));
+        prl_store_prompt p = {.run = c->run,
+                              .prompt_id = c->task_id[i],
+                              .domain = dom ? dom : c->job->domain,
+                              .split = split,
+                              .task = c->task_text[i],
+                              .difficulty = (int)json_integer_value(dj)};
+        rc = prl_store_prompt_put(c->db, &p);
+    }
+    return rc;
+}
+
+/* The train split — generated (the job's domain, or the four of task.domain = mixed) or
+** read from task.path — and, with task.eval_every, the eval split, recorded in run.db. */
 prl_status ctl_load_tasks(ctl *c)
 {
-    const prl_job_config *j = c->job;
-    prl_status rc = PRL_OK;
-    size_t n = 0;
-    for (int k = 0; k < PRL_TASK_N_DOMAINS; k++)
-        n += (size_t)prl_job_mix_problems(j, (prl_task_domain)k);
+    collector k = {.c = c, .counting = 1};
+    prl_status rc = read_tasks(&k);
+    if (rc) return rc;
+    size_t n = (size_t)k.n_train + (size_t)k.n_eval;
     c->task = calloc(n, sizeof *c->task);
     c->task_text = calloc(n, sizeof *c->task_text);
     c->task_id = calloc(n, sizeof *c->task_id);
@@ -43,28 +130,11 @@ prl_status ctl_load_tasks(ctl *c)
     if (!c->task || !c->task_text || !c->task_id || !c->retired || !c->teacher_kl ||
         !c->task_teacher || !c->perm)
         return prl_error_set(PRL_ERR_NOMEM, "%zu tasks", n);
-    for (int k = 0; k < PRL_TASK_N_DOMAINS && !rc; k++) {
-        prl_tasks_config tc;
-        prl_tasks_config_default(&tc, (prl_task_domain)k);
-        tc.split = PRL_SPLIT_TRAIN, tc.n = prl_job_mix_problems(j, (prl_task_domain)k),
-        tc.seed = j->seed;
-        if (tc.n == 0) continue;
-        tc.difficulty = j->difficulty;
-        rc = prl_tasks_generate(&tc, collect_task, c);
-    }
-    if (rc) return rc;
+    k.counting = 0;
+    if ((rc = read_tasks(&k))) return rc;
     if ((rc = prl_store_begin(c->db))) return rc;
-    for (int i = 0; i < c->n_tasks && !rc; i++) {
-        json_t *dj = json_object_get(c->task[i], "difficulty");
-        const char *dom = json_string_value(json_object_get(c->task[i], "domain"));
-        prl_store_prompt p = {.run = c->run,
-                              .prompt_id = c->task_id[i],
-                              .domain = dom ? dom : j->domain,
-                              .split = "train",
-                              .task = c->task_text[i],
-                              .difficulty = (int)json_integer_value(dj)};
-        rc = prl_store_prompt_put(c->db, &p);
-    }
+    rc = record_tasks(c, 0, c->n_tasks, "train");
+    if (!rc) rc = record_tasks(c, c->n_tasks, c->n_tasks + c->n_eval, "eval");
     rc = rc ? (prl_store_rollback(c->db), rc) : prl_store_commit(c->db);
     for (int i = 0; i < c->n_tasks && !rc; i++) {
         prl_store_prompt p;

@@ -126,10 +126,10 @@ static void take_result(ctl *c, step_run *r, group *g, slot *s, const worker *w,
     snprintf(s->worker, sizeof s->worker, "%s", w->name);
     g->generated++;
     r->gen_tokens += (double)nr;
-    if (g->generated == c->G) {
+    if (g->generated == ctl_gsize(c, r)) {
         r->gen_seconds += s->gen_s;
         int done = 1;
-        for (int i = 0; i < r->n; i++) done &= r->g[i].generated == c->G;
+        for (int i = 0; i < r->n; i++) done &= r->g[i].generated == ctl_gsize(c, r);
         if (done) r->t_rolled = prl_now();
     }
 }
@@ -140,7 +140,7 @@ static int result_in_flight(ctl *c, worker *w, const prl_msg_result *x, uint64_t
 {
     int gi;
     *g = find_group(c, x->step, x->prompt, r, &gi);
-    if (!*g || x->sample >= (uint64_t)c->G) {
+    if (!*g || x->sample >= (uint64_t)ctl_gsize(c, *r)) {
         ctl_send_error(c, &w->peer, id,
                        "result for step %llu prompt %llu sample %llu: no such work in flight",
                        (unsigned long long)x->step, (unsigned long long)x->prompt,
@@ -184,7 +184,7 @@ void ctl_on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
                   "\"a repeated result differs from the first; the first is kept\"}",
                   (unsigned long long)x.step, c->task_id[g->prompt], (unsigned long long)x.sample);
     prl_msg_result_free(&x);
-    if (g->generated == c->G && g->lease) {
+    if (g->generated == ctl_gsize(c, r) && g->lease) {
         lease *l = ctl_lease_find(c, g->lease);
         g->lease = 0;
         if (l) ctl_lease_end(c, l->id);
@@ -201,7 +201,7 @@ void ctl_on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     step_run *r;
     int gi;
     group *g = find_group(c, x.step, x.prompt, &r, &gi);
-    if (!g || x.sample >= (uint64_t)c->G || g->s[x.sample].state != 1) {
+    if (!g || x.sample >= (uint64_t)ctl_gsize(c, r) || g->s[x.sample].state != 1) {
         ctl_send_error(
             c, &w->peer, id, "scored: step %llu prompt %llu sample %llu is not waiting for a score",
             (unsigned long long)x.step, (unsigned long long)x.prompt, (unsigned long long)x.sample);
@@ -227,6 +227,11 @@ void ctl_on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     s->score_s = 1e-6 * (double)x.score_us;
     s->state = 2;
     r->score_seconds += s->score_s;
+    if (r->eval) { /* evaluation samples are tallied, not stored (evals.c) */
+        g->scored++;
+        ctl_eval_scored(c, r, g);
+        return;
+    }
     c->fatal = ctl_store_sample(c, r, g, (int)x.sample);
     if (c->fatal) return;
     g->scored++;

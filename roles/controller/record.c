@@ -142,6 +142,7 @@ prl_status ctl_step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
     ctl_step_free(c, r);
     prune_checkpoints(c);
     if (c->version >= c->job->steps) c->done = 1;
+    if (!rc) rc = ctl_eval_due(c, c->version);
     return rc;
 }
 

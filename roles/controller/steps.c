@@ -19,7 +19,7 @@ void ctl_slot_free(slot *s)
 void ctl_step_free(ctl *c, step_run *r)
 {
     for (int i = 0; i < r->n; i++) {
-        for (int j = 0; j < c->G; j++) ctl_slot_free(&r->g[i].s[j]);
+        for (int j = 0; j < ctl_gsize(c, r); j++) ctl_slot_free(&r->g[i].s[j]);
         free(r->g[i].s);
     }
     free(r->g);
@@ -35,7 +35,7 @@ step_run *ctl_step_find(ctl *c, int64_t step)
 
 /* ---------------------------------------------------------------- steps ------------ */
 
-static prl_status group_add(ctl *c, step_run *r, int prompt, int64_t epoch)
+prl_status ctl_group_add(ctl *c, step_run *r, int prompt, int64_t epoch)
 {
     if (r->n == r->cap) {
         int cap = r->cap ? 2 * r->cap : c->B;
@@ -46,11 +46,11 @@ static prl_status group_add(ctl *c, step_run *r, int prompt, int64_t epoch)
     group *g = &r->g[r->n];
     *g = (group){.prompt = prompt,
                  .epoch = epoch,
-                 .s = calloc((size_t)c->G, sizeof(slot)),
+                 .s = calloc((size_t)ctl_gsize(c, r), sizeof(slot)),
                  .teacher = -1};
-    if (c->job->opd_enabled) /* the teacher of the prompt's domain (every one is configured) */
+    if (c->job->opd_enabled && !r->eval) /* the teacher of the prompt's domain */
         g->teacher = c->task_teacher[prompt];
-    if (!g->s) return prl_error_set(PRL_ERR_NOMEM, "group of %d samples", c->G);
+    if (!g->s) return prl_error_set(PRL_ERR_NOMEM, "group of %d samples", ctl_gsize(c, r));
     r->n++;
     return PRL_OK;
 }
@@ -109,7 +109,7 @@ static prl_status step_open(ctl *c)
                                  "raise task.train_problems)",
                                  (long long)r->step);
         }
-        rc = group_add(c, r, p, e);
+        rc = ctl_group_add(c, r, p, e);
         if (!rc) r->g[r->n - 1].revisit = revisit;
     }
     c->next_step++;
@@ -168,7 +168,7 @@ void ctl_judge_group(ctl *c, step_run *r, group *g)
         if (r->n < CANDIDATE_FACTOR * c->B) {
             int64_t e;
             int p = ctl_next_candidate(c, r, &e);
-            if (p >= 0 && group_add(c, r, p, e)) ctl_log("%s", prl_error_message());
+            if (p >= 0 && ctl_group_add(c, r, p, e)) ctl_log("%s", prl_error_message());
         }
         return;
     }
@@ -196,10 +196,11 @@ static prl_status lease_rollout(ctl *c, step_run *r, int gi, worker *w)
                       .step = (uint64_t)r->step,
                       .prompt = (uint64_t)g->prompt,
                       .sample = 0,
-                      .count = (uint64_t)c->G,
-                      .policy_version = (uint64_t)c->version,
-                      .path = c->version_path,
-                      .task = c->task_text[g->prompt]};
+                      .count = (uint64_t)ctl_gsize(c, r),
+                      .policy_version = (uint64_t)(r->eval ? r->eval_version : c->version),
+                      .path = r->eval ? r->eval_path : c->version_path,
+                      .task = c->task_text[g->prompt],
+                      .eval = r->eval};
     prl_bus_msg m;
     if ((rc = prl_msg_work_encode(&x, c->job->name, ++c->next_id, &m))) return rc;
     if (ctl_send_msg(c, w, &m)) ctl_lease_requeue(c, l, "send failed");
@@ -220,7 +221,10 @@ static prl_status lease_score(ctl *c, step_run *r, int gi, int j, worker *w)
                        .sample = (uint64_t)j,
                        .truncated = s->truncated,
                        .task = c->task_text[g->prompt],
-                       .turns = s->turns};
+                       .turns = s->turns,
+                       .tokens = prl_job_has_reward_program(c->job) ? s->tokens : NULL,
+                       .n_tokens = (size_t)s->n,
+                       .prompt_len = s->prompt_len};
     prl_bus_msg m;
     if ((rc = prl_msg_score_encode(&x, c->job->name, ++c->next_id, &m))) return rc;
     if (ctl_send_msg(c, w, &m)) ctl_lease_requeue(c, l, "send failed");
@@ -338,6 +342,30 @@ static prl_status lease_train(ctl *c, step_run *r, worker *w)
     return PRL_OK;
 }
 
+/* Lease r's rollouts and scores to idle workers. */
+static prl_status lease_samples(ctl *c, step_run *r)
+{
+    prl_status rc = PRL_OK;
+    int G = ctl_gsize(c, r);
+    for (int gi = 0; gi < r->n && !rc; gi++) {
+        group *g = &r->g[gi];
+        if (!g->lease && g->generated < G) {
+            worker *w = ctl_idle_worker(c, "rollout");
+            if (!w) break;
+            rc = lease_rollout(c, r, gi, w);
+        }
+    }
+    for (int gi = 0; gi < r->n && !rc; gi++)
+        for (int j = 0; j < G && !rc; j++) {
+            slot *s = &r->g[gi].s[j];
+            if (s->state != 1 || s->score_lease) continue;
+            worker *w = ctl_idle_worker(c, "reward");
+            if (!w) break;
+            rc = lease_score(c, r, gi, j, w);
+        }
+    return rc;
+}
+
 /* Hand out everything that can start now, oldest step first. */
 prl_status ctl_schedule(ctl *c)
 {
@@ -349,25 +377,12 @@ prl_status ctl_schedule(ctl *c)
         if (!free_slot) break;
         rc = step_open(c);
     }
+    for (int i = 0; i < MAX_INFLIGHT && !rc; i++) /* an evaluation goes first: it is short */
+        if (c->st[i].active && c->st[i].eval) rc = lease_samples(c, &c->st[i]);
     for (int64_t t = c->next_step - MAX_INFLIGHT; !rc && t < c->next_step; t++) {
         step_run *r = ctl_step_find(c, t);
         if (!r) continue;
-        for (int gi = 0; gi < r->n && !rc; gi++) {
-            group *g = &r->g[gi];
-            if (!g->lease && g->generated < c->G) {
-                worker *w = ctl_idle_worker(c, "rollout");
-                if (!w) break;
-                rc = lease_rollout(c, r, gi, w);
-            }
-        }
-        for (int gi = 0; gi < r->n && !rc; gi++)
-            for (int j = 0; j < c->G && !rc; j++) {
-                slot *s = &r->g[gi].s[j];
-                if (s->state != 1 || s->score_lease) continue;
-                worker *w = ctl_idle_worker(c, "reward");
-                if (!w) break;
-                rc = lease_score(c, r, gi, j, w);
-            }
+        rc = lease_samples(c, r);
         if (!rc && !r->train_lease && ctl_step_rolled(c, r) && !ctl_step_taught(c, r, &rc))
             continue;
         if (!rc && !r->train_lease && r->step == c->version && ctl_step_rolled(c, r)) {

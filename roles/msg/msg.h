@@ -118,6 +118,7 @@ typedef struct prl_msg_work {
     const char *path;
     const char *task;  /* encode: the task as JSON text */
     json_t *task_json; /* decode, owned: the task, a JSON object */
+    int eval;          /* an in-run evaluation: sample 0 greedy, the others sampled */
 } prl_msg_work;
 prl_status prl_msg_work_encode(const prl_msg_work *x, const char *run, uint64_t id, prl_bus_msg *m);
 prl_status prl_msg_work_decode(const prl_bus_msg *m, prl_msg_work *x);
@@ -163,6 +164,11 @@ typedef struct prl_msg_score {
     json_t *turns_json;     /* decode, owned */
     prl_chat_message *msgs; /* decode, owned array: the turns (strings in turns_json) */
     size_t n_msgs;
+    /* optional: the sample's token ids (prompt then response) and the prompt's length, for
+    ** reward programs (frame `tokens`, field `prompt_len`; NULL / 0 when absent) */
+    int32_t *tokens; /* encode: borrowed; decode: owned */
+    size_t n_tokens;
+    int prompt_len;
 } prl_msg_score;
 prl_status prl_msg_score_encode(const prl_msg_score *x, const char *run, uint64_t id,
                                 prl_bus_msg *m);

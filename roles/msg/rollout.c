@@ -14,7 +14,7 @@ const prl_bus_type_spec prl_msg_work_spec = {
     "the controller leases one work item to a worker (rollout: `count` samples of one "
     "prompt from index `sample`, at the checkpoint `path`)",
     {MSG_U("lease"), MSG_U("step"), MSG_U("prompt"), MSG_U("sample"), MSG_U("policy_version"),
-     MSG_S_OPT("task"), MSG_U_OPT("count"), MSG_S_OPT("path")},
+     MSG_S_OPT("task"), MSG_U_OPT("count"), MSG_S_OPT("path"), MSG_U_OPT("eval")},
     {{0}}};
 const prl_bus_type_spec prl_msg_result_spec = {
     "result",
@@ -35,6 +35,7 @@ prl_status prl_msg_work_encode(const prl_msg_work *x, const char *run, uint64_t 
     if (!rc) rc = prl_bus_msg_set_uint(m, "count", x->count);
     if (!rc) rc = prl_bus_msg_set_uint(m, "policy_version", x->policy_version);
     if (!rc) rc = prl_bus_msg_set_str(m, "path", x->path);
+    if (!rc) rc = msg_set_uint_opt(m, "eval", (uint64_t)(x->eval != 0));
     if (!rc) rc = prl_bus_msg_add_frame(m, "task", PRL_BUS_BYTES, x->task, strlen(x->task));
     return msg_done(rc, m, "work");
 }
@@ -50,6 +51,7 @@ static prl_status work_decode(const prl_bus_msg *m, prl_msg_work *x)
     if (!rc) rc = msg_uint(m, "policy_version", &x->policy_version);
     if (!rc) rc = msg_str(m, "path", &x->path);
     if (rc) return rc;
+    x->eval = msg_uint_or(m, "eval", 0) != 0;
     if (x->count < 1 || x->count > PRL_MSG_MAX_SAMPLES || x->sample > PRL_MSG_MAX_SAMPLE)
         return prl_error_set(PRL_ERR_ARG,
                              "count %llu must be in 1..%d and sample %llu at most "

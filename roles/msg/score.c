@@ -11,8 +11,9 @@
 const prl_bus_type_spec prl_msg_score_spec = {
     "score",
     "the controller leases the scoring of one sample to a reward worker",
-    {MSG_U("lease"), MSG_U("step"), MSG_U("prompt"), MSG_U("sample"), MSG_U_OPT("truncated")},
-    {{"task", PRL_BUS_BYTES}, {"turns", PRL_BUS_BYTES}}};
+    {MSG_U("lease"), MSG_U("step"), MSG_U("prompt"), MSG_U("sample"), MSG_U_OPT("truncated"),
+     MSG_U_OPT("prompt_len")},
+    {{"task", PRL_BUS_BYTES}, {"turns", PRL_BUS_BYTES}}}; /* optional frame: tokens (i32) */
 const prl_bus_type_spec prl_msg_scored_spec = {
     "scored",
     "a reward worker returns a sample's reward and breakdown (JSON)",
@@ -50,7 +51,32 @@ prl_status prl_msg_score_encode(const prl_msg_score *x, const char *run, uint64_
     if (!rc) rc = prl_bus_msg_set_uint(m, "truncated", (uint64_t)(x->truncated != 0));
     if (!rc) rc = prl_bus_msg_add_frame(m, "task", PRL_BUS_BYTES, x->task, strlen(x->task));
     if (!rc) rc = prl_bus_msg_add_frame(m, "turns", PRL_BUS_BYTES, x->turns, strlen(x->turns));
+    if (!rc && x->tokens) rc = prl_bus_msg_set_uint(m, "prompt_len", (uint64_t)x->prompt_len);
+    if (!rc && x->tokens)
+        rc = prl_bus_msg_add_frame(m, "tokens", PRL_BUS_I32, x->tokens, x->n_tokens);
     return msg_done(rc, m, "score");
+}
+
+/* The optional frame `tokens` (ids >= 0) with `prompt_len` in [1, n_tokens]. */
+static prl_status score_tokens(const prl_bus_msg *m, prl_msg_score *x)
+{
+    if (!prl_bus_msg_frame(m, "tokens")) return PRL_OK;
+    const prl_bus_frame *f;
+    uint64_t pl = 0;
+    prl_status rc = msg_frame(m, "tokens", PRL_BUS_I32, SIZE_MAX, &f);
+    if (!rc) rc = msg_uint(m, "prompt_len", &pl);
+    if (rc) return rc;
+    if (f->count == 0 || pl < 1 || pl > f->count)
+        return prl_error_set(PRL_ERR_FORMAT, "prompt_len %llu must be in 1..%zu (frame 'tokens')",
+                             (unsigned long long)pl, f->count);
+    x->tokens = malloc(f->count * sizeof *x->tokens);
+    if (!x->tokens) return prl_error_set(PRL_ERR_NOMEM, "score tokens");
+    memcpy(x->tokens, f->data, f->count * sizeof *x->tokens);
+    x->n_tokens = f->count, x->prompt_len = (int)pl;
+    for (size_t i = 0; i < x->n_tokens; i++)
+        if (x->tokens[i] < 0)
+            return prl_error_set(PRL_ERR_FORMAT, "frame 'tokens': id %d at %zu", x->tokens[i], i);
+    return PRL_OK;
 }
 
 static prl_status score_decode(const prl_bus_msg *m, prl_msg_score *x)
@@ -61,6 +87,7 @@ static prl_status score_decode(const prl_bus_msg *m, prl_msg_score *x)
     x->truncated = msg_uint_or(m, "truncated", 0) != 0;
     x->task = prl_bus_msg_text(m, "task");
     if (!x->task) return PRL_ERR_FORMAT;
+    if ((rc = score_tokens(m, x))) return rc;
     if ((rc = msg_json(m, "turns", &x->turns_json))) return rc;
     if (!json_is_array(x->turns_json))
         return prl_error_set(PRL_ERR_FORMAT, "frame 'turns' is not a JSON array");
@@ -77,7 +104,7 @@ prl_status prl_msg_score_decode(const prl_bus_msg *m, prl_msg_score *x)
 
 void prl_msg_score_free(prl_msg_score *x)
 {
-    free((char *)x->task), free(x->msgs);
+    free((char *)x->task), free(x->msgs), free(x->tokens);
     json_decref(x->turns_json);
     memset(x, 0, sizeof *x);
 }
