@@ -7,7 +7,7 @@
 **   tokenizer_parallel.c  the multi-threaded window encoder (identical to serial)
 **   tokenizer_train.c     the trainer (greedy BPE over counted chunks)
 **   tokenizer_chat.c      chat encoding for SFT (turns, loss mask), prl_chat_from_json
-**   tokenizer_json.c      tokenizer.json save/load (format in docs/formats.md)
+**   tokenizer_json.c      tokenizer.json save/load (format in docs/tokenizer.md)
 **   tokenizer_hf*.c       imported Hugging Face tokenizer.json files: load (tokenizer_hf.c),
 **                         normalizers, pre-tokenizers and decoders parsed
 **                         (tokenizer_hf_parse.c) and run (tokenizer_hf_steps.c), encoding

@@ -227,14 +227,14 @@ prl_status prl_tokenizer_encode_chat_turn(const prl_tokenizer *tok, const prl_ch
 ** recognised by its distinctive strings (no Jinja engine): ChatML (Qwen, <|im_start|>role\n
 ** content<|im_end|>\n), Llama-3 (<|start_header_id|>role<|end_header_id|>\n\ncontent
 ** <|eot_id|>, content trimmed) and DeepSeek-V3 (bos, system text, <｜User｜>content,
-** <｜Assistant｜>content<｜end▁of▁sentence｜>), with the details of docs/formats.md; checked
+** <｜Assistant｜>content<｜end▁of▁sentence｜>), with the details of docs/tokenizer.md; checked
 ** against the real templates rendered by Hugging Face's Jinja engine. The loss mask covers
 ** assistant content and its end token. Without a recognised template chat encoding is an
 ** error naming the file. */
 
 /* ---- files ----------------------------------------------------------------------------- */
 
-/* Write a Hugging Face style tokenizer.json (docs/formats.md) atomically: path.tmp, fsync,
+/* Write a Hugging Face style tokenizer.json (docs/tokenizer.md) atomically: path.tmp, fsync,
 ** rename, fsync of the directory. An imported tokenizer writes back the bytes of the file it
 ** was loaded from (and its tokenizer_config.json beside path, when it had one). */
 prl_status prl_tokenizer_save(const prl_tokenizer *tok, const char *path);
@@ -242,7 +242,7 @@ prl_status prl_tokenizer_save(const prl_tokenizer *tok, const char *path);
 /* Read and fully validate a tokenizer.json. With a "prl" object: one written by
 ** prl_tokenizer_save (format version, special tokens, byte tokens, duplicate/missing ids,
 ** every merge). Without: a Hugging Face BPE tokenizer.json, imported (tokenizer_hf.c; what is
-** supported is in docs/formats.md; anything else is an error naming it), with the
+** supported is in docs/tokenizer.md; anything else is an error naming it), with the
 ** tokenizer_config.json beside it when present (roles, chat template). *out owned by caller. */
 prl_status prl_tokenizer_load(const char *path, prl_tokenizer **out);
 

@@ -2,7 +2,7 @@
 ** tokenizer_json.c — tokenizer.json: save in Hugging Face's layout (added tokens, the
 ** pre-tokenizer as a Split regex, byte-level model.vocab and model.merges, prl's own object)
 ** and a strict load that checks every field and rebuilds the tokenizer merge by merge
-** (format in docs/formats.md). A file without the "prl" object is a Hugging Face one and is
+** (format in docs/tokenizer.md). A file without the "prl" object is a Hugging Face one and is
 ** imported by tokenizer_hf.c.
 */
 #include "engine/tokenizer_int.h"
