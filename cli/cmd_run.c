@@ -158,7 +158,7 @@ int cmd_run(int argc, char **argv)
     } else {
         rc = prl_job_config_load(&job, pos[0]);
     }
-    for (int i = 0; i < n_sets && !rc; i++) rc = prl_job_config_set(&job, sets[i]);
+    if (!rc && n_sets) rc = prl_job_config_set_all(&job, (const char *const *)sets, n_sets);
     if (!rc && !resume) {
         snprintf(run_dir, sizeof run_dir, "%s/%s", runs, job.name);
         rc = cli_run_job_path(run_dir, job_path, sizeof job_path);

@@ -158,6 +158,12 @@ prl_status prl_job_config_set(prl_job_config *c, const char *assignment)
 {
     return prl_keys_set(&table, c, assignment);
 }
+prl_status prl_job_config_set_all(prl_job_config *c, const char *const *assignments, int n)
+{
+    prl_status rc = PRL_OK;
+    for (int i = 0; i < n && !rc; i++) rc = prl_keys_assign(&table, c, assignments[i]);
+    return rc ? rc : prl_job_config_check(c, "--set");
+}
 
 /* grpo.correction's cross-key rules, on the strings, so that `prl run` refuses a bad job
 ** before any process starts (the trainer's prl_grpo_corr_config_check applies the same rules

@@ -117,6 +117,9 @@ prl_status prl_job_config_load(prl_job_config *c, const char *path);
 /* One `--set key=value` override: the value is JSON (a number, true/false, a quoted string)
 ** or, when it does not parse as JSON, a bare string. Validates the whole config after. */
 prl_status prl_job_config_set(prl_job_config *c, const char *assignment);
+/* n overrides applied in order, then the whole config validated once, so that keys with a
+** rule between them (task.source = file and task.path) can be set together. */
+prl_status prl_job_config_set_all(prl_job_config *c, const char *const *assignments, int n);
 /* The job scores with a reward program (reward.program is not empty). */
 int prl_job_has_reward_program(const prl_job_config *c);
 /* Train problems of domain d in this job: task.train_problems for its one domain (0 for the

@@ -192,6 +192,12 @@ prl_status prl_keys_load(const prl_key_table *t, void *cfg, const char *path)
 
 prl_status prl_keys_set(const prl_key_table *t, void *cfg, const char *assignment)
 {
+    prl_status rc = prl_keys_assign(t, cfg, assignment);
+    return rc || !t->check ? rc : t->check(cfg, "--set");
+}
+
+prl_status prl_keys_assign(const prl_key_table *t, void *cfg, const char *assignment)
+{
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment)
         return prl_error_set(PRL_ERR_CONFIG, "--set '%s': expected key=value", assignment);
@@ -206,7 +212,7 @@ prl_status prl_keys_set(const prl_key_table *t, void *cfg, const char *assignmen
     if (!v) v = json_string(eq + 1); /* a bare word is a string */
     prl_status rc = v ? assign(cfg, k, v, "--set") : prl_error_set(PRL_ERR_NOMEM, "--set");
     json_decref(v);
-    return rc || !t->check ? rc : t->check(cfg, "--set");
+    return rc;
 }
 
 char *prl_keys_to_json(const prl_key_table *t, const void *cfg)

@@ -60,6 +60,9 @@ prl_status prl_keys_parse(const prl_key_table *t, void *cfg, const char *json_te
 prl_status prl_keys_load(const prl_key_table *t, void *cfg, const char *path);
 /* One `key=value` override: the value is JSON, or a bare word as a string; then t->check. */
 prl_status prl_keys_set(const prl_key_table *t, void *cfg, const char *assignment);
+/* The same without t->check: for several overrides checked together once (keys whose
+** cross-key rules hold only when all of them are set). */
+prl_status prl_keys_assign(const prl_key_table *t, void *cfg, const char *assignment);
 /* The whole config as nested JSON text (malloc'd, keys in table order), or NULL. */
 char *prl_keys_to_json(const prl_key_table *t, const void *cfg);
 

@@ -186,6 +186,21 @@ START_TEST(test_prompt_file_and_program_keys)
     expect_error("{\"reward\": {\"program\": [\"python3\", \"\"]}}",
                  "key 'reward.program': entry 1 must be a non-empty string");
     expect_error("{\"reward\": {\"network\": true}}", "key 'reward.network' needs reward.program");
+    /* keys tied by a rule are set together on the command line, in either order: the rule is
+    ** checked after the last override, not after each */
+    const char *file_sets[][2] = {{"task.source=file", "task.path=p.jsonl"},
+                                  {"task.path=p.jsonl", "task.source=file"}};
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+        ck_assert_int_eq(prl_job_config_set(&c, file_sets[k][0]), PRL_ERR_CONFIG); /* alone */
+        ck_assert_int_eq(prl_job_config_set_all(&c, file_sets[k], 2), PRL_OK);
+        ck_assert_str_eq(c.task_path, "p.jsonl");
+        prl_job_config_free(&c);
+    }
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set_all(&c, file_sets[0], 1), PRL_ERR_CONFIG);
+    ck_assert(strstr(prl_error_message(), "key 'task.path' is empty"));
+    prl_job_config_free(&c);
 }
 END_TEST
 
