@@ -104,6 +104,8 @@ static void print_result(const score_args *a, int line, const int32_t *ids, cons
     json_decref(o);
 }
 
+#define LOGITS_MAX_BYTES ((size_t)4 << 30)
+
 typedef struct score_ctx {
     const score_args *a;
     prl_model *m;
@@ -113,12 +115,19 @@ typedef struct score_ctx {
     prl_safetensors_writer logits; /* --logits: one tensor per line */
     float **kept;                  /* their data, owned */
     int n_kept;
+    size_t kept_bytes;
 } score_ctx;
 
 /* Keep the last forward's logits [n, V] as tensor "line.N" for --logits. */
 static prl_status keep_logits(score_ctx *c, int line, size_t n)
 {
     size_t V = (size_t)c->m->cfg.vocab_size;
+    /* the file is rendered in memory: bounded so a large input fails clearly, not by OOM */
+    if ((c->kept_bytes += n * V * sizeof(float)) > LOGITS_MAX_BYTES)
+        return prl_error_set(PRL_ERR_RANGE,
+                             "--logits: line %d brings the logits past %d GiB; score fewer or "
+                             "shorter lines",
+                             line, (int)(LOGITS_MAX_BYTES >> 30));
     float **grown = realloc(c->kept, (size_t)(c->n_kept + 1) * sizeof *grown);
     if (!grown) return prl_error_set(PRL_ERR_NOMEM, "--logits");
     c->kept = grown;
