@@ -47,6 +47,19 @@ static prl_status write_job(const char *run_dir, const prl_job_config *job)
     return bad ? prl_error_set(PRL_ERR_IO, "cannot write %s: %s", path, strerror(errno)) : PRL_OK;
 }
 
+/* --resume with --set: the job must still be the recorded run's, checked before job.json is
+** written, so a refused override changes nothing on disk (the controller checks run.db too). */
+static prl_status same_run(const char *job_path, const prl_job_config *job)
+{
+    char *then = NULL, *now = prl_job_config_to_json(job);
+    prl_status rc =
+        now ? prl_file_read(job_path, &then, NULL) : prl_error_set(PRL_ERR_NOMEM, "job");
+    if (!rc) rc = prl_job_config_same_run(then, now, job->name, job_path);
+    free(then);
+    free(now);
+    return rc;
+}
+
 static prl_status count_line(void *user, json_t *line)
 {
     const char *split = json_string_value(json_object_get(line, "split"));
@@ -169,6 +182,7 @@ int cmd_run(int argc, char **argv)
                                "or choose another run.name",
                                run_dir, run_dir);
     }
+    if (!rc && resume) rc = same_run(job_path, &job);
     if (!rc) rc = check_inputs(&job);
     char ep[1100]; /* the sockets' paths must fit an ipc:// endpoint */
     if (!rc) rc = prl_controller_endpoint(run_dir, "control.sock", ep, sizeof ep);

@@ -127,6 +127,12 @@ int prl_job_has_reward_program(const prl_job_config *c);
 int prl_job_mix_problems(const prl_job_config *c, prl_task_domain d);
 /* Check ranges and cross-key rules (B·G > 0, clip values, choices). */
 prl_status prl_job_config_check(const prl_job_config *c, const char *source);
+/* A resumed run may change controller.steps and the thread counts, nothing else: the
+** recorded config `then_json` against `now_json` (both prl_job_config_to_json texts; keys a
+** newer prl added are ignored at their defaults). Else PRL_ERR_CONFIG naming run `name` and
+** `where` the record is (run.db, job.json). */
+prl_status prl_job_config_same_run(const char *then_json, const char *now_json, const char *name,
+                                   const char *where);
 /* The whole config as a JSON object text (malloc'd): what a run records in run.db. */
 char *prl_job_config_to_json(const prl_job_config *c);
 /* The checkpoint directory of policy version v in a run directory, RUN_DIR/ckpt/vNNNNNN, into

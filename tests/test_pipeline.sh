@@ -113,6 +113,14 @@ echo "killed every process of run c after $(steps_done c) steps"
 $prl run --resume runs/c > c2.out 2> c2.err || { cat c2.err; fail "resume c"; }
 check_db c
 echo "ok: run c: resumed to the end"
+# a refused --resume override changes nothing on disk, and a legal resume still runs after it
+cp runs/c/job.json c.job.before
+if $prl run --resume runs/c --set optim.lr=1 > c3.out 2>&1; then fail "resume with another lr accepted"; fi
+grep -q "started with another config" c3.out || fail "resume with another lr: $(cat c3.out)"
+cmp -s runs/c/job.json c.job.before || fail "a refused --resume rewrote runs/c/job.json"
+$prl run --resume runs/c --set controller.steps=$STEPS > c4.out 2> c4.err ||
+  { cat c4.err; fail "a legal resume after a refused one"; }
+echo "ok: a refused --resume override leaves job.json as it was; a legal one still runs"
 
 # ---- d: a Coding run (programs go to the sandbox service) with the sandbox killed mid-run
 cat > coding.json <<'EOF'

@@ -146,35 +146,6 @@ prl_status ctl_step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
     return rc;
 }
 
-/* Keys a newer prl added since the run was recorded are absent from its config; at their
-** defaults they do what the older prl did (every new key's default keeps the old behaviour),
-** so they are dropped from `now` before the two configs are compared. A new key set to
-** anything else still makes the configs differ. */
-static void drop_added_defaults_in(json_t *then, json_t *now, json_t *def)
-{
-    const char *k;
-    json_t *v;
-    void *tmp;
-    json_object_foreach_safe(now, tmp, k, v)
-    {
-        json_t *t = json_object_get(then, k), *d = json_object_get(def, k);
-        if (!t && d && json_equal(v, d)) json_object_del(now, k);
-        else if (json_is_object(t) && json_is_object(v) && json_is_object(d))
-            drop_added_defaults_in(t, v, d);
-    }
-}
-
-static void drop_added_defaults(json_t *then, json_t *now)
-{
-    prl_job_config d;
-    char *text = prl_job_config_default(&d) ? NULL : prl_job_config_to_json(&d);
-    json_error_t je;
-    json_t *def = text ? json_loads(text, 0, &je) : NULL;
-    if (def) drop_added_defaults_in(then, now, def);
-    json_decref(def), free(text);
-    prl_job_config_free(&d);
-}
-
 prl_status ctl_open_run(ctl *c)
 {
     prl_store_run existing;
@@ -191,29 +162,9 @@ prl_status ctl_open_run(ctl *c)
     }
     if (rc) return rc;
     c->run = existing.id;
-    /* a resumed run continues the recorded config; only the step count may grow, and the
-    ** thread counts may change (results do not depend on them) */
-    json_error_t je;
-    json_t *a = json_loads(existing.config, 0, &je), *b = json_loads(c->config_json, 0, &je);
-    static const char *free_keys[][2] = {{"controller", "steps"},
-                                         {"rollout", "threads"},
-                                         {"trainer", "threads"},
-                                         {"teacher", "threads"}};
-    for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++) {
-        json_t *ca = json_object_get(a, free_keys[i][0]), *cb = json_object_get(b, free_keys[i][0]);
-        json_object_del(ca, free_keys[i][1]), json_object_del(cb, free_keys[i][1]);
-        if (ca && !json_object_size(ca)) json_object_del(a, free_keys[i][0]);
-        if (cb && !json_object_size(cb)) json_object_del(b, free_keys[i][0]);
-    }
-    if (a && b) drop_added_defaults(a, b);
-    int same = a && b && json_equal(a, b);
-    json_decref(a), json_decref(b);
+    rc = prl_job_config_same_run(existing.config, c->config_json, c->job->name, "run.db");
     prl_store_run_free(&existing);
-    if (!same)
-        return prl_error_set(PRL_ERR_CONFIG,
-                             "run '%s' in run.db was started with another config "
-                             "(only controller.steps and the thread counts may change on --resume)",
-                             c->job->name);
+    if (rc) return rc;
     prl_store_run_set_status(c->db, c->run, "running");
     return PRL_OK;
 }
