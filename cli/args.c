@@ -11,8 +11,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 void cli_print_help(FILE *out, const char *usage, const char *summary, const cli_opt *opts)
 {
@@ -38,6 +39,28 @@ int cli_failf(const char *cmd, int code, const char *fmt, ...)
 }
 
 int cli_fail(const char *cmd) { return cli_failf(cmd, 1, "%s", prl_error_message()); }
+
+int cli_require_new(const char *cmd, const char *flag, const char *path)
+{
+    struct stat sb;
+    if (!*path) return cli_failf(cmd, 2, "--%s: the path is empty", flag);
+    if (lstat(path, &sb) == 0)
+        return cli_failf(cmd, 2,
+                         "--%s %s exists: choose a new path (prl writes only what it creates, so "
+                         "it never replaces an existing one)",
+                         flag, path);
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", path);
+    char *slash = strrchr(parent, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) parent[1] = 0;
+    else *slash = 0;
+    if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return cli_failf(cmd, 2, "--%s %s: the folder %s does not exist", flag, path, parent);
+    if (access(parent, W_OK) != 0)
+        return cli_failf(cmd, 2, "--%s %s: the folder %s is not writable", flag, path, parent);
+    return 0;
+}
 
 static int parse_value(cli_opt *o, const char *v)
 {

@@ -40,6 +40,10 @@ int cli_fail(const char *cmd);
 /* Print "prl <cmd>: " + formatted message and return `code`. */
 int cli_failf(const char *cmd, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* 0 when `path` (the value of --flag) does not exist and its folder does and is writable;
+** else print what is wrong and return 2. Every command that writes a new file or folder
+** checks this before any work. */
+int cli_require_new(const char *cmd, const char *flag, const char *path);
 /* Set up BLAS and the thread pool (threads <= 0: default) and print the blas line to
 ** stderr. Returns 0 or prints the error and returns 1. */
 int cli_setup_blas(const char *cmd, int threads);

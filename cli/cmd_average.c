@@ -152,8 +152,7 @@ int cmd_average(int argc, char **argv)
                        in, MAX_INPUTS, &n);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (n < 2) return cli_failf("average", 2, "needs at least 2 checkpoints, got %d", n);
-    if (!access(out, F_OK))
-        return cli_failf("average", 1, "--out %s exists: choose a new directory", out);
+    if (cli_require_new("average", "out", out)) return 2;
     prl_model first;
     prl_tokenizer *tok = NULL;
     double *acc = NULL;

@@ -218,6 +218,7 @@ int cmd_diagnose(int argc, char **argv)
     if (rc) return rc == CLI_HELP ? 0 : 2;
     a.step_seen = opts[2].seen;
     if ((rc = check_args(&a))) return rc;
+    if (a.html && cli_require_new("diagnose", "html", a.html)) return 2; /* before the work */
     prl_infer_options io;
     if (cli_infer_options("diagnose", &io, a.precision, a.mla, a.matmul)) return 2;
     io.max_batch = a.batch;

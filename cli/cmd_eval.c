@@ -278,7 +278,8 @@ int cmd_eval(int argc, char **argv)
     } else {
         nd = 1;
     }
-    if (a.dump && !(a.dump_fp = fopen(a.dump, "w")))
+    if (a.dump && cli_require_new("eval", "dump", a.dump)) return 2;
+    if (a.dump && !(a.dump_fp = fopen(a.dump, "wx")))
         return cli_failf("eval", 1, "--dump %s: cannot open for writing", a.dump);
     if (cli_setup_blas("eval", a.threads)) rc = 1;
     if (!rc) rc = run(&a, domains, nd);

@@ -70,8 +70,7 @@ int cmd_export(int argc, char **argv)
     if (parse_size(shard, &shard_bytes))
         return cli_failf("export", 2, "--shard-size %s: give a size such as 2GB, 500MB or 1GiB",
                          shard);
-    if (access(out, F_OK) == 0)
-        return cli_failf("export", 2, "--out %s exists (choose a new directory)", out);
+    if (cli_require_new("export", "out", out)) return 2;
     prl_model m;
     if (prl_checkpoint_load(&m, ckpt)) return cli_fail("export");
     prl_export_options eo = {.dtype = dt, .shard_bytes = shard_bytes};

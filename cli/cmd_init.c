@@ -9,7 +9,7 @@ int cmd_init(int argc, char **argv)
     uint64_t seed = 1;
     cli_opt opts[] = {
         {"model", OPT_STR, &model, "CONFIG", "model config.json (openpangu_v2 keys)", 1, 0},
-        {"out", OPT_STR, &out, "DIR", "checkpoint directory to write", 1, 0},
+        {"out", OPT_STR, &out, "DIR", "new checkpoint directory to write (must not exist)", 1, 0},
         {"seed", OPT_U64, &seed, "S", "initialisation seed (default 1)", 0, 0},
         {"tokenizer", OPT_STR, &tokenizer, "FILE", "tokenizer.json to store beside the weights", 0,
          0},
@@ -20,6 +20,7 @@ int cmd_init(int argc, char **argv)
                        "writes a checkpoint directory (config.json, model.safetensors).",
                        NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
+    if (cli_require_new("init", "out", out)) return 2;
     prl_config cfg;
     prl_model m;
     if (prl_config_load(&cfg, model)) return cli_fail("init");

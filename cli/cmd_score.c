@@ -203,8 +203,7 @@ int cmd_score(int argc, char **argv)
     if (!infer && (a.precision || a.mla || a.matmul))
         return cli_failf("score", 2, "--precision, --mla and --matmul apply to --path infer only");
     if (infer && a.logits) return cli_failf("score", 2, "--logits applies to --path train only");
-    if (a.logits && access(a.logits, F_OK) == 0)
-        return cli_failf("score", 2, "--logits %s: the file exists (choose a new name)", a.logits);
+    if (a.logits && cli_require_new("score", "logits", a.logits)) return 2;
     prl_infer_options io;
     if (cli_infer_options("score", &io, a.precision, a.mla, a.matmul)) return 2;
     if (!(a.temperature > 0)) return cli_failf("score", 2, "--temperature must be > 0");

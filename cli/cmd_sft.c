@@ -12,6 +12,7 @@
 #include "sft/sft.h"
 #include "tasks/tasks.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -282,6 +283,7 @@ static int run(const sft_args *a)
         if (a->dsa_warmup > 0) st = dsa_warmup(&m, &d, a, &sc);
         int64_t end = o.step + a->steps, dense_end = o.step + a->dsa_dense;
         sc.run_last = end;
+        sc.run_first = o.step, sc.run_start_s = prl_now(); /* one ETA across the saves */
         if (st == PRL_OK && a->dsa_dense > 0) st = dsa_dense_start(&m, a);
         while (st == PRL_OK && o.step < end) {
             int64_t chunk =
@@ -400,6 +402,27 @@ static prl_status make_dirs(const char *dir)
     }
 }
 
+/* A recipe's run.dir is its own: absent, empty, or made by a recipe (it has recipe.json). A
+** folder of the user's is refused before anything is written. */
+static prl_status check_recipe_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? PRL_OK : prl_error_set(PRL_ERR_IO, "cannot read %s: %m", dir);
+    int empty = 1, recipe = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            empty = 0;
+            recipe |= !strcmp(e->d_name, "recipe.json");
+        }
+    closedir(d);
+    if (empty || recipe) return PRL_OK;
+    return prl_error_set(PRL_ERR_IO,
+                         "run.dir %s holds files that no recipe made (no recipe.json): "
+                         "choose a new run.dir",
+                         dir);
+}
+
 /* `prl sft --config FILE`: demos -> tokenizer -> SFT into <run.dir>/ckpt (docs/recipes.md). */
 static int run_recipe(const char *file, int threads, int force)
 {
@@ -424,6 +447,7 @@ static int run_recipe(const char *file, int threads, int force)
     snprintf(data, sizeof data, "%s/demos.jsonl", r.dir);
     snprintf(out, sizeof out, "%s/ckpt", r.dir);
     snprintf(path, sizeof path, "%s/recipe.hash", r.dir);
+    if (st == PRL_OK) st = check_recipe_dir(r.dir);
     if (st == PRL_OK) st = make_dirs(r.dir);
     if (st == PRL_OK && unlink(path) != 0 && errno != ENOENT) /* stale until the run finishes */
         st = prl_error_set(PRL_ERR_IO, "cannot remove %s: %m", path);
@@ -510,8 +534,8 @@ int cmd_sft(int argc, char **argv)
          0, 0},
         {"model", OPT_STR, &a.model, "CONFIG", "start from a random init of this config", 0, 0},
         {"ckpt", OPT_STR, &a.ckpt, "DIR", "start from this checkpoint", 0, 0},
-        {"out", OPT_STR, &a.out, "DIR", "checkpoint directory to write (required without --config)",
-         0, 0},
+        {"out", OPT_STR, &a.out, "DIR",
+         "new checkpoint directory to write (must not exist; required without --config)", 0, 0},
         {"tokenizer", OPT_STR, &a.tokenizer, "FILE",
          "tokenizer.json (default: the checkpoint's, else trained on the data)", 0, 0},
         {"steps", OPT_INT, &a.steps, "N",
@@ -579,6 +603,7 @@ int cmd_sft(int argc, char **argv)
     if (!a.model == !a.ckpt)
         return cli_failf("sft", 2, "give exactly one of --model CONFIG or --ckpt DIR");
     if (a.resume && !a.ckpt) return cli_failf("sft", 2, "--resume needs --ckpt");
+    if (cli_require_new("sft", "out", a.out)) return 2;
     if (a.steps < 1 || a.batch < 1 || a.seq < 2 || a.accum < 1 || a.log_every < 1 ||
         a.save_every < 0 || a.warmup < 0 || a.group < 0)
         return cli_failf("sft", 2,

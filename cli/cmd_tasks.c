@@ -76,6 +76,7 @@ static int generate(int argc, char **argv, int demos)
         return cli_failf("tasks", 2, "--error-rate must be in [0, 1], got %g", c.error_rate);
     if (c.tool_rate != -1 && !(c.tool_rate >= 0 && c.tool_rate <= 1)) /* -1: by difficulty */
         return cli_failf("tasks", 2, "--tool-rate must be in [0, 1], got %g", c.tool_rate);
+    if (out && cli_require_new("tasks", "out", out)) return 2;
     return write_output(out, &c);
 }
 
@@ -96,6 +97,7 @@ static int demo(int argc, char **argv)
     int rc = cli_parse(argc, argv, 3, opts, usage, summary, NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (n < 1) return cli_failf("tasks", 2, "--n must be >= 1, got %d", n);
+    if (cli_require_new("tasks", "out", out)) return 2;
     char *text = NULL;
     size_t len = 0;
     FILE *mem = open_memstream(&text, &len);

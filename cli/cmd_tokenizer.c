@@ -22,7 +22,7 @@ static int train(int argc, char **argv)
         {"text", OPT_STR, &text, "FILE", "plain text file: trains on it as one text", 0, 0},
         {"vocab", OPT_INT, &vocab, "N",
          "vocabulary size incl. 16 specials and 256 bytes (default 4096)", 0, 0},
-        {"out", OPT_STR, &out, "FILE", "tokenizer.json to write", 1, 0},
+        {"out", OPT_STR, &out, "FILE", "new tokenizer.json to write (must not exist)", 1, 0},
         {0},
     };
     int rc = cli_parse(
@@ -30,6 +30,7 @@ static int train(int argc, char **argv)
         "Learns a byte-level BPE tokenizer (digits always single tokens).", NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (!data == !text) return cli_failf("tokenizer", 2, "give exactly one of --data or --text");
+    if (cli_require_new("tokenizer", "out", out)) return 2;
     char **texts = NULL;
     size_t n = 0, len = 0;
     prl_status st = PRL_OK;

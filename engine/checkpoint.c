@@ -212,26 +212,61 @@ static prl_status write_checkpoint_files(const prl_model *m, const prl_optim *o,
     return prl_file_sync_dir(tmp);
 }
 
+/* The files a save writes: only a directory holding nothing else may be replaced. */
+static int is_checkpoint_file(const char *name)
+{
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json",
+                                        "optimizer.safetensors", "state.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++)
+        if (!strcmp(name, files[i])) return 1;
+    return 0;
+}
+
+/* PRL_OK when `dir` is absent, or a directory that a save may replace: empty or holding
+** checkpoint files only. Anything else (a user's file, a subfolder) refuses the save before
+** anything is written, so the swap can never take a user's files away. */
+static prl_status check_replaceable(const char *dir)
+{
+    struct stat sb;
+    if (lstat(dir, &sb) != 0) return PRL_OK;
+    if (!S_ISDIR(sb.st_mode))
+        return prl_error_set(PRL_ERR_IO, "%s exists and is not a directory", dir);
+    DIR *d = opendir(dir);
+    if (!d) return prl_error_set(PRL_ERR_IO, "cannot read %s: %s", dir, strerror(errno));
+    prl_status rc = PRL_OK;
+    char path[4096];
+    struct dirent *e;
+    while (rc == PRL_OK && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (!is_checkpoint_file(e->d_name) || lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            rc = prl_error_set(PRL_ERR_IO,
+                               "%s is not a checkpoint directory (it holds %s): refusing to "
+                               "replace it; choose a new directory",
+                               dir, e->d_name);
+    }
+    closedir(d);
+    return rc;
+}
+
 prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const char *state_json,
                                const prl_tokenizer *tok, const char *dir)
 {
     char tmp[4096], parent[4096];
     if (strlen(dir) > 3000) return prl_error_set(PRL_ERR_ARG, "checkpoint path too long: %s", dir);
+    prl_status rc = check_replaceable(dir);
+    if (rc) return rc;
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", dir, (int)getpid());
     ckpt_remove_flat_dir(tmp);
     if (mkdir(tmp, 0755) != 0)
         return prl_error_set(PRL_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
-    prl_status rc = write_checkpoint_files(m, o, state_json, tok, tmp);
+    rc = write_checkpoint_files(m, o, state_json, tok, tmp);
     if (rc) {
         ckpt_remove_flat_dir(tmp);
         return prl_error_wrap(rc, "saving checkpoint %s: ", dir);
     }
     struct stat sb;
     int exists = stat(dir, &sb) == 0;
-    if (exists && !S_ISDIR(sb.st_mode)) {
-        ckpt_remove_flat_dir(tmp);
-        return prl_error_set(PRL_ERR_IO, "%s exists and is not a directory", dir);
-    }
     int r = exists ? renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) : rename(tmp, dir);
     if (r != 0) {
         int e = errno;

@@ -410,7 +410,9 @@ int prl_grads_finite(const prl_real *grads, size_t n);
 ** metadata), optimizer.safetensors when an optimizer is given, and state.json when an
 ** optimizer or a state is given (its step is 0 without an optimizer). The whole
 ** directory is written under a temporary name, fsynced and renamed, so `dir` either holds
-** the previous complete checkpoint or the new complete one. `state_json` (a JSON object
+** the previous complete checkpoint or the new complete one. An existing `dir` is replaced
+** only when it holds nothing but the files a save writes (else PRL_ERR_IO, nothing written).
+** `state_json` (a JSON object
 ** text, may be NULL) is extra run state stored in state.json; `tok` (may be NULL) is saved
 ** as tokenizer.json. */
 prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const char *state_json,

@@ -294,8 +294,10 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
                         ? PRL_OK
                         : prl_error_set(PRL_ERR_NOMEM, "sft batches");
     for (int a = 0; rc == PRL_OK && a < c->accum; a++) rc = prl_batch_buf_init(&bb[a], B, T);
-    double t_start = prl_now();
-    int64_t first = o->step, last = o->step + c->steps;
+    int whole_run = c->run_start_s > 0; /* this call is one chunk of a longer run */
+    double t_start = whole_run ? c->run_start_s : prl_now();
+    int64_t first = whole_run ? c->run_first : o->step, last = o->step + c->steps;
+    int64_t run_last = c->run_last > last ? c->run_last : last;
     int skips_in_a_row = 0;
     while (rc == PRL_OK && o->step < last) {
         int64_t step = o->step; /* the data of a step skipped by the loss scaler is redrawn */
@@ -344,7 +346,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
         if (progress && (done % c->log_every == 0 || step + 1 == last)) {
             prl_sft_progress p = {
                 .step = (int)(step + 1),
-                .steps = (int)(c->run_last > last ? c->run_last : last),
+                .steps = (int)run_last,
                 .loss = sum.lm_loss,
                 .balance_loss = sum.balance_loss / c->accum,
                 .z_loss = sum.z_loss / c->accum,
@@ -357,7 +359,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
                 .loss_scale = c->scaler ? c->scaler->scale : 0,
                 .skipped = c->scaler ? c->scaler->skipped : 0,
             };
-            p.eta_s = p.elapsed_s / done * (double)(last - step - 1);
+            p.eta_s = p.elapsed_s / done * (double)(run_last - step - 1);
             progress(user, &p);
         }
     }

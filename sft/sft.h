@@ -53,6 +53,9 @@ typedef struct prl_sft_config {
                      ** (rl.md §4.3 order; prl_optim_step_scaled) */
     int64_t run_last;        /* the progress line's "of N" when this call is one chunk of a longer
                      ** run (checkpoint saves, DSA stages); 0: this call's last step */
+    double run_start_s;      /* with chunks: prl_now() when the run began, and run_first the */
+    int64_t run_first;       /* step it began at, so elapsed and ETA span the whole run (saves
+                     ** included); run_start_s 0: this call alone */
 } prl_sft_config;
 
 typedef struct prl_sft_progress {

@@ -41,6 +41,11 @@ size=$(stat -c %s "$work/tamper/model.safetensors")
 printf '\x41' | dd of="$work/tamper/model.safetensors" bs=1 seek=$((size - 100)) conv=notrunc 2>/dev/null
 expect_fail "tampered checkpoint" "checksum mismatch" $prl score --ckpt "$work/tamper" --input "$work/ids.jsonl"
 
+# a folder that is there already is never replaced: init and sft refuse an existing --out
+# before any work, and the user's files (a subfolder too) stay, with no temporary beside them
+mkdir -p "$work/mine/sub"; echo keep > "$work/mine/notes.txt"; echo keep > "$work/mine/sub/x"
+expect_fail "init: existing --out refused" "--out $work/mine exists" $prl init --model "$cfg" --out "$work/mine"
+expect_fail "init: an earlier checkpoint is not replaced" "--out $work/ck exists" $prl init --model "$cfg" --out "$work/ck"
 # SFT data errors leave no checkpoint behind
 big=$src/configs/models/tiny.json
 $prl tasks demo --n 40 --seed 2 --out "$work/data.jsonl" 2>/dev/null
@@ -52,6 +57,12 @@ expect_fail "unknown role" "robot" $prl sft --data "$work/role.jsonl" --model "$
 [ ! -e "$work/s_bad" ] && ok "no checkpoint after bad data" || bad "checkpoint left after bad data"
 ls "$work" | grep -q '\.tmp\.' && bad "temporary files left" || ok "no temporary files left"
 
+expect_fail "sft: existing --out refused" "--out $work/mine exists" \
+  $prl sft --data "$work/data.jsonl" --model "$big" --out "$work/mine" --steps 1 --seq 12
+[ "$(cat "$work/mine/notes.txt")" = keep ] && [ -e "$work/mine/sub/x" ] && [ "$(ls "$work/mine" | wc -l)" = 2 ] \
+  && ok "the refused folder is untouched" || bad "the refused folder changed: $(ls -R "$work/mine")"
+ls -d "$work"/mine.tmp.* 2>/dev/null | grep -q . && bad "a temporary beside the refused folder" \
+  || ok "no temporary beside the refused folder"
 # determinism: same seed → identical checkpoint, with 1 and 2 threads
 for run in a b; do
   expect_ok "sft run $run" $prl sft --data "$work/data.jsonl" --model "$big" --out "$work/s_$run" \
@@ -159,7 +170,7 @@ expect_fail "opd: a teacher without tokenizer.json" "$work/ck/tokenizer.json is 
   --set opd.teachers.agent="$work/ck"
 expect_fail "eval: unknown domain" "unknown domain 'poetry'" $prl eval --ckpt "$g" --domain poetry
 expect_fail "eval: no tokenizer" "has no tokenizer.json" $prl eval --ckpt "$work/ck"
-expect_fail "eval: dump not writable" "--dump $work/no/such/dir.jsonl: cannot open" \
+expect_fail "eval: dump not writable" "--dump $work/no/such/dir.jsonl: the folder $work/no/such does not exist" \
   $prl eval --ckpt "$g" --n 1 --dump "$work/no/such/dir.jsonl"
 expect_fail "bench decode: bad batch list" "expected comma-separated sizes" $prl bench decode --batch 1,x
 expect_fail "bench pipeline: no --init" "missing required option '--init'" $prl bench pipeline
@@ -250,7 +261,7 @@ EOF
 grep -q '"averaged_from"' "$work/avm/state.json" && ok "average: state.json lists the inputs" \
   || bad "average: state.json: $(cat "$work/avm/state.json")"
 expect_fail "average: one input" "needs at least 2 checkpoints, got 1" $prl average --out "$work/avx" "$work/av1"
-expect_fail "average: --out exists" "avm exists: choose a new directory" $prl average --out "$work/avm" "$work/av1" "$work/av2"
+expect_fail "average: --out exists" "--out .*avm exists: choose a new path" $prl average --out "$work/avm" "$work/av1" "$work/av2"
 expect_fail "average: another config" "s_a/config.json is another model config than .*av1/config.json" \
   $prl average --out "$work/avx" "$work/av1" "$work/s_a"
 $prl init --model "$big" --out "$work/avnt" 2>/dev/null

@@ -82,6 +82,12 @@ if $prl diagnose --ckpt "$ck" --jsonl "$seqs" --precision aligned --sweep --json
   if grep -q "<svg" "$work/r.html" && grep -q "Sweep" "$work/r.html" && ! grep -q "<script" "$work/r.html"; then ok "HTML report"
   else bad "HTML report"; fi
 else bad "sweep: $(cat "$work/err")"; fi
+# the report path is checked before the work: an existing file stays as it was
+cp "$work/r.html" "$work/r0.html"
+if ! $prl diagnose --ckpt "$ck" --jsonl "$seqs" --html "$work/r.html" >/dev/null 2>"$work/err" &&
+   grep -q -- "--html $work/r.html exists" "$work/err" && ! grep -q "^blas:" "$work/err" &&
+   cmp -s "$work/r.html" "$work/r0.html"; then ok "--html: an existing file refused before the work"
+else bad "--html over an existing file: $(cat "$work/err")"; fi
 
 fi
 

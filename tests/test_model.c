@@ -444,6 +444,25 @@ START_TEST(test_checkpoint_tampering)
     snprintf(file, sizeof file, "%s/missing/dir/ckpt", tmpdir);
     ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, file), PRL_ERR_IO);
     ck_assert_int_ne(access(file, F_OK), 0);
+    /* a folder holding anything a save does not write (a user's file, a subfolder) is never
+    ** replaced: refused before any work, every file still there, no temporary left */
+    snprintf(file, sizeof file, "%s/notes.txt", dir);
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("mine\n", f);
+    fclose(f);
+    ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "notes.txt"));
+    ck_assert_int_eq(access(file, F_OK), 0);
+    snprintf(cmd, sizeof cmd, "%s/config.json", dir);
+    ck_assert_int_eq(access(cmd, F_OK), 0);
+    ck_assert_int_eq(unlink(file), 0);
+    snprintf(file, sizeof file, "%s/sub", dir);
+    ck_assert_int_eq(mkdir(file, 0755), 0);
+    ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_ERR_IO);
+    ck_assert_int_eq(access(file, F_OK), 0);
+    snprintf(cmd, sizeof cmd, "ls -d '%s'.tmp.* 2>/dev/null | grep -q .", dir);
+    ck_assert_int_ne(system(cmd), 0);
     check_remove_tree(tmpdir);
     prl_model_free(&m);
 }

@@ -29,8 +29,9 @@ expect_fail "min_scale above the initial scale" "min_scale" run_check \
 
 # SFT on the tiny model: two short fp16 steps with the default torch scaler
 $prl tasks demos --domain reasoning --n 8 --seed 1 > "$work/demos.jsonl" 2>/dev/null
-sft() { $prl sft --data "$work/demos.jsonl" --model "$src/configs/models/tiny.json" \
-  --seq 64 --batch 2 --steps 2 --log-every 1 --threads 1 --out "$work/sft" "$@"; }
+n_sft=0   # each run writes a new --out (an existing one is refused)
+sft() { n_sft=$((n_sft + 1)); $prl sft --data "$work/demos.jsonl" --model "$src/configs/models/tiny.json" \
+  --seq 64 --batch 2 --steps 2 --log-every 1 --threads 1 --out "$work/sft$n_sft" "$@"; }
 expect_ok "sft --precision fp16" sft --precision fp16
 grep -q "step 2/2 .* scale 65536  skipped 0" "$work/last.out" && ok "sft fp16 progress shows the scale" \
   || bad "sft fp16 progress: $(tail -2 "$work/last.out")"
