@@ -40,6 +40,33 @@ int cli_failf(const char *cmd, int code, const char *fmt, ...)
 
 int cli_fail(const char *cmd) { return cli_failf(cmd, 1, "%s", prl_error_message()); }
 
+void cli_command_names(const cli_command *c, int n, char *out, size_t size)
+{
+    size_t k = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && k < size; i++)
+        k += (size_t)snprintf(out + k, size - k, "%s%s", i ? "|" : "", c[i].name);
+}
+
+const char *cli_did_you_mean(const char *word, const char *choices)
+{
+    static char out[160];
+    char best[64] = "", choice[64];
+    int best_d = 1 << 30;
+    for (const char *p = choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        snprintf(choice, sizeof choice, "%.*s", (int)len, p);
+        int d = prl_edit_distance(word, choice);
+        if (d < best_d && (d <= 2 || 3 * d <= (int)len))
+            best_d = d, snprintf(best, sizeof best, "%s", choice);
+        p += len + (bar != NULL);
+    }
+    if (*best) snprintf(out, sizeof out, " (did you mean '%s'?)", best);
+    else out[0] = 0;
+    return out;
+}
+
 int cli_require_new(const char *cmd, const char *flag, const char *path)
 {
     struct stat sb;
@@ -126,7 +153,18 @@ int cli_parse(int argc, char **argv, int first, cli_opt *opts, const char *usage
         cli_opt *o = opts;
         while (o->name && strcmp(o->name, name) != 0) o++;
         if (!o->name) {
-            fprintf(stderr, "prl: unknown option '--%s' (see --help)\n", name);
+            char names[2048] = "";
+            for (const cli_opt *q = opts; q->name; q++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                         q == opts ? "" : "|", q->name);
+            char hint[160];
+            snprintf(hint, sizeof hint, "%s", cli_did_you_mean(name, names));
+            if (*hint) { /* "(did you mean 'seed'?)" -> "(did you mean '--seed'?)" */
+                char *q = strchr(hint, '\'');
+                memmove(q + 3, q + 1, strlen(q + 1) + 1);
+                q[1] = q[2] = '-';
+            }
+            fprintf(stderr, "prl: unknown option '--%s'%s (see --help)\n", name, hint);
             return CLI_USAGE;
         }
         o->seen = 1;

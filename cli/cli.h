@@ -44,6 +44,10 @@ int cli_failf(const char *cmd, int code, const char *fmt, ...)
 ** else print what is wrong and return 2. Every command that writes a new file or folder
 ** checks this before any work. */
 int cli_require_new(const char *cmd, const char *flag, const char *path);
+/* " (did you mean 'x'?)" for the choice of `choices` ("a|b|c") nearest to a mistyped `word`
+** (edit distance at most 2, or a third of the choice's length), else "". A static buffer:
+** use it before the next call. */
+const char *cli_did_you_mean(const char *word, const char *choices);
 /* Set up BLAS and the thread pool (threads <= 0: default) and print the blas line to
 ** stderr. Returns 0 or prints the error and returns 1. */
 int cli_setup_blas(const char *cmd, int threads);
@@ -98,6 +102,8 @@ typedef struct cli_command {
     int (*run)(int argc, char **argv);
     const char *summary;
 } cli_command;
+/* The names of the n commands as "a|b|c" into out[size] (for cli_did_you_mean). */
+void cli_command_names(const cli_command *c, int n, char *out, size_t size);
 
 int cmd_init(int argc, char **argv);
 int cmd_average(int argc, char **argv);

@@ -22,6 +22,12 @@ int cmd_bench(int argc, char **argv)
         if (!strcmp(argv[2], benches[i].name)) return benches[i].run(argc, argv);
     FILE *out =
         argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) ? stdout : stderr;
+    if (out == stderr && argc >= 3) {
+        char names[128];
+        cli_command_names(benches, N_BENCHES, names, sizeof names);
+        fprintf(stderr, "prl bench: unknown benchmark '%s'%s\n", argv[2],
+                cli_did_you_mean(argv[2], names));
+    }
     for (int i = 0; i < N_BENCHES; i++) {
         char cmd[64];
         snprintf(cmd, sizeof cmd, "prl bench %s [options]", benches[i].name);

@@ -199,5 +199,8 @@ int cmd_role(int argc, char **argv)
         if (!strcmp(argv[2], roles[i].name)) return roles[i].run(argc, argv);
     char known[256];
     known_roles(known, sizeof known);
-    return cli_failf("role", 2, "unknown role '%s' (known roles: %s)", argv[2], known);
+    char names[256];
+    cli_command_names(roles, N_ROLES, names, sizeof names);
+    return cli_failf("role", 2, "unknown role '%s'%s (known roles: %s)", argv[2],
+                     cli_did_you_mean(argv[2], names), known);
 }

@@ -25,6 +25,7 @@ typedef struct sft_args {
     const char *data, *model, *ckpt, *out, *tokenizer, *optimizer, *schedule;
     const char *precision, *loss_scale; /* train precision; scaler preset, "off" or NULL (auto) */
     const char *init_from; /* recipe: weights of this checkpoint into --model's config */
+    const char *metrics;   /* one JSON line per step appended here (NULL: none) */
     int dsa_warmup;        /* recipe: DSA indexer warm-up steps before the SFT steps */
     double dsa_warmup_lr;
     int dsa_dense; /* recipe: the first N SFT steps in the DSA dense stage (from scratch) */
@@ -34,9 +35,31 @@ typedef struct sft_args {
     uint64_t seed;
 } sft_args;
 
+/* One step's line of the metrics file (docs/formats.md "SFT metrics"); a failure is printed
+** once and the file left alone after it, as the checkpoint matters more than the log. */
+static void append_metrics(const char **path, const prl_sft_progress *p)
+{
+    char line[640];
+    snprintf(line, sizeof line,
+             "{\"step\": %d, \"steps\": %d, \"loss\": %.6f, \"balance_loss\": %.6g, "
+             "\"z_loss\": %.6g, \"mtp_loss\": %.6g, \"index_loss\": %.6g, \"lr\": %.6g, "
+             "\"grad_norm\": %.6g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, "
+             "\"loss_scale\": %g, \"skipped\": %ld}",
+             p->step, p->steps, p->loss, p->balance_loss, p->z_loss, p->mtp_loss, p->index_loss,
+             p->lr, p->grad_norm, p->tokens_per_s, p->elapsed_s, p->loss_scale, p->skipped);
+    if (prl_file_append_line(*path, line)) {
+        fprintf(stderr, "sft: metrics: %s (no more lines are written)\n", prl_error_message());
+        *path = NULL;
+    }
+}
+
+/* user: the metrics file's path (const char **: every step is appended to it; the path is
+** cleared after a failure), or NULL (progress lines only). */
 static void print_progress(void *user, const prl_sft_progress *p)
 {
-    (void)user;
+    const char **metrics = user;
+    if (metrics && *metrics) append_metrics(metrics, p);
+    if (!p->log_line) return;
     char eta[32], el[32];
     prl_format_duration(eta, sizeof eta, p->eta_s);
     prl_format_duration(el, sizeof el, p->elapsed_s);
@@ -282,6 +305,7 @@ static int run(const sft_args *a)
                              .scaler = scaler_on ? &scaler : NULL};
         if (a->dsa_warmup > 0) st = dsa_warmup(&m, &d, a, &sc);
         int64_t end = o.step + a->steps, dense_end = o.step + a->dsa_dense;
+        const char *metrics = a->metrics;
         sc.run_last = end;
         sc.run_first = o.step, sc.run_start_s = prl_now(); /* one ETA across the saves */
         if (st == PRL_OK && a->dsa_dense > 0) st = dsa_dense_start(&m, a);
@@ -290,7 +314,7 @@ static int run(const sft_args *a)
                 a->save_every > 0 ? a->save_every - o.step % a->save_every : end - o.step;
             if (o.step < dense_end && dense_end - o.step < chunk) chunk = dense_end - o.step;
             sc.steps = (int)(chunk < end - o.step ? chunk : end - o.step);
-            st = prl_sft_train(&m, &o, &d, &sc, print_progress, NULL);
+            st = prl_sft_train(&m, &o, &d, &sc, print_progress, &metrics);
             if (st == PRL_OK && a->dsa_dense > 0 && o.step == dense_end) {
                 report_eval(&m, &d, a, "after the dense stage, dense attention");
                 m.cfg.dsa_stage = PRL_DSA_SPARSE; /* the checkpoint's config says sparse */
@@ -451,7 +475,10 @@ static int run_recipe(const char *file, int threads, int force)
     if (st == PRL_OK) st = make_dirs(r.dir);
     if (st == PRL_OK && unlink(path) != 0 && errno != ENOENT) /* stale until the run finishes */
         st = prl_error_set(PRL_ERR_IO, "cannot remove %s: %m", path);
-    char rpath[4096];
+    char rpath[4096], mpath[4096];
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", r.dir); /* the recipe's: made anew */
+    if (st == PRL_OK && unlink(mpath) != 0 && errno != ENOENT)
+        st = prl_error_set(PRL_ERR_IO, "cannot remove %s: %m", mpath);
     snprintf(rpath, sizeof rpath, "%s/recipe.json", r.dir);
     if (st == PRL_OK) st = prl_file_write_atomic(rpath, resolved, strlen(resolved));
     int n_demos = 0;
@@ -467,6 +494,7 @@ static int run_recipe(const char *file, int threads, int force)
     sft_args a = {.data = data,
                   .model = r.model_config,
                   .out = out,
+                  .metrics = mpath,
                   .optimizer = r.optimizer,
                   .schedule = r.schedule,
                   .steps = r.steps,
@@ -576,6 +604,8 @@ int cmd_sft(int argc, char **argv)
         {"log-every", OPT_INT, &a.log_every, "N", "progress line every N steps (default 10)", 0, 0},
         {"save-every", OPT_INT, &a.save_every, "N", "also save every N steps (default: at the end)",
          0, 0},
+        {"metrics", OPT_STR, &a.metrics, "FILE",
+         "new file: one JSON line per step (loss, lr, grad norm, tokens/s, ...)", 0, 0},
         {"resume", OPT_FLAG, &a.resume, NULL, "continue --ckpt's optimizer state and data order", 0,
          0},
         {0},
@@ -604,6 +634,7 @@ int cmd_sft(int argc, char **argv)
         return cli_failf("sft", 2, "give exactly one of --model CONFIG or --ckpt DIR");
     if (a.resume && !a.ckpt) return cli_failf("sft", 2, "--resume needs --ckpt");
     if (cli_require_new("sft", "out", a.out)) return 2;
+    if (a.metrics && cli_require_new("sft", "metrics", a.metrics)) return 2;
     if (a.steps < 1 || a.batch < 1 || a.seq < 2 || a.accum < 1 || a.log_every < 1 ||
         a.save_every < 0 || a.warmup < 0 || a.group < 0)
         return cli_failf("sft", 2,

@@ -126,6 +126,9 @@ int cmd_tasks(int argc, char **argv)
                "  demo      the arithmetic SFT demo set\n");
         return 0;
     }
+    if (*sub)
+        return cli_failf("tasks", 2, "unknown subcommand '%s'%s (generate, demos, check or demo)",
+                         sub, cli_did_you_mean(sub, "generate|demos|check|demo"));
     return cli_failf("tasks", 2,
                      "expected a subcommand: generate, demos, check or demo (see prl "
                      "tasks --help)");

@@ -150,6 +150,9 @@ int cmd_tokenizer(int argc, char **argv)
     if (argc >= 3 && !strcmp(argv[2], "decode")) return decode(argc, argv);
     FILE *out =
         argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) ? stdout : stderr;
+    if (out == stderr && argc >= 3)
+        fprintf(stderr, "prl tokenizer: unknown subcommand '%s'%s\n", argv[2],
+                cli_did_you_mean(argv[2], "train|encode|decode"));
     fprintf(out, "usage: prl tokenizer train|encode|decode [options]   (--help on each)\n");
     return out == stdout ? 0 : 2;
 }

@@ -2,6 +2,7 @@
 ** main.c — the prl command: dispatches to subcommands.
 */
 #include "cli/cli.h"
+#include "prl_version.h"
 
 #include <string.h>
 
@@ -36,12 +37,17 @@ static void usage(FILE *out)
                  "commands:\n");
     for (int i = 0; i < N_COMMANDS; i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n  --version  the version and git commit of this build\n");
     fprintf(out, "\nenvironment: PRL_THREADS (threads), OPENBLAS_CORETYPE (BLAS kernel; prl "
                  "picks one from cpuid when unset)\n");
 }
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version"))) {
+        printf("prl %s (git %s)\n", PRL_VERSION, PRL_GIT_COMMIT);
+        return 0;
+    }
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
@@ -49,7 +55,9 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < N_COMMANDS; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc, argv);
-    fprintf(stderr, "prl: unknown command '%s'\n\n", argv[1]);
+    char names[512];
+    cli_command_names(commands, N_COMMANDS, names, sizeof names);
+    fprintf(stderr, "prl: unknown command '%s'%s\n\n", argv[1], cli_did_you_mean(argv[1], names));
     usage(stderr);
     return 2;
 }

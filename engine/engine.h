@@ -82,6 +82,11 @@ prl_status prl_file_write_sync(const char *path, const void *data, size_t len);
 /* Replace path atomically: write "<path>.tmp.<pid>", fsync, rename, fsync the directory. On
 ** failure the temporary is removed and path is as it was. */
 prl_status prl_file_write_atomic(const char *path, const void *data, size_t len);
+/* Append `line` and a newline to path (created 0644 when absent) in one write, so a reader
+** never sees half a line from a live writer; a tail that a crash left without its newline
+** is cut first, so the file holds whole lines only. line NULL: only that repair. Not
+** fsynced: for logs whose source of truth is elsewhere (metrics.jsonl, run.db). */
+prl_status prl_file_append_line(const char *path, const char *line);
 /* fsync a directory / the directory holding path (EINVAL, ENOTSUP: not an error). */
 prl_status prl_file_sync_dir(const char *dir);
 prl_status prl_file_sync_parent(const char *path);

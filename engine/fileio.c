@@ -3,7 +3,8 @@
 ** safetensors, the tokenizer and the CLI.
 **
 ** Durable means: data fsynced before a rename makes it visible, and the directory fsynced
-** after, so a crash leaves the old file or the complete new one, never a torn one.
+** after, so a crash leaves the old file or the complete new one, never a torn one. Line
+** logs (metrics.jsonl) are appended whole, a torn tail cut before the next line.
 */
 #include "engine/engine.h"
 
@@ -11,6 +12,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 prl_status prl_file_read(const char *path, char **text, size_t *len)
@@ -94,6 +96,60 @@ prl_status prl_file_write_sync(const char *path, const void *data, size_t len)
     }
     if (close(fd) != 0) return prl_error_set(PRL_ERR_IO, "close %s: %s", path, strerror(errno));
     return PRL_OK;
+}
+
+/* The length of fd's whole lines: just past its last newline (0 without one). */
+static prl_status whole_lines_length(int fd, off_t size, const char *path, off_t *out)
+{
+    char buf[4096];
+    for (off_t end = size; end > 0;) {
+        off_t start = end > (off_t)sizeof buf ? end - (off_t)sizeof buf : 0;
+        ssize_t got = pread(fd, buf, (size_t)(end - start), start);
+        if (got != end - start)
+            return prl_error_set(PRL_ERR_IO, "read %s: %s", path, strerror(errno));
+        for (ssize_t i = got - 1; i >= 0; i--)
+            if (buf[i] == '\n') {
+                *out = start + i + 1;
+                return PRL_OK;
+            }
+        end = start;
+    }
+    *out = 0;
+    return PRL_OK;
+}
+
+/* Append line + newline at the end of fd in one write. A short write leaves a torn tail,
+** which the next append cuts. */
+static prl_status write_line(int fd, const char *line, const char *path)
+{
+    size_t n = strlen(line);
+    char *text = malloc(n + 2);
+    if (!text) return prl_error_set(PRL_ERR_NOMEM, "appending to %s", path);
+    memcpy(text, line, n);
+    text[n] = '\n';
+    off_t at = lseek(fd, 0, SEEK_END);
+    ssize_t w = at < 0 ? -1 : pwrite(fd, text, n + 1, at);
+    free(text);
+    if (w != (ssize_t)(n + 1))
+        return prl_error_set(PRL_ERR_IO, "write %s: %s", path, strerror(errno));
+    return PRL_OK;
+}
+
+prl_status prl_file_append_line(const char *path, const char *line)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return prl_error_set(PRL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    off_t whole = 0;
+    prl_status rc = fstat(fd, &sb) == 0
+                        ? whole_lines_length(fd, sb.st_size, path, &whole)
+                        : prl_error_set(PRL_ERR_IO, "stat %s: %s", path, strerror(errno));
+    if (rc == PRL_OK && whole < sb.st_size && ftruncate(fd, whole) != 0)
+        rc = prl_error_set(PRL_ERR_IO, "truncate %s: %s", path, strerror(errno));
+    if (rc == PRL_OK && line) rc = write_line(fd, line, path);
+    if (close(fd) != 0 && rc == PRL_OK)
+        rc = prl_error_set(PRL_ERR_IO, "close %s: %s", path, strerror(errno));
+    return rc;
 }
 
 prl_status prl_file_write_atomic(const char *path, const void *data, size_t len)

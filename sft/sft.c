@@ -343,7 +343,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
         prl_model_update_router_bias(m);
         double t1 = prl_now();
         int done = (int)(step + 1 - first);
-        if (progress && (done % c->log_every == 0 || step + 1 == last)) {
+        if (progress) {
             prl_sft_progress p = {
                 .step = (int)(step + 1),
                 .steps = (int)run_last,
@@ -358,6 +358,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
                 .elapsed_s = t1 - t_start,
                 .loss_scale = c->scaler ? c->scaler->scale : 0,
                 .skipped = c->scaler ? c->scaler->skipped : 0,
+                .log_line = done % c->log_every == 0 || step + 1 == run_last,
             };
             p.eta_s = p.elapsed_s / done * (double)(run_last - step - 1);
             progress(user, &p);

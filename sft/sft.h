@@ -69,6 +69,7 @@ typedef struct prl_sft_progress {
     double elapsed_s, eta_s;
     double loss_scale; /* with a scaler: the scale after this step (else 0) */
     long skipped;      /* with a scaler: steps skipped for an overflow so far */
+    int log_line;      /* 1 on the steps a progress line prints: every log_every and the last */
 } prl_sft_progress;
 
 typedef void (*prl_sft_progress_fn)(void *user, const prl_sft_progress *p);
@@ -76,8 +77,8 @@ typedef void (*prl_sft_progress_fn)(void *user, const prl_sft_progress *p);
 /* Train `m` with optimizer `o` on `d` for c->steps steps, starting at step o->step (so a
 ** resumed run continues its data order; a step skipped by the loss scaler is retried with
 ** the same data, as o->step does not advance). The model computes in its own precision
-** (prl_model_set_precision). Calls `progress` every log_every steps and after
-** the last. */
+** (prl_model_set_precision). Calls `progress` after every step (a metrics file wants them
+** all), with log_line set every log_every steps and after the last. */
 prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, const prl_sft_config *c,
                          prl_sft_progress_fn progress, void *user);
 

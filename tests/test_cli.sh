@@ -86,6 +86,23 @@ expect_ok "sft 2 steps" $prl sft --data "$work/data.jsonl" --model "$big" --out 
 expect_ok "sft resume 2 steps" $prl sft --data "$work/data.jsonl" --ckpt "$work/s_r" --resume --out "$work/s_r2" \
   --steps 2 --batch 4 --seq 48 --seed 7 --threads 2
 grep -q '"step": 4' "$work/s_r2/state.json" && ok "resume continues at step 2" || bad "resume: $(cat "$work/s_r2/state.json")"
+# --metrics: a line per step; with --save-every the elapsed time runs on across the saves and
+# the ETA counts the whole run's steps (it used to restart at each save)
+expect_ok "sft --metrics with --save-every" $prl sft --data "$work/data.jsonl" --model "$big" --out "$work/s_m" \
+  --steps 4 --batch 4 --seq 48 --seed 7 --threads 2 --save-every 2 --log-every 3 --metrics "$work/s_m.jsonl"
+python3 - "$work/s_m.jsonl" "$work/last.out" <<'PY' && ok "sft metrics: 4 steps, elapsed runs on across the saves" || bad "sft metrics: $(cat "$work/s_m.jsonl")"
+import json, re, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert [l["step"] for l in lines] == [1, 2, 3, 4] and all(l["steps"] == 4 for l in lines)
+el = [l["elapsed_s"] for l in lines]
+assert all(b > a for a, b in zip(el, el[1:])), el
+assert all(l["loss"] > 0 and l["tokens_per_s"] > 0 for l in lines)
+printed = re.findall(r"^step (\d+)/4", open(sys.argv[2]).read(), re.M)
+assert printed == ["3", "4"], printed  # --log-every 3 counts the run's steps, then the last
+PY
+expect_fail "sft: existing --metrics refused" "--metrics $work/s_m.jsonl exists" $prl sft --data "$work/data.jsonl" \
+  --model "$big" --out "$work/s_m2" --steps 1 --seq 12 --metrics "$work/s_m.jsonl"
+[ ! -e "$work/s_m2" ] && ok "no checkpoint after a refused --metrics" || bad "a checkpoint after a refused --metrics"
 # generate (infer path) on the SFT checkpoint, which has a tokenizer
 g=$work/s_a
 expect_ok "generate greedy" $prl generate --ckpt "$g" --prompt "What is 2 + 3?" --temperature 0 \
@@ -214,7 +231,18 @@ expect_fail "tasks: unknown domain" "unknown domain 'math'" $prl tasks generate 
 expect_fail "tasks: bad split" "unknown split 'test'" $prl tasks generate --domain coding --split test --n 3
 expect_fail "tasks: bad difficulty" "difficulty must be 0..3" $prl tasks demos --domain coding --difficulty 5 --n 3
 expect_fail "tasks: bad error rate" "error-rate must be in" $prl tasks demos --domain coding --error-rate 2 --n 3
-expect_fail "tasks: unknown subcommand" "expected a subcommand" $prl tasks make
+expect_fail "tasks: unknown subcommand" "unknown subcommand 'make'" $prl tasks make
+expect_fail "tasks: no subcommand" "expected a subcommand" $prl tasks
+# a typo gets the nearest command, subcommand or flag; --version names the build
+expect_fail "typo: command" "unknown command 'initt' (did you mean 'init'?)" $prl initt
+expect_fail "typo: subcommand" "unknown subcommand 'genrate' (did you mean 'generate'?)" $prl tasks genrate
+expect_fail "typo: bench" "unknown benchmark 'decod' (did you mean 'decode'?)" $prl bench decod
+expect_fail "typo: role" "unknown role 'controler' (did you mean 'controller'?)" $prl role controler
+expect_fail "typo: flag" "unknown option '--sed' (did you mean '--seed'?)" $prl init --model x --out y --sed 3
+expect_fail "no near flag: no guess" "unknown option '--zzzzzzz' (see --help)" $prl init --model x --out y --zzzzzzz
+expect_ok "--version" $prl --version
+grep -Eq "^prl [0-9]+\.[0-9]+\.[0-9]+ \(git ([0-9a-f]{12}(-modified)?|unknown)\)$" "$work/last.out" \
+  && ok "--version: version and commit" || bad "--version: $(cat "$work/last.out")"
 expect_fail "check: missing file" "cannot open $work/nope.jsonl" $prl tasks check --domain agent --input "$work/nope.jsonl"
 { head -n 2 "$work/demos_agent.jsonl"; echo '{"domain": "agent", "messages": ['; } > "$work/bad.jsonl"
 expect_fail "check: malformed line names its number" "bad.jsonl:3: invalid JSON" \

@@ -42,7 +42,7 @@ $prl run job.json --check > /dev/null || fail "prl run --check refuses the impor
 # prl run stops every role it started when it gets SIGTERM (timeout's signal)
 timeout 120 $prl run job.json > run.out 2> run.err ||
   { cat run.err; tail -n 5 runs/imp/logs/*.log; fail "prl run failed or took over 120 s"; }
-grep -q "step 1/1" run.out || fail "no progress line for step 1"
+grep -q "v1/1" run.out || fail "no progress line for step 1"
 n=$(sqlite3 runs/imp/run.db "SELECT count(*) FROM samples")
 [ "$n" = 4 ] || fail "run.db holds $n samples, not 2 x 2"
 echo "ok: one GRPO step from the imported checkpoint, $n samples in run.db"

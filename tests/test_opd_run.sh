@@ -88,7 +88,7 @@ $prl run job.json > opd.out 2> opd.err &
 launcher=$!
 finish opd
 db=runs/opd/run.db
-grep -q "step 8/8" opd.out || fail "no progress line for the last step"
+grep -q "v8/8" opd.out || fail "no progress line for the last step"
 grep -q "| KL " opd.out || fail "the progress line shows no KL"
 [ "$(sqlite3 $db 'SELECT count(*) FROM steps')" = 8 ] || fail "steps recorded"
 [ "$(sqlite3 $db 'SELECT count(DISTINCT domain) FROM prompts')" = 4 ] || fail "prompts of four domains"
@@ -114,7 +114,7 @@ $prl run job.json --set run.name=wide --set controller.steps=1 --set opd.teacher
   > wide.out 2> wide.err &
 launcher=$!
 finish wide
-grep -q "step 1/1" wide.out || fail "the run with a wider teacher made no step"
+grep -q "v1/1" wide.out || fail "the run with a wider teacher made no step"
 echo "ok: one OPD step with a teacher of another width"
 
 # ---- task.mix: the prompt set holds round(train_problems x share) of each domain; a domain

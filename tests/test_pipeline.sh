@@ -78,11 +78,18 @@ check_db() { # run: every sample once, with version and reward
   [ "$(sqlite3 $db 'SELECT count(*) FROM samples WHERE version = step AND reward BETWEEN 0 AND 1')" = "$N" ] || fail "run $1: a sample's version or reward is off"
   [ "$(sqlite3 $db 'SELECT max(version) FROM versions')" = "$STEPS" ] || fail "run $1: versions"
   [ "$(sqlite3 $db "SELECT status FROM runs")" = "done" ] || fail "run $1: status"
+  # metrics.jsonl: every step once, in order, each line run.db's step metrics plus "step"
+  sqlite3 $db "SELECT step, metrics FROM steps ORDER BY step" | python3 -c '
+import json, sys
+db = [(int(s), json.loads(m)) for s, m in (l.split("|", 1) for l in sys.stdin.read().splitlines())]
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert [l.pop("step") for l in lines] == [s for s, _ in db] == list(range(int(sys.argv[2]))), "steps"
+assert lines == [m for _, m in db], "fields"' "runs/$1/metrics.jsonl" "$STEPS" || fail "run $1: metrics.jsonl differs from run.db"
 }
 
 # ---- a: undisturbed
 $prl run job.json > a.out 2> a.err || { cat a.err; fail "run a"; }
-grep -q "step $STEPS/$STEPS" a.out || fail "run a: no progress line for the last step"
+grep -q "v$STEPS/$STEPS" a.out || fail "run a: no progress line for the last step"
 check_db a
 echo "ok: run a: $N samples, $STEPS versions"
 

@@ -7,7 +7,8 @@
 ** truncation at every cut point, a deterministic header fuzz loop with consistency checks,
 ** the float/double conversion helpers, writer argument checks, and the atomic file write
 ** (no temp file left, no final file created on failure, old file kept on failure; fsync
-** failures are injected through a test-only fsync() that overrides libc's).
+** failures are injected through a test-only fsync() that overrides libc's), and the line
+** appender of metrics files (torn tails cut).
 **
 ** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
 ** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
@@ -1476,6 +1477,40 @@ START_TEST(test_save_fsync_dir_fails)
 }
 END_TEST
 
+/* prl_file_append_line: whole lines appended; a torn tail (a crash mid-line) cut before the
+** next line, also when it is the only content or longer than the reader's buffer. */
+START_TEST(test_append_line)
+{
+    make_tmpdir();
+    char path[256];
+    size_t len;
+    snprintf(path, sizeof path, "%s/log.jsonl", tmpdir);
+    assert_ok(prl_file_append_line(path, "{\"step\": 0}"));
+    assert_ok(prl_file_append_line(path, "{\"step\": 1}"));
+    char *text = check_read_file(path, &len);
+    ck_assert_str_eq(text, "{\"step\": 0}\n{\"step\": 1}\n");
+    free(text);
+    FILE *f = fopen(path, "a");
+    fputs("{\"step\": 2, \"lo", f); /* torn */
+    fclose(f);
+    assert_ok(prl_file_append_line(path, "{\"step\": 2}"));
+    text = check_read_file(path, &len);
+    ck_assert_str_eq(text, "{\"step\": 0}\n{\"step\": 1}\n{\"step\": 2}\n");
+    free(text);
+    f = fopen(path, "w");
+    for (int i = 0; i < 10000; i++) fputc('x', f); /* a torn first line, > 4 KiB */
+    fclose(f);
+    assert_ok(prl_file_append_line(path, NULL));
+    text = check_read_file(path, &len);
+    ck_assert_uint_eq(len, 0);
+    free(text);
+    snprintf(path, sizeof path, "%s/no/such/log.jsonl", tmpdir);
+    ck_assert_int_eq(prl_file_append_line(path, "x"), PRL_ERR_IO);
+    assert_msg_has(path);
+    remove_tree(tmpdir);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- suite ------------ */
 
 static Suite *safetensors_suite(void)
@@ -1524,6 +1559,7 @@ static Suite *safetensors_suite(void)
     tcase_add_test(tc, test_save_write_fails_keeps_old);
     tcase_add_test(tc, test_save_fsync_file_fails);
     tcase_add_test(tc, test_save_fsync_dir_fails);
+    tcase_add_test(tc, test_append_line);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,6 +1,7 @@
 /*
 ** test_sft.c — sft/'s trainer loop: its progress reports. A run cut into chunks (checkpoint
-** saves) reports one elapsed time and one ETA across the chunks, not one per chunk.
+** saves) reports one elapsed time and one ETA across the chunks, not one per chunk; every
+** step is reported, the ones a progress line prints marked.
 */
 #include "sft/sft.h"
 #include "tests/check_util.h"
@@ -98,6 +99,15 @@ START_TEST(test_progress_spans_chunks)
     ck_assert_int_eq(r.p[1].steps, 6);
     ck_assert(r.p[1].elapsed_s < 100);
     ck_assert(r.p[1].eta_s == 0);
+    /* every step is reported (metrics files want them all); log_line marks every log_every-th
+    ** and the last */
+    c.log_every = 2, c.steps = 3;
+    r.n = 0;
+    assert_ok(prl_sft_train(&m, &o, &d, &c, record, &r));
+    ck_assert_int_eq(r.n, 3);
+    ck_assert_int_eq(r.p[0].log_line, 0);
+    ck_assert_int_eq(r.p[1].log_line, 1);
+    ck_assert_int_eq(r.p[2].log_line, 1);
     prl_sft_data_free(&d);
     prl_optim_free(&o);
     prl_model_free(&m);

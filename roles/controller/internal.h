@@ -261,6 +261,11 @@ void ctl_step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double t
                       size_t n, prl_store_step *st);
 /* The step's progress line. */
 void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, step_run *r);
+/* Append step's line {"step", ...metrics} to runs/NAME/metrics.jsonl (failures logged). */
+void ctl_metrics_append(ctl *c, int64_t step, const char *metrics);
+/* After a restart: append the lines of run.db's steps that metrics.jsonl lacks (a crash
+** between the commit and the append), so the file has every step once, in order. */
+prl_status ctl_metrics_catch_up(ctl *c);
 
 /* record.c */
 /* An event row in run.db (a failure is only logged). */

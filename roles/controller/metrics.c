@@ -1,11 +1,14 @@
 /*
 ** metrics.c — a step's metrics in the controller (internal.h): the JSON written to run.db's
-** steps table (docs/store.md) and the progress line printed per step (docs/pipeline.md).
+** steps table (docs/store.md), its copy appended to runs/NAME/metrics.jsonl, and the
+** progress line printed per step (docs/pipeline.md).
 */
 #include "roles/controller/internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The step's teacher metrics (JSON object text into out[n]): per teacher its samples' load
 ** and scoring time, loads and the peak RSS of the process that taught it; per teacher
@@ -126,11 +129,74 @@ void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, st
     prl_format_duration(eta, sizeof eta,
                         (c->job->steps - c->version) * c->interval_sum / c->intervals);
     fprintf(c->o->progress,
-            "step %lld/%d  v%lld | reward %.3f  acc %5.1f%% | %6.0f tok/s | rollout %.1fs  score "
+            "step %lld  v%lld/%d | reward %.3f  acc %5.1f%% | %6.0f tok/s | rollout %.1fs  score "
             "%.1fs  "
             "train %.1fs | step %.1fs | stale %d  dropped %d%s%s | %s, eta %s\n",
-            (long long)r->step + 1, c->job->steps, (long long)c->version, st->reward_mean,
+            (long long)r->step, (long long)c->version, c->job->steps, st->reward_mean,
             100 * st->accuracy, st->tokens_per_s, roll, tail, train, interval, stale, r->dropped,
             scale, opd, el, eta);
     fflush(c->o->progress);
+}
+
+/* {"step": S, ...the metrics' fields} as one line of text (malloc'd), or NULL. */
+static char *metrics_line(int64_t step, const char *metrics)
+{
+    json_error_t je;
+    json_t *fields = json_loads(metrics, 0, &je), *line = json_object();
+    char *text = NULL;
+    if (json_is_object(fields) && line && !json_object_set_new(line, "step", json_integer(step)) &&
+        !json_object_update(line, fields))
+        text = json_dumps(line, JSON_COMPACT);
+    json_decref(fields), json_decref(line);
+    return text;
+}
+
+/* runs/NAME/metrics.jsonl: run.db is the source of truth, so a failure here is logged and
+** the next start's catch-up fills the gap. */
+void ctl_metrics_append(ctl *c, int64_t step, const char *metrics)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", c->o->run_dir);
+    char *line = metrics_line(step, metrics);
+    prl_status rc = line ? prl_file_append_line(path, line)
+                         : prl_error_set(PRL_ERR_FORMAT,
+                                         "step %lld: metrics are not a JSON "
+                                         "object",
+                                         (long long)step);
+    if (rc) ctl_log("metrics.jsonl: %s", prl_error_message());
+    free(line);
+}
+
+/* The step of the file's last line, or -1 (no file, no line). */
+static int64_t last_step_in_file(const char *path)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (access(path, F_OK) != 0 || prl_file_append_line(path, NULL) ||
+        prl_file_read(path, &text, &len))
+        return -1;
+    while (len > 0 && text[len - 1] == '\n') text[--len] = 0;
+    char *last = strrchr(text, '\n');
+    json_error_t je;
+    json_t *o = json_loads(last ? last + 1 : text, 0, &je);
+    int64_t step = json_is_integer(json_object_get(o, "step"))
+                       ? (int64_t)json_integer_value(json_object_get(o, "step"))
+                       : -1;
+    json_decref(o);
+    free(text);
+    return step;
+}
+
+prl_status ctl_metrics_catch_up(ctl *c)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", c->o->run_dir);
+    for (int64_t s = last_step_in_file(path) + 1; s < c->next_step; s++) {
+        char *mt = NULL;
+        prl_status rc = prl_store_step_metrics(c->db, c->run, s, &mt);
+        if (rc) return rc;
+        ctl_metrics_append(c, s, mt);
+        free(mt);
+    }
+    return PRL_OK;
 }

@@ -137,7 +137,10 @@ prl_status ctl_step_commit(ctl *c, step_run *r, const char *path, uint64_t sum,
         rc = rc ? (prl_store_rollback(c->db), rc) : prl_store_commit(c->db);
     }
     if (rc) rc = prl_error_wrap(rc, "run.db: recording step %lld: ", (long long)r->step);
-    else ctl_progress_line(c, &st, text, r);
+    else {
+        ctl_metrics_append(c, r->step, text);
+        ctl_progress_line(c, &st, text, r);
+    }
     free(text);
     ctl_step_free(c, r);
     prune_checkpoints(c);
@@ -198,7 +201,7 @@ prl_status ctl_restore(ctl *c)
         return prl_error_set(PRL_ERR_FORMAT,
                              "run.db: version %lld after %lld steps (each step makes one)",
                              (long long)c->version, (long long)c->next_step);
-    return PRL_OK;
+    return ctl_metrics_catch_up(c);
 }
 
 /* Write runs/NAME/final -> the newest version's directory, atomically. */
