@@ -324,5 +324,12 @@ expect_fail "role sandbox without --bind" "missing required option '--bind'" $pr
 expect_fail "role sandbox bad endpoint" "transport must be" $prl role sandbox --bind foo://x
 expect_ok "sandbox probe" $prl sandbox probe
 grep -q "pidns" "$work/last.out" && ok "sandbox probe lists layers" || bad "sandbox probe: $(cat "$work/last.out")"
+grep -q "^mode: " "$work/last.out" && grep -A1 "^socket families allowed" "$work/last.out" | grep -q "AF_UNIX" \
+  && grep -A9 "^system calls refused" "$work/last.out" | grep -q "memfd_secret" \
+  && grep -q "^  wall_seconds *10 *3600" "$work/last.out" \
+  && ok "sandbox probe prints the policy" || bad "sandbox probe policy: $(cat "$work/last.out")"
+$prl sandbox probe --json > "$work/probe.json"
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["policy"]; assert "AF_VSOCK" not in p["socket_families"] and "AF_UNIX" in p["socket_families"] and {"bpf","keyctl","io_uring_setup","userfaultfd","perf_event_open","memfd_secret"} <= set(p["refused_syscalls"]) and p["limits"]["maximum"]["processes"] == 4096' "$work/probe.json" \
+  && ok "sandbox probe --json policy" || bad "sandbox probe --json: $(head -c 600 "$work/probe.json")"
 
 summary
