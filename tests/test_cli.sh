@@ -148,6 +148,17 @@ for r in general reasoning coding agent quickstart; do
   expect_ok "recipe configs/$r.json passes prl run --check" \
     $prl run "$src/configs/$r.json" --check --runs "$work/recipe_runs" --set model.init="$g"
 done
+# run.name names runs/NAME/, it is not a path: a name with '/', '..', a newline or none at
+# all is refused naming the key, by --check and by a start, before anything is written (the
+# names would have made $work/names/x outside --runs, or an empty or multi-line directory)
+for name in '"../x"' '"../../x"' '""' '"a\nb"' '"a/b"' '".hidden"'; do
+  for flag in --check ""; do
+    expect_fail "run.name $name refused${flag:+ by $flag}" "key 'run.name' = .*a name is 1 to 100 of A-Z" \
+      timeout 60 $prl run "$src/configs/general.json" $flag --runs "$work/names/runs" \
+      --set model.init="$g" --set "run.name=$name"
+  done
+done
+[ ! -e "$work/names" ] && ok "refused run names wrote nothing" || bad "refused run names wrote: $(find "$work/names")"
 # the OPD recipe, its teachers pointed at the same checkpoint; a teacher without a tokenizer
 # (this test's plain init checkpoint) is refused naming the file (docs/opd.md)
 opd_sets=(--set model.init="$g")
