@@ -114,6 +114,7 @@ struct prl_sandbox {
     int own_base_dir; /* created by init, removed by free */
     char python3[PATH_MAX], sh[PATH_MAX];
     char interpreter[PATH_MAX]; /* "" when the sandbox has none */
+    int network;                /* options.network: the host's network is offered */
     struct sock_filter *bpf;    /* seccomp program (malloc'd) */
     size_t bpf_len;
     int cap_last_cap;

@@ -273,7 +273,11 @@ prl_status prl_sandbox_init(prl_sandbox **out, const prl_sandbox_options *opt)
         free(sb);
         return rc;
     }
-    sb->layers = resolve_layers(sb->caps.layers & ~opt->disable, &sb->caps);
+    /* The host's network: neither the namespace nor the filter that stands in for it. */
+    unsigned disable = opt->disable;
+    if (opt->network) disable |= PRL_SANDBOX_NETNS | PRL_SANDBOX_SOCKET_FILTER;
+    sb->network = opt->network != 0;
+    sb->layers = resolve_layers(sb->caps.layers & ~disable, &sb->caps);
     sb->cap_last_cap = read_cap_last_cap();
     static atomic_int counter;
     snprintf(sb->cg_group, sizeof sb->cg_group, "prl-sandbox.%ld.%d", (long)getpid(),

@@ -149,6 +149,9 @@ typedef struct prl_sandbox_options {
     const char *sh;               /* shell (default /bin/sh) */
     const char *interpreter;      /* lang "interpreter": another language's interpreter (e.g.
                                      /usr/bin/node), an absolute path under /usr (NULL: none) */
+    int network; /* 1: the program may use the host's network: no net namespace, AF_INET and
+                    AF_INET6 sockets allowed, no Landlock TCP rules (every other family stays
+                    refused); 0: none (a private loopback, or no inet sockets at all) */
 } prl_sandbox_options;
 
 void prl_sandbox_options_default(prl_sandbox_options *opt);

@@ -1426,6 +1426,38 @@ START_TEST(test_fallback_no_net_namespace)
 }
 END_TEST
 
+/* options.network (reward.network): the host's network is offered, so the internet families
+** are allowed without a net namespace, and only they: creating sockets only, no connect. */
+START_TEST(test_host_network_offered)
+{
+    prl_sandbox_options o;
+    prl_sandbox_options_default(&o);
+    o.caps = &caps;
+    o.uid_base = next_uid_base;
+    next_uid_base += 16;
+    o.network = 1;
+    prl_sandbox *sb = NULL;
+    assert_ok(prl_sandbox_init(&sb, &o));
+    unsigned layers = prl_sandbox_layers(sb);
+    ck_assert(!(layers & (PRL_SANDBOX_NETNS | PRL_SANDBOX_SOCKET_FILTER)));
+    ck_assert_msg(!(caps.layers & PRL_SANDBOX_SECCOMP) || (layers & PRL_SANDBOX_SECCOMP),
+                  "seccomp stays on with the host's network");
+    prl_sandbox_result r;
+    run(sb, "python3",
+        "import errno, socket\n"
+        "for fam in ['AF_INET', 'AF_INET6', 'AF_VSOCK', 'AF_NETLINK', 'AF_PACKET']:\n"
+        "    try: socket.socket(getattr(socket, fam), socket.SOCK_DGRAM); print(fam, 'OK')\n"
+        "    except OSError as e: print(fam, errno.errorcode[e.errno])\n",
+        10, &r);
+    expect_status(&r, PRL_SANDBOX_STATUS_OK);
+    if (layers & PRL_SANDBOX_SECCOMP)
+        expect_out_has(&r, "AF_INET OK\nAF_INET6 OK\nAF_VSOCK EPERM\nAF_NETLINK EPERM\n"
+                           "AF_PACKET EPERM\n");
+    else fprintf(stderr, "NOT CHECKED (no seccomp): the families of the host's network\n");
+    finish(sb, &r);
+}
+END_TEST
+
 START_TEST(test_fallback_no_mount_namespace)
 {
     prl_sandbox *sb = make_sb(1, PRL_SANDBOX_MNTNS);
@@ -1566,6 +1598,7 @@ int main(void)
         test_stdio_reopened_by_path,
         test_fallback_no_pid_namespace,
         test_fallback_no_net_namespace,
+        test_host_network_offered,
         test_fallback_no_mount_namespace,
         test_fallback_no_cgroups,
     };
