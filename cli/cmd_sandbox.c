@@ -2,6 +2,9 @@
 ** cmd_sandbox.c — `prl sandbox exec` (run one program in the sandbox) and `prl sandbox
 ** probe` (which isolation layers this host supports).
 **
+** probe also prints the policy a sandbox here enforces: the mode, the socket families
+** allowed, the system calls refused and the limits (defaults and maxima).
+**
 ** exec prints the program's stdout on stdout and its stderr on stderr, then a one-line
 ** summary on stderr; exit code 0 when the status is ok, 1 otherwise (2: bad usage). With
 ** --json the result JSON (docs/sandbox.md) is printed instead, whatever the status.
@@ -114,6 +117,61 @@ static int sandbox_exec(int argc, char **argv)
     return ok ? 0 : 1;
 }
 
+/* Names separated by spaces, wrapped before column 96 with a two-space indent. */
+static void print_wrapped(const char *const *names, size_t n)
+{
+    int col = 0;
+    for (size_t i = 0; i < n; i++) {
+        int len = (int)strlen(names[i]);
+        if (col && col + 1 + len > 96) printf("\n"), col = 0;
+        col += printf(col ? " %s" : "  %s", names[i]);
+    }
+    printf("\n");
+}
+
+static void print_limit_row(const char *name, double dflt, double max, const char *unit)
+{
+    char m[32];
+    if (max > 0) snprintf(m, sizeof m, "%g", max);
+    else snprintf(m, sizeof m, "none");
+    printf("  %-16s %-12g %-12s %s\n", name, dflt, m, unit);
+}
+
+static void print_policy(unsigned used)
+{
+    prl_sandbox_policy p;
+    prl_sandbox_policy_get(used, &p);
+    if (p.namespaces_missing[0])
+        printf("mode: %s (no %s namespace)\n", p.mode, p.namespaces_missing);
+    else printf("mode: %s (user pid net mount ipc uts)\n", p.mode);
+    if (!p.seccomp) {
+        printf("seccomp: not used: every socket family and system call is open\n");
+    } else {
+        printf("socket families allowed (every other one: EPERM):\n");
+        print_wrapped(p.families, (size_t)p.n_families);
+        printf("system calls refused (EPERM):\n");
+        print_wrapped(p.refused, p.n_refused);
+        printf("refused with some arguments:\n");
+        for (size_t i = 0; i < p.n_conditional; i++)
+            printf("  %-28s %s\n", p.conditional[i][0], p.conditional[i][1]);
+    }
+    const prl_sandbox_limits *d = &p.defaults, *m = &p.maxima;
+    const double mib = 1 << 20;
+    printf("limits             default      maximum\n");
+    print_limit_row("cpu_seconds", d->cpu_seconds, m->cpu_seconds, "s, per process");
+    print_limit_row("wall_seconds", d->wall_seconds, m->wall_seconds, "s");
+    print_limit_row("memory", (double)d->memory_bytes / mib, (double)m->memory_bytes / mib,
+                    "MiB, whole tree");
+    print_limit_row("output", (double)d->output_bytes / mib, (double)m->output_bytes / mib,
+                    "MiB kept per stream");
+    print_limit_row("processes", d->processes, m->processes, "tasks of the tree");
+    print_limit_row("open_files", d->open_files, m->open_files, "per process");
+    print_limit_row("file_size", (double)d->file_size_bytes / mib, (double)m->file_size_bytes / mib,
+                    "MiB");
+    print_limit_row("disk", (double)d->disk_bytes / mib, (double)m->disk_bytes / mib,
+                    "MiB, each tmpfs");
+}
+
 static int sandbox_probe(int argc, char **argv)
 {
     int json = 0;
@@ -121,7 +179,8 @@ static int sandbox_probe(int argc, char **argv)
     int rc =
         cli_parse(argc, argv, 3, opts, "prl sandbox probe [--json]",
                   "Detects which isolation layers work on this host, which ones a sandbox uses, "
-                  "and why a missing one is missing.",
+                  "and why a missing one is missing; then the policy a sandbox here enforces: "
+                  "the mode, the socket families allowed, the system calls refused, the limits.",
                   NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     prl_sandbox *sb = NULL;
@@ -141,13 +200,14 @@ static int sandbox_probe(int argc, char **argv)
         const char *state = used & l ? "used" : caps.layers & l ? "available, not used" : "missing";
         const char *why = caps.why[i];
         if (l == PRL_SANDBOX_SOCKET_FILTER && !(used & l) && (used & PRL_SANDBOX_NETNS))
-            why = "(not needed: the net namespace has no route out)";
+            why = "(not needed: inet sockets reach only the net namespace's loopback)";
         printf("  %-14s %-20s %s\n", prl_sandbox_layer_name(l), state, why);
     }
     printf("root %s, cgroup %s, cgroup kill %s, landlock ABI %d\n", caps.is_root ? "yes" : "no",
            caps.cgroup_version ? (caps.cgroup_version == 1 ? "v1" : "v2") : "none",
            caps.cgroup_kill_kind[0] ? caps.cgroup_kill_kind : "none", caps.landlock_abi);
     if (caps.cgroup_note[0]) printf("note: %s\n", caps.cgroup_note);
+    print_policy(used);
     return 0;
 }
 
@@ -160,7 +220,7 @@ int cmd_sandbox(int argc, char **argv)
         help ? stdout : stderr,
         "usage: prl sandbox exec --lang python3|sh --file FILE [options]   run a program isolated\n"
         "       prl sandbox probe [--json]                                  show the isolation "
-        "layers\n"
+        "layers and the policy\n"
         "(prl sandbox exec --help for the limits)\n");
     return help ? 0 : 2;
 }

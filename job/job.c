@@ -313,6 +313,48 @@ static prl_status check_source(const prl_job_config *c, const char *source)
     return PRL_OK;
 }
 
+/* The value as it can be shown in one error line: printable ASCII kept, the rest as \xNN,
+** cut after 40 characters. */
+static void printable(const char *s, char *out, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; s[i] && k + 8 < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (i == 40) {
+            k += (size_t)snprintf(out + k, n - k, "...");
+            break;
+        }
+        k += (size_t)snprintf(out + k, n - k, ch >= 0x20 && ch < 0x7f ? "%c" : "\\x%02x", ch);
+    }
+    out[k < n ? k : n - 1] = 0;
+}
+
+prl_status prl_job_name_check(const char *source, const char *key, const char *name)
+{
+    static const char rule[] = "a name is 1 to 100 of A-Z a-z 0-9 . _ - and does not start with "
+                               "'.' (it names a directory)";
+    char shown[200];
+    printable(name, shown, sizeof shown);
+    size_t n = strlen(name);
+    if (n == 0 || n > PRL_JOB_NAME_MAX)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' = \"%s\" has %zu characters: %s", source,
+                             key, shown, n, rule);
+    if (name[0] == '.')
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' = \"%s\" starts with '.': %s", source,
+                             key, shown, rule);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        if ((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+            ch == '.' || ch == '_' || ch == '-')
+            continue;
+        char what[16];
+        snprintf(what, sizeof what, ch >= 0x20 && ch < 0x7f ? "'%c'" : "byte 0x%02x", ch);
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' = \"%s\": character %zu is %s: %s",
+                             source, key, shown, i + 1, what, rule);
+    }
+    return PRL_OK;
+}
+
 int prl_job_has_reward_program(const prl_job_config *c)
 {
     return c->reward_program && strcmp(c->reward_program, "[]") != 0;
@@ -320,7 +362,8 @@ int prl_job_has_reward_program(const prl_job_config *c)
 
 prl_status prl_job_config_check(const prl_job_config *c, const char *source)
 {
-    prl_status rc = check_source(c, source);
+    prl_status rc = prl_job_name_check(source, "run.name", c->name);
+    if (!rc) rc = check_source(c, source);
     if (!rc) rc = check_correction(c, source);
     if (!rc) rc = check_loss_scale(c, source);
     if (!rc) rc = check_mix(c, source);

@@ -120,6 +120,11 @@ prl_status prl_job_config_set(prl_job_config *c, const char *assignment);
 /* n overrides applied in order, then the whole config validated once, so that keys with a
 ** rule between them (task.source = file and task.path) can be set together. */
 prl_status prl_job_config_set_all(prl_job_config *c, const char *const *assignments, int n);
+/* A name that becomes a directory (run.name: runs/NAME/): 1 to PRL_JOB_NAME_MAX characters
+** of [A-Za-z0-9._-], not starting with '.', so it is never a path ("../x", "a/b"), hidden,
+** empty or multi-line. Else PRL_ERR_CONFIG naming `source`, the key and the rule. */
+enum { PRL_JOB_NAME_MAX = 100 };
+prl_status prl_job_name_check(const char *source, const char *key, const char *name);
 /* The job scores with a reward program (reward.program is not empty). */
 int prl_job_has_reward_program(const prl_job_config *c);
 /* Train problems of domain d in this job: task.train_problems for its one domain (0 for the

@@ -3,6 +3,7 @@
 ** docs/recipes.md).
 */
 #include "job/recipe.h"
+#include "job/job.h"
 #include "job/keys.h"
 
 #include <stddef.h>
@@ -93,8 +94,7 @@ prl_status prl_sft_recipe_check(const prl_sft_recipe *r, const char *source)
                              "%s: key 'dsa.dense_steps' = %d must be below "
                              "sft.steps = %d (the sparse stage needs a step)",
                              source, r->dsa_dense_steps, r->steps);
-    if (!*r->name || !*r->dir)
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key '%s' must not be empty", source,
-                             *r->name ? "run.dir" : "run.name");
-    return PRL_OK;
+    if (!*r->dir)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'run.dir' must not be empty", source);
+    return prl_job_name_check(source, "run.name", r->name);
 }

@@ -276,7 +276,7 @@ prl_status prl_reward_program_open(prl_reward_program **out, const prl_job_confi
     so.slots = 1;
     so.uid_base = UID_BASE + (unsigned)worker_index;
     so.interpreter = interp[0] ? interp : NULL;
-    if (job->reward_network) so.disable = PRL_SANDBOX_NETNS; /* reward.network: the host's */
+    so.network = job->reward_network; /* reward.network: the host's */
     if (!rc) rc = prl_sandbox_init(&p->sb, &so);
     p->timeout = job->reward_timeout;
     signal(SIGPIPE, SIG_IGN); /* a program that died under a write is a restart, not our end */

@@ -380,8 +380,8 @@ static int landlock_rule(int ruleset, const char *path, uint64_t access)
 }
 
 /* Writes only beneath the work and temp dirs (and to /dev/null & co.); reads stay free.
-** ABI >= 4 without a net namespace: no TCP bind/connect. ABI >= 6: no signals to and no
-** abstract unix sockets of processes outside the sandbox. */
+** ABI >= 4 without a net namespace: no TCP bind/connect, unless the sandbox offers the host's
+** network. ABI >= 6: no signals to and no abstract unix sockets of processes outside it. */
 static void apply_landlock(const sbx_spawn *sp)
 {
     int abi = sp->sb->caps.landlock_abi;
@@ -398,7 +398,7 @@ static void apply_landlock(const sbx_spawn *sp)
     size_t size = sizeof attr.handled_access_fs;
     if (abi >= 4) {
         size += sizeof attr.handled_access_net;
-        if (!(sp->layers & PRL_SANDBOX_NETNS))
+        if (!(sp->layers & PRL_SANDBOX_NETNS) && !sp->sb->network)
             attr.handled_access_net = SBX_LANDLOCK_NET_BIND_TCP | SBX_LANDLOCK_NET_CONNECT_TCP;
     }
     if (abi >= 6) {

@@ -78,9 +78,11 @@ void sbx_cgroup_detect(prl_sandbox_caps *caps);
 
 /* ---------------------------------------------------------------- seccomp ---------- */
 
-/* Build the deny-list filter (socket_filter: also deny inet/packet/netlink sockets) as a BPF
-** program; *prog is malloc'd. */
+/* Build the deny-list filter as a BPF program; *prog is malloc'd. Socket families: AF_UNIX,
+** AF_INET, AF_INET6 (for a net namespace), or with socket_filter AF_UNIX only. */
 prl_status sbx_seccomp_build(int socket_filter, struct sock_filter **prog, size_t *n);
+/* The filter's part of prl_sandbox_policy_get: seccomp, families, refused, conditional. */
+void sbx_seccomp_policy(unsigned layers, prl_sandbox_policy *p);
 
 /* ---------------------------------------------------------------- host dirs -------- */
 
@@ -112,6 +114,7 @@ struct prl_sandbox {
     int own_base_dir; /* created by init, removed by free */
     char python3[PATH_MAX], sh[PATH_MAX];
     char interpreter[PATH_MAX]; /* "" when the sandbox has none */
+    int network;                /* options.network: the host's network is offered */
     struct sock_filter *bpf;    /* seccomp program (malloc'd) */
     size_t bpf_len;
     int cap_last_cap;

@@ -1,5 +1,5 @@
 /*
-** result.c — results and probe reports as JSON (the format is documented field by field in
+** result.c — results, probe reports and the policy as JSON (the format is documented field by field in
 ** docs/sandbox.md).
 **
 ** Program output is arbitrary bytes; JSON strings must be UTF-8. Each stream is given as a
@@ -128,6 +128,37 @@ char *prl_sandbox_result_to_json(const prl_sandbox_result *r, int indent)
     return dump(o, indent);
 }
 
+static json_t *strings_array(const char *const *names, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(a, json_string(names[i]));
+    return a;
+}
+
+static json_t *policy_object(const prl_sandbox_policy *p)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "mode", json_string(p->mode));
+    json_object_set_new(o, "namespaces_missing", json_string(p->namespaces_missing));
+    json_object_set_new(o, "seccomp", json_boolean(p->seccomp));
+    json_object_set_new(o, "socket_families",
+                        p->seccomp ? strings_array(p->families, (size_t)p->n_families)
+                                   : json_null());
+    json_object_set_new(o, "refused_syscalls", strings_array(p->refused, p->n_refused));
+    json_t *when = json_object();
+    for (size_t i = 0; i < p->n_conditional; i++)
+        json_object_set_new(when, p->conditional[i][0], json_string(p->conditional[i][1]));
+    json_object_set_new(o, "refused_with_arguments", when);
+    json_t *lim = json_object();
+    json_object_set_new(lim, "default", limits_object(&p->defaults));
+    json_t *max = limits_object(&p->maxima);
+    json_object_del(max, "output_kill");
+    json_object_set_new(max, "file_size_bytes", json_null());
+    json_object_set_new(lim, "maximum", max);
+    json_object_set_new(o, "limits", lim);
+    return o;
+}
+
 char *prl_sandbox_caps_to_json(const prl_sandbox_caps *caps, unsigned used, int indent)
 {
     json_t *o = json_object();
@@ -144,5 +175,8 @@ char *prl_sandbox_caps_to_json(const prl_sandbox_caps *caps, unsigned used, int 
     json_object_set_new(o, "cgroup", json_string(cgroup_name(caps->cgroup_version)));
     json_object_set_new(o, "cgroup_kill", json_string(caps->cgroup_kill_kind));
     if (caps->cgroup_note[0]) json_object_set_new(o, "cgroup_note", json_string(caps->cgroup_note));
+    prl_sandbox_policy p;
+    prl_sandbox_policy_get(used, &p);
+    json_object_set_new(o, "policy", policy_object(&p));
     return dump(o, indent);
 }

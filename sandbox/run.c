@@ -529,6 +529,29 @@ static prl_status own_stdio(run_state *r, const prl_sandbox_request *req, int pi
     return PRL_OK;
 }
 
+/* The program's stdin, stdout and stderr pipes become the slot uid's, so that it may reopen
+** them: /dev/stdin, /dev/stdout and /proc/self/fd/N are links to them, and opening one checks
+** the pipe's owner (0600, the creator's), which would otherwise be the supervisor. Only
+** anonymous pipes (the file system of the sync pipe, pipefs) are changed: an interactive
+** run's caller may pass anything, and a file or named FIFO on disk is not ours to chown. */
+static prl_status give_stdio_to_slot(const sbx_slot *s, int pipes[5][2])
+{
+    struct stat anon, st;
+    if (fstat(pipes[0][0], &anon) != 0)
+        return prl_error_set(PRL_ERR_IO, "sandbox: fstat of a pipe: %s", strerror(errno));
+    const int ends[3] = {pipes[2][0], pipes[3][1], pipes[4][1]};
+    for (int i = 0; i < 3; i++) {
+        if (fstat(ends[i], &st) != 0)
+            return prl_error_set(PRL_ERR_IO, "sandbox: fstat of fd %d: %s", i, strerror(errno));
+        if (!S_ISFIFO(st.st_mode) || st.st_dev != anon.st_dev) continue;
+        if ((st.st_uid != s->host_uid || st.st_gid != s->host_gid) &&
+            fchown(ends[i], s->host_uid, s->host_gid) != 0)
+            return prl_error_set(PRL_ERR_IO, "sandbox: giving the program's fd %d to uid %u: %s", i,
+                                 s->host_uid, strerror(errno));
+    }
+    return PRL_OK;
+}
+
 static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_request *req,
                            const prl_sandbox_limits *lim, prl_sandbox_result *res)
 {
@@ -556,6 +579,7 @@ static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_reque
         if (make_pipe(pipes[i]) < 0)
             rc = prl_error_set(PRL_ERR_IO, "sandbox: pipe: %s", strerror(errno));
     if (rc == PRL_OK && req->own_stdio) rc = own_stdio(&r, req, pipes);
+    if (rc == PRL_OK) rc = give_stdio_to_slot(s, pipes);
     if (rc == PRL_OK) rc = alloc_capture(&r.out, (size_t)lim->output_bytes, pipes[3][0]);
     if (rc == PRL_OK) rc = alloc_capture(&r.err, (size_t)lim->output_bytes, pipes[4][0]);
     if (rc == PRL_OK) {

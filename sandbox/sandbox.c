@@ -102,6 +102,37 @@ prl_status prl_sandbox_limits_check(prl_sandbox_limits *l)
     return PRL_OK;
 }
 
+/* ---------------------------------------------------------------- policy ----------- */
+
+void prl_sandbox_policy_get(unsigned layers, prl_sandbox_policy *p)
+{
+    memset(p, 0, sizeof *p);
+    static const struct {
+        unsigned layer;
+        const char *name;
+    } ns[] = {{PRL_SANDBOX_USERNS, "user"}, {PRL_SANDBOX_PIDNS, "pid"}, {PRL_SANDBOX_NETNS, "net"},
+              {PRL_SANDBOX_MNTNS, "mount"}, {PRL_SANDBOX_IPCNS, "ipc"}, {PRL_SANDBOX_UTSNS, "uts"}};
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+        if (!(layers & ns[i].layer))
+            used +=
+                (size_t)snprintf(p->namespaces_missing + used, sizeof p->namespaces_missing - used,
+                                 "%s%s", used ? " " : "", ns[i].name);
+    unsigned core = PRL_SANDBOX_PIDNS | PRL_SANDBOX_NETNS | PRL_SANDBOX_MNTNS;
+    p->mode = (layers & core) == core ? "namespaces" : "fallback";
+    sbx_seccomp_policy(layers, p);
+    prl_sandbox_limits_default(&p->defaults);
+    p->maxima = (prl_sandbox_limits){.cpu_seconds = max_seconds,
+                                     .wall_seconds = max_seconds,
+                                     .memory_bytes = max_memory,
+                                     .output_bytes = max_output,
+                                     .output_kill = 1,
+                                     .processes = max_processes,
+                                     .open_files = max_files,
+                                     .file_size_bytes = 0,
+                                     .disk_bytes = max_disk};
+}
+
 /* ---------------------------------------------------------------- options ---------- */
 
 void prl_sandbox_options_default(prl_sandbox_options *opt)
@@ -242,7 +273,11 @@ prl_status prl_sandbox_init(prl_sandbox **out, const prl_sandbox_options *opt)
         free(sb);
         return rc;
     }
-    sb->layers = resolve_layers(sb->caps.layers & ~opt->disable, &sb->caps);
+    /* The host's network: neither the namespace nor the filter that stands in for it. */
+    unsigned disable = opt->disable;
+    if (opt->network) disable |= PRL_SANDBOX_NETNS | PRL_SANDBOX_SOCKET_FILTER;
+    sb->network = opt->network != 0;
+    sb->layers = resolve_layers(sb->caps.layers & ~disable, &sb->caps);
     sb->cap_last_cap = read_cap_last_cap();
     static atomic_int counter;
     snprintf(sb->cg_group, sizeof sb->cg_group, "prl-sandbox.%ld.%d", (long)getpid(),

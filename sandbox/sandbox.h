@@ -53,7 +53,7 @@ typedef enum prl_sandbox_layer {
     PRL_SANDBOX_PROC = 1u << 6,    /* a fresh /proc of the pid namespace (hidepid=2) */
     PRL_SANDBOX_TMPFS = 1u << 7,   /* private size-limited tmpfs work dir and temp dir */
     PRL_SANDBOX_SECCOMP = 1u << 8, /* seccomp deny list; other syscall ABIs are killed */
-    PRL_SANDBOX_SOCKET_FILTER = 1u << 9, /* seccomp denies inet/packet/netlink sockets (no netns) */
+    PRL_SANDBOX_SOCKET_FILTER = 1u << 9, /* no netns: seccomp allows AF_UNIX sockets only */
     PRL_SANDBOX_NO_NEW_PRIVS = 1u << 10, /* PR_SET_NO_NEW_PRIVS, capabilities dropped */
     PRL_SANDBOX_RLIMITS = 1u << 11,      /* CPU, file size, open files, core, (AS, NPROC) rlimits */
     PRL_SANDBOX_LANDLOCK = 1u << 12,     /* writes allowed only beneath the work and temp dirs */
@@ -110,6 +110,26 @@ void prl_sandbox_limits_default(prl_sandbox_limits *lim);
 ** the maxima (docs/sandbox.md) are clamped down in place, not refused. */
 prl_status prl_sandbox_limits_check(prl_sandbox_limits *lim);
 
+/* ---------------------------------------------------------------- policy ----------- */
+
+/* What a sandbox using `layers` (prl_sandbox_layers) enforces, for reports (prl sandbox
+** probe): plain data, its pointers into static tables. */
+typedef struct prl_sandbox_policy {
+    const char *mode;            /* "namespaces" (pid, net and mount) or "fallback" */
+    char namespaces_missing[64]; /* "net mount": the namespaces a fallback lacks ("" if none) */
+    int seccomp;                 /* 0: no seccomp layer, the lists below are not enforced */
+    const char *families[4];     /* socket families a program may create ("AF_UNIX", ...); */
+    int n_families;              /*   every other one is refused with EPERM */
+    const char *const *refused;  /* system calls refused outright (EPERM) */
+    size_t n_refused;
+    const char *const (*conditional)[2]; /* {calls, when}: refused with some arguments only */
+    size_t n_conditional;
+    prl_sandbox_limits defaults; /* prl_sandbox_limits_default */
+    prl_sandbox_limits maxima;   /* requests above are clamped; file_size_bytes 0: no maximum */
+} prl_sandbox_policy;
+
+void prl_sandbox_policy_get(unsigned layers, prl_sandbox_policy *p);
+
 /* ---------------------------------------------------------------- sandbox ---------- */
 
 typedef struct prl_sandbox prl_sandbox; /* opaque handle */
@@ -129,6 +149,9 @@ typedef struct prl_sandbox_options {
     const char *sh;               /* shell (default /bin/sh) */
     const char *interpreter;      /* lang "interpreter": another language's interpreter (e.g.
                                      /usr/bin/node), an absolute path under /usr (NULL: none) */
+    int network; /* 1: the program may use the host's network: no net namespace, AF_INET and
+                    AF_INET6 sockets allowed, no Landlock TCP rules (every other family stays
+                    refused); 0: none (a private loopback, or no inet sockets at all) */
 } prl_sandbox_options;
 
 void prl_sandbox_options_default(prl_sandbox_options *opt);
@@ -212,8 +235,8 @@ void prl_sandbox_result_free(prl_sandbox_result *res);
 ** NULL on allocation failure. `indent` 0 gives one line. */
 char *prl_sandbox_result_to_json(const prl_sandbox_result *res, int indent);
 /* The probe as JSON: available and used layers, why each missing one is missing, cgroup
-** version and kill mechanism, Landlock ABI (caller frees). `used` is prl_sandbox_layers()
-** of a sandbox, or the available layers. */
+** version and kill mechanism, Landlock ABI, and the policy of `used` (caller frees). `used`
+** is prl_sandbox_layers() of a sandbox, or the available layers. */
 char *prl_sandbox_caps_to_json(const prl_sandbox_caps *caps, unsigned used, int indent);
 
 #endif /* PRL_SANDBOX_H */

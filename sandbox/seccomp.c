@@ -8,6 +8,11 @@
 ** languages. Denied calls fail with EPERM (ENOSYS for clone3, so glibc falls back to clone,
 ** whose flags BPF can inspect); a syscall from another ABI (i386 int 0x80, x32) kills the
 ** process with SIGSYS, which the run reports as status "killed".
+**
+** Sockets are the exception, an allow list: a family the sandbox does not mean to offer is
+** refused in every mode, because a net namespace covers only the internet families (vsock,
+** for one, shares the hypervisor's port space with the host), and a future kernel's new
+** family must not arrive open.
 */
 #include "sandbox/internal.h"
 
@@ -58,6 +63,7 @@ static const char *const denied[] = {
     "keyctl",
     "add_key",
     "request_key",
+    "memfd_secret",
     /* the machine itself */
     "init_module",
     "finit_module",
@@ -83,6 +89,63 @@ static const char *const denied[] = {
     "ioperm",
     "vhangup",
 };
+
+/* Socket families a program may create. Local sockets always (socketpair, multiprocessing,
+** asyncio); the internet families only in a net namespace, where they reach nothing but its
+** own loopback (without one, socket_filter: local sockets only). Sorted. */
+static const int families_netns[] = {AF_UNIX, AF_INET, AF_INET6};
+static const int families_local[] = {AF_UNIX};
+
+/* Refused only with some arguments, for the policy report (the rules are in add_rules). */
+static const char *const conditional[][2] = {
+    {"socket, socketpair", "a family not allowed (EPERM)"},
+    {"clone", "any CLONE_NEW* flag (EPERM)"},
+    {"clone3", "always, with ENOSYS (glibc then uses clone)"},
+    {"ioctl", "TIOCSTI or TIOCLINUX, low 32 bits compared (EPERM)"},
+    {"personality", "a non-zero argument (EPERM)"},
+    {"any syscall of another ABI", "i386 int 0x80, x32: the process is killed (SIGSYS)"},
+};
+
+static const char *family_name(int family)
+{
+    switch (family) {
+    case AF_UNIX: return "AF_UNIX";
+    case AF_INET: return "AF_INET";
+    case AF_INET6: return "AF_INET6";
+    }
+    return "?";
+}
+
+void sbx_seccomp_policy(unsigned layers, prl_sandbox_policy *p)
+{
+    p->seccomp = (layers & PRL_SANDBOX_SECCOMP) != 0;
+    p->refused = denied;
+    p->n_refused = sizeof denied / sizeof denied[0];
+    p->conditional = conditional;
+    p->n_conditional = sizeof conditional / sizeof conditional[0];
+    const int *fam = families_netns;
+    size_t n = sizeof families_netns / sizeof families_netns[0];
+    if (layers & PRL_SANDBOX_SOCKET_FILTER)
+        fam = families_local, n = sizeof families_local / sizeof families_local[0];
+    for (size_t i = 0; p->seccomp && i < n; i++) p->families[p->n_families++] = family_name(fam[i]);
+}
+
+/* Refuse `nr` (socket or socketpair) for every family but allowed[0..n) (sorted, > 0): the
+** gaps below the largest one value by value, and everything above it. The comparisons are
+** 64-bit on purpose: the kernel reads the family as an int, so a value with high bits set
+** must not pass as an allowed one; every such value is above the largest and refused. */
+static int deny_other_families(scmp_filter_ctx c, int nr, const int *allowed, size_t n)
+{
+    int rc = 0, f = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++, f++) /* f: the first value not yet handled */
+        for (; rc == 0 && f < allowed[i]; f++)
+            rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), nr, 1,
+                                  SCMP_A0_64(SCMP_CMP_EQ, (scmp_datum_t)f));
+    if (rc == 0)
+        rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), nr, 1,
+                              SCMP_A0_64(SCMP_CMP_GT, (scmp_datum_t)allowed[n - 1]));
+    return rc;
+}
 
 static const unsigned long ns_flags[] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWNET,   CLONE_NEWPID,
                                          CLONE_NEWIPC,  CLONE_NEWUTS, CLONE_NEWCGROUP};
@@ -117,10 +180,11 @@ static prl_status add_rules(scmp_filter_ctx c, int socket_filter)
     if (rc == 0)
         rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(personality), 1,
                               SCMP_A0(SCMP_CMP_NE, 0));
-    static const int families[] = {AF_INET, AF_INET6, AF_PACKET, AF_NETLINK};
-    for (size_t i = 0; socket_filter && rc == 0 && i < sizeof families / sizeof families[0]; i++)
-        rc = seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(socket), 1,
-                              SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)families[i]));
+    const int *fam = socket_filter ? families_local : families_netns;
+    size_t n_fam = socket_filter ? sizeof families_local / sizeof families_local[0]
+                                 : sizeof families_netns / sizeof families_netns[0];
+    if (rc == 0) rc = deny_other_families(c, SCMP_SYS(socket), fam, n_fam);
+    if (rc == 0) rc = deny_other_families(c, SCMP_SYS(socketpair), fam, n_fam);
     if (rc) return prl_error_set(PRL_ERR_IO, "seccomp: adding a rule: %s", strerror(-rc));
     return PRL_OK;
 }

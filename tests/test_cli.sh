@@ -176,6 +176,17 @@ for r in general reasoning coding agent quickstart; do
   expect_ok "recipe configs/$r.json passes prl run --check" \
     $prl run "$src/configs/$r.json" --check --runs "$work/recipe_runs" --set model.init="$g"
 done
+# run.name names runs/NAME/, it is not a path: a name with '/', '..', a newline or none at
+# all is refused naming the key, by --check and by a start, before anything is written (the
+# names would have made $work/names/x outside --runs, or an empty or multi-line directory)
+for name in '"../x"' '"../../x"' '""' '"a\nb"' '"a/b"' '".hidden"'; do
+  for flag in --check ""; do
+    expect_fail "run.name $name refused${flag:+ by $flag}" "key 'run.name' = .*a name is 1 to 100 of A-Z" \
+      timeout 60 $prl run "$src/configs/general.json" $flag --runs "$work/names/runs" \
+      --set model.init="$g" --set "run.name=$name"
+  done
+done
+[ ! -e "$work/names" ] && ok "refused run names wrote nothing" || bad "refused run names wrote: $(find "$work/names")"
 # the OPD recipe, its teachers pointed at the same checkpoint; a teacher without a tokenizer
 # (this test's plain init checkpoint) is refused naming the file (docs/opd.md)
 opd_sets=(--set model.init="$g")
@@ -363,5 +374,12 @@ expect_fail "role sandbox without --bind" "missing required option '--bind'" $pr
 expect_fail "role sandbox bad endpoint" "transport must be" $prl role sandbox --bind foo://x
 expect_ok "sandbox probe" $prl sandbox probe
 grep -q "pidns" "$work/last.out" && ok "sandbox probe lists layers" || bad "sandbox probe: $(cat "$work/last.out")"
+grep -q "^mode: " "$work/last.out" && grep -A1 "^socket families allowed" "$work/last.out" | grep -q "AF_UNIX" \
+  && grep -A9 "^system calls refused" "$work/last.out" | grep -q "memfd_secret" \
+  && grep -q "^  wall_seconds *10 *3600" "$work/last.out" \
+  && ok "sandbox probe prints the policy" || bad "sandbox probe policy: $(cat "$work/last.out")"
+$prl sandbox probe --json > "$work/probe.json"
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["policy"]; assert "AF_VSOCK" not in p["socket_families"] and "AF_UNIX" in p["socket_families"] and {"bpf","keyctl","io_uring_setup","userfaultfd","perf_event_open","memfd_secret"} <= set(p["refused_syscalls"]) and p["limits"]["maximum"]["processes"] == 4096' "$work/probe.json" \
+  && ok "sandbox probe --json policy" || bad "sandbox probe --json: $(head -c 600 "$work/probe.json")"
 
 summary

@@ -317,6 +317,47 @@ START_TEST(test_sft_recipe)
 }
 END_TEST
 
+/* run.name becomes runs/NAME/: a path, an empty or multi-line name is refused naming the key
+** and the rule (issue 28 finding 5: "../../x" wrote the run outside --runs). */
+START_TEST(test_run_name_is_a_name)
+{
+    static const char *const bad[][2] = {
+        {"\"../../x\"", "= \"../../x\" starts with '.'"},
+        {"\"a/b\"", "= \"a/b\": character 2 is '/'"},
+        {"\"\"", "= \"\" has 0 characters"},
+        {"\"a\\nb\"", "= \"a\\x0ab\": character 2 is byte 0x0a"},
+        {"\".hidden\"", "starts with '.'"},
+        {"\"x y\"", "character 2 is ' '"},
+        {"\"caf\\u00e9\"", "character 4 is byte 0xc3"},
+    };
+    char json[256];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(json, sizeof json, "{\"run\": {\"name\": %s}}", bad[i][0]);
+        expect_error(json, "job.json: key 'run.name'");
+        expect_error(json, bad[i][1]);
+        expect_error(json, "a name is 1 to 100 of A-Z a-z 0-9 . _ -");
+    }
+    char long_name[PRL_JOB_NAME_MAX + 2];
+    memset(long_name, 'n', sizeof long_name - 1);
+    long_name[PRL_JOB_NAME_MAX + 1] = 0;
+    snprintf(json, sizeof json, "{\"run\": {\"name\": \"%s\"}}", long_name);
+    expect_error(json, "has 101 characters");
+    prl_job_config c;
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    long_name[PRL_JOB_NAME_MAX] = 0; /* 100: the longest allowed */
+    snprintf(json, sizeof json, "{\"run\": {\"name\": \"%s\"}}", long_name);
+    assert_ok(prl_job_config_parse(&c, json, "job.json"));
+    assert_ok(prl_job_config_set(&c, "run.name=Coding-r2_v1.5"));
+    ck_assert_int_eq(prl_job_config_set(&c, "run.name=../x"), PRL_ERR_CONFIG);
+    assert_msg_has("--set: key 'run.name' = \"../x\"");
+    prl_job_config_free(&c);
+    expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"run\": {\"name\": \"../sft\"}}",
+                        "key 'run.name' = \"../sft\"");
+    expect_recipe_error("{\"demos\": {\"general\": {\"d1\": 9}}, \"run\": {\"name\": \"\"}}",
+                        "key 'run.name' = \"\" has 0");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("job");
@@ -327,6 +368,7 @@ int main(void)
     tcase_add_test(tc, test_task_mix);
     tcase_add_test(tc, test_prompt_file_and_program_keys);
     tcase_add_test(tc, test_sft_recipe);
+    tcase_add_test(tc, test_run_name_is_a_name);
     suite_add_tcase(s, tc);
     return check_run(s);
 }

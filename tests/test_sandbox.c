@@ -1037,6 +1037,7 @@ START_TEST(test_21_kernel_attack_surface)
              "sc('keyctl', 250, 0, 0, 0, 0, 0)\n"
              "sc('userfaultfd', 323, 0)\n"
              "sc('perf_event_open', 298, 0, 0, -1, -1, 0)\n"
+             "sc('memfd_secret', 447, 0)\n"
              "sc('tiocsti', 16, 0, 0x5412 | (1 << 32), 0)\n"
              "sc('personality', 135, 0x0040000)\n"
              "import threading; t = threading.Thread(target=lambda: None); t.start(); t.join(); "
@@ -1050,9 +1051,78 @@ START_TEST(test_21_kernel_attack_surface)
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
     expect_out_has(&r, "unshare_user EPERM\nclone_newns EPERM\nclone3 ENOSYS\nsetns EPERM\n");
     expect_out_has(&r, "io_uring_setup EPERM\nbpf EPERM\nkeyctl EPERM\nuserfaultfd EPERM\n");
-    expect_out_has(&r, "perf_event_open EPERM\ntiocsti EPERM\npersonality EPERM\n");
+    expect_out_has(&r, "perf_event_open EPERM\nmemfd_secret EPERM\ntiocsti EPERM\n");
+    expect_out_has(&r, "personality EPERM\n");
     expect_out_has(&r, "threads OK\nfork OK 7\n"); /* clone3 -> ENOSYS: glibc falls back */
     finish(sb, &r);
+}
+END_TEST
+
+/* Row 12, continued: socket families. Only creating sockets, never binding or connecting. A
+** net namespace covers the internet families only: vsock (the hypervisor's port space),
+** netlink, packet and the rest are refused in every mode, and so is a family with high bits
+** set (the kernel reads an int: 2^32 + AF_VSOCK is AF_VSOCK). */
+static const char families_prog[] =
+    "for name, fam, kind in [('unspec', 0, 1), ('unix', 1, 1), ('inet', 2, 1), ('inet6', 10, 1),\n"
+    "        ('netlink', 16, 3), ('packet', 17, 3), ('tipc', 30, 2), ('alg', 38, 5),\n"
+    "        ('vsock', 40, 1), ('xdp', 44, 3), ('mctp', 45, 2), ('unknown', 63, 1),\n"
+    "        ('vsock_high', (1 << 32) | 40, 1), ('inet_high', (1 << 32) | 2, 1),\n"
+    "        ('negative', -1, 1)]:\n"
+    "    sc('socket ' + name, 41, fam, kind, 0)\n"
+    "import ctypes\n"
+    "fds = (ctypes.c_int * 2)()\n"
+    "for name, fam in [('unix', 1), ('tipc', 30), ('vsock', 40)]:\n"
+    "    sc('socketpair ' + name, 53, fam, 1, 0, ctypes.addressof(fds))\n";
+
+static void check_families(unsigned disable, int inet_allowed)
+{
+    prl_sandbox *sb = make_sb(1, disable);
+    char prog[4096];
+    snprintf(prog, sizeof prog, "%s%s", libc_prog, families_prog);
+    prl_sandbox_result r;
+    run(sb, "python3", prog, 10, &r);
+    expect_status(&r, PRL_SANDBOX_STATUS_OK);
+    expect_out_has(&r, "socket unspec EPERM\nsocket unix OK\n");
+    expect_out_has(&r, inet_allowed ? "socket inet OK\nsocket inet6 OK\n"
+                                    : "socket inet EPERM\nsocket inet6 EPERM\n");
+    expect_out_has(&r, "socket netlink EPERM\nsocket packet EPERM\nsocket tipc EPERM\n");
+    expect_out_has(&r, "socket alg EPERM\nsocket vsock EPERM\nsocket xdp EPERM\n");
+    expect_out_has(&r, "socket mctp EPERM\nsocket unknown EPERM\nsocket vsock_high EPERM\n");
+    expect_out_has(&r, "socket inet_high EPERM\nsocket negative EPERM\n");
+    expect_out_has(&r, "socketpair unix OK\nsocketpair tipc EPERM\nsocketpair vsock EPERM\n");
+    finish(sb, &r);
+}
+
+START_TEST(test_12_socket_families)
+{
+    check_families(0, 1);
+    if (caps.layers & PRL_SANDBOX_NETNS) check_families(PRL_SANDBOX_NETNS, 0);
+    else fprintf(stderr, "NOT CHECKED (no net namespace): the families inside one\n");
+}
+END_TEST
+
+/* The policy the probe reports is the one the filter enforces (the families above). */
+START_TEST(test_policy_reported)
+{
+    prl_sandbox_policy p;
+    prl_sandbox_policy_get(PRL_SANDBOX_SECCOMP | PRL_SANDBOX_NETNS, &p);
+    ck_assert_int_eq(p.seccomp, 1);
+    ck_assert_int_eq(p.n_families, 3);
+    ck_assert_str_eq(p.families[0], "AF_UNIX");
+    ck_assert_str_eq(p.families[1], "AF_INET");
+    ck_assert_str_eq(p.families[2], "AF_INET6");
+    prl_sandbox_policy_get(PRL_SANDBOX_SECCOMP | PRL_SANDBOX_SOCKET_FILTER, &p);
+    ck_assert_int_eq(p.n_families, 1);
+    ck_assert_str_eq(p.families[0], "AF_UNIX");
+    int seen = 0;
+    for (size_t i = 0; i < p.n_refused; i++)
+        seen += !strcmp(p.refused[i], "memfd_secret") || !strcmp(p.refused[i], "bpf") ||
+                !strcmp(p.refused[i], "io_uring_setup") || !strcmp(p.refused[i], "keyctl");
+    ck_assert_int_eq(seen, 4);
+    ck_assert_uint_gt(p.n_conditional, 0);
+    prl_sandbox_policy_get(PRL_SANDBOX_NETNS, &p);
+    ck_assert_int_eq(p.seccomp, 0);
+    ck_assert_int_eq(p.n_families, 0);
 }
 END_TEST
 
@@ -1266,6 +1336,50 @@ END_TEST
 
 /* ---------------------------------------------------------------- fallbacks -------- */
 
+/* ---------------------------------------------------------------- correctness ------ */
+
+/* A correct program that reads its input through /dev/stdin (or /proc/self/fd/0) and writes
+** through /dev/stdout must pass: the program may reopen its own stdio pipes. */
+static const char reopen_prog[] =
+    "data = open('/dev/stdin').read()\n"
+    "again = open('/proc/self/fd/0').read()\n"
+    "with open('/dev/stdout', 'w') as out: out.write(data.upper())\n"
+    "with open('/proc/self/fd/1', 'w') as out: out.write('[%d]' % len(again))\n"
+    "with open('/dev/stderr', 'w') as err: err.write('to stderr')\n";
+
+static void check_reopen(unsigned disable)
+{
+    prl_sandbox *sb = make_sb(1, disable);
+    static const char input[] = "three words here\n";
+    prl_sandbox_request req = {.lang = "python3",
+                               .program = reopen_prog,
+                               .program_len = strlen(reopen_prog),
+                               .stdin_data = input,
+                               .stdin_len = strlen(input),
+                               .limits = limits(10)};
+    prl_sandbox_result r;
+    ck_assert_int_eq(prl_sandbox_run(sb, 0, &req, &r), PRL_OK);
+    expect_status(&r, PRL_SANDBOX_STATUS_OK);
+    ck_assert_str_eq(r.out, "THREE WORDS HERE\n[0]");
+    ck_assert_str_eq(r.err, "to stderr");
+    prl_sandbox_result_free(&r);
+    req.lang = "sh";
+    req.program = "cat /dev/stdin > /dev/stdout; echo done > /proc/self/fd/2";
+    req.program_len = strlen(req.program);
+    ck_assert_int_eq(prl_sandbox_run(sb, 0, &req, &r), PRL_OK);
+    expect_status(&r, PRL_SANDBOX_STATUS_OK);
+    ck_assert_str_eq(r.out, input);
+    ck_assert_str_eq(r.err, "done\n");
+    finish(sb, &r);
+}
+
+START_TEST(test_stdio_reopened_by_path)
+{
+    check_reopen(0);
+    check_reopen(PRL_SANDBOX_MNTNS); /* the host's /dev links and /proc */
+}
+END_TEST
+
 START_TEST(test_fallback_no_pid_namespace)
 {
     /* Kill by cgroup (when present) or by the init's sweep of its children. */
@@ -1300,14 +1414,46 @@ START_TEST(test_fallback_no_net_namespace)
     prl_sandbox_result r;
     run(sb, "python3",
         "import errno, socket\n"
-        "for fam in ['AF_INET', 'AF_INET6', 'AF_PACKET', 'AF_NETLINK']:\n"
+        "for fam in ['AF_INET', 'AF_INET6', 'AF_PACKET', 'AF_NETLINK', 'AF_VSOCK']:\n"
         "    try: socket.socket(getattr(socket, fam), socket.SOCK_DGRAM); print(fam, 'OK')\n"
         "    except OSError as e: print(fam, errno.errorcode[e.errno])\n"
         "a, b = socket.socketpair(socket.AF_UNIX); a.send(b'u'); print('unix', b.recv(1))\n",
         10, &r);
     expect_status(&r, PRL_SANDBOX_STATUS_OK);
-    expect_out_has(&r,
-                   "AF_INET EPERM\nAF_INET6 EPERM\nAF_PACKET EPERM\nAF_NETLINK EPERM\nunix b'u'\n");
+    expect_out_has(&r, "AF_INET EPERM\nAF_INET6 EPERM\nAF_PACKET EPERM\nAF_NETLINK EPERM\n"
+                       "AF_VSOCK EPERM\nunix b'u'\n");
+    finish(sb, &r);
+}
+END_TEST
+
+/* options.network (reward.network): the host's network is offered, so the internet families
+** are allowed without a net namespace, and only they: creating sockets only, no connect. */
+START_TEST(test_host_network_offered)
+{
+    prl_sandbox_options o;
+    prl_sandbox_options_default(&o);
+    o.caps = &caps;
+    o.uid_base = next_uid_base;
+    next_uid_base += 16;
+    o.network = 1;
+    prl_sandbox *sb = NULL;
+    assert_ok(prl_sandbox_init(&sb, &o));
+    unsigned layers = prl_sandbox_layers(sb);
+    ck_assert(!(layers & (PRL_SANDBOX_NETNS | PRL_SANDBOX_SOCKET_FILTER)));
+    ck_assert_msg(!(caps.layers & PRL_SANDBOX_SECCOMP) || (layers & PRL_SANDBOX_SECCOMP),
+                  "seccomp stays on with the host's network");
+    prl_sandbox_result r;
+    run(sb, "python3",
+        "import errno, socket\n"
+        "for fam in ['AF_INET', 'AF_INET6', 'AF_VSOCK', 'AF_NETLINK', 'AF_PACKET']:\n"
+        "    try: socket.socket(getattr(socket, fam), socket.SOCK_DGRAM); print(fam, 'OK')\n"
+        "    except OSError as e: print(fam, errno.errorcode[e.errno])\n",
+        10, &r);
+    expect_status(&r, PRL_SANDBOX_STATUS_OK);
+    if (layers & PRL_SANDBOX_SECCOMP)
+        expect_out_has(&r, "AF_INET OK\nAF_INET6 OK\nAF_VSOCK EPERM\nAF_NETLINK EPERM\n"
+                           "AF_PACKET EPERM\n");
+    else fprintf(stderr, "NOT CHECKED (no seccomp): the families of the host's network\n");
     finish(sb, &r);
 }
 END_TEST
@@ -1442,13 +1588,17 @@ int main(void)
         test_19_toctou_swap_during_cleanup,
         test_20_privilege_escalation,
         test_21_kernel_attack_surface,
+        test_12_socket_families,
+        test_policy_reported,
         test_22_other_syscall_abis,
         test_23_tampering_does_not_persist,
         test_24_bad_requests,
         test_24_busy_slot,
         test_25_cross_slot_interference,
+        test_stdio_reopened_by_path,
         test_fallback_no_pid_namespace,
         test_fallback_no_net_namespace,
+        test_host_network_offered,
         test_fallback_no_mount_namespace,
         test_fallback_no_cgroups,
     };
