@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 struct prl_bus_socket {
@@ -23,6 +24,7 @@ struct prl_bus_socket {
     void *log_ctx;
     const prl_bus_registry *registry;
     uint64_t dropped;
+    int bound_ipc; /* bound to an ipc:// path: the socket file is removed when it closes */
 };
 
 /* ---------------------------------------------------------------- context ---------- */
@@ -138,6 +140,7 @@ static prl_status attach(prl_bus_socket *s, int bind)
 {
     if (!bind) return zmq_connect(s->zs, s->endpoint) == 0 ? PRL_OK : zfail(s, "connect to");
     if (zmq_bind(s->zs, s->endpoint) != 0) return zfail(s, "bind");
+    s->bound_ipc = !strncmp(s->endpoint, "ipc://", 6);
     size_t n = sizeof s->endpoint;
     if (zmq_getsockopt(s->zs, ZMQ_LAST_ENDPOINT, s->endpoint, &n) != 0)
         return zfail(s, "reading the bound endpoint of");
@@ -185,6 +188,9 @@ void prl_bus_socket_free(prl_bus_socket *s)
 {
     if (!s) return;
     if (s->zs) zmq_close(s->zs);
+    /* libzmq removes the file only once its I/O thread closes the listener, which a process
+    ** that exits soon after never sees: the file this socket made goes now */
+    if (s->bound_ipc) unlink(s->endpoint + 6);
     free(s);
 }
 

@@ -372,6 +372,18 @@ expect_fail "sandbox bad limit" "wall_seconds must be >= 0.001" $prl sandbox exe
 expect_fail "unknown role" "unknown role 'frob' (known roles: controller, trainer" $prl role frob
 expect_fail "role sandbox without --bind" "missing required option '--bind'" $prl role sandbox
 expect_fail "role sandbox bad endpoint" "transport must be" $prl role sandbox --bind foo://x
+# roles started by hand: the controller makes the run's ckpt/ and logs/; stopped (SIGTERM),
+# the controller and the sandbox service leave no ipc socket file behind
+mkdir -p "$work/byhand"
+printf '{"run": {"name": "byhand"}, "model": {"init": "%s"}, "task": {"domain": "reasoning", "train_problems": 8},
+ "rollout": {"batch_prompts": 1, "group_size": 2, "max_new_tokens": 8}, "controller": {"steps": 1}}' "$work/ck" \
+  > "$work/byhand/job.json"
+timeout -s TERM 3 $prl role controller --run "$work/byhand" > "$work/byhand.out" 2>&1
+timeout -s TERM 2 $prl role sandbox --bind "ipc://$work/byhand/sandbox.sock" >> "$work/byhand.out" 2>&1
+[ -d "$work/byhand/ckpt" ] && [ -d "$work/byhand/logs" ] && ok "role controller makes ckpt/ and logs/" \
+  || bad "role controller: $(ls "$work/byhand"; cat "$work/byhand.out")"
+ls "$work/byhand"/*.sock 2>/dev/null | grep -q . && bad "ipc socket files left: $(ls "$work/byhand")" \
+  || ok "no ipc socket file left after SIGTERM"
 expect_ok "sandbox probe" $prl sandbox probe
 grep -q "pidns" "$work/last.out" && ok "sandbox probe lists layers" || bad "sandbox probe: $(cat "$work/last.out")"
 grep -q "^mode: " "$work/last.out" && grep -A1 "^socket families allowed" "$work/last.out" | grep -q "AF_UNIX" \

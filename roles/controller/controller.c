@@ -21,10 +21,12 @@
 */
 #include "roles/controller/internal.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void ctl_log(const char *fmt, ...)
 {
@@ -124,6 +126,20 @@ static void cleanup(ctl *c)
     prl_store_close(c->db);
 }
 
+/* ckpt/ and logs/ of the run directory: `prl run` makes them, and so does a controller
+** started by hand (prl role controller), so the trainer's first save has its folder. */
+static prl_status make_run_folders(const char *run_dir)
+{
+    const char *sub[] = {"ckpt", "logs"};
+    char path[1100];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", run_dir, sub[i]);
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            return prl_error_set(PRL_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    }
+    return PRL_OK;
+}
+
 prl_status prl_controller_run(const prl_controller_options *o)
 {
     ctl c0, *c = &c0;
@@ -138,6 +154,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
     else rc = prl_controller_endpoint(o->run_dir, "control.sock", ep, sizeof ep);
     c->config_json = prl_job_config_to_json(o->job);
     if (!rc && !c->config_json) rc = prl_error_set(PRL_ERR_NOMEM, "config");
+    if (!rc) rc = make_run_folders(o->run_dir);
     if (!rc) rc = prl_store_open(db_path, &c->db);
     if (!rc) rc = ctl_open_run(c);
     if (rc == PRL_ERR_CONFIG && o->failed) *o->failed = 1; /* a restart cannot fix the config */
