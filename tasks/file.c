@@ -147,6 +147,28 @@ static prl_status check_code(const file_ctx *f, const json_t *line)
 }
 
 /* The fields of the line's verifier (their meaning is the verifier's to check). */
+/* A choice line's "choices" shown to the model: "\n\nA) first\nB) second..." after the last
+** (user) message, so the letters the verifier reads name options the prompt states. */
+static prl_status show_choices(json_t *line)
+{
+    json_t *ch = json_object_get(line, "choices"), *msgs = json_object_get(line, "messages");
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    if (!ch || !last) return PRL_OK;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    if (!mem) return prl_error_set(PRL_ERR_NOMEM, "choices");
+    fputs(json_string_value(json_object_get(last, "content")), mem);
+    for (size_t i = 0; i < json_array_size(ch); i++)
+        fprintf(mem, "%s%c) %s", i ? "\n" : "\n\n", (char)('A' + i),
+                json_string_value(json_array_get(ch, i)));
+    prl_status rc = fclose(mem) == 0 ? PRL_OK : prl_error_set(PRL_ERR_NOMEM, "choices");
+    if (!rc && json_object_set_new(last, "content", json_string(text)))
+        rc = prl_error_set(PRL_ERR_NOMEM, "choices");
+    free(text);
+    return rc;
+}
+
 static prl_status check_verifier_fields(const file_ctx *f, const json_t *line, const char *v)
 {
     json_t *answer = json_object_get(line, "answer");
@@ -159,6 +181,7 @@ static prl_status check_verifier_fields(const file_ctx *f, const json_t *line, c
         json_t *ch = json_object_get(line, "choices");
         if (ch && (!json_is_array(ch) || (size_t)(a[0] - 'A') >= json_array_size(ch)))
             return bad(f, "choices", "must be an array holding option %c", a[0]);
+        if (ch && json_array_size(ch) > 26) return bad(f, "choices", "at most 26 options (A..Z)");
         if (ch) return check_string_list(f, ch, "choices");
     }
     if (!strcmp(v, "code")) return check_code(f, line);
@@ -239,6 +262,7 @@ static prl_status take_line(file_ctx *f, json_t *line)
                    "or score with reward.program");
     prl_status rc = name ? check_verifier_fields(f, line, name) : PRL_OK;
     if (!rc) rc = prompt_messages(f, line, name);
+    if (!rc && name && !strcmp(name, "choice")) rc = show_choices(line);
     char where[600];
     snprintf(where, sizeof where, "%s:%d", f->path, f->line);
     if (!rc) rc = set_str(line, "domain", prl_tasks_domain_name(domain));

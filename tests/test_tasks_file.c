@@ -61,7 +61,7 @@ START_TEST(test_lines_become_tasks)
         "\n"
         "{\"id\": \"q2\", \"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
         "{\"role\": \"user\", \"content\": \"Pick one\"}], \"verifier\": \"choice\", "
-        "\"answer\": \"B\", \"split\": \"eval\"}\n"
+        "\"answer\": \"B\", \"choices\": [\"Lima\", \"Quito\"], \"split\": \"eval\"}\n"
         "{\"prompt\": \"Write\", \"verifier\": \"constraints\", \"constraints\": "
         "[{\"type\": \"include\", \"word\": \"red\"}]}\n"
         "{\"verifier\": \"agent\", \"env\": {\"seed\": 3, \"difficulty\": 1}}\n"
@@ -86,6 +86,9 @@ START_TEST(test_lines_become_tasks)
     ck_assert_str_eq(str(c, "id"), "q2");
     ck_assert_str_eq(str(c, "split"), "eval");
     ck_assert_uint_eq(json_array_size(json_object_get(c, "messages")), 2);
+    /* a choice line's options are shown after its last message, lettered */
+    ck_assert_str_eq(str(json_array_get(json_object_get(c, "messages"), 1), "content"),
+                     "Pick one\n\nA) Lima\nB) Quito");
     ck_assert_str_eq(str(json_array_get(a, 2), "domain"), "general");
     json_t *ag = json_array_get(a, 3); /* the environment's own system and user messages */
     ck_assert_str_eq(str(ag, "domain"), "agent");
