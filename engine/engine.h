@@ -140,6 +140,9 @@ void prl_round_floats(prl_precision p, float *x, size_t n);
 /* The portable fp16 loop prl_round_floats uses when the CPU has no F16C (exposed for the
 ** test that both give the same bits). */
 void prl_round_fp16_scalar(float *x, size_t n);
+/* prl_round_fp16 without the compiler's _Float16 (what a compiler lacking it uses; exposed
+** for the test that it gives the same bits). */
+float prl_round_fp16_by_hand(float x);
 void prl_round_doubles(prl_precision p, double *x, size_t n);
 
 /* ---------------------------------------------------------------- prl's GEMM ------- */

@@ -12,6 +12,7 @@
 */
 #include "engine/engine.h"
 
+#include <math.h>
 #include <string.h>
 
 static const char *const names[] = {"fp32", "bf16", "fp16"};
@@ -43,11 +44,33 @@ float prl_round_bf16(float x)
     return x;
 }
 
+/* IEEE binary16 rounding by hand, for compilers without _Float16 (clang < 15: the fuzz
+** build). Normal halves keep 10 mantissa bits (ties to even; a carry may reach the
+** exponent); below 2^-14 the step is 2^-24 and x·2^24 is exact, so nearbyintf rounds it as
+** IEEE does. test_precision checks it against the compiler's conversion. */
+float prl_round_fp16_by_hand(float x)
+{
+    if (x != x) return x;
+    float a = fabsf(x);
+    if (a < 0x1p-14f) return copysignf(nearbyintf(a * 0x1p24f) * 0x1p-24f, x);
+    uint32_t u;
+    memcpy(&u, &a, sizeof u);
+    u += 0xfffu + ((u >> 13) & 1u);
+    u &= ~0x1fffu;
+    memcpy(&a, &u, sizeof a);
+    return copysignf(a > 65504.0f ? INFINITY : a, x);
+}
+
+#if defined(__FLT16_MAX__)
 /* The compiler's IEEE binary16 conversion: round to nearest even, subnormals, ±inf. Without
 ** F16C it is a library call (~35 ns a value measured), hence the vector path below. */
 float prl_round_fp16(float x) { return (float)(_Float16)x; }
+#else
+float prl_round_fp16(float x) { return prl_round_fp16_by_hand(x); }
+#endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 /* The same conversion with the F16C instructions, 8 values at a time: vcvtps2ph with
@@ -66,7 +89,9 @@ __attribute__((target("f16c,avx"))) static void round_fp16_f16c(float *x, size_t
 static int have_f16c(void)
 {
     static int cached = -1; /* a benign race: every thread computes the same value */
-    if (cached < 0) cached = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    unsigned a, b, c, d;    /* cpuid 1 ECX bit 29: F16C (a name not every compiler's builtin has) */
+    if (cached < 0)
+        cached = __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
     return cached;
 }
 #else

@@ -311,7 +311,7 @@ prl_status tok__add_token(prl_tokenizer *t, const uint8_t *b, size_t n)
         t->tok_bytes = bytes;
         t->bytes_cap = cap;
     }
-    memcpy(t->tok_bytes + t->bytes_len, b, n);
+    if (n) memcpy(t->tok_bytes + t->bytes_len, b, n); /* an empty token may have no buffer yet */
     t->tok_off[t->vocab_size] = t->bytes_len;
     t->bytes_len += n;
     t->tok_off[++t->vocab_size] = t->bytes_len;

@@ -83,8 +83,9 @@ START_TEST(test_round_vectors)
 }
 END_TEST
 
-/* The vector fp16 path (F16C when the CPU has it) gives the scalar conversion's bits for 2^24
-** bit patterns spread over every exponent, and the edges; NaN stays NaN. */
+/* The vector fp16 path (F16C when the CPU has it) and the by-hand rounding give the scalar
+** conversion's bits for 2^24 bit patterns spread over every exponent, and the edges; NaN
+** stays NaN. */
 START_TEST(test_round_fp16_paths_agree)
 {
     enum { N = 1 << 24 };
@@ -105,6 +106,18 @@ START_TEST(test_round_fp16_paths_agree)
         differ += isnan(a[i]) ? !isnan(b[i]) : memcmp(&a[i], &b[i], sizeof a[i]) != 0;
     ck_assert_msg(differ == 0, "%ld of %d fp16 roundings differ between the paths", differ, N);
     ck_assert(isinf(a[2]) && a[4] == 0x1p-24f && a[5] == 0 && a[6] == 0x1p-24f);
+    /* the by-hand rounding (compilers without _Float16) gives the same bits on the same
+    ** patterns and edges */
+    differ = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        uint32_t u = i << 8 | (i * 2654435761u) >> 24;
+        float x;
+        memcpy(&x, &u, sizeof u);
+        if (i < sizeof edge / sizeof *edge) x = edge[i];
+        float h = prl_round_fp16_by_hand(x), c = prl_round_fp16(x);
+        differ += isnan(c) ? !isnan(h) : memcmp(&h, &c, sizeof h) != 0;
+    }
+    ck_assert_msg(differ == 0, "%ld of %d by-hand fp16 roundings differ", differ, N);
     free(a), free(b);
 }
 END_TEST
