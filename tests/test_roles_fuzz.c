@@ -953,7 +953,7 @@ static int setup(void)
         "\"task\": {\"domain\": \"general\", \"train_problems\": 8}, "
         "\"rollout\": {\"batch_prompts\": 1, \"group_size\": %d, \"max_new_tokens\": 8}, "
         "\"optim\": {\"lr\": 1e-4}, \"controller\": {\"steps\": 3, \"heartbeat_seconds\": 0.2, "
-        "\"lease_seconds\": 600}}",
+        "\"lease_seconds\": 600, \"max_rejected\": 1000000000}}", /* garbage must not end it */
         RUN, base_ckpt, G);
     return 0;
 }
