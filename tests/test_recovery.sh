@@ -6,6 +6,9 @@
 #              (nothing created), and by `prl generate` / `prl score`;
 #   nan_lp     a policy with finite weights whose log-probs are NaN: the run fails after
 #              controller.max_rejected rejected results, status failed, the reason in run.db;
+#   log_limit  the same policy with the bound out of reach for 5 s: the log lines of rejected
+#              results and re-leases are rate-limited, and the "held back" lines account for
+#              every re-lease recorded in run.db;
 #   job_json   job.json truncated mid-run, then the controller killed: the run fails at once
 #              (no restart loop), status failed, the reason naming job.json;
 #   lock       a second `prl run --resume` of a running run is refused naming the holder's PID
@@ -27,7 +30,7 @@ trap cleanup EXIT
 cd "$work"
 . "$src/tests/run_lib.sh" # fail, model_config, expect_refused, steps_done
 export PRL_THREADS=1
-SECTIONS=${SECTIONS:-bad_init nan_lp job_json lock tidy fallback}
+SECTIONS=${SECTIONS:-bad_init nan_lp log_limit job_json lock tidy fallback}
 
 # ---- a tiny policy (20 SFT steps) and a job whose rewards vary: score = len(completion) % 5 / 4
 $prl tasks demos --domain general --n 100 --seed 1 --out demos.jsonl 2>/dev/null
@@ -104,9 +107,10 @@ if want bad_init; then
   echo "ok: NaN/Inf weights refused by prl generate and prl score"
 fi
 
+set_weights base overflow lm_head.weight 3e38 all # finite weights whose logits overflow
+
 # ---- nan_lp: finite weights, NaN log-probs (lm_head at 3e38 overflows the logits)
 if want nan_lp; then
-  set_weights base overflow lm_head.weight 3e38 all
   $prl run job.json --check --set model.init=overflow >/dev/null
   if timeout 60 $prl run job.json --set run.name=nanlp --set model.init=overflow > nanlp.out 2> nanlp.err; then
     fail "run nanlp: no error"
@@ -118,6 +122,25 @@ if want nan_lp; then
   requeues=$(sqlite3 runs/nanlp/run.db "SELECT count(*) FROM events WHERE kind = 'requeue'")
   [ "$requeues" -le 10 ] || fail "run nanlp: $requeues re-leases"
   echo "ok: NaN log-probs fail the run after $requeues rejected results, status failed with the reason"
+fi
+
+# ---- log_limit: the NaN log-probs again, the bound out of reach, stopped after 5 s
+if want log_limit; then
+  timeout -s INT 5 $prl run job.json --set run.name=flood --set model.init=overflow \
+    --set controller.max_rejected=1000000000 > flood.out 2> flood.err || true
+  log=runs/flood/logs/controller.log
+  requeues=$(sqlite3 runs/flood/run.db "SELECT count(*) FROM events WHERE kind = 'requeue'")
+  written=$(grep -c "] lease [0-9]* (rollout, step 0) handed out again" $log || true)
+  held=$(grep -o "held back: [0-9]* more 'lease handed out again'" $log | awk '{s += $3} END {print s + 0}')
+  rejected=$(grep -c "] rejected message" $log || true)
+  [ "$requeues" -gt 100 ] || fail "log_limit: only $requeues re-leases in 5 s"
+  [ "$written" -le 30 ] && [ "$rejected" -le 30 ] ||
+    fail "log_limit: $written re-lease and $rejected rejection lines for $requeues re-leases"
+  [ $((written + held)) = "$requeues" ] ||
+    fail "log_limit: $written lines + $held held back, but $requeues re-leases in run.db"
+  lines=$(grep -c "\] controller: " runs/flood/logs/rollout-0.log || true)
+  [ "$lines" -le 30 ] || fail "log_limit: the rollout worker logged $lines error replies"
+  echo "ok: $requeues re-leases in 5 s: $written re-lease and $rejected rejection lines in the log, the rest counted as held back"
 fi
 
 # ---- job_json: truncated mid-run, then the controller killed

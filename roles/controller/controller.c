@@ -141,6 +141,11 @@ static void finish(ctl *c, const char *why)
 
 static void cleanup(ctl *c)
 {
+    char held[200];
+    if (prl_bus_log_limit_held_line(&c->reject_log, CTL_REJECTED, held, sizeof held))
+        ctl_log("%s", held);
+    if (prl_bus_log_limit_held_line(&c->requeue_log, CTL_REQUEUED, held, sizeof held))
+        ctl_log("%s", held);
     for (int i = 0; i < MAX_INFLIGHT; i++)
         if (c->st[i].active) ctl_step_free(c, &c->st[i]);
     for (int i = 0; i < c->n_tasks + c->n_eval; i++) json_decref(c->task[i]), free(c->task_text[i]);

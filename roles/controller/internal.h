@@ -146,12 +146,18 @@ typedef struct ctl {
     char version_path[1024];
     int64_t retired_epoch; /* last epoch the retirement rule ran for */
     int done;
-    prl_status fatal; /* a run.db failure: stop, the restart continues from run.db */
-    int failed;       /* a work item kept failing, or no prompt is left: no restart */
+    prl_status fatal;              /* a run.db failure: stop, the restart continues from run.db */
+    int failed;                    /* a work item kept failing, or no prompt is left: no restart */
+    prl_bus_log_limit reject_log;  /* CTL_REJECTED lines (a flood must not fill the log) */
+    prl_bus_log_limit requeue_log; /* CTL_REQUEUED lines (each is an event in run.db too) */
     double t_start, t_last_commit;
     double interval_sum; /* of the steps committed by this process, for the ETA */
     int intervals;
 } ctl;
+
+/* The kinds of the controller's rate-limited log lines (prl_bus_log_limit). */
+#define CTL_REJECTED "rejected message"
+#define CTL_REQUEUED "lease handed out again"
 
 /* Refuse the content of a result whose lease the sender really holds: the work goes back to
 ** the queue (a worker that sent garbage once may do it right, or another worker will),
@@ -195,6 +201,8 @@ void ctl_lease_failed(ctl *c, lease *l, const char *why);
 void ctl_lease_rejected(ctl *c, lease *l, const char *why);
 /* Send m to w and free it; a failed send forgets w until its next hello. */
 prl_status ctl_send_msg(ctl *c, worker *w, prl_bus_msg *m);
+/* The "rejected message REF: WHY" log line, rate-limited (prl_bus_log_limit). */
+void ctl_log_rejected(ctl *c, uint64_t ref, const char *why);
 /* An `error` (ref = the message refused) to `to`, and a "rejected message" log line. */
 void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

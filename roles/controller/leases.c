@@ -78,8 +78,13 @@ void ctl_lease_requeue(ctl *c, lease *l, const char *why)
     if (r && l->kind == LEASE_TEACH && r->teach_lease[l->group] == l->id)
         r->teach_lease[l->group] = 0;
     static const char *kinds[] = {"", "rollout", "score", "train", "teach"};
-    ctl_log("lease %llu (%s, step %lld) handed out again: %s", (unsigned long long)l->id,
-            kinds[l->kind], (long long)l->step, why);
+    uint64_t held;
+    if (prl_bus_log_limit_take(&c->requeue_log, prl_now(), &held)) {
+        char line[200];
+        if (held) prl_bus_log_held_line(held, CTL_REQUEUED, line, sizeof line), ctl_log("%s", line);
+        ctl_log("lease %llu (%s, step %lld) handed out again: %s", (unsigned long long)l->id,
+                kinds[l->kind], (long long)l->step, why);
+    }
     ctl_event(c, "requeue",
               "{\"lease\": %llu, \"kind\": \"%s\", \"step\": %lld, \"worker\": \"%s\", "
               "\"why\": \"%s\"}",
@@ -187,6 +192,18 @@ prl_status ctl_send_msg(ctl *c, worker *w, prl_bus_msg *m)
     return rc;
 }
 
+void ctl_log_rejected(ctl *c, uint64_t ref, const char *why)
+{
+    uint64_t held;
+    if (!prl_bus_log_limit_take(&c->reject_log, prl_now(), &held)) return;
+    char line[200];
+    if (held) {
+        prl_bus_log_held_line(held, CTL_REJECTED, line, sizeof line);
+        ctl_log("%s", line);
+    }
+    ctl_log("rejected message %llu: %s", (unsigned long long)ref, why);
+}
+
 void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fmt, ...)
 {
     char why[512];
@@ -196,7 +213,7 @@ void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fm
     va_end(ap);
     for (char *p = why; *p; p++)
         if ((unsigned char)*p < 32) *p = ' ';
-    ctl_log("rejected message %llu: %s", (unsigned long long)ref, why);
+    ctl_log_rejected(c, ref, why);
     prl_bus_msg m;
     prl_msg_error e = {.reason = why, .ref = ref};
     if (prl_msg_error_encode(&e, c->job->name, ++c->next_id, &m) || prl_bus_send(c->sock, to, &m))
