@@ -4,7 +4,8 @@
 # scores the completion's length), each run a few seconds:
 #   bad_init   NaN, Inf and truncated model.init refused by `prl run --check` and `prl run`
 #              (nothing created), and by `prl generate` / `prl score`;
-#   nan_lp     a policy with finite weights whose log-probs are NaN: the run fails after
+#   nan_lp     a policy with finite weights whose log-probs are NaN: `prl generate` and `prl
+#              score` fail naming the sample and line rather than print them; the run fails after
 #              controller.max_rejected rejected results, status failed, the reason in run.db;
 #   log_limit  the same policy with the bound out of reach for 5 s: the log lines of rejected
 #              results and re-leases are rate-limited, and the "held back" lines account for
@@ -99,7 +100,6 @@ if want bad_init; then
   expect_refused "Inf in model.init" "has an infinity" "check start" --set model.init=inf
   expect_refused "truncated model.init" "model.init: safetensors trunc/model.safetensors" "check start" \
     --set model.init=trunc
-  echo '{"text": "hello"}' > one.jsonl
   for cmd in "generate --prompt hi --max-new-tokens 2" "score --input one.jsonl"; do
     if out=$($prl $cmd --ckpt nan 2>&1); then fail "prl $cmd took a NaN checkpoint"; fi
     echo "$out" | grep -q "has a NaN at element 0" || fail "prl $cmd: $out"
@@ -108,10 +108,15 @@ if want bad_init; then
 fi
 
 set_weights base overflow lm_head.weight 3e38 all # finite weights whose logits overflow
+echo '{"text": "hello"}' > one.jsonl
 
 # ---- nan_lp: finite weights, NaN log-probs (lm_head at 3e38 overflows the logits)
 if want nan_lp; then
   $prl run job.json --check --set model.init=overflow >/dev/null
+  for cmd in "generate --prompt hi --max-new-tokens 2" "score --input one.jsonl" "score --input one.jsonl --path infer --json"; do
+    if out=$($prl $cmd --ckpt overflow 2>&1); then fail "prl $cmd printed NaN log-probs"; fi
+    echo "$out" | grep -q "is NaN: the model's output is not finite" || fail "prl $cmd: $out"
+  done
   if timeout 60 $prl run job.json --set run.name=nanlp --set model.init=overflow > nanlp.out 2> nanlp.err; then
     fail "run nanlp: no error"
   fi
@@ -121,7 +126,7 @@ if want nan_lp; then
   events nanlp failed | grep -q "results rejected" || fail "run nanlp: no failed event"
   requeues=$(sqlite3 runs/nanlp/run.db "SELECT count(*) FROM events WHERE kind = 'requeue'")
   [ "$requeues" -le 10 ] || fail "run nanlp: $requeues re-leases"
-  echo "ok: NaN log-probs fail the run after $requeues rejected results, status failed with the reason"
+  echo "ok: NaN log-probs: prl generate and prl score refuse them; the run fails after $requeues rejected results, status failed with the reason"
 fi
 
 # ---- log_limit: the NaN log-probs again, the bound out of reach, stopped after 5 s
