@@ -213,6 +213,37 @@ static int in_run_ckpt(const ctl *c, const char *path)
     return !strncmp(path, ckpt, (size_t)k);
 }
 
+/* A checkpoint of the run that failed to verify goes to PATH.corrupt-TIME, for a look (and
+** so the trainer writes the version afresh); model.init and missing paths are left alone. */
+static void move_aside(ctl *c, const char *path)
+{
+    if (!in_run_ckpt(c, path) || access(path, F_OK)) return;
+    char aside[1200];
+    snprintf(aside, sizeof aside, "%s.corrupt-%lld", path, (long long)time(NULL));
+    if (rename(path, aside)) ctl_log("cannot move %s aside: %s", path, strerror(errno));
+    else ctl_log("moved %s to %s", path, aside);
+}
+
+/* The fallback from version `newest` to v, said on the terminal, in the log and in run.db. */
+static void record_fallback(ctl *c, int64_t newest, const prl_store_version *v, const char *why,
+                            int64_t gone)
+{
+    char line[900];
+    snprintf(line, sizeof line,
+             "version %lld cannot be used (%s): falling back to version %lld (%s); steps %lld.. "
+             "are done again (%lld samples of the newer versions dropped)",
+             (long long)newest, why, (long long)v->version, v->path, (long long)v->version,
+             (long long)gone);
+    ctl_log("%s", line);
+    if (c->o->progress) fprintf(c->o->progress, "%s\n", line), fflush(c->o->progress);
+    json_t *d = json_pack("{s:I,s:I,s:s,s:I}", "from", (json_int_t)newest, "to",
+                          (json_int_t)v->version, "why", why, "samples_dropped", (json_int_t)gone);
+    char *dt = d ? json_dumps(d, JSON_COMPACT) : NULL;
+    if (dt && prl_store_event_add(c->db, c->run, "fallback", dt))
+        ctl_log("could not record the fallback event: %s", prl_error_message());
+    free(dt), json_decref(d);
+}
+
 /* The newest version whose checkpoint verifies (prl_checkpoint_verify) into *v. The unusable
 ** newer ones are moved aside (ckpt/vNNNNNN.corrupt-TIME, kept for a look) and run.db is taken
 ** back to *v, so their steps are done again; a `fallback` event says so. Nothing usable is a
@@ -231,13 +262,7 @@ static prl_status newest_usable(ctl *c, prl_store_version *v)
         if (!why[0]) snprintf(why, sizeof why, "%s", prl_error_message());
         ctl_log("version %lld (%s) cannot be used: %s", (long long)v->version, v->path,
                 prl_error_message());
-        if (in_run_ckpt(c, v->path) && !access(v->path, F_OK)) {
-            char aside[1200];
-            snprintf(aside, sizeof aside, "%s.corrupt-%lld", v->path, (long long)time(NULL));
-            if (rename(v->path, aside))
-                ctl_log("cannot move %s aside: %s", v->path, strerror(errno));
-            else ctl_log("moved %s to %s", v->path, aside);
-        }
+        move_aside(c, v->path);
         int64_t bad = v->version;
         prl_store_version_free(v);
         if (bad == 0 || (rc = prl_store_version_before(c->db, c->run, bad, v))) {
@@ -251,20 +276,7 @@ static prl_status newest_usable(ctl *c, prl_store_version *v)
     if (rc || v->version == newest) return rc;
     int64_t gone = 0;
     if ((rc = prl_store_run_back_to(c->db, c->run, v->version, &gone))) return rc;
-    char line[900];
-    snprintf(line, sizeof line,
-             "version %lld cannot be used (%s): falling back to version %lld (%s); steps %lld.. "
-             "are done again (%lld samples of the newer versions dropped)",
-             (long long)newest, why, (long long)v->version, v->path, (long long)v->version,
-             (long long)gone);
-    ctl_log("%s", line);
-    if (c->o->progress) fprintf(c->o->progress, "%s\n", line), fflush(c->o->progress);
-    json_t *d = json_pack("{s:I,s:I,s:s,s:I}", "from", (json_int_t)newest, "to",
-                          (json_int_t)v->version, "why", why, "samples_dropped", (json_int_t)gone);
-    char *dt = d ? json_dumps(d, JSON_COMPACT) : NULL;
-    if (dt && prl_store_event_add(c->db, c->run, "fallback", dt))
-        ctl_log("could not record the fallback event: %s", prl_error_message());
-    free(dt), json_decref(d);
+    record_fallback(c, newest, v, why, gone);
     return PRL_OK;
 }
 
