@@ -197,6 +197,27 @@ typedef enum prl_bus_kind {
     PRL_BUS_SUB = 3     /* subscribes to everything */
 } prl_bus_kind;
 
+/* ---------------------------------------------------------------- log limit -------- */
+
+/* Log lines about bad messages, rate-limited (log_limit.c): of one kind (one limit each), the
+** first PRL_BUS_LOG_BURST are written, then at most one a second. The lines held back are
+** counted and said in one line, "held back: N more 'KIND' lines ...", written before the next
+** line of the kind and at the end (prl_bus_log_limit_held_line), so a log still accounts for
+** every message. Zero-initialise. */
+enum { PRL_BUS_LOG_BURST = 20 };
+typedef struct prl_bus_log_limit {
+    uint64_t written, held; /* lines written; lines held back since the last written one */
+    double last;            /* when the last one was written (prl_now) */
+} prl_bus_log_limit;
+/* 1 when a line may be written at time `now`; then *held is what was held back before it
+** (write prl_bus_log_held_line first when it is not 0). 0: the line is held back (counted). */
+int prl_bus_log_limit_take(prl_bus_log_limit *l, double now, uint64_t *held);
+/* The "held back" line of `held` lines of `kind` into out[n]. */
+void prl_bus_log_held_line(uint64_t held, const char *kind, char *out, size_t n);
+/* At the end: 1 with the "held back" line of what is still held into out[n] (and the count
+** reset), 0 when nothing is held. */
+int prl_bus_log_limit_held_line(prl_bus_log_limit *l, const char *kind, char *out, size_t n);
+
 /* A log line sink ("bus[controller]: dropped message from peer 00a1b2c3d4: header field
 ** 'step' must be a non-negative integer"). */
 typedef void (*prl_bus_log_fn)(void *ctx, const char *line);

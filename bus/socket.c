@@ -25,6 +25,7 @@ struct prl_bus_socket {
     const prl_bus_registry *registry;
     uint64_t dropped;
     int bound_ipc; /* bound to an ipc:// path: the socket file is removed when it closes */
+    prl_bus_log_limit drop_log; /* "dropped message" lines */
 };
 
 /* ---------------------------------------------------------------- context ---------- */
@@ -184,9 +185,12 @@ prl_status prl_bus_socket_open(prl_bus_socket **out, prl_bus_kind kind, const ch
     return PRL_OK;
 }
 
+static void log_drops_held(prl_bus_socket *s);
+
 void prl_bus_socket_free(prl_bus_socket *s)
 {
     if (!s) return;
+    log_drops_held(s);
     if (s->zs) zmq_close(s->zs);
     /* libzmq removes the file only once its I/O thread closes the listener, which a process
     ** that exits soon after never sees: the file this socket made goes now */
@@ -263,18 +267,40 @@ static int raw_recv(prl_bus_socket *s, raw_msg *r)
     }
 }
 
+static void log_line(prl_bus_socket *s, const char *text)
+{
+    char line[1200];
+    snprintf(line, sizeof line, "%s: %s", s->name, text);
+    if (s->log) s->log(s->log_ctx, line);
+    else fprintf(stderr, "prl %s\n", line);
+}
+
+static const char DROPPED[] = "dropped message";
+
+/* What the drop limit still holds, said once (the socket is closing). */
+static void log_drops_held(prl_bus_socket *s)
+{
+    char held[200];
+    if (prl_bus_log_limit_held_line(&s->drop_log, DROPPED, held, sizeof held)) log_line(s, held);
+}
+
 static void log_drop(prl_bus_socket *s, const prl_bus_peer *from, const char *reason)
 {
+    uint64_t held;
+    if (!prl_bus_log_limit_take(&s->drop_log, prl_now(), &held)) return;
     char line[1024], peer[2 * 32 + 16] = "";
+    if (held) {
+        prl_bus_log_held_line(held, DROPPED, line, sizeof line);
+        log_line(s, line);
+    }
     if (from && from->len) {
         size_t n = from->len < 32 ? from->len : 32;
         int k = snprintf(peer, sizeof peer, " from peer ");
         for (size_t i = 0; i < n; i++)
             k += snprintf(peer + k, sizeof peer - (size_t)k, "%02x", from->id[i]);
     }
-    snprintf(line, sizeof line, "%s: dropped message%s: %s", s->name, peer, reason);
-    if (s->log) s->log(s->log_ctx, line);
-    else fprintf(stderr, "prl %s\n", line);
+    snprintf(line, sizeof line, "%s%s: %s", DROPPED, peer, reason);
+    log_line(s, line);
 }
 
 /* Validate a raw message; 1 with `out` filled, or 0 after logging why it was dropped. */

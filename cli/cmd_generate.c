@@ -9,6 +9,7 @@
 */
 #include "cli/cli.h"
 
+#include <math.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,21 @@ static char *hex(const uint8_t *b, size_t n)
     for (size_t i = 0; i < n; i++) snprintf(s + 2 * i, 3, "%02x", b[i]);
     s[2 * n] = 0;
     return s;
+}
+
+/* Samples of a model whose output is not finite (finite weights whose logits overflow) are
+** noise with NaN log-probs: an error naming the first one instead of printing them. */
+static prl_status check_finite(const gen_args *a, const prl_gen_result *res, int total)
+{
+    for (int i = 0; i < total; i++)
+        for (int t = 0; t < res[i].n; t++)
+            if (!isfinite(res[i].logprobs[t]))
+                return prl_error_set(PRL_ERR_NUMERIC,
+                                     "prompt %d sample %d: the log-prob of generated token %d is "
+                                     "%s: the model's output is not finite",
+                                     i / a->n, i % a->n, t,
+                                     isnan(res[i].logprobs[t]) ? "NaN" : "infinite");
+    return PRL_OK;
 }
 
 static void print_sample(const gen_args *a, const prl_tokenizer *tok, const prl_model *m, int p,
@@ -130,7 +146,8 @@ static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_in
     char desc[128];
     prl_infer_options_describe(io, desc, sizeof desc);
     if (prl_infer_init(&e, m, io) ||
-        prl_infer_generate(e, reqs, total, &sp, res, on_progress, &ps)) {
+        prl_infer_generate(e, reqs, total, &sp, res, on_progress, &ps) ||
+        check_finite(a, res, total)) {
         rc = cli_fail("generate");
     } else {
         double dt = prl_now() - ps.t0;

@@ -40,8 +40,15 @@ static int role_controller(int argc, char **argv)
     prl_job_config job;
     prl_job_config_default(&job);
     if (cli_run_job_path(run_dir, path, sizeof path) || prl_job_config_load(&job, path)) {
+        /* the same file would fail every restart: the run fails, naming it (run.db) */
+        char why[700];
+        snprintf(why, sizeof why, "%s", prl_error_message());
         prl_job_config_free(&job);
-        return cli_fail("role controller");
+        if (prl_controller_record_failure(run_dir, why))
+            fprintf(stderr, "prl role controller: %s\n", prl_error_message());
+        prl_error_set(PRL_ERR_CONFIG, "%s", why);
+        cli_fail("role controller");
+        return PRL_RUN_FAILED_EXIT;
     }
     int failed = 0;
     prl_controller_options o = {.run_dir = run_dir,

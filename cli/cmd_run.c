@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 enum { MAX_SETS = 64 };
 
@@ -83,6 +84,20 @@ static prl_status check_prompt_file(const prl_job_config *job)
     return PRL_OK;
 }
 
+/* model.init loads as the rollout and the trainer will load it: every file complete, every
+** checksum right, every value finite, the tokenizer readable. Found here, a bad checkpoint
+** stops the run before any process starts instead of failing its first work items. */
+static prl_status check_init_loads(const prl_job_config *job)
+{
+    prl_model m;
+    prl_tokenizer *tok = NULL;
+    prl_status rc = prl_checkpoint_load_tokenizer(&m, job->init, &tok);
+    if (rc) return prl_error_wrap(PRL_ERR_CONFIG, "model.init: ");
+    prl_tokenizer_free(tok);
+    prl_model_free(&m);
+    return PRL_OK;
+}
+
 /* Every check that needs the file system or another module's rules, before any process
 ** starts (the trainer's precision and loss scaler: grpo/scaling.c; the prompt file; the
 ** reward program). */
@@ -108,6 +123,7 @@ static prl_status check_inputs(const prl_job_config *job)
     snprintf(p, sizeof p, "%s/tokenizer.json", job->init);
     if (stat(p, &sb))
         return prl_error_set(PRL_ERR_CONFIG, "model.init: %s has no tokenizer.json", job->init);
+    if ((rc = check_init_loads(job))) return rc;
     return prl_opd_check_teachers(job); /* OPD: every teacher exists and fits the student */
 }
 
@@ -194,10 +210,20 @@ int cmd_run(int argc, char **argv)
         return 0;
     }
     char sub[1200];
-    int bad = mkdir_p(run_dir);
-    snprintf(sub, sizeof sub, "%s/logs", run_dir), bad |= mkdir_p(sub);
-    snprintf(sub, sizeof sub, "%s/ckpt", run_dir), bad |= mkdir_p(sub);
-    if (bad) rc = prl_error_set(PRL_ERR_IO, "cannot create %s: %s", sub, strerror(errno));
+    int lock = -1; /* held until this process ends: a second prl run of the run is refused */
+    if (mkdir_p(run_dir))
+        rc = prl_error_set(PRL_ERR_IO, "cannot create %s: %s", run_dir, strerror(errno));
+    if (!rc) rc = prl_launcher_lock(run_dir, &lock);
+    struct stat sb; /* a new run: another prl run may have made it while this one waited */
+    if (!rc && !resume && !stat(job_path, &sb))
+        rc = prl_error_set(PRL_ERR_ARG, "%s already exists: continue it with `prl run --resume %s`",
+                           run_dir, run_dir);
+    if (!rc) {
+        int bad = 0;
+        snprintf(sub, sizeof sub, "%s/logs", run_dir), bad |= mkdir_p(sub);
+        snprintf(sub, sizeof sub, "%s/ckpt", run_dir), bad |= mkdir_p(sub);
+        if (bad) rc = prl_error_set(PRL_ERR_IO, "cannot create %s: %s", sub, strerror(errno));
+    }
     if (!rc) rc = write_job(run_dir, &job);
     if (rc) {
         prl_job_config_free(&job);
@@ -205,6 +231,7 @@ int cmd_run(int argc, char **argv)
     }
     int code = prl_launcher_run(run_dir, &job, threads);
     prl_job_config_free(&job);
+    close(lock);
     if (code == 0) printf("run finished: the final policy is %s/final\n", run_dir);
     return code;
 }

@@ -16,6 +16,7 @@
 */
 #include "cli/cli.h"
 
+#include <math.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,19 @@ static prl_status score_line_infer(prl_infer *e, const int32_t *ids, size_t n, i
     for (size_t i = 1; i < n; i++)
         lp[i - 1] = (int)i < P ? r.prompt_logprobs[i] : r.logprobs[i - P];
     prl_gen_result_free(&r);
+    return PRL_OK;
+}
+
+/* A log-prob that is not finite (finite weights whose logits overflow) would print as "nan"
+** or vanish from the JSON: an error naming the line and the token instead. */
+static prl_status check_finite(const score_args *a, int line, const float *lp, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++)
+        if (!isfinite(lp[i]))
+            return prl_error_set(PRL_ERR_NUMERIC,
+                                 "%s:%d: the log-prob of token %zu is %s: the model's output is "
+                                 "not finite",
+                                 a->input, line, i + 1, isnan(lp[i]) ? "NaN" : "infinite");
     return PRL_OK;
 }
 
@@ -158,6 +172,7 @@ static prl_status score_one(void *user, json_t *obj, int line, int *go)
     if (st == PRL_OK && c->infer)
         st = score_line_infer(c->eng, ids, n, P, a->temperature, a, line, lp);
     else if (st == PRL_OK) st = score_line(c->m, ids, n, a->temperature, a, line, lp);
+    if (st == PRL_OK) st = check_finite(a, line, lp, n);
     if (st == PRL_OK && a->logits) st = keep_logits(c, line, n);
     if (st == PRL_OK) print_result(a, line, ids, mask, n, lp);
     free(ids);

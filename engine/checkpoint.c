@@ -19,6 +19,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,6 +57,79 @@ void ckpt_remove_flat_dir(const char *path)
     }
     closedir(d);
     rmdir(path);
+}
+
+/* The files prl_checkpoint_save writes: nothing else is removed from a stale temporary. */
+static const char *const SAVE_FILES[] = {"config.json", "model.safetensors",
+                                         "optimizer.safetensors", "state.json", "tokenizer.json"};
+
+/* NAME.tmp.PID with PID all digits: *pid gets it. */
+static int stale_tmp_name(const char *name, long *pid)
+{
+    const char *t = NULL; /* the last ".tmp." */
+    for (const char *p = strstr(name, ".tmp."); p; p = strstr(p + 1, ".tmp.")) t = p;
+    if (!t || t == name) return 0;
+    t += 5;
+    char *end;
+    errno = 0;
+    *pid = strtol(t, &end, 10);
+    return *t >= '0' && *t <= '9' && !*end && !errno && *pid > 0;
+}
+
+static int process_alive(long pid) { return kill((pid_t)pid, 0) == 0 || errno == EPERM; }
+
+static int save_file_name(const char *name)
+{
+    for (size_t i = 0; i < sizeof SAVE_FILES / sizeof SAVE_FILES[0]; i++)
+        if (!strcmp(name, SAVE_FILES[i])) return 1;
+    return 0;
+}
+
+/* Every entry of dir is a regular file a save writes (checked before anything is removed). */
+static int only_save_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    struct stat sb;
+    char p[4400];
+    int ok = 1;
+    while (ok && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        ok = save_file_name(e->d_name) && !lstat(p, &sb) && S_ISREG(sb.st_mode);
+    }
+    closedir(d);
+    return ok;
+}
+
+prl_status prl_checkpoint_clean_stale(const char *parent, int *removed)
+{
+    *removed = 0;
+    DIR *d = opendir(parent);
+    if (!d) return prl_error_set(PRL_ERR_IO, "cannot read %s: %s", parent, strerror(errno));
+    prl_status rc = PRL_OK;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        long pid;
+        struct stat sb;
+        if (!stale_tmp_name(e->d_name, &pid)) continue;
+        snprintf(path, sizeof path, "%s/%s", parent, e->d_name);
+        if (lstat(path, &sb) || !S_ISDIR(sb.st_mode) || process_alive(pid)) continue;
+        if (!only_save_files(path)) {
+            if (!rc)
+                rc = prl_error_set(PRL_ERR_IO,
+                                   "%s: left in place: it holds something a checkpoint save "
+                                   "does not write",
+                                   path);
+            continue;
+        }
+        ckpt_remove_flat_dir(path);
+        (*removed)++;
+    }
+    closedir(d);
+    return rc;
 }
 
 /* Parameters as float32 (a copy in the double build, the live buffer otherwise). */
@@ -410,6 +484,48 @@ prl_status prl_checkpoint_load(prl_model *m, const char *dir)
     return rc;
 }
 
+/* The optional files of a checkpoint: optimizer.safetensors, state.json, tokenizer.json. */
+static prl_status verify_extras(const char *dir)
+{
+    char path[4096];
+    prl_status rc = join_path(path, sizeof path, dir, "optimizer.safetensors");
+    if (!rc && access(path, F_OK) == 0) {
+        prl_safetensors st;
+        if ((rc = prl_safetensors_open(&st, path))) return rc;
+        rc = ckpt_verify_checksum(&st, 1);
+        prl_safetensors_free(&st);
+    }
+    if (!rc) rc = join_path(path, sizeof path, dir, "state.json");
+    if (!rc && access(path, F_OK) == 0) {
+        json_error_t err;
+        json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+        if (!json_is_object(json_object_get(root, "run")))
+            rc = prl_error_set(PRL_ERR_FORMAT, "%s: not a prl state file%s%s", path,
+                               root ? "" : ": ", root ? "" : err.text);
+        json_decref(root);
+    }
+    if (!rc) rc = join_path(path, sizeof path, dir, "tokenizer.json");
+    if (!rc && access(path, F_OK) == 0) {
+        prl_tokenizer *tok = NULL;
+        rc = prl_tokenizer_load(path, &tok);
+        prl_tokenizer_free(tok);
+    }
+    return rc;
+}
+
+prl_status prl_checkpoint_verify(const char *dir)
+{
+    char path[4096];
+    prl_config cfg;
+    prl_status rc;
+    if ((rc = join_path(path, sizeof path, dir, "config.json"))) return rc;
+    if ((rc = prl_config_load(&cfg, path))) return rc;
+    ckpt_weights w;
+    if ((rc = ckpt_weights_open(&w, dir))) return rc; /* every shard's checksum */
+    ckpt_weights_close(&w);
+    return verify_extras(dir);
+}
+
 prl_status prl_checkpoint_load_weights(prl_model *m, const char *dir, int *n_new)
 {
     ckpt_weights w;
@@ -436,10 +552,13 @@ prl_status prl_checkpoint_load_optim(prl_optim *o, const prl_model *m, const cha
                            2 * m->n_tensors);
     for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
+        size_t n = p->numel;
         snprintf(name, sizeof name, "m.%s", p->name);
         rc = ckpt_read_real(&st, name, p->shape, p->ndim, o->m + p->offset);
+        if (rc == PRL_OK) rc = ckpt_check_finite(path, name, o->m + p->offset, n);
         snprintf(name, sizeof name, "v.%s", p->name);
         if (rc == PRL_OK) rc = ckpt_read_real(&st, name, p->shape, p->ndim, o->v + p->offset);
+        if (rc == PRL_OK) rc = ckpt_check_finite(path, name, o->v + p->offset, n);
     }
     const char *step = prl_safetensors_metadata(&st, "step");
     char *end = NULL;

@@ -37,6 +37,8 @@ uint64_t ckpt_data_checksum(const uint8_t *bytes, size_t size);
 /* Tensor `name` of st into out as prl_real (read_f32 or read_f64 by the build). */
 prl_status ckpt_read_real(const prl_safetensors *st, const char *name, const int64_t *shape,
                           int ndim, prl_real *out);
+/* Every x[0..n) finite, else PRL_ERR_NUMERIC naming the file, the tensor and the element. */
+prl_status ckpt_check_finite(const char *file, const char *name, const prl_real *x, size_t n);
 /* dir + "/" + file, malloc'd (NULL when out of memory). */
 char *ckpt_path_join(const char *dir, const char *file);
 /* Remove a flat directory this process created (its files, then it). */

@@ -417,12 +417,25 @@ int prl_grads_finite(const prl_real *grads, size_t n);
 ** as tokenizer.json. */
 prl_status prl_checkpoint_save(const prl_model *m, const prl_optim *o, const char *state_json,
                                const struct prl_tokenizer *tok, const char *dir);
+/* A save killed midway leaves "<dir>.tmp.<pid>" behind. Remove those in directory `parent`
+** whose process is gone: entries named NAME.tmp.PID (PID digits) that are directories, not
+** links, of a PID no process has, holding nothing but regular files named as a save names
+** them. One holding anything else is left untouched (a user's file is never removed) and
+** named in the error. *removed counts the directories removed. PRL_ERR_IO when `parent`
+** cannot be read or a directory is left. */
+prl_status prl_checkpoint_clean_stale(const char *parent, int *removed);
 /* Load config + weights into a new model (m must be zeroed/unused). Every tensor's name,
 ** shape and dtype and the checksum are validated; errors name the file and tensor. */
 prl_status prl_checkpoint_load(prl_model *m, const char *dir);
 /* The same, and the checkpoint's tokenizer.json when it has one (*tok NULL otherwise). On
 ** error nothing is left allocated. */
 prl_status prl_checkpoint_load_tokenizer(prl_model *m, const char *dir, prl_tokenizer **tok);
+/* Check checkpoint `dir` without building a model: config.json parses, every weight file
+** opens (offsets and sizes valid) with its prl checksum right, optimizer.safetensors (when
+** present) with its checksum, state.json and tokenizer.json (when present) parse. Cheap next
+** to a load (one pass over the files' bytes); catches a flipped byte, a truncated or a missing
+** file. Values are not converted, so non-finite weights are found by a load only. */
+prl_status prl_checkpoint_verify(const char *dir);
 /* Load the weights of checkpoint `dir` into an initialised model `m` whose config may add DSA
 ** layers (post-hoc sparsification) or MTP modules (docs/recipes.md) to the checkpoint's: every
 ** tensor of `m` must be in the file with its shape, except DSA indexer tensors and MTP layers'

@@ -255,11 +255,11 @@ static prl_status apply_block_scales(ckpt_weights *w, const char *name, const ck
     return PRL_OK;
 }
 
-static prl_status check_finite(const ckpt_shard *s, const char *name, const prl_real *x, size_t n)
+prl_status ckpt_check_finite(const char *file, const char *name, const prl_real *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i]))
-            return prl_error_set(PRL_ERR_NUMERIC, "%s: tensor '%s' has %s at element %zu", s->path,
+            return prl_error_set(PRL_ERR_NUMERIC, "%s: tensor '%s' has %s at element %zu", file,
                                  name, isnan(x[i]) ? "a NaN" : "an infinity", i);
     return PRL_OK;
 }
@@ -275,7 +275,7 @@ prl_status ckpt_weights_read(ckpt_weights *w, const char *name, const int64_t *s
     prl_status rc = ckpt_read_real(&s->st, name, shape, ndim, out);
     if (rc == PRL_OK && t->dtype == PRL_DTYPE_F8_E4M3)
         rc = apply_block_scales(w, name, s, shape, ndim, out);
-    if (rc == PRL_OK) rc = check_finite(s, name, out, t->numel);
+    if (rc == PRL_OK) rc = ckpt_check_finite(s->path, name, out, t->numel);
     prl_safetensors_release(&s->st, t);
     if (rc == PRL_OK) mark(s, t);
     return rc;

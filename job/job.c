@@ -113,6 +113,7 @@ static const prl_key_spec keys[] = {
     {"controller.retire_unsolved_epochs", PRL_KEY_INT, F(retire_unsolved_epochs), 0, 63, "0", NULL},
     {"controller.lease_seconds", PRL_KEY_REAL, F(lease_seconds), 0.1, 86400, "60", NULL},
     {"controller.heartbeat_seconds", PRL_KEY_REAL, F(heartbeat_seconds), 0.01, 3600, "2", NULL},
+    {"controller.max_rejected", PRL_KEY_INT, F(max_rejected), 1, 1e9, "10", NULL},
     {"checkpoint.every", PRL_KEY_INT, F(checkpoint_every), 0, 1e9, "10", NULL},
     {"opd.enabled", PRL_KEY_BOOL, F(opd_enabled), 0, 1, "false", NULL},
     {"opd.teachers.agent", PRL_KEY_STR, F(opd_teachers[0]), 0, 0, "\"\"", NULL},
@@ -444,10 +445,12 @@ prl_status prl_job_config_same_run(const char *then_json, const char *now_json, 
                                    const char *where)
 {
     /* a resumed run continues the recorded config; only the step count may grow, and the
-    ** thread counts may change (results do not depend on them) */
+    ** thread counts and the bound on rejected results may change (results do not depend on
+    ** them: a run that failed at the bound can be resumed with a higher one) */
     json_error_t je;
     json_t *a = json_loads(then_json, 0, &je), *b = json_loads(now_json, 0, &je);
     static const char *free_keys[][2] = {{"controller", "steps"},
+                                         {"controller", "max_rejected"},
                                          {"rollout", "threads"},
                                          {"trainer", "threads"},
                                          {"teacher", "threads"}};
@@ -461,9 +464,11 @@ prl_status prl_job_config_same_run(const char *then_json, const char *now_json, 
     int same = a && b && json_equal(a, b);
     json_decref(a), json_decref(b);
     if (!same)
-        return prl_error_set(PRL_ERR_CONFIG,
-                             "run '%s' in %s was started with another config "
-                             "(only controller.steps and the thread counts may change on --resume)",
-                             name, where);
+        return prl_error_set(
+            PRL_ERR_CONFIG,
+            "run '%s' in %s was started with another config "
+            "(only controller.steps, controller.max_rejected and the thread counts may "
+            "change on --resume)",
+            name, where);
     return PRL_OK;
 }

@@ -87,6 +87,7 @@ typedef struct prl_job_config {
     int retire_solved_epochs; /* retire prompts every sample solved in each of the last n epochs */
     int retire_unsolved_epochs; /* retire prompts no sample scored on in each of the last n epochs */
     double lease_seconds, heartbeat_seconds;
+    int max_rejected; /* rejected results of one work item before the run fails */
     /* checkpoint */
     int checkpoint_every;
     /* opd: multi-teacher on-policy distillation (docs/opd.md) */

@@ -159,8 +159,10 @@ void prl_opd_teachers_needed(const struct prl_job_config *j, int need[PRL_OPD_TE
 /* Before any process starts (prl run, prl run --check): every needed teacher's key
 ** opd.teachers.KEY names a checkpoint directory with config.json, model.safetensors and
 ** tokenizer.json, whose model config equals model.init's (same vocabulary, same architecture)
-** and whose tokenizer.json is byte-identical to model.init's. Errors (PRL_ERR_CONFIG) name the
-** key and the file. A job without opd.enabled passes. */
+** and whose tokenizer.json is byte-identical to model.init's, and whose files verify
+** (prl_checkpoint_verify: complete, checksums right; the values are checked when the teacher
+** loads it). Errors (PRL_ERR_CONFIG) name the key and the file. A job without opd.enabled
+** passes. */
 prl_status prl_opd_check_teachers(const struct prl_job_config *j);
 
 /* The distillation term's weights q[n_response × ob->topk] of a step: on each loss token of

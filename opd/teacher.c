@@ -210,6 +210,8 @@ prl_status prl_opd_check_teachers(const prl_job_config *j)
         if (!rc) rc = need_file("model.init", j->init, "tokenizer.json", stok, sizeof stok);
         if (!rc) rc = same_vocab(key, tcfg, scfg);
         if (!rc) rc = same_tokens(key, ttok, stok);
+        if (!rc && prl_checkpoint_verify(dir)) /* complete, checksums right (values: at load) */
+            rc = prl_error_wrap(PRL_ERR_CONFIG, "key '%s': ", key);
         if (rc) return rc;
     }
     return PRL_OK;

@@ -28,7 +28,10 @@ typedef struct prl_worker {
     double heartbeat_s;
     prl_bus_socket *ctl;
     uint64_t next_id; /* ids of the messages this worker sends */
-    int stop;         /* a stop message arrived */
+    /* log lines a peer's messages could flood, rate-limited: "controller: REASON" (its error
+    ** replies) and "ignored a 'TYPE' message" */
+    prl_bus_log_limit ctl_error_log, ignored_log;
+    int stop; /* a stop message arrived */
     volatile int hb_quit;
     int hb_running;
     pthread_t hb;

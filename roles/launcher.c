@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -270,6 +271,37 @@ static void announce(const char *run_dir, const prl_job_config *job)
                 strcmp(job->task_source, "file") ? "" : job->task_path, job->steps,
                 job->batch_prompts, job->group_size, job->mode, job->rollout_workers,
                 job->reward_workers, run_dir);
+}
+
+prl_status prl_launcher_lock(const char *run_dir, int *fd)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/lock", run_dir);
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) return prl_error_set(PRL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB)) {
+        int e = errno;
+        char holder[32] = "";
+        ssize_t k = pread(*fd, holder, sizeof holder - 1, 0);
+        holder[k > 0 ? k : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        close(*fd);
+        *fd = -1;
+        if (e != EWOULDBLOCK)
+            return prl_error_set(PRL_ERR_IO, "cannot lock %s: %s", path, strerror(e));
+        return prl_error_set(PRL_ERR_ARG,
+                             "%s is in use: another prl run (pid %s) holds %s; stop it first",
+                             run_dir, holder[0] ? holder : "?", path);
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(*fd, 0) || pwrite(*fd, pid, (size_t)n, 0) != n) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        return prl_error_set(PRL_ERR_IO, "cannot write %s: %s", path, strerror(e));
+    }
+    return PRL_OK;
 }
 
 int prl_launcher_run(const char *run_dir, const prl_job_config *job, int threads)

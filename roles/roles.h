@@ -177,6 +177,12 @@ prl_status prl_exec_service_run(void *ctx, const prl_reward_exec_request *req,
 /* The controller's exit code when the run failed for good (the launcher does not restart it). */
 enum { PRL_RUN_FAILED_EXIT = 4 };
 
+/* Lock the run directory for this process's lifetime (flock on run_dir/lock, which then
+** holds this PID), so two `prl run` of one run cannot both start. *fd is the lock's file
+** (close-on-exec: the roles do not hold it). A run locked by a live process is
+** PRL_ERR_ARG naming its PID. */
+prl_status prl_launcher_lock(const char *run_dir, int *fd);
+
 /* Start every role of the run in run_dir (job.json, logs/ and ckpt/ exist) as a child
 ** process and supervise them: `threads` per role unless the job sets trainer.threads,
 ** rollout.threads or teacher.threads (0: PRL_THREADS or all CPUs). Returns the exit code of

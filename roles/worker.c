@@ -45,6 +45,26 @@ void prl_worker_log(const prl_worker *r, const char *fmt, ...)
     va_end(ap);
 }
 
+static const char CTL_ERROR[] = "controller error", IGNORED[] = "ignored message";
+
+/* A line of a kind a peer's messages can flood: rate-limited (bus.h, prl_bus_log_limit). */
+static void __attribute__((format(printf, 4, 5)))
+log_limited(prl_worker *r, prl_bus_log_limit *l, const char *kind, const char *fmt, ...)
+{
+    uint64_t held;
+    if (!prl_bus_log_limit_take(l, prl_now(), &held)) return;
+    char line[1200];
+    if (held) {
+        prl_bus_log_held_line(held, kind, line, sizeof line);
+        prl_worker_log(r, "%s", line);
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    prl_worker_log(r, "%s", line);
+}
+
 static void *heartbeat_main(void *arg)
 {
     prl_worker *r = arg;
@@ -167,6 +187,11 @@ void prl_worker_leave(prl_worker *r)
     prl_bus_socket_free(r->ctl);
     r->ctl = NULL;
     prl_job_config_free(&r->job);
+    char held[200];
+    if (prl_bus_log_limit_held_line(&r->ctl_error_log, CTL_ERROR, held, sizeof held))
+        prl_worker_log(r, "%s", held);
+    if (prl_bus_log_limit_held_line(&r->ignored_log, IGNORED, held, sizeof held))
+        prl_worker_log(r, "%s", held);
 }
 
 /* The next message for the role, up to timeout_ms. stop, welcome and error messages are
@@ -183,13 +208,14 @@ static prl_status next_message(prl_worker *r, int timeout_ms, prl_bus_msg *m, in
         *got = 0;
     } else if (!strcmp(m->type, "welcome")) { /* the controller restarted and greeted again */
         if (take_welcome(r, m))
-            prl_worker_log(r, "ignored a 'welcome' message: %s", prl_error_message());
+            log_limited(r, &r->ignored_log, IGNORED, "ignored a 'welcome' message: %s",
+                        prl_error_message());
         prl_bus_msg_free(m);
         *got = 0;
     } else if (!strcmp(m->type, "error")) {
         prl_msg_error e;
         const char *why = prl_msg_error_decode(m, &e) ? NULL : e.reason;
-        prl_worker_log(r, "controller: %s", why ? why : "?");
+        log_limited(r, &r->ctl_error_log, CTL_ERROR, "controller: %s", why ? why : "?");
         if (why && strstr(why, "say hello")) rc = send_hello(r);
         prl_bus_msg_free(m);
         *got = 0;
@@ -220,7 +246,8 @@ prl_status prl_worker_serve(prl_worker *w, const char *work_type, prl_worker_fn 
         prl_status rc = next_message(w, 200, &m, &got);
         if (rc) return rc;
         if (!got) continue;
-        if (strcmp(m.type, work_type)) prl_worker_log(w, "ignored a '%s' message", m.type);
+        if (strcmp(m.type, work_type))
+            log_limited(w, &w->ignored_log, IGNORED, "ignored a '%s' message", m.type);
         else if (fn(ctx, w, &m)) refuse(w, &m, prl_error_message());
         prl_bus_msg_free(&m);
     }

@@ -69,6 +69,28 @@ prl_status prl_store_run_get(prl_store *db, const char *name, prl_store_run *out
     return rc;
 }
 
+static const char SQL_RUN_NAMES[] = "SELECT name FROM runs ORDER BY id LIMIT 2";
+
+prl_status prl_store_run_sole(prl_store *db, prl_store_run *out)
+{
+    memset(out, 0, sizeof *out);
+    sqlite3_stmt *st;
+    prl_status rc = store_stmt(db, SQL_RUN_NAMES, &st);
+    if (rc != PRL_OK) return rc;
+    char *name = NULL;
+    int rows = 0, r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW)
+        if (rows++ == 0 && (rc = store_column_text(st, 0, (const char **)&name))) break;
+    if (rc == PRL_OK && r != SQLITE_DONE) rc = store_sqlite_error(db, "reading the runs");
+    sqlite3_reset(st);
+    if (rc == PRL_OK && rows != 1)
+        rc = prl_error_set(PRL_ERR_RANGE, "%s holds %s runs, not one", db->path,
+                           rows ? "several" : "no");
+    if (rc == PRL_OK) rc = prl_store_run_get(db, name, out);
+    free(name);
+    return rc;
+}
+
 void prl_store_run_free(prl_store_run *r)
 {
     if (!r) return;
@@ -138,17 +160,19 @@ prl_status prl_store_version_add(prl_store *db, const prl_store_version *v)
     return store_tx_end(db, version_insert(db, v));
 }
 
-static const char SQL_VERSION_LATEST[] =
+static const char SQL_VERSION_BEFORE[] =
     "SELECT run, version, path, checksum, step, created FROM versions WHERE run = ?1 "
-    "ORDER BY version DESC LIMIT 1";
+    "AND version < ?2 ORDER BY version DESC LIMIT 1";
 
-prl_status prl_store_version_latest(prl_store *db, int64_t run, prl_store_version *out)
+prl_status prl_store_version_before(prl_store *db, int64_t run, int64_t version,
+                                    prl_store_version *out)
 {
     memset(out, 0, sizeof *out);
     sqlite3_stmt *st;
-    prl_status rc = store_stmt(db, SQL_VERSION_LATEST, &st);
+    prl_status rc = store_stmt(db, SQL_VERSION_BEFORE, &st);
     if (rc != PRL_OK) return rc;
     sqlite3_bind_int64(st, 1, run);
+    sqlite3_bind_int64(st, 2, version);
     int r = sqlite3_step(st);
     if (r == SQLITE_ROW) {
         out->run = sqlite3_column_int64(st, 0);
@@ -159,12 +183,43 @@ prl_status prl_store_version_latest(prl_store *db, int64_t run, prl_store_versio
         if (rc == PRL_OK) rc = store_column_text(st, 3, &out->checksum);
         if (rc != PRL_OK) prl_store_version_free(out);
     } else if (r == SQLITE_DONE) {
-        rc = prl_error_set(PRL_ERR_RANGE, "run %lld has no policy version yet", (long long)run);
+        rc =
+            version == INT64_MAX
+                ? prl_error_set(PRL_ERR_RANGE, "run %lld has no policy version yet", (long long)run)
+                : prl_error_set(PRL_ERR_RANGE, "run %lld has no policy version below %lld",
+                                (long long)run, (long long)version);
     } else {
-        rc = store_sqlite_error(db, "reading the latest version");
+        rc = store_sqlite_error(db, "reading a version");
     }
     sqlite3_reset(st);
     return rc;
+}
+
+prl_status prl_store_version_latest(prl_store *db, int64_t run, prl_store_version *out)
+{
+    return prl_store_version_before(db, run, INT64_MAX, out);
+}
+
+static const char *const SQL_ROLLBACK[] = {
+    "DELETE FROM samples WHERE run = ?1 AND version > ?2",
+    "DELETE FROM versions WHERE run = ?1 AND version > ?2",
+    "DELETE FROM steps WHERE run = ?1 AND step >= ?2",
+};
+
+prl_status prl_store_run_back_to(prl_store *db, int64_t run, int64_t version, int64_t *samples)
+{
+    prl_status rc = store_tx_begin(db);
+    if (rc != PRL_OK) return rc;
+    for (size_t i = 0; rc == PRL_OK && i < sizeof SQL_ROLLBACK / sizeof SQL_ROLLBACK[0]; i++) {
+        sqlite3_stmt *st;
+        rc = store_stmt(db, SQL_ROLLBACK[i], &st);
+        if (rc != PRL_OK) break;
+        sqlite3_bind_int64(st, 1, run);
+        sqlite3_bind_int64(st, 2, version);
+        rc = store_step_done(db, st, "taking the run back to an older version");
+        if (rc == PRL_OK && i == 0 && samples) *samples = sqlite3_changes(db->db);
+    }
+    return store_tx_end(db, rc);
 }
 
 void prl_store_version_free(prl_store_version *v)

@@ -99,6 +99,30 @@ START_TEST(test_errors_name_the_key)
 }
 END_TEST
 
+/* controller.max_rejected: default 10, at least 1; like controller.steps it may change on
+** --resume (a run failed at the bound continues with a higher one), unlike optim.lr. */
+START_TEST(test_max_rejected_and_resume)
+{
+    prl_job_config c;
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    ck_assert_int_eq(c.max_rejected, 10);
+    char *then = prl_job_config_to_json(&c);
+    ck_assert_int_eq(prl_job_config_set(&c, "controller.max_rejected=100"), PRL_OK);
+    ck_assert_int_eq(prl_job_config_set(&c, "controller.steps=500"), PRL_OK);
+    char *now = prl_job_config_to_json(&c);
+    ck_assert_int_eq(prl_job_config_same_run(then, now, "r", "job.json"), PRL_OK);
+    free(now);
+    ck_assert_int_eq(prl_job_config_set(&c, "optim.lr=1e-3"), PRL_OK);
+    now = prl_job_config_to_json(&c);
+    ck_assert_int_eq(prl_job_config_same_run(then, now, "r", "job.json"), PRL_ERR_CONFIG);
+    ck_assert(strstr(prl_error_message(), "controller.max_rejected"));
+    free(now), free(then);
+    prl_job_config_free(&c);
+    expect_error("{\"controller\": {\"max_rejected\": 0}}",
+                 "key 'controller.max_rejected' = 0 is out of range");
+}
+END_TEST
+
 /* task.mix.<domain>: each domain's train problems of a mixed prompt set, rounded; a share
 ** with one domain, or shares that leave no problem, fail naming the key; a domain with no
 ** problems needs no OPD teacher. */
@@ -364,6 +388,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_defaults_and_overrides);
     tcase_add_test(tc, test_errors_name_the_key);
+    tcase_add_test(tc, test_max_rejected_and_resume);
     tcase_add_test(tc, test_correction_keys);
     tcase_add_test(tc, test_task_mix);
     tcase_add_test(tc, test_prompt_file_and_program_keys);

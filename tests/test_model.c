@@ -1,5 +1,6 @@
 /*
-** test_model.c — the float engine: config validation, checkpoints (round trip, tampering,
+** test_model.c — the float engine: config validation, checkpoints (round trip, tampering and
+** verify, non-finite optimizer state, stale save temporaries,
 ** atomicity), determinism across thread counts, optimizers against closed-form cases,
 ** schedules, clipping, expert-bias balancing, route capture/override and tensor hooks.
 **
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SMALL_KEYS                                                                                 \
@@ -404,6 +406,84 @@ START_TEST(test_checkpoint_round_trip)
 }
 END_TEST
 
+/* Optimizer state that is not finite is refused on load (the file's checksum is right), and a
+** flipped byte of the optimizer file is found by prl_checkpoint_verify. */
+START_TEST(test_checkpoint_optimizer_checks)
+{
+    make_tmpdir();
+    char dir[512], file[600];
+    snprintf(dir, sizeof dir, "%s/ckpt", tmpdir);
+    prl_model m;
+    build(&m, 6);
+    prl_optim o, o2;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    ck_assert_int_eq(prl_optim_init(&o, &m, &oc), PRL_OK);
+    ck_assert_int_eq(prl_optim_init(&o2, &m, &oc), PRL_OK);
+    o.v[3] = (prl_real)NAN;
+    ck_assert_int_eq(prl_checkpoint_save(&m, &o, NULL, NULL, dir), PRL_OK);
+    ck_assert_int_eq(prl_checkpoint_verify(dir), PRL_OK); /* bytes intact */
+    ck_assert_int_eq(prl_checkpoint_load_optim(&o2, &m, dir, NULL), PRL_ERR_NUMERIC);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "has a NaN at element 3"));
+    o.v[3] = 0;
+    ck_assert_int_eq(prl_checkpoint_save(&m, &o, NULL, NULL, dir), PRL_OK);
+    ck_assert_int_eq(prl_checkpoint_load_optim(&o2, &m, dir, NULL), PRL_OK);
+    snprintf(file, sizeof file, "%s/optimizer.safetensors", dir);
+    FILE *f = fopen(file, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, -10, SEEK_END);
+    int c = fgetc(f);
+    fseek(f, -10, SEEK_END);
+    fputc(c ^ 1, f);
+    fclose(f);
+    ck_assert_int_eq(prl_checkpoint_verify(dir), PRL_ERR_CHECKSUM);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "optimizer.safetensors"));
+    check_remove_tree(tmpdir);
+    prl_optim_free(&o), prl_optim_free(&o2);
+    prl_model_free(&m);
+}
+END_TEST
+
+/* Temporaries of saves whose process is gone are removed; a live process's, a link and a
+** directory holding another file are left. */
+START_TEST(test_checkpoint_clean_stale)
+{
+    make_tmpdir();
+    char dir[512], p[700];
+    prl_model m;
+    build(&m, 6);
+    pid_t dead = fork(); /* a PID that no process has once reaped */
+    if (dead == 0) _exit(0);
+    ck_assert_int_eq(waitpid(dead, NULL, 0), dead);
+    snprintf(dir, sizeof dir, "%s/v000003.tmp.%d", tmpdir, (int)dead);
+    ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK); /* a whole one */
+    snprintf(dir, sizeof dir, "%s/v000004.tmp.%d", tmpdir, (int)getpid());    /* alive */
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    snprintf(dir, sizeof dir, "%s/notes.tmp.%d", tmpdir, (int)dead); /* someone else's */
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/notes.txt", dir);
+    FILE *f = fopen(p, "w");
+    fputs("mine", f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/link.tmp.%d", tmpdir, (int)dead);
+    ck_assert_int_eq(symlink(dir, p), 0);
+    int removed = -1;
+    ck_assert_int_eq(prl_checkpoint_clean_stale(tmpdir, &removed), PRL_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "notes.tmp."));
+    ck_assert_int_eq(removed, 1);
+    snprintf(p, sizeof p, "%s/v000003.tmp.%d", tmpdir, (int)dead);
+    ck_assert_int_ne(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/v000004.tmp.%d", tmpdir, (int)getpid());
+    ck_assert_int_eq(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/notes.txt", dir);
+    ck_assert_int_eq(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/link.tmp.%d", tmpdir, (int)dead);
+    ck_assert_int_eq(access(p, F_OK), 0);
+    check_remove_tree(tmpdir);
+    prl_model_free(&m);
+}
+END_TEST
+
 static void corrupt_byte(const char *path, long offset_from_end)
 {
     FILE *f = fopen(path, "r+b");
@@ -423,15 +503,19 @@ START_TEST(test_checkpoint_tampering)
     prl_model m, m2;
     build(&m, 9);
     ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK);
+    ck_assert_int_eq(prl_checkpoint_verify(dir), PRL_OK);
     snprintf(file, sizeof file, "%s/model.safetensors", dir);
-    /* a flipped data byte: checksum mismatch naming the file */
+    /* a flipped data byte: checksum mismatch naming the file (verify finds it too) */
     corrupt_byte(file, 10);
     ck_assert_int_eq(prl_checkpoint_load(&m2, dir), PRL_ERR_CHECKSUM);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "model.safetensors"));
+    ck_assert_int_eq(prl_checkpoint_verify(dir), PRL_ERR_CHECKSUM);
     /* truncated: a format error */
     ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK);
     ck_assert_int_eq(truncate(file, 1000), 0);
     ck_assert_int_ne(prl_checkpoint_load(&m2, dir), PRL_OK);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "model.safetensors"));
+    ck_assert_int_ne(prl_checkpoint_verify(dir), PRL_OK);
     ck_assert_ptr_nonnull(strstr(prl_error_message(), "model.safetensors"));
     /* a config that does not match the weights: the tensor is named */
     ck_assert_int_eq(prl_checkpoint_save(&m, NULL, NULL, NULL, dir), PRL_OK);
@@ -1011,6 +1095,8 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_config_errors);
     tcase_add_test(tc, test_checkpoint_round_trip);
     tcase_add_test(tc, test_checkpoint_tampering);
+    tcase_add_test(tc, test_checkpoint_optimizer_checks);
+    tcase_add_test(tc, test_checkpoint_clean_stale);
     tcase_add_test(tc, test_determinism_across_threads);
     tcase_add_test(tc, test_blocks_checkpoint_and_threads);
     tcase_add_test(tc, test_residual_blocks_checkpoint_and_threads);

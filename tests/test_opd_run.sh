@@ -70,6 +70,12 @@ expect_refused "other vocabulary" "t_vocab/config.json has vocab_size 512" "$bot
   --set opd.teachers.agent=t_vocab
 expect_refused "other tokenizer" "t_tok/tokenizer.json and the student's (model.init student/tokenizer.json) differ first at token" "$both" \
   --set opd.teachers.reasoning=t_tok
+cp -r t_coding t_flipped && python3 - t_flipped/model.safetensors <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], "rb").read()); b[-50] ^= 1; open(sys.argv[1], "wb").write(b)
+PY
+expect_refused "a changed byte in a teacher" "key 'opd.teachers.coding': t_flipped/model.safetensors: checksum mismatch" \
+  "$both" --set opd.teachers.coding=t_flipped
 $prl run job.json --check --set opd.teachers.general=t_wide >/dev/null ||
   fail "a teacher of another width with the same tokenizer fails --check"
 echo "ok: a teacher of another architecture (hidden_size 48) passes --check"

@@ -7,7 +7,8 @@
 ** routes, loss mask) and the encode/decode helpers; corrupted rows written with raw SQLite
 ** are errors naming the key and column; a child writing samples is SIGKILLed mid-way and the
 ** reopened file is consistent with every acknowledged sample intact; a WAL reader keeps its
-** snapshot while the writer commits; batches and savepoints; versions, steps, events;
+** snapshot while the writer commits; batches and savepoints; versions, steps, events; a run
+** taken back to an older version, the one run of a file;
 ** prompts' solved history and the retire rule; their teacher KL (opd.revisit); foreign keys
 ** and JSON checks.
 **
@@ -642,6 +643,56 @@ START_TEST(test_versions_steps_events)
 }
 END_TEST
 
+/* A run taken back to version 1 (a corrupt newer checkpoint): versions 2 and 3 go, steps 1 and
+** 2 go, samples of versions above 1 go; the rest stays. The one run of a file. */
+START_TEST(test_run_back_to)
+{
+    int64_t run, n, last;
+    prl_store *db = open_with_prompts(&run, 2);
+    prl_store_run sole;
+    assert_ok(prl_store_run_sole(db, &sole));
+    ck_assert_str_eq(sole.name, "r");
+    prl_store_run_free(&sole);
+    for (int v = 0; v <= 3; v++) {
+        prl_store_version x = {.run = run,
+                               .version = v,
+                               .path = "p",
+                               .checksum = "c",
+                               .step = v - 1};
+        assert_ok(prl_store_version_add(db, &x));
+        if (v == 3) break;
+        prl_store_step s = {.run = run, .step = v, .metrics = "{}"};
+        assert_ok(prl_store_step_put(db, &s));
+        for (int j = 0; j < 2; j++) { /* step v's samples, made by version v */
+            fixture f;
+            fixture_make(&f, run, v, j, 0, v);
+            f.s.version = v;
+            assert_ok(prl_store_sample_put(db, &f.s, NULL));
+        }
+    }
+    prl_store_version got;
+    assert_ok(prl_store_version_before(db, run, 3, &got));
+    ck_assert_int_eq(got.version, 2);
+    prl_store_version_free(&got);
+    ck_assert_int_eq(prl_store_version_before(db, run, 0, &got), PRL_ERR_RANGE);
+    assert_msg_has("no policy version below 0");
+    int64_t gone = -1;
+    assert_ok(prl_store_run_back_to(db, run, 1, &gone));
+    ck_assert_int_eq(gone, 2); /* step 2's, made by version 2 */
+    assert_ok(prl_store_version_latest(db, run, &got));
+    ck_assert_int_eq(got.version, 1);
+    prl_store_version_free(&got);
+    assert_ok(prl_store_step_last(db, run, &last));
+    ck_assert_int_eq(last, 0);
+    assert_ok(prl_store_sample_count(db, run, -1, -1, &n));
+    ck_assert_int_eq(n, 4); /* steps 0 and 1, made by versions 0 and 1 */
+    assert_ok(prl_store_run_create(db, "r2", "{}", 1, &n));
+    ck_assert_int_eq(prl_store_run_sole(db, &sole), PRL_ERR_RANGE);
+    assert_msg_has("holds several runs");
+    prl_store_close(db);
+}
+END_TEST
+
 START_TEST(test_prompts_retire)
 {
     int64_t run, n;
@@ -808,6 +859,7 @@ int main(void)
     tcase_add_test(tc, test_crash_safety);
     tcase_add_test(tc, test_concurrent_reader);
     tcase_add_test(tc, test_versions_steps_events);
+    tcase_add_test(tc, test_run_back_to);
     tcase_add_test(tc, test_prompts_retire);
     tcase_add_test(tc, test_prompts_retire_unsolved);
     tcase_add_test(tc, test_prompt_teacher_kl);

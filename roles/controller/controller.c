@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 void ctl_log(const char *fmt, ...)
 {
@@ -108,6 +109,32 @@ static void expire(ctl *c)
     }
 }
 
+/* Status `failed` and the event naming why: the run is over until the user changes something. */
+static void record_failed(prl_store *db, int64_t run, const char *why)
+{
+    prl_store_run_set_status(db, run, "failed");
+    json_t *d = json_pack("{s:s}", "why", why);
+    char *dt = d ? json_dumps(d, JSON_COMPACT) : NULL;
+    if (dt) prl_store_event_add(db, run, "failed", dt);
+    free(dt), json_decref(d);
+}
+
+prl_status prl_controller_record_failure(const char *run_dir, const char *why)
+{
+    char db_path[1100];
+    snprintf(db_path, sizeof db_path, "%s/run.db", run_dir);
+    if (access(db_path, F_OK))
+        return prl_error_set(PRL_ERR_IO, "%s: no run.db to record the failure in", run_dir);
+    prl_store *db;
+    prl_status rc = prl_store_open(db_path, &db);
+    if (rc) return rc;
+    prl_store_run r;
+    if (!(rc = prl_store_run_sole(db, &r))) record_failed(db, r.id, why);
+    prl_store_run_free(&r);
+    prl_store_close(db);
+    return rc;
+}
+
 static void finish(ctl *c, const char *why)
 {
     for (int i = 0; i < c->nw; i++)
@@ -116,6 +143,11 @@ static void finish(ctl *c, const char *why)
 
 static void cleanup(ctl *c)
 {
+    char held[200];
+    if (prl_bus_log_limit_held_line(&c->reject_log, CTL_REJECTED, held, sizeof held))
+        ctl_log("%s", held);
+    if (prl_bus_log_limit_held_line(&c->requeue_log, CTL_REQUEUED, held, sizeof held))
+        ctl_log("%s", held);
     for (int i = 0; i < MAX_INFLIGHT; i++)
         if (c->st[i].active) ctl_step_free(c, &c->st[i]);
     for (int i = 0; i < c->n_tasks + c->n_eval; i++) json_decref(c->task[i]), free(c->task_text[i]);
@@ -202,11 +234,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
     } else if (c->failed) { /* a work item kept failing: a restart would fail the same way */
         char why[600];
         snprintf(why, sizeof why, "%s", prl_error_message());
-        prl_store_run_set_status(c->db, c->run, "failed");
-        json_t *d = json_pack("{s:s}", "why", why);
-        char *dt = d ? json_dumps(d, JSON_COMPACT) : NULL;
-        if (dt) prl_store_event_add(c->db, c->run, "failed", dt);
-        free(dt), json_decref(d);
+        record_failed(c->db, c->run, why);
         finish(c, "the run failed");
         rc = prl_error_set(PRL_ERR_IO, "run '%s' failed: %s", o->job->name, why);
         if (o->failed) *o->failed = 1;

@@ -35,6 +35,11 @@ typedef struct prl_controller_options {
 ** recorded one, a socket that cannot bind). */
 prl_status prl_controller_run(const prl_controller_options *o);
 
+/* Mark the run in run_dir/run.db failed: status `failed` and a `failed` event {why}. For a
+** fault found before the controller can run, that a restart cannot fix (a job.json that
+** cannot be read). A directory without run.db is left as it is (PRL_ERR_IO). */
+prl_status prl_controller_record_failure(const char *run_dir, const char *why);
+
 /* The default control endpoint of a run directory, into out[n] (ipc:// paths are limited to
 ** 107 bytes: PRL_ERR_ARG names the path when it is too long). */
 prl_status prl_controller_endpoint(const char *run_dir, const char *socket_name, char *out,

@@ -65,7 +65,8 @@ typedef struct slot { /* one sample */
     double reward;
     char *detail;
     unsigned flags;
-    int failures;      /* scoring attempts that ended in an error or a rejected answer */
+    int failures;      /* scoring attempts that ended in an error */
+    int rejected;      /* answers to its score lease the controller rejected */
     int truncated;     /* the episode's last turn was cut off (the verifier pays nothing) */
     float *teacher_lp; /* OPD: [n - prompt_len] the teacher's log-probs (NULL: not taught) */
     int32_t *topk_ids; /* OPD with opd.topk K: [(n - prompt_len) × K] the teacher's top-k */
@@ -78,7 +79,8 @@ typedef struct group {
     uint64_t lease; /* rollout lease (0: queued or done) */
     int generated, scored;
     int verdict;  /* 0 pending, 1 trained on, -1 dropped (equal rewards) */
-    int failures; /* rollout attempts that ended in an error or a rejected result */
+    int failures; /* rollout attempts that ended in an error */
+    int rejected; /* results of its rollout the controller rejected */
     int teacher;  /* OPD: the teacher index of the prompt's domain (-1: none) */
     int revisit;  /* OPD: drawn again by its teacher KL (opd.revisit), not the sequence */
     slot *s;      /* [G] */
@@ -91,12 +93,13 @@ typedef struct step_run {
     int n, cap;
     int accepted, dropped;
     uint64_t train_lease;
-    int train_failures;
+    int train_failures, train_rejected;
     double t_open, t_leased, t_rolled, t_scored, t_train; /* t_leased: first rollout lease */
     double gen_tokens, gen_seconds, score_seconds;
     /* OPD (docs/opd.md): one teach lease per teacher with samples, in key order */
     uint64_t teach_lease[PRL_OPD_TEACHERS];
     int taught[PRL_OPD_TEACHERS], teach_failures[PRL_OPD_TEACHERS];
+    int teach_rejected[PRL_OPD_TEACHERS];
     int teach_loads[PRL_OPD_TEACHERS]; /* experts loaded for the step's items */
     double teach_load_s[PRL_OPD_TEACHERS], teach_s[PRL_OPD_TEACHERS];
     uint64_t teach_rss_kb[PRL_OPD_TEACHERS]; /* VmHWM of the process that taught it */
@@ -143,20 +146,29 @@ typedef struct ctl {
     char version_path[1024];
     int64_t retired_epoch; /* last epoch the retirement rule ran for */
     int done;
-    prl_status fatal; /* a run.db failure: stop, the restart continues from run.db */
-    int failed;       /* a work item kept failing, or no prompt is left: no restart */
+    prl_status fatal;              /* a run.db failure: stop, the restart continues from run.db */
+    int failed;                    /* a work item kept failing, or no prompt is left: no restart */
+    prl_bus_log_limit reject_log;  /* CTL_REJECTED lines (a flood must not fill the log) */
+    prl_bus_log_limit requeue_log; /* CTL_REQUEUED lines (each is an event in run.db too) */
     double t_start, t_last_commit;
     double interval_sum; /* of the steps committed by this process, for the ETA */
     int intervals;
 } ctl;
 
+/* The kinds of the controller's rate-limited log lines (prl_bus_log_limit). */
+#define CTL_REJECTED "rejected message"
+#define CTL_REQUEUED "lease handed out again"
+
 /* Refuse the content of a result whose lease the sender really holds: the work goes back to
 ** the queue (a worker that sent garbage once may do it right, or another worker will),
-** instead of the step waiting forever on a lease nobody will finish. */
+** instead of the step waiting forever on a lease nobody will finish; after
+** controller.max_rejected such results of one item the run fails (ctl_lease_rejected). */
 #define CTL_REJECT_HELD(c, w, l, id, ...)                                                          \
     do {                                                                                           \
-        ctl_send_error(c, &(w)->peer, id, __VA_ARGS__);                                            \
-        ctl_lease_requeue(c, l, "its result was rejected");                                        \
+        char why_[512];                                                                            \
+        snprintf(why_, sizeof why_, __VA_ARGS__);                                                  \
+        ctl_send_error(c, &(w)->peer, id, "%s", why_);                                             \
+        ctl_lease_rejected(c, l, why_);                                                            \
     } while (0)
 
 /* controller.c */
@@ -183,8 +195,14 @@ void ctl_lease_requeue(ctl *c, lease *l, const char *why);
 void ctl_requeue_worker(ctl *c, worker *w, const char *why);
 /* Its worker failed the item: requeue it, up to MAX_ATTEMPTS (then a score is 0, anything else fails the run). */
 void ctl_lease_failed(ctl *c, lease *l, const char *why);
+/* The controller rejected a result of l's item (why): requeue it, up to
+** controller.max_rejected times; then the run fails naming the item and the last reason (an
+** evaluation counts it as a failed attempt instead: evaluations never fail the run). */
+void ctl_lease_rejected(ctl *c, lease *l, const char *why);
 /* Send m to w and free it; a failed send forgets w until its next hello. */
 prl_status ctl_send_msg(ctl *c, worker *w, prl_bus_msg *m);
+/* The "rejected message REF: WHY" log line, rate-limited (prl_bus_log_limit). */
+void ctl_log_rejected(ctl *c, uint64_t ref, const char *why);
 /* An `error` (ref = the message refused) to `to`, and a "rejected message" log line. */
 void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -78,8 +78,13 @@ void ctl_lease_requeue(ctl *c, lease *l, const char *why)
     if (r && l->kind == LEASE_TEACH && r->teach_lease[l->group] == l->id)
         r->teach_lease[l->group] = 0;
     static const char *kinds[] = {"", "rollout", "score", "train", "teach"};
-    ctl_log("lease %llu (%s, step %lld) handed out again: %s", (unsigned long long)l->id,
-            kinds[l->kind], (long long)l->step, why);
+    uint64_t held;
+    if (prl_bus_log_limit_take(&c->requeue_log, prl_now(), &held)) {
+        char line[200];
+        if (held) prl_bus_log_held_line(held, CTL_REQUEUED, line, sizeof line), ctl_log("%s", line);
+        ctl_log("lease %llu (%s, step %lld) handed out again: %s", (unsigned long long)l->id,
+                kinds[l->kind], (long long)l->step, why);
+    }
     ctl_event(c, "requeue",
               "{\"lease\": %llu, \"kind\": \"%s\", \"step\": %lld, \"worker\": \"%s\", "
               "\"why\": \"%s\"}",
@@ -132,6 +137,48 @@ void ctl_lease_failed(ctl *c, lease *l, const char *why)
     }
 }
 
+/* The rejection count of l's item (NULL: the item is gone). */
+static int *rejections(ctl *c, step_run *r, lease_kind kind, int gi, int j)
+{
+    if (kind == LEASE_TRAIN) return &r->train_rejected;
+    if (kind == LEASE_TEACH) return gi < PRL_OPD_TEACHERS ? &r->teach_rejected[gi] : NULL;
+    if (gi >= r->n || (kind == LEASE_SCORE && j >= ctl_gsize(c, r))) return NULL;
+    return kind == LEASE_SCORE ? &r->g[gi].s[j].rejected : &r->g[gi].rejected;
+}
+
+/* Not counted like a failure (MAX_ATTEMPTS), so one garbage message cannot fail the run; but
+** an item whose every answer is unusable (a policy whose log-probs are NaN) would otherwise
+** be handed out forever, so after controller.max_rejected rejections the run fails. */
+void ctl_lease_rejected(ctl *c, lease *l, const char *why)
+{
+    step_run *r = ctl_step_find(c, l->step);
+    lease_kind kind = l->kind;
+    int gi = l->group, j = l->sample;
+    ctl_lease_requeue(c, l, "its result was rejected");
+    int *n = r ? rejections(c, r, kind, gi, j) : NULL;
+    if (!n) return;
+    if (r->eval) {
+        ctl_eval_failed(c, r, &r->g[gi], kind, j, why);
+        return;
+    }
+    if (++*n < c->job->max_rejected) return;
+    char item[160];
+    if (kind == LEASE_TRAIN) snprintf(item, sizeof item, "training step %lld", (long long)r->step);
+    else if (kind == LEASE_TEACH)
+        snprintf(item, sizeof item, "teacher %s of step %lld", prl_opd_teacher_key(gi),
+                 (long long)r->step);
+    else if (kind == LEASE_SCORE)
+        snprintf(item, sizeof item, "the score of prompt %s sample %d (step %lld)",
+                 c->task_id[r->g[gi].prompt], j, (long long)r->step);
+    else
+        snprintf(item, sizeof item, "the rollout of prompt %s (step %lld)",
+                 c->task_id[r->g[gi].prompt], (long long)r->step);
+    c->failed = 1;
+    c->fatal = prl_error_set(PRL_ERR_IO,
+                             "%s: %d results rejected (controller.max_rejected = %d), the last: %s",
+                             item, *n, c->job->max_rejected, why);
+}
+
 /* ---------------------------------------------------------------- sending ---------- */
 
 prl_status ctl_send_msg(ctl *c, worker *w, prl_bus_msg *m)
@@ -145,6 +192,18 @@ prl_status ctl_send_msg(ctl *c, worker *w, prl_bus_msg *m)
     return rc;
 }
 
+void ctl_log_rejected(ctl *c, uint64_t ref, const char *why)
+{
+    uint64_t held;
+    if (!prl_bus_log_limit_take(&c->reject_log, prl_now(), &held)) return;
+    char line[200];
+    if (held) {
+        prl_bus_log_held_line(held, CTL_REJECTED, line, sizeof line);
+        ctl_log("%s", line);
+    }
+    ctl_log("rejected message %llu: %s", (unsigned long long)ref, why);
+}
+
 void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fmt, ...)
 {
     char why[512];
@@ -154,7 +213,7 @@ void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fm
     va_end(ap);
     for (char *p = why; *p; p++)
         if ((unsigned char)*p < 32) *p = ' ';
-    ctl_log("rejected message %llu: %s", (unsigned long long)ref, why);
+    ctl_log_rejected(c, ref, why);
     prl_bus_msg m;
     prl_msg_error e = {.reason = why, .ref = ref};
     if (prl_msg_error_encode(&e, c->job->name, ++c->next_id, &m) || prl_bus_send(c->sock, to, &m))

@@ -79,8 +79,9 @@ void ctl_on_heartbeat(ctl *c, const prl_bus_msg *m, uint64_t id)
         w->seen = prl_now();
         return;
     }
-    ctl_log("rejected message %llu: heartbeat from unknown worker '%s'", (unsigned long long)id,
-            name ? name : "?");
+    char why[160];
+    snprintf(why, sizeof why, "heartbeat from unknown worker '%s'", name ? name : "?");
+    ctl_log_rejected(c, id, why);
     /* A worker this controller does not know (it restarted, or forgot a silent worker) is
     ** idle and only heart-beating: ask its main socket, whose identity is its name, to say
     ** hello again. Nobody by that name connected: nothing is sent. */

@@ -5,11 +5,13 @@
 */
 #include "roles/controller/internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 void ctl_event(ctl *c, const char *kind, const char *fmt, ...)
@@ -95,16 +97,50 @@ static void remove_checkpoint(const char *dir)
     if (rmdir(dir) && errno != ENOENT) ctl_log("could not remove %s: %s", dir, strerror(errno));
 }
 
-/* Keep version 0, the newest lag+2 versions and every checkpoint.every-th one. */
+/* Kept: version 0, the newest lag+2 versions and every checkpoint.every-th one. */
+static int kept(const ctl *c, int64_t v)
+{
+    int every = c->job->checkpoint_every;
+    return v < 1 || v > c->version - c->lag - 2 || (every > 0 && v % every == 0);
+}
+
+/* After a commit only one version leaves the newest lag+2. */
 static void prune_checkpoints(ctl *c)
 {
     int64_t v = c->version - c->lag - 2;
-    if (v < 1) return;
-    int every = c->job->checkpoint_every;
-    if (every > 0 && v % every == 0) return;
+    if (kept(c, v)) return;
     char dir[1100];
     prl_job_ckpt_dir(c->o->run_dir, v, dir, sizeof dir);
     remove_checkpoint(dir);
+}
+
+/* vNNNNNN (at least 6 digits, as prl_job_ckpt_dir names them): *v gets the version. */
+static int version_dir_name(const char *name, int64_t *v)
+{
+    if (name[0] != 'v' || strlen(name) < 7 || strspn(name + 1, "0123456789") != strlen(name + 1))
+        return 0;
+    *v = strtoll(name + 1, NULL, 10);
+    return 1;
+}
+
+/* A controller that died between a commit and its prune left a version the keep rule drops:
+** every start prunes all of ckpt/ (versions above the committed one are left to the trainer). */
+static void prune_all(ctl *c, const char *ckpt)
+{
+    DIR *d = opendir(ckpt);
+    if (!d) return;
+    struct dirent *e;
+    int64_t v;
+    char dir[1400];
+    int n = 0;
+    while ((e = readdir(d)))
+        if (version_dir_name(e->d_name, &v) && v <= c->version && !kept(c, v)) {
+            snprintf(dir, sizeof dir, "%s/%s", ckpt, e->d_name);
+            remove_checkpoint(dir);
+            n++;
+        }
+    closedir(d);
+    if (n) ctl_log("pruned %d checkpoint%s the keep rule drops", n, n == 1 ? "" : "s");
 }
 
 /* Close step r: version v+1 (at `path`) and the step's metrics go to run.db in one
@@ -172,14 +208,106 @@ prl_status ctl_open_run(ctl *c)
     return PRL_OK;
 }
 
+/* A path under run_dir/ckpt/ (a checkpoint the run wrote, not model.init). */
+static int in_run_ckpt(const ctl *c, const char *path)
+{
+    char ckpt[1100];
+    int k = snprintf(ckpt, sizeof ckpt, "%s/ckpt/", c->o->run_dir);
+    return !strncmp(path, ckpt, (size_t)k);
+}
+
+/* A checkpoint of the run that failed to verify goes to PATH.corrupt-TIME, for a look (and
+** so the trainer writes the version afresh); model.init and missing paths are left alone. */
+static void move_aside(ctl *c, const char *path)
+{
+    if (!in_run_ckpt(c, path) || access(path, F_OK)) return;
+    char aside[1200];
+    snprintf(aside, sizeof aside, "%s.corrupt-%lld", path, (long long)time(NULL));
+    if (rename(path, aside)) ctl_log("cannot move %s aside: %s", path, strerror(errno));
+    else ctl_log("moved %s to %s", path, aside);
+}
+
+/* The fallback from version `newest` to v, said on the terminal, in the log and in run.db. */
+static void record_fallback(ctl *c, int64_t newest, const prl_store_version *v, const char *why,
+                            int64_t gone)
+{
+    char line[900];
+    snprintf(line, sizeof line,
+             "version %lld cannot be used (%s): falling back to version %lld (%s); steps %lld.. "
+             "are done again (%lld samples of the newer versions dropped)",
+             (long long)newest, why, (long long)v->version, v->path, (long long)v->version,
+             (long long)gone);
+    ctl_log("%s", line);
+    if (c->o->progress) fprintf(c->o->progress, "%s\n", line), fflush(c->o->progress);
+    json_t *d = json_pack("{s:I,s:I,s:s,s:I}", "from", (json_int_t)newest, "to",
+                          (json_int_t)v->version, "why", why, "samples_dropped", (json_int_t)gone);
+    char *dt = d ? json_dumps(d, JSON_COMPACT) : NULL;
+    if (dt && prl_store_event_add(c->db, c->run, "fallback", dt))
+        ctl_log("could not record the fallback event: %s", prl_error_message());
+    free(dt), json_decref(d);
+}
+
+/* The newest version whose checkpoint verifies (prl_checkpoint_verify) into *v. The unusable
+** newer ones are moved aside (ckpt/vNNNNNN.corrupt-TIME, kept for a look) and run.db is taken
+** back to *v, so their steps are done again; a `fallback` event says so. Nothing usable is a
+** failed run: model.init itself is broken. */
+static prl_status newest_usable(ctl *c, prl_store_version *v)
+{
+    prl_status rc = prl_store_version_latest(c->db, c->run, v);
+    int64_t newest = v->version;
+    char why[700] = "";
+    prl_status bad_ckpt;
+    while (!rc && (bad_ckpt = prl_checkpoint_verify(v->path))) {
+        if (bad_ckpt == PRL_ERR_NOMEM) { /* no verdict on the files: the restart tries again */
+            prl_store_version_free(v);
+            return bad_ckpt;
+        }
+        if (!why[0]) snprintf(why, sizeof why, "%s", prl_error_message());
+        ctl_log("version %lld (%s) cannot be used: %s", (long long)v->version, v->path,
+                prl_error_message());
+        move_aside(c, v->path);
+        int64_t bad = v->version;
+        prl_store_version_free(v);
+        if (bad == 0 || (rc = prl_store_version_before(c->db, c->run, bad, v))) {
+            c->failed = 1;
+            return prl_error_set(PRL_ERR_IO,
+                                 "no usable checkpoint: version %lld and every older "
+                                 "one fail to verify; the newest: %s",
+                                 (long long)newest, why);
+        }
+    }
+    if (rc || v->version == newest) return rc;
+    int64_t gone = 0;
+    if ((rc = prl_store_run_back_to(c->db, c->run, v->version, &gone))) return rc;
+    record_fallback(c, newest, v, why, gone);
+    return PRL_OK;
+}
+
+/* What a killed save or controller left in ckpt/: temporaries of dead processes, versions
+** the keep rule drops. */
+static void tidy_ckpt(ctl *c)
+{
+    char ckpt[1100];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", c->o->run_dir);
+    int removed = 0;
+    if (prl_checkpoint_clean_stale(ckpt, &removed)) ctl_log("%s", prl_error_message());
+    if (removed) {
+        ctl_log("removed %d temporary checkpoint%s of a killed save", removed,
+                removed == 1 ? "" : "s");
+        ctl_event(c, "cleaned", "{\"stale_tmp\": %d}", removed);
+    }
+    prune_all(c, ckpt);
+}
+
 prl_status ctl_restore(ctl *c)
 {
     prl_store_version v;
-    prl_status rc = prl_store_version_latest(c->db, c->run, &v);
+    prl_status rc = newest_usable(c, &v);
     if (rc) return rc;
     c->version = v.version;
     snprintf(c->version_path, sizeof c->version_path, "%s", v.path);
     prl_store_version_free(&v);
+    tidy_ckpt(c);
     int64_t last = -1;
     if ((rc = prl_store_step_last(c->db, c->run, &last))) return rc;
     c->next_step = last + 1;
