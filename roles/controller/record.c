@@ -89,7 +89,7 @@ static void remove_checkpoint(const char *dir)
 {
     static const char *files[] = {"config.json", "model.safetensors", "optimizer.safetensors",
                                   "state.json", "tokenizer.json"};
-    char p[1200];
+    char p[1600]; /* dir (at most 1400) + "/" + a file name */
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         unlink(p);
