@@ -7,7 +7,8 @@
  * it, and <body> gets data-ready="1" when the whole page is built.
  *
  * What is plotted is chosen here by metric name (docs/report.md lists them): a curve whose
- * metric is absent from every step is left out, and a plot with no curve left is named under
+ * metric is absent from every step (or, for SFT's optional losses and loss scale, 0 in every
+ * step: the term is off) is left out, and a plot with no curve left is named under
  * "not recorded in this run" instead of being drawn empty.
  */
 (function () {
@@ -95,7 +96,7 @@
   ];
   const SFT_PLOTS = [
     { id: 'loss', title: 'Loss', y: 'loss', series: [['LM loss', 'loss'], ['balance', 'balance_loss'],
-      ['z-loss', 'z_loss'], ['MTP', 'mtp_loss'], ['indexer', 'index_loss']] },
+      ['z-loss', 'z_loss'], ['MTP', 'mtp_loss'], ['indexer', 'index_loss']], skipZero: true },
     { id: 'lr', title: 'Learning rate', y: 'lr', series: [['lr', 'lr']] },
     { id: 'grad_norm', title: 'Gradient norm (pre-clip)', y: 'norm', series: [['grad norm', 'grad_norm']] },
     { id: 'tokens_per_s', title: 'Training tokens/s', y: 'tokens/s', series: [['tokens/s', 'tokens_per_s']] },
@@ -129,6 +130,20 @@
     }).filter((c) => c.ys.some((v) => v !== null && !(spec.skipZero && v === 0)));
   }
 
+  /* Steps and versions are whole numbers: no tick at 0.5. */
+  const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000];
+
+  /* A flat curve (a random policy's reward 0, a PCC of 1) gets a range around its value, not
+  ** uPlot's 0..100 default. */
+  function yRange(u, min, max) {
+    if (min == null || max == null) return [0, 1];
+    if (min === max) {
+      const pad = Math.abs(min) * 0.1 || 0.5;
+      return [min - pad, max + pad];
+    }
+    return uPlot.rangeNum(min, max, 0.1, true);
+  }
+
   /* After uPlot's draw: what was drawn, for tests (see the header). */
   function mark(box, u) {
     const ys = u.data.slice(1);
@@ -142,10 +157,12 @@
     const box = el('div', { class: 'plot', 'data-id': id });
     parent.append(box);
     const positive = cs.every((c) => c.ys.every((v) => v === null || v > 0));
+    const y = log && positive ? { distr: 3 } : { range: yRange };
     const opts = {
       title, width: 640, height: 260,
-      scales: { x: { time: false }, y: log && positive ? { distr: 3 } : {} },
-      axes: [{ label: xlabel }, { label: ylabel, size: 70, values: (u, ticks) => ticks.map(fmtNum) }],
+      scales: { x: { time: false }, y },
+      axes: [{ label: xlabel, incrs: STEP_INCRS },
+        { label: ylabel, size: 70, values: (u, ticks) => ticks.map(fmtNum) }],
       series: [{ label: xlabel }].concat(cs.map((c, i) => ({
         label: c.label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
         value: (u, v) => fmtNum(v),
