@@ -261,7 +261,8 @@
       : 'Tokens coloured by the rollout\'s (infer) log-prob: white 0, deep red ≤ −6; hover for id, ' +
         'log-prob and probability; struck-through tokens have loss mask 0. run.db keeps no ' +
         'per-token train log-probs (the step\'s train–infer mismatch is plotted above; ' +
-        'prl diagnose --run ' + run.dir + ' --step ' + s.step + ' recomputes it per op and token).' }));
+        'prl diagnose --ckpt CKPT --run ' + run.dir + ' --step ' + s.step +
+        ' recomputes it per op and token).' }));
     view.append(el('pre', { class: 'detail', text: 'verifier detail: ' + JSON.stringify(s.detail, null, 2) }));
   }
 
