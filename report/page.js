@@ -138,7 +138,8 @@
   function yRange(u, min, max) {
     if (min == null || max == null) return [0, 1];
     if (min === max) {
-      const pad = Math.abs(min) * 0.1 || 0.5;
+      if (min === 0) return [0, 1]; /* a share, a reward or a KL that stayed 0 */
+      const pad = Math.abs(min) * 0.1;
       return [min - pad, max + pad];
     }
     return uPlot.rangeNum(min, max, 0.1, true);
@@ -203,6 +204,9 @@
 
   /* ---------------------------------------------------------------- events */
 
+  /* Event kinds that mean something went wrong (roles/controller/ writes them). */
+  const ALARMS = /fault|restart|fail|stale|lost|requeue|rejoin|mismatch|collapse/;
+
   function eventsTable(parent) {
     if (!doc.events.length) {
       parent.append(el('p', { class: 'missing', text: 'No events recorded.' }));
@@ -212,7 +216,7 @@
     t.append(el('tr', {}, el('th', { text: '#' }), el('th', { text: 'time (UTC)' }),
       el('th', { text: 'kind' }), el('th', { text: 'detail' })));
     for (const e of doc.events) {
-      const cls = /fault|restart|fail|stale/.test(e.kind) ? 'alarm' : e.kind === 'eval' ? 'eval' : '';
+      const cls = ALARMS.test(e.kind) ? 'alarm' : e.kind === 'eval' ? 'eval' : e.kind === 'resume' ? 'resume' : '';
       t.append(el('tr', { class: cls }, el('td', { text: String(e.id) }),
         el('td', { text: fmtTime(e.time) }), el('td', { text: e.kind }),
         el('td', { text: JSON.stringify(e.detail) })));

@@ -2,10 +2,13 @@
 # test_report.sh — `prl report` (docs/report.md) on real runs, its page checked in headless
 # Chromium (tests/js/report_check.mjs: puppeteer-core driving Debian's chromium):
 #   - a short GRPO run (real processes, ZeroMQ, run.db; a tiny random policy, in-run evaluations
-#     and a loss scaler on) gets runs/NAME/report.html; every plot is drawn with the run's
-#     number of steps (the eval plot with its number of evaluations), no console error, no
-#     network request, the events table has the run's events and the sample browser the first
-#     sample's response tokens; a screenshot goes to BUILD/report.png;
+#     and a loss scaler on, stopped after 3 steps and resumed to 5) gets runs/NAME/report.html;
+#     every plot is drawn with the run's number of steps (the eval plot with its number of
+#     evaluations), no console error, no network request, the events table has the run's
+#     events (the resume among them) and the sample browser the first sample's response tokens;
+#     a screenshot goes to BUILD/report.png;
+#   - a short OPD run (four teachers) is reported as one, with its teacher-KL curves
+#     (BUILD/report-opd.png);
 #   - an SFT run (the metrics.jsonl of prl sft --metrics, no run.db) gets its loss, lr, grad
 #     norm, tokens/s and elapsed curves with one point per line (BUILD/report-sft.png);
 #   - the checker itself fails on a page whose script throws and on one that lost a curve's
@@ -45,9 +48,14 @@ cat > job.json <<'EOF'
  "task": {"domain": "reasoning", "train_problems": 40, "eval_every": 2, "eval_problems": 4},
  "rollout": {"batch_prompts": 2, "group_size": 4, "max_new_tokens": 16, "max_turns": 1},
  "trainer": {"loss_scale": {"enabled": "on"}},
- "controller": {"steps": 5, "heartbeat_seconds": 0.2, "lease_seconds": 5}}
+ "controller": {"steps": 3, "heartbeat_seconds": 0.2, "lease_seconds": 5}}
 EOF
 $prl run job.json > run.out 2>&1 || { tail -20 run.out; fail "prl run failed"; }
+# continued to 5 steps: a resume event in the table
+$prl run --resume runs/r --set controller.steps=5 > resume.out 2>&1 ||
+  { tail -20 resume.out; fail "prl run --resume failed"; }
+[ "$(sqlite3 -readonly runs/r/run.db "SELECT count(*) FROM events WHERE kind = 'resume'")" -ge 1 ] ||
+  fail "the resumed run has no resume event"
 steps=$(sqlite3 -readonly runs/r/run.db "SELECT count(*) FROM steps")
 evals=$(sqlite3 -readonly runs/r/run.db "SELECT count(*) FROM events WHERE kind = 'eval'")
 events=$(sqlite3 -readonly runs/r/run.db "SELECT count(*) FROM events")
@@ -101,6 +109,37 @@ if node "$js/report_check.mjs" lost.html lost.png --plot "route_entropy=$steps" 
 then bad "the checker passed a page that lost the routing entropy"
 else grep -q "FAIL plot route_entropy" lost.out && ok "the checker fails a page with a missing plot" ||
   bad "the checker failed the lost page for another reason: $(cat lost.out)"; fi
+
+# ---- an OPD run: the student learns from four teachers (other draws of the tiny model)
+seed=2
+for d in reasoning general agent coding; do
+  $prl init --model small.json --seed $seed --tokenizer tok.json --out "t_$d" >/dev/null 2>&1 ||
+    fail "init teacher $d"
+  seed=$((seed + 1))
+done
+cat > opd.json <<'EOF'
+{"run": {"name": "o", "seed": 3},
+ "model": {"init": "base"},
+ "task": {"domain": "mixed", "train_problems": 16},
+ "rollout": {"batch_prompts": 4, "group_size": 2, "max_new_tokens": 16, "max_turns": 2},
+ "opd": {"enabled": true, "teachers": {"reasoning": "t_reasoning", "general": "t_general",
+         "agent": "t_agent", "coding": "t_coding"}},
+ "controller": {"steps": 3, "heartbeat_seconds": 0.2, "lease_seconds": 5}}
+EOF
+$prl run opd.json > opd.out 2>&1 || { tail -20 opd.out; fail "prl run (OPD) failed"; }
+osteps=$(sqlite3 -readonly runs/o/run.db "SELECT count(*) FROM steps")
+oevents=$(sqlite3 -readonly runs/o/run.db "SELECT count(*) FROM events")
+expect_ok "prl report on an OPD run" $prl report runs/o
+grep -q "opd run, $osteps steps" "$work/last.out" && ok "reported as an OPD run of $osteps steps" ||
+  bad "the OPD run is reported as: $(cat "$work/last.out")"
+args=()
+for p in reward accuracy opd_kl mismatch pcc route_overlap route_entropy stage_time; do
+  args+=(--plot "$p=$osteps")
+done
+args+=(--no-plot eval --no-plot loss_scale --events "$oevents")
+if node "$js/report_check.mjs" runs/o/report.html "$out_dir/report-opd.png" "${args[@]}" > opd-check.out 2>&1
+then ok "OPD page in Chromium: $(tail -1 opd-check.out)"
+else bad "OPD page in Chromium:"; cat opd-check.out; fi
 
 # ---- an SFT run: metrics.jsonl, no run.db
 mkdir sft
