@@ -14,7 +14,7 @@ static const char SUMMARY[] =
     "KL and train-infer mismatch, routing per MoE layer, loss scale, tokens/s, per-stage time), "
     "the events and a sample browser of a GRPO or OPD run (runs/NAME/run.db), or the curves of an "
     "SFT run (a folder with metrics.jsonl). The output must be new (default "
-    "runs/NAME/report.html); nothing else is written.";
+    "runs/NAME/report.html); run.db is only read.";
 
 int cmd_report(int argc, char **argv)
 {
