@@ -116,6 +116,7 @@ int cmd_tasks(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_diagnose(int argc, char **argv);
+int cmd_report(int argc, char **argv);
 /* `prl tasks check` (cmd_tasks_check.c). */
 int cmd_tasks_check(int argc, char **argv);
 

@@ -18,6 +18,8 @@ static const cli_command commands[] = {
     {"score", cmd_score, "per-token log-probs of sequences on the train or infer path"},
     {"diagnose", cmd_diagnose,
      "where the train and infer paths disagree: per-op diffs, routes, log-probs, knob sweep"},
+    {"report", cmd_report,
+     "one HTML page of a run that opens offline: curves, events, a sample browser"},
     {"tokenizer", cmd_tokenizer, "train, encode with and decode with a byte-level BPE tokenizer"},
     {"tasks", cmd_tasks, "RL task data, SFT demonstrations and answer scoring (4 domains)"},
     {"sandbox", cmd_sandbox,

@@ -203,6 +203,45 @@ prl_status prl_store_open(const char *path, prl_store **out)
     return PRL_OK;
 }
 
+/* The schema version a reader can read: 1 (the tables) up to this code's. */
+static prl_status readonly_check_version(prl_store *db)
+{
+    int v = 0;
+    prl_status rc = prl_store_schema_version(db, &v);
+    if (rc != PRL_OK) return rc;
+    if (v > PRL_STORE_SCHEMA_VERSION)
+        return prl_error_set(PRL_ERR_UNSUPPORTED,
+                             "%s: schema version %d is newer than this prl's version %d; use "
+                             "a newer prl to read it",
+                             db->path, v, PRL_STORE_SCHEMA_VERSION);
+    if (v < 1)
+        return prl_error_set(PRL_ERR_FORMAT, "%s: schema version %d: not a prl run database",
+                             db->path, v);
+    return PRL_OK;
+}
+
+prl_status prl_store_open_readonly(const char *path, prl_store **out)
+{
+    *out = NULL;
+    prl_store *db = calloc(1, sizeof *db);
+    if (!db || !(db->path = strdup(path))) {
+        free(db);
+        return prl_error_set(PRL_ERR_NOMEM, "opening %s", path);
+    }
+    prl_status rc = PRL_OK;
+    /* READONLY without CREATE: a missing file is an error, never an empty new database */
+    if (sqlite3_open_v2(path, &db->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK)
+        rc = store_sqlite_error(db, "open (read-only)");
+    if (rc == PRL_OK) sqlite3_busy_timeout(db->db, STORE_BUSY_TIMEOUT_MS);
+    if (rc == PRL_OK) rc = readonly_check_version(db);
+    if (rc != PRL_OK) {
+        prl_store_close(db);
+        return rc;
+    }
+    *out = db;
+    return PRL_OK;
+}
+
 void prl_store_close(prl_store *db)
 {
     if (!db) return;

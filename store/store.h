@@ -39,6 +39,11 @@ typedef struct prl_store prl_store; /* opaque handle: one SQLite connection + ca
 ** and a busy timeout, and migrate it to PRL_STORE_SCHEMA_VERSION. *db is NULL on error.
 ** Pair: prl_store_close. */
 prl_status prl_store_open(const char *path, prl_store **db);
+/* Open an existing database to read only (reports, the `sqlite3 -readonly` way): nothing is
+** created, migrated or written (SQLite may add its -wal/-shm files beside it, as any reader
+** of a WAL database). Missing or unreadable: PRL_ERR_IO; schema version 0 (not a run
+** database): PRL_ERR_FORMAT; newer than this code's: PRL_ERR_UNSUPPORTED. Pair: prl_store_close. */
+prl_status prl_store_open_readonly(const char *path, prl_store **db);
 void prl_store_close(prl_store *db);
 /* The schema version stored in the file (after open: PRL_STORE_SCHEMA_VERSION). */
 prl_status prl_store_schema_version(prl_store *db, int *version);
@@ -227,12 +232,29 @@ prl_status prl_store_step_last(prl_store *db, int64_t run, int64_t *step);
 /* A recorded step's metrics JSON text (malloc'd, caller frees); missing: PRL_ERR_RANGE. */
 prl_status prl_store_step_metrics(prl_store *db, int64_t run, int64_t step, char **metrics);
 
+/* Every recorded step of a run in step order into a malloc'd array *out of *n; each step owns
+** its metrics text (prl_store_steps_free). */
+prl_status prl_store_steps_list(prl_store *db, int64_t run, prl_store_step **out, size_t *n);
+void prl_store_steps_free(prl_store_step *a, size_t n);
+
+/* One event as read back. */
+typedef struct prl_store_event {
+    int64_t id;         /* order of arrival */
+    double time;        /* unix seconds */
+    const char *kind;   /* "fault", "restart", "eval", ... */
+    const char *detail; /* JSON object text */
+} prl_store_event;
+
 /* Append an event: kind is short free text ("fault", "restart", "stale_drop", ...), detail a
 ** JSON object (NULL: "{}"); the time is now. */
 prl_status prl_store_event_add(prl_store *db, int64_t run, const char *kind,
                                const char *detail_json);
 /* Number of events of a run of `kind` (NULL: any). */
 prl_status prl_store_event_count(prl_store *db, int64_t run, const char *kind, int64_t *count);
+/* Every event of a run in order of arrival into a malloc'd array *out of *n; each owns its
+** strings (prl_store_events_free). */
+prl_status prl_store_events_list(prl_store *db, int64_t run, prl_store_event **out, size_t *n);
+void prl_store_events_free(prl_store_event *a, size_t n);
 
 /* ---------------------------------------------------------------- BLOB formats ----- */
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_install.sh — `cmake --install` into a fresh prefix puts prl, libprl (with its public
-# headers), prl.pc, the licence and a man page per command in place; a C program outside the
-# tree, built with `pkg-config --cflags --libs prl`, runs the engine and saves a checkpoint
-# bitwise equal to the installed `prl init`'s. Usage: test_install.sh BUILD_DIR SRC_DIR
+# headers), prl.pc, the licences (prl's, and uPlot's that prl report pages carry) and a man page
+# per command in place; a C program outside the tree, built with `pkg-config --cflags --libs
+# prl`, runs the engine and saves a checkpoint bitwise equal to the installed `prl init`'s.
+# Usage: test_install.sh BUILD_DIR SRC_DIR
 set -uo pipefail
 build=$1 src=$2
 . "$src/tests/lib.sh"   # work, ok, bad, expect_fail, expect_ok, summary
@@ -11,7 +12,8 @@ prefix=$work/prefix
 if cmake --install "$build" --prefix "$prefix" > "$work/install.out" 2>&1; then ok "cmake --install"
 else bad "cmake --install: $(tail -5 "$work/install.out")"; summary; fi
 for f in bin/prl lib/libprl.so include/prl/engine/engine.h include/prl/engine/model.h \
-         lib/pkgconfig/prl.pc share/doc/prl/LICENSE share/man/man1/prl.1 share/man/man1/prl-init.1 \
+         lib/pkgconfig/prl.pc share/doc/prl/LICENSE share/doc/prl/uPlot.LICENSE \
+         share/man/man1/prl.1 share/man/man1/prl-init.1 share/man/man1/prl-report.1 \
          share/man/man1/prl-tasks-generate.1 share/man/man1/prl-role-controller.1; do
   [ -e "$prefix/$f" ] && ok "installed $f" || bad "missing $f"
 done

@@ -8,7 +8,8 @@
 ** are errors naming the key and column; a child writing samples is SIGKILLed mid-way and the
 ** reopened file is consistent with every acknowledged sample intact; a WAL reader keeps its
 ** snapshot while the writer commits; batches and savepoints; versions, steps, events; a run
-** taken back to an older version, the one run of a file;
+** taken back to an older version, the one run of a file; the read-only handle and the
+** whole-table readers of reports;
 ** prompts' solved history and the retire rule; their teacher KL (opd.revisit); foreign keys
 ** and JSON checks.
 **
@@ -690,6 +691,62 @@ START_TEST(test_run_back_to)
     ck_assert_int_eq(prl_store_run_sole(db, &sole), PRL_ERR_RANGE);
     assert_msg_has("holds several runs");
     prl_store_close(db);
+
+/* The report's readers: a read-only handle (no file made, no write, nothing migrated) and the
+** whole steps and events tables in order. */
+START_TEST(test_readonly_lists)
+{
+    prl_store *ro = NULL;
+    ck_assert_int_eq(prl_store_open_readonly(dbpath, &ro), PRL_ERR_IO);
+    ck_assert_int_ne(access(dbpath, F_OK), 0); /* a missing file is not created */
+    int64_t run;
+    prl_store *db = open_with_prompts(&run, 0);
+    const char *metrics[] = {"{\"a\": 2}", "{\"a\": 0}", "{\"a\": 1}"};
+    const int64_t steps[] = {2, 0, 1}; /* written out of order, read in step order */
+    for (int i = 0; i < 3; i++) {
+        prl_store_step s = {.run = run, .step = steps[i], .metrics = metrics[i], .accuracy = i};
+        assert_ok(prl_store_step_put(db, &s));
+    }
+    assert_ok(prl_store_event_add(db, run, "join", "{\"role\": \"trainer\"}"));
+    assert_ok(prl_store_event_add(db, run, "eval", "{\"version\": 2}"));
+    prl_store_close(db);
+
+    assert_ok(prl_store_open_readonly(dbpath, &ro));
+    prl_store_step *st = NULL;
+    size_t ns = 0;
+    assert_ok(prl_store_steps_list(ro, run, &st, &ns));
+    ck_assert_int_eq(ns, 3);
+    for (size_t i = 0; i < ns; i++) ck_assert_int_eq(st[i].step, (int64_t)i);
+    ck_assert_str_eq(st[0].metrics, "{\"a\": 0}");
+    ck_assert_str_eq(st[2].metrics, "{\"a\": 2}");
+    ck_assert_double_eq(st[2].accuracy, 0);
+    prl_store_steps_free(st, ns);
+    prl_store_event *ev = NULL;
+    size_t ne = 0;
+    assert_ok(prl_store_events_list(ro, run, &ev, &ne));
+    ck_assert_int_eq(ne, 2);
+    ck_assert_str_eq(ev[0].kind, "join");
+    ck_assert_str_eq(ev[1].kind, "eval");
+    ck_assert_str_eq(ev[1].detail, "{\"version\": 2}");
+    ck_assert(ev[0].id < ev[1].id && ev[0].time > 0);
+    prl_store_events_free(ev, ne);
+    assert_ok(prl_store_events_list(ro, run + 1, &ev, &ne)); /* another run: none */
+    ck_assert_int_eq(ne, 0);
+    prl_store_events_free(ev, ne);
+    /* the handle cannot write */
+    ck_assert_int_ne(prl_store_event_add(ro, run, "fault", NULL), PRL_OK);
+    prl_store_close(ro);
+
+    /* a file that is not a run database (schema version 0) is refused */
+    char other[160];
+    snprintf(other, sizeof other, "%s/other.db", tmpdir);
+    sqlite3 *raw;
+    ck_assert_int_eq(sqlite3_open(other, &raw), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(raw, "CREATE TABLE t (x)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(raw);
+    ck_assert_int_eq(prl_store_open_readonly(other, &ro), PRL_ERR_FORMAT);
+    assert_msg_has("not a prl run database");
+    unlink(other);
 }
 END_TEST
 
@@ -860,6 +917,7 @@ int main(void)
     tcase_add_test(tc, test_concurrent_reader);
     tcase_add_test(tc, test_versions_steps_events);
     tcase_add_test(tc, test_run_back_to);
+    tcase_add_test(tc, test_readonly_lists);
     tcase_add_test(tc, test_prompts_retire);
     tcase_add_test(tc, test_prompts_retire_unsolved);
     tcase_add_test(tc, test_prompt_teacher_kl);
