@@ -691,6 +691,8 @@ START_TEST(test_run_back_to)
     ck_assert_int_eq(prl_store_run_sole(db, &sole), PRL_ERR_RANGE);
     assert_msg_has("holds several runs");
     prl_store_close(db);
+}
+END_TEST
 
 /* The report's readers: a read-only handle (no file made, no write, nothing migrated) and the
 ** whole steps and events tables in order. */
