@@ -469,15 +469,21 @@ prl_status prl_checkpoint_load_tokenizer(prl_model *m, const char *dir, prl_toke
     return rc;
 }
 
-prl_status prl_checkpoint_load(prl_model *m, const char *dir)
+/* A checkpoint's config.json and its weight files (every shard's checksum checked). */
+static prl_status open_checkpoint(const char *dir, prl_config *cfg, ckpt_weights *w)
 {
     char path[4096];
+    prl_status rc = join_path(path, sizeof path, dir, "config.json");
+    if (!rc) rc = prl_config_load(cfg, path);
+    return rc ? rc : ckpt_weights_open(w, dir);
+}
+
+prl_status prl_checkpoint_load(prl_model *m, const char *dir)
+{
     prl_config cfg;
-    prl_status rc;
-    if ((rc = join_path(path, sizeof path, dir, "config.json"))) return rc;
-    if ((rc = prl_config_load(&cfg, path))) return rc;
     ckpt_weights w;
-    if ((rc = ckpt_weights_open(&w, dir))) return rc;
+    prl_status rc = open_checkpoint(dir, &cfg, &w);
+    if (rc) return rc;
     if ((rc = prl_model_init(m, &cfg)) == PRL_OK && (rc = load_params(m, &w, 0, NULL)))
         prl_model_free(m);
     ckpt_weights_close(&w);
@@ -515,13 +521,10 @@ static prl_status verify_extras(const char *dir)
 
 prl_status prl_checkpoint_verify(const char *dir)
 {
-    char path[4096];
     prl_config cfg;
-    prl_status rc;
-    if ((rc = join_path(path, sizeof path, dir, "config.json"))) return rc;
-    if ((rc = prl_config_load(&cfg, path))) return rc;
     ckpt_weights w;
-    if ((rc = ckpt_weights_open(&w, dir))) return rc; /* every shard's checksum */
+    prl_status rc = open_checkpoint(dir, &cfg, &w);
+    if (rc) return rc;
     ckpt_weights_close(&w);
     return verify_extras(dir);
 }

@@ -396,7 +396,9 @@ prl_status prl_safetensors_read_f32(const prl_safetensors *st, const char *name,
     case PRL_DTYPE_BF16:
         for (size_t i = 0; i < t->numel; i++) out[i] = bf16_to_f32(load_u16le(p + 2 * i));
         break;
-    case PRL_DTYPE_F32: memcpy(out, p, t->nbytes); break; /* little-endian host */
+    case PRL_DTYPE_F32: /* little-endian host; an empty tensor may come with no buffer */
+        if (t->nbytes) memcpy(out, p, t->nbytes);
+        break;
     default: /* F64 rounds to nearest; out-of-range values become ±inf (IEEE) */
         for (size_t i = 0; i < t->numel; i++) out[i] = (float)element(t, i);
     }
