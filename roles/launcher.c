@@ -228,7 +228,14 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
     const char *tr[] = {"role",      "trainer",   "--connect", L->control_ep, "--name",
                         "trainer-0", "--threads", th,          NULL};
     add_child(L, "trainer-0", tr);
-    for (int i = 0; i < job->rollout_workers; i++) {
+    int gateway = !strcmp(job->rollout_source, "gateway");
+    char groups[16];
+    snprintf(groups, sizeof groups, "%d",
+             job->gateway_groups ? job->gateway_groups : job->batch_prompts);
+    const char *gwa[] = {"role",    "gateway", "--connect", L->control_ep, "--name", "gateway-0",
+                         "--slots", groups,    "--threads", rth,           NULL};
+    if (gateway) add_child(L, "gateway-0", gwa); /* outside agents play the rollouts */
+    for (int i = 0; !gateway && i < job->rollout_workers; i++) {
         char name[32];
         snprintf(name, sizeof name, "rollout-%d", i);
         const char *a[] = {"role",      "rollout", "--connect", L->control_ep, "--name", name,

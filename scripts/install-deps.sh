@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # install-deps.sh — install the Debian packages prl needs (skips what is already there), then
-# the npm packages of the tokenizer cross-check (install-npm.sh).
+# the npm packages of the tokenizer cross-check and the gateway's client test (install-npm.sh).
 # Needs root (or sudo) the first time; safe to run again.
 set -euo pipefail
 packages=(build-essential cmake pkg-config libzmq3-dev libjansson-dev libsqlite3-dev
           libopenblas-dev check libseccomp-dev python3-torch python3-numpy sqlite3
-          clang-format libpcre2-dev libutf8proc-dev)
+          clang-format libpcre2-dev libutf8proc-dev libmicrohttpd-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

