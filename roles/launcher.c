@@ -269,6 +269,15 @@ static void announce(const char *run_dir, const prl_job_config *job)
                 "trainer, sandbox; logs in %s/logs/\n",
                 run_dir, job->domain, job->steps, job->batch_prompts, job->group_size, job->mode,
                 job->rollout_workers, job->reward_workers, job->teacher_workers, run_dir);
+    else if (!strcmp(job->rollout_source, "gateway"))
+        fprintf(stderr,
+                "prl run: %s: %s%s expert, %d steps of %d prompts x %d samples, %s mode; "
+                "episodes played by outside agents through the gateway (address in "
+                "%s/gateway.addr), %d reward workers, trainer, sandbox; logs in %s/logs/\n",
+                run_dir, strcmp(job->task_source, "file") ? job->domain : "prompt file ",
+                strcmp(job->task_source, "file") ? "" : job->task_path, job->steps,
+                job->batch_prompts, job->group_size, job->mode, run_dir, job->reward_workers,
+                run_dir);
     else
         fprintf(stderr,
                 "prl run: %s: %s%s expert, %d steps of %d prompts x %d samples, %s mode; "

@@ -490,12 +490,12 @@ char *gw_episode_json(gw *g, const char *id, gw_error *e)
         json_array_append_new(mask, json_integer(ep->mask[i]));
         json_array_append_new(lp, json_real(ep->logprobs[i]));
     }
-    json_t *o =
-        json_pack("{s:s,s:s,s:i,s:b,s:b,s:i,s:o,s:o,s:o,s:i,s:I,s:b,s:O*}", "id", ep->id, "group",
-                  gr->id, "sample", ep->sample, "started", ep->started, "ended", ep->ended,
-                  "prompt_len", ep->prompt_len, "tokens", ints_json(ep->ids, ep->n), "mask", mask,
-                  "logprobs", lp, "turns_played", ep->turns_played, "policy_version",
-                  (json_int_t)ep->min_version, "truncated", ep->truncated, "turns", ep->turns);
+    json_t *o = json_pack(
+        "{s:s,s:s,s:i,s:b,s:b,s:b,s:i,s:o,s:o,s:o,s:i,s:I,s:b,s:O*}", "id", ep->id, "group", gr->id,
+        "sample", ep->sample, "started", ep->started, "busy", ep->busy, "ended", ep->ended,
+        "prompt_len", ep->prompt_len, "tokens", ints_json(ep->ids, ep->n), "mask", mask, "logprobs",
+        lp, "turns_played", ep->turns_played, "policy_version", (json_int_t)ep->min_version,
+        "truncated", ep->truncated, "turns", ep->turns);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (!text) gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");

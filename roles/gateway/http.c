@@ -26,8 +26,14 @@ struct gw_http {
 typedef struct conn_state { /* one request's body, gathered across upload calls */
     char *body;
     size_t len, cap;
-    int refused; /* a response is queued already */
+    int refused;      /* a response is queued already */
+    int too_large;    /* the body grew past max_body: the rest is read and dropped */
+    size_t discarded; /* bytes dropped so far */
 } conn_state;
+
+/* A body that grew past the bound is read to its end (libmicrohttpd answers only then) up to
+** this much more; a client that keeps sending after that is disconnected. */
+enum { DISCARD_LIMIT = 64 << 20 };
 
 /* ---------------------------------------------------------------- responses -------- */
 
@@ -417,7 +423,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         size_t k = *upload_size;
         *upload_size = 0;
         if (cs->refused) return MHD_YES;
-        if (cs->len + k > g->max_body) return too_large(g, conn, cs);
+        if (cs->too_large || cs->len + k > g->max_body) {
+            cs->too_large = 1, cs->discarded += k;
+            free(cs->body), cs->body = NULL, cs->len = cs->cap = 0;
+            return cs->discarded > DISCARD_LIMIT ? MHD_NO : MHD_YES;
+        }
         if (cs->len + k + 1 > cs->cap) {
             size_t cap = cs->cap ? cs->cap : 4096;
             while (cap < cs->len + k + 1) cap *= 2;
@@ -430,6 +440,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (cs->refused) return MHD_YES;
+    if (cs->too_large) return too_large(g, conn, cs);
     return route(g, conn, url, method, cs);
 }
 
@@ -482,12 +493,12 @@ prl_status gw_http_start(gw *g, const char *bind, int allow_remote, gw_http **ou
     h->g = g;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
-    h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, g, MHD_OPTION_SOCK_ADDR,
-                            v6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4,
-                            MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)(g->client_timeout > 1 ? g->client_timeout : 1),
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)512, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, g, MHD_OPTION_EXTERNAL_LOGGER, on_log, g, MHD_OPTION_END);
+    h->d = MHD_start_daemon(
+        flags, (uint16_t)port, NULL, NULL, on_request, g, MHD_OPTION_EXTERNAL_LOGGER, on_log, g,
+        MHD_OPTION_SOCK_ADDR, v6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(g->client_timeout > 1 ? g->client_timeout : 1),
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)512, MHD_OPTION_NOTIFY_COMPLETED, on_completed, g,
+        MHD_OPTION_END);
     if (!h->d) {
         free(h);
         return prl_error_set(PRL_ERR_IO, "cannot serve HTTP on %s (in use, or not this host's)",
