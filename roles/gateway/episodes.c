@@ -36,9 +36,12 @@ static void group_free(gw_group *gr)
 prl_status gw_group_add(gw *g, uint64_t lease, uint64_t step, uint64_t prompt, uint64_t sample0,
                         int count, uint64_t version, int eval, const char *task)
 {
-    for (gw_group *x = g->groups; x; x = x->next) /* a lease handed out again: a fresh group */
-        if (x->step == step && x->prompt == prompt && x->sample0 == sample0 && !x->n_sent) {
-            x->lease = lease, x->version = version;
+    /* a group handed out again (a restarted controller): the new lease, and every ended
+    ** episode's result sent again (the controller keeps a sample's first result) */
+    for (gw_group *x = g->groups; x; x = x->next)
+        if (x->step == step && x->prompt == prompt && x->sample0 == sample0) {
+            x->lease = lease, x->version = version, x->n_sent = 0;
+            for (int i = 0; i < x->count; i++) x->ep[i].sent = 0;
             return PRL_OK;
         }
     gw_group *gr = calloc(1, sizeof *gr);
