@@ -9,7 +9,8 @@
 #     n > 1, streaming, completions, error cases, each episode's record;
 #   - then run.db: every one of the B·G samples stored once, its sampled ids (mask 1) and
 #     log-probs exactly what the clients were given, its reward the posted one or the
-#     verifier's; the gateway never restarted.
+#     verifier's; the gateway never restarted;
+#   - `prl bench gateway` for 2 s (its CI smoke).
 # Exit 77 (skipped) only when node is missing.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
@@ -107,4 +108,9 @@ rejoins = db.execute("SELECT count(*) FROM events WHERE kind = 'rejoin' AND deta
 assert rejoins == 0, f"the gateway restarted {rejoins} times"
 print("ok: the gateway never restarted")
 PY
+# ---- the load bench's smoke: 8 clients for 2 s against the checkpoint alone
+out=$($prl bench gateway --ckpt base --clients 8 --seconds 2 --max-tokens 8 2>/dev/null) ||
+  fail "prl bench gateway: $out"
+echo "$out" | grep -q " 0 errors" || fail "prl bench gateway: $out"
+echo "ok: prl bench gateway: $(echo "$out" | sed -n 2p)"
 echo "PASS: the gateway"

@@ -231,7 +231,7 @@ static prl_status run_batch(gw *g, batch *b)
     prl_sample_params sp;
     prl_sample_params_default(&sp);
     sp.temperature = j0->temperature, sp.top_p = j0->top_p, sp.max_new_tokens = j0->max_tokens;
-    sp.seed = 0; /* every draw's coordinates are in the sequence id */
+    sp.seed = g->seed; /* as a rollout worker: with the sequence id, its draws */
     int32_t stops[2];
     sp.stop_ids = stops, sp.n_stop_ids = prl_tokenizer_stop_ids(g->tok, stops);
     sp.stop_strings = j0->stop, sp.n_stop_strings = j0->n_stop, sp.tok = g->tok;
