@@ -217,8 +217,17 @@ static prl_status run_batch(gw *g, batch *b)
         size_t cells = (size_t)b->n_reqs * (size_t)b->cap * (size_t)b->top;
         b->top_ids = malloc(cells * sizeof *b->top_ids), b->top_lp = malloc(cells * sizeof(float));
     }
-    if (!b->reqs || !b->res || !b->choice || (b->top && (!b->top_ids || !b->top_lp)))
-        return prl_error_set(PRL_ERR_NOMEM, "a batch of %d sequences", b->n_reqs);
+    if (!b->reqs || !b->res || !b->choice || (b->top && (!b->top_ids || !b->top_lp))) {
+        prl_error_set(PRL_ERR_NOMEM, "a batch of %d sequences", b->n_reqs);
+        pthread_mutex_lock(&g->mu); /* its requests fail; the gateway goes on */
+        for (int i = 0; i < b->n_jobs; i++) {
+            b->jobs[i]->done = -1;
+            snprintf(b->jobs[i]->why, sizeof b->jobs[i]->why, "%s", prl_error_message());
+        }
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        return PRL_ERR_NOMEM;
+    }
     int k = 0;
     for (int i = 0; i < b->n_jobs; i++)
         for (int c = 0; c < b->jobs[i]->n; c++, k++) {
@@ -308,12 +317,8 @@ static void *engine_main(void *arg)
         batch b = {.g = g};
         take_batch(g, &b);
         pthread_mutex_unlock(&g->mu);
-        if (run_batch(g, &b) && b.res == NULL) { /* no memory before the batch ran */
-            pthread_mutex_lock(&g->mu);
-            for (int i = 0; i < b.n_jobs; i++) b.jobs[i]->done = -1;
-            pthread_cond_broadcast(&g->cv);
-            pthread_mutex_unlock(&g->mu);
-        }
+        if (run_batch(g, &b)) /* its requests got the error (500); the next batch may do */
+            log_line("a batch failed: %s", prl_error_message());
         batch_free(&b);
         pthread_mutex_lock(&g->mu);
     }
