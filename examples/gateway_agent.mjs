@@ -46,13 +46,13 @@ function evaluate(src) { // + - * / // % ** and parentheses over numbers
     const t = next();
     if (t === "(") {
       const v = expr();
-      if (next() !== ")") throw new Error("a ( without its )");
+      if (next() !== ")") throw new Error("SyntaxError: invalid syntax");
       return v;
     }
     if (t === "-") { const a = power(); return num(-a.v, a.f); }
     if (t === "+") return power();
     if (t !== undefined && /^[\d.]/.test(t)) return num(Number(t), t.includes("."));
-    throw new Error(`unexpected '${t ?? "end"}'`);
+    throw new Error("SyntaxError: invalid syntax");
   }
   function power() {
     const a = atom();
@@ -81,7 +81,7 @@ function evaluate(src) { // + - * / // % ** and parentheses over numbers
     return a;
   }
   const r = expr();
-  if (i !== toks.length) throw new Error(`unexpected '${toks[i]}'`);
+  if (i !== toks.length) throw new Error("SyntaxError: invalid syntax");
   return pyNumber(r.v, r.f);
 }
 function runPython(body) {
@@ -93,13 +93,48 @@ function runPython(body) {
   }
   return out.join("\n").slice(0, 200);
 }
-// The turn's tool call: {body} for a python call, {error} for a malformed one, null for none.
+// The turn's tool call, by the grammar of prl's tasks.h (and its error texts, so the model
+// reads what prl's own rollouts show it): null for none, {body} for a python program,
+// {error} for anything else.
+const OPEN = "<|tool_call|>", CLOSE = "<|/tool_call|>";
+const NAME = /^[a-z_]*/, VALUE = /^[A-Za-z0-9_+*()-]*/;
+function callError(call) { // the syntax error of a call's text between the markers, or null
+  const name = call.match(NAME)[0];
+  if (name.length > 15) return "tool name longer than 15 characters";
+  if (!name) return "a tool call must start with a tool name [a-z_]";
+  let p = call.slice(name.length);
+  if (p.startsWith("\n")) return null;
+  const keys = [];
+  while (p) {
+    if (p[0] !== " ") return `expected ' ' before argument ${keys.length + 1}`;
+    p = p.slice(1);
+    if (keys.length === 4) return "more than 4 arguments";
+    const key = p.match(NAME)[0];
+    if (key.length > 15) return "argument name longer than 15 characters";
+    if (!key) return `argument ${keys.length + 1} has no name (expected key=value)`;
+    p = p.slice(key.length);
+    if (p[0] !== "=") return `argument '${key}' needs '=value'`;
+    p = p.slice(1);
+    const value = p.match(VALUE)[0];
+    if (value.length > 63) return `value of '${key}' longer than 63 characters`;
+    if (!value) return `argument '${key}' has an empty or invalid value`;
+    p = p.slice(value.length);
+    if (p && p[0] !== " ") return `invalid character '${p[0]}' in the value of '${key}'`;
+    if (keys.includes(key)) return `argument '${key}' given twice`;
+    keys.push(key);
+  }
+  return null;
+}
 function toolCall(text) {
-  const open = text.indexOf("<|tool_call|>");
-  if (open < 0) return null;
-  const close = text.indexOf("<|/tool_call|>", open);
-  if (close < 0) return { error: "error: a tool call without <|/tool_call|>" };
-  const call = text.slice(open + 13, close);
+  const open = text.indexOf(OPEN);
+  if (open < 0) return text.includes(CLOSE) ? { error: `error: ${CLOSE} without ${OPEN}` } : null;
+  const close = text.indexOf(CLOSE, open + OPEN.length);
+  if (close < 0) return { error: `error: no ${CLOSE} after ${OPEN}` };
+  const after = text.slice(close + CLOSE.length);
+  if (after.includes(OPEN)) return { error: "error: more than one tool call in a turn" };
+  if (after.trim() !== "") return { error: `error: text after ${CLOSE}` };
+  const call = text.slice(open + OPEN.length, close), why = callError(call);
+  if (why) return { error: `error: ${why}` };
   if (!call.startsWith("python\n")) return { error: "error: the only tool is python" };
   return { body: call.slice(7) };
 }

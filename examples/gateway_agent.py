@@ -8,10 +8,12 @@ The model calls the tool as prl's SFT demonstrations do,
 and this program is the tool: it evaluates the print(...) lines of arithmetic itself (an AST
 walk over numbers and + - * / // % **; no other Python runs) and sends the output back as a
 `tool` message, until the model answers without a call or the turns run out. Unlike the Node
-agent it judges the episode itself: it posts reward 1 when the last number of the final
-answer equals the task's `answer` (integer answers), else 0 — the harness-posted reward path.
+agent it parses the program with python3's own parser, so a syntax error reads exactly as
+prl's sandboxed python tool reports it. Each episode is ended for the job's verifier, or with
+--own-reward judged here: reward 1 when the last number of the final answer equals the task's
+`answer` (integer answers), else 0 — the harness-posted reward path.
 
-usage: gateway_agent.py ADDR_OR_FILE [--groups N] [--turns T]
+usage: gateway_agent.py ADDR_OR_FILE [--groups N] [--turns T] [--own-reward]
   ADDR_OR_FILE  http://HOST:PORT or a file holding it (runs/NAME/gateway.addr)
 Runs until the gateway goes away (the run is done).
 """
@@ -31,10 +33,11 @@ def arg(name, default):
 
 
 if len(sys.argv) < 2:
-    sys.exit("usage: gateway_agent.py ADDR_OR_FILE [--groups N] [--turns T]")
+    sys.exit("usage: gateway_agent.py ADDR_OR_FILE [--groups N] [--turns T] [--own-reward]")
 where = sys.argv[1]
 ADDR = where if where.startswith("http") else open(where).read().strip()
 GROUPS, TURNS = arg("--groups", 8), arg("--turns", 4)
+OWN_REWARD = "--own-reward" in sys.argv
 
 
 def call(method, path, body=None):
@@ -63,6 +66,8 @@ def arithmetic(node):
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         v = arithmetic(node.operand)
         return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.Name):  # as python3 says it
+        raise NameError(f"name '{node.id}' is not defined")
     if isinstance(node, ast.BinOp) and type(node.op) in OPS:
         a, b = arithmetic(node.left), arithmetic(node.right)
         if isinstance(node.op, ast.Pow) and abs(b) > 64:
@@ -72,28 +77,87 @@ def arithmetic(node):
 
 
 def run_python(body):
+    """The observation prl's python tool would give for print(arithmetic) programs: the
+    output, or "error: " and the last line python3 writes to stderr."""
+    try:
+        program = ast.parse(body)  # the interpreter's own parser: its own error messages
+    except SyntaxError as e:
+        return f"error: SyntaxError: {e.msg}"
     out = []
-    for line in filter(None, (l.strip() for l in body.split("\n"))):
+    for st in program.body:
+        call = st.value if isinstance(st, ast.Expr) else None
+        if not (isinstance(call, ast.Call) and getattr(call.func, "id", "") == "print"
+                and len(call.args) == 1 and not call.keywords):
+            return "error: this tool runs print(arithmetic) lines only"
         try:
-            tree = ast.parse(line, mode="eval").body
-            if not (isinstance(tree, ast.Call) and getattr(tree.func, "id", "") == "print"
-                    and len(tree.args) == 1 and not tree.keywords):
-                return "error: this tool runs print(arithmetic) lines only"
-            out.append(str(arithmetic(tree.args[0])))
-        except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as e:
+            out.append(str(arithmetic(call.args[0])))
+        except (NameError, ValueError, ZeroDivisionError, OverflowError) as e:
             return f"error: {type(e).__name__}: {e}"
-    return "\n".join(out)[:200]
+    return "\n".join(out).rstrip()[:200]
+
+
+OPEN, CLOSE = "<|tool_call|>", "<|/tool_call|>"
+NAME, VALUE = re.compile(r"[a-z_]*"), re.compile(r"[A-Za-z0-9_+*()-]*")
+
+
+def call_error(call):
+    """The syntax error of a call's text between the markers (prl's tasks.h grammar and its
+    error texts, so the model reads what prl's own rollouts show it), or None."""
+    name = NAME.match(call).group()
+    if len(name) > 15:
+        return "tool name longer than 15 characters"
+    if not name:
+        return "a tool call must start with a tool name [a-z_]"
+    p = call[len(name):]
+    if p.startswith("\n"):
+        return None
+    keys = []
+    while p:
+        if p[0] != " ":
+            return f"expected ' ' before argument {len(keys) + 1}"
+        p = p[1:]
+        if len(keys) == 4:
+            return "more than 4 arguments"
+        key = NAME.match(p).group()
+        if len(key) > 15:
+            return "argument name longer than 15 characters"
+        if not key:
+            return f"argument {len(keys) + 1} has no name (expected key=value)"
+        p = p[len(key):]
+        if not p.startswith("="):
+            return f"argument '{key}' needs '=value'"
+        p = p[1:]
+        value = VALUE.match(p).group()
+        if len(value) > 63:
+            return f"value of '{key}' longer than 63 characters"
+        if not value:
+            return f"argument '{key}' has an empty or invalid value"
+        p = p[len(value):]
+        if p and p[0] != " ":
+            return f"invalid character '{p[0]}' in the value of '{key}'"
+        if key in keys:
+            return f"argument '{key}' given twice"
+        keys.append(key)
+    return None
 
 
 def tool_call(text):
-    """The reply's python call: ('ok', body), ('error', message) or None."""
-    i = text.find("<|tool_call|>")
+    """The reply's python call: ('ok', body), ('error', observation) or None."""
+    i = text.find(OPEN)
     if i < 0:
-        return None
-    j = text.find("<|/tool_call|>", i)
+        return ("error", f"error: {CLOSE} without {OPEN}") if CLOSE in text else None
+    j = text.find(CLOSE, i + len(OPEN))
     if j < 0:
-        return "error", "error: a tool call without <|/tool_call|>"
-    inner = text[i + len("<|tool_call|>"):j]
+        return "error", f"error: no {CLOSE} after {OPEN}"
+    after = text[j + len(CLOSE):]
+    if OPEN in after:
+        return "error", "error: more than one tool call in a turn"
+    if after.strip(" \n\t\r"):
+        return "error", f"error: text after {CLOSE}"
+    inner = text[i + len(OPEN):j]
+    why = call_error(inner)
+    if why:
+        return "error", f"error: {why}"
     if not inner.startswith("python\n"):
         return "error", "error: the only tool is python"
     return "ok", inner[len("python\n"):]
@@ -121,7 +185,10 @@ def play_episode(model, group, episode):
         if tc is None or choice["finish_reason"] == "length" or turn + 1 == TURNS:
             break
         messages.append({"role": "tool", "content": tc[1] if tc[0] == "error" else run_python(tc[1])})
-    call("POST", f"/v1/episodes/{episode}/reward", {"reward": reward(group["task"], text)})
+    if OWN_REWARD:
+        call("POST", f"/v1/episodes/{episode}/reward", {"reward": reward(group["task"], text)})
+    else:
+        call("POST", f"/v1/episodes/{episode}/end", {})  # the job's verifier scores it
 
 
 played = 0

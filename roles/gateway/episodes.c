@@ -278,6 +278,7 @@ int gw_episodes_begin(gw *g, const gw_request *r, gw_job *j, gw_error *e)
     j->top_p = r->has_top_p ? r->top_p : g->default_top_p;
     if (gr && gr->eval && eps[0] == &gr->ep[0]) j->temperature = 0; /* the greedy sample */
     j->max_tokens = r->max_tokens ? r->max_tokens : g->default_max_tokens;
+    if (j->max_tokens > g->max_len) j->max_tokens = g->max_len; /* the context ends it anyway */
     j->top = r->top_logprobs;
     for (int i = 0; i < r->n_stop; i++) j->stop[i] = r->stop[i];
     j->n_stop = r->n_stop;
