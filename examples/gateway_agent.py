@@ -25,7 +25,10 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+import warnings
 from concurrent.futures import ThreadPoolExecutor
+
+warnings.simplefilter("ignore", SyntaxWarning)  # the model's programs: errors are reported, not warnings
 
 
 def arg(name, default):
