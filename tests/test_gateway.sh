@@ -10,6 +10,7 @@
 #   - then run.db: every one of the B·G samples stored once, its sampled ids (mask 1) and
 #     log-probs exactly what the clients were given, its reward the posted one or the
 #     verifier's; the gateway never restarted;
+#   - the example agents (Node with `openai`, Python stdlib) each play a one-step run;
 #   - `prl bench gateway` for 2 s (its CI smoke).
 # Exit 77 (skipped) only when node is missing.
 set -euo pipefail
@@ -108,6 +109,26 @@ rejoins = db.execute("SELECT count(*) FROM events WHERE kind = 'rejoin' AND deta
 assert rejoins == 0, f"the gateway restarted {rejoins} times"
 print("ok: the gateway never restarted")
 PY
+# ---- the example agents (examples/gateway_agent.mjs and .py) play a one-step run to its end
+for agent in mjs py; do
+  name=ex-$agent
+  $prl run job.json --set run.name=$name --set rollout.batch_prompts=2 > $name.out 2>&1 &
+  launcher=$!
+  for _ in $(seq 1 300); do [ -s runs/$name/gateway.addr ] && break; sleep 0.1; done
+  if [ $agent = mjs ]; then
+    PRL_OPENAI=$js/node_modules/openai/index.mjs timeout 120 node "$src/examples/gateway_agent.mjs" \
+      runs/$name/gateway.addr --groups 2 > agent-$agent.out 2>&1 || fail "$agent agent: $(tail -3 agent-$agent.out)"
+  else
+    timeout 120 python3 "$src/examples/gateway_agent.py" runs/$name/gateway.addr --groups 2 \
+      --own-reward > agent-$agent.out 2>&1 || fail "$agent agent: $(tail -3 agent-$agent.out)"
+  fi
+  wait "$launcher" || fail "prl run ($name) exited $?"
+  launcher=""
+  n=$(sqlite3 runs/$name/run.db "SELECT count(*) FROM samples WHERE worker = 'gateway-0'")
+  [ "$n" = $((2 * G)) ] || fail "$agent agent: $n samples in run.db, want $((2 * G))"
+  echo "ok: the $agent example agent played $name to its end ($(tail -1 agent-$agent.out))"
+done
+
 # ---- the load bench's smoke: 8 clients for 2 s against the checkpoint alone
 out=$($prl bench gateway --ckpt base --clients 8 --seconds 2 --max-tokens 8 2>/dev/null) ||
   fail "prl bench gateway: $out"
