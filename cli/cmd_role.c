@@ -205,12 +205,12 @@ static int role_gateway(int argc, char **argv)
 }
 
 static const cli_command roles[] = {
-    {"gateway", role_gateway, "OpenAI-compatible HTTP endpoint for outside agents"},
     {"controller", role_controller, "owns run.db, leases work, records samples and steps"},
     {"trainer", role_worker, "GRPO updates; writes and announces policy versions"},
     {"rollout", role_worker, "generates samples with the infer path"},
     {"reward", role_worker, "scores samples with the domain verifiers"},
     {"teacher", role_worker, "OPD: scores student samples with one domain expert at a time"},
+    {"gateway", role_gateway, "OpenAI-compatible HTTP endpoint for outside agents"},
     {"sandbox", role_sandbox, "runs programs for rollout and reward workers (--bind ENDPOINT)"},
 };
 enum { N_ROLES = sizeof roles / sizeof roles[0] };

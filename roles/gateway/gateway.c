@@ -109,6 +109,11 @@ static prl_status serve_run(gw *g, const prl_gateway_options *o)
     if (!rc) {
         prl_worker_log(&w, "serving model '%s' at %s (%d groups at once)", g->model_name, bound,
                        wo.slots);
+        if (strcmp(w.job.rollout_source, "gateway"))
+            prl_worker_log(&w,
+                           "the run's rollout.source is %s: its rollout workers get the "
+                           "groups, this gateway none",
+                           w.job.rollout_source);
         rc = prl_worker_serve_idle(&w, "work", on_work, on_idle, g);
     }
     gw_engine_stop(g);
