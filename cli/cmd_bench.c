@@ -13,6 +13,7 @@ static const cli_command benches[] = {
     {"sandbox", cmd_bench_sandbox, "sandboxed vs bare executions"},
     {"pipeline", cmd_bench_pipeline, "prl run in sync vs async mode"},
     {"load", cmd_bench_load, "checkpoint loading: time and peak memory"},
+    {"gateway", cmd_bench_gateway, "the gateway under load: latency and tokens/s"},
 };
 enum { N_BENCHES = sizeof benches / sizeof benches[0] };
 

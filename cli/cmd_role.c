@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "bus/bus.h"
 #include "roles/controller/controller.h"
+#include "roles/gateway/gateway.h"
 #include "roles/roles.h"
 
 #include <string.h>
@@ -170,12 +171,53 @@ static int role_worker(int argc, char **argv)
     return wr->run(&o) ? cli_fail(cmd) : 0;
 }
 
+static int role_gateway(int argc, char **argv)
+{
+    prl_gateway_options o = {0};
+    int threads = 0;
+    cli_opt opts[] = {
+        {"bind", OPT_STR, &o.bind, "HOST:PORT",
+         "where to serve HTTP (port 0: any free one; default the job's gateway.bind)", 0, 0},
+        {"connect", OPT_STR, &o.connect, "ENDPOINT", "the controller's endpoint: play its run", 0,
+         0},
+        {"name", OPT_STR, &o.name, "NAME", "worker name (default gateway-0)", 0, 0},
+        {"slots", OPT_INT, &o.slots, "N", "groups held at once (default 64)", 0, 0},
+        {"model", OPT_STR, &o.model, "DIR", "without --connect: serve this checkpoint alone", 0, 0},
+        {"addr-file", OPT_STR, &o.addr_file, "FILE",
+         "write the served address here (default with --connect: RUN_DIR/gateway.addr)", 0, 0},
+        {"max-body", OPT_INT, &o.max_body, "BYTES", "alone: largest request body (default 1 MiB)",
+         0, 0},
+        {"max-tokens", OPT_INT, &o.max_tokens, "N", "alone: default max_tokens (default 96)", 0, 0},
+        {"max-batch", OPT_INT, &o.max_batch, "N", "alone: sequences decoded together (default 16)",
+         0, 0},
+        {"threads", OPT_INT, &threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0},
+        {"allow-remote", OPT_FLAG, &o.allow_remote, NULL, "serve (and connect) beyond loopback", 0,
+         0},
+        {0}};
+    int pr = cli_parse(argc, argv, 3, opts,
+                       "prl role gateway (--connect ENDPOINT | --model DIR --bind HOST:PORT) "
+                       "[options]",
+                       "The gateway: an OpenAI-compatible HTTP server through which outside "
+                       "agents play the run's episodes, every turn recorded token-in/token-out "
+                       "(docs/gateway.md).",
+                       NULL, 0, NULL);
+    if (pr) return pr == CLI_HELP ? 0 : 2;
+    if (o.max_body < 0 || o.max_tokens < 0 || o.max_batch < 0 || o.slots < 0 || o.slots > 4096)
+        return cli_failf("role gateway", 2,
+                         "--max-body, --max-tokens, --max-batch must be positive, --slots in "
+                         "1..4096");
+    if (cli_setup_blas("role gateway", threads)) return 1;
+    prl_role_install_signals();
+    return prl_role_gateway_run(&o) ? cli_fail("role gateway") : 0;
+}
+
 static const cli_command roles[] = {
     {"controller", role_controller, "owns run.db, leases work, records samples and steps"},
     {"trainer", role_worker, "GRPO updates; writes and announces policy versions"},
     {"rollout", role_worker, "generates samples with the infer path"},
     {"reward", role_worker, "scores samples with the domain verifiers"},
     {"teacher", role_worker, "OPD: scores student samples with one domain expert at a time"},
+    {"gateway", role_gateway, "OpenAI-compatible HTTP endpoint for outside agents"},
     {"sandbox", role_sandbox, "runs programs for rollout and reward workers (--bind ENDPOINT)"},
 };
 enum { N_ROLES = sizeof roles / sizeof roles[0] };

@@ -171,7 +171,9 @@ typedef struct prl_gen_result {
 } prl_gen_result;
 void prl_gen_result_free(prl_gen_result *r);
 
-/* Progress: called after each decode step with finished requests and tokens generated so far. */
+/* Progress: called after each decode step with finished requests and tokens generated so far.
+** During the call, results[i].n and results[i].tokens / logprobs [0, n) hold what request i
+** has generated so far (a streaming server reads them; its routes come when it finishes). */
 typedef void (*prl_gen_progress)(void *user, int finished, int total, long tokens);
 
 /* Run n requests with continuous batching: up to max_batch sequences decode together, a

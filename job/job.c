@@ -41,6 +41,13 @@ static const prl_key_spec keys[] = {
     {"rollout.precision", PRL_KEY_STR, F(precision), 0, 0, "\"fp32\"",
      "fp32|bf16|fp16|aligned|aligned-bf16|aligned-fp16"},
     {"rollout.threads", PRL_KEY_INT, F(rollout_threads), 0, 256, "0", NULL},
+    {"rollout.source", PRL_KEY_STR, F(rollout_source), 0, 0, "\"engine\"", "engine|gateway"},
+    {"gateway.bind", PRL_KEY_STR, F(gateway_bind), 0, 0, "\"127.0.0.1:8000\"", NULL},
+    {"gateway.allow_remote", PRL_KEY_BOOL, F(gateway_allow_remote), 0, 1, "false", NULL},
+    {"gateway.max_body", PRL_KEY_INT, F(gateway_max_body), 1024, 268435456, "1048576", NULL},
+    {"gateway.groups", PRL_KEY_INT, F(gateway_groups), 0, 4096, "0", NULL},
+    {"gateway.episode_timeout", PRL_KEY_REAL, F(gateway_episode_timeout), 1, 86400, "300", NULL},
+    {"gateway.client_timeout", PRL_KEY_REAL, F(gateway_client_timeout), 1, 3600, "30", NULL},
     {"reward.workers", PRL_KEY_INT, F(reward_workers), 1, 64, "1", NULL},
     {"reward.timeout", PRL_KEY_REAL, F(reward_timeout), 0.01, 3600, "2.0", NULL},
     {"reward.program", PRL_KEY_ARGV, F(reward_program), 0, 64, "[]", NULL},
@@ -356,6 +363,28 @@ prl_status prl_job_name_check(const char *source, const char *key, const char *n
     return PRL_OK;
 }
 
+/* gateway.bind is HOST:PORT on loopback (127.0.0.1, localhost, [::1]) unless
+** gateway.allow_remote; port 0 lets the system choose one. */
+static prl_status check_gateway(const prl_job_config *c, const char *source)
+{
+    const char *b = c->gateway_bind, *colon = strrchr(b, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (!colon || colon == b || !colon[1] || *end || port < 0 || port > 65535)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'gateway.bind' = %s must be HOST:PORT (port 0..65535)",
+                             source, b);
+    size_t hl = (size_t)(colon - b);
+    int loop = (hl == 9 && !strncmp(b, "127.0.0.1", hl)) ||
+               (hl == 9 && !strncmp(b, "localhost", hl)) || (hl == 5 && !strncmp(b, "[::1]", hl));
+    if (!loop && !c->gateway_allow_remote)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'gateway.bind' = %s is not a loopback address: set "
+                             "gateway.allow_remote = true to serve other hosts",
+                             source, b);
+    return PRL_OK;
+}
+
 int prl_job_has_reward_program(const prl_job_config *c)
 {
     return c->reward_program && strcmp(c->reward_program, "[]") != 0;
@@ -369,6 +398,7 @@ prl_status prl_job_config_check(const prl_job_config *c, const char *source)
     if (!rc) rc = check_loss_scale(c, source);
     if (!rc) rc = check_mix(c, source);
     if (!rc) rc = check_opd(c, source);
+    if (!rc) rc = check_gateway(c, source);
     if (rc) return rc;
     if ((long)c->batch_prompts * c->group_size <= 0)
         return prl_error_set(PRL_ERR_CONFIG,

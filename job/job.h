@@ -37,8 +37,17 @@ typedef struct prl_job_config {
     /* rollout */
     int rollout_workers, batch_prompts, group_size, max_new_tokens, max_turns;
     double temperature, top_p;
-    char *precision;     /* fp32 | bf16 | fp16 | aligned | aligned-bf16 | aligned-fp16 */
-    int rollout_threads; /* threads of each rollout worker (0: prl run --threads) */
+    char *precision;      /* fp32 | bf16 | fp16 | aligned | aligned-bf16 | aligned-fp16 */
+    int rollout_threads;  /* threads of each rollout worker (0: prl run --threads) */
+    char *rollout_source; /* engine (rollout workers play the tasks) | gateway (outside agents
+                          ** play them through the gateway, docs/gateway.md) */
+    /* gateway (docs/gateway.md) */
+    char *gateway_bind;             /* HOST:PORT of the HTTP server (port 0: any free one) */
+    int gateway_allow_remote;       /* bind a non-loopback host */
+    int gateway_max_body;           /* request bodies larger than this are refused (413) */
+    int gateway_groups;             /* groups held at once (0: rollout.batch_prompts) */
+    double gateway_episode_timeout; /* an episode silent this long is ended (truncated) */
+    double gateway_client_timeout;  /* a connection idle this long is closed */
     /* trainer */
     int trainer_threads;     /* threads of the trainer (0: prl run --threads) */
     char *trainer_precision; /* fp32 | bf16 | fp16: the train path's arithmetic */

@@ -18,7 +18,8 @@
 #include <pthread.h>
 
 typedef struct prl_worker {
-    const char *role; /* "rollout", "reward", "trainer", "teacher" */
+    const char *role; /* "rollout", "reward", "trainer", "teacher", "gateway" */
+    int slots;        /* work items it takes at once (said in its hello) */
     char worker[64];  /* stable name, e.g. "rollout-0" */
     char endpoint[512];
     char run[128]; /* from the welcome */
@@ -51,6 +52,12 @@ typedef prl_status (*prl_worker_fn)(void *ctx, prl_worker *w, const prl_bus_msg 
 /* Serve messages of `work_type` with fn until stopped. PRL_OK after a stop; an error only
 ** when the socket failed. */
 prl_status prl_worker_serve(prl_worker *w, const char *work_type, prl_worker_fn fn, void *ctx);
+/* The same, calling idle(ctx, w) after every wait for a message (at most 200 ms apart): a
+** role with work of its own to send (the gateway's ended episodes). An error from idle stops
+** the loop and is returned. */
+typedef prl_status (*prl_worker_idle_fn)(void *ctx, prl_worker *w);
+prl_status prl_worker_serve_idle(prl_worker *w, const char *work_type, prl_worker_fn fn,
+                                 prl_worker_idle_fn idle, void *ctx);
 
 /* Send m to the controller and free it. */
 prl_status prl_worker_send(prl_worker *w, prl_bus_msg *m);

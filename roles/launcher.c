@@ -229,7 +229,14 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
     const char *tr[] = {"role",      "trainer",   "--connect", L->control_ep, "--name",
                         "trainer-0", "--threads", th,          NULL};
     add_child(L, "trainer-0", tr);
-    for (int i = 0; i < job->rollout_workers; i++) {
+    int gateway = !strcmp(job->rollout_source, "gateway");
+    char groups[16];
+    snprintf(groups, sizeof groups, "%d",
+             job->gateway_groups ? job->gateway_groups : job->batch_prompts);
+    const char *gwa[] = {"role",    "gateway", "--connect", L->control_ep, "--name", "gateway-0",
+                         "--slots", groups,    "--threads", rth,           NULL};
+    if (gateway) add_child(L, "gateway-0", gwa); /* outside agents play the rollouts */
+    for (int i = 0; !gateway && i < job->rollout_workers; i++) {
         char name[32];
         snprintf(name, sizeof name, "rollout-%d", i);
         const char *a[] = {"role",      "rollout", "--connect", L->control_ep, "--name", name,
@@ -263,6 +270,15 @@ static void announce(const char *run_dir, const prl_job_config *job)
                 "trainer, sandbox; logs in %s/logs/\n",
                 run_dir, job->domain, job->steps, job->batch_prompts, job->group_size, job->mode,
                 job->rollout_workers, job->reward_workers, job->teacher_workers, run_dir);
+    else if (!strcmp(job->rollout_source, "gateway"))
+        fprintf(stderr,
+                "prl run: %s: %s%s expert, %d steps of %d prompts x %d samples, %s mode; "
+                "episodes played by outside agents through the gateway (address in "
+                "%s/gateway.addr), %d reward workers, trainer, sandbox; logs in %s/logs/\n",
+                run_dir, strcmp(job->task_source, "file") ? job->domain : "prompt file ",
+                strcmp(job->task_source, "file") ? "" : job->task_path, job->steps,
+                job->batch_prompts, job->group_size, job->mode, run_dir, job->reward_workers,
+                run_dir);
     else
         fprintf(stderr,
                 "prl run: %s: %s%s expert, %d steps of %d prompts x %d samples, %s mode; "

@@ -38,6 +38,7 @@ typedef struct prl_worker_options {
     const char *name;    /* worker name, stable across restarts, e.g. "rollout-0" */
     const char *sandbox; /* rollout, reward: the sandbox service (NULL: a local sandbox) */
     int allow_remote;    /* allow a non-loopback tcp:// endpoint */
+    int slots;           /* work items taken at once (the gateway: groups; 0: 1) */
 } prl_worker_options;
 
 /* Join the run at o->connect and serve until stopped. PRL_OK after a `stop` or a signal;

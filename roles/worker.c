@@ -132,7 +132,10 @@ static prl_status greet(prl_worker *r, double timeout_s)
 static prl_status send_hello(prl_worker *r)
 {
     prl_bus_msg m;
-    prl_msg_hello h = {.role = r->role, .worker = r->worker, .pid = (uint64_t)getpid()};
+    prl_msg_hello h = {.role = r->role,
+                       .worker = r->worker,
+                       .pid = (uint64_t)getpid(),
+                       .slots = (uint64_t)(r->slots > 1 ? r->slots : 1)};
     prl_status rc = prl_msg_hello_encode(&h, r->run[0] ? r->run : "-", ++r->next_id, &m);
     return rc ? rc : prl_worker_send(r, &m);
 }
@@ -164,6 +167,7 @@ prl_status prl_worker_join(prl_worker *r, const char *role, const prl_worker_opt
 {
     memset(r, 0, sizeof *r);
     r->role = role;
+    r->slots = opt->slots;
     snprintf(r->worker, sizeof r->worker, "%s", opt->name);
     snprintf(r->endpoint, sizeof r->endpoint, "%s", opt->connect);
     r->heartbeat_s = 2.0;
@@ -240,11 +244,21 @@ const volatile sig_atomic_t *prl_role_stop_flag(void) { return &stop_signal; }
 
 prl_status prl_worker_serve(prl_worker *w, const char *work_type, prl_worker_fn fn, void *ctx)
 {
+    return prl_worker_serve_idle(w, work_type, fn, NULL, ctx);
+}
+
+prl_status prl_worker_serve_idle(prl_worker *w, const char *work_type, prl_worker_fn fn,
+                                 prl_worker_idle_fn idle, void *ctx)
+{
     while (!prl_worker_stopping(w)) {
         prl_bus_msg m;
         int got = 0;
-        prl_status rc = next_message(w, 200, &m, &got);
-        if (rc) return rc;
+        prl_status rc = next_message(w, idle ? 50 : 200, &m, &got);
+        if (!rc && idle) rc = idle(ctx, w);
+        if (rc) {
+            if (got) prl_bus_msg_free(&m);
+            return rc;
+        }
         if (!got) continue;
         if (strcmp(m.type, work_type))
             log_limited(w, &w->ignored_log, IGNORED, "ignored a '%s' message", m.type);

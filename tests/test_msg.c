@@ -85,7 +85,18 @@ START_TEST(test_result)
     ck_assert(y.routes && y.routes_bytes == 8 && y.route_shape.rows == 4 && !y.routes_dropped[0]);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(y.turns, 0), "content")),
                      "- a");
+    ck_assert(!y.has_reward);
     prl_msg_result_free(&y), prl_bus_msg_free(&d);
+    /* a gateway episode's posted reward travels in meta; outside [0, 1] neither end takes it */
+    x.has_reward = 1, x.reward = 0.75;
+    assert_ok(result_trip(&x, &d, &y));
+    ck_assert(y.has_reward && y.reward == 0.75);
+    prl_msg_result_free(&y), prl_bus_msg_free(&d);
+    x.reward = 1.5;
+    prl_bus_msg m;
+    ck_assert_int_eq(prl_msg_result_encode(&x, "r", 9, &m), PRL_ERR_FORMAT);
+    assert_msg_has("meta 'reward'");
+    x.has_reward = 0;
     /* a route record whose shape does not fit: the sample stays, its routes go */
     x.route_shape.rows = 5; /* 5 rows of a 5-token sample: at most tokens - 1 */
     assert_ok(result_trip(&x, &d, &y));
@@ -140,6 +151,27 @@ START_TEST(test_hello_error_work)
     wire(&m, &d);
     ck_assert_int_eq(prl_msg_hello_decode(&d, &hy), PRL_ERR_FORMAT);
     assert_msg_has("hello: unknown role 'judge'");
+    prl_bus_msg_free(&d);
+    /* slots: absent is 1; a gateway says how many leases it takes; 0 and > 4096 refused */
+    h.role = "gateway", h.slots = 12;
+    assert_ok(prl_msg_hello_encode(&h, "-", 1, &m));
+    wire(&m, &d);
+    assert_ok(prl_msg_hello_decode(&d, &hy));
+    ck_assert(hy.slots == 12 && !strcmp(hy.role, "gateway"));
+    prl_bus_msg_free(&d);
+    h.role = "rollout", h.slots = 0;
+    assert_ok(prl_msg_hello_encode(&h, "-", 1, &m));
+    wire(&m, &d);
+    assert_ok(prl_msg_hello_decode(&d, &hy));
+    ck_assert(hy.slots == 1);
+    prl_bus_msg_free(&d);
+    assert_ok(prl_bus_msg_init(&m, prl_msg_spec("hello"), "-", 1));
+    assert_ok(prl_bus_msg_set_str(&m, "role", "gateway"));
+    assert_ok(prl_bus_msg_set_str(&m, "worker", "gateway-0"));
+    assert_ok(prl_bus_msg_set_uint(&m, "slots", 5000));
+    wire(&m, &d);
+    ck_assert_int_eq(prl_msg_hello_decode(&d, &hy), PRL_ERR_FORMAT);
+    assert_msg_has("'slots' = 5000");
     prl_bus_msg_free(&d);
     /* error: ref always travels, lease only with has_lease (0 is a value then) */
     for (int with = 0; with < 2; with++) {

@@ -75,7 +75,7 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
         ctl_send_error(c, from, id, "message for run '%s', this is run '%s'", run, c->job->name);
         return;
     }
-    if (!strcmp(m->type, "result") && !strcmp(w->role, "rollout")) ctl_on_result(c, w, m, id);
+    if (!strcmp(m->type, "result") && !strcmp(w->role, c->rollout_role)) ctl_on_result(c, w, m, id);
     else if (!strcmp(m->type, "scored") && !strcmp(w->role, "reward")) ctl_on_scored(c, w, m, id);
     else if (!strcmp(m->type, "trained") && !strcmp(w->role, "trainer"))
         ctl_on_trained(c, w, m, id);
@@ -85,7 +85,7 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
         const char *why = prl_msg_error_decode(m, &e) ? "?" : e.reason;
         ctl_log("%s reports: %s", w->name, why);
         lease *l = e.has_lease ? ctl_lease_find(c, e.lease) : NULL;
-        if (l && &c->w[l->worker] == w && w->lease == e.lease) { /* only the holder gives it back */
+        if (l && &c->w[l->worker] == w) { /* only the holder gives it back */
             char reason[300];
             snprintf(reason, sizeof reason, "%s reported: %s", w->name, why);
             ctl_lease_failed(c, l, reason);
@@ -102,7 +102,7 @@ static void expire(ctl *c)
     for (int i = 0; i < c->nw; i++) {
         worker *w = &c->w[i];
         if (!w->peer.len || now - w->seen <= c->job->lease_seconds) continue;
-        if (w->lease) ctl_requeue_worker(c, w, "no heartbeat within controller.lease_seconds");
+        if (w->held) ctl_requeue_worker(c, w, "no heartbeat within controller.lease_seconds");
         ctl_log("%s is silent: forgotten until it says hello again", w->name);
         ctl_event(c, "lost", "{\"worker\": \"%s\"}", w->name);
         w->peer.len = 0;
@@ -178,6 +178,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
     memset(c, 0, sizeof *c);
     c->o = o, c->job = o->job, c->G = o->job->group_size, c->B = o->job->batch_prompts;
     c->lag = strcmp(o->job->mode, "async") ? 0 : o->job->max_lag;
+    c->rollout_role = strcmp(o->job->rollout_source, "gateway") ? "rollout" : "gateway";
     c->t_start = prl_now();
     char db_path[1100], ep[1100];
     snprintf(db_path, sizeof db_path, "%s/run.db", o->run_dir);

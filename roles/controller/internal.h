@@ -27,7 +27,9 @@ typedef struct worker {
     char name[64], role[16];
     prl_bus_peer peer;
     double seen;    /* last message or heartbeat */
-    uint64_t lease; /* lease held (0: idle) */
+    uint64_t lease; /* the newest lease held (0: none) */
+    int slots;      /* leases it takes at once (hello's `slots`: a gateway's groups; else 1) */
+    int held;       /* leases it holds */
     int holds;      /* teacher: 1 + the teacher index last leased to it (0: none) */
 } worker;
 
@@ -140,9 +142,10 @@ typedef struct ctl {
     uint64_t next_lease, next_id;
     /* steps */
     step_run st[MAX_INFLIGHT];
-    int64_t next_step; /* next step to open */
-    int64_t cursor;    /* next position of the candidate sequence */
-    int64_t version;   /* newest committed policy version */
+    int64_t next_step;        /* next step to open */
+    int64_t cursor;           /* next position of the candidate sequence */
+    int64_t version;          /* newest committed policy version */
+    const char *rollout_role; /* who plays the rollouts: "rollout", or "gateway" (rollout.source) */
     char version_path[1024];
     int64_t retired_epoch; /* last epoch the retirement rule ran for */
     int done;
@@ -209,7 +212,7 @@ void ctl_send_error(ctl *c, const prl_bus_peer *to, uint64_t ref, const char *fm
 /* The welcome (run directory, seed, job config) / a stop. */
 prl_status ctl_send_welcome(ctl *c, worker *w);
 void ctl_send_stop(ctl *c, worker *w, const char *why);
-/* A connected worker of `role` holding no lease, or NULL. */
+/* A connected worker of `role` with a free slot (most hold one lease at a time), or NULL. */
 worker *ctl_idle_worker(ctl *c, const char *role);
 
 /* prompts.c */

@@ -49,6 +49,7 @@ prl_status ctl_lease_new(ctl *c, lease_kind kind, int64_t step, int group, int s
                  .worker = (int)(w - c->w),
                  .started = prl_now()};
     w->lease = l->id;
+    w->held++;
     *out = l;
     return PRL_OK;
 }
@@ -60,6 +61,7 @@ void ctl_lease_end(ctl *c, uint64_t id)
         if (c->l[i].id != id) continue;
         worker *w = &c->w[c->l[i].worker];
         if (w->lease == id) w->lease = 0;
+        if (w->held > 0) w->held--;
         c->l[i] = c->l[--c->nl];
         return;
     }
@@ -241,6 +243,8 @@ void ctl_send_stop(ctl *c, worker *w, const char *why)
 worker *ctl_idle_worker(ctl *c, const char *role)
 {
     for (int i = 0; i < c->nw; i++)
-        if (!c->w[i].lease && c->w[i].peer.len && !strcmp(c->w[i].role, role)) return &c->w[i];
+        if (c->w[i].held < (c->w[i].slots > 1 ? c->w[i].slots : 1) && c->w[i].peer.len &&
+            !strcmp(c->w[i].role, role))
+            return &c->w[i];
     return NULL;
 }

@@ -48,7 +48,7 @@ void ctl_on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from, uint64
     }
     worker *w = ctl_worker_by_name(c, name);
     if (w) {
-        if (w->lease) ctl_requeue_worker(c, w, "the worker said hello again (restarted)");
+        if (w->held) ctl_requeue_worker(c, w, "the worker said hello again (restarted)");
         ctl_event(c, "rejoin", "{\"worker\": \"%s\", \"role\": \"%s\"}", name, role);
     } else {
         if (c->nw == MAX_WORKERS) {
@@ -64,7 +64,8 @@ void ctl_on_hello(ctl *c, const prl_bus_msg *m, const prl_bus_peer *from, uint64
     snprintf(w->role, sizeof w->role, "%s", role);
     w->peer = *from;
     w->seen = prl_now();
-    w->lease = 0, w->holds = 0;
+    w->lease = 0, w->holds = 0, w->held = 0;
+    w->slots = (int)x.slots;
     ctl_send_welcome(c, w);
 }
 
@@ -94,6 +95,38 @@ void ctl_on_heartbeat(ctl *c, const prl_bus_msg *m, uint64_t id)
     if (prl_msg_error_encode(&err, c->job->name, ++c->next_id, &e)) return;
     if (prl_bus_send(c->sock, &to, &e) == PRL_OK) ctl_log("asked '%s' to say hello again", name);
     prl_bus_msg_free(&e);
+}
+
+/* Sample j of g has its reward (state 2): an evaluation tallies it, a step stores it and
+** judges the group once every sample is scored. */
+static void sample_scored(ctl *c, step_run *r, group *g, int j)
+{
+    r->score_seconds += g->s[j].score_s;
+    if (r->eval) { /* evaluation samples are tallied, not stored (evals.c) */
+        g->scored++;
+        ctl_eval_scored(c, r, g);
+        return;
+    }
+    c->fatal = ctl_store_sample(c, r, g, j);
+    if (c->fatal) return;
+    g->scored++;
+    if (g->scored == c->G) ctl_judge_group(c, r, g);
+    if (ctl_step_rolled(c, r) && !r->t_scored) r->t_scored = prl_now();
+}
+
+/* A gateway episode whose harness posted the reward (docs/gateway.md) needs no scoring. */
+static void take_posted_reward(ctl *c, step_run *r, group *g, int j, double reward)
+{
+    slot *s = &g->s[j];
+    char detail[96];
+    snprintf(detail, sizeof detail, "{\"score\": %.17g, \"source\": \"harness\"}", reward);
+    s->detail = strdup(detail);
+    if (!s->detail) {
+        ctl_log("out of memory for a posted reward");
+        return; /* stays generated: a reward worker scores it */
+    }
+    s->reward = reward, s->flags = 0, s->score_s = 0, s->state = 2;
+    sample_scored(c, r, g, j);
 }
 
 /* Keep the first result of a sample (a repeat of re-leased work must be the same). */
@@ -178,8 +211,13 @@ void ctl_on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
         return;
     }
     slot *s = &g->s[x.sample];
-    if (!s->state) take_result(c, r, g, s, w, &x);
-    else if (s->n != (int)x.n_tokens || memcmp(s->tokens, x.tokens, x.n_tokens * sizeof *x.tokens))
+    int j = (int)x.sample, posted = 0;
+    double reward = x.reward;
+    if (!s->state) {
+        take_result(c, r, g, s, w, &x);
+        posted = s->state == 1 && x.has_reward;
+    } else if (s->n != (int)x.n_tokens ||
+               memcmp(s->tokens, x.tokens, x.n_tokens * sizeof *x.tokens))
         ctl_event(c, "mismatch",
                   "{\"step\": %llu, \"prompt\": \"%s\", \"sample\": %llu, \"why\": "
                   "\"a repeated result differs from the first; the first is kept\"}",
@@ -190,6 +228,7 @@ void ctl_on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
         g->lease = 0;
         if (l) ctl_lease_end(c, l->id);
     }
+    if (posted) take_posted_reward(c, r, g, j, reward); /* last: an evaluation may close */
 }
 
 void ctl_on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
@@ -227,17 +266,7 @@ void ctl_on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
     s->detail = (char *)x.detail; /* moved: x is not freed */
     s->score_s = 1e-6 * (double)x.score_us;
     s->state = 2;
-    r->score_seconds += s->score_s;
-    if (r->eval) { /* evaluation samples are tallied, not stored (evals.c) */
-        g->scored++;
-        ctl_eval_scored(c, r, g);
-        return;
-    }
-    c->fatal = ctl_store_sample(c, r, g, (int)x.sample);
-    if (c->fatal) return;
-    g->scored++;
-    if (g->scored == c->G) ctl_judge_group(c, r, g);
-    if (ctl_step_rolled(c, r) && !r->t_scored) r->t_scored = prl_now();
+    sample_scored(c, r, g, (int)x.sample);
 }
 
 /* The trainer flagged a collapsed router (route_entropy_alarm, docs/replay.md): an event in

@@ -350,7 +350,7 @@ static prl_status lease_samples(ctl *c, step_run *r)
     for (int gi = 0; gi < r->n && !rc; gi++) {
         group *g = &r->g[gi];
         if (!g->lease && g->generated < G) {
-            worker *w = ctl_idle_worker(c, "rollout");
+            worker *w = ctl_idle_worker(c, c->rollout_role);
             if (!w) break;
             rc = lease_rollout(c, r, gi, w);
         }

@@ -110,7 +110,7 @@ static prl_status lease_teach(ctl *c, step_run *r, int k, worker *w)
 static worker *idle_teacher(ctl *c, int k)
 {
     for (int i = 0; i < c->nw; i++)
-        if (!c->w[i].lease && c->w[i].peer.len && !strcmp(c->w[i].role, "teacher") &&
+        if (!c->w[i].held && c->w[i].peer.len && !strcmp(c->w[i].role, "teacher") &&
             c->w[i].holds == k + 1)
             return &c->w[i];
     return ctl_idle_worker(c, "teacher");

@@ -48,9 +48,13 @@ const prl_bus_type_spec *prl_msg_spec(const char *type);
 /* ---------------------------------------------------------------- session.c -------- */
 
 /* A worker announces itself; role is one of "rollout", "reward", "trainer", "teacher". */
+enum { PRL_MSG_MAX_SLOTS = 4096 };
 typedef struct prl_msg_hello {
-    const char *role, *worker;
+    const char *role, *worker; /* role: rollout, reward, trainer, teacher or gateway */
     uint64_t pid;
+    uint64_t slots; /* work items the worker takes at once, 1..PRL_MSG_MAX_SLOTS (0 or 1 on
+                    ** encode: the field is left out; decode: 1 when absent). A gateway holds
+                    ** one rollout lease per group its outside agents play */
 } prl_msg_hello;
 prl_status prl_msg_hello_encode(const prl_msg_hello *x, const char *run, uint64_t id,
                                 prl_bus_msg *m);
@@ -142,7 +146,9 @@ typedef struct prl_msg_result {
                               ** decode: a view into meta) */
     int truncated; /* the last turn was cut off */
     int turns_played;
-    json_t *meta;             /* decode, owned: the meta frame */
+    int has_reward; /* a gateway episode whose harness posted its reward (docs/gateway.md): */
+    double reward;  /* in [0, 1]; the sample needs no scoring */
+    json_t *meta;   /* decode, owned: the meta frame */
     char routes_dropped[256]; /* decode: why a routes frame of a bad shape was dropped ("") */
 } prl_msg_result;
 prl_status prl_msg_result_encode(const prl_msg_result *x, const char *run, uint64_t id,

@@ -101,6 +101,7 @@ static char *result_meta(const prl_msg_result *x)
     json_object_set_new(o, "truncated", json_boolean(x->truncated));
     json_object_set_new(o, "turns_played", json_integer(x->turns_played));
     if (x->routes) json_object_set_new(o, "route_shape", prl_route_shape_json(&x->route_shape));
+    if (x->has_reward) json_object_set_new(o, "reward", json_real(x->reward));
     char *text = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return text;
@@ -110,6 +111,11 @@ prl_status prl_msg_result_encode(const prl_msg_result *x, const char *run, uint6
                                  prl_bus_msg *m)
 {
     size_t nr = x->n_tokens - (size_t)x->prompt_len;
+    if (x->has_reward && !(x->reward >= 0 && x->reward <= 1)) {
+        memset(m, 0, sizeof *m); /* left empty, as on any encoder error */
+        return prl_error_set(PRL_ERR_FORMAT, "result: meta 'reward' %g must be in [0, 1]",
+                             x->reward);
+    }
     char *meta = result_meta(x);
     prl_status rc = meta ? prl_bus_msg_init(m, &prl_msg_result_spec, run, id)
                          : prl_error_set(PRL_ERR_NOMEM, "result meta");
@@ -191,6 +197,11 @@ static prl_status result_decode(const prl_bus_msg *m, prl_msg_result *x)
     x->turns = json_object_get(x->meta, "turns");
     x->truncated = json_is_true(json_object_get(x->meta, "truncated"));
     x->turns_played = (int)json_integer_value(json_object_get(x->meta, "turns_played"));
+    json_t *reward = json_object_get(x->meta, "reward");
+    if (reward && (!json_is_number(reward) || !(json_number_value(reward) >= 0) ||
+                   json_number_value(reward) > 1))
+        return prl_error_set(PRL_ERR_FORMAT, "meta 'reward' must be a number in [0, 1]");
+    x->has_reward = reward != NULL, x->reward = reward ? json_number_value(reward) : 0;
     if ((rc = result_values(x))) return rc;
     result_routes(m, x);
     return PRL_OK;

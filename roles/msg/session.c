@@ -7,10 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-const prl_bus_type_spec prl_msg_hello_spec = {"hello",
-                                              "a worker announces itself to the controller",
-                                              {MSG_S("role"), MSG_S("worker"), MSG_U_OPT("pid")},
-                                              {{0}}};
+const prl_bus_type_spec prl_msg_hello_spec = {
+    "hello",
+    "a worker announces itself to the controller",
+    {MSG_S("role"), MSG_S("worker"), MSG_U_OPT("pid"), MSG_U_OPT("slots")},
+    {{0}}};
 const prl_bus_type_spec prl_msg_welcome_spec = {
     "welcome",
     "the controller answers a hello: the run directory and the job config",
@@ -38,7 +39,7 @@ const prl_bus_type_spec prl_msg_ack_spec = {
 
 /* ---------------------------------------------------------------- hello ------------ */
 
-static const char *const worker_roles[] = {"rollout", "reward", "trainer", "teacher"};
+static const char *const worker_roles[] = {"rollout", "reward", "trainer", "teacher", "gateway"};
 
 prl_status prl_msg_hello_encode(const prl_msg_hello *x, const char *run, uint64_t id,
                                 prl_bus_msg *m)
@@ -47,6 +48,7 @@ prl_status prl_msg_hello_encode(const prl_msg_hello *x, const char *run, uint64_
     if (!rc) rc = prl_bus_msg_set_str(m, "role", x->role);
     if (!rc) rc = prl_bus_msg_set_str(m, "worker", x->worker);
     if (!rc) rc = prl_bus_msg_set_uint(m, "pid", x->pid);
+    if (!rc && x->slots > 1) rc = prl_bus_msg_set_uint(m, "slots", x->slots);
     return msg_done(rc, m, "hello");
 }
 
@@ -57,9 +59,14 @@ static prl_status hello_decode(const prl_bus_msg *m, prl_msg_hello *x)
     if (!rc) rc = msg_str(m, "worker", &x->worker);
     if (rc) return rc;
     x->pid = msg_uint_or(m, "pid", 0);
+    x->slots = msg_uint_or(m, "slots", 1);
+    if (x->slots < 1 || x->slots > PRL_MSG_MAX_SLOTS)
+        return prl_error_set(PRL_ERR_FORMAT, "field 'slots' = %llu must be in 1..%d",
+                             (unsigned long long)x->slots, PRL_MSG_MAX_SLOTS);
     for (size_t i = 0; i < sizeof worker_roles / sizeof worker_roles[0]; i++)
         if (!strcmp(x->role, worker_roles[i])) return PRL_OK;
-    return prl_error_set(PRL_ERR_FORMAT, "unknown role '%s' (rollout, reward, trainer or teacher)",
+    return prl_error_set(PRL_ERR_FORMAT,
+                         "unknown role '%s' (rollout, reward, trainer, teacher or gateway)",
                          x->role);
 }
 
