@@ -11,7 +11,7 @@ cmake --build build-fuzz --target fuzzers -j "$(nproc)" > build-fuzz/build.log 2
   { tail -30 build-fuzz/build.log; exit 1; }
 mkdir -p build-fuzz/artifacts
 status=0
-for name in bus safetensors tokenizer job prompts; do
+for name in bus safetensors tokenizer job prompts gateway; do
   mkdir -p "build-fuzz/corpus/$name"
   log=build-fuzz/fuzz_$name.log
   if build-fuzz/tests/fuzz/fuzz_$name "build-fuzz/corpus/$name" "tests/fuzz/corpus/$name" \

@@ -105,6 +105,11 @@ total=$(sqlite3 $db "SELECT count(*) FROM prompts")
 split=$(sqlite3 $db "SELECT count(*) FROM prompts WHERE split = 'eval'")
 [ "$split" -eq 6 ] || fail "$split eval prompts recorded, not 6"
 echo "ok: evaluations of versions $evals in run.db; $total prompts with their metadata"
+# a resumed run does not evaluate a version run.db already holds an evaluation of
+$prl run --resume runs/f > f2.out 2>&1 || { cat f2.out; fail "resume of a finished run"; }
+evals=$(sqlite3 $db "SELECT group_concat(json_extract(detail, '\$.version')) FROM events WHERE kind = 'eval'")
+[ "$evals" = "0,3,6" ] || fail "after a resume: eval events for versions '$evals', not 0,3,6"
+echo "ok: a resume evaluates no version twice"
 
 # ---- what a reward program is sent: a program that echoes the request's sizes back
 cat > echo.py <<'PY'

@@ -203,7 +203,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
                 o->job->name, ep, c->n_tasks, c->B, c->G, o->job->mode, c->lag,
                 (long long)c->next_step, o->job->steps);
     c->done = c->version >= o->job->steps;
-    c->eval_last = -1;
+    if (!rc) rc = ctl_eval_restore(c); /* a resumed run does not evaluate a version again */
     if (!rc) rc = ctl_eval_due(c, c->version);
     double last_expire = prl_now();
     while (!rc && (!c->done || ctl_eval_open(c)) && !(o->stop && *o->stop)) {

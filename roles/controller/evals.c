@@ -26,6 +26,26 @@ static int is_due(const ctl *c, int64_t v)
     return every > 0 && c->n_eval > 0 && v > c->eval_last && (v % every == 0 || v >= c->job->steps);
 }
 
+prl_status ctl_eval_restore(ctl *c)
+{
+    prl_store_event *ev = NULL;
+    size_t n = 0;
+    c->eval_last = -1;
+    prl_status rc = prl_store_events_list(c->db, c->run, &ev, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (strcmp(ev[i].kind, "eval")) continue;
+        json_error_t je;
+        json_t *d = json_loads(ev[i].detail, 0, &je);
+        int64_t v = json_integer_value(json_object_get(d, "version"));
+        json_decref(d);
+        /* a version above the current one was taken back (a fallback): it is made again and
+        ** evaluated again */
+        if (v > c->eval_last && v <= c->version) c->eval_last = v;
+    }
+    prl_store_events_free(ev, n);
+    return rc;
+}
+
 int ctl_eval_open(const ctl *c)
 {
     for (int i = 0; i < MAX_INFLIGHT; i++)

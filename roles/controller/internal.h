@@ -256,6 +256,9 @@ void ctl_on_taught(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 prl_status ctl_eval_due(ctl *c, int64_t v);
 /* An evaluation is in flight (the run waits for it before it ends). */
 int ctl_eval_open(const ctl *c);
+/* The newest version run.db's eval events cover, at most the current one, so that a resumed
+** run does not evaluate it again. */
+prl_status ctl_eval_restore(ctl *c);
 /* An evaluation's sample j of group g is scored (or its scoring failed): when every sample
 ** is, the results go to run.db (event `eval`) and the evaluation closes. */
 void ctl_eval_scored(ctl *c, step_run *r, group *g);
