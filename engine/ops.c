@@ -46,19 +46,43 @@ void prl_parallel_rows(int n_rows, prl_rows_fn fn, void *ctx)
 
 /* ------------------------------------------------------------------ matmul ---------- */
 
+/* A matmul's tasks share one B: in the float build it is packed once per call (on the pool)
+** into the calling thread's buffer, instead of once per task; the packed GEMM computes the
+** same bits as prl_gemm (gemm.c), so this changes speed only. The double build (OpenBLAS's
+** dgemm) and single-task calls go straight to prl_gemm. */
 typedef struct matmul_ctx {
     prl_real *out, *dinp, *dw;
     const prl_real *inp, *w, *dout;
     int N, C, OC;
     prl_real beta;
+#ifndef PRL_REAL_DOUBLE
+    const prl_packed_b *pk; /* op(B) of the call packed, or NULL */
+#endif
 } matmul_ctx;
+
+#ifndef PRL_REAL_DOUBLE
+static _Thread_local prl_packed_b tl_shared_b;
+
+/* op(B) [K, N] packed into the calling thread's buffer; NULL (plain GEMMs) if it cannot be. */
+static const prl_packed_b *pack_shared_b(int trans_b, int K, int N, const prl_real *B, int ldb)
+{
+    return prl_packed_b_repack(&tl_shared_b, trans_b, K, N, B, ldb) == PRL_OK ? &tl_shared_b : NULL;
+}
+#endif
 
 static void matmul_forward_block(void *p, int blk)
 {
     matmul_ctx *c = p;
     int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
-    prl_gemm(0, 1, rows, c->OC, c->C, 1, c->inp + (size_t)r0 * c->C, c->C, c->w, c->C, c->beta,
-             c->out + (size_t)r0 * c->OC, c->OC);
+    const prl_real *a = c->inp + (size_t)r0 * c->C;
+    prl_real *out = c->out + (size_t)r0 * c->OC;
+#ifndef PRL_REAL_DOUBLE
+    if (c->pk) {
+        prl_gemm_f32_packed(0, rows, 0, c->OC, 1, a, c->C, c->pk, c->beta, out, c->OC);
+        return;
+    }
+#endif
+    prl_gemm(0, 1, rows, c->OC, c->C, 1, a, c->C, c->w, c->C, c->beta, out, c->OC);
 }
 
 void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, int N, int C, int OC,
@@ -66,6 +90,9 @@ void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, i
 {
     /* inp is (N,C), w is (OC,C), out is (N,OC) */
     matmul_ctx c = {.out = out, .inp = inp, .w = w, .N = N, .C = C, .OC = OC, .beta = beta};
+#ifndef PRL_REAL_DOUBLE
+    if (n_blocks(N) > 1) c.pk = pack_shared_b(1, C, OC, w, C);
+#endif
     prl_parallel_for(n_blocks(N), matmul_forward_block, &c);
 }
 
@@ -73,8 +100,15 @@ static void matmul_dinp_block(void *p, int blk)
 {
     matmul_ctx *c = p;
     int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
-    prl_gemm(0, 0, rows, c->C, c->OC, 1, c->dout + (size_t)r0 * c->OC, c->OC, c->w, c->C, 1,
-             c->dinp + (size_t)r0 * c->C, c->C);
+    const prl_real *a = c->dout + (size_t)r0 * c->OC;
+    prl_real *dinp = c->dinp + (size_t)r0 * c->C;
+#ifndef PRL_REAL_DOUBLE
+    if (c->pk) {
+        prl_gemm_f32_packed(0, rows, 0, c->C, 1, a, c->OC, c->pk, 1, dinp, c->C);
+        return;
+    }
+#endif
+    prl_gemm(0, 0, rows, c->C, c->OC, 1, a, c->OC, c->w, c->C, 1, dinp, c->C);
 }
 
 /* dw tiles: PRL_ROW_BLOCK rows × PRL_ROW_BLOCK columns of dw, each reducing over all N
@@ -86,6 +120,13 @@ static void matmul_dw_block(void *p, int tile)
     int r0 = tile / col_tiles * PRL_ROW_BLOCK, c0 = tile % col_tiles * PRL_ROW_BLOCK;
     int rows = c->OC - r0 < PRL_ROW_BLOCK ? c->OC - r0 : PRL_ROW_BLOCK;
     int cols = c->C - c0 < PRL_ROW_BLOCK ? c->C - c0 : PRL_ROW_BLOCK;
+#ifndef PRL_REAL_DOUBLE
+    if (c->pk) { /* inp packed whole: the tile's columns of it */
+        prl_gemm_f32_packed(1, rows, c0, cols, 1, c->dout + r0, c->OC, c->pk, 1,
+                            c->dw + (size_t)r0 * c->C, c->C);
+        return;
+    }
+#endif
     prl_gemm(1, 0, rows, cols, c->N, 1, c->dout + r0, c->OC, c->inp + c0, c->C, 1,
              c->dw + (size_t)r0 * c->C + c0, c->C);
 }
@@ -96,8 +137,19 @@ void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout, con
     /* dout is (N,OC); dinp (N,C) += dout·w; dw (OC,C) += doutᵀ·inp */
     matmul_ctx c =
         {.dinp = dinp, .dw = dw, .dout = dout, .inp = inp, .w = w, .N = N, .C = C, .OC = OC};
-    if (dinp) prl_parallel_for(n_blocks(N), matmul_dinp_block, &c);
-    if (dw) prl_parallel_for(n_blocks(OC) * n_blocks(C), matmul_dw_block, &c);
+    if (dinp) {
+#ifndef PRL_REAL_DOUBLE
+        if (n_blocks(N) > 1) c.pk = pack_shared_b(0, OC, C, w, C);
+#endif
+        prl_parallel_for(n_blocks(N), matmul_dinp_block, &c);
+    }
+    if (dw) {
+#ifndef PRL_REAL_DOUBLE
+        /* each row of tiles reads all of inp: packed once when there are several */
+        c.pk = n_blocks(OC) > 1 ? pack_shared_b(0, N, C, inp, C) : NULL;
+#endif
+        prl_parallel_for(n_blocks(OC) * n_blocks(C), matmul_dw_block, &c);
+    }
 }
 
 /* ------------------------------------------------------------------ RMSNorm --------- */

@@ -109,8 +109,11 @@ START_TEST(test_trailing_zeros)
 }
 END_TEST
 
+/* Each case packs into a fresh prl_packed_b (init) and into one reused across the cases
+** (repack: its storage grows and shrinks, as a matmul's shared weight buffer does). */
 START_TEST(test_packed_equals_plain)
 {
+    prl_packed_b reused = {0};
     for (int ki = 0; ki < 7; ki++)
         for (int tb = 0; tb < 2; tb++) {
             int M = 37, N = 1100, K = depths[ki]; /* N crosses the NC = 1024 column block */
@@ -124,9 +127,17 @@ START_TEST(test_packed_equals_plain)
             prl_gemm_f32_packed(0, M, 512, N - 512, 0.5f, A, K, &pb, 1, C2, N);
             ck_assert_msg(!memcmp(C1, C2, (size_t)M * N * sizeof *C1), "K %d tb %d: packed differs",
                           K, tb);
+            ck_assert_int_eq(prl_packed_b_repack(&reused, tb, K, N, B, tb ? K : N), PRL_OK);
+            memcpy(C2, C1, (size_t)M * N * sizeof *C2);
+            prl_gemm_f32_packed(0, M, 0, 512, 0.5f, A, K, &pb, 1, C1, N);
+            prl_gemm_f32_packed(0, M, 512, N - 512, 0.5f, A, K, &pb, 1, C1, N);
+            prl_gemm_f32_packed(0, M, 0, N, 0.5f, A, K, &reused, 1, C2, N);
+            ck_assert_msg(!memcmp(C1, C2, (size_t)M * N * sizeof *C1),
+                          "K %d tb %d: repacked differs", K, tb);
             prl_packed_b_free(&pb);
             free(A), free(B), free(C1), free(C2);
         }
+    prl_packed_b_free(&reused);
 }
 END_TEST
 
