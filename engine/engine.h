@@ -162,6 +162,11 @@ void prl_gemm_f32_ref(int trans_a, int trans_b, int M, int N, int K, float alpha
                       int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* "avx2-fma 6x16" or "generic 6x16": the micro-kernel this CPU runs. */
 const char *prl_gemm_kernel_name(void);
+/* 1 when the engine's row kernels (softmax, log-probs, SiLU, norms, AdamW) run their AVX2
+** forms: the CPU has AVX2 and prl_row_kernels_avx2_set(0) has not turned them off. Both
+** forms give the same bits (tests compare them); set returns the previous state. */
+int prl_row_kernels_avx2(void);
+int prl_row_kernels_avx2_set(int on);
 
 /* op(B) [K, N] packed once for prl_gemm_f32_packed (a weight used by many GEMMs: the decode
 ** engine; a matmul's weight shared by its row-block tasks). Owns `data` (cap floats);

@@ -438,6 +438,29 @@ const char *prl_gemm_kernel_name(void)
     return kernel_has_fma ? "avx2-fma 6x16" : "generic 6x16";
 }
 
+static int row_kernels_off;
+
+int prl_row_kernels_avx2(void)
+{
+#ifdef PRL_GEMM_X86
+    static int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx2");
+    }
+    return has && !row_kernels_off;
+#else
+    return 0;
+#endif
+}
+
+int prl_row_kernels_avx2_set(int on)
+{
+    int was = prl_row_kernels_avx2();
+    row_kernels_off = !on;
+    return was;
+}
+
 /* ------------------------------------------------------------------ driver ---------- */
 
 /* Per-thread packing buffers (each pool task calls GEMMs on its own thread). */

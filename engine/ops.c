@@ -3,7 +3,9 @@
 ** attention kernels are in ops_attn.c.
 **
 ** GEMMs go to prl's batch-invariant GEMM (gemm.c; OpenBLAS's dgemm in the double build), one
-** call per fixed-size block of rows, blocks spread over prl's pool; everything else is plain C loops in a fixed order. Reductions that matter for
+** call per fixed-size block of rows, blocks spread over prl's pool; everything else is plain C
+** loops in a fixed order, the hot element-wise ones also in an 8-lane AVX2 form (chosen at run
+** time, same bits: ROW_AVX2). Reductions that matter for
 ** bitwise reproducibility (a row's sum, an expert's weight gradient) are always done by one
 ** task in index order.
 */
@@ -12,6 +14,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(PRL_OPS_X86) && !defined(PRL_REAL_DOUBLE)
+#define ROW_AVX2 1 /* the float build's 8-lane row kernels */
+#endif
 
 void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha, const prl_real *A,
               int lda, const prl_real *B, int ldb, prl_real beta, prl_real *C, int ldc)
@@ -161,6 +167,30 @@ typedef struct rmsnorm_ctx {
     double eps;
 } rmsnorm_ctx;
 
+/* The AVX2 forms of the norms' element-wise loops (the scalar loops after each call are
+** the reference and finish the tail); each returns how many elements it did. The row sums
+** stay scalar: their order is the result's. */
+#ifdef ROW_AVX2
+PRL_AVX2 static int rmsnorm_scale_avx2(float *y, const float *x, const float *g, float r, int C)
+{
+    int i = 0;
+    for (; i + 8 <= C; i += 8) prl_v8_store(y + i, prl_v8_load(g + i) * (prl_v8_load(x + i) * r));
+    return i;
+}
+
+PRL_AVX2 static int rmsnorm_dx_avx2(float *dx, float *dg, const float *x, const float *dy,
+                                    const float *g, float r, float k, int C)
+{
+    int i = 0;
+    for (; i + 8 <= C; i += 8) {
+        prl_v8f xv = prl_v8_load(x + i), dyv = prl_v8_load(dy + i);
+        prl_v8_store(dx + i, prl_v8_load(dx + i) + (prl_v8_load(g + i) * dyv * r - xv * k));
+        prl_v8_store(dg + i, prl_v8_load(dg + i) + dyv * (xv * r));
+    }
+    return i;
+}
+#endif
+
 static void rmsnorm_forward_rows(void *p, int r0, int r1)
 {
     rmsnorm_ctx *c = p;
@@ -170,7 +200,11 @@ static void rmsnorm_forward_rows(void *p, int r0, int r1)
         double ss = 0;
         for (int i = 0; i < c->C; i++) ss += (double)x[i] * x[i];
         prl_real r = (prl_real)(1.0 / sqrt(ss / c->C + c->eps));
-        for (int i = 0; i < c->C; i++) y[i] = c->g[i] * (x[i] * r);
+        int i = 0;
+#ifdef ROW_AVX2
+        if (prl_row_kernels_avx2()) i = rmsnorm_scale_avx2(y, x, c->g, r, c->C);
+#endif
+        for (; i < c->C; i++) y[i] = c->g[i] * (x[i] * r);
         c->rstd[n] = r;
     }
 }
@@ -204,7 +238,11 @@ static void rmsnorm_backward_rows(void *p, int r0, int r1)
         double dot = 0;
         for (int i = 0; i < c->C; i++) dot += (double)c->g[i] * dy[i] * x[i];
         prl_real k = (prl_real)(dot * r * r * r / c->C);
-        for (int i = 0; i < c->C; i++) {
+        int i = 0;
+#ifdef ROW_AVX2
+        if (prl_row_kernels_avx2()) i = rmsnorm_dx_avx2(dx, dg, x, dy, c->g, r, k, c->C);
+#endif
+        for (; i < c->C; i++) {
             dx[i] += c->g[i] * dy[i] * r - x[i] * k;
             dg[i] += dy[i] * (x[i] * r);
         }
@@ -467,9 +505,37 @@ void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_re
 
 /* One row of silu(g)·u and its backward. The float build runs 4 lanes at a time with the
 ** same per-element arithmetic as the scalar tail (bitwise equal results). */
+#ifdef ROW_AVX2
+PRL_AVX2 static int silu_mul_row_avx2(float *y, const float *g, const float *u, int F)
+{
+    int f = 0;
+    for (; f + 8 <= F; f += 8) {
+        prl_v8f gv = prl_v8_load(g + f);
+        prl_v8_store(y + f, gv / (1.0f + prl_expf8(-gv)) * prl_v8_load(u + f));
+    }
+    return f;
+}
+
+PRL_AVX2 static int silu_mul_backward_row_avx2(float *dg, float *du, const float *dy,
+                                               const float *g, const float *u, int F)
+{
+    int f = 0;
+    for (; f + 8 <= F; f += 8) {
+        prl_v8f gv = prl_v8_load(g + f), uv = prl_v8_load(u + f), dv = prl_v8_load(dy + f);
+        prl_v8f sg = 1.0f / (1.0f + prl_expf8(-gv));
+        prl_v8_store(dg + f, dv * uv * sg * (1.0f + gv * (1.0f - sg)));
+        prl_v8_store(du + f, dv * gv * sg);
+    }
+    return f;
+}
+#endif
+
 static void silu_mul_row(prl_real *y, const prl_real *g, const prl_real *u, int F)
 {
     int f = 0;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) f = silu_mul_row_avx2(y, g, u, F);
+#endif
 #ifndef PRL_REAL_DOUBLE
     for (; f + 4 <= F; f += 4) {
         prl_v4f gv = prl_v4_load(g + f);
@@ -484,6 +550,9 @@ static void silu_mul_backward_row(prl_real *dg, prl_real *du, const prl_real *dy
 {
     /* silu'(x) = σ(x)·(1 + x·(1 − σ(x))) */
     int f = 0;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) f = silu_mul_backward_row_avx2(dg, du, dy, g, u, F);
+#endif
 #ifndef PRL_REAL_DOUBLE
     for (; f + 4 <= F; f += 4) {
         prl_v4f gv = prl_v4_load(g + f), uv = prl_v4_load(u + f), dv = prl_v4_load(dy + f);
@@ -656,16 +725,55 @@ void prl_moe_gate_backward(prl_real *dz, const prl_real *dg, const int32_t *sel,
 
 /* ------------------------------------------------------------------ log-probs ------- */
 
+#ifdef ROW_AVX2
+/* acc += the 4-lane loop's terms for v in [0, done): each 8-lane exp is added as its low
+** then its high half, the order of two 4-lane steps. */
+PRL_AVX2 static int logprob_sum_avx2(prl_v4f *acc, const float *logits, int V, float inv_tau,
+                                     float m)
+{
+    int v = 0;
+    prl_v4f a = *acc;
+    for (; v + 8 <= V; v += 8) {
+        prl_v8f e = prl_expf8(prl_v8_load(logits + v) * inv_tau - m);
+        a += prl_v8_lo(e);
+        a += prl_v8_hi(e);
+    }
+    *acc = a;
+    return v;
+}
+
+PRL_AVX2 static int logprob_backward_avx2(float *dlogits, const float *logits, int V, float inv_tau,
+                                          float lse, float k)
+{
+    int v = 0;
+    for (; v + 8 <= V; v += 8)
+        prl_v8_store(dlogits + v, prl_v8_load(dlogits + v) -
+                                      k * prl_expf8(prl_v8_load(logits + v) * inv_tau - lse));
+    return v;
+}
+#endif
+
 prl_real prl_logprob_forward(prl_real *lse, const prl_real *logits, int V, int y, double tau)
 {
     prl_real inv_tau = (prl_real)(1.0 / tau);
     prl_real m = logits[0] * inv_tau;
-    for (int v = 1; v < V; v++) m = logits[v] * inv_tau > m ? logits[v] * inv_tau : m;
+    int v = 1;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) {
+        int done;
+        m = prl_v8_max_scaled(m, logits + 1, V - 1, inv_tau, &done);
+        v += done;
+    }
+#endif
+    for (; v < V; v++) m = logits[v] * inv_tau > m ? logits[v] * inv_tau : m;
     prl_real sum = 0;
-    int v = 0;
+    v = 0;
 #ifndef PRL_REAL_DOUBLE
     /* 4 partial sums, combined in lane order: a fixed order, so still reproducible */
     prl_v4f acc = prl_v4_splat(0);
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) v = logprob_sum_avx2(&acc, logits, V, inv_tau, m);
+#endif
     for (; v + 4 <= V; v += 4) acc += prl_expf4(prl_v4_load(logits + v) * inv_tau - m);
     for (int j = 0; j < 4; j++) sum += acc[j];
 #endif
@@ -687,6 +795,9 @@ void prl_logprob_backward_multi(prl_real *dlogits, const prl_real *logits, prl_r
     for (int i = 0; i < n; i++) w += ws[i];
     prl_real k = w * inv_tau; /* the softmax term once, with the weights' sum */
     int v = 0;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) v = logprob_backward_avx2(dlogits, logits, V, inv_tau, lse, k);
+#endif
 #ifndef PRL_REAL_DOUBLE
     for (; v + 4 <= V; v += 4)
         prl_v4_store(dlogits + v, prl_v4_load(dlogits + v) -
