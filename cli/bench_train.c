@@ -254,7 +254,7 @@ int cmd_bench_train(int argc, char **argv)
         printf("  prl      %8.1f tokens/s   %.3f s/step   %.1f GFLOP/s\n", prl_tps, prl_s, gflops);
         printf("  limit    %8.1f tokens/s   (the step's GEMM FLOPs at the sgemm rate)\n",
                limit_tps);
-        printf("  share of the limit = %.0f%%   (goal >= 70%%: %s)\n", 100 * share,
+        printf("  share of the limit = %.1f%%   (goal >= 70%%: %s)\n", 100 * share,
                share >= 0.70 ? "PASS" : "MISS");
         if (ref_tps > 0)
             printf("  pytorch  %8.1f tokens/s   %.3f s/step   (%s)\n  ratio prl/pytorch = %.2fx   "

@@ -117,22 +117,12 @@ __attribute__((target("avx2"))) static inline void store6(float *dst, __m256 v)
     _mm_storel_pi((__m64 *)(dst + 4), _mm256_extractf128_ps(v, 1));
 }
 
-/* A full MR-row panel, vectorised: the same floats as pack_a_panel_ref. Row-major A (ta = 0):
-** eight k of six rows (plus two zero rows) transposed at a time; transposed A (ta = 1): the
-** six floats of each k row copied. */
-__attribute__((target("avx2"))) static void pack_a_panel_avx2(float *dst, int ta, const float *A,
-                                                              int lda, int i, int k0, int kc)
+/* A full MR-row panel of row-major A (ta = 0), vectorised: the same floats as
+** pack_a_panel_ref; eight k of six rows (plus two zero rows) transposed at a time. */
+__attribute__((target("avx2"))) static void pack_a_panel_avx2(float *dst, const float *A, int lda,
+                                                              int i, int k0, int kc)
 {
     int k = 0;
-    if (ta) {
-        for (; k < kc; k++) {
-            const float *src = A + (size_t)(k0 + k) * lda + i;
-            _mm_storeu_ps(dst + k * MR, _mm_loadu_ps(src));
-            _mm_storel_pi((__m64 *)(dst + k * MR + 4),
-                          _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(src + 4)));
-        }
-        return;
-    }
     const float *src = A + (size_t)i * lda + k0;
     for (; k + 8 <= kc; k += 8) {
         __m256 r[8];
@@ -176,14 +166,41 @@ __attribute__((target("avx2"))) static void pack_b_panel_avx2(float *dst, int tb
 
 static int pack_fast; /* the AVX2 packers (chosen with the kernel) */
 
+#ifdef PRL_GEMM_X86
+/* `panels` full panels of transposed A (ta = 1) from row i, k outer: each source row k is
+** read once, contiguously, for all panels (a panel at a time would walk every k row, lda
+** apart, once per panel: a cache and TLB miss each time for a wide A). */
+__attribute__((target("avx2"))) static void pack_a_trans_avx2(float *dst, const float *A, int lda,
+                                                              int i, int panels, int k0, int kc)
+{
+    for (int k = 0; k < kc; k++) {
+        const float *src = A + (size_t)(k0 + k) * lda + i;
+        for (int p = 0; p < panels; p++) {
+            float *d = dst + (size_t)p * kc * MR + k * MR;
+            _mm_storeu_ps(d, _mm_loadu_ps(src + p * MR));
+            _mm_storel_pi((__m64 *)(d + 4),
+                          _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(src + p * MR + 4)));
+        }
+    }
+}
+#endif
+
 static void pack_a(float *dst, int ta, const float *A, int lda, int M, int i0, int mc, int k0,
                    int kc)
 {
-    for (int ir = 0; ir < mc; ir += MR, dst += (size_t)kc * MR) {
+    int ir = 0;
+#ifdef PRL_GEMM_X86
+    if (pack_fast && ta) {
+        int panels = min_int(mc, M - i0) / MR;
+        pack_a_trans_avx2(dst, A, lda, i0, panels, k0, kc);
+        ir = panels * MR, dst += (size_t)panels * kc * MR;
+    }
+#endif
+    for (; ir < mc; ir += MR, dst += (size_t)kc * MR) {
         int rows = min_int(MR, M - (i0 + ir));
 #ifdef PRL_GEMM_X86
-        if (pack_fast && rows == MR) {
-            pack_a_panel_avx2(dst, ta, A, lda, i0 + ir, k0, kc);
+        if (pack_fast && !ta && rows == MR) {
+            pack_a_panel_avx2(dst, A, lda, i0 + ir, k0, kc);
             continue;
         }
 #endif
@@ -480,47 +497,50 @@ static float *grow(float **buf, size_t *len, size_t want)
 
 static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-/* C[i0.., j0..] over one packed B block (kc × nc in NR panels). */
+#ifdef PRL_GEMM_X86
+/* rows (1..3) rows of C at C[0, j0..] over the packed A panel ap (rows beyond `rows` unused)
+** and the packed B block: the row kernel for one row, the 2- and 3-row kernels otherwise
+** (for 2 or 3 rows the 6-row kernel would spend 2/3 or 1/2 of its FMAs on padding). */
+static void small_rows_block(int rows, int kc, const float *ap, const float *bp, int j0, int nc,
+                             int N, float alpha, float beta, int first, float *C, int ldc)
+{
+    int width = (rows == 1 ? 4 : rows == 3 ? 2 : 3) * NR; /* 8 or 12 accumulators */
+    for (int jr = 0; jr < nc; jr += width) {
+        int cols = nc - jr < width ? nc - jr : width, np = (cols + NR - 1) / NR;
+        int last_nr = min_int(NR, N - (j0 + jr + (np - 1) * NR));
+        const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
+        float *c = C + j0 + jr;
+        if (rows == 1) kernel_row_avx2(kc, ap, bpan, np, last_nr, c, alpha, beta, first);
+        else if (rows == 3)
+            kernel_rows3_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
+        else kernel_rows2_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
+    }
+}
+#endif
+
+/* C[i0.., j0..] over one packed B block (kc × nc in NR panels). Full 6-row panels go to the
+** micro-kernel; a last panel of 1–3 rows to the small-rows kernels (same bits), one of 4–5
+** rows to the micro-kernel (about as fast). */
 static void macro_block(int ta, const float *A, int lda, int M, int k0, int kc, const float *bp,
                         int j0, int nc, int N, float alpha, float beta, int first, float *C,
                         int ldc)
 {
     float *ap = grow(&tl_a, &tl_a_len, (size_t)MC * kc);
     for (int i0 = 0; i0 < M; i0 += MC) {
-        int mc = M - i0 < MC ? M - i0 : MC;
+        int mc = M - i0 < MC ? M - i0 : MC, main_rows = mc;
         pack_a(ap, ta, A, lda, M, i0, round_up(mc, MR), k0, kc);
 #ifdef PRL_GEMM_X86
-        if (mc == 1 && kernel_has_fma) {
-            for (int jr = 0; jr < nc; jr += 4 * NR) {
-                int cols = nc - jr < 4 * NR ? nc - jr : 4 * NR, np = (cols + NR - 1) / NR;
-                int last_nr =
-                    N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
-                kernel_row_avx2(kc, ap, bp + (size_t)(jr / NR) * kc * NR, np, last_nr,
-                                C + (size_t)i0 * ldc + j0 + jr, alpha, beta, first);
-            }
-            continue;
-        }
-        if (mc <= 3 && kernel_has_fma) { /* 2 or 3 rows (4: the 6-row kernel is as fast) */
-            int three = mc == 3, width = (three ? 2 : 3) * NR; /* 12 accumulators */
-            for (int jr = 0; jr < nc; jr += width) {
-                int cols = nc - jr < width ? nc - jr : width, np = (cols + NR - 1) / NR;
-                int last_nr =
-                    N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
-                const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
-                float *c = C + (size_t)i0 * ldc + j0 + jr;
-                if (three) kernel_rows3_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
-                for (int r = 0; !three && r < mc; r += 2)
-                    kernel_rows2_avx2(kc, ap + r, bpan, np, last_nr, c + (size_t)r * ldc, ldc,
-                                      alpha, beta, first);
-            }
-            continue;
+        if (kernel_has_fma && mc % MR > 0 && mc % MR <= 3) {
+            main_rows = mc - mc % MR;
+            small_rows_block(mc % MR, kc, ap + (size_t)(main_rows / MR) * kc * MR, bp, j0, nc, N,
+                             alpha, beta, first, C + (size_t)(i0 + main_rows) * ldc, ldc);
         }
 #endif
         for (int jr = 0; jr < nc; jr += NR) {
             int nr = N - (j0 + jr) < NR ? N - (j0 + jr) : NR;
             const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
-            for (int ir = 0; ir < mc; ir += MR) {
-                int mr = mc - ir < MR ? mc - ir : MR;
+            for (int ir = 0; ir < main_rows; ir += MR) {
+                int mr = main_rows - ir < MR ? main_rows - ir : MR;
                 kernel(kc, ap + (size_t)(ir / MR) * kc * MR, bpan,
                        C + (size_t)(i0 + ir) * ldc + j0 + jr, ldc, mr, nr, alpha, beta, first);
             }
