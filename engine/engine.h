@@ -162,14 +162,24 @@ void prl_gemm_f32_ref(int trans_a, int trans_b, int M, int N, int K, float alpha
                       int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* "avx2-fma 6x16" or "generic 6x16": the micro-kernel this CPU runs. */
 const char *prl_gemm_kernel_name(void);
+/* 1 when the engine's row kernels (softmax, log-probs, SiLU, norms, AdamW) run their AVX2
+** forms: the CPU has AVX2 and prl_row_kernels_avx2_set(0) has not turned them off. Both
+** forms give the same bits (tests compare them); set returns the previous state. */
+int prl_row_kernels_avx2(void);
+int prl_row_kernels_avx2_set(int on);
 
 /* op(B) [K, N] packed once for prl_gemm_f32_packed (a weight used by many GEMMs: the decode
-** engine). Owns `data`; init/free pair. Results equal prl_gemm_f32's bitwise. */
+** engine; a matmul's weight shared by its row-block tasks). Owns `data` (cap floats);
+** init/free pair. Results equal prl_gemm_f32's bitwise. The packing runs on the pool. */
 typedef struct prl_packed_b {
     int K, N;
     float *data;
+    size_t cap;
 } prl_packed_b;
 prl_status prl_packed_b_init(prl_packed_b *pb, int trans_b, int K, int N, const float *B, int ldb);
+/* Pack op(B) into an initialised (or zeroed) pb, reusing its storage when it is big enough. */
+prl_status prl_packed_b_repack(prl_packed_b *pb, int trans_b, int K, int N, const float *B,
+                               int ldb);
 void prl_packed_b_free(prl_packed_b *pb);
 /* Columns [col0, col0+ncols) of C[M, N] = alpha·op(A)[M, K]·B + beta·C with B pre-packed;
 ** col0 a multiple of 16 (so column blocks can run as separate tasks). C is the whole matrix. */

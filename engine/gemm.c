@@ -50,28 +50,161 @@ static inline float b_at(int tb, const float *B, int ldb, int k, int j)
 static int min_int(int a, int b) { return a < b ? a : b; }
 
 /* Rows [i0, i0+mc) × depth [k0, k0+kc) of op(A) into MR-row micro-panels, each kc × MR
-** (k-major); rows past M are zero. Each branch reads its source along memory order. */
+** (k-major); rows past M are zero. Each branch reads its source along memory order. The
+** scalar reference of pack_a (the portable build runs it; the AVX2 build runs it for edge
+** panels): a copy, so any faster form that puts the same floats in the same places gives the
+** same GEMM bits. */
+static void pack_a_panel_ref(float *dst, int ta, const float *A, int lda, int rows, int i, int k0,
+                             int kc)
+{
+    if (rows < MR) memset(dst, 0, (size_t)kc * MR * sizeof *dst);
+    if (ta) {
+        for (int k = 0; k < kc; k++) {
+            const float *src = A + (size_t)(k0 + k) * lda + i;
+            for (int r = 0; r < rows; r++) dst[k * MR + r] = src[r];
+        }
+    } else if (rows == MR) { /* k outer: contiguous writes from six row streams */
+        const float *src = A + (size_t)i * lda + k0;
+        for (int k = 0; k < kc; k++)
+            for (int r = 0; r < MR; r++) dst[k * MR + r] = src[(size_t)r * lda + k];
+    } else {
+        for (int r = 0; r < rows; r++) {
+            const float *src = A + (size_t)(i + r) * lda + k0;
+            for (int k = 0; k < kc; k++) dst[k * MR + r] = src[k];
+        }
+    }
+}
+
+/* Depth [k0, k0+kc) × columns [j, j+NR) of op(B) into one NR-column micro-panel, kc × NR
+** (k-major); columns past `cols` are zero. The scalar reference of pack_b. */
+static void pack_b_panel_ref(float *dst, int tb, const float *B, int ldb, int cols, int j, int k0,
+                             int kc)
+{
+    if (cols < NR) memset(dst, 0, (size_t)kc * NR * sizeof *dst);
+    if (tb) {
+        for (int c = 0; c < cols; c++) {
+            const float *src = B + (size_t)(j + c) * ldb + k0;
+            for (int k = 0; k < kc; k++) dst[k * NR + c] = src[k];
+        }
+    } else {
+        for (int k = 0; k < kc; k++)
+            memcpy(dst + k * NR, B + (size_t)(k0 + k) * ldb + j, (size_t)cols * sizeof *dst);
+    }
+}
+
+#ifdef PRL_GEMM_X86
+/* The 8×8 transpose of r[0..8) in place (r[i] lane j → r[j] lane i). */
+__attribute__((target("avx2"))) static inline void transpose8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* The first MR (6) lanes of v to dst: 4 + 2 floats, never past dst + 6. */
+__attribute__((target("avx2"))) static inline void store6(float *dst, __m256 v)
+{
+    _mm_storeu_ps(dst, _mm256_castps256_ps128(v));
+    _mm_storel_pi((__m64 *)(dst + 4), _mm256_extractf128_ps(v, 1));
+}
+
+/* A full MR-row panel of row-major A (ta = 0), vectorised: the same floats as
+** pack_a_panel_ref; eight k of six rows (plus two zero rows) transposed at a time. */
+__attribute__((target("avx2"))) static void pack_a_panel_avx2(float *dst, const float *A, int lda,
+                                                              int i, int k0, int kc)
+{
+    int k = 0;
+    const float *src = A + (size_t)i * lda + k0;
+    for (; k + 8 <= kc; k += 8) {
+        __m256 r[8];
+        for (int q = 0; q < MR; q++) r[q] = _mm256_loadu_ps(src + (size_t)q * lda + k);
+        r[6] = r[7] = _mm256_setzero_ps();
+        transpose8(r);
+        for (int q = 0; q < 8; q++) store6(dst + (k + q) * MR, r[q]);
+    }
+    for (; k < kc; k++)
+        for (int q = 0; q < MR; q++) dst[k * MR + q] = src[(size_t)q * lda + k];
+}
+
+/* A full NR-column panel, vectorised: the same floats as pack_b_panel_ref. Transposed B
+** (tb = 1, a weight [N, K]): 8 columns × 8 k transposed at a time; row-major B: two 8-float
+** copies per k. */
+__attribute__((target("avx2"))) static void pack_b_panel_avx2(float *dst, int tb, const float *B,
+                                                              int ldb, int j, int k0, int kc)
+{
+    if (!tb) {
+        for (int k = 0; k < kc; k++) {
+            const float *src = B + (size_t)(k0 + k) * ldb + j;
+            _mm256_storeu_ps(dst + k * NR, _mm256_loadu_ps(src));
+            _mm256_storeu_ps(dst + k * NR + 8, _mm256_loadu_ps(src + 8));
+        }
+        return;
+    }
+    for (int h = 0; h < NR; h += 8) {
+        const float *src = B + (size_t)(j + h) * ldb + k0;
+        int k = 0;
+        for (; k + 8 <= kc; k += 8) {
+            __m256 r[8];
+            for (int c = 0; c < 8; c++) r[c] = _mm256_loadu_ps(src + (size_t)c * ldb + k);
+            transpose8(r);
+            for (int q = 0; q < 8; q++) _mm256_storeu_ps(dst + (k + q) * NR + h, r[q]);
+        }
+        for (; k < kc; k++)
+            for (int c = 0; c < 8; c++) dst[k * NR + h + c] = src[(size_t)c * ldb + k];
+    }
+}
+#endif
+
+static int pack_fast; /* the AVX2 packers (chosen with the kernel) */
+
+#ifdef PRL_GEMM_X86
+/* `panels` full panels of transposed A (ta = 1) from row i, k outer: each source row k is
+** read once, contiguously, for all panels (a panel at a time would walk every k row, lda
+** apart, once per panel: a cache and TLB miss each time for a wide A). */
+__attribute__((target("avx2"))) static void pack_a_trans_avx2(float *dst, const float *A, int lda,
+                                                              int i, int panels, int k0, int kc)
+{
+    for (int k = 0; k < kc; k++) {
+        const float *src = A + (size_t)(k0 + k) * lda + i;
+        for (int p = 0; p < panels; p++) {
+            float *d = dst + (size_t)p * kc * MR + k * MR;
+            _mm_storeu_ps(d, _mm_loadu_ps(src + p * MR));
+            _mm_storel_pi((__m64 *)(d + 4),
+                          _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(src + p * MR + 4)));
+        }
+    }
+}
+#endif
+
 static void pack_a(float *dst, int ta, const float *A, int lda, int M, int i0, int mc, int k0,
                    int kc)
 {
-    for (int ir = 0; ir < mc; ir += MR, dst += (size_t)kc * MR) {
+    int ir = 0;
+#ifdef PRL_GEMM_X86
+    if (pack_fast && ta) {
+        int panels = min_int(mc, M - i0) / MR;
+        pack_a_trans_avx2(dst, A, lda, i0, panels, k0, kc);
+        ir = panels * MR, dst += (size_t)panels * kc * MR;
+    }
+#endif
+    for (; ir < mc; ir += MR, dst += (size_t)kc * MR) {
         int rows = min_int(MR, M - (i0 + ir));
-        if (rows < MR) memset(dst, 0, (size_t)kc * MR * sizeof *dst);
-        if (ta) {
-            for (int k = 0; k < kc; k++) {
-                const float *src = A + (size_t)(k0 + k) * lda + i0 + ir;
-                for (int r = 0; r < rows; r++) dst[k * MR + r] = src[r];
-            }
-        } else if (rows == MR) { /* k outer: contiguous writes from six row streams */
-            const float *src = A + (size_t)(i0 + ir) * lda + k0;
-            for (int k = 0; k < kc; k++)
-                for (int r = 0; r < MR; r++) dst[k * MR + r] = src[(size_t)r * lda + k];
-        } else {
-            for (int r = 0; r < rows; r++) {
-                const float *src = A + (size_t)(i0 + ir + r) * lda + k0;
-                for (int k = 0; k < kc; k++) dst[k * MR + r] = src[k];
-            }
+#ifdef PRL_GEMM_X86
+        if (pack_fast && !ta && rows == MR) {
+            pack_a_panel_avx2(dst, A, lda, i0 + ir, k0, kc);
+            continue;
         }
+#endif
+        pack_a_panel_ref(dst, ta, A, lda, rows, i0 + ir, k0, kc);
     }
 }
 
@@ -82,17 +215,13 @@ static void pack_b(float *dst, int tb, const float *B, int ldb, int N, int j0, i
 {
     for (int jr = 0; jr < nc; jr += NR, dst += (size_t)kc * NR) {
         int cols = min_int(NR, N - (j0 + jr));
-        if (cols < NR) memset(dst, 0, (size_t)kc * NR * sizeof *dst);
-        if (tb) {
-            for (int c = 0; c < cols; c++) {
-                const float *src = B + (size_t)(j0 + jr + c) * ldb + k0;
-                for (int k = 0; k < kc; k++) dst[k * NR + c] = src[k];
-            }
-        } else {
-            for (int k = 0; k < kc; k++)
-                memcpy(dst + k * NR, B + (size_t)(k0 + k) * ldb + j0 + jr,
-                       (size_t)cols * sizeof *dst);
+#ifdef PRL_GEMM_X86
+        if (pack_fast && cols == NR) {
+            pack_b_panel_avx2(dst, tb, B, ldb, j0 + jr, k0, kc);
+            continue;
         }
+#endif
+        pack_b_panel_ref(dst, tb, B, ldb, cols, j0 + jr, k0, kc);
     }
 }
 
@@ -312,6 +441,7 @@ static void choose_kernel(void)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         kernel_has_fma = 1;
+        pack_fast = 1;
         kernel = kernel_avx2;
         return;
     }
@@ -323,6 +453,29 @@ const char *prl_gemm_kernel_name(void)
 {
     choose_kernel();
     return kernel_has_fma ? "avx2-fma 6x16" : "generic 6x16";
+}
+
+static int row_kernels_off;
+
+int prl_row_kernels_avx2(void)
+{
+#ifdef PRL_GEMM_X86
+    static int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx2");
+    }
+    return has && !row_kernels_off;
+#else
+    return 0;
+#endif
+}
+
+int prl_row_kernels_avx2_set(int on)
+{
+    int was = prl_row_kernels_avx2();
+    row_kernels_off = !on;
+    return was;
 }
 
 /* ------------------------------------------------------------------ driver ---------- */
@@ -344,47 +497,50 @@ static float *grow(float **buf, size_t *len, size_t want)
 
 static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-/* C[i0.., j0..] over one packed B block (kc × nc in NR panels). */
+#ifdef PRL_GEMM_X86
+/* rows (1..3) rows of C at C[0, j0..] over the packed A panel ap (rows beyond `rows` unused)
+** and the packed B block: the row kernel for one row, the 2- and 3-row kernels otherwise
+** (for 2 or 3 rows the 6-row kernel would spend 2/3 or 1/2 of its FMAs on padding). */
+static void small_rows_block(int rows, int kc, const float *ap, const float *bp, int j0, int nc,
+                             int N, float alpha, float beta, int first, float *C, int ldc)
+{
+    int width = (rows == 1 ? 4 : rows == 3 ? 2 : 3) * NR; /* 8 or 12 accumulators */
+    for (int jr = 0; jr < nc; jr += width) {
+        int cols = nc - jr < width ? nc - jr : width, np = (cols + NR - 1) / NR;
+        int last_nr = min_int(NR, N - (j0 + jr + (np - 1) * NR));
+        const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
+        float *c = C + j0 + jr;
+        if (rows == 1) kernel_row_avx2(kc, ap, bpan, np, last_nr, c, alpha, beta, first);
+        else if (rows == 3)
+            kernel_rows3_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
+        else kernel_rows2_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
+    }
+}
+#endif
+
+/* C[i0.., j0..] over one packed B block (kc × nc in NR panels). Full 6-row panels go to the
+** micro-kernel; a last panel of 1–3 rows to the small-rows kernels (same bits), one of 4–5
+** rows to the micro-kernel (about as fast). */
 static void macro_block(int ta, const float *A, int lda, int M, int k0, int kc, const float *bp,
                         int j0, int nc, int N, float alpha, float beta, int first, float *C,
                         int ldc)
 {
     float *ap = grow(&tl_a, &tl_a_len, (size_t)MC * kc);
     for (int i0 = 0; i0 < M; i0 += MC) {
-        int mc = M - i0 < MC ? M - i0 : MC;
+        int mc = M - i0 < MC ? M - i0 : MC, main_rows = mc;
         pack_a(ap, ta, A, lda, M, i0, round_up(mc, MR), k0, kc);
 #ifdef PRL_GEMM_X86
-        if (mc == 1 && kernel_has_fma) {
-            for (int jr = 0; jr < nc; jr += 4 * NR) {
-                int cols = nc - jr < 4 * NR ? nc - jr : 4 * NR, np = (cols + NR - 1) / NR;
-                int last_nr =
-                    N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
-                kernel_row_avx2(kc, ap, bp + (size_t)(jr / NR) * kc * NR, np, last_nr,
-                                C + (size_t)i0 * ldc + j0 + jr, alpha, beta, first);
-            }
-            continue;
-        }
-        if (mc <= 3 && kernel_has_fma) { /* 2 or 3 rows (4: the 6-row kernel is as fast) */
-            int three = mc == 3, width = (three ? 2 : 3) * NR; /* 12 accumulators */
-            for (int jr = 0; jr < nc; jr += width) {
-                int cols = nc - jr < width ? nc - jr : width, np = (cols + NR - 1) / NR;
-                int last_nr =
-                    N - (j0 + jr + (np - 1) * NR) < NR ? N - (j0 + jr + (np - 1) * NR) : NR;
-                const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
-                float *c = C + (size_t)i0 * ldc + j0 + jr;
-                if (three) kernel_rows3_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
-                for (int r = 0; !three && r < mc; r += 2)
-                    kernel_rows2_avx2(kc, ap + r, bpan, np, last_nr, c + (size_t)r * ldc, ldc,
-                                      alpha, beta, first);
-            }
-            continue;
+        if (kernel_has_fma && mc % MR > 0 && mc % MR <= 3) {
+            main_rows = mc - mc % MR;
+            small_rows_block(mc % MR, kc, ap + (size_t)(main_rows / MR) * kc * MR, bp, j0, nc, N,
+                             alpha, beta, first, C + (size_t)(i0 + main_rows) * ldc, ldc);
         }
 #endif
         for (int jr = 0; jr < nc; jr += NR) {
             int nr = N - (j0 + jr) < NR ? N - (j0 + jr) : NR;
             const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
-            for (int ir = 0; ir < mc; ir += MR) {
-                int mr = mc - ir < MR ? mc - ir : MR;
+            for (int ir = 0; ir < main_rows; ir += MR) {
+                int mr = main_rows - ir < MR ? main_rows - ir : MR;
                 kernel(kc, ap + (size_t)(ir / MR) * kc * MR, bpan,
                        C + (size_t)(i0 + ir) * ldc + j0 + jr, ldc, mr, nr, alpha, beta, first);
             }
@@ -425,20 +581,48 @@ void prl_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, co
 /* ------------------------------------------------------------------ pre-packed B ---- */
 
 /* Layout: for each K block (in order), the NR-column panels of all N columns, kc × NR each.
-** Panel (kb, p) starts at kb·KC·Npad + p·kc·NR where Npad = N rounded up to NR. */
+** Panel (kb, p) starts at kb·KC·Npad + p·kc·NR where Npad = N rounded up to NR. A pack is
+** cut into tasks of one K block × PACK_PANELS panels (a copy: the split changes no bit). */
+enum { PACK_PANELS = 16 };
+
+typedef struct pack_ctx {
+    const prl_packed_b *pb;
+    int trans_b, ldb, col_tasks;
+    const float *B;
+} pack_ctx;
+
+static void pack_task(void *p, int t)
+{
+    const pack_ctx *c = p;
+    int npad = round_up(c->pb->N, NR), k0 = t / c->col_tasks * KC;
+    int j0 = t % c->col_tasks * PACK_PANELS * NR, kc = min_int(KC, c->pb->K - k0);
+    pack_b(c->pb->data + (size_t)k0 * npad + (size_t)j0 * kc, c->trans_b, c->B, c->ldb, c->pb->N,
+           j0, min_int(PACK_PANELS * NR, npad - j0), k0, kc);
+}
+
+prl_status prl_packed_b_repack(prl_packed_b *pb, int trans_b, int K, int N, const float *B, int ldb)
+{
+    if (K <= 0 || N <= 0) return prl_error_set(PRL_ERR_ARG, "packed matrix %d x %d is empty", K, N);
+    int npad = round_up(N, NR);
+    size_t need = (size_t)K * npad;
+    if (pb->cap < need) {
+        free(pb->data);
+        pb->data = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63);
+        pb->cap = pb->data ? need : 0;
+        if (!pb->data) return prl_error_set(PRL_ERR_NOMEM, "packed matrix %d x %d", K, N);
+    }
+    pb->K = K, pb->N = N;
+    choose_kernel();
+    int col_tasks = (npad / NR + PACK_PANELS - 1) / PACK_PANELS;
+    pack_ctx c = {.pb = pb, .trans_b = trans_b, .ldb = ldb, .col_tasks = col_tasks, .B = B};
+    prl_parallel_for((K + KC - 1) / KC * col_tasks, pack_task, &c);
+    return PRL_OK;
+}
+
 prl_status prl_packed_b_init(prl_packed_b *pb, int trans_b, int K, int N, const float *B, int ldb)
 {
     memset(pb, 0, sizeof *pb);
-    if (K <= 0 || N <= 0) return prl_error_set(PRL_ERR_ARG, "packed matrix %d x %d is empty", K, N);
-    int npad = round_up(N, NR);
-    pb->K = K, pb->N = N;
-    pb->data = aligned_alloc(64, ((size_t)K * npad * sizeof(float) + 63) & ~(size_t)63);
-    if (!pb->data) return prl_error_set(PRL_ERR_NOMEM, "packed matrix %d x %d", K, N);
-    for (int k0 = 0; k0 < K; k0 += KC) {
-        int kc = K - k0 < KC ? K - k0 : KC;
-        pack_b(pb->data + (size_t)k0 * npad, trans_b, B, ldb, N, 0, npad, k0, kc);
-    }
-    return PRL_OK;
+    return prl_packed_b_repack(pb, trans_b, K, N, B, ldb);
 }
 
 void prl_packed_b_free(prl_packed_b *pb)

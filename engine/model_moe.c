@@ -39,6 +39,9 @@ typedef struct expert_ctx {
     dims D;
     expert_task *tasks;
     int n_tasks;
+#ifndef PRL_REAL_DOUBLE
+    const prl_packed_b *pk; /* per expert [w13, w2] packed for this pass (pack_experts) */
+#endif
 } expert_ctx;
 
 static int build_expert_tasks(expert_task *t, const int32_t *off, int E)
@@ -78,6 +81,67 @@ static expert_view expert_view_of(const expert_ctx *c, int i)
     return v;
 }
 
+#ifndef PRL_REAL_DOUBLE
+/* The float build packs each used expert's two matrices once per pass, for all of its
+** row-block tasks (a task per 128 rows packed them once per task); the packed GEMM computes
+** prl_gemm's bits. Forward: op(B) = w13ᵀ, w2ᵀ; backward: op(B) = w13, w2. The buffers are the
+** calling thread's, reused from layer to layer. */
+static _Thread_local prl_packed_b *tl_expert_pk;
+static _Thread_local int tl_expert_pk_n;
+
+typedef struct pack_ctx {
+    expert_ctx *c;
+    prl_packed_b *pk;
+    int transposed;
+} pack_ctx;
+
+static void pack_expert_task(void *p, int i)
+{
+    pack_ctx *k = p;
+    const expert_ctx *c = k->c;
+    const dims *D = &c->D;
+    int e = i / 2, d = D->d, de = D->de;
+    if (c->la->offsets[e + 1] == c->la->offsets[e]) return; /* no rows: never read */
+    const prl_model *m = c->m;
+    size_t base = expert_base(c->o, D, e);
+    const prl_real *w = i % 2 ? P(base + 2 * (size_t)de * d) : P(base);
+    int rows = i % 2 ? d : 2 * de, cols = i % 2 ? de : d; /* w is rows × cols */
+    prl_status rc = k->transposed ? prl_packed_b_repack(&k->pk[i], 1, cols, rows, w, cols)
+                                  : prl_packed_b_repack(&k->pk[i], 0, rows, cols, w, cols);
+    PRL_ASSERT(rc == PRL_OK);
+}
+
+static void pack_experts(expert_ctx *c, int transposed)
+{
+    int n = 2 * c->D.E;
+    if (tl_expert_pk_n < n) {
+        prl_packed_b *grown = realloc(tl_expert_pk, (size_t)n * sizeof *grown);
+        PRL_ASSERT(grown != NULL);
+        memset(grown + tl_expert_pk_n, 0, (size_t)(n - tl_expert_pk_n) * sizeof *grown);
+        tl_expert_pk = grown, tl_expert_pk_n = n;
+    }
+    pack_ctx k = {.c = c, .pk = tl_expert_pk, .transposed = transposed};
+    prl_parallel_for(n, pack_expert_task, &k);
+    c->pk = tl_expert_pk;
+}
+#endif
+
+/* out (rows, n) = a (rows, k)·op(B), B expert e's matrix `which` (0: w13, 1: w2), with the
+** packed copy when there is one. */
+static void expert_gemm(const expert_ctx *c, int trans_b, int e, int which, int rows, int n, int k,
+                        const prl_real *a, const prl_real *w, int ldw, prl_real *out)
+{
+#ifndef PRL_REAL_DOUBLE
+    if (c->pk) {
+        prl_gemm_f32_packed(0, rows, 0, n, 1, a, k, &c->pk[2 * e + which], 0, out, n);
+        return;
+    }
+#else
+    (void)c, (void)e, (void)which;
+#endif
+    prl_gemm(0, trans_b, rows, n, k, 1, a, k, w, ldw, 0, out, n);
+}
+
 static void expert_forward_task(void *p, int i)
 {
     expert_ctx *c = p;
@@ -85,13 +149,12 @@ static void expert_forward_task(void *p, int i)
     layer_acts *la = c->la;
     const dims *D = &c->D;
     expert_view v = expert_view_of(c, i);
-    prl_gemm(0, 1, v.t.rows, 2 * D->de, D->d, 1, la->xg + v.xo, D->d, v.w13, D->d, 0,
-             la->ea13 + 2 * v.ho, 2 * D->de);
+    expert_gemm(c, 1, v.t.e, 0, v.t.rows, 2 * D->de, D->d, la->xg + v.xo, v.w13, D->d,
+                la->ea13 + 2 * v.ho);
     model__rnd(m, la->ea13 + 2 * v.ho, (size_t)v.t.rows * 2 * D->de);
     prl_silu_mul_forward(la->eh + v.ho, la->ea13 + 2 * v.ho, v.t.rows, D->de);
     model__rnd(m, la->eh + v.ho, (size_t)v.t.rows * D->de);
-    prl_gemm(0, 1, v.t.rows, D->d, D->de, 1, la->eh + v.ho, D->de, v.w2, D->de, 0, la->yg + v.xo,
-             D->d);
+    expert_gemm(c, 1, v.t.e, 1, v.t.rows, D->d, D->de, la->eh + v.ho, v.w2, D->de, la->yg + v.xo);
     model__rnd(m, la->yg + v.xo, (size_t)v.t.rows * D->d);
 }
 
@@ -158,6 +221,9 @@ int model__moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     prl_parallel_rows(N * D.K, gather_rows, &tc);
     expert_ctx c = {.m = m, .la = la, .o = o, .D = D, .tasks = tasks};
     c.n_tasks = build_expert_tasks(tasks, la->offsets, D.E);
+#ifndef PRL_REAL_DOUBLE
+    pack_experts(&c, 1);
+#endif
     prl_parallel_for(c.n_tasks, expert_forward_task, &c);
     if (D.sde > 0)
         prl_swiglu_forward(a->tmp, la->a13, la->h, la->ln_f, P(o->sw1), P(o->sw2), N, D.d, D.sde, 0,
@@ -223,12 +289,11 @@ static void expert_backward_rows_task(void *p, int i)
     size_t NK = (size_t)a->N * D->K;
     prl_real *da13 = a->deh + 2 * v.ho, *dh = a->deh + 2 * NK * D->de + v.ho;
     /* dh = dyg·w2 (rows, de), then da13 (rows, 2de), then dxg = da13·w13 */
-    prl_gemm(0, 0, v.t.rows, D->de, D->d, 1, a->dyg + v.xo, D->d, v.w2, D->de, 0, dh, D->de);
+    expert_gemm(c, 0, v.t.e, 1, v.t.rows, D->de, D->d, a->dyg + v.xo, v.w2, D->de, dh);
     model__rnd(m, dh, (size_t)v.t.rows * D->de);
     prl_silu_mul_backward(da13, dh, la->ea13 + 2 * v.ho, v.t.rows, D->de);
     model__rnd(m, da13, (size_t)v.t.rows * 2 * D->de);
-    prl_gemm(0, 0, v.t.rows, D->d, 2 * D->de, 1, da13, 2 * D->de, v.w13, D->d, 0, a->dxg + v.xo,
-             D->d);
+    expert_gemm(c, 0, v.t.e, 0, v.t.rows, D->d, 2 * D->de, da13, v.w13, D->d, a->dxg + v.xo);
 }
 
 /* One task per (expert, matrix pair): the weight gradient reduces over all of the expert's
@@ -366,6 +431,9 @@ void model__ffn_backward(prl_model *m, int l, const prl_batch *b, expert_task *t
         prl_parallel_rows(N, dyg_rows, &tc);
         expert_ctx c = {.m = m, .la = la, .o = o, .D = D, .tasks = tasks};
         c.n_tasks = build_expert_tasks(tasks, la->offsets, D.E);
+#ifndef PRL_REAL_DOUBLE
+        pack_experts(&c, 0);
+#endif
         prl_parallel_for(c.n_tasks, expert_backward_rows_task, &c);
         prl_parallel_for(2 * D.E, expert_backward_weights_task, &c);
         prl_parallel_rows(N, scatter_rows, &tc);

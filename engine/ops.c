@@ -3,7 +3,9 @@
 ** attention kernels are in ops_attn.c.
 **
 ** GEMMs go to prl's batch-invariant GEMM (gemm.c; OpenBLAS's dgemm in the double build), one
-** call per fixed-size block of rows, blocks spread over prl's pool; everything else is plain C loops in a fixed order. Reductions that matter for
+** call per fixed-size block of rows, blocks spread over prl's pool; everything else is plain C
+** loops in a fixed order, the hot element-wise ones also in an 8-lane AVX2 form (chosen at run
+** time, same bits: ROW_AVX2). Reductions that matter for
 ** bitwise reproducibility (a row's sum, an expert's weight gradient) are always done by one
 ** task in index order.
 */
@@ -12,6 +14,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(PRL_OPS_X86) && !defined(PRL_REAL_DOUBLE)
+#define ROW_AVX2 1 /* the float build's 8-lane row kernels */
+#endif
 
 void prl_gemm(int trans_a, int trans_b, int M, int N, int K, prl_real alpha, const prl_real *A,
               int lda, const prl_real *B, int ldb, prl_real beta, prl_real *C, int ldc)
@@ -46,19 +52,43 @@ void prl_parallel_rows(int n_rows, prl_rows_fn fn, void *ctx)
 
 /* ------------------------------------------------------------------ matmul ---------- */
 
+/* A matmul's tasks share one B: in the float build it is packed once per call (on the pool)
+** into the calling thread's buffer, instead of once per task; the packed GEMM computes the
+** same bits as prl_gemm (gemm.c), so this changes speed only. The double build (OpenBLAS's
+** dgemm) and single-task calls go straight to prl_gemm. */
 typedef struct matmul_ctx {
     prl_real *out, *dinp, *dw;
     const prl_real *inp, *w, *dout;
     int N, C, OC;
     prl_real beta;
+#ifndef PRL_REAL_DOUBLE
+    const prl_packed_b *pk; /* op(B) of the call packed, or NULL */
+#endif
 } matmul_ctx;
+
+#ifndef PRL_REAL_DOUBLE
+static _Thread_local prl_packed_b tl_shared_b;
+
+/* op(B) [K, N] packed into the calling thread's buffer; NULL (plain GEMMs) if it cannot be. */
+static const prl_packed_b *pack_shared_b(int trans_b, int K, int N, const prl_real *B, int ldb)
+{
+    return prl_packed_b_repack(&tl_shared_b, trans_b, K, N, B, ldb) == PRL_OK ? &tl_shared_b : NULL;
+}
+#endif
 
 static void matmul_forward_block(void *p, int blk)
 {
     matmul_ctx *c = p;
     int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
-    prl_gemm(0, 1, rows, c->OC, c->C, 1, c->inp + (size_t)r0 * c->C, c->C, c->w, c->C, c->beta,
-             c->out + (size_t)r0 * c->OC, c->OC);
+    const prl_real *a = c->inp + (size_t)r0 * c->C;
+    prl_real *out = c->out + (size_t)r0 * c->OC;
+#ifndef PRL_REAL_DOUBLE
+    if (c->pk) {
+        prl_gemm_f32_packed(0, rows, 0, c->OC, 1, a, c->C, c->pk, c->beta, out, c->OC);
+        return;
+    }
+#endif
+    prl_gemm(0, 1, rows, c->OC, c->C, 1, a, c->C, c->w, c->C, c->beta, out, c->OC);
 }
 
 void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, int N, int C, int OC,
@@ -66,6 +96,9 @@ void prl_matmul_forward(prl_real *out, const prl_real *inp, const prl_real *w, i
 {
     /* inp is (N,C), w is (OC,C), out is (N,OC) */
     matmul_ctx c = {.out = out, .inp = inp, .w = w, .N = N, .C = C, .OC = OC, .beta = beta};
+#ifndef PRL_REAL_DOUBLE
+    if (n_blocks(N) > 1) c.pk = pack_shared_b(1, C, OC, w, C);
+#endif
     prl_parallel_for(n_blocks(N), matmul_forward_block, &c);
 }
 
@@ -73,8 +106,15 @@ static void matmul_dinp_block(void *p, int blk)
 {
     matmul_ctx *c = p;
     int r0 = blk * PRL_ROW_BLOCK, rows = c->N - r0 < PRL_ROW_BLOCK ? c->N - r0 : PRL_ROW_BLOCK;
-    prl_gemm(0, 0, rows, c->C, c->OC, 1, c->dout + (size_t)r0 * c->OC, c->OC, c->w, c->C, 1,
-             c->dinp + (size_t)r0 * c->C, c->C);
+    const prl_real *a = c->dout + (size_t)r0 * c->OC;
+    prl_real *dinp = c->dinp + (size_t)r0 * c->C;
+#ifndef PRL_REAL_DOUBLE
+    if (c->pk) {
+        prl_gemm_f32_packed(0, rows, 0, c->C, 1, a, c->OC, c->pk, 1, dinp, c->C);
+        return;
+    }
+#endif
+    prl_gemm(0, 0, rows, c->C, c->OC, 1, a, c->OC, c->w, c->C, 1, dinp, c->C);
 }
 
 /* dw tiles: PRL_ROW_BLOCK rows × PRL_ROW_BLOCK columns of dw, each reducing over all N
@@ -86,6 +126,13 @@ static void matmul_dw_block(void *p, int tile)
     int r0 = tile / col_tiles * PRL_ROW_BLOCK, c0 = tile % col_tiles * PRL_ROW_BLOCK;
     int rows = c->OC - r0 < PRL_ROW_BLOCK ? c->OC - r0 : PRL_ROW_BLOCK;
     int cols = c->C - c0 < PRL_ROW_BLOCK ? c->C - c0 : PRL_ROW_BLOCK;
+#ifndef PRL_REAL_DOUBLE
+    if (c->pk) { /* inp packed whole: the tile's columns of it */
+        prl_gemm_f32_packed(1, rows, c0, cols, 1, c->dout + r0, c->OC, c->pk, 1,
+                            c->dw + (size_t)r0 * c->C, c->C);
+        return;
+    }
+#endif
     prl_gemm(1, 0, rows, cols, c->N, 1, c->dout + r0, c->OC, c->inp + c0, c->C, 1,
              c->dw + (size_t)r0 * c->C + c0, c->C);
 }
@@ -96,8 +143,19 @@ void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout, con
     /* dout is (N,OC); dinp (N,C) += dout·w; dw (OC,C) += doutᵀ·inp */
     matmul_ctx c =
         {.dinp = dinp, .dw = dw, .dout = dout, .inp = inp, .w = w, .N = N, .C = C, .OC = OC};
-    if (dinp) prl_parallel_for(n_blocks(N), matmul_dinp_block, &c);
-    if (dw) prl_parallel_for(n_blocks(OC) * n_blocks(C), matmul_dw_block, &c);
+    if (dinp) {
+#ifndef PRL_REAL_DOUBLE
+        if (n_blocks(N) > 1) c.pk = pack_shared_b(0, OC, C, w, C);
+#endif
+        prl_parallel_for(n_blocks(N), matmul_dinp_block, &c);
+    }
+    if (dw) {
+#ifndef PRL_REAL_DOUBLE
+        /* each row of tiles reads all of inp: packed once when there are several */
+        c.pk = n_blocks(OC) > 1 ? pack_shared_b(0, N, C, inp, C) : NULL;
+#endif
+        prl_parallel_for(n_blocks(OC) * n_blocks(C), matmul_dw_block, &c);
+    }
 }
 
 /* ------------------------------------------------------------------ RMSNorm --------- */
@@ -109,6 +167,30 @@ typedef struct rmsnorm_ctx {
     double eps;
 } rmsnorm_ctx;
 
+/* The AVX2 forms of the norms' element-wise loops (the scalar loops after each call are
+** the reference and finish the tail); each returns how many elements it did. The row sums
+** stay scalar: their order is the result's. */
+#ifdef ROW_AVX2
+PRL_AVX2 static int rmsnorm_scale_avx2(float *y, const float *x, const float *g, float r, int C)
+{
+    int i = 0;
+    for (; i + 8 <= C; i += 8) prl_v8_store(y + i, prl_v8_load(g + i) * (prl_v8_load(x + i) * r));
+    return i;
+}
+
+PRL_AVX2 static int rmsnorm_dx_avx2(float *dx, float *dg, const float *x, const float *dy,
+                                    const float *g, float r, float k, int C)
+{
+    int i = 0;
+    for (; i + 8 <= C; i += 8) {
+        prl_v8f xv = prl_v8_load(x + i), dyv = prl_v8_load(dy + i);
+        prl_v8_store(dx + i, prl_v8_load(dx + i) + (prl_v8_load(g + i) * dyv * r - xv * k));
+        prl_v8_store(dg + i, prl_v8_load(dg + i) + dyv * (xv * r));
+    }
+    return i;
+}
+#endif
+
 static void rmsnorm_forward_rows(void *p, int r0, int r1)
 {
     rmsnorm_ctx *c = p;
@@ -118,7 +200,11 @@ static void rmsnorm_forward_rows(void *p, int r0, int r1)
         double ss = 0;
         for (int i = 0; i < c->C; i++) ss += (double)x[i] * x[i];
         prl_real r = (prl_real)(1.0 / sqrt(ss / c->C + c->eps));
-        for (int i = 0; i < c->C; i++) y[i] = c->g[i] * (x[i] * r);
+        int i = 0;
+#ifdef ROW_AVX2
+        if (prl_row_kernels_avx2()) i = rmsnorm_scale_avx2(y, x, c->g, r, c->C);
+#endif
+        for (; i < c->C; i++) y[i] = c->g[i] * (x[i] * r);
         c->rstd[n] = r;
     }
 }
@@ -152,7 +238,11 @@ static void rmsnorm_backward_rows(void *p, int r0, int r1)
         double dot = 0;
         for (int i = 0; i < c->C; i++) dot += (double)c->g[i] * dy[i] * x[i];
         prl_real k = (prl_real)(dot * r * r * r / c->C);
-        for (int i = 0; i < c->C; i++) {
+        int i = 0;
+#ifdef ROW_AVX2
+        if (prl_row_kernels_avx2()) i = rmsnorm_dx_avx2(dx, dg, x, dy, c->g, r, k, c->C);
+#endif
+        for (; i < c->C; i++) {
             dx[i] += c->g[i] * dy[i] * r - x[i] * k;
             dg[i] += dy[i] * (x[i] * r);
         }
@@ -415,9 +505,37 @@ void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_re
 
 /* One row of silu(g)·u and its backward. The float build runs 4 lanes at a time with the
 ** same per-element arithmetic as the scalar tail (bitwise equal results). */
+#ifdef ROW_AVX2
+PRL_AVX2 static int silu_mul_row_avx2(float *y, const float *g, const float *u, int F)
+{
+    int f = 0;
+    for (; f + 8 <= F; f += 8) {
+        prl_v8f gv = prl_v8_load(g + f);
+        prl_v8_store(y + f, gv / (1.0f + prl_expf8(-gv)) * prl_v8_load(u + f));
+    }
+    return f;
+}
+
+PRL_AVX2 static int silu_mul_backward_row_avx2(float *dg, float *du, const float *dy,
+                                               const float *g, const float *u, int F)
+{
+    int f = 0;
+    for (; f + 8 <= F; f += 8) {
+        prl_v8f gv = prl_v8_load(g + f), uv = prl_v8_load(u + f), dv = prl_v8_load(dy + f);
+        prl_v8f sg = 1.0f / (1.0f + prl_expf8(-gv));
+        prl_v8_store(dg + f, dv * uv * sg * (1.0f + gv * (1.0f - sg)));
+        prl_v8_store(du + f, dv * gv * sg);
+    }
+    return f;
+}
+#endif
+
 static void silu_mul_row(prl_real *y, const prl_real *g, const prl_real *u, int F)
 {
     int f = 0;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) f = silu_mul_row_avx2(y, g, u, F);
+#endif
 #ifndef PRL_REAL_DOUBLE
     for (; f + 4 <= F; f += 4) {
         prl_v4f gv = prl_v4_load(g + f);
@@ -432,6 +550,9 @@ static void silu_mul_backward_row(prl_real *dg, prl_real *du, const prl_real *dy
 {
     /* silu'(x) = σ(x)·(1 + x·(1 − σ(x))) */
     int f = 0;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) f = silu_mul_backward_row_avx2(dg, du, dy, g, u, F);
+#endif
 #ifndef PRL_REAL_DOUBLE
     for (; f + 4 <= F; f += 4) {
         prl_v4f gv = prl_v4_load(g + f), uv = prl_v4_load(u + f), dv = prl_v4_load(dy + f);
@@ -604,16 +725,55 @@ void prl_moe_gate_backward(prl_real *dz, const prl_real *dg, const int32_t *sel,
 
 /* ------------------------------------------------------------------ log-probs ------- */
 
+#ifdef ROW_AVX2
+/* acc += the 4-lane loop's terms for v in [0, done): each 8-lane exp is added as its low
+** then its high half, the order of two 4-lane steps. */
+PRL_AVX2 static int logprob_sum_avx2(prl_v4f *acc, const float *logits, int V, float inv_tau,
+                                     float m)
+{
+    int v = 0;
+    prl_v4f a = *acc;
+    for (; v + 8 <= V; v += 8) {
+        prl_v8f e = prl_expf8(prl_v8_load(logits + v) * inv_tau - m);
+        a += prl_v8_lo(e);
+        a += prl_v8_hi(e);
+    }
+    *acc = a;
+    return v;
+}
+
+PRL_AVX2 static int logprob_backward_avx2(float *dlogits, const float *logits, int V, float inv_tau,
+                                          float lse, float k)
+{
+    int v = 0;
+    for (; v + 8 <= V; v += 8)
+        prl_v8_store(dlogits + v, prl_v8_load(dlogits + v) -
+                                      k * prl_expf8(prl_v8_load(logits + v) * inv_tau - lse));
+    return v;
+}
+#endif
+
 prl_real prl_logprob_forward(prl_real *lse, const prl_real *logits, int V, int y, double tau)
 {
     prl_real inv_tau = (prl_real)(1.0 / tau);
     prl_real m = logits[0] * inv_tau;
-    for (int v = 1; v < V; v++) m = logits[v] * inv_tau > m ? logits[v] * inv_tau : m;
+    int v = 1;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) {
+        int done;
+        m = prl_v8_max_scaled(m, logits + 1, V - 1, inv_tau, &done);
+        v += done;
+    }
+#endif
+    for (; v < V; v++) m = logits[v] * inv_tau > m ? logits[v] * inv_tau : m;
     prl_real sum = 0;
-    int v = 0;
+    v = 0;
 #ifndef PRL_REAL_DOUBLE
     /* 4 partial sums, combined in lane order: a fixed order, so still reproducible */
     prl_v4f acc = prl_v4_splat(0);
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) v = logprob_sum_avx2(&acc, logits, V, inv_tau, m);
+#endif
     for (; v + 4 <= V; v += 4) acc += prl_expf4(prl_v4_load(logits + v) * inv_tau - m);
     for (int j = 0; j < 4; j++) sum += acc[j];
 #endif
@@ -635,6 +795,9 @@ void prl_logprob_backward_multi(prl_real *dlogits, const prl_real *logits, prl_r
     for (int i = 0; i < n; i++) w += ws[i];
     prl_real k = w * inv_tau; /* the softmax term once, with the weights' sum */
     int v = 0;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2()) v = logprob_backward_avx2(dlogits, logits, V, inv_tau, lse, k);
+#endif
 #ifndef PRL_REAL_DOUBLE
     for (; v + 4 <= V; v += 4)
         prl_v4_store(dlogits + v, prl_v4_load(dlogits + v) -

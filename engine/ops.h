@@ -95,6 +95,65 @@ static inline prl_v4f prl_v4_load(const float *p)
 
 static inline void prl_v4_store(float *p, prl_v4f v) { __builtin_memcpy(p, &v, sizeof v); }
 
+/* 8 lanes for the AVX2 forms of the row kernels (functions marked PRL_AVX2, run only when
+** prl_row_kernels_avx2() says so). prl_expf8 performs prl_expf's IEEE operations on each
+** lane and C11 mode contracts no multiply-add, so every 8-lane loop gives the bits of its
+** scalar (reference) loop. */
+#if defined(__x86_64__) || defined(__i386__)
+#define PRL_OPS_X86 1
+#define PRL_AVX2 __attribute__((target("avx2")))
+typedef float prl_v8f __attribute__((vector_size(32)));
+typedef int32_t prl_v8i __attribute__((vector_size(32)));
+
+PRL_AVX2 static inline prl_v8f prl_v8_splat(float x) { return (prl_v8f){x, x, x, x, x, x, x, x}; }
+
+PRL_AVX2 static inline prl_v8f prl_v8_load(const float *p)
+{
+    prl_v8f v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
+PRL_AVX2 static inline void prl_v8_store(float *p, prl_v8f v) { __builtin_memcpy(p, &v, sizeof v); }
+
+/* Lanes 0..3 and 4..7. */
+PRL_AVX2 static inline prl_v4f prl_v8_lo(prl_v8f v) { return (prl_v4f){v[0], v[1], v[2], v[3]}; }
+PRL_AVX2 static inline prl_v4f prl_v8_hi(prl_v8f v) { return (prl_v4f){v[4], v[5], v[6], v[7]}; }
+
+/* Lane-wise a > b ? a : b, the scalar loops' max rule (a NaN a keeps b). */
+PRL_AVX2 static inline prl_v8f prl_v8_max(prl_v8f a, prl_v8f b)
+{
+    prl_v8i gt = a > b;
+    return (prl_v8f)(((prl_v8i)a & gt) | ((prl_v8i)b & ~gt));
+}
+
+PRL_AVX2 static inline prl_v8f prl_expf8(prl_v8f x)
+{
+    prl_v8i lo = x<prl_v8_splat(-87.0f), hi = x> prl_v8_splat(88.0f);
+    x = (prl_v8f)(((prl_v8i)prl_v8_splat(-87.0f) & lo) | ((prl_v8i)x & ~lo));
+    x = (prl_v8f)(((prl_v8i)prl_v8_splat(88.0f) & hi) | ((prl_v8i)x & ~hi));
+    prl_v8f n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    prl_v8f r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    prl_v8f p = prl_v8_splat(1.9875691500e-4f);
+    PRL_EXP_POLY(p, r);
+    prl_v8i e = (__builtin_convertvector(n, prl_v8i) + 127) << 23;
+    return p * (prl_v8f)e;
+}
+
+/* max(m, x[i] · k for i in [0, n)) under the scalar rule `v > m ? v : m` taken in index
+** order: lanes start at m and are combined in lane order, which gives the scalar loop's
+** value (ties between +0 and −0 aside, which no caller can tell apart: it subtracts the max). */
+PRL_AVX2 static inline float prl_v8_max_scaled(float m, const float *x, int n, float k, int *done)
+{
+    prl_v8f acc = prl_v8_splat(m);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = prl_v8_max(prl_v8_load(x + i) * k, acc);
+    for (int j = 0; j < 8; j++) m = acc[j] > m ? acc[j] : m;
+    *done = i;
+    return m;
+}
+#endif
+
 /* x[0..n) rounded in place to precision p (precision.c; a no-op in fp32): the rounding of an
 ** op output in a reduced-precision path, in either build. */
 static inline void prl_round_reals(prl_precision p, prl_real *x, size_t n)

@@ -37,19 +37,59 @@ static int row_lo(int t, int k0, int window)
     return window > 0 && t - window + 1 > k0 ? t - window + 1 - k0 : 0;
 }
 
+#if defined(PRL_OPS_X86) && !defined(PRL_REAL_DOUBLE)
+#define ROW_AVX2 1
+/* The AVX2 forms of softmax_row's token loops (its scalar loops finish the tail): the max
+** (prl_v8_max_scaled), x[i] = exp(x[i] − m), x[i] *= k; each returns how many it did. */
+PRL_AVX2 static int exp_shifted_avx2(float *x, int n, float m)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) prl_v8_store(x + i, prl_expf8(prl_v8_load(x + i) - m));
+    return i;
+}
+
+PRL_AVX2 static int scale_avx2(float *x, int n, float k)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) prl_v8_store(x + i, prl_v8_load(x + i) * k);
+    return i;
+}
+#endif
+
 /* Softmax of one row over the ns sink scores Ss and the token scores S[lo..hi]; the other
-** token entries up to `width` are set to zero. Sinks first, then tokens, in order. */
+** token entries up to `width` are set to zero. Sinks first, then tokens, in order: the sum
+** runs over the stored exps in that order whichever form computed them. */
 static void softmax_row(prl_real *Ss, int ns, prl_real *S, int lo, int hi, int width)
 {
+    int s = lo;
+#ifdef ROW_AVX2
+    int fast = prl_row_kernels_avx2(), n = hi - lo + 1;
+#endif
     prl_real m = ns > 0 ? Ss[0] : S[lo];
     for (int i = 1; i < ns; i++) m = Ss[i] > m ? Ss[i] : m;
-    for (int s = lo; s <= hi; s++) m = S[s] > m ? S[s] : m;
+#ifdef ROW_AVX2
+    if (fast) {
+        int done;
+        m = prl_v8_max_scaled(m, S + lo, n, 1.0f, &done);
+        s += done;
+    }
+#endif
+    for (; s <= hi; s++) m = S[s] > m ? S[s] : m;
     prl_real sum = 0;
     for (int i = 0; i < ns; i++) sum += (Ss[i] = PRL_EXP(Ss[i] - m));
-    for (int s = lo; s <= hi; s++) sum += (S[s] = PRL_EXP(S[s] - m));
+    s = lo;
+#ifdef ROW_AVX2
+    if (fast) s += exp_shifted_avx2(S + lo, n, m);
+#endif
+    for (int t = lo; t < s; t++) sum += S[t];
+    for (; s <= hi; s++) sum += (S[s] = PRL_EXP(S[s] - m));
     prl_real inv = 1 / sum;
     for (int i = 0; i < ns; i++) Ss[i] *= inv;
-    for (int s = lo; s <= hi; s++) S[s] *= inv;
+    s = lo;
+#ifdef ROW_AVX2
+    if (fast) s += scale_avx2(S + lo, n, inv);
+#endif
+    for (; s <= hi; s++) S[s] *= inv;
     for (int s = 0; s < lo; s++) S[s] = 0;
     for (int s = hi + 1; s < width; s++) S[s] = 0;
 }

@@ -218,6 +218,29 @@ static int build_tasks(const prl_optim *o, const prl_model *m, update_task *t)
     return n;
 }
 
+#if defined(PRL_OPS_X86) && !defined(PRL_REAL_DOUBLE)
+#include <immintrin.h>
+#define ROW_AVX2 1
+/* adamw_update's loop on 8 lanes (the same IEEE operations in the same order: sqrt and
+** division are correctly rounded in both forms); returns how many elements it did. */
+PRL_AVX2 static size_t adamw_avx2(float *w, const float *g, float *mm, float *vv, size_t n,
+                                  float b1, float b2, float decay, float step, float eps,
+                                  float ibc1, float ibc2)
+{
+    size_t i = 0;
+    float c1 = 1 - b1, c2 = 1 - b2;
+    for (; i + 8 <= n; i += 8) {
+        prl_v8f gv = prl_v8_load(g + i);
+        prl_v8f m = b1 * prl_v8_load(mm + i) + c1 * gv;
+        prl_v8f v = b2 * prl_v8_load(vv + i) + c2 * gv * gv;
+        prl_v8_store(mm + i, m), prl_v8_store(vv + i, v);
+        prl_v8f mhat = m * ibc1, root = (prl_v8f)_mm256_sqrt_ps((__m256)(v * ibc2));
+        prl_v8_store(w + i, prl_v8_load(w + i) * decay - step * mhat / (root + eps));
+    }
+    return i;
+}
+#endif
+
 static void adamw_update(update_ctx *c, const prl_param_info *p, size_t begin, size_t end)
 {
     prl_optim *o = c->o;
@@ -228,7 +251,13 @@ static void adamw_update(update_ctx *c, const prl_param_info *p, size_t begin, s
     prl_real decay = (prl_real)(decays(p) ? 1 - c->lr * k->weight_decay : 1);
     prl_real step = (prl_real)c->lr, eps = (prl_real)k->eps;
     prl_real ibc1 = (prl_real)(1 / c->bc1), ibc2 = (prl_real)(1 / c->bc2);
-    for (size_t i = begin; i < end; i++) {
+    size_t i = begin;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2())
+        i += adamw_avx2(w + i, g + i, mm + i, vv + i, end - begin, b1, b2, decay, step, eps, ibc1,
+                        ibc2);
+#endif
+    for (; i < end; i++) {
         mm[i] = b1 * mm[i] + (1 - b1) * g[i];
         vv[i] = b2 * vv[i] + (1 - b2) * g[i] * g[i];
         prl_real mhat = mm[i] * ibc1, vhat = vv[i] * ibc2;

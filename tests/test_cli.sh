@@ -203,6 +203,11 @@ expect_fail "eval: dump not writable" "--dump $work/no/such/dir.jsonl: the folde
 expect_fail "bench decode: bad batch list" "expected comma-separated sizes" $prl bench decode --batch 1,x
 expect_fail "bench pipeline: no --init" "missing required option '--init'" $prl bench pipeline
 expect_fail "bench pipeline: no tokenizer" "no tokenizer.json" $prl bench pipeline --init "$work/ck"
+# a smoke run of bench train: the GEMM rate sampled in each of the 2 rounds (3 + 3 a round)
+expect_ok "bench train smoke" $prl bench train --no-reference --rounds 2 --steps 1 --warmup 0 \
+  --batch 1 --seq 16 --threads 1 --json
+grep -q '"sgemm_limit_tokens_per_s": [0-9].*"gemm_rate_samples": 6}' "$work/last.out" \
+  && ok "bench train output" || bad "bench train output: $(tail -3 "$work/last.out")"
 # a smoke run: two tiny steps per mode, so the bench and the metrics it reads cannot rot
 expect_ok "bench pipeline smoke" $prl bench pipeline --init "$g" --steps 2 --batch 1 --group 2 \
   --max-new-tokens 8 --threads 1 --json

@@ -22,16 +22,18 @@ static float *random_matrix(size_t n, uint64_t seed)
 }
 
 /* Shapes that cross every tile edge: MR = 6, NR = 16, MC = 96, KC = 256; 1, 2 and 3 rows take
-** the small-rows kernels (the row kernel, 2 rows × 3 panels, 3 rows × 2 panels). */
-static const int sizes[] = {1, 2, 3, 5, 6, 7, 17, 33, 97, 130};
+** the small-rows kernels (the row kernel, 2 rows × 3 panels, 3 rows × 2 panels), alone or
+** after full panels (7, 8, 33, 97, 128), 4 and 5 leftover rows the 6-row one (17, 130). */
+static const int sizes[] = {1, 2, 3, 5, 6, 7, 8, 17, 33, 97, 128, 130};
+enum { N_SIZES = sizeof sizes / sizeof *sizes };
 static const int depths[] = {1, 3, 16, 255, 256, 257, 600};
 
 START_TEST(test_matches_reference_bitwise)
 {
     const float alphas[] = {1.0f, 0.37f}, betas[] = {0.0f, 1.0f, -0.5f};
     int checked = 0;
-    for (int mi = 0; mi < 10; mi++)
-        for (int ni = 0; ni < 10; ni += 3)
+    for (int mi = 0; mi < N_SIZES; mi++)
+        for (int ni = 0; ni < N_SIZES; ni += 3)
             for (int ki = 0; ki < 7; ki++)
                 for (int t = 0; t < 4; t++) {
                     int M = sizes[mi], N = sizes[ni], K = depths[ki], ta = t & 1, tb = t >> 1;
@@ -55,7 +57,7 @@ START_TEST(test_matches_reference_bitwise)
                     checked++;
                     free(A), free(B), free(C0), free(C1), free(C2);
                 }
-    ck_assert_int_eq(checked, 10 * 4 * 7 * 4);
+    ck_assert_int_eq(checked, N_SIZES * ((N_SIZES + 2) / 3) * 7 * 4);
 }
 END_TEST
 
@@ -109,8 +111,11 @@ START_TEST(test_trailing_zeros)
 }
 END_TEST
 
+/* Each case packs into a fresh prl_packed_b (init) and into one reused across the cases
+** (repack: its storage grows and shrinks, as a matmul's shared weight buffer does). */
 START_TEST(test_packed_equals_plain)
 {
+    prl_packed_b reused = {0};
     for (int ki = 0; ki < 7; ki++)
         for (int tb = 0; tb < 2; tb++) {
             int M = 37, N = 1100, K = depths[ki]; /* N crosses the NC = 1024 column block */
@@ -124,9 +129,17 @@ START_TEST(test_packed_equals_plain)
             prl_gemm_f32_packed(0, M, 512, N - 512, 0.5f, A, K, &pb, 1, C2, N);
             ck_assert_msg(!memcmp(C1, C2, (size_t)M * N * sizeof *C1), "K %d tb %d: packed differs",
                           K, tb);
+            ck_assert_int_eq(prl_packed_b_repack(&reused, tb, K, N, B, tb ? K : N), PRL_OK);
+            memcpy(C2, C1, (size_t)M * N * sizeof *C2);
+            prl_gemm_f32_packed(0, M, 0, 512, 0.5f, A, K, &pb, 1, C1, N);
+            prl_gemm_f32_packed(0, M, 512, N - 512, 0.5f, A, K, &pb, 1, C1, N);
+            prl_gemm_f32_packed(0, M, 0, N, 0.5f, A, K, &reused, 1, C2, N);
+            ck_assert_msg(!memcmp(C1, C2, (size_t)M * N * sizeof *C1),
+                          "K %d tb %d: repacked differs", K, tb);
             prl_packed_b_free(&pb);
             free(A), free(B), free(C1), free(C2);
         }
+    prl_packed_b_free(&reused);
 }
 END_TEST
 

@@ -596,6 +596,28 @@ START_TEST(test_determinism_across_threads)
 }
 END_TEST
 
+/* The row kernels' AVX2 forms (softmax with and without sinks, log-probs, SiLU, norms,
+** AdamW) train to the bits of their scalar references: three steps each way, two configs. */
+START_TEST(test_row_kernels_avx2_equal_reference)
+{
+    if (!prl_row_kernels_avx2()) return; /* this CPU runs the references only */
+    const char *configs[] = {small_config, blocks_config};
+    for (int i = 0; i < 2; i++) {
+        prl_model m;
+        build_from(&m, configs[i], 11);
+        size_t n = m.n_params;
+        prl_model_free(&m);
+        prl_row_kernels_avx2_set(0);
+        float *ref = train_three_steps(2, configs[i]);
+        prl_row_kernels_avx2_set(1);
+        float *fast = train_three_steps(2, configs[i]);
+        ck_assert_msg(!memcmp(ref, fast, n * sizeof *ref), "config %d: AVX2 forms differ", i);
+        free(ref), free(fast);
+    }
+    ck_assert_int_eq(prl_blas_init(0), PRL_OK);
+}
+END_TEST
+
 /* m (built from `config`, freed here) saved and loaded back bit for bit; then trained three
 ** steps with 1, 2 and 3 threads to the same bits, and every tensor of trained[] moved.
 ** *loaded receives the loaded model's config. */
@@ -1098,6 +1120,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, test_checkpoint_optimizer_checks);
     tcase_add_test(tc, test_checkpoint_clean_stale);
     tcase_add_test(tc, test_determinism_across_threads);
+    tcase_add_test(tc, test_row_kernels_avx2_equal_reference);
     tcase_add_test(tc, test_blocks_checkpoint_and_threads);
     tcase_add_test(tc, test_residual_blocks_checkpoint_and_threads);
     tcase_add_test(tc, test_batch_invariance);
