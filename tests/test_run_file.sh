@@ -65,17 +65,22 @@ descendants() { # pid: every process below it
 $prl run job.json > run.out 2>&1 &
 launcher=$!
 killed=0
-for _ in $(seq 1 600); do
+# from step 2 on, with the controller held (SIGSTOP) so that the run cannot end before the
+# reward worker finds its program gone: the steps left must still be scored, by a restart
+for _ in $(seq 1 3000); do
   if [ "$(steps_done f)" -ge 2 ]; then
+    ctl=$(pgrep -P "$launcher" -f "prl role controller" | head -n 1)
+    kill -STOP "$ctl"
     reward=$(pgrep -P "$launcher" -f "prl role reward" | head -n 1) # not the python tool's runs
     for p in $(descendants "$reward"); do
-      if tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "python3 .*main.py"; then
-        kill -9 "$p" && killed=$((killed + 1))
+      if { tr '\0' ' ' < "/proc/$p/cmdline"; } 2>/dev/null | grep -q "python3 .*main.py"; then
+        kill -9 "$p" 2>/dev/null && killed=$((killed + 1))
       fi
     done
-    break
+    kill -CONT "$ctl"
+    [ "$killed" -ge 1 ] && break
   fi
-  sleep 0.1
+  sleep 0.02
 done
 [ "$killed" -ge 1 ] || fail "no reward program process found to kill"
 wait "$launcher" || { cat run.out; fail "prl run failed"; }
