@@ -219,6 +219,9 @@ PY
     fail "the fallen-back run holds other samples"
   [ "$(sqlite3 runs/u/run.db "SELECT count(DISTINCT reward) FROM samples WHERE step = 0")" -gt 1 ] ||
     fail "rewards do not vary: the bitwise check would see no update"
+  # metrics.jsonl follows run.db back: the steps taken back are not listed twice
+  steps=$(python3 -c 'import json, sys; print(",".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' runs/fb/metrics.jsonl)
+  [ "$steps" = "0,1,2,3,4,5" ] || fail "metrics.jsonl after the fallback lists steps $steps"
   echo "ok: a corrupt newest checkpoint: --resume falls back to version 3 and ends bitwise equal ($(sha256sum runs/u/final/model.safetensors | cut -c1-16))"
 fi
 echo "test_recovery: all passed"

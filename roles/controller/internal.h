@@ -154,6 +154,8 @@ typedef struct ctl {
     prl_bus_log_limit reject_log;  /* CTL_REJECTED lines (a flood must not fill the log) */
     prl_bus_log_limit requeue_log; /* CTL_REQUEUED lines (each is an event in run.db too) */
     double t_start, t_last_commit;
+    int metrics_file_failed; /* an append to metrics.jsonl failed: no more until a restart's
+                             ** catch-up, so the file never has a gap */
     double interval_sum; /* of the steps committed by this process, for the ETA */
     int intervals;
 } ctl;
@@ -287,8 +289,9 @@ void ctl_step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double t
 void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, step_run *r);
 /* Append step's line {"step", ...metrics} to runs/NAME/metrics.jsonl (failures logged). */
 void ctl_metrics_append(ctl *c, int64_t step, const char *metrics);
-/* After a restart: append the lines of run.db's steps that metrics.jsonl lacks (a crash
-** between the commit and the append), so the file has every step once, in order. */
+/* After a restart: drop metrics.jsonl's lines of steps run.db no longer holds (a fallback to
+** an older version) and append those it lacks (a crash between the commit and the append),
+** so the file has every step once, in order. */
 prl_status ctl_metrics_catch_up(ctl *c);
 
 /* record.c */

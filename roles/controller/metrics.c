@@ -151,10 +151,11 @@ static char *metrics_line(int64_t step, const char *metrics)
     return text;
 }
 
-/* runs/NAME/metrics.jsonl: run.db is the source of truth, so a failure here is logged and
-** the next start's catch-up fills the gap. */
+/* runs/NAME/metrics.jsonl: run.db is the source of truth, so a failure here is logged, the
+** appends stop, and the next start's catch-up writes what is missing. */
 void ctl_metrics_append(ctl *c, int64_t step, const char *metrics)
 {
+    if (c->metrics_file_failed) return;
     char path[1200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", c->o->run_dir);
     char *line = metrics_line(step, metrics);
@@ -163,35 +164,50 @@ void ctl_metrics_append(ctl *c, int64_t step, const char *metrics)
                                          "step %lld: metrics are not a JSON "
                                          "object",
                                          (long long)step);
-    if (rc) ctl_log("metrics.jsonl: %s", prl_error_message());
+    if (rc) {
+        ctl_log("metrics.jsonl: %s (no more lines until the run restarts)", prl_error_message());
+        c->metrics_file_failed = 1;
+    }
     free(line);
 }
 
-/* The step of the file's last line, or -1 (no file, no line). */
-static int64_t last_step_in_file(const char *path)
+/* The file's lines of steps below `next` kept, the others dropped (a run taken back to an
+** older version: run.db dropped those steps, which are made again); returns the step of the
+** last line kept, or -1 (no file, no line). The file is prl's copy of run.db's steps. */
+static int64_t keep_steps_below(const char *path, int64_t next)
 {
     char *text = NULL;
-    size_t len = 0;
+    size_t len = 0, kept = 0;
     if (access(path, F_OK) != 0 || prl_file_append_line(path, NULL) ||
         prl_file_read(path, &text, &len))
         return -1;
-    while (len > 0 && text[len - 1] == '\n') text[--len] = 0;
-    char *last = strrchr(text, '\n');
-    json_error_t je;
-    json_t *o = json_loads(last ? last + 1 : text, 0, &je);
-    int64_t step = json_is_integer(json_object_get(o, "step"))
-                       ? (int64_t)json_integer_value(json_object_get(o, "step"))
-                       : -1;
-    json_decref(o);
+    int64_t last = -1;
+    for (char *line = text; *line;) {
+        char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) + 1 : strlen(line);
+        json_error_t je;
+        json_t *o = json_loadb(line, n, 0, &je);
+        int64_t step = json_is_integer(json_object_get(o, "step"))
+                           ? (int64_t)json_integer_value(json_object_get(o, "step"))
+                           : -1;
+        json_decref(o);
+        if (step < next) {
+            memmove(text + kept, line, n);
+            kept += n, last = step > last ? step : last;
+        }
+        line += n;
+    }
+    if (kept < len && prl_file_write_atomic(path, text, kept))
+        ctl_log("metrics.jsonl: %s", prl_error_message());
     free(text);
-    return step;
+    return last;
 }
 
 prl_status ctl_metrics_catch_up(ctl *c)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", c->o->run_dir);
-    for (int64_t s = last_step_in_file(path) + 1; s < c->next_step; s++) {
+    for (int64_t s = keep_steps_below(path, c->next_step) + 1; s < c->next_step; s++) {
         char *mt = NULL;
         prl_status rc = prl_store_step_metrics(c->db, c->run, s, &mt);
         if (rc) return rc;
