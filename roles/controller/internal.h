@@ -156,7 +156,7 @@ typedef struct ctl {
     double t_start, t_last_commit;
     int metrics_file_failed; /* an append to metrics.jsonl failed: no more until a restart's
                              ** catch-up, so the file never has a gap */
-    double interval_sum; /* of the steps committed by this process, for the ETA */
+    double interval_sum;     /* of the steps committed by this process, for the ETA */
     int intervals;
 } ctl;
 
