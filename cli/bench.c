@@ -1,12 +1,64 @@
 /*
-** bench.c — what the `prl bench` benches share: the median of timed rounds, and the PyTorch
-** reference (reference/pangu_ref.py) run as a child process on prl's BLAS core and threads.
+** bench.c — what the `prl bench` benches share: the median of timed rounds, the PyTorch
+** reference (reference/pangu_ref.py) run as a child process on prl's BLAS core and threads,
+** and the one temporary directory a bench may make, removed however the bench ends.
 */
 #include "cli/bench.h"
 
+#include <ftw.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- temp directory --- */
+
+static char tmp_dir[512];
+static pid_t tmp_owner; /* a forked child that exits must not remove its parent's folder */
+static int tmp_keep;
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void tmp_remove(void)
+{
+    if (!tmp_dir[0] || getpid() != tmp_owner) return;
+    if (tmp_keep) fprintf(stderr, "bench: kept %s\n", tmp_dir);
+    else nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tmp_dir[0] = 0;
+}
+
+static void tmp_on_signal(int sig)
+{
+    (void)sig;
+    exit(130); /* through atexit: Ctrl-C leaves no folder behind either */
+}
+
+const char *bench_tmpdir(const char *name)
+{
+    if (tmp_dir[0]) return tmp_dir;
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base || strlen(base) > 300) base = "/tmp";
+    snprintf(tmp_dir, sizeof tmp_dir, "%s/prl-bench-%s-XXXXXX", base, name);
+    if (!mkdtemp(tmp_dir)) {
+        prl_error_set(PRL_ERR_IO, "cannot make a temporary directory %s", tmp_dir);
+        tmp_dir[0] = 0;
+        return NULL;
+    }
+    tmp_owner = getpid();
+    atexit(tmp_remove);
+    signal(SIGINT, tmp_on_signal);
+    signal(SIGTERM, tmp_on_signal);
+    return tmp_dir;
+}
+
+void bench_tmpdir_keep(void) { tmp_keep = 1; }
+
+/* ---------------------------------------------------------------- rounds ----------- */
 
 static int cmp_double(const void *a, const void *b)
 {

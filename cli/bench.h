@@ -20,6 +20,14 @@ int cmd_bench_pipeline(int argc, char **argv); /* bench_pipeline.c: prl run, syn
 int cmd_bench_load(int argc, char **argv);     /* bench_load.c: checkpoint load time, memory */
 int cmd_bench_gateway(int argc, char **argv);  /* bench_gateway.c: the gateway under load */
 
+/* The bench's temporary directory $TMPDIR/prl-bench-NAME-XXXXXX (/tmp by default), made on the first call (later
+** calls return the same one): the bench's own, removed with everything in it when the
+** process exits, returns from main or is stopped by SIGINT/SIGTERM — unless
+** bench_tmpdir_keep() was called, which names it instead. NULL with the error set when it
+** cannot be made. */
+const char *bench_tmpdir(const char *name);
+void bench_tmpdir_keep(void);
+
 /* The median of v[0..n), n >= 1 (sorts v in place). */
 double bench_median(double *v, int n);
 

@@ -492,12 +492,12 @@ int cmd_bench_decode(int argc, char **argv)
     prl_infer_options io;
     if (cli_infer_options("bench", &io, a.precision, a.mla, a.matmul)) return 2;
     if (cli_setup_blas("bench", a.threads)) return 1;
-    char dir[] = "/tmp/prl-bench-decode-XXXXXX";
-    if (!mkdtemp(dir)) return cli_failf("bench", 1, "cannot make a temporary directory: %m");
+    const char *dir = bench_tmpdir("decode");
+    if (!dir) return cli_fail("bench");
     prl_model m;
     prl_tokenizer *tok = NULL;
     const char *ckpt = a.ckpt;
-    char made[sizeof dir + 16];
+    char made[600];
     if (a.ckpt) {
         if (prl_checkpoint_load_tokenizer(&m, a.ckpt, &tok)) return cli_fail("bench");
     } else { /* random weights, saved so the reference reads the very same ones */

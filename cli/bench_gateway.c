@@ -187,12 +187,12 @@ int cmd_bench_gateway(int argc, char **argv)
     if (clients < 1 || clients > 500 || !(seconds > 0) || max_tokens < 1 || max_batch < 1)
         return cli_failf("bench gateway", 2,
                          "--clients must be in 1..500, --seconds, --max-tokens, --max-batch > 0");
-    char dir[] = "/tmp/prl-bench-gw-XXXXXX", addr[64];
-    if (!mkdtemp(dir)) return cli_failf("bench gateway", 1, "mkdtemp failed");
+    const char *dir = bench_tmpdir("gw");
+    if (!dir) return cli_fail("bench gateway");
+    char addr[600];
     snprintf(addr, sizeof addr, "%s/addr", dir);
     int port = 0;
     pid_t gw = start_gateway(ckpt, addr, threads, max_batch, &port);
-    unlink(addr), rmdir(dir);
     if (gw < 0) return cli_failf("bench gateway", 1, "the gateway on %s did not start", ckpt);
     client *cs = calloc((size_t)clients, sizeof *cs);
     double t0 = now_s();

@@ -103,20 +103,6 @@ static prl_status make_checkpoint(const char *config, const char *out, size_t sh
     return rc;
 }
 
-/* Remove the generated directory: only the files export writes there. */
-static void remove_generated(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char path[4200];
-    while (d && (e = readdir(d)))
-        if (!strncmp(e->d_name, "model", 5) || !strcmp(e->d_name, "config.json"))
-            if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
-                unlink(path);
-    if (d) closedir(d);
-    rmdir(dir);
-}
-
 int cmd_bench_load(int argc, char **argv)
 {
     const char *ckpt = NULL, *config = PRL_SOURCE_DIR "/configs/models/bench-1b.json";
@@ -137,14 +123,12 @@ int cmd_bench_load(int argc, char **argv)
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (once) return ckpt ? load_once(ckpt) : cli_failf("bench", 2, "--once needs --ckpt");
     if (rounds < 1 || rounds > 50) return cli_failf("bench", 2, "--rounds must be in 1..50");
-    char tmp[] = "/tmp/prl-bench-load-XXXXXX", made[64];
+    char made[600];
     if (!ckpt) {
-        if (!mkdtemp(tmp)) return cli_failf("bench", 1, "cannot make a temporary directory: %m");
+        const char *tmp = bench_tmpdir("load");
+        if (!tmp) return cli_fail("bench");
         snprintf(made, sizeof made, "%s/hf", tmp);
-        if (make_checkpoint(config, made, (size_t)1 << 30)) {
-            rmdir(tmp);
-            return cli_fail("bench");
-        }
+        if (make_checkpoint(config, made, (size_t)1 << 30)) return cli_fail("bench");
     }
     const char *dir = ckpt ? ckpt : made;
     double secs[50], peaks[50], file = dir_bytes(dir);
@@ -155,10 +139,6 @@ int cmd_bench_load(int argc, char **argv)
         if (st == PRL_OK)
             fprintf(stderr, "bench: round %d: %.2f s, peak RSS %.0f MiB\n", i + 1, secs[i],
                     peaks[i] / 1048576.0);
-    }
-    if (!ckpt) {
-        remove_generated(made);
-        rmdir(tmp);
     }
     if (st) return cli_fail("bench");
     double t = bench_median(secs, rounds), peak = bench_median(peaks, rounds);

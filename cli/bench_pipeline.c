@@ -11,7 +11,6 @@
 #include "store/store.h"
 
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,12 +33,6 @@ typedef struct pipe_mode {
     int n;
     double roll_m, train_m, interval_m, slowest, ratio;
 } pipe_mode;
-
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
 
 /* The job both modes run: the same seed, prompts and sizes; only mode and threads differ.
 ** Checkpoints other than the newest few are pruned by the controller as in any run. */
@@ -190,8 +183,9 @@ int cmd_bench_pipeline(int argc, char **argv)
         modes[k].train = calloc((size_t)per_mode, sizeof(double));
         modes[k].interval = calloc((size_t)per_mode, sizeof(double));
     }
-    char dir[] = "/tmp/prl-bench-pipeline-XXXXXX";
-    if (!mkdtemp(dir)) return cli_failf("bench", 1, "cannot make a temporary directory: %m");
+    const char *dir = bench_tmpdir("pipeline");
+    if (!dir) return cli_fail("bench");
+    if (a.keep) bench_tmpdir_keep();
     prl_status st = PRL_OK;
     /* Rounds alternate the modes, so drift in the shared machine's speed hits both alike. */
     for (int r = 0; !st && r < a.rounds; r++)
@@ -257,7 +251,5 @@ int cmd_bench_pipeline(int argc, char **argv)
                pass ? "PASS" : "MISS");
     }
     for (int k = 0; k < 2; k++) free(modes[k].roll), free(modes[k].train), free(modes[k].interval);
-    if (a.keep) fprintf(stderr, "bench: runs kept in %s\n", dir);
-    else nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return 0;
 }

@@ -99,8 +99,9 @@ int cmd_bench_sandbox(int argc, char **argv)
     if (!(seconds > 0) || !(round_s > 0) || seconds < 2 * round_s)
         return cli_failf("bench", 2, "--seconds must be >= 2 x --round and both positive");
     static const char program[] = "print(1)\n";
-    char dir[] = "/tmp/prl-bench-sandbox.XXXXXX", file[64];
-    if (!mkdtemp(dir)) return cli_failf("bench", 1, "mkdtemp: %m");
+    const char *dir = bench_tmpdir("sandbox");
+    if (!dir) return cli_fail("bench");
+    char file[600];
     snprintf(file, sizeof file, "%s/main.py", dir);
     prl_sandbox_caps caps;
     prl_sandbox_options opt;
@@ -112,10 +113,7 @@ int cmd_bench_sandbox(int argc, char **argv)
     opt.python3 = python;
     opt.uid_base = 200000u + (unsigned)getpid(); /* see cmd_sandbox.c */
     if (st == PRL_OK) st = prl_sandbox_init(&sb, &opt);
-    if (st) {
-        unlink(file), rmdir(dir);
-        return cli_fail("bench");
-    }
+    if (st) return cli_fail("bench");
     prl_sandbox_request req = {.lang = "python3",
                                .program = program,
                                .program_len = sizeof program - 1};
@@ -135,7 +133,6 @@ int cmd_bench_sandbox(int argc, char **argv)
     }
     unsigned layers = prl_sandbox_layers(sb);
     prl_sandbox_free(sb);
-    unlink(file), rmdir(dir);
     if (rc) {
         free(iso), free(bare);
         return cli_failf("bench", 1, "a run failed (see above)");

@@ -208,11 +208,19 @@ expect_ok "bench train smoke" $prl bench train --no-reference --rounds 2 --steps
   --batch 1 --seq 16 --threads 1 --json
 grep -q '"sgemm_limit_tokens_per_s": [0-9].*"gemm_rate_samples": 6}' "$work/last.out" \
   && ok "bench train output" || bad "bench train output: $(tail -3 "$work/last.out")"
-# a smoke run: two tiny steps per mode, so the bench and the metrics it reads cannot rot
-expect_ok "bench pipeline smoke" $prl bench pipeline --init "$g" --steps 2 --batch 1 --group 2 \
-  --max-new-tokens 8 --threads 1 --json
+# a smoke run: two tiny steps per mode, so the bench and the metrics it reads cannot rot;
+# benches leave no temporary folder behind, also when they fail midway
+mkdir -p "$work/benchtmp"
+TMPDIR="$work/benchtmp" expect_ok "bench pipeline smoke" $prl bench pipeline --init "$g" --steps 2 \
+  --batch 1 --group 2 --max-new-tokens 8 --threads 1 --json
 grep -q '"mode": "sync".*"mode": "async".*"goal_met": ' "$work/last.out" && ok "bench pipeline output" \
   || bad "bench pipeline output: $(tail -3 "$work/last.out")"
+TMPDIR="$work/benchtmp" expect_ok "bench decode smoke" $prl bench decode --config \
+  "$src/configs/models/micro.json" --batch 1 --prompt-len 4 --new-tokens 4 --rounds 1 --no-reference
+TMPDIR="$work/benchtmp" expect_fail "bench decode: prompt too long" "exceeds max_position_embeddings" \
+  $prl bench decode --config "$src/configs/models/micro.json" --prompt-len 100000 --no-reference
+[ -z "$(ls -A "$work/benchtmp")" ] && ok "benches leave no temporary folder" \
+  || bad "left behind: $(ls "$work/benchtmp")"
 
 # tasks: generate / demos / check
 for d in reasoning general agent coding; do
