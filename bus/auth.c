@@ -209,7 +209,8 @@ static void log_refusal(zap_request *q, const char *why)
     snprintf(addr, sizeof addr, "%.*s", (int)(an < 79 ? an : 79),
              an ? (const char *)zmq_msg_data(&q->part[3]) : "");
     for (int i = 0; i < MAX_DOMAINS; i++)
-        if (domains[i].used && !strcmp(domains[i].name, dom)) log_domain_refusal(&domains[i], addr, why);
+        if (domains[i].used && !strcmp(domains[i].name, dom))
+            log_domain_refusal(&domains[i], addr, why);
 }
 
 static void reply(void *rep, zap_request *q, const char *code, const char *user)
@@ -321,7 +322,8 @@ static void *zap_main(void *arg)
         int idx[1 + MAX_DOMAINS], n = 1;
         items[0] = (zmq_pollitem_t){rep, 0, ZMQ_POLLIN, 0};
         for (int i = 0; i < MAX_DOMAINS; i++)
-            if (mon[i].pair) idx[n] = i, items[n++] = (zmq_pollitem_t){mon[i].pair, 0, ZMQ_POLLIN, 0};
+            if (mon[i].pair)
+                idx[n] = i, items[n++] = (zmq_pollitem_t){mon[i].pair, 0, ZMQ_POLLIN, 0};
         int rc = zmq_poll(items, n, 100); /* the timeout picks up new and closed domains */
         if (rc < 0 && zmq_errno() == ETERM) break;
         if (rc <= 0) continue;
@@ -406,8 +408,7 @@ void prl_bus_auth_unregister(const char *domain)
         auth_domain *d = &domains[i];
         if (!d->used || strcmp(d->name, domain)) continue;
         char held[200];
-        if (prl_bus_log_limit_held_line(&d->refused_log, "refused a connection", held,
-                                        sizeof held))
+        if (prl_bus_log_limit_held_line(&d->refused_log, "refused a connection", held, sizeof held))
             prl_bus_auth_log(d->log, d->log_ctx, d->label, held);
         memset(d, 0, sizeof *d);
     }
