@@ -25,6 +25,8 @@ typedef struct decode_args {
     const char *prompts; /* JSONL of real prompts (generate's formats) instead of random ids */
     double temperature;  /* 0 = greedy */
     uint64_t seed;
+    int group; /* > 1: random prompts repeat in groups of this many (a GRPO group), and the
+               ** prefill is also timed with each request prefilling its own prompt */
 } decode_args;
 
 /* What one timed generation runs: the requests (all decoded with max_batch = the batch size)
@@ -115,6 +117,8 @@ typedef struct decode_result {
     long plain_tokens, spec_tokens;   /* decode tokens of one round (the last), all sequences */
     long spec_equal;                  /* tokens equal to plain's at the same place, all sequences */
     int n_seq;                        /* sequences per round */
+    double own_prefill;               /* --group: median prefill without the shared prefill */
+    long shared_prefills;             /* --group: prompts copied from a twin in one prefill */
 } decode_result;
 
 /* Seconds of prl's generation of at most n_new tokens for every request of `run`; *decoded
@@ -289,6 +293,9 @@ static prl_status decode_requests(const decode_args *a, const prl_model *m,
     prl_rng_init(&r, a->seed, (uint64_t)B, 0, 0, PRL_RNG_TEST);
     for (int i = 0; i < B * P; i++)
         (*ids)[i] = 16 + (int32_t)(prl_rng_u64(&r) % (uint64_t)(m->cfg.vocab_size - 16));
+    for (int b = 0; a->group > 1 && b < B; b++) /* a group's sequences share its first prompt */
+        memcpy(*ids + (size_t)b * P, *ids + (size_t)(b - b % a->group) * P,
+               (size_t)P * sizeof **ids);
     run->n = B, run->sp.n_stop_ids = 0, *max_prompt = P;
     run->q = calloc((size_t)B, sizeof *run->q);
     for (int b = 0; b < B; b++)
@@ -296,6 +303,29 @@ static prl_status decode_requests(const decode_args *a, const prl_model *m,
                                       .prompt_len = P,
                                       .seq_id = (uint64_t)b};
     return write_prompts(file, *ids, B, P);
+}
+
+/* --group: the prefill (one generated token) timed in alternating rounds with the shared
+** prefill (engine e) and with each request prefilling its own prompt, medians. */
+static prl_status bench_own_prefill(const decode_args *a, const prl_model *m, prl_infer_options io,
+                                    prl_infer *e, const decode_run *run, decode_result *d)
+{
+    io.no_shared_prefill = 1;
+    prl_infer *own = NULL;
+    prl_status rc = prl_infer_init(&own, m, &io);
+    double *sh = calloc((size_t)a->rounds, sizeof *sh), *ow = calloc((size_t)a->rounds, sizeof *ow);
+    long before = prl_infer_spec_stats(e).shared_prefills;
+    for (int i = 0; !rc && i < a->rounds; i++) {
+        rc = prl_generate_time(e, run, 1, &sh[i], NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(own, run, 1, &ow[i], NULL, NULL, NULL);
+    }
+    if (!rc) {
+        d->prl_prefill = bench_median(sh, a->rounds), d->own_prefill = bench_median(ow, a->rounds);
+        d->shared_prefills = (prl_infer_spec_stats(e).shared_prefills - before) / a->rounds;
+    }
+    prl_infer_free(own);
+    free(sh), free(ow);
+    return rc;
 }
 
 static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const prl_tokenizer *tok,
@@ -343,6 +373,7 @@ static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const p
         d->plain_tokens = dec[a->rounds - 1];
     }
     if (!rc && a->spec > 0) rc = bench_spec(a, m, io, e, &run, d);
+    if (!rc && a->group > 1) rc = bench_own_prefill(a, m, io, e, &run, d);
     prl_infer_free(e);
     free(pre), free(all), free(dec), free(run.q), free(ids), free(tokens);
     cli_prompts_free(&pl);
@@ -418,6 +449,7 @@ int cmd_bench_decode(int argc, char **argv)
                      .python = "/usr/bin/python3",
                      .reference = PRL_SOURCE_DIR "/reference/pangu_ref.py",
                      .batches = "1,16",
+                     .group = 1,
                      .prompt_len = 32,
                      .new_tokens = 64,
                      .rounds = 5,
@@ -440,6 +472,10 @@ int cmd_bench_decode(int argc, char **argv)
         {"matmul", OPT_STR, &a.matmul, "KIND", "prl's matmul kind: gemv, gemm, blas", 0, 0},
         {"threads", OPT_INT, &a.threads, "N", "threads for both engines (default: all CPUs)", 0, 0},
         {"seed", OPT_U64, &a.seed, "S", "seed of the weights and prompts (default 1)", 0, 0},
+        {"group", OPT_INT, &a.group, "G",
+         "random prompts repeat in groups of G; the prefill is also timed without the shared "
+         "prefill (default 1)",
+         0, 0},
         {"python", OPT_STR, &a.python, "PATH", "python with torch (default /usr/bin/python3)", 0,
          0},
         {"reference", OPT_STR, &a.reference, "FILE",
@@ -477,6 +513,8 @@ int cmd_bench_decode(int argc, char **argv)
         return cli_failf("bench", 2,
                          "--prompt-len >= 1, --new-tokens >= 2, --rounds >= 1, --warmup >= 0, "
                          "--spec >= 0, --temperature >= 0");
+    if (a.group < 1 || a.group > 256 || (a.group > 1 && a.prompts))
+        return cli_failf("bench", 2, "--group must be in 1..256, and only with random prompts");
     /* the reference times greedy decoding of equal-length random prompts only */
     if (a.prompts || a.temperature > 0) a.no_reference = 1;
     int batches[16], nb = 0;
@@ -574,6 +612,11 @@ int cmd_bench_decode(int argc, char **argv)
                    i ? ", " : "", d->batch, d->prl_prefill, d->prl_decode, prl_tps, d->ref_prefill,
                    d->ref_decode, ref_tps, ref_tps > 0 ? prl_tps / ref_tps : 0, d->ref_kv_bytes,
                    d->greedy_agree, a.no_reference ? "skipped" : d->ref_info, bound);
+            if (a.group > 1)
+                printf(
+                    ", \"group\": %d, \"own_prefill_s\": %.5f, \"shared_prefill_speedup\": %.3f, "
+                    "\"shared_prefills\": %ld",
+                    a.group, d->own_prefill, d->own_prefill / d->prl_prefill, d->shared_prefills);
             if (a.spec > 0)
                 printf(", \"spec_drafts\": %d, \"spec_decode_s\": %.5f, "
                        "\"spec_decode_tokens_per_s\": %.1f, "
@@ -595,6 +638,11 @@ int cmd_bench_decode(int argc, char **argv)
                    "%d/%d",
                    ref_tps, d->ref_prefill, prl_tps / ref_tps, d->greedy_agree, a.new_tokens);
         printf("\n");
+        if (a.group > 1)
+            printf("             prefill of %d prompts in groups of %d: shared %.4f s, each its "
+                   "own %.4f s, speed-up %.2fx (%ld copied from a twin)\n",
+                   d->n_seq, a.group, d->prl_prefill, d->own_prefill,
+                   d->own_prefill / d->prl_prefill, d->shared_prefills);
         if (a.spec > 0)
             printf(
                 "             speculative (%d drafts) %8.1f tokens/s   speed-up %.2fx (median of "

@@ -38,11 +38,16 @@ typedef struct prl_infer_options {
     prl_matmul_kind matmul;
     int max_batch; /* sequences decoded together (default 16) */
     int max_len;   /* context per sequence, prompt + generated (default max_position_embeddings) */
-    int spec_drafts;      /* self-speculative decoding with this many MTP drafts per step (0 = off;
+    int spec_drafts;       /* self-speculative decoding with this many MTP drafts per step (0 = off;
                      ** at most num_nextn_predict_layers); docs/infer.md */
-    int spec_draft_vocab; /* > 0: the drafts' head covers token ids [0, this) only (a cheaper
+    int spec_draft_vocab;  /* > 0: the drafts' head covers token ids [0, this) only (a cheaper
                           ** draft, FR-Spec style; the verify keeps the whole vocabulary, so
                           ** the output is unchanged); 0 = the whole vocabulary */
+    int no_shared_prefill; /* 1: every request prefills its own prompt (the comparison knob).
+                           ** By default a request whose prompt equals the one admitted just
+                           ** before it, in the same admission round, copies that slot's
+                           ** caches instead (a GRPO group's G samples prefill once; the
+                           ** output is bitwise the same; docs/infer.md) */
 } prl_infer_options;
 
 /* Speculative decoding counters since prl_infer_init: drafts proposed and accepted (the
@@ -52,6 +57,7 @@ typedef struct prl_infer_options {
 ** wall time, of which the MTP drafts, the verify forward and the acceptance (sampling, log-
 ** probs, stops, rollback) — where a speculative pass's time goes (docs/infer.md). */
 typedef struct prl_spec_stats {
+    long prefills, shared_prefills; /* prompts admitted, and those that copied a twin's caches */
     long drafted, accepted, steps, emitted;
     long passes;
     double pass_s, draft_s, verify_s, accept_s;

@@ -567,3 +567,34 @@ void infer__forward_rows(prl_infer *e, int R)
     infer__fault(e, -1, "final.logits", b->logits, (size_t)R * e->V);
     infer__emit(e, -1, "final.logits", b->logits, R, e->V);
 }
+
+/* ------------------------------------------------------------------ shared prefill -- */
+
+/* n floats of each of slot src's and dst's regions of a per-slot array (stride floats a slot) */
+static void copy_region(float *base, size_t stride, int dst, int src, size_t n)
+{
+    memcpy(base + (size_t)dst * stride, base + (size_t)src * stride, n * sizeof(float));
+}
+
+void infer__slot_copy(prl_infer *e, int dst, int src, int P)
+{
+    if (dst == src) return;
+    for (int l = 0; l < e->L + e->Lm; l++) {
+        const layer_w *w = &e->lw[l];
+        /* positions < cap sit at rows [0, P); a ring past its size holds all cap rows */
+        size_t rows = (size_t)(P < w->cap ? P : w->cap);
+        copy_region(e->cache_lat + w->lat_off, (size_t)w->cap * e->lat, dst, src, rows * e->lat);
+        if (e->opt.mla == PRL_MLA_NAIVE) {
+            size_t row = (size_t)e->H * e->dkv;
+            copy_region(e->cache_kv + w->kv_off, (size_t)w->cap * row, dst, src, rows * row);
+        }
+        if (w->dsa)
+            copy_region(e->cache_idx + w->idx_off, w->slot_idx_floats, dst, src, (size_t)P * e->dI);
+        for (int i = 0; e->ck && i < 3 && w->conv_state[i]; i++) {
+            size_t n = (size_t)e->conv_hist * infer__conv_channels(e, i);
+            copy_region(w->conv_state[i], n, dst, src, n);
+        }
+    }
+    size_t n_ids = (size_t)P * e->n_moe * e->K;
+    memcpy(e->slots[dst].routes, e->slots[src].routes, n_ids * sizeof(int32_t));
+}

@@ -100,17 +100,15 @@ static int has_stop_string(gen_state *g, const prl_gen_result *r)
     return hit;
 }
 
-/* Take the next token of the request in `slot` from logits row `row`: sample (or the forced
-** token), record it with its log-prob, decide whether the sequence stops. Returns 1 if it
-** stopped. */
-static int take_token(gen_state *g, int slot, int row)
+/* Take the next token of the request in `slot` from `logits`: sample (or the forced token),
+** record it with its log-prob, decide whether the sequence stops. Returns 1 if it stopped. */
+static int take_token_from(gen_state *g, int slot, const float *logits)
 {
     prl_infer *e = g->e;
     slot_state *st = &e->slots[slot];
     const prl_gen_request *q = &g->reqs[st->req];
     prl_gen_result *r = &g->res[st->req];
     const prl_sample_params *sp = g->sp;
-    const float *logits = e->rb.logits + (size_t)row * e->V;
     int32_t y;
     if (q->forced) {
         y = q->forced[r->n];
@@ -120,6 +118,12 @@ static int take_token(gen_state *g, int slot, int row)
         y = infer__sample_row(logits, e->V, sp, &rng, g->cands);
     }
     return infer__record_token(g, slot, y, logits);
+}
+
+/* The same from logits row `row` of this call's rows. */
+static int take_token(gen_state *g, int slot, int row)
+{
+    return take_token_from(g, slot, g->e->rb.logits + (size_t)row * g->e->V);
 }
 
 /* Record token y (at position st->len, drawn from `logits`) with its log-prob and decide
@@ -182,32 +186,72 @@ prl_status infer__finish(gen_state *g, int slot)
     return PRL_OK;
 }
 
-/* Prefill request i into a free slot and take its first token. */
-static prl_status admit(gen_state *g, int i, int slot, int *stopped)
+/* Whether request i may copy the caches of the request admitted just before it: the same
+** prompt, no decode step since, and nothing that watches or extends a prefill's rows (tensor
+** hooks see every row; the MTP modules keep per-slot states of their own). */
+static int has_twin(const gen_state *g, int i)
+{
+    const prl_infer *e = g->e;
+    if (g->twin_req < 0 || e->opt.no_shared_prefill || e->hook || e->Lm > 0) return 0;
+    const prl_gen_request *a = &g->reqs[i], *b = &g->reqs[g->twin_req];
+    return a->prompt_len == b->prompt_len &&
+           !memcmp(a->prompt, b->prompt, (size_t)a->prompt_len * sizeof *a->prompt);
+}
+
+/* The prompt of request i through the trunk in `slot`; its last position's logits kept for
+** a twin. Returns those logits. */
+static const float *prefill(gen_state *g, int i, int slot)
 {
     prl_infer *e = g->e;
     rows_buf *b = &e->rb;
     const prl_gen_request *q = &g->reqs[i];
-    prl_status rc = alloc_result(g, i);
-    if (rc) return rc;
-    slot_state *st = &e->slots[slot];
-    st->req = i;
     int P = q->prompt_len;
     for (int t = 0; t < P; t++)
         b->tok[t] = q->prompt[t], b->slot[t] = slot, b->pos[t] = t, b->req[t] = i;
     infer__forward_rows(e, P);
-    st->len = P;
     infer__spec_admit(e, slot, q->prompt, P);
     double tau = g->sp->temperature > 0 ? g->sp->temperature : 1.0;
     prl_gen_result *r = &g->res[i];
     for (int t = 1; t < P; t++)
         r->prompt_logprobs[t] =
             infer__logprob(b->logits + (size_t)(t - 1) * e->V, e->V, q->prompt[t], tau);
+    const float *last = b->logits + (size_t)(P - 1) * e->V;
+    memcpy(g->twin_logits, last, (size_t)e->V * sizeof *last);
+    g->twin_req = i, g->twin_slot = slot;
+    return last;
+}
+
+/* Request i takes its twin's prefill: the same caches, log-probs and last logits. */
+static const float *copy_twin(gen_state *g, int i, int slot)
+{
+    prl_infer *e = g->e;
+    int P = g->reqs[i].prompt_len;
+    infer__slot_copy(e, slot, g->twin_slot, P);
+    memcpy(g->res[i].prompt_logprobs, g->res[g->twin_req].prompt_logprobs,
+           (size_t)P * sizeof(float));
+    g->twin_req = i, g->twin_slot = slot; /* the copy is as good a source as the original */
+    e->spec.shared_prefills++;
+    return g->twin_logits;
+}
+
+/* Prefill request i into a free slot (or copy its twin's) and take its first token. */
+static prl_status admit(gen_state *g, int i, int slot, int *stopped)
+{
+    prl_infer *e = g->e;
+    const prl_gen_request *q = &g->reqs[i];
+    prl_status rc = alloc_result(g, i);
+    if (rc) return rc;
+    slot_state *st = &e->slots[slot];
+    st->req = i;
+    const float *last = has_twin(g, i) ? copy_twin(g, i, slot) : prefill(g, i, slot);
+    st->len = q->prompt_len;
+    e->spec.prefills++;
+    prl_gen_result *r = &g->res[i];
     if (q->forced && q->n_forced == 0) { /* prompt log-probs only */
         r->stop = PRL_STOP_FORCED;
         *stopped = 1;
     } else {
-        *stopped = take_token(g, slot, P - 1);
+        *stopped = take_token_from(g, slot, last);
     }
     infer__spec_prefill(g, slot); /* after the logits rows are read: it reuses the row buffers */
     return *stopped ? infer__finish(g, slot) : PRL_OK;
@@ -252,9 +296,13 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
                              "the pool grew to %d threads after the infer engine was "
                              "made for %d",
                              prl_pool_threads(), e->att_threads);
-    gen_state g = {.e = e, .reqs = reqs, .sp = sp, .res = results};
+    gen_state g = {.e = e, .reqs = reqs, .sp = sp, .res = results, .twin_req = -1};
     g.cands = malloc((size_t)e->V * sizeof *g.cands);
-    if (!g.cands) return prl_error_set(PRL_ERR_NOMEM, "sampling scratch");
+    g.twin_logits = malloc((size_t)e->V * sizeof *g.twin_logits);
+    if (!g.cands || !g.twin_logits) {
+        free(g.cands), free(g.twin_logits);
+        return prl_error_set(PRL_ERR_NOMEM, "sampling scratch");
+    }
     for (int s = 0; s < e->opt.max_batch; s++) e->slots[s].req = -1;
     int next = 0, finished = 0, active = 0;
     long tokens = 0;
@@ -271,6 +319,7 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
         for (int s = 0; s < e->opt.max_batch; s++) active += e->slots[s].req >= 0;
         if (active == 0) continue;
         double t0 = prl_now();
+        g.twin_req = -1; /* the slots move on: a cache holds more than its prompt now */
         if (e->Lm > 0) {
             rc = infer__spec_step(&g, &finished, &tokens);
         } else {
@@ -280,7 +329,7 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
         e->spec.passes++, e->spec.pass_s += prl_now() - t0;
         if (progress) progress(user, finished, n, tokens);
     }
-    free(g.cands);
+    free(g.cands), free(g.twin_logits);
     if (rc) {
         for (int i = 0; i < n; i++) prl_gen_result_free(&results[i]);
         for (int s = 0; s < e->opt.max_batch; s++) e->slots[s].req = -1;

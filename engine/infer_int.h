@@ -165,6 +165,10 @@ void infer__rows_begin(prl_infer *e, int R);
 void infer__layer_rows(prl_infer *e, int l, int R);
 /* The trunk on rows rb.tok/slot/pos/req[0, R): logits into rb.logits, h⁰ left in rb.x. */
 void infer__forward_rows(prl_infer *e, int R);
+/* Make slot dst hold what slot src holds after a prefill of P tokens (and nothing since):
+** every layer's cache rows of positions [0, P) (a ring: the rows it keeps), DSA indexer
+** keys, ModAttn conv histories, the routes of the P positions. */
+void infer__slot_copy(prl_infer *e, int dst, int src, int P);
 
 /* ------------------------------------------------------------------ infer_sample.c -- */
 
@@ -193,6 +197,10 @@ typedef struct gen_state {
     int cap_new; /* per-request capacity of tokens/logprobs */
     cand *cands;
     int32_t *text_ids;
+    /* shared prefill: the request admitted last in this admission round (-1: none, or a
+    ** decode step ran since), its slot and the logits of its prompt's last position */
+    int twin_req, twin_slot;
+    float *twin_logits;
 } gen_state;
 
 /* Record token y of the request in `slot` (drawn from `logits`) and decide whether the

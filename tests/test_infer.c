@@ -357,6 +357,73 @@ START_TEST(test_batch_and_thread_invariance)
 }
 END_TEST
 
+/* Shared prefill: groups of identical prompts (a GRPO group) give bitwise the same tokens,
+** log-probs, prompt log-probs and routes whether each request prefills its prompt or copies
+** the caches of its twin admitted just before it. Every cache kind is exercised: rings that
+** wrap during the prompt (20 > W = 16), ModAttn histories, sinks, DSA indexer keys, mHC, and
+** every block at once; sampled at τ = 0.8 with 8 slots, so groups straddle admission rounds
+** and later admissions (after decode steps) must prefill again. */
+static void shared_prefill_case(int blocks, const char *mode)
+{
+    load_model(blocks);
+    enum { GROUPS = 4, G = 4, N = GROUPS * G };
+    int32_t prompts[GROUPS][20];
+    prl_gen_request r[N];
+    for (int k = 0; k < GROUPS; k++) {
+        prl_rng rng;
+        prl_rng_init(&rng, 41, (uint64_t)k, 0, 0, PRL_RNG_TEST);
+        for (int t = 0; t < 20; t++) prompts[k][t] = 16 + (int32_t)(prl_rng_u64(&rng) % 4000);
+        for (int j = 0; j < G; j++)
+            r[k * G + j] = (prl_gen_request){.prompt = prompts[k],
+                                             .prompt_len = k == 1 ? 7 : 20, /* one short group */
+                                             .seq_id = 500 + (uint64_t)(k * G + j)};
+    }
+    prl_sample_params sp = sampling(0.8, 12);
+    prl_gen_result res[2][N];
+    long shared[2];
+    for (int v = 0; v < 2; v++) {
+        prl_infer_options o;
+        int naive = !strcmp(mode, "naive"); /* the per-head K/V cache too */
+        ck_assert_int_eq(prl_infer_options_preset(&o, naive ? "fp32" : mode), PRL_OK);
+        if (naive) o.mla = PRL_MLA_NAIVE;
+        o.max_batch = 8, o.no_shared_prefill = v;
+        prl_infer *e = NULL;
+        ck_assert_msg(prl_infer_init(&e, &model, &o) == PRL_OK, "%s", prl_error_message());
+        ck_assert_int_eq(prl_infer_generate(e, r, N, &sp, res[v], NULL, NULL), PRL_OK);
+        prl_spec_stats st = prl_infer_spec_stats(e);
+        ck_assert_int_eq(st.prefills, N);
+        shared[v] = st.shared_prefills;
+        prl_infer_free(e);
+    }
+    ck_assert_int_eq(shared[1], 0);
+    ck_assert_msg(shared[0] >= N / 2, "blocks %d: only %ld of %d prefills shared", blocks,
+                  shared[0], N);
+    for (int i = 0; i < N; i++) {
+        const prl_gen_result *a = &res[0][i], *b = &res[1][i];
+        ck_assert_msg(
+            a->n == b->n && !memcmp(a->tokens, b->tokens, (size_t)a->n * 4) &&
+                !memcmp(a->logprobs, b->logprobs, (size_t)a->n * 4) &&
+                !memcmp(a->prompt_logprobs, b->prompt_logprobs, (size_t)a->prompt_len * 4) &&
+                a->routes_bytes == b->routes_bytes &&
+                !memcmp(a->routes, b->routes, a->routes_bytes),
+            "blocks %d %s: request %d differs with the shared prefill", blocks, mode, i);
+    }
+    printf("shared prefill, blocks %d, %s: %ld of %d prompts copied from a twin, bitwise equal\n",
+           blocks, mode, shared[0], N);
+    free_all(res[0], N, NULL), free_all(res[1], N, NULL);
+}
+
+START_TEST(test_shared_prefill_bitwise)
+{
+    const int blocks[] = {0, 1, 3, 6, 7};
+    for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++)
+        shared_prefill_case(blocks[i], "fp32");
+    shared_prefill_case(1, "bf16");
+    shared_prefill_case(1, "naive");
+    load_model(0);
+}
+END_TEST
+
 START_TEST(test_stops_forced_and_routes_format)
 {
     load_tiny();
@@ -712,6 +779,7 @@ int main(void)
     tcase_add_test(tc, test_aligned_is_bitwise_equal);
     tcase_add_test(tc, test_fp32_and_low_precision_mismatch);
     tcase_add_test(tc, test_batch_and_thread_invariance);
+    tcase_add_test(tc, test_shared_prefill_bitwise);
     tcase_add_test(tc, test_stops_forced_and_routes_format);
     tcase_add_test(tc, test_kv_bytes_and_bad_input);
     tcase_add_test(tc, test_hook_names_match);
