@@ -89,6 +89,15 @@ static void fixture_init(fixture *f, uint64_t seed, int pure, double lr, double 
     memcpy(f->before, f->m.params, f->m.n_params * sizeof *f->before);
 }
 
+/* A malloc'd copy of the model's parameters. */
+static prl_real *params_copy(const prl_model *m)
+{
+    prl_real *copy = malloc(m->n_params * sizeof *copy);
+    ck_assert_ptr_nonnull(copy);
+    memcpy(copy, m->params, m->n_params * sizeof *copy);
+    return copy;
+}
+
 static void fixture_free(fixture *f)
 {
     free(f->before);
@@ -562,9 +571,7 @@ static prl_real *corr_step_agg(const prl_grpo_corr_config *cc, prl_grpo_agg agg,
     f.c.corr = *cc;
     f.c.loss.agg = agg;
     assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, st));
-    prl_real *copy = malloc(f.m.n_params * sizeof *copy);
-    ck_assert_ptr_nonnull(copy);
-    memcpy(copy, f.m.params, f.m.n_params * sizeof *copy);
+    prl_real *copy = params_copy(&f.m);
     *moved = memcmp(f.before, f.m.params, f.m.n_params * sizeof *copy) != 0;
     fixture_free(&f);
     return copy;
@@ -787,8 +794,7 @@ static prl_real *two_steps(int threads)
     fixture_init(&f, 21, 0, 1e-2, 0.1, 10);
     f.c.ppo_epochs = 2, f.c.minibatches = 2;
     for (int s = 0; s < 2; s++) assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, NULL));
-    prl_real *copy = malloc(f.m.n_params * sizeof *copy);
-    memcpy(copy, f.m.params, f.m.n_params * sizeof *copy);
+    prl_real *copy = params_copy(&f.m);
     fixture_free(&f);
     return copy;
 }
@@ -1009,9 +1015,7 @@ static prl_real *algo_step(void (*edit)(prl_grpo_train_config *, prl_optim *),
     train_logprobs(&f.m, &f.b);
     if (edit) edit(&f.c, &f.o);
     assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, st));
-    prl_real *copy = malloc(f.m.n_params * sizeof *copy);
-    ck_assert_ptr_nonnull(copy);
-    memcpy(copy, f.m.params, f.m.n_params * sizeof *copy);
+    prl_real *copy = params_copy(&f.m);
     fixture_free(&f);
     return copy;
 }
