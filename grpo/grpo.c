@@ -1,6 +1,7 @@
 /*
-** grpo.c — group-relative advantages, the clipped PPO surrogate and its aggregation, with the
-** per-token gradient weights the engine's backward takes (grpo.h; maths: shared/spec/rl.md §1).
+** grpo.c — group-relative advantages (GRPO, Dr.GRPO, RLOO), the clipped PPO surrogate on the
+** token ratio or on GSPO's sequence ratio and its aggregation, with the per-token gradient
+** weights the engine's backward takes (grpo.h; maths: shared/spec/rl.md §1, docs/grpo.md).
 */
 #include "grpo/grpo.h"
 
@@ -24,8 +25,8 @@ static int by_group(const void *a, const void *b)
 
 /* Advantages of one group: members m[0..k) (in sample order). */
 static void group_advantages(double *adv, int *keep, const double *r, const member *m, int k,
-                             prl_grpo_adv_norm norm, double eps, prl_grpo_singleton singleton,
-                             prl_grpo_adv_stats *st)
+                             prl_grpo_baseline est, prl_grpo_adv_norm norm, double eps,
+                             prl_grpo_singleton singleton, prl_grpo_adv_stats *st)
 {
     st->groups++;
     if (k == 1) {
@@ -37,9 +38,9 @@ static void group_advantages(double *adv, int *keep, const double *r, const memb
         if (keep) keep[i] = singleton != PRL_GRPO_SINGLETON_DROP;
         return;
     }
-    double mean = 0, var = 0;
-    for (int j = 0; j < k; j++) mean += r[m[j].index];
-    mean /= k;
+    double sum = 0, mean, var = 0;
+    for (int j = 0; j < k; j++) sum += r[m[j].index];
+    mean = sum / k;
     for (int j = 0; j < k; j++) var += (r[m[j].index] - mean) * (r[m[j].index] - mean);
     double sd = sqrt(var / (k - 1)); /* unbiased, as verl (torch.std) */
     int constant = 1;
@@ -47,19 +48,23 @@ static void group_advantages(double *adv, int *keep, const double *r, const memb
     st->constant_groups += constant;
     for (int j = 0; j < k; j++) {
         int i = m[j].index;
-        /* a constant group gets exactly 0, whatever rounding the mean picked up */
-        double d = constant ? 0.0 : r[i] - mean;
+        /* a constant group gets exactly 0, whatever rounding the mean picked up; RLOO's
+        ** baseline leaves the sample itself out */
+        double base = est == PRL_GRPO_BASELINE_RLOO ? (sum - r[i]) / (k - 1) : mean;
+        double d = constant ? 0.0 : r[i] - base;
         adv[i] = norm == PRL_GRPO_NORM_STD ? d / (sd + eps) : d;
         if (keep) keep[i] = 1;
     }
 }
 
 prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards, const int64_t *group,
-                               int n, prl_grpo_adv_norm norm, double eps,
+                               int n, prl_grpo_baseline est, prl_grpo_adv_norm norm, double eps,
                                prl_grpo_singleton singleton, prl_grpo_adv_stats *stats)
 {
     prl_grpo_adv_stats st = {0};
     if (n < 0) return prl_error_set(PRL_ERR_ARG, "advantages: %d samples", n);
+    if ((unsigned)est > PRL_GRPO_BASELINE_RLOO)
+        return prl_error_set(PRL_ERR_ARG, "advantages: unknown estimator %d", (int)est);
     if (!(eps > 0)) return prl_error_set(PRL_ERR_ARG, "advantages: epsilon %g must be > 0", eps);
     if (singleton == PRL_GRPO_SINGLETON_DROP && !keep)
         return prl_error_set(PRL_ERR_ARG, "advantages: singleton mode 'drop' needs a keep array");
@@ -73,7 +78,7 @@ prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards, co
     for (int j = 0; j < n;) {
         int k = 1;
         while (j + k < n && m[j + k].group == m[j].group) k++;
-        group_advantages(adv, keep, rewards, m + j, k, norm, eps, singleton, &st);
+        group_advantages(adv, keep, rewards, m + j, k, est, norm, eps, singleton, &st);
         j += k;
     }
     free(m);
@@ -86,6 +91,7 @@ prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards, co
 void prl_grpo_loss_config_default(prl_grpo_loss_config *c)
 {
     *c = (prl_grpo_loss_config){.kind = PRL_GRPO_LOSS_PPO_CLIP,
+                                .ratio = PRL_GRPO_RATIO_TOKEN,
                                 .clip_low = 0.2,
                                 .clip_high = 0.28,
                                 .clip_c = 3.0,
@@ -116,6 +122,11 @@ prl_status prl_grpo_loss_config_check(const prl_grpo_loss_config *c)
 {
     if ((unsigned)c->kind > PRL_GRPO_LOSS_REINFORCE)
         return prl_error_set(PRL_ERR_ARG, "unknown loss kind %d", (int)c->kind);
+    if ((unsigned)c->ratio > PRL_GRPO_RATIO_SEQUENCE)
+        return prl_error_set(PRL_ERR_ARG, "unknown ratio level %d", (int)c->ratio);
+    if (c->ratio == PRL_GRPO_RATIO_SEQUENCE && c->kind == PRL_GRPO_LOSS_REINFORCE)
+        return prl_error_set(PRL_ERR_ARG, "the sequence ratio (gspo) needs the clipped "
+                                          "surrogate: the reinforce loss has no ratio");
     if (!(c->clip_low >= 0 && c->clip_low < 1))
         return prl_error_set(PRL_ERR_ARG, "clip_low %g must be in [0, 1)", c->clip_low);
     if (!(c->clip_high >= 0))
@@ -174,6 +185,23 @@ double prl_grpo_token_loss(double lp_new, double lp_old, double adv, const prl_g
     return L;
 }
 
+/* GSPO's sequence log-ratio: mean_t (lp_new − lp_old) over n tokens, summed in index order. */
+static double seq_log_ratio_d(const double *lp_new, const double *lp_old, int n)
+{
+    double d = 0;
+    for (int t = 0; t < n; t++) d += lp_new[t] - lp_old[t];
+    return d / n;
+}
+
+double prl_grpo_gspo_seq_loss(const double *lp_new, const double *lp_old, int n, double adv,
+                              const prl_grpo_loss_config *c, double *dlp)
+{
+    int branch;
+    double g, L = token_loss(seq_log_ratio_d(lp_new, lp_old, n), 0.0, adv, c, &g, &branch);
+    for (int t = 0; dlp && t < n; t++) dlp[t] = g / n; /* ∂ log s / ∂lp_new[t] = 1/n */
+    return L;
+}
+
 double prl_grpo_agg_coefficient(const prl_grpo_loss_config *c, int seq_tokens, int n_tokens,
                                 int n_seqs)
 {
@@ -193,6 +221,20 @@ static int seq_tokens(const uint8_t *mask, int b, int T)
     int k = 0;
     for (int t = 0; t < T; t++) k += mask[(size_t)b * T + t] != 0;
     return k;
+}
+
+/* GSPO's log s of sequence b: the mean of lp_new − lp_old over its k loss tokens (in double,
+** in index order, as prl_grpo_gspo_seq_loss); 0 with the token ratio (unused there). */
+static double seq_log_ratio(const prl_grpo_loss_config *c, const float *lp_new, const float *lp_old,
+                            const uint8_t *mask, int b, int T, int k)
+{
+    if (c->ratio != PRL_GRPO_RATIO_SEQUENCE) return 0;
+    double d = 0;
+    for (int t = 0; t < T; t++) {
+        size_t i = (size_t)b * T + t;
+        if (mask[i]) d += (double)lp_new[i] - (double)lp_old[i];
+    }
+    return d / k;
 }
 
 prl_status prl_grpo_loss_partial(const prl_grpo_loss_config *c, const float *lp_new,
@@ -229,13 +271,20 @@ prl_status prl_grpo_loss_partial_tok(const prl_grpo_loss_config *c, const float 
         double coef = prl_grpo_agg_coefficient(c, k, n_tokens, n_seqs);
         for (int t = 0; t < T; t++) {
             size_t i = (size_t)b * T + t;
-            if (!mask[i]) continue;
-            if (!isfinite(lp_new[i]) || !isfinite(lp_old[i]))
+            if (mask[i] && (!isfinite(lp_new[i]) || !isfinite(lp_old[i])))
                 return prl_error_set(PRL_ERR_ARG, "loss: sequence %d position %d: log-prob %g / %g",
                                      b, t, lp_new[i], lp_old[i]);
+        }
+        int seq = c->ratio == PRL_GRPO_RATIO_SEQUENCE;
+        double log_s = seq_log_ratio(c, lp_new, lp_old, mask, b, T, k);
+        for (int t = 0; t < T; t++) {
+            size_t i = (size_t)b * T + t;
+            if (!mask[i]) continue;
             int branch;
             double A = adv[b] + (adv_tok ? (double)adv_tok[i] : 0.0);
-            double g, L = token_loss(lp_new[i], lp_old[i], A, c, &g, &branch);
+            /* GSPO: every token takes the surrogate at s (GSPO-token: its gradient −A·s) */
+            double g, L = seq ? token_loss(log_s, 0.0, A, c, &g, &branch)
+                              : token_loss(lp_new[i], lp_old[i], A, c, &g, &branch);
             double wt = iw ? iw[i] : 1.0;
             st.loss += coef * wt * L;
             w[i] = (float)(coef * wt * g);

@@ -3,8 +3,10 @@
 **
 ** What it computes (shared/spec/rl.md §1, following verl's core_algos):
 **   - group-relative advantages from outcome rewards (GRPO: mean/std with ε added to the
-**     unbiased std; Dr.GRPO: mean only; the singleton-group rule of the project);
-**   - the per-token PPO clipped surrogate with clip-higher (ε_low, ε_high) and dual clip (c);
+**     unbiased std; Dr.GRPO: mean only; RLOO: the leave-one-out mean as the baseline; the
+**     singleton-group rule of the project);
+**   - the per-token PPO clipped surrogate with clip-higher (ε_low, ε_high) and dual clip (c),
+**     and GSPO's: the same surrogate on the sequence's geometric-mean ratio;
 **   - the loss aggregation modes (token-mean default, token-sum, seq-mean-token-mean,
 **     seq-mean-token-sum, seq-mean-token-sum-norm with a fixed H);
 **   - the train–infer mismatch corrections of rl.md §2 (TIS, MIS, IcePop, KPop, decoupled or
@@ -32,6 +34,12 @@ typedef enum prl_grpo_adv_norm {
     PRL_GRPO_NORM_NONE = 1 /* A = r − mean (Dr.GRPO) */
 } prl_grpo_adv_norm;
 
+typedef enum prl_grpo_baseline {
+    PRL_GRPO_BASELINE_GROUP = 0, /* baseline: the group mean m (GRPO, Dr.GRPO) */
+    PRL_GRPO_BASELINE_RLOO = 1   /* baseline: the mean of the group's other samples (RLOO):
+                           ** r_i − (Σ_j r_j − r_i)/(k − 1) = k/(k − 1)·(r_i − m) */
+} prl_grpo_baseline;
+
 typedef enum prl_grpo_singleton {
     PRL_GRPO_SINGLETON_ZERO = 0, /* a group of one gets A = 0 (project default) */
     PRL_GRPO_SINGLETON_VERL = 1, /* verl's fallback: mean 0, std 1 → A ≈ r */
@@ -43,11 +51,13 @@ typedef struct prl_grpo_adv_stats {
 } prl_grpo_adv_stats;
 
 /* adv[i] for n samples with rewards[i] and group ids group[i] (any order; groups are formed
-** over the whole array). keep[i] (may be NULL unless singleton mode is DROP) is set to 0 for
-** dropped samples, 1 otherwise. eps > 0 (verl: 1e-6). Errors: n < 0, eps <= 0, a non-finite
-** reward (PRL_ERR_ARG naming the sample). */
+** over the whole array). est picks the baseline, norm the scale (NORM_STD divides either
+** estimator's difference by the group's unbiased std + eps). keep[i] (may be NULL unless
+** singleton mode is DROP) is set to 0 for dropped samples, 1 otherwise. eps > 0 (verl:
+** 1e-6). Errors: n < 0, eps <= 0, an unknown estimator, a non-finite reward (PRL_ERR_ARG
+** naming the sample). */
 prl_status prl_grpo_advantages(double *adv, int *keep, const double *rewards, const int64_t *group,
-                               int n, prl_grpo_adv_norm norm, double eps,
+                               int n, prl_grpo_baseline est, prl_grpo_adv_norm norm, double eps,
                                prl_grpo_singleton singleton, prl_grpo_adv_stats *stats);
 
 /* ---------------------------------------------------------------- policy loss ------ */
@@ -66,8 +76,15 @@ typedef enum prl_grpo_loss_kind {
                                 ** `reinforce` loss (rl.md §2.1), weighted by detached IS weights */
 } prl_grpo_loss_kind;
 
+typedef enum prl_grpo_ratio {
+    PRL_GRPO_RATIO_TOKEN = 0,   /* r_t = π_θ(y_t)/π_old(y_t) per token (GRPO, PPO; default) */
+    PRL_GRPO_RATIO_SEQUENCE = 1 /* GSPO: s_i = exp(mean_t (lp_new − lp_old)) over the
+                                ** sequence's loss tokens, clipped at sequence level */
+} prl_grpo_ratio;
+
 typedef struct prl_grpo_loss_config {
     prl_grpo_loss_kind kind;  /* default PPO_CLIP */
+    prl_grpo_ratio ratio;     /* grpo.algorithm: token (grpo, default) or sequence (gspo) */
     double clip_low;          /* ε_low, default 0.2 */
     double clip_high;         /* ε_high, default 0.28 (DAPO clip-higher) */
     double clip_c;            /* dual-clip c > 1, default 3; 0 disables the dual clip */
@@ -77,7 +94,7 @@ typedef struct prl_grpo_loss_config {
 
 void prl_grpo_loss_config_default(prl_grpo_loss_config *c);
 /* Errors name the field: clip_low not in [0, 1), clip_high < 0, clip_c in (0, 1], agg unknown,
-** H <= 0 with seq-mean-token-sum-norm. */
+** H <= 0 with seq-mean-token-sum-norm, a sequence ratio with the REINFORCE kind (no ratio). */
 prl_status prl_grpo_loss_config_check(const prl_grpo_loss_config *c);
 /* "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
 ** "seq-mean-token-sum-norm" ↔ enum; parse errors list the choices. */
@@ -95,6 +112,13 @@ double prl_grpo_agg_coefficient(const prl_grpo_loss_config *c, int seq_tokens, i
 double prl_grpo_token_loss(double lp_new, double lp_old, double adv, const prl_grpo_loss_config *c,
                            double *dloss_dlp);
 
+/* GSPO's loss of one sequence of n >= 1 loss tokens (the paper's objective, negated): with
+** log s = mean_t (lp_new[t] − lp_old[t]) the token surrogate above taken at ratio s (log s
+** clamped to ±20, the dual clip included), ∂ℓ/∂lp_new[t] = g/n into dlp[t] (may be NULL),
+** g = −A·s on the unclipped branch, 0 on a clipped one. Everything in double. */
+double prl_grpo_gspo_seq_loss(const double *lp_new, const double *lp_old, int n, double adv,
+                              const prl_grpo_loss_config *c, double *dlp);
+
 typedef struct prl_grpo_loss_stats {
     double loss;           /* the aggregated loss */
     double clipfrac;       /* share of valid tokens with the ratio clip above (L2 > L1) */
@@ -106,7 +130,10 @@ typedef struct prl_grpo_loss_stats {
 /* The aggregated loss of a batch of B sequences × T positions (row-major [B·T] arrays):
 ** mask[i] = 1 for response tokens that carry loss, adv[b] per sequence, optional token weights
 ** iw[i] (mismatch correction, detached; NULL = 1). Writes w[i] = ∂loss/∂lp_new[i] (0 off the
-** mask) for the engine's backward. */
+** mask) for the engine's backward. With the sequence ratio (GSPO) every loss token of
+** sequence b carries ℓ(s_b, A) (token i's loss is coef·iw·ℓ) and w[i] = coef·iw[i]·g(s_b, A),
+** GSPO-token's gradient (paper §4.3): exactly ∂loss/∂lp_new when A and iw are constant
+** along the sequence; with per-token A or iw, each token's own A and iw weight its term. */
 prl_status prl_grpo_loss(const prl_grpo_loss_config *c, const float *lp_new, const float *lp_old,
                          const double *adv, const uint8_t *mask, const float *iw, int B, int T,
                          float *w, prl_grpo_loss_stats *stats);
@@ -304,6 +331,7 @@ void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int 
 prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b);
 
 typedef struct prl_grpo_train_config {
+    prl_grpo_baseline baseline;   /* grpo.advantage: grpo (group mean) | rloo */
     prl_grpo_adv_norm adv_norm;   /* grpo.adv_norm */
     double adv_eps;               /* grpo.adv_eps */
     prl_grpo_singleton singleton; /* grpo.singleton */
@@ -342,7 +370,8 @@ prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const struct
 /* The temperature τ at which a job's rollout tokens are scored (trainer, OPD teachers):
 ** rollout.temperature, or 1 for greedy rollouts (temperature 0). */
 double prl_grpo_score_temperature(const struct prl_job_config *j);
-/* The optimizer of the job's optim.* keys (kind, lr, weight_decay, grad_clip, warmup). */
+/* The optimizer of the job's optim.* keys (kind, lr, weight_decay, grad_clip, warmup) and
+** grpo.expert_clip (the engine's per-expert clip, as SFT's sft.expert_clip). */
 prl_status prl_grpo_optim_config_from_job(prl_optim_config *oc, const struct prl_job_config *j);
 /* Errors name the key (grpo.ppo_epochs, ...). */
 prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c);
@@ -361,8 +390,11 @@ typedef struct prl_grpo_step_stats {
     double adv_mean, adv_std, adv_min, adv_max; /* over the trained samples */
     double loss; /* policy loss (+ kl_coef·kl), mean over the updates */
     double clipfrac, clipfrac_lower, ppo_kl; /* means over the updates */
-    double kl;        /* k3 KL to the reference, mean over the updates (0 when off) */
-    double grad_norm; /* mean pre-clip gradient norm over the updates */
+    double kl;            /* k3 KL to the reference, mean over the updates (0 when off) */
+    double grad_norm;     /* mean pre-clip gradient norm over the updates */
+    int expert_clip_on;   /* grpo.expert_clip > 0 (experts_clipped is then reported) */
+    long experts_clipped; /* routed experts whose gradient the per-expert clip scaled, summed
+                           ** over the applied updates */
     double grad_norm_max;
     double lr;       /* learning rate of the last update */
     double mismatch; /* mean |train old logp − infer logp| over the loss tokens */

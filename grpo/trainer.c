@@ -26,7 +26,8 @@
 
 void prl_grpo_train_config_default(prl_grpo_train_config *c)
 {
-    *c = (prl_grpo_train_config){.adv_norm = PRL_GRPO_NORM_STD,
+    *c = (prl_grpo_train_config){.baseline = PRL_GRPO_BASELINE_GROUP,
+                                 .adv_norm = PRL_GRPO_NORM_STD,
                                  .adv_eps = 1e-6,
                                  .singleton = PRL_GRPO_SINGLETON_ZERO,
                                  .ppo_epochs = 1,
@@ -48,6 +49,10 @@ prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_jo
                    : strcmp(j->singleton, "drop") == 0 ? PRL_GRPO_SINGLETON_DROP
                                                        : PRL_GRPO_SINGLETON_ZERO;
     c->adv_eps = j->adv_eps;
+    c->baseline =
+        strcmp(j->grpo_advantage, "rloo") == 0 ? PRL_GRPO_BASELINE_RLOO : PRL_GRPO_BASELINE_GROUP;
+    c->loss.ratio =
+        strcmp(j->grpo_algorithm, "gspo") == 0 ? PRL_GRPO_RATIO_SEQUENCE : PRL_GRPO_RATIO_TOKEN;
     c->loss.clip_low = j->clip_low;
     c->loss.clip_high = j->clip_high;
     c->loss.clip_c = j->clip_c;
@@ -80,6 +85,7 @@ prl_status prl_grpo_optim_config_from_job(prl_optim_config *oc, const prl_job_co
     oc->lr = j->lr;
     oc->weight_decay = j->weight_decay;
     oc->grad_clip = j->grad_clip;
+    oc->expert_clip = j->grpo_expert_clip; /* the engine clips each expert, then the whole */
     oc->warmup_steps = j->warmup;
     /* counted in optimizer steps (ppo_epochs × minibatches a training step), not in
     ** controller.steps: a longer run is the same run continued */
@@ -96,8 +102,10 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
     if (!(c->adv_eps > 0))
         return prl_error_set(PRL_ERR_CONFIG, "grpo.adv_eps %g must be > 0", c->adv_eps);
     if ((unsigned)c->adv_norm > PRL_GRPO_NORM_NONE ||
-        (unsigned)c->singleton > PRL_GRPO_SINGLETON_DROP)
-        return prl_error_set(PRL_ERR_CONFIG, "grpo.adv_norm / grpo.singleton out of range");
+        (unsigned)c->singleton > PRL_GRPO_SINGLETON_DROP ||
+        (unsigned)c->baseline > PRL_GRPO_BASELINE_RLOO)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "grpo.adv_norm / grpo.singleton / grpo.advantage out of range");
     if (c->ppo_epochs < 1)
         return prl_error_set(PRL_ERR_CONFIG, "grpo.ppo_epochs %d must be >= 1", c->ppo_epochs);
     if (c->minibatches < 1)
@@ -121,6 +129,11 @@ prl_status prl_grpo_train_config_check(const prl_grpo_train_config *c)
     if (c->loss.kind != PRL_GRPO_LOSS_PPO_CLIP) /* reinforce comes with bypass mode only */
         return prl_error_set(PRL_ERR_CONFIG, "grpo: the loss kind is set by "
                                              "grpo.correction.bypass_loss, not in the loss config");
+    if (c->loss.ratio == PRL_GRPO_RATIO_SEQUENCE && c->corr.mode == PRL_GRPO_MODE_BYPASS &&
+        c->corr.bypass_loss == PRL_GRPO_LOSS_REINFORCE)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "grpo.algorithm = gspo needs the clipped surrogate: "
+                             "grpo.correction.bypass_loss = reinforce has no ratio");
     rc = prl_grpo_corr_config_check(&c->corr);
     return rc ? rc : prl_grpo_replay_config_check(c);
 }
@@ -228,8 +241,8 @@ static prl_status step_advantages(step_ctx *s, prl_grpo_step_stats *st)
     }
     prl_grpo_adv_stats as;
     if (rc == PRL_OK)
-        rc = prl_grpo_advantages(s->adv, keep, r, g, b->n, s->c->adv_norm, s->c->adv_eps,
-                                 s->c->singleton, &as);
+        rc = prl_grpo_advantages(s->adv, keep, r, g, b->n, s->c->baseline, s->c->adv_norm,
+                                 s->c->adv_eps, s->c->singleton, &as);
     if (rc == PRL_OK) {
         st->reward_mean /= b->n, st->accuracy /= b->n;
         st->groups = as.groups, st->singletons = as.singletons;
@@ -484,6 +497,7 @@ static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grp
     }
     prl_model_update_router_bias(s->m);
     st->updates++;
+    st->experts_clipped += os.experts_clipped;
     st->grad_norm += os.grad_norm, st->grad_norm_max = fmax(st->grad_norm_max, os.grad_norm);
     st->lr = os.lr;
     return PRL_OK;
@@ -531,7 +545,7 @@ prl_status prl_grpo_train_step(prl_model *m, prl_optim *o, const prl_grpo_batch 
     if (rc == PRL_OK && (rc = prl_grpo_batch_fits(m, b))) rc = prl_error_wrap(rc, "grpo step: ");
     if (rc) return rc;
     step_ctx s = {.m = m, .b = b, .c = c, .ctx = m->cfg.max_position_embeddings};
-    prl_grpo_step_stats st = {.samples = b->n};
+    prl_grpo_step_stats st = {.samples = b->n, .expert_clip_on = o->cfg.expert_clip > 0};
     rc = step_alloc(&s);
     if (rc == PRL_OK) rc = step_run(&s, o, &st);
     step_free(&s);
@@ -725,6 +739,8 @@ char *prl_grpo_step_stats_to_json(const prl_grpo_step_stats *st)
         json_object_set_new(o, ints[i].k, json_integer(ints[i].v));
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) set_real(o, reals[i].k, reals[i].v);
     mismatch_to_json(o, st);
+    if (st->expert_clip_on) /* grpo.expert_clip (docs/grpo.md): present only when it is on */
+        json_object_set_new(o, "experts_clipped", json_integer(st->experts_clipped));
     if (st->scaler_on) { /* loss scaling (docs/store.md): present only when a scaler ran */
         json_object_set_new(o, "loss_scale", json_real(st->loss_scale));
         json_object_set_new(o, "overflow", json_integer(st->skipped > 0));

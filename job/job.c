@@ -77,6 +77,9 @@ static const prl_key_spec keys[] = {
     {"grpo.kl_coef", PRL_KEY_REAL, F(kl_coef), 0, 1e3, "0", NULL},
     {"grpo.ppo_epochs", PRL_KEY_INT, F(ppo_epochs), 1, 100, "1", NULL},
     {"grpo.minibatches", PRL_KEY_INT, F(minibatches), 1, 4096, "1", NULL},
+    {"grpo.algorithm", PRL_KEY_STR, F(grpo_algorithm), 0, 0, "\"grpo\"", "grpo|gspo"},
+    {"grpo.advantage", PRL_KEY_STR, F(grpo_advantage), 0, 0, "\"grpo\"", "grpo|rloo"},
+    {"grpo.expert_clip", PRL_KEY_REAL, F(grpo_expert_clip), 0, 1e9, "0", NULL},
     {"grpo.correction.kind", PRL_KEY_STR, F(corr_kind), 0, 0, "\"none\"",
      "none|tis|mis|icepop|kpop"},
     {"grpo.correction.level", PRL_KEY_STR, F(corr_level), 0, 0, "\"token\"", "token|sequence"},
@@ -201,6 +204,12 @@ static prl_status check_correction(const prl_job_config *c, const char *source)
                              "bypass needs grpo.correction.bypass_loss = reinforce (the PPO ratio "
                              "already corrects the mismatch)",
                              source, c->corr_kind);
+    if (bypass && !strcmp(c->corr_bypass_loss, "reinforce") && !strcmp(c->grpo_algorithm, "gspo"))
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'grpo.algorithm' = gspo needs the clipped surrogate: "
+                             "grpo.correction.bypass_loss = reinforce has no ratio to take "
+                             "at sequence level",
+                             source);
     if (bypass && !strcmp(c->corr_denominator, "kept"))
         return prl_error_set(PRL_ERR_CONFIG,
                              "%s: key 'grpo.correction.denominator' = kept needs "

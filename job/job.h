@@ -67,6 +67,9 @@ typedef struct prl_job_config {
     double adv_eps, clip_low, clip_high, clip_c, loss_scale_factor, kl_coef;
     char *loss_agg; /* token-mean | ... */
     int ppo_epochs, minibatches;
+    char *grpo_algorithm;    /* grpo | gspo: token or sequence importance ratio (docs/grpo.md) */
+    char *grpo_advantage;    /* grpo | rloo: group-mean or leave-one-out baseline */
+    double grpo_expert_clip; /* per routed expert gradient-norm bound of each update, 0 = off */
     /* grpo.correction: train–infer mismatch correction (docs/grpo.md "Mismatch corrections") */
     char *corr_kind;        /* none | tis | mis | icepop | kpop */
     char *corr_level;       /* token | sequence */

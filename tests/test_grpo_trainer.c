@@ -7,8 +7,9 @@
 ** reference model, the mismatch corrections in the step (off: bitwise the plain update; on:
 ** a different update; masks that take every token: no change; the denominator; bypass mode),
 ** loss scaling (an fp16 overflow skips the update and backs the scale off; in fp32 a scaled
-** update equals the plain one bitwise; the precision keys), and bitwise-identical weights
-** for 1 and 2 threads.
+** update equals the plain one bitwise; the precision keys), GSPO, RLOO and grpo.expert_clip
+** in the step (their keys, what each changes and what it must leave bitwise alone), and
+** bitwise-identical weights for 1 and 2 threads.
 **
 ** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
 ** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
@@ -86,6 +87,15 @@ static void fixture_init(fixture *f, uint64_t seed, int pure, double lr, double 
     f->before = malloc(f->m.n_params * sizeof *f->before);
     ck_assert_ptr_nonnull(f->before);
     memcpy(f->before, f->m.params, f->m.n_params * sizeof *f->before);
+}
+
+/* A malloc'd copy of the model's parameters. */
+static prl_real *params_copy(const prl_model *m)
+{
+    prl_real *copy = malloc(m->n_params * sizeof *copy);
+    ck_assert_ptr_nonnull(copy);
+    memcpy(copy, m->params, m->n_params * sizeof *copy);
+    return copy;
 }
 
 static void fixture_free(fixture *f)
@@ -561,9 +571,7 @@ static prl_real *corr_step_agg(const prl_grpo_corr_config *cc, prl_grpo_agg agg,
     f.c.corr = *cc;
     f.c.loss.agg = agg;
     assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, st));
-    prl_real *copy = malloc(f.m.n_params * sizeof *copy);
-    ck_assert_ptr_nonnull(copy);
-    memcpy(copy, f.m.params, f.m.n_params * sizeof *copy);
+    prl_real *copy = params_copy(&f.m);
     *moved = memcmp(f.before, f.m.params, f.m.n_params * sizeof *copy) != 0;
     fixture_free(&f);
     return copy;
@@ -786,8 +794,7 @@ static prl_real *two_steps(int threads)
     fixture_init(&f, 21, 0, 1e-2, 0.1, 10);
     f.c.ppo_epochs = 2, f.c.minibatches = 2;
     for (int s = 0; s < 2; s++) assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, NULL));
-    prl_real *copy = malloc(f.m.n_params * sizeof *copy);
-    memcpy(copy, f.m.params, f.m.n_params * sizeof *copy);
+    prl_real *copy = params_copy(&f.m);
     fixture_free(&f);
     return copy;
 }
@@ -960,6 +967,159 @@ START_TEST(test_precision_from_job)
 }
 END_TEST
 
+/* grpo.algorithm, grpo.advantage and grpo.expert_clip: the keys, their defaults and the
+** cross-key rule (gspo needs a ratio: not with bypass_loss = reinforce), named by key. */
+START_TEST(test_algos_from_job)
+{
+    prl_job_config j;
+    assert_ok(prl_job_config_default(&j));
+    prl_grpo_train_config c;
+    prl_optim_config oc;
+    assert_ok(prl_grpo_train_config_from_job(&c, &j));
+    assert_ok(prl_grpo_optim_config_from_job(&oc, &j));
+    ck_assert(c.loss.ratio == PRL_GRPO_RATIO_TOKEN && c.baseline == PRL_GRPO_BASELINE_GROUP);
+    ck_assert(oc.expert_clip == 0);
+    assert_ok(prl_job_config_set(&j, "grpo.algorithm=gspo"));
+    assert_ok(prl_job_config_set(&j, "grpo.advantage=rloo"));
+    assert_ok(prl_job_config_set(&j, "grpo.expert_clip=0.25"));
+    assert_ok(prl_grpo_train_config_from_job(&c, &j));
+    assert_ok(prl_grpo_optim_config_from_job(&oc, &j));
+    ck_assert(c.loss.ratio == PRL_GRPO_RATIO_SEQUENCE && c.baseline == PRL_GRPO_BASELINE_RLOO);
+    ck_assert(oc.expert_clip == 0.25);
+    static const char *const bad[][2] = {{"grpo.algorithm=gpso", "grpo.algorithm"},
+                                         {"grpo.advantage=loo", "grpo.advantage"},
+                                         {"grpo.expert_clip=-1", "grpo.expert_clip"}};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(prl_job_config_set(&j, bad[i][0]), PRL_ERR_CONFIG);
+        assert_msg_has(bad[i][1]);
+    }
+    const char *bypass[] = {"grpo.correction.mode=bypass", "grpo.correction.bypass_loss=reinforce"};
+    ck_assert_int_eq(prl_job_config_set_all(&j, bypass, 2), PRL_ERR_CONFIG);
+    assert_msg_has("'grpo.algorithm' = gspo");
+    /* the struct rule for callers that build the config by hand */
+    c.corr.mode = PRL_GRPO_MODE_BYPASS, c.corr.bypass_loss = PRL_GRPO_LOSS_REINFORCE;
+    ck_assert_int_eq(prl_grpo_train_config_check(&c), PRL_ERR_CONFIG);
+    assert_msg_has("grpo.algorithm = gspo");
+    prl_job_config_free(&j);
+}
+END_TEST
+
+/* One step of a fresh pure micro model (seed 9, lr 1e-2) on the toy batch of 12 whose infer
+** log-probs are the train path's, after `edit` changes the config; the weights after it
+** (malloc'd) and the stats. */
+static prl_real *algo_step(void (*edit)(prl_grpo_train_config *, prl_optim *),
+                           prl_grpo_step_stats *st)
+{
+    fixture f;
+    fixture_init(&f, 9, 1, 1e-2, 0, 12);
+    train_logprobs(&f.m, &f.b);
+    if (edit) edit(&f.c, &f.o);
+    assert_ok(prl_grpo_train_step(&f.m, &f.o, &f.b, &f.c, st));
+    prl_real *copy = params_copy(&f.m);
+    fixture_free(&f);
+    return copy;
+}
+
+static void edit_gspo(prl_grpo_train_config *c, prl_optim *o)
+{
+    (void)o;
+    c->loss.ratio = PRL_GRPO_RATIO_SEQUENCE;
+}
+static void edit_epochs(prl_grpo_train_config *c, prl_optim *o)
+{
+    (void)o;
+    c->ppo_epochs = 2, c->minibatches = 2;
+}
+static void edit_gspo_epochs(prl_grpo_train_config *c, prl_optim *o)
+{
+    edit_gspo(c, o), edit_epochs(c, o);
+}
+static void edit_gspo_seq_mean(prl_grpo_train_config *c, prl_optim *o)
+{
+    edit_gspo(c, o);
+    c->loss.agg = PRL_GRPO_AGG_SEQ_MEAN_TOKEN_MEAN;
+}
+static void edit_seq_mean(prl_grpo_train_config *c, prl_optim *o)
+{
+    (void)o;
+    c->loss.agg = PRL_GRPO_AGG_SEQ_MEAN_TOKEN_MEAN;
+}
+static void edit_none(prl_grpo_train_config *c, prl_optim *o)
+{
+    (void)o;
+    c->adv_norm = PRL_GRPO_NORM_NONE;
+}
+static void edit_rloo(prl_grpo_train_config *c, prl_optim *o)
+{
+    (void)o;
+    c->adv_norm = PRL_GRPO_NORM_NONE, c->baseline = PRL_GRPO_BASELINE_RLOO;
+}
+static void edit_expert_tiny(prl_grpo_train_config *c, prl_optim *o)
+{
+    (void)c;
+    o->cfg.expert_clip = 1e-7;
+}
+static void edit_expert_huge(prl_grpo_train_config *c, prl_optim *o)
+{
+    (void)c;
+    o->cfg.expert_clip = 1e9;
+}
+
+/* GSPO in the step: one on-policy update (s = r = 1) is bitwise GRPO's in token-mean and in
+** seq-mean-token-mean; with 2 epochs × 2 minibatches the later updates see s ≠ 1 and the
+** sequence ratio gives another update than the token ratio. */
+START_TEST(test_gspo_step)
+{
+    size_t bytes = n_params() * sizeof(prl_real);
+    prl_grpo_step_stats sg, ss;
+    prl_real *grpo = algo_step(NULL, &sg), *gspo = algo_step(edit_gspo, &ss);
+    ck_assert_mem_eq(grpo, gspo, bytes);
+    free(grpo), free(gspo);
+    grpo = algo_step(edit_seq_mean, &sg), gspo = algo_step(edit_gspo_seq_mean, &ss);
+    ck_assert_mem_eq(grpo, gspo, bytes);
+    free(grpo), free(gspo);
+    grpo = algo_step(edit_epochs, &sg), gspo = algo_step(edit_gspo_epochs, &ss);
+    ck_assert_int_eq(ss.updates, 4);
+    ck_assert(ss.ppo_kl != 0 && isfinite(ss.loss));
+    ck_assert(memcmp(grpo, gspo, bytes) != 0);
+    free(grpo), free(gspo);
+}
+END_TEST
+
+/* RLOO in the step: groups of 4 with 0/1 rewards, adv_norm none: every advantage is
+** 4/3 of Dr.GRPO's (r − mean), so the extremes scale by 4/3 exactly. */
+START_TEST(test_rloo_step)
+{
+    prl_grpo_step_stats sg, sr;
+    prl_real *a = algo_step(edit_none, &sg), *b = algo_step(edit_rloo, &sr);
+    ck_assert(sg.adv_max > 0 && sg.adv_min < 0);
+    ck_assert_double_eq_tol(sr.adv_max, sg.adv_max * 4 / 3, 1e-12);
+    ck_assert_double_eq_tol(sr.adv_min, sg.adv_min * 4 / 3, 1e-12);
+    ck_assert(memcmp(a, b, n_params() * sizeof(prl_real)) != 0);
+    free(a), free(b);
+}
+END_TEST
+
+/* grpo.expert_clip in the step: a bound no expert reaches is bitwise the plain update (and
+** reports 0 clipped); a tiny one clips the routed experts (counted, in the metrics) and
+** changes the update; off, the metrics have no experts_clipped key. */
+START_TEST(test_expert_clip_step)
+{
+    size_t bytes = n_params() * sizeof(prl_real);
+    prl_grpo_step_stats s0, sh, st;
+    prl_real *plain = algo_step(NULL, &s0), *huge = algo_step(edit_expert_huge, &sh),
+             *tiny = algo_step(edit_expert_tiny, &st);
+    ck_assert_mem_eq(plain, huge, bytes);
+    ck_assert(sh.expert_clip_on && sh.experts_clipped == 0 && !s0.expert_clip_on);
+    ck_assert(st.experts_clipped > 0);
+    ck_assert(memcmp(plain, tiny, bytes) != 0);
+    char *json = prl_grpo_step_stats_to_json(&st), *off = prl_grpo_step_stats_to_json(&s0);
+    ck_assert(strstr(json, "\"experts_clipped\":") && !strstr(off, "experts_clipped"));
+    free(json), free(off);
+    free(plain), free(huge), free(tiny);
+}
+END_TEST
+
 START_TEST(test_determinism_across_threads)
 {
     prl_model m;
@@ -996,6 +1156,10 @@ int main(void)
     tcase_add_test(tc, test_loss_scale_overflow_skips);
     tcase_add_test(tc, test_loss_scale_fp32_exact);
     tcase_add_test(tc, test_precision_from_job);
+    tcase_add_test(tc, test_algos_from_job);
+    tcase_add_test(tc, test_gspo_step);
+    tcase_add_test(tc, test_rloo_step);
+    tcase_add_test(tc, test_expert_clip_step);
     tcase_add_test(tc, test_determinism_across_threads);
     suite_add_tcase(s, tc);
     return check_run(s);
