@@ -347,7 +347,7 @@ static void rope_rows(void *p, int r0, int r1)
     rope_ctx *c = p;
     int half = c->D / 2;
     for (int n = r0; n < r1; n++) {
-        int at = c->pos ? c->pos[n] : n % c->T;
+        int at = c->pos ? (c->pos[n] > 0 ? c->pos[n] : 0) : n % c->T; /* padding row: 0 */
         const prl_real *co = c->cos_t + (size_t)at * half;
         const prl_real *si = c->sin_t + (size_t)at * half;
         /* the pair of frequency i sits at (lo, hi) = (i·step, i·step + off) */
@@ -414,6 +414,25 @@ void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_
     rope_apply(dx, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, interleave, -1);
 }
 
+void prl_rope_packed(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
+                     int N, int T, int heads, int head_stride, int col, int stride, int D,
+                     int interleave, int sign)
+{
+    rope_ctx c = {.x = x,
+                  .interleave = interleave,
+                  .cos_t = cos_t,
+                  .sin_t = sin_t,
+                  .pos = pos,
+                  .T = T,
+                  .heads = heads,
+                  .head_stride = head_stride,
+                  .col = col,
+                  .stride = stride,
+                  .D = D,
+                  .sign = sign < 0 ? -1 : 1};
+    prl_parallel_rows(N, rope_rows, &c);
+}
+
 /* ------------------------------------------------------------------ ModAttn conv ---- */
 
 enum { CONV_MAX_K = 16 };
@@ -431,8 +450,16 @@ void prl_conv_row(prl_real *out, const prl_real *const *x, const prl_real *w, in
 typedef struct conv_ctx {
     prl_real *out, *dinp;
     const prl_real *inp, *w, *dout;
+    const int32_t *pos; /* packed rows: positions in the segments, or NULL */
     int in_stride, T, C, k;
 } conv_ctx;
+
+/* 1 when row n (position t of its sequence) reads the row `back` rows before it: inside the
+** sequence and, in a packed row, inside the row's segment (back 0, the row itself, always). */
+static int conv_tap(const int32_t *pos, int n, int t, int back)
+{
+    return back == 0 || (t >= back && (!pos || pos[n] >= back));
+}
 
 static void conv_forward_rows(void *p, int r0, int r1)
 {
@@ -442,17 +469,24 @@ static void conv_forward_rows(void *p, int r0, int r1)
         int t = n % c->T;
         for (int j = 0; j < c->k; j++) {
             int back = c->k - 1 - j;
-            x[j] = t >= back ? c->inp + (size_t)(n - back) * c->in_stride : NULL;
+            x[j] = conv_tap(c->pos, n, t, back) ? c->inp + (size_t)(n - back) * c->in_stride : NULL;
         }
         prl_conv_row(c->out + (size_t)n * c->C, x, c->w, c->C, c->k);
     }
 }
 
 void prl_conv_forward(prl_real *out, const prl_real *inp, int in_stride, const prl_real *w, int B,
-                      int T, int C, int k)
+                      int T, int C, int k, const int32_t *pos)
 {
     PRL_ASSERT(k >= 1 && k <= CONV_MAX_K);
-    conv_ctx c = {.out = out, .inp = inp, .w = w, .in_stride = in_stride, .T = T, .C = C, .k = k};
+    conv_ctx c = {.out = out,
+                  .inp = inp,
+                  .w = w,
+                  .pos = pos,
+                  .in_stride = in_stride,
+                  .T = T,
+                  .C = C,
+                  .k = k};
     prl_parallel_rows(B * T, conv_forward_rows, &c);
 }
 
@@ -467,8 +501,8 @@ static void conv_backward_rows(void *p, int r0, int r1)
         for (int ch = 0; ch < c->C; ch++) {
             prl_real acc = dy[ch];
             for (int j = 0; j < c->k; j++) {
-                int fwd = c->k - 1 - j;
-                if (t + fwd < c->T)
+                int fwd = c->k - 1 - j; /* the row fwd rows later reads this one at tap j */
+                if (t + fwd < c->T && conv_tap(c->pos, n + fwd, t + fwd, fwd))
                     acc += c->w[(size_t)ch * c->k + j] * dy[(size_t)fwd * c->C + ch];
             }
             dx[ch] += acc;
@@ -477,12 +511,14 @@ static void conv_backward_rows(void *p, int r0, int r1)
 }
 
 void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_real *dout,
-                       const prl_real *inp, const prl_real *w, int B, int T, int C, int k)
+                       const prl_real *inp, const prl_real *w, int B, int T, int C, int k,
+                       const int32_t *pos)
 {
     conv_ctx c = {.dinp = dinp,
                   .inp = inp,
                   .w = w,
                   .dout = dout,
+                  .pos = pos,
                   .in_stride = in_stride,
                   .T = T,
                   .C = C,
@@ -494,7 +530,7 @@ void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_re
         const prl_real *dy = dout + (size_t)n * C;
         for (int j = 0; j < k; j++) {
             int back = k - 1 - j;
-            if (t < back) continue;
+            if (!conv_tap(pos, n, t, back)) continue;
             const prl_real *x = inp + (size_t)(n - back) * in_stride;
             for (int ch = 0; ch < C; ch++) dw[(size_t)ch * k + j] += dy[ch] * x[ch];
         }
