@@ -3,7 +3,9 @@
 ** several conversations in one row (prl_batch.pos) give the logits, losses, routes, expert
 ** counts and parameter gradients of the same conversations one per row, with every block of
 ** configs/models/micro-pangu.json on (MLA, DSA, SWA, sinks, ModAttn, MoE, mHC, sandwich and
-** block post-norms, MTP); bad positions are refused, naming the position.
+** block post-norms, MTP); bad positions are refused, naming the position. SFT with packing
+** (prl_sft_config.pack): rows of whole-length examples train bitwise as unpacked rows, and a
+** run cut into chunks (a resume) packs the same rows as one uncut run.
 **
 ** The two batches are equal up to float32 round-off, not bitwise: a sequence that starts
 ** at column 7 of a packed row meets the GEMM and vector blocking at other offsets than at
@@ -11,6 +13,7 @@
 ** measured differences (printed) and far below what any masking error gives.
 */
 #include "engine/engine.h"
+#include "sft/sft.h"
 #include "tests/check_util.h"
 #include "tests/model_util.h"
 
@@ -257,6 +260,117 @@ START_TEST(test_bad_positions_refused)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ SFT ------------- */
+
+/* Examples of the given lengths (ids from a fixed formula, every token but the first trained). */
+static void sft_data(prl_sft_data *d, const int *lens, int n)
+{
+    memset(d, 0, sizeof *d);
+    d->n = n;
+    d->ex = calloc((size_t)n, sizeof *d->ex);
+    for (int i = 0; i < n; i++) {
+        prl_sft_example *e = &d->ex[i];
+        e->n = lens[i];
+        e->ids = malloc((size_t)e->n * sizeof *e->ids);
+        e->mask = malloc((size_t)e->n);
+        for (int t = 0; t < e->n; t++) {
+            e->ids[t] = (int32_t)((7 * i + 3 * t + 1) % 64);
+            e->mask[t] = t > 0;
+        }
+        d->n_tokens += (size_t)e->n, d->n_loss_tokens += (size_t)e->n - 1;
+    }
+}
+
+/* The weights after `steps` SFT steps of micro-pangu from a fixed init, run as chunks of
+** `chunk` steps (a resumed run), with or without packing (malloc'd copy). */
+static prl_real *sft_weights(const prl_sft_data *d, int pack, int steps, int chunk)
+{
+    prl_model m;
+    micro_pangu(&m);
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    oc.lr = 1e-3;
+    assert_ok(prl_optim_init(&o, &m, &oc));
+    prl_sft_config c = {.batch = 2, .seq = T, .accum = 2, .seed = 3, .log_every = 1, .pack = pack};
+    for (int done = 0; done < steps; done += chunk) {
+        c.steps = chunk;
+        assert_ok(prl_sft_train(&m, &o, d, &c, NULL, NULL));
+    }
+    prl_real *w = malloc(m.n_params * sizeof *w);
+    memcpy(w, m.params, m.n_params * sizeof *w);
+    prl_optim_free(&o);
+    prl_model_free(&m);
+    return w;
+}
+
+static size_t n_params_micro(void)
+{
+    prl_model m;
+    micro_pangu(&m);
+    size_t n = m.n_params;
+    prl_model_free(&m);
+    return n;
+}
+
+/* Whole-length examples: one per row either way, so packing is the unpacked run bit for bit
+** (every packed path reduces to the unpacked one when a row holds one sequence). */
+START_TEST(test_sft_pack_full_rows_bitwise)
+{
+    int lens[8];
+    for (int i = 0; i < 8; i++) lens[i] = T;
+    prl_sft_data d;
+    sft_data(&d, lens, 8);
+    prl_real *a = sft_weights(&d, 0, 3, 3), *b = sft_weights(&d, 1, 3, 3);
+    ck_assert(memcmp(a, b, n_params_micro() * sizeof *a) == 0);
+    free(a), free(b);
+    prl_sft_data_free(&d);
+}
+END_TEST
+
+/* Examples of mixed lengths: packing changes the run (rows hold several examples), a run cut
+** into chunks of 1 and 2 steps packs the same rows as the uncut one (bitwise), and an
+** example longer than a row is cut to the row. */
+START_TEST(test_sft_pack_resume_and_mixed_lengths)
+{
+    static const int lens[11] = {5, 7, 4, 3, 12, 6, 2, 9, 3, 15, 8};
+    prl_sft_data d;
+    sft_data(&d, lens, 11);
+    size_t n = n_params_micro();
+    prl_real *whole = sft_weights(&d, 1, 4, 4), *ones = sft_weights(&d, 1, 4, 1),
+             *twos = sft_weights(&d, 1, 4, 2), *unpacked = sft_weights(&d, 0, 4, 4);
+    ck_assert(memcmp(whole, ones, n * sizeof *whole) == 0);
+    ck_assert(memcmp(whole, twos, n * sizeof *whole) == 0);
+    ck_assert(memcmp(whole, unpacked, n * sizeof *whole) != 0);
+    for (size_t i = 0; i < n; i++) ck_assert(isfinite(whole[i]));
+    free(whole), free(ones), free(twos), free(unpacked);
+    prl_sft_data_free(&d);
+}
+END_TEST
+
+/* Packing and length grouping are exclusive: refused, naming both. */
+START_TEST(test_sft_pack_with_group_refused)
+{
+    int lens[2] = {5, 6};
+    prl_sft_data d;
+    sft_data(&d, lens, 2);
+    prl_model m;
+    micro_pangu(&m);
+    prl_optim o;
+    prl_optim_config oc;
+    prl_optim_config_default(&oc);
+    assert_ok(prl_optim_init(&o, &m, &oc));
+    prl_sft_config c =
+        {.batch = 1, .seq = T, .steps = 1, .accum = 1, .log_every = 1, .pack = 1, .group = 4};
+    ck_assert_int_eq(prl_sft_train(&m, &o, &d, &c, NULL, NULL), PRL_ERR_ARG);
+    assert_msg_has("packing needs group 0");
+    ck_assert_int_eq(o.step, 0);
+    prl_optim_free(&o);
+    prl_model_free(&m);
+    prl_sft_data_free(&d);
+}
+END_TEST
+
 int main(void)
 {
     if (prl_blas_init(1) != PRL_OK) return 1;
@@ -266,6 +380,9 @@ int main(void)
     tcase_add_test(tc, test_packed_equals_one_per_row);
     tcase_add_test(tc, test_packing_changes_unpacked_rows);
     tcase_add_test(tc, test_bad_positions_refused);
+    tcase_add_test(tc, test_sft_pack_full_rows_bitwise);
+    tcase_add_test(tc, test_sft_pack_resume_and_mixed_lengths);
+    tcase_add_test(tc, test_sft_pack_with_group_refused);
     suite_add_tcase(s, tc);
     return check_run(s);
 }
