@@ -364,14 +364,16 @@ static void rope_rows(void *p, int r0, int r1)
     }
 }
 
-static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
-                       int heads, int head_stride, int col, int stride, int D, int interleave,
-                       prl_real sign)
+/* Row n at position pos[n] (pos NULL: n mod T), rotated forward (sign 1) or back (−1). */
+static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t,
+                       const int32_t *pos, int N, int T, int heads, int head_stride, int col,
+                       int stride, int D, int interleave, prl_real sign)
 {
     rope_ctx c = {.x = x,
                   .interleave = interleave,
                   .cos_t = cos_t,
                   .sin_t = sin_t,
+                  .pos = pos,
                   .T = T,
                   .heads = heads,
                   .head_stride = head_stride,
@@ -385,25 +387,13 @@ static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t
 void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
                       int heads, int head_stride, int col, int stride, int D, int interleave)
 {
-    rope_apply(x, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, interleave, 1);
+    rope_apply(x, cos_t, sin_t, NULL, N, T, heads, head_stride, col, stride, D, interleave, 1);
 }
 
 void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
                  int N, int heads, int head_stride, int col, int stride, int D, int interleave)
 {
-    rope_ctx c = {.x = x,
-                  .interleave = interleave,
-                  .cos_t = cos_t,
-                  .sin_t = sin_t,
-                  .pos = pos,
-                  .T = 1,
-                  .heads = heads,
-                  .head_stride = head_stride,
-                  .col = col,
-                  .stride = stride,
-                  .D = D,
-                  .sign = 1};
-    prl_parallel_rows(N, rope_rows, &c);
+    rope_apply(x, cos_t, sin_t, pos, N, 1, heads, head_stride, col, stride, D, interleave, 1);
 }
 
 void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
@@ -411,26 +401,15 @@ void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_
 {
     /* Each pair is a rotation scaled by YaRN's attention factor a (cos and sin both carry
     ** it): its transpose is a times the rotation by −angle, the same tables with sin negated. */
-    rope_apply(dx, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, interleave, -1);
+    rope_apply(dx, cos_t, sin_t, NULL, N, T, heads, head_stride, col, stride, D, interleave, -1);
 }
 
 void prl_rope_packed(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
                      int N, int T, int heads, int head_stride, int col, int stride, int D,
                      int interleave, int sign)
 {
-    rope_ctx c = {.x = x,
-                  .interleave = interleave,
-                  .cos_t = cos_t,
-                  .sin_t = sin_t,
-                  .pos = pos,
-                  .T = T,
-                  .heads = heads,
-                  .head_stride = head_stride,
-                  .col = col,
-                  .stride = stride,
-                  .D = D,
-                  .sign = sign < 0 ? -1 : 1};
-    prl_parallel_rows(N, rope_rows, &c);
+    rope_apply(x, cos_t, sin_t, pos, N, T, heads, head_stride, col, stride, D, interleave,
+               sign < 0 ? -1 : 1);
 }
 
 /* ------------------------------------------------------------------ ModAttn conv ---- */
