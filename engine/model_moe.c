@@ -234,7 +234,6 @@ int model__moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     return stop || model__emit(m, l, "moe.out", a->tmp, N, D.d);
 }
 
-/* Auxiliary losses of one MoE layer (values only; gradients in the backward). */
 /* The next sequence of row bi at or after position t, [*s0, *s1): the row's valid prefix, or
 ** in a packed row (prl_batch.pos) a run from a position 0; 0 when none is left. */
 static int next_sequence(const prl_batch *b, int bi, int t, int *s0, int *s1)
@@ -262,6 +261,7 @@ static int count_sequences(const prl_batch *b)
     return n;
 }
 
+/* Auxiliary losses of one MoE layer (values only; gradients in the backward). */
 void model__aux_losses(const prl_model *m, const layer_acts *la, const prl_batch *b, double *bal,
                        double *zl)
 {
