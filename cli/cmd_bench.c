@@ -14,6 +14,7 @@ static const cli_command benches[] = {
     {"pipeline", cmd_bench_pipeline, "prl run in sync vs async mode"},
     {"load", cmd_bench_load, "checkpoint loading: time and peak memory"},
     {"gateway", cmd_bench_gateway, "the gateway under load: latency and tokens/s"},
+    {"sft", cmd_bench_sft, "SFT tokens/s with and without packing"},
 };
 enum { N_BENCHES = sizeof benches / sizeof benches[0] };
 

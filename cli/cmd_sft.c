@@ -30,6 +30,7 @@ typedef struct sft_args {
     double dsa_warmup_lr;
     int dsa_dense; /* recipe: the first N SFT steps in the DSA dense stage (from scratch) */
     int steps, batch, seq, accum, warmup, threads, log_every, save_every, resume, group, special;
+    int pack;  /* packed rows (prl_sft_config.pack) */
     int vocab; /* tokenizer trained on the data: vocabulary size (0: the model's) */
     double lr, min_lr_ratio, weight_decay, grad_clip, expert_clip;
     uint64_t seed;
@@ -302,6 +303,7 @@ static int run(const sft_args *a)
                              .seed = a->seed,
                              .log_every = a->log_every,
                              .group = a->group,
+                             .pack = a->pack,
                              .scaler = scaler_on ? &scaler : NULL};
         if (a->dsa_warmup > 0) st = dsa_warmup(&m, &d, a, &sc);
         int64_t end = o.step + a->steps, dense_end = o.step + a->dsa_dense;
@@ -505,6 +507,7 @@ static int run_recipe(const char *file, int threads, int force)
                   .threads = threads,
                   .log_every = r.steps >= 20 ? r.steps / 20 : 1,
                   .group = r.group,
+                  .pack = r.pack,
                   .special = r.special_tokens,
                   .vocab = r.vocab_size,
                   .lr = r.lr,
@@ -575,6 +578,10 @@ int cmd_sft(int argc, char **argv)
          "group by length: windows of G batches sorted by length, each micro-batch only as wide as "
          "its longest example (default 0 = off)",
          0, 0},
+        {"pack", OPT_FLAG, &a.pack, NULL,
+         "pack several examples into each row of --seq positions, each attending only to itself "
+         "(docs/model.md \"Packed sequences\"; not with --group)",
+         0, 0},
         {"special-tokens", OPT_FLAG, &a.special, NULL,
          "trusted data: special-token strings in contents (<|tool_call|> ...) become their ids, as "
          "the model emits them",
@@ -640,5 +647,6 @@ int cmd_sft(int argc, char **argv)
         return cli_failf("sft", 2,
                          "--steps, --batch, --accum, --log-every must be >= 1, --seq >= 2, "
                          "--save-every, --warmup and --group >= 0");
+    if (a.pack && a.group > 0) return cli_failf("sft", 2, "--pack and --group are exclusive");
     return run(&a);
 }

@@ -15,6 +15,19 @@
 
 static int seq_len(const int32_t *lens, int b, int T) { return lens ? lens[b] : T; }
 
+/* Row n (position t of sequence b) is a query row: inside the length and, in a packed row,
+** not a padding row. */
+static int query_row(const int32_t *lens, const int32_t *pos, int n, int T)
+{
+    return n % T < seq_len(lens, n / T, T) && !(pos && pos[n] < 0);
+}
+
+/* The first key of row n's causal keys [lo, t]: its segment's first in a packed row. */
+static int key_lo(const int32_t *pos, int n, int T)
+{
+    return pos ? prl_segment_start(n % T, pos[n]) : 0;
+}
+
 /* ------------------------------------------------------------------ scores ---------- */
 
 void prl_dsa_score_row(prl_real *score, const prl_real *qI, const prl_real *w, const prl_real *kI,
@@ -39,7 +52,7 @@ void prl_dsa_score_row(prl_real *score, const prl_real *qI, const prl_real *w, c
 typedef struct score_ctx {
     prl_real *score, *dqI, *dkI, *dw;
     const prl_real *qI, *kI, *w, *dscore;
-    const int32_t *lens;
+    const int32_t *lens, *pos;
     int B, T, HI, dI;
 } score_ctx;
 
@@ -48,23 +61,25 @@ static void score_rows(void *p, int r0, int r1)
     score_ctx *c = p;
     int T = c->T;
     for (int n = r0; n < r1; n++) {
-        int b = n / T, t = n % T, len = seq_len(c->lens, b, T);
+        int b = n / T, t = n % T, lo = key_lo(c->pos, n, T);
         prl_real *row = c->score + (size_t)n * T;
         memset(row, 0, (size_t)T * sizeof *row);
-        if (t >= len) continue;
-        prl_dsa_score_row(row, c->qI + (size_t)n * c->HI * c->dI, c->w + (size_t)n * c->HI,
-                          c->kI + (size_t)b * T * c->dI, c->dI, t + 1, c->HI, c->dI);
+        if (!query_row(c->lens, c->pos, n, T)) continue;
+        prl_dsa_score_row(row + lo, c->qI + (size_t)n * c->HI * c->dI, c->w + (size_t)n * c->HI,
+                          c->kI + ((size_t)b * T + lo) * c->dI, c->dI, t + 1 - lo, c->HI, c->dI);
     }
 }
 
 void prl_dsa_score_forward(prl_real *score, const prl_real *qI, const prl_real *kI,
-                           const prl_real *w, const int32_t *lens, int B, int T, int HI, int dI)
+                           const prl_real *w, const int32_t *lens, int B, int T, int HI, int dI,
+                           const int32_t *pos)
 {
     score_ctx c = {.score = score,
                    .qI = qI,
                    .kI = kI,
                    .w = w,
                    .lens = lens,
+                   .pos = pos,
                    .B = B,
                    .T = T,
                    .HI = HI,
@@ -80,9 +95,9 @@ static void score_backward_query_rows(void *p, int r0, int r1)
     prl_real scale = (prl_real)(1.0 / sqrt((double)dI));
     for (int n = r0; n < r1; n++) {
         int b = n / T, t = n % T;
-        if (t >= seq_len(c->lens, b, T)) continue;
+        if (!query_row(c->lens, c->pos, n, T)) continue;
         const prl_real *ds = c->dscore + (size_t)n * T, *w = c->w + (size_t)n * HI;
-        for (int s = 0; s <= t; s++) {
+        for (int s = key_lo(c->pos, n, T); s <= t; s++) {
             if (ds[s] == 0) continue;
             const prl_real *k = c->kI + ((size_t)b * T + s) * dI;
             for (int j = 0; j < HI; j++) {
@@ -112,6 +127,7 @@ static void score_backward_key_rows(void *p, int r0, int r1)
         prl_real *dk = c->dkI + (size_t)n * dI;
         for (int t = s; t < len; t++) {
             size_t m = (size_t)b * T + t;
+            if (!query_row(c->lens, c->pos, (int)m, T) || key_lo(c->pos, (int)m, T) > s) continue;
             prl_real ds = c->dscore[m * T + s];
             if (ds == 0) continue;
             for (int j = 0; j < HI; j++) {
@@ -129,9 +145,10 @@ static void score_backward_key_rows(void *p, int r0, int r1)
 
 void prl_dsa_score_backward(prl_real *dqI, prl_real *dkI, prl_real *dw, const prl_real *dscore,
                             const prl_real *qI, const prl_real *kI, const prl_real *w,
-                            const int32_t *lens, int B, int T, int HI, int dI)
+                            const int32_t *lens, int B, int T, int HI, int dI, const int32_t *pos)
 {
     score_ctx c = {.dqI = dqI,
+                   .pos = pos,
                    .dkI = dkI,
                    .dw = dw,
                    .dscore = dscore,
@@ -227,28 +244,29 @@ void prl_dsa_forward(prl_dsa_acts *a, const prl_dsa_weights *w, const prl_real *
     size_t nq = (size_t)N * HI * dI, nk = (size_t)N * dI, nw = (size_t)N * HI;
     prl_matmul_forward(a->qI, cq, w->wq_b, N, D.rq, HI * dI, 0);
     prl_round_reals(p, a->qI, nq);
-    prl_rope_forward(a->qI, cos_t, sin_t, N, D.T, HI, dI, 0, HI * dI, D.dr, 0); /* [rope | nope] */
+    prl_rope_packed(a->qI, cos_t, sin_t, D.pos, N, D.T, HI, dI, 0, HI * dI, D.dr, 0,
+                    1); /* [rope | nope] */
     prl_round_reals(p, a->qI, nq);
     prl_matmul_forward(a->kz, x, w->wk, N, D.d, dI, 0);
     prl_round_reals(p, a->kz, nk);
     /* norm and RoPE as one op, rounded once: the infer path stores kI only after both */
     prl_rmsnorm_forward(a->kI, a->krstd, a->kz, w->k_norm, N, dI, dI, dI, PRL_LATENT_NORM_EPS);
-    prl_rope_forward(a->kI, cos_t, sin_t, N, D.T, 1, dI, 0, dI, D.dr, 0);
+    prl_rope_packed(a->kI, cos_t, sin_t, D.pos, N, D.T, 1, dI, 0, dI, D.dr, 0, 1);
     prl_round_reals(p, a->kI, nk);
     prl_matmul_forward(a->w, x, w->wproj, N, D.d, HI, 0);
     prl_round_reals(p, a->w, nw);
     prl_real hs = (prl_real)(1.0 / sqrt((double)HI));
     for (size_t i = 0; i < (size_t)N * HI; i++) a->w[i] *= hs;
     prl_round_reals(p, a->w, nw);
-    prl_dsa_score_forward(a->score, a->qI, a->kI, a->w, lens, D.B, D.T, HI, dI);
+    prl_dsa_score_forward(a->score, a->qI, a->kI, a->w, lens, D.B, D.T, HI, dI, D.pos);
     prl_round_reals(p, a->score, (size_t)N * D.T);
     if (!select) return;
     for (int n = 0; n < N; n++) {
-        int b = n / D.T, t = n % D.T;
+        int t = n % D.T, lo = key_lo(D.pos, n, D.T);
         uint8_t *row = a->sel + (size_t)n * D.T;
         memset(row, 0, (size_t)D.T);
-        if (t < seq_len(lens, b, D.T))
-            prl_dsa_select_row(row, a->score + (size_t)n * D.T, t + 1, D.topk);
+        if (query_row(lens, D.pos, n, D.T))
+            prl_dsa_select_row(row + lo, a->score + (size_t)n * D.T + lo, t + 1 - lo, D.topk);
     }
 }
 
@@ -258,18 +276,18 @@ double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns,
     int T = D.T, ldS = ns + T, rows = 0;
     double sum = 0;
     for (int b = 0; b < D.B; b++) {
-        int len = seq_len(lens, b, T);
         for (int t = 0; t < T; t++) {
             size_t n = (size_t)b * T + t;
+            int lo = key_lo(D.pos, (int)n, T);
             prl_real *p = a->target + n * T;
             memset(p, 0, (size_t)T * sizeof *p);
-            if (t >= len) continue;
+            if (!query_row(lens, D.pos, (int)n, T)) continue;
             for (int h = 0; h < H; h++) { /* heads in order; sink columns left out */
                 const prl_real *P = att + (((size_t)b * H + h) * T + t) * ldS + ns;
-                for (int s = 0; s <= t; s++) p[s] += P[s];
+                for (int s = lo; s <= t; s++) p[s] += P[s];
             }
-            sum +=
-                prl_dsa_kl_row_forward(p, a->score + n * T, sparse ? a->sel + n * T : NULL, t + 1);
+            sum += prl_dsa_kl_row_forward(p + lo, a->score + n * T + lo,
+                                          sparse ? a->sel + n * T + lo : NULL, t + 1 - lo);
             rows++;
         }
     }
@@ -283,21 +301,21 @@ void prl_dsa_backward(prl_dsa_weights *g, const prl_dsa_scratch *s, const prl_ds
 {
     int N = D.B * D.T, T = D.T, HI = D.HI, dI = D.dI, rows = 0;
     size_t nq = (size_t)N * HI * dI, nk = (size_t)N * dI, nw = (size_t)N * HI;
-    for (int b = 0; b < D.B; b++) rows += seq_len(lens, b, T);
+    for (int n = 0; n < N; n++) rows += query_row(lens, D.pos, n, T);
     memset(s->dscore, 0, (size_t)N * T * sizeof *s->dscore);
     for (int n = 0; n < N; n++) {
-        int b = n / T, t = n % T;
-        if (t >= seq_len(lens, b, T)) continue;
-        prl_dsa_kl_row_backward(s->dscore + (size_t)n * T, a->target + (size_t)n * T,
-                                a->score + (size_t)n * T, sparse ? a->sel + (size_t)n * T : NULL,
-                                t + 1, (prl_real)(1.0 / rows));
+        int t = n % T, lo = key_lo(D.pos, n, T);
+        if (!query_row(lens, D.pos, n, T)) continue;
+        size_t at = (size_t)n * T + lo;
+        prl_dsa_kl_row_backward(s->dscore + at, a->target + at, a->score + at,
+                                sparse ? a->sel + at : NULL, t + 1 - lo, (prl_real)(1.0 / rows));
     }
     memset(s->dqI, 0, (size_t)N * HI * dI * sizeof *s->dqI);
     memset(s->dkI, 0, (size_t)N * dI * sizeof *s->dkI);
     memset(s->dw, 0, (size_t)N * HI * sizeof *s->dw);
     prl_round_reals(p, s->dscore, (size_t)N * T);
     prl_dsa_score_backward(s->dqI, s->dkI, s->dw, s->dscore, a->qI, a->kI, a->w, lens, D.B, T, HI,
-                           dI);
+                           dI, D.pos);
     prl_round_reals(p, s->dqI, nq);
     prl_round_reals(p, s->dkI, nk);
     prl_round_reals(p, s->dw, nw);
@@ -306,12 +324,12 @@ void prl_dsa_backward(prl_dsa_weights *g, const prl_dsa_scratch *s, const prl_ds
     for (size_t i = 0; i < (size_t)N * HI; i++) s->dw[i] *= hs;
     prl_round_reals(p, s->dw, nw);
     prl_matmul_backward(NULL, g->wproj, s->dw, x, w->wproj, N, D.d, HI);
-    prl_rope_backward(s->dkI, cos_t, sin_t, N, T, 1, dI, 0, dI, D.dr, 0);
+    prl_rope_packed(s->dkI, cos_t, sin_t, D.pos, N, T, 1, dI, 0, dI, D.dr, 0, -1);
     memset(s->dkz, 0, (size_t)N * dI * sizeof *s->dkz);
     prl_rmsnorm_backward(s->dkz, g->k_norm, s->dkI, a->kz, w->k_norm, a->krstd, N, dI, dI, dI);
     prl_round_reals(p, s->dkz, nk);
     prl_matmul_backward(NULL, g->wk, s->dkz, x, w->wk, N, D.d, dI);
-    prl_rope_backward(s->dqI, cos_t, sin_t, N, T, HI, dI, 0, HI * dI, D.dr, 0);
+    prl_rope_packed(s->dqI, cos_t, sin_t, D.pos, N, T, HI, dI, 0, HI * dI, D.dr, 0, -1);
     prl_round_reals(p, s->dqI, nq);
     prl_matmul_backward(NULL, g->wq_b, s->dqI, cq, w->wq_b, N, D.rq, HI * dI);
 }

@@ -24,14 +24,16 @@ void prl_dsa_score_row(prl_real *score, const prl_real *qI, const prl_real *w, c
 
 /* Scores of B sequences of T tokens:
 **   qI [B*T, HI*dI], kI [B*T, dI], w [B*T, HI] → score [B*T, T], row b*T+t holding columns
-**   s <= t (the others 0); rows at or past lens[b] (NULL = T) are all 0. */
+**   s <= t (the others 0); rows at or past lens[b] (NULL = T) are all 0. pos (NULL = one
+**   sequence per row): packed rows (prl_dsa_dims.pos), columns of the row's segment only. */
 void prl_dsa_score_forward(prl_real *score, const prl_real *qI, const prl_real *kI,
-                           const prl_real *w, const int32_t *lens, int B, int T, int HI, int dI);
+                           const prl_real *w, const int32_t *lens, int B, int T, int HI, int dI,
+                           const int32_t *pos);
 /* dqI, dkI, dw accumulate given dscore [B*T, T] (columns s > t and padding rows ignored).
 ** At the ReLU's kink (a = 0) the gradient is taken as 0. */
 void prl_dsa_score_backward(prl_real *dqI, prl_real *dkI, prl_real *dw, const prl_real *dscore,
                             const prl_real *qI, const prl_real *kI, const prl_real *w,
-                            const int32_t *lens, int B, int T, int HI, int dI);
+                            const int32_t *lens, int B, int T, int HI, int dI, const int32_t *pos);
 
 /* Top-min(k, n) of score[0..n): sel[s] = 1 when chosen, else 0. Equal scores are ordered by
 ** the lower index (spec §11.1), so the choice is deterministic. */
@@ -51,11 +53,14 @@ void prl_dsa_kl_row_backward(prl_real *dscore, const prl_real *target, const prl
 /* ------------------------------------------------------------ one layer's indexer --- */
 
 typedef struct prl_dsa_dims {
-    int B, T;   /* batch shape */
-    int d, rq;  /* hidden size, q_lora_rank */
-    int HI, dI; /* index_n_heads, index_head_dim */
-    int dr;     /* qk_rope_head_dim: the first dr dims of every index head and key rotate */
-    int topk;   /* index_topk */
+    int B, T;           /* batch shape */
+    int d, rq;          /* hidden size, q_lora_rank */
+    int HI, dI;         /* index_n_heads, index_head_dim */
+    int dr;             /* qk_rope_head_dim: the first dr dims of every index head and key rotate */
+    int topk;           /* index_topk */
+    const int32_t *pos; /* NULL, or [B*T] positions in the segments of packed rows
+                        ** (prl_batch.pos): a row scores, selects and learns over the keys of
+                        ** its own segment only; a padding row (pos < 0) is skipped */
 } prl_dsa_dims;
 
 /* Indexer weights (out×in): wq_b [HI*dI, rq], wk [dI, d], k_norm [dI], wproj [HI, d]; and a

@@ -222,6 +222,13 @@ typedef struct prl_batch {
                                    ** PRL_ROUTE_NATIVE routes that (layer, position) natively */
     double loss_scale;             /* backward: gradients of loss_scale × the whole loss (aux
                                    ** losses included), for dynamic loss scaling; 0 means 1 */
+    const int32_t *pos;            /* packed rows (docs/model.md "Packed sequences"): NULL, one
+                                   ** sequence per row; else [B*T] the position of each token in
+                                   ** its own sequence: 0 starts a sequence, p + 1 follows p, −1
+                                   ** is padding (affects nothing). A row then holds several
+                                   ** sequences, each seen by the model as if it were alone in a
+                                   ** row: attention, RoPE, ModAttn convs, DSA, MTP targets and
+                                   ** the sequence-wise balance loss restart at every 0 */
 } prl_batch;
 
 /* A route_override row of K of these means "route natively here" (top-K of s + bias), so a

@@ -108,6 +108,7 @@ static void carve_mtp(prl_model *m, carver *cv)
         t->tokens = CARVE_I(cv, N);
         t->targets = CARVE_I(cv, N);
         t->lens = CARVE_I(cv, a->B);
+        t->pos = CARVE_I(cv, N);
         t->weights = carve(cv, N * sizeof(float));
         t->emb = CARVE_R(cv, N * d);
         t->cat = CARVE_R(cv, 2 * N * d);
@@ -200,7 +201,7 @@ static void carve_all(prl_model *m, carver *cv)
     a->dckv = CARVE_R(cv, N * D.rkv);
     a->dkv = CARVE_R(cv, N * D.H * D.dkv);
     a->dkr = CARVE_R(cv, N * D.dr);
-    a->attn_scratch_len = prl_attention_scratch(model__attn_shape(m, 0));
+    a->attn_scratch_len = prl_attention_scratch(model__attn_shape(m, 0, NULL));
     a->dattn_scratch = CARVE_R(cv, a->attn_scratch_len);
     a->do_ = CARVE_R(cv, N * D.H * D.dv);
     a->dsink_kv = CARVE_R(cv, (size_t)D.ns * D.H * D.dkv);

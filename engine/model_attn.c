@@ -16,8 +16,9 @@ int model__dsa_sparse(const prl_model *m, int l)
     return prl_config_is_dsa(&m->cfg, l) && m->cfg.dsa_stage == PRL_DSA_SPARSE;
 }
 
-/* The attention call of layer l for the current batch shape (window, sinks, selection). */
-prl_attn_shape model__attn_shape(const prl_model *m, int l)
+/* The attention call of layer l for the current batch shape (window, sinks, selection) and
+** batch b's packing (b NULL: none). */
+prl_attn_shape model__attn_shape(const prl_model *m, int l, const prl_batch *b)
 {
     dims D = model__dims_of(&m->cfg);
     const uint8_t *sel =
@@ -31,11 +32,12 @@ prl_attn_shape model__attn_shape(const prl_model *m, int l)
                             .window = prl_config_window(&m->cfg, l),
                             .ns = D.ns,
                             .sel = sel,
+                            .pos = b ? b->pos : NULL,
                             .scale = prl_config_softmax_scale(&m->cfg)};
 }
 
-/* The indexer geometry of the current batch shape. */
-static prl_dsa_dims dsa_dims(const prl_model *m)
+/* The indexer geometry of the current batch shape and batch b's packing. */
+static prl_dsa_dims dsa_dims(const prl_model *m, const prl_batch *b)
 {
     const prl_config *c = &m->cfg;
     return (prl_dsa_dims){.B = m->acts->B,
@@ -45,7 +47,8 @@ static prl_dsa_dims dsa_dims(const prl_model *m)
                           .HI = c->index_n_heads,
                           .dI = c->index_head_dim,
                           .dr = c->qk_rope_head_dim,
-                          .topk = c->index_topk};
+                          .topk = c->index_topk,
+                          .pos = b->pos};
 }
 
 /* ------------------------------------------------------------------ forward --------- */
@@ -79,14 +82,16 @@ static prl_dsa_weights dsa_weights(const prl_model *m, prl_real *base, int l)
 }
 
 /* A latent of C channels (rows of z at z_stride) through ModAttn and its norm:
-** y = RMSNorm(zc; g) with zc = z + conv(z) when the convs are on (saved), else z. */
+** y = RMSNorm(zc; g) with zc = z + conv(z) when the convs are on (saved), else z; the conv
+** restarts at the boundaries of packed rows (pos, prl_batch.pos). */
 static void latent_forward(prl_model *m, prl_real *y, prl_real *rstd, const prl_real *z,
-                           int z_stride, prl_real *zc, size_t g, size_t conv, int C)
+                           int z_stride, prl_real *zc, size_t g, size_t conv, int C,
+                           const int32_t *pos)
 {
     prl_acts *a = m->acts;
     int ck = conv ? prl_config_conv_kernel(&m->cfg) : 0; /* offset 0: no conv (MTP layer) */
     if (ck) {
-        prl_conv_forward(zc, z, z_stride, P(conv), a->B, a->T, C, ck);
+        prl_conv_forward(zc, z, z_stride, P(conv), a->B, a->T, C, ck, pos);
         model__rnd(m, zc, (size_t)a->N * C);
         z = zc, z_stride = C;
     }
@@ -106,24 +111,25 @@ int model__mla_forward(prl_model *m, int l, const prl_batch *b)
     if (D.rq > 0) { /* the query latent */
         prl_matmul_forward(la->zq, la->ln_a, P(o->wq_a), N, D.d, D.rq, 0);
         model__rnd(m, la->zq, (size_t)N * D.rq);
-        latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq);
+        latent_forward(m, la->cq, la->rstd_q, la->zq, D.rq, la->zqc, o->q_norm, o->qa_conv, D.rq,
+                       b->pos);
         prl_matmul_forward(la->q, la->cq, P(o->wq_b), N, D.rq, D.H * D.dq, 0);
     } else {
         prl_matmul_forward(la->q, la->ln_a, P(o->wq_b), N, D.d, D.H * D.dq, 0);
     }
     model__rnd(m, la->q, nq);
-    prl_rope_forward(la->q, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr,
-                     m->cfg.rope_interleave);
+    prl_rope_packed(la->q, a->rope_cos, a->rope_sin, b->pos, N, a->T, D.H, D.dq, D.dn, D.H * D.dq,
+                    D.dr, m->cfg.rope_interleave, 1);
     model__rnd(m, la->q, nq);
     prl_matmul_forward(la->kva, la->ln_a, P(o->wkv_a), N, D.d, D.rkv + D.dr, 0);
     model__rnd(m, la->kva, (size_t)N * (D.rkv + D.dr));
     latent_forward(m, la->ckv, la->rstd_kv, la->kva, D.rkv + D.dr, la->kvc, o->kv_norm, o->kv_conv,
-                   D.rkv); /* the compressed KV only: its rope part is untouched */
+                   D.rkv, b->pos); /* the compressed KV only: its rope part is untouched */
     for (int n = 0; n < N; n++)
         memcpy(la->kr + (size_t)n * D.dr, la->kva + (size_t)n * (D.rkv + D.dr) + D.rkv,
                (size_t)D.dr * sizeof(prl_real));
-    prl_rope_forward(la->kr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr,
-                     m->cfg.rope_interleave);
+    prl_rope_packed(la->kr, a->rope_cos, a->rope_sin, b->pos, N, a->T, 1, D.dr, 0, D.dr, D.dr,
+                    m->cfg.rope_interleave, 1);
     model__rnd(m, la->kr, (size_t)N * D.dr);
     prl_matmul_forward(la->kv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv, 0);
     model__rnd(m, la->kv, (size_t)N * D.H * D.dkv);
@@ -132,18 +138,19 @@ int model__mla_forward(prl_model *m, int l, const prl_batch *b)
     if (dsa) { /* the indexer picks each row's keys before the main attention reads them */
         prl_dsa_weights w = dsa_weights(m, P(0), l); /* rounded, as the infer path reads them */
         prl_dsa_forward(&la->dsa, &w, la->ln_a, la->cq, a->rope_cos, a->rope_sin, b->lens,
-                        dsa_dims(m), model__dsa_sparse(m, l) && !m->dsa_keep_selection,
+                        dsa_dims(m, b), model__dsa_sparse(m, l) && !m->dsa_keep_selection,
                         m->precision);
     }
     prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
-                          D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, model__attn_shape(m, l));
+                          D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, model__attn_shape(m, l, b));
     model__rnd(m, la->o, (size_t)N * D.H * D.dv);
     if (dsa)
         a->index_loss += prl_dsa_loss_forward(&la->dsa, la->att, D.H, D.ns, model__dsa_sparse(m, l),
-                                              b->lens, dsa_dims(m));
+                                              b->lens, dsa_dims(m, b));
     const prl_real *o_out = la->o;
     if (D.ck && o->o_conv) { /* ModAttn on the heads' output, before o_proj (not in MTP) */
-        prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck);
+        prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck,
+                         b->pos);
         model__rnd(m, la->oc, (size_t)N * D.H * D.dv);
         o_out = la->oc;
     }
@@ -161,7 +168,7 @@ int model__mla_forward(prl_model *m, int l, const prl_batch *b)
 ** kernel gradients accumulate. */
 static void latent_backward(prl_model *m, prl_real *dz, const prl_real *dy, const prl_real *z,
                             int z_stride, const prl_real *zc, const prl_real *rstd, size_t g,
-                            size_t conv, int C)
+                            size_t conv, int C, const int32_t *pos)
 {
     prl_acts *a = m->acts;
     int ck = conv ? prl_config_conv_kernel(&m->cfg) : 0, N = a->N; /* as latent_forward */
@@ -172,7 +179,7 @@ static void latent_backward(prl_model *m, prl_real *dz, const prl_real *dy, cons
     model__zero(a->dconv, (size_t)N * C);
     prl_rmsnorm_backward(a->dconv, G(g), dy, zc, P(g), rstd, N, C, C, C);
     model__rnd(m, a->dconv, (size_t)N * C);
-    prl_conv_backward(dz, z_stride, G(conv), a->dconv, z, P(conv), a->B, a->T, C, ck);
+    prl_conv_backward(dz, z_stride, G(conv), a->dconv, z, P(conv), a->B, a->T, C, ck, pos);
 }
 
 /* The sinks' latent: dsink_kv (∂/∂ their [k_nope | v]) through kv_b_proj and the norm. */
@@ -208,7 +215,7 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
         model__rnd(m, a->do_, (size_t)N * HV);
         model__zero(a->dconv, (size_t)N * HV);
         prl_conv_backward(a->dconv, HV, G(o->o_conv), a->do_, la->o, P(o->o_conv), a->B, a->T, HV,
-                          D.ck);
+                          D.ck, b->pos);
         do_att = a->dconv;
     } else {
         prl_matmul_backward(a->do_, G(o->wo), a->dres, la->o, P(o->wo), N, HV, D.d);
@@ -221,7 +228,7 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     prl_attention_backward(a->dq, a->dkv, a->dkr, a->dsink_kv, D.ns > 0 ? G(o->sink_kpe) : NULL,
                            do_att, la->att, la->q, la->kv, la->kr, la->sink_kv,
                            D.ns > 0 ? P(o->sink_kpe) : NULL, a->dattn_scratch, b->lens,
-                           model__attn_shape(m, l));
+                           model__attn_shape(m, l, b));
     model__rnd(m, a->dq, (size_t)N * D.H * D.dq);
     model__rnd(m, a->dkv, (size_t)N * D.H * D.dkv);
     model__rnd(m, a->dkr, (size_t)N * D.dr);
@@ -230,20 +237,20 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
     model__zero(a->dckv, (size_t)N * D.rkv);
     prl_matmul_backward(a->dckv, G(o->wkv_b), a->dkv, la->ckv, P(o->wkv_b), N, D.rkv, D.H * D.dkv);
     model__rnd(m, a->dckv, (size_t)N * D.rkv);
-    prl_rope_backward(a->dkr, a->rope_cos, a->rope_sin, N, a->T, 1, D.dr, 0, D.dr, D.dr,
-                      m->cfg.rope_interleave);
+    prl_rope_packed(a->dkr, a->rope_cos, a->rope_sin, b->pos, N, a->T, 1, D.dr, 0, D.dr, D.dr,
+                    m->cfg.rope_interleave, -1);
     int wa = D.rkv + D.dr;
     model__zero(a->dkva, (size_t)N * wa);
     latent_backward(m, a->dkva, a->dckv, la->kva, wa, la->kvc, la->rstd_kv, o->kv_norm, o->kv_conv,
-                    D.rkv);
+                    D.rkv, b->pos);
     for (int n = 0; n < N; n++)
         for (int i = 0; i < D.dr; i++)
             a->dkva[(size_t)n * wa + D.rkv + i] += a->dkr[(size_t)n * D.dr + i];
     model__rnd(m, a->dkva, (size_t)N * wa);
     model__zero(a->dln, (size_t)N * D.d);
     prl_matmul_backward(a->dln, G(o->wkv_a), a->dkva, la->ln_a, P(o->wkv_a), N, D.d, wa);
-    prl_rope_backward(a->dq, a->rope_cos, a->rope_sin, N, a->T, D.H, D.dq, D.dn, D.H * D.dq, D.dr,
-                      m->cfg.rope_interleave);
+    prl_rope_packed(a->dq, a->rope_cos, a->rope_sin, b->pos, N, a->T, D.H, D.dq, D.dn, D.H * D.dq,
+                    D.dr, m->cfg.rope_interleave, -1);
     model__rnd(m, a->dq, (size_t)N * D.H * D.dq);
     if (D.rq > 0) {
         model__zero(a->dcq, (size_t)N * D.rq);
@@ -251,7 +258,7 @@ void model__mla_backward(prl_model *m, int l, const prl_batch *b, prl_real *dx)
         model__rnd(m, a->dcq, (size_t)N * D.rq);
         model__zero(a->dzq, (size_t)N * D.rq);
         latent_backward(m, a->dzq, a->dcq, la->zq, D.rq, la->zqc, la->rstd_q, o->q_norm, o->qa_conv,
-                        D.rq);
+                        D.rq, b->pos);
         model__rnd(m, a->dzq, (size_t)N * D.rq);
         prl_matmul_backward(a->dln, G(o->wq_a), a->dzq, la->ln_a, P(o->wq_a), N, D.d, D.rq);
     } else {
@@ -273,6 +280,7 @@ void model__dsa_backward(prl_model *m, const prl_batch *b)
         layer_acts *la = &a->layer[l];
         prl_dsa_weights w = dsa_weights(m, P(0), l), g = dsa_weights(m, m->grads, l);
         prl_dsa_backward(&g, &a->dsa_scratch, &la->dsa, &w, la->ln_a, la->cq, a->rope_cos,
-                         a->rope_sin, model__dsa_sparse(m, l), b->lens, dsa_dims(m), m->precision);
+                         a->rope_sin, model__dsa_sparse(m, l), b->lens, dsa_dims(m, b),
+                         m->precision);
     }
 }

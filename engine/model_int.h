@@ -63,6 +63,7 @@ typedef struct layer_acts {
 /* Saved activations of MTP module k (its decoder layer's are a layer_acts). */
 typedef struct mtp_acts {
     int32_t *tokens, *targets, *lens; /* depth-k inputs (prl_mtp_shift) */
+    int32_t *pos;                     /* their positions when the batch is packed */
     float *weights;
     prl_real *emb, *cat, *rstd_e, *rstd_h; /* input op */
     prl_real *h;                           /* h^k, the layer's output [N,d] */
@@ -178,8 +179,9 @@ prl_status model__ensure_acts(prl_model *m, int B, int T);
 
 /* 1 when layer l's main attention runs over its DSA selection (a DSA layer, sparse stage). */
 int model__dsa_sparse(const prl_model *m, int l);
-/* The attention call of layer l for the current batch shape (window, sinks, selection). */
-prl_attn_shape model__attn_shape(const prl_model *m, int l);
+/* The attention call of layer l for the current batch shape (window, sinks, selection) and
+** batch b's packing (prl_batch.pos; b NULL: none). */
+prl_attn_shape model__attn_shape(const prl_model *m, int l, const prl_batch *b);
 /* MLA in the naive form: a = ln_a (N,d) → o (N,H·dv), and tmp = o·Woᵀ. */
 int model__mla_forward(prl_model *m, int l, const prl_batch *b);
 /* Attention sublayer backward: dres holds ∂/∂(its output); adds ∂/∂res_attn into dx. */

@@ -234,29 +234,59 @@ int model__moe_forward(prl_model *m, int l, int moe_idx, const prl_batch *b, exp
     return stop || model__emit(m, l, "moe.out", a->tmp, N, D.d);
 }
 
+/* The next sequence of row bi at or after position t, [*s0, *s1): the row's valid prefix, or
+** in a packed row (prl_batch.pos) a run from a position 0; 0 when none is left. */
+static int next_sequence(const prl_batch *b, int bi, int t, int *s0, int *s1)
+{
+    int len = b->lens ? b->lens[bi] : b->T;
+    if (!b->pos) {
+        *s0 = 0, *s1 = len;
+        return t == 0;
+    }
+    const int32_t *p = b->pos + (size_t)bi * b->T;
+    while (t < len && p[t] != 0) t++;
+    if (t >= len) return 0;
+    int e = t + 1;
+    while (e < len && p[e] > 0) e++; /* validated: p[e] > 0 continues the sequence */
+    *s0 = t, *s1 = e;
+    return 1;
+}
+
+/* The sequences of the batch: B, or those of its packed rows. */
+static int count_sequences(const prl_batch *b)
+{
+    int n = 0, s0, s1;
+    for (int bi = 0; bi < b->B; bi++)
+        for (int t = 0; next_sequence(b, bi, t, &s0, &s1); t = s1) n++;
+    return n;
+}
+
 /* Auxiliary losses of one MoE layer (values only; gradients in the backward). */
 void model__aux_losses(const prl_model *m, const layer_acts *la, const prl_batch *b, double *bal,
                        double *zl)
 {
     dims D = model__dims_of(&m->cfg);
     const prl_config *c = &m->cfg;
-    if (c->balance_loss_alpha > 0) {
+    if (c->balance_loss_alpha > 0) { /* sequence-wise: each sequence's f·P, averaged */
         double *f = calloc((size_t)D.E * 2, sizeof(double)), *P_ = f + D.E;
-        for (int bi = 0; bi < b->B; bi++) {
-            int len = b->lens ? b->lens[bi] : b->T;
-            memset(f, 0, (size_t)D.E * 2 * sizeof(double));
-            for (int t = 0; t < len; t++) {
-                int n = bi * b->T + t;
-                const prl_real *s = la->s + (size_t)n * D.E;
-                double sum = 0;
-                for (int e = 0; e < D.E; e++) sum += s[e];
-                for (int e = 0; e < D.E; e++) P_[e] += s[e] / sum / len;
-                for (int k = 0; k < D.K; k++) f[la->sel[n * D.K + k]] += (double)D.E / (D.K * len);
+        int n_seq = count_sequences(b), s0, s1;
+        for (int bi = 0; bi < b->B; bi++)
+            for (int t0 = 0; next_sequence(b, bi, t0, &s0, &s1); t0 = s1) {
+                int len = s1 - s0;
+                memset(f, 0, (size_t)D.E * 2 * sizeof(double));
+                for (int t = s0; t < s1; t++) {
+                    int n = bi * b->T + t;
+                    const prl_real *s = la->s + (size_t)n * D.E;
+                    double sum = 0;
+                    for (int e = 0; e < D.E; e++) sum += s[e];
+                    for (int e = 0; e < D.E; e++) P_[e] += s[e] / sum / len;
+                    for (int k = 0; k < D.K; k++)
+                        f[la->sel[n * D.K + k]] += (double)D.E / (D.K * len);
+                }
+                double term = 0;
+                for (int e = 0; e < D.E; e++) term += f[e] * P_[e];
+                *bal += c->balance_loss_alpha * term / n_seq;
             }
-            double term = 0;
-            for (int e = 0; e < D.E; e++) term += f[e] * P_[e];
-            *bal += c->balance_loss_alpha * term / b->B;
-        }
         free(f);
     }
     if (c->router_z_loss_coef > 0) {
@@ -326,24 +356,26 @@ static void aux_backward(const prl_model *m, const layer_acts *la, const prl_bat
     double ls = model__loss_scale(b);
     if (c->balance_loss_alpha > 0) {
         double *f = calloc((size_t)D.E, sizeof(double));
-        for (int bi = 0; bi < b->B; bi++) {
-            int len = b->lens ? b->lens[bi] : b->T;
-            memset(f, 0, (size_t)D.E * sizeof(double));
-            for (int t = 0; t < len; t++)
-                for (int k = 0; k < D.K; k++)
-                    f[la->sel[(bi * b->T + t) * D.K + k]] += (double)D.E / (D.K * len);
-            for (int t = 0; t < len; t++) {
-                int n = bi * b->T + t;
-                const prl_real *s = la->s + (size_t)n * D.E;
-                double S = 0, dot = 0, k = ls * c->balance_loss_alpha / ((double)b->B * len);
-                for (int e = 0; e < D.E; e++) S += s[e];
-                for (int e = 0; e < D.E; e++) dot += k * f[e] * s[e] / S;
-                for (int e = 0; e < D.E; e++) {
-                    double ds = (k * f[e] - dot) / S;
-                    dz[(size_t)n * D.E + e] += (prl_real)(ds * s[e] * (1 - s[e]));
+        int n_seq = count_sequences(b), s0, s1;
+        for (int bi = 0; bi < b->B; bi++)
+            for (int t0 = 0; next_sequence(b, bi, t0, &s0, &s1); t0 = s1) {
+                int len = s1 - s0;
+                memset(f, 0, (size_t)D.E * sizeof(double));
+                for (int t = s0; t < s1; t++)
+                    for (int k = 0; k < D.K; k++)
+                        f[la->sel[(bi * b->T + t) * D.K + k]] += (double)D.E / (D.K * len);
+                for (int t = s0; t < s1; t++) {
+                    int n = bi * b->T + t;
+                    const prl_real *s = la->s + (size_t)n * D.E;
+                    double S = 0, dot = 0, k = ls * c->balance_loss_alpha / ((double)n_seq * len);
+                    for (int e = 0; e < D.E; e++) S += s[e];
+                    for (int e = 0; e < D.E; e++) dot += k * f[e] * s[e] / S;
+                    for (int e = 0; e < D.E; e++) {
+                        double ds = (k * f[e] - dot) / S;
+                        dz[(size_t)n * D.E + e] += (prl_real)(ds * s[e] * (1 - s[e]));
+                    }
                 }
             }
-        }
         free(f);
     }
     if (c->router_z_loss_coef > 0) {

@@ -21,7 +21,8 @@ static prl_batch mtp_view(const prl_batch *b, const mtp_acts *t)
                        .targets = t->targets,
                        .weights = t->weights,
                        .temperature = 1,
-                       .loss_scale = b->loss_scale};
+                       .loss_scale = b->loss_scale,
+                       .pos = b->pos ? t->pos : NULL};
 }
 
 /* Fill t with the depth-(k+1) shift of b (k 0-based; prl_mtp_shift), weights scaled by λ/D,
@@ -30,7 +31,8 @@ static prl_batch mtp_batch(const prl_model *m, const prl_batch *b, int k, mtp_ac
 {
     const prl_config *c = &m->cfg;
     prl_mtp_shift(t->tokens, t->targets, t->weights, t->lens, b->tokens, b->targets, b->weights,
-                  b->lens, b->B, b->T, k + 1, c->mtp_loss_weight / c->num_nextn_predict_layers);
+                  b->lens, b->B, b->T, k + 1, c->mtp_loss_weight / c->num_nextn_predict_layers,
+                  b->pos, t->pos);
     return mtp_view(b, t);
 }
 

@@ -12,7 +12,28 @@
 
 /* ------------------------------------------------------------------ batch ----------- */
 
-int model__valid_pos(const prl_batch *b, int n) { return !b->lens || n % b->T < b->lens[n / b->T]; }
+int model__valid_pos(const prl_batch *b, int n)
+{
+    return (!b->lens || n % b->T < b->lens[n / b->T]) && !(b->pos && b->pos[n] < 0);
+}
+
+/* Packed rows: inside each row's length, a position is padding (−1), starts a sequence (0) or
+** continues the one before it (its position + 1). */
+static prl_status validate_pos(const prl_batch *b)
+{
+    for (int i = 0; b->pos && i < b->B; i++) {
+        int len = b->lens ? b->lens[i] : b->T;
+        for (int t = 0; t < len; t++) {
+            int32_t p = b->pos[i * b->T + t], prev = t ? b->pos[i * b->T + t - 1] : -1;
+            if (p < -1 || (p > 0 && (prev < 0 || p != prev + 1)))
+                return prl_error_set(PRL_ERR_RANGE,
+                                     "sequence %d position %d: packed position %d must be -1, 0 or "
+                                     "the previous position + 1 (%d)",
+                                     i, t, p, prev < 0 ? 0 : prev + 1);
+        }
+    }
+    return PRL_OK;
+}
 
 /* Position n's extra targets: each in [-1, V), and none where the position has no target
 ** (their log-probs need the row's log-sum-exp, which only a target position computes). */
@@ -74,6 +95,8 @@ static prl_status validate_batch(const prl_model *m, const prl_batch *b)
         if (b->lens && (b->lens[i] < 1 || b->lens[i] > b->T))
             return prl_error_set(PRL_ERR_RANGE, "sequence %d: length %d not in [1, %d]", i,
                                  b->lens[i], b->T);
+    prl_status prc = validate_pos(b);
+    if (prc) return prc;
     int N = b->B * b->T;
     for (int n = 0; n < N; n++) /* padding positions too: their embeddings are looked up */
         if (b->tokens[n] < 0 || b->tokens[n] >= c->vocab_size)

@@ -38,15 +38,21 @@ void prl_mtp_input_backward(prl_real *de, prl_real *dh, prl_real *dge, prl_real 
 
 void prl_mtp_shift(int32_t *tok_k, int32_t *tgt_k, float *w_k, int32_t *lens_k,
                    const int32_t *tokens, const int32_t *targets, const float *weights,
-                   const int32_t *lens, int B, int T, int k, double scale)
+                   const int32_t *lens, int B, int T, int k, double scale, const int32_t *pos,
+                   int32_t *pos_k)
 {
-    /* tokens/targets/weights (B,T) → the same shape shifted left by k within each row */
+    /* tokens/targets/weights (B,T) → the same shape shifted left by k within each row (each
+    ** packed sequence) */
     for (int b = 0; b < B; b++) {
         int len = lens ? lens[b] : T;
         lens_k[b] = len - k > 1 ? len - k : 1;
         for (int i = 0; i < T; i++) {
             size_t n = (size_t)b * T + i, src = n + (size_t)k;
             int in = i + k < len;
+            if (pos) { /* the same sequence k positions on; else this position is padding */
+                in = in && pos[n] >= 0 && pos[src] == pos[n] + k;
+                pos_k[n] = in ? pos[n] : -1;
+            }
             tok_k[n] = in ? tokens[src] : 0;
             tgt_k[n] = in && targets ? targets[src] : -1;
             w_k[n] = in && weights ? (float)(scale * weights[src]) : 0.0f;

@@ -37,9 +37,13 @@ void prl_mtp_input_backward(prl_real *de, prl_real *dh, prl_real *dge, prl_real 
 ** `lens` (NULL = all T): tok_k[b,i] = tokens[b,i+k] and tgt_k[b,i] = targets[b,i+k] (the
 ** target of position i+k is t_{i+k+1}), w_k[b,i] = scale · weights[b,i+k], while i + k <
 ** len_b; beyond that the position is padding (token 0, target −1, weight 0), and
-** lens_k[b] = max(1, len_b − k). targets/weights NULL give −1/0 everywhere. */
+** lens_k[b] = max(1, len_b − k). targets/weights NULL give −1/0 everywhere.
+** Packed rows (pos [B*T], prl_batch.pos; NULL = none): position i takes i + k only inside
+** its own sequence (pos[i+k] = pos[i] + k); the last k positions of each sequence become
+** padding, pos_k −1, and pos_k = pos elsewhere (pos_k unused when pos is NULL). */
 void prl_mtp_shift(int32_t *tok_k, int32_t *tgt_k, float *w_k, int32_t *lens_k,
                    const int32_t *tokens, const int32_t *targets, const float *weights,
-                   const int32_t *lens, int B, int T, int k, double scale);
+                   const int32_t *lens, int B, int T, int k, double scale, const int32_t *pos,
+                   int32_t *pos_k);
 
 #endif /* PRL_MTP_H */

@@ -347,7 +347,7 @@ static void rope_rows(void *p, int r0, int r1)
     rope_ctx *c = p;
     int half = c->D / 2;
     for (int n = r0; n < r1; n++) {
-        int at = c->pos ? c->pos[n] : n % c->T;
+        int at = c->pos ? (c->pos[n] > 0 ? c->pos[n] : 0) : n % c->T; /* padding row: 0 */
         const prl_real *co = c->cos_t + (size_t)at * half;
         const prl_real *si = c->sin_t + (size_t)at * half;
         /* the pair of frequency i sits at (lo, hi) = (i·step, i·step + off) */
@@ -364,14 +364,16 @@ static void rope_rows(void *p, int r0, int r1)
     }
 }
 
-static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
-                       int heads, int head_stride, int col, int stride, int D, int interleave,
-                       prl_real sign)
+/* Row n at position pos[n] (pos NULL: n mod T), rotated forward (sign 1) or back (−1). */
+static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t,
+                       const int32_t *pos, int N, int T, int heads, int head_stride, int col,
+                       int stride, int D, int interleave, prl_real sign)
 {
     rope_ctx c = {.x = x,
                   .interleave = interleave,
                   .cos_t = cos_t,
                   .sin_t = sin_t,
+                  .pos = pos,
                   .T = T,
                   .heads = heads,
                   .head_stride = head_stride,
@@ -385,25 +387,13 @@ static void rope_apply(prl_real *x, const prl_real *cos_t, const prl_real *sin_t
 void prl_rope_forward(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
                       int heads, int head_stride, int col, int stride, int D, int interleave)
 {
-    rope_apply(x, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, interleave, 1);
+    rope_apply(x, cos_t, sin_t, NULL, N, T, heads, head_stride, col, stride, D, interleave, 1);
 }
 
 void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
                  int N, int heads, int head_stride, int col, int stride, int D, int interleave)
 {
-    rope_ctx c = {.x = x,
-                  .interleave = interleave,
-                  .cos_t = cos_t,
-                  .sin_t = sin_t,
-                  .pos = pos,
-                  .T = 1,
-                  .heads = heads,
-                  .head_stride = head_stride,
-                  .col = col,
-                  .stride = stride,
-                  .D = D,
-                  .sign = 1};
-    prl_parallel_rows(N, rope_rows, &c);
+    rope_apply(x, cos_t, sin_t, pos, N, 1, heads, head_stride, col, stride, D, interleave, 1);
 }
 
 void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
@@ -411,7 +401,15 @@ void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_
 {
     /* Each pair is a rotation scaled by YaRN's attention factor a (cos and sin both carry
     ** it): its transpose is a times the rotation by −angle, the same tables with sin negated. */
-    rope_apply(dx, cos_t, sin_t, N, T, heads, head_stride, col, stride, D, interleave, -1);
+    rope_apply(dx, cos_t, sin_t, NULL, N, T, heads, head_stride, col, stride, D, interleave, -1);
+}
+
+void prl_rope_packed(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
+                     int N, int T, int heads, int head_stride, int col, int stride, int D,
+                     int interleave, int sign)
+{
+    rope_apply(x, cos_t, sin_t, pos, N, T, heads, head_stride, col, stride, D, interleave,
+               sign < 0 ? -1 : 1);
 }
 
 /* ------------------------------------------------------------------ ModAttn conv ---- */
@@ -431,8 +429,16 @@ void prl_conv_row(prl_real *out, const prl_real *const *x, const prl_real *w, in
 typedef struct conv_ctx {
     prl_real *out, *dinp;
     const prl_real *inp, *w, *dout;
+    const int32_t *pos; /* packed rows: positions in the segments, or NULL */
     int in_stride, T, C, k;
 } conv_ctx;
+
+/* 1 when row n (position t of its sequence) reads the row `back` rows before it: inside the
+** sequence and, in a packed row, inside the row's segment (back 0, the row itself, always). */
+static int conv_tap(const int32_t *pos, int n, int t, int back)
+{
+    return back == 0 || (t >= back && (!pos || pos[n] >= back));
+}
 
 static void conv_forward_rows(void *p, int r0, int r1)
 {
@@ -442,17 +448,24 @@ static void conv_forward_rows(void *p, int r0, int r1)
         int t = n % c->T;
         for (int j = 0; j < c->k; j++) {
             int back = c->k - 1 - j;
-            x[j] = t >= back ? c->inp + (size_t)(n - back) * c->in_stride : NULL;
+            x[j] = conv_tap(c->pos, n, t, back) ? c->inp + (size_t)(n - back) * c->in_stride : NULL;
         }
         prl_conv_row(c->out + (size_t)n * c->C, x, c->w, c->C, c->k);
     }
 }
 
 void prl_conv_forward(prl_real *out, const prl_real *inp, int in_stride, const prl_real *w, int B,
-                      int T, int C, int k)
+                      int T, int C, int k, const int32_t *pos)
 {
     PRL_ASSERT(k >= 1 && k <= CONV_MAX_K);
-    conv_ctx c = {.out = out, .inp = inp, .w = w, .in_stride = in_stride, .T = T, .C = C, .k = k};
+    conv_ctx c = {.out = out,
+                  .inp = inp,
+                  .w = w,
+                  .pos = pos,
+                  .in_stride = in_stride,
+                  .T = T,
+                  .C = C,
+                  .k = k};
     prl_parallel_rows(B * T, conv_forward_rows, &c);
 }
 
@@ -467,8 +480,8 @@ static void conv_backward_rows(void *p, int r0, int r1)
         for (int ch = 0; ch < c->C; ch++) {
             prl_real acc = dy[ch];
             for (int j = 0; j < c->k; j++) {
-                int fwd = c->k - 1 - j;
-                if (t + fwd < c->T)
+                int fwd = c->k - 1 - j; /* the row fwd rows later reads this one at tap j */
+                if (t + fwd < c->T && conv_tap(c->pos, n + fwd, t + fwd, fwd))
                     acc += c->w[(size_t)ch * c->k + j] * dy[(size_t)fwd * c->C + ch];
             }
             dx[ch] += acc;
@@ -477,12 +490,14 @@ static void conv_backward_rows(void *p, int r0, int r1)
 }
 
 void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_real *dout,
-                       const prl_real *inp, const prl_real *w, int B, int T, int C, int k)
+                       const prl_real *inp, const prl_real *w, int B, int T, int C, int k,
+                       const int32_t *pos)
 {
     conv_ctx c = {.dinp = dinp,
                   .inp = inp,
                   .w = w,
                   .dout = dout,
+                  .pos = pos,
                   .in_stride = in_stride,
                   .T = T,
                   .C = C,
@@ -494,7 +509,7 @@ void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_re
         const prl_real *dy = dout + (size_t)n * C;
         for (int j = 0; j < k; j++) {
             int back = k - 1 - j;
-            if (t < back) continue;
+            if (!conv_tap(pos, n, t, back)) continue;
             const prl_real *x = inp + (size_t)(n - back) * in_stride;
             for (int ch = 0; ch < C; ch++) dw[(size_t)ch * k + j] += dy[ch] * x[ch];
         }

@@ -206,6 +206,15 @@ void prl_rope_at(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, cons
 /* The transposed rotation applied to a gradient, in place. */
 void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_t, int N, int T,
                        int heads, int head_stride, int col, int stride, int D, int interleave);
+/* Packed rows (prl_batch.pos): forward (sign 1) or transposed (sign −1) rotation of row n at
+** position pos[n], a negative pos (a padding row) at 0; pos NULL: prl_rope_forward /
+** prl_rope_backward (row n at n mod T). */
+void prl_rope_packed(prl_real *x, const prl_real *cos_t, const prl_real *sin_t, const int32_t *pos,
+                     int N, int T, int heads, int head_stride, int col, int stride, int D,
+                     int interleave, int sign);
+/* First key position row t (at position pos of its segment) may read in a packed row: the
+** segment's first, t − pos; t itself for a padding row (pos < 0, it sees only itself). */
+static inline int prl_segment_start(int t, int32_t pos) { return pos >= 0 ? t - pos : t; }
 
 /* The key set of a causal MLA attention call (naive form):
 **   tokens: key rows of positions [k0, p1) — k [.., dn | dv] per row at stride ldk (k_nope
@@ -216,7 +225,9 @@ void prl_rope_backward(prl_real *dx, const prl_real *cos_t, const prl_real *sin_
 **     position-free rope keys skr [ns, dr] at ldskr (docs/model.md, parameter sinks);
 **   sel: NULL, or a DSA selection (docs/model.md, DSA): row t − p0 of the query rows at
 **     stride ldsel, column = key position; a token key s is visible only where it is non-zero
-**     (the sinks always are). */
+**     (the sinks always are);
+**   pos: NULL, or the query rows' positions in their segments (packed rows, prl_batch.pos;
+**     entry t − p0): token keys before prl_segment_start(t, pos) are hidden. */
 typedef struct prl_attn_keys {
     const prl_real *k, *kr;
     int ldk, ldkr, k0, window;
@@ -224,16 +235,19 @@ typedef struct prl_attn_keys {
     int ldsk, ldskr, ns;
     const uint8_t *sel;
     int ldsel;
+    const int32_t *pos;
     double scale; /* softmax scale; 0 = (dn + dr)^(−1/2) */
 } prl_attn_keys;
 
 /* Shape of a whole-batch attention call: B sequences of T tokens, H heads, window W (0 =
 ** causal) and ns sinks; sel NULL, or a DSA selection [B*T, T] (row b*T+t, column = key
 ** position, non-zero = visible): the softmax runs over the sinks and the selected tokens only,
-** so the gradient reaches only those. */
+** so the gradient reaches only those; pos NULL, or [B*T] positions in the segments of packed
+** rows (prl_batch.pos): a row sees only the keys of its own segment (block-diagonal causal). */
 typedef struct prl_attn_shape {
     int B, T, H, dn, dr, dv, window, ns;
     const uint8_t *sel;
+    const int32_t *pos;
     double scale; /* softmax scale; 0 = (dn + dr)^(−1/2) (YaRN: prl_config_softmax_scale) */
 } prl_attn_shape;
 
@@ -277,12 +291,15 @@ size_t prl_attention_scratch(prl_attn_shape sh);
 /* ModAttn causal depthwise convolution with residual, over B sequences of T rows:
 **   out[n, c] = inp[n, c] + Σ_{j<k} w[c, j] · inp[n − (k−1) + j, c]
 ** rows before a sequence's first are zero (no term); inp rows at in_stride, out [B*T, C],
-** w [C, k] (the checkpoint's [C, 1, k]). */
+** w [C, k] (the checkpoint's [C, 1, k]). pos NULL, or [B*T] positions in the segments of
+** packed rows (prl_batch.pos): a row reads no row of an earlier segment (the conv restarts
+** at each boundary), a padding row (pos < 0) only itself. */
 void prl_conv_forward(prl_real *out, const prl_real *inp, int in_stride, const prl_real *w, int B,
-                      int T, int C, int k);
+                      int T, int C, int k, const int32_t *pos);
 /* dinp (rows at in_stride) += ∂/∂inp, dw += ∂/∂w, given dout [B*T, C]. */
 void prl_conv_backward(prl_real *dinp, int in_stride, prl_real *dw, const prl_real *dout,
-                       const prl_real *inp, const prl_real *w, int B, int T, int C, int k);
+                       const prl_real *inp, const prl_real *w, int B, int T, int C, int k,
+                       const int32_t *pos);
 /* One output row, the code both paths run: out[c] = x[k−1][c] + Σ_j w[c, j]·x[j][c] over the
 ** taps j in order whose input row x[j] (the row k−1−j positions back) is not NULL. */
 void prl_conv_row(prl_real *out, const prl_real *const *x, const prl_real *w, int C, int k);

@@ -37,6 +37,16 @@ static int row_lo(int t, int k0, int window)
     return window > 0 && t - window + 1 > k0 ? t - window + 1 - k0 : 0;
 }
 
+/* The same in a packed row, where row t at position `pos` of its segment also sees no key
+** before the segment's first (pos NULL: an unpacked row). */
+static int row_lo_packed(int t, int k0, int window, const int32_t *pos)
+{
+    int lo = row_lo(t, k0, window);
+    if (!pos) return lo;
+    int seg = prl_segment_start(t, *pos) - k0;
+    return seg > lo ? seg : lo;
+}
+
 #if defined(PRL_OPS_X86) && !defined(PRL_REAL_DOUBLE)
 #define ROW_AVX2 1
 /* The AVX2 forms of softmax_row's token loops (its scalar loops finish the tail): the max
@@ -143,10 +153,11 @@ void prl_attention_rows(prl_real *out, int ldo, prl_real *Ss, prl_real *S, int l
     for (int t = p0; t < p1; t++) {
         prl_real *Srow = S + (size_t)(t - p0) * ldS,
                  *Ssrow = ns > 0 ? Ss + (size_t)(t - p0) * ldS : NULL;
+        int lo = row_lo_packed(t, k0, kk->window, kk->pos ? kk->pos + (t - p0) : NULL);
         if (kk->sel)
-            softmax_row_masked(Ssrow, ns, Srow, row_lo(t, k0, kk->window), t - k0, nk,
+            softmax_row_masked(Ssrow, ns, Srow, lo, t - k0, nk,
                                kk->sel + (size_t)(t - p0) * kk->ldsel + k0);
-        else softmax_row(Ssrow, ns, Srow, row_lo(t, k0, kk->window), t - k0, nk);
+        else softmax_row(Ssrow, ns, Srow, lo, t - k0, nk);
     }
     /* out = P_sink·v_sink + P·v */
     if (ns > 0) prl_gemm(0, 0, rows, dv, ns, 1, Ss, ldS, kk->sk + dn, kk->ldsk, 0, out, ldo);
@@ -171,6 +182,7 @@ static prl_attn_keys head_keys(const attn_ctx *c, int b, int h, int r0)
         kk.skr = c->sink_kr, kk.ldskr = sh.dr;
     }
     if (sh.sel) kk.sel = sh.sel + ((size_t)b * sh.T + r0) * sh.T, kk.ldsel = sh.T;
+    if (sh.pos) kk.pos = sh.pos + (size_t)b * sh.T + r0;
     return kk;
 }
 
@@ -269,9 +281,11 @@ static void attention_backward_head(void *p, int task)
             prl_gemm(1, 0, ns, dv, rows, 1, Pb, ldS, dOb, H * dv, 1, dsk_h + dn, dkv);
         }
         for (int t = r0; t < r1; t++)
-            softmax_row_backward(dS + (size_t)(t - r0) * ldS, Pb + (size_t)(t - r0) * ldS, ns,
-                                 dSt + (size_t)(t - r0) * ldS, Pt + (size_t)(t - r0) * ldS,
-                                 row_lo(t, k0, sh.window), t - k0, nk, scale);
+            softmax_row_backward(
+                dS + (size_t)(t - r0) * ldS, Pb + (size_t)(t - r0) * ldS, ns,
+                dSt + (size_t)(t - r0) * ldS, Pt + (size_t)(t - r0) * ldS,
+                row_lo_packed(t, k0, sh.window, sh.pos ? sh.pos + (size_t)b * T + t : NULL), t - k0,
+                nk, scale);
         /* dq_nope += dS·k_nope; dq_rope += dS·kr; dk_nope += dSᵀ·q_nope; dkr_h += dSᵀ·q_rope */
         prl_real *dqb = c->dq + qoff + (size_t)r0 * H * dq;
         const prl_real *qb = c->q + qoff + (size_t)r0 * H * dq;

@@ -46,6 +46,7 @@ static const prl_key_spec keys[] = {
     {"sft.seq", PRL_KEY_INT, F(seq), 2, 1 << 20, "256", NULL},
     {"sft.accum", PRL_KEY_INT, F(accum), 1, 4096, "1", NULL},
     {"sft.group", PRL_KEY_INT, F(group), 0, 1 << 20, "32", NULL},
+    {"sft.pack", PRL_KEY_BOOL, F(pack), 0, 1, "false", NULL},
     {"sft.optimizer", PRL_KEY_STR, F(optimizer), 0, 0, "\"adamw\"", "adamw|muon"},
     {"sft.lr", PRL_KEY_REAL, F(lr), 1e-12, 10, "3e-3", NULL},
     {"sft.schedule", PRL_KEY_STR, F(schedule), 0, 0, "\"cosine\"", "cosine|constant"},
@@ -94,6 +95,11 @@ prl_status prl_sft_recipe_check(const prl_sft_recipe *r, const char *source)
                              "%s: key 'dsa.dense_steps' = %d must be below "
                              "sft.steps = %d (the sparse stage needs a step)",
                              source, r->dsa_dense_steps, r->steps);
+    if (r->pack && r->group > 0)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'sft.pack' needs sft.group = 0 (it is %d): packed rows are "
+                             "seq wide",
+                             source, r->group);
     if (!*r->dir)
         return prl_error_set(PRL_ERR_CONFIG, "%s: key 'run.dir' must not be empty", source);
     return prl_job_name_check(source, "run.name", r->name);

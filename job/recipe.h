@@ -34,6 +34,7 @@ typedef struct prl_sft_recipe {
     double error_rate, tool_rate; /* tool_rate < 0: the reasoning default per difficulty */
     /* sft */
     int steps, batch, seq, accum, group, warmup;
+    int pack; /* sft.pack: packed rows (prl_sft_config.pack; needs sft.group 0) */
     char *optimizer, *schedule;
     double lr, min_lr_ratio, weight_decay, grad_clip, expert_clip;
 } prl_sft_recipe;

@@ -627,6 +627,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def packed_rope(pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> Tuple[torch.Tensor, torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Packed rows (docs/model.md "Packed sequences"): pos [B,T] is each token's position in
+    its own sequence (0 starts one, -1 is padding).  Returns cos/sin [B,T,d_r/2] at those
+    positions (0 for padding) and the MLA's pack = (pos, seen): seen [B,T,T] is True where key
+    s belongs to query t's sequence, s >= t - pos_t (a padding row sees only itself)."""
+    T = pos.shape[1]
+    t = torch.arange(T, device=pos.device)
+    start = torch.where(pos >= 0, t[None, :] - pos, t[None, :].expand_as(pos))
+    seen = t[None, None, :] >= start[..., None]
+    at = pos.clamp(min=0)
+    return cos[at], sin[at], (pos, seen)
+
+
+def sequence_ids(pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[B,T] long: the index of each valid position's sequence in row-major order (a sequence
+    starts at pos 0), -1 elsewhere."""
+    starts = ((pos == 0) & valid).reshape(-1).long()
+    ids = (starts.cumsum(0) - 1).view_as(pos)
+    return torch.where(valid, ids, torch.full_like(ids, -1))
+
+
 def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest entries along the last dim, ordered by rank; among equal
     values the lower index wins (a stable sort on -score)."""
@@ -741,14 +763,26 @@ class MLA(nn.Module):
         self.dsa_sparse = c.dsa_sparse
         self.last_dsa: Optional[dict] = None     # the last forward's scores, selection, row KL
 
-    def conv(self, x: torch.Tensor, name: str, state=None) -> torch.Tensor:
+    def conv(self, x: torch.Tensor, name: str, state=None, pos=None) -> torch.Tensor:
         """x + causal depthwise conv(x) for x [B,T,C] (ModAttn): out[t] = x[t] +
         sum_j w[c,0,j] x[t-(k-1)+j], zero before the first position.  state = (buffers, start,
         real) on the cached path: buffers[name] [B, capacity, C] keeps the inputs of earlier
-        slots (padding slots, real == False, count as zero)."""
+        slots (padding slots, real == False, count as zero).  pos [B,T] (packed rows): the
+        position of each token in its own sequence; a tap back b > 0 counts only when
+        pos >= b (the same sequence), so the conv restarts at every boundary."""
         if self.k == 0:
             return x
         w = getattr(self, name).weight                                       # [C,1,k]
+        if pos is not None:
+            T, out = x.shape[1], x
+            hist = F.pad(x, (0, 0, self.k - 1, 0))
+            for j in range(self.k):
+                back = self.k - 1 - j
+                tap = hist[:, j:j + T] * w[:, 0, j]
+                if back > 0:
+                    tap = tap * (pos >= back).unsqueeze(-1).to(x.dtype)
+                out = out + tap
+            return out
         if state is None:
             hist = F.pad(x, (0, 0, self.k - 1, 0))
         else:
@@ -759,8 +793,8 @@ class MLA(nn.Module):
             hist = F.pad(buf[:, max(lo, 0):start + T], (0, 0, max(-lo, 0), 0))
         return x + F.conv1d(hist.transpose(1, 2), w, groups=x.shape[-1]).transpose(1, 2)
 
-    def project(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, conv_state=None
-                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, conv_state=None,
+                pos=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The per-token projections of a [B, T, d]: q_nope [B,T,H,d_n], q_rope [B,T,H,d_r]
         (rotated), c_kv [B,T,r_kv] (after the ModAttn conv and kv_a_layernorm) and the shared
         k_rope [B,T,d_r] (rotated).  cos/sin are [T, d_r/2] (positions 0..T-1) or
@@ -770,12 +804,12 @@ class MLA(nn.Module):
             self.last_cq = None
             q = self.q_proj(a).view(B, T, self.H, -1)
         else:
-            zq = self.conv(self.q_a_proj(a), "qa_conv", conv_state)
+            zq = self.conv(self.q_a_proj(a), "qa_conv", conv_state, pos)
             self.last_cq = cq = self.q_a_layernorm(zq)
             q = self.q_b_proj(cq).view(B, T, self.H, -1)
         q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
         ckv, k_rope = self.kv_a_proj_with_mqa(a).split([self.rkv, self.dr], dim=-1)
-        ckv = self.conv(ckv, "compresskv_conv", conv_state)
+        ckv = self.conv(ckv, "compresskv_conv", conv_state, pos)
         q_rope = self.rope(q_rope, cos.unsqueeze(-2), sin.unsqueeze(-2))    # [B,T,H,dr]
         k_rope = self.rope(k_rope, cos, sin)                                 # [B,T,dr], shared
         return q_nope, q_rope, self.kv_a_layernorm(ckv), k_rope
@@ -821,13 +855,18 @@ class MLA(nn.Module):
         return self.kv_b_proj(ckv).view(B, T, self.H, -1).split([self.dn, self.dv], dim=-1)
 
     def dsa_bias(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  sel_override: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+                  sel_override: Optional[torch.Tensor], seen: Optional[torch.Tensor] = None
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Index scores I [B,T,T] (indexer input detached) and the support of the main attention
         and of the indexer loss [B,T,T] bool: the top-min(k, t+1) of I(t, s <= t) (ties to the
-        lower index) in the sparse stage, or ``sel_override``; every causal key when dense."""
+        lower index) in the sparse stage, or ``sel_override``; every causal key when dense.
+        seen [B,T,T] (packed rows): the keys of the query's own sequence; the causal keys are
+        then only those."""
         T = a.shape[1]
         scores = self.indexer.scores(a.detach(), self.last_cq.detach(), cos, sin)
         causal = torch.ones(T, T, dtype=torch.bool, device=a.device).tril()
+        if seen is not None:
+            causal = causal & seen
         if not self.dsa_sparse:
             return scores, causal.expand_as(scores)
         if sel_override is not None:
@@ -838,28 +877,37 @@ class MLA(nn.Module):
         return scores, sel & causal
 
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                sel_override: Optional[torch.Tensor] = None) -> torch.Tensor:
+                sel_override: Optional[torch.Tensor] = None, pack=None) -> torch.Tensor:
+        """pack: None, or (pos [B,T], seen [B,T,T]) for packed rows (docs/model.md "Packed
+        sequences"): cos/sin are then at each token's own position [B,T,d_r/2], and a query
+        sees only the keys of its own sequence (seen), the convs restart at each boundary."""
         B, T, _ = a.shape
         H, dn, dr, dv = self.H, self.dn, self.dr, self.dv
-        q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin)
+        pos, seen = pack if pack is not None else (None, None)
+        q_nope, q_rope, ckv, k_rope = self.project(a, cos, sin, None, pos)
         if self.indexer is not None:
-            return self._forward_dsa(a, cos, sin, q_nope, q_rope, ckv, k_rope, sel_override)
+            return self._forward_dsa(a, cos, sin, q_nope, q_rope, ckv, k_rope, sel_override, pack)
         k_nope, v = self.up_project(ckv)
         qh = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)             # [B,H,T,dn+dr]
         kh = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, T, H, dr)], dim=-1)
         kh = kh.transpose(1, 2)                                              # [B,H,T,dn+dr]
         vh = v.transpose(1, 2)                                               # [B,H,T,dv]
         # mask: 0 where the key is visible (s <= t, and t - s < W in a window), -inf otherwise
-        o = self.attend(qh, kh, vh, self._mask(T, a.dtype, a.device))      # [B,H,T,dv]
-        return self.o_proj(self.conv(o.transpose(1, 2).reshape(B, T, H * dv), "o_conv"))
+        mask = self._mask(T, a.dtype, a.device)
+        if seen is not None:    # and -inf at the keys of other sequences
+            mask = mask.masked_fill(~seen[:, None], float("-inf"))
+        o = self.attend(qh, kh, vh, mask)                                    # [B,H,T,dv]
+        return self.o_proj(self.conv(o.transpose(1, 2).reshape(B, T, H * dv), "o_conv", None,
+                                     pos))
 
-    def _forward_dsa(self, a, cos, sin, q_nope, q_rope, ckv, k_rope, sel_override):
+    def _forward_dsa(self, a, cos, sin, q_nope, q_rope, ckv, k_rope, sel_override, pack=None):
         """A DSA layer: the main attention over the sinks and the support (sparse stage: the
         selection), then the indexer's row KL against the head-summed token probabilities
         (detached), kept in ``last_dsa``."""
         B, T, _ = a.shape
         H, dr, dv = self.H, self.dr, self.dv
-        scores, support = self.dsa_bias(a, cos, sin, sel_override)
+        pos, seen = pack if pack is not None else (None, None)
+        scores, support = self.dsa_bias(a, cos, sin, sel_override, seen)
         k_nope, v = self.up_project(ckv)
         qh = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)
         kh = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, T, H, dr)], dim=-1).transpose(1, 2)
@@ -870,7 +918,8 @@ class MLA(nn.Module):
         target = probs[0].detach().sum(1)                                    # [B,T,T] heads summed
         self.last_dsa = {"scores": scores.detach(), "support": support,
                          "kl": dsa_kl_rows(target, scores, support)}
-        return self.o_proj(self.conv(o.transpose(1, 2).reshape(B, T, H * dv), "o_conv"))
+        return self.o_proj(self.conv(o.transpose(1, 2).reshape(B, T, H * dv), "o_conv", None,
+                                     pos))
 
     # ------------------------------------------------------------ KV-cached decoding
     def new_cache(self, form: str, B: int, capacity: int, dtype: torch.dtype,
@@ -1226,6 +1275,8 @@ class ForwardOutput:
     router_logits: Dict[int, torch.Tensor]   # layer -> [B, T, N_r] (in the graph)
     router_scores: Dict[int, torch.Tensor]   # layer -> [B, T, N_r] sigmoid (in the graph)
     dsa: Dict[int, dict] = field(default_factory=dict)  # DSA layer -> MLA.last_dsa
+    pos: Optional[torch.Tensor] = None   # [B, T] packed rows: position in the sequence, or None
+    seq: Optional[torch.Tensor] = None   # [B, T] packed rows: sequence_ids (balance loss)
 
 
 @dataclass
@@ -1377,9 +1428,12 @@ class PanguRef(nn.Module):
 
     def forward(self, tokens: torch.Tensor, lens: Optional[torch.Tensor] = None,
                 route_override: RouteOverride = None,
-                dsa_override: Optional[Mapping[int, torch.Tensor]] = None) -> ForwardOutput:
+                dsa_override: Optional[Mapping[int, torch.Tensor]] = None,
+                pos: Optional[torch.Tensor] = None) -> ForwardOutput:
         """tokens [B, T] int; lens [B] (valid prefix length, None = all valid); dsa_override:
-        DSA layer -> selection [B, T, T] to use instead of the indexer's top-k."""
+        DSA layer -> selection [B, T, T] to use instead of the indexer's top-k; pos [B, T]
+        (packed rows, docs/model.md "Packed sequences"): each token's position in its own
+        sequence, 0 starting one, -1 padding; every sequence is then computed as if alone."""
         c = self.cfg
         tokens = torch.as_tensor(tokens)
         if tokens.dim() != 2:
@@ -1400,11 +1454,24 @@ class PanguRef(nn.Module):
                 raise ValueError(f"lens must be [B] with values in [0, {T}]")
             valid = torch.arange(T, device=device)[None, :] < lens[:, None]
             token_mask = None if bool(valid.all()) else valid.reshape(-1)
+        pack = None
+        if pos is not None:
+            pos = torch.as_tensor(pos).to(device=device, dtype=torch.long)
+            if tuple(pos.shape) != (B, T):
+                raise ValueError(f"pos must be [B, T] = [{B}, {T}]")
+            prev = F.pad(pos[:, :-1], (1, 0), value=-1)
+            ok = (pos == -1) | (pos == 0) | ((prev >= 0) & (pos == prev + 1))
+            if not bool((ok | ~valid).all()):
+                raise ValueError("pos: each value must be -1, 0 or the previous position + 1")
+            valid = valid & (pos >= 0)
+            token_mask = None if bool(valid.all()) else valid.reshape(-1)
         tokens = tokens.masked_fill(~valid, 0)          # padding ids never reach the model
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= c.vocab_size):
             raise ValueError(f"token id out of [0, {c.vocab_size}) at a valid position")
 
         cos, sin = self._rope(T, device)
+        if pos is not None:
+            cos, sin, pack = packed_rope(pos, cos, sin)
         X = self.model.streams(self.model.embed_tokens(tokens))
         routes, natural, zs, ss = {}, {}, {}, {}
         moe_idx = 0
@@ -1412,7 +1479,7 @@ class PanguRef(nn.Module):
         for l, layer in enumerate(self.model.layers[:c.num_hidden_layers]):
             sel_ov = None if dsa_override is None else dsa_override.get(l)
             X = layer.site(X, False, lambda a, sel_ov=sel_ov: layer.self_attn(
-                layer.input_layernorm(a), cos, sin, sel_ov))
+                layer.input_layernorm(a), cos, sin, sel_ov, pack))
             if layer.self_attn.indexer is not None:
                 dsa[l] = layer.self_attn.last_dsa
 
@@ -1434,14 +1501,17 @@ class PanguRef(nn.Module):
         h0 = self.model.merge(X)
         logits = self.lm_head(self.model.norm(h0))
         return ForwardOutput(logits=logits, hidden=h0, valid=valid, routes=routes,
-                             natural_routes=natural, router_logits=zs, router_scores=ss, dsa=dsa)
+                             natural_routes=natural, router_logits=zs, router_scores=ss, dsa=dsa,
+                             pos=pos, seq=None if pos is None else sequence_ids(pos, valid))
 
     def mtp_loss(self, out: ForwardOutput, tokens: torch.Tensor, targets: torch.Tensor,
                  weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The MTP modules on a forward's h0 (spec §9.1): module k at position i reads
         h^{k-1}_i and Emb(t_{i+k}) and is scored on targets[i+k] (= t_{i+k+1}) with weight
         lambda/D * weights[i+k] at temperature 1, over i + k < len (a row keeps at least one
-        valid position). Returns (sum w*logp, balance loss, z-loss) of the MTP layers."""
+        valid position). Packed rows (out.pos): i + k must be in i's own sequence, the last k
+        positions of each sequence are padding (no row is kept for a sequence of <= k).
+        Returns (sum w*logp, balance loss, z-loss) of the MTP layers."""
         c = self.cfg
         B, T = tokens.shape
         device = out.logits.device
@@ -1449,7 +1519,8 @@ class PanguRef(nn.Module):
         targets = torch.as_tensor(targets).to(device=device, dtype=torch.long)
         weights = torch.as_tensor(weights).to(device=device, dtype=self.dtype)
         lens = out.valid.sum(1)
-        cos, sin = self._rope(T, device)
+        cos_t, sin_t = self._rope(T, device)
+        cos, sin, pack = cos_t, sin_t, None
         h, zero = out.hidden, out.logits.new_zeros(())
         total, bal, zl = zero, zero, zero
         pos = torch.arange(T, device=device)[None, :]
@@ -1457,14 +1528,22 @@ class PanguRef(nn.Module):
             layer = self.model.layers[c.num_hidden_layers + k - 1]
             src = (pos + k).clamp(max=T - 1).expand(B, T)
             inside = pos + k < lens[:, None]                              # [B,T]
+            seq_k = None
+            if out.pos is not None:   # packed: the same sequence k positions on (a valid one)
+                P, V = out.pos, out.valid
+                inside = ((pos + k < T) & V & V.gather(1, src) & (P.gather(1, src) == P + k))
+                pos_k = torch.where(inside, P, torch.full_like(P, -1))
+                cos, sin, pack = packed_rope(pos_k, cos_t, sin_t)
+                seq_k = sequence_ids(pos_k, inside)
             tok_k = torch.where(inside, tokens.gather(1, src), torch.zeros_like(tokens))
             tgt_k = torch.where(inside, targets.gather(1, src), torch.full_like(targets, -1))
             w_k = torch.where(inside, weights.gather(1, src), torch.zeros_like(weights))
             w_k = w_k * (c.mtp_loss_weight / c.mtp_layers)
-            valid_k = pos < (lens[:, None] - k).clamp(min=1)
+            valid_k = pos < (lens[:, None] - k).clamp(min=1) if out.pos is None else inside
             mask = None if bool(valid_k.all()) else valid_k.reshape(-1)
             x = layer.project(self.model.embed_tokens(tok_k), h)
-            x = layer.site(x, False, lambda a: layer.self_attn(layer.input_layernorm(a), cos, sin))
+            x = layer.site(x, False, lambda a: layer.self_attn(layer.input_layernorm(a), cos, sin,
+                                                                 None, pack))
             moe = {}
 
             def ffn(a, layer=layer, mask=mask):
@@ -1486,7 +1565,7 @@ class PanguRef(nn.Module):
             if moe:  # the MTP MoE's own auxiliary losses, over its valid positions
                 fo = ForwardOutput(logits=logits, hidden=h, valid=valid_k, routes={0: moe["sel"]},
                                    natural_routes={}, router_logits={0: moe["z"]},
-                                   router_scores={0: moe["s"]})
+                                   router_scores={0: moe["s"]}, seq=seq_k)
                 bal = bal + self.balance_loss(fo)
                 zl = zl + self.router_z_loss(fo)
         return total, bal, zl
@@ -1499,6 +1578,8 @@ class PanguRef(nn.Module):
         total = out.logits.new_zeros(())
         if alpha == 0.0 or not out.routes:
             return total
+        if out.seq is not None:
+            return alpha * self._balance_packed(out)
         valid = out.valid
         B = valid.shape[0]
         Tb = valid.sum(1).to(self.dtype)                                    # [B]
@@ -1516,6 +1597,25 @@ class PanguRef(nn.Module):
             per_seq = (f * P).sum(-1)
             total = total + torch.where(has, per_seq, torch.zeros_like(per_seq)).sum() / B
         return alpha * total
+
+    def _balance_packed(self, out: ForwardOutput) -> torch.Tensor:
+        """Packed rows: sum_layers of the mean over sequences (out.seq) of sum_i f_i P_i, each
+        over its sequence's valid positions (f, P as in balance_loss)."""
+        valid = out.valid
+        ids, inv = torch.unique(out.seq[valid], return_inverse=True)
+        S = ids.numel()
+        cnt = torch.bincount(inv, minlength=S).to(self.dtype)[:, None]     # [S,1]
+        K, E = self.cfg.num_experts_per_tok, self.cfg.n_routed_experts
+        total = out.logits.new_zeros(())
+        for l, sel in out.routes.items():
+            s = out.router_scores[l]
+            with torch.no_grad():
+                ind = torch.zeros_like(s).scatter_(-1, sel, 1.0)[valid]     # [N_valid,E]
+                f = s.new_zeros(S, E).index_add_(0, inv, ind) * (E / K) / cnt
+            sn = (s / s.sum(-1, keepdim=True))[valid]
+            P = s.new_zeros(S, E).index_add(0, inv, sn) / cnt
+            total = total + (f * P).sum() / S
+        return total
 
     def router_z_loss(self, out: ForwardOutput, beta: Optional[float] = None) -> torch.Tensor:
         """beta * sum_layers (1/N_valid) sum_t (logsumexp_i z_{t,i})^2 over valid positions."""
@@ -1540,12 +1640,13 @@ class PanguRef(nn.Module):
     def compute_loss(self, tokens: torch.Tensor, lens: Optional[torch.Tensor],
                      targets: torch.Tensor, weights: torch.Tensor, temperature: float = 1.0,
                      route_override: RouteOverride = None,
-                     dsa_override: Optional[Mapping[int, torch.Tensor]] = None) -> LossOutput:
+                     dsa_override: Optional[Mapping[int, torch.Tensor]] = None,
+                     pos: Optional[torch.Tensor] = None) -> LossOutput:
         """loss = sum_t w_t * logp_t + balance + z, logp_t = log_softmax(logits_t / tau)[y_t],
         over positions t < len with a target (y_t >= 0)."""
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        out = self.forward(tokens, lens, route_override, dsa_override)
+        out = self.forward(tokens, lens, route_override, dsa_override, pos)
         B, T, V = out.logits.shape
         device = out.logits.device
         targets = torch.as_tensor(targets).to(device=device, dtype=torch.long)
@@ -1849,6 +1950,7 @@ class Batch:
     weights: torch.Tensor      # [B, T] float64
     temperature: float
     routes: Dict[int, torch.Tensor]   # optional routing replay: layer -> [B, T, K]
+    pos: Optional[torch.Tensor] = None  # optional packed rows: [B, T] positions (forward's pos)
 
 
 def load_batch(path: str) -> Batch:
@@ -1867,11 +1969,15 @@ def load_batch(path: str) -> Batch:
     for name, arr in t.items():
         if name.startswith("routes."):
             routes[int(name.split(".", 1)[1])] = torch.from_numpy(arr.astype(np.int64))
+    pos = t.get("pos")
+    if pos is not None and pos.shape != (B, T):
+        raise ValueError(f"{path}: pos must be [B, T] = [{B}, {T}]")
     return Batch(tokens=torch.from_numpy(tokens.astype(np.int64)),
                  lens=torch.from_numpy(lens.astype(np.int64)),
                  targets=torch.from_numpy(targets.astype(np.int64)),
                  weights=torch.from_numpy(weights.astype(np.float64)),
-                 temperature=float(meta.get("temperature", "1.0")), routes=routes)
+                 temperature=float(meta.get("temperature", "1.0")), routes=routes,
+                 pos=None if pos is None else torch.from_numpy(pos.astype(np.int64)))
 
 
 def run_reference(model: PanguRef, batch: Batch, route_override: RouteOverride = None,
@@ -1884,7 +1990,7 @@ def run_reference(model: PanguRef, batch: Batch, route_override: RouteOverride =
         route_override = batch.routes
     model.zero_grad(set_to_none=True)
     out = model.compute_loss(batch.tokens, batch.lens, batch.targets, batch.weights,
-                             batch.temperature, route_override, dsa_override)
+                             batch.temperature, route_override, dsa_override, batch.pos)
     (out.loss + out.index).backward()
     grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
              for n, p in model.named_parameters()}

@@ -1,8 +1,9 @@
 /*
 ** sft.c — chat JSONL loading, seeded batching and the SFT training loop.
 **
-** Batch layout: B sequences of T positions, right-padded with <|pad|>. Position t of a
-** sequence predicts token t+1, and is trained iff token t+1 has loss mask 1. The weight of
+** Batch layout: B sequences of T positions, right-padded with <|pad|>, or with packing B rows
+** each holding as many whole examples as fit (prl_batch.pos restarts at each). Position t of
+** a sequence predicts token t+1, and is trained iff token t+1 has loss mask 1. The weight of
 ** each trained position is −1/(trained positions in the whole step), so the step's loss is
 ** the token-mean cross-entropy over all micro-batches of the step.
 */
@@ -269,6 +270,56 @@ static int fill_batch(prl_batch_buf *bb, int *ex, const prl_sft_data *d, const p
     return trained;
 }
 
+/* ------------------------------------------------------------------ packing -------- */
+
+/* Example e at column c0 of row i of a packed view with T positions: its tokens, positions
+** 0..n-1 (prl_batch.pos), and the targets of its own next tokens (its last position predicts
+** nothing, not the next example's first token). Returns its trained-position count. */
+static int pack_example(prl_batch_buf *bb, int32_t *pos, int T, int i, int c0,
+                        const prl_sft_example *e, int n)
+{
+    int trained = 0;
+    for (int t = 0; t < n; t++) {
+        size_t idx = (size_t)i * T + c0 + t;
+        int on = t + 1 < n && e->mask[t + 1];
+        bb->tokens[idx] = e->ids[t];
+        bb->targets[idx] = on ? e->ids[t + 1] : -1;
+        bb->weights[idx] = 0;
+        pos[idx] = t;
+        trained += on;
+    }
+    return trained;
+}
+
+/* One packed micro-batch (prl_sft_config.pack) from order position *next on: B rows of
+** c->seq positions, each filled greedily with the next examples while they fit, the rest
+** padding. Advances *next past the examples used; bb NULL only advances it (a resumed run
+** replays the packing of the steps before it). Returns the trained-position count. */
+static int fill_packed(prl_batch_buf *bb, int32_t *pos, const prl_sft_data *d,
+                       const prl_sft_config *c, order *o, int64_t *next)
+{
+    int B = c->batch, T = c->seq, trained = 0;
+    for (int i = 0; i < B; i++) {
+        int used = 0;
+        for (;;) {
+            const prl_sft_example *e = &d->ex[order_at(o, *next)];
+            int n = e->n < T ? e->n : T;
+            if (used > 0 && used + n > T) break;
+            if (bb) trained += pack_example(bb, pos, T, i, used, e, n);
+            used += n, ++*next;
+            if (used == T) break;
+        }
+        if (!bb) continue;
+        bb->lens[i] = used;
+        for (int t = used; t < T; t++) {
+            size_t idx = (size_t)i * T + t;
+            bb->tokens[idx] = PRL_TOKEN_PAD, bb->targets[idx] = -1, bb->weights[idx] = 0;
+            pos[idx] = -1;
+        }
+    }
+    return trained;
+}
+
 prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, const prl_sft_config *c,
                          prl_sft_progress_fn progress, void *user)
 {
@@ -278,6 +329,8 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
                              "sft: batch %d, seq %d, steps %d, accum %d, log_every "
                              "%d must be positive, group %d >= 0",
                              c->batch, c->seq, c->steps, c->accum, c->log_every, c->group);
+    if (c->pack && c->group > 0)
+        return prl_error_set(PRL_ERR_ARG, "sft: packing needs group 0 (group is %d)", c->group);
     int B = c->batch, T = c->seq;
     prl_batch_buf *bb = calloc((size_t)c->accum, sizeof *bb);
     int *Ts = calloc((size_t)c->accum, sizeof *Ts), *ex = malloc((size_t)B * sizeof *ex);
@@ -294,6 +347,12 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
                         ? PRL_OK
                         : prl_error_set(PRL_ERR_NOMEM, "sft batches");
     for (int a = 0; rc == PRL_OK && a < c->accum; a++) rc = prl_batch_buf_init(&bb[a], B, T);
+    int32_t *pos = NULL; /* packing: the positions of every micro-batch, [accum][B*T] */
+    int64_t next = 0;    /* packing: order position of the next example */
+    if (rc == PRL_OK && c->pack && !(pos = malloc((size_t)c->accum * B * T * sizeof *pos)))
+        rc = prl_error_set(PRL_ERR_NOMEM, "sft packed batches");
+    for (int64_t s = 0; rc == PRL_OK && c->pack && s < o->step; s++)
+        for (int a = 0; a < c->accum; a++) fill_packed(NULL, NULL, d, c, &ord, &next);
     int whole_run = c->run_start_s > 0; /* this call is one chunk of a longer run */
     double t_start = whole_run ? c->run_start_s : prl_now();
     int64_t first = whole_run ? c->run_first : o->step, last = o->step + c->steps;
@@ -303,8 +362,12 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
         int64_t step = o->step; /* the data of a step skipped by the loss scaler is redrawn */
         double t0 = prl_now();
         int trained = 0, tokens = 0;
+        int64_t step_next = next; /* a step the loss scaler skips is redone with its data */
         for (int a = 0; a < c->accum; a++)
-            trained += fill_batch(&bb[a], ex, d, c, &ord, step, a, &Ts[a]);
+            if (c->pack)
+                trained += fill_packed(&bb[a], pos + (size_t)a * B * T, d, c, &ord, &next),
+                    Ts[a] = T;
+            else trained += fill_batch(&bb[a], ex, d, c, &ord, step, a, &Ts[a]);
         prl_model_zero_grad(m);
         prl_forward_stats sum = {0};
         for (int a = 0; rc == PRL_OK && a < c->accum; a++) {
@@ -312,6 +375,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
                 bb[a].weights[i] = bb[a].targets[i] >= 0 ? -1.0f / (float)trained : 0.0f;
             for (int i = 0; i < B; i++) tokens += bb[a].lens[i];
             prl_batch b = prl_batch_buf_view(&bb[a], B, Ts[a]);
+            b.pos = c->pack ? pos + (size_t)a * B * T : NULL;
             b.with_mtp = 1; /* the MTP modules (if any) train beside the trunk */
             b.loss_scale = c->scaler ? c->scaler->scale : 0;
             prl_forward_stats st;
@@ -332,6 +396,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
         int skipped;
         if ((rc = prl_optim_step_scaled(o, m, c->scaler, &os, &skipped))) break;
         if (skipped) { /* 64 back-offs in a row: no fp16 overflow any more, but NaN or inf */
+            next = step_next;
             if (++skips_in_a_row == 64)
                 rc = prl_error_set(PRL_ERR_NUMERIC,
                                    "sft: 64 loss-scale overflows in a row at step "
@@ -355,6 +420,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
                 .lr = os.lr,
                 .grad_norm = os.grad_norm,
                 .tokens_per_s = tokens / (t1 - t0),
+                .tokens = tokens,
                 .elapsed_s = t1 - t_start,
                 .loss_scale = c->scaler ? c->scaler->scale : 0,
                 .skipped = c->scaler ? c->scaler->skipped : 0,
@@ -365,7 +431,7 @@ prl_status prl_sft_train(prl_model *m, prl_optim *o, const prl_sft_data *d, cons
         }
     }
     for (int a = 0; bb && a < c->accum; a++) prl_batch_buf_free(&bb[a]);
-    free(bb), free(Ts), free(ex);
+    free(bb), free(Ts), free(ex), free(pos);
     free(ord.perm);
     free(ord.tmp);
     return rc;

@@ -48,6 +48,10 @@ typedef struct prl_sft_config {
                      ** is cut into windows of G*batch examples, each window sorted by length
                      ** and its batches shuffled, and a micro-batch is only as wide as its
                      ** longest example (rounded up to 8): fewer padding positions computed */
+    int pack;      /* 1 (group 0 only): packed rows — the examples in the seeded order, each
+                     ** appended to the current row of seq positions while it fits, else to the
+                     ** next; batch rows per micro-batch; each example attends only to itself
+                     ** (prl_batch.pos, docs/model.md "Packed sequences") */
     prl_loss_scaler *scaler; /* borrowed dynamic loss scaler (fp16 training), or NULL: each
                      ** step backpropagates scale × the loss and is skipped on an overflow
                      ** (rl.md §4.3 order; prl_optim_step_scaled) */
@@ -66,6 +70,7 @@ typedef struct prl_sft_progress {
     double index_loss; /* DSA indexer KL (docs/model.md; 0 without DSA layers) */
     double lr, grad_norm;
     double tokens_per_s; /* trained + context tokens per second, this step */
+    int tokens;          /* those tokens (the rows' real positions, padding excluded) */
     double elapsed_s, eta_s;
     double loss_scale; /* with a scaler: the scale after this step (else 0) */
     long skipped;      /* with a scaler: steps skipped for an overflow so far */

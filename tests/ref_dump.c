@@ -2,8 +2,9 @@
 ** ref_dump.c — writes a fixed batch and prl's logits, loss, log-probs and every parameter
 ** gradient for it, so the PyTorch reference can check them (tests/test_reference_compare.sh).
 **
-** usage: ref_dump CKPT_DIR BATCH_OUT PRL_OUT   (CKPT_DIR is rewritten with perturbed norm gains
-** and router biases first)
+** usage: ref_dump CKPT_DIR BATCH_OUT PRL_OUT [--pack]   (CKPT_DIR is rewritten with perturbed
+** norm gains and router biases first; --pack: the rows hold several sequences, prl_batch.pos,
+** written to the batch as "pos")
 **
 ** Built twice: ref_dump (the float32 engine, the real check) and ref_dump64 (prl_model64, the
 ** engine in double), which tells float32 rounding from a wrong formula: in double, prl and the
@@ -30,8 +31,9 @@ static int fail(const char *what)
 
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: ref_dump CKPT_DIR BATCH_OUT PRL_OUT\n");
+    int pack = argc == 5 && !strcmp(argv[4], "--pack");
+    if (argc != 4 && !pack) {
+        fprintf(stderr, "usage: ref_dump CKPT_DIR BATCH_OUT PRL_OUT [--pack]\n");
         return 2;
     }
     if (prl_blas_init(0)) return fail("blas");
@@ -73,6 +75,15 @@ int main(int argc, char **argv)
         n += valid;
     }
     for (int i = 0; i < B * T; i++) w[i] = tgt[i] >= 0 ? (float)(-(1.0 + 0.5 * (i % 3)) / n) : 0;
+    /* packed: row 0 holds sequences of 10 and 14, row 1 of 6 and 10 around a padding position,
+    ** row 2 one of 9 (positions past a row's length are never read) */
+    static int32_t pos[B * T];
+    static const int seqs[B][3] = {{10, 14, 0}, {6, -1, 10}, {9, 0, 0}};
+    for (int i = 0; i < B; i++)
+        for (int k = 0, t = 0; k < 3 && seqs[i][k]; k++) {
+            int n = seqs[i][k] < 0 ? 1 : seqs[i][k];
+            for (int j = 0; j < n; j++, t++) pos[i * T + t] = seqs[i][k] < 0 ? -1 : j;
+        }
     const double tau = 0.8;
     prl_batch b = {.B = B,
                    .T = T,
@@ -81,7 +92,8 @@ int main(int argc, char **argv)
                    .targets = tgt,
                    .weights = w,
                    .temperature = tau,
-                   .with_mtp = 1}; /* MTP trains when the config has it */
+                   .with_mtp = 1, /* MTP trains when the config has it */
+                   .pos = pack ? pos : NULL};
     prl_forward_stats st;
     prl_model_zero_grad(&m);
     if (prl_model_forward(&m, &b, logp, &st) || prl_model_backward(&m, &b))
@@ -95,6 +107,7 @@ int main(int argc, char **argv)
     if (!rc) rc = prl_safetensors_writer_add(&bw, "lens", PRL_DTYPE_I32, sh_b, 1, lens);
     if (!rc) rc = prl_safetensors_writer_add(&bw, "targets", PRL_DTYPE_I32, sh_bt, 2, tgt);
     if (!rc) rc = prl_safetensors_writer_add(&bw, "weights", PRL_DTYPE_F32, sh_bt, 2, w);
+    if (!rc && pack) rc = prl_safetensors_writer_add(&bw, "pos", PRL_DTYPE_I32, sh_bt, 2, pos);
     if (!rc) rc = prl_safetensors_writer_set_metadata(&bw, "temperature", "0.8");
     if (!rc)
         rc = prl_safetensors_writer_add(&pw, "logits", REAL_DTYPE, sh_btv, 3, prl_model_logits(&m));

@@ -544,7 +544,7 @@ typedef struct {
 static void sc_fwd(void *p, double *out)
 {
     sc_ctx *c = p;
-    prl_dsa_score_forward(out, c->qI, c->kI, c->w, c->lens, c->B, c->T, c->HI, c->dI);
+    prl_dsa_score_forward(out, c->qI, c->kI, c->w, c->lens, c->B, c->T, c->HI, c->dI, NULL);
 }
 
 /* Index scores: qI, kI and the head weights w. */
@@ -566,7 +566,7 @@ START_TEST(test_dsa_score_grad)
     ck_assert_double_eq(out[3 * 6 + 4], 0);       /* s > t */
     ck_assert_double_eq(out[(6 + 5) * 6 + 0], 0); /* past sequence 1's length */
     double *dq = calloc(nq, 8), *dk = calloc(nk, 8), *dw = calloc(nw, 8);
-    prl_dsa_score_backward(dq, dk, dw, r, c.qI, c.kI, c.w, c.lens, c.B, c.T, c.HI, c.dI);
+    prl_dsa_score_backward(dq, dk, dw, r, c.qI, c.kI, c.w, c.lens, c.B, c.T, c.HI, c.dI, NULL);
     ck_assert_double_lt(fd_error(sc_fwd, &c, c.qI, nq, dq, r, no), 1e-6);
     ck_assert_double_lt(fd_error(sc_fwd, &c, c.kI, nk, dk, r, no), 1e-6);
     ck_assert_double_lt(fd_error(sc_fwd, &c, c.w, nw, dw, r, no), 1e-6);
@@ -630,11 +630,12 @@ END_TEST
 typedef struct {
     double *inp, *w;
     int B, T, C, k, stride;
+    const int32_t *pos; /* packed rows, or NULL */
 } conv_ctx;
 static void conv_fwd(void *p, double *out)
 {
     conv_ctx *c = p;
-    prl_conv_forward(out, c->inp, c->stride, c->w, c->B, c->T, c->C, c->k);
+    prl_conv_forward(out, c->inp, c->stride, c->w, c->B, c->T, c->C, c->k, c->pos);
 }
 
 START_TEST(test_conv_grad)
@@ -646,7 +647,7 @@ START_TEST(test_conv_grad)
     double *out = malloc(n_out * 8), *r = randv(n_out, 1), *dinp = calloc(n_in, 8),
            *dw = calloc(12, 8);
     conv_fwd(&c, out);
-    prl_conv_backward(dinp, c.stride, dw, r, c.inp, c.w, c.B, c.T, c.C, c.k);
+    prl_conv_backward(dinp, c.stride, dw, r, c.inp, c.w, c.B, c.T, c.C, c.k, NULL);
     ck_assert_double_lt(fd_error(conv_fwd, &c, c.inp, n_in, dinp, r, n_out), 1e-6);
     ck_assert_double_lt(fd_error(conv_fwd, &c, c.w, 12, dw, r, n_out), 1e-6);
     /* causal, zero padding at each sequence start, residual: row 6 (sequence 1, t = 0) is its
@@ -654,6 +655,31 @@ START_TEST(test_conv_grad)
     for (int ch = 0; ch < 4; ch++)
         ck_assert_double_eq_tol(out[6 * 4 + ch], c.inp[6 * 7 + ch] * (1 + c.w[ch * 3 + 2]), 1e-15);
     ck_assert_double_eq(dinp[4], 0); /* untouched columns */
+    free(out), free(r), free(dinp), free(dw);
+}
+END_TEST
+
+START_TEST(test_conv_packed)
+{
+    /* one row of 12 packing sequences of 5, 1 and 4 positions and 2 padding positions: the
+    ** same outputs as the sequences one per row, and finite differences agree */
+    static const int32_t pos[12] = {0, 1, 2, 3, 4, 0, 0, 1, 2, 3, -1, -1};
+    conv_ctx c = {.B = 1, .T = 12, .C = 4, .k = 3, .stride = 7, .pos = pos};
+    int n_in = 12 * 7, n_out = 12 * 4;
+    c.inp = randv(n_in, 1), c.w = randv(12, 1);
+    double *out = malloc(n_out * 8), *r = randv(n_out, 1), *dinp = calloc(n_in, 8),
+           *dw = calloc(12, 8), one[4 * 5];
+    conv_fwd(&c, out);
+    prl_conv_backward(dinp, c.stride, dw, r, c.inp, c.w, c.B, c.T, c.C, c.k, pos);
+    ck_assert_double_lt(fd_error(conv_fwd, &c, c.inp, n_in, dinp, r, n_out), 1e-6);
+    ck_assert_double_lt(fd_error(conv_fwd, &c, c.w, 12, dw, r, n_out), 1e-6);
+    static const int starts[3] = {0, 5, 6}, lens[3] = {5, 1, 4};
+    for (int q = 0; q < 3; q++) { /* each sequence alone */
+        prl_conv_forward(one, c.inp + starts[q] * 7, 7, c.w, 1, lens[q], 4, 3, NULL);
+        for (int i = 0; i < lens[q] * 4; i++) ck_assert_double_eq(out[starts[q] * 4 + i], one[i]);
+    }
+    for (int ch = 0; ch < 4; ch++) /* a padding row reads only itself */
+        ck_assert_double_eq(out[10 * 4 + ch], c.inp[10 * 7 + ch] * (1 + c.w[ch * 3 + 2]));
     free(out), free(r), free(dinp), free(dw);
 }
 END_TEST
@@ -931,7 +957,7 @@ START_TEST(test_mtp_shift)
     float w[8] = {-1, -1, -1, -1, -2, -2, -2, -2};
     int32_t lens[2] = {4, 2}, tk[8], gk[8], lk[2];
     float wk[8];
-    prl_mtp_shift(tk, gk, wk, lk, tok, tgt, w, lens, 2, 4, 1, 0.5);
+    prl_mtp_shift(tk, gk, wk, lk, tok, tgt, w, lens, 2, 4, 1, 0.5, NULL, NULL);
     int32_t want_t[8] = {2, 3, 4, 0, 6, 0, 0, 0}, want_g[8] = {3, -1, 5, -1, 7, -1, -1, -1};
     for (int i = 0; i < 8; i++) {
         ck_assert_int_eq(tk[i], want_t[i]);
@@ -942,7 +968,7 @@ START_TEST(test_mtp_shift)
     ck_assert_float_eq(wk[3], 0.0f);
     ck_assert_int_eq(lk[0], 3);
     ck_assert_int_eq(lk[1], 1);
-    prl_mtp_shift(tk, gk, wk, lk, tok, tgt, w, lens, 2, 4, 3, 1);
+    prl_mtp_shift(tk, gk, wk, lk, tok, tgt, w, lens, 2, 4, 3, 1, NULL, NULL);
     ck_assert_int_eq(tk[0], 4);
     ck_assert_int_eq(gk[0], 5);
     ck_assert_int_eq(tk[1], 0);
@@ -1074,6 +1100,9 @@ static void make_override(int32_t *ov, const int32_t *captured, int n_moe, int N
 ** to other experts and partly native (partial = 1, see make_override). */
 static int grad_with_mtp;   /* set around a check: the batch runs the MTP modules */
 static int grad_with_extra; /* set around a check: 3 extra targets per target position */
+static int grad_with_pack;  /* set around a check: packed rows (prl_batch.pos): row 0 holds
+                            ** sequences of 5 and 7, row 1 of 4 and 4 with a padding position
+                            ** between them */
 
 static double check_model_grad_cfg(const prl_config *cfg, int partial)
 {
@@ -1118,6 +1147,9 @@ static double check_model_grad_cfg(const prl_config *cfg, int partial)
     }
     if (grad_with_extra)
         c.b.n_extra = 3, c.b.extra_targets = extra_ids, c.b.extra_weights = extra_w;
+    static const int32_t pos[B * T] = {0, 1, 2, 3, 4,  0, 1, 2, 3, 4,  5,  6,
+                                       0, 1, 2, 3, -1, 0, 1, 2, 3, -1, -1, -1};
+    if (grad_with_pack) c.b.pos = pos;
     /* freeze routes: capture them, then always force them (or the partial override) */
     model_loss(&c);
     size_t nr = (size_t)c.m.n_moe * B * T * 2;
@@ -1250,6 +1282,22 @@ START_TEST(test_model_grad_pangu)
     double worst = check_model_grad_cfg(&cfg, 0);
     grad_with_mtp = 0;
     fprintf(stderr, "micro-pangu.json (all blocks): worst FD relative error %.3g\n", worst);
+}
+END_TEST
+
+/* The same on packed rows (docs/model.md "Packed sequences"): every block restarts at each
+** sequence boundary, and the gradient of that forward is still its exact derivative. */
+START_TEST(test_model_grad_pangu_packed)
+{
+    prl_config cfg;
+    ck_assert_int_eq(prl_config_load(&cfg, PRL_SOURCE_DIR "/configs/models/micro-pangu.json"),
+                     PRL_OK);
+    cfg.initializer_range = 0.3;
+    cfg.balance_loss_alpha = 0.05, cfg.router_z_loss_coef = 0.01;
+    grad_with_mtp = 1, grad_with_pack = 1;
+    double worst = check_model_grad_cfg(&cfg, 0);
+    grad_with_mtp = 0, grad_with_pack = 0;
+    fprintf(stderr, "micro-pangu.json packed rows: worst FD relative error %.3g\n", worst);
 }
 END_TEST
 
@@ -1614,6 +1662,7 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_attention_window_sinks_grad);
     tcase_add_test(ops, test_swiglu_grad);
     tcase_add_test(ops, test_conv_grad);
+    tcase_add_test(ops, test_conv_packed);
     tcase_add_test(ops, test_moe_gate_grad);
     tcase_add_test(ops, test_logprob_grad);
     tcase_add_test(ops, test_logprob_multi_grad);
@@ -1655,6 +1704,7 @@ static Suite *grad_suite(void)
     TCase *pangu = tcase_create("pangu"); /* CK_RUN_CASE=pangu runs it alone */
     tcase_set_timeout(pangu, 300);
     tcase_add_test(pangu, test_model_grad_pangu);
+    tcase_add_test(pangu, test_model_grad_pangu_packed);
     suite_add_tcase(s, pangu);
     return s;
 }

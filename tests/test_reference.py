@@ -529,6 +529,73 @@ class TestPadding(unittest.TestCase):
         self.assertAlmostEqual(float(full), parts, delta=1e-12 * max(1.0, abs(parts)))
 
 
+class TestPacking(unittest.TestCase):
+    """Packed rows (docs/model.md "Packed sequences"): several sequences in one row, pos
+    restarting at 0 for each (-1 a padding position), give each sequence the logits, losses
+    and gradients it has alone in a row; every block on (MHC plus DSA on layer 0 and an MTP
+    module), both auxiliary MoE losses on."""
+    CFG = dict(MHC, dsa_layers=[0], index_topk=3, index_n_heads=2, index_head_dim=8,
+               num_nextn_predict_layers=1, prl_mtp_loss_weight=0.5,
+               prl_balance_loss_alpha=0.05, prl_router_z_loss_coef=0.02)
+    SEQS = [(0, 0, 5), (0, 5, 11), (1, 0, 4), (1, 5, 9), (2, 0, 7)]   # (row, start, end)
+
+    def grads(self, model, *batch, pos=None):
+        model.zero_grad(set_to_none=True)
+        out = model.compute_loss(*batch, temperature=0.9, pos=pos)
+        (out.loss + out.index).backward()
+        return out, {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+                     for n, p in model.named_parameters()}
+
+    def test_packed_rows_equal_one_sequence_per_row(self):
+        model = micro_model(self.CFG, seed=3)
+        T = 12
+        g = torch.Generator().manual_seed(4)
+        tokens = torch.randint(0, 64, (3, T), generator=g)
+        targets = torch.randint(0, 64, (3, T), generator=g)
+        weights = torch.randn(3, T, generator=g, dtype=torch.float64)
+        lens = torch.tensor([11, 9, 7])
+        pos = torch.full((3, T), -1, dtype=torch.long)       # row 1 position 4: padding
+        n = len(self.SEQS)
+        tok1 = torch.zeros(n, T, dtype=torch.long)
+        tgt1 = torch.full((n, T), -1, dtype=torch.long)
+        w1 = torch.zeros(n, T, dtype=torch.float64)
+        for q, (r, a, e) in enumerate(self.SEQS):
+            pos[r, a:e] = torch.arange(e - a)
+            targets[r, e - 1] = -1                           # no target across a boundary
+            tok1[q, :e - a], tgt1[q, :e - a], w1[q, :e - a] = (tokens[r, a:e], targets[r, a:e],
+                                                               weights[r, a:e])
+        lens1 = torch.tensor([e - a for _, a, e in self.SEQS])
+        pk, gp = self.grads(model, tokens, lens, targets, weights, pos=pos)
+        one, g1 = self.grads(model, tok1, lens1, tgt1, w1)
+        for name in ("main", "balance", "z", "mtp", "index"):
+            a, b = float(getattr(pk, name)), float(getattr(one, name))
+            self.assertAlmostEqual(a, b, delta=1e-12 * max(1.0, abs(b)), msg=name)
+        self.assertGreater(float(one.balance), 0)
+        self.assertGreater(float(one.index), 0)
+        for q, (r, a, e) in enumerate(self.SEQS):
+            d = (pk.forward.logits[r, a:e] - one.forward.logits[q, :e - a]).abs().max()
+            self.assertLess(float(d), 1e-12)
+            sel_p = pk.forward.dsa[0]["support"][r, a:e]
+            self.assertFalse(bool(sel_p[:, :a].any() or sel_p[:, e:].any()))
+            self.assertTrue(torch.equal(sel_p[:, a:e], one.forward.dsa[0]["support"][q, :e - a,
+                                                                                     :e - a]))
+        for name in g1:
+            scale = max(1.0, float(g1[name].abs().max()))
+            self.assertLess(float((gp[name] - g1[name]).abs().max()) / scale, 1e-11, name)
+        # the control: without pos the rows are single sequences, and the logits differ
+        flat = model.compute_loss(tokens, lens, targets, weights, temperature=0.9)
+        self.assertGreater(float((flat.forward.logits[0, 5:11] -
+                                  one.forward.logits[1, :6]).abs().max()), 1e-3)
+
+    def test_bad_positions_refused(self):
+        model = micro_model(self.CFG, seed=3)
+        tokens, lens, targets, weights = micro_batch(lens=(8, 5, 6), seed=8)
+        pos = torch.arange(8).repeat(3, 1)
+        pos[0, 3] = 5
+        with self.assertRaisesRegex(ValueError, "pos"):
+            model.forward(tokens, lens, pos=pos)
+
+
 class TestRope(unittest.TestCase):
     def test_norm_preserving_and_position_zero_identity(self):
         dr, theta = 16, 10000.0

@@ -9,21 +9,25 @@
 # float32 check: a single scalar gradient that fails even the reference's float32 floor (a sum
 # with heavy cancellation, e.g. mHC branch_alpha_pre) passes when the double engine agrees on
 # it — then the gap is float32 rounding, not a wrong formula. The exception is printed.
+#
+# PRL_REF_PACK=1: the batch is packed (ref_dump --pack: several sequences per row, each
+# computed as if alone; docs/model.md "Packed sequences"), in both engines.
 set -euo pipefail
 prl=$1 dump=$2 src=$3 config=${4:-$3/configs/models/ref-check.json} dump64=${5:-}
+pack=${PRL_REF_PACK:+--pack}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 py=/usr/bin/python3 ref=$src/reference/pangu_ref.py
 "$prl" init --model "$config" --seed 5 --out "$work/ckpt"
 cp -r "$work/ckpt" "$work/ckpt64" # ref_dump rewrites its checkpoint: the double run starts afresh
-"$dump" "$work/ckpt" "$work/batch.safetensors" "$work/prl.safetensors"
+"$dump" "$work/ckpt" "$work/batch.safetensors" "$work/prl.safetensors" $pack
 status=0
 $py "$ref" compare --ckpt "$work/ckpt" --batch "$work/batch.safetensors" \
   --prl "$work/prl.safetensors" || status=$?
 [ -z "$dump64" ] && exit $status
 [ $status -le 1 ] || exit $status
 # the double engine on the same weights (ref_dump64 perturbs the fresh copy as ref_dump did)
-"$dump64" "$work/ckpt64" "$work/batch64.safetensors" "$work/prl64.safetensors"
+"$dump64" "$work/ckpt64" "$work/batch64.safetensors" "$work/prl64.safetensors" $pack
 echo "double engine vs float64 reference (logits < 1e-12, gradients < 1e-6):"
 $py "$ref" compare --ckpt "$work/ckpt64" --batch "$work/batch64.safetensors" \
   --prl "$work/prl64.safetensors" --logits-tol 1e-12 --grad-tol 1e-6 --json > "$work/rep64.json" || {
