@@ -196,21 +196,22 @@ static void print_results(const eval_args *a, const domain_result *r, const doma
     }
     char name[40];
     int moded = a->n_modes > 0; /* rows per mode, with the share in the requested form */
+    int w = moded ? 18 : 10;    /* "reasoning/no_think" */
     if (c) {                    /* before/after: accuracy of both and the change, in points */
-        printf("%-10s %5s %10s %10s %8s %11s %11s\n", "domain", "n", "before", "after", "change",
+        printf("%-*s %5s %10s %10s %8s %11s %11s\n", w, "domain", "n", "before", "after", "change",
                "score bef.", "score aft.");
         for (int i = 0; i < n; i++)
-            printf("%-10s %5d %9.1f%% %9.1f%% %+7.1f %11.3f %11.3f\n",
+            printf("%-*s %5d %9.1f%% %9.1f%% %+7.1f %11.3f %11.3f\n", w,
                    row_name(&r[i], name, sizeof name), r[i].n, 100 * acc_of(&r[i]),
                    100 * acc_of(&c[i]), 100 * (acc_of(&c[i]) - acc_of(&r[i])),
                    mean_of(&r[i], r[i].score_sum), mean_of(&c[i], c[i].score_sum));
         printf("(before: %s, after: %s; change in accuracy points)\n", a->ckpt, a->compare);
         return;
     }
-    printf("%-10s %5s %9s %10s %6s %9s %8s%s\n", moded ? "domain/mode" : "domain", "n", "accuracy",
-           "mean score", "turns", "truncated", "seconds", moded ? "  in mode" : "");
+    printf("%-*s %5s %9s %10s %6s %9s %8s%s\n", w, moded ? "domain/mode" : "domain", "n",
+           "accuracy", "mean score", "turns", "truncated", "seconds", moded ? "  in mode" : "");
     for (int i = 0; i < n; i++) {
-        printf("%-10s %5d %8.1f%% %10.3f %6.2f %9d %8.1f", row_name(&r[i], name, sizeof name),
+        printf("%-*s %5d %8.1f%% %10.3f %6.2f %9d %8.1f", w, row_name(&r[i], name, sizeof name),
                r[i].n, 100 * acc_of(&r[i]), mean_of(&r[i], r[i].score_sum),
                mean_of(&r[i], r[i].turns_sum), r[i].truncated, r[i].seconds);
         if (moded) printf(" %7.1f%%", 100 * mean_of(&r[i], r[i].in_mode));
