@@ -153,9 +153,9 @@ START_TEST(test_user_marked_steps)
         size_t good = bad + 8 + 1 + 1 + (e == 2 ? 9 : 2) + 1 + 1; /* past the tool reply */
         ck_assert_int_eq(x->ids[bad], 16 + 'b');
         ck_assert_int_eq(x->ids[good], 16 + 'g');
-        ck_assert_int_eq(sum(x->mask, bad, bad + 9), e == 2 ? 9 : 0); /* "bad call" <|end|> */
-        ck_assert_int_eq(sum(x->mask, good, good + 10), 10);          /* "good call" <|end|> */
-        ck_assert_int_eq(x->mask[x->n - 1], 1);                       /* <|eos|> */
+        ck_assert_int_eq(sum(x->mask, bad, bad + 9), (e == 2 ? 9 : 0)); /* "bad call" <|end|> */
+        ck_assert_int_eq(sum(x->mask, good, good + 10), 10);            /* "good call" <|end|> */
+        ck_assert_int_eq(x->mask[x->n - 1], 1);                         /* <|eos|> */
     }
     prl_sft_data_free(&d);
     assert_ok(load(&d, tok, PRL_SFT_MASK_ERRORS)); /* now the environment's words count */
