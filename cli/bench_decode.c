@@ -273,7 +273,7 @@ static prl_status decode_requests(const decode_args *a, const prl_model *m,
     run->stop_ids[0] = PRL_TOKEN_EOS, run->stop_ids[1] = PRL_TOKEN_END; /* prl's, no tokenizer */
     int n_stops = tok ? prl_tokenizer_stop_ids(tok, run->stop_ids) : 2;
     if (a->prompts) {
-        prl_status rc = cli_prompts_read(NULL, a->prompts, 0, tok, pl);
+        prl_status rc = cli_prompts_read(NULL, a->prompts, 0, PRL_MODE_DEFAULT, tok, pl);
         if (rc) return rc;
         run->n = pl->n, run->sp.n_stop_ids = n_stops;
         run->sp.vocab_limit = tok ? prl_tokenizer_vocab_size(tok) : 0;

@@ -71,9 +71,11 @@ typedef struct cli_prompts {
 /* `text` (a user turn through the chat template, or with `raw` plain text after <|bos|>) when
 ** non-NULL, else every line of the JSONL `file`: {"prompt": "..."} (as `text`), {"messages":
 ** [...]} (a chat prompt ending with <|assistant|>) or {"ids": [...]}. Appends to *out (zeroed
-** first); text needs `tok`. Errors name FILE:LINE; an empty file is an error. */
-prl_status cli_prompts_read(const char *text, const char *file, int raw, const prl_tokenizer *tok,
-                            cli_prompts *out);
+** first); text needs `tok`. Errors name FILE:LINE; an empty file is an error. A `mode` other
+** than PRL_MODE_DEFAULT ends each chat prompt's last user message with its switch (docs/tasks.md
+** "Modes"); raw text and "ids" lines cannot take one (an error). */
+prl_status cli_prompts_read(const char *text, const char *file, int raw, prl_tasks_mode mode,
+                            const prl_tokenizer *tok, cli_prompts *out);
 void cli_prompts_free(cli_prompts *p);
 
 /* The start every JSONL input line shares: obj must be an object; its "ids", when present,

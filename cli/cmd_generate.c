@@ -15,7 +15,7 @@
 #include <string.h>
 
 typedef struct gen_args {
-    const char *ckpt, *prompt, *input, *precision, *mla, *matmul, *stop;
+    const char *ckpt, *prompt, *input, *precision, *mla, *matmul, *stop, *mode;
     double temperature, top_p;
     int n, top_k, max_new, batch, raw, ignore_eos, json, routes, threads, quiet, spec, spec_vocab;
     uint64_t seed;
@@ -113,7 +113,10 @@ static void print_sample(const gen_args *a, const prl_tokenizer *tok, const prl_
 static int run(const gen_args *a, prl_model *m, const prl_tokenizer *tok, prl_infer_options *io)
 {
     cli_prompts pl = {0};
-    if (cli_prompts_read(a->prompt, a->input, a->raw, tok, &pl)) return cli_fail("generate");
+    prl_tasks_mode mode = PRL_MODE_DEFAULT;
+    if (a->mode && prl_tasks_mode_parse(a->mode, &mode))
+        return cli_failf("generate", 2, "--mode: %s", prl_error_message());
+    if (cli_prompts_read(a->prompt, a->input, a->raw, mode, tok, &pl)) return cli_fail("generate");
     int total = pl.n * a->n;
     prl_gen_request *reqs = calloc((size_t)total, sizeof *reqs);
     prl_gen_result *res = calloc((size_t)total, sizeof *res);
@@ -189,6 +192,10 @@ int cmd_generate(int argc, char **argv)
          0},
         {"stop", OPT_STR, &a.stop, "TEXT", "stop once the output contains TEXT", 0, 0},
         {"ignore-eos", OPT_FLAG, &a.ignore_eos, NULL, "do not stop at <|eos|> / <|end|>", 0, 0},
+        {"mode", OPT_STR, &a.mode, "M",
+         "think or no_think: each chat prompt's last user message ends in the /think or "
+         "/no_think switch (docs/tasks.md \"Modes\"; default: the prompts as they are)",
+         0, 0},
         {"raw", OPT_FLAG, &a.raw, NULL, "prompts are plain text after <|bos|>, not a chat turn", 0,
          0},
         {"precision", OPT_STR, &a.precision, "P",

@@ -30,8 +30,9 @@ typedef struct sft_args {
     double dsa_warmup_lr;
     int dsa_dense; /* recipe: the first N SFT steps in the DSA dense stage (from scratch) */
     int steps, batch, seq, accum, warmup, threads, log_every, save_every, resume, group, special;
-    int pack;  /* packed rows (prl_sft_config.pack) */
-    int vocab; /* tokenizer trained on the data: vocabulary size (0: the model's) */
+    int pack;        /* packed rows (prl_sft_config.pack) */
+    int mask_errors; /* mask the assistant turns the environment rejected (PRL_SFT_MASK_ERRORS) */
+    int vocab;       /* tokenizer trained on the data: vocabulary size (0: the model's) */
     double lr, min_lr_ratio, weight_decay, grad_clip, expert_clip;
     uint64_t seed;
 } sft_args;
@@ -282,7 +283,12 @@ static int run(const sft_args *a)
                            "tokenizer has %d tokens but the model's vocab_size is %d",
                            prl_tokenizer_vocab_size(tok), m.cfg.vocab_size);
     if (st == PRL_OK)
-        st = prl_sft_data_load(&d, a->data, tok, a->seq, a->special ? PRL_TOKENIZER_SPECIAL : 0);
+        st = prl_sft_data_load(&d, a->data, tok, a->seq,
+                               (a->special ? PRL_TOKENIZER_SPECIAL : 0u) |
+                                   (a->mask_errors ? PRL_SFT_MASK_ERRORS : 0u));
+    if (st == PRL_OK && d.n_masked_steps > 0)
+        fprintf(stderr, "sft: %d rejected assistant steps masked (kept as context, mask 0)\n",
+                d.n_masked_steps);
     if (st == PRL_OK) st = prl_optim_init(&o, &m, &oc);
     prl_loss_scaler scaler;
     int scaler_on = 0;
@@ -364,6 +370,7 @@ static prl_status write_demos(const prl_sft_recipe *r, const char *path, int *n_
             c.demos = 1;
             c.error_rate = r->error_rate;
             c.tool_rate = r->tool_rate;
+            c.think_rate = r->think_rate;
             if (c.n > 0) st = prl_tasks_write_jsonl(&c, mem);
             *n_lines += c.n;
         }
@@ -509,6 +516,7 @@ static int run_recipe(const char *file, int threads, int force)
                   .group = r.group,
                   .pack = r.pack,
                   .special = r.special_tokens,
+                  .mask_errors = r.mask_errors,
                   .vocab = r.vocab_size,
                   .lr = r.lr,
                   .min_lr_ratio = r.min_lr_ratio,
@@ -585,6 +593,10 @@ int cmd_sft(int argc, char **argv)
         {"special-tokens", OPT_FLAG, &a.special, NULL,
          "trusted data: special-token strings in contents (<|tool_call|> ...) become their ids, as "
          "the model emits them",
+         0, 0},
+        {"mask-errors", OPT_FLAG, &a.mask_errors, NULL,
+         "mask the assistant turns the environment rejected (the next tool reply starts with "
+         "\"error: \"); marked steps (\"mask\": true, \"error\": true) are masked always",
          0, 0},
         {"accum", OPT_INT, &a.accum, "K", "micro-batches per step (default 1)", 0, 0},
         {"optimizer", OPT_STR, &a.optimizer, "NAME",

@@ -34,7 +34,8 @@ static int write_output(const char *out, const prl_tasks_config *c)
     return 0;
 }
 
-/* generate and demos: the same flags, demos adds --error-rate and --tool-rate. */
+/* generate and demos: the same flags, demos adds --error-rate (--tool-rate and --think-rate
+** go with both). */
 static int generate(int argc, char **argv, int demos)
 {
     const char *domain = NULL, *split = "train", *out = NULL;
@@ -53,6 +54,10 @@ static int generate(int argc, char **argv, int demos)
          "probability of a deliberate mistake per demonstration (default 0)", 0, 0},
         {"tool-rate", OPT_DOUBLE, &c.tool_rate, "P",
          "reasoning: probability of a python tool demonstration (default by difficulty)", 0, 0},
+        {"think-rate", OPT_DOUBLE, &c.think_rate, "P",
+         "modes: share of think demonstrations, the rest no-think, each prompt ending in its "
+         "switch (docs/tasks.md \"Modes\"; default: no modes)",
+         0, 0},
         {0},
     };
     const char *usage = demos
@@ -76,6 +81,8 @@ static int generate(int argc, char **argv, int demos)
         return cli_failf("tasks", 2, "--error-rate must be in [0, 1], got %g", c.error_rate);
     if (c.tool_rate != -1 && !(c.tool_rate >= 0 && c.tool_rate <= 1)) /* -1: by difficulty */
         return cli_failf("tasks", 2, "--tool-rate must be in [0, 1], got %g", c.tool_rate);
+    if (c.think_rate != -1 && !(c.think_rate >= 0 && c.think_rate <= 1)) /* -1: no modes */
+        return cli_failf("tasks", 2, "--think-rate must be in [0, 1], got %g", c.think_rate);
     if (out && cli_require_new("tasks", "out", out)) return 2;
     return write_output(out, &c);
 }

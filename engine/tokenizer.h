@@ -205,6 +205,14 @@ prl_status prl_tokenizer_encode_chat(const prl_tokenizer *tok, const prl_chat_me
                                      size_t n_msgs, unsigned flags, int32_t **ids,
                                      uint8_t **loss_mask, size_t *n_ids);
 
+/* prl_tokenizer_encode_chat with masked steps: an assistant message i with no_loss[i] = 1 is
+** encoded the same but trained on nowhere (mask 0 on its content and end token; a step the
+** environment rejected, kept as context for the recovery after it). no_loss [n_msgs] may be
+** NULL (none masked). */
+prl_status prl_tokenizer_encode_chat_steps(const prl_tokenizer *tok, const prl_chat_message *msgs,
+                                           size_t n_msgs, const uint8_t *no_loss, unsigned flags,
+                                           int32_t **ids, uint8_t **loss_mask, size_t *n_ids);
+
 /* A JSON array of {"role", "content"} objects as turns that borrow the JSON strings (free
 ** *msgs only; the array must outlive them). Errors (PRL_ERR_FORMAT) start with `where`
 ** ("FILE:LINE", a message type) and name the bad turn. */

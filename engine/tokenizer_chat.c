@@ -63,8 +63,8 @@ static prl_status chat_check(const prl_chat_message *msgs, size_t n_msgs, size_t
 /* The shared body of encode_chat (CHAT_FULL), encode_chat_prompt (CHAT_PROMPT) and
 ** encode_chat_turn (CHAT_TURN: no bos, one turn, the assistant opening). */
 static prl_status chat_encode(const prl_tokenizer *tok, const prl_chat_message *msgs, size_t n_msgs,
-                              unsigned flags, int mode, int32_t **ids, uint8_t **loss_mask,
-                              size_t *n_ids)
+                              const uint8_t *no_loss, unsigned flags, int mode, int32_t **ids,
+                              uint8_t **loss_mask, size_t *n_ids)
 {
     int prompt = mode == CHAT_PROMPT, turn = mode == CHAT_TURN;
     if (ids) *ids = NULL;
@@ -74,14 +74,15 @@ static prl_status chat_encode(const prl_tokenizer *tok, const prl_chat_message *
     size_t total;
     prl_status rc = chat_check(msgs, n_msgs, &total);
     if (rc) return rc;
-    if (tok->hf) return tok__hf_encode_chat(tok, msgs, n_msgs, flags, mode, ids, loss_mask, n_ids);
+    if (tok->hf)
+        return tok__hf_encode_chat(tok, msgs, n_msgs, no_loss, flags, mode, ids, loss_mask, n_ids);
     chat_buf b = {0};
     if ((rc = tok__encoder_init(&b.e, tok, flags & (PRL_TOKENIZER_SPECIAL | PRL_TOKENIZER_NAIVE),
                                 total, 0)))
         return rc;
     if (!turn) rc = tok__chat_special(&b, PRL_TOKEN_BOS, 0);
     for (size_t i = 0; i < n_msgs && !rc; i++) {
-        uint8_t learn = role_token(msgs[i].role) == PRL_TOKEN_ASSISTANT;
+        uint8_t learn = role_token(msgs[i].role) == PRL_TOKEN_ASSISTANT && !(no_loss && no_loss[i]);
         rc = tok__chat_special(&b, role_token(msgs[i].role), 0);
         size_t from = b.e.n;
         if (!rc)
@@ -91,7 +92,9 @@ static prl_status chat_encode(const prl_tokenizer *tok, const prl_chat_message *
     }
     if (!rc && (prompt || turn)) rc = tok__chat_special(&b, PRL_TOKEN_ASSISTANT, 0);
     if (!rc && mode == CHAT_FULL) {
-        int last_assistant = n_msgs > 0 && role_token(msgs[n_msgs - 1].role) == PRL_TOKEN_ASSISTANT;
+        int last_assistant = n_msgs > 0 &&
+                             role_token(msgs[n_msgs - 1].role) == PRL_TOKEN_ASSISTANT &&
+                             !(no_loss && no_loss[n_msgs - 1]);
         rc = tok__chat_special(&b, PRL_TOKEN_EOS, (uint8_t)last_assistant);
     }
     if (rc) {
@@ -109,7 +112,14 @@ prl_status prl_tokenizer_encode_chat(const prl_tokenizer *tok, const prl_chat_me
                                      size_t n_msgs, unsigned flags, int32_t **ids,
                                      uint8_t **loss_mask, size_t *n_ids)
 {
-    return chat_encode(tok, msgs, n_msgs, flags, CHAT_FULL, ids, loss_mask, n_ids);
+    return chat_encode(tok, msgs, n_msgs, NULL, flags, CHAT_FULL, ids, loss_mask, n_ids);
+}
+
+prl_status prl_tokenizer_encode_chat_steps(const prl_tokenizer *tok, const prl_chat_message *msgs,
+                                           size_t n_msgs, const uint8_t *no_loss, unsigned flags,
+                                           int32_t **ids, uint8_t **loss_mask, size_t *n_ids)
+{
+    return chat_encode(tok, msgs, n_msgs, no_loss, flags, CHAT_FULL, ids, loss_mask, n_ids);
 }
 
 prl_status prl_chat_from_json(const json_t *v, const char *where, prl_chat_message **msgs,
@@ -139,7 +149,7 @@ prl_status prl_tokenizer_encode_chat_prompt(const prl_tokenizer *tok, const prl_
                                             size_t n_msgs, unsigned flags, int32_t **ids,
                                             size_t *n_ids)
 {
-    return chat_encode(tok, msgs, n_msgs, flags, CHAT_PROMPT, ids, NULL, n_ids);
+    return chat_encode(tok, msgs, n_msgs, NULL, flags, CHAT_PROMPT, ids, NULL, n_ids);
 }
 
 prl_status prl_tokenizer_encode_chat_turn(const prl_tokenizer *tok, const prl_chat_message *msg,
@@ -151,5 +161,5 @@ prl_status prl_tokenizer_encode_chat_turn(const prl_tokenizer *tok, const prl_ch
         return prl_error_set(PRL_ERR_ARG, "tokenizer chat: a turn after the model's is not the "
                                           "assistant's");
     }
-    return chat_encode(tok, msg, 1, flags, CHAT_TURN, ids, NULL, n_ids);
+    return chat_encode(tok, msg, 1, NULL, flags, CHAT_TURN, ids, NULL, n_ids);
 }

@@ -113,7 +113,14 @@ typedef struct chat {
     char *pend; /* text since the last marker with one mask value, encoded as one piece */
     size_t pend_n, pend_cap;
     uint8_t pend_mask;
+    const uint8_t *no_loss; /* [n_msgs] 1: an assistant turn not trained on, or NULL */
 } chat;
+
+/* The mask value of message i's content: an assistant's, unless it is a masked step. */
+static uint8_t learns(const chat *c, const prl_chat_message *m, size_t i)
+{
+    return strcmp(m[i].role, "assistant") == 0 && !(c->no_loss && c->no_loss[i]);
+}
 
 /* Encode the pending text (template text and content together, as Hugging Face encodes the
 ** rendered string) with its mask value. */
@@ -174,7 +181,7 @@ static prl_status render_chatml(chat *c, const prl_chat_message *m, size_t n, in
     prl_status rc = PRL_OK;
     if (mode == CHAT_TURN) rc = put_str(c, "\n"); /* the model's turn ended at <|im_end|> */
     for (size_t i = 0; i < n && !rc; i++) {
-        uint8_t learn = strcmp(m[i].role, "assistant") == 0;
+        uint8_t learn = learns(c, m, i);
         const char *content = m[i].content;
         if (hf->chat_qwen_tool && strcmp(m[i].role, "tool") == 0) {
             /* Qwen: a run of tool turns is one user turn of <tool_response> blocks */
@@ -196,8 +203,9 @@ static prl_status render_chatml(chat *c, const prl_chat_message *m, size_t n, in
         if (!rc) rc = put_str(c, "\n");
         /* Qwen3: the final assistant turn after the last query carries an (empty) thinking
         ** block, which the model writes itself, so it is learned */
-        if (!rc && learn && hf->chat_qwen_think && (long)i > lq && i + 1 == n) {
-            rc = put_text(c, "<think>\n\n</think>\n\n", 19, 1);
+        int assistant = strcmp(m[i].role, "assistant") == 0; /* the same text when masked */
+        if (!rc && assistant && hf->chat_qwen_think && (long)i > lq && i + 1 == n) {
+            rc = put_text(c, "<think>\n\n</think>\n\n", 19, learn);
             while (*content == '\n') content++;
         }
         if (!rc) rc = put_text(c, content, strlen(content), learn);
@@ -225,7 +233,7 @@ static prl_status render_llama3(chat *c, const prl_chat_message *m, size_t n, in
         if (!rc) rc = put_id(c, k[L3_HEADER_END], 0);
         if (!rc) rc = put_str(c, "\n\n");
         if (rc || i == n) break; /* the generation prompt's open header */
-        uint8_t learn = strcmp(role, "assistant") == 0;
+        uint8_t learn = learns(c, m, i);
         size_t a, b;
         trimmed(m[i].content, &a, &b);
         rc = put_text(c, m[i].content + a, b - a, learn);
@@ -259,9 +267,10 @@ static prl_status render_deepseek(chat *c, const prl_chat_message *m, size_t n, 
             rc = put_id(c, k[DS_USER], 0);
             if (!rc) rc = put_text(c, content, strlen(content), 0);
         } else if (strcmp(r, "assistant") == 0) {
+            uint8_t learn = learns(c, m, i);
             rc = put_id(c, k[is_tool ? DS_OUTS_END : DS_ASSISTANT], 0);
-            if (!rc) rc = put_text(c, content, strlen(content), 1);
-            if (!rc) rc = put_id(c, k[DS_EOS], 1);
+            if (!rc) rc = put_text(c, content, strlen(content), learn);
+            if (!rc) rc = put_id(c, k[DS_EOS], learn);
             is_tool = 0;
         } else if (strcmp(r, "tool") == 0) {
             is_tool = 1;
@@ -278,8 +287,8 @@ static prl_status render_deepseek(chat *c, const prl_chat_message *m, size_t n, 
 }
 
 prl_status tok__hf_encode_chat(const prl_tokenizer *tok, const prl_chat_message *msgs,
-                               size_t n_msgs, unsigned flags, int mode, int32_t **ids,
-                               uint8_t **loss_mask, size_t *n_ids)
+                               size_t n_msgs, const uint8_t *no_loss, unsigned flags, int mode,
+                               int32_t **ids, uint8_t **loss_mask, size_t *n_ids)
 {
     const hf_tokenizer *hf = tok->hf;
     if (hf->chat == HF_CHAT_UNKNOWN)
@@ -289,7 +298,7 @@ prl_status tok__hf_encode_chat(const prl_tokenizer *tok, const prl_chat_message 
         return prl_error_set(PRL_ERR_FORMAT, "%s: %s; chat encoding needs its chat_template (%s)",
                              hf->config_path,
                              hf->config ? "there is no chat_template" : "not found", SHAPES_HELP);
-    chat c = {.tok = tok};
+    chat c = {.tok = tok, .no_loss = no_loss};
     size_t total = 64;
     for (size_t i = 0; i < n_msgs; i++) total += strlen(msgs[i].content) + 16;
     /* the caller's flags for template text too: it holds no special strings (markers are

@@ -294,8 +294,8 @@ prl_status tok__hf_chat_setup(prl_tokenizer *t, const struct json_t *config);
 /* Chat encoding with the template (prompt: end with the assistant's opening; turn: one
 ** non-assistant message then the assistant's opening, no bos). */
 prl_status tok__hf_encode_chat(const prl_tokenizer *tok, const prl_chat_message *msgs,
-                               size_t n_msgs, unsigned flags, int mode, int32_t **ids,
-                               uint8_t **loss_mask, size_t *n_ids);
+                               size_t n_msgs, const uint8_t *no_loss, unsigned flags, int mode,
+                               int32_t **ids, uint8_t **loss_mask, size_t *n_ids);
 enum { CHAT_FULL = 0, CHAT_PROMPT = 1, CHAT_TURN = 2 };
 
 /* ---- tokenizer.c ---------------------------------------------------------------------- */

@@ -42,6 +42,7 @@ static const prl_key_spec keys[] = {
      "fp32|bf16|fp16|aligned|aligned-bf16|aligned-fp16"},
     {"rollout.threads", PRL_KEY_INT, F(rollout_threads), 0, 256, "0", NULL},
     {"rollout.source", PRL_KEY_STR, F(rollout_source), 0, 0, "\"engine\"", "engine|gateway"},
+    {"rollout.mode", PRL_KEY_STR, F(rollout_mode), 0, 0, "\"default\"", "default|think|no_think"},
     {"gateway.bind", PRL_KEY_STR, F(gateway_bind), 0, 0, "\"127.0.0.1:8000\"", NULL},
     {"gateway.allow_remote", PRL_KEY_BOOL, F(gateway_allow_remote), 0, 1, "false", NULL},
     {"gateway.max_body", PRL_KEY_INT, F(gateway_max_body), 1024, 268435456, "1048576", NULL},

@@ -39,6 +39,8 @@ typedef struct prl_job_config {
     double temperature, top_p;
     char *precision;      /* fp32 | bf16 | fp16 | aligned | aligned-bf16 | aligned-fp16 */
     int rollout_threads;  /* threads of each rollout worker (0: prl run --threads) */
+    char *rollout_mode;   /* default | think | no_think: the switch the rollout ends each task's
+                          ** last user message with (docs/tasks.md "Modes") */
     char *rollout_source; /* engine (rollout workers play the tasks) | gateway (outside agents
                           ** play them through the gateway, docs/gateway.md) */
     /* gateway (docs/gateway.md) */

@@ -41,6 +41,7 @@ static const prl_key_spec keys[] = {
     DEMOS("coding", 3, 3, "0"),
     {"demos.error_rate", PRL_KEY_REAL, F(error_rate), 0, 1, "0", NULL},
     {"demos.tool_rate", PRL_KEY_REAL, F(tool_rate), -1, 1, "-1", NULL},
+    {"demos.think_rate", PRL_KEY_REAL, F(think_rate), -1, 1, "-1", NULL},
     {"sft.steps", PRL_KEY_INT, F(steps), 1, 1e8, "200", NULL},
     {"sft.batch", PRL_KEY_INT, F(batch), 1, 4096, "16", NULL},
     {"sft.seq", PRL_KEY_INT, F(seq), 2, 1 << 20, "256", NULL},
@@ -55,6 +56,7 @@ static const prl_key_spec keys[] = {
     {"sft.weight_decay", PRL_KEY_REAL, F(weight_decay), 0, 10, "0.1", NULL},
     {"sft.grad_clip", PRL_KEY_REAL, F(grad_clip), 0, 1e9, "1.0", NULL},
     {"sft.expert_clip", PRL_KEY_REAL, F(expert_clip), 0, 1e9, "0", NULL},
+    {"sft.mask_errors", PRL_KEY_BOOL, F(mask_errors), 0, 1, "false", NULL},
 };
 static prl_status check(const void *r, const char *source)
 {

@@ -32,9 +32,12 @@ typedef struct prl_sft_recipe {
     /* demos: problems per [domain][difficulty - 1]; domains in prl_task_domain order */
     int demos[PRL_RECIPE_DOMAINS][PRL_RECIPE_LEVELS];
     double error_rate, tool_rate; /* tool_rate < 0: the reasoning default per difficulty */
+    double think_rate; /* < 0: no modes (the demos of old); in [0, 1]: the share of think demos,
+                       ** the rest no-think ones (docs/recipes.md "Modes") */
     /* sft */
     int steps, batch, seq, accum, group, warmup;
-    int pack; /* sft.pack: packed rows (prl_sft_config.pack; needs sft.group 0) */
+    int pack;        /* sft.pack: packed rows (prl_sft_config.pack; needs sft.group 0) */
+    int mask_errors; /* mask the assistant turns the environment rejected (docs/recipes.md) */
     char *optimizer, *schedule;
     double lr, min_lr_ratio, weight_decay, grad_clip, expert_clip;
 } prl_sft_recipe;

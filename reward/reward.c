@@ -280,8 +280,51 @@ static prl_status score_verifier(const char *name, const char *task_json,
                          name);
 }
 
+static int is_answer(const prl_chat_message *t)
+{
+    return t->role && t->content && !strcmp(t->role, "assistant");
+}
+
+/* The verifiers judge answers, not reasoning: each assistant turn as the text after its
+** leading think block (docs/tasks.md "Modes"). *view borrows the turns' strings; NULL when no
+** turn has a block (the turns as they are, malformed ones included: the verifier names them). */
+static prl_status answers_only(const prl_chat_message *turns, size_t n_turns,
+                               prl_chat_message **view)
+{
+    *view = NULL;
+    size_t with_block = 0;
+    for (size_t i = 0; i < n_turns; i++)
+        with_block += is_answer(&turns[i]) && prl_tasks_answer_offset(turns[i].content) > 0;
+    if (!with_block) return PRL_OK;
+    prl_chat_message *v = malloc((n_turns ? n_turns : 1) * sizeof *v);
+    if (!v) return prl_error_set(PRL_ERR_NOMEM, "scoring: answer view");
+    for (size_t i = 0; i < n_turns; i++) {
+        v[i] = turns[i];
+        if (is_answer(&turns[i]))
+            v[i].content = turns[i].content + prl_tasks_answer_offset(turns[i].content);
+    }
+    *view = v;
+    return PRL_OK;
+}
+
+static prl_status score_answers(const char *task_json, const prl_chat_message *turns,
+                                size_t n_turns, const prl_reward_exec *exec,
+                                prl_reward_result *out);
+
 prl_status prl_reward_score(const char *task_json, const prl_chat_message *turns, size_t n_turns,
                             const prl_reward_exec *exec, prl_reward_result *out)
+{
+    prl_chat_message *view = NULL;
+    prl_status rc = turns ? answers_only(turns, n_turns, &view) : PRL_OK; /* bad turns: the
+                                                                  ** verifier names them */
+    if (rc) return rc;
+    rc = score_answers(task_json, view ? view : turns, n_turns, exec, out);
+    free(view);
+    return rc;
+}
+
+static prl_status score_answers(const char *task_json, const prl_chat_message *turns,
+                                size_t n_turns, const prl_reward_exec *exec, prl_reward_result *out)
 {
     json_error_t err;
     json_t *task = json_loads(task_json, 0, &err);

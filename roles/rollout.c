@@ -108,7 +108,8 @@ static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
     int32_t stops[2]; /* the tokenizer's end of turn and eos (prl: <|end|>, <|eos|>) */
     rc_.sampling.stop_ids = stops, rc_.sampling.n_stop_ids = prl_tokenizer_stop_ids(w->tok, stops);
     rc_.max_turns = j->max_turns, rc_.score = 0;
-    rc_.cached_routes = j->replay_cached; /* Cached R3 (docs/replay.md) */
+    rc_.cached_routes = j->replay_cached;                           /* Cached R3 (docs/replay.md) */
+    if (!rc) rc = prl_tasks_mode_parse(j->rollout_mode, &rc_.mode); /* the key table checked it */
     /* an evaluation's sample 0 is greedy (its accuracy); the others are sampled (pass@k) */
     int greedy = work.eval && count > 0 ? 1 : 0;
     if (!rc && greedy) {

@@ -75,22 +75,37 @@ static prl_status add_msg(prl_episode *ep, const char *role, const char *text, s
     return PRL_OK;
 }
 
-/* The prompt: the task's messages as a chat generation prompt. */
-static prl_status start(play *p, const prl_tokenizer *tok, int index)
+/* The prompt: the task's messages (with the mode's switch) as a chat generation prompt. */
+static prl_status start(play *p, const prl_tokenizer *tok, int index, prl_tasks_mode mode)
 {
     json_t *msgs = json_object_get(p->task, "messages");
     const char *dom = json_string_value(json_object_get(p->task, "domain"));
     if (!json_is_array(msgs) || !dom || prl_tasks_domain_parse(dom, &p->domain))
         return prl_error_set(PRL_ERR_FORMAT, "task %d: needs \"messages\" and a known \"domain\"",
                              index);
+    json_t *moded = NULL; /* the task is borrowed: the switch goes on a copy */
+    if (mode != PRL_MODE_DEFAULT) {
+        prl_status rc = (moded = json_deep_copy(msgs))
+                            ? prl_tasks_mode_apply(moded, mode)
+                            : prl_error_set(PRL_ERR_NOMEM, "task %d", index);
+        if (rc) {
+            json_decref(moded);
+            return prl_error_wrap(rc, "task %d: ", index);
+        }
+        msgs = moded;
+    }
     size_t nm = json_array_size(msgs);
     prl_chat_message *cm = calloc(nm + 1, sizeof *cm);
-    if (!cm) return prl_error_set(PRL_ERR_NOMEM, "task %d", index);
+    if (!cm) {
+        json_decref(moded);
+        return prl_error_set(PRL_ERR_NOMEM, "task %d", index);
+    }
     for (size_t i = 0; i < nm; i++) {
         cm[i].role = json_string_value(json_object_get(json_array_get(msgs, i), "role"));
         cm[i].content = json_string_value(json_object_get(json_array_get(msgs, i), "content"));
         if (!cm[i].role || !cm[i].content) {
             free(cm);
+            json_decref(moded);
             return prl_error_set(PRL_ERR_FORMAT, "task %d: message %zu needs role and content",
                                  index, i);
         }
@@ -99,6 +114,7 @@ static prl_status start(play *p, const prl_tokenizer *tok, int index)
     size_t n = 0;
     prl_status rc = prl_tokenizer_encode_chat_prompt(tok, cm, nm, 0, &ids, &n);
     free(cm);
+    json_decref(moded);
     if (!rc) rc = append(p->ep, ids, NULL, (int)n, 0);
     free(ids);
     p->ep->prompt_len = p->ep->n;
@@ -292,7 +308,7 @@ prl_status prl_rollout_run(prl_infer *e, const prl_tokenizer *tok, json_t *const
     int max_len = prl_infer_get_options(e)->max_len;
     for (int i = 0; i < n && !rc; i++) {
         ps[i] = (play){.ep = &out[i], .task = tasks[i]};
-        rc = start(&ps[i], tok, i);
+        rc = start(&ps[i], tok, i, c->mode);
         if (!rc && out[i].n >= max_len)
             rc = prl_error_set(PRL_ERR_RANGE,
                                "task %d: prompt of %d tokens does not fit the "

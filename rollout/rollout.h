@@ -26,9 +26,11 @@ typedef struct prl_rollout_config {
     int cached_routes;          /* Cached R3 (replay.cached, docs/replay.md): an episode keeps
                                 ** the routes of each position from the first pass that fed it;
                                 ** 0 (default): the last round's re-prefill routes */
+    prl_tasks_mode mode;        /* THINK / NO_THINK: the switch ends each task's last user
+                                ** message (docs/tasks.md "Modes"); DEFAULT: the task as it is */
 } prl_rollout_config;
 
-/* Greedy, 96 new tokens per turn, 10 turns, scored. */
+/* Greedy, 96 new tokens per turn, 10 turns, scored, the tasks' own mode. */
 void prl_rollout_config_default(prl_rollout_config *c);
 
 typedef struct prl_episode {

@@ -116,15 +116,59 @@ typedef struct load_ctx {
     prl_sft_data *d;
     const prl_tokenizer *tok;
     int max_len, cap;
-    unsigned flags;
+    unsigned flags;      /* the tokenizer's */
+    unsigned mask_flags; /* PRL_SFT_MASK_ERRORS */
 } load_ctx;
+
+/* A boolean key of a message: 0 if absent; -1 (error set) if not a boolean or on a role it
+** cannot mark. */
+static int flag_of(json_t *msg, const char *key, const char *role, const char *path, int line_no,
+                   size_t k)
+{
+    json_t *v = json_object_get(msg, key);
+    if (!v) return 0;
+    const char *r = json_string_value(json_object_get(msg, "role"));
+    if (!json_is_boolean(v) || strcmp(r, role) != 0) {
+        prl_error_set(PRL_ERR_FORMAT,
+                      "%s:%d: message %zu: \"%s\" must be true or false, on a%s %s message "
+                      "(docs/formats.md \"Masked steps\")",
+                      path, line_no, k, key, role[0] == 'a' ? "n" : "", role);
+        return -1;
+    }
+    return json_is_true(v);
+}
+
+/* Which assistant turns are rejected steps (no_loss[k] = 1): marked "mask": true, or answered
+** by a tool message marked "error": true, or with PRL_SFT_MASK_ERRORS by one whose content
+** starts with "error: " (the environment's rejection). Counts them into *n_masked. */
+static prl_status mark_steps(json_t *msgs, const prl_chat_message *cm, uint8_t *no_loss,
+                             size_t n_msgs, unsigned flags, const char *path, int line_no,
+                             int *n_masked)
+{
+    for (size_t k = 0; k < n_msgs; k++) {
+        json_t *msg = json_array_get(msgs, k);
+        int mask = flag_of(msg, "mask", "assistant", path, line_no, k);
+        int error = flag_of(msg, "error", "tool", path, line_no, k);
+        if (mask < 0 || error < 0) return PRL_ERR_FORMAT;
+        int rejected = error || ((flags & PRL_SFT_MASK_ERRORS) && !strcmp(cm[k].role, "tool") &&
+                                 !strncmp(cm[k].content, "error: ", 7));
+        if (mask) no_loss[k] = 1;
+        if (rejected && k > 0 && !strcmp(cm[k - 1].role, "assistant")) no_loss[k - 1] = 1;
+    }
+    for (size_t k = 0; k < n_msgs; k++) *n_masked += no_loss[k];
+    return PRL_OK;
+}
 
 static prl_status encode_line(void *user, const char *path, int line_no, json_t *msgs)
 {
     load_ctx *c = user;
     size_t n_msgs = json_array_size(msgs);
     prl_chat_message *cm = calloc(n_msgs, sizeof *cm);
-    if (!cm) return prl_error_set(PRL_ERR_NOMEM, "encoding %s", path);
+    uint8_t *no_loss = calloc(n_msgs, 1);
+    if (!cm || !no_loss) {
+        free(cm), free(no_loss);
+        return prl_error_set(PRL_ERR_NOMEM, "encoding %s", path);
+    }
     for (size_t k = 0; k < n_msgs; k++) {
         json_t *msg = json_array_get(msgs, k);
         cm[k].role = json_string_value(json_object_get(msg, "role"));
@@ -133,8 +177,14 @@ static prl_status encode_line(void *user, const char *path, int line_no, json_t 
     int32_t *ids = NULL;
     uint8_t *mask = NULL;
     size_t n = 0;
-    prl_status rc = prl_tokenizer_encode_chat(c->tok, cm, n_msgs, c->flags, &ids, &mask, &n);
-    free(cm);
+    int n_masked = 0;
+    if (mark_steps(msgs, cm, no_loss, n_msgs, c->mask_flags, path, line_no, &n_masked)) {
+        free(cm), free(no_loss); /* the error names the line */
+        return PRL_ERR_FORMAT;
+    }
+    prl_status rc =
+        prl_tokenizer_encode_chat_steps(c->tok, cm, n_msgs, no_loss, c->flags, &ids, &mask, &n);
+    free(cm), free(no_loss);
     if (rc) return prl_error_wrap(rc, "%s:%d: ", path, line_no);
     prl_sft_data *d = c->d;
     if ((int)n > c->max_len) {
@@ -162,6 +212,7 @@ static prl_status encode_line(void *user, const char *path, int line_no, json_t 
     d->ex[d->n++] = (prl_sft_example){.ids = ids, .mask = mask, .n = (int)n};
     d->n_tokens += n;
     d->n_loss_tokens += trained;
+    d->n_masked_steps += n_masked;
     return PRL_OK;
 }
 
@@ -170,7 +221,11 @@ prl_status prl_sft_data_load(prl_sft_data *d, const char *path, const prl_tokeni
 {
     memset(d, 0, sizeof *d);
     if (max_len < 2) return prl_error_set(PRL_ERR_ARG, "sequence length %d must be >= 2", max_len);
-    load_ctx c = {.d = d, .tok = tok, .max_len = max_len, .flags = flags & PRL_TOKENIZER_SPECIAL};
+    load_ctx c = {.d = d,
+                  .tok = tok,
+                  .max_len = max_len,
+                  .flags = flags & PRL_TOKENIZER_SPECIAL,
+                  .mask_flags = flags & PRL_SFT_MASK_ERRORS};
     prl_status rc = for_each_chat(path, encode_line, &c);
     if (rc == PRL_OK && d->n == 0) rc = prl_error_set(PRL_ERR_FORMAT, "%s: no examples", path);
     if (rc) prl_sft_data_free(d);

@@ -23,8 +23,14 @@ typedef struct prl_sft_data {
     prl_sft_example *ex; /* owned */
     int n;
     size_t n_tokens, n_loss_tokens;
-    int n_truncated; /* examples cut to max_len */
+    int n_truncated;    /* examples cut to max_len */
+    int n_masked_steps; /* assistant turns kept as context with mask 0 (prl_sft_data_load) */
 } prl_sft_data;
+
+/* prl_sft_data_load flag (beside the tokenizer's): mask the assistant turns the environment
+** rejected, located from its own feedback: the tool reply right after the turn starts with
+** "error: " (the Agent environment's and the python tool's rejections). */
+enum { PRL_SFT_MASK_ERRORS = 1u << 8 };
 
 /* All message contents of a chat JSONL file, for training a tokenizer (caller frees each
 ** string and the array). Errors name the file and line. */
@@ -32,7 +38,10 @@ prl_status prl_sft_read_texts(const char *path, char ***texts, size_t *n_texts);
 /* Load and encode a chat JSONL file. Lines longer than max_len tokens are truncated (and
 ** counted); an example without any trained token is an error naming the line. flags: 0, or
 ** PRL_TOKENIZER_SPECIAL for trusted demonstrations whose special-token strings
-** (<|tool_call|> ...) become their ids, as the model emits them at rollout. */
+** (<|tool_call|> ...) become their ids, as the model emits them at rollout, and/or
+** PRL_SFT_MASK_ERRORS. Whatever the flags, an assistant message with "mask": true, or one
+** followed by a tool message with "error": true, keeps its tokens as context with mask 0
+** (docs/formats.md "Masked steps"); the recovery after it is trained as usual. */
 prl_status prl_sft_data_load(prl_sft_data *d, const char *path, const prl_tokenizer *tok,
                              int max_len, unsigned flags);
 void prl_sft_data_free(prl_sft_data *d);

@@ -268,6 +268,25 @@ static prl_status demo(tasks__gen *g, const prl_agent_task *t, json_t *turns, co
     return rc;
 }
 
+/* The reasoning of a think demonstration: the plan's tools and items, in order ("Plan:
+** lookup pear, calc, update pear; then answer."), nothing the world has not shown yet. */
+static prl_status plan_think(const prl_agent_task *t, char **out)
+{
+    plan p;
+    make_plan(t, 0, &p);
+    tasks__buf b = {0};
+    tasks__buf_printf(&b, "Plan:");
+    for (int i = 0; i < p.n; i++) {
+        const char *sp = strchr(p.calls[i], ' '), *item = strstr(p.calls[i], "item=");
+        int name_len = sp ? (int)(sp - p.calls[i]) : (int)strlen(p.calls[i]);
+        tasks__buf_printf(&b, "%s %.*s", i ? "," : "", name_len, p.calls[i]);
+        if (item) tasks__buf_printf(&b, " %.*s", (int)strcspn(item + 5, " "), item + 5);
+    }
+    tasks__buf_printf(&b, "; then answer.");
+    *out = b.s;
+    return b.oom ? prl_error_set(PRL_ERR_NOMEM, "agent plan") : PRL_OK;
+}
+
 prl_status tasks__agent_make(tasks__gen *g, tasks__draft *d)
 {
     uint64_t seed = prl_rng_u64(&g->problem) & ((1ULL << 53) - 1); /* exact in any JSON reader */
@@ -281,5 +300,6 @@ prl_status tasks__agent_make(tasks__gen *g, tasks__draft *d)
     if (!g->demos) return PRL_OK;
     d->turns = json_array();
     if (!d->turns) return prl_error_set(PRL_ERR_NOMEM, "agent demo");
+    if (g->moded && (rc = plan_think(&t, &d->think))) return rc;
     return demo(g, &t, d->turns, &d->demo_error);
 }

@@ -65,7 +65,8 @@ void prl_tasks_config_default(prl_tasks_config *c, prl_task_domain domain)
                             .difficulty = 1,
                             .n = 100,
                             .seed = 1,
-                            .tool_rate = -1};
+                            .tool_rate = -1,
+                            .think_rate = -1};
 }
 
 /* ---------------------------------------------------------------- helpers ---------- */
@@ -139,6 +140,19 @@ void tasks__buf_free(tasks__buf *b)
 
 /* ---------------------------------------------------------------- canonical text --- */
 
+/* Length of a user text without the mode switch it may end with (the split is the
+** problem's, whatever the mode). */
+static size_t without_switch(const char *text)
+{
+    size_t n = strlen(text);
+    const char *sw[2] = {PRL_MODE_THINK_SWITCH, PRL_MODE_NO_THINK_SWITCH};
+    for (int i = 0; i < 2; i++) {
+        size_t k = strlen(sw[i]);
+        if (n >= k && !memcmp(text + n - k, sw[i], k)) return n - k;
+    }
+    return n;
+}
+
 /* Content of the last user message of the line's "messages", or NULL. */
 static const char *last_user(const json_t *line)
 {
@@ -163,7 +177,7 @@ prl_status prl_tasks_canonical_text(const json_t *line, char **text)
     prl_status rc = prl_tasks_domain_parse(json_string_value(json_object_get(line, "domain")), &d);
     if (rc) return rc;
     tasks__buf b = {0};
-    tasks__buf_printf(&b, "%s", user);
+    tasks__buf_printf(&b, "%.*s", (int)without_switch(user), user);
     if (d == PRL_TASK_AGENT) {
         prl_agent_task t;
         rc = prl_agent_task_from_spec(json_object_get(line, "env"), &t);
@@ -199,6 +213,9 @@ static prl_status check_config(const prl_tasks_config *c)
         return prl_error_set(PRL_ERR_ARG, "tasks: error rate %g must be in [0, 1]", c->error_rate);
     if (!(c->tool_rate <= 1)) /* also rejects NaN */
         return prl_error_set(PRL_ERR_ARG, "tasks: tool rate %g must be <= 1", c->tool_rate);
+    if (!(c->think_rate <= 1))
+        return prl_error_set(PRL_ERR_ARG, "tasks: think rate %g must be <= 1 (< 0: no modes)",
+                             c->think_rate);
     return PRL_OK;
 }
 
@@ -207,6 +224,7 @@ static void draft_free(tasks__draft *d)
     json_decref(d->prompt);
     json_decref(d->fields);
     json_decref(d->turns);
+    free(d->think);
     memset(d, 0, sizeof *d);
 }
 
@@ -247,6 +265,70 @@ static double default_tool_rate(int difficulty)
     return rate[difficulty];
 }
 
+/* ---------------------------------------------------------------- modes ------------ */
+
+/* The mode of candidate k (think_rate >= 0) from a draw of its own, so no other draw moves. */
+static prl_tasks_mode mode_of(const prl_tasks_config *c, uint64_t k, uint64_t coord)
+{
+    prl_rng r;
+    prl_rng_init(&r, c->seed, k, coord, 3, PRL_RNG_TASK);
+    return tasks__chance(&r, c->think_rate) ? PRL_MODE_THINK : PRL_MODE_NO_THINK;
+}
+
+/* The reasoning of a domain whose generator gave none: General names the constraints to
+** meet; Coding the program's shape. */
+static void default_think(const prl_tasks_config *c, const json_t *fields, tasks__buf *b)
+{
+    if (c->domain == PRL_TASK_GENERAL) {
+        tasks__buf_printf(b, "Constraints:");
+        size_t i;
+        json_t *con;
+        json_array_foreach(json_object_get(fields, "constraints"), i, con) tasks__buf_printf(
+            b, "%s %s", i ? "," : "", json_string_value(json_object_get(con, "type")));
+        tasks__buf_printf(b, ".");
+    } else if (c->domain == PRL_TASK_CODING) {
+        tasks__buf_printf(b, "Read the input, compute, print the result.");
+    } else {
+        tasks__buf_printf(b, "Work it out step by step.");
+    }
+}
+
+/* Put a line in mode m: the switch ends its user message, and a think demonstration's first
+** assistant turn opens with the reasoning in a think block. */
+static prl_status put_mode(const prl_tasks_config *c, json_t *line, prl_tasks_mode m,
+                           const tasks__draft *d)
+{
+    json_t *msgs = json_object_get(line, "messages");
+    prl_status rc = prl_tasks_mode_apply(msgs, m);
+    if (rc) return rc;
+    if (json_object_set_new(line, "mode", json_string(prl_tasks_mode_name(m))) != 0)
+        return prl_error_set(PRL_ERR_NOMEM, "tasks: mode");
+    if (m != PRL_MODE_THINK || !c->demos) return PRL_OK;
+    json_t *first = NULL;
+    size_t i;
+    json_t *msg;
+    json_array_foreach(msgs, i, msg)
+    {
+        const char *role = json_string_value(json_object_get(msg, "role"));
+        if (role && !strcmp(role, "assistant")) {
+            first = msg;
+            break;
+        }
+    }
+    if (!first) return PRL_OK;
+    tasks__buf b = {0};
+    tasks__buf_printf(&b, PRL_THINK_OPEN);
+    if (d->think) tasks__buf_printf(&b, "%s", d->think);
+    else default_think(c, d->fields, &b);
+    tasks__buf_printf(&b, PRL_THINK_CLOSE "%s",
+                      json_string_value(json_object_get(first, "content")));
+    int bad = b.oom || json_object_set_new(first, "content", json_string(b.s)) != 0;
+    tasks__buf_free(&b);
+    return bad ? prl_error_set(PRL_ERR_NOMEM, "tasks: think block") : PRL_OK;
+}
+
+/* ---------------------------------------------------------------- the candidates --- */
+
 /* Make candidate k; *line is NULL when it belongs to the other split. */
 static prl_status candidate(const prl_tasks_config *c, uint64_t k, json_t **line)
 {
@@ -255,28 +337,33 @@ static prl_status candidate(const prl_tasks_config *c, uint64_t k, json_t **line
     tasks__gen g = {.difficulty = difficulty,
                     .demos = c->demos,
                     .error_rate = c->error_rate,
-                    .tool_rate = c->tool_rate >= 0 ? c->tool_rate : default_tool_rate(difficulty)};
+                    .tool_rate = c->tool_rate >= 0 ? c->tool_rate : default_tool_rate(difficulty),
+                    .moded = c->think_rate >= 0};
     uint64_t coord = 16u * c->domain + (uint64_t)difficulty;
     prl_rng_init(&g.problem, c->seed, k, coord, 0, PRL_RNG_TASK);
     prl_rng_init(&g.demo, c->seed, k, coord, 1, PRL_RNG_TASK);
     tasks__draft d = {0};
     prl_status rc = domain_make[c->domain](&g, &d);
     json_t *obj = rc ? NULL : assemble(c, k, difficulty, &d);
-    draft_free(&d);
-    if (rc)
+    if (rc) {
+        draft_free(&d);
         return prl_error_wrap(rc, "%s problem %llu: ", domain_names[c->domain],
                               (unsigned long long)k);
-    if (!obj)
+    }
+    if (!obj) {
+        draft_free(&d);
         return prl_error_set(PRL_ERR_NOMEM, "tasks: building line %llu", (unsigned long long)k);
+    }
     char *canon = NULL;
-    rc = prl_tasks_canonical_text(obj, &canon);
+    rc = prl_tasks_canonical_text(obj, &canon); /* the split before the mode's switch */
     if (rc == PRL_OK && prl_tasks_split_of(canon, strlen(canon)) == c->split) {
         json_object_set_new(obj, "split", json_string(prl_tasks_split_name(c->split)));
-        *line = obj;
-        obj = NULL;
+        if (g.moded) rc = put_mode(c, obj, mode_of(c, k, coord), &d);
+        if (rc == PRL_OK) *line = obj, obj = NULL;
     }
     free(canon);
     json_decref(obj);
+    draft_free(&d);
     return rc;
 }
 

@@ -187,9 +187,16 @@ static prl_status worked_demo(tasks__gen *g, const rtemplate *t, const int64_t *
     for (int i = 0; i < n; i++)
         tasks__buf_printf(&b, "%lld %c %lld = %lld\n", (long long)steps[i].x, steps[i].op,
                           (long long)steps[i].y, (long long)steps[i].z);
+    size_t worked = b.len; /* in modes the steps are the reasoning, apart from the answer */
     tasks__buf_printf(&b, "Answer: %lld", (long long)steps[n - 1].z);
-    prl_status rc = b.oom ? prl_error_set(PRL_ERR_NOMEM, "reasoning demo")
-                          : tasks__append(d->turns, "assistant", b.s);
+    prl_status rc = b.oom ? prl_error_set(PRL_ERR_NOMEM, "reasoning demo") : PRL_OK;
+    if (rc == PRL_OK && g->moded) {
+        d->think = strndup(b.s, worked - 1); /* without the last step's newline */
+        rc = d->think ? tasks__append(d->turns, "assistant", b.s + worked)
+                      : prl_error_set(PRL_ERR_NOMEM, "reasoning demo");
+    } else if (rc == PRL_OK) {
+        rc = tasks__append(d->turns, "assistant", b.s);
+    }
     tasks__buf_free(&b);
     d->demo_error = slip ? "arithmetic_slip" : "none";
     return rc;
@@ -224,6 +231,14 @@ static prl_status tool_demo(tasks__gen *g, const rtemplate *t, const int64_t *va
     tasks__buf_printf(&fin, "Answer: %lld", (long long)steps[n - 1].z);
     prl_status rc =
         call.oom || obs.oom || fin.oom ? prl_error_set(PRL_ERR_NOMEM, "reasoning demo") : PRL_OK;
+    if (rc == PRL_OK && g->moded) { /* the reasoning of a tool answer: what to compute */
+        tasks__buf why = {0};
+        tasks__buf_printf(&why, "Compute ");
+        fill_expr(&why, t->infix, vars);
+        tasks__buf_printf(&why, " with python.");
+        d->think = why.s; /* owned by the draft now */
+        if (why.oom) rc = prl_error_set(PRL_ERR_NOMEM, "reasoning demo");
+    }
     if (rc == PRL_OK) rc = tasks__append(d->turns, "assistant", call.s);
     if (rc == PRL_OK) rc = tasks__append(d->turns, "tool", obs.s);
     if (rc == PRL_OK) rc = tasks__append(d->turns, "assistant", fin.s);

@@ -53,6 +53,40 @@ const char *prl_tasks_split_name(prl_task_split s);
 /* The split of a problem: a pure function of its canonical text (docs/tasks.md). */
 prl_task_split prl_tasks_split_of(const char *canonical, size_t len);
 
+/* ---------------------------------------------------------------- modes ------------ */
+
+/* Thinking and non-thinking answers (docs/tasks.md "Modes"). A conversation asks for a mode
+** with a switch ending a system or user message, " /think" or " /no_think" (the last switch
+** wins), as the common chat templates do. A think answer opens with the tokenizer's
+** <|think|> special, reasons, closes with <|/think|> and then answers; a no-think answer has
+** no think token. The verifiers see only the text after a leading think block. */
+typedef enum prl_tasks_mode {
+    PRL_MODE_DEFAULT = 0, /* no switch: the conversation as it is (today's prompts) */
+    PRL_MODE_THINK = 1,
+    PRL_MODE_NO_THINK = 2
+} prl_tasks_mode;
+
+#define PRL_MODE_THINK_SWITCH " /think"
+#define PRL_MODE_NO_THINK_SWITCH " /no_think"
+#define PRL_THINK_OPEN "<|think|>"
+#define PRL_THINK_CLOSE "<|/think|>"
+
+/* "default", "think", "no_think" (NULL out of range); the parse takes the same names and
+** errors (PRL_ERR_ARG) list them. */
+const char *prl_tasks_mode_name(prl_tasks_mode m);
+prl_status prl_tasks_mode_parse(const char *name, prl_tasks_mode *out);
+/* The mode a "messages" array asks for: the last system or user message ending in a switch. */
+prl_tasks_mode prl_tasks_mode_of_messages(const json_t *messages);
+/* Append mode m's switch to the last user message of `messages` (in place; DEFAULT changes
+** nothing). PRL_ERR_FORMAT when there is no user message with string content. */
+prl_status prl_tasks_mode_apply(json_t *messages, prl_tasks_mode m);
+/* The form of one answer turn: THINK (a leading, closed think block), NO_THINK (no think
+** token anywhere), else DEFAULT (neither: an unclosed or misplaced block). */
+prl_tasks_mode prl_tasks_mode_of_answer(const char *turn);
+/* Where the answer of a turn starts: past a leading think block (the end of the text when
+** the block is never closed), else 0. */
+size_t prl_tasks_answer_offset(const char *turn);
+
 typedef struct prl_tasks_config {
     prl_task_domain domain;
     prl_task_split split;
@@ -63,9 +97,13 @@ typedef struct prl_tasks_config {
     double error_rate; /* demos: probability in [0, 1] that a demonstration has a mistake */
     double tool_rate;  /* reasoning demos: probability of using the python tool; < 0 means
                            the default for the difficulty (0.1, 0.25, 0.5) */
+    double think_rate; /* demos: < 0 (default) no modes, the lines of old; in [0, 1] each
+                       ** demonstration is a think one with this probability, else a no-think
+                       ** one, its user message ending in the switch (docs/tasks.md "Modes") */
 } prl_tasks_config;
 
-/* A config with defaults: difficulty 1, n 100, seed 1, no demos, error 0, tool_rate -1. */
+/* A config with defaults: difficulty 1, n 100, seed 1, no demos, error 0, tool_rate -1,
+** think_rate -1. */
 void prl_tasks_config_default(prl_tasks_config *c, prl_task_domain domain);
 
 /* Called once per produced problem, in order, with the JSONL object (borrowed). */

@@ -15,6 +15,7 @@ typedef struct tasks__gen {
     int demos;         /* make demonstration turns */
     double error_rate; /* probability of a deliberate mistake in the demonstration */
     double tool_rate;  /* reasoning: probability of a python tool demonstration */
+    int moded;         /* demos in modes (think_rate >= 0): answers apart from their reasoning */
 } tasks__gen;
 
 /* What a domain generator returns. Every pointer is owned by the draft (tasks__draft_free). */
@@ -23,6 +24,8 @@ typedef struct tasks__draft {
     json_t *fields;         /* object: the domain's key fields ("answer", "tests", ...) */
     json_t *turns;          /* demos: array of assistant/tool messages, else NULL */
     const char *demo_error; /* demos: "none" or the kind of deliberate mistake (static) */
+    char *think;            /* moded demos: the reasoning of the first assistant turn, or NULL
+                            ** (generate.c gives the domain's default); malloc'd */
 } tasks__draft;
 
 typedef prl_status (*tasks__make_fn)(tasks__gen *g, tasks__draft *d);

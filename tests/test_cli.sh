@@ -171,6 +171,28 @@ assert len(ids) == 2 and sorted((e["id"], e["sample"]) for e in eps) == sorted((
 assert abs(sum(e["score"] for e in eps) / 6 - out["domains"][0]["mean_score"]) < 1e-4, out
 PY
 expect_fail "eval: bad --samples" "--samples 0 not in 1..1000" $prl eval --ckpt "$g" --samples 0
+# modes (docs/tasks.md "Modes"): per-mode rows with the share in the requested form, the
+# prompts of the dump ending in the switch; a bad mode is refused naming the choices
+expect_ok "eval --mode both" $prl eval --ckpt "$g" --domain general --n 2 --max-new-tokens 8 --mode both \
+  --json --dump "$work/eval_modes.jsonl"
+python3 - "$work/eval_modes.jsonl" "$work/last.out" <<'PY' && ok "eval --mode both: a row per mode, switches in the prompts" || bad "eval --mode both"
+import json, sys
+eps = [json.loads(l) for l in open(sys.argv[1])]
+out = json.loads([l for l in open(sys.argv[2]) if l.startswith("{")][-1])
+assert [(d["domain"], d["mode"]) for d in out["domains"]] == [("general", "think"), ("general", "no_think")], out
+assert all(0 <= d["in_mode"] <= 1 for d in out["domains"]), out
+assert sorted(e["mode"] for e in eps) == ["no_think", "no_think", "think", "think"], eps
+for e in eps:
+    user = [m["content"] for m in e["messages"] if m["role"] == "user"][-1]
+    assert user.endswith(" /think" if e["mode"] == "think" else " /no_think"), user
+PY
+expect_fail "eval: bad --mode" "unknown mode 'deep' (expected default, think or no_think)" \
+  $prl eval --ckpt "$g" --mode deep
+expect_fail "generate: --mode with --raw" "a mode needs chat prompts" \
+  $prl generate --ckpt "$g" --prompt hi --raw --mode think --max-new-tokens 2
+expect_ok "generate --mode think" $prl generate --ckpt "$g" --prompt hi --mode think --max-new-tokens 2
+expect_fail "tasks demos: bad --think-rate" "--think-rate must be in \[0, 1\]" \
+  $prl tasks demos --domain general --n 2 --think-rate 2
 # the shipped GRPO recipes load and validate (model.init pointed at this test's checkpoint)
 for r in general reasoning coding agent quickstart; do
   expect_ok "recipe configs/$r.json passes prl run --check" \
