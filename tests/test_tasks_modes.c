@@ -186,8 +186,8 @@ START_TEST(test_verifier_sees_answer)
         json_t *all = lines(&c);
         size_t i;
         json_t *line;
-        json_array_foreach(all, i, line) ck_assert_msg(score(line) == 1, "%s",
-                                                       json_string_value(json_object_get(line, "id")));
+        json_array_foreach(all, i, line)
+            ck_assert_msg(score(line) == 1, "%s", json_string_value(json_object_get(line, "id")));
         json_decref(all);
     }
     json_t *t = json_loads("{\"domain\":\"reasoning\",\"answer\":4,\"messages\":[{\"role\":"
