@@ -785,7 +785,6 @@ static void send_good_score(cstate *S, uint64_t id)
     add_text(&m, "detail", "{\"score\": 1, \"flags\": 0}");
     ck_assert_int_eq(prl_bus_send(S->k[REWARD].s, NULL, &m), PRL_OK);
     prl_bus_msg_free(&m);
-    S->have_score = 0;
 }
 
 /* Send `trained` for the train lease with `path` and `sum`; the controller's answer must be
@@ -830,7 +829,10 @@ static int trained_checks(cstate *S)
     prl_bus_msg train;
     int got = 0;
     for (double t0 = prl_now(); !got && prl_now() - t0 < 20;) {
-        if (S->have_score) send_good_score(S, 900300 + (uint64_t)(prl_now() * 10) % 1000);
+        if (S->have_score) {
+            send_good_score(S, 900300 + (uint64_t)(prl_now() * 10) % 1000);
+            S->have_score = 0;
+        }
         ctl_recv(S, &S->k[REWARD], 50, &train) ? ck_abort_msg("a '%s' to reward-0", train.type)
                                                : (void)0;
         got = ctl_recv(S, &S->k[TRAINER], 50, &train);
@@ -952,15 +954,7 @@ START_TEST(test_controller_fuzz)
         prl_bus_msg_free(&m);
         t.refused++;
     }
-    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("scored"), RUN, 900100), PRL_OK);
-    set_u(&m, "lease", S->score_lease);
-    set_u(&m, "step", S->step);
-    set_u(&m, "prompt", S->prompt);
-    set_u(&m, "sample", S->score_sample);
-    set_u(&m, "score_us", 10);
-    add_text(&m, "detail", "{\"score\": 1, \"flags\": 0}");
-    ck_assert_int_eq(prl_bus_send(S->k[REWARD].s, NULL, &m), PRL_OK);
-    prl_bus_msg_free(&m);
+    send_good_score(S, 900100);
     await_score(S, "a valid scored");
     for (int i = 0; i < N_SOCKS; i++)
         if (ctl_recv(S, &S->k[i], 0, &m)) ck_abort_msg("unexpected '%s' to %s", m.type, S->k[i].id);
