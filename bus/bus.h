@@ -21,6 +21,9 @@
 **     worker identities) and PUB/SUB (announcements). Receiving validates every message,
 **     logs and drops bad ones and returns only valid ones; bad input never aborts. Endpoints
 **     are limited to ipc://, inproc:// and loopback tcp:// unless allow_remote is set.
+**   - who may join (auth.c): a socket that binds with the run's secret accepts only peers
+**     that present it (ZeroMQ PLAIN, checked by a ZAP handler before any message is
+**     delivered); each message then names its sender's user ("worker" or "launcher").
 **
 ** Error model and ownership: functions return a prl_status (engine/engine.h) and set
 ** prl_error_message(). A prl_bus_msg owns its header fields and frame payloads from
@@ -231,6 +234,12 @@ typedef struct prl_bus_socket_options {
     void *log_ctx;
     int send_timeout_ms;              /* blocking send limit (default 5000; -1 forever) */
     const prl_bus_registry *registry; /* the types received (required, but for PUB) */
+    /* Authentication (auth.c), PRL_BUS_SECRET_HEX hex digits each; NULL: none. Connect:
+    ** present `secret` as `user` ("worker" if NULL). Bind: refuse every peer that does not
+    ** present `secret` as "worker" or `launcher_secret` (when set) as "launcher". */
+    const char *secret;
+    const char *user;
+    const char *launcher_secret;
 } prl_bus_socket_options;
 
 void prl_bus_socket_options_default(prl_bus_socket_options *o);
@@ -240,6 +249,7 @@ void prl_bus_socket_options_default(prl_bus_socket_options *o);
 typedef struct prl_bus_peer {
     size_t len;
     unsigned char id[255];
+    char user[16]; /* received: the sender's authenticated user ("" on a socket without auth) */
 } prl_bus_peer;
 
 typedef struct prl_bus_socket prl_bus_socket;
@@ -271,6 +281,28 @@ prl_status prl_bus_send(prl_bus_socket *s, const prl_bus_peer *to, const prl_bus
 ** sender on a ROUTER; or *got is 0 on timeout. Errors are socket failures only. */
 prl_status prl_bus_recv(prl_bus_socket *s, int timeout_ms, prl_bus_msg *out, prl_bus_peer *from,
                         int *got);
+
+/* ---------------------------------------------------------------- who may join ---- */
+
+/* A run's secret: PRL_BUS_SECRET_HEX lowercase hex digits (256 random bits), kept in
+** RUN_DIR/bus.key, mode 0600. */
+enum { PRL_BUS_SECRET_HEX = 64 };
+typedef struct prl_bus_secret {
+    char hex[PRL_BUS_SECRET_HEX + 1];
+} prl_bus_secret;
+/* Create key file `path` with a fresh secret (getrandom), mode 0600; PRL_ERR_IO if it
+** exists or cannot be written (then nothing is left behind). */
+prl_status prl_bus_key_create(const char *path);
+/* Read key file `path`: a regular file (not a link) that only its owner can read, holding
+** the secret and an optional newline; the error names what is wrong. */
+prl_status prl_bus_key_load(const char *path, prl_bus_secret *out);
+/* Load `path`, creating it first when it does not exist (a run's first start). */
+prl_status prl_bus_key_ensure(const char *path, prl_bus_secret *out);
+/* The key file of the run whose socket is ipc://DIR/NAME: DIR/bus.key; PRL_ERR_ARG (asking
+** for --key) when the endpoint names no directory. */
+prl_status prl_bus_key_path_for(const char *endpoint, char *out, size_t n);
+/* 1 when s is a well-formed secret. */
+int prl_bus_secret_ok(const char *s);
 
 /* Terminate the process-wide context; call only after every socket is freed. */
 void prl_bus_shutdown(void);

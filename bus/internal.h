@@ -31,4 +31,17 @@ int prl_bus_fields_ok(const prl_bus_type_spec *t, const json_t *obj, char *reaso
 /* Check the frames a type requires are present with the right dtype. */
 int prl_bus_frames_ok(const prl_bus_type_spec *t, const prl_bus_msg *m, char *reason, size_t n);
 
+/* The process-wide ZeroMQ context (socket.c; created on first use, NULL if that fails). */
+void *prl_bus_context(void);
+/* Write "LABEL: TEXT" to a log sink (stderr as "prl LABEL: TEXT" when log is NULL). */
+void prl_bus_auth_log(prl_bus_log_fn log, void *ctx, const char *label, const char *text);
+
+/* The authentication handler (auth.c). Register what a binding socket with o->secret
+** accepts (starting the handler thread on first use) and get the ZAP domain to set on it;
+** unregister when the socket closes; join the thread once the context has terminated. */
+prl_status prl_bus_auth_register(void *ctx, void *zs, const prl_bus_socket_options *o,
+                                 const char *label, char *domain, size_t n);
+void prl_bus_auth_unregister(const char *domain);
+void prl_bus_auth_join(void);
+
 #endif /* PRL_BUS_INTERNAL_H */

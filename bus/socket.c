@@ -5,7 +5,9 @@
 ** never stops or crashes the receiver. Part counts and sizes are bounded while receiving, so
 ** a hostile peer cannot make us hold more than the limits of bus.h.
 */
-#include "bus/bus.h"
+#include "bus/internal.h"
+
+#include <sys/stat.h>
 
 #include <errno.h>
 #include <pthread.h>
@@ -24,7 +26,8 @@ struct prl_bus_socket {
     void *log_ctx;
     const prl_bus_registry *registry;
     uint64_t dropped;
-    int bound_ipc; /* bound to an ipc:// path: the socket file is removed when it closes */
+    int bound_ipc;        /* bound to an ipc:// path: the socket file is removed when it closes */
+    char auth_domain[16]; /* registered with the authentication handler ("" if not) */
     prl_bus_log_limit drop_log; /* "dropped message" lines */
 };
 
@@ -33,7 +36,7 @@ struct prl_bus_socket {
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *ctx;
 
-static void *context_get(void)
+void *prl_bus_context(void)
 {
     pthread_mutex_lock(&ctx_lock);
     if (!ctx) ctx = zmq_ctx_new();
@@ -48,6 +51,7 @@ void prl_bus_shutdown(void)
     if (ctx) zmq_ctx_term(ctx);
     ctx = NULL;
     pthread_mutex_unlock(&ctx_lock);
+    prl_bus_auth_join();
 }
 
 /* ---------------------------------------------------------------- endpoints -------- */
@@ -114,6 +118,31 @@ static prl_status zfail(prl_bus_socket *s, const char *what)
                          zmq_strerror(zmq_errno()));
 }
 
+/* PLAIN credentials (connect) or the PLAIN server and its ZAP domain (bind). */
+static prl_status configure_auth(prl_bus_socket *s, const prl_bus_socket_options *o)
+{
+    if (!o->secret) return PRL_OK;
+    if (!prl_bus_secret_ok(o->secret) ||
+        (o->launcher_secret && !prl_bus_secret_ok(o->launcher_secret)))
+        return prl_error_set(PRL_ERR_ARG, "bus: a secret must be %d lowercase hex digits",
+                             PRL_BUS_SECRET_HEX);
+    if (!o->bind) {
+        const char *user = o->user ? o->user : "worker";
+        if (zmq_setsockopt(s->zs, ZMQ_PLAIN_USERNAME, user, strlen(user)) != 0 ||
+            zmq_setsockopt(s->zs, ZMQ_PLAIN_PASSWORD, o->secret, PRL_BUS_SECRET_HEX) != 0)
+            return zfail(s, "setting the credentials of");
+        return PRL_OK;
+    }
+    int one = 1;
+    prl_status st = prl_bus_auth_register(prl_bus_context(), s->zs, o, s->name, s->auth_domain,
+                                          sizeof s->auth_domain);
+    if (st) return st;
+    if (zmq_setsockopt(s->zs, ZMQ_PLAIN_SERVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(s->zs, ZMQ_ZAP_DOMAIN, s->auth_domain, strlen(s->auth_domain)) != 0)
+        return zfail(s, "requiring authentication on");
+    return PRL_OK;
+}
+
 static prl_status configure(prl_bus_socket *s, const prl_bus_socket_options *o)
 {
     int linger = 0, one = 1;
@@ -127,6 +156,8 @@ static prl_status configure(prl_bus_socket *s, const prl_bus_socket_options *o)
         return zfail(s, "setting ROUTER_MANDATORY on");
     if (s->kind == PRL_BUS_SUB && zmq_setsockopt(s->zs, ZMQ_SUBSCRIBE, "", 0) != 0)
         return zfail(s, "subscribing on");
+    prl_status st = configure_auth(s, o);
+    if (st) return st;
     if (o->identity) {
         size_t n = strlen(o->identity);
         if (n == 0 || n > 255)
@@ -142,6 +173,8 @@ static prl_status attach(prl_bus_socket *s, int bind)
     if (!bind) return zmq_connect(s->zs, s->endpoint) == 0 ? PRL_OK : zfail(s, "connect to");
     if (zmq_bind(s->zs, s->endpoint) != 0) return zfail(s, "bind");
     s->bound_ipc = !strncmp(s->endpoint, "ipc://", 6);
+    /* only the run's owner may connect at all (the run directory is 0700 too) */
+    if (s->bound_ipc && chmod(s->endpoint + 6, 0600) != 0) return zfail(s, "chmod 0600 of");
     size_t n = sizeof s->endpoint;
     if (zmq_getsockopt(s->zs, ZMQ_LAST_ENDPOINT, s->endpoint, &n) != 0)
         return zfail(s, "reading the bound endpoint of");
@@ -164,7 +197,7 @@ prl_status prl_bus_socket_open(prl_bus_socket **out, prl_bus_kind kind, const ch
                                           "its message types");
     prl_status st = prl_bus_endpoint_check(endpoint, opt->allow_remote);
     if (st != PRL_OK) return st;
-    void *c = context_get();
+    void *c = prl_bus_context();
     if (!c) return prl_error_set(PRL_ERR_IO, "bus: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
     prl_bus_socket *s = calloc(1, sizeof *s);
     if (!s) return prl_error_set(PRL_ERR_NOMEM, "bus: out of memory for a socket");
@@ -192,6 +225,7 @@ void prl_bus_socket_free(prl_bus_socket *s)
     if (!s) return;
     log_drops_held(s);
     if (s->zs) zmq_close(s->zs);
+    if (s->auth_domain[0]) prl_bus_auth_unregister(s->auth_domain);
     /* libzmq removes the file only once its I/O thread closes the listener, which a process
     ** that exits soon after never sees: the file this socket made goes now */
     if (s->bound_ipc) unlink(s->endpoint + 6);
@@ -267,12 +301,17 @@ static int raw_recv(prl_bus_socket *s, raw_msg *r)
     }
 }
 
-static void log_line(prl_bus_socket *s, const char *text)
+void prl_bus_auth_log(prl_bus_log_fn log, void *ctx, const char *label, const char *text)
 {
     char line[1200];
-    snprintf(line, sizeof line, "%s: %s", s->name, text);
-    if (s->log) s->log(s->log_ctx, line);
+    snprintf(line, sizeof line, "%s: %s", label, text);
+    if (log) log(ctx, line);
     else fprintf(stderr, "prl %s\n", line);
+}
+
+static void log_line(prl_bus_socket *s, const char *text)
+{
+    prl_bus_auth_log(s->log, s->log_ctx, s->name, text);
 }
 
 static const char DROPPED[] = "dropped message";
@@ -325,6 +364,8 @@ static int accept_raw(prl_bus_socket *s, raw_msg *r, prl_bus_msg *out, prl_bus_p
             parts[i] = (prl_bus_part){zmq_msg_data(&r->parts[first + i]),
                                       zmq_msg_size(&r->parts[first + i])};
         if (prl_bus_decode(s->registry, parts, n, out, reason, sizeof reason) == PRL_OK) {
+            const char *user = n > 0 ? zmq_msg_gets(&r->parts[first], "User-Id") : NULL;
+            if (user) snprintf(peer.user, sizeof peer.user, "%s", user);
             if (from) *from = peer;
             return 1;
         }

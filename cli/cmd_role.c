@@ -73,6 +73,7 @@ static int role_sandbox(int argc, char **argv)
     prl_sandbox_service_options opt;
     prl_sandbox_service_options_default(&opt);
     int uid_base = 0;
+    const char *key = NULL;
     cli_opt opts[] = {
         {"bind", OPT_STR, &opt.endpoint, "ENDPOINT",
          "ROUTER endpoint to bind, e.g. ipc://runs/NAME/sandbox.sock", 1, 0},
@@ -80,18 +81,27 @@ static int role_sandbox(int argc, char **argv)
          "programs run at once, one per slot (default 1, at most 256)", 0, 0},
         {"uid-base", OPT_INT, &uid_base, "UID", "first slot uid (default: derived from the pid)", 0,
          0},
+        {"key", OPT_STR, &key, "FILE",
+         "the run's bus key: only workers presenting it are served (default: bus.key beside an "
+         "ipc:// socket)",
+         0, 0},
         {0},
     };
     int rc = cli_parse(
         argc, argv, 3, opts, "prl role sandbox --bind ENDPOINT [--slots N] [--uid-base UID]",
         "Serves `exec` requests over the bus: runs each program in the sandbox and answers "
-        "`exec_result` (docs/pipeline.md). Stops on SIGTERM, SIGINT or a `stop` message.",
+        "`exec_result` (docs/pipeline.md). Only workers presenting the run's bus key are served. "
+        "Stops on SIGTERM or SIGINT.",
         NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (opt.slots < 1 || opt.slots > 256)
         return cli_failf("role sandbox", 2, "--slots must be in 1..256, got %d", opt.slots);
     if (uid_base < 0) return cli_failf("role sandbox", 2, "--uid-base must be positive");
     opt.uid_base = (unsigned)uid_base;
+    prl_bus_secret secret;
+    if (prl_bus_endpoint_check(opt.endpoint, 0) || prl_role_load_secret(key, opt.endpoint, &secret))
+        return cli_fail("role sandbox");
+    opt.secret = secret.hex;
     prl_sandbox_service_stats stats = {0};
     prl_status st = prl_sandbox_service_run(&opt, &stats);
     if (st != PRL_OK) cli_fail("role sandbox");
@@ -144,10 +154,12 @@ static int role_worker(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "role %s", wr->name);
     prl_worker_options o = {.name = def_name};
     int threads = 0;
-    cli_opt opts[6] = {
+    cli_opt opts[7] = {
         {"connect", OPT_STR, &o.connect, "ENDPOINT", "the controller's endpoint", 1, 0},
-        {"name", OPT_STR, &o.name, "NAME", name_help, 0, 0}};
-    int k = 2;
+        {"name", OPT_STR, &o.name, "NAME", name_help, 0, 0},
+        {"key", OPT_STR, &o.key, "FILE",
+         "the run's bus key (default: bus.key beside an ipc:// endpoint)", 0, 0}};
+    int k = 3;
     if (wr->sandbox)
         opts[k++] = (cli_opt){"sandbox",
                               OPT_STR,
@@ -184,6 +196,8 @@ static int role_gateway(int argc, char **argv)
         {"connect", OPT_STR, &o.connect, "ENDPOINT", "the controller's endpoint: play its run", 0,
          0},
         {"name", OPT_STR, &o.name, "NAME", "worker name (default gateway-0)", 0, 0},
+        {"key", OPT_STR, &o.key, "FILE",
+         "with --connect: the run's bus key (default: bus.key beside an ipc:// endpoint)", 0, 0},
         {"slots", OPT_INT, &o.slots, "N", "groups held at once (default 64)", 0, 0},
         {"model", OPT_STR, &o.model, "DIR", "without --connect: serve this checkpoint alone", 0, 0},
         {"addr-file", OPT_STR, &o.addr_file, "FILE",

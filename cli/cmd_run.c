@@ -218,6 +218,9 @@ int cmd_run(int argc, char **argv)
     if (!rc && !resume && !stat(job_path, &sb))
         rc = prl_error_set(PRL_ERR_ARG, "%s already exists: continue it with `prl run --resume %s`",
                            run_dir, run_dir);
+    /* the run's folder, its sockets and its key are its owner's alone (docs/protocol.md) */
+    if (!rc && chmod(run_dir, 0700) != 0)
+        rc = prl_error_set(PRL_ERR_IO, "cannot chmod 0700 %s: %s", run_dir, strerror(errno));
     if (!rc) {
         int bad = 0;
         snprintf(sub, sizeof sub, "%s/logs", run_dir), bad |= mkdir_p(sub);
@@ -225,6 +228,9 @@ int cmd_run(int argc, char **argv)
         if (bad) rc = prl_error_set(PRL_ERR_IO, "cannot create %s: %s", sub, strerror(errno));
     }
     if (!rc) rc = write_job(run_dir, &job);
+    prl_bus_secret secret; /* before any role starts: each one presents it on joining */
+    snprintf(sub, sizeof sub, "%s/bus.key", run_dir);
+    if (!rc) rc = prl_bus_key_ensure(sub, &secret);
     if (rc) {
         prl_job_config_free(&job);
         return cli_fail("run");

@@ -161,7 +161,7 @@ static prl_status exec_cached(void *ctx, const prl_reward_exec_request *q,
 }
 
 prl_status prl_role_exec_open(prl_role_exec *x, const char *sandbox, const char *worker,
-                              double wall_s)
+                              const char *secret, double wall_s)
 {
     memset(x, 0, sizeof *x);
     x->cache = calloc(PRL_EXEC_CACHE, sizeof *x->cache);
@@ -176,7 +176,7 @@ prl_status prl_role_exec_open(prl_role_exec *x, const char *sandbox, const char 
     }
     char name[96];
     snprintf(name, sizeof name, "%s.sandbox", worker);
-    prl_status rc = prl_sandbox_client_open(&x->svc, sandbox, name);
+    prl_status rc = prl_sandbox_client_open(&x->svc, sandbox, name, secret);
     if (rc) return rc;
     x->inner.fn = prl_exec_service_run, x->inner.ctx = x->svc;
     return PRL_OK;

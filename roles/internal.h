@@ -28,7 +28,8 @@ typedef struct prl_worker {
     prl_job_config job; /* from the welcome */
     double heartbeat_s;
     prl_bus_socket *ctl;
-    uint64_t next_id; /* ids of the messages this worker sends */
+    prl_bus_secret secret; /* the run's bus key, presented on every socket it opens */
+    uint64_t next_id;      /* ids of the messages this worker sends */
     /* log lines a peer's messages could flood, rate-limited: "controller: REASON" (its error
     ** replies) and "ignored a 'TYPE' message" */
     prl_bus_log_limit ctl_error_log, ignored_log;

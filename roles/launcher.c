@@ -188,12 +188,17 @@ static int supervise(launcher *L)
             fprintf(stderr, "prl run: the run failed: %s\n", last);
             return 1;
         }
-        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) { /* told to stop: its work is done */
+        /* a worker the controller told to stop is done; the sandbox service has no end of
+        ** its own: while the run goes on it is needed, however it stopped */
+        int service = !strcmp(c->name, "sandbox");
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !service) {
             fprintf(stderr, "prl run: %s finished\n", c->name);
             continue;
         }
         char why[64], last[512];
         describe_exit(status, why, sizeof why);
+        if (service && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+            snprintf(why, sizeof why, "stopped while the run goes on");
         last_log_line(L, c->name, last, sizeof last);
         fprintf(stderr, "prl run: %s died (%s)%s%s: starting it again\n", c->name, why,
                 last[0] ? "; its log ends with: " : "", last);

@@ -19,6 +19,7 @@
 #ifndef PRL_ROLES_H
 #define PRL_ROLES_H
 
+#include "bus/bus.h"
 #include "job/job.h"
 #include "reward/reward.h"
 #include "sandbox/sandbox.h"
@@ -39,7 +40,12 @@ typedef struct prl_worker_options {
     const char *sandbox; /* rollout, reward: the sandbox service (NULL: a local sandbox) */
     int allow_remote;    /* allow a non-loopback tcp:// endpoint */
     int slots;           /* work items taken at once (the gateway: groups; 0: 1) */
+    const char *key; /* the run's bus key file (NULL: DIR/bus.key of an ipc://DIR/... endpoint) */
 } prl_worker_options;
+
+/* The bus secret of a role: `key` or, when NULL, the bus.key beside the ipc:// socket
+** `endpoint` (docs/protocol.md "Who may join"). */
+prl_status prl_role_load_secret(const char *key, const char *endpoint, prl_bus_secret *out);
 
 /* Join the run at o->connect and serve until stopped. PRL_OK after a `stop` or a signal;
 ** an error when the role could not join or its socket failed. Work items it cannot do are
@@ -101,8 +107,9 @@ typedef struct prl_role_exec {
     prl_exec_cache_entry *cache; /* [PRL_EXEC_CACHE] */
     uint64_t hits;
 } prl_role_exec;
+/* `secret`: the run's bus key, presented to the sandbox service (NULL: it asks for none). */
 prl_status prl_role_exec_open(prl_role_exec *x, const char *sandbox, const char *worker,
-                              double wall_s);
+                              const char *secret, double wall_s);
 void prl_role_exec_close(prl_role_exec *x);
 
 /* ---------------------------------------------------------------- service ---------- */
@@ -116,6 +123,11 @@ typedef struct prl_sandbox_service_options {
     unsigned uid_base;    /* slot uids start here; 0: derived from the pid, so services
                              and `prl sandbox exec` processes on one host never share uids */
     const char *name;     /* log prefix (default "sandbox") */
+    /* who may use it (docs/protocol.md "Who may join"): with `secret`, only peers presenting
+    ** it; a `stop` message only from a peer presenting `launcher_secret` (NULL: from nobody,
+    ** the service stops on a signal). Without `secret`, anyone on the endpoint. */
+    const char *secret;
+    const char *launcher_secret;
 } prl_sandbox_service_options;
 
 void prl_sandbox_service_options_default(prl_sandbox_service_options *opt);
@@ -145,7 +157,8 @@ typedef struct prl_sandbox_client prl_sandbox_client; /* opaque; one thread at a
 /* Open a client of the service at `endpoint` (connects lazily; nothing is sent yet).
 ** `name` (e.g. "reward-0") is the log prefix and the messages' run field. *c is NULL on
 ** failure. Free with prl_sandbox_client_free (NULL accepted). */
-prl_status prl_sandbox_client_open(prl_sandbox_client **c, const char *endpoint, const char *name);
+prl_status prl_sandbox_client_open(prl_sandbox_client **c, const char *endpoint, const char *name,
+                                   const char *secret);
 void prl_sandbox_client_free(prl_sandbox_client *c);
 
 /* Timing: one try waits wall_s + margin_s for the answer (default 5 s), then the socket is

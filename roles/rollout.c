@@ -132,7 +132,8 @@ prl_status prl_role_rollout_run(const prl_worker_options *o)
     rollout_worker w = {.version = -1};
     prl_status rc = prl_worker_join(&w.role, "rollout", o);
     if (rc) return rc;
-    if ((rc = prl_role_exec_open(&w.exec, o->sandbox, o->name, w.role.job.reward_timeout))) {
+    if ((rc = prl_role_exec_open(&w.exec, o->sandbox, o->name, w.role.secret.hex,
+                                 w.role.job.reward_timeout))) {
         prl_worker_leave(&w.role);
         return rc;
     }

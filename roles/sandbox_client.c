@@ -20,13 +20,15 @@
 struct prl_sandbox_client {
     char endpoint[512];
     char name[64];
-    prl_bus_socket *sock; /* NULL until the first send and after a failed try */
+    prl_bus_secret secret; /* the run's bus key ("" when the service asks for none) */
+    prl_bus_socket *sock;  /* NULL until the first send and after a failed try */
     uint64_t next_id;
     double margin_s, deadline_s;
     uint64_t resends;
 };
 
-prl_status prl_sandbox_client_open(prl_sandbox_client **out, const char *endpoint, const char *name)
+prl_status prl_sandbox_client_open(prl_sandbox_client **out, const char *endpoint, const char *name,
+                                   const char *secret)
 {
     *out = NULL;
     prl_status rc = prl_bus_endpoint_check(endpoint, 0);
@@ -36,6 +38,7 @@ prl_status prl_sandbox_client_open(prl_sandbox_client **out, const char *endpoin
     if (!c) return prl_error_set(PRL_ERR_NOMEM, "sandbox client");
     snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
     snprintf(c->name, sizeof c->name, "%s", name);
+    if (secret) snprintf(c->secret.hex, sizeof c->secret.hex, "%s", secret);
     c->margin_s = 5.0;
     c->deadline_s = 30.0;
     *out = c;
@@ -65,6 +68,7 @@ static prl_status send_try(prl_sandbox_client *c, const prl_bus_msg *m)
         prl_bus_socket_options o;
         prl_bus_socket_options_default(&o);
         o.name = c->name, o.registry = prl_msg_registry();
+        o.secret = c->secret.hex[0] ? c->secret.hex : NULL;
         prl_status rc = prl_bus_socket_open(&c->sock, PRL_BUS_DEALER, c->endpoint, &o);
         if (rc) return rc;
     }

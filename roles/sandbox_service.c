@@ -46,6 +46,7 @@ typedef struct svc {
     const char *name;
     prl_sandbox *sb;
     prl_bus_socket *sock;
+    int auth; /* the socket asks for the run's key: `stop` only from the launcher */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     svc_job *todo, *todo_tail, *done; /* guarded by mu */
@@ -310,6 +311,16 @@ static int handle(svc *s, const prl_bus_peer *peer, prl_bus_msg *m)
     char why[256];
     prl_msg_stop stop;
     prl_msg_exec x;
+    if (prl_msg_stop_decode(m, &stop) == PRL_OK && s->auth && strcmp(peer->user, "launcher")) {
+        /* a worker's key opens the service to its programs, not to ending it for the run */
+        svc_log(s,
+                "stop message refused: it came from user '%s', only the launcher may stop "
+                "the service",
+                peer->user);
+        reply_error(s, peer, m, "stop refused: only the launcher may stop the sandbox service");
+        prl_bus_msg_free(m);
+        return 0;
+    }
     if (prl_msg_stop_decode(m, &stop) == PRL_OK) {
         svc_log(s, "stop message received (%s)", stop.reason ? stop.reason : "no reason given");
         prl_bus_msg_free(m);
@@ -401,6 +412,8 @@ static prl_status svc_open(svc *s, const prl_sandbox_service_options *opt)
     bo.bind = 1;
     bo.name = s->name;
     bo.registry = prl_msg_registry();
+    bo.secret = opt->secret, bo.launcher_secret = opt->secret ? opt->launcher_secret : NULL;
+    s->auth = opt->secret != NULL;
     rc = prl_bus_socket_open(&s->sock, PRL_BUS_ROUTER, opt->endpoint, &bo);
     if (rc) return rc;
     return start_workers(s, opt->slots);

@@ -123,7 +123,9 @@ static prl_status step_config(trainer *t, prl_grpo_train_config *tc)
 static prl_status send_trained(trainer *t, const prl_msg_train *x, const char *dir, double t0,
                                const prl_grpo_step_stats *st, const prl_opd_stats *ost)
 {
-    uint64_t sum = prl_checksum64(t->model.params, t->model.n_params * sizeof *t->model.params, 0);
+    uint64_t sum = 0; /* of the files as saved: the controller checks the same bytes */
+    prl_status rc = prl_checkpoint_weights_hash(dir, 0, &sum);
+    if (rc) return rc;
     char *metrics = step_metrics(st, ost, t->role.job.opd_enabled);
     if (!metrics) return prl_error_set(PRL_ERR_NOMEM, "metrics");
     prl_msg_trained out = {.lease = x->lease,
@@ -134,7 +136,7 @@ static prl_status send_trained(trainer *t, const prl_msg_train *x, const char *d
                            .train_us = (uint64_t)((prl_now() - t0) * 1e6),
                            .metrics = metrics};
     prl_bus_msg m;
-    prl_status rc = prl_msg_trained_encode(&out, t->role.run, ++t->role.next_id, &m);
+    rc = prl_msg_trained_encode(&out, t->role.run, ++t->role.next_id, &m);
     free(metrics);
     return rc ? rc : prl_worker_send(&t->role, &m);
 }

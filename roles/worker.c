@@ -73,6 +73,7 @@ static void *heartbeat_main(void *arg)
     char id[80];
     snprintf(id, sizeof id, "%s.hb", r->worker);
     o.identity = id, o.name = id, o.send_timeout_ms = 1000, o.registry = prl_msg_registry();
+    o.secret = r->secret.hex;
     prl_bus_socket *s = NULL;
     if (prl_bus_socket_open(&s, PRL_BUS_DEALER, r->endpoint, &o)) {
         prl_worker_log(r, "heartbeat socket: %s", prl_error_message());
@@ -163,6 +164,14 @@ static prl_status take_welcome(prl_worker *r, const prl_bus_msg *m)
     return PRL_OK;
 }
 
+prl_status prl_role_load_secret(const char *key, const char *endpoint, prl_bus_secret *out)
+{
+    char path[1100];
+    prl_status rc = key ? PRL_OK : prl_bus_key_path_for(endpoint, path, sizeof path);
+    if (!rc) rc = prl_bus_key_load(key ? key : path, out);
+    return rc;
+}
+
 prl_status prl_worker_join(prl_worker *r, const char *role, const prl_worker_options *opt)
 {
     memset(r, 0, sizeof *r);
@@ -175,8 +184,9 @@ prl_status prl_worker_join(prl_worker *r, const char *role, const prl_worker_opt
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
     o.identity = r->worker, o.name = r->worker, o.allow_remote = opt->allow_remote;
-    o.registry = prl_msg_registry();
-    prl_status rc = prl_bus_socket_open(&r->ctl, PRL_BUS_DEALER, opt->connect, &o);
+    o.registry = prl_msg_registry(), o.secret = r->secret.hex;
+    prl_status rc = prl_role_load_secret(opt->key, opt->connect, &r->secret);
+    if (!rc) rc = prl_bus_socket_open(&r->ctl, PRL_BUS_DEALER, opt->connect, &o);
     if (!rc) rc = greet(r, 120.0);
     if (!rc && pthread_create(&r->hb, NULL, heartbeat_main, r) == 0) r->hb_running = 1;
     if (rc) prl_worker_leave(r);

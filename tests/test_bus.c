@@ -10,6 +10,8 @@
 #include "tests/check_util.h"
 
 #include <check.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -594,7 +596,7 @@ static void exchange(const char *endpoint)
         "%s", dlogs.lines[0]);
 
     /* misuse is an error, not a crash */
-    prl_bus_peer nobody = {3, "xyz"};
+    prl_bus_peer nobody = {.len = 3, .id = "xyz"};
     ck_assert_int_eq(prl_bus_send(router, &nobody, &m), PRL_ERR_IO);
     ck_assert_int_eq(prl_bus_send(router, NULL, &m), PRL_ERR_ARG);
     ck_assert_int_eq(prl_bus_send(dealer, &from, &m), PRL_ERR_ARG);
@@ -677,6 +679,155 @@ START_TEST(test_endpoint_policy)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- who may join ---- */
+
+/* Lines logged by the authentication thread: guarded, it runs beside the test. */
+typedef struct locked_sink {
+    pthread_mutex_t mu;
+    log_sink s;
+} locked_sink;
+
+static void locked_log(void *ctx, const char *line)
+{
+    locked_sink *l = ctx;
+    pthread_mutex_lock(&l->mu);
+    sink_log(&l->s, line);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static int locked_count(locked_sink *l, const char *needle)
+{
+    pthread_mutex_lock(&l->mu);
+    int k = 0;
+    for (int i = 0; i < l->s.n && i < 16; i++) k += strstr(l->s.lines[i], needle) != NULL;
+    pthread_mutex_unlock(&l->mu);
+    return k;
+}
+
+static const char KEY_A[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+static const char KEY_B[] = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+/* A dealer presenting `secret` as `user` (NULL: no credentials) sends a hello; returns
+** whether the router got it within wait_ms, with the sender's user in *user. */
+static int hello_through(prl_bus_socket *router, const char *secret, const char *user, int wait_ms,
+                         char *got_user)
+{
+    prl_bus_socket_options o;
+    prl_bus_socket_options_default(&o);
+    static int n_dealers; /* a fresh routing id each: the router may not have seen the last go */
+    char id[16];
+    snprintf(id, sizeof id, "w%d", ++n_dealers);
+    o.registry = prl_msg_registry(), o.identity = id, o.secret = secret, o.user = user;
+    o.send_timeout_ms = 0;
+    prl_bus_socket *d;
+    ck_assert_int_eq(prl_bus_socket_open(&d, PRL_BUS_DEALER, prl_bus_socket_endpoint(router), &o),
+                     PRL_OK);
+    prl_bus_msg m;
+    make_hello(&m, 1);
+    prl_bus_send(d, NULL, &m); /* may fail at once (no peer accepted): that is the point */
+    prl_bus_msg_free(&m);
+    prl_bus_peer from;
+    int got = 0;
+    ck_assert_int_eq(prl_bus_recv(router, wait_ms, &m, &from, &got), PRL_OK);
+    if (got) {
+        snprintf(got_user, 16, "%s", from.user);
+        prl_bus_msg_free(&m);
+    }
+    prl_bus_socket_free(d);
+    return got;
+}
+
+static void auth_exchange(const char *endpoint)
+{
+    locked_sink logs = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    prl_bus_socket_options ro;
+    prl_bus_socket_options_default(&ro);
+    ro.registry = prl_msg_registry(), ro.bind = 1, ro.name = "controller";
+    ro.log = locked_log, ro.log_ctx = &logs, ro.secret = KEY_A, ro.launcher_secret = KEY_B;
+    prl_bus_socket *router;
+    ck_assert_msg(prl_bus_socket_open(&router, PRL_BUS_ROUTER, endpoint, &ro) == PRL_OK, "%s",
+                  prl_error_message());
+    char user[16] = "";
+    ck_assert_msg(hello_through(router, KEY_A, NULL, 5000, user), "the run's key was refused");
+    ck_assert_str_eq(user, "worker");
+    ck_assert_msg(hello_through(router, KEY_B, "launcher", 5000, user), "launcher refused");
+    ck_assert_str_eq(user, "launcher");
+    /* each of these is refused before any of its messages is delivered, and logged */
+    ck_assert_msg(!hello_through(router, KEY_B, NULL, 700, user), "a wrong key was let in");
+    ck_assert_msg(!hello_through(router, KEY_A, "launcher", 700, user), "worker key as launcher");
+    ck_assert_msg(!hello_through(router, NULL, NULL, 700, user), "no key was let in");
+    ck_assert_int_eq(prl_bus_socket_dropped(router), 0);
+    ck_assert_msg(locked_count(&logs, "controller: refused a connection") >= 2, "%d lines: %s",
+                  logs.s.n, logs.s.lines[0]);
+    ck_assert_int_ge(locked_count(&logs, "user 'worker' with a wrong key"), 1);
+    ck_assert_int_ge(locked_count(&logs, "user 'launcher' with a wrong key"), 1);
+    for (int i = 0; i < 30 && !locked_count(&logs, "did not present a key"); i++)
+        usleep(100000); /* the monitor's event comes on its own time */
+    ck_assert_int_ge(locked_count(&logs, "did not present a key"), 1);
+    prl_bus_socket_free(router);
+}
+
+START_TEST(test_auth_ipc)
+{
+    char dir[] = "/tmp/prl-bus-auth-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char ep[128], path[128];
+    snprintf(ep, sizeof ep, "ipc://%s/control.sock", dir);
+    auth_exchange(ep);
+    prl_bus_shutdown();
+    snprintf(path, sizeof path, "%s/control.sock", dir);
+    ck_assert_int_ne(access(path, F_OK), 0); /* removed on close */
+    ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
+START_TEST(test_auth_tcp_loopback)
+{
+    auth_exchange("tcp://127.0.0.1:*");
+    prl_bus_shutdown();
+}
+END_TEST
+
+START_TEST(test_key_files)
+{
+    char dir[] = "/tmp/prl-bus-key-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[128], other[128];
+    snprintf(path, sizeof path, "%s/bus.key", dir);
+    prl_bus_secret a, b;
+    ck_assert_int_eq(prl_bus_key_ensure(path, &a), PRL_OK);
+    struct stat sb;
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 0777, 0600);
+    ck_assert(prl_bus_secret_ok(a.hex));
+    ck_assert_int_eq(prl_bus_key_ensure(path, &b), PRL_OK); /* the same key again */
+    ck_assert_str_eq(a.hex, b.hex);
+    ck_assert_int_eq(prl_bus_key_create(path), PRL_ERR_IO); /* never overwritten */
+    ck_assert_int_eq(prl_bus_key_load(path, &b), PRL_OK);
+    ck_assert_str_eq(a.hex, b.hex);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    ck_assert_int_eq(prl_bus_key_load(path, &b), PRL_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "can be read by others (mode 0644)"));
+    snprintf(other, sizeof other, "%s/short.key", dir);
+    FILE *f = fopen(other, "w");
+    fputs("abc\n", f);
+    fclose(f);
+    ck_assert_int_eq(chmod(other, 0600), 0);
+    ck_assert_int_eq(prl_bus_key_load(other, &b), PRL_ERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "want 64 lowercase hex digits"));
+    char derived[128];
+    char ep[160];
+    snprintf(ep, sizeof ep, "ipc://%s/control.sock", dir);
+    ck_assert_int_eq(prl_bus_key_path_for(ep, derived, sizeof derived), PRL_OK);
+    ck_assert_str_eq(derived, path);
+    ck_assert_int_eq(prl_bus_key_path_for("tcp://127.0.0.1:5", derived, sizeof derived),
+                     PRL_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "--key"));
+    unlink(path), unlink(other);
+    ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- main ------------- */
 
 int main(void)
@@ -699,6 +850,9 @@ int main(void)
     tcase_add_test(sock, test_socket_tcp_loopback);
     tcase_add_test(sock, test_socket_timeout);
     tcase_add_test(sock, test_endpoint_policy);
+    tcase_add_test(sock, test_auth_ipc);
+    tcase_add_test(sock, test_auth_tcp_loopback);
+    tcase_add_test(sock, test_key_files);
     suite_add_tcase(s, sock);
     return check_run(s);
 }

@@ -389,6 +389,14 @@ timeout -s TERM 2 $prl role sandbox --bind "ipc://$work/byhand/sandbox.sock" >> 
   || bad "role controller: $(ls "$work/byhand"; cat "$work/byhand.out")"
 ls "$work/byhand"/*.sock 2>/dev/null | grep -q . && bad "ipc socket files left: $(ls "$work/byhand")" \
   || ok "no ipc socket file left after SIGTERM"
+# who may join (docs/protocol.md): the controller made the run's key, its owner's alone
+[ "$(stat -c %a "$work/byhand/bus.key" 2>/dev/null)" = 600 ] && ok "role controller makes bus.key 0600" \
+  || bad "bus.key: $(ls -l "$work/byhand")"
+expect_fail "worker on tcp without --key" "give the run's key with --key" \
+  $prl role rollout --connect tcp://127.0.0.1:5 --name r
+cp "$work/byhand/bus.key" "$work/open.key" && chmod 644 "$work/open.key"
+expect_fail "a key others can read" "can be read by others (mode 0644)" \
+  $prl role reward --connect tcp://127.0.0.1:5 --key "$work/open.key"
 expect_ok "sandbox probe" $prl sandbox probe
 grep -q "pidns" "$work/last.out" && ok "sandbox probe lists layers" || bad "sandbox probe: $(cat "$work/last.out")"
 grep -q "^mode: " "$work/last.out" && grep -A1 "^socket families allowed" "$work/last.out" | grep -q "AF_UNIX" \

@@ -12,7 +12,9 @@
 **     controller does not act on must get an `error` naming the problem (ref = its id) and a
 **     "rejected message" log line; every undecodable one a "dropped message" line with a
 **     reason. Then: still alive, a new worker's hello gets a welcome, valid results of the
-**     leased work are taken (a `score` goes to the reward worker) and a valid `scored` too.
+**     leased work are taken (a `score` goes to the reward worker) and a valid `scored` too;
+**     the train lease's `trained` is refused for a checkpoint outside the run's ckpt/ and
+**     for weights that do not match the announced checksum, and taken when both are right.
 **   - rollout, reward, trainer, teacher: the test is the controller (a ROUTER), welcomes the role,
 **     then sends it random parts, mutations of valid messages of every type and of its work
 **     type (`work`, `score`, `train`, `teach`), and work items with one thing wrong. Each decodable
@@ -28,6 +30,7 @@
 ** with one reader).
 */
 #include "bus/bus.h"
+#include "engine/model.h"
 #include "tests/bus_fuzz.h"
 #include "tests/check_util.h"
 
@@ -50,6 +53,8 @@ enum { N_RANDOM = 5000, N_MUTATED = 5000, G = 2 };
 #define RUN "run-1" /* the run name of bus_fuzz.c's make_msg: its messages reach the semantics */
 
 static char dir[64], base_ckpt[128], run_dir[128], job_json[1024], task_json[4096];
+/* the bus keys (docs/protocol.md): beside the fake controllers' sockets, and the run's */
+static prl_bus_secret dir_key, run_key;
 
 /* ---------------------------------------------------------------- helpers ---------- */
 
@@ -470,7 +475,7 @@ static void run_role(const role_case *rc)
     prl_bus_socket *s = NULL;
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
-    o.registry = prl_msg_registry();
+    o.registry = prl_msg_registry(), o.secret = dir_key.hex;
     o.bind = 1, o.name = "fake-controller";
     ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_ROUTER, ep, &o), PRL_OK);
     const char *argv[] = {"prl", "role", rc->role, "--connect", ep, "--name", name, NULL};
@@ -761,10 +766,89 @@ static void sock_open(csock *k, const char *ep, const char *id)
 {
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
-    o.registry = prl_msg_registry();
+    o.registry = prl_msg_registry(), o.secret = run_key.hex;
     snprintf(k->id, sizeof k->id, "%s", id);
     o.identity = k->id, o.name = k->id;
     ck_assert_int_eq(prl_bus_socket_open(&k->s, PRL_BUS_DEALER, ep, &o), PRL_OK);
+}
+
+/* A valid `scored` for reward-0's score lease. */
+static void send_good_score(cstate *S, uint64_t id)
+{
+    prl_bus_msg m;
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("scored"), RUN, id), PRL_OK);
+    set_u(&m, "lease", S->score_lease);
+    set_u(&m, "step", S->step);
+    set_u(&m, "prompt", S->prompt);
+    set_u(&m, "sample", S->score_sample);
+    set_u(&m, "score_us", 10);
+    add_text(&m, "detail", "{\"score\": 1, \"flags\": 0}");
+    ck_assert_int_eq(prl_bus_send(S->k[REWARD].s, NULL, &m), PRL_OK);
+    prl_bus_msg_free(&m);
+    S->have_score = 0;
+}
+
+/* Send `trained` for the train lease with `path` and `sum`; the controller's answer must be
+** an error naming `want` (and the train leased again: *train becomes the new lease), or
+** (want NULL) nothing. */
+static void send_trained(cstate *S, prl_bus_msg *train, const char *path, uint64_t sum, uint64_t id,
+                         const char *want)
+{
+    prl_bus_msg m;
+    ck_assert_int_eq(prl_bus_msg_init(&m, prl_msg_spec("trained"), RUN, id), PRL_OK);
+    set_u(&m, "lease", get_u(train, "lease"));
+    set_u(&m, "step", get_u(train, "step"));
+    set_u(&m, "version", get_u(train, "policy_version") + 1);
+    set_s(&m, "path", path);
+    ck_assert_int_eq(prl_bus_msg_set_hex64(&m, "ckpt_checksum", sum), PRL_OK);
+    set_u(&m, "train_us", 5);
+    add_text(&m, "metrics", "{}");
+    ck_assert_int_eq(prl_bus_send(S->k[TRAINER].s, NULL, &m), PRL_OK);
+    prl_bus_msg_free(&m);
+    int got = ctl_recv(S, &S->k[TRAINER], want ? 5000 : 500, &m);
+    if (!want) {
+        ck_assert_msg(!got, "a right checkpoint was answered with '%s'", m.type);
+        return;
+    }
+    ck_assert_msg(got, "a trained naming %s was accepted", path);
+    const char *why = NULL;
+    ck_assert_str_eq(m.type, "error");
+    ck_assert_int_eq(prl_bus_msg_get_str(&m, "reason", &why), PRL_OK);
+    ck_assert_msg(strstr(why, want), "reason '%s' does not name '%s'", why, want);
+    prl_bus_msg_free(&m);
+    ck_assert_msg(ctl_recv(S, &S->k[TRAINER], 5000, &m), "the refused train was not leased again");
+    ck_assert_str_eq(m.type, "train");
+    prl_bus_msg_free(train);
+    *train = m;
+}
+
+/* The step's scores are given until the train lease comes; then a checkpoint outside the
+** run's ckpt/, one whose weights do not match the announced checksum, and the right one.
+** Returns the errors it caused. */
+static int trained_checks(cstate *S)
+{
+    prl_bus_msg train;
+    int got = 0;
+    for (double t0 = prl_now(); !got && prl_now() - t0 < 20;) {
+        if (S->have_score) send_good_score(S, 900300 + (uint64_t)(prl_now() * 10) % 1000);
+        ctl_recv(S, &S->k[REWARD], 50, &train) ? ck_abort_msg("a '%s' to reward-0", train.type)
+                                               : (void)0;
+        got = ctl_recv(S, &S->k[TRAINER], 50, &train);
+    }
+    ck_assert_msg(got, "no train lease after every sample was scored");
+    ck_assert_str_eq(train.type, "train");
+    char want[200], cmd[600];
+    snprintf(want, sizeof want, "%s/ckpt/v%06llu", run_dir,
+             (unsigned long long)get_u(&train, "policy_version") + 1);
+    send_trained(S, &train, base_ckpt, 1, 900400, "not the run's ckpt/vNNNNNN");
+    snprintf(cmd, sizeof cmd, "cp -r %s %s", base_ckpt, want);
+    ck_assert_int_eq(system(cmd), 0);
+    uint64_t sum = 0;
+    ck_assert_int_eq(prl_checkpoint_weights_hash(want, 0, &sum), PRL_OK);
+    send_trained(S, &train, want, sum ^ 1, 900401, "do not match the checksum announced");
+    send_trained(S, &train, want, sum, 900402, NULL);
+    prl_bus_msg_free(&train);
+    return 2;
 }
 
 START_TEST(test_controller_fuzz)
@@ -881,6 +965,7 @@ START_TEST(test_controller_fuzz)
     for (int i = 0; i < N_SOCKS; i++)
         if (ctl_recv(S, &S->k[i], 0, &m)) ck_abort_msg("unexpected '%s' to %s", m.type, S->k[i].id);
     assert_alive(pid, "the controller");
+    t.refused += trained_checks(S);
 
     kill(pid, SIGTERM);
     int st = wait_exit(pid, 30);
@@ -959,6 +1044,11 @@ static int setup(void)
     char ckpt[160];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", run_dir);
     if (mkdir(run_dir, 0700) || mkdir(ckpt, 0700)) return 1;
+    char key[160];
+    snprintf(key, sizeof key, "%s/bus.key", dir);
+    if (prl_bus_key_ensure(key, &dir_key)) return 1;
+    snprintf(key, sizeof key, "%s/bus.key", run_dir);
+    if (prl_bus_key_ensure(key, &run_key)) return 1;
     snprintf(
         job_json, sizeof job_json,
         "{\"run\": {\"name\": \"%s\", \"seed\": 7}, \"model\": {\"init\": \"%s\"}, "

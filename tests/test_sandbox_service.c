@@ -35,7 +35,8 @@
 
 /* ---------------------------------------------------------------- helpers ---------- */
 
-static char dir[64], endpoint[160], log_path[128], sock_path[128];
+static char dir[64], endpoint[160], log_path[128], sock_path[128], key_path[128];
+static prl_bus_secret secret; /* the run's bus key: the service serves only those who show it */
 
 static void env_init(void)
 {
@@ -44,12 +45,15 @@ static void env_init(void)
     snprintf(sock_path, sizeof sock_path, "%s/sandbox.sock", dir);
     snprintf(endpoint, sizeof endpoint, "ipc://%s", sock_path);
     snprintf(log_path, sizeof log_path, "%s/service.log", dir);
+    snprintf(key_path, sizeof key_path, "%s/bus.key", dir);
+    ck_assert_int_eq(prl_bus_key_ensure(key_path, &secret), PRL_OK);
 }
 
 static void env_done(void)
 {
     unlink(sock_path);
     unlink(log_path);
+    unlink(key_path);
     rmdir(dir);
 }
 
@@ -80,7 +84,7 @@ static void service_stop(pid_t pid)
 static prl_sandbox_client *client_open(double margin_s)
 {
     prl_sandbox_client *c = NULL;
-    ck_assert_msg(prl_sandbox_client_open(&c, endpoint, "test") == PRL_OK, "%s",
+    ck_assert_msg(prl_sandbox_client_open(&c, endpoint, "test", secret.hex) == PRL_OK, "%s",
                   prl_error_message());
     prl_sandbox_client_set_timing(c, margin_s, 30);
     return c;
@@ -137,6 +141,39 @@ START_TEST(test_exec_roundtrip)
 }
 END_TEST
 
+static int count_log_lines(const char *what, int need_reason);
+
+/* A client without the run's key, or with another run's, gets no answer at all: libzmq
+** closes its connection at the handshake, and the service logs the refusal. */
+START_TEST(test_unknown_client_refused)
+{
+    env_init();
+    pid_t pid = service_start();
+    prl_bus_secret other;
+    char other_path[160];
+    snprintf(other_path, sizeof other_path, "%s/other.key", dir);
+    ck_assert_int_eq(prl_bus_key_ensure(other_path, &other), PRL_OK);
+    const char *keys[] = {NULL, other.hex};
+    for (int i = 0; i < 2; i++) {
+        prl_sandbox_client *c = NULL;
+        ck_assert_int_eq(prl_sandbox_client_open(&c, endpoint, "intruder", keys[i]), PRL_OK);
+        prl_sandbox_client_set_timing(c, 0.5, 2);
+        prl_sandbox_result r;
+        ck_assert_int_ne(prl_sandbox_client_exec(c, "python3", "print(1)", NULL, 0, 1, &r), PRL_OK);
+        prl_sandbox_client_free(c);
+    }
+    prl_sandbox_client *c = client_open(5); /* the run's own workers are served meanwhile */
+    expect_exec(c, "python3", "print('ok')", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "ok\n", 3, "");
+    prl_sandbox_client_free(c);
+    service_stop(pid);
+    ck_assert_int_ge(count_log_lines("refused a connection", 0), 2);
+    ck_assert_int_ge(count_log_lines("did not present a key", 0), 1);
+    ck_assert_int_ge(count_log_lines("user 'worker' with a wrong key", 0), 1);
+    unlink(other_path);
+    env_done();
+}
+END_TEST
+
 /* A raw exec from a DEALER; the reply must be an `error` whose reason contains `want`. */
 static void expect_refused(prl_bus_socket *s, uint64_t id, const char *lang, uint64_t wall_ms,
                            const char *prog, size_t prog_len, const char *want)
@@ -169,7 +206,7 @@ START_TEST(test_bad_requests)
     prl_bus_socket *s = NULL;
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
-    o.registry = prl_msg_registry();
+    o.registry = prl_msg_registry(), o.secret = secret.hex;
     ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_DEALER, endpoint, &o), PRL_OK);
     expect_refused(s, 1, "ruby", 1000, "puts 1", 6, "'lang'");
     expect_refused(s, 2, "python3", 0, "print(1)", 8, "'wall_ms'");
@@ -283,7 +320,7 @@ static pthread_t fake_start(fake *f)
 {
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
-    o.registry = prl_msg_registry();
+    o.registry = prl_msg_registry(), o.secret = secret.hex; /* as the service asks */
     o.bind = 1;
     ck_assert_int_eq(prl_bus_socket_open(&f->s, PRL_BUS_ROUTER, endpoint, &o), PRL_OK);
     pthread_t th;
@@ -413,7 +450,7 @@ START_TEST(test_fuzz_messages)
     prl_bus_socket *s = NULL;
     prl_bus_socket_options o;
     prl_bus_socket_options_default(&o);
-    o.registry = prl_msg_registry();
+    o.registry = prl_msg_registry(), o.secret = secret.hex;
     ck_assert_int_eq(prl_bus_socket_open(&s, PRL_BUS_DEALER, endpoint, &o), PRL_OK);
     prl_rng r;
     prl_rng_init(&r, 11, 0, 0, 0, PRL_RNG_TEST);
@@ -452,16 +489,27 @@ START_TEST(test_fuzz_messages)
                 "");
     prl_sandbox_client_free(c);
 
-    /* a stop message ends it cleanly; every invalid message was logged with a reason */
-    prl_bus_msg stop;
+    /* a worker's stop is refused (only the launcher may stop it, and it uses a signal) */
+    prl_bus_msg stop, m;
     ck_assert_int_eq(prl_bus_msg_init(&stop, prl_msg_spec("stop"), "run-t", 99), PRL_OK);
     ck_assert_int_eq(prl_bus_msg_set_str(&stop, "reason", "test over"), PRL_OK);
     ck_assert_int_eq(prl_bus_send(s, NULL, &stop), PRL_OK);
     prl_bus_msg_free(&stop);
-    int st = 0;
-    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "service exit status 0x%x", st);
+    int got = 0;
+    ck_assert_int_eq(prl_bus_recv(s, 5000, &m, NULL, &got), PRL_OK);
+    ck_assert_msg(got, "no answer to a worker's stop");
+    const char *reason = "";
+    ck_assert_str_eq(m.type, "error");
+    ck_assert_int_eq(prl_bus_msg_get_str(&m, "reason", &reason), PRL_OK);
+    ck_assert_msg(strstr(reason, "only the launcher may stop"), "%s", reason);
+    prl_bus_msg_free(&m);
+    c = client_open(5);
+    expect_exec(c, "python3", "print('alive')", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "alive\n", 6,
+                "");
+    prl_sandbox_client_free(c);
     prl_bus_socket_free(s);
+    service_stop(pid);
+    ck_assert_int_eq(count_log_lines("stop message refused: it came from user 'worker'", 0), 1);
     ck_assert_int_eq(count_log_lines("dropped message", 1), f.invalid);
     char want[64];
     snprintf(want, sizeof want, "refused, %d dropped", f.invalid);
@@ -477,6 +525,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_exec_roundtrip);
     tcase_add_test(tc, test_bad_requests);
+    tcase_add_test(tc, test_unknown_client_refused);
     tcase_add_test(tc, test_kill9_and_restart);
     tcase_add_test(tc, test_client_ignores_other_refs);
     tcase_add_test(tc, test_client_deadline);

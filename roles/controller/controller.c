@@ -197,6 +197,11 @@ prl_status prl_controller_run(const prl_controller_options *o)
     prl_bus_socket_options_default(&so);
     so.bind = 1, so.name = "controller", so.send_timeout_ms = 2000,
     so.registry = prl_msg_registry();
+    prl_bus_secret secret; /* who may join: docs/protocol.md */
+    char key[1100];
+    snprintf(key, sizeof key, "%s/bus.key", o->run_dir);
+    if (!rc) rc = prl_bus_key_ensure(key, &secret);
+    so.secret = secret.hex;
     if (!rc) rc = prl_bus_socket_open(&c->sock, PRL_BUS_ROUTER, ep, &so);
     if (!rc)
         ctl_log("run '%s' at %s: %d train prompts, B=%d G=%d, %s mode (lag %d), step %lld of %d",

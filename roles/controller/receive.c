@@ -281,6 +281,23 @@ static void routing_alarm(ctl *c, int64_t step, json_t *metrics)
     free(h);
 }
 
+/* Why a trained result's checkpoint cannot become the version (NULL: it can): it must be
+** the run's own ckpt/vNNNNNN of that version, a directory, whose weight files hash to the
+** checksum the trainer announced. */
+static const char *trained_checkpoint_bad(ctl *c, const prl_msg_trained *x)
+{
+    char want[1200];
+    prl_job_ckpt_dir(c->o->run_dir, (int64_t)x->version, want, sizeof want);
+    if (strcmp(x->path, want)) return "trained: the checkpoint is not the run's ckpt/vNNNNNN";
+    struct stat sb;
+    if (lstat(x->path, &sb) || !S_ISDIR(sb.st_mode))
+        return "trained: path is not a checkpoint directory";
+    uint64_t sum = 0;
+    if (prl_checkpoint_weights_hash(x->path, 0, &sum) || sum != x->ckpt_checksum)
+        return "trained: the checkpoint's weights do not match the checksum announced";
+    return NULL;
+}
+
 void ctl_on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
 {
     prl_msg_trained x;
@@ -301,9 +318,9 @@ void ctl_on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
         prl_msg_trained_free(&x);
         return;
     }
-    struct stat sb;
-    if (stat(x.path, &sb) || !S_ISDIR(sb.st_mode)) {
-        CTL_REJECT_HELD(c, w, l, id, "trained: path is not a checkpoint directory");
+    const char *bad = trained_checkpoint_bad(c, &x);
+    if (bad) {
+        CTL_REJECT_HELD(c, w, l, id, "%s", bad);
         prl_msg_trained_free(&x);
         return;
     }

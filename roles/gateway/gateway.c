@@ -93,6 +93,7 @@ static prl_status serve_run(gw *g, const prl_gateway_options *o)
     prl_worker_options wo = {.connect = o->connect,
                              .name = o->name ? o->name : "gateway-0",
                              .allow_remote = o->allow_remote,
+                             .key = o->key,
                              .slots = o->slots > 0 ? o->slots : 64};
     prl_status rc = prl_worker_join(&w, "gateway", &wo);
     if (rc) return rc;

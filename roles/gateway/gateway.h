@@ -17,6 +17,7 @@ typedef struct prl_gateway_options {
     const char *bind;      /* HOST:PORT to serve on (port 0: any free one); required */
     const char *connect;   /* the controller's endpoint: serve the run's episodes */
     const char *name;      /* worker name with connect (default "gateway-0") */
+    const char *key;       /* with connect: the run's bus key file (NULL: beside the socket) */
     const char *model;     /* without connect: serve this checkpoint directory alone (nothing
                          ** recorded; for benches and trying a harness) */
     const char *addr_file; /* write the served address ("http://HOST:PORT\n") here; with
