@@ -209,7 +209,8 @@ static void log_refusal(zap_request *q, const char *why)
     snprintf(addr, sizeof addr, "%.*s", (int)(an < 79 ? an : 79),
              an ? (const char *)zmq_msg_data(&q->part[3]) : "");
     for (int i = 0; i < MAX_DOMAINS; i++)
-        if (domains[i].used && !strcmp(domains[i].name, dom)) log_domain_refusal(&domains[i], addr, why);
+        if (domains[i].used && !strcmp(domains[i].name, dom))
+            log_domain_refusal(&domains[i], addr, why);
 }
 
 static void reply(void *rep, zap_request *q, const char *code, const char *user)
@@ -297,12 +298,20 @@ static void monitor_event(monitor *m, int i)
     uint32_t value = 0;
     if (ok) memcpy(&event, zmq_msg_data(&ev), 2), memcpy(&value, (char *)zmq_msg_data(&ev) + 2, 4);
     zmq_msg_close(&ev), zmq_msg_close(&addr);
-    if (!ok || event != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) return;
+    /* PROTOCOL: this side saw the mechanism mismatch; NO_DETAIL: the peer saw it first and
+    ** hung up mid-handshake (a keyless peer gives either, depending on who reads first) */
+    if (!ok || (event != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+                event != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
+        return;
     pthread_mutex_lock(&auth_lock);
     auth_domain *d = &domains[i];
     if (d->used && d->generation == m->generation) {
         char why[120];
-        snprintf(why, sizeof why, "the peer did not present a key (ZMTP error 0x%x)", value);
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            snprintf(why, sizeof why, "the peer did not present a key (ZMTP error 0x%x)", value);
+        else
+            snprintf(why, sizeof why, "the peer left the handshake without a key (%s)",
+                     zmq_strerror((int)value));
         log_domain_refusal(d, "", why);
     }
     pthread_mutex_unlock(&auth_lock);
@@ -321,7 +330,8 @@ static void *zap_main(void *arg)
         int idx[1 + MAX_DOMAINS], n = 1;
         items[0] = (zmq_pollitem_t){rep, 0, ZMQ_POLLIN, 0};
         for (int i = 0; i < MAX_DOMAINS; i++)
-            if (mon[i].pair) idx[n] = i, items[n++] = (zmq_pollitem_t){mon[i].pair, 0, ZMQ_POLLIN, 0};
+            if (mon[i].pair)
+                idx[n] = i, items[n++] = (zmq_pollitem_t){mon[i].pair, 0, ZMQ_POLLIN, 0};
         int rc = zmq_poll(items, n, 100); /* the timeout picks up new and closed domains */
         if (rc < 0 && zmq_errno() == ETERM) break;
         if (rc <= 0) continue;
@@ -390,7 +400,9 @@ prl_status prl_bus_auth_register(void *ctx, void *zs, const prl_bus_socket_optio
         snprintf(domain, n, "%s", d->name);
         char ep[64];
         monitor_endpoint(d, ep, sizeof ep);
-        if (zmq_socket_monitor(zs, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0)
+        if (zmq_socket_monitor(zs, ep,
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
             st = prl_error_set(PRL_ERR_IO, "bus: monitoring the handshakes of '%s': %s", label,
                                zmq_strerror(zmq_errno()));
         if (st) memset(d, 0, sizeof *d);
@@ -406,8 +418,7 @@ void prl_bus_auth_unregister(const char *domain)
         auth_domain *d = &domains[i];
         if (!d->used || strcmp(d->name, domain)) continue;
         char held[200];
-        if (prl_bus_log_limit_held_line(&d->refused_log, "refused a connection", held,
-                                        sizeof held))
+        if (prl_bus_log_limit_held_line(&d->refused_log, "refused a connection", held, sizeof held))
             prl_bus_auth_log(d->log, d->log_ctx, d->label, held);
         memset(d, 0, sizeof *d);
     }
