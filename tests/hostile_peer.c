@@ -59,8 +59,7 @@ static void send_trained(prl_bus_socket *s, const char *run, uint64_t lease, uin
 }
 
 /* Hello as trainer-9, then up to `seconds` of what the controller sends back. */
-static void attack_controller(const char *ep, const char *run, const char *foreign,
-                              double seconds)
+static void attack_controller(const char *ep, const char *run, const char *foreign, double seconds)
 {
     prl_bus_socket *s = dealer(ep, "trainer-9");
     if (!s) return;
@@ -97,7 +96,7 @@ static void attack_controller(const char *ep, const char *run, const char *forei
         }
     }
     if (!sent_trained) send_trained(s, run, 1, 0, 0, foreign); /* given no lease: a guess */
-    int got = 0; /* the answer to it, if any */
+    int got = 0;                                               /* the answer to it, if any */
     for (int i = 0; i < 10 && !got; i++)
         if (!prl_bus_recv(s, 100, &m, NULL, &got) && got) {
             prl_msg_error e;
@@ -109,7 +108,7 @@ static void attack_controller(const char *ep, const char *run, const char *forei
     prl_bus_socket_free(s);
 }
 
-static void attack_sandbox(const char *ep, const char *run)
+static void attack_sandbox(const char *ep, const char *run, double seconds)
 {
     prl_bus_socket *s = dealer(ep, NULL);
     if (!s) return;
@@ -121,8 +120,8 @@ static void attack_sandbox(const char *ep, const char *run)
         return;
     }
     send_msg(s, "sandbox", &m);
-    int got = 0;
-    if (!prl_bus_recv(s, 1000, &m, NULL, &got) && got) {
+    int got = 0; /* anything back, for as long as the controller was tried */
+    if (!prl_bus_recv(s, (int)(seconds * 1000), &m, NULL, &got) && got) {
         printf("sandbox -> %s\n", m.type);
         prl_bus_msg_free(&m);
     }
@@ -137,7 +136,7 @@ int main(int argc, char **argv)
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     attack_controller(argv[1], argv[3], argv[4], atof(argv[5]));
-    attack_sandbox(argv[2], argv[3]);
+    attack_sandbox(argv[2], argv[3], atof(argv[5]));
     prl_bus_shutdown();
     return 0;
 }
