@@ -6,8 +6,8 @@
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # run_setup NAME: a scratch directory /tmp/prl-NAME-XXXXXX as the current directory (kept
-# with KEEP=1), PRL_THREADS=1, and on exit every `prl run` of $launchers killed with its
-# roles (kill -9; processes are found only among the children of this script's own
+# with KEEP=1), PRL_THREADS=1, and on exit every `prl run` of $launchers (and $launcher)
+# killed with its roles (kill -9; processes are found only among the children of this script's own
 # launchers, never by a pattern that could match somebody else's run). A script may define
 # run_cleanup_hook (called first on exit: unmount what it mounted...).
 run_setup() {
@@ -20,7 +20,7 @@ run_setup() {
 run_cleanup() {
   local l
   if declare -F run_cleanup_hook >/dev/null; then run_cleanup_hook || true; fi
-  for l in $launchers; do pkill -9 -P "$l" 2>/dev/null || true; kill -9 "$l" 2>/dev/null || true; done
+  for l in $launchers ${launcher:-}; do pkill -9 -P "$l" 2>/dev/null || true; kill -9 "$l" 2>/dev/null || true; done
   [ -n "${KEEP:-}" ] || rm -rf "$work"
 }
 
