@@ -242,7 +242,10 @@ fault TERM runs/t t.err trainer-0 train
 fault TERM runs/t t.err controller score
 at=$(at_phase runs/t $next score) && at=${at%%|*}
 t0=$(date +%s) died0=$(died_count t.err controller)
-{ echo "BEGIN EXCLUSIVE;"; sleep 12; echo "COMMIT;"; } | sqlite3 runs/t/run.db
+# (the shell waits up to 5 s for the lock: the controller may be writing at that moment)
+{ echo ".timeout 5000"; echo "BEGIN EXCLUSIVE;"; echo "SELECT 'held';"; sleep 12; echo "COMMIT;"; } |
+  sqlite3 runs/t/run.db > lock.out
+[ "$(cat lock.out)" = held ] || fail "the lock on runs/t/run.db was not taken: $(cat lock.out)"
 wait_steps t $((at + 1)) runs 120
 cell "run.db locked 12 s" "controller" runs/t "run t: sqlite3 held BEGIN EXCLUSIVE 12 s (busy timeout 10 s) at step $at: $(($(died_count t.err controller) - died0)) controller restarts, $(grep -c "database is locked" runs/t/logs/controller.log) 'database is locked' log lines" \
   "step $at committed $(($(date +%s) - t0)) s after the lock began"
@@ -376,7 +379,7 @@ fi
 
 # ---- the table: per run, samples lost / twice (against u) and the final checkpoint
 key="step || '/' || prompt_id || '/' || sample_index"
-q="SELECT step, prompt_id, sample_index, hex(tokens), hex(logprobs), version, reward FROM samples ORDER BY 1, 2, 3"
+q="SELECT step, prompt_id, sample_index, hex(tokens), hex(logprobs), hex(routes), version, reward FROM samples ORDER BY 1, 2, 3"
 declare -A lostdup bitwise status
 for dir in $(printf '%s\n' "${cells[@]}" | cut -d'|' -f3 | sort -u); do
   case $dir in runs/q) ref=runs/o ;; runs/w) ref=runs/g ;; *) ref=runs/u ;; esac
@@ -402,6 +405,6 @@ for dir in "${!lostdup[@]}"; do
   [ "${lostdup[$dir]}" = "0/0" ] || fail "$dir: samples lost/twice ${lostdup[$dir]}"
   [ "${bitwise[$dir]}" = yes ] || fail "$dir: the final policy differs from the undisturbed run's"
 done
-[ -z "$samples_differ" ] || fail "runs with other samples (tokens, log-probs, versions, rewards) than their undisturbed run:$samples_differ"
+[ -z "$samples_differ" ] || fail "runs with other samples (tokens, log-probs, routes, versions, rewards) than their undisturbed run:$samples_differ"
 [ -z "$hostile_failed" ] || fail "the hostile peer was not refused"
 echo "test_fault_matrix: all passed in $(($(date +%s) - t_start)) s"
