@@ -352,8 +352,9 @@ cp -r base foreign
 start_run h job.json --set run.name=h
 at=$(at_phase runs/h 2 rollout) && at=${at%%|*}
 sandbox_pid=$(role_pid "$launcher" "role sandbox --bind")
-"$hostile" ipc://runs/h/control.sock ipc://runs/h/sandbox.sock h "$work/foreign" 3 > hostile.out 2>&1 || true
+"$hostile" ipc://runs/h/control.sock ipc://runs/h/sandbox.sock h "$work/foreign" 1 > hostile.out 2>&1 || true
 cat hostile.out
+[ "$(steps_done h)" -lt "$S" ] || fail "run h ended before the hostile peer was done: the cell would prove nothing"
 for _ in $(seq 1 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
 h_end=""
 if kill -0 "$launcher" 2>/dev/null; then

@@ -78,7 +78,8 @@ static void service_stop(pid_t pid)
     int st = 0;
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 3, "service exit status 0x%x", st);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == PRL_ROLE_SIGNALED_EXIT,
+                  "service exit status 0x%x", st);
 }
 
 static prl_sandbox_client *client_open(double margin_s)
