@@ -298,12 +298,20 @@ static void monitor_event(monitor *m, int i)
     uint32_t value = 0;
     if (ok) memcpy(&event, zmq_msg_data(&ev), 2), memcpy(&value, (char *)zmq_msg_data(&ev) + 2, 4);
     zmq_msg_close(&ev), zmq_msg_close(&addr);
-    if (!ok || event != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) return;
+    /* PROTOCOL: this side saw the mechanism mismatch; NO_DETAIL: the peer saw it first and
+    ** hung up mid-handshake (a keyless peer gives either, depending on who reads first) */
+    if (!ok || (event != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+                event != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
+        return;
     pthread_mutex_lock(&auth_lock);
     auth_domain *d = &domains[i];
     if (d->used && d->generation == m->generation) {
         char why[120];
-        snprintf(why, sizeof why, "the peer did not present a key (ZMTP error 0x%x)", value);
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            snprintf(why, sizeof why, "the peer did not present a key (ZMTP error 0x%x)", value);
+        else
+            snprintf(why, sizeof why, "the peer left the handshake without a key (%s)",
+                     zmq_strerror((int)value));
         log_domain_refusal(d, "", why);
     }
     pthread_mutex_unlock(&auth_lock);
@@ -392,7 +400,9 @@ prl_status prl_bus_auth_register(void *ctx, void *zs, const prl_bus_socket_optio
         snprintf(domain, n, "%s", d->name);
         char ep[64];
         monitor_endpoint(d, ep, sizeof ep);
-        if (zmq_socket_monitor(zs, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0)
+        if (zmq_socket_monitor(zs, ep,
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
             st = prl_error_set(PRL_ERR_IO, "bus: monitoring the handshakes of '%s': %s", label,
                                zmq_strerror(zmq_errno()));
         if (st) memset(d, 0, sizeof *d);

@@ -4,8 +4,9 @@
 ** in roles/ (roles/roles.h, roles/controller/controller.h); a new role is one row of the
 ** table below.
 **
-** Exit codes: 0 after a clean stop, 1 when the role failed, 2 on bad usage; the controller
-** also 3 when a signal stopped it and PRL_RUN_FAILED_EXIT when the run failed for good.
+** Exit codes: 0 after a clean stop (a `stop` message, the run done), 1 when the role failed, 2
+** on bad usage, PRL_ROLE_SIGNALED_EXIT (3) when SIGTERM or SIGINT stopped it (the launcher
+** restarts it); the controller also PRL_RUN_FAILED_EXIT when the run failed for good.
 */
 #include "cli/cli.h"
 #include "bus/bus.h"
@@ -64,7 +65,7 @@ static int role_controller(int argc, char **argv)
         cli_fail("role controller");
         return failed ? PRL_RUN_FAILED_EXIT : 1;
     }
-    return *prl_role_stop_flag() ? 3 : 0;
+    return *prl_role_stop_flag() ? PRL_ROLE_SIGNALED_EXIT : 0;
 }
 
 static int role_sandbox(int argc, char **argv)
@@ -101,10 +102,11 @@ static int role_sandbox(int argc, char **argv)
     if (prl_bus_endpoint_check(opt.endpoint, 0) || prl_role_load_secret(key, opt.endpoint, &secret))
         return cli_fail("role sandbox");
     opt.secret = secret.hex;
-    prl_status st = prl_sandbox_service_run(&opt, NULL);
+    prl_sandbox_service_stats stats = {0};
+    prl_status st = prl_sandbox_service_run(&opt, &stats);
     if (st != PRL_OK) cli_fail("role sandbox");
     prl_bus_shutdown(); /* lets libzmq finish closing: the ipc socket file is removed */
-    return st != PRL_OK;
+    return st != PRL_OK ? 1 : stats.signal ? PRL_ROLE_SIGNALED_EXIT : 0;
 }
 
 /* A worker role: what it runs, its help text and which of the shared options it takes. */
@@ -180,7 +182,8 @@ static int role_worker(int argc, char **argv)
     if (pr) return pr == CLI_HELP ? 0 : 2;
     if (wr->threads && cli_setup_blas(cmd, threads)) return 1;
     prl_role_install_signals();
-    return wr->run(&o) ? cli_fail(cmd) : 0;
+    if (wr->run(&o)) return cli_fail(cmd);
+    return *prl_role_stop_flag() ? PRL_ROLE_SIGNALED_EXIT : 0;
 }
 
 static int role_gateway(int argc, char **argv)
@@ -222,7 +225,8 @@ static int role_gateway(int argc, char **argv)
                          "1..4096");
     if (cli_setup_blas("role gateway", threads)) return 1;
     prl_role_install_signals();
-    return prl_role_gateway_run(&o) ? cli_fail("role gateway") : 0;
+    if (prl_role_gateway_run(&o)) return cli_fail("role gateway");
+    return *prl_role_stop_flag() ? PRL_ROLE_SIGNALED_EXIT : 0;
 }
 
 static const cli_command roles[] = {

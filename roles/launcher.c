@@ -107,6 +107,8 @@ static child *child_of(launcher *L, pid_t pid)
 static void describe_exit(int status, char *out, size_t n)
 {
     if (WIFSIGNALED(status)) snprintf(out, n, "killed by signal %d", WTERMSIG(status));
+    else if (WEXITSTATUS(status) == PRL_ROLE_SIGNALED_EXIT)
+        snprintf(out, n, "stopped by SIGTERM or SIGINT, exit code %d", WEXITSTATUS(status));
     else snprintf(out, n, "exit code %d", WEXITSTATUS(status));
 }
 

@@ -138,6 +138,7 @@ typedef struct prl_sandbox_service_stats {
     uint64_t refused; /* `error` replies: unknown lang, bad wall_ms, bad program, other types */
     uint64_t dropped; /* invalid messages dropped by the bus (each logged with its reason) */
     uint64_t unsent;  /* replies that could not be delivered (the client had gone) */
+    int signal;       /* the signal that stopped it (SIGTERM, SIGINT), 0 after a `stop` */
 } prl_sandbox_service_stats;
 
 /* Probe, create a sandbox of opt->slots slots, bind the ROUTER and serve until SIGTERM or
@@ -190,6 +191,10 @@ prl_status prl_exec_service_run(void *ctx, const prl_reward_exec_request *req,
 
 /* The controller's exit code when the run failed for good (the launcher does not restart it). */
 enum { PRL_RUN_FAILED_EXIT = 4 };
+/* Every role's exit code when SIGTERM or SIGINT stopped it (0 is kept for a `stop` message or
+** a finished run): the launcher restarts a role stopped by a signal it did not send, as one
+** that died, so a stray SIGTERM cannot leave the run waiting for a role that is gone. */
+enum { PRL_ROLE_SIGNALED_EXIT = 3 };
 
 /* Lock the run directory for this process's lifetime (flock on run_dir/lock, which then
 ** holds this PID), so two `prl run` of one run cannot both start. *fd is the lock's file

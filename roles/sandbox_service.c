@@ -457,6 +457,7 @@ prl_status prl_sandbox_service_run(const prl_sandbox_service_options *opt,
     char msg[512];
     snprintf(msg, sizeof msg, "%s", prl_error_message());
     svc_close(&s);
+    s.stats.signal = (int)stop_signal;
     restore_stop_handlers(old);
     if (rc == PRL_OK)
         svc_log(&s, "stopped: %llu runs, %llu refused, %llu dropped, %llu replies undelivered",

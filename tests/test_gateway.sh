@@ -24,24 +24,13 @@ if [ ! -d "$js/node_modules/openai" ]; then
   echo "FAIL: $js/node_modules/openai is not installed: run scripts/install-npm.sh"
   exit 1
 fi
-work=$(mktemp -d /tmp/prl-gateway-XXXXXX)
-launcher=""
-cleanup() {
-  if [ -n "$launcher" ]; then pkill -9 -P "$launcher" 2>/dev/null || true; kill -9 "$launcher" 2>/dev/null || true; fi
-  [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$work"
-. "$src/tests/run_lib.sh" # fail, model_config, expect_refused, steps_done
-export PRL_THREADS=1
+. "$src/tests/run_lib.sh" # run_setup, fail, small_model, start_run, wait_steps, role_pid, ...
+run_setup gateway
 
 python3 "$src/examples/make_math_prompts.py" --n 40 --seed 5 > prompts.jsonl
 $prl tasks demos --domain reasoning --n 60 --seed 1 > demos.jsonl 2>/dev/null
 $prl tokenizer train --data demos.jsonl --vocab 300 --out tok.json >/dev/null 2>&1
-model_config "$src/configs/models/tiny.json" small.json vocab_size=300 hidden_size=32 \
-  num_hidden_layers=2 num_attention_heads=2 q_lora_rank=16 kv_lora_rank=16 qk_nope_head_dim=8 \
-  qk_rope_head_dim=8 v_head_dim=8 intermediate_size=64 n_routed_experts=4 \
-  moe_intermediate_size=16 max_position_embeddings=256
+small_model small.json 300 32
 $prl init --model small.json --out base --tokenizer tok.json >/dev/null
 B=3 G=2 CLIENT_TIMEOUT=3
 cat > job.json <<JOB

@@ -17,16 +17,8 @@
 # draws the same.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
-work=$(mktemp -d /tmp/prl-opd-XXXXXX)
-launcher=""
-cleanup() {
-  if [ -n "$launcher" ]; then pkill -9 -P "$launcher" 2>/dev/null || true; kill -9 "$launcher" 2>/dev/null || true; fi
-  [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$work"
-. "$src/tests/run_lib.sh" # fail, model_config, expect_refused, steps_done
-export PRL_THREADS=1
+. "$src/tests/run_lib.sh" # run_setup, fail, small_model, start_run, wait_steps, role_pid, ...
+run_setup opd
 
 # ---- a tiny student and four teachers (same config and tokenizer, other seeds)
 for d in reasoning general agent coding; do
@@ -34,10 +26,7 @@ for d in reasoning general agent coding; do
 done
 $prl tokenizer train --data demos.jsonl --vocab 400 --out tok.json >/dev/null 2>&1
 $prl tokenizer train --data demos.jsonl --vocab 380 --out tok2.json >/dev/null 2>&1
-model_config "$src/configs/models/tiny.json" small.json vocab_size=400 hidden_size=32 \
-  num_hidden_layers=2 num_attention_heads=2 q_lora_rank=16 kv_lora_rank=16 qk_nope_head_dim=8 \
-  qk_rope_head_dim=8 v_head_dim=8 intermediate_size=64 n_routed_experts=4 \
-  moe_intermediate_size=16 max_position_embeddings=256
+small_model small.json 400 32
 model_config small.json vocab512.json vocab_size=512
 model_config small.json wide.json hidden_size=48
 $prl init --model small.json --seed 1 --tokenizer tok.json --out student >/dev/null

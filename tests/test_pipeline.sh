@@ -12,27 +12,14 @@
 # config errors fail before any process starts; an existing run is never restarted.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
-work=$(mktemp -d /tmp/prl-pipeline-XXXXXX)
-# Processes are found only among the children of this test's own launchers (pgrep -P), never
-# by a pattern that could match somebody else's run.
-launchers=""
-cleanup() {
-  for l in $launchers; do pkill -9 -P "$l" 2>/dev/null || true; kill -9 "$l" 2>/dev/null || true; done
-  [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$work"
-. "$src/tests/run_lib.sh" # fail, model_config, expect_refused, steps_done
-export PRL_THREADS=1
+. "$src/tests/run_lib.sh" # run_setup, fail, small_model, start_run, wait_steps, role_pid, ...
+run_setup pipeline
 
 # ---- a small policy with some skill (so rewards differ within groups and updates happen)
 $prl tasks demos --domain general --n 300 --seed 1 --out demos.jsonl 2>/dev/null
 $prl tasks demos --domain coding --n 300 --seed 1 >> demos.jsonl 2>/dev/null
 $prl tokenizer train --data demos.jsonl --vocab 512 --out tok.json >/dev/null 2>&1
-model_config "$src/configs/models/tiny.json" small.json vocab_size=512 hidden_size=64 \
-  num_hidden_layers=2 num_attention_heads=2 q_lora_rank=32 kv_lora_rank=32 qk_nope_head_dim=16 \
-  qk_rope_head_dim=8 v_head_dim=16 intermediate_size=128 n_routed_experts=4 \
-  moe_intermediate_size=32 max_position_embeddings=256
+small_model small.json 512 64
 $prl sft --data demos.jsonl --model small.json --tokenizer tok.json --out base --steps 200 \
   --batch 8 --seq 160 --optimizer adamw --lr 3e-3 --log-every 1000 >/dev/null 2>&1
 cat > job.json <<'EOF'
@@ -52,13 +39,6 @@ expect_refused "B*G = 0" "rollout.group_size" start --set rollout.group_size=0
 expect_refused "negative clip" "grpo.clip_low" start --set grpo.clip_low=-0.1
 expect_refused "missing init" "model.init" start --set model.init=nowhere
 
-wait_steps() { # run, n: wait until n steps are recorded
-  for _ in $(seq 1 600); do [ "$(steps_done "$1")" -ge "$2" ] && return 0; sleep 0.1; done
-  fail "run $1 did not reach step $2"
-}
-role_pid() { # launcher pid, pattern: the launcher's child whose command line has the pattern
-  pgrep -P "$1" -f -- "$2" | head -n 1
-}
 kill_role() { # run, role name (the run's launcher is $launcher)
   local pid
   pid=$(role_pid "$launcher" "--name $2")
@@ -94,9 +74,7 @@ check_db a
 echo "ok: run a: $N samples, $STEPS versions"
 
 # ---- b: kill -9 of rollout, reward and trainer mid-run
-$prl run job.json --set run.name=b > b.out 2> b.err &
-launcher=$!
-launchers="$launchers $launcher"
+start_run b job.json --set run.name=b
 wait_steps b 3; kill_role b rollout-0
 wait_steps b 6; kill_role b reward-0
 wait_steps b 9; kill_role b trainer-0
@@ -109,9 +87,7 @@ check_db b
 echo "ok: run b: rollout, reward, trainer and controller killed and restarted, $N samples, no duplicates"
 
 # ---- c: everything killed, then --resume
-$prl run job.json --set run.name=c > c.out 2> c.err &
-launcher=$!
-launchers="$launchers $launcher"
+start_run c job.json --set run.name=c
 wait_steps c 5
 pkill -9 -P "$launcher" || true
 kill -9 $launcher 2>/dev/null || true
@@ -139,9 +115,7 @@ cat > coding.json <<'EOF'
  "controller": {"steps": 6, "heartbeat_seconds": 0.2, "lease_seconds": 3}}
 EOF
 $prl run coding.json > d0.out 2> d0.err || { cat d0.err; fail "run d0"; }
-$prl run coding.json --set run.name=d > d.out 2> d.err &
-launcher=$!
-launchers="$launchers $launcher"
+start_run d coding.json --set run.name=d
 wait_steps d 2
 pid=$(role_pid "$launcher" "role sandbox --bind ipc://runs/d/sandbox.sock"); kill -9 "$pid"
 echo "killed the sandbox of run d (pid $pid) after $(steps_done d) steps"

@@ -21,25 +21,14 @@
 # SECTIONS="a b" runs only those (to check each against an older prl).
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
-work=$(mktemp -d /tmp/prl-recovery-XXXXXX)
-launchers=""
-cleanup() {
-  for l in $launchers; do pkill -9 -P "$l" 2>/dev/null || true; kill -9 "$l" 2>/dev/null || true; done
-  [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$work"
-. "$src/tests/run_lib.sh" # fail, model_config, expect_refused, steps_done
-export PRL_THREADS=1
+. "$src/tests/run_lib.sh" # run_setup, fail, small_model, start_run, wait_steps, role_pid, ...
+run_setup recovery
 SECTIONS=${SECTIONS:-bad_init nan_lp log_limit job_json lock tidy fallback}
 
 # ---- a tiny policy (20 SFT steps) and a job whose rewards vary: score = len(completion) % 5 / 4
 $prl tasks demos --domain general --n 100 --seed 1 --out demos.jsonl 2>/dev/null
 $prl tokenizer train --data demos.jsonl --vocab 512 --out tok.json >/dev/null 2>&1
-model_config "$src/configs/models/tiny.json" small.json vocab_size=512 hidden_size=64 \
-  num_hidden_layers=2 num_attention_heads=2 q_lora_rank=32 kv_lora_rank=32 qk_nope_head_dim=16 \
-  qk_rope_head_dim=8 v_head_dim=16 intermediate_size=128 n_routed_experts=4 \
-  moe_intermediate_size=32 max_position_embeddings=256
+small_model small.json 512 64
 $prl sft --data demos.jsonl --model small.json --tokenizer tok.json --out base --steps 20 \
   --batch 8 --seq 160 --optimizer adamw --lr 3e-3 --log-every 1000 >/dev/null 2>&1
 cat > reward_len.py <<'EOF'
@@ -77,17 +66,6 @@ PY
 }
 events() { sqlite3 "runs/$1/run.db" "SELECT detail FROM events WHERE kind = '$2'"; }
 status() { sqlite3 "runs/$1/run.db" "SELECT status FROM runs"; }
-start() { # run name, args...: `prl run` in the background; $launcher is its pid
-  local name=$1
-  shift
-  $prl run "$@" > "$name.out" 2> "$name.err" &
-  launcher=$!
-  launchers="$launchers $launcher"
-}
-wait_steps() { # run, n
-  for _ in $(seq 1 300); do [ "$(steps_done "$1")" -ge "$2" ] && return 0; sleep 0.1; done
-  fail "run $1 did not reach step $2"
-}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 # ---- bad_init
@@ -150,7 +128,7 @@ fi
 
 # ---- job_json: truncated mid-run, then the controller killed
 if want job_json; then
-  start jj job.json --set run.name=jj --set controller.steps=1000
+  start_run jj job.json --set run.name=jj --set controller.steps=1000
   wait_steps jj 2
   truncate -s 60 runs/jj/job.json
   kill -9 "$(pgrep -P "$launcher" -f -- "role controller")"
@@ -164,7 +142,7 @@ fi
 
 # ---- lock: a second --resume of a running run
 if want lock; then
-  start lk job.json --set run.name=lk --set controller.steps=1000
+  start_run lk job.json --set run.name=lk --set controller.steps=1000
   wait_steps lk 1
   cp runs/lk/job.json lk.job.before
   if out=$($prl run --resume runs/lk --set controller.steps=2000 2>&1); then fail "a second prl run of lk started"; fi

@@ -14,24 +14,13 @@
 #     and scored in one run.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
-work=$(mktemp -d /tmp/prl-run-file-XXXXXX)
-launcher=""
-cleanup() {
-  if [ -n "$launcher" ]; then pkill -9 -P "$launcher" 2>/dev/null || true; kill -9 "$launcher" 2>/dev/null || true; fi
-  [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$work"
-. "$src/tests/run_lib.sh" # fail, model_config, expect_refused, steps_done
-export PRL_THREADS=1
+. "$src/tests/run_lib.sh" # run_setup, fail, small_model, start_run, wait_steps, role_pid, ...
+run_setup run-file
 
 python3 "$src/examples/make_math_prompts.py" --n 300 --seed 3 > prompts.jsonl
 $prl tasks demos --domain reasoning --n 60 --seed 1 > demos.jsonl 2>/dev/null
 $prl tokenizer train --data demos.jsonl --vocab 300 --out tok.json >/dev/null 2>&1
-model_config "$src/configs/models/tiny.json" small.json vocab_size=300 hidden_size=32 \
-  num_hidden_layers=2 num_attention_heads=2 q_lora_rank=16 kv_lora_rank=16 qk_nope_head_dim=8 \
-  qk_rope_head_dim=8 v_head_dim=8 intermediate_size=64 n_routed_experts=4 \
-  moe_intermediate_size=16 max_position_embeddings=256
+small_model small.json 300 32
 $prl init --model small.json --out base --tokenizer tok.json >/dev/null
 STEPS=6 B=2 G=4
 cat > job.json <<EOF

@@ -234,9 +234,10 @@ prl_status prl_controller_run(const prl_controller_options *o)
         ctl_log("run '%s' done: version %lld in %.1f s", o->job->name, (long long)c->version,
                 prl_now() - c->t_start);
         finish(c, "the run is done");
-    } else if (!rc) {
+    } else if (!rc) { /* a signal: the workers are not told to stop, so that a controller
+                       ** stopped alone (kill -TERM) finds them again when it is restarted;
+                       ** a launcher that stops the run signals every role itself */
         prl_store_run_set_status(c->db, c->run, "stopped");
-        finish(c, "the controller is stopping");
     } else if (c->failed) { /* a work item kept failing: a restart would fail the same way */
         char why[600];
         snprintf(why, sizeof why, "%s", prl_error_message());

@@ -57,7 +57,9 @@ prl_status ctl_store_sample(ctl *c, step_run *r, group *g, int j)
     (void)nr;
     int already = 0;
     prl_status rc = prl_store_sample_put(c->db, &x, &already);
-    if (rc && x.routes) { /* routes of a bad shape must not lose the sample */
+    /* routes of a bad shape (PRL_ERR_ARG) must not lose the sample; any other failure (a
+    ** locked or full run.db) is the caller's, so that the sample keeps its routes */
+    if (rc == PRL_ERR_ARG && x.routes) {
         ctl_log("sample stored without routes: %s", prl_error_message());
         x.routes = NULL, x.route_tokens = x.route_moe = x.route_k = x.route_width = 0;
         rc = prl_store_sample_put(c->db, &x, &already);

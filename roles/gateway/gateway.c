@@ -83,7 +83,7 @@ static void configure_from_job(gw *g, const prl_job_config *j)
     g->client_timeout = j->gateway_client_timeout, g->episode_timeout = j->gateway_episode_timeout;
     g->default_max_tokens = j->max_new_tokens;
     g->default_temperature = j->temperature, g->default_top_p = j->top_p;
-    g->precision = j->precision;
+    snprintf(g->precision, sizeof g->precision, "%s", j->precision);
     g->max_batch = 32;
 }
 
@@ -99,7 +99,7 @@ static prl_status serve_run(gw *g, const prl_gateway_options *o)
     if (rc) return rc;
     configure_from_job(g, &w.job);
     g->connected = 1, g->seed = w.seed;
-    g->model_name = w.job.name;
+    snprintf(g->model_name, sizeof g->model_name, "%s", w.job.name);
     char bound[160], addr_path[1200];
     gw_http *h = NULL;
     rc = gw_http_start(g, o->bind ? o->bind : w.job.gateway_bind,
@@ -135,9 +135,9 @@ static prl_status serve_alone(gw *g, const prl_gateway_options *o)
     g->episode_timeout = 300;
     g->default_max_tokens = o->max_tokens > 0 ? o->max_tokens : 96;
     g->default_temperature = 1.0, g->default_top_p = 1.0;
-    g->precision = "fp32";
+    snprintf(g->precision, sizeof g->precision, "fp32");
     g->max_batch = o->max_batch > 0 ? o->max_batch : 16;
-    g->model_name = "prl";
+    snprintf(g->model_name, sizeof g->model_name, "prl");
     g->seed = 1;
     prl_status rc = gw_engine_load(g, 0, o->model);
     char bound[160];

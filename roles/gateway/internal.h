@@ -171,7 +171,8 @@ typedef struct gw {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* jobs queued, tokens published, jobs done, groups leased */
     /* configuration */
-    const char *model_name; /* served as "model" */
+    char model_name[PRL_JOB_NAME_MAX + 1]; /* served as "model" (a copy: a re-welcome frees the
+                                           ** worker's job config) */
     size_t max_body;
     double client_timeout, episode_timeout;
     int default_max_tokens;
@@ -182,8 +183,8 @@ typedef struct gw {
     prl_model *model; /* owned with tok and infer: swapped together under mu */
     prl_tokenizer *tok;
     prl_infer *infer;
-    int max_len; /* the engine's context */
-    const char *precision;
+    int max_len;        /* the engine's context */
+    char precision[32]; /* the job's rollout.precision (a copy, as model_name) */
     int max_batch;
     int64_t version, want_version; /* loaded / to load (-1: none) */
     char path[1024], want_path[1024];
