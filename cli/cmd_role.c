@@ -112,26 +112,26 @@ typedef struct worker_role {
     const char *name;
     prl_status (*run)(const prl_worker_options *o);
     const char *help;
-    int sandbox, threads;
+    int sandbox, threads, cache;
 } worker_role;
 
 static const worker_role workers[] = {
     {"rollout", prl_role_rollout_run,
      "A rollout worker: generates samples with the infer path "
      "for the controller at ENDPOINT (docs/pipeline.md).",
-     1, 1},
+     1, 1, 1},
     {"reward", prl_role_reward_run,
      "A reward worker: scores samples with the domain verifiers "
      "for the controller at ENDPOINT (docs/pipeline.md).",
-     1, 0},
+     1, 0, 0},
     {"trainer", prl_role_trainer_run,
      "The trainer: GRPO (or OPD) updates of each step's samples; "
      "writes and announces policy versions (docs/pipeline.md).",
-     0, 1},
+     0, 1, 0},
     {"teacher", prl_role_teacher_run,
      "An OPD teacher: scores the student's samples with one "
      "domain expert at a time (docs/opd.md).",
-     0, 1},
+     0, 1, 0},
 };
 
 static const worker_role *worker_named(const char *name)
@@ -152,12 +152,24 @@ static int role_worker(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "role %s", wr->name);
     prl_worker_options o = {.name = def_name};
     int threads = 0;
-    cli_opt opts[7] = {
+    cli_opt opts[11] = {
         {"connect", OPT_STR, &o.connect, "ENDPOINT", "the controller's endpoint", 1, 0},
         {"name", OPT_STR, &o.name, "NAME", name_help, 0, 0},
         {"key", OPT_STR, &o.key, "FILE",
-         "the run's bus key (default: bus.key beside an ipc:// endpoint)", 0, 0}};
-    int k = 3;
+         "the run's bus key (default: bus.key beside an ipc:// endpoint)", 0, 0},
+        {"curve-keys", OPT_STR, &o.curve_keys, "DIR",
+         "another host: this worker's CURVE keypair (prl keys generate), instead of --key", 0, 0},
+        {"server-key", OPT_STR, &o.server_key, "FILE",
+         "with --curve-keys: the controller's public.key", 0, 0}};
+    int k = 5;
+    if (wr->cache)
+        opts[k++] = (cli_opt){"cache",
+                              OPT_STR,
+                              &o.cache,
+                              "DIR",
+                              "fetch each policy version over the bus into DIR (no shared disk)",
+                              0,
+                              0};
     if (wr->sandbox)
         opts[k++] = (cli_opt){"sandbox",
                               OPT_STR,

@@ -41,6 +41,13 @@ typedef struct prl_worker_options {
     int allow_remote;    /* allow a non-loopback tcp:// endpoint */
     int slots;           /* work items taken at once (the gateway: groups; 0: 1) */
     const char *key; /* the run's bus key file (NULL: DIR/bus.key of an ipc://DIR/... endpoint) */
+    /* another host (docs/pipeline.md "Several hosts"): this worker's CURVE keypair directory
+    ** and the controller's public.key, instead of the run's key; NULL: none */
+    const char *curve_keys;
+    const char *server_key;
+    /* rollout: fetch each policy version over the bus into this directory (vNNNNNN/),
+    ** instead of reading the controller's path; NULL: read the path */
+    const char *cache;
 } prl_worker_options;
 
 /* The bus secret of a role: `key` or, when NULL, the bus.key beside the ipc:// socket
