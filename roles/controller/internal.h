@@ -21,7 +21,8 @@ enum {
     MAX_INFLIGHT = 8,
     CANDIDATE_FACTOR = 4,
     MAX_ATTEMPTS = 4, /* failed attempts of one work item before it is given up */
-    CTL_SERVED = 4    /* versions whose files remote.c remembers */
+    CTL_SERVED = 4,   /* versions whose files remote.c remembers */
+    CTL_FAULTS = 4    /* PRL_WEIGHTS_FAULT entries */
 };
 
 typedef struct worker {
@@ -171,7 +172,7 @@ typedef struct ctl {
         uint64_t sum;
     } served[CTL_SERVED]; /* versions served by `fetch`, with their weights checksum */
     int served_next;
-    int fault_kind, fault_at, fault_seen; /* PRL_WEIGHTS_FAULT (tests) */
+    int fault_kind[CTL_FAULTS], fault_at[CTL_FAULTS], n_faults, fault_seen; /* tests */
     uint64_t chunks_served;
 } ctl;
 

@@ -5,7 +5,7 @@
 ** by adding its key), and the weights served over the bus in chunks (`fetch` → `chunk`), so
 ** that a worker elsewhere needs no shared disk.
 **
-** PRL_WEIGHTS_FAULT=corrupt:N or truncate:N (tests only) spoils the N-th chunk of
+** PRL_WEIGHTS_FAULT=corrupt:N,truncate:M (tests only) spoils the N-th (M-th) chunk of
 ** model.safetensors this process serves, once: a flipped byte, or half the bytes, under the
 ** checksum of the real ones. The worker must notice and fetch it again.
 */
@@ -49,15 +49,24 @@ static void reload_allow(ctl *c, int first)
     prl_bus_curve_allow_free(&a);
 }
 
+/* PRL_WEIGHTS_FAULT="corrupt:N,truncate:M,..." (at most CTL_FAULTS entries). */
 static void fault_from_env(ctl *c)
 {
     const char *v = getenv("PRL_WEIGHTS_FAULT");
-    if (!v || !*v) return;
-    const char *colon = strchr(v, ':');
-    int at = colon ? atoi(colon + 1) : 0;
-    if (at > 0 && !strncmp(v, "corrupt:", 8)) c->fault_kind = 1, c->fault_at = at;
-    else if (at > 0 && !strncmp(v, "truncate:", 9)) c->fault_kind = 2, c->fault_at = at;
-    else ctl_log("ignored PRL_WEIGHTS_FAULT='%s' (corrupt:N or truncate:N)", v);
+    for (const char *p = v; p && *p && c->n_faults < CTL_FAULTS;) {
+        const char *colon = strchr(p, ':');
+        int at = colon ? atoi(colon + 1) : 0, kind = 0;
+        if (at > 0 && !strncmp(p, "corrupt:", 8)) kind = 1;
+        else if (at > 0 && !strncmp(p, "truncate:", 9)) kind = 2;
+        if (!kind) {
+            ctl_log("ignored PRL_WEIGHTS_FAULT='%s' (corrupt:N or truncate:N, comma-separated)", v);
+            c->n_faults = 0;
+            return;
+        }
+        c->fault_kind[c->n_faults] = kind, c->fault_at[c->n_faults++] = at;
+        p = strchr(p, ',');
+        if (p) p++;
+    }
 }
 
 prl_status ctl_remote_open(ctl *c)
@@ -141,15 +150,18 @@ static prl_status read_piece(const char *dir, const char *file, uint64_t off, si
     return rc;
 }
 
-/* The test fault on the chunk about to be sent (once). */
+/* The test faults on the chunk about to be sent (each once). */
 static void spoil(ctl *c, const char *file, uint8_t *buf, size_t *len)
 {
-    if (!c->fault_kind || strcmp(file, "model.safetensors") || *len < 2) return;
-    if (++c->fault_seen != c->fault_at) return;
-    if (c->fault_kind == 1) buf[*len / 2] ^= 0x40;
-    else *len /= 2;
-    ctl_log("PRL_WEIGHTS_FAULT: %s chunk %d of model.safetensors",
-            c->fault_kind == 1 ? "corrupted" : "truncated", c->fault_at);
+    if (!c->n_faults || strcmp(file, "model.safetensors") || *len < 2) return;
+    int n = ++c->fault_seen;
+    for (int i = 0; i < c->n_faults; i++) {
+        if (c->fault_at[i] != n) continue;
+        if (c->fault_kind[i] == 1) buf[*len / 2] ^= 0x40;
+        else *len /= 2;
+        ctl_log("PRL_WEIGHTS_FAULT: %s chunk %d of model.safetensors",
+                c->fault_kind[i] == 1 ? "corrupted" : "truncated", n);
+    }
 }
 
 void ctl_on_fetch(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id)
