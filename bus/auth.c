@@ -121,6 +121,7 @@ static pthread_mutex_t auth_lock = PTHREAD_MUTEX_INITIALIZER;
 static auth_domain domains[MAX_DOMAINS];
 static unsigned next_domain;
 static unsigned generations;
+static unsigned synced; /* the handler's monitor readers cover every domain up to this one */
 static pthread_t zap_thread;
 static int zap_running;
 static void *zap_ready_ctx;
@@ -354,6 +355,7 @@ static void *zap_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&auth_lock);
         monitors_sync(ctx, mon);
+        synced = generations;
         pthread_mutex_unlock(&auth_lock);
         zmq_pollitem_t items[1 + MAX_DOMAINS];
         int idx[1 + MAX_DOMAINS], n = 1;
@@ -435,7 +437,17 @@ prl_status prl_bus_auth_register(void *ctx, void *zs, const prl_bus_socket_optio
                                zmq_strerror(zmq_errno()));
         if (st) memset(d, 0, sizeof *d);
     }
+    unsigned want = generations;
     pthread_mutex_unlock(&auth_lock);
+    /* a handshake refused before the handler reads the new monitor would go unlogged: wait
+    ** (at most a second) until it does, before the socket binds */
+    for (int i = 0; st == PRL_OK && i < 1000; i++) {
+        pthread_mutex_lock(&auth_lock);
+        int done = synced >= want;
+        pthread_mutex_unlock(&auth_lock);
+        if (done) break;
+        usleep(1000);
+    }
     return st;
 }
 

@@ -13,12 +13,13 @@
 
 /* `prl bench NAME [options]`: argv[2] is NAME, the options start at argv[3]. Exit codes as
 ** cli.h says (0, 2 for bad usage, 1 otherwise). */
-int cmd_bench_train(int argc, char **argv);    /* bench_train.c: a training step vs PyTorch */
-int cmd_bench_decode(int argc, char **argv);   /* bench_decode.c: KV-cached decoding vs PyTorch */
-int cmd_bench_sandbox(int argc, char **argv);  /* bench_sandbox.c: sandboxed vs bare executions */
-int cmd_bench_pipeline(int argc, char **argv); /* bench_pipeline.c: prl run, sync vs async */
-int cmd_bench_load(int argc, char **argv);     /* bench_load.c: checkpoint load time, memory */
-int cmd_bench_gateway(int argc, char **argv);  /* bench_gateway.c: the gateway under load */
+int cmd_bench_train(int argc, char **argv);      /* bench_train.c: a training step vs PyTorch */
+int cmd_bench_decode(int argc, char **argv);     /* bench_decode.c: KV-cached decoding vs PyTorch */
+int cmd_bench_sandbox(int argc, char **argv);    /* bench_sandbox.c: sandboxed vs bare executions */
+int cmd_bench_pipeline(int argc, char **argv);   /* bench_pipeline.c: prl run, sync vs async */
+int cmd_bench_load(int argc, char **argv);       /* bench_load.c: checkpoint load time, memory */
+int cmd_bench_gateway(int argc, char **argv);    /* bench_gateway.c: the gateway under load */
+int cmd_bench_controller(int argc, char **argv); /* bench_controller.c: leases/s, CPU */
 
 /* The median of v[0..n), n >= 1 (sorts v in place). */
 double bench_median(double *v, int n);

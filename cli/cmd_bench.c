@@ -14,6 +14,7 @@ static const cli_command benches[] = {
     {"pipeline", cmd_bench_pipeline, "prl run in sync vs async mode"},
     {"load", cmd_bench_load, "checkpoint loading: time and peak memory"},
     {"gateway", cmd_bench_gateway, "the gateway under load: latency and tokens/s"},
+    {"controller", cmd_bench_controller, "one controller and N simulated workers: leases/s, CPU"},
 };
 enum { N_BENCHES = sizeof benches / sizeof benches[0] };
 

@@ -29,7 +29,8 @@ static const cli_command commands[] = {
     {"keys", cmd_keys, "CURVE keypairs for roles on other hosts (keys generate --out DIR)"},
     {"bench", cmd_bench,
      "benchmarks: training step and decoding vs PyTorch, sandbox, sync vs async pipeline, "
-     "checkpoint loading (bench train|decode|sandbox|pipeline|load)"},
+     "checkpoint loading, the controller (bench "
+     "train|decode|sandbox|pipeline|load|gateway|controller)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

@@ -412,10 +412,13 @@ static prl_status check_bus(const prl_job_config *c, const char *source)
     if (strncmp(b, "tcp://", 6))
         return prl_error_set(PRL_ERR_CONFIG, "%s: key 'bus.bind' = %s must be tcp://HOST:PORT",
                              source, b);
-    if (prl_bus_endpoint_check(b, c->bus_allow_remote))
-        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'bus.bind': %s%s", source,
-                             prl_error_message(),
-                             c->bus_allow_remote ? "" : " (bus.allow_remote = true)");
+    if (prl_bus_endpoint_check(b, c->bus_allow_remote)) {
+        char why[600]; /* the message is rewritten below: copy it first */
+        snprintf(why, sizeof why, "%s", prl_error_message());
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'bus.bind' = %s: %s", source, b,
+                             c->bus_allow_remote ? why
+                                                 : "not loopback: set bus.allow_remote = true");
+    }
     if (!prl_bus_endpoint_local(b) && !*c->bus_keys)
         return prl_error_set(PRL_ERR_CONFIG,
                              "%s: key 'bus.bind' = %s is off loopback: set bus.keys to the "

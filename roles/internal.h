@@ -67,6 +67,10 @@ prl_status prl_worker_serve_idle(prl_worker *w, const char *work_type, prl_worke
 ** 1; *rc a failure to answer); 0 for any other message (m left to the caller). */
 int prl_worker_control(prl_worker *w, prl_bus_msg *m, prl_status *rc);
 
+/* Where the worker's programs run (prl_role_exec_open): o->sandbox with the run's key, or with
+** o->sandbox_key a service on another host over CURVE, or a local sandbox. */
+prl_status prl_worker_exec_open(prl_worker *w, const prl_worker_options *o, prl_role_exec *x);
+
 /* Send m to the controller and free it. */
 prl_status prl_worker_send(prl_worker *w, prl_bus_msg *m);
 

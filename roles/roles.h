@@ -48,6 +48,8 @@ typedef struct prl_worker_options {
     /* rollout: fetch each policy version over the bus into this directory (vNNNNNN/),
     ** instead of reading the controller's path; NULL: read the path */
     const char *cache;
+    /* with curve_keys and a --sandbox on another host: the service's public.key */
+    const char *sandbox_key;
 } prl_worker_options;
 
 /* The bus secret of a role: `key` or, when NULL, the bus.key beside the ipc:// socket
@@ -117,6 +119,10 @@ typedef struct prl_role_exec {
 /* `secret`: the run's bus key, presented to the sandbox service (NULL: it asks for none). */
 prl_status prl_role_exec_open(prl_role_exec *x, const char *sandbox, const char *worker,
                               const char *secret, double wall_s);
+/* The same with the service on another host, over CURVE (prl_sandbox_client_open_curve). */
+prl_status prl_role_exec_open_curve(prl_role_exec *x, const char *sandbox, const char *worker,
+                                    const prl_bus_curve_keypair *kp, const char *server_pub,
+                                    double wall_s);
 void prl_role_exec_close(prl_role_exec *x);
 
 /* ---------------------------------------------------------------- service ---------- */
@@ -135,6 +141,10 @@ typedef struct prl_sandbox_service_options {
     ** the service stops on a signal). Without `secret`, anyone on the endpoint. */
     const char *secret;
     const char *launcher_secret;
+    /* off loopback (docs/pipeline.md "Several hosts"): a CURVE server with this keypair,
+    ** serving the clients of the allow-list (copied at start), instead of `secret` */
+    const prl_bus_curve_keypair *curve;
+    const prl_bus_curve_allow *curve_allow;
 } prl_sandbox_service_options;
 
 void prl_sandbox_service_options_default(prl_sandbox_service_options *opt);
@@ -165,6 +175,11 @@ typedef struct prl_sandbox_client prl_sandbox_client; /* opaque; one thread at a
 ** failure. Free with prl_sandbox_client_free (NULL accepted). */
 prl_status prl_sandbox_client_open(prl_sandbox_client **c, const char *endpoint, const char *name,
                                    const char *secret);
+/* The same for a service on another host: CURVE with the worker's keypair `kp` to the
+** service's public key `server_pub` (Z85), instead of the run's secret. */
+prl_status prl_sandbox_client_open_curve(prl_sandbox_client **c, const char *endpoint,
+                                         const char *name, const prl_bus_curve_keypair *kp,
+                                         const char *server_pub);
 void prl_sandbox_client_free(prl_sandbox_client *c);
 
 /* Timing: one try waits wall_s + margin_s for the answer (default 5 s), then the socket is

@@ -161,8 +161,7 @@ prl_status prl_role_rollout_run(const prl_worker_options *o)
     rollout_worker w = {.version = -1, .cache = o->cache};
     prl_status rc = prl_worker_join(&w.role, "rollout", o);
     if (rc) return rc;
-    if ((rc = prl_role_exec_open(&w.exec, o->sandbox, o->name, w.role.secret.hex,
-                                 w.role.job.reward_timeout))) {
+    if ((rc = prl_worker_exec_open(&w.role, o, &w.exec))) {
         prl_worker_leave(&w.role);
         return rc;
     }

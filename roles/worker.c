@@ -192,6 +192,17 @@ static prl_status load_keys(prl_worker *r, const prl_worker_options *opt)
     return rc;
 }
 
+prl_status prl_worker_exec_open(prl_worker *w, const prl_worker_options *o, prl_role_exec *x)
+{
+    double wall = w->job.reward_timeout;
+    if (!o->sandbox_key) return prl_role_exec_open(x, o->sandbox, o->name, w->secret.hex, wall);
+    if (!o->sandbox || !w->curve_on)
+        return prl_error_set(PRL_ERR_ARG, "--sandbox-key needs --sandbox and --curve-keys");
+    char pub[PRL_BUS_CURVE_Z85 + 1];
+    prl_status rc = prl_bus_curve_public_load(o->sandbox_key, pub);
+    return rc ? rc : prl_role_exec_open_curve(x, o->sandbox, o->name, &w->curve, pub, wall);
+}
+
 prl_status prl_worker_join(prl_worker *r, const char *role, const prl_worker_options *opt)
 {
     memset(r, 0, sizeof *r);
