@@ -104,8 +104,13 @@ static prl_status greet(prl_worker *r, double timeout_s)
     while (!prl_worker_stopping(r)) {
         double now = prl_now();
         if (now > t_end)
-            return prl_error_set(PRL_ERR_IO, "no welcome from the controller at %s after %.0f s",
-                                 r->endpoint, timeout_s);
+            return prl_error_set(PRL_ERR_IO, "no welcome from the controller at %s after %.0f s%s",
+                                 r->endpoint, timeout_s,
+                                 r->curve_on ? " (CURVE: is this worker's public.key on the "
+                                               "controller's allow-list, and --server-key the "
+                                               "controller's public.key? Its log names refused "
+                                               "keys)"
+                                             : "");
         if (now >= t_next) {
             prl_status rc = send_hello(r);
             if (rc) return rc;
