@@ -11,7 +11,9 @@
 ** peer carry its user as the "User-Id" property, which prl_bus_recv reports in the peer.
 **
 ** PLAIN sends the secret in the clear: it is meant for ipc:// sockets in the run directory
-** (0700) and loopback tcp://; hosts elsewhere need CURVE (docs/protocol.md "Who may join").
+** (0700) and loopback tcp://. Hosts elsewhere use CURVE (curve.c): the same handler accepts a
+** CURVE client when its public key is on the domain's allow-list (user "worker"), and logs
+** the key of one that is not (docs/protocol.md "Who may join").
 */
 #include "bus/internal.h"
 
@@ -103,8 +105,9 @@ typedef struct auth_domain {
     int used;
     char name[16]; /* the ZAP domain: "prl-N" */
     prl_bus_secret worker, launcher;
-    int has_launcher;
-    char label[64]; /* the socket's log prefix */
+    int has_worker, has_launcher;
+    prl_bus_curve_allow curve; /* CURVE clients accepted (a copy; n = 0: none) */
+    char label[64];            /* the socket's log prefix */
     prl_bus_log_fn log;
     void *log_ctx;
     prl_bus_log_limit refused_log;
@@ -118,6 +121,7 @@ static pthread_mutex_t auth_lock = PTHREAD_MUTEX_INITIALIZER;
 static auth_domain domains[MAX_DOMAINS];
 static unsigned next_domain;
 static unsigned generations;
+static unsigned synced; /* the handler's monitor readers cover every domain up to this one */
 static pthread_t zap_thread;
 static int zap_running;
 static void *zap_ready_ctx;
@@ -145,6 +149,32 @@ static int part_is(zmq_msg_t *p, const char *s)
     return zmq_msg_size(p) == n && memcmp(zmq_msg_data(p), s, n) == 0;
 }
 
+/* A CURVE client (auth_lock held): accepted as "worker" when its public key (part 6, 32
+** bytes) is on domain dom's allow-list; the refusal names the key in Z85. */
+static const char *decide_curve(zap_request *q, const char *dom, char *user, size_t user_n,
+                                char *why, size_t why_n)
+{
+    if (zmq_msg_size(&q->part[6]) != 32) {
+        snprintf(why, why_n, "a CURVE request without a 32-byte client key");
+        return "400";
+    }
+    const uint8_t *key = zmq_msg_data(&q->part[6]);
+    for (int i = 0; i < MAX_DOMAINS; i++) {
+        auth_domain *d = &domains[i];
+        if (!d->used || strcmp(d->name, dom)) continue;
+        if (prl_bus_curve_allow_has(&d->curve, key)) {
+            snprintf(user, user_n, "worker");
+            return "200";
+        }
+        char z85[PRL_BUS_CURVE_Z85 + 1] = "?";
+        zmq_z85_encode(z85, key, 32);
+        snprintf(why, why_n, "CURVE key %s is not on the allow-list", z85);
+        return "400";
+    }
+    snprintf(why, why_n, "unknown domain");
+    return "400";
+}
+
 /* The answer to one request: status code and the user id (empty when refused). */
 static const char *decide(zap_request *q, char *user, size_t user_n, char *why, size_t why_n)
 {
@@ -154,20 +184,23 @@ static const char *decide(zap_request *q, char *user, size_t user_n, char *why, 
         return "500";
     }
     if (part_is(&q->part[5], "NULL")) return "200"; /* a socket without a secret */
-    if (!part_is(&q->part[5], "PLAIN") || q->n < 8) {
-        snprintf(why, why_n, "mechanism not accepted (PLAIN with the run's key)");
-        return "400";
-    }
     char dom[16];
     size_t dn = zmq_msg_size(&q->part[2]);
     snprintf(dom, sizeof dom, "%.*s", (int)(dn < sizeof dom - 1 ? dn : sizeof dom - 1),
              (const char *)zmq_msg_data(&q->part[2]));
+    if (part_is(&q->part[5], "CURVE") && q->n >= 7)
+        return decide_curve(q, dom, user, user_n, why, why_n);
+    if (!part_is(&q->part[5], "PLAIN") || q->n < 8) {
+        snprintf(why, why_n, "mechanism not accepted (PLAIN with the run's key, or CURVE)");
+        return "400";
+    }
     const char *given = zmq_msg_data(&q->part[7]);
     size_t gn = zmq_msg_size(&q->part[7]);
     for (int i = 0; i < MAX_DOMAINS; i++) {
         auth_domain *d = &domains[i];
         if (!d->used || strcmp(d->name, dom)) continue;
-        if (part_is(&q->part[6], "worker") && secret_equal(&d->worker, given, gn)) {
+        if (part_is(&q->part[6], "worker") && d->has_worker &&
+            secret_equal(&d->worker, given, gn)) {
             snprintf(user, user_n, "worker");
             return "200";
         }
@@ -307,7 +340,12 @@ static void monitor_event(monitor *m, int i)
     auth_domain *d = &domains[i];
     if (d->used && d->generation == m->generation) {
         char why[120];
-        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+            snprintf(why, sizeof why,
+                     "the peer's CURVE handshake failed: it does not hold this server's "
+                     "public key (ZMTP error 0x%x)",
+                     value);
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
             snprintf(why, sizeof why, "the peer did not present a key (ZMTP error 0x%x)", value);
         else
             snprintf(why, sizeof why, "the peer left the handshake without a key (%s)",
@@ -325,6 +363,7 @@ static void *zap_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&auth_lock);
         monitors_sync(ctx, mon);
+        synced = generations;
         pthread_mutex_unlock(&auth_lock);
         zmq_pollitem_t items[1 + MAX_DOMAINS];
         int idx[1 + MAX_DOMAINS], n = 1;
@@ -392,7 +431,8 @@ prl_status prl_bus_auth_register(void *ctx, void *zs, const prl_bus_socket_optio
         memset(d, 0, sizeof *d);
         d->used = 1, d->generation = ++generations;
         snprintf(d->name, sizeof d->name, "prl-%u", next_domain++);
-        memcpy(d->worker.hex, o->secret, PRL_BUS_SECRET_HEX);
+        if (o->secret) memcpy(d->worker.hex, o->secret, PRL_BUS_SECRET_HEX);
+        d->has_worker = o->secret != NULL;
         if (o->launcher_secret) memcpy(d->launcher.hex, o->launcher_secret, PRL_BUS_SECRET_HEX);
         d->has_launcher = o->launcher_secret != NULL;
         snprintf(d->label, sizeof d->label, "%s", label);
@@ -407,8 +447,39 @@ prl_status prl_bus_auth_register(void *ctx, void *zs, const prl_bus_socket_optio
                                zmq_strerror(zmq_errno()));
         if (st) memset(d, 0, sizeof *d);
     }
+    unsigned want = generations;
     pthread_mutex_unlock(&auth_lock);
+    /* a handshake refused before the handler reads the new monitor would go unlogged: wait
+    ** (at most a second) until it does, before the socket binds */
+    for (int i = 0; st == PRL_OK && i < 1000; i++) {
+        pthread_mutex_lock(&auth_lock);
+        int done = synced >= want;
+        pthread_mutex_unlock(&auth_lock);
+        if (done) break;
+        usleep(1000);
+    }
     return st;
+}
+
+prl_status prl_bus_auth_allow_curve(const char *domain, const prl_bus_curve_allow *allow)
+{
+    prl_bus_curve_key *copy = NULL;
+    int n = allow ? allow->n : 0;
+    if (n && !(copy = malloc((size_t)n * sizeof *copy)))
+        return prl_error_set(PRL_ERR_NOMEM, "bus: allow-list of %d keys", n);
+    if (n) memcpy(copy, allow->keys, (size_t)n * sizeof *copy);
+    pthread_mutex_lock(&auth_lock);
+    int found = 0;
+    for (int i = 0; i < MAX_DOMAINS && !found; i++) {
+        auth_domain *d = &domains[i];
+        if (!d->used || strcmp(d->name, domain)) continue;
+        free(d->curve.keys);
+        d->curve.keys = copy, d->curve.n = n, found = 1;
+    }
+    pthread_mutex_unlock(&auth_lock);
+    if (found) return PRL_OK;
+    free(copy);
+    return prl_error_set(PRL_ERR_ARG, "bus: no authentication domain '%s'", domain);
 }
 
 void prl_bus_auth_unregister(const char *domain)
@@ -420,6 +491,7 @@ void prl_bus_auth_unregister(const char *domain)
         char held[200];
         if (prl_bus_log_limit_held_line(&d->refused_log, "refused a connection", held, sizeof held))
             prl_bus_auth_log(d->log, d->log_ctx, d->label, held);
+        free(d->curve.keys);
         memset(d, 0, sizeof *d);
     }
     pthread_mutex_unlock(&auth_lock);

@@ -24,6 +24,8 @@
 **   - who may join (auth.c): a socket that binds with the run's secret accepts only peers
 **     that present it (ZeroMQ PLAIN, checked by a ZAP handler before any message is
 **     delivered); each message then names its sender's user ("worker" or "launcher").
+**     Off loopback (curve.c) the socket is a CURVE server instead: only clients whose
+**     public key is on its allow-list get in, and every byte on the wire is encrypted.
 **
 ** Error model and ownership: functions return a prl_status (engine/engine.h) and set
 ** prl_error_message(). A prl_bus_msg owns its header fields and frame payloads from
@@ -240,6 +242,12 @@ typedef struct prl_bus_socket_options {
     const char *secret;
     const char *user;
     const char *launcher_secret;
+    /* CURVE (curve.c), required on a tcp:// endpoint off loopback: this socket's keypair;
+    ** connect: the server's public key too; bind: the clients it accepts (user "worker").
+    ** With both a secret and a keypair, the keypair is used. */
+    const struct prl_bus_curve_keypair *curve;
+    const char *curve_server;                      /* Z85 */
+    const struct prl_bus_curve_allow *curve_allow; /* copied at open */
 } prl_bus_socket_options;
 
 void prl_bus_socket_options_default(prl_bus_socket_options *o);
@@ -258,6 +266,8 @@ typedef struct prl_bus_socket prl_bus_socket;
 ** tcp://localhost:PORT, tcp://[::1]:PORT (PORT may be * for bind); other tcp hosts only
 ** with allow_remote. PRL_ERR_ARG names what is wrong. */
 prl_status prl_bus_endpoint_check(const char *endpoint, int allow_remote);
+/* 1 when the endpoint passes the policy without allow_remote (ipc, inproc, loopback tcp). */
+int prl_bus_endpoint_local(const char *endpoint);
 
 /* Open a socket of `kind` and bind or connect it to `endpoint` (opt NULL: defaults, i.e.
 ** connect). One process-wide ZeroMQ context is created on first use. */
@@ -303,6 +313,50 @@ prl_status prl_bus_key_ensure(const char *path, prl_bus_secret *out);
 prl_status prl_bus_key_path_for(const char *endpoint, char *out, size_t n);
 /* 1 when s is a well-formed secret. */
 int prl_bus_secret_ok(const char *s);
+
+/* ---------------------------------------------------------------- hosts elsewhere - */
+
+/* CURVE keys (curve.c): Z85 text of 32-byte keys. */
+enum { PRL_BUS_CURVE_Z85 = 40, PRL_BUS_CURVE_MAX_CLIENTS = 4096 };
+typedef struct prl_bus_curve_keypair {
+    char public_z85[PRL_BUS_CURVE_Z85 + 1];
+    char secret_z85[PRL_BUS_CURVE_Z85 + 1];
+} prl_bus_curve_keypair;
+typedef struct prl_bus_curve_key {
+    char z85[PRL_BUS_CURVE_Z85 + 1];
+} prl_bus_curve_key;
+typedef struct prl_bus_curve_allow { /* the client public keys a binding socket accepts */
+    int n;
+    prl_bus_curve_key *keys; /* owned */
+} prl_bus_curve_allow;
+
+/* PRL_OK when libzmq has CURVE (zmq_has("curve")); PRL_ERR_UNSUPPORTED saying so. */
+prl_status prl_bus_curve_available(void);
+/* A new keypair in directory `dir`: public.key (0644) and secret.key (0600), each one Z85
+** line. Refused (nothing written) when either exists. out may be NULL. */
+prl_status prl_bus_curve_generate(const char *dir, prl_bus_curve_keypair *out);
+/* Read the keypair of `dir` (secret.key readable by its owner only; the two must match). */
+prl_status prl_bus_curve_load(const char *dir, prl_bus_curve_keypair *out);
+/* Read a public key file (one Z85 line), e.g. the controller's public.key. */
+prl_status prl_bus_curve_public_load(const char *path, char out[PRL_BUS_CURVE_Z85 + 1]);
+/* 1 when z85 is a well-formed key. */
+int prl_bus_curve_key_ok(const char *z85);
+/* Read an allow-list: one Z85 public key a line ('#' comments, blank lines; text after the
+** key is a comment); errors name the file and line. Free with prl_bus_curve_allow_free. */
+prl_status prl_bus_curve_allow_load(const char *path, prl_bus_curve_allow *out);
+void prl_bus_curve_allow_free(prl_bus_curve_allow *a);
+/* 1 when the 32-byte key is on the list. */
+int prl_bus_curve_allow_has(const prl_bus_curve_allow *a, const uint8_t key[32]);
+
+/* Bind socket `s` (opened with bind = 1) to one more endpoint, as a CURVE server with
+** keypair kp accepting the clients of `allow` (user "worker"): the controller's ipc:// socket
+** also listening on tcp:// for other hosts. The first endpoint keeps its mechanism. kp NULL:
+** a loopback endpoint with the socket's own mechanism (PLAIN with the run's secret). */
+prl_status prl_bus_socket_bind_curve(prl_bus_socket *s, const char *endpoint,
+                                     const prl_bus_curve_keypair *kp,
+                                     const prl_bus_curve_allow *allow);
+/* Replace the CURVE clients a binding socket accepts (an allow-list file read again). */
+prl_status prl_bus_socket_allow_curve(prl_bus_socket *s, const prl_bus_curve_allow *allow);
 
 /* Terminate the process-wide context; call only after every socket is freed. */
 void prl_bus_shutdown(void);

@@ -42,6 +42,8 @@ void prl_bus_auth_log(prl_bus_log_fn log, void *ctx, const char *label, const ch
 prl_status prl_bus_auth_register(void *ctx, void *zs, const prl_bus_socket_options *o,
                                  const char *label, char *domain, size_t n);
 void prl_bus_auth_unregister(const char *domain);
+/* The CURVE clients a registered domain accepts from now on (the list is copied). */
+prl_status prl_bus_auth_allow_curve(const char *domain, const prl_bus_curve_allow *allow);
 void prl_bus_auth_join(void);
 
 #endif /* PRL_BUS_INTERNAL_H */

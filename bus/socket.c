@@ -87,6 +87,11 @@ static prl_status tcp_check(const char *endpoint, const char *rest, int allow_re
                          endpoint);
 }
 
+int prl_bus_endpoint_local(const char *endpoint)
+{
+    return prl_bus_endpoint_check(endpoint, 0) == PRL_OK;
+}
+
 prl_status prl_bus_endpoint_check(const char *endpoint, int allow_remote)
 {
     if (!endpoint || !*endpoint) return prl_error_set(PRL_ERR_ARG, "bus: endpoint is empty");
@@ -118,9 +123,56 @@ static prl_status zfail(prl_bus_socket *s, const char *what)
                          zmq_strerror(zmq_errno()));
 }
 
-/* PLAIN credentials (connect) or the PLAIN server and its ZAP domain (bind). */
+/* The ZAP domain of a binding socket, registered once (with or without a PLAIN secret). */
+static prl_status ensure_domain(prl_bus_socket *s, const prl_bus_socket_options *o)
+{
+    if (s->auth_domain[0]) return PRL_OK;
+    prl_status st = prl_bus_auth_register(prl_bus_context(), s->zs, o, s->name, s->auth_domain,
+                                          sizeof s->auth_domain);
+    if (st) return st;
+    if (zmq_setsockopt(s->zs, ZMQ_ZAP_DOMAIN, s->auth_domain, strlen(s->auth_domain)) != 0)
+        return zfail(s, "requiring authentication on");
+    return PRL_OK;
+}
+
+/* A CURVE server with keypair kp accepting `allow`, for the binds that follow. */
+static prl_status curve_server(prl_bus_socket *s, const prl_bus_socket_options *o,
+                               const prl_bus_curve_keypair *kp, const prl_bus_curve_allow *allow)
+{
+    int one = 1;
+    prl_status st = prl_bus_curve_available();
+    if (!st) st = ensure_domain(s, o);
+    if (!st) st = prl_bus_auth_allow_curve(s->auth_domain, allow);
+    if (st) return st;
+    if (zmq_setsockopt(s->zs, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(s->zs, ZMQ_CURVE_SECRETKEY, kp->secret_z85, PRL_BUS_CURVE_Z85) != 0)
+        return zfail(s, "making a CURVE server of");
+    return PRL_OK;
+}
+
+/* A CURVE client: its keypair and the server's public key. */
+static prl_status curve_client(prl_bus_socket *s, const prl_bus_socket_options *o)
+{
+    prl_status st = prl_bus_curve_available();
+    if (st) return st;
+    if (!prl_bus_curve_key_ok(o->curve_server))
+        return prl_error_set(PRL_ERR_ARG,
+                             "bus: connecting to '%s' with CURVE needs the server's "
+                             "public key (its public.key)",
+                             s->endpoint);
+    if (zmq_setsockopt(s->zs, ZMQ_CURVE_SERVERKEY, o->curve_server, PRL_BUS_CURVE_Z85) != 0 ||
+        zmq_setsockopt(s->zs, ZMQ_CURVE_PUBLICKEY, o->curve->public_z85, PRL_BUS_CURVE_Z85) != 0 ||
+        zmq_setsockopt(s->zs, ZMQ_CURVE_SECRETKEY, o->curve->secret_z85, PRL_BUS_CURVE_Z85) != 0)
+        return zfail(s, "setting the CURVE keys of");
+    return PRL_OK;
+}
+
+/* CURVE when the socket has a keypair; else PLAIN credentials (connect) or the PLAIN server
+** and its ZAP domain (bind). */
 static prl_status configure_auth(prl_bus_socket *s, const prl_bus_socket_options *o)
 {
+    if (o->curve)
+        return o->bind ? curve_server(s, o, o->curve, o->curve_allow) : curve_client(s, o);
     if (!o->secret) return PRL_OK;
     if (!prl_bus_secret_ok(o->secret) ||
         (o->launcher_secret && !prl_bus_secret_ok(o->launcher_secret)))
@@ -134,11 +186,9 @@ static prl_status configure_auth(prl_bus_socket *s, const prl_bus_socket_options
         return PRL_OK;
     }
     int one = 1;
-    prl_status st = prl_bus_auth_register(prl_bus_context(), s->zs, o, s->name, s->auth_domain,
-                                          sizeof s->auth_domain);
+    prl_status st = ensure_domain(s, o);
     if (st) return st;
-    if (zmq_setsockopt(s->zs, ZMQ_PLAIN_SERVER, &one, sizeof one) != 0 ||
-        zmq_setsockopt(s->zs, ZMQ_ZAP_DOMAIN, s->auth_domain, strlen(s->auth_domain)) != 0)
+    if (zmq_setsockopt(s->zs, ZMQ_PLAIN_SERVER, &one, sizeof one) != 0)
         return zfail(s, "requiring authentication on");
     return PRL_OK;
 }
@@ -196,6 +246,11 @@ prl_status prl_bus_socket_open(prl_bus_socket **out, prl_bus_kind kind, const ch
         return prl_error_set(PRL_ERR_ARG, "bus: a socket that receives needs the registry of "
                                           "its message types");
     prl_status st = prl_bus_endpoint_check(endpoint, opt->allow_remote);
+    if (st == PRL_OK && !opt->curve && !prl_bus_endpoint_local(endpoint))
+        st = prl_error_set(PRL_ERR_ARG,
+                           "bus: endpoint '%s' is off loopback: it needs CURVE keys (prl keys "
+                           "generate; docs/pipeline.md \"Several hosts\")",
+                           endpoint);
     if (st != PRL_OK) return st;
     void *c = prl_bus_context();
     if (!c) return prl_error_set(PRL_ERR_IO, "bus: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
@@ -216,6 +271,33 @@ prl_status prl_bus_socket_open(prl_bus_socket **out, prl_bus_kind kind, const ch
     }
     *out = s;
     return PRL_OK;
+}
+
+prl_status prl_bus_socket_bind_curve(prl_bus_socket *s, const char *endpoint,
+                                     const prl_bus_curve_keypair *kp,
+                                     const prl_bus_curve_allow *allow)
+{
+    prl_status st = prl_bus_endpoint_check(endpoint, 1);
+    if (st) return st;
+    if (s->kind != PRL_BUS_ROUTER && s->kind != PRL_BUS_PUB)
+        return prl_error_set(PRL_ERR_ARG, "bus: only ROUTER and PUB sockets bind more endpoints");
+    if (!kp && !prl_bus_endpoint_local(endpoint))
+        return prl_error_set(PRL_ERR_ARG, "bus: endpoint '%s' is off loopback: it needs CURVE keys",
+                             endpoint);
+    prl_bus_socket_options o;
+    prl_bus_socket_options_default(&o);
+    o.bind = 1, o.log = s->log, o.log_ctx = s->log_ctx;
+    if (kp && (st = curve_server(s, &o, kp, allow))) return st;
+    if (zmq_bind(s->zs, endpoint) != 0)
+        return prl_error_set(PRL_ERR_IO, "bus: bind '%s': %s", endpoint, zmq_strerror(zmq_errno()));
+    return PRL_OK;
+}
+
+prl_status prl_bus_socket_allow_curve(prl_bus_socket *s, const prl_bus_curve_allow *allow)
+{
+    if (!s->auth_domain[0])
+        return prl_error_set(PRL_ERR_ARG, "bus: '%s' does not authenticate", s->endpoint);
+    return prl_bus_auth_allow_curve(s->auth_domain, allow);
 }
 
 static void log_drops_held(prl_bus_socket *s);

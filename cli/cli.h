@@ -125,6 +125,7 @@ int cmd_tasks_check(int argc, char **argv);
 int cmd_sandbox(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_role(int argc, char **argv);
+int cmd_keys(int argc, char **argv);
 /* runs/NAME/job.json into out[n]. */
 prl_status cli_run_job_path(const char *run_dir, char *out, size_t n);
 

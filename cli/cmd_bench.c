@@ -15,6 +15,7 @@ static const cli_command benches[] = {
     {"load", cmd_bench_load, "checkpoint loading: time and peak memory"},
     {"gateway", cmd_bench_gateway, "the gateway under load: latency and tokens/s"},
     {"sft", cmd_bench_sft, "SFT tokens/s with and without packing"},
+    {"controller", cmd_bench_controller, "one controller and N simulated workers: leases/s, CPU"},
 };
 enum { N_BENCHES = sizeof benches / sizeof benches[0] };
 

@@ -73,10 +73,17 @@ static int role_sandbox(int argc, char **argv)
     prl_sandbox_service_options opt;
     prl_sandbox_service_options_default(&opt);
     int uid_base = 0;
-    const char *key = NULL;
+    const char *key = NULL, *curve_keys = NULL, *authorized = NULL;
+    int allow_remote = 0;
     cli_opt opts[] = {
         {"bind", OPT_STR, &opt.endpoint, "ENDPOINT",
          "ROUTER endpoint to bind, e.g. ipc://runs/NAME/sandbox.sock", 1, 0},
+        {"curve-keys", OPT_STR, &curve_keys, "DIR",
+         "serve other hosts over CURVE with this keypair (prl keys generate), instead of --key", 0,
+         0},
+        {"authorized-keys", OPT_STR, &authorized, "FILE",
+         "with --curve-keys: the workers' public keys, one a line", 0, 0},
+        {"allow-remote", OPT_FLAG, &allow_remote, NULL, "allow a non-loopback tcp:// --bind", 0, 0},
         {"slots", OPT_INT, &opt.slots, "N",
          "programs run at once, one per slot (default 1, at most 256)", 0, 0},
         {"uid-base", OPT_INT, &uid_base, "UID", "first slot uid (default: derived from the pid)", 0,
@@ -99,11 +106,24 @@ static int role_sandbox(int argc, char **argv)
     if (uid_base < 0) return cli_failf("role sandbox", 2, "--uid-base must be positive");
     opt.uid_base = (unsigned)uid_base;
     prl_bus_secret secret;
-    if (prl_bus_endpoint_check(opt.endpoint, 0) || prl_role_load_secret(key, opt.endpoint, &secret))
+    prl_bus_curve_keypair kp;
+    prl_bus_curve_allow allow = {0};
+    if (curve_keys) { /* another host's workers (docs/pipeline.md "Several hosts") */
+        if (!authorized)
+            return cli_failf("role sandbox", 2, "--curve-keys needs --authorized-keys FILE");
+        if (prl_bus_endpoint_check(opt.endpoint, allow_remote) ||
+            prl_bus_curve_load(curve_keys, &kp) || prl_bus_curve_allow_load(authorized, &allow))
+            return cli_fail("role sandbox");
+        opt.curve = &kp, opt.curve_allow = &allow;
+    } else if (prl_bus_endpoint_check(opt.endpoint, 0) ||
+               prl_role_load_secret(key, opt.endpoint, &secret)) {
         return cli_fail("role sandbox");
-    opt.secret = secret.hex;
+    } else {
+        opt.secret = secret.hex;
+    }
     prl_sandbox_service_stats stats = {0};
     prl_status st = prl_sandbox_service_run(&opt, &stats);
+    prl_bus_curve_allow_free(&allow);
     if (st != PRL_OK) cli_fail("role sandbox");
     prl_bus_shutdown(); /* lets libzmq finish closing: the ipc socket file is removed */
     return st != PRL_OK ? 1 : stats.signal ? PRL_ROLE_SIGNALED_EXIT : 0;
@@ -114,26 +134,26 @@ typedef struct worker_role {
     const char *name;
     prl_status (*run)(const prl_worker_options *o);
     const char *help;
-    int sandbox, threads;
+    int sandbox, threads, cache;
 } worker_role;
 
 static const worker_role workers[] = {
     {"rollout", prl_role_rollout_run,
      "A rollout worker: generates samples with the infer path "
      "for the controller at ENDPOINT (docs/pipeline.md).",
-     1, 1},
+     1, 1, 1},
     {"reward", prl_role_reward_run,
      "A reward worker: scores samples with the domain verifiers "
      "for the controller at ENDPOINT (docs/pipeline.md).",
-     1, 0},
+     1, 0, 0},
     {"trainer", prl_role_trainer_run,
      "The trainer: GRPO (or OPD) updates of each step's samples; "
      "writes and announces policy versions (docs/pipeline.md).",
-     0, 1},
+     0, 1, 0},
     {"teacher", prl_role_teacher_run,
      "An OPD teacher: scores the student's samples with one "
      "domain expert at a time (docs/opd.md).",
-     0, 1},
+     0, 1, 0},
 };
 
 static const worker_role *worker_named(const char *name)
@@ -154,13 +174,25 @@ static int role_worker(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "role %s", wr->name);
     prl_worker_options o = {.name = def_name};
     int threads = 0;
-    cli_opt opts[7] = {
+    cli_opt opts[12] = {
         {"connect", OPT_STR, &o.connect, "ENDPOINT", "the controller's endpoint", 1, 0},
         {"name", OPT_STR, &o.name, "NAME", name_help, 0, 0},
         {"key", OPT_STR, &o.key, "FILE",
-         "the run's bus key (default: bus.key beside an ipc:// endpoint)", 0, 0}};
-    int k = 3;
-    if (wr->sandbox)
+         "the run's bus key (default: bus.key beside an ipc:// endpoint)", 0, 0},
+        {"curve-keys", OPT_STR, &o.curve_keys, "DIR",
+         "another host: this worker's CURVE keypair (prl keys generate), instead of --key", 0, 0},
+        {"server-key", OPT_STR, &o.server_key, "FILE",
+         "with --curve-keys: the controller's public.key", 0, 0}};
+    int k = 5;
+    if (wr->cache)
+        opts[k++] = (cli_opt){"cache",
+                              OPT_STR,
+                              &o.cache,
+                              "DIR",
+                              "fetch each policy version over the bus into DIR (no shared disk)",
+                              0,
+                              0};
+    if (wr->sandbox) {
         opts[k++] = (cli_opt){"sandbox",
                               OPT_STR,
                               &o.sandbox,
@@ -168,6 +200,14 @@ static int role_worker(int argc, char **argv)
                               "sandbox service for programs (default: a local sandbox)",
                               0,
                               0};
+        opts[k++] = (cli_opt){"sandbox-key",
+                              OPT_STR,
+                              &o.sandbox_key,
+                              "FILE",
+                              "with --curve-keys: a --sandbox on another host, its public.key",
+                              0,
+                              0};
+    }
     if (wr->threads)
         opts[k++] = (cli_opt){
             "threads", OPT_INT, &threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0};

@@ -26,9 +26,11 @@ static const cli_command commands[] = {
      "run a program isolated (sandbox exec), show the isolation layers (probe)"},
     {"run", cmd_run, "train a GRPO expert: every role as a process over ZeroMQ, samples in run.db"},
     {"role", cmd_role, "run one role of a run (controller, rollout, reward, trainer)"},
+    {"keys", cmd_keys, "CURVE keypairs for roles on other hosts (keys generate --out DIR)"},
     {"bench", cmd_bench,
      "benchmarks: training step and decoding vs PyTorch, sandbox, sync vs async pipeline, "
-     "checkpoint loading (bench train|decode|sandbox|pipeline|load)"},
+     "checkpoint loading, the controller (bench "
+     "train|decode|sandbox|pipeline|load|gateway|controller)"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

@@ -4,6 +4,7 @@
 ** (job.h); the cross-key rules are here.
 */
 #include "job/job.h"
+#include "bus/bus.h"
 #include "job/keys.h"
 
 #include <math.h>
@@ -31,7 +32,7 @@ static const prl_key_spec keys[] = {
     {"task.path", PRL_KEY_STR, F(task_path), 0, 0, "\"\"", NULL},
     {"task.eval_every", PRL_KEY_INT, F(eval_every), 0, 1e9, "0", NULL},
     {"task.eval_samples", PRL_KEY_INT, F(eval_samples), 1, 64, "1", NULL},
-    {"rollout.workers", PRL_KEY_INT, F(rollout_workers), 1, 64, "1", NULL},
+    {"rollout.workers", PRL_KEY_INT, F(rollout_workers), 0, 64, "1", NULL},
     {"rollout.batch_prompts", PRL_KEY_INT, F(batch_prompts), 1, 4096, "8", NULL},
     {"rollout.group_size", PRL_KEY_INT, F(group_size), 1, 1024, "8", NULL},
     {"rollout.max_new_tokens", PRL_KEY_INT, F(max_new_tokens), 1, 65536, "96", NULL},
@@ -43,13 +44,17 @@ static const prl_key_spec keys[] = {
     {"rollout.threads", PRL_KEY_INT, F(rollout_threads), 0, 256, "0", NULL},
     {"rollout.source", PRL_KEY_STR, F(rollout_source), 0, 0, "\"engine\"", "engine|gateway"},
     {"rollout.mode", PRL_KEY_STR, F(rollout_mode), 0, 0, "\"default\"", "default|think|no_think"},
+    {"bus.bind", PRL_KEY_STR, F(bus_bind), 0, 0, "\"\"", NULL},
+    {"bus.allow_remote", PRL_KEY_BOOL, F(bus_allow_remote), 0, 1, "false", NULL},
+    {"bus.keys", PRL_KEY_STR, F(bus_keys), 0, 0, "\"\"", NULL},
+    {"bus.authorized_keys", PRL_KEY_STR, F(bus_authorized_keys), 0, 0, "\"\"", NULL},
     {"gateway.bind", PRL_KEY_STR, F(gateway_bind), 0, 0, "\"127.0.0.1:8000\"", NULL},
     {"gateway.allow_remote", PRL_KEY_BOOL, F(gateway_allow_remote), 0, 1, "false", NULL},
     {"gateway.max_body", PRL_KEY_INT, F(gateway_max_body), 1024, 268435456, "1048576", NULL},
     {"gateway.groups", PRL_KEY_INT, F(gateway_groups), 0, 4096, "0", NULL},
     {"gateway.episode_timeout", PRL_KEY_REAL, F(gateway_episode_timeout), 1, 86400, "300", NULL},
     {"gateway.client_timeout", PRL_KEY_REAL, F(gateway_client_timeout), 1, 3600, "30", NULL},
-    {"reward.workers", PRL_KEY_INT, F(reward_workers), 1, 64, "1", NULL},
+    {"reward.workers", PRL_KEY_INT, F(reward_workers), 0, 64, "1", NULL},
     {"reward.timeout", PRL_KEY_REAL, F(reward_timeout), 0.01, 3600, "2.0", NULL},
     {"reward.program", PRL_KEY_ARGV, F(reward_program), 0, 64, "[]", NULL},
     {"reward.network", PRL_KEY_BOOL, F(reward_network), 0, 1, "false", NULL},
@@ -395,6 +400,43 @@ static prl_status check_gateway(const prl_job_config *c, const char *source)
     return PRL_OK;
 }
 
+/* bus.bind: a tcp:// endpoint the controller listens on besides its ipc:// socket; off
+** loopback only with bus.allow_remote, and then with CURVE keys (bus.keys). Without it every
+** worker is a child of `prl run`, so none of the pools may be empty. */
+static prl_status check_bus(const prl_job_config *c, const char *source)
+{
+    const char *b = c->bus_bind;
+    if (!*b) {
+        if (c->rollout_workers == 0 && !strcmp(c->rollout_source, "engine"))
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: key 'rollout.workers' = 0 needs bus.bind (workers that join "
+                                 "from other hosts)",
+                                 source);
+        if (c->reward_workers == 0)
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: key 'reward.workers' = 0 needs bus.bind (workers that join "
+                                 "from other hosts)",
+                                 source);
+        return PRL_OK;
+    }
+    if (strncmp(b, "tcp://", 6))
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'bus.bind' = %s must be tcp://HOST:PORT",
+                             source, b);
+    if (prl_bus_endpoint_check(b, c->bus_allow_remote)) {
+        char why[600]; /* the message is rewritten below: copy it first */
+        snprintf(why, sizeof why, "%s", prl_error_message());
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'bus.bind' = %s: %s", source, b,
+                             c->bus_allow_remote ? why
+                                                 : "not loopback: set bus.allow_remote = true");
+    }
+    if (!prl_bus_endpoint_local(b) && !*c->bus_keys)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'bus.bind' = %s is off loopback: set bus.keys to the "
+                             "controller's CURVE keypair directory (prl keys generate --out DIR)",
+                             source, b);
+    return PRL_OK;
+}
+
 int prl_job_has_reward_program(const prl_job_config *c)
 {
     return c->reward_program && strcmp(c->reward_program, "[]") != 0;
@@ -409,6 +451,7 @@ prl_status prl_job_config_check(const prl_job_config *c, const char *source)
     if (!rc) rc = check_mix(c, source);
     if (!rc) rc = check_opd(c, source);
     if (!rc) rc = check_gateway(c, source);
+    if (!rc) rc = check_bus(c, source);
     if (rc) return rc;
     if ((long)c->batch_prompts * c->group_size <= 0)
         return prl_error_set(PRL_ERR_CONFIG,

@@ -160,6 +160,27 @@ static prl_status exec_cached(void *ctx, const prl_reward_exec_request *q,
     return PRL_OK;
 }
 
+/* The executor over client svc (opened by the caller into x->svc). */
+static void use_service(prl_role_exec *x)
+{
+    x->inner.fn = prl_exec_service_run, x->inner.ctx = x->svc;
+}
+
+prl_status prl_role_exec_open_curve(prl_role_exec *x, const char *sandbox, const char *worker,
+                                    const prl_bus_curve_keypair *kp, const char *server_pub,
+                                    double wall_s)
+{
+    prl_status rc = prl_role_exec_open(x, NULL, worker, NULL, wall_s);
+    if (rc) return rc;
+    prl_exec_local_free(x->local);
+    x->local = NULL;
+    char name[96];
+    snprintf(name, sizeof name, "%s.sandbox", worker);
+    if ((rc = prl_sandbox_client_open_curve(&x->svc, sandbox, name, kp, server_pub))) return rc;
+    use_service(x);
+    return PRL_OK;
+}
+
 prl_status prl_role_exec_open(prl_role_exec *x, const char *sandbox, const char *worker,
                               const char *secret, double wall_s)
 {
@@ -178,7 +199,7 @@ prl_status prl_role_exec_open(prl_role_exec *x, const char *sandbox, const char 
     snprintf(name, sizeof name, "%s.sandbox", worker);
     prl_status rc = prl_sandbox_client_open(&x->svc, sandbox, name, secret);
     if (rc) return rc;
-    x->inner.fn = prl_exec_service_run, x->inner.ctx = x->svc;
+    use_service(x);
     return PRL_OK;
 }
 

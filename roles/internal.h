@@ -29,7 +29,10 @@ typedef struct prl_worker {
     double heartbeat_s;
     prl_bus_socket *ctl;
     prl_bus_secret secret; /* the run's bus key, presented on every socket it opens */
-    uint64_t next_id;      /* ids of the messages this worker sends */
+    int curve_on;          /* instead: CURVE with this keypair to the server's public key */
+    prl_bus_curve_keypair curve;
+    char server_pub[PRL_BUS_CURVE_Z85 + 1];
+    uint64_t next_id; /* ids of the messages this worker sends */
     /* log lines a peer's messages could flood, rate-limited: "controller: REASON" (its error
     ** replies) and "ignored a 'TYPE' message" */
     prl_bus_log_limit ctl_error_log, ignored_log;
@@ -60,8 +63,29 @@ typedef prl_status (*prl_worker_idle_fn)(void *ctx, prl_worker *w);
 prl_status prl_worker_serve_idle(prl_worker *w, const char *work_type, prl_worker_fn fn,
                                  prl_worker_idle_fn idle, void *ctx);
 
+/* A stop, welcome or error from the controller, handled as the serve loop does (m freed,
+** 1; *rc a failure to answer); 0 for any other message (m left to the caller). */
+int prl_worker_control(prl_worker *w, prl_bus_msg *m, prl_status *rc);
+
+/* Where the worker's programs run (prl_role_exec_open): o->sandbox with the run's key, or with
+** o->sandbox_key a service on another host over CURVE, or a local sandbox. */
+prl_status prl_worker_exec_open(prl_worker *w, const prl_worker_options *o, prl_role_exec *x);
+
 /* Send m to the controller and free it. */
 prl_status prl_worker_send(prl_worker *w, prl_bus_msg *m);
+
+/* The options of a socket to the controller: identity and name `id`, the worker's key
+** (the run's secret, or its CURVE keypair and the controller's public key). */
+void prl_worker_socket_options(const prl_worker *w, const char *id, prl_bus_socket_options *o);
+
+/* Weights over the bus (fetch.c): policy version v fetched from the controller into
+** cache/vNNNNNN (a no-op when that directory already holds the version the controller
+** announces), in chunks each checked against its checksum, the whole against the version's
+** weights checksum and prl_checkpoint_verify; a bad chunk or a bad whole is fetched again
+** (a few times, then an error). Built under a temporary name and renamed, so a killed
+** fetch leaves no half version. Only between work items. out: the local directory. */
+prl_status prl_worker_fetch_version(prl_worker *w, const char *cache, uint64_t v, char *out,
+                                    size_t n);
 
 /* "[rollout-0] message" on stderr. */
 void prl_worker_log(const prl_worker *w, const char *fmt, ...)

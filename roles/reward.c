@@ -114,8 +114,7 @@ prl_status prl_role_reward_run(const prl_worker_options *o)
     prl_status rc = prl_worker_join(&r, "reward", o);
     if (rc) return rc;
     reward_ctx k = {0};
-    if ((rc = prl_role_exec_open(&k.exec, o->sandbox, o->name, r.secret.hex,
-                                 r.job.reward_timeout))) {
+    if ((rc = prl_worker_exec_open(&r, o, &k.exec))) {
         prl_worker_leave(&r);
         return rc;
     }

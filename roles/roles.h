@@ -41,6 +41,15 @@ typedef struct prl_worker_options {
     int allow_remote;    /* allow a non-loopback tcp:// endpoint */
     int slots;           /* work items taken at once (the gateway: groups; 0: 1) */
     const char *key; /* the run's bus key file (NULL: DIR/bus.key of an ipc://DIR/... endpoint) */
+    /* another host (docs/pipeline.md "Several hosts"): this worker's CURVE keypair directory
+    ** and the controller's public.key, instead of the run's key; NULL: none */
+    const char *curve_keys;
+    const char *server_key;
+    /* rollout: fetch each policy version over the bus into this directory (vNNNNNN/),
+    ** instead of reading the controller's path; NULL: read the path */
+    const char *cache;
+    /* with curve_keys and a --sandbox on another host: the service's public.key */
+    const char *sandbox_key;
 } prl_worker_options;
 
 /* The bus secret of a role: `key` or, when NULL, the bus.key beside the ipc:// socket
@@ -110,6 +119,10 @@ typedef struct prl_role_exec {
 /* `secret`: the run's bus key, presented to the sandbox service (NULL: it asks for none). */
 prl_status prl_role_exec_open(prl_role_exec *x, const char *sandbox, const char *worker,
                               const char *secret, double wall_s);
+/* The same with the service on another host, over CURVE (prl_sandbox_client_open_curve). */
+prl_status prl_role_exec_open_curve(prl_role_exec *x, const char *sandbox, const char *worker,
+                                    const prl_bus_curve_keypair *kp, const char *server_pub,
+                                    double wall_s);
 void prl_role_exec_close(prl_role_exec *x);
 
 /* ---------------------------------------------------------------- service ---------- */
@@ -128,6 +141,10 @@ typedef struct prl_sandbox_service_options {
     ** the service stops on a signal). Without `secret`, anyone on the endpoint. */
     const char *secret;
     const char *launcher_secret;
+    /* off loopback (docs/pipeline.md "Several hosts"): a CURVE server with this keypair,
+    ** serving the clients of the allow-list (copied at start), instead of `secret` */
+    const prl_bus_curve_keypair *curve;
+    const prl_bus_curve_allow *curve_allow;
 } prl_sandbox_service_options;
 
 void prl_sandbox_service_options_default(prl_sandbox_service_options *opt);
@@ -159,6 +176,11 @@ typedef struct prl_sandbox_client prl_sandbox_client; /* opaque; one thread at a
 ** failure. Free with prl_sandbox_client_free (NULL accepted). */
 prl_status prl_sandbox_client_open(prl_sandbox_client **c, const char *endpoint, const char *name,
                                    const char *secret);
+/* The same for a service on another host: CURVE with the worker's keypair `kp` to the
+** service's public key `server_pub` (Z85), instead of the run's secret. */
+prl_status prl_sandbox_client_open_curve(prl_sandbox_client **c, const char *endpoint,
+                                         const char *name, const prl_bus_curve_keypair *kp,
+                                         const char *server_pub);
 void prl_sandbox_client_free(prl_sandbox_client *c);
 
 /* Timing: one try waits wall_s + margin_s for the answer (default 5 s), then the socket is

@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct rollout_worker {
     prl_worker role;
@@ -21,6 +22,8 @@ typedef struct rollout_worker {
     int64_t version; /* loaded policy version (-1: none) */
     char path[1024];
     prl_role_exec exec; /* python tool calls */
+    const char *cache;  /* --cache: versions fetched over the bus (NULL: read `path`) */
+    char fetched[1100]; /* the last version this process fetched into the cache ("" none) */
 } rollout_worker;
 
 static void unload(rollout_worker *w)
@@ -47,6 +50,32 @@ static prl_status load_version(rollout_worker *w, int64_t v, const char *path)
     w->version = v;
     snprintf(w->path, sizeof w->path, "%s", path);
     prl_worker_log(&w->role, "loaded policy version %lld from %s", (long long)v, path);
+    return PRL_OK;
+}
+
+/* Remove a version directory this process fetched (its files: fetch.c's list). */
+static void drop_fetched(const char *dir)
+{
+    char path[1200];
+    for (int i = 0; prl_msg_fetch_file(i); i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, prl_msg_fetch_file(i));
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+/* Version v: from `path` (the same disk), or with --cache fetched over the bus first; the
+** previous version this process fetched leaves the cache once the new one is loaded. */
+static prl_status take_version(rollout_worker *w, int64_t v, const char *path)
+{
+    if (!w->cache) return load_version(w, v, path);
+    char local[1100];
+    if (w->version == v) return PRL_OK;
+    prl_status rc = prl_worker_fetch_version(&w->role, w->cache, (uint64_t)v, local, sizeof local);
+    if (!rc) rc = load_version(w, v, local);
+    if (rc) return rc;
+    if (w->fetched[0] && strcmp(w->fetched, local)) drop_fetched(w->fetched);
+    snprintf(w->fetched, sizeof w->fetched, "%s", local);
     return PRL_OK;
 }
 
@@ -88,7 +117,7 @@ static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
     (void)role;
     prl_msg_work work;
     prl_status rc = prl_msg_work_decode(m, &work);
-    if (!rc) rc = load_version(w, (int64_t)work.policy_version, work.path);
+    if (!rc) rc = take_version(w, (int64_t)work.policy_version, work.path);
     uint64_t count = rc ? 0 : work.count;
     json_t **tasks = calloc(count ? count : 1, sizeof *tasks);
     uint64_t *seq = calloc(count ? count : 1, sizeof *seq);
@@ -130,11 +159,10 @@ static prl_status do_work(void *ctx, prl_worker *role, const prl_bus_msg *m)
 
 prl_status prl_role_rollout_run(const prl_worker_options *o)
 {
-    rollout_worker w = {.version = -1};
+    rollout_worker w = {.version = -1, .cache = o->cache};
     prl_status rc = prl_worker_join(&w.role, "rollout", o);
     if (rc) return rc;
-    if ((rc = prl_role_exec_open(&w.exec, o->sandbox, o->name, w.role.secret.hex,
-                                 w.role.job.reward_timeout))) {
+    if ((rc = prl_worker_exec_open(&w.role, o, &w.exec))) {
         prl_worker_leave(&w.role);
         return rc;
     }

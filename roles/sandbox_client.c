@@ -21,7 +21,10 @@ struct prl_sandbox_client {
     char endpoint[512];
     char name[64];
     prl_bus_secret secret; /* the run's bus key ("" when the service asks for none) */
-    prl_bus_socket *sock;  /* NULL until the first send and after a failed try */
+    int curve_on;          /* instead: CURVE with this keypair to the service's public key */
+    prl_bus_curve_keypair curve;
+    char server_pub[PRL_BUS_CURVE_Z85 + 1];
+    prl_bus_socket *sock; /* NULL until the first send and after a failed try */
     uint64_t next_id;
     double margin_s, deadline_s;
     uint64_t resends;
@@ -42,6 +45,24 @@ prl_status prl_sandbox_client_open(prl_sandbox_client **out, const char *endpoin
     c->margin_s = 5.0;
     c->deadline_s = 30.0;
     *out = c;
+    return PRL_OK;
+}
+
+prl_status prl_sandbox_client_open_curve(prl_sandbox_client **out, const char *endpoint,
+                                         const char *name, const prl_bus_curve_keypair *kp,
+                                         const char *server_pub)
+{
+    *out = NULL;
+    prl_status rc = prl_bus_endpoint_check(endpoint, 1);
+    if (!rc) rc = prl_bus_curve_available();
+    if (!rc && !prl_bus_curve_key_ok(server_pub))
+        rc = prl_error_set(PRL_ERR_ARG, "sandbox client: the service's public key is malformed");
+    if (!rc) rc = prl_sandbox_client_open(out, "inproc://unused", name, NULL);
+    if (rc) return rc;
+    prl_sandbox_client *c = *out;
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    c->curve_on = 1, c->curve = *kp;
+    snprintf(c->server_pub, sizeof c->server_pub, "%s", server_pub);
     return PRL_OK;
 }
 
@@ -69,6 +90,7 @@ static prl_status send_try(prl_sandbox_client *c, const prl_bus_msg *m)
         prl_bus_socket_options_default(&o);
         o.name = c->name, o.registry = prl_msg_registry();
         o.secret = c->secret.hex[0] ? c->secret.hex : NULL;
+        if (c->curve_on) o.curve = &c->curve, o.curve_server = c->server_pub, o.allow_remote = 1;
         prl_status rc = prl_bus_socket_open(&c->sock, PRL_BUS_DEALER, c->endpoint, &o);
         if (rc) return rc;
     }

@@ -413,7 +413,8 @@ static prl_status svc_open(svc *s, const prl_sandbox_service_options *opt)
     bo.name = s->name;
     bo.registry = prl_msg_registry();
     bo.secret = opt->secret, bo.launcher_secret = opt->secret ? opt->launcher_secret : NULL;
-    s->auth = opt->secret != NULL;
+    bo.curve = opt->curve, bo.curve_allow = opt->curve_allow, bo.allow_remote = opt->curve != NULL;
+    s->auth = opt->secret != NULL || opt->curve != NULL;
     rc = prl_bus_socket_open(&s->sock, PRL_BUS_ROUTER, opt->endpoint, &bo);
     if (rc) return rc;
     return start_workers(s, opt->slots);

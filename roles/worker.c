@@ -69,11 +69,10 @@ static void *heartbeat_main(void *arg)
 {
     prl_worker *r = arg;
     prl_bus_socket_options o;
-    prl_bus_socket_options_default(&o);
     char id[80];
     snprintf(id, sizeof id, "%s.hb", r->worker);
-    o.identity = id, o.name = id, o.send_timeout_ms = 1000, o.registry = prl_msg_registry();
-    o.secret = r->secret.hex;
+    prl_worker_socket_options(r, id, &o);
+    o.send_timeout_ms = 1000;
     prl_bus_socket *s = NULL;
     if (prl_bus_socket_open(&s, PRL_BUS_DEALER, r->endpoint, &o)) {
         prl_worker_log(r, "heartbeat socket: %s", prl_error_message());
@@ -105,8 +104,13 @@ static prl_status greet(prl_worker *r, double timeout_s)
     while (!prl_worker_stopping(r)) {
         double now = prl_now();
         if (now > t_end)
-            return prl_error_set(PRL_ERR_IO, "no welcome from the controller at %s after %.0f s",
-                                 r->endpoint, timeout_s);
+            return prl_error_set(PRL_ERR_IO, "no welcome from the controller at %s after %.0f s%s",
+                                 r->endpoint, timeout_s,
+                                 r->curve_on ? " (CURVE: is this worker's public.key on the "
+                                               "controller's allow-list, and --server-key the "
+                                               "controller's public.key? Its log names refused "
+                                               "keys)"
+                                             : "");
         if (now >= t_next) {
             prl_status rc = send_hello(r);
             if (rc) return rc;
@@ -172,6 +176,38 @@ prl_status prl_role_load_secret(const char *key, const char *endpoint, prl_bus_s
     return rc;
 }
 
+void prl_worker_socket_options(const prl_worker *w, const char *id, prl_bus_socket_options *o)
+{
+    prl_bus_socket_options_default(o);
+    o->identity = id, o->name = id, o->registry = prl_msg_registry();
+    o->allow_remote = w->curve_on;
+    if (w->curve_on) o->curve = &w->curve, o->curve_server = w->server_pub;
+    else o->secret = w->secret.hex;
+}
+
+/* The worker's key: its CURVE keypair and the controller's public key, or the run's secret. */
+static prl_status load_keys(prl_worker *r, const prl_worker_options *opt)
+{
+    if (!opt->curve_keys != !opt->server_key)
+        return prl_error_set(PRL_ERR_ARG, "--curve-keys and --server-key go together");
+    if (!opt->curve_keys) return prl_role_load_secret(opt->key, opt->connect, &r->secret);
+    prl_status rc = prl_bus_curve_load(opt->curve_keys, &r->curve);
+    if (!rc) rc = prl_bus_curve_public_load(opt->server_key, r->server_pub);
+    r->curve_on = rc == PRL_OK;
+    return rc;
+}
+
+prl_status prl_worker_exec_open(prl_worker *w, const prl_worker_options *o, prl_role_exec *x)
+{
+    double wall = w->job.reward_timeout;
+    if (!o->sandbox_key) return prl_role_exec_open(x, o->sandbox, o->name, w->secret.hex, wall);
+    if (!o->sandbox || !w->curve_on)
+        return prl_error_set(PRL_ERR_ARG, "--sandbox-key needs --sandbox and --curve-keys");
+    char pub[PRL_BUS_CURVE_Z85 + 1];
+    prl_status rc = prl_bus_curve_public_load(o->sandbox_key, pub);
+    return rc ? rc : prl_role_exec_open_curve(x, o->sandbox, o->name, &w->curve, pub, wall);
+}
+
 prl_status prl_worker_join(prl_worker *r, const char *role, const prl_worker_options *opt)
 {
     memset(r, 0, sizeof *r);
@@ -182,10 +218,9 @@ prl_status prl_worker_join(prl_worker *r, const char *role, const prl_worker_opt
     r->heartbeat_s = 2.0;
     prl_job_config_default(&r->job);
     prl_bus_socket_options o;
-    prl_bus_socket_options_default(&o);
-    o.identity = r->worker, o.name = r->worker, o.allow_remote = opt->allow_remote;
-    o.registry = prl_msg_registry(), o.secret = r->secret.hex;
-    prl_status rc = prl_role_load_secret(opt->key, opt->connect, &r->secret);
+    prl_status rc = load_keys(r, opt);
+    prl_worker_socket_options(r, r->worker, &o);
+    o.allow_remote = opt->allow_remote;
     if (!rc) rc = prl_bus_socket_open(&r->ctl, PRL_BUS_DEALER, opt->connect, &o);
     if (!rc) rc = greet(r, 120.0);
     if (!rc && pthread_create(&r->hb, NULL, heartbeat_main, r) == 0) r->hb_running = 1;
@@ -211,29 +246,33 @@ void prl_worker_leave(prl_worker *r)
 /* The next message for the role, up to timeout_ms. stop, welcome and error messages are
 ** handled here (*got stays 0): stop sets r->stop; a re-welcome updates the run; an error
 ** asking to say hello is answered. */
+int prl_worker_control(prl_worker *r, prl_bus_msg *m, prl_status *rc)
+{
+    *rc = PRL_OK;
+    if (!strcmp(m->type, "stop")) {
+        r->stop = 1;
+    } else if (!strcmp(m->type, "welcome")) { /* the controller restarted and greeted again */
+        if (take_welcome(r, m))
+            log_limited(r, &r->ignored_log, IGNORED, "ignored a 'welcome' message: %s",
+                        prl_error_message());
+    } else if (!strcmp(m->type, "error")) {
+        prl_msg_error e;
+        const char *why = prl_msg_error_decode(m, &e) ? NULL : e.reason;
+        log_limited(r, &r->ctl_error_log, CTL_ERROR, "controller: %s", why ? why : "?");
+        if (why && strstr(why, "say hello")) *rc = send_hello(r);
+    } else {
+        return 0;
+    }
+    prl_bus_msg_free(m);
+    return 1;
+}
+
 static prl_status next_message(prl_worker *r, int timeout_ms, prl_bus_msg *m, int *got)
 {
     *got = 0;
     prl_status rc = prl_bus_recv(r->ctl, timeout_ms, m, NULL, got);
     if (rc || !*got) return rc;
-    if (!strcmp(m->type, "stop")) {
-        r->stop = 1;
-        prl_bus_msg_free(m);
-        *got = 0;
-    } else if (!strcmp(m->type, "welcome")) { /* the controller restarted and greeted again */
-        if (take_welcome(r, m))
-            log_limited(r, &r->ignored_log, IGNORED, "ignored a 'welcome' message: %s",
-                        prl_error_message());
-        prl_bus_msg_free(m);
-        *got = 0;
-    } else if (!strcmp(m->type, "error")) {
-        prl_msg_error e;
-        const char *why = prl_msg_error_decode(m, &e) ? NULL : e.reason;
-        log_limited(r, &r->ctl_error_log, CTL_ERROR, "controller: %s", why ? why : "?");
-        if (why && strstr(why, "say hello")) rc = send_hello(r);
-        prl_bus_msg_free(m);
-        *got = 0;
-    }
+    if (prl_worker_control(r, m, &rc)) *got = 0;
     return rc;
 }
 

@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libzmq3-dev libjansson-dev libsqlite3-dev
           libopenblas-dev check libseccomp-dev python3-torch python3-numpy sqlite3
           clang-format clang libclang-rt-dev libpcre2-dev libutf8proc-dev help2man chromium
-          libmicrohttpd-dev)
+          libmicrohttpd-dev tcpdump iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

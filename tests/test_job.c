@@ -22,6 +22,38 @@ static void expect_error(const char *json, const char *needle)
     prl_job_config_free(&c);
 }
 
+/* bus.* (docs/pipeline.md "Several hosts"): a tcp:// endpoint; off loopback only with
+** bus.allow_remote and then with bus.keys; empty worker pools only with bus.bind. */
+static void expect_bus(const char *const *sets, int n, prl_status want, const char *msg)
+{
+    prl_job_config c;
+    prl_job_config_default(&c);
+    prl_status rc = prl_job_config_set_all(&c, sets, n); /* validated once, after all */
+    ck_assert_int_eq(rc, want);
+    if (msg) ck_assert_msg(strstr(prl_error_message(), msg), "%s", prl_error_message());
+    prl_job_config_free(&c);
+}
+
+START_TEST(test_bus_keys)
+{
+    const char *a[] = {"bus.bind=\"ipc:///tmp/x\""};
+    expect_bus(a, 1, PRL_ERR_CONFIG, "must be tcp://HOST:PORT");
+    const char *b[] = {"bus.bind=\"tcp://10.0.0.1:5599\""};
+    expect_bus(b, 1, PRL_ERR_CONFIG, "bus.allow_remote");
+    const char *c[] = {"bus.allow_remote=true", "bus.bind=\"tcp://10.0.0.1:5599\""};
+    expect_bus(c, 2, PRL_ERR_CONFIG, "bus.keys");
+    const char *d[] = {"bus.allow_remote=true", "bus.keys=k", "bus.bind=\"tcp://10.0.0.1:5599\""};
+    expect_bus(d, 3, PRL_OK, NULL);
+    const char *e[] = {"bus.bind=\"tcp://127.0.0.1:5599\"", "rollout.workers=0",
+                       "reward.workers=0"};
+    expect_bus(e, 3, PRL_OK, NULL);
+    const char *f[] = {"rollout.workers=0"};
+    expect_bus(f, 1, PRL_ERR_CONFIG, "'rollout.workers' = 0 needs bus.bind");
+    const char *g[] = {"reward.workers=0"};
+    expect_bus(g, 1, PRL_ERR_CONFIG, "'reward.workers' = 0 needs bus.bind");
+}
+END_TEST
+
 START_TEST(test_defaults_and_overrides)
 {
     prl_job_config c;
@@ -394,6 +426,7 @@ int main(void)
     tcase_add_test(tc, test_prompt_file_and_program_keys);
     tcase_add_test(tc, test_sft_recipe);
     tcase_add_test(tc, test_run_name_is_a_name);
+    tcase_add_test(tc, test_bus_keys);
     suite_add_tcase(s, tc);
     return check_run(s);
 }

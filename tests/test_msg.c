@@ -1,7 +1,7 @@
 /*
 ** test_msg.c — the message homes of roles/msg/ (docs/protocol.md "Message types"): the
 ** registry, and for the types whose decoder checks more than the codec does (work, result,
-** hello, error, taught, exec, score's token ids) a round trip through the wire codec and each rule refused by
+** hello, error, taught, exec, score's token ids, fetch, chunk) a round trip through the wire codec and each rule refused by
 ** name. The batch messages (train, teach) are tested with their batches' rules in
 ** test_grpo_trainer.c, test_opd.c and test_replay.c.
 */
@@ -23,10 +23,75 @@ static void wire(prl_bus_msg *m, prl_bus_msg *out)
     prl_bus_msg_free(m);
 }
 
+/* Weights over the bus: fetch and chunk round trips; an unknown file, a length out of
+** 1..PRL_MSG_CHUNK_MAX and bytes past the file's size are refused by name. */
+START_TEST(test_fetch_chunk)
+{
+    prl_bus_msg m, got;
+    prl_msg_fetch f = {.version = 3,
+                       .file = "model.safetensors",
+                       .offset = 1 << 20,
+                       .length = 4096};
+    assert_ok(prl_msg_fetch_encode(&f, "run-t", 1, &m));
+    wire(&m, &got);
+    prl_msg_fetch fx;
+    assert_ok(prl_msg_fetch_decode(&got, &fx));
+    ck_assert_uint_eq(fx.version, 3);
+    ck_assert_uint_eq(fx.offset, 1 << 20);
+    ck_assert_uint_eq(fx.length, 4096);
+    ck_assert_str_eq(fx.file, "model.safetensors");
+    prl_bus_msg_free(&got);
+    const char *bad_file[] = {"../etc/passwd", "optimizer.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        prl_msg_fetch b = f;
+        b.file = bad_file[i];
+        assert_ok(prl_msg_fetch_encode(&b, "run-t", 2, &m));
+        ck_assert_int_ne(prl_msg_fetch_decode(&m, &fx), PRL_OK);
+        ck_assert_ptr_nonnull(strstr(prl_error_message(), "is not one of"));
+        prl_bus_msg_free(&m);
+    }
+    uint64_t lens[] = {0, PRL_MSG_CHUNK_MAX + 1};
+    for (int i = 0; i < 2; i++) {
+        prl_msg_fetch b = f;
+        b.length = lens[i];
+        assert_ok(prl_msg_fetch_encode(&b, "run-t", 3, &m));
+        ck_assert_int_ne(prl_msg_fetch_decode(&m, &fx), PRL_OK);
+        ck_assert_ptr_nonnull(strstr(prl_error_message(), "length"));
+        prl_bus_msg_free(&m);
+    }
+    const char data[5] = "abcde";
+    prl_msg_chunk c = {.ref = 9,
+                       .version = 3,
+                       .file = "config.json",
+                       .offset = 10,
+                       .size = 15,
+                       .sum = prl_checksum64(data, 5, 0),
+                       .ckpt_checksum = 0x1234,
+                       .data = data,
+                       .len = 5};
+    assert_ok(prl_msg_chunk_encode(&c, "run-t", 4, &m));
+    wire(&m, &got);
+    prl_msg_chunk cx;
+    assert_ok(prl_msg_chunk_decode(&got, &cx));
+    ck_assert_uint_eq(cx.ref, 9);
+    ck_assert_uint_eq(cx.size, 15);
+    ck_assert_uint_eq(cx.len, 5);
+    ck_assert_uint_eq(cx.sum, c.sum);
+    ck_assert_uint_eq(cx.ckpt_checksum, 0x1234);
+    ck_assert(memcmp(cx.data, data, 5) == 0);
+    prl_bus_msg_free(&got);
+    c.size = 12; /* 5 bytes at 10 pass a 12-byte file */
+    assert_ok(prl_msg_chunk_encode(&c, "run-t", 5, &m));
+    ck_assert_int_ne(prl_msg_chunk_decode(&m, &cx), PRL_OK);
+    ck_assert_ptr_nonnull(strstr(prl_error_message(), "pass the size"));
+    prl_bus_msg_free(&m);
+}
+END_TEST
+
 START_TEST(test_registry)
 {
     const prl_bus_registry *r = prl_msg_registry();
-    ck_assert_int_eq(r->n, 17);
+    ck_assert_int_eq(r->n, 19);
     for (int i = 0; i < r->n; i++) {
         ck_assert_ptr_eq(prl_msg_spec(r->types[i]->type), r->types[i]);
         for (int j = 0; j < i; j++) ck_assert_str_ne(r->types[i]->type, r->types[j]->type);
@@ -378,6 +443,7 @@ static Suite *msg_suite(void)
     tcase_add_test(tc, test_hello_error_work);
     tcase_add_test(tc, test_taught_scores);
     tcase_add_test(tc, test_exec);
+    tcase_add_test(tc, test_fetch_chunk);
     tcase_add_test(tc, test_score_tokens_and_work_eval);
     suite_add_tcase(s, tc);
     return s;

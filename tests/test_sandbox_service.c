@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -171,6 +172,67 @@ START_TEST(test_unknown_client_refused)
     ck_assert_int_ge(count_log_lines("did not present a key", 0), 1);
     ck_assert_int_ge(count_log_lines("user 'worker' with a wrong key", 0), 1);
     unlink(other_path);
+    env_done();
+}
+END_TEST
+
+/* Another host's workers (docs/pipeline.md "Several hosts"): a service bound to tcp:// with a
+** CURVE keypair serves a client whose key is on its allow-list, and refuses (and logs) one
+** whose key is not. CURVE runs on loopback here: the mechanism is the same off it. */
+START_TEST(test_curve_service)
+{
+    env_init();
+    char skeys[160], wkeys[160], other[160], allow[160], tcp[64], spub[PRL_BUS_CURVE_Z85 + 1];
+    snprintf(skeys, sizeof skeys, "%s/svc", dir);
+    snprintf(wkeys, sizeof wkeys, "%s/worker", dir);
+    snprintf(other, sizeof other, "%s/other", dir);
+    snprintf(allow, sizeof allow, "%s/authorized_keys", dir);
+    snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%d", 20000 + (int)(getpid() % 20000));
+    prl_bus_curve_keypair sk, wk, ok;
+    const char *dirs[] = {skeys, wkeys, other};
+    prl_bus_curve_keypair *kps[] = {&sk, &wk, &ok};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(mkdir(dirs[i], 0700), 0);
+        ck_assert_msg(prl_bus_curve_generate(dirs[i], kps[i]) == PRL_OK, "%s", prl_error_message());
+    }
+    ck_assert_int_ne(prl_bus_curve_generate(wkeys, NULL), PRL_OK); /* never replaced */
+    FILE *f = fopen(allow, "w");
+    fprintf(f, "# the workers of host B\n%s  worker\n", wk.public_z85);
+    fclose(f);
+    snprintf(spub, sizeof spub, "%s", sk.public_z85);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0) dup2(fd, 2);
+        execl(PRL_BIN, "prl", "role", "sandbox", "--bind", tcp, "--curve-keys", skeys,
+              "--authorized-keys", allow, (char *)NULL);
+        _exit(127);
+    }
+    prl_sandbox_client *c = NULL;
+    ck_assert_int_eq(prl_sandbox_client_open_curve(&c, tcp, "intruder", &ok, spub), PRL_OK);
+    prl_sandbox_client_set_timing(c, 0.5, 2);
+    prl_sandbox_result r;
+    ck_assert_int_ne(prl_sandbox_client_exec(c, "python3", "print(1)", NULL, 0, 1, &r), PRL_OK);
+    prl_sandbox_client_free(c);
+    ck_assert_int_eq(prl_sandbox_client_open_curve(&c, tcp, "worker", &wk, spub), PRL_OK);
+    prl_sandbox_client_set_timing(c, 5, 30);
+    expect_exec(c, "python3", "print('far')", NULL, 0, 5, PRL_SANDBOX_STATUS_OK, 0, "far\n", 4, "");
+    prl_sandbox_client_free(c);
+    service_stop(pid);
+    char line[200];
+    snprintf(line, sizeof line, "CURVE key %s is not on the allow-list", ok.public_z85);
+    ck_assert_int_ge(count_log_lines(line, 0), 1);
+    /* a PLAIN client is refused on its own side: off loopback needs CURVE */
+    ck_assert_int_ne(prl_sandbox_client_open(&c, "tcp://10.1.2.3:5600", "plain", secret.hex),
+                     PRL_OK);
+    for (int i = 0; i < 3; i++) {
+        char p[200];
+        snprintf(p, sizeof p, "%s/public.key", dirs[i]), unlink(p);
+        snprintf(p, sizeof p, "%s/secret.key", dirs[i]), unlink(p);
+        rmdir(dirs[i]);
+    }
+    unlink(allow);
     env_done();
 }
 END_TEST
@@ -527,6 +589,7 @@ int main(void)
     tcase_add_test(tc, test_exec_roundtrip);
     tcase_add_test(tc, test_bad_requests);
     tcase_add_test(tc, test_unknown_client_refused);
+    tcase_add_test(tc, test_curve_service);
     tcase_add_test(tc, test_kill9_and_restart);
     tcase_add_test(tc, test_client_ignores_other_refs);
     tcase_add_test(tc, test_client_deadline);

@@ -80,6 +80,7 @@ static void dispatch(ctl *c, prl_bus_msg *m, const prl_bus_peer *from)
     else if (!strcmp(m->type, "trained") && !strcmp(w->role, "trainer"))
         ctl_on_trained(c, w, m, id);
     else if (!strcmp(m->type, "taught") && !strcmp(w->role, "teacher")) ctl_on_taught(c, w, m, id);
+    else if (!strcmp(m->type, "fetch")) ctl_on_fetch(c, w, m, id);
     else if (!strcmp(m->type, "error")) {
         prl_msg_error e;
         const char *why = prl_msg_error_decode(m, &e) ? "?" : e.reason;
@@ -203,6 +204,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
     if (!rc) rc = prl_bus_key_ensure(key, &secret);
     so.secret = secret.hex;
     if (!rc) rc = prl_bus_socket_open(&c->sock, PRL_BUS_ROUTER, ep, &so);
+    if (!rc) rc = ctl_remote_open(c); /* bus.bind: workers on other hosts */
     if (!rc)
         ctl_log("run '%s' at %s: %d train prompts, B=%d G=%d, %s mode (lag %d), step %lld of %d",
                 o->job->name, ep, c->n_tasks, c->B, c->G, o->job->mode, c->lag,
@@ -222,6 +224,7 @@ prl_status prl_controller_run(const prl_controller_options *o)
         }
         if (!rc && prl_now() - last_expire > 0.5) {
             expire(c);
+            ctl_remote_tick(c);
             last_expire = prl_now();
         }
         if (!rc) rc = c->fatal;

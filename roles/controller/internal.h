@@ -20,7 +20,9 @@ enum {
     MAX_WORKERS = 256,
     MAX_INFLIGHT = 8,
     CANDIDATE_FACTOR = 4,
-    MAX_ATTEMPTS = 4 /* failed attempts of one work item before it is given up */
+    MAX_ATTEMPTS = 4, /* failed attempts of one work item before it is given up */
+    CTL_SERVED = 4,   /* versions whose files remote.c remembers */
+    CTL_FAULTS = 4    /* PRL_WEIGHTS_FAULT entries */
 };
 
 typedef struct worker {
@@ -158,6 +160,20 @@ typedef struct ctl {
                              ** catch-up, so the file never has a gap */
     double interval_sum;     /* of the steps committed by this process, for the ETA */
     int intervals;
+    /* workers on other hosts (remote.c) */
+    int remote;                  /* bus.bind off loopback is open (CURVE) */
+    prl_bus_curve_keypair curve; /* the controller's keypair (bus.keys) */
+    char allow_path[1100];       /* the workers' public keys */
+    int64_t allow_mtime;         /* of allow_path when last read (-1: missing) */
+    struct {
+        int used;
+        int64_t version;
+        char path[1024];
+        uint64_t sum;
+    } served[CTL_SERVED]; /* versions served by `fetch`, with their weights checksum */
+    int served_next;
+    int fault_kind[CTL_FAULTS], fault_at[CTL_FAULTS], n_faults, fault_seen; /* tests */
+    uint64_t chunks_served;
 } ctl;
 
 /* The kinds of the controller's rate-limited log lines (prl_bus_log_limit). */
@@ -280,6 +296,14 @@ void ctl_on_heartbeat(ctl *c, const prl_bus_msg *m, uint64_t id);
 void ctl_on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 void ctl_on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 void ctl_on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
+
+/* remote.c (docs/pipeline.md "Several hosts") */
+/* Listen at bus.bind too (CURVE off loopback, with the allow-list); PRL_OK without it. */
+prl_status ctl_remote_open(ctl *c);
+/* Read the allow-list again if its file changed (called every half second). */
+void ctl_remote_tick(ctl *c);
+/* A `fetch`: answer with the chunk, or an `error` naming why it cannot be served. */
+void ctl_on_fetch(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 
 /* metrics.c */
 /* A step's metrics JSON into out[n] and its steps row into *st. */

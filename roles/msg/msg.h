@@ -10,6 +10,7 @@
 **   train.c    train, trained, weights                       (controller ↔ trainer)
 **   teach.c    teach, taught                                 (controller ↔ teacher, OPD)
 **   exec.c     exec, exec_result                             (roles ↔ the sandbox service)
+**   fetch.c    fetch, chunk                                  (remote workers ↔ the controller)
 **
 ** Conventions, for every type X:
 **   prl_msg_X_encode(&x, run, id, &m)  builds message m (initialised here; on error it is
@@ -297,5 +298,32 @@ typedef struct prl_msg_exec_result {
 prl_status prl_msg_exec_result_encode(const prl_msg_exec_result *x, const char *run, uint64_t id,
                                       prl_bus_msg *m);
 prl_status prl_msg_exec_result_decode(const prl_bus_msg *m, prl_msg_exec_result *x);
+
+/* ---------------------------------------------------------------- fetch.c ---------- */
+
+/* Weights over the bus: a version is fetched file by file (prl_msg_fetch_file(0..): NULL
+** past the last) in chunks of at most PRL_MSG_CHUNK_MAX bytes. */
+enum { PRL_MSG_CHUNK_MAX = 4 << 20 };
+const char *prl_msg_fetch_file(int i);
+typedef struct prl_msg_fetch {
+    uint64_t version, offset, length; /* length 1..PRL_MSG_CHUNK_MAX */
+    const char *file;                 /* one of prl_msg_fetch_file's */
+} prl_msg_fetch;
+prl_status prl_msg_fetch_encode(const prl_msg_fetch *x, const char *run, uint64_t id,
+                                prl_bus_msg *m);
+prl_status prl_msg_fetch_decode(const prl_bus_msg *m, prl_msg_fetch *x);
+
+/* The answer to fetch `ref`: len bytes at offset of a file of `size` bytes (len 0: past its
+** end), sum = prl_checksum64(data, len, 0), ckpt_checksum = the version's weights hash
+** (prl_checkpoint_weights_hash, seed 0). */
+typedef struct prl_msg_chunk {
+    uint64_t ref, version, offset, size, sum, ckpt_checksum;
+    const char *file;
+    const void *data;
+    size_t len;
+} prl_msg_chunk;
+prl_status prl_msg_chunk_encode(const prl_msg_chunk *x, const char *run, uint64_t id,
+                                prl_bus_msg *m);
+prl_status prl_msg_chunk_decode(const prl_bus_msg *m, prl_msg_chunk *x);
 
 #endif /* PRL_MSG_H */

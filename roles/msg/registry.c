@@ -11,14 +11,14 @@ extern const prl_bus_type_spec prl_msg_hello_spec, prl_msg_heartbeat_spec, prl_m
     prl_msg_work_spec, prl_msg_result_spec, prl_msg_score_spec, prl_msg_scored_spec,
     prl_msg_train_spec, prl_msg_trained_spec, prl_msg_teach_spec, prl_msg_taught_spec,
     prl_msg_exec_spec, prl_msg_exec_result_spec, prl_msg_weights_spec, prl_msg_ack_spec,
-    prl_msg_error_spec, prl_msg_stop_spec;
+    prl_msg_error_spec, prl_msg_stop_spec, prl_msg_fetch_spec, prl_msg_chunk_spec;
 
 static const prl_bus_type_spec *const types[] = {
     &prl_msg_hello_spec,       &prl_msg_heartbeat_spec, &prl_msg_welcome_spec, &prl_msg_work_spec,
     &prl_msg_result_spec,      &prl_msg_score_spec,     &prl_msg_scored_spec,  &prl_msg_train_spec,
     &prl_msg_trained_spec,     &prl_msg_teach_spec,     &prl_msg_taught_spec,  &prl_msg_exec_spec,
     &prl_msg_exec_result_spec, &prl_msg_weights_spec,   &prl_msg_ack_spec,     &prl_msg_error_spec,
-    &prl_msg_stop_spec,
+    &prl_msg_stop_spec,        &prl_msg_fetch_spec,     &prl_msg_chunk_spec,
 };
 
 static const prl_bus_registry registry = {types, (int)(sizeof types / sizeof types[0])};
