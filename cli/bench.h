@@ -19,6 +19,7 @@ int cmd_bench_sandbox(int argc, char **argv);  /* bench_sandbox.c: sandboxed vs 
 int cmd_bench_pipeline(int argc, char **argv); /* bench_pipeline.c: prl run, sync vs async */
 int cmd_bench_load(int argc, char **argv);     /* bench_load.c: checkpoint load time, memory */
 int cmd_bench_gateway(int argc, char **argv);  /* bench_gateway.c: the gateway under load */
+int cmd_bench_ranks(int argc, char **argv);    /* bench_ranks.c: step time per trainer rank count */
 
 /* The median of v[0..n), n >= 1 (sorts v in place). */
 double bench_median(double *v, int n);

@@ -14,6 +14,7 @@ static const cli_command benches[] = {
     {"pipeline", cmd_bench_pipeline, "prl run in sync vs async mode"},
     {"load", cmd_bench_load, "checkpoint loading: time and peak memory"},
     {"gateway", cmd_bench_gateway, "the gateway under load: latency and tokens/s"},
+    {"trainer-ranks", cmd_bench_ranks, "the trainer's step time per rank count (MPI)"},
 };
 enum { N_BENCHES = sizeof benches / sizeof benches[0] };
 

@@ -101,7 +101,8 @@ typedef struct rank_status {
     char reason[REASON_BYTES];
 } rank_status;
 
-/* Phase 1: this rank's nodes, each into its own buffer. */
+/* Phase 1: this rank's nodes, each into its own buffer (rank 0 holds a buffer for every
+** node: all are allocated first, so the gather has them even after a failed leaf). */
 static prl_status eval_mine(tree *t)
 {
     for (int i = 0; i < t->n_nodes; i++) {
@@ -109,10 +110,11 @@ static prl_status eval_mine(tree *t)
         if (d->rank != t->me && t->me != 0) continue;
         if (!(d->sum = malloc(t->r->n * sizeof *d->sum)))
             return prl_error_set(PRL_ERR_NOMEM, "gradient node [%d, %d)", d->lo, d->hi);
-        if (d->rank == t->me) {
-            prl_status rc = eval_local(t, d->lo, d->hi, d->sum, 0);
-            if (rc) return rc;
-        }
+    }
+    for (int i = 0; i < t->n_nodes; i++) {
+        node *d = &t->nodes[i];
+        prl_status rc = d->rank == t->me ? eval_local(t, d->lo, d->hi, d->sum, 0) : PRL_OK;
+        if (rc) return rc;
     }
     return PRL_OK;
 }
@@ -156,9 +158,13 @@ static prl_status gather(tree *t, prl_status rc)
             if (!failed) failed = prl_error_set((prl_status)st.rc, "rank %d: %s", q, st.reason);
             continue;
         }
-        for (int i = 0; !e && i < t->n_nodes; i++)
-            if (t->nodes[i].rank == q)
-                e = c->recv(c->ctx, q, t->nodes[i].sum, r->n * sizeof *t->nodes[i].sum);
+        for (int i = 0; !e && i < t->n_nodes; i++) {
+            node *d = &t->nodes[i];
+            if (d->rank != q) continue;
+            if (!d->sum && !(d->sum = malloc(r->n * sizeof *d->sum))) /* phase 1 ran short */
+                e = prl_error_set(PRL_ERR_NOMEM, "gradient node [%d, %d)", d->lo, d->hi);
+            if (!e) e = c->recv(c->ctx, q, d->sum, r->n * sizeof *d->sum);
+        }
         int a = prl_grpo_share_first(r->M, t->R, q), b = prl_grpo_share_first(r->M, t->R, q + 1);
         if (!e && b > a && r->record_bytes)
             e = c->recv(c->ctx, q, t->records + (size_t)a * r->record_bytes,
