@@ -75,6 +75,22 @@ static prl_status fake_bcast(void *ctx, void *data, size_t bytes)
     return PRL_OK;
 }
 
+static group *group_new(int R)
+{
+    group *g = calloc(1, sizeof *g);
+    g->R = R;
+    pthread_mutex_init(&g->mu, NULL), pthread_cond_init(&g->cv, NULL);
+    return g;
+}
+
+static void group_free(group *g)
+{
+    for (int a = 0; a < g->R; a++) /* every message sent was received */
+        for (int b = 0; b < g->R; b++) ck_assert_int_eq(g->q[a][b].head, g->q[a][b].tail);
+    pthread_mutex_destroy(&g->mu), pthread_cond_destroy(&g->cv);
+    free(g);
+}
+
 /* ---------------------------------------------------------------- leaves ----------- */
 
 /* Leaf j's gradient: magnitudes spread over 2^±20, so the order of the additions shows in
@@ -155,9 +171,7 @@ static void *rank_main(void *p)
 /* M leaves over R ranks; rank 0's run into *r0 (returned by value: small). */
 static void run_group(int M, int R, int fail_leaf, rank_run *r0)
 {
-    group *g = calloc(1, sizeof *g);
-    g->R = R;
-    pthread_mutex_init(&g->mu, NULL), pthread_cond_init(&g->cv, NULL);
+    group *g = group_new(R);
     rank_run *runs = calloc((size_t)R, sizeof *runs);
     pthread_t th[MAX_R];
     for (int r = 0; r < R; r++) {
@@ -165,12 +179,9 @@ static void run_group(int M, int R, int fail_leaf, rank_run *r0)
         pthread_create(&th[r], NULL, rank_main, &runs[r]);
     }
     for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
-    for (int a = 0; a < R; a++) /* every message sent was received */
-        for (int b = 0; b < R; b++) ck_assert_int_eq(g->q[a][b].head, g->q[a][b].tail);
     *r0 = runs[0];
     free(runs);
-    pthread_mutex_destroy(&g->mu), pthread_cond_destroy(&g->cv);
-    free(g);
+    group_free(g);
 }
 
 START_TEST(test_sum_independent_of_ranks)
@@ -248,9 +259,7 @@ START_TEST(test_bcast_model)
     prl_config cfg;
     ck_assert_int_eq(prl_config_load(&cfg, PRL_SOURCE_DIR "/configs/models/tiny.json"), PRL_OK);
     for (int fail = 0; fail <= 1; fail++) {
-        group *g = calloc(1, sizeof *g);
-        g->R = 3;
-        pthread_mutex_init(&g->mu, NULL), pthread_cond_init(&g->cv, NULL);
+        group *g = group_new(3);
         bcast_run b[3];
         pthread_t th[3];
         for (int r = 0; r < 3; r++) {
@@ -270,8 +279,7 @@ START_TEST(test_bcast_model)
         }
         ck_assert_int_eq(b[0].rc, fail ? PRL_ERR_NUMERIC : PRL_OK);
         for (int r = 0; r < 3; r++) prl_model_free(&b[r].m);
-        pthread_mutex_destroy(&g->mu), pthread_cond_destroy(&g->cv);
-        free(g);
+        group_free(g);
     }
 }
 END_TEST
