@@ -16,6 +16,7 @@ static const cli_command benches[] = {
     {"gateway", cmd_bench_gateway, "the gateway under load: latency and tokens/s"},
     {"sft", cmd_bench_sft, "SFT tokens/s with and without packing"},
     {"controller", cmd_bench_controller, "one controller and N simulated workers: leases/s, CPU"},
+    {"trainer-ranks", cmd_bench_ranks, "the trainer's step time per rank count (MPI)"},
 };
 enum { N_BENCHES = sizeof benches / sizeof benches[0] };
 

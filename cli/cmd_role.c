@@ -134,26 +134,26 @@ typedef struct worker_role {
     const char *name;
     prl_status (*run)(const prl_worker_options *o);
     const char *help;
-    int sandbox, threads, cache;
+int sandbox, threads, cache, ranks;
 } worker_role;
 
 static const worker_role workers[] = {
     {"rollout", prl_role_rollout_run,
      "A rollout worker: generates samples with the infer path "
      "for the controller at ENDPOINT (docs/pipeline.md).",
-     1, 1, 1},
+     1, 1, 1, 0},
     {"reward", prl_role_reward_run,
      "A reward worker: scores samples with the domain verifiers "
      "for the controller at ENDPOINT (docs/pipeline.md).",
-     1, 0, 0},
+     1, 0, 0, 0},
     {"trainer", prl_role_trainer_run,
      "The trainer: GRPO (or OPD) updates of each step's samples; "
      "writes and announces policy versions (docs/pipeline.md).",
-     0, 1, 0},
+     0, 1, 0, 1},
     {"teacher", prl_role_teacher_run,
      "An OPD teacher: scores the student's samples with one "
      "domain expert at a time (docs/opd.md).",
-     0, 1, 0},
+     0, 1, 0, 0},
 };
 
 static const worker_role *worker_named(const char *name)
@@ -174,7 +174,7 @@ static int role_worker(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "role %s", wr->name);
     prl_worker_options o = {.name = def_name};
     int threads = 0;
-    cli_opt opts[12] = {
+    cli_opt opts[13] = { /* the most a role takes, and the {0} that ends them */
         {"connect", OPT_STR, &o.connect, "ENDPOINT", "the controller's endpoint", 1, 0},
         {"name", OPT_STR, &o.name, "NAME", name_help, 0, 0},
         {"key", OPT_STR, &o.key, "FILE",
@@ -211,6 +211,15 @@ static int role_worker(int argc, char **argv)
     if (wr->threads)
         opts[k++] = (cli_opt){
             "threads", OPT_INT, &threads, "N", "threads (default: PRL_THREADS or all CPUs)", 0, 0};
+    if (wr->ranks)
+        opts[k++] = (cli_opt){"ranks",
+                              OPT_INT,
+                              &o.ranks,
+                              "N",
+                              "one rank of N data-parallel trainers started by mpirun or srun "
+                              "(trainer.ranks; default 1: no MPI)",
+                              0,
+                              0};
     opts[k++] = (cli_opt){"allow-remote",
                           OPT_FLAG,
                           &o.allow_remote,

@@ -124,6 +124,7 @@ static prl_status check_inputs(const prl_job_config *job)
     if (stat(p, &sb))
         return prl_error_set(PRL_ERR_CONFIG, "model.init: %s has no tokenizer.json", job->init);
     if ((rc = check_init_loads(job))) return rc;
+    if ((rc = prl_launcher_check(job))) return rc;
     return prl_opd_check_teachers(job); /* OPD: every teacher exists and fits the student */
 }
 

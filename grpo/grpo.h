@@ -330,6 +330,19 @@ void prl_grpo_batch_response(const prl_grpo_batch *b, int i, size_t *first, int 
 ** PRL_ERR_RANGE naming the sample (and position). */
 prl_status prl_grpo_batch_fits(const prl_model *m, const prl_grpo_batch *b);
 
+/* Data-parallel ranks of one training step (docs/grpo.md "Data-parallel ranks"): every rank
+** calls prl_grpo_train_step with the same batch and weights; rank r forms the gradients of
+** its fixed share of each update's micro-batches, rank 0 sums them over the fixed tree, steps
+** the optimizer and broadcasts the new weights. Blocking byte transfers (dp/dp.h gives them
+** on Open MPI); a failed transfer returns an error and the step fails. Borrowed. */
+typedef struct prl_grpo_comm {
+    int rank, size; /* 0 <= rank < size */
+    void *ctx;
+    prl_status (*send)(void *ctx, int to, const void *data, size_t bytes);
+    prl_status (*recv)(void *ctx, int from, void *data, size_t bytes);
+    prl_status (*bcast)(void *ctx, void *data, size_t bytes); /* rank 0's bytes to every rank */
+} prl_grpo_comm;
+
 typedef struct prl_grpo_train_config {
     prl_grpo_baseline baseline;   /* grpo.advantage: grpo (group mean) | rloo */
     prl_grpo_adv_norm adv_norm;   /* grpo.adv_norm */
@@ -361,6 +374,8 @@ typedef struct prl_grpo_train_config {
                                  ** tokens as the surrogate (grpo.loss_agg); no IS weight */
     prl_loss_scaler *scaler;    /* borrowed dynamic loss scaler (trainer.loss_scale), or NULL:
                                  ** no scaling. Its state advances with every update. */
+    const prl_grpo_comm *comm;  /* borrowed data-parallel ranks (trainer.ranks), or NULL: one
+                                 ** process. The result does not depend on comm->size. */
 } prl_grpo_train_config;
 
 void prl_grpo_train_config_default(prl_grpo_train_config *c);
@@ -444,8 +459,12 @@ prl_status prl_grpo_scaler_state_parse(prl_loss_scaler *s, const char *state_jso
 /* One GRPO step on batch `b` (docs/grpo.md "Training step"): advantages per group; old
 ** log-probs recomputed on the train path with the current weights before any update; then
 ** ppo_epochs × minibatches updates over a fixed partition of the samples in their given order,
-** each a forward + backward over micro-batches of at most micro_rows rows (gradients
-** accumulated in order), grad clip and an optimizer step. With c->scaler each update follows
+** each a forward + backward over micro-batches of at most micro_rows rows (each micro-batch's
+** gradient formed alone, then summed over a fixed binary tree of the micro-batch indices:
+** [lo, hi) = [lo, mid) + [mid, hi), mid = lo + (hi − lo)/2), grad clip and an optimizer step.
+** With c->comm the micro-batches are shared among the ranks and only rank 0 steps the
+** optimizer and writes the stats (the others' *st is partial); the weights every rank ends
+** with are rank 0's, bitwise the same as one process's. With c->scaler each update follows
 ** rl.md §4.3: the token weights (the loss) times the scale → backward → unscale → inf/NaN
 ** check → clip the unscaled gradients → step, or skip (weights, router bias and the
 ** optimizer's step count untouched) → update the scale. Deterministic: the same input gives

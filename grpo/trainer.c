@@ -9,10 +9,13 @@
 ** with T the longest sample of the micro-batch (<= the model's context).
 **
 ** Determinism: samples are taken in the given order, minibatch k of M holds the kept samples
-** [n·k/M, n·(k+1)/M), micro-batches run in order and every sum is in double in that order; the
-** engine's kernels do not depend on the thread count.
+** [n·k/M, n·(k+1)/M); each micro-batch's gradient is formed alone and the gradients are summed
+** over a fixed tree of the micro-batch indices (reduce.h), whatever the number of ranks that
+** formed them; every stats sum is in double in micro-batch order; the engine's kernels do not
+** depend on the thread count.
 */
 #include "grpo/grpo.h"
+#include "grpo/reduce.h"
 #include "grpo/replay_step.h"
 
 #include "job/job.h"
@@ -60,6 +63,7 @@ prl_status prl_grpo_train_config_from_job(prl_grpo_train_config *c, const prl_jo
     prl_status rc = prl_grpo_agg_parse(j->loss_agg, &c->loss.agg);
     if (rc) return prl_error_wrap(rc, "grpo.loss_agg: ");
     c->ppo_epochs = j->ppo_epochs;
+    c->micro_rows = j->micro_rows;
     c->minibatches = j->minibatches;
     c->grad_clip = j->grad_clip;
     c->temperature = prl_grpo_score_temperature(j);
@@ -427,64 +431,117 @@ static void count_tokens(const step_ctx *s, int k0, int k1, const uint8_t *keep,
 
 static const uint8_t *step_corr_count_keep(const step_ctx *s);
 static prl_grpo_loss_config step_corr_loss(const step_ctx *s);
-static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, const float **iw);
+static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, const float **iw,
+                                 prl_grpo_corr_stats *cs);
 
-/* Forward + backward of the micro-batches of kept samples [k0, k1); sums the parts' stats. */
+/* What one micro-batch adds to its update's stats; rank 0 adds the records up in
+** micro-batch order (the order one process adds them in). */
+typedef struct mb_record {
+    prl_grpo_loss_stats loss;
+    double kl;                /* Σ coef·k3 of the part */
+    prl_grpo_corr_stats corr; /* bypass mode's applied weights (tokens 0: none) */
+} mb_record;
+
+/* The micro-batches of one update: kept samples [k0, k1) in rows of micro_rows. */
+typedef struct update_ctx {
+    step_ctx *s;
+    int k0, k1;
+    int n_tokens, n_seqs; /* the update's aggregation denominators */
+    prl_grpo_loss_config loss;
+} update_ctx;
+
+/* Micro-batch j alone: zeroed gradients, forward, token weights, backward; its gradient
+** into grad (a prl_grpo_leaf_fn of reduce.h). */
+static prl_status micro_grad(void *ctx, int j, prl_real *grad, void *record)
+{
+    update_ctx *u = ctx;
+    step_ctx *s = u->s;
+    mb_record *rec = record;
+    memset(rec, 0, sizeof *rec);
+    int r0 = u->k0 + j * s->c->micro_rows;
+    int rows = u->k1 - r0 < s->c->micro_rows ? u->k1 - r0 : s->c->micro_rows;
+    prl_model_zero_grad(s->m);
+    prl_batch batch = pack_rows(s, r0, rows);
+    batch.route_override = prl_grpo_replay_override(&s->rp, &batch, s->kept + r0);
+    mask_of_rows(&batch, s->mask_rows);
+    /* before the forward, which validates the ids (they come off the bus) */
+    if (s->c->distill_k) add_distill(s, r0, &batch, u->n_tokens, u->n_seqs);
+    prl_status rc = prl_model_forward(s->m, &batch, s->lp_new, NULL);
+    if (rc) return rc;
+    flat_to_rows(s, r0, &batch, s->corr.bypass ? s->b->logprobs : s->lp_old, s->old_rows);
+    const float *iw = NULL;
+    if ((rc = step_corr_rows(s, r0, &batch, &iw, &rec->corr))) return rc;
+    if (s->adv_tok_rows) flat_to_rows(s, r0, &batch, s->c->token_adv, s->adv_tok_rows);
+    rc = prl_grpo_loss_partial_tok(&u->loss, s->lp_new, s->old_rows, s->adv_rows, s->adv_tok_rows,
+                                   s->mask_rows, iw, rows, batch.T, u->n_tokens, u->n_seqs,
+                                   s->bb.weights, &rec->loss);
+    if (rc) return rc;
+    if (s->c->kl_coef > 0) {
+        flat_to_rows(s, r0, &batch, s->lp_ref, s->ref_rows);
+        rec->kl = add_kl(s, &batch, u->n_tokens, u->n_seqs);
+    }
+    if (s->c->scaler) batch.loss_scale = s->c->scaler->scale; /* scale·∂loss/∂θ */
+    if ((rc = prl_model_backward(s->m, &batch))) return rc;
+    memcpy(grad, s->m->grads, s->m->n_params * sizeof *grad);
+    return PRL_OK;
+}
+
+static void corr_add(step_corr *k, const prl_grpo_corr_stats *cs);
+
+static const prl_grpo_comm *step_comm(const step_ctx *s)
+{
+    return s->c->comm && s->c->comm->size > 1 ? s->c->comm : NULL;
+}
+
+/* The gradient of the update on kept samples [k0, k1) into m->grads (on rank 0): the
+** micro-batch gradients summed over the fixed tree (reduce.h), the ranks sharing the
+** micro-batches; the parts' stats summed in micro-batch order. */
 static prl_status minibatch_grads(step_ctx *s, int k0, int k1, prl_grpo_loss_stats *sum, double *kl)
 {
-    int n_tokens, n_seqs;
-    count_tokens(s, k0, k1, step_corr_count_keep(s), &n_tokens, &n_seqs);
-    prl_grpo_loss_config loss = step_corr_loss(s);
-    prl_status rc = PRL_OK;
-    for (int r0 = k0; rc == PRL_OK && r0 < k1; r0 += s->c->micro_rows) {
-        int rows = k1 - r0 < s->c->micro_rows ? k1 - r0 : s->c->micro_rows;
-        prl_batch batch = pack_rows(s, r0, rows);
-        batch.route_override = prl_grpo_replay_override(&s->rp, &batch, s->kept + r0);
-        mask_of_rows(&batch, s->mask_rows);
-        /* before the forward, which validates the ids (they come off the bus) */
-        if (s->c->distill_k) add_distill(s, r0, &batch, n_tokens, n_seqs);
-        if ((rc = prl_model_forward(s->m, &batch, s->lp_new, NULL))) break;
-        flat_to_rows(s, r0, &batch, s->corr.bypass ? s->b->logprobs : s->lp_old, s->old_rows);
-        const float *iw = NULL;
-        if ((rc = step_corr_rows(s, r0, &batch, &iw))) break;
-        if (s->adv_tok_rows) flat_to_rows(s, r0, &batch, s->c->token_adv, s->adv_tok_rows);
-        prl_grpo_loss_stats part;
-        rc = prl_grpo_loss_partial_tok(&loss, s->lp_new, s->old_rows, s->adv_rows, s->adv_tok_rows,
-                                       s->mask_rows, iw, rows, batch.T, n_tokens, n_seqs,
-                                       s->bb.weights, &part);
-        if (rc) break;
-        if (s->c->kl_coef > 0) {
-            flat_to_rows(s, r0, &batch, s->lp_ref, s->ref_rows);
-            *kl += add_kl(s, &batch, n_tokens, n_seqs);
-        }
-        sum->loss += part.loss, sum->clipfrac += part.clipfrac;
-        sum->clipfrac_lower += part.clipfrac_lower, sum->ppo_kl += part.ppo_kl;
-        if (s->c->scaler) batch.loss_scale = s->c->scaler->scale; /* scale·∂loss/∂θ */
-        rc = prl_model_backward(s->m, &batch);
+    update_ctx u = {.s = s, .k0 = k0, .k1 = k1, .loss = step_corr_loss(s)};
+    count_tokens(s, k0, k1, step_corr_count_keep(s), &u.n_tokens, &u.n_seqs);
+    int M = (k1 - k0 + s->c->micro_rows - 1) / s->c->micro_rows;
+    mb_record *rec = calloc((size_t)M, sizeof *rec);
+    if (!rec) return prl_error_set(PRL_ERR_NOMEM, "grpo step: %d micro-batch records", M);
+    const prl_grpo_comm *cm = step_comm(s);
+    size_t n_counts = (size_t)s->m->n_moe_all * s->m->cfg.n_routed_experts;
+    if (cm && cm->rank) /* a rank's counts are its share's; rank 0 adds them to its own */
+        memset(s->m->expert_counts, 0, n_counts * sizeof *s->m->expert_counts);
+    prl_grpo_reduce r = {.M = M,
+                         .n = s->m->n_params,
+                         .record_bytes = sizeof *rec,
+                         .counts = s->m->expert_counts,
+                         .n_counts = cm ? n_counts : 0,
+                         .comm = cm,
+                         .leaf = micro_grad,
+                         .ctx = &u};
+    prl_status rc = prl_grpo_reduce_run(&r, s->m->grads, rec);
+    for (int j = 0; rc == PRL_OK && (!cm || cm->rank == 0) && j < M; j++) {
+        corr_add(&s->corr, &rec[j].corr);
+        sum->loss += rec[j].loss.loss, sum->clipfrac += rec[j].loss.clipfrac;
+        sum->clipfrac_lower += rec[j].loss.clipfrac_lower, sum->ppo_kl += rec[j].loss.ppo_kl;
+        *kl += rec[j].kl;
     }
+    free(rec);
     return rc;
 }
 
-/* One update on kept samples [k0, k1): gradients, clip, optimizer step (or, with a loss
-** scaler, a skip on an overflow); adds to the stats. */
-static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grpo_step_stats *st)
+/* Rank 0's part of an update, after its gradient: the loss check, clip, optimizer step (or,
+** with a loss scaler, a skip on an overflow), the router bias; adds to the stats. */
+static prl_status apply_update(step_ctx *s, prl_optim *o, int k0, int k1,
+                               const prl_grpo_loss_stats *sum, double kl, prl_grpo_step_stats *st)
 {
-    prl_model_zero_grad(s->m);
-    prl_grpo_loss_stats sum = {0};
-    double kl = 0;
-    prl_status rc = minibatch_grads(s, k0, k1, &sum, &kl);
-    if (rc) return rc;
-    double loss = sum.loss + s->c->kl_coef * kl;
+    double loss = sum->loss + s->c->kl_coef * kl;
     if (!isfinite(loss))
         return prl_error_set(PRL_ERR_NUMERIC, "grpo step: loss is %g on samples [%d, %d)", loss,
                              s->kept[k0], s->kept[k1 - 1] + 1);
-    st->loss += loss, st->clipfrac += sum.clipfrac, st->clipfrac_lower += sum.clipfrac_lower;
-    st->ppo_kl += sum.ppo_kl, st->kl += kl;
+    st->loss += loss, st->clipfrac += sum->clipfrac, st->clipfrac_lower += sum->clipfrac_lower;
+    st->ppo_kl += sum->ppo_kl, st->kl += kl;
     double clip = o->cfg.grad_clip; /* the step's bound, restored after */
     o->cfg.grad_clip = s->c->grad_clip;
     prl_optim_stats os;
     int skip;
-    rc = prl_optim_step_scaled(o, s->m, s->c->scaler, &os, &skip);
+    prl_status rc = prl_optim_step_scaled(o, s->m, s->c->scaler, &os, &skip);
     o->cfg.grad_clip = clip;
     if (rc) return rc;
     if (s->c->scaler) {
@@ -501,6 +558,20 @@ static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grp
     st->grad_norm += os.grad_norm, st->grad_norm_max = fmax(st->grad_norm_max, os.grad_norm);
     st->lr = os.lr;
     return PRL_OK;
+}
+
+/* One update on kept samples [k0, k1). With ranks, rank 0 applies it and every rank then
+** holds rank 0's weights, router bias and loss scale (or rank 0's failure). */
+static prl_status step_update(step_ctx *s, prl_optim *o, int k0, int k1, prl_grpo_step_stats *st)
+{
+    const prl_grpo_comm *cm = step_comm(s);
+    prl_grpo_loss_stats sum = {0};
+    double kl = 0;
+    prl_status rc = minibatch_grads(s, k0, k1, &sum, &kl);
+    if (rc == PRL_OK && (!cm || cm->rank == 0)) rc = apply_update(s, o, k0, k1, &sum, kl, st);
+    if (!cm) return rc;
+    prl_status r0 = prl_grpo_reduce_bcast_model(cm, s->m, s->c->scaler, cm->rank ? PRL_OK : rc);
+    return cm->rank && rc ? rc : r0;
 }
 
 static void step_corr_stats(const step_ctx *s, prl_grpo_step_stats *st);
@@ -618,10 +689,12 @@ static prl_grpo_loss_config step_corr_loss(const step_ctx *s)
 ** weights moved to the rows, and with denominator `kept` the masked tokens leave the rows'
 ** loss mask; bypass — computed from this forward's lp_new (detached) against the rollout's
 ** log-probs, which old_rows holds in bypass mode. */
-static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, const float **iw)
+static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, const float **iw,
+                                 prl_grpo_corr_stats *cs)
 {
     step_corr *k = &s->corr;
     *iw = NULL;
+    memset(cs, 0, sizeof *cs);
     if (!k->active) return PRL_OK;
     if (!k->bypass) {
         flat_to_rows(s, k0, batch, k->iw, k->iw_rows);
@@ -635,12 +708,10 @@ static prl_status step_corr_rows(step_ctx *s, int k0, const prl_batch *batch, co
         return PRL_OK;
     }
     for (int r = 0; r <= batch->B; r++) k->row_start[r] = r * batch->T;
-    prl_grpo_corr_stats cs;
     prl_status rc = prl_grpo_corr_weights(&s->c->corr, &k->bd, s->lp_new, s->old_rows, s->mask_rows,
-                                          k->row_start, batch->B, k->iw_rows, NULL, &cs);
+                                          k->row_start, batch->B, k->iw_rows, NULL, cs);
     if (rc) return rc;
-    corr_add(k, &cs);
-    *iw = k->iw_rows;
+    *iw = k->iw_rows; /* cs is pooled in micro-batch order (minibatch_grads) */
     return PRL_OK;
 }
 

@@ -60,6 +60,9 @@ static const prl_key_spec keys[] = {
     {"reward.network", PRL_KEY_BOOL, F(reward_network), 0, 1, "false", NULL},
     {"sandbox.slots", PRL_KEY_INT, F(sandbox_slots), 1, 256, "2", NULL},
     {"trainer.threads", PRL_KEY_INT, F(trainer_threads), 0, 256, "0", NULL},
+    {"trainer.ranks", PRL_KEY_INT, F(trainer_ranks), 1, 64, "1", NULL},
+    {"trainer.launcher", PRL_KEY_STR, F(trainer_launcher), 0, 0, "\"auto\"", "auto|mpirun|srun"},
+    {"trainer.micro_rows", PRL_KEY_INT, F(micro_rows), 1, 4096, "8", NULL},
     {"trainer.precision", PRL_KEY_STR, F(trainer_precision), 0, 0, "\"fp32\"", "fp32|bf16|fp16"},
     {"trainer.loss_scale.enabled", PRL_KEY_STR, F(ls_enabled), 0, 0, "\"auto\"", "auto|on|off"},
     {"trainer.loss_scale.preset", PRL_KEY_STR, F(ls_preset), 0, 0, "\"torch\"",
@@ -528,14 +531,13 @@ prl_status prl_job_config_same_run(const char *then_json, const char *now_json, 
                                    const char *where)
 {
     /* a resumed run continues the recorded config; only the step count may grow, and the
-    ** thread counts and the bound on rejected results may change (results do not depend on
-    ** them: a run that failed at the bound can be resumed with a higher one) */
+    ** thread and rank counts and the bound on rejected results may change (results do not
+    ** depend on them: a run that failed at the bound can be resumed with a higher one) */
     json_error_t je;
     json_t *a = json_loads(then_json, 0, &je), *b = json_loads(now_json, 0, &je);
-    static const char *free_keys[][2] = {{"controller", "steps"},
-                                         {"controller", "max_rejected"},
-                                         {"rollout", "threads"},
-                                         {"trainer", "threads"},
+    static const char *free_keys[][2] = {{"controller", "steps"}, {"controller", "max_rejected"},
+                                         {"rollout", "threads"},  {"trainer", "threads"},
+                                         {"trainer", "ranks"},    {"trainer", "launcher"},
                                          {"teacher", "threads"}};
     for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++) {
         json_t *ca = json_object_get(a, free_keys[i][0]), *cb = json_object_get(b, free_keys[i][0]);
@@ -550,8 +552,8 @@ prl_status prl_job_config_same_run(const char *then_json, const char *now_json, 
         return prl_error_set(
             PRL_ERR_CONFIG,
             "run '%s' in %s was started with another config "
-            "(only controller.steps, controller.max_rejected and the thread counts may "
-            "change on --resume)",
+            "(only controller.steps, controller.max_rejected, the thread counts and "
+            "trainer.ranks / trainer.launcher may change on --resume)",
             name, where);
     return PRL_OK;
 }

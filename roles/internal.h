@@ -12,6 +12,7 @@
 #define PRL_ROLES_INTERNAL_H
 
 #include "bus/bus.h"
+#include "dp/dp.h"
 #include "roles/msg/msg.h"
 #include "roles/roles.h"
 
@@ -90,5 +91,18 @@ prl_status prl_worker_fetch_version(prl_worker *w, const char *cache, uint64_t v
 /* "[rollout-0] message" on stderr. */
 void prl_worker_log(const prl_worker *w, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* ---------------------------------------------------------------- trainer ranks ---- */
+/* trainer_ranks.c: rank 0 of a data-parallel trainer hands the other ranks what a step needs
+** (collective calls: rank 0 sends, the others receive, in the same order everywhere). */
+
+/* Rank 0's NUL-terminated *text to every rank (the others' *text is malloc'd here). */
+prl_status prl_ranks_bcast_text(prl_dp *d, char **text);
+/* Rank 0's message m (its wire frames) to every rank; the others decode it into *out (owned:
+** prl_bus_msg_free), validated as off the bus. */
+prl_status prl_ranks_bcast_msg(prl_dp *d, const prl_bus_msg *m, prl_bus_msg *out);
+/* Rank 0's model (config, weights, router bias, expert counts) into every rank's m; a rank
+** builds m on the first call or when the config changed (*have: m is built). */
+prl_status prl_ranks_bcast_model(prl_dp *d, prl_model *m, int *have);
 
 #endif /* PRL_ROLES_INTERNAL_H */

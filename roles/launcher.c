@@ -5,10 +5,12 @@
 **
 ** A role that dies is started again (the controller hands its work out again), at most
 ** RESTARTS_PER_MINUTE times a minute; Ctrl-C or SIGTERM stops every role and leaves the run
-** resumable. A launcher that dies takes its roles with it (PR_SET_PDEATHSIG).
+** resumable. With trainer.ranks > 1 the trainer child is mpirun (or srun) and its ranks: a
+** rank that dies ends the group, which the launcher sees as the trainer dying. A launcher that dies takes its roles with it (PR_SET_PDEATHSIG).
 */
 #include "roles/roles.h"
 #include "roles/controller/controller.h"
+#include "dp/dp.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,9 +35,12 @@ static void on_signal(int sig)
     interrupted = 1;
 }
 
+enum { MAX_ARGS = 40 };
+
 typedef struct child {
     char name[64];
-    char *argv[16];
+    char *argv[MAX_ARGS];
+    int search_path; /* argv[0] is a program on PATH (mpirun, srun), not this binary */
     int n_args;
     pid_t pid;
     double started;
@@ -57,7 +62,8 @@ static void add_child(launcher *L, const char *name, const char *const *args)
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
     c->argv[c->n_args++] = strdup("prl");
-    for (int i = 0; args[i] && c->n_args < 15; i++) c->argv[c->n_args++] = strdup(args[i]);
+    for (int i = 0; args[i] && c->n_args < MAX_ARGS - 1; i++)
+        c->argv[c->n_args++] = strdup(args[i]);
     c->argv[c->n_args] = NULL;
 }
 
@@ -88,8 +94,10 @@ static int start_child(launcher *L, child *c)
         if (getppid() != parent) _exit(1);
         if (strcmp(c->name, "controller")) dup2(fd, STDOUT_FILENO);
         dup2(fd, STDERR_FILENO);
-        execv("/proc/self/exe", c->argv);
-        fprintf(stderr, "exec /proc/self/exe: %s\n", strerror(errno));
+        if (c->search_path) execvp(c->argv[0], c->argv);
+        else execv("/proc/self/exe", c->argv);
+        fprintf(stderr, "exec %s: %s\n", c->search_path ? c->argv[0] : "/proc/self/exe",
+                strerror(errno));
         _exit(127);
     }
     close(fd);
@@ -137,7 +145,8 @@ static void stop_all(launcher *L, double grace)
     }
 }
 
-/* The last line of a role's log, to say why it died. */
+/* The last line of a role's log, to say why it died (lines of dashes, mpirun's box around
+** its messages, are skipped). */
 static void last_log_line(const launcher *L, const char *name, char *out, size_t n)
 {
     char path[1200];
@@ -147,7 +156,7 @@ static void last_log_line(const launcher *L, const char *name, char *out, size_t
     if (!f) return;
     char line[1024];
     while (fgets(line, sizeof line, f))
-        if (line[0] != '\n') {
+        if (line[0] != '\n' && strspn(line, "-\n") < strlen(line)) { /* not mpirun's rules */
             size_t k = strnlen(line, n - 1);
             memcpy(out, line, k);
             out[k] = 0;
@@ -220,12 +229,91 @@ static int supervise(launcher *L)
     }
 }
 
+/* srun under SLURM (SLURM_JOB_ID set) or with trainer.launcher = srun, else mpirun. */
+static const char *ranks_program(const prl_job_config *job)
+{
+    if (!strcmp(job->trainer_launcher, "auto")) return getenv("SLURM_JOB_ID") ? "srun" : "mpirun";
+    return job->trainer_launcher;
+}
+
+/* Is `prog` an executable on PATH? */
+static int on_path(const char *prog)
+{
+    const char *path = getenv("PATH");
+    char dir[1024], file[1200];
+    while (path && *path) {
+        size_t n = strcspn(path, ":");
+        snprintf(dir, sizeof dir, "%.*s", (int)n, path);
+        snprintf(file, sizeof file, "%s/%s", dir[0] ? dir : ".", prog);
+        if (access(file, X_OK) == 0) return 1;
+        path += n + (path[n] == ':');
+    }
+    return 0;
+}
+
+prl_status prl_launcher_check(const prl_job_config *job)
+{
+    if (job->trainer_ranks <= 1) return PRL_OK;
+    if (!prl_dp_available())
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "trainer.ranks = %d: this prl was built without MPI (install "
+                             "libopenmpi-dev and openmpi-bin, then rebuild)",
+                             job->trainer_ranks);
+    const char *prog = ranks_program(job);
+    if (!on_path(prog))
+        return prl_error_set(PRL_ERR_CONFIG, "trainer.ranks = %d needs %s on PATH (%s)",
+                             job->trainer_ranks, prog,
+                             strcmp(prog, "srun") ? "Debian: openmpi-bin" : "SLURM");
+    return PRL_OK;
+}
+
+/* The trainer: one process, or (trainer.ranks = N > 1) N ranks under mpirun or srun, each
+** running `prl role trainer --ranks N` with its share of the threads. mpirun: as root it
+** needs --allow-run-as-root; --oversubscribe lets N exceed the cores; --bind-to none leaves
+** scheduling to the kernel on a machine the roles share. srun: --kill-on-bad-exit, so a
+** dead rank ends the step on every rank as mpirun does. */
+static void add_trainer(launcher *L, const prl_job_config *job, int threads)
+{
+    int R = job->trainer_ranks;
+    int th = job->trainer_threads ? job->trainer_threads : threads;
+    if (R > 1 && th == 0 && !getenv("PRL_THREADS")) { /* all CPUs, shared by the ranks */
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        th = cpus / R > 1 ? (int)(cpus / R) : 1;
+    }
+    char ths[16], ranks[16], exe[1024];
+    snprintf(ths, sizeof ths, "%d", th);
+    snprintf(ranks, sizeof ranks, "%d", R);
+    const char *role[] = {"role",      "trainer", "--connect", L->control_ep, "--name", "trainer-0",
+                          "--threads", ths,       "--ranks",   ranks,         NULL};
+    if (R <= 1) {
+        role[8] = NULL;
+        add_child(L, "trainer-0", role);
+        return;
+    }
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    const char *prog = ranks_program(job), *a[MAX_ARGS];
+    int k = 0;
+    a[k++] = "-n", a[k++] = ranks;
+    if (!strcmp(prog, "srun")) a[k++] = "--kill-on-bad-exit=1";
+    else {
+        if (getuid() == 0) a[k++] = "--allow-run-as-root";
+        a[k++] = "--oversubscribe", a[k++] = "--bind-to", a[k++] = "none";
+    }
+    a[k++] = exe;
+    for (int i = 0; role[i]; i++) a[k++] = role[i];
+    a[k] = NULL;
+    add_child(L, "trainer-0", a);
+    child *c = &L->c[L->n - 1];
+    free(c->argv[0]);
+    c->argv[0] = strdup(prog), c->search_path = 1;
+}
+
 /* Threads of the trainer and of each rollout worker: the job's trainer.threads and
 ** rollout.threads, else --threads (0: PRL_THREADS or all CPUs, decided by the role). */
 static void build_roles(launcher *L, const prl_job_config *job, int threads)
 {
-    char th[16], rth[16];
-    snprintf(th, sizeof th, "%d", job->trainer_threads ? job->trainer_threads : threads);
+    char rth[16];
     snprintf(rth, sizeof rth, "%d", job->rollout_threads ? job->rollout_threads : threads);
     const char *ctl[] = {"role", "controller", "--run", L->run_dir, NULL};
     add_child(L, "controller", ctl);
@@ -233,9 +321,7 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
     snprintf(slots, sizeof slots, "%d", job->sandbox_slots);
     const char *sb[] = {"role", "sandbox", "--bind", L->sandbox_ep, "--slots", slots, NULL};
     add_child(L, "sandbox", sb);
-    const char *tr[] = {"role",      "trainer",   "--connect", L->control_ep, "--name",
-                        "trainer-0", "--threads", th,          NULL};
-    add_child(L, "trainer-0", tr);
+    add_trainer(L, job, threads);
     int gateway = !strcmp(job->rollout_source, "gateway");
     char groups[16];
     snprintf(groups, sizeof groups, "%d",

@@ -40,6 +40,7 @@ typedef struct prl_worker_options {
     const char *sandbox; /* rollout, reward: the sandbox service (NULL: a local sandbox) */
     int allow_remote;    /* allow a non-loopback tcp:// endpoint */
     int slots;           /* work items taken at once (the gateway: groups; 0: 1) */
+    int ranks;           /* trainer: ranks of its MPI group (0 or 1: one process, no MPI) */
     const char *key; /* the run's bus key file (NULL: DIR/bus.key of an ipc://DIR/... endpoint) */
     /* another host (docs/pipeline.md "Several hosts"): this worker's CURVE keypair directory
     ** and the controller's public.key, instead of the run's key; NULL: none */
@@ -223,6 +224,10 @@ enum { PRL_ROLE_SIGNALED_EXIT = 3 };
 ** (close-on-exec: the roles do not hold it). A run locked by a live process is
 ** PRL_ERR_ARG naming its PID. */
 prl_status prl_launcher_lock(const char *run_dir, int *fd);
+/* What the launcher needs beyond the job's own rules: with trainer.ranks > 1, prl built with
+** MPI and mpirun (or srun: trainer.launcher, or SLURM_JOB_ID set) on PATH; PRL_ERR_CONFIG
+** naming trainer.ranks otherwise. */
+prl_status prl_launcher_check(const prl_job_config *job);
 
 /* Start every role of the run in run_dir (job.json, logs/ and ckpt/ exist) as a child
 ** process and supervise them: `threads` per role unless the job sets trainer.threads,
