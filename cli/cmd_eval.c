@@ -43,6 +43,7 @@ typedef struct domain_result {
     prl_task_domain domain;
     int n, episodes; /* problems; episodes = n × --samples (the means are over these) */
     int solved, truncated;
+    int word_runs; /* General: answers with one word 5+ times in a row (monitor:word_run) */
     double score_sum, turns_sum;
     double seconds;
 } domain_result;
@@ -81,6 +82,13 @@ static prl_status dump_episode(const eval_args *a, const char *ckpt, const prl_t
     return PRL_OK;
 }
 
+static int has_check(const prl_reward_result *r, const char *name)
+{
+    for (int i = 0; i < r->n_checks; i++)
+        if (!strcmp(r->checks[i].name, name)) return 1;
+    return 0;
+}
+
 static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e,
                               const prl_tokenizer *tok, const prl_reward_exec *exec,
                               prl_task_domain d, domain_result *out)
@@ -113,6 +121,7 @@ static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e
         out->score_sum += eps[i].reward;
         out->turns_sum += eps[i].turns;
         out->truncated += eps[i].truncated;
+        out->word_runs += has_check(&eps[i].result, "monitor:word_run");
         if (a->dump_fp) rc = dump_episode(a, ckpt, tok, items[i], i % K, &eps[i]);
     }
     out->seconds = prl_now() - t0;
@@ -138,16 +147,33 @@ static void print_json(const eval_args *a, const domain_result *r, const domain_
            a->n, a->samples, (unsigned long long)a->seed, a->temperature);
     for (int i = 0; i < n; i++) {
         printf("%s{\"domain\": \"%s\", \"n\": %d, \"accuracy\": %.4f, \"mean_score\": %.4f, "
-               "\"mean_turns\": %.2f, \"truncated\": %d, \"seconds\": %.2f",
+               "\"mean_turns\": %.2f, \"truncated\": %d, \"word_runs\": %d, \"seconds\": %.2f",
                i ? ", " : "", prl_tasks_domain_name(r[i].domain), r[i].n, acc_of(&r[i]),
                mean_of(&r[i], r[i].score_sum), mean_of(&r[i], r[i].turns_sum), r[i].truncated,
-               r[i].seconds);
+               r[i].word_runs, r[i].seconds);
         if (c)
-            printf(", \"compare_accuracy\": %.4f, \"compare_mean_score\": %.4f, \"delta\": %.4f",
-                   acc_of(&c[i]), mean_of(&c[i], c[i].score_sum), acc_of(&c[i]) - acc_of(&r[i]));
+            printf(", \"compare_accuracy\": %.4f, \"compare_mean_score\": %.4f, \"delta\": %.4f, "
+                   "\"compare_word_runs\": %d",
+                   acc_of(&c[i]), mean_of(&c[i], c[i].score_sum), acc_of(&c[i]) - acc_of(&r[i]),
+                   c[i].word_runs);
         printf("}");
     }
     printf("]}\n");
+}
+
+/* General's degenerate answers (docs/rewards.md "Degenerate-text monitor"), per checkpoint. */
+static void print_word_runs(const eval_args *a, const domain_result *r, const domain_result *c,
+                            int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (r[i].domain != PRL_TASK_GENERAL) continue;
+        printf("general: answers with a word 5+ times in a row: %d of %d (%.1f%%) %s",
+               r[i].word_runs, r[i].episodes, 100 * mean_of(&r[i], r[i].word_runs), a->ckpt);
+        if (c)
+            printf("; %d of %d (%.1f%%) %s", c[i].word_runs, c[i].episodes,
+                   100 * mean_of(&c[i], c[i].word_runs), a->compare);
+        printf("\n");
+    }
 }
 
 static void print_results(const eval_args *a, const domain_result *r, const domain_result *c, int n)
@@ -165,6 +191,7 @@ static void print_results(const eval_args *a, const domain_result *r, const doma
                    100 * acc_of(&c[i]), 100 * (acc_of(&c[i]) - acc_of(&r[i])),
                    mean_of(&r[i], r[i].score_sum), mean_of(&c[i], c[i].score_sum));
         printf("(before: %s, after: %s; change in accuracy points)\n", a->ckpt, a->compare);
+        print_word_runs(a, r, c, n);
         return;
     }
     printf("%-10s %5s %9s %10s %6s %9s %8s\n", "domain", "n", "accuracy", "mean score", "turns",
@@ -173,6 +200,7 @@ static void print_results(const eval_args *a, const domain_result *r, const doma
         printf("%-10s %5d %8.1f%% %10.3f %6.2f %9d %8.1f\n", prl_tasks_domain_name(r[i].domain),
                r[i].n, 100 * acc_of(&r[i]), mean_of(&r[i], r[i].score_sum),
                mean_of(&r[i], r[i].turns_sum), r[i].truncated, r[i].seconds);
+    print_word_runs(a, r, NULL, n);
 }
 
 /* Every domain of one checkpoint into res[nd]. */
