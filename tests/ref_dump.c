@@ -81,7 +81,7 @@ int main(int argc, char **argv)
                    .targets = tgt,
                    .weights = w,
                    .temperature = tau,
-                   .with_mtp = 1}; /* MTP trains when the config has it */
+                   .with_mtp = 1};                 /* MTP trains when the config has it */
     static float score_w[B] = {0.7f, -1.3f, 0.4f}; /* a reward model: dL/dscore per row */
     if (m.cfg.score_head) b.score_weights = score_w;
     prl_forward_stats st;
