@@ -111,6 +111,7 @@ int cmd_init(int argc, char **argv);
 int cmd_average(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_sft(int argc, char **argv);
+int cmd_rm(int argc, char **argv);
 int cmd_score(int argc, char **argv);
 int cmd_tokenizer(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

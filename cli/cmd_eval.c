@@ -49,6 +49,7 @@ typedef struct domain_result {
     int n, episodes; /* problems; episodes = n × --samples (the means are over these) */
     int solved, truncated;
     int in_mode; /* episodes answered in the requested mode's form (in_mode_of) */
+    int word_runs; /* General: answers with one word 5+ times in a row (monitor:word_run) */
     double score_sum, turns_sum;
     double seconds;
 } domain_result;
@@ -106,6 +107,13 @@ static prl_status dump_episode(const eval_args *a, const char *ckpt, const prl_t
     return PRL_OK;
 }
 
+static int has_check(const prl_reward_result *r, const char *name)
+{
+    for (int i = 0; i < r->n_checks; i++)
+        if (!strcmp(r->checks[i].name, name)) return 1;
+    return 0;
+}
+
 static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e,
                               const prl_tokenizer *tok, const prl_reward_exec *exec,
                               prl_task_domain d, prl_tasks_mode mode, domain_result *out)
@@ -140,6 +148,7 @@ static prl_status eval_domain(const eval_args *a, const char *ckpt, prl_infer *e
         out->turns_sum += eps[i].turns;
         out->truncated += eps[i].truncated;
         out->in_mode += in_mode_of(&eps[i], mode);
+        out->word_runs += has_check(&eps[i].result, "monitor:word_run");
         if (a->dump_fp) rc = dump_episode(a, ckpt, tok, items[i], i % K, mode, &eps[i]);
     }
     out->seconds = prl_now() - t0;
@@ -173,19 +182,36 @@ static void print_json(const eval_args *a, const domain_result *r, const domain_
            a->n, a->samples, (unsigned long long)a->seed, a->temperature);
     for (int i = 0; i < n; i++) {
         printf("%s{\"domain\": \"%s\", \"n\": %d, \"accuracy\": %.4f, \"mean_score\": %.4f, "
-               "\"mean_turns\": %.2f, \"truncated\": %d, \"seconds\": %.2f",
+               "\"mean_turns\": %.2f, \"truncated\": %d, \"word_runs\": %d, \"seconds\": %.2f",
                i ? ", " : "", prl_tasks_domain_name(r[i].domain), r[i].n, acc_of(&r[i]),
                mean_of(&r[i], r[i].score_sum), mean_of(&r[i], r[i].turns_sum), r[i].truncated,
-               r[i].seconds);
+               r[i].word_runs, r[i].seconds);
         if (r[i].mode != PRL_MODE_DEFAULT)
             printf(", \"mode\": \"%s\", \"in_mode\": %.4f", prl_tasks_mode_name(r[i].mode),
                    mean_of(&r[i], r[i].in_mode));
         if (c)
-            printf(", \"compare_accuracy\": %.4f, \"compare_mean_score\": %.4f, \"delta\": %.4f",
-                   acc_of(&c[i]), mean_of(&c[i], c[i].score_sum), acc_of(&c[i]) - acc_of(&r[i]));
+            printf(", \"compare_accuracy\": %.4f, \"compare_mean_score\": %.4f, \"delta\": %.4f, "
+                   "\"compare_word_runs\": %d",
+                   acc_of(&c[i]), mean_of(&c[i], c[i].score_sum), acc_of(&c[i]) - acc_of(&r[i]),
+                   c[i].word_runs);
         printf("}");
     }
     printf("]}\n");
+}
+
+/* General's degenerate answers (docs/rewards.md "Degenerate-text monitor"), per checkpoint. */
+static void print_word_runs(const eval_args *a, const domain_result *r, const domain_result *c,
+                            int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (r[i].domain != PRL_TASK_GENERAL) continue;
+        printf("general: answers with a word 5+ times in a row: %d of %d (%.1f%%) %s",
+               r[i].word_runs, r[i].episodes, 100 * mean_of(&r[i], r[i].word_runs), a->ckpt);
+        if (c)
+            printf("; %d of %d (%.1f%%) %s", c[i].word_runs, c[i].episodes,
+                   100 * mean_of(&c[i], c[i].word_runs), a->compare);
+        printf("\n");
+    }
 }
 
 static void print_results(const eval_args *a, const domain_result *r, const domain_result *c, int n)
@@ -206,6 +232,7 @@ static void print_results(const eval_args *a, const domain_result *r, const doma
                    100 * acc_of(&c[i]), 100 * (acc_of(&c[i]) - acc_of(&r[i])),
                    mean_of(&r[i], r[i].score_sum), mean_of(&c[i], c[i].score_sum));
         printf("(before: %s, after: %s; change in accuracy points)\n", a->ckpt, a->compare);
+        print_word_runs(a, r, c, n);
         return;
     }
     printf("%-*s %5s %9s %10s %6s %9s %8s%s\n", w, moded ? "domain/mode" : "domain", "n",
@@ -225,6 +252,7 @@ static void print_results(const eval_args *a, const domain_result *r, const doma
             printf("mode %s: %d of %d episodes (%.1f%%) answered in the requested form\n",
                    prl_tasks_mode_name(a->modes[k]), in, eps, eps ? 100.0 * in / eps : 0.0);
         }
+    print_word_runs(a, r, NULL, n);
 }
 
 /* Every domain of one checkpoint into res[nd]. */

@@ -107,6 +107,7 @@ static prl_status check_inputs(const prl_job_config *job)
     prl_status rc = prl_grpo_precision_from_job(&prec, job);
     if (!rc) rc = check_prompt_file(job);
     if (!rc) rc = prl_reward_program_check(job);
+    if (!rc) rc = prl_reward_learned_check(job);
     if (rc) return rc;
     char p[1200];
     snprintf(p, sizeof p, "%s/config.json", job->init);

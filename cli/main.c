@@ -13,6 +13,9 @@ static const cli_command commands[] = {
     {"export", cmd_export,
      "write a checkpoint as a Hugging Face model directory (shards, index, bf16 or f32)"},
     {"sft", cmd_sft, "supervised fine-tuning on chat JSONL (loss on assistant tokens)"},
+    {"rm", cmd_rm,
+     "reward models: General preference pairs, Bradley-Terry training, scores (rm "
+     "pairs|train|score)"},
     {"generate", cmd_generate, "sample completions with the infer path (KV cache, batching)"},
     {"eval", cmd_eval, "held-out accuracy per task domain (infer path + verifiers)"},
     {"score", cmd_score, "per-token log-probs of sequences on the train or infer path"},

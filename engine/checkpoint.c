@@ -437,15 +437,17 @@ static prl_status load_bias(prl_model *m, ckpt_weights *w)
     return PRL_OK;
 }
 
-/* Read every parameter of m from w; with `keep_new`, a DSA indexer or MTP module the file
-** lacks keeps its init and is counted in *n_new (adding blocks to a trained model). */
+/* Read every parameter of m from w; with `keep_new`, a DSA indexer, MTP module or score head
+** the file lacks keeps its init and is counted in *n_new (adding blocks to a trained model,
+** or a reward model's head to a policy). */
 static prl_status load_params(prl_model *m, ckpt_weights *w, int keep_new, int *n_new)
 {
     int fresh = 0;
     prl_status rc = mark_non_params(m, w);
     for (int i = 0; rc == PRL_OK && i < m->n_tensors; i++) {
         const prl_param_info *p = &m->tensors[i];
-        int added = p->kind == PRL_PARAM_INDEXER || p->layer >= m->cfg.num_hidden_layers;
+        int added = p->kind == PRL_PARAM_INDEXER || p->kind == PRL_PARAM_SCORE ||
+                    p->layer >= m->cfg.num_hidden_layers;
         if (keep_new && added && !ckpt_weights_find(w, p->name, NULL)) {
             fresh++;
             continue;

@@ -77,6 +77,7 @@ static const key_spec keys[] = {
     /* prl_bias_update_rule is a string, handled by name below. */
     IGN("prl_bias_update_rule", K_STRING),
     IGN("architectures", K_ANY),
+    IGN("num_labels", K_INT), /* parse_score_head: 1 with a *ForSequenceClassification */
     IGN("model_type", K_STRING),
     IGN("torch_dtype", K_STRING),
     IGN("transformers_version", K_STRING),
@@ -712,6 +713,23 @@ static prl_status parse_deepseek(prl_config *c, json_t *root, const char *src)
     return PRL_OK;
 }
 
+/* A reward model: architectures names a *ForSequenceClassification class, whose scalar head
+** (score.weight) reads the last token; num_labels (default 1) must be 1 — one score. */
+static prl_status parse_score_head(prl_config *c, json_t *root, const char *src)
+{
+    const char *arch = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
+    static const char suffix[] = "ForSequenceClassification";
+    size_t n = arch ? strlen(arch) : 0, k = sizeof suffix - 1;
+    c->score_head = n >= k && !strcmp(arch + n - k, suffix);
+    json_t *labels = json_object_get(root, "num_labels");
+    if (labels && (!c->score_head || json_integer_value(labels) != 1))
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: 'num_labels' = %lld: only 1 (a scalar reward head, with "
+                             "architectures [\"...ForSequenceClassification\"]) is supported",
+                             src, (long long)json_integer_value(labels));
+    return PRL_OK;
+}
+
 /* moe_layer_freq and the routing groups against the expert counts. */
 static prl_status validate_deepseek(const prl_config *c, const char *src)
 {
@@ -786,6 +804,7 @@ static prl_status parse_object(prl_config *c, json_t *root, const char *src)
                            &c->n_block_post_layernorm_idx, PRL_MAX_LAYERS, src);
     if (!rc) rc = parse_dsa(c, root, src);
     if (!rc) rc = parse_deepseek(c, root, src);
+    if (!rc) rc = parse_score_head(c, root, src);
     return rc ? rc : check_fixed_values(c, root, src);
 }
 
@@ -899,6 +918,11 @@ static char *deepseek_to_json(const prl_config *c)
             json_object_set_new(o, ints[i], json_integer(vals[i]));
     if (json_object_get(o, "rope_interleave") || !c->rope_interleave) /* the default: true */
         json_object_set_new(o, "rope_interleave", json_boolean(c->rope_interleave));
+    if (c->score_head) { /* a reward model made from a DeepSeek-V3 checkpoint */
+        json_object_set_new(o, "architectures",
+                            json_pack("[s]", "DeepseekV3ForSequenceClassification"));
+        json_object_set_new(o, "num_labels", json_integer(1));
+    }
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(o);
     return s;
@@ -908,7 +932,10 @@ char *prl_config_to_json(const prl_config *c)
 {
     if (prl_config_is_deepseek(c)) return deepseek_to_json(c);
     json_t *o = json_object();
-    json_object_set_new(o, "architectures", json_pack("[s]", "OpenPanguV2ForCausalLM"));
+    json_object_set_new(o, "architectures",
+                        json_pack("[s]", c->score_head ? "OpenPanguV2ForSequenceClassification"
+                                                       : "OpenPanguV2ForCausalLM"));
+    if (c->score_head) json_object_set_new(o, "num_labels", json_integer(1));
     json_object_set_new(o, "model_type", json_string("openpangu_v2"));
     for (int i = 0; i < N_KEYS; i++) {
         const key_spec *k = &keys[i];

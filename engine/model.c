@@ -239,7 +239,7 @@ static void add_mtp_layer(table_builder *tb, const prl_config *c, int l, layer_o
 /* Lay out every tensor in checkpoint order; fill per-layer offsets (trunk, then MTP).
 ** `merge` receives the merge head's module (mHC only). */
 static void build_table(table_builder *tb, const prl_config *c, layer_offsets *lo, size_t *embed,
-                        size_t *norm, size_t *head, size_t merge[4])
+                        size_t *norm, size_t *head, size_t *score, size_t merge[4])
 {
     int L = c->num_hidden_layers;
     *embed = add_tensor(tb, PRL_PARAM_EMBED, -1, -1, c->vocab_size, c->hidden_size,
@@ -250,6 +250,8 @@ static void build_table(table_builder *tb, const prl_config *c, layer_offsets *l
     *head = add_tensor(tb, PRL_PARAM_HEAD, -1, -1, c->vocab_size, c->hidden_size, "lm_head.weight");
     for (int k = 0; k < c->num_nextn_predict_layers; k++)
         add_mtp_layer(tb, c, L + k, &lo[L + k], *norm, *head);
+    if (c->score_head) /* last: a reward model's tensors are the policy's plus this one */
+        *score = add_tensor(tb, PRL_PARAM_SCORE, -1, -1, 1, c->hidden_size, "score.weight");
 }
 
 /* Trunk and MTP layers: the MTP layers are model.layers.{L..L+D−1}. */
@@ -278,7 +280,7 @@ prl_status prl_model_init(prl_model *m, const prl_config *cfg)
     }
     table_builder tb = {0};
     model_offsets mo = {0};
-    build_table(&tb, cfg, m->acts->lo, &mo.embed, &mo.norm, &mo.head, mo.merge);
+    build_table(&tb, cfg, m->acts->lo, &mo.embed, &mo.norm, &mo.head, &mo.score, mo.merge);
     *model__offs(m) = mo;
     m->tensors = tb.t;
     m->n_tensors = tb.n;

@@ -90,6 +90,8 @@ typedef struct prl_config {
     prl_dsa_stage dsa_stage;           /* prl_dsa_stage: "sparse" | "dense" (warm-up) */
     int dsa_freeze_main;               /* prl_dsa_freeze_main: only the indexer learns */
     int mtp_freeze_trunk;              /* prl_mtp_freeze_trunk: only the MTP modules learn */
+    int score_head; /* architectures [*ForSequenceClassification], num_labels 1: a scalar head
+                    ** score.weight [1, hidden] on the last token (reward models) */
     /* DeepSeek-V3 maths (docs/config.md "DeepSeek-V3 family"); defaults keep openPangu's */
     int moe_layer_freq;            /* layer l is MoE iff l >= first_k_dense_replace and
                                    ** l % moe_layer_freq == 0 */
@@ -142,16 +144,17 @@ double prl_config_softmax_scale(const prl_config *c);
 /* ---------------------------------------------------------------- parameters ------- */
 
 typedef enum prl_param_kind {
-    PRL_PARAM_EMBED,  /* token embedding */
-    PRL_PARAM_HEAD,   /* LM head */
-    PRL_PARAM_NORM,   /* RMSNorm gain */
-    PRL_PARAM_MATRIX, /* hidden 2-D matrix (Muon) */
-    PRL_PARAM_ROUTER, /* MoE router weight (AdamW) */
-    PRL_PARAM_SINK,   /* parameter attention sink latents / rope keys (AdamW, no decay) */
-    PRL_PARAM_CONV,   /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
-    PRL_PARAM_MHC,    /* mHC phi, branch_alpha, branch_beta (AdamW, no decay; engine/mhc.h) */
-    PRL_PARAM_INDEXER /* DSA lightning indexer (AdamW, no decay; k_norm gain init 1); learns
-                      ** only from the indexer loss */
+    PRL_PARAM_EMBED,   /* token embedding */
+    PRL_PARAM_HEAD,    /* LM head */
+    PRL_PARAM_NORM,    /* RMSNorm gain */
+    PRL_PARAM_MATRIX,  /* hidden 2-D matrix (Muon) */
+    PRL_PARAM_ROUTER,  /* MoE router weight (AdamW) */
+    PRL_PARAM_SINK,    /* parameter attention sink latents / rope keys (AdamW, no decay) */
+    PRL_PARAM_CONV,    /* ModAttn depthwise conv kernel [C, 1, k] (AdamW, no decay; init 0) */
+    PRL_PARAM_MHC,     /* mHC phi, branch_alpha, branch_beta (AdamW, no decay; engine/mhc.h) */
+    PRL_PARAM_INDEXER, /* DSA lightning indexer (AdamW, no decay; k_norm gain init 1); learns
+                       ** only from the indexer loss */
+    PRL_PARAM_SCORE    /* score.weight of a reward model's scalar head (AdamW, no decay) */
 } prl_param_kind;
 
 typedef struct prl_param_info {
@@ -229,6 +232,8 @@ typedef struct prl_batch {
                                    ** sequences, each seen by the model as if it were alone in a
                                    ** row: attention, RoPE, ModAttn convs, DSA, MTP targets and
                                    ** the sequence-wise balance loss restart at every 0 */
+    const float *score_weights;    /* [B] ∂loss/∂score of each row: the loss adds
+                                   ** Σ_b score_weights[b]·score[b] (score head only; NULL = 0) */
 } prl_batch;
 
 /* A route_override row of K of these means "route natively here" (top-K of s + bias), so a
@@ -304,6 +309,10 @@ const int32_t *prl_model_routes(const prl_model *m);
 ** query row b*T+t; model-owned, valid until the next forward); NULL for a layer without an
 ** indexer or in the dense stage. */
 const uint8_t *prl_model_dsa_selection(const prl_model *m, int layer);
+/* Score-head models (cfg.score_head): the score of each row of the last forward, [B]:
+** score.weight · the final-normed hidden state of its last valid position (model-owned);
+** NULL for a model without the head. */
+const prl_real *prl_model_scores(const prl_model *m);
 /* Logits of the last forward, [B*T][V] (model-owned). */
 const prl_real *prl_model_logits(const prl_model *m);
 /* Of the last forward (prl_model_forward or prl_model_logprobs) of `batch`, at each position

@@ -186,6 +186,8 @@ static void carve_all(prl_model *m, carver *cv)
     a->rstd_final = CARVE_R(cv, N);
     a->logits = CARVE_R(cv, N * D.V);
     a->lse = CARVE_R(cv, N);
+    a->scores = CARVE_R(cv, a->B);
+    a->dscores = CARVE_R(cv, a->B);
     a->tmp = CARVE_R(cv, N * D.d);
     a->rope_cos = CARVE_R(cv, (size_t)a->T * D.dr / 2);
     a->rope_sin = CARVE_R(cv, (size_t)a->T * D.dr / 2);

@@ -78,7 +78,8 @@ struct prl_acts {
     layer_offsets *lo;                                /* per layer, fixed at init */
     layer_acts *layer;
     prl_real *res_final, *ln_final, *rstd_final, *logits, *lse;
-    prl_real *tmp; /* [N,d] a sublayer's output before the residual add */
+    prl_real *scores, *dscores; /* [B] score head (cfg.score_head) and its gradient */
+    prl_real *tmp;              /* [N,d] a sublayer's output before the residual add */
     prl_real *rope_cos, *rope_sin;
     /* backward scratch */
     prl_real *dres, *dln, *dlogits, *dzq, *dcq, *dq, *dkva, *dckv, *dkv, *dkr, *dattn_scratch;
@@ -108,6 +109,7 @@ typedef struct dims {
 /* Model-level offsets live beside the layer table (in the acts struct: they never change). */
 typedef struct model_offsets {
     size_t embed, norm, head;
+    size_t score;    /* score.weight (cfg.score_head) */
     size_t merge[4]; /* mHC merge head: phi, norm_gamma, branch_alpha_pre, branch_beta_pre */
 } model_offsets;
 

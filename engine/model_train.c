@@ -1,6 +1,7 @@
 /*
 ** model_train.c — the train path's drivers: the batch checks, the forward over the layers
-** with saved activations (embedding, each decoder layer, final norm, LM head, log-probs,
+** with saved activations (embedding, each decoder layer, final norm, LM head and score head,
+** log-probs,
 ** the MTP modules, expert counts), the public log-probs, routes, logits and top-k, and the
 ** backward, the forward's mirror list from ∂/∂logits down to the embedding.
 */
@@ -235,6 +236,8 @@ static prl_status forward(prl_model *m, const prl_batch *b, float *out_logp, prl
     prl_rmsnorm_forward(a->ln_final, a->rstd_final, a->res_final, P(mo->norm), N, D.d, D.d, D.d,
                         m->cfg.rms_norm_eps);
     model__rnd(m, a->ln_final, (size_t)N * D.d);
+    if (m->cfg.score_head)
+        prl_score_head_forward(a->scores, a->ln_final, P(mo->score), b->lens, b->B, b->T, D.d);
     prl_matmul_forward(a->logits, a->ln_final, P(mo->head), N, D.d, D.V, 0);
     model__rnd(m, a->logits, (size_t)N * D.V);
     model__emit(m, -1, "final.logits", a->logits, N, D.V);
@@ -268,6 +271,10 @@ prl_status prl_model_logprobs(prl_model *m, const prl_batch *b, float *out_logp)
 
 const int32_t *prl_model_routes(const prl_model *m) { return m->acts->routes; }
 const prl_real *prl_model_logits(const prl_model *m) { return m->acts->logits; }
+const prl_real *prl_model_scores(const prl_model *m)
+{
+    return m->cfg.score_head ? m->acts->scores : NULL;
+}
 
 /* The k largest of row[0..V) into ids[0..k) (largest first; equal values: the lower id
 ** first, since ids are scanned in order and only a strictly larger value moves one down). */
@@ -368,6 +375,12 @@ prl_status prl_model_backward(prl_model *m, const prl_batch *b)
     model__rnd(m, a->dlogits, (size_t)N * D.V);
     model__zero(a->dln, (size_t)N * D.d);
     prl_matmul_backward(a->dln, G(mo->head), a->dlogits, a->ln_final, P(mo->head), N, D.d, D.V);
+    if (m->cfg.score_head && b->score_weights) { /* the scalar head reads the same h */
+        for (int r = 0; r < b->B; r++)
+            a->dscores[r] = (prl_real)(b->score_weights[r] * model__loss_scale(b));
+        prl_score_head_backward(a->dln, G(mo->score), a->dscores, a->ln_final, P(mo->score),
+                                b->lens, b->B, b->T, D.d);
+    }
     model__rnd(m, a->dln, (size_t)N * D.d);
     model__zero(a->dres, (size_t)N * D.d);
     prl_rmsnorm_backward(a->dres, G(mo->norm), a->dln, a->res_final, P(mo->norm), a->rstd_final, N,

@@ -840,3 +840,34 @@ void prl_embedding_backward(prl_real *dtable, const prl_real *dout, const int32_
         for (int i = 0; i < C; i++) dst[i] += src[i];
     }
 }
+
+/* The row a sequence's score is read at: its last valid position. */
+static size_t score_row(const int32_t *lens, int b, int T)
+{
+    int n = lens ? lens[b] : T;
+    return (size_t)b * T + (size_t)(n > 0 ? n - 1 : 0);
+}
+
+void prl_score_head_forward(prl_real *out, const prl_real *h, const prl_real *w,
+                            const int32_t *lens, int B, int T, int C)
+{
+    /* out [B] = h[B, T, C] at the last valid t · w[C] */
+    for (int b = 0; b < B; b++) {
+        const prl_real *x = h + score_row(lens, b, T) * C;
+        prl_real s = 0;
+        for (int i = 0; i < C; i++) s += x[i] * w[i];
+        out[b] = s;
+    }
+}
+
+void prl_score_head_backward(prl_real *dh, prl_real *dw, const prl_real *dout, const prl_real *h,
+                             const prl_real *w, const int32_t *lens, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++) {
+        size_t r = score_row(lens, b, T) * C;
+        for (int i = 0; i < C; i++) {
+            dh[r + i] += dout[b] * w[i];
+            dw[i] += dout[b] * h[r + i];
+        }
+    }
+}

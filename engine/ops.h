@@ -358,4 +358,13 @@ void prl_embedding_forward(prl_real *out, const prl_real *table, const int32_t *
 void prl_embedding_backward(prl_real *dtable, const prl_real *dout, const int32_t *tokens, int N,
                             int C);
 
+/* Scalar head on the last token (reward models, HF ...ForSequenceClassification with one
+** label): out[b] = w · h[b, lens[b] − 1] (lens NULL: T). h [B, T, C], w [C], out [B]. The
+** backward adds dout[b]·w to dh at that position and Σ_b dout[b]·h[b, last] to dw, in row
+** order (fixed reduction). */
+void prl_score_head_forward(prl_real *out, const prl_real *h, const prl_real *w,
+                            const int32_t *lens, int B, int T, int C);
+void prl_score_head_backward(prl_real *dh, prl_real *dw, const prl_real *dout, const prl_real *h,
+                             const prl_real *w, const int32_t *lens, int B, int T, int C);
+
 #endif /* PRL_OPS_H */

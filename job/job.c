@@ -58,6 +58,13 @@ static const prl_key_spec keys[] = {
     {"reward.timeout", PRL_KEY_REAL, F(reward_timeout), 0.01, 3600, "2.0", NULL},
     {"reward.program", PRL_KEY_ARGV, F(reward_program), 0, 64, "[]", NULL},
     {"reward.network", PRL_KEY_BOOL, F(reward_network), 0, 1, "false", NULL},
+    {"reward.model", PRL_KEY_STR, F(reward_model), 0, 0, "\"\"", NULL},
+    {"reward.model_weight", PRL_KEY_REAL, F(reward_model_weight), 0, 1, "0.5", NULL},
+    {"reward.model_normalize", PRL_KEY_BOOL, F(reward_model_normalize), 0, 1, "false", NULL},
+    {"reward.judge", PRL_KEY_STR, F(reward_judge), 0, 0, "\"\"", NULL},
+    {"reward.judge_weight", PRL_KEY_REAL, F(reward_judge_weight), 0, 1, "0.5", NULL},
+    {"reward.judge_template", PRL_KEY_STR, F(reward_judge_template), 0, 0, "\"\"", NULL},
+    {"reward.judge_max_new_tokens", PRL_KEY_INT, F(reward_judge_tokens), 1, 256, "16", NULL},
     {"sandbox.slots", PRL_KEY_INT, F(sandbox_slots), 1, 256, "2", NULL},
     {"trainer.threads", PRL_KEY_INT, F(trainer_threads), 0, 256, "0", NULL},
     {"trainer.ranks", PRL_KEY_INT, F(trainer_ranks), 1, 64, "1", NULL},
@@ -316,6 +323,28 @@ static prl_status check_opd(const prl_job_config *c, const char *source)
     return PRL_OK;
 }
 
+/* reward.model / reward.judge mix into the verifiers' score: a reward program replaces the
+** verifiers (mix there), and the weights must leave the rule its share. */
+static prl_status check_learned(const prl_job_config *c, const char *source)
+{
+    int rm = *c->reward_model, judge = *c->reward_judge;
+    if ((rm || judge) && prl_job_has_reward_program(c))
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key '%s' mixes into the verifiers' score, which reward.program "
+                             "replaces (score with the model inside the program instead)",
+                             source, rm ? "reward.model" : "reward.judge");
+    double w = (rm ? c->reward_model_weight : 0) + (judge ? c->reward_judge_weight : 0);
+    if (w > 1 + 1e-12)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: keys 'reward.model_weight' + 'reward.judge_weight' = %g must be "
+                             "<= 1 (the rest is the rule score's)",
+                             source, w);
+    if (*c->reward_judge_template && !judge)
+        return prl_error_set(PRL_ERR_CONFIG, "%s: key 'reward.judge_template' needs reward.judge",
+                             source);
+    return PRL_OK;
+}
+
 /* task.source = file reads task.path; the generator's keys would be silently ignored. */
 static prl_status check_source(const prl_job_config *c, const char *source)
 {
@@ -336,7 +365,7 @@ static prl_status check_source(const prl_job_config *c, const char *source)
     if (c->reward_network && !prl_job_has_reward_program(c))
         return prl_error_set(PRL_ERR_CONFIG, "%s: key 'reward.network' needs reward.program",
                              source);
-    return PRL_OK;
+    return check_learned(c, source);
 }
 
 /* The value as it can be shown in one error line: printable ASCII kept, the rest as \xNN,

@@ -73,6 +73,15 @@ typedef struct prl_job_config {
     double reward_timeout;
     char *reward_program; /* reward.program: JSON array of argv ("[]": the verifiers score) */
     int reward_network;   /* reward.network: the reward program may use the network */
+    /* learned rewards (docs/rewards.md "Reward models"): score = (1 − wm − wj)·rule + wm·rm
+    ** + wj·judge */
+    char *reward_model;          /* reward.model: a reward model checkpoint ("" none) */
+    double reward_model_weight;  /* reward.model_weight wm */
+    int reward_model_normalize;  /* reward.model_normalize: σ((r − μ)/s), else σ(r) */
+    char *reward_judge;          /* reward.judge: a generative judge checkpoint ("" none) */
+    double reward_judge_weight;  /* reward.judge_weight wj */
+    char *reward_judge_template; /* reward.judge_template ("" the default rubric) */
+    int reward_judge_tokens;     /* reward.judge_max_new_tokens */
     /* grpo */
     char *adv_norm;  /* std | none */
     char *singleton; /* zero | verl | drop */

@@ -1277,6 +1277,7 @@ class ForwardOutput:
     dsa: Dict[int, dict] = field(default_factory=dict)  # DSA layer -> MLA.last_dsa
     pos: Optional[torch.Tensor] = None   # [B, T] packed rows: position in the sequence, or None
     seq: Optional[torch.Tensor] = None   # [B, T] packed rows: sequence_ids (balance loss)
+    scores: Optional[torch.Tensor] = None  # [B] score head at each row's last valid token
 
 
 @dataclass
@@ -1349,6 +1350,13 @@ class PanguRef(nn.Module):
         self.cfg = c = parse_config(config)
         self.model = PanguTrunk(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        # a reward model (docs/model.md "Score head"): architectures [*ForSequenceClassification]
+        arch = (config.get("architectures") or [""])[0]
+        self.score = None
+        if isinstance(arch, str) and arch.endswith("ForSequenceClassification"):
+            if config.get("num_labels", 1) != 1:
+                raise UnsupportedConfigError("config key 'num_labels' must be 1 (a scalar head)")
+            self.score = nn.Linear(c.hidden_size, 1, bias=False)
         self.moe_layers = [l for l in range(c.num_hidden_layers) if c.is_moe_layer(l)]
         # every layer with a selection bias: the trunk's MoE layers, then the MTP layers'
         self.bias_layers = [l for l in range(c.num_hidden_layers + c.mtp_layers)
@@ -1499,10 +1507,16 @@ class PanguRef(nn.Module):
 
             X = layer.site(X, True, ffn)
         h0 = self.model.merge(X)
-        logits = self.lm_head(self.model.norm(h0))
+        hn = self.model.norm(h0)
+        logits = self.lm_head(hn)
+        scores = None
+        if self.score is not None:   # r_b = score . h_b at t = len_b - 1
+            last = valid.sum(dim=1).clamp(min=1) - 1
+            scores = self.score(hn[torch.arange(B, device=device), last]).squeeze(-1)
         return ForwardOutput(logits=logits, hidden=h0, valid=valid, routes=routes,
                              natural_routes=natural, router_logits=zs, router_scores=ss, dsa=dsa,
-                             pos=pos, seq=None if pos is None else sequence_ids(pos, valid))
+                             pos=pos, seq=None if pos is None else sequence_ids(pos, valid),
+                             scores=scores)
 
     def mtp_loss(self, out: ForwardOutput, tokens: torch.Tensor, targets: torch.Tensor,
                  weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1641,9 +1655,11 @@ class PanguRef(nn.Module):
                      targets: torch.Tensor, weights: torch.Tensor, temperature: float = 1.0,
                      route_override: RouteOverride = None,
                      dsa_override: Optional[Mapping[int, torch.Tensor]] = None,
-                     pos: Optional[torch.Tensor] = None) -> LossOutput:
+                     pos: Optional[torch.Tensor] = None,
+                     score_weights: Optional[torch.Tensor] = None) -> LossOutput:
         """loss = sum_t w_t * logp_t + balance + z, logp_t = log_softmax(logits_t / tau)[y_t],
-        over positions t < len with a target (y_t >= 0)."""
+        over positions t < len with a target (y_t >= 0); a reward model with score_weights g
+        [B] adds sum_b g_b * score_b."""
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         out = self.forward(tokens, lens, route_override, dsa_override, pos)
@@ -1670,6 +1686,9 @@ class PanguRef(nn.Module):
         if self.cfg.mtp_layers > 0:
             mtp, mbal, mzl = self.mtp_loss(out, tokens, targets, weights)
             bal, zl = bal + mbal, zl + mzl
+        if score_weights is not None and out.scores is not None:
+            g = torch.as_tensor(score_weights).to(device=device, dtype=self.dtype)
+            main = main + (g * out.scores).sum()
         return LossOutput(loss=main + bal + zl + mtp, main=main, balance=bal, z=zl,
                           index=self.index_loss(out), logp=logp, has_target=has_t, forward=out,
                           mtp=mtp)
@@ -1951,6 +1970,7 @@ class Batch:
     temperature: float
     routes: Dict[int, torch.Tensor]   # optional routing replay: layer -> [B, T, K]
     pos: Optional[torch.Tensor] = None  # optional packed rows: [B, T] positions (forward's pos)
+    score_weights: Optional[torch.Tensor] = None   # reward model: [B] dL/dscore
 
 
 def load_batch(path: str) -> Batch:
@@ -1977,7 +1997,9 @@ def load_batch(path: str) -> Batch:
                  targets=torch.from_numpy(targets.astype(np.int64)),
                  weights=torch.from_numpy(weights.astype(np.float64)),
                  temperature=float(meta.get("temperature", "1.0")), routes=routes,
-                 pos=None if pos is None else torch.from_numpy(pos.astype(np.int64)))
+                 pos=None if pos is None else torch.from_numpy(pos.astype(np.int64)),
+                 score_weights=(torch.from_numpy(t["score_weights"].astype(np.float64))
+                                if "score_weights" in t else None))
 
 
 def run_reference(model: PanguRef, batch: Batch, route_override: RouteOverride = None,
@@ -1990,12 +2012,14 @@ def run_reference(model: PanguRef, batch: Batch, route_override: RouteOverride =
         route_override = batch.routes
     model.zero_grad(set_to_none=True)
     out = model.compute_loss(batch.tokens, batch.lens, batch.targets, batch.weights,
-                             batch.temperature, route_override, dsa_override, batch.pos)
+                             batch.temperature, route_override, dsa_override,
+                             pos=batch.pos, score_weights=batch.score_weights)
     (out.loss + out.index).backward()
     grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
              for n, p in model.named_parameters()}
     fo = out.forward
     return {"logits": fo.logits.detach(), "logp": out.logp.detach(),
+            "scores": None if fo.scores is None else fo.scores.detach(),
             "loss": out.loss.detach(), "loss_main": out.main.detach(),
             "loss_balance": out.balance.detach(), "loss_z": out.z.detach(),
             "index_loss": out.index.detach(),
@@ -2118,6 +2142,16 @@ def compare_outputs(ref: dict, prl: Mapping[str, np.ndarray], param_names: Seque
         report["logits"] = st
         if not st["ok"]:
             failures.append(f"logits: rel err {st['rel_err']:.3e} >= {logits_tol:g}")
+    if ref.get("scores") is not None:   # a reward model's head: checked like the logits
+        if "scores" not in prl:
+            failures.append("scores: missing")
+        else:
+            st = _diff_stats(np.asarray(prl["scores"], dtype=np.float64),
+                             ref["scores"].cpu().numpy())
+            st["ok"] = bool(st["rel_err"] < logits_tol)
+            report["scores"] = st
+            if not st["ok"]:
+                failures.append(f"scores: rel err {st['rel_err']:.3e} >= {logits_tol:g}")
     # informational
     if "loss" in prl:
         pl = np.asarray(prl["loss"], dtype=np.float64).ravel()
@@ -2207,6 +2241,8 @@ def _print_report(rep: dict, out=sys.stdout) -> None:
               f"selections", file=out)
     if "logits" in rep:
         line("ok" if rep["logits"]["ok"] else "FAIL", "logits", rep["logits"])
+    if "scores" in rep:
+        line("ok" if rep["scores"]["ok"] else "FAIL", "scores", rep["scores"])
     if "index_loss" in rep:
         line("ok" if rep["index_loss"]["ok"] else "FAIL", "index_loss", rep["index_loss"])
     for k in ("loss", "logp"):

@@ -2,7 +2,8 @@
 ** general.c — the General verifier: one check of weight 1 per constraint of the task, on the
 ** last assistant turn, so the score is the fraction of constraints met (partial credit); and,
 ** when the task lists its topic's words, a required check that the answer is about the topic
-** (the score is 0 when it is not).
+** (the score is 0 when it is not); then the degenerate-text monitor (monitor.c), whose
+** findings score 0 too.
 **
 ** Text model: a word is a maximal run of [A-Za-z0-9']; words compare case-insensitively; a
 ** sentence is a stretch of text holding a word, ended by a run of . ! ? or by the end; a
@@ -16,33 +17,11 @@
 #include <string.h>
 #include <strings.h>
 
-enum { MAX_WORDS = 512, WORD_LEN = 32, MAX_RUN = 4 /* on_topic: words in a row */ };
+enum { MAX_RUN = 4 /* on_topic: words in a row */ };
 
-typedef struct text {
-    const char *s;
-    int n_words;
-    char words[MAX_WORDS][WORD_LEN]; /* lowercased; longer words are cut (they never match) */
-} text;
+typedef reward__text text;
 
 static int word_char(char c) { return isalnum((unsigned char)c) || c == '\''; }
-
-static void split_words(text *t, const char *s)
-{
-    t->s = s;
-    t->n_words = 0;
-    for (const char *p = s; *p;) {
-        if (!word_char(*p)) {
-            p++;
-            continue;
-        }
-        size_t n = 0;
-        char *w = t->words[t->n_words < MAX_WORDS ? t->n_words : MAX_WORDS - 1];
-        for (; word_char(*p); p++, n++)
-            if (n < WORD_LEN - 1) w[n] = (char)tolower((unsigned char)*p);
-        w[n < WORD_LEN - 1 ? n : WORD_LEN - 1] = 0;
-        if (t->n_words < MAX_WORDS) t->n_words++;
-    }
-}
 
 /* How often w occurs among the first n words. */
 static int count_in(const text *t, const char *w, int n)
@@ -302,7 +281,7 @@ prl_status prl_reward_general(const char *task_json, const prl_chat_message *tur
     const char *response = reward__last_assistant(turns, n_turns);
     text *t = malloc(sizeof *t); /* 16 KiB of words: off the stack */
     if (!t) rc = prl_error_set(PRL_ERR_NOMEM, "general verifier");
-    else split_words(t, response ? response : "");
+    else reward__split_words(t, response ? response : "");
     size_t i;
     json_t *c;
     json_array_foreach(cons, i, c)
@@ -310,6 +289,7 @@ prl_status prl_reward_general(const char *task_json, const prl_chat_message *tur
         if (rc || (rc = check_one(c, (int)i, t, out))) break;
     }
     if (!rc) rc = check_on_topic(task, cons, t, out);
+    if (!rc) reward__monitor_text(t, cons, out);
     free(t);
     json_decref(task);
     if (rc) return rc;

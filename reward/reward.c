@@ -5,6 +5,7 @@
 */
 #include "reward/reward_int.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,11 +46,11 @@ void reward__finish(prl_reward_result *out)
 
 void prl_reward_flags_format(unsigned flags, char *out, size_t n)
 {
-    static const char *const names[] = {"format_error", "tool_syntax", "parse_error", "hacking",
-                                        "exec_error"};
+    static const char *const names[] = {"format_error", "tool_syntax", "parse_error",   "hacking",
+                                        "exec_error",   "degenerate",  "judge_unparsed"};
     size_t at = 0;
     out[0] = 0;
-    for (int i = 0; i < 5 && at < n; i++)
+    for (int i = 0; i < 7 && at < n; i++)
         if (flags & (1u << i))
             at += (size_t)snprintf(out + at, n - at, "%s%s", at ? "," : "", names[i]);
 }
@@ -70,6 +71,26 @@ json_t *prl_reward_result_json(const prl_reward_result *r)
 }
 
 /* ---------------------------------------------------------------- parsing ---------- */
+
+static int word_char(char c) { return isalnum((unsigned char)c) || c == '\''; }
+
+void reward__split_words(reward__text *t, const char *s)
+{
+    t->s = s;
+    t->n_words = 0;
+    for (const char *p = s; *p;) {
+        if (!word_char(*p)) {
+            p++;
+            continue;
+        }
+        size_t n = 0; /* past REWARD_MAX_WORDS the last slot takes each further word */
+        char *w = t->words[t->n_words < REWARD_MAX_WORDS ? t->n_words : REWARD_MAX_WORDS - 1];
+        for (; word_char(*p); p++, n++)
+            if (n < REWARD_WORD_LEN - 1) w[n] = (char)tolower((unsigned char)*p);
+        w[n < REWARD_WORD_LEN - 1 ? n : REWARD_WORD_LEN - 1] = 0;
+        if (t->n_words < REWARD_MAX_WORDS) t->n_words++;
+    }
+}
 
 static prl_status check_turns(const prl_chat_message *turns, size_t n_turns)
 {

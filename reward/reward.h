@@ -67,11 +67,13 @@ void prl_reward_exec_result_free(prl_reward_exec_result *res);
 enum { PRL_REWARD_MAX_CHECKS = 48 };
 
 typedef enum prl_reward_flag {
-    PRL_REWARD_FORMAT_ERROR = 1u, /* no parseable final answer / code block */
-    PRL_REWARD_TOOL_SYNTAX = 2u,  /* a malformed tool call (penalised) */
-    PRL_REWARD_PARSE_ERROR = 4u,  /* python tool code that does not parse (penalised) */
-    PRL_REWARD_HACKING = 8u,      /* the reward-hacking monitor flagged the program (score 0) */
-    PRL_REWARD_EXEC_ERROR = 16u   /* a run timed out, crashed or could not start */
+    PRL_REWARD_FORMAT_ERROR = 1u,   /* no parseable final answer / code block */
+    PRL_REWARD_TOOL_SYNTAX = 2u,    /* a malformed tool call (penalised) */
+    PRL_REWARD_PARSE_ERROR = 4u,    /* python tool code that does not parse (penalised) */
+    PRL_REWARD_HACKING = 8u,        /* the reward-hacking monitor flagged the program (score 0) */
+    PRL_REWARD_EXEC_ERROR = 16u,    /* a run timed out, crashed or could not start */
+    PRL_REWARD_DEGENERATE = 32u,    /* the General monitor flagged degenerate text (score 0) */
+    PRL_REWARD_JUDGE_UNPARSED = 64u /* reward.judge's reply had no "Score: N" (grade 0) */
 } prl_reward_flag;
 
 typedef struct prl_reward_check {

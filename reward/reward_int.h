@@ -49,11 +49,27 @@ prl_status reward__run(const prl_reward_exec *exec, const char *program, const c
 /* The last non-empty line of text, trimmed, into out. */
 void reward__last_line(const char *text, char *out, size_t n);
 
+/* The General verifier's text model: a word is a maximal run of [A-Za-z0-9'], lowercased; at
+** most REWARD_MAX_WORDS words (the last slot holds the last word past them), each cut to
+** REWARD_WORD_LEN − 1 bytes (a cut word never matches). */
+enum { REWARD_MAX_WORDS = 512, REWARD_WORD_LEN = 32 };
+typedef struct reward__text {
+    const char *s;
+    int n_words;
+    char words[REWARD_MAX_WORDS][REWARD_WORD_LEN];
+} reward__text;
+void reward__split_words(reward__text *t, const char *s);
+
 /* The static reward-hacking monitor on a coding answer: adds a required check
 ** "monitor:<rule>" per finding and sets PRL_REWARD_HACKING. Returns the number of findings.
 ** prompt: the task's user message (its numbers and words are never test secrets). */
 int reward__monitor(const char *program, const char *prompt, const json_t *tests,
                     prl_reward_result *out);
+/* The degenerate-text monitor on a General answer (monitor.c, docs/rewards.md): adds a
+** required check "monitor:word_run", "monitor:ngram_repeat" or "monitor:stuffing" per rule
+** that fires and sets PRL_REWARD_DEGENERATE. constraints: the task's list (the words they
+** name). Returns the number of rules that fired. */
+int reward__monitor_text(const reward__text *t, const json_t *constraints, prl_reward_result *out);
 
 /* The python tool calls of an episode (Reasoning and the math / choice lines that play as
 ** Reasoning): every assistant turn but `last` is parsed, each python call's code

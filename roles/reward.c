@@ -1,18 +1,21 @@
 /*
 ** reward.c — the reward worker (`prl role reward`). Takes `score` (a task and the model's
 ** turns of one sample), runs the task's verifier (reward/; programs go to the sandbox) or
-** asks the job's reward program (reward_program.c), and answers `scored` with the score and
-** its breakdown as JSON (docs/pipeline.md).
+** asks the job's reward program (reward_program.c), mixes in the job's reward model and
+** judge (reward_learned.c), and answers `scored` with the score and its breakdown as JSON
+** (docs/pipeline.md).
 */
 #include "roles/internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* The verifier's result as the `detail` JSON text (malloc'd; NULL when out of memory). */
-static char *result_json(const prl_reward_result *res)
+/* The verifier's result as the `detail` JSON text (malloc'd; NULL when out of memory); with
+** learned rewards also the rule score (`rule_score`, what accuracy counts). */
+static char *result_json(const prl_reward_result *res, int mixed, double rule)
 {
     json_t *o = prl_reward_result_json(res);
+    if (o && mixed) json_object_set_new(o, "rule_score", json_real(rule));
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return text;
@@ -21,6 +24,7 @@ static char *result_json(const prl_reward_result *res)
 typedef struct reward_ctx {
     prl_role_exec exec;          /* the verifiers' programs, in the sandbox service */
     prl_reward_program *program; /* reward.program (NULL: the verifiers score) */
+    prl_reward_learned *learned; /* reward.model, reward.judge (NULL: none) */
 } reward_ctx;
 
 /* ids[from, to) as a JSON array (empty without ids). */
@@ -92,7 +96,10 @@ static prl_status score(void *ctx, prl_worker *r, const prl_bus_msg *m)
     if (k->program) rc = score_by_program(k, &x, &res);
     else rc = prl_reward_score(x.task, x.msgs, x.n_msgs, &k->exec.exec, &res);
     if (!rc && x.truncated) prl_reward_unfinished(&res);
-    char *detail = rc ? NULL : result_json(&res);
+    double rule = res.score;
+    if (!rc && k->learned)
+        rc = prl_reward_learned_mix(k->learned, x.task, x.msgs, x.n_msgs, &res, &rule);
+    char *detail = rc ? NULL : result_json(&res, k->learned != NULL, rule);
     if (!rc && !detail) rc = prl_error_set(PRL_ERR_NOMEM, "score detail");
     prl_msg_scored out = {.lease = x.lease,
                           .step = x.step,
@@ -121,12 +128,20 @@ prl_status prl_role_reward_run(const prl_worker_options *o)
     const char *dash = strrchr(r.worker, '-');
     if (prl_job_has_reward_program(&r.job))
         rc = prl_reward_program_open(&k.program, &r.job, dash ? atoi(dash + 1) : 0);
+    if (!rc) rc = prl_reward_learned_open(&k.learned, &r.job); /* one resident model each */
     if (!rc) rc = prl_worker_serve(&r, "score", score, &k);
     prl_worker_log(&r, "programs answered from the exec cache: %llu",
                    (unsigned long long)k.exec.hits);
     if (k.program)
         prl_worker_log(&r, "reward program restarts: %llu",
                        (unsigned long long)prl_reward_program_restarts(k.program));
+    if (k.learned && r.job.reward_judge[0]) {
+        uint64_t judged, unparsed;
+        prl_reward_learned_counts(k.learned, &judged, &unparsed);
+        prl_worker_log(&r, "judge: %llu answers graded, %llu replies unparseable (graded 0)",
+                       (unsigned long long)judged, (unsigned long long)unparsed);
+    }
+    prl_reward_learned_close(k.learned);
     prl_reward_program_close(k.program);
     prl_role_exec_close(&k.exec);
     prl_worker_leave(&r);

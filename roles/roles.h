@@ -83,6 +83,24 @@ prl_status prl_reward_program_score(prl_reward_program *p, const char *request,
 /* Restarts so far (for the worker's log and tests). */
 uint64_t prl_reward_program_restarts(const prl_reward_program *p);
 void prl_reward_program_close(prl_reward_program *p);
+
+/* reward.model and reward.judge (roles/reward_learned.c, docs/rewards.md "Reward models"):
+** learned scores mixed into the verifiers' rule score by every reward worker. */
+typedef struct prl_reward_learned prl_reward_learned;
+/* The checkpoints are usable (a reward model: score head and tokenizer; a judge: tokenizer,
+** a template with {answer}); errors name the key. prl run checks before any process starts. */
+prl_status prl_reward_learned_check(const prl_job_config *job);
+/* Load the job's reward model and judge (*out NULL when it has neither). */
+prl_status prl_reward_learned_open(prl_reward_learned **out, const prl_job_config *job);
+void prl_reward_learned_close(prl_reward_learned *l);
+/* Mix into res (a verifier's result): *rule gets its rule score, res->score the mix, with a
+** check per learned part ("reward_model", "judge"). A result with a failed required check
+** is left as it is. l NULL: nothing but *rule. */
+prl_status prl_reward_learned_mix(prl_reward_learned *l, const char *task_json,
+                                  const prl_chat_message *turns, size_t n_turns,
+                                  prl_reward_result *res, double *rule);
+/* Answers the judge graded, and of them the unparseable. */
+void prl_reward_learned_counts(const prl_reward_learned *l, uint64_t *judged, uint64_t *unparsed);
 prl_status prl_role_trainer_run(const prl_worker_options *o);
 prl_status prl_role_teacher_run(const prl_worker_options *o);
 

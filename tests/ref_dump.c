@@ -1,6 +1,6 @@
 /*
-** ref_dump.c — writes a fixed batch and prl's logits, loss, log-probs and every parameter
-** gradient for it, so the PyTorch reference can check them (tests/test_reference_compare.sh).
+** ref_dump.c — writes a fixed batch and prl's logits, loss, log-probs (a reward model: its
+** scores, with the batch's score weights in the loss) and every parameter gradient for it, so the PyTorch reference can check them (tests/test_reference_compare.sh).
 **
 ** usage: ref_dump CKPT_DIR BATCH_OUT PRL_OUT [--pack]   (CKPT_DIR is rewritten with perturbed
 ** norm gains and router biases first; --pack: the rows hold several sequences, prl_batch.pos,
@@ -94,6 +94,8 @@ int main(int argc, char **argv)
                    .temperature = tau,
                    .with_mtp = 1, /* MTP trains when the config has it */
                    .pos = pack ? pos : NULL};
+    static float score_w[B] = {0.7f, -1.3f, 0.4f}; /* a reward model: dL/dscore per row */
+    if (m.cfg.score_head) b.score_weights = score_w;
     prl_forward_stats st;
     prl_model_zero_grad(&m);
     if (prl_model_forward(&m, &b, logp, &st) || prl_model_backward(&m, &b))
@@ -109,6 +111,10 @@ int main(int argc, char **argv)
     if (!rc) rc = prl_safetensors_writer_add(&bw, "weights", PRL_DTYPE_F32, sh_bt, 2, w);
     if (!rc && pack) rc = prl_safetensors_writer_add(&bw, "pos", PRL_DTYPE_I32, sh_bt, 2, pos);
     if (!rc) rc = prl_safetensors_writer_set_metadata(&bw, "temperature", "0.8");
+    if (!rc && m.cfg.score_head)
+        rc = prl_safetensors_writer_add(&bw, "score_weights", PRL_DTYPE_F32, sh_b, 1, score_w);
+    if (!rc && m.cfg.score_head)
+        rc = prl_safetensors_writer_add(&pw, "scores", REAL_DTYPE, sh_b, 1, prl_model_scores(&m));
     if (!rc)
         rc = prl_safetensors_writer_add(&pw, "logits", REAL_DTYPE, sh_btv, 3, prl_model_logits(&m));
     if (!rc) rc = prl_safetensors_writer_add(&pw, "loss", PRL_DTYPE_F64, sh_1, 1, &loss);

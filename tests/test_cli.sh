@@ -8,7 +8,8 @@ prl=$1 src=$2
 
 for c in init average sft score generate eval tasks "tasks generate" "tasks demos" "tasks check" "tasks demo" \
   "tokenizer train" "tokenizer encode" "tokenizer decode" "bench train" "bench decode" \
-  "sandbox exec" "sandbox probe" "bench sandbox" "bench pipeline" "role sandbox"; do
+  "sandbox exec" "sandbox probe" "bench sandbox" "bench pipeline" "role sandbox" rm "rm pairs" \
+  "rm train" "rm score"; do
   expect_ok "--help: $c" $prl $c --help
 done
 expect_fail "unknown command" "unknown command 'frobnicate'" $prl frobnicate
@@ -218,6 +219,30 @@ expect_ok "recipe configs/opd.json passes prl run --check" \
 expect_fail "opd: a teacher without tokenizer.json" "$work/ck/tokenizer.json is missing" \
   $prl run "$src/configs/opd.json" --check --runs "$work/recipe_runs" "${opd_sets[@]}" \
   --set opd.teachers.agent="$work/ck"
+# reward models (docs/rewards.md "Reward models"): pairs, a 2-step training, its use in a job;
+# a policy as reward.model and refused commands name what is wrong and write nothing
+expect_ok "rm pairs" $prl rm pairs --n 6 --seed 2 --out "$work/pairs.jsonl"
+expect_fail "rm pairs: existing --out" "exists" $prl rm pairs --n 6 --out "$work/pairs.jsonl"
+expect_fail "rm train: --ckpt and --model" "give --ckpt DIR or --model CONFIG" \
+  $prl rm train --data "$work/pairs.jsonl" --ckpt "$g" --model "$cfg" --out "$work/rm_x"
+printf '{"prompt": "p", "chosen": "a"}\n' > "$work/badpairs.jsonl"
+expect_fail "rm train: a bad pairs line" "badpairs.jsonl:1: needs a non-empty string \"rejected\"" \
+  $prl rm train --data "$work/badpairs.jsonl" --ckpt "$g" --out "$work/rm_x"
+[ ! -e "$work/rm_x" ] && ok "refused rm train wrote nothing" || bad "refused rm train wrote $work/rm_x"
+expect_ok "rm train" $prl rm train --data "$work/pairs.jsonl" --ckpt "$g" --out "$work/rm" --steps 2 \
+  --batch 2 --holdout 2 --max-len 64
+grep -q "held-out pair accuracy" "$work/last.out" && ok "rm train prints the held-out accuracy" \
+  || bad "rm train output: $(cat "$work/last.out")"
+expect_ok "rm score" $prl rm score --rm "$work/rm" --input "$work/pairs.jsonl"
+[ "$(grep -c '"chosen":' "$work/last.out")" -ge 6 ] && ok "rm score: a line per pair" || bad "rm score output"
+expect_ok "reward.model in a job passes prl run --check" $prl run "$src/configs/general.json" --check \
+  --runs "$work/recipe_runs" --set model.init="$g" --set reward.model="$work/rm"
+expect_fail "a policy as reward.model" "key 'reward.model': .* is not a reward model" \
+  $prl run "$src/configs/general.json" --check --runs "$work/recipe_runs" --set model.init="$g" \
+  --set reward.model="$g"
+expect_fail "a judge without a tokenizer" "key 'reward.judge': .* has no tokenizer.json" \
+  $prl run "$src/configs/general.json" --check --runs "$work/recipe_runs" --set model.init="$g" \
+  --set reward.judge="$work/ck"
 expect_fail "eval: unknown domain" "unknown domain 'poetry'" $prl eval --ckpt "$g" --domain poetry
 expect_fail "eval: no tokenizer" "has no tokenizer.json" $prl eval --ckpt "$work/ck"
 expect_fail "eval: dump not writable" "--dump $work/no/such/dir.jsonl: the folder $work/no/such does not exist" \

@@ -913,6 +913,35 @@ START_TEST(test_embedding_grad)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ score head ------ */
+
+typedef struct {
+    double *h, *w;
+    int32_t lens[3];
+} sh_ctx;
+static void sh_fwd(void *p, double *out)
+{
+    sh_ctx *c = p;
+    prl_score_head_forward(out, c->h, c->w, c->lens, 3, 4, 5);
+}
+
+/* The reward head reads row b at position lens[b] − 1 only: its gradient there, 0 elsewhere. */
+START_TEST(test_score_head_grad)
+{
+    sh_ctx c = {.lens = {4, 1, 3}};
+    c.h = randv(60, 1);
+    c.w = randv(5, 1);
+    double *r = randv(3, 1), dh[60] = {0}, dw[5] = {0};
+    prl_score_head_backward(dh, dw, r, c.h, c.w, c.lens, 3, 4, 5);
+    ck_assert_double_lt(fd_error(sh_fwd, &c, c.h, 60, dh, r, 3), 1e-6);
+    ck_assert_double_lt(fd_error(sh_fwd, &c, c.w, 5, dw, r, 3), 1e-6);
+    for (int i = 0; i < 5; i++) ck_assert_double_eq(dh[(4 + 1) * 5 + i], 0); /* row 1, t = 1 */
+    double out[3];
+    prl_score_head_forward(out, c.h, c.w, NULL, 3, 4, 5); /* lens NULL: the last of T */
+    ck_assert_double_eq_tol(out[1], dot(c.h + (4 + 3) * 5, c.w, 5), 1e-12);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ MTP input ------- */
 
 typedef struct {
@@ -1070,7 +1099,10 @@ static double model_objective(model_ctx *c, int index)
 {
     prl_forward_stats st;
     ck_assert_int_eq(prl_model_forward(&c->m, &c->b, NULL, &st), PRL_OK);
-    return index ? st.index_loss : st.loss;
+    double score_term = 0; /* a reward model: Σ_b score_weights[b]·score[b] */
+    for (int b = 0; c->b.score_weights && b < c->b.B; b++)
+        score_term += c->b.score_weights[b] * prl_model_scores(&c->m)[b];
+    return index ? st.index_loss : st.loss + score_term;
 }
 
 static double model_loss(model_ctx *c) { return model_objective(c, 0); }
@@ -1150,6 +1182,8 @@ static double check_model_grad_cfg(const prl_config *cfg, int partial)
     static const int32_t pos[B * T] = {0, 1, 2, 3, 4,  0, 1, 2, 3, 4,  5,  6,
                                        0, 1, 2, 3, -1, 0, 1, 2, 3, -1, -1, -1};
     if (grad_with_pack) c.b.pos = pos;
+    float score_w[B] = {0.7f, -1.3f}; /* a reward model's pair: chosen and rejected rows */
+    if (c.m.cfg.score_head) c.b.score_weights = score_w;
     /* freeze routes: capture them, then always force them (or the partial override) */
     model_loss(&c);
     size_t nr = (size_t)c.m.n_moe * B * T * 2;
@@ -1340,6 +1374,15 @@ START_TEST(test_model_grad) { check_model_grad(micro_config); }
 END_TEST
 
 /* Extra weighted targets per position (OPD's top-k distillation term) in the loss. */
+/* A reward model (score head on the last token of each row, rows of lengths 12 and 9): the
+** head's weight and, through it, every tensor below it. */
+START_TEST(test_model_grad_score_head)
+{
+    check_model_grad("{" MICRO_KEYS ", \"architectures\": "
+                     "[\"OpenPanguV2ForSequenceClassification\"], \"num_labels\": 1}");
+}
+END_TEST
+
 START_TEST(test_model_grad_extra_targets)
 {
     grad_with_extra = 1;
@@ -1652,6 +1695,7 @@ static Suite *grad_suite(void)
     Suite *s = suite_create("grad");
     TCase *ops = tcase_create("ops");
     tcase_add_test(ops, test_matmul_grad);
+    tcase_add_test(ops, test_score_head_grad);
     tcase_add_test(ops, test_rmsnorm_grad);
     tcase_add_test(ops, test_rope_grad);
     tcase_add_test(ops, test_rope_interleave_yarn_grad);
@@ -1687,6 +1731,7 @@ static Suite *grad_suite(void)
     tcase_set_timeout(model, 300);
     tcase_add_test(model, test_model_grad);
     tcase_add_test(model, test_model_grad_extra_targets);
+    tcase_add_test(model, test_model_grad_score_head);
     tcase_add_test(model, test_model_topk);
     tcase_add_test(model, test_model_grad_partial_override);
     tcase_add_test(model, test_override_rows_validated);

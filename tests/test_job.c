@@ -260,6 +260,39 @@ START_TEST(test_prompt_file_and_program_keys)
 }
 END_TEST
 
+/* reward.model / reward.judge: defaults, values, and every cross-key rule named in its error
+** (the checkpoints themselves are checked by prl run: tests/test_rm.c). */
+START_TEST(test_learned_reward_keys)
+{
+    prl_job_config c;
+    ck_assert_int_eq(prl_job_config_default(&c), PRL_OK);
+    ck_assert_str_eq(c.reward_model, "");
+    ck_assert_str_eq(c.reward_judge, "");
+    ck_assert(c.reward_model_weight == 0.5 && c.reward_judge_weight == 0.5 &&
+              !c.reward_model_normalize && c.reward_judge_tokens == 16);
+    ck_assert_int_eq(prl_job_config_parse(&c,
+                                          "{\"reward\": {\"model\": \"runs/rm\", \"model_weight\": "
+                                          "0.3, \"model_normalize\": true, \"judge\": \"runs/j\", "
+                                          "\"judge_weight\": 0.2, \"judge_template\": "
+                                          "\"Rate {answer}\"}}",
+                                          "job.json"),
+                     PRL_OK);
+    ck_assert_str_eq(c.reward_model, "runs/rm");
+    ck_assert(c.reward_model_weight == 0.3 && c.reward_model_normalize &&
+              c.reward_judge_weight == 0.2);
+    prl_job_config_free(&c);
+    expect_error("{\"reward\": {\"model\": \"runs/rm\", \"program\": [\"python3\", \"r.py\"]}}",
+                 "key 'reward.model' mixes into the verifiers' score");
+    expect_error("{\"reward\": {\"model\": \"a\", \"judge\": \"b\", \"model_weight\": 0.7, "
+                 "\"judge_weight\": 0.5}}",
+                 "keys 'reward.model_weight' + 'reward.judge_weight' = 1.2 must be <= 1");
+    expect_error("{\"reward\": {\"judge_template\": \"x {answer}\"}}",
+                 "key 'reward.judge_template' needs reward.judge");
+    expect_error("{\"reward\": {\"model_weight\": 1.5}}", "key 'reward.model_weight' = 1.5");
+    expect_error("{\"reward\": {\"modle\": \"x\"}}", "did you mean 'reward.model'");
+}
+END_TEST
+
 /* grpo.correction.*: nested keys and defaults, and every cross-key rule named in its error. */
 START_TEST(test_correction_keys)
 {
@@ -420,6 +453,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_defaults_and_overrides);
     tcase_add_test(tc, test_errors_name_the_key);
+    tcase_add_test(tc, test_learned_reward_keys);
     tcase_add_test(tc, test_max_rejected_and_resume);
     tcase_add_test(tc, test_correction_keys);
     tcase_add_test(tc, test_task_mix);

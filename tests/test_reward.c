@@ -381,7 +381,10 @@ START_TEST(test_general_on_topic)
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         prl_reward_result r = score1(task, cases[i].response);
-        ck_assert_int_eq(r.n_checks, 4);
+        int rule_checks = 0; /* the monitor's findings come on top (test_general_monitor) */
+        for (int k = 0; k < r.n_checks; k++)
+            rule_checks += strncmp(r.checks[k].name, "monitor:", 8) != 0;
+        ck_assert_int_eq(rule_checks, 4);
         const prl_reward_check *c = find(&r, "on_topic");
         ck_assert_msg(c && c->passed == cases[i].on_topic && c->weight == 0 && c->required,
                       "'%s': on_topic %d (%s)", cases[i].response, c ? c->passed : -1,
@@ -406,6 +409,81 @@ START_TEST(test_general_on_topic)
         ck_assert_int_eq(prl_reward_general(bad[i], &t, 1, &r), PRL_ERR_FORMAT);
         assert_msg_has("\"topic_words\" must be an array");
     }
+}
+END_TEST
+
+/* The degenerate-text monitor: each rule on answers that trip it and on ones that stay just
+** under it, its required check (score 0 whatever the constraints say) and the flag. */
+START_TEST(test_general_monitor)
+{
+    const char *task = "{\"domain\":\"general\",\"topic_words\":[\"cats\",\"fur\",\"soft\"],"
+                       "\"constraints\":[{\"type\":\"include\",\"word\":\"blue\"},"
+                       "{\"type\":\"word_repeat\",\"word\":\"red\",\"n\":2},"
+                       "{\"type\":\"order\",\"first\":\"old\",\"second\":\"new\"}]}";
+    static const struct {
+        const char *response, *rule, *detail; /* rule NULL: nothing flagged */
+    } cases[] = {
+        {"Old red cats, soft fur, red new blue cats.", NULL, NULL},
+        {"Soft cats fur fur fur fur old new red red blue.", NULL, NULL}, /* a run of 4 */
+        {"Old blue red red new cats cats cats cats cats fur.", "monitor:word_run",
+         "'cats' 5 times in a row (word 6)"},
+        {"Old new red blue soft cats soft cats soft cats soft cats.", "monitor:ngram_repeat",
+         "'soft cats soft' said 3 times (word 5)"},
+        {"Old blue red new soft cats. Soft cats purr, soft cats nap.", NULL,
+         NULL}, /* 'soft cats' */
+        {"Old blue blue blue red red new cats.", "monitor:stuffing",
+         "'blue' used 3 times (at most 2)"},
+        {"Old red red red new blue cats.", NULL, NULL}, /* word_repeat's 2 + 1 */
+        {"Old red red red red new blue cats.", "monitor:stuffing",
+         "'red' used 4 times (at most 3)"},
+        {"Old new red blue red old blue new cats.", NULL, NULL}, /* each within its allowance */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        prl_reward_result r = score1(task, cases[i].response);
+        int flagged = 0;
+        for (int k = 0; k < r.n_checks; k++) flagged += !strncmp(r.checks[k].name, "monitor:", 8);
+        if (!cases[i].rule) {
+            ck_assert_msg(flagged == 0 && !(r.flags & PRL_REWARD_DEGENERATE), "'%s' flagged",
+                          cases[i].response);
+            continue;
+        }
+        const prl_reward_check *c = find(&r, cases[i].rule);
+        ck_assert_msg(c && !c->passed && c->required && c->weight == 0, "'%s': no %s",
+                      cases[i].response, cases[i].rule);
+        ck_assert_msg(strstr(c->detail, cases[i].detail), "%s", c->detail);
+        ck_assert(r.flags & PRL_REWARD_DEGENERATE);
+        ck_assert(r.score == 0);
+    }
+    char flags[128];
+    prl_reward_flags_format(PRL_REWARD_DEGENERATE | PRL_REWARD_JUDGE_UNPARSED, flags, sizeof flags);
+    ck_assert_str_eq(flags, "degenerate,judge_unparsed");
+}
+END_TEST
+
+/* The generator's demonstrations (no mistakes) never stuff a constraint's word; their filler
+** is drawn at random, so a few repeat a word 5 times or a trigram thrice — 2 of these 3,000
+** (general-d0-s43-1803, -2895) — and those are degenerate text like any other. */
+START_TEST(test_general_demos_not_degenerate)
+{
+    json_t *all = demos(PRL_TASK_GENERAL, 0, 3000, 0, 43);
+    size_t i;
+    json_t *line;
+    int flagged = 0;
+    json_array_foreach(all, i, line)
+    {
+        prl_reward_result r = score_line(line, &EXEC);
+        ck_assert_msg(!find(&r, "monitor:stuffing"), "%s: %s",
+                      json_string_value(json_object_get(line, "id")), line_content(line, 0));
+        if (r.flags & PRL_REWARD_DEGENERATE) {
+            flagged++;
+            ck_assert(find(&r, "monitor:word_run") || find(&r, "monitor:ngram_repeat"));
+            ck_assert_double_eq(r.score, 0);
+        } else {
+            ck_assert_double_eq(r.score, 1);
+        }
+    }
+    ck_assert_int_eq(flagged, 2);
+    json_decref(all);
 }
 END_TEST
 
@@ -863,6 +941,8 @@ static Suite *reward_suite(void)
     tcase_add_test(tc, test_general_partial_credit);
     tcase_add_test(tc, test_general_on_topic);
     tcase_add_test(tc, test_general_demos_on_topic);
+    tcase_add_test(tc, test_general_monitor);
+    tcase_add_test(tc, test_general_demos_not_degenerate);
     tcase_add_test(tc, test_general_bad_tasks);
     suite_add_tcase(s, tc);
     tc = tcase_create("agent");

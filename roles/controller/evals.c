@@ -102,8 +102,9 @@ typedef struct tally {
 static void tally_add(tally *t, const group *g, int G)
 {
     int pass = 0;
-    for (int j = 1; j < G; j++) pass |= g->s[j].reward >= 1.0;
-    t->n++, t->correct += g->s[0].reward >= 1.0, t->passed += pass, t->score += g->s[0].reward;
+    for (int j = 1; j < G; j++) pass |= ctl_sample_correct(&g->s[j]);
+    t->n++, t->correct += ctl_sample_correct(&g->s[0]), t->passed += pass;
+    t->score += g->s[0].reward;
 }
 
 static json_t *tally_json(const tally *t, int k)

@@ -254,6 +254,9 @@ void ctl_judge_group(ctl *c, step_run *r, group *g);
 int ctl_step_rolled(const ctl *c, const step_run *r);
 /* A sample within the version-lag bound of its step. */
 int ctl_sample_fresh(const ctl *c, const step_run *r, const slot *s);
+/* The sample counts as solved: its rule score is 1 (the detail's "rule_score" when learned
+** rewards were mixed in, else the reward). */
+int ctl_sample_correct(const slot *s);
 /* Hand out everything that can start now, oldest step first. */
 prl_status ctl_schedule(ctl *c);
 /* A new group of r on prompt index `prompt` (a train task, or an eval task for r->eval). */

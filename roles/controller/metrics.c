@@ -54,12 +54,15 @@ static void revisit_metrics(const ctl *c, const step_run *r, char *out, size_t n
 void ctl_step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double train_s, char *out,
                       size_t n, prl_store_step *st)
 {
-    int samples = 0, solved = 0, stale = 0;
+    int samples = 0, solved = 0, stale = 0, degenerate = 0, hacking = 0, unparsed = 0;
     double rsum = 0, tok = 0, trunc = 0;
     for (int i = 0; i < r->n; i++)
         for (int j = 0; j < c->G; j++) {
             const slot *s = &r->g[i].s[j];
-            samples++, rsum += s->reward, solved += s->reward >= 1.0;
+            samples++, rsum += s->reward, solved += ctl_sample_correct(s);
+            degenerate += (s->flags & PRL_REWARD_DEGENERATE) != 0;
+            hacking += (s->flags & PRL_REWARD_HACKING) != 0;
+            unparsed += (s->flags & PRL_REWARD_JUDGE_UNPARSED) != 0;
             tok += s->n - s->prompt_len, trunc += s->stop != 0;
             stale += !ctl_sample_fresh(c, r, s);
         }
@@ -94,11 +97,13 @@ void ctl_step_metrics(ctl *c, step_run *r, const char *trainer_metrics, double t
         "\"truncated_share\": %.4f, \"rollout_s\": %.3f, \"rollout_wait_s\": %.3f, "
         "\"score_tail_s\": %.3f, \"train_s\": %.3f, "
         "\"step_s\": %.3f, \"interval_s\": %.3f, \"reward_busy_s\": %.3f, \"tokens_per_s\": %.1f, "
-        "\"cursor_end\": %lld, \"version\": %lld, %s%s\"trainer\": %s}",
+        "\"cursor_end\": %lld, \"version\": %lld, \"degenerate_share\": %.4f, "
+        "\"hacking_share\": %.4f, \"judge_unparsed\": %d, %s%s\"trainer\": %s}",
         samples, r->n, r->accepted, r->dropped, stale, st->reward_mean, st->accuracy, tok,
         samples ? trunc / samples : 0, rollout_s, wait_s, score_s, train_s, step_s, interval_s,
-        r->score_seconds, st->tokens_per_s, (long long)c->cursor, (long long)c->version, teachers,
-        rv, trainer_metrics);
+        r->score_seconds, st->tokens_per_s, (long long)c->cursor, (long long)c->version,
+        samples ? (double)degenerate / samples : 0, samples ? (double)hacking / samples : 0,
+        unparsed, teachers, rv, trainer_metrics);
 }
 
 void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, step_run *r)
@@ -121,6 +126,12 @@ void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, st
     json_t *kl = json_object_get(json_object_get(mj, "trainer"), "opd_teacher_kl");
     char opd[48] = ""; /* OPD: the reverse KL student→teacher of the step's tokens */
     if (json_is_number(kl)) snprintf(opd, sizeof opd, " | KL %.4f", json_number_value(kl));
+    /* the reward-hacking monitors: the share of the step's samples each flagged */
+    double degen = json_number_value(json_object_get(mj, "degenerate_share"));
+    double hack = json_number_value(json_object_get(mj, "hacking_share"));
+    char mon[64] = "";
+    if (degen > 0 || hack > 0)
+        snprintf(mon, sizeof mon, " | degen %.1f%%  hack %.1f%%", 100 * degen, 100 * hack);
     json_decref(mj);
     c->interval_sum += interval, c->intervals++;
     if (!c->o->progress) return;
@@ -131,10 +142,10 @@ void ctl_progress_line(ctl *c, const prl_store_step *st, const char *metrics, st
     fprintf(c->o->progress,
             "step %lld  v%lld/%d | reward %.3f  acc %5.1f%% | %6.0f tok/s | rollout %.1fs  score "
             "%.1fs  "
-            "train %.1fs | step %.1fs | stale %d  dropped %d%s%s | %s, eta %s\n",
+            "train %.1fs | step %.1fs | stale %d  dropped %d%s%s%s | %s, eta %s\n",
             (long long)r->step, (long long)c->version, c->job->steps, st->reward_mean,
             100 * st->accuracy, st->tokens_per_s, roll, tail, train, interval, stale, r->dropped,
-            scale, opd, el, eta);
+            scale, opd, mon, el, eta);
     fflush(c->o->progress);
 }
 

@@ -153,7 +153,7 @@ void ctl_judge_group(ctl *c, step_run *r, group *g)
 {
     int solved = 1, unsolved = 1;
     for (int j = 0; j < c->G; j++)
-        solved &= g->s[j].reward >= 1.0, unsolved &= g->s[j].reward <= 0.0;
+        solved &= ctl_sample_correct(&g->s[j]), unsolved &= g->s[j].reward <= 0.0;
     prl_store_outcome o = solved     ? PRL_STORE_SOLVED
                           : unsolved ? PRL_STORE_UNSOLVED
                                      : PRL_STORE_MIXED;
@@ -235,6 +235,16 @@ static prl_status lease_score(ctl *c, step_run *r, int gi, int j, worker *w)
 int ctl_sample_fresh(const ctl *c, const step_run *r, const slot *s)
 {
     return s->version >= r->step - c->lag;
+}
+
+int ctl_sample_correct(const slot *s)
+{
+    if (!s->detail || !strstr(s->detail, "\"rule_score\"")) return s->reward >= 1.0;
+    json_error_t je;
+    json_t *d = json_loads(s->detail, 0, &je);
+    int ok = json_number_value(json_object_get(d, "rule_score")) >= 1.0;
+    json_decref(d);
+    return ok;
 }
 
 static int trainable(const ctl *c, const step_run *r)
