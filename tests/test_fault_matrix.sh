@@ -346,15 +346,21 @@ fi
 # a `trained` naming a checkpoint of another folder, `stop` to the sandbox service. Each must
 # be refused and logged, the run unaffected: the peer does not hold the run's secret
 # (RUN_DIR/bus.key, docs/protocol.md "Who may join"), so neither socket delivers a message of
-# it. A failure is reported in the table and fails the test at the end.
+# it. A failure is reported in the table and fails the test at the end. The trainer is held
+# (SIGSTOP, within a lease long enough that nothing is declared lost) while the peer attacks,
+# so the run cannot end before the attack is done (a short run did, on an idle machine).
 if want hostile; then
 cp -r base foreign
-start_run h job.json --set run.name=h
+start_run h job.json --set run.name=h --set controller.lease_seconds=120
 at=$(at_phase runs/h 2 rollout) && at=${at%%|*}
 sandbox_pid=$(role_pid "$launcher" "role sandbox --bind")
+trainer_pid=$(role_pid "$launcher" "role trainer")
+[ -n "$trainer_pid" ] || fail "run h: no trainer process to hold"
+kill -STOP "$trainer_pid"
 "$hostile" ipc://runs/h/control.sock ipc://runs/h/sandbox.sock h "$work/foreign" 1 > hostile.out 2>&1 || true
 cat hostile.out
 [ "$(steps_done h)" -lt "$S" ] || fail "run h ended before the hostile peer was done: the cell would prove nothing"
+kill -CONT "$trainer_pid"
 for _ in $(seq 1 600); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
 h_end=""
 if kill -0 "$launcher" 2>/dev/null; then
