@@ -340,7 +340,8 @@ static void monitor_event(monitor *m, int i)
     auth_domain *d = &domains[i];
     if (d->used && d->generation == m->generation) {
         char why[120];
-        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+            value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
             snprintf(why, sizeof why,
                      "the peer's CURVE handshake failed: it does not hold this server's "
                      "public key (ZMTP error 0x%x)",
@@ -348,7 +349,7 @@ static void monitor_event(monitor *m, int i)
         else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
             snprintf(why, sizeof why, "the peer did not present a key (ZMTP error 0x%x)", value);
         else
-            snprintf(why, sizeof why, "the peer left the handshake without a key (%s)",
+            snprintf(why, sizeof why, "the peer did not present a key (it left the handshake: %s)",
                      zmq_strerror((int)value));
         log_domain_refusal(d, "", why);
     }

@@ -13,15 +13,15 @@
 
 /* `prl bench NAME [options]`: argv[2] is NAME, the options start at argv[3]. Exit codes as
 ** cli.h says (0, 2 for bad usage, 1 otherwise). */
-int cmd_bench_train(int argc, char **argv);    /* bench_train.c: a training step vs PyTorch */
-int cmd_bench_decode(int argc, char **argv);   /* bench_decode.c: KV-cached decoding vs PyTorch */
-int cmd_bench_sandbox(int argc, char **argv);  /* bench_sandbox.c: sandboxed vs bare executions */
-int cmd_bench_pipeline(int argc, char **argv); /* bench_pipeline.c: prl run, sync vs async */
-int cmd_bench_load(int argc, char **argv);     /* bench_load.c: checkpoint load time, memory */
-int cmd_bench_gateway(int argc, char **argv);  /* bench_gateway.c: the gateway under load */
-int cmd_bench_sft(int argc, char **argv);      /* bench_sft.c: SFT tokens/s, packed or not */
+int cmd_bench_train(int argc, char **argv);      /* bench_train.c: a training step vs PyTorch */
+int cmd_bench_decode(int argc, char **argv);     /* bench_decode.c: KV-cached decoding vs PyTorch */
+int cmd_bench_sandbox(int argc, char **argv);    /* bench_sandbox.c: sandboxed vs bare executions */
+int cmd_bench_pipeline(int argc, char **argv);   /* bench_pipeline.c: prl run, sync vs async */
+int cmd_bench_load(int argc, char **argv);       /* bench_load.c: checkpoint load time, memory */
+int cmd_bench_gateway(int argc, char **argv);    /* bench_gateway.c: the gateway under load */
+int cmd_bench_sft(int argc, char **argv);        /* bench_sft.c: SFT tokens/s, packed or not */
 int cmd_bench_controller(int argc, char **argv); /* bench_controller.c: leases/s, CPU */
-int cmd_bench_ranks(int argc, char **argv);    /* bench_ranks.c: step time per trainer rank count */
+int cmd_bench_ranks(int argc, char **argv); /* bench_ranks.c: step time per trainer rank count */
 
 /* The bench's temporary directory $TMPDIR/prl-bench-NAME-XXXXXX (/tmp by default), made on the first call (later
 ** calls return the same one): the bench's own, removed with everything in it when the

@@ -48,7 +48,7 @@ typedef struct domain_result {
     prl_tasks_mode mode;
     int n, episodes; /* problems; episodes = n × --samples (the means are over these) */
     int solved, truncated;
-    int in_mode; /* episodes answered in the requested mode's form (in_mode_of) */
+    int in_mode;   /* episodes answered in the requested mode's form (in_mode_of) */
     int word_runs; /* General: answers with one word 5+ times in a row (monitor:word_run) */
     double score_sum, turns_sum;
     double seconds;

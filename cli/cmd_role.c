@@ -134,7 +134,7 @@ typedef struct worker_role {
     const char *name;
     prl_status (*run)(const prl_worker_options *o);
     const char *help;
-int sandbox, threads, cache, ranks;
+    int sandbox, threads, cache, ranks;
 } worker_role;
 
 static const worker_role workers[] = {
@@ -174,7 +174,8 @@ static int role_worker(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "role %s", wr->name);
     prl_worker_options o = {.name = def_name};
     int threads = 0;
-    cli_opt opts[13] = { /* the most a role takes, and the {0} that ends them */
+    cli_opt opts[13] = {
+        /* the most a role takes, and the {0} that ends them */
         {"connect", OPT_STR, &o.connect, "ENDPOINT", "the controller's endpoint", 1, 0},
         {"name", OPT_STR, &o.name, "NAME", name_help, 0, 0},
         {"key", OPT_STR, &o.key, "FILE",
