@@ -9,11 +9,12 @@
 #           mount namespace where A's folder is an empty tmpfs: no shared directory.
 # Checked: the run ends bitwise identical to the same job run on one host by one trainer
 # process (final model.safetensors sha256, every sample of run.db equal); rank 1 ran in B's
-# namespaces (its pid's netns, A's folder empty in its mount view, its log line); a rollout worker joins mid-run
-# from B and another is killed -9 (nothing lost: every sample once); a worker whose key is
-# not on the allow-list, and one that presents no CURVE key, are refused and logged; a
-# capture on the veth holds the weights' bytes but no plaintext header ("type", "run",
-# the safetensors header); a corrupted chunk in flight is fetched again.
+# namespaces (its pid's netns, A's folder empty in its mount view, its log line), and a kill -9
+# of it ends the trainer, which the launcher starts again on both hosts; a rollout worker
+# joins mid-run from B and another is killed -9 (nothing lost: every sample once); a worker
+# whose key is not on the allow-list, and one that presents no CURVE key, are refused and
+# logged; a capture on the veth holds the weights' bytes but no plaintext header ("type",
+# "run", the safetensors header); a corrupted chunk in flight is fetched again.
 # Needs root (ip netns, mount) and tcpdump: without them it FAILS, saying why (never a
 # silent pass).
 set -euo pipefail
@@ -205,6 +206,9 @@ done
 rank0=$(echo $rank0)
 [ "$(echo $rank0 | wc -w)" = 1 ] || fail "want one trainer rank in $nsa, found '$rank0'"
 echo "ok: trainer rank pid $rank1 runs in $nsb (A's folder empty there), rank 0 pid $rank0 in $nsa"
+wait_steps 2
+kill -9 "$rank1" # mpirun ends the group; the launcher starts the trainer (both ranks) again
+echo "ok: killed trainer rank 1 (pid $rank1) on $nsb after $(steps_done two) steps"
 wait_steps 3
 worker rollout rollout-b1 --cache cache1 # joins mid-run from B
 echo "ok: rollout-b1 joined from $nsb after $(steps_done two) steps"
@@ -219,6 +223,11 @@ echo "ok: two-host run (trainer ranks in $nsa and $nsb): final $got, bitwise the
 grep -q "rank 1 of 2: waiting for rank 0's steps (host .*, pid $rank1)" runs/two/logs/trainer-0.log ||
   { cat runs/two/logs/trainer-0.log; fail "trainer-0.log has no line of rank 1 (pid $rank1)"; }
 grep -q "^$ipb -> $nsb: .*orted" "$work/agent.log" || fail "mpirun did not start orted through the agent"
+grep -q "trainer-0 died" two.err || { cat two.err; fail "the death of rank 1 was not seen"; }
+[ "$(grep -c "rank 1 of 2: waiting for rank 0's steps" runs/two/logs/trainer-0.log)" -ge 2 ] ||
+  fail "rank 1 was not started again after its kill -9"
+[ "$(grep -c "orted" "$work/agent.log")" -ge 2 ] || fail "mpirun did not reach $nsb again"
+echo "ok: rank 1 ran in $nsb (its log line names pid $rank1), was started there again after its kill -9"
 
 # ---- nothing lost, nothing twice; the same samples as on one host
 db=runs/two/run.db
