@@ -69,6 +69,8 @@ static const prl_key_spec keys[] = {
     {"trainer.threads", PRL_KEY_INT, F(trainer_threads), 0, 256, "0", NULL},
     {"trainer.ranks", PRL_KEY_INT, F(trainer_ranks), 1, 64, "1", NULL},
     {"trainer.launcher", PRL_KEY_STR, F(trainer_launcher), 0, 0, "\"auto\"", "auto|mpirun|srun"},
+    {"trainer.hosts", PRL_KEY_STR, F(trainer_hosts), 0, 0, "\"\"", NULL},
+    {"trainer.hostfile", PRL_KEY_STR, F(trainer_hostfile), 0, 0, "\"\"", NULL},
     {"trainer.micro_rows", PRL_KEY_INT, F(micro_rows), 1, 4096, "8", NULL},
     {"trainer.precision", PRL_KEY_STR, F(trainer_precision), 0, 0, "\"fp32\"", "fp32|bf16|fp16"},
     {"trainer.loss_scale.enabled", PRL_KEY_STR, F(ls_enabled), 0, 0, "\"auto\"", "auto|on|off"},
@@ -474,6 +476,56 @@ int prl_job_has_reward_program(const prl_job_config *c)
     return c->reward_program && strcmp(c->reward_program, "[]") != 0;
 }
 
+/* trainer.hosts is mpirun's --host list: NAME[:SLOTS] entries joined by commas (a NAME
+** without SLOTS is one slot, as for mpirun). It needs ranks to place, and slots for all of
+** them, so that the ranks land where the list says rather than where --oversubscribe puts
+** the extra ones. The local checks (rank 0's host is this one) are the launcher's. */
+static prl_status check_trainer_hosts(const prl_job_config *c, const char *source)
+{
+    const char *h = c->trainer_hosts;
+    if (*h && *c->trainer_hostfile)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: keys 'trainer.hosts' and 'trainer.hostfile' both place the "
+                             "trainer ranks: give one",
+                             source);
+    if ((*h || *c->trainer_hostfile) && c->trainer_ranks < 2)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'trainer.%s' places trainer ranks: it needs trainer.ranks "
+                             "> 1 (it is %d)",
+                             source, *h ? "hosts" : "hostfile", c->trainer_ranks);
+    long slots = 0;
+    for (const char *e = h; *h && *e;) {
+        size_t n = strcspn(e, ",:");
+        size_t ok = strspn(e, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-_");
+        if (n == 0 || ok < n)
+            return prl_error_set(PRL_ERR_CONFIG,
+                                 "%s: key 'trainer.hosts' = %s: '%.*s' is not a host name "
+                                 "(want NAME[:SLOTS],NAME[:SLOTS],... as for mpirun --host)",
+                                 source, h, (int)(n ? n : 1), e);
+        long k = 1;
+        e += n;
+        if (*e == ':') {
+            char *end;
+            k = strtol(e + 1, &end, 10);
+            if (end == e + 1 || (*end && *end != ',') || k < 1 || k > 4096)
+                return prl_error_set(PRL_ERR_CONFIG,
+                                     "%s: key 'trainer.hosts' = %s: the slots after '%.*s' must "
+                                     "be a count 1 ... 4096",
+                                     source, h, (int)(e - h), h);
+            e = end;
+        }
+        slots += k;
+        if (*e == ',' && !*++e)
+            return prl_error_set(PRL_ERR_CONFIG, "%s: key 'trainer.hosts' = %s ends with ','",
+                                 source, h);
+    }
+    if (*h && slots < c->trainer_ranks)
+        return prl_error_set(PRL_ERR_CONFIG,
+                             "%s: key 'trainer.hosts' = %s gives %ld slots for trainer.ranks = %d",
+                             source, h, slots, c->trainer_ranks);
+    return PRL_OK;
+}
+
 prl_status prl_job_config_check(const prl_job_config *c, const char *source)
 {
     prl_status rc = prl_job_name_check(source, "run.name", c->name);
@@ -484,6 +536,7 @@ prl_status prl_job_config_check(const prl_job_config *c, const char *source)
     if (!rc) rc = check_opd(c, source);
     if (!rc) rc = check_gateway(c, source);
     if (!rc) rc = check_bus(c, source);
+    if (!rc) rc = check_trainer_hosts(c, source);
     if (rc) return rc;
     if ((long)c->batch_prompts * c->group_size <= 0)
         return prl_error_set(PRL_ERR_CONFIG,
@@ -560,14 +613,14 @@ prl_status prl_job_config_same_run(const char *then_json, const char *now_json, 
                                    const char *where)
 {
     /* a resumed run continues the recorded config; only the step count may grow, and the
-    ** thread and rank counts and the bound on rejected results may change (results do not
-    ** depend on them: a run that failed at the bound can be resumed with a higher one) */
+    ** thread and rank counts, where the ranks run and the bound on rejected results may change
+    ** (results do not depend on them: a run that failed at the bound can be resumed with a higher one) */
     json_error_t je;
     json_t *a = json_loads(then_json, 0, &je), *b = json_loads(now_json, 0, &je);
-    static const char *free_keys[][2] = {{"controller", "steps"}, {"controller", "max_rejected"},
-                                         {"rollout", "threads"},  {"trainer", "threads"},
-                                         {"trainer", "ranks"},    {"trainer", "launcher"},
-                                         {"teacher", "threads"}};
+    static const char *free_keys[][2] = {
+        {"controller", "steps"}, {"controller", "max_rejected"}, {"rollout", "threads"},
+        {"trainer", "threads"},  {"trainer", "ranks"},           {"trainer", "launcher"},
+        {"trainer", "hosts"},    {"trainer", "hostfile"},        {"teacher", "threads"}};
     for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++) {
         json_t *ca = json_object_get(a, free_keys[i][0]), *cb = json_object_get(b, free_keys[i][0]);
         json_object_del(ca, free_keys[i][1]), json_object_del(cb, free_keys[i][1]);
@@ -582,7 +635,8 @@ prl_status prl_job_config_same_run(const char *then_json, const char *now_json, 
             PRL_ERR_CONFIG,
             "run '%s' in %s was started with another config "
             "(only controller.steps, controller.max_rejected, the thread counts and "
-            "trainer.ranks / trainer.launcher may change on --resume)",
+            "trainer.ranks / trainer.launcher / trainer.hosts / trainer.hostfile may change "
+            "on --resume)",
             name, where);
     return PRL_OK;
 }

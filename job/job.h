@@ -61,6 +61,8 @@ typedef struct prl_job_config {
     int trainer_threads;     /* threads of the trainer (0: prl run --threads) */
     int trainer_ranks;       /* data-parallel trainer processes (1: no MPI) */
     char *trainer_launcher;  /* auto | mpirun | srun: what starts the ranks */
+    char *trainer_hosts;     /* mpirun --host list "a:2,b:2" ("": this host only) */
+    char *trainer_hostfile;  /* mpirun --hostfile FILE ("": none) */
     int micro_rows;          /* trainer.micro_rows: sequences per forward/backward */
     char *trainer_precision; /* fp32 | bf16 | fp16: the train path's arithmetic */
     /* trainer.loss_scale: dynamic loss scaling (rl.md §4.3); 0 = the preset's constant */

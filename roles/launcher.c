@@ -264,13 +264,15 @@ prl_status prl_launcher_check(const prl_job_config *job)
         return prl_error_set(PRL_ERR_CONFIG, "trainer.ranks = %d needs %s on PATH (%s)",
                              job->trainer_ranks, prog,
                              strcmp(prog, "srun") ? "Debian: openmpi-bin" : "SLURM");
-    return PRL_OK;
+    return prl_rank_hosts_check(job, prog);
 }
 
 /* The trainer: one process, or (trainer.ranks = N > 1) N ranks under mpirun or srun, each
 ** running `prl role trainer --ranks N` with its share of the threads. mpirun: as root it
 ** needs --allow-run-as-root; --oversubscribe lets N exceed the cores; --bind-to none leaves
-** scheduling to the kernel on a machine the roles share. srun: --kill-on-bad-exit, so a
+** scheduling to the kernel on a machine the roles share; trainer.hosts / trainer.hostfile
+** place the ranks (--host / --hostfile; OMPI_MCA_* from the environment reach mpirun as
+** they are). srun: --kill-on-bad-exit, so a
 ** dead rank ends the step on every rank as mpirun does. */
 static void add_trainer(launcher *L, const prl_job_config *job, int threads)
 {
@@ -299,6 +301,7 @@ static void add_trainer(launcher *L, const prl_job_config *job, int threads)
     else {
         if (getuid() == 0) a[k++] = "--allow-run-as-root";
         a[k++] = "--oversubscribe", a[k++] = "--bind-to", a[k++] = "none";
+        k += prl_rank_hosts_args(job, a + k); /* trainer.hosts / trainer.hostfile */
     }
     a[k++] = exe;
     for (int i = 0; role[i]; i++) a[k++] = role[i];

@@ -244,8 +244,16 @@ enum { PRL_ROLE_SIGNALED_EXIT = 3 };
 prl_status prl_launcher_lock(const char *run_dir, int *fd);
 /* What the launcher needs beyond the job's own rules: with trainer.ranks > 1, prl built with
 ** MPI and mpirun (or srun: trainer.launcher, or SLURM_JOB_ID set) on PATH; PRL_ERR_CONFIG
-** naming trainer.ranks otherwise. */
+** naming trainer.ranks otherwise; with trainer.hosts or trainer.hostfile, mpirun and this
+** host first (prl_rank_hosts_check). */
 prl_status prl_launcher_check(const prl_job_config *job);
+/* trainer.hosts / trainer.hostfile (rank_hosts.c), checked on this host: not under srun
+** (`launcher`), a hostfile that names a host, and the first host (rank 0's) this one;
+** PRL_ERR_CONFIG naming the key otherwise. */
+prl_status prl_rank_hosts_check(const prl_job_config *job, const char *launcher);
+/* mpirun's placement options for the job into argv (--host LIST or --hostfile FILE; at most
+** 2 entries, pointing into job); returns how many. */
+int prl_rank_hosts_args(const prl_job_config *job, const char **argv);
 
 /* Start every role of the run in run_dir (job.json, logs/ and ckpt/ exist) as a child
 ** process and supervise them: `threads` per role unless the job sets trainer.threads,

@@ -17,6 +17,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct trainer {
     prl_worker role;
@@ -226,10 +227,14 @@ static prl_status follow_step(trainer *t)
     return rc;
 }
 
-/* A rank > 0 until rank 0 says quit. */
+/* A rank > 0 until rank 0 says quit. Its first line names its host and pid: with
+** trainer.hosts the ranks run elsewhere, and this is where a user sees which. */
 static prl_status follow(trainer *t)
 {
-    prl_worker_log(&t->role, "rank %d of %d: waiting for rank 0's steps", t->dp.rank, t->dp.size);
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    prl_worker_log(&t->role, "rank %d of %d: waiting for rank 0's steps (host %s, pid %d)",
+                   t->dp.rank, t->dp.size, host, (int)getpid());
     for (;;) {
         int32_t cmd = CMD_QUIT;
         prl_status rc = bcast_cmd(t, &cmd);

@@ -54,6 +54,35 @@ START_TEST(test_bus_keys)
 }
 END_TEST
 
+START_TEST(test_trainer_hosts)
+{
+    /* trainer.hosts (docs/job.md): mpirun's --host list, slots for every rank, one of
+    ** trainer.hosts / trainer.hostfile, and only with ranks to place */
+    const char *ok[] = {"trainer.ranks=4", "trainer.hosts=\"a:2,b.example-1:2\""};
+    expect_bus(ok, 2, PRL_OK, NULL);
+    const char *bare[] = {"trainer.ranks=2", "trainer.hosts=\"a,b\""};
+    expect_bus(bare, 2, PRL_OK, NULL);
+    const char *few[] = {"trainer.ranks=4", "trainer.hosts=\"a:2,b\""};
+    expect_bus(few, 2, PRL_ERR_CONFIG, "gives 3 slots for trainer.ranks = 4");
+    const char *one[] = {"trainer.hosts=\"a:1,b:1\""};
+    expect_bus(one, 1, PRL_ERR_CONFIG, "needs trainer.ranks > 1 (it is 1)");
+    const char *both[] = {"trainer.ranks=2", "trainer.hosts=\"a:2\"", "trainer.hostfile=\"h\""};
+    expect_bus(both, 3, PRL_ERR_CONFIG, "both place the trainer ranks");
+    const char *name[] = {"trainer.ranks=2", "trainer.hosts=\"a:1,b c:1\""};
+    expect_bus(name, 2, PRL_ERR_CONFIG, "'b c' is not a host name");
+    const char *empty[] = {"trainer.ranks=2", "trainer.hosts=\"a,,b\""};
+    expect_bus(empty, 2, PRL_ERR_CONFIG, "',' is not a host name");
+    const char *slots[] = {"trainer.ranks=2", "trainer.hosts=\"a:0,b:2\""};
+    expect_bus(slots, 2, PRL_ERR_CONFIG, "the slots after 'a' must be a count");
+    const char *junk[] = {"trainer.ranks=2", "trainer.hosts=\"a:2x\""};
+    expect_bus(junk, 2, PRL_ERR_CONFIG, "the slots after 'a' must be a count");
+    const char *comma[] = {"trainer.ranks=2", "trainer.hosts=\"a:2,\""};
+    expect_bus(comma, 2, PRL_ERR_CONFIG, "ends with ','");
+    const char *file[] = {"trainer.ranks=1", "trainer.hostfile=\"h\""};
+    expect_bus(file, 2, PRL_ERR_CONFIG, "'trainer.hostfile' places trainer ranks");
+}
+END_TEST
+
 START_TEST(test_defaults_and_overrides)
 {
     prl_job_config c;
@@ -461,6 +490,7 @@ int main(void)
     tcase_add_test(tc, test_sft_recipe);
     tcase_add_test(tc, test_run_name_is_a_name);
     tcase_add_test(tc, test_bus_keys);
+    tcase_add_test(tc, test_trainer_hosts);
     suite_add_tcase(s, tc);
     return check_run(s);
 }

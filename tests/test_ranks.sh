@@ -7,7 +7,8 @@
 # (mpirun ends the group, the launcher starts the trainer again, the step is handed out
 # again), and a run whose rank and every other process are killed is finished with
 # `prl run --resume`: both end bitwise equal to the undisturbed run. Also: the launcher is
-# srun under SLURM, and a missing launcher program is refused before anything starts.
+# srun under SLURM, and a missing launcher program is refused before anything starts, as are
+# bad trainer.hosts / trainer.hostfile placements; runs r2 and r4 place their ranks with them.
 set -euo pipefail
 prl=$(realpath "$1") src=$(realpath "$2")
 command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (scripts/install-deps.sh installs openmpi-bin)"; exit 1; }
@@ -58,6 +59,25 @@ SLURM_JOB_ID=1 expect_refused "srun under SLURM" "trainer.ranks = 2 needs srun o
 mkdir nompi && ln -s "$(command -v grep)" nompi/grep # a PATH without mpirun
 PATH=$PWD/nompi expect_refused "no mpirun" "trainer.ranks = 2 needs mpirun on PATH" check \
   --set trainer.ranks=2 --set trainer.launcher='"mpirun"'
+# trainer.hosts / trainer.hostfile (mpirun's placement): rank 0's host must be this one, a
+# hostfile must exist and name a host, srun places ranks itself, every rank needs a slot
+expect_refused "rank 0 elsewhere" "the first host, elsewhere.invalid, is not this host" check \
+  --set trainer.ranks=2 --set trainer.hosts='"elsewhere.invalid:1,localhost:1"'
+expect_refused "no hostfile" "trainer.hostfile nohosts: No such file" check \
+  --set trainer.ranks=2 --set trainer.hostfile='"nohosts"'
+printf '# only comments\n\n' > empty.hosts
+expect_refused "empty hostfile" "trainer.hostfile empty.hosts names no host" check \
+  --set trainer.ranks=2 --set trainer.hostfile='"empty.hosts"'
+printf '  # rank 0 first\nelsewhere.invalid slots=2\n' > far.hosts
+expect_refused "hostfile, rank 0 elsewhere" "trainer.hostfile: the first host, elsewhere.invalid" check \
+  --set trainer.ranks=2 --set trainer.hostfile='"far.hosts"'
+mkdir -p slurm && ln -sf "$(type -P true)" slurm/srun # an srun that is never run
+PATH=$PWD/slurm:$PATH SLURM_JOB_ID=1 expect_refused "trainer.hosts under srun" \
+  "trainer.hosts is mpirun's placement; under srun SLURM places the ranks" check \
+  --set trainer.ranks=2 --set trainer.hosts='"localhost:2"'
+expect_refused "too few slots" "gives 3 slots for trainer.ranks = 4" "check start" \
+  --set trainer.ranks=4 --set trainer.hosts='"localhost:2,localhost:1"'
+printf '# this host\nlocalhost slots=2\n' > local.hosts
 
 metrics() { # run: the step metrics that do not depend on timing
   sqlite3 "runs/$1/run.db" "SELECT step, json_extract(metrics, '\$.trainer.loss'),
@@ -68,7 +88,11 @@ metrics() { # run: the step metrics that do not depend on timing
 # ---- 1, 2, 4 ranks: the same bytes
 for R in 1 2 4; do
   t0=$(date +%s.%N)
-  $prl run job.json --set run.name=\"r$R\" --set trainer.ranks=$R > r$R.out 2> r$R.err ||
+  # the placement keys reach mpirun: 2 ranks from a hostfile, 4 from a --host list
+  place=()
+  [ $R = 2 ] && place=(--set trainer.hostfile='"local.hosts"')
+  [ $R = 4 ] && place=(--set trainer.hosts='"localhost:4"')
+  $prl run job.json --set run.name=\"r$R\" --set trainer.ranks=$R "${place[@]}" > r$R.out 2> r$R.err ||
     { cat r$R.err; cat runs/r$R/logs/trainer-0.log; fail "run r$R"; }
   [ "$(steps_done r$R)" = 6 ] || fail "run r$R: $(steps_done r$R) steps"
   echo "ok: run r$R: trainer.ranks = $R, 6 steps in $(echo "$(date +%s.%N) - $t0" | bc | cut -c1-4) s"
