@@ -271,9 +271,9 @@ void prl_dsa_forward(prl_dsa_acts *a, const prl_dsa_weights *w, const prl_real *
 }
 
 double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns, int sparse,
-                            const int32_t *lens, prl_dsa_dims D)
+                            const int32_t *idx, int k, const int32_t *lens, prl_dsa_dims D)
 {
-    int T = D.T, ldS = ns + T, rows = 0;
+    int T = D.T, ldS = ns + (idx ? k : T), rows = 0;
     double sum = 0;
     for (int b = 0; b < D.B; b++) {
         for (int t = 0; t < T; t++) {
@@ -284,7 +284,12 @@ double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns,
             if (!query_row(lens, D.pos, (int)n, T)) continue;
             for (int h = 0; h < H; h++) { /* heads in order; sink columns left out */
                 const prl_real *P = att + (((size_t)b * H + h) * T + t) * ldS + ns;
-                for (int s = lo; s <= t; s++) p[s] += P[s];
+                if (idx) { /* the unselected keys' terms are 0 in the dense layout */
+                    const int32_t *row = idx + n * k;
+                    for (int j = 0, c = prl_attn_sel_count(row, k); j < c; j++) p[row[j]] += P[j];
+                } else {
+                    for (int s = lo; s <= t; s++) p[s] += P[s];
+                }
             }
             sum += prl_dsa_kl_row_forward(p + lo, a->score + n * T + lo,
                                           sparse ? a->sel + n * T + lo : NULL, t + 1 - lo);

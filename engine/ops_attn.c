@@ -219,6 +219,10 @@ void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, cons
                   .sink_kr = sink_kr,
                   .lens = lens,
                   .sh = sh};
+    if (sh.sel_idx) {
+        prl_attention_sparse_forward(out, att, q, kv, kr, sink_kv, sink_kr, lens, sh);
+        return;
+    }
     prl_parallel_for(sh.B * sh.H, attention_forward_head, &c);
 }
 
@@ -232,8 +236,10 @@ static size_t dsink_parts_len(prl_attn_shape sh)
 
 size_t prl_attention_scratch(prl_attn_shape sh)
 {
+    /* per thread: a block of dS rows, plus the sparse backward's key accumulators */
     return dkr_parts_len(sh) + dsink_parts_len(sh) +
-           (size_t)prl_pool_threads() * ATT_BLOCK * (sh.ns + sh.T);
+           (size_t)prl_pool_threads() *
+               ((size_t)ATT_BLOCK * (sh.ns + sh.T) + sh.dn + sh.dv + sh.dr);
 }
 
 /* dS = scale · P ⊙ (dP − Σ P·dP) over one row's sinks and allowed tokens (others are 0). */
@@ -259,7 +265,8 @@ static void attention_backward_head(void *p, int task)
     const prl_real *P = c->att + (size_t)task * T * ldS;
     const prl_real *dO = c->dout + (size_t)b * T * H * dv + (size_t)h * dv;
     const prl_real *kr = c->kr + (size_t)b * T * dr;
-    prl_real *dS = c->scratch + (size_t)prl_pool_worker() * ATT_BLOCK * ldS;
+    prl_real *dS =
+        c->scratch + (size_t)prl_pool_worker() * ((size_t)ATT_BLOCK * ldS + dn + dv + dr);
     prl_real *dkr_h = c->dkr_heads + (size_t)task * T * dr;
     prl_real *dsk_h = c->dsink_heads + (size_t)task * ns * (dkv + dr),
              *dskr_h = dsk_h + (size_t)ns * dkv;
@@ -344,6 +351,9 @@ void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, prl_real
                   .sink_kr = sink_kr,
                   .lens = lens,
                   .sh = sh};
-    prl_parallel_for(sh.B * sh.H, attention_backward_head, &c);
+    if (sh.sel_idx)
+        prl_attention_sparse_backward(dq, dkv, c.dkr_heads, c.dsink_heads, c.scratch, dout, att, q,
+                                      kv, kr, sink_kv, sink_kr, lens, sh);
+    else prl_parallel_for(sh.B * sh.H, attention_backward_head, &c);
     reduce_heads(dkr, dsink_kv, dsink_kr, scratch, c.dsink_heads, sh);
 }
