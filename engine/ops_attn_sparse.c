@@ -21,59 +21,119 @@ enum { KC = PRL_GEMM_KC, ATT_BLOCK = PRL_ATT_BLOCK };
 
 /* ------------------------------------------------------------------ multiply-add chains */
 
-/* acc[i] = acc[i] + c·x[i] (each lane one chain step), in the GEMM's arithmetic. */
-static void madd_lanes_plain(prl_real *restrict acc, prl_real c, const prl_real *restrict x, int n)
+/* acc[i] = acc[i] + c[j]·x[j][i] for the m terms j in order (each lane one chain), in the
+** GEMM's arithmetic. */
+static void madd_lanes_plain(prl_real *restrict acc, const prl_real *c, const prl_real *const *x,
+                             int m, int w)
 {
-    for (int i = 0; i < n; i++) acc[i] = acc[i] + c * x[i];
+    for (int j = 0; j < m; j++)
+        for (int i = 0; i < w; i++) acc[i] = acc[i] + c[j] * x[j][i];
 }
 
-/* Σ a[i]·b[i] from 0 in order, in the GEMM's arithmetic. */
-static prl_real dot_plain(const prl_real *a, const prl_real *b, int n)
+/* out[l] = Σ_i a[i]·b[l][i] from 0 in order, for the m rows b[l], in the GEMM's arithmetic. */
+static void dots_plain(const prl_real *a, const prl_real *const *b, int m, int n, prl_real *out)
 {
-    prl_real acc = 0;
-    for (int i = 0; i < n; i++) acc = acc + a[i] * b[i];
-    return acc;
+    for (int l = 0; l < m; l++) {
+        prl_real acc = 0;
+        for (int i = 0; i < n; i++) acc = acc + a[i] * b[l][i];
+        out[l] = acc;
+    }
 }
 
 #if defined(PRL_OPS_X86) && !defined(PRL_REAL_DOUBLE)
 #define SPARSE_FMA 1
-__attribute__((target("avx2,fma"))) static void madd_lanes_fma(float *restrict acc, float c,
-                                                               const float *restrict x, int n)
+#include <immintrin.h>
+#define FMA_FN __attribute__((target("avx2,fma")))
+
+/* Lanes in registers, 32 then 8 at a time, across all the terms. */
+FMA_FN static void madd_lanes_fma(float *restrict acc, const float *c, const float *const *x, int m,
+                                  int w)
 {
-    for (int i = 0; i < n; i++) acc[i] = __builtin_fmaf(c, x[i], acc[i]);
+    int i = 0;
+    for (; i + 32 <= w; i += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+        for (int j = 0; j < m; j++) {
+            __m256 vc = _mm256_set1_ps(c[j]);
+            const float *xj = x[j] + i;
+            a0 = _mm256_fmadd_ps(vc, _mm256_loadu_ps(xj), a0);
+            a1 = _mm256_fmadd_ps(vc, _mm256_loadu_ps(xj + 8), a1);
+            a2 = _mm256_fmadd_ps(vc, _mm256_loadu_ps(xj + 16), a2);
+            a3 = _mm256_fmadd_ps(vc, _mm256_loadu_ps(xj + 24), a3);
+        }
+        _mm256_storeu_ps(acc + i, a0), _mm256_storeu_ps(acc + i + 8, a1);
+        _mm256_storeu_ps(acc + i + 16, a2), _mm256_storeu_ps(acc + i + 24, a3);
+    }
+    for (; i + 8 <= w; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + i);
+        for (int j = 0; j < m; j++)
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(c[j]), _mm256_loadu_ps(x[j] + i), a0);
+        _mm256_storeu_ps(acc + i, a0);
+    }
+    for (; i < w; i++)
+        for (int j = 0; j < m; j++) acc[i] = __builtin_fmaf(c[j], x[j][i], acc[i]);
 }
 
-__attribute__((target("avx2,fma"))) static float dot_fma(const float *a, const float *b, int n)
+/* Eight chains interleaved when there are eight (one chain is latency-bound); each chain is
+** the single one's operations. */
+FMA_FN static void dots_fma(const float *a, const float *const *b, int m, int n, float *out)
 {
-    float acc = 0;
-    for (int i = 0; i < n; i++) acc = __builtin_fmaf(a[i], b[i], acc);
-    return acc;
+    if (m == 8) { /* named scalars: an array of chains would live in memory */
+        float c0 = 0, c1 = 0, c2 = 0, c3 = 0, c4 = 0, c5 = 0, c6 = 0, c7 = 0;
+        const float *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3], *b4 = b[4], *b5 = b[5],
+                    *b6 = b[6], *b7 = b[7];
+        for (int i = 0; i < n; i++) {
+            float x = a[i];
+            c0 = __builtin_fmaf(x, b0[i], c0), c1 = __builtin_fmaf(x, b1[i], c1);
+            c2 = __builtin_fmaf(x, b2[i], c2), c3 = __builtin_fmaf(x, b3[i], c3);
+            c4 = __builtin_fmaf(x, b4[i], c4), c5 = __builtin_fmaf(x, b5[i], c5);
+            c6 = __builtin_fmaf(x, b6[i], c6), c7 = __builtin_fmaf(x, b7[i], c7);
+        }
+        out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
+        out[4] = c4, out[5] = c5, out[6] = c6, out[7] = c7;
+        return;
+    }
+    for (int l = 0; l < m; l++) {
+        float acc = 0;
+        for (int i = 0; i < n; i++) acc = __builtin_fmaf(a[i], b[l][i], acc);
+        out[l] = acc;
+    }
 }
 #endif
 
 typedef struct chains {
-    void (*madd)(prl_real *restrict, prl_real, const prl_real *restrict, int);
-    prl_real (*dot)(const prl_real *, const prl_real *, int);
+    void (*madd)(prl_real *restrict, const prl_real *, const prl_real *const *, int, int);
+    void (*dots)(const prl_real *, const prl_real *const *, int, int, prl_real *);
 } chains;
 
 /* The chain arithmetic of the GEMM the masked kernel runs. */
 static chains chains_of_gemm(void)
 {
 #ifdef SPARSE_FMA
-    if (prl_gemm_fma()) return (chains){madd_lanes_fma, dot_fma};
+    if (prl_gemm_fma()) return (chains){madd_lanes_fma, dots_fma};
 #endif
-    return (chains){madd_lanes_plain, dot_plain};
+    return (chains){madd_lanes_plain, dots_plain};
 }
 
-/* c = alpha·a·b over depth n in the GEMM's blocks: from c (or nothing when `fresh`, beta 0). */
-static prl_real gemm_dot(const chains *k, const prl_real *a, const prl_real *b, int n,
-                         prl_real alpha, prl_real c, int fresh)
+/* out[j] = alpha·(a · x[pos_j]) over depth n for the m terms (pos_j = idx[j], or j when idx is
+** NULL), as one GEMM row: per depth block of KC a chain from 0, then out = alpha·acc, added
+** to out after the first block or when not `fresh` (beta 1). */
+static void gemm_dots(const chains *k, prl_real *out, const prl_real *a, const int32_t *idx, int m,
+                      const prl_real *x, size_t ldx, int n, prl_real alpha, int fresh)
 {
-    for (int k0 = 0; k0 < n; k0 += KC) {
-        prl_real t = alpha * k->dot(a + k0, b + k0, n - k0 < KC ? n - k0 : KC);
-        c = fresh && k0 == 0 ? t : t + c;
+    for (int j0 = 0; j0 < m; j0 += 8) {
+        int w = m - j0 < 8 ? m - j0 : 8;
+        const prl_real *b[8];
+        prl_real acc[8];
+        for (int k0 = 0; k0 < n; k0 += KC) {
+            for (int l = 0; l < w; l++) b[l] = x + (size_t)(idx ? idx[j0 + l] : j0 + l) * ldx + k0;
+            k->dots(a + k0, b, w, n - k0 < KC ? n - k0 : KC, acc);
+            for (int l = 0; l < w; l++) {
+                prl_real t = alpha * acc[l];
+                out[j0 + l] = fresh && k0 == 0 ? t : t + out[j0 + l];
+            }
+        }
     }
-    return c;
 }
 
 /* out[0..w) (+)= Σ_j p[j]·x[pos_j] over the n terms (pos_j = idx[j], or j when idx is NULL,
@@ -83,11 +143,16 @@ static void gemm_lanes(const chains *k, prl_real *out, prl_real *acc, const prl_
                        const int32_t *idx, int n, const prl_real *x, size_t ldx, int w, int fresh)
 {
     if (fresh) memset(out, 0, (size_t)w * sizeof *out);
+    const prl_real *xs[64];
     for (int j = 0; j < n;) {
         int blk = (idx ? idx[j] : j) / KC;
         memset(acc, 0, (size_t)w * sizeof *acc);
-        for (; j < n && (idx ? idx[j] : j) / KC == blk; j++)
-            k->madd(acc, p[j], x + (size_t)(idx ? idx[j] : j) * ldx, w);
+        while (j < n && (idx ? idx[j] : j) / KC == blk) { /* the block's terms, 64 at a call */
+            int m = 0, j0 = j;
+            for (; j < n && m < 64 && (idx ? idx[j] : j) / KC == blk; j++, m++)
+                xs[m] = x + (size_t)(idx ? idx[j] : j) * ldx;
+            k->madd(acc, p + j0, xs, m, w);
+        }
         for (int i = 0; i < w; i++) out[i] = acc[i] + out[i];
     }
 }
@@ -138,14 +203,11 @@ static void row_sparse(const chains *ch, prl_real *out, prl_real *Ss, prl_real *
 {
     /* S[j] = scale·(q_nope·k_nope(s) + q_rope·kr(s)), s = idx[j]: the masked kernel's two GEMMs */
     prl_real scale = (prl_real)(kk->scale > 0 ? kk->scale : 1.0 / sqrt((double)(dn + dr)));
-    for (int j = 0; j < n; j++) {
-        size_t s = (size_t)idx[j];
-        S[j] = gemm_dot(ch, q, kk->k + s * kk->ldk, dn, scale, 0, 1);
-        S[j] = gemm_dot(ch, q + dn, kk->kr + s * kk->ldkr, dr, scale, S[j], 0);
-    }
-    for (int i = 0; i < kk->ns; i++) {
-        Ss[i] = gemm_dot(ch, q, kk->sk + (size_t)i * kk->ldsk, dn, scale, 0, 1);
-        Ss[i] = gemm_dot(ch, q + dn, kk->skr + (size_t)i * kk->ldskr, dr, scale, Ss[i], 0);
+    gemm_dots(ch, S, q, idx, n, kk->k, (size_t)kk->ldk, dn, scale, 1);
+    gemm_dots(ch, S, q + dn, idx, n, kk->kr, (size_t)kk->ldkr, dr, scale, 0);
+    if (kk->ns > 0) {
+        gemm_dots(ch, Ss, q, NULL, kk->ns, kk->sk, (size_t)kk->ldsk, dn, scale, 1);
+        gemm_dots(ch, Ss, q + dn, NULL, kk->ns, kk->skr, (size_t)kk->ldskr, dr, scale, 0);
     }
     softmax_sparse(Ss, kk->ns, S, n);
     /* out = P_sink·v_sink + P·v */
@@ -268,14 +330,19 @@ static void key_side_block(const chains *ch, const key_block *kb, prl_real *dkv,
             if (cur[r] < kb->cnt[r] && (s < 0 || kb->idx[r][cur[r]] < s)) s = kb->idx[r][cur[r]];
         if (s < 0) return;
         memset(acc, 0, (size_t)(dv + dn + dr) * sizeof *acc);
+        prl_real cp[ATT_BLOCK], cs[ATT_BLOCK];
+        const prl_real *xo[ATT_BLOCK], *xq[ATT_BLOCK], *xr[ATT_BLOCK];
+        int m = 0; /* the rows that selected s, in order */
         for (int r = 0; r < kb->rows; r++) {
             if (cur[r] >= kb->cnt[r] || kb->idx[r][cur[r]] != s) continue;
             size_t j = (size_t)r * kb->ldS + (size_t)cur[r]++;
-            const prl_real *qr = kb->q + (size_t)r * kb->ldq;
-            ch->madd(av, kb->P[j], kb->dO + (size_t)r * kb->ldo, dv);
-            ch->madd(ak, kb->dS[j], qr, dn);
-            ch->madd(ar, kb->dS[j], qr + dn, dr);
+            cp[m] = kb->P[j], cs[m] = kb->dS[j];
+            xo[m] = kb->dO + (size_t)r * kb->ldo, xq[m] = kb->q + (size_t)r * kb->ldq;
+            xr[m] = xq[m] + dn, m++;
         }
+        ch->madd(av, cp, xo, m, dv);
+        ch->madd(ak, cs, xq, m, dn);
+        ch->madd(ar, cs, xr, m, dr);
         prl_real *dk = dkv + (size_t)s * ldkv, *dkrs = dkr + (size_t)s * dr;
         for (int i = 0; i < dv; i++) dk[dn + i] = av[i] + dk[dn + i];
         for (int i = 0; i < dn; i++) dk[i] = ak[i] + dk[i];
@@ -323,13 +390,10 @@ static void sparse_backward_head(void *p, int task)
             const prl_real *dOr = dOb + (size_t)r * H * dv;
             prl_real *dSr = dS + (size_t)r * ldS;
             /* dP = dO·vᵀ over the sinks and the selected tokens */
-            for (int i = 0; i < ns; i++)
-                dSr[i] =
-                    gemm_dot(&c->ch, dOr, c->sink_kv + (size_t)h * dkv + dn + (size_t)i * H * dkv,
-                             dv, 1, 0, 1);
-            for (int j = 0; j < kb.cnt[r]; j++)
-                dSr[ns + j] =
-                    gemm_dot(&c->ch, dOr, kk.k + (size_t)kb.idx[r][j] * kk.ldk + dn, dv, 1, 0, 1);
+            if (ns > 0)
+                gemm_dots(&c->ch, dSr, dOr, NULL, ns, kk.sk + dn, (size_t)kk.ldsk, dv, 1, 1);
+            gemm_dots(&c->ch, dSr + ns, dOr, kb.idx[r], kb.cnt[r], kk.k + dn, (size_t)kk.ldk, dv, 1,
+                      1);
             softmax_sparse_backward(dSr, Pb + (size_t)r * ldS, ns, dSr + ns,
                                     Pb + (size_t)r * ldS + ns, kb.cnt[r], scale);
             /* dq_nope += dS·k_nope, dq_rope += dS·kr (tokens; the sinks below) */
