@@ -15,6 +15,7 @@
 #include "engine/ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { KC = PRL_GEMM_KC, ATT_BLOCK = PRL_ATT_BLOCK };
@@ -309,8 +310,9 @@ static void softmax_sparse_backward(prl_real *dSs, const prl_real *Ps, int ns, p
 /* One query block's key-side gradients: for every key s selected by a row of the block,
 **   dv(s) += Σ_t P[t,s]·dO(t),  dk_nope(s) += Σ_t dS[t,s]·q_nope(t),  dkr(s) += Σ_t dS[t,s]·q_rope(t)
 ** the sums over the block's rows t in order (the masked kernel's Pᵀ·dO and dSᵀ·q, whose depth
-** is the block's rows: one chain, then added). Keys are visited in increasing order by merging
-** the rows' sorted lists (cur[r] walks row r's list). */
+** is the block's rows: one chain, then added). The block's (row, entry) pairs are bucketed by
+** key in row order (a counting sort, O(rows·k)), so each key's terms are in order and no key
+** outside the selection is visited. */
 typedef struct key_block {
     const int32_t *idx[ATT_BLOCK]; /* each row's list and count */
     int cnt[ATT_BLOCK], rows;
@@ -319,27 +321,41 @@ typedef struct key_block {
     size_t ldS, ldo, ldq;
 } key_block;
 
-static void key_side_block(const chains *ch, const key_block *kb, prl_real *dkv, size_t ldkv,
-                           prl_real *dkr, int dn, int dr, int dv, prl_real *acc)
+/* Bucket space of one task: slot [T] (-1 between blocks), and per pair of a block: the keys
+** seen (uk), each key's first entry and fill, and the entries (row·ldS + j, row). */
+typedef struct key_buckets {
+    int *slot, *uk, *start, *fill, *ent, *row;
+} key_buckets;
+
+static void key_side_block(const chains *ch, const key_block *kb, key_buckets *bk, prl_real *dkv,
+                           size_t ldkv, prl_real *dkr, int dn, int dr, int dv, prl_real *acc)
 {
-    int cur[ATT_BLOCK] = {0};
-    prl_real *av = acc, *ak = av + dv, *ar = ak + dn;
-    for (;;) {
-        int s = -1;
-        for (int r = 0; r < kb->rows; r++)
-            if (cur[r] < kb->cnt[r] && (s < 0 || kb->idx[r][cur[r]] < s)) s = kb->idx[r][cur[r]];
-        if (s < 0) return;
-        memset(acc, 0, (size_t)(dv + dn + dr) * sizeof *acc);
-        prl_real cp[ATT_BLOCK], cs[ATT_BLOCK];
-        const prl_real *xo[ATT_BLOCK], *xq[ATT_BLOCK], *xr[ATT_BLOCK];
-        int m = 0; /* the rows that selected s, in order */
-        for (int r = 0; r < kb->rows; r++) {
-            if (cur[r] >= kb->cnt[r] || kb->idx[r][cur[r]] != s) continue;
-            size_t j = (size_t)r * kb->ldS + (size_t)cur[r]++;
-            cp[m] = kb->P[j], cs[m] = kb->dS[j];
-            xo[m] = kb->dO + (size_t)r * kb->ldo, xq[m] = kb->q + (size_t)r * kb->ldq;
-            xr[m] = xq[m] + dn, m++;
+    int nu = 0, total = 0;
+    for (int r = 0; r < kb->rows; r++) /* keys seen and their counts */
+        for (int j = 0; j < kb->cnt[r]; j++) {
+            int s = kb->idx[r][j];
+            if (bk->slot[s] < 0) bk->slot[s] = nu, bk->uk[nu] = s, bk->fill[nu++] = 0;
+            bk->fill[bk->slot[s]]++;
         }
+    for (int u = 0; u < nu; u++) bk->start[u] = total, total += bk->fill[u], bk->fill[u] = 0;
+    for (int r = 0; r < kb->rows; r++) /* entries by key, rows in order */
+        for (int j = 0; j < kb->cnt[r]; j++) {
+            int u = bk->slot[kb->idx[r][j]], e = bk->start[u] + bk->fill[u]++;
+            bk->ent[e] = (int)((size_t)r * kb->ldS) + j, bk->row[e] = r;
+        }
+    prl_real *av = acc, *ak = av + dv, *ar = ak + dn;
+    prl_real cp[ATT_BLOCK], cs[ATT_BLOCK];
+    const prl_real *xo[ATT_BLOCK], *xq[ATT_BLOCK], *xr[ATT_BLOCK];
+    for (int u = 0; u < nu; u++) {
+        int s = bk->uk[u], m = bk->fill[u];
+        const int *ent = bk->ent + bk->start[u], *row = bk->row + bk->start[u];
+        bk->slot[s] = -1;
+        for (int i = 0; i < m; i++) {
+            cp[i] = kb->P[ent[i]], cs[i] = kb->dS[ent[i]];
+            xo[i] = kb->dO + (size_t)row[i] * kb->ldo, xq[i] = kb->q + (size_t)row[i] * kb->ldq;
+            xr[i] = xq[i] + dn;
+        }
+        memset(acc, 0, (size_t)(dv + dn + dr) * sizeof *acc);
         ch->madd(av, cp, xo, m, dv);
         ch->madd(ak, cs, xq, m, dn);
         ch->madd(ar, cs, xr, m, dr);
@@ -371,6 +387,12 @@ static void sparse_backward_head(void *p, int task)
     prl_attn_keys kk = sparse_keys(c, b, h);
     memset(dkr_h, 0, (size_t)T * dr * sizeof *dkr_h);
     memset(dsk_h, 0, (size_t)ns * (dkv + dr) * sizeof *dsk_h);
+    size_t pairs = (size_t)ATT_BLOCK * K;
+    int *space = malloc(((size_t)T + 5 * pairs) * sizeof *space);
+    PRL_ASSERT(space != NULL);
+    key_buckets bk = {.slot = space, .uk = space + T, .start = space + T + pairs};
+    bk.fill = bk.start + pairs, bk.ent = bk.fill + pairs, bk.row = bk.ent + pairs;
+    for (int i = 0; i < T; i++) bk.slot[i] = -1;
     for (int r0 = 0; r0 < len; r0 += ATT_BLOCK) {
         int r1 = r0 + ATT_BLOCK < len ? r0 + ATT_BLOCK : len, rows = r1 - r0;
         const prl_real *Pb = P + (size_t)r0 * ldS, *dOb = dO + (size_t)r0 * H * dv;
@@ -402,7 +424,7 @@ static void sparse_backward_head(void *p, int task)
             gemm_lanes(&c->ch, dqr + dn, acc, dSr + ns, kb.idx[r], kb.cnt[r], kk.kr, kk.ldkr, dr,
                        0);
         }
-        key_side_block(&c->ch, &kb, c->dkv + kvoff, (size_t)H * dkv, dkr_h, dn, dr, dv, acc);
+        key_side_block(&c->ch, &kb, &bk, c->dkv + kvoff, (size_t)H * dkv, dkr_h, dn, dr, dv, acc);
         if (ns > 0) { /* the sink columns are dense: the masked kernel's GEMMs on them */
             prl_gemm(1, 0, ns, dv, rows, 1, Pb, (int)ldS, dOb, H * dv, 1, dsk_h + dn, dkv);
             prl_gemm(0, 0, rows, dn, ns, 1, dS, (int)ldS, c->sink_kv + (size_t)h * dkv, H * dkv, 1,
@@ -412,6 +434,7 @@ static void sparse_backward_head(void *p, int task)
             prl_gemm(1, 0, ns, dr, rows, 1, dS, (int)ldS, qb + dn, H * dq, 1, dskr_h, dr);
         }
     }
+    free(space);
 }
 
 void prl_attention_sparse_backward(prl_real *dq, prl_real *dkv, prl_real *dkr_heads,
