@@ -236,10 +236,8 @@ static size_t dsink_parts_len(prl_attn_shape sh)
 
 size_t prl_attention_scratch(prl_attn_shape sh)
 {
-    /* per thread: a block of dS rows, plus the sparse backward's key accumulators */
     return dkr_parts_len(sh) + dsink_parts_len(sh) +
-           (size_t)prl_pool_threads() *
-               ((size_t)ATT_BLOCK * (sh.ns + sh.T) + sh.dn + sh.dv + sh.dr);
+           (size_t)prl_pool_threads() * ATT_BLOCK * (sh.ns + sh.T);
 }
 
 /* dS = scale · P ⊙ (dP − Σ P·dP) over one row's sinks and allowed tokens (others are 0). */
@@ -265,8 +263,7 @@ static void attention_backward_head(void *p, int task)
     const prl_real *P = c->att + (size_t)task * T * ldS;
     const prl_real *dO = c->dout + (size_t)b * T * H * dv + (size_t)h * dv;
     const prl_real *kr = c->kr + (size_t)b * T * dr;
-    prl_real *dS =
-        c->scratch + (size_t)prl_pool_worker() * ((size_t)ATT_BLOCK * ldS + dn + dv + dr);
+    prl_real *dS = c->scratch + (size_t)prl_pool_worker() * ATT_BLOCK * ldS;
     prl_real *dkr_h = c->dkr_heads + (size_t)task * T * dr;
     prl_real *dsk_h = c->dsink_heads + (size_t)task * ns * (dkv + dr),
              *dskr_h = dsk_h + (size_t)ns * dkv;

@@ -22,13 +22,16 @@ enum { KC = PRL_GEMM_KC, ATT_BLOCK = PRL_ATT_BLOCK };
 
 /* ------------------------------------------------------------------ multiply-add chains */
 
-/* acc[i] = acc[i] + c[j]·x[j][i] for the m terms j in order (each lane one chain), in the
-** GEMM's arithmetic. */
-static void madd_lanes_plain(prl_real *restrict acc, const prl_real *c, const prl_real *const *x,
-                             int m, int w)
+/* out[i] = acc[i] + out[i], acc[i] the chain acc = acc + c[j]·x[j][i] from 0 over the m terms
+** j in order: one GEMM depth block of one output row, in the GEMM's arithmetic. */
+static void madd_add_plain(prl_real *restrict out, const prl_real *c, const prl_real *const *x,
+                           int m, int w)
 {
-    for (int j = 0; j < m; j++)
-        for (int i = 0; i < w; i++) acc[i] = acc[i] + c[j] * x[j][i];
+    for (int i = 0; i < w; i++) {
+        prl_real acc = 0;
+        for (int j = 0; j < m; j++) acc = acc + c[j] * x[j][i];
+        out[i] = acc + out[i];
+    }
 }
 
 /* out[l] = Σ_i a[i]·b[l][i] from 0 in order, for the m rows b[l], in the GEMM's arithmetic. */
@@ -47,13 +50,12 @@ static void dots_plain(const prl_real *a, const prl_real *const *b, int m, int n
 #define FMA_FN __attribute__((target("avx2,fma")))
 
 /* Lanes in registers, 32 then 8 at a time, across all the terms. */
-FMA_FN static void madd_lanes_fma(float *restrict acc, const float *c, const float *const *x, int m,
-                                  int w)
+FMA_FN static void madd_add_fma(float *restrict out, const float *c, const float *const *x, int m,
+                                int w)
 {
     int i = 0;
     for (; i + 32 <= w; i += 32) {
-        __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
-        __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int j = 0; j < m; j++) {
             __m256 vc = _mm256_set1_ps(c[j]);
             const float *xj = x[j] + i;
@@ -62,17 +64,22 @@ FMA_FN static void madd_lanes_fma(float *restrict acc, const float *c, const flo
             a2 = _mm256_fmadd_ps(vc, _mm256_loadu_ps(xj + 16), a2);
             a3 = _mm256_fmadd_ps(vc, _mm256_loadu_ps(xj + 24), a3);
         }
-        _mm256_storeu_ps(acc + i, a0), _mm256_storeu_ps(acc + i + 8, a1);
-        _mm256_storeu_ps(acc + i + 16, a2), _mm256_storeu_ps(acc + i + 24, a3);
+        _mm256_storeu_ps(out + i, _mm256_add_ps(a0, _mm256_loadu_ps(out + i)));
+        _mm256_storeu_ps(out + i + 8, _mm256_add_ps(a1, _mm256_loadu_ps(out + i + 8)));
+        _mm256_storeu_ps(out + i + 16, _mm256_add_ps(a2, _mm256_loadu_ps(out + i + 16)));
+        _mm256_storeu_ps(out + i + 24, _mm256_add_ps(a3, _mm256_loadu_ps(out + i + 24)));
     }
     for (; i + 8 <= w; i += 8) {
-        __m256 a0 = _mm256_loadu_ps(acc + i);
+        __m256 a0 = _mm256_setzero_ps();
         for (int j = 0; j < m; j++)
             a0 = _mm256_fmadd_ps(_mm256_set1_ps(c[j]), _mm256_loadu_ps(x[j] + i), a0);
-        _mm256_storeu_ps(acc + i, a0);
+        _mm256_storeu_ps(out + i, _mm256_add_ps(a0, _mm256_loadu_ps(out + i)));
     }
-    for (; i < w; i++)
-        for (int j = 0; j < m; j++) acc[i] = __builtin_fmaf(c[j], x[j][i], acc[i]);
+    for (; i < w; i++) {
+        float acc = 0;
+        for (int j = 0; j < m; j++) acc = __builtin_fmaf(c[j], x[j][i], acc);
+        out[i] = acc + out[i];
+    }
 }
 
 /* Eight chains interleaved when there are eight (one chain is latency-bound); each chain is
@@ -103,7 +110,7 @@ FMA_FN static void dots_fma(const float *a, const float *const *b, int m, int n,
 #endif
 
 typedef struct chains {
-    void (*madd)(prl_real *restrict, const prl_real *, const prl_real *const *, int, int);
+    void (*madd_add)(prl_real *restrict, const prl_real *, const prl_real *const *, int, int);
     void (*dots)(const prl_real *, const prl_real *const *, int, int, prl_real *);
 } chains;
 
@@ -111,9 +118,9 @@ typedef struct chains {
 static chains chains_of_gemm(void)
 {
 #ifdef SPARSE_FMA
-    if (prl_gemm_fma()) return (chains){madd_lanes_fma, dots_fma};
+    if (prl_gemm_fma()) return (chains){madd_add_fma, dots_fma};
 #endif
-    return (chains){madd_lanes_plain, dots_plain};
+    return (chains){madd_add_plain, dots_plain};
 }
 
 /* out[j] = alpha·(a · x[pos_j]) over depth n for the m terms (pos_j = idx[j], or j when idx is
@@ -139,22 +146,17 @@ static void gemm_dots(const chains *k, prl_real *out, const prl_real *a, const i
 
 /* out[0..w) (+)= Σ_j p[j]·x[pos_j] over the n terms (pos_j = idx[j], or j when idx is NULL,
 ** increasing) as one GEMM column of depth positions: a chain per KC block of positions, each
-** added to out; `fresh` (beta 0): out starts at 0. acc holds w reals. */
-static void gemm_lanes(const chains *k, prl_real *out, prl_real *acc, const prl_real *p,
-                       const int32_t *idx, int n, const prl_real *x, size_t ldx, int w, int fresh)
+** added to out; `fresh` (beta 0): out starts at 0. */
+static void gemm_lanes(const chains *k, prl_real *out, const prl_real *p, const int32_t *idx, int n,
+                       const prl_real *x, size_t ldx, int w, int fresh)
 {
+    const prl_real *xs[KC]; /* a block holds at most KC positions */
     if (fresh) memset(out, 0, (size_t)w * sizeof *out);
-    const prl_real *xs[64];
     for (int j = 0; j < n;) {
-        int blk = (idx ? idx[j] : j) / KC;
-        memset(acc, 0, (size_t)w * sizeof *acc);
-        while (j < n && (idx ? idx[j] : j) / KC == blk) { /* the block's terms, 64 at a call */
-            int m = 0, j0 = j;
-            for (; j < n && m < 64 && (idx ? idx[j] : j) / KC == blk; j++, m++)
-                xs[m] = x + (size_t)(idx ? idx[j] : j) * ldx;
-            k->madd(acc, p + j0, xs, m, w);
-        }
-        for (int i = 0; i < w; i++) out[i] = acc[i] + out[i];
+        int blk = (idx ? idx[j] : j) / KC, m = 0, j0 = j;
+        for (; j < n && (idx ? idx[j] : j) / KC == blk; j++, m++)
+            xs[m] = x + (size_t)(idx ? idx[j] : j) * ldx;
+        k->madd_add(out, p + j0, xs, m, w);
     }
 }
 
@@ -196,8 +198,6 @@ static void softmax_sparse(prl_real *Ss, int ns, prl_real *S, int n)
     for (int j = 0; j < n; j++) S[j] = S[j] * inv;
 }
 
-enum { MAX_WIDTH = 1024 }; /* the widest head part a row accumulates on the stack */
-
 static void row_sparse(const chains *ch, prl_real *out, prl_real *Ss, prl_real *S,
                        const prl_real *q, const prl_attn_keys *kk, const int32_t *idx, int n,
                        int dn, int dr, int dv)
@@ -212,10 +212,8 @@ static void row_sparse(const chains *ch, prl_real *out, prl_real *Ss, prl_real *
     }
     softmax_sparse(Ss, kk->ns, S, n);
     /* out = P_sink·v_sink + P·v */
-    prl_real acc[MAX_WIDTH];
-    PRL_ASSERT(dv <= MAX_WIDTH);
-    if (kk->ns > 0) gemm_lanes(ch, out, acc, Ss, NULL, kk->ns, kk->sk + dn, kk->ldsk, dv, 1);
-    gemm_lanes(ch, out, acc, S, idx, n, kk->k + dn, kk->ldk, dv, kk->ns == 0);
+    if (kk->ns > 0) gemm_lanes(ch, out, Ss, NULL, kk->ns, kk->sk + dn, kk->ldsk, dv, 1);
+    gemm_lanes(ch, out, S, idx, n, kk->k + dn, kk->ldk, dv, kk->ns == 0);
 }
 
 void prl_attention_row_sparse(prl_real *out, prl_real *Ss, prl_real *S, const prl_real *q,
@@ -254,6 +252,14 @@ static prl_attn_keys sparse_keys(const sparse_ctx *c, int b, int h)
     return kk;
 }
 
+/* n rows of width w from stride lds to stride ldd. A task copies its head's keys (and, in the
+** backward, their gradients) into one contiguous block: the selection reads them at random
+** positions, which then stay in cache (the [T, H·dkv] rows interleave every head's). */
+static void rows_copy(prl_real *dst, size_t ldd, const prl_real *src, size_t lds, int n, int w)
+{
+    for (int i = 0; i < n; i++) memcpy(dst + i * ldd, src + i * lds, (size_t)w * sizeof *dst);
+}
+
 static void sparse_forward_head(void *p, int task)
 {
     sparse_ctx *c = p;
@@ -261,6 +267,11 @@ static void sparse_forward_head(void *p, int task)
     int b = task / sh.H, h = task % sh.H, T = sh.T, H = sh.H, K = sh.sel_k, ldS = sh.ns + K;
     int dq = sh.dn + sh.dr, len = seq_len(c, b);
     prl_attn_keys kk = sparse_keys(c, b, h);
+    int dkv = sh.dn + sh.dv;
+    prl_real *kh = malloc(((size_t)len * dkv + 1) * sizeof *kh);
+    PRL_ASSERT(kh != NULL);
+    rows_copy(kh, (size_t)dkv, kk.k, (size_t)kk.ldk, len, dkv);
+    kk.k = kh, kk.ldk = dkv;
     for (int t = 0; t < T; t++) {
         prl_real *out = c->out + ((size_t)b * T + t) * H * sh.dv + (size_t)h * sh.dv;
         prl_real *P = c->att + ((size_t)task * T + t) * ldS;
@@ -274,6 +285,7 @@ static void sparse_forward_head(void *p, int task)
                    &kk, idx, n, sh.dn, sh.dr, sh.dv);
         memset(P + sh.ns + n, 0, (size_t)(K - n) * sizeof *P);
     }
+    free(kh);
 }
 
 void prl_attention_sparse_forward(prl_real *out, prl_real *att, const prl_real *q,
@@ -328,7 +340,7 @@ typedef struct key_buckets {
 } key_buckets;
 
 static void key_side_block(const chains *ch, const key_block *kb, key_buckets *bk, prl_real *dkv,
-                           size_t ldkv, prl_real *dkr, int dn, int dr, int dv, prl_real *acc)
+                           size_t ldkv, prl_real *dkr, int dn, int dr, int dv)
 {
     int nu = 0, total = 0;
     for (int r = 0; r < kb->rows; r++) /* keys seen and their counts */
@@ -343,7 +355,6 @@ static void key_side_block(const chains *ch, const key_block *kb, key_buckets *b
             int u = bk->slot[kb->idx[r][j]], e = bk->start[u] + bk->fill[u]++;
             bk->ent[e] = (int)((size_t)r * kb->ldS) + j, bk->row[e] = r;
         }
-    prl_real *av = acc, *ak = av + dv, *ar = ak + dn;
     prl_real cp[ATT_BLOCK], cs[ATT_BLOCK];
     const prl_real *xo[ATT_BLOCK], *xq[ATT_BLOCK], *xr[ATT_BLOCK];
     for (int u = 0; u < nu; u++) {
@@ -355,14 +366,10 @@ static void key_side_block(const chains *ch, const key_block *kb, key_buckets *b
             xo[i] = kb->dO + (size_t)row[i] * kb->ldo, xq[i] = kb->q + (size_t)row[i] * kb->ldq;
             xr[i] = xq[i] + dn;
         }
-        memset(acc, 0, (size_t)(dv + dn + dr) * sizeof *acc);
-        ch->madd(av, cp, xo, m, dv);
-        ch->madd(ak, cs, xq, m, dn);
-        ch->madd(ar, cs, xr, m, dr);
-        prl_real *dk = dkv + (size_t)s * ldkv, *dkrs = dkr + (size_t)s * dr;
-        for (int i = 0; i < dv; i++) dk[dn + i] = av[i] + dk[dn + i];
-        for (int i = 0; i < dn; i++) dk[i] = ak[i] + dk[i];
-        for (int i = 0; i < dr; i++) dkrs[i] = ar[i] + dkrs[i];
+        prl_real *dk = dkv + (size_t)s * ldkv;
+        ch->madd_add(dk + dn, cp, xo, m, dv);
+        ch->madd_add(dk, cs, xq, m, dn);
+        ch->madd_add(dkr + (size_t)s * dr, cs, xr, m, dr);
     }
 }
 
@@ -378,9 +385,7 @@ static void sparse_backward_head(void *p, int task)
     size_t kvoff = (size_t)b * T * H * dkv + (size_t)h * dkv;
     const prl_real *P = c->att + (size_t)task * T * ldS;
     const prl_real *dO = c->dout + (size_t)b * T * H * dv + (size_t)h * dv;
-    prl_real *dS =
-        c->scratch + (size_t)prl_pool_worker() * ((size_t)ATT_BLOCK * (ns + T) + dn + dv + dr);
-    prl_real *acc = dS + (size_t)ATT_BLOCK * (ns + T);
+    prl_real *dS = c->scratch + (size_t)prl_pool_worker() * ((size_t)ATT_BLOCK * (ns + T));
     prl_real *dkr_h = c->dkr_heads + (size_t)task * T * dr;
     prl_real *dsk_h = c->dsink_heads + (size_t)task * ns * (dkv + dr),
              *dskr_h = dsk_h + (size_t)ns * dkv;
@@ -393,6 +398,11 @@ static void sparse_backward_head(void *p, int task)
     key_buckets bk = {.slot = space, .uk = space + T, .start = space + T + pairs};
     bk.fill = bk.start + pairs, bk.ent = bk.fill + pairs, bk.row = bk.ent + pairs;
     for (int i = 0; i < T; i++) bk.slot[i] = -1;
+    prl_real *kh = malloc((2 * (size_t)len * dkv + 1) * sizeof *kh), *dkh = kh + (size_t)len * dkv;
+    PRL_ASSERT(kh != NULL);
+    rows_copy(kh, (size_t)dkv, kk.k, (size_t)kk.ldk, len, dkv);
+    rows_copy(dkh, (size_t)dkv, c->dkv + kvoff, (size_t)H * dkv, len, dkv);
+    kk.k = kh, kk.ldk = dkv;
     for (int r0 = 0; r0 < len; r0 += ATT_BLOCK) {
         int r1 = r0 + ATT_BLOCK < len ? r0 + ATT_BLOCK : len, rows = r1 - r0;
         const prl_real *Pb = P + (size_t)r0 * ldS, *dOb = dO + (size_t)r0 * H * dv;
@@ -420,11 +430,10 @@ static void sparse_backward_head(void *p, int task)
                                     Pb + (size_t)r * ldS + ns, kb.cnt[r], scale);
             /* dq_nope += dS·k_nope, dq_rope += dS·kr (tokens; the sinks below) */
             prl_real *dqr = dqb + (size_t)r * H * dq;
-            gemm_lanes(&c->ch, dqr, acc, dSr + ns, kb.idx[r], kb.cnt[r], kk.k, kk.ldk, dn, 0);
-            gemm_lanes(&c->ch, dqr + dn, acc, dSr + ns, kb.idx[r], kb.cnt[r], kk.kr, kk.ldkr, dr,
-                       0);
+            gemm_lanes(&c->ch, dqr, dSr + ns, kb.idx[r], kb.cnt[r], kk.k, kk.ldk, dn, 0);
+            gemm_lanes(&c->ch, dqr + dn, dSr + ns, kb.idx[r], kb.cnt[r], kk.kr, kk.ldkr, dr, 0);
         }
-        key_side_block(&c->ch, &kb, &bk, c->dkv + kvoff, (size_t)H * dkv, dkr_h, dn, dr, dv, acc);
+        key_side_block(&c->ch, &kb, &bk, dkh, (size_t)dkv, dkr_h, dn, dr, dv);
         if (ns > 0) { /* the sink columns are dense: the masked kernel's GEMMs on them */
             prl_gemm(1, 0, ns, dv, rows, 1, Pb, (int)ldS, dOb, H * dv, 1, dsk_h + dn, dkv);
             prl_gemm(0, 0, rows, dn, ns, 1, dS, (int)ldS, c->sink_kv + (size_t)h * dkv, H * dkv, 1,
@@ -434,7 +443,8 @@ static void sparse_backward_head(void *p, int task)
             prl_gemm(1, 0, ns, dr, rows, 1, dS, (int)ldS, qb + dn, H * dq, 1, dskr_h, dr);
         }
     }
-    free(space);
+    rows_copy(c->dkv + kvoff, (size_t)H * dkv, dkh, (size_t)dkv, len, dkv);
+    free(space), free(kh);
 }
 
 void prl_attention_sparse_backward(prl_real *dq, prl_real *dkv, prl_real *dkr_heads,
