@@ -22,6 +22,7 @@ int cmd_bench_gateway(int argc, char **argv);    /* bench_gateway.c: the gateway
 int cmd_bench_sft(int argc, char **argv);        /* bench_sft.c: SFT tokens/s, packed or not */
 int cmd_bench_controller(int argc, char **argv); /* bench_controller.c: leases/s, CPU */
 int cmd_bench_ranks(int argc, char **argv); /* bench_ranks.c: step time per trainer rank count */
+int cmd_bench_dsa(int argc, char **argv);   /* bench_dsa.c: sparse vs masked dense DSA attention */
 
 /* The bench's temporary directory $TMPDIR/prl-bench-NAME-XXXXXX (/tmp by default), made on the first call (later
 ** calls return the same one): the bench's own, removed with everything in it when the

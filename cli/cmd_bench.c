@@ -17,6 +17,7 @@ static const cli_command benches[] = {
     {"sft", cmd_bench_sft, "SFT tokens/s with and without packing"},
     {"controller", cmd_bench_controller, "one controller and N simulated workers: leases/s, CPU"},
     {"trainer-ranks", cmd_bench_ranks, "the trainer's step time per rank count (MPI)"},
+    {"dsa", cmd_bench_dsa, "DSA sparse attention vs the masked dense kernel, T = 512..4096"},
 };
 enum { N_BENCHES = sizeof benches / sizeof benches[0] };
 

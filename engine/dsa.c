@@ -179,19 +179,39 @@ static int rank_cmp(const void *pa, const void *pb)
     return (a->idx > b->idx) - (a->idx < b->idx);
 }
 
+/* Restore the heap below i: every node ranks before (is better than) its children, so the
+** root is the worst of the kept k. */
+static void sift_down(ranked *h, int k, int i)
+{
+    for (;;) {
+        int w = i, l = 2 * i + 1, r = l + 1;
+        if (l < k && rank_cmp(&h[l], &h[w]) > 0) w = l;
+        if (r < k && rank_cmp(&h[r], &h[w]) > 0) w = r;
+        if (w == i) return;
+        ranked t = h[i];
+        h[i] = h[w], h[w] = t, i = w;
+    }
+}
+
 void prl_dsa_select_row(uint8_t *sel, const prl_real *score, int n, int k)
 {
-    if (k >= n) { /* the first k tokens attend densely (spec §2.3) */
-        memset(sel, 1, (size_t)n);
+    if (k >= n || k <= 0) { /* the first k tokens attend densely (spec §2.3) */
+        memset(sel, k > 0, (size_t)n);
         return;
     }
-    ranked *r = malloc((size_t)n * sizeof *r);
-    PRL_ASSERT(r != NULL);
-    for (int s = 0; s < n; s++) r[s] = (ranked){score[s], s};
-    qsort(r, (size_t)n, sizeof *r, rank_cmp); /* a total order: the result is unique */
+    /* the k best under a total order, kept in a heap whose root is the worst of them:
+    ** O(n log k), and the set is unique whatever the algorithm */
+    ranked *h = malloc((size_t)k * sizeof *h);
+    PRL_ASSERT(h != NULL);
+    for (int s = 0; s < k; s++) h[s] = (ranked){score[s], s};
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(h, k, i);
+    for (int s = k; s < n; s++) {
+        ranked x = {score[s], s};
+        if (rank_cmp(&x, &h[0]) < 0) h[0] = x, sift_down(h, k, 0);
+    }
     memset(sel, 0, (size_t)n);
-    for (int i = 0; i < k; i++) sel[r[i].idx] = 1;
-    free(r);
+    for (int i = 0; i < k; i++) sel[h[i].idx] = 1;
+    free(h);
 }
 
 /* ------------------------------------------------------------------ KL objective ---- */
@@ -271,9 +291,9 @@ void prl_dsa_forward(prl_dsa_acts *a, const prl_dsa_weights *w, const prl_real *
 }
 
 double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns, int sparse,
-                            const int32_t *lens, prl_dsa_dims D)
+                            const int32_t *idx, int k, const int32_t *lens, prl_dsa_dims D)
 {
-    int T = D.T, ldS = ns + T, rows = 0;
+    int T = D.T, ldS = ns + (idx ? k : T), rows = 0;
     double sum = 0;
     for (int b = 0; b < D.B; b++) {
         for (int t = 0; t < T; t++) {
@@ -284,7 +304,12 @@ double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns,
             if (!query_row(lens, D.pos, (int)n, T)) continue;
             for (int h = 0; h < H; h++) { /* heads in order; sink columns left out */
                 const prl_real *P = att + (((size_t)b * H + h) * T + t) * ldS + ns;
-                for (int s = lo; s <= t; s++) p[s] += P[s];
+                if (idx) { /* the unselected keys' terms are 0 in the dense layout */
+                    const int32_t *row = idx + n * k;
+                    for (int j = 0, c = prl_attn_sel_count(row, k); j < c; j++) p[row[j]] += P[j];
+                } else {
+                    for (int s = lo; s <= t; s++) p[s] += P[s];
+                }
             }
             sum += prl_dsa_kl_row_forward(p + lo, a->score + n * T + lo,
                                           sparse ? a->sel + n * T + lo : NULL, t + 1 - lo);

@@ -6,9 +6,10 @@
 ** What is here: the index score of a query row over its causal keys, the top-k selection
 ** (ties to the lower key index), the indexer's KL objective, and the driver of one layer's
 ** indexer on the train path (projections, k norm, RoPE, scores, selection, loss, backward).
-** What is not: the main attention over the selection — that is prl_attention_* of ops.c with
-** a selection mask (prl_attn_shape.sel, prl_attn_keys.sel), so the sparse attention and the
-** dense one are the same code. The indexer's input (the layer's normed input x and its
+** What is not: the main attention over the selection — that is prl_attention_* of ops.h:
+** the sparse kernel over each row's list of selected keys (prl_attn_shape.sel_idx,
+** ops_attn_sparse.c), or, as the naive reference, the dense kernel with the selection as a
+** mask (prl_attn_shape.sel, prl_attn_keys.sel). The indexer's input (the layer's normed input x and its
 ** normed compressed query cq) is detached: no gradient flows back into x or cq.
 */
 #ifndef PRL_DSA_H
@@ -71,10 +72,12 @@ typedef struct prl_dsa_weights {
 
 /* Saved activations of one layer's indexer (views the caller carves; N = B*T):
 **   qI [N, HI*dI], kz [N, dI] (x·wkᵀ), kI [N, dI], krstd [N], w [N, HI],
-**   score [N, T], target [N, T] (head-summed attention probabilities), sel [N, T]. */
+**   score [N, T], target [N, T] (head-summed attention probabilities), sel [N, T];
+**   idx [N, k] (k = min(index_topk, T)): sel as row lists for the sparse attention. */
 typedef struct prl_dsa_acts {
     prl_real *qI, *kz, *kI, *krstd, *w, *score, *target;
     uint8_t *sel;
+    int32_t *idx;
 } prl_dsa_acts;
 
 /* Backward scratch (shared by the layers): dscore [N, T], dqI [N, HI*dI], dkI [N, dI],
@@ -95,9 +98,11 @@ void prl_dsa_forward(prl_dsa_acts *a, const prl_dsa_weights *w, const prl_real *
                      const int32_t *lens, prl_dsa_dims D, int select, prl_precision p);
 /* The indexer loss from the main attention's probabilities att [B, H, T, ns+T] (sinks first,
 ** excluded from the target): mean over valid query rows of the row KL, over the selection
-** a->sel when `sparse`, else over every causal key. Fills a->target. */
+** a->sel when `sparse`, else over every causal key. Fills a->target. idx NULL: att is dense;
+** else att is the sparse kernel's compact [B, H, T, ns+k], column ns+j for key idx[row][j]
+** (prl_attn_shape.sel_idx), which gives the same target bits. */
 double prl_dsa_loss_forward(prl_dsa_acts *a, const prl_real *att, int H, int ns, int sparse,
-                            const int32_t *lens, prl_dsa_dims D);
+                            const int32_t *idx, int k, const int32_t *lens, prl_dsa_dims D);
 /* Gradient of that loss into the indexer weights only (g accumulates; x and cq detached).
 ** In a reduced precision p the gradient of every rounded forward output is rounded. */
 void prl_dsa_backward(prl_dsa_weights *g, const prl_dsa_scratch *s, const prl_dsa_acts *a,

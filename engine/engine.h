@@ -162,6 +162,9 @@ void prl_gemm_f32_ref(int trans_a, int trans_b, int M, int N, int K, float alpha
                       int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* "avx2-fma 6x16" or "generic 6x16": the micro-kernel this CPU runs. */
 const char *prl_gemm_kernel_name(void);
+/* 1 when prl_gemm_f32 accumulates by fused multiply-add (the AVX2+FMA kernel), 0 when it
+** multiplies then adds: kernels that must give prl_gemm_f32's bits (ops_attn_sparse.c) follow it. */
+int prl_gemm_fma(void);
 /* 1 when the engine's row kernels (softmax, log-probs, SiLU, norms, AdamW) run their AVX2
 ** forms: the CPU has AVX2 and prl_row_kernels_avx2_set(0) has not turned them off. Both
 ** forms give the same bits (tests compare them); set returns the previous state. */

@@ -455,6 +455,12 @@ const char *prl_gemm_kernel_name(void)
     return kernel_has_fma ? "avx2-fma 6x16" : "generic 6x16";
 }
 
+int prl_gemm_fma(void)
+{
+    choose_kernel();
+    return kernel_has_fma;
+}
+
 static int row_kernels_off;
 
 int prl_row_kernels_avx2(void)

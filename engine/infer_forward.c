@@ -55,6 +55,16 @@ typedef struct att_ctx {
     int n_runs;
 } att_ctx;
 
+/* The selected positions of a DSA row's mask over positions [0, n), in increasing order;
+** returns how many. */
+static int sel_list(int32_t *idx, const uint8_t *sel, int n)
+{
+    int c = 0;
+    for (int s = 0; s < n; s++)
+        if (sel[s]) idx[c++] = s;
+    return c;
+}
+
 /* Naive form: the train path's prl_attention_rows on the cached per-head keys and values
 ** (gathered in position order for a ring layer) and the layer's sinks. */
 static void naive_task(void *p, int t)
@@ -67,7 +77,6 @@ static void naive_task(void *p, int t)
     int slot = b->slot[r0], p0 = b->pos[r0], p1 = p0 + rows, ldS = e->ns + e->opt.max_len;
     float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
     prl_attn_keys kk = {.window = w->window, .ns = e->ns, .scale = e->attn_scale};
-    if (w->dsa_sparse) kk.sel = b->dsel + (size_t)r0 * e->opt.max_len, kk.ldsel = e->opt.max_len;
     if (e->ns > 0) {
         kk.sk = w->sink_kv + (size_t)h * e->dkv, kk.ldsk = e->H * e->dkv;
         kk.skr = w->sink_lat + e->rkv, kk.ldskr = e->lat;
@@ -90,6 +99,16 @@ static void naive_task(void *p, int t)
             memcpy(dst + e->dkv, lat + e->rkv, (size_t)e->dr * sizeof *dst);
         }
         kk.k = g, kk.ldk = wk, kk.kr = g + e->dkv, kk.ldkr = wk;
+    }
+    if (w->dsa_sparse) { /* row by row over each row's selected keys (DSA layers never ring) */
+        int32_t *idx = (int32_t *)(S + (size_t)PRL_ATT_BLOCK * ldS);
+        for (int r = r0; r < r0 + rows; r++) {
+            int n = sel_list(idx, b->dsel + (size_t)r * e->opt.max_len, b->pos[r] + 1);
+            prl_attention_row_sparse(b->o + (size_t)r * e->H * e->dv + (size_t)h * e->dv, S,
+                                     S + e->ns, b->q + (size_t)r * e->H * e->dq + (size_t)h * e->dq,
+                                     &kk, idx, n, e->dn, e->dr, e->dv);
+        }
+        return;
     }
     prl_attention_rows(b->o + (size_t)r0 * e->H * e->dv + (size_t)h * e->dv, e->H * e->dv, S,
                        S + e->ns, ldS, b->q + (size_t)r0 * e->H * e->dq + (size_t)h * e->dq,
@@ -136,6 +155,53 @@ static void merge_sinks(const prl_infer *e, const layer_w *w, const float *qa, f
     }
 }
 
+/* The absorbed row's softmax over its n keys S[h][0..n) (normalised in place; row pos_j =
+** idx[j], or j when idx is NULL), weighted sum of the latent rows, sinks, and W_UV. */
+static void absorbed_finish(const prl_infer *e, const layer_w *w, int r, const float *qa,
+                            const float *cache, float *S, const int32_t *idx, int n, float *ov,
+                            float *Ss, float *oA, float *mB, float *lB)
+{
+    const rows_buf *b = &e->rb;
+    int H = e->H, L = e->opt.max_len, lat = e->lat, rkv = e->rkv;
+    float scale = (float)e->attn_scale;
+    for (int h = 0; h < H; h++) { /* softmax, normalised in place */
+        float *Sh = S + (size_t)h * L, mx = -INFINITY, sum = 0;
+        for (int s = 0; s < n; s++) Sh[s] = scale * Sh[s], mx = Sh[s] > mx ? Sh[s] : mx;
+        for (int s = 0; s < n; s++) sum += (Sh[s] = prl_expf(Sh[s] - mx));
+        float inv = 1 / sum;
+        for (int s = 0; s < n; s++) Sh[s] *= inv;
+        mB[h] = mx, lB[h] = sum;
+    }
+    memset(ov, 0, (size_t)H * rkv * sizeof *ov);
+    for (int s = 0; s < n; s++)
+        for (int h = 0; h < H; h++)
+            axpy(ov + (size_t)h * rkv, S[(size_t)h * L + s],
+                 cache + (size_t)(idx ? idx[s] : s) * lat, rkv);
+    if (e->ns > 0) merge_sinks(e, w, qa, ov, mB, lB, Ss, oA, scale);
+    infer__act_round(e, ov, (size_t)H * rkv);
+    for (int h = 0; h < H; h++)
+        infer__dots(b->o + (size_t)r * H * e->dv + (size_t)h * e->dv, ov + (size_t)h * rkv,
+                    w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
+}
+
+/* A DSA row of the sparse stage in the absorbed form: scores, softmax and weighted sum over
+** its selected tokens only (cache = the slot's rows from position 0; idx scratch for the
+** list). The masked form's dropped terms were exact zeros (exp → 0, then +0 and 0·x), so
+** the result has its bits. */
+static void sparse_absorbed(const prl_infer *e, const layer_w *w, int r, const float *qa,
+                            const float *cache, float *S, float *ov, float *Ss, float *oA,
+                            float *mB, float *lB, int32_t *idx)
+{
+    const rows_buf *b = &e->rb;
+    int H = e->H, L = e->opt.max_len, lat = e->lat;
+    int n = sel_list(idx, b->dsel + (size_t)r * L, b->pos[r] + 1);
+    for (int j = 0; j < n; j++) /* one key per tile: each score is the 4-key tile's bits */
+        for (int h0 = 0; h0 < H; h0 += 2)
+            infer__gemv_tile(qa + (size_t)h0 * lat, lat, H - h0 < 2 ? H - h0 : 2,
+                             cache + (size_t)idx[j] * lat, lat, 1, lat, S + (size_t)h0 * L + j, L);
+    absorbed_finish(e, w, r, qa, cache, S, idx, n, ov, Ss, oA, mB, lB);
+}
+
 /* Absorbed form for one row, all heads together: each query absorbs W_UK, the scores and the
 ** weighted sums run on the shared latent rows [c_kv; k_r] (every cache row is read once for
 ** all heads; a ring layer's window is first gathered in position order), the sinks are
@@ -160,6 +226,10 @@ static void absorbed_task(void *p, int r)
     }
     infer__act_round(e, qa, (size_t)H * lat);
     const float *cache = lat_row(e, c->l, b->slot[r], lo);
+    if (w->dsa_sparse) { /* only the selected tokens (lo = 0: DSA layers never slide) */
+        sparse_absorbed(e, w, r, qa, cache, S, ov, Ss, oA, mB, lB, (int32_t *)g);
+        return;
+    }
     if (is_ring(e, c->l)) {
         for (int s = 0; s < n; s++)
             memcpy(g + (size_t)s * lat, key_row(e, c->l, b->slot[r], lo + s, 0),
@@ -172,27 +242,7 @@ static void absorbed_task(void *p, int r)
             infer__gemv_tile(qa + (size_t)h0 * lat, lat, H - h0 < 2 ? H - h0 : 2,
                              cache + (size_t)s0 * lat, lat, n - s0 < 4 ? n - s0 : 4, lat,
                              S + (size_t)h0 * L + s0, L);
-    float scale = (float)e->attn_scale;
-    /* a DSA layer's row sees only its selected tokens (lo = 0: DSA layers never slide) */
-    const uint8_t *sel = w->dsa_sparse ? b->dsel + (size_t)r * L : NULL;
-    for (int h = 0; h < H; h++) { /* softmax, normalised in place */
-        float *Sh = S + (size_t)h * L, mx = -INFINITY, sum = 0;
-        for (int s = 0; s < n; s++)
-            if (!sel || sel[s]) Sh[s] = scale * Sh[s], mx = Sh[s] > mx ? Sh[s] : mx;
-        for (int s = 0; s < n; s++) sum += (Sh[s] = !sel || sel[s] ? prl_expf(Sh[s] - mx) : 0);
-        float inv = 1 / sum;
-        for (int s = 0; s < n; s++) Sh[s] *= inv;
-        mB[h] = mx, lB[h] = sum;
-    }
-    memset(ov, 0, (size_t)H * rkv * sizeof *ov);
-    for (int s = 0; s < n; s++)
-        for (int h = 0; h < H; h++)
-            axpy(ov + (size_t)h * rkv, S[(size_t)h * L + s], cache + (size_t)s * lat, rkv);
-    if (e->ns > 0) merge_sinks(e, w, qa, ov, mB, lB, Ss, oA, scale);
-    infer__act_round(e, ov, (size_t)H * rkv);
-    for (int h = 0; h < H; h++)
-        infer__dots(b->o + (size_t)r * H * e->dv + (size_t)h * e->dv, ov + (size_t)h * rkv,
-                    w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
+    absorbed_finish(e, w, r, qa, cache, S, NULL, n, ov, Ss, oA, mB, lB);
 }
 
 /* Rows of one sequence at consecutive positions form a run, cut into query blocks. */

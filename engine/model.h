@@ -195,12 +195,15 @@ typedef struct prl_model {
     prl_acts *acts;        /* owned */
     prl_tensor_hook hook;
     void *hook_user;
-    prl_precision precision; /* train path arithmetic (prl_model_set_precision) */
-    prl_real *wround;        /* owned, n_params: the weights rounded to `precision` that a
+    prl_precision precision;  /* train path arithmetic (prl_model_set_precision) */
+    prl_real *wround;         /* owned, n_params: the weights rounded to `precision` that a
                              ** forward and its backward read (NULL in fp32) */
-    int dsa_keep_selection;  /* tests: the forward reuses the last DSA top-k selection instead
+    int dsa_keep_selection;   /* tests: the forward reuses the last DSA top-k selection instead
                              ** of selecting again (gradient checks with selections frozen);
                              ** only after a forward of the same batch shape */
+    int dsa_masked_reference; /* benches and tests: the sparse stage's attention runs as the
+                              ** masked dense kernel (the naive reference, same bits, O(T²))
+                              ** instead of the sparse one */
 } prl_model;
 
 /* A batch of B sequences of T positions. Positions t >= lens[b] are padding: they affect

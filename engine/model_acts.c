@@ -27,7 +27,7 @@ static void *carve(carver *c, size_t bytes)
 #define CARVE_I(c, n) ((int32_t *)carve((c), (size_t)(n) * sizeof(int32_t)))
 
 /* The saved activations of a DSA layer's indexer (dsa.h). */
-static void carve_dsa(carver *cv, prl_dsa_acts *x, size_t N, size_t T, const dims *D)
+static void carve_dsa(carver *cv, prl_dsa_acts *x, size_t N, size_t T, size_t K, const dims *D)
 {
     x->qI = CARVE_R(cv, N * D->HI * D->dI);
     x->kz = CARVE_R(cv, N * D->dI);
@@ -37,6 +37,7 @@ static void carve_dsa(carver *cv, prl_dsa_acts *x, size_t N, size_t T, const dim
     x->score = CARVE_R(cv, N * T);
     x->target = CARVE_R(cv, N * T);
     x->sel = carve(cv, N * T);
+    x->idx = CARVE_I(cv, N * K);
 }
 
 static void carve_mhc_saved(carver *cv, prl_mhc_saved *sv, prl_mhc_shape s)
@@ -155,7 +156,8 @@ static void carve_all(prl_model *m, carver *cv)
             la->oc = CARVE_R(cv, N * D.H * D.dv);
         }
         la->o = CARVE_R(cv, N * D.H * D.dv);
-        if (prl_config_is_dsa(&m->cfg, l)) carve_dsa(cv, &la->dsa, N, (size_t)a->T, &D);
+        if (prl_config_is_dsa(&m->cfg, l))
+            carve_dsa(cv, &la->dsa, N, (size_t)a->T, (size_t)model__dsa_k(m, a->T), &D);
         la->res_ffn = CARVE_R(cv, N * D.d);
         la->ln_f = CARVE_R(cv, N * D.d);
         la->rstd_f = CARVE_R(cv, N);

@@ -16,6 +16,19 @@ int model__dsa_sparse(const prl_model *m, int l)
     return prl_config_is_dsa(&m->cfg, l) && m->cfg.dsa_stage == PRL_DSA_SPARSE;
 }
 
+int model__dsa_k(const prl_model *m, int T)
+{
+    return m->cfg.index_topk < T ? m->cfg.index_topk : T;
+}
+
+/* Layer l's selection as row lists for the sparse kernel, or NULL when it runs masked (not
+** the sparse stage, or the masked reference asked for). */
+static int32_t *sparse_idx(const prl_model *m, int l)
+{
+    if (!model__dsa_sparse(m, l) || m->dsa_masked_reference || !m->acts->layer) return NULL;
+    return m->acts->layer[l].dsa.idx;
+}
+
 /* The attention call of layer l for the current batch shape (window, sinks, selection) and
 ** batch b's packing (b NULL: none). */
 prl_attn_shape model__attn_shape(const prl_model *m, int l, const prl_batch *b)
@@ -32,6 +45,8 @@ prl_attn_shape model__attn_shape(const prl_model *m, int l, const prl_batch *b)
                             .window = prl_config_window(&m->cfg, l),
                             .ns = D.ns,
                             .sel = sel,
+                            .sel_idx = sparse_idx(m, l),
+                            .sel_k = model__dsa_k(m, m->acts->T),
                             .pos = b ? b->pos : NULL,
                             .scale = prl_config_softmax_scale(&m->cfg)};
 }
@@ -140,13 +155,16 @@ int model__mla_forward(prl_model *m, int l, const prl_batch *b)
         prl_dsa_forward(&la->dsa, &w, la->ln_a, la->cq, a->rope_cos, a->rope_sin, b->lens,
                         dsa_dims(m, b), model__dsa_sparse(m, l) && !m->dsa_keep_selection,
                         m->precision);
+        if (sparse_idx(m, l)) /* kept selections too: the lists follow the mask in use */
+            prl_attn_sel_index(la->dsa.idx, la->dsa.sel, N, a->T, model__dsa_k(m, a->T));
     }
     prl_attention_forward(la->o, la->att, la->q, la->kv, la->kr, la->sink_kv,
                           D.ns > 0 ? P(o->sink_kpe) : NULL, b->lens, model__attn_shape(m, l, b));
     model__rnd(m, la->o, (size_t)N * D.H * D.dv);
     if (dsa)
-        a->index_loss += prl_dsa_loss_forward(&la->dsa, la->att, D.H, D.ns, model__dsa_sparse(m, l),
-                                              b->lens, dsa_dims(m, b));
+        a->index_loss +=
+            prl_dsa_loss_forward(&la->dsa, la->att, D.H, D.ns, model__dsa_sparse(m, l),
+                                 sparse_idx(m, l), model__dsa_k(m, a->T), b->lens, dsa_dims(m, b));
     const prl_real *o_out = la->o;
     if (D.ck && o->o_conv) { /* ModAttn on the heads' output, before o_proj (not in MTP) */
         prl_conv_forward(la->oc, la->o, D.H * D.dv, P(o->o_conv), a->B, a->T, D.H * D.dv, D.ck,

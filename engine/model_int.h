@@ -184,6 +184,8 @@ int model__dsa_sparse(const prl_model *m, int l);
 /* The attention call of layer l for the current batch shape (window, sinks, selection) and
 ** batch b's packing (prl_batch.pos; b NULL: none). */
 prl_attn_shape model__attn_shape(const prl_model *m, int l, const prl_batch *b);
+/* The longest selection of a DSA row at sequence length T: min(index_topk, T). */
+int model__dsa_k(const prl_model *m, int T);
 /* MLA in the naive form: a = ln_a (N,d) → o (N,H·dv), and tmp = o·Woᵀ. */
 int model__mla_forward(prl_model *m, int l, const prl_batch *b);
 /* Attention sublayer backward: dres holds ∂/∂(its output); adds ∂/∂res_attn into dx. */

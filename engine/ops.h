@@ -247,6 +247,14 @@ typedef struct prl_attn_keys {
 typedef struct prl_attn_shape {
     int B, T, H, dn, dr, dv, window, ns;
     const uint8_t *sel;
+    /* sel_idx NULL: a selection is applied as a mask over the dense scores (the naive
+    ** reference). Else the sparse kernel (ops_attn_sparse.c) reads only the selected keys:
+    ** sel_idx [B*T, sel_k] holds row b*T+t's selected key positions in increasing order, ended
+    ** by -1 when fewer than sel_k (prl_attn_sel_index); sel is then not read, window must be
+    ** 0, and att is compact: [B, H, T, ns+sel_k], column ns+j the probability of key
+    ** sel_idx[row][j]. The result is bitwise the masked one's (same sums in the same order). */
+    const int32_t *sel_idx;
+    int sel_k;
     const int32_t *pos;
     double scale; /* softmax scale; 0 = (dn + dr)^(−1/2) (YaRN: prl_config_softmax_scale) */
 } prl_attn_shape;
@@ -287,6 +295,30 @@ void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, prl_real
                             const prl_real *sink_kv, const prl_real *sink_kr, prl_real *scratch,
                             const int32_t *lens, prl_attn_shape sh);
 size_t prl_attention_scratch(prl_attn_shape sh);
+
+/* ---- sparse attention over a selection (ops_attn_sparse.c; DSA's sparse stage) ---- */
+
+/* Row lists of a selection mask: idx [N, k] gets, for each row n, the positions s < T with
+** sel[n*T + s] != 0 in increasing order (at most k of them), then -1 when fewer. */
+void prl_attn_sel_index(int32_t *idx, const uint8_t *sel, int N, int T, int k);
+/* Number of entries of a row list before its -1 (at most k). */
+int prl_attn_sel_count(const int32_t *idx, int k);
+/* One query row of naive attention over the n selected keys idx[0..n) (positions, in
+** increasing order, relative to keys->k; keys->sel, k0 and window unused): Ss [ns] and S [n]
+** are left holding the softmax over the sinks and the selected tokens; out [dv]. The code both
+** paths run; bitwise prl_attention_rows with the selection as a mask. */
+void prl_attention_row_sparse(prl_real *out, prl_real *Ss, prl_real *S, const prl_real *q,
+                              const prl_attn_keys *keys, const int32_t *idx, int n, int dn, int dr,
+                              int dv);
+/* The heads of prl_attention_forward / _backward when sh.sel_idx is set (internal to the two). */
+void prl_attention_sparse_forward(prl_real *out, prl_real *att, const prl_real *q,
+                                  const prl_real *kv, const prl_real *kr, const prl_real *sink_kv,
+                                  const prl_real *sink_kr, const int32_t *lens, prl_attn_shape sh);
+void prl_attention_sparse_backward(prl_real *dq, prl_real *dkv, prl_real *dkr_heads,
+                                   prl_real *dsink_heads, prl_real *scratch, const prl_real *dout,
+                                   const prl_real *att, const prl_real *q, const prl_real *kv,
+                                   const prl_real *kr, const prl_real *sink_kv,
+                                   const prl_real *sink_kr, const int32_t *lens, prl_attn_shape sh);
 
 /* ModAttn causal depthwise convolution with residual, over B sequences of T rows:
 **   out[n, c] = inp[n, c] + Σ_{j<k} w[c, j] · inp[n − (k−1) + j, c]

@@ -219,6 +219,10 @@ void prl_attention_forward(prl_real *out, prl_real *att, const prl_real *q, cons
                   .sink_kr = sink_kr,
                   .lens = lens,
                   .sh = sh};
+    if (sh.sel_idx) {
+        prl_attention_sparse_forward(out, att, q, kv, kr, sink_kv, sink_kr, lens, sh);
+        return;
+    }
     prl_parallel_for(sh.B * sh.H, attention_forward_head, &c);
 }
 
@@ -344,6 +348,9 @@ void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, prl_real
                   .sink_kr = sink_kr,
                   .lens = lens,
                   .sh = sh};
-    prl_parallel_for(sh.B * sh.H, attention_backward_head, &c);
+    if (sh.sel_idx)
+        prl_attention_sparse_backward(dq, dkv, c.dkr_heads, c.dsink_heads, c.scratch, dout, att, q,
+                                      kv, kr, sink_kv, sink_kr, lens, sh);
+    else prl_parallel_for(sh.B * sh.H, attention_backward_head, &c);
     reduce_heads(dkr, dsink_kv, dsink_kr, scratch, c.dsink_heads, sh);
 }

@@ -518,6 +518,47 @@ START_TEST(test_attention_dsa_sel_grad)
 }
 END_TEST
 
+/* The sparse kernel (row lists, compact probabilities) on the same kind of frozen selection:
+** finite differences of its forward/backward pair, with and without sinks, and the masked
+** kernel's output to rounding (the double build's GEMM is not the float one's, whose bits the
+** sparse kernel follows; test_model checks those bitwise). */
+START_TEST(test_attention_dsa_sparse_grad)
+{
+    enum { B = 2, T = 9, K = 4 };
+    static uint8_t sel[B * T * T];
+    static int32_t idx[B * T * K];
+    prl_rng r2;
+    prl_rng_init(&r2, 6, 0, 0, 0, PRL_RNG_TEST);
+    for (int n = 0; n < B * T; n++) /* rows t < 4 see all; later rows a pseudo-random 4 */
+        for (int s = 0, t = n % T, picked = 0; s <= t; s++) {
+            int take = t < K || (picked < K && (prl_rng_u64(&r2) % 2 || t - s < K - picked));
+            sel[n * T + s] = (uint8_t)take;
+            picked += take;
+        }
+    prl_attn_sel_index(idx, sel, B * T, T, K);
+    ck_assert_int_eq(prl_attn_sel_count(idx + 1 * K, K), 2); /* row 1 sees tokens 0 and 1 */
+    ck_assert_int_eq(prl_attn_sel_count(idx + 8 * K, K), K);
+    for (int ns = 0; ns <= 2; ns += 2) {
+        at_ctx c = {.sh = {.B = B,
+                           .T = T,
+                           .H = 2,
+                           .dn = 3,
+                           .dr = 2,
+                           .dv = 3,
+                           .ns = ns,
+                           .sel_idx = idx,
+                           .sel_k = K},
+                    .lens = {9, 6}};
+        double *out = check_attention(&c);
+        double ref[B * T * 2 * 3];
+        c.sh.sel_idx = NULL, c.sh.sel = sel;
+        at_fwd(&c, ref);
+        for (int i = 0; i < B * T * 2 * 3; i++) ck_assert_double_eq_tol(out[i], ref[i], 1e-12);
+        free(out), free(c.q), free(c.kv), free(c.kr), free(c.skv), free(c.skr), free(c.att);
+    }
+}
+END_TEST
+
 /* A selection that keeps every causal key computes the dense attention's very bits. */
 START_TEST(test_attention_dsa_full_sel_is_dense)
 {
@@ -1719,6 +1760,7 @@ static Suite *grad_suite(void)
     tcase_add_test(ops, test_mhc_merge_head_grad);
     tcase_add_test(ops, test_attention_dsa_sel_grad);
     tcase_add_test(ops, test_attention_dsa_full_sel_is_dense);
+    tcase_add_test(ops, test_attention_dsa_sparse_grad);
     tcase_add_test(ops, test_dsa_score_grad);
     tcase_add_test(ops, test_dsa_kl_grad);
     tcase_add_test(ops, test_dsa_select_ties);

@@ -326,6 +326,107 @@ START_TEST(test_dsa_freeze_main_step)
 }
 END_TEST
 
+/* Uniform floats in [-1, 1) from a test stream. */
+static float *rand_floats(prl_rng *r, size_t n)
+{
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)((double)(prl_rng_u64(r) >> 11) / 0x1p52 - 1);
+    return x;
+}
+
+/* The sparse attention kernel against its naive reference, the masked dense kernel, on one
+** selection: forward outputs, the probabilities (compact vs dense columns) and every gradient
+** bit for bit, with and without sinks. T = 300 crosses a GEMM depth block (PRL_GEMM_KC = 256)
+** and several query blocks; the second sequence is shorter. */
+START_TEST(test_sparse_attention_equals_masked)
+{
+    enum { B = 2, T = 300, H = 2, dn = 16, dr = 8, dv = 16, K = 40 };
+    int N = B * T, dq = dn + dr, dkv = dn + dv;
+    int32_t lens[B] = {T, 270};
+    prl_rng r;
+    prl_rng_init(&r, 29, 0, 0, 0, PRL_RNG_TEST);
+    uint8_t *sel = calloc((size_t)N * T, 1);
+    int32_t *idx = malloc((size_t)N * K * sizeof *idx);
+    for (int n = 0; n < N; n++) { /* rows t < K see all; later ones K keys, some past 256 */
+        int t = n % T;
+        for (int c = 0; c <= t && c < K; c++) {
+            int s = t < K ? c : (int)(prl_rng_u64(&r) % (uint64_t)(t + 1));
+            while (sel[(size_t)n * T + s]) s = (s + 1) % (t + 1);
+            sel[(size_t)n * T + s] = 1;
+        }
+    }
+    prl_attn_sel_index(idx, sel, N, T, K);
+    float *q = rand_floats(&r, (size_t)N * H * dq), *kv = rand_floats(&r, (size_t)N * H * dkv);
+    float *kr = rand_floats(&r, (size_t)N * dr), *skv = rand_floats(&r, (size_t)2 * H * dkv);
+    float *skr = rand_floats(&r, 2 * dr), *dout = rand_floats(&r, (size_t)N * H * dv);
+    for (int ns = 0; ns <= 2; ns += 2) {
+        prl_attn_shape sh =
+            {.B = B, .T = T, .H = H, .dn = dn, .dr = dr, .dv = dv, .ns = ns, .sel = sel};
+        size_t natt = (size_t)B * H * T * (ns + T), nsc = prl_attention_scratch(sh);
+        float *out[2], *att[2], *g[2][5];
+        for (int v = 0; v < 2; v++) { /* v = 0: masked reference; 1: sparse */
+            sh.sel_idx = v ? idx : NULL, sh.sel_k = K;
+            out[v] = calloc((size_t)N * H * dv, sizeof(float));
+            att[v] = calloc(natt, sizeof(float));
+            prl_attention_forward(out[v], att[v], q, kv, kr, ns ? skv : NULL, ns ? skr : NULL, lens,
+                                  sh);
+            g[v][0] = calloc((size_t)N * H * dq, sizeof(float));
+            g[v][1] = calloc((size_t)N * H * dkv, sizeof(float));
+            g[v][2] = calloc((size_t)N * dr, sizeof(float));
+            g[v][3] = calloc((size_t)2 * H * dkv, sizeof(float));
+            g[v][4] = calloc(2 * dr, sizeof(float));
+            float *scratch = malloc(nsc * sizeof *scratch);
+            prl_attention_backward(g[v][0], g[v][1], g[v][2], g[v][3], g[v][4], dout, att[v], q, kv,
+                                   kr, ns ? skv : NULL, ns ? skr : NULL, scratch, lens, sh);
+            free(scratch);
+        }
+        ck_assert_mem_eq(out[0], out[1], (size_t)N * H * dv * sizeof(float));
+        for (int bh = 0; bh < B * H; bh++) /* compact column j is dense column idx[j] */
+            for (int t = 0; t < lens[bh / H]; t++) {
+                const float *P0 = att[0] + ((size_t)bh * T + t) * (ns + T);
+                const float *P1 = att[1] + ((size_t)bh * T + t) * (ns + K);
+                const int32_t *row = idx + ((size_t)(bh / H) * T + t) * K;
+                ck_assert_mem_eq(P0, P1, (size_t)ns * sizeof(float));
+                for (int j = 0; j < prl_attn_sel_count(row, K); j++)
+                    ck_assert_msg(!memcmp(&P0[ns + row[j]], &P1[ns + j], sizeof(float)),
+                                  "ns %d row %d key %d", ns, t, row[j]);
+            }
+        size_t len[5] = {(size_t)N * H * dq, (size_t)N * H * dkv, (size_t)N * dr,
+                         (size_t)2 * H * dkv, 2 * dr};
+        for (int i = 0; i < 5; i++) {
+            ck_assert_msg(!memcmp(g[0][i], g[1][i], len[i] * sizeof(float)),
+                          "ns %d gradient %d differs", ns, i);
+            free(g[0][i]), free(g[1][i]);
+        }
+        free(out[0]), free(out[1]), free(att[0]), free(att[1]);
+    }
+    free(sel), free(idx), free(q), free(kv), free(kr), free(skv), free(skr), free(dout);
+}
+END_TEST
+
+/* The whole DSA model (sparse stage, top-4 of 16, packed-free batch with short rows): the
+** sparse kernel and the masked reference give the same loss, index loss and gradients. */
+START_TEST(test_dsa_sparse_model_equals_masked)
+{
+    prl_model m[2];
+    prl_forward_stats st[2];
+    toy_batch t;
+    toy(&t, 2, 16, 3);
+    for (int v = 0; v < 2; v++) {
+        build_from(&m[v], dsa_config, 6);
+        m[v].dsa_masked_reference = !v;
+        ck_assert_int_eq(prl_model_forward(&m[v], &t.b, NULL, &st[v]), PRL_OK);
+        prl_model_zero_grad(&m[v]);
+        ck_assert_int_eq(prl_model_backward(&m[v], &t.b), PRL_OK);
+    }
+    ck_assert_double_gt(st[0].index_loss, 0);
+    ck_assert_mem_eq(&st[0].loss, &st[1].loss, sizeof st[0].loss);
+    ck_assert_mem_eq(&st[0].index_loss, &st[1].index_loss, sizeof st[0].index_loss);
+    ck_assert_mem_eq(m[0].grads, m[1].grads, m[0].n_params * sizeof(float));
+    prl_model_free(&m[0]), prl_model_free(&m[1]);
+}
+END_TEST
+
 /* MTP modules added to a trained model and trained on a frozen trunk (configs/sft-mtp.json):
 ** the weights load with only the MTP layers' tensors new, and an optimizer step (weight decay
 ** on, router bias rate on) moves MTP-layer tensors only — the shared embedding and head, every
@@ -1115,6 +1216,8 @@ static Suite *model_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_config_errors);
+    tcase_add_test(tc, test_sparse_attention_equals_masked);
+    tcase_add_test(tc, test_dsa_sparse_model_equals_masked);
     tcase_add_test(tc, test_checkpoint_round_trip);
     tcase_add_test(tc, test_checkpoint_tampering);
     tcase_add_test(tc, test_checkpoint_optimizer_checks);
