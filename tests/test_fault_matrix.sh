@@ -88,7 +88,8 @@ at_phase() {
 since() { awk -v a="$(date +%s.%N)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
 
 # died_count ERR ROLE: the launcher's "ROLE died" lines so far.
-died_count() { grep -c "prl run: $2 died" "$1" || true; }
+# (0 before the launcher's shell has made ERR: start_run returns before its redirection runs)
+died_count() { if [ -e "$1" ]; then grep -c "prl run: $2 died" "$1" || true; else echo 0; fi; }
 
 # freeze DIR ROLE PATTERN PHASE: SIGSTOP ROLE (the launcher's child matching PATTERN) in the
 # PHASE of the first step from $next on, such that the step is still in flight once it is
