@@ -78,25 +78,6 @@ static int stdio_pipes(void)
     return fcntl(out[0], F_SETFD, FD_CLOEXEC);
 }
 
-/* gc.freeze(): the start-up objects move to the collector's permanent generation, so a
-** program's collections (and the one at its exit) do not walk, and copy-on-write copy, the
-** whole inherited heap. The gc module is then dropped from sys.modules again: a cold start
-** does not import it, and a program that does gets a fresh module object. */
-static int freeze_heap(char *err, size_t n)
-{
-    PyObject *gc = PyImport_ImportModule("gc");
-    PyObject *r = gc ? PyObject_CallMethod(gc, "freeze", NULL) : NULL;
-    int ok = r && PyDict_DelItemString(PyImport_GetModuleDict(), "gc") == 0;
-    Py_XDECREF(r);
-    Py_XDECREF(gc);
-    if (!ok) {
-        PyErr_Clear();
-        snprintf(err, n, "python: gc.freeze failed");
-        return -1;
-    }
-    return 0;
-}
-
 static int init_python(const sbx_spawn *sp, char *err, size_t n)
 {
     clearenv();
@@ -115,7 +96,7 @@ static int init_python(const sbx_spawn *sp, char *err, size_t n)
         return snprintf(err, n, "python: %s", st.err_msg ? st.err_msg : "initialisation failed"),
                -1;
     for (int s = 1; s < NSIG; s++) sigaction(s, NULL, &py_signals[s]);
-    return freeze_heap(err, n);
+    return 0;
 }
 
 /* The interpreter linked here must be the sandbox's python3 (same version). */
