@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -96,6 +97,38 @@ static int init_python(const sbx_spawn *sp, char *err, size_t n)
         return snprintf(err, n, "python: %s", st.err_msg ? st.err_msg : "initialisation failed"),
                -1;
     for (int s = 1; s < NSIG; s++) sigaction(s, NULL, &py_signals[s]);
+    return 0;
+}
+
+static int copy_in(const char *path, const char *data, size_t n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    int ok = write(fd, data, n) == (ssize_t)n;
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+/* The interpreter must start with the files a sandboxed one sees. Of the host, a sandbox with
+** a mount namespace shows /usr and /etc/ld.so.cache only; /usr is the same here, but the
+** host's /etc has more (Debian's sitecustomize.py is a link into /etc/python3.11, which a
+** cold start in the sandbox fails to import). So: a private mount namespace whose /etc is the
+** sandbox's (passwd and group of the slot, ld.so.cache), and "/" as the working directory. */
+static int sandbox_etc(const sbx_spawn *sp, char *err, size_t n)
+{
+    if (!(sp->layers & PRL_SANDBOX_MNTNS)) return chdir("/"); /* the program sees the host's */
+    static char cache[1 << 20];
+    ssize_t cache_n = -1;
+    int fd = open("/etc/ld.so.cache", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) cache_n = read(fd, cache, sizeof cache), close(fd);
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mount("tmpfs", "/etc", "tmpfs", MS_NOSUID | MS_NODEV, "size=2m,mode=0755") < 0 ||
+        copy_in("/etc/passwd", sp->passwd, strlen(sp->passwd)) < 0 ||
+        copy_in("/etc/group", sp->group, strlen(sp->group)) < 0 ||
+        (cache_n > 0 && copy_in("/etc/ld.so.cache", cache, (size_t)cache_n) < 0) || chdir("/") < 0)
+        return snprintf(err, n, "the zygote's /etc (needs root with a mount namespace): %s",
+                        strerror(errno)),
+               -1;
     return 0;
 }
 
@@ -182,8 +215,8 @@ int main(void)
     prl_sandbox_limits lim;
     prl_sandbox_limits_default(&lim);
     sbx_build_spawn(sb, slot, &req, &lim, &sp, prog_path, sizeof prog_path);
-    if (same_python(sb->python3, err, sizeof err) || stdio_pipes() < 0 ||
-        init_python(&sp, err, sizeof err)) {
+    if (same_python(sb->python3, err, sizeof err) || sandbox_etc(&sp, err, sizeof err) ||
+        stdio_pipes() < 0 || init_python(&sp, err, sizeof err)) {
         reply(-1, err[0] ? err : strerror(errno));
         return 1;
     }
