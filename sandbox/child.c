@@ -441,7 +441,7 @@ static void exec_program(const sbx_spawn *sp)
         struct sock_fprog prog = {.len = (unsigned short)sp->sb->bpf_len, .filter = sp->sb->bpf};
         CHECK(sp, SBX_STEP_SECCOMP, prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0));
     }
-    if (sp->enter) { /* warm: the zygote's interpreter instead of a fresh one */
+    if (sp->enter) {         /* warm: the zygote's interpreter instead of a fresh one */
         close(sp->report_w); /* what the close-on-exec of execve would do */
         sp->enter(sp);
     }

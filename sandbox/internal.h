@@ -101,9 +101,9 @@ typedef struct sbx_slot {
     unsigned host_uid, host_gid; /* ids outside (slot uid, or our own when not root) */
     unsigned prog_uid, prog_gid; /* ids the program has in its own view */
     atomic_int busy;
-    pid_t zygote_pid; /* warm: the slot's pre-started interpreter (0: not running) */
-    int zygote_sock;  /* warm: its control socket (-1: none) */
-    char root[PATH_MAX];                /* host mount point of the tmpfs root (mount namespace) */
+    pid_t zygote_pid;    /* warm: the slot's pre-started interpreter (0: not running) */
+    int zygote_sock;     /* warm: its control socket (-1: none) */
+    char root[PATH_MAX]; /* host mount point of the tmpfs root (mount namespace) */
     char work[PATH_MAX], tmp[PATH_MAX]; /* fallback work and temp dirs (no mount namespace) */
     sbx_cgroup cg;
 } sbx_slot;
@@ -122,8 +122,8 @@ struct prl_sandbox {
     size_t bpf_len;
     int cap_last_cap;
     unsigned uid_base;
-    char cg_group[64]; /* "prl-sandbox.<pid>.<n>" */
-    int warm;          /* options.warm: python3 programs start from the slot's zygote */
+    char cg_group[64];     /* "prl-sandbox.<pid>.<n>" */
+    int warm;              /* options.warm: python3 programs start from the slot's zygote */
     char zygote[PATH_MAX]; /* the zygote executable (warm) */
 };
 
@@ -200,8 +200,7 @@ struct sbx_spawn {
 
 /* Fill *sp for a run of req in slot s (run.c); prog_path receives the program's path. */
 void sbx_build_spawn(const prl_sandbox *sb, const sbx_slot *s, const prl_sandbox_request *req,
-                     const prl_sandbox_limits *lim, sbx_spawn *sp, char *prog_path,
-                     size_t prog_n);
+                     const prl_sandbox_limits *lim, sbx_spawn *sp, char *prog_path, size_t prog_n);
 
 /* The sandbox init (pid 1 of the pid namespace when there is one). Never returns. */
 void sbx_child_init(const sbx_spawn *sp) __attribute__((noreturn));

@@ -152,7 +152,7 @@ typedef struct prl_sandbox_options {
     int network; /* 1: the program may use the host's network: no net namespace, AF_INET and
                     AF_INET6 sockets allowed, no Landlock TCP rules (every other family stays
                     refused); 0: none (a private loopback, or no inet sockets at all) */
-    int warm; /* 1: python3 programs start from a pre-started interpreter per slot (a zygote:
+    int warm;    /* 1: python3 programs start from a pre-started interpreter per slot (a zygote:
                  python initialised once, site imports done, outside the sandbox) that clones
                  each run's sandbox init, every layer applied as in a cold run; 0: each run
                  execs python3 (the reference). The thread calling prl_sandbox_init, or the

@@ -131,8 +131,7 @@ prl_status sbx_zygote_start(const prl_sandbox *sb, sbx_slot *s)
 }
 
 /* One request; -1 when the zygote is gone (the caller restarts it once). */
-static pid_t spawn_once(sbx_slot *s, const sbx_spawn *sp, unsigned long flags,
-                        sbx_zyg_reply *rep)
+static pid_t spawn_once(sbx_slot *s, const sbx_spawn *sp, unsigned long flags, sbx_zyg_reply *rep)
 {
     int fds[MAX_FDS] = {sp->sync_r, sp->report_w, sp->in_r, sp->out_w, sp->err_w};
     for (int i = 0; i < sp->n_cg_fds; i++) fds[5 + i] = sp->cg_fds[i];
@@ -148,8 +147,7 @@ static pid_t spawn_once(sbx_slot *s, const sbx_spawn *sp, unsigned long flags,
     return 0;
 }
 
-pid_t sbx_zygote_spawn(const prl_sandbox *sb, sbx_slot *s, const sbx_spawn *sp,
-                       unsigned long flags)
+pid_t sbx_zygote_spawn(const prl_sandbox *sb, sbx_slot *s, const sbx_spawn *sp, unsigned long flags)
 {
     sbx_zyg_reply rep;
     memset(&rep, 0, sizeof rep);
@@ -159,8 +157,7 @@ pid_t sbx_zygote_spawn(const prl_sandbox *sb, sbx_slot *s, const sbx_spawn *sp,
         if (spawn_once(s, sp, flags, &rep) == 0) break;
         sbx_zygote_stop(s); /* died between runs (killed from outside): one fresh start */
         if (attempt == 1) {
-            prl_error_set(PRL_ERR_IO, "sandbox: the zygote of slot %d stopped answering",
-                          s->index);
+            prl_error_set(PRL_ERR_IO, "sandbox: the zygote of slot %d stopped answering", s->index);
             return -1;
         }
     }

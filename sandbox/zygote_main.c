@@ -64,6 +64,11 @@ static void enter_python(const sbx_spawn *sp)
 {
     for (int s = 1; s < NSIG; s++)
         if (s != SIGKILL && s != SIGSTOP) sigaction(s, &sp->signals[s], NULL);
+    /* What execve would have done: a process whose ids changed without an exec is not
+    ** dumpable, so its /proc entries would be root's (hidden by hidepid=2); and its name. */
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    const char *base = strrchr(sp->argv[0], '/');
+    prctl(PR_SET_NAME, base ? base + 1 : sp->argv[0], 0, 0, 0);
     PyOS_AfterFork_Child();
     _exit(Py_RunMain());
 }
@@ -81,6 +86,13 @@ static int stdio_pipes(void)
 
 static int init_python(const sbx_spawn *sp, char *err, size_t n)
 {
+    /* From the dispositions a cold python3 starts with (the sandbox init resets them all): an
+    ** ignored signal survives execve, and the supervisor's may be ignored (SIGCHLD, SIGPIPE). */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; s++)
+        if (s != SIGKILL && s != SIGSTOP) sigaction(s, &dfl, NULL);
     clearenv();
     for (int i = 0; sp->envp[i]; i++)
         if (putenv((char *)sp->envp[i]) != 0) return snprintf(err, n, "putenv"), -1;
@@ -150,7 +162,9 @@ static int recv_run(sbx_zyg_run *run, int fds[MAX_FDS])
 {
     struct iovec iov = {.iov_base = run, .iov_len = sizeof *run};
     char ctl[CMSG_SPACE(sizeof(int) * MAX_FDS)];
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
+    struct msghdr m = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = ctl,
                        .msg_controllen = sizeof ctl};
     ssize_t r;
     while ((r = recvmsg(SBX_ZYG_FD, &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
@@ -174,7 +188,8 @@ static int serve_one(const prl_sandbox *sb, const sbx_slot *slot)
     if (n < 0) return -1;
     char *program = malloc(run.program_len ? run.program_len : 1);
     if (!program || read_all(SBX_ZYG_FD, program, run.program_len)) return -1;
-    prl_sandbox_request req = {.lang = "python3", .program = program,
+    prl_sandbox_request req = {.lang = "python3",
+                               .program = program,
                                .program_len = run.program_len};
     sbx_spawn sp;
     memset(&sp, 0, sizeof sp);

@@ -121,8 +121,7 @@ START_TEST(test_warm_nothing_carried)
     ck_assert_msg(!strncmp(b.out, "False False False False False False\nNone None ", 46),
                   "a mutation was carried over: %s", b.out);
     const char *rest = strchr(strchr(b.out, '\n') + 1, '\n') + 1;
-    ck_assert_msg(!strncmp(rest, "[] ['main.py'] []\n['0', '1', '2', '3']\n1 ['2']\nbound\n",
-                           50),
+    ck_assert_msg(!strncmp(rest, "[] ['main.py'] []\n['0', '1', '2', '3']\n1 ['2']\nbound\n", 50),
                   "files, fds, threads or processes were carried over: %s", rest);
     assert_same(&c, &b, "the finder after a leaving program");
     prl_sandbox_result_free(&a);
@@ -148,6 +147,10 @@ START_TEST(test_warm_same_view_as_cold)
         "    print(r, resource.getrlimit(getattr(resource, 'RLIMIT_' + r)))\n"
         "print(socket.gethostname(), os.getcwd(), oct(os.umask(0)), os.getpid(), os.getppid())\n"
         "print(os.listdir('/sys') if os.path.exists('/sys') else 'no /sys', os.listdir('/'))\n"
+        "import time\nif os.fork() == 0:\n    os._exit(0)\ntime.sleep(0.1)\n"
+        "print([open('/proc/%s/stat' % p).read().split()[1:3] for p in "
+        "sorted(os.listdir('/proc'))\n"
+        "       if p.isdigit()], os.stat('/proc/self').st_uid)\n"
         "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
         "except OSError as e:\n    print('net', e.errno)\n"
         "import signal\nprint([signal.getsignal(s) for s in (signal.SIGPIPE, signal.SIGXFSZ,\n"
@@ -184,7 +187,8 @@ START_TEST(test_warm_same_results_edge_programs)
         "import sys\nprint(sys.argv, sys.flags, sys.orig_argv, sys.executable, sys.path)\n",
         "def f(n): return f(n + 1)\nf(0)\n",
         "print(open(__file__).read()[:20], __name__, __spec__, __builtins__)\n",
-        "import sys\nsys.stderr.write('é\\n')\nprint('\\u2603')\nsys.stdout.buffer.write(b'\\xff')\n",
+        "import "
+        "sys\nsys.stderr.write('é\\n')\nprint('\\u2603')\nsys.stdout.buffer.write(b'\\xff')\n",
     };
     for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
         char what[32];
