@@ -404,6 +404,7 @@ static prl_status svc_open(svc *s, const prl_sandbox_service_options *opt)
     prl_sandbox_options so;
     prl_sandbox_options_default(&so);
     so.slots = opt->slots;
+    so.warm = opt->warm;
     so.uid_base = opt->uid_base ? opt->uid_base : default_uid_base();
     prl_status rc = prl_sandbox_init(&s->sb, &so);
     if (rc) return prl_error_wrap(rc, "sandbox service: ");
