@@ -171,8 +171,8 @@ int cmd_bench_sandbox(int argc, char **argv)
                 printf("%s\"%s\"", first ? "" : ", ", prl_sandbox_layer_name(1u << i)), first = 0;
         printf("]}\n");
     } else {
-        printf("python3 print(1): %d rounds of %.1f s each of 3 ways, alternating (medians)\n", rounds,
-               round_s);
+        printf("python3 print(1): %d rounds of %.1f s each of 3 ways, alternating (medians)\n",
+               rounds, round_s);
         printf("  isolated  %7.2f execs/s   (%d runs; layers:", mi, n_iso);
         for (int i = 0; i < PRL_SANDBOX_N_LAYERS; i++)
             if (layers & (1u << i)) printf(" %s", prl_sandbox_layer_name(1u << i));
