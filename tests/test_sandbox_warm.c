@@ -14,7 +14,9 @@
 #include "tests/check_util.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,6 +202,53 @@ START_TEST(test_warm_same_results_edge_programs)
 }
 END_TEST
 
+/* Our children named prl-sandbox-zyg (the zygotes); kills them when `kill_them`. */
+static int zygotes(int kill_them)
+{
+    int n = 0;
+    DIR *d = opendir("/proc");
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t got = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[got] = 0;
+        char *close_paren = strrchr(buf, ')');
+        int ppid = 0;
+        if (!strstr(buf, "(prl-sandbox-zyg)") || !close_paren ||
+            sscanf(close_paren + 2, "%*c %d", &ppid) != 1 || ppid != getpid())
+            continue;
+        n++;
+        if (kill_them) kill(pid, SIGKILL);
+    }
+    closedir(d);
+    return n;
+}
+
+/* A zygote killed from outside is started again by the slot's next run. */
+START_TEST(test_warm_zygote_restarted)
+{
+    prl_sandbox *warm = make(1, 47800);
+    ck_assert_int_eq(zygotes(0), 1);
+    ck_assert_int_eq(zygotes(1), 1);
+    usleep(100000);
+    prl_sandbox_result r;
+    run_in(warm, "print(6 * 7)\n", NULL, 5, &r);
+    ck_assert_msg(r.status == PRL_SANDBOX_STATUS_OK && !strcmp(r.out, "42\n") && r.warm,
+                  "after the kill: %s %s", prl_sandbox_status_name(r.status), r.reason);
+    prl_sandbox_result_free(&r);
+    ck_assert_int_eq(zygotes(0), 1);
+    prl_sandbox_free(warm);
+    ck_assert_int_eq(zygotes(0), 0); /* free stops (and reaps) it */
+}
+END_TEST
+
 /* ---------------------------------------------------------------- the catalogue ---- */
 
 typedef struct logged_exec {
@@ -307,6 +356,7 @@ int main(void)
         test_warm_same_view_as_cold,
         test_warm_same_results_edge_programs,
         test_warm_same_results_task_catalogue,
+        test_warm_zygote_restarted,
     };
     Suite *s = suite_create("sandbox_warm");
     TCase *tc = tcase_create("warm");
