@@ -5,7 +5,9 @@
 ** Files: sandbox.c (handle, slots, limits, names), probe.c (layer detection), cgroup.c
 ** (slot cgroups), seccomp.c (the deny list as a BPF program), child.c (the code that runs
 ** inside the sandbox: init and program), run.c (the supervisor side of a run), hostdir.c
-** (host directories: fallback work dirs, safe recursive removal), result.c (JSON).
+** (host directories: fallback work dirs, safe recursive removal), result.c (JSON), zygote.c
+** (the warm path's supervisor side) and zygote_main.c (prl-sandbox-zygote, the warm path's
+** pre-started python3).
 */
 #ifndef PRL_SANDBOX_INTERNAL_H
 #define PRL_SANDBOX_INTERNAL_H
