@@ -450,9 +450,9 @@ prl_status prl_sandbox_service_run(const prl_sandbox_service_options *opt,
     prl_status rc = svc_open(&s, opt);
     if (rc == PRL_OK) {
         signal_wake_fd = s.wake[1];
-        svc_log(&s, "serving %s with %d slot%s (sandbox layers 0x%x)",
+        svc_log(&s, "serving %s with %d slot%s (sandbox layers 0x%x%s)",
                 prl_bus_socket_endpoint(s.sock), opt->slots, opt->slots == 1 ? "" : "s",
-                prl_sandbox_layers(s.sb));
+                prl_sandbox_layers(s.sb), opt->warm ? ", warm python3" : "");
         serve(&s);
     }
     signal_wake_fd = -1;
