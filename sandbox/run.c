@@ -5,6 +5,9 @@
 ** stderr under their caps, reads the init's reports and enforces the wall limit; finally
 ** reap, read the counters and classify (spec/sandbox.md §3.11, in that order).
 **
+** Warm runs (options.warm, python3): the init is cloned by the slot's zygote (zygote.c), as
+** the supervisor's child all the same; everything else here is the cold path's.
+**
 ** Killing: with a pid namespace SIGKILL to its init kills every process in it (setsid and
 ** double-fork escapees included); without one the slot's cgroup is killed (cgroup.kill or
 ** freezer), and without that the init is asked (SIGUSR1) to kill its children until none
