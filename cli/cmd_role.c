@@ -86,6 +86,8 @@ static int role_sandbox(int argc, char **argv)
         {"allow-remote", OPT_FLAG, &allow_remote, NULL, "allow a non-loopback tcp:// --bind", 0, 0},
         {"slots", OPT_INT, &opt.slots, "N",
          "programs run at once, one per slot (default 1, at most 256)", 0, 0},
+        {"warm", OPT_FLAG, &opt.warm, NULL,
+         "python3 programs start from a pre-started interpreter per slot (docs/sandbox.md)", 0, 0},
         {"uid-base", OPT_INT, &uid_base, "UID", "first slot uid (default: derived from the pid)", 0,
          0},
         {"key", OPT_STR, &key, "FILE",
@@ -95,7 +97,8 @@ static int role_sandbox(int argc, char **argv)
         {0},
     };
     int rc = cli_parse(
-        argc, argv, 3, opts, "prl role sandbox --bind ENDPOINT [--slots N] [--uid-base UID]",
+        argc, argv, 3, opts,
+        "prl role sandbox --bind ENDPOINT [--slots N] [--warm] [--uid-base UID]",
         "Serves `exec` requests over the bus: runs each program in the sandbox and answers "
         "`exec_result` (docs/pipeline.md). Only workers presenting the run's bus key are served. "
         "Stops on SIGTERM or SIGINT.",

@@ -21,10 +21,11 @@
 ** from our pid, which is unique among running processes. */
 static unsigned cli_uid_base(void) { return 200000u + (unsigned)getpid(); }
 
-static int open_sandbox(prl_sandbox **sb, prl_sandbox_caps *caps)
+static int open_sandbox(prl_sandbox **sb, prl_sandbox_caps *caps, int warm)
 {
     prl_sandbox_options opt;
     prl_sandbox_options_default(&opt);
+    opt.warm = warm;
     if (prl_sandbox_probe(caps) != PRL_OK) return cli_fail("sandbox");
     opt.caps = caps;
     opt.uid_base = cli_uid_base();
@@ -47,9 +48,11 @@ static int sandbox_exec(int argc, char **argv)
     prl_sandbox_limits_default(&lim);
     uint64_t memory_mb = lim.memory_bytes >> 20, output_kb = lim.output_bytes >> 10,
              fsize_mb = lim.file_size_bytes >> 20, disk_mb = lim.disk_bytes >> 20;
-    int json = 0;
+    int json = 0, warm = 0;
     cli_opt opts[] = {
         {"lang", OPT_STR, &lang, "LANG", "python3 or sh", 1, 0},
+        {"warm", OPT_FLAG, &warm, NULL,
+         "python3: start from a pre-started interpreter (docs/sandbox.md \"Warm runs\")", 0, 0},
         {"file", OPT_STR, &file, "FILE", "the program to run", 1, 0},
         {"stdin", OPT_STR, &stdin_file, "FILE",
          "bytes for the program's stdin (default: none, EOF)", 0, 0},
@@ -69,7 +72,7 @@ static int sandbox_exec(int argc, char **argv)
         {0},
     };
     const char *usage =
-        "prl sandbox exec --lang python3|sh --file FILE [--stdin FILE] [limits] [--json]";
+        "prl sandbox exec --lang python3|sh --file FILE [--warm] [--stdin FILE] [limits] [--json]";
     int rc =
         cli_parse(argc, argv, 3, opts, usage,
                   "Runs a program in the sandbox (namespaces, seccomp, Landlock, rlimits, cgroups) "
@@ -94,7 +97,7 @@ static int sandbox_exec(int argc, char **argv)
     req.stdin_data = input;
     prl_sandbox *sb = NULL;
     prl_sandbox_caps caps;
-    if (open_sandbox(&sb, &caps)) {
+    if (open_sandbox(&sb, &caps, warm)) {
         free(program), free(input);
         return 1;
     }
@@ -185,7 +188,7 @@ static int sandbox_probe(int argc, char **argv)
     if (rc) return rc == CLI_HELP ? 0 : 2;
     prl_sandbox *sb = NULL;
     prl_sandbox_caps caps;
-    if (open_sandbox(&sb, &caps)) return 1;
+    if (open_sandbox(&sb, &caps, 0)) return 1;
     unsigned used = prl_sandbox_layers(sb);
     prl_sandbox_free(sb);
     if (json) {

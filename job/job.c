@@ -66,6 +66,7 @@ static const prl_key_spec keys[] = {
     {"reward.judge_template", PRL_KEY_STR, F(reward_judge_template), 0, 0, "\"\"", NULL},
     {"reward.judge_max_new_tokens", PRL_KEY_INT, F(reward_judge_tokens), 1, 256, "16", NULL},
     {"sandbox.slots", PRL_KEY_INT, F(sandbox_slots), 1, 256, "2", NULL},
+    {"sandbox.warm", PRL_KEY_BOOL, F(sandbox_warm), 0, 1, "false", NULL},
     {"trainer.threads", PRL_KEY_INT, F(trainer_threads), 0, 256, "0", NULL},
     {"trainer.ranks", PRL_KEY_INT, F(trainer_ranks), 1, 64, "1", NULL},
     {"trainer.launcher", PRL_KEY_STR, F(trainer_launcher), 0, 0, "\"auto\"", "auto|mpirun|srun"},

@@ -72,6 +72,7 @@ typedef struct prl_job_config {
     int ls_growth_interval, ls_hysteresis;
     /* reward, sandbox */
     int reward_workers, sandbox_slots;
+    int sandbox_warm; /* python3 programs start from a zygote per slot (docs/sandbox.md) */
     double reward_timeout;
     char *reward_program; /* reward.program: JSON array of argv ("[]": the verifiers score) */
     int reward_network;   /* reward.network: the reward program may use the network */

@@ -322,7 +322,15 @@ static void build_roles(launcher *L, const prl_job_config *job, int threads)
     add_child(L, "controller", ctl);
     char slots[16];
     snprintf(slots, sizeof slots, "%d", job->sandbox_slots);
-    const char *sb[] = {"role", "sandbox", "--bind", L->sandbox_ep, "--slots", slots, NULL};
+    /* --warm comes last: without it the NULL there ends the list */
+    const char *sb[] = {"role",
+                        "sandbox",
+                        "--bind",
+                        L->sandbox_ep,
+                        "--slots",
+                        slots,
+                        job->sandbox_warm ? "--warm" : NULL,
+                        NULL};
     add_child(L, "sandbox", sb);
     add_trainer(L, job, threads);
     int gateway = !strcmp(job->rollout_source, "gateway");

@@ -152,6 +152,7 @@ void prl_role_exec_close(prl_role_exec *x);
 typedef struct prl_sandbox_service_options {
     const char *endpoint; /* ROUTER bind, e.g. ipc://runs/NAME/sandbox.sock (required) */
     int slots;            /* concurrent runs, one worker thread per slot, 1..256 (default 1) */
+    int warm;             /* python3 programs start from a zygote per slot (sandbox.h) */
     unsigned uid_base;    /* slot uids start here; 0: derived from the pid, so services
                              and `prl sandbox exec` processes on one host never share uids */
     const char *name;     /* log prefix (default "sandbox") */

@@ -404,6 +404,7 @@ static prl_status svc_open(svc *s, const prl_sandbox_service_options *opt)
     prl_sandbox_options so;
     prl_sandbox_options_default(&so);
     so.slots = opt->slots;
+    so.warm = opt->warm;
     so.uid_base = opt->uid_base ? opt->uid_base : default_uid_base();
     prl_status rc = prl_sandbox_init(&s->sb, &so);
     if (rc) return prl_error_wrap(rc, "sandbox service: ");
@@ -449,9 +450,9 @@ prl_status prl_sandbox_service_run(const prl_sandbox_service_options *opt,
     prl_status rc = svc_open(&s, opt);
     if (rc == PRL_OK) {
         signal_wake_fd = s.wake[1];
-        svc_log(&s, "serving %s with %d slot%s (sandbox layers 0x%x)",
+        svc_log(&s, "serving %s with %d slot%s (sandbox layers 0x%x%s)",
                 prl_bus_socket_endpoint(s.sock), opt->slots, opt->slots == 1 ? "" : "s",
-                prl_sandbox_layers(s.sb));
+                prl_sandbox_layers(s.sb), opt->warm ? ", warm python3" : "");
         serve(&s);
     }
     signal_wake_fd = -1;

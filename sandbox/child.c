@@ -14,7 +14,8 @@
 **      everything. When C3 ends C2 reports its status and exits, and the kernel kills what
 **      is left of the pid namespace; without one C2 first kills its remaining children.
 **   C3: setsid, stdio onto the pipes, all other fds closed, rlimits, capabilities dropped,
-**      slot uid/gid, no_new_privs, death signal, Landlock, seccomp (last), execve.
+**      slot uid/gid, no_new_privs, death signal, Landlock, seccomp (last), execve; in a warm
+**      run (sp->enter, zygote_main.c) the zygote's interpreter instead of execve.
 **
 ** A failing step sends {step, errno} on the report pipe and exits 127; the supervisor turns
 ** it into a sandbox_error naming the step. The report pipe is close-on-exec, so once the
@@ -439,6 +440,10 @@ static void exec_program(const sbx_spawn *sp)
     if (sp->layers & PRL_SANDBOX_SECCOMP) {
         struct sock_fprog prog = {.len = (unsigned short)sp->sb->bpf_len, .filter = sp->sb->bpf};
         CHECK(sp, SBX_STEP_SECCOMP, prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0));
+    }
+    if (sp->enter) {         /* warm: the zygote's interpreter instead of a fresh one */
+        close(sp->report_w); /* what the close-on-exec of execve would do */
+        sp->enter(sp);
     }
     execve(sp->argv[0], (char *const *)sp->argv, (char *const *)sp->envp);
     fail(sp, SBX_STEP_EXEC);

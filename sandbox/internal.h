@@ -5,7 +5,9 @@
 ** Files: sandbox.c (handle, slots, limits, names), probe.c (layer detection), cgroup.c
 ** (slot cgroups), seccomp.c (the deny list as a BPF program), child.c (the code that runs
 ** inside the sandbox: init and program), run.c (the supervisor side of a run), hostdir.c
-** (host directories: fallback work dirs, safe recursive removal), result.c (JSON).
+** (host directories: fallback work dirs, safe recursive removal), result.c (JSON), zygote.c
+** (the warm path's supervisor side) and zygote_main.c (prl-sandbox-zygote, the warm path's
+** pre-started python3).
 */
 #ifndef PRL_SANDBOX_INTERNAL_H
 #define PRL_SANDBOX_INTERNAL_H
@@ -14,6 +16,7 @@
 
 #include <limits.h>
 #include <linux/filter.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <sys/types.h>
 
@@ -100,7 +103,9 @@ typedef struct sbx_slot {
     unsigned host_uid, host_gid; /* ids outside (slot uid, or our own when not root) */
     unsigned prog_uid, prog_gid; /* ids the program has in its own view */
     atomic_int busy;
-    char root[PATH_MAX];                /* host mount point of the tmpfs root (mount namespace) */
+    pid_t zygote_pid;    /* warm: the slot's pre-started interpreter (0: not running) */
+    int zygote_sock;     /* warm: its control socket (-1: none) */
+    char root[PATH_MAX]; /* host mount point of the tmpfs root (mount namespace) */
     char work[PATH_MAX], tmp[PATH_MAX]; /* fallback work and temp dirs (no mount namespace) */
     sbx_cgroup cg;
 } sbx_slot;
@@ -119,7 +124,9 @@ struct prl_sandbox {
     size_t bpf_len;
     int cap_last_cap;
     unsigned uid_base;
-    char cg_group[64]; /* "prl-sandbox.<pid>.<n>" */
+    char cg_group[64];     /* "prl-sandbox.<pid>.<n>" */
+    int warm;              /* options.warm: python3 programs start from the slot's zygote */
+    char zygote[PATH_MAX]; /* the zygote executable (warm) */
 };
 
 /* ---------------------------------------------------------------- the child -------- */
@@ -169,7 +176,8 @@ const char *sbx_step_name(int step);
 
 /* Everything the sandbox's processes need, prepared by the supervisor before the clone so
 ** that the child never allocates (it is forked from a multithreaded process). */
-typedef struct sbx_spawn {
+typedef struct sbx_spawn sbx_spawn;
+struct sbx_spawn {
     const prl_sandbox *sb;
     const sbx_slot *slot;
     unsigned layers;
@@ -186,7 +194,15 @@ typedef struct sbx_spawn {
     const char *rw_dirs[4];         /* Landlock: dirs the program may write beneath (NULL-ended) */
     char passwd[256], group[128];   /* /etc/passwd and /etc/group of the sandbox */
     const char *workdir;            /* the program's cwd */
-} sbx_spawn;
+    /* Warm runs (zygote_main.c): instead of execve the program continues in the zygote's
+    ** pre-started interpreter, with the zygote's signal dispositions (NSIG entries). */
+    void (*enter)(const sbx_spawn *sp);
+    const struct sigaction *signals;
+};
+
+/* Fill *sp for a run of req in slot s (run.c); prog_path receives the program's path. */
+void sbx_build_spawn(const prl_sandbox *sb, const sbx_slot *s, const prl_sandbox_request *req,
+                     const prl_sandbox_limits *lim, sbx_spawn *sp, char *prog_path, size_t prog_n);
 
 /* The sandbox init (pid 1 of the pid namespace when there is one). Never returns. */
 void sbx_child_init(const sbx_spawn *sp) __attribute__((noreturn));
@@ -197,5 +213,36 @@ int sbx_loopback_up(void);
 /* Raw fork-like clone with namespace flags (no glibc fork handlers: the child only makes
 ** system calls). Returns the pid, 0 in the child, -1 on error. */
 pid_t sbx_clone(unsigned long flags);
+
+/* ---------------------------------------------------------------- the warm path ---- */
+
+/* zygote.c, the supervisor side of a slot's zygote (zygote_main.c): a python3 interpreter
+** started once per slot, outside the sandbox, that clones a fresh sandbox init per run. */
+typedef struct sbx_zyg_hello {
+    uint32_t magic, size; /* SBX_ZYG_MAGIC, sizeof(sbx_zyg_hello) */
+    prl_sandbox sb;       /* copied; pointers are fixed up by the zygote */
+    sbx_slot slot;
+    uint64_t bpf_len; /* then bpf_len struct sock_filter */
+} sbx_zyg_hello;
+typedef struct sbx_zyg_run {
+    uint32_t magic, n_fds; /* fds (SCM_RIGHTS): sync_r, report_w, in_r, out_w, err_w, cg... */
+    uint64_t clone_flags;
+    prl_sandbox_limits lim;
+    uint64_t program_len; /* then the program's bytes */
+} sbx_zyg_run;
+typedef struct sbx_zyg_reply {
+    int32_t pid; /* the sandbox init's pid (a child of the supervisor), or -errno */
+    char msg[256];
+} sbx_zyg_reply;
+enum { SBX_ZYG_MAGIC = 0x7a79676f, SBX_ZYG_FD = 3 };
+
+/* Start the slot's zygote if it is not running (the calling thread becomes the parent of
+** every sandbox init it clones: it must outlive the runs, as their death signal follows it). */
+prl_status sbx_zygote_start(const prl_sandbox *sb, sbx_slot *s);
+/* Have the zygote clone the sandbox init of sp with `flags`; returns its pid, or -1 with the
+** error set. */
+pid_t sbx_zygote_spawn(const prl_sandbox *sb, sbx_slot *s, const sbx_spawn *sp,
+                       unsigned long flags);
+void sbx_zygote_stop(sbx_slot *s);
 
 #endif /* PRL_SANDBOX_INTERNAL_H */

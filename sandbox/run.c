@@ -5,6 +5,9 @@
 ** stderr under their caps, reads the init's reports and enforces the wall limit; finally
 ** reap, read the counters and classify (spec/sandbox.md §3.11, in that order).
 **
+** Warm runs (options.warm, python3): the init is cloned by the slot's zygote (zygote.c), as
+** the supervisor's child all the same; everything else here is the cold path's.
+**
 ** Killing: with a pid namespace SIGKILL to its init kills every process in it (setsid and
 ** double-fork escapees included); without one the slot's cgroup is killed (cgroup.kill or
 ** freezer), and without that the init is asked (SIGUSR1) to kill its children until none
@@ -71,9 +74,8 @@ static prl_status check_request(const prl_sandbox *sb, int slot, const prl_sandb
 
 /* ---------------------------------------------------------------- spawn setup ------ */
 
-static void build_spawn(const prl_sandbox *sb, const sbx_slot *s, const prl_sandbox_request *req,
-                        const prl_sandbox_limits *lim, sbx_spawn *sp, char *prog_path,
-                        size_t prog_n)
+void sbx_build_spawn(const prl_sandbox *sb, const sbx_slot *s, const prl_sandbox_request *req,
+                     const prl_sandbox_limits *lim, sbx_spawn *sp, char *prog_path, size_t prog_n)
 {
     int mnt = (sb->layers & PRL_SANDBOX_MNTNS) != 0;
     int py = !strcmp(req->lang, "python3"), other = !strcmp(req->lang, "interpreter");
@@ -238,6 +240,7 @@ typedef struct run_state {
     double t0, t_end, t_kill;
     const int *cancel; /* interactive runs: kill when set */
     int no_stdout;     /* interactive runs: stdout is the caller's */
+    int warm;          /* start from the slot's zygote */
 } run_state;
 
 /* Kill the whole tree (strongest mechanism first). */
@@ -461,7 +464,12 @@ static prl_status start_child(run_state *r, sbx_spawn *sp, int pipes[5][2])
     prl_status rc = sbx_cgroup_open_tasks(&r->slot->cg, sp->cg_fds, &sp->n_cg_fds);
     if (rc) return rc;
     r->t0 = prl_now();
-    pid_t pid = sbx_clone(clone_flags(r->sb->layers));
+    pid_t pid = r->warm ? sbx_zygote_spawn(r->sb, r->slot, sp, clone_flags(r->sb->layers))
+                        : sbx_clone(clone_flags(r->sb->layers));
+    if (pid < 0 && r->warm) {
+        for (int i = 0; i < sp->n_cg_fds; i++) close(sp->cg_fds[i]);
+        return PRL_ERR_IO; /* the zygote's error is set */
+    }
     if (pid < 0) {
         for (int i = 0; i < sp->n_cg_fds; i++) close(sp->cg_fds[i]);
         return prl_error_set(PRL_ERR_IO, "sandbox: clone: %s", strerror(errno));
@@ -562,12 +570,14 @@ static prl_status run_slot(prl_sandbox *sb, sbx_slot *s, const prl_sandbox_reque
                    .report_r = -1,
                    .in_w = -1,
                    .in_data = req->stdin_data,
-                   .in_len = req->stdin_len};
+                   .in_len = req->stdin_len,
+                   .warm = sb->warm && !strcmp(req->lang, "python3")};
     r.out.fd = r.err.fd = -1;
+    res->warm = r.warm;
     sbx_spawn sp;
     memset(&sp, 0, sizeof sp);
     char prog_path[PATH_MAX + 16];
-    build_spawn(sb, s, req, lim, &sp, prog_path, sizeof prog_path);
+    sbx_build_spawn(sb, s, req, lim, &sp, prog_path, sizeof prog_path);
     int pipes[5][2];
     for (int i = 0; i < 5; i++) pipes[i][0] = pipes[i][1] = -1;
     sbx_cg_stats c0, c1;

@@ -6,6 +6,9 @@
 ** disabled, closed under the dependencies between layers (a fresh /proc needs pid and mount
 ** namespaces, seccomp and Landlock need no_new_privs, ...). Every run then uses exactly that
 ** set or fails with sandbox_error: a layer is never dropped silently per run.
+**
+** Warm sandboxes (options.warm) also start one zygote per slot here (zygote.c) and stop
+** them in prl_sandbox_free.
 */
 #include "sandbox/internal.h"
 
@@ -165,6 +168,7 @@ static prl_status slot_init(prl_sandbox *sb, sbx_slot *s, int index)
 {
     s->index = index;
     atomic_init(&s->busy, 0);
+    s->zygote_sock = -1;
     if (sb->layers & PRL_SANDBOX_SLOT_UID) {
         s->host_uid = s->host_gid = sb->uid_base + (unsigned)index;
     } else {
@@ -250,6 +254,31 @@ static prl_status check_interpreter(prl_sandbox *sb, const char *path)
     return rc;
 }
 
+/* The zygote executable: the given one, else the installed one, else the one of the build. */
+static prl_status find_zygote(prl_sandbox *sb, const char *path)
+{
+#ifdef PRL_SANDBOX_ZYGOTE_INSTALLED
+    if (!path && access(PRL_SANDBOX_ZYGOTE_INSTALLED, X_OK) == 0)
+        path = PRL_SANDBOX_ZYGOTE_INSTALLED;
+    if (!path && access(PRL_SANDBOX_ZYGOTE_BUILT, X_OK) == 0) path = PRL_SANDBOX_ZYGOTE_BUILT;
+#endif
+    if (!path)
+        return prl_error_set(PRL_ERR_ARG, "sandbox: warm runs need prl-sandbox-zygote, which "
+                                          "this build does not have (libpython3 missing?)");
+    if (access(path, X_OK) != 0)
+        return prl_error_set(PRL_ERR_ARG, "sandbox: zygote %s: %s", path, strerror(errno));
+    return copy_path(sb->zygote, sizeof sb->zygote, path, "zygote");
+}
+
+/* Warm: a zygote per slot, started now so that the first runs do not pay for it. */
+static prl_status start_warm(prl_sandbox *sb, const char *zygote)
+{
+    prl_status rc = find_zygote(sb, zygote);
+    sb->warm = rc == PRL_OK;
+    for (int i = 0; rc == PRL_OK && i < sb->n_slots; i++) rc = sbx_zygote_start(sb, &sb->slots[i]);
+    return rc;
+}
+
 prl_status prl_sandbox_init(prl_sandbox **out, const prl_sandbox_options *opt)
 {
     *out = NULL;
@@ -296,6 +325,7 @@ prl_status prl_sandbox_init(prl_sandbox **out, const prl_sandbox_options *opt)
         rc = slot_init(sb, &sb->slots[i], i);
         sb->n_slots = i + 1; /* so free() cleans up the partly made slot too */
     }
+    if (rc == PRL_OK && opt->warm) rc = start_warm(sb, opt->zygote);
     if (rc) {
         prl_sandbox_free(sb);
         return rc;
@@ -309,6 +339,7 @@ void prl_sandbox_free(prl_sandbox *sb)
     if (!sb) return;
     for (int i = 0; i < sb->n_slots; i++) {
         sbx_slot *s = &sb->slots[i];
+        sbx_zygote_stop(s);
         sbx_cgroup_remove(&s->cg);
         rmdir(s->root);
         rmdir(s->work);

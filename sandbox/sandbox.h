@@ -152,6 +152,12 @@ typedef struct prl_sandbox_options {
     int network; /* 1: the program may use the host's network: no net namespace, AF_INET and
                     AF_INET6 sockets allowed, no Landlock TCP rules (every other family stays
                     refused); 0: none (a private loopback, or no inet sockets at all) */
+    int warm;    /* 1: python3 programs start from a pre-started interpreter per slot (a zygote:
+                 python initialised once, site imports done, outside the sandbox) that clones
+                 each run's sandbox init, every layer applied as in a cold run; 0: each run
+                 execs python3 (the reference). The thread calling prl_sandbox_init, or the
+                 one whose run restarts a dead zygote, must outlive the sandbox's runs. */
+    const char *zygote; /* warm: the zygote executable (NULL: the installed or built one) */
 } prl_sandbox_options;
 
 void prl_sandbox_options_default(prl_sandbox_options *opt);
@@ -217,6 +223,7 @@ typedef struct prl_sandbox_result {
     int cgroup_version;          /* 1 or 2 when cgroup limits were active, else 0 */
     int slot;
     unsigned uid;              /* host uid the program ran as */
+    int warm;                  /* 1: started from the slot's zygote (options.warm) */
     prl_sandbox_limits limits; /* the effective (checked, clamped) limits */
 } prl_sandbox_result;
 

@@ -10,6 +10,9 @@
 ** layer this host lacks say so on stderr ("NOT CHECKED: ...") and check the fallback's
 ** containment instead; they never pass silently.
 **
+** With PRL_TEST_WARM=1 (ctest test_sandbox_warm) every sandbox is a warm one (python3 runs
+** start from the slot's zygote); test_sandbox_warm.c holds the warm path's own tests.
+**
 ** Longer than ~800 lines on purpose: one Check suite per module, whose cases share the
 ** fixtures and helpers at its top (split by case, they would be repeated or moved to a header
 ** with one reader).
@@ -51,6 +54,9 @@ static prl_sandbox *make_sb_at(int slots, unsigned disable, const char *base_dir
     /* Every sandbox of the test process gets its own uid range. */
     o.uid_base = next_uid_base;
     next_uid_base += 16;
+    /* ctest test_sandbox_warm: the whole catalogue with python3 from the slots' zygotes. */
+    const char *warm = getenv("PRL_TEST_WARM");
+    o.warm = warm && !strcmp(warm, "1");
     prl_sandbox *sb = NULL;
     prl_status rc = prl_sandbox_init(&sb, &o);
     ck_assert_msg(rc == PRL_OK, "prl_sandbox_init: %s", prl_error_message());
@@ -1435,6 +1441,9 @@ START_TEST(test_host_network_offered)
     o.caps = &caps;
     o.uid_base = next_uid_base;
     next_uid_base += 16;
+    /* ctest test_sandbox_warm: the whole catalogue with python3 from the slots' zygotes. */
+    const char *warm = getenv("PRL_TEST_WARM");
+    o.warm = warm && !strcmp(warm, "1");
     o.network = 1;
     prl_sandbox *sb = NULL;
     assert_ok(prl_sandbox_init(&sb, &o));
