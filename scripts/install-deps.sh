@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libzmq3-dev libjansson-dev libsqlite3-dev
           libopenblas-dev check libseccomp-dev python3-torch python3-numpy sqlite3
           clang-format clang libclang-rt-dev libpcre2-dev libutf8proc-dev help2man chromium
-          libmicrohttpd-dev tcpdump iproute2 libopenmpi-dev openmpi-bin)
+          libmicrohttpd-dev tcpdump iproute2 libopenmpi-dev openmpi-bin libpython3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
