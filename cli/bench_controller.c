@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -81,8 +82,11 @@ static pid_t start_controller(const sim *S)
     char log[400];
     snprintf(log, sizeof log, "%s/controller.log", S->dir);
     fflush(stdout), fflush(stderr);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
+        /* a bench stopped by a signal removes the folder (bench_tmpdir): the controller goes too */
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(127);
         FILE *f = freopen(log, "w", stderr);
         if (f) dup2(fileno(stderr), STDOUT_FILENO);
         execl("/proc/self/exe", "prl", "role", "controller", "--run", S->dir, (char *)NULL);

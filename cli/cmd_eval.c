@@ -203,10 +203,12 @@ static void print_json(const eval_args *a, const domain_result *r, const domain_
 static void print_word_runs(const eval_args *a, const domain_result *r, const domain_result *c,
                             int n)
 {
-    for (int i = 0; i < n; i++) {
+    char name[40];
+    for (int i = 0; i < n; i++) { /* a row per mode with --mode: general/think, ... */
         if (r[i].domain != PRL_TASK_GENERAL) continue;
-        printf("general: answers with a word 5+ times in a row: %d of %d (%.1f%%) %s",
-               r[i].word_runs, r[i].episodes, 100 * mean_of(&r[i], r[i].word_runs), a->ckpt);
+        printf("%s: answers with a word 5+ times in a row: %d of %d (%.1f%%) %s",
+               row_name(&r[i], name, sizeof name), r[i].word_runs, r[i].episodes,
+               100 * mean_of(&r[i], r[i].word_runs), a->ckpt);
         if (c)
             printf("; %d of %d (%.1f%%) %s", c[i].word_runs, c[i].episodes,
                    100 * mean_of(&c[i], c[i].word_runs), a->compare);

@@ -100,8 +100,8 @@ static int role_sandbox(int argc, char **argv)
         argc, argv, 3, opts,
         "prl role sandbox --bind ENDPOINT [--slots N] [--warm] [--uid-base UID]",
         "Serves `exec` requests over the bus: runs each program in the sandbox and answers "
-        "`exec_result` (docs/pipeline.md). Only workers presenting the run's bus key are served. "
-        "Stops on SIGTERM or SIGINT.",
+        "`exec_result` (docs/pipeline.md). Only workers presenting the run's bus key (or, with "
+        "--curve-keys, an authorized CURVE key) are served. Stops on SIGTERM or SIGINT (exit 3).",
         NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (opt.slots < 1 || opt.slots > 256)

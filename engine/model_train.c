@@ -98,6 +98,9 @@ static prl_status validate_batch(const prl_model *m, const prl_batch *b)
                                  b->lens[i], b->T);
     prl_status prc = validate_pos(b);
     if (prc) return prc;
+    if (b->pos && c->score_head) /* one score per row, read at its length: not per sequence */
+        return prl_error_set(PRL_ERR_ARG, "a reward model (score head) takes one sequence per "
+                                          "row: packed rows (pos) are not supported");
     int N = b->B * b->T;
     for (int n = 0; n < N; n++) /* padding positions too: their embeddings are looked up */
         if (b->tokens[n] < 0 || b->tokens[n] >= c->vocab_size)

@@ -1467,6 +1467,8 @@ class PanguRef(nn.Module):
             pos = torch.as_tensor(pos).to(device=device, dtype=torch.long)
             if tuple(pos.shape) != (B, T):
                 raise ValueError(f"pos must be [B, T] = [{B}, {T}]")
+            if self.score is not None:   # one score per row, read at its length (as prl)
+                raise ValueError("a score head takes one sequence per row: no packed rows (pos)")
             prev = F.pad(pos[:, :-1], (1, 0), value=-1)
             ok = (pos == -1) | (pos == 0) | ((prev >= 0) & (pos == prev + 1))
             if not bool((ok | ~valid).all()):

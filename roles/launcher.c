@@ -11,6 +11,7 @@
 #include "roles/roles.h"
 #include "roles/controller/controller.h"
 #include "dp/dp.h"
+#include "sandbox/sandbox.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -253,6 +254,8 @@ static int on_path(const char *prog)
 
 prl_status prl_launcher_check(const prl_job_config *job)
 {
+    if (job->sandbox_warm && prl_sandbox_warm_check())
+        return prl_error_wrap(PRL_ERR_CONFIG, "sandbox.warm = true");
     if (job->trainer_ranks <= 1) return PRL_OK;
     if (!prl_dp_available())
         return prl_error_set(PRL_ERR_CONFIG,

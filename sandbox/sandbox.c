@@ -254,19 +254,40 @@ static prl_status check_interpreter(prl_sandbox *sb, const char *path)
     return rc;
 }
 
-/* The zygote executable: the given one, else the installed one, else the one of the build. */
-static prl_status find_zygote(prl_sandbox *sb, const char *path)
+/* The zygote executable: the given one, else the installed one, else the one of the build;
+** NULL with the error set when there is none. */
+static const char *zygote_path(const char *path)
 {
 #ifdef PRL_SANDBOX_ZYGOTE_INSTALLED
     if (!path && access(PRL_SANDBOX_ZYGOTE_INSTALLED, X_OK) == 0)
         path = PRL_SANDBOX_ZYGOTE_INSTALLED;
     if (!path && access(PRL_SANDBOX_ZYGOTE_BUILT, X_OK) == 0) path = PRL_SANDBOX_ZYGOTE_BUILT;
-#endif
     if (!path)
-        return prl_error_set(PRL_ERR_ARG, "sandbox: warm runs need prl-sandbox-zygote, which "
-                                          "this build does not have (libpython3 missing?)");
-    if (access(path, X_OK) != 0)
-        return prl_error_set(PRL_ERR_ARG, "sandbox: zygote %s: %s", path, strerror(errno));
+        prl_error_set(PRL_ERR_ARG,
+                      "sandbox: warm runs need prl-sandbox-zygote, which was not "
+                      "built or installed (neither %s nor %s exists)",
+                      PRL_SANDBOX_ZYGOTE_INSTALLED, PRL_SANDBOX_ZYGOTE_BUILT);
+#else
+    if (!path)
+        prl_error_set(PRL_ERR_ARG, "sandbox: warm runs need prl-sandbox-zygote, which this build "
+                                   "was configured without (install libpython3-dev, rebuild)");
+#endif
+    if (path && access(path, X_OK) != 0) {
+        prl_error_set(PRL_ERR_ARG, "sandbox: zygote %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    return path;
+}
+
+prl_status prl_sandbox_warm_check(void)
+{
+    return zygote_path(NULL) ? PRL_OK : PRL_ERR_ARG; /* the error set names what is missing */
+}
+
+static prl_status find_zygote(prl_sandbox *sb, const char *path)
+{
+    path = zygote_path(path);
+    if (!path) return PRL_ERR_ARG;
     return copy_path(sb->zygote, sizeof sb->zygote, path, "zygote");
 }
 

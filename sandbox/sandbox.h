@@ -164,6 +164,10 @@ void prl_sandbox_options_default(prl_sandbox_options *opt);
 
 /* Create a sandbox with opt->slots slots: per-slot directories, cgroups and the seccomp
 ** program. *sb is NULL on failure. Not thread-safe against itself; create once. */
+/* PRL_OK when warm runs can start here (prl-sandbox-zygote is built or installed); else an
+** error naming what is missing — for `prl run --check` of `sandbox.warm`. */
+prl_status prl_sandbox_warm_check(void);
+
 prl_status prl_sandbox_init(prl_sandbox **sb, const prl_sandbox_options *opt);
 /* Remove the slot cgroups and directories and free the handle. No run may be in progress. */
 void prl_sandbox_free(prl_sandbox *sb);

@@ -105,6 +105,9 @@ int main(int argc, char **argv)
     prl_safetensors_writer_init(&pw);
     int64_t sh_bt[2] = {B, T}, sh_b[1] = {B}, sh_btv[3] = {B, T, V}, sh_1[1] = {1};
     double loss = st.loss, index_loss = st.index_loss;
+    /* the reference's loss holds the score term Σ_b g_b·score_b; st.loss is the token loss */
+    for (int i = 0; m.cfg.score_head && i < B; i++)
+        loss += (double)score_w[i] * prl_model_scores(&m)[i];
     prl_status rc = prl_safetensors_writer_add(&bw, "tokens", PRL_DTYPE_I32, sh_bt, 2, tok);
     if (!rc) rc = prl_safetensors_writer_add(&bw, "lens", PRL_DTYPE_I32, sh_b, 1, lens);
     if (!rc) rc = prl_safetensors_writer_add(&bw, "targets", PRL_DTYPE_I32, sh_bt, 2, tgt);

@@ -219,6 +219,40 @@ START_TEST(test_rm_train_tiny)
 }
 END_TEST
 
+/* A reward model reads one score per row at the row's length, so packed rows (several
+** sequences a row, prl_batch.pos) are refused by name rather than scored at a padding token. */
+START_TEST(test_score_head_refuses_packed_rows)
+{
+    prl_config cfg;
+    assert_ok(prl_config_parse(&cfg, tiny_config, "tiny"));
+    cfg.score_head = 1;
+    prl_model m;
+    assert_ok(prl_model_init(&m, &cfg));
+    prl_model_init_weights(&m, 1);
+    enum { B = 1, T = 8 };
+    int32_t tokens[B * T] = {1, 2, 3, 0, 0, 4, 5, 0}, lens[B] = {T};
+    int32_t pos[B * T] = {0, 1, 2, -1, -1, 0, 1, -1}, targets[B * T];
+    float weights[B * T] = {0}, score_w[B] = {1};
+    for (int i = 0; i < B * T; i++) targets[i] = -1;
+    prl_batch b = {.tokens = tokens,
+                   .lens = lens,
+                   .B = B,
+                   .T = T,
+                   .targets = targets,
+                   .weights = weights,
+                   .temperature = 1,
+                   .score_weights = score_w,
+                   .pos = pos};
+    float logp[B * T];
+    prl_forward_stats st;
+    ck_assert_int_eq(prl_model_forward(&m, &b, logp, &st), PRL_ERR_ARG);
+    assert_msg_has("packed rows");
+    b.pos = NULL; /* the same row unpacked is scored */
+    assert_ok(prl_model_forward(&m, &b, logp, &st));
+    prl_model_free(&m);
+}
+END_TEST
+
 /* A checkpoint without the head (a policy) is no reward model: the error names the key. */
 START_TEST(test_rm_check_names_key)
 {
@@ -307,6 +341,7 @@ int main(void)
     tcase_add_test(tc, test_pairs_general);
     tcase_add_test(tc, test_rm_train_tiny);
     tcase_add_test(tc, test_rm_check_names_key);
+    tcase_add_test(tc, test_score_head_refuses_packed_rows);
     tcase_add_test(tc, test_judge_parse);
     suite_add_tcase(s, tc);
     return check_run(s);
