@@ -183,6 +183,9 @@ int infer__sample_weights(cand *cs, const float *logits, int V, const prl_sample
 /* A token from a logits row (greedy when τ = 0, else a draw with rng); cs: V scratch entries. */
 int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
                       cand *cs);
+/* The same token as infer__sample_row, faster (the decode step's form). */
+int infer__sample_row_fast(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
+                           cand *cs);
 /* log p(y) under softmax(logits/τ) over the whole vocabulary. */
 float infer__logprob(const float *logits, int V, int y, double tau);
 
@@ -195,17 +198,21 @@ typedef struct gen_state {
     const prl_sample_params *sp;
     prl_gen_result *res;
     int cap_new; /* per-request capacity of tokens/logprobs */
-    cand *cands;
+    cand *cands; /* V scratch entries per pool thread (the first: the calling thread's) */
     int32_t *text_ids;
     /* shared prefill: the request admitted last in this admission round (-1: none, or a
     ** decode step ran since), its slot and the logits of its prompt's last position */
     int twin_req, twin_slot;
     float *twin_logits;
+    int32_t *draw_y; /* a decode step's tokens and log-probs, one per row (max_batch) */
+    float *draw_lp;
 } gen_state;
 
 /* Record token y of the request in `slot` (drawn from `logits`) and decide whether the
 ** sequence stops; returns 1 if it stopped. */
 int infer__record_token(gen_state *g, int slot, int32_t y, const float *logits);
+/* The same with y's log-prob already computed. */
+int infer__record_token_lp(gen_state *g, int slot, int32_t y, float logprob);
 /* Pack the slot's routes into its result and free the slot. */
 prl_status infer__finish(gen_state *g, int slot);
 
