@@ -96,11 +96,12 @@ struct prl_infer {
     layer_w *lw;
     const float *embed, *norm;
     lin head;
-    float *rope_cos, *rope_sin; /* [max_len][dr/2] */
-    float *cache_lat;           /* per layer [max_batch][cap][rkv+dr]: c_kv then k_r */
-    float *cache_kv;            /* naive: per layer [max_batch][cap][H·dkv] */
-    float *cache_idx;           /* DSA layers: [max_batch][max_len][dI] indexer keys */
-    float *att_scratch;         /* per pool thread */
+    float *rope_cos, *rope_sin;     /* [max_len][dr/2] */
+    float *cache_lat;               /* per layer [max_batch][cap][rkv+dr]: c_kv then k_r */
+    float *cache_kv;                /* naive: per layer [max_batch][cap][H·dkv] */
+    float *cache_idx;               /* DSA layers: [max_batch][max_len][dI] indexer keys */
+    float *att_scratch;             /* per pool thread */
+    struct infer_lin_job *lin_jobs; /* 2·(E + 1): an MoE layer's up and down linears */
     size_t att_scratch_per_thread;
     int att_threads;
     rows_buf rb;
@@ -156,6 +157,16 @@ void infer__dots(float *y, const float *x, const float *w, int ldw, int no, int 
 void infer__run_tasks(int n, void (*fn)(void *, int), void *ctx, double macs);
 /* y[R, out] = x[R, in]·wᵀ in the engine's matmul kind, rounded to the precision. */
 void infer__linear(const prl_infer *e, float *y, const float *x, int R, const lin *L);
+/* One linear of a set: y[R, out] = x[R, in]·wᵀ. */
+typedef struct infer_lin_job {
+    float *y; /* (the struct tag is named in prl_infer above) */
+    const float *x;
+    int R;
+    const lin *L;
+} infer_lin_job;
+/* infer__linear on each of n independent jobs (no job reads another's output), in one
+** parallel region: the same bits, fewer pool hand-offs. */
+void infer__linear_many(const prl_infer *e, const infer_lin_job *jobs, int n);
 
 /* ------------------------------------------------------------------ infer_forward.c - */
 
