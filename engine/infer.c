@@ -538,6 +538,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
                               (size_t)o.max_len * e->lat;
     e->att_scratch_per_thread = naive_scratch > absorbed_scratch ? naive_scratch : absorbed_scratch;
     e->att_scratch = xcalloc(e->att_scratch_per_thread * e->att_threads, sizeof(float), &failed);
+    e->lin_jobs = xcalloc(2 * ((size_t)e->E + 1), sizeof *e->lin_jobs, &failed);
     int verify_rows = o.max_batch * (1 + o.spec_drafts);
     rows_buf_alloc(e, o.max_len > verify_rows ? o.max_len : verify_rows, &failed);
     e->slots = xcalloc((size_t)o.max_batch, sizeof *e->slots, &failed);
@@ -593,6 +594,7 @@ void prl_infer_free(prl_infer *e)
     free(e->spec_p);
     free(e->slots), free(e->lw), free(e->wcopy), free(e->rope_cos), free(e->rope_sin);
     free(e->cache_lat), free(e->cache_kv), free(e->cache_idx), free(e->att_scratch);
+    free(e->lin_jobs);
     rows_buf_free(&e->rb);
     free(e);
 }

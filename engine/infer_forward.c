@@ -346,8 +346,12 @@ static void attention(prl_infer *e, int l, int R)
     int H = e->H;
     const float *ckv_in = b->kva, *o_out = b->o;
     int ckv_stride = e->lat, ck = e->ck && l < e->L; /* MTP layers have no convs */
-    if (e->rq > 0) {                                 /* the query latent */
-        infer__linear(e, b->zq, b->ln, R, &w->wq_a);
+    /* the query's first linear (its latent, or the heads) and the KV latent, both of ln:
+    ** one parallel region */
+    infer_lin_job first[2] = {{e->rq > 0 ? b->zq : b->q, b->ln, R, e->rq > 0 ? &w->wq_a : &w->wq_b},
+                              {b->kva, b->ln, R, &w->wkv_a}};
+    infer__linear_many(e, first, 2);
+    if (e->rq > 0) { /* the query latent */
         const float *zq = b->zq;
         if (ck) { /* ModAttn: before the query and latent norms, after the heads */
             conv_rows(e, l, CONV_Q, b->zqc, b->zq, e->rq, R);
@@ -357,14 +361,11 @@ static void attention(prl_infer *e, int l, int R)
                             PRL_LATENT_NORM_EPS);
         infer__act_round(e, b->cq, (size_t)R * e->rq);
         infer__linear(e, b->q, b->cq, R, &w->wq_b);
-    } else {
-        infer__linear(e, b->q, b->ln, R, &w->wq_b);
     }
     prl_rope_at(b->q, e->rope_cos, e->rope_sin, b->pos, R, H, e->dq, e->dn, H * e->dq, e->dr,
                 e->m->cfg.rope_interleave);
     infer__act_round(e, b->q, (size_t)R * H * e->dq);
     infer__fault(e, l, "attn.q", b->q, (size_t)R * H * e->dq);
-    infer__linear(e, b->kva, b->ln, R, &w->wkv_a);
     if (ck) {
         conv_rows(e, l, CONV_KV, b->kvc, b->kva, e->lat, R);
         ckv_in = b->kvc, ckv_stride = e->rkv;
@@ -427,6 +428,40 @@ static void swiglu(prl_infer *e, float *out, const float *in, int R, const lin *
     infer__linear(e, out, b->h, R, w2);
 }
 
+/* The shared expert on ln into tmp (zeros without one) and each routed expert x on its rows
+** xg[off[x], off[x + 1]) into yg: every up-projection in one parallel region, every
+** down-projection in another (two pool hand-offs, not two per expert), each linear and
+** SwiGLU the same ops as one expert at a time. */
+static void experts_ffn(prl_infer *e, const layer_w *w, int R)
+{
+    rows_buf *b = &e->rb;
+    int E = e->E, d = e->d, F = w->w13.out / 2, nj = 0;
+    const int32_t *off = b->offsets;
+    infer_lin_job *up = e->lin_jobs, *down = e->lin_jobs + E + 1;
+    if (e->sde > 0) {
+        up[nj] = (infer_lin_job){b->a13, b->ln, R, &w->w13};
+        down[nj++] = (infer_lin_job){b->tmp, b->h, R, &w->w2};
+    } else {
+        memset(b->tmp, 0, (size_t)R * d * sizeof(float));
+    }
+    for (int x = 0; x < E; x++) {
+        int n = off[x + 1] - off[x];
+        if (!n) continue;
+        float *a13 = b->ea13 + (size_t)off[x] * 2 * e->de, *h = b->eh + (size_t)off[x] * e->de;
+        up[nj] = (infer_lin_job){a13, b->xg + (size_t)off[x] * d, n, &w->e13[x]};
+        down[nj++] = (infer_lin_job){b->yg + (size_t)off[x] * d, h, n, &w->e2[x]};
+    }
+    infer__linear_many(e, up, nj);
+    if (e->sde > 0) {
+        prl_silu_mul_forward(b->h, b->a13, R, F);
+        infer__act_round(e, b->h, (size_t)R * F);
+    }
+    int routed = off[E]; /* the experts' rows are contiguous, in expert order */
+    prl_silu_mul_forward(b->eh, b->ea13, routed, e->de);
+    infer__act_round(e, b->eh, (size_t)routed * e->de);
+    infer__linear_many(e, down, nj);
+}
+
 /* ln (R, d) → tmp (R, d) = shared(ln) + Σ_k g_k·expert_k(ln), routes recorded per row. */
 static void moe(prl_infer *e, int l, int R)
 {
@@ -458,17 +493,7 @@ static void moe(prl_infer *e, int l, int R)
     for (int q = 0; q < R * K; q++)
         memcpy(b->xg + (size_t)q * d, b->ln + (size_t)b->token_of[q] * d,
                (size_t)d * sizeof(float));
-    if (e->sde > 0) swiglu(e, b->tmp, b->ln, R, &w->w13, &w->w2);
-    else memset(b->tmp, 0, (size_t)R * d * sizeof(float));
-    for (int x = 0; x < E; x++) {
-        int n = off[x + 1] - off[x];
-        if (!n) continue;
-        float *a13 = b->ea13 + (size_t)off[x] * 2 * e->de, *h = b->eh + (size_t)off[x] * e->de;
-        infer__linear(e, a13, b->xg + (size_t)off[x] * d, n, &w->e13[x]);
-        prl_silu_mul_forward(h, a13, n, e->de);
-        infer__act_round(e, h, (size_t)n * e->de);
-        infer__linear(e, b->yg + (size_t)off[x] * d, h, n, &w->e2[x]);
-    }
+    experts_ffn(e, w, R);
     for (int r = 0; r < R; r++) { /* slots in order, as the train path adds them */
         float *out = b->tmp + (size_t)r * d;
         for (int k = 0; k < K; k++) {

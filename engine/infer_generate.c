@@ -120,25 +120,55 @@ static int take_token_from(gen_state *g, int slot, const float *logits)
     return infer__record_token(g, slot, y, logits);
 }
 
-/* The same from logits row `row` of this call's rows. */
-static int take_token(gen_state *g, int slot, int row)
+/* The draws of one decode step: rows of rb.logits to tokens and their log-probs. */
+typedef struct draw_ctx {
+    gen_state *g;
+    int32_t *y;
+    float *lp;
+} draw_ctx;
+
+/* Row r's token (sampled, or the forced one) and log-prob. A row's draw is seeded from its
+** coordinates and reads only its own logits, so rows run on any thread in any order; each
+** thread uses its own candidate scratch. */
+static void draw_task(void *p, int r)
 {
-    return take_token_from(g, slot, g->e->rb.logits + (size_t)row * g->e->V);
+    draw_ctx *c = p;
+    gen_state *g = c->g;
+    prl_infer *e = g->e;
+    const slot_state *st = &e->slots[e->rb.slot[r]];
+    const prl_gen_request *q = &g->reqs[st->req];
+    const prl_gen_result *res = &g->res[st->req];
+    const prl_sample_params *sp = g->sp;
+    const float *logits = e->rb.logits + (size_t)r * e->V;
+    if (q->forced) {
+        c->y[r] = q->forced[res->n];
+    } else {
+        prl_rng rng;
+        prl_rng_init(&rng, sp->seed, q->seq_id, (uint64_t)st->len, 0, PRL_RNG_SAMPLE);
+        cand *cs = g->cands + (size_t)prl_pool_worker() * e->V;
+        c->y[r] = infer__sample_row_fast(logits, e->V, sp, &rng, cs);
+    }
+    c->lp[r] = infer__logprob(logits, e->V, c->y[r], sp->temperature > 0 ? sp->temperature : 1.0);
 }
 
 /* Record token y (at position st->len, drawn from `logits`) with its log-prob and decide
 ** whether the sequence stops. Returns 1 if it stopped. */
 int infer__record_token(gen_state *g, int slot, int32_t y, const float *logits)
 {
+    double tau = g->sp->temperature > 0 ? g->sp->temperature : 1.0;
+    return infer__record_token_lp(g, slot, y, infer__logprob(logits, g->e->V, y, tau));
+}
+
+int infer__record_token_lp(gen_state *g, int slot, int32_t y, float logprob)
+{
     prl_infer *e = g->e;
     slot_state *st = &e->slots[slot];
     const prl_gen_request *q = &g->reqs[st->req];
     prl_gen_result *r = &g->res[st->req];
     const prl_sample_params *sp = g->sp;
-    double tau = sp->temperature > 0 ? sp->temperature : 1.0;
     if (st->toks) st->toks[st->len] = y; /* speculative decoding: the sequence so far */
     r->tokens[r->n] = y;
-    r->logprobs[r->n] = infer__logprob(logits, e->V, y, tau);
+    r->logprobs[r->n] = logprob;
     r->n++;
     st->last = y;
     int stop = -1;
@@ -271,10 +301,12 @@ static prl_status decode_step(gen_state *g, int *finished)
     }
     if (R == 0) return PRL_OK;
     infer__forward_rows(e, R);
+    for (int r = 0; r < R; r++) e->slots[b->slot[r]].len++;
+    draw_ctx dc = {.g = g, .y = g->draw_y, .lp = g->draw_lp};
+    prl_parallel_for(R, draw_task, &dc); /* rows in parallel; recorded below in slot order */
     for (int r = 0; r < R; r++) {
         int s = b->slot[r];
-        e->slots[s].len++;
-        if (take_token(g, s, r)) {
+        if (infer__record_token_lp(g, s, dc.y[r], dc.lp[r])) {
             prl_status rc = infer__finish(g, s);
             if (rc) return rc;
             (*finished)++;
@@ -297,10 +329,12 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
                              "made for %d",
                              prl_pool_threads(), e->att_threads);
     gen_state g = {.e = e, .reqs = reqs, .sp = sp, .res = results, .twin_req = -1};
-    g.cands = malloc((size_t)e->V * sizeof *g.cands);
+    g.cands = malloc((size_t)e->att_threads * e->V * sizeof *g.cands);
     g.twin_logits = malloc((size_t)e->V * sizeof *g.twin_logits);
-    if (!g.cands || !g.twin_logits) {
-        free(g.cands), free(g.twin_logits);
+    g.draw_y = malloc((size_t)e->opt.max_batch * sizeof *g.draw_y);
+    g.draw_lp = malloc((size_t)e->opt.max_batch * sizeof *g.draw_lp);
+    if (!g.cands || !g.twin_logits || !g.draw_y || !g.draw_lp) {
+        free(g.cands), free(g.twin_logits), free(g.draw_y), free(g.draw_lp);
         return prl_error_set(PRL_ERR_NOMEM, "sampling scratch");
     }
     for (int s = 0; s < e->opt.max_batch; s++) e->slots[s].req = -1;
@@ -329,7 +363,7 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
         e->spec.passes++, e->spec.pass_s += prl_now() - t0;
         if (progress) progress(user, finished, n, tokens);
     }
-    free(g.cands), free(g.twin_logits);
+    free(g.cands), free(g.twin_logits), free(g.draw_y), free(g.draw_lp);
     if (rc) {
         for (int i = 0; i < n; i++) prl_gen_result_free(&results[i]);
         for (int s = 0; s < e->opt.max_batch; s++) e->slots[s].req = -1;

@@ -96,11 +96,12 @@ struct prl_infer {
     layer_w *lw;
     const float *embed, *norm;
     lin head;
-    float *rope_cos, *rope_sin; /* [max_len][dr/2] */
-    float *cache_lat;           /* per layer [max_batch][cap][rkv+dr]: c_kv then k_r */
-    float *cache_kv;            /* naive: per layer [max_batch][cap][H·dkv] */
-    float *cache_idx;           /* DSA layers: [max_batch][max_len][dI] indexer keys */
-    float *att_scratch;         /* per pool thread */
+    float *rope_cos, *rope_sin;     /* [max_len][dr/2] */
+    float *cache_lat;               /* per layer [max_batch][cap][rkv+dr]: c_kv then k_r */
+    float *cache_kv;                /* naive: per layer [max_batch][cap][H·dkv] */
+    float *cache_idx;               /* DSA layers: [max_batch][max_len][dI] indexer keys */
+    float *att_scratch;             /* per pool thread */
+    struct infer_lin_job *lin_jobs; /* 2·(E + 1): an MoE layer's up and down linears */
     size_t att_scratch_per_thread;
     int att_threads;
     rows_buf rb;
@@ -156,6 +157,16 @@ void infer__dots(float *y, const float *x, const float *w, int ldw, int no, int 
 void infer__run_tasks(int n, void (*fn)(void *, int), void *ctx, double macs);
 /* y[R, out] = x[R, in]·wᵀ in the engine's matmul kind, rounded to the precision. */
 void infer__linear(const prl_infer *e, float *y, const float *x, int R, const lin *L);
+/* One linear of a set: y[R, out] = x[R, in]·wᵀ. */
+typedef struct infer_lin_job {
+    float *y; /* (the struct tag is named in prl_infer above) */
+    const float *x;
+    int R;
+    const lin *L;
+} infer_lin_job;
+/* infer__linear on each of n independent jobs (no job reads another's output), in one
+** parallel region: the same bits, fewer pool hand-offs. */
+void infer__linear_many(const prl_infer *e, const infer_lin_job *jobs, int n);
 
 /* ------------------------------------------------------------------ infer_forward.c - */
 
@@ -183,6 +194,9 @@ int infer__sample_weights(cand *cs, const float *logits, int V, const prl_sample
 /* A token from a logits row (greedy when τ = 0, else a draw with rng); cs: V scratch entries. */
 int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
                       cand *cs);
+/* The same token as infer__sample_row, faster (the decode step's form). */
+int infer__sample_row_fast(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
+                           cand *cs);
 /* log p(y) under softmax(logits/τ) over the whole vocabulary. */
 float infer__logprob(const float *logits, int V, int y, double tau);
 
@@ -195,17 +209,21 @@ typedef struct gen_state {
     const prl_sample_params *sp;
     prl_gen_result *res;
     int cap_new; /* per-request capacity of tokens/logprobs */
-    cand *cands;
+    cand *cands; /* V scratch entries per pool thread (the first: the calling thread's) */
     int32_t *text_ids;
     /* shared prefill: the request admitted last in this admission round (-1: none, or a
     ** decode step ran since), its slot and the logits of its prompt's last position */
     int twin_req, twin_slot;
     float *twin_logits;
+    int32_t *draw_y; /* a decode step's tokens and log-probs, one per row (max_batch) */
+    float *draw_lp;
 } gen_state;
 
 /* Record token y of the request in `slot` (drawn from `logits`) and decide whether the
 ** sequence stops; returns 1 if it stopped. */
 int infer__record_token(gen_state *g, int slot, int32_t y, const float *logits);
+/* The same with y's log-prob already computed. */
+int infer__record_token_lp(gen_state *g, int slot, int32_t y, float logprob);
 /* Pack the slot's routes into its result and free the slot. */
 prl_status infer__finish(gen_state *g, int slot);
 

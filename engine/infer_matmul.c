@@ -196,31 +196,82 @@ void infer__run_tasks(int n, void (*fn)(void *, int), void *ctx, double macs)
     prl_parallel_for(n, fn, ctx);
 }
 
-/* y[R, out] = x[R, in]·wᵀ, rounded to the precision. */
-void infer__linear(const prl_infer *e, float *y, const float *x, int R, const lin *L)
+/* The tasks of y[R, out] = x[R, in]·wᵀ in the engine's matmul kind: c set up, its task
+** function and count returned. */
+static int linear_tasks(lin_ctx *c, void (**fn)(void *, int), const prl_infer *e, float *y,
+                        const float *x, int R, const lin *L)
 {
-    if (R <= 0) return;
-    lin_ctx c = {.e = e, .L = L, .x = x, .y = y, .R = R};
+    *c = (lin_ctx){.e = e, .L = L, .x = x, .y = y, .R = R};
     int row_blocks = (R + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK;
-    double macs = (double)R * L->in * L->out;
     switch (e->opt.matmul) {
-    case PRL_MATMUL_GEMV:
-        infer__run_tasks((L->out + GEMV_BLOCK - 1) / GEMV_BLOCK, gemv_task, &c, macs);
-        break;
+    case PRL_MATMUL_GEMV: *fn = gemv_task; return (L->out + GEMV_BLOCK - 1) / GEMV_BLOCK;
     case PRL_MATMUL_GEMM:
         /* Decode-sized calls take two column tasks, one per thread of this machine: both
         ** cores stream weights and A is packed once per task (measured: 8 narrow tasks were
         ** ~35% slower at batch 1 from pool hand-offs, one task ~30% slower); prefill-sized
         ** calls take fixed 128-column tasks. */
-        c.cols = R <= 32 ? (L->out + 1) / 2 : GEMM_COLS;
-        c.cols = (c.cols + 15) / 16 * 16;
-        c.cols = c.cols < GEMM_COLS_DECODE ? GEMM_COLS_DECODE : c.cols;
-        c.col_tasks = (L->out + c.cols - 1) / c.cols;
-        infer__run_tasks(row_blocks * c.col_tasks, gemm_task, &c, macs);
-        break;
-    case PRL_MATMUL_BLAS:
-        infer__run_tasks((R + BLAS_ROWS - 1) / BLAS_ROWS, blas_task, &c, macs);
-        break;
+        c->cols = R <= 32 ? (L->out + 1) / 2 : GEMM_COLS;
+        c->cols = (c->cols + 15) / 16 * 16;
+        c->cols = c->cols < GEMM_COLS_DECODE ? GEMM_COLS_DECODE : c->cols;
+        c->col_tasks = (L->out + c->cols - 1) / c->cols;
+        *fn = gemm_task;
+        return row_blocks * c->col_tasks;
+    case PRL_MATMUL_BLAS: *fn = blas_task; return (R + BLAS_ROWS - 1) / BLAS_ROWS;
     }
+    PRL_ASSERT(!"unknown matmul kind");
+    return 0;
+}
+
+/* y[R, out] = x[R, in]·wᵀ, rounded to the precision. */
+void infer__linear(const prl_infer *e, float *y, const float *x, int R, const lin *L)
+{
+    if (R <= 0) return;
+    lin_ctx c;
+    void (*fn)(void *, int);
+    int n = linear_tasks(&c, &fn, e, y, x, R, L);
+    infer__run_tasks(n, fn, &c, (double)R * L->in * L->out);
     infer__act_round(e, y, (size_t)R * L->out);
+}
+
+/* ------------------------------------------------------------------ linear sets ----- */
+
+enum { MANY_MAX = 32 }; /* linears per parallel region; a longer list takes several */
+
+typedef struct many_ctx {
+    lin_ctx c[MANY_MAX];
+    void (*fn[MANY_MAX])(void *, int);
+    int first[MANY_MAX + 1]; /* linear i owns tasks [first[i], first[i + 1]) */
+    int n;
+} many_ctx;
+
+static void many_task(void *p, int t)
+{
+    many_ctx *m = p;
+    int i = 0;
+    while (t >= m->first[i + 1]) i++;
+    m->fn[i](&m->c[i], t - m->first[i]);
+}
+
+/* Independent linears (no output is another's input) in one parallel region instead of one
+** region each: every task is the task infer__linear would run for its linear, so the bits
+** are those of calling infer__linear on each in turn; only the hand-offs are fewer. */
+void infer__linear_many(const prl_infer *e, const infer_lin_job *jobs, int n)
+{
+    for (int j0 = 0; j0 < n; j0 += MANY_MAX) {
+        many_ctx m = {.n = 0};
+        double macs = 0;
+        m.first[0] = 0;
+        for (int j = j0; j < n && j < j0 + MANY_MAX; j++) {
+            const infer_lin_job *q = &jobs[j];
+            if (q->R <= 0) continue;
+            int k = m.n++;
+            m.first[k + 1] =
+                m.first[k] + linear_tasks(&m.c[k], &m.fn[k], e, q->y, q->x, q->R, q->L);
+            macs += (double)q->R * q->L->in * q->L->out;
+        }
+        if (m.n == 0) continue;
+        infer__run_tasks(m.first[m.n], many_task, &m, macs);
+        for (int k = 0; k < m.n; k++)
+            infer__act_round(e, m.c[k].y, (size_t)m.c[k].R * m.c[k].L->out);
+    }
 }

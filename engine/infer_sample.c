@@ -4,8 +4,15 @@
 ** by the caller, greedy argmax at temperature 0, and the log-prob of a token (the train
 ** path's function). Speculative decoding (infer_spec.c) builds its draft and verify
 ** distributions from the same candidates.
+**
+** Two forms of the draw: the naive one (the reference, kept for the test that compares them)
+** and the fast one the decode step uses, which takes the row's max with 8-lane AVX2 and sums
+** the weights while it makes them. Both give the same bits: the max of logits[i]/τ is the max
+** of the logits divided by τ (division by τ > 0 is monotone), and every weight and sum is the
+** same double operation in the same index order.
 */
 #include "engine/infer_int.h"
+#include "engine/ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -89,17 +96,21 @@ int infer__sample_weights(cand *cs, const float *logits, int V, const prl_sample
     return n;
 }
 
-/* Draw a token from softmax(logits/τ) restricted by top-k/top-p; greedy when τ = 0. */
+static int argmax_row(const float *logits, int V, const prl_sample_params *sp)
+{
+    if (sp->vocab_limit > 0 && sp->vocab_limit < V) V = sp->vocab_limit;
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+/* Draw a token from softmax(logits/τ) restricted by top-k/top-p; greedy when τ = 0. The
+** reference form: infer__sample_row_fast must return the same token. */
 int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
                       cand *cs)
 {
-    if (sp->temperature == 0) {
-        if (sp->vocab_limit > 0 && sp->vocab_limit < V) V = sp->vocab_limit;
-        int best = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
-    }
+    if (sp->temperature == 0) return argmax_row(logits, V, sp);
     int n = infer__sample_weights(cs, logits, V, sp);
     double total = 0;
     for (int i = 0; i < n; i++) total += cs[i].w;
@@ -109,6 +120,40 @@ int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, p
         if (u < acc) return cs[i].id;
     }
     return cs[n - 1].id; /* u rounded up to the total */
+}
+
+/* max over i < V of logits[i] under the rule `x > m ? x : m` from −∞, in float. */
+static float row_max(const float *logits, int V)
+{
+    float m = -INFINITY;
+    int i = 0;
+#ifdef PRL_OPS_X86
+    if (prl_row_kernels_avx2()) m = prl_v8_max_scaled(m, logits, V, 1.0f, &i); /* ·1 exact */
+#endif
+    for (; i < V; i++) m = logits[i] > m ? logits[i] : m;
+    return m;
+}
+
+/* infer__sample_row's draw with the max vectorised and, when top-k/top-p leave every
+** candidate, the weights summed as they are made (the same sum in the same order). */
+int infer__sample_row_fast(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
+                           cand *cs)
+{
+    if (sp->temperature == 0) return argmax_row(logits, V, sp);
+    if (sp->vocab_limit > 0 && sp->vocab_limit < V) V = sp->vocab_limit; /* never draw past it */
+    int restrict_ = (sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1;
+    if (restrict_) return infer__sample_row(logits, V, sp, rng, cs);
+    double tau = sp->temperature, mx = (double)row_max(logits, V) / tau, total = 0;
+    for (int i = 0; i < V; i++) {
+        cs[i].w = exp(logits[i] / tau - mx);
+        total += cs[i].w;
+    }
+    double u = prl_rng_uniform(rng) * total, acc = 0;
+    for (int i = 0; i < V; i++) {
+        acc += cs[i].w;
+        if (u < acc) return i;
+    }
+    return V - 1; /* u rounded up to the total */
 }
 
 /* log p(y) under softmax(logits/τ) over the whole vocabulary: the train path's function. */

@@ -8,6 +8,7 @@
 ** The train path is itself batch-invariant (prl's GEMM), so the train-path side scores every
 ** sequence in one padded batch.
 */
+#include "engine/infer_int.h"
 #include "engine/ops.h"
 #include "tests/check_util.h"
 
@@ -275,6 +276,65 @@ static mismatch run_vs_train(const char *mode, int batch, uint64_t seed)
     prl_infer_free(e);
     return mm;
 }
+
+/* The decode step's sampler (infer__sample_row_fast) against the reference one: the same
+** token for every seed, temperature, top-k/top-p and vocabulary limit, on rows of several
+** lengths (tails past the 8-lane blocks), scales, ties, zeros of both signs and −∞ entries.
+** The draws must also differ between seeds, or agreeing would prove nothing. */
+START_TEST(test_fast_sampler_matches_naive)
+{
+    static const int Vs[] = {1, 7, 8, 61, 512, 1031};
+    static const double taus[] = {0, 0.25, 0.7, 1, 1.6};
+    static const int top_ks[] = {0, 1, 5};
+    static const double top_ps[] = {1, 0.9};
+    enum { ROWS = 6, SEEDS = 40, VMAX = 1031 };
+    float *logits = malloc(VMAX * sizeof *logits);
+    cand *cs = malloc(VMAX * sizeof *cs);
+    long draws = 0, differing = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++) {
+        int V = Vs[vi];
+        for (int row = 0; row < ROWS; row++) {
+            prl_rng lr;
+            prl_rng_init(&lr, 7, (uint64_t)V, (uint64_t)row, 0, PRL_RNG_SAMPLE);
+            double scale = row < 2 ? 1 : row < 4 ? 6 : 0.01;
+            for (int i = 0; i < V; i++) {
+                logits[i] = (float)(scale * (2 * prl_rng_uniform(&lr) - 1));
+                if (row == 4 && i % 3 == 0) logits[i] = i % 2 ? -0.0f : 0.0f; /* ties, ±0 */
+                if (row == 5 && i % 4 == 1) logits[i] = -INFINITY;
+            }
+            for (size_t ti = 0; ti < sizeof taus / sizeof *taus; ti++)
+                for (size_t ki = 0; ki < sizeof top_ks / sizeof *top_ks; ki++)
+                    for (size_t pi = 0; pi < sizeof top_ps / sizeof *top_ps; pi++)
+                        for (int lim = 0; lim <= 1; lim++) {
+                            prl_sample_params sp;
+                            prl_sample_params_default(&sp);
+                            sp.temperature = taus[ti], sp.top_k = top_ks[ki];
+                            sp.top_p = top_ps[pi], sp.vocab_limit = lim ? (V + 1) / 2 : 0;
+                            int first = -1;
+                            for (int seed = 0; seed < SEEDS; seed++) {
+                                prl_rng a, b;
+                                prl_rng_init(&a, (uint64_t)seed, 3, (uint64_t)row, 0,
+                                             PRL_RNG_SAMPLE);
+                                b = a;
+                                int ya = infer__sample_row(logits, V, &sp, &a, cs);
+                                int yb = infer__sample_row_fast(logits, V, &sp, &b, cs);
+                                ck_assert_msg(ya == yb,
+                                              "V %d row %d tau %g top-k %d top-p %g limit %d "
+                                              "seed %d: naive %d, fast %d",
+                                              V, row, sp.temperature, sp.top_k, sp.top_p,
+                                              sp.vocab_limit, seed, ya, yb);
+                                first = seed == 0 ? ya : first;
+                                differing += ya != first;
+                                draws++;
+                            }
+                        }
+        }
+    }
+    ck_assert_int_gt(differing, draws / 8); /* the seeds do move the draws */
+    free(logits);
+    free(cs);
+}
+END_TEST
 
 START_TEST(test_aligned_is_bitwise_equal)
 {
@@ -781,6 +841,7 @@ int main(void)
     tcase_add_test(tc, test_batch_and_thread_invariance);
     tcase_add_test(tc, test_shared_prefill_bitwise);
     tcase_add_test(tc, test_stops_forced_and_routes_format);
+    tcase_add_test(tc, test_fast_sampler_matches_naive);
     tcase_add_test(tc, test_kv_bytes_and_bad_input);
     tcase_add_test(tc, test_hook_names_match);
     tcase_add_test(tc, test_swa_sinks_match_train_path);
