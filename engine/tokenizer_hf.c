@@ -98,7 +98,11 @@ static prl_status check_model_options(const json_t *model)
     return PRL_OK;
 }
 
+/* Unused ids a vocabulary may have below its largest id. */
+enum { MAX_ID_HOLES = 1 << 16 };
+
 /* The largest id of model.vocab and added_tokens, checking each is a non-negative integer. */
+
 static prl_status max_id(const json_t *vocab, const json_t *added, int32_t *out)
 {
     long long mx = -1;
@@ -123,6 +127,14 @@ static prl_status max_id(const json_t *vocab, const json_t *added, int32_t *out)
         if (json_integer_value(id) > mx) mx = json_integer_value(id);
     }
     if (mx < 0) return prl_error_set(PRL_ERR_FORMAT, "model.vocab is empty");
+    /* the tables are indexed by id: ids far beyond the tokens' count would make them huge
+    ** (a fuzzed file asked for 4.7 GB); real vocabularies are dense, with a few holes */
+    long long n = (long long)json_object_size(vocab) + (long long)json_array_size(added);
+    if (mx >= n + MAX_ID_HOLES)
+        return prl_error_set(PRL_ERR_FORMAT,
+                             "token id %lld is far beyond the %lld tokens of model.vocab and "
+                             "added_tokens (ids must be dense, at most %d unused)",
+                             mx, n, MAX_ID_HOLES);
     *out = (int32_t)mx;
     return PRL_OK;
 }

@@ -396,6 +396,12 @@ START_TEST(test_unsupported_named)
     expect_load_error("u7", r, NULL, "(unclosed");
     r = byte_level_json(NULL, NULL, NULL, NULL, json_pack("[s]", "a q"));
     expect_load_error("u8", r, NULL, "merges[0] \"a q\": the result \"aq\" is not in model.vocab");
+    /* an id far beyond the tokens' count is refused, not a table of that many entries (a
+    ** fuzzed file asked for 4.7 GB: tests/fuzz/corpus/tokenizer/regress-oom-sparse-ids.json) */
+    r = byte_level_json(NULL, NULL, NULL, NULL, NULL);
+    json_object_set_new(json_object_get(json_object_get(r, "model"), "vocab"), "far",
+                        json_integer(588888888));
+    expect_load_error("u9", r, NULL, "token id 588888888 is far beyond");
 }
 END_TEST
 
