@@ -245,4 +245,8 @@ pid_t sbx_zygote_spawn(const prl_sandbox *sb, sbx_slot *s, const sbx_spawn *sp,
                        unsigned long flags);
 void sbx_zygote_stop(sbx_slot *s);
 
+/* Read exactly n bytes from fd (retrying EINTR): 0, or -1 on an error or an early end. Shared
+** by the zygote's two sides (zygote.c, zygote_main.c). */
+int sandbox__read_all(int fd, void *p, size_t n);
+
 #endif /* PRL_SANDBOX_INTERNAL_H */

@@ -55,7 +55,7 @@ static int send_all(int fd, const void *p, size_t n, const int *fds, int n_fds)
     return 0;
 }
 
-static int read_all(int fd, void *p, size_t n)
+int sandbox__read_all(int fd, void *p, size_t n)
 {
     char *c = p;
     while (n > 0) {
@@ -121,7 +121,7 @@ prl_status sbx_zygote_start(const prl_sandbox *sb, sbx_slot *s)
     sbx_zyg_reply rep;
     memset(&rep, 0, sizeof rep);
     int ok = send_all(sv[0], h, sizeof *h + bpf_bytes, NULL, 0) == 0 &&
-             read_all(sv[0], &rep, sizeof rep) == 0;
+             sandbox__read_all(sv[0], &rep, sizeof rep) == 0;
     free(h);
     if (ok && rep.pid == 0) return PRL_OK;
     sbx_zygote_stop(s);
@@ -142,7 +142,7 @@ static pid_t spawn_once(sbx_slot *s, const sbx_spawn *sp, unsigned long flags, s
                        .program_len = sp->program_len};
     if (send_all(s->zygote_sock, &run, sizeof run, fds, 5 + sp->n_cg_fds) < 0 ||
         send_all(s->zygote_sock, sp->program, sp->program_len, NULL, 0) < 0 ||
-        read_all(s->zygote_sock, rep, sizeof *rep) < 0)
+        sandbox__read_all(s->zygote_sock, rep, sizeof *rep) < 0)
         return -1;
     return 0;
 }

@@ -38,18 +38,6 @@ enum { MAX_FDS = 5 + SBX_CG_MAX_FDS };
 
 static struct sigaction py_signals[NSIG];
 
-static int read_all(int fd, void *p, size_t n)
-{
-    char *c = p;
-    while (n > 0) {
-        ssize_t r = read(fd, c, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        c += r, n -= (size_t)r;
-    }
-    return 0;
-}
-
 static void reply(int pid, const char *msg)
 {
     sbx_zyg_reply r;
@@ -173,7 +161,8 @@ static int recv_run(sbx_zyg_run *run, int fds[MAX_FDS])
     struct cmsghdr *h = CMSG_FIRSTHDR(&m);
     int n = h && h->cmsg_type == SCM_RIGHTS ? (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int)) : 0;
     if (n > 0) memcpy(fds, CMSG_DATA(h), sizeof(int) * (size_t)n);
-    if ((size_t)r < sizeof *run && read_all(SBX_ZYG_FD, (char *)run + r, sizeof *run - (size_t)r))
+    if ((size_t)r < sizeof *run &&
+        sandbox__read_all(SBX_ZYG_FD, (char *)run + r, sizeof *run - (size_t)r))
         return -1;
     if (run->magic != SBX_ZYG_MAGIC || (int)run->n_fds != n || n < 5) return -1;
     return n;
@@ -187,7 +176,7 @@ static int serve_one(const prl_sandbox *sb, const sbx_slot *slot)
     int n = recv_run(&run, fds);
     if (n < 0) return -1;
     char *program = malloc(run.program_len ? run.program_len : 1);
-    if (!program || read_all(SBX_ZYG_FD, program, run.program_len)) return -1;
+    if (!program || sandbox__read_all(SBX_ZYG_FD, program, run.program_len)) return -1;
     prl_sandbox_request req = {.lang = "python3",
                                .program = program,
                                .program_len = run.program_len};
@@ -214,10 +203,11 @@ int main(void)
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     if (getppid() == 1) return 1; /* the supervisor is already gone */
     sbx_zyg_hello h;
-    if (read_all(SBX_ZYG_FD, &h, sizeof h) || h.magic != SBX_ZYG_MAGIC || h.size != sizeof h)
+    if (sandbox__read_all(SBX_ZYG_FD, &h, sizeof h) || h.magic != SBX_ZYG_MAGIC ||
+        h.size != sizeof h)
         return 1;
     struct sock_filter *bpf = calloc(h.bpf_len ? h.bpf_len : 1, sizeof *bpf);
-    if (!bpf || read_all(SBX_ZYG_FD, bpf, h.bpf_len * sizeof *bpf)) return 1;
+    if (!bpf || sandbox__read_all(SBX_ZYG_FD, bpf, h.bpf_len * sizeof *bpf)) return 1;
     prl_sandbox *sb = &h.sb;
     sbx_slot *slot = &h.slot;
     sb->slots = slot, sb->bpf = bpf, sb->n_slots = 1;
