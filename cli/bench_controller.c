@@ -1,6 +1,6 @@
 /*
 ** bench_controller.c — `prl bench controller`: how many leases one controller hands out per
-** second, and at what CPU, with N simulated workers (docs/pipeline.md "Several hosts": the
+** second, and at what CPU, with N simulated workers (docs/scale-out.md "Several hosts": the
 ** planning figure for hundreds of hosts).
 **
 ** A real controller (`prl role controller`, a child process, run.db and all) runs a GRPO job

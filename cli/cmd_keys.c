@@ -1,6 +1,6 @@
 /*
 ** cmd_keys.c — `prl keys generate --out DIR`: a CURVE keypair for a host's roles, so that
-** they can join (or serve) a run off loopback (docs/pipeline.md "Several hosts"). The files
+** they can join (or serve) a run off loopback (docs/scale-out.md "Several hosts"). The files
 ** are bus/curve.c's: DIR/public.key (give it to the other side) and DIR/secret.key (0600,
 ** stays on this host).
 */

@@ -111,7 +111,7 @@ static int role_sandbox(int argc, char **argv)
     prl_bus_secret secret;
     prl_bus_curve_keypair kp;
     prl_bus_curve_allow allow = {0};
-    if (curve_keys) { /* another host's workers (docs/pipeline.md "Several hosts") */
+    if (curve_keys) { /* another host's workers (docs/scale-out.md "Several hosts") */
         if (!authorized)
             return cli_failf("role sandbox", 2, "--curve-keys needs --authorized-keys FILE");
         if (prl_bus_endpoint_check(opt.endpoint, allow_remote) ||

@@ -1,6 +1,6 @@
 /*
 ** dp.h — the one public header of dp/: data-parallel ranks of one process group on Open MPI
-** (MPI_COMM_WORLD), for the trainer's ranks (`trainer.ranks`, docs/pipeline.md "Trainer
+** (MPI_COMM_WORLD), for the trainer's ranks (`trainer.ranks`, docs/scale-out.md "Trainer
 ** ranks"). Blocking byte transfers whose waits poll and sleep instead of spinning, so ranks
 ** waiting for rank 0 leave the CPU to the run's other roles; every MPI error is returned
 ** (MPI_ERRORS_RETURN) as PRL_ERR_IO naming the transfer. A rank that dies ends the whole

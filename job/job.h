@@ -43,7 +43,7 @@ typedef struct prl_job_config {
                           ** last user message with (docs/tasks.md "Modes") */
     char *rollout_source; /* engine (rollout workers play the tasks) | gateway (outside agents
                           ** play them through the gateway, docs/gateway.md) */
-    /* bus (docs/pipeline.md "Several hosts"): the controller also listens at bus_bind
+    /* bus (docs/scale-out.md "Several hosts"): the controller also listens at bus_bind
     ** (tcp://HOST:PORT; "" none); off loopback with CURVE: its keypair in directory bus_keys,
     ** the workers' public keys in bus_authorized_keys ("": RUN_DIR/authorized_keys) */
     char *bus_bind;

@@ -1,5 +1,5 @@
 /*
-** fetch.c — weights over the bus, the worker's side (internal.h, docs/pipeline.md "Several
+** fetch.c — weights over the bus, the worker's side (internal.h, docs/scale-out.md "Several
 ** hosts"): policy version v is copied from the controller into a local cache, file by file
 ** in chunks (`fetch` → `chunk`, roles/msg/fetch.c), into cache/vNNNNNN.tmp-PID, then
 ** checked as a whole and renamed to cache/vNNNNNN. So a worker on another host needs no

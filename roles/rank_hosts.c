@@ -1,5 +1,5 @@
 /*
-** rank_hosts.c — where the trainer ranks run (roles.h, docs/pipeline.md "Trainer ranks on
+** rank_hosts.c — where the trainer ranks run (roles.h, docs/scale-out.md "Trainer ranks on
 ** several hosts"): trainer.hosts becomes mpirun's `--host LIST`, trainer.hostfile its
 ** `--hostfile FILE`. The job's own checks (job.c) took the list's syntax and slot count;
 ** here are the checks that need this host: rank 0 talks to the controller over the run's

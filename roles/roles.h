@@ -42,7 +42,7 @@ typedef struct prl_worker_options {
     int slots;           /* work items taken at once (the gateway: groups; 0: 1) */
     int ranks;           /* trainer: ranks of its MPI group (0 or 1: one process, no MPI) */
     const char *key; /* the run's bus key file (NULL: DIR/bus.key of an ipc://DIR/... endpoint) */
-    /* another host (docs/pipeline.md "Several hosts"): this worker's CURVE keypair directory
+    /* another host (docs/scale-out.md "Several hosts"): this worker's CURVE keypair directory
     ** and the controller's public.key, instead of the run's key; NULL: none */
     const char *curve_keys;
     const char *server_key;
@@ -161,7 +161,7 @@ typedef struct prl_sandbox_service_options {
     ** the service stops on a signal). Without `secret`, anyone on the endpoint. */
     const char *secret;
     const char *launcher_secret;
-    /* off loopback (docs/pipeline.md "Several hosts"): a CURVE server with this keypair,
+    /* off loopback (docs/scale-out.md "Several hosts"): a CURVE server with this keypair,
     ** serving the clients of the allow-list (copied at start), instead of `secret` */
     const prl_bus_curve_keypair *curve;
     const prl_bus_curve_allow *curve_allow;

@@ -126,7 +126,7 @@ static prl_status step_config(trainer *t, prl_grpo_train_config *tc)
 }
 
 /* ---------------------------------------------------------------- ranks -------------- */
-/* trainer.ranks > 1 (docs/pipeline.md "Trainer ranks"): rank 0 is the trainer above; before
+/* trainer.ranks > 1 (docs/scale-out.md "Trainer ranks"): rank 0 is the trainer above; before
 ** each step it hands the other ranks the command, the job, the `train` message, the policy
 ** and the loss scaler (and the KL reference), then every rank runs the step on its share of
 ** the micro-batches (grpo/reduce.h). A rank that fails between collective calls cannot

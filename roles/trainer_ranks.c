@@ -1,6 +1,6 @@
 /*
 ** trainer_ranks.c — what rank 0 of a data-parallel trainer (`trainer.ranks` > 1) hands the
-** other ranks over MPI before each step (internal.h, docs/pipeline.md "Trainer ranks"): a
+** other ranks over MPI before each step (internal.h, docs/scale-out.md "Trainer ranks"): a
 ** command, the job config, the `train` message as its wire frames, and the policy (its model
 ** config, weights, router bias, loss scaler). Only rank 0 talks to the bus and reads the
 ** run's disk; a rank needs nothing but MPI.

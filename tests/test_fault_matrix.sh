@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_fault_matrix.sh — issue 28's fault matrix as one test (docs/pipeline.md "The fault
+# test_fault_matrix.sh — issue 28's fault matrix as one test (docs/faults.md "The fault
 # matrix"): every role (controller, trainer, rollout, reward, sandbox, teacher, gateway) x
 # {kill -9 mid-step, SIGTERM, SIGSTOP held past controller.lease_seconds}, plus a full disk, a
 # locked run.db, a corrupted newest checkpoint and a hostile peer on the bus. Each run

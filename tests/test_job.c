@@ -22,7 +22,7 @@ static void expect_error(const char *json, const char *needle)
     prl_job_config_free(&c);
 }
 
-/* bus.* (docs/pipeline.md "Several hosts"): a tcp:// endpoint; off loopback only with
+/* bus.* (docs/scale-out.md "Several hosts"): a tcp:// endpoint; off loopback only with
 ** bus.allow_remote and then with bus.keys; empty worker pools only with bus.bind. */
 static void expect_bus(const char *const *sets, int n, prl_status want, const char *msg)
 {

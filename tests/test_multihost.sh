@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_multihost.sh — a run over two hosts (docs/pipeline.md "Several hosts"), made of two
+# test_multihost.sh — a run over two hosts (docs/scale-out.md "Several hosts"), made of two
 # network namespaces joined by a veth link (10.x addresses of their own):
 #   host A  `prl run` with bus.bind on A's address: controller, trainer rank 0 (and sandbox);
 #   host B  trainer rank 1 (trainer.ranks = 2, trainer.hosts = A:1,B:1: mpirun in A starts it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_ranks.sh — the data-parallel trainer (trainer.ranks, docs/pipeline.md "Trainer ranks"):
+# test_ranks.sh — the data-parallel trainer (trainer.ranks, docs/scale-out.md "Trainer ranks"):
 # one short sync job run with trainer.ranks = 1, 2 and 4 (mpirun, oversubscribed on this
 # machine) must end with byte-identical final policies and identical step metrics. Its
 # update has 6 micro-batches, so 4 ranks get unequal shares ([0,1) [1,3) [3,4) [4,6)) and

@@ -176,7 +176,7 @@ START_TEST(test_unknown_client_refused)
 }
 END_TEST
 
-/* Another host's workers (docs/pipeline.md "Several hosts"): a service bound to tcp:// with a
+/* Another host's workers (docs/scale-out.md "Several hosts"): a service bound to tcp:// with a
 ** CURVE keypair serves a client whose key is on its allow-list, and refuses (and logs) one
 ** whose key is not. CURVE runs on loopback here: the mechanism is the same off it. */
 START_TEST(test_curve_service)

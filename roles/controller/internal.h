@@ -300,7 +300,7 @@ void ctl_on_result(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 void ctl_on_scored(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 void ctl_on_trained(ctl *c, worker *w, const prl_bus_msg *m, uint64_t id);
 
-/* remote.c (docs/pipeline.md "Several hosts") */
+/* remote.c (docs/scale-out.md "Several hosts") */
 /* Listen at bus.bind too (CURVE off loopback, with the allow-list); PRL_OK without it. */
 prl_status ctl_remote_open(ctl *c);
 /* Read the allow-list again if its file changed (called every half second). */

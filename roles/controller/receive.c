@@ -1,7 +1,7 @@
 /*
 ** receive.c — the workers' answers to the controller (internal.h): hello, heartbeat,
 ** result, scored and trained, each checked against the work in flight before it changes
-** anything; a bad one gets an `error` naming the problem (docs/pipeline.md "Robustness").
+** anything; a bad one gets an `error` naming the problem (docs/faults.md "Robustness").
 */
 #include "roles/controller/internal.h"
 

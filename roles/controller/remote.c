@@ -1,5 +1,5 @@
 /*
-** remote.c — the controller's side of workers on other hosts (docs/pipeline.md "Several
+** remote.c — the controller's side of workers on other hosts (docs/scale-out.md "Several
 ** hosts"): the run's tcp:// endpoint (bus.bind) besides the ipc:// one, as a CURVE server
 ** whose allow-list of worker public keys is read again when its file changes (a host joins
 ** by adding its key), and the weights served over the bus in chunks (`fetch` → `chunk`), so

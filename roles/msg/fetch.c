@@ -2,7 +2,7 @@
 ** fetch.c — weights over the bus (msg.h): `fetch` (a worker on another host asks for a piece
 ** of one file of policy version v) and `chunk` (the controller's answer: the bytes, the
 ** file's size, the bytes' checksum and the version's weights checksum), so that no host
-** needs the trainer's disk (docs/pipeline.md "Several hosts").
+** needs the trainer's disk (docs/scale-out.md "Several hosts").
 */
 #include "roles/msg/internal.h"
 
