@@ -1,5 +1,5 @@
 /*
-** cmd_rm.c — `prl rm`: reward models (rm/rm.h, docs/rewards.md "Reward models").
+** cmd_rm.c — `prl rm`: reward models (rm/rm.h, docs/reward-models.md).
 **   prl rm pairs   General preference pairs from the task generator (JSONL)
 **   prl rm train   a Bradley–Terry reward model from a pairs file
 **   prl rm score   a reward model's score of each answer of a pairs or tasks-check file

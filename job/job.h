@@ -76,7 +76,7 @@ typedef struct prl_job_config {
     double reward_timeout;
     char *reward_program; /* reward.program: JSON array of argv ("[]": the verifiers score) */
     int reward_network;   /* reward.network: the reward program may use the network */
-    /* learned rewards (docs/rewards.md "Reward models"): score = (1 − wm − wj)·rule + wm·rm
+    /* learned rewards (docs/reward-models.md): score = (1 − wm − wj)·rule + wm·rm
     ** + wj·judge */
     char *reward_model;          /* reward.model: a reward model checkpoint ("" none) */
     double reward_model_weight;  /* reward.model_weight wm */

@@ -4,7 +4,7 @@
 ** generative judge (a policy model asked to grade an answer, its grade parsed from a fixed
 ** answer form), and the General preference pairs made from the task generator.
 **
-** A trainer at the level of grpo/, opd/ and sft/ (docs/rewards.md "Reward models"). An
+** A trainer at the level of grpo/, opd/ and sft/ (docs/reward-models.md). An
 ** answer is always read as the chat its policy saw: the prompt's messages, then the
 ** assistant's answer, encoded with the reward model's own tokenizer (so a reward model needs
 ** no knowledge of the policy's ids), and scored at its last token (<|eos|>).

@@ -84,7 +84,7 @@ prl_status prl_reward_program_score(prl_reward_program *p, const char *request,
 uint64_t prl_reward_program_restarts(const prl_reward_program *p);
 void prl_reward_program_close(prl_reward_program *p);
 
-/* reward.model and reward.judge (roles/reward_learned.c, docs/rewards.md "Reward models"):
+/* reward.model and reward.judge (roles/reward_learned.c, docs/reward-models.md):
 ** learned scores mixed into the verifiers' rule score by every reward worker. */
 typedef struct prl_reward_learned prl_reward_learned;
 /* The checkpoints are usable (a reward model: score head and tokenizer; a judge: tokenizer,

@@ -219,7 +219,7 @@ expect_ok "recipe configs/opd.json passes prl run --check" \
 expect_fail "opd: a teacher without tokenizer.json" "$work/ck/tokenizer.json is missing" \
   $prl run "$src/configs/opd.json" --check --runs "$work/recipe_runs" "${opd_sets[@]}" \
   --set opd.teachers.agent="$work/ck"
-# reward models (docs/rewards.md "Reward models"): pairs, a 2-step training, its use in a job;
+# reward models (docs/reward-models.md): pairs, a 2-step training, its use in a job;
 # a policy as reward.model and refused commands name what is wrong and write nothing
 expect_ok "rm pairs" $prl rm pairs --n 6 --seed 2 --out "$work/pairs.jsonl"
 expect_fail "rm pairs: existing --out" "exists" $prl rm pairs --n 6 --out "$work/pairs.jsonl"
