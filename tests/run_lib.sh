@@ -1,8 +1,8 @@
 # run_lib.sh — helpers of the `prl run` end-to-end scripts (test_pipeline.sh, test_opd_run.sh,
-# test_recovery.sh, test_run_file.sh, test_gateway.sh, test_fault_matrix.sh), sourced after
-# `prl` and `src` are set. run_setup makes the scratch directory the current one; the other
-# helpers work in the directory that holds job.json and runs/. A failed check calls fail,
-# which ends the script.
+# test_recovery.sh, test_run_file.sh, test_gateway.sh, test_fault_matrix.sh, test_ranks.sh,
+# test_multihost.sh), sourced after `prl` and `src` are set. run_setup makes the scratch
+# directory the current one; the other helpers work in the directory that holds job.json and
+# runs/. A failed check calls fail, which ends the script.
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # run_setup NAME: a scratch directory /tmp/prl-NAME-XXXXXX as the current directory (kept
@@ -58,6 +58,17 @@ small_model() {
     num_hidden_layers=2 num_attention_heads=2 q_lora_rank=$r kv_lora_rank=$r qk_nope_head_dim=$d \
     qk_rope_head_dim=8 v_head_dim=$d intermediate_size=$((2 * h)) n_routed_experts=4 \
     moe_intermediate_size=$r max_position_embeddings=256
+}
+
+# length_program OUT: a reward program that pays by response length ((ids mod 5) / 4), so
+# every group has different rewards and every update (every rank's share of it) a real gradient.
+length_program() {
+  cat > "$1" <<'PY'
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(json.dumps({"score": (len(r["completion_ids"]) % 5) / 4}), flush=True)
+PY
 }
 
 # expect_refused NAME WANT MODES ARGS...: for each mode of MODES ("check": `prl run --check`,

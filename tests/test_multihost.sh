@@ -77,20 +77,12 @@ cd "$A"
 . "$src/tests/run_lib.sh"
 $prl tasks demos --domain general --n 300 --seed 1 --out demos.jsonl 2>/dev/null
 $prl tokenizer train --data demos.jsonl --vocab 512 --out tok.json >/dev/null 2>&1
-model_config "$src/configs/models/tiny.json" small.json vocab_size=512 hidden_size=64 \
-  num_hidden_layers=2 num_attention_heads=2 q_lora_rank=32 kv_lora_rank=32 qk_nope_head_dim=16 \
-  qk_rope_head_dim=8 v_head_dim=16 intermediate_size=128 n_routed_experts=4 \
-  moe_intermediate_size=32 max_position_embeddings=256
+small_model small.json 512 64
 $prl sft --data demos.jsonl --model small.json --tokenizer tok.json --out base --steps 200 \
   --batch 8 --seq 160 --optimizer adamw --lr 3e-3 --log-every 1000 >/dev/null 2>&1
 # a reward program that pays by response length, so that every group, and so every rank's
 # share of each update, has a real gradient; a copy on each host (B's reward worker runs it)
-cat > length.py <<'PY'
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    print(json.dumps({"score": (len(r["completion_ids"]) % 5) / 4}), flush=True)
-PY
+length_program length.py
 cp length.py "$B/length.py"
 cat > job.json <<'EOF'
 {"run": {"name": "one", "seed": 7},
