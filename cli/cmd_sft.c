@@ -208,6 +208,24 @@ static void report_eval(prl_model *m, const prl_sft_data *d, const prl_sft_data 
                 h->n, when, ce, ikl, stage);
 }
 
+/* How sparse top-k is on these examples (each cut to seq): the share of the causal (query, key)
+** pairs a DSA layer keeps, and of the positions that see only a subset of their keys. A top-k
+** at or above the longest example is dense attention under another name. */
+static void report_sparsity(const prl_sft_data *h, int topk, int seq)
+{
+    double pairs = 0, kept = 0, pos = 0, cut = 0;
+    for (int i = 0; i < h->n; i++) {
+        int n = h->ex[i].n < seq ? h->ex[i].n : seq;
+        for (int t = 0; t < n; t++) pairs += t + 1, kept += t + 1 < topk ? t + 1 : topk;
+        pos += n, cut += n > topk ? n - topk : 0;
+    }
+    if (h->n > 0)
+        fprintf(stderr,
+                "sft: held-out: %d demos, %.1f tokens on average; top-%d keeps %.1f%% of the "
+                "causal key pairs, %.1f%% of the positions see a subset of their keys\n",
+                h->n, pos / h->n, topk, 100 * kept / pairs, 100 * cut / pos);
+}
+
 /* The DSA warm-up of a post-hoc sparsification (docs/recipes.md): the loaded model runs with
 ** dense attention and only its indexers learn (AdamW, constant lr, no decay) to match the
 ** dense attention distribution; then the config's sparse stage takes over for the SFT steps.
@@ -300,6 +318,8 @@ static int run(const sft_args *a)
         st = prl_sft_data_load(&h, a->heldout, tok, a->seq,
                                (a->special ? PRL_TOKENIZER_SPECIAL : 0u) |
                                    (a->mask_errors ? PRL_SFT_MASK_ERRORS : 0u));
+    if (st == PRL_OK && a->heldout && m.cfg.n_dsa_layers > 0)
+        report_sparsity(&h, m.cfg.index_topk, a->seq);
     if (st == PRL_OK && d.n_masked_steps > 0)
         fprintf(stderr, "sft: %d rejected assistant steps masked (kept as context, mask 0)\n",
                 d.n_masked_steps);

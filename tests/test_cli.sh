@@ -409,6 +409,7 @@ held="$work/recipe_dsa/heldout.jsonl"
 [ "$(wc -l < "$held")" = 48 ] && grep -q "48 held-out demos" "$work/last.out" \
   && grep -q "held-out eval (48 eval-split demos) as loaded, full attention: loss" "$work/last.out" \
   && grep -q "held-out eval (48 eval-split demos) after the sparse adaptation: loss" "$work/last.out" \
+  && grep -Eq "held-out: 48 demos, [0-9.]+ tokens on average; top-8 keeps [0-9.]+% of the causal key pairs" "$work/last.out" \
   && ok "dsa convert: held-out loss on 48 eval-split demos" || bad "dsa held-out: $(grep held "$work/last.out")"
 python3 -c 'import json,sys
 problem = lambda o: json.dumps([o["messages"], o.get("env")])
