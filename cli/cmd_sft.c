@@ -26,6 +26,7 @@ typedef struct sft_args {
     const char *precision, *loss_scale; /* train precision; scaler preset, "off" or NULL (auto) */
     const char *init_from; /* recipe: weights of this checkpoint into --model's config */
     const char *metrics;   /* one JSON line per step appended here (NULL: none) */
+    const char *heldout;   /* recipe, DSA conversion: eval-split demos for the held-out loss */
     int dsa_warmup;        /* recipe: DSA indexer warm-up steps before the SFT steps */
     double dsa_warmup_lr;
     int dsa_dense; /* recipe: the first N SFT steps in the DSA dense stage (from scratch) */
@@ -158,18 +159,17 @@ static char *state_json(const sft_args *a, const prl_sft_data *d)
     return s;
 }
 
-/* Token-mean cross-entropy and DSA indexer KL of the model on 4 batches of examples spread
-** evenly over the data (every n/(4·batch)-th, so every domain and length is in): the
-** before/after figure of a post-hoc sparsification. */
-static prl_status eval_loss(prl_model *m, const prl_sft_data *d, const sft_args *a, double *ce,
-                            double *ikl)
+/* Token-mean cross-entropy and DSA indexer KL of the model on n_eval examples of d taken
+** every d->n/n_eval-th (so every domain and length is in), in batches of a->batch; the
+** before/after figure of a post-hoc sparsification. The KL is the mean over the batches. */
+static prl_status eval_loss(prl_model *m, const prl_sft_data *d, int n_eval, const sft_args *a,
+                            double *ce, double *ikl)
 {
     prl_batch_buf bb;
     prl_status st = prl_batch_buf_init(&bb, a->batch, a->seq);
     double sum = 0, kl = 0;
     long n = 0;
-    int batches = 0;
-    int n_eval = 4 * a->batch < d->n ? 4 * a->batch : d->n, stride = d->n / n_eval;
+    int batches = 0, stride = n_eval > 0 ? d->n / n_eval : 1;
     for (int i0 = 0; st == PRL_OK && i0 < n_eval; i0 += a->batch, batches++) {
         int B = n_eval - i0 < a->batch ? n_eval - i0 : a->batch;
         for (int i = 0; i < B; i++) {
@@ -187,23 +187,51 @@ static prl_status eval_loss(prl_model *m, const prl_sft_data *d, const sft_args 
     return st;
 }
 
-static void report_eval(prl_model *m, const prl_sft_data *d, const sft_args *a, const char *when)
+/* The losses at one point of a DSA run: on 4 batches spread over the training data and, for a
+** conversion recipe, on every held-out example (h: eval-split demonstrations, problems the
+** generator never puts in the training split; NULL or empty: none). */
+static void report_eval(prl_model *m, const prl_sft_data *d, const prl_sft_data *h,
+                        const sft_args *a, const char *when)
 {
     double ce, ikl;
-    if (eval_loss(m, d, a, &ce, &ikl) == PRL_OK)
+    const char *stage = m->cfg.dsa_stage == PRL_DSA_DENSE ? "dense" : "sparse";
+    int n_train = 4 * a->batch < d->n ? 4 * a->batch : d->n;
+    if (eval_loss(m, d, n_train, a, &ce, &ikl) == PRL_OK)
         fprintf(stderr,
                 "sft: eval (%d examples spread over the data) %s: loss %.4f, index_kl %.4f (%s "
                 "stage)\n",
-                4 * a->batch < d->n ? 4 * a->batch : d->n, when, ce, ikl,
-                m->cfg.dsa_stage == PRL_DSA_DENSE ? "dense" : "sparse");
+                n_train, when, ce, ikl, stage);
+    if (h && h->n > 0 && eval_loss(m, h, h->n, a, &ce, &ikl) == PRL_OK)
+        fprintf(stderr,
+                "sft: held-out eval (%d eval-split demos) %s: loss %.4f, index_kl %.4f (%s "
+                "stage)\n",
+                h->n, when, ce, ikl, stage);
+}
+
+/* How sparse top-k is on these examples (each cut to seq): the share of the causal (query, key)
+** pairs a DSA layer keeps, and of the positions that see only a subset of their keys. A top-k
+** at or above the longest example is dense attention under another name. */
+static void report_sparsity(const prl_sft_data *h, int topk, int seq)
+{
+    double pairs = 0, kept = 0, pos = 0, cut = 0;
+    for (int i = 0; i < h->n; i++) {
+        int n = h->ex[i].n < seq ? h->ex[i].n : seq;
+        for (int t = 0; t < n; t++) pairs += t + 1, kept += t + 1 < topk ? t + 1 : topk;
+        pos += n, cut += n > topk ? n - topk : 0;
+    }
+    if (h->n > 0)
+        fprintf(stderr,
+                "sft: held-out: %d demos, %.1f tokens on average; top-%d keeps %.1f%% of the "
+                "causal key pairs, %.1f%% of the positions see a subset of their keys\n",
+                h->n, pos / h->n, topk, 100 * kept / pairs, 100 * cut / pos);
 }
 
 /* The DSA warm-up of a post-hoc sparsification (docs/recipes.md): the loaded model runs with
 ** dense attention and only its indexers learn (AdamW, constant lr, no decay) to match the
 ** dense attention distribution; then the config's sparse stage takes over for the SFT steps.
 ** Losses are reported as loaded (dense and sparse), after the warm-up and at the end. */
-static prl_status dsa_warmup(prl_model *m, const prl_sft_data *d, const sft_args *a,
-                             const prl_sft_config *sc)
+static prl_status dsa_warmup(prl_model *m, const prl_sft_data *d, const prl_sft_data *h,
+                             const sft_args *a, const prl_sft_config *sc)
 {
     if (m->cfg.n_dsa_layers == 0)
         return prl_error_set(PRL_ERR_CONFIG,
@@ -211,9 +239,9 @@ static prl_status dsa_warmup(prl_model *m, const prl_sft_data *d, const sft_args
                              "'dsa_layers'",
                              a->dsa_warmup);
     m->cfg.dsa_stage = PRL_DSA_DENSE;
-    report_eval(m, d, a, "as loaded, full attention");
+    report_eval(m, d, h, a, "as loaded, full attention");
     m->cfg.dsa_stage = PRL_DSA_SPARSE;
-    report_eval(m, d, a, "as loaded, sparse attention, indexer untrained");
+    report_eval(m, d, h, a, "as loaded, sparse attention, indexer untrained");
     prl_optim_config oc;
     prl_optim_config_default(&oc);
     oc.kind = PRL_OPTIM_ADAMW, oc.lr = a->dsa_warmup_lr, oc.schedule = PRL_LR_CONSTANT;
@@ -229,7 +257,7 @@ static prl_status dsa_warmup(prl_model *m, const prl_sft_data *d, const sft_args
     if (st == PRL_OK) st = prl_sft_train(m, &o, d, &wc, print_progress, NULL);
     prl_optim_free(&o);
     m->cfg.dsa_stage = PRL_DSA_SPARSE, m->cfg.dsa_freeze_main = 0;
-    if (st == PRL_OK) report_eval(m, d, a, "after the warm-up, sparse attention");
+    if (st == PRL_OK) report_eval(m, d, h, a, "after the warm-up, sparse attention");
     if (st == PRL_OK)
         fprintf(stderr, "sft: sparse adaptation, %d steps: every tensor learns\n", a->steps);
     return st;
@@ -258,7 +286,7 @@ static int run(const sft_args *a)
     prl_model m = {0};
     prl_optim o = {0};
     prl_tokenizer *tok = NULL;
-    prl_sft_data d = {0};
+    prl_sft_data d = {0}, h = {0};
     prl_optim_config oc;
     char *state = NULL;
     prl_status st;
@@ -286,6 +314,12 @@ static int run(const sft_args *a)
         st = prl_sft_data_load(&d, a->data, tok, a->seq,
                                (a->special ? PRL_TOKENIZER_SPECIAL : 0u) |
                                    (a->mask_errors ? PRL_SFT_MASK_ERRORS : 0u));
+    if (st == PRL_OK && a->heldout)
+        st = prl_sft_data_load(&h, a->heldout, tok, a->seq,
+                               (a->special ? PRL_TOKENIZER_SPECIAL : 0u) |
+                                   (a->mask_errors ? PRL_SFT_MASK_ERRORS : 0u));
+    if (st == PRL_OK && a->heldout && m.cfg.n_dsa_layers > 0)
+        report_sparsity(&h, m.cfg.index_topk, a->seq);
     if (st == PRL_OK && d.n_masked_steps > 0)
         fprintf(stderr, "sft: %d rejected assistant steps masked (kept as context, mask 0)\n",
                 d.n_masked_steps);
@@ -311,7 +345,7 @@ static int run(const sft_args *a)
                              .group = a->group,
                              .pack = a->pack,
                              .scaler = scaler_on ? &scaler : NULL};
-        if (a->dsa_warmup > 0) st = dsa_warmup(&m, &d, a, &sc);
+        if (a->dsa_warmup > 0) st = dsa_warmup(&m, &d, &h, a, &sc);
         int64_t end = o.step + a->steps, dense_end = o.step + a->dsa_dense;
         const char *metrics = a->metrics;
         sc.run_last = end;
@@ -324,9 +358,9 @@ static int run(const sft_args *a)
             sc.steps = (int)(chunk < end - o.step ? chunk : end - o.step);
             st = prl_sft_train(&m, &o, &d, &sc, print_progress, &metrics);
             if (st == PRL_OK && a->dsa_dense > 0 && o.step == dense_end) {
-                report_eval(&m, &d, a, "after the dense stage, dense attention");
+                report_eval(&m, &d, NULL, a, "after the dense stage, dense attention");
                 m.cfg.dsa_stage = PRL_DSA_SPARSE; /* the checkpoint's config says sparse */
-                report_eval(&m, &d, a, "after the dense stage, sparse attention");
+                report_eval(&m, &d, NULL, a, "after the dense stage, sparse attention");
                 fprintf(stderr, "sft: DSA sparse stage, steps %lld-%lld\n", (long long)o.step + 1,
                         (long long)end);
             }
@@ -339,10 +373,12 @@ static int run(const sft_args *a)
             }
         }
     }
-    if (st == PRL_OK && a->dsa_warmup > 0) report_eval(&m, &d, a, "after the sparse adaptation");
+    if (st == PRL_OK && a->dsa_warmup > 0)
+        report_eval(&m, &d, &h, a, "after the sparse adaptation");
     else if (st == PRL_OK && a->dsa_dense > 0)
-        report_eval(&m, &d, a, "at the end, sparse attention");
+        report_eval(&m, &d, NULL, a, "at the end, sparse attention");
     prl_sft_data_free(&d);
+    prl_sft_data_free(&h);
     prl_tokenizer_free(tok);
     prl_optim_free(&o);
     prl_model_free(&m);
@@ -351,8 +387,14 @@ static int run(const sft_args *a)
 
 /* ------------------------------------------------------------------ recipes -------- */
 
-/* The demos of the recipe, every (domain, difficulty) in order, written to `path`. */
-static prl_status write_demos(const prl_sft_recipe *r, const char *path, int *n_lines)
+/* Held-out examples per (domain, difficulty) of a DSA conversion recipe: 16 each of the cells
+** the recipe trains on (192 for the 12 cells of configs/dsa-convert.json). */
+enum { DSA_HELDOUT_PER_CELL = 16 };
+
+/* The demos of the recipe, every (domain, difficulty) in order, written to `path`: the
+** recipe's counts of the train split, or (heldout) DSA_HELDOUT_PER_CELL of the eval split for
+** each cell the recipe has, problems the train split never holds (docs/tasks.md "Splits"). */
+static prl_status write_demos(const prl_sft_recipe *r, int heldout, const char *path, int *n_lines)
 {
     char *text = NULL;
     size_t len = 0;
@@ -366,6 +408,10 @@ static prl_status write_demos(const prl_sft_recipe *r, const char *path, int *n_
             prl_tasks_config_default(&c, (prl_task_domain)d);
             c.difficulty = k;
             c.n = r->demos[d][k - 1];
+            if (heldout) {
+                c.split = PRL_SPLIT_EVAL;
+                c.n = c.n > 0 ? DSA_HELDOUT_PER_CELL : 0;
+            }
             c.seed = r->seed;
             c.demos = 1;
             c.error_rate = r->error_rate;
@@ -492,7 +538,13 @@ static int run_recipe(const char *file, int threads, int force)
     if (st == PRL_OK) st = prl_file_write_atomic(rpath, resolved, strlen(resolved));
     int n_demos = 0;
     double t0 = prl_now();
-    if (st == PRL_OK) st = write_demos(&r, data, &n_demos);
+    if (st == PRL_OK) st = write_demos(&r, 0, data, &n_demos);
+    char hpath[4096] = "";
+    int n_held = 0;
+    if (st == PRL_OK && r.dsa_warmup_steps > 0) { /* a conversion: held-out loss, base vs DSA */
+        snprintf(hpath, sizeof hpath, "%s/heldout.jsonl", r.dir);
+        st = write_demos(&r, 1, hpath, &n_held);
+    }
     if (st) {
         free(resolved);
         prl_sft_recipe_free(&r);
@@ -500,10 +552,14 @@ static int run_recipe(const char *file, int threads, int force)
     }
     fprintf(stderr, "sft: recipe %s (hash %s): %d demos in %s (%.1fs)\n", file, hash, n_demos, data,
             prl_now() - t0);
+    if (*hpath)
+        fprintf(stderr, "sft: %d held-out demos (eval split, not trained on) in %s\n", n_held,
+                hpath);
     sft_args a = {.data = data,
                   .model = r.model_config,
                   .out = out,
                   .metrics = mpath,
+                  .heldout = *hpath ? hpath : NULL,
                   .optimizer = r.optimizer,
                   .schedule = r.schedule,
                   .steps = r.steps,

@@ -403,6 +403,21 @@ expect_ok "dsa convert recipe" $prl sft --config "$work/r_dsa_tiny_dsa.json" --t
 grep -q "8 new tensors" "$work/last.out" && grep -q "as loaded, full attention" "$work/last.out" \
   && grep -q "index_kl" "$work/last.out" && grep -q "after the sparse adaptation: loss" "$work/last.out" \
   && ok "dsa convert: indexers new, losses before and after" || bad "dsa convert: $(grep sft: "$work/last.out")"
+# the held-out loss: 16 eval-split demos per trained (domain, difficulty), none of them a
+# training prompt, measured on the base (as loaded, dense) and on the converted model
+held="$work/recipe_dsa/heldout.jsonl"
+[ "$(wc -l < "$held")" = 48 ] && grep -q "48 held-out demos" "$work/last.out" \
+  && grep -q "held-out eval (48 eval-split demos) as loaded, full attention: loss" "$work/last.out" \
+  && grep -q "held-out eval (48 eval-split demos) after the sparse adaptation: loss" "$work/last.out" \
+  && grep -Eq "held-out: 48 demos, [0-9.]+ tokens on average; top-8 keeps [0-9.]+% of the causal key pairs" "$work/last.out" \
+  && ok "dsa convert: held-out loss on 48 eval-split demos" || bad "dsa held-out: $(grep held "$work/last.out")"
+python3 -c 'import json,sys
+problem = lambda o: json.dumps([o["messages"], o.get("env")])
+train = {problem(json.loads(l)) for l in open(sys.argv[1])}
+held = [json.loads(l) for l in open(sys.argv[2])]
+ok = held and all(o["split"] == "eval" and problem(o) not in train for o in held)
+sys.exit(0 if ok else 1)' "$work/recipe_dsa/demos.jsonl" "$held" \
+  && ok "dsa held-out demos: eval split, none a training demo" || bad "dsa held-out demos overlap the training demos"
 expect_fail "dsa warm-up needs DSA layers" "has no 'dsa_layers'" $prl sft --config "$work/r_dsa_tiny.json" --threads 2
 # a DSA model from scratch: dsa.dense_steps of sft.steps dense, then sparse; the checkpoint says sparse
 printf '{"run": {"dir": "%s"}, "model": {"config": "%s"}, "demos": {"reasoning": {"d1": 6}, "coding": {"d1": 4}}, "dsa": {"dense_steps": 1}, "sft": {"steps": 2, "batch": 4, "group": 2, "warmup": 0}}' \
