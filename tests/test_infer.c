@@ -277,6 +277,102 @@ static mismatch run_vs_train(const char *mode, int batch, uint64_t seed)
     return mm;
 }
 
+/* The absorbed attention's fast kernels (infer_absorbed.c) against their reference loops
+** (the same calls with the AVX2 row kernels off): bitwise equal scores, softmax (weights and
+** statistics) and weighted sums, for head counts 1–3, key counts on and off the 8-key blocks
+** and latent widths with and without an 8-lane tail, scores large enough to hit exp's clamp. */
+START_TEST(test_absorbed_kernels_match_reference)
+{
+    static const int lats[] = {80, 83, 8, 5, 136};
+    static const int ns[] = {1, 3, 8, 13, 64, 333, 1000};
+    enum { NMAX = 1000, LMAX = 136, HMAX = 3 };
+    infer__choose_gemv();
+    int fast = infer__absorbed_fast_ok();
+    float *c = malloc((size_t)NMAX * LMAX * sizeof *c), *q = malloc(HMAX * LMAX * sizeof *q);
+    float *Sa = malloc((size_t)HMAX * NMAX * sizeof *Sa), *Sb = malloc((size_t)HMAX * NMAX * 4);
+    float *raw = malloc((size_t)HMAX * NMAX * sizeof *raw);
+    float oa[LMAX], ob[LMAX];
+    long checked = 0;
+    prl_rng rng;
+    prl_rng_init(&rng, 5, 0, 0, 0, PRL_RNG_TEST);
+    for (size_t li = 0; li < sizeof lats / sizeof *lats; li++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (int nh = 1; nh <= HMAX; nh++) {
+                int lat = lats[li], n = ns[ni], w = lat - (lat > 16 ? 16 : 0);
+                float amp = ni % 2 ? 30.0f : 1.0f; /* amp 30: scores past exp's clamp */
+                for (int i = 0; i < n * lat; i++) c[i] = (float)(prl_rng_normal(&rng));
+                for (int i = 0; i < nh * lat; i++) q[i] = amp * (float)prl_rng_normal(&rng);
+                for (int v = 0; v < 2; v++) { /* v 0: fast (when the CPU has it), 1: reference */
+                    float *S = v ? Sb : Sa, *o = v ? ob : oa, mx[HMAX], sum[HMAX];
+                    int was = prl_row_kernels_avx2_set(v == 0);
+                    infer__absorbed_scores(S, NMAX, q, nh, c, lat, n);
+                    for (int j = 0; j < nh; j++) /* the fast scores kept, checked below */
+                        if (v == 0)
+                            memcpy(raw + (size_t)j * NMAX, S + (size_t)j * NMAX, (size_t)n * 4);
+                        else
+                            ck_assert_msg(!memcmp(raw + (size_t)j * NMAX, S + (size_t)j * NMAX,
+                                                  (size_t)n * 4),
+                                          "scores differ: lat %d n %d head %d of %d", lat, n, j,
+                                          nh);
+                    for (int j = 0; j < nh; j++)
+                        infer__absorbed_softmax(S + (size_t)j * NMAX, n, 0.125f, &mx[j], &sum[j]);
+                    infer__absorbed_wsum(o, S, c, lat, w, n);
+                    prl_row_kernels_avx2_set(was);
+                    static float mxa[HMAX], suma[HMAX];
+                    if (v == 0) {
+                        memcpy(mxa, mx, sizeof mx), memcpy(suma, sum, sizeof sum);
+                        continue;
+                    }
+                    for (int j = 0; j < nh; j++)
+                        ck_assert_msg(
+                            !memcmp(Sa + (size_t)j * NMAX, Sb + (size_t)j * NMAX, (size_t)n * 4) &&
+                                mxa[j] == mx[j] && suma[j] == sum[j],
+                            "softmax differs: lat %d n %d head %d", lat, n, j);
+                    ck_assert_msg(!memcmp(oa, ob, (size_t)w * 4),
+                                  "weighted sum differs: lat %d n %d width %d", lat, n, w);
+                    checked++;
+                }
+            }
+    printf("absorbed kernels: %ld cases, fast form %s, bitwise equal to the reference loops\n",
+           checked, fast ? "on" : "off (no AVX2/FMA: both sides ran the reference)");
+    free(c), free(q), free(Sa), free(Sb), free(raw);
+}
+END_TEST
+
+/* The engine with the fast absorbed attention (rows' heads split into groups over the
+** threads, fast kernels) against the reference one (absorbed_task, one task a row): the same
+** tokens and log-prob bits, sampled, at batch 1 and 3, on tiny.json and on the model with
+** sliding-window rings (W 16, wrapping), sinks with values and ModAttn convs. */
+START_TEST(test_absorbed_engine_matches_reference)
+{
+    static const int blocks[] = {0, 1};
+    for (int bi = 0; bi < 2; bi++) {
+        load_model(blocks[bi]);
+        for (int batch = 1; batch <= 3; batch += 2) {
+            reqs q;
+            make_requests(&q, 6, 21);
+            prl_sample_params sp = sampling(1.0, 40);
+            prl_gen_result res[2][6];
+            for (int v = 0; v < 2; v++) {
+                prl_infer *e = engine("fp32", batch);
+                e->absorbed_ref = v;
+                generate(e, &q, 6, &sp, res[v]);
+                prl_infer_free(e);
+            }
+            for (int i = 0; i < 6; i++) {
+                const prl_gen_result *a = &res[0][i], *b = &res[1][i];
+                ck_assert_msg(
+                    a->n == b->n && !memcmp(a->tokens, b->tokens, (size_t)a->n * 4) &&
+                        !memcmp(a->logprobs, b->logprobs, (size_t)a->n * 4) &&
+                        !memcmp(a->prompt_logprobs, b->prompt_logprobs, (size_t)a->prompt_len * 4),
+                    "blocks %d batch %d: request %d differs", blocks[bi], batch, i);
+            }
+            free_all(res[0], 6, NULL), free_all(res[1], 6, NULL);
+        }
+    }
+}
+END_TEST
+
 /* The decode step's sampler (infer__sample_row_fast) against the reference one: the same
 ** token for every seed, temperature, top-k/top-p and vocabulary limit, on rows of several
 ** lengths (tails past the 8-lane blocks), scales, ties, zeros of both signs and −∞ entries.
@@ -842,6 +938,8 @@ int main(void)
     tcase_add_test(tc, test_shared_prefill_bitwise);
     tcase_add_test(tc, test_stops_forced_and_routes_format);
     tcase_add_test(tc, test_fast_sampler_matches_naive);
+    tcase_add_test(tc, test_absorbed_kernels_match_reference);
+    tcase_add_test(tc, test_absorbed_engine_matches_reference);
     tcase_add_test(tc, test_kv_bytes_and_bad_input);
     tcase_add_test(tc, test_hook_names_match);
     tcase_add_test(tc, test_swa_sinks_match_train_path);
