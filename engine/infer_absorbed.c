@@ -27,8 +27,7 @@
 ** fold first (l_i + l_{i+4}), then two rounds of pairwise adds give
 ** ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)) for each input, in input order. */
 __attribute__((target("avx2,fma"))) static __m256 tree8(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
-                                                         __m256 a4, __m256 a5, __m256 a6,
-                                                         __m256 a7)
+                                                        __m256 a4, __m256 a5, __m256 a6, __m256 a7)
 {
 #define FOLD(x, y)                                                                                 \
     _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31))
@@ -39,7 +38,7 @@ __attribute__((target("avx2,fma"))) static __m256 tree8(__m256 a0, __m256 a1, __
 
 /* S[s] = q·c_s for s in [s0, s0 + 8), c_s = c + s·ld, over n elements. */
 __attribute__((target("avx2,fma"))) static void scores8(float *S, const float *q, const float *c,
-                                                         size_t ld, int n)
+                                                        size_t ld, int n)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     int i = 0;
@@ -62,7 +61,7 @@ __attribute__((target("avx2,fma"))) static void scores8(float *S, const float *q
 /* Heads j < nh (query q + j·lat, scores S + j·ldS) block by block: a block of 8 keys comes
 ** from memory for the first head and from L1 for the others; the next blocks are prefetched. */
 __attribute__((target("avx2,fma"))) static void scores_fma(float *S, int ldS, const float *q,
-                                                            int nh, const float *c, int lat, int n)
+                                                           int nh, const float *c, int lat, int n)
 {
     int s = 0;
     size_t blk = (size_t)8 * lat;
@@ -124,7 +123,8 @@ PRL_AVX2 static void wsum1(float *out, const float *p, const float *c, size_t ld
 {
     __m256 y = _mm256_setzero_ps();
     for (int s = 0; s < n; s++)
-        y = _mm256_add_ps(y, _mm256_mul_ps(_mm256_set1_ps(p[s]), _mm256_loadu_ps(c + (size_t)s * ld)));
+        y = _mm256_add_ps(y,
+                          _mm256_mul_ps(_mm256_set1_ps(p[s]), _mm256_loadu_ps(c + (size_t)s * ld)));
     _mm256_storeu_ps(out, y);
 }
 

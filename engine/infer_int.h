@@ -207,6 +207,8 @@ typedef struct cand {
 /* The candidates for τ > 0 (weights, top-k/top-p applied, sorted when restricted); returns
 ** how many. */
 int infer__sample_weights(cand *cs, const float *logits, int V, const prl_sample_params *sp);
+/* The same candidates by selection instead of a full sort (the decode step's form). */
+int infer__sample_weights_fast(cand *cs, const float *logits, int V, const prl_sample_params *sp);
 /* A token from a logits row (greedy when τ = 0, else a draw with rng); cs: V scratch entries. */
 int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
                       cand *cs);

@@ -373,19 +373,20 @@ START_TEST(test_absorbed_engine_matches_reference)
 }
 END_TEST
 
-/* The decode step's sampler (infer__sample_row_fast) against the reference one: the same
-** token for every seed, temperature, top-k/top-p and vocabulary limit, on rows of several
-** lengths (tails past the 8-lane blocks), scales, ties, zeros of both signs and −∞ entries.
+/* The decode step's sampler (infer__sample_row_fast, top-k/top-p by selection) against the
+** reference one (full sort): the same candidates, and the same token for every seed,
+** temperature, top-k/top-p and vocabulary limit, on rows of several lengths (tails past the
+** 8-lane blocks), scales, ties, zeros of both signs and −∞ entries.
 ** The draws must also differ between seeds, or agreeing would prove nothing. */
 START_TEST(test_fast_sampler_matches_naive)
 {
     static const int Vs[] = {1, 7, 8, 61, 512, 1031};
     static const double taus[] = {0, 0.25, 0.7, 1, 1.6};
-    static const int top_ks[] = {0, 1, 5};
-    static const double top_ps[] = {1, 0.9};
+    static const int top_ks[] = {0, 1, 5, 50};
+    static const double top_ps[] = {1, 0.9, 0.3};
     enum { ROWS = 6, SEEDS = 40, VMAX = 1031 };
     float *logits = malloc(VMAX * sizeof *logits);
-    cand *cs = malloc(VMAX * sizeof *cs);
+    cand *cs = malloc(VMAX * sizeof *cs), *cf = malloc(VMAX * sizeof *cf);
     long draws = 0, differing = 0;
     for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++) {
         int V = Vs[vi];
@@ -407,6 +408,17 @@ START_TEST(test_fast_sampler_matches_naive)
                             sp.temperature = taus[ti], sp.top_k = top_ks[ki];
                             sp.top_p = top_ps[pi], sp.vocab_limit = lim ? (V + 1) / 2 : 0;
                             int first = -1;
+                            if (sp.temperature > 0) { /* the selected candidates themselves */
+                                int na = infer__sample_weights(cs, logits, V, &sp);
+                                int nb = infer__sample_weights_fast(cf, logits, V, &sp);
+                                ck_assert_msg(na == nb,
+                                              "V %d row %d top-k %d top-p %g: %d vs %d "
+                                              "candidates",
+                                              V, row, sp.top_k, sp.top_p, na, nb);
+                                for (int i = 0; i < na; i++)
+                                    ck_assert_msg(cs[i].id == cf[i].id && cs[i].w == cf[i].w,
+                                                  "V %d row %d: candidate %d differs", V, row, i);
+                            }
                             for (int seed = 0; seed < SEEDS; seed++) {
                                 prl_rng a, b;
                                 prl_rng_init(&a, (uint64_t)seed, 3, (uint64_t)row, 0,
@@ -428,7 +440,7 @@ START_TEST(test_fast_sampler_matches_naive)
     }
     ck_assert_int_gt(differing, draws / 8); /* the seeds do move the draws */
     free(logits);
-    free(cs);
+    free(cs), free(cf);
 }
 END_TEST
 
