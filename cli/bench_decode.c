@@ -121,20 +121,22 @@ typedef struct decode_result {
     long shared_prefills;             /* --group: prompts copied from a twin in one prefill */
 } decode_result;
 
-/* Seconds of prl's generation of at most n_new tokens for every request of `run`; *decoded
-** (may be NULL) gets the tokens made after each sequence's first (which comes with the
-** prefill); tokens (may be NULL) gets sequence i's tokens at [i·n_new ..], lens[i] their
-** count. */
+/* Seconds of prl's generation of at most n_new tokens for every request of `run`; *steps_s
+** (may be NULL) the part of them in decode steps (the engine's own pass timer: prefills
+** excluded); *decoded (may be NULL) gets the tokens made after each sequence's first (which
+** comes with the prefill); tokens (may be NULL) gets sequence i's tokens at [i·n_new ..],
+** lens[i] their count. */
 static prl_status prl_generate_time(prl_infer *e, const decode_run *run, int n_new, double *seconds,
-                                    long *decoded, int32_t *tokens, int *lens)
+                                    double *steps_s, long *decoded, int32_t *tokens, int *lens)
 {
     prl_sample_params sp = run->sp;
     sp.max_new_tokens = n_new;
     sp.stop_ids = run->stop_ids;
     prl_gen_result *r = calloc((size_t)run->n, sizeof *r);
-    double t0 = prl_now();
+    double pass0 = prl_infer_spec_stats(e).pass_s, t0 = prl_now();
     prl_status rc = prl_infer_generate(e, run->q, run->n, &sp, r, NULL, NULL);
     *seconds = prl_now() - t0;
+    if (steps_s) *steps_s = prl_infer_spec_stats(e).pass_s - pass0;
     if (decoded) *decoded = 0;
     for (int i = 0; rc == PRL_OK && i < run->n; i++) {
         if (decoded) *decoded += r[i].n - 1;
@@ -238,16 +240,17 @@ static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_optio
     int *want_len = calloc((size_t)n, sizeof *want_len),
         *got_len = calloc((size_t)n, sizeof *got_len);
     for (int w = 0; !rc && w < a->warmup; w++)
-        rc = prl_generate_time(e, run, N, &all, NULL, NULL, NULL);
+        rc = prl_generate_time(e, run, N, &all, NULL, NULL, NULL, NULL);
     prl_spec_stats before = rc ? (prl_spec_stats){0} : prl_infer_spec_stats(e);
     prl_spec_stats plain_before = prl_infer_spec_stats(plain);
     for (int i = 0; !rc && i < a->rounds; i++) {
         long first = 0;
-        rc = prl_generate_time(plain, run, 1, &pre, NULL, NULL, NULL);
-        if (!rc) rc = prl_generate_time(plain, run, N, &all, &d->plain_tokens, want, want_len);
+        rc = prl_generate_time(plain, run, 1, &pre, NULL, NULL, NULL, NULL);
+        if (!rc)
+            rc = prl_generate_time(plain, run, N, &all, NULL, &d->plain_tokens, want, want_len);
         ps[i] = all - pre;
-        if (!rc) rc = prl_generate_time(e, run, 1, &pre, &first, NULL, NULL);
-        if (!rc) rc = prl_generate_time(e, run, N, &all, &d->spec_tokens, got, got_len);
+        if (!rc) rc = prl_generate_time(e, run, 1, &pre, NULL, &first, NULL, NULL);
+        if (!rc) rc = prl_generate_time(e, run, N, &all, NULL, &d->spec_tokens, got, got_len);
         ss[i] = all - pre;
         ratio[i] = (d->spec_tokens / ss[i]) / (d->plain_tokens / ps[i]);
     }
@@ -316,8 +319,8 @@ static prl_status bench_own_prefill(const decode_args *a, const prl_model *m, pr
     double *sh = calloc((size_t)a->rounds, sizeof *sh), *ow = calloc((size_t)a->rounds, sizeof *ow);
     long before = prl_infer_spec_stats(e).shared_prefills;
     for (int i = 0; !rc && i < a->rounds; i++) {
-        rc = prl_generate_time(e, run, 1, &sh[i], NULL, NULL, NULL);
-        if (!rc) rc = prl_generate_time(own, run, 1, &ow[i], NULL, NULL, NULL);
+        rc = prl_generate_time(e, run, 1, &sh[i], NULL, NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(own, run, 1, &ow[i], NULL, NULL, NULL, NULL);
     }
     if (!rc) {
         d->prl_prefill = bench_median(sh, a->rounds), d->own_prefill = bench_median(ow, a->rounds);
@@ -351,24 +354,23 @@ static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const p
            *all = calloc((size_t)a->rounds, sizeof *all), t;
     long *dec = calloc((size_t)a->rounds, sizeof *dec);
     for (int w = 0; !rc && w < a->warmup; w++)
-        rc = prl_generate_time(e, &run, N, &t, NULL, NULL, NULL);
+        rc = prl_generate_time(e, &run, N, &t, NULL, NULL, NULL, NULL);
     /* prl's rounds straddle the reference's, so drift of the shared machine hits both */
     int half = a->rounds / 2;
     for (int i = 0; !rc && i < half; i++) {
-        rc = prl_generate_time(e, &run, 1, &pre[i], NULL, NULL, NULL);
-        if (!rc) rc = prl_generate_time(e, &run, N, &all[i], &dec[i], tokens, NULL);
+        rc = prl_generate_time(e, &run, 1, &pre[i], NULL, NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(e, &run, N, &t, &all[i], &dec[i], tokens, NULL);
     }
     d->batch = B, d->n_seq = run.n;
     if (!rc && !a->no_reference)
         rc =
             ref_decode(a, ckpt, prompts, io.mla == PRL_MLA_NAIVE ? "naive" : "absorbed", d, tokens);
     for (int i = half; !rc && i < a->rounds; i++) {
-        rc = prl_generate_time(e, &run, 1, &pre[i], NULL, NULL, NULL);
-        if (!rc) rc = prl_generate_time(e, &run, N, &all[i], &dec[i], tokens, NULL);
+        rc = prl_generate_time(e, &run, 1, &pre[i], NULL, NULL, NULL, NULL);
+        if (!rc) rc = prl_generate_time(e, &run, N, &t, &all[i], &dec[i], tokens, NULL);
     }
     if (!rc) {
         d->prl_prefill = bench_median(pre, a->rounds);
-        for (int i = 0; i < a->rounds; i++) all[i] -= pre[i];
         d->prl_decode = bench_median(all, a->rounds);
         d->plain_tokens = dec[a->rounds - 1];
     }

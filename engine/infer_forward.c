@@ -53,6 +53,7 @@ typedef struct att_ctx {
     int l, R;
     int *run_start, *run_rows; /* naive: row chunks of one sequence at consecutive positions */
     int n_runs;
+    int groups; /* absorbed: head groups a row (tasks R·groups) */
 } att_ctx;
 
 /* The selected positions of a DSA row's mask over positions [0, n), in increasing order;
@@ -134,25 +135,30 @@ static void axpy(float *restrict y, float a, const float *restrict x, int n)
 ** "two-part softmax"): per head, the sink scores' max m_A, sum l_A and normalised latent
 ** output o_A, then o = (l_A e^{m_A−m} o_A + l_B e^{m_B−m} o_B) / (l_A e^{m_A−m} + l_B e^{m_B−m})
 ** with m = max(m_A, m_B), where the tokens' part (m_B, l_B, o_B) is already in `ov`. */
+static void merge_sinks_head(const prl_infer *e, const layer_w *w, const float *qa, float *ov,
+                             const float *mB, const float *lB, float *Ss, float *oA, float scale,
+                             int h)
+{
+    int ns = e->ns, lat = e->lat, rkv = e->rkv;
+    float *S = Ss + (size_t)h * ns, *o = oA + (size_t)h * rkv, mA, lA = 0;
+    infer__dots(S, qa + (size_t)h * lat, w->sink_lat, lat, ns, lat);
+    mA = scale * S[0];
+    for (int i = 0; i < ns; i++) S[i] = scale * S[i], mA = S[i] > mA ? S[i] : mA;
+    memset(o, 0, (size_t)rkv * sizeof *o);
+    for (int i = 0; i < ns; i++) {
+        lA += (S[i] = prl_expf(S[i] - mA));
+        axpy(o, S[i], w->sink_lat + (size_t)i * lat, rkv);
+    }
+    float m = mA > mB[h] ? mA : mB[h];
+    float a = lA * prl_expf(mA - m), bb = lB[h] * prl_expf(mB[h] - m), inv = 1 / (a + bb);
+    float *out = ov + (size_t)h * rkv;
+    for (int i = 0; i < rkv; i++) out[i] = (a * (o[i] / lA) + bb * out[i]) * inv;
+}
+
 static void merge_sinks(const prl_infer *e, const layer_w *w, const float *qa, float *ov,
                         const float *mB, const float *lB, float *Ss, float *oA, float scale)
 {
-    int H = e->H, ns = e->ns, lat = e->lat, rkv = e->rkv;
-    for (int h = 0; h < H; h++) {
-        float *S = Ss + (size_t)h * ns, *o = oA + (size_t)h * rkv, mA, lA = 0;
-        infer__dots(S, qa + (size_t)h * lat, w->sink_lat, lat, ns, lat);
-        mA = scale * S[0];
-        for (int i = 0; i < ns; i++) S[i] = scale * S[i], mA = S[i] > mA ? S[i] : mA;
-        memset(o, 0, (size_t)rkv * sizeof *o);
-        for (int i = 0; i < ns; i++) {
-            lA += (S[i] = prl_expf(S[i] - mA));
-            axpy(o, S[i], w->sink_lat + (size_t)i * lat, rkv);
-        }
-        float m = mA > mB[h] ? mA : mB[h];
-        float a = lA * prl_expf(mA - m), bb = lB[h] * prl_expf(mB[h] - m), inv = 1 / (a + bb);
-        float *out = ov + (size_t)h * rkv;
-        for (int i = 0; i < rkv; i++) out[i] = (a * (o[i] / lA) + bb * out[i]) * inv;
-    }
+    for (int h = 0; h < e->H; h++) merge_sinks_head(e, w, qa, ov, mB, lB, Ss, oA, scale, h);
 }
 
 /* The absorbed row's softmax over its n keys S[h][0..n) (normalised in place; row pos_j =
@@ -243,6 +249,66 @@ static void absorbed_task(void *p, int r)
                              cache + (size_t)s0 * lat, lat, n - s0 < 4 ? n - s0 : 4, lat,
                              S + (size_t)h0 * L + s0, L);
     absorbed_finish(e, w, r, qa, cache, S, NULL, n, ov, Ss, oA, mB, lB);
+}
+
+/* The absorbed query of head h of row r (scratch layout of absorbed_task). */
+static void absorbed_query(const prl_infer *e, const layer_w *w, int r, int h, float *qa)
+{
+    int lat = e->lat, rkv = e->rkv;
+    float *qh = qa + (size_t)h * lat;
+    const float *q = e->rb.q + (size_t)r * e->H * e->dq + (size_t)h * e->dq;
+    infer__dots(qh, q, w->wuk_t + (size_t)h * rkv * e->dn, e->dn, rkv, e->dn);
+    memcpy(qh + rkv, q + e->dn, (size_t)e->dr * sizeof *qh);
+    infer__act_round(e, qh, (size_t)lat);
+}
+
+/* Heads [h0, h1) of row r in the absorbed form over n cache rows from `cache`, with the
+** thread's scratch S. Every step of the reference absorbed_task is per head (the absorbed
+** query, its scores, softmax, weighted sum, sinks, W_UV), so heads apart give the same
+** bits; the fast kernels (infer_absorbed.c) keep them too. */
+static void absorbed_heads(const prl_infer *e, const layer_w *w, int r, int h0, int h1,
+                           const float *cache, int n, float *S)
+{
+    int H = e->H, L = e->opt.max_len, lat = e->lat, rkv = e->rkv;
+    float *qa = S + (size_t)H * L, *ov = qa + (size_t)H * lat, *Ss = ov + (size_t)H * rkv;
+    float *oA = Ss + (size_t)H * e->ns, *mB = oA + (size_t)H * rkv, *lB = mB + H;
+    float scale = (float)e->attn_scale;
+    for (int h = h0; h < h1; h++) absorbed_query(e, w, r, h, qa);
+    infer__absorbed_scores(S + (size_t)h0 * L, L, qa + (size_t)h0 * lat, h1 - h0, cache, lat, n);
+    for (int h = h0; h < h1; h++) {
+        float *Sh = S + (size_t)h * L, *oh = ov + (size_t)h * rkv;
+        infer__absorbed_softmax(Sh, n, scale, &mB[h], &lB[h]);
+        infer__absorbed_wsum(oh, Sh, cache, lat, rkv, n);
+        if (e->ns > 0) merge_sinks_head(e, w, qa, ov, mB, lB, Ss, oA, scale, h);
+        infer__act_round(e, oh, (size_t)rkv);
+        infer__dots(e->rb.o + (size_t)r * H * e->dv + (size_t)h * e->dv, oh,
+                    w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
+    }
+}
+
+/* The absorbed form split into head groups: task t is group t mod G of row t / G (G =
+** c->groups). A group's heads read the row's cache one after another, so after the first
+** it comes from this core's L2; several groups a row put a decode row's heads on every
+** thread (batch 1 has one row). Heads are independent, so G never changes a bit. */
+static void absorbed_group_task(void *p, int t)
+{
+    att_ctx *c = p;
+    prl_infer *e = c->e;
+    const rows_buf *b = &e->rb;
+    const layer_w *w = &e->lw[c->l];
+    int H = e->H, L = e->opt.max_len, lat = e->lat, G = c->groups, r = t / G, gi = t % G;
+    int pos = b->pos[r];
+    int lo = w->window > 0 && pos - w->window + 1 > 0 ? pos - w->window + 1 : 0, n = pos + 1 - lo;
+    float *S = e->att_scratch + e->att_scratch_per_thread * (size_t)prl_pool_worker();
+    float *g = S + (size_t)H * (L + lat + 2 * e->rkv + e->ns + 2); /* past absorbed_head's */
+    const float *cache = lat_row(e, c->l, b->slot[r], lo);
+    if (is_ring(e, c->l)) { /* the window in position order */
+        for (int s = 0; s < n; s++)
+            memcpy(g + (size_t)s * lat, key_row(e, c->l, b->slot[r], lo + s, 0),
+                   (size_t)lat * sizeof *g);
+        cache = g;
+    }
+    absorbed_heads(e, w, r, gi * H / G, (gi + 1) * H / G, cache, n, S);
 }
 
 /* Rows of one sequence at consecutive positions form a run, cut into query blocks. */
@@ -400,7 +466,14 @@ static void attention(prl_infer *e, int l, int R)
                          (double)R * H * (keys + e->ns) * (e->dq + e->dv));
         free(runs);
     } else {
-        infer__run_tasks(R, absorbed_task, &c, (double)R * H * (keys + e->ns) * (2 * e->lat));
+        double macs = (double)R * H * (keys + e->ns) * (2 * e->lat);
+        if (w->dsa_sparse || e->absorbed_ref) /* a DSA row's selected keys: per row */
+            infer__run_tasks(R, absorbed_task, &c, macs);
+        else { /* rows a task, or a row's heads over the threads when rows are fewer */
+            int th = prl_pool_threads() > 0 ? prl_pool_threads() : 1;
+            c.groups = R >= th ? 1 : (th + R - 1) / R < H ? (th + R - 1) / R : H;
+            infer__run_tasks(R * c.groups, absorbed_group_task, &c, macs);
+        }
     }
     if (ring) write_cache(e, l, R);
     infer__act_round(e, b->o, (size_t)R * H * e->dv);

@@ -104,6 +104,7 @@ struct prl_infer {
     struct infer_lin_job *lin_jobs; /* 2·(E + 1): an MoE layer's up and down linears */
     size_t att_scratch_per_thread;
     int att_threads;
+    int absorbed_ref; /* tests: the reference absorbed kernel (one task a row, scalar loops) */
     rows_buf rb;
     slot_state *slots;
     prl_tensor_hook hook;
@@ -149,6 +150,7 @@ typedef float v8f __attribute__((vector_size(32))); /* 8 float lanes (GCC vector
 typedef void (*gemv_tile_fn)(const float *x, int ldx, int nr, const float *w, int ldw, int no,
                              int n, float *y, int ldy);
 extern gemv_tile_fn infer__gemv_tile;
+extern int infer__gemv_fma; /* 1: the GEMV kernels are the FMA ones */
 /* Pick the dot-product kernels for this CPU (once; prl_infer_init calls it). */
 void infer__choose_gemv(void);
 /* y[o] = x·w_o for o < no, w_o = w + o·ldw, 8 at a time. */
@@ -167,6 +169,20 @@ typedef struct infer_lin_job {
 /* infer__linear on each of n independent jobs (no job reads another's output), in one
 ** parallel region: the same bits, fewer pool hand-offs. */
 void infer__linear_many(const prl_infer *e, const infer_lin_job *jobs, int n);
+
+/* ------------------------------------------------------------------ infer_absorbed.c */
+
+/* Whether the fast kernels below run (the CPU has AVX2 and FMA, row kernels on); otherwise
+** they run the reference loops. Either way each gives the reference loops' bits. */
+int infer__absorbed_fast_ok(void);
+/* S[j·ldS + s] = q_j·c_s (q_j = q + j·lat, c_s = c + s·lat) for heads j < nh, keys s < n,
+** each the GEMV-order dot over lat elements. */
+void infer__absorbed_scores(float *S, int ldS, const float *q, int nh, const float *c, int lat,
+                            int n);
+/* Softmax of scale·S[0..n) in place (normalised); *mx, *sum: its max and sum of weights. */
+void infer__absorbed_softmax(float *S, int n, float scale, float *mx, float *sum);
+/* out[0..w) = Σ_{s<n} p[s]·c_s[0..w) (c_s = c + s·ld) in key order, multiply then add. */
+void infer__absorbed_wsum(float *out, const float *p, const float *c, int ld, int w, int n);
 
 /* ------------------------------------------------------------------ infer_forward.c - */
 
@@ -191,6 +207,8 @@ typedef struct cand {
 /* The candidates for τ > 0 (weights, top-k/top-p applied, sorted when restricted); returns
 ** how many. */
 int infer__sample_weights(cand *cs, const float *logits, int V, const prl_sample_params *sp);
+/* The same candidates by selection instead of a full sort (the decode step's form). */
+int infer__sample_weights_fast(cand *cs, const float *logits, int V, const prl_sample_params *sp);
 /* A token from a logits row (greedy when τ = 0, else a draw with rng); cs: V scratch entries. */
 int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
                       cand *cs);

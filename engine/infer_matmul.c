@@ -115,6 +115,7 @@ static void gemv_row8_generic(const float *x, const float *w, int ldw, int no, i
 
 typedef void (*gemv_row_fn)(const float *x, const float *w, int ldw, int no, int n, float *y);
 gemv_tile_fn infer__gemv_tile;
+int infer__gemv_fma;
 static gemv_row_fn gemv_row8;
 
 void infer__choose_gemv(void)
@@ -124,7 +125,7 @@ void infer__choose_gemv(void)
 #if defined(__x86_64__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        infer__gemv_tile = gemv_tile_fma, gemv_row8 = gemv_row8_fma;
+        infer__gemv_tile = gemv_tile_fma, gemv_row8 = gemv_row8_fma, infer__gemv_fma = 1;
 #endif
 }
 

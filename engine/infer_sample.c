@@ -65,35 +65,123 @@ static int cand_desc(const void *a, const void *b)
     return x->id - y->id;
 }
 
+/* The top-p cut of cs[0..n) (sorted): the shortest prefix whose weight reaches top_p of
+** `total`; n when none does (rounding). */
+static float row_max(const float *logits, int V);
+
+static int top_p_cut(const cand *cs, int n, double top_p, double total)
+{
+    double acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += cs[i].w;
+        if (acc >= top_p * total) return i + 1;
+    }
+    return n;
+}
+
 /* The sampler's candidates for τ > 0: cs[0..n) with weights exp(logits/τ − max) over the
-** ids below vocab_limit, restricted by top-k/top-p (then sorted by weight). Returns n. */
+** ids below vocab_limit, restricted by top-k/top-p (then sorted by weight, ties by id).
+** Returns n. The top-p mass is measured against the kept candidates' total: summed in
+** sorted order when top-k cut the vocabulary, else in id order (as the weights are made,
+** so the fast form needs no full sort). The reference form: it sorts everything. */
 int infer__sample_weights(cand *cs, const float *logits, int V, const prl_sample_params *sp)
 {
     if (sp->vocab_limit > 0 && sp->vocab_limit < V) V = sp->vocab_limit; /* never draw past it */
-    double mx = -INFINITY;
+    double mx = -INFINITY, total_id = 0;
     for (int i = 0; i < V; i++) {
         double x = logits[i] / sp->temperature;
         mx = x > mx ? x : mx;
     }
     int n = V;
-    for (int i = 0; i < V; i++) cs[i] = (cand){exp(logits[i] / sp->temperature - mx), i};
+    for (int i = 0; i < V; i++) {
+        cs[i] = (cand){exp(logits[i] / sp->temperature - mx), i};
+        total_id += cs[i].w;
+    }
     int restrict_ = (sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1;
     if (restrict_) {
         qsort(cs, (size_t)V, sizeof *cs, cand_desc);
         if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
         if (sp->top_p < 1) {
-            double total = 0, acc = 0;
+            double total = 0;
             for (int i = 0; i < n; i++) total += cs[i].w;
-            for (int i = 0; i < n; i++) {
-                acc += cs[i].w;
-                if (acc >= sp->top_p * total) {
-                    n = i + 1;
-                    break;
-                }
-            }
+            n = top_p_cut(cs, n, sp->top_p, n < V ? total : total_id);
         }
     }
     return n;
+}
+
+/* a before b in the candidates' order (weight descending, then id ascending). */
+static int better(const cand *a, const cand *b)
+{
+    return a->w > b->w || (a->w == b->w && a->id < b->id);
+}
+
+static void cand_swap(cand *a, cand *b)
+{
+    cand t = *a;
+    *a = *b, *b = t;
+}
+
+/* Rearrange cs[lo, hi) so that cs[lo, lo + k) holds its k first candidates in the order
+** (in any order among themselves): quickselect, median-of-three pivots. The order is strict
+** (ids differ), so the set is the one a full sort puts first. */
+static void select_first(cand *cs, int lo, int hi, int k)
+{
+    int want = lo + k;
+    while (hi - lo > 1 && want > lo && want < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (better(&cs[mid], &cs[lo])) cand_swap(&cs[mid], &cs[lo]);
+        if (better(&cs[hi - 1], &cs[lo])) cand_swap(&cs[hi - 1], &cs[lo]);
+        if (better(&cs[hi - 1], &cs[mid])) cand_swap(&cs[hi - 1], &cs[mid]);
+        cand pv = cs[mid]; /* the median; Lomuto partition around it */
+        cand_swap(&cs[mid], &cs[hi - 1]);
+        int st = lo;
+        for (int i = lo; i < hi - 1; i++)
+            if (better(&cs[i], &pv)) cand_swap(&cs[i], &cs[st++]);
+        cand_swap(&cs[st], &cs[hi - 1]); /* cs[lo, st) before the pivot, at st, the rest after */
+        if (st == want || st + 1 == want) return;
+        if (st > want) hi = st;
+        else lo = st + 1;
+    }
+}
+
+enum { TOP_P_CHUNK = 64 }; /* first candidates sorted per round of the top-p search */
+
+/* infer__sample_weights with selection instead of the full sort: top-k selects its k
+** candidates and sorts only them; top-p alone sorts growing chunks of the best remaining
+** candidates until the prefix reaches the mass. The same candidates in the same order with
+** the same weights, so every draw from them is the reference's. */
+int infer__sample_weights_fast(cand *cs, const float *logits, int V, const prl_sample_params *sp)
+{
+    if (sp->vocab_limit > 0 && sp->vocab_limit < V) V = sp->vocab_limit;
+    double tau = sp->temperature, mx = (double)row_max(logits, V) / tau, total_id = 0;
+    for (int i = 0; i < V; i++) {
+        cs[i] = (cand){exp(logits[i] / tau - mx), i};
+        total_id += cs[i].w;
+    }
+    if (sp->top_k > 0 && sp->top_k < V) {
+        int n = sp->top_k;
+        select_first(cs, 0, V, n);
+        qsort(cs, (size_t)n, sizeof *cs, cand_desc);
+        if (sp->top_p < 1) {
+            double total = 0;
+            for (int i = 0; i < n; i++) total += cs[i].w;
+            n = top_p_cut(cs, n, sp->top_p, total);
+        }
+        return n;
+    }
+    if (!(sp->top_p < 1)) return V;
+    double acc = 0, want = sp->top_p * total_id;
+    for (int done = 0, chunk = TOP_P_CHUNK; done < V; done += chunk, chunk *= 2) {
+        chunk = V - done < chunk ? V - done : chunk;
+        select_first(cs, done, V, chunk);
+        qsort(cs + done, (size_t)chunk, sizeof *cs, cand_desc);
+        for (int i = done; i < done + chunk; i++) {
+            acc += cs[i].w;
+            if (acc >= want) return i + 1;
+        }
+    }
+    return V;
 }
 
 static int argmax_row(const float *logits, int V, const prl_sample_params *sp)
@@ -105,13 +193,9 @@ static int argmax_row(const float *logits, int V, const prl_sample_params *sp)
     return best;
 }
 
-/* Draw a token from softmax(logits/τ) restricted by top-k/top-p; greedy when τ = 0. The
-** reference form: infer__sample_row_fast must return the same token. */
-int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
-                      cand *cs)
+/* A draw from the candidates cs[0..n) in proportion to their weights. */
+static int draw(const cand *cs, int n, prl_rng *rng)
 {
-    if (sp->temperature == 0) return argmax_row(logits, V, sp);
-    int n = infer__sample_weights(cs, logits, V, sp);
     double total = 0;
     for (int i = 0; i < n; i++) total += cs[i].w;
     double u = prl_rng_uniform(rng) * total, acc = 0;
@@ -120,6 +204,15 @@ int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, p
         if (u < acc) return cs[i].id;
     }
     return cs[n - 1].id; /* u rounded up to the total */
+}
+
+/* Draw a token from softmax(logits/τ) restricted by top-k/top-p; greedy when τ = 0. The
+** reference form: infer__sample_row_fast must return the same token. */
+int infer__sample_row(const float *logits, int V, const prl_sample_params *sp, prl_rng *rng,
+                      cand *cs)
+{
+    if (sp->temperature == 0) return argmax_row(logits, V, sp);
+    return draw(cs, infer__sample_weights(cs, logits, V, sp), rng);
 }
 
 /* max over i < V of logits[i] under the rule `x > m ? x : m` from −∞, in float. */
@@ -142,7 +235,7 @@ int infer__sample_row_fast(const float *logits, int V, const prl_sample_params *
     if (sp->temperature == 0) return argmax_row(logits, V, sp);
     if (sp->vocab_limit > 0 && sp->vocab_limit < V) V = sp->vocab_limit; /* never draw past it */
     int restrict_ = (sp->top_k > 0 && sp->top_k < V) || sp->top_p < 1;
-    if (restrict_) return infer__sample_row(logits, V, sp, rng, cs);
+    if (restrict_) return draw(cs, infer__sample_weights_fast(cs, logits, V, sp), rng);
     double tau = sp->temperature, mx = (double)row_max(logits, V) / tau, total = 0;
     for (int i = 0; i < V; i++) {
         cs[i].w = exp(logits[i] / tau - mx);

@@ -148,7 +148,7 @@ static int spec_budget(const gen_state *g, int s)
 ** (zeros outside the top-k/top-p set): what sampling draws from, for p and q alike. */
 static void probs_row(double *w, const float *logits, const gen_state *g)
 {
-    int V = g->e->V, n = infer__sample_weights(g->cands, logits, V, g->sp);
+    int V = g->e->V, n = infer__sample_weights_fast(g->cands, logits, V, g->sp);
     double total = 0;
     for (int i = 0; i < n; i++) total += g->cands[i].w;
     memset(w, 0, (size_t)V * sizeof *w);

@@ -277,19 +277,116 @@ static mismatch run_vs_train(const char *mode, int batch, uint64_t seed)
     return mm;
 }
 
-/* The decode step's sampler (infer__sample_row_fast) against the reference one: the same
-** token for every seed, temperature, top-k/top-p and vocabulary limit, on rows of several
-** lengths (tails past the 8-lane blocks), scales, ties, zeros of both signs and −∞ entries.
+/* The absorbed attention's fast kernels (infer_absorbed.c) against their reference loops
+** (the same calls with the AVX2 row kernels off): bitwise equal scores, softmax (weights and
+** statistics) and weighted sums, for head counts 1–3, key counts on and off the 8-key blocks
+** and latent widths with and without an 8-lane tail, scores large enough to hit exp's clamp. */
+START_TEST(test_absorbed_kernels_match_reference)
+{
+    static const int lats[] = {80, 83, 8, 5, 136};
+    static const int ns[] = {1, 3, 8, 13, 64, 333, 1000};
+    enum { NMAX = 1000, LMAX = 136, HMAX = 3 };
+    infer__choose_gemv();
+    int fast = infer__absorbed_fast_ok();
+    float *c = malloc((size_t)NMAX * LMAX * sizeof *c), *q = malloc(HMAX * LMAX * sizeof *q);
+    float *Sa = malloc((size_t)HMAX * NMAX * sizeof *Sa), *Sb = malloc((size_t)HMAX * NMAX * 4);
+    float *raw = malloc((size_t)HMAX * NMAX * sizeof *raw);
+    float oa[LMAX], ob[LMAX];
+    long checked = 0;
+    prl_rng rng;
+    prl_rng_init(&rng, 5, 0, 0, 0, PRL_RNG_TEST);
+    for (size_t li = 0; li < sizeof lats / sizeof *lats; li++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (int nh = 1; nh <= HMAX; nh++) {
+                int lat = lats[li], n = ns[ni], w = lat - (lat > 16 ? 16 : 0);
+                float amp = ni % 2 ? 30.0f : 1.0f; /* amp 30: scores past exp's clamp */
+                for (int i = 0; i < n * lat; i++) c[i] = (float)(prl_rng_normal(&rng));
+                for (int i = 0; i < nh * lat; i++) q[i] = amp * (float)prl_rng_normal(&rng);
+                for (int v = 0; v < 2; v++) { /* v 0: fast (when the CPU has it), 1: reference */
+                    float *S = v ? Sb : Sa, *o = v ? ob : oa, mx[HMAX], sum[HMAX];
+                    int was = prl_row_kernels_avx2_set(v == 0);
+                    infer__absorbed_scores(S, NMAX, q, nh, c, lat, n);
+                    for (int j = 0; j < nh; j++) /* the fast scores kept, checked below */
+                        if (v == 0)
+                            memcpy(raw + (size_t)j * NMAX, S + (size_t)j * NMAX, (size_t)n * 4);
+                        else
+                            ck_assert_msg(!memcmp(raw + (size_t)j * NMAX, S + (size_t)j * NMAX,
+                                                  (size_t)n * 4),
+                                          "scores differ: lat %d n %d head %d of %d", lat, n, j,
+                                          nh);
+                    for (int j = 0; j < nh; j++)
+                        infer__absorbed_softmax(S + (size_t)j * NMAX, n, 0.125f, &mx[j], &sum[j]);
+                    infer__absorbed_wsum(o, S, c, lat, w, n);
+                    prl_row_kernels_avx2_set(was);
+                    static float mxa[HMAX], suma[HMAX];
+                    if (v == 0) {
+                        memcpy(mxa, mx, sizeof mx), memcpy(suma, sum, sizeof sum);
+                        continue;
+                    }
+                    for (int j = 0; j < nh; j++)
+                        ck_assert_msg(
+                            !memcmp(Sa + (size_t)j * NMAX, Sb + (size_t)j * NMAX, (size_t)n * 4) &&
+                                mxa[j] == mx[j] && suma[j] == sum[j],
+                            "softmax differs: lat %d n %d head %d", lat, n, j);
+                    ck_assert_msg(!memcmp(oa, ob, (size_t)w * 4),
+                                  "weighted sum differs: lat %d n %d width %d", lat, n, w);
+                    checked++;
+                }
+            }
+    printf("absorbed kernels: %ld cases, fast form %s, bitwise equal to the reference loops\n",
+           checked, fast ? "on" : "off (no AVX2/FMA: both sides ran the reference)");
+    free(c), free(q), free(Sa), free(Sb), free(raw);
+}
+END_TEST
+
+/* The engine with the fast absorbed attention (rows' heads split into groups over the
+** threads, fast kernels) against the reference one (absorbed_task, one task a row): the same
+** tokens and log-prob bits, sampled, at batch 1 and 3, on tiny.json and on the model with
+** sliding-window rings (W 16, wrapping), sinks with values and ModAttn convs. */
+START_TEST(test_absorbed_engine_matches_reference)
+{
+    static const int blocks[] = {0, 1};
+    for (int bi = 0; bi < 2; bi++) {
+        load_model(blocks[bi]);
+        for (int batch = 1; batch <= 3; batch += 2) {
+            reqs q;
+            make_requests(&q, 6, 21);
+            prl_sample_params sp = sampling(1.0, 40);
+            prl_gen_result res[2][6];
+            for (int v = 0; v < 2; v++) {
+                prl_infer *e = engine("fp32", batch);
+                e->absorbed_ref = v;
+                generate(e, &q, 6, &sp, res[v]);
+                prl_infer_free(e);
+            }
+            for (int i = 0; i < 6; i++) {
+                const prl_gen_result *a = &res[0][i], *b = &res[1][i];
+                ck_assert_msg(
+                    a->n == b->n && !memcmp(a->tokens, b->tokens, (size_t)a->n * 4) &&
+                        !memcmp(a->logprobs, b->logprobs, (size_t)a->n * 4) &&
+                        !memcmp(a->prompt_logprobs, b->prompt_logprobs, (size_t)a->prompt_len * 4),
+                    "blocks %d batch %d: request %d differs", blocks[bi], batch, i);
+            }
+            free_all(res[0], 6, NULL), free_all(res[1], 6, NULL);
+        }
+    }
+}
+END_TEST
+
+/* The decode step's sampler (infer__sample_row_fast, top-k/top-p by selection) against the
+** reference one (full sort): the same candidates, and the same token for every seed,
+** temperature, top-k/top-p and vocabulary limit, on rows of several lengths (tails past the
+** 8-lane blocks), scales, ties, zeros of both signs and −∞ entries.
 ** The draws must also differ between seeds, or agreeing would prove nothing. */
 START_TEST(test_fast_sampler_matches_naive)
 {
     static const int Vs[] = {1, 7, 8, 61, 512, 1031};
     static const double taus[] = {0, 0.25, 0.7, 1, 1.6};
-    static const int top_ks[] = {0, 1, 5};
-    static const double top_ps[] = {1, 0.9};
+    static const int top_ks[] = {0, 1, 5, 50};
+    static const double top_ps[] = {1, 0.9, 0.3};
     enum { ROWS = 6, SEEDS = 40, VMAX = 1031 };
     float *logits = malloc(VMAX * sizeof *logits);
-    cand *cs = malloc(VMAX * sizeof *cs);
+    cand *cs = malloc(VMAX * sizeof *cs), *cf = malloc(VMAX * sizeof *cf);
     long draws = 0, differing = 0;
     for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++) {
         int V = Vs[vi];
@@ -311,6 +408,17 @@ START_TEST(test_fast_sampler_matches_naive)
                             sp.temperature = taus[ti], sp.top_k = top_ks[ki];
                             sp.top_p = top_ps[pi], sp.vocab_limit = lim ? (V + 1) / 2 : 0;
                             int first = -1;
+                            if (sp.temperature > 0) { /* the selected candidates themselves */
+                                int na = infer__sample_weights(cs, logits, V, &sp);
+                                int nb = infer__sample_weights_fast(cf, logits, V, &sp);
+                                ck_assert_msg(na == nb,
+                                              "V %d row %d top-k %d top-p %g: %d vs %d "
+                                              "candidates",
+                                              V, row, sp.top_k, sp.top_p, na, nb);
+                                for (int i = 0; i < na; i++)
+                                    ck_assert_msg(cs[i].id == cf[i].id && cs[i].w == cf[i].w,
+                                                  "V %d row %d: candidate %d differs", V, row, i);
+                            }
                             for (int seed = 0; seed < SEEDS; seed++) {
                                 prl_rng a, b;
                                 prl_rng_init(&a, (uint64_t)seed, 3, (uint64_t)row, 0,
@@ -332,7 +440,7 @@ START_TEST(test_fast_sampler_matches_naive)
     }
     ck_assert_int_gt(differing, draws / 8); /* the seeds do move the draws */
     free(logits);
-    free(cs);
+    free(cs), free(cf);
 }
 END_TEST
 
@@ -842,6 +950,8 @@ int main(void)
     tcase_add_test(tc, test_shared_prefill_bitwise);
     tcase_add_test(tc, test_stops_forced_and_routes_format);
     tcase_add_test(tc, test_fast_sampler_matches_naive);
+    tcase_add_test(tc, test_absorbed_kernels_match_reference);
+    tcase_add_test(tc, test_absorbed_engine_matches_reference);
     tcase_add_test(tc, test_kv_bytes_and_bad_input);
     tcase_add_test(tc, test_hook_names_match);
     tcase_add_test(tc, test_swa_sinks_match_train_path);
