@@ -179,7 +179,7 @@ int cmd_diagnose(int argc, char **argv)
          0, 0},
         {"n", OPT_INT, &a.n, "N", "at most N sequences (default 8)", 0, 0},
         {"precision", OPT_STR, &a.precision, "P",
-         "infer path: fp32 (default), bf16, fp16 or aligned", 0, 0},
+         "infer path: fp32 (default), bf16, fp16, w8a8 or aligned", 0, 0},
         {"mla", OPT_STR, &a.mla, "FORM", "infer path: absorbed or naive (overrides the preset)", 0,
          0},
         {"matmul", OPT_STR, &a.matmul, "KIND",

@@ -59,12 +59,14 @@ prl_status prl_infer_options_preset(prl_infer_options *o, const char *name)
                              : -1;
         o->mla = PRL_MLA_NAIVE;
         o->matmul = PRL_MATMUL_GEMM;
+    } else if (!strcmp(name, "w8a8")) {
+        p = PRL_PRECISION_FP32, o->w8a8 = 1;
     } else {
         p = lookup(precision_names, 3, name);
     }
     if (p < 0)
         return prl_error_set(PRL_ERR_ARG,
-                             "unknown precision '%s' (choices: fp32, bf16, fp16, "
+                             "unknown precision '%s' (choices: fp32, bf16, fp16, w8a8, "
                              "aligned, aligned-bf16, aligned-fp16)",
                              name);
     o->precision = (prl_precision)p;
@@ -76,10 +78,11 @@ prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, co
 {
     int v;
     if (precision) {
-        if ((v = lookup(precision_names, 3, precision)) < 0)
-            return prl_error_set(PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16)",
-                                 precision);
-        o->precision = (prl_precision)v;
+        int w8a8 = !strcmp(precision, "w8a8");
+        if ((v = w8a8 ? PRL_PRECISION_FP32 : lookup(precision_names, 3, precision)) < 0)
+            return prl_error_set(
+                PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16, w8a8)", precision);
+        o->precision = (prl_precision)v, o->w8a8 = w8a8;
     }
     if (mla) {
         if ((v = lookup(mla_names, 2, mla)) < 0)
@@ -98,8 +101,9 @@ prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, co
 
 void prl_infer_options_describe(const prl_infer_options *o, char *out, size_t n)
 {
-    snprintf(out, n, "precision=%s mla=%s matmul=%s", precision_names[o->precision],
-             mla_names[o->mla], matmul_names[o->matmul]);
+    snprintf(out, n, "precision=%s mla=%s matmul=%s",
+             o->w8a8 ? "w8a8" : precision_names[o->precision], mla_names[o->mla],
+             matmul_names[o->matmul]);
 }
 
 /* ------------------------------------------------------------------ set-up ---------- */
@@ -121,15 +125,37 @@ static const float *tensor(const prl_infer *e, const float *base, int64_t rows, 
     return base + p->offset;
 }
 
-static prl_status lin_init(const prl_infer *e, lin *L, const float *w, int out, int in)
+static void lin_free(lin *L)
 {
-    prl_packed_b_free(&L->pk);
-    *L = (lin){.w = w, .out = out, .in = in};
+    prl_packed_b_free(&L->pk), prl_q8w_free(&L->q8), prl_bf16w_free(&L->bf);
+}
+
+/* Bind a linear held as `kind` in W8A8 mode (fp32 otherwise). Its smoothing factors survive a
+** rebind (prl_infer_refresh re-quantizes with them). */
+static prl_status lin_init_as(const prl_infer *e, lin *L, const float *w, int out, int in, int kind)
+{
+    float *smooth = L->smooth, alpha = L->smooth ? L->alpha : -1;
+    lin_free(L);
+    *L = (lin){.w = w, .out = out, .in = in, .kind = e->opt.w8a8 ? kind : LIN_F32};
+    L->smooth = smooth, L->alpha = alpha;
+    if (L->kind == LIN_Q8) return prl_q8w_init(&L->q8, w, in, out, in, smooth);
+    if (L->kind == LIN_BF16) return prl_bf16w_init(&L->bf, w, in, out, in);
     if (e->opt.matmul == PRL_MATMUL_GEMM) return prl_packed_b_init(&L->pk, 1, in, out, w, in);
     return PRL_OK;
 }
 
-static void lin_free(lin *L) { prl_packed_b_free(&L->pk); }
+static prl_status lin_init(const prl_infer *e, lin *L, const float *w, int out, int in)
+{
+    return lin_init_as(e, L, w, out, in, LIN_F32);
+}
+
+/* A lin and its smoothing factors (engine teardown). */
+static void lin_free_all(lin *L)
+{
+    lin_free(L);
+    free(L->smooth);
+    L->smooth = NULL;
+}
 
 /* Sink rows of layer l from the (rounded) weights `base`, by the train path's own ops: the
 ** latent rows [RMSNorm(param_sink_compressed_kv; kv_a_layernorm) | param_sink_k_pe] (zero
@@ -246,43 +272,51 @@ static prl_status bind_weights(prl_infer *e)
                    e->m->cfg.sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
         if (!rc) rc = bind_residual(e, l, base);
         if (!rc && e->rq == 0) /* q_lora_rank null: the direct q_proj */
-            rc = lin_init(e, &w->wq_b, T("self_attn.q_proj.weight", e->H * e->dq, e->d),
-                          e->H * e->dq, e->d);
+            rc = lin_init_as(e, &w->wq_b, T("self_attn.q_proj.weight", e->H * e->dq, e->d),
+                             e->H * e->dq, e->d, LIN_Q8);
         else if (!rc)
-            rc = lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
+            rc = lin_init_as(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d,
+                             LIN_BF16);
         rc = rc || e->rq == 0
                  ? rc
-                 : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
-                            e->H * e->dq, e->rq);
+                 : lin_init_as(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
+                               e->H * e->dq, e->rq, LIN_Q8);
         rc = rc ? rc
-                : lin_init(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
-                           e->lat, e->d);
+                : lin_init_as(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
+                              e->lat, e->d, LIN_BF16);
         rc = rc ? rc
                 : lin_init(e, &w->wkv_b, T("self_attn.kv_b_proj.weight", e->H * e->dkv, e->rkv),
                            e->H * e->dkv, e->rkv);
         rc = rc ? rc
-                : lin_init(e, &w->wo, T("self_attn.o_proj.weight", e->d, e->H * e->dv), e->d,
-                           e->H * e->dv);
+                : lin_init_as(e, &w->wo, T("self_attn.o_proj.weight", e->d, e->H * e->dv), e->d,
+                              e->H * e->dv, LIN_Q8);
         if (w->moe < 0) { /* gate_proj and up_proj are adjacent: one stacked [2I, d] matrix */
             rc = rc ? rc
-                    : lin_init(e, &w->w13, T("mlp.gate_proj.weight", e->I, e->d), 2 * e->I, e->d);
-            rc = rc ? rc : lin_init(e, &w->w2, T("mlp.down_proj.weight", e->d, e->I), e->d, e->I);
+                    : lin_init_as(e, &w->w13, T("mlp.gate_proj.weight", e->I, e->d), 2 * e->I, e->d,
+                                  LIN_Q8);
+            rc = rc ? rc
+                    : lin_init_as(e, &w->w2, T("mlp.down_proj.weight", e->d, e->I), e->d, e->I,
+                                  LIN_Q8);
         } else {
-            rc = rc ? rc : lin_init(e, &w->router, T("mlp.gate.weight", e->E, e->d), e->E, e->d);
+            rc = rc ? rc
+                    : lin_init_as(e, &w->router, T("mlp.gate.weight", e->E, e->d), e->E, e->d,
+                                  LIN_BF16);
             if (e->sde > 0) {
                 rc = rc ? rc
-                        : lin_init(e, &w->w13,
-                                   T("mlp.shared_experts.gate_proj.weight", e->sde, e->d),
-                                   2 * e->sde, e->d);
-                rc =
-                    rc ? rc
-                       : lin_init(e, &w->w2, T("mlp.shared_experts.down_proj.weight", e->d, e->sde),
-                                  e->d, e->sde);
+                        : lin_init_as(e, &w->w13,
+                                      T("mlp.shared_experts.gate_proj.weight", e->sde, e->d),
+                                      2 * e->sde, e->d, LIN_BF16);
+                rc = rc ? rc
+                        : lin_init_as(e, &w->w2,
+                                      T("mlp.shared_experts.down_proj.weight", e->d, e->sde), e->d,
+                                      e->sde, LIN_BF16);
             }
             for (int x = 0; x < e->E && !rc; x++) {
-                rc = lin_init(e, &w->e13[x], X("gate_proj.weight", e->de, e->d), 2 * e->de, e->d);
+                rc = lin_init_as(e, &w->e13[x], X("gate_proj.weight", e->de, e->d), 2 * e->de, e->d,
+                                 LIN_Q8);
                 rc = rc ? rc
-                        : lin_init(e, &w->e2[x], X("down_proj.weight", e->d, e->de), e->d, e->de);
+                        : lin_init_as(e, &w->e2[x], X("down_proj.weight", e->d, e->de), e->d, e->de,
+                                      LIN_Q8);
             }
         }
         /* W_UK_hᵀ: rows [h·dkv, h·dkv + dn) of kv_b_proj are head h's key up-projection */
@@ -295,12 +329,14 @@ static prl_status bind_weights(prl_infer *e)
         if (w->dsa && !rc) { /* trunk DSA layers only (w->dsa is 0 for MTP layers) */
 #define IX(name, rows, cols)                                                                       \
     tensor(e, base, rows, cols, "model.layers.%d.self_attn.indexer." name, l)
-            rc = lin_init(e, &w->ix_wq_b, IX("wq_b.weight", e->HI * e->dI, e->rq), e->HI * e->dI,
-                          e->rq);
-            rc = rc ? rc : lin_init(e, &w->ix_wk, IX("wk.weight", e->dI, e->d), e->dI, e->d);
+            rc = lin_init_as(e, &w->ix_wq_b, IX("wq_b.weight", e->HI * e->dI, e->rq), e->HI * e->dI,
+                             e->rq, LIN_BF16);
             rc =
                 rc ? rc
-                   : lin_init(e, &w->ix_wproj, IX("weights_proj.weight", e->HI, e->d), e->HI, e->d);
+                   : lin_init_as(e, &w->ix_wk, IX("wk.weight", e->dI, e->d), e->dI, e->d, LIN_BF16);
+            rc = rc ? rc
+                    : lin_init_as(e, &w->ix_wproj, IX("weights_proj.weight", e->HI, e->d), e->HI,
+                                  e->d, LIN_BF16);
             w->ix_k_norm = IX("k_norm.weight", e->dI, 0);
 #undef IX
         }
@@ -317,7 +353,9 @@ static prl_status bind_weights(prl_infer *e)
 #undef X
     e->embed = tensor(e, base, e->V, e->d, "model.embed_tokens.weight");
     e->norm = tensor(e, base, e->d, 0, "model.norm.weight");
-    if (!rc) rc = lin_init(e, &e->head, tensor(e, base, e->V, e->d, "lm_head.weight"), e->V, e->d);
+    if (!rc)
+        rc = lin_init_as(e, &e->head, tensor(e, base, e->V, e->d, "lm_head.weight"), e->V, e->d,
+                         LIN_BF16);
     if (!rc && e->m->cfg.use_mhc)
         rc = bind_mhc(e, &e->merge_phi, &e->merge_gamma, &e->merge_alpha, &e->merge_beta, base,
                       "model.merge_mhc_module", 0);
@@ -411,6 +449,25 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
     }
 }
 
+/* W8A8: room for the quantized inputs of the largest INT8 call or set on `cap` rows — an MoE
+** layer's routed up or down projections (K rows a token), a dense MLP's, the query's or
+** o_proj's (infer_matmul.c quantizes each into its own part). */
+static void q8_scratch_alloc(prl_infer *e, int cap, int *failed)
+{
+    size_t K = e->K > 0 ? (size_t)e->K : 1, w = 0;
+    size_t cand[] = {K * prl_q8_ld(e->d),
+                     K * prl_q8_ld(e->de > 0 ? e->de : 1),
+                     (size_t)prl_q8_ld(e->I),
+                     (size_t)prl_q8_ld(e->rq > 0 ? e->rq : e->d),
+                     (size_t)prl_q8_ld(e->H * e->dv),
+                     (size_t)prl_q8_ld(e->d)};
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) w = cand[i] > w ? cand[i] : w;
+    e->q8x_cap = (size_t)cap * w, e->q8s_cap = (size_t)cap * K;
+    e->q8x = xcalloc(e->q8x_cap, 1, failed);
+    e->q8s = xcalloc(e->q8s_cap, sizeof(float), failed);
+    (void)prl_q8_kernel_active(); /* chosen once here, before any pool thread asks */
+}
+
 static void rows_buf_free(rows_buf *b)
 {
     void *ptrs[] = {
@@ -444,6 +501,9 @@ static prl_status check_options(const prl_model *m, prl_infer_options *o)
                              "draft vocabulary %d not in [0, vocab_size = %d] "
                              "(0 = the whole vocabulary)",
                              o->spec_draft_vocab, m->cfg.vocab_size);
+    if (o->w8a8 && o->precision != PRL_PRECISION_FP32)
+        return prl_error_set(PRL_ERR_ARG, "w8a8 keeps activations in fp32: precision %s with w8a8",
+                             prl_precision_name(o->precision));
     if ((unsigned)o->precision > PRL_PRECISION_FP16 || (unsigned)o->mla > PRL_MLA_NAIVE ||
         (unsigned)o->matmul > PRL_MATMUL_BLAS)
         return prl_error_set(PRL_ERR_ARG, "invalid infer options");
@@ -541,6 +601,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->lin_jobs = xcalloc(2 * ((size_t)e->E + 1), sizeof *e->lin_jobs, &failed);
     int verify_rows = o.max_batch * (1 + o.spec_drafts);
     rows_buf_alloc(e, o.max_len > verify_rows ? o.max_len : verify_rows, &failed);
+    if (o.w8a8) q8_scratch_alloc(e, e->rb.cap, &failed);
     e->slots = xcalloc((size_t)o.max_batch, sizeof *e->slots, &failed);
     for (int s = 0; s < o.max_batch && e->slots; s++) {
         slot_state *st = &e->slots[s];
@@ -576,10 +637,11 @@ void prl_infer_free(prl_infer *e)
     for (int l = 0; e->lw && l < e->L + e->Lm; l++) {
         layer_w *w = &e->lw[l];
         lin_free(&w->eh_proj), lin_free(&w->own_head), lin_free(&w->draft_head);
-        lin_free(&w->wq_a), lin_free(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
-        lin_free(&w->wo), lin_free(&w->w13), lin_free(&w->w2), lin_free(&w->router);
+        lin_free(&w->wq_a), lin_free_all(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
+        lin_free_all(&w->wo), lin_free_all(&w->w13), lin_free_all(&w->w2);
+        lin_free(&w->router);
         lin_free(&w->ix_wq_b), lin_free(&w->ix_wk), lin_free(&w->ix_wproj);
-        for (int x = 0; x < e->E && w->e13; x++) lin_free(&w->e13[x]), lin_free(&w->e2[x]);
+        for (int x = 0; x < e->E && w->e13; x++) lin_free_all(&w->e13[x]), lin_free_all(&w->e2[x]);
         free(w->e13), free(w->e2), free(w->wuk_t), free(w->sink_lat), free(w->sink_kv);
         for (int i = 0; i < 3; i++) free(w->conv_state[i]);
         lin_free(&w->hc_phi[0]), lin_free(&w->hc_phi[1]);
@@ -594,7 +656,7 @@ void prl_infer_free(prl_infer *e)
     free(e->spec_p);
     free(e->slots), free(e->lw), free(e->wcopy), free(e->rope_cos), free(e->rope_sin);
     free(e->cache_lat), free(e->cache_kv), free(e->cache_idx), free(e->att_scratch);
-    free(e->lin_jobs);
+    free(e->lin_jobs), free(e->q8x), free(e->q8s);
     rows_buf_free(&e->rb);
     free(e);
 }

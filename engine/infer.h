@@ -48,6 +48,11 @@ typedef struct prl_infer_options {
                            ** before it, in the same admission round, copies that slot's
                            ** caches instead (a GRPO group's G samples prefill once; the
                            ** output is bitwise the same; docs/infer.md) */
+    int w8a8; /* 1: W8A8 rollouts (preset "w8a8", precision fp32): INT8 o_proj, q_b_proj, dense
+              ** MLP and routed experts (per-channel weights, per-token activations, optional
+              ** SmoothQuant factors from prl_infer_calibrate); q_a, kv_a, the router, shared
+              ** experts, indexer and LM head in BF16 weights; kv_b, mHC, MTP, norms and the
+              ** embedding fp32; activations fp32 (docs/infer.md "W8A8") */
 } prl_infer_options;
 
 /* Speculative decoding counters since prl_infer_init: drafts proposed and accepted (the
@@ -67,10 +72,10 @@ typedef struct prl_spec_stats {
 void prl_infer_options_default(prl_infer_options *o);
 /* "fp32" | "bf16" | "fp16" (absorbed MLA, the GEMM, that precision) or "aligned" (fp32,
 ** naive MLA, the train path's GEMM), "aligned-bf16" / "aligned-fp16" (the same in bf16 /
-** fp16: bitwise the train path at that precision). Unknown names are PRL_ERR_ARG naming the
-** choices. */
+** fp16: bitwise the train path at that precision), "w8a8" (fp32 + w8a8 = 1). Unknown names
+** are PRL_ERR_ARG naming the choices. */
 prl_status prl_infer_options_preset(prl_infer_options *o, const char *name);
-/* Parse the knob values used by the CLI: precision "fp32|bf16|fp16", mla "absorbed|naive",
+/* Parse the knob values used by the CLI: precision "fp32|bf16|fp16|w8a8", mla "absorbed|naive",
 ** matmul "gemv|gemm|blas". NULL leaves a field unchanged. */
 prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, const char *mla,
                                  const char *matmul);

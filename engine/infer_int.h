@@ -8,6 +8,7 @@
 #define PRL_INFER_INT_H
 
 #include "engine/ops.h"
+#include "engine/quant.h"
 
 #ifdef PRL_REAL_DOUBLE
 #error "the infer path is float-only (build it in prl_model, not prl_model64)"
@@ -15,11 +16,21 @@
 
 /* ------------------------------------------------------------------ state ----------- */
 
-/* A linear layer out = x·wᵀ, w [out, in] (with a packed copy for the GEMM kind). */
+/* How a linear's weights are held: fp32 (packed for the GEMM kind), or, in W8A8 mode, INT8
+** (the report's split) or BF16 (the other large linears; docs/infer.md "W8A8"). */
+enum { LIN_F32 = 0, LIN_Q8 = 1, LIN_BF16 = 2 };
+
+/* A linear layer out = x·wᵀ, w [out, in] (with a packed copy for the GEMM kind). w is the
+** model's fp32 tensor whatever the kind (the absorbed attention and the drafts read it). */
 typedef struct lin {
     const float *w;
     int out, in;
     prl_packed_b pk;
+    int kind;
+    prl_q8w q8;    /* LIN_Q8 */
+    prl_bf16w bf;  /* LIN_BF16 */
+    float *smooth; /* LIN_Q8: SmoothQuant factors [in] (owned; kept across refreshes), or NULL */
+    float alpha;   /* the migration strength they were searched at (-1: none) */
 } lin;
 
 typedef struct layer_w {
@@ -118,6 +129,9 @@ struct prl_infer {
     int conv_hist;       /* inputs a conv history keeps per slot: k − 1 + spare rows */
     double *spec_p;      /* [D + 1][V] one slot's verify distributions */
     prl_spec_stats spec; /* counters since init */
+    int8_t *q8x;         /* W8A8: the INT8 linears' quantized inputs of one call or set */
+    float *q8s;          /* and their per-row scales */
+    size_t q8x_cap, q8s_cap;
 };
 
 /* Activation rounding at an op's output (no-op in fp32). */

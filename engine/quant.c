@@ -129,8 +129,10 @@ __attribute__((target("avx2"))) static void dots_avx2(int32_t *acc, const int8_t
 /* vpdpbusd multiplies unsigned by signed bytes: x + 128 is unsigned, and
 ** Σ (x+128)·w − 128·Σ w = Σ x·w exactly. Compiled always, run only where cpuid says so (this
 ** repository's development machine has AVX2 only, so this kernel is untested there). */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
-dots_vnni(int32_t *acc, const int8_t *xq, const prl_q8w *w, int o0, int no)
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void dots_vnni(int32_t *acc,
+                                                                             const int8_t *xq,
+                                                                             const prl_q8w *w,
+                                                                             int o0, int no)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int o = 0; o < no; o += 4) {
@@ -166,8 +168,7 @@ int prl_q8_kernel_supported(prl_q8_kernel k)
     if (k == PRL_Q8_NAIVE) return 1;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (k == PRL_Q8_AVX2)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (k == PRL_Q8_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (k == PRL_Q8_VNNI)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vnni");
@@ -192,8 +193,10 @@ prl_status prl_q8_kernel_set(const char *name)
     for (int k = 0; k < 3; k++)
         if (!strcmp(name, kernel_names[k])) {
             if (!prl_q8_kernel_supported((prl_q8_kernel)k))
-                return prl_error_set(PRL_ERR_ARG, "INT8 kernel '%s' needs an instruction set this "
-                                                  "CPU does not have", name);
+                return prl_error_set(PRL_ERR_ARG,
+                                     "INT8 kernel '%s' needs an instruction set this "
+                                     "CPU does not have",
+                                     name);
             active = (prl_q8_kernel)k, chosen = 1;
             return PRL_OK;
         }
@@ -207,8 +210,7 @@ prl_q8_kernel prl_q8_kernel_active(void)
     return active;
 }
 
-void prl_q8_dots(prl_q8_kernel k, int32_t *acc, const int8_t *xq, const prl_q8w *w, int o0,
-                 int no)
+void prl_q8_dots(prl_q8_kernel k, int32_t *acc, const int8_t *xq, const prl_q8w *w, int o0, int no)
 {
 #if defined(__x86_64__)
     if (k == PRL_Q8_AVX2) return dots_avx2(acc, xq, w, o0, no);

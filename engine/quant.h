@@ -44,8 +44,7 @@ void prl_q8_quantize_rows(int8_t *q, float *scale, const float *x, int ldx, int 
                           const float *inv_s);
 
 /* acc[o] = Σ_i xq[i]·q_{o0+o}[i] for o < no (one row xq of ld bytes), by kernel k. */
-void prl_q8_dots(prl_q8_kernel k, int32_t *acc, const int8_t *xq, const prl_q8w *w, int o0,
-                 int no);
+void prl_q8_dots(prl_q8_kernel k, int32_t *acc, const int8_t *xq, const prl_q8w *w, int o0, int no);
 /* y[r·ldy + o] = acc · scale_{o0+o} · xs[r] for rows r < R and outputs o < no, by the active
 ** kernel: one INT8 linear's block of outputs. */
 void prl_q8_linear_block(float *y, int ldy, const int8_t *xq, const float *xs, int R,

@@ -85,7 +85,8 @@ START_TEST(test_q8_linear_error_bound)
     prl_q8w w;
     assert_ok(prl_q8w_init(&w, W, in, out, in, NULL));
     int8_t *xq = malloc((size_t)R * w.ld);
-    float xs[3], *y = malloc((size_t)R * out * sizeof *y), *y2 = malloc((size_t)R * out * sizeof *y);
+    float xs[3], *y = malloc((size_t)R * out * sizeof *y),
+                 *y2 = malloc((size_t)R * out * sizeof *y);
     prl_q8_quantize_rows(xq, xs, x, in, R, in, w.ld, NULL);
     assert_ok(prl_q8_kernel_set("naive"));
     prl_q8_linear_block(y, out, xq, xs, R, &w, 0, out);
@@ -129,7 +130,8 @@ static double q8_mse(const float *x, const float *W, int R, int in, int out, con
     for (int r = 0; r < R; r++)
         for (int o = 0; o < out; o++) {
             double ref = 0;
-            for (int i = 0; i < in; i++) ref += (double)x[(size_t)r * in + i] * W[(size_t)o * in + i];
+            for (int i = 0; i < in; i++)
+                ref += (double)x[(size_t)r * in + i] * W[(size_t)o * in + i];
             se += (y[(size_t)r * out + o] - ref) * (y[(size_t)r * out + o] - ref);
         }
     prl_q8w_free(&w);
