@@ -11,6 +11,16 @@
 
 int prl_q8_ld(int in) { return (in + 63) / 64 * 64; }
 
+/* The interleaved layout: four rows' 32-byte chunks in turn, so a kernel computing four
+** outputs reads one sequential stream (as the fp32 GEMM's packed panels; four separate row
+** streams were slower). Rows past `out` are zero. */
+size_t prl_q8w_index(const prl_q8w *w, int o, int i)
+{
+    size_t chunks = (size_t)w->ld / 32;
+    return (((size_t)(o / 4) * chunks + (size_t)i / 32) * 4 + (size_t)(o % 4)) * 32 +
+           (size_t)i % 32;
+}
+
 /* round(v / scale) clamped to [-127, 127]: -128 never appears, so |x|·|w| <= 127² and two
 ** such products fit int16 (the AVX2 kernel's vpmaddubsw cannot saturate). */
 static int8_t q8_round(float v, float inv)
@@ -23,7 +33,7 @@ prl_status prl_q8w_init(prl_q8w *w, const float *W, int ldw, int out, int in, co
 {
     memset(w, 0, sizeof *w);
     w->out = out, w->in = in, w->ld = prl_q8_ld(in);
-    w->q = calloc((size_t)out * w->ld, 1);
+    w->q = calloc((size_t)(out + 3) / 4 * 4 * w->ld, 1);
     w->scale = calloc((size_t)out, sizeof *w->scale);
     w->wsum = calloc((size_t)out, sizeof *w->wsum);
     w->inv_s = s ? calloc((size_t)in, sizeof *w->inv_s) : NULL;
@@ -41,9 +51,9 @@ prl_status prl_q8w_init(prl_q8w *w, const float *W, int ldw, int out, int in, co
         }
         w->scale[o] = amax / 127.0f;
         float inv = amax > 0 ? 127.0f / amax : 0;
-        int8_t *q = w->q + (size_t)o * w->ld;
         int32_t sum = 0;
-        for (int i = 0; i < in; i++) sum += q[i] = q8_round(s ? row[i] * s[i] : row[i], inv);
+        for (int i = 0; i < in; i++)
+            sum += w->q[prl_q8w_index(w, o, i)] = q8_round(s ? row[i] * s[i] : row[i], inv);
         w->wsum[o] = sum;
     }
     return PRL_OK;
@@ -78,9 +88,8 @@ void prl_q8_quantize_rows(int8_t *q, float *scale, const float *x, int ldx, int 
 static void dots_naive(int32_t *acc, const int8_t *xq, const prl_q8w *w, int o0, int no)
 {
     for (int o = 0; o < no; o++) {
-        const int8_t *q = w->q + (size_t)(o0 + o) * w->ld;
         int32_t s = 0;
-        for (int i = 0; i < w->in; i++) s += (int32_t)xq[i] * q[i];
+        for (int i = 0; i < w->in; i++) s += (int32_t)xq[i] * w->q[prl_q8w_index(w, o0 + o, i)];
         acc[o] = s;
     }
 }
@@ -104,16 +113,15 @@ __attribute__((target("avx2"))) static void dots_avx2(int32_t *acc, const int8_t
     const __m256i ones = _mm256_set1_epi16(1);
     for (int o = 0; o < no; o += 4) {
         int n4 = no - o < 4 ? no - o : 4;
-        const int8_t *q[4];
-        for (int j = 0; j < 4; j++) q[j] = w->q + (size_t)(o0 + o + (j < n4 ? j : 0)) * w->ld;
+        const int8_t *q = w->q + prl_q8w_index(w, o0 + o, 0); /* four rows, interleaved */
         __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;
-        for (int i = 0; i < w->ld; i += 32) {
+        for (int i = 0; i < w->ld; i += 32, q += 128) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(xq + i)), ax = _mm256_abs_epi8(x);
 #define STEP(c, j)                                                                                 \
     c = _mm256_add_epi32(                                                                          \
         c, _mm256_madd_epi16(                                                                      \
                _mm256_maddubs_epi16(                                                               \
-                   ax, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q[j] + i)), x)),      \
+                   ax, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q + 32 * (j))), x)),  \
                ones))
             STEP(c0, 0);
             STEP(c1, 1);
@@ -127,29 +135,29 @@ __attribute__((target("avx2"))) static void dots_avx2(int32_t *acc, const int8_t
 }
 
 /* vpdpbusd multiplies unsigned by signed bytes: x + 128 is unsigned, and
-** Σ (x+128)·w − 128·Σ w = Σ x·w exactly. Compiled always, run only where cpuid says so (this
-** repository's development machine has AVX2 only, so this kernel is untested there). */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void dots_vnni(int32_t *acc,
-                                                                             const int8_t *xq,
-                                                                             const prl_q8w *w,
-                                                                             int o0, int no)
+** Σ (x+128)·w − 128·Σ w = Σ x·w exactly. Each 512-bit load takes two rows' 32-byte chunks of
+** the interleaved layout, against x's chunk twice. Compiled always, run only where cpuid says
+** so (this repository's development machine has AVX2 only, so this kernel is untested there). */
+__attribute__((target("avx2,avx512f,avx512bw,avx512vnni"))) static void dots_vnni(int32_t *acc,
+                                                                                  const int8_t *xq,
+                                                                                  const prl_q8w *w,
+                                                                                  int o0, int no)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int o = 0; o < no; o += 4) {
         int n4 = no - o < 4 ? no - o : 4;
-        const int8_t *q[4];
-        for (int j = 0; j < 4; j++) q[j] = w->q + (size_t)(o0 + o + (j < n4 ? j : 0)) * w->ld;
-        __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0;
-        for (int i = 0; i < w->ld; i += 64) {
-            __m512i u = _mm512_xor_si512(_mm512_loadu_si512(xq + i), flip);
-            c0 = _mm512_dpbusd_epi32(c0, u, _mm512_loadu_si512(q[0] + i));
-            c1 = _mm512_dpbusd_epi32(c1, u, _mm512_loadu_si512(q[1] + i));
-            c2 = _mm512_dpbusd_epi32(c2, u, _mm512_loadu_si512(q[2] + i));
-            c3 = _mm512_dpbusd_epi32(c3, u, _mm512_loadu_si512(q[3] + i));
+        const int8_t *q = w->q + prl_q8w_index(w, o0 + o, 0);
+        __m512i c01 = _mm512_setzero_si512(), c23 = c01;
+        for (int i = 0; i < w->ld; i += 32, q += 128) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + i));
+            __m512i u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(x), x, 1), flip);
+            c01 = _mm512_dpbusd_epi32(c01, u, _mm512_loadu_si512(q));
+            c23 = _mm512_dpbusd_epi32(c23, u, _mm512_loadu_si512(q + 64));
         }
-        __m512i c[4] = {c0, c1, c2, c3};
-        for (int j = 0; j < n4; j++)
-            acc[o + j] = _mm512_reduce_add_epi32(c[j]) - 128 * w->wsum[o0 + o + j];
+        int32_t r[4] = {
+            hsum_epi32(_mm512_castsi512_si256(c01)), hsum_epi32(_mm512_extracti64x4_epi64(c01, 1)),
+            hsum_epi32(_mm512_castsi512_si256(c23)), hsum_epi32(_mm512_extracti64x4_epi64(c23, 1))};
+        for (int j = 0; j < n4; j++) acc[o + j] = r[j] - 128 * w->wsum[o0 + o + j];
     }
 }
 #endif
@@ -212,6 +220,7 @@ prl_q8_kernel prl_q8_kernel_active(void)
 
 void prl_q8_dots(prl_q8_kernel k, int32_t *acc, const int8_t *xq, const prl_q8w *w, int o0, int no)
 {
+    PRL_ASSERT(o0 % 4 == 0); /* a group of the interleaved layout */
 #if defined(__x86_64__)
     if (k == PRL_Q8_AVX2) return dots_avx2(acc, xq, w, o0, no);
     if (k == PRL_Q8_VNNI) return dots_vnni(acc, xq, w, o0, no);
@@ -238,17 +247,29 @@ void prl_q8_linear_block(float *y, int ldy, const int8_t *xq, const float *xs, i
 
 /* ------------------------------------------------------------------ bf16 weights ---- */
 
+/* Four rows' 8-value chunks in turn (one sequential stream for four outputs, as the INT8
+** layout), rows padded to a multiple of four with zeros; each row's last in mod 8 values after
+** all the groups, row by row. */
+size_t prl_bf16w_index(const prl_bf16w *w, int o, int i)
+{
+    int n8 = w->in / 8 * 8, groups = (w->out + 3) / 4;
+    if (i >= n8) return (size_t)groups * 4 * n8 + (size_t)o * (w->in - n8) + (size_t)(i - n8);
+    return (((size_t)(o / 4) * (n8 / 8) + (size_t)i / 8) * 4 + (size_t)(o % 4)) * 8 + (size_t)i % 8;
+}
+
 prl_status prl_bf16w_init(prl_bf16w *w, const float *W, int ldw, int out, int in)
 {
     w->out = out, w->in = in;
-    w->w = malloc((size_t)out * in * sizeof *w->w);
+    size_t n8 = (size_t)in / 8 * 8,
+           total = (size_t)(out + 3) / 4 * 4 * n8 + (size_t)out * (in - n8);
+    w->w = calloc(total ? total : 1, sizeof *w->w);
     if (!w->w) return prl_error_set(PRL_ERR_NOMEM, "BF16 weights [%d, %d]", out, in);
     for (int o = 0; o < out; o++)
         for (int i = 0; i < in; i++) {
             float v = prl_round_bf16(W[(size_t)o * ldw + i]);
             uint32_t u;
             memcpy(&u, &v, sizeof u);
-            w->w[(size_t)o * in + i] = (uint16_t)(u >> 16);
+            w->w[prl_bf16w_index(w, o, i)] = (uint16_t)(u >> 16);
         }
     return PRL_OK;
 }
@@ -276,13 +297,13 @@ static void bf16_dots_naive(float *y, const float *x, const prl_bf16w *w, int o0
 {
     int n = w->in;
     for (int o = 0; o < no; o++) {
-        const uint16_t *b = w->w + (size_t)(o0 + o) * n;
         float l[8] = {0};
         int i = 0;
         for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; j++) l[j] = fmaf(x[i + j], bf16_value(b[i + j]), l[j]);
+            for (int j = 0; j < 8; j++)
+                l[j] = fmaf(x[i + j], bf16_value(w->w[prl_bf16w_index(w, o0 + o, i + j)]), l[j]);
         float s = lane_tree(l);
-        for (; i < n; i++) s = fmaf(x[i], bf16_value(b[i]), s);
+        for (; i < n; i++) s = fmaf(x[i], bf16_value(w->w[prl_bf16w_index(w, o0 + o, i)]), s);
         y[o] = s;
     }
 }
@@ -301,23 +322,23 @@ __attribute__((target("avx2,fma"))) static void bf16_dots_avx2(float *y, const f
     int n = w->in;
     for (int o = 0; o < no; o += 4) {
         int n4 = no - o < 4 ? no - o : 4;
-        const uint16_t *b[4];
-        for (int j = 0; j < 4; j++) b[j] = w->w + (size_t)(o0 + o + (j < n4 ? j : 0)) * n;
+        const uint16_t *b = w->w + prl_bf16w_index(w, o0 + o, 0); /* four rows, interleaved */
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
         int i = 0;
-        for (; i + 8 <= n; i += 8) {
+        for (; i + 8 <= n; i += 8, b += 32) {
             __m256 a = _mm256_loadu_ps(x + i);
-            c0 = _mm256_fmadd_ps(a, bf16_load8(b[0] + i), c0);
-            c1 = _mm256_fmadd_ps(a, bf16_load8(b[1] + i), c1);
-            c2 = _mm256_fmadd_ps(a, bf16_load8(b[2] + i), c2);
-            c3 = _mm256_fmadd_ps(a, bf16_load8(b[3] + i), c3);
+            c0 = _mm256_fmadd_ps(a, bf16_load8(b), c0);
+            c1 = _mm256_fmadd_ps(a, bf16_load8(b + 8), c1);
+            c2 = _mm256_fmadd_ps(a, bf16_load8(b + 16), c2);
+            c3 = _mm256_fmadd_ps(a, bf16_load8(b + 24), c3);
         }
         __m256 c[4] = {c0, c1, c2, c3};
         for (int j = 0; j < n4; j++) {
             float l[8];
             _mm256_storeu_ps(l, c[j]);
             float s = lane_tree(l);
-            for (int t = i; t < n; t++) s = fmaf(x[t], bf16_value(b[j][t]), s);
+            for (int t = i; t < n; t++)
+                s = fmaf(x[t], bf16_value(w->w[prl_bf16w_index(w, o0 + o + j, t)]), s);
             y[o + j] = s;
         }
     }
@@ -326,6 +347,7 @@ __attribute__((target("avx2,fma"))) static void bf16_dots_avx2(float *y, const f
 
 void prl_bf16_dots(prl_q8_kernel k, float *y, const float *x, const prl_bf16w *w, int o0, int no)
 {
+    PRL_ASSERT(o0 % 4 == 0);
 #if defined(__x86_64__)
     if (k != PRL_Q8_NAIVE && prl_q8_kernel_supported(PRL_Q8_AVX2))
         return bf16_dots_avx2(y, x, w, o0, no);
