@@ -60,7 +60,7 @@ prl_status prl_infer_options_preset(prl_infer_options *o, const char *name)
         o->mla = PRL_MLA_NAIVE;
         o->matmul = PRL_MATMUL_GEMM;
     } else if (!strcmp(name, "w8a8")) {
-        p = PRL_PRECISION_FP32, o->w8a8 = 1;
+        p = PRL_PRECISION_FP32, o->w8a8 = PRL_W8A8_ALL;
     } else {
         p = lookup(precision_names, 3, name);
     }
@@ -82,7 +82,7 @@ prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, co
         if ((v = w8a8 ? PRL_PRECISION_FP32 : lookup(precision_names, 3, precision)) < 0)
             return prl_error_set(
                 PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16, w8a8)", precision);
-        o->precision = (prl_precision)v, o->w8a8 = w8a8;
+        o->precision = (prl_precision)v, o->w8a8 = w8a8 ? PRL_W8A8_ALL : 0;
     }
     if (mla) {
         if ((v = lookup(mla_names, 2, mla)) < 0)
@@ -101,8 +101,11 @@ prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, co
 
 void prl_infer_options_describe(const prl_infer_options *o, char *out, size_t n)
 {
-    snprintf(out, n, "precision=%s mla=%s matmul=%s",
-             o->w8a8 ? "w8a8" : precision_names[o->precision], mla_names[o->mla],
+    char prec[32]; /* a partial W8A8 mask (a diagnose sweep row) shows its bits */
+    if (o->w8a8 && o->w8a8 != PRL_W8A8_ALL)
+        snprintf(prec, sizeof prec, "w8a8(mask %#x)", (unsigned)o->w8a8);
+    else snprintf(prec, sizeof prec, "%s", o->w8a8 ? "w8a8" : precision_names[o->precision]);
+    snprintf(out, n, "precision=%s mla=%s matmul=%s", prec, mla_names[o->mla],
              matmul_names[o->matmul]);
 }
 
@@ -132,11 +135,12 @@ static void lin_free(lin *L)
 
 /* Bind a linear held as `kind` in W8A8 mode (fp32 otherwise). Its smoothing factors survive a
 ** rebind (prl_infer_refresh re-quantizes with them). */
-static prl_status lin_init_as(const prl_infer *e, lin *L, const float *w, int out, int in, int kind)
+static prl_status lin_init_as(const prl_infer *e, lin *L, const float *w, int out, int in, int kind,
+                              int w8a8_bit)
 {
     float *smooth = L->smooth, alpha = L->smooth ? L->alpha : -1;
     lin_free(L);
-    *L = (lin){.w = w, .out = out, .in = in, .kind = e->opt.w8a8 ? kind : LIN_F32};
+    *L = (lin){.w = w, .out = out, .in = in, .kind = e->opt.w8a8 & w8a8_bit ? kind : LIN_F32};
     L->smooth = smooth, L->alpha = alpha;
     if (L->kind == LIN_Q8) return prl_q8w_init(&L->q8, w, in, out, in, smooth);
     if (L->kind == LIN_BF16) return prl_bf16w_init(&L->bf, w, in, out, in);
@@ -146,7 +150,7 @@ static prl_status lin_init_as(const prl_infer *e, lin *L, const float *w, int ou
 
 static prl_status lin_init(const prl_infer *e, lin *L, const float *w, int out, int in)
 {
-    return lin_init_as(e, L, w, out, in, LIN_F32);
+    return lin_init_as(e, L, w, out, in, LIN_F32, 0);
 }
 
 /* A lin and its smoothing factors (engine teardown). */
@@ -273,50 +277,50 @@ static prl_status bind_weights(prl_infer *e)
         if (!rc) rc = bind_residual(e, l, base);
         if (!rc && e->rq == 0) /* q_lora_rank null: the direct q_proj */
             rc = lin_init_as(e, &w->wq_b, T("self_attn.q_proj.weight", e->H * e->dq, e->d),
-                             e->H * e->dq, e->d, LIN_Q8);
+                             e->H * e->dq, e->d, LIN_Q8, PRL_W8A8_Q_B);
         else if (!rc)
             rc = lin_init_as(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d,
-                             LIN_BF16);
+                             LIN_BF16, PRL_W8A8_BF16_REST);
         rc = rc || e->rq == 0
                  ? rc
                  : lin_init_as(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
-                               e->H * e->dq, e->rq, LIN_Q8);
+                               e->H * e->dq, e->rq, LIN_Q8, PRL_W8A8_Q_B);
         rc = rc ? rc
                 : lin_init_as(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
-                              e->lat, e->d, LIN_BF16);
+                              e->lat, e->d, LIN_BF16, PRL_W8A8_BF16_REST);
         rc = rc ? rc
                 : lin_init(e, &w->wkv_b, T("self_attn.kv_b_proj.weight", e->H * e->dkv, e->rkv),
                            e->H * e->dkv, e->rkv);
         rc = rc ? rc
                 : lin_init_as(e, &w->wo, T("self_attn.o_proj.weight", e->d, e->H * e->dv), e->d,
-                              e->H * e->dv, LIN_Q8);
+                              e->H * e->dv, LIN_Q8, PRL_W8A8_O_PROJ);
         if (w->moe < 0) { /* gate_proj and up_proj are adjacent: one stacked [2I, d] matrix */
             rc = rc ? rc
                     : lin_init_as(e, &w->w13, T("mlp.gate_proj.weight", e->I, e->d), 2 * e->I, e->d,
-                                  LIN_Q8);
+                                  LIN_Q8, PRL_W8A8_DENSE_MLP);
             rc = rc ? rc
                     : lin_init_as(e, &w->w2, T("mlp.down_proj.weight", e->d, e->I), e->d, e->I,
-                                  LIN_Q8);
+                                  LIN_Q8, PRL_W8A8_DENSE_MLP);
         } else {
             rc = rc ? rc
                     : lin_init_as(e, &w->router, T("mlp.gate.weight", e->E, e->d), e->E, e->d,
-                                  LIN_BF16);
+                                  LIN_BF16, PRL_W8A8_BF16_REST);
             if (e->sde > 0) {
                 rc = rc ? rc
                         : lin_init_as(e, &w->w13,
                                       T("mlp.shared_experts.gate_proj.weight", e->sde, e->d),
-                                      2 * e->sde, e->d, LIN_BF16);
+                                      2 * e->sde, e->d, LIN_BF16, PRL_W8A8_BF16_REST);
                 rc = rc ? rc
                         : lin_init_as(e, &w->w2,
                                       T("mlp.shared_experts.down_proj.weight", e->d, e->sde), e->d,
-                                      e->sde, LIN_BF16);
+                                      e->sde, LIN_BF16, PRL_W8A8_BF16_REST);
             }
             for (int x = 0; x < e->E && !rc; x++) {
                 rc = lin_init_as(e, &w->e13[x], X("gate_proj.weight", e->de, e->d), 2 * e->de, e->d,
-                                 LIN_Q8);
+                                 LIN_Q8, PRL_W8A8_ROUTED);
                 rc = rc ? rc
                         : lin_init_as(e, &w->e2[x], X("down_proj.weight", e->d, e->de), e->d, e->de,
-                                      LIN_Q8);
+                                      LIN_Q8, PRL_W8A8_ROUTED);
             }
         }
         /* W_UK_hᵀ: rows [h·dkv, h·dkv + dn) of kv_b_proj are head h's key up-projection */
@@ -330,13 +334,13 @@ static prl_status bind_weights(prl_infer *e)
 #define IX(name, rows, cols)                                                                       \
     tensor(e, base, rows, cols, "model.layers.%d.self_attn.indexer." name, l)
             rc = lin_init_as(e, &w->ix_wq_b, IX("wq_b.weight", e->HI * e->dI, e->rq), e->HI * e->dI,
-                             e->rq, LIN_BF16);
-            rc =
-                rc ? rc
-                   : lin_init_as(e, &w->ix_wk, IX("wk.weight", e->dI, e->d), e->dI, e->d, LIN_BF16);
+                             e->rq, LIN_BF16, PRL_W8A8_BF16_REST);
+            rc = rc ? rc
+                    : lin_init_as(e, &w->ix_wk, IX("wk.weight", e->dI, e->d), e->dI, e->d, LIN_BF16,
+                                  PRL_W8A8_BF16_REST);
             rc = rc ? rc
                     : lin_init_as(e, &w->ix_wproj, IX("weights_proj.weight", e->HI, e->d), e->HI,
-                                  e->d, LIN_BF16);
+                                  e->d, LIN_BF16, PRL_W8A8_BF16_REST);
             w->ix_k_norm = IX("k_norm.weight", e->dI, 0);
 #undef IX
         }
@@ -355,7 +359,7 @@ static prl_status bind_weights(prl_infer *e)
     e->norm = tensor(e, base, e->d, 0, "model.norm.weight");
     if (!rc)
         rc = lin_init_as(e, &e->head, tensor(e, base, e->V, e->d, "lm_head.weight"), e->V, e->d,
-                         LIN_BF16);
+                         LIN_BF16, PRL_W8A8_BF16_REST);
     if (!rc && e->m->cfg.use_mhc)
         rc = bind_mhc(e, &e->merge_phi, &e->merge_gamma, &e->merge_alpha, &e->merge_beta, base,
                       "model.merge_mhc_module", 0);
@@ -501,6 +505,11 @@ static prl_status check_options(const prl_model *m, prl_infer_options *o)
                              "draft vocabulary %d not in [0, vocab_size = %d] "
                              "(0 = the whole vocabulary)",
                              o->spec_draft_vocab, m->cfg.vocab_size);
+    if (o->w8a8 & ~PRL_W8A8_ALL)
+        return prl_error_set(PRL_ERR_ARG, "w8a8 module mask %#x has bits beyond %#x",
+                             (unsigned)o->w8a8, (unsigned)PRL_W8A8_ALL);
+    if (o->smooth && !o->w8a8)
+        return prl_error_set(PRL_ERR_ARG, "SmoothQuant factors given without w8a8");
     if (o->w8a8 && o->precision != PRL_PRECISION_FP32)
         return prl_error_set(PRL_ERR_ARG, "w8a8 keeps activations in fp32: precision %s with w8a8",
                              prl_precision_name(o->precision));
@@ -623,7 +632,8 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     }
     prl_rope_tables_scaled(e->rope_cos, e->rope_sin, o.max_len, e->dr, c->rope_theta,
                            &c->rope_scaling);
-    if ((rc = bind_weights(e)) || (rc = fault_from_env(e))) {
+    if ((rc = bind_weights(e)) || (o.smooth && (rc = infer__apply_smooth(e, o.smooth))) ||
+        (rc = fault_from_env(e))) {
         prl_infer_free(e);
         return rc;
     }

@@ -31,6 +31,7 @@ typedef struct lin {
     prl_bf16w bf;  /* LIN_BF16 */
     float *smooth; /* LIN_Q8: SmoothQuant factors [in] (owned; kept across refreshes), or NULL */
     float alpha;   /* the migration strength they were searched at (-1: none) */
+    struct lin_calib *cal; /* during prl_w8a8_calibrate: its recorded inputs */
 } lin;
 
 typedef struct layer_w {
@@ -132,6 +133,7 @@ struct prl_infer {
     int8_t *q8x;         /* W8A8: the INT8 linears' quantized inputs of one call or set */
     float *q8s;          /* and their per-row scales */
     size_t q8x_cap, q8s_cap;
+    int calibrating; /* prl_w8a8_calibrate: every linear fp32, INT8 inputs recorded */
 };
 
 /* Activation rounding at an op's output (no-op in fp32). */
@@ -181,6 +183,27 @@ typedef struct infer_lin_job {
 /* infer__linear on each of n independent jobs (no job reads another's output), in one
 ** parallel region: the same bits, fewer pool hand-offs. */
 void infer__linear_many(const prl_infer *e, const infer_lin_job *jobs, int n);
+
+/* ------------------------------------------------------------------ infer_quant.c --- */
+
+/* The inputs a calibration records for one INT8 linear. */
+typedef struct lin_calib {
+    float *amax; /* [in] max |x_j| over every row seen */
+    float *rows; /* [CALIB_ROWS][in] the first rows seen */
+    int n;       /* rows kept */
+} lin_calib;
+enum { CALIB_ROWS = 64 };
+/* Record rows x[R, in] for L (calibration only). */
+void infer__calib_record(const lin *L, const float *x, int R);
+/* The linears W8A8 may hold in INT8 (whatever the mask) in a fixed order (trunk then MTP
+** layers; per layer q_b, o_proj, dense MLP up/down or each routed expert's up/down): n of
+** them into out (NULL: just count). */
+int infer__q8_linears(prl_infer *e, lin **out);
+/* Apply the table's factors to the INT8 linears (prl_infer_init; a mismatched table is
+** PRL_ERR_ARG). */
+prl_status infer__apply_smooth(prl_infer *e, const prl_w8a8_smooth *s);
+/* fp32 y[R, out] = x·wᵀ by GEMV-order dots (the calibration's reference path). */
+void infer__linear_f32_dots(float *y, const float *x, int R, const lin *L);
 
 /* ------------------------------------------------------------------ infer_forward.c - */
 

@@ -229,6 +229,14 @@ static int quant_tasks(lin_ctx *c, void (**fn)(void *, int), int8_t **q8x, float
     return (L->out + c->cols - 1) / c->cols;
 }
 
+void infer__linear_f32_dots(float *y, const float *x, int R, const lin *L)
+{
+    for (int r = 0; r < R; r++)
+        for (int o = 0; o < L->out; o += 8)
+            gemv_row8(x + (size_t)r * L->in, L->w + (size_t)o * L->in, L->in,
+                      L->out - o < 8 ? L->out - o : 8, L->in, y + (size_t)r * L->out + o);
+}
+
 /* Tasks run on the pool, or inline when the work is too small to pay for waking it. Which
 ** thread runs a task never changes its result. */
 enum { POOL_MIN_MACS = 1 << 12 };
@@ -248,6 +256,11 @@ static int linear_tasks(lin_ctx *c, void (**fn)(void *, int), const prl_infer *e
                         const float *x, int R, const lin *L, int8_t **q8x, float **q8s)
 {
     *c = (lin_ctx){.e = e, .L = L, .x = x, .y = y, .R = R};
+    if (L->kind != LIN_F32 && e->calibrating) { /* fp32 activations for SmoothQuant's search */
+        if (L->cal) infer__calib_record(L, x, R);
+        *fn = gemv_task;
+        return (L->out + GEMV_BLOCK - 1) / GEMV_BLOCK;
+    }
     if (L->kind != LIN_F32) return quant_tasks(c, fn, q8x, q8s);
     int row_blocks = (R + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK;
     switch (e->opt.matmul) {

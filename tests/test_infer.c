@@ -452,6 +452,50 @@ START_TEST(test_w8a8_kernels_bitwise)
 }
 END_TEST
 
+/* SmoothQuant: calibration keeps, per INT8 linear, the best of no smoothing and five α by
+** output MSE on its recorded rows, so the summed MSE cannot grow; an engine given the table
+** quantizes with it (other log-probs than without); the table is refused without w8a8. */
+START_TEST(test_w8a8_smoothquant)
+{
+    load_tiny();
+    reqs q;
+    make_requests(&q, NREQ, 10);
+    prl_infer_options o;
+    ck_assert_int_eq(prl_infer_options_preset(&o, "w8a8"), PRL_OK);
+    prl_w8a8_smooth *t = NULL;
+    prl_w8a8_calib c;
+    ck_assert_msg(prl_w8a8_calibrate(&t, &model, &o, q.r, NREQ, &c) == PRL_OK, "%s",
+                  prl_error_message());
+    printf("SmoothQuant on tiny: %d INT8 linears, %d smoothed, summed MSE %.4g -> %.4g\n",
+           c.linears, c.smoothed, c.mse_plain, c.mse_smooth);
+    ck_assert_int_gt(c.linears, 0);
+    ck_assert(c.mse_smooth <= c.mse_plain);
+    ck_assert_int_gt(c.smoothed, 0);
+    reqs q2;
+    make_requests(&q2, 4, 11);
+    prl_sample_params sp = sampling(0, 8);
+    prl_gen_result a[4], b[4];
+    o.max_batch = 4;
+    prl_infer *e = NULL;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_OK);
+    generate(e, &q2, 4, &sp, a);
+    prl_infer_free(e);
+    o.smooth = t;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_OK);
+    generate(e, &q2, 4, &sp, b);
+    ck_assert_int_eq(prl_infer_refresh(e), PRL_OK); /* re-quantized with the same factors */
+    prl_infer_free(e);
+    int differ = 0;
+    for (int i = 0; i < 4; i++)
+        differ |= memcmp(a[i].prompt_logprobs, b[i].prompt_logprobs, (size_t)a[i].prompt_len * 4);
+    ck_assert_msg(differ, "the smoothing factors changed nothing");
+    o.w8a8 = 0;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    free_all(a, 4, NULL), free_all(b, 4, NULL);
+    prl_w8a8_smooth_free(t);
+}
+END_TEST
+
 /* Shared prefill: groups of identical prompts (a GRPO group) give bitwise the same tokens,
 ** log-probs, prompt log-probs and routes whether each request prefills its prompt or copies
 ** the caches of its twin admitted just before it. Every cache kind is exercised: rings that
@@ -876,6 +920,7 @@ int main(void)
     tcase_add_test(tc, test_fp32_and_low_precision_mismatch);
     tcase_add_test(tc, test_batch_and_thread_invariance);
     tcase_add_test(tc, test_w8a8_kernels_bitwise);
+    tcase_add_test(tc, test_w8a8_smoothquant);
     tcase_add_test(tc, test_shared_prefill_bitwise);
     tcase_add_test(tc, test_stops_forced_and_routes_format);
     tcase_add_test(tc, test_fast_sampler_matches_naive);
