@@ -251,6 +251,27 @@ static prl_status bind_mtp(prl_infer *e, int l, const float *base)
     return rc;
 }
 
+/* W8A8: kv_b is one of the BF16 linears; the absorbed form reads it as W_UK_hᵀ and W_UV_h per
+** head, so those get BF16 copies (wuk_t built first). */
+static prl_status bind_absorbed_bf16(prl_infer *e, layer_w *w)
+{
+    for (int h = 0; h < e->H && w->uk_bf; h++)
+        prl_bf16w_free(&w->uk_bf[h]), prl_bf16w_free(&w->uv_bf[h]);
+    free(w->uk_bf), free(w->uv_bf);
+    w->uk_bf = calloc((size_t)e->H, sizeof *w->uk_bf);
+    w->uv_bf = calloc((size_t)e->H, sizeof *w->uv_bf);
+    if (!w->uk_bf || !w->uv_bf) return prl_error_set(PRL_ERR_NOMEM, "BF16 W_UK / W_UV");
+    prl_status rc = PRL_OK;
+    for (int h = 0; h < e->H && !rc; h++) {
+        rc = prl_bf16w_init(&w->uk_bf[h], w->wuk_t + (size_t)h * e->rkv * e->dn, e->dn, e->rkv,
+                            e->dn);
+        if (!rc)
+            rc = prl_bf16w_init(&w->uv_bf[h], w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * e->rkv,
+                                e->rkv, e->dv, e->rkv);
+    }
+    return rc;
+}
+
 /* Point every layer at the weights (rounded copy or the model's), pack them, and build the
 ** absorbed query matrices and the sink rows. */
 static prl_status bind_weights(prl_infer *e)
@@ -329,6 +350,8 @@ static prl_status bind_weights(prl_infer *e)
                 for (int i = 0; i < e->dn; i++)
                     w->wuk_t[((size_t)h * e->rkv + c) * e->dn + i] =
                         w->wkv_b.w[((size_t)h * e->dkv + i) * e->rkv + c];
+        if (!rc && (e->opt.w8a8 & PRL_W8A8_BF16_REST) && e->opt.mla == PRL_MLA_ABSORBED)
+            rc = bind_absorbed_bf16(e, w);
         if (e->ns > 0 && !rc) bind_sinks(e, l, base);
         if (w->dsa && !rc) { /* trunk DSA layers only (w->dsa is 0 for MTP layers) */
 #define IX(name, rows, cols)                                                                       \
@@ -652,6 +675,9 @@ void prl_infer_free(prl_infer *e)
         lin_free(&w->router);
         lin_free(&w->ix_wq_b), lin_free(&w->ix_wk), lin_free(&w->ix_wproj);
         for (int x = 0; x < e->E && w->e13; x++) lin_free_all(&w->e13[x]), lin_free_all(&w->e2[x]);
+        for (int h = 0; h < e->H && w->uk_bf; h++)
+            prl_bf16w_free(&w->uk_bf[h]), prl_bf16w_free(&w->uv_bf[h]);
+        free(w->uk_bf), free(w->uv_bf);
         free(w->e13), free(w->e2), free(w->wuk_t), free(w->sink_lat), free(w->sink_kv);
         for (int i = 0; i < 3; i++) free(w->conv_state[i]);
         lin_free(&w->hc_phi[0]), lin_free(&w->hc_phi[1]);

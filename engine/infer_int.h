@@ -42,6 +42,8 @@ typedef struct layer_w {
     lin router;
     lin *e13, *e2;                /* [E] routed experts, gate/up stacked */
     float *wuk_t;                 /* absorbed form: [H][rkv][dn] = W_UK_hᵀ per head */
+    prl_bf16w *uk_bf, *uv_bf;     /* W8A8 (BF16 bit): per head W_UK_hᵀ [rkv, dn] and W_UV_h
+                                  ** [dv, rkv] in BF16 for the absorbed form, else NULL */
     int window;                   /* 0 = causal, W = sliding window (docs/model.md) */
     int cap;                      /* cache rows per slot: max_len, or W for a ring */
     size_t lat_off, kv_off;       /* the layer's part of cache_lat / cache_kv */

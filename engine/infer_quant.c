@@ -11,10 +11,10 @@
 #include <string.h>
 
 struct prl_w8a8_smooth {
-    int n;         /* INT8 linears, in infer__q8_linears order */
-    int *in;       /* [n] their input widths (checked against the engine) */
-    float **s;     /* [n] factors [in], NULL = not smoothed */
-    float *alpha;  /* [n] the α chosen (-1: none) */
+    int n;        /* INT8 linears, in infer__q8_linears order */
+    int *in;      /* [n] their input widths (checked against the engine) */
+    float **s;    /* [n] factors [in], NULL = not smoothed */
+    float *alpha; /* [n] the α chosen (-1: none) */
 };
 
 static const float alphas[5] = {0, 0.25f, 0.5f, 0.75f, 1};
@@ -148,9 +148,8 @@ static void calib_end(lin **ls, int n)
     for (int i = 0; ls && i < n; i++) ls[i]->cal = NULL;
 }
 
-prl_status prl_w8a8_calibrate(prl_w8a8_smooth **out, const prl_model *m,
-                              const prl_infer_options *o, const prl_gen_request *prompts, int n,
-                              prl_w8a8_calib *report)
+prl_status prl_w8a8_calibrate(prl_w8a8_smooth **out, const prl_model *m, const prl_infer_options *o,
+                              const prl_gen_request *prompts, int n, prl_w8a8_calib *report)
 {
     *out = NULL;
     memset(report, 0, sizeof *report);
@@ -170,8 +169,7 @@ prl_status prl_w8a8_calibrate(prl_w8a8_smooth **out, const prl_model *m,
         t->s = calloc((size_t)nl + 1, sizeof *t->s);
         t->alpha = calloc((size_t)nl + 1, sizeof *t->alpha);
     }
-    if (!ls || !t || !t->in || !t->s || !t->alpha)
-        rc = prl_error_set(PRL_ERR_NOMEM, "calibration");
+    if (!ls || !t || !t->in || !t->s || !t->alpha) rc = prl_error_set(PRL_ERR_NOMEM, "calibration");
     if (!rc) infer__q8_linears(e, ls), rc = calib_begin(ls, nl);
     prl_gen_result *res = rc ? NULL : calloc((size_t)n, sizeof *res);
     if (!rc && !res) rc = prl_error_set(PRL_ERR_NOMEM, "calibration");
@@ -210,8 +208,8 @@ prl_status infer__apply_smooth(prl_infer *e, const prl_w8a8_smooth *t)
     prl_status rc = PRL_OK;
     for (int i = 0; i < nl && !rc; i++)
         if (ls[i]->in != t->in[i])
-            rc = prl_error_set(PRL_ERR_ARG, "SmoothQuant table: linear %d has %d inputs, not %d",
-                               i, ls[i]->in, t->in[i]);
+            rc = prl_error_set(PRL_ERR_ARG, "SmoothQuant table: linear %d has %d inputs, not %d", i,
+                               ls[i]->in, t->in[i]);
     for (int i = 0; i < nl && !rc; i++) {
         lin *L = ls[i];
         if (L->kind != LIN_Q8) continue; /* this engine's mask keeps it in fp32 */
