@@ -181,7 +181,7 @@ static void absorbed_finish(const prl_infer *e, const layer_w *w, int r, const f
     infer__act_round(e, ov, (size_t)H * rkv);
     for (int h = 0; h < H; h++) {
         float *oh = b->o + (size_t)r * H * e->dv + (size_t)h * e->dv;
-        if (w->uv_bf) /* W8A8: W_UV in BF16 */
+        if (w->uv_bf && !e->calibrating) /* W8A8: W_UV in BF16 (fp32 while calibrating) */
             prl_bf16_dots(prl_q8_kernel_active(), oh, ov + (size_t)h * rkv, &w->uv_bf[h], 0, e->dv);
         else
             infer__dots(oh, ov + (size_t)h * rkv, w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv,
@@ -224,7 +224,7 @@ static void absorbed_task(void *p, int r)
     float *oA = Ss + (size_t)H * e->ns, *mB = oA + (size_t)H * rkv, *lB = mB + H, *g = lB + H;
     const float *q = b->q + (size_t)r * H * e->dq;
     for (int h = 0; h < H; h++) {
-        if (w->uk_bf) /* W8A8: W_UK in BF16 */
+        if (w->uk_bf && !e->calibrating) /* W8A8: W_UK in BF16 (fp32 while calibrating) */
             prl_bf16_dots(prl_q8_kernel_active(), qa + (size_t)h * lat, q + (size_t)h * e->dq,
                           &w->uk_bf[h], 0, rkv);
         else
