@@ -4,7 +4,9 @@
 ** file holds the options and presets, the engine's set-up (weights bound, rounded and packed;
 ** caches, row buffers and slots sized), its cache accounting, tensor hooks and the test-only
 ** fault; the path itself is split by concern around the private infer_int.h:
-**   infer_matmul.c    the linear layers: GEMV-order dot products, the GEMM, OpenBLAS, on the pool
+**   infer_matmul.c    the linear layers: GEMV-order dot products, the GEMM, OpenBLAS, on the pool;
+**                     W8A8's INT8 and BF16 linears (kernels in quant.c)
+**   infer_quant.c     W8A8's SmoothQuant: calibration, the α search, the factors' table
 **   infer_forward.c   the forward over rows: MLA attention with the caches, FFN/MoE, residual glue
 **   infer_sample.c    the sampler: greedy, temperature, top-k/top-p, log-probs
 **   infer_generate.c  the generation driver: continuous batching, results, the route codec

@@ -1,7 +1,8 @@
 /*
 ** infer_matmul.c — the infer path's linear layers y = x·wᵀ in the three matmul kinds of
 ** prl_infer_options: GEMV-order dot products (generic, or AVX2/FMA chosen by cpuid once),
-** prl's GEMM on pre-packed weights (gemm.c), OpenBLAS sgemm; all cut into tasks on prl's
+** prl's GEMM on pre-packed weights (gemm.c), OpenBLAS sgemm, and in W8A8 mode INT8 and BF16
+** weights (quant.c; an INT8 linear quantizes its input rows first); all cut into tasks on prl's
 ** pool whose results do not depend on the thread that runs them. The dot products also serve
 ** the absorbed attention (infer_forward.c).
 */
