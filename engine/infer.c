@@ -556,6 +556,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     *out = NULL;
     prl_infer_options o = *opt;
     prl_status rc = check_options(m, &o);
+    if (!rc && o.w8a8) rc = prl_q8_kernel_env_check();
     if (rc) return rc;
     prl_infer *e = calloc(1, sizeof *e);
     if (!e) return prl_error_set(PRL_ERR_NOMEM, "infer engine");

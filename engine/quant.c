@@ -212,6 +212,22 @@ prl_status prl_q8_kernel_set(const char *name)
                          name);
 }
 
+prl_status prl_q8_kernel_env_check(void)
+{
+    const char *env = getenv("PRL_Q8_KERNEL");
+    if (!env || !*env) return PRL_OK;
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(env, kernel_names[k]))
+            return prl_q8_kernel_supported((prl_q8_kernel)k)
+                       ? PRL_OK
+                       : prl_error_set(PRL_ERR_ARG,
+                                       "PRL_Q8_KERNEL=%s: this CPU lacks its instruction set", env);
+    return prl_error_set(PRL_ERR_ARG,
+                         "PRL_Q8_KERNEL=%s: unknown INT8 kernel (choices: naive, "
+                         "avx2, vnni)",
+                         env);
+}
+
 prl_q8_kernel prl_q8_kernel_active(void)
 {
     if (!chosen && prl_q8_kernel_set(NULL)) active = PRL_Q8_NAIVE, chosen = 1;

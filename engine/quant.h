@@ -59,6 +59,9 @@ prl_q8_kernel prl_q8_kernel_active(void);
 ** and cpuid. A kernel the CPU lacks is PRL_ERR_ARG naming it. */
 prl_status prl_q8_kernel_set(const char *name);
 const char *prl_q8_kernel_name(prl_q8_kernel k);
+/* PRL_Q8_KERNEL, when set, names a kernel this CPU has (else PRL_ERR_ARG naming the
+** variable); the choice itself is left alone. prl_infer_init checks it for W8A8 engines. */
+prl_status prl_q8_kernel_env_check(void);
 int prl_q8_kernel_supported(prl_q8_kernel k);
 
 /* BF16-stored weights: W rounded to bf16 (nearest even), 2 bytes a value, [out][in]. */

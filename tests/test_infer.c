@@ -683,6 +683,25 @@ START_TEST(test_kv_bytes_and_bad_input)
     o.max_len = 10000;
     ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
     ck_assert(strstr(prl_error_message(), "context 10000"));
+    /* W8A8: the preset and the knob, the description, and what is refused */
+    char desc[96];
+    ck_assert_int_eq(prl_infer_options_preset(&o, "w8a8"), PRL_OK);
+    ck_assert_int_eq(o.w8a8, PRL_W8A8_ALL);
+    prl_infer_options_describe(&o, desc, sizeof desc);
+    ck_assert_str_eq(desc, "precision=w8a8 mla=absorbed matmul=gemm");
+    ck_assert_int_eq(prl_infer_options_set(&o, "bf16", NULL, NULL), PRL_OK);
+    ck_assert_int_eq(o.w8a8, 0);
+    o.w8a8 = PRL_W8A8_ROUTED; /* bf16 activations with INT8 linears: refused */
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "w8a8 keeps activations in fp32"));
+    o.precision = PRL_PRECISION_FP32, o.w8a8 = 64;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "w8a8 module mask"));
+    o.w8a8 = PRL_W8A8_ALL;
+    setenv("PRL_Q8_KERNEL", "sse9", 1);
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "PRL_Q8_KERNEL=sse9"));
+    unsetenv("PRL_Q8_KERNEL");
 }
 END_TEST
 
