@@ -7,7 +7,8 @@
 ** MLA form; prefill and decode timed apart (prl's prefill is a run with one new token),
 ** medians over rounds, decode tokens/s and their ratio, KV-cache bytes per token, and the
 ** caches as allocated at contexts 64..512 (whole-context, DSA indexer, SWA rings). With
-** --spec, self-speculative decoding timed against plain decoding on the same requests.
+** --spec, self-speculative decoding timed against plain decoding on the same requests; with
+** --precision-compare P, an engine of preset P (e.g. w8a8) timed against the --precision one.
 */
 #include "cli/bench.h"
 
@@ -27,6 +28,7 @@ typedef struct decode_args {
     uint64_t seed;
     int group; /* > 1: random prompts repeat in groups of this many (a GRPO group), and the
                ** prefill is also timed with each request prefilling its own prompt */
+    const char *compare; /* --precision-compare: a second preset timed against --precision */
 } decode_args;
 
 /* What one timed generation runs: the requests (all decoded with max_batch = the batch size)
@@ -119,6 +121,10 @@ typedef struct decode_result {
     int n_seq;                        /* sequences per round */
     double own_prefill;               /* --group: median prefill without the shared prefill */
     long shared_prefills;             /* --group: prompts copied from a twin in one prefill */
+    double cmp_decode, cmp_speedup;   /* --precision-compare: its median decode time, median of
+                                      ** per-round ratios of its decode tokens/s to the main's */
+    long cmp_tokens, cmp_equal;       /* its decode tokens (last round); greedy tokens equal */
+    int cmp_agree;                    /* leading tokens of sequence 0 equal to the main's */
 } decode_result;
 
 /* Seconds of prl's generation of at most n_new tokens for every request of `run`; *steps_s
@@ -197,16 +203,15 @@ static prl_status ref_decode(const decode_args *a, const char *ckpt, const char 
 
 /* Leading tokens of sequence 0 that two runs share, and tokens equal at the same place over
 ** every sequence (greedy speculative decoding must give plain decoding's tokens exactly). */
-static void tokens_compare(decode_result *d, const int32_t *x, const int *xl, const int32_t *y,
-                           const int *yl, int n_seq, int N)
+static void tokens_compare(int *agree, long *equal, const int32_t *x, const int *xl,
+                           const int32_t *y, const int *yl, int n_seq, int N)
 {
-    d->spec_agree = 0;
-    while (d->spec_agree < xl[0] && d->spec_agree < yl[0] && x[d->spec_agree] == y[d->spec_agree])
-        d->spec_agree++;
-    d->spec_equal = 0;
+    *agree = 0;
+    while (*agree < xl[0] && *agree < yl[0] && x[*agree] == y[*agree]) ++*agree;
+    *equal = 0;
     for (int i = 0; i < n_seq; i++)
         for (int t = 0; t < xl[i] && t < yl[i]; t++)
-            d->spec_equal += x[(size_t)i * N + t] == y[(size_t)i * N + t];
+            *equal += x[(size_t)i * N + t] == y[(size_t)i * N + t];
 }
 
 static prl_spec_stats stats_since(const prl_infer *e, prl_spec_stats b)
@@ -235,7 +240,7 @@ static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_optio
     prl_infer *e = NULL;
     prl_status rc = prl_infer_init(&e, m, &io);
     double *ps = calloc((size_t)a->rounds, sizeof *ps), *ss = calloc((size_t)a->rounds, sizeof *ss);
-    double *ratio = calloc((size_t)a->rounds, sizeof *ratio), pre = 0, all = 0;
+    double *ratio = calloc((size_t)a->rounds, sizeof *ratio), all = 0;
     int32_t *want = calloc((size_t)n * N, sizeof *want), *got = calloc((size_t)n * N, sizeof *got);
     int *want_len = calloc((size_t)n, sizeof *want_len),
         *got_len = calloc((size_t)n, sizeof *got_len);
@@ -244,24 +249,54 @@ static prl_status bench_spec(const decode_args *a, prl_model *m, prl_infer_optio
     prl_spec_stats before = rc ? (prl_spec_stats){0} : prl_infer_spec_stats(e);
     prl_spec_stats plain_before = prl_infer_spec_stats(plain);
     for (int i = 0; !rc && i < a->rounds; i++) {
-        long first = 0;
-        rc = prl_generate_time(plain, run, 1, &pre, NULL, NULL, NULL, NULL);
-        if (!rc)
-            rc = prl_generate_time(plain, run, N, &all, NULL, &d->plain_tokens, want, want_len);
-        ps[i] = all - pre;
-        if (!rc) rc = prl_generate_time(e, run, 1, &pre, NULL, &first, NULL, NULL);
-        if (!rc) rc = prl_generate_time(e, run, N, &all, NULL, &d->spec_tokens, got, got_len);
-        ss[i] = all - pre;
-        ratio[i] = (d->spec_tokens / ss[i]) / (d->plain_tokens / ps[i]);
+        rc = prl_generate_time(plain, run, N, &all, &ps[i], &d->plain_tokens, want, want_len);
+        if (!rc) rc = prl_generate_time(e, run, N, &all, &ss[i], &d->spec_tokens, got, got_len);
+        if (!rc) ratio[i] = (d->spec_tokens / ss[i]) / (d->plain_tokens / ps[i]);
     }
     if (!rc) {
         d->spec = stats_since(e, before), d->plain = stats_since(plain, plain_before);
         d->spec_decode = bench_median(ss, a->rounds),
         d->spec_speedup = bench_median(ratio, a->rounds);
-        tokens_compare(d, want, want_len, got, got_len, n, N);
+        tokens_compare(&d->spec_agree, &d->spec_equal, want, want_len, got, got_len, n, N);
     }
     prl_infer_free(e);
     free(ps), free(ss), free(ratio), free(want), free(got), free(want_len), free(got_len);
+    return rc;
+}
+
+/* --precision-compare: an engine of preset a->compare against engine `main` on the same
+** requests, in alternate rounds (decode steps by the engine's pass timer, as above): its median decode time, the
+** median of the per-round ratios of decode tokens/s (compare / main), and how many greedy
+** tokens equal the main engine's. */
+static prl_status bench_compare(const decode_args *a, prl_model *m, prl_infer_options io,
+                                prl_infer *main_e, const decode_run *run, decode_result *d)
+{
+    int N = a->new_tokens, n = run->n;
+    prl_infer_options co;
+    prl_status rc = prl_infer_options_preset(&co, a->compare);
+    co.mla = io.mla, co.max_batch = io.max_batch, co.max_len = io.max_len;
+    prl_infer *e = NULL;
+    if (!rc) rc = prl_infer_init(&e, m, &co);
+    double *ms = calloc((size_t)a->rounds, sizeof *ms), *cs = calloc((size_t)a->rounds, sizeof *cs);
+    double *ratio = calloc((size_t)a->rounds, sizeof *ratio), all = 0;
+    int32_t *want = calloc((size_t)n * N, sizeof *want), *got = calloc((size_t)n * N, sizeof *got);
+    int *want_len = calloc((size_t)n, sizeof *want_len),
+        *got_len = calloc((size_t)n, sizeof *got_len);
+    long main_tokens = 0;
+    for (int w = 0; !rc && w < a->warmup; w++)
+        rc = prl_generate_time(e, run, N, &all, NULL, NULL, NULL, NULL);
+    for (int i = 0; !rc && i < a->rounds; i++) {
+        rc = prl_generate_time(main_e, run, N, &all, &ms[i], &main_tokens, want, want_len);
+        if (!rc) rc = prl_generate_time(e, run, N, &all, &cs[i], &d->cmp_tokens, got, got_len);
+        if (!rc) ratio[i] = (d->cmp_tokens / cs[i]) / (main_tokens / ms[i]);
+    }
+    if (!rc) {
+        d->cmp_decode = bench_median(cs, a->rounds),
+        d->cmp_speedup = bench_median(ratio, a->rounds);
+        tokens_compare(&d->cmp_agree, &d->cmp_equal, want, want_len, got, got_len, n, N);
+    }
+    prl_infer_free(e);
+    free(ms), free(cs), free(ratio), free(want), free(got), free(want_len), free(got_len);
     return rc;
 }
 
@@ -375,6 +410,7 @@ static prl_status bench_decode_batch(const decode_args *a, prl_model *m, const p
         d->plain_tokens = dec[a->rounds - 1];
     }
     if (!rc && a->spec > 0) rc = bench_spec(a, m, io, e, &run, d);
+    if (!rc && a->compare) rc = bench_compare(a, m, io, e, &run, d);
     if (!rc && a->group > 1) rc = bench_own_prefill(a, m, io, e, &run, d);
     prl_infer_free(e);
     free(pre), free(all), free(dec), free(run.q), free(ids), free(tokens);
@@ -468,7 +504,11 @@ int cmd_bench_decode(int argc, char **argv)
         {"rounds", OPT_INT, &a.rounds, "R", "timed generations per engine (default 5)", 0, 0},
         {"warmup", OPT_INT, &a.warmup, "N", "untimed generations first (default 1)", 0, 0},
         {"precision", OPT_STR, &a.precision, "P",
-         "prl's infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
+         "prl's infer preset: fp32 (default), bf16, fp16, w8a8, aligned", 0, 0},
+        {"precision-compare", OPT_STR, &a.compare, "P",
+         "also time preset P (e.g. w8a8) against --precision in alternate rounds: tokens/s, "
+         "ratio, greedy tokens equal",
+         0, 0},
         {"mla", OPT_STR, &a.mla, "FORM", "absorbed or naive (both engines; default: the preset's)",
          0, 0},
         {"matmul", OPT_STR, &a.matmul, "KIND", "prl's matmul kind: gemv, gemm, blas", 0, 0},
@@ -531,6 +571,9 @@ int cmd_bench_decode(int argc, char **argv)
     }
     prl_infer_options io;
     if (cli_infer_options("bench", &io, a.precision, a.mla, a.matmul)) return 2;
+    prl_infer_options cmp_io;
+    if (a.compare && prl_infer_options_preset(&cmp_io, a.compare))
+        return cli_failf("bench", 2, "--precision-compare: %s", prl_error_message());
     if (cli_setup_blas("bench", a.threads)) return 1;
     const char *dir = bench_tmpdir("decode");
     if (!dir) return cli_fail("bench");
@@ -619,6 +662,13 @@ int cmd_bench_decode(int argc, char **argv)
                     ", \"group\": %d, \"own_prefill_s\": %.5f, \"shared_prefill_speedup\": %.3f, "
                     "\"shared_prefills\": %ld",
                     a.group, d->own_prefill, d->own_prefill / d->prl_prefill, d->shared_prefills);
+            if (a.compare)
+                printf(", \"compare_precision\": \"%s\", \"compare_decode_s\": %.5f, "
+                       "\"compare_decode_tokens_per_s\": %.1f, \"compare_speedup_median\": %.3f, "
+                       "\"compare_greedy_tokens_agree\": %d, \"compare_tokens_equal\": %ld, "
+                       "\"compare_tokens\": %ld",
+                       a.compare, d->cmp_decode, d->cmp_tokens / d->cmp_decode, d->cmp_speedup,
+                       d->cmp_agree, d->cmp_equal, d->plain_tokens + d->n_seq);
             if (a.spec > 0)
                 printf(", \"spec_drafts\": %d, \"spec_decode_s\": %.5f, "
                        "\"spec_decode_tokens_per_s\": %.1f, "
@@ -645,6 +695,13 @@ int cmd_bench_decode(int argc, char **argv)
                    "own %.4f s, speed-up %.2fx (%ld copied from a twin)\n",
                    d->n_seq, a.group, d->prl_prefill, d->own_prefill,
                    d->own_prefill / d->prl_prefill, d->shared_prefills);
+        if (a.compare)
+            printf("             %s %8.1f tokens/s   speed-up %.2fx (median of per-round ratios "
+                   "to %s)   greedy tokens equal %ld/%ld (%d sequences; sequence 0 agrees for "
+                   "%d)\n",
+                   a.compare, d->cmp_tokens / d->cmp_decode, d->cmp_speedup,
+                   a.precision ? a.precision : "fp32", d->cmp_equal, d->plain_tokens + d->n_seq,
+                   d->n_seq, d->cmp_agree);
         if (a.spec > 0)
             printf(
                 "             speculative (%d drafts) %8.1f tokens/s   speed-up %.2fx (median of "

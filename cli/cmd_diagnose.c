@@ -18,6 +18,7 @@
 typedef struct diag_args {
     const char *ckpt, *run, *jsonl, *external, *html, *precision, *mla, *matmul;
     int step, n, batch, threads, json, sweep, step_seen;
+    int calibrate; /* w8a8: SmoothQuant factors from this many sequences after the compared */
     double threshold, temperature;
 } diag_args;
 
@@ -140,11 +141,42 @@ static int check_args(const diag_args *a)
     if (a->threads < 0) return cli_failf("diagnose", 2, "--threads %d must be >= 0", a->threads);
     if (!(a->threshold >= 0)) return cli_failf("diagnose", 2, "--threshold must be >= 0");
     if (!(a->temperature > 0)) return cli_failf("diagnose", 2, "--temperature must be > 0");
+    if (a->calibrate < 0 || a->calibrate > 4096)
+        return cli_failf("diagnose", 2, "--calibrate %d not in [0, 4096]", a->calibrate);
+    if (a->calibrate && (!a->precision || strcmp(a->precision, "w8a8")))
+        return cli_failf("diagnose", 2, "--calibrate needs --precision w8a8");
     if (a->external && !a->sweep && (a->precision || a->mla || a->matmul))
         return cli_failf("diagnose", 2,
                          "--precision, --mla and --matmul set the infer path, which "
                          "--external replaces (with --sweep they set the sweep's baseline)");
     return 0;
+}
+
+/* --calibrate: SmoothQuant factors from sequences [first, l->n) of the list (each prefilled
+** whole), a summary on stderr. */
+static prl_status calibrate(const prl_model *m, const prl_infer_options *io, const seq_list *l,
+                            int first, prl_w8a8_smooth **out)
+{
+    int n = l->n - first;
+    if (n < 1)
+        return prl_error_set(
+            PRL_ERR_ARG, "--calibrate: the source has no sequences after the %d compared", first);
+    prl_gen_request *q = calloc((size_t)n, sizeof *q);
+    if (!q) return prl_error_set(PRL_ERR_NOMEM, "calibration prompts");
+    for (int i = 0; i < n; i++)
+        q[i] = (prl_gen_request){.prompt = l->s[first + i].tokens,
+                                 .prompt_len = l->s[first + i].n - 1, /* room for one token */
+                                 .seq_id = (uint64_t)i};
+    prl_w8a8_calib c;
+    prl_status rc = prl_w8a8_calibrate(out, m, io, q, n, &c);
+    free(q);
+    if (!rc)
+        fprintf(stderr,
+                "diagnose: SmoothQuant on %d calibration sequences: %d INT8 linears, %d smoothed "
+                "(alpha 0/.25/.5/.75/1: %d/%d/%d/%d/%d); summed output MSE %.4g -> %.4g\n",
+                n, c.linears, c.smoothed, c.alpha_count[0], c.alpha_count[1], c.alpha_count[2],
+                c.alpha_count[3], c.alpha_count[4], c.mse_plain, c.mse_smooth);
+    return rc;
 }
 
 /* Print the report (and sweep) as asked; write the HTML page. */
@@ -178,8 +210,12 @@ int cmd_diagnose(int argc, char **argv)
          "{\"text\": ...} or {\"messages\": [...]})",
          0, 0},
         {"n", OPT_INT, &a.n, "N", "at most N sequences (default 8)", 0, 0},
+        {"calibrate", OPT_INT, &a.calibrate, "C",
+         "with --precision w8a8: SmoothQuant factors searched on the C sequences after the N "
+         "compared (default 0 = no smoothing)",
+         0, 0},
         {"precision", OPT_STR, &a.precision, "P",
-         "infer path: fp32 (default), bf16, fp16 or aligned", 0, 0},
+         "infer path: fp32 (default), bf16, fp16, w8a8 or aligned", 0, 0},
         {"mla", OPT_STR, &a.mla, "FORM", "infer path: absorbed or naive (overrides the preset)", 0,
          0},
         {"matmul", OPT_STR, &a.matmul, "KIND",
@@ -230,8 +266,17 @@ int cmd_diagnose(int argc, char **argv)
     seq_list seqs = {0};
     prl_diag_report rep = {0};
     prl_diag_sweep sw = {0};
-    prl_status st = a.run ? load_run(a.run, a.step, a.step_seen, a.n, &seqs)
-                          : load_jsonl(a.jsonl, tok, a.n, &seqs);
+    int want = a.n + a.calibrate;
+    prl_w8a8_smooth *smooth = NULL;
+    prl_status st = a.run ? load_run(a.run, a.step, a.step_seen, want, &seqs)
+                          : load_jsonl(a.jsonl, tok, want, &seqs);
+    int all = seqs.n;
+    if (!st && a.calibrate) {
+        st = seqs.n > a.n ? calibrate(&m, &io, &seqs, a.n, &smooth)
+                          : calibrate(&m, &io, &seqs, seqs.n, &smooth);
+        io.smooth = smooth;
+        seqs.n = seqs.n < a.n ? seqs.n : a.n; /* the compared ones */
+    }
     if (!st && a.external)
         st = prl_diag_compare_external(&m, a.external, seqs.s, seqs.n, a.threshold, a.temperature,
                                        &rep);
@@ -243,7 +288,9 @@ int cmd_diagnose(int argc, char **argv)
     if (!st) st = emit_output(&a, &rep, a.sweep ? &sw : NULL);
     prl_diag_sweep_free(&sw);
     prl_diag_report_free(&rep);
+    seqs.n = all;
     seq_list_free(&seqs);
+    prl_w8a8_smooth_free(smooth);
     prl_tokenizer_free(tok);
     prl_model_free(&m);
     return st ? cli_fail("diagnose") : 0;

@@ -334,7 +334,7 @@ int cmd_eval(int argc, char **argv)
         {"max-new-tokens", OPT_INT, &a.max_new, "N", "tokens per model turn (default 96)", 0, 0},
         {"max-turns", OPT_INT, &a.max_turns, "N", "model turns per episode (default 10)", 0, 0},
         {"precision", OPT_STR, &a.precision, "P",
-         "infer preset: fp32 (default), bf16, fp16, aligned", 0, 0},
+         "infer preset: fp32 (default), bf16, fp16, w8a8, aligned", 0, 0},
         {"batch", OPT_INT, &a.batch, "B", "episodes decoded together (default 16)", 0, 0},
         {"mode", OPT_STR, &a.mode, "M",
          "think, no_think or both: the prompts end in the /think or /no_think switch, each row "

@@ -199,7 +199,7 @@ int cmd_generate(int argc, char **argv)
         {"raw", OPT_FLAG, &a.raw, NULL, "prompts are plain text after <|bos|>, not a chat turn", 0,
          0},
         {"precision", OPT_STR, &a.precision, "P",
-         "fp32 (default), bf16, fp16 or aligned (bitwise = train path)", 0, 0},
+         "fp32 (default), bf16, fp16, w8a8 (INT8 linears) or aligned (bitwise = train path)", 0, 0},
         {"mla", OPT_STR, &a.mla, "FORM", "absorbed or naive (overrides the preset)", 0, 0},
         {"matmul", OPT_STR, &a.matmul, "KIND", "gemv, gemm or blas (overrides the preset)", 0, 0},
         {"batch", OPT_INT, &a.batch, "B", "sequences decoded together (default 16)", 0, 0},

@@ -193,7 +193,7 @@ int cmd_score(int argc, char **argv)
         {"path", OPT_STR, &a.path, "NAME", "engine path to score with: train (default) or infer", 0,
          0},
         {"precision", OPT_STR, &a.precision, "P",
-         "infer path: fp32 (default), bf16, fp16 or aligned", 0, 0},
+         "infer path: fp32 (default), bf16, fp16, w8a8 or aligned", 0, 0},
         {"mla", OPT_STR, &a.mla, "FORM", "infer path: absorbed or naive (overrides the preset)", 0,
          0},
         {"matmul", OPT_STR, &a.matmul, "KIND",

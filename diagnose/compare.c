@@ -687,8 +687,14 @@ static int sweep_plan(const prl_infer_options *io, int threads, int n, prl_diag_
     } while (0)
     ADD("baseline", "", precision, io->precision, threads);
     for (int p = 0; p < 3; p++)
-        if (p != (int)io->precision)
+        if (p != (int)io->precision || io->w8a8) {
             ADD("precision", sweep_precisions[p], precision, (prl_precision)p, threads);
+            opts[k - 1].w8a8 = 0, opts[k - 1].smooth = NULL; /* float instead of INT8 */
+        }
+    /* W8A8: each module kind alone quantized (the others fp32), its own share of the mismatch */
+    static const char *const kinds[] = {"q_b_proj only", "o_proj only", "dense_mlp only",
+                                        "routed_experts only", "bf16_rest only"};
+    for (int b = 0; b < 5 && io->w8a8; b++) ADD("w8a8", kinds[b], w8a8, 1 << b, threads);
     for (int f = 0; f < 2; f++)
         if (f != (int)io->mla) ADD("mla", sweep_mla[f], mla, (prl_mla_form)f, threads);
     for (int x = 0; x < 3; x++)

@@ -128,7 +128,7 @@ prl_status prl_diag_compare_external(prl_model *m, const char *dir, const prl_di
 
 typedef struct prl_diag_sweep_row {
     char knob[16]; /* "baseline", "precision", "mla", "matmul", "batch", "threads" */
-    char value[16];
+    char value[32];
     char config[160]; /* the whole infer configuration of the run */
     double mean_abs;  /* mean |lp_train − lp_infer| over response tokens */
     double max_abs;

@@ -182,7 +182,7 @@ static void sweep_chart(FILE *f, const prl_diag_sweep *s)
 {
     if (!s || s->n == 0) return;
     double v[32] = {0};
-    char names[32][40];
+    char names[32][56]; /* knob (16) = value (32) */
     const char *lb[32];
     int n = s->n < 32 ? s->n : 32;
     for (int i = 0; i < n; i++) {

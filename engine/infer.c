@@ -4,7 +4,9 @@
 ** file holds the options and presets, the engine's set-up (weights bound, rounded and packed;
 ** caches, row buffers and slots sized), its cache accounting, tensor hooks and the test-only
 ** fault; the path itself is split by concern around the private infer_int.h:
-**   infer_matmul.c    the linear layers: GEMV-order dot products, the GEMM, OpenBLAS, on the pool
+**   infer_matmul.c    the linear layers: GEMV-order dot products, the GEMM, OpenBLAS, on the pool;
+**                     W8A8's INT8 and BF16 linears (kernels in quant.c)
+**   infer_quant.c     W8A8's SmoothQuant: calibration, the α search, the factors' table
 **   infer_forward.c   the forward over rows: MLA attention with the caches, FFN/MoE, residual glue
 **   infer_sample.c    the sampler: greedy, temperature, top-k/top-p, log-probs
 **   infer_generate.c  the generation driver: continuous batching, results, the route codec
@@ -59,12 +61,14 @@ prl_status prl_infer_options_preset(prl_infer_options *o, const char *name)
                              : -1;
         o->mla = PRL_MLA_NAIVE;
         o->matmul = PRL_MATMUL_GEMM;
+    } else if (!strcmp(name, "w8a8")) {
+        p = PRL_PRECISION_FP32, o->w8a8 = PRL_W8A8_ALL;
     } else {
         p = lookup(precision_names, 3, name);
     }
     if (p < 0)
         return prl_error_set(PRL_ERR_ARG,
-                             "unknown precision '%s' (choices: fp32, bf16, fp16, "
+                             "unknown precision '%s' (choices: fp32, bf16, fp16, w8a8, "
                              "aligned, aligned-bf16, aligned-fp16)",
                              name);
     o->precision = (prl_precision)p;
@@ -76,10 +80,11 @@ prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, co
 {
     int v;
     if (precision) {
-        if ((v = lookup(precision_names, 3, precision)) < 0)
-            return prl_error_set(PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16)",
-                                 precision);
-        o->precision = (prl_precision)v;
+        int w8a8 = !strcmp(precision, "w8a8");
+        if ((v = w8a8 ? PRL_PRECISION_FP32 : lookup(precision_names, 3, precision)) < 0)
+            return prl_error_set(
+                PRL_ERR_ARG, "unknown precision '%s' (choices: fp32, bf16, fp16, w8a8)", precision);
+        o->precision = (prl_precision)v, o->w8a8 = w8a8 ? PRL_W8A8_ALL : 0;
     }
     if (mla) {
         if ((v = lookup(mla_names, 2, mla)) < 0)
@@ -98,8 +103,12 @@ prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, co
 
 void prl_infer_options_describe(const prl_infer_options *o, char *out, size_t n)
 {
-    snprintf(out, n, "precision=%s mla=%s matmul=%s", precision_names[o->precision],
-             mla_names[o->mla], matmul_names[o->matmul]);
+    char prec[32]; /* a partial W8A8 mask (a diagnose sweep row) shows its bits */
+    if (o->w8a8 && o->w8a8 != PRL_W8A8_ALL)
+        snprintf(prec, sizeof prec, "w8a8(mask %#x)", (unsigned)o->w8a8);
+    else snprintf(prec, sizeof prec, "%s", o->w8a8 ? "w8a8" : precision_names[o->precision]);
+    snprintf(out, n, "precision=%s mla=%s matmul=%s", prec, mla_names[o->mla],
+             matmul_names[o->matmul]);
 }
 
 /* ------------------------------------------------------------------ set-up ---------- */
@@ -121,15 +130,38 @@ static const float *tensor(const prl_infer *e, const float *base, int64_t rows, 
     return base + p->offset;
 }
 
-static prl_status lin_init(const prl_infer *e, lin *L, const float *w, int out, int in)
+static void lin_free(lin *L)
 {
-    prl_packed_b_free(&L->pk);
-    *L = (lin){.w = w, .out = out, .in = in};
+    prl_packed_b_free(&L->pk), prl_q8w_free(&L->q8), prl_bf16w_free(&L->bf);
+}
+
+/* Bind a linear held as `kind` in W8A8 mode (fp32 otherwise). Its smoothing factors survive a
+** rebind (prl_infer_refresh re-quantizes with them). */
+static prl_status lin_init_as(const prl_infer *e, lin *L, const float *w, int out, int in, int kind,
+                              int w8a8_bit)
+{
+    float *smooth = L->smooth, alpha = L->smooth ? L->alpha : -1;
+    lin_free(L);
+    *L = (lin){.w = w, .out = out, .in = in, .kind = e->opt.w8a8 & w8a8_bit ? kind : LIN_F32};
+    L->smooth = smooth, L->alpha = alpha;
+    if (L->kind == LIN_Q8) return prl_q8w_init(&L->q8, w, in, out, in, smooth);
+    if (L->kind == LIN_BF16) return prl_bf16w_init(&L->bf, w, in, out, in);
     if (e->opt.matmul == PRL_MATMUL_GEMM) return prl_packed_b_init(&L->pk, 1, in, out, w, in);
     return PRL_OK;
 }
 
-static void lin_free(lin *L) { prl_packed_b_free(&L->pk); }
+static prl_status lin_init(const prl_infer *e, lin *L, const float *w, int out, int in)
+{
+    return lin_init_as(e, L, w, out, in, LIN_F32, 0);
+}
+
+/* A lin and its smoothing factors (engine teardown). */
+static void lin_free_all(lin *L)
+{
+    lin_free(L);
+    free(L->smooth);
+    L->smooth = NULL;
+}
 
 /* Sink rows of layer l from the (rounded) weights `base`, by the train path's own ops: the
 ** latent rows [RMSNorm(param_sink_compressed_kv; kv_a_layernorm) | param_sink_k_pe] (zero
@@ -221,6 +253,27 @@ static prl_status bind_mtp(prl_infer *e, int l, const float *base)
     return rc;
 }
 
+/* W8A8: kv_b is one of the BF16 linears; the absorbed form reads it as W_UK_hᵀ and W_UV_h per
+** head, so those get BF16 copies (wuk_t built first). */
+static prl_status bind_absorbed_bf16(prl_infer *e, layer_w *w)
+{
+    for (int h = 0; h < e->H && w->uk_bf; h++)
+        prl_bf16w_free(&w->uk_bf[h]), prl_bf16w_free(&w->uv_bf[h]);
+    free(w->uk_bf), free(w->uv_bf);
+    w->uk_bf = calloc((size_t)e->H, sizeof *w->uk_bf);
+    w->uv_bf = calloc((size_t)e->H, sizeof *w->uv_bf);
+    if (!w->uk_bf || !w->uv_bf) return prl_error_set(PRL_ERR_NOMEM, "BF16 W_UK / W_UV");
+    prl_status rc = PRL_OK;
+    for (int h = 0; h < e->H && !rc; h++) {
+        rc = prl_bf16w_init(&w->uk_bf[h], w->wuk_t + (size_t)h * e->rkv * e->dn, e->dn, e->rkv,
+                            e->dn);
+        if (!rc)
+            rc = prl_bf16w_init(&w->uv_bf[h], w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * e->rkv,
+                                e->rkv, e->dv, e->rkv);
+    }
+    return rc;
+}
+
 /* Point every layer at the weights (rounded copy or the model's), pack them, and build the
 ** absorbed query matrices and the sink rows. */
 static prl_status bind_weights(prl_infer *e)
@@ -246,43 +299,51 @@ static prl_status bind_weights(prl_infer *e)
                    e->m->cfg.sandwich_norm ? "pre_mlp_layernorm" : "post_attention_layernorm");
         if (!rc) rc = bind_residual(e, l, base);
         if (!rc && e->rq == 0) /* q_lora_rank null: the direct q_proj */
-            rc = lin_init(e, &w->wq_b, T("self_attn.q_proj.weight", e->H * e->dq, e->d),
-                          e->H * e->dq, e->d);
+            rc = lin_init_as(e, &w->wq_b, T("self_attn.q_proj.weight", e->H * e->dq, e->d),
+                             e->H * e->dq, e->d, LIN_Q8, PRL_W8A8_Q_B);
         else if (!rc)
-            rc = lin_init(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d);
+            rc = lin_init_as(e, &w->wq_a, T("self_attn.q_a_proj.weight", e->rq, e->d), e->rq, e->d,
+                             LIN_BF16, PRL_W8A8_BF16_REST);
         rc = rc || e->rq == 0
                  ? rc
-                 : lin_init(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
-                            e->H * e->dq, e->rq);
+                 : lin_init_as(e, &w->wq_b, T("self_attn.q_b_proj.weight", e->H * e->dq, e->rq),
+                               e->H * e->dq, e->rq, LIN_Q8, PRL_W8A8_Q_B);
         rc = rc ? rc
-                : lin_init(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
-                           e->lat, e->d);
+                : lin_init_as(e, &w->wkv_a, T("self_attn.kv_a_proj_with_mqa.weight", e->lat, e->d),
+                              e->lat, e->d, LIN_BF16, PRL_W8A8_BF16_REST);
         rc = rc ? rc
                 : lin_init(e, &w->wkv_b, T("self_attn.kv_b_proj.weight", e->H * e->dkv, e->rkv),
                            e->H * e->dkv, e->rkv);
         rc = rc ? rc
-                : lin_init(e, &w->wo, T("self_attn.o_proj.weight", e->d, e->H * e->dv), e->d,
-                           e->H * e->dv);
+                : lin_init_as(e, &w->wo, T("self_attn.o_proj.weight", e->d, e->H * e->dv), e->d,
+                              e->H * e->dv, LIN_Q8, PRL_W8A8_O_PROJ);
         if (w->moe < 0) { /* gate_proj and up_proj are adjacent: one stacked [2I, d] matrix */
             rc = rc ? rc
-                    : lin_init(e, &w->w13, T("mlp.gate_proj.weight", e->I, e->d), 2 * e->I, e->d);
-            rc = rc ? rc : lin_init(e, &w->w2, T("mlp.down_proj.weight", e->d, e->I), e->d, e->I);
+                    : lin_init_as(e, &w->w13, T("mlp.gate_proj.weight", e->I, e->d), 2 * e->I, e->d,
+                                  LIN_Q8, PRL_W8A8_DENSE_MLP);
+            rc = rc ? rc
+                    : lin_init_as(e, &w->w2, T("mlp.down_proj.weight", e->d, e->I), e->d, e->I,
+                                  LIN_Q8, PRL_W8A8_DENSE_MLP);
         } else {
-            rc = rc ? rc : lin_init(e, &w->router, T("mlp.gate.weight", e->E, e->d), e->E, e->d);
+            rc = rc ? rc
+                    : lin_init_as(e, &w->router, T("mlp.gate.weight", e->E, e->d), e->E, e->d,
+                                  LIN_BF16, PRL_W8A8_BF16_REST);
             if (e->sde > 0) {
                 rc = rc ? rc
-                        : lin_init(e, &w->w13,
-                                   T("mlp.shared_experts.gate_proj.weight", e->sde, e->d),
-                                   2 * e->sde, e->d);
-                rc =
-                    rc ? rc
-                       : lin_init(e, &w->w2, T("mlp.shared_experts.down_proj.weight", e->d, e->sde),
-                                  e->d, e->sde);
+                        : lin_init_as(e, &w->w13,
+                                      T("mlp.shared_experts.gate_proj.weight", e->sde, e->d),
+                                      2 * e->sde, e->d, LIN_BF16, PRL_W8A8_BF16_REST);
+                rc = rc ? rc
+                        : lin_init_as(e, &w->w2,
+                                      T("mlp.shared_experts.down_proj.weight", e->d, e->sde), e->d,
+                                      e->sde, LIN_BF16, PRL_W8A8_BF16_REST);
             }
             for (int x = 0; x < e->E && !rc; x++) {
-                rc = lin_init(e, &w->e13[x], X("gate_proj.weight", e->de, e->d), 2 * e->de, e->d);
+                rc = lin_init_as(e, &w->e13[x], X("gate_proj.weight", e->de, e->d), 2 * e->de, e->d,
+                                 LIN_Q8, PRL_W8A8_ROUTED);
                 rc = rc ? rc
-                        : lin_init(e, &w->e2[x], X("down_proj.weight", e->d, e->de), e->d, e->de);
+                        : lin_init_as(e, &w->e2[x], X("down_proj.weight", e->d, e->de), e->d, e->de,
+                                      LIN_Q8, PRL_W8A8_ROUTED);
             }
         }
         /* W_UK_hᵀ: rows [h·dkv, h·dkv + dn) of kv_b_proj are head h's key up-projection */
@@ -291,16 +352,20 @@ static prl_status bind_weights(prl_infer *e)
                 for (int i = 0; i < e->dn; i++)
                     w->wuk_t[((size_t)h * e->rkv + c) * e->dn + i] =
                         w->wkv_b.w[((size_t)h * e->dkv + i) * e->rkv + c];
+        if (!rc && (e->opt.w8a8 & PRL_W8A8_BF16_REST) && e->opt.mla == PRL_MLA_ABSORBED)
+            rc = bind_absorbed_bf16(e, w);
         if (e->ns > 0 && !rc) bind_sinks(e, l, base);
         if (w->dsa && !rc) { /* trunk DSA layers only (w->dsa is 0 for MTP layers) */
 #define IX(name, rows, cols)                                                                       \
     tensor(e, base, rows, cols, "model.layers.%d.self_attn.indexer." name, l)
-            rc = lin_init(e, &w->ix_wq_b, IX("wq_b.weight", e->HI * e->dI, e->rq), e->HI * e->dI,
-                          e->rq);
-            rc = rc ? rc : lin_init(e, &w->ix_wk, IX("wk.weight", e->dI, e->d), e->dI, e->d);
-            rc =
-                rc ? rc
-                   : lin_init(e, &w->ix_wproj, IX("weights_proj.weight", e->HI, e->d), e->HI, e->d);
+            rc = lin_init_as(e, &w->ix_wq_b, IX("wq_b.weight", e->HI * e->dI, e->rq), e->HI * e->dI,
+                             e->rq, LIN_BF16, PRL_W8A8_BF16_REST);
+            rc = rc ? rc
+                    : lin_init_as(e, &w->ix_wk, IX("wk.weight", e->dI, e->d), e->dI, e->d, LIN_BF16,
+                                  PRL_W8A8_BF16_REST);
+            rc = rc ? rc
+                    : lin_init_as(e, &w->ix_wproj, IX("weights_proj.weight", e->HI, e->d), e->HI,
+                                  e->d, LIN_BF16, PRL_W8A8_BF16_REST);
             w->ix_k_norm = IX("k_norm.weight", e->dI, 0);
 #undef IX
         }
@@ -317,7 +382,9 @@ static prl_status bind_weights(prl_infer *e)
 #undef X
     e->embed = tensor(e, base, e->V, e->d, "model.embed_tokens.weight");
     e->norm = tensor(e, base, e->d, 0, "model.norm.weight");
-    if (!rc) rc = lin_init(e, &e->head, tensor(e, base, e->V, e->d, "lm_head.weight"), e->V, e->d);
+    if (!rc)
+        rc = lin_init_as(e, &e->head, tensor(e, base, e->V, e->d, "lm_head.weight"), e->V, e->d,
+                         LIN_BF16, PRL_W8A8_BF16_REST);
     if (!rc && e->m->cfg.use_mhc)
         rc = bind_mhc(e, &e->merge_phi, &e->merge_gamma, &e->merge_alpha, &e->merge_beta, base,
                       "model.merge_mhc_module", 0);
@@ -411,6 +478,25 @@ static void rows_buf_alloc(prl_infer *e, int cap, int *failed)
     }
 }
 
+/* W8A8: room for the quantized inputs of the largest INT8 call or set on `cap` rows — an MoE
+** layer's routed up or down projections (K rows a token), a dense MLP's, the query's or
+** o_proj's (infer_matmul.c quantizes each into its own part). */
+static void q8_scratch_alloc(prl_infer *e, int cap, int *failed)
+{
+    size_t K = e->K > 0 ? (size_t)e->K : 1, w = 0;
+    size_t cand[] = {K * prl_q8_ld(e->d),
+                     K * prl_q8_ld(e->de > 0 ? e->de : 1),
+                     (size_t)prl_q8_ld(e->I),
+                     (size_t)prl_q8_ld(e->rq > 0 ? e->rq : e->d),
+                     (size_t)prl_q8_ld(e->H * e->dv),
+                     (size_t)prl_q8_ld(e->d)};
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) w = cand[i] > w ? cand[i] : w;
+    e->q8x_cap = (size_t)cap * w, e->q8s_cap = (size_t)cap * K;
+    e->q8x = xcalloc(e->q8x_cap, 1, failed);
+    e->q8s = xcalloc(e->q8s_cap, sizeof(float), failed);
+    (void)prl_q8_kernel_active(); /* chosen once here, before any pool thread asks */
+}
+
 static void rows_buf_free(rows_buf *b)
 {
     void *ptrs[] = {
@@ -444,6 +530,14 @@ static prl_status check_options(const prl_model *m, prl_infer_options *o)
                              "draft vocabulary %d not in [0, vocab_size = %d] "
                              "(0 = the whole vocabulary)",
                              o->spec_draft_vocab, m->cfg.vocab_size);
+    if (o->w8a8 & ~PRL_W8A8_ALL)
+        return prl_error_set(PRL_ERR_ARG, "w8a8 module mask %#x has bits beyond %#x",
+                             (unsigned)o->w8a8, (unsigned)PRL_W8A8_ALL);
+    if (o->smooth && !o->w8a8)
+        return prl_error_set(PRL_ERR_ARG, "SmoothQuant factors given without w8a8");
+    if (o->w8a8 && o->precision != PRL_PRECISION_FP32)
+        return prl_error_set(PRL_ERR_ARG, "w8a8 keeps activations in fp32: precision %s with w8a8",
+                             prl_precision_name(o->precision));
     if ((unsigned)o->precision > PRL_PRECISION_FP16 || (unsigned)o->mla > PRL_MLA_NAIVE ||
         (unsigned)o->matmul > PRL_MATMUL_BLAS)
         return prl_error_set(PRL_ERR_ARG, "invalid infer options");
@@ -462,6 +556,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     *out = NULL;
     prl_infer_options o = *opt;
     prl_status rc = check_options(m, &o);
+    if (!rc && o.w8a8) rc = prl_q8_kernel_env_check();
     if (rc) return rc;
     prl_infer *e = calloc(1, sizeof *e);
     if (!e) return prl_error_set(PRL_ERR_NOMEM, "infer engine");
@@ -541,6 +636,7 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     e->lin_jobs = xcalloc(2 * ((size_t)e->E + 1), sizeof *e->lin_jobs, &failed);
     int verify_rows = o.max_batch * (1 + o.spec_drafts);
     rows_buf_alloc(e, o.max_len > verify_rows ? o.max_len : verify_rows, &failed);
+    if (o.w8a8) q8_scratch_alloc(e, e->rb.cap, &failed);
     e->slots = xcalloc((size_t)o.max_batch, sizeof *e->slots, &failed);
     for (int s = 0; s < o.max_batch && e->slots; s++) {
         slot_state *st = &e->slots[s];
@@ -562,7 +658,8 @@ prl_status prl_infer_init(prl_infer **out, const prl_model *m, const prl_infer_o
     }
     prl_rope_tables_scaled(e->rope_cos, e->rope_sin, o.max_len, e->dr, c->rope_theta,
                            &c->rope_scaling);
-    if ((rc = bind_weights(e)) || (rc = fault_from_env(e))) {
+    if ((rc = bind_weights(e)) || (o.smooth && (rc = infer__apply_smooth(e, o.smooth))) ||
+        (rc = fault_from_env(e))) {
         prl_infer_free(e);
         return rc;
     }
@@ -576,10 +673,14 @@ void prl_infer_free(prl_infer *e)
     for (int l = 0; e->lw && l < e->L + e->Lm; l++) {
         layer_w *w = &e->lw[l];
         lin_free(&w->eh_proj), lin_free(&w->own_head), lin_free(&w->draft_head);
-        lin_free(&w->wq_a), lin_free(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
-        lin_free(&w->wo), lin_free(&w->w13), lin_free(&w->w2), lin_free(&w->router);
+        lin_free(&w->wq_a), lin_free_all(&w->wq_b), lin_free(&w->wkv_a), lin_free(&w->wkv_b);
+        lin_free_all(&w->wo), lin_free_all(&w->w13), lin_free_all(&w->w2);
+        lin_free(&w->router);
         lin_free(&w->ix_wq_b), lin_free(&w->ix_wk), lin_free(&w->ix_wproj);
-        for (int x = 0; x < e->E && w->e13; x++) lin_free(&w->e13[x]), lin_free(&w->e2[x]);
+        for (int x = 0; x < e->E && w->e13; x++) lin_free_all(&w->e13[x]), lin_free_all(&w->e2[x]);
+        for (int h = 0; h < e->H && w->uk_bf; h++)
+            prl_bf16w_free(&w->uk_bf[h]), prl_bf16w_free(&w->uv_bf[h]);
+        free(w->uk_bf), free(w->uv_bf);
         free(w->e13), free(w->e2), free(w->wuk_t), free(w->sink_lat), free(w->sink_kv);
         for (int i = 0; i < 3; i++) free(w->conv_state[i]);
         lin_free(&w->hc_phi[0]), lin_free(&w->hc_phi[1]);
@@ -594,7 +695,7 @@ void prl_infer_free(prl_infer *e)
     free(e->spec_p);
     free(e->slots), free(e->lw), free(e->wcopy), free(e->rope_cos), free(e->rope_sin);
     free(e->cache_lat), free(e->cache_kv), free(e->cache_idx), free(e->att_scratch);
-    free(e->lin_jobs);
+    free(e->lin_jobs), free(e->q8x), free(e->q8s);
     rows_buf_free(&e->rb);
     free(e);
 }

@@ -32,6 +32,21 @@ typedef enum prl_matmul_kind {
     PRL_MATMUL_BLAS = 2  /* OpenBLAS sgemm: fast but batch-variant (a comparison knob) */
 } prl_matmul_kind;
 
+/* W8A8 module kinds (prl_infer_options.w8a8 is a mask of them; the preset "w8a8" sets all):
+** INT8 q_b_proj (or a direct q_proj), o_proj, dense MLP, routed experts; BF16 weights for the
+** other large linears (q_a, kv_a, router gate, shared experts, indexer, LM head). One kind
+** alone is how `prl diagnose --sweep` attributes the mismatch to it. */
+enum {
+    PRL_W8A8_Q_B = 1,
+    PRL_W8A8_O_PROJ = 2,
+    PRL_W8A8_DENSE_MLP = 4,
+    PRL_W8A8_ROUTED = 8,
+    PRL_W8A8_BF16_REST = 16,
+    PRL_W8A8_ALL = 31
+};
+
+typedef struct prl_w8a8_smooth prl_w8a8_smooth; /* SmoothQuant factors (prl_w8a8_calibrate) */
+
 typedef struct prl_infer_options {
     prl_precision precision;
     prl_mla_form mla;
@@ -48,6 +63,14 @@ typedef struct prl_infer_options {
                            ** before it, in the same admission round, copies that slot's
                            ** caches instead (a GRPO group's G samples prefill once; the
                            ** output is bitwise the same; docs/infer.md) */
+    int w8a8; /* != 0: W8A8 rollouts, a mask of PRL_W8A8_* (preset "w8a8": all; precision
+              ** fp32): INT8 o_proj, q_b_proj, dense
+              ** MLP and routed experts (per-channel weights, per-token activations, optional
+              ** SmoothQuant factors from prl_infer_calibrate); q_a, kv_a, the router, shared
+              ** experts, indexer and LM head in BF16 weights; kv_b, mHC, MTP, norms and the
+              ** embedding fp32; activations fp32 (docs/infer.md "W8A8") */
+    const prl_w8a8_smooth *smooth; /* W8A8: SmoothQuant factors of the INT8 linears (borrowed;
+                                   ** NULL = none), from prl_w8a8_calibrate on this model */
 } prl_infer_options;
 
 /* Speculative decoding counters since prl_infer_init: drafts proposed and accepted (the
@@ -67,10 +90,10 @@ typedef struct prl_spec_stats {
 void prl_infer_options_default(prl_infer_options *o);
 /* "fp32" | "bf16" | "fp16" (absorbed MLA, the GEMM, that precision) or "aligned" (fp32,
 ** naive MLA, the train path's GEMM), "aligned-bf16" / "aligned-fp16" (the same in bf16 /
-** fp16: bitwise the train path at that precision). Unknown names are PRL_ERR_ARG naming the
-** choices. */
+** fp16: bitwise the train path at that precision), "w8a8" (fp32 + w8a8 = 1). Unknown names
+** are PRL_ERR_ARG naming the choices. */
 prl_status prl_infer_options_preset(prl_infer_options *o, const char *name);
-/* Parse the knob values used by the CLI: precision "fp32|bf16|fp16", mla "absorbed|naive",
+/* Parse the knob values used by the CLI: precision "fp32|bf16|fp16|w8a8", mla "absorbed|naive",
 ** matmul "gemv|gemm|blas". NULL leaves a field unchanged. */
 prl_status prl_infer_options_set(prl_infer_options *o, const char *precision, const char *mla,
                                  const char *matmul);
@@ -188,6 +211,21 @@ typedef void (*prl_gen_progress)(void *user, int finished, int total, long token
 prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
                               const prl_sample_params *sp, prl_gen_result *results,
                               prl_gen_progress progress, void *user);
+
+/* SmoothQuant calibration (docs/infer.md "W8A8"): the prompts are prefilled with every linear
+** in fp32 while each INT8 linear's inputs are recorded (per-channel max |x| over all rows, and
+** up to 64 rows); then per linear the migration strength α ∈ {0, .25, .5, .75, 1} — or no
+** smoothing — with the least output MSE against fp32 on those rows is kept: s_j = max|X_j|^α /
+** max|W_j|^(1−α), the weights quantized as W·diag(s), the activations divided by s. `o` is
+** the W8A8 configuration to calibrate (its w8a8 mask says which linears). The report: */
+typedef struct prl_w8a8_calib {
+    int linears, smoothed;        /* INT8 linears seen (with rows), of which smoothing helped */
+    int alpha_count[5];           /* how many chose each α (0, .25, .5, .75, 1) */
+    double mse_plain, mse_smooth; /* summed over the linears: output MSE without / with */
+} prl_w8a8_calib;
+prl_status prl_w8a8_calibrate(prl_w8a8_smooth **out, const prl_model *m, const prl_infer_options *o,
+                              const prl_gen_request *prompts, int n, prl_w8a8_calib *report);
+void prl_w8a8_smooth_free(prl_w8a8_smooth *s);
 
 /* ---------------------------------------------------------------- routes ----------- */
 

@@ -185,9 +185,14 @@ static void absorbed_finish(const prl_infer *e, const layer_w *w, int r, const f
                  cache + (size_t)(idx ? idx[s] : s) * lat, rkv);
     if (e->ns > 0) merge_sinks(e, w, qa, ov, mB, lB, Ss, oA, scale);
     infer__act_round(e, ov, (size_t)H * rkv);
-    for (int h = 0; h < H; h++)
-        infer__dots(b->o + (size_t)r * H * e->dv + (size_t)h * e->dv, ov + (size_t)h * rkv,
-                    w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
+    for (int h = 0; h < H; h++) {
+        float *oh = b->o + (size_t)r * H * e->dv + (size_t)h * e->dv;
+        if (w->uv_bf && !e->calibrating) /* W8A8: W_UV in BF16 (fp32 while calibrating) */
+            prl_bf16_dots(prl_q8_kernel_active(), oh, ov + (size_t)h * rkv, &w->uv_bf[h], 0, e->dv);
+        else
+            infer__dots(oh, ov + (size_t)h * rkv, w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv,
+                        rkv, e->dv, rkv);
+    }
 }
 
 /* A DSA row of the sparse stage in the absorbed form: scores, softmax and weighted sum over
@@ -225,8 +230,12 @@ static void absorbed_task(void *p, int r)
     float *oA = Ss + (size_t)H * e->ns, *mB = oA + (size_t)H * rkv, *lB = mB + H, *g = lB + H;
     const float *q = b->q + (size_t)r * H * e->dq;
     for (int h = 0; h < H; h++) {
-        infer__dots(qa + (size_t)h * lat, q + (size_t)h * e->dq, w->wuk_t + (size_t)h * rkv * e->dn,
-                    e->dn, rkv, e->dn);
+        if (w->uk_bf && !e->calibrating) /* W8A8: W_UK in BF16 (fp32 while calibrating) */
+            prl_bf16_dots(prl_q8_kernel_active(), qa + (size_t)h * lat, q + (size_t)h * e->dq,
+                          &w->uk_bf[h], 0, rkv);
+        else
+            infer__dots(qa + (size_t)h * lat, q + (size_t)h * e->dq,
+                        w->wuk_t + (size_t)h * rkv * e->dn, e->dn, rkv, e->dn);
         memcpy(qa + (size_t)h * lat + rkv, q + (size_t)h * e->dq + e->dn,
                (size_t)e->dr * sizeof *qa);
     }

@@ -8,6 +8,7 @@
 #define PRL_INFER_INT_H
 
 #include "engine/ops.h"
+#include "engine/quant.h"
 
 #ifdef PRL_REAL_DOUBLE
 #error "the infer path is float-only (build it in prl_model, not prl_model64)"
@@ -15,11 +16,22 @@
 
 /* ------------------------------------------------------------------ state ----------- */
 
-/* A linear layer out = x·wᵀ, w [out, in] (with a packed copy for the GEMM kind). */
+/* How a linear's weights are held: fp32 (packed for the GEMM kind), or, in W8A8 mode, INT8
+** (the report's split) or BF16 (the other large linears; docs/infer.md "W8A8"). */
+enum { LIN_F32 = 0, LIN_Q8 = 1, LIN_BF16 = 2 };
+
+/* A linear layer out = x·wᵀ, w [out, in] (with a packed copy for the GEMM kind). w is the
+** model's fp32 tensor whatever the kind (the absorbed attention and the drafts read it). */
 typedef struct lin {
     const float *w;
     int out, in;
     prl_packed_b pk;
+    int kind;
+    prl_q8w q8;    /* LIN_Q8 */
+    prl_bf16w bf;  /* LIN_BF16 */
+    float *smooth; /* LIN_Q8: SmoothQuant factors [in] (owned; kept across refreshes), or NULL */
+    float alpha;   /* the migration strength they were searched at (-1: none) */
+    struct lin_calib *cal; /* during prl_w8a8_calibrate: its recorded inputs */
 } lin;
 
 typedef struct layer_w {
@@ -30,6 +42,8 @@ typedef struct layer_w {
     lin router;
     lin *e13, *e2;                /* [E] routed experts, gate/up stacked */
     float *wuk_t;                 /* absorbed form: [H][rkv][dn] = W_UK_hᵀ per head */
+    prl_bf16w *uk_bf, *uv_bf;     /* W8A8 (BF16 bit): per head W_UK_hᵀ [rkv, dn] and W_UV_h
+                                  ** [dv, rkv] in BF16 for the absorbed form, else NULL */
     int window;                   /* 0 = causal, W = sliding window (docs/model.md) */
     int cap;                      /* cache rows per slot: max_len, or W for a ring */
     size_t lat_off, kv_off;       /* the layer's part of cache_lat / cache_kv */
@@ -119,6 +133,10 @@ struct prl_infer {
     int conv_hist;       /* inputs a conv history keeps per slot: k − 1 + spare rows */
     double *spec_p;      /* [D + 1][V] one slot's verify distributions */
     prl_spec_stats spec; /* counters since init */
+    int8_t *q8x;         /* W8A8: the INT8 linears' quantized inputs of one call or set */
+    float *q8s;          /* and their per-row scales */
+    size_t q8x_cap, q8s_cap;
+    int calibrating; /* prl_w8a8_calibrate: every linear fp32, INT8 inputs recorded */
 };
 
 /* Activation rounding at an op's output (no-op in fp32). */
@@ -183,6 +201,26 @@ void infer__absorbed_scores(float *S, int ldS, const float *q, int nh, const flo
 void infer__absorbed_softmax(float *S, int n, float scale, float *mx, float *sum);
 /* out[0..w) = Σ_{s<n} p[s]·c_s[0..w) (c_s = c + s·ld) in key order, multiply then add. */
 void infer__absorbed_wsum(float *out, const float *p, const float *c, int ld, int w, int n);
+/* ------------------------------------------------------------------ infer_quant.c --- */
+
+/* The inputs a calibration records for one INT8 linear. */
+typedef struct lin_calib {
+    float *amax; /* [in] max |x_j| over every row seen */
+    float *rows; /* [CALIB_ROWS][in] the first rows seen */
+    int n;       /* rows kept */
+} lin_calib;
+enum { CALIB_ROWS = 64 };
+/* Record rows x[R, in] for L (calibration only). */
+void infer__calib_record(const lin *L, const float *x, int R);
+/* The linears W8A8 may hold in INT8 (whatever the mask) in a fixed order (trunk then MTP
+** layers; per layer q_b, o_proj, dense MLP up/down or each routed expert's up/down): n of
+** them into out (NULL: just count). */
+int infer__q8_linears(prl_infer *e, lin **out);
+/* Apply the table's factors to the INT8 linears (prl_infer_init; a mismatched table is
+** PRL_ERR_ARG). */
+prl_status infer__apply_smooth(prl_infer *e, const prl_w8a8_smooth *s);
+/* fp32 y[R, out] = x·wᵀ by GEMV-order dots (the calibration's reference path). */
+void infer__linear_f32_dots(float *y, const float *x, int R, const lin *L);
 
 /* ------------------------------------------------------------------ infer_forward.c - */
 

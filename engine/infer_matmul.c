@@ -1,7 +1,8 @@
 /*
 ** infer_matmul.c — the infer path's linear layers y = x·wᵀ in the three matmul kinds of
 ** prl_infer_options: GEMV-order dot products (generic, or AVX2/FMA chosen by cpuid once),
-** prl's GEMM on pre-packed weights (gemm.c), OpenBLAS sgemm; all cut into tasks on prl's
+** prl's GEMM on pre-packed weights (gemm.c), OpenBLAS sgemm, and in W8A8 mode INT8 and BF16
+** weights (quant.c; an INT8 linear quantizes its input rows first); all cut into tasks on prl's
 ** pool whose results do not depend on the thread that runs them. The dot products also serve
 ** the absorbed attention (infer_forward.c).
 */
@@ -146,6 +147,8 @@ typedef struct lin_ctx {
     const float *x;
     float *y;
     int R, cols, col_tasks;
+    const int8_t *xq; /* LIN_Q8: the quantized rows and their scales */
+    const float *xs;
 } lin_ctx;
 
 static void gemv_task(void *p, int t)
@@ -184,6 +187,58 @@ static void blas_task(void *p, int t)
               c->L->in, 0, c->y + (size_t)r0 * c->L->out, c->L->out);
 }
 
+/* W8A8 (docs/infer.md "W8A8"): output blocks of an INT8 or a BF16 linear. A task's outputs
+** are cut into blocks whose weights stay in cache while every row reads them. */
+enum { QUANT_BLOCK = 64 };
+
+static void q8_task(void *p, int t)
+{
+    lin_ctx *c = p;
+    int o0 = t * c->cols, no = c->L->out - o0 < c->cols ? c->L->out - o0 : c->cols;
+    prl_q8_linear_block(c->y + o0, c->L->out, c->xq, c->xs, c->R, &c->L->q8, o0, no);
+}
+
+static void bf16_task(void *p, int t)
+{
+    lin_ctx *c = p;
+    int o0 = t * c->cols, o1 = o0 + c->cols < c->L->out ? o0 + c->cols : c->L->out;
+    prl_q8_kernel k = prl_q8_kernel_active();
+    for (int b = o0; b < o1; b += QUANT_BLOCK) {
+        int nb = o1 - b < QUANT_BLOCK ? o1 - b : QUANT_BLOCK;
+        for (int r = 0; r < c->R; r++)
+            prl_bf16_dots(k, c->y + (size_t)r * c->L->out + b, c->x + (size_t)r * c->L->in,
+                          &c->L->bf, b, nb);
+    }
+}
+
+/* The tasks of a W8A8 linear: an INT8 one quantizes its rows first (into *q8x / *q8s, which
+** advance past them). Decode-sized calls take two column tasks (one per core, as the GEMM). */
+static int quant_tasks(lin_ctx *c, void (**fn)(void *, int), int8_t **q8x, float **q8s)
+{
+    const lin *L = c->L;
+    c->cols = c->R <= 32 ? (L->out + 1) / 2 : 4 * QUANT_BLOCK;
+    c->cols = (c->cols + 3) / 4 * 4;
+    if (L->kind == LIN_Q8) {
+        PRL_ASSERT(*q8x + (size_t)c->R * L->q8.ld <= c->e->q8x + c->e->q8x_cap &&
+                   *q8s + c->R <= c->e->q8s + c->e->q8s_cap);
+        prl_q8_quantize_rows(*q8x, *q8s, c->x, L->in, c->R, L->in, L->q8.ld, L->q8.inv_s);
+        c->xq = *q8x, c->xs = *q8s;
+        *q8x += (size_t)c->R * L->q8.ld, *q8s += c->R;
+        *fn = q8_task;
+    } else {
+        *fn = bf16_task;
+    }
+    return (L->out + c->cols - 1) / c->cols;
+}
+
+void infer__linear_f32_dots(float *y, const float *x, int R, const lin *L)
+{
+    for (int r = 0; r < R; r++)
+        for (int o = 0; o < L->out; o += 8)
+            gemv_row8(x + (size_t)r * L->in, L->w + (size_t)o * L->in, L->in,
+                      L->out - o < 8 ? L->out - o : 8, L->in, y + (size_t)r * L->out + o);
+}
+
 /* Tasks run on the pool, or inline when the work is too small to pay for waking it. Which
 ** thread runs a task never changes its result. */
 enum { POOL_MIN_MACS = 1 << 12 };
@@ -200,9 +255,15 @@ void infer__run_tasks(int n, void (*fn)(void *, int), void *ctx, double macs)
 /* The tasks of y[R, out] = x[R, in]·wᵀ in the engine's matmul kind: c set up, its task
 ** function and count returned. */
 static int linear_tasks(lin_ctx *c, void (**fn)(void *, int), const prl_infer *e, float *y,
-                        const float *x, int R, const lin *L)
+                        const float *x, int R, const lin *L, int8_t **q8x, float **q8s)
 {
     *c = (lin_ctx){.e = e, .L = L, .x = x, .y = y, .R = R};
+    if (L->kind != LIN_F32 && e->calibrating) { /* fp32 activations for SmoothQuant's search */
+        if (L->cal) infer__calib_record(L, x, R);
+        *fn = gemv_task;
+        return (L->out + GEMV_BLOCK - 1) / GEMV_BLOCK;
+    }
+    if (L->kind != LIN_F32) return quant_tasks(c, fn, q8x, q8s);
     int row_blocks = (R + PRL_ROW_BLOCK - 1) / PRL_ROW_BLOCK;
     switch (e->opt.matmul) {
     case PRL_MATMUL_GEMV: *fn = gemv_task; return (L->out + GEMV_BLOCK - 1) / GEMV_BLOCK;
@@ -229,7 +290,9 @@ void infer__linear(const prl_infer *e, float *y, const float *x, int R, const li
     if (R <= 0) return;
     lin_ctx c;
     void (*fn)(void *, int);
-    int n = linear_tasks(&c, &fn, e, y, x, R, L);
+    int8_t *q8x = e->q8x;
+    float *q8s = e->q8s;
+    int n = linear_tasks(&c, &fn, e, y, x, R, L, &q8x, &q8s);
     infer__run_tasks(n, fn, &c, (double)R * L->in * L->out);
     infer__act_round(e, y, (size_t)R * L->out);
 }
@@ -261,13 +324,15 @@ void infer__linear_many(const prl_infer *e, const infer_lin_job *jobs, int n)
     for (int j0 = 0; j0 < n; j0 += MANY_MAX) {
         many_ctx m = {.n = 0};
         double macs = 0;
+        int8_t *q8x = e->q8x; /* each INT8 job's quantized rows in their own part */
+        float *q8s = e->q8s;
         m.first[0] = 0;
         for (int j = j0; j < n && j < j0 + MANY_MAX; j++) {
             const infer_lin_job *q = &jobs[j];
             if (q->R <= 0) continue;
             int k = m.n++;
             m.first[k + 1] =
-                m.first[k] + linear_tasks(&m.c[k], &m.fn[k], e, q->y, q->x, q->R, q->L);
+                m.first[k] + linear_tasks(&m.c[k], &m.fn[k], e, q->y, q->x, q->R, q->L, &q8x, &q8s);
             macs += (double)q->R * q->L->in * q->L->out;
         }
         if (m.n == 0) continue;

@@ -40,7 +40,7 @@ static const prl_key_spec keys[] = {
     {"rollout.temperature", PRL_KEY_REAL, F(temperature), 0, 100, "1.0", NULL},
     {"rollout.top_p", PRL_KEY_REAL, F(top_p), 1e-9, 1, "1.0", NULL},
     {"rollout.precision", PRL_KEY_STR, F(precision), 0, 0, "\"fp32\"",
-     "fp32|bf16|fp16|aligned|aligned-bf16|aligned-fp16"},
+     "fp32|bf16|fp16|w8a8|aligned|aligned-bf16|aligned-fp16"},
     {"rollout.threads", PRL_KEY_INT, F(rollout_threads), 0, 256, "0", NULL},
     {"rollout.source", PRL_KEY_STR, F(rollout_source), 0, 0, "\"engine\"", "engine|gateway"},
     {"rollout.mode", PRL_KEY_STR, F(rollout_mode), 0, 0, "\"default\"", "default|think|no_think"},

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_diagnose_cli.sh — `prl diagnose` end to end on a tiny checkpoint made with `prl init`:
 # --help; bad input named (missing checkpoint, bad JSONL line, token out of the vocabulary,
-# sequence longer than the context, unknown precision, conflicting sources); aligned mode
+# sequence longer than the context, unknown precision, conflicting sources, --calibrate misuse);
+# w8a8 with SmoothQuant and its per-module-kind sweep rows; aligned mode
 # reports zero divergence everywhere; a fault injected with PRL_INFER_FAULT is named first;
 # --sweep, --json and --html; and --external against the PyTorch reference's hook dump
 # (reference/dump_hooks.py), clean and with a fault injected into the reference.
@@ -51,6 +52,17 @@ expect_fail "two sources" "exactly one of --run and --jsonl" $prl diagnose --ckp
 expect_fail "missing run.db" "run.db" $prl diagnose --ckpt "$ck" --run "$work/runs/none"
 expect_fail "bad fault" "PRL_INFER_FAULT" env PRL_INFER_FAULT=L1.mlp.out:0.1 $prl diagnose --ckpt "$ck" --jsonl "$seqs"
 expect_fail "missing dump" "seq-0.safetensors" $prl diagnose --ckpt "$ck" --jsonl "$seqs" --external "$work/nodump"
+expect_fail "calibrate without w8a8" "--calibrate needs --precision w8a8" \
+  $prl diagnose --ckpt "$ck" --jsonl "$seqs" --calibrate 1
+expect_fail "calibrate with nothing left" "no sequences after the 3 compared" \
+  $prl diagnose --ckpt "$ck" --jsonl "$seqs" --n 3 --precision w8a8 --calibrate 2
+
+# ---------------------------------------------------------------- w8a8: per-kind sweep rows, SmoothQuant
+if $prl diagnose --ckpt "$ck" --jsonl "$seqs" --n 2 --precision w8a8 --calibrate 1 --sweep --json >"$work/out.json" 2>"$work/err"; then
+  check "w8a8: mismatch" "d['logprob']['mean_abs'] > 0"
+  check "w8a8: a sweep row per module kind" "sum(r['knob'] == 'w8a8' for r in d['sweep']['rows']) == 5"
+  if grep -q "SmoothQuant on 1 calibration sequences" "$work/err"; then ok "w8a8: calibrated"; else bad "w8a8: calibrated: $(cat "$work/err")"; fi
+else bad "w8a8 diagnose: $(cat "$work/err")"; fi
 
 # ---------------------------------------------------------------- aligned: zero everywhere
 if $prl diagnose --ckpt "$ck" --jsonl "$seqs" --precision aligned --threshold 0 --json >"$work/out.json" 2>"$work/err"; then

@@ -467,13 +467,15 @@ END_TEST
 START_TEST(test_fp32_and_low_precision_mismatch)
 {
     load_tiny();
-    const char *modes[] = {"fp32", "bf16", "fp16", "fp32+gemv", "fp32+naive"};
-    for (int mi = 0; mi < 5; mi++) {
+    const char *modes[] = {"fp32", "bf16", "fp16", "fp32+gemv", "fp32+naive", "w8a8"};
+    for (int mi = 0; mi < 6; mi++) {
         mismatch mm = run_vs_train(modes[mi], 8, 6);
         printf("%s vs train path: %ld tokens, mean |dlogp| %.3g, max |dlogp| %.3g, "
                "MoE top-k differs on %.2f%% of token-layers\n",
                modes[mi], mm.n, mm.mean, mm.max, 100 * mm.route_diff_share);
-        if (mi == 0 || mi >= 3)
+        if (mi == 5) /* INT8: quantization applied, and the mismatch of a reduced precision */
+            ck_assert_msg(mm.max > 1e-4 && mm.mean < 0.5, "w8a8 mean %g max %g", mm.mean, mm.max);
+        else if (mi == 0 || mi >= 3)
             ck_assert_msg(mm.max < 1e-4, "%s max |dlogp| %g >= 1e-4", modes[mi], mm.max);
         else
             ck_assert_msg(mm.max > 1e-4, "%s is suspiciously close (%g): rounding not applied?",
@@ -486,8 +488,8 @@ END_TEST
 START_TEST(test_batch_and_thread_invariance)
 {
     load_tiny();
-    const char *modes[] = {"fp32", "aligned", "bf16", "fp32+gemv"};
-    for (int mi = 0; mi < 4; mi++)
+    const char *modes[] = {"fp32", "aligned", "bf16", "fp32+gemv", "w8a8"};
+    for (int mi = 0; mi < 5; mi++)
         for (int greedy = 0; greedy < 2; greedy++) {
             reqs q;
             make_requests(&q, NREQ, 8);
@@ -522,6 +524,83 @@ START_TEST(test_batch_and_thread_invariance)
             free_all(ref, NREQ, NULL);
         }
     prl_blas_set_threads(2);
+}
+END_TEST
+
+/* W8A8: the naive INT8/BF16 kernels and the AVX2 ones (the one cpuid picks here) give the same
+** tokens and log-probs bit for bit (integer sums are exact; the BF16 dots share one order). */
+START_TEST(test_w8a8_kernels_bitwise)
+{
+    load_tiny();
+    reqs q;
+    make_requests(&q, NREQ, 9);
+    prl_sample_params sp = sampling(0.8, 24);
+    prl_gen_result ref[NREQ], res[NREQ];
+    ck_assert_int_eq(prl_q8_kernel_set("naive"), PRL_OK);
+    prl_infer *e = engine("w8a8", 16);
+    generate(e, &q, NREQ, &sp, ref);
+    prl_infer_free(e);
+    ck_assert_int_eq(prl_q8_kernel_set(NULL), PRL_OK);
+    ck_assert_int_ne(prl_q8_kernel_active(), PRL_Q8_NAIVE); /* the build machine has AVX2 */
+    e = engine("w8a8", 16);
+    generate(e, &q, NREQ, &sp, res);
+    long n = 0;
+    for (int i = 0; i < NREQ; i++) {
+        ck_assert_int_eq(ref[i].n, res[i].n);
+        ck_assert_int_eq(memcmp(ref[i].tokens, res[i].tokens, (size_t)ref[i].n * 4), 0);
+        ck_assert_int_eq(memcmp(ref[i].logprobs, res[i].logprobs, (size_t)ref[i].n * 4), 0);
+        ck_assert_int_eq(
+            memcmp(ref[i].prompt_logprobs, res[i].prompt_logprobs, (size_t)ref[i].prompt_len * 4),
+            0);
+        n += ref[i].n;
+    }
+    ck_assert_int_gt(n, 0);
+    prl_infer_free(e);
+    free_all(ref, NREQ, NULL), free_all(res, NREQ, NULL);
+}
+END_TEST
+
+/* SmoothQuant: calibration keeps, per INT8 linear, the best of no smoothing and five α by
+** output MSE on its recorded rows, so the summed MSE cannot grow; an engine given the table
+** quantizes with it (other log-probs than without); the table is refused without w8a8. */
+START_TEST(test_w8a8_smoothquant)
+{
+    load_tiny();
+    reqs q;
+    make_requests(&q, NREQ, 10);
+    prl_infer_options o;
+    ck_assert_int_eq(prl_infer_options_preset(&o, "w8a8"), PRL_OK);
+    prl_w8a8_smooth *t = NULL;
+    prl_w8a8_calib c;
+    ck_assert_msg(prl_w8a8_calibrate(&t, &model, &o, q.r, NREQ, &c) == PRL_OK, "%s",
+                  prl_error_message());
+    printf("SmoothQuant on tiny: %d INT8 linears, %d smoothed, summed MSE %.4g -> %.4g\n",
+           c.linears, c.smoothed, c.mse_plain, c.mse_smooth);
+    ck_assert_int_gt(c.linears, 0);
+    ck_assert(c.mse_smooth <= c.mse_plain);
+    ck_assert_int_gt(c.smoothed, 0);
+    reqs q2;
+    make_requests(&q2, 4, 11);
+    prl_sample_params sp = sampling(0, 8);
+    prl_gen_result a[4], b[4];
+    o.max_batch = 4;
+    prl_infer *e = NULL;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_OK);
+    generate(e, &q2, 4, &sp, a);
+    prl_infer_free(e);
+    o.smooth = t;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_OK);
+    generate(e, &q2, 4, &sp, b);
+    ck_assert_int_eq(prl_infer_refresh(e), PRL_OK); /* re-quantized with the same factors */
+    prl_infer_free(e);
+    int differ = 0;
+    for (int i = 0; i < 4; i++)
+        differ |= memcmp(a[i].prompt_logprobs, b[i].prompt_logprobs, (size_t)a[i].prompt_len * 4);
+    ck_assert_msg(differ, "the smoothing factors changed nothing");
+    o.w8a8 = 0;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    free_all(a, 4, NULL), free_all(b, 4, NULL);
+    prl_w8a8_smooth_free(t);
 }
 END_TEST
 
@@ -587,6 +666,7 @@ START_TEST(test_shared_prefill_bitwise)
     for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++)
         shared_prefill_case(blocks[i], "fp32");
     shared_prefill_case(1, "bf16");
+    shared_prefill_case(1, "w8a8");
     shared_prefill_case(1, "naive");
     load_model(0);
 }
@@ -711,6 +791,25 @@ START_TEST(test_kv_bytes_and_bad_input)
     o.max_len = 10000;
     ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
     ck_assert(strstr(prl_error_message(), "context 10000"));
+    /* W8A8: the preset and the knob, the description, and what is refused */
+    char desc[96];
+    ck_assert_int_eq(prl_infer_options_preset(&o, "w8a8"), PRL_OK);
+    ck_assert_int_eq(o.w8a8, PRL_W8A8_ALL);
+    prl_infer_options_describe(&o, desc, sizeof desc);
+    ck_assert_str_eq(desc, "precision=w8a8 mla=absorbed matmul=gemm");
+    ck_assert_int_eq(prl_infer_options_set(&o, "bf16", NULL, NULL), PRL_OK);
+    ck_assert_int_eq(o.w8a8, 0);
+    o.w8a8 = PRL_W8A8_ROUTED; /* bf16 activations with INT8 linears: refused */
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "w8a8 keeps activations in fp32"));
+    o.precision = PRL_PRECISION_FP32, o.w8a8 = 64;
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "w8a8 module mask"));
+    o.w8a8 = PRL_W8A8_ALL;
+    setenv("PRL_Q8_KERNEL", "sse9", 1);
+    ck_assert_int_eq(prl_infer_init(&e, &model, &o), PRL_ERR_ARG);
+    ck_assert(strstr(prl_error_message(), "PRL_Q8_KERNEL=sse9"));
+    unsetenv("PRL_Q8_KERNEL");
 }
 END_TEST
 
@@ -947,6 +1046,8 @@ int main(void)
     tcase_add_test(tc, test_aligned_is_bitwise_equal);
     tcase_add_test(tc, test_fp32_and_low_precision_mismatch);
     tcase_add_test(tc, test_batch_and_thread_invariance);
+    tcase_add_test(tc, test_w8a8_kernels_bitwise);
+    tcase_add_test(tc, test_w8a8_smoothquant);
     tcase_add_test(tc, test_shared_prefill_bitwise);
     tcase_add_test(tc, test_stops_forced_and_routes_format);
     tcase_add_test(tc, test_fast_sampler_matches_naive);
