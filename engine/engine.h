@@ -184,6 +184,17 @@ prl_status prl_packed_b_init(prl_packed_b *pb, int trans_b, int K, int N, const 
 prl_status prl_packed_b_repack(prl_packed_b *pb, int trans_b, int K, int N, const float *B,
                                int ldb);
 void prl_packed_b_free(prl_packed_b *pb);
+/* prl_packed_b_repack on the calling thread: for a pack made inside a pool task (the
+** attention's per-head keys and values). Same floats as the pooled form. */
+prl_status prl_packed_b_repack_here(prl_packed_b *pb, int trans_b, int K, int N, const float *B,
+                                    int ldb);
+/* Depth rows [k_begin, k_begin+K) and columns [col0, col0+ncols) of a pre-packed B:
+** C = alpha·op(A)[M, K]·B[k_begin.., col0..] + beta·C, k_begin a multiple of PRL_GEMM_KC and
+** col0 of 16 (C is the whole matrix, as below). The bits of prl_gemm_f32 on that sub-matrix of
+** B: a matrix packed once serves GEMMs over its leading rows (causal query blocks). */
+void prl_gemm_f32_packed_rows(int trans_a, int M, int k_begin, int K, int col0, int ncols,
+                              float alpha, const float *A, int lda, const prl_packed_b *pb,
+                              float beta, float *C, int ldc);
 /* Columns [col0, col0+ncols) of C[M, N] = alpha·op(A)[M, K]·B + beta·C with B pre-packed;
 ** col0 a multiple of 16 (so column blocks can run as separate tasks). C is the whole matrix. */
 void prl_gemm_f32_packed(int trans_a, int M, int col0, int ncols, float alpha, const float *A,

@@ -316,12 +316,12 @@ __attribute__((target("avx2,fma"))) static void kernel_avx2(int kc, const float 
 ** panels give 8 independent chains to hide the FMA latency. Panels past `np` repeat panel 0
 ** (computed, never stored). */
 __attribute__((target("avx2,fma"))) static void kernel_row_avx2(int kc, const float *ap,
-                                                                const float *bp, int np,
+                                                                const float *bp, size_t bs, int np,
                                                                 int last_nr, float *C, float alpha,
                                                                 float beta, int first)
 {
     const float *b[4];
-    for (int p = 0; p < 4; p++) b[p] = bp + (size_t)(p < np ? p : 0) * kc * NR;
+    for (int p = 0; p < 4; p++) b[p] = bp + (size_t)(p < np ? p : 0) * bs;
     __m256 c[8];
     for (int i = 0; i < 8; i++) c[i] = _mm256_setzero_ps();
     for (int k = 0; k < kc; k++) {
@@ -371,13 +371,12 @@ static void store_rows(const float *acc, int rows, int np, int last_nr, float *C
 ** same FMA chain in k order as kernel_avx2, through the same epilogue: the same bits. Panels
 ** past `np` repeat panel 0 (computed, never stored). */
 __attribute__((target("avx2,fma"))) static void kernel_rows2_avx2(int kc, const float *ap,
-                                                                  const float *bp, int np,
-                                                                  int last_nr, float *C, int ldc,
-                                                                  float alpha, float beta,
+                                                                  const float *bp, size_t bs,
+                                                                  int np, int last_nr, float *C,
+                                                                  int ldc, float alpha, float beta,
                                                                   int first)
 {
-    const float *b0 = bp, *b1 = bp + (size_t)(np > 1) * kc * NR,
-                *b2 = bp + (size_t)(np > 2) * 2 * kc * NR;
+    const float *b0 = bp, *b1 = bp + (size_t)(np > 1) * bs, *b2 = bp + (size_t)(np > 2) * 2 * bs;
     __m256 z = _mm256_setzero_ps();
     __m256 c00 = z, c01 = z, c02 = z, c03 = z, c04 = z, c05 = z;
     __m256 c10 = z, c11 = z, c12 = z, c13 = z, c14 = z, c15 = z;
@@ -400,12 +399,12 @@ __attribute__((target("avx2,fma"))) static void kernel_rows2_avx2(int kc, const 
 }
 
 __attribute__((target("avx2,fma"))) static void kernel_rows3_avx2(int kc, const float *ap,
-                                                                  const float *bp, int np,
-                                                                  int last_nr, float *C, int ldc,
-                                                                  float alpha, float beta,
+                                                                  const float *bp, size_t bs,
+                                                                  int np, int last_nr, float *C,
+                                                                  int ldc, float alpha, float beta,
                                                                   int first)
 {
-    const float *b0 = bp, *b1 = bp + (size_t)(np > 1) * kc * NR;
+    const float *b0 = bp, *b1 = bp + (size_t)(np > 1) * bs;
     __m256 z = _mm256_setzero_ps();
     __m256 c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
     __m256 c20 = z, c21 = z, c22 = z, c23 = z;
@@ -507,29 +506,30 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 /* rows (1..3) rows of C at C[0, j0..] over the packed A panel ap (rows beyond `rows` unused)
 ** and the packed B block: the row kernel for one row, the 2- and 3-row kernels otherwise
 ** (for 2 or 3 rows the 6-row kernel would spend 2/3 or 1/2 of its FMAs on padding). */
-static void small_rows_block(int rows, int kc, const float *ap, const float *bp, int j0, int nc,
-                             int N, float alpha, float beta, int first, float *C, int ldc)
+static void small_rows_block(int rows, int kc, const float *ap, const float *bp, size_t bs, int j0,
+                             int nc, int N, float alpha, float beta, int first, float *C, int ldc)
 {
     int width = (rows == 1 ? 4 : rows == 3 ? 2 : 3) * NR; /* 8 or 12 accumulators */
     for (int jr = 0; jr < nc; jr += width) {
         int cols = nc - jr < width ? nc - jr : width, np = (cols + NR - 1) / NR;
         int last_nr = min_int(NR, N - (j0 + jr + (np - 1) * NR));
-        const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
+        const float *bpan = bp + (size_t)(jr / NR) * bs;
         float *c = C + j0 + jr;
-        if (rows == 1) kernel_row_avx2(kc, ap, bpan, np, last_nr, c, alpha, beta, first);
+        if (rows == 1) kernel_row_avx2(kc, ap, bpan, bs, np, last_nr, c, alpha, beta, first);
         else if (rows == 3)
-            kernel_rows3_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
-        else kernel_rows2_avx2(kc, ap, bpan, np, last_nr, c, ldc, alpha, beta, first);
+            kernel_rows3_avx2(kc, ap, bpan, bs, np, last_nr, c, ldc, alpha, beta, first);
+        else kernel_rows2_avx2(kc, ap, bpan, bs, np, last_nr, c, ldc, alpha, beta, first);
     }
 }
 #endif
 
-/* C[i0.., j0..] over one packed B block (kc × nc in NR panels). Full 6-row panels go to the
+/* C[i0.., j0..] over one packed B block (kc × nc in NR panels, bs floats apart: kc·NR, or more
+** when the kc rows are the start of a deeper pre-packed block). Full 6-row panels go to the
 ** micro-kernel; a last panel of 1–3 rows to the small-rows kernels (same bits), one of 4–5
 ** rows to the micro-kernel (about as fast). */
 static void macro_block(int ta, const float *A, int lda, int M, int k0, int kc, const float *bp,
-                        int j0, int nc, int N, float alpha, float beta, int first, float *C,
-                        int ldc)
+                        size_t bs, int j0, int nc, int N, float alpha, float beta, int first,
+                        float *C, int ldc)
 {
     float *ap = grow(&tl_a, &tl_a_len, (size_t)MC * kc);
     for (int i0 = 0; i0 < M; i0 += MC) {
@@ -538,13 +538,13 @@ static void macro_block(int ta, const float *A, int lda, int M, int k0, int kc, 
 #ifdef PRL_GEMM_X86
         if (kernel_has_fma && mc % MR > 0 && mc % MR <= 3) {
             main_rows = mc - mc % MR;
-            small_rows_block(mc % MR, kc, ap + (size_t)(main_rows / MR) * kc * MR, bp, j0, nc, N,
-                             alpha, beta, first, C + (size_t)(i0 + main_rows) * ldc, ldc);
+            small_rows_block(mc % MR, kc, ap + (size_t)(main_rows / MR) * kc * MR, bp, bs, j0, nc,
+                             N, alpha, beta, first, C + (size_t)(i0 + main_rows) * ldc, ldc);
         }
 #endif
         for (int jr = 0; jr < nc; jr += NR) {
             int nr = N - (j0 + jr) < NR ? N - (j0 + jr) : NR;
-            const float *bpan = bp + (size_t)(jr / NR) * kc * NR;
+            const float *bpan = bp + (size_t)(jr / NR) * bs;
             for (int ir = 0; ir < main_rows; ir += MR) {
                 int mr = main_rows - ir < MR ? main_rows - ir : MR;
                 kernel(kc, ap + (size_t)(ir / MR) * kc * MR, bpan,
@@ -579,7 +579,8 @@ void prl_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, co
             int kc = K - k0 < KC ? K - k0 : KC;
             float *bp = grow(&tl_b, &tl_b_len, (size_t)round_up(nc, NR) * kc);
             pack_b(bp, trans_b, B, ldb, N, j0, round_up(nc, NR), k0, kc);
-            macro_block(trans_a, A, lda, M, k0, kc, bp, j0, nc, N, alpha, beta, k0 == 0, C, ldc);
+            macro_block(trans_a, A, lda, M, k0, kc, bp, (size_t)kc * NR, j0, nc, N, alpha, beta,
+                        k0 == 0, C, ldc);
         }
     }
 }
@@ -606,11 +607,12 @@ static void pack_task(void *p, int t)
            j0, min_int(PACK_PANELS * NR, npad - j0), k0, kc);
 }
 
-prl_status prl_packed_b_repack(prl_packed_b *pb, int trans_b, int K, int N, const float *B, int ldb)
+/* Storage for op(B) [K, N] in pb (grown when too small), its shape set; the pack's task
+** split as pack_ctx wants it. */
+static prl_status packed_b_reserve(prl_packed_b *pb, int K, int N)
 {
     if (K <= 0 || N <= 0) return prl_error_set(PRL_ERR_ARG, "packed matrix %d x %d is empty", K, N);
-    int npad = round_up(N, NR);
-    size_t need = (size_t)K * npad;
+    size_t need = (size_t)K * round_up(N, NR);
     if (pb->cap < need) {
         free(pb->data);
         pb->data = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63);
@@ -619,10 +621,34 @@ prl_status prl_packed_b_repack(prl_packed_b *pb, int trans_b, int K, int N, cons
     }
     pb->K = K, pb->N = N;
     choose_kernel();
-    int col_tasks = (npad / NR + PACK_PANELS - 1) / PACK_PANELS;
-    pack_ctx c = {.pb = pb, .trans_b = trans_b, .ldb = ldb, .col_tasks = col_tasks, .B = B};
-    prl_parallel_for((K + KC - 1) / KC * col_tasks, pack_task, &c);
     return PRL_OK;
+}
+
+/* Pack op(B) into pb: on the pool (serial = 0) or on the calling thread (serial = 1, from
+** inside a pool task). The same floats in the same places either way. */
+static prl_status packed_b_fill(prl_packed_b *pb, int trans_b, int K, int N, const float *B,
+                                int ldb, int serial)
+{
+    prl_status rc = packed_b_reserve(pb, K, N);
+    if (rc) return rc;
+    int col_tasks = (round_up(N, NR) / NR + PACK_PANELS - 1) / PACK_PANELS;
+    int tasks = (K + KC - 1) / KC * col_tasks;
+    pack_ctx c = {.pb = pb, .trans_b = trans_b, .ldb = ldb, .col_tasks = col_tasks, .B = B};
+    if (!serial) prl_parallel_for(tasks, pack_task, &c);
+    else
+        for (int t = 0; t < tasks; t++) pack_task(&c, t);
+    return PRL_OK;
+}
+
+prl_status prl_packed_b_repack(prl_packed_b *pb, int trans_b, int K, int N, const float *B, int ldb)
+{
+    return packed_b_fill(pb, trans_b, K, N, B, ldb, 0);
+}
+
+prl_status prl_packed_b_repack_here(prl_packed_b *pb, int trans_b, int K, int N, const float *B,
+                                    int ldb)
+{
+    return packed_b_fill(pb, trans_b, K, N, B, ldb, 1);
 }
 
 prl_status prl_packed_b_init(prl_packed_b *pb, int trans_b, int K, int N, const float *B, int ldb)
@@ -637,22 +663,39 @@ void prl_packed_b_free(prl_packed_b *pb)
     memset(pb, 0, sizeof *pb);
 }
 
-void prl_gemm_f32_packed(int trans_a, int M, int col0, int ncols, float alpha, const float *A,
-                         int lda, const prl_packed_b *pb, float beta, float *C, int ldc)
+void prl_gemm_f32_packed_rows(int trans_a, int M, int k_begin, int K, int col0, int ncols,
+                              float alpha, const float *A, int lda, const prl_packed_b *pb,
+                              float beta, float *C, int ldc)
 {
-    /* C[M, col0 : col0+ncols] = alpha·op(A)[M, pb->K]·B[:, cols] + beta·C, B pre-packed */
+    /* C[M, col0 : col0+ncols] = alpha·op(A)[M, K]·B[k_begin : k_begin+K, cols] + beta·C. The
+    ** depth blocks are the pack's own (KC deep from row 0), so k_begin must start one; the
+    ** GEMM's block k0 reads the first kc rows of the pack's block k_begin + k0, whose panels
+    ** are that block's full depth apart. */
     PRL_ASSERT(col0 % NR == 0 && col0 >= 0 && col0 + ncols <= pb->N);
+    PRL_ASSERT(k_begin % KC == 0 && k_begin >= 0 && k_begin + K <= pb->K);
     if (M <= 0 || ncols <= 0) return;
+    if (K <= 0) {
+        scale_c(C + col0, ldc, M, ncols, beta);
+        return;
+    }
     choose_kernel();
-    int K = pb->K, end = col0 + ncols, npad = round_up(pb->N, NR);
+    int end = col0 + ncols, npad = round_up(pb->N, NR);
     for (int j0 = col0; j0 < end; j0 += NC) {
         int nc = end - j0 < NC ? end - j0 : NC;
         for (int k0 = 0; k0 < K; k0 += KC) {
-            int kc = K - k0 < KC ? K - k0 : KC;
-            const float *bp = pb->data + (size_t)k0 * npad + (size_t)j0 * kc;
-            macro_block(trans_a, A, lda, M, k0, kc, bp, j0, nc, end, alpha, beta, k0 == 0, C, ldc);
+            int kc = K - k0 < KC ? K - k0 : KC, kb = k_begin + k0;
+            int depth = pb->K - kb < KC ? pb->K - kb : KC; /* the pack's block */
+            const float *bp = pb->data + (size_t)kb * npad + (size_t)j0 * depth;
+            macro_block(trans_a, A, lda, M, k0, kc, bp, (size_t)depth * NR, j0, nc, end, alpha,
+                        beta, k0 == 0, C, ldc);
         }
     }
+}
+
+void prl_gemm_f32_packed(int trans_a, int M, int col0, int ncols, float alpha, const float *A,
+                         int lda, const prl_packed_b *pb, float beta, float *C, int ldc)
+{
+    prl_gemm_f32_packed_rows(trans_a, M, 0, pb->K, col0, ncols, alpha, A, lda, pb, beta, C, ldc);
 }
 
 /* ------------------------------------------------------------------ reference ------- */

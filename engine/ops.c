@@ -60,6 +60,7 @@ typedef struct matmul_ctx {
     prl_real *out, *dinp, *dw;
     const prl_real *inp, *w, *dout;
     int N, C, OC;
+    int dw_cols; /* columns of a dw tile (dw_tile_cols) */
     prl_real beta;
 #ifndef PRL_REAL_DOUBLE
     const prl_packed_b *pk; /* op(B) of the call packed, or NULL */
@@ -117,15 +118,27 @@ static void matmul_dinp_block(void *p, int blk)
     prl_gemm(0, 0, rows, c->C, c->OC, 1, a, c->OC, c->w, c->C, 1, dinp, c->C);
 }
 
-/* dw tiles: PRL_ROW_BLOCK rows × PRL_ROW_BLOCK columns of dw, each reducing over all N
-** rows in one GEMM, so small weight matrices still give several tasks. */
+/* dw tiles: PRL_ROW_BLOCK rows × dw_cols columns of dw, each reducing over all N rows in one
+** GEMM. A tile packs its rows of doutᵀ (all N deep) once for all its columns, so tiles are as
+** wide as DW_TASKS tasks allow: small weight matrices still give several tasks, tall ones
+** (the LM head, the dense FFN) pack doutᵀ once or twice instead of once per 128 columns.
+** The split depends on the shape only, and changes no bit (each element is one GEMM's). */
+enum { DW_TASKS = 8 };
+
+static int dw_tile_cols(int OC, int C)
+{
+    int col_blocks = n_blocks(C), row_blocks = n_blocks(OC), f = 1;
+    while (f < col_blocks && row_blocks * ((col_blocks + 2 * f - 1) / (2 * f)) >= DW_TASKS) f *= 2;
+    return f * PRL_ROW_BLOCK;
+}
+
 static void matmul_dw_block(void *p, int tile)
 {
     matmul_ctx *c = p;
-    int col_tiles = n_blocks(c->C);
-    int r0 = tile / col_tiles * PRL_ROW_BLOCK, c0 = tile % col_tiles * PRL_ROW_BLOCK;
+    int col_tiles = (c->C + c->dw_cols - 1) / c->dw_cols;
+    int r0 = tile / col_tiles * PRL_ROW_BLOCK, c0 = tile % col_tiles * c->dw_cols;
     int rows = c->OC - r0 < PRL_ROW_BLOCK ? c->OC - r0 : PRL_ROW_BLOCK;
-    int cols = c->C - c0 < PRL_ROW_BLOCK ? c->C - c0 : PRL_ROW_BLOCK;
+    int cols = c->C - c0 < c->dw_cols ? c->C - c0 : c->dw_cols;
 #ifndef PRL_REAL_DOUBLE
     if (c->pk) { /* inp packed whole: the tile's columns of it */
         prl_gemm_f32_packed(1, rows, c0, cols, 1, c->dout + r0, c->OC, c->pk, 1,
@@ -154,7 +167,8 @@ void prl_matmul_backward(prl_real *dinp, prl_real *dw, const prl_real *dout, con
         /* each row of tiles reads all of inp: packed once when there are several */
         c.pk = n_blocks(OC) > 1 ? pack_shared_b(0, N, C, inp, C) : NULL;
 #endif
-        prl_parallel_for(n_blocks(OC) * n_blocks(C), matmul_dw_block, &c);
+        c.dw_cols = dw_tile_cols(OC, C);
+        prl_parallel_for(n_blocks(OC) * ((C + c.dw_cols - 1) / c.dw_cols), matmul_dw_block, &c);
     }
 }
 
@@ -191,14 +205,59 @@ PRL_AVX2 static int rmsnorm_dx_avx2(float *dx, float *dg, const float *x, const 
 }
 #endif
 
+/* The row sums of the norms for ROWS4 rows at once: each row's sum is its own chain in index
+** order (the bits of one row at a time); four chains in flight hide the add's latency, which
+** bounds a single chain. Rows past `nr` repeat row 0 (summed, never used). With the row
+** kernels' fast forms off (prl_row_kernels_avx2_set(0)) the norms run the one-row loops, the
+** reference. */
+enum { ROWS4 = 4 };
+
+/* ss[j] = Σ_i x_j[i]² for rows x_j = x + (n0 + j)·stride, j < nr. */
+static void sum_squares_rows(double *ss, const prl_real *x, size_t stride, int nr, int C)
+{
+    const prl_real *a = x, *b = nr > 1 ? x + stride : x, *c = nr > 2 ? x + 2 * stride : x,
+                   *d = nr > 3 ? x + 3 * stride : x;
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int i = 0; i < C; i++) {
+        s0 += (double)a[i] * a[i], s1 += (double)b[i] * b[i];
+        s2 += (double)c[i] * c[i], s3 += (double)d[i] * d[i];
+    }
+    ss[0] = s0, ss[1] = s1, ss[2] = s2, ss[3] = s3;
+}
+
+/* dot[j] = Σ_i g[i]·dy_j[i]·x_j[i] for the rows j < nr, each in index order. */
+static void dot_rows(double *dot, const prl_real *g, const prl_real *dy, size_t dy_stride,
+                     const prl_real *x, size_t x_stride, int nr, int C)
+{
+    const prl_real *y[ROWS4], *v[ROWS4];
+    for (int j = 0; j < ROWS4; j++) {
+        y[j] = dy + (size_t)(j < nr ? j : 0) * dy_stride;
+        v[j] = x + (size_t)(j < nr ? j : 0) * x_stride;
+    }
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int i = 0; i < C; i++) {
+        s0 += (double)g[i] * y[0][i] * v[0][i], s1 += (double)g[i] * y[1][i] * v[1][i];
+        s2 += (double)g[i] * y[2][i] * v[2][i], s3 += (double)g[i] * y[3][i] * v[3][i];
+    }
+    dot[0] = s0, dot[1] = s1, dot[2] = s2, dot[3] = s3;
+}
+
 static void rmsnorm_forward_rows(void *p, int r0, int r1)
 {
     rmsnorm_ctx *c = p;
+    double sums[ROWS4];
     for (int n = r0; n < r1; n++) {
         const prl_real *x = c->inp + (size_t)n * c->in_stride;
         prl_real *y = c->out + (size_t)n * c->out_stride;
         double ss = 0;
-        for (int i = 0; i < c->C; i++) ss += (double)x[i] * x[i];
+        if (!prl_row_kernels_avx2()) {
+            for (int i = 0; i < c->C; i++) ss += (double)x[i] * x[i];
+        } else {
+            if ((n - r0) % ROWS4 == 0)
+                sum_squares_rows(sums, x, (size_t)c->in_stride, r1 - n < ROWS4 ? r1 - n : ROWS4,
+                                 c->C);
+            ss = sums[(n - r0) % ROWS4];
+        }
         prl_real r = (prl_real)(1.0 / sqrt(ss / c->C + c->eps));
         int i = 0;
 #ifdef ROW_AVX2
@@ -230,13 +289,21 @@ static void rmsnorm_backward_rows(void *p, int r0, int r1)
     rmsnorm_ctx *c = p;
     prl_real *dg = c->dg_parts + (size_t)(r0 / PRL_ROW_BLOCK) * c->C;
     memset(dg, 0, (size_t)c->C * sizeof *dg);
+    double dots[ROWS4];
     for (int n = r0; n < r1; n++) {
         const prl_real *x = c->inp + (size_t)n * c->in_stride;
         const prl_real *dy = c->dout + (size_t)n * c->out_stride;
         prl_real *dx = c->dinp + (size_t)n * c->in_stride;
         prl_real r = c->rstd[n];
         double dot = 0;
-        for (int i = 0; i < c->C; i++) dot += (double)c->g[i] * dy[i] * x[i];
+        if (!prl_row_kernels_avx2()) {
+            for (int i = 0; i < c->C; i++) dot += (double)c->g[i] * dy[i] * x[i];
+        } else {
+            if ((n - r0) % ROWS4 == 0)
+                dot_rows(dots, c->g, dy, (size_t)c->out_stride, x, (size_t)c->in_stride,
+                         r1 - n < ROWS4 ? r1 - n : ROWS4, c->C);
+            dot = dots[(n - r0) % ROWS4];
+        }
         prl_real k = (prl_real)(dot * r * r * r / c->C);
         int i = 0;
 #ifdef ROW_AVX2

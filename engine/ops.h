@@ -295,6 +295,12 @@ void prl_attention_backward(prl_real *dq, prl_real *dkv, prl_real *dkr, prl_real
                             const prl_real *sink_kv, const prl_real *sink_kr, prl_real *scratch,
                             const int32_t *lens, prl_attn_shape sh);
 size_t prl_attention_scratch(prl_attn_shape sh);
+/* 1 when the dense train-path attention packs each head's keys and values once for all its
+** query blocks (the float build's default); prl_attention_packed_set(0) runs the per-block
+** reference GEMMs instead. Both give the same bits (tests compare them); set returns the
+** previous state. */
+int prl_attention_packed(void);
+int prl_attention_packed_set(int on);
 
 /* ---- sparse attention over a selection (ops_attn_sparse.c; DSA's sparse stage) ---- */
 

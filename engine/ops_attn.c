@@ -134,6 +134,31 @@ static prl_real attn_scale(double scale, int dq)
 /* Valid rows of sequence b: [0, len). */
 static int seq_len(const attn_ctx *c, int b) { return c->lens ? c->lens[b] : c->sh.T; }
 
+/* The sink scores Ss [rows, ns] = scale·(q_nope·sink_kᵀ + q_rope·sink_krᵀ) (none: ns = 0). */
+static void sink_scores(prl_real *Ss, int ldS, const prl_real *q, int ldq, const prl_attn_keys *kk,
+                        int rows, int dn, int dr, prl_real scale)
+{
+    if (kk->ns <= 0) return;
+    prl_gemm(0, 1, rows, kk->ns, dn, scale, q, ldq, kk->sk, kk->ldsk, 0, Ss, ldS);
+    prl_gemm(0, 1, rows, kk->ns, dr, scale, q + dn, ldq, kk->skr, kk->ldskr, 1, Ss, ldS);
+}
+
+/* The softmax of the query rows [p0, p1) over their sinks and allowed tokens, in place. */
+static void softmax_block(prl_real *Ss, prl_real *S, int ldS, const prl_attn_keys *kk, int p0,
+                          int p1)
+{
+    int k0 = kk->k0, nk = p1 - k0, ns = kk->ns;
+    for (int t = p0; t < p1; t++) {
+        prl_real *Srow = S + (size_t)(t - p0) * ldS,
+                 *Ssrow = ns > 0 ? Ss + (size_t)(t - p0) * ldS : NULL;
+        int lo = row_lo_packed(t, k0, kk->window, kk->pos ? kk->pos + (t - p0) : NULL);
+        if (kk->sel)
+            softmax_row_masked(Ssrow, ns, Srow, lo, t - k0, nk,
+                               kk->sel + (size_t)(t - p0) * kk->ldsel + k0);
+        else softmax_row(Ssrow, ns, Srow, lo, t - k0, nk);
+    }
+}
+
 void prl_attention_rows(prl_real *out, int ldo, prl_real *Ss, prl_real *S, int ldS,
                         const prl_real *q, int ldq, const prl_attn_keys *kk, int p0, int p1, int dn,
                         int dr, int dv)
@@ -146,19 +171,8 @@ void prl_attention_rows(prl_real *out, int ldo, prl_real *Ss, prl_real *S, int l
     /* S = scale·(q_nope·k_nopeᵀ + q_rope·krᵀ) over the token keys, then the sinks */
     prl_gemm(0, 1, rows, nk, dn, scale, q, ldq, kk->k, kk->ldk, 0, S, ldS);
     prl_gemm(0, 1, rows, nk, dr, scale, q + dn, ldq, kk->kr, kk->ldkr, 1, S, ldS);
-    if (ns > 0) {
-        prl_gemm(0, 1, rows, ns, dn, scale, q, ldq, kk->sk, kk->ldsk, 0, Ss, ldS);
-        prl_gemm(0, 1, rows, ns, dr, scale, q + dn, ldq, kk->skr, kk->ldskr, 1, Ss, ldS);
-    }
-    for (int t = p0; t < p1; t++) {
-        prl_real *Srow = S + (size_t)(t - p0) * ldS,
-                 *Ssrow = ns > 0 ? Ss + (size_t)(t - p0) * ldS : NULL;
-        int lo = row_lo_packed(t, k0, kk->window, kk->pos ? kk->pos + (t - p0) : NULL);
-        if (kk->sel)
-            softmax_row_masked(Ssrow, ns, Srow, lo, t - k0, nk,
-                               kk->sel + (size_t)(t - p0) * kk->ldsel + k0);
-        else softmax_row(Ssrow, ns, Srow, lo, t - k0, nk);
-    }
+    sink_scores(Ss, ldS, q, ldq, kk, rows, dn, dr, scale);
+    softmax_block(Ss, S, ldS, kk, p0, p1);
     /* out = P_sink·v_sink + P·v */
     if (ns > 0) prl_gemm(0, 0, rows, dv, ns, 1, Ss, ldS, kk->sk + dn, kk->ldsk, 0, out, ldo);
     prl_gemm(0, 0, rows, dv, nk, 1, S, ldS, kk->k + dn, kk->ldk, ns > 0 ? 1 : 0, out, ldo);
@@ -186,6 +200,85 @@ static prl_attn_keys head_keys(const attn_ctx *c, int b, int h, int r0)
     return kk;
 }
 
+/* ------------------------------------------------------------------ packed keys ----- */
+
+/* The float build packs a head's keys and values once for all its query blocks (a query
+** block reads the leading keys [k0, r1) of the same matrices, so per block they were packed
+** again: 640 key rows per head at T = 256 instead of 256), and each block's GEMMs read the
+** packs over its rows (prl_gemm_f32_packed_rows: the bits of prl_gemm on the sub-matrix).
+** The per-block prl_gemm form stays as the reference (prl_attention_packed_set(0)); the
+** double build always runs it. */
+static int packed_off;
+
+int prl_attention_packed(void)
+{
+#ifdef PRL_REAL_DOUBLE
+    return 0;
+#else
+    return !packed_off;
+#endif
+}
+
+int prl_attention_packed_set(int on)
+{
+    int was = prl_attention_packed();
+    packed_off = !on;
+    return was;
+}
+
+#ifndef PRL_REAL_DOUBLE
+_Static_assert((int)ATT_BLOCK <= (int)PRL_GEMM_KC,
+               "a query block's GEMMs over its rows are one depth block");
+
+/* Per pool thread: the packs of the head it runs, and a scratch it grows. */
+typedef struct head_packs {
+    prl_packed_b a, b, c;
+    float *tmp;
+    size_t tmp_len;
+} head_packs;
+static _Thread_local head_packs tl_packs;
+
+static float *packs_tmp(head_packs *hp, size_t n)
+{
+    if (hp->tmp_len < n) {
+        float *t = realloc(hp->tmp, n * sizeof *t);
+        if (!t) return NULL;
+        hp->tmp = t, hp->tmp_len = n;
+    }
+    return hp->tmp;
+}
+
+/* The forward's packs of head h of sequence b over its first len keys: a = k_nopeᵀ [dn, len],
+** b = krᵀ [dr, len] (the scores' B), c = v [len, dv] (P·v's B). 0 when out of memory. */
+static int pack_forward(head_packs *hp, const attn_ctx *c, int b, int h, int len)
+{
+    prl_attn_shape sh = c->sh;
+    int dkv = sh.dn + sh.dv, ldk = sh.H * dkv;
+    const float *k = c->kv + (size_t)b * sh.T * ldk + (size_t)h * dkv;
+    const float *kr = c->kr + (size_t)b * sh.T * sh.dr;
+    return !prl_packed_b_repack_here(&hp->a, 1, sh.dn, len, k, ldk) &&
+           !prl_packed_b_repack_here(&hp->b, 1, sh.dr, len, kr, sh.dr) &&
+           !prl_packed_b_repack_here(&hp->c, 0, len, sh.dv, k + sh.dn, ldk);
+}
+
+/* prl_attention_rows for the query block [p0, p1) on the head's packs; S0 is the token
+** scores' column of key 0 (prl_attention_rows's S is S0 + k0). Same GEMMs, same bits. */
+static void attention_rows_packed(float *out, int ldo, float *Ss, float *S0, int ldS,
+                                  const float *q, int ldq, const prl_attn_keys *kk,
+                                  const head_packs *hp, int p0, int p1, int dn, int dr, int dv)
+{
+    int rows = p1 - p0, k0 = kk->k0, nk = p1 - k0, ns = kk->ns;
+    float scale = attn_scale(kk->scale, dn + dr);
+    prl_gemm_f32_packed_rows(0, rows, 0, dn, k0, nk, scale, q, ldq, &hp->a, 0, S0, ldS);
+    prl_gemm_f32_packed_rows(0, rows, 0, dr, k0, nk, scale, q + dn, ldq, &hp->b, 1, S0, ldS);
+    sink_scores(Ss, ldS, q, ldq, kk, rows, dn, dr, scale);
+    softmax_block(Ss, S0 + k0, ldS, kk, p0, p1);
+    if (ns > 0) prl_gemm(0, 0, rows, dv, ns, 1, Ss, ldS, kk->sk + dn, kk->ldsk, 0, out, ldo);
+    prl_gemm_f32_packed_rows(0, rows, k0, nk, 0, dv, 1, S0 + k0, ldS, &hp->c, ns > 0 ? 1 : 0, out,
+                             ldo);
+}
+#endif
+
 static void attention_forward_head(void *p, int task)
 {
     attn_ctx *c = p;
@@ -195,12 +288,24 @@ static void attention_forward_head(void *p, int task)
     const prl_real *q = c->q + (size_t)b * T * H * dq + (size_t)h * dq;
     prl_real *P = c->att + (size_t)task * T * ldS;
     prl_real *out = c->out + (size_t)b * T * H * sh.dv + (size_t)h * sh.dv;
+#ifndef PRL_REAL_DOUBLE
+    head_packs *hp = &tl_packs;
+    int packed = len > 0 && prl_attention_packed() && pack_forward(hp, c, b, h, len);
+#endif
     for (int r0 = 0; r0 < len; r0 += ATT_BLOCK) {
         int r1 = r0 + ATT_BLOCK < len ? r0 + ATT_BLOCK : len;
         prl_attn_keys kk = head_keys(c, b, h, r0);
-        prl_real *Pb = P + (size_t)r0 * ldS;
-        prl_attention_rows(out + (size_t)r0 * H * sh.dv, H * sh.dv, Pb, Pb + ns + kk.k0, ldS,
-                           q + (size_t)r0 * H * dq, H * dq, &kk, r0, r1, sh.dn, sh.dr, sh.dv);
+        prl_real *Pb = P + (size_t)r0 * ldS, *Ob = out + (size_t)r0 * H * sh.dv;
+        const prl_real *qb = q + (size_t)r0 * H * dq;
+#ifndef PRL_REAL_DOUBLE
+        if (packed) {
+            attention_rows_packed(Ob, H * sh.dv, Pb, Pb + ns, ldS, qb, H * dq, &kk, hp, r0, r1,
+                                  sh.dn, sh.dr, sh.dv);
+            continue;
+        }
+#endif
+        prl_attention_rows(Ob, H * sh.dv, Pb, Pb + ns + kk.k0, ldS, qb, H * dq, &kk, r0, r1, sh.dn,
+                           sh.dr, sh.dv);
     }
     for (int t = len; t < T; t++)
         memset(out + (size_t)t * H * sh.dv, 0, (size_t)sh.dv * sizeof *out);
@@ -240,7 +345,21 @@ size_t prl_attention_scratch(prl_attn_shape sh)
            (size_t)prl_pool_threads() * ATT_BLOCK * (sh.ns + sh.T);
 }
 
-/* dS = scale · P ⊙ (dP − Σ P·dP) over one row's sinks and allowed tokens (others are 0). */
+#ifdef ROW_AVX2
+/* dS[i] = scale·P[i]·(dS[i] − dot) for i in [0, n), 8 at a time, the same operations in the
+** same order as the scalar loop (which finishes the tail); returns how many it did. */
+PRL_AVX2 static int dsoftmax_avx2(float *dS, const float *P, int n, float scale, float dot)
+{
+    int i = 0;
+    prl_v8f k = prl_v8_splat(scale), d = prl_v8_splat(dot);
+    for (; i + 8 <= n; i += 8)
+        prl_v8_store(dS + i, k * prl_v8_load(P + i) * (prl_v8_load(dS + i) - d));
+    return i;
+}
+#endif
+
+/* dS = scale · P ⊙ (dP − Σ P·dP) over one row's sinks and allowed tokens (others are 0). The
+** dot is a scalar sum (its order is the result's); the element-wise part runs 8 lanes. */
 static void softmax_row_backward(prl_real *dSs, const prl_real *Ps, int ns, prl_real *dS,
                                  const prl_real *P, int lo, int hi, int width, prl_real scale)
 {
@@ -248,8 +367,98 @@ static void softmax_row_backward(prl_real *dSs, const prl_real *Ps, int ns, prl_
     for (int i = 0; i < ns; i++) dot += Ps[i] * dSs[i];
     for (int s = lo; s <= hi; s++) dot += P[s] * dS[s];
     for (int i = 0; i < ns; i++) dSs[i] = scale * Ps[i] * (dSs[i] - dot);
-    for (int s = 0; s < width; s++) dS[s] = s >= lo && s <= hi ? scale * P[s] * (dS[s] - dot) : 0;
+    int s = lo;
+#ifdef ROW_AVX2
+    if (prl_row_kernels_avx2() && hi >= lo)
+        s += dsoftmax_avx2(dS + lo, P + lo, hi - lo + 1, scale, dot);
+#endif
+    for (; s <= hi; s++) dS[s] = scale * P[s] * (dS[s] - dot);
+    for (s = 0; s < lo; s++) dS[s] = 0;
+    for (s = hi + 1; s < width; s++) dS[s] = 0;
 }
+
+#ifndef PRL_REAL_DOUBLE
+/* The backward's packs of head h of sequence b over its first len keys: a = vᵀ [dv, len]
+** (dP's B), b = [k_nope | kr] [len, dn + dr] (dq's B: one GEMM for both parts of dq, the
+** columns' sums unchanged). 0 when out of memory. */
+static int pack_backward(head_packs *hp, const attn_ctx *c, int b, int h, int len)
+{
+    prl_attn_shape sh = c->sh;
+    int dkv = sh.dn + sh.dv, ldk = sh.H * dkv, dq = sh.dn + sh.dr;
+    const float *k = c->kv + (size_t)b * sh.T * ldk + (size_t)h * dkv;
+    const float *kr = c->kr + (size_t)b * sh.T * sh.dr;
+    float *kk = packs_tmp(hp, (size_t)len * dq);
+    if (!kk) return 0;
+    for (int t = 0; t < len; t++) {
+        memcpy(kk + (size_t)t * dq, k + (size_t)t * ldk, (size_t)sh.dn * sizeof *kk);
+        memcpy(kk + (size_t)t * dq + sh.dn, kr + (size_t)t * sh.dr, (size_t)sh.dr * sizeof *kk);
+    }
+    return !prl_packed_b_repack_here(&hp->a, 1, sh.dv, len, k + sh.dn, ldk) &&
+           !prl_packed_b_repack_here(&hp->b, 0, len, dq, kk, dq);
+}
+
+/* attention_backward_head's blocks on the head's packs; dS the thread's score block. The
+** token products are those of the reference below with two fusions that keep every sum:
+** dq's nope and rope parts in one GEMM over [k_nope | kr], and dk_nope and the rope key's
+** head part in one GEMM dSᵀ·[q_nope | q_rope] into a scratch (alpha 1, beta 0: the bare
+** sums), then added to each (the reference's c + 1·sum: the same bits; a block's depth is
+** its rows, within one GEMM depth block). Returns 0 (nothing done) when out of memory. */
+static int backward_head_packed(attn_ctx *c, int task, float *dS)
+{
+    prl_attn_shape sh = c->sh;
+    int b = task / sh.H, h = task % sh.H, T = sh.T, H = sh.H, ns = sh.ns, ldS = ns + T;
+    int dn = sh.dn, dr = sh.dr, dv = sh.dv, dq = dn + dr, dkv = dn + dv, len = seq_len(c, b);
+    head_packs *hp = &tl_packs;
+    if (!pack_backward(hp, c, b, h, len)) return 0;
+    float *tmp = packs_tmp(hp, (size_t)len * dq); /* the kk copy is packed: reused */
+    if (!tmp) return 0;
+    float scale = attn_scale(sh.scale, dq);
+    size_t qoff = (size_t)b * T * H * dq + (size_t)h * dq;
+    size_t kvoff = (size_t)b * T * H * dkv + (size_t)h * dkv;
+    const float *P = c->att + (size_t)task * T * ldS;
+    const float *dO = c->dout + (size_t)b * T * H * dv + (size_t)h * dv;
+    float *dkr_h = c->dkr_heads + (size_t)task * T * dr;
+    float *dsk_h = c->dsink_heads + (size_t)task * ns * (dkv + dr),
+          *dskr_h = dsk_h + (size_t)ns * dkv;
+    for (int r0 = 0; r0 < len; r0 += ATT_BLOCK) {
+        int r1 = r0 + ATT_BLOCK < len ? r0 + ATT_BLOCK : len, rows = r1 - r0;
+        int k0 = prl_attention_key_start(r0, sh.window), nk = r1 - k0;
+        const float *Pb = P + (size_t)r0 * ldS, *Pt = Pb + ns + k0;
+        const float *dOb = dO + (size_t)r0 * H * dv, *qb = c->q + qoff + (size_t)r0 * H * dq;
+        float *dkb = c->dkv + kvoff + (size_t)k0 * H * dkv, *dSt = dS + ns + k0;
+        float *dqb = c->dq + qoff + (size_t)r0 * H * dq;
+        prl_gemm_f32_packed_rows(0, rows, 0, dv, k0, nk, 1, dOb, H * dv, &hp->a, 0, dS + ns, ldS);
+        prl_gemm(1, 0, nk, dv, rows, 1, Pt, ldS, dOb, H * dv, 1, dkb + dn, H * dkv);
+        if (ns > 0) {
+            prl_gemm(0, 1, rows, ns, dv, 1, dOb, H * dv, c->sink_kv + (size_t)h * dkv + dn, H * dkv,
+                     0, dS, ldS);
+            prl_gemm(1, 0, ns, dv, rows, 1, Pb, ldS, dOb, H * dv, 1, dsk_h + dn, dkv);
+        }
+        for (int t = r0; t < r1; t++)
+            softmax_row_backward(
+                dS + (size_t)(t - r0) * ldS, Pb + (size_t)(t - r0) * ldS, ns,
+                dSt + (size_t)(t - r0) * ldS, Pt + (size_t)(t - r0) * ldS,
+                row_lo_packed(t, k0, sh.window, sh.pos ? sh.pos + (size_t)b * T + t : NULL), t - k0,
+                nk, scale);
+        prl_gemm_f32_packed_rows(0, rows, k0, nk, 0, dq, 1, dSt, ldS, &hp->b, 1, dqb, H * dq);
+        prl_gemm(1, 0, nk, dq, rows, 1, dSt, ldS, qb, H * dq, 0, tmp, dq);
+        for (int i = 0; i < nk; i++) {
+            float *dk = dkb + (size_t)i * H * dkv, *dkr = dkr_h + (size_t)(k0 + i) * dr;
+            const float *s = tmp + (size_t)i * dq;
+            for (int j = 0; j < dn; j++) dk[j] += s[j];
+            for (int j = 0; j < dr; j++) dkr[j] += s[dn + j];
+        }
+        if (ns > 0) { /* the sink columns, as the reference */
+            prl_gemm(0, 0, rows, dn, ns, 1, dS, ldS, c->sink_kv + (size_t)h * dkv, H * dkv, 1, dqb,
+                     H * dq);
+            prl_gemm(0, 0, rows, dr, ns, 1, dS, ldS, c->sink_kr, dr, 1, dqb + dn, H * dq);
+            prl_gemm(1, 0, ns, dn, rows, 1, dS, ldS, qb, H * dq, 1, dsk_h, dkv);
+            prl_gemm(1, 0, ns, dr, rows, 1, dS, ldS, qb + dn, H * dq, 1, dskr_h, dr);
+        }
+    }
+    return 1;
+}
+#endif
 
 static void attention_backward_head(void *p, int task)
 {
@@ -269,6 +478,9 @@ static void attention_backward_head(void *p, int task)
              *dskr_h = dsk_h + (size_t)ns * dkv;
     memset(dkr_h, 0, (size_t)T * dr * sizeof *dkr_h);
     memset(dsk_h, 0, (size_t)ns * (dkv + dr) * sizeof *dsk_h);
+#ifndef PRL_REAL_DOUBLE
+    if (len > 0 && prl_attention_packed() && backward_head_packed(c, task, dS)) return;
+#endif
     for (int r0 = 0; r0 < len; r0 += ATT_BLOCK) {
         int r1 = r0 + ATT_BLOCK < len ? r0 + ATT_BLOCK : len, rows = r1 - r0;
         int k0 = prl_attention_key_start(r0, sh.window), nk = r1 - k0;

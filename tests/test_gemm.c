@@ -143,6 +143,54 @@ START_TEST(test_packed_equals_plain)
 }
 END_TEST
 
+/* A matrix packed once, read over its leading depth rows from a KC block start and over a
+** column range (prl_gemm_f32_packed_rows: the attention's keys packed once per head for all
+** query blocks), equals prl_gemm_f32 (and its reference) on that sub-matrix; the pack made on
+** the calling thread equals the pooled one. Every row count takes each kernel (1..3 rows,
+** 4-5, full panels), trans_a both ways. */
+START_TEST(test_packed_rows_equal_plain)
+{
+    enum { KP = 600, NP = 70 };
+    float *B = random_matrix((size_t)KP * NP, 21);
+    for (int tb = 0; tb < 2; tb++) {
+        prl_packed_b pb = {0}, here = {0};
+        ck_assert_int_eq(prl_packed_b_repack(&pb, tb, KP, NP, B, tb ? KP : NP), PRL_OK);
+        ck_assert_int_eq(prl_packed_b_repack_here(&here, tb, KP, NP, B, tb ? KP : NP), PRL_OK);
+        ck_assert_msg(!memcmp(pb.data, here.data, (size_t)KP * 80 * sizeof *pb.data),
+                      "tb %d: the pack on the calling thread differs", tb);
+        const int kb[] = {0, 256, 512}, ks[] = {1, 17, 64, 255, 256, 344};
+        for (int bi = 0; bi < 3; bi++)
+            for (int ki = 0; ki < 6; ki++)
+                for (int ta = 0; ta < 2; ta++) {
+                    int k0 = kb[bi], K = ks[ki] < KP - k0 ? ks[ki] : KP - k0, c0 = 16, nc = 51;
+                    for (int mi = 0; mi < N_SIZES; mi++) {
+                        int M = sizes[mi];
+                        float *A = random_matrix((size_t)M * K, 22 + mi);
+                        size_t cn = (size_t)M * NP;
+                        float *C1 = random_matrix(cn, 40), *C2 = malloc(cn * sizeof *C2),
+                              *C3 = malloc(cn * sizeof *C3);
+                        memcpy(C2, C1, cn * sizeof *C2), memcpy(C3, C1, cn * sizeof *C3);
+                        /* the sub-matrix B[k0.., c0..] through the plain GEMM */
+                        const float *Bs = tb ? B + (size_t)c0 * KP + k0 : B + (size_t)k0 * NP + c0;
+                        prl_gemm_f32(ta, tb, M, nc, K, 0.5f, A, ta ? M : K, Bs, tb ? KP : NP, 1,
+                                     C1 + c0, NP);
+                        prl_gemm_f32_packed_rows(ta, M, k0, K, c0, nc, 0.5f, A, ta ? M : K, &here,
+                                                 1, C2, NP);
+                        prl_gemm_f32_ref(ta, tb, M, nc, K, 0.5f, A, ta ? M : K, Bs, tb ? KP : NP, 1,
+                                         C3 + c0, NP);
+                        ck_assert_msg(!memcmp(C1, C2, cn * sizeof *C1) &&
+                                          !memcmp(C3, C2, cn * sizeof *C3),
+                                      "tb %d ta %d M %d rows [%d, %d): packed rows differ", tb, ta,
+                                      M, k0, k0 + K);
+                        free(A), free(C1), free(C2), free(C3);
+                    }
+                }
+        prl_packed_b_free(&pb), prl_packed_b_free(&here);
+    }
+    free(B);
+}
+END_TEST
+
 START_TEST(test_close_to_openblas)
 {
     int M = 97, N = 130, K = 600;
@@ -175,6 +223,7 @@ int main(void)
     tcase_add_test(tc, test_batch_invariance);
     tcase_add_test(tc, test_trailing_zeros);
     tcase_add_test(tc, test_packed_equals_plain);
+    tcase_add_test(tc, test_packed_rows_equal_plain);
     tcase_add_test(tc, test_close_to_openblas);
     suite_add_tcase(s, tc);
     return check_run(s);

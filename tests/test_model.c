@@ -404,6 +404,56 @@ START_TEST(test_sparse_attention_equals_masked)
 }
 END_TEST
 
+/* The dense attention with each head's keys and values packed once (prl_attention_packed)
+** against its per-block reference GEMMs: outputs, probabilities and every gradient bit for
+** bit; causal and windowed (the window's last blocks start their keys at 256, a GEMM depth
+** block), with and without sinks, full and short sequences. T = 400 crosses a depth block. */
+START_TEST(test_attention_packed_equals_reference)
+{
+    enum { B = 2, T = 400, H = 2, dn = 16, dr = 8, dv = 24 };
+    int N = B * T, dq = dn + dr, dkv = dn + dv;
+    int32_t lens[B] = {T, 77};
+    prl_rng r;
+    prl_rng_init(&r, 31, 0, 0, 0, PRL_RNG_TEST);
+    float *q = rand_floats(&r, (size_t)N * H * dq), *kv = rand_floats(&r, (size_t)N * H * dkv);
+    float *kr = rand_floats(&r, (size_t)N * dr), *skv = rand_floats(&r, (size_t)2 * H * dkv);
+    float *skr = rand_floats(&r, 2 * dr), *dout = rand_floats(&r, (size_t)N * H * dv);
+    size_t len[5] = {(size_t)N * H * dq, (size_t)N * H * dkv, (size_t)N * dr, (size_t)2 * H * dkv,
+                     2 * dr};
+    for (int ns = 0; ns <= 2; ns += 2)
+        for (int window = 0; window <= 50; window += 50) {
+            prl_attn_shape sh =
+                {.B = B, .T = T, .H = H, .dn = dn, .dr = dr, .dv = dv, .ns = ns, .window = window};
+            size_t natt = (size_t)B * H * T * (ns + T), nsc = prl_attention_scratch(sh);
+            float *out[2], *att[2], *g[2][5];
+            for (int v = 0; v < 2; v++) { /* v = 0: per-block reference; 1: packed */
+                int was = prl_attention_packed_set(v);
+                out[v] = calloc((size_t)N * H * dv, sizeof(float));
+                att[v] = calloc(natt, sizeof(float));
+                prl_attention_forward(out[v], att[v], q, kv, kr, ns ? skv : NULL, ns ? skr : NULL,
+                                      lens, sh);
+                for (int i = 0; i < 5; i++) g[v][i] = calloc(len[i], sizeof(float));
+                float *scratch = malloc(nsc * sizeof *scratch);
+                prl_attention_backward(g[v][0], g[v][1], g[v][2], g[v][3], g[v][4], dout, att[v], q,
+                                       kv, kr, ns ? skv : NULL, ns ? skr : NULL, scratch, lens, sh);
+                free(scratch);
+                prl_attention_packed_set(was);
+            }
+            ck_assert_msg(!memcmp(out[0], out[1], (size_t)N * H * dv * sizeof(float)),
+                          "ns %d window %d: outputs differ", ns, window);
+            ck_assert_msg(!memcmp(att[0], att[1], natt * sizeof(float)),
+                          "ns %d window %d: probabilities differ", ns, window);
+            for (int i = 0; i < 5; i++) {
+                ck_assert_msg(!memcmp(g[0][i], g[1][i], len[i] * sizeof(float)),
+                              "ns %d window %d: gradient %d differs", ns, window, i);
+                free(g[0][i]), free(g[1][i]);
+            }
+            free(out[0]), free(out[1]), free(att[0]), free(att[1]);
+        }
+    free(q), free(kv), free(kr), free(skv), free(skr), free(dout);
+}
+END_TEST
+
 /* The whole DSA model (sparse stage, top-4 of 16, packed-free batch with short rows): the
 ** sparse kernel and the masked reference give the same loss, index loss and gradients. */
 START_TEST(test_dsa_sparse_model_equals_masked)
@@ -698,7 +748,8 @@ START_TEST(test_determinism_across_threads)
 END_TEST
 
 /* The row kernels' AVX2 forms (softmax with and without sinks, log-probs, SiLU, norms,
-** AdamW) train to the bits of their scalar references: three steps each way, two configs. */
+** AdamW) train to the bits of their scalar references: three steps each way, two configs; so
+** does the attention with its per-block GEMMs (prl_attention_packed_set(0)). */
 START_TEST(test_row_kernels_avx2_equal_reference)
 {
     if (!prl_row_kernels_avx2()) return; /* this CPU runs the references only */
@@ -713,7 +764,12 @@ START_TEST(test_row_kernels_avx2_equal_reference)
         prl_row_kernels_avx2_set(1);
         float *fast = train_three_steps(2, configs[i]);
         ck_assert_msg(!memcmp(ref, fast, n * sizeof *ref), "config %d: AVX2 forms differ", i);
-        free(ref), free(fast);
+        prl_attention_packed_set(0); /* and the attention's per-block GEMMs */
+        float *blocks = train_three_steps(2, configs[i]);
+        prl_attention_packed_set(1);
+        ck_assert_msg(!memcmp(blocks, fast, n * sizeof *ref), "config %d: packed attention differs",
+                      i);
+        free(ref), free(fast), free(blocks);
     }
     ck_assert_int_eq(prl_blas_init(0), PRL_OK);
 }
@@ -1217,6 +1273,7 @@ static Suite *model_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_config_errors);
     tcase_add_test(tc, test_sparse_attention_equals_masked);
+    tcase_add_test(tc, test_attention_packed_equals_reference);
     tcase_add_test(tc, test_dsa_sparse_model_equals_masked);
     tcase_add_test(tc, test_checkpoint_round_trip);
     tcase_add_test(tc, test_checkpoint_tampering);
