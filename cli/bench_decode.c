@@ -274,7 +274,7 @@ static prl_status bench_compare(const decode_args *a, prl_model *m, prl_infer_op
     int N = a->new_tokens, n = run->n;
     prl_infer_options co;
     prl_status rc = prl_infer_options_preset(&co, a->compare);
-    co.mla = io.mla, co.max_batch = io.max_batch, co.max_len = io.max_len;
+    co.mla = io.mla, co.matmul = io.matmul, co.max_batch = io.max_batch, co.max_len = io.max_len;
     prl_infer *e = NULL;
     if (!rc) rc = prl_infer_init(&e, m, &co);
     double *ms = calloc((size_t)a->rounds, sizeof *ms), *cs = calloc((size_t)a->rounds, sizeof *cs);

@@ -161,6 +161,26 @@ static void merge_sinks(const prl_infer *e, const layer_w *w, const float *qa, f
     for (int h = 0; h < e->H; h++) merge_sinks_head(e, w, qa, ov, mB, lB, Ss, oA, scale, h);
 }
 
+/* Head h's query absorbs W_UK: qh[rkv] = W_UK_hᵀ·q_nope (W8A8: W_UK in BF16, fp32 while
+** calibrating). The reference and the fast absorbed paths both call this: the same bits. */
+static void absorbed_uk(const prl_infer *e, const layer_w *w, int h, float *qh, const float *qn)
+{
+    int rkv = e->rkv;
+    if (w->uk_bf && !e->calibrating)
+        prl_bf16_dots(prl_q8_kernel_active(), qh, qn, &w->uk_bf[h], 0, rkv);
+    else infer__dots(qh, qn, w->wuk_t + (size_t)h * rkv * e->dn, e->dn, rkv, e->dn);
+}
+
+/* Head h's output from its latent result: oh[dv] = W_UV_h·ov_h (W8A8: W_UV in BF16, fp32
+** while calibrating); shared by both absorbed paths like absorbed_uk. */
+static void absorbed_uv(const prl_infer *e, const layer_w *w, int h, float *oh, const float *ovh)
+{
+    int rkv = e->rkv;
+    if (w->uv_bf && !e->calibrating)
+        prl_bf16_dots(prl_q8_kernel_active(), oh, ovh, &w->uv_bf[h], 0, e->dv);
+    else infer__dots(oh, ovh, w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
+}
+
 /* The absorbed row's softmax over its n keys S[h][0..n) (normalised in place; row pos_j =
 ** idx[j], or j when idx is NULL), weighted sum of the latent rows, sinks, and W_UV. */
 static void absorbed_finish(const prl_infer *e, const layer_w *w, int r, const float *qa,
@@ -186,12 +206,8 @@ static void absorbed_finish(const prl_infer *e, const layer_w *w, int r, const f
     if (e->ns > 0) merge_sinks(e, w, qa, ov, mB, lB, Ss, oA, scale);
     infer__act_round(e, ov, (size_t)H * rkv);
     for (int h = 0; h < H; h++) {
-        float *oh = b->o + (size_t)r * H * e->dv + (size_t)h * e->dv;
-        if (w->uv_bf && !e->calibrating) /* W8A8: W_UV in BF16 (fp32 while calibrating) */
-            prl_bf16_dots(prl_q8_kernel_active(), oh, ov + (size_t)h * rkv, &w->uv_bf[h], 0, e->dv);
-        else
-            infer__dots(oh, ov + (size_t)h * rkv, w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv,
-                        rkv, e->dv, rkv);
+        absorbed_uv(e, w, h, b->o + (size_t)r * H * e->dv + (size_t)h * e->dv,
+                    ov + (size_t)h * rkv);
     }
 }
 
@@ -230,12 +246,7 @@ static void absorbed_task(void *p, int r)
     float *oA = Ss + (size_t)H * e->ns, *mB = oA + (size_t)H * rkv, *lB = mB + H, *g = lB + H;
     const float *q = b->q + (size_t)r * H * e->dq;
     for (int h = 0; h < H; h++) {
-        if (w->uk_bf && !e->calibrating) /* W8A8: W_UK in BF16 (fp32 while calibrating) */
-            prl_bf16_dots(prl_q8_kernel_active(), qa + (size_t)h * lat, q + (size_t)h * e->dq,
-                          &w->uk_bf[h], 0, rkv);
-        else
-            infer__dots(qa + (size_t)h * lat, q + (size_t)h * e->dq,
-                        w->wuk_t + (size_t)h * rkv * e->dn, e->dn, rkv, e->dn);
+        absorbed_uk(e, w, h, qa + (size_t)h * lat, q + (size_t)h * e->dq);
         memcpy(qa + (size_t)h * lat + rkv, q + (size_t)h * e->dq + e->dn,
                (size_t)e->dr * sizeof *qa);
     }
@@ -266,7 +277,7 @@ static void absorbed_query(const prl_infer *e, const layer_w *w, int r, int h, f
     int lat = e->lat, rkv = e->rkv;
     float *qh = qa + (size_t)h * lat;
     const float *q = e->rb.q + (size_t)r * e->H * e->dq + (size_t)h * e->dq;
-    infer__dots(qh, q, w->wuk_t + (size_t)h * rkv * e->dn, e->dn, rkv, e->dn);
+    absorbed_uk(e, w, h, qh, q);
     memcpy(qh + rkv, q + e->dn, (size_t)e->dr * sizeof *qh);
     infer__act_round(e, qh, (size_t)lat);
 }
@@ -290,8 +301,7 @@ static void absorbed_heads(const prl_infer *e, const layer_w *w, int r, int h0, 
         infer__absorbed_wsum(oh, Sh, cache, lat, rkv, n);
         if (e->ns > 0) merge_sinks_head(e, w, qa, ov, mB, lB, Ss, oA, scale, h);
         infer__act_round(e, oh, (size_t)rkv);
-        infer__dots(e->rb.o + (size_t)r * H * e->dv + (size_t)h * e->dv, oh,
-                    w->wkv_b.w + ((size_t)h * e->dkv + e->dn) * rkv, rkv, e->dv, rkv);
+        absorbed_uv(e, w, h, e->rb.o + (size_t)r * H * e->dv + (size_t)h * e->dv, oh);
     }
 }
 

@@ -123,7 +123,7 @@ static prl_status search_one(const lin *L, prl_w8a8_smooth *t, int i, prl_w8a8_c
 void prl_w8a8_smooth_free(prl_w8a8_smooth *t)
 {
     if (!t) return;
-    for (int i = 0; i < t->n; i++) free(t->s[i]);
+    for (int i = 0; t->s && i < t->n; i++) free(t->s[i]);
     free(t->s), free(t->in), free(t->alpha), free(t);
 }
 
@@ -143,9 +143,11 @@ static prl_status calib_begin(lin **ls, int n)
 
 static void calib_end(lin **ls, int n)
 {
-    for (int i = 0; ls && i < n; i++)
-        if (ls[i]->cal) free(ls[i]->cal->amax), free(ls[i]->cal->rows), free(ls[i]->cal);
-    for (int i = 0; ls && i < n; i++) ls[i]->cal = NULL;
+    for (int i = 0; ls && i < n; i++) { /* entries are NULL when the table was never filled */
+        if (!ls[i] || !ls[i]->cal) continue;
+        free(ls[i]->cal->amax), free(ls[i]->cal->rows), free(ls[i]->cal);
+        ls[i]->cal = NULL;
+    }
 }
 
 prl_status prl_w8a8_calibrate(prl_w8a8_smooth **out, const prl_model *m, const prl_infer_options *o,

@@ -45,12 +45,15 @@ prl_status prl_q8w_init(prl_q8w *w, const float *W, int ldw, int out, int in, co
     for (int o = 0; o < out; o++) {
         const float *row = W + (size_t)o * ldw;
         float amax = 0;
+        int finite = 1;
         for (int i = 0; i < in; i++) {
             float v = fabsf(s ? row[i] * s[i] : row[i]);
+            finite &= isfinite(v) != 0;
             amax = v > amax ? v : amax;
         }
-        w->scale[o] = amax / 127.0f;
-        float inv = amax > 0 ? 127.0f / amax : 0;
+        /* non-finite weights give NaN outputs, a subnormal max zeros (prl_q8_quantize_rows) */
+        w->scale[o] = finite ? amax / 127.0f : NAN;
+        float inv = finite && amax > 0 && isfinite(127.0f / amax) ? 127.0f / amax : 0;
         int32_t sum = 0;
         for (int i = 0; i < in; i++)
             sum += w->q[prl_q8w_index(w, o, i)] = q8_round(s ? row[i] * s[i] : row[i], inv);
@@ -72,12 +75,16 @@ void prl_q8_quantize_rows(int8_t *q, float *scale, const float *x, int ldx, int 
         const float *xr = x + (size_t)r * ldx;
         int8_t *qr = q + (size_t)r * ld;
         float amax = 0;
+        int finite = 1;
         for (int i = 0; i < in; i++) {
             float v = fabsf(inv_s ? xr[i] * inv_s[i] : xr[i]);
+            finite &= isfinite(v) != 0;
             amax = v > amax ? v : amax;
         }
-        scale[r] = amax / 127.0f;
-        float inv = amax > 0 ? 127.0f / amax : 0;
+        /* a NaN or ∞ in the row makes the row's outputs NaN, as fp32 would pass it on (the
+        ** codes are then zeros); a subnormal max, whose 127/amax overflows, quantizes to 0 */
+        scale[r] = finite ? amax / 127.0f : NAN;
+        float inv = finite && amax > 0 && isfinite(127.0f / amax) ? 127.0f / amax : 0;
         for (int i = 0; i < in; i++) qr[i] = q8_round(inv_s ? xr[i] * inv_s[i] : xr[i], inv);
         memset(qr + in, 0, (size_t)(ld - in));
     }
@@ -236,7 +243,8 @@ prl_q8_kernel prl_q8_kernel_active(void)
 
 void prl_q8_dots(prl_q8_kernel k, int32_t *acc, const int8_t *xq, const prl_q8w *w, int o0, int no)
 {
-    PRL_ASSERT(o0 % 4 == 0); /* a group of the interleaved layout */
+    PRL_ASSERT(o0 % 4 == 0);                /* a group of the interleaved layout */
+    PRL_ASSERT(prl_q8_kernel_supported(k)); /* never an instruction set the CPU lacks */
 #if defined(__x86_64__)
     if (k == PRL_Q8_AVX2) return dots_avx2(acc, xq, w, o0, no);
     if (k == PRL_Q8_VNNI) return dots_vnni(acc, xq, w, o0, no);

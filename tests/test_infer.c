@@ -342,7 +342,8 @@ END_TEST
 /* The engine with the fast absorbed attention (rows' heads split into groups over the
 ** threads, fast kernels) against the reference one (absorbed_task, one task a row): the same
 ** tokens and log-prob bits, sampled, at batch 1 and 3, on tiny.json and on the model with
-** sliding-window rings (W 16, wrapping), sinks with values and ModAttn convs. */
+** sliding-window rings (W 16, wrapping), sinks with values and ModAttn convs; fp32 and
+** w8a8 (whose W_UK/W_UV are BF16 in both paths). */
 START_TEST(test_absorbed_engine_matches_reference)
 {
     static const int blocks[] = {0, 1};
@@ -352,22 +353,26 @@ START_TEST(test_absorbed_engine_matches_reference)
             reqs q;
             make_requests(&q, 6, 21);
             prl_sample_params sp = sampling(1.0, 40);
-            prl_gen_result res[2][6];
-            for (int v = 0; v < 2; v++) {
-                prl_infer *e = engine("fp32", batch);
-                e->absorbed_ref = v;
-                generate(e, &q, 6, &sp, res[v]);
-                prl_infer_free(e);
+            static const char *presets[] = {"fp32", "w8a8"}; /* w8a8: W_UK/W_UV in BF16 */
+            for (int pi = 0; pi < 2; pi++) {
+                prl_gen_result res[2][6];
+                for (int v = 0; v < 2; v++) {
+                    prl_infer *e = engine(presets[pi], batch);
+                    e->absorbed_ref = v;
+                    generate(e, &q, 6, &sp, res[v]);
+                    prl_infer_free(e);
+                }
+                for (int i = 0; i < 6; i++) {
+                    const prl_gen_result *a = &res[0][i], *b = &res[1][i];
+                    ck_assert_msg(a->n == b->n && !memcmp(a->tokens, b->tokens, (size_t)a->n * 4) &&
+                                      !memcmp(a->logprobs, b->logprobs, (size_t)a->n * 4) &&
+                                      !memcmp(a->prompt_logprobs, b->prompt_logprobs,
+                                              (size_t)a->prompt_len * 4),
+                                  "%s blocks %d batch %d: request %d differs", presets[pi],
+                                  blocks[bi], batch, i);
+                }
+                free_all(res[0], 6, NULL), free_all(res[1], 6, NULL);
             }
-            for (int i = 0; i < 6; i++) {
-                const prl_gen_result *a = &res[0][i], *b = &res[1][i];
-                ck_assert_msg(
-                    a->n == b->n && !memcmp(a->tokens, b->tokens, (size_t)a->n * 4) &&
-                        !memcmp(a->logprobs, b->logprobs, (size_t)a->n * 4) &&
-                        !memcmp(a->prompt_logprobs, b->prompt_logprobs, (size_t)a->prompt_len * 4),
-                    "blocks %d batch %d: request %d differs", blocks[bi], batch, i);
-            }
-            free_all(res[0], 6, NULL), free_all(res[1], 6, NULL);
         }
     }
 }
