@@ -26,7 +26,25 @@ size_t prl_q8w_index(const prl_q8w *w, int o, int i)
 static int8_t q8_round(float v, float inv)
 {
     float r = nearbyintf(v * inv);
+    if (r != r) return 0; /* NaN (a non-finite row, whose scale is NaN): no UB cast */
     return (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+}
+
+/* The quantization of x[0..in) (times m[i] when m): *scale = max|x·m| / 127 and the return
+** value 127 / max, the multiplier of each code. A NaN or ∞ in the row makes the scale NaN, so
+** its outputs are NaN as fp32 would pass them on (the codes are zeros); a subnormal max, whose
+** 127/max overflows, quantizes to zeros. */
+static float q8_row_scale(const float *x, const float *m, int in, float *scale)
+{
+    float amax = 0;
+    int finite = 1;
+    for (int i = 0; i < in; i++) {
+        float v = fabsf(m ? x[i] * m[i] : x[i]);
+        finite &= isfinite(v) != 0;
+        amax = v > amax ? v : amax;
+    }
+    *scale = finite ? amax / 127.0f : NAN;
+    return finite && amax > 0 && isfinite(127.0f / amax) ? 127.0f / amax : 0;
 }
 
 prl_status prl_q8w_init(prl_q8w *w, const float *W, int ldw, int out, int in, const float *s)
@@ -44,16 +62,7 @@ prl_status prl_q8w_init(prl_q8w *w, const float *W, int ldw, int out, int in, co
     for (int i = 0; s && i < in; i++) w->inv_s[i] = 1.0f / s[i];
     for (int o = 0; o < out; o++) {
         const float *row = W + (size_t)o * ldw;
-        float amax = 0;
-        int finite = 1;
-        for (int i = 0; i < in; i++) {
-            float v = fabsf(s ? row[i] * s[i] : row[i]);
-            finite &= isfinite(v) != 0;
-            amax = v > amax ? v : amax;
-        }
-        /* non-finite weights give NaN outputs, a subnormal max zeros (prl_q8_quantize_rows) */
-        w->scale[o] = finite ? amax / 127.0f : NAN;
-        float inv = finite && amax > 0 && isfinite(127.0f / amax) ? 127.0f / amax : 0;
+        float inv = q8_row_scale(row, s, in, &w->scale[o]);
         int32_t sum = 0;
         for (int i = 0; i < in; i++)
             sum += w->q[prl_q8w_index(w, o, i)] = q8_round(s ? row[i] * s[i] : row[i], inv);
@@ -74,17 +83,7 @@ void prl_q8_quantize_rows(int8_t *q, float *scale, const float *x, int ldx, int 
     for (int r = 0; r < R; r++) {
         const float *xr = x + (size_t)r * ldx;
         int8_t *qr = q + (size_t)r * ld;
-        float amax = 0;
-        int finite = 1;
-        for (int i = 0; i < in; i++) {
-            float v = fabsf(inv_s ? xr[i] * inv_s[i] : xr[i]);
-            finite &= isfinite(v) != 0;
-            amax = v > amax ? v : amax;
-        }
-        /* a NaN or ∞ in the row makes the row's outputs NaN, as fp32 would pass it on (the
-        ** codes are then zeros); a subnormal max, whose 127/amax overflows, quantizes to 0 */
-        scale[r] = finite ? amax / 127.0f : NAN;
-        float inv = finite && amax > 0 && isfinite(127.0f / amax) ? 127.0f / amax : 0;
+        float inv = q8_row_scale(xr, inv_s, in, &scale[r]);
         for (int i = 0; i < in; i++) qr[i] = q8_round(inv_s ? xr[i] * inv_s[i] : xr[i], inv);
         memset(qr + in, 0, (size_t)(ld - in));
     }

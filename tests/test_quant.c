@@ -3,7 +3,8 @@
 ** AVX-512 VNNI) int32 dot products equal the naive reference exactly, also at the ±127
 ** extremes where vpmaddubsw would saturate without the sign trick; quantized linears stay
 ** within the rounding bound of fp32; SmoothQuant factors cut the error of an outlier channel;
-** the BF16-weight dot products (naive vs AVX2) agree bitwise; kernel names are checked.
+** non-finite rows give NaN, subnormal ones zeros; the BF16-weight dot products (naive vs
+** AVX2) agree bitwise; kernel names are checked.
 */
 #include "engine/quant.h"
 
@@ -117,6 +118,39 @@ START_TEST(test_q8_linear_error_bound)
 }
 END_TEST
 
+/* Rows the fp32 path would not round: a NaN or ∞ in an activation row (or a weight row)
+** makes that row's (that output's) results NaN, as fp32 passes them on; a row whose largest
+** value is subnormal quantizes to zeros; the other rows are unaffected. */
+START_TEST(test_q8_nonfinite_and_subnormal_rows)
+{
+    enum { R = 4, IN = 40, OUT = 8 };
+    float W[OUT * IN], x[R * IN], xs[R], y[R * OUT], yc[R * OUT];
+    fill_normal(W, OUT * IN, 5, 0.05), fill_normal(x, R * IN, 6, 1.0);
+    prl_q8w w;
+    assert_ok(prl_q8w_init(&w, W, IN, OUT, IN, NULL));
+    int8_t *xq = malloc((size_t)R * w.ld);
+    prl_q8_quantize_rows(xq, xs, x, IN, R, IN, w.ld, NULL);
+    prl_q8_linear_block(yc, OUT, xq, xs, R, &w, 0, OUT); /* the clean result */
+    x[1 * IN + 3] = NAN, x[2 * IN + 7] = INFINITY;
+    for (int i = 0; i < IN; i++) x[3 * IN + i] = i % 2 ? 1e-39f : -2e-39f; /* subnormal */
+    prl_q8_quantize_rows(xq, xs, x, IN, R, IN, w.ld, NULL);
+    prl_q8_linear_block(y, OUT, xq, xs, R, &w, 0, OUT);
+    for (int o = 0; o < OUT; o++) {
+        ck_assert_msg(y[o] == yc[o], "row 0 output %d changed", o);
+        ck_assert_msg(isnan(y[1 * OUT + o]) && isnan(y[2 * OUT + o]), "non-finite row %d", o);
+        ck_assert_msg(y[3 * OUT + o] == 0, "subnormal row output %d = %g", o, y[3 * OUT + o]);
+    }
+    prl_q8w_free(&w);
+    W[2 * IN + 5] = NAN; /* one weight row */
+    assert_ok(prl_q8w_init(&w, W, IN, OUT, IN, NULL));
+    prl_q8_linear_block(y, OUT, xq, xs, 1, &w, 0, OUT);
+    for (int o = 0; o < OUT; o++)
+        ck_assert_msg(o == 2 ? isnan(y[o]) : y[o] == yc[o], "weight row %d: %g", o, y[o]);
+    prl_q8w_free(&w);
+    free(xq);
+}
+END_TEST
+
 /* Squared error of the quantized x·Wᵀ against fp32 over R rows, with smoothing s (or none). */
 static double q8_mse(const float *x, const float *W, int R, int in, int out, const float *s)
 {
@@ -215,6 +249,7 @@ int main(void)
     TCase *tc = tcase_create("quant");
     tcase_add_test(tc, test_int8_dots_match_naive);
     tcase_add_test(tc, test_q8_linear_error_bound);
+    tcase_add_test(tc, test_q8_nonfinite_and_subnormal_rows);
     tcase_add_test(tc, test_smoothing_cuts_outlier_error);
     tcase_add_test(tc, test_bf16_dots_match_naive);
     tcase_add_test(tc, test_kernel_names);
