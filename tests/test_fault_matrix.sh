@@ -35,9 +35,13 @@ small_model small.json 400 64
 $prl sft --data demos.jsonl --model small.json --tokenizer tok.json --out base --steps 100 \
   --batch 8 --seq 160 --optimizer adamw --lr 3e-3 --log-every 1000 >/dev/null 2>&1
 $prl init --model small.json --seed 5 --tokenizer tok.json --out teacher >/dev/null
+# 40 ms a score keeps each step's score phase (some samples stored, not all) open for about
+# 0.3 s, so at_phase sees it: with the faster decode, 8 instant scores could all land between
+# two polls and the last step's controller cell then missed its phase (one clean-clone CI run)
 cat > reward_len.py <<'EOF'
-import json, sys
+import json, sys, time
 for line in sys.stdin:
+    time.sleep(0.04)
     print(json.dumps({"score": len(json.loads(line)["completion"]) % 5 / 4}), flush=True)
 EOF
 cat > job.json <<EOF
