@@ -221,7 +221,7 @@ int cmd_generate(int argc, char **argv)
     int rc = cli_parse(
         argc, argv, 2, opts,
         "prl generate --ckpt DIR --prompt TEXT|--input FILE.jsonl [--n N --temperature T "
-        "--top-p P --seed S --precision fp32|bf16|fp16|aligned --json]",
+        "--top-p P --seed S --precision fp32|bf16|fp16|w8a8|aligned --json]",
         "Samples completions with the infer path (KV cache, continuous batching).", NULL, 0, NULL);
     if (rc) return rc == CLI_HELP ? 0 : 2;
     if (!a.prompt == !a.input)
