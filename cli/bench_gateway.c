@@ -1,5 +1,5 @@
 /*
-** bench_gateway.c — `prl bench gateway`: the gateway under load (docs/bench.md "Gateway").
+** bench_gateway.c — `prl bench gateway`: the gateway under load (docs/bench-parts.md "Gateway").
 **
 ** It starts a gateway alone on --ckpt as a child process (`prl role gateway --model CKPT
 ** --bind 127.0.0.1:0`), then --clients threads each keep one HTTP/1.1 connection and send

@@ -68,7 +68,7 @@ typedef struct prl_infer_options {
               ** MLP and routed experts (per-channel weights, per-token activations, optional
               ** SmoothQuant factors from prl_infer_calibrate); q_a, kv_a, the router, shared
               ** experts, indexer and LM head in BF16 weights; kv_b, mHC, MTP, norms and the
-              ** embedding fp32; activations fp32 (docs/infer.md "W8A8") */
+              ** embedding fp32; activations fp32 (docs/w8a8.md) */
     const prl_w8a8_smooth *smooth; /* W8A8: SmoothQuant factors of the INT8 linears (borrowed;
                                    ** NULL = none), from prl_w8a8_calibrate on this model */
 } prl_infer_options;
@@ -212,7 +212,7 @@ prl_status prl_infer_generate(prl_infer *e, const prl_gen_request *reqs, int n,
                               const prl_sample_params *sp, prl_gen_result *results,
                               prl_gen_progress progress, void *user);
 
-/* SmoothQuant calibration (docs/infer.md "W8A8"): the prompts are prefilled with every linear
+/* SmoothQuant calibration (docs/w8a8.md): the prompts are prefilled with every linear
 ** in fp32 while each INT8 linear's inputs are recorded (per-channel max |x| over all rows, and
 ** up to 64 rows); then per linear the migration strength α ∈ {0, .25, .5, .75, 1} — or no
 ** smoothing — with the least output MSE against fp32 on those rows is kept: s_j = max|X_j|^α /

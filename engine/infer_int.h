@@ -17,7 +17,7 @@
 /* ------------------------------------------------------------------ state ----------- */
 
 /* How a linear's weights are held: fp32 (packed for the GEMM kind), or, in W8A8 mode, INT8
-** (the report's split) or BF16 (the other large linears; docs/infer.md "W8A8"). */
+** (the report's split) or BF16 (the other large linears; docs/w8a8.md). */
 enum { LIN_F32 = 0, LIN_Q8 = 1, LIN_BF16 = 2 };
 
 /* A linear layer out = x·wᵀ, w [out, in] (with a packed copy for the GEMM kind). w is the

@@ -187,7 +187,7 @@ static void blas_task(void *p, int t)
               c->L->in, 0, c->y + (size_t)r0 * c->L->out, c->L->out);
 }
 
-/* W8A8 (docs/infer.md "W8A8"): output blocks of an INT8 or a BF16 linear. A task's outputs
+/* W8A8 (docs/w8a8.md): output blocks of an INT8 or a BF16 linear. A task's outputs
 ** are cut into blocks whose weights stay in cache while every row reads them. */
 enum { QUANT_BLOCK = 64 };
 

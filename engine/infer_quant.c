@@ -1,5 +1,5 @@
 /*
-** infer_quant.c — SmoothQuant for the W8A8 infer path (docs/infer.md "W8A8"): calibration
+** infer_quant.c — SmoothQuant for the W8A8 infer path (docs/w8a8.md): calibration
 ** (prompts prefilled with every linear in fp32, each INT8 linear's inputs recorded), the
 ** per-linear search of the migration strength α by output MSE against fp32, and the table of
 ** smoothing factors an engine applies at start-up (prl_infer_options.smooth).

@@ -1,7 +1,7 @@
 /*
 ** quant.c — the W8A8 kernels (quant.h): weight and activation quantization, the exact int32
 ** dot products (naive reference, AVX2, AVX-512 VNNI) chosen once by cpuid, dequantization, and
-** the BF16-stored weights' dot products. docs/infer.md "W8A8" has the maths.
+** the BF16-stored weights' dot products. docs/w8a8.md has the maths.
 */
 #include "engine/quant.h"
 
